@@ -1,0 +1,204 @@
+/* Scheduler C API declarations (directive-free; included by skippy_scheduler.h). */
+
+/* Precise outcome of a scheduler call (skippy_scheduler_last_code). */
+typedef enum skippy_sched_code {
+    SKIPPY_SCHED_OK = 0,
+    SKIPPY_SCHED_QUEUE_FULL = 1,     /* waiting queue at max_waiting_sequences */
+    SKIPPY_SCHED_DUPLICATE = 2,      /* id already waiting or active */
+    SKIPPY_SCHED_EMPTY_PROMPT = 3,   /* prompt has no token */
+    SKIPPY_SCHED_INVALID = 4,        /* an argument value is out of its domain */
+    SKIPPY_SCHED_STALE_PLAN = 5,     /* the plan was completed or replaced */
+    SKIPPY_SCHED_BAD_OUTPUTS = 6,    /* malformed sampled outputs (count, index, repeat, row) */
+    SKIPPY_SCHED_NO_MEMORY = 7,      /* allocation failed */
+    SKIPPY_SCHED_CALLBACK = 8        /* a policy callback reported failure */
+} skippy_sched_code;
+
+/* Sequence status. CANCELLED only appears in retired records. */
+typedef enum skippy_seq_status {
+    SKIPPY_SEQ_WAITING = 0,
+    SKIPPY_SEQ_RUNNING = 1,
+    SKIPPY_SEQ_PREEMPTED = 2,
+    SKIPPY_SEQ_FINISHED = 3,
+    SKIPPY_SEQ_FAILED = 4,
+    SKIPPY_SEQ_CANCELLED = 5
+} skippy_seq_status;
+
+/* Built-in admission orders; CALLBACK asks the rank callback. */
+typedef enum skippy_admission_policy {
+    SKIPPY_ADMISSION_CACHE_AWARE = 0,  /* priority, cache value + aging, prefix grouping */
+    SKIPPY_ADMISSION_FCFS = 1,         /* enqueue order only */
+    SKIPPY_ADMISSION_PRIORITY = 2,     /* priority, then enqueue order */
+    SKIPPY_ADMISSION_CALLBACK = 3
+} skippy_admission_policy;
+
+/* Built-in preemption victim rules; CALLBACK asks the victim callback. */
+typedef enum skippy_preemption_policy {
+    SKIPPY_PREEMPT_LOWEST_PRIORITY_NEWEST = 0,
+    SKIPPY_PREEMPT_FEWEST_COMPUTED = 1,
+    SKIPPY_PREEMPT_CALLBACK = 2
+} skippy_preemption_policy;
+
+typedef struct skippy_memory_component {
+    const char *name;             /* NUL-terminated; copied at create */
+    uint64_t capacity_bytes;      /* pool size */
+    uint64_t resident_bytes;      /* taken by resident state outside the scheduler */
+    uint64_t bytes_per_token;     /* reserved per admission token */
+    uint64_t bytes_per_sequence;  /* reserved once per sequence */
+} skippy_memory_component;
+
+/* Configuration; skippy_scheduler_config_default fills the defaults. SIZE_MAX = unbounded. */
+typedef struct skippy_scheduler_config {
+    size_t max_active_sequences;                 /* default 32 */
+    size_t sequence_id_limit;                    /* default 256 (LLAMA_MAX_SEQ) */
+    size_t reserved_sequence_ids;                /* default 16 */
+    size_t max_waiting_sequences;                /* default 256 */
+    size_t max_tokens_per_iteration;             /* default 2048 */
+    size_t prefill_chunk_tokens;                 /* default 256 */
+    size_t max_prefill_sequences_per_iteration;  /* default SIZE_MAX */
+    size_t max_consecutive_prefill_iterations;   /* default SIZE_MAX */
+    uint64_t cache_aging_cost_per_iteration;     /* default 4096, cost units per turn */
+    bool mixed_prefill_decode;                   /* default false */
+    bool group_waiting_prefixes;                 /* default true */
+    uint32_t admission_policy;                   /* skippy_admission_policy */
+    uint32_t preemption_policy;                  /* skippy_preemption_policy */
+    const skippy_memory_component *memory_components;
+    size_t memory_component_count;
+} skippy_scheduler_config;
+
+/* What submit copies from the caller (nothing is borrowed after the call). */
+typedef struct skippy_sequence_desc {
+    const char *id;                            /* id bytes (UTF-8), not necessarily NUL-ended */
+    size_t id_len;
+    const int32_t *prompt_tokens;              /* >= 1 token, each >= 0 */
+    size_t prompt_count;
+    const int32_t *generated_tokens;           /* already generated (last = pending decode) */
+    size_t generated_count;
+    uint32_t max_tokens;                       /* generation limit */
+    uint64_t priority;                         /* higher runs first */
+    size_t admission_tokens;                   /* tokens reserved at admission */
+    uint32_t status;                           /* skippy_seq_status, kept as given */
+    size_t prefill_cursor;                     /* tokens already in the runtime's cache */
+    uint64_t saved_cost;                       /* cache affinity's estimated saved cost */
+    const skippy_sampling_config *sampling;    /* copied by pointer into each row */
+    struct skippy_session *session;            /* copied by pointer into each row */
+} skippy_sequence_desc;
+
+/* Read-only view of one sequence (pointers valid until the next mutating call). */
+typedef struct skippy_sequence_info {
+    const char *id;
+    size_t id_len;
+    const int32_t *tokens;                     /* prompt followed by generated tokens */
+    size_t prompt_count;
+    size_t generated_count;
+    uint32_t max_tokens;
+    uint64_t priority;
+    size_t admission_tokens;
+    uint32_t status;                           /* skippy_seq_status */
+    size_t prefill_cursor;
+    uint64_t enqueued_turn;
+    uint64_t enqueue_order;
+    uint64_t admitted_at;                      /* admission counter; 0 = not admitted */
+    uint64_t saved_cost;
+    const skippy_sampling_config *sampling;
+    struct skippy_session *session;
+} skippy_sequence_info;
+
+/* Cumulative counters. */
+typedef struct skippy_scheduler_metrics {
+    uint64_t iterations;
+    uint64_t admitted;
+    uint64_t preempted;
+    uint64_t finished;
+    uint64_t failed;
+    uint64_t cancelled;
+    uint64_t rejected_overload;
+    uint64_t prefill_tokens;
+    uint64_t recompute_tokens;
+    uint64_t decode_tokens;
+    uint64_t prefix_hits;
+    uint64_t prefix_misses;
+    uint64_t active_sequences;
+    uint64_t waiting_sequences;
+} skippy_scheduler_metrics;
+
+/* Per-completion figures (component arrays: see skippy_scheduler_component_used). */
+typedef struct skippy_iteration_telemetry {
+    uint64_t iteration;
+    uint64_t active_sequences;
+    uint64_t waiting_sequences;
+    uint64_t admitted;
+    uint64_t preempted;
+    uint64_t prefill_tokens;
+    uint64_t recompute_tokens;
+    uint64_t decode_tokens;
+    uint64_t prefix_hits;
+    uint64_t prefix_misses;
+    uint64_t finished;
+    uint64_t failed;
+    uint64_t cancelled;
+    uint64_t rejected_overload;
+} skippy_iteration_telemetry;
+
+/* A sequence that left the scheduler (finished, failed, cancelled); see skippy_scheduler_retired. */
+typedef struct skippy_retired {
+    uint32_t slot;    /* readable with skippy_scheduler_sequence until the next plan */
+    uint32_t status;  /* SKIPPY_SEQ_FINISHED, _FAILED or _CANCELLED */
+} skippy_retired;
+
+typedef struct skippy_scheduler skippy_scheduler;
+
+/* Slow-path policy hooks: return 0 on success, anything else aborts the call. */
+typedef int (*skippy_rank_callback)(void *ctx, const skippy_scheduler *scheduler,
+                                    const uint32_t *waiting_slots, size_t count,
+                                    uint64_t current_turn, size_t *out_order);
+typedef int (*skippy_victim_callback)(void *ctx, const skippy_scheduler *scheduler,
+                                      const uint32_t *active_slots, size_t count,
+                                      size_t *out_index);
+
+skippy_version skippy_scheduler_abi_version(void);
+uint32_t skippy_scheduler_plan_abi_version(void);
+void skippy_error_free(skippy_error *error);
+
+void skippy_scheduler_config_default(skippy_scheduler_config *config);
+void skippy_scheduler_config_normalize(skippy_scheduler_config *config);
+void skippy_sequence_desc_init(skippy_sequence_desc *desc, const char *id, size_t id_len,
+                               const int32_t *prompt_tokens, size_t prompt_count,
+                               uint32_t max_tokens);
+
+skippy_status skippy_scheduler_create(const skippy_scheduler_config *config,
+                                      skippy_scheduler **out_scheduler, skippy_error **out_error);
+void skippy_scheduler_free(skippy_scheduler *scheduler);
+const skippy_scheduler_config *skippy_scheduler_get_config(const skippy_scheduler *scheduler);
+skippy_sched_code skippy_scheduler_last_code(const skippy_scheduler *scheduler);
+const char *skippy_scheduler_last_message(const skippy_scheduler *scheduler);
+void skippy_scheduler_set_callbacks(skippy_scheduler *scheduler, skippy_rank_callback rank,
+                                    skippy_victim_callback victim, void *ctx);
+
+skippy_status skippy_scheduler_submit(skippy_scheduler *scheduler,
+                                      const skippy_sequence_desc *desc, uint32_t *out_slot,
+                                      skippy_error **out_error);
+skippy_status skippy_scheduler_plan(skippy_scheduler *scheduler, skippy_plan **out_plan,
+                                    skippy_error **out_error);
+skippy_status skippy_scheduler_observe(skippy_scheduler *scheduler, uint64_t plan_serial,
+                                       double elapsed_us, skippy_error **out_error);
+skippy_status skippy_scheduler_complete(skippy_scheduler *scheduler, uint64_t plan_serial,
+                                        skippy_iteration_telemetry *out_telemetry,
+                                        skippy_error **out_error);
+skippy_status skippy_scheduler_preempt(skippy_scheduler *scheduler, const uint64_t *used_bytes,
+                                       size_t used_count, size_t *out_preempted,
+                                       skippy_error **out_error);
+const uint32_t *skippy_scheduler_preempted_slots(const skippy_scheduler *scheduler);
+bool skippy_scheduler_cancel(skippy_scheduler *scheduler, const char *id, size_t id_len);
+
+uint32_t skippy_scheduler_find(const skippy_scheduler *scheduler, const char *id, size_t id_len);
+bool skippy_scheduler_sequence(const skippy_scheduler *scheduler, uint32_t slot,
+                               skippy_sequence_info *out_info);
+const skippy_scheduler_metrics *skippy_scheduler_get_metrics(const skippy_scheduler *scheduler);
+const uint32_t *skippy_scheduler_active_slots(const skippy_scheduler *scheduler, size_t *out_count);
+const uint32_t *skippy_scheduler_waiting_slots(const skippy_scheduler *scheduler, size_t *out_count);
+const uint64_t *skippy_scheduler_component_used(const skippy_scheduler *scheduler,
+                                                size_t *out_count);
+const skippy_retired *skippy_scheduler_retired(const skippy_scheduler *scheduler,
+                                               size_t *out_count);
+uint64_t skippy_scheduler_waiting_turn(const skippy_scheduler *scheduler);
+bool skippy_scheduler_mixed_viable(const skippy_scheduler *scheduler);

@@ -1,0 +1,7 @@
+"""skippy-scheduler: iteration-level scheduling policy for LLM serving."""
+from ._check import check_native as _check_native
+from ._version import __version__
+
+_check_native()
+
+__all__ = ["__version__"]

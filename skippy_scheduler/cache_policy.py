@@ -1,0 +1,81 @@
+"""Cache-affinity types and the cache-aware ordering of waiting work (behaviour.md §1.6, §3).
+
+An affinity is a per-stage vector so that split pipeline stages score their own prefix hits;
+its value is the prefill work a hit saves minus the cost of restoring it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence as _Seq
+
+U64_MAX = (1 << 64) - 1
+
+
+def _sat(value: int) -> int:
+    """Clamp a non-negative Python int to u64 (the reference saturates instead of wrapping)."""
+    return value if value <= U64_MAX else U64_MAX
+
+
+def _check_uint(name: str, value: object, limit: int = U64_MAX) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0 or value > limit:
+        raise ValueError(f"{name} must be in [0, {limit}], got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class StageCacheAffinity:
+    """Prefix-cache observation of one pipeline stage for one prompt."""
+
+    stage_index: int = 0
+    matched_tokens: int = 0  # prompt tokens the stage's cache already holds
+    prefill_cost_per_token: int = 0  # cost units one prefilled token takes
+    restore_cost: int = 0  # cost units of restoring the matched prefix
+    cache_epoch: int = 0  # cache epoch the observation was taken at (carried only)
+
+    def __post_init__(self) -> None:
+        _check_uint("stage_index", self.stage_index, (1 << 32) - 1)
+        _check_uint("matched_tokens", self.matched_tokens)
+        _check_uint("prefill_cost_per_token", self.prefill_cost_per_token)
+        _check_uint("restore_cost", self.restore_cost)
+        _check_uint("cache_epoch", self.cache_epoch)
+
+    def estimated_saved_cost(self) -> int:
+        return max(0, _sat(self.matched_tokens * self.prefill_cost_per_token) - self.restore_cost)
+
+
+@dataclass(frozen=True)
+class CacheAffinity:
+    """Per-stage affinity vector; empty means no cache knowledge (a cold request)."""
+
+    stages: tuple[StageCacheAffinity, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        stages = tuple(self.stages)
+        for stage in stages:
+            if not isinstance(stage, StageCacheAffinity):
+                raise TypeError("CacheAffinity.stages must hold StageCacheAffinity values")
+        object.__setattr__(self, "stages", stages)
+
+    @classmethod
+    def from_stage(cls, stage: StageCacheAffinity) -> "CacheAffinity":
+        return cls((stage,))
+
+    def estimated_saved_cost(self) -> int:
+        return _sat(sum(s.estimated_saved_cost() for s in self.stages))
+
+    def matched_tokens(self) -> int:
+        return _sat(sum(s.matched_tokens for s in self.stages))
+
+
+@dataclass(frozen=True)
+class CacheAwareCandidate:
+    """One waiting request as the ordering sees it; `index` is returned in the order."""
+
+    index: int
+    priority: int = 0
+    affinity: CacheAffinity = field(default_factory=CacheAffinity)
+    prompt_tokens: _Seq[int] = ()
+    enqueued_turn: int = 0
+    order: int = 0
