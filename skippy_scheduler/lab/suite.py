@@ -32,7 +32,8 @@ from .progress import Progress
 from .workload import MARKER_BASE, Workload
 
 NAMESPACE = "stage-0"
-PHASE_DECODE = 2  # value of IterationPhase.Decode in plan.phases
+PHASE_PREFILL = 0  # values of IterationPhase in plan.phases
+PHASE_DECODE = 2
 
 POLICIES = ("fcfs", "cache-aware-noaging", "cache-aware-aging", "priority")
 MODES = ("phase", "mixed")
@@ -97,23 +98,76 @@ class SuiteRun:
     figures: dict = field(default_factory=dict)
     series: dict | None = None  # per-iteration arrays (time_s, batch, tokens, waiting)
     ttft_us: np.ndarray | None = None
+    per_request: dict | None = None  # arrays by request index: first_scheduled_us, ...
 
 
-class _GapStore:
+class _Events:
+    """Append-only log of (time, owners) batches, turned into flat arrays at the end."""
+
     def __init__(self) -> None:
-        self.parts: list[np.ndarray] = []
+        self.owners: list[np.ndarray] = []
+        self.times: list[float] = []
+        self.counts: list[int] = []
 
-    def add(self, gaps: np.ndarray) -> None:
-        if len(gaps):
-            self.parts.append(gaps)
+    def add(self, now: float, owners: np.ndarray) -> None:
+        self.owners.append(owners)
+        self.times.append(now)
+        self.counts.append(len(owners))
 
-    def values(self) -> np.ndarray:
-        return np.concatenate(self.parts) if self.parts else np.zeros(0)
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        if not self.owners:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        owners = np.concatenate(self.owners).astype(np.int64)
+        times = np.repeat(np.asarray(self.times), np.asarray(self.counts))
+        return owners, times
+
+
+@dataclass
+class _TokenTimeline:
+    first_token: np.ndarray
+    last_token: np.ndarray
+    generated: np.ndarray
+    max_gap: np.ndarray
+    gaps: np.ndarray  # every inter-token gap of every request, µs
+
+
+def _token_timeline(n: int, events: _Events) -> _TokenTimeline:
+    """Per-request token times from the sample log (events are in time order)."""
+    owners, times = events.arrays()
+    first = np.full(n, np.nan)
+    last = np.full(n, np.nan)
+    generated = np.zeros(n, dtype=np.int64)
+    max_gap = np.zeros(n)
+    if len(owners) == 0:
+        return _TokenTimeline(first, last, generated, max_gap, np.zeros(0))
+    order = np.argsort(owners, kind="stable")
+    o, t = owners[order], times[order]
+    starts = np.flatnonzero(np.r_[True, o[1:] != o[:-1]])
+    stops = np.r_[starts[1:], len(o)] - 1
+    first[o[starts]] = t[starts]
+    last[o[stops]] = t[stops]
+    generated[o[starts]] = stops - starts + 1
+    gaps = np.r_[0.0, np.diff(t)]
+    gaps[starts] = 0.0  # a request's first token has no gap
+    max_gap[o[starts]] = np.maximum.reduceat(gaps, starts)
+    keep = np.ones(len(o), dtype=bool)
+    keep[starts] = False
+    return _TokenTimeline(first, last, generated, max_gap, gaps[keep])
+
+
+def _first_times(n: int, events: _Events) -> np.ndarray:
+    owners, times = events.arrays()
+    out = np.full(n, np.nan)
+    if len(owners):
+        unique, index = np.unique(owners, return_index=True)  # first occurrence = earliest
+        out[unique] = times[index]
+    return out
 
 
 def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions | None = None,
                cost: RuntimeCostModel | None = None, *, backend: str | Backend | None = "auto",
                progress: bool | None = None) -> SuiteRun:
+    """Replay `workload` under one admission policy and planning mode."""
     options = options or SuiteOptions()
     cost = cost or RuntimeCostModel()
     types = types_module()
@@ -123,9 +177,8 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
     config = options.config(mode)
     sched = backend.make(config, admission=make_admission(policy))
     n = workload.n
-    arrival = workload.arrival_us.astype(np.float64)
+    arrivals = workload.arrival_us.tolist()
     out_len = workload.output_len
-    prompt_len = workload.prompt_len
     family = workload.family
     ids = [workload.request_id(r) for r in range(n)]
     index_of = {rid: r for r, rid in enumerate(ids)}
@@ -134,16 +187,12 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
     has_restore = np.zeros(n, dtype=bool)
     prefill_cost = max(0, round(cost.prefill_token_us))
     restore_kind = types.PrefixRestoreKind.ResidentKv
-    affinity_types = (types.CacheAffinity, types.StageCacheAffinity)
+    memory = options.kv_capacity_tokens > 0
+    gen = np.zeros(n, dtype=np.int64)  # memory model only: tokens sampled so far
+    fed = np.zeros(n, dtype=np.int64)  # memory model only: KV cells a running request holds
 
-    first_sched = np.full(n, np.nan)
-    first_tok = np.full(n, np.nan)
-    last_tok = np.full(n, np.nan)
-    done = np.full(n, np.nan)
-    max_gap = np.zeros(n)
-    gen = np.zeros(n, dtype=np.int64)
-    fed = np.zeros(n, dtype=np.int64)  # KV cells a running request holds (memory model)
-    gaps = _GapStore()
+    samples = _Events()  # (time, owners of the sampling rows)
+    scheduled = _Events()  # (time, owners of prompt rows): first appearance is a prompt row
     series_t: list[float] = []
     series_rows: list[int] = []
     series_tokens: list[int] = []
@@ -152,7 +201,8 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
     prefix_hits = readmit_hits = preemptions = 0
     usage = 0
     now = 0.0
-    nxt = submitted = completed = 0
+    nxt = 0
+    outstanding = 0  # active + waiting, as the scheduler last reported
     iterations = batch_sum = token_sum = 0
     bar = Progress(n, f"{policy}/{mode}", enabled=progress)
     wall_start = time.perf_counter()
@@ -168,78 +218,84 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
                 matched = min(match.matched_tokens, len(prompt))
                 seq = seq.with_prefix_restore(types.PrefixRestore(f"family-{f}", matched,
                                                                   restore_kind))
-                seq = seq.with_cache_affinity(affinity_types[0].from_stage(affinity_types[1](
-                    stage_index=0, matched_tokens=matched, prefill_cost_per_token=prefill_cost,
-                    restore_cost=0, cache_epoch=cache.epoch())))
+                seq = seq.with_cache_affinity(types.CacheAffinity.from_stage(
+                    types.StageCacheAffinity(stage_index=0, matched_tokens=matched,
+                                             prefill_cost_per_token=prefill_cost,
+                                             restore_cost=0, cache_epoch=cache.epoch())))
                 has_restore[r] = True
                 prefix_hits += 1
-        if options.kv_capacity_tokens:
+        if memory:
             seq = seq.with_admission_tokens(len(prompt) + min(int(out_len[r]),
                                                               options.reserve_output_tokens))
         sched.submit(seq)
 
-    while completed < n:
-        while nxt < n and arrival[nxt] <= now:
+    while nxt < n or outstanding:
+        while nxt < n and arrivals[nxt] <= now:
             submit(nxt)
             nxt += 1
-            submitted += 1
-        if submitted == completed:
-            now = max(now, arrival[nxt])
+            outstanding += 1
+        if not outstanding:
+            now = max(now, arrivals[nxt])
             continue
         plan = sched.plan_iteration()
         rows = len(plan)
         if rows == 0:
             raise RuntimeError(f"scheduler stalled at {now:.0f} µs ({policy}/{mode})")
-        ends = plan.row_offsets[1:] - 1
-        owner = plan.tokens[ends].astype(np.int64) - MARKER_BASE
-        unknown = np.flatnonzero(owner < 0)
-        if len(unknown):  # non-final prompt chunks: read the row objects
-            work = plan.work
-            for i in unknown.tolist():
-                owner[i] = index_of[work[i].sequence_id]
-        fresh = owner[np.isnan(first_sched[owner])]
-        first_sched[fresh] = now
-        decode = int(np.count_nonzero(plan.phases == PHASE_DECODE))
+        phases = plan.phases
+        tokens = plan.tokens
+        outputs = plan.outputs
         token_count = plan.token_count
+        if phases.min() == PHASE_DECODE:
+            # Decode-only: one token per row, and that token is the marker sampled last time.
+            decode = rows
+            sample_rows = plan.sample_rows
+            sampled = tokens - MARKER_BASE
+            outputs.request_indexes[:rows] = sample_rows
+            outputs.predicted_tokens[:rows] = tokens
+            outputs.count = rows
+            ends = None
+            owner = sampled
+        else:
+            ends = plan.row_offsets[1:] - 1
+            owner = tokens[ends] - MARKER_BASE
+            prompt_rows = np.flatnonzero(phases != PHASE_DECODE)
+            decode = rows - len(prompt_rows)
+            prompt_owner = owner[prompt_rows]
+            unknown = np.flatnonzero(prompt_owner < 0)
+            if len(unknown):  # non-final prompt chunks: read the row objects
+                work = plan.work
+                for j in unknown.tolist():
+                    prompt_owner[j] = index_of[work[int(prompt_rows[j])].sequence_id]
+                owner[prompt_rows] = prompt_owner
+            scheduled.add(now, prompt_owner)
+            sample_rows = plan.sample_rows
+            sampled = owner[sample_rows]
+            k = len(sample_rows)
+            outputs.request_indexes[:k] = sample_rows
+            outputs.predicted_tokens[:k] = sampled + MARKER_BASE
+            outputs.count = k
         duration = cost.duration_us(token_count - decode, decode)
         start = now
         now += duration
-
-        sample_rows = plan.sample_rows
-        sampled = owner[sample_rows]
-        previous = last_tok[sampled]
-        seen = ~np.isnan(previous)
-        if seen.any():
-            g = now - previous[seen]
-            gaps.add(g)
-            hit = sampled[seen]
-            max_gap[hit] = np.maximum(max_gap[hit], g)
-        firsts = sampled[~seen]
-        first_tok[firsts] = now
-        last_tok[sampled] = now
-        gen[sampled] += 1
-        for r in firsts[family[firsts] >= 0].tolist():  # a family prefix now exists in KV
-            f = int(family[r])
-            if not materialized[f]:
-                materialized[f] = True
-                cache.insert_resident(NAMESPACE, workload.family_prompt_prefix(f),
-                                      int(workload.family_prefix[f]), f"family-{f}")
-
-        k = len(sample_rows)
-        outputs = plan.outputs
-        outputs.request_indexes[:k] = sample_rows
-        outputs.predicted_tokens[:k] = sampled + MARKER_BASE
-        outputs.count = k
+        samples.add(now, sampled)
+        if ends is not None:
+            firsts = sampled[phases[sample_rows] == PHASE_PREFILL]
+            for r in firsts[family[firsts] >= 0].tolist():  # a family prefix is now in KV
+                f = int(family[r])
+                if not materialized[f]:
+                    materialized[f] = True
+                    cache.insert_resident(NAMESPACE, workload.family_prompt_prefix(f),
+                                          int(workload.family_prefix[f]), f"family-{f}")
         sched.observe_iteration_duration(plan, duration / 1e6)
         telemetry = sched.complete_iteration(plan)
-
-        finished = sampled[gen[sampled] >= out_len[sampled]]
-        done[finished] = now
-        completed += len(finished)
-        if options.kv_capacity_tokens:
-            new_fed = plan.positions[ends].astype(np.int64) + 1
+        outstanding = telemetry.active_sequences + telemetry.waiting_sequences
+        if memory:
+            positions = plan.positions if ends is None else plan.positions[ends]
+            new_fed = positions.astype(np.int64) + 1
             usage += int((new_fed - fed[owner]).sum())
             fed[owner] = new_fed
+            gen[sampled] += 1
+            finished = sampled[gen[sampled] >= out_len[sampled]]
             usage -= int(fed[finished].sum())
             fed[finished] = 0
             for rid in sched.preempt_for_component_pressure([usage]):
@@ -258,15 +314,21 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
             series_tokens.append(token_count)
             series_waiting.append(telemetry.waiting_sequences)
         if iterations % 512 == 0:
-            bar.update(completed)
+            bar.update(nxt - outstanding)
     bar.close()
     wall = time.perf_counter() - wall_start
 
     metrics = sched.metrics()
-    ttft = first_tok - arrival
+    arrival = workload.arrival_us.astype(np.float64)
+    timeline = _token_timeline(n, samples)
+    if not np.array_equal(timeline.generated, out_len):
+        raise RuntimeError("suite bookkeeping lost tokens: generated counts differ from outputs")
+    first_sched = _first_times(n, scheduled)
+    ttft = timeline.first_token - arrival
     queue = first_sched - arrival
-    itl = gaps.values()
-    tpot = np.where(gen > 1, (done - first_tok) / np.maximum(gen - 1, 1), 0.0)
+    done = timeline.last_token
+    gen_all = timeline.generated
+    tpot = np.where(gen_all > 1, (done - timeline.first_token) / np.maximum(gen_all - 1, 1), 0.0)
     good = (ttft <= options.ttft_target_ms * 1e3) & (tpot <= options.itl_target_ms * 1e3)
     makespan_s = now / 1e6
     figures = {
@@ -277,7 +339,7 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
         "iterations": iterations,
         "makespan_s": makespan_s,
         "throughput_rps": n / makespan_s if makespan_s else 0.0,
-        "output_tokens_per_s": float(gen.sum()) / makespan_s if makespan_s else 0.0,
+        "output_tokens_per_s": float(gen_all.sum()) / makespan_s if makespan_s else 0.0,
         "goodput_rps": float(good.sum()) / makespan_s if makespan_s else 0.0,
         "goodput_fraction": float(good.mean()),
         "mean_batch": batch_sum / iterations if iterations else 0.0,
@@ -290,8 +352,9 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
         "readmissions": preemptions,
         "prefix_hits_readmit": readmit_hits,
         "prefix_hit_rate_readmit": readmit_hits / preemptions if preemptions else 0.0,
+        "p99_max_itl_ms": nearest_rank(timeline.max_gap, 99) / 1e3,
     }
-    for name, values in (("queue", queue), ("ttft", ttft), ("itl", itl)):
+    for name, values in (("queue", queue), ("ttft", ttft), ("itl", timeline.gaps)):
         for p in (50, 90, 99):
             figures[f"p{p}_{name}_ms"] = nearest_rank(values, p) / 1e3
     series = None
@@ -299,7 +362,10 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
         series = {"time_s": np.asarray(series_t), "batch": np.asarray(series_rows),
                   "tokens": np.asarray(series_tokens), "waiting": np.asarray(series_waiting),
                   "max_tokens": config.max_tokens_per_iteration}
-    return SuiteRun(policy, mode, figures, series, ttft)
+    per_request = {"first_scheduled_us": first_sched, "first_token_us": timeline.first_token,
+                   "completed_us": done, "generated": gen_all,
+                   "max_inter_token_gap_us": timeline.max_gap, "prefix_restore": has_restore}
+    return SuiteRun(policy, mode, figures, series, ttft, per_request)
 
 
 SUITE_COLUMNS = ("policy", "mode", "p50_queue_ms", "p90_queue_ms", "p99_queue_ms",

@@ -95,22 +95,25 @@ class Workload:
 
     @property
     def prompt_len(self) -> np.ndarray:
+        if len(self.family_prefix) == 0:
+            return self.suffix_len.copy()
         prefix = np.where(self.family >= 0, self.family_prefix[np.maximum(self.family, 0)], 0)
         return prefix + self.suffix_len
 
     def request_id(self, r: int) -> str:
         return f"r{r:06d}"
 
-    def prompt(self, r: int) -> list[int]:
-        parts = []
+    def prompt(self, r: int) -> np.ndarray:
+        """Request r's prompt token ids as an int32 array (family prefix, own suffix, marker)."""
+        suffix_start = SUFFIX_BASE + r * SUFFIX_STRIDE
+        own = np.arange(suffix_start, suffix_start + int(self.suffix_len[r]), dtype=np.int32)
+        own[-1] = MARKER_BASE + r
         f = int(self.family[r])
-        if f >= 0:
-            start = FAMILY_BASE + f * FAMILY_STRIDE
-            parts.append(np.arange(start, start + int(self.family_prefix[f]), dtype=np.int64))
-        start = SUFFIX_BASE + r * SUFFIX_STRIDE
-        parts.append(np.arange(start, start + int(self.suffix_len[r]) - 1, dtype=np.int64))
-        parts.append(np.array([MARKER_BASE + r], dtype=np.int64))
-        return np.concatenate(parts).tolist()
+        if f < 0:
+            return own
+        start = FAMILY_BASE + f * FAMILY_STRIDE
+        prefix = np.arange(start, start + int(self.family_prefix[f]), dtype=np.int32)
+        return np.concatenate((prefix, own))
 
     def family_prompt_prefix(self, f: int) -> list[int]:
         start = FAMILY_BASE + f * FAMILY_STRIDE
