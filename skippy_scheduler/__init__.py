@@ -4,6 +4,7 @@ from ._version import __version__
 
 _check_native()
 
+from ._core import IterationPlan, PlanOutputs, Scheduler  # noqa: E402
 from ._ordering import order_cache_aware_candidates_py, select_cache_aware_candidate_py  # noqa: E402
 from ._twin_plan import TwinOutputs, TwinPlan  # noqa: E402
 from .cache_policy import CacheAffinity, CacheAwareCandidate, StageCacheAffinity  # noqa: E402
@@ -53,17 +54,20 @@ __all__ = [
     "FcfsAdmission",
     "FewestComputedTokens",
     "IterationPhase",
+    "IterationPlan",
     "IterationPrediction",
     "IterationTelemetry",
     "IterationWork",
     "LowestPriorityNewest",
     "MalformedOutputs",
     "MemoryComponent",
+    "PlanOutputs",
     "PreemptionPolicy",
     "PrefixRestore",
     "PrefixRestoreKind",
     "PriorityAdmission",
     "QueueFull",
+    "Scheduler",
     "SchedulerConfig",
     "SchedulerMetrics",
     "SchedulerSnapshot",

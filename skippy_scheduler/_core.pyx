@@ -223,6 +223,7 @@ cdef class IterationPlan:
 
     @property
     def outputs(self):
+        cdef PlanOutputs o
         self._check()
         if self._outputs is None:
             o = PlanOutputs.__new__(PlanOutputs)
@@ -411,9 +412,9 @@ cdef class Scheduler:
                 raise TypeError("session must be a non-negative int address or a cffi pointer")
         d.id = id_bytes
         d.id_len = len(id_bytes)
-        d.prompt_tokens = prompt.data.as_ints
+        d.prompt_tokens = <const int32_t *>prompt.data.as_ints
         d.prompt_count = len(prompt)
-        d.generated_tokens = gen.data.as_ints if len(gen) else NULL
+        d.generated_tokens = <const int32_t *>gen.data.as_ints if len(gen) else NULL
         d.generated_count = len(gen)
         d.max_tokens = q.max_tokens
         d.priority = q.priority
@@ -456,6 +457,7 @@ cdef class Scheduler:
         cdef const skippy_retired *ret = skippy_scheduler_retired(self._s, &n)
         cdef skippy_plan *p
         cdef list objs = self._objs
+        cdef IterationPlan plan
         retired = [ret[i].slot for i in range(n)]
         self._live = False
         if skippy_scheduler_plan(self._s, &p, NULL) != SKIPPY_STATUS_OK:
@@ -555,7 +557,7 @@ cdef class Scheduler:
                 raise ValueError(f"used bytes must be in [0, 2**64-1], got {v}")
         vals = array("Q", values)
         n = len(vals)
-        if skippy_scheduler_preempt(self._s, vals.data.as_ulonglongs if n else NULL, n, &out,
+        if skippy_scheduler_preempt(self._s, <const uint64_t *>vals.data.as_ulonglongs if n else NULL, n, &out,
                                     NULL) != SKIPPY_STATUS_OK:
             self._raise_last()
         cdef const uint32_t *v_slots = skippy_scheduler_preempted_slots(self._s)
