@@ -619,3 +619,37 @@ cdef class Scheduler:
     def native(self):
         """Address of the underlying `skippy_scheduler *` (for native hosts sharing it)."""
         return <size_t>self._s
+
+
+def _layout():
+    """Sizes and field offsets of the shared structs as this compiled module sees them."""
+    cdef skippy_iteration_request r
+    cdef skippy_plan p
+    cdef skippy_plan_outputs o
+    cdef size_t rb = <size_t>&r, pb = <size_t>&p, ob = <size_t>&o
+    return {
+        "skippy_iteration_request": (sizeof(skippy_iteration_request), {
+            "session": <size_t>&r.session - rb, "token_ids": <size_t>&r.token_ids - rb,
+            "token_count": <size_t>&r.token_count - rb, "positions": <size_t>&r.positions - rb,
+            "position_count": <size_t>&r.position_count - rb,
+            "sampling": <size_t>&r.sampling - rb, "input_desc": <size_t>&r.input_desc - rb,
+            "input_payload": <size_t>&r.input_payload - rb,
+            "sample_last": <size_t>&r.sample_last - rb}),
+        "skippy_plan_outputs": (sizeof(skippy_plan_outputs), {
+            "sampled_request_indexes": <size_t>&o.sampled_request_indexes - ob,
+            "predicted_tokens": <size_t>&o.predicted_tokens - ob,
+            "capacity": <size_t>&o.capacity - ob, "count": <size_t>&o.count - ob}),
+        "skippy_plan": (sizeof(skippy_plan), {
+            "serial": <size_t>&p.serial - pb, "requests": <size_t>&p.requests - pb,
+            "request_count": <size_t>&p.request_count - pb,
+            "request_capacity": <size_t>&p.request_capacity - pb,
+            "tokens": <size_t>&p.tokens - pb, "positions": <size_t>&p.positions - pb,
+            "token_count": <size_t>&p.token_count - pb,
+            "token_capacity": <size_t>&p.token_capacity - pb,
+            "row_offsets": <size_t>&p.row_offsets - pb, "slots": <size_t>&p.slots - pb,
+            "phases": <size_t>&p.phases - pb, "sample_last": <size_t>&p.sample_last - pb,
+            "sample_rows": <size_t>&p.sample_rows - pb,
+            "sample_count": <size_t>&p.sample_count - pb, "admitted": <size_t>&p.admitted - pb,
+            "preempted": <size_t>&p.preempted - pb, "outputs": <size_t>&p.outputs - pb}),
+        "skippy_sampling_config": (sizeof(skippy_sampling_config), {}),
+    }
