@@ -4,4 +4,98 @@ from ._version import __version__
 
 _check_native()
 
-__all__ = ["__version__"]
+
+def get_include() -> str:
+    """Directory of the installed C headers (skippy_abi.h, skippy_scheduler.h)."""
+    import os
+
+    return os.path.join(os.path.dirname(__file__), "include")
+
+
+def get_library_dir() -> str:
+    """Directory of the installed static core library (link with -lskippy_scheduler_core)."""
+    import os
+
+    return os.path.join(os.path.dirname(__file__), "lib")
+
+
+from ._core import IterationPlan, PlanOutputs, Scheduler  # noqa: E402
+from ._ordering import order_cache_aware_candidates_py, select_cache_aware_candidate_py  # noqa: E402
+from ._twin_plan import TwinOutputs, TwinPlan  # noqa: E402
+from .cache_policy import CacheAffinity, CacheAwareCandidate, StageCacheAffinity  # noqa: E402
+from .policies import (  # noqa: E402
+    AdmissionPolicy,
+    CacheAwareAdmission,
+    FcfsAdmission,
+    FewestComputedTokens,
+    LowestPriorityNewest,
+    PreemptionPolicy,
+    PriorityAdmission,
+    VictimCandidate,
+)
+from .twin import TwinScheduler  # noqa: E402
+from .types import (  # noqa: E402
+    LLAMA_MAX_SEQ,
+    AdmissionError,
+    DuplicateSequence,
+    EmptyPrompt,
+    IterationPhase,
+    IterationPrediction,
+    IterationTelemetry,
+    IterationWork,
+    MalformedOutputs,
+    MemoryComponent,
+    PrefixRestore,
+    PrefixRestoreKind,
+    QueueFull,
+    SchedulerConfig,
+    SchedulerMetrics,
+    SchedulerSnapshot,
+    Sequence,
+    SequenceStatus,
+    StalePlanError,
+)
+
+__all__ = [
+    "__version__",
+    "get_include",
+    "get_library_dir",
+    "LLAMA_MAX_SEQ",
+    "AdmissionError",
+    "AdmissionPolicy",
+    "CacheAffinity",
+    "CacheAwareAdmission",
+    "CacheAwareCandidate",
+    "DuplicateSequence",
+    "EmptyPrompt",
+    "FcfsAdmission",
+    "FewestComputedTokens",
+    "IterationPhase",
+    "IterationPlan",
+    "IterationPrediction",
+    "IterationTelemetry",
+    "IterationWork",
+    "LowestPriorityNewest",
+    "MalformedOutputs",
+    "MemoryComponent",
+    "PlanOutputs",
+    "PreemptionPolicy",
+    "PrefixRestore",
+    "PrefixRestoreKind",
+    "PriorityAdmission",
+    "QueueFull",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerMetrics",
+    "SchedulerSnapshot",
+    "Sequence",
+    "SequenceStatus",
+    "StageCacheAffinity",
+    "StalePlanError",
+    "TwinOutputs",
+    "TwinPlan",
+    "TwinScheduler",
+    "VictimCandidate",
+    "order_cache_aware_candidates_py",
+    "select_cache_aware_candidate_py",
+]
