@@ -211,7 +211,8 @@ def simulate(config, cost: RuntimeCostModel | None, requests: Iterable[SimReques
             if row.sample_last:
                 sampled.append(i)
         start = now
-        duration = cost.duration_us(plan.token_count - decode_rows, decode_rows)
+        token_count = plan.token_count  # read while the plan is live
+        duration = cost.duration_us(token_count - decode_rows, decode_rows)
         now += duration
         for i in sampled:
             m = metrics[work[i].sequence_id]
@@ -228,7 +229,7 @@ def simulate(config, cost: RuntimeCostModel | None, requests: Iterable[SimReques
                 f"{w.sequence_id}:{_phase_name(w.phase)}:{len(w.tokens)}@{w.positions[0]}"
                 f"{'*' if w.sample_last else ''}" for w in work)
             trace.append(f"it={report.iterations} t={_fmt(start)} dur={_fmt(duration)} "
-                         f"admitted={plan.admitted} tokens={plan.token_count} | {rows}")
+                         f"admitted={plan.admitted} tokens={token_count} | {rows}")
         scheduler.observe_iteration_duration(plan, duration / 1e6)
         complete_with_ones(scheduler, plan, sampled, types)
         # Only a sampling row can end a sequence (finish or fail), so only those are checked.
@@ -246,7 +247,7 @@ def simulate(config, cost: RuntimeCostModel | None, requests: Iterable[SimReques
             report.decode_iterations += 1
         report.iterations += 1
         batch_sum += len(work)
-        occupancy_sum += plan.token_count / capacity
+        occupancy_sum += token_count / capacity
     report.requests = {rid: metrics[rid] for rid in sorted(metrics)}
     report.makespan_us = now
     if report.iterations:

@@ -55,7 +55,7 @@ def make_admission(name: str):
 
 @dataclass(frozen=True)
 class SuiteOptions:
-    max_active: int = 64
+    max_active: int = 32
     max_tokens: int = 2_048
     chunk: int = 512
     kv_capacity_tokens: int = 0  # 0 = no memory component
@@ -286,12 +286,13 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
                     materialized[f] = True
                     cache.insert_resident(NAMESPACE, workload.family_prompt_prefix(f),
                                           int(workload.family_prefix[f]), f"family-{f}")
+        if memory:  # plan arrays are only valid while the plan is live
+            positions = plan.positions if ends is None else plan.positions[ends]
+            new_fed = positions.astype(np.int64) + 1
         sched.observe_iteration_duration(plan, duration / 1e6)
         telemetry = sched.complete_iteration(plan)
         outstanding = telemetry.active_sequences + telemetry.waiting_sequences
         if memory:
-            positions = plan.positions if ends is None else plan.positions[ends]
-            new_fed = positions.astype(np.int64) + 1
             usage += int((new_fed - fed[owner]).sum())
             fed[owner] = new_fed
             gen[sampled] += 1

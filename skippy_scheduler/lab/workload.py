@@ -32,7 +32,7 @@ MAX_SUFFIX = SUFFIX_STRIDE
 class WorkloadSpec:
     requests: int = 1_000
     seed: int = 0
-    rate: float = 40.0  # mean arrivals per second (Poisson)
+    rate: float = 360.0  # mean arrivals per second (Poisson); near saturation by default
     families: int = 64  # prompt families; popularity is Zipf-like, so few are hot
     family_zipf: float = 1.1  # popularity exponent: weight of family k is 1 / (k+1)^s
     family_share: float = 0.7  # fraction of requests that belong to some family
