@@ -209,8 +209,14 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
 
     def submit(r: int) -> None:
         nonlocal prefix_hits
-        prompt = workload.prompt(r)
-        seq = types.Sequence(ids[r], prompt, int(out_len[r]), None, int(workload.priority[r]))
+        prompt = workload.prompt(r).tolist()
+        max_tokens = int(out_len[r])
+        # NOTE: the constructor checks prompt tokens one by one in Python and submit checks them
+        # again (natively for plain-int lists), so the prompt is set as the public field it is
+        # and the default admission size restated; the scheduler sees the same sequence.
+        seq = types.Sequence(ids[r], (), max_tokens, None, int(workload.priority[r]))
+        seq.prompt_tokens = prompt
+        seq = seq.with_admission_tokens(len(prompt) + max_tokens)
         f = int(family[r])
         if f >= 0 and materialized[f]:
             match = cache.peek_resident(NAMESPACE, prompt)
@@ -225,7 +231,7 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
                 has_restore[r] = True
                 prefix_hits += 1
         if memory:
-            seq = seq.with_admission_tokens(len(prompt) + min(int(out_len[r]),
+            seq = seq.with_admission_tokens(len(prompt) + min(max_tokens,
                                                               options.reserve_output_tokens))
         sched.submit(seq)
 
