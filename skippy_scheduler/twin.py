@@ -7,6 +7,7 @@ anything.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Iterable
 
 from ._checks import I32_MAX, USIZE_MAX, check_str, check_uint, sat, sat_sub
@@ -309,7 +310,7 @@ class TwinScheduler:
 
     def observe_iteration_duration(self, plan: TwinPlan, elapsed_seconds: float) -> None:
         self._check_live(plan)
-        if isinstance(elapsed_seconds, bool) or not isinstance(elapsed_seconds, (int, float)):
+        if isinstance(elapsed_seconds, bool) or not isinstance(elapsed_seconds, numbers.Real):
             raise TypeError(f"elapsed_seconds must be a number, got {type(elapsed_seconds).__name__}")
         elapsed_us = float(elapsed_seconds) * 1e6
         if not math.isfinite(elapsed_us) or elapsed_us <= 0:
