@@ -62,6 +62,8 @@ uint64_t sk_radix_epoch(const sk_radix *r) { return r->clock; }
 
 uint64_t sk_radix_version(const sk_radix *r) { return r->version; }
 
+void sk_radix_set_epoch(sk_radix *r, uint64_t clock) { r->clock = clock; }
+
 long rx_ns_find(const sk_radix *r, const char *name, size_t len, size_t *insert_at)
 {
     size_t lo = 0, hi = r->ns_count;
@@ -134,6 +136,15 @@ static int rx_reserve_children(sk_radix *r, int32_t id, size_t need)
     return 0;
 }
 
+/* entries never exceed INT32_MAX nodes, so the per-subtree counts cannot overflow */
+static void rx_count_resident(sk_radix *r, int32_t id, int delta)
+{
+    while (id >= 0) {
+        r->nodes[id].res_below += (uint32_t)delta;
+        id = r->nodes[id].parent;
+    }
+}
+
 /* requires a prior rx_reserve_nodes */
 static int32_t rx_take_node(sk_radix *r, int32_t parent, size_t off, size_t len, size_t depth)
 {
@@ -154,6 +165,7 @@ static int32_t rx_take_node(sk_radix *r, int32_t parent, size_t off, size_t len,
     nd->depth = depth;
     nd->parent = parent;
     nd->nchild = 0;
+    nd->res_below = 0;
     memset(nd->slot, 0, sizeof(nd->slot));
     return id;
 }
@@ -309,6 +321,7 @@ int sk_radix_insert(sk_radix *r, int kind, int if_vacant, const char *ns, size_t
         c->off += common;
         c->len -= common;
         c->parent = split;
+        r->nodes[split].res_below = c->res_below;
         rx_child_replace(r, cur, tokens[i], split);
         rx_child_insert(r, split, r->pool[c->off], split_child);
         r->splits = rx_sat_add(r->splits, 1);
@@ -331,6 +344,8 @@ int sk_radix_insert(sk_radix *r, int kind, int if_vacant, const char *ns, size_t
         if (prev_handle)
             *prev_handle = slot->handle;
         status = SK_RADIX_REPLACED;
+    } else if (kind == SK_RADIX_RESIDENT) {
+        rx_count_resident(r, target, 1);
     }
     slot->present = 1;
     slot->handle = handle;
@@ -408,6 +423,9 @@ int rx_remove_slot(sk_radix *r, size_t ns_index, int32_t id, int kind, uint64_t 
     }
 
     r->version++;
+    if (kind == SK_RADIX_RESIDENT)
+        rx_count_resident(r, id, -1);
+    nd = &r->nodes[id];
     if (handle)
         *handle = nd->slot[kind].handle;
     memset(&nd->slot[kind], 0, sizeof(rx_slot));

@@ -74,6 +74,9 @@ void sk_radix_free(sk_radix *r);
 /* clock value; mutations and recency updates advance it, peeks never do */
 uint64_t sk_radix_epoch(const sk_radix *r);
 
+/* continues the clock from a saved epoch (e.g. a cache rebuilt from a snapshot) */
+void sk_radix_set_epoch(sk_radix *r, uint64_t clock);
+
 /* changes whenever an insert or a removal changes the tree (node ids may then be stale) */
 uint64_t sk_radix_version(const sk_radix *r);
 

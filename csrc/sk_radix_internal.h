@@ -34,6 +34,7 @@ typedef struct rx_node {
     int32_t parent; /* RX_ROOT, RX_FREE or a node id */
     uint32_t nchild;
     uint32_t cap;   /* child capacity; the buffer survives recycling so reuse does not allocate */
+    uint32_t res_below; /* resident entries in this subtree (self included): steers matching */
     rx_child *child;
     rx_slot slot[RX_KINDS];
 } rx_node;

@@ -1,9 +1,8 @@
 /*
  * Query half of the radix cache: longest-prefix probes, exact look-ups, reference release,
- * the LRU victim scan, the ordered entry cursor and stats. Subtree searches walk in preorder
- * through parent links (no stack), and preorder in child-key order is exactly the
- * lexicographic order of token paths, which the "nearest descendant" rule and the LRU
- * tie-break are defined by.
+ * the LRU victim scan, the ordered entry cursor and stats. Scans walk in preorder through
+ * parent links (no stack); preorder in child-key order is the lexicographic order of token
+ * paths, which the "nearest descendant" rule and the LRU tie-break are defined by.
  */
 #include "sk_radix_internal.h"
 
@@ -22,64 +21,49 @@ int32_t rx_preorder_next(const sk_radix *r, int32_t cur, int32_t top)
     return -1;
 }
 
-/* first node in the subtree of top (top included) holding kind, in key order */
-static int32_t rx_first_with(const sk_radix *r, int32_t top, int kind)
+/* lexicographically smallest resident key in a subtree known to hold one */
+static int32_t rx_first_resident(const sk_radix *r, int32_t cur)
 {
-    int32_t cur = top;
-    while (cur >= 0 && !r->nodes[cur].slot[kind].present)
-        cur = rx_preorder_next(r, cur, top);
+    while (!r->nodes[cur].slot[SK_RADIX_RESIDENT].present) {
+        const rx_node *nd = &r->nodes[cur];
+        uint32_t k = 0;
+        while (r->nodes[nd->child[k].node].res_below == 0)
+            k++;
+        cur = nd->child[k].node;
+    }
     return cur;
 }
 
 /*
- * Longest query prefix some resident entry at or below the reached point can back (a longer
- * cached sequence is sliced). Divergence mid-edge or at a branch point still matches the common
- * part, sourced from the nearest resident descendant.
+ * Longest query prefix with a resident entry at or below the point it reaches (a longer
+ * cached sequence is sliced), i.e. the longest common prefix with any resident key. The walk
+ * only enters subtrees that hold a resident entry, so it stops exactly there; divergence
+ * mid-edge or at a branch point still matches the common part. The source is the nearest
+ * resident descendant of that point in key order.
  */
 static int32_t rx_backing_prefix(const sk_radix *r, int32_t root, const int32_t *t, size_t n,
                                  size_t *matched)
 {
-    int32_t cur = root, best = -1, d;
-    size_t i = 0, best_m = 0;
-    for (;;) {
-        int32_t c;
+    int32_t cur = root, src = -1;
+    size_t i = 0, m = 0;
+    while (i < n) {
+        int32_t c = rx_child_find(&r->nodes[cur], t[i]);
         size_t len, common;
-        if (i == n) {
-            d = rx_first_with(r, cur, SK_RADIX_RESIDENT);
-            if (d >= 0) {
-                best = d;
-                best_m = i;
-            }
+        if (c < 0 || r->nodes[c].res_below == 0)
             break;
-        }
-        c = rx_child_find(&r->nodes[cur], t[i]);
-        if (c < 0) {
-            d = i > 0 ? rx_first_with(r, cur, SK_RADIX_RESIDENT) : -1;
-            if (d >= 0) {
-                best = d;
-                best_m = i;
-            }
-            break;
-        }
         len = r->nodes[c].len;
         common = rx_lcp(r->pool + r->nodes[c].off, t + i, len < n - i ? len : n - i);
+        src = c;
         if (common < len) {
-            d = rx_first_with(r, c, SK_RADIX_RESIDENT);
-            if (d >= 0) {
-                best = d;
-                best_m = i + common;
-            }
+            m = i + common;
             break;
         }
         i += len;
+        m = i;
         cur = c;
-        if (r->nodes[cur].slot[SK_RADIX_RESIDENT].present) {
-            best = cur;
-            best_m = i;
-        }
     }
-    *matched = best_m;
-    return best_m > 0 ? best : -1;
+    *matched = m;
+    return m > 0 ? rx_first_resident(r, src) : -1;
 }
 
 /* deepest node on the query path holding an exact recurrent entry */

@@ -49,6 +49,7 @@ cdef extern from "sk_radix.h":
     void sk_radix_free(sk_radix *r)
     uint64_t sk_radix_epoch(const sk_radix *r)
     uint64_t sk_radix_version(const sk_radix *r)
+    void sk_radix_set_epoch(sk_radix *r, uint64_t clock)
     int sk_radix_insert(sk_radix *r, int kind, int if_vacant, const char *ns, size_t ns_len,
                         const int32_t *tokens, size_t n, uint64_t logical_bytes, uint64_t handle,
                         uint64_t *prev_handle)
@@ -499,6 +500,10 @@ cdef class RadixCacheCore:
 
     def epoch(self):
         return sk_radix_epoch(self._r)
+
+    def _set_epoch(self, clock):
+        """Continues the clock from a saved epoch (snapshot restore; tests of saturation)."""
+        sk_radix_set_epoch(self._r, _u64("clock", clock))
 
     def _stats_tuple(self):
         cdef sk_radix_stats s
