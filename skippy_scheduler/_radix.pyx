@@ -9,7 +9,6 @@ array('i')), used without copying, or a sequence of ints converted into a reusab
 from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBuffer_Release,
                              PyObject_CheckBuffer, PyObject_GetBuffer)
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.number cimport PyNumber_Index
 from cpython.object cimport PyObject
 from cpython.sequence cimport PySequence_Fast, PySequence_Fast_GET_SIZE, PySequence_Fast_ITEMS
@@ -188,21 +187,59 @@ cdef object _index(object item):
         raise TypeError(f"radix tokens must be ints, got {type(item).__name__}") from None
 
 
+cdef extern from *:
+    """
+    /* Reads exact ints straight from their digits when they are compact, the common case for
+       token ids; anything else takes the generic call. Returns 0, or 1 with *bad = index of the
+       first item that is not an exact int, or 2 with *bad = index of an out-of-range int. */
+    static int sk_fill_exact_ints(PyObject *const *items, Py_ssize_t n, int32_t *dst,
+                                  Py_ssize_t *bad)
+    {
+        Py_ssize_t i;
+        for (i = 0; i < n; i++) {
+            PyObject *o = items[i];
+            long long v;
+            int overflow = 0;
+            if (!PyLong_CheckExact(o)) {
+                *bad = i;
+                return 1;
+            }
+    #if PY_VERSION_HEX >= 0x030C0000
+            if (PyUnstable_Long_IsCompact((PyLongObject *)o)) {
+                v = (long long)PyUnstable_Long_CompactValue((PyLongObject *)o);
+            } else {
+                v = PyLong_AsLongLongAndOverflow(o, &overflow);
+            }
+    #else
+            if (Py_SIZE(o) == 0) {
+                v = 0;
+            } else if (Py_SIZE(o) == 1) {
+                v = (long long)((PyLongObject *)o)->ob_digit[0];
+            } else if (Py_SIZE(o) == -1) {
+                v = -(long long)((PyLongObject *)o)->ob_digit[0];
+            } else {
+                v = PyLong_AsLongLongAndOverflow(o, &overflow);
+            }
+    #endif
+            if (overflow || v < INT32_MIN || v > INT32_MAX) {
+                *bad = i;
+                return 2;
+            }
+            dst[i] = (int32_t)v;
+        }
+        return 0;
+    }
+    """
+    int sk_fill_exact_ints(PyObject **items, Py_ssize_t n, int32_t *dst, Py_ssize_t *bad)
+
+
 cdef int _fill_exact(list_or_tuple, int32_t *dst, Py_ssize_t n) except -2:
     """Writes exact ints into dst; returns 0, or 1 when an item is not an exact int."""
-    cdef PyObject **items = PySequence_Fast_ITEMS(list_or_tuple)
-    cdef Py_ssize_t i
-    cdef long long v
-    cdef int overflow
-    for i in range(n):
-        item = <object>items[i]
-        if not PyLong_CheckExact(item):
-            return 1
-        v = PyLong_AsLongLongAndOverflow(item, &overflow)
-        if overflow or v < INT32_MIN or v > INT32_MAX:
-            raise ValueError(f"radix token {item} is outside the int32 range")
-        dst[i] = <int32_t>v
-    return 0
+    cdef Py_ssize_t bad = 0
+    cdef int st = sk_fill_exact_ints(PySequence_Fast_ITEMS(list_or_tuple), n, dst, &bad)
+    if st == 2:
+        raise ValueError(f"radix token {list_or_tuple[bad]} is outside the int32 range")
+    return st
 
 
 cdef bytes _pack_tokens(tokens):
