@@ -33,6 +33,7 @@ from .policies import (  # noqa: E402
     PriorityAdmission,
     VictimCandidate,
 )
+from .radix import RadixEntry, RadixMatch, RadixStats, UnifiedRadixCache, affinity_from_radix  # noqa: E402
 from .twin import TwinScheduler  # noqa: E402
 from .types import (  # noqa: E402
     LLAMA_MAX_SEQ,
@@ -84,6 +85,9 @@ __all__ = [
     "PrefixRestoreKind",
     "PriorityAdmission",
     "QueueFull",
+    "RadixEntry",
+    "RadixMatch",
+    "RadixStats",
     "Scheduler",
     "SchedulerConfig",
     "SchedulerMetrics",
@@ -95,6 +99,8 @@ __all__ = [
     "TwinOutputs",
     "TwinPlan",
     "TwinScheduler",
+    "UnifiedRadixCache",
+    "affinity_from_radix",
     "VictimCandidate",
     "order_cache_aware_candidates_py",
     "select_cache_aware_candidate_py",
