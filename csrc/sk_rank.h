@@ -30,8 +30,11 @@ sk_rank_ws *sk_rank_ws_new(void);
 void sk_rank_ws_free(sk_rank_ws *ws);
 
 /*
- * Writes into out[0..n) the positions (0..n-1 into items) best first.
- * Returns 0, or SKIPPY_SCHED_NO_MEMORY (7) when scratch could not grow (out untouched).
+ * Writes into out[0..n) the positions (0..n-1 into items) best first. Ties in every key fall
+ * to the smaller position (the order is that of a stable sort). Tokens are only read during
+ * the call. Scores saturate at UINT64_MAX as §3.1 says.
+ * Returns 0; SKIPPY_SCHED_INVALID (4) for an unknown mode or n >= 2^32; or
+ * SKIPPY_SCHED_NO_MEMORY (7) when scratch could not grow. out is untouched on failure.
  */
 int sk_rank_order(sk_rank_ws *ws, const sk_rank_item *items, size_t n, uint64_t current_turn,
                   uint64_t aging_cost_per_turn, int group_waiting_prefixes, int mode,

@@ -1,0 +1,182 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Native waiting-work ranking (behaviour.md §3) for Python callers.
+
+Candidates are validated and packed once into a contiguous item array plus one int32 token
+arena; the kernel then runs without the GIL. `PackedCandidates` keeps the packing so that a
+caller (or a benchmark) can rank the same queue several times without converting tokens again.
+"""
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from libc.stdint cimport int32_t, uint64_t
+from libc.string cimport memcpy
+
+cdef extern from "sk_rank.h" nogil:
+    ctypedef struct sk_rank_item:
+        uint64_t priority
+        uint64_t saved_cost
+        uint64_t enqueued_turn
+        uint64_t order
+        const int32_t *tokens
+        size_t token_count
+    ctypedef struct sk_rank_ws:
+        pass
+    sk_rank_ws *sk_rank_ws_new()
+    void sk_rank_ws_free(sk_rank_ws *ws)
+    int sk_rank_order(sk_rank_ws *ws, const sk_rank_item *items, size_t n, uint64_t current_turn,
+                      uint64_t aging_cost_per_turn, int group_waiting_prefixes, int mode,
+                      size_t *out)
+
+MODE_CACHE_AWARE = 0
+MODE_FCFS = 1
+MODE_PRIORITY = 2
+
+cdef object U64_MAX = (1 << 64) - 1
+cdef object USIZE_MAX = (1 << 64) - 1
+
+
+cdef uint64_t _u64(str name, object value, object limit=U64_MAX) except? 0:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0 or value > limit:
+        raise ValueError(f"{name} must be in [0, {limit}], got {value}")
+    return <uint64_t>value
+
+
+cdef Py_ssize_t _fill_tokens(object tokens, int32_t *dst, Py_ssize_t room) except -1:
+    """Copies a prompt into dst (room tokens) after checking every value is an i32."""
+    cdef Py_ssize_t i = 0
+    cdef long long v
+    cdef int overflow = 0
+    cdef const int[::1] view
+    if isinstance(tokens, (list, tuple)):
+        for item in tokens:
+            if i >= room:
+                raise ValueError("prompt_tokens changed size while being read")
+            if type(item) is not int:
+                if isinstance(item, bool) or not isinstance(item, int):
+                    raise TypeError(
+                        f"prompt tokens must be ints, got {type(item).__name__}")
+            v = PyLong_AsLongLongAndOverflow(item, &overflow)
+            if overflow or v < -2147483648 or v > 2147483647:
+                raise ValueError(f"prompt token {item} is outside the i32 range")
+            dst[i] = <int32_t>v
+            i += 1
+        return i
+    try:
+        view = tokens
+    except (TypeError, ValueError, BufferError):
+        return _fill_tokens(list(tokens), dst, room)
+    if view.shape[0] > room:
+        raise ValueError("prompt_tokens changed size while being read")
+    if view.shape[0]:
+        memcpy(dst, &view[0], view.shape[0] * sizeof(int32_t))
+    return view.shape[0]
+
+
+cdef class PackedCandidates:
+    """Validated native copy of a candidate list; `order()` ranks it, best first."""
+    cdef sk_rank_item *items
+    cdef int32_t *arena
+    cdef size_t *out
+    cdef sk_rank_ws *ws
+    cdef Py_ssize_t n
+    cdef list indices
+
+    def __cinit__(self):
+        self.items = NULL
+        self.arena = NULL
+        self.out = NULL
+        self.ws = NULL
+        self.n = 0
+
+    def __init__(self, candidates):
+        cdef list cands = list(candidates)
+        cdef Py_ssize_t n = len(cands), i, total = 0, at = 0, got
+        cdef list prompts = []
+        cdef list indices = []
+        from .cache_policy import CacheAffinity
+        for c in cands:
+            indices.append(_u64("index", c.index, USIZE_MAX))
+            _u64("priority", c.priority)
+            _u64("enqueued_turn", c.enqueued_turn)
+            _u64("order", c.order)
+            if not isinstance(c.affinity, CacheAffinity):
+                raise TypeError("affinity must be a CacheAffinity")
+            p = c.prompt_tokens
+            if isinstance(p, (str, bytes)) or not hasattr(p, "__len__"):
+                raise TypeError("prompt_tokens must be a sequence of ints")
+            prompts.append(p)
+            total += len(p)
+        self.items = <sk_rank_item *>PyMem_Malloc((n if n else 1) * sizeof(sk_rank_item))
+        self.arena = <int32_t *>PyMem_Malloc((total if total else 1) * sizeof(int32_t))
+        self.out = <size_t *>PyMem_Malloc((n if n else 1) * sizeof(size_t))
+        self.ws = sk_rank_ws_new()
+        if not self.items or not self.arena or not self.out or not self.ws:
+            raise MemoryError()
+        for i in range(n):
+            c = cands[i]
+            got = _fill_tokens(prompts[i], self.arena + at, total - at)
+            if got != len(prompts[i]):
+                raise ValueError("prompt_tokens changed size while being read")
+            self.items[i].priority = c.priority
+            self.items[i].saved_cost = c.affinity.estimated_saved_cost()
+            self.items[i].enqueued_turn = c.enqueued_turn
+            self.items[i].order = c.order
+            self.items[i].tokens = self.arena + at
+            self.items[i].token_count = got
+            at += got
+        self.n = n
+        self.indices = indices
+
+    def __dealloc__(self):
+        PyMem_Free(self.items)
+        PyMem_Free(self.arena)
+        PyMem_Free(self.out)
+        if self.ws:
+            sk_rank_ws_free(self.ws)
+
+    def __len__(self):
+        return self.n
+
+    cdef int _run(self, uint64_t turn, uint64_t aging, bint grouping, int mode) except -1:
+        cdef int rc
+        with nogil:
+            rc = sk_rank_order(self.ws, self.items, <size_t>self.n, turn, aging, grouping, mode,
+                               self.out)
+        if rc == 7:
+            raise MemoryError()
+        if rc != 0:
+            raise ValueError(f"ranking kernel rejected the input (code {rc})")
+        return 0
+
+    def order(self, current_turn, aging_cost_per_turn, group_waiting_prefixes,
+              int mode=MODE_CACHE_AWARE):
+        """The candidates' `index` values, best first."""
+        self._run(_u64("current_turn", current_turn),
+                  _u64("aging_cost_per_turn", aging_cost_per_turn),
+                  bool(group_waiting_prefixes), mode)
+        cdef Py_ssize_t i
+        cdef list idx = self.indices
+        return [idx[self.out[i]] for i in range(self.n)]
+
+    def positions(self, current_turn, aging_cost_per_turn, group_waiting_prefixes,
+                  int mode=MODE_CACHE_AWARE):
+        """Input positions (0..n-1), best first."""
+        self._run(_u64("current_turn", current_turn),
+                  _u64("aging_cost_per_turn", aging_cost_per_turn),
+                  bool(group_waiting_prefixes), mode)
+        cdef Py_ssize_t i
+        return [self.out[i] for i in range(self.n)]
+
+    def rank_only(self, uint64_t current_turn, uint64_t aging_cost_per_turn,
+                  bint group_waiting_prefixes, int mode=MODE_CACHE_AWARE):
+        """Runs the kernel and keeps the result native (for timing the kernel alone)."""
+        self._run(current_turn, aging_cost_per_turn, group_waiting_prefixes, mode)
+
+
+def order_candidates(candidates, current_turn, aging_cost_per_turn, group_waiting_prefixes,
+                     int mode=MODE_CACHE_AWARE):
+    """Validates, packs and ranks candidates; returns their `index` values best first."""
+    turn = _u64("current_turn", current_turn)
+    aging = _u64("aging_cost_per_turn", aging_cost_per_turn)
+    return PackedCandidates(candidates).order(turn, aging, group_waiting_prefixes, mode)
