@@ -180,3 +180,128 @@ def order_candidates(candidates, current_turn, aging_cost_per_turn, group_waitin
     turn = _u64("current_turn", current_turn)
     aging = _u64("aging_cost_per_turn", aging_cost_per_turn)
     return PackedCandidates(candidates).order(turn, aging, group_waiting_prefixes, mode)
+
+
+cdef class RankSlots:
+    """A growable native array of rank items, each owning its converted prompt.
+
+    Used by queues that rank the same entries repeatedly: a prompt is validated and converted
+    once, on `append`; `order()` then only crosses into the kernel.
+    """
+    cdef sk_rank_item *items
+    cdef size_t *out
+    cdef sk_rank_ws *ws
+    cdef Py_ssize_t n, cap
+
+    def __cinit__(self):
+        self.items = NULL
+        self.out = NULL
+        self.n = 0
+        self.cap = 0
+        self.ws = sk_rank_ws_new()
+        if not self.ws:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        for i in range(self.n):
+            PyMem_Free(<void *>self.items[i].tokens)
+        PyMem_Free(self.items)
+        PyMem_Free(self.out)
+        sk_rank_ws_free(self.ws)
+
+    def __len__(self):
+        return self.n
+
+    cdef int _grow(self) except -1:
+        cdef Py_ssize_t cap = self.cap * 2 if self.cap else 16
+        cdef sk_rank_item *items = <sk_rank_item *>PyMem_Malloc(cap * sizeof(sk_rank_item))
+        cdef size_t *out = <size_t *>PyMem_Malloc(cap * sizeof(size_t))
+        if not items or not out:
+            PyMem_Free(items)
+            PyMem_Free(out)
+            raise MemoryError()
+        if self.n:
+            memcpy(items, self.items, self.n * sizeof(sk_rank_item))
+        PyMem_Free(self.items)
+        PyMem_Free(self.out)
+        self.items = items
+        self.out = out
+        self.cap = cap
+        return 0
+
+    def append(self, priority, saved_cost, enqueued_turn, order, prompt_tokens):
+        """Validates everything, then appends one item at the end."""
+        cdef uint64_t pr = _u64("priority", priority)
+        cdef uint64_t sv = _u64("saved_cost", saved_cost)
+        cdef uint64_t tu = _u64("enqueued_turn", enqueued_turn)
+        cdef uint64_t od = _u64("order", order)
+        if isinstance(prompt_tokens, (str, bytes)) or not hasattr(prompt_tokens, "__len__"):
+            raise TypeError("prompt_tokens must be a sequence of ints")
+        cdef Py_ssize_t length = len(prompt_tokens), got
+        cdef int32_t *buf = <int32_t *>PyMem_Malloc((length if length else 1) * sizeof(int32_t))
+        if not buf:
+            raise MemoryError()
+        try:
+            got = _fill_tokens(prompt_tokens, buf, length)
+            if got != length:
+                raise ValueError("prompt_tokens changed size while being read")
+            if self.n == self.cap:
+                self._grow()
+        except BaseException:
+            PyMem_Free(buf)
+            raise
+        self.items[self.n].priority = pr
+        self.items[self.n].saved_cost = sv
+        self.items[self.n].enqueued_turn = tu
+        self.items[self.n].order = od
+        self.items[self.n].tokens = buf
+        self.items[self.n].token_count = <size_t>length
+        self.n += 1
+
+    def set_saved_cost(self, Py_ssize_t i, saved_cost):
+        if i < 0 or i >= self.n:
+            raise IndexError(i)
+        self.items[i].saved_cost = _u64("saved_cost", saved_cost)
+
+    def pop(self):
+        """Removes the last item."""
+        if self.n == 0:
+            raise IndexError("pop from empty RankSlots")
+        self.n -= 1
+        PyMem_Free(<void *>self.items[self.n].tokens)
+
+    def reverse_to(self, list positions):
+        """Reorders the items so that slot i holds the item at positions[n - 1 - i].
+
+        positions must be a permutation of range(n), as order() returns."""
+        cdef Py_ssize_t i, p
+        cdef sk_rank_item *tmp
+        if len(positions) != self.n:
+            raise ValueError("positions must be a permutation of the slots")
+        seen = bytearray(self.n)
+        for p in positions:
+            if p < 0 or p >= self.n or seen[p]:
+                raise ValueError("positions must be a permutation of the slots")
+            seen[p] = 1
+        tmp = <sk_rank_item *>PyMem_Malloc((self.n if self.n else 1) * sizeof(sk_rank_item))
+        if not tmp:
+            raise MemoryError()
+        for i in range(self.n):
+            tmp[i] = self.items[<Py_ssize_t>positions[self.n - 1 - i]]
+        memcpy(self.items, tmp, self.n * sizeof(sk_rank_item))
+        PyMem_Free(tmp)
+
+    def order(self, uint64_t current_turn, uint64_t aging_cost_per_turn,
+              bint group_waiting_prefixes, int mode=MODE_CACHE_AWARE):
+        """Slot positions, best first."""
+        cdef int rc
+        cdef Py_ssize_t i
+        with nogil:
+            rc = sk_rank_order(self.ws, self.items, <size_t>self.n, current_turn,
+                               aging_cost_per_turn, group_waiting_prefixes, mode, self.out)
+        if rc == 7:
+            raise MemoryError()
+        if rc != 0:
+            raise ValueError(f"ranking kernel rejected the input (code {rc})")
+        return [self.out[i] for i in range(self.n)]
