@@ -4,4 +4,81 @@ from ._version import __version__
 
 _check_native()
 
-__all__ = ["__version__"]
+from ._core import IterationPlan, PlanOutputs, Scheduler  # noqa: E402
+from ._ordering import order_cache_aware_candidates_py, select_cache_aware_candidate_py  # noqa: E402
+from ._twin_plan import TwinOutputs, TwinPlan  # noqa: E402
+from .cache_policy import CacheAffinity, CacheAwareCandidate, StageCacheAffinity  # noqa: E402
+from .policies import (  # noqa: E402
+    AdmissionPolicy,
+    CacheAwareAdmission,
+    FcfsAdmission,
+    FewestComputedTokens,
+    LowestPriorityNewest,
+    PreemptionPolicy,
+    PriorityAdmission,
+    VictimCandidate,
+)
+from .twin import TwinScheduler  # noqa: E402
+from .types import (  # noqa: E402
+    LLAMA_MAX_SEQ,
+    AdmissionError,
+    DuplicateSequence,
+    EmptyPrompt,
+    IterationPhase,
+    IterationPrediction,
+    IterationTelemetry,
+    IterationWork,
+    MalformedOutputs,
+    MemoryComponent,
+    PrefixRestore,
+    PrefixRestoreKind,
+    QueueFull,
+    SchedulerConfig,
+    SchedulerMetrics,
+    SchedulerSnapshot,
+    Sequence,
+    SequenceStatus,
+    StalePlanError,
+)
+
+__all__ = [
+    "__version__",
+    "LLAMA_MAX_SEQ",
+    "AdmissionError",
+    "AdmissionPolicy",
+    "CacheAffinity",
+    "CacheAwareAdmission",
+    "CacheAwareCandidate",
+    "DuplicateSequence",
+    "EmptyPrompt",
+    "FcfsAdmission",
+    "FewestComputedTokens",
+    "IterationPhase",
+    "IterationPlan",
+    "IterationPrediction",
+    "IterationTelemetry",
+    "IterationWork",
+    "LowestPriorityNewest",
+    "MalformedOutputs",
+    "MemoryComponent",
+    "PlanOutputs",
+    "PreemptionPolicy",
+    "PrefixRestore",
+    "PrefixRestoreKind",
+    "PriorityAdmission",
+    "QueueFull",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerMetrics",
+    "SchedulerSnapshot",
+    "Sequence",
+    "SequenceStatus",
+    "StageCacheAffinity",
+    "StalePlanError",
+    "TwinOutputs",
+    "TwinPlan",
+    "TwinScheduler",
+    "VictimCandidate",
+    "order_cache_aware_candidates_py",
+    "select_cache_aware_candidate_py",
+]
