@@ -246,8 +246,9 @@ static void fill_scores(sk_rank_ws *ws, const sk_rank_item *items, size_t n, uin
     size_t i;
     for (i = 0; i < n; i++) {
         uint64_t age = turn > items[i].enqueued_turn ? turn - items[i].enqueued_turn : 0;
-        /* ceil(age / 4) without the overflow of (age + 3) / 4 near 2^64 */
-        uint64_t bands = age / SK_BAND_TURNS + (age % SK_BAND_TURNS != 0);
+        /* NOTE: ceil(age / 4) as the reference computes it, with a saturating age + 3, so the
+         * three largest ages lose their last band instead of wrapping to band 0. */
+        uint64_t bands = sat_add(age, SK_BAND_TURNS - 1) / SK_BAND_TURNS;
         ws->eff[i] = sat_add(items[i].saved_cost, sat_mul(age, aging));
         if (grouping) ws->grp[i] = sat_add(items[i].saved_cost, sat_mul(bands, band_cost));
     }

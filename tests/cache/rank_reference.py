@@ -56,7 +56,7 @@ def reference_order(cands, turn, aging, grouping):
         return sat(saved_cost(c.affinity) + sat(age(c) * aging))
 
     def grp(c):
-        bands = (age(c) + 3) // 4
+        bands = sat(age(c) + 3) // 4
         return sat(saved_cost(c.affinity) + sat(bands * sat(max(aging, 1) * 4)))
 
     def cmp(a, b):

@@ -143,12 +143,17 @@ def test_scores_saturate_at_u64_max():
     assert order_cache_aware_candidates([old, hot], U64_MAX, 2, False) == [0, 1]
 
 
-def test_band_count_of_the_largest_age_is_exact():
-    # age 2^64-1 -> ceil(age/4) = 2^62 bands; x4 (aging 1) saturates to U64_MAX, which beats a
-    # candidate whose saved cost is U64_MAX - 1 (a (age + 3) overflow would give 0 bands)
+def test_band_count_saturates_like_the_reference():
+    # age 2^64-1: (age + 3) saturates, giving 2^62 - 1 bands, x4 (aging 1) = 2^64 - 4, which
+    # loses to a saved cost of 2^64 - 2; one turn younger it is still 2^62 - 1 bands
     old = CacheAwareCandidate(0, 0, CacheAffinity(), [1], 0, 1)
     hot = CacheAwareCandidate(1, 0, affinity(U64_MAX - 1), [2], U64_MAX, 0)
+    assert order_cache_aware_candidates([old, hot], U64_MAX, 1, True) == [1, 0]
+    hot = CacheAwareCandidate(1, 0, affinity(U64_MAX - 4), [2], U64_MAX, 0)
     assert order_cache_aware_candidates([old, hot], U64_MAX, 1, True) == [0, 1]
+    # without grouping the effective score saturates to U64_MAX and the cold one wins
+    hot = CacheAwareCandidate(1, 0, affinity(U64_MAX - 1), [2], U64_MAX, 0)
+    assert order_cache_aware_candidates([old, hot], U64_MAX, 1, False) == [0, 1]
 
 
 def test_fcfs_and_priority_modes():
