@@ -104,13 +104,15 @@ static int ws_reserve(sk_rank_ws *ws, size_t n)
     return SK_RANK_OK;
 }
 
-/* Stable sort by key; the result ends in a. tmp must hold n records. */
+/* Stable sort by key; the result ends in a. tmp must hold n records. Only the key bytes that
+ * differ somewhere get a pass (order values, tokens and counts rarely use more than two). */
 static void kv_sort(sk_kv *a, sk_kv *tmp, size_t n)
 {
     uint32_t hist[8][256];
+    unsigned digit[8], nd = 0, d, q;
+    uint64_t all_or = 0, all_and = UINT64_MAX, varying;
     sk_kv *src = a, *dst = tmp;
     size_t i;
-    unsigned d;
     if (n < 2) return;
     if (n <= SK_SMALL_SORT) {
         for (i = 1; i < n; i++) {
@@ -124,15 +126,22 @@ static void kv_sort(sk_kv *a, sk_kv *tmp, size_t n)
         }
         return;
     }
-    memset(hist, 0, sizeof(hist));
+    for (i = 0; i < n; i++) {
+        all_or |= a[i].key;
+        all_and &= a[i].key;
+    }
+    varying = all_or ^ all_and;
+    for (d = 0; d < 8; d++)
+        if ((varying >> (8 * d)) & 255u) digit[nd++] = d;
+    if (nd == 0) return;
+    memset(hist, 0, nd * sizeof(hist[0]));
     for (i = 0; i < n; i++) {
         uint64_t k = a[i].key;
-        for (d = 0; d < 8; d++) hist[d][(k >> (8 * d)) & 255u]++;
+        for (q = 0; q < nd; q++) hist[q][(k >> (8 * digit[q])) & 255u]++;
     }
-    for (d = 0; d < 8; d++) {
-        uint32_t *h = hist[d], sum = 0;
-        unsigned shift = 8 * d, b;
-        if (h[(a[0].key >> shift) & 255u] == n) continue; /* every key shares this byte */
+    for (q = 0; q < nd; q++) {
+        uint32_t *h = hist[q], sum = 0;
+        unsigned shift = 8 * digit[q], b;
         for (b = 0; b < 256; b++) {
             uint32_t c = h[b];
             h[b] = sum;
@@ -144,12 +153,26 @@ static void kv_sort(sk_kv *a, sk_kv *tmp, size_t n)
     if (src != a) memcpy(a, src, n * sizeof(sk_kv));
 }
 
-/* Length of the common prefix of a and b, at most n tokens. */
+#if defined(__GNUC__)
+#define SK_PREFETCH(p) __builtin_prefetch(p)
+#else
+#define SK_PREFETCH(p) ((void)0)
+#endif
+#define SK_AHEAD 8 /* prompts touched ahead of use: token reads are one cache miss each */
+
+/* Length of the common prefix of a and b, at most n tokens. Whole blocks are compared with a
+ * branch-free OR of differences (which compilers vectorise) before the exact scan. */
 static size_t lcp32(const int32_t *a, const int32_t *b, size_t n)
 {
     size_t i = 0;
     if (a == b) return n;
-    while (i + 16 <= n && memcmp(a + i, b + i, 16 * sizeof(int32_t)) == 0) i += 16;
+    while (i + 32 <= n) {
+        uint32_t diff = 0;
+        unsigned k;
+        for (k = 0; k < 32; k++) diff |= (uint32_t)(a[i + k] ^ b[i + k]);
+        if (diff) break;
+        i += 32;
+    }
     while (i < n && a[i] == b[i]) i++;
     return i;
 }
@@ -190,12 +213,18 @@ static void dfs_order(sk_rank_ws *ws, const sk_rank_item *items, size_t n)
         for (j = 1; j < k; j++)
             if (items[seg[j]].token_count < limit) limit = items[seg[j]].token_count;
         first = items[seg[0]].tokens;
-        for (j = 1; j < k && limit > d; j++)
+        for (j = 1; j < k && limit > d; j++) {
+            if (j + SK_AHEAD < k) SK_PREFETCH(items[seg[j + SK_AHEAD]].tokens + d);
             limit = d + lcp32(first + d, items[seg[j]].tokens + d, limit - d);
+        }
         d = limit;
 
         for (j = 0; j < k; j++) {
             uint32_t p = seg[j];
+            if (j + SK_AHEAD < k) {
+                const sk_rank_item *ahead = &items[seg[j + SK_AHEAD]];
+                if (ahead->token_count > d) SK_PREFETCH(ahead->tokens + d);
+            }
             if (items[p].token_count == d) {
                 ws->term[t++] = p;
             } else {
