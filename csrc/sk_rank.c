@@ -21,22 +21,12 @@
  * then already sorted by every key below the score, and a final stable sort by
  * (priority desc, grouping score desc) finishes the job.
  */
-#include "sk_rank.h"
+#include "sk_rank_impl.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#define SK_RANK_OK 0
-#define SK_RANK_INVALID 4
-#define SK_RANK_NO_MEMORY 7
 #define SK_SMALL_SORT 24
-#define SK_BAND_TURNS 4u
-
-typedef struct sk_kv {
-    uint64_t key;
-    uint32_t idx;  /* candidate position, or a start offset for radix buckets */
-    uint32_t aux;  /* bucket size */
-} sk_kv;
 
 typedef struct sk_task {
     uint32_t start, count;
@@ -52,13 +42,6 @@ struct sk_rank_ws {
     sk_kv *kv_a, *kv_b, *kv_c;
     sk_task *tasks;
 };
-
-static uint64_t sat_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
-
-static uint64_t sat_mul(uint64_t a, uint64_t b)
-{
-    return (a != 0 && b > UINT64_MAX / a) ? UINT64_MAX : a * b;
-}
 
 sk_rank_ws *sk_rank_ws_new(void) { return (sk_rank_ws *)calloc(1, sizeof(sk_rank_ws)); }
 
@@ -106,7 +89,7 @@ static int ws_reserve(sk_rank_ws *ws, size_t n)
 
 /* Stable sort by key; the result ends in a. tmp must hold n records. Only the key bytes that
  * differ somewhere get a pass (order values, tokens and counts rarely use more than two). */
-static void kv_sort(sk_kv *a, sk_kv *tmp, size_t n)
+void sk_rank_kv_sort(sk_kv *a, sk_kv *tmp, size_t n)
 {
     uint32_t hist[8][256];
     unsigned digit[8], nd = 0, d, q;
@@ -153,16 +136,11 @@ static void kv_sort(sk_kv *a, sk_kv *tmp, size_t n)
     if (src != a) memcpy(a, src, n * sizeof(sk_kv));
 }
 
-#if defined(__GNUC__)
-#define SK_PREFETCH(p) __builtin_prefetch(p)
-#else
-#define SK_PREFETCH(p) ((void)0)
-#endif
 #define SK_AHEAD 8 /* prompts touched ahead of use: token reads are one cache miss each */
 
 /* Length of the common prefix of a and b, at most n tokens. Whole blocks are compared with a
  * branch-free OR of differences (which compilers vectorise) before the exact scan. */
-static size_t lcp32(const int32_t *a, const int32_t *b, size_t n)
+size_t sk_rank_lcp32(const int32_t *a, const int32_t *b, size_t n)
 {
     size_t i = 0;
     if (a == b) return n;
@@ -186,11 +164,11 @@ static void place_terminals(sk_rank_ws *ws, const sk_rank_item *items, size_t t,
         kv[i].idx = ws->term[i];
         kv[i].key = ws->term[i];
     }
-    kv_sort(kv, ws->kv_b, t);
+    sk_rank_kv_sort(kv, ws->kv_b, t);
     for (i = 0; i < t; i++) kv[i].key = items[kv[i].idx].order;
-    kv_sort(kv, ws->kv_b, t);
+    sk_rank_kv_sort(kv, ws->kv_b, t);
     for (i = 0; i < t; i++) kv[i].key = ~ws->eff[kv[i].idx];
-    kv_sort(kv, ws->kv_b, t);
+    sk_rank_kv_sort(kv, ws->kv_b, t);
     for (i = 0; i < t; i++) ws->pos[at + i] = kv[i].idx;
 }
 
@@ -215,7 +193,7 @@ static void dfs_order(sk_rank_ws *ws, const sk_rank_item *items, size_t n)
         first = items[seg[0]].tokens;
         for (j = 1; j < k && limit > d; j++) {
             if (j + SK_AHEAD < k) SK_PREFETCH(items[seg[j + SK_AHEAD]].tokens + d);
-            limit = d + lcp32(first + d, items[seg[j]].tokens + d, limit - d);
+            limit = d + sk_rank_lcp32(first + d, items[seg[j]].tokens + d, limit - d);
         }
         d = limit;
 
@@ -233,7 +211,7 @@ static void dfs_order(sk_rank_ws *ws, const sk_rank_item *items, size_t n)
                 m++;
             }
         }
-        kv_sort(ws->kv_a, ws->kv_b, m);
+        sk_rank_kv_sort(ws->kv_a, ws->kv_b, m);
         /* Buckets come out in ascending token order; the stable sorts below keep that as the
          * last tie-break after (size desc, smallest order asc). */
         for (j = 0; j < m;) {
@@ -250,9 +228,9 @@ static void dfs_order(sk_rank_ws *ws, const sk_rank_item *items, size_t n)
             b++;
             j = e;
         }
-        kv_sort(ws->kv_c, ws->kv_b, b);
+        sk_rank_kv_sort(ws->kv_c, ws->kv_b, b);
         for (j = 0; j < b; j++) ws->kv_c[j].key = (uint64_t)(UINT32_MAX - ws->kv_c[j].aux);
-        kv_sort(ws->kv_c, ws->kv_b, b);
+        sk_rank_kv_sort(ws->kv_c, ws->kv_b, b);
         for (j = 0; j < b; j++) {
             size_t from = ws->kv_c[j].idx, cnt = ws->kv_c[j].aux, q;
             for (q = 0; q < cnt; q++) seg[w + q] = ws->kv_a[from + q].idx;
@@ -269,18 +247,10 @@ static void dfs_order(sk_rank_ws *ws, const sk_rank_item *items, size_t n)
 }
 
 static void fill_scores(sk_rank_ws *ws, const sk_rank_item *items, size_t n, uint64_t turn,
-                        uint64_t aging, int grouping)
+                        uint64_t aging)
 {
-    uint64_t band_cost = sat_mul(aging > 1 ? aging : 1, SK_BAND_TURNS);
     size_t i;
-    for (i = 0; i < n; i++) {
-        uint64_t age = turn > items[i].enqueued_turn ? turn - items[i].enqueued_turn : 0;
-        /* NOTE: ceil(age / 4) as the reference computes it, with a saturating age + 3, so the
-         * three largest ages lose their last band instead of wrapping to band 0. */
-        uint64_t bands = sat_add(age, SK_BAND_TURNS - 1) / SK_BAND_TURNS;
-        ws->eff[i] = sat_add(items[i].saved_cost, sat_mul(age, aging));
-        if (grouping) ws->grp[i] = sat_add(items[i].saved_cost, sat_mul(bands, band_cost));
-    }
+    for (i = 0; i < n; i++) sk_rank_scores(&items[i], turn, aging, &ws->eff[i], &ws->grp[i]);
 }
 
 enum { KEY_ORDER, KEY_PRIORITY, KEY_EFF, KEY_GROUP };
@@ -299,7 +269,7 @@ static void sort_by(sk_rank_ws *ws, const sk_rank_item *items, size_t n, int whi
         default: kv[i].key = ~ws->grp[p]; break;
         }
     }
-    kv_sort(kv, ws->kv_b, n);
+    sk_rank_kv_sort(kv, ws->kv_b, n);
 }
 
 int sk_rank_order(sk_rank_ws *ws, const sk_rank_item *items, size_t n, uint64_t current_turn,
@@ -314,7 +284,7 @@ int sk_rank_order(sk_rank_ws *ws, const sk_rank_item *items, size_t n, uint64_t 
     rc = ws_reserve(ws, n);
     if (rc != SK_RANK_OK) return rc;
 
-    if (mode == SK_RANK_CACHE_AWARE) fill_scores(ws, items, n, current_turn, aging_cost_per_turn, grouping);
+    if (mode == SK_RANK_CACHE_AWARE) fill_scores(ws, items, n, current_turn, aging_cost_per_turn);
     if (mode == SK_RANK_CACHE_AWARE && grouping) {
         for (i = 0; i < n; i++) ws->pos[i] = (uint32_t)i;
         dfs_order(ws, items, n);

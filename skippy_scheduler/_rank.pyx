@@ -7,7 +7,7 @@ caller (or a benchmark) can rank the same queue several times without converting
 """
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
-from libc.stdint cimport int32_t, uint64_t
+from libc.stdint cimport int32_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 cdef extern from "sk_rank.h" nogil:
@@ -25,6 +25,17 @@ cdef extern from "sk_rank.h" nogil:
     int sk_rank_order(sk_rank_ws *ws, const sk_rank_item *items, size_t n, uint64_t current_turn,
                       uint64_t aging_cost_per_turn, int group_waiting_prefixes, int mode,
                       size_t *out)
+    ctypedef struct sk_rank_set:
+        pass
+    sk_rank_set *sk_rank_set_new()
+    void sk_rank_set_free(sk_rank_set *s)
+    size_t sk_rank_set_size(const sk_rank_set *s)
+    int sk_rank_set_add(sk_rank_set *s, const sk_rank_item *item, uint32_t *out_handle)
+    int sk_rank_set_remove(sk_rank_set *s, uint32_t handle)
+    int sk_rank_set_update(sk_rank_set *s, uint32_t handle, uint64_t priority,
+                           uint64_t saved_cost, uint64_t enqueued_turn)
+    int sk_rank_set_order(sk_rank_set *s, uint64_t current_turn, uint64_t aging_cost_per_turn,
+                          int group_waiting_prefixes, int mode, uint32_t *out)
 
 MODE_CACHE_AWARE = 0
 MODE_FCFS = 1
@@ -305,3 +316,113 @@ cdef class RankSlots:
         if rc != 0:
             raise ValueError(f"ranking kernel rejected the input (code {rc})")
         return [self.out[i] for i in range(self.n)]
+
+
+cdef int _check_rc(int rc) except -1:
+    if rc == 7:
+        raise MemoryError()
+    if rc == 4:
+        raise ValueError("unknown handle or ranking mode")
+    if rc != 0:
+        raise RuntimeError(f"ranking kernel failed (code {rc})")
+    return 0
+
+
+cdef class RankSet:
+    """Persistent ranked set (sk_rank_set): add/remove items, rank the live ones cheaply.
+
+    `add` returns a handle; `order()` returns live handles best first, in the order
+    `PackedCandidates` would give for the live items listed in the order they were added.
+    """
+    cdef sk_rank_set *s
+    cdef dict buffers  # handle -> address of the int32 copy of its prompt
+    cdef uint32_t *out
+    cdef Py_ssize_t out_cap
+
+    def __cinit__(self):
+        self.s = sk_rank_set_new()
+        self.buffers = {}
+        self.out = NULL
+        self.out_cap = 0
+        if not self.s:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        if self.s:
+            sk_rank_set_free(self.s)
+        if self.buffers:
+            for address in self.buffers.values():
+                PyMem_Free(<void *><size_t>address)
+        PyMem_Free(self.out)
+
+    def __len__(self):
+        return sk_rank_set_size(self.s)
+
+    def add(self, priority, saved_cost, enqueued_turn, order, prompt_tokens):
+        cdef sk_rank_item item
+        cdef uint32_t handle
+        cdef int rc
+        item.priority = _u64("priority", priority)
+        item.saved_cost = _u64("saved_cost", saved_cost)
+        item.enqueued_turn = _u64("enqueued_turn", enqueued_turn)
+        item.order = _u64("order", order)
+        if isinstance(prompt_tokens, (str, bytes)) or not hasattr(prompt_tokens, "__len__"):
+            raise TypeError("prompt_tokens must be a sequence of ints")
+        cdef Py_ssize_t length = len(prompt_tokens)
+        cdef int32_t *buf = <int32_t *>PyMem_Malloc((length if length else 1) * sizeof(int32_t))
+        if not buf:
+            raise MemoryError()
+        try:
+            if _fill_tokens(prompt_tokens, buf, length) != length:
+                raise ValueError("prompt_tokens changed size while being read")
+            item.tokens = buf
+            item.token_count = <size_t>length
+            with nogil:
+                rc = sk_rank_set_add(self.s, &item, &handle)
+            _check_rc(rc)
+        except BaseException:
+            PyMem_Free(buf)
+            raise
+        self.buffers[handle] = <size_t>buf
+        return handle
+
+    def remove(self, uint32_t handle):
+        if handle not in self.buffers:
+            raise KeyError(handle)
+        _check_rc(sk_rank_set_remove(self.s, handle))
+        PyMem_Free(<void *><size_t>self.buffers.pop(handle))
+
+    def update(self, uint32_t handle, priority, saved_cost, enqueued_turn):
+        if handle not in self.buffers:
+            raise KeyError(handle)
+        _check_rc(sk_rank_set_update(self.s, handle, _u64("priority", priority),
+                                     _u64("saved_cost", saved_cost),
+                                     _u64("enqueued_turn", enqueued_turn)))
+
+    cdef int _run(self, uint64_t turn, uint64_t aging, bint grouping, int mode) except -1:
+        cdef Py_ssize_t n = sk_rank_set_size(self.s)
+        cdef int rc
+        if n > self.out_cap:
+            PyMem_Free(self.out)
+            self.out = <uint32_t *>PyMem_Malloc(n * 2 * sizeof(uint32_t))
+            self.out_cap = 0
+            if not self.out:
+                raise MemoryError()
+            self.out_cap = n * 2
+        with nogil:
+            rc = sk_rank_set_order(self.s, turn, aging, grouping, mode, self.out)
+        return _check_rc(rc)
+
+    def order(self, current_turn, aging_cost_per_turn, group_waiting_prefixes,
+              int mode=MODE_CACHE_AWARE):
+        """Live handles, best first."""
+        self._run(_u64("current_turn", current_turn),
+                  _u64("aging_cost_per_turn", aging_cost_per_turn),
+                  bool(group_waiting_prefixes), mode)
+        cdef Py_ssize_t i
+        return [self.out[i] for i in range(sk_rank_set_size(self.s))]
+
+    def rank_only(self, uint64_t current_turn, uint64_t aging_cost_per_turn,
+                  bint group_waiting_prefixes, int mode=MODE_CACHE_AWARE):
+        """Ranks and keeps the result native (for timing the kernel alone)."""
+        self._run(current_turn, aging_cost_per_turn, group_waiting_prefixes, mode)
