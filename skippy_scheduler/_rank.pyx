@@ -7,6 +7,7 @@ caller (or a benchmark) can rank the same queue several times without converting
 """
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from cpython.object cimport PyObject
 from libc.stdint cimport int32_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
@@ -53,12 +54,48 @@ cdef uint64_t _u64(str name, object value, object limit=U64_MAX) except? 0:
     return <uint64_t>value
 
 
+cdef extern from "Python.h":
+    bint _exact_int "PyLong_CheckExact"(PyObject *o)
+    long long _as_i64 "PyLong_AsLongLongAndOverflow"(PyObject *o, int *overflow)
+    PyObject *_list_item "PyList_GET_ITEM"(PyObject *o, Py_ssize_t i)
+    PyObject *_tuple_item "PyTuple_GET_ITEM"(PyObject *o, Py_ssize_t i)
+
+
+cdef Py_ssize_t _fill_exact(object tokens, int32_t *dst, Py_ssize_t room):
+    """Fast path for a list or tuple of exact ints in the i32 range: borrowed references and
+    no Python code runs, so the sequence cannot change underneath. Returns the number of
+    tokens copied, or -1 when some element needs the checked path."""
+    cdef PyObject *seq = <PyObject *>tokens
+    cdef PyObject *o
+    cdef bint is_list = type(tokens) is list
+    cdef Py_ssize_t i, n = len(tokens)
+    cdef long long v
+    cdef int overflow = 0
+    if n > room:
+        return -1
+    for i in range(n):
+        o = _list_item(seq, i) if is_list else _tuple_item(seq, i)
+        if not _exact_int(o):
+            return -1
+        v = _as_i64(o, &overflow)
+        if overflow or v < -2147483648 or v > 2147483647:
+            return -1
+        dst[i] = <int32_t>v
+    return n
+
+
 cdef Py_ssize_t _fill_tokens(object tokens, int32_t *dst, Py_ssize_t room) except -1:
     """Copies a prompt into dst (room tokens) after checking every value is an i32."""
     cdef Py_ssize_t i = 0
     cdef long long v
     cdef int overflow = 0
     cdef const int[::1] view
+    if type(tokens) is list or type(tokens) is tuple:
+        i = _fill_exact(tokens, dst, room)
+        if i >= 0:
+            return i
+        tokens = list(tokens)  # checked path on a private copy: reports the bad element
+        i = 0
     if isinstance(tokens, (list, tuple)):
         for item in tokens:
             if i >= room:
@@ -106,6 +143,8 @@ cdef class PackedCandidates:
         cdef list prompts = []
         cdef list indices = []
         from .cache_policy import CacheAffinity
+        if self.items != NULL:
+            raise RuntimeError("PackedCandidates is already initialised")
         for c in cands:
             indices.append(_u64("index", c.index, USIZE_MAX))
             _u64("priority", c.priority)
