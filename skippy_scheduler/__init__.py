@@ -4,6 +4,21 @@ from ._version import __version__
 
 _check_native()
 
+
+def get_include() -> str:
+    """Directory of the installed C headers (skippy_abi.h, skippy_scheduler.h)."""
+    import os
+
+    return os.path.join(os.path.dirname(__file__), "include")
+
+
+def get_library_dir() -> str:
+    """Directory of the installed static core library (link with -lskippy_scheduler_core)."""
+    import os
+
+    return os.path.join(os.path.dirname(__file__), "lib")
+
+
 from ._core import IterationPlan, PlanOutputs, Scheduler  # noqa: E402
 from ._ordering import order_cache_aware_candidates_py, select_cache_aware_candidate_py  # noqa: E402
 from ._twin_plan import TwinOutputs, TwinPlan  # noqa: E402
@@ -61,6 +76,8 @@ from .types import (  # noqa: E402
 
 __all__ = [
     "__version__",
+    "get_include",
+    "get_library_dir",
     "LLAMA_MAX_SEQ",
     "AdmissionError",
     "AdmissionPolicy",

@@ -78,10 +78,13 @@ cdef int _rank_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t *
                 index=i, priority=info.priority, affinity=objs[2],
                 prompt_tokens=tuple(info.tokens[k] for k in range(info.prompt_count)),
                 enqueued_turn=info.enqueued_turn, order=info.enqueue_order))
-        order = list(self._admission.order(candidates, turn))
-        # Anything but a permutation of 0..n-1 leaves the queue as it is (as the core does).
+        order = self.admission.order(candidates, turn)
+        try:
+            order = [int(k) for k in order]
+        except (TypeError, ValueError):
+            raise TypeError("admission policy must return a list of candidate indexes") from None
         if sorted(order) != list(range(n)):
-            order = [n] * n
+            raise ValueError("admission policy must return a permutation of the candidate indexes")
         for i in range(n):
             out[i] = order[i]
         return 0
@@ -103,12 +106,12 @@ cdef int _victim_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t
                 sequence_id=self._objs[slots[i]][0], priority=info.priority,
                 admitted_at=info.admitted_at, computed_tokens=info.prefill_cursor,
                 generated_tokens=info.generated_count))
-        choice = self._preemption.select_victim(candidates)
+        choice = self.preemption.select_victim(candidates)
         if choice is None:
             out[0] = n
         else:
             if isinstance(choice, bool) or not isinstance(choice, int) or not 0 <= choice < n:
-                raise ValueError(f"select_victim returned {choice!r}, not a position in 0..{n - 1}")
+                raise ValueError(f"preemption policy returned {choice!r}, not a candidate position")
             out[0] = choice
         return 0
     except BaseException as exc:
@@ -228,8 +231,8 @@ cdef class IterationPlan:
         if self._outputs is None:
             o = PlanOutputs.__new__(PlanOutputs)
             o._plan = self
-            o.request_indexes = self._s._v_out_idx
-            o.predicted_tokens = self._s._v_out_tok
+            o.request_indexes = self._s._v_out_idx[:self._rows]
+            o.predicted_tokens = self._s._v_out_tok[:self._rows]
             self._outputs = o
         return self._outputs
 
@@ -619,3 +622,37 @@ cdef class Scheduler:
     def native(self):
         """Address of the underlying `skippy_scheduler *` (for native hosts sharing it)."""
         return <size_t>self._s
+
+
+def _layout():
+    """Sizes and field offsets of the shared structs as this compiled module sees them."""
+    cdef skippy_iteration_request r
+    cdef skippy_plan p
+    cdef skippy_plan_outputs o
+    cdef size_t rb = <size_t>&r, pb = <size_t>&p, ob = <size_t>&o
+    return {
+        "skippy_iteration_request": (sizeof(skippy_iteration_request), {
+            "session": <size_t>&r.session - rb, "token_ids": <size_t>&r.token_ids - rb,
+            "token_count": <size_t>&r.token_count - rb, "positions": <size_t>&r.positions - rb,
+            "position_count": <size_t>&r.position_count - rb,
+            "sampling": <size_t>&r.sampling - rb, "input_desc": <size_t>&r.input_desc - rb,
+            "input_payload": <size_t>&r.input_payload - rb,
+            "sample_last": <size_t>&r.sample_last - rb}),
+        "skippy_plan_outputs": (sizeof(skippy_plan_outputs), {
+            "sampled_request_indexes": <size_t>&o.sampled_request_indexes - ob,
+            "predicted_tokens": <size_t>&o.predicted_tokens - ob,
+            "capacity": <size_t>&o.capacity - ob, "count": <size_t>&o.count - ob}),
+        "skippy_plan": (sizeof(skippy_plan), {
+            "serial": <size_t>&p.serial - pb, "requests": <size_t>&p.requests - pb,
+            "request_count": <size_t>&p.request_count - pb,
+            "request_capacity": <size_t>&p.request_capacity - pb,
+            "tokens": <size_t>&p.tokens - pb, "positions": <size_t>&p.positions - pb,
+            "token_count": <size_t>&p.token_count - pb,
+            "token_capacity": <size_t>&p.token_capacity - pb,
+            "row_offsets": <size_t>&p.row_offsets - pb, "slots": <size_t>&p.slots - pb,
+            "phases": <size_t>&p.phases - pb, "sample_last": <size_t>&p.sample_last - pb,
+            "sample_rows": <size_t>&p.sample_rows - pb,
+            "sample_count": <size_t>&p.sample_count - pb, "admitted": <size_t>&p.admitted - pb,
+            "preempted": <size_t>&p.preempted - pb, "outputs": <size_t>&p.outputs - pb}),
+        "skippy_sampling_config": (sizeof(skippy_sampling_config), {}),
+    }
