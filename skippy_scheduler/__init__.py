@@ -46,6 +46,7 @@ from .policies import (  # noqa: E402
     PriorityAdmission,
     VictimCandidate,
 )
+from .radix import RadixEntry, RadixMatch, RadixStats, UnifiedRadixCache, affinity_from_radix  # noqa: E402
 from .runtime_queue import (  # noqa: E402
     CacheRuntimeQueue,
     CacheRuntimeTelemetry,
@@ -108,6 +109,9 @@ __all__ = [
     "PrefixRestoreKind",
     "PriorityAdmission",
     "QueueFull",
+    "RadixEntry",
+    "RadixMatch",
+    "RadixStats",
     "Scheduler",
     "SchedulerConfig",
     "SchedulerMetrics",
@@ -119,6 +123,8 @@ __all__ = [
     "TwinOutputs",
     "TwinPlan",
     "TwinScheduler",
+    "UnifiedRadixCache",
+    "affinity_from_radix",
     "VictimCandidate",
     "order_cache_aware_candidates",
     "order_cache_aware_candidates_py",
