@@ -15,6 +15,8 @@ import os
 import sys
 import tempfile
 
+from skippy_scheduler.cli import CommandError
+
 # Prompts used when --prompts is not given: strings (tokenized by the model) and raw ids.
 BUILTIN_PROMPTS: list = [
     "the cat sat on the mat",
@@ -57,6 +59,12 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                    help="enable flash attention (faster, gives up batch-invariant tokens)")
 
 
+def register(subparsers) -> None:
+    """Add `run` and `calibrate` to the `skippy-scheduler` command line."""
+    add_run_parser(subparsers)
+    add_calibrate_parser(subparsers)
+
+
 def add_run_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "run", help="serve prompts through the scheduler on a llama.cpp model",
@@ -94,6 +102,9 @@ def add_calibrate_parser(subparsers) -> argparse.ArgumentParser:
     _add_model_options(p)
     p.add_argument("--repeats", type=_positive_int, default=7,
                    help="timed runs per plan shape; the median is fitted (7)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="time plans by elapsed time (default) or by process CPU time, "
+                        "which load from other processes does not inflate")
     p.add_argument("--json", metavar="FILE", help="also write the shapes and timings here")
     p.set_defaults(func=calibrate_command)
     return p
@@ -103,8 +114,8 @@ def _import_host():
     try:
         from skippy_scheduler.hosts import llama
     except ImportError as exc:
-        raise SystemExit(
-            f"skippy-scheduler: llama.cpp is not available ({exc}); "
+        raise CommandError(
+            f"llama.cpp is not available ({exc}); "
             "install it with: pip install 'skippy-scheduler[llama]'") from None
     return llama
 
@@ -113,11 +124,16 @@ def _import_host():
 def _model_path(args):
     if args.model:
         if not os.path.isfile(args.model):
-            raise SystemExit(f"skippy-scheduler: model file not found: {args.model}")
+            raise CommandError(f"model file not found: {args.model}")
         yield args.model
         return
-    from skippy_scheduler.hosts.tiny_model import write_tiny_llama
-
+    try:
+        from skippy_scheduler.hosts.tiny_model import write_tiny_llama
+        import gguf  # noqa: F401 - the writer needs it; fail here with a clear message
+    except ImportError as exc:
+        raise CommandError(
+            f"the default tiny model needs the gguf package ({exc}); pass --model or "
+            "install it with: pip install 'skippy-scheduler[llama]'") from None
     with tempfile.TemporaryDirectory(prefix="skippy-tiny-") as tmp:
         yield write_tiny_llama(os.path.join(tmp, "tiny-llama-f32.gguf"), seed=args.seed)
 
@@ -129,16 +145,16 @@ def load_prompts(path: str | None) -> list:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
     except (OSError, json.JSONDecodeError) as exc:
-        raise SystemExit(f"skippy-scheduler: cannot read prompts from {path}: {exc}") from None
+        raise CommandError(f"cannot read prompts from {path}: {exc}") from None
     if not isinstance(data, list) or not data:
-        raise SystemExit("skippy-scheduler: --prompts must hold a non-empty JSON list")
+        raise CommandError("--prompts must hold a non-empty JSON list")
     for i, item in enumerate(data):
         ok = isinstance(item, str) or (
             isinstance(item, list)
             and all(isinstance(t, int) and not isinstance(t, bool) for t in item))
         if not ok:
-            raise SystemExit(
-                f"skippy-scheduler: prompt {i} must be a string or a list of token ids")
+            raise CommandError(
+                f"prompt {i} must be a string or a list of token ids")
     return data
 
 
@@ -147,11 +163,11 @@ def _tokenize_prompts(host, prompts: list) -> list[list[int]]:
     for i, item in enumerate(prompts):
         tokens = host.tokenize(item) if isinstance(item, str) else list(item)
         if not tokens:
-            raise SystemExit(f"skippy-scheduler: prompt {i} is empty")
+            raise CommandError(f"prompt {i} is empty")
         bad = [t for t in tokens if not 0 <= t < host.n_vocab]
         if bad:
-            raise SystemExit(
-                f"skippy-scheduler: prompt {i} has token ids outside [0, {host.n_vocab}): {bad[:5]}")
+            raise CommandError(
+                f"prompt {i} has token ids outside [0, {host.n_vocab}): {bad[:5]}")
         out.append(tokens)
     return out
 
@@ -173,7 +189,7 @@ def run_command(args) -> int:
     from skippy_scheduler.hosts.serve import ServeRequest, serve
 
     if args.max_active > 256:
-        raise SystemExit("skippy-scheduler: --max-active must be <= 256 (llama.cpp's sequence ids)")
+        raise CommandError("--max-active must be <= 256 (llama.cpp's sequence ids)")
     prompts = load_prompts(args.prompts)
     with _model_path(args) as model:
         probe_need = args.max_tokens + max(
@@ -243,10 +259,11 @@ def calibrate_command(args) -> int:
             model, n_ctx=8 * 512, n_seq_max=8, n_threads=args.threads, n_batch=512,
             kv_type=args.kv_type, flash_attn=args.flash_attn,
         ) as host:
-            result = calibrate_host(host, repeats=args.repeats)
+            result = calibrate_host(host, repeats=args.repeats, clock=args.clock)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(dict(result.to_json(), model=args.model or "tiny-random-llama"), fh, indent=2)
+            json.dump(dict(result.to_json(), model=args.model or "tiny-random-llama",
+                           clock=args.clock), fh, indent=2)
             fh.write("\n")
     for p, d, us in result.samples:
         print(f"# prefill_tokens={p} decode_rows={d} median_us={us:.1f}", file=sys.stderr)

@@ -75,6 +75,15 @@ def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
     return value
 
 
+def _row_sequence_ids(plan) -> list[str]:
+    # NOTE: building `plan.work` creates one IterationWork (with token tuples) per row, which is
+    # most of this host's per-plan overhead; a plan that lists its row ids directly skips it.
+    ids = getattr(plan, "sequence_ids", None)
+    if ids is not None:
+        return list(ids)
+    return [w.sequence_id for w in plan.work]
+
+
 class LlamaHost:
     """One llama.cpp model + context that executes scheduler plans (see module docstring)."""
 
@@ -288,7 +297,7 @@ class LlamaHost:
         starts = positions[offsets[:-1]]
         ends = positions[offsets[1:] - 1] + 1
         # Validate every row before any state changes, then allocate ids for new sequences.
-        ids = [w.sequence_id for w in plan.work]
+        ids = _row_sequence_ids(plan)
         row_sids = self._assign_slots(ids, starts.tolist())
         self._tok[:n] = np.asarray(plan.tokens)[:n]
         self._pos[:n] = positions

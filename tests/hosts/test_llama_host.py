@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from skippy_scheduler import MemoryComponent, SchedulerConfig, Sequence  # noqa: E402
+from skippy_scheduler import cli  # noqa: E402
 from skippy_scheduler.hosts import cli_run  # noqa: E402
 from skippy_scheduler.hosts.calibrate import COST_MODEL_RE, CostModel, fit_cost_model  # noqa: E402
 from skippy_scheduler.hosts.llama import LlamaHost  # noqa: E402
@@ -344,14 +345,7 @@ def test_wall_clock_serving_measures_latency(impl, host, alone):
 
 
 def _cli(*argv):
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="skippy-scheduler")
-    sub = parser.add_subparsers(dest="command", required=True)
-    cli_run.add_run_parser(sub)
-    cli_run.add_calibrate_parser(sub)
-    args = parser.parse_args(list(argv))
-    return args.func(args)
+    return cli.main(list(argv))
 
 
 def test_run_writes_tokens_and_metrics(tmp_path, capsys, model_path, alone):
@@ -384,13 +378,16 @@ def test_run_offline_default_model_and_bad_prompts(tmp_path, capsys):
     assert len(doc["requests"]) == len(cli_run.BUILTIN_PROMPTS)
     assert all(len(r["generated_tokens"]) <= 3 for r in doc["requests"])
     assert doc["summary"]["iterations"] > 0
+    capsys.readouterr()
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([[1, 2], {"x": 1}]))
-    with pytest.raises(SystemExit, match="prompt 1"):
-        _cli("run", "--threads", "1", "--prompts", str(bad))
+    assert _cli("run", "--threads", "1", "--prompts", str(bad)) == 2
+    assert "run: error: prompt 1 must be a string" in capsys.readouterr().err
     bad.write_text(json.dumps([[1, 999]]))
-    with pytest.raises(SystemExit, match="outside"):
-        _cli("run", "--threads", "1", "--prompts", str(bad))
+    assert _cli("run", "--threads", "1", "--prompts", str(bad)) == 2
+    assert "outside [0, 384)" in capsys.readouterr().err
+    assert _cli("run", "--model", str(tmp_path / "none.gguf")) == 2
+    assert "model file not found" in capsys.readouterr().err
 
 
 def test_calibrate_prints_a_cost_model_the_lab_accepts(capsys, tmp_path):
@@ -435,8 +432,9 @@ def test_cost_model_round_trip_and_errors():
 
 
 def test_console_script_has_run_and_calibrate():
-    cli = pytest.importorskip("skippy_scheduler.cli")
-    assert cli is not None
-    result = subprocess.run([sys.executable, "-m", "skippy_scheduler.cli", "run", "--help"],
-                            capture_output=True, text=True, check=False)
-    assert result.returncode == 0 and "--max-active" in result.stdout
+    for command, option in (("run", "--max-active"), ("calibrate", "--repeats")):
+        result = subprocess.run(
+            [sys.executable, "-m", "skippy_scheduler.cli", command, "--help"],
+            capture_output=True, text=True, check=False, cwd=os.path.dirname(sys.executable))
+        assert result.returncode == 0, result.stderr
+        assert option in result.stdout
