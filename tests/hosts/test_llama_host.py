@@ -166,6 +166,12 @@ def test_one_plan_is_one_decode_with_compact_outputs(impl, host, alone):
     out = plan.outputs
     assert out.count == 3
     assert out.request_indexes[:3].tolist() == [0, 1, 2]
+    # The contiguous logits block the host samples from is what llama_get_logits_ith returns
+    # for the last entry of each sampling row (batch rows 3, 6 and 12).
+    last_entries = (np.asarray(plan.row_offsets)[1:] - 1).tolist()
+    assert last_entries == [3, 6, 12]
+    assert [int(np.argmax(host.logits_of_batch_row(b))) for b in last_entries] == \
+        out.predicted_tokens[:3].tolist()
     assert out.predicted_tokens[:3].tolist() == [alone(p, 1)[0] for p in prompts]
     # Each sequence got its own llama sequence id, lowest ids first.
     assert sorted(host.seq_id_of(f"s{i}") for i in range(3)) == [0, 1, 2]
