@@ -293,13 +293,20 @@ class LlamaHost:
                 f"plan has {n} tokens but the host's batch holds {self.n_batch}; "
                 "keep max_tokens_per_iteration <= n_batch"
             )
+        tokens_in = np.asarray(plan.tokens)[:n]
         positions = np.asarray(plan.positions)[:n]
+        if len(tokens_in) != n or len(positions) != n or n != plan.token_count:
+            raise ValueError(
+                f"plan arrays disagree: row_offsets end at {n}, token_count is "
+                f"{plan.token_count}, {len(tokens_in)} tokens and {len(positions)} positions")
+        if n and (int(tokens_in.min()) < 0 or int(tokens_in.max()) >= self.n_vocab):
+            raise ValueError(f"plan tokens must be in [0, {self.n_vocab}) for this model")
         starts = positions[offsets[:-1]]
         ends = positions[offsets[1:] - 1] + 1
         # Validate every row before any state changes, then allocate ids for new sequences.
         ids = _row_sequence_ids(plan)
         row_sids = self._assign_slots(ids, starts.tolist())
-        self._tok[:n] = np.asarray(plan.tokens)[:n]
+        self._tok[:n] = tokens_in
         self._pos[:n] = positions
         sample_rows = np.asarray(plan.sample_rows, dtype=np.int64)
         try:

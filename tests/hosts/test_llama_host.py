@@ -227,6 +227,8 @@ def test_host_rejects_plans_it_cannot_run_without_side_effects(host):
     big = _RawPlan([("a", list(range(3, 300)) * 2, 0, True)])
     with pytest.raises(ValueError, match="batch"):
         host.execute(big)
+    with pytest.raises(ValueError, match="plan tokens"):
+        host.execute(_RawPlan([("a", [1, 384], 0, True)]))
     crowd = _RawPlan([(f"q{i}", [1, 300], 0, True) for i in range(N_SEQ + 1)])
     with pytest.raises(RuntimeError, match="free llama sequence ids"):
         host.execute(crowd)
