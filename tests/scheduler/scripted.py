@@ -9,10 +9,16 @@ from hypothesis import strategies as st
 
 from skippy_scheduler import (
     AdmissionError,
+    AdmissionPolicy,
     CacheAffinity,
+    CacheAwareAdmission,
+    FcfsAdmission,
+    FewestComputedTokens,
     IterationPrediction,
     MemoryComponent,
+    PreemptionPolicy,
     PrefixRestore,
+    PriorityAdmission,
     SchedulerConfig,
     Sequence,
     StageCacheAffinity,
@@ -32,6 +38,8 @@ configs = st.builds(
     cache_aging_cost_per_iteration=st.sampled_from([0, 1, 10, 4096]),
     group_waiting_prefixes=st.booleans(),
     with_memory=st.booleans(),
+    admission=st.sampled_from(["default", "default", "cache-aware-0", "fcfs", "priority", "user-lifo"]),
+    preemption=st.sampled_from(["default", "default", "fewest-computed", "user-largest"]),
 )
 
 submit_ops = st.tuples(
@@ -65,8 +73,48 @@ ops = st.sampled_from(OP_MIX).flatmap(OP_STRATEGIES.__getitem__)
 scripts = st.tuples(configs, st.lists(ops, min_size=10, max_size=80))
 
 
+class NewestFirst(AdmissionPolicy):
+    """A user admission policy (runs in Python): newest enqueue order first."""
+
+    def order(self, candidates, current_turn):
+        return [c.index for c in sorted(candidates, key=lambda c: -c.order)]
+
+
+class MostComputed(PreemptionPolicy):
+    """A user preemption policy: the sequence with the most computed tokens."""
+
+    def select_victim(self, candidates):
+        best = max(c.computed_tokens for c in candidates)
+        return [c.computed_tokens for c in candidates].index(best)
+
+
+ADMISSIONS = {
+    "default": lambda: None,
+    "cache-aware-0": lambda: CacheAwareAdmission(0, True),
+    "fcfs": FcfsAdmission,
+    "priority": PriorityAdmission,
+    "user-lifo": NewestFirst,
+}
+PREEMPTIONS = {"default": lambda: None, "fewest-computed": FewestComputedTokens, "user-largest": MostComputed}
+
+
+def build_scheduler(impl, spec):
+    """The scheduler class `impl` with the config and policies a script spec names."""
+    config = build_config(spec)
+    kwargs = {}
+    admission = ADMISSIONS[spec["admission"]]()
+    preemption = PREEMPTIONS[spec["preemption"]]()
+    if admission is not None:
+        kwargs["admission"] = admission
+    if preemption is not None:
+        kwargs["preemption"] = preemption
+    return impl(config, **kwargs)
+
+
 def build_config(spec):
     spec = dict(spec)
+    spec.pop("admission", None)
+    spec.pop("preemption", None)
     with_memory = spec.pop("with_memory")
     if with_memory:
         spec["memory_components"] = [

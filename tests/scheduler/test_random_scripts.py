@@ -1,7 +1,7 @@
 """Random operation scripts: engine invariants on every implementation, and twin == native."""
 import pytest
 from hypothesis import HealthCheck, given, settings
-from scripted import build_config, run, scripts
+from scripted import build_config, build_scheduler, run, scripts
 
 from skippy_scheduler import IterationPhase, TwinScheduler
 
@@ -95,7 +95,7 @@ class InvariantChecker:
 def test_invariants_hold_for_random_scripts_twin(script):
     spec, script_ops = script
     config = build_config(spec)
-    run(TwinScheduler(config), script_ops, InvariantChecker(config))
+    run(build_scheduler(TwinScheduler, spec), script_ops, InvariantChecker(config))
 
 
 @pytest.mark.skipif(NativeScheduler is None, reason="the native scheduler is not built")
@@ -104,7 +104,7 @@ def test_invariants_hold_for_random_scripts_twin(script):
 def test_invariants_hold_for_random_scripts_native(script):
     spec, script_ops = script
     config = build_config(spec)
-    run(NativeScheduler(config), script_ops, InvariantChecker(config))
+    run(build_scheduler(NativeScheduler, spec), script_ops, InvariantChecker(config))
 
 
 @pytest.mark.skipif(NativeScheduler is None, reason="the native scheduler is not built")
@@ -112,9 +112,8 @@ def test_invariants_hold_for_random_scripts_native(script):
 @given(script=scripts)
 def test_native_matches_twin_on_random_scripts(script):
     spec, script_ops = script
-    config = build_config(spec)
-    twin_trace = run(TwinScheduler(config), script_ops)
-    native_trace = run(NativeScheduler(config), script_ops)
+    twin_trace = run(build_scheduler(TwinScheduler, spec), script_ops)
+    native_trace = run(build_scheduler(NativeScheduler, spec), script_ops)
     for step, (expected, got) in enumerate(zip(twin_trace, native_trace)):
         assert got == expected, f"step {step}: {expected[0]}"
     assert len(native_trace) == len(twin_trace)
