@@ -174,6 +174,19 @@ def complete(scheduler, plan, seed, use_outputs):
         return type(exc).__name__
 
 
+SEQUENCE_FIELDS = (
+    "id", "prompt_tokens", "generated_tokens", "max_tokens", "sampling", "priority", "admission_tokens",
+    "status", "prefix_restore", "cache_affinity", "admitted_at", "prefill_cursor", "enqueued_turn",
+    "enqueue_order",
+)
+
+
+def sequence_state(view):
+    """Every field of a sequence view, lists as tuples."""
+    values = (getattr(view, name) for name in SEQUENCE_FIELDS)
+    return tuple(tuple(v) if isinstance(v, (list, tuple)) else v for v in values)
+
+
 def run(scheduler, script_ops, check=None):
     """Apply a script; return the trace of every observable result.
 
@@ -211,8 +224,9 @@ def run(scheduler, script_ops, check=None):
         else:  # pragma: no cover
             raise AssertionError(op)
         snap = scheduler.snapshot()
+        sequences = [sequence_state(scheduler.sequence(i)) for i in list(snap.active_ids) + list(snap.waiting_ids)]
         trace.append((op, result, list(snap.active_ids), list(snap.waiting_ids), list(snap.component_used_bytes),
-                      vars(scheduler.metrics()).copy()))
+                      vars(scheduler.metrics()).copy(), sequences))
         if check is not None:
             check(scheduler, op, result, plan)
     return trace
