@@ -24,7 +24,7 @@ from skippy_scheduler import (
     StageCacheAffinity,
 )
 
-IDS = [f"s{i}" for i in range(8)] + ["B", "aa", "zz"]
+IDS = [f"s{i}" for i in range(8)] + ["B", "aa", "zz", "", "a\x00b", "ñé"]
 
 configs = st.builds(
     dict,
