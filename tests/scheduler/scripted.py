@@ -5,6 +5,7 @@ scheduler and their traces can be compared entry by entry.
 """
 import random
 
+import numpy as np
 from hypothesis import strategies as st
 
 from skippy_scheduler import (
@@ -142,7 +143,11 @@ def describe_plan(plan):
     rows = [
         (w.sequence_id, tuple(w.tokens), tuple(w.positions), w.phase.value, bool(w.sample_last)) for w in plan.work
     ]
-    return rows, plan.token_count, plan.admitted, plan.preempted
+    arrays = tuple(
+        np.asarray(getattr(plan, name)).astype(np.int64).tolist()
+        for name in ("tokens", "positions", "row_offsets", "sample_last", "phases", "sample_rows")
+    )
+    return rows, plan.token_count, plan.admitted, plan.preempted, len(plan), arrays
 
 
 def observe(scheduler, plan, seconds):

@@ -1,4 +1,6 @@
 """Random operation scripts: engine invariants on every implementation, and twin == native."""
+import itertools
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from scripted import build_config, build_scheduler, run, scripts
@@ -33,12 +35,12 @@ class InvariantChecker:
         elif kind == "complete":
             self.completed(result)
         elif kind == "step":
-            self.check_plan(plan)
+            self.check_plan(result[0])
             self.completed(result[2])
         elif kind == "preempt":
             self.overwritten = True
         elif kind == "plan":
-            self.check_plan(plan)
+            self.check_plan(result)
         snap = s.snapshot()
         active, waiting = list(snap.active_ids), list(snap.waiting_ids)
         assert len(set(active)) == len(active) and len(set(waiting)) == len(waiting)
@@ -67,27 +69,35 @@ class InvariantChecker:
         self.finished += len(telemetry["finished_ids"])
         self.failed += len(telemetry["failed_ids"])
 
-    def check_plan(self, plan):
-        rows = list(plan.work)
-        assert plan.token_count == sum(len(w.tokens) for w in rows)
-        assert plan.token_count <= self.config.max_tokens_per_iteration
-        assert len({w.sequence_id for w in rows}) == len(rows)
+    def check_plan(self, description):
+        """Checks a plan as `describe_plan` recorded it (native plan views die with the plan)."""
+        rows, token_count, _admitted, preempted, length, arrays = description
+        tokens, positions, offsets, sample_last, phases, sample_rows = arrays
+        decode = IterationPhase.Decode.value
+        assert length == len(rows) and preempted == 0
+        assert offsets == [0] + list(itertools.accumulate(len(r[1]) for r in rows))
+        assert tokens == [t for r in rows for t in r[1]]
+        assert positions == [p for r in rows for p in r[2]]
+        assert phases == [r[3] for r in rows]
+        assert sample_last == [int(r[4]) for r in rows]
+        assert sample_rows == [i for i, r in enumerate(rows) if r[4]]
+        assert token_count == len(tokens) <= self.config.max_tokens_per_iteration
+        assert len({r[0] for r in rows}) == len(rows)
         prefill_rows = 0
-        for w in rows:
-            assert len(w.tokens) >= 1 and len(w.positions) == len(w.tokens)
-            assert list(w.positions) == list(range(w.positions[0], w.positions[0] + len(w.positions)))
-            if w.phase is IterationPhase.Decode:
-                assert len(w.tokens) == 1 and w.sample_last
+        for _sid, row_tokens, row_positions, phase, samples in rows:
+            assert len(row_tokens) >= 1 and len(row_positions) == len(row_tokens)
+            assert list(row_positions) == list(range(row_positions[0], row_positions[0] + len(row_positions)))
+            if phase == decode:
+                assert len(row_tokens) == 1 and samples
             else:
                 prefill_rows += 1
-                assert len(w.tokens) <= self.config.prefill_chunk_tokens
-                if w.phase is IterationPhase.Recompute:
-                    assert not w.sample_last
+                assert len(row_tokens) <= self.config.prefill_chunk_tokens
+                if phase == IterationPhase.Recompute.value:
+                    assert not samples
         limit = self.config.max_prefill_sequences_per_iteration
         assert limit is None or prefill_rows <= limit
         if not self.config.mixed_prefill_decode:
-            phases = {w.phase is IterationPhase.Decode for w in rows}
-            assert len(phases) <= 1
+            assert len({r[3] == decode for r in rows}) <= 1
 
 
 @SETTINGS
