@@ -140,7 +140,7 @@ class TwinScheduler:
                 index=i,
                 priority=s.priority,
                 affinity=s.cache_affinity,
-                prompt_tokens=s.prompt_tokens,
+                prompt_tokens=tuple(s.prompt_tokens),  # a policy cannot edit the queue's prompts
                 enqueued_turn=s.enqueued_turn,
                 order=s.enqueue_order,
             )

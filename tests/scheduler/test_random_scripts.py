@@ -3,9 +3,18 @@ import itertools
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from scripted import build_config, build_scheduler, run, scripts
 
-from skippy_scheduler import IterationPhase, TwinScheduler
+from skippy_scheduler import (
+    CacheAwareAdmission,
+    FcfsAdmission,
+    FewestComputedTokens,
+    IterationPhase,
+    LowestPriorityNewest,
+    PriorityAdmission,
+    TwinScheduler,
+)
 
 try:
     from skippy_scheduler import Scheduler as NativeScheduler
@@ -127,3 +136,66 @@ def test_native_matches_twin_on_random_scripts(script):
     for step, (expected, got) in enumerate(zip(twin_trace, native_trace)):
         assert got == expected, f"step {step}: {expected[0]}"
     assert len(native_trace) == len(twin_trace)
+
+
+# Python subclasses of the built-ins: same decisions, but called back from the scheduler
+# (native_kind None), so they check the native kernels against their Python reference (§0.3).
+class PyCacheAware(CacheAwareAdmission):
+    native_kind = None
+
+
+class PyFcfs(FcfsAdmission):
+    native_kind = None
+
+
+class PyPriority(PriorityAdmission):
+    native_kind = None
+
+
+class PyLowestPriorityNewest(LowestPriorityNewest):
+    native_kind = None
+
+
+class PyFewestComputed(FewestComputedTokens):
+    native_kind = None
+
+
+POLICY_PAIRS = {
+    "default": ((None, None), (PyCacheAware, PyLowestPriorityNewest)),
+    "fcfs": ((FcfsAdmission, FewestComputedTokens), (PyFcfs, PyFewestComputed)),
+    "priority": ((PriorityAdmission, None), (PyPriority, None)),
+}
+IMPLEMENTATIONS = [TwinScheduler] + ([NativeScheduler] if NativeScheduler is not None else [])
+
+
+def with_policies(impl, config, admission, preemption):
+    kwargs = {}
+    if admission is not None:
+        kwargs["admission"] = admission
+    if preemption is not None:
+        kwargs["preemption"] = preemption
+    return impl(config, **kwargs)
+
+
+@SETTINGS
+@given(script=scripts, pair=st.sampled_from(sorted(POLICY_PAIRS)))
+def test_python_policies_give_the_same_plans_as_the_builtins(script, pair):
+    spec, script_ops = script
+    config = build_config(spec)
+    normalized = config.normalized()
+    builtin, python = POLICY_PAIRS[pair]
+    for impl in IMPLEMENTATIONS:
+        def make(classes):
+            admission_cls, preemption_cls = classes
+            if admission_cls is PyCacheAware:
+                # Concrete settings: a callback policy is used as given.
+                admission = PyCacheAware(normalized.cache_aging_cost_per_iteration, normalized.group_waiting_prefixes)
+            else:
+                admission = None if admission_cls is None else admission_cls()
+            preemption = None if preemption_cls is None else preemption_cls()
+            return with_policies(impl, config, admission, preemption)
+
+        expected = run(make(builtin), script_ops)
+        got = run(make(python), script_ops)
+        for step, (a, b) in enumerate(zip(expected, got)):
+            assert b == a, f"{impl.__name__} step {step}: {a[0]}"
