@@ -61,6 +61,16 @@ def check_str(name: str, value: object) -> str:
     return value
 
 
+def check_id(name: str, value: object) -> str:
+    """A sequence id: any str that has a UTF-8 encoding (the native core keys ids by those bytes)."""
+    check_str(name, value)
+    try:
+        value.encode("utf-8")  # type: ignore[union-attr]
+    except UnicodeEncodeError:
+        raise ValueError(f"{name} must be encodable as UTF-8 (lone surrogates are not)") from None
+    return value  # type: ignore[return-value]
+
+
 def check_tokens(name: str, values: object) -> list[int]:
     """A token list: ints in [0, 2**31 - 1] (§0.7); returns a fresh list."""
     if _check_tokens_fast is not None:
