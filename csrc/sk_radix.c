@@ -395,7 +395,7 @@ static int rx_reserve_merge(sk_radix *r, int32_t x)
 int rx_remove_slot(sk_radix *r, size_t ns_index, int32_t id, int kind, uint64_t *handle)
 {
     rx_node *nd = &r->nodes[id];
-    int other = nd->slot[1 - kind].present;
+    int other = nd->slot[1 - kind].present != 0;
     int32_t parent = nd->parent;
     int32_t merge = -1; /* node that will be joined into its single child */
     int prune = 0;

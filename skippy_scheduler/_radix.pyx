@@ -341,8 +341,8 @@ cdef class RadixCacheCore:
     # NOTE: creating GC-tracked objects may run finalizers that re-enter this cache, so every
     # read of native state happens before the first such allocation.
     cdef RadixMatch _match(self, sk_radix_hit *hit):
-        cdef const int32_t *kp
-        cdef size_t kn
+        cdef const int32_t *kp = NULL
+        cdef size_t kn = 0
         if sk_radix_node_key(self._r, hit.node, &kp, &kn) != SK_RADIX_OK:
             raise MemoryError()
         cdef bytes key = PyBytes_FromStringAndSize(<const char *>kp, kn * 4)
@@ -357,8 +357,8 @@ cdef class RadixCacheCore:
         return m
 
     cdef RadixEntry _entry(self, sk_radix_hit *hit):
-        cdef const int32_t *kp
-        cdef size_t kn, nl
+        cdef const int32_t *kp = NULL
+        cdef size_t kn = 0, nl = 0
         cdef const char *name = sk_radix_ns_name(self._r, hit.ns_index, &nl)
         value = self._values[hit.handle]
         namespace = PyUnicode_DecodeUTF8(<char *>name, nl, NULL)
@@ -375,7 +375,7 @@ cdef class RadixCacheCore:
 
     cdef object _insert(self, str namespace, object tokens, object logical_bytes, object value,
                         int kind, int if_vacant):
-        cdef Py_ssize_t nl
+        cdef Py_ssize_t nl = 0
         cdef const char *ns = PyUnicode_AsUTF8AndSize(namespace, &nl)
         cdef uint64_t nbytes = _u64("logical_bytes", logical_bytes)
         cdef uint64_t handle = self._next_handle
@@ -414,7 +414,7 @@ cdef class RadixCacheCore:
         return self._insert(namespace, tokens, logical_bytes, value, SK_RADIX_RECURRENT, 0)
 
     cdef object _probe(self, str namespace, object tokens, int kind, int mode):
-        cdef Py_ssize_t nl
+        cdef Py_ssize_t nl = 0
         cdef const char *ns = PyUnicode_AsUTF8AndSize(namespace, &nl)
         cdef sk_radix_hit hit
         cdef _Key key
@@ -443,7 +443,7 @@ cdef class RadixCacheCore:
         return self._probe(namespace, tokens, SK_RADIX_RECURRENT, SK_RADIX_ACQUIRE)
 
     cdef object _exact(self, str namespace, object tokens, int kind):
-        cdef Py_ssize_t nl
+        cdef Py_ssize_t nl = 0
         cdef const char *ns = PyUnicode_AsUTF8AndSize(namespace, &nl)
         cdef sk_radix_hit hit
         cdef _Key key
@@ -460,7 +460,7 @@ cdef class RadixCacheCore:
         return self._exact(namespace, tokens, SK_RADIX_RECURRENT)
 
     cdef bint _release(self, str namespace, object tokens, int kind) except -1:
-        cdef Py_ssize_t nl
+        cdef Py_ssize_t nl = 0
         cdef const char *ns = PyUnicode_AsUTF8AndSize(namespace, &nl)
         cdef _Key key
         cdef int st
@@ -476,7 +476,7 @@ cdef class RadixCacheCore:
         return self._release(namespace, tokens, SK_RADIX_RECURRENT)
 
     cdef object _remove(self, str namespace, object tokens, int kind):
-        cdef Py_ssize_t nl
+        cdef Py_ssize_t nl = 0
         cdef const char *ns = PyUnicode_AsUTF8AndSize(namespace, &nl)
         cdef uint64_t handle = 0
         cdef _Key key
