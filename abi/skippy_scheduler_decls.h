@@ -56,7 +56,7 @@ typedef struct skippy_scheduler_config {
     size_t prefill_chunk_tokens;                 /* default 256 */
     size_t max_prefill_sequences_per_iteration;  /* default SIZE_MAX */
     size_t max_consecutive_prefill_iterations;   /* default SIZE_MAX */
-    uint64_t cache_aging_cost_per_iteration;     /* default 4096, cost units per turn */
+    uint64_t cache_aging_cost_per_iteration;     /* default 4096 cost units per turn; 0 = no aging */
     bool mixed_prefill_decode;                   /* default false */
     bool group_waiting_prefixes;                 /* default true */
     uint32_t admission_policy;                   /* skippy_admission_policy */
@@ -78,6 +78,8 @@ typedef struct skippy_sequence_desc {
     size_t admission_tokens;                   /* tokens reserved at admission */
     uint32_t status;                           /* skippy_seq_status, kept as given */
     size_t prefill_cursor;                     /* tokens already in the runtime's cache */
+    bool has_prefix_restore;                   /* a restored prefix backs the sequence */
+    size_t restore_token_count;                /* tokens the restore covers */
     uint64_t saved_cost;                       /* cache affinity's estimated saved cost */
     const skippy_sampling_config *sampling;    /* copied by pointer into each row */
     struct skippy_session *session;            /* copied by pointer into each row */
@@ -95,6 +97,8 @@ typedef struct skippy_sequence_info {
     size_t admission_tokens;
     uint32_t status;                           /* skippy_seq_status */
     size_t prefill_cursor;
+    bool has_prefix_restore;
+    size_t restore_token_count;
     uint64_t enqueued_turn;
     uint64_t enqueue_order;
     uint64_t admitted_at;                      /* admission counter; 0 = not admitted */

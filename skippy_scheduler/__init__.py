@@ -1,15 +1,135 @@
 """skippy-scheduler: iteration-level scheduling policy for LLM serving."""
 from ._check import check_native as _check_native
 from ._version import __version__
-from .radix import RadixEntry, RadixMatch, RadixStats, UnifiedRadixCache, affinity_from_radix
 
 _check_native()
 
+
+def get_include() -> str:
+    """Directory of the installed C headers (skippy_abi.h, skippy_scheduler.h)."""
+    import os
+
+    return os.path.join(os.path.dirname(__file__), "include")
+
+
+def get_library_dir() -> str:
+    """Directory of the installed static core library (link with -lskippy_scheduler_core)."""
+    import os
+
+    return os.path.join(os.path.dirname(__file__), "lib")
+
+
+from ._core import IterationPlan, PlanOutputs, Scheduler  # noqa: E402
+from ._ordering import order_cache_aware_candidates_py, select_cache_aware_candidate_py  # noqa: E402
+from ._twin_plan import TwinOutputs, TwinPlan  # noqa: E402
+from .cache_policy import (  # noqa: E402
+    CacheAffinity,
+    CacheAwareCandidate,
+    StageCacheAffinity,
+    order_cache_aware_candidates,
+    select_cache_aware_candidate,
+)
+from .capacity import (  # noqa: E402
+    CapacityDemand,
+    CapacityPlan,
+    ComponentCapacitySnapshot,
+    EvictableCacheEntry,
+    plan_component_capacity,
+)
+from .policies import (  # noqa: E402
+    AdmissionPolicy,
+    CacheAwareAdmission,
+    FcfsAdmission,
+    FewestComputedTokens,
+    LowestPriorityNewest,
+    PreemptionPolicy,
+    PriorityAdmission,
+    VictimCandidate,
+)
+from .radix import RadixEntry, RadixMatch, RadixStats, UnifiedRadixCache, affinity_from_radix  # noqa: E402
+from .runtime_queue import (  # noqa: E402
+    CacheRuntimeQueue,
+    CacheRuntimeTelemetry,
+    should_serve_cache_runtime,
+)
+from .twin import TwinScheduler  # noqa: E402
+from .types import (  # noqa: E402
+    LLAMA_MAX_SEQ,
+    AdmissionError,
+    DuplicateSequence,
+    EmptyPrompt,
+    IterationPhase,
+    IterationPrediction,
+    IterationTelemetry,
+    IterationWork,
+    MalformedOutputs,
+    MemoryComponent,
+    PrefixRestore,
+    PrefixRestoreKind,
+    QueueFull,
+    SchedulerConfig,
+    SchedulerMetrics,
+    SchedulerSnapshot,
+    Sequence,
+    SequenceStatus,
+    StalePlanError,
+)
+
 __all__ = [
     "__version__",
+    "get_include",
+    "get_library_dir",
+    "LLAMA_MAX_SEQ",
+    "AdmissionError",
+    "AdmissionPolicy",
+    "CacheAffinity",
+    "CacheAwareAdmission",
+    "CacheAwareCandidate",
+    "CacheRuntimeQueue",
+    "CacheRuntimeTelemetry",
+    "CapacityDemand",
+    "CapacityPlan",
+    "ComponentCapacitySnapshot",
+    "DuplicateSequence",
+    "EmptyPrompt",
+    "EvictableCacheEntry",
+    "FcfsAdmission",
+    "FewestComputedTokens",
+    "IterationPhase",
+    "IterationPlan",
+    "IterationPrediction",
+    "IterationTelemetry",
+    "IterationWork",
+    "LowestPriorityNewest",
+    "MalformedOutputs",
+    "MemoryComponent",
+    "PlanOutputs",
+    "PreemptionPolicy",
+    "PrefixRestore",
+    "PrefixRestoreKind",
+    "PriorityAdmission",
+    "QueueFull",
     "RadixEntry",
     "RadixMatch",
     "RadixStats",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerMetrics",
+    "SchedulerSnapshot",
+    "Sequence",
+    "SequenceStatus",
+    "StageCacheAffinity",
+    "StalePlanError",
+    "TwinOutputs",
+    "TwinPlan",
+    "TwinScheduler",
     "UnifiedRadixCache",
     "affinity_from_radix",
+    "VictimCandidate",
+    "order_cache_aware_candidates",
+    "order_cache_aware_candidates_py",
+    "plan_component_capacity",
+    "select_cache_aware_candidate",
+    "select_cache_aware_candidate_py",
+    "should_serve_cache_runtime",
 ]

@@ -1,6 +1,658 @@
-# cython: language_level=3
-"""Native scheduler binding (placeholder until the core lands)."""
-cdef extern from "skippy_abi.h":
-    enum: SKIPPY_PLAN_ABI_VERSION
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Native scheduler: a thin Python face over the C core (csrc/).
+
+All state lives in the C core; this module validates arguments at the boundary, converts
+Python sequences into the core's descriptors once at submit, and exposes each plan's arrays
+as numpy views over the core's memory (no copies). Python objects that the core only carries
+(ids, affinities, restores, sampling objects) are kept per slot on this side.
+"""
+from cpython.array cimport array
+from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t, UINT32_MAX
+from libc.stdint cimport SIZE_MAX
+
+from ._capi cimport *
+
+import numpy as np
+
+from ._abi import ffi as _ffi
+from .cache_policy import CacheAwareCandidate
+from .policies import (
+    AdmissionPolicy,
+    CacheAwareAdmission,
+    FcfsAdmission,
+    LowestPriorityNewest,
+    FewestComputedTokens,
+    PreemptionPolicy,
+    PriorityAdmission,
+    VictimCandidate,
+)
+from .types import (
+    DuplicateSequence,
+    EmptyPrompt,
+    IterationPhase,
+    IterationPrediction,
+    IterationTelemetry,
+    IterationWork,
+    MalformedOutputs,
+    QueueFull,
+    SchedulerConfig,
+    SchedulerMetrics,
+    SchedulerSnapshot,
+    Sequence,
+    SequenceStatus,
+    StalePlanError,
+)
 
 PLAN_ABI_VERSION = SKIPPY_PLAN_ABI_VERSION
+
+cdef object _PHASES = (IterationPhase.Prefill, IterationPhase.Recompute, IterationPhase.Decode)
+cdef object _STATUSES = tuple(SequenceStatus)
+cdef object _SAMPLING_CTYPE = _ffi.typeof("skippy_sampling_config *")
+cdef uint64_t _U64_MAX = 0xFFFFFFFFFFFFFFFF
+
+
+cdef inline size_t _size(object v):
+    return SIZE_MAX if v is None else <size_t>v
+
+
+cdef object _view(size_t addr, size_t count, object dtype):
+    """A writable numpy array over `count` elements of native memory (no copy)."""
+    itemsize = np.dtype(dtype).itemsize
+    if count == 0 or addr == 0:
+        return np.zeros(0, dtype=dtype)
+    buf = _ffi.buffer(_ffi.cast("char *", addr), count * itemsize)
+    return np.frombuffer(buf, dtype=dtype)
+
+
+cdef int _rank_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t *slots,
+                          size_t n, uint64_t turn, size_t *out) noexcept with gil:
+    cdef Scheduler self = <Scheduler>ctx
+    cdef skippy_sequence_info info
+    cdef size_t i
+    try:
+        candidates = []
+        for i in range(n):
+            skippy_scheduler_sequence(s, slots[i], &info)
+            objs = self._objs[slots[i]]
+            candidates.append(CacheAwareCandidate(
+                index=i, priority=info.priority, affinity=objs[2],
+                prompt_tokens=tuple(info.tokens[k] for k in range(info.prompt_count)),
+                enqueued_turn=info.enqueued_turn, order=info.enqueue_order))
+        order = self.admission.order(candidates, turn)
+        try:
+            order = [int(k) for k in order]
+        except (TypeError, ValueError):
+            raise TypeError("admission policy must return a list of candidate indexes") from None
+        if sorted(order) != list(range(n)):
+            raise ValueError("admission policy must return a permutation of the candidate indexes")
+        for i in range(n):
+            out[i] = order[i]
+        return 0
+    except BaseException as exc:
+        self._cb_error = exc
+        return 1
+
+
+cdef int _victim_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t *slots,
+                            size_t n, size_t *out) noexcept with gil:
+    cdef Scheduler self = <Scheduler>ctx
+    cdef skippy_sequence_info info
+    cdef size_t i
+    try:
+        candidates = []
+        for i in range(n):
+            skippy_scheduler_sequence(s, slots[i], &info)
+            candidates.append(VictimCandidate(
+                sequence_id=self._objs[slots[i]][0], priority=info.priority,
+                admitted_at=info.admitted_at, computed_tokens=info.prefill_cursor,
+                generated_tokens=info.generated_count))
+        choice = self.preemption.select_victim(candidates)
+        if choice is None:
+            out[0] = n
+        else:
+            if isinstance(choice, bool) or not isinstance(choice, int) or not 0 <= choice < n:
+                raise ValueError(f"preemption policy returned {choice!r}, not a candidate position")
+            out[0] = choice
+        return 0
+    except BaseException as exc:
+        self._cb_error = exc
+        return 1
+
+
+cdef class PlanOutputs:
+    """The plan's compact sampled-output block, as a native runtime writes it.
+
+    Entry k says: work row `request_indexes[k]` sampled token `predicted_tokens[k]`.
+    Set `count` to the number of entries written.
+    """
+    cdef IterationPlan _plan
+    cdef readonly object request_indexes
+    cdef readonly object predicted_tokens
+
+    @property
+    def capacity(self):
+        return self._plan._s._pp.outputs.capacity
+
+    @property
+    def count(self):
+        self._plan._check()
+        return self._plan._s._pp.outputs.count
+
+    @count.setter
+    def count(self, value):
+        self._plan._check()
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"count must be an int, got {type(value).__name__}")
+        if value < 0 or value > self._plan._s._pp.outputs.capacity:
+            raise ValueError(f"count must be in [0, {self._plan._s._pp.outputs.capacity}]")
+        self._plan._s._pp.outputs.count = value
+
+
+cdef class IterationPlan:
+    """One iteration's work rows; row index = work index.
+
+    Arrays are views of the scheduler's native plan memory: valid until this plan is completed
+    or the next plan is made. `token_count`, `admitted`, `preempted` and `len()` stay readable
+    afterwards; `work` too once it has been built.
+    """
+    cdef Scheduler _s
+    cdef readonly uint64_t serial
+    cdef readonly size_t token_count
+    cdef readonly size_t admitted
+    cdef readonly size_t preempted
+    cdef size_t _rows
+    cdef size_t _samples
+    cdef object _work
+    cdef PlanOutputs _outputs
+
+    def __len__(self):
+        return self._rows
+
+    cdef int _check(self) except -1:
+        if not self._s._live or self._s._pp.serial != self.serial:
+            raise StalePlanError(f"plan {self.serial} is no longer live (completed or replaced)")
+        return 0
+
+    @property
+    def live(self):
+        return self._s._live and self._s._pp.serial == self.serial
+
+    @property
+    def tokens(self):
+        self._check()
+        return self._s._v_tokens[:self.token_count]
+
+    @property
+    def positions(self):
+        self._check()
+        return self._s._v_positions[:self.token_count]
+
+    @property
+    def row_offsets(self):
+        self._check()
+        return self._s._v_offsets[:self._rows + 1]
+
+    @property
+    def sample_last(self):
+        self._check()
+        return self._s._v_sample[:self._rows]
+
+    @property
+    def phases(self):
+        self._check()
+        return self._s._v_phases[:self._rows]
+
+    @property
+    def slots(self):
+        self._check()
+        return self._s._v_slots[:self._rows]
+
+    @property
+    def sample_rows(self):
+        self._check()
+        return self._s._v_sample_rows[:self._samples]
+
+    @property
+    def requests(self):
+        """cffi `skippy_iteration_request *` over the rows (for a native runtime call)."""
+        self._check()
+        return _ffi.cast("skippy_iteration_request *", <size_t>self._s._pp.requests)
+
+    @property
+    def native(self):
+        """cffi `skippy_plan *` of the whole plan struct."""
+        self._check()
+        return _ffi.cast("skippy_plan *", <size_t>self._s._pp)
+
+    @property
+    def outputs(self):
+        cdef PlanOutputs o
+        self._check()
+        if self._outputs is None:
+            o = PlanOutputs.__new__(PlanOutputs)
+            o._plan = self
+            o.request_indexes = self._s._v_out_idx[:self._rows]
+            o.predicted_tokens = self._s._v_out_tok[:self._rows]
+            self._outputs = o
+        return self._outputs
+
+    @property
+    def work(self):
+        """The rows as `IterationWork` values (built once, on first use)."""
+        cdef skippy_plan *p
+        cdef size_t r, a, b
+        if self._work is None:
+            self._check()
+            p = self._s._pp
+            objs = self._s._objs
+            toks = self._s._v_tokens
+            poss = self._s._v_positions
+            work = []
+            for r in range(self._rows):
+                a = p.row_offsets[r]
+                b = p.row_offsets[r + 1]
+                o = objs[p.slots[r]]
+                work.append(IterationWork(o[0], tuple(toks[a:b].tolist()),
+                                          tuple(poss[a:b].tolist()), bool(p.sample_last[r]),
+                                          _PHASES[p.phases[r]], o[3]))
+            self._work = work
+        return self._work
+
+    def __repr__(self):
+        return (f"IterationPlan(serial={self.serial}, rows={self._rows}, "
+                f"token_count={self.token_count}, admitted={self.admitted})")
+
+
+cdef class Scheduler:
+    """Iteration-level scheduler with native state (behaviour.md §1–§2).
+
+    `Scheduler(config=None, admission=None, preemption=None)`; the defaults are the reference
+    policies: cache-aware admission (§3) and lowest-priority-newest preemption (§2.8).
+    """
+    cdef skippy_scheduler *_s
+    cdef skippy_plan *_pp
+    cdef bint _live
+    cdef readonly object config
+    cdef readonly object admission
+    cdef readonly object preemption
+    cdef list _objs
+    cdef list _comp_names
+    cdef list _available
+    cdef object _cb_error
+    cdef object _v_tokens, _v_positions, _v_offsets, _v_sample, _v_phases, _v_slots
+    cdef object _v_sample_rows, _v_out_idx, _v_out_tok
+    cdef size_t _v_tok_addr, _v_row_addr
+
+    def __cinit__(self, config=None, admission=None, preemption=None):
+        self._s = NULL
+
+    def __init__(self, config=None, admission=None, preemption=None):
+        cdef skippy_scheduler_config c
+        cdef skippy_error *err = NULL
+        cdef array names_keep
+        if config is None:
+            config = SchedulerConfig()
+        if not isinstance(config, SchedulerConfig):
+            raise TypeError(f"config must be a SchedulerConfig, got {type(config).__name__}")
+        if admission is None:
+            admission = CacheAwareAdmission()
+        if not isinstance(admission, AdmissionPolicy):
+            raise TypeError("admission must be an AdmissionPolicy")
+        if preemption is None:
+            preemption = LowestPriorityNewest()
+        if not isinstance(preemption, PreemptionPolicy):
+            raise TypeError("preemption must be a PreemptionPolicy")
+        cfg = config.normalized()
+        skippy_scheduler_config_default(&c)
+        c.max_active_sequences = cfg.max_active_sequences
+        c.sequence_id_limit = cfg.sequence_id_limit
+        c.reserved_sequence_ids = cfg.reserved_sequence_ids
+        c.max_waiting_sequences = cfg.max_waiting_sequences
+        c.max_tokens_per_iteration = cfg.max_tokens_per_iteration
+        c.prefill_chunk_tokens = cfg.prefill_chunk_tokens
+        c.max_prefill_sequences_per_iteration = _size(cfg.max_prefill_sequences_per_iteration)
+        c.max_consecutive_prefill_iterations = _size(cfg.max_consecutive_prefill_iterations)
+        c.mixed_prefill_decode = cfg.mixed_prefill_decode
+        c.cache_aging_cost_per_iteration = cfg.cache_aging_cost_per_iteration
+        c.group_waiting_prefixes = cfg.group_waiting_prefixes
+        if type(admission) is CacheAwareAdmission:
+            admission = admission.resolved(cfg)
+            c.cache_aging_cost_per_iteration = admission.aging_cost_per_turn
+            c.group_waiting_prefixes = admission.group_waiting_prefixes
+            c.admission_policy = 0
+        elif type(admission) in (FcfsAdmission, PriorityAdmission):
+            c.admission_policy = admission.native_kind
+        else:
+            c.admission_policy = SKIPPY_ADMISSION_CALLBACK
+        if type(preemption) in (LowestPriorityNewest, FewestComputedTokens):
+            c.preemption_policy = preemption.native_kind
+        else:
+            c.preemption_policy = SKIPPY_PREEMPT_CALLBACK
+        comps = list(cfg.memory_components)
+        names = [m.name.encode("utf-8") for m in comps]
+        cdef list holder = []
+        cdef skippy_memory_component *mc = NULL
+        raw = _ffi.new("skippy_memory_component[]", max(len(comps), 1))
+        for i, m in enumerate(comps):
+            nm = _ffi.new("char[]", names[i])
+            holder.append(nm)
+            raw[i].name = nm
+            raw[i].capacity_bytes = m.capacity_bytes
+            raw[i].resident_bytes = m.resident_bytes
+            raw[i].bytes_per_token = m.bytes_per_token
+            raw[i].bytes_per_sequence = m.bytes_per_sequence
+        c.memory_components = <const skippy_memory_component *><size_t>int(_ffi.cast("uintptr_t", raw))
+        c.memory_component_count = len(comps)
+        if self._s != NULL:
+            raise RuntimeError("Scheduler.__init__ called twice")
+        if skippy_scheduler_create(&c, &self._s, &err) != SKIPPY_STATUS_OK:
+            msg = err.message.decode("utf-8", "replace") if err != NULL else "scheduler creation failed"
+            skippy_error_free(err)
+            raise MemoryError(msg)
+        skippy_scheduler_set_callbacks(self._s, _rank_trampoline, _victim_trampoline, <void *>self)
+        self.config = cfg
+        self.admission = admission
+        self.preemption = preemption
+        self._objs = []
+        self._comp_names = [m.name for m in comps]
+        self._available = [(m.name, m.available_bytes()) for m in comps]
+        self._live = False
+        self._v_tok_addr = 0
+        self._v_row_addr = 0
+
+    def __dealloc__(self):
+        if self._s != NULL:
+            skippy_scheduler_free(self._s)
+            self._s = NULL
+
+    cdef int _raise_last(self, object seq_id=None) except -1:
+        cdef skippy_sched_code code = skippy_scheduler_last_code(self._s)
+        msg = skippy_scheduler_last_message(self._s).decode("utf-8", "replace")
+        if code == SKIPPY_SCHED_QUEUE_FULL:
+            raise QueueFull(self.config.max_waiting_sequences)
+        if code == SKIPPY_SCHED_DUPLICATE:
+            raise DuplicateSequence(seq_id)
+        if code == SKIPPY_SCHED_EMPTY_PROMPT:
+            raise EmptyPrompt()
+        if code == SKIPPY_SCHED_STALE_PLAN:
+            raise StalePlanError(msg)
+        if code == SKIPPY_SCHED_BAD_OUTPUTS:
+            raise MalformedOutputs(msg)
+        if code == SKIPPY_SCHED_NO_MEMORY:
+            raise MemoryError(msg)
+        if code == SKIPPY_SCHED_CALLBACK:
+            exc, self._cb_error = self._cb_error, None
+            if exc is not None:
+                raise exc
+            raise RuntimeError(msg)
+        raise ValueError(msg)
+
+    # -- submit -----------------------------------------------------------------------------
+
+    def submit(self, seq, *, session=None):
+        """Queue a copy of `seq`. `session` is an optional native session handle (int address or
+        cffi pointer) placed in every row of this sequence."""
+        cdef skippy_sequence_desc d
+        cdef uint32_t slot = 0
+        cdef array prompt, gen
+        if not isinstance(seq, Sequence):
+            raise TypeError(f"submit takes a Sequence, got {type(seq).__name__}")
+        q = seq._validated_copy()
+        id_bytes = q.id.encode("utf-8")
+        prompt = array("i", q.prompt_tokens)
+        gen = array("i", q.generated_tokens)
+        sampling = q.sampling
+        cdef size_t sampling_addr = 0
+        if sampling is not None and isinstance(sampling, _ffi.CData) and _ffi.typeof(sampling) is _SAMPLING_CTYPE:
+            sampling_addr = int(_ffi.cast("uintptr_t", sampling))
+        cdef size_t session_addr = 0
+        if session is not None:
+            if isinstance(session, _ffi.CData):
+                session_addr = int(_ffi.cast("uintptr_t", session))
+            elif isinstance(session, int) and not isinstance(session, bool) and session >= 0:
+                session_addr = session
+            else:
+                raise TypeError("session must be a non-negative int address or a cffi pointer")
+        d.id = id_bytes
+        d.id_len = len(id_bytes)
+        d.prompt_tokens = <const int32_t *>prompt.data.as_ints
+        d.prompt_count = len(prompt)
+        d.generated_tokens = <const int32_t *>gen.data.as_ints if len(gen) else NULL
+        d.generated_count = len(gen)
+        d.max_tokens = q.max_tokens
+        d.priority = q.priority
+        d.admission_tokens = q.admission_tokens
+        d.status = q.status.value
+        d.prefill_cursor = q.prefill_cursor
+        d.has_prefix_restore = q.prefix_restore is not None
+        d.restore_token_count = q.prefix_restore.token_count if q.prefix_restore is not None else 0
+        d.saved_cost = q.cache_affinity.estimated_saved_cost()
+        d.sampling = <const skippy_sampling_config *>sampling_addr
+        d.session = <skippy_session *>session_addr
+        if skippy_scheduler_submit(self._s, &d, &slot, NULL) != SKIPPY_STATUS_OK:
+            self._raise_last(q.id)
+        while len(self._objs) <= slot:
+            self._objs.append(None)
+        self._objs[slot] = (q.id, q.prefix_restore, q.cache_affinity, q.sampling)
+
+    # -- planning ---------------------------------------------------------------------------
+
+    cdef void _refresh_views(self):
+        cdef skippy_plan *p = self._pp
+        if <size_t>p.tokens != self._v_tok_addr:
+            self._v_tok_addr = <size_t>p.tokens
+            self._v_tokens = _view(<size_t>p.tokens, p.token_capacity, np.int32)
+            self._v_positions = _view(<size_t>p.positions, p.token_capacity, np.int32)
+        if <size_t>p.requests != self._v_row_addr:
+            self._v_row_addr = <size_t>p.requests
+            n = p.request_capacity
+            self._v_offsets = _view(<size_t>p.row_offsets, n + 1, np.uintp)
+            self._v_sample = _view(<size_t>p.sample_last, n, np.uint8)
+            self._v_phases = _view(<size_t>p.phases, n, np.uint8)
+            self._v_slots = _view(<size_t>p.slots, n, np.uint32)
+            self._v_sample_rows = _view(<size_t>p.sample_rows, n, np.uintp)
+            self._v_out_idx = _view(<size_t>p.outputs.sampled_request_indexes, n, np.uintp)
+            self._v_out_tok = _view(<size_t>p.outputs.predicted_tokens, n, np.int32)
+
+    def plan_iteration(self):
+        """Admit what fits and build the next iteration plan."""
+        cdef size_t n, i
+        cdef const skippy_retired *ret = skippy_scheduler_retired(self._s, &n)
+        cdef skippy_plan *p
+        cdef list objs = self._objs
+        cdef IterationPlan plan
+        retired = [ret[i].slot for i in range(n)]
+        self._live = False
+        if skippy_scheduler_plan(self._s, &p, NULL) != SKIPPY_STATUS_OK:
+            self._raise_last()
+        for slot in retired:
+            objs[slot] = None
+        self._pp = p
+        self._live = True
+        self._refresh_views()
+        plan = IterationPlan.__new__(IterationPlan)
+        plan._s = self
+        plan.serial = p.serial
+        plan.token_count = p.token_count
+        plan.admitted = p.admitted
+        plan.preempted = p.preempted
+        plan._rows = p.request_count
+        plan._samples = p.sample_count
+        return plan
+
+    cdef int _own_live(self, object plan) except -1:
+        if not isinstance(plan, IterationPlan):
+            raise TypeError(f"expected an IterationPlan, got {type(plan).__name__}")
+        if (<IterationPlan>plan)._s is not self:
+            raise ValueError("the plan belongs to another scheduler")
+        (<IterationPlan>plan)._check()
+        return 0
+
+    def observe_iteration_duration(self, plan, elapsed):
+        """Record how long `plan` took (seconds) to calibrate mixed planning (§2.6)."""
+        self._own_live(plan)
+        if isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)):
+            raise TypeError(f"elapsed must be seconds as a float, got {type(elapsed).__name__}")
+        if skippy_scheduler_observe(self._s, (<IterationPlan>plan).serial, float(elapsed) * 1e6,
+                                    NULL) != SKIPPY_STATUS_OK:
+            self._raise_last()
+
+    def complete_iteration(self, plan, predictions=None):
+        """Apply the sampled outputs of `plan` (its `outputs` block, or `predictions`)."""
+        cdef skippy_iteration_telemetry t
+        cdef size_t n_before, n_after, i, k
+        cdef const skippy_retired *ret
+        cdef skippy_plan *p
+        self._own_live(plan)
+        p = self._pp
+        if predictions is not None:
+            preds = list(predictions)
+            for pr in preds:
+                if not isinstance(pr, IterationPrediction):
+                    raise TypeError(f"predictions must be IterationPrediction values, got {type(pr).__name__}")
+            if len(preds) > p.request_count:
+                raise MalformedOutputs(f"{len(preds)} predictions for a plan of {p.request_count} rows")
+            for pr in preds:
+                if pr.work_index >= p.request_count:
+                    raise MalformedOutputs(f"prediction names work index {pr.work_index} outside "
+                                           f"the plan ({p.request_count} rows)")
+            k = 0
+            for pr in preds:
+                p.outputs.sampled_request_indexes[k] = pr.work_index
+                p.outputs.predicted_tokens[k] = pr.token
+                k += 1
+            p.outputs.count = k
+        skippy_scheduler_retired(self._s, &n_before)
+        if skippy_scheduler_complete(self._s, (<IterationPlan>plan).serial, &t, NULL) != SKIPPY_STATUS_OK:
+            self._raise_last()
+        self._live = False
+        ret = skippy_scheduler_retired(self._s, &n_after)
+        finished = []
+        failed = []
+        for i in range(n_before, n_after):
+            sid = self._objs[ret[i].slot][0]
+            if ret[i].status == SKIPPY_SEQ_FAILED:
+                failed.append(sid)
+            else:
+                finished.append(sid)
+        return IterationTelemetry(
+            t.iteration, t.active_sequences, t.waiting_sequences, t.admitted, t.preempted,
+            t.prefill_tokens, t.recompute_tokens, t.decode_tokens, self._used_list(),
+            list(self._available), t.prefix_hits, t.prefix_misses, t.finished, t.failed,
+            t.cancelled, t.rejected_overload, finished, failed)
+
+    cdef list _used_list(self):
+        cdef size_t n, i
+        cdef const uint64_t *u = skippy_scheduler_component_used(self._s, &n)
+        return [(self._comp_names[i], u[i]) for i in range(n)]
+
+    # -- pressure, cancel, inspection -------------------------------------------------------
+
+    def preempt_for_component_pressure(self, used_bytes):
+        """Overwrite used bytes with measured values and preempt until every component fits."""
+        cdef size_t n = 0, i, out = 0
+        cdef array vals
+        values = list(used_bytes)
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"used bytes must be ints, got {type(v).__name__}")
+            if v < 0 or v > _U64_MAX:
+                raise ValueError(f"used bytes must be in [0, 2**64-1], got {v}")
+        vals = array("Q", values)
+        n = len(vals)
+        if skippy_scheduler_preempt(self._s, <const uint64_t *>vals.data.as_ulonglongs if n else NULL, n, &out,
+                                    NULL) != SKIPPY_STATUS_OK:
+            self._raise_last()
+        cdef const uint32_t *v_slots = skippy_scheduler_preempted_slots(self._s)
+        return [self._objs[v_slots[i]][0] for i in range(out)]
+
+    def cancel(self, sequence_id):
+        """Remove a waiting or active sequence; False when the id is unknown."""
+        if not isinstance(sequence_id, str):
+            raise TypeError(f"sequence id must be a str, got {type(sequence_id).__name__}")
+        b = sequence_id.encode("utf-8")
+        return bool(skippy_scheduler_cancel(self._s, b, len(b)))
+
+    def snapshot(self):
+        cdef size_t n, i
+        cdef const uint32_t *a = skippy_scheduler_active_slots(self._s, &n)
+        active = [self._objs[a[i]][0] for i in range(n)]
+        cdef const uint32_t *w = skippy_scheduler_waiting_slots(self._s, &n)
+        waiting = [self._objs[w[i]][0] for i in range(n)]
+        return SchedulerSnapshot(active, waiting, self._used_list())
+
+    def sequence(self, sequence_id):
+        """Read-only snapshot of a waiting or active sequence, or None."""
+        cdef skippy_sequence_info info
+        cdef size_t k
+        if not isinstance(sequence_id, str):
+            raise TypeError(f"sequence id must be a str, got {type(sequence_id).__name__}")
+        b = sequence_id.encode("utf-8")
+        cdef uint32_t slot = skippy_scheduler_find(self._s, b, len(b))
+        if slot == UINT32_MAX or not skippy_scheduler_sequence(self._s, slot, &info):
+            return None
+        o = self._objs[slot]
+        total = info.prompt_count + info.generated_count
+        toks = [info.tokens[k] for k in range(total)]
+        return Sequence._frozen_snapshot(
+            id=o[0], prompt_tokens=toks[:info.prompt_count],
+            generated_tokens=toks[info.prompt_count:], max_tokens=info.max_tokens,
+            sampling=o[3], priority=info.priority, admission_tokens=info.admission_tokens,
+            status=_STATUSES[info.status], prefix_restore=o[1], cache_affinity=o[2],
+            admitted_at=info.admitted_at if info.admitted_at else None,
+            prefill_cursor=info.prefill_cursor, enqueued_turn=info.enqueued_turn,
+            enqueue_order=info.enqueue_order)
+
+    def metrics(self):
+        cdef const skippy_scheduler_metrics *m = skippy_scheduler_get_metrics(self._s)
+        return SchedulerMetrics(
+            m.iterations, m.admitted, m.preempted, m.finished, m.failed, m.cancelled,
+            m.rejected_overload, m.prefill_tokens, m.recompute_tokens, m.decode_tokens,
+            m.prefix_hits, m.prefix_misses, m.active_sequences, m.waiting_sequences)
+
+    @property
+    def waiting_turn(self):
+        return skippy_scheduler_waiting_turn(self._s)
+
+    @property
+    def mixed_prefill_viable(self):
+        return bool(skippy_scheduler_mixed_viable(self._s))
+
+    @property
+    def native(self):
+        """Address of the underlying `skippy_scheduler *` (for native hosts sharing it)."""
+        return <size_t>self._s
+
+
+def _layout():
+    """Sizes and field offsets of the shared structs as this compiled module sees them."""
+    cdef skippy_iteration_request r
+    cdef skippy_plan p
+    cdef skippy_plan_outputs o
+    cdef size_t rb = <size_t>&r, pb = <size_t>&p, ob = <size_t>&o
+    return {
+        "skippy_iteration_request": (sizeof(skippy_iteration_request), {
+            "session": <size_t>&r.session - rb, "token_ids": <size_t>&r.token_ids - rb,
+            "token_count": <size_t>&r.token_count - rb, "positions": <size_t>&r.positions - rb,
+            "position_count": <size_t>&r.position_count - rb,
+            "sampling": <size_t>&r.sampling - rb, "input_desc": <size_t>&r.input_desc - rb,
+            "input_payload": <size_t>&r.input_payload - rb,
+            "sample_last": <size_t>&r.sample_last - rb}),
+        "skippy_plan_outputs": (sizeof(skippy_plan_outputs), {
+            "sampled_request_indexes": <size_t>&o.sampled_request_indexes - ob,
+            "predicted_tokens": <size_t>&o.predicted_tokens - ob,
+            "capacity": <size_t>&o.capacity - ob, "count": <size_t>&o.count - ob}),
+        "skippy_plan": (sizeof(skippy_plan), {
+            "serial": <size_t>&p.serial - pb, "requests": <size_t>&p.requests - pb,
+            "request_count": <size_t>&p.request_count - pb,
+            "request_capacity": <size_t>&p.request_capacity - pb,
+            "tokens": <size_t>&p.tokens - pb, "positions": <size_t>&p.positions - pb,
+            "token_count": <size_t>&p.token_count - pb,
+            "token_capacity": <size_t>&p.token_capacity - pb,
+            "row_offsets": <size_t>&p.row_offsets - pb, "slots": <size_t>&p.slots - pb,
+            "phases": <size_t>&p.phases - pb, "sample_last": <size_t>&p.sample_last - pb,
+            "sample_rows": <size_t>&p.sample_rows - pb,
+            "sample_count": <size_t>&p.sample_count - pb, "admitted": <size_t>&p.admitted - pb,
+            "preempted": <size_t>&p.preempted - pb, "outputs": <size_t>&p.outputs - pb}),
+        "skippy_sampling_config": (sizeof(skippy_sampling_config), {}),
+    }

@@ -1,0 +1,269 @@
+/*
+ * Lifecycle, configuration, errors and read-only accessors of the scheduler. The decisions
+ * (admission, planning, completion, preemption) are in sk_sched.c.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sk_internal.h"
+
+int sk_fail(skippy_scheduler *s, skippy_sched_code code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->message, sizeof s->message, fmt, ap);
+    va_end(ap);
+    s->code = code;
+    return (int)code;
+}
+
+void skippy_error_free(skippy_error *error)
+{
+    if (!error) return;
+    free((void *)error->message);
+    free(error);
+}
+
+static skippy_status to_status(skippy_sched_code code)
+{
+    switch (code) {
+    case SKIPPY_SCHED_OK: return SKIPPY_STATUS_OK;
+    case SKIPPY_SCHED_NO_MEMORY: return SKIPPY_STATUS_ERROR;
+    case SKIPPY_SCHED_CALLBACK: return SKIPPY_STATUS_RUNTIME_ERROR;
+    default: return SKIPPY_STATUS_INVALID_ARGUMENT;
+    }
+}
+
+/* Maps an internal result to the public status and, on failure, an owned error object. */
+skippy_status sk_result(skippy_scheduler *s, int rc, skippy_error **out_error)
+{
+    if (out_error) *out_error = NULL;
+    if (rc == 0) {
+        s->code = SKIPPY_SCHED_OK;
+        s->message[0] = 0;
+        return SKIPPY_STATUS_OK;
+    }
+    skippy_status st = to_status((skippy_sched_code)rc);
+    if (out_error) {
+        skippy_error *e = malloc(sizeof *e);
+        char *msg = e ? malloc(strlen(s->message) + 1) : NULL;
+        if (e && msg) {
+            strcpy(msg, s->message);
+            e->status = st;
+            e->message = msg;
+            *out_error = e;
+        } else {
+            free(e);
+            free(msg);
+        }
+    }
+    return st;
+}
+
+void skippy_scheduler_config_default(skippy_scheduler_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->max_active_sequences = 32;
+    c->sequence_id_limit = 256;
+    c->reserved_sequence_ids = 16;
+    c->max_waiting_sequences = 256;
+    c->max_tokens_per_iteration = 2048;
+    c->prefill_chunk_tokens = 256;
+    c->max_prefill_sequences_per_iteration = SIZE_MAX;
+    c->max_consecutive_prefill_iterations = SIZE_MAX;
+    c->cache_aging_cost_per_iteration = 4096;
+    c->mixed_prefill_decode = false;
+    c->group_waiting_prefixes = true;
+    c->admission_policy = SKIPPY_ADMISSION_CACHE_AWARE;
+    c->preemption_policy = SKIPPY_PREEMPT_LOWEST_PRIORITY_NEWEST;
+}
+
+static size_t clamp_sz(size_t v, size_t lo, size_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+void skippy_scheduler_config_normalize(skippy_scheduler_config *c)
+{
+    if (c->sequence_id_limit < 1) c->sequence_id_limit = 1;
+    size_t hard = c->sequence_id_limit > c->reserved_sequence_ids
+                      ? c->sequence_id_limit - c->reserved_sequence_ids : 0;
+    if (hard < 1) hard = 1;
+    c->max_active_sequences = clamp_sz(c->max_active_sequences, 1, hard);
+    if (c->max_waiting_sequences < 1) c->max_waiting_sequences = 1;
+    if (c->max_tokens_per_iteration < 1) c->max_tokens_per_iteration = 1;
+    c->prefill_chunk_tokens = clamp_sz(c->prefill_chunk_tokens, 1, c->max_tokens_per_iteration);
+    if (c->max_prefill_sequences_per_iteration < 1) c->max_prefill_sequences_per_iteration = 1;
+    if (c->max_consecutive_prefill_iterations < 1) c->max_consecutive_prefill_iterations = 1;
+}
+
+void skippy_sequence_desc_init(skippy_sequence_desc *d, const char *id, size_t id_len,
+                               const int32_t *prompt, size_t prompt_count, uint32_t max_tokens)
+{
+    memset(d, 0, sizeof *d);
+    d->id = id;
+    d->id_len = id_len;
+    d->prompt_tokens = prompt;
+    d->prompt_count = prompt_count;
+    d->max_tokens = max_tokens;
+    d->admission_tokens = prompt_count + max_tokens < prompt_count ? SIZE_MAX
+                                                                   : prompt_count + max_tokens;
+    d->status = SKIPPY_SEQ_WAITING;
+}
+
+void skippy_scheduler_free(skippy_scheduler *s)
+{
+    if (!s) return;
+    if (s->comps)
+        for (size_t i = 0; i < s->cfg.memory_component_count; i++) free((void *)s->comps[i].name);
+    free(s->comps);
+    free(s->used);
+    free(s->available);
+    free(s->used_scratch);
+    sk_store_free(s);
+    free(s->waiting);
+    free(s->scratch);
+    free(s->active);
+    free(s->retired);
+    free(s->victims);
+    free(s->ewma);
+    free(s->plan.requests);
+    free(s->plan.tokens);
+    free(s->plan.positions);
+    free(s->plan.row_offsets);
+    free(s->plan.slots);
+    free(s->plan.phases);
+    free(s->plan.sample_last);
+    free(s->plan.sample_rows);
+    free(s->plan.outputs.sampled_request_indexes);
+    free(s->plan.outputs.predicted_tokens);
+    free(s->row_seen);
+    free(s->row_token);
+    sk_rank_ws_free(s->rank_ws);
+    free(s->rank_items);
+    free(s->rank_out);
+    free(s);
+}
+
+skippy_status skippy_scheduler_create(const skippy_scheduler_config *config,
+                                      skippy_scheduler **out, skippy_error **out_error)
+{
+    if (out_error) *out_error = NULL;
+    if (!config || !out) return SKIPPY_STATUS_INVALID_ARGUMENT;
+    *out = NULL;
+    skippy_scheduler *s = calloc(1, sizeof *s);
+    if (!s) return SKIPPY_STATUS_ERROR;
+    s->cfg = *config;
+    skippy_scheduler_config_normalize(&s->cfg);
+    int rc = 0;
+    size_t nc = s->cfg.memory_component_count;
+    if (nc && !s->cfg.memory_components) {
+        rc = sk_fail(s, SKIPPY_SCHED_INVALID, "memory_components is NULL with a non-zero count");
+        goto fail;
+    }
+    if (s->cfg.admission_policy > SKIPPY_ADMISSION_CALLBACK ||
+        s->cfg.preemption_policy > SKIPPY_PREEMPT_CALLBACK) {
+        rc = sk_fail(s, SKIPPY_SCHED_INVALID, "unknown admission or preemption policy");
+        goto fail;
+    }
+    s->comps = calloc(nc ? nc : 1, sizeof *s->comps);
+    s->used = calloc(nc ? nc : 1, sizeof *s->used);
+    s->available = calloc(nc ? nc : 1, sizeof *s->available);
+    s->used_scratch = calloc(nc ? nc : 1, sizeof *s->used_scratch);
+    if (!s->comps || !s->used || !s->available || !s->used_scratch) goto oom;
+    for (size_t i = 0; i < nc; i++) {
+        const skippy_memory_component *c = &config->memory_components[i];
+        const char *name = c->name ? c->name : "";
+        char *copy = malloc(strlen(name) + 1);
+        if (!copy) goto oom;
+        strcpy(copy, name);
+        s->comps[i] = *c;
+        s->comps[i].name = copy;
+        s->available[i] = sk_sat_sub(c->capacity_bytes, c->resident_bytes);
+    }
+    s->cfg.memory_components = s->comps;
+    s->rank_ws = sk_rank_ws_new();
+    if (!s->rank_ws || sk_store_init(s)) goto oom;
+    s->mixed_viable = true;
+    *out = s;
+    return SKIPPY_STATUS_OK;
+oom:
+    rc = sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory creating the scheduler");
+fail: {
+    skippy_status st = sk_result(s, rc, out_error);
+    skippy_scheduler_free(s);
+    return st;
+}
+}
+
+const skippy_scheduler_config *skippy_scheduler_get_config(const skippy_scheduler *s) { return &s->cfg; }
+skippy_sched_code skippy_scheduler_last_code(const skippy_scheduler *s) { return s->code; }
+const char *skippy_scheduler_last_message(const skippy_scheduler *s) { return s->message; }
+
+void skippy_scheduler_set_callbacks(skippy_scheduler *s, skippy_rank_callback rank,
+                                    skippy_victim_callback victim, void *ctx)
+{
+    s->rank_cb = rank;
+    s->victim_cb = victim;
+    s->cb_ctx = ctx;
+}
+
+uint32_t skippy_scheduler_find(const skippy_scheduler *s, const char *id, size_t len)
+{
+    return sk_store_find(s, id, len, sk_hash_id(id, len));
+}
+
+bool skippy_scheduler_sequence(const skippy_scheduler *s, uint32_t slot, skippy_sequence_info *o)
+{
+    if (slot >= s->seq_cap || s->seqs[slot].where == SK_WHERE_FREE) return false;
+    const sk_seq *q = &s->seqs[slot];
+    o->id = q->id;
+    o->id_len = q->id_len;
+    o->tokens = q->tokens;
+    o->prompt_count = q->prompt_len;
+    o->generated_count = q->gen_len;
+    o->max_tokens = q->max_tokens;
+    o->priority = q->priority;
+    o->admission_tokens = q->admission_tokens;
+    o->status = q->status;
+    o->prefill_cursor = q->cursor;
+    o->has_prefix_restore = q->has_restore;
+    o->restore_token_count = q->restore_tokens;
+    o->enqueued_turn = q->enqueued_turn;
+    o->enqueue_order = q->enqueue_order;
+    o->admitted_at = q->admitted_at;
+    o->saved_cost = q->saved_cost;
+    o->sampling = q->sampling;
+    o->session = q->session;
+    return true;
+}
+
+const skippy_scheduler_metrics *skippy_scheduler_get_metrics(const skippy_scheduler *s) { return &s->m; }
+
+const uint32_t *skippy_scheduler_active_slots(const skippy_scheduler *s, size_t *n)
+{
+    *n = s->active_len;
+    return s->active;
+}
+
+const uint32_t *skippy_scheduler_waiting_slots(const skippy_scheduler *s, size_t *n)
+{
+    *n = s->waiting_len;
+    return s->waiting;
+}
+
+const uint64_t *skippy_scheduler_component_used(const skippy_scheduler *s, size_t *n)
+{
+    *n = s->cfg.memory_component_count;
+    return s->used;
+}
+
+const skippy_retired *skippy_scheduler_retired(const skippy_scheduler *s, size_t *n)
+{
+    *n = s->retired_len;
+    return s->retired;
+}
+
+const uint32_t *skippy_scheduler_preempted_slots(const skippy_scheduler *s) { return s->victims; }
+uint64_t skippy_scheduler_waiting_turn(const skippy_scheduler *s) { return s->waiting_turn; }
+bool skippy_scheduler_mixed_viable(const skippy_scheduler *s) { return s->mixed_viable; }

@@ -1,0 +1,146 @@
+/*
+ * Private state of the scheduler core. Everything lives in flat arrays owned by one
+ * skippy_scheduler: sequence slots (each with one token buffer: prompt then generated tokens),
+ * an id -> slot hash index, the waiting queue and active set as slot arrays, and the plan's
+ * struct-of-arrays. Arrays grow geometrically and are never shrunk, so a scheduler in steady
+ * state does not allocate.
+ */
+#ifndef SK_INTERNAL_H
+#define SK_INTERNAL_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+#include "skippy_scheduler.h"
+#include "sk_rank.h"
+
+#define SK_NO_SLOT UINT32_MAX
+
+/* Where a slot's sequence currently is. */
+enum { SK_WHERE_FREE = 0, SK_WHERE_WAITING = 1, SK_WHERE_ACTIVE = 2, SK_WHERE_RETIRED = 3 };
+
+typedef struct sk_seq {
+    char *id;                 /* id bytes + NUL (own buffer, reused across occupants) */
+    size_t id_len;
+    size_t id_cap;
+    uint64_t id_hash;
+    int32_t *tokens;          /* prompt_len prompt tokens, then gen_len generated tokens */
+    size_t prompt_len;
+    size_t gen_len;
+    size_t token_cap;
+    uint32_t max_tokens;
+    uint64_t priority;
+    size_t admission_tokens;
+    uint32_t status;          /* skippy_seq_status */
+    size_t cursor;            /* replay tokens already fed to the runtime */
+    bool has_restore;
+    size_t restore_tokens;
+    uint64_t enqueued_turn;
+    uint64_t enqueue_order;
+    uint64_t admitted_at;     /* admission counter value, 0 = not admitted */
+    uint64_t saved_cost;
+    const skippy_sampling_config *sampling;
+    struct skippy_session *session;
+    uint8_t where;            /* SK_WHERE_* */
+} sk_seq;
+
+struct skippy_scheduler {
+    skippy_scheduler_config cfg;          /* normalized; memory_components -> comps */
+    skippy_memory_component *comps;
+    uint64_t *used;                       /* bytes reserved (or measured) per component */
+    uint64_t *available;                  /* capacity - resident per component */
+    uint64_t *used_scratch;               /* trial usage while choosing victims */
+
+    sk_seq *seqs;
+    uint32_t seq_cap;
+    uint32_t *free_slots;
+    uint32_t free_len;
+
+    uint32_t *map;                        /* open addressing: slot + 1, 0 empty, ~0 tombstone */
+    size_t map_cap;                       /* power of two */
+    size_t map_fill;                      /* live + tombstones */
+
+    uint32_t *waiting;
+    size_t waiting_len;
+    size_t waiting_cap;
+    uint32_t *scratch;                    /* waiting_cap entries: deferred list, permutations */
+
+    uint32_t *active;                     /* admission (walk) order */
+    size_t active_len;
+    size_t active_cap;
+
+    skippy_retired *retired;
+    size_t retired_len;
+    size_t retired_cap;
+
+    uint32_t *victims;
+    size_t victim_len;
+    size_t victim_cap;
+
+    skippy_scheduler_metrics m;
+    size_t consecutive_prefill;
+    uint64_t waiting_turn;
+    uint64_t next_order;
+    uint64_t admit_counter;
+    bool dirty;
+
+    double *ewma;                         /* decode-only EWMA (µs) by decode row count; NaN = none */
+    size_t ewma_cap;
+    bool mixed_viable;
+    size_t mixed_cursor;
+
+    skippy_plan plan;
+    bool plan_live;
+    uint64_t plan_prefill_tokens;         /* tokens in non-decode rows of the live plan */
+    uint64_t plan_decode_rows;
+    uint8_t *row_seen;                    /* request_capacity scratch for output validation */
+    int32_t *row_token;
+
+    sk_rank_ws *rank_ws;
+    sk_rank_item *rank_items;
+    size_t *rank_out;
+    size_t rank_cap;
+
+    skippy_rank_callback rank_cb;
+    skippy_victim_callback victim_cb;
+    void *cb_ctx;
+
+    skippy_sched_code code;
+    char message[256];
+};
+
+/* sk_store.c: slots and the id index */
+int sk_store_init(skippy_scheduler *s);
+void sk_store_free(skippy_scheduler *s);
+uint64_t sk_hash_id(const char *id, size_t len);
+uint32_t sk_store_find(const skippy_scheduler *s, const char *id, size_t len, uint64_t hash);
+int sk_store_reserve(skippy_scheduler *s);          /* makes sure one slot and one index entry are free */
+uint32_t sk_store_take(skippy_scheduler *s);        /* pops a free slot (after sk_store_reserve) */
+void sk_store_index(skippy_scheduler *s, uint32_t slot);
+void sk_store_unindex(skippy_scheduler *s, uint32_t slot);
+void sk_store_release(skippy_scheduler *s, uint32_t slot);
+int sk_grow(void **ptr, size_t *cap, size_t need, size_t elem);
+
+/* sk_sched.c helpers shared with the C API wrappers */
+int sk_fail(skippy_scheduler *s, skippy_sched_code code, const char *fmt, ...);
+
+static inline size_t sk_replay_len(const sk_seq *q)
+{
+    return q->prompt_len + (q->gen_len > 0 ? q->gen_len - 1 : 0);
+}
+
+static inline uint64_t sk_sat_add(uint64_t a, uint64_t b)
+{
+    uint64_t r = a + b;
+    return r < a ? UINT64_MAX : r;
+}
+
+static inline uint64_t sk_sat_mul(uint64_t a, uint64_t b)
+{
+    if (a != 0 && b > UINT64_MAX / a) return UINT64_MAX;
+    return a * b;
+}
+
+static inline uint64_t sk_sat_sub(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+
+#endif

@@ -1,0 +1,767 @@
+/*
+ * The scheduler's decisions (behaviour.md §2): submit, admission, the two planning modes,
+ * duration observation, completion from compact sampled outputs, preemption and cancel.
+ *
+ * Every public entry point validates first and mutates after, so a failing call leaves the
+ * scheduler exactly as it was. Plans are written straight into the skippy_plan
+ * struct-of-arrays: request rows point into one token arena, row index = work index.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sk_internal.h"
+
+skippy_status sk_result(skippy_scheduler *s, int rc, skippy_error **out_error);
+
+#define EWMA_ALPHA 0.25
+#define MIXED_SLOWDOWN 0.20
+#define MIXED_MIN_EXTRA_US 8000.0
+#define MIXED_MAX_EXTRA_US 20000.0
+
+static void refresh_counts(skippy_scheduler *s)
+{
+    s->m.active_sequences = s->active_len;
+    s->m.waiting_sequences = s->waiting_len;
+}
+
+static uint64_t reservation(const skippy_memory_component *c, size_t tokens)
+{
+    return sk_sat_add(c->bytes_per_sequence, sk_sat_mul(c->bytes_per_token, tokens));
+}
+
+static bool fits(const skippy_scheduler *s, const sk_seq *q)
+{
+    for (size_t i = 0; i < s->cfg.memory_component_count; i++) {
+        uint64_t need = sk_sat_add(s->used[i], reservation(&s->comps[i], q->admission_tokens));
+        if (need > s->available[i]) return false;
+    }
+    return true;
+}
+
+static void reserve(skippy_scheduler *s, const sk_seq *q)
+{
+    for (size_t i = 0; i < s->cfg.memory_component_count; i++)
+        s->used[i] = sk_sat_add(s->used[i], reservation(&s->comps[i], q->admission_tokens));
+}
+
+static void release(skippy_scheduler *s, const sk_seq *q)
+{
+    for (size_t i = 0; i < s->cfg.memory_component_count; i++)
+        s->used[i] = sk_sat_sub(s->used[i], reservation(&s->comps[i], q->admission_tokens));
+}
+
+/* Waiting queue and scratch grow together so permutations always have room. */
+static int reserve_waiting(skippy_scheduler *s, size_t need)
+{
+    size_t cap = s->waiting_cap, cap2 = s->waiting_cap;
+    if (sk_grow((void **)&s->waiting, &cap, need, sizeof(uint32_t))) return -1;
+    if (sk_grow((void **)&s->scratch, &cap2, cap, sizeof(uint32_t))) return -1;
+    s->waiting_cap = cap;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- submit (§2.1) */
+
+static int submit(skippy_scheduler *s, const skippy_sequence_desc *d, uint32_t *out_slot)
+{
+    if (!d || (!d->id && d->id_len) || (!d->prompt_tokens && d->prompt_count) ||
+        (!d->generated_tokens && d->generated_count))
+        return sk_fail(s, SKIPPY_SCHED_INVALID, "sequence descriptor has NULL arrays");
+    if (d->prompt_count == 0)
+        return sk_fail(s, SKIPPY_SCHED_EMPTY_PROMPT, "sequence prompt must contain at least one token");
+    if (d->status > SKIPPY_SEQ_FAILED)
+        return sk_fail(s, SKIPPY_SCHED_INVALID, "sequence status %u is not a submit status", d->status);
+    for (size_t i = 0; i < d->prompt_count; i++)
+        if (d->prompt_tokens[i] < 0)
+            return sk_fail(s, SKIPPY_SCHED_INVALID, "prompt token %zu is negative", i);
+    for (size_t i = 0; i < d->generated_count; i++)
+        if (d->generated_tokens[i] < 0)
+            return sk_fail(s, SKIPPY_SCHED_INVALID, "generated token %zu is negative", i);
+    uint64_t hash = sk_hash_id(d->id, d->id_len);
+    if (sk_store_find(s, d->id, d->id_len, hash) != SK_NO_SLOT)
+        return sk_fail(s, SKIPPY_SCHED_DUPLICATE, "sequence id is already queued or active: %.*s",
+                       (int)(d->id_len > 200 ? 200 : d->id_len), d->id ? d->id : "");
+    if (s->waiting_len >= s->cfg.max_waiting_sequences) {
+        s->m.rejected_overload = sk_sat_add(s->m.rejected_overload, 1);
+        return sk_fail(s, SKIPPY_SCHED_QUEUE_FULL, "scheduler waiting queue is full (%zu requests)",
+                       s->cfg.max_waiting_sequences);
+    }
+    size_t ntok = d->prompt_count + d->generated_count;
+    if (ntok < d->prompt_count) return sk_fail(s, SKIPPY_SCHED_INVALID, "token count overflows");
+    /* Room for the whole generation up front (bounded), so decode appends do not allocate. */
+    size_t want = ntok + (d->max_tokens > 4096 ? 4096 : d->max_tokens) + 1;
+    if (want < ntok) want = ntok;
+    if (sk_store_reserve(s) || reserve_waiting(s, s->waiting_len + 1)) goto oom;
+    uint32_t slot = s->free_slots[s->free_len - 1];
+    sk_seq *q = &s->seqs[slot];
+    if (sk_grow((void **)&q->tokens, &q->token_cap, want, sizeof(int32_t)) ||
+        sk_grow((void **)&q->id, &q->id_cap, d->id_len + 1, 1))
+        goto oom;
+    /* From here on nothing can fail. */
+    sk_store_take(s);
+    if (d->id_len) memcpy(q->id, d->id, d->id_len);
+    q->id[d->id_len] = 0;
+    q->id_len = d->id_len;
+    q->id_hash = hash;
+    memcpy(q->tokens, d->prompt_tokens, d->prompt_count * sizeof(int32_t));
+    if (d->generated_count)
+        memcpy(q->tokens + d->prompt_count, d->generated_tokens, d->generated_count * sizeof(int32_t));
+    q->prompt_len = d->prompt_count;
+    q->gen_len = d->generated_count;
+    q->max_tokens = d->max_tokens;
+    q->priority = d->priority;
+    q->admission_tokens = d->admission_tokens;
+    q->status = d->status;
+    q->has_restore = d->has_prefix_restore;
+    q->restore_tokens = d->restore_token_count;
+    /* A caller-set cursor never skips the pending token nor leaves nothing runnable. */
+    size_t r = sk_replay_len(q);
+    size_t cur = d->prefill_cursor < r ? d->prefill_cursor : r;
+    if (q->gen_len == 0 && cur >= r) cur = r - 1;
+    q->cursor = cur;
+    q->saved_cost = d->saved_cost;
+    q->sampling = d->sampling;
+    q->session = d->session;
+    q->admitted_at = 0;
+    q->enqueued_turn = s->waiting_turn;
+    q->enqueue_order = s->next_order++;
+    q->where = SK_WHERE_WAITING;
+    sk_store_index(s, slot);
+    if (q->has_restore) s->m.prefix_hits = sk_sat_add(s->m.prefix_hits, 1);
+    else s->m.prefix_misses = sk_sat_add(s->m.prefix_misses, 1);
+    s->waiting[s->waiting_len++] = slot;
+    s->dirty = true;
+    refresh_counts(s);
+    if (out_slot) *out_slot = slot;
+    return 0;
+oom:
+    return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory submitting a sequence");
+}
+
+skippy_status skippy_scheduler_submit(skippy_scheduler *s, const skippy_sequence_desc *d,
+                                      uint32_t *out_slot, skippy_error **out_error)
+{
+    return sk_result(s, submit(s, d, out_slot), out_error);
+}
+
+/* ---------------------------------------------------------------- admission (§2.3) */
+
+static int rank_waiting(skippy_scheduler *s)
+{
+    size_t n = s->waiting_len;
+    if (n == 0) return 0;
+    if (n > s->rank_cap) {
+        size_t cap = s->rank_cap, cap2 = s->rank_cap;
+        if (sk_grow((void **)&s->rank_out, &cap, n, sizeof(size_t)) ||
+            sk_grow((void **)&s->rank_items, &cap2, cap, sizeof(sk_rank_item)))
+            goto oom;
+        s->rank_cap = cap;
+    }
+    sk_rank_item *items = s->rank_items;
+    if (s->cfg.admission_policy == SKIPPY_ADMISSION_CALLBACK) {
+        if (!s->rank_cb) return sk_fail(s, SKIPPY_SCHED_CALLBACK, "no rank callback installed");
+        if (s->rank_cb(s->cb_ctx, s, s->waiting, n, s->waiting_turn, s->rank_out))
+            return sk_fail(s, SKIPPY_SCHED_CALLBACK, "admission policy failed");
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            const sk_seq *q = &s->seqs[s->waiting[i]];
+            items[i].priority = q->priority;
+            items[i].saved_cost = q->saved_cost;
+            items[i].enqueued_turn = q->enqueued_turn;
+            items[i].order = q->enqueue_order;
+            items[i].tokens = q->tokens;
+            items[i].token_count = q->prompt_len;
+        }
+        int mode = s->cfg.admission_policy == SKIPPY_ADMISSION_FCFS ? SK_RANK_FCFS
+                   : s->cfg.admission_policy == SKIPPY_ADMISSION_PRIORITY ? SK_RANK_PRIORITY
+                                                                          : SK_RANK_CACHE_AWARE;
+        if (sk_rank_order(s->rank_ws, items, n, s->waiting_turn,
+                          s->cfg.cache_aging_cost_per_iteration, s->cfg.group_waiting_prefixes,
+                          mode, s->rank_out))
+            goto oom;
+    }
+    /* Apply only a complete permutation (the reference's defensive check). */
+    uint8_t *seen = (uint8_t *)s->scratch; /* n bytes fit in n uint32 */
+    memset(seen, 0, n);
+    for (size_t i = 0; i < n; i++) {
+        size_t k = s->rank_out[i];
+        if (k >= n || seen[k]) return 0;
+        seen[k] = 1;
+    }
+    for (size_t i = 0; i < n; i++) s->scratch[i] = s->waiting[s->rank_out[i]];
+    memcpy(s->waiting, s->scratch, n * sizeof(uint32_t));
+    return 0;
+oom:
+    return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory ranking the waiting queue");
+}
+
+static int admit_waiting(skippy_scheduler *s, size_t *out_admitted)
+{
+    *out_admitted = 0;
+    if (s->dirty) {
+        int rc = rank_waiting(s);
+        if (rc) return rc;
+        s->dirty = false;
+    }
+    size_t n = s->waiting_len;
+    if (n == 0 || s->active_len >= s->cfg.max_active_sequences) return 0;
+    size_t room = s->cfg.max_active_sequences - s->active_len;
+    if (sk_grow((void **)&s->active, &s->active_cap, s->active_len + (room < n ? room : n),
+                sizeof(uint32_t)))
+        return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory admitting sequences");
+    size_t kept = 0, admitted = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t slot = s->waiting[i];
+        sk_seq *q = &s->seqs[slot];
+        if (s->active_len >= s->cfg.max_active_sequences || !fits(s, q)) {
+            s->waiting[kept++] = slot; /* deferred, relative order kept */
+            continue;
+        }
+        reserve(s, q);
+        q->status = SKIPPY_SEQ_RUNNING;
+        q->admitted_at = ++s->admit_counter;
+        q->where = SK_WHERE_ACTIVE;
+        s->active[s->active_len++] = slot;
+        admitted++;
+    }
+    s->waiting_len = kept;
+    *out_admitted = admitted;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- planning (§2.4, §2.5) */
+
+static int grow_exact(void **ptr, size_t n, size_t elem)
+{
+    void *q = realloc(*ptr, n * elem);
+    if (!q) return -1;
+    *ptr = q;
+    return 0;
+}
+
+/* Rows never exceed min(active, max_tokens); tokens never exceed min(max_tokens, active*chunk). */
+static int ensure_plan_capacity(skippy_scheduler *s)
+{
+    skippy_plan *p = &s->plan;
+    size_t maxt = s->cfg.max_tokens_per_iteration;
+    size_t rows = s->active_len < maxt ? s->active_len : maxt;
+    if (rows < 1) rows = 1;
+    if (rows > p->request_capacity) {
+        size_t cap = p->request_capacity * 2;
+        if (cap < 16) cap = 16;
+        if (cap > maxt) cap = maxt;
+        if (cap < rows) cap = rows;
+        if (grow_exact((void **)&p->requests, cap, sizeof(skippy_iteration_request)) ||
+            grow_exact((void **)&p->row_offsets, cap + 1, sizeof(size_t)) ||
+            grow_exact((void **)&p->slots, cap, sizeof(uint32_t)) ||
+            grow_exact((void **)&p->phases, cap, 1) ||
+            grow_exact((void **)&p->sample_last, cap, 1) ||
+            grow_exact((void **)&p->sample_rows, cap, sizeof(size_t)) ||
+            grow_exact((void **)&p->outputs.sampled_request_indexes, cap, sizeof(size_t)) ||
+            grow_exact((void **)&p->outputs.predicted_tokens, cap, sizeof(int32_t)) ||
+            grow_exact((void **)&s->row_seen, cap, 1) ||
+            grow_exact((void **)&s->row_token, cap, sizeof(int32_t)))
+            return -1;
+        p->request_capacity = cap;
+    }
+    uint64_t tok = sk_sat_mul(s->active_len ? s->active_len : 1, s->cfg.prefill_chunk_tokens);
+    if (tok > maxt) tok = maxt;
+    if (tok > p->token_capacity) {
+        uint64_t cap = sk_sat_mul(p->token_capacity, 2);
+        if (cap < 256) cap = 256;
+        if (cap > maxt) cap = maxt;
+        if (cap < tok) cap = tok;
+        if (grow_exact((void **)&p->tokens, (size_t)cap, sizeof(int32_t)) ||
+            grow_exact((void **)&p->positions, (size_t)cap, sizeof(int32_t)))
+            return -1;
+        p->token_capacity = (size_t)cap;
+    }
+    return 0;
+}
+
+static inline int32_t pos32(size_t v) { return v > INT32_MAX ? INT32_MAX : (int32_t)v; }
+
+/* Appends one row; tokens come from the sequence's own history at [start, start+count). */
+static void emit_row(skippy_scheduler *s, uint32_t slot, size_t start, size_t count,
+                     const int32_t *src, uint8_t phase, bool sample)
+{
+    skippy_plan *p = &s->plan;
+    sk_seq *q = &s->seqs[slot];
+    size_t r = p->request_count++;
+    size_t off = p->token_count;
+    int32_t *tok = p->tokens + off;
+    int32_t *pos = p->positions + off;
+    if (count == 1) {
+        tok[0] = src[0];
+        pos[0] = pos32(start);
+    } else {
+        memcpy(tok, src, count * sizeof(int32_t));
+        for (size_t i = 0; i < count; i++) pos[i] = pos32(start + i);
+    }
+    skippy_iteration_request *rq = &p->requests[r];
+    rq->session = q->session;
+    rq->token_ids = tok;
+    rq->token_count = count;
+    rq->positions = pos;
+    rq->position_count = count;
+    rq->sampling = q->sampling;
+    rq->input_desc = NULL;
+    rq->input_payload = NULL;
+    rq->sample_last = sample;
+    p->slots[r] = slot;
+    p->phases[r] = phase;
+    p->sample_last[r] = sample;
+    if (sample) p->sample_rows[p->sample_count++] = r;
+    p->token_count = off + count;
+    p->row_offsets[r + 1] = p->token_count;
+    if (phase == SKIPPY_PHASE_DECODE) s->plan_decode_rows++;
+    else s->plan_prefill_tokens += count;
+}
+
+static size_t emit_prefill(skippy_scheduler *s, uint32_t slot, size_t budget)
+{
+    sk_seq *q = &s->seqs[slot];
+    size_t replay = sk_replay_len(q);
+    size_t count = replay - q->cursor;
+    if (count > s->cfg.prefill_chunk_tokens) count = s->cfg.prefill_chunk_tokens;
+    if (count > budget) count = budget;
+    size_t start = q->cursor, end = start + count;
+    bool fresh = q->gen_len == 0;
+    emit_row(s, slot, start, count, q->tokens + start,
+             fresh ? SKIPPY_PHASE_PREFILL : SKIPPY_PHASE_RECOMPUTE, fresh && end == replay);
+    q->cursor = end;
+    return count;
+}
+
+static void emit_decode(skippy_scheduler *s, uint32_t slot)
+{
+    sk_seq *q = &s->seqs[slot];
+    size_t replay = sk_replay_len(q);
+    emit_row(s, slot, replay, 1, q->tokens + q->prompt_len + q->gen_len - 1,
+             SKIPPY_PHASE_DECODE, true);
+    q->cursor = replay + 1;
+}
+
+static inline bool prefill_pending(const sk_seq *q) { return q->cursor < sk_replay_len(q); }
+static inline bool live_decode(const sk_seq *q) { return !prefill_pending(q) && q->gen_len > 0; }
+
+static void plan_homogeneous(skippy_scheduler *s, bool has_prefill, bool has_live)
+{
+    skippy_plan *p = &s->plan;
+    bool run_prefill = has_prefill && (!has_live || s->consecutive_prefill <
+                                                        s->cfg.max_consecutive_prefill_iterations);
+    size_t budget = s->cfg.max_tokens_per_iteration, prefill_rows = 0;
+    bool any_prefill_row = false, any_decode_row = false;
+    for (size_t i = 0; i < s->active_len && budget > 0; i++) {
+        uint32_t slot = s->active[i];
+        sk_seq *q = &s->seqs[slot];
+        if (prefill_pending(q)) {
+            if (!run_prefill || prefill_rows >= s->cfg.max_prefill_sequences_per_iteration) continue;
+            budget -= emit_prefill(s, slot, budget);
+            prefill_rows++;
+            any_prefill_row = true;
+        } else if (!run_prefill && q->gen_len > 0) {
+            emit_decode(s, slot);
+            budget--;
+            any_decode_row = true;
+        }
+    }
+    (void)p;
+    if (any_prefill_row)
+        s->consecutive_prefill = has_live ? s->consecutive_prefill + 1 : 0;
+    else if (any_decode_row)
+        s->consecutive_prefill = 0;
+}
+
+static void plan_mixed(skippy_scheduler *s)
+{
+    size_t budget = s->cfg.max_tokens_per_iteration, n = s->active_len;
+    if (n > 0) {
+        size_t start = s->mixed_cursor % n, examined = 0;
+        for (size_t off = 0; off < n; off++) {
+            if (budget == 0) break;
+            examined = off + 1;
+            size_t k = start + off;
+            if (k >= n) k -= n;
+            uint32_t slot = s->active[k];
+            if (live_decode(&s->seqs[slot])) {
+                emit_decode(s, slot);
+                budget--;
+            }
+        }
+        size_t next = start + examined;
+        s->mixed_cursor = next % n;
+    }
+    size_t prefill_rows = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (budget == 0 || prefill_rows >= s->cfg.max_prefill_sequences_per_iteration) break;
+        uint32_t slot = s->active[i];
+        if (!prefill_pending(&s->seqs[slot])) continue;
+        budget -= emit_prefill(s, slot, budget);
+        prefill_rows++;
+    }
+    s->consecutive_prefill = 0;
+}
+
+static int plan(skippy_scheduler *s, skippy_plan **out_plan)
+{
+    s->plan_live = false; /* making a plan ends the previous one, even if this one fails */
+    /* Sequences that left during the previous plan's life give their slots back now. */
+    for (size_t i = 0; i < s->retired_len; i++) sk_store_release(s, s->retired[i].slot);
+    s->retired_len = 0;
+    s->waiting_turn = sk_sat_add(s->waiting_turn, 1);
+    size_t admitted = 0;
+    int rc = admit_waiting(s, &admitted);
+    if (rc) {
+        s->waiting_turn--;
+        return rc;
+    }
+    refresh_counts(s);
+    if (ensure_plan_capacity(s))
+        return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory sizing the plan");
+    skippy_plan *p = &s->plan;
+    p->request_count = 0;
+    p->token_count = 0;
+    p->row_offsets[0] = 0;
+    p->sample_count = 0;
+    p->admitted = admitted;
+    p->preempted = 0;
+    p->outputs.count = 0;
+    s->plan_prefill_tokens = 0;
+    s->plan_decode_rows = 0;
+
+    bool has_prefill = false;
+    size_t live = 0;
+    for (size_t i = 0; i < s->active_len; i++) {
+        const sk_seq *q = &s->seqs[s->active[i]];
+        if (prefill_pending(q)) has_prefill = true;
+        else if (q->gen_len > 0) live++;
+    }
+    size_t rows = live < s->cfg.max_tokens_per_iteration ? live : s->cfg.max_tokens_per_iteration;
+    if (s->cfg.mixed_prefill_decode && s->mixed_viable && rows > 0 && rows < s->ewma_cap &&
+        !isnan(s->ewma[rows]))
+        plan_mixed(s);
+    else
+        plan_homogeneous(s, has_prefill, live > 0);
+    /* One sample per row at most: the runtime gets exactly the row count as capacity. */
+    p->outputs.capacity = p->request_count;
+    p->serial++;
+    s->plan_live = true;
+    if (out_plan) *out_plan = p;
+    return 0;
+}
+
+skippy_status skippy_scheduler_plan(skippy_scheduler *s, skippy_plan **out_plan,
+                                    skippy_error **out_error)
+{
+    return sk_result(s, plan(s, out_plan), out_error);
+}
+
+/* ---------------------------------------------------------------- observation (§2.6) */
+
+static int check_live(skippy_scheduler *s, uint64_t serial)
+{
+    if (!s->plan_live || serial != s->plan.serial)
+        return sk_fail(s, SKIPPY_SCHED_STALE_PLAN, "plan %llu is no longer live",
+                       (unsigned long long)serial);
+    return 0;
+}
+
+static int observe(skippy_scheduler *s, uint64_t serial, double us)
+{
+    int rc = check_live(s, serial);
+    if (rc) return rc;
+    if (!isfinite(us) || us <= 0.0) return 0;
+    uint64_t P = s->plan_prefill_tokens, D = s->plan_decode_rows;
+    if (D == 0) return 0;
+    if (P == 0) {
+        if (D >= s->ewma_cap) {
+            size_t old = s->ewma_cap;
+            if (sk_grow((void **)&s->ewma, &s->ewma_cap, (size_t)D + 1, sizeof(double)))
+                return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory recording a duration");
+            for (size_t i = old; i < s->ewma_cap; i++) s->ewma[i] = NAN;
+        }
+        double *e = &s->ewma[D];
+        if (isnan(*e)) *e = us;
+        *e += EWMA_ALPHA * (us - *e);
+        return 0;
+    }
+    if (D >= s->ewma_cap || isnan(s->ewma[D])) return 0;
+    double predicted = s->ewma[D];
+    double extra = us - predicted;
+    if (extra < 1.0) extra = 1.0;
+    double allowed = predicted * MIXED_SLOWDOWN;
+    if (allowed < MIXED_MIN_EXTRA_US) allowed = MIXED_MIN_EXTRA_US;
+    if (allowed > MIXED_MAX_EXTRA_US) allowed = MIXED_MAX_EXTRA_US;
+    if (extra > allowed) s->mixed_viable = false;
+    return 0;
+}
+
+skippy_status skippy_scheduler_observe(skippy_scheduler *s, uint64_t serial, double us,
+                                       skippy_error **out_error)
+{
+    return sk_result(s, observe(s, serial, us), out_error);
+}
+
+/* ---------------------------------------------------------------- completion (§2.7, §0.4e) */
+
+static int retire(skippy_scheduler *s, uint32_t slot, uint32_t status)
+{
+    size_t cap = s->retired_cap;
+    if (sk_grow((void **)&s->retired, &cap, s->retired_len + 1, sizeof(skippy_retired))) return -1;
+    s->retired_cap = cap;
+    sk_seq *q = &s->seqs[slot];
+    q->status = status;
+    q->where = SK_WHERE_RETIRED;
+    sk_store_unindex(s, slot);
+    s->retired[s->retired_len].slot = slot;
+    s->retired[s->retired_len].status = status;
+    s->retired_len++;
+    return 0;
+}
+
+static int complete(skippy_scheduler *s, uint64_t serial, skippy_iteration_telemetry *t)
+{
+    int rc = check_live(s, serial);
+    if (rc) return rc;
+    skippy_plan *p = &s->plan;
+    const skippy_plan_outputs *o = &p->outputs;
+    size_t rows = p->request_count;
+    if (o->count > rows)
+        return sk_fail(s, SKIPPY_SCHED_BAD_OUTPUTS, "%zu sampled outputs for a plan of %zu rows",
+                       o->count, rows);
+    memset(s->row_seen, 0, rows);
+    for (size_t k = 0; k < o->count; k++) {
+        size_t r = o->sampled_request_indexes[k];
+        if (r >= rows)
+            return sk_fail(s, SKIPPY_SCHED_BAD_OUTPUTS, "sampled output %zu names work index %zu "
+                           "outside the plan (%zu rows)", k, r, rows);
+        if (s->row_seen[r])
+            return sk_fail(s, SKIPPY_SCHED_BAD_OUTPUTS, "work index %zu is sampled twice", r);
+        if (!p->sample_last[r])
+            return sk_fail(s, SKIPPY_SCHED_BAD_OUTPUTS, "work index %zu does not sample", r);
+        s->row_seen[r] = 1;
+        s->row_token[r] = o->predicted_tokens[k];
+    }
+    /* Worst case every row's sequence retires: reserve that room before changing anything. */
+    size_t cap = s->retired_cap;
+    if (sk_grow((void **)&s->retired, &cap, s->retired_len + p->sample_count,
+                sizeof(skippy_retired)))
+        return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory completing the plan");
+    s->retired_cap = cap;
+
+    uint64_t tok[3] = {0, 0, 0};
+    size_t first_retired = s->retired_len;
+    for (size_t r = 0; r < rows; r++) {
+        tok[p->phases[r]] += p->requests[r].token_count;
+        if (!p->sample_last[r]) continue;
+        uint32_t slot = p->slots[r];
+        sk_seq *q = &s->seqs[slot];
+        if (q->where != SK_WHERE_ACTIVE) continue; /* cancelled or preempted meanwhile */
+        if (!s->row_seen[r]) {
+            retire(s, slot, SKIPPY_SEQ_FAILED);
+            continue;
+        }
+        int32_t token = s->row_token[r];
+        if (token < 0) {
+            retire(s, slot, SKIPPY_SEQ_FINISHED);
+            continue;
+        }
+        if (q->prompt_len + q->gen_len + 1 > q->token_cap) {
+            size_t c = q->token_cap;
+            if (sk_grow((void **)&q->tokens, &c, q->prompt_len + q->gen_len + 1, sizeof(int32_t))) {
+                retire(s, slot, SKIPPY_SEQ_FAILED); /* cannot store the token: fail, never lose */
+                continue;
+            }
+            q->token_cap = c;
+        }
+        q->tokens[q->prompt_len + q->gen_len++] = token;
+        if (q->gen_len >= q->max_tokens) retire(s, slot, SKIPPY_SEQ_FINISHED);
+    }
+    if (s->retired_len > first_retired) {
+        size_t kept = 0;
+        for (size_t i = 0; i < s->active_len; i++) {
+            uint32_t slot = s->active[i];
+            if (s->seqs[slot].where == SK_WHERE_ACTIVE) s->active[kept++] = slot;
+            else release(s, &s->seqs[slot]);
+        }
+        s->active_len = kept;
+        for (size_t i = first_retired; i < s->retired_len; i++) {
+            if (s->retired[i].status == SKIPPY_SEQ_FAILED)
+                s->m.failed = sk_sat_add(s->m.failed, 1);
+            else
+                s->m.finished = sk_sat_add(s->m.finished, 1);
+        }
+    }
+    s->m.iterations = sk_sat_add(s->m.iterations, 1);
+    s->m.admitted = sk_sat_add(s->m.admitted, p->admitted);
+    s->m.prefill_tokens = sk_sat_add(s->m.prefill_tokens, tok[SKIPPY_PHASE_PREFILL]);
+    s->m.recompute_tokens = sk_sat_add(s->m.recompute_tokens, tok[SKIPPY_PHASE_RECOMPUTE]);
+    s->m.decode_tokens = sk_sat_add(s->m.decode_tokens, tok[SKIPPY_PHASE_DECODE]);
+    refresh_counts(s);
+    s->plan_live = false;
+    if (t) {
+        t->iteration = s->m.iterations;
+        t->active_sequences = s->active_len;
+        t->waiting_sequences = s->waiting_len;
+        t->admitted = p->admitted;
+        t->preempted = p->preempted;
+        t->prefill_tokens = tok[SKIPPY_PHASE_PREFILL];
+        t->recompute_tokens = tok[SKIPPY_PHASE_RECOMPUTE];
+        t->decode_tokens = tok[SKIPPY_PHASE_DECODE];
+        t->prefix_hits = s->m.prefix_hits;
+        t->prefix_misses = s->m.prefix_misses;
+        t->finished = s->m.finished;
+        t->failed = s->m.failed;
+        t->cancelled = s->m.cancelled;
+        t->rejected_overload = s->m.rejected_overload;
+    }
+    return 0;
+}
+
+skippy_status skippy_scheduler_complete(skippy_scheduler *s, uint64_t serial,
+                                        skippy_iteration_telemetry *t, skippy_error **out_error)
+{
+    return sk_result(s, complete(s, serial, t), out_error);
+}
+
+/* ---------------------------------------------------------------- preemption (§2.8) */
+
+static size_t pick_victim_builtin(const skippy_scheduler *s, const uint32_t *cand, size_t n)
+{
+    size_t best = SIZE_MAX;
+    for (size_t i = 0; i < n; i++) {
+        const sk_seq *q = &s->seqs[cand[i]];
+        if (best == SIZE_MAX) { best = i; continue; }
+        const sk_seq *b = &s->seqs[cand[best]];
+        bool better;
+        if (s->cfg.preemption_policy == SKIPPY_PREEMPT_FEWEST_COMPUTED) {
+            better = q->cursor != b->cursor ? q->cursor < b->cursor
+                     : q->priority != b->priority ? q->priority < b->priority
+                                                  : q->admitted_at > b->admitted_at;
+        } else {
+            better = q->priority != b->priority ? q->priority < b->priority
+                                                : q->admitted_at > b->admitted_at;
+        }
+        if (better) best = i;
+    }
+    return best;
+}
+
+static void reset_for_recompute(sk_seq *q)
+{
+    size_t r = sk_replay_len(q);
+    size_t cur = q->has_restore ? q->restore_tokens : 0;
+    if (cur > r) cur = r;
+    /* Departure §0.4b: without a pending token keep one replay token runnable. */
+    if (q->gen_len == 0 && cur >= r) cur = r - 1;
+    q->cursor = cur;
+    q->status = SKIPPY_SEQ_PREEMPTED;
+    q->admitted_at = 0;
+}
+
+static bool over_budget(const skippy_scheduler *s, const uint64_t *used)
+{
+    for (size_t i = 0; i < s->cfg.memory_component_count; i++)
+        if (used[i] > s->available[i]) return true;
+    return false;
+}
+
+/*
+ * Victims are all chosen first, on a copy of the usage, so a failing policy callback leaves the
+ * scheduler untouched; then the measured usage is applied and the victims move to the front of
+ * the waiting queue (the last victim ends up first).
+ */
+static int preempt(skippy_scheduler *s, const uint64_t *used, size_t n, size_t *out_n)
+{
+    if (n && !used) return sk_fail(s, SKIPPY_SCHED_INVALID, "used_bytes is NULL");
+    size_t na = s->active_len, nc = s->cfg.memory_component_count;
+    if (sk_grow((void **)&s->victims, &s->victim_cap, na ? na : 1, sizeof(uint32_t)) ||
+        reserve_waiting(s, s->waiting_len + na))
+        return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory preempting");
+    uint64_t *u = s->used_scratch;
+    memcpy(u, s->used, nc * sizeof(uint64_t));
+    size_t m = n < nc ? n : nc;
+    for (size_t i = 0; i < m; i++) u[i] = used[i];
+    uint32_t *rem = s->scratch;
+    memcpy(rem, s->active, na * sizeof(uint32_t));
+    size_t rem_len = na, nv = 0;
+    while (rem_len > 0 && over_budget(s, u)) {
+        size_t idx;
+        if (s->cfg.preemption_policy == SKIPPY_PREEMPT_CALLBACK) {
+            if (!s->victim_cb || s->victim_cb(s->cb_ctx, s, rem, rem_len, &idx))
+                return sk_fail(s, SKIPPY_SCHED_CALLBACK, "preemption policy failed");
+            if (idx >= rem_len) break; /* the policy chose no victim */
+        } else {
+            idx = pick_victim_builtin(s, rem, rem_len);
+        }
+        uint32_t slot = rem[idx];
+        memmove(rem + idx, rem + idx + 1, (rem_len - idx - 1) * sizeof(uint32_t));
+        rem_len--;
+        for (size_t i = 0; i < nc; i++)
+            u[i] = sk_sat_sub(u[i], reservation(&s->comps[i], s->seqs[slot].admission_tokens));
+        s->victims[nv++] = slot;
+    }
+    /* Commit. */
+    memcpy(s->used, u, nc * sizeof(uint64_t));
+    if (nv) {
+        for (size_t k = 0; k < nv; k++) s->seqs[s->victims[k]].where = SK_WHERE_WAITING;
+        size_t kept = 0;
+        for (size_t i = 0; i < na; i++)
+            if (s->seqs[s->active[i]].where == SK_WHERE_ACTIVE) s->active[kept++] = s->active[i];
+        s->active_len = kept;
+        memmove(s->waiting + nv, s->waiting, s->waiting_len * sizeof(uint32_t));
+        for (size_t k = 0; k < nv; k++) {
+            sk_seq *q = &s->seqs[s->victims[k]];
+            reset_for_recompute(q);
+            q->enqueue_order = s->next_order++;
+            s->waiting[nv - 1 - k] = s->victims[k];
+        }
+        s->waiting_len += nv;
+        s->dirty = true;
+        s->m.preempted = sk_sat_add(s->m.preempted, nv);
+    }
+    s->victim_len = nv;
+    refresh_counts(s);
+    if (out_n) *out_n = nv;
+    return 0;
+}
+
+skippy_status skippy_scheduler_preempt(skippy_scheduler *s, const uint64_t *used, size_t n,
+                                       size_t *out_n, skippy_error **out_error)
+{
+    return sk_result(s, preempt(s, used, n, out_n), out_error);
+}
+
+/* ---------------------------------------------------------------- cancel (§2.9) */
+
+bool skippy_scheduler_cancel(skippy_scheduler *s, const char *id, size_t len)
+{
+    uint32_t slot = sk_store_find(s, id, len, sk_hash_id(id, len));
+    if (slot == SK_NO_SLOT) return false;
+    size_t cap = s->retired_cap;
+    if (sk_grow((void **)&s->retired, &cap, s->retired_len + 1, sizeof(skippy_retired))) {
+        sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory cancelling");
+        return false;
+    }
+    s->retired_cap = cap;
+    sk_seq *q = &s->seqs[slot];
+    uint32_t *arr = q->where == SK_WHERE_ACTIVE ? s->active : s->waiting;
+    size_t *len_p = q->where == SK_WHERE_ACTIVE ? &s->active_len : &s->waiting_len;
+    for (size_t i = 0; i < *len_p; i++) {
+        if (arr[i] != slot) continue;
+        memmove(arr + i, arr + i + 1, (*len_p - i - 1) * sizeof(uint32_t));
+        (*len_p)--;
+        break;
+    }
+    if (q->where == SK_WHERE_ACTIVE) release(s, q);
+    else s->dirty = true;
+    uint32_t keep = q->status;
+    retire(s, slot, SKIPPY_SEQ_CANCELLED);
+    s->retired[s->retired_len - 1].status = SKIPPY_SEQ_CANCELLED;
+    q->status = keep; /* the sequence's own status is not a cancellation state */
+    s->m.cancelled = sk_sat_add(s->m.cancelled, 1);
+    refresh_counts(s);
+    return true;
+}

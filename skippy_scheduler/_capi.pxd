@@ -1,0 +1,222 @@
+# Cython view of abi/skippy_abi_decls.h and abi/skippy_scheduler_decls.h (the C core's API).
+from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t
+from libcpp cimport bool as cbool
+
+cdef extern from "skippy_scheduler.h" nogil:
+    enum: SKIPPY_PLAN_ABI_VERSION
+
+    ctypedef struct skippy_version:
+        uint32_t major
+        uint32_t minor
+        uint32_t patch
+
+    ctypedef enum skippy_status:
+        SKIPPY_STATUS_OK
+
+    ctypedef struct skippy_error:
+        skippy_status status
+        const char *message
+
+    struct skippy_session
+    struct skippy_activation_desc
+    ctypedef struct skippy_sampling_config:
+        uint32_t version
+
+    ctypedef struct skippy_iteration_request:
+        skippy_session *session
+        const int32_t *token_ids
+        size_t token_count
+        const int32_t *positions
+        size_t position_count
+        const skippy_sampling_config *sampling
+        const skippy_activation_desc *input_desc
+        const void *input_payload
+        cbool sample_last
+
+    ctypedef struct skippy_plan_outputs:
+        size_t *sampled_request_indexes
+        int32_t *predicted_tokens
+        size_t capacity
+        size_t count
+
+    ctypedef struct skippy_plan:
+        uint64_t serial
+        skippy_iteration_request *requests
+        size_t request_count
+        size_t request_capacity
+        int32_t *tokens
+        int32_t *positions
+        size_t token_count
+        size_t token_capacity
+        size_t *row_offsets
+        uint32_t *slots
+        uint8_t *phases
+        uint8_t *sample_last
+        size_t *sample_rows
+        size_t sample_count
+        size_t admitted
+        size_t preempted
+        skippy_plan_outputs outputs
+
+    ctypedef enum skippy_sched_code:
+        SKIPPY_SCHED_OK
+        SKIPPY_SCHED_QUEUE_FULL
+        SKIPPY_SCHED_DUPLICATE
+        SKIPPY_SCHED_EMPTY_PROMPT
+        SKIPPY_SCHED_INVALID
+        SKIPPY_SCHED_STALE_PLAN
+        SKIPPY_SCHED_BAD_OUTPUTS
+        SKIPPY_SCHED_NO_MEMORY
+        SKIPPY_SCHED_CALLBACK
+
+    enum:
+        SKIPPY_SEQ_FINISHED
+        SKIPPY_SEQ_FAILED
+        SKIPPY_SEQ_CANCELLED
+        SKIPPY_ADMISSION_CALLBACK
+        SKIPPY_PREEMPT_CALLBACK
+
+    ctypedef struct skippy_memory_component:
+        const char *name
+        uint64_t capacity_bytes
+        uint64_t resident_bytes
+        uint64_t bytes_per_token
+        uint64_t bytes_per_sequence
+
+    ctypedef struct skippy_scheduler_config:
+        size_t max_active_sequences
+        size_t sequence_id_limit
+        size_t reserved_sequence_ids
+        size_t max_waiting_sequences
+        size_t max_tokens_per_iteration
+        size_t prefill_chunk_tokens
+        size_t max_prefill_sequences_per_iteration
+        size_t max_consecutive_prefill_iterations
+        uint64_t cache_aging_cost_per_iteration
+        cbool mixed_prefill_decode
+        cbool group_waiting_prefixes
+        uint32_t admission_policy
+        uint32_t preemption_policy
+        const skippy_memory_component *memory_components
+        size_t memory_component_count
+
+    ctypedef struct skippy_sequence_desc:
+        const char *id
+        size_t id_len
+        const int32_t *prompt_tokens
+        size_t prompt_count
+        const int32_t *generated_tokens
+        size_t generated_count
+        uint32_t max_tokens
+        uint64_t priority
+        size_t admission_tokens
+        uint32_t status
+        size_t prefill_cursor
+        cbool has_prefix_restore
+        size_t restore_token_count
+        uint64_t saved_cost
+        const skippy_sampling_config *sampling
+        skippy_session *session
+
+    ctypedef struct skippy_sequence_info:
+        const char *id
+        size_t id_len
+        const int32_t *tokens
+        size_t prompt_count
+        size_t generated_count
+        uint32_t max_tokens
+        uint64_t priority
+        size_t admission_tokens
+        uint32_t status
+        size_t prefill_cursor
+        cbool has_prefix_restore
+        size_t restore_token_count
+        uint64_t enqueued_turn
+        uint64_t enqueue_order
+        uint64_t admitted_at
+        uint64_t saved_cost
+        const skippy_sampling_config *sampling
+        skippy_session *session
+
+    ctypedef struct skippy_scheduler_metrics:
+        uint64_t iterations
+        uint64_t admitted
+        uint64_t preempted
+        uint64_t finished
+        uint64_t failed
+        uint64_t cancelled
+        uint64_t rejected_overload
+        uint64_t prefill_tokens
+        uint64_t recompute_tokens
+        uint64_t decode_tokens
+        uint64_t prefix_hits
+        uint64_t prefix_misses
+        uint64_t active_sequences
+        uint64_t waiting_sequences
+
+    ctypedef struct skippy_iteration_telemetry:
+        uint64_t iteration
+        uint64_t active_sequences
+        uint64_t waiting_sequences
+        uint64_t admitted
+        uint64_t preempted
+        uint64_t prefill_tokens
+        uint64_t recompute_tokens
+        uint64_t decode_tokens
+        uint64_t prefix_hits
+        uint64_t prefix_misses
+        uint64_t finished
+        uint64_t failed
+        uint64_t cancelled
+        uint64_t rejected_overload
+
+    ctypedef struct skippy_retired:
+        uint32_t slot
+        uint32_t status
+
+    ctypedef struct skippy_scheduler:
+        pass
+
+    ctypedef int (*skippy_rank_callback)(void *ctx, const skippy_scheduler *scheduler,
+                                         const uint32_t *waiting_slots, size_t count,
+                                         uint64_t current_turn, size_t *out_order) noexcept
+    ctypedef int (*skippy_victim_callback)(void *ctx, const skippy_scheduler *scheduler,
+                                           const uint32_t *active_slots, size_t count,
+                                           size_t *out_index) noexcept
+
+    skippy_version skippy_scheduler_abi_version()
+    uint32_t skippy_scheduler_plan_abi_version()
+    void skippy_error_free(skippy_error *error)
+    void skippy_scheduler_config_default(skippy_scheduler_config *config)
+    skippy_status skippy_scheduler_create(const skippy_scheduler_config *config,
+                                          skippy_scheduler **out_scheduler, skippy_error **out_error)
+    void skippy_scheduler_free(skippy_scheduler *scheduler)
+    skippy_sched_code skippy_scheduler_last_code(const skippy_scheduler *scheduler)
+    const char *skippy_scheduler_last_message(const skippy_scheduler *scheduler)
+    void skippy_scheduler_set_callbacks(skippy_scheduler *scheduler, skippy_rank_callback rank,
+                                        skippy_victim_callback victim, void *ctx)
+    skippy_status skippy_scheduler_submit(skippy_scheduler *scheduler,
+                                          const skippy_sequence_desc *desc, uint32_t *out_slot,
+                                          skippy_error **out_error)
+    skippy_status skippy_scheduler_plan(skippy_scheduler *scheduler, skippy_plan **out_plan,
+                                        skippy_error **out_error)
+    skippy_status skippy_scheduler_observe(skippy_scheduler *scheduler, uint64_t plan_serial,
+                                           double elapsed_us, skippy_error **out_error)
+    skippy_status skippy_scheduler_complete(skippy_scheduler *scheduler, uint64_t plan_serial,
+                                            skippy_iteration_telemetry *out_telemetry,
+                                            skippy_error **out_error)
+    skippy_status skippy_scheduler_preempt(skippy_scheduler *scheduler, const uint64_t *used_bytes,
+                                           size_t used_count, size_t *out_preempted,
+                                           skippy_error **out_error)
+    const uint32_t *skippy_scheduler_preempted_slots(const skippy_scheduler *scheduler)
+    cbool skippy_scheduler_cancel(skippy_scheduler *scheduler, const char *id, size_t id_len)
+    uint32_t skippy_scheduler_find(const skippy_scheduler *scheduler, const char *id, size_t id_len)
+    cbool skippy_scheduler_sequence(const skippy_scheduler *scheduler, uint32_t slot,
+                                    skippy_sequence_info *out_info)
+    const skippy_scheduler_metrics *skippy_scheduler_get_metrics(const skippy_scheduler *scheduler)
+    const uint32_t *skippy_scheduler_active_slots(const skippy_scheduler *scheduler, size_t *out_count)
+    const uint32_t *skippy_scheduler_waiting_slots(const skippy_scheduler *scheduler, size_t *out_count)
+    const uint64_t *skippy_scheduler_component_used(const skippy_scheduler *scheduler, size_t *out_count)
+    const skippy_retired *skippy_scheduler_retired(const skippy_scheduler *scheduler, size_t *out_count)
+    uint64_t skippy_scheduler_waiting_turn(const skippy_scheduler *scheduler)
+    cbool skippy_scheduler_mixed_viable(const skippy_scheduler *scheduler)

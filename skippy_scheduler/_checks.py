@@ -1,0 +1,73 @@
+"""Argument checks shared by the public types and the twin scheduler.
+
+Every public entry point validates before it changes anything, so these raise TypeError for a
+wrong kind of value and ValueError for a value outside its domain.
+"""
+from __future__ import annotations
+
+import operator
+
+U32_MAX = (1 << 32) - 1
+U64_MAX = (1 << 64) - 1
+USIZE_MAX = U64_MAX
+I32_MIN = -(1 << 31)
+I32_MAX = (1 << 31) - 1
+
+
+def sat(value: int) -> int:
+    """Clamp a non-negative int to u64, as the reference saturates instead of wrapping."""
+    return value if value <= U64_MAX else U64_MAX
+
+
+def sat_sub(a: int, b: int) -> int:
+    return a - b if a > b else 0
+
+
+def as_int(name: str, value: object) -> int:
+    """Accept Python and numpy integers; reject bools (they are not token or count values)."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+
+
+def check_uint(name: str, value: object, limit: int = U64_MAX) -> int:
+    number = as_int(name, value)
+    if number < 0 or number > limit:
+        raise ValueError(f"{name} must be in [0, {limit}], got {number}")
+    return number
+
+
+def check_optional_uint(name: str, value: object, limit: int = U64_MAX) -> int | None:
+    return None if value is None else check_uint(name, value, limit)
+
+
+def check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def check_str(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    return value
+
+
+def check_tokens(name: str, values: object) -> list[int]:
+    """A token list: ints in [0, 2**31 - 1] (§0.7); returns a fresh list."""
+    if isinstance(values, (str, bytes, bytearray, memoryview)) or values is None:
+        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}")
+    try:
+        items = list(values)  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}") from None
+    out = []
+    for position, item in enumerate(items):
+        token = as_int(f"{name}[{position}]", item)
+        if token < 0 or token > I32_MAX:
+            raise ValueError(f"{name}[{position}] = {token} is outside the token range [0, {I32_MAX}]")
+        out.append(token)
+    return out

@@ -1,0 +1,227 @@
+"""Sequence-side types (behaviour.md §1.3); re-exported by `skippy_scheduler.types`."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from ._checks import (
+    U32_MAX,
+    U64_MAX,
+    USIZE_MAX,
+    check_optional_uint,
+    check_str,
+    check_tokens,
+    check_uint,
+    sat,
+    sat_sub,
+)
+from .cache_policy import CacheAffinity
+
+
+class SequenceStatus(enum.Enum):
+    """Lifecycle state; the values match the C core."""
+
+    Waiting = 0
+    Running = 1
+    Preempted = 2
+    Finished = 3
+    Failed = 4
+
+
+class PrefixRestoreKind(enum.Enum):
+    """What a prefix restore brings back; carried only, never read by scheduling."""
+
+    ResidentKv = 0
+    RecurrentWholeState = 1
+    KvAndRecurrentWholeState = 2
+
+
+@dataclass(frozen=True)
+class PrefixRestore:
+    """A cached prefix of `token_count` prompt tokens the runtime restores instead of prefilling."""
+
+    page_id: str
+    token_count: int
+    kind: PrefixRestoreKind = PrefixRestoreKind.ResidentKv
+
+    def __post_init__(self) -> None:
+        check_str("page_id", self.page_id)
+        object.__setattr__(self, "token_count", check_uint("token_count", self.token_count, USIZE_MAX))
+        if not isinstance(self.kind, PrefixRestoreKind):
+            raise TypeError(f"kind must be a PrefixRestoreKind, got {type(self.kind).__name__}")
+
+
+_FIELDS = (
+    "id",
+    "prompt_tokens",
+    "generated_tokens",
+    "max_tokens",
+    "sampling",
+    "priority",
+    "admission_tokens",
+    "status",
+    "prefix_restore",
+    "cache_affinity",
+    "admitted_at",
+    "prefill_cursor",
+    "enqueued_turn",
+    "enqueue_order",
+)
+
+
+class Sequence:
+    """One generation request and its progress.
+
+    `prefill_cursor` counts the replay tokens (prompt + generated[:-1]) already fed to the model;
+    `enqueued_turn` and `enqueue_order` are set by `submit`. Builders modify the sequence and
+    return it, so they chain.
+    """
+
+    __slots__ = _FIELDS
+
+    def __init__(
+        self,
+        id: str,  # noqa: A002 - the public field name
+        prompt_tokens: Iterable[int],
+        max_tokens: int,
+        sampling: Any = None,
+        priority: int = 0,
+    ) -> None:
+        self.id = check_str("id", id)
+        self.prompt_tokens = check_tokens("prompt_tokens", prompt_tokens)
+        self.generated_tokens: list[int] = []
+        self.max_tokens = check_uint("max_tokens", max_tokens, U32_MAX)
+        self.sampling = sampling
+        self.priority = check_uint("priority", priority, U64_MAX)
+        self.admission_tokens = sat(len(self.prompt_tokens) + self.max_tokens)
+        self.status = SequenceStatus.Waiting
+        self.prefix_restore: PrefixRestore | None = None
+        self.cache_affinity = CacheAffinity()
+        self.admitted_at: int | None = None
+        self.prefill_cursor = 0
+        self.enqueued_turn = 0
+        self.enqueue_order = 0
+
+    # -- builders -----------------------------------------------------------------------------
+
+    def with_admission_tokens(self, admission_tokens: int) -> "Sequence":
+        tokens = check_uint("admission_tokens", admission_tokens, USIZE_MAX)
+        self.admission_tokens = max(tokens, len(self.prompt_tokens))
+        return self
+
+    def with_prefix_restore(self, restore: PrefixRestore) -> "Sequence":
+        if not isinstance(restore, PrefixRestore):
+            raise TypeError(f"restore must be a PrefixRestore, got {type(restore).__name__}")
+        # Keep the last replay token runnable so the runtime produces logits for it.
+        self.prefill_cursor = min(restore.token_count, sat_sub(self.recompute_token_count(), 1))
+        self.prefix_restore = restore
+        return self
+
+    def with_cache_affinity(self, affinity: CacheAffinity) -> "Sequence":
+        if not isinstance(affinity, CacheAffinity):
+            raise TypeError(f"affinity must be a CacheAffinity, got {type(affinity).__name__}")
+        self.cache_affinity = affinity
+        return self
+
+    def with_prefilled_generation(self, tokens: Iterable[int]) -> "Sequence":
+        generated = check_tokens("generated_tokens", tokens)
+        if not generated:
+            # An empty generation would leave nothing runnable (§0.4b).
+            raise ValueError("with_prefilled_generation needs at least one token")
+        self.generated_tokens = generated
+        self.prefill_cursor = self.recompute_token_count()
+        return self
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def is_finished(self) -> bool:
+        return self.status in (SequenceStatus.Finished, SequenceStatus.Failed)
+
+    def recompute_tokens(self) -> list[int]:
+        """Prompt plus every generated token except the pending (last) one."""
+        return list(self.prompt_tokens) + list(self.generated_tokens[:-1])
+
+    def recompute_token_count(self) -> int:
+        return len(self.prompt_tokens) + max(len(self.generated_tokens) - 1, 0)
+
+    def pending_decode_token(self) -> int | None:
+        return self.generated_tokens[-1] if self.generated_tokens else None
+
+    # -- comparison and display -------------------------------------------------------------
+
+    def _values(self) -> tuple:
+        return tuple(
+            list(v) if isinstance(v, tuple) else v for v in (getattr(self, f) for f in _FIELDS)
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return self._values() == other._values()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(id={self.id!r}, prompt={len(self.prompt_tokens)} tokens, "
+            f"generated={list(self.generated_tokens)!r}, max_tokens={self.max_tokens}, "
+            f"priority={self.priority}, status={self.status.name}, cursor={self.prefill_cursor})"
+        )
+
+    # -- scheduler support --------------------------------------------------------------------
+
+    def _validated_copy(self) -> "Sequence":
+        """An independent copy with every (public, mutable) field checked again."""
+        copy = Sequence.__new__(Sequence)
+        copy.id = check_str("id", self.id)
+        copy.prompt_tokens = check_tokens("prompt_tokens", self.prompt_tokens)
+        copy.generated_tokens = check_tokens("generated_tokens", self.generated_tokens)
+        copy.max_tokens = check_uint("max_tokens", self.max_tokens, U32_MAX)
+        copy.sampling = self.sampling
+        copy.priority = check_uint("priority", self.priority, U64_MAX)
+        copy.admission_tokens = check_uint("admission_tokens", self.admission_tokens, USIZE_MAX)
+        if not isinstance(self.status, SequenceStatus):
+            raise TypeError(f"status must be a SequenceStatus, got {type(self.status).__name__}")
+        copy.status = self.status
+        if self.prefix_restore is not None and not isinstance(self.prefix_restore, PrefixRestore):
+            raise TypeError("prefix_restore must be a PrefixRestore or None")
+        copy.prefix_restore = self.prefix_restore
+        if not isinstance(self.cache_affinity, CacheAffinity):
+            raise TypeError("cache_affinity must be a CacheAffinity")
+        copy.cache_affinity = self.cache_affinity
+        copy.admitted_at = check_optional_uint("admitted_at", self.admitted_at)
+        copy.prefill_cursor = check_uint("prefill_cursor", self.prefill_cursor, USIZE_MAX)
+        copy.enqueued_turn = check_uint("enqueued_turn", self.enqueued_turn)
+        copy.enqueue_order = check_uint("enqueue_order", self.enqueue_order)
+        return copy
+
+    def _snapshot(self) -> "Sequence":
+        return Sequence._frozen_snapshot(**{name: getattr(self, name) for name in _FIELDS})
+
+    @classmethod
+    def _frozen_snapshot(cls, **values: Any) -> "Sequence":
+        """A read-only sequence built from field values (lists become tuples)."""
+        missing = set(_FIELDS) - values.keys()
+        unknown = values.keys() - set(_FIELDS)
+        if missing or unknown:
+            raise TypeError(f"snapshot fields mismatch: missing {sorted(missing)}, unknown {sorted(unknown)}")
+        snap = _FrozenSequence.__new__(_FrozenSequence)
+        for name in _FIELDS:
+            value = values[name]
+            if name in ("prompt_tokens", "generated_tokens"):
+                value = tuple(value)
+            object.__setattr__(snap, name, value)
+        return snap
+
+
+class _FrozenSequence(Sequence):
+    """Read-only view of a scheduler's sequence, returned by `Scheduler.sequence(id)`."""
+
+    __slots__ = ()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"sequence snapshots are read-only (cannot set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"sequence snapshots are read-only (cannot delete {name!r})")

@@ -1,0 +1,499 @@
+"""Pure-Python reference of the scheduler engine (behaviour.md §2 with the §0 decisions).
+
+`TwinScheduler` is slow but simple; the native scheduler must produce the same plans,
+telemetry and state for every input. Every method validates its arguments before it changes
+anything.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Iterable
+
+from ._checks import I32_MAX, USIZE_MAX, check_str, check_uint, sat, sat_sub
+from ._twin_plan import TwinPlan, read_predictions
+from .cache_policy import CacheAwareCandidate
+from .policies import (
+    AdmissionPolicy,
+    CacheAwareAdmission,
+    LowestPriorityNewest,
+    PreemptionPolicy,
+    VictimCandidate,
+)
+from .types import (
+    DuplicateSequence,
+    EmptyPrompt,
+    IterationPhase,
+    IterationPrediction,
+    IterationTelemetry,
+    IterationWork,
+    QueueFull,
+    SchedulerConfig,
+    SchedulerMetrics,
+    SchedulerSnapshot,
+    Sequence,
+    SequenceStatus,
+    StalePlanError,
+)
+
+EWMA_ALPHA = 0.25
+MIXED_SLOWDOWN_FRACTION = 0.20
+MIXED_MIN_EXTRA_US = 8_000.0
+MIXED_MAX_EXTRA_US = 20_000.0
+
+
+def _prefill_pending(s: Sequence) -> bool:
+    return s.prefill_cursor < s.recompute_token_count()
+
+
+def _live_decode(s: Sequence) -> bool:
+    return bool(s.generated_tokens) and s.prefill_cursor >= s.recompute_token_count()
+
+
+class TwinScheduler:
+    """Iteration-level scheduler: admission, chunked prefill, decode and preemption."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig | None = None,
+        admission: AdmissionPolicy | None = None,
+        preemption: PreemptionPolicy | None = None,
+    ) -> None:
+        if config is None:
+            config = SchedulerConfig()
+        if not isinstance(config, SchedulerConfig):
+            raise TypeError(f"config must be a SchedulerConfig, got {type(config).__name__}")
+        if admission is None:
+            admission = CacheAwareAdmission()
+        if not isinstance(admission, AdmissionPolicy):
+            raise TypeError(f"admission must be an AdmissionPolicy, got {type(admission).__name__}")
+        if preemption is None:
+            preemption = LowestPriorityNewest()
+        if not isinstance(preemption, PreemptionPolicy):
+            raise TypeError(f"preemption must be a PreemptionPolicy, got {type(preemption).__name__}")
+        self._config = config.normalized()
+        self._admission = admission.resolved(self._config)
+        self._preemption = preemption
+        self._components = list(self._config.memory_components)
+        self._used = [0] * len(self._components)
+        self._waiting: list[Sequence] = []
+        self._active: dict[str, Sequence] = {}  # insertion order = admission (walk) order
+        self._metrics = SchedulerMetrics()
+        self._consecutive_prefill = 0
+        self._waiting_turn = 0
+        self._next_order = 0
+        self._dirty = False
+        self._admission_counter = 0
+        self._decode_us_ewma: dict[int, float] = {}
+        self._mixed_viable = True
+        self._mixed_cursor = 0
+        self._live_plan: TwinPlan | None = None
+
+    @property
+    def config(self) -> SchedulerConfig:
+        return self._config.replace()
+
+    @property
+    def admission_policy(self) -> AdmissionPolicy:
+        return self._admission
+
+    @property
+    def preemption_policy(self) -> PreemptionPolicy:
+        return self._preemption
+
+    # -- submit / admission ---------------------------------------------------------------------
+
+    def submit(self, seq: Sequence) -> None:
+        if not isinstance(seq, Sequence):
+            raise TypeError(f"submit takes a Sequence, got {type(seq).__name__}")
+        s = seq._validated_copy()
+        if not s.prompt_tokens:
+            raise EmptyPrompt()
+        if s.id in self._active or any(w.id == s.id for w in self._waiting):
+            raise DuplicateSequence(s.id)
+        if len(self._waiting) >= self._config.max_waiting_sequences:
+            self._metrics.rejected_overload = sat(self._metrics.rejected_overload + 1)
+            raise QueueFull(self._config.max_waiting_sequences)
+        if s.prefix_restore is not None:
+            self._metrics.prefix_hits = sat(self._metrics.prefix_hits + 1)
+        else:
+            self._metrics.prefix_misses = sat(self._metrics.prefix_misses + 1)
+        s.enqueued_turn = self._waiting_turn
+        s.enqueue_order = self._next_order
+        self._next_order = sat(self._next_order + 1)
+        self._waiting.append(s)
+        self._dirty = True
+        self._refresh_counts()
+
+    def _reservation(self, s: Sequence) -> list[int]:
+        return [c.reservation_bytes(s.admission_tokens) for c in self._components]
+
+    def _fits(self, reservation: list[int]) -> bool:
+        return all(
+            sat(used + r) <= c.available_bytes()
+            for used, r, c in zip(self._used, reservation, self._components)
+        )
+
+    def _ranked_waiting(self, turn: int) -> list[Sequence]:
+        candidates = [
+            CacheAwareCandidate(
+                index=i,
+                priority=s.priority,
+                affinity=s.cache_affinity,
+                prompt_tokens=s.prompt_tokens,
+                enqueued_turn=s.enqueued_turn,
+                order=s.enqueue_order,
+            )
+            for i, s in enumerate(self._waiting)
+        ]
+        order = self._admission.order(candidates, turn)
+        try:
+            order = [int(i) for i in order]
+        except (TypeError, ValueError):
+            raise TypeError("admission policy must return a list of candidate indexes") from None
+        if sorted(order) != list(range(len(candidates))):
+            raise ValueError("admission policy must return a permutation of the candidate indexes")
+        return [self._waiting[i] for i in order]
+
+    def _admit_waiting(self, turn: int) -> int:
+        if self._dirty:
+            self._waiting = self._ranked_waiting(turn)
+            self._dirty = False
+        admitted = 0
+        deferred: list[Sequence] = []
+        for s in self._waiting:
+            if len(self._active) >= self._config.max_active_sequences:
+                deferred.append(s)
+                continue
+            reservation = self._reservation(s)
+            if not self._fits(reservation):
+                deferred.append(s)
+                continue
+            self._used = [sat(u + r) for u, r in zip(self._used, reservation)]
+            s.status = SequenceStatus.Running
+            self._admission_counter = sat(self._admission_counter + 1)
+            s.admitted_at = self._admission_counter
+            self._active[s.id] = s
+            admitted += 1
+        self._waiting = deferred
+        self._refresh_counts()
+        return admitted
+
+    # -- planning -------------------------------------------------------------------------------
+
+    def plan_iteration(self) -> TwinPlan:
+        turn = sat(self._waiting_turn + 1)
+        if self._dirty:
+            # Rank first so that a failing user policy leaves everything as it was.
+            self._waiting = self._ranked_waiting(turn)
+            self._dirty = False
+        self._waiting_turn = turn
+        admitted = self._admit_waiting(turn)
+        live = sum(1 for s in self._active.values() if _live_decode(s))
+        rows = min(live, self._config.max_tokens_per_iteration)
+        if (
+            self._config.mixed_prefill_decode
+            and self._mixed_viable
+            and rows > 0
+            and rows in self._decode_us_ewma
+        ):
+            work = self._plan_mixed()
+        else:
+            work = self._plan_homogeneous()
+        plan = TwinPlan(work, sum(len(w.tokens) for w in work), admitted)
+        self._live_plan = plan
+        return plan
+
+    def _prefill_row(self, s: Sequence, budget: int) -> IterationWork:
+        replay = s.recompute_tokens()
+        start = s.prefill_cursor
+        count = min(self._config.prefill_chunk_tokens, len(replay) - start, budget)
+        end = start + count
+        fresh = not s.generated_tokens
+        s.prefill_cursor = end
+        return IterationWork(
+            sequence_id=s.id,
+            tokens=tuple(replay[start:end]),
+            positions=tuple(min(p, I32_MAX) for p in range(start, end)),
+            sample_last=end == len(replay) and fresh,
+            phase=IterationPhase.Prefill if fresh else IterationPhase.Recompute,
+            sampling=s.sampling,
+        )
+
+    @staticmethod
+    def _decode_row(s: Sequence) -> IterationWork:
+        position = s.recompute_token_count()
+        s.prefill_cursor = sat(position + 1)  # the fed token is never replayed
+        return IterationWork(
+            sequence_id=s.id,
+            tokens=(s.generated_tokens[-1],),
+            positions=(min(position, I32_MAX),),
+            sample_last=True,
+            phase=IterationPhase.Decode,
+            sampling=s.sampling,
+        )
+
+    def _prefill_limit(self) -> int:
+        limit = self._config.max_prefill_sequences_per_iteration
+        return USIZE_MAX if limit is None else limit
+
+    def _plan_homogeneous(self) -> list[IterationWork]:
+        active = list(self._active.values())
+        has_prefill = any(_prefill_pending(s) for s in active)
+        has_live_decode = any(_live_decode(s) for s in active)
+        max_consecutive = self._config.max_consecutive_prefill_iterations
+        run_prefill = has_prefill and (
+            not has_live_decode or max_consecutive is None or self._consecutive_prefill < max_consecutive
+        )
+        budget = self._config.max_tokens_per_iteration
+        prefill_limit = self._prefill_limit()
+        prefill_rows = 0
+        work: list[IterationWork] = []
+        for s in active:
+            if budget == 0:
+                break
+            if _prefill_pending(s):
+                if not run_prefill or prefill_rows >= prefill_limit:
+                    continue
+                row = self._prefill_row(s, budget)
+                prefill_rows += 1
+                budget -= len(row.tokens)
+                work.append(row)
+            elif not run_prefill and s.generated_tokens:
+                work.append(self._decode_row(s))
+                budget -= 1
+        if any(w.phase is not IterationPhase.Decode for w in work):
+            self._consecutive_prefill = sat(self._consecutive_prefill + 1) if has_live_decode else 0
+        elif work:
+            self._consecutive_prefill = 0
+        return work
+
+    def _plan_mixed(self) -> list[IterationWork]:
+        active = list(self._active.values())
+        n = len(active)
+        budget = self._config.max_tokens_per_iteration
+        work: list[IterationWork] = []
+        start = self._mixed_cursor % n if n else 0
+        examined = 0
+        for offset in range(n):
+            if budget == 0:
+                break
+            examined = offset + 1
+            s = active[(start + offset) % n]
+            if _live_decode(s):
+                work.append(self._decode_row(s))
+                budget -= 1
+        if n:
+            self._mixed_cursor = (start + examined) % n
+        prefill_limit = self._prefill_limit()
+        prefill_rows = 0
+        for s in active:
+            if budget == 0 or prefill_rows >= prefill_limit:
+                break
+            if not _prefill_pending(s):
+                continue
+            row = self._prefill_row(s, budget)
+            prefill_rows += 1
+            budget -= len(row.tokens)
+            work.append(row)
+        self._consecutive_prefill = 0
+        return work
+
+    # -- plan feedback --------------------------------------------------------------------------
+
+    def _check_live(self, plan: object) -> TwinPlan:
+        if not isinstance(plan, TwinPlan):
+            raise TypeError(f"plan must be a plan made by this scheduler, got {type(plan).__name__}")
+        if plan is not self._live_plan:
+            raise StalePlanError("the plan is no longer live (completed, or replaced by a newer plan)")
+        return plan
+
+    def observe_iteration_duration(self, plan: TwinPlan, elapsed_seconds: float) -> None:
+        self._check_live(plan)
+        if isinstance(elapsed_seconds, bool) or not isinstance(elapsed_seconds, numbers.Real):
+            raise TypeError(f"elapsed_seconds must be a number, got {type(elapsed_seconds).__name__}")
+        elapsed_us = float(elapsed_seconds) * 1e6
+        if not math.isfinite(elapsed_us) or elapsed_us <= 0:
+            return
+        prefill_tokens = sum(len(w.tokens) for w in plan._rows if w.phase is not IterationPhase.Decode)
+        decode_rows = sum(1 for w in plan._rows if w.phase is IterationPhase.Decode)
+        if decode_rows == 0:
+            return
+        if prefill_tokens == 0:
+            previous = self._decode_us_ewma.get(decode_rows, elapsed_us)
+            self._decode_us_ewma[decode_rows] = previous + EWMA_ALPHA * (elapsed_us - previous)
+            return
+        predicted = self._decode_us_ewma.get(decode_rows)
+        if predicted is None:
+            return
+        observed_extra = max(elapsed_us - predicted, 1.0)
+        allowed = min(max(predicted * MIXED_SLOWDOWN_FRACTION, MIXED_MIN_EXTRA_US), MIXED_MAX_EXTRA_US)
+        if observed_extra > allowed:
+            self._mixed_viable = False
+
+    def complete_iteration(
+        self, plan: TwinPlan, predictions: Iterable[IterationPrediction] | None = None
+    ) -> IterationTelemetry:
+        self._check_live(plan)
+        slots = read_predictions(plan, predictions)
+        counts = {IterationPhase.Prefill: 0, IterationPhase.Recompute: 0, IterationPhase.Decode: 0}
+        terminal: list[tuple[str, bool]] = []  # (id, failed)
+        for index, row in enumerate(plan._rows):
+            counts[row.phase] += len(row.tokens)
+            if not row.sample_last:
+                continue
+            s = self._active.get(row.sequence_id)
+            if s is None:
+                continue  # cancelled or preempted after planning
+            token = slots.get(index)
+            if token is None:
+                s.status = SequenceStatus.Failed
+                terminal.append((s.id, True))
+            elif token < 0:
+                s.status = SequenceStatus.Finished
+                terminal.append((s.id, False))
+            else:
+                s.generated_tokens.append(token)
+                if len(s.generated_tokens) >= s.max_tokens:
+                    s.status = SequenceStatus.Finished
+                    terminal.append((s.id, False))
+        m = self._metrics
+        finished_ids: list[str] = []
+        failed_ids: list[str] = []
+        for sequence_id, failed in terminal:
+            s = self._active.pop(sequence_id)
+            self._release(s)
+            if failed:
+                m.failed = sat(m.failed + 1)
+                failed_ids.append(sequence_id)
+            else:
+                m.finished = sat(m.finished + 1)
+                finished_ids.append(sequence_id)
+        m.iterations = sat(m.iterations + 1)
+        m.admitted = sat(m.admitted + plan.admitted)
+        m.prefill_tokens = sat(m.prefill_tokens + counts[IterationPhase.Prefill])
+        m.recompute_tokens = sat(m.recompute_tokens + counts[IterationPhase.Recompute])
+        m.decode_tokens = sat(m.decode_tokens + counts[IterationPhase.Decode])
+        self._refresh_counts()
+        self._live_plan = None
+        return IterationTelemetry(
+            iteration=m.iterations,
+            active_sequences=m.active_sequences,
+            waiting_sequences=m.waiting_sequences,
+            admitted=plan.admitted,
+            preempted=plan.preempted,
+            prefill_tokens=counts[IterationPhase.Prefill],
+            recompute_tokens=counts[IterationPhase.Recompute],
+            decode_tokens=counts[IterationPhase.Decode],
+            component_used_bytes=self._used_pairs(),
+            component_available_bytes=[(c.name, c.available_bytes()) for c in self._components],
+            prefix_hits=m.prefix_hits,
+            prefix_misses=m.prefix_misses,
+            finished=m.finished,
+            failed=m.failed,
+            cancelled=m.cancelled,
+            rejected_overload=m.rejected_overload,
+            finished_ids=finished_ids,
+            failed_ids=failed_ids,
+        )
+
+    # -- preemption, cancel, views --------------------------------------------------------------
+
+    def _release(self, s: Sequence) -> None:
+        self._used = [sat_sub(u, r) for u, r in zip(self._used, self._reservation(s))]
+
+    def _over_budget(self, used: list[int]) -> bool:
+        return any(u > c.available_bytes() for u, c in zip(used, self._components))
+
+    def preempt_for_component_pressure(self, used_bytes: Iterable[int]) -> list[str]:
+        if isinstance(used_bytes, (str, bytes)) or not hasattr(used_bytes, "__iter__"):
+            raise TypeError("used_bytes must be a list of ints")
+        measured = [check_uint(f"used_bytes[{i}]", v) for i, v in enumerate(used_bytes)]
+        used = list(self._used)
+        used[: len(measured)] = measured[: len(used)]
+        # Choose every victim before touching state, so a failing policy changes nothing.
+        remaining = list(self._active.values())
+        victims: list[Sequence] = []
+        while self._over_budget(used) and remaining:
+            candidates = [
+                VictimCandidate(
+                    sequence_id=s.id,
+                    priority=s.priority,
+                    admitted_at=s.admitted_at or 0,
+                    computed_tokens=s.prefill_cursor,
+                    generated_tokens=len(s.generated_tokens),
+                )
+                for s in remaining
+            ]
+            choice = self._preemption.select_victim(candidates)
+            if choice is None:
+                break
+            if isinstance(choice, bool) or not isinstance(choice, int) or not 0 <= choice < len(remaining):
+                raise ValueError(f"preemption policy returned {choice!r}, not a candidate position")
+            victim = remaining.pop(choice)
+            used = [sat_sub(u, r) for u, r in zip(used, self._reservation(victim))]
+            victims.append(victim)
+        self._used = used
+        for s in victims:
+            del self._active[s.id]
+            self._reset_for_recompute(s)
+            s.enqueue_order = self._next_order
+            self._next_order = sat(self._next_order + 1)
+            self._waiting.insert(0, s)
+            self._dirty = True
+            self._metrics.preempted = sat(self._metrics.preempted + 1)
+        self._refresh_counts()
+        return [s.id for s in victims]
+
+    @staticmethod
+    def _reset_for_recompute(s: Sequence) -> None:
+        s.status = SequenceStatus.Preempted
+        s.admitted_at = None
+        replay_len = s.recompute_token_count()
+        restored = s.prefix_restore.token_count if s.prefix_restore is not None else 0
+        cursor = min(restored, replay_len)
+        if not s.generated_tokens:
+            # Without a pending token the last replay token must run to produce logits (§0.4b).
+            cursor = min(cursor, sat_sub(replay_len, 1))
+        s.prefill_cursor = cursor
+
+    def cancel(self, sequence_id: str) -> bool:
+        check_str("sequence_id", sequence_id)
+        s = self._active.pop(sequence_id, None)
+        if s is not None:
+            self._release(s)
+        else:
+            for i, w in enumerate(self._waiting):
+                if w.id == sequence_id:
+                    del self._waiting[i]
+                    self._dirty = True
+                    break
+            else:
+                return False
+        self._metrics.cancelled = sat(self._metrics.cancelled + 1)
+        self._refresh_counts()
+        return True
+
+    def _used_pairs(self) -> list[tuple[str, int]]:
+        return [(c.name, u) for c, u in zip(self._components, self._used)]
+
+    def snapshot(self) -> SchedulerSnapshot:
+        return SchedulerSnapshot(
+            active_ids=list(self._active),
+            waiting_ids=[s.id for s in self._waiting],
+            component_used_bytes=self._used_pairs(),
+        )
+
+    def sequence(self, sequence_id: str) -> Sequence | None:
+        check_str("sequence_id", sequence_id)
+        s = self._active.get(sequence_id)
+        if s is None:
+            s = next((w for w in self._waiting if w.id == sequence_id), None)
+        return None if s is None else s._snapshot()
+
+    def metrics(self) -> SchedulerMetrics:
+        return self._metrics.copy()
+
+    def _refresh_counts(self) -> None:
+        self._metrics.active_sequences = len(self._active)
+        self._metrics.waiting_sequences = len(self._waiting)

@@ -1,0 +1,340 @@
+"""Public pure-Python types of the scheduler (behaviour.md §0.1, §1).
+
+Both schedulers (the native one and the pure-Python twin) take and return these types. The cache
+affinity types live in `cache_policy` and are re-exported here for convenience.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field, replace as _dc_replace
+from typing import Any
+
+from ._checks import (
+    I32_MAX,
+    I32_MIN,
+    U64_MAX,
+    USIZE_MAX,
+    check_bool,
+    check_optional_uint,
+    check_str,
+    check_uint,
+    as_int,
+    sat,
+    sat_sub,
+)
+from .cache_policy import CacheAffinity, CacheAwareCandidate, StageCacheAffinity
+from ._sequence import PrefixRestore, PrefixRestoreKind, Sequence, SequenceStatus
+
+LLAMA_MAX_SEQ = 256
+
+__all__ = [
+    "LLAMA_MAX_SEQ",
+    "IterationPhase",
+    "SequenceStatus",
+    "PrefixRestoreKind",
+    "MemoryComponent",
+    "SchedulerConfig",
+    "PrefixRestore",
+    "Sequence",
+    "IterationWork",
+    "IterationPrediction",
+    "IterationTelemetry",
+    "SchedulerMetrics",
+    "SchedulerSnapshot",
+    "AdmissionError",
+    "QueueFull",
+    "DuplicateSequence",
+    "EmptyPrompt",
+    "StalePlanError",
+    "MalformedOutputs",
+    "CacheAffinity",
+    "CacheAwareCandidate",
+    "StageCacheAffinity",
+]
+
+
+class IterationPhase(enum.Enum):
+    """Kind of a plan row; the values match the C `skippy_phase`."""
+
+    Prefill = 0
+    Recompute = 1
+    Decode = 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration (§1.1, §1.2)
+
+
+@dataclass(frozen=True)
+class MemoryComponent:
+    """One memory pool that admission reserves bytes in (KV cells, recurrent state, ...)."""
+
+    name: str
+    capacity_bytes: int
+    resident_bytes: int
+    bytes_per_token: int
+    bytes_per_sequence: int
+
+    def __post_init__(self) -> None:
+        check_str("name", self.name)
+        for name in ("capacity_bytes", "resident_bytes", "bytes_per_token", "bytes_per_sequence"):
+            object.__setattr__(self, name, check_uint(name, getattr(self, name)))
+
+    def available_bytes(self) -> int:
+        return sat_sub(self.capacity_bytes, self.resident_bytes)
+
+    def request_bytes(self, prompt_tokens: int, max_tokens: int) -> int:
+        tokens = sat(check_uint("prompt_tokens", prompt_tokens) + check_uint("max_tokens", max_tokens))
+        return sat(self.bytes_per_sequence + sat(self.bytes_per_token * tokens))
+
+    def reservation_bytes(self, admission_tokens: int) -> int:
+        tokens = check_uint("admission_tokens", admission_tokens)
+        return sat(self.bytes_per_sequence + sat(self.bytes_per_token * tokens))
+
+
+def _check_interval(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"{name} must be a finite, non-negative number of seconds, got {value}")
+    return seconds
+
+
+def _check_components(name: str, value: object) -> list[MemoryComponent]:
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{name} must be a list of MemoryComponent, got {type(value).__name__}")
+    components = list(value)  # type: ignore[call-overload]
+    for component in components:
+        if not isinstance(component, MemoryComponent):
+            raise TypeError(f"{name} must hold MemoryComponent values, got {type(component).__name__}")
+    return components
+
+
+_CONFIG_CHECKS = {
+    "max_active_sequences": lambda n, v: check_uint(n, v, USIZE_MAX),
+    "sequence_id_limit": lambda n, v: check_uint(n, v, USIZE_MAX),
+    "reserved_sequence_ids": lambda n, v: check_uint(n, v, USIZE_MAX),
+    "max_waiting_sequences": lambda n, v: check_uint(n, v, USIZE_MAX),
+    "max_tokens_per_iteration": lambda n, v: check_uint(n, v, USIZE_MAX),
+    "prefill_chunk_tokens": lambda n, v: check_uint(n, v, USIZE_MAX),
+    "max_prefill_sequences_per_iteration": lambda n, v: check_optional_uint(n, v, USIZE_MAX),
+    "max_consecutive_prefill_iterations": lambda n, v: check_optional_uint(n, v, USIZE_MAX),
+    "mixed_prefill_decode": check_bool,
+    "cache_aging_cost_per_iteration": lambda n, v: check_uint(n, v, U64_MAX),
+    "group_waiting_prefixes": check_bool,
+    "iteration_interval": _check_interval,
+    "memory_components": _check_components,
+}
+
+
+@dataclass
+class SchedulerConfig:
+    """Scheduler limits (§1.2). Values are stored as given; `normalized()` clamps them.
+
+    Every assignment is validated (TypeError for a wrong type or a bool where an int is
+    expected, ValueError for a negative or oversized value). `None` means unbounded for the two
+    optional limits.
+    """
+
+    max_active_sequences: int = 32
+    sequence_id_limit: int = LLAMA_MAX_SEQ
+    reserved_sequence_ids: int = 16
+    max_waiting_sequences: int = 256
+    max_tokens_per_iteration: int = 2048
+    prefill_chunk_tokens: int = 256
+    max_prefill_sequences_per_iteration: int | None = None
+    max_consecutive_prefill_iterations: int | None = None
+    mixed_prefill_decode: bool = False
+    cache_aging_cost_per_iteration: int = 4096
+    group_waiting_prefixes: bool = True
+    iteration_interval: float = 0.002
+    memory_components: list[MemoryComponent] = field(default_factory=list)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        check = _CONFIG_CHECKS.get(name)
+        if check is None:
+            raise AttributeError(f"SchedulerConfig has no field {name!r}")
+        object.__setattr__(self, name, check(name, value))
+
+    def replace(self, **changes: Any) -> "SchedulerConfig":
+        """A copy with the given fields changed (validated like the constructor)."""
+        return _dc_replace(self, **changes)
+
+    def hard_sequence_limit(self) -> int:
+        """Largest number of active sequences the sequence-id space allows (§0.4d)."""
+        return max(1, sat_sub(max(self.sequence_id_limit, 1), self.reserved_sequence_ids))
+
+    def normalized(self) -> "SchedulerConfig":
+        max_tokens = max(self.max_tokens_per_iteration, 1)
+        return _dc_replace(
+            self,
+            max_active_sequences=min(max(self.max_active_sequences, 1), self.hard_sequence_limit()),
+            sequence_id_limit=max(self.sequence_id_limit, 1),
+            max_waiting_sequences=max(self.max_waiting_sequences, 1),
+            max_tokens_per_iteration=max_tokens,
+            prefill_chunk_tokens=min(max(self.prefill_chunk_tokens, 1), max_tokens),
+            max_prefill_sequences_per_iteration=(
+                None
+                if self.max_prefill_sequences_per_iteration is None
+                else max(self.max_prefill_sequences_per_iteration, 1)
+            ),
+            max_consecutive_prefill_iterations=(
+                None
+                if self.max_consecutive_prefill_iterations is None
+                else max(self.max_consecutive_prefill_iterations, 1)
+            ),
+            cache_aging_cost_per_iteration=max(self.cache_aging_cost_per_iteration, 1),
+            memory_components=list(self.memory_components),
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan rows and predictions (§1.3)
+
+
+@dataclass(frozen=True)
+class IterationWork:
+    """One row of an iteration plan: a contiguous span of one sequence's tokens."""
+
+    sequence_id: str
+    tokens: tuple[int, ...]
+    positions: tuple[int, ...]
+    sample_last: bool
+    phase: IterationPhase
+    sampling: Any = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tokens", tuple(self.tokens))
+        object.__setattr__(self, "positions", tuple(self.positions))
+
+
+@dataclass(frozen=True)
+class IterationPrediction:
+    """The token sampled for plan row `work_index`; a negative token means end of sequence."""
+
+    work_index: int
+    token: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "work_index", check_uint("work_index", self.work_index, USIZE_MAX))
+        token = as_int("token", self.token)
+        if token < I32_MIN or token > I32_MAX:
+            raise ValueError(f"token must be in [{I32_MIN}, {I32_MAX}], got {token}")
+        object.__setattr__(self, "token", token)
+
+
+# ---------------------------------------------------------------------------------------------
+# Telemetry (§1.5)
+
+
+@dataclass
+class IterationTelemetry:
+    """What one `complete_iteration` did; the last four counters are cumulative copies."""
+
+    iteration: int = 0
+    active_sequences: int = 0
+    waiting_sequences: int = 0
+    admitted: int = 0
+    preempted: int = 0
+    prefill_tokens: int = 0
+    recompute_tokens: int = 0
+    decode_tokens: int = 0
+    component_used_bytes: list[tuple[str, int]] = field(default_factory=list)
+    component_available_bytes: list[tuple[str, int]] = field(default_factory=list)
+    prefix_hits: int = 0
+    prefix_misses: int = 0
+    finished: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    rejected_overload: int = 0
+    # Sequences that became terminal in this completion, in plan order.
+    finished_ids: list[str] = field(default_factory=list)
+    failed_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SchedulerMetrics:
+    """Cumulative scheduler counters."""
+
+    iterations: int = 0
+    admitted: int = 0
+    preempted: int = 0
+    finished: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    rejected_overload: int = 0
+    prefill_tokens: int = 0
+    recompute_tokens: int = 0
+    decode_tokens: int = 0
+    prefix_hits: int = 0
+    prefix_misses: int = 0
+    active_sequences: int = 0
+    waiting_sequences: int = 0
+
+    def copy(self) -> "SchedulerMetrics":
+        return _dc_replace(self)
+
+
+@dataclass
+class SchedulerSnapshot:
+    """Active ids (walk order), waiting ids (queue order) and used bytes per component."""
+
+    active_ids: list[str] = field(default_factory=list)
+    waiting_ids: list[str] = field(default_factory=list)
+    component_used_bytes: list[tuple[str, int]] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors (§1.4, §0.4e, §0.7)
+
+
+class AdmissionError(Exception):
+    """`submit` refused a sequence; compare with ==."""
+
+    def _key(self) -> tuple:
+        return (type(self), self.args)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, AdmissionError):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+
+class QueueFull(AdmissionError):
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.capacity = capacity
+
+    def __str__(self) -> str:
+        return f"scheduler waiting queue is full ({self.capacity} requests)"
+
+
+class DuplicateSequence(AdmissionError):
+    def __init__(self, id: str) -> None:  # noqa: A002 - mirrors the Rust variant
+        super().__init__(id)
+        self.id = id
+
+    def __str__(self) -> str:
+        return f"sequence id is already queued or active: {self.id}"
+
+
+class EmptyPrompt(AdmissionError):
+    def __init__(self) -> None:
+        super().__init__()
+
+    def __str__(self) -> str:
+        return "sequence prompt must contain at least one token"
+
+
+class StalePlanError(ValueError):
+    """The plan was already completed or a newer plan replaced it."""
+
+
+class MalformedOutputs(ValueError):
+    """Sampled outputs that name a row outside the plan, a row twice, or a non-sampling row."""
+

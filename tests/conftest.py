@@ -1,0 +1,29 @@
+"""Shared fixtures: every scheduler test runs against each available implementation."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scheduler"))
+
+from skippy_scheduler import TwinScheduler  # noqa: E402
+
+IMPLEMENTATIONS = [pytest.param(TwinScheduler, id="twin")]
+try:
+    from skippy_scheduler import Scheduler  # noqa: E402
+except ImportError:  # the native scheduler is not built into this package (yet)
+    Scheduler = None
+else:
+    IMPLEMENTATIONS.append(pytest.param(Scheduler, id="native"))
+
+
+def pytest_configure(config):
+    # Hypothesis' failure report imports a typing shim that warns; with warnings as errors
+    # that would turn every falsifying example into an internal error instead of a report.
+    config.addinivalue_line("filterwarnings", "ignore:mypy_extensions.TypedDict is deprecated:DeprecationWarning")
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def impl(request):
+    """A scheduler class: the pure-Python twin, and the native one when it is available."""
+    return request.param

@@ -1,0 +1,101 @@
+"""The shared structs have one layout in C, cffi and Cython, and the spec's row layout."""
+import os
+import shutil
+import subprocess
+
+import pytest
+
+import skippy_scheduler
+from skippy_scheduler import _core
+from skippy_scheduler._abi import ffi
+
+# native-abi.md §2.1 (LP64).
+SPEC_REQUEST = {
+    "session": 0, "token_ids": 8, "token_count": 16, "positions": 24, "position_count": 32,
+    "sampling": 40, "input_desc": 48, "input_payload": 56, "sample_last": 64,
+}
+
+LAYOUT = _core._layout()
+
+
+def _c_layout(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "skippy_scheduler.h"',
+             "int main(void) {"]
+    for struct, (_, fields) in LAYOUT.items():
+        lines.append(f'printf("{struct} size %zu align %zu\\n", sizeof({struct}), _Alignof({struct}));')
+        for f in fields:
+            lines.append(f'printf("{struct} {f} %zu\\n", offsetof({struct}, {f}));')
+    lines.append("return 0; }")
+    src = tmp_path / "layout.c"
+    src.write_text("\n".join(lines))
+    exe = tmp_path / "layout"
+    subprocess.run([cc, "-std=c11", "-I", skippy_scheduler.get_include(), str(src), "-o", str(exe)],
+                   check=True)
+    out = {}
+    for line in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines():
+        parts = line.split()
+        if parts[1] == "size":
+            out[(parts[0], "__size__")] = int(parts[2])
+            out[(parts[0], "__align__")] = int(parts[4])
+        else:
+            out[(parts[0], parts[1])] = int(parts[2])
+    return out
+
+
+def test_request_row_matches_the_spec_everywhere(tmp_path):
+    size, fields = LAYOUT["skippy_iteration_request"]
+    assert size == 72
+    assert fields == SPEC_REQUEST
+    assert ffi.sizeof("skippy_iteration_request") == 72
+    assert ffi.alignof("skippy_iteration_request") == 8
+    for name, off in SPEC_REQUEST.items():
+        assert ffi.offsetof("skippy_iteration_request", name) == off
+    c = _c_layout(tmp_path)
+    assert c[("skippy_iteration_request", "__size__")] == 72
+    assert c[("skippy_iteration_request", "__align__")] == 8
+    for name, off in SPEC_REQUEST.items():
+        assert c[("skippy_iteration_request", name)] == off
+
+
+def test_every_shared_struct_agrees_across_c_cffi_and_cython(tmp_path):
+    c = _c_layout(tmp_path)
+    for struct, (size, fields) in LAYOUT.items():
+        assert ffi.sizeof(struct) == size == c[(struct, "__size__")], struct
+        for name, off in fields.items():
+            assert ffi.offsetof(struct, name) == off == c[(struct, name)], (struct, name)
+
+
+def test_sampling_config_has_the_0_1_52_layout():
+    assert ffi.sizeof("skippy_sampling_config") == 2352
+    assert ffi.alignof("skippy_sampling_config") == 4
+    for name, off in {"version": 0, "temperature": 20, "logit_bias_count": 40,
+                      "dry_allowed_length": 72, "samplers": 104, "ignore_eos": 168,
+                      "dry_sequence_breakers": 176, "logit_bias": 304}.items():
+        assert ffi.offsetof("skippy_sampling_config", name) == off
+    assert LAYOUT["skippy_sampling_config"][0] == 2352
+
+
+def test_error_and_version_structs():
+    assert ffi.sizeof("skippy_error") == 16
+    assert ffi.sizeof("skippy_version") == 12
+    v = ffi.new("skippy_version *")
+    assert ffi.sizeof(v[0]) == 12
+
+
+def test_headers_and_library_are_installed():
+    inc = skippy_scheduler.get_include()
+    for h in ("skippy_abi.h", "skippy_abi_decls.h", "skippy_scheduler.h", "skippy_scheduler_decls.h"):
+        assert os.path.isfile(os.path.join(inc, h))
+    assert os.path.isfile(os.path.join(skippy_scheduler.get_library_dir(), "libskippy_scheduler_core.a"))
+
+
+def test_compiled_modules_carry_the_package_plan_abi():
+    from skippy_scheduler._version import PLAN_ABI_VERSION
+    from skippy_scheduler import _abi
+
+    assert _core.PLAN_ABI_VERSION == PLAN_ABI_VERSION == _abi.lib.SKIPPY_PLAN_ABI_VERSION
+    v = _abi.lib.skippy_scheduler_abi_version()
+    assert (v.major, v.minor, v.patch) == (0, 1, 52)

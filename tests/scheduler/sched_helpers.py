@@ -1,0 +1,46 @@
+"""Factories shared by the scheduler tests (behaviour.md §6 notation)."""
+from skippy_scheduler import (
+    CacheAffinity,
+    IterationPrediction,
+    SchedulerConfig,
+    Sequence,
+    StageCacheAffinity,
+)
+
+
+def make_scheduler(impl, admission=None, preemption=None, **config_overrides):
+    """`impl(SchedulerConfig() + overrides)`, with optional policies."""
+    kwargs = {}
+    if admission is not None:
+        kwargs["admission"] = admission
+    if preemption is not None:
+        kwargs["preemption"] = preemption
+    return impl(SchedulerConfig(**config_overrides), **kwargs)
+
+
+def seq(id, prompt_len, max_tokens, priority=1):
+    """seq(id, P, M): prompt tokens 0..P-1, max_tokens M, priority 1, no sampling."""
+    return Sequence(id, list(range(prompt_len)), max_tokens, None, priority)
+
+
+def pred(index, token):
+    return IterationPrediction(index, token)
+
+
+def row_ids(plan):
+    return [w.sequence_id for w in plan.work]
+
+
+def affinity(saved_per_token, matched=1):
+    """One-stage affinity whose saved cost is matched × saved_per_token."""
+    return CacheAffinity.from_stage(
+        StageCacheAffinity(stage_index=0, matched_tokens=matched, prefill_cost_per_token=saved_per_token)
+    )
+
+
+def state(scheduler):
+    """Everything observable about a scheduler's state, for unchanged-after-error checks."""
+    snap = scheduler.snapshot()
+    ids = list(snap.active_ids) + list(snap.waiting_ids)
+    sequences = {i: scheduler.sequence(i) for i in ids}
+    return snap, scheduler.metrics(), sequences

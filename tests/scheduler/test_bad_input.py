@@ -1,0 +1,330 @@
+"""Bad input raises a specific exception before any state changes (§0.5, §0.7)."""
+import math
+
+import numpy as np
+import pytest
+from sched_helpers import make_scheduler, pred, row_ids, seq, state
+
+from skippy_scheduler import (
+    AdmissionError,
+    DuplicateSequence,
+    EmptyPrompt,
+    IterationPrediction,
+    MalformedOutputs,
+    MemoryComponent,
+    QueueFull,
+    SchedulerConfig,
+    Sequence,
+    StalePlanError,
+)
+
+
+def busy(impl):
+    """Two active sequences ("a" sampling, "b" mid-prefill), one waiting ("w"), a live plan."""
+    s = make_scheduler(
+        impl,
+        max_active_sequences=2,
+        max_waiting_sequences=3,
+        max_tokens_per_iteration=6,
+        prefill_chunk_tokens=4,
+        memory_components=[MemoryComponent("kv", 1000, 0, 1, 0)],
+    )
+    s.submit(Sequence("a", [7, 8], 4, None, 1))
+    s.submit(seq("b", 6, 4))
+    s.submit(Sequence("w", [9], 4, None, 1))
+    plan = s.plan_iteration()
+    assert [(w.sequence_id, len(w.tokens), w.sample_last) for w in plan.work] == [("a", 2, True), ("b", 4, False)]
+    assert s.snapshot().waiting_ids == ["w"]
+    return s, plan
+
+
+def assert_unchanged(s, before):
+    assert state(s) == before
+
+
+# -- constructor -----------------------------------------------------------------------------------
+
+
+def test_constructor_rejects_wrong_types(impl):
+    with pytest.raises(TypeError):
+        impl({"max_active_sequences": 4})
+    with pytest.raises(TypeError):
+        impl(SchedulerConfig(), admission="fcfs")
+    with pytest.raises(TypeError):
+        impl(SchedulerConfig(), preemption=3)
+
+
+def test_negative_config_is_rejected_before_a_scheduler_exists():
+    with pytest.raises(ValueError):
+        SchedulerConfig(max_tokens_per_iteration=-1)
+    with pytest.raises(TypeError):
+        SchedulerConfig(max_waiting_sequences=None)
+
+
+# -- submit -------------------------------------------------------------------------------------
+
+
+def test_submit_empty_prompt(impl):
+    s, _ = busy(impl)
+    before = state(s)
+    with pytest.raises(EmptyPrompt):
+        s.submit(Sequence("e", [], 4))
+    assert_unchanged(s, before)
+
+
+@pytest.mark.parametrize("sequence_id", ["a", "w"], ids=["active", "waiting"])
+def test_submit_duplicate(impl, sequence_id):
+    s, _ = busy(impl)
+    before = state(s)
+    with pytest.raises(DuplicateSequence) as info:
+        s.submit(seq(sequence_id, 3, 4))
+    assert info.value.id == sequence_id
+    assert_unchanged(s, before)
+
+
+def test_submit_empty_prompt_is_checked_before_duplicates(impl):
+    s, _ = busy(impl)
+    with pytest.raises(EmptyPrompt):
+        s.submit(Sequence("a", [], 4))
+
+
+def test_submit_to_a_full_queue_only_counts_the_rejection(impl):
+    s, _ = busy(impl)
+    s.submit(seq("w2", 2, 4))
+    s.submit(seq("w3", 2, 4))
+    snap, metrics, sequences = state(s)
+    with pytest.raises(QueueFull) as info:
+        s.submit(seq("w4", 2, 4))
+    assert info.value.capacity == 3
+    snap2, metrics2, sequences2 = state(s)
+    assert (snap2, sequences2) == (snap, sequences)
+    assert metrics2.rejected_overload == metrics.rejected_overload + 1
+    metrics2.rejected_overload -= 1
+    assert metrics2 == metrics
+
+
+def corrupt(field, value):
+    def apply(x):
+        setattr(x, field, value)
+        return x
+
+    return apply
+
+
+def append_token(value):
+    def apply(x):
+        x.prompt_tokens.append(value)
+        return x
+
+    return apply
+
+
+@pytest.mark.parametrize(
+    "mutate, error",
+    [
+        (append_token(-1), ValueError),
+        (append_token(1 << 31), ValueError),
+        (append_token(True), TypeError),
+        (append_token(2.0), TypeError),
+        (append_token("3"), TypeError),
+        (corrupt("generated_tokens", [5, -2]), ValueError),
+        (corrupt("id", 17), TypeError),
+        (corrupt("max_tokens", -1), ValueError),
+        (corrupt("max_tokens", 1 << 32), ValueError),
+        (corrupt("priority", -5), ValueError),
+        (corrupt("priority", 1.5), TypeError),
+        (corrupt("admission_tokens", -1), ValueError),
+        (corrupt("prompt_tokens", None), TypeError),
+        (corrupt("status", 3), TypeError),
+        (corrupt("prefix_restore", 6), TypeError),
+        (corrupt("cache_affinity", None), TypeError),
+    ],
+)
+def test_submit_revalidates_mutated_fields(impl, mutate, error):
+    s, _ = busy(impl)
+    s.cancel("w")  # make room in the queue
+    before = state(s)
+    with pytest.raises(error):
+        s.submit(mutate(seq("x", 3, 4)))
+    assert_unchanged(s, before)
+
+
+@pytest.mark.parametrize("value", [None, "x", ("x", [1], 4), 5])
+def test_submit_rejects_non_sequences(impl, value):
+    s, _ = busy(impl)
+    before = state(s)
+    with pytest.raises(TypeError):
+        s.submit(value)
+    assert_unchanged(s, before)
+
+
+# -- observe / complete -------------------------------------------------------------------------
+
+
+def test_stale_plan_after_completion(impl):
+    s, plan = busy(impl)
+    s.complete_iteration(plan, [pred(0, 1)])
+    before = state(s)
+    with pytest.raises(StalePlanError):
+        s.observe_iteration_duration(plan, 0.01)
+    with pytest.raises(StalePlanError):
+        s.complete_iteration(plan, [pred(0, 1)])
+    assert_unchanged(s, before)
+
+
+def test_stale_plan_after_a_newer_plan(impl):
+    s, plan = busy(impl)
+    s.plan_iteration()
+    before = state(s)
+    with pytest.raises(ValueError):
+        s.observe_iteration_duration(plan, 0.01)
+    with pytest.raises(ValueError):
+        s.complete_iteration(plan, [pred(0, 1)])
+    assert_unchanged(s, before)
+
+
+def test_plan_of_another_scheduler_is_not_live(impl):
+    s, plan = busy(impl)
+    other, other_plan = busy(impl)
+    before = state(s)
+    with pytest.raises(ValueError):
+        s.complete_iteration(other_plan, [pred(0, 1)])
+    with pytest.raises(ValueError):
+        s.observe_iteration_duration(other_plan, 0.01)
+    assert_unchanged(s, before)
+    s.complete_iteration(plan, [pred(0, 1)])
+
+
+@pytest.mark.parametrize("plan_value", [None, [], "plan", 3])
+def test_plan_arguments_must_be_plans(impl, plan_value):
+    s, plan = busy(impl)
+    before = state(s)
+    with pytest.raises(TypeError):
+        s.observe_iteration_duration(plan_value, 0.01)
+    with pytest.raises(TypeError):
+        s.complete_iteration(plan_value, [])
+    assert_unchanged(s, before)
+
+
+@pytest.mark.parametrize("elapsed", [None, "10ms", True, [0.01]])
+def test_observe_rejects_non_numbers(impl, elapsed):
+    s, plan = busy(impl)
+    before = state(s)
+    with pytest.raises(TypeError):
+        s.observe_iteration_duration(plan, elapsed)
+    assert_unchanged(s, before)
+
+
+@pytest.mark.parametrize("elapsed", [0.0, -1.0, math.nan, math.inf])
+def test_observe_ignores_unusable_durations(impl, elapsed):
+    s, plan = busy(impl)
+    before = state(s)
+    s.observe_iteration_duration(plan, elapsed)
+    assert_unchanged(s, before)
+    s.complete_iteration(plan, [pred(0, 1)])  # the plan is still live
+
+
+@pytest.mark.parametrize(
+    "predictions, error",
+    [
+        ([pred(2, 5)], MalformedOutputs),
+        ([pred(0, 5), pred(0, 6)], MalformedOutputs),
+        ([pred(1, 5)], MalformedOutputs),
+        ([(0, 5)], TypeError),
+        ([None], TypeError),
+        ("abc", TypeError),
+        (5, TypeError),
+    ],
+)
+def test_complete_rejects_bad_predictions(impl, predictions, error):
+    s, plan = busy(impl)
+    before = state(s)
+    with pytest.raises(error):
+        s.complete_iteration(plan, predictions)
+    assert_unchanged(s, before)
+    telemetry = s.complete_iteration(plan, [pred(0, 1)])
+    assert telemetry.iteration == 1 and telemetry.failed_ids == []
+
+
+@pytest.mark.parametrize(
+    "entries, count",
+    [([(2, 5)], 1), ([(0, 5), (0, 6)], 2), ([(1, 5)], 1), ([(0, 5)], 3)],
+    ids=["out-of-range", "repeated", "non-sampling", "count-above-rows"],
+)
+def test_complete_rejects_bad_outputs_blocks(impl, entries, count):
+    s, plan = busy(impl)
+    before = state(s)
+    with pytest.raises(ValueError):
+        for k, (index, token) in enumerate(entries):
+            plan.outputs.request_indexes[k] = index
+            plan.outputs.predicted_tokens[k] = token
+        plan.outputs.count = count
+        s.complete_iteration(plan)
+    assert_unchanged(s, before)
+    plan.outputs.request_indexes[0] = 0
+    plan.outputs.predicted_tokens[0] = 1
+    plan.outputs.count = 1
+    telemetry = s.complete_iteration(plan)
+    assert telemetry.failed_ids == [] and list(s.sequence("a").generated_tokens) == [1]
+
+
+def test_outputs_count_must_be_a_non_negative_int(impl):
+    s, plan = busy(impl)
+    with pytest.raises((TypeError, ValueError)):
+        plan.outputs.count = -1
+    with pytest.raises(TypeError):
+        plan.outputs.count = 1.5
+    assert plan.outputs.count == 0
+
+
+def test_prediction_values_are_validated_at_construction():
+    with pytest.raises(ValueError):
+        IterationPrediction(0, (1 << 31))
+    with pytest.raises(TypeError):
+        IterationPrediction("0", 1)
+    assert np.int32(-1) == IterationPrediction(0, np.int32(-1)).token
+
+
+# -- preempt / cancel / sequence ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "used, error",
+    [([-1], ValueError), ([1 << 64], ValueError), ([True], TypeError), ([1.5], TypeError), (["3"], TypeError),
+     (None, TypeError), (7, TypeError), ("12", TypeError)],
+)
+def test_preempt_rejects_bad_byte_counts(impl, used, error):
+    s, _ = busy(impl)
+    before = state(s)
+    with pytest.raises(error):
+        s.preempt_for_component_pressure(used)
+    assert_unchanged(s, before)
+
+
+@pytest.mark.parametrize("value", [None, 3, b"a", ["a"]])
+def test_cancel_and_sequence_reject_non_string_ids(impl, value):
+    s, _ = busy(impl)
+    before = state(s)
+    with pytest.raises(TypeError):
+        s.cancel(value)
+    with pytest.raises(TypeError):
+        s.sequence(value)
+    assert_unchanged(s, before)
+    assert s.cancel("nope") is False and s.sequence("nope") is None
+    assert_unchanged(s, before)
+
+
+def test_scheduler_stays_usable_after_errors(impl):
+    s, plan = busy(impl)
+    for bad in (lambda: s.submit(Sequence("e", [], 1)), lambda: s.complete_iteration(plan, [pred(9, 1)]),
+                lambda: s.preempt_for_component_pressure([-1]), lambda: s.cancel(1)):
+        with pytest.raises((ValueError, TypeError, AdmissionError)):
+            bad()
+    s.complete_iteration(plan, [pred(0, 3)])
+    plan = s.plan_iteration()
+    assert row_ids(plan) == ["b"]  # prefill first, then the decode of "a"
+    s.complete_iteration(plan, [pred(0, 4)])
+    plan = s.plan_iteration()
+    assert sorted(row_ids(plan)) == ["a", "b"]
+    every = set(s.snapshot().active_ids) | set(s.snapshot().waiting_ids)
+    assert every == {"a", "b", "w"}
