@@ -6,6 +6,8 @@ operation sequences on the native cache and on the flat pure-Python twin (the or
 from __future__ import annotations
 
 import dataclasses
+import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -441,6 +443,33 @@ def test_index_objects_may_reenter_the_cache():
             return 3
 
     assert cache.peek_resident("s", [1, 2, Sneaky()]).matched_tokens == 3
+
+
+def test_values_are_released_on_removal_eviction_and_replacement():
+    class Payload:
+        pass
+
+    cache = UnifiedRadixCache()
+    refs = []
+    for i in range(4):
+        value = Payload()
+        refs.append(weakref.ref(value))
+        cache.insert_resident("s", [i], 1, value)
+    del value
+    cache.insert_resident("s", [0], 1, "replacement")  # the caller drops the returned value
+    assert refs[0]() is None
+    cache.remove_resident("s", [1])
+    assert refs[1]() is None
+    cache.evict_lru_resident()  # [2]: the oldest left
+    assert refs[2]() is None
+    assert cache.remove_resident_where(lambda e: e.tokens == (3,)) == 1
+    assert refs[3]() is None
+    # a value that refers back to its cache forms a cycle the collector can break
+    cache.insert_resident("s", [9], 1, cache)
+    probe = weakref.ref(cache)
+    del cache
+    gc.collect()
+    assert probe() is None
 
 
 def test_match_and_entry_values():
