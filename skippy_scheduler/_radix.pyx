@@ -262,8 +262,13 @@ cdef tuple _tokens_tuple(const int32_t *p, size_t n):
 
 
 cdef uint64_t _u64(str name, object value) except? 0:
-    if PyBool_Check(value) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    """Python or numpy integer in u64 range; bools are not counts."""
+    if PyBool_Check(value) or type(value).__name__ == "bool_":
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        value = PyNumber_Index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
     if value < 0 or value > U64_MAX:
         raise ValueError(f"{name} must be in [0, 2**64 - 1], got {value}")
     return <uint64_t>value

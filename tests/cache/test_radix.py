@@ -401,6 +401,9 @@ def test_logical_bytes_sum_saturates():
     (lambda c: c.insert_resident("s", [1], 1 << 64, "v"), ValueError),
     (lambda c: c.insert_resident("s", [1], True, "v"), TypeError),
     (lambda c: c.insert_recurrent("s", [1], 1.5, "v"), TypeError),
+    (lambda c: c.insert_recurrent("s", [1], np.True_, "v"), TypeError),
+    (lambda c: c.insert_recurrent("s", np.array([True]), 1, "v"), TypeError),
+    (lambda c: c.insert_recurrent("s", [1], np.int64(-1), "v"), ValueError),
     (lambda c: c.peek_resident("s", [1, None]), TypeError),
     (lambda c: c.lookup_resident(3, [1]), TypeError),
     (lambda c: c.acquire_recurrent("s", [2 ** 31]), ValueError),
@@ -431,6 +434,8 @@ def test_token_inputs_int32_buffers_numpy_scalars_and_extremes():
     assert cache.recurrent_exact("s", np.array(extremes, dtype=np.int32)) == "edge"
     assert cache.recurrent_entries()[0].tokens == tuple(extremes)
     assert cache.peek_resident("s", []) is None
+    assert cache.insert_resident("s", [3], np.uint64(2 ** 64 - 1), "numpy bytes") is None
+    assert cache.peek_resident("s", [3]).logical_bytes == 2 ** 64 - 1
     assert cache.lookup_resident("s", np.array([], dtype=np.int32)) is None
 
 
@@ -558,6 +563,12 @@ def test_affinity_from_radix_per_stage_hits():
         affinity_from_radix(cache, prompt, stages=[("0", "stage-0")], prefill_cost_per_token=1)
     with pytest.raises(ValueError):
         affinity_from_radix(cache, prompt, stages=[(0, "stage-0")], prefill_cost_per_token=-1)
+    with pytest.raises(TypeError):
+        affinity_from_radix(cache, prompt, stages=[(0, 0)], prefill_cost_per_token=1)
+    numpy_ints = affinity_from_radix(cache, prompt, stages=[(np.uint32(1), "stage-1")],
+                                     prefill_cost_per_token=np.int64(3))
+    assert numpy_ints.stages == (StageCacheAffinity(1, 64, 3, 0, 2),)
+    assert type(numpy_ints.stages[0].prefill_cost_per_token) is int
 
 
 # -- property test against the flat twin ----------------------------------------------------
