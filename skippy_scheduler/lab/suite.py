@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .backend import Backend, resolve_backend, types_module
-from .model import RuntimeCostModel
+from .model import RuntimeCostModel, new_sequence
 from .progress import Progress
 from .workload import MARKER_BASE, SUFFIX_BASE, SUFFIX_STRIDE, Workload
 
@@ -235,12 +235,7 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
         nonlocal prefix_hits
         prompt = workload.prompt(r).tolist()
         max_tokens = int(out_len[r])
-        # NOTE: the constructor checks prompt tokens one by one in Python and submit checks them
-        # again (natively for plain-int lists), so the prompt is set as the public field it is
-        # and the default admission size restated; the scheduler sees the same sequence.
-        seq = types.Sequence(ids[r], (), max_tokens, None, int(workload.priority[r]))
-        seq.prompt_tokens = prompt
-        seq = seq.with_admission_tokens(len(prompt) + max_tokens)
+        seq = new_sequence(types, ids[r], prompt, max_tokens, int(workload.priority[r]))
         f = int(family[r])
         if f >= 0 and materialized[f]:
             match = cache.peek_resident(NAMESPACE, prompt)
