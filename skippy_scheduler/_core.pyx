@@ -281,7 +281,7 @@ cdef class Scheduler:
     cdef object _cb_error
     cdef object _v_tokens, _v_positions, _v_offsets, _v_sample, _v_phases, _v_slots
     cdef object _v_sample_rows, _v_out_idx, _v_out_tok
-    cdef size_t _v_tok_addr, _v_row_addr
+    cdef object _v_tok_key, _v_row_key
 
     def __cinit__(self, config=None, admission=None, preemption=None):
         self._s = NULL
@@ -357,8 +357,8 @@ cdef class Scheduler:
         self._comp_names = [m.name for m in comps]
         self._available = [(m.name, m.available_bytes()) for m in comps]
         self._live = False
-        self._v_tok_addr = 0
-        self._v_row_addr = 0
+        self._v_tok_key = None
+        self._v_row_key = None
 
     def __dealloc__(self):
         if self._s != NULL:
@@ -438,13 +438,20 @@ cdef class Scheduler:
     # -- planning ---------------------------------------------------------------------------
 
     cdef void _refresh_views(self):
+        # Every array may move or grow on its own: rebuild a view whenever its address or the
+        # capacity behind it changed (a same-address realloc can still grow the capacity).
         cdef skippy_plan *p = self._pp
-        if <size_t>p.tokens != self._v_tok_addr:
-            self._v_tok_addr = <size_t>p.tokens
+        key_tok = (<size_t>p.tokens, <size_t>p.positions, p.token_capacity)
+        if key_tok != self._v_tok_key:
+            self._v_tok_key = key_tok
             self._v_tokens = _view(<size_t>p.tokens, p.token_capacity, np.int32)
             self._v_positions = _view(<size_t>p.positions, p.token_capacity, np.int32)
-        if <size_t>p.requests != self._v_row_addr:
-            self._v_row_addr = <size_t>p.requests
+        key_row = (<size_t>p.requests, <size_t>p.row_offsets, <size_t>p.sample_last,
+                   <size_t>p.phases, <size_t>p.slots, <size_t>p.sample_rows,
+                   <size_t>p.outputs.sampled_request_indexes, <size_t>p.outputs.predicted_tokens,
+                   p.request_capacity)
+        if key_row != self._v_row_key:
+            self._v_row_key = key_row
             n = p.request_capacity
             self._v_offsets = _view(<size_t>p.row_offsets, n + 1, np.uintp)
             self._v_sample = _view(<size_t>p.sample_last, n, np.uint8)
