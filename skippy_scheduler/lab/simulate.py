@@ -140,11 +140,14 @@ def _phase_name(phase) -> str:
 
 
 def _fmt(value) -> str:
-    """A trace value: plain integer µs, `None` when it never happened."""
+    """A trace value: plain integer µs, `None` when it never happened. Fractional values (a
+    cost model with non-integer constants) print with at most three decimals."""
     if value is None:
         return "None"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
+    if isinstance(value, float):
+        if value.is_integer():
+            return str(int(value))
+        return f"{value:.3f}".rstrip("0").rstrip(".")
     return str(value)
 
 
