@@ -60,8 +60,8 @@ class SuiteOptions:
     chunk: int = 512
     kv_capacity_tokens: int = 0  # 0 = no memory component
     reserve_output_tokens: int = 32
-    ttft_target_ms: float = 500.0
-    itl_target_ms: float = 50.0
+    ttft_target_ms: float = 50.0  # goodput targets, in the cost model's virtual time
+    itl_target_ms: float = 1.5
     record_series: bool = False
 
     def config(self, mode: str):
