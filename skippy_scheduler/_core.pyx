@@ -12,6 +12,8 @@ from libc.stdint cimport SIZE_MAX
 
 from ._capi cimport *
 
+from dataclasses import fields as _dc_fields
+
 import numpy as np
 
 from ._abi import ffi as _ffi
@@ -50,6 +52,19 @@ cdef object _STATUSES = tuple(SequenceStatus)
 cdef object _SAMPLING_CTYPE = _ffi.typeof("skippy_sampling_config *")
 cdef uint64_t _U64_MAX = 0xFFFFFFFFFFFFFFFF
 
+# Plan arrays exposed as numpy views (Scheduler._bases / _slice).
+cdef enum:
+    _A_TOK = 0
+    _A_POS = 1
+    _A_OFF = 2
+    _A_SAMPLE = 3
+    _A_PHASE = 4
+    _A_SLOT = 5
+    _A_SROWS = 6
+    _A_OIDX = 7
+    _A_OTOK = 8
+    _A_COUNT = 9
+
 
 cdef inline size_t _size(object v):
     return SIZE_MAX if v is None else <size_t>v
@@ -62,6 +77,49 @@ cdef object _view(size_t addr, size_t count, object dtype):
         return np.zeros(0, dtype=dtype)
     buf = _ffi.buffer(_ffi.cast("char *", addr), count * itemsize)
     return np.frombuffer(buf, dtype=dtype)
+
+
+cdef object _TELEMETRY_FIELDS = ("iteration", "active_sequences", "waiting_sequences", "admitted",
+    "preempted", "prefill_tokens", "recompute_tokens", "decode_tokens", "component_used_bytes",
+    "component_available_bytes", "prefix_hits", "prefix_misses", "finished", "failed", "cancelled",
+    "rejected_overload", "finished_ids", "failed_ids")
+# The attribute-by-attribute fill below skips the dataclass __init__ (the most expensive part
+# of a steady completion); it is only used while the class has exactly these plain fields.
+cdef bint _TELEMETRY_FAST = (
+    tuple(f.name for f in _dc_fields(IterationTelemetry)) == _TELEMETRY_FIELDS
+    and "__post_init__" not in vars(IterationTelemetry)
+    and "__slots__" not in vars(IterationTelemetry)
+    and not IterationTelemetry.__dataclass_params__.frozen)
+
+
+cdef object _telemetry(const skippy_iteration_telemetry *t, list used, list available,
+                       list finished, list failed):
+    if not _TELEMETRY_FAST:
+        return IterationTelemetry(
+            t.iteration, t.active_sequences, t.waiting_sequences, t.admitted, t.preempted,
+            t.prefill_tokens, t.recompute_tokens, t.decode_tokens, used, available,
+            t.prefix_hits, t.prefix_misses, t.finished, t.failed, t.cancelled,
+            t.rejected_overload, finished, failed)
+    o = IterationTelemetry.__new__(IterationTelemetry)
+    o.iteration = t.iteration
+    o.active_sequences = t.active_sequences
+    o.waiting_sequences = t.waiting_sequences
+    o.admitted = t.admitted
+    o.preempted = t.preempted
+    o.prefill_tokens = t.prefill_tokens
+    o.recompute_tokens = t.recompute_tokens
+    o.decode_tokens = t.decode_tokens
+    o.component_used_bytes = used
+    o.component_available_bytes = available
+    o.prefix_hits = t.prefix_hits
+    o.prefix_misses = t.prefix_misses
+    o.finished = t.finished
+    o.failed = t.failed
+    o.cancelled = t.cancelled
+    o.rejected_overload = t.rejected_overload
+    o.finished_ids = finished
+    o.failed_ids = failed
+    return o
 
 
 cdef int _rank_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t *slots,
@@ -78,7 +136,7 @@ cdef int _rank_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t *
                 index=i, priority=info.priority, affinity=objs[2],
                 prompt_tokens=tuple(info.tokens[k] for k in range(info.prompt_count)),
                 enqueued_turn=info.enqueued_turn, order=info.enqueue_order))
-        order = list(self._admission.order(candidates, turn))
+        order = list(self.admission.order(candidates, turn))
         # Anything but a permutation of 0..n-1 leaves the queue as it is (as the core does).
         if sorted(order) != list(range(n)):
             order = [n] * n
@@ -103,7 +161,7 @@ cdef int _victim_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t
                 sequence_id=self._objs[slots[i]][0], priority=info.priority,
                 admitted_at=info.admitted_at, computed_tokens=info.prefill_cursor,
                 generated_tokens=info.generated_count))
-        choice = self._preemption.select_victim(candidates)
+        choice = self.preemption.select_victim(candidates)
         if choice is None:
             out[0] = n
         else:
@@ -120,7 +178,8 @@ cdef class PlanOutputs:
     """The plan's compact sampled-output block, as a native runtime writes it.
 
     Entry k says: work row `request_indexes[k]` sampled token `predicted_tokens[k]`.
-    Set `count` to the number of entries written.
+    Set `count` to the number of entries written. Both arrays have one entry per plan row (at
+    most one sample per row), and are views of the native block the scheduler reads.
     """
     cdef IterationPlan _plan
     cdef readonly object request_indexes
@@ -128,7 +187,7 @@ cdef class PlanOutputs:
 
     @property
     def capacity(self):
-        return self._plan._s._pp.outputs.capacity
+        return self._plan._rows
 
     @property
     def count(self):
@@ -140,8 +199,8 @@ cdef class PlanOutputs:
         self._plan._check()
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"count must be an int, got {type(value).__name__}")
-        if value < 0 or value > self._plan._s._pp.outputs.capacity:
-            raise ValueError(f"count must be in [0, {self._plan._s._pp.outputs.capacity}]")
+        if value < 0 or value > self._plan._rows:
+            raise ValueError(f"count must be in [0, {self._plan._rows}]")
         self._plan._s._pp.outputs.count = value
 
 
@@ -177,37 +236,37 @@ cdef class IterationPlan:
     @property
     def tokens(self):
         self._check()
-        return self._s._v_tokens[:self.token_count]
+        return self._s._slice(_A_TOK, self.token_count)
 
     @property
     def positions(self):
         self._check()
-        return self._s._v_positions[:self.token_count]
+        return self._s._slice(_A_POS, self.token_count)
 
     @property
     def row_offsets(self):
         self._check()
-        return self._s._v_offsets[:self._rows + 1]
+        return self._s._slice(_A_OFF, self._rows + 1)
 
     @property
     def sample_last(self):
         self._check()
-        return self._s._v_sample[:self._rows]
+        return self._s._slice(_A_SAMPLE, self._rows)
 
     @property
     def phases(self):
         self._check()
-        return self._s._v_phases[:self._rows]
+        return self._s._slice(_A_PHASE, self._rows)
 
     @property
     def slots(self):
         self._check()
-        return self._s._v_slots[:self._rows]
+        return self._s._slice(_A_SLOT, self._rows)
 
     @property
     def sample_rows(self):
         self._check()
-        return self._s._v_sample_rows[:self._samples]
+        return self._s._slice(_A_SROWS, self._samples)
 
     @property
     def requests(self):
@@ -228,8 +287,8 @@ cdef class IterationPlan:
         if self._outputs is None:
             o = PlanOutputs.__new__(PlanOutputs)
             o._plan = self
-            o.request_indexes = self._s._v_out_idx
-            o.predicted_tokens = self._s._v_out_tok
+            o.request_indexes = self._s._slice(_A_OIDX, self._rows)
+            o.predicted_tokens = self._s._slice(_A_OTOK, self._rows)
             self._outputs = o
         return self._outputs
 
@@ -242,8 +301,8 @@ cdef class IterationPlan:
             self._check()
             p = self._s._pp
             objs = self._s._objs
-            toks = self._s._v_tokens
-            poss = self._s._v_positions
+            toks = self._s._bases[_A_TOK]
+            poss = self._s._bases[_A_POS]
             work = []
             for r in range(self._rows):
                 a = p.row_offsets[r]
@@ -276,9 +335,12 @@ cdef class Scheduler:
     cdef list _comp_names
     cdef list _available
     cdef object _cb_error
-    cdef object _v_tokens, _v_positions, _v_offsets, _v_sample, _v_phases, _v_slots
-    cdef object _v_sample_rows, _v_out_idx, _v_out_tok
-    cdef size_t _v_tok_addr, _v_row_addr
+    # Views over the whole native plan arrays (rebuilt only when the core reallocates them)
+    # and, per array, the last slice handed out: a steady state reuses the same slices.
+    cdef list _bases
+    cdef list _slices
+    cdef size_t _slice_n[_A_COUNT]
+    cdef size_t _v_tok_cap, _v_row_cap     # capacities the views were made for
 
     def __cinit__(self, config=None, admission=None, preemption=None):
         self._s = NULL
@@ -354,8 +416,12 @@ cdef class Scheduler:
         self._comp_names = [m.name for m in comps]
         self._available = [(m.name, m.available_bytes()) for m in comps]
         self._live = False
-        self._v_tok_addr = 0
-        self._v_row_addr = 0
+        self._v_tok_cap = 0
+        self._v_row_cap = 0
+        self._bases = [None] * _A_COUNT
+        self._slices = [None] * _A_COUNT
+        for i in range(_A_COUNT):
+            self._slice_n[i] = SIZE_MAX
 
     def __dealloc__(self):
         if self._s != NULL:
@@ -436,20 +502,35 @@ cdef class Scheduler:
 
     cdef void _refresh_views(self):
         cdef skippy_plan *p = self._pp
-        if <size_t>p.tokens != self._v_tok_addr:
-            self._v_tok_addr = <size_t>p.tokens
-            self._v_tokens = _view(<size_t>p.tokens, p.token_capacity, np.int32)
-            self._v_positions = _view(<size_t>p.positions, p.token_capacity, np.int32)
-        if <size_t>p.requests != self._v_row_addr:
-            self._v_row_addr = <size_t>p.requests
+        cdef size_t n
+        cdef int i
+        # NOTE: the core reallocates plan arrays only when a capacity grows, and then all the
+        # arrays of that group at once (any of them may move), so capacity is the key.
+        if p.token_capacity != self._v_tok_cap:
+            self._v_tok_cap = p.token_capacity
+            self._bases[_A_TOK] = _view(<size_t>p.tokens, p.token_capacity, np.int32)
+            self._bases[_A_POS] = _view(<size_t>p.positions, p.token_capacity, np.int32)
+            self._slice_n[_A_TOK] = SIZE_MAX
+            self._slice_n[_A_POS] = SIZE_MAX
+        if p.request_capacity != self._v_row_cap:
+            self._v_row_cap = p.request_capacity
             n = p.request_capacity
-            self._v_offsets = _view(<size_t>p.row_offsets, n + 1, np.uintp)
-            self._v_sample = _view(<size_t>p.sample_last, n, np.uint8)
-            self._v_phases = _view(<size_t>p.phases, n, np.uint8)
-            self._v_slots = _view(<size_t>p.slots, n, np.uint32)
-            self._v_sample_rows = _view(<size_t>p.sample_rows, n, np.uintp)
-            self._v_out_idx = _view(<size_t>p.outputs.sampled_request_indexes, n, np.uintp)
-            self._v_out_tok = _view(<size_t>p.outputs.predicted_tokens, n, np.int32)
+            self._bases[_A_OFF] = _view(<size_t>p.row_offsets, n + 1, np.uintp)
+            self._bases[_A_SAMPLE] = _view(<size_t>p.sample_last, n, np.uint8)
+            self._bases[_A_PHASE] = _view(<size_t>p.phases, n, np.uint8)
+            self._bases[_A_SLOT] = _view(<size_t>p.slots, n, np.uint32)
+            self._bases[_A_SROWS] = _view(<size_t>p.sample_rows, n, np.uintp)
+            self._bases[_A_OIDX] = _view(<size_t>p.outputs.sampled_request_indexes, n, np.uintp)
+            self._bases[_A_OTOK] = _view(<size_t>p.outputs.predicted_tokens, n, np.int32)
+            for i in range(_A_OFF, _A_COUNT):
+                self._slice_n[i] = SIZE_MAX
+
+    cdef object _slice(self, int a, size_t n):
+        """The first n entries of plan array `a`: the cached slice when n did not change."""
+        if self._slice_n[a] != n:
+            self._slices[a] = self._bases[a][:n]
+            self._slice_n[a] = n
+        return self._slices[a]
 
     def plan_iteration(self):
         """Admit what fits and build the next iteration plan."""
@@ -458,12 +539,13 @@ cdef class Scheduler:
         cdef skippy_plan *p
         cdef list objs = self._objs
         cdef IterationPlan plan
-        retired = [ret[i].slot for i in range(n)]
+        retired = [ret[i].slot for i in range(n)] if n else None
         self._live = False
         if skippy_scheduler_plan(self._s, &p, NULL) != SKIPPY_STATUS_OK:
             self._raise_last()
-        for slot in retired:
-            objs[slot] = None
+        if retired is not None:
+            for slot in retired:
+                objs[slot] = None
         self._pp = p
         self._live = True
         self._refresh_views()
@@ -532,12 +614,7 @@ cdef class Scheduler:
                 failed.append(sid)
             else:
                 finished.append(sid)
-        return IterationTelemetry(
-            t.iteration, t.active_sequences, t.waiting_sequences, t.admitted, t.preempted,
-            t.prefill_tokens, t.recompute_tokens, t.decode_tokens, self._used_list(),
-            list(self._available), t.prefix_hits, t.prefix_misses, t.finished, t.failed,
-            t.cancelled, t.rejected_overload, finished, failed)
-
+        return _telemetry(&t, self._used_list(), list(self._available), finished, failed)
     cdef list _used_list(self):
         cdef size_t n, i
         cdef const uint64_t *u = skippy_scheduler_component_used(self._s, &n)
