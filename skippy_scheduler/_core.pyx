@@ -6,7 +6,8 @@ Python sequences into the core's descriptors once at submit, and exposes each pl
 as numpy views over the core's memory (no copies). Python objects that the core only carries
 (ids, affinities, restores, sampling objects) are kept per slot on this side.
 """
-from cpython.array cimport array
+from cpython.array cimport array, clone
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t, UINT32_MAX
 from libc.stdint cimport SIZE_MAX
 
@@ -120,6 +121,34 @@ cdef object _telemetry(const skippy_iteration_telemetry *t, list used, list avai
     o.finished_ids = finished
     o.failed_ids = failed
     return o
+
+
+cdef object _SEQ_FIELDS = Sequence.__slots__
+cdef array _INT_ARRAY = array("i")
+
+
+cdef array _plain_tokens(object values):
+    """Tokens as an int32 array when `values` is a list or tuple of plain ints in [0, 2**31-1];
+    None otherwise (the caller then runs the full checks, which raise the precise errors)."""
+    cdef Py_ssize_t i, n
+    cdef long long v
+    cdef int overflow = 0
+    cdef array out
+    cdef int *dst
+    if type(values) is not list and type(values) is not tuple:
+        return None
+    n = len(values)
+    out = clone(_INT_ARRAY, n, False)
+    dst = out.data.as_ints
+    for i in range(n):
+        item = values[i]
+        if type(item) is not int:
+            return None
+        v = PyLong_AsLongLongAndOverflow(item, &overflow)
+        if overflow or v < 0 or v > 2147483647:
+            return None
+        dst[i] = <int>v
+    return out
 
 
 cdef int _rank_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t *slots,
@@ -460,10 +489,21 @@ cdef class Scheduler:
         cdef array prompt, gen
         if not isinstance(seq, Sequence):
             raise TypeError(f"submit takes a Sequence, got {type(seq).__name__}")
-        q = seq._validated_copy()
+        prompt = _plain_tokens(seq.prompt_tokens)
+        gen = _plain_tokens(seq.generated_tokens)
+        if prompt is not None and gen is not None:
+            # Tokens are already checked and converted: validate everything else as usual.
+            shell = Sequence.__new__(Sequence)
+            for name in _SEQ_FIELDS:
+                object.__setattr__(shell, name, getattr(seq, name))
+            shell.prompt_tokens = []
+            shell.generated_tokens = []
+            q = shell._validated_copy()
+        else:
+            q = seq._validated_copy()
+            prompt = array("i", q.prompt_tokens)
+            gen = array("i", q.generated_tokens)
         id_bytes = q.id.encode("utf-8")
-        prompt = array("i", q.prompt_tokens)
-        gen = array("i", q.generated_tokens)
         sampling = q.sampling
         cdef size_t sampling_addr = 0
         if sampling is not None and isinstance(sampling, _ffi.CData) and _ffi.typeof(sampling) is _SAMPLING_CTYPE:

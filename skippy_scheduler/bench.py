@@ -6,7 +6,7 @@ Every workload is a function that builds a scheduler (native `Scheduler` or the 
 gives medians and 99th percentiles. A step includes the fake host's work: it writes one sampled
 token per sampling row into `plan.outputs`, as a batched runtime does.
 
-The C workload compiles `c_overhead.c` (shipped in this package's `bench` folder, also at
+The C workload compiles `c_overhead.c` (shipped in this package's `bench_src` folder, also at
 `bench/c_overhead.c` in the source tree) against the installed headers and static library and
 runs the same decode loop with no Python at all.
 
@@ -129,15 +129,16 @@ def steady_decode(cls, n: int, prompt: int = 512) -> Callable[[], object]:
     return step
 
 
-def mixed_decode_prefill(cls, n: int, prompt: int = 512, chunk: int = 256) -> Callable[[], object]:
+def mixed_decode_prefill(cls, n: int, prompt: int = 512, chunk: int = 256,
+                         steps: int = 3000) -> Callable[[], object]:
     """N decode rows plus one `chunk`-token prefill chunk per step (mixed planning, §2.5)."""
     s = _decoding(cls, n, prompt, extra_active=1, mixed_prefill_decode=True, prefill_chunk_tokens=chunk)
     plan = s.plan_iteration()  # decode-only: calibrates the EWMA for exactly n decode rows
     write_outputs(plan)
     s.observe_iteration_duration(plan, 0.010)
     s.complete_iteration(plan)
-    # One long prompt that stays in prefill for the whole measurement, one chunk per step.
-    s.submit(Sequence("long-prefill", [i % 32000 for i in range(chunk * 20_000)], 1))
+    # One long prompt that stays in prefill for `steps` steps, one chunk per step.
+    s.submit(Sequence("long-prefill", [i % 32000 for i in range(chunk * (steps + 64))], 1))
 
     def step():
         plan = s.plan_iteration()
@@ -159,6 +160,7 @@ def admission_churn(cls, n: int, prompt: int = 512) -> tuple[Callable[[], object
     s = _decoding(cls, n - 1, prompt, extra_active=1, mixed_prefill_decode=True,
                   prefill_chunk_tokens=prompt)
     tokens = [(i * 104729) % 32000 for i in range(prompt)]
+    arrival = Sequence("a0", tokens, LONG_OUTPUT)  # submit copies it: one object, new id each time
     for k in range(2):  # decode-only plans of n-1, then n rows set the EWMA entries
         if k:
             s.submit(Sequence("d-extra", tokens, LONG_OUTPUT).with_prefilled_generation([1]))
@@ -176,7 +178,8 @@ def admission_churn(cls, n: int, prompt: int = 512) -> tuple[Callable[[], object
 
     def arrival_step():
         counter[0] += 1
-        s.submit(Sequence(f"a{counter[0]}", tokens, LONG_OUTPUT))
+        arrival.id = f"a{counter[0]}"
+        s.submit(arrival)
         plan = s.plan_iteration()
         write_outputs(plan)
         return s.complete_iteration(plan)
@@ -289,7 +292,7 @@ def first_plan_token_count(cls, n: int, prompt: int) -> int:
 
 def c_source() -> str | None:
     here = os.path.dirname(os.path.abspath(__file__))
-    for path in (os.path.join(here, "bench", "c_overhead.c"),
+    for path in (os.path.join(here, "bench_src", "c_overhead.c"),
                  os.path.join(os.path.dirname(here), "bench", "c_overhead.c")):
         if os.path.exists(path):
             return path
@@ -366,9 +369,10 @@ def collect(quick: bool = False, twin: bool = True, c_api: bool = True, log=prin
     for n in (64, 256):
         for impl in impls:
             log(f"mixed N={n} {impl} ...")
-            st = mixed_decode_prefill(IMPLEMENTATIONS[impl], n)
+            k = steps if impl == "native" else steps // 10
+            st = mixed_decode_prefill(IMPLEMENTATIONS[impl], n, steps=k + 40)
             results.append(_result("mixed: decode + 256-token chunk", impl, n, "row", n + 1,
-                                   measure(st, steps if impl == "native" else steps // 10, budget_s=budget)))
+                                   measure(st, k, budget_s=budget)))
             log(f"admission churn N={n} {impl} ...")
             arrive, finish = admission_churn(IMPLEMENTATIONS[impl], n)
             a, b = measure_pairs(arrive, finish, steps // 2 if impl == "native" else steps // 20, budget)
@@ -429,9 +433,19 @@ def machine() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="skippy-scheduler bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="skippy-scheduler bench", description=_DESCRIPTION)
     add_arguments(ap)
     return run(ap.parse_args(argv))
+
+
+_DESCRIPTION = "Per-step scheduler overhead report (median and p99 µs per step, per row)."
+
+
+def register(subparsers) -> None:
+    """Adds the `bench` subcommand to the `skippy-scheduler` command line (skippy_scheduler.cli)."""
+    ap = subparsers.add_parser("bench", help=_DESCRIPTION, description=_DESCRIPTION)
+    add_arguments(ap)
+    ap.set_defaults(func=run)
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
