@@ -369,6 +369,52 @@ static inline void emit_decode(sk_rows *w, sk_seq *q, uint32_t slot, size_t repl
     q->cursor = replay + 1; /* still live-decode: the class counts do not change */
 }
 
+/*
+ * Decode-only plan (the steady state): every live-decode sequence in walk order until the
+ * budget ends. Same rows as emit_decode would write, with every cursor in a register: each
+ * row is one token, so row, token and sample indexes are all equal.
+ */
+static void plan_decode_only(skippy_scheduler *s, sk_rows *w)
+{
+    const uint32_t *active = s->active;
+    size_t n = s->active_len, budget = s->cfg.max_tokens_per_iteration, r = 0;
+    sk_seq *seqs = s->seqs;
+    skippy_iteration_request *rq = w->rq;
+    int32_t *tok = w->tok, *pos = w->pos;
+    size_t *offs = w->offs, *srows = w->srows;
+    uint32_t *slots = w->slots;
+    uint8_t *phases = w->phases, *sample = w->sample;
+    for (size_t i = 0; i < n && r < budget; i++) {
+        uint32_t slot = active[i];
+        sk_seq *q = &seqs[slot];
+        size_t g = q->gen_len;
+        if (g == 0) continue;
+        size_t replay = q->prompt_len + g - 1;
+        if (q->cursor < replay) continue; /* prefill-pending waits for a prefill plan */
+        tok[r] = q->last;
+        pos[r] = pos32(replay);
+        rq->session = q->session;
+        rq->token_ids = tok + r;
+        rq->token_count = 1;
+        rq->positions = pos + r;
+        rq->position_count = 1;
+        rq->sampling = q->sampling;
+        rq->input_desc = NULL;
+        rq->input_payload = NULL;
+        rq->sample_last = true;
+        rq++;
+        slots[r] = slot;
+        phases[r] = SKIPPY_PHASE_DECODE;
+        sample[r] = 1;
+        srows[r] = r;
+        offs[r + 1] = r + 1;
+        q->cursor = replay + 1; /* still live-decode: the class counts do not change */
+        r++;
+    }
+    w->rows = w->tokens = w->samples = r;
+    w->tok_by_phase[SKIPPY_PHASE_DECODE] = r;
+}
+
 static void plan_homogeneous(skippy_scheduler *s, sk_rows *w, bool has_prefill, bool has_live)
 {
     bool run_prefill = has_prefill && (!has_live || s->consecutive_prefill <
@@ -377,15 +423,7 @@ static void plan_homogeneous(skippy_scheduler *s, sk_rows *w, bool has_prefill, 
     const uint32_t *active = s->active;
     sk_seq *seqs = s->seqs;
     if (!run_prefill) {
-        /* Decode-only plan: every live-decode sequence in walk order until the budget ends. */
-        for (size_t i = 0; i < n && w->rows < budget; i++) {
-            uint32_t slot = active[i];
-            sk_seq *q = &seqs[slot];
-            if (q->gen_len == 0) continue;
-            size_t replay = q->prompt_len + q->gen_len - 1;
-            if (q->cursor < replay) continue; /* prefill-pending waits for a prefill plan */
-            emit_decode(w, q, slot, replay);
-        }
+        plan_decode_only(s, w);
         if (w->rows) s->consecutive_prefill = 0;
         return;
     }
@@ -567,12 +605,15 @@ static inline bool append_token(skippy_scheduler *s, sk_seq *q, int32_t token)
         q->token_cap = c;
         q->room = sk_room(q);
     }
-    s->n_class[sk_class(q)]--;
+    /* Appending moves R up by one (or not at all for the first token), so the class can only
+     * change for a first token or when the cursor sits exactly at R. */
+    bool moves = q->gen_len == 0 || q->cursor == len - 1;
+    if (moves) s->n_class[sk_class(q)]--;
     q->tokens[len] = token;
     q->gen_len++;
     q->room--;
     q->last = token;
-    s->n_class[sk_class(q)]++;
+    if (moves) s->n_class[sk_class(q)]++;
     return true;
 }
 
