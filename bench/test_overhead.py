@@ -48,7 +48,7 @@ def test_arrival_and_finish(benchmark, n):
 
 @pytest.mark.parametrize("w", [1000, 10000])
 def test_admission_ranking(benchmark, w):
-    make_dirty, plan_only, finish = B.ranking(Scheduler, w)
+    _, make_dirty, plan_only, finish = B.ranking(Scheduler, w)
 
     def setup():
         finish()

@@ -210,8 +210,8 @@ def measure_pairs(first, second, steps: int, budget_s: float) -> tuple[list[int]
 
 
 def ranking(cls, w: int, n_active: int = 64, prompt: int = 512, prefix: int = 256,
-            groups: int = 16) -> tuple[Callable[[], None], Callable[[], None]]:
-    """W waiting behind a full active set; returns (make_dirty, plan_and_complete).
+            groups: int = 16):
+    """W waiting behind a full active set; returns (scheduler, make_dirty, plan_only, finish).
 
     Half of the prompts start with one of `groups` shared prefixes of `prefix` tokens; all have
     equal priority; grouping is on (the default). `make_dirty` cancels the oldest waiting request
@@ -224,7 +224,7 @@ def ranking(cls, w: int, n_active: int = 64, prompt: int = 512, prefix: int = 25
 
     def prompt_for(i: int) -> list[int]:
         tail = rng.integers(0, 32000, prompt - prefix if i % 2 == 0 else prompt).tolist()
-        return prefixes[i % groups] + tail if i % 2 == 0 else tail
+        return prefixes[(i // 2) % groups] + tail if i % 2 == 0 else tail
 
     pool = [prompt_for(i) for i in range(64)]
     for i in range(w):
@@ -250,12 +250,12 @@ def ranking(cls, w: int, n_active: int = 64, prompt: int = 512, prefix: int = 25
 
     plan_only()
     finish()
-    return make_dirty, plan_only, finish
+    return s, make_dirty, plan_only, finish
 
 
 def measure_ranking(cls, w: int, reps: int, budget_s: float) -> tuple[list[int], list[int]]:
     """(plan time with a dirty queue, plan time with a clean queue) samples."""
-    make_dirty, plan_only, finish = ranking(cls, w)
+    _, make_dirty, plan_only, finish = ranking(cls, w)
     dirty: list[int] = []
     clean: list[int] = []
     clock = time.perf_counter_ns
