@@ -323,6 +323,26 @@ def run_c(exe: str, n: int, prompt: int, steps: int, warmup: int = 200) -> tuple
     return float(fields["median_ns"]), float(fields["p99_ns"]), int(fields["steps"])
 
 
+def callgrind_per_step(exe: str, n: int, prompt: int = 512, k: int = 100) -> int | None:
+    """Instructions of one decode step: callgrind counts of 2k minus k measured steps, over k.
+
+    Only `bench_steps` (the measured loop) is collected, so set-up and warm-up do not count.
+    """
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        return None
+    counts = []
+    for steps in (k, 2 * k):
+        r = subprocess.run([valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                            "--toggle-collect=bench_steps", exe, str(n), str(prompt), str(n),
+                            str(steps), "count"], capture_output=True, text=True)
+        found = [line for line in r.stderr.splitlines() if "Collected :" in line]
+        if r.returncode != 0 or not found:
+            return None
+        counts.append(int(found[-1].split(":")[-1].strip().replace(",", "")))
+    return (counts[1] - counts[0]) // k
+
+
 # -- the report ------------------------------------------------------------------------------
 
 
@@ -331,7 +351,8 @@ def _result(workload, impl, size, unit, per, samples, note="") -> Result:
     return Result(workload, impl, size, unit, per, med, p99, len(samples), note)
 
 
-def collect(quick: bool = False, twin: bool = True, c_api: bool = True, log=print) -> tuple[list[Result], list[str]]:
+def collect(quick: bool = False, twin: bool = True, c_api: bool = True, callgrind: bool = False,
+            log=print) -> tuple[list[Result], list[str]]:
     sizes = (64, 256, 1024)
     steps = 300 if quick else 3000
     budget = 1.0 if quick else 4.0
@@ -359,6 +380,13 @@ def collect(quick: bool = False, twin: bool = True, c_api: bool = True, log=prin
                     results.append(Result("decode (C API)", "C", n, "row", n, med, p99, k))
                 med, p99, k = run_c(exe, 256, 8192, steps * 2)
                 results.append(Result("decode (C API), 8192-token prompts", "C", 256, "row", 256, med, p99, k))
+                if callgrind:
+                    for n, prompt in ((64, 512), (256, 512), (1024, 512), (256, 8192)):
+                        log(f"callgrind N={n} prompt={prompt} ...")
+                        ins = callgrind_per_step(exe, n, prompt)
+                        notes.append("callgrind: valgrind not available" if ins is None else
+                                     f"callgrind, one C API decode step at N={n}, {prompt}-token "
+                                     f"prompts: {ins} instructions ({ins / n:.1f} per row)")
 
     for impl in impls:
         log(f"context length 8192 {impl} ...")
@@ -452,11 +480,14 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quick", action="store_true", help="fewer steps (a smoke run, noisier)")
     ap.add_argument("--no-twin", action="store_true", help="skip the pure-Python twin")
     ap.add_argument("--no-c", action="store_true", help="skip the C API program")
+    ap.add_argument("--callgrind", action="store_true",
+                    help="also count instructions per C API step with valgrind (stable on noisy machines)")
 
 
 def run(args) -> int:
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
-    results, notes = collect(quick=args.quick, twin=not args.no_twin, c_api=not args.no_c, log=log)
+    results, notes = collect(quick=args.quick, twin=not args.no_twin, c_api=not args.no_c,
+                             callgrind=args.callgrind, log=log)
     print(f"machine: {machine()}")
     print(format_table(results))
     print(context_line(results))
