@@ -78,7 +78,7 @@ cdef int _rank_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t *
                 index=i, priority=info.priority, affinity=objs[2],
                 prompt_tokens=tuple(info.tokens[k] for k in range(info.prompt_count)),
                 enqueued_turn=info.enqueued_turn, order=info.enqueue_order))
-        order = list(self._admission.order(candidates, turn))
+        order = list(self.admission.order(candidates, turn))
         # Anything but a permutation of 0..n-1 leaves the queue as it is (as the core does).
         if sorted(order) != list(range(n)):
             order = [n] * n
@@ -103,7 +103,7 @@ cdef int _victim_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t
                 sequence_id=self._objs[slots[i]][0], priority=info.priority,
                 admitted_at=info.admitted_at, computed_tokens=info.prefill_cursor,
                 generated_tokens=info.generated_count))
-        choice = self._preemption.select_victim(candidates)
+        choice = self.preemption.select_victim(candidates)
         if choice is None:
             out[0] = n
         else:
