@@ -134,7 +134,7 @@ typedef enum skippy_phase {
 typedef struct skippy_plan_outputs {
     size_t *sampled_request_indexes;  /* capacity entries */
     int32_t *predicted_tokens;        /* capacity entries; negative = end of sequence */
-    size_t capacity;                  /* = row capacity of the plan (one sample per row at most) */
+    size_t capacity;                  /* = rows of the plan (one sample per row at most) */
     size_t count;                     /* entries written by the host */
 } skippy_plan_outputs;
 

@@ -119,6 +119,7 @@ void skippy_scheduler_free(skippy_scheduler *s)
     free(s->comps);
     free(s->used);
     free(s->available);
+    free(s->used_scratch);
     sk_store_free(s);
     free(s->waiting);
     free(s->scratch);
@@ -168,7 +169,8 @@ skippy_status skippy_scheduler_create(const skippy_scheduler_config *config,
     s->comps = calloc(nc ? nc : 1, sizeof *s->comps);
     s->used = calloc(nc ? nc : 1, sizeof *s->used);
     s->available = calloc(nc ? nc : 1, sizeof *s->available);
-    if (!s->comps || !s->used || !s->available) goto oom;
+    s->used_scratch = calloc(nc ? nc : 1, sizeof *s->used_scratch);
+    if (!s->comps || !s->used || !s->available || !s->used_scratch) goto oom;
     for (size_t i = 0; i < nc; i++) {
         const skippy_memory_component *c = &config->memory_components[i];
         const char *name = c->name ? c->name : "";

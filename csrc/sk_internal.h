@@ -49,6 +49,7 @@ struct skippy_scheduler {
     skippy_memory_component *comps;
     uint64_t *used;                       /* bytes reserved (or measured) per component */
     uint64_t *available;                  /* capacity - resident per component */
+    uint64_t *used_scratch;               /* trial usage while choosing victims */
 
     sk_seq *seqs;
     uint32_t seq_cap;

@@ -264,7 +264,6 @@ static int ensure_plan_capacity(skippy_scheduler *s)
             grow_exact((void **)&s->row_token, cap, sizeof(int32_t)))
             return -1;
         p->request_capacity = cap;
-        p->outputs.capacity = cap;
     }
     uint64_t tok = sk_sat_mul(s->active_len ? s->active_len : 1, s->cfg.prefill_chunk_tokens);
     if (tok > maxt) tok = maxt;
@@ -407,6 +406,7 @@ static void plan_mixed(skippy_scheduler *s)
 
 static int plan(skippy_scheduler *s, skippy_plan **out_plan)
 {
+    s->plan_live = false; /* making a plan ends the previous one, even if this one fails */
     /* Sequences that left during the previous plan's life give their slots back now. */
     for (size_t i = 0; i < s->retired_len; i++) sk_store_release(s, s->retired[i].slot);
     s->retired_len = 0;
@@ -444,6 +444,8 @@ static int plan(skippy_scheduler *s, skippy_plan **out_plan)
         plan_mixed(s);
     else
         plan_homogeneous(s, has_prefill, live > 0);
+    /* One sample per row at most: the runtime gets exactly the row count as capacity. */
+    p->outputs.capacity = p->request_count;
     p->serial++;
     s->plan_live = true;
     if (out_plan) *out_plan = p;
@@ -626,20 +628,13 @@ skippy_status skippy_scheduler_complete(skippy_scheduler *s, uint64_t serial,
 
 /* ---------------------------------------------------------------- preemption (§2.8) */
 
-static bool over_capacity(const skippy_scheduler *s)
-{
-    for (size_t i = 0; i < s->cfg.memory_component_count; i++)
-        if (s->used[i] > s->available[i]) return true;
-    return false;
-}
-
-static size_t pick_victim_builtin(const skippy_scheduler *s)
+static size_t pick_victim_builtin(const skippy_scheduler *s, const uint32_t *cand, size_t n)
 {
     size_t best = SIZE_MAX;
-    for (size_t i = 0; i < s->active_len; i++) {
-        const sk_seq *q = &s->seqs[s->active[i]];
+    for (size_t i = 0; i < n; i++) {
+        const sk_seq *q = &s->seqs[cand[i]];
         if (best == SIZE_MAX) { best = i; continue; }
-        const sk_seq *b = &s->seqs[s->active[best]];
+        const sk_seq *b = &s->seqs[cand[best]];
         bool better;
         if (s->cfg.preemption_policy == SKIPPY_PREEMPT_FEWEST_COMPUTED) {
             better = q->cursor != b->cursor ? q->cursor < b->cursor
@@ -666,45 +661,70 @@ static void reset_for_recompute(sk_seq *q)
     q->admitted_at = 0;
 }
 
+static bool over_budget(const skippy_scheduler *s, const uint64_t *used)
+{
+    for (size_t i = 0; i < s->cfg.memory_component_count; i++)
+        if (used[i] > s->available[i]) return true;
+    return false;
+}
+
+/*
+ * Victims are all chosen first, on a copy of the usage, so a failing policy callback leaves the
+ * scheduler untouched; then the measured usage is applied and the victims move to the front of
+ * the waiting queue (the last victim ends up first).
+ */
 static int preempt(skippy_scheduler *s, const uint64_t *used, size_t n, size_t *out_n)
 {
     if (n && !used) return sk_fail(s, SKIPPY_SCHED_INVALID, "used_bytes is NULL");
-    size_t worst = s->active_len;
-    if (sk_grow((void **)&s->victims, &s->victim_cap, worst ? worst : 1, sizeof(uint32_t)) ||
-        reserve_waiting(s, s->waiting_len + worst))
+    size_t na = s->active_len, nc = s->cfg.memory_component_count;
+    if (sk_grow((void **)&s->victims, &s->victim_cap, na ? na : 1, sizeof(uint32_t)) ||
+        reserve_waiting(s, s->waiting_len + na))
         return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory preempting");
-    size_t m = n < s->cfg.memory_component_count ? n : s->cfg.memory_component_count;
-    for (size_t i = 0; i < m; i++) s->used[i] = used[i];
-    s->victim_len = 0;
-    while (over_capacity(s) && s->active_len > 0) {
+    uint64_t *u = s->used_scratch;
+    memcpy(u, s->used, nc * sizeof(uint64_t));
+    size_t m = n < nc ? n : nc;
+    for (size_t i = 0; i < m; i++) u[i] = used[i];
+    uint32_t *rem = s->scratch;
+    memcpy(rem, s->active, na * sizeof(uint32_t));
+    size_t rem_len = na, nv = 0;
+    while (rem_len > 0 && over_budget(s, u)) {
         size_t idx;
         if (s->cfg.preemption_policy == SKIPPY_PREEMPT_CALLBACK) {
-            if (!s->victim_cb || s->victim_cb(s->cb_ctx, s, s->active, s->active_len, &idx)) {
-                refresh_counts(s);
-                if (out_n) *out_n = s->victim_len;
+            if (!s->victim_cb || s->victim_cb(s->cb_ctx, s, rem, rem_len, &idx))
                 return sk_fail(s, SKIPPY_SCHED_CALLBACK, "preemption policy failed");
-            }
-            if (idx >= s->active_len) break; /* the policy chose no victim */
+            if (idx >= rem_len) break; /* the policy chose no victim */
         } else {
-            idx = pick_victim_builtin(s);
+            idx = pick_victim_builtin(s, rem, rem_len);
         }
-        uint32_t slot = s->active[idx];
-        sk_seq *q = &s->seqs[slot];
-        memmove(s->active + idx, s->active + idx + 1, (s->active_len - idx - 1) * sizeof(uint32_t));
-        s->active_len--;
-        release(s, q);
-        reset_for_recompute(q);
-        q->enqueue_order = s->next_order++;
-        q->where = SK_WHERE_WAITING;
-        memmove(s->waiting + 1, s->waiting, s->waiting_len * sizeof(uint32_t));
-        s->waiting[0] = slot;
-        s->waiting_len++;
-        s->dirty = true;
-        s->m.preempted = sk_sat_add(s->m.preempted, 1);
-        s->victims[s->victim_len++] = slot;
+        uint32_t slot = rem[idx];
+        memmove(rem + idx, rem + idx + 1, (rem_len - idx - 1) * sizeof(uint32_t));
+        rem_len--;
+        for (size_t i = 0; i < nc; i++)
+            u[i] = sk_sat_sub(u[i], reservation(&s->comps[i], s->seqs[slot].admission_tokens));
+        s->victims[nv++] = slot;
     }
+    /* Commit. */
+    memcpy(s->used, u, nc * sizeof(uint64_t));
+    if (nv) {
+        for (size_t k = 0; k < nv; k++) s->seqs[s->victims[k]].where = SK_WHERE_WAITING;
+        size_t kept = 0;
+        for (size_t i = 0; i < na; i++)
+            if (s->seqs[s->active[i]].where == SK_WHERE_ACTIVE) s->active[kept++] = s->active[i];
+        s->active_len = kept;
+        memmove(s->waiting + nv, s->waiting, s->waiting_len * sizeof(uint32_t));
+        for (size_t k = 0; k < nv; k++) {
+            sk_seq *q = &s->seqs[s->victims[k]];
+            reset_for_recompute(q);
+            q->enqueue_order = s->next_order++;
+            s->waiting[nv - 1 - k] = s->victims[k];
+        }
+        s->waiting_len += nv;
+        s->dirty = true;
+        s->m.preempted = sk_sat_add(s->m.preempted, nv);
+    }
+    s->victim_len = nv;
     refresh_counts(s);
-    if (out_n) *out_n = s->victim_len;
+    if (out_n) *out_n = nv;
     return 0;
 }
 

@@ -78,10 +78,13 @@ cdef int _rank_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t *
                 index=i, priority=info.priority, affinity=objs[2],
                 prompt_tokens=tuple(info.tokens[k] for k in range(info.prompt_count)),
                 enqueued_turn=info.enqueued_turn, order=info.enqueue_order))
-        order = list(self.admission.order(candidates, turn))
-        # Anything but a permutation of 0..n-1 leaves the queue as it is (as the core does).
+        order = self.admission.order(candidates, turn)
+        try:
+            order = [int(k) for k in order]
+        except (TypeError, ValueError):
+            raise TypeError("admission policy must return a list of candidate indexes") from None
         if sorted(order) != list(range(n)):
-            order = [n] * n
+            raise ValueError("admission policy must return a permutation of the candidate indexes")
         for i in range(n):
             out[i] = order[i]
         return 0
@@ -108,7 +111,7 @@ cdef int _victim_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t
             out[0] = n
         else:
             if isinstance(choice, bool) or not isinstance(choice, int) or not 0 <= choice < n:
-                raise ValueError(f"select_victim returned {choice!r}, not a position in 0..{n - 1}")
+                raise ValueError(f"preemption policy returned {choice!r}, not a candidate position")
             out[0] = choice
         return 0
     except BaseException as exc:
@@ -228,8 +231,8 @@ cdef class IterationPlan:
         if self._outputs is None:
             o = PlanOutputs.__new__(PlanOutputs)
             o._plan = self
-            o.request_indexes = self._s._v_out_idx
-            o.predicted_tokens = self._s._v_out_tok
+            o.request_indexes = self._s._v_out_idx[:self._rows]
+            o.predicted_tokens = self._s._v_out_tok[:self._rows]
             self._outputs = o
         return self._outputs
 

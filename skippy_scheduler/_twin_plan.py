@@ -1,21 +1,32 @@
 """The twin scheduler's iteration plan: the same surface as the native plan, in numpy."""
 from __future__ import annotations
 
+from typing import Iterable
+
 import numpy as np
 
 from ._checks import check_uint
-from .types import IterationPhase, IterationWork
+from .types import IterationPhase, IterationPrediction, IterationWork, MalformedOutputs
 
 
 class TwinOutputs:
     """Sampled-output block: entry k says row `request_indexes[k]` sampled `predicted_tokens[k]`."""
 
-    __slots__ = ("request_indexes", "predicted_tokens", "_count")
+    __slots__ = ("_request_indexes", "_predicted_tokens", "_count")
 
     def __init__(self, capacity: int) -> None:
-        self.request_indexes = np.zeros(capacity, dtype=np.uint64)
-        self.predicted_tokens = np.zeros(capacity, dtype=np.int32)
+        self._request_indexes = np.zeros(capacity, dtype=np.uint64)
+        self._predicted_tokens = np.zeros(capacity, dtype=np.int32)
         self._count = 0
+
+    # The arrays are written in place (like native output buffers), never replaced.
+    @property
+    def request_indexes(self) -> np.ndarray:
+        return self._request_indexes
+
+    @property
+    def predicted_tokens(self) -> np.ndarray:
+        return self._predicted_tokens
 
     @property
     def capacity(self) -> int:
@@ -34,6 +45,8 @@ class TwinPlan:
     """Rows of one iteration plus flat numpy views of them (row index = work index)."""
 
     def __init__(self, work: list[IterationWork], token_count: int, admitted: int) -> None:
+        # The scheduler reads its own copy of the rows, so editing `work` cannot confuse it.
+        self._rows = tuple(work)
         self.work = work
         self.token_count = token_count
         self.admitted = admitted
@@ -64,3 +77,38 @@ class TwinPlan:
     def __repr__(self) -> str:
         rows = ", ".join(f"{w.sequence_id}:{w.phase.name}x{len(w.tokens)}" for w in self.work)
         return f"TwinPlan(token_count={self.token_count}, admitted={self.admitted}, rows=[{rows}])"
+
+
+def read_predictions(plan: TwinPlan, predictions: Iterable[IterationPrediction] | None) -> dict[int, int]:
+    """Work index -> token, from a prediction list or (None) the plan's outputs block.
+
+    Raises MalformedOutputs for an index outside the plan, a repeated index or a row that does
+    not sample (§0.4e); nothing has changed at that point.
+    """
+    rows = len(plan._rows)
+    pairs: list[tuple[int, int]] = []
+    if predictions is None:
+        outputs = plan.outputs
+        count = outputs.count
+        if count > rows:
+            raise MalformedOutputs(f"outputs.count {count} exceeds the plan's {rows} rows")
+        indexes = outputs.request_indexes[:count].tolist()
+        tokens = outputs.predicted_tokens[:count].tolist()
+        pairs = list(zip(indexes, tokens))
+    else:
+        if isinstance(predictions, (str, bytes)) or not hasattr(predictions, "__iter__"):
+            raise TypeError("predictions must be a list of IterationPrediction")
+        for p in predictions:
+            if not isinstance(p, IterationPrediction):
+                raise TypeError(f"predictions must hold IterationPrediction values, got {type(p).__name__}")
+            pairs.append((p.work_index, p.token))
+    slots: dict[int, int] = {}
+    for index, token in pairs:
+        if index >= rows:
+            raise MalformedOutputs(f"prediction names work index {index}, the plan has {rows} rows")
+        if index in slots:
+            raise MalformedOutputs(f"work index {index} has more than one prediction")
+        if not plan._rows[index].sample_last:
+            raise MalformedOutputs(f"work index {index} does not sample")
+        slots[index] = token
+    return slots

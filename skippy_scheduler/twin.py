@@ -7,10 +7,11 @@ anything.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Iterable
 
 from ._checks import I32_MAX, USIZE_MAX, check_str, check_uint, sat, sat_sub
-from ._twin_plan import TwinPlan
+from ._twin_plan import TwinPlan, read_predictions
 from .cache_policy import CacheAwareCandidate
 from .policies import (
     AdmissionPolicy,
@@ -26,7 +27,6 @@ from .types import (
     IterationPrediction,
     IterationTelemetry,
     IterationWork,
-    MalformedOutputs,
     QueueFull,
     SchedulerConfig,
     SchedulerMetrics,
@@ -310,13 +310,13 @@ class TwinScheduler:
 
     def observe_iteration_duration(self, plan: TwinPlan, elapsed_seconds: float) -> None:
         self._check_live(plan)
-        if isinstance(elapsed_seconds, bool) or not isinstance(elapsed_seconds, (int, float)):
+        if isinstance(elapsed_seconds, bool) or not isinstance(elapsed_seconds, numbers.Real):
             raise TypeError(f"elapsed_seconds must be a number, got {type(elapsed_seconds).__name__}")
         elapsed_us = float(elapsed_seconds) * 1e6
         if not math.isfinite(elapsed_us) or elapsed_us <= 0:
             return
-        prefill_tokens = sum(len(w.tokens) for w in plan.work if w.phase is not IterationPhase.Decode)
-        decode_rows = sum(1 for w in plan.work if w.phase is IterationPhase.Decode)
+        prefill_tokens = sum(len(w.tokens) for w in plan._rows if w.phase is not IterationPhase.Decode)
+        decode_rows = sum(1 for w in plan._rows if w.phase is IterationPhase.Decode)
         if decode_rows == 0:
             return
         if prefill_tokens == 0:
@@ -331,43 +331,14 @@ class TwinScheduler:
         if observed_extra > allowed:
             self._mixed_viable = False
 
-    def _prediction_slots(self, plan: TwinPlan, predictions: Iterable[IterationPrediction] | None) -> dict[int, int]:
-        rows = len(plan.work)
-        pairs: list[tuple[int, int]] = []
-        if predictions is None:
-            outputs = plan.outputs
-            count = outputs.count
-            if count > rows:
-                raise MalformedOutputs(f"outputs.count {count} exceeds the plan's {rows} rows")
-            indexes = outputs.request_indexes[:count].tolist()
-            tokens = outputs.predicted_tokens[:count].tolist()
-            pairs = list(zip(indexes, tokens))
-        else:
-            if isinstance(predictions, (str, bytes)) or not hasattr(predictions, "__iter__"):
-                raise TypeError("predictions must be a list of IterationPrediction")
-            for p in predictions:
-                if not isinstance(p, IterationPrediction):
-                    raise TypeError(f"predictions must hold IterationPrediction values, got {type(p).__name__}")
-                pairs.append((p.work_index, p.token))
-        slots: dict[int, int] = {}
-        for index, token in pairs:
-            if index >= rows:
-                raise MalformedOutputs(f"prediction names work index {index}, the plan has {rows} rows")
-            if index in slots:
-                raise MalformedOutputs(f"work index {index} has more than one prediction")
-            if not plan.work[index].sample_last:
-                raise MalformedOutputs(f"work index {index} does not sample")
-            slots[index] = token
-        return slots
-
     def complete_iteration(
         self, plan: TwinPlan, predictions: Iterable[IterationPrediction] | None = None
     ) -> IterationTelemetry:
         self._check_live(plan)
-        slots = self._prediction_slots(plan, predictions)
+        slots = read_predictions(plan, predictions)
         counts = {IterationPhase.Prefill: 0, IterationPhase.Recompute: 0, IterationPhase.Decode: 0}
         terminal: list[tuple[str, bool]] = []  # (id, failed)
-        for index, row in enumerate(plan.work):
+        for index, row in enumerate(plan._rows):
             counts[row.phase] += len(row.tokens)
             if not row.sample_last:
                 continue

@@ -18,7 +18,6 @@ from ._checks import (
     check_bool,
     check_optional_uint,
     check_str,
-    check_tokens,
     check_uint,
     as_int,
     sat,

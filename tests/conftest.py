@@ -17,6 +17,12 @@ else:
     IMPLEMENTATIONS.append(pytest.param(Scheduler, id="native"))
 
 
+def pytest_configure(config):
+    # Hypothesis' failure report imports a typing shim that warns; with warnings as errors
+    # that would turn every falsifying example into an internal error instead of a report.
+    config.addinivalue_line("filterwarnings", "ignore:mypy_extensions.TypedDict is deprecated:DeprecationWarning")
+
+
 @pytest.fixture(params=IMPLEMENTATIONS)
 def impl(request):
     """A scheduler class: the pure-Python twin, and the native one when it is available."""

@@ -105,6 +105,19 @@ def test_05_mixed_decode_budget_rotates_across_all_live_sequences(impl):
     assert observed == [["a", "b"], ["c", "a"], ["b", "c"]]
 
 
+def test_05b_mixed_decode_cursor_advances_by_sequences_examined(impl):
+    # A fourth active sequence with no live decode still moves the rotation cursor.
+    s = make_scheduler(impl, max_active_sequences=4, max_tokens_per_iteration=2, mixed_prefill_decode=True)
+    for x in "abc":
+        s.submit(Sequence(x, [1], 10, None, 1).with_prefilled_generation([42]))
+    plan = s.plan_iteration()
+    s.observe_iteration_duration(plan, 0.001)
+    s.complete_iteration(plan, [pred(0, 43), pred(1, 44)])
+    s.submit(Sequence("d", [5, 6, 7, 8, 9, 10], 10, None, 1))
+    observed = [row_ids(s.plan_iteration()) for _ in range(4)]
+    assert observed == [["a", "b"], ["c", "a"], ["b", "c"], ["a", "b"]]
+
+
 def test_06_duration_aware_mixed_admission_caps_slow_prompt_work(impl):
     s = make_scheduler(impl, max_tokens_per_iteration=128, prefill_chunk_tokens=128, mixed_prefill_decode=True)
     calibrated_decoder(s, "decode", 2, 8)

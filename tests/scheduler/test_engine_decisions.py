@@ -1,7 +1,7 @@
 """This project's departures from the reference (§0.4 a–e) and other engine details (§2, §7)."""
 import numpy as np
 import pytest
-from sched_helpers import make_scheduler, pred, row_ids, seq
+from sched_helpers import affinity, make_scheduler, pred, row_ids, seq
 
 from skippy_scheduler import (
     IterationPhase,
@@ -286,3 +286,17 @@ def test_submit_copies_the_callers_sequence(impl):
     assert s.sequence("z") is None
     with pytest.raises(AttributeError):
         view.max_tokens = 7
+
+
+def test_cancelling_a_waiting_sequence_reranks_the_queue(impl):
+    # Companion of §6.1.20: a waiting-cancel marks the queue dirty.
+    s = make_scheduler(impl, max_active_sequences=1)
+    s.submit(Sequence("z", [2, 10], 1, None, 0))
+    s.submit(Sequence("h", [5], 1, None, 0).with_cache_affinity(affinity(45)))
+    s.submit(Sequence("x", [1, 2, 11], 1, None, 0))
+    s.submit(Sequence("y", [1, 13], 1, None, 0))
+    s.plan_iteration()
+    assert s.snapshot().active_ids == ["h"] and s.snapshot().waiting_ids == ["x", "y", "z"]
+    assert s.cancel("y") and s.cancel("h")
+    s.plan_iteration()
+    assert s.snapshot().active_ids == ["z"]  # without "y", "x" no longer leads a shared subtree

@@ -102,17 +102,19 @@ def test_user_admission_policy_plans(impl):
     assert policy.calls == 1
 
 
-def test_user_admission_policy_preempted_sequence_gets_a_fresh_order(impl):
+def test_fcfs_preempted_sequence_gets_a_fresh_order(impl):
     s = make_scheduler(
-        impl, admission=ReverseFcfs(), max_active_sequences=1, memory_components=[MemoryComponent("kv", 100, 0, 1, 0)]
+        impl, admission=FcfsAdmission(), max_active_sequences=1, memory_components=[MemoryComponent("kv", 100, 0, 1, 0)]
     )
     s.submit(seq("a", 2, 4))
     s.submit(seq("b", 2, 4))
-    assert row_ids(s.plan_iteration()) == ["b"]
-    assert s.preempt_for_component_pressure([101]) == ["b"]
+    assert row_ids(s.plan_iteration()) == ["a"]
+    assert s.preempt_for_component_pressure([101]) == ["a"]
     s.preempt_for_component_pressure([0])
+    assert s.snapshot().waiting_ids == ["a", "b"]  # preempted work goes to the front ...
     s.plan_iteration()
-    assert s.snapshot().active_ids == ["b"]  # preemption gave "b" the newest enqueue order
+    assert s.snapshot().active_ids == ["b"]  # ... but its enqueue order is now the newest
+    assert s.sequence("a").enqueue_order == 2
 
 
 class BrokenOrder(AdmissionPolicy):

@@ -263,3 +263,14 @@ def test_error_texts_and_equality():
     for err in (QueueFull(1), DuplicateSequence("x"), EmptyPrompt()):
         assert isinstance(err, AdmissionError)
     assert issubclass(StalePlanError, ValueError) and issubclass(MalformedOutputs, ValueError)
+
+
+def test_numpy_integers_are_accepted_as_tokens():
+    np = pytest.importorskip("numpy")
+    s = Sequence("a", np.arange(4, dtype=np.int32), np.uint32(3), None, np.uint64(2))
+    assert s.prompt_tokens == [0, 1, 2, 3] and all(type(t) is int for t in s.prompt_tokens)
+    assert (s.max_tokens, s.priority) == (3, 2)
+    with pytest.raises(TypeError):
+        Sequence("b", np.array([True, False]), 1)
+    with pytest.raises(TypeError):
+        Sequence("c", np.array([1.0, 2.0]), 1)
