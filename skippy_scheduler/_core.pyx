@@ -281,7 +281,7 @@ cdef class Scheduler:
     cdef object _cb_error
     cdef object _v_tokens, _v_positions, _v_offsets, _v_sample, _v_phases, _v_slots
     cdef object _v_sample_rows, _v_out_idx, _v_out_tok
-    cdef size_t _v_tok_addr, _v_row_addr
+    cdef size_t _v_tok_addr, _v_row_addr, _v_tok_cap, _v_row_cap
 
     def __cinit__(self, config=None, admission=None, preemption=None):
         self._s = NULL
@@ -359,6 +359,8 @@ cdef class Scheduler:
         self._live = False
         self._v_tok_addr = 0
         self._v_row_addr = 0
+        self._v_tok_cap = 0
+        self._v_row_cap = 0
 
     def __dealloc__(self):
         if self._s != NULL:
@@ -439,12 +441,16 @@ cdef class Scheduler:
 
     cdef void _refresh_views(self):
         cdef skippy_plan *p = self._pp
-        if <size_t>p.tokens != self._v_tok_addr:
+        # Each plan array is reallocated on its own, so one unchanged address says nothing about
+        # the others; every growth changes the capacity, which is what is compared here.
+        if <size_t>p.tokens != self._v_tok_addr or p.token_capacity != self._v_tok_cap:
             self._v_tok_addr = <size_t>p.tokens
+            self._v_tok_cap = p.token_capacity
             self._v_tokens = _view(<size_t>p.tokens, p.token_capacity, np.int32)
             self._v_positions = _view(<size_t>p.positions, p.token_capacity, np.int32)
-        if <size_t>p.requests != self._v_row_addr:
+        if <size_t>p.requests != self._v_row_addr or p.request_capacity != self._v_row_cap:
             self._v_row_addr = <size_t>p.requests
+            self._v_row_cap = p.request_capacity
             n = p.request_capacity
             self._v_offsets = _view(<size_t>p.row_offsets, n + 1, np.uintp)
             self._v_sample = _view(<size_t>p.sample_last, n, np.uint8)
