@@ -45,3 +45,17 @@ def test_user_written_policies_run_on_the_native_scheduler():
     # Over budget: the policy picks the sequence with the most computed tokens ("d").
     assert s.preempt_for_component_pressure([101]) == ["d"]
     assert s.snapshot().component_used_bytes == [("kv", 101 - 9)]
+
+
+def test_radix_twin_stats_saturate_like_the_native_cache():
+    # Found by tests/fuzz/fuzz_radix.py: the flat twin summed logical bytes past u64.
+    from skippy_scheduler._radix_twin import RadixTwin
+    from skippy_scheduler.radix import UnifiedRadixCache
+
+    big = (1 << 64) - 1
+    caches = [UnifiedRadixCache(), RadixTwin()]
+    for cache in caches:
+        cache.insert_resident("s", [1], big, "a")
+        cache.insert_resident("s", [2], 5, "b")
+    native, twin = caches
+    assert twin.stats()["resident_logical_bytes"] == big == native.stats().resident_logical_bytes
