@@ -59,3 +59,12 @@ def test_radix_twin_stats_saturate_like_the_native_cache():
         cache.insert_resident("s", [2], 5, "b")
     native, twin = caches
     assert twin.stats()["resident_logical_bytes"] == big == native.stats().resident_logical_bytes
+
+
+@pytest.mark.parametrize("components", [[], [MemoryComponent("kv", 10, 0, 1, 0)]])
+def test_pressure_before_any_admission(components):
+    # Under UBSan (.ci/run's sanitizer run) this caught memcpy from and to NULL arrays with a
+    # zero length: the active set and its scratch copy do not exist before the first admission.
+    s = Scheduler(SchedulerConfig(memory_components=components))
+    assert s.preempt_for_component_pressure([50]) == []
+    assert s.snapshot().component_used_bytes == [("kv", 50)] * len(components)
