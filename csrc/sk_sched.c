@@ -803,7 +803,7 @@ static int preempt(skippy_scheduler *s, const uint64_t *used, size_t n, size_t *
     size_t m = n < nc ? n : nc;
     for (size_t i = 0; i < m; i++) u[i] = used[i];
     uint32_t *rem = s->scratch;
-    memcpy(rem, s->active, na * sizeof(uint32_t));
+    if (na) memcpy(rem, s->active, na * sizeof(uint32_t)); /* both NULL before any admission */
     size_t rem_len = na, nv = 0;
     while (rem_len > 0 && over_budget(s, u)) {
         size_t idx;

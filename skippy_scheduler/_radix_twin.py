@@ -249,4 +249,5 @@ class RadixTwin:
                     out["recurrent_entries"] += 1
                     out["recurrent_logical_bytes"] += rec.bytes
                     out["recurrent_active_refs"] += rec.refs
-        return out
+        # Sums saturate at u64 like the native cache's (§1.0).
+        return {name: min(value, U64_MAX) for name, value in out.items()}

@@ -27,3 +27,15 @@ def pytest_configure(config):
 def impl(request):
     """A scheduler class: the pure-Python twin, and the native one when it is available."""
     return request.param
+
+
+# Hypothesis budgets: tests keep their CI example counts under the default profile;
+# `pytest --hypothesis-profile=long` (or `sanitize`) runs them with these settings instead.
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile(
+    "long", max_examples=20_000, stateful_step_count=60, deadline=None, suppress_health_check=list(HealthCheck)
+)
+settings.register_profile(
+    "sanitize", max_examples=150, stateful_step_count=25, deadline=None, suppress_health_check=list(HealthCheck)
+)
