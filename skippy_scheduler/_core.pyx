@@ -544,6 +544,8 @@ cdef class Scheduler:
     # -- planning ---------------------------------------------------------------------------
 
     cdef void _refresh_views(self):
+        # Every array may move or grow on its own: rebuild a view whenever its address or the
+        # capacity behind it changed (a same-address realloc can still grow the capacity).
         cdef skippy_plan *p = self._pp
         cdef size_t n
         cdef int i
