@@ -118,6 +118,13 @@ class TwinScheduler:
             self._metrics.prefix_hits = sat(self._metrics.prefix_hits + 1)
         else:
             self._metrics.prefix_misses = sat(self._metrics.prefix_misses + 1)
+        # A caller-set cursor never skips the pending token nor leaves nothing runnable (§0.4b),
+        # and admission numbers come only from this scheduler's counter (§0.4c).
+        replay_len = s.recompute_token_count()
+        s.prefill_cursor = min(s.prefill_cursor, replay_len)
+        if not s.generated_tokens and s.prefill_cursor >= replay_len:
+            s.prefill_cursor = replay_len - 1
+        s.admitted_at = None
         s.enqueued_turn = self._waiting_turn
         s.enqueue_order = self._next_order
         self._next_order = sat(self._next_order + 1)
