@@ -162,10 +162,8 @@ class TwinScheduler:
             raise ValueError("admission policy must return a permutation of the candidate indexes")
         return [self._waiting[i] for i in order]
 
-    def _admit_waiting(self, turn: int) -> int:
-        if self._dirty:
-            self._waiting = self._ranked_waiting(turn)
-            self._dirty = False
+    def _admit_waiting(self) -> int:
+        """Admit front to back; a request that does not fit is skipped, not waited on (§2.3)."""
         admitted = 0
         deferred: list[Sequence] = []
         for s in self._waiting:
@@ -195,7 +193,7 @@ class TwinScheduler:
             self._waiting = self._ranked_waiting(turn)
             self._dirty = False
         self._waiting_turn = turn
-        admitted = self._admit_waiting(turn)
+        admitted = self._admit_waiting()
         live = sum(1 for s in self._active.values() if _live_decode(s))
         rows = min(live, self._config.max_tokens_per_iteration)
         if (
