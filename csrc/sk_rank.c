@@ -1,215 +1,301 @@
 /*
- * Waiting-work ranking (behaviour.md §3). The DFS rank over the waiting prompts is computed
- * with an explicit work stack (no recursion): each frame skips the tokens all of its members
- * share, then splits them by the next token.
+ * Waiting-work ranking kernel (behaviour.md §3).
+ *
+ * Every ordering here is a chain of stable LSD radix sorts on 64-bit keys, least significant
+ * key first: the reference comparator (priority, score, waiting-prefix DFS rank, effective
+ * score, enqueue order, then input position by stability) becomes a few linear passes, and
+ * only key bytes that differ somewhere get a pass, so a key shared by the whole queue (one
+ * priority level, one score band) costs a single read of the keys.
+ *
+ * The waiting-prefix DFS rank is produced in place: a segment of the position array holding
+ * one radix node is rearranged so that its children occupy consecutive sub-segments in visit
+ * order, followed by the prompts that end at the node. Each child is then refined inside its
+ * own sub-segment, so the order in which pending segments are processed does not matter and
+ * an explicit work stack replaces recursion. Common token runs are skipped with block
+ * compares against the segment's first prompt before branching, so a long shared prefix costs
+ * one sequential scan per prompt, never one stack level per token.
+ *
+ * Prompts with identical token vectors always end together at one node, where they form a
+ * contiguous block; the reference compares them as equal at the DFS key, so that block is
+ * ordered by (effective score desc, order asc, position asc) right away. The DFS output is
+ * then already sorted by every key below the score, and a final stable sort by
+ * (priority desc, grouping score desc) finishes the job.
  */
+#include "sk_rank_impl.h"
+
 #include <stdlib.h>
 #include <string.h>
 
-#include "sk_rank.h"
+#define SK_SMALL_SORT 24
+
+typedef struct sk_task {
+    uint32_t start, count;
+    size_t depth;
+} sk_task;
 
 struct sk_rank_ws {
     size_t cap;
-    size_t *a, *b;           /* position arrays */
-    size_t *dfs;             /* dfs rank per position */
-    uint64_t *score, *group; /* effective / grouping score per position */
-    size_t *frames;          /* (begin, end, depth, kind) quadruples */
-    size_t *bk;              /* bucket (begin, end) pairs */
+    uint32_t *pos;     /* DFS order under construction */
+    uint32_t *term;    /* prompts ending at the current node */
+    uint64_t *eff;     /* effective score per position */
+    uint64_t *grp;     /* grouping score per position */
+    sk_kv *kv_a, *kv_b, *kv_c;
+    sk_task *tasks;
 };
 
-typedef int (*cmp_fn)(const void *ctx, size_t x, size_t y);
-
-static void merge_sort(size_t *v, size_t *tmp, size_t n, cmp_fn cmp, const void *ctx)
-{
-    for (size_t w = 1; w < n; w *= 2) {
-        for (size_t lo = 0; lo < n; lo += 2 * w) {
-            size_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
-            size_t i = lo, j = mid, k = lo;
-            while (i < mid && j < hi) tmp[k++] = cmp(ctx, v[j], v[i]) < 0 ? v[j++] : v[i++];
-            while (i < mid) tmp[k++] = v[i++];
-            while (j < hi) tmp[k++] = v[j++];
-        }
-        memcpy(v, tmp, n * sizeof(size_t));
-    }
-}
-
-sk_rank_ws *sk_rank_ws_new(void) { return calloc(1, sizeof(sk_rank_ws)); }
+sk_rank_ws *sk_rank_ws_new(void) { return (sk_rank_ws *)calloc(1, sizeof(sk_rank_ws)); }
 
 void sk_rank_ws_free(sk_rank_ws *ws)
 {
     if (!ws) return;
-    free(ws->a); free(ws->b); free(ws->dfs); free(ws->score); free(ws->group);
-    free(ws->frames); free(ws->bk);
+    free(ws->pos);
+    free(ws->term);
+    free(ws->eff);
+    free(ws->grp);
+    free(ws->kv_a);
+    free(ws->kv_b);
+    free(ws->kv_c);
+    free(ws->tasks);
     free(ws);
 }
 
+/* NOTE: each buffer is swapped in as soon as it grows, so a failure part-way leaves every
+ * pointer valid; cap only advances once all of them hold the new size. */
+#define SK_GROW(field, type)                                                       \
+    do {                                                                           \
+        void *p_ = realloc(ws->field, want * sizeof(type));                        \
+        if (!p_) return SK_RANK_NO_MEMORY;                                         \
+        ws->field = (type *)p_;                                                    \
+    } while (0)
+
 static int ws_reserve(sk_rank_ws *ws, size_t n)
 {
-    if (n <= ws->cap) return 0;
-    size_t c = ws->cap ? ws->cap : 64;
-    while (c < n) c *= 2;
-#define R(f, k) { void *p = realloc(ws->f, (k) * sizeof(*ws->f)); if (!p) return -1; ws->f = p; }
-    R(a, c) R(b, c) R(dfs, c) R(score, c) R(group, c) R(frames, 8 * c + 8) R(bk, 2 * c + 2)
-#undef R
-    ws->cap = c;
-    return 0;
+    size_t want;
+    if (n <= ws->cap) return SK_RANK_OK;
+    want = ws->cap ? ws->cap : 64;
+    while (want < n) want = want > SIZE_MAX / 2 ? n : want * 2;
+    if (want > SIZE_MAX / sizeof(sk_kv)) return SK_RANK_NO_MEMORY;
+    SK_GROW(pos, uint32_t);
+    SK_GROW(term, uint32_t);
+    SK_GROW(eff, uint64_t);
+    SK_GROW(grp, uint64_t);
+    SK_GROW(kv_a, sk_kv);
+    SK_GROW(kv_b, sk_kv);
+    SK_GROW(kv_c, sk_kv);
+    SK_GROW(tasks, sk_task);
+    ws->cap = want;
+    return SK_RANK_OK;
 }
 
-static uint64_t sat_add(uint64_t a, uint64_t b) { uint64_t r = a + b; return r < a ? UINT64_MAX : r; }
-static uint64_t sat_mul(uint64_t a, uint64_t b) { return (a && b > UINT64_MAX / a) ? UINT64_MAX : a * b; }
-
-typedef struct { const sk_rank_item *it; size_t depth; } tok_ctx;
-
-/* Terminal (no token at depth) first, then by token; stable. */
-static int cmp_token(const void *c, size_t x, size_t y)
+/* Stable sort by key; the result ends in a. tmp must hold n records. Only the key bytes that
+ * differ somewhere get a pass (order values, tokens and counts rarely use more than two). */
+void sk_rank_kv_sort(sk_kv *a, sk_kv *tmp, size_t n)
 {
-    const tok_ctx *t = c;
-    long long tx = t->it[x].token_count > t->depth ? t->it[x].tokens[t->depth] : -1LL;
-    long long ty = t->it[y].token_count > t->depth ? t->it[y].tokens[t->depth] : -1LL;
-    return tx < ty ? -1 : tx > ty;
+    uint32_t hist[8][256];
+    unsigned digit[8], nd = 0, d, q;
+    uint64_t all_or = 0, all_and = UINT64_MAX, varying;
+    sk_kv *src = a, *dst = tmp;
+    size_t i;
+    if (n < 2) return;
+    if (n <= SK_SMALL_SORT) {
+        for (i = 1; i < n; i++) {
+            sk_kv v = a[i];
+            size_t j = i;
+            while (j > 0 && a[j - 1].key > v.key) {
+                a[j] = a[j - 1];
+                j--;
+            }
+            a[j] = v;
+        }
+        return;
+    }
+    for (i = 0; i < n; i++) {
+        all_or |= a[i].key;
+        all_and &= a[i].key;
+    }
+    varying = all_or ^ all_and;
+    for (d = 0; d < 8; d++)
+        if ((varying >> (8 * d)) & 255u) digit[nd++] = d;
+    if (nd == 0) return;
+    memset(hist, 0, nd * sizeof(hist[0]));
+    for (i = 0; i < n; i++) {
+        uint64_t k = a[i].key;
+        for (q = 0; q < nd; q++) hist[q][(k >> (8 * digit[q])) & 255u]++;
+    }
+    for (q = 0; q < nd; q++) {
+        uint32_t *h = hist[q], sum = 0;
+        unsigned shift = 8 * digit[q], b;
+        for (b = 0; b < 256; b++) {
+            uint32_t c = h[b];
+            h[b] = sum;
+            sum += c;
+        }
+        for (i = 0; i < n; i++) dst[h[(src[i].key >> shift) & 255u]++] = src[i];
+        { sk_kv *t = src; src = dst; dst = t; }
+    }
+    if (src != a) memcpy(a, src, n * sizeof(sk_kv));
 }
 
-static int cmp_order(const void *c, size_t x, size_t y)
+#define SK_AHEAD 8 /* prompts touched ahead of use: token reads are one cache miss each */
+
+/* Length of the common prefix of a and b, at most n tokens. Whole blocks are compared with a
+ * branch-free OR of differences (which compilers vectorise) before the exact scan. */
+size_t sk_rank_lcp32(const int32_t *a, const int32_t *b, size_t n)
 {
-    const sk_rank_item *it = c;
-    return it[x].order < it[y].order ? -1 : it[x].order > it[y].order;
+    size_t i = 0;
+    if (a == b) return n;
+    while (i + 32 <= n) {
+        uint32_t diff = 0;
+        unsigned k;
+        for (k = 0; k < 32; k++) diff |= (uint32_t)(a[i + k] ^ b[i + k]);
+        if (diff) break;
+        i += 32;
+    }
+    while (i < n && a[i] == b[i]) i++;
+    return i;
 }
 
-typedef struct { const sk_rank_item *it; const size_t *bk; const size_t *pos; size_t depth; } bucket_ctx;
-
-static int cmp_bucket(const void *c, size_t x, size_t y)
+/* Orders one node's prompts that end at it (all identical) and writes them at pos[at..). */
+static void place_terminals(sk_rank_ws *ws, const sk_rank_item *items, size_t t, size_t at)
 {
-    const bucket_ctx *b = c;
-    size_t sx = b->bk[2 * x + 1] - b->bk[2 * x], sy = b->bk[2 * y + 1] - b->bk[2 * y];
-    if (sx != sy) return sx > sy ? -1 : 1;
-    uint64_t ox = UINT64_MAX, oy = UINT64_MAX;
-    for (size_t i = b->bk[2 * x]; i < b->bk[2 * x + 1]; i++)
-        if (b->it[b->pos[i]].order < ox) ox = b->it[b->pos[i]].order;
-    for (size_t i = b->bk[2 * y]; i < b->bk[2 * y + 1]; i++)
-        if (b->it[b->pos[i]].order < oy) oy = b->it[b->pos[i]].order;
-    if (ox != oy) return ox < oy ? -1 : 1;
-    int32_t tx = b->it[b->pos[b->bk[2 * x]]].tokens[b->depth];
-    int32_t ty = b->it[b->pos[b->bk[2 * y]]].tokens[b->depth];
-    return tx < ty ? -1 : tx > ty;
+    sk_kv *kv = ws->kv_a;
+    size_t i;
+    for (i = 0; i < t; i++) {
+        kv[i].idx = ws->term[i];
+        kv[i].key = ws->term[i];
+    }
+    sk_rank_kv_sort(kv, ws->kv_b, t);
+    for (i = 0; i < t; i++) kv[i].key = items[kv[i].idx].order;
+    sk_rank_kv_sort(kv, ws->kv_b, t);
+    for (i = 0; i < t; i++) kv[i].key = ~ws->eff[kv[i].idx];
+    sk_rank_kv_sort(kv, ws->kv_b, t);
+    for (i = 0; i < t; i++) ws->pos[at + i] = kv[i].idx;
 }
 
-static void dfs_rank(sk_rank_ws *ws, const sk_rank_item *it, size_t n)
+/* Rearranges pos[0..n) into the waiting-prefix DFS order of §3.2 (identical prompts grouped
+ * and ordered by effective score, order, position). */
+static void dfs_order(sk_rank_ws *ws, const sk_rank_item *items, size_t n)
 {
-    size_t *pos = ws->a, *tmp = ws->b, *fr = ws->frames, top = 0, next = 0;
-    for (size_t i = 0; i < n; i++) pos[i] = i;
-    /* frame kinds: 0 = visit, 1 = emit terminals sorted by order */
-    fr[0] = 0; fr[1] = n; fr[2] = 0; fr[3] = 0; top = 1;
-    while (top) {
-        top--;
-        size_t lo = fr[4 * top], hi = fr[4 * top + 1], depth = fr[4 * top + 2], kind = fr[4 * top + 3];
-        if (kind == 1) {
-            merge_sort(pos + lo, tmp, hi - lo, cmp_order, it);
-            for (size_t i = lo; i < hi; i++) ws->dfs[pos[i]] = next++;
-            continue;
+    size_t top = 0;
+    ws->tasks[top].start = 0;
+    ws->tasks[top].count = (uint32_t)n;
+    ws->tasks[top].depth = 0;
+    top++;
+    while (top > 0) {
+        sk_task task = ws->tasks[--top];
+        uint32_t *seg = ws->pos + task.start;
+        size_t k = task.count, d = task.depth, limit, j, m = 0, t = 0, b = 0, w = 0;
+        const int32_t *first;
+        if (k < 2) continue;
+        limit = items[seg[0]].token_count;
+        for (j = 1; j < k; j++)
+            if (items[seg[j]].token_count < limit) limit = items[seg[j]].token_count;
+        first = items[seg[0]].tokens;
+        for (j = 1; j < k && limit > d; j++) {
+            if (j + SK_AHEAD < k) SK_PREFETCH(items[seg[j + SK_AHEAD]].tokens + d);
+            limit = d + sk_rank_lcp32(first + d, items[seg[j]].tokens + d, limit - d);
         }
-        if (hi - lo <= 1) {
-            for (size_t i = lo; i < hi; i++) ws->dfs[pos[i]] = next++;
-            continue;
+        d = limit;
+
+        for (j = 0; j < k; j++) {
+            uint32_t p = seg[j];
+            if (j + SK_AHEAD < k) {
+                const sk_rank_item *ahead = &items[seg[j + SK_AHEAD]];
+                if (ahead->token_count > d) SK_PREFETCH(ahead->tokens + d);
+            }
+            if (items[p].token_count == d) {
+                ws->term[t++] = p;
+            } else {
+                ws->kv_a[m].key = (uint32_t)items[p].tokens[d] ^ 0x80000000u;
+                ws->kv_a[m].idx = p;
+                m++;
+            }
         }
-        size_t limit = SIZE_MAX;
-        for (size_t i = lo; i < hi; i++)
-            if (it[pos[i]].token_count < limit) limit = it[pos[i]].token_count;
-        const sk_rank_item *f = &it[pos[lo]];
-        while (depth < limit) {
-            size_t i = lo + 1;
-            while (i < hi && it[pos[i]].tokens[depth] == f->tokens[depth]) i++;
-            if (i < hi) break;
-            depth++;
+        sk_rank_kv_sort(ws->kv_a, ws->kv_b, m);
+        /* Buckets come out in ascending token order; the stable sorts below keep that as the
+         * last tie-break after (size desc, smallest order asc). */
+        for (j = 0; j < m;) {
+            size_t e = j + 1;
+            uint64_t min_order = items[ws->kv_a[j].idx].order;
+            while (e < m && ws->kv_a[e].key == ws->kv_a[j].key) {
+                uint64_t o = items[ws->kv_a[e].idx].order;
+                if (o < min_order) min_order = o;
+                e++;
+            }
+            ws->kv_c[b].key = min_order;
+            ws->kv_c[b].idx = (uint32_t)j;
+            ws->kv_c[b].aux = (uint32_t)(e - j);
+            b++;
+            j = e;
         }
-        tok_ctx tc = {it, depth};
-        merge_sort(pos + lo, tmp, hi - lo, cmp_token, &tc);
-        size_t term_end = lo;
-        while (term_end < hi && it[pos[term_end]].token_count <= depth) term_end++;
-        size_t nb = 0;
-        for (size_t i = term_end; i < hi;) {
-            size_t j = i + 1;
-            while (j < hi && it[pos[j]].tokens[depth] == it[pos[i]].tokens[depth]) j++;
-            ws->bk[2 * nb] = i; ws->bk[2 * nb + 1] = j; nb++;
-            i = j;
+        sk_rank_kv_sort(ws->kv_c, ws->kv_b, b);
+        for (j = 0; j < b; j++) ws->kv_c[j].key = (uint64_t)(UINT32_MAX - ws->kv_c[j].aux);
+        sk_rank_kv_sort(ws->kv_c, ws->kv_b, b);
+        for (j = 0; j < b; j++) {
+            size_t from = ws->kv_c[j].idx, cnt = ws->kv_c[j].aux, q;
+            for (q = 0; q < cnt; q++) seg[w + q] = ws->kv_a[from + q].idx;
+            if (cnt > 1) {
+                ws->tasks[top].start = task.start + (uint32_t)w;
+                ws->tasks[top].count = (uint32_t)cnt;
+                ws->tasks[top].depth = d + 1;
+                top++;
+            }
+            w += cnt;
         }
-        /* order buckets, then lay them out contiguously after lo, terminals last */
-        size_t *bidx = tmp + (hi - lo); /* spare room in tmp: n >= (hi-lo)+nb not guaranteed */
-        (void)bidx;
-        size_t *border = malloc((nb ? nb : 1) * 2 * sizeof(size_t));
-        if (!border) return;
-        for (size_t k = 0; k < nb; k++) border[k] = k;
-        bucket_ctx bc = {it, ws->bk, pos, depth};
-        merge_sort(border, border + nb, nb, cmp_bucket, &bc);
-        size_t w = 0;
-        size_t *layout = malloc((hi - lo) * sizeof(size_t));
-        size_t *starts = malloc((nb + 1) * sizeof(size_t));
-        if (!layout || !starts) { free(border); free(layout); free(starts); return; }
-        for (size_t k = 0; k < nb; k++) {
-            size_t b = border[k];
-            starts[k] = lo + w;
-            for (size_t i = ws->bk[2 * b]; i < ws->bk[2 * b + 1]; i++) layout[w++] = pos[i];
-        }
-        starts[nb] = lo + w;
-        for (size_t i = lo; i < term_end; i++) layout[w++] = pos[i];
-        memcpy(pos + lo, layout, (hi - lo) * sizeof(size_t));
-        /* push terminal frame first so it runs after every bucket */
-        fr[4 * top] = starts[nb]; fr[4 * top + 1] = hi; fr[4 * top + 2] = depth; fr[4 * top + 3] = 1; top++;
-        for (size_t k = nb; k > 0; k--) {
-            fr[4 * top] = starts[k - 1];
-            fr[4 * top + 1] = k < nb ? starts[k] : starts[nb];
-            fr[4 * top + 2] = depth + 1; fr[4 * top + 3] = 0; top++;
-        }
-        free(border); free(layout); free(starts);
+        place_terminals(ws, items, t, task.start + w);
     }
 }
 
-typedef struct {
-    const sk_rank_item *it;
-    const sk_rank_ws *ws;
-    int mode, grouping;
-} final_ctx;
-
-static int prompts_equal(const sk_rank_item *a, const sk_rank_item *b)
+static void fill_scores(sk_rank_ws *ws, const sk_rank_item *items, size_t n, uint64_t turn,
+                        uint64_t aging)
 {
-    return a->token_count == b->token_count &&
-           memcmp(a->tokens, b->tokens, a->token_count * sizeof(int32_t)) == 0;
+    size_t i;
+    for (i = 0; i < n; i++) sk_rank_scores(&items[i], turn, aging, &ws->eff[i], &ws->grp[i]);
 }
 
-static int cmp_final(const void *c, size_t x, size_t y)
+enum { KEY_ORDER, KEY_PRIORITY, KEY_EFF, KEY_GROUP };
+
+/* One stable pass over kv_a by the given key of each record's position. */
+static void sort_by(sk_rank_ws *ws, const sk_rank_item *items, size_t n, int which)
 {
-    const final_ctx *f = c;
-    const sk_rank_item *a = &f->it[x], *b = &f->it[y];
-    if (f->mode != SK_RANK_FCFS) {
-        if (a->priority != b->priority) return a->priority > b->priority ? -1 : 1;
+    sk_kv *kv = ws->kv_a;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        uint32_t p = kv[i].idx;
+        switch (which) {
+        case KEY_ORDER: kv[i].key = items[p].order; break;
+        case KEY_PRIORITY: kv[i].key = ~items[p].priority; break;
+        case KEY_EFF: kv[i].key = ~ws->eff[p]; break;
+        default: kv[i].key = ~ws->grp[p]; break;
+        }
     }
-    if (f->mode == SK_RANK_CACHE_AWARE) {
-        const uint64_t *k = f->grouping ? f->ws->group : f->ws->score;
-        if (k[x] != k[y]) return k[x] > k[y] ? -1 : 1;
-        if (f->grouping && f->ws->dfs[x] != f->ws->dfs[y] && !prompts_equal(a, b))
-            return f->ws->dfs[x] < f->ws->dfs[y] ? -1 : 1;
-        if (f->ws->score[x] != f->ws->score[y]) return f->ws->score[x] > f->ws->score[y] ? -1 : 1;
-    }
-    if (a->order != b->order) return a->order < b->order ? -1 : 1;
-    return 0;
+    sk_rank_kv_sort(kv, ws->kv_b, n);
 }
 
 int sk_rank_order(sk_rank_ws *ws, const sk_rank_item *items, size_t n, uint64_t current_turn,
-                  uint64_t aging, int grouping, int mode, size_t *out)
+                  uint64_t aging_cost_per_turn, int group_waiting_prefixes, int mode,
+                  size_t *out)
 {
-    if (n == 0) return 0;
-    if (ws_reserve(ws, n)) return 7;
-    if (mode == SK_RANK_CACHE_AWARE) {
-        uint64_t band = sat_mul(aging > 1 ? aging : 1, 4);
-        for (size_t i = 0; i < n; i++) {
-            uint64_t age = current_turn > items[i].enqueued_turn ? current_turn - items[i].enqueued_turn : 0;
-            ws->score[i] = sat_add(items[i].saved_cost, sat_mul(age, aging));
-            uint64_t bands = age / 4 + (age % 4 != 0);
-            ws->group[i] = sat_add(items[i].saved_cost, sat_mul(bands, band));
-        }
-        if (grouping) dfs_rank(ws, items, n);
+    size_t i;
+    int rc, grouping = group_waiting_prefixes != 0;
+    if (n == 0) return SK_RANK_OK;
+    if (n > UINT32_MAX || mode < SK_RANK_CACHE_AWARE || mode > SK_RANK_PRIORITY)
+        return SK_RANK_INVALID;
+    rc = ws_reserve(ws, n);
+    if (rc != SK_RANK_OK) return rc;
+
+    if (mode == SK_RANK_CACHE_AWARE) fill_scores(ws, items, n, current_turn, aging_cost_per_turn);
+    if (mode == SK_RANK_CACHE_AWARE && grouping) {
+        for (i = 0; i < n; i++) ws->pos[i] = (uint32_t)i;
+        dfs_order(ws, items, n);
+        for (i = 0; i < n; i++) ws->kv_a[i].idx = ws->pos[i];
+        sort_by(ws, items, n, KEY_GROUP);
+    } else {
+        for (i = 0; i < n; i++) ws->kv_a[i].idx = (uint32_t)i;
+        sort_by(ws, items, n, KEY_ORDER);
+        if (mode == SK_RANK_CACHE_AWARE) sort_by(ws, items, n, KEY_EFF);
     }
-    for (size_t i = 0; i < n; i++) out[i] = i;
-    final_ctx fc = {items, ws, mode, grouping};
-    merge_sort(out, ws->b, n, cmp_final, &fc);
-    return 0;
+    if (mode != SK_RANK_FCFS) sort_by(ws, items, n, KEY_PRIORITY);
+    for (i = 0; i < n; i++) out[i] = ws->kv_a[i].idx;
+    return SK_RANK_OK;
 }

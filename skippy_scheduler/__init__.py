@@ -22,7 +22,20 @@ def get_library_dir() -> str:
 from ._core import IterationPlan, PlanOutputs, Scheduler  # noqa: E402
 from ._ordering import order_cache_aware_candidates_py, select_cache_aware_candidate_py  # noqa: E402
 from ._twin_plan import TwinOutputs, TwinPlan  # noqa: E402
-from .cache_policy import CacheAffinity, CacheAwareCandidate, StageCacheAffinity  # noqa: E402
+from .cache_policy import (  # noqa: E402
+    CacheAffinity,
+    CacheAwareCandidate,
+    StageCacheAffinity,
+    order_cache_aware_candidates,
+    select_cache_aware_candidate,
+)
+from .capacity import (  # noqa: E402
+    CapacityDemand,
+    CapacityPlan,
+    ComponentCapacitySnapshot,
+    EvictableCacheEntry,
+    plan_component_capacity,
+)
 from .policies import (  # noqa: E402
     AdmissionPolicy,
     CacheAwareAdmission,
@@ -32,6 +45,12 @@ from .policies import (  # noqa: E402
     PreemptionPolicy,
     PriorityAdmission,
     VictimCandidate,
+)
+from .radix import RadixEntry, RadixMatch, RadixStats, UnifiedRadixCache, affinity_from_radix  # noqa: E402
+from .runtime_queue import (  # noqa: E402
+    CacheRuntimeQueue,
+    CacheRuntimeTelemetry,
+    should_serve_cache_runtime,
 )
 from .twin import TwinScheduler  # noqa: E402
 from .types import (  # noqa: E402
@@ -66,8 +85,14 @@ __all__ = [
     "CacheAffinity",
     "CacheAwareAdmission",
     "CacheAwareCandidate",
+    "CacheRuntimeQueue",
+    "CacheRuntimeTelemetry",
+    "CapacityDemand",
+    "CapacityPlan",
+    "ComponentCapacitySnapshot",
     "DuplicateSequence",
     "EmptyPrompt",
+    "EvictableCacheEntry",
     "FcfsAdmission",
     "FewestComputedTokens",
     "IterationPhase",
@@ -84,6 +109,9 @@ __all__ = [
     "PrefixRestoreKind",
     "PriorityAdmission",
     "QueueFull",
+    "RadixEntry",
+    "RadixMatch",
+    "RadixStats",
     "Scheduler",
     "SchedulerConfig",
     "SchedulerMetrics",
@@ -95,7 +123,13 @@ __all__ = [
     "TwinOutputs",
     "TwinPlan",
     "TwinScheduler",
+    "UnifiedRadixCache",
+    "affinity_from_radix",
     "VictimCandidate",
+    "order_cache_aware_candidates",
     "order_cache_aware_candidates_py",
+    "plan_component_capacity",
+    "select_cache_aware_candidate",
     "select_cache_aware_candidate_py",
+    "should_serve_cache_runtime",
 ]

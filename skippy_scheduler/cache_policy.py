@@ -79,3 +79,46 @@ class CacheAwareCandidate:
     prompt_tokens: _Seq[int] = ()
     enqueued_turn: int = 0
     order: int = 0
+
+
+def _check_candidates(candidates: object) -> list:
+    if isinstance(candidates, (str, bytes)):
+        raise TypeError("candidates must be an iterable of CacheAwareCandidate")
+    try:
+        items = list(candidates)  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError("candidates must be an iterable of CacheAwareCandidate") from None
+    for item in items:
+        if not isinstance(item, CacheAwareCandidate):
+            raise TypeError(
+                f"candidates must be CacheAwareCandidate values, got {type(item).__name__}")
+    return items
+
+
+def order_cache_aware_candidates(
+    candidates, current_turn: int, aging_cost_per_turn: int, group_waiting_prefixes: bool
+) -> list[int]:
+    """The candidates' `index` values, best first (§3.3), ranked by the native kernel.
+
+    Keys: priority desc; grouping score (or effective score without grouping) desc; the
+    waiting-prefix DFS rank when grouping and the prompts differ; effective score desc; order
+    asc; then input position. Raises TypeError / ValueError for malformed input (prompt tokens
+    must be ints in the i32 range, every other field a u64).
+    """
+    from . import _rank
+    from ._checks import check_bool, check_uint
+
+    items = _check_candidates(candidates)
+    turn = check_uint("current_turn", current_turn)
+    aging = check_uint("aging_cost_per_turn", aging_cost_per_turn)
+    grouping = check_bool("group_waiting_prefixes", group_waiting_prefixes)
+    return _rank.order_candidates(items, turn, aging, grouping)
+
+
+def select_cache_aware_candidate(
+    candidates, current_turn: int, aging_cost_per_turn: int, group_waiting_prefixes: bool
+) -> int | None:
+    """The best candidate's `index`, or None when there is no candidate."""
+    order = order_cache_aware_candidates(
+        candidates, current_turn, aging_cost_per_turn, group_waiting_prefixes)
+    return order[0] if order else None

@@ -1,0 +1,17 @@
+"""The scheduler lab: a deterministic discrete-event driver around the scheduler (§5).
+
+No model runs: requests are lengths and arrival times, every sampled token is fixed and time
+comes from `RuntimeCostModel`. `simulate` reproduces the reference lab; `scenarios` holds its
+13 scenarios and the fixture replay; `suite` replays seeded synthetic workloads under several
+admission policies and planning modes.
+"""
+from .backend import Backend, BackendUnavailable, resolve_backend
+from .model import (RuntimeCostModel, SimRequest, apply_resident_radix_affinity, burst_requests,
+                    staggered_prefill_requests)
+from .simulate import RequestMetrics, SimulationError, SimulationReport, percentile, simulate
+
+__all__ = [
+    "Backend", "BackendUnavailable", "resolve_backend", "RuntimeCostModel", "SimRequest",
+    "apply_resident_radix_affinity", "burst_requests", "staggered_prefill_requests",
+    "RequestMetrics", "SimulationError", "SimulationReport", "percentile", "simulate",
+]

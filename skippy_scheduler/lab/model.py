@@ -1,0 +1,187 @@
+"""Simulated requests, the virtual cost model and the reference request generators (§5.2-§5.4).
+
+The lab never runs a model: a request is a prompt length, an output length and an arrival time,
+and the time an iteration takes comes from `RuntimeCostModel`. Prompt token ids are synthetic
+(`token_offset + i`), so two requests share a prompt prefix exactly when their offsets are equal.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field, fields, replace
+from typing import Iterable, Mapping
+
+from ..cache_policy import CacheAffinity, StageCacheAffinity
+
+I32_MAX = (1 << 31) - 1
+U32_MAX = (1 << 32) - 1
+
+
+def _check_int(name: str, value: object, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+    return value
+
+
+@dataclass
+class SimRequest:
+    """One simulated request: arrival time (µs), prompt and output lengths, optional prefix hit."""
+
+    id: str
+    arrival_us: int
+    prompt_tokens: int
+    output_tokens: int
+    prefix_tokens: int = 0  # prompt tokens restored from a resident prefix (free in the model)
+    priority: int = 0
+    token_offset: int = 0  # first prompt token id; equal offsets mean shared prompts
+    cache_affinity: CacheAffinity = field(default_factory=CacheAffinity)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str):
+            raise TypeError("SimRequest.id must be a str")
+        _check_int("arrival_us", self.arrival_us, 0, (1 << 64) - 1)
+        _check_int("prompt_tokens", self.prompt_tokens, 0, (1 << 64) - 1)
+        _check_int("output_tokens", self.output_tokens, 0, U32_MAX)
+        _check_int("prefix_tokens", self.prefix_tokens, 0, (1 << 64) - 1)
+        _check_int("priority", self.priority, 0, (1 << 64) - 1)
+        _check_int("token_offset", self.token_offset, -(1 << 31), I32_MAX)
+        if not isinstance(self.cache_affinity, CacheAffinity):
+            raise TypeError("SimRequest.cache_affinity must be a CacheAffinity")
+
+    def with_prefix_tokens(self, prefix_tokens: int) -> "SimRequest":
+        self.prefix_tokens = min(_check_int("prefix_tokens", prefix_tokens, 0, (1 << 64) - 1),
+                                 self.prompt_tokens)
+        return self
+
+    def with_token_offset(self, token_offset: int) -> "SimRequest":
+        self.token_offset = _check_int("token_offset", token_offset, -(1 << 31), I32_MAX)
+        return self
+
+    def with_cache_affinity(self, affinity: CacheAffinity) -> "SimRequest":
+        if not isinstance(affinity, CacheAffinity):
+            raise TypeError("affinity must be a CacheAffinity")
+        self.cache_affinity = affinity
+        return self
+
+    def with_priority(self, priority: int) -> "SimRequest":
+        self.priority = _check_int("priority", priority, 0, (1 << 64) - 1)
+        return self
+
+    def prompt_ids(self) -> list[int]:
+        """Prompt token ids: token_offset + i, saturating at i32::MAX like the reference."""
+        start = self.token_offset
+        stop = start + self.prompt_tokens
+        if stop - 1 <= I32_MAX:
+            return list(range(start, stop))
+        head = list(range(start, I32_MAX + 1)) if start <= I32_MAX else []
+        return head + [I32_MAX] * (self.prompt_tokens - len(head))
+
+
+@dataclass(frozen=True)
+class RuntimeCostModel:
+    """Virtual time of one iteration, in µs (§5.3). Prefix restores are free."""
+
+    iteration_overhead_us: float = 50
+    prefill_token_us: float = 2
+    decode_batch_us: float = 100
+    decode_sequence_us: float = 20
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{f.name} must be a number, got {type(value).__name__}")
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{f.name} must be a finite number >= 0, got {value}")
+
+    def duration_us(self, prompt_tokens: int, decode_rows: int):
+        """Cost of an iteration with `prompt_tokens` Prefill/Recompute tokens and `decode_rows`
+        Decode rows: overhead + per-token prefill + (batch + per-row) decode; at least 1 µs."""
+        d = self.iteration_overhead_us + self.prefill_token_us * prompt_tokens
+        if decode_rows:
+            d += self.decode_batch_us + self.decode_sequence_us * decode_rows
+        return d if d >= 1 else 1
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def parse(cls, spec: str) -> "RuntimeCostModel":
+        """Build from `name=value,...` overrides or from the path of a JSON object file."""
+        if os.path.exists(spec):
+            with open(spec, encoding="utf-8") as fh:
+                data = json.load(fh)
+            if not isinstance(data, Mapping):
+                raise ValueError(f"{spec}: the cost model file must hold a JSON object")
+            return cls.from_mapping(data)
+        values: dict[str, object] = {}
+        for part in spec.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            name, sep, text = part.partition("=")
+            if not sep:
+                raise ValueError(f"cost model override {part!r} is not name=value")
+            try:
+                number: object = int(text)
+            except ValueError:
+                try:
+                    number = float(text)
+                except ValueError:
+                    raise ValueError(f"cost model value {text!r} for {name} is not a number") from None
+            values[name.strip()] = number
+        return cls.from_mapping(values)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, object]) -> "RuntimeCostModel":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown cost model field(s): {', '.join(unknown)} "
+                             f"(known: {', '.join(sorted(known))})")
+        return replace(cls(), **values)
+
+
+def new_sequence(types, seq_id: str, prompt: list[int], max_tokens: int, priority: int):
+    """`Sequence(seq_id, prompt, max_tokens, None, priority)`, built without the constructor's
+    per-token Python check: submit checks the tokens again anyway (natively for a list of plain
+    ints), so the prompt is assigned as the public field it is and the default admission size
+    (prompt + max_tokens) restated. The scheduler receives the same sequence."""
+    seq = types.Sequence(seq_id, (), max_tokens, None, priority)
+    seq.prompt_tokens = prompt
+    return seq.with_admission_tokens(len(prompt) + max_tokens)
+
+
+def burst_requests(n: int, prompt_tokens: int, output_tokens: int,
+                   prefix_tokens: int = 0) -> list[SimRequest]:
+    """n identical requests "request-0".."request-(n-1)", all arriving at 0 µs."""
+    return [SimRequest(f"request-{i}", 0, prompt_tokens, output_tokens).with_prefix_tokens(prefix_tokens)
+            for i in range(n)]
+
+
+def staggered_prefill_requests() -> list[SimRequest]:
+    """A short decoder at 0 µs, then four 1 024-token prompts arriving every millisecond."""
+    requests = [SimRequest("decoder", 0, 32, 64)]
+    requests += [SimRequest(f"prefill-{i}", 1_000 + 1_000 * i, 1_024, 4) for i in range(4)]
+    return requests
+
+
+def apply_resident_radix_affinity(cache, namespace: str, stage_index: int,
+                                  prefill_cost_per_token: int,
+                                  requests: Iterable[SimRequest]) -> list[SimRequest]:
+    """Peek the resident radix (no LRU change) for each prompt; a hit becomes a prefix restore
+    plus a one-stage affinity tagged with the cache epoch. Misses are left unchanged."""
+    out = list(requests)
+    epoch = cache.epoch()
+    for request in out:
+        match = cache.peek_resident(namespace, request.prompt_ids())
+        if match is None:
+            continue
+        request.with_prefix_tokens(min(match.matched_tokens, request.prompt_tokens))
+        request.with_cache_affinity(CacheAffinity.from_stage(StageCacheAffinity(
+            stage_index=stage_index, matched_tokens=request.prefix_tokens,
+            prefill_cost_per_token=prefill_cost_per_token, restore_cost=0, cache_epoch=epoch)))
+    return out

@@ -1,0 +1,41 @@
+"""Lab tests run against every scheduler implementation that is installed."""
+from __future__ import annotations
+
+import pytest
+
+from skippy_scheduler.lab.backend import BackendUnavailable, resolve_backend
+
+
+def _available() -> list[str]:
+    names = []
+    for name in ("twin", "native"):
+        try:
+            resolve_backend(name)
+        except (BackendUnavailable, ImportError):
+            continue
+        names.append(name)
+    return names
+
+
+BACKENDS = _available()
+
+
+@pytest.fixture(params=BACKENDS, scope="session")
+def backend(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def scenario_results():
+    """Reference scenario results per backend, computed once per session."""
+    from skippy_scheduler.lab.scenarios import SCENARIOS, run_scenario
+
+    cache: dict[str, dict] = {}
+
+    def get(backend: str) -> dict:
+        if backend not in cache:
+            cache[backend] = {s.name: run_scenario(s, backend=backend, trace=True)
+                              for s in SCENARIOS}
+        return cache[backend]
+
+    return get
