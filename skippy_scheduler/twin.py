@@ -118,6 +118,13 @@ class TwinScheduler:
             self._metrics.prefix_hits = sat(self._metrics.prefix_hits + 1)
         else:
             self._metrics.prefix_misses = sat(self._metrics.prefix_misses + 1)
+        # A caller-set cursor never skips the pending token nor leaves nothing runnable (§0.4b),
+        # and admission numbers come only from this scheduler's counter (§0.4c).
+        replay_len = s.recompute_token_count()
+        s.prefill_cursor = min(s.prefill_cursor, replay_len)
+        if not s.generated_tokens and s.prefill_cursor >= replay_len:
+            s.prefill_cursor = replay_len - 1
+        s.admitted_at = None
         s.enqueued_turn = self._waiting_turn
         s.enqueue_order = self._next_order
         self._next_order = sat(self._next_order + 1)
@@ -155,10 +162,8 @@ class TwinScheduler:
             raise ValueError("admission policy must return a permutation of the candidate indexes")
         return [self._waiting[i] for i in order]
 
-    def _admit_waiting(self, turn: int) -> int:
-        if self._dirty:
-            self._waiting = self._ranked_waiting(turn)
-            self._dirty = False
+    def _admit_waiting(self) -> int:
+        """Admit front to back; a request that does not fit is skipped, not waited on (§2.3)."""
         admitted = 0
         deferred: list[Sequence] = []
         for s in self._waiting:
@@ -188,7 +193,7 @@ class TwinScheduler:
             self._waiting = self._ranked_waiting(turn)
             self._dirty = False
         self._waiting_turn = turn
-        admitted = self._admit_waiting(turn)
+        admitted = self._admit_waiting()
         live = sum(1 for s in self._active.values() if _live_decode(s))
         rows = min(live, self._config.max_tokens_per_iteration)
         if (

@@ -22,6 +22,7 @@ from skippy_scheduler import (
     PriorityAdmission,
     SchedulerConfig,
     Sequence,
+    SequenceStatus,
     StageCacheAffinity,
 )
 
@@ -67,9 +68,18 @@ OP_STRATEGIES = {
     "preempt": st.tuples(st.just("preempt"), st.lists(st.integers(0, 200), min_size=0, max_size=3)),
     "cancel": st.tuples(st.just("cancel"), st.sampled_from(IDS)),
     "submit-empty": st.tuples(st.just("submit-empty"), st.sampled_from(IDS)),
+    # Caller-set progress fields (cursor, generated tokens, status), as a resumed request has.
+    "submit-raw": st.tuples(
+        st.just("submit-raw"),
+        st.sampled_from(IDS),
+        st.lists(st.integers(0, 3), min_size=1, max_size=8),
+        st.lists(st.integers(0, 9), max_size=3),
+        st.integers(0, 14),
+        st.integers(0, 4),
+    ),
 }
 # Weights by repetition: mostly submits and full steps, so sequences get far.
-OP_MIX = ["submit"] * 6 + ["step"] * 9 + ["preempt"] * 2 + ["plan", "complete", "observe", "cancel", "submit-empty"]
+OP_MIX = ["submit"] * 6 + ["step"] * 9 + ["preempt"] * 2 + ["plan", "complete", "observe", "cancel", "submit-empty", "submit-raw"]
 ops = st.sampled_from(OP_MIX).flatmap(OP_STRATEGIES.__getitem__)
 scripts = st.tuples(configs, st.lists(ops, min_size=10, max_size=80))
 
@@ -139,6 +149,22 @@ def build_sequence(op):
     return s
 
 
+def build_raw_sequence(op):
+    _, sid, prompt, generated, cursor, status = op
+    s = Sequence(sid, prompt, 4, None, 1)
+    s.generated_tokens = list(generated)
+    s.prefill_cursor = cursor
+    s.status = SequenceStatus(status)
+    return s
+
+
+SUBMITTED = {
+    "submit": build_sequence,
+    "submit-empty": lambda op: Sequence(op[1], [], 1),
+    "submit-raw": build_raw_sequence,
+}
+
+
 def describe_plan(plan):
     rows = [
         (w.sequence_id, tuple(w.tokens), tuple(w.positions), w.phase.value, bool(w.sample_last)) for w in plan.work
@@ -201,9 +227,9 @@ def run(scheduler, script_ops, check=None):
     plan = None
     for op in script_ops:
         kind = op[0]
-        if kind in ("submit", "submit-empty"):
+        if kind in ("submit", "submit-empty", "submit-raw"):
             try:
-                scheduler.submit(build_sequence(op) if kind == "submit" else Sequence(op[1], [], 1))
+                scheduler.submit(SUBMITTED[kind](op))
                 result = None
             except AdmissionError as exc:
                 result = repr(exc)

@@ -300,3 +300,33 @@ def test_cancelling_a_waiting_sequence_reranks_the_queue(impl):
     assert s.cancel("y") and s.cancel("h")
     s.plan_iteration()
     assert s.snapshot().active_ids == ["z"]  # without "y", "x" no longer leads a shared subtree
+
+
+@pytest.mark.parametrize(
+    "prompt, generated, cursor, expected",
+    [
+        ([1, 2, 3], [], 99, 2),  # would stall: keep the last prompt token runnable
+        ([1, 2, 3], [], 3, 2),
+        ([1], [], 1, 0),
+        ([1, 2, 3], [4, 5], 99, 4),  # decode-ready: the pending token is never skipped
+        ([1, 2, 3], [4, 5], 3, 3),  # caller-chosen replay point is kept
+        ([1, 2], [7], 0, 0),
+    ],
+)
+def test_submit_clamps_a_caller_set_cursor(impl, prompt, generated, cursor, expected):
+    s = make_scheduler(impl)
+    x = Sequence("x", prompt, 5, None, 1)
+    x.generated_tokens = generated
+    x.prefill_cursor = cursor
+    x.admitted_at = 77
+    x.enqueued_turn = 50
+    x.enqueue_order = 9
+    x.status = SequenceStatus.Finished  # kept as given until admission (§7.17)
+    s.submit(x)
+    view = s.sequence("x")
+    assert view.prefill_cursor == expected
+    assert (view.admitted_at, view.enqueued_turn, view.enqueue_order) == (None, 0, 0)
+    assert view.status is SequenceStatus.Finished
+    plan = s.plan_iteration()
+    assert len(plan) == 1 and plan.work[0].positions[0] == expected
+    assert s.sequence("x").status is SequenceStatus.Running

@@ -36,7 +36,7 @@ class InvariantChecker:
 
     def __call__(self, s, op, result, plan):
         kind = op[0]
-        if kind == "submit" and result is None:
+        if kind.startswith("submit") and result is None:
             self.live.add(op[1])
         elif kind == "cancel" and result:
             self.live.discard(op[1])
