@@ -15,9 +15,12 @@ from ._capi cimport *
 
 from dataclasses import fields as _dc_fields
 
+import numbers
+
 import numpy as np
 
 from ._abi import ffi as _ffi
+from ._checks import check_uint
 from .cache_policy import CacheAwareCandidate
 from .policies import (
     AdmissionPolicy,
@@ -229,9 +232,8 @@ cdef class PlanOutputs:
     @count.setter
     def count(self, value):
         self._plan._check()
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"count must be an int, got {type(value).__name__}")
-        if value < 0 or value > self._plan._rows:
+        value = check_uint("count", value)
+        if value > self._plan._rows:
             raise ValueError(f"count must be in [0, {self._plan._rows}]")
         self._plan._s._pp.outputs.count = value
 
@@ -406,8 +408,9 @@ cdef class Scheduler:
         c.mixed_prefill_decode = cfg.mixed_prefill_decode
         c.cache_aging_cost_per_iteration = cfg.cache_aging_cost_per_iteration
         c.group_waiting_prefixes = cfg.group_waiting_prefixes
+        # Every policy is resolved against the config (subclasses keep their type).
+        admission = admission.resolved(cfg)
         if type(admission) is CacheAwareAdmission:
-            admission = admission.resolved(cfg)
             c.cache_aging_cost_per_iteration = admission.aging_cost_per_turn
             c.group_waiting_prefixes = admission.group_waiting_prefixes
             c.admission_policy = 0
@@ -615,7 +618,7 @@ cdef class Scheduler:
     def observe_iteration_duration(self, plan, elapsed):
         """Record how long `plan` took (seconds) to calibrate mixed planning (§2.6)."""
         self._own_live(plan)
-        if isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)):
+        if isinstance(elapsed, bool) or not isinstance(elapsed, numbers.Real):
             raise TypeError(f"elapsed must be seconds as a float, got {type(elapsed).__name__}")
         if skippy_scheduler_observe(self._s, (<IterationPlan>plan).serial, float(elapsed) * 1e6,
                                     NULL) != SKIPPY_STATUS_OK:
@@ -671,12 +674,9 @@ cdef class Scheduler:
         """Overwrite used bytes with measured values and preempt until every component fits."""
         cdef size_t n = 0, i, out = 0
         cdef array vals
-        values = list(used_bytes)
-        for v in values:
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise TypeError(f"used bytes must be ints, got {type(v).__name__}")
-            if v < 0 or v > _U64_MAX:
-                raise ValueError(f"used bytes must be in [0, 2**64-1], got {v}")
+        if isinstance(used_bytes, (str, bytes)) or not hasattr(used_bytes, "__iter__"):
+            raise TypeError("used_bytes must be a list of ints")
+        values = [check_uint(f"used_bytes[{k}]", v) for k, v in enumerate(used_bytes)]
         vals = array("Q", values)
         n = len(vals)
         if skippy_scheduler_preempt(self._s, <const uint64_t *>vals.data.as_ulonglongs if n else NULL, n, &out,
