@@ -22,7 +22,9 @@ Models (kept deliberately simple):
 from __future__ import annotations
 
 import time
+from array import array
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -109,7 +111,7 @@ class _Events:
         self.times: list[float] = []
         self.counts: list[int] = []
 
-    def add(self, now: float, owners: np.ndarray) -> None:
+    def add(self, now: float, owners: list[int]) -> None:
         self.owners.append(owners)
         self.times.append(now)
         self.counts.append(len(owners))
@@ -117,8 +119,9 @@ class _Events:
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         if not self.owners:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
-        owners = np.concatenate(self.owners).astype(np.int64)
-        times = np.repeat(np.asarray(self.times), np.asarray(self.counts))
+        owners = np.fromiter(chain.from_iterable(self.owners), dtype=np.int64,
+                             count=sum(self.counts))
+        times = np.repeat(np.asarray(self.times), np.asarray(self.counts, dtype=np.int64))
         return owners, times
 
 
@@ -171,12 +174,12 @@ def _token_timeline(n: int, events: _Events) -> _TokenTimeline:
     return _TokenTimeline(first, last, generated, max_gap, gaps[keep])
 
 
-def _row_owners(last_tokens: np.ndarray) -> np.ndarray:
+def _row_owners(last_tokens: list[int]) -> list[int]:
     """Request index of each row from its last token: a marker (final prompt token or a
     sampled token) or an own-suffix token name their request; a family-prefix token gives -1."""
-    last = last_tokens.astype(np.int64)
-    return np.where(last >= MARKER_BASE, last - MARKER_BASE,
-                    (last - SUFFIX_BASE) // SUFFIX_STRIDE)
+    return [t - MARKER_BASE if t >= MARKER_BASE
+            else (t - SUFFIX_BASE) // SUFFIX_STRIDE if t >= SUFFIX_BASE else -1
+            for t in last_tokens]
 
 
 def _first_times(n: int, events: _Events) -> np.ndarray:
@@ -203,7 +206,7 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
     n = workload.n
     arrivals = workload.arrival_us.tolist()
     out_len = workload.output_len
-    family = workload.family
+    family_of = workload.family.tolist()
     ids = [workload.request_id(r) for r in range(n)]
     index_of = {rid: r for r, rid in enumerate(ids)}
     cache = UnifiedRadixCache()
@@ -236,7 +239,7 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
         prompt = workload.prompt(r).tolist()
         max_tokens = int(out_len[r])
         seq = new_sequence(types, ids[r], prompt, max_tokens, int(workload.priority[r]))
-        f = int(family[r])
+        f = family_of[r]
         if f >= 0 and materialized[f]:
             match = cache.peek_resident(NAMESPACE, prompt)
             if match is not None and match.matched_tokens > 0:
@@ -281,28 +284,30 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
             k = rows
             ends = None
         else:
+            # Mixed or prompt iterations: few rows, so plain Python over lists is cheapest.
             ends = plan.row_offsets[1:] - 1
-            owner = _row_owners(tokens[ends])
-            if owner.min() < 0:  # a chunk ending inside a shared family prefix: read the rows
+            owner = _row_owners(tokens[ends].tolist())
+            if -1 in owner:  # a chunk ending inside a shared family prefix: read the rows
                 work = plan.work
-                for i in np.flatnonzero(owner < 0).tolist():
-                    owner[i] = index_of[work[i].sequence_id]
-            scheduled.add(now, owner[phases != PHASE_DECODE])
-            sample_rows = plan.sample_rows
-            sampled = owner[sample_rows]
+                owner = [index_of[work[i].sequence_id] if r < 0 else r
+                         for i, r in enumerate(owner)]
+            phase_bytes = bytes(phases)
+            scheduled.add(now, [r for r, ph in zip(owner, phase_bytes) if ph != PHASE_DECODE])
+            sample_rows = plan.sample_rows.tolist()
+            sampled = [owner[i] for i in sample_rows]
             k = len(sample_rows)
-            predicted = (sampled + MARKER_BASE).astype(np.int32)
+            predicted = array("i", [r + MARKER_BASE for r in sampled])
             outputs.request_indexes[:k] = sample_rows
             outputs.predicted_tokens[:k] = predicted
             outputs.count = k
             sampled_bytes = predicted.tobytes()
-            firsts = sampled[phases[sample_rows] == PHASE_PREFILL]
-            for r in firsts[family[firsts] >= 0].tolist():  # a family prefix is now in KV
-                f = int(family[r])
-                if not materialized[f]:
-                    materialized[f] = True
-                    cache.insert_resident(NAMESPACE, workload.family_prompt_prefix(f),
-                                          int(workload.family_prefix[f]), f"family-{f}")
+            for i in sample_rows:
+                if phase_bytes[i] == PHASE_PREFILL:  # a first token: the prompt is now in KV
+                    f = family_of[owner[i]]
+                    if f >= 0 and not materialized[f]:
+                        materialized[f] = True
+                        cache.insert_resident(NAMESPACE, workload.family_prompt_prefix(f),
+                                              int(workload.family_prefix[f]), f"family-{f}")
         duration = cost.duration_us(token_count - decode, decode)
         start = now
         now += duration
@@ -314,6 +319,8 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
                 new_fed = plan.positions.astype(np.int64) + 1
             else:
                 new_fed = plan.positions[ends].astype(np.int64) + 1
+                owner = np.asarray(owner, dtype=np.int64)
+                sampled = np.asarray(sampled, dtype=np.int64)
         sched.observe_iteration_duration(plan, duration / 1e6)
         telemetry = sched.complete_iteration(plan)
         outstanding = telemetry.active_sequences + telemetry.waiting_sequences
