@@ -253,6 +253,7 @@ cdef class IterationPlan:
     cdef size_t _rows
     cdef size_t _samples
     cdef object _work
+    cdef object _ids
     cdef PlanOutputs _outputs
 
     def __len__(self):
@@ -325,6 +326,18 @@ cdef class IterationPlan:
             o.predicted_tokens = self._s._slice(_A_OTOK, self._rows)
             self._outputs = o
         return self._outputs
+
+    @property
+    def sequence_ids(self):
+        """Sequence id of every row (built once, on first use; readable afterwards)."""
+        cdef skippy_plan *p
+        cdef size_t r
+        if self._ids is None:
+            self._check()
+            p = self._s._pp
+            objs = self._s._objs
+            self._ids = [objs[p.slots[r]][0] for r in range(self._rows)]
+        return self._ids
 
     @property
     def work(self):

@@ -60,6 +60,7 @@ class TwinPlan:
         self.sample_last = np.fromiter((w.sample_last for w in work), dtype=np.bool_, count=rows)
         self.phases = np.fromiter((w.phase.value for w in work), dtype=np.uint8, count=rows)
         self.sample_rows = np.flatnonzero(self.sample_last).astype(np.intp)
+        self.sequence_ids = [w.sequence_id for w in work]
         self.outputs = TwinOutputs(rows)
 
     def __len__(self) -> int:

@@ -6,6 +6,8 @@ time only moves by the cost model, so two runs of the same inputs give identical
 """
 from __future__ import annotations
 
+import numpy as np
+
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence as _Seq
@@ -174,7 +176,7 @@ def simulate(config, cost: RuntimeCostModel | None, requests: Iterable[SimReques
     config = config.normalized()
     capacity = config.max_tokens_per_iteration
     scheduler = resolve_backend(backend).make(config, admission=admission, preemption=preemption)
-    decode_phase = types.IterationPhase.Decode
+    decode_value = types.IterationPhase.Decode.value
 
     metrics = {r.id: RequestMetrics(r.arrival_us) for r in reqs}
     lengths = {r.id: r.output_tokens for r in reqs}
@@ -199,26 +201,25 @@ def simulate(config, cost: RuntimeCostModel | None, requests: Iterable[SimReques
             now = max(now, reqs[next_arrival].arrival_us)
             continue
         plan = scheduler.plan_iteration()
-        work = plan.work
-        if not work:
+        # Row owners, phases and sampling rows come from the plan's arrays; the row objects
+        # (with their token tuples) are only built when a trace is asked for.
+        ids = plan.sequence_ids
+        if not ids:
             raise SimulationError(f"scheduler stalled at {now} µs with {submitted - completed} "
                                   "unfinished requests")
-        decode_rows = 0
-        sampled: list[int] = []
-        for i, row in enumerate(work):
-            m = metrics[row.sequence_id]
+        work = plan.work if trace is not None else None
+        for rid in ids:
+            m = metrics[rid]
             if m.first_scheduled_us is None:
                 m.first_scheduled_us = now
-            if row.phase == decode_phase:
-                decode_rows += 1
-            if row.sample_last:
-                sampled.append(i)
+        decode_rows = int(np.count_nonzero(plan.phases == decode_value))
+        sampled: list[int] = plan.sample_rows.tolist()
         start = now
         token_count = plan.token_count  # read while the plan is live
         duration = cost.duration_us(token_count - decode_rows, decode_rows)
         now += duration
         for i in sampled:
-            m = metrics[work[i].sequence_id]
+            m = metrics[ids[i]]
             if m.first_token_us is None:
                 m.first_token_us = now
             if m.last_token_us is not None:
@@ -239,7 +240,7 @@ def simulate(config, cost: RuntimeCostModel | None, requests: Iterable[SimReques
         # end a sequence: it finishes when its output is full (every token is 1, never an end
         # signal), so those are the ones asked about; should the scheduler's finished + failed
         # count say more ended, every sampled id is asked (a snapshot copies the prompt).
-        ended = [work[i].sequence_id for i in sampled]
+        ended = [ids[i] for i in sampled]
         full = [rid for rid in ended if metrics[rid].generated >= lengths[rid]]
         gone = telemetry.finished + telemetry.failed
         for rid in sorted(set(ended if gone > completed + len(full) else full)):
@@ -247,7 +248,7 @@ def simulate(config, cost: RuntimeCostModel | None, requests: Iterable[SimReques
             if m.completed_us is None and scheduler.sequence(rid) is None:
                 m.completed_us = now
                 completed += 1
-        prompt_rows = len(work) - decode_rows
+        prompt_rows = len(ids) - decode_rows
         if prompt_rows and decode_rows:
             report.mixed_iterations += 1
         elif prompt_rows:
@@ -255,7 +256,7 @@ def simulate(config, cost: RuntimeCostModel | None, requests: Iterable[SimReques
         else:
             report.decode_iterations += 1
         report.iterations += 1
-        batch_sum += len(work)
+        batch_sum += len(ids)
         occupancy_sum += token_count / capacity
     report.requests = {rid: metrics[rid] for rid in sorted(metrics)}
     report.makespan_us = now
