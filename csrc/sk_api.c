@@ -139,9 +139,7 @@ void skippy_scheduler_free(skippy_scheduler *s)
     free(s->plan.outputs.predicted_tokens);
     free(s->row_seen);
     free(s->row_token);
-    sk_rank_ws_free(s->rank_ws);
-    free(s->rank_items);
-    free(s->rank_out);
+    sk_waiting_free(s);
     free(s);
 }
 
@@ -182,8 +180,7 @@ skippy_status skippy_scheduler_create(const skippy_scheduler_config *config,
         s->available[i] = sk_sat_sub(c->capacity_bytes, c->resident_bytes);
     }
     s->cfg.memory_components = s->comps;
-    s->rank_ws = sk_rank_ws_new();
-    if (!s->rank_ws || sk_store_init(s)) goto oom;
+    if (sk_waiting_init(s) || sk_store_init(s)) goto oom;
     s->mixed_viable = true;
     *out = s;
     return SKIPPY_STATUS_OK;

@@ -98,8 +98,7 @@ static int submit(skippy_scheduler *s, const skippy_sequence_desc *d, uint32_t *
     if (sk_grow((void **)&q->tokens, &q->token_cap, want, sizeof(int32_t)) ||
         sk_grow((void **)&q->id, &q->id_cap, d->id_len + 1, 1))
         goto oom;
-    /* From here on nothing can fail. */
-    sk_store_take(s);
+    /* The slot stays free until it is taken below, so filling it first is harmless. */
     if (d->id_len) memcpy(q->id, d->id, d->id_len);
     q->id[d->id_len] = 0;
     q->id_len = d->id_len;
@@ -127,7 +126,11 @@ static int submit(skippy_scheduler *s, const skippy_sequence_desc *d, uint32_t *
     q->session = d->session;
     q->admitted_at = 0;
     q->enqueued_turn = s->waiting_turn;
-    q->enqueue_order = s->next_order++;
+    q->enqueue_order = s->next_order;
+    if (sk_waiting_add(s, slot, q->enqueue_order)) goto oom;
+    /* From here on nothing can fail. */
+    sk_store_take(s);
+    s->next_order++;
     q->where = SK_WHERE_WAITING;
     sk_store_index(s, slot);
     if (q->has_restore) s->m.prefix_hits = sk_sat_add(s->m.prefix_hits, 1);
@@ -149,60 +152,11 @@ skippy_status skippy_scheduler_submit(skippy_scheduler *s, const skippy_sequence
 
 /* ---------------------------------------------------------------- admission (§2.3) */
 
-static int rank_waiting(skippy_scheduler *s)
-{
-    size_t n = s->waiting_len;
-    if (n == 0) return 0;
-    if (n > s->rank_cap) {
-        size_t cap = s->rank_cap, cap2 = s->rank_cap;
-        if (sk_grow((void **)&s->rank_out, &cap, n, sizeof(size_t)) ||
-            sk_grow((void **)&s->rank_items, &cap2, cap, sizeof(sk_rank_item)))
-            goto oom;
-        s->rank_cap = cap;
-    }
-    sk_rank_item *items = s->rank_items;
-    if (s->cfg.admission_policy == SKIPPY_ADMISSION_CALLBACK) {
-        if (!s->rank_cb) return sk_fail(s, SKIPPY_SCHED_CALLBACK, "no rank callback installed");
-        if (s->rank_cb(s->cb_ctx, s, s->waiting, n, s->waiting_turn, s->rank_out))
-            return sk_fail(s, SKIPPY_SCHED_CALLBACK, "admission policy failed");
-    } else {
-        for (size_t i = 0; i < n; i++) {
-            const sk_seq *q = &s->seqs[s->waiting[i]];
-            items[i].priority = q->priority;
-            items[i].saved_cost = q->saved_cost;
-            items[i].enqueued_turn = q->enqueued_turn;
-            items[i].order = q->enqueue_order;
-            items[i].tokens = q->tokens;
-            items[i].token_count = q->prompt_len;
-        }
-        int mode = s->cfg.admission_policy == SKIPPY_ADMISSION_FCFS ? SK_RANK_FCFS
-                   : s->cfg.admission_policy == SKIPPY_ADMISSION_PRIORITY ? SK_RANK_PRIORITY
-                                                                          : SK_RANK_CACHE_AWARE;
-        if (sk_rank_order(s->rank_ws, items, n, s->waiting_turn,
-                          s->cfg.cache_aging_cost_per_iteration, s->cfg.group_waiting_prefixes,
-                          mode, s->rank_out))
-            goto oom;
-    }
-    /* Apply only a complete permutation (the reference's defensive check). */
-    uint8_t *seen = (uint8_t *)s->scratch; /* n bytes fit in n uint32 */
-    memset(seen, 0, n);
-    for (size_t i = 0; i < n; i++) {
-        size_t k = s->rank_out[i];
-        if (k >= n || seen[k]) return 0;
-        seen[k] = 1;
-    }
-    for (size_t i = 0; i < n; i++) s->scratch[i] = s->waiting[s->rank_out[i]];
-    memcpy(s->waiting, s->scratch, n * sizeof(uint32_t));
-    return 0;
-oom:
-    return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory ranking the waiting queue");
-}
-
 static int admit_waiting(skippy_scheduler *s, size_t *out_admitted)
 {
     *out_admitted = 0;
     if (s->dirty) {
-        int rc = rank_waiting(s);
+        int rc = sk_waiting_rank(s);
         if (rc) return rc;
         s->dirty = false;
     }
@@ -220,6 +174,7 @@ static int admit_waiting(skippy_scheduler *s, size_t *out_admitted)
             s->waiting[kept++] = slot; /* deferred, relative order kept */
             continue;
         }
+        sk_waiting_remove(s, slot);
         reserve(s, q);
         q->status = SKIPPY_SEQ_RUNNING;
         q->admitted_at = ++s->admit_counter;
@@ -821,6 +776,13 @@ static int preempt(skippy_scheduler *s, const uint64_t *used, size_t n, size_t *
             u[i] = sk_sat_sub(u[i], reservation(&s->comps[i], s->seqs[slot].admission_tokens));
         s->victims[nv++] = slot;
     }
+    /* Joining the ranked set is the last step that can fail, so it comes before the commit. */
+    for (size_t k = 0; k < nv; k++) {
+        if (sk_waiting_add(s, s->victims[k], s->next_order + k)) {
+            while (k-- > 0) sk_waiting_remove(s, s->victims[k]);
+            return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory preempting");
+        }
+    }
     /* Commit. */
     memcpy(s->used, u, nc * sizeof(uint64_t));
     if (nv) {
@@ -874,8 +836,12 @@ bool skippy_scheduler_cancel(skippy_scheduler *s, const char *id, size_t len)
         (*len_p)--;
         break;
     }
-    if (q->where == SK_WHERE_ACTIVE) release(s, q);
-    else s->dirty = true;
+    if (q->where == SK_WHERE_ACTIVE) {
+        release(s, q);
+    } else {
+        sk_waiting_remove(s, slot);
+        s->dirty = true;
+    }
     uint32_t keep = q->status;
     retire(s, slot, SKIPPY_SEQ_CANCELLED);
     s->retired[s->retired_len - 1].status = SKIPPY_SEQ_CANCELLED;

@@ -1,0 +1,97 @@
+/*
+ * The waiting queue's order (behaviour.md §2.3 step 1, §3).
+ *
+ * Built-in admission policies keep every waiting sequence in one persistent sk_rank_set: a
+ * sequence enters it when it enters the queue (submit, preemption) and leaves it when it leaves
+ * the queue (admission, cancel), so a dirty re-rank walks the existing prefix tree instead of
+ * re-reading every waiting prompt. A user policy (SKIPPY_ADMISSION_CALLBACK) is handed the whole
+ * queue each time instead.
+ *
+ * The set breaks exact ties by insertion, ranking the queue in place would break them by queue
+ * position; neither is ever consulted, because every policy's last key is enqueue_order and that
+ * is unique among live sequences (next_order only grows, and a preempted sequence is re-added
+ * with a fresh one). So the order is the one sk_rank_order gives for the queue.
+ *
+ * The set reads the prompt through the sequence's token buffer without copying it. That buffer
+ * is only reallocated when a generated token is appended, which happens to active sequences
+ * only, or when submit reuses a free slot, which a sequence reaches only after leaving the set.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "sk_internal.h"
+
+int sk_waiting_init(skippy_scheduler *s)
+{
+    if (s->cfg.admission_policy == SKIPPY_ADMISSION_CALLBACK) return 0;
+    s->rank_set = sk_rank_set_new();
+    return s->rank_set ? 0 : -1;
+}
+
+void sk_waiting_free(skippy_scheduler *s)
+{
+    sk_rank_set_free(s->rank_set);
+    free(s->rank_slot);
+    free(s->rank_out);
+}
+
+int sk_waiting_add(skippy_scheduler *s, uint32_t slot, uint64_t order)
+{
+    if (!s->rank_set) return 0;
+    /* A new handle never exceeds the live count before the add, so the table covers it. */
+    if (sk_grow((void **)&s->rank_slot, &s->rank_slot_cap, sk_rank_set_size(s->rank_set) + 1,
+                sizeof(uint32_t)))
+        return -1;
+    sk_seq *q = &s->seqs[slot];
+    sk_rank_item it = {q->priority, q->saved_cost, q->enqueued_turn, order, q->tokens,
+                       q->prompt_len};
+    uint32_t h;
+    if (sk_rank_set_add(s->rank_set, &it, &h)) return -1;
+    s->rank_slot[h] = slot;
+    q->rank_handle = h;
+    return 0;
+}
+
+void sk_waiting_remove(skippy_scheduler *s, uint32_t slot)
+{
+    if (s->rank_set) sk_rank_set_remove(s->rank_set, s->seqs[slot].rank_handle);
+}
+
+static int rank_by_callback(skippy_scheduler *s)
+{
+    size_t n = s->waiting_len;
+    if (n > s->rank_cap &&
+        sk_grow((void **)&s->rank_out, &s->rank_cap, n, sizeof(size_t)))
+        return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory ranking the waiting queue");
+    if (!s->rank_cb) return sk_fail(s, SKIPPY_SCHED_CALLBACK, "no rank callback installed");
+    if (s->rank_cb(s->cb_ctx, s, s->waiting, n, s->waiting_turn, s->rank_out))
+        return sk_fail(s, SKIPPY_SCHED_CALLBACK, "admission policy failed");
+    /* Apply only a complete permutation (the reference's defensive check). */
+    uint8_t *seen = (uint8_t *)s->scratch; /* n bytes fit in n uint32 */
+    memset(seen, 0, n);
+    for (size_t i = 0; i < n; i++) {
+        size_t k = s->rank_out[i];
+        if (k >= n || seen[k]) return 0;
+        seen[k] = 1;
+    }
+    for (size_t i = 0; i < n; i++) s->scratch[i] = s->waiting[s->rank_out[i]];
+    memcpy(s->waiting, s->scratch, n * sizeof(uint32_t));
+    return 0;
+}
+
+int sk_waiting_rank(skippy_scheduler *s)
+{
+    size_t n = s->waiting_len;
+    if (n == 0) return 0;
+    if (!s->rank_set) return rank_by_callback(s);
+    if (sk_rank_set_size(s->rank_set) != n) return 0; /* cannot happen; keep the queue as is */
+    int mode = s->cfg.admission_policy == SKIPPY_ADMISSION_FCFS       ? SK_RANK_FCFS
+               : s->cfg.admission_policy == SKIPPY_ADMISSION_PRIORITY ? SK_RANK_PRIORITY
+                                                                      : SK_RANK_CACHE_AWARE;
+    uint32_t *order = s->scratch; /* waiting_cap >= n entries */
+    if (sk_rank_set_order(s->rank_set, s->waiting_turn, s->cfg.cache_aging_cost_per_iteration,
+                          s->cfg.group_waiting_prefixes, mode, order))
+        return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory ranking the waiting queue");
+    for (size_t i = 0; i < n; i++) s->waiting[i] = s->rank_slot[order[i]];
+    return 0;
+}
