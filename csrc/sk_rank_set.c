@@ -92,6 +92,16 @@ static int grow32(uint32_t **p, uint32_t *cap, size_t need)
     return rc;
 }
 
+/* Keeps a node's terminal items by (order, add) ascending, the order emit_terms wants. The
+ * new item has the largest add sequence, so it goes after every equal order. */
+static void term_insert(const sk_rank_set *s, sk_node *n, uint32_t h)
+{
+    uint64_t o = s->slots[h].item.order;
+    uint32_t i = n->nterm++;
+    for (; i > 0 && s->slots[term_at(n, i - 1)].item.order > o; i--) term_set(n, i, term_at(n, i - 1));
+    term_set(n, i, h);
+}
+
 /* ---- (parent, token) -> child hash table, linear probing with backward-shift deletion ---- */
 
 static uint64_t edge_key(uint32_t parent, int32_t token)
@@ -376,7 +386,7 @@ int sk_rank_set_add(sk_rank_set *s, const sk_rank_item *item, uint32_t *out_hand
         end = node_take(s, v, len, p[s->nodes[v].depth], h);
         edge_put(s, v, s->nodes[end].token, end);
     }
-    term_set(&s->nodes[end], s->nodes[end].nterm++, h);
+    term_insert(s, &s->nodes[end], h);
     s->slots[h].node = end;
 
     for (x = end; x != NIL; x = s->nodes[x].parent) {
@@ -416,8 +426,7 @@ int sk_rank_set_remove(sk_rank_set *s, uint32_t h)
     x = s->slots[h].node;
     n = &s->nodes[x];
     for (i = 0; term_at(n, i) != h; i++) {}
-    n->nterm--;
-    term_set(n, i, term_at(n, n->nterm));
+    for (n->nterm--; i < n->nterm; i++) term_set(n, i, term_at(n, i + 1));
 
     for (; x != NIL; x = next) {
         n = &s->nodes[x];
@@ -490,12 +499,14 @@ static void sort_range(sk_rank_set *s, sk_kv *kv, size_t n, int by)
 static size_t emit_terms(sk_rank_set *s, const sk_node *n, size_t w)
 {
     uint32_t i;
-    for (i = 0; i < n->nterm; i++) s->kv_a[w + i].idx = term_at(n, i);
-    if (n->nterm > 1) {
-        sort_range(s, s->kv_a + w, n->nterm, BY_SEQ);
-        sort_range(s, s->kv_a + w, n->nterm, BY_ORDER);
-        sort_range(s, s->kv_a + w, n->nterm, BY_EFF);
+    int mixed = 0;
+    for (i = 0; i < n->nterm; i++) {
+        uint32_t h = term_at(n, i);
+        s->kv_a[w + i].idx = h;
+        mixed |= s->eff[h] != s->eff[n->term0];
     }
+    /* already by (order, add): many identical prompts cost one pass, not three sorts */
+    if (mixed) sort_range(s, s->kv_a + w, n->nterm, BY_EFF);
     return w + n->nterm;
 }
 
