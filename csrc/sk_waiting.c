@@ -38,7 +38,8 @@ void sk_waiting_free(skippy_scheduler *s)
 int sk_waiting_add(skippy_scheduler *s, uint32_t slot, uint64_t order)
 {
     if (!s->rank_set) return 0;
-    /* A new handle never exceeds the live count before the add, so the table covers it. */
+    /* A fresh handle equals the live count (no handle is free then) and a reused one is below
+     * an earlier fresh one, so a table of live + 1 entries, never shrunk, covers every handle. */
     if (sk_grow((void **)&s->rank_slot, &s->rank_slot_cap, sk_rank_set_size(s->rank_set) + 1,
                 sizeof(uint32_t)))
         return -1;
