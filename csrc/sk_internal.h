@@ -59,7 +59,7 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     uint64_t enqueue_order;
     uint64_t admitted_at;     /* admission counter value, 0 = not admitted */
     uint64_t saved_cost;
-    uint32_t rank_handle;     /* in s->rank_set while waiting under a built-in policy */
+    uint32_t rank_handle;     /* in s->rank_set while waiting (when there is one) */
 } sk_seq;
 
 struct skippy_scheduler {
@@ -116,10 +116,12 @@ struct skippy_scheduler {
     uint8_t *row_seen;                    /* request_capacity scratch for output validation */
     int32_t *row_token;
 
-    sk_rank_set *rank_set;                /* waiting sequences; NULL for a user policy */
+    sk_rank_set *rank_set;                /* waiting sequences, for grouped cache-aware ranking */
     uint32_t *rank_slot;                  /* rank_set handle -> slot */
     size_t rank_slot_cap;
-    size_t *rank_out;                     /* the user policy's permutation */
+    sk_rank_ws *rank_ws;                  /* the other built-in policies: one-shot ranking */
+    sk_rank_item *rank_items;
+    size_t *rank_out;                     /* permutation from sk_rank_order or a user policy */
     size_t rank_cap;
 
     skippy_rank_callback rank_cb;
@@ -142,8 +144,8 @@ void sk_store_unindex(skippy_scheduler *s, uint32_t slot);
 void sk_store_release(skippy_scheduler *s, uint32_t slot);
 int sk_grow(void **ptr, size_t *cap, size_t need, size_t elem);
 
-/* sk_waiting.c: the waiting queue's ranking (sk_waiting_add/remove are no-ops for a user
- * policy; add returns -1 on out of memory and then changes nothing) */
+/* sk_waiting.c: the waiting queue's ranking (sk_waiting_add/remove are no-ops unless the
+ * policy keeps a ranked set; add returns -1 on out of memory and then changes nothing) */
 int sk_waiting_init(skippy_scheduler *s);
 void sk_waiting_free(skippy_scheduler *s);
 int sk_waiting_add(skippy_scheduler *s, uint32_t slot, uint64_t order);

@@ -1,11 +1,13 @@
 /*
  * The waiting queue's order (behaviour.md §2.3 step 1, §3).
  *
- * Built-in admission policies keep every waiting sequence in one persistent sk_rank_set: a
- * sequence enters it when it enters the queue (submit, preemption) and leaves it when it leaves
- * the queue (admission, cancel), so a dirty re-rank walks the existing prefix tree instead of
- * re-reading every waiting prompt. A user policy (SKIPPY_ADMISSION_CALLBACK) is handed the whole
- * queue each time instead.
+ * The cache-aware policy with prefix grouping (the default) keeps every waiting sequence in one
+ * persistent sk_rank_set: a sequence enters it when it enters the queue (submit, preemption) and
+ * leaves it when it leaves the queue (admission, cancel), so a dirty re-rank walks the existing
+ * prefix tree instead of re-reading every waiting prompt. The other built-in policies never
+ * read prompts, and one radix sort of the queue costs them less than the set's upkeep, so they
+ * rank the whole queue with sk_rank_order; a user policy (SKIPPY_ADMISSION_CALLBACK) is handed
+ * the whole queue as before.
  *
  * The set breaks exact ties by insertion, ranking the queue in place would break them by queue
  * position; neither is ever consulted, because every policy's last key is enqueue_order and that
@@ -21,17 +23,30 @@
 
 #include "sk_internal.h"
 
+static int rank_mode(const skippy_scheduler *s)
+{
+    return s->cfg.admission_policy == SKIPPY_ADMISSION_FCFS       ? SK_RANK_FCFS
+           : s->cfg.admission_policy == SKIPPY_ADMISSION_PRIORITY ? SK_RANK_PRIORITY
+                                                                  : SK_RANK_CACHE_AWARE;
+}
+
 int sk_waiting_init(skippy_scheduler *s)
 {
     if (s->cfg.admission_policy == SKIPPY_ADMISSION_CALLBACK) return 0;
-    s->rank_set = sk_rank_set_new();
-    return s->rank_set ? 0 : -1;
+    if (rank_mode(s) == SK_RANK_CACHE_AWARE && s->cfg.group_waiting_prefixes) {
+        s->rank_set = sk_rank_set_new();
+        return s->rank_set ? 0 : -1;
+    }
+    s->rank_ws = sk_rank_ws_new();
+    return s->rank_ws ? 0 : -1;
 }
 
 void sk_waiting_free(skippy_scheduler *s)
 {
     sk_rank_set_free(s->rank_set);
     free(s->rank_slot);
+    sk_rank_ws_free(s->rank_ws);
+    free(s->rank_items);
     free(s->rank_out);
 }
 
@@ -58,15 +73,34 @@ void sk_waiting_remove(skippy_scheduler *s, uint32_t slot)
     if (s->rank_set) sk_rank_set_remove(s->rank_set, s->seqs[slot].rank_handle);
 }
 
-static int rank_by_callback(skippy_scheduler *s)
+/* Without the prefix tree: the user policy, or the one-shot kernel over the queue. */
+static int rank_whole_queue(skippy_scheduler *s)
 {
     size_t n = s->waiting_len;
-    if (n > s->rank_cap &&
-        sk_grow((void **)&s->rank_out, &s->rank_cap, n, sizeof(size_t)))
-        return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory ranking the waiting queue");
-    if (!s->rank_cb) return sk_fail(s, SKIPPY_SCHED_CALLBACK, "no rank callback installed");
-    if (s->rank_cb(s->cb_ctx, s, s->waiting, n, s->waiting_turn, s->rank_out))
-        return sk_fail(s, SKIPPY_SCHED_CALLBACK, "admission policy failed");
+    if (n > s->rank_cap) {
+        size_t cap = s->rank_cap, cap2 = s->rank_cap;
+        if (sk_grow((void **)&s->rank_out, &cap, n, sizeof(size_t)) ||
+            sk_grow((void **)&s->rank_items, &cap2, cap, sizeof(sk_rank_item)))
+            return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory ranking the waiting queue");
+        s->rank_cap = cap;
+    }
+    if (s->cfg.admission_policy == SKIPPY_ADMISSION_CALLBACK) {
+        if (!s->rank_cb) return sk_fail(s, SKIPPY_SCHED_CALLBACK, "no rank callback installed");
+        if (s->rank_cb(s->cb_ctx, s, s->waiting, n, s->waiting_turn, s->rank_out))
+            return sk_fail(s, SKIPPY_SCHED_CALLBACK, "admission policy failed");
+    } else {
+        sk_rank_item *items = s->rank_items;
+        for (size_t i = 0; i < n; i++) {
+            const sk_seq *q = &s->seqs[s->waiting[i]];
+            sk_rank_item it = {q->priority, q->saved_cost, q->enqueued_turn, q->enqueue_order,
+                               q->tokens, q->prompt_len};
+            items[i] = it;
+        }
+        if (sk_rank_order(s->rank_ws, items, n, s->waiting_turn,
+                          s->cfg.cache_aging_cost_per_iteration, s->cfg.group_waiting_prefixes,
+                          rank_mode(s), s->rank_out))
+            return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory ranking the waiting queue");
+    }
     /* Apply only a complete permutation (the reference's defensive check). */
     uint8_t *seen = (uint8_t *)s->scratch; /* n bytes fit in n uint32 */
     memset(seen, 0, n);
@@ -84,14 +118,11 @@ int sk_waiting_rank(skippy_scheduler *s)
 {
     size_t n = s->waiting_len;
     if (n == 0) return 0;
-    if (!s->rank_set) return rank_by_callback(s);
+    if (!s->rank_set) return rank_whole_queue(s);
     if (sk_rank_set_size(s->rank_set) != n) return 0; /* cannot happen; keep the queue as is */
-    int mode = s->cfg.admission_policy == SKIPPY_ADMISSION_FCFS       ? SK_RANK_FCFS
-               : s->cfg.admission_policy == SKIPPY_ADMISSION_PRIORITY ? SK_RANK_PRIORITY
-                                                                      : SK_RANK_CACHE_AWARE;
     uint32_t *order = s->scratch; /* waiting_cap >= n entries */
     if (sk_rank_set_order(s->rank_set, s->waiting_turn, s->cfg.cache_aging_cost_per_iteration,
-                          s->cfg.group_waiting_prefixes, mode, order))
+                          s->cfg.group_waiting_prefixes, rank_mode(s), order))
         return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory ranking the waiting queue");
     for (size_t i = 0; i < n; i++) s->waiting[i] = s->rank_slot[order[i]];
     return 0;

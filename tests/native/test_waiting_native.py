@@ -1,5 +1,6 @@
-"""The scheduler's waiting-queue ranking in C: the persistent ranked set against the one-shot
-kernel, and injected allocation failures that must leave the scheduler unchanged.
+"""The scheduler's waiting-queue ranking in C: every dirty plan against the one-shot kernel over
+the queue (the grouped cache-aware policy ranks through the persistent set), and injected
+allocation failures that must leave the scheduler unchanged.
 
 The harness (waiting_harness.c) is linked from the core's sources with the allocator wrapped,
 with AddressSanitizer and UndefinedBehaviorSanitizer when the compiler offers them.
