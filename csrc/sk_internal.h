@@ -19,29 +19,46 @@
 /* Where a slot's sequence currently is. */
 enum { SK_WHERE_FREE = 0, SK_WHERE_WAITING = 1, SK_WHERE_ACTIVE = 2, SK_WHERE_RETIRED = 3 };
 
-typedef struct sk_seq {
+/*
+ * NOTE: the fields a plan or a completion touches for every row come first and fit one 64-byte
+ * cache line; the slot array is 64-byte aligned (sk_store.c). `last` and `room` spare a decode
+ * row from reading the token buffer: its tail sits on a different page for every sequence, and
+ * planning only ever needs the pending token from it (completion still appends there).
+ */
+#define SK_SEQ_ALIGN 64
+#if defined(__GNUC__) || defined(__clang__)
+#define SK_LINE_ALIGNED __attribute__((aligned(SK_SEQ_ALIGN)))
+#else
+#define SK_LINE_ALIGNED
+#endif
+
+typedef struct SK_LINE_ALIGNED sk_seq {
+    /* hot: read or written for every row of every plan */
+    int32_t *tokens;          /* prompt_len prompt tokens, then gen_len generated tokens */
+    size_t prompt_len;
+    size_t gen_len;
+    size_t cursor;            /* replay tokens already fed to the runtime */
+    const skippy_sampling_config *sampling;
+    struct skippy_session *session;
+    uint32_t max_tokens;
+    uint32_t room;            /* token_cap - prompt_len - gen_len, saturated at UINT32_MAX */
+    int32_t last;             /* = tokens[prompt_len + gen_len - 1], the pending decode token */
+    uint8_t where;            /* SK_WHERE_* */
+    /* cold */
+    uint8_t status;           /* skippy_seq_status */
+    bool has_restore;
+    size_t token_cap;
     char *id;                 /* id bytes + NUL (own buffer, reused across occupants) */
     size_t id_len;
     size_t id_cap;
     uint64_t id_hash;
-    int32_t *tokens;          /* prompt_len prompt tokens, then gen_len generated tokens */
-    size_t prompt_len;
-    size_t gen_len;
-    size_t token_cap;
-    uint32_t max_tokens;
     uint64_t priority;
     size_t admission_tokens;
-    uint32_t status;          /* skippy_seq_status */
-    size_t cursor;            /* replay tokens already fed to the runtime */
-    bool has_restore;
     size_t restore_tokens;
     uint64_t enqueued_turn;
     uint64_t enqueue_order;
     uint64_t admitted_at;     /* admission counter value, 0 = not admitted */
     uint64_t saved_cost;
-    const skippy_sampling_config *sampling;
-    struct skippy_session *session;
-    uint8_t where;            /* SK_WHERE_* */
 } sk_seq;
 
 struct skippy_scheduler {
@@ -51,7 +68,8 @@ struct skippy_scheduler {
     uint64_t *available;                  /* capacity - resident per component */
     uint64_t *used_scratch;               /* trial usage while choosing victims */
 
-    sk_seq *seqs;
+    sk_seq *seqs;                         /* SK_SEQ_ALIGN-aligned inside seqs_raw */
+    void *seqs_raw;
     uint32_t seq_cap;
     uint32_t *free_slots;
     uint32_t free_len;
@@ -89,10 +107,11 @@ struct skippy_scheduler {
     bool mixed_viable;
     size_t mixed_cursor;
 
+    size_t n_class[3];                    /* active sequences per SK_CLASS_* (see sk_class) */
+
     skippy_plan plan;
     bool plan_live;
-    uint64_t plan_prefill_tokens;         /* tokens in non-decode rows of the live plan */
-    uint64_t plan_decode_rows;
+    uint64_t plan_tok[3];                 /* tokens of the live plan per skippy_phase */
     uint8_t *row_seen;                    /* request_capacity scratch for output validation */
     int32_t *row_token;
 
@@ -127,6 +146,28 @@ int sk_fail(skippy_scheduler *s, skippy_sched_code code, const char *fmt, ...);
 static inline size_t sk_replay_len(const sk_seq *q)
 {
     return q->prompt_len + (q->gen_len > 0 ? q->gen_len - 1 : 0);
+}
+
+static inline uint32_t sk_room(const sk_seq *q)
+{
+    size_t r = q->token_cap - q->prompt_len - q->gen_len;
+    return r > UINT32_MAX ? UINT32_MAX : (uint32_t)r;
+}
+
+static inline bool prefill_pending(const sk_seq *q) { return q->cursor < sk_replay_len(q); }
+static inline bool live_decode(const sk_seq *q) { return !prefill_pending(q) && q->gen_len > 0; }
+
+/*
+ * What an active sequence can run next. The scheduler keeps n_class[] equal to the count of
+ * active sequences in each class, so planning knows whether any prefill or live decode exists
+ * without walking the active set: every change to an active sequence's cursor or generated
+ * tokens, and every entry to or exit from the active set, moves it between the counts.
+ */
+enum { SK_CLASS_IDLE = 0, SK_CLASS_PREFILL = 1, SK_CLASS_LIVE = 2 };
+
+static inline int sk_class(const sk_seq *q)
+{
+    return prefill_pending(q) ? SK_CLASS_PREFILL : q->gen_len > 0 ? SK_CLASS_LIVE : SK_CLASS_IDLE;
 }
 
 static inline uint64_t sk_sat_add(uint64_t a, uint64_t b)

@@ -54,7 +54,6 @@ void sk_radix_free(sk_radix *r)
     free(r->nodes);
     free(r->pool);
     free(r->ns);
-    free(r->key);
     free(r);
 }
 
@@ -395,7 +394,7 @@ static int rx_reserve_merge(sk_radix *r, int32_t x)
 int rx_remove_slot(sk_radix *r, size_t ns_index, int32_t id, int kind, uint64_t *handle)
 {
     rx_node *nd = &r->nodes[id];
-    int other = nd->slot[1 - kind].present;
+    int other = nd->slot[1 - kind].present != 0;
     int32_t parent = nd->parent;
     int32_t merge = -1; /* node that will be joined into its single child */
     int prune = 0;
@@ -477,23 +476,13 @@ int sk_radix_remove_hit(sk_radix *r, int kind, const sk_radix_hit *hit, int coun
     return status;
 }
 
-int sk_radix_node_key(sk_radix *r, int32_t node, const int32_t **tokens, size_t *n)
+void sk_radix_copy_key(const sk_radix *r, int32_t node, int32_t *dst)
 {
-    size_t depth, end;
-    int32_t cur = node;
-    if (node < 0 || (size_t)node >= r->nodes_used || r->nodes[node].parent == RX_FREE)
-        return SK_RADIX_MISS;
-    depth = r->nodes[node].depth;
-    if (rx_grow((void **)&r->key, &r->key_cap, depth ? depth : 1, sizeof(int32_t)))
-        return SK_RADIX_NO_MEMORY;
-    end = depth;
-    while (r->nodes[cur].parent >= 0) {
-        const rx_node *nd = &r->nodes[cur];
+    size_t end = r->nodes[node].depth;
+    while (r->nodes[node].parent >= 0) {
+        const rx_node *nd = &r->nodes[node];
         end -= nd->len;
-        memcpy(r->key + end, r->pool + nd->off, nd->len * sizeof(int32_t));
-        cur = nd->parent;
+        memcpy(dst + end, r->pool + nd->off, nd->len * sizeof(int32_t));
+        node = nd->parent;
     }
-    *tokens = r->key;
-    *n = depth;
-    return SK_RADIX_OK;
 }

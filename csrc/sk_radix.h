@@ -46,7 +46,7 @@ typedef struct sk_radix_hit {
     uint64_t logical_bytes; /* caller-declared size of the payload */
     uint64_t last_used;     /* clock value of the entry's last use */
     uint32_t active_refs;   /* outstanding acquires */
-    int32_t node;           /* node holding the entry (for sk_radix_node_key) */
+    int32_t node;           /* node holding the entry (for sk_radix_copy_key) */
     size_t ns_index;        /* namespace index (for sk_radix_ns_name), 0.. in name byte order */
 } sk_radix_hit;
 
@@ -119,8 +119,8 @@ int sk_radix_remove_hit(sk_radix *r, int kind, const sk_radix_hit *hit, int coun
 int sk_radix_next(const sk_radix *r, int kind, size_t *ns_index, int32_t *node,
                   sk_radix_hit *out);
 
-/* Full key of a node into *tokens (an internal buffer valid until the next call). OK/NO_MEMORY. */
-int sk_radix_node_key(sk_radix *r, int32_t node, const int32_t **tokens, size_t *n);
+/* Full key of a node into dst, which holds the node's key length (hit.stored_tokens) tokens. */
+void sk_radix_copy_key(const sk_radix *r, int32_t node, int32_t *dst);
 
 /* Name bytes of a namespace index (not NUL-terminated). */
 const char *sk_radix_ns_name(const sk_radix *r, size_t ns_index, size_t *len);

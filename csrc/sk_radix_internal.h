@@ -65,9 +65,6 @@ struct sk_radix {
     rx_ns *ns;          /* sorted by name bytes, the order the LRU tie-break uses */
     size_t ns_count;
     size_t ns_cap;
-
-    int32_t *key;       /* scratch for reconstructed keys */
-    size_t key_cap;
 };
 
 static inline uint64_t rx_sat_add(uint64_t a, uint64_t b)

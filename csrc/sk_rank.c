@@ -4,8 +4,8 @@
  * Every ordering here is a chain of stable LSD radix sorts on 64-bit keys, least significant
  * key first: the reference comparator (priority, score, waiting-prefix DFS rank, effective
  * score, enqueue order, then input position by stability) becomes a few linear passes, and
- * digit passes whose byte is the same for every key are skipped, so the common "all equal
- * priority and score" queue costs one histogram pass per key.
+ * only key bytes that differ somewhere get a pass, so a key shared by the whole queue (one
+ * priority level, one score band) costs a single read of the keys.
  *
  * The waiting-prefix DFS rank is produced in place: a segment of the position array holding
  * one radix node is rearranged so that its children occupy consecutive sub-segments in visit

@@ -109,10 +109,12 @@ static int submit(skippy_scheduler *s, const skippy_sequence_desc *d, uint32_t *
         memcpy(q->tokens + d->prompt_count, d->generated_tokens, d->generated_count * sizeof(int32_t));
     q->prompt_len = d->prompt_count;
     q->gen_len = d->generated_count;
+    q->room = sk_room(q);
+    q->last = d->generated_count ? d->generated_tokens[d->generated_count - 1] : 0;
     q->max_tokens = d->max_tokens;
     q->priority = d->priority;
     q->admission_tokens = d->admission_tokens;
-    q->status = d->status;
+    q->status = (uint8_t)d->status;
     q->has_restore = d->has_prefix_restore;
     q->restore_tokens = d->restore_token_count;
     /* A caller-set cursor never skips the pending token nor leaves nothing runnable. */
@@ -222,6 +224,7 @@ static int admit_waiting(skippy_scheduler *s, size_t *out_admitted)
         q->status = SKIPPY_SEQ_RUNNING;
         q->admitted_at = ++s->admit_counter;
         q->where = SK_WHERE_ACTIVE;
+        s->n_class[sk_class(q)]++;
         s->active[s->active_len++] = slot;
         admitted++;
     }
@@ -282,44 +285,61 @@ static int ensure_plan_capacity(skippy_scheduler *s)
 
 static inline int32_t pos32(size_t v) { return v > INT32_MAX ? INT32_MAX : (int32_t)v; }
 
-/* Appends one row; tokens come from the sequence's own history at [start, start+count). */
-static void emit_row(skippy_scheduler *s, uint32_t slot, size_t start, size_t count,
-                     const int32_t *src, uint8_t phase, bool sample)
+/*
+ * The plan's arrays and fill counters, copied into locals for the length of one plan. NOTE:
+ * stores through the uint8_t arrays may alias anything, so writing rows through s->plan
+ * would make the compiler reload every array pointer after each byte store; a local writer
+ * that never escapes stays in registers.
+ */
+typedef struct sk_rows {
+    skippy_iteration_request *rq;
+    int32_t *tok, *pos;
+    size_t *offs, *srows;
+    uint32_t *slots;
+    uint8_t *phases, *sample;
+    size_t rows, tokens, samples;
+    uint64_t tok_by_phase[3];
+} sk_rows;
+
+static inline void rows_open(sk_rows *w, const skippy_plan *p)
 {
-    skippy_plan *p = &s->plan;
-    sk_seq *q = &s->seqs[slot];
-    size_t r = p->request_count++;
-    size_t off = p->token_count;
-    int32_t *tok = p->tokens + off;
-    int32_t *pos = p->positions + off;
-    if (count == 1) {
-        tok[0] = src[0];
-        pos[0] = pos32(start);
-    } else {
-        memcpy(tok, src, count * sizeof(int32_t));
-        for (size_t i = 0; i < count; i++) pos[i] = pos32(start + i);
-    }
-    skippy_iteration_request *rq = &p->requests[r];
+    w->rq = p->requests;
+    w->tok = p->tokens;
+    w->pos = p->positions;
+    w->offs = p->row_offsets;
+    w->srows = p->sample_rows;
+    w->slots = p->slots;
+    w->phases = p->phases;
+    w->sample = p->sample_last;
+    w->rows = w->tokens = w->samples = 0;
+    w->tok_by_phase[0] = w->tok_by_phase[1] = w->tok_by_phase[2] = 0;
+}
+
+static inline void put_row(sk_rows *w, const sk_seq *q, uint32_t slot, size_t count,
+                           uint8_t phase, bool sample)
+{
+    size_t r = w->rows++, off = w->tokens;
+    skippy_iteration_request *rq = &w->rq[r];
     rq->session = q->session;
-    rq->token_ids = tok;
+    rq->token_ids = w->tok + off;
     rq->token_count = count;
-    rq->positions = pos;
+    rq->positions = w->pos + off;
     rq->position_count = count;
     rq->sampling = q->sampling;
     rq->input_desc = NULL;
     rq->input_payload = NULL;
     rq->sample_last = sample;
-    p->slots[r] = slot;
-    p->phases[r] = phase;
-    p->sample_last[r] = sample;
-    if (sample) p->sample_rows[p->sample_count++] = r;
-    p->token_count = off + count;
-    p->row_offsets[r + 1] = p->token_count;
-    if (phase == SKIPPY_PHASE_DECODE) s->plan_decode_rows++;
-    else s->plan_prefill_tokens += count;
+    w->slots[r] = slot;
+    w->phases[r] = phase;
+    w->sample[r] = sample;
+    if (sample) w->srows[w->samples++] = r;
+    w->tokens = off + count;
+    w->offs[r + 1] = w->tokens;
+    w->tok_by_phase[phase] += count;
 }
 
-static size_t emit_prefill(skippy_scheduler *s, uint32_t slot, size_t budget)
+/* A prefill-pending sequence's next chunk: replay tokens [cursor, cursor + count). */
+static size_t emit_prefill(sk_rows *w, skippy_scheduler *s, uint32_t slot, size_t budget)
 {
     sk_seq *q = &s->seqs[slot];
     size_t replay = sk_replay_len(q);
@@ -328,53 +348,96 @@ static size_t emit_prefill(skippy_scheduler *s, uint32_t slot, size_t budget)
     if (count > budget) count = budget;
     size_t start = q->cursor, end = start + count;
     bool fresh = q->gen_len == 0;
-    emit_row(s, slot, start, count, q->tokens + start,
-             fresh ? SKIPPY_PHASE_PREFILL : SKIPPY_PHASE_RECOMPUTE, fresh && end == replay);
+    int32_t *tok = w->tok + w->tokens, *pos = w->pos + w->tokens;
+    memcpy(tok, q->tokens + start, count * sizeof(int32_t));
+    for (size_t i = 0; i < count; i++) pos[i] = pos32(start + i);
+    put_row(w, q, slot, count, fresh ? SKIPPY_PHASE_PREFILL : SKIPPY_PHASE_RECOMPUTE,
+            fresh && end == replay);
+    s->n_class[SK_CLASS_PREFILL]--;
     q->cursor = end;
+    s->n_class[sk_class(q)]++;
     return count;
 }
 
-static void emit_decode(skippy_scheduler *s, uint32_t slot)
+/* A live-decode sequence's pending token, fed at position R (= its index in the history). */
+static inline void emit_decode(sk_rows *w, sk_seq *q, uint32_t slot, size_t replay)
 {
-    sk_seq *q = &s->seqs[slot];
-    size_t replay = sk_replay_len(q);
-    emit_row(s, slot, replay, 1, q->tokens + q->prompt_len + q->gen_len - 1,
-             SKIPPY_PHASE_DECODE, true);
-    q->cursor = replay + 1;
+    w->tok[w->tokens] = q->last;
+    w->pos[w->tokens] = pos32(replay);
+    put_row(w, q, slot, 1, SKIPPY_PHASE_DECODE, true);
+    q->cursor = replay + 1; /* still live-decode: the class counts do not change */
 }
 
-static inline bool prefill_pending(const sk_seq *q) { return q->cursor < sk_replay_len(q); }
-static inline bool live_decode(const sk_seq *q) { return !prefill_pending(q) && q->gen_len > 0; }
-
-static void plan_homogeneous(skippy_scheduler *s, bool has_prefill, bool has_live)
+/*
+ * Decode-only plan (the steady state): every live-decode sequence in walk order until the
+ * budget ends. Same rows as emit_decode would write, with every cursor in a register: each
+ * row is one token, so row, token and sample indexes are all equal.
+ */
+static void plan_decode_only(skippy_scheduler *s, sk_rows *w)
 {
-    skippy_plan *p = &s->plan;
+    const uint32_t *active = s->active;
+    size_t n = s->active_len, budget = s->cfg.max_tokens_per_iteration, r = 0;
+    sk_seq *seqs = s->seqs;
+    skippy_iteration_request *rq = w->rq;
+    int32_t *tok = w->tok, *pos = w->pos;
+    size_t *offs = w->offs, *srows = w->srows;
+    uint32_t *slots = w->slots;
+    uint8_t *phases = w->phases, *sample = w->sample;
+    for (size_t i = 0; i < n && r < budget; i++) {
+        uint32_t slot = active[i];
+        sk_seq *q = &seqs[slot];
+        size_t g = q->gen_len;
+        if (g == 0) continue;
+        size_t replay = q->prompt_len + g - 1;
+        if (q->cursor < replay) continue; /* prefill-pending waits for a prefill plan */
+        tok[r] = q->last;
+        pos[r] = pos32(replay);
+        rq->session = q->session;
+        rq->token_ids = tok + r;
+        rq->token_count = 1;
+        rq->positions = pos + r;
+        rq->position_count = 1;
+        rq->sampling = q->sampling;
+        rq->input_desc = NULL;
+        rq->input_payload = NULL;
+        rq->sample_last = true;
+        rq++;
+        slots[r] = slot;
+        phases[r] = SKIPPY_PHASE_DECODE;
+        sample[r] = 1;
+        srows[r] = r;
+        offs[r + 1] = r + 1;
+        q->cursor = replay + 1; /* still live-decode: the class counts do not change */
+        r++;
+    }
+    w->rows = w->tokens = w->samples = r;
+    w->tok_by_phase[SKIPPY_PHASE_DECODE] = r;
+}
+
+static void plan_homogeneous(skippy_scheduler *s, sk_rows *w, bool has_prefill, bool has_live)
+{
     bool run_prefill = has_prefill && (!has_live || s->consecutive_prefill <
                                                         s->cfg.max_consecutive_prefill_iterations);
-    size_t budget = s->cfg.max_tokens_per_iteration, prefill_rows = 0;
-    bool any_prefill_row = false, any_decode_row = false;
-    for (size_t i = 0; i < s->active_len && budget > 0; i++) {
-        uint32_t slot = s->active[i];
-        sk_seq *q = &s->seqs[slot];
-        if (prefill_pending(q)) {
-            if (!run_prefill || prefill_rows >= s->cfg.max_prefill_sequences_per_iteration) continue;
-            budget -= emit_prefill(s, slot, budget);
-            prefill_rows++;
-            any_prefill_row = true;
-        } else if (!run_prefill && q->gen_len > 0) {
-            emit_decode(s, slot);
-            budget--;
-            any_decode_row = true;
-        }
+    size_t budget = s->cfg.max_tokens_per_iteration, n = s->active_len;
+    const uint32_t *active = s->active;
+    sk_seq *seqs = s->seqs;
+    if (!run_prefill) {
+        plan_decode_only(s, w);
+        if (w->rows) s->consecutive_prefill = 0;
+        return;
     }
-    (void)p;
-    if (any_prefill_row)
-        s->consecutive_prefill = has_live ? s->consecutive_prefill + 1 : 0;
-    else if (any_decode_row)
-        s->consecutive_prefill = 0;
+    size_t prefill_rows = 0;
+    for (size_t i = 0; i < n && budget > 0; i++) {
+        uint32_t slot = active[i];
+        if (!prefill_pending(&seqs[slot])) continue;
+        if (prefill_rows >= s->cfg.max_prefill_sequences_per_iteration) continue;
+        budget -= emit_prefill(w, s, slot, budget);
+        prefill_rows++;
+    }
+    if (prefill_rows) s->consecutive_prefill = has_live ? s->consecutive_prefill + 1 : 0;
 }
 
-static void plan_mixed(skippy_scheduler *s)
+static void plan_mixed(skippy_scheduler *s, sk_rows *w)
 {
     size_t budget = s->cfg.max_tokens_per_iteration, n = s->active_len;
     if (n > 0) {
@@ -385,8 +448,9 @@ static void plan_mixed(skippy_scheduler *s)
             size_t k = start + off;
             if (k >= n) k -= n;
             uint32_t slot = s->active[k];
-            if (live_decode(&s->seqs[slot])) {
-                emit_decode(s, slot);
+            sk_seq *q = &s->seqs[slot];
+            if (live_decode(q)) {
+                emit_decode(w, q, slot, sk_replay_len(q));
                 budget--;
             }
         }
@@ -398,11 +462,21 @@ static void plan_mixed(skippy_scheduler *s)
         if (budget == 0 || prefill_rows >= s->cfg.max_prefill_sequences_per_iteration) break;
         uint32_t slot = s->active[i];
         if (!prefill_pending(&s->seqs[slot])) continue;
-        budget -= emit_prefill(s, slot, budget);
+        budget -= emit_prefill(w, s, slot, budget);
         prefill_rows++;
     }
     s->consecutive_prefill = 0;
 }
+
+#ifdef SK_CHECK_INVARIANTS
+/* Debug builds (-DSK_CHECK_INVARIANTS) recount the classes before every plan. */
+static void sk_check_classes(const skippy_scheduler *s)
+{
+    size_t c[3] = {0, 0, 0};
+    for (size_t i = 0; i < s->active_len; i++) c[sk_class(&s->seqs[s->active[i]])]++;
+    if (memcmp(c, s->n_class, sizeof c) != 0) abort();
+}
+#endif
 
 static int plan(skippy_scheduler *s, skippy_plan **out_plan)
 {
@@ -421,29 +495,28 @@ static int plan(skippy_scheduler *s, skippy_plan **out_plan)
     if (ensure_plan_capacity(s))
         return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory sizing the plan");
     skippy_plan *p = &s->plan;
-    p->request_count = 0;
-    p->token_count = 0;
     p->row_offsets[0] = 0;
-    p->sample_count = 0;
     p->admitted = admitted;
     p->preempted = 0;
     p->outputs.count = 0;
-    s->plan_prefill_tokens = 0;
-    s->plan_decode_rows = 0;
-
-    bool has_prefill = false;
-    size_t live = 0;
-    for (size_t i = 0; i < s->active_len; i++) {
-        const sk_seq *q = &s->seqs[s->active[i]];
-        if (prefill_pending(q)) has_prefill = true;
-        else if (q->gen_len > 0) live++;
-    }
+#ifdef SK_CHECK_INVARIANTS
+    sk_check_classes(s);
+#endif
+    /* Class counts are kept up to date by every change of an active sequence (sk_class). */
+    bool has_prefill = s->n_class[SK_CLASS_PREFILL] > 0;
+    size_t live = s->n_class[SK_CLASS_LIVE];
     size_t rows = live < s->cfg.max_tokens_per_iteration ? live : s->cfg.max_tokens_per_iteration;
+    sk_rows w;
+    rows_open(&w, p);
     if (s->cfg.mixed_prefill_decode && s->mixed_viable && rows > 0 && rows < s->ewma_cap &&
         !isnan(s->ewma[rows]))
-        plan_mixed(s);
+        plan_mixed(s, &w);
     else
-        plan_homogeneous(s, has_prefill, live > 0);
+        plan_homogeneous(s, &w, has_prefill, live > 0);
+    p->request_count = w.rows;
+    p->token_count = w.tokens;
+    p->sample_count = w.samples;
+    memcpy(s->plan_tok, w.tok_by_phase, sizeof s->plan_tok);
     /* One sample per row at most: the runtime gets exactly the row count as capacity. */
     p->outputs.capacity = p->request_count;
     p->serial++;
@@ -473,7 +546,8 @@ static int observe(skippy_scheduler *s, uint64_t serial, double us)
     int rc = check_live(s, serial);
     if (rc) return rc;
     if (!isfinite(us) || us <= 0.0) return 0;
-    uint64_t P = s->plan_prefill_tokens, D = s->plan_decode_rows;
+    uint64_t P = s->plan_tok[SKIPPY_PHASE_PREFILL] + s->plan_tok[SKIPPY_PHASE_RECOMPUTE];
+    uint64_t D = s->plan_tok[SKIPPY_PHASE_DECODE]; /* one token per decode row */
     if (D == 0) return 0;
     if (P == 0) {
         if (D >= s->ewma_cap) {
@@ -512,7 +586,8 @@ static int retire(skippy_scheduler *s, uint32_t slot, uint32_t status)
     if (sk_grow((void **)&s->retired, &cap, s->retired_len + 1, sizeof(skippy_retired))) return -1;
     s->retired_cap = cap;
     sk_seq *q = &s->seqs[slot];
-    q->status = status;
+    if (q->where == SK_WHERE_ACTIVE) s->n_class[sk_class(q)]--;
+    q->status = (uint8_t)status;
     q->where = SK_WHERE_RETIRED;
     sk_store_unindex(s, slot);
     s->retired[s->retired_len].slot = slot;
@@ -521,29 +596,69 @@ static int retire(skippy_scheduler *s, uint32_t slot, uint32_t status)
     return 0;
 }
 
+/* Appends a sampled token; false when the history cannot grow (the caller fails the row). */
+static inline bool append_token(skippy_scheduler *s, sk_seq *q, int32_t token)
+{
+    size_t len = q->prompt_len + q->gen_len;
+    if (q->room == 0) {
+        size_t c = q->token_cap;
+        if (len + 1 < len || sk_grow((void **)&q->tokens, &c, len + 1, sizeof(int32_t)))
+            return false;
+        q->token_cap = c;
+        q->room = sk_room(q);
+    }
+    /* Appending moves R up by one (or not at all for the first token), so the class can only
+     * change for a first token or when the cursor sits exactly at R. */
+    bool moves = q->gen_len == 0 || q->cursor == len - 1;
+    if (moves) s->n_class[sk_class(q)]--;
+    q->tokens[len] = token;
+    q->gen_len++;
+    q->room--;
+    q->last = token;
+    if (moves) s->n_class[sk_class(q)]++;
+    return true;
+}
+
+/*
+ * Checks the outputs block (§0.4e) before anything changes. Returns 1 when it is exactly one
+ * entry per sampling row in row order (what a batched runtime writes, checked with one memcmp),
+ * 0 when it is some other valid set (then row_seen/row_token hold it by row), or an error.
+ */
+static int check_outputs(skippy_scheduler *s)
+{
+    const skippy_plan *p = &s->plan;
+    const skippy_plan_outputs *o = &p->outputs;
+    size_t rows = p->request_count;
+    if (o->count > rows)
+        return -sk_fail(s, SKIPPY_SCHED_BAD_OUTPUTS, "%zu sampled outputs for a plan of %zu rows",
+                        o->count, rows);
+    if (o->count == p->sample_count &&
+        (o->count == 0 ||
+         memcmp(o->sampled_request_indexes, p->sample_rows, o->count * sizeof(size_t)) == 0))
+        return 1;
+    memset(s->row_seen, 0, rows);
+    for (size_t k = 0; k < o->count; k++) {
+        size_t r = o->sampled_request_indexes[k];
+        if (r >= rows)
+            return -sk_fail(s, SKIPPY_SCHED_BAD_OUTPUTS, "sampled output %zu names work index "
+                            "%zu outside the plan (%zu rows)", k, r, rows);
+        if (s->row_seen[r])
+            return -sk_fail(s, SKIPPY_SCHED_BAD_OUTPUTS, "work index %zu is sampled twice", r);
+        if (!p->sample_last[r])
+            return -sk_fail(s, SKIPPY_SCHED_BAD_OUTPUTS, "work index %zu does not sample", r);
+        s->row_seen[r] = 1;
+        s->row_token[r] = o->predicted_tokens[k];
+    }
+    return 0;
+}
+
 static int complete(skippy_scheduler *s, uint64_t serial, skippy_iteration_telemetry *t)
 {
     int rc = check_live(s, serial);
     if (rc) return rc;
     skippy_plan *p = &s->plan;
-    const skippy_plan_outputs *o = &p->outputs;
-    size_t rows = p->request_count;
-    if (o->count > rows)
-        return sk_fail(s, SKIPPY_SCHED_BAD_OUTPUTS, "%zu sampled outputs for a plan of %zu rows",
-                       o->count, rows);
-    memset(s->row_seen, 0, rows);
-    for (size_t k = 0; k < o->count; k++) {
-        size_t r = o->sampled_request_indexes[k];
-        if (r >= rows)
-            return sk_fail(s, SKIPPY_SCHED_BAD_OUTPUTS, "sampled output %zu names work index %zu "
-                           "outside the plan (%zu rows)", k, r, rows);
-        if (s->row_seen[r])
-            return sk_fail(s, SKIPPY_SCHED_BAD_OUTPUTS, "work index %zu is sampled twice", r);
-        if (!p->sample_last[r])
-            return sk_fail(s, SKIPPY_SCHED_BAD_OUTPUTS, "work index %zu does not sample", r);
-        s->row_seen[r] = 1;
-        s->row_token[r] = o->predicted_tokens[k];
-    }
+    int in_row_order = check_outputs(s);
+    if (in_row_order < 0) return -in_row_order;
     /* Worst case every row's sequence retires: reserve that room before changing anything. */
     size_t cap = s->retired_cap;
     if (sk_grow((void **)&s->retired, &cap, s->retired_len + p->sample_count,
@@ -551,32 +666,34 @@ static int complete(skippy_scheduler *s, uint64_t serial, skippy_iteration_telem
         return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory completing the plan");
     s->retired_cap = cap;
 
-    uint64_t tok[3] = {0, 0, 0};
+    /* Only sampling rows change sequences; token totals were counted while planning. */
     size_t first_retired = s->retired_len;
-    for (size_t r = 0; r < rows; r++) {
-        tok[p->phases[r]] += p->requests[r].token_count;
-        if (!p->sample_last[r]) continue;
-        uint32_t slot = p->slots[r];
-        sk_seq *q = &s->seqs[slot];
+    const size_t *srows = p->sample_rows;
+    const uint32_t *slots = p->slots;
+    const int32_t *predicted = p->outputs.predicted_tokens;
+    sk_seq *seqs = s->seqs;
+    for (size_t k = 0, ns = p->sample_count; k < ns; k++) {
+        size_t r = srows[k];
+        uint32_t slot = slots[r];
+        sk_seq *q = &seqs[slot];
         if (q->where != SK_WHERE_ACTIVE) continue; /* cancelled or preempted meanwhile */
-        if (!s->row_seen[r]) {
+        int32_t token;
+        if (in_row_order) {
+            token = predicted[k];
+        } else if (s->row_seen[r]) {
+            token = s->row_token[r];
+        } else {
             retire(s, slot, SKIPPY_SEQ_FAILED);
             continue;
         }
-        int32_t token = s->row_token[r];
         if (token < 0) {
             retire(s, slot, SKIPPY_SEQ_FINISHED);
             continue;
         }
-        if (q->prompt_len + q->gen_len + 1 > q->token_cap) {
-            size_t c = q->token_cap;
-            if (sk_grow((void **)&q->tokens, &c, q->prompt_len + q->gen_len + 1, sizeof(int32_t))) {
-                retire(s, slot, SKIPPY_SEQ_FAILED); /* cannot store the token: fail, never lose */
-                continue;
-            }
-            q->token_cap = c;
+        if (!append_token(s, q, token)) {
+            retire(s, slot, SKIPPY_SEQ_FAILED); /* cannot store the token: fail, never lose */
+            continue;
         }
-        q->tokens[q->prompt_len + q->gen_len++] = token;
         if (q->gen_len >= q->max_tokens) retire(s, slot, SKIPPY_SEQ_FINISHED);
     }
     if (s->retired_len > first_retired) {
@@ -594,6 +711,7 @@ static int complete(skippy_scheduler *s, uint64_t serial, skippy_iteration_telem
                 s->m.finished = sk_sat_add(s->m.finished, 1);
         }
     }
+    const uint64_t *tok = s->plan_tok;
     s->m.iterations = sk_sat_add(s->m.iterations, 1);
     s->m.admitted = sk_sat_add(s->m.admitted, p->admitted);
     s->m.prefill_tokens = sk_sat_add(s->m.prefill_tokens, tok[SKIPPY_PHASE_PREFILL]);
@@ -714,6 +832,7 @@ static int preempt(skippy_scheduler *s, const uint64_t *used, size_t n, size_t *
         memmove(s->waiting + nv, s->waiting, s->waiting_len * sizeof(uint32_t));
         for (size_t k = 0; k < nv; k++) {
             sk_seq *q = &s->seqs[s->victims[k]];
+            s->n_class[sk_class(q)]--; /* left the active set */
             reset_for_recompute(q);
             q->enqueue_order = s->next_order++;
             s->waiting[nv - 1 - k] = s->victims[k];
@@ -760,7 +879,7 @@ bool skippy_scheduler_cancel(skippy_scheduler *s, const char *id, size_t len)
     uint32_t keep = q->status;
     retire(s, slot, SKIPPY_SEQ_CANCELLED);
     s->retired[s->retired_len - 1].status = SKIPPY_SEQ_CANCELLED;
-    q->status = keep; /* the sequence's own status is not a cancellation state */
+    q->status = (uint8_t)keep; /* the sequence's own status is not a cancellation state */
     s->m.cancelled = sk_sat_add(s->m.cancelled, 1);
     refresh_counts(s);
     return true;

@@ -50,7 +50,7 @@ void sk_store_free(skippy_scheduler *s)
         free(s->seqs[i].id);
         free(s->seqs[i].tokens);
     }
-    free(s->seqs);
+    free(s->seqs_raw);
     free(s->free_slots);
     free(s->map);
 }
@@ -109,10 +109,18 @@ int sk_store_reserve(skippy_scheduler *s)
         if (s->seq_cap == SK_NO_SLOT - 1) return -1;
         uint32_t old = s->seq_cap;
         uint32_t n = old ? (old > (SK_NO_SLOT - 1) / 2 ? SK_NO_SLOT - 1 : old * 2) : 16;
-        sk_seq *seqs = realloc(s->seqs, (size_t)n * sizeof(sk_seq));
-        if (!seqs) return -1;
-        s->seqs = seqs;
+        /* Aligned by hand (C99 has no aligned realloc) so each slot's hot fields are one line. */
+#if SIZE_MAX / 256 <= UINT32_MAX /* only 32-bit size_t can overflow here (sk_seq < 256 B) */
+        if ((size_t)n > (SIZE_MAX - SK_SEQ_ALIGN) / sizeof(sk_seq)) return -1;
+#endif
+        void *raw = malloc((size_t)n * sizeof(sk_seq) + SK_SEQ_ALIGN);
+        if (!raw) return -1;
+        sk_seq *seqs = (sk_seq *)(((uintptr_t)raw + SK_SEQ_ALIGN - 1) & ~(uintptr_t)(SK_SEQ_ALIGN - 1));
+        if (old) memcpy(seqs, s->seqs, (size_t)old * sizeof(sk_seq));
         memset(seqs + old, 0, (size_t)(n - old) * sizeof(sk_seq));
+        free(s->seqs_raw);
+        s->seqs_raw = raw;
+        s->seqs = seqs;
         uint32_t *fs = realloc(s->free_slots, (size_t)n * sizeof(uint32_t));
         if (!fs) return -1;
         s->free_slots = fs;

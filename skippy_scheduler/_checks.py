@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import operator
 
+try:  # compiled fast path for lists/tuples of exact ints (the common case)
+    from ._fast import check_tokens_fast as _check_tokens_fast
+except ImportError:  # pragma: no cover - only when the extension is not built
+    _check_tokens_fast = None
+
 U32_MAX = (1 << 32) - 1
 U64_MAX = (1 << 64) - 1
 USIZE_MAX = U64_MAX
@@ -56,8 +61,22 @@ def check_str(name: str, value: object) -> str:
     return value
 
 
+def check_id(name: str, value: object) -> str:
+    """A sequence id: any str that has a UTF-8 encoding (the native core keys ids by those bytes)."""
+    check_str(name, value)
+    try:
+        value.encode("utf-8")  # type: ignore[union-attr]
+    except UnicodeEncodeError:
+        raise ValueError(f"{name} must be encodable as UTF-8 (lone surrogates are not)") from None
+    return value  # type: ignore[return-value]
+
+
 def check_tokens(name: str, values: object) -> list[int]:
     """A token list: ints in [0, 2**31 - 1] (§0.7); returns a fresh list."""
+    if _check_tokens_fast is not None:
+        fast = _check_tokens_fast(name, values)
+        if fast is not None:
+            return fast
     if isinstance(values, (str, bytes, bytearray, memoryview)) or values is None:
         raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}")
     try:

@@ -6,11 +6,14 @@ Python sequences into the core's descriptors once at submit, and exposes each pl
 as numpy views over the core's memory (no copies). Python objects that the core only carries
 (ids, affinities, restores, sampling objects) are kept per slot on this side.
 """
-from cpython.array cimport array
+from cpython.array cimport array, clone
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t, UINT32_MAX
 from libc.stdint cimport SIZE_MAX
 
 from ._capi cimport *
+
+from dataclasses import fields as _dc_fields
 
 import numpy as np
 
@@ -50,6 +53,19 @@ cdef object _STATUSES = tuple(SequenceStatus)
 cdef object _SAMPLING_CTYPE = _ffi.typeof("skippy_sampling_config *")
 cdef uint64_t _U64_MAX = 0xFFFFFFFFFFFFFFFF
 
+# Plan arrays exposed as numpy views (Scheduler._bases / _slice).
+cdef enum:
+    _A_TOK = 0
+    _A_POS = 1
+    _A_OFF = 2
+    _A_SAMPLE = 3
+    _A_PHASE = 4
+    _A_SLOT = 5
+    _A_SROWS = 6
+    _A_OIDX = 7
+    _A_OTOK = 8
+    _A_COUNT = 9
+
 
 cdef inline size_t _size(object v):
     return SIZE_MAX if v is None else <size_t>v
@@ -62,6 +78,77 @@ cdef object _view(size_t addr, size_t count, object dtype):
         return np.zeros(0, dtype=dtype)
     buf = _ffi.buffer(_ffi.cast("char *", addr), count * itemsize)
     return np.frombuffer(buf, dtype=dtype)
+
+
+cdef object _TELEMETRY_FIELDS = ("iteration", "active_sequences", "waiting_sequences", "admitted",
+    "preempted", "prefill_tokens", "recompute_tokens", "decode_tokens", "component_used_bytes",
+    "component_available_bytes", "prefix_hits", "prefix_misses", "finished", "failed", "cancelled",
+    "rejected_overload", "finished_ids", "failed_ids")
+# The attribute-by-attribute fill below skips the dataclass __init__ (the most expensive part
+# of a steady completion); it is only used while the class has exactly these plain fields.
+cdef bint _TELEMETRY_FAST = (
+    tuple(f.name for f in _dc_fields(IterationTelemetry)) == _TELEMETRY_FIELDS
+    and "__post_init__" not in vars(IterationTelemetry)
+    and "__slots__" not in vars(IterationTelemetry)
+    and not IterationTelemetry.__dataclass_params__.frozen)
+
+
+cdef object _telemetry(const skippy_iteration_telemetry *t, list used, list available,
+                       list finished, list failed):
+    if not _TELEMETRY_FAST:
+        return IterationTelemetry(
+            t.iteration, t.active_sequences, t.waiting_sequences, t.admitted, t.preempted,
+            t.prefill_tokens, t.recompute_tokens, t.decode_tokens, used, available,
+            t.prefix_hits, t.prefix_misses, t.finished, t.failed, t.cancelled,
+            t.rejected_overload, finished, failed)
+    o = IterationTelemetry.__new__(IterationTelemetry)
+    o.iteration = t.iteration
+    o.active_sequences = t.active_sequences
+    o.waiting_sequences = t.waiting_sequences
+    o.admitted = t.admitted
+    o.preempted = t.preempted
+    o.prefill_tokens = t.prefill_tokens
+    o.recompute_tokens = t.recompute_tokens
+    o.decode_tokens = t.decode_tokens
+    o.component_used_bytes = used
+    o.component_available_bytes = available
+    o.prefix_hits = t.prefix_hits
+    o.prefix_misses = t.prefix_misses
+    o.finished = t.finished
+    o.failed = t.failed
+    o.cancelled = t.cancelled
+    o.rejected_overload = t.rejected_overload
+    o.finished_ids = finished
+    o.failed_ids = failed
+    return o
+
+
+cdef object _SEQ_FIELDS = Sequence.__slots__
+cdef array _INT_ARRAY = array("i")
+
+
+cdef array _plain_tokens(object values):
+    """Tokens as an int32 array when `values` is a list or tuple of plain ints in [0, 2**31-1];
+    None otherwise (the caller then runs the full checks, which raise the precise errors)."""
+    cdef Py_ssize_t i, n
+    cdef long long v
+    cdef int overflow = 0
+    cdef array out
+    cdef int *dst
+    if type(values) is not list and type(values) is not tuple:
+        return None
+    n = len(values)
+    out = clone(_INT_ARRAY, n, False)
+    dst = out.data.as_ints
+    for i in range(n):
+        item = values[i]
+        if type(item) is not int:
+            return None
+        v = PyLong_AsLongLongAndOverflow(item, &overflow)
+        if overflow or v < 0 or v > 2147483647:
+            return None
+        dst[i] = <int>v
+    return out
 
 
 cdef int _rank_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t *slots,
@@ -123,7 +210,8 @@ cdef class PlanOutputs:
     """The plan's compact sampled-output block, as a native runtime writes it.
 
     Entry k says: work row `request_indexes[k]` sampled token `predicted_tokens[k]`.
-    Set `count` to the number of entries written.
+    Set `count` to the number of entries written. Both arrays have one entry per plan row (at
+    most one sample per row), and are views of the native block the scheduler reads.
     """
     cdef IterationPlan _plan
     cdef readonly object request_indexes
@@ -131,7 +219,7 @@ cdef class PlanOutputs:
 
     @property
     def capacity(self):
-        return self._plan._s._pp.outputs.capacity
+        return self._plan._rows
 
     @property
     def count(self):
@@ -143,8 +231,8 @@ cdef class PlanOutputs:
         self._plan._check()
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"count must be an int, got {type(value).__name__}")
-        if value < 0 or value > self._plan._s._pp.outputs.capacity:
-            raise ValueError(f"count must be in [0, {self._plan._s._pp.outputs.capacity}]")
+        if value < 0 or value > self._plan._rows:
+            raise ValueError(f"count must be in [0, {self._plan._rows}]")
         self._plan._s._pp.outputs.count = value
 
 
@@ -180,37 +268,37 @@ cdef class IterationPlan:
     @property
     def tokens(self):
         self._check()
-        return self._s._v_tokens[:self.token_count]
+        return self._s._slice(_A_TOK, self.token_count)
 
     @property
     def positions(self):
         self._check()
-        return self._s._v_positions[:self.token_count]
+        return self._s._slice(_A_POS, self.token_count)
 
     @property
     def row_offsets(self):
         self._check()
-        return self._s._v_offsets[:self._rows + 1]
+        return self._s._slice(_A_OFF, self._rows + 1)
 
     @property
     def sample_last(self):
         self._check()
-        return self._s._v_sample[:self._rows]
+        return self._s._slice(_A_SAMPLE, self._rows)
 
     @property
     def phases(self):
         self._check()
-        return self._s._v_phases[:self._rows]
+        return self._s._slice(_A_PHASE, self._rows)
 
     @property
     def slots(self):
         self._check()
-        return self._s._v_slots[:self._rows]
+        return self._s._slice(_A_SLOT, self._rows)
 
     @property
     def sample_rows(self):
         self._check()
-        return self._s._v_sample_rows[:self._samples]
+        return self._s._slice(_A_SROWS, self._samples)
 
     @property
     def requests(self):
@@ -231,8 +319,8 @@ cdef class IterationPlan:
         if self._outputs is None:
             o = PlanOutputs.__new__(PlanOutputs)
             o._plan = self
-            o.request_indexes = self._s._v_out_idx[:self._rows]
-            o.predicted_tokens = self._s._v_out_tok[:self._rows]
+            o.request_indexes = self._s._slice(_A_OIDX, self._rows)
+            o.predicted_tokens = self._s._slice(_A_OTOK, self._rows)
             self._outputs = o
         return self._outputs
 
@@ -245,8 +333,8 @@ cdef class IterationPlan:
             self._check()
             p = self._s._pp
             objs = self._s._objs
-            toks = self._s._v_tokens
-            poss = self._s._v_positions
+            toks = self._s._bases[_A_TOK]
+            poss = self._s._bases[_A_POS]
             work = []
             for r in range(self._rows):
                 a = p.row_offsets[r]
@@ -279,9 +367,12 @@ cdef class Scheduler:
     cdef list _comp_names
     cdef list _available
     cdef object _cb_error
-    cdef object _v_tokens, _v_positions, _v_offsets, _v_sample, _v_phases, _v_slots
-    cdef object _v_sample_rows, _v_out_idx, _v_out_tok
-    cdef size_t _v_tok_addr, _v_row_addr, _v_tok_cap, _v_row_cap
+    # Views over the whole native plan arrays (rebuilt only when the core reallocates them)
+    # and, per array, the last slice handed out: a steady state reuses the same slices.
+    cdef list _bases
+    cdef list _slices
+    cdef size_t _slice_n[_A_COUNT]
+    cdef size_t _v_tok_cap, _v_row_cap     # capacities the views were made for
 
     def __cinit__(self, config=None, admission=None, preemption=None):
         self._s = NULL
@@ -357,10 +448,12 @@ cdef class Scheduler:
         self._comp_names = [m.name for m in comps]
         self._available = [(m.name, m.available_bytes()) for m in comps]
         self._live = False
-        self._v_tok_addr = 0
-        self._v_row_addr = 0
         self._v_tok_cap = 0
         self._v_row_cap = 0
+        self._bases = [None] * _A_COUNT
+        self._slices = [None] * _A_COUNT
+        for i in range(_A_COUNT):
+            self._slice_n[i] = SIZE_MAX
 
     def __dealloc__(self):
         if self._s != NULL:
@@ -399,10 +492,21 @@ cdef class Scheduler:
         cdef array prompt, gen
         if not isinstance(seq, Sequence):
             raise TypeError(f"submit takes a Sequence, got {type(seq).__name__}")
-        q = seq._validated_copy()
+        prompt = _plain_tokens(seq.prompt_tokens)
+        gen = _plain_tokens(seq.generated_tokens)
+        if prompt is not None and gen is not None:
+            # Tokens are already checked and converted: validate everything else as usual.
+            shell = Sequence.__new__(Sequence)
+            for name in _SEQ_FIELDS:
+                object.__setattr__(shell, name, getattr(seq, name))
+            shell.prompt_tokens = []
+            shell.generated_tokens = []
+            q = shell._validated_copy()
+        else:
+            q = seq._validated_copy()
+            prompt = array("i", q.prompt_tokens)
+            gen = array("i", q.generated_tokens)
         id_bytes = q.id.encode("utf-8")
-        prompt = array("i", q.prompt_tokens)
-        gen = array("i", q.generated_tokens)
         sampling = q.sampling
         cdef size_t sampling_addr = 0
         if sampling is not None and isinstance(sampling, _ffi.CData) and _ffi.typeof(sampling) is _SAMPLING_CTYPE:
@@ -440,25 +544,38 @@ cdef class Scheduler:
     # -- planning ---------------------------------------------------------------------------
 
     cdef void _refresh_views(self):
+        # Every array may move or grow on its own: rebuild a view whenever its address or the
+        # capacity behind it changed (a same-address realloc can still grow the capacity).
         cdef skippy_plan *p = self._pp
-        # Each plan array is reallocated on its own, so one unchanged address says nothing about
-        # the others; every growth changes the capacity, which is what is compared here.
-        if <size_t>p.tokens != self._v_tok_addr or p.token_capacity != self._v_tok_cap:
-            self._v_tok_addr = <size_t>p.tokens
+        cdef size_t n
+        cdef int i
+        # NOTE: the core reallocates plan arrays only when a capacity grows, and then all the
+        # arrays of that group at once (any of them may move), so capacity is the key.
+        if p.token_capacity != self._v_tok_cap:
             self._v_tok_cap = p.token_capacity
-            self._v_tokens = _view(<size_t>p.tokens, p.token_capacity, np.int32)
-            self._v_positions = _view(<size_t>p.positions, p.token_capacity, np.int32)
-        if <size_t>p.requests != self._v_row_addr or p.request_capacity != self._v_row_cap:
-            self._v_row_addr = <size_t>p.requests
+            self._bases[_A_TOK] = _view(<size_t>p.tokens, p.token_capacity, np.int32)
+            self._bases[_A_POS] = _view(<size_t>p.positions, p.token_capacity, np.int32)
+            self._slice_n[_A_TOK] = SIZE_MAX
+            self._slice_n[_A_POS] = SIZE_MAX
+        if p.request_capacity != self._v_row_cap:
             self._v_row_cap = p.request_capacity
             n = p.request_capacity
-            self._v_offsets = _view(<size_t>p.row_offsets, n + 1, np.uintp)
-            self._v_sample = _view(<size_t>p.sample_last, n, np.uint8)
-            self._v_phases = _view(<size_t>p.phases, n, np.uint8)
-            self._v_slots = _view(<size_t>p.slots, n, np.uint32)
-            self._v_sample_rows = _view(<size_t>p.sample_rows, n, np.uintp)
-            self._v_out_idx = _view(<size_t>p.outputs.sampled_request_indexes, n, np.uintp)
-            self._v_out_tok = _view(<size_t>p.outputs.predicted_tokens, n, np.int32)
+            self._bases[_A_OFF] = _view(<size_t>p.row_offsets, n + 1, np.uintp)
+            self._bases[_A_SAMPLE] = _view(<size_t>p.sample_last, n, np.uint8)
+            self._bases[_A_PHASE] = _view(<size_t>p.phases, n, np.uint8)
+            self._bases[_A_SLOT] = _view(<size_t>p.slots, n, np.uint32)
+            self._bases[_A_SROWS] = _view(<size_t>p.sample_rows, n, np.uintp)
+            self._bases[_A_OIDX] = _view(<size_t>p.outputs.sampled_request_indexes, n, np.uintp)
+            self._bases[_A_OTOK] = _view(<size_t>p.outputs.predicted_tokens, n, np.int32)
+            for i in range(_A_OFF, _A_COUNT):
+                self._slice_n[i] = SIZE_MAX
+
+    cdef object _slice(self, int a, size_t n):
+        """The first n entries of plan array `a`: the cached slice when n did not change."""
+        if self._slice_n[a] != n:
+            self._slices[a] = self._bases[a][:n]
+            self._slice_n[a] = n
+        return self._slices[a]
 
     def plan_iteration(self):
         """Admit what fits and build the next iteration plan."""
@@ -467,12 +584,13 @@ cdef class Scheduler:
         cdef skippy_plan *p
         cdef list objs = self._objs
         cdef IterationPlan plan
-        retired = [ret[i].slot for i in range(n)]
+        retired = [ret[i].slot for i in range(n)] if n else None
         self._live = False
         if skippy_scheduler_plan(self._s, &p, NULL) != SKIPPY_STATUS_OK:
             self._raise_last()
-        for slot in retired:
-            objs[slot] = None
+        if retired is not None:
+            for slot in retired:
+                objs[slot] = None
         self._pp = p
         self._live = True
         self._refresh_views()
@@ -541,12 +659,7 @@ cdef class Scheduler:
                 failed.append(sid)
             else:
                 finished.append(sid)
-        return IterationTelemetry(
-            t.iteration, t.active_sequences, t.waiting_sequences, t.admitted, t.preempted,
-            t.prefill_tokens, t.recompute_tokens, t.decode_tokens, self._used_list(),
-            list(self._available), t.prefix_hits, t.prefix_misses, t.finished, t.failed,
-            t.cancelled, t.rejected_overload, finished, failed)
-
+        return _telemetry(&t, self._used_list(), list(self._available), finished, failed)
     cdef list _used_list(self):
         cdef size_t n, i
         cdef const uint64_t *u = skippy_scheduler_component_used(self._s, &n)

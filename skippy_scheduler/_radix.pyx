@@ -65,7 +65,7 @@ cdef extern from "sk_radix.h":
                             uint64_t *handle)
     int sk_radix_next(const sk_radix *r, int kind, size_t *ns_index, int32_t *node,
                       sk_radix_hit *out)
-    int sk_radix_node_key(sk_radix *r, int32_t node, const int32_t **tokens, size_t *n)
+    void sk_radix_copy_key(const sk_radix *r, int32_t node, int32_t *dst)
     const char *sk_radix_ns_name(const sk_radix *r, size_t ns_index, size_t *len)
     void sk_radix_get_stats(const sk_radix *r, sk_radix_stats *out)
 
@@ -262,8 +262,13 @@ cdef tuple _tokens_tuple(const int32_t *p, size_t n):
 
 
 cdef uint64_t _u64(str name, object value) except? 0:
-    if PyBool_Check(value) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    """Python or numpy integer in u64 range; bools are not counts."""
+    if PyBool_Check(value) or type(value).__name__ == "bool_":
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        value = PyNumber_Index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
     if value < 0 or value > U64_MAX:
         raise ValueError(f"{name} must be in [0, 2**64 - 1], got {value}")
     return <uint64_t>value
@@ -280,6 +285,7 @@ cdef class RadixCacheCore:
     cdef uint64_t _next_handle
     cdef int32_t *_scratch     # converted keys; only written while no Python code can run
     cdef size_t _scratch_cap
+    cdef object __weakref__
 
     def __cinit__(self):
         self._r = sk_radix_new()
@@ -341,11 +347,8 @@ cdef class RadixCacheCore:
     # NOTE: creating GC-tracked objects may run finalizers that re-enter this cache, so every
     # read of native state happens before the first such allocation.
     cdef RadixMatch _match(self, sk_radix_hit *hit):
-        cdef const int32_t *kp
-        cdef size_t kn
-        if sk_radix_node_key(self._r, hit.node, &kp, &kn) != SK_RADIX_OK:
-            raise MemoryError()
-        cdef bytes key = PyBytes_FromStringAndSize(<const char *>kp, kn * 4)
+        cdef bytes key = PyBytes_FromStringAndSize(NULL, hit.stored_tokens * 4)
+        sk_radix_copy_key(self._r, hit.node, <int32_t *>PyBytes_AS_STRING(key))
         value = self._values[hit.handle]
         cdef RadixMatch m = RadixMatch.__new__(RadixMatch)
         m.matched_tokens = hit.matched_tokens
@@ -357,14 +360,13 @@ cdef class RadixCacheCore:
         return m
 
     cdef RadixEntry _entry(self, sk_radix_hit *hit):
-        cdef const int32_t *kp
-        cdef size_t kn, nl
+        cdef size_t kn = 0, nl = 0
         cdef const char *name = sk_radix_ns_name(self._r, hit.ns_index, &nl)
         value = self._values[hit.handle]
         namespace = PyUnicode_DecodeUTF8(<char *>name, nl, NULL)
-        if sk_radix_node_key(self._r, hit.node, &kp, &kn) != SK_RADIX_OK:
-            raise MemoryError()
-        cdef bytes key = PyBytes_FromStringAndSize(<const char *>kp, kn * 4)
+        kn = hit.stored_tokens
+        cdef bytes key = PyBytes_FromStringAndSize(NULL, kn * 4)
+        sk_radix_copy_key(self._r, hit.node, <int32_t *>PyBytes_AS_STRING(key))
         cdef RadixEntry e = RadixEntry.__new__(RadixEntry)
         e.namespace = namespace
         e.tokens = _tokens_tuple(<const int32_t *>PyBytes_AS_STRING(key), kn)
@@ -375,7 +377,7 @@ cdef class RadixCacheCore:
 
     cdef object _insert(self, str namespace, object tokens, object logical_bytes, object value,
                         int kind, int if_vacant):
-        cdef Py_ssize_t nl
+        cdef Py_ssize_t nl = 0
         cdef const char *ns = PyUnicode_AsUTF8AndSize(namespace, &nl)
         cdef uint64_t nbytes = _u64("logical_bytes", logical_bytes)
         cdef uint64_t handle = self._next_handle
@@ -388,14 +390,16 @@ cdef class RadixCacheCore:
         try:
             if key.n == 0:
                 raise ValueError(EMPTY_KEY_MESSAGE)
+            # registered first so that nothing can fail once the tree holds the handle
+            self._values[handle] = value
             st = sk_radix_insert(self._r, kind, if_vacant, ns, nl, key.p, key.n, nbytes, handle,
                                  &prev)
         finally:
             self._close(&key)
         if st == SK_RADIX_OK or st == SK_RADIX_REPLACED:
             self._next_handle += 1
-            self._values[handle] = value
             return self._values.pop(prev) if st == SK_RADIX_REPLACED else None
+        del self._values[handle]
         if st == SK_RADIX_OCCUPIED:
             return value
         if st == SK_RADIX_ACTIVE:
@@ -414,7 +418,7 @@ cdef class RadixCacheCore:
         return self._insert(namespace, tokens, logical_bytes, value, SK_RADIX_RECURRENT, 0)
 
     cdef object _probe(self, str namespace, object tokens, int kind, int mode):
-        cdef Py_ssize_t nl
+        cdef Py_ssize_t nl = 0
         cdef const char *ns = PyUnicode_AsUTF8AndSize(namespace, &nl)
         cdef sk_radix_hit hit
         cdef _Key key
@@ -443,7 +447,7 @@ cdef class RadixCacheCore:
         return self._probe(namespace, tokens, SK_RADIX_RECURRENT, SK_RADIX_ACQUIRE)
 
     cdef object _exact(self, str namespace, object tokens, int kind):
-        cdef Py_ssize_t nl
+        cdef Py_ssize_t nl = 0
         cdef const char *ns = PyUnicode_AsUTF8AndSize(namespace, &nl)
         cdef sk_radix_hit hit
         cdef _Key key
@@ -460,7 +464,7 @@ cdef class RadixCacheCore:
         return self._exact(namespace, tokens, SK_RADIX_RECURRENT)
 
     cdef bint _release(self, str namespace, object tokens, int kind) except -1:
-        cdef Py_ssize_t nl
+        cdef Py_ssize_t nl = 0
         cdef const char *ns = PyUnicode_AsUTF8AndSize(namespace, &nl)
         cdef _Key key
         cdef int st
@@ -476,7 +480,7 @@ cdef class RadixCacheCore:
         return self._release(namespace, tokens, SK_RADIX_RECURRENT)
 
     cdef object _remove(self, str namespace, object tokens, int kind):
-        cdef Py_ssize_t nl
+        cdef Py_ssize_t nl = 0
         cdef const char *ns = PyUnicode_AsUTF8AndSize(namespace, &nl)
         cdef uint64_t handle = 0
         cdef _Key key

@@ -5,6 +5,8 @@ Candidates are validated and packed once into a contiguous item array plus one i
 arena; the kernel then runs without the GIL. `PackedCandidates` keeps the packing so that a
 caller (or a benchmark) can rank the same queue several times without converting tokens again.
 """
+import operator
+
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from cpython.object cimport PyObject
@@ -46,9 +48,20 @@ cdef object U64_MAX = (1 << 64) - 1
 cdef object USIZE_MAX = (1 << 64) - 1
 
 
+cdef object _as_int(str name, object value):
+    """Python and numpy integers are ints here; bools (Python or numpy) are not."""
+    if type(value) is int:
+        return value
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+
+
 cdef uint64_t _u64(str name, object value, object limit=U64_MAX) except? 0:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    value = _as_int(name, value)
     if value < 0 or value > limit:
         raise ValueError(f"{name} must be in [0, {limit}], got {value}")
     return <uint64_t>value
@@ -100,10 +113,7 @@ cdef Py_ssize_t _fill_tokens(object tokens, int32_t *dst, Py_ssize_t room) excep
         for item in tokens:
             if i >= room:
                 raise ValueError("prompt_tokens changed size while being read")
-            if type(item) is not int:
-                if isinstance(item, bool) or not isinstance(item, int):
-                    raise TypeError(
-                        f"prompt tokens must be ints, got {type(item).__name__}")
+            item = _as_int("prompt token", item)
             v = PyLong_AsLongLongAndOverflow(item, &overflow)
             if overflow or v < -2147483648 or v > 2147483647:
                 raise ValueError(f"prompt token {item} is outside the i32 range")

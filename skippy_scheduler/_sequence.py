@@ -9,6 +9,7 @@ from ._checks import (
     U32_MAX,
     U64_MAX,
     USIZE_MAX,
+    check_id,
     check_optional_uint,
     check_str,
     check_tokens,
@@ -88,7 +89,7 @@ class Sequence:
         sampling: Any = None,
         priority: int = 0,
     ) -> None:
-        self.id = check_str("id", id)
+        self.id = check_id("id", id)
         self.prompt_tokens = check_tokens("prompt_tokens", prompt_tokens)
         self.generated_tokens: list[int] = []
         self.max_tokens = check_uint("max_tokens", max_tokens, U32_MAX)
@@ -174,7 +175,7 @@ class Sequence:
     def _validated_copy(self) -> "Sequence":
         """An independent copy with every (public, mutable) field checked again."""
         copy = Sequence.__new__(Sequence)
-        copy.id = check_str("id", self.id)
+        copy.id = check_id("id", self.id)
         copy.prompt_tokens = check_tokens("prompt_tokens", self.prompt_tokens)
         copy.generated_tokens = check_tokens("generated_tokens", self.generated_tokens)
         copy.max_tokens = check_uint("max_tokens", self.max_tokens, U32_MAX)

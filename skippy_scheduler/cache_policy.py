@@ -81,12 +81,6 @@ class CacheAwareCandidate:
     order: int = 0
 
 
-def _check_flag(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
-
-
 def _check_candidates(candidates: object) -> list:
     if isinstance(candidates, (str, bytes)):
         raise TypeError("candidates must be an iterable of CacheAwareCandidate")
@@ -112,12 +106,13 @@ def order_cache_aware_candidates(
     must be ints in the i32 range, every other field a u64).
     """
     from . import _rank
+    from ._checks import check_bool, check_uint
 
     items = _check_candidates(candidates)
-    _check_uint("current_turn", current_turn)
-    _check_uint("aging_cost_per_turn", aging_cost_per_turn)
-    _check_flag("group_waiting_prefixes", group_waiting_prefixes)
-    return _rank.order_candidates(items, current_turn, aging_cost_per_turn, group_waiting_prefixes)
+    turn = check_uint("current_turn", current_turn)
+    aging = check_uint("aging_cost_per_turn", aging_cost_per_turn)
+    grouping = check_bool("group_waiting_prefixes", group_waiting_prefixes)
+    return _rank.order_candidates(items, turn, aging, grouping)
 
 
 def select_cache_aware_candidate(

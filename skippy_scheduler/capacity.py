@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cmp_to_key
 
+from ._checks import check_str as _check_str
+from ._checks import check_uint
+
 U64_MAX = (1 << 64) - 1
 
 
@@ -21,16 +24,11 @@ def _sub(a: int, b: int) -> int:
     return a - b if a > b else 0
 
 
-def _check_uint(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 0 or value > U64_MAX:
-        raise ValueError(f"{name} must be in [0, {U64_MAX}], got {value}")
-
-
-def _check_str(name: str, value: object) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+def _norm_uints(obj: object, *names: str) -> None:
+    """Checks u64 fields of a frozen dataclass and stores them as plain ints (a numpy integer
+    would wrap around in the sums below instead of saturating)."""
+    for name in names:
+        object.__setattr__(obj, name, check_uint(name, getattr(obj, name)))
 
 
 @dataclass(frozen=True)
@@ -44,9 +42,7 @@ class EvictableCacheEntry:
 
     def __post_init__(self) -> None:
         _check_str("id", self.id)
-        _check_uint("units", self.units)
-        _check_uint("recompute_cost", self.recompute_cost)
-        _check_uint("last_used", self.last_used)
+        _norm_uints(self, "units", "recompute_cost", "last_used")
 
 
 @dataclass(frozen=True)
@@ -61,9 +57,7 @@ class ComponentCapacitySnapshot:
 
     def __post_init__(self) -> None:
         _check_str("component", self.component)
-        _check_uint("capacity_units", self.capacity_units)
-        _check_uint("active_units", self.active_units)
-        _check_uint("pinned_cache_units", self.pinned_cache_units)
+        _norm_uints(self, "capacity_units", "active_units", "pinned_cache_units")
         entries = self.evictable_entries
         if isinstance(entries, (str, bytes)):
             raise TypeError("evictable_entries must be a sequence of EvictableCacheEntry")
@@ -86,9 +80,7 @@ class CapacityDemand:
     target_free_units: int = 0
 
     def __post_init__(self) -> None:
-        _check_uint("request_units", self.request_units)
-        _check_uint("minimum_free_units", self.minimum_free_units)
-        _check_uint("target_free_units", self.target_free_units)
+        _norm_uints(self, "request_units", "minimum_free_units", "target_free_units")
 
 
 @dataclass

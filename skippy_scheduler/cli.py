@@ -12,6 +12,8 @@ import sys
 
 SUBCOMMANDS: list[str] = [
     "skippy_scheduler.lab.cli",
+    "skippy_scheduler.hosts.cli_run",
+    "skippy_scheduler.bench",
 ]
 
 

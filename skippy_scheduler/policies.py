@@ -65,7 +65,7 @@ class CacheAwareAdmission(AdmissionPolicy):
         normalized = config.normalized()
         aging = self.aging_cost_per_turn
         grouping = self.group_waiting_prefixes
-        return CacheAwareAdmission(
+        return type(self)(
             normalized.cache_aging_cost_per_iteration if aging is None else aging,
             normalized.group_waiting_prefixes if grouping is None else grouping,
         )

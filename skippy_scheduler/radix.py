@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from ._checks import U32_MAX, check_str, check_uint
 from ._radix import RadixCacheCore, RadixEntry, RadixMatch
 from .cache_policy import CacheAffinity, StageCacheAffinity
 
@@ -117,18 +118,10 @@ def affinity_from_radix(
     prompt no stage holds gets the empty affinity. This is the scheduler-side use of the cache
     (behaviour.md §5.2 `apply_resident_radix_affinity` is the one-stage case).
     """
-    stage_list = [(stage_index, namespace) for stage_index, namespace in stages]
-    for stage_index, namespace in stage_list:
-        if isinstance(stage_index, bool) or not isinstance(stage_index, int):
-            raise TypeError(f"stage_index must be an int, got {type(stage_index).__name__}")
-        if not isinstance(namespace, str):
-            raise TypeError(f"namespace must be a str, got {type(namespace).__name__}")
-    for name, value in (("prefill_cost_per_token", prefill_cost_per_token),
-                        ("restore_cost", restore_cost)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if not 0 <= value < 1 << 64:
-            raise ValueError(f"{name} must be in [0, 2**64 - 1], got {value}")
+    stage_list = [(check_uint("stage_index", stage_index, U32_MAX), check_str("namespace", ns))
+                  for stage_index, ns in stages]
+    prefill_cost_per_token = check_uint("prefill_cost_per_token", prefill_cost_per_token)
+    restore_cost = check_uint("restore_cost", restore_cost)
     prompt_len = len(prompt_tokens)
     epoch = cache.epoch()
     found = []

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from . import _rank
-from .cache_policy import CacheAffinity, _check_flag, _check_uint
+from ._checks import check_bool, check_uint
+from .cache_policy import CacheAffinity
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,8 @@ class CacheRuntimeQueue:
     """Cache-aware queue of runtime operations with stale-affinity refresh."""
 
     def __init__(self, aging_cost_per_turn: int, group_waiting_prefixes: bool) -> None:
-        self._aging = _check_uint("aging_cost_per_turn", aging_cost_per_turn)
-        self._grouping = _check_flag("group_waiting_prefixes", group_waiting_prefixes)
+        self._aging = check_uint("aging_cost_per_turn", aging_cost_per_turn)
+        self._grouping = check_bool("group_waiting_prefixes", group_waiting_prefixes)
         self._turn = 0
         self._next_order = 0
         self._dirty = False
@@ -80,7 +81,7 @@ class CacheRuntimeQueue:
         affinity: CacheAffinity,
         refresh: Optional[Callable[[], CacheAffinity]] = None,
     ) -> None:
-        _check_uint("priority", priority)
+        check_uint("priority", priority)
         _check_affinity(affinity)
         if refresh is not None and not callable(refresh):
             raise TypeError("refresh must be callable or None")
@@ -135,9 +136,9 @@ def should_serve_cache_runtime(
     has_cache_op: bool, has_iteration_work: bool, last_served_cache_op: bool
 ) -> bool:
     """Strict alternation when both kinds of work wait; otherwise serve whatever exists."""
-    _check_flag("has_cache_op", has_cache_op)
-    _check_flag("has_iteration_work", has_iteration_work)
-    _check_flag("last_served_cache_op", last_served_cache_op)
+    check_bool("has_cache_op", has_cache_op)
+    check_bool("has_iteration_work", has_iteration_work)
+    check_bool("last_served_cache_op", last_served_cache_op)
     if has_cache_op and has_iteration_work:
         return not last_served_cache_op
     return has_cache_op

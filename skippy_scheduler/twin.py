@@ -10,7 +10,7 @@ import math
 import numbers
 from typing import Iterable
 
-from ._checks import I32_MAX, USIZE_MAX, check_str, check_uint, sat, sat_sub
+from ._checks import I32_MAX, USIZE_MAX, check_id, check_uint, sat, sat_sub
 from ._twin_plan import TwinPlan, read_predictions
 from .cache_policy import CacheAwareCandidate
 from .policies import (
@@ -140,7 +140,7 @@ class TwinScheduler:
                 index=i,
                 priority=s.priority,
                 affinity=s.cache_affinity,
-                prompt_tokens=s.prompt_tokens,
+                prompt_tokens=tuple(s.prompt_tokens),  # a policy cannot edit the queue's prompts
                 enqueued_turn=s.enqueued_turn,
                 order=s.enqueue_order,
             )
@@ -458,7 +458,7 @@ class TwinScheduler:
         s.prefill_cursor = cursor
 
     def cancel(self, sequence_id: str) -> bool:
-        check_str("sequence_id", sequence_id)
+        check_id("sequence_id", sequence_id)
         s = self._active.pop(sequence_id, None)
         if s is not None:
             self._release(s)
@@ -485,7 +485,7 @@ class TwinScheduler:
         )
 
     def sequence(self, sequence_id: str) -> Sequence | None:
-        check_str("sequence_id", sequence_id)
+        check_id("sequence_id", sequence_id)
         s = self._active.get(sequence_id)
         if s is None:
             s = next((w for w in self._waiting if w.id == sequence_id), None)

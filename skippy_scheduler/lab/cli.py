@@ -8,6 +8,7 @@ import sys
 from ..cli import CommandError
 from .backend import BACKENDS, BackendUnavailable, resolve_backend
 from .model import RuntimeCostModel
+from .progress import Progress
 from .report import dump_json, format_replay, format_table, lab_document
 from .scenarios import SCENARIO_NAMES, get_scenario, replay_all, run_scenario
 
@@ -108,9 +109,12 @@ def run(args) -> int:
     except ValueError as exc:
         raise CommandError(str(exc)) from exc
     results = []
+    bar = Progress(len(scenarios), "lab")
     for scenario in scenarios:
         results.append(run_scenario(scenario, cost, backend=backend, bench_reps=args.bench_reps,
                                     trace=bool(args.trace)))
+        bar.update(len(results))
+    bar.close()
     sys.stdout.write(format_table(results))
     replay = replay_all(cost, backend=backend) if (args.replay or args.json) else []
     if args.replay:

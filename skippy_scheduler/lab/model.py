@@ -145,6 +145,16 @@ class RuntimeCostModel:
         return replace(cls(), **values)
 
 
+def new_sequence(types, seq_id: str, prompt: list[int], max_tokens: int, priority: int):
+    """`Sequence(seq_id, prompt, max_tokens, None, priority)`, built without the constructor's
+    per-token Python check: submit checks the tokens again anyway (natively for a list of plain
+    ints), so the prompt is assigned as the public field it is and the default admission size
+    (prompt + max_tokens) restated. The scheduler receives the same sequence."""
+    seq = types.Sequence(seq_id, (), max_tokens, None, priority)
+    seq.prompt_tokens = prompt
+    return seq.with_admission_tokens(len(prompt) + max_tokens)
+
+
 def burst_requests(n: int, prompt_tokens: int, output_tokens: int,
                    prefix_tokens: int = 0) -> list[SimRequest]:
     """n identical requests "request-0".."request-(n-1)", all arriving at 0 µs."""

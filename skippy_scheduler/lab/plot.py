@@ -80,7 +80,7 @@ def plot_suite(runs, out_dir: str) -> list[str]:
     top.set_ylabel("batch size (rows)")
     bottom.set_ylabel("token occupancy (%)")
     bottom.set_xlabel("virtual time (s)")
-    top.legend(fontsize="small")
+    top.legend(fontsize="x-small", ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.0))
     paths.append(_save(fig, os.path.join(out_dir, "batch_occupancy.png"), [len(runs), len(runs)]))
     plt.close(fig)
 

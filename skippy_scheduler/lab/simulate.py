@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence as _Seq
 
 from .backend import Backend, resolve_backend, types_module
-from .model import RuntimeCostModel, SimRequest
+from .model import RuntimeCostModel, SimRequest, new_sequence
 
 
 class SimulationError(RuntimeError):
@@ -127,8 +127,8 @@ def validate_requests(requests: Iterable[SimRequest]) -> list[SimRequest]:
 def to_sequence(request: SimRequest, types=None):
     """The scheduler Sequence a simulated request submits as (§5.2)."""
     types = types or types_module()
-    seq = types.Sequence(request.id, request.prompt_ids(), request.output_tokens, None,
-                         request.priority)
+    seq = new_sequence(types, request.id, request.prompt_ids(), request.output_tokens,
+                       request.priority)
     if request.prefix_tokens > 0:
         seq = seq.with_prefix_restore(types.PrefixRestore(
             f"sim-prefix-{request.id}", request.prefix_tokens, types.PrefixRestoreKind.ResidentKv))
@@ -140,15 +140,18 @@ def _phase_name(phase) -> str:
 
 
 def _fmt(value) -> str:
-    """A trace value: plain integer µs, `None` when it never happened."""
+    """A trace value: plain integer µs, `None` when it never happened. Fractional values (a
+    cost model with non-integer constants) print with at most three decimals."""
     if value is None:
         return "None"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
+    if isinstance(value, float):
+        if value.is_integer():
+            return str(int(value))
+        return f"{value:.3f}".rstrip("0").rstrip(".")
     return str(value)
 
 
-def complete_with_ones(scheduler, plan, sampled: list[int], types) -> None:
+def complete_with_ones(scheduler, plan, sampled: list[int], types):
     """Report token 1 for every sampling row, through the plan's output block when it has one."""
     outputs = getattr(plan, "outputs", None)
     if outputs is not None:
@@ -156,9 +159,8 @@ def complete_with_ones(scheduler, plan, sampled: list[int], types) -> None:
         outputs.request_indexes[:k] = sampled
         outputs.predicted_tokens[:k] = 1
         outputs.count = k
-        scheduler.complete_iteration(plan)
-    else:
-        scheduler.complete_iteration(plan, [types.IterationPrediction(i, 1) for i in sampled])
+        return scheduler.complete_iteration(plan)
+    return scheduler.complete_iteration(plan, [types.IterationPrediction(i, 1) for i in sampled])
 
 
 def simulate(config, cost: RuntimeCostModel | None, requests: Iterable[SimRequest], *,
@@ -175,6 +177,7 @@ def simulate(config, cost: RuntimeCostModel | None, requests: Iterable[SimReques
     decode_phase = types.IterationPhase.Decode
 
     metrics = {r.id: RequestMetrics(r.arrival_us) for r in reqs}
+    lengths = {r.id: r.output_tokens for r in reqs}
     report = SimulationReport()
     now = 0
     next_arrival = 0
@@ -231,9 +234,15 @@ def simulate(config, cost: RuntimeCostModel | None, requests: Iterable[SimReques
             trace.append(f"it={report.iterations} t={_fmt(start)} dur={_fmt(duration)} "
                          f"admitted={plan.admitted} tokens={token_count} | {rows}")
         scheduler.observe_iteration_duration(plan, duration / 1e6)
-        complete_with_ones(scheduler, plan, sampled, types)
-        # Only a sampling row can end a sequence (finish or fail), so only those are checked.
-        for rid in sorted({work[i].sequence_id for i in sampled}):
+        telemetry = complete_with_ones(scheduler, plan, sampled, types)
+        # A request is complete once the scheduler no longer knows it. Only a sampling row can
+        # end a sequence: it finishes when its output is full (every token is 1, never an end
+        # signal), so those are the ones asked about; should the scheduler's finished + failed
+        # count say more ended, every sampled id is asked (a snapshot copies the prompt).
+        ended = [work[i].sequence_id for i in sampled]
+        full = [rid for rid in ended if metrics[rid].generated >= lengths[rid]]
+        gone = telemetry.finished + telemetry.failed
+        for rid in sorted(set(ended if gone > completed + len(full) else full)):
             m = metrics[rid]
             if m.completed_us is None and scheduler.sequence(rid) is None:
                 m.completed_us = now

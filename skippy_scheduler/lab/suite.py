@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .backend import Backend, resolve_backend, types_module
-from .model import RuntimeCostModel
+from .model import RuntimeCostModel, new_sequence
 from .progress import Progress
-from .workload import MARKER_BASE, Workload
+from .workload import MARKER_BASE, SUFFIX_BASE, SUFFIX_STRIDE, Workload
 
 NAMESPACE = "stage-0"
 PHASE_PREFILL = 0  # values of IterationPhase in plan.phases
@@ -60,8 +60,8 @@ class SuiteOptions:
     chunk: int = 512
     kv_capacity_tokens: int = 0  # 0 = no memory component
     reserve_output_tokens: int = 32
-    ttft_target_ms: float = 500.0
-    itl_target_ms: float = 50.0
+    ttft_target_ms: float = 50.0  # goodput targets, in the cost model's virtual time
+    itl_target_ms: float = 1.5
     record_series: bool = False
 
     def config(self, mode: str):
@@ -122,6 +122,22 @@ class _Events:
         return owners, times
 
 
+class _SampleLog(_Events):
+    """Sampled tokens per iteration, kept as raw int32 bytes (the cheapest copy of a plan
+    view); a sampled token is its request's marker, so owners come out at the end."""
+
+    def add_tokens(self, now: float, token_bytes: bytes, count: int) -> None:
+        self.owners.append(token_bytes)
+        self.times.append(now)
+        self.counts.append(count)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        tokens = np.frombuffer(b"".join(self.owners), dtype=np.int32)
+        owners = tokens.astype(np.int64) - MARKER_BASE
+        times = np.repeat(np.asarray(self.times), np.asarray(self.counts, dtype=np.int64))
+        return owners, times
+
+
 @dataclass
 class _TokenTimeline:
     first_token: np.ndarray
@@ -153,6 +169,14 @@ def _token_timeline(n: int, events: _Events) -> _TokenTimeline:
     keep = np.ones(len(o), dtype=bool)
     keep[starts] = False
     return _TokenTimeline(first, last, generated, max_gap, gaps[keep])
+
+
+def _row_owners(last_tokens: np.ndarray) -> np.ndarray:
+    """Request index of each row from its last token: a marker (final prompt token or a
+    sampled token) or an own-suffix token name their request; a family-prefix token gives -1."""
+    last = last_tokens.astype(np.int64)
+    return np.where(last >= MARKER_BASE, last - MARKER_BASE,
+                    (last - SUFFIX_BASE) // SUFFIX_STRIDE)
 
 
 def _first_times(n: int, events: _Events) -> np.ndarray:
@@ -191,7 +215,7 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
     gen = np.zeros(n, dtype=np.int64)  # memory model only: tokens sampled so far
     fed = np.zeros(n, dtype=np.int64)  # memory model only: KV cells a running request holds
 
-    samples = _Events()  # (time, owners of the sampling rows)
+    samples = _SampleLog()  # (time, tokens sampled: request markers)
     scheduled = _Events()  # (time, owners of prompt rows): first appearance is a prompt row
     series_t: list[float] = []
     series_rows: list[int] = []
@@ -211,12 +235,7 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
         nonlocal prefix_hits
         prompt = workload.prompt(r).tolist()
         max_tokens = int(out_len[r])
-        # NOTE: the constructor checks prompt tokens one by one in Python and submit checks them
-        # again (natively for plain-int lists), so the prompt is set as the public field it is
-        # and the default admission size restated; the scheduler sees the same sequence.
-        seq = types.Sequence(ids[r], (), max_tokens, None, int(workload.priority[r]))
-        seq.prompt_tokens = prompt
-        seq = seq.with_admission_tokens(len(prompt) + max_tokens)
+        seq = new_sequence(types, ids[r], prompt, max_tokens, int(workload.priority[r]))
         f = int(family[r])
         if f >= 0 and materialized[f]:
             match = cache.peek_resident(NAMESPACE, prompt)
@@ -251,40 +270,32 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
         tokens = plan.tokens
         outputs = plan.outputs
         token_count = plan.token_count
-        if phases.min() == PHASE_DECODE:
-            # Decode-only: one token per row, and that token is the marker sampled last time.
-            decode = rows
-            sample_rows = plan.sample_rows
-            sampled = tokens - MARKER_BASE
-            outputs.request_indexes[:rows] = sample_rows
+        decode = bytes(phases).count(PHASE_DECODE)
+        if decode == rows:
+            # Decode-only: one token per row, and that token is the marker sampled last time,
+            # so it is also this iteration's prediction.
+            outputs.request_indexes[:rows] = plan.sample_rows
             outputs.predicted_tokens[:rows] = tokens
             outputs.count = rows
+            sampled_bytes = bytes(tokens)
+            k = rows
             ends = None
-            owner = sampled
         else:
             ends = plan.row_offsets[1:] - 1
-            owner = tokens[ends] - MARKER_BASE
-            prompt_rows = np.flatnonzero(phases != PHASE_DECODE)
-            decode = rows - len(prompt_rows)
-            prompt_owner = owner[prompt_rows]
-            unknown = np.flatnonzero(prompt_owner < 0)
-            if len(unknown):  # non-final prompt chunks: read the row objects
+            owner = _row_owners(tokens[ends])
+            if owner.min() < 0:  # a chunk ending inside a shared family prefix: read the rows
                 work = plan.work
-                for j in unknown.tolist():
-                    prompt_owner[j] = index_of[work[int(prompt_rows[j])].sequence_id]
-                owner[prompt_rows] = prompt_owner
-            scheduled.add(now, prompt_owner)
+                for i in np.flatnonzero(owner < 0).tolist():
+                    owner[i] = index_of[work[i].sequence_id]
+            scheduled.add(now, owner[phases != PHASE_DECODE])
             sample_rows = plan.sample_rows
             sampled = owner[sample_rows]
             k = len(sample_rows)
+            predicted = (sampled + MARKER_BASE).astype(np.int32)
             outputs.request_indexes[:k] = sample_rows
-            outputs.predicted_tokens[:k] = sampled + MARKER_BASE
+            outputs.predicted_tokens[:k] = predicted
             outputs.count = k
-        duration = cost.duration_us(token_count - decode, decode)
-        start = now
-        now += duration
-        samples.add(now, sampled)
-        if ends is not None:
+            sampled_bytes = predicted.tobytes()
             firsts = sampled[phases[sample_rows] == PHASE_PREFILL]
             for r in firsts[family[firsts] >= 0].tolist():  # a family prefix is now in KV
                 f = int(family[r])
@@ -292,9 +303,17 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
                     materialized[f] = True
                     cache.insert_resident(NAMESPACE, workload.family_prompt_prefix(f),
                                           int(workload.family_prefix[f]), f"family-{f}")
+        duration = cost.duration_us(token_count - decode, decode)
+        start = now
+        now += duration
+        samples.add_tokens(now, sampled_bytes, k)
         if memory:  # plan arrays are only valid while the plan is live
-            positions = plan.positions if ends is None else plan.positions[ends]
-            new_fed = positions.astype(np.int64) + 1
+            if ends is None:
+                owner = tokens.astype(np.int64) - MARKER_BASE
+                sampled = owner
+                new_fed = plan.positions.astype(np.int64) + 1
+            else:
+                new_fed = plan.positions[ends].astype(np.int64) + 1
         sched.observe_iteration_duration(plan, duration / 1e6)
         telemetry = sched.complete_iteration(plan)
         outstanding = telemetry.active_sequences + telemetry.waiting_sequences

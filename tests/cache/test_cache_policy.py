@@ -223,3 +223,16 @@ def test_arguments_are_validated():
         order_cache_aware_candidates(good, 0, 1, 1)
     with pytest.raises(TypeError):
         select_cache_aware_candidate(good, "0", 1, True)
+
+
+def test_numpy_integers_are_accepted_like_python_ints():
+    import numpy as np
+
+    cands = [CacheAwareCandidate(np.int64(0), np.uint64(0), CacheAffinity(),
+                                 [np.int32(1), np.int64(2)], np.uint32(0), np.int16(1)),
+             CacheAwareCandidate(1, 0, affinity(5), np.array([1, 3], dtype=np.int64), 0, 0)]
+    assert order_cache_aware_candidates(cands, np.uint64(1), np.int8(1), True) == [1, 0]
+    with pytest.raises(TypeError):
+        order_cache_aware_candidates(cands, 1, 1, np.bool_(True))
+    with pytest.raises(TypeError):
+        order_cache_aware_candidates([cand(0, [np.bool_(True)])], 1, 1, True)

@@ -106,3 +106,14 @@ def test_sums_saturate():
 def test_validation(build, exc):
     with pytest.raises(exc):
         build()
+
+
+def test_numpy_integers_are_plain_ints_and_do_not_wrap():
+    import numpy as np
+
+    big = np.uint64(U64_MAX)
+    p = plan(np.uint64(100), big, np.uint64(1), [], (np.uint64(5), 0, 0))
+    assert not p.admitted and p.admission_deficit_units == U64_MAX - 100
+    assert type(p.admission_deficit_units) is int
+    with pytest.raises(TypeError):
+        CapacityDemand(np.bool_(True), 0, 0)

@@ -1,11 +1,12 @@
-"""Property test: the native kernel agrees with pure-Python orderings of §3 on random queues."""
-import importlib
+"""The native kernel agrees with the pure-Python twin and a naive transcription of §3."""
+import random
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rank_reference import reference_order
+from skippy_scheduler._ordering import order_cache_aware_candidates_py
 from skippy_scheduler.cache_policy import (
     CacheAffinity,
     CacheAwareCandidate,
@@ -74,17 +75,29 @@ def test_native_matches_reference_transcription(q):
         cands, turn, aging, grouping)
 
 
-def _twin():
-    try:
-        return importlib.import_module("skippy_scheduler._ordering").order_cache_aware_candidates_py
-    except (ImportError, AttributeError):
-        return None
-
-
-@pytest.mark.skipif(_twin() is None, reason="pure-Python twin skippy_scheduler._ordering absent")
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(queues())
 def test_native_matches_pure_python_twin(q):
     cands, turn, aging, grouping = q
-    assert order_cache_aware_candidates(cands, turn, aging, grouping) == _twin()(
-        cands, turn, aging, grouping)
+    assert order_cache_aware_candidates(cands, turn, aging, grouping) == \
+        order_cache_aware_candidates_py(cands, turn, aging, grouping)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_large_queues_match_the_twin(seed):
+    # big enough for the radix passes (not only the small-sort path) at every level
+    rng = random.Random(seed)
+    heads = [[rng.randrange(-3, 300) for _ in range(rng.randrange(0, 90))] for _ in range(5)]
+    cands = []
+    for i in range(rng.choice([40, 300, 1200])):
+        prompt = rng.choice(heads) + [rng.randrange(0, 70000) for _ in range(rng.randrange(0, 4))]
+        cands.append(CacheAwareCandidate(
+            index=i, priority=rng.choice([0, 0, 0, 1, 2**40, U64_MAX]),
+            affinity=CacheAffinity.from_stage(StageCacheAffinity(0, rng.randrange(3),
+                                                                 rng.choice([0, 7, 2**62]), 0, 0)),
+            prompt_tokens=prompt, enqueued_turn=rng.randrange(0, 40),
+            order=rng.randrange(0, 5000)))
+    for aging in (1, 3, 4096):
+        for grouping in (True, False):
+            assert order_cache_aware_candidates(cands, 40, aging, grouping) == \
+                order_cache_aware_candidates_py(cands, 40, aging, grouping)

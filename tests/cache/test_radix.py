@@ -6,6 +6,8 @@ operation sequences on the native cache and on the flat pure-Python twin (the or
 from __future__ import annotations
 
 import dataclasses
+import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -399,6 +401,9 @@ def test_logical_bytes_sum_saturates():
     (lambda c: c.insert_resident("s", [1], 1 << 64, "v"), ValueError),
     (lambda c: c.insert_resident("s", [1], True, "v"), TypeError),
     (lambda c: c.insert_recurrent("s", [1], 1.5, "v"), TypeError),
+    (lambda c: c.insert_recurrent("s", [1], np.True_, "v"), TypeError),
+    (lambda c: c.insert_recurrent("s", np.array([True]), 1, "v"), TypeError),
+    (lambda c: c.insert_recurrent("s", [1], np.int64(-1), "v"), ValueError),
     (lambda c: c.peek_resident("s", [1, None]), TypeError),
     (lambda c: c.lookup_resident(3, [1]), TypeError),
     (lambda c: c.acquire_recurrent("s", [2 ** 31]), ValueError),
@@ -429,6 +434,8 @@ def test_token_inputs_int32_buffers_numpy_scalars_and_extremes():
     assert cache.recurrent_exact("s", np.array(extremes, dtype=np.int32)) == "edge"
     assert cache.recurrent_entries()[0].tokens == tuple(extremes)
     assert cache.peek_resident("s", []) is None
+    assert cache.insert_resident("s", [3], np.uint64(2 ** 64 - 1), "numpy bytes") is None
+    assert cache.peek_resident("s", [3]).logical_bytes == 2 ** 64 - 1
     assert cache.lookup_resident("s", np.array([], dtype=np.int32)) is None
 
 
@@ -441,6 +448,33 @@ def test_index_objects_may_reenter_the_cache():
             return 3
 
     assert cache.peek_resident("s", [1, 2, Sneaky()]).matched_tokens == 3
+
+
+def test_values_are_released_on_removal_eviction_and_replacement():
+    class Payload:
+        pass
+
+    cache = UnifiedRadixCache()
+    refs = []
+    for i in range(4):
+        value = Payload()
+        refs.append(weakref.ref(value))
+        cache.insert_resident("s", [i], 1, value)
+    del value
+    cache.insert_resident("s", [0], 1, "replacement")  # the caller drops the returned value
+    assert refs[0]() is None
+    cache.remove_resident("s", [1])
+    assert refs[1]() is None
+    cache.evict_lru_resident()  # [2]: the oldest left
+    assert refs[2]() is None
+    assert cache.remove_resident_where(lambda e: e.tokens == (3,)) == 1
+    assert refs[3]() is None
+    # a value that refers back to its cache forms a cycle the collector can break
+    cache.insert_resident("s", [9], 1, cache)
+    probe = weakref.ref(cache)
+    del cache
+    gc.collect()
+    assert probe() is None
 
 
 def test_match_and_entry_values():
@@ -529,6 +563,12 @@ def test_affinity_from_radix_per_stage_hits():
         affinity_from_radix(cache, prompt, stages=[("0", "stage-0")], prefill_cost_per_token=1)
     with pytest.raises(ValueError):
         affinity_from_radix(cache, prompt, stages=[(0, "stage-0")], prefill_cost_per_token=-1)
+    with pytest.raises(TypeError):
+        affinity_from_radix(cache, prompt, stages=[(0, 0)], prefill_cost_per_token=1)
+    numpy_ints = affinity_from_radix(cache, prompt, stages=[(np.uint32(1), "stage-1")],
+                                     prefill_cost_per_token=np.int64(3))
+    assert numpy_ints.stages == (StageCacheAffinity(1, 64, 3, 0, 2),)
+    assert type(numpy_ints.stages[0].prefill_cost_per_token) is int
 
 
 # -- property test against the flat twin ----------------------------------------------------

@@ -67,3 +67,16 @@ def test_single_token_request_prints_none_gap(backend):
 def test_radix_cache_aware_trace_starts_with_the_restored_suffix(backend, scenario_results):
     its = _iterations(scenario_results(backend)["radix-cache-aware"].trace)
     assert its[0] == "it=0 t=0 dur=562 admitted=1 tokens=256 | c-hot:Prefill:256@3072"
+
+
+def test_fractional_cost_model_trace_values(backend):
+    from skippy_scheduler.lab import RuntimeCostModel, SimRequest, simulate
+    from skippy_scheduler.lab.scenarios import make_config
+
+    trace: list[str] = []
+    cost = RuntimeCostModel(12.5, 0.75, 30.25, 4.1)
+    simulate(make_config(), cost, [SimRequest("solo", 0, 8, 2)], backend=backend, trace=trace)
+    assert trace == ["it=0 t=0 dur=18.5 admitted=1 tokens=8 | solo:Prefill:8@0*",
+                     "it=1 t=18.5 dur=46.85 admitted=0 tokens=1 | solo:Decode:1@8*",
+                     "req solo: arrival=0 first_sched=0 first_tok=18.5 done=65.35 gen=2 "
+                     "max_gap=46.85"]

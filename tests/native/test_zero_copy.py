@@ -135,3 +135,38 @@ def test_sampling_config_pointer_travels_in_each_row():
     plan = s.plan_iteration()
     assert plan.requests[0].sampling == cfg
     assert plan.work[0].sampling is cfg
+
+
+def test_views_follow_plan_arrays_when_they_grow():
+    # The arena and the row arrays grow as more sequences become active; every view must follow
+    # its own array (a realloc may move one array and not another, or grow one in place).
+    for trial in range(200):
+        s = _sched(max_active_sequences=2 + trial % 3, max_tokens_per_iteration=512)
+        pending = [Sequence(f"w{i}", [1, 300 + i, 301, 302], 4) for i in range(5)]
+        s.submit(pending.pop(0))
+        it = 0
+        while True:
+            if pending and it % 2 == 1:
+                s.submit(pending.pop(0))
+            plan = s.plan_iteration()
+            if len(plan) == 0:
+                if pending:
+                    s.submit(pending.pop(0))
+                    continue
+                break
+            offs = plan.row_offsets
+            assert offs[-1] == plan.token_count
+            req = plan.requests
+            for r, w in enumerate(plan.work):
+                a, b = offs[r], offs[r + 1]
+                assert list(plan.tokens[a:b]) == list(w.tokens)
+                assert list(plan.positions[a:b]) == list(w.positions)
+                assert [req[r].positions[i] for i in range(b - a)] == list(w.positions)
+                assert max(w.positions) < 100
+            k = len(plan.sample_rows)
+            out = plan.outputs
+            out.request_indexes[:k] = plan.sample_rows
+            out.predicted_tokens[:k] = 5
+            out.count = k
+            s.complete_iteration(plan)
+            it += 1

@@ -5,20 +5,27 @@ scheduler and their traces can be compared entry by entry.
 """
 import random
 
+import numpy as np
 from hypothesis import strategies as st
 
 from skippy_scheduler import (
     AdmissionError,
+    AdmissionPolicy,
     CacheAffinity,
+    CacheAwareAdmission,
+    FcfsAdmission,
+    FewestComputedTokens,
     IterationPrediction,
     MemoryComponent,
+    PreemptionPolicy,
     PrefixRestore,
+    PriorityAdmission,
     SchedulerConfig,
     Sequence,
     StageCacheAffinity,
 )
 
-IDS = [f"s{i}" for i in range(8)] + ["B", "aa", "zz"]
+IDS = [f"s{i}" for i in range(8)] + ["B", "aa", "zz", "", "a\x00b", "ñé"]
 
 configs = st.builds(
     dict,
@@ -32,6 +39,8 @@ configs = st.builds(
     cache_aging_cost_per_iteration=st.sampled_from([0, 1, 10, 4096]),
     group_waiting_prefixes=st.booleans(),
     with_memory=st.booleans(),
+    admission=st.sampled_from(["default", "default", "cache-aware-0", "fcfs", "priority", "user-lifo"]),
+    preemption=st.sampled_from(["default", "default", "fewest-computed", "user-largest"]),
 )
 
 submit_ops = st.tuples(
@@ -65,8 +74,48 @@ ops = st.sampled_from(OP_MIX).flatmap(OP_STRATEGIES.__getitem__)
 scripts = st.tuples(configs, st.lists(ops, min_size=10, max_size=80))
 
 
+class NewestFirst(AdmissionPolicy):
+    """A user admission policy (runs in Python): newest enqueue order first."""
+
+    def order(self, candidates, current_turn):
+        return [c.index for c in sorted(candidates, key=lambda c: -c.order)]
+
+
+class MostComputed(PreemptionPolicy):
+    """A user preemption policy: the sequence with the most computed tokens."""
+
+    def select_victim(self, candidates):
+        best = max(c.computed_tokens for c in candidates)
+        return [c.computed_tokens for c in candidates].index(best)
+
+
+ADMISSIONS = {
+    "default": lambda: None,
+    "cache-aware-0": lambda: CacheAwareAdmission(0, True),
+    "fcfs": FcfsAdmission,
+    "priority": PriorityAdmission,
+    "user-lifo": NewestFirst,
+}
+PREEMPTIONS = {"default": lambda: None, "fewest-computed": FewestComputedTokens, "user-largest": MostComputed}
+
+
+def build_scheduler(impl, spec):
+    """The scheduler class `impl` with the config and policies a script spec names."""
+    config = build_config(spec)
+    kwargs = {}
+    admission = ADMISSIONS[spec["admission"]]()
+    preemption = PREEMPTIONS[spec["preemption"]]()
+    if admission is not None:
+        kwargs["admission"] = admission
+    if preemption is not None:
+        kwargs["preemption"] = preemption
+    return impl(config, **kwargs)
+
+
 def build_config(spec):
     spec = dict(spec)
+    spec.pop("admission", None)
+    spec.pop("preemption", None)
     with_memory = spec.pop("with_memory")
     if with_memory:
         spec["memory_components"] = [
@@ -94,7 +143,11 @@ def describe_plan(plan):
     rows = [
         (w.sequence_id, tuple(w.tokens), tuple(w.positions), w.phase.value, bool(w.sample_last)) for w in plan.work
     ]
-    return rows, plan.token_count, plan.admitted, plan.preempted
+    arrays = tuple(
+        np.asarray(getattr(plan, name)).astype(np.int64).tolist()
+        for name in ("tokens", "positions", "row_offsets", "sample_last", "phases", "sample_rows")
+    )
+    return rows, plan.token_count, plan.admitted, plan.preempted, len(plan), arrays
 
 
 def observe(scheduler, plan, seconds):
@@ -124,6 +177,19 @@ def complete(scheduler, plan, seed, use_outputs):
         return vars(telemetry).copy()
     except ValueError as exc:
         return type(exc).__name__
+
+
+SEQUENCE_FIELDS = (
+    "id", "prompt_tokens", "generated_tokens", "max_tokens", "sampling", "priority", "admission_tokens",
+    "status", "prefix_restore", "cache_affinity", "admitted_at", "prefill_cursor", "enqueued_turn",
+    "enqueue_order",
+)
+
+
+def sequence_state(view):
+    """Every field of a sequence view, lists as tuples."""
+    values = (getattr(view, name) for name in SEQUENCE_FIELDS)
+    return tuple(tuple(v) if isinstance(v, (list, tuple)) else v for v in values)
 
 
 def run(scheduler, script_ops, check=None):
@@ -163,8 +229,9 @@ def run(scheduler, script_ops, check=None):
         else:  # pragma: no cover
             raise AssertionError(op)
         snap = scheduler.snapshot()
+        sequences = [sequence_state(scheduler.sequence(i)) for i in list(snap.active_ids) + list(snap.waiting_ids)]
         trace.append((op, result, list(snap.active_ids), list(snap.waiting_ids), list(snap.component_used_bytes),
-                      vars(scheduler.metrics()).copy()))
+                      vars(scheduler.metrics()).copy(), sequences))
         if check is not None:
             check(scheduler, op, result, plan)
     return trace

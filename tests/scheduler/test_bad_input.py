@@ -328,3 +328,20 @@ def test_scheduler_stays_usable_after_errors(impl):
     assert sorted(row_ids(plan)) == ["a", "b"]
     every = set(s.snapshot().active_ids) | set(s.snapshot().waiting_ids)
     assert every == {"a", "b", "w"}
+
+
+def test_ids_must_have_a_utf8_encoding(impl):
+    s, _ = busy(impl)
+    before = state(s)
+    with pytest.raises(ValueError):
+        Sequence("\ud800", [1], 1)
+    with pytest.raises(ValueError):
+        s.cancel("\udc00")
+    with pytest.raises(ValueError):
+        s.sequence("\udc00")
+    assert_unchanged(s, before)
+    s = make_scheduler(impl)
+    for odd in ("", "a\x00b", "ñé✓", "x" * 5000):
+        s.submit(Sequence(odd, [1], 1))
+        assert s.sequence(odd).id == odd
+    assert s.cancel("a\x00b") and s.sequence("a\x00b") is None and s.sequence("") is not None

@@ -185,6 +185,7 @@ def test_prefilled_generation_rejects_an_empty_list():
     "kwargs, error",
     [
         (dict(id=1), TypeError),
+        (dict(id="\ud800"), ValueError),
         (dict(prompt_tokens=[1, -1]), ValueError),
         (dict(prompt_tokens=[1, 1 << 31]), ValueError),
         (dict(prompt_tokens=[True]), TypeError),

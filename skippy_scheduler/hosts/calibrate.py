@@ -1,0 +1,184 @@
+"""Fit the lab's linear iteration cost model to a real runtime.
+
+The lab prices an iteration as
+    overhead + prefill_token × (Prefill/Recompute tokens) + [decode rows > 0] × (decode_batch +
+    decode_sequence × decode rows)
+(behaviour.md §5.3). `calibrate_host` times a handful of plan shapes on a host (prefill-only of
+several lengths, decode-only of several widths, and mixed) and solves for the four coefficients by
+least squares over the per-shape medians, so that the lab can replay scenarios with the costs of
+this machine and model. Timing covers what one plan costs the host: staging the batch, the
+single `llama_decode` and greedy sampling.
+"""
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from skippy_scheduler.types import IterationPhase
+
+_FIELDS = ("iteration_overhead_us", "prefill_token_us", "decode_batch_us", "decode_sequence_us")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    iteration_overhead_us: float = 50.0
+    prefill_token_us: float = 2.0
+    decode_batch_us: float = 100.0
+    decode_sequence_us: float = 20.0
+
+    def __post_init__(self) -> None:
+        for name in _FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a number")
+            if not np.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be finite and >= 0, got {value}")
+
+    def cost_us(self, prefill_tokens: int, decode_rows: int) -> float:
+        cost = self.iteration_overhead_us + self.prefill_token_us * prefill_tokens
+        if decode_rows > 0:
+            cost += self.decode_batch_us + self.decode_sequence_us * decode_rows
+        return max(cost, 1.0)
+
+    def duration_us(self, plan) -> float:
+        prefill = decode = 0
+        for w in plan.work:
+            if w.phase is IterationPhase.Decode:
+                decode += 1
+            else:
+                prefill += len(w.tokens)
+        return self.cost_us(prefill, decode)
+
+    def __str__(self) -> str:
+        return ",".join(f"{name}={_fmt(getattr(self, name))}" for name in _FIELDS)
+
+    @classmethod
+    def parse(cls, text: str) -> "CostModel":
+        """Parse `name=value,...` (the lab's --cost-model form); missing names keep defaults."""
+        values: dict[str, float] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            name, sep, raw = part.partition("=")
+            name = name.strip()
+            if not sep or name not in _FIELDS:
+                raise ValueError(f"unknown cost-model entry {part!r}; expected one of {_FIELDS}")
+            values[name] = float(raw)
+        return cls(**values)
+
+
+def _fmt(value: float) -> str:
+    text = f"{value:.3f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
+COST_MODEL_RE = re.compile(
+    r"^iteration_overhead_us=[0-9.]+,prefill_token_us=[0-9.]+,"
+    r"decode_batch_us=[0-9.]+,decode_sequence_us=[0-9.]+$"
+)
+
+
+@dataclass
+class Calibration:
+    model: CostModel
+    samples: list[tuple[int, int, float]]  # (prefill tokens, decode rows, median µs)
+    residual_us: float  # root-mean-square error of the fit over the shapes
+
+    def to_json(self) -> dict:
+        return {
+            "cost_model": str(self.model),
+            "rms_residual_us": self.residual_us,
+            "shapes": [
+                {"prefill_tokens": p, "decode_rows": d, "median_us": us} for p, d, us in self.samples
+            ],
+        }
+
+
+def default_shapes(n_seq_max: int, n_batch: int) -> list[tuple[list[int], int]]:
+    """(prefill row lengths, decode rows) pairs that separate the four coefficients."""
+    widths = [d for d in (1, 2, 4, 8) if d <= n_seq_max]
+    shapes: list[tuple[list[int], int]] = []
+    for p in (16, 64, 128, 256):
+        if p <= n_batch:
+            shapes.append(([p], 0))
+    for d in widths:
+        shapes.append(([], d))
+    for d in widths[:2]:
+        if 64 + d <= n_batch and d + 1 <= n_seq_max:
+            shapes.append(([64], d))
+    return shapes
+
+
+def calibrate_host(
+    host, *, repeats: int = 7, context_tokens: int = 32, seed: int = 0, clock: str = "wall"
+) -> Calibration:
+    """Time `default_shapes` on `host` (which must have no active sequences) and fit the model.
+
+    `clock="wall"` measures elapsed time (what a client sees); `clock="cpu"` measures the
+    process's CPU time, which a busy machine does not inflate (with one llama.cpp thread it is
+    the compute time; with more it also counts their spinning).
+    """
+    if clock not in ("wall", "cpu"):
+        raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
+    timer = time.perf_counter if clock == "wall" else time.process_time
+    if host.active_sequences:
+        raise ValueError("calibrate on an idle host: it has active sequences")
+    rng = np.random.default_rng(seed)
+    vocab = host.n_vocab
+
+    def toks(n: int) -> list[int]:
+        return rng.integers(3, vocab, size=n).tolist()
+
+    samples: list[tuple[int, int, float]] = []
+    shapes = default_shapes(host.n_seq_max, host.n_batch)
+    for prefill_rows, decode_rows in shapes:
+        times: list[float] = []
+        for rep in range(repeats + 1):  # the first run warms up graph allocation
+            dec_ids = [f"calib-d{i}" for i in range(decode_rows)]
+            pre_ids = [f"calib-p{i}" for i in range(len(prefill_rows))]
+            # Decode rows need a context: prefill it outside the timed call.
+            if dec_ids:
+                host.run_rows([(s, toks(context_tokens), 0, True) for s in dec_ids])
+            rows = [(s, toks(1), context_tokens, True) for s in dec_ids]
+            rows += [(s, toks(n), 0, True) for s, n in zip(pre_ids, prefill_rows)]
+            t = timer()
+            host.run_rows(rows)
+            elapsed = timer() - t
+            host.release_all()
+            if rep:
+                times.append(elapsed * 1e6)
+        samples.append((sum(prefill_rows), decode_rows, statistics.median(times)))
+
+    model, residual = fit_cost_model(samples)
+    return Calibration(model, samples, residual)
+
+
+def fit_cost_model(samples: list[tuple[int, int, float]]) -> tuple[CostModel, float]:
+    """Non-negative least squares of the four coefficients over (prefill, decode rows, µs).
+
+    Costs cannot be negative, so when the unconstrained fit has a negative coefficient every
+    subset of coefficients is tried (4 unknowns: 16 small solves) and the best non-negative
+    fit wins; clipping the unconstrained solution would not be a least-squares fit.
+    """
+    if not samples:
+        raise ValueError("no samples to fit")
+    a = np.array([[1.0, p, 1.0 if d else 0.0, d] for p, d, _ in samples])
+    y = np.array([us for _, _, us in samples], dtype=float)
+    best: tuple[float, np.ndarray] | None = None
+    for mask in range(1, 16):
+        cols = [j for j in range(4) if mask >> j & 1]
+        sol, *_ = np.linalg.lstsq(a[:, cols], y, rcond=None)
+        if (sol < 0).any():
+            continue
+        coef = np.zeros(4)
+        coef[cols] = sol
+        err = float(np.sum((a @ coef - y) ** 2))
+        if best is None or err < best[0] - 1e-9:
+            best = (err, coef)
+    if best is None:  # only when every sample is <= 0
+        best = (float(np.sum(y**2)), np.zeros(4))
+    coef = np.round(best[1], 3)
+    residual = float(np.sqrt(np.mean((a @ coef - y) ** 2)))
+    return CostModel(*(float(c) for c in coef)), residual

@@ -1,0 +1,461 @@
+"""Execute the scheduler's iteration plans on llama.cpp (through `llama-cpp-python`).
+
+`LlamaHost` owns one llama.cpp model and context and turns each plan into exactly one
+`llama_decode` call: the plan's flat token/position arena is copied into a batch whose buffers
+are numpy arrays owned by the host, every row's entries carry the llama sequence id of that row's
+sequence, and logits are requested only for the last entry of sampling rows. Greedy predictions
+go back into the plan's compact output block as (work index, token) pairs, the same hand-off as
+the native ABI (native-abi.md §2.2, §6).
+
+Each active scheduler sequence is mapped to a llama sequence id taken from a free list of ids
+below `n_seq_max` (llama.cpp rejects larger ids). When a sequence ends, is cancelled or is
+preempted, `release` removes its KV cells so that a re-admitted sequence rebuilds its cache by
+recompute from position 0 (this host has no prefix store, so prefix restores are not supported).
+
+Defaults favour exactness: f32 weights (the tiny model), f32 KV cache and flash attention off are
+the settings under which a sequence's greedy tokens do not depend on what it was batched with.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import heapq
+import os
+from typing import Iterable, Sequence as _Seq
+
+import numpy as np
+
+import llama_cpp as _ll
+
+# ggml log levels as the library really emits them (llama-host.md, gotcha 6).
+_LOG_WARN, _LOG_ERROR, _LOG_CONT = 3, 4, 5
+_recent_log: collections.deque[str] = collections.deque(maxlen=64)
+_log_keep_continuation = False
+
+
+@_ll.llama_log_callback
+def _log_sink(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # Keep warnings and errors for error messages; the INFO metadata dump would drown a terminal.
+    global _log_keep_continuation
+    if level == _LOG_CONT:
+        keep = _log_keep_continuation
+    else:
+        keep = level in (_LOG_WARN, _LOG_ERROR)
+        _log_keep_continuation = keep
+    if keep:
+        _recent_log.append(text.decode("utf-8", "replace"))
+
+
+_backend_ready = False
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        _ll.llama_log_set(_log_sink, ctypes.c_void_p(0))
+        _ll.llama_backend_init()
+        _backend_ready = True
+
+
+def recent_log(n: int = 8) -> str:
+    """The last `n` warning/error lines llama.cpp logged (for diagnostics)."""
+    return "".join(list(_recent_log)[-n:]).strip()
+
+
+_KV_TYPES = {"f32": 0, "f16": 1}  # ggml_type values of GGML_TYPE_F32 / GGML_TYPE_F16
+
+
+def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    value = int(value)
+    if value < lo or (hi is not None and value > hi):
+        bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def _row_sequence_ids(plan) -> list[str]:
+    # NOTE: building `plan.work` creates one IterationWork (with token tuples) per row, which is
+    # most of this host's per-plan overhead; a plan that lists its row ids directly skips it.
+    ids = getattr(plan, "sequence_ids", None)
+    if ids is not None:
+        return list(ids)
+    return [w.sequence_id for w in plan.work]
+
+
+class LlamaHost:
+    """One llama.cpp model + context that executes scheduler plans (see module docstring)."""
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        n_ctx: int = 4096,
+        n_seq_max: int = 8,
+        n_threads: int = 2,
+        n_batch: int = 512,
+        n_ubatch: int | None = None,
+        kv_type: str = "f32",
+        flash_attn: bool = False,
+        kv_unified: bool = False,
+    ) -> None:
+        n_seq_max = _check_int("n_seq_max", n_seq_max, 1, 256)
+        n_ctx = _check_int("n_ctx", n_ctx, 1)
+        n_threads = _check_int("n_threads", n_threads, 1)
+        n_batch = _check_int("n_batch", n_batch, 1)
+        n_ubatch = n_batch if n_ubatch is None else _check_int("n_ubatch", n_ubatch, 1, n_batch)
+        if kv_type not in _KV_TYPES:
+            raise ValueError(f"kv_type must be one of {sorted(_KV_TYPES)}, got {kv_type!r}")
+        path = os.fspath(model_path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(path)
+        self.model_path = path
+        self._model = None
+        self._ctx = None
+        _init_backend()
+
+        mparams = _ll.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        model = _ll.llama_model_load_from_file(path.encode(), mparams)
+        if not model:
+            raise RuntimeError(f"llama.cpp could not load {path}: {recent_log()}")
+        self._model = model
+
+        # Fields are set by name: the struct layout changes between llama.cpp versions.
+        cparams = _ll.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_ubatch
+        cparams.n_seq_max = n_seq_max
+        cparams.n_threads = n_threads
+        cparams.n_threads_batch = n_threads
+        cparams.flash_attn_type = 1 if flash_attn else 0
+        cparams.type_k = _KV_TYPES[kv_type]
+        cparams.type_v = _KV_TYPES[kv_type]
+        cparams.kv_unified = bool(kv_unified)
+        cparams.embeddings = False
+        cparams.no_perf = True
+        ctx = _ll.llama_init_from_model(model, cparams)
+        if not ctx:
+            self.close()
+            raise RuntimeError(f"llama.cpp could not create a context: {recent_log()}")
+        self._ctx = ctx
+        self._mem = _ll.llama_get_memory(ctx)
+        self._vocab = _ll.llama_model_get_vocab(model)
+        self.n_vocab = int(_ll.llama_vocab_n_tokens(self._vocab))
+        self.n_seq_max = n_seq_max
+        self.n_batch = n_batch
+        self.n_ctx = int(_ll.llama_n_ctx(ctx))
+        self.n_ctx_seq = int(_ll.llama_n_ctx_seq(ctx))
+        self.settings = {
+            "n_ctx": self.n_ctx, "n_ctx_seq": self.n_ctx_seq, "n_seq_max": n_seq_max,
+            "n_batch": n_batch, "n_ubatch": n_ubatch, "n_threads": n_threads,
+            "kv_type": kv_type, "flash_attn": bool(flash_attn), "kv_unified": bool(kv_unified),
+        }
+        # One vocabulary scan up front so that sampling never calls back per token.
+        self._eog = np.fromiter(
+            (bool(_ll.llama_vocab_is_eog(self._vocab, t)) for t in range(self.n_vocab)),
+            dtype=bool, count=self.n_vocab,
+        )
+
+        # Batch buffers owned by the host; the llama_batch struct only points into them.
+        self._tok = np.zeros(n_batch, dtype=np.int32)
+        self._pos = np.zeros(n_batch, dtype=np.int32)
+        self._nsid = np.ones(n_batch, dtype=np.int32)
+        self._sid = np.zeros(n_batch, dtype=np.int32)
+        self._flag = np.zeros(n_batch, dtype=np.int8)
+        # seq_id is int32**: entry i points at self._sid[i], so seq ids are filled with numpy.
+        self._sid_ptrs = np.uint64(self._sid.ctypes.data) + np.uint64(4) * np.arange(
+            n_batch, dtype=np.uint64
+        )
+        batch = _ll.llama_batch()
+        batch.n_tokens = 0
+        batch.token = self._tok.ctypes.data_as(ctypes.POINTER(_ll.llama_token))
+        batch.embd = ctypes.POINTER(ctypes.c_float)()
+        batch.pos = self._pos.ctypes.data_as(ctypes.POINTER(_ll.llama_pos))
+        batch.n_seq_id = self._nsid.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        batch.seq_id = ctypes.cast(
+            self._sid_ptrs.ctypes.data, ctypes.POINTER(ctypes.POINTER(_ll.llama_seq_id))
+        )
+        batch.logits = self._flag.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self._batch = batch
+
+        # Sequence-id bookkeeping: lowest free ids first, so that batches use consecutive ids
+        # (llama.cpp splits a non-unified batch into fewer ubatches then).
+        self._free: list[int] = list(range(n_seq_max))
+        self._slot: dict[str, int] = {}
+        self._next_pos = [0] * n_seq_max
+        # Raw sampled tokens of the last execute() (EOG tokens included, not mapped to -1).
+        self.last_sample_rows = np.zeros(0, dtype=np.int64)
+        self.last_tokens = np.zeros(0, dtype=np.int32)
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        if self._ctx:
+            _ll.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            _ll.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> "LlamaHost":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _require_open(self) -> None:
+        if not self._ctx:
+            raise RuntimeError("the host is closed")
+
+    # ------------------------------------------------------------------ vocabulary
+    def is_eog(self, token: int) -> bool:
+        return 0 <= token < self.n_vocab and bool(self._eog[token])
+
+    def tokenize(self, text: str, *, add_bos: bool | None = None) -> list[int]:
+        """Tokenize with the model's tokenizer; BOS is added when the model asks for it."""
+        self._require_open()
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        if add_bos is None:
+            add_bos = bool(_ll.llama_vocab_get_add_bos(self._vocab))
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (_ll.llama_token * cap)()
+        n = _ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos, False)
+        if n < 0:  # cannot happen with cap > bytes + specials, but the API allows it
+            cap = -n
+            buf = (_ll.llama_token * cap)()
+            n = _ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos, False)
+        return list(buf[:n])
+
+    # ------------------------------------------------------------------ sequence slots
+    @property
+    def active_sequences(self) -> list[str]:
+        return list(self._slot)
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def seq_id_of(self, sequence_id: str) -> int | None:
+        return self._slot.get(sequence_id)
+
+    def kv_tokens(self, sequence_id: str) -> int:
+        """Positions of `sequence_id` held in the KV cache (0 when it has no slot)."""
+        sid = self._slot.get(sequence_id)
+        return 0 if sid is None else self._next_pos[sid]
+
+    def release(self, sequence_id: str) -> bool:
+        """Drop a sequence's KV cells and free its llama sequence id (finish, cancel, preempt)."""
+        sid = self._slot.pop(sequence_id, None)
+        if sid is None:
+            return False
+        self._drop_kv(sid)
+        heapq.heappush(self._free, sid)
+        return True
+
+    def release_all(self) -> None:
+        for sequence_id in list(self._slot):
+            self.release(sequence_id)
+
+    def _drop_kv(self, sid: int) -> None:
+        self._require_open()
+        _ll.llama_memory_seq_rm(self._mem, sid, -1, -1)
+        self._next_pos[sid] = 0
+
+    # ------------------------------------------------------------------ plan execution
+    def execute(self, plan) -> int:
+        """Run one plan as one `llama_decode`; fill `plan.outputs`; return the output count.
+
+        End-of-generation tokens are reported as -1 so that the scheduler finishes the
+        sequence; the raw tokens stay available in `last_tokens` (for `last_sample_rows`).
+        """
+        self._require_open()
+        outputs = plan.outputs
+        rows = len(plan)
+        if rows == 0:
+            outputs.count = 0
+            self.last_sample_rows = np.zeros(0, dtype=np.int64)
+            self.last_tokens = np.zeros(0, dtype=np.int32)
+            return 0
+        offsets = np.asarray(plan.row_offsets, dtype=np.int64)
+        n = int(offsets[-1])
+        if n > self.n_batch:
+            raise ValueError(
+                f"plan has {n} tokens but the host's batch holds {self.n_batch}; "
+                "keep max_tokens_per_iteration <= n_batch"
+            )
+        tokens_in = np.asarray(plan.tokens)[:n]
+        positions = np.asarray(plan.positions)[:n]
+        if len(tokens_in) != n or len(positions) != n or n != plan.token_count:
+            raise ValueError(
+                f"plan arrays disagree: row_offsets end at {n}, token_count is "
+                f"{plan.token_count}, {len(tokens_in)} tokens and {len(positions)} positions")
+        if n and (int(tokens_in.min()) < 0 or int(tokens_in.max()) >= self.n_vocab):
+            raise ValueError(f"plan tokens must be in [0, {self.n_vocab}) for this model")
+        starts = positions[offsets[:-1]]
+        ends = positions[offsets[1:] - 1] + 1
+        # Validate every row before any state changes, then allocate ids for new sequences.
+        ids = _row_sequence_ids(plan)
+        row_sids = self._assign_slots(ids, starts.tolist())
+        self._tok[:n] = tokens_in
+        self._pos[:n] = positions
+        sample_rows = np.asarray(plan.sample_rows, dtype=np.int64)
+        try:
+            tokens = self._decode(n, row_sids, offsets, sample_rows)
+        except RuntimeError:
+            self._undo(ids, row_sids, starts.tolist())
+            raise
+        for sid, end in zip(row_sids.tolist(), ends.tolist()):
+            self._next_pos[sid] = end
+        k = len(sample_rows)
+        outputs.request_indexes[:k] = sample_rows
+        outputs.predicted_tokens[:k] = np.where(self._eog[tokens], -1, tokens)
+        outputs.count = k
+        self.last_sample_rows = sample_rows
+        self.last_tokens = tokens
+        return k
+
+    def _assign_slots(self, ids: list[str], starts: list[int]) -> np.ndarray:
+        new = [i for i in ids if i not in self._slot]
+        if len(set(ids)) != len(ids):
+            raise ValueError("a sequence appears in more than one row of the plan")
+        if len(new) > len(self._free):
+            raise RuntimeError(
+                f"{len(new)} new sequences but only {len(self._free)} free llama sequence ids "
+                f"(n_seq_max={self.n_seq_max}); keep max_active_sequences <= n_seq_max"
+            )
+        for seq, start in zip(ids, starts):
+            have = self._next_pos[self._slot[seq]] if seq in self._slot else 0
+            if start > have:
+                raise ValueError(
+                    f"row of {seq!r} starts at position {start} but the host holds {have} "
+                    "positions for it (prefix restores are not supported by this host)"
+                )
+        sids = np.empty(len(ids), dtype=np.int32)
+        for i, (seq, start) in enumerate(zip(ids, starts)):
+            sid = self._slot.get(seq)
+            if sid is None:
+                sid = heapq.heappop(self._free)
+                self._slot[seq] = sid
+                self._drop_kv(sid)
+            elif start < self._next_pos[sid]:
+                # Replaying from an earlier position: drop the cells the replay rewrites.
+                _ll.llama_memory_seq_rm(self._mem, sid, start, -1)
+                self._next_pos[sid] = start
+            sids[i] = sid
+        return sids
+
+    def _undo(self, ids: list[str], row_sids: np.ndarray, starts: list[int]) -> None:
+        # A failed decode leaves each row's sequence as it was before the call.
+        for seq, sid, start in zip(ids, row_sids.tolist(), starts):
+            if start == 0:
+                self.release(seq)
+            else:
+                _ll.llama_memory_seq_rm(self._mem, sid, start, -1)
+                self._next_pos[sid] = start
+
+    def _decode(
+        self, n: int, row_sids: np.ndarray, offsets: np.ndarray, sample_rows: np.ndarray
+    ) -> np.ndarray:
+        """Decode the first `n` staged entries; return the argmax token of each sampling row."""
+        counts = np.diff(offsets)
+        self._sid[:n] = np.repeat(row_sids, counts)
+        self._flag[:n] = 0
+        out_rows = offsets[sample_rows + 1] - 1
+        self._flag[out_rows] = 1
+        self._batch.n_tokens = n
+        rc = _ll.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}: {recent_log()}")
+        k = len(sample_rows)
+        if k == 0:
+            return np.zeros(0, dtype=np.int32)
+        # Output logits are contiguous, one row per flagged entry in batch order.
+        ptr = _ll.llama_get_logits(self._ctx)
+        logits = np.ctypeslib.as_array(ptr, shape=(k, self.n_vocab))
+        return logits.argmax(axis=1).astype(np.int32)
+
+    def logits_of_batch_row(self, batch_row: int) -> np.ndarray:
+        """Copy of the logits of one flagged entry of the last decode (`llama_get_logits_ith`)."""
+        self._require_open()
+        ptr = _ll.llama_get_logits_ith(self._ctx, batch_row)
+        if not ptr:
+            raise ValueError(f"batch row {batch_row} has no logits in the last decode")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    # ------------------------------------------------------------------ direct rows
+    def run_rows(self, rows: Iterable[tuple[str, _Seq[int], int, bool]]) -> dict[str, int]:
+        """Decode explicit rows (sequence id, tokens, start position, sample_last) in one call.
+
+        Returns the raw greedy token of every sampling row by sequence id. Used by
+        `generate_alone` and calibration; plans go through `execute`.
+        """
+        self._require_open()
+        rows = list(rows)
+        if not rows:
+            return {}
+        ids = [r[0] for r in rows]
+        arrays = [np.asarray(r[1], dtype=np.int32) for r in rows]
+        if any(a.ndim != 1 or len(a) == 0 for a in arrays):
+            raise ValueError("every row needs at least one token")
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum([len(a) for a in arrays])
+        n = int(offsets[-1])
+        if n > self.n_batch:
+            raise ValueError(f"{n} tokens exceed the batch size {self.n_batch}")
+        starts = [int(r[2]) for r in rows]
+        row_sids = self._assign_slots(ids, starts)
+        self._tok[:n] = np.concatenate(arrays)
+        self._pos[:n] = np.concatenate(
+            [np.arange(s, s + len(a), dtype=np.int32) for s, a in zip(starts, arrays)]
+        )
+        sample_rows = np.array([i for i, r in enumerate(rows) if r[3]], dtype=np.int64)
+        try:
+            tokens = self._decode(n, row_sids, offsets, sample_rows)
+        except RuntimeError:
+            self._undo(ids, row_sids, starts)
+            raise
+        for sid, start, a in zip(row_sids.tolist(), starts, arrays):
+            self._next_pos[sid] = start + len(a)
+        return {ids[i]: int(t) for i, t in zip(sample_rows.tolist(), tokens.tolist())}
+
+    def generate_alone(self, prompt: _Seq[int], max_tokens: int) -> list[int]:
+        """Greedy tokens of `prompt` run as the only sequence: the reference for equality tests.
+
+        Stops after `max_tokens` tokens or at the first end-of-generation token (included).
+        Uses a free llama sequence id and releases it afterwards.
+        """
+        max_tokens = _check_int("max_tokens", max_tokens, 1)
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise ValueError("prompt must contain at least one token")
+        if any(t < 0 or t >= self.n_vocab for t in prompt):
+            raise ValueError(f"prompt tokens must be in [0, {self.n_vocab})")
+        if not self._free:
+            raise RuntimeError("no free llama sequence id for an alone run")
+        key = object().__repr__()  # a key no scheduler sequence can have
+        try:
+            pos = 0
+            token = -1
+            while pos < len(prompt):
+                chunk = prompt[pos : pos + self.n_batch]
+                last = pos + len(chunk) == len(prompt)
+                token = self.run_rows([(key, chunk, pos, last)]).get(key, -1)
+                pos += len(chunk)
+            generated = [token]
+            while len(generated) < max_tokens and not self._eog[token]:
+                token = self.run_rows([(key, [token], pos, True)])[key]
+                pos += 1
+                generated.append(token)
+            return generated
+        finally:
+            self.release(key)

@@ -1,0 +1,448 @@
+"""The llama.cpp host: batched schedules give every sequence the tokens it gets alone.
+
+A tiny random-weight f32 LLaMA is written to a temp dir; each prompt's greedy tokens are computed
+alone, then random schedules (arrivals over time, chunked prefill, mixed prefill+decode,
+preemption with KV removal and recompute, cancellation) run through each scheduler
+implementation and the host. Every completed sequence must equal its alone tokens and every
+cancelled one must be a prefix of them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from skippy_scheduler import MemoryComponent, SchedulerConfig, Sequence  # noqa: E402
+from skippy_scheduler import cli  # noqa: E402
+from skippy_scheduler.hosts import cli_run  # noqa: E402
+from skippy_scheduler.hosts.calibrate import COST_MODEL_RE, CostModel, fit_cost_model  # noqa: E402
+from skippy_scheduler.hosts.llama import LlamaHost  # noqa: E402
+from skippy_scheduler.hosts.serve import ServeRequest, serve  # noqa: E402
+from skippy_scheduler.hosts.tiny_model import parameter_count, write_tiny_llama  # noqa: E402
+
+N_SEQ = 8
+MAX_GEN = 12
+KV_BYTES = 10**9  # capacity of the test's memory component (1 byte per reserved token)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return write_tiny_llama(tmp_path_factory.mktemp("model") / "tiny-f32.gguf", seed=7)
+
+
+@pytest.fixture(scope="module")
+def host(model_path):
+    with LlamaHost(model_path, n_ctx=N_SEQ * 512, n_seq_max=N_SEQ, n_batch=512, n_threads=1) as h:
+        yield h
+
+
+class AloneReference:
+    """Greedy tokens of each prompt run alone (MAX_GEN tokens; shorter runs are prefixes)."""
+
+    def __init__(self, host: LlamaHost) -> None:
+        self.host = host
+        self.cache: dict[tuple[int, ...], list[int]] = {}
+
+    def __call__(self, prompt, max_tokens: int) -> list[int]:
+        key = tuple(prompt)
+        if key not in self.cache:
+            self.cache[key] = self.host.generate_alone(list(prompt), MAX_GEN)
+        return self.cache[key][:max_tokens]
+
+
+@pytest.fixture(scope="module")
+def alone(host):
+    return AloneReference(host)
+
+
+@pytest.fixture(scope="module")
+def eog_host(host, alone, model_path, tmp_path_factory):
+    """The same weights with the end-of-generation id moved to the most often predicted token,
+    so that sequences stop early and at different times (found on this machine, not hard-coded)."""
+    rng = random.Random(11)
+    counts: dict[int, int] = {}
+    for _ in range(40):
+        prompt = [1] + [rng.randrange(3, 384) for _ in range(rng.randrange(1, 30))]
+        for t in alone(prompt, MAX_GEN):
+            counts[t] = counts.get(t, 0) + 1
+    eos = max(counts, key=lambda t: (counts[t], -t))
+    path = write_tiny_llama(tmp_path_factory.mktemp("eog") / "tiny-eog.gguf", seed=7,
+                            eos_token_id=eos)
+    with LlamaHost(path, n_ctx=N_SEQ * 512, n_seq_max=N_SEQ, n_batch=512, n_threads=1) as h:
+        assert h.is_eog(eos)
+        yield h
+
+
+@pytest.fixture(scope="module")
+def eog_alone(eog_host):
+    return AloneReference(eog_host)
+
+
+# ---------------------------------------------------------------------------- model and host
+
+
+def _read(path) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def test_tiny_model_is_deterministic_by_seed(tmp_path):
+    a = write_tiny_llama(tmp_path / "a.gguf", seed=3)
+    b = write_tiny_llama(tmp_path / "b.gguf", seed=3)
+    c = write_tiny_llama(tmp_path / "c.gguf", seed=4)
+    h = write_tiny_llama(tmp_path / "h.gguf", seed=3, dtype="f16")
+    data = _read(a)
+    assert data == _read(b)
+    assert data != _read(c)
+    assert parameter_count() == 123_200
+    # f32 matrices dominate the file; the f16 file halves them.
+    assert 4 * 123_200 < len(data) < 4 * 123_200 + 20_000
+    assert 2 * 123_200 < os.path.getsize(h) < len(data) * 0.6
+    with pytest.raises(ValueError):
+        write_tiny_llama(tmp_path / "x.gguf", dtype="q4")
+
+
+def test_host_loads_tiny_model_and_tokenizes_spm(host, tmp_path):
+    import llama_cpp
+
+    assert host.n_vocab == 384
+    assert llama_cpp.llama_model_n_params(host._model) == 123_200
+    assert host.tokenize("the cat\n") == [1, 373, 381, 356, 324, 343, 13]
+    assert host.is_eog(2) and not host.is_eog(1) and not host.is_eog(373)
+    f16 = write_tiny_llama(tmp_path / "h.gguf", seed=7, dtype="f16")
+    with LlamaHost(f16, n_ctx=512, n_seq_max=1, n_threads=1) as h16:
+        assert len(h16.generate_alone([1, 300, 301], 4)) == 4
+
+
+def test_host_rejects_bad_settings(model_path, tmp_path):
+    with pytest.raises(FileNotFoundError):
+        LlamaHost(tmp_path / "missing.gguf")
+    with pytest.raises(ValueError):
+        LlamaHost(model_path, n_seq_max=257)
+    with pytest.raises(ValueError):
+        LlamaHost(model_path, kv_type="q8")
+    with pytest.raises(TypeError):
+        LlamaHost(model_path, n_threads=True)
+
+
+def test_alone_run_is_repeatable_and_has_clear_margins(host):
+    prompt = [1, 300, 310, 320, 330, 340]
+    first = host.generate_alone(prompt, 8)
+    assert first == host.generate_alone(prompt, 8)
+    assert host.active_sequences == [] and host.free_slots == N_SEQ
+    # The logits behind the first greedy token are not a near tie (no fragile equality tests).
+    host.run_rows([("probe", prompt, 0, True)])
+    logits = host.logits_of_batch_row(len(prompt) - 1)
+    top2 = np.sort(logits)[-2:]
+    assert int(np.argmax(logits)) == first[0]
+    assert top2[1] - top2[0] > 1e-4
+    with pytest.raises(ValueError):
+        host.logits_of_batch_row(0)  # that entry had no logits flag
+    host.release_all()
+
+
+def _plan_scheduler(impl, **overrides):
+    settings = dict(max_active_sequences=N_SEQ, max_tokens_per_iteration=512)
+    settings.update(overrides)
+    config = SchedulerConfig(**settings)
+    return impl(config)
+
+
+def test_one_plan_is_one_decode_with_compact_outputs(impl, host, alone):
+    prompts = [[1, 300, 301, 302], [1, 310, 311], [1, 320, 321, 322, 323, 324]]
+    sched = _plan_scheduler(impl)
+    for i, p in enumerate(prompts):
+        sched.submit(Sequence(f"s{i}", p, 3))
+    plan = sched.plan_iteration()
+    assert len(plan) == 3 and plan.token_count == 13
+    assert host.execute(plan) == 3
+    out = plan.outputs
+    assert out.count == 3
+    assert out.request_indexes[:3].tolist() == [0, 1, 2]
+    # The contiguous logits block the host samples from is what llama_get_logits_ith returns
+    # for the last entry of each sampling row (batch rows 3, 6 and 12).
+    last_entries = (np.asarray(plan.row_offsets)[1:] - 1).tolist()
+    assert last_entries == [3, 6, 12]
+    assert [int(np.argmax(host.logits_of_batch_row(b))) for b in last_entries] == \
+        out.predicted_tokens[:3].tolist()
+    assert out.predicted_tokens[:3].tolist() == [alone(p, 1)[0] for p in prompts]
+    # Each sequence got its own llama sequence id, lowest ids first.
+    assert sorted(host.seq_id_of(f"s{i}") for i in range(3)) == [0, 1, 2]
+    assert [host.kv_tokens(f"s{i}") for i in range(3)] == [4, 3, 6]
+    telemetry = sched.complete_iteration(plan)
+    assert telemetry.finished_ids == []
+    assert [list(sched.sequence(f"s{i}").generated_tokens) for i in range(3)] == [
+        alone(p, 1) for p in prompts]
+    for i in range(3):
+        assert host.release(f"s{i}")
+    assert not host.release("s0")
+    assert host.free_slots == N_SEQ
+
+
+class _Outputs:
+    def __init__(self, n):
+        self.request_indexes = np.zeros(n, dtype=np.uint64)
+        self.predicted_tokens = np.zeros(n, dtype=np.int32)
+        self.count = 0
+
+
+class _Work:
+    def __init__(self, sequence_id):
+        self.sequence_id = sequence_id
+
+
+class _RawPlan:
+    """A hand-made plan (the plan surface only) to drive the host into its error paths."""
+
+    def __init__(self, rows):
+        self.work = [_Work(r[0]) for r in rows]
+        lengths = [len(r[1]) for r in rows]
+        self.row_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.intp)
+        self.tokens = np.concatenate([r[1] for r in rows]).astype(np.int32)
+        self.positions = np.concatenate(
+            [np.arange(r[2], r[2] + len(r[1])) for r in rows]).astype(np.int32)
+        self.token_count = int(self.row_offsets[-1])
+        self.sample_rows = np.array([i for i, r in enumerate(rows) if r[3]], dtype=np.intp)
+        self.outputs = _Outputs(len(rows))
+
+    def __len__(self):
+        return len(self.work)
+
+
+def test_host_rejects_plans_it_cannot_run_without_side_effects(host):
+    gap = _RawPlan([("a", [1, 300], 0, True), ("b", [5], 3, True)])
+    with pytest.raises(ValueError, match="starts at position 3"):
+        host.execute(gap)
+    assert host.active_sequences == [] and host.free_slots == N_SEQ
+    dup = _RawPlan([("a", [1, 300], 0, False), ("a", [5], 2, True)])
+    with pytest.raises(ValueError, match="more than one row"):
+        host.execute(dup)
+    big = _RawPlan([("a", list(range(3, 300)) * 2, 0, True)])
+    with pytest.raises(ValueError, match="batch"):
+        host.execute(big)
+    with pytest.raises(ValueError, match="plan tokens"):
+        host.execute(_RawPlan([("a", [1, 384], 0, True)]))
+    crowd = _RawPlan([(f"q{i}", [1, 300], 0, True) for i in range(N_SEQ + 1)])
+    with pytest.raises(RuntimeError, match="free llama sequence ids"):
+        host.execute(crowd)
+    assert host.active_sequences == [] and host.free_slots == N_SEQ
+
+
+def test_end_of_generation_becomes_a_negative_prediction(eog_host, eog_alone):
+    rng = random.Random(5)
+    for _ in range(300):
+        prompt = [1] + [rng.randrange(3, 384) for _ in range(rng.randrange(1, 30))]
+        first = eog_alone(prompt, 1)[0]
+        if eog_host.is_eog(first):
+            break
+    else:
+        pytest.fail("no prompt whose first greedy token ends generation in 300 tries")
+    assert eog_alone(prompt, MAX_GEN) == [first]
+    plan = _RawPlan([("e", prompt, 0, True)])
+    assert eog_host.execute(plan) == 1
+    assert plan.outputs.predicted_tokens[0] == -1 and plan.outputs.request_indexes[0] == 0
+    assert eog_host.last_tokens.tolist() == [first]
+    eog_host.release("e")
+
+
+# ---------------------------------------------------------------------------- random schedules
+
+
+def _random_trial(impl, host, alone, seed: int, counters: dict) -> None:
+    rng = random.Random(seed)
+    n = rng.randrange(3, 11)
+    requests = []
+    for i in range(n):
+        plen = rng.choice([1, 2, 3, rng.randrange(4, 40), rng.randrange(40, 120)])
+        prompt = [1] + [rng.randrange(3, 384) for _ in range(plen - 1)]
+        requests.append(ServeRequest(
+            f"r{i}", prompt, rng.randrange(1, MAX_GEN + 1),
+            arrival_s=rng.choice([0.0, rng.uniform(0, 0.004)]), priority=rng.randrange(3)))
+    budget = rng.choice([8, 16, 64, 512])
+    config = dict(
+        max_active_sequences=rng.randrange(1, N_SEQ + 1),
+        max_tokens_per_iteration=budget,
+        prefill_chunk_tokens=rng.choice([1, 3, 8, 32, 256]),
+        mixed_prefill_decode=rng.random() < 0.5,
+        max_consecutive_prefill_iterations=rng.choice([None, 1, 2]),
+        memory_components=[MemoryComponent("kv", KV_BYTES, 0, 1, 0)],
+    )
+    scheduler = impl(SchedulerConfig(**config))
+    reserved = {r.id: len(r.prompt_tokens) + r.max_tokens for r in requests}
+    p_preempt, p_cancel = rng.uniform(0, 0.15), rng.uniform(0, 0.05)
+
+    def pressure(loop):
+        if rng.random() < p_preempt:
+            # A usage spike evicts one sequence; then the measured usage is reported again.
+            victims = loop.preempt([KV_BYTES + 1])
+            for v in victims:
+                assert host.seq_id_of(v) is None
+            active = scheduler.snapshot().active_ids
+            loop.preempt([sum(reserved[a] for a in active)])
+            counters["preempted"] += len(victims)
+        if rng.random() < p_cancel:
+            open_ids = [r.id for r in requests if loop.results[r.id].finish is None]
+            if open_ids and loop.cancel(rng.choice(open_ids)):
+                counters["cancelled"] += 1
+
+    report = serve(scheduler, host, requests, clock="virtual", cost_model=CostModel(),
+                   before_iteration=pressure, max_iterations=5000)
+    counters["mixed"] += report.mixed_iterations
+    counters["recompute"] += scheduler.metrics().recompute_tokens
+    for req, res in zip(requests, report.results):
+        expected = alone(req.prompt_tokens, req.max_tokens)
+        if res.finish == "cancelled":
+            assert res.generated_tokens == expected[: len(res.generated_tokens)], (seed, req.id)
+        else:
+            assert res.finish in ("length", "eog"), (seed, req.id, res.finish)
+            assert res.generated_tokens == expected, (seed, req.id, config)
+            assert len(res.token_times_s) == len(res.generated_tokens)
+            counters["completed"] += 1
+            counters["eog"] += res.finish == "eog"
+    # Every llama sequence id came back and no KV is left behind.
+    assert host.active_sequences == [] and host.free_slots == N_SEQ
+
+
+def _counters():
+    return dict(completed=0, preempted=0, cancelled=0, mixed=0, recompute=0, eog=0)
+
+
+def test_random_schedules_match_alone_runs(impl, host, alone):
+    counters = _counters()
+    for seed in range(40):
+        _random_trial(impl, host, alone, seed, counters)
+    # The schedules really exercised every mechanism the equality claim is about.
+    assert counters["completed"] > 150
+    assert counters["preempted"] > 5 and counters["recompute"] > 0
+    assert counters["cancelled"] > 2
+    assert counters["mixed"] > 5
+
+
+def test_random_schedules_with_early_stops_match_alone_runs(impl, eog_host, eog_alone):
+    counters = _counters()
+    for seed in range(100, 120):
+        _random_trial(impl, eog_host, eog_alone, seed, counters)
+    assert counters["eog"] > 5 and counters["completed"] > counters["eog"]
+
+
+def test_wall_clock_serving_measures_latency(impl, host, alone):
+    requests = [ServeRequest(f"w{i}", [1, 300 + i, 301, 302], 4, arrival_s=0.002 * i)
+                for i in range(4)]
+    scheduler = _plan_scheduler(impl, max_active_sequences=2)
+    report = serve(scheduler, host, requests)
+    for req, res in zip(requests, report.results):
+        assert res.generated_tokens == alone(req.prompt_tokens, 4)
+        assert res.finish == "length"
+        assert res.queue_wait_us >= 0 and res.ttft_us > 0
+        assert len(res.itl_us) == 3 and all(g > 0 for g in res.itl_us)
+    # Request 3 arrives 6 ms in, so the run cannot be shorter than that.
+    assert report.makespan_s >= 0.006
+    s = report.summary()
+    assert s["completed"] == 4 and s["generated_tokens"] == 16
+    assert s["p95_ttft_us"] >= s["p50_ttft_us"] > 0
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def _cli(*argv):
+    return cli.main(list(argv))
+
+
+def test_run_writes_tokens_and_metrics(tmp_path, capsys, model_path, alone):
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps([[1, 300, 301, 302], "the cat", [1, 310]]))
+    out = tmp_path / "run.json"
+    for scheduler in ("native", "twin"):
+        assert _cli("run", "--model", str(model_path), "--prompts", str(prompts),
+                    "--max-tokens", "5", "--max-active", "2", "--scheduler", scheduler,
+                    "--threads", "1", "--json", str(out)) == 0
+        doc = json.loads(out.read_text())
+        assert set(doc) == {"model", "settings", "requests", "summary"}
+        reqs = doc["requests"]
+        assert [r["index"] for r in reqs] == [0, 1, 2]
+        assert reqs[1]["prompt_tokens"] == [1, 373, 381, 356, 324, 343]
+        for r in reqs:
+            assert r["generated_tokens"] == alone(r["prompt_tokens"], 5)
+            assert r["finish"] in ("length", "eog")
+            assert r["queue_wait_us"] >= 0 and r["ttft_us"] > 0
+            assert len(r["itl_us"]) == len(r["generated_tokens"]) - 1
+        assert doc["summary"]["completed"] == 3
+        assert doc["settings"]["kv_type"] == "f32" and doc["settings"]["flash_attn"] is False
+    assert "3/3 completed" in capsys.readouterr().out
+
+
+def test_run_offline_default_model_and_bad_prompts(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    assert _cli("run", "--max-tokens", "3", "--threads", "1", "--json", str(out)) == 0
+    doc = json.loads(out.read_text())
+    assert len(doc["requests"]) == len(cli_run.BUILTIN_PROMPTS)
+    assert all(len(r["generated_tokens"]) <= 3 for r in doc["requests"])
+    assert doc["summary"]["iterations"] > 0
+    capsys.readouterr()
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([[1, 2], {"x": 1}]))
+    assert _cli("run", "--threads", "1", "--prompts", str(bad)) == 2
+    assert "run: error: prompt 1 must be a string" in capsys.readouterr().err
+    bad.write_text(json.dumps([[1, 999]]))
+    assert _cli("run", "--threads", "1", "--prompts", str(bad)) == 2
+    assert "outside [0, 384)" in capsys.readouterr().err
+    assert _cli("run", "--model", str(tmp_path / "none.gguf")) == 2
+    assert "model file not found" in capsys.readouterr().err
+
+
+def test_calibrate_prints_a_cost_model_the_lab_accepts(capsys, tmp_path):
+    out = tmp_path / "calib.json"
+    assert _cli("calibrate", "--repeats", "3", "--threads", "1", "--json", str(out)) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert COST_MODEL_RE.match(line), line
+    model = CostModel.parse(line)
+    assert str(model) == line
+    assert model.prefill_token_us > 0  # 256 prefill tokens cost more than 16 on any machine
+    doc = json.loads(out.read_text())
+    assert doc["cost_model"] == line and len(doc["shapes"]) >= 8
+    # The printed model is the least-squares fit of the shapes it reports (timings themselves
+    # depend on the machine and its load, so only their consistency is checked here).
+    samples = [(d["prefill_tokens"], d["decode_rows"], d["median_us"]) for d in doc["shapes"]]
+    assert fit_cost_model(samples)[0] == model
+    assert {d for _, d, _ in samples} >= {0, 1, 2, 4, 8}
+    assert {p for p, _, _ in samples} >= {0, 16, 64, 256}
+
+
+def test_cost_model_fit_recovers_known_costs():
+    truth = CostModel(30.0, 1.5, 80.0, 12.0)
+    shapes = [(p, d) for p in (0, 16, 64, 256) for d in (0, 1, 4) if p or d]
+    fitted, residual = fit_cost_model([(p, d, truth.cost_us(p, d)) for p, d in shapes])
+    assert fitted == truth and residual < 1e-6
+    # A fit that would go negative is constrained to zero instead of clipped afterwards.
+    no_overhead = [(p, d, 2.0 * p + (5.0 + 3.0 * d if d else 0.0) - 4.0) for p, d in shapes]
+    fitted, _ = fit_cost_model(no_overhead)
+    assert fitted.iteration_overhead_us == 0.0
+    assert min(fitted.prefill_token_us, fitted.decode_batch_us, fitted.decode_sequence_us) >= 0
+
+
+def test_cost_model_round_trip_and_errors():
+    m = CostModel.parse("iteration_overhead_us=50,prefill_token_us=2.5")
+    assert m == CostModel(50, 2.5, 100, 20)
+    assert str(m) == "iteration_overhead_us=50,prefill_token_us=2.5,decode_batch_us=100,decode_sequence_us=20"
+    assert m.cost_us(256, 0) == 50 + 2.5 * 256 and m.cost_us(0, 2) == 50 + 100 + 40
+    with pytest.raises(ValueError):
+        CostModel.parse("overhead=3")
+    with pytest.raises(ValueError):
+        CostModel(-1.0)
+
+
+def test_console_script_has_run_and_calibrate():
+    for command, option in (("run", "--max-active"), ("calibrate", "--repeats")):
+        result = subprocess.run(
+            [sys.executable, "-m", "skippy_scheduler.cli", command, "--help"],
+            capture_output=True, text=True, check=False, cwd=os.path.dirname(sys.executable))
+        assert result.returncode == 0, result.stderr
+        assert option in result.stdout
