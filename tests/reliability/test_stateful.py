@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from skippy_scheduler import (
+    CacheAffinity,
     DuplicateSequence,
     EmptyPrompt,
     FewestComputedTokens,
@@ -39,6 +40,7 @@ from skippy_scheduler import (
     QueueFull,
     SchedulerConfig,
     Sequence,
+    StageCacheAffinity,
     StalePlanError,
 )
 
@@ -91,6 +93,17 @@ class Counters:
     terminal: dict = field(default_factory=dict)  # id -> last terminal state
 
 
+SUBMIT_ARGS = dict(
+    idx=st.integers(0, len(IDS) - 1),
+    prompt=st.lists(st.integers(0, 5), min_size=1, max_size=9) | st.just([]),
+    max_tokens=st.integers(0, 4),
+    priority=st.integers(0, 3),
+    admission=st.none() | st.integers(0, 30),
+    restore=st.none() | st.integers(0, 12),
+    generated=st.none() | st.lists(st.integers(0, 9), min_size=1, max_size=3),
+    affinity=st.none() | st.tuples(st.integers(0, 8), st.integers(0, 40), st.integers(0, 100)),
+)
+
 component_strategy = st.builds(
     MemoryComponent,
     name=st.sampled_from(["kv", "recurrent", "vision"]),
@@ -112,9 +125,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         mixed=st.booleans(),
         comps=st.lists(component_strategy, max_size=3),
         fewest=st.booleans(),
+        first=st.lists(st.fixed_dictionaries(SUBMIT_ARGS), min_size=1, max_size=4),
     )
     def setup(self, max_active, max_waiting, max_tokens, chunk, max_prefill, max_consecutive, mixed, comps,
-              fewest):
+              fewest, first):
         self.config = SchedulerConfig(
             max_active_sequences=max_active, max_waiting_sequences=max_waiting,
             max_tokens_per_iteration=max_tokens, prefill_chunk_tokens=chunk,
@@ -132,6 +146,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.c = Counters()
         self.plan = None
         self.dead_plans = []
+        for args in first:  # start with some sequences so most runs reach planning quickly
+            self.submit(**args)
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -151,16 +167,8 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     # -- valid operations ------------------------------------------------------------------
 
-    @rule(
-        idx=st.integers(0, len(IDS) - 1),
-        prompt=st.lists(st.integers(0, 5), min_size=1, max_size=9) | st.just([]),
-        max_tokens=st.integers(0, 4),
-        priority=st.integers(0, 3),
-        admission=st.none() | st.integers(0, 30),
-        restore=st.none() | st.integers(0, 12),
-        generated=st.none() | st.lists(st.integers(0, 9), min_size=1, max_size=3),
-    )
-    def submit(self, idx, prompt, max_tokens, priority, admission, restore, generated):
+    @rule(**SUBMIT_ARGS)
+    def submit(self, idx, prompt, max_tokens, priority, admission, restore, generated, affinity):
         sequence_id = IDS[idx]
         seq = Sequence(sequence_id, prompt, max_tokens, None, priority)
         if admission is not None:
@@ -169,6 +177,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             seq.with_prefilled_generation(generated)
         if restore is not None:
             seq.with_prefix_restore(PrefixRestore("p", restore))
+        if affinity is not None:
+            seq.with_cache_affinity(CacheAffinity.from_stage(StageCacheAffinity(0, *affinity)))
         if not prompt:
             self.expect_unchanged(lambda: self.s.submit(seq), EmptyPrompt)
             return
@@ -193,6 +203,18 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.c.prefix_hits += 1
         else:
             self.c.prefix_misses += 1
+
+    @rule(**SUBMIT_ARGS)
+    def submit_another(self, **args):
+        self.submit(**args)  # a second rule for submit doubles its share of the steps
+
+    @rule(choices=st.lists(st.integers(0, 6), min_size=1, max_size=4), via_outputs=st.booleans(),
+          elapsed=st.sampled_from([0.001, 0.002, 0.004, 0.03]))
+    def cycle(self, choices, via_outputs, elapsed):
+        """Plan, observe and complete: the step that moves sequences forward."""
+        self.plan_iteration()
+        self.observe(elapsed)
+        self.complete(choices, via_outputs)
 
     @rule()
     def plan_iteration(self):
@@ -323,7 +345,11 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule(levels=st.lists(st.integers(0, 12), max_size=4))
     def preempt(self, levels):
-        measured = [(self.avail[k % len(self.avail)] if self.avail else 64) * v // 8 for k, v in enumerate(levels)]
+        # Measured usage: the current bookkeeping plus up to 1.5 × the budget (often over it).
+        measured = [
+            (self.used[k] if k < len(self.used) else 0) + (self.avail[k % len(self.avail)] if self.avail else 64) * v // 8
+            for k, v in enumerate(levels)
+        ]
         snap = self.s.snapshot()
         info = {i: self.s.sequence(i) for i in snap.active_ids}
         victims = self.s.preempt_for_component_pressure(measured)
@@ -473,7 +499,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert set(active) | set(waiting) == set(self.live)
         assert not set(self.live) & set(self.c.terminal)
         assert len(active) <= self.config.max_active_sequences
-        assert len(waiting) <= self.config.max_waiting_sequences
+        # Only submits are held to the waiting limit; preempted work may go beyond it (§2.8).
+        assert len(waiting) <= self.config.max_waiting_sequences + self.config.max_active_sequences
 
     @invariant()
     def memory(self):

@@ -315,3 +315,34 @@ def test_native_and_twin_agree_on_a_busy_default_config(first, operations, mixed
     pair = Pair(config, lambda: None, lambda: None)
     for op in first + operations:
         run_op(pair, op)
+
+
+# Mixed planning needs a decode-only baseline for the exact live-row count before it engages
+# (§2.2, §2.6), so these runs mostly step plan/observe/complete with well-formed samples and
+# short durations, with arrivals in between, and a rare slow iteration that may latch it off.
+steady_complete = st.tuples(
+    st.just("complete"), st.booleans(), st.lists(st.integers(0, 5) | st.just(6), min_size=1, max_size=4),
+    st.just("none"), st.integers(0, 3),
+)
+steady_cycle = st.tuples(st.just("cycle"), st.sampled_from([0.001, 0.002, 0.002, 0.003, 0.03]), steady_complete)
+mixed_ops = st.lists(st.one_of(steady_cycle, steady_cycle, steady_cycle, submit_op,
+                               st.tuples(st.just("cancel"), st.integers(0, len(IDS)))), min_size=10, max_size=60)
+
+
+@_settings()
+@given(
+    first=st.lists(submit_op, min_size=2, max_size=5),
+    operations=mixed_ops,
+    max_active=st.integers(2, 5),
+    max_tokens=st.integers(2, 12),
+    chunk=st.integers(1, 6),
+    max_prefill=st.none() | st.integers(1, 2),
+)
+def test_native_and_twin_agree_in_mixed_mode(first, operations, max_active, max_tokens, chunk, max_prefill):
+    config = SchedulerConfig(
+        max_active_sequences=max_active, max_tokens_per_iteration=max_tokens, prefill_chunk_tokens=chunk,
+        max_prefill_sequences_per_iteration=max_prefill, mixed_prefill_decode=True,
+    )
+    pair = Pair(config, lambda: None, lambda: None)
+    for op in first + operations:
+        run_op(pair, op)
