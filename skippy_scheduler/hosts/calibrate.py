@@ -18,61 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from skippy_scheduler.types import IterationPhase
+from skippy_scheduler.lab.model import RuntimeCostModel
 
-_FIELDS = ("iteration_overhead_us", "prefill_token_us", "decode_batch_us", "decode_sequence_us")
-
-
-@dataclass(frozen=True)
-class CostModel:
-    iteration_overhead_us: float = 50.0
-    prefill_token_us: float = 2.0
-    decode_batch_us: float = 100.0
-    decode_sequence_us: float = 20.0
-
-    def __post_init__(self) -> None:
-        for name in _FIELDS:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} must be a number")
-            if not np.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be finite and >= 0, got {value}")
-
-    def cost_us(self, prefill_tokens: int, decode_rows: int) -> float:
-        cost = self.iteration_overhead_us + self.prefill_token_us * prefill_tokens
-        if decode_rows > 0:
-            cost += self.decode_batch_us + self.decode_sequence_us * decode_rows
-        return max(cost, 1.0)
-
-    def duration_us(self, plan) -> float:
-        prefill = decode = 0
-        for w in plan.work:
-            if w.phase is IterationPhase.Decode:
-                decode += 1
-            else:
-                prefill += len(w.tokens)
-        return self.cost_us(prefill, decode)
-
-    def __str__(self) -> str:
-        return ",".join(f"{name}={_fmt(getattr(self, name))}" for name in _FIELDS)
-
-    @classmethod
-    def parse(cls, text: str) -> "CostModel":
-        """Parse `name=value,...` (the lab's --cost-model form); missing names keep defaults."""
-        values: dict[str, float] = {}
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            name, sep, raw = part.partition("=")
-            name = name.strip()
-            if not sep or name not in _FIELDS:
-                raise ValueError(f"unknown cost-model entry {part!r}; expected one of {_FIELDS}")
-            values[name] = float(raw)
-        return cls(**values)
-
-
-def _fmt(value: float) -> str:
-    text = f"{value:.3f}".rstrip("0").rstrip(".")
-    return text or "0"
-
+# The lab's cost model is the one fitted here; its str() is the --cost-model form.
+CostModel = RuntimeCostModel
 
 COST_MODEL_RE = re.compile(
     r"^iteration_overhead_us=[0-9.]+,prefill_token_us=[0-9.]+,"

@@ -7,7 +7,7 @@ every sequence that ended. The loop works with any host that has `execute(plan)`
 end-of-generation token the host reported as -1 still reaches the client).
 
 Time is either the wall clock (`clock="wall"`, idle gaps are slept through) or virtual
-(`clock="virtual"`: each iteration advances time by `cost_model.duration_us(plan)` when a cost
+(`clock="virtual"`: each iteration advances time by `cost_model.plan_duration_us(plan)` when a cost
 model is given, else by the measured execution time; idle gaps jump to the next arrival). The
 per-request figures follow the lab's definitions (behaviour.md §5.4): queue wait = first time
 in a plan − arrival, TTFT = end of the iteration that sampled the first token − arrival, and
@@ -265,7 +265,7 @@ class ServeLoop:
         report.execute_s += elapsed
         if self.clock == "virtual":
             if self.cost_model is not None:
-                elapsed = self.cost_model.duration_us(plan) / 1e6
+                elapsed = self.cost_model.plan_duration_us(plan) / 1e6
             self._vnow += elapsed
         done = self.now()
         for row, token in zip(self.host.last_sample_rows.tolist(), self.host.last_tokens.tolist()):

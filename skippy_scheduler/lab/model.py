@@ -13,6 +13,9 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Iterable, Mapping
 
 from ..cache_policy import CacheAffinity, StageCacheAffinity
+from ..types import IterationPhase
+
+DECODE_PHASE = IterationPhase.Decode.value
 
 I32_MAX = (1 << 31) - 1
 U32_MAX = (1 << 32) - 1
@@ -105,8 +108,17 @@ class RuntimeCostModel:
             d += self.decode_batch_us + self.decode_sequence_us * decode_rows
         return d if d >= 1 else 1
 
+    def plan_duration_us(self, plan):
+        """`duration_us` of a live plan, read from its arrays (phases and token count)."""
+        decode_rows = int((plan.phases == DECODE_PHASE).sum())
+        return self.duration_us(plan.token_count - decode_rows, decode_rows)
+
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def __str__(self) -> str:
+        """The `name=value,...` form that `parse` and the lab's --cost-model accept."""
+        return ",".join(f"{f.name}={_fmt_number(getattr(self, f.name))}" for f in fields(self))
 
     @classmethod
     def parse(cls, spec: str) -> "RuntimeCostModel":
@@ -145,14 +157,14 @@ class RuntimeCostModel:
         return replace(cls(), **values)
 
 
+def _fmt_number(value: float) -> str:
+    text = f"{value:.3f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
 def new_sequence(types, seq_id: str, prompt: list[int], max_tokens: int, priority: int):
-    """`Sequence(seq_id, prompt, max_tokens, None, priority)`, built without the constructor's
-    per-token Python check: submit checks the tokens again anyway (natively for a list of plain
-    ints), so the prompt is assigned as the public field it is and the default admission size
-    (prompt + max_tokens) restated. The scheduler receives the same sequence."""
-    seq = types.Sequence(seq_id, (), max_tokens, None, priority)
-    seq.prompt_tokens = prompt
-    return seq.with_admission_tokens(len(prompt) + max_tokens)
+    """`Sequence(seq_id, prompt, max_tokens, None, priority)` of the given types module."""
+    return types.Sequence(seq_id, prompt, max_tokens, None, priority)
 
 
 def burst_requests(n: int, prompt_tokens: int, output_tokens: int,

@@ -419,7 +419,7 @@ def test_calibrate_prints_a_cost_model_the_lab_accepts(capsys, tmp_path):
 def test_cost_model_fit_recovers_known_costs():
     truth = CostModel(30.0, 1.5, 80.0, 12.0)
     shapes = [(p, d) for p in (0, 16, 64, 256) for d in (0, 1, 4) if p or d]
-    fitted, residual = fit_cost_model([(p, d, truth.cost_us(p, d)) for p, d in shapes])
+    fitted, residual = fit_cost_model([(p, d, truth.duration_us(p, d)) for p, d in shapes])
     assert fitted == truth and residual < 1e-6
     # A fit that would go negative is constrained to zero instead of clipped afterwards.
     no_overhead = [(p, d, 2.0 * p + (5.0 + 3.0 * d if d else 0.0) - 4.0) for p, d in shapes]
@@ -432,7 +432,7 @@ def test_cost_model_round_trip_and_errors():
     m = CostModel.parse("iteration_overhead_us=50,prefill_token_us=2.5")
     assert m == CostModel(50, 2.5, 100, 20)
     assert str(m) == "iteration_overhead_us=50,prefill_token_us=2.5,decode_batch_us=100,decode_sequence_us=20"
-    assert m.cost_us(256, 0) == 50 + 2.5 * 256 and m.cost_us(0, 2) == 50 + 100 + 40
+    assert m.duration_us(256, 0) == 50 + 2.5 * 256 and m.duration_us(0, 2) == 50 + 100 + 40
     with pytest.raises(ValueError):
         CostModel.parse("overhead=3")
     with pytest.raises(ValueError):
