@@ -103,6 +103,19 @@ int32_t rx_node_at(const sk_radix *r, int32_t root, const int32_t *tokens, size_
     return cur;
 }
 
+int32_t rx_find_entry(const sk_radix *r, int kind, const char *ns, size_t ns_len,
+                      const int32_t *tokens, size_t n, long *nsi)
+{
+    int32_t id;
+    if (kind < 0 || kind >= RX_KINDS || n == 0)
+        return -1;
+    *nsi = rx_ns_find(r, ns, ns_len, NULL);
+    if (*nsi < 0)
+        return -1;
+    id = rx_node_at(r, r->ns[*nsi].root, tokens, n);
+    return id >= 0 && r->nodes[id].slot[kind].present ? id : -1;
+}
+
 /* makes k node takes infallible */
 static int rx_reserve_nodes(sk_radix *r, size_t k)
 {
@@ -450,14 +463,8 @@ int sk_radix_remove(sk_radix *r, int kind, const char *ns, size_t ns_len, const 
                     size_t n, uint64_t *handle)
 {
     long nsi;
-    int32_t id;
-    if (kind < 0 || kind >= RX_KINDS || n == 0)
-        return SK_RADIX_MISS;
-    nsi = rx_ns_find(r, ns, ns_len, NULL);
-    if (nsi < 0)
-        return SK_RADIX_MISS;
-    id = rx_node_at(r, r->ns[nsi].root, tokens, n);
-    if (id < 0 || !r->nodes[id].slot[kind].present)
+    int32_t id = rx_find_entry(r, kind, ns, ns_len, tokens, n, &nsi);
+    if (id < 0)
         return SK_RADIX_MISS;
     return rx_remove_slot(r, (size_t)nsi, id, kind, handle);
 }

@@ -118,6 +118,9 @@ int32_t rx_preorder_next(const sk_radix *r, int32_t cur, int32_t top);
 
 /* node at exactly tokens[0..n) in the tree of root, or -1 */
 int32_t rx_node_at(const sk_radix *r, int32_t root, const int32_t *tokens, size_t n);
+/* Node holding a `kind` entry under exactly this key in namespace ns (its index in *nsi), or -1. */
+int32_t rx_find_entry(const sk_radix *r, int kind, const char *ns, size_t ns_len,
+                      const int32_t *tokens, size_t n, long *nsi);
 
 /* removes slot kind of node id in namespace ns_index, pruning and re-merging (OK / NO_MEMORY) */
 int rx_remove_slot(sk_radix *r, size_t ns_index, int32_t id, int kind, uint64_t *handle);

@@ -142,13 +142,8 @@ int sk_radix_exact(sk_radix *r, int kind, int touch, const char *ns, size_t ns_l
     int32_t id;
     if (touch)
         r->clock = rx_sat_add(r->clock, 1);
-    if (kind < 0 || kind >= RX_KINDS || n == 0)
-        return SK_RADIX_MISS;
-    nsi = rx_ns_find(r, ns, ns_len, NULL);
-    if (nsi < 0)
-        return SK_RADIX_MISS;
-    id = rx_node_at(r, r->ns[nsi].root, tokens, n);
-    if (id < 0 || !r->nodes[id].slot[kind].present)
+    id = rx_find_entry(r, kind, ns, ns_len, tokens, n, &nsi);
+    if (id < 0)
         return SK_RADIX_MISS;
     if (touch)
         r->nodes[id].slot[kind].last_used = r->clock;
@@ -160,18 +155,12 @@ int sk_radix_release(sk_radix *r, int kind, const char *ns, size_t ns_len,
                      const int32_t *tokens, size_t n)
 {
     long nsi;
-    int32_t id;
+    int32_t id = rx_find_entry(r, kind, ns, ns_len, tokens, n, &nsi);
     rx_slot *s;
-    if (kind < 0 || kind >= RX_KINDS || n == 0)
-        return SK_RADIX_MISS;
-    nsi = rx_ns_find(r, ns, ns_len, NULL);
-    if (nsi < 0)
-        return SK_RADIX_MISS;
-    id = rx_node_at(r, r->ns[nsi].root, tokens, n);
     if (id < 0)
         return SK_RADIX_MISS;
     s = &r->nodes[id].slot[kind];
-    if (!s->present || s->refs == 0)
+    if (s->refs == 0)
         return SK_RADIX_MISS;
     s->refs--;
     r->clock = rx_sat_add(r->clock, 1);
