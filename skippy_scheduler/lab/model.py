@@ -6,16 +6,12 @@ and the time an iteration takes comes from `RuntimeCostModel`. Prompt token ids 
 """
 from __future__ import annotations
 
-import json
-import math
-import os
-from dataclasses import dataclass, field, fields, replace
-from typing import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Iterable
 
 from ..cache_policy import CacheAffinity, StageCacheAffinity
-from ..types import IterationPhase
-
-DECODE_PHASE = IterationPhase.Decode.value
+from ..types import PrefixRestore, PrefixRestoreKind, Sequence
+from ..cost_model import RuntimeCostModel  # noqa: F401  (re-exported: the lab's cost model)
 
 I32_MAX = (1 << 31) - 1
 U32_MAX = (1 << 32) - 1
@@ -73,6 +69,15 @@ class SimRequest:
         self.priority = _check_int("priority", priority, 0, (1 << 64) - 1)
         return self
 
+    def to_sequence(self) -> Sequence:
+        """The scheduler Sequence this request submits as (§5.2): its prompt, output length and
+        priority, plus a resident-KV prefix restore and the cache affinity when it has them."""
+        seq = Sequence(self.id, self.prompt_ids(), self.output_tokens, None, self.priority)
+        if self.prefix_tokens > 0:
+            seq = seq.with_prefix_restore(PrefixRestore(
+                f"sim-prefix-{self.id}", self.prefix_tokens, PrefixRestoreKind.ResidentKv))
+        return seq.with_cache_affinity(self.cache_affinity)
+
     def prompt_ids(self) -> list[int]:
         """Prompt token ids: token_offset + i, saturating at i32::MAX like the reference."""
         start = self.token_offset
@@ -81,90 +86,6 @@ class SimRequest:
             return list(range(start, stop))
         head = list(range(start, I32_MAX + 1)) if start <= I32_MAX else []
         return head + [I32_MAX] * (self.prompt_tokens - len(head))
-
-
-@dataclass(frozen=True)
-class RuntimeCostModel:
-    """Virtual time of one iteration, in µs (§5.3). Prefix restores are free."""
-
-    iteration_overhead_us: float = 50
-    prefill_token_us: float = 2
-    decode_batch_us: float = 100
-    decode_sequence_us: float = 20
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{f.name} must be a number, got {type(value).__name__}")
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"{f.name} must be a finite number >= 0, got {value}")
-
-    def duration_us(self, prompt_tokens: int, decode_rows: int):
-        """Cost of an iteration with `prompt_tokens` Prefill/Recompute tokens and `decode_rows`
-        Decode rows: overhead + per-token prefill + (batch + per-row) decode; at least 1 µs."""
-        d = self.iteration_overhead_us + self.prefill_token_us * prompt_tokens
-        if decode_rows:
-            d += self.decode_batch_us + self.decode_sequence_us * decode_rows
-        return d if d >= 1 else 1
-
-    def plan_duration_us(self, plan):
-        """`duration_us` of a live plan, read from its arrays (phases and token count)."""
-        decode_rows = int((plan.phases == DECODE_PHASE).sum())
-        return self.duration_us(plan.token_count - decode_rows, decode_rows)
-
-    def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def __str__(self) -> str:
-        """The `name=value,...` form that `parse` and the lab's --cost-model accept."""
-        return ",".join(f"{f.name}={_fmt_number(getattr(self, f.name))}" for f in fields(self))
-
-    @classmethod
-    def parse(cls, spec: str) -> "RuntimeCostModel":
-        """Build from `name=value,...` overrides or from the path of a JSON object file."""
-        if os.path.exists(spec):
-            with open(spec, encoding="utf-8") as fh:
-                data = json.load(fh)
-            if not isinstance(data, Mapping):
-                raise ValueError(f"{spec}: the cost model file must hold a JSON object")
-            return cls.from_mapping(data)
-        values: dict[str, object] = {}
-        for part in spec.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            name, sep, text = part.partition("=")
-            if not sep:
-                raise ValueError(f"cost model override {part!r} is not name=value")
-            try:
-                number: object = int(text)
-            except ValueError:
-                try:
-                    number = float(text)
-                except ValueError:
-                    raise ValueError(f"cost model value {text!r} for {name} is not a number") from None
-            values[name.strip()] = number
-        return cls.from_mapping(values)
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, object]) -> "RuntimeCostModel":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown cost model field(s): {', '.join(unknown)} "
-                             f"(known: {', '.join(sorted(known))})")
-        return replace(cls(), **values)
-
-
-def _fmt_number(value: float) -> str:
-    text = f"{value:.3f}".rstrip("0").rstrip(".")
-    return text or "0"
-
-
-def new_sequence(types, seq_id: str, prompt: list[int], max_tokens: int, priority: int):
-    """`Sequence(seq_id, prompt, max_tokens, None, priority)` of the given types module."""
-    return types.Sequence(seq_id, prompt, max_tokens, None, priority)
 
 
 def burst_requests(n: int, prompt_tokens: int, output_tokens: int,

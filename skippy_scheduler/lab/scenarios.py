@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..cache_policy import CacheAffinity
-from .backend import Backend, resolve_backend, types_module
+from ..types import SchedulerConfig
+from .backend import Backend, resolve_backend
 from .model import (RuntimeCostModel, SimRequest, apply_resident_radix_affinity, burst_requests,
                     staggered_prefill_requests)
 from .simulate import SimulationReport, simulate
@@ -21,7 +22,7 @@ RADIX_PREFIX_TOKENS = 3_072
 
 def make_config(**overrides):
     """SchedulerConfig defaults plus `overrides` (None = unbounded for the two optional caps)."""
-    return types_module().SchedulerConfig(**overrides)
+    return SchedulerConfig(**overrides)
 
 
 def radix_fixture(prefix_tokens: int = RADIX_PREFIX_TOKENS):

@@ -1,33 +1,27 @@
-"""The deterministic lab loop (§5.4): submit arrivals, plan, charge virtual time, sample 1s.
+"""The deterministic lab run (§5.4): the engine on a virtual clock with a model-free host.
 
-`simulate` drives any scheduler with the public API (native or twin, see `backend.py`) and
-returns a `SimulationReport` with per-request timings. Every sampled token is the constant 1,
-time only moves by the cost model, so two runs of the same inputs give identical reports.
+`simulate` drives any scheduler with the public API (native or twin, see `backend.py`) through
+the `Engine`, with a `CostModelHost` that samples the token 1 for every sampling row and a
+`VirtualClock` that charges each plan its `RuntimeCostModel` cost, and returns a
+`SimulationReport` of per-request timings. Time only moves by the cost model, so two runs of
+the same inputs give identical reports (and byte-identical traces, §5.7).
 """
 from __future__ import annotations
 
-import numpy as np
-
-import math
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Sequence as _Seq
+from typing import Any, Iterable
 
-from .backend import Backend, resolve_backend, types_module
-from .model import RuntimeCostModel, SimRequest, new_sequence
+from ..cost_model import RuntimeCostModel
+from ..engine import CostModelHost, Engine, EngineStalled, VirtualClock, percentile
+from .backend import Backend, resolve_backend
+from .model import SimRequest
+
+__all__ = ["RequestMetrics", "SimulationError", "SimulationReport", "percentile", "simulate",
+           "validate_requests"]
 
 
 class SimulationError(RuntimeError):
     """The simulation could not continue (a submit was refused or the scheduler stalled)."""
-
-
-def percentile(values: _Seq[float], p: float):
-    """Nearest-rank percentile: index ceil(len * p / 100) - 1 of the sorted values, clamped;
-    an empty list gives 0."""
-    if not values:
-        return 0
-    ordered = sorted(values)
-    index = math.ceil(len(ordered) * p / 100) - 1
-    return ordered[min(max(index, 0), len(ordered) - 1)]
 
 
 @dataclass
@@ -126,17 +120,6 @@ def validate_requests(requests: Iterable[SimRequest]) -> list[SimRequest]:
     return out
 
 
-def to_sequence(request: SimRequest, types=None):
-    """The scheduler Sequence a simulated request submits as (§5.2)."""
-    types = types or types_module()
-    seq = new_sequence(types, request.id, request.prompt_ids(), request.output_tokens,
-                       request.priority)
-    if request.prefix_tokens > 0:
-        seq = seq.with_prefix_restore(types.PrefixRestore(
-            f"sim-prefix-{request.id}", request.prefix_tokens, types.PrefixRestoreKind.ResidentKv))
-    return seq.with_cache_affinity(request.cache_affinity)
-
-
 def _phase_name(phase) -> str:
     return getattr(phase, "name", str(phase))
 
@@ -153,16 +136,20 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def complete_with_ones(scheduler, plan, sampled: list[int], types):
-    """Report token 1 for every sampling row, through the plan's output block when it has one."""
-    outputs = getattr(plan, "outputs", None)
-    if outputs is not None:
-        k = len(sampled)
-        outputs.request_indexes[:k] = sampled
-        outputs.predicted_tokens[:k] = 1
-        outputs.count = k
-        return scheduler.complete_iteration(plan)
-    return scheduler.complete_iteration(plan, [types.IterationPrediction(i, 1) for i in sampled])
+class _TraceWriter:
+    """Appends the §5.7 line of every plan while it is live (the rows need `plan.work`)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        self.iteration = 0
+
+    def __call__(self, plan: Any, start: float, duration: float) -> None:
+        rows = " ".join(
+            f"{w.sequence_id}:{_phase_name(w.phase)}:{len(w.tokens)}@{w.positions[0]}"
+            f"{'*' if w.sample_last else ''}" for w in plan.work)
+        self.lines.append(f"it={self.iteration} t={_fmt(start)} dur={_fmt(duration)} "
+                          f"admitted={plan.admitted} tokens={plan.token_count} | {rows}")
+        self.iteration += 1
 
 
 def simulate(config, cost: RuntimeCostModel | None, requests: Iterable[SimRequest], *,
@@ -172,97 +159,37 @@ def simulate(config, cost: RuntimeCostModel | None, requests: Iterable[SimReques
     lines to `trace` when given."""
     cost = cost or RuntimeCostModel()
     reqs = sorted(validate_requests(requests), key=lambda r: (r.arrival_us, r.id))
-    types = types_module()
     config = config.normalized()
-    capacity = config.max_tokens_per_iteration
     scheduler = resolve_backend(backend).make(config, admission=admission, preemption=preemption)
-    decode_value = types.IterationPhase.Decode.value
 
-    metrics = {r.id: RequestMetrics(r.arrival_us) for r in reqs}
-    lengths = {r.id: r.output_tokens for r in reqs}
+    def refuse(request: Any, exc: BaseException) -> None:
+        raise SimulationError(f"submit of {request.id} failed: {exc}") from exc
+
+    engine = Engine(scheduler, CostModelHost(token=1, cost=cost), clock=VirtualClock(cost),
+                    on_plan=_TraceWriter(trace) if trace is not None else None,
+                    on_reject=refuse)
+    try:
+        run = engine.run(reqs)
+    except EngineStalled as exc:
+        raise SimulationError(f"scheduler stalled: {exc}") from exc
+
     report = SimulationReport()
-    now = 0
-    next_arrival = 0
-    submitted = completed = 0
-    batch_sum = 0
-    occupancy_sum = 0.0
-    while completed < len(reqs):
-        while next_arrival < len(reqs) and reqs[next_arrival].arrival_us <= now:
-            request = reqs[next_arrival]
-            try:
-                scheduler.submit(to_sequence(request, types))
-            except Exception as exc:  # AdmissionError and friends abort the run
-                raise SimulationError(f"submit of {request.id} failed: {exc}") from exc
-            next_arrival += 1
-            submitted += 1
-        if submitted == completed:  # nothing active or waiting: jump to the next arrival
-            if next_arrival >= len(reqs):
-                raise SimulationError("no pending arrivals but requests are unfinished")
-            now = max(now, reqs[next_arrival].arrival_us)
-            continue
-        plan = scheduler.plan_iteration()
-        # Row owners, phases and sampling rows come from the plan's arrays; the row objects
-        # (with their token tuples) are only built when a trace is asked for.
-        ids = plan.sequence_ids
-        if not ids:
-            raise SimulationError(f"scheduler stalled at {now} µs with {submitted - completed} "
-                                  "unfinished requests")
-        work = plan.work if trace is not None else None
-        for rid in ids:
-            m = metrics[rid]
-            if m.first_scheduled_us is None:
-                m.first_scheduled_us = now
-        decode_rows = int(np.count_nonzero(plan.phases == decode_value))
-        sampled: list[int] = plan.sample_rows.tolist()
-        start = now
-        token_count = plan.token_count  # read while the plan is live
-        duration = cost.duration_us(token_count - decode_rows, decode_rows)
-        now += duration
-        for i in sampled:
-            m = metrics[ids[i]]
-            if m.first_token_us is None:
-                m.first_token_us = now
-            if m.last_token_us is not None:
-                gap = now - m.last_token_us
-                if m.max_inter_token_gap_us is None or gap > m.max_inter_token_gap_us:
-                    m.max_inter_token_gap_us = gap
-            m.last_token_us = now
-            m.generated += 1
-        if trace is not None:
-            rows = " ".join(
-                f"{w.sequence_id}:{_phase_name(w.phase)}:{len(w.tokens)}@{w.positions[0]}"
-                f"{'*' if w.sample_last else ''}" for w in work)
-            trace.append(f"it={report.iterations} t={_fmt(start)} dur={_fmt(duration)} "
-                         f"admitted={plan.admitted} tokens={token_count} | {rows}")
-        scheduler.observe_iteration_duration(plan, duration / 1e6)
-        telemetry = complete_with_ones(scheduler, plan, sampled, types)
-        # A request is complete once the scheduler no longer knows it. Only a sampling row can
-        # end a sequence: it finishes when its output is full (every token is 1, never an end
-        # signal), so those are the ones asked about; should the scheduler's finished + failed
-        # count say more ended, every sampled id is asked (a snapshot copies the prompt).
-        ended = [ids[i] for i in sampled]
-        full = [rid for rid in ended if metrics[rid].generated >= lengths[rid]]
-        gone = telemetry.finished + telemetry.failed
-        for rid in sorted(set(ended if gone > completed + len(full) else full)):
-            m = metrics[rid]
-            if m.completed_us is None and scheduler.sequence(rid) is None:
-                m.completed_us = now
-                completed += 1
-        prompt_rows = len(ids) - decode_rows
-        if prompt_rows and decode_rows:
-            report.mixed_iterations += 1
-        elif prompt_rows:
-            report.prefill_iterations += 1
-        else:
-            report.decode_iterations += 1
-        report.iterations += 1
-        batch_sum += len(ids)
-        occupancy_sum += token_count / capacity
-    report.requests = {rid: metrics[rid] for rid in sorted(metrics)}
-    report.makespan_us = now
+    for r in sorted(run.records, key=lambda r: r.id):
+        report.requests[r.id] = RequestMetrics(
+            arrival_us=r.arrival_us, first_scheduled_us=r.first_scheduled_us,
+            first_token_us=r.first_token_us, completed_us=r.finished_us,
+            generated=len(r.tokens), max_inter_token_gap_us=r.max_itl_us,
+            last_token_us=r.token_times_us[-1] if r.token_times_us else None)
+    report.makespan_us = run.makespan_us
+    report.iterations = run.iterations
+    report.prefill_iterations, report.decode_iterations, report.mixed_iterations = run.phase_mix()
+    its = run.iteration_arrays()
     if report.iterations:
-        report.mean_batch_size = batch_sum / report.iterations
-        report.mean_token_occupancy = occupancy_sum / report.iterations
+        capacity = config.max_tokens_per_iteration
+        report.mean_batch_size = int(its["rows"].sum()) / report.iterations
+        # Summed in iteration order, one fraction at a time (the figures are compared exactly).
+        report.mean_token_occupancy = sum(t / capacity for t in its["tokens"].tolist()) \
+            / report.iterations
     if trace is not None:
         for rid, m in report.requests.items():
             trace.append(f"req {rid}: arrival={_fmt(m.arrival_us)} first_sched={_fmt(m.first_scheduled_us)} "

@@ -1,23 +1,9 @@
-"""Lab tests run against every scheduler implementation that is installed."""
+"""Lab tests run against both scheduler implementations (native and the pure-Python twin)."""
 from __future__ import annotations
 
 import pytest
 
-from skippy_scheduler.lab.backend import BackendUnavailable, resolve_backend
-
-
-def _available() -> list[str]:
-    names = []
-    for name in ("twin", "native"):
-        try:
-            resolve_backend(name)
-        except (BackendUnavailable, ImportError):
-            continue
-        names.append(name)
-    return names
-
-
-BACKENDS = _available()
+BACKENDS = ["twin", "native"]
 
 
 @pytest.fixture(params=BACKENDS, scope="session")

@@ -1,0 +1,86 @@
+"""The engine's one notion of time, in microseconds since the run started.
+
+* `WallClock`: elapsed real time; an iteration lasts as long as the host took; idle gaps are
+  slept through (a submission from another thread wakes the sleep).
+* `VirtualClock`: time moves only when the engine says so; an iteration lasts what the cost
+  model charges for the plan (or, without a cost model, what the host measurably took); idle
+  gaps jump to the next arrival. Two runs of the same inputs see identical times.
+
+Values stay whatever type the cost model yields (integer constants give integer times), so the
+lab's traces print exact microseconds.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Optional, Protocol
+
+from ..cost_model import RuntimeCostModel
+
+
+class Clock(Protocol):
+    def start(self) -> None:
+        """Set time 0 (called when a run starts)."""
+
+    def now(self) -> float:
+        """Microseconds since `start`."""
+
+    def charge(self, prompt_tokens: int, decode_rows: int, measured_us: float) -> float:
+        """Account one iteration that the host took `measured_us` to run; returns its duration
+        in µs (the time `now` has moved on by)."""
+
+    def wait_until(self, t_us: float, wake: Optional[threading.Event] = None) -> None:
+        """Let time pass until `t_us` (or until `wake` is set)."""
+
+
+class WallClock:
+    """Real elapsed time (`time.perf_counter`)."""
+
+    def __init__(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return (time.perf_counter() - self._t0) * 1e6
+
+    def charge(self, prompt_tokens: int, decode_rows: int, measured_us: float) -> float:
+        return measured_us
+
+    def wait_until(self, t_us: float, wake: Optional[threading.Event] = None) -> None:
+        delay = (t_us - self.now()) / 1e6
+        if delay <= 0:
+            return
+        if wake is None:
+            time.sleep(delay)
+        else:
+            wake.wait(delay)
+
+
+class VirtualClock:
+    """Deterministic time charged by `cost` (a `RuntimeCostModel`), starting at 0."""
+
+    def __init__(self, cost: Optional[RuntimeCostModel] = None) -> None:
+        if cost is not None and not isinstance(cost, RuntimeCostModel):
+            raise TypeError(f"cost must be a RuntimeCostModel, got {type(cost).__name__}")
+        self.cost = cost
+        self._now: float = 0
+
+    def start(self) -> None:
+        self._now = 0
+
+    def now(self) -> float:
+        return self._now
+
+    def charge(self, prompt_tokens: int, decode_rows: int, measured_us: float) -> float:
+        if self.cost is None:
+            duration = measured_us
+        else:
+            duration = self.cost.duration_us(prompt_tokens, decode_rows)
+        self._now += duration
+        return duration
+
+    def wait_until(self, t_us: float, wake: Optional[threading.Event] = None) -> None:
+        if t_us > self._now:
+            self._now = t_us

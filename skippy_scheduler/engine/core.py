@@ -1,0 +1,579 @@
+"""The engine: the one loop that drives a scheduler and a host.
+
+Each iteration: take what other threads handed in (submissions, cancellations), submit the
+requests whose arrival time has come, make a plan, let the host execute it, charge its
+duration on the clock, report the duration to the scheduler, complete the plan from the
+plan's output block, release on the host every sequence that ended, and, when the host
+measures memory, preempt until the measurement fits and release the victims. The recorder
+notes what a client would see (docs/behaviour.md §5.4).
+
+Row owners come from `plan.sequence_ids`, sampled tokens from `plan.outputs`; nothing else is
+read. The scheduler is not thread-safe and the engine touches it from one thread only: calls
+from other threads (`submit`, `cancel`) go through an inbox drained at the start of each step.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence as _Seq, Union
+
+from ..types import AdmissionError, DuplicateSequence, QueueFull, Sequence
+from .clock import Clock, VirtualClock, WallClock
+from .record import EngineReport, Recorder
+
+_DECODE = 2  # IterationPhase.Decode.value in plan.phases
+
+
+class EngineStalled(RuntimeError):
+    """The scheduler made an empty plan while requests were waiting or running: nothing the
+    engine can do will ever make progress (e.g. a prompt that can never fit in memory)."""
+
+
+@dataclass
+class Request:
+    """A request as the engine takes it: an id, an arrival time and how to build the sequence.
+
+    `arrival_us` is on the engine's clock; None means "when submitted". Any object with `id`,
+    `arrival_us` and `to_sequence()` works the same (the lab's workloads build theirs lazily).
+    """
+
+    id: str
+    prompt_tokens: _Seq[int]
+    max_tokens: int
+    arrival_us: Optional[float] = None
+    priority: int = 0
+    sampling: Any = None
+
+    def to_sequence(self) -> Sequence:
+        return Sequence(self.id, self.prompt_tokens, self.max_tokens, self.sampling,
+                        self.priority)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """`request_id` sampled `token` at `time_us` (end of the iteration)."""
+
+    request_id: str
+    token: int
+    time_us: float
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    """`request_id` ended at `time_us`: reason is length, stop, failed, cancelled or rejected."""
+
+    request_id: str
+    reason: str
+    time_us: float
+    error: Optional[str] = None
+
+
+Event = Union[TokenEvent, FinishEvent]
+
+_PENDING, _SUBMITTED, _ENDED = 0, 1, 2
+
+
+class _SequenceRequest:
+    __slots__ = ("id", "arrival_us", "_sequence")
+
+    def __init__(self, sequence: Sequence, arrival_us: Optional[float]) -> None:
+        self.id = sequence.id
+        self.arrival_us = arrival_us
+        self._sequence = sequence
+
+    def to_sequence(self) -> Sequence:
+        return self._sequence
+
+
+ClockArg = Union[Clock, str, None]
+
+
+def _make_clock(clock: ClockArg) -> Optional[Clock]:
+    if clock is None:
+        return None
+    if clock == "wall":
+        return WallClock()
+    if clock == "virtual":
+        return VirtualClock()
+    if isinstance(clock, str):
+        raise ValueError(f"clock must be 'wall', 'virtual', a Clock or None, got {clock!r}")
+    for verb in ("start", "now", "charge", "wait_until"):
+        if not callable(getattr(clock, verb, None)):
+            raise TypeError(f"clock has no {verb}() method: {type(clock).__name__}")
+    return clock
+
+
+class Engine:
+    """Drive `scheduler` and `host` (a `Host`) until the work runs out.
+
+    clock: "wall" (default), "virtual" (host-measured durations, idle gaps skipped), a `Clock`
+        such as `VirtualClock(cost_model)`, or None (no time at all: for benchmarks).
+    record: keep a `Recorder` (per-request and per-iteration figures; `report()`).
+    observe: report iteration durations to the scheduler (mixed planning calibrates on them).
+    on_plan: `f(plan, start_us, duration_us)` called while the plan is live, after it ran.
+    before_step: `f(engine)` called at the start of every step (to cancel or preempt).
+    on_reject: `f(request, exc)` when the scheduler refuses a submission at its arrival; by
+        default the request is recorded as rejected (a `FinishEvent` says why).
+    max_iterations: raise RuntimeError beyond this many iterations (a guard for tests).
+    """
+
+    def __init__(self, scheduler: Any, host: Any, *, clock: ClockArg = "wall",
+                 record: bool = True, observe: bool = True,
+                 on_plan: Optional[Callable[[Any, float, float], None]] = None,
+                 before_step: Optional[Callable[["Engine"], None]] = None,
+                 on_reject: Optional[Callable[[Any, BaseException], None]] = None,
+                 max_iterations: Optional[int] = None) -> None:
+        for verb in ("plan_iteration", "complete_iteration", "submit", "cancel"):
+            if not callable(getattr(scheduler, verb, None)):
+                raise TypeError(f"scheduler has no {verb}() method: {type(scheduler).__name__}")
+        for verb in ("execute", "release"):
+            if not callable(getattr(host, verb, None)):
+                raise TypeError(f"host has no {verb}() method: {type(host).__name__}")
+        self.scheduler = scheduler
+        self.host = host
+        self.clock = _make_clock(clock)
+        self.observe = bool(observe) and self.clock is not None
+        self.on_plan = on_plan
+        self.before_step = before_step
+        self.on_reject = on_reject
+        self.max_iterations = max_iterations
+        self._prepare = getattr(host, "prepare_sequence", None)
+        self._memory = getattr(host, "memory_used", None)
+        self.recorder: Optional[Recorder] = Recorder() if record else None
+        self.iterations = 0
+        # Requests by submission index; an id maps to its latest submission.
+        self._index: dict[str, int] = {}
+        self._ids: list[str] = []
+        self._state: list[int] = []
+        self._outstanding = 0  # submitted to the scheduler and not ended
+        self._pending: list[tuple[float, int, int, Any]] = []  # (arrival, seq, index, request)
+        self._seq = itertools.count()
+        self._source: Optional[Iterator[Any]] = None
+        self._source_next: Any = None
+        self._last_source_arrival: float = float("-inf")
+        self._next_due: float = float("inf")  # earliest pending or streamed arrival
+        self._inbox: deque[tuple[str, Any]] = deque()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: Optional[int] = None
+        self._started = False
+        self._stop = False
+        self._listeners: list[Callable[[Event], None]] = []
+        self._streams: dict[str, "queue.SimpleQueue[Event]"] = {}
+
+    # -- time ---------------------------------------------------------------------------------
+
+    def now(self) -> float:
+        """Microseconds on the engine's clock (0 without a clock)."""
+        return self.clock.now() if self.clock is not None else 0
+
+    def _ensure_started(self) -> None:
+        if not self._started:
+            self._started = True
+            if self.clock is not None:
+                self.clock.start()
+
+    # -- submitting ---------------------------------------------------------------------------
+
+    def submit(self, request: Any) -> None:
+        """Hand a request (a `Request`, a `Sequence`, or any object with `id`, `arrival_us` and
+        `to_sequence()`) to the engine. On the engine's thread (or before it runs) a request
+        whose time has come goes to the scheduler at once and its refusal raises; from another
+        thread it waits in the inbox and a refusal ends it as rejected."""
+        request = self._as_request(request)
+        if not self._on_engine_thread():
+            self._inbox.append(("submit", request))
+            self._wake.set()
+            return
+        self._accept(request, raise_errors=True)
+
+    def add_requests(self, requests: Iterable[Any]) -> None:
+        """A stream of requests in non-decreasing arrival order, pulled as time reaches them
+        (so a long trace never sits in memory at once)."""
+        if self._source is not None:
+            raise RuntimeError("the engine already has a request stream")
+        self._source = iter(requests)
+        self._pull_source()
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a request that has not ended (pending, waiting or running); frees its host
+        state. From another thread the cancel is queued and True means "queued"."""
+        if not isinstance(request_id, str):
+            raise TypeError(f"request id must be a str, got {type(request_id).__name__}")
+        if not self._on_engine_thread():
+            self._inbox.append(("cancel", request_id))
+            self._wake.set()
+            return True
+        return self._cancel(request_id)
+
+    def preempt(self, used_bytes: _Seq[int]) -> list[str]:
+        """Report measured memory use; preempted sequences lose their runtime state."""
+        victims = list(self.scheduler.preempt_for_component_pressure(list(used_bytes)))
+        self._release_victims(victims)
+        return victims
+
+    def stop(self) -> None:
+        """Ask `run_forever` to return after the current step (thread-safe)."""
+        self._stop = True
+        self._wake.set()
+
+    # -- observing ----------------------------------------------------------------------------
+
+    def add_listener(self, listener: Callable[[Event], None]) -> None:
+        """Call `listener(event)` for every `TokenEvent` and `FinishEvent`, on the engine's
+        thread, as they happen."""
+        self._listeners.append(listener)
+
+    def stream(self, request_id: str) -> Iterator[Event]:
+        """Events of one request, for a consumer on another thread: subscribe before
+        submitting; the iterator ends after the request's `FinishEvent`."""
+        q: "queue.SimpleQueue[Event]" = queue.SimpleQueue()
+        with self._lock:
+            self._streams[request_id] = q
+
+        def events() -> Iterator[Event]:
+            while True:
+                event = q.get()
+                yield event
+                if isinstance(event, FinishEvent):
+                    return
+
+        return events()
+
+    def status(self, request_id: str) -> Optional[str]:
+        """How the latest request with this id ended (None while it is pending or live)."""
+        index = self._index.get(request_id)
+        if index is None:
+            raise KeyError(request_id)
+        if self.recorder is None:
+            return "ended" if self._state[index] == _ENDED else None
+        return self.recorder.finish[index]
+
+    def open_ids(self) -> list[str]:
+        """Ids of requests not yet ended (pending arrivals included)."""
+        return [rid for rid, i in self._index.items() if self._state[i] != _ENDED]
+
+    @property
+    def outstanding(self) -> int:
+        """Requests submitted to the scheduler and not ended."""
+        return self._outstanding
+
+    def report(self) -> EngineReport:
+        if self.recorder is None:
+            raise RuntimeError("this engine keeps no record (record=False)")
+        return EngineReport(self.recorder, self.now())
+
+    # -- running ------------------------------------------------------------------------------
+
+    def run(self, requests: Optional[Iterable[Any]] = None) -> EngineReport:
+        """Run until every request has ended and no arrival is left; returns the report."""
+        if requests is not None:
+            self.add_requests(requests)
+        self._thread = threading.get_ident()
+        self._ensure_started()
+        try:
+            while True:
+                if self.step():
+                    continue
+                nxt = self._next_arrival()
+                if nxt is None:
+                    if self._inbox:
+                        continue
+                    break
+                self._wait(nxt)
+        finally:
+            self._thread = None
+        return self.report() if self.recorder is not None else None  # type: ignore[return-value]
+
+    def run_forever(self, idle_wait_s: float = 0.05) -> None:
+        """Serve until `stop()`: idle, wait for submissions from other threads."""
+        self._thread = threading.get_ident()
+        self._ensure_started()
+        self._stop = False
+        try:
+            while not self._stop:
+                if self.step():
+                    continue
+                nxt = self._next_arrival()
+                self._wake.clear()
+                if self._inbox or self._stop:
+                    continue
+                if nxt is None:
+                    self._wake.wait(idle_wait_s)
+                else:
+                    self._wait(nxt)
+        finally:
+            self._thread = None
+
+    def step(self) -> bool:
+        """One step: inbox, due arrivals, hook, and one iteration if anything is live.
+        Returns False when there was nothing to run."""
+        if self._inbox:
+            self._drain()
+        if self._next_due <= self.now():
+            self._submit_due()
+        if self.before_step is not None:
+            self.before_step(self)
+        if not self._outstanding:
+            return False
+        self._iterate()
+        return True
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _on_engine_thread(self) -> bool:
+        return self._thread is None or self._thread == threading.get_ident()
+
+    @staticmethod
+    def _as_request(request: Any) -> Any:
+        if isinstance(request, Sequence):
+            return _SequenceRequest(request, None)
+        for attr in ("id", "arrival_us", "to_sequence"):
+            if not hasattr(request, attr):
+                raise TypeError(f"a request needs id, arrival_us and to_sequence(); "
+                                f"{type(request).__name__} has no {attr}")
+        if not isinstance(request.id, str):
+            raise TypeError(f"request id must be a str, got {type(request.id).__name__}")
+        return request
+
+    def _new_index(self, request: Any, arrival: float) -> int:
+        rid = request.id
+        with self._lock:
+            old = self._index.get(rid)
+            if old is not None and self._state[old] != _ENDED:
+                raise DuplicateSequence(rid)
+            index = len(self._ids)
+            self._ids.append(rid)
+            self._state.append(_PENDING)
+            self._index[rid] = index
+        if self.recorder is not None:
+            self.recorder.add_request(rid, arrival)
+        return index
+
+    def _accept(self, request: Any, *, raise_errors: bool) -> None:
+        self._ensure_started()
+        arrival = request.arrival_us
+        now = self.now()
+        if arrival is None:
+            arrival = now
+        index = self._new_index(request, arrival)
+        if arrival > now:
+            heapq.heappush(self._pending, (arrival, next(self._seq), index, request))
+            self._update_next_due()
+        else:
+            self._submit(index, request, raise_errors=raise_errors)
+
+    def _pull_source(self) -> None:
+        assert self._source is not None
+        nxt = next(self._source, None)
+        if nxt is not None:
+            if isinstance(nxt, Sequence):
+                nxt = _SequenceRequest(nxt, None)
+            arrival = nxt.arrival_us
+            if arrival is None:
+                arrival = float("-inf")
+            elif arrival < self._last_source_arrival:
+                raise ValueError(f"request stream is not in arrival order at {nxt.id!r}")
+            self._last_source_arrival = arrival
+        self._source_next = nxt
+        self._update_next_due()
+
+    def _update_next_due(self) -> None:
+        due = self._pending[0][0] if self._pending else float("inf")
+        src = self._source_next
+        if src is not None:
+            due = min(due, float("-inf") if src.arrival_us is None else src.arrival_us)
+        self._next_due = due
+
+    def _next_arrival(self) -> Optional[float]:
+        times = []
+        if self._pending:
+            times.append(self._pending[0][0])
+        if self._source_next is not None:
+            nxt = self._source_next.arrival_us
+            times.append(self.now() if nxt is None else nxt)
+        return min(times) if times else None
+
+    def _wait(self, t_us: float) -> None:
+        assert self.clock is not None or not self._pending, "untimed engines have no arrivals"
+        if self.clock is None:
+            return
+        self._wake.clear()
+        if self._inbox:
+            return
+        self.clock.wait_until(t_us, self._wake)
+
+    def _submit_due(self) -> None:
+        now = self.now()
+        while True:
+            src = self._source_next
+            src_t = None if src is None else (now if src.arrival_us is None else src.arrival_us)
+            heap_t = self._pending[0][0] if self._pending else None
+            if src_t is not None and src_t <= now and (heap_t is None or src_t <= heap_t):
+                self._pull_source()
+                index = self._new_index(src, src_t)
+                self._submit(index, src, raise_errors=False)
+            elif heap_t is not None and heap_t <= now:
+                _, _, index, request = heapq.heappop(self._pending)
+                self._update_next_due()
+                if self._state[index] == _PENDING:  # not cancelled while pending
+                    self._submit(index, request, raise_errors=False)
+            else:
+                return
+
+    def _submit(self, index: int, request: Any, *, raise_errors: bool) -> None:
+        try:
+            seq = request.to_sequence()
+            if self._prepare is not None:
+                seq = self._prepare(seq)
+            self.scheduler.submit(seq)
+        except (AdmissionError, TypeError, ValueError) as exc:
+            if self.on_reject is not None:
+                self._end(index, "rejected", error=str(exc))
+                self.on_reject(request, exc)
+                return
+            if raise_errors and not isinstance(exc, QueueFull):
+                self._forget(index)
+                raise
+            self._end(index, "rejected", error=f"{type(exc).__name__}: {exc}")
+            return
+        self._state[index] = _SUBMITTED
+        self._outstanding += 1
+
+    def _forget(self, index: int) -> None:
+        # A synchronous submit that raised leaves no trace: the caller got the exception.
+        self._state[index] = _ENDED
+        if self.recorder is not None:
+            self.recorder.ended(index, "rejected", self.now())
+
+    def _drain(self) -> None:
+        while self._inbox:
+            kind, item = self._inbox.popleft()
+            if kind == "submit":
+                try:
+                    self._accept(item, raise_errors=False)
+                except DuplicateSequence as exc:
+                    self._emit(FinishEvent(item.id, "rejected", self.now(), str(exc)))
+            else:
+                self._cancel(item)
+
+    def _cancel(self, request_id: str) -> bool:
+        index = self._index.get(request_id)
+        if index is None or self._state[index] == _ENDED:
+            return False
+        if self._state[index] == _SUBMITTED:
+            if not self.scheduler.cancel(request_id):
+                return False
+            self._outstanding -= 1
+            self.host.release(request_id)
+        self._end(index, "cancelled")
+        return True
+
+    def _end(self, index: int, reason: str, error: Optional[str] = None) -> None:
+        self._state[index] = _ENDED
+        now = self.now()
+        if self.recorder is not None:
+            self.recorder.ended(index, reason, now)
+            if error is not None:
+                self.recorder.errors[index] = error
+        if self._listeners or self._streams:
+            self._emit(FinishEvent(self._ids[index], reason, now, error))
+
+    def _emit(self, event: Event) -> None:
+        for listener in self._listeners:
+            listener(event)
+        if self._streams:
+            with self._lock:
+                q = self._streams.get(event.request_id)
+                if q is not None and isinstance(event, FinishEvent):
+                    del self._streams[event.request_id]
+            if q is not None:
+                q.put(event)
+
+    def _release_victims(self, victims: list[str]) -> None:
+        rec = self.recorder
+        for rid in victims:
+            self.host.release(rid)
+            if rec is not None:
+                rec.preemptions[self._index[rid]] += 1
+
+    def _iterate(self) -> None:
+        sched = self.scheduler
+        clock = self.clock
+        rec = self.recorder
+        if self.max_iterations is not None and self.iterations >= self.max_iterations:
+            raise RuntimeError(f"no completion after {self.iterations} iterations")
+        plan = sched.plan_iteration()
+        rows = len(plan)
+        if rows == 0:
+            raise EngineStalled(
+                f"the scheduler made an empty plan with {self._outstanding} requests waiting or "
+                f"running at {self.now()} µs (a request that can never fit the memory budget?)")
+        index = self._index
+        owners = [index[i] for i in plan.sequence_ids]
+        start = clock.now() if clock is not None else 0
+        if rec is not None:
+            rec.scheduled(owners, start)
+        token_count = plan.token_count
+        decode = bytes(plan.phases).count(_DECODE)
+        if clock is not None:
+            t0 = time.perf_counter_ns()
+            self.host.execute(plan)
+            measured = (time.perf_counter_ns() - t0) / 1e3
+            duration = clock.charge(token_count - decode, decode, measured)
+            end = clock.now()
+        else:
+            self.host.execute(plan)
+            duration = end = 0
+        if self.on_plan is not None:
+            self.on_plan(plan, start, duration)
+        out = plan.outputs
+        k = out.count
+        sampled: list[int] = []
+        tokens: Any = ()
+        if k:
+            sample_rows = out.request_indexes[:k].tolist()
+            sampled = [owners[r] for r in sample_rows]
+            tokens = out.predicted_tokens[:k]
+            if rec is not None:
+                rec.sampled(end, sampled, tokens)
+            if self._listeners or self._streams:
+                ids = self._ids
+                for o, t in zip(sampled, tokens.tolist()):
+                    if t >= 0:
+                        self._emit(TokenEvent(ids[o], t, end))
+        if self.observe:
+            sched.observe_iteration_duration(plan, duration / 1e6)
+        telemetry = sched.complete_iteration(plan)
+        self.iterations += 1
+        finished = telemetry.finished_ids
+        failed = telemetry.failed_ids
+        if finished or failed:
+            self._retire(finished, failed, sampled, list(tokens))
+        if self._memory is not None:
+            used = self._memory()
+            if used is not None:
+                self._release_victims(list(sched.preempt_for_component_pressure(list(used))))
+        if rec is not None:
+            rec.iteration(start, duration, rows, decode, token_count, plan.admitted,
+                          telemetry.waiting_sequences)
+
+    def _retire(self, finished: list[str], failed: list[str], sampled: list[int],
+                tokens: list[int]) -> None:
+        index = self._index
+        host = self.host
+        last = dict(zip(sampled, tokens)) if finished else {}
+        for rid in finished:
+            host.release(rid)
+            i = index[rid]
+            self._outstanding -= 1
+            self._end(i, "stop" if last.get(i, 0) < 0 else "length")
+        for rid in failed:
+            host.release(rid)
+            self._outstanding -= 1
+            self._end(index[rid], "failed")
