@@ -59,6 +59,7 @@ ERRORS = [
     (["calibrate", "--clock", "sundial"], "invalid choice: 'sundial'"),
     (["calibrate", "--repeats", "0"], "expected an integer >= 1"),
     (["bench", "--bogus"], "unrecognized arguments: --bogus"),
+    (["config", "--cflags", "extra"], "unrecognized arguments: extra"),
     # lab values
     (["lab", "--scenario", "nope"], "unknown scenario 'nope'"),
     (["lab", "--cost-model", "missing.json"], "--cost-model: file not found: missing.json"),
@@ -89,6 +90,8 @@ ERRORS = [
     (["run", "--model", "{gguf}", "--max-active", "300"], "--max-active must be <= 256"),
     (["run", "--model", "{gguf}", "--prompts", "{dir}/none.json"], "--prompts: file not found"),
     (["run", "--model", "{gguf}", "--prompts", "{not_json}"], "is not valid JSON"),
+    # config
+    (["config"], "nothing to print"),
 ]
 
 
