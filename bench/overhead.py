@@ -4,7 +4,7 @@
 """
 import sys
 
-from skippy_scheduler.bench import main
+from skippy_scheduler.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["bench", *sys.argv[1:]]))

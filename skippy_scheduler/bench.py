@@ -15,7 +15,6 @@ instruction counts of BENCHMARKS.md for anything finer.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -458,46 +457,3 @@ def machine() -> str:
     except OSError:
         pass
     return f"{model or 'unknown CPU'}, {os.cpu_count()} logical CPUs, Python {sys.version.split()[0]}"
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="skippy-scheduler bench", description=_DESCRIPTION)
-    add_arguments(ap)
-    return run(ap.parse_args(argv))
-
-
-_DESCRIPTION = "Per-step scheduler overhead report (median and p99 µs per step, per row)."
-
-
-def register(subparsers) -> None:
-    """Adds the `bench` subcommand to the `skippy-scheduler` command line (skippy_scheduler.cli)."""
-    ap = subparsers.add_parser("bench", help=_DESCRIPTION, description=_DESCRIPTION)
-    add_arguments(ap)
-    ap.set_defaults(func=run)
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--quick", action="store_true", help="fewer steps (a smoke run, noisier)")
-    ap.add_argument("--no-twin", action="store_true", help="skip the pure-Python twin")
-    ap.add_argument("--no-c", action="store_true", help="skip the C API program")
-    ap.add_argument("--callgrind", action="store_true",
-                    help="also count instructions per C API step with valgrind (stable on noisy machines)")
-
-
-def run(args) -> int:
-    log = (lambda msg: print(msg, file=sys.stderr, flush=True))
-    results, notes = collect(quick=args.quick, twin=not args.no_twin, c_api=not args.no_c,
-                             callgrind=args.callgrind, log=log)
-    print(f"machine: {machine()}")
-    print(format_table(results))
-    print(context_line(results))
-    for n in (512, 8192):
-        print(f"tokens in a steady decode plan at N=256, {n}-token prompts: "
-              f"{first_plan_token_count(Scheduler, 256, n)} (one pending token per row)")
-    for note in notes:
-        print(note)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,7 +21,7 @@ pytest.importorskip("llama_cpp")
 
 from skippy_scheduler import MemoryComponent, SchedulerConfig, Sequence  # noqa: E402
 from skippy_scheduler import cli  # noqa: E402
-from skippy_scheduler.hosts import cli_run  # noqa: E402
+from skippy_scheduler.cli import run as cli_run  # noqa: E402
 from skippy_scheduler.hosts.calibrate import COST_MODEL_RE, CostModel, fit_cost_model  # noqa: E402
 from skippy_scheduler.hosts.llama import LlamaHost  # noqa: E402
 from skippy_scheduler.hosts.serve import ServeRequest, serve  # noqa: E402

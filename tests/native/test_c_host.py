@@ -1,13 +1,16 @@
 """The C host example builds against the installed package and drives the scheduler alone."""
+import os
 import pathlib
+import re
+import shlex
 import shutil
 import subprocess
+import sys
 
 import pytest
 
-import skippy_scheduler
-
-HOST = pathlib.Path(__file__).resolve().parents[2] / "examples" / "c_host" / "host.c"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+HOST = ROOT / "examples" / "c_host" / "host.c"
 
 EXPECTED = """\
 gamma finished: 5000
@@ -17,24 +20,70 @@ iterations 5 finished 3 prefill 13 decode 7
 """
 
 
-@pytest.fixture(scope="module")
-def host_binary(tmp_path_factory):
+def _compiler() -> str:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler")
-    exe = tmp_path_factory.mktemp("c_host") / "host"
-    # The README's command, with the package's own locations.
-    subprocess.run(
-        [cc, str(HOST), "-Wall", "-Wextra", "-Werror", f"-I{skippy_scheduler.get_include()}",
-         f"-L{skippy_scheduler.get_library_dir()}", "-lskippy_scheduler_core", "-lm", "-o", str(exe)],
-        check=True,
-    )
+    return cc
+
+
+def _config_flags() -> list[str]:
+    """`skippy-scheduler config --cflags --libs`, run as the README's build command runs it."""
+    script = os.path.join(os.path.dirname(sys.executable), "skippy-scheduler")
+    command = [script] if os.path.exists(script) else [sys.executable, "-m", "skippy_scheduler.cli"]
+    out = subprocess.run([*command, "config", "--cflags", "--libs"], check=True,
+                         capture_output=True, text=True, cwd=os.path.dirname(sys.executable))
+    return shlex.split(out.stdout)
+
+
+def _build(directory: pathlib.Path, flags: list[str]) -> pathlib.Path:
+    exe = directory / "host"
+    # The README's command (cc host.c <flags> -o host), with warnings as errors.
+    subprocess.run([_compiler(), str(HOST), "-Wall", "-Wextra", "-Werror", *flags, "-o", str(exe)],
+                   check=True)
     return exe
+
+
+@pytest.fixture(scope="module")
+def host_binary(tmp_path_factory):
+    return _build(tmp_path_factory.mktemp("c_host"), _config_flags())
 
 
 def test_c_host_runs_every_sequence_to_completion(host_binary):
     out = subprocess.run([str(host_binary)], check=True, capture_output=True, text=True).stdout
     assert out == EXPECTED
+
+
+def test_readme_build_command_runs_as_printed(tmp_path):
+    _compiler()
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## A native host in C", 1)[1]
+    command = re.search(r"```bash\n(.*?)\n```", section, re.S).group(1)
+    assert "skippy-scheduler config" in command
+    # Run from a directory laid out like the repository root, so `host` is not left in the tree;
+    # the console script is found on PATH as after `pip install` into this environment.
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    run = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True,
+                         text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == EXPECTED
+
+
+def test_c_host_builds_with_pkg_config(tmp_path):
+    pkg_config = shutil.which("pkg-config")
+    if pkg_config is None:
+        pytest.skip("pkg-config is not installed")
+    import skippy_scheduler
+
+    env = dict(os.environ, PKG_CONFIG_PATH=os.path.join(skippy_scheduler.get_library_dir(),
+                                                        "pkgconfig"))
+    flags = subprocess.run([pkg_config, "--cflags", "--libs", "skippy-scheduler"], check=True,
+                           capture_output=True, text=True, env=env).stdout
+    exe = _build(tmp_path, shlex.split(flags))
+    assert subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout == EXPECTED
 
 
 def test_c_host_is_clean_under_valgrind(host_binary):

@@ -7,7 +7,7 @@ import pytest
 
 from skippy_scheduler import IterationPhase, Scheduler, TwinScheduler
 from skippy_scheduler import bench as B
-from skippy_scheduler.cli import build_parser
+from skippy_scheduler.cli import bench as bench_cli, build_parser
 
 IMPLS = [pytest.param(Scheduler, id="native"), pytest.param(TwinScheduler, id="twin")]
 
@@ -72,6 +72,6 @@ def test_fake_host_writes_one_output_per_sampling_row():
 
 def test_bench_is_a_cli_subcommand_and_the_c_driver_is_installed():
     args = build_parser().parse_args(["bench", "--quick", "--no-twin"])
-    assert args.func is B.run and args.quick and args.no_twin and not args.no_c
+    assert args.func is bench_cli.run and args.quick and args.no_twin and not args.no_c
     src = B.c_source()
     assert src is not None and os.path.basename(src) == "c_overhead.c"

@@ -1,4 +1,4 @@
-"""The `skippy-scheduler lab` command: table, selection, trace, JSON, cost model, replay."""
+"""`skippy-scheduler lab`: table, selection, trace, JSON, cost model, replay."""
 from __future__ import annotations
 
 import json

@@ -1,0 +1,57 @@
+"""`skippy-scheduler` command line.
+
+Each subcommand is a module of this package exposing `register(subparsers)`, which adds its
+parser and sets `func` (a callable taking the parsed namespace and returning an exit code).
+Subcommand modules parse, validate, call library functions and print; the work itself lives
+in the library (`skippy_scheduler.lab`, `skippy_scheduler.hosts`, `skippy_scheduler.bench`).
+A user error raises `CommandError` (or is an argparse error) and ends with exit status 2.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+from .._version import __version__
+from ._common import USAGE_ERROR, CommandError, Parser
+
+SUBCOMMANDS: tuple[str, ...] = ("lab", "run", "calibrate", "bench", "config")
+
+__all__ = ["CommandError", "build_parser", "main"]
+
+
+def build_parser() -> Parser:
+    parser = Parser(
+        prog="skippy-scheduler",
+        description="Iteration-level scheduler for LLM serving: tools and the scheduler lab.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in SUBCOMMANDS:
+        importlib.import_module(f"{__name__}.{name}").register(subparsers)
+    parser.commands = subparsers.choices
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        # parse_known_args so that an unknown flag is reported by the subcommand's parser,
+        # with its usage, rather than by the top-level one.
+        args, extras = parser.parse_known_args(argv)
+    except SystemExit as exc:  # --help, --version, or a parse error already printed
+        return exc.code if isinstance(exc.code, int) else USAGE_ERROR
+    command = parser.commands[args.command]
+    if extras:
+        return command.fail(f"unrecognized arguments: {' '.join(extras)}")
+    try:
+        return int(args.func(args) or 0)
+    except CommandError as exc:
+        return command.fail(str(exc))
+    except BrokenPipeError:  # e.g. piped into `head`
+        # Point stdout at /dev/null so the interpreter's final flush does not complain again.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 0

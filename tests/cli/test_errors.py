@@ -1,0 +1,216 @@
+"""User errors: exit status 2, the subcommand's usage line, one line naming the problem.
+
+Output paths are checked before any work starts, so a long run cannot end by losing its results.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import skippy_scheduler
+from skippy_scheduler.cli import main
+
+
+def _user_error(capsys, argv, fragment, sub=None):
+    """Run `main(argv)`, expect a user error of subcommand `sub` naming `fragment`."""
+    sub = argv[0] if sub is None else sub
+    prog = f"skippy-scheduler {sub}" if sub else "skippy-scheduler"
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 2, err
+    assert lines[0].startswith(f"usage: {prog} "), err
+    assert lines[1].startswith(f"{prog}: error: "), err
+    assert fragment in lines[1], err
+    assert "Traceback" not in err
+    return lines[1]
+
+
+@pytest.fixture
+def files(tmp_path):
+    """Paths of every kind a user might get wrong."""
+    not_json = tmp_path / "broken.json"
+    not_json.write_text("{not json")
+    fake_gguf = tmp_path / "fake.gguf"
+    fake_gguf.write_bytes(b"GGUF" + bytes(60))  # right magic: passes the up-front check
+    text = tmp_path / "notes.txt"
+    text.write_text("not a model\n")
+    return {"dir": str(tmp_path), "missing": str(tmp_path / "missing" / "out.json"),
+            "under_file": str(text / "out.json"), "not_json": str(not_json),
+            "gguf": str(fake_gguf), "text": str(text)}
+
+
+ERRORS = [
+    # argparse: unknown flags and bad values, reported by the subcommand
+    (["lab", "--bogus"], "unrecognized arguments: --bogus"),
+    (["lab", "--bench-reps", "x"], "argument --bench-reps: expected an integer, got 'x'"),
+    (["lab", "--bench-reps", "-1"], "expected an integer >= 0"),
+    (["lab", "--backend", "nope"], "invalid choice: 'nope'"),
+    (["lab", "--json"], "expected one argument"),
+    (["lab", "--suite", "--rate", "fast"], "invalid float value: 'fast'"),
+    (["run", "--max-active", "0"], "expected an integer >= 1"),
+    (["run", "--arrival-interval-ms", "inf"], "expected a finite number >= 0"),
+    (["run", "--threads", "two"], "expected an integer, got 'two'"),
+    (["calibrate", "--clock", "sundial"], "invalid choice: 'sundial'"),
+    (["calibrate", "--repeats", "0"], "expected an integer >= 1"),
+    (["bench", "--bogus"], "unrecognized arguments: --bogus"),
+    (["config", "--cflags", "extra"], "unrecognized arguments: extra"),
+    # lab values
+    (["lab", "--scenario", "nope"], "unknown scenario 'nope'"),
+    (["lab", "--cost-model", "missing.json"], "--cost-model: file not found: missing.json"),
+    (["lab", "--cost-model", "{not_json}"], "is not valid JSON"),
+    (["lab", "--cost-model", "{dir}"], "is a directory"),
+    (["lab", "--cost-model", "bogus=1"], "unknown cost model field"),
+    (["lab", "--cost-model", "prefill_token_us=-1"], ">= 0"),
+    (["lab", "--suite", "--policy", "lifo"], "unknown policy 'lifo'"),
+    (["lab", "--suite", "--mode", "sideways"], "unknown mode 'sideways'"),
+    (["lab", "--suite", "--requests", "0"], "requests must be in"),
+    (["lab", "--suite", "--max-active", "0"], "--max-active must be >= 1"),
+    (["lab", "--suite", "--trace", "t.txt"], "--trace applies to the reference scenarios"),
+    (["lab", "--plot", "plots"], "--plot needs --suite"),
+    # output paths
+    (["lab", "--json", "{dir}"], "--json: {dir} is a directory"),
+    (["lab", "--trace", "{missing}"], "does not exist"),
+    (["lab", "--json", "{under_file}"], "is not a directory"),
+    (["lab", "--suite", "--json", "{missing}"], "--json: cannot write"),
+    (["lab", "--suite", "--plot", "{text}"], "--plot: {text} is not a directory"),
+    (["lab", "--suite", "--plot", "{under_file}"], "is not a directory"),
+    (["run", "--model", "{gguf}", "--json", "{missing}"], "--json: cannot write"),
+    (["calibrate", "--model", "{gguf}", "--json", "{dir}"], "is a directory"),
+    # model files and inputs
+    (["run", "--model", "{dir}/none.gguf"], "model file not found"),
+    (["run", "--model", "{text}"], "is not a GGUF model file"),
+    (["run", "--model", "{dir}"], "is a directory, not a GGUF model file"),
+    (["calibrate", "--model", "{text}"], "is not a GGUF model file"),
+    (["run", "--model", "{gguf}", "--max-active", "300"], "--max-active must be <= 256"),
+    (["run", "--model", "{gguf}", "--prompts", "{dir}/none.json"], "--prompts: file not found"),
+    (["run", "--model", "{gguf}", "--prompts", "{not_json}"], "is not valid JSON"),
+    # config
+    (["config"], "nothing to print"),
+]
+
+
+@pytest.mark.parametrize("argv, fragment", ERRORS, ids=[" ".join(a) for a, _ in ERRORS])
+def test_user_error(capsys, files, argv, fragment):
+    _user_error(capsys, [a.format(**files) for a in argv], fragment.format(**files))
+
+
+def test_prompts_must_be_a_list_of_prompts(capsys, files, tmp_path):
+    prompts = tmp_path / "prompts.json"
+    for content, fragment in (("{}", "non-empty JSON list"), ("[]", "non-empty JSON list"),
+                              ('[[1, 2], {"x": 1}]', "prompt 1 must be a string")):
+        prompts.write_text(content)
+        _user_error(capsys, ["run", "--model", files["gguf"], "--prompts", str(prompts)],
+                    fragment)
+
+
+def test_unwritable_paths(capsys, monkeypatch, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    read_only = tmp_path / "read-only.json"
+    read_only.write_text("{}")
+    denied = {str(locked), str(read_only)}
+    real_access = os.access
+
+    # Permission bits do not bind root, so the denial is simulated where the check asks.
+    def access(path, mode, *args, **kwargs):
+        if mode & os.W_OK and os.path.abspath(path) in denied:
+            return False
+        return real_access(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "access", access)
+    _user_error(capsys, ["lab", "--json", str(locked / "lab.json")],
+                f"directory {locked} is not writable")
+    _user_error(capsys, ["lab", "--trace", str(read_only)], "permission denied")
+    _user_error(capsys, ["lab", "--suite", "--plot", str(locked)], "is not writable")
+    _user_error(capsys, ["lab", "--suite", "--plot", str(locked / "a" / "b")],
+                f"cannot create {locked / 'a' / 'b'}: directory {locked} is not writable")
+
+
+def test_top_level_errors(capsys):
+    _user_error(capsys, [], "the following arguments are required: COMMAND", sub="")
+    _user_error(capsys, ["nosuch"], "invalid choice: 'nosuch'", sub="")
+
+
+def test_bad_output_path_fails_before_the_run(capsys, monkeypatch, files):
+    from skippy_scheduler.cli import lab
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("the run started before the output path was checked")
+
+    monkeypatch.setattr(lab, "run_scenario", no_run)
+    monkeypatch.setattr(lab, "generate", no_run)
+    monkeypatch.setattr(lab, "run_suite", no_run)
+    # The default --bench-reps would make a full run take seconds: the check comes first.
+    _user_error(capsys, ["lab", "--json", files["missing"]], "does not exist")
+    _user_error(capsys, ["lab", "--trace", files["dir"]], "is a directory")
+    _user_error(capsys, ["lab", "--suite", "--requests", "100000", "--json", files["missing"]],
+                "does not exist")
+
+
+def test_model_and_output_are_checked_before_llama_is_loaded(capsys, monkeypatch, files):
+    from skippy_scheduler.cli import calibrate, run
+
+    def no_host():
+        raise AssertionError("the host was loaded before the arguments were checked")
+
+    monkeypatch.setattr(run, "import_llama_host", no_host)
+    monkeypatch.setattr(calibrate, "import_llama_host", no_host)
+    _user_error(capsys, ["run", "--model", files["text"]], "not a GGUF")
+    _user_error(capsys, ["run", "--model", files["gguf"], "--json", files["dir"]], "directory")
+    _user_error(capsys, ["calibrate", "--model", files["gguf"], "--json", files["missing"]],
+                "does not exist")
+
+
+def test_internal_errors_are_not_swallowed(monkeypatch):
+    from skippy_scheduler.cli import lab
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug, not a user error")
+
+    monkeypatch.setattr(lab, "run_scenario", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["lab", "--bench-reps", "0", "--scenario", "cold-burst-n1"])
+
+
+def test_help_exits_zero(capsys):
+    assert main(["lab", "--help"]) == 0
+    assert "--cost-model" in capsys.readouterr().out
+
+
+# -- the installed console script -----------------------------------------------------------
+
+
+def test_version(command, tmp_path):
+    result = subprocess.run([*command, "--version"], capture_output=True, text=True,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"skippy-scheduler {skippy_scheduler.__version__}\n"
+
+
+def test_version_through_python_m(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "skippy_scheduler.cli", "--version"],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"skippy-scheduler {skippy_scheduler.__version__}\n"
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["lab", "--bogus"], "unrecognized arguments: --bogus"),
+    (["lab", "--json", "missing-dir/lab.json"], "missing-dir does not exist"),
+    (["run", "--model", "nothing.gguf"], "model file not found: nothing.gguf"),
+])
+def test_console_script_user_error(command, tmp_path, argv, fragment):
+    result = subprocess.run([*command, *argv], capture_output=True, text=True, cwd=tmp_path,
+                            timeout=60)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2 and "Traceback" not in result.stderr, result.stderr
+    assert lines[0].startswith(f"usage: skippy-scheduler {argv[0]} ")
+    assert lines[1].startswith(f"skippy-scheduler {argv[0]}: error: ") and fragment in lines[1]
