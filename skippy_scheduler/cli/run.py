@@ -111,7 +111,7 @@ def run(args) -> int:
     check_output_file("--json", args.json)
     prompts = load_prompts(args.prompts)
     llama = import_llama_host()
-    from ..hosts.serve import ServeRequest, serve
+    from ..engine import Engine, Request
 
     with model_path(args) as model:
         probe_need = args.max_tokens + max(
@@ -132,19 +132,20 @@ def run(args) -> int:
             if args.max_consecutive_prefill is not None:
                 config["max_consecutive_prefill_iterations"] = args.max_consecutive_prefill
             scheduler = _make_scheduler(args.scheduler, **config)
-            interval = args.arrival_interval_ms / 1e3
+            interval_us = args.arrival_interval_ms * 1e3
             requests = [
-                ServeRequest(f"request-{i}", toks, args.max_tokens, arrival_s=i * interval)
+                Request(f"request-{i}", toks, args.max_tokens, arrival_us=i * interval_us)
                 for i, toks in enumerate(token_prompts)
             ]
-            report = serve(scheduler, host, requests, clock="wall")
+            report = Engine(scheduler, host, clock="wall").run(requests)
             settings = dict(host.settings, scheduler=args.scheduler, max_tokens=args.max_tokens,
                             arrival_interval_ms=args.arrival_interval_ms, **config)
     summary = report.summary()
     doc = {
         "model": args.model or f"tiny-random-llama (seed {args.seed}, f32)",
         "settings": settings,
-        "requests": [r.to_json() for r in report.results],
+        "requests": [_request_json(i, req, rec) for i, (req, rec)
+                     in enumerate(zip(requests, report.records))],
         "summary": summary,
     }
     if args.json:
@@ -153,6 +154,20 @@ def run(args) -> int:
             fh.write("\n")
     _print_run(doc)
     return 0
+
+
+def _request_json(index: int, request, record) -> dict:
+    return {
+        "index": index,
+        "id": record.id,
+        "prompt_tokens": list(request.prompt_tokens),
+        "generated_tokens": record.tokens,
+        "queue_wait_us": record.queue_wait_us,
+        "ttft_us": record.ttft_us,
+        "itl_us": record.itl_us,
+        "finish": record.finish_reason,
+        "preemptions": record.preemptions,
+    }
 
 
 def _print_run(doc: dict) -> None:

@@ -5,7 +5,7 @@
 are numpy arrays owned by the host, every row's entries carry the llama sequence id of that row's
 sequence, and logits are requested only for the last entry of sampling rows. Greedy predictions
 go back into the plan's compact output block as (work index, token) pairs, the same hand-off as
-the native ABI (native-abi.md §2.2, §6).
+the native ABI (docs/hosts.md).
 
 Each active scheduler sequence is mapped to a llama sequence id taken from a free list of ids
 below `n_seq_max` (llama.cpp rejects larger ids). When a sequence ends, is cancelled or is
@@ -27,7 +27,8 @@ import numpy as np
 
 import llama_cpp as _ll
 
-# ggml log levels as the library really emits them (llama-host.md, gotcha 6).
+# ggml log levels as llama.cpp emits them: DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (the
+# Python binding's own constants are off by one).
 _LOG_WARN, _LOG_ERROR, _LOG_CONT = 3, 4, 5
 _recent_log: collections.deque[str] = collections.deque(maxlen=64)
 _log_keep_continuation = False
@@ -76,8 +77,8 @@ def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
 
 
 def _row_sequence_ids(plan) -> list[str]:
-    # NOTE: building `plan.work` creates one IterationWork (with token tuples) per row, which is
-    # most of this host's per-plan overhead; a plan that lists its row ids directly skips it.
+    # NOTE: both schedulers' plans list their row ids (`plan.sequence_ids`); a hand-made plan
+    # (the host's own tests) may only have `work`.
     ids = getattr(plan, "sequence_ids", None)
     if ids is not None:
         return list(ids)
@@ -186,9 +187,6 @@ class LlamaHost:
         self._free: list[int] = list(range(n_seq_max))
         self._slot: dict[str, int] = {}
         self._next_pos = [0] * n_seq_max
-        # Raw sampled tokens of the last execute() (EOG tokens included, not mapped to -1).
-        self.last_sample_rows = np.zeros(0, dtype=np.int64)
-        self.last_tokens = np.zeros(0, dtype=np.int32)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -276,15 +274,13 @@ class LlamaHost:
         """Run one plan as one `llama_decode`; fill `plan.outputs`; return the output count.
 
         End-of-generation tokens are reported as -1 so that the scheduler finishes the
-        sequence; the raw tokens stay available in `last_tokens` (for `last_sample_rows`).
+        sequence (the end signal is not one of the sequence's tokens).
         """
         self._require_open()
         outputs = plan.outputs
         rows = len(plan)
         if rows == 0:
             outputs.count = 0
-            self.last_sample_rows = np.zeros(0, dtype=np.int64)
-            self.last_tokens = np.zeros(0, dtype=np.int32)
             return 0
         offsets = np.asarray(plan.row_offsets, dtype=np.int64)
         n = int(offsets[-1])
@@ -320,8 +316,6 @@ class LlamaHost:
         outputs.request_indexes[:k] = sample_rows
         outputs.predicted_tokens[:k] = np.where(self._eog[tokens], -1, tokens)
         outputs.count = k
-        self.last_sample_rows = sample_rows
-        self.last_tokens = tokens
         return k
 
     def _assign_slots(self, ids: list[str], starts: list[int]) -> np.ndarray:

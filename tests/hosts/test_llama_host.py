@@ -24,7 +24,7 @@ from skippy_scheduler import cli  # noqa: E402
 from skippy_scheduler.cli import run as cli_run  # noqa: E402
 from skippy_scheduler.hosts.calibrate import COST_MODEL_RE, CostModel, fit_cost_model  # noqa: E402
 from skippy_scheduler.hosts.llama import LlamaHost  # noqa: E402
-from skippy_scheduler.hosts.serve import ServeRequest, serve  # noqa: E402
+from skippy_scheduler.engine import Engine, Request, VirtualClock  # noqa: E402
 from skippy_scheduler.hosts.tiny_model import parameter_count, write_tiny_llama  # noqa: E402
 
 N_SEQ = 8
@@ -248,7 +248,6 @@ def test_end_of_generation_becomes_a_negative_prediction(eog_host, eog_alone):
     plan = _RawPlan([("e", prompt, 0, True)])
     assert eog_host.execute(plan) == 1
     assert plan.outputs.predicted_tokens[0] == -1 and plan.outputs.request_indexes[0] == 0
-    assert eog_host.last_tokens.tolist() == [first]
     eog_host.release("e")
 
 
@@ -262,9 +261,9 @@ def _random_trial(impl, host, alone, seed: int, counters: dict) -> None:
     for i in range(n):
         plen = rng.choice([1, 2, 3, rng.randrange(4, 40), rng.randrange(40, 120)])
         prompt = [1] + [rng.randrange(3, 384) for _ in range(plen - 1)]
-        requests.append(ServeRequest(
+        requests.append(Request(
             f"r{i}", prompt, rng.randrange(1, MAX_GEN + 1),
-            arrival_s=rng.choice([0.0, rng.uniform(0, 0.004)]), priority=rng.randrange(3)))
+            arrival_us=rng.choice([0.0, rng.uniform(0, 4000)]), priority=rng.randrange(3)))
     budget = rng.choice([8, 16, 64, 512])
     config = dict(
         max_active_sequences=rng.randrange(1, N_SEQ + 1),
@@ -278,34 +277,43 @@ def _random_trial(impl, host, alone, seed: int, counters: dict) -> None:
     reserved = {r.id: len(r.prompt_tokens) + r.max_tokens for r in requests}
     p_preempt, p_cancel = rng.uniform(0, 0.15), rng.uniform(0, 0.05)
 
-    def pressure(loop):
+    def pressure(engine):
         if rng.random() < p_preempt:
             # A usage spike evicts one sequence; then the measured usage is reported again.
-            victims = loop.preempt([KV_BYTES + 1])
+            victims = engine.preempt([KV_BYTES + 1])
             for v in victims:
                 assert host.seq_id_of(v) is None
             active = scheduler.snapshot().active_ids
-            loop.preempt([sum(reserved[a] for a in active)])
+            engine.preempt([sum(reserved[a] for a in active)])
             counters["preempted"] += len(victims)
         if rng.random() < p_cancel:
-            open_ids = [r.id for r in requests if loop.results[r.id].finish is None]
-            if open_ids and loop.cancel(rng.choice(open_ids)):
+            open_ids = engine.open_ids()
+            if open_ids and engine.cancel(rng.choice(open_ids)):
                 counters["cancelled"] += 1
 
-    report = serve(scheduler, host, requests, clock="virtual", cost_model=CostModel(),
-                   before_iteration=pressure, max_iterations=5000)
-    counters["mixed"] += report.mixed_iterations
+    engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), before_step=pressure,
+                    max_iterations=5000)
+    for req in requests:
+        engine.submit(req)
+    report = engine.run()
+    counters["mixed"] += report.phase_mix()[2]
     counters["recompute"] += scheduler.metrics().recompute_tokens
-    for req, res in zip(requests, report.results):
+    for req, res in zip(requests, report.records):
+        assert res.id == req.id
         expected = alone(req.prompt_tokens, req.max_tokens)
-        if res.finish == "cancelled":
-            assert res.generated_tokens == expected[: len(res.generated_tokens)], (seed, req.id)
-        else:
-            assert res.finish in ("length", "eog"), (seed, req.id, res.finish)
-            assert res.generated_tokens == expected, (seed, req.id, config)
-            assert len(res.token_times_s) == len(res.generated_tokens)
+        if res.finish_reason == "cancelled":
+            assert res.tokens == expected[: len(res.tokens)], (seed, req.id)
+        elif res.finish_reason == "stop":
+            # The end-of-generation token ends the sequence and is not one of its tokens.
+            assert res.tokens + expected[len(res.tokens):][:1] == expected, (seed, req.id)
+            assert host.is_eog(expected[len(res.tokens)]), (seed, req.id)
             counters["completed"] += 1
-            counters["eog"] += res.finish == "eog"
+            counters["eog"] += 1
+        else:
+            assert res.finish_reason == "length", (seed, req.id, res.finish_reason)
+            assert res.tokens == expected, (seed, req.id, config)
+            assert len(res.token_times_us) == len(res.tokens)
+            counters["completed"] += 1
     # Every llama sequence id came back and no KV is left behind.
     assert host.active_sequences == [] and host.free_slots == N_SEQ
 
@@ -333,17 +341,17 @@ def test_random_schedules_with_early_stops_match_alone_runs(impl, eog_host, eog_
 
 
 def test_wall_clock_serving_measures_latency(impl, host, alone):
-    requests = [ServeRequest(f"w{i}", [1, 300 + i, 301, 302], 4, arrival_s=0.002 * i)
+    requests = [Request(f"w{i}", [1, 300 + i, 301, 302], 4, arrival_us=2000.0 * i)
                 for i in range(4)]
     scheduler = _plan_scheduler(impl, max_active_sequences=2)
-    report = serve(scheduler, host, requests)
-    for req, res in zip(requests, report.results):
-        assert res.generated_tokens == alone(req.prompt_tokens, 4)
-        assert res.finish == "length"
+    report = Engine(scheduler, host, clock="wall").run(requests)
+    for req, res in zip(requests, report.records):
+        assert res.tokens == alone(req.prompt_tokens, 4)
+        assert res.finish_reason == "length"
         assert res.queue_wait_us >= 0 and res.ttft_us > 0
         assert len(res.itl_us) == 3 and all(g > 0 for g in res.itl_us)
     # Request 3 arrives 6 ms in, so the run cannot be shorter than that.
-    assert report.makespan_s >= 0.006
+    assert report.makespan_us >= 6000
     s = report.summary()
     assert s["completed"] == 4 and s["generated_tokens"] == 16
     assert s["p95_ttft_us"] >= s["p50_ttft_us"] > 0
@@ -371,7 +379,7 @@ def test_run_writes_tokens_and_metrics(tmp_path, capsys, model_path, alone):
         assert reqs[1]["prompt_tokens"] == [1, 373, 381, 356, 324, 343]
         for r in reqs:
             assert r["generated_tokens"] == alone(r["prompt_tokens"], 5)
-            assert r["finish"] in ("length", "eog")
+            assert r["finish"] in ("length", "stop")
             assert r["queue_wait_us"] >= 0 and r["ttft_us"] > 0
             assert len(r["itl_us"]) == len(r["generated_tokens"]) - 1
         assert doc["summary"]["completed"] == 3
