@@ -1,5 +1,5 @@
 """skippy-scheduler: iteration-level scheduling policy for LLM serving."""
-from ._check import check_native as _check_native
+from ._native_check import check_native as _check_native
 from ._version import __version__
 
 _check_native()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Sequence as _Seq
 
-from ._checks import U64_MAX, check_bool, check_uint, sat, sat_sub
+from ._validate import U64_MAX, check_bool, check_uint, sat, sat_sub
 from .cache_policy import CacheAwareCandidate
 
 # Ages inside one band of this many turns tie on the grouping score.

@@ -5,7 +5,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ._checks import check_uint
+from ._validate import check_uint
 from .types import IterationPhase, IterationPrediction, IterationWork, MalformedOutputs
 
 

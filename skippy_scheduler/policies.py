@@ -12,7 +12,7 @@ import abc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Sequence as _Seq
 
-from ._checks import U64_MAX, check_bool, check_optional_uint
+from ._validate import U64_MAX, check_bool, check_optional_uint
 from ._ordering import order_cache_aware_candidates_py
 from .cache_policy import CacheAwareCandidate
 

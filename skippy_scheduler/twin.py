@@ -10,7 +10,7 @@ import math
 import numbers
 from typing import Iterable
 
-from ._checks import I32_MAX, USIZE_MAX, check_id, check_uint, sat, sat_sub
+from ._validate import I32_MAX, USIZE_MAX, check_id, check_uint, sat, sat_sub
 from ._twin_plan import TwinPlan, read_predictions
 from .cache_policy import CacheAwareCandidate
 from .policies import (

@@ -1,4 +1,4 @@
-"""Argument checks shared by the public types and the twin scheduler.
+"""Argument validators shared by the public types, the native faces and the reference.
 
 Every public entry point validates before it changes anything, so these raise TypeError for a
 wrong kind of value and ValueError for a value outside its domain.
