@@ -41,7 +41,7 @@ def _native():
 
 def _twin():
     try:
-        module = importlib.import_module("skippy_scheduler.twin")
+        module = importlib.import_module("skippy_scheduler.reference")
     except ImportError as exc:
         raise BackendUnavailable(f"skippy_scheduler.twin is not available: {exc}") from exc
     return module.TwinScheduler
