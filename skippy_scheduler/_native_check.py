@@ -1,6 +1,10 @@
 """Import-time check that the compiled modules match this package."""
 from ._version import PLAN_ABI_VERSION
 
+# Every extension module the package builds; importing them all here means a partial build
+# fails with one clear error instead of a confusing one deep inside a later import.
+COMPILED_MODULES = ("_abi", "_core", "_fast", "_radix", "_rank")
+
 
 class NativeBuildMismatch(ImportError):
     """The compiled extension modules do not belong to this Python package."""
@@ -14,7 +18,7 @@ REBUILD_HINT = (
 
 def check_native() -> None:
     try:
-        from . import _abi, _core
+        from . import _abi, _core, _fast, _radix, _rank  # noqa: F401
     except ImportError as exc:  # pragma: no cover - exercised only on broken installs
         raise NativeBuildMismatch(f"{REBUILD_HINT} ({exc})") from exc
     versions = {

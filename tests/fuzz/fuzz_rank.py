@@ -1,12 +1,13 @@
 """Fuzz the waiting-queue ranking (behaviour.md §3).
 
-When `skippy_scheduler.cache_policy.order_cache_aware_candidates` (the native ranking kernel's
-Python face) exists, fuzzed candidates go through it and through the reference
-`skippy_scheduler.reference.order_cache_aware_candidates`; the results must be the same permutation. Otherwise the
-kernel is reached through the scheduler's admission: fuzzed sequences are submitted to a
-scheduler whose memory admits nothing, so after one plan its waiting queue is exactly the
-ranked order, which must equal the reference order. Prompts share prefixes by construction
-(small alphabet, optional long common runs) so the waiting-prefix grouping is exercised.
+Each input takes one of two paths. Fuzzed candidates go through
+`skippy_scheduler.order_cache_aware_candidates` (the native ranking kernel's Python face) and
+through the reference `skippy_scheduler.reference.order_cache_aware_candidates`; the results
+must be the same permutation. Or the kernel is reached through the scheduler's admission:
+fuzzed sequences are submitted to a scheduler whose memory admits nothing, so after one plan
+its waiting queue is exactly the ranked order, which must equal the reference order. Prompts
+share prefixes by construction (small alphabet, optional long common runs) so the
+waiting-prefix grouping is exercised.
 
     python tests/fuzz/fuzz_rank.py tests/fuzz/corpus/fuzz_rank -max_total_time=60
 """
@@ -93,9 +94,8 @@ def run(data: bytes) -> None:
     if sk is None:
         sk, reference = _imports()
     r = ByteReader(data)
-    native = getattr(sk.cache_policy, "order_cache_aware_candidates", None) if hasattr(sk, "cache_policy") else None
-    if native is not None and r.flag():
-        fuzz_kernel(r, native)
+    if r.flag():
+        fuzz_kernel(r, sk.order_cache_aware_candidates)
     else:
         fuzz_admission(r)
 

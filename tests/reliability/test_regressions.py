@@ -6,11 +6,10 @@ from skippy_scheduler import (
     IterationPrediction,
     MemoryComponent,
     PreemptionPolicy,
+    Scheduler,
     SchedulerConfig,
     Sequence,
 )
-
-Scheduler = pytest.importorskip("skippy_scheduler").Scheduler
 
 
 class NewestFirst(AdmissionPolicy):
