@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from skippy_scheduler import UnifiedRadixCache
-from skippy_scheduler._radix_twin import RadixTwin, _lcp
+from skippy_scheduler.reference.radix import RadixTwin, _lcp
 
 
 class PyTrie:

@@ -16,12 +16,12 @@ import statistics
 import time
 
 from skippy_scheduler import _rank
-from skippy_scheduler._ordering import order_cache_aware_candidates_py
 from skippy_scheduler.cache_policy import (
     CacheAffinity,
     CacheAwareCandidate,
     order_cache_aware_candidates,
 )
+from skippy_scheduler.reference import order_cache_aware_candidates as reference_order
 
 PROMPT = 512
 SHARED = 256
@@ -104,8 +104,8 @@ def main() -> None:
                 max(3, reps // 20)))
             twin_reps = 3 if w == 10_000 else 10
             twin = summary(timed(
-                lambda: order_cache_aware_candidates_py(cands, turn, aging, True), twin_reps))
-            assert packed.order(turn, aging, True) == order_cache_aware_candidates_py(
+                lambda: reference_order(cands, turn, aging, True), twin_reps))
+            assert packed.order(turn, aging, True) == reference_order(
                 cands, turn, aging, True)
             rows.append((w, "spread" if spread else "same", kernel,
                          statistics.median(kernel_cpu), arrival, statistics.median(arrival_cpu),
@@ -121,7 +121,7 @@ def main() -> None:
     print("kernel = sk_rank_order on a packed queue, full rank (GIL released, result kept "
           "native);\narrival = one new candidate added to a persistent sk_rank_set of W, then "
           "a re-rank of W+1;\napi = order_cache_aware_candidates including validation and "
-          "token conversion;\ntwin = skippy_scheduler._ordering.order_cache_aware_candidates_py; "
+          "token conversion;\ntwin = skippy_scheduler.reference.order_cache_aware_candidates; "
           "*_us are wall clock,\n*_cpu_* the calling thread's CPU time (excludes time lost to "
           "other processes).")
 

@@ -22,9 +22,8 @@ import time
 
 import numpy as np
 
-from skippy_scheduler import Scheduler, SchedulerConfig, Sequence
+from skippy_scheduler import Scheduler, SchedulerConfig, Sequence, TwinScheduler
 from skippy_scheduler.bench import write_outputs
-from skippy_scheduler.twin import TwinScheduler
 
 IMPLS = {"native": Scheduler, "twin": TwinScheduler}
 ACTIVE = 64

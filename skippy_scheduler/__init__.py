@@ -1,5 +1,5 @@
 """skippy-scheduler: iteration-level scheduling policy for LLM serving."""
-from ._check import check_native as _check_native
+from ._native_check import check_native as _check_native
 from ._version import __version__
 
 _check_native()
@@ -20,8 +20,6 @@ def get_library_dir() -> str:
 
 
 from ._core import IterationPlan, PlanOutputs, Scheduler  # noqa: E402
-from ._ordering import order_cache_aware_candidates_py, select_cache_aware_candidate_py  # noqa: E402
-from ._twin_plan import TwinOutputs, TwinPlan  # noqa: E402
 from .cache_policy import (  # noqa: E402
     CacheAffinity,
     CacheAwareCandidate,
@@ -52,7 +50,7 @@ from .runtime_queue import (  # noqa: E402
     CacheRuntimeTelemetry,
     should_serve_cache_runtime,
 )
-from .twin import TwinScheduler  # noqa: E402
+from .reference import TwinOutputs, TwinPlan, TwinScheduler  # noqa: E402
 from .types import (  # noqa: E402
     LLAMA_MAX_SEQ,
     AdmissionError,
@@ -127,9 +125,7 @@ __all__ = [
     "affinity_from_radix",
     "VictimCandidate",
     "order_cache_aware_candidates",
-    "order_cache_aware_candidates_py",
     "plan_component_capacity",
     "select_cache_aware_candidate",
-    "select_cache_aware_candidate_py",
     "should_serve_cache_runtime",
 ]

@@ -20,7 +20,7 @@ import numbers
 import numpy as np
 
 from ._abi import ffi as _ffi
-from ._checks import check_uint
+from ._validate import check_uint
 from .cache_policy import CacheAwareCandidate
 from .policies import (
     AdmissionPolicy,

@@ -5,7 +5,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ._checks import (
+from ._validate import (
     U32_MAX,
     U64_MAX,
     USIZE_MAX,

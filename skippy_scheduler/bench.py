@@ -28,7 +28,7 @@ import numpy as np
 
 from . import get_include, get_library_dir
 from ._core import Scheduler
-from .twin import TwinScheduler
+from .reference import TwinScheduler
 from .types import SchedulerConfig, Sequence
 
 IMPLEMENTATIONS = {"native": Scheduler, "twin": TwinScheduler}

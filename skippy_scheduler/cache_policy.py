@@ -106,7 +106,7 @@ def order_cache_aware_candidates(
     must be ints in the i32 range, every other field a u64).
     """
     from . import _rank
-    from ._checks import check_bool, check_uint
+    from ._validate import check_bool, check_uint
 
     items = _check_candidates(candidates)
     turn = check_uint("current_turn", current_turn)

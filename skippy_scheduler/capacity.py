@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cmp_to_key
 
-from ._checks import check_str as _check_str
-from ._checks import check_uint
+from ._validate import check_str as _check_str
+from ._validate import check_uint
 
 U64_MAX = (1 << 64) - 1
 

@@ -12,8 +12,7 @@ import abc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Sequence as _Seq
 
-from ._checks import U64_MAX, check_bool, check_optional_uint
-from ._ordering import order_cache_aware_candidates_py
+from ._validate import U64_MAX, check_bool, check_optional_uint
 from .cache_policy import CacheAwareCandidate
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,7 +72,11 @@ class CacheAwareAdmission(AdmissionPolicy):
     def order(self, candidates: list[CacheAwareCandidate], current_turn: int) -> list[int]:
         aging = self._DEFAULT_AGING if self.aging_cost_per_turn is None else self.aging_cost_per_turn
         grouping = True if self.group_waiting_prefixes is None else self.group_waiting_prefixes
-        return order_cache_aware_candidates_py(candidates, current_turn, aging, grouping)
+        # Imported at call time because the reference package imports this module (its
+        # scheduler takes policies); a top-level import would be circular.
+        from .reference.ordering import order_cache_aware_candidates
+
+        return order_cache_aware_candidates(candidates, current_turn, aging, grouping)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CacheAwareAdmission):

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from ._checks import U32_MAX, check_str, check_uint
+from ._validate import U32_MAX, check_str, check_uint
 from ._radix import RadixCacheCore, RadixEntry, RadixMatch
 from .cache_policy import CacheAffinity, StageCacheAffinity
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from . import _rank
-from ._checks import check_bool, check_uint
+from ._validate import check_bool, check_uint
 from .cache_policy import CacheAffinity
 
 

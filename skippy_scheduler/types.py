@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field, replace as _dc_replace
 from typing import Any
 
-from ._checks import (
+from ._validate import (
     I32_MAX,
     I32_MIN,
     U64_MAX,

@@ -1,4 +1,4 @@
-"""Shared fixtures: every scheduler test runs against each available implementation."""
+"""Shared fixtures: every scheduler test runs against each implementation."""
 import os
 import sys
 
@@ -6,15 +6,9 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scheduler"))
 
-from skippy_scheduler import TwinScheduler  # noqa: E402
+from skippy_scheduler import Scheduler, TwinScheduler  # noqa: E402
 
-IMPLEMENTATIONS = [pytest.param(TwinScheduler, id="twin")]
-try:
-    from skippy_scheduler import Scheduler  # noqa: E402
-except ImportError:  # the native scheduler is not built into this package (yet)
-    Scheduler = None
-else:
-    IMPLEMENTATIONS.append(pytest.param(Scheduler, id="native"))
+IMPLEMENTATIONS = [pytest.param(TwinScheduler, id="twin"), pytest.param(Scheduler, id="native")]
 
 
 def pytest_configure(config):
@@ -25,7 +19,7 @@ def pytest_configure(config):
 
 @pytest.fixture(params=IMPLEMENTATIONS)
 def impl(request):
-    """A scheduler class: the pure-Python twin, and the native one when it is available."""
+    """A scheduler class: the pure-Python twin and the native one."""
     return request.param
 
 

@@ -21,7 +21,7 @@ from skippy_scheduler import (
     UnifiedRadixCache,
     affinity_from_radix,
 )
-from skippy_scheduler._radix_twin import RadixTwin
+from skippy_scheduler.reference import RadixTwin
 from skippy_scheduler.cache_policy import CacheAffinity, StageCacheAffinity
 
 U64_MAX = (1 << 64) - 1

@@ -28,9 +28,10 @@ BIG = (1 << 64) - 1
 
 
 def _imports():
-    from skippy_scheduler import _radix_twin, radix
+    from skippy_scheduler import radix
+    from skippy_scheduler.reference import radix as reference_radix
 
-    return radix, _radix_twin
+    return radix, reference_radix
 
 
 def key(r: ByteReader) -> list:

@@ -1,12 +1,13 @@
 """Fuzz the waiting-queue ranking (behaviour.md §3).
 
-When `skippy_scheduler.cache_policy.order_cache_aware_candidates` (the native ranking kernel's
-Python face) exists, fuzzed candidates go through it and through the pure-Python reference
-`order_cache_aware_candidates_py`; the results must be the same permutation. Otherwise the
-kernel is reached through the scheduler's admission: fuzzed sequences are submitted to a
-scheduler whose memory admits nothing, so after one plan its waiting queue is exactly the
-ranked order, which must equal the reference order. Prompts share prefixes by construction
-(small alphabet, optional long common runs) so the waiting-prefix grouping is exercised.
+Each input takes one of two paths. Fuzzed candidates go through
+`skippy_scheduler.order_cache_aware_candidates` (the native ranking kernel's Python face) and
+through the reference `skippy_scheduler.reference.order_cache_aware_candidates`; the results
+must be the same permutation. Or the kernel is reached through the scheduler's admission:
+fuzzed sequences are submitted to a scheduler whose memory admits nothing, so after one plan
+its waiting queue is exactly the ranked order, which must equal the reference order. Prompts
+share prefixes by construction (small alphabet, optional long common runs) so the
+waiting-prefix grouping is exercised.
 
     python tests/fuzz/fuzz_rank.py tests/fuzz/corpus/fuzz_rank -max_total_time=60
 """
@@ -18,12 +19,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bytes import ByteReader  # noqa: E402
 
 sk = None
+reference = None
 
 
 def _imports():
     import skippy_scheduler as sk
+    from skippy_scheduler import reference
 
-    return sk
+    return sk, reference
 
 
 def prompts(r: ByteReader, n: int) -> list:
@@ -47,7 +50,7 @@ def fuzz_kernel(r: ByteReader, order_native) -> None:
         for i in range(n)
     ]
     turn, aging, grouping = r.below(25), r.below(5000), r.flag()
-    expected = sk.order_cache_aware_candidates_py(candidates, turn, aging, grouping)
+    expected = reference.order_cache_aware_candidates(candidates, turn, aging, grouping)
     got = list(order_native(candidates, turn, aging, grouping))
     assert sorted(got) == list(range(n))
     assert got == list(expected), (got, expected)
@@ -82,18 +85,17 @@ def fuzz_admission(r: ByteReader) -> None:
             rank_turn = s.waiting_turn  # a submit made the queue dirty: this plan re-ranked it
     if not candidates:
         return
-    expected = sk.order_cache_aware_candidates_py(candidates, rank_turn, max(aging, 1), grouping)
+    expected = reference.order_cache_aware_candidates(candidates, rank_turn, max(aging, 1), grouping)
     assert s.snapshot().waiting_ids == [f"q{i}" for i in expected]
 
 
 def run(data: bytes) -> None:
-    global sk
+    global sk, reference
     if sk is None:
-        sk = _imports()
+        sk, reference = _imports()
     r = ByteReader(data)
-    native = getattr(sk.cache_policy, "order_cache_aware_candidates", None) if hasattr(sk, "cache_policy") else None
-    if native is not None and r.flag():
-        fuzz_kernel(r, native)
+    if r.flag():
+        fuzz_kernel(r, sk.order_cache_aware_candidates)
     else:
         fuzz_admission(r)
 
@@ -106,6 +108,6 @@ if __name__ == "__main__":
     import atheris
 
     with atheris.instrument_imports():
-        sk = _imports()
+        sk, reference = _imports()
     atheris.Setup(sys.argv, TestOneInput)
     atheris.Fuzz()

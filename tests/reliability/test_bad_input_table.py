@@ -16,13 +16,13 @@ from skippy_scheduler import (
     MemoryComponent,
     PrefixRestore,
     QueueFull,
+    Scheduler,
     SchedulerConfig,
     Sequence,
     StalePlanError,
     TwinScheduler,
 )
 
-Scheduler = pytest.importorskip("skippy_scheduler").Scheduler
 DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")
 
 

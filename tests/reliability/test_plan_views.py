@@ -5,12 +5,8 @@ every plan array is reallocated on its own when the plan grows. When `requests` 
 grow in place the outputs block and the other views kept pointing at freed memory, and a
 runtime writing its sampled outputs corrupted the heap (found by bench/soak.py).
 """
-import pytest
-
-from skippy_scheduler import SchedulerConfig, Sequence
+from skippy_scheduler import Scheduler, SchedulerConfig, Sequence
 from skippy_scheduler._abi import ffi
-
-Scheduler = pytest.importorskip("skippy_scheduler").Scheduler
 
 
 def address(pointer):

@@ -6,11 +6,10 @@ from skippy_scheduler import (
     IterationPrediction,
     MemoryComponent,
     PreemptionPolicy,
+    Scheduler,
     SchedulerConfig,
     Sequence,
 )
-
-Scheduler = pytest.importorskip("skippy_scheduler").Scheduler
 
 
 class NewestFirst(AdmissionPolicy):
@@ -49,7 +48,7 @@ def test_user_written_policies_run_on_the_native_scheduler():
 
 def test_radix_twin_stats_saturate_like_the_native_cache():
     # Found by tests/fuzz/fuzz_radix.py: the flat twin summed logical bytes past u64.
-    from skippy_scheduler._radix_twin import RadixTwin
+    from skippy_scheduler.reference import RadixTwin
     from skippy_scheduler.radix import UnifiedRadixCache
 
     big = (1 << 64) - 1

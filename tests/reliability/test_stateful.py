@@ -38,13 +38,12 @@ from skippy_scheduler import (
     MemoryComponent,
     PrefixRestore,
     QueueFull,
+    Scheduler,
     SchedulerConfig,
     Sequence,
     StageCacheAffinity,
     StalePlanError,
 )
-
-Scheduler = pytest.importorskip("skippy_scheduler").Scheduler
 
 U64_MAX = (1 << 64) - 1
 IDS = ["s0", "s1", "s2", "s3", "s4", "s5", "s6"]

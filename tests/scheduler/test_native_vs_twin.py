@@ -7,7 +7,6 @@ tests/conftest.py instead.
 """
 import math
 
-import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -22,13 +21,12 @@ from skippy_scheduler import (
     MemoryComponent,
     PrefixRestore,
     PriorityAdmission,
+    Scheduler,
     SchedulerConfig,
     Sequence,
     StageCacheAffinity,
     TwinScheduler,
 )
-
-Scheduler = pytest.importorskip("skippy_scheduler").Scheduler
 
 CI_EXAMPLES = 300
 

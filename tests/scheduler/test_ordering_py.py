@@ -1,13 +1,9 @@
-"""The pure-Python cache-aware ordering (§3.2–§3.4, §6.2)."""
+"""The reference cache-aware ordering (§3.2–§3.4, §6.2)."""
 import pytest
 
-from skippy_scheduler import (
-    CacheAffinity,
-    CacheAwareCandidate,
-    StageCacheAffinity,
-    order_cache_aware_candidates_py as order,
-    select_cache_aware_candidate_py as select,
-)
+from skippy_scheduler import CacheAffinity, CacheAwareCandidate, StageCacheAffinity
+from skippy_scheduler.reference import order_cache_aware_candidates as order
+from skippy_scheduler.reference import select_cache_aware_candidate as select
 
 U64_MAX = (1 << 64) - 1
 

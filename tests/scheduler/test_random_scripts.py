@@ -1,7 +1,6 @@
 """Random operation scripts: engine invariants on every implementation, and twin == native."""
 import itertools
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scripted import build_config, build_scheduler, run, scripts
@@ -15,11 +14,7 @@ from skippy_scheduler import (
     PriorityAdmission,
     TwinScheduler,
 )
-
-try:
-    from skippy_scheduler import Scheduler as NativeScheduler
-except ImportError:
-    NativeScheduler = None
+from skippy_scheduler import Scheduler as NativeScheduler
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -117,7 +112,6 @@ def test_invariants_hold_for_random_scripts_twin(script):
     run(build_scheduler(TwinScheduler, spec), script_ops, InvariantChecker(config))
 
 
-@pytest.mark.skipif(NativeScheduler is None, reason="the native scheduler is not built")
 @SETTINGS
 @given(script=scripts)
 def test_invariants_hold_for_random_scripts_native(script):
@@ -126,7 +120,6 @@ def test_invariants_hold_for_random_scripts_native(script):
     run(build_scheduler(NativeScheduler, spec), script_ops, InvariantChecker(config))
 
 
-@pytest.mark.skipif(NativeScheduler is None, reason="the native scheduler is not built")
 @SETTINGS
 @given(script=scripts)
 def test_native_matches_twin_on_random_scripts(script):
@@ -165,7 +158,7 @@ POLICY_PAIRS = {
     "fcfs": ((FcfsAdmission, FewestComputedTokens), (PyFcfs, PyFewestComputed)),
     "priority": ((PriorityAdmission, None), (PyPriority, None)),
 }
-IMPLEMENTATIONS = [TwinScheduler] + ([NativeScheduler] if NativeScheduler is not None else [])
+IMPLEMENTATIONS = [TwinScheduler, NativeScheduler]
 
 
 def with_policies(impl, config, admission, preemption):

@@ -1,4 +1,5 @@
 """Public types: config normalisation (§1.2, §6.4), memory formulas (§1.1), sequences (§1.3)."""
+import numpy as np
 import pytest
 
 from skippy_scheduler import (
@@ -267,7 +268,6 @@ def test_error_texts_and_equality():
 
 
 def test_numpy_integers_are_accepted_as_tokens():
-    np = pytest.importorskip("numpy")
     s = Sequence("a", np.arange(4, dtype=np.int32), np.uint32(3), None, np.uint64(2))
     assert s.prompt_tokens == [0, 1, 2, 3] and all(type(t) is int for t in s.prompt_tokens)
     assert (s.max_tokens, s.priority) == (3, 2)

@@ -1,8 +1,9 @@
-"""Pure-Python reference of the scheduler engine (behaviour.md §2 with the §0 decisions).
+"""Reference scheduler engine (behaviour.md §2 with the §0 decisions).
 
-`TwinScheduler` is slow but simple; the native scheduler must produce the same plans,
-telemetry and state for every input. Every method validates its arguments before it changes
-anything.
+Owns `TwinScheduler`: admission, chunked and mixed planning, completion, preemption and
+cancel, written for clarity rather than speed. The native `Scheduler` must produce the same
+plans, telemetry and state for every input. Every method validates its arguments before it
+changes anything.
 """
 from __future__ import annotations
 
@@ -10,17 +11,17 @@ import math
 import numbers
 from typing import Iterable
 
-from ._checks import I32_MAX, USIZE_MAX, check_id, check_uint, sat, sat_sub
-from ._twin_plan import TwinPlan, read_predictions
-from .cache_policy import CacheAwareCandidate
-from .policies import (
+from .._validate import I32_MAX, USIZE_MAX, check_id, check_uint, sat, sat_sub
+from .plan import TwinPlan, read_predictions
+from ..cache_policy import CacheAwareCandidate
+from ..policies import (
     AdmissionPolicy,
     CacheAwareAdmission,
     LowestPriorityNewest,
     PreemptionPolicy,
     VictimCandidate,
 )
-from .types import (
+from ..types import (
     DuplicateSequence,
     EmptyPrompt,
     IterationPhase,

@@ -1,4 +1,4 @@
-"""Argument checks shared by the public types and the twin scheduler.
+"""Argument validators shared by the public types, the native faces and the reference.
 
 Every public entry point validates before it changes anything, so these raise TypeError for a
 wrong kind of value and ValueError for a value outside its domain.
@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import operator
 
-try:  # compiled fast path for lists/tuples of exact ints (the common case)
-    from ._fast import check_tokens_fast as _check_tokens_fast
-except ImportError:  # pragma: no cover - only when the extension is not built
-    _check_tokens_fast = None
+# Compiled fast path for lists/tuples of exact ints (the common case); it returns None for
+# anything else, which the general loop below then handles.
+from ._fast import check_tokens_fast as _check_tokens_fast
 
 U32_MAX = (1 << 32) - 1
 U64_MAX = (1 << 64) - 1
@@ -73,10 +72,9 @@ def check_id(name: str, value: object) -> str:
 
 def check_tokens(name: str, values: object) -> list[int]:
     """A token list: ints in [0, 2**31 - 1] (§0.7); returns a fresh list."""
-    if _check_tokens_fast is not None:
-        fast = _check_tokens_fast(name, values)
-        if fast is not None:
-            return fast
+    fast = _check_tokens_fast(name, values)
+    if fast is not None:
+        return fast
     if isinstance(values, (str, bytes, bytearray, memoryview)) or values is None:
         raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}")
     try:

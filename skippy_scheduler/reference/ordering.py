@@ -1,15 +1,21 @@
-"""Pure-Python cache-aware ordering of waiting requests (behaviour.md §3).
+"""Reference cache-aware ordering of waiting requests (behaviour.md §3).
 
-This is the reference the native ranking kernel is checked against. The prefix grouping walks
-the waiting prompts as an implicit radix tree with an explicit stack and skips runs of shared
-tokens in one step, so neither time nor stack depth follows prompt length per token.
+Owns the pure-Python form of the §3.3 order: priority, then the cache score (saved cost minus
+restore cost, plus aging credit), then the waiting-prefix grouping of §3.2. It is the only
+implementation besides the native ranking kernel (`skippy_scheduler._rank`, the one
+`skippy_scheduler.order_cache_aware_candidates` calls); the tests check the two against each
+other, and the reference scheduler ranks its queue with it through `CacheAwareAdmission`.
+
+The prefix grouping walks the waiting prompts as an implicit radix tree with an explicit stack
+and skips runs of shared tokens in one step, so neither time nor stack depth follows prompt
+length per token.
 """
 from __future__ import annotations
 
 from typing import Sequence as _Seq
 
-from ._checks import U64_MAX, check_bool, check_uint, sat, sat_sub
-from .cache_policy import CacheAwareCandidate
+from .._validate import U64_MAX, check_bool, check_uint, sat, sat_sub
+from ..cache_policy import CacheAwareCandidate
 
 # Ages inside one band of this many turns tie on the grouping score.
 PREFIX_GROUPING_SCORE_BAND_TURNS = 4
@@ -77,7 +83,7 @@ def _prefix_group_ranks(prompts: list[_Seq[int]], orders: list[int]) -> list[int
     return ranks
 
 
-def order_cache_aware_candidates_py(
+def order_cache_aware_candidates(
     candidates: _Seq[CacheAwareCandidate],
     current_turn: int,
     aging_cost_per_turn: int,
@@ -107,11 +113,11 @@ def order_cache_aware_candidates_py(
     return [candidates[i].index for i in sorted(range(len(candidates)), key=key)]
 
 
-def select_cache_aware_candidate_py(
+def select_cache_aware_candidate(
     candidates: _Seq[CacheAwareCandidate],
     current_turn: int,
     aging_cost_per_turn: int,
     group_waiting_prefixes: bool,
 ) -> int | None:
-    order = order_cache_aware_candidates_py(candidates, current_turn, aging_cost_per_turn, group_waiting_prefixes)
+    order = order_cache_aware_candidates(candidates, current_turn, aging_cost_per_turn, group_waiting_prefixes)
     return order[0] if order else None

@@ -1,13 +1,15 @@
-"""Pure-Python twin of `UnifiedRadixCache`: a flat dict of keys with brute-force matching.
+"""Reference radix cache: `RadixTwin`, a flat dict of keys with brute-force matching.
 
-It states §8 of the behaviour directly (no tree), which makes it the oracle the native cache is
-tested against and the baseline its benchmark compares with. Topology stats are derived from
-the key set: a compressed trie's nodes are its keys plus its branch points, and its edge
-tokens are its distinct non-empty prefixes.
+Owns the pure-Python form of the unified token radix cache (behaviour.md §8). It states §8
+directly (no tree), which makes it the oracle the native `UnifiedRadixCache` is tested against
+and the baseline its benchmark compares with; it has the same method names and returns the same
+`RadixMatch` / `RadixEntry` values (`stats()` gives a dict of the `RadixStats` fields). Topology
+stats are derived from the key set: a compressed trie's nodes are its keys plus its branch
+points, and its edge tokens are its distinct non-empty prefixes.
 """
 from __future__ import annotations
 
-from ._radix import RadixEntry, RadixMatch
+from .._radix import RadixEntry, RadixMatch
 
 RESIDENT, RECURRENT = 0, 1
 U64_MAX = (1 << 64) - 1

@@ -1,12 +1,17 @@
-"""The twin scheduler's iteration plan: the same surface as the native plan, in numpy."""
+"""The reference scheduler's iteration plan and sampled-output block.
+
+Owns `TwinPlan` and `TwinOutputs`, the same surface as the native `IterationPlan` and
+`PlanOutputs` (row views as numpy arrays, an outputs block written in place), and the reading
+of a completion's predictions against a plan (behaviour.md §0.4e).
+"""
 from __future__ import annotations
 
 from typing import Iterable
 
 import numpy as np
 
-from ._checks import check_uint
-from .types import IterationPhase, IterationPrediction, IterationWork, MalformedOutputs
+from .._validate import check_uint
+from ..types import IterationPhase, IterationPrediction, IterationWork, MalformedOutputs
 
 
 class TwinOutputs:

@@ -1,0 +1,27 @@
+"""The pure-Python reference implementation of skippy-scheduler (the oracle).
+
+Everything here restates behaviour.md directly, for clarity rather than speed; the native
+modules must agree with it on every input, and the differential tests, fuzzers and benchmarks
+compare the two.
+
+* `scheduler` owns `TwinScheduler`, the scheduler engine (§2 with the §0 decisions);
+* `plan` owns `TwinPlan` and `TwinOutputs`, the engine's iteration plan and output block;
+* `ordering` owns the cache-aware order of waiting work (§3), the reference of the native
+  ranking kernel under the same names as the public native functions;
+* `radix` owns `RadixTwin`, a flat brute-force form of the unified radix cache (§8).
+
+`TwinScheduler`, `TwinPlan` and `TwinOutputs` are also exported by `skippy_scheduler`.
+"""
+from .ordering import order_cache_aware_candidates, select_cache_aware_candidate
+from .plan import TwinOutputs, TwinPlan
+from .radix import RadixTwin
+from .scheduler import TwinScheduler
+
+__all__ = [
+    "RadixTwin",
+    "TwinOutputs",
+    "TwinPlan",
+    "TwinScheduler",
+    "order_cache_aware_candidates",
+    "select_cache_aware_candidate",
+]
