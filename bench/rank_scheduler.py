@@ -23,7 +23,8 @@ import time
 import numpy as np
 
 from skippy_scheduler import Scheduler, SchedulerConfig, Sequence, TwinScheduler
-from skippy_scheduler.bench import write_outputs
+from skippy_scheduler.bench import BenchHost
+from skippy_scheduler.engine import Engine
 
 IMPLS = {"native": Scheduler, "twin": TwinScheduler}
 ACTIVE = 64
@@ -41,29 +42,26 @@ def prompts(count: int, seed: int = 7) -> list[list[int]]:
     return body.tolist()
 
 
-def build(cls, w: int, extra: int, pool: list[list[int]]):
+def build(cls, w: int, extra: int, pool: list[list[int]]) -> Engine:
     s = cls(SchedulerConfig(max_active_sequences=ACTIVE, sequence_id_limit=ACTIVE + 16,
                             max_waiting_sequences=w + extra + 16, max_tokens_per_iteration=2048,
                             group_waiting_prefixes=True))
+    engine = Engine(s, BenchHost(), clock=None, record=False)
+    engine.profile = True  # the engine times plan_iteration (last_plan_ns)
     busy = [(i * 7919) % 32000 for i in range(PROMPT)]
     for i in range(ACTIVE):
-        s.submit(Sequence(f"d{i}", busy, LONG).with_prefilled_generation([1]))
-    plan = s.plan_iteration()  # fills the active set while the queue is still empty
-    write_outputs(plan)
-    s.complete_iteration(plan)
+        engine.submit(Sequence(f"d{i}", busy, LONG).with_prefilled_generation([1]))
+    engine.step()  # fills the active set while the queue is still empty
     for i in range(w):
-        s.submit(Sequence(f"w{i}", pool[i], LONG))
-    return s
+        engine.submit(Sequence(f"w{i}", pool[i], LONG))
+    return engine
 
 
-def step(s) -> int:
-    t0 = time.perf_counter_ns()
-    plan = s.plan_iteration()
-    t1 = time.perf_counter_ns()
-    assert plan.admitted == 0
-    write_outputs(plan)
-    s.complete_iteration(plan)
-    return t1 - t0
+def step(engine: Engine) -> int:
+    """One engine step; the time its plan_iteration took (ns)."""
+    engine.step()
+    assert engine.last_telemetry.admitted == 0
+    return engine.last_plan_ns
 
 
 def run_one(impl: str, w: int, full_reps: int, arrivals: int) -> dict[str, float]:
@@ -77,7 +75,7 @@ def run_one(impl: str, w: int, full_reps: int, arrivals: int) -> dict[str, float
     sub, plan = [], []
     for q in seqs:
         t0 = time.perf_counter_ns()
-        s.submit(q)
+        s.submit(q)  # through the engine: the submit a serving loop makes
         sub.append(time.perf_counter_ns() - t0)
         plan.append(step(s))
     return {"full re-rank (first plan after W submits)": statistics.median(full) / 1e3,

@@ -2,8 +2,8 @@
 
     cd /tmp && pytest /path/to/repo/bench -p no:randomly --benchmark-columns=median,min,max
 
-Each benchmark runs one scheduler step (plan + fake host outputs + complete) or one ranking
-plan; the same workloads feed `skippy-scheduler bench`, which prints medians and p99s.
+Each benchmark runs one engine step (plan + fake host outputs + complete), some with a dirty
+waiting queue to re-rank; the same workloads feed `skippy-scheduler bench`, which prints medians and p99s.
 """
 import pytest
 
@@ -48,18 +48,6 @@ def test_arrival_and_finish(benchmark, n):
 
 @pytest.mark.parametrize("w", [1000, 10000])
 def test_admission_ranking(benchmark, w):
-    _, make_dirty, plan_only, finish = B.ranking(Scheduler, w)
-
-    def setup():
-        finish()
-        make_dirty()
-
-    state = {"first": True}
-
-    def setup_once():
-        if state.pop("first", False):
-            make_dirty()
-        else:
-            setup()
-
-    benchmark.pedantic(plan_only, setup=setup_once, rounds=30 if w == 1000 else 10)
+    """One engine step whose plan re-ranks a queue of W (made dirty before each round)."""
+    engine, make_dirty = B.ranking(Scheduler, w)
+    benchmark.pedantic(engine.step, setup=make_dirty, rounds=30 if w == 1000 else 10)

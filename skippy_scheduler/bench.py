@@ -1,10 +1,11 @@
 """Per-step scheduler overhead: the workloads of BENCHMARKS.md and the `skippy-scheduler bench` report.
 
-Every workload is a function that builds a scheduler (native `Scheduler` or the pure-Python
-`TwinScheduler`, same API), brings it to a steady state, and then returns a `step()` closure;
-`measure()` times many calls of it with `perf_counter_ns` and keeps every sample, so the report
-gives medians and 99th percentiles. A step includes the fake host's work: it writes one sampled
-token per sampling row into `plan.outputs`, as a batched runtime does.
+Every workload builds a scheduler (native `Scheduler` or the pure-Python `TwinScheduler`, same
+API) on an `Engine` with no clock and no recorder, brings it to a steady state, and returns a
+`step()` closure (the engine's step); `measure()` times many calls of it with
+`perf_counter_ns` and keeps every sample, so the report gives medians and 99th percentiles. A
+step includes the fake host's work: it writes one sampled token per sampling row into
+`plan.outputs`, as a batched runtime does.
 
 The C workload compiles `c_overhead.c` (shipped in this package's `bench_src` folder, also at
 `bench/c_overhead.c` in the source tree) against the installed headers and static library and
@@ -28,6 +29,8 @@ import numpy as np
 
 from . import get_include, get_library_dir
 from ._core import Scheduler
+from .cost_model import RuntimeCostModel
+from .engine import CostModelHost, Engine, VirtualClock
 from .reference import TwinScheduler
 from .types import SchedulerConfig, Sequence
 
@@ -85,44 +88,68 @@ def measure(step: Callable[[], object], steps: int, warmup: int = 20, budget_s: 
     return out
 
 
-# -- the fake host --------------------------------------------------------------------------
+# -- the fake host ---------------------------------------------------------------------------
+
+
+class BenchHost(CostModelHost):
+    """What a batched runtime does after running a plan: one sampled token per sampling row;
+    with `end_last` set, the last sampling row's sequence ends (a negative token)."""
+
+    def __init__(self, token: int = _TOKEN) -> None:
+        super().__init__(token=token)
+        self.end_last = False
+
+    def execute(self, plan) -> None:
+        super().execute(plan)
+        if self.end_last:
+            out = plan.outputs
+            if out.count:
+                out.predicted_tokens[out.count - 1] = -1
 
 
 def write_outputs(plan, token: int = _TOKEN) -> int:
-    """What a batched runtime does after running `plan`: one sampled token per sampling row."""
-    rows = plan.sample_rows
-    k = len(rows)
-    out = plan.outputs
-    out.request_indexes[:k] = rows
-    out.predicted_tokens[:k] = token
-    out.count = k
-    return k
+    """One sampled token per sampling row of `plan` (the bench host's work, for callers that
+    hold a plan of their own); returns the number written."""
+    BenchHost(token).execute(plan)
+    return plan.outputs.count
 
 
 def _config(**kw) -> SchedulerConfig:
     return SchedulerConfig(**kw)
 
 
-def _decoding(cls, n: int, prompt: int, *, extra_active: int = 0, waiting: int = 0, **cfg):
-    """A scheduler with `n` sequences decoding from the first plan (prompts already prefilled)."""
+def _engine(scheduler) -> Engine:
+    # No clock, no recorder: a step is plan + host + complete and nothing else.
+    return Engine(scheduler, BenchHost(), clock=None, record=False)
+
+
+def _decoding(cls, n: int, prompt: int, *, extra_active: int = 0, waiting: int = 0, **cfg) -> Engine:
+    """An engine whose `n` sequences decode from the first plan (prompts already prefilled)."""
     active = n + extra_active
     s = cls(_config(max_active_sequences=active, sequence_id_limit=active + 16,
                     max_waiting_sequences=max(256, n + waiting + 16),
                     max_tokens_per_iteration=max(2048, active + 256), **cfg))
+    engine = _engine(s)
     tokens = [(i * 7919) % 32000 for i in range(prompt)]
     for i in range(n):
-        s.submit(Sequence(f"d{i}", tokens, LONG_OUTPUT).with_prefilled_generation([1]))
-    return s
+        engine.submit(Sequence(f"d{i}", tokens, LONG_OUTPUT).with_prefilled_generation([1]))
+    return engine
+
+
+def _calibrated_step(engine: Engine) -> None:
+    """One step that reports a 10 ms duration, so mixed planning knows this decode width."""
+    engine.clock, engine.observe = VirtualClock(RuntimeCostModel(10_000, 0, 0, 0)), True
+    engine.step()
+    engine.clock, engine.observe = None, False
 
 
 def steady_decode(cls, n: int, prompt: int = 512) -> Callable[[], object]:
-    """N live decodes; one step = plan + host outputs + complete."""
-    s = _decoding(cls, n, prompt)
+    """N live decodes; one step = the engine's plan + host outputs + complete."""
+    engine = _decoding(cls, n, prompt)
 
     def step():
-        plan = s.plan_iteration()
-        write_outputs(plan)
-        return s.complete_iteration(plan)
+        engine.step()
+        return engine.last_telemetry
 
     step()
     return step
@@ -131,18 +158,15 @@ def steady_decode(cls, n: int, prompt: int = 512) -> Callable[[], object]:
 def mixed_decode_prefill(cls, n: int, prompt: int = 512, chunk: int = 256,
                          steps: int = 3000) -> Callable[[], object]:
     """N decode rows plus one `chunk`-token prefill chunk per step (mixed planning, §2.5)."""
-    s = _decoding(cls, n, prompt, extra_active=1, mixed_prefill_decode=True, prefill_chunk_tokens=chunk)
-    plan = s.plan_iteration()  # decode-only: calibrates the EWMA for exactly n decode rows
-    write_outputs(plan)
-    s.observe_iteration_duration(plan, 0.010)
-    s.complete_iteration(plan)
+    engine = _decoding(cls, n, prompt, extra_active=1, mixed_prefill_decode=True,
+                       prefill_chunk_tokens=chunk)
+    _calibrated_step(engine)  # decode-only: calibrates the EWMA for exactly n decode rows
     # One long prompt that stays in prefill for `steps` steps, one chunk per step.
-    s.submit(Sequence("long-prefill", [i % 32000 for i in range(chunk * (steps + 64))], 1))
+    engine.submit(Sequence("long-prefill", [i % 32000 for i in range(chunk * (steps + 64))], 1))
 
     def step():
-        plan = s.plan_iteration()
-        write_outputs(plan)
-        return s.complete_iteration(plan)
+        engine.step()
+        return engine.last_telemetry
 
     step()
     return step
@@ -156,32 +180,29 @@ def admission_churn(cls, n: int, prompt: int = 512) -> tuple[Callable[[], object
     dirty queue, admits it, N-1 decode rows plus its whole prompt as one chunk) + host + complete.
     Both decode-row counts are calibrated first, so every plan is a mixed plan (§2.5).
     """
-    s = _decoding(cls, n - 1, prompt, extra_active=1, mixed_prefill_decode=True,
-                  prefill_chunk_tokens=prompt)
+    engine = _decoding(cls, n - 1, prompt, extra_active=1, mixed_prefill_decode=True,
+                       prefill_chunk_tokens=prompt)
+    host = engine.host
     tokens = [(i * 104729) % 32000 for i in range(prompt)]
     arrival = Sequence("a0", tokens, LONG_OUTPUT)  # submit copies it: one object, new id each time
     for k in range(2):  # decode-only plans of n-1, then n rows set the EWMA entries
         if k:
-            s.submit(Sequence("d-extra", tokens, LONG_OUTPUT).with_prefilled_generation([1]))
-        plan = s.plan_iteration()
-        write_outputs(plan)
-        s.observe_iteration_duration(plan, 0.010)
-        s.complete_iteration(plan)
+            engine.submit(Sequence("d-extra", tokens, LONG_OUTPUT).with_prefilled_generation([1]))
+        _calibrated_step(engine)
     counter = [0]
 
     def finish_step():
-        plan = s.plan_iteration()
-        k = write_outputs(plan)
-        plan.outputs.predicted_tokens[k - 1] = -1
-        return s.complete_iteration(plan)
+        host.end_last = True
+        engine.step()
+        host.end_last = False
+        return engine.last_telemetry
 
     def arrival_step():
         counter[0] += 1
         arrival.id = f"a{counter[0]}"
-        s.submit(arrival)
-        plan = s.plan_iteration()
-        write_outputs(plan)
-        return s.complete_iteration(plan)
+        engine.submit(arrival)
+        engine.step()
+        return engine.last_telemetry
 
     for _ in range(3):
         finish_step()
@@ -209,14 +230,16 @@ def measure_pairs(first, second, steps: int, budget_s: float) -> tuple[list[int]
 
 
 def ranking(cls, w: int, n_active: int = 64, prompt: int = 512, prefix: int = 256,
-            groups: int = 16):
-    """W waiting behind a full active set; returns (scheduler, make_dirty, plan_only, finish).
+            groups: int = 16) -> tuple[Engine, Callable[[], None]]:
+    """W waiting behind a full active set; returns (engine, make_dirty).
 
     Half of the prompts start with one of `groups` shared prefixes of `prefix` tokens; all have
     equal priority; grouping is on (the default). `make_dirty` cancels the oldest waiting request
-    and submits a new one, so the queue length stays W and the next plan re-ranks it.
+    and submits a new one, so the queue length stays W and the next plan re-ranks it. The
+    engine times its scheduler calls (`engine.last_plan_ns`).
     """
-    s = _decoding(cls, n_active, prompt, waiting=w, group_waiting_prefixes=True)
+    engine = _decoding(cls, n_active, prompt, waiting=w, group_waiting_prefixes=True)
+    engine.profile = True
     rng = np.random.default_rng(12345)
     prefixes = [rng.integers(0, 32000, prefix).tolist() for _ in range(groups)]
     serial = [0]
@@ -227,50 +250,33 @@ def ranking(cls, w: int, n_active: int = 64, prompt: int = 512, prefix: int = 25
 
     pool = [prompt_for(i) for i in range(64)]
     for i in range(w):
-        s.submit(Sequence(f"w{i}", pool[i % len(pool)], LONG_OUTPUT))
+        engine.submit(Sequence(f"w{i}", pool[i % len(pool)], LONG_OUTPUT))
     serial[0] = w
     oldest = [0]
 
     def make_dirty():
-        s.cancel(f"w{oldest[0]}")
+        engine.cancel(f"w{oldest[0]}")
         oldest[0] += 1
-        s.submit(Sequence(f"w{serial[0]}", pool[serial[0] % len(pool)], LONG_OUTPUT))
+        engine.submit(Sequence(f"w{serial[0]}", pool[serial[0] % len(pool)], LONG_OUTPUT))
         serial[0] += 1
 
-    state = {}
-
-    def plan_only():
-        state["plan"] = s.plan_iteration()
-
-    def finish():
-        plan = state.pop("plan")
-        write_outputs(plan)
-        s.complete_iteration(plan)
-
-    plan_only()
-    finish()
-    return s, make_dirty, plan_only, finish
+    engine.step()
+    return engine, make_dirty
 
 
 def measure_ranking(cls, w: int, reps: int, budget_s: float) -> tuple[list[int], list[int]]:
     """(plan time with a dirty queue, plan time with a clean queue) samples."""
-    _, make_dirty, plan_only, finish = ranking(cls, w)
+    engine, make_dirty = ranking(cls, w)
     dirty: list[int] = []
     clean: list[int] = []
     clock = time.perf_counter_ns
     deadline = clock() + int(budget_s * 1e9)
     for i in range(reps):
         make_dirty()
-        t0 = clock()
-        plan_only()
-        t1 = clock()
-        finish()
-        dirty.append(t1 - t0)
-        t2 = clock()
-        plan_only()
-        t3 = clock()
-        finish()
-        clean.append(t3 - t2)
+        engine.step()
+        dirty.append(engine.last_plan_ns)
+        engine.step()
+        clean.append(engine.last_plan_ns)
         if clock() > deadline and i >= 2:
             break
     return dirty, clean
@@ -278,12 +284,12 @@ def measure_ranking(cls, w: int, reps: int, budget_s: float) -> tuple[list[int],
 
 def first_plan_token_count(cls, n: int, prompt: int) -> int:
     """Tokens of a steady decode plan: N when each row copies only its pending token."""
-    s = _decoding(cls, n, prompt)
-    for _ in range(3):
-        plan = s.plan_iteration()
-        write_outputs(plan)
-        s.complete_iteration(plan)
-    return s.plan_iteration().token_count
+    engine = _decoding(cls, n, prompt)
+    counts: list[int] = []
+    engine.on_plan = lambda plan, start, duration: counts.append(plan.token_count)
+    for _ in range(4):
+        engine.step()
+    return counts[-1]
 
 
 # -- the C program ---------------------------------------------------------------------------

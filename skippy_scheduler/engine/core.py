@@ -27,6 +27,7 @@ from .clock import Clock, VirtualClock, WallClock
 from .record import EngineReport, Recorder
 
 _DECODE = 2  # IterationPhase.Decode.value in plan.phases
+_INF = float("inf")
 
 
 class EngineStalled(RuntimeError):
@@ -76,6 +77,18 @@ class FinishEvent:
 Event = Union[TokenEvent, FinishEvent]
 
 _PENDING, _SUBMITTED, _ENDED = 0, 1, 2
+
+
+class _Entry:
+    """Engine-side state of one submission (the recorder keeps what it looked like)."""
+
+    __slots__ = ("id", "state", "record", "request")
+
+    def __init__(self, request: Any, record: int) -> None:
+        self.id: str = request.id
+        self.state = _PENDING
+        self.record = record  # index in the recorder, -1 without one
+        self.request = request
 
 
 class _SequenceRequest:
@@ -136,27 +149,31 @@ class Engine:
                 raise TypeError(f"host has no {verb}() method: {type(host).__name__}")
         self.scheduler = scheduler
         self.host = host
-        self.clock = _make_clock(clock)
-        self.observe = bool(observe) and self.clock is not None
-        self.on_plan = on_plan
-        self.before_step = before_step
+        self._lean = False
+        self._clock = _make_clock(clock)
+        self.observe = bool(observe) and self._clock is not None
+        self._on_plan = on_plan
+        self._before_step = before_step
         self.on_reject = on_reject
-        self.max_iterations = max_iterations
+        self._max_iterations = max_iterations
+        self._profile = False
         self._prepare = getattr(host, "prepare_sequence", None)
         self._memory = getattr(host, "memory_used", None)
         self.recorder: Optional[Recorder] = Recorder() if record else None
         self.iterations = 0
-        # Requests by submission index; an id maps to its latest submission.
-        self._index: dict[str, int] = {}
-        self._ids: list[str] = []
-        self._state: list[int] = []
+        self.last_plan_ns = 0
+        self.last_complete_ns = 0
+        self.last_telemetry: Any = None  # what the last complete_iteration returned
+        # Requests that have not ended, by id; with a recorder, each id's latest record index.
+        self._live: dict[str, _Entry] = {}
+        self._record_of: dict[str, int] = {}
         self._outstanding = 0  # submitted to the scheduler and not ended
-        self._pending: list[tuple[float, int, int, Any]] = []  # (arrival, seq, index, request)
+        self._pending: list[tuple[float, int, _Entry]] = []  # (arrival, order, entry)
         self._seq = itertools.count()
         self._source: Optional[Iterator[Any]] = None
         self._source_next: Any = None
         self._last_source_arrival: float = float("-inf")
-        self._next_due: float = float("inf")  # earliest pending or streamed arrival
+        self._next_due: float = _INF  # earliest pending or streamed arrival
         self._inbox: deque[tuple[str, Any]] = deque()
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -165,18 +182,75 @@ class Engine:
         self._stop = False
         self._listeners: list[Callable[[Event], None]] = []
         self._streams: dict[str, "queue.SimpleQueue[Event]"] = {}
+        self._update_lean()
+
+    # -- settings that may change between steps -----------------------------------------------
+    # NOTE: a step with no clock, recorder, hook or observer is plan + execute + complete and
+    # nothing else (what the benchmarks time); these setters keep that fast path's flag true.
+
+    def _update_lean(self) -> None:
+        self._lean = (self._clock is None and self.recorder is None and self._on_plan is None
+                      and self._before_step is None and self._max_iterations is None
+                      and not self._profile and not self._listeners and not self._streams)
+
+    @property
+    def clock(self) -> Optional[Clock]:
+        return self._clock
+
+    @clock.setter
+    def clock(self, clock: ClockArg) -> None:
+        self._clock = _make_clock(clock)
+        self._update_lean()
+
+    @property
+    def profile(self) -> bool:
+        """Time plan_iteration and complete_iteration of every step (`last_plan_ns`,
+        `last_complete_ns`)."""
+        return self._profile
+
+    @profile.setter
+    def profile(self, value: bool) -> None:
+        self._profile = bool(value)
+        self._update_lean()
+
+    @property
+    def on_plan(self) -> Optional[Callable[[Any, float, float], None]]:
+        return self._on_plan
+
+    @on_plan.setter
+    def on_plan(self, hook: Optional[Callable[[Any, float, float], None]]) -> None:
+        self._on_plan = hook
+        self._update_lean()
+
+    @property
+    def before_step(self) -> Optional[Callable[["Engine"], None]]:
+        return self._before_step
+
+    @before_step.setter
+    def before_step(self, hook: Optional[Callable[["Engine"], None]]) -> None:
+        self._before_step = hook
+        self._update_lean()
+
+    @property
+    def max_iterations(self) -> Optional[int]:
+        return self._max_iterations
+
+    @max_iterations.setter
+    def max_iterations(self, value: Optional[int]) -> None:
+        self._max_iterations = value
+        self._update_lean()
 
     # -- time ---------------------------------------------------------------------------------
 
     def now(self) -> float:
         """Microseconds on the engine's clock (0 without a clock)."""
-        return self.clock.now() if self.clock is not None else 0
+        return self._clock.now() if self._clock is not None else 0
 
     def _ensure_started(self) -> None:
         if not self._started:
             self._started = True
-            if self.clock is not None:
-                self.clock.start()
+            if self._clock is not None:
+                self._clock.start()
 
     # -- submitting ---------------------------------------------------------------------------
 
@@ -228,6 +302,7 @@ class Engine:
         """Call `listener(event)` for every `TokenEvent` and `FinishEvent`, on the engine's
         thread, as they happen."""
         self._listeners.append(listener)
+        self._update_lean()
 
     def stream(self, request_id: str) -> Iterator[Event]:
         """Events of one request, for a consumer on another thread: subscribe before
@@ -235,6 +310,7 @@ class Engine:
         q: "queue.SimpleQueue[Event]" = queue.SimpleQueue()
         with self._lock:
             self._streams[request_id] = q
+            self._lean = False
 
         def events() -> Iterator[Event]:
             while True:
@@ -246,17 +322,18 @@ class Engine:
         return events()
 
     def status(self, request_id: str) -> Optional[str]:
-        """How the latest request with this id ended (None while it is pending or live)."""
-        index = self._index.get(request_id)
+        """How the latest request with this id ended (None while it is pending or live);
+        KeyError for an id never submitted (or, without a recorder, one that has ended)."""
+        if request_id in self._live:
+            return None
+        index = self._record_of.get(request_id)
         if index is None:
             raise KeyError(request_id)
-        if self.recorder is None:
-            return "ended" if self._state[index] == _ENDED else None
-        return self.recorder.finish[index]
+        return self.recorder.finish[index]  # type: ignore[union-attr]
 
     def open_ids(self) -> list[str]:
-        """Ids of requests not yet ended (pending arrivals included)."""
-        return [rid for rid, i in self._index.items() if self._state[i] != _ENDED]
+        """Ids of requests not yet ended (pending arrivals included), in submission order."""
+        return list(self._live)
 
     @property
     def outstanding(self) -> int:
@@ -313,12 +390,14 @@ class Engine:
     def step(self) -> bool:
         """One step: inbox, due arrivals, hook, and one iteration if anything is live.
         Returns False when there was nothing to run."""
+        if self._lean and self._outstanding and not self._inbox and self._next_due == _INF:
+            return self._iterate_lean()
         if self._inbox:
             self._drain()
         if self._next_due <= self.now():
             self._submit_due()
-        if self.before_step is not None:
-            self.before_step(self)
+        if self._before_step is not None:
+            self._before_step(self)
         if not self._outstanding:
             return False
         self._iterate()
@@ -341,19 +420,18 @@ class Engine:
             raise TypeError(f"request id must be a str, got {type(request.id).__name__}")
         return request
 
-    def _new_index(self, request: Any, arrival: float) -> int:
+    def _new_entry(self, request: Any, arrival: float) -> _Entry:
         rid = request.id
         with self._lock:
-            old = self._index.get(rid)
-            if old is not None and self._state[old] != _ENDED:
+            if rid in self._live:
                 raise DuplicateSequence(rid)
-            index = len(self._ids)
-            self._ids.append(rid)
-            self._state.append(_PENDING)
-            self._index[rid] = index
-        if self.recorder is not None:
-            self.recorder.add_request(rid, arrival)
-        return index
+            record = -1
+            if self.recorder is not None:
+                record = self.recorder.add_request(rid, arrival)
+                self._record_of[rid] = record
+            entry = _Entry(request, record)
+            self._live[rid] = entry
+        return entry
 
     def _accept(self, request: Any, *, raise_errors: bool) -> None:
         self._ensure_started()
@@ -361,12 +439,12 @@ class Engine:
         now = self.now()
         if arrival is None:
             arrival = now
-        index = self._new_index(request, arrival)
+        entry = self._new_entry(request, arrival)
         if arrival > now:
-            heapq.heappush(self._pending, (arrival, next(self._seq), index, request))
+            heapq.heappush(self._pending, (arrival, next(self._seq), entry))
             self._update_next_due()
         else:
-            self._submit(index, request, raise_errors=raise_errors)
+            self._submit(entry, raise_errors=raise_errors)
 
     def _pull_source(self) -> None:
         assert self._source is not None
@@ -400,13 +478,13 @@ class Engine:
         return min(times) if times else None
 
     def _wait(self, t_us: float) -> None:
-        assert self.clock is not None or not self._pending, "untimed engines have no arrivals"
-        if self.clock is None:
+        assert self._clock is not None or not self._pending, "untimed engines have no arrivals"
+        if self._clock is None:
             return
         self._wake.clear()
         if self._inbox:
             return
-        self.clock.wait_until(t_us, self._wake)
+        self._clock.wait_until(t_us, self._wake)
 
     def _submit_due(self) -> None:
         now = self.now()
@@ -416,17 +494,18 @@ class Engine:
             heap_t = self._pending[0][0] if self._pending else None
             if src_t is not None and src_t <= now and (heap_t is None or src_t <= heap_t):
                 self._pull_source()
-                index = self._new_index(src, src_t)
-                self._submit(index, src, raise_errors=False)
+                self._submit(self._new_entry(src, src_t), raise_errors=False)
             elif heap_t is not None and heap_t <= now:
-                _, _, index, request = heapq.heappop(self._pending)
+                _, _, entry = heapq.heappop(self._pending)
                 self._update_next_due()
-                if self._state[index] == _PENDING:  # not cancelled while pending
-                    self._submit(index, request, raise_errors=False)
+                if entry.state == _PENDING:  # not cancelled while pending
+                    self._submit(entry, raise_errors=False)
             else:
                 return
 
-    def _submit(self, index: int, request: Any, *, raise_errors: bool) -> None:
+    def _submit(self, entry: _Entry, *, raise_errors: bool) -> None:
+        request = entry.request
+        entry.request = None  # the scheduler keeps its own copy from here on
         try:
             seq = request.to_sequence()
             if self._prepare is not None:
@@ -434,22 +513,16 @@ class Engine:
             self.scheduler.submit(seq)
         except (AdmissionError, TypeError, ValueError) as exc:
             if self.on_reject is not None:
-                self._end(index, "rejected", error=str(exc))
+                self._end(entry, "rejected", error=str(exc))
                 self.on_reject(request, exc)
                 return
             if raise_errors and not isinstance(exc, QueueFull):
-                self._forget(index)
+                self._end(entry, "rejected", error=str(exc), emit=False)
                 raise
-            self._end(index, "rejected", error=f"{type(exc).__name__}: {exc}")
+            self._end(entry, "rejected", error=f"{type(exc).__name__}: {exc}")
             return
-        self._state[index] = _SUBMITTED
+        entry.state = _SUBMITTED
         self._outstanding += 1
-
-    def _forget(self, index: int) -> None:
-        # A synchronous submit that raised leaves no trace: the caller got the exception.
-        self._state[index] = _ENDED
-        if self.recorder is not None:
-            self.recorder.ended(index, "rejected", self.now())
 
     def _drain(self) -> None:
         while self._inbox:
@@ -458,31 +531,36 @@ class Engine:
                 try:
                     self._accept(item, raise_errors=False)
                 except DuplicateSequence as exc:
-                    self._emit(FinishEvent(item.id, "rejected", self.now(), str(exc)))
+                    if self._listeners or self._streams:
+                        self._emit(FinishEvent(item.id, "rejected", self.now(), str(exc)))
             else:
                 self._cancel(item)
 
     def _cancel(self, request_id: str) -> bool:
-        index = self._index.get(request_id)
-        if index is None or self._state[index] == _ENDED:
+        entry = self._live.get(request_id)
+        if entry is None:
             return False
-        if self._state[index] == _SUBMITTED:
+        if entry.state == _SUBMITTED:
             if not self.scheduler.cancel(request_id):
                 return False
             self._outstanding -= 1
             self.host.release(request_id)
-        self._end(index, "cancelled")
+        self._end(entry, "cancelled")
         return True
 
-    def _end(self, index: int, reason: str, error: Optional[str] = None) -> None:
-        self._state[index] = _ENDED
+    def _end(self, entry: _Entry, reason: str, error: Optional[str] = None,
+             emit: bool = True) -> None:
+        entry.state = _ENDED
+        entry.request = None
+        with self._lock:
+            del self._live[entry.id]
         now = self.now()
         if self.recorder is not None:
-            self.recorder.ended(index, reason, now)
+            self.recorder.ended(entry.record, reason, now)
             if error is not None:
-                self.recorder.errors[index] = error
-        if self._listeners or self._streams:
-            self._emit(FinishEvent(self._ids[index], reason, now, error))
+                self.recorder.errors[entry.record] = error
+        if emit and (self._listeners or self._streams):
+            self._emit(FinishEvent(entry.id, reason, now, error))
 
     def _emit(self, event: Event) -> None:
         for listener in self._listeners:
@@ -500,27 +578,52 @@ class Engine:
         for rid in victims:
             self.host.release(rid)
             if rec is not None:
-                rec.preemptions[self._index[rid]] += 1
+                rec.preemptions[self._record_of[rid]] += 1
+
+    def _iterate_lean(self) -> bool:
+        sched = self.scheduler
+        plan = sched.plan_iteration()
+        if not len(plan):
+            raise EngineStalled(f"the scheduler made an empty plan with {self._outstanding} "
+                                "requests waiting or running")
+        self.host.execute(plan)
+        telemetry = sched.complete_iteration(plan)
+        self.iterations += 1
+        self.last_telemetry = telemetry
+        if telemetry.finished_ids or telemetry.failed_ids:
+            self._retire(telemetry.finished_ids, telemetry.failed_ids, [], ())
+        if self._memory is not None:
+            used = self._memory()
+            if used is not None:
+                self._release_victims(list(sched.preempt_for_component_pressure(list(used))))
+        return True
 
     def _iterate(self) -> None:
         sched = self.scheduler
-        clock = self.clock
+        clock = self._clock
         rec = self.recorder
-        if self.max_iterations is not None and self.iterations >= self.max_iterations:
+        watch = rec is not None or bool(self._listeners) or bool(self._streams)
+        if self._max_iterations is not None and self.iterations >= self._max_iterations:
             raise RuntimeError(f"no completion after {self.iterations} iterations")
-        plan = sched.plan_iteration()
+        if self._profile:
+            t0 = time.perf_counter_ns()
+            plan = sched.plan_iteration()
+            self.last_plan_ns = time.perf_counter_ns() - t0
+        else:
+            plan = sched.plan_iteration()
         rows = len(plan)
         if rows == 0:
             raise EngineStalled(
                 f"the scheduler made an empty plan with {self._outstanding} requests waiting or "
                 f"running at {self.now()} µs (a request that can never fit the memory budget?)")
-        index = self._index
-        owners = [index[i] for i in plan.sequence_ids]
         start = clock.now() if clock is not None else 0
+        owners: list[int] = []
         if rec is not None:
+            record_of = self._record_of
+            owners = [record_of[i] for i in plan.sequence_ids]
             rec.scheduled(owners, start)
         token_count = plan.token_count
-        decode = bytes(plan.phases).count(_DECODE)
+        decode = bytes(plan.phases).count(_DECODE) if (clock is not None or rec is not None) else 0
         if clock is not None:
             t0 = time.perf_counter_ns()
             self.host.execute(plan)
@@ -530,31 +633,42 @@ class Engine:
         else:
             self.host.execute(plan)
             duration = end = 0
-        if self.on_plan is not None:
-            self.on_plan(plan, start, duration)
-        out = plan.outputs
-        k = out.count
-        sampled: list[int] = []
+        if self._on_plan is not None:
+            self._on_plan(plan, start, duration)
+        sampled: list[Any] = []  # record indexes (with a recorder) or ids of sampled rows
         tokens: Any = ()
-        if k:
-            sample_rows = out.request_indexes[:k].tolist()
-            sampled = [owners[r] for r in sample_rows]
-            tokens = out.predicted_tokens[:k]
-            if rec is not None:
-                rec.sampled(end, sampled, tokens)
-            if self._listeners or self._streams:
-                ids = self._ids
-                for o, t in zip(sampled, tokens.tolist()):
-                    if t >= 0:
-                        self._emit(TokenEvent(ids[o], t, end))
+        if watch:
+            out = plan.outputs
+            k = out.count
+            if k:
+                sample_rows = out.request_indexes[:k].tolist()
+                tokens = out.predicted_tokens[:k]
+                if rec is not None:
+                    sampled = [owners[r] for r in sample_rows]
+                    rec.sampled(end, sampled, tokens)
+                else:
+                    ids = plan.sequence_ids
+                    sampled = [ids[r] for r in sample_rows]
+                if self._listeners or self._streams:
+                    names = rec.ids if rec is not None else None
+                    for o, t in zip(sampled, tokens.tolist()):
+                        if t >= 0:
+                            self._emit(TokenEvent(names[o] if names is not None else o, t, end))
+                tokens = tokens.tolist()
         if self.observe:
             sched.observe_iteration_duration(plan, duration / 1e6)
-        telemetry = sched.complete_iteration(plan)
+        if self._profile:
+            t0 = time.perf_counter_ns()
+            telemetry = sched.complete_iteration(plan)
+            self.last_complete_ns = time.perf_counter_ns() - t0
+        else:
+            telemetry = sched.complete_iteration(plan)
         self.iterations += 1
+        self.last_telemetry = telemetry
         finished = telemetry.finished_ids
         failed = telemetry.failed_ids
         if finished or failed:
-            self._retire(finished, failed, sampled, list(tokens))
+            self._retire(finished, failed, sampled, tokens)
         if self._memory is not None:
             used = self._memory()
             if used is not None:
@@ -563,17 +677,19 @@ class Engine:
             rec.iteration(start, duration, rows, decode, token_count, plan.admitted,
                           telemetry.waiting_sequences)
 
-    def _retire(self, finished: list[str], failed: list[str], sampled: list[int],
-                tokens: list[int]) -> None:
-        index = self._index
+    def _retire(self, finished: list[str], failed: list[str], sampled: list[Any],
+                tokens: Any) -> None:
+        live = self._live
         host = self.host
-        last = dict(zip(sampled, tokens)) if finished else {}
+        rec = self.recorder
+        last: dict[Any, int] = dict(zip(sampled, tokens)) if finished and sampled else {}
         for rid in finished:
             host.release(rid)
-            i = index[rid]
+            entry = live[rid]
+            key = entry.record if rec is not None else rid
             self._outstanding -= 1
-            self._end(i, "stop" if last.get(i, 0) < 0 else "length")
+            self._end(entry, "stop" if last.get(key, 0) < 0 else "length")
         for rid in failed:
             host.release(rid)
             self._outstanding -= 1
-            self._end(index[rid], "failed")
+            self._end(live[rid], "failed")

@@ -45,7 +45,8 @@ def test_churn_admits_one_arrival_and_finishes_one_sequence(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_ranking_reranks_a_constant_queue_behind_a_full_active_set(impl):
-    s, make_dirty, plan_only, finish = B.ranking(impl, 64)
+    engine, make_dirty = B.ranking(impl, 64)
+    s = engine.scheduler
     # Half the prompts start with one of 16 shared 256-token prefixes (twice each in 64).
     prompts = [s.sequence(i).prompt_tokens for i in s.snapshot().waiting_ids]
     heads = Counter(tuple(p[:256]) for p in prompts)
@@ -53,14 +54,13 @@ def test_ranking_reranks_a_constant_queue_behind_a_full_active_set(impl):
     assert sorted(heads.values()) == [1] * 32 + [2] * 16
     for _ in range(3):
         make_dirty()
-        plan_only()
-        finish()
+        assert engine.step() and engine.last_plan_ns > 0
         snap = s.snapshot()
         assert len(snap.waiting_ids) == 64 and len(snap.active_ids) == 64
 
 
 def test_fake_host_writes_one_output_per_sampling_row():
-    s = B._decoding(Scheduler, 5, 16)
+    s = B._decoding(Scheduler, 5, 16).scheduler
     plan = s.plan_iteration()
     assert B.write_outputs(plan, token=3) == 5
     out = plan.outputs
@@ -75,3 +75,8 @@ def test_bench_is_a_cli_subcommand_and_the_c_driver_is_installed():
     assert args.func is bench_cli.run and args.quick and args.no_twin and not args.no_c
     src = B.c_source()
     assert src is not None and os.path.basename(src) == "c_overhead.c"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_first_plan_token_count_is_one_token_per_row(impl):
+    assert B.first_plan_token_count(impl, 8, 64) == 8

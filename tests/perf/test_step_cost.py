@@ -13,7 +13,7 @@ from skippy_scheduler.bench import _decoding, write_outputs
 
 
 def _steady(impl, n, prompt, steps=3):
-    s = _decoding(impl, n, prompt)
+    s = _decoding(impl, n, prompt).scheduler
     for _ in range(steps):
         plan = s.plan_iteration()
         write_outputs(plan, token=9)
