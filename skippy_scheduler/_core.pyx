@@ -715,13 +715,26 @@ cdef class Scheduler:
 
     def sequence(self, sequence_id):
         """Read-only snapshot of a waiting or active sequence, or None."""
-        cdef skippy_sequence_info info
-        cdef size_t k
         if not isinstance(sequence_id, str):
             raise TypeError(f"sequence id must be a str, got {type(sequence_id).__name__}")
         b = sequence_id.encode("utf-8")
         cdef uint32_t slot = skippy_scheduler_find(self._s, b, len(b))
-        if slot == UINT32_MAX or not skippy_scheduler_sequence(self._s, slot, &info):
+        if slot == UINT32_MAX:
+            return None
+        return self._slot_snapshot(slot, None)
+
+    def retired(self):
+        """Sequences that left the scheduler since the last plan (finished, failed or
+        cancelled, in that order of events), as read-only snapshots with their generated
+        tokens and final status; the next `plan_iteration` forgets them."""
+        cdef size_t n, i
+        cdef const skippy_retired *ret = skippy_scheduler_retired(self._s, &n)
+        return [self._slot_snapshot(ret[i].slot, _STATUSES[ret[i].status]) for i in range(n)]
+
+    cdef object _slot_snapshot(self, uint32_t slot, object status):
+        cdef skippy_sequence_info info
+        cdef size_t k
+        if not skippy_scheduler_sequence(self._s, slot, &info):
             return None
         o = self._objs[slot]
         total = info.prompt_count + info.generated_count
@@ -730,7 +743,8 @@ cdef class Scheduler:
             id=o[0], prompt_tokens=toks[:info.prompt_count],
             generated_tokens=toks[info.prompt_count:], max_tokens=info.max_tokens,
             sampling=o[3], priority=info.priority, admission_tokens=info.admission_tokens,
-            status=_STATUSES[info.status], prefix_restore=o[1], cache_affinity=o[2],
+            status=_STATUSES[info.status] if status is None else status,
+            prefix_restore=o[1], cache_affinity=o[2],
             admitted_at=info.admitted_at if info.admitted_at else None,
             prefill_cursor=info.prefill_cursor, enqueued_turn=info.enqueued_turn,
             enqueue_order=info.enqueue_order)

@@ -28,6 +28,7 @@ class SequenceStatus(enum.Enum):
     Preempted = 2
     Finished = 3
     Failed = 4
+    Cancelled = 5  # only in `retired()` snapshots: a cancelled sequence is never submitted
 
 
 class PrefixRestoreKind(enum.Enum):
@@ -137,7 +138,9 @@ class Sequence:
     # -- queries ------------------------------------------------------------------------------
 
     def is_finished(self) -> bool:
-        return self.status in (SequenceStatus.Finished, SequenceStatus.Failed)
+        """True once the sequence has left the scheduler (finished, failed or cancelled)."""
+        return self.status in (SequenceStatus.Finished, SequenceStatus.Failed,
+                               SequenceStatus.Cancelled)
 
     def recompute_tokens(self) -> list[int]:
         """Prompt plus every generated token except the pending (last) one."""
@@ -184,6 +187,8 @@ class Sequence:
         copy.admission_tokens = check_uint("admission_tokens", self.admission_tokens, USIZE_MAX)
         if not isinstance(self.status, SequenceStatus):
             raise TypeError(f"status must be a SequenceStatus, got {type(self.status).__name__}")
+        if self.status is SequenceStatus.Cancelled:
+            raise ValueError("a cancelled sequence cannot be submitted (status Cancelled)")
         copy.status = self.status
         if self.prefix_restore is not None and not isinstance(self.prefix_restore, PrefixRestore):
             raise TypeError("prefix_restore must be a PrefixRestore or None")
@@ -197,8 +202,11 @@ class Sequence:
         copy.enqueue_order = check_uint("enqueue_order", self.enqueue_order)
         return copy
 
-    def _snapshot(self) -> "Sequence":
-        return Sequence._frozen_snapshot(**{name: getattr(self, name) for name in _FIELDS})
+    def _snapshot(self, status: "SequenceStatus | None" = None) -> "Sequence":
+        values = {name: getattr(self, name) for name in _FIELDS}
+        if status is not None:
+            values["status"] = status
+        return Sequence._frozen_snapshot(**values)
 
     @classmethod
     def _frozen_snapshot(cls, **values: Any) -> "Sequence":

@@ -79,6 +79,7 @@ class TwinScheduler:
         self._used = [0] * len(self._components)
         self._waiting: list[Sequence] = []
         self._active: dict[str, Sequence] = {}  # insertion order = admission (walk) order
+        self._retired: list[Sequence] = []  # left since the last plan, as snapshots
         self._metrics = SchedulerMetrics()
         self._consecutive_prefill = 0
         self._waiting_turn = 0
@@ -187,7 +188,13 @@ class TwinScheduler:
 
     # -- planning -------------------------------------------------------------------------------
 
+    def retired(self) -> list[Sequence]:
+        """Sequences that left since the last plan (finished, failed, cancelled), as snapshots
+        with their generated tokens; the next `plan_iteration` forgets them."""
+        return list(self._retired)
+
     def plan_iteration(self) -> TwinPlan:
+        self._retired = []
         turn = sat(self._waiting_turn + 1)
         if self._dirty:
             # Rank first so that a failing user policy leaves everything as it was.
@@ -369,6 +376,7 @@ class TwinScheduler:
         for sequence_id, failed in terminal:
             s = self._active.pop(sequence_id)
             self._release(s)
+            self._retired.append(s._snapshot())
             if failed:
                 m.failed = sat(m.failed + 1)
                 failed_ids.append(sequence_id)
@@ -471,11 +479,12 @@ class TwinScheduler:
         else:
             for i, w in enumerate(self._waiting):
                 if w.id == sequence_id:
-                    del self._waiting[i]
+                    s = self._waiting.pop(i)
                     self._dirty = True
                     break
             else:
                 return False
+        self._retired.append(s._snapshot(SequenceStatus.Cancelled))
         self._metrics.cancelled = sat(self._metrics.cancelled + 1)
         self._refresh_counts()
         return True
