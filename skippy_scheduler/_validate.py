@@ -19,7 +19,7 @@ I32_MAX = (1 << 31) - 1
 
 
 def sat(value: int) -> int:
-    """Clamp a non-negative int to u64, as the reference saturates instead of wrapping."""
+    """Clamp a non-negative int to u64, counters saturate instead of wrapping (docs/behaviour.md §1.0)."""
     return value if value <= U64_MAX else U64_MAX
 
 

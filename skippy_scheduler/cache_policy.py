@@ -12,7 +12,7 @@ U64_MAX = (1 << 64) - 1
 
 
 def _sat(value: int) -> int:
-    """Clamp a non-negative Python int to u64 (the reference saturates instead of wrapping)."""
+    """Clamp a non-negative Python int to u64 (scores saturate instead of wrapping, docs/behaviour.md §3.1)."""
     return value if value <= U64_MAX else U64_MAX
 
 

@@ -3,7 +3,7 @@
 A pure function over a snapshot of one memory component: can a request be admitted while
 keeping the free-space watermarks, and which evictable cache entries should go first. Entries
 are evicted cheapest-to-recompute per unit first; the density comparison is done on exact
-integer cross products (the reference uses 128-bit products), never on floats.
+integer cross products (exact, like 128-bit products in C; docs/behaviour.md §4), never on floats.
 """
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ class AdmissionPolicy(abc.ABC):
 
 
 class CacheAwareAdmission(AdmissionPolicy):
-    """The reference order (§3): priority, cache value plus aging, waiting-prefix grouping.
+    """The default order (docs/behaviour.md §3): priority, cache value plus aging, waiting-prefix grouping.
 
     `None` settings take the scheduler config's `cache_aging_cost_per_iteration` and
     `group_waiting_prefixes`; an explicit aging cost of 0 gives no aging credit.
@@ -145,7 +145,7 @@ def _first_min(candidates: _Seq[VictimCandidate], key) -> int | None:
 
 
 class LowestPriorityNewest(PreemptionPolicy):
-    """The reference victim (§2.8): lowest priority, then the most recently admitted."""
+    """The default victim (docs/behaviour.md §2.8): lowest priority, then the most recently admitted."""
 
     native_kind: ClassVar[int | None] = 0
 

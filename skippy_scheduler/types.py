@@ -315,7 +315,7 @@ class QueueFull(AdmissionError):
 
 
 class DuplicateSequence(AdmissionError):
-    def __init__(self, id: str) -> None:  # noqa: A002 - mirrors the Rust variant
+    def __init__(self, id: str) -> None:  # noqa: A002 - the public attribute name
         super().__init__(id)
         self.id = id
 

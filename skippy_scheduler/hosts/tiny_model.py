@@ -2,7 +2,7 @@
 
 The model exists so that the llama.cpp host can be tested and demonstrated without downloading
 anything: its logits are meaningless but deterministic, which is all an equality test between
-batched and alone runs needs. Shapes, keys and the SPM vocabulary follow llama-host.md; the same
+batched and alone runs needs. Shapes, GGUF keys and the SPM vocabulary are the smallest set llama.cpp loads as a LLaMA model; the same
 seed always gives a byte-identical file.
 """
 from __future__ import annotations

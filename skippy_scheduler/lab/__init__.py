@@ -1,7 +1,7 @@
 """The scheduler lab: a deterministic discrete-event driver around the scheduler (§5).
 
 No model runs: requests are lengths and arrival times, every sampled token is fixed and time
-comes from `RuntimeCostModel`. `simulate` reproduces the reference lab; `scenarios` holds its
+comes from `RuntimeCostModel`. `simulate` is the lab run of docs/behaviour.md §5.4; `scenarios` holds its
 13 scenarios and the fixture replay; `suite` replays seeded synthetic workloads under several
 admission policies and planning modes.
 """

@@ -79,7 +79,7 @@ class SimRequest:
         return seq.with_cache_affinity(self.cache_affinity)
 
     def prompt_ids(self) -> list[int]:
-        """Prompt token ids: token_offset + i, saturating at i32::MAX like the reference."""
+        """Prompt token ids: token_offset + i, saturating at 2**31 - 1 (docs/behaviour.md §5.2)."""
         start = self.token_offset
         stop = start + self.prompt_tokens
         if stop - 1 <= I32_MAX:

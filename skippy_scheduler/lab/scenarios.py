@@ -128,7 +128,7 @@ def run_scenario(scenario: Scenario | str, cost: RuntimeCostModel | None = None,
     return ScenarioResult(scenario, report, bench, lines)
 
 
-# Fixture replay (§5.8): two profiles of the reference's measured locality boundary.
+# Fixture replay (§5.8): two locality profiles with their expected family-switch counts.
 REPLAY_PROFILES = {
     "warm-affinity": {"family_order": [0, 0, 0, 1, 1, 1], "prompt_tokens": 128,
                       "expected": {"fcfs": 1, "dfs": 1}},

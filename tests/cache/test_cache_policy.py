@@ -143,7 +143,7 @@ def test_scores_saturate_at_u64_max():
     assert order_cache_aware_candidates([old, hot], U64_MAX, 2, False) == [0, 1]
 
 
-def test_band_count_saturates_like_the_reference():
+def test_band_count_saturates():
     # age 2^64-1: (age + 3) saturates, giving 2^62 - 1 bands, x4 (aging 1) = 2^64 - 4, which
     # loses to a saved cost of 2^64 - 2; one turn younger it is still 2^62 - 1 bands
     old = CacheAwareCandidate(0, 0, CacheAffinity(), [1], 0, 1)

@@ -1,4 +1,4 @@
-"""§6.6 simulation tests (reference tests/simulation.rs) with their printed numbers."""
+"""docs/behaviour.md §6.6: the simulation cases and their figures."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""The shared structs have one layout in C, cffi and Cython, and the spec's row layout."""
+"""The shared structs have one layout in C, cffi and Cython, and the runtime's 72-byte request-row layout."""
 import os
 import shutil
 import subprocess
@@ -9,7 +9,7 @@ import skippy_scheduler
 from skippy_scheduler import _core
 from skippy_scheduler._abi import ffi
 
-# native-abi.md §2.1 (LP64).
+# skippy_iteration_request offsets of the Skippy runtime ABI (LP64; docs/hosts.md).
 SPEC_REQUEST = {
     "session": 0, "token_ids": 8, "token_count": 16, "positions": 24, "position_count": 32,
     "sampling": 40, "input_desc": 48, "input_payload": 56, "sample_last": 64,

@@ -97,7 +97,7 @@ def test_views_are_stable_between_plans_and_stale_plans_raise():
     p3 = s.plan_iteration()  # replaces p2 without completing it
     with pytest.raises(StalePlanError):
         s.observe_iteration_duration(p2, 0.001)
-    # The pending token was never completed, so it is decoded again (reference behaviour).
+    # The pending token was never completed, so it is decoded again (docs/behaviour.md §0.4f).
     assert [(w.tokens, w.positions) for w in p3.work] == [((9,), (3,))]
 
 

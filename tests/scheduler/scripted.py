@@ -57,7 +57,7 @@ submit_ops = st.tuples(
 )
 durations = st.sampled_from([None, 0.0005, 0.001, 0.01, 0.012, 0.03, 0.2, -1.0])
 # A "step" is plan + observe + complete, the normal loop; lone plans and completes also occur
-# (a plan that is never completed leaves its sampled sequences without work, as in the reference).
+# (a plan that is never completed leaves its sampled sequences without work, docs/behaviour.md §0.4f).
 steps = st.tuples(st.just("step"), st.integers(0, 2**32), st.booleans(), durations)
 OP_STRATEGIES = {
     "submit": submit_ops,

@@ -1,4 +1,4 @@
-"""This project's departures from the reference (§0.4 a–e) and other engine details (§2, §7)."""
+"""The deliberate choices of docs/behaviour.md §0.4 (a–f) and other scheduler details (§2, §7)."""
 import numpy as np
 import pytest
 from sched_helpers import affinity, make_scheduler, pred, row_ids, seq
@@ -16,7 +16,7 @@ Prefill, Recompute, Decode = IterationPhase.Prefill, IterationPhase.Recompute, I
 
 
 def test_a_active_sequences_are_walked_in_admission_order(impl):
-    # §7.1's example: the reference would give B 4 tokens, aa 2, zz nothing.
+    # §7.1's example: id order would give B 4 tokens, aa 2, zz nothing.
     s = make_scheduler(impl, max_tokens_per_iteration=6, prefill_chunk_tokens=4)
     for sequence_id in ("zz", "aa", "B"):
         s.submit(seq(sequence_id, 5, 4))
