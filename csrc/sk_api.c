@@ -1,67 +1,12 @@
 /*
- * Lifecycle, configuration, errors and read-only accessors of the scheduler. The decisions
- * (admission, planning, completion, preemption) are in sk_sched.c.
+ * Lifecycle, configuration and read-only accessors of the scheduler. The decisions
+ * (admission, completion, preemption) are in sk_sched.c, planning in sk_plan.c and failure
+ * reporting in sk_error.c.
  */
-#include <math.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "sk_internal.h"
-
-int sk_fail(skippy_scheduler *s, skippy_sched_code code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(s->message, sizeof s->message, fmt, ap);
-    va_end(ap);
-    s->code = code;
-    return (int)code;
-}
-
-void skippy_error_free(skippy_error *error)
-{
-    if (!error) return;
-    free((void *)error->message);
-    free(error);
-}
-
-static skippy_status to_status(skippy_sched_code code)
-{
-    switch (code) {
-    case SKIPPY_SCHED_OK: return SKIPPY_STATUS_OK;
-    case SKIPPY_SCHED_NO_MEMORY: return SKIPPY_STATUS_ERROR;
-    case SKIPPY_SCHED_CALLBACK: return SKIPPY_STATUS_RUNTIME_ERROR;
-    default: return SKIPPY_STATUS_INVALID_ARGUMENT;
-    }
-}
-
-/* Maps an internal result to the public status and, on failure, an owned error object. */
-skippy_status sk_result(skippy_scheduler *s, int rc, skippy_error **out_error)
-{
-    if (out_error) *out_error = NULL;
-    if (rc == 0) {
-        s->code = SKIPPY_SCHED_OK;
-        s->message[0] = 0;
-        return SKIPPY_STATUS_OK;
-    }
-    skippy_status st = to_status((skippy_sched_code)rc);
-    if (out_error) {
-        skippy_error *e = malloc(sizeof *e);
-        char *msg = e ? malloc(strlen(s->message) + 1) : NULL;
-        if (e && msg) {
-            strcpy(msg, s->message);
-            e->status = st;
-            e->message = msg;
-            *out_error = e;
-        } else {
-            free(e);
-            free(msg);
-        }
-    }
-    return st;
-}
 
 void skippy_scheduler_config_default(skippy_scheduler_config *c)
 {

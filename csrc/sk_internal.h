@@ -12,7 +12,10 @@
 #include <stddef.h>
 
 #include "skippy_scheduler.h"
+#include "sk_error.h"
+#include "sk_grow.h"
 #include "sk_rank.h"
+#include "sk_sat.h"
 
 #define SK_NO_SLOT UINT32_MAX
 
@@ -142,7 +145,6 @@ uint32_t sk_store_take(skippy_scheduler *s);        /* pops a free slot (after s
 void sk_store_index(skippy_scheduler *s, uint32_t slot);
 void sk_store_unindex(skippy_scheduler *s, uint32_t slot);
 void sk_store_release(skippy_scheduler *s, uint32_t slot);
-int sk_grow(void **ptr, size_t *cap, size_t need, size_t elem);
 
 /* sk_waiting.c: the waiting queue's ranking (sk_waiting_add/remove are no-ops unless the
  * policy keeps a ranked set; add returns -1 on out of memory and then changes nothing) */
@@ -152,8 +154,17 @@ int sk_waiting_add(skippy_scheduler *s, uint32_t slot, uint64_t order);
 void sk_waiting_remove(skippy_scheduler *s, uint32_t slot);
 int sk_waiting_rank(skippy_scheduler *s);
 
-/* sk_sched.c helpers shared with the C API wrappers */
-int sk_fail(skippy_scheduler *s, skippy_sched_code code, const char *fmt, ...);
+/* sk_sched.c: admits what fits from the front of the ranked waiting queue (§2.3) */
+int sk_admit_waiting(skippy_scheduler *s, size_t *out_admitted);
+
+/* sk_plan.c: SKIPPY_SCHED_STALE_PLAN unless `serial` names the live plan */
+int sk_check_live(skippy_scheduler *s, uint64_t serial);
+
+static inline void sk_refresh_counts(skippy_scheduler *s)
+{
+    s->m.active_sequences = s->active_len;
+    s->m.waiting_sequences = s->waiting_len;
+}
 
 static inline size_t sk_replay_len(const sk_seq *q)
 {
@@ -181,19 +192,5 @@ static inline int sk_class(const sk_seq *q)
 {
     return prefill_pending(q) ? SK_CLASS_PREFILL : q->gen_len > 0 ? SK_CLASS_LIVE : SK_CLASS_IDLE;
 }
-
-static inline uint64_t sk_sat_add(uint64_t a, uint64_t b)
-{
-    uint64_t r = a + b;
-    return r < a ? UINT64_MAX : r;
-}
-
-static inline uint64_t sk_sat_mul(uint64_t a, uint64_t b)
-{
-    if (a != 0 && b > UINT64_MAX / a) return UINT64_MAX;
-    return a * b;
-}
-
-static inline uint64_t sk_sat_sub(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
 
 #endif

@@ -9,30 +9,8 @@
  */
 #include <stdlib.h>
 
+#include "sk_grow.h"
 #include "sk_radix_internal.h"
-
-/* geometric growth of *buf to hold need elements; 0 on success */
-static int rx_grow(void **buf, size_t *cap, size_t need, size_t elem)
-{
-    size_t next;
-    void *p;
-    if (need <= *cap)
-        return 0;
-    next = *cap ? *cap : 8;
-    while (next < need) {
-        if (next > SIZE_MAX / 2)
-            return -1;
-        next *= 2;
-    }
-    if (next > SIZE_MAX / elem)
-        return -1;
-    p = realloc(*buf, next * elem);
-    if (!p)
-        return -1;
-    *buf = p;
-    *cap = next;
-    return 0;
-}
 
 sk_radix *sk_radix_new(void)
 {
@@ -126,14 +104,14 @@ static int rx_reserve_nodes(sk_radix *r, size_t k)
     need = r->nodes_used + (k - r->free_count);
     if (need > (size_t)INT32_MAX)
         return -1;
-    return rx_grow((void **)&r->nodes, &r->nodes_cap, need, sizeof(rx_node));
+    return sk_grow((void **)&r->nodes, &r->nodes_cap, need, sizeof(rx_node));
 }
 
 static int rx_reserve_pool(sk_radix *r, size_t k)
 {
     if (k > SIZE_MAX - r->pool_len)
         return -1;
-    return rx_grow((void **)&r->pool, &r->pool_cap, r->pool_len + k, sizeof(int32_t));
+    return sk_grow((void **)&r->pool, &r->pool_cap, r->pool_len + k, sizeof(int32_t));
 }
 
 static int rx_reserve_children(sk_radix *r, int32_t id, size_t need)
@@ -142,7 +120,7 @@ static int rx_reserve_children(sk_radix *r, int32_t id, size_t need)
     size_t cap = nd->cap;
     if (need > UINT32_MAX)
         return -1;
-    if (rx_grow((void **)&nd->child, &cap, need, sizeof(rx_child)))
+    if (sk_grow((void **)&nd->child, &cap, need, sizeof(rx_child)))
         return -1;
     nd->cap = (uint32_t)(cap > UINT32_MAX ? UINT32_MAX : cap);
     return 0;
@@ -297,7 +275,7 @@ int sk_radix_insert(sk_radix *r, int kind, int if_vacant, const char *ns, size_t
             rx_reserve_children(r, cur, (size_t)r->nodes[cur].nchild + 1))
             return SK_RADIX_NO_MEMORY;
         if (nsi < 0) {
-            if (rx_grow((void **)&r->ns, &r->ns_cap, r->ns_count + 1, sizeof(rx_ns)))
+            if (sk_grow((void **)&r->ns, &r->ns_cap, r->ns_count + 1, sizeof(rx_ns)))
                 return SK_RADIX_NO_MEMORY;
             name = malloc(ns_len ? ns_len : 1);
             if (!name)

@@ -61,28 +61,20 @@ void sk_rank_ws_free(sk_rank_ws *ws)
 
 /* NOTE: each buffer is swapped in as soon as it grows, so a failure part-way leaves every
  * pointer valid; cap only advances once all of them hold the new size. */
-#define SK_GROW(field, type)                                                       \
-    do {                                                                           \
-        void *p_ = realloc(ws->field, want * sizeof(type));                        \
-        if (!p_) return SK_RANK_NO_MEMORY;                                         \
-        ws->field = (type *)p_;                                                    \
-    } while (0)
-
 static int ws_reserve(sk_rank_ws *ws, size_t n)
 {
     size_t want;
     if (n <= ws->cap) return SK_RANK_OK;
-    want = ws->cap ? ws->cap : 64;
-    while (want < n) want = want > SIZE_MAX / 2 ? n : want * 2;
-    if (want > SIZE_MAX / sizeof(sk_kv)) return SK_RANK_NO_MEMORY;
-    SK_GROW(pos, uint32_t);
-    SK_GROW(term, uint32_t);
-    SK_GROW(eff, uint64_t);
-    SK_GROW(grp, uint64_t);
-    SK_GROW(kv_a, sk_kv);
-    SK_GROW(kv_b, sk_kv);
-    SK_GROW(kv_c, sk_kv);
-    SK_GROW(tasks, sk_task);
+    want = sk_grown_capacity(ws->cap, n, 64);
+    if (sk_resize((void **)&ws->pos, want, sizeof *ws->pos) ||
+        sk_resize((void **)&ws->term, want, sizeof *ws->term) ||
+        sk_resize((void **)&ws->eff, want, sizeof *ws->eff) ||
+        sk_resize((void **)&ws->grp, want, sizeof *ws->grp) ||
+        sk_resize((void **)&ws->kv_a, want, sizeof *ws->kv_a) ||
+        sk_resize((void **)&ws->kv_b, want, sizeof *ws->kv_b) ||
+        sk_resize((void **)&ws->kv_c, want, sizeof *ws->kv_c) ||
+        sk_resize((void **)&ws->tasks, want, sizeof *ws->tasks))
+        return SK_RANK_NO_MEMORY;
     ws->cap = want;
     return SK_RANK_OK;
 }

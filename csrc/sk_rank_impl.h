@@ -5,7 +5,9 @@
 #ifndef SK_RANK_IMPL_H
 #define SK_RANK_IMPL_H
 
+#include "sk_grow.h"
 #include "sk_rank.h"
+#include "sk_sat.h"
 
 #define SK_RANK_OK 0
 #define SK_RANK_INVALID 4
@@ -24,16 +26,6 @@ typedef struct sk_kv {
     uint32_t idx;  /* item position or handle, or a start offset for radix buckets */
     uint32_t aux;  /* bucket size */
 } sk_kv;
-
-static inline uint64_t sk_sat_add(uint64_t a, uint64_t b)
-{
-    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
-}
-
-static inline uint64_t sk_sat_mul(uint64_t a, uint64_t b)
-{
-    return (a != 0 && b > UINT64_MAX / a) ? UINT64_MAX : a * b;
-}
 
 /* §3.1: effective score and grouping score of one item. */
 static inline void sk_rank_scores(const sk_rank_item *it, uint64_t turn, uint64_t aging,

@@ -71,25 +71,13 @@ struct sk_rank_set {
     size_t score_cap;
 };
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    size_t c = *cap ? *cap : 16;
-    void *q;
-    if (need <= *cap) return SK_RANK_OK;
-    while (c < need) c *= 2;
-    q = realloc(*p, c * elem);
-    if (!q) return SK_RANK_NO_MEMORY;
-    *p = q;
-    *cap = c;
-    return SK_RANK_OK;
-}
-
+/* sk_grow for the per-node arrays, whose capacities are kept as uint32_t. */
 static int grow32(uint32_t **p, uint32_t *cap, size_t need)
 {
     size_t c = *cap;
-    int rc = grow((void **)p, &c, need, sizeof(uint32_t));
-    if (rc == SK_RANK_OK) *cap = (uint32_t)c;
-    return rc;
+    if (sk_grow((void **)p, &c, need, sizeof(uint32_t))) return SK_RANK_NO_MEMORY;
+    *cap = (uint32_t)c;
+    return SK_RANK_OK;
 }
 
 /* Keeps a node's terminal items by (order, add) ascending, the order emit_terms wants. The
@@ -228,7 +216,7 @@ static int nodes_reserve(sk_rank_set *s, uint32_t spare)
         if (s->nnodes == s->node_cap) {
             size_t cap = s->node_cap;
             if (cap >= NIL / 2) return SK_RANK_NO_MEMORY;
-            if (grow((void **)&s->nodes, &cap, (size_t)s->nnodes + 1, sizeof(sk_node)))
+            if (sk_grow((void **)&s->nodes, &cap, (size_t)s->nnodes + 1, sizeof(sk_node)))
                 return SK_RANK_NO_MEMORY;
             s->node_cap = (uint32_t)cap;
         }
@@ -341,7 +329,7 @@ int sk_rank_set_add(sk_rank_set *s, const sk_rank_item *item, uint32_t *out_hand
     if (s->live >= NIL / 2) return SK_RANK_NO_MEMORY;
     if (s->free_slot == NIL && s->nslots == s->slot_cap) {
         size_t cap = s->slot_cap;
-        if (grow((void **)&s->slots, &cap, (size_t)s->nslots + 1, sizeof(sk_slot)))
+        if (sk_grow((void **)&s->slots, &cap, (size_t)s->nslots + 1, sizeof(sk_slot)))
             return SK_RANK_NO_MEMORY;
         s->slot_cap = (uint32_t)cap;
     }
@@ -520,20 +508,20 @@ int sk_rank_set_order(sk_rank_set *s, uint64_t current_turn, uint64_t aging_cost
     if (mode < SK_RANK_CACHE_AWARE || mode > SK_RANK_PRIORITY) return SK_RANK_INVALID;
     if (n == 0) return SK_RANK_OK;
     cap = s->kv_cap;
-    if (grow((void **)&s->kv_a, &cap, n, sizeof(sk_kv))) return SK_RANK_NO_MEMORY;
+    if (sk_grow((void **)&s->kv_a, &cap, n, sizeof(sk_kv))) return SK_RANK_NO_MEMORY;
     if (cap != s->kv_cap) {
         size_t cap_b = s->kv_cap;
-        if (grow((void **)&s->kv_b, &cap_b, cap, sizeof(sk_kv))) return SK_RANK_NO_MEMORY;
+        if (sk_grow((void **)&s->kv_b, &cap_b, cap, sizeof(sk_kv))) return SK_RANK_NO_MEMORY;
         s->kv_cap = cap;
     }
     cap = s->score_cap;
-    if (grow((void **)&s->eff, &cap, s->nslots, sizeof(uint64_t))) return SK_RANK_NO_MEMORY;
+    if (sk_grow((void **)&s->eff, &cap, s->nslots, sizeof(uint64_t))) return SK_RANK_NO_MEMORY;
     if (cap != s->score_cap) {
         size_t cap_g = s->score_cap;
-        if (grow((void **)&s->grp, &cap_g, cap, sizeof(uint64_t))) return SK_RANK_NO_MEMORY;
+        if (sk_grow((void **)&s->grp, &cap_g, cap, sizeof(uint64_t))) return SK_RANK_NO_MEMORY;
         s->score_cap = cap;
     }
-    if (grow((void **)&s->stack, &s->stack_cap, 2 * (size_t)s->nnodes + 2, sizeof(uint32_t)))
+    if (sk_grow((void **)&s->stack, &s->stack_cap, 2 * (size_t)s->nnodes + 2, sizeof(uint32_t)))
         return SK_RANK_NO_MEMORY;
 
     /* A key every live item shares needs no pass at all (one priority level is the norm). */

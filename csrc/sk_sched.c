@@ -1,29 +1,14 @@
 /*
- * The scheduler's decisions (behaviour.md §2): submit, admission, the two planning modes,
- * duration observation, completion from compact sampled outputs, preemption and cancel.
+ * The scheduler's decisions (behaviour.md §2) other than planning (sk_plan.c): submit,
+ * admission, completion from compact sampled outputs, preemption and cancel.
  *
  * Every public entry point validates first and mutates after, so a failing call leaves the
- * scheduler exactly as it was. Plans are written straight into the skippy_plan
- * struct-of-arrays: request rows point into one token arena, row index = work index.
+ * scheduler exactly as it was.
  */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "sk_internal.h"
-
-skippy_status sk_result(skippy_scheduler *s, int rc, skippy_error **out_error);
-
-#define EWMA_ALPHA 0.25
-#define MIXED_SLOWDOWN 0.20
-#define MIXED_MIN_EXTRA_US 8000.0
-#define MIXED_MAX_EXTRA_US 20000.0
-
-static void refresh_counts(skippy_scheduler *s)
-{
-    s->m.active_sequences = s->active_len;
-    s->m.waiting_sequences = s->waiting_len;
-}
 
 static uint64_t reservation(const skippy_memory_component *c, size_t tokens)
 {
@@ -137,7 +122,7 @@ static int submit(skippy_scheduler *s, const skippy_sequence_desc *d, uint32_t *
     else s->m.prefix_misses = sk_sat_add(s->m.prefix_misses, 1);
     s->waiting[s->waiting_len++] = slot;
     s->dirty = true;
-    refresh_counts(s);
+    sk_refresh_counts(s);
     if (out_slot) *out_slot = slot;
     return 0;
 oom:
@@ -152,7 +137,7 @@ skippy_status skippy_scheduler_submit(skippy_scheduler *s, const skippy_sequence
 
 /* ---------------------------------------------------------------- admission (§2.3) */
 
-static int admit_waiting(skippy_scheduler *s, size_t *out_admitted)
+int sk_admit_waiting(skippy_scheduler *s, size_t *out_admitted)
 {
     *out_admitted = 0;
     if (s->dirty) {
@@ -186,351 +171,6 @@ static int admit_waiting(skippy_scheduler *s, size_t *out_admitted)
     s->waiting_len = kept;
     *out_admitted = admitted;
     return 0;
-}
-
-/* ---------------------------------------------------------------- planning (§2.4, §2.5) */
-
-static int grow_exact(void **ptr, size_t n, size_t elem)
-{
-    void *q = realloc(*ptr, n * elem);
-    if (!q) return -1;
-    *ptr = q;
-    return 0;
-}
-
-/* Rows never exceed min(active, max_tokens); tokens never exceed min(max_tokens, active*chunk). */
-static int ensure_plan_capacity(skippy_scheduler *s)
-{
-    skippy_plan *p = &s->plan;
-    size_t maxt = s->cfg.max_tokens_per_iteration;
-    size_t rows = s->active_len < maxt ? s->active_len : maxt;
-    if (rows < 1) rows = 1;
-    if (rows > p->request_capacity) {
-        size_t cap = p->request_capacity * 2;
-        if (cap < 16) cap = 16;
-        if (cap > maxt) cap = maxt;
-        if (cap < rows) cap = rows;
-        if (grow_exact((void **)&p->requests, cap, sizeof(skippy_iteration_request)) ||
-            grow_exact((void **)&p->row_offsets, cap + 1, sizeof(size_t)) ||
-            grow_exact((void **)&p->slots, cap, sizeof(uint32_t)) ||
-            grow_exact((void **)&p->phases, cap, 1) ||
-            grow_exact((void **)&p->sample_last, cap, 1) ||
-            grow_exact((void **)&p->sample_rows, cap, sizeof(size_t)) ||
-            grow_exact((void **)&p->outputs.sampled_request_indexes, cap, sizeof(size_t)) ||
-            grow_exact((void **)&p->outputs.predicted_tokens, cap, sizeof(int32_t)) ||
-            grow_exact((void **)&s->row_seen, cap, 1) ||
-            grow_exact((void **)&s->row_token, cap, sizeof(int32_t)))
-            return -1;
-        p->request_capacity = cap;
-    }
-    uint64_t tok = sk_sat_mul(s->active_len ? s->active_len : 1, s->cfg.prefill_chunk_tokens);
-    if (tok > maxt) tok = maxt;
-    if (tok > p->token_capacity) {
-        uint64_t cap = sk_sat_mul(p->token_capacity, 2);
-        if (cap < 256) cap = 256;
-        if (cap > maxt) cap = maxt;
-        if (cap < tok) cap = tok;
-        if (grow_exact((void **)&p->tokens, (size_t)cap, sizeof(int32_t)) ||
-            grow_exact((void **)&p->positions, (size_t)cap, sizeof(int32_t)))
-            return -1;
-        p->token_capacity = (size_t)cap;
-    }
-    return 0;
-}
-
-static inline int32_t pos32(size_t v) { return v > INT32_MAX ? INT32_MAX : (int32_t)v; }
-
-/*
- * The plan's arrays and fill counters, copied into locals for the length of one plan. NOTE:
- * stores through the uint8_t arrays may alias anything, so writing rows through s->plan
- * would make the compiler reload every array pointer after each byte store; a local writer
- * that never escapes stays in registers.
- */
-typedef struct sk_rows {
-    skippy_iteration_request *rq;
-    int32_t *tok, *pos;
-    size_t *offs, *srows;
-    uint32_t *slots;
-    uint8_t *phases, *sample;
-    size_t rows, tokens, samples;
-    uint64_t tok_by_phase[3];
-} sk_rows;
-
-static inline void rows_open(sk_rows *w, const skippy_plan *p)
-{
-    w->rq = p->requests;
-    w->tok = p->tokens;
-    w->pos = p->positions;
-    w->offs = p->row_offsets;
-    w->srows = p->sample_rows;
-    w->slots = p->slots;
-    w->phases = p->phases;
-    w->sample = p->sample_last;
-    w->rows = w->tokens = w->samples = 0;
-    w->tok_by_phase[0] = w->tok_by_phase[1] = w->tok_by_phase[2] = 0;
-}
-
-static inline void put_row(sk_rows *w, const sk_seq *q, uint32_t slot, size_t count,
-                           uint8_t phase, bool sample)
-{
-    size_t r = w->rows++, off = w->tokens;
-    skippy_iteration_request *rq = &w->rq[r];
-    rq->session = q->session;
-    rq->token_ids = w->tok + off;
-    rq->token_count = count;
-    rq->positions = w->pos + off;
-    rq->position_count = count;
-    rq->sampling = q->sampling;
-    rq->input_desc = NULL;
-    rq->input_payload = NULL;
-    rq->sample_last = sample;
-    w->slots[r] = slot;
-    w->phases[r] = phase;
-    w->sample[r] = sample;
-    if (sample) w->srows[w->samples++] = r;
-    w->tokens = off + count;
-    w->offs[r + 1] = w->tokens;
-    w->tok_by_phase[phase] += count;
-}
-
-/* A prefill-pending sequence's next chunk: replay tokens [cursor, cursor + count). */
-static size_t emit_prefill(sk_rows *w, skippy_scheduler *s, uint32_t slot, size_t budget)
-{
-    sk_seq *q = &s->seqs[slot];
-    size_t replay = sk_replay_len(q);
-    size_t count = replay - q->cursor;
-    if (count > s->cfg.prefill_chunk_tokens) count = s->cfg.prefill_chunk_tokens;
-    if (count > budget) count = budget;
-    size_t start = q->cursor, end = start + count;
-    bool fresh = q->gen_len == 0;
-    int32_t *tok = w->tok + w->tokens, *pos = w->pos + w->tokens;
-    memcpy(tok, q->tokens + start, count * sizeof(int32_t));
-    for (size_t i = 0; i < count; i++) pos[i] = pos32(start + i);
-    put_row(w, q, slot, count, fresh ? SKIPPY_PHASE_PREFILL : SKIPPY_PHASE_RECOMPUTE,
-            fresh && end == replay);
-    s->n_class[SK_CLASS_PREFILL]--;
-    q->cursor = end;
-    s->n_class[sk_class(q)]++;
-    return count;
-}
-
-/* A live-decode sequence's pending token, fed at position R (= its index in the history). */
-static inline void emit_decode(sk_rows *w, sk_seq *q, uint32_t slot, size_t replay)
-{
-    w->tok[w->tokens] = q->last;
-    w->pos[w->tokens] = pos32(replay);
-    put_row(w, q, slot, 1, SKIPPY_PHASE_DECODE, true);
-    q->cursor = replay + 1; /* still live-decode: the class counts do not change */
-}
-
-/*
- * Decode-only plan (the steady state): every live-decode sequence in walk order until the
- * budget ends. Same rows as emit_decode would write, with every cursor in a register: each
- * row is one token, so row, token and sample indexes are all equal.
- */
-static void plan_decode_only(skippy_scheduler *s, sk_rows *w)
-{
-    const uint32_t *active = s->active;
-    size_t n = s->active_len, budget = s->cfg.max_tokens_per_iteration, r = 0;
-    sk_seq *seqs = s->seqs;
-    skippy_iteration_request *rq = w->rq;
-    int32_t *tok = w->tok, *pos = w->pos;
-    size_t *offs = w->offs, *srows = w->srows;
-    uint32_t *slots = w->slots;
-    uint8_t *phases = w->phases, *sample = w->sample;
-    for (size_t i = 0; i < n && r < budget; i++) {
-        uint32_t slot = active[i];
-        sk_seq *q = &seqs[slot];
-        size_t g = q->gen_len;
-        if (g == 0) continue;
-        size_t replay = q->prompt_len + g - 1;
-        if (q->cursor < replay) continue; /* prefill-pending waits for a prefill plan */
-        tok[r] = q->last;
-        pos[r] = pos32(replay);
-        rq->session = q->session;
-        rq->token_ids = tok + r;
-        rq->token_count = 1;
-        rq->positions = pos + r;
-        rq->position_count = 1;
-        rq->sampling = q->sampling;
-        rq->input_desc = NULL;
-        rq->input_payload = NULL;
-        rq->sample_last = true;
-        rq++;
-        slots[r] = slot;
-        phases[r] = SKIPPY_PHASE_DECODE;
-        sample[r] = 1;
-        srows[r] = r;
-        offs[r + 1] = r + 1;
-        q->cursor = replay + 1; /* still live-decode: the class counts do not change */
-        r++;
-    }
-    w->rows = w->tokens = w->samples = r;
-    w->tok_by_phase[SKIPPY_PHASE_DECODE] = r;
-}
-
-static void plan_homogeneous(skippy_scheduler *s, sk_rows *w, bool has_prefill, bool has_live)
-{
-    bool run_prefill = has_prefill && (!has_live || s->consecutive_prefill <
-                                                        s->cfg.max_consecutive_prefill_iterations);
-    size_t budget = s->cfg.max_tokens_per_iteration, n = s->active_len;
-    const uint32_t *active = s->active;
-    sk_seq *seqs = s->seqs;
-    if (!run_prefill) {
-        plan_decode_only(s, w);
-        if (w->rows) s->consecutive_prefill = 0;
-        return;
-    }
-    size_t prefill_rows = 0;
-    for (size_t i = 0; i < n && budget > 0; i++) {
-        uint32_t slot = active[i];
-        if (!prefill_pending(&seqs[slot])) continue;
-        if (prefill_rows >= s->cfg.max_prefill_sequences_per_iteration) continue;
-        budget -= emit_prefill(w, s, slot, budget);
-        prefill_rows++;
-    }
-    if (prefill_rows) s->consecutive_prefill = has_live ? s->consecutive_prefill + 1 : 0;
-}
-
-static void plan_mixed(skippy_scheduler *s, sk_rows *w)
-{
-    size_t budget = s->cfg.max_tokens_per_iteration, n = s->active_len;
-    if (n > 0) {
-        size_t start = s->mixed_cursor % n, examined = 0;
-        for (size_t off = 0; off < n; off++) {
-            if (budget == 0) break;
-            examined = off + 1;
-            size_t k = start + off;
-            if (k >= n) k -= n;
-            uint32_t slot = s->active[k];
-            sk_seq *q = &s->seqs[slot];
-            if (live_decode(q)) {
-                emit_decode(w, q, slot, sk_replay_len(q));
-                budget--;
-            }
-        }
-        size_t next = start + examined;
-        s->mixed_cursor = next % n;
-    }
-    size_t prefill_rows = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (budget == 0 || prefill_rows >= s->cfg.max_prefill_sequences_per_iteration) break;
-        uint32_t slot = s->active[i];
-        if (!prefill_pending(&s->seqs[slot])) continue;
-        budget -= emit_prefill(w, s, slot, budget);
-        prefill_rows++;
-    }
-    s->consecutive_prefill = 0;
-}
-
-#ifdef SK_CHECK_INVARIANTS
-/* Debug builds (-DSK_CHECK_INVARIANTS) recount the classes before every plan. */
-static void sk_check_classes(const skippy_scheduler *s)
-{
-    size_t c[3] = {0, 0, 0};
-    for (size_t i = 0; i < s->active_len; i++) c[sk_class(&s->seqs[s->active[i]])]++;
-    if (memcmp(c, s->n_class, sizeof c) != 0) abort();
-}
-#endif
-
-static int plan(skippy_scheduler *s, skippy_plan **out_plan)
-{
-    s->plan_live = false; /* making a plan ends the previous one, even if this one fails */
-    /* Sequences that left during the previous plan's life give their slots back now. */
-    for (size_t i = 0; i < s->retired_len; i++) sk_store_release(s, s->retired[i].slot);
-    s->retired_len = 0;
-    s->waiting_turn = sk_sat_add(s->waiting_turn, 1);
-    size_t admitted = 0;
-    int rc = admit_waiting(s, &admitted);
-    if (rc) {
-        s->waiting_turn--;
-        return rc;
-    }
-    refresh_counts(s);
-    if (ensure_plan_capacity(s))
-        return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory sizing the plan");
-    skippy_plan *p = &s->plan;
-    p->row_offsets[0] = 0;
-    p->admitted = admitted;
-    p->preempted = 0;
-    p->outputs.count = 0;
-#ifdef SK_CHECK_INVARIANTS
-    sk_check_classes(s);
-#endif
-    /* Class counts are kept up to date by every change of an active sequence (sk_class). */
-    bool has_prefill = s->n_class[SK_CLASS_PREFILL] > 0;
-    size_t live = s->n_class[SK_CLASS_LIVE];
-    size_t rows = live < s->cfg.max_tokens_per_iteration ? live : s->cfg.max_tokens_per_iteration;
-    sk_rows w;
-    rows_open(&w, p);
-    if (s->cfg.mixed_prefill_decode && s->mixed_viable && rows > 0 && rows < s->ewma_cap &&
-        !isnan(s->ewma[rows]))
-        plan_mixed(s, &w);
-    else
-        plan_homogeneous(s, &w, has_prefill, live > 0);
-    p->request_count = w.rows;
-    p->token_count = w.tokens;
-    p->sample_count = w.samples;
-    memcpy(s->plan_tok, w.tok_by_phase, sizeof s->plan_tok);
-    /* One sample per row at most: the runtime gets exactly the row count as capacity. */
-    p->outputs.capacity = p->request_count;
-    p->serial++;
-    s->plan_live = true;
-    if (out_plan) *out_plan = p;
-    return 0;
-}
-
-skippy_status skippy_scheduler_plan(skippy_scheduler *s, skippy_plan **out_plan,
-                                    skippy_error **out_error)
-{
-    return sk_result(s, plan(s, out_plan), out_error);
-}
-
-/* ---------------------------------------------------------------- observation (§2.6) */
-
-static int check_live(skippy_scheduler *s, uint64_t serial)
-{
-    if (!s->plan_live || serial != s->plan.serial)
-        return sk_fail(s, SKIPPY_SCHED_STALE_PLAN, "plan %llu is no longer live",
-                       (unsigned long long)serial);
-    return 0;
-}
-
-static int observe(skippy_scheduler *s, uint64_t serial, double us)
-{
-    int rc = check_live(s, serial);
-    if (rc) return rc;
-    if (!isfinite(us) || us <= 0.0) return 0;
-    uint64_t P = s->plan_tok[SKIPPY_PHASE_PREFILL] + s->plan_tok[SKIPPY_PHASE_RECOMPUTE];
-    uint64_t D = s->plan_tok[SKIPPY_PHASE_DECODE]; /* one token per decode row */
-    if (D == 0) return 0;
-    if (P == 0) {
-        if (D >= s->ewma_cap) {
-            size_t old = s->ewma_cap;
-            if (sk_grow((void **)&s->ewma, &s->ewma_cap, (size_t)D + 1, sizeof(double)))
-                return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory recording a duration");
-            for (size_t i = old; i < s->ewma_cap; i++) s->ewma[i] = NAN;
-        }
-        double *e = &s->ewma[D];
-        if (isnan(*e)) *e = us;
-        *e += EWMA_ALPHA * (us - *e);
-        return 0;
-    }
-    if (D >= s->ewma_cap || isnan(s->ewma[D])) return 0;
-    double predicted = s->ewma[D];
-    double extra = us - predicted;
-    if (extra < 1.0) extra = 1.0;
-    double allowed = predicted * MIXED_SLOWDOWN;
-    if (allowed < MIXED_MIN_EXTRA_US) allowed = MIXED_MIN_EXTRA_US;
-    if (allowed > MIXED_MAX_EXTRA_US) allowed = MIXED_MAX_EXTRA_US;
-    if (extra > allowed) s->mixed_viable = false;
-    return 0;
-}
-
-skippy_status skippy_scheduler_observe(skippy_scheduler *s, uint64_t serial, double us,
-                                       skippy_error **out_error)
-{
-    return sk_result(s, observe(s, serial, us), out_error);
 }
 
 /* ---------------------------------------------------------------- completion (§2.7, §0.4e) */
@@ -609,7 +249,7 @@ static int check_outputs(skippy_scheduler *s)
 
 static int complete(skippy_scheduler *s, uint64_t serial, skippy_iteration_telemetry *t)
 {
-    int rc = check_live(s, serial);
+    int rc = sk_check_live(s, serial);
     if (rc) return rc;
     skippy_plan *p = &s->plan;
     int in_row_order = check_outputs(s);
@@ -672,7 +312,7 @@ static int complete(skippy_scheduler *s, uint64_t serial, skippy_iteration_telem
     s->m.prefill_tokens = sk_sat_add(s->m.prefill_tokens, tok[SKIPPY_PHASE_PREFILL]);
     s->m.recompute_tokens = sk_sat_add(s->m.recompute_tokens, tok[SKIPPY_PHASE_RECOMPUTE]);
     s->m.decode_tokens = sk_sat_add(s->m.decode_tokens, tok[SKIPPY_PHASE_DECODE]);
-    refresh_counts(s);
+    sk_refresh_counts(s);
     s->plan_live = false;
     if (t) {
         t->iteration = s->m.iterations;
@@ -804,7 +444,7 @@ static int preempt(skippy_scheduler *s, const uint64_t *used, size_t n, size_t *
         s->m.preempted = sk_sat_add(s->m.preempted, nv);
     }
     s->victim_len = nv;
-    refresh_counts(s);
+    sk_refresh_counts(s);
     if (out_n) *out_n = nv;
     return 0;
 }
@@ -847,6 +487,6 @@ bool skippy_scheduler_cancel(skippy_scheduler *s, const char *id, size_t len)
     s->retired[s->retired_len - 1].status = SKIPPY_SEQ_CANCELLED;
     q->status = (uint8_t)keep; /* the sequence's own status is not a cancellation state */
     s->m.cancelled = sk_sat_add(s->m.cancelled, 1);
-    refresh_counts(s);
+    sk_refresh_counts(s);
     return true;
 }

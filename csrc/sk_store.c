@@ -11,22 +11,6 @@
 #define MAP_EMPTY 0u
 #define MAP_TOMB UINT32_MAX
 
-int sk_grow(void **ptr, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap) return 0;
-    size_t n = *cap ? *cap : 8;
-    while (n < need) {
-        if (n > SIZE_MAX / 2) { n = need; break; }
-        n *= 2;
-    }
-    if (n > SIZE_MAX / elem) return -1;
-    void *p = realloc(*ptr, n * elem);
-    if (!p) return -1;
-    *ptr = p;
-    *cap = n;
-    return 0;
-}
-
 uint64_t sk_hash_id(const char *id, size_t len)
 {
     uint64_t h = 1469598103934665603ull; /* FNV-1a */
@@ -121,12 +105,10 @@ int sk_store_reserve(skippy_scheduler *s)
         free(s->seqs_raw);
         s->seqs_raw = raw;
         s->seqs = seqs;
-        uint32_t *fs = realloc(s->free_slots, (size_t)n * sizeof(uint32_t));
-        if (!fs) return -1;
-        s->free_slots = fs;
+        if (sk_resize((void **)&s->free_slots, n, sizeof(uint32_t))) return -1;
         s->seq_cap = n;
         /* Lowest slots are handed out first. */
-        for (uint32_t i = n; i > old; i--) fs[s->free_len++] = i - 1;
+        for (uint32_t i = n; i > old; i--) s->free_slots[s->free_len++] = i - 1;
     }
     return 0;
 }
