@@ -6,12 +6,24 @@ Python sequences into the core's descriptors once at submit, and exposes each pl
 as numpy views over the core's memory (no copies). Python objects that the core only carries
 (ids, affinities, restores, sampling objects) are kept per slot on this side.
 """
-from cpython.array cimport array, clone
-from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.array cimport array
+from cpython.buffer cimport PyBUF_WRITE
+from cpython.memoryview cimport PyMemoryView_FromMemory
 from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t, UINT32_MAX
 from libc.stdint cimport SIZE_MAX
 
-from ._capi cimport *
+from ._boundary cimport check_u64, token_array
+from ._skippy_abi cimport (
+    SKIPPY_PLAN_ABI_VERSION,
+    SKIPPY_STATUS_OK,
+    skippy_error,
+    skippy_iteration_request,
+    skippy_plan,
+    skippy_plan_outputs,
+    skippy_sampling_config,
+    skippy_session,
+)
+from ._skippy_scheduler cimport *
 
 from dataclasses import fields as _dc_fields
 
@@ -20,7 +32,6 @@ import numbers
 import numpy as np
 
 from ._abi import ffi as _ffi
-from ._validate import check_uint
 from .cache_policy import CacheAwareCandidate
 from .policies import (
     AdmissionPolicy,
@@ -51,6 +62,7 @@ from .types import (
 
 PLAN_ABI_VERSION = SKIPPY_PLAN_ABI_VERSION
 
+
 cdef object _PHASES = (IterationPhase.Prefill, IterationPhase.Recompute, IterationPhase.Decode)
 cdef object _STATUSES = tuple(SequenceStatus)
 cdef object _SAMPLING_CTYPE = _ffi.typeof("skippy_sampling_config *")
@@ -74,13 +86,12 @@ cdef inline size_t _size(object v):
     return SIZE_MAX if v is None else <size_t>v
 
 
-cdef object _view(size_t addr, size_t count, object dtype):
+cdef object _view(void *data, size_t count, object dtype):
     """A writable numpy array over `count` elements of native memory (no copy)."""
-    itemsize = np.dtype(dtype).itemsize
-    if count == 0 or addr == 0:
+    if count == 0 or data == NULL:
         return np.zeros(0, dtype=dtype)
-    buf = _ffi.buffer(_ffi.cast("char *", addr), count * itemsize)
-    return np.frombuffer(buf, dtype=dtype)
+    memory = PyMemoryView_FromMemory(<char *>data, count * np.dtype(dtype).itemsize, PyBUF_WRITE)
+    return np.frombuffer(memory, dtype=dtype)
 
 
 cdef object _TELEMETRY_FIELDS = ("iteration", "active_sequences", "waiting_sequences", "admitted",
@@ -127,31 +138,28 @@ cdef object _telemetry(const skippy_iteration_telemetry *t, list used, list avai
 
 
 cdef object _SEQ_FIELDS = Sequence.__slots__
-cdef array _INT_ARRAY = array("i")
 
 
-cdef array _plain_tokens(object values):
-    """Tokens as an int32 array when `values` is a list or tuple of plain ints in [0, 2**31-1];
-    None otherwise (the caller then runs the full checks, which raise the precise errors)."""
-    cdef Py_ssize_t i, n
-    cdef long long v
-    cdef int overflow = 0
-    cdef array out
-    cdef int *dst
-    if type(values) is not list and type(values) is not tuple:
-        return None
-    n = len(values)
-    out = clone(_INT_ARRAY, n, False)
-    dst = out.data.as_ints
-    for i in range(n):
-        item = values[i]
-        if type(item) is not int:
-            return None
-        v = PyLong_AsLongLongAndOverflow(item, &overflow)
-        if overflow or v < 0 or v > 2147483647:
-            return None
-        dst[i] = <int>v
-    return out
+cdef class _SlotObjects:
+    """The Python objects of a slot's sequence that the core does not hold, only carries."""
+    cdef object sequence_id
+    cdef object prefix_restore
+    cdef object cache_affinity
+    cdef object sampling
+
+
+cdef _SlotObjects _slot_objects(object seq):
+    cdef _SlotObjects o = _SlotObjects.__new__(_SlotObjects)
+    o.sequence_id = seq.id
+    o.prefix_restore = seq.prefix_restore
+    o.cache_affinity = seq.cache_affinity
+    o.sampling = seq.sampling
+    return o
+
+
+cdef inline _SlotObjects _carried(list objects, size_t slot):
+    """The objects of a waiting, active or just-retired slot (never None for those)."""
+    return <_SlotObjects>objects[slot]
 
 
 cdef int _rank_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t *slots,
@@ -163,9 +171,9 @@ cdef int _rank_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t *
         candidates = []
         for i in range(n):
             skippy_scheduler_sequence(s, slots[i], &info)
-            objs = self._objs[slots[i]]
             candidates.append(CacheAwareCandidate(
-                index=i, priority=info.priority, affinity=objs[2],
+                index=i, priority=info.priority,
+                affinity=_carried(self._objects, slots[i]).cache_affinity,
                 prompt_tokens=tuple(info.tokens[k] for k in range(info.prompt_count)),
                 enqueued_turn=info.enqueued_turn, order=info.enqueue_order))
         order = self.admission.order(candidates, turn)
@@ -193,7 +201,7 @@ cdef int _victim_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t
         for i in range(n):
             skippy_scheduler_sequence(s, slots[i], &info)
             candidates.append(VictimCandidate(
-                sequence_id=self._objs[slots[i]][0], priority=info.priority,
+                sequence_id=_carried(self._objects, slots[i]).sequence_id, priority=info.priority,
                 admitted_at=info.admitted_at, computed_tokens=info.prefill_cursor,
                 generated_tokens=info.generated_count))
         choice = self.preemption.select_victim(candidates)
@@ -232,7 +240,7 @@ cdef class PlanOutputs:
     @count.setter
     def count(self, value):
         self._plan._check()
-        value = check_uint("count", value)
+        value = check_u64("count", value)
         if value > self._plan._rows:
             raise ValueError(f"count must be in [0, {self._plan._rows}]")
         self._plan._s._pp.outputs.count = value
@@ -335,8 +343,8 @@ cdef class IterationPlan:
         if self._ids is None:
             self._check()
             p = self._s._pp
-            objs = self._s._objs
-            self._ids = [objs[p.slots[r]][0] for r in range(self._rows)]
+            objects = self._s._objects
+            self._ids = [_carried(objects, p.slots[r]).sequence_id for r in range(self._rows)]
         return self._ids
 
     @property
@@ -344,20 +352,21 @@ cdef class IterationPlan:
         """The rows as `IterationWork` values (built once, on first use)."""
         cdef skippy_plan *p
         cdef size_t r, a, b
+        cdef _SlotObjects o
         if self._work is None:
             self._check()
             p = self._s._pp
-            objs = self._s._objs
+            objects = self._s._objects
             toks = self._s._bases[_A_TOK]
             poss = self._s._bases[_A_POS]
             work = []
             for r in range(self._rows):
                 a = p.row_offsets[r]
                 b = p.row_offsets[r + 1]
-                o = objs[p.slots[r]]
-                work.append(IterationWork(o[0], tuple(toks[a:b].tolist()),
+                o = _carried(objects, p.slots[r])
+                work.append(IterationWork(o.sequence_id, tuple(toks[a:b].tolist()),
                                           tuple(poss[a:b].tolist()), bool(p.sample_last[r]),
-                                          _PHASES[p.phases[r]], o[3]))
+                                          _PHASES[p.phases[r]], o.sampling))
             self._work = work
         return self._work
 
@@ -378,7 +387,7 @@ cdef class Scheduler:
     cdef readonly object config
     cdef readonly object admission
     cdef readonly object preemption
-    cdef list _objs
+    cdef list _objects                     # _SlotObjects of every occupied slot, by slot
     cdef list _comp_names
     cdef list _available
     cdef object _cb_error
@@ -460,7 +469,7 @@ cdef class Scheduler:
         self.config = cfg
         self.admission = admission
         self.preemption = preemption
-        self._objs = []
+        self._objects = []
         self._comp_names = [m.name for m in comps]
         self._available = [(m.name, m.available_bytes()) for m in comps]
         self._live = False
@@ -508,8 +517,8 @@ cdef class Scheduler:
         cdef array prompt, gen
         if not isinstance(seq, Sequence):
             raise TypeError(f"submit takes a Sequence, got {type(seq).__name__}")
-        prompt = _plain_tokens(seq.prompt_tokens)
-        gen = _plain_tokens(seq.generated_tokens)
+        prompt = token_array(seq.prompt_tokens)
+        gen = token_array(seq.generated_tokens)
         if prompt is not None and gen is not None:
             # Tokens are already checked and converted: validate everything else as usual.
             shell = Sequence.__new__(Sequence)
@@ -520,8 +529,11 @@ cdef class Scheduler:
             q = shell._validated_copy()
         else:
             q = seq._validated_copy()
-            prompt = array("i", q.prompt_tokens)
-            gen = array("i", q.generated_tokens)
+            # The checks return lists of exact ints in the token range, which always convert.
+            prompt = token_array(q.prompt_tokens)
+            gen = token_array(q.generated_tokens)
+            if prompt is None or gen is None:
+                raise RuntimeError("validated tokens did not convert to int32")
         id_bytes = q.id.encode("utf-8")
         sampling = q.sampling
         cdef size_t sampling_addr = 0
@@ -553,9 +565,9 @@ cdef class Scheduler:
         d.session = <skippy_session *>session_addr
         if skippy_scheduler_submit(self._s, &d, &slot, NULL) != SKIPPY_STATUS_OK:
             self._raise_last(q.id)
-        while len(self._objs) <= slot:
-            self._objs.append(None)
-        self._objs[slot] = (q.id, q.prefix_restore, q.cache_affinity, q.sampling)
+        while len(self._objects) <= slot:
+            self._objects.append(None)
+        self._objects[slot] = _slot_objects(q)
 
     # -- planning ---------------------------------------------------------------------------
 
@@ -569,20 +581,20 @@ cdef class Scheduler:
         # arrays of that group at once (any of them may move), so capacity is the key.
         if p.token_capacity != self._v_tok_cap:
             self._v_tok_cap = p.token_capacity
-            self._bases[_A_TOK] = _view(<size_t>p.tokens, p.token_capacity, np.int32)
-            self._bases[_A_POS] = _view(<size_t>p.positions, p.token_capacity, np.int32)
+            self._bases[_A_TOK] = _view(p.tokens, p.token_capacity, np.int32)
+            self._bases[_A_POS] = _view(p.positions, p.token_capacity, np.int32)
             self._slice_n[_A_TOK] = SIZE_MAX
             self._slice_n[_A_POS] = SIZE_MAX
         if p.request_capacity != self._v_row_cap:
             self._v_row_cap = p.request_capacity
             n = p.request_capacity
-            self._bases[_A_OFF] = _view(<size_t>p.row_offsets, n + 1, np.uintp)
-            self._bases[_A_SAMPLE] = _view(<size_t>p.sample_last, n, np.uint8)
-            self._bases[_A_PHASE] = _view(<size_t>p.phases, n, np.uint8)
-            self._bases[_A_SLOT] = _view(<size_t>p.slots, n, np.uint32)
-            self._bases[_A_SROWS] = _view(<size_t>p.sample_rows, n, np.uintp)
-            self._bases[_A_OIDX] = _view(<size_t>p.outputs.sampled_request_indexes, n, np.uintp)
-            self._bases[_A_OTOK] = _view(<size_t>p.outputs.predicted_tokens, n, np.int32)
+            self._bases[_A_OFF] = _view(p.row_offsets, n + 1, np.uintp)
+            self._bases[_A_SAMPLE] = _view(p.sample_last, n, np.uint8)
+            self._bases[_A_PHASE] = _view(p.phases, n, np.uint8)
+            self._bases[_A_SLOT] = _view(p.slots, n, np.uint32)
+            self._bases[_A_SROWS] = _view(p.sample_rows, n, np.uintp)
+            self._bases[_A_OIDX] = _view(p.outputs.sampled_request_indexes, n, np.uintp)
+            self._bases[_A_OTOK] = _view(p.outputs.predicted_tokens, n, np.int32)
             for i in range(_A_OFF, _A_COUNT):
                 self._slice_n[i] = SIZE_MAX
 
@@ -598,7 +610,7 @@ cdef class Scheduler:
         cdef size_t n, i
         cdef const skippy_retired *ret = skippy_scheduler_retired(self._s, &n)
         cdef skippy_plan *p
-        cdef list objs = self._objs
+        cdef list objects = self._objects
         cdef IterationPlan plan
         retired = [ret[i].slot for i in range(n)] if n else None
         self._live = False
@@ -606,7 +618,7 @@ cdef class Scheduler:
             self._raise_last()
         if retired is not None:
             for slot in retired:
-                objs[slot] = None
+                objects[slot] = None
         self._pp = p
         self._live = True
         self._refresh_views()
@@ -670,7 +682,7 @@ cdef class Scheduler:
         finished = []
         failed = []
         for i in range(n_before, n_after):
-            sid = self._objs[ret[i].slot][0]
+            sid = _carried(self._objects, ret[i].slot).sequence_id
             if ret[i].status == SKIPPY_SEQ_FAILED:
                 failed.append(sid)
             else:
@@ -689,14 +701,14 @@ cdef class Scheduler:
         cdef array vals
         if isinstance(used_bytes, (str, bytes)) or not hasattr(used_bytes, "__iter__"):
             raise TypeError("used_bytes must be a list of ints")
-        values = [check_uint(f"used_bytes[{k}]", v) for k, v in enumerate(used_bytes)]
+        values = [check_u64(f"used_bytes[{k}]", v) for k, v in enumerate(used_bytes)]
         vals = array("Q", values)
         n = len(vals)
         if skippy_scheduler_preempt(self._s, <const uint64_t *>vals.data.as_ulonglongs if n else NULL, n, &out,
                                     NULL) != SKIPPY_STATUS_OK:
             self._raise_last()
         cdef const uint32_t *v_slots = skippy_scheduler_preempted_slots(self._s)
-        return [self._objs[v_slots[i]][0] for i in range(out)]
+        return [_carried(self._objects, v_slots[i]).sequence_id for i in range(out)]
 
     def cancel(self, sequence_id):
         """Remove a waiting or active sequence; False when the id is unknown."""
@@ -708,9 +720,9 @@ cdef class Scheduler:
     def snapshot(self):
         cdef size_t n, i
         cdef const uint32_t *a = skippy_scheduler_active_slots(self._s, &n)
-        active = [self._objs[a[i]][0] for i in range(n)]
+        active = [_carried(self._objects, a[i]).sequence_id for i in range(n)]
         cdef const uint32_t *w = skippy_scheduler_waiting_slots(self._s, &n)
-        waiting = [self._objs[w[i]][0] for i in range(n)]
+        waiting = [_carried(self._objects, w[i]).sequence_id for i in range(n)]
         return SchedulerSnapshot(active, waiting, self._used_list())
 
     def sequence(self, sequence_id):
@@ -736,15 +748,15 @@ cdef class Scheduler:
         cdef size_t k
         if not skippy_scheduler_sequence(self._s, slot, &info):
             return None
-        o = self._objs[slot]
+        cdef _SlotObjects o = _carried(self._objects, slot)
         total = info.prompt_count + info.generated_count
         toks = [info.tokens[k] for k in range(total)]
         return Sequence._frozen_snapshot(
-            id=o[0], prompt_tokens=toks[:info.prompt_count],
+            id=o.sequence_id, prompt_tokens=toks[:info.prompt_count],
             generated_tokens=toks[info.prompt_count:], max_tokens=info.max_tokens,
-            sampling=o[3], priority=info.priority, admission_tokens=info.admission_tokens,
+            sampling=o.sampling, priority=info.priority, admission_tokens=info.admission_tokens,
             status=_STATUSES[info.status] if status is None else status,
-            prefix_restore=o[1], cache_affinity=o[2],
+            prefix_restore=o.prefix_restore, cache_affinity=o.cache_affinity,
             admitted_at=info.admitted_at if info.admitted_at else None,
             prefill_cursor=info.prefill_cursor, enqueued_turn=info.enqueued_turn,
             enqueue_order=info.enqueue_order)

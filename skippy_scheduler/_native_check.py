@@ -13,7 +13,7 @@ from ._version import PLAN_ABI_VERSION
 
 # Every extension module the package builds; importing them all here means a partial build
 # fails with one clear error instead of a confusing one deep inside a later import.
-COMPILED_MODULES = ("_abi", "_core", "_fast", "_radix", "_rank")
+COMPILED_MODULES = ("_abi", "_boundary", "_core", "_radix", "_rank")
 
 
 class NativeBuildMismatch(ImportError):
@@ -58,7 +58,7 @@ def source_tree_message(package_dir: str) -> str:
 
 def check_native() -> None:
     try:
-        from . import _abi, _core, _fast, _radix, _rank  # noqa: F401
+        from . import _abi, _boundary, _core, _radix, _rank  # noqa: F401
     except ImportError as exc:  # pragma: no cover - a source checkout or a broken install
         package_dir = os.path.dirname(os.path.abspath(__file__))
         if source_tree_without_build(package_dir):

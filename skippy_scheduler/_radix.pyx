@@ -9,65 +9,16 @@ array('i')), used without copying, or a sequence of ints converted into a reusab
 from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBuffer_Release,
                              PyObject_CheckBuffer, PyObject_GetBuffer)
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.number cimport PyNumber_Index
-from cpython.object cimport PyObject
-from cpython.sequence cimport PySequence_Fast, PySequence_Fast_GET_SIZE, PySequence_Fast_ITEMS
+from cpython.sequence cimport PySequence_Fast, PySequence_Fast_GET_SIZE
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
-from libc.stdint cimport INT32_MAX, INT32_MIN, int32_t, uint32_t, uint64_t
-from libc.stdlib cimport free, realloc
+from libc.stdint cimport INT32_MIN, int32_t, uint32_t, uint64_t
+from libc.stdlib cimport free
 
 import sys
 
-cdef extern from "Python.h":
-    bint PyLong_CheckExact(object o)
-    bint PyBool_Check(object o)
-
-cdef extern from "sk_radix.h":
-    ctypedef struct sk_radix:
-        pass
-    ctypedef struct sk_radix_hit:
-        size_t matched_tokens
-        size_t stored_tokens
-        uint64_t handle
-        uint64_t logical_bytes
-        uint64_t last_used
-        uint32_t active_refs
-        int32_t node
-        size_t ns_index
-    ctypedef struct sk_radix_stats:
-        uint64_t namespaces, nodes, token_edges, splits
-        uint64_t resident_entries, resident_tokens, resident_logical_bytes, resident_active_refs
-        uint64_t recurrent_entries, recurrent_logical_bytes, recurrent_active_refs
-        uint64_t resident_evictions, recurrent_evictions
-    enum:
-        SK_RADIX_RESIDENT, SK_RADIX_RECURRENT
-        SK_RADIX_OK, SK_RADIX_REPLACED, SK_RADIX_OCCUPIED, SK_RADIX_ACTIVE, SK_RADIX_EMPTY_KEY
-        SK_RADIX_MISS, SK_RADIX_NO_MEMORY
-        SK_RADIX_PEEK, SK_RADIX_LOOKUP, SK_RADIX_ACQUIRE
-    sk_radix *sk_radix_new()
-    void sk_radix_free(sk_radix *r)
-    uint64_t sk_radix_epoch(const sk_radix *r)
-    uint64_t sk_radix_version(const sk_radix *r)
-    void sk_radix_set_epoch(sk_radix *r, uint64_t clock)
-    int sk_radix_insert(sk_radix *r, int kind, int if_vacant, const char *ns, size_t ns_len,
-                        const int32_t *tokens, size_t n, uint64_t logical_bytes, uint64_t handle,
-                        uint64_t *prev_handle)
-    int sk_radix_probe(sk_radix *r, int kind, int mode, const char *ns, size_t ns_len,
-                       const int32_t *tokens, size_t n, sk_radix_hit *out)
-    int sk_radix_exact(sk_radix *r, int kind, int touch, const char *ns, size_t ns_len,
-                       const int32_t *tokens, size_t n, sk_radix_hit *out)
-    int sk_radix_release(sk_radix *r, int kind, const char *ns, size_t ns_len,
-                         const int32_t *tokens, size_t n)
-    int sk_radix_remove(sk_radix *r, int kind, const char *ns, size_t ns_len,
-                        const int32_t *tokens, size_t n, uint64_t *handle)
-    int sk_radix_lru(const sk_radix *r, int kind, sk_radix_hit *out)
-    int sk_radix_remove_hit(sk_radix *r, int kind, const sk_radix_hit *hit, int count_eviction,
-                            uint64_t *handle)
-    int sk_radix_next(const sk_radix *r, int kind, size_t *ns_index, int32_t *node,
-                      sk_radix_hit *out)
-    void sk_radix_copy_key(const sk_radix *r, int32_t node, int32_t *dst)
-    const char *sk_radix_ns_name(const sk_radix *r, size_t ns_index, size_t *len)
-    void sk_radix_get_stats(const sk_radix *r, sk_radix_stats *out)
+from ._boundary cimport SCAN_OUT_OF_RANGE, as_int, check_u64, scan_exact_ints
+from ._sk_grow cimport sk_grow
+from ._sk_radix cimport *
 
 EMPTY_KEY_MESSAGE = "radix cache key must contain at least one token"
 ACTIVE_MESSAGE = "cannot replace an active resident radix entry"
@@ -178,68 +129,19 @@ cdef inline const char *_ns_utf8(str namespace, Py_ssize_t *n) except NULL:
     return PyUnicode_AsUTF8AndSize(namespace, n)
 
 
-cdef object _index(object item):
-    if PyBool_Check(item):
-        raise TypeError("radix tokens must be ints, not bool")
-    try:
-        return PyNumber_Index(item)
-    except TypeError:
-        raise TypeError(f"radix tokens must be ints, got {type(item).__name__}") from None
-
-
-cdef extern from *:
-    """
-    /* Reads exact ints straight from their digits when they are compact, the common case for
-       token ids; anything else takes the generic call. Returns 0, or 1 with *bad = index of the
-       first item that is not an exact int, or 2 with *bad = index of an out-of-range int. */
-    static int sk_fill_exact_ints(PyObject *const *items, Py_ssize_t n, int32_t *dst,
-                                  Py_ssize_t *bad)
-    {
-        Py_ssize_t i;
-        for (i = 0; i < n; i++) {
-            PyObject *o = items[i];
-            long long v;
-            int overflow = 0;
-            if (!PyLong_CheckExact(o)) {
-                *bad = i;
-                return 1;
-            }
-    #if PY_VERSION_HEX >= 0x030C0000
-            if (PyUnstable_Long_IsCompact((PyLongObject *)o)) {
-                v = (long long)PyUnstable_Long_CompactValue((PyLongObject *)o);
-            } else {
-                v = PyLong_AsLongLongAndOverflow(o, &overflow);
-            }
-    #else
-            if (Py_SIZE(o) == 0) {
-                v = 0;
-            } else if (Py_SIZE(o) == 1) {
-                v = (long long)((PyLongObject *)o)->ob_digit[0];
-            } else if (Py_SIZE(o) == -1) {
-                v = -(long long)((PyLongObject *)o)->ob_digit[0];
-            } else {
-                v = PyLong_AsLongLongAndOverflow(o, &overflow);
-            }
-    #endif
-            if (overflow || v < INT32_MIN || v > INT32_MAX) {
-                *bad = i;
-                return 2;
-            }
-            dst[i] = (int32_t)v;
-        }
-        return 0;
-    }
-    """
-    int sk_fill_exact_ints(PyObject **items, Py_ssize_t n, int32_t *dst, Py_ssize_t *bad)
-
-
 cdef int _fill_exact(list_or_tuple, int32_t *dst, Py_ssize_t n) except -2:
     """Writes exact ints into dst; returns 0, or 1 when an item is not an exact int."""
     cdef Py_ssize_t bad = 0
-    cdef int st = sk_fill_exact_ints(PySequence_Fast_ITEMS(list_or_tuple), n, dst, &bad)
-    if st == 2:
+    cdef int found = scan_exact_ints(list_or_tuple, n, dst, INT32_MIN, &bad)
+    if found == SCAN_OUT_OF_RANGE:
         raise ValueError(f"radix token {list_or_tuple[bad]} is outside the int32 range")
-    return st
+    return found
+
+
+cdef list _as_ints(seq):
+    """Every item converted to an exact int, before any is written anywhere: __index__ may run
+    Python code (even re-enter this cache)."""
+    return [as_int("radix token", x) for x in seq]
 
 
 cdef bytes _pack_tokens(tokens):
@@ -248,8 +150,7 @@ cdef bytes _pack_tokens(tokens):
     cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq)
     cdef bytes out = PyBytes_FromStringAndSize(NULL, n * 4)
     if _fill_exact(seq, <int32_t *>PyBytes_AS_STRING(out), n):
-        seq = [_index(x) for x in seq]
-        _fill_exact(seq, <int32_t *>PyBytes_AS_STRING(out), n)
+        _fill_exact(_as_ints(seq), <int32_t *>PyBytes_AS_STRING(out), n)
     return out
 
 
@@ -259,19 +160,6 @@ cdef tuple _tokens_tuple(const int32_t *p, size_t n):
     for i in range(n):
         out[i] = p[i]
     return tuple(out)
-
-
-cdef uint64_t _u64(str name, object value) except? 0:
-    """Python or numpy integer in u64 range; bools are not counts."""
-    if PyBool_Check(value) or type(value).__name__ == "bool_":
-        raise TypeError(f"{name} must be an int, got bool")
-    try:
-        value = PyNumber_Index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
-    if value < 0 or value > U64_MAX:
-        raise ValueError(f"{name} must be in [0, 2**64 - 1], got {value}")
-    return <uint64_t>value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,16 +187,10 @@ cdef class RadixCacheCore:
         free(self._scratch)
 
     cdef int32_t *_reserve(self, Py_ssize_t n) except NULL:
-        cdef size_t cap = self._scratch_cap if self._scratch_cap else 64
-        cdef void *p
-        if <size_t>n > self._scratch_cap or self._scratch == NULL:
-            while cap < <size_t>n:
-                cap *= 2
-            p = realloc(self._scratch, cap * sizeof(int32_t))
-            if p == NULL:
-                raise MemoryError()
-            self._scratch = <int32_t *>p
-            self._scratch_cap = cap
+        # At least one entry, so that an empty key still gets a valid pointer.
+        if sk_grow(<void **>&self._scratch, &self._scratch_cap, <size_t>n if n else 1,
+                   sizeof(int32_t)):
+            raise MemoryError()
         return self._scratch
 
     cdef int _open(self, object tokens, _Key *key) except -1:
@@ -331,9 +213,8 @@ cdef class RadixCacheCore:
         n = PySequence_Fast_GET_SIZE(seq)
         dst = self._reserve(n)
         if _fill_exact(seq, dst, n):
-            # __index__ may run Python code (even re-enter this cache), so convert fully first
-            seq = [_index(x) for x in seq]
-            dst = self._reserve(n)
+            seq = _as_ints(seq)
+            dst = self._reserve(n)  # the conversion may have used (and grown) the scratch
             _fill_exact(seq, dst, n)
         key.p = dst
         key.n = <size_t>n
@@ -379,7 +260,7 @@ cdef class RadixCacheCore:
                         int kind, int if_vacant):
         cdef Py_ssize_t nl = 0
         cdef const char *ns = PyUnicode_AsUTF8AndSize(namespace, &nl)
-        cdef uint64_t nbytes = _u64("logical_bytes", logical_bytes)
+        cdef uint64_t nbytes = check_u64("logical_bytes", logical_bytes)
         cdef uint64_t handle = self._next_handle
         cdef uint64_t prev = 0
         cdef _Key key
@@ -544,7 +425,7 @@ cdef class RadixCacheCore:
 
     def _set_epoch(self, clock):
         """Continues the clock from a saved epoch (snapshot restore; tests of saturation)."""
-        sk_radix_set_epoch(self._r, _u64("clock", clock))
+        sk_radix_set_epoch(self._r, check_u64("clock", clock))
 
     def _stats_tuple(self):
         cdef sk_radix_stats s

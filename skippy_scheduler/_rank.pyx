@@ -5,119 +5,44 @@ Candidates are validated and packed once into a contiguous item array plus one i
 arena; the kernel then runs without the GIL. `PackedCandidates` keeps the packing so that a
 caller (or a benchmark) can rank the same queue several times without converting tokens again.
 """
-import operator
-
-from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
-from cpython.object cimport PyObject
-from libc.stdint cimport int32_t, uint32_t, uint64_t
+from libc.stdint cimport INT32_MAX, INT32_MIN, int32_t, uint32_t, uint64_t
+from libc.stdlib cimport free
 from libc.string cimport memcpy
 
-cdef extern from "sk_rank.h" nogil:
-    ctypedef struct sk_rank_item:
-        uint64_t priority
-        uint64_t saved_cost
-        uint64_t enqueued_turn
-        uint64_t order
-        const int32_t *tokens
-        size_t token_count
-    ctypedef struct sk_rank_ws:
-        pass
-    sk_rank_ws *sk_rank_ws_new()
-    void sk_rank_ws_free(sk_rank_ws *ws)
-    int sk_rank_order(sk_rank_ws *ws, const sk_rank_item *items, size_t n, uint64_t current_turn,
-                      uint64_t aging_cost_per_turn, int group_waiting_prefixes, int mode,
-                      size_t *out)
-    ctypedef struct sk_rank_set:
-        pass
-    sk_rank_set *sk_rank_set_new()
-    void sk_rank_set_free(sk_rank_set *s)
-    size_t sk_rank_set_size(const sk_rank_set *s)
-    int sk_rank_set_add(sk_rank_set *s, const sk_rank_item *item, uint32_t *out_handle)
-    int sk_rank_set_remove(sk_rank_set *s, uint32_t handle)
-    int sk_rank_set_update(sk_rank_set *s, uint32_t handle, uint64_t priority,
-                           uint64_t saved_cost, uint64_t enqueued_turn)
-    int sk_rank_set_order(sk_rank_set *s, uint64_t current_turn, uint64_t aging_cost_per_turn,
-                          int group_waiting_prefixes, int mode, uint32_t *out)
+from ._boundary cimport SCAN_OK, as_int, check_u64, scan_exact_ints
+from ._sk_grow cimport sk_grow
+from ._sk_rank cimport *
 
-MODE_CACHE_AWARE = 0
-MODE_FCFS = 1
-MODE_PRIORITY = 2
+MODE_CACHE_AWARE = SK_RANK_CACHE_AWARE
+MODE_FCFS = SK_RANK_FCFS
+MODE_PRIORITY = SK_RANK_PRIORITY
 
-cdef object U64_MAX = (1 << 64) - 1
+# The kernels' failure codes (sk_rank.h: the scheduler's SKIPPY_SCHED_INVALID / _NO_MEMORY).
+cdef enum:
+    _RANK_INVALID = 4
+    _RANK_NO_MEMORY = 7
+
 cdef object USIZE_MAX = (1 << 64) - 1
-
-
-cdef object _as_int(str name, object value):
-    """Python and numpy integers are ints here; bools (Python or numpy) are not."""
-    if type(value) is int:
-        return value
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
-        raise TypeError(f"{name} must be an int, got bool")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
-
-
-cdef uint64_t _u64(str name, object value, object limit=U64_MAX) except? 0:
-    value = _as_int(name, value)
-    if value < 0 or value > limit:
-        raise ValueError(f"{name} must be in [0, {limit}], got {value}")
-    return <uint64_t>value
-
-
-cdef extern from "Python.h":
-    bint _exact_int "PyLong_CheckExact"(PyObject *o)
-    long long _as_i64 "PyLong_AsLongLongAndOverflow"(PyObject *o, int *overflow)
-    PyObject *_list_item "PyList_GET_ITEM"(PyObject *o, Py_ssize_t i)
-    PyObject *_tuple_item "PyTuple_GET_ITEM"(PyObject *o, Py_ssize_t i)
-
-
-cdef Py_ssize_t _fill_exact(object tokens, int32_t *dst, Py_ssize_t room):
-    """Fast path for a list or tuple of exact ints in the i32 range: borrowed references and
-    no Python code runs, so the sequence cannot change underneath. Returns the number of
-    tokens copied, or -1 when some element needs the checked path."""
-    cdef PyObject *seq = <PyObject *>tokens
-    cdef PyObject *o
-    cdef bint is_list = type(tokens) is list
-    cdef Py_ssize_t i, n = len(tokens)
-    cdef long long v
-    cdef int overflow = 0
-    if n > room:
-        return -1
-    for i in range(n):
-        o = _list_item(seq, i) if is_list else _tuple_item(seq, i)
-        if not _exact_int(o):
-            return -1
-        v = _as_i64(o, &overflow)
-        if overflow or v < -2147483648 or v > 2147483647:
-            return -1
-        dst[i] = <int32_t>v
-    return n
 
 
 cdef Py_ssize_t _fill_tokens(object tokens, int32_t *dst, Py_ssize_t room) except -1:
     """Copies a prompt into dst (room tokens) after checking every value is an i32."""
-    cdef Py_ssize_t i = 0
-    cdef long long v
-    cdef int overflow = 0
+    cdef Py_ssize_t i = 0, bad = 0
     cdef const int[::1] view
     if type(tokens) is list or type(tokens) is tuple:
-        i = _fill_exact(tokens, dst, room)
-        if i >= 0:
-            return i
+        if len(tokens) <= room and scan_exact_ints(tokens, len(tokens), dst, INT32_MIN,
+                                                   &bad) == SCAN_OK:
+            return len(tokens)
         tokens = list(tokens)  # checked path on a private copy: reports the bad element
-        i = 0
     if isinstance(tokens, (list, tuple)):
         for item in tokens:
             if i >= room:
                 raise ValueError("prompt_tokens changed size while being read")
-            item = _as_int("prompt token", item)
-            v = PyLong_AsLongLongAndOverflow(item, &overflow)
-            if overflow or v < -2147483648 or v > 2147483647:
+            item = as_int("prompt token", item)
+            if item < INT32_MIN or item > INT32_MAX:
                 raise ValueError(f"prompt token {item} is outside the i32 range")
-            dst[i] = <int32_t>v
+            dst[i] = <int32_t>item
             i += 1
         return i
     try:
@@ -129,6 +54,15 @@ cdef Py_ssize_t _fill_tokens(object tokens, int32_t *dst, Py_ssize_t room) excep
     if view.shape[0]:
         memcpy(dst, &view[0], view.shape[0] * sizeof(int32_t))
     return view.shape[0]
+
+
+cdef int _check_kernel(int rc) except -1:
+    """Errors of the one-shot kernel (sk_rank_order)."""
+    if rc == _RANK_NO_MEMORY:
+        raise MemoryError()
+    if rc != 0:
+        raise ValueError(f"ranking kernel rejected the input (code {rc})")
+    return 0
 
 
 cdef class PackedCandidates:
@@ -156,10 +90,10 @@ cdef class PackedCandidates:
         if self.items != NULL:
             raise RuntimeError("PackedCandidates is already initialised")
         for c in cands:
-            indices.append(_u64("index", c.index, USIZE_MAX))
-            _u64("priority", c.priority)
-            _u64("enqueued_turn", c.enqueued_turn)
-            _u64("order", c.order)
+            indices.append(check_u64("index", c.index, USIZE_MAX))
+            check_u64("priority", c.priority)
+            check_u64("enqueued_turn", c.enqueued_turn)
+            check_u64("order", c.order)
             if not isinstance(c.affinity, CacheAffinity):
                 raise TypeError("affinity must be a CacheAffinity")
             p = c.prompt_tokens
@@ -203,17 +137,13 @@ cdef class PackedCandidates:
         with nogil:
             rc = sk_rank_order(self.ws, self.items, <size_t>self.n, turn, aging, grouping, mode,
                                self.out)
-        if rc == 7:
-            raise MemoryError()
-        if rc != 0:
-            raise ValueError(f"ranking kernel rejected the input (code {rc})")
-        return 0
+        return _check_kernel(rc)
 
     def order(self, current_turn, aging_cost_per_turn, group_waiting_prefixes,
               int mode=MODE_CACHE_AWARE):
         """The candidates' `index` values, best first."""
-        self._run(_u64("current_turn", current_turn),
-                  _u64("aging_cost_per_turn", aging_cost_per_turn),
+        self._run(check_u64("current_turn", current_turn),
+                  check_u64("aging_cost_per_turn", aging_cost_per_turn),
                   bool(group_waiting_prefixes), mode)
         cdef Py_ssize_t i
         cdef list idx = self.indices
@@ -222,8 +152,8 @@ cdef class PackedCandidates:
     def positions(self, current_turn, aging_cost_per_turn, group_waiting_prefixes,
                   int mode=MODE_CACHE_AWARE):
         """Input positions (0..n-1), best first."""
-        self._run(_u64("current_turn", current_turn),
-                  _u64("aging_cost_per_turn", aging_cost_per_turn),
+        self._run(check_u64("current_turn", current_turn),
+                  check_u64("aging_cost_per_turn", aging_cost_per_turn),
                   bool(group_waiting_prefixes), mode)
         cdef Py_ssize_t i
         return [self.out[i] for i in range(self.n)]
@@ -237,8 +167,8 @@ cdef class PackedCandidates:
 def order_candidates(candidates, current_turn, aging_cost_per_turn, group_waiting_prefixes,
                      int mode=MODE_CACHE_AWARE):
     """Validates, packs and ranks candidates; returns their `index` values best first."""
-    turn = _u64("current_turn", current_turn)
-    aging = _u64("aging_cost_per_turn", aging_cost_per_turn)
+    turn = check_u64("current_turn", current_turn)
+    aging = check_u64("aging_cost_per_turn", aging_cost_per_turn)
     return PackedCandidates(candidates).order(turn, aging, group_waiting_prefixes, mode)
 
 
@@ -251,13 +181,15 @@ cdef class RankSlots:
     cdef sk_rank_item *items
     cdef size_t *out
     cdef sk_rank_ws *ws
-    cdef Py_ssize_t n, cap
+    cdef Py_ssize_t n
+    cdef size_t cap, out_cap
 
     def __cinit__(self):
         self.items = NULL
         self.out = NULL
         self.n = 0
         self.cap = 0
+        self.out_cap = 0
         self.ws = sk_rank_ws_new()
         if not self.ws:
             raise MemoryError()
@@ -266,36 +198,26 @@ cdef class RankSlots:
         cdef Py_ssize_t i
         for i in range(self.n):
             PyMem_Free(<void *>self.items[i].tokens)
-        PyMem_Free(self.items)
-        PyMem_Free(self.out)
+        free(self.items)
+        free(self.out)
         sk_rank_ws_free(self.ws)
 
     def __len__(self):
         return self.n
 
-    cdef int _grow(self) except -1:
-        cdef Py_ssize_t cap = self.cap * 2 if self.cap else 16
-        cdef sk_rank_item *items = <sk_rank_item *>PyMem_Malloc(cap * sizeof(sk_rank_item))
-        cdef size_t *out = <size_t *>PyMem_Malloc(cap * sizeof(size_t))
-        if not items or not out:
-            PyMem_Free(items)
-            PyMem_Free(out)
+    cdef int _reserve_one(self) except -1:
+        """Room for one more item (and its entry in the kernel's output)."""
+        if (sk_grow(<void **>&self.items, &self.cap, <size_t>self.n + 1, sizeof(sk_rank_item))
+                or sk_grow(<void **>&self.out, &self.out_cap, self.cap, sizeof(size_t))):
             raise MemoryError()
-        if self.n:
-            memcpy(items, self.items, self.n * sizeof(sk_rank_item))
-        PyMem_Free(self.items)
-        PyMem_Free(self.out)
-        self.items = items
-        self.out = out
-        self.cap = cap
         return 0
 
     def append(self, priority, saved_cost, enqueued_turn, order, prompt_tokens):
         """Validates everything, then appends one item at the end."""
-        cdef uint64_t pr = _u64("priority", priority)
-        cdef uint64_t sv = _u64("saved_cost", saved_cost)
-        cdef uint64_t tu = _u64("enqueued_turn", enqueued_turn)
-        cdef uint64_t od = _u64("order", order)
+        cdef uint64_t pr = check_u64("priority", priority)
+        cdef uint64_t sv = check_u64("saved_cost", saved_cost)
+        cdef uint64_t tu = check_u64("enqueued_turn", enqueued_turn)
+        cdef uint64_t od = check_u64("order", order)
         if isinstance(prompt_tokens, (str, bytes)) or not hasattr(prompt_tokens, "__len__"):
             raise TypeError("prompt_tokens must be a sequence of ints")
         cdef Py_ssize_t length = len(prompt_tokens), got
@@ -306,8 +228,7 @@ cdef class RankSlots:
             got = _fill_tokens(prompt_tokens, buf, length)
             if got != length:
                 raise ValueError("prompt_tokens changed size while being read")
-            if self.n == self.cap:
-                self._grow()
+            self._reserve_one()
         except BaseException:
             PyMem_Free(buf)
             raise
@@ -322,7 +243,7 @@ cdef class RankSlots:
     def set_saved_cost(self, Py_ssize_t i, saved_cost):
         if i < 0 or i >= self.n:
             raise IndexError(i)
-        self.items[i].saved_cost = _u64("saved_cost", saved_cost)
+        self.items[i].saved_cost = check_u64("saved_cost", saved_cost)
 
     def pop(self):
         """Removes the last item."""
@@ -360,17 +281,15 @@ cdef class RankSlots:
         with nogil:
             rc = sk_rank_order(self.ws, self.items, <size_t>self.n, current_turn,
                                aging_cost_per_turn, group_waiting_prefixes, mode, self.out)
-        if rc == 7:
-            raise MemoryError()
-        if rc != 0:
-            raise ValueError(f"ranking kernel rejected the input (code {rc})")
+        _check_kernel(rc)
         return [self.out[i] for i in range(self.n)]
 
 
 cdef int _check_rc(int rc) except -1:
-    if rc == 7:
+    """Errors of the ranked set (sk_rank_set_*)."""
+    if rc == _RANK_NO_MEMORY:
         raise MemoryError()
-    if rc == 4:
+    if rc == _RANK_INVALID:
         raise ValueError("unknown handle or ranking mode")
     if rc != 0:
         raise RuntimeError(f"ranking kernel failed (code {rc})")
@@ -386,7 +305,7 @@ cdef class RankSet:
     cdef sk_rank_set *s
     cdef dict buffers  # handle -> address of the int32 copy of its prompt
     cdef uint32_t *out
-    cdef Py_ssize_t out_cap
+    cdef size_t out_cap
 
     def __cinit__(self):
         self.s = sk_rank_set_new()
@@ -402,7 +321,7 @@ cdef class RankSet:
         if self.buffers:
             for address in self.buffers.values():
                 PyMem_Free(<void *><size_t>address)
-        PyMem_Free(self.out)
+        free(self.out)
 
     def __len__(self):
         return sk_rank_set_size(self.s)
@@ -411,10 +330,10 @@ cdef class RankSet:
         cdef sk_rank_item item
         cdef uint32_t handle
         cdef int rc
-        item.priority = _u64("priority", priority)
-        item.saved_cost = _u64("saved_cost", saved_cost)
-        item.enqueued_turn = _u64("enqueued_turn", enqueued_turn)
-        item.order = _u64("order", order)
+        item.priority = check_u64("priority", priority)
+        item.saved_cost = check_u64("saved_cost", saved_cost)
+        item.enqueued_turn = check_u64("enqueued_turn", enqueued_turn)
+        item.order = check_u64("order", order)
         if isinstance(prompt_tokens, (str, bytes)) or not hasattr(prompt_tokens, "__len__"):
             raise TypeError("prompt_tokens must be a sequence of ints")
         cdef Py_ssize_t length = len(prompt_tokens)
@@ -444,20 +363,14 @@ cdef class RankSet:
     def update(self, uint32_t handle, priority, saved_cost, enqueued_turn):
         if handle not in self.buffers:
             raise KeyError(handle)
-        _check_rc(sk_rank_set_update(self.s, handle, _u64("priority", priority),
-                                     _u64("saved_cost", saved_cost),
-                                     _u64("enqueued_turn", enqueued_turn)))
+        _check_rc(sk_rank_set_update(self.s, handle, check_u64("priority", priority),
+                                     check_u64("saved_cost", saved_cost),
+                                     check_u64("enqueued_turn", enqueued_turn)))
 
     cdef int _run(self, uint64_t turn, uint64_t aging, bint grouping, int mode) except -1:
-        cdef Py_ssize_t n = sk_rank_set_size(self.s)
         cdef int rc
-        if n > self.out_cap:
-            PyMem_Free(self.out)
-            self.out = <uint32_t *>PyMem_Malloc(n * 2 * sizeof(uint32_t))
-            self.out_cap = 0
-            if not self.out:
-                raise MemoryError()
-            self.out_cap = n * 2
+        if sk_grow(<void **>&self.out, &self.out_cap, sk_rank_set_size(self.s), sizeof(uint32_t)):
+            raise MemoryError()
         with nogil:
             rc = sk_rank_set_order(self.s, turn, aging, grouping, mode, self.out)
         return _check_rc(rc)
@@ -465,8 +378,8 @@ cdef class RankSet:
     def order(self, current_turn, aging_cost_per_turn, group_waiting_prefixes,
               int mode=MODE_CACHE_AWARE):
         """Live handles, best first."""
-        self._run(_u64("current_turn", current_turn),
-                  _u64("aging_cost_per_turn", aging_cost_per_turn),
+        self._run(check_u64("current_turn", current_turn),
+                  check_u64("aging_cost_per_turn", aging_cost_per_turn),
                   bool(group_waiting_prefixes), mode)
         cdef Py_ssize_t i
         return [self.out[i] for i in range(sk_rank_set_size(self.s))]

@@ -9,7 +9,7 @@ import operator
 
 # Compiled fast path for lists/tuples of exact ints (the common case); it returns None for
 # anything else, which the general loop below then handles.
-from ._fast import check_tokens_fast as _check_tokens_fast
+from ._boundary import check_tokens_fast as _check_tokens_fast
 
 U32_MAX = (1 << 32) - 1
 U64_MAX = (1 << 64) - 1
