@@ -34,11 +34,13 @@ import numpy as np
 from ._abi import ffi as _ffi
 from .cache_policy import CacheAwareCandidate
 from .policies import (
+    AdmissionKind,
     AdmissionPolicy,
     CacheAwareAdmission,
     FcfsAdmission,
     LowestPriorityNewest,
     FewestComputedTokens,
+    PreemptionKind,
     PreemptionPolicy,
     PriorityAdmission,
     VictimCandidate,
@@ -62,6 +64,17 @@ from .types import (
 
 PLAN_ABI_VERSION = SKIPPY_PLAN_ABI_VERSION
 
+# The policies name the core's built-in policies by these values; a build whose header
+# disagrees would run a different policy than the one the caller chose.
+if ([(k.name, k.value) for k in AdmissionKind] != [
+        ("CACHE_AWARE", SKIPPY_ADMISSION_CACHE_AWARE), ("FCFS", SKIPPY_ADMISSION_FCFS),
+        ("PRIORITY", SKIPPY_ADMISSION_PRIORITY), ("CALLBACK", SKIPPY_ADMISSION_CALLBACK)]
+        or [(k.name, k.value) for k in PreemptionKind] != [
+        ("LOWEST_PRIORITY_NEWEST", SKIPPY_PREEMPT_LOWEST_PRIORITY_NEWEST),
+        ("FEWEST_COMPUTED", SKIPPY_PREEMPT_FEWEST_COMPUTED),
+        ("CALLBACK", SKIPPY_PREEMPT_CALLBACK)]):
+    raise ImportError("policies.AdmissionKind / PreemptionKind do not match the compiled "
+                      "skippy_admission_policy / skippy_preemption_policy")
 
 cdef object _PHASES = (IterationPhase.Prefill, IterationPhase.Recompute, IterationPhase.Decode)
 cdef object _STATUSES = tuple(SequenceStatus)
@@ -432,14 +445,14 @@ cdef class Scheduler:
         c.group_waiting_prefixes = cfg.group_waiting_prefixes
         # Every policy is resolved against the config (subclasses keep their type).
         admission = admission.resolved(cfg)
-        if type(admission) is CacheAwareAdmission:
-            c.cache_aging_cost_per_iteration = admission.aging_cost_per_turn
-            c.group_waiting_prefixes = admission.group_waiting_prefixes
-            c.admission_policy = 0
-        elif type(admission) in (FcfsAdmission, PriorityAdmission):
+        # Only the built-in classes themselves run in C: a subclass may override their methods.
+        if type(admission) in (CacheAwareAdmission, FcfsAdmission, PriorityAdmission):
             c.admission_policy = admission.native_kind
         else:
             c.admission_policy = SKIPPY_ADMISSION_CALLBACK
+        if type(admission) is CacheAwareAdmission:
+            c.cache_aging_cost_per_iteration = admission.aging_cost_per_turn
+            c.group_waiting_prefixes = admission.group_waiting_prefixes
         if type(preemption) in (LowestPriorityNewest, FewestComputedTokens):
             c.preemption_policy = preemption.native_kind
         else:

@@ -2,13 +2,15 @@
 
 A scheduler asks its admission policy for the order of the waiting queue whenever the queue
 changed (submit, waiting-cancel, preemption), and its preemption policy for a victim while a
-memory component is over its budget. Built-in policies carry a `native_kind` so the native
-scheduler runs them in C; their Python methods here are the reference that code is checked
-against. User policies (native_kind None) are called from Python.
+memory component is over its budget. Built-in policies carry a `native_kind` (an
+`AdmissionKind` or `PreemptionKind`) so the native scheduler runs them in C; their Python
+methods here are the reference that code is checked against. User policies (native_kind None)
+are called from Python.
 """
 from __future__ import annotations
 
 import abc
+import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Sequence as _Seq
 
@@ -19,6 +21,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .types import SchedulerConfig
 
 __all__ = [
+    "AdmissionKind",
+    "PreemptionKind",
     "AdmissionPolicy",
     "CacheAwareAdmission",
     "FcfsAdmission",
@@ -30,10 +34,31 @@ __all__ = [
 ]
 
 
+class AdmissionKind(enum.IntEnum):
+    """The admission orders the native core implements: the values of the C enum
+    skippy_admission_policy (abi/skippy_scheduler_decls.h), which the compiled scheduler checks
+    at import."""
+
+    CACHE_AWARE = 0
+    FCFS = 1
+    PRIORITY = 2
+    CALLBACK = 3  # none built in: the core asks the policy object for the order
+
+
+class PreemptionKind(enum.IntEnum):
+    """The victim rules the native core implements: the values of the C enum
+    skippy_preemption_policy (abi/skippy_scheduler_decls.h), which the compiled scheduler
+    checks at import."""
+
+    LOWEST_PRIORITY_NEWEST = 0
+    FEWEST_COMPUTED = 1
+    CALLBACK = 2  # none built in: the core asks the policy object for the victim
+
+
 class AdmissionPolicy(abc.ABC):
     """Orders the waiting queue; the scheduler admits front to back as capacity allows."""
 
-    native_kind: ClassVar[int | None] = None
+    native_kind: ClassVar[AdmissionKind | None] = None
 
     @abc.abstractmethod
     def order(self, candidates: list[CacheAwareCandidate], current_turn: int) -> list[int]:
@@ -51,7 +76,7 @@ class CacheAwareAdmission(AdmissionPolicy):
     `group_waiting_prefixes`; an explicit aging cost of 0 gives no aging credit.
     """
 
-    native_kind: ClassVar[int | None] = 0
+    native_kind: ClassVar[AdmissionKind | None] = AdmissionKind.CACHE_AWARE
     _DEFAULT_AGING = 4096
 
     def __init__(self, aging_cost_per_turn: int | None = None, group_waiting_prefixes: bool | None = None):
@@ -98,7 +123,7 @@ class CacheAwareAdmission(AdmissionPolicy):
 class FcfsAdmission(AdmissionPolicy):
     """First come, first served: enqueue order (a preempted sequence gets a fresh one)."""
 
-    native_kind: ClassVar[int | None] = 1
+    native_kind: ClassVar[AdmissionKind | None] = AdmissionKind.FCFS
 
     def order(self, candidates: list[CacheAwareCandidate], current_turn: int) -> list[int]:
         return [c.index for c in sorted(candidates, key=lambda c: c.order)]
@@ -107,7 +132,7 @@ class FcfsAdmission(AdmissionPolicy):
 class PriorityAdmission(AdmissionPolicy):
     """Highest priority first, then enqueue order."""
 
-    native_kind: ClassVar[int | None] = 2
+    native_kind: ClassVar[AdmissionKind | None] = AdmissionKind.PRIORITY
 
     def order(self, candidates: list[CacheAwareCandidate], current_turn: int) -> list[int]:
         return [c.index for c in sorted(candidates, key=lambda c: (-c.priority, c.order))]
@@ -127,7 +152,7 @@ class VictimCandidate:
 class PreemptionPolicy(abc.ABC):
     """Chooses which active sequence gives its memory back under component pressure."""
 
-    native_kind: ClassVar[int | None] = None
+    native_kind: ClassVar[PreemptionKind | None] = None
 
     @abc.abstractmethod
     def select_victim(self, candidates: list[VictimCandidate]) -> int | None:
@@ -147,7 +172,7 @@ def _first_min(candidates: _Seq[VictimCandidate], key) -> int | None:
 class LowestPriorityNewest(PreemptionPolicy):
     """The default victim (docs/behaviour.md §2.8): lowest priority, then the most recently admitted."""
 
-    native_kind: ClassVar[int | None] = 0
+    native_kind: ClassVar[PreemptionKind | None] = PreemptionKind.LOWEST_PRIORITY_NEWEST
 
     def select_victim(self, candidates: list[VictimCandidate]) -> int | None:
         return _first_min(candidates, lambda c: (c.priority, -c.admitted_at))
@@ -156,7 +181,7 @@ class LowestPriorityNewest(PreemptionPolicy):
 class FewestComputedTokens(PreemptionPolicy):
     """The sequence that loses the least work: fewest computed tokens, then §2.8's order."""
 
-    native_kind: ClassVar[int | None] = 1
+    native_kind: ClassVar[PreemptionKind | None] = PreemptionKind.FEWEST_COMPUTED
 
     def select_victim(self, candidates: list[VictimCandidate]) -> int | None:
         return _first_min(candidates, lambda c: (c.computed_tokens, c.priority, -c.admitted_at))

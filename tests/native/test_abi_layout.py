@@ -1,5 +1,6 @@
 """The shared structs have one layout in C, cffi and Cython, and the runtime's 72-byte request-row layout."""
 import os
+import re
 import shutil
 import subprocess
 
@@ -7,7 +8,8 @@ import pytest
 
 import skippy_scheduler
 from skippy_scheduler import _core
-from skippy_scheduler._abi import ffi
+from skippy_scheduler._abi import ffi, lib
+from skippy_scheduler.policies import AdmissionKind, PreemptionKind
 
 # skippy_iteration_request offsets of the Skippy runtime ABI (LP64; docs/hosts.md).
 SPEC_REQUEST = {
@@ -99,3 +101,34 @@ def test_compiled_modules_carry_the_package_plan_abi():
     assert _core.PLAN_ABI_VERSION == PLAN_ABI_VERSION == _abi.lib.SKIPPY_PLAN_ABI_VERSION
     v = _abi.lib.skippy_scheduler_abi_version()
     assert (v.major, v.minor, v.patch) == (0, 1, 52)
+
+
+def _header_enum(prefix):
+    """Members and values of the scheduler header's enum whose constants start with `prefix`."""
+    with open(os.path.join(skippy_scheduler.get_include(), "skippy_scheduler_decls.h")) as f:
+        text = f.read()
+    return {name: int(value) for name, value in re.findall(rf"\b({prefix}\w+) = (\d+)", text)}
+
+
+def _compiled_constants(tmp_path, names):
+    """The values the C compiler gives the named constants of skippy_scheduler.h."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    src = tmp_path / "constants.c"
+    src.write_text("\n".join(['#include <stdio.h>', '#include "skippy_scheduler.h"', "int main(void) {"]
+                             + [f'printf("{n} %d\\n", (int){n});' for n in names] + ["return 0; }"]))
+    exe = tmp_path / "constants"
+    subprocess.run([cc, "-std=c11", "-I", skippy_scheduler.get_include(), str(src), "-o", str(exe)],
+                   check=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    return {name: int(value) for name, value in (line.split() for line in out.splitlines())}
+
+
+@pytest.mark.parametrize("kind,prefix", [(AdmissionKind, "SKIPPY_ADMISSION_"),
+                                         (PreemptionKind, "SKIPPY_PREEMPT_")])
+def test_policy_kinds_mirror_the_c_header(tmp_path, kind, prefix):
+    mirror = {prefix + member.name: member.value for member in kind}
+    assert _header_enum(prefix) == mirror  # same members, same values
+    assert _compiled_constants(tmp_path, list(mirror)) == mirror
+    assert {name: getattr(lib, name) for name in mirror} == mirror
