@@ -17,7 +17,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#define SK_GROW_FIRST 8 /* capacity of an array's first allocation (unless a caller says otherwise) */
+/* Capacity of an array's first allocation (sk_grown_capacity callers may choose another). */
+#define SK_GROW_FIRST 8
 
 /* The capacity that holds `need` elements: `cap` (or `first`, for an empty array) doubled as
  * often as needed; `need` itself once doubling would overflow. */

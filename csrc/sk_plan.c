@@ -337,7 +337,8 @@ static int observe(skippy_scheduler *s, uint64_t serial, double elapsed_us)
     int rc = sk_check_live(s, serial);
     if (rc) return rc;
     if (!isfinite(elapsed_us) || elapsed_us <= 0.0) return 0;
-    uint64_t prefill_tokens = s->plan_tok[SKIPPY_PHASE_PREFILL] + s->plan_tok[SKIPPY_PHASE_RECOMPUTE];
+    uint64_t prefill_tokens =
+        s->plan_tok[SKIPPY_PHASE_PREFILL] + s->plan_tok[SKIPPY_PHASE_RECOMPUTE];
     uint64_t decode_rows = s->plan_tok[SKIPPY_PHASE_DECODE]; /* one token per decode row */
     if (decode_rows == 0) return 0;
     if (prefill_tokens == 0) {

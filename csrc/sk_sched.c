@@ -10,115 +10,119 @@
 
 #include "sk_internal.h"
 
-static uint64_t reservation(const skippy_memory_component *c, size_t tokens)
+static uint64_t reservation(const skippy_memory_component *component, size_t tokens)
 {
-    return sk_sat_add(c->bytes_per_sequence, sk_sat_mul(c->bytes_per_token, tokens));
+    return sk_sat_add(component->bytes_per_sequence,
+                      sk_sat_mul(component->bytes_per_token, tokens));
 }
 
-static bool fits(const skippy_scheduler *s, const sk_seq *q)
+static bool fits(const skippy_scheduler *s, const sk_seq *seq)
 {
     for (size_t i = 0; i < s->cfg.memory_component_count; i++) {
-        uint64_t need = sk_sat_add(s->used[i], reservation(&s->comps[i], q->admission_tokens));
+        uint64_t need = sk_sat_add(s->used[i], reservation(&s->comps[i], seq->admission_tokens));
         if (need > s->available[i]) return false;
     }
     return true;
 }
 
-static void reserve(skippy_scheduler *s, const sk_seq *q)
+static void reserve(skippy_scheduler *s, const sk_seq *seq)
 {
     for (size_t i = 0; i < s->cfg.memory_component_count; i++)
-        s->used[i] = sk_sat_add(s->used[i], reservation(&s->comps[i], q->admission_tokens));
+        s->used[i] = sk_sat_add(s->used[i], reservation(&s->comps[i], seq->admission_tokens));
 }
 
-static void release(skippy_scheduler *s, const sk_seq *q)
+static void release(skippy_scheduler *s, const sk_seq *seq)
 {
     for (size_t i = 0; i < s->cfg.memory_component_count; i++)
-        s->used[i] = sk_sat_sub(s->used[i], reservation(&s->comps[i], q->admission_tokens));
+        s->used[i] = sk_sat_sub(s->used[i], reservation(&s->comps[i], seq->admission_tokens));
 }
 
 /* Waiting queue and scratch grow together so permutations always have room. */
 static int reserve_waiting(skippy_scheduler *s, size_t need)
 {
-    size_t cap = s->waiting_cap, cap2 = s->waiting_cap;
+    size_t cap = s->waiting_cap, scratch_cap = s->waiting_cap;
     if (sk_grow((void **)&s->waiting, &cap, need, sizeof(uint32_t))) return -1;
-    if (sk_grow((void **)&s->scratch, &cap2, cap, sizeof(uint32_t))) return -1;
+    if (sk_grow((void **)&s->scratch, &scratch_cap, cap, sizeof(uint32_t))) return -1;
     s->waiting_cap = cap;
     return 0;
 }
 
 /* ---------------------------------------------------------------- submit (§2.1) */
 
-static int submit(skippy_scheduler *s, const skippy_sequence_desc *d, uint32_t *out_slot)
+static int submit(skippy_scheduler *s, const skippy_sequence_desc *desc, uint32_t *out_slot)
 {
-    if (!d || (!d->id && d->id_len) || (!d->prompt_tokens && d->prompt_count) ||
-        (!d->generated_tokens && d->generated_count))
+    if (!desc || (!desc->id && desc->id_len) || (!desc->prompt_tokens && desc->prompt_count) ||
+        (!desc->generated_tokens && desc->generated_count))
         return sk_fail(s, SKIPPY_SCHED_INVALID, "sequence descriptor has NULL arrays");
-    if (d->prompt_count == 0)
+    if (desc->prompt_count == 0)
         return sk_fail(s, SKIPPY_SCHED_EMPTY_PROMPT, "sequence prompt must contain at least one token");
-    if (d->status > SKIPPY_SEQ_FAILED)
-        return sk_fail(s, SKIPPY_SCHED_INVALID, "sequence status %u is not a submit status", d->status);
-    for (size_t i = 0; i < d->prompt_count; i++)
-        if (d->prompt_tokens[i] < 0)
+    if (desc->status > SKIPPY_SEQ_FAILED)
+        return sk_fail(s, SKIPPY_SCHED_INVALID, "sequence status %u is not a submit status",
+                       desc->status);
+    for (size_t i = 0; i < desc->prompt_count; i++)
+        if (desc->prompt_tokens[i] < 0)
             return sk_fail(s, SKIPPY_SCHED_INVALID, "prompt token %zu is negative", i);
-    for (size_t i = 0; i < d->generated_count; i++)
-        if (d->generated_tokens[i] < 0)
+    for (size_t i = 0; i < desc->generated_count; i++)
+        if (desc->generated_tokens[i] < 0)
             return sk_fail(s, SKIPPY_SCHED_INVALID, "generated token %zu is negative", i);
-    uint64_t hash = sk_hash_id(d->id, d->id_len);
-    if (sk_store_find(s, d->id, d->id_len, hash) != SK_NO_SLOT)
+    uint64_t hash = sk_hash_id(desc->id, desc->id_len);
+    if (sk_store_find(s, desc->id, desc->id_len, hash) != SK_NO_SLOT)
         return sk_fail(s, SKIPPY_SCHED_DUPLICATE, "sequence id is already queued or active: %.*s",
-                       (int)(d->id_len > 200 ? 200 : d->id_len), d->id ? d->id : "");
+                       (int)(desc->id_len > 200 ? 200 : desc->id_len), desc->id ? desc->id : "");
     if (s->waiting_len >= s->cfg.max_waiting_sequences) {
         s->m.rejected_overload = sk_sat_add(s->m.rejected_overload, 1);
         return sk_fail(s, SKIPPY_SCHED_QUEUE_FULL, "scheduler waiting queue is full (%zu requests)",
                        s->cfg.max_waiting_sequences);
     }
-    size_t ntok = d->prompt_count + d->generated_count;
-    if (ntok < d->prompt_count) return sk_fail(s, SKIPPY_SCHED_INVALID, "token count overflows");
+    size_t token_count = desc->prompt_count + desc->generated_count;
+    if (token_count < desc->prompt_count)
+        return sk_fail(s, SKIPPY_SCHED_INVALID, "token count overflows");
     /* Room for the whole generation up front (bounded), so decode appends do not allocate. */
-    size_t want = ntok + (d->max_tokens > 4096 ? 4096 : d->max_tokens) + 1;
-    if (want < ntok) want = ntok;
+    size_t want = token_count + (desc->max_tokens > 4096 ? 4096 : desc->max_tokens) + 1;
+    if (want < token_count) want = token_count;
     if (sk_store_reserve(s) || reserve_waiting(s, s->waiting_len + 1)) goto oom;
     uint32_t slot = s->free_slots[s->free_len - 1];
-    sk_seq *q = &s->seqs[slot];
-    if (sk_grow((void **)&q->tokens, &q->token_cap, want, sizeof(int32_t)) ||
-        sk_grow((void **)&q->id, &q->id_cap, d->id_len + 1, 1))
+    sk_seq *seq = &s->seqs[slot];
+    if (sk_grow((void **)&seq->tokens, &seq->token_cap, want, sizeof(int32_t)) ||
+        sk_grow((void **)&seq->id, &seq->id_cap, desc->id_len + 1, 1))
         goto oom;
     /* The slot stays free until it is taken below, so filling it first is harmless. */
-    if (d->id_len) memcpy(q->id, d->id, d->id_len);
-    q->id[d->id_len] = 0;
-    q->id_len = d->id_len;
-    q->id_hash = hash;
-    memcpy(q->tokens, d->prompt_tokens, d->prompt_count * sizeof(int32_t));
-    if (d->generated_count)
-        memcpy(q->tokens + d->prompt_count, d->generated_tokens, d->generated_count * sizeof(int32_t));
-    q->prompt_len = d->prompt_count;
-    q->gen_len = d->generated_count;
-    q->room = sk_room(q);
-    q->last = d->generated_count ? d->generated_tokens[d->generated_count - 1] : 0;
-    q->max_tokens = d->max_tokens;
-    q->priority = d->priority;
-    q->admission_tokens = d->admission_tokens;
-    q->status = (uint8_t)d->status;
-    q->has_restore = d->has_prefix_restore;
-    q->restore_tokens = d->restore_token_count;
+    if (desc->id_len) memcpy(seq->id, desc->id, desc->id_len);
+    seq->id[desc->id_len] = 0;
+    seq->id_len = desc->id_len;
+    seq->id_hash = hash;
+    memcpy(seq->tokens, desc->prompt_tokens, desc->prompt_count * sizeof(int32_t));
+    if (desc->generated_count)
+        memcpy(seq->tokens + desc->prompt_count, desc->generated_tokens,
+               desc->generated_count * sizeof(int32_t));
+    seq->prompt_len = desc->prompt_count;
+    seq->gen_len = desc->generated_count;
+    seq->room = sk_room(seq);
+    seq->last = desc->generated_count ? desc->generated_tokens[desc->generated_count - 1] : 0;
+    seq->max_tokens = desc->max_tokens;
+    seq->priority = desc->priority;
+    seq->admission_tokens = desc->admission_tokens;
+    seq->status = (uint8_t)desc->status;
+    seq->has_restore = desc->has_prefix_restore;
+    seq->restore_tokens = desc->restore_token_count;
     /* A caller-set cursor never skips the pending token nor leaves nothing runnable. */
-    size_t r = sk_replay_len(q);
-    size_t cur = d->prefill_cursor < r ? d->prefill_cursor : r;
-    if (q->gen_len == 0 && cur >= r) cur = r - 1;
-    q->cursor = cur;
-    q->saved_cost = d->saved_cost;
-    q->sampling = d->sampling;
-    q->session = d->session;
-    q->admitted_at = 0;
-    q->enqueued_turn = s->waiting_turn;
-    q->enqueue_order = s->next_order;
-    if (sk_waiting_add(s, slot, q->enqueue_order)) goto oom;
+    size_t replay = sk_replay_len(seq);
+    size_t cursor = desc->prefill_cursor < replay ? desc->prefill_cursor : replay;
+    if (seq->gen_len == 0 && cursor >= replay) cursor = replay - 1;
+    seq->cursor = cursor;
+    seq->saved_cost = desc->saved_cost;
+    seq->sampling = desc->sampling;
+    seq->session = desc->session;
+    seq->admitted_at = 0;
+    seq->enqueued_turn = s->waiting_turn;
+    seq->enqueue_order = s->next_order;
+    if (sk_waiting_add(s, slot, seq->enqueue_order)) goto oom;
     /* From here on nothing can fail. */
     sk_store_take(s);
     s->next_order++;
-    q->where = SK_WHERE_WAITING;
+    seq->where = SK_WHERE_WAITING;
     sk_store_index(s, slot);
-    if (q->has_restore) s->m.prefix_hits = sk_sat_add(s->m.prefix_hits, 1);
+    if (seq->has_restore) s->m.prefix_hits = sk_sat_add(s->m.prefix_hits, 1);
     else s->m.prefix_misses = sk_sat_add(s->m.prefix_misses, 1);
     s->waiting[s->waiting_len++] = slot;
     s->dirty = true;
@@ -129,10 +133,10 @@ oom:
     return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory submitting a sequence");
 }
 
-skippy_status skippy_scheduler_submit(skippy_scheduler *s, const skippy_sequence_desc *d,
+skippy_status skippy_scheduler_submit(skippy_scheduler *s, const skippy_sequence_desc *desc,
                                       uint32_t *out_slot, skippy_error **out_error)
 {
-    return sk_result(s, submit(s, d, out_slot), out_error);
+    return sk_result(s, submit(s, desc, out_slot), out_error);
 }
 
 /* ---------------------------------------------------------------- admission (§2.3) */
@@ -145,26 +149,26 @@ int sk_admit_waiting(skippy_scheduler *s, size_t *out_admitted)
         if (rc) return rc;
         s->dirty = false;
     }
-    size_t n = s->waiting_len;
-    if (n == 0 || s->active_len >= s->cfg.max_active_sequences) return 0;
+    size_t waiting_count = s->waiting_len;
+    if (waiting_count == 0 || s->active_len >= s->cfg.max_active_sequences) return 0;
     size_t room = s->cfg.max_active_sequences - s->active_len;
-    if (sk_grow((void **)&s->active, &s->active_cap, s->active_len + (room < n ? room : n),
-                sizeof(uint32_t)))
+    size_t admissible = room < waiting_count ? room : waiting_count;
+    if (sk_grow((void **)&s->active, &s->active_cap, s->active_len + admissible, sizeof(uint32_t)))
         return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory admitting sequences");
     size_t kept = 0, admitted = 0;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < waiting_count; i++) {
         uint32_t slot = s->waiting[i];
-        sk_seq *q = &s->seqs[slot];
-        if (s->active_len >= s->cfg.max_active_sequences || !fits(s, q)) {
+        sk_seq *seq = &s->seqs[slot];
+        if (s->active_len >= s->cfg.max_active_sequences || !fits(s, seq)) {
             s->waiting[kept++] = slot; /* deferred, relative order kept */
             continue;
         }
         sk_waiting_remove(s, slot);
-        reserve(s, q);
-        q->status = SKIPPY_SEQ_RUNNING;
-        q->admitted_at = ++s->admit_counter;
-        q->where = SK_WHERE_ACTIVE;
-        s->n_class[sk_class(q)]++;
+        reserve(s, seq);
+        seq->status = SKIPPY_SEQ_RUNNING;
+        seq->admitted_at = ++s->admit_counter;
+        seq->where = SK_WHERE_ACTIVE;
+        s->n_class[sk_class(seq)]++;
         s->active[s->active_len++] = slot;
         admitted++;
     }
@@ -180,10 +184,10 @@ static int retire(skippy_scheduler *s, uint32_t slot, uint32_t status)
     size_t cap = s->retired_cap;
     if (sk_grow((void **)&s->retired, &cap, s->retired_len + 1, sizeof(skippy_retired))) return -1;
     s->retired_cap = cap;
-    sk_seq *q = &s->seqs[slot];
-    if (q->where == SK_WHERE_ACTIVE) s->n_class[sk_class(q)]--;
-    q->status = (uint8_t)status;
-    q->where = SK_WHERE_RETIRED;
+    sk_seq *seq = &s->seqs[slot];
+    if (seq->where == SK_WHERE_ACTIVE) s->n_class[sk_class(seq)]--;
+    seq->status = (uint8_t)status;
+    seq->where = SK_WHERE_RETIRED;
     sk_store_unindex(s, slot);
     s->retired[s->retired_len].slot = slot;
     s->retired[s->retired_len].status = status;
@@ -192,25 +196,26 @@ static int retire(skippy_scheduler *s, uint32_t slot, uint32_t status)
 }
 
 /* Appends a sampled token; false when the history cannot grow (the caller fails the row). */
-static inline bool append_token(skippy_scheduler *s, sk_seq *q, int32_t token)
+static inline bool append_token(skippy_scheduler *s, sk_seq *seq, int32_t token)
 {
-    size_t len = q->prompt_len + q->gen_len;
-    if (q->room == 0) {
-        size_t c = q->token_cap;
-        if (len + 1 < len || sk_grow((void **)&q->tokens, &c, len + 1, sizeof(int32_t)))
+    size_t history_len = seq->prompt_len + seq->gen_len;
+    if (seq->room == 0) {
+        size_t cap = seq->token_cap;
+        if (history_len + 1 < history_len ||
+            sk_grow((void **)&seq->tokens, &cap, history_len + 1, sizeof(int32_t)))
             return false;
-        q->token_cap = c;
-        q->room = sk_room(q);
+        seq->token_cap = cap;
+        seq->room = sk_room(seq);
     }
     /* Appending moves R up by one (or not at all for the first token), so the class can only
      * change for a first token or when the cursor sits exactly at R. */
-    bool moves = q->gen_len == 0 || q->cursor == len - 1;
-    if (moves) s->n_class[sk_class(q)]--;
-    q->tokens[len] = token;
-    q->gen_len++;
-    q->room--;
-    q->last = token;
-    if (moves) s->n_class[sk_class(q)]++;
+    bool moves = seq->gen_len == 0 || seq->cursor == history_len - 1;
+    if (moves) s->n_class[sk_class(seq)]--;
+    seq->tokens[history_len] = token;
+    seq->gen_len++;
+    seq->room--;
+    seq->last = token;
+    if (moves) s->n_class[sk_class(seq)]++;
     return true;
 }
 
@@ -221,62 +226,63 @@ static inline bool append_token(skippy_scheduler *s, sk_seq *q, int32_t token)
  */
 static int check_outputs(skippy_scheduler *s)
 {
-    const skippy_plan *p = &s->plan;
-    const skippy_plan_outputs *o = &p->outputs;
-    size_t rows = p->request_count;
-    if (o->count > rows)
+    const skippy_plan *plan = &s->plan;
+    const skippy_plan_outputs *outputs = &plan->outputs;
+    size_t rows = plan->request_count;
+    if (outputs->count > rows)
         return -sk_fail(s, SKIPPY_SCHED_BAD_OUTPUTS, "%zu sampled outputs for a plan of %zu rows",
-                        o->count, rows);
-    if (o->count == p->sample_count &&
-        (o->count == 0 ||
-         memcmp(o->sampled_request_indexes, p->sample_rows, o->count * sizeof(size_t)) == 0))
+                        outputs->count, rows);
+    if (outputs->count == plan->sample_count &&
+        (outputs->count == 0 ||
+         memcmp(outputs->sampled_request_indexes, plan->sample_rows,
+                outputs->count * sizeof(size_t)) == 0))
         return 1;
     memset(s->row_seen, 0, rows);
-    for (size_t k = 0; k < o->count; k++) {
-        size_t r = o->sampled_request_indexes[k];
-        if (r >= rows)
+    for (size_t entry = 0; entry < outputs->count; entry++) {
+        size_t row = outputs->sampled_request_indexes[entry];
+        if (row >= rows)
             return -sk_fail(s, SKIPPY_SCHED_BAD_OUTPUTS, "sampled output %zu names work index "
-                            "%zu outside the plan (%zu rows)", k, r, rows);
-        if (s->row_seen[r])
-            return -sk_fail(s, SKIPPY_SCHED_BAD_OUTPUTS, "work index %zu is sampled twice", r);
-        if (!p->sample_last[r])
-            return -sk_fail(s, SKIPPY_SCHED_BAD_OUTPUTS, "work index %zu does not sample", r);
-        s->row_seen[r] = 1;
-        s->row_token[r] = o->predicted_tokens[k];
+                            "%zu outside the plan (%zu rows)", entry, row, rows);
+        if (s->row_seen[row])
+            return -sk_fail(s, SKIPPY_SCHED_BAD_OUTPUTS, "work index %zu is sampled twice", row);
+        if (!plan->sample_last[row])
+            return -sk_fail(s, SKIPPY_SCHED_BAD_OUTPUTS, "work index %zu does not sample", row);
+        s->row_seen[row] = 1;
+        s->row_token[row] = outputs->predicted_tokens[entry];
     }
     return 0;
 }
 
-static int complete(skippy_scheduler *s, uint64_t serial, skippy_iteration_telemetry *t)
+static int complete(skippy_scheduler *s, uint64_t serial, skippy_iteration_telemetry *telemetry)
 {
     int rc = sk_check_live(s, serial);
     if (rc) return rc;
-    skippy_plan *p = &s->plan;
+    skippy_plan *plan = &s->plan;
     int in_row_order = check_outputs(s);
     if (in_row_order < 0) return -in_row_order;
     /* Worst case every row's sequence retires: reserve that room before changing anything. */
     size_t cap = s->retired_cap;
-    if (sk_grow((void **)&s->retired, &cap, s->retired_len + p->sample_count,
+    if (sk_grow((void **)&s->retired, &cap, s->retired_len + plan->sample_count,
                 sizeof(skippy_retired)))
         return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory completing the plan");
     s->retired_cap = cap;
 
     /* Only sampling rows change sequences; token totals were counted while planning. */
     size_t first_retired = s->retired_len;
-    const size_t *srows = p->sample_rows;
-    const uint32_t *slots = p->slots;
-    const int32_t *predicted = p->outputs.predicted_tokens;
+    const size_t *sample_rows = plan->sample_rows;
+    const uint32_t *slots = plan->slots;
+    const int32_t *predicted = plan->outputs.predicted_tokens;
     sk_seq *seqs = s->seqs;
-    for (size_t k = 0, ns = p->sample_count; k < ns; k++) {
-        size_t r = srows[k];
-        uint32_t slot = slots[r];
-        sk_seq *q = &seqs[slot];
-        if (q->where != SK_WHERE_ACTIVE) continue; /* cancelled or preempted meanwhile */
+    for (size_t entry = 0, sample_count = plan->sample_count; entry < sample_count; entry++) {
+        size_t row = sample_rows[entry];
+        uint32_t slot = slots[row];
+        sk_seq *seq = &seqs[slot];
+        if (seq->where != SK_WHERE_ACTIVE) continue; /* cancelled or preempted meanwhile */
         int32_t token;
         if (in_row_order) {
-            token = predicted[k];
-        } else if (s->row_seen[r]) {
-            token = s->row_token[r];
+            token = predicted[entry];
+        } else if (s->row_seen[row]) {
+            token = s->row_token[row];
         } else {
             retire(s, slot, SKIPPY_SEQ_FAILED);
             continue;
@@ -285,11 +291,11 @@ static int complete(skippy_scheduler *s, uint64_t serial, skippy_iteration_telem
             retire(s, slot, SKIPPY_SEQ_FINISHED);
             continue;
         }
-        if (!append_token(s, q, token)) {
+        if (!append_token(s, seq, token)) {
             retire(s, slot, SKIPPY_SEQ_FAILED); /* cannot store the token: fail, never lose */
             continue;
         }
-        if (q->gen_len >= q->max_tokens) retire(s, slot, SKIPPY_SEQ_FINISHED);
+        if (seq->gen_len >= seq->max_tokens) retire(s, slot, SKIPPY_SEQ_FINISHED);
     }
     if (s->retired_len > first_retired) {
         size_t kept = 0;
@@ -306,72 +312,75 @@ static int complete(skippy_scheduler *s, uint64_t serial, skippy_iteration_telem
                 s->m.finished = sk_sat_add(s->m.finished, 1);
         }
     }
-    const uint64_t *tok = s->plan_tok;
+    const uint64_t *phase_tokens = s->plan_tok;
     s->m.iterations = sk_sat_add(s->m.iterations, 1);
-    s->m.admitted = sk_sat_add(s->m.admitted, p->admitted);
-    s->m.prefill_tokens = sk_sat_add(s->m.prefill_tokens, tok[SKIPPY_PHASE_PREFILL]);
-    s->m.recompute_tokens = sk_sat_add(s->m.recompute_tokens, tok[SKIPPY_PHASE_RECOMPUTE]);
-    s->m.decode_tokens = sk_sat_add(s->m.decode_tokens, tok[SKIPPY_PHASE_DECODE]);
+    s->m.admitted = sk_sat_add(s->m.admitted, plan->admitted);
+    s->m.prefill_tokens = sk_sat_add(s->m.prefill_tokens, phase_tokens[SKIPPY_PHASE_PREFILL]);
+    s->m.recompute_tokens = sk_sat_add(s->m.recompute_tokens, phase_tokens[SKIPPY_PHASE_RECOMPUTE]);
+    s->m.decode_tokens = sk_sat_add(s->m.decode_tokens, phase_tokens[SKIPPY_PHASE_DECODE]);
     sk_refresh_counts(s);
     s->plan_live = false;
-    if (t) {
-        t->iteration = s->m.iterations;
-        t->active_sequences = s->active_len;
-        t->waiting_sequences = s->waiting_len;
-        t->admitted = p->admitted;
-        t->preempted = p->preempted;
-        t->prefill_tokens = tok[SKIPPY_PHASE_PREFILL];
-        t->recompute_tokens = tok[SKIPPY_PHASE_RECOMPUTE];
-        t->decode_tokens = tok[SKIPPY_PHASE_DECODE];
-        t->prefix_hits = s->m.prefix_hits;
-        t->prefix_misses = s->m.prefix_misses;
-        t->finished = s->m.finished;
-        t->failed = s->m.failed;
-        t->cancelled = s->m.cancelled;
-        t->rejected_overload = s->m.rejected_overload;
+    if (telemetry) {
+        telemetry->iteration = s->m.iterations;
+        telemetry->active_sequences = s->active_len;
+        telemetry->waiting_sequences = s->waiting_len;
+        telemetry->admitted = plan->admitted;
+        telemetry->preempted = plan->preempted;
+        telemetry->prefill_tokens = phase_tokens[SKIPPY_PHASE_PREFILL];
+        telemetry->recompute_tokens = phase_tokens[SKIPPY_PHASE_RECOMPUTE];
+        telemetry->decode_tokens = phase_tokens[SKIPPY_PHASE_DECODE];
+        telemetry->prefix_hits = s->m.prefix_hits;
+        telemetry->prefix_misses = s->m.prefix_misses;
+        telemetry->finished = s->m.finished;
+        telemetry->failed = s->m.failed;
+        telemetry->cancelled = s->m.cancelled;
+        telemetry->rejected_overload = s->m.rejected_overload;
     }
     return 0;
 }
 
 skippy_status skippy_scheduler_complete(skippy_scheduler *s, uint64_t serial,
-                                        skippy_iteration_telemetry *t, skippy_error **out_error)
+                                        skippy_iteration_telemetry *telemetry,
+                                        skippy_error **out_error)
 {
-    return sk_result(s, complete(s, serial, t), out_error);
+    return sk_result(s, complete(s, serial, telemetry), out_error);
 }
 
 /* ---------------------------------------------------------------- preemption (§2.8) */
 
-static size_t pick_victim_builtin(const skippy_scheduler *s, const uint32_t *cand, size_t n)
+static size_t pick_victim_builtin(const skippy_scheduler *s, const uint32_t *candidates,
+                                  size_t count)
 {
     size_t best = SIZE_MAX;
-    for (size_t i = 0; i < n; i++) {
-        const sk_seq *q = &s->seqs[cand[i]];
+    for (size_t i = 0; i < count; i++) {
+        const sk_seq *seq = &s->seqs[candidates[i]];
         if (best == SIZE_MAX) { best = i; continue; }
-        const sk_seq *b = &s->seqs[cand[best]];
+        const sk_seq *best_seq = &s->seqs[candidates[best]];
+        /* §2.8: lowest priority, then the most recently admitted; FEWEST_COMPUTED puts the
+         * fewest computed tokens first. */
         bool better;
-        if (s->cfg.preemption_policy == SKIPPY_PREEMPT_FEWEST_COMPUTED) {
-            better = q->cursor != b->cursor ? q->cursor < b->cursor
-                     : q->priority != b->priority ? q->priority < b->priority
-                                                  : q->admitted_at > b->admitted_at;
-        } else {
-            better = q->priority != b->priority ? q->priority < b->priority
-                                                : q->admitted_at > b->admitted_at;
-        }
+        if (s->cfg.preemption_policy == SKIPPY_PREEMPT_FEWEST_COMPUTED &&
+            seq->cursor != best_seq->cursor)
+            better = seq->cursor < best_seq->cursor;
+        else if (seq->priority != best_seq->priority)
+            better = seq->priority < best_seq->priority;
+        else
+            better = seq->admitted_at > best_seq->admitted_at;
         if (better) best = i;
     }
     return best;
 }
 
-static void reset_for_recompute(sk_seq *q)
+static void reset_for_recompute(sk_seq *seq)
 {
-    size_t r = sk_replay_len(q);
-    size_t cur = q->has_restore ? q->restore_tokens : 0;
-    if (cur > r) cur = r;
+    size_t replay = sk_replay_len(seq);
+    size_t cursor = seq->has_restore ? seq->restore_tokens : 0;
+    if (cursor > replay) cursor = replay;
     /* Departure §0.4b: without a pending token keep one replay token runnable. */
-    if (q->gen_len == 0 && cur >= r) cur = r - 1;
-    q->cursor = cur;
-    q->status = SKIPPY_SEQ_PREEMPTED;
-    q->admitted_at = 0;
+    if (seq->gen_len == 0 && cursor >= replay) cursor = replay - 1;
+    seq->cursor = cursor;
+    seq->status = SKIPPY_SEQ_PREEMPTED;
+    seq->admitted_at = 0;
 }
 
 static bool over_budget(const skippy_scheduler *s, const uint64_t *used)
@@ -386,80 +395,86 @@ static bool over_budget(const skippy_scheduler *s, const uint64_t *used)
  * scheduler untouched; then the measured usage is applied and the victims move to the front of
  * the waiting queue (the last victim ends up first).
  */
-static int preempt(skippy_scheduler *s, const uint64_t *used, size_t n, size_t *out_n)
+static int preempt(skippy_scheduler *s, const uint64_t *used, size_t used_count,
+                   size_t *out_count)
 {
-    if (n && !used) return sk_fail(s, SKIPPY_SCHED_INVALID, "used_bytes is NULL");
-    size_t na = s->active_len, nc = s->cfg.memory_component_count;
-    if (sk_grow((void **)&s->victims, &s->victim_cap, na ? na : 1, sizeof(uint32_t)) ||
-        reserve_waiting(s, s->waiting_len + na))
+    if (used_count && !used) return sk_fail(s, SKIPPY_SCHED_INVALID, "used_bytes is NULL");
+    size_t active_count = s->active_len, component_count = s->cfg.memory_component_count;
+    if (sk_grow((void **)&s->victims, &s->victim_cap, active_count ? active_count : 1,
+                sizeof(uint32_t)) ||
+        reserve_waiting(s, s->waiting_len + active_count))
         return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory preempting");
-    uint64_t *u = s->used_scratch;
-    memcpy(u, s->used, nc * sizeof(uint64_t));
-    size_t m = n < nc ? n : nc;
-    for (size_t i = 0; i < m; i++) u[i] = used[i];
-    uint32_t *rem = s->scratch;
-    if (na) memcpy(rem, s->active, na * sizeof(uint32_t)); /* both NULL before any admission */
-    size_t rem_len = na, nv = 0;
-    while (rem_len > 0 && over_budget(s, u)) {
-        size_t idx;
+    uint64_t *trial_used = s->used_scratch;
+    memcpy(trial_used, s->used, component_count * sizeof(uint64_t));
+    size_t measured = used_count < component_count ? used_count : component_count;
+    for (size_t i = 0; i < measured; i++) trial_used[i] = used[i];
+    uint32_t *candidates = s->scratch;
+    /* (the guard: both arrays are NULL before the first admission) */
+    if (active_count) memcpy(candidates, s->active, active_count * sizeof(uint32_t));
+    size_t candidate_count = active_count, victim_count = 0;
+    while (candidate_count > 0 && over_budget(s, trial_used)) {
+        size_t victim;
         if (s->cfg.preemption_policy == SKIPPY_PREEMPT_CALLBACK) {
-            if (!s->victim_cb || s->victim_cb(s->cb_ctx, s, rem, rem_len, &idx))
+            if (!s->victim_cb || s->victim_cb(s->cb_ctx, s, candidates, candidate_count, &victim))
                 return sk_fail(s, SKIPPY_SCHED_CALLBACK, "preemption policy failed");
-            if (idx >= rem_len) break; /* the policy chose no victim */
+            if (victim >= candidate_count) break; /* the policy chose no victim */
         } else {
-            idx = pick_victim_builtin(s, rem, rem_len);
+            victim = pick_victim_builtin(s, candidates, candidate_count);
         }
-        uint32_t slot = rem[idx];
-        memmove(rem + idx, rem + idx + 1, (rem_len - idx - 1) * sizeof(uint32_t));
-        rem_len--;
-        for (size_t i = 0; i < nc; i++)
-            u[i] = sk_sat_sub(u[i], reservation(&s->comps[i], s->seqs[slot].admission_tokens));
-        s->victims[nv++] = slot;
+        uint32_t slot = candidates[victim];
+        memmove(candidates + victim, candidates + victim + 1,
+                (candidate_count - victim - 1) * sizeof(uint32_t));
+        candidate_count--;
+        for (size_t i = 0; i < component_count; i++)
+            trial_used[i] = sk_sat_sub(trial_used[i],
+                                       reservation(&s->comps[i], s->seqs[slot].admission_tokens));
+        s->victims[victim_count++] = slot;
     }
     /* Joining the ranked set is the last step that can fail, so it comes before the commit. */
-    for (size_t k = 0; k < nv; k++) {
-        if (sk_waiting_add(s, s->victims[k], s->next_order + k)) {
-            while (k-- > 0) sk_waiting_remove(s, s->victims[k]);
+    for (size_t nth = 0; nth < victim_count; nth++) {
+        if (sk_waiting_add(s, s->victims[nth], s->next_order + nth)) {
+            while (nth-- > 0) sk_waiting_remove(s, s->victims[nth]);
             return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory preempting");
         }
     }
     /* Commit. */
-    memcpy(s->used, u, nc * sizeof(uint64_t));
-    if (nv) {
-        for (size_t k = 0; k < nv; k++) s->seqs[s->victims[k]].where = SK_WHERE_WAITING;
+    memcpy(s->used, trial_used, component_count * sizeof(uint64_t));
+    if (victim_count) {
+        for (size_t nth = 0; nth < victim_count; nth++)
+            s->seqs[s->victims[nth]].where = SK_WHERE_WAITING;
         size_t kept = 0;
-        for (size_t i = 0; i < na; i++)
+        for (size_t i = 0; i < active_count; i++)
             if (s->seqs[s->active[i]].where == SK_WHERE_ACTIVE) s->active[kept++] = s->active[i];
         s->active_len = kept;
-        memmove(s->waiting + nv, s->waiting, s->waiting_len * sizeof(uint32_t));
-        for (size_t k = 0; k < nv; k++) {
-            sk_seq *q = &s->seqs[s->victims[k]];
-            s->n_class[sk_class(q)]--; /* left the active set */
-            reset_for_recompute(q);
-            q->enqueue_order = s->next_order++;
-            s->waiting[nv - 1 - k] = s->victims[k];
+        memmove(s->waiting + victim_count, s->waiting, s->waiting_len * sizeof(uint32_t));
+        for (size_t nth = 0; nth < victim_count; nth++) {
+            sk_seq *seq = &s->seqs[s->victims[nth]];
+            s->n_class[sk_class(seq)]--; /* left the active set */
+            reset_for_recompute(seq);
+            seq->enqueue_order = s->next_order++;
+            s->waiting[victim_count - 1 - nth] = s->victims[nth];
         }
-        s->waiting_len += nv;
+        s->waiting_len += victim_count;
         s->dirty = true;
-        s->m.preempted = sk_sat_add(s->m.preempted, nv);
+        s->m.preempted = sk_sat_add(s->m.preempted, victim_count);
     }
-    s->victim_len = nv;
+    s->victim_len = victim_count;
     sk_refresh_counts(s);
-    if (out_n) *out_n = nv;
+    if (out_count) *out_count = victim_count;
     return 0;
 }
 
-skippy_status skippy_scheduler_preempt(skippy_scheduler *s, const uint64_t *used, size_t n,
-                                       size_t *out_n, skippy_error **out_error)
+skippy_status skippy_scheduler_preempt(skippy_scheduler *s, const uint64_t *used, size_t used_count,
+                                       size_t *out_count, skippy_error **out_error)
 {
-    return sk_result(s, preempt(s, used, n, out_n), out_error);
+    return sk_result(s, preempt(s, used, used_count, out_count), out_error);
 }
 
 /* ---------------------------------------------------------------- cancel (§2.9) */
 
-bool skippy_scheduler_cancel(skippy_scheduler *s, const char *id, size_t len)
+bool skippy_scheduler_cancel(skippy_scheduler *s, const char *id, size_t id_len)
 {
-    uint32_t slot = sk_store_find(s, id, len, sk_hash_id(id, len));
+    uint32_t slot = sk_store_find(s, id, id_len, sk_hash_id(id, id_len));
     if (slot == SK_NO_SLOT) return false;
     size_t cap = s->retired_cap;
     if (sk_grow((void **)&s->retired, &cap, s->retired_len + 1, sizeof(skippy_retired))) {
@@ -467,25 +482,26 @@ bool skippy_scheduler_cancel(skippy_scheduler *s, const char *id, size_t len)
         return false;
     }
     s->retired_cap = cap;
-    sk_seq *q = &s->seqs[slot];
-    uint32_t *arr = q->where == SK_WHERE_ACTIVE ? s->active : s->waiting;
-    size_t *len_p = q->where == SK_WHERE_ACTIVE ? &s->active_len : &s->waiting_len;
-    for (size_t i = 0; i < *len_p; i++) {
-        if (arr[i] != slot) continue;
-        memmove(arr + i, arr + i + 1, (*len_p - i - 1) * sizeof(uint32_t));
-        (*len_p)--;
+    sk_seq *seq = &s->seqs[slot];
+    /* The active set or the waiting queue, whichever holds it. */
+    uint32_t *members = seq->where == SK_WHERE_ACTIVE ? s->active : s->waiting;
+    size_t *member_count = seq->where == SK_WHERE_ACTIVE ? &s->active_len : &s->waiting_len;
+    for (size_t i = 0; i < *member_count; i++) {
+        if (members[i] != slot) continue;
+        memmove(members + i, members + i + 1, (*member_count - i - 1) * sizeof(uint32_t));
+        (*member_count)--;
         break;
     }
-    if (q->where == SK_WHERE_ACTIVE) {
-        release(s, q);
+    if (seq->where == SK_WHERE_ACTIVE) {
+        release(s, seq);
     } else {
         sk_waiting_remove(s, slot);
         s->dirty = true;
     }
-    uint32_t keep = q->status;
+    uint32_t keep = seq->status;
     retire(s, slot, SKIPPY_SEQ_CANCELLED);
     s->retired[s->retired_len - 1].status = SKIPPY_SEQ_CANCELLED;
-    q->status = (uint8_t)keep; /* the sequence's own status is not a cancellation state */
+    seq->status = (uint8_t)keep; /* the sequence's own status is not a cancellation state */
     s->m.cancelled = sk_sat_add(s->m.cancelled, 1);
     sk_refresh_counts(s);
     return true;

@@ -116,8 +116,9 @@ def _compiled_constants(tmp_path, names):
     if cc is None:
         pytest.skip("no C compiler")
     src = tmp_path / "constants.c"
-    src.write_text("\n".join(['#include <stdio.h>', '#include "skippy_scheduler.h"', "int main(void) {"]
-                             + [f'printf("{n} %d\\n", (int){n});' for n in names] + ["return 0; }"]))
+    lines = ['#include <stdio.h>', '#include "skippy_scheduler.h"', "int main(void) {"]
+    lines += [f'printf("{n} %d\\n", (int){n});' for n in names]
+    src.write_text("\n".join(lines + ["return 0; }"]))
     exe = tmp_path / "constants"
     subprocess.run([cc, "-std=c11", "-I", skippy_scheduler.get_include(), str(src), "-o", str(exe)],
                    check=True)
