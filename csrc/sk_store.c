@@ -91,24 +91,26 @@ int sk_store_reserve(skippy_scheduler *s)
     }
     if (s->free_len == 0) {
         if (s->seq_cap == SK_NO_SLOT - 1) return -1;
-        uint32_t old = s->seq_cap;
-        uint32_t n = old ? (old > (SK_NO_SLOT - 1) / 2 ? SK_NO_SLOT - 1 : old * 2) : 16;
+        uint32_t old_cap = s->seq_cap;
+        /* Doubling as sk_grow does, but slot numbers must stay below SK_NO_SLOT. */
+        size_t wanted = sk_grown_capacity(old_cap, (size_t)old_cap + 1, 16);
+        uint32_t new_cap = wanted > SK_NO_SLOT - 1 ? SK_NO_SLOT - 1 : (uint32_t)wanted;
         /* Aligned by hand (C99 has no aligned realloc) so each slot's hot fields are one line. */
 #if SIZE_MAX / 256 <= UINT32_MAX /* only 32-bit size_t can overflow here (sk_seq < 256 B) */
-        if ((size_t)n > (SIZE_MAX - SK_SEQ_ALIGN) / sizeof(sk_seq)) return -1;
+        if ((size_t)new_cap > (SIZE_MAX - SK_SEQ_ALIGN) / sizeof(sk_seq)) return -1;
 #endif
-        void *raw = malloc((size_t)n * sizeof(sk_seq) + SK_SEQ_ALIGN);
+        void *raw = malloc((size_t)new_cap * sizeof(sk_seq) + SK_SEQ_ALIGN);
         if (!raw) return -1;
         sk_seq *seqs = (sk_seq *)(((uintptr_t)raw + SK_SEQ_ALIGN - 1) & ~(uintptr_t)(SK_SEQ_ALIGN - 1));
-        if (old) memcpy(seqs, s->seqs, (size_t)old * sizeof(sk_seq));
-        memset(seqs + old, 0, (size_t)(n - old) * sizeof(sk_seq));
+        if (old_cap) memcpy(seqs, s->seqs, (size_t)old_cap * sizeof(sk_seq));
+        memset(seqs + old_cap, 0, (size_t)(new_cap - old_cap) * sizeof(sk_seq));
         free(s->seqs_raw);
         s->seqs_raw = raw;
         s->seqs = seqs;
-        if (sk_resize((void **)&s->free_slots, n, sizeof(uint32_t))) return -1;
-        s->seq_cap = n;
+        if (sk_resize((void **)&s->free_slots, new_cap, sizeof(uint32_t))) return -1;
+        s->seq_cap = new_cap;
         /* Lowest slots are handed out first. */
-        for (uint32_t i = n; i > old; i--) s->free_slots[s->free_len++] = i - 1;
+        for (uint32_t i = new_cap; i > old_cap; i--) s->free_slots[s->free_len++] = i - 1;
     }
     return 0;
 }
