@@ -1,5 +1,5 @@
 /*
- * Planning (behaviour.md §2.4, §2.5) and the duration observations that decide whether mixed
+ * Planning (docs/behaviour.md §2.4, §2.5) and the duration observations that decide whether mixed
  * planning pays off (§2.6).
  *
  * A plan is written straight into the skippy_plan struct-of-arrays: request rows point into

@@ -1,6 +1,6 @@
 /*
- * sk_sat.h: saturating u64 arithmetic. Counters, scores and reservations clamp at UINT64_MAX
- * instead of wrapping (behaviour.md §3.1 for the scores; the counters follow the same rule).
+ * sk_sat.h: saturating u64 arithmetic. Counters, byte sums, reservations and scores stop at
+ * UINT64_MAX and at 0, never wrap (the integer arithmetic note at the top of docs/behaviour.md).
  */
 #ifndef SK_SAT_H
 #define SK_SAT_H

@@ -1,5 +1,5 @@
 /*
- * The scheduler's decisions (behaviour.md §2) other than planning (sk_plan.c): submit,
+ * The scheduler's decisions (docs/behaviour.md §2) other than planning (sk_plan.c): submit,
  * admission, completion from compact sampled outputs, preemption and cancel.
  *
  * Every public entry point validates first and mutates after, so a failing call leaves the
