@@ -5,6 +5,8 @@
 * `VirtualClock`: time moves only when the engine says so; an iteration lasts what the cost
   model charges for the plan (or, without a cost model, what the host measurably took); idle
   gaps jump to the next arrival. Two runs of the same inputs see identical times.
+* `CpuClock`: the process's CPU time; an iteration lasts the CPU time spent running it, which
+  load from other processes does not inflate; idle gaps jump to the next arrival.
 
 Values stay whatever type the cost model yields (integer constants give integer times), so the
 lab's traces print exact microseconds.
@@ -84,3 +86,35 @@ class VirtualClock:
     def wait_until(self, t_us: float, wake: Optional[threading.Event] = None) -> None:
         if t_us > self._now:
             self._now = t_us
+
+
+class CpuClock:
+    """CPU time of this process (`time.process_time_ns`), starting at 0.
+
+    An iteration is charged the CPU time spent since the clock was last read: the engine reads
+    `now()` just before it executes a plan and charges just after, so that is the plan's cost
+    (the host's `measured_us`, elapsed time, is not used). A machine busy with other processes
+    stretches elapsed time but not this one, which is why calibration can use it. Every thread
+    of the process counts: with several compute threads an iteration is charged their sum,
+    spinning included, which is more than it lasted. Waiting for an arrival uses no CPU, so
+    `wait_until` skips to it as the virtual clock does.
+    """
+
+    def __init__(self) -> None:
+        self.start()
+
+    def start(self) -> None:
+        self._t0 = self._mark = time.process_time_ns()
+        self._skipped_us: float = 0
+
+    def now(self) -> float:
+        self._mark = time.process_time_ns()
+        return (self._mark - self._t0) / 1e3 + self._skipped_us
+
+    def charge(self, prompt_tokens: int, decode_rows: int, measured_us: float) -> float:
+        return (time.process_time_ns() - self._mark) / 1e3
+
+    def wait_until(self, t_us: float, wake: Optional[threading.Event] = None) -> None:
+        now = self.now()
+        if t_us > now:
+            self._skipped_us += t_us - now

@@ -1,24 +1,53 @@
-"""Fit the lab's linear iteration cost model to a real runtime.
+"""Fit the linear iteration cost model to a real runtime by running plans on the engine.
 
-The lab prices an iteration as
+The cost model prices an iteration as
     overhead + prefill_token × (Prefill/Recompute tokens) + [decode rows > 0] × (decode_batch +
     decode_sequence × decode rows)
-(behaviour.md §5.3). `calibrate_host` times a handful of plan shapes on a host (prefill-only of
-several lengths, decode-only of several widths, and mixed) and solves for the four coefficients by
-least squares over the per-shape medians, so that the lab can replay scenarios with the costs of
-this machine and model. Timing covers what one plan costs the host: staging the batch, the
-single `llama_decode` and greedy sampling.
+(docs/behaviour.md §5.3). `calibrate_host` drives a handful of plan shapes through a real
+`Scheduler` on the `Engine` (prefill-only of several lengths, decode-only of several widths, and
+a prefill mixed into a decode batch), reads each iteration's prefill tokens, decode rows and
+charged duration from the engine's recorder, and fits the four coefficients by non-negative
+least squares over the fastest timed iteration of each shape. So a calibration times exactly
+what the engine charges for a plan: the host's `execute` (staging the batch, one
+`llama_decode`, greedy sampling), nothing of the scheduler's own work.
+
+Why the fastest: on a shared machine every disturbance (another process on the core, a cache
+it evicts, a thread descheduled) only adds time, so the fastest of a shape's iterations is the
+cost of the plan itself, and the one that repeats from run to run. On a loaded 2-core machine
+the coefficients fitted over the fastest varied between runs by 1-3%, over the medians by 4-7%.
+A shape's iterations are timed in two passes through all the shapes, so that a burst of
+load that slows every iteration of one run does not decide that shape's cost.
+
+Each shape gets its own scheduler, configured so that every iteration after a short setup has
+that shape:
+
+* prefill-only, p tokens: one sequence at a time (`max_active_sequences=1`) with a p-token
+  prompt and one token to generate, so each iteration is that prompt's single prefill row;
+* decode-only, d rows: d sequences with short prompts; after the iteration that prefills them
+  every iteration decodes all d;
+* mixed, p tokens and d rows: the same d decoders plus one p-token sequence at a time, submitted
+  after the decoders' first decode-only iteration, which is what opens the scheduler's mixed
+  gate (§2.2, §2.6). Should the scheduler turn mixed planning off, the shape is skipped and the
+  calibration says why.
+
+Sampled end-of-generation tokens are replaced by an ordinary token before the scheduler sees
+them, after the iteration was timed, so that a decoder never stops early and a decode width
+stays what it was set to.
 """
 from __future__ import annotations
 
+import math
 import re
 import statistics
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from skippy_scheduler.lab.model import RuntimeCostModel
+from ..cost_model import RuntimeCostModel, decode_row_count
+from ..engine.clock import CpuClock, WallClock
+from ..engine.core import Engine, Request
+from ..types import SchedulerConfig
 
 # The lab's cost model is the one fitted here; its str() is the --cost-model form.
 CostModel = RuntimeCostModel
@@ -28,106 +57,351 @@ COST_MODEL_RE = re.compile(
     r"decode_batch_us=[0-9.]+,decode_sequence_us=[0-9.]+$"
 )
 
+CLOCKS = ("cpu", "wall")
+DEFAULT_CLOCK = "cpu"
+# A new batch shape runs slower for its first few iterations: after the prefill shapes, the
+# tiny model's single-row decode took 280, 150, 125, 110, 100 µs in its first five.
+DEFAULT_WARMUP = 3
+DEFAULT_REPEATS = 15
+# A shape's iterations run back to back in a few ms, so a burst of load can slow all of them;
+# a second pass through the shapes, later, gives every shape another chance at its real cost.
+DEFAULT_PASSES = 2
+# Largest plausible rms of the fit's relative errors. One thread on the CPU clock fits the tiny
+# model to 2-4% on an idle and on a fully loaded 2-core machine alike; elapsed time under that
+# load, or two threads, often gives 16-26% (far more when a thread is descheduled at a barrier)
+# with coefficients that move by half from run to run.
+MAX_RELATIVE_RESIDUAL = 0.15
+# Iterations of a shape's run that may miss the shape before the shape is given up.
+_MAX_MISSES = 3
+_FIRST_TOKEN = 3  # prompts avoid the low ids where vocabularies keep their special tokens
+
+
+@dataclass(frozen=True)
+class ShapeTiming:
+    """The timed iterations of one plan shape (warm-up excluded), in run order."""
+
+    prefill_tokens: int
+    decode_rows: int
+    durations_us: tuple[float, ...]
+
+    @property
+    def fastest_us(self) -> float:
+        """What the fit uses (see the module docstring)."""
+        return min(self.durations_us)
+
+    @property
+    def median_us(self) -> float:
+        return statistics.median(self.durations_us)
+
 
 @dataclass
 class Calibration:
     model: CostModel
-    samples: list[tuple[int, int, float]]  # (prefill tokens, decode rows, median µs)
+    samples: list[tuple[int, int, float]]  # (prefill tokens, decode rows, fastest µs)
     residual_us: float  # root-mean-square error of the fit over the shapes
+    clock: str = DEFAULT_CLOCK
+    timings: list[ShapeTiming] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # shapes the scheduler would not run, why
+
+    @property
+    def relative_residual(self) -> float:
+        """Root-mean-square of each shape's fit error relative to its measured time."""
+        return relative_residual(self.model, self.samples)
+
+    def problems(self) -> list[str]:
+        """Why the fitted model should not be trusted (empty when it is plausible)."""
+        return check_fit(self.model, self.samples)
 
     def to_json(self) -> dict:
         return {
             "cost_model": str(self.model),
+            "clock": self.clock,
             "rms_residual_us": self.residual_us,
+            "relative_residual": self.relative_residual,
+            "problems": self.problems(),
+            "skipped_shapes": list(self.skipped),
             "shapes": [
-                {"prefill_tokens": p, "decode_rows": d, "median_us": us} for p, d, us in self.samples
+                {"prefill_tokens": t.prefill_tokens, "decode_rows": t.decode_rows,
+                 "fastest_us": t.fastest_us, "median_us": t.median_us,
+                 "durations_us": list(t.durations_us)}
+                for t in self.timings
+            ] if self.timings else [
+                {"prefill_tokens": p, "decode_rows": d, "fastest_us": us}
+                for p, d, us in self.samples
             ],
         }
 
 
-def default_shapes(n_seq_max: int, n_batch: int) -> list[tuple[list[int], int]]:
-    """(prefill row lengths, decode rows) pairs that separate the four coefficients."""
+def relative_residual(model: CostModel, samples: list[tuple[int, int, float]]) -> float:
+    """Root-mean-square of (model − measured) / measured over the samples."""
+    if not samples:
+        raise ValueError("no samples")
+    errors = [(model.duration_us(p, d) - us) / us if us > 0 else math.inf
+              for p, d, us in samples]
+    return math.sqrt(sum(e * e for e in errors) / len(errors))
+
+
+def check_fit(model: CostModel, samples: list[tuple[int, int, float]]) -> list[str]:
+    """Plausibility of a fitted model, as sentences (empty when it is plausible).
+
+    The fit must explain the timings (relative residual at most `MAX_RELATIVE_RESIDUAL`), and
+    the timings must grow with prefill tokens across the prefill-only shapes and with decode
+    rows across the decode-only shapes by more than the fit's typical error at the largest of
+    them: a coefficient that is zero, or whose effect is lost in the noise, prices nothing.
+    """
+    problems: list[str] = []
+    rel = relative_residual(model, samples)
+    if not rel <= MAX_RELATIVE_RESIDUAL:
+        rms_us = math.sqrt(sum((model.duration_us(p, d) - us) ** 2 for p, d, us in samples)
+                           / len(samples))
+        problems.append(
+            f"the fit explains the timings poorly: its rms residual is {rms_us:.1f} us, "
+            f"{rel:.0%} of the measured times (rms of each shape's relative error; more than "
+            f"{MAX_RELATIVE_RESIDUAL:.0%} is not plausible), so the timings vary more than the "
+            "plans they time")
+    for what, coef, name, family in (
+        ("prefill tokens", model.prefill_token_us, "prefill_token_us",
+         [(p, us) for p, d, us in samples if p and not d]),
+        ("decode rows", model.decode_sequence_us, "decode_sequence_us",
+         [(d, us) for p, d, us in samples if d and not p]),
+    ):
+        sizes = sorted({n for n, _ in family})
+        if len(sizes) < 2:
+            continue
+        growth = coef * (sizes[-1] - sizes[0])
+        noise = rel * max(us for _, us in family)
+        if not growth > noise:
+            problems.append(
+                f"timings do not grow with {what}: from {sizes[0]} to {sizes[-1]} the model adds "
+                f"{growth:.1f} us ({name}={coef:g}), no more than its typical error there "
+                f"({noise:.1f} us)")
+    return problems
+
+
+def default_shapes(n_seq_max: int, n_batch: int) -> list[tuple[int, int]]:
+    """(prefill tokens, decode rows) shapes that separate the four coefficients: prefill-only of
+    several lengths, decode-only of several widths, and a 64-token prefill mixed into the two
+    narrowest decode batches."""
     widths = [d for d in (1, 2, 4, 8) if d <= n_seq_max]
-    shapes: list[tuple[list[int], int]] = []
-    for p in (16, 64, 128, 256):
-        if p <= n_batch:
-            shapes.append(([p], 0))
-    for d in widths:
-        shapes.append(([], d))
-    for d in widths[:2]:
-        if 64 + d <= n_batch and d + 1 <= n_seq_max:
-            shapes.append(([64], d))
+    shapes: list[tuple[int, int]] = [(p, 0) for p in (16, 64, 128, 256) if p <= n_batch]
+    shapes += [(0, d) for d in widths]
+    shapes += [(64, d) for d in widths[:2] if 64 + d <= n_batch and d + 1 <= n_seq_max]
     return shapes
 
 
+ClockChoice = Union[str, Callable[[], Any]]
+
+
+def make_clock(clock: ClockChoice) -> Any:
+    """A fresh engine clock: "cpu" (`CpuClock`), "wall" (`WallClock`), or what a factory makes
+    (such as `lambda: VirtualClock(cost)`, which prices every plan by a known model)."""
+    if clock == "cpu":
+        return CpuClock()
+    if clock == "wall":
+        return WallClock()
+    if callable(clock):
+        return clock()
+    raise ValueError(f"clock must be one of {', '.join(CLOCKS)} or a clock factory, "
+                     f"got {clock!r}")
+
+
+class _ShapeRun:
+    """Engine hooks that feed one shape's sequences and note the iterations that have it."""
+
+    def __init__(self, prefill: int, decode: int, wanted: int, tokens: Callable[[int], list[int]],
+                 filler: int) -> None:
+        self.prefill = prefill
+        self.decode = decode
+        self.wanted = wanted
+        self.tokens = tokens
+        self.filler = filler
+        self.engine: Optional[Engine] = None
+        self.timed: list[int] = []  # engine iteration indices that had the shape
+        # Decoders are ready once they have run a decode-only iteration of full width: from then
+        # on every iteration must have the shape (a mixed plan also needs that observation).
+        self.ready = decode == 0
+        self.in_flight: Optional[str] = None  # the prefill sequence submitted and not yet run
+        self.submitted = 0
+        self.misses: list[tuple[int, int]] = []
+        self.gave_up = False
+
+    def before_step(self, engine: Engine) -> None:
+        if len(self.timed) >= self.wanted or self.gave_up:
+            for rid in engine.open_ids():
+                engine.cancel(rid)
+            return
+        if self.prefill and self.ready and self.in_flight is None:
+            rid = f"calib-prefill-{self.submitted}"
+            self.submitted += 1
+            engine.submit(Request(rid, self.tokens(self.prefill), 1))
+            self.in_flight = rid
+
+    def on_plan(self, plan: Any, start_us: float, duration_us: float) -> None:
+        assert self.engine is not None
+        decode = decode_row_count(plan.phases)
+        shape = (int(plan.token_count) - decode, decode)
+        if shape == (self.prefill, self.decode):
+            self.timed.append(self.engine.iterations)
+        elif self.ready:
+            self.misses.append(shape)
+            self.gave_up = len(self.misses) >= _MAX_MISSES
+        if shape == (0, self.decode) and decode:
+            self.ready = True
+        if self.in_flight is not None and self.in_flight in plan.sequence_ids:
+            self.in_flight = None  # its one row samples its one token: it finishes now
+        out = plan.outputs
+        predicted = out.predicted_tokens[:out.count]
+        predicted[predicted < 0] = self.filler
+
+
+def _time_shape(host: Any, prefill: int, decode: int, *, repeats: int, warmup: int,
+                clock: ClockChoice, context_tokens: int, tokens: Callable[[int], list[int]],
+                filler: int, scheduler_type: Any) -> tuple[Optional[list[float]], str]:
+    """Durations of `repeats` iterations of the shape after `warmup` (None and why, when the
+    scheduler would not plan it)."""
+    wanted = warmup + repeats
+    config = SchedulerConfig(
+        max_active_sequences=decode + (1 if prefill else 0),
+        max_tokens_per_iteration=host.n_batch,
+        prefill_chunk_tokens=host.n_batch,
+        mixed_prefill_decode=bool(prefill and decode),
+    )
+    scheduler = scheduler_type(config)
+    run = _ShapeRun(prefill, decode, wanted, tokens, filler)
+    # Decoders are cancelled once enough iterations are timed; their budget only bounds a run
+    # that goes wrong (one prefill, one decode-only iteration, the timed ones, the misses).
+    decode_budget = 2 + wanted + _MAX_MISSES
+    engine = Engine(scheduler, host, clock=make_clock(clock), on_plan=run.on_plan,
+                    before_step=run.before_step, max_iterations=4 * decode_budget + 16)
+    run.engine = engine
+    for i in range(decode):
+        engine.submit(Request(f"calib-decode-{i}", tokens(context_tokens), decode_budget))
+    report = engine.run()
+    name = f"prefill_tokens={prefill} decode_rows={decode}"
+    if len(run.timed) < wanted:
+        seen = ", ".join(f"({p}, {d})" for p, d in run.misses) or "none"
+        why = f"{name}: the scheduler planned other shapes (prefill tokens, decode rows): {seen}"
+        if prefill and decode and not getattr(scheduler, "mixed_prefill_viable", True):
+            why += (" after it turned mixed planning off, because the prefill slowed a decode "
+                    "step by more than its mixed gate allows (docs/behaviour.md §2.6)")
+        return None, why
+    its = report.iteration_arrays()
+    idx = np.asarray(run.timed[warmup:], dtype=np.int64)
+    decode_rows = its["decode_rows"][idx]
+    prefill_tokens = its["tokens"][idx] - decode_rows
+    # The recorder is the source of truth; the hooks only chose which iterations to read.
+    if (prefill_tokens != prefill).any() or (decode_rows != decode).any():
+        raise RuntimeError(f"{name}: the recorded iterations do not have the planned shape")
+    return its["duration_us"][idx].tolist(), ""
+
+
 def calibrate_host(
-    host, *, repeats: int = 7, context_tokens: int = 32, seed: int = 0, clock: str = "wall"
+    host: Any, *, repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP,
+    passes: int = DEFAULT_PASSES, clock: ClockChoice = DEFAULT_CLOCK,
+    shapes: Optional[list[tuple[int, int]]] = None, context_tokens: int = 32, seed: int = 0,
+    scheduler_type: Any = None,
 ) -> Calibration:
-    """Time `default_shapes` on `host` (which must have no active sequences) and fit the model.
+    """Run each shape on the engine with `host` (idle: no active sequences) and fit the model.
 
-    `clock="wall"` measures elapsed time (what a client sees); `clock="cpu"` measures the
-    process's CPU time, which a busy machine does not inflate (with one llama.cpp thread it is
-    the compute time; with more it also counts their spinning).
+    host: an engine host with `n_vocab`, `n_seq_max` and `n_batch` (a `LlamaHost`).
+    repeats: timed iterations per shape (the fastest is fitted), spread over `passes` passes
+        through the shapes, so that one stretch of interference cannot spoil a whole shape;
+    warmup: iterations of each shape run first in each pass and not timed (a new batch shape
+        is slow for its first few).
+    clock: "cpu" charges each iteration the process's CPU time, which other processes on a busy
+        machine do not inflate (with one compute thread it is the compute time; with several it
+        counts all of them, spinning included); "wall" charges elapsed time, what a client sees;
+        or a factory of engine clocks (one per run).
+    shapes: (prefill tokens, decode rows) pairs; by default `default_shapes`.
+    scheduler_type: the scheduler class (the native `Scheduler` by default).
     """
-    if clock not in ("wall", "cpu"):
-        raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
-    timer = time.perf_counter if clock == "wall" else time.process_time
-    if host.active_sequences:
+    for name, value, lo in (("repeats", repeats, 1), ("warmup", warmup, 0),
+                            ("passes", passes, 1), ("context_tokens", context_tokens, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+            raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
+    make_clock(clock)
+    if getattr(host, "active_sequences", None):
         raise ValueError("calibrate on an idle host: it has active sequences")
+    if scheduler_type is None:
+        from .. import Scheduler as scheduler_type
+    n_seq_max, n_batch, n_vocab = host.n_seq_max, host.n_batch, host.n_vocab
+    shapes = list(dict.fromkeys(default_shapes(n_seq_max, n_batch) if shapes is None
+                                else [(int(p), int(d)) for p, d in shapes]))
+    if not shapes:
+        raise ValueError("no shapes to time")
+    for p, d in shapes:
+        if p < 0 or d < 0 or not (p or d):
+            raise ValueError(f"shape ({p}, {d}) must have prefill tokens or decode rows")
+        if p + d > n_batch or d + (1 if p else 0) > n_seq_max or d * context_tokens > n_batch:
+            raise ValueError(f"shape ({p}, {d}) does not fit the host (n_batch={n_batch}, "
+                             f"n_seq_max={n_seq_max}, context_tokens={context_tokens})")
+    ctx_seq = getattr(host, "n_ctx_seq", None)
+    if ctx_seq is not None:
+        longest = context_tokens + 2 + warmup + repeats + _MAX_MISSES
+        if any(d for _, d in shapes) and longest > ctx_seq:
+            raise ValueError(f"decoders would reach position {longest} but the host holds "
+                             f"{ctx_seq} per sequence: fewer repeats or a shorter context")
+        if max(p for p, _ in shapes) > ctx_seq:
+            raise ValueError(f"a {max(p for p, _ in shapes)}-token prefill does not fit the "
+                             f"{ctx_seq} positions the host holds per sequence")
     rng = np.random.default_rng(seed)
-    vocab = host.n_vocab
 
-    def toks(n: int) -> list[int]:
-        return rng.integers(3, vocab, size=n).tolist()
+    def tokens(n: int) -> list[int]:
+        return rng.integers(_FIRST_TOKEN, n_vocab, size=n).tolist()
 
-    samples: list[tuple[int, int, float]] = []
-    shapes = default_shapes(host.n_seq_max, host.n_batch)
-    for prefill_rows, decode_rows in shapes:
-        times: list[float] = []
-        for rep in range(repeats + 1):  # the first run warms up graph allocation
-            dec_ids = [f"calib-d{i}" for i in range(decode_rows)]
-            pre_ids = [f"calib-p{i}" for i in range(len(prefill_rows))]
-            # Decode rows need a context: prefill it outside the timed call.
-            if dec_ids:
-                host.run_rows([(s, toks(context_tokens), 0, True) for s in dec_ids])
-            rows = [(s, toks(1), context_tokens, True) for s in dec_ids]
-            rows += [(s, toks(n), 0, True) for s, n in zip(pre_ids, prefill_rows)]
-            t = timer()
-            host.run_rows(rows)
-            elapsed = timer() - t
-            host.release_all()
-            if rep:
-                times.append(elapsed * 1e6)
-        samples.append((sum(prefill_rows), decode_rows, statistics.median(times)))
-
+    durations: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
+    skipped: dict[tuple[int, int], str] = {}
+    for count in (repeats // passes + (i < repeats % passes) for i in range(passes)):
+        for p, d in shapes:
+            if not count or (p, d) in skipped:
+                continue
+            got, why = _time_shape(host, p, d, repeats=count, warmup=warmup, clock=clock,
+                                   context_tokens=context_tokens, tokens=tokens,
+                                   filler=_FIRST_TOKEN, scheduler_type=scheduler_type)
+            if got is None:
+                skipped[(p, d)] = why
+            else:
+                durations[(p, d)] += got
+    timings = [ShapeTiming(p, d, tuple(durations[(p, d)])) for p, d in shapes
+               if (p, d) not in skipped]
+    if not timings:
+        raise RuntimeError("no shape could be timed: " + "; ".join(skipped.values()))
+    samples = [(t.prefill_tokens, t.decode_rows, t.fastest_us) for t in timings]
     model, residual = fit_cost_model(samples)
-    return Calibration(model, samples, residual)
+    label = clock if isinstance(clock, str) else "custom"
+    return Calibration(model, samples, residual, label, timings, list(skipped.values()))
 
 
 def fit_cost_model(samples: list[tuple[int, int, float]]) -> tuple[CostModel, float]:
-    """Non-negative least squares of the four coefficients over (prefill, decode rows, µs).
+    """Non-negative least squares of the four coefficients over (prefill, decode rows, µs);
+    returns the model and its root-mean-square residual in µs.
 
-    Costs cannot be negative, so when the unconstrained fit has a negative coefficient every
-    subset of coefficients is tried (4 unknowns: 16 small solves) and the best non-negative
-    fit wins; clipping the unconstrained solution would not be a least-squares fit.
+    Each shape's error counts relative to its time: shapes span a 100 µs decode step to a
+    several-ms prefill, and an unweighted fit buys 1% on the long shapes by getting the short
+    ones (the decode steps a run has most of) wrong by half or more. Costs cannot be negative,
+    so when the unconstrained fit has a negative coefficient every subset of coefficients is
+    tried (4 unknowns: 16 small solves) and the best non-negative fit wins; clipping the
+    unconstrained solution would not be a least-squares fit.
     """
     if not samples:
         raise ValueError("no samples to fit")
     a = np.array([[1.0, p, 1.0 if d else 0.0, d] for p, d, _ in samples])
     y = np.array([us for _, _, us in samples], dtype=float)
+    w = 1.0 / np.maximum(y, 1.0)
+    aw, yw = a * w[:, None], y * w
     best: tuple[float, np.ndarray] | None = None
     for mask in range(1, 16):
         cols = [j for j in range(4) if mask >> j & 1]
-        sol, *_ = np.linalg.lstsq(a[:, cols], y, rcond=None)
+        sol, *_ = np.linalg.lstsq(aw[:, cols], yw, rcond=None)
         if (sol < 0).any():
             continue
         coef = np.zeros(4)
         coef[cols] = sol
-        err = float(np.sum((a @ coef - y) ** 2))
-        if best is None or err < best[0] - 1e-9:
+        err = float(np.sum((aw @ coef - yw) ** 2))
+        if best is None or err < best[0] - 1e-12:
             best = (err, coef)
     if best is None:  # only when every sample is <= 0
-        best = (float(np.sum(y**2)), np.zeros(4))
+        best = (float(np.sum(yw**2)), np.zeros(4))
     coef = np.round(best[1], 3)
     residual = float(np.sqrt(np.mean((a @ coef - y) ** 2)))
     return CostModel(*(float(c) for c in coef)), residual
