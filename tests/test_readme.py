@@ -11,7 +11,8 @@ def test_readme_tour_runs(capsys):
     assert blocks, "README has no python example"
     exec(compile(blocks[0], "README.md", "exec"), {})
     out = capsys.readouterr().out
-    assert "chat-1 finished" in out and "chat-2 finished" in out
+    # The stand-in model predicts last token + 1: each sequence's tokens continue its prompt.
+    assert "chat-1 Finished [40, 41, 42, 43]" in out and "chat-2 Finished [10, 11, 12, 13]" in out
     assert "SchedulerMetrics(" in out
 
 

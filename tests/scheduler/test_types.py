@@ -29,7 +29,7 @@ def test_enum_values_match_the_c_core():
     assert [p.value for p in IterationPhase] == [0, 1, 2]
     assert [p.name for p in IterationPhase] == ["Prefill", "Recompute", "Decode"]
     assert {s.name: s.value for s in SequenceStatus} == {
-        "Waiting": 0, "Running": 1, "Preempted": 2, "Finished": 3, "Failed": 4,
+        "Waiting": 0, "Running": 1, "Preempted": 2, "Finished": 3, "Failed": 4, "Cancelled": 5,
     }
     assert [k.name for k in PrefixRestoreKind] == ["ResidentKv", "RecurrentWholeState", "KvAndRecurrentWholeState"]
     assert LLAMA_MAX_SEQ == 256
