@@ -70,8 +70,10 @@ from .types import (  # noqa: E402
     SchedulerSnapshot,
     Sequence,
     SequenceStatus,
+    PlanInFlight,
     StalePlanError,
 )
+from .inflight import resolve_deferred  # noqa: E402
 
 __all__ = [
     "__version__",
@@ -117,7 +119,9 @@ __all__ = [
     "Sequence",
     "SequenceStatus",
     "StageCacheAffinity",
+    "PlanInFlight",
     "StalePlanError",
+    "resolve_deferred",
     "TwinOutputs",
     "TwinPlan",
     "TwinScheduler",

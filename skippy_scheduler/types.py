@@ -124,6 +124,7 @@ _CONFIG_CHECKS = {
     "mixed_prefill_decode": check_bool,
     "cache_aging_cost_per_iteration": lambda n, v: check_uint(n, v, U64_MAX),
     "group_waiting_prefixes": check_bool,
+    "max_inflight_plans": lambda n, v: check_uint(n, v, USIZE_MAX),
     "iteration_interval": _check_interval,
     "memory_components": _check_components,
 }
@@ -149,6 +150,9 @@ class SchedulerConfig:
     mixed_prefill_decode: bool = False
     cache_aging_cost_per_iteration: int = 4096
     group_waiting_prefixes: bool = True
+    # Plans that may be live at once (made, not yet completed or aborted): D (§2.11). At 1,
+    # making a plan while one is live aborts the live one first.
+    max_inflight_plans: int = 1
     iteration_interval: float = 0.002
     memory_components: list[MemoryComponent] = field(default_factory=list)
 
@@ -186,6 +190,7 @@ class SchedulerConfig:
                 else max(self.max_consecutive_prefill_iterations, 1)
             ),
             cache_aging_cost_per_iteration=max(self.cache_aging_cost_per_iteration, 1),
+            max_inflight_plans=max(self.max_inflight_plans, 1),
             memory_components=list(self.memory_components),
         )
 
@@ -272,6 +277,10 @@ class SchedulerMetrics:
     prefix_misses: int = 0
     active_sequences: int = 0
     waiting_sequences: int = 0
+    # Sampling rows whose output arrived after their sequence had ended, been cancelled or been
+    # preempted (it is dropped), and plans undone by `abort_iteration` (§2.11).
+    discarded_rows: int = 0
+    aborted_plans: int = 0
 
     def copy(self) -> "SchedulerMetrics":
         return _dc_replace(self)
@@ -333,6 +342,11 @@ class EmptyPrompt(AdmissionError):
 
 class StalePlanError(ValueError):
     """The plan was already completed or a newer plan replaced it."""
+
+
+class PlanInFlight(ValueError):
+    """A plan cannot be made (max_inflight_plans are live) or a live plan was completed out of
+    the order the plans were made in; nothing changed (§2.11)."""
 
 
 class MalformedOutputs(ValueError):

@@ -47,9 +47,15 @@ class TwinOutputs:
 
 
 class TwinPlan:
-    """Rows of one iteration plus flat numpy views of them (row index = work index)."""
+    """Rows of one iteration plus flat numpy views of them (row index = work index).
 
-    def __init__(self, work: list[IterationWork], token_count: int, admitted: int) -> None:
+    `step` counts the scheduler's plans from 0. `deferred_rows[j]`'s input token is the token
+    that plan `deferred_source_steps[j]` samples at work index `deferred_source_indexes[j]`
+    (the arena holds -1 there until `resolve_deferred` writes it, §2.11).
+    """
+
+    def __init__(self, work: list[IterationWork], token_count: int, admitted: int,
+                 step: int = 0, deferred: list[tuple[int, int, int]] | None = None) -> None:
         # The scheduler reads its own copy of the rows, so editing `work` cannot confuse it.
         self._rows = tuple(work)
         self.work = work
@@ -67,6 +73,14 @@ class TwinPlan:
         self.sample_rows = np.flatnonzero(self.sample_last).astype(np.intp)
         self.sequence_ids = [w.sequence_id for w in work]
         self.outputs = TwinOutputs(rows)
+        self.step = step
+        table = deferred or []
+        self.deferred_rows = np.array([d[0] for d in table], dtype=np.uintp)
+        self.deferred_source_steps = np.array([d[1] for d in table], dtype=np.uint64)
+        self.deferred_source_indexes = np.array([d[2] for d in table], dtype=np.uintp)
+        # Scheduler-private: how to undo each row, and the planner counters before this plan.
+        self._undo: list = []
+        self._counters: tuple[int, int] = (0, 0)
 
     def __len__(self) -> int:
         return len(self.work)

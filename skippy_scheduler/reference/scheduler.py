@@ -7,9 +7,10 @@ changes anything.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
-from typing import Iterable
+from typing import Iterable, Optional
 
 from .._validate import I32_MAX, USIZE_MAX, check_id, check_uint, sat, sat_sub
 from .plan import TwinPlan, read_predictions
@@ -28,6 +29,7 @@ from ..types import (
     IterationPrediction,
     IterationTelemetry,
     IterationWork,
+    PlanInFlight,
     QueueFull,
     SchedulerConfig,
     SchedulerMetrics,
@@ -43,12 +45,38 @@ MIXED_MIN_EXTRA_US = 8_000.0
 MIXED_MAX_EXTRA_US = 20_000.0
 
 
+PLACEHOLDER = -1  # a generated token whose sampling row is still in flight (§2.11)
+
+
+class _Flight:
+    """In-flight state of one sequence incarnation: `epoch` changes whenever rows planned for
+    it become void (preemption; a new submit is a new incarnation), `pending` counts its
+    placeholder tokens, `source` is the (plan step, work index) that samples the newest one."""
+
+    __slots__ = ("epoch", "pending", "source")
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.pending = 0
+        self.source: Optional[tuple[int, int]] = None
+
+
+class _RowUndo:
+    """What undoing one planned row needs (abort_iteration)."""
+
+    __slots__ = ("seq", "epoch", "cursor", "sampled", "source")
+
+    def __init__(self, seq: Sequence, epoch: int, cursor: int, sampled: bool,
+                 source: Optional[tuple[int, int]]) -> None:
+        self.seq = seq
+        self.epoch = epoch
+        self.cursor = cursor
+        self.sampled = sampled
+        self.source = source
+
+
 def _prefill_pending(s: Sequence) -> bool:
     return s.prefill_cursor < s.recompute_token_count()
-
-
-def _live_decode(s: Sequence) -> bool:
-    return bool(s.generated_tokens) and s.prefill_cursor >= s.recompute_token_count()
 
 
 class TwinScheduler:
@@ -89,7 +117,11 @@ class TwinScheduler:
         self._decode_us_ewma: dict[int, float] = {}
         self._mixed_viable = True
         self._mixed_cursor = 0
-        self._live_plan: TwinPlan | None = None
+        self._live_plans: list[TwinPlan] = []  # oldest first
+        self._steps = 0
+        self._flights: dict[str, _Flight] = {}
+        self._epochs = itertools.count(1)
+        self._row_undo: list[tuple[Sequence, int]] = []  # (sequence, cursor before) per row
 
     @property
     def config(self) -> SchedulerConfig:
@@ -131,8 +163,28 @@ class TwinScheduler:
         s.enqueue_order = self._next_order
         self._next_order = sat(self._next_order + 1)
         self._waiting.append(s)
+        self._flights[s.id] = _Flight(next(self._epochs))
         self._dirty = True
         self._refresh_counts()
+
+    def _live_decode(self, s: Sequence) -> bool:
+        """Has a pending token to feed, and its in-flight samples leave room under max_tokens."""
+        if not s.generated_tokens or s.prefill_cursor < s.recompute_token_count():
+            return False
+        fl = self._flights[s.id]
+        return not (fl.pending and len(s.generated_tokens) >= s.max_tokens)
+
+    def _confirmed(self, s: Sequence) -> list[int]:
+        fl = self._flights.get(s.id)
+        n = len(s.generated_tokens) - (fl.pending if fl is not None else 0)
+        return s.generated_tokens[:n]
+
+    def _drop_placeholders(self, s: Sequence) -> None:
+        fl = self._flights[s.id]
+        if fl.pending:
+            del s.generated_tokens[len(s.generated_tokens) - fl.pending:]
+            fl.pending = 0
+        fl.source = None
 
     def _reservation(self, s: Sequence) -> list[int]:
         return [c.reservation_bytes(s.admission_tokens) for c in self._components]
@@ -194,6 +246,12 @@ class TwinScheduler:
         return list(self._retired)
 
     def plan_iteration(self) -> TwinPlan:
+        depth = self._config.max_inflight_plans
+        if len(self._live_plans) >= depth:
+            if depth > 1:
+                raise PlanInFlight(f"{depth} plans are in flight (max_inflight_plans); complete "
+                                   "or abort the oldest first")
+            self._abort_from(0)  # at depth 1 a new plan replaces the live one (§0.4f)
         self._retired = []
         turn = sat(self._waiting_turn + 1)
         if self._dirty:
@@ -202,8 +260,10 @@ class TwinScheduler:
             self._dirty = False
         self._waiting_turn = turn
         admitted = self._admit_waiting()
-        live = sum(1 for s in self._active.values() if _live_decode(s))
+        counters = (self._consecutive_prefill, self._mixed_cursor)
+        live = sum(1 for s in self._active.values() if self._live_decode(s))
         rows = min(live, self._config.max_tokens_per_iteration)
+        self._row_undo = []
         if (
             self._config.mixed_prefill_decode
             and self._mixed_viable
@@ -213,8 +273,25 @@ class TwinScheduler:
             work = self._plan_mixed()
         else:
             work = self._plan_homogeneous()
-        plan = TwinPlan(work, sum(len(w.tokens) for w in work), admitted)
-        self._live_plan = plan
+        step = self._steps
+        self._steps += 1
+        undo: list[_RowUndo] = []
+        deferred: list[tuple[int, int, int]] = []
+        for r, (w, (s, before)) in enumerate(zip(work, self._row_undo)):
+            fl = self._flights[s.id]
+            previous = fl.source
+            if w.phase is IterationPhase.Decode and fl.pending:
+                assert previous is not None
+                deferred.append((r, previous[0], previous[1]))  # its input is still in flight
+            if w.sample_last:
+                s.generated_tokens.append(PLACEHOLDER)
+                fl.pending += 1
+                fl.source = (step, r)
+            undo.append(_RowUndo(s, fl.epoch, before, w.sample_last, previous))
+        plan = TwinPlan(work, sum(len(w.tokens) for w in work), admitted, step, deferred)
+        plan._undo = undo
+        plan._counters = counters
+        self._live_plans.append(plan)
         return plan
 
     def _prefill_row(self, s: Sequence, budget: int) -> IterationWork:
@@ -223,6 +300,7 @@ class TwinScheduler:
         count = min(self._config.prefill_chunk_tokens, len(replay) - start, budget)
         end = start + count
         fresh = not s.generated_tokens
+        self._row_undo.append((s, start))
         s.prefill_cursor = end
         return IterationWork(
             sequence_id=s.id,
@@ -233,9 +311,9 @@ class TwinScheduler:
             sampling=s.sampling,
         )
 
-    @staticmethod
-    def _decode_row(s: Sequence) -> IterationWork:
+    def _decode_row(self, s: Sequence) -> IterationWork:
         position = s.recompute_token_count()
+        self._row_undo.append((s, s.prefill_cursor))
         s.prefill_cursor = sat(position + 1)  # the fed token is never replayed
         return IterationWork(
             sequence_id=s.id,
@@ -253,7 +331,7 @@ class TwinScheduler:
     def _plan_homogeneous(self) -> list[IterationWork]:
         active = list(self._active.values())
         has_prefill = any(_prefill_pending(s) for s in active)
-        has_live_decode = any(_live_decode(s) for s in active)
+        has_live_decode = any(self._live_decode(s) for s in active)
         max_consecutive = self._config.max_consecutive_prefill_iterations
         run_prefill = has_prefill and (
             not has_live_decode or max_consecutive is None or self._consecutive_prefill < max_consecutive
@@ -272,7 +350,7 @@ class TwinScheduler:
                 prefill_rows += 1
                 budget -= len(row.tokens)
                 work.append(row)
-            elif not run_prefill and s.generated_tokens:
+            elif not run_prefill and self._live_decode(s):
                 work.append(self._decode_row(s))
                 budget -= 1
         if any(w.phase is not IterationPhase.Decode for w in work):
@@ -293,7 +371,7 @@ class TwinScheduler:
                 break
             examined = offset + 1
             s = active[(start + offset) % n]
-            if _live_decode(s):
+            if self._live_decode(s):
                 work.append(self._decode_row(s))
                 budget -= 1
         if n:
@@ -317,9 +395,37 @@ class TwinScheduler:
     def _check_live(self, plan: object) -> TwinPlan:
         if not isinstance(plan, TwinPlan):
             raise TypeError(f"plan must be a plan made by this scheduler, got {type(plan).__name__}")
-        if plan is not self._live_plan:
-            raise StalePlanError("the plan is no longer live (completed, or replaced by a newer plan)")
+        if not any(p is plan for p in self._live_plans):
+            raise StalePlanError("the plan is no longer live (completed, aborted or replaced)")
         return plan
+
+    @property
+    def live_plans(self) -> int:
+        """Plans made and not yet completed or aborted."""
+        return len(self._live_plans)
+
+    def abort_iteration(self, plan: TwinPlan) -> None:
+        """Undo `plan` and every later live plan: the runtime could not run them (§2.11)."""
+        self._check_live(plan)
+        self._abort_from(next(i for i, p in enumerate(self._live_plans) if p is plan))
+
+    def _abort_from(self, first: int) -> None:
+        aborted = self._live_plans[first:]
+        for plan in reversed(aborted):
+            for u in reversed(plan._undo):
+                s = u.seq
+                fl = self._flights.get(s.id)
+                if self._active.get(s.id) is not s or fl is None or fl.epoch != u.epoch:
+                    continue  # ended, cancelled or preempted since: nothing of it to undo
+                s.prefill_cursor = u.cursor
+                if u.sampled:
+                    popped = s.generated_tokens.pop()
+                    assert popped == PLACEHOLDER
+                    fl.pending -= 1
+                    fl.source = u.source
+        self._consecutive_prefill, self._mixed_cursor = aborted[0]._counters
+        del self._live_plans[first:]
+        self._metrics.aborted_plans = sat(self._metrics.aborted_plans + len(aborted))
 
     def observe_iteration_duration(self, plan: TwinPlan, elapsed_seconds: float) -> None:
         self._check_live(plan)
@@ -348,29 +454,38 @@ class TwinScheduler:
         self, plan: TwinPlan, predictions: Iterable[IterationPrediction] | None = None
     ) -> IterationTelemetry:
         self._check_live(plan)
+        if plan is not self._live_plans[0]:
+            raise PlanInFlight(f"plan {plan.step} completed before plan "
+                               f"{self._live_plans[0].step}: complete plans in the order they "
+                               "were made")
         slots = read_predictions(plan, predictions)
         counts = {IterationPhase.Prefill: 0, IterationPhase.Recompute: 0, IterationPhase.Decode: 0}
         terminal: list[tuple[str, bool]] = []  # (id, failed)
+        m = self._metrics
         for index, row in enumerate(plan._rows):
             counts[row.phase] += len(row.tokens)
             if not row.sample_last:
                 continue
-            s = self._active.get(row.sequence_id)
-            if s is None:
-                continue  # cancelled or preempted after planning
+            u = plan._undo[index]
+            s = u.seq
+            fl = self._flights.get(s.id)
+            if self._active.get(s.id) is not s or fl is None or fl.epoch != u.epoch:
+                m.discarded_rows = sat(m.discarded_rows + 1)  # it ended or lost its KV since
+                continue
+            # Plans complete in order, so this row fills the oldest placeholder.
+            at = len(s.generated_tokens) - fl.pending
+            fl.pending -= 1
             token = slots.get(index)
-            if token is None:
-                s.status = SequenceStatus.Failed
-                terminal.append((s.id, True))
-            elif token < 0:
-                s.status = SequenceStatus.Finished
-                terminal.append((s.id, False))
+            if token is None or token < 0:
+                del s.generated_tokens[at:]  # the end signal and later placeholders go
+                fl.pending = 0
+                s.status = SequenceStatus.Failed if token is None else SequenceStatus.Finished
+                terminal.append((s.id, token is None))
             else:
-                s.generated_tokens.append(token)
-                if len(s.generated_tokens) >= s.max_tokens:
+                s.generated_tokens[at] = token
+                if at + 1 >= s.max_tokens:
                     s.status = SequenceStatus.Finished
                     terminal.append((s.id, False))
-        m = self._metrics
         finished_ids: list[str] = []
         failed_ids: list[str] = []
         for sequence_id, failed in terminal:
@@ -389,7 +504,7 @@ class TwinScheduler:
         m.recompute_tokens = sat(m.recompute_tokens + counts[IterationPhase.Recompute])
         m.decode_tokens = sat(m.decode_tokens + counts[IterationPhase.Decode])
         self._refresh_counts()
-        self._live_plan = None
+        self._live_plans.pop(0)
         return IterationTelemetry(
             iteration=m.iterations,
             active_sequences=m.active_sequences,
@@ -435,7 +550,7 @@ class TwinScheduler:
                     priority=s.priority,
                     admitted_at=s.admitted_at or 0,
                     computed_tokens=s.prefill_cursor,
-                    generated_tokens=len(s.generated_tokens),
+                    generated_tokens=len(self._confirmed(s)),
                 )
                 for s in remaining
             ]
@@ -450,6 +565,8 @@ class TwinScheduler:
         self._used = used
         for s in victims:
             del self._active[s.id]
+            self._drop_placeholders(s)  # its in-flight rows are void: the KV they build is gone
+            self._flights[s.id].epoch = next(self._epochs)
             self._reset_for_recompute(s)
             s.enqueue_order = self._next_order
             self._next_order = sat(self._next_order + 1)
@@ -484,6 +601,7 @@ class TwinScheduler:
                     break
             else:
                 return False
+        self._drop_placeholders(s)
         self._retired.append(s._snapshot(SequenceStatus.Cancelled))
         self._metrics.cancelled = sat(self._metrics.cancelled + 1)
         self._refresh_counts()
@@ -504,7 +622,12 @@ class TwinScheduler:
         s = self._active.get(sequence_id)
         if s is None:
             s = next((w for w in self._waiting if w.id == sequence_id), None)
-        return None if s is None else s._snapshot()
+        if s is None:
+            return None
+        snap = s._snapshot()
+        if self._flights[s.id].pending:  # in-flight samples are not tokens yet
+            object.__setattr__(snap, "generated_tokens", tuple(self._confirmed(s)))
+        return snap
 
     def metrics(self) -> SchedulerMetrics:
         return self._metrics.copy()

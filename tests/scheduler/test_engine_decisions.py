@@ -261,16 +261,27 @@ def test_prediction_for_a_cancelled_sequence_is_ignored(impl):
     assert list(s.sequence("b").generated_tokens) == [4]
 
 
-def test_new_plan_kills_the_previous_one_but_keeps_its_cursor_advances(impl):
+def test_f_a_new_plan_at_depth_one_aborts_the_live_one(impl):
+    # §0.4f: the replaced plan's rows are undone, so its work is planned again and nothing is
+    # stranded (a final prompt chunk whose sample never came would otherwise leave no work).
     s = make_scheduler(impl, max_tokens_per_iteration=4, prefill_chunk_tokens=4)
     s.submit(seq("a", 8, 4))
     first = s.plan_iteration()
+    assert first.admitted == 1 and list(first.work[0].tokens) == [0, 1, 2, 3]
     second = s.plan_iteration()
-    assert list(second.work[0].tokens) == [4, 5, 6, 7]
+    # Its admission stays (metrics count completed plans only, §7.18): nothing to admit now.
+    assert list(second.work[0].tokens) == [0, 1, 2, 3] and second.admitted == 0
     with pytest.raises(ValueError):
         s.complete_iteration(first, [])
-    s.complete_iteration(second, [pred(0, 1)])
-    assert s.metrics().iterations == 1 and s.metrics().prefill_tokens == 4
+    s.complete_iteration(second, [])
+    third = s.plan_iteration()
+    assert list(third.work[0].tokens) == [4, 5, 6, 7] and third.work[0].sample_last
+    fourth = s.plan_iteration()  # the final chunk's sample never came: it is planned again
+    assert list(fourth.work[0].tokens) == [4, 5, 6, 7] and fourth.work[0].sample_last
+    s.complete_iteration(fourth, [pred(0, 1)])
+    m = s.metrics()
+    assert m.iterations == 2 and m.prefill_tokens == 8 and m.admitted == 0
+    assert m.aborted_plans == 2 and list(s.sequence("a").generated_tokens) == [1]
 
 
 def test_submit_copies_the_callers_sequence(impl):
