@@ -105,7 +105,7 @@ def _check_interval(name: str, value: object) -> float:
 def _check_components(name: str, value: object) -> list[MemoryComponent]:
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
         raise TypeError(f"{name} must be a list of MemoryComponent, got {type(value).__name__}")
-    components = list(value)  # type: ignore[call-overload]
+    components = list(value)
     for component in components:
         if not isinstance(component, MemoryComponent):
             raise TypeError(f"{name} must hold MemoryComponent values, got {type(component).__name__}")
@@ -293,7 +293,7 @@ class SchedulerSnapshot:
 class AdmissionError(Exception):
     """`submit` refused a sequence; compare with ==."""
 
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[object, ...]:
         return (type(self), self.args)
 
     def __eq__(self, other: object) -> bool:

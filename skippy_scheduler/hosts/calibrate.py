@@ -15,10 +15,14 @@ import re
 import statistics
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from skippy_scheduler.lab.model import RuntimeCostModel
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .llama import LlamaHost
 
 # The lab's cost model is the one fitted here; its str() is the --cost-model form.
 CostModel = RuntimeCostModel
@@ -35,7 +39,7 @@ class Calibration:
     samples: list[tuple[int, int, float]]  # (prefill tokens, decode rows, median µs)
     residual_us: float  # root-mean-square error of the fit over the shapes
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "cost_model": str(self.model),
             "rms_residual_us": self.residual_us,
@@ -61,7 +65,7 @@ def default_shapes(n_seq_max: int, n_batch: int) -> list[tuple[list[int], int]]:
 
 
 def calibrate_host(
-    host, *, repeats: int = 7, context_tokens: int = 32, seed: int = 0, clock: str = "wall"
+    host: LlamaHost, *, repeats: int = 7, context_tokens: int = 32, seed: int = 0, clock: str = "wall"
 ) -> Calibration:
     """Time `default_shapes` on `host` (which must have no active sequences) and fit the model.
 
@@ -78,7 +82,8 @@ def calibrate_host(
     vocab = host.n_vocab
 
     def toks(n: int) -> list[int]:
-        return rng.integers(3, vocab, size=n).tolist()
+        tokens: list[int] = rng.integers(3, vocab, size=n).tolist()
+        return tokens
 
     samples: list[tuple[int, int, float]] = []
     shapes = default_shapes(host.n_seq_max, host.n_batch)
