@@ -236,6 +236,10 @@ cdef class PlanOutputs:
     Entry k says: work row `request_indexes[k]` sampled token `predicted_tokens[k]`.
     Set `count` to the number of entries written. Both arrays have one entry per plan row (at
     most one sample per row), and are views of the native block the scheduler reads.
+
+    request_indexes: uintp array of `capacity` entries; the work row of each entry.
+    predicted_tokens: int32 array of `capacity` entries; the sampled token of each entry (a
+        negative token ends the row's sequence).
     """
     cdef IterationPlan _plan
     cdef readonly object request_indexes
@@ -243,10 +247,12 @@ cdef class PlanOutputs:
 
     @property
     def capacity(self):
+        """Entries the block holds: one per plan row (int)."""
         return self._plan._rows
 
     @property
     def count(self):
+        """Entries written, an int in [0, capacity]; set it once the entries are in place."""
         self._plan._check()
         return self._plan._s._pp.outputs.count
 
@@ -287,40 +293,55 @@ cdef class IterationPlan:
 
     @property
     def live(self):
+        """Whether the arrays may still be read: not completed and not replaced by a newer plan."""
         return self._s._live and self._s._pp.serial == self.serial
 
     @property
     def tokens(self):
+        """int32 array of `token_count` input token ids, the rows one after another: row r is
+        `tokens[row_offsets[r]:row_offsets[r + 1]]`."""
         self._check()
         return self._s._slice(_A_TOK, self.token_count)
 
     @property
     def positions(self):
+        """int32 array of `token_count` absolute positions in their sequence, one per token of
+        `tokens`."""
         self._check()
         return self._s._slice(_A_POS, self.token_count)
 
     @property
     def row_offsets(self):
+        """uintp array of `len(plan) + 1` offsets into `tokens` and `positions`: row r spans
+        `[row_offsets[r], row_offsets[r + 1])`; the last entry is `token_count`."""
         self._check()
         return self._s._slice(_A_OFF, self._rows + 1)
 
     @property
     def sample_last(self):
+        """uint8 array of `len(plan)` flags: 1 when the row samples a token after its last
+        input token (one output entry is expected for it), else 0."""
         self._check()
         return self._s._slice(_A_SAMPLE, self._rows)
 
     @property
     def phases(self):
+        """uint8 array of `len(plan)` row kinds, the values of `IterationPhase` (0 Prefill,
+        1 Recompute, 2 Decode)."""
         self._check()
         return self._s._slice(_A_PHASE, self._rows)
 
     @property
     def slots(self):
+        """uint32 array of `len(plan)` scheduler slots, the native handle of each row's
+        sequence (`sequence_ids` gives the ids)."""
         self._check()
         return self._s._slice(_A_SLOT, self._rows)
 
     @property
     def sample_rows(self):
+        """uintp array of the work indexes of the sampling rows (those with `sample_last` set),
+        ascending: one output entry is expected for each."""
         self._check()
         return self._s._slice(_A_SROWS, self._samples)
 
@@ -338,6 +359,7 @@ cdef class IterationPlan:
 
     @property
     def outputs(self):
+        """The `PlanOutputs` block a runtime writes this plan's sampled tokens into."""
         cdef PlanOutputs o
         self._check()
         if self._outputs is None:
@@ -389,10 +411,13 @@ cdef class IterationPlan:
 
 
 cdef class Scheduler:
-    """Iteration-level scheduler with native state (behaviour.md §1–§2).
+    """Scheduler(config=None, admission=None, preemption=None)
+--
 
-    `Scheduler(config=None, admission=None, preemption=None)`; the defaults are the reference
-    policies: cache-aware admission (§3) and lowest-priority-newest preemption (§2.8).
+    Iteration-level scheduler with native state (behaviour.md §1–§2).
+
+    The defaults are the reference config and policies: cache-aware admission (§3) and
+    lowest-priority-newest preemption (§2.8).
     """
     cdef skippy_scheduler *_s
     cdef skippy_plan *_pp
@@ -731,6 +756,8 @@ cdef class Scheduler:
         return bool(skippy_scheduler_cancel(self._s, b, len(b)))
 
     def snapshot(self):
+        """A new `SchedulerSnapshot`: active ids in walk (admission) order, waiting ids in queue
+        order, and the used bytes of each memory component."""
         cdef size_t n, i
         cdef const uint32_t *a = skippy_scheduler_active_slots(self._s, &n)
         active = [_carried(self._objects, a[i]).sequence_id for i in range(n)]
@@ -775,6 +802,8 @@ cdef class Scheduler:
             enqueue_order=info.enqueue_order)
 
     def metrics(self):
+        """A new `SchedulerMetrics` with the cumulative counters (changing it changes nothing
+        here; call again for fresh values)."""
         cdef const skippy_scheduler_metrics *m = skippy_scheduler_get_metrics(self._s)
         return SchedulerMetrics(
             m.iterations, m.admitted, m.preempted, m.finished, m.failed, m.cancelled,
@@ -783,10 +812,12 @@ cdef class Scheduler:
 
     @property
     def waiting_turn(self):
+        """The queue turn new submits are stamped with; each plan advances it (int)."""
         return skippy_scheduler_waiting_turn(self._s)
 
     @property
     def mixed_prefill_viable(self):
+        """Whether observed durations still allow mixing prefill into decode plans (§2.6)."""
         return bool(skippy_scheduler_mixed_viable(self._s))
 
     @property

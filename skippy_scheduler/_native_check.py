@@ -58,7 +58,8 @@ def source_tree_message(package_dir: str) -> str:
 
 def check_native() -> None:
     try:
-        from . import _abi, _boundary, _core, _radix, _rank  # noqa: F401
+        from . import _boundary, _core, _radix, _rank  # noqa: F401
+        from ._abi import lib as abi_lib
     except ImportError as exc:  # pragma: no cover - a source checkout or a broken install
         package_dir = os.path.dirname(os.path.abspath(__file__))
         if source_tree_without_build(package_dir):
@@ -67,7 +68,7 @@ def check_native() -> None:
         raise NativeBuildMismatch(f"{REBUILD_HINT} ({exc})") from exc
     versions = {
         "skippy_scheduler._core": _core.PLAN_ABI_VERSION,
-        "skippy_scheduler._abi": _abi.lib.SKIPPY_PLAN_ABI_VERSION,
+        "skippy_scheduler._abi": abi_lib.SKIPPY_PLAN_ABI_VERSION,
     }
     for module, version in versions.items():
         if version != PLAN_ABI_VERSION:

@@ -154,7 +154,7 @@ class Sequence:
 
     # -- comparison and display -------------------------------------------------------------
 
-    def _values(self) -> tuple:
+    def _values(self) -> tuple[Any, ...]:
         return tuple(
             list(v) if isinstance(v, tuple) else v for v in (getattr(self, f) for f in _FIELDS)
         )

@@ -32,7 +32,7 @@ def as_int(name: str, value: object) -> int:
     if isinstance(value, bool) or type(value).__name__ == "bool_":
         raise TypeError(f"{name} must be an int, got bool")
     try:
-        return operator.index(value)
+        return operator.index(value)  # type: ignore[arg-type]  # index() is the check
     except TypeError:
         raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
 
@@ -62,12 +62,12 @@ def check_str(name: str, value: object) -> str:
 
 def check_id(name: str, value: object) -> str:
     """A sequence id: any str that has a UTF-8 encoding (the native core keys ids by those bytes)."""
-    check_str(name, value)
+    text = check_str(name, value)
     try:
-        value.encode("utf-8")  # type: ignore[union-attr]
+        text.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError(f"{name} must be encodable as UTF-8 (lone surrogates are not)") from None
-    return value  # type: ignore[return-value]
+    return text
 
 
 def check_tokens(name: str, values: object) -> list[int]:

@@ -23,18 +23,21 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, TypeAlias
 
 import numpy as np
 
 from . import get_include, get_library_dir
-from ._core import Scheduler
+from ._core import IterationPlan, Scheduler
 from .cost_model import RuntimeCostModel
 from .engine import CostModelHost, Engine, VirtualClock
-from .reference import TwinScheduler
+from .reference import TwinPlan, TwinScheduler
 from .types import SchedulerConfig, Sequence
 
-IMPLEMENTATIONS = {"native": Scheduler, "twin": TwinScheduler}
+# The two implementations a workload can run on (same API).
+SchedulerClass: TypeAlias = "type[Scheduler] | type[TwinScheduler]"
+
+IMPLEMENTATIONS: dict[str, SchedulerClass] = {"native": Scheduler, "twin": TwinScheduler}
 LONG_OUTPUT = 1 << 30  # max_tokens of the steady sequences: they never finish while measured
 _TOKEN = 7
 
@@ -99,7 +102,7 @@ class BenchHost(CostModelHost):
         super().__init__(token=token)
         self.end_last = False
 
-    def execute(self, plan) -> None:
+    def execute(self, plan: Any) -> None:
         super().execute(plan)
         if self.end_last:
             out = plan.outputs
@@ -107,23 +110,24 @@ class BenchHost(CostModelHost):
                 out.predicted_tokens[out.count - 1] = -1
 
 
-def write_outputs(plan, token: int = _TOKEN) -> int:
+def write_outputs(plan: IterationPlan | TwinPlan, token: int = _TOKEN) -> int:
     """One sampled token per sampling row of `plan` (the bench host's work, for callers that
     hold a plan of their own); returns the number written."""
     BenchHost(token).execute(plan)
     return plan.outputs.count
 
 
-def _config(**kw) -> SchedulerConfig:
+def _config(**kw: Any) -> SchedulerConfig:
     return SchedulerConfig(**kw)
 
 
-def _engine(scheduler) -> Engine:
+def _engine(scheduler: Scheduler | TwinScheduler) -> Engine:
     # No clock, no recorder: a step is plan + host + complete and nothing else.
     return Engine(scheduler, BenchHost(), clock=None, record=False)
 
 
-def _decoding(cls, n: int, prompt: int, *, extra_active: int = 0, waiting: int = 0, **cfg) -> Engine:
+def _decoding(cls: SchedulerClass, n: int, prompt: int, *, extra_active: int = 0, waiting: int = 0,
+              **cfg: Any) -> Engine:
     """An engine whose `n` sequences decode from the first plan (prompts already prefilled)."""
     active = n + extra_active
     s = cls(_config(max_active_sequences=active, sequence_id_limit=active + 16,
@@ -143,11 +147,11 @@ def _calibrated_step(engine: Engine) -> None:
     engine.clock, engine.observe = None, False
 
 
-def steady_decode(cls, n: int, prompt: int = 512) -> Callable[[], object]:
+def steady_decode(cls: SchedulerClass, n: int, prompt: int = 512) -> Callable[[], object]:
     """N live decodes; one step = the engine's plan + host outputs + complete."""
     engine = _decoding(cls, n, prompt)
 
-    def step():
+    def step() -> object:
         engine.step()
         return engine.last_telemetry
 
@@ -155,7 +159,7 @@ def steady_decode(cls, n: int, prompt: int = 512) -> Callable[[], object]:
     return step
 
 
-def mixed_decode_prefill(cls, n: int, prompt: int = 512, chunk: int = 256,
+def mixed_decode_prefill(cls: SchedulerClass, n: int, prompt: int = 512, chunk: int = 256,
                          steps: int = 3000) -> Callable[[], object]:
     """N decode rows plus one `chunk`-token prefill chunk per step (mixed planning, §2.5)."""
     engine = _decoding(cls, n, prompt, extra_active=1, mixed_prefill_decode=True,
@@ -164,7 +168,7 @@ def mixed_decode_prefill(cls, n: int, prompt: int = 512, chunk: int = 256,
     # One long prompt that stays in prefill for `steps` steps, one chunk per step.
     engine.submit(Sequence("long-prefill", [i % 32000 for i in range(chunk * (steps + 64))], 1))
 
-    def step():
+    def step() -> object:
         engine.step()
         return engine.last_telemetry
 
@@ -172,7 +176,8 @@ def mixed_decode_prefill(cls, n: int, prompt: int = 512, chunk: int = 256,
     return step
 
 
-def admission_churn(cls, n: int, prompt: int = 512) -> tuple[Callable[[], object], Callable[[], object]]:
+def admission_churn(cls: SchedulerClass, n: int,
+                    prompt: int = 512) -> tuple[Callable[[], object], Callable[[], object]]:
     """N active with mixed planning; returns (arrival_step, finish_step), to be called in turn.
 
     `finish_step`: plan + host + complete, where the host ends the last row's sequence (a
@@ -191,13 +196,13 @@ def admission_churn(cls, n: int, prompt: int = 512) -> tuple[Callable[[], object
         _calibrated_step(engine)
     counter = [0]
 
-    def finish_step():
+    def finish_step() -> object:
         host.end_last = True
         engine.step()
         host.end_last = False
         return engine.last_telemetry
 
-    def arrival_step():
+    def arrival_step() -> object:
         counter[0] += 1
         arrival.id = f"a{counter[0]}"
         engine.submit(arrival)
@@ -210,7 +215,8 @@ def admission_churn(cls, n: int, prompt: int = 512) -> tuple[Callable[[], object
     return arrival_step, finish_step
 
 
-def measure_pairs(first, second, steps: int, budget_s: float) -> tuple[list[int], list[int]]:
+def measure_pairs(first: Callable[[], object], second: Callable[[], object], steps: int,
+                  budget_s: float) -> tuple[list[int], list[int]]:
     """Alternates two step kinds, timing each into its own list."""
     a: list[int] = []
     b: list[int] = []
@@ -229,7 +235,7 @@ def measure_pairs(first, second, steps: int, budget_s: float) -> tuple[list[int]
     return a, b
 
 
-def ranking(cls, w: int, n_active: int = 64, prompt: int = 512, prefix: int = 256,
+def ranking(cls: SchedulerClass, w: int, n_active: int = 64, prompt: int = 512, prefix: int = 256,
             groups: int = 16) -> tuple[Engine, Callable[[], None]]:
     """W waiting behind a full active set; returns (engine, make_dirty).
 
@@ -241,11 +247,11 @@ def ranking(cls, w: int, n_active: int = 64, prompt: int = 512, prefix: int = 25
     engine = _decoding(cls, n_active, prompt, waiting=w, group_waiting_prefixes=True)
     engine.profile = True
     rng = np.random.default_rng(12345)
-    prefixes = [rng.integers(0, 32000, prefix).tolist() for _ in range(groups)]
+    prefixes: list[list[int]] = [rng.integers(0, 32000, prefix).tolist() for _ in range(groups)]
     serial = [0]
 
     def prompt_for(i: int) -> list[int]:
-        tail = rng.integers(0, 32000, prompt - prefix if i % 2 == 0 else prompt).tolist()
+        tail: list[int] = rng.integers(0, 32000, prompt - prefix if i % 2 == 0 else prompt).tolist()
         return prefixes[(i // 2) % groups] + tail if i % 2 == 0 else tail
 
     pool = [prompt_for(i) for i in range(64)]
@@ -254,7 +260,7 @@ def ranking(cls, w: int, n_active: int = 64, prompt: int = 512, prefix: int = 25
     serial[0] = w
     oldest = [0]
 
-    def make_dirty():
+    def make_dirty() -> None:
         engine.cancel(f"w{oldest[0]}")
         oldest[0] += 1
         engine.submit(Sequence(f"w{serial[0]}", pool[serial[0] % len(pool)], LONG_OUTPUT))
@@ -264,7 +270,8 @@ def ranking(cls, w: int, n_active: int = 64, prompt: int = 512, prefix: int = 25
     return engine, make_dirty
 
 
-def measure_ranking(cls, w: int, reps: int, budget_s: float) -> tuple[list[int], list[int]]:
+def measure_ranking(cls: SchedulerClass, w: int, reps: int,
+                    budget_s: float) -> tuple[list[int], list[int]]:
     """(plan time with a dirty queue, plan time with a clean queue) samples."""
     engine, make_dirty = ranking(cls, w)
     dirty: list[int] = []
@@ -282,7 +289,7 @@ def measure_ranking(cls, w: int, reps: int, budget_s: float) -> tuple[list[int],
     return dirty, clean
 
 
-def first_plan_token_count(cls, n: int, prompt: int) -> int:
+def first_plan_token_count(cls: SchedulerClass, n: int, prompt: int) -> int:
     """Tokens of a steady decode plan: N when each row copies only its pending token."""
     engine = _decoding(cls, n, prompt)
     counts: list[int] = []
@@ -351,13 +358,14 @@ def callgrind_per_step(exe: str, n: int, prompt: int = 512, k: int = 100) -> int
 # -- the report ------------------------------------------------------------------------------
 
 
-def _result(workload, impl, size, unit, per, samples, note="") -> Result:
+def _result(workload: str, impl: str, size: int, unit: str, per: int, samples: list[int],
+            note: str = "") -> Result:
     med, p99 = _summary(samples)
     return Result(workload, impl, size, unit, per, med, p99, len(samples), note)
 
 
 def collect(quick: bool = False, twin: bool = True, c_api: bool = True, callgrind: bool = False,
-            log=print) -> tuple[list[Result], list[str]]:
+            log: Callable[[str], object] = print) -> tuple[list[Result], list[str]]:
     sizes = (64, 256, 1024)
     steps = 300 if quick else 3000
     budget = 1.0 if quick else 4.0

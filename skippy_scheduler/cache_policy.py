@@ -6,7 +6,7 @@ its value is the prefill work a hit saves minus the cost of restoring it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence as _Seq
+from typing import Iterable, Sequence as _Seq
 
 U64_MAX = (1 << 64) - 1
 
@@ -81,11 +81,11 @@ class CacheAwareCandidate:
     order: int = 0
 
 
-def _check_candidates(candidates: object) -> list:
+def _check_candidates(candidates: object) -> list[CacheAwareCandidate]:
     if isinstance(candidates, (str, bytes)):
         raise TypeError("candidates must be an iterable of CacheAwareCandidate")
     try:
-        items = list(candidates)  # type: ignore[call-overload]
+        items: list[CacheAwareCandidate] = list(candidates)  # type: ignore[call-overload]
     except TypeError:
         raise TypeError("candidates must be an iterable of CacheAwareCandidate") from None
     for item in items:
@@ -96,7 +96,10 @@ def _check_candidates(candidates: object) -> list:
 
 
 def order_cache_aware_candidates(
-    candidates, current_turn: int, aging_cost_per_turn: int, group_waiting_prefixes: bool
+    candidates: Iterable[CacheAwareCandidate],
+    current_turn: int,
+    aging_cost_per_turn: int,
+    group_waiting_prefixes: bool,
 ) -> list[int]:
     """The candidates' `index` values, best first (§3.3), ranked by the native kernel.
 
@@ -105,18 +108,21 @@ def order_cache_aware_candidates(
     asc; then input position. Raises TypeError / ValueError for malformed input (prompt tokens
     must be ints in the i32 range, every other field a u64).
     """
-    from . import _rank
+    from ._rank import order_candidates
     from ._validate import check_bool, check_uint
 
     items = _check_candidates(candidates)
     turn = check_uint("current_turn", current_turn)
     aging = check_uint("aging_cost_per_turn", aging_cost_per_turn)
     grouping = check_bool("group_waiting_prefixes", group_waiting_prefixes)
-    return _rank.order_candidates(items, turn, aging, grouping)
+    return order_candidates(items, turn, aging, grouping)
 
 
 def select_cache_aware_candidate(
-    candidates, current_turn: int, aging_cost_per_turn: int, group_waiting_prefixes: bool
+    candidates: Iterable[CacheAwareCandidate],
+    current_turn: int,
+    aging_cost_per_turn: int,
+    group_waiting_prefixes: bool,
 ) -> int | None:
     """The best candidate's `index`, or None when there is no candidate."""
     order = order_cache_aware_candidates(

@@ -102,9 +102,11 @@ def _eviction_order(a: EvictableCacheEntry, b: EvictableCacheEntry) -> int:
     right = b.recompute_cost * max(a.units, 1)
     if left != right:
         return -1 if left < right else 1
-    for x, y in ((a.last_used, b.last_used), (a.recompute_cost, b.recompute_cost), (a.id, b.id)):
+    for x, y in ((a.last_used, b.last_used), (a.recompute_cost, b.recompute_cost)):
         if x != y:
             return -1 if x < y else 1
+    if a.id != b.id:
+        return -1 if a.id < b.id else 1
     return 0
 
 

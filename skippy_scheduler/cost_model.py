@@ -57,7 +57,7 @@ class RuntimeCostModel:
         decode_rows = decode_row_count(plan.phases)
         return self.duration_us(int(plan.token_count) - decode_rows, decode_rows)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def __str__(self) -> str:
@@ -98,7 +98,8 @@ class RuntimeCostModel:
         if unknown:
             raise ValueError(f"unknown cost model field(s): {', '.join(unknown)} "
                              f"(known: {', '.join(sorted(known))})")
-        return replace(cls(), **values)
+        # __post_init__ checks every value.
+        return replace(cls(), **values)  # type: ignore[arg-type]
 
 
 def _fmt_number(value: float) -> str:

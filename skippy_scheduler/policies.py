@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Sequence as _Seq
+from typing import TYPE_CHECKING, Callable, ClassVar, Sequence as _Seq
 
 from ._validate import U64_MAX, check_bool, check_optional_uint
 from .cache_policy import CacheAwareCandidate
@@ -159,7 +159,9 @@ class PreemptionPolicy(abc.ABC):
         """Return the position in `candidates` of the victim (None: preempt nothing)."""
 
 
-def _first_min(candidates: _Seq[VictimCandidate], key) -> int | None:
+def _first_min(
+    candidates: _Seq[VictimCandidate], key: Callable[[VictimCandidate], tuple[int, ...]]
+) -> int | None:
     best = None
     best_key = None
     for position, candidate in enumerate(candidates):

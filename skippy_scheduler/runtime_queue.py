@@ -9,9 +9,9 @@ kept in reverse order so that taking the best is a pop from the end.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
-from . import _rank
+from ._rank import RankSlots
 from ._validate import check_bool, check_uint
 from .cache_policy import CacheAffinity
 
@@ -31,7 +31,8 @@ class CacheRuntimeTelemetry:
 class _Entry:
     __slots__ = ("operation", "affinity", "refresh", "enqueued_turn", "order", "stale")
 
-    def __init__(self, operation, affinity, refresh, enqueued_turn, order):
+    def __init__(self, operation: Any, affinity: CacheAffinity,
+                 refresh: Optional[Callable[[], CacheAffinity]], enqueued_turn: int, order: int) -> None:
         self.operation = operation
         self.affinity = affinity
         self.refresh = refresh
@@ -56,7 +57,7 @@ class CacheRuntimeQueue:
         self._next_order = 0
         self._dirty = False
         self._entries: list[_Entry] = []  # parallel to self._slots
-        self._slots = _rank.RankSlots()
+        self._slots = RankSlots()
 
     @classmethod
     def from_config(cls, config: Any) -> "CacheRuntimeQueue":
@@ -76,7 +77,7 @@ class CacheRuntimeQueue:
     def push(
         self,
         operation: Any,
-        prompt_tokens,
+        prompt_tokens: Sequence[int],
         priority: int,
         affinity: CacheAffinity,
         refresh: Optional[Callable[[], CacheAffinity]] = None,

@@ -105,7 +105,7 @@ def _check_interval(name: str, value: object) -> float:
 def _check_components(name: str, value: object) -> list[MemoryComponent]:
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
         raise TypeError(f"{name} must be a list of MemoryComponent, got {type(value).__name__}")
-    components = list(value)  # type: ignore[call-overload]
+    components = list(value)
     for component in components:
         if not isinstance(component, MemoryComponent):
             raise TypeError(f"{name} must hold MemoryComponent values, got {type(component).__name__}")
@@ -261,7 +261,21 @@ class IterationTelemetry:
 
 @dataclass
 class SchedulerMetrics:
-    """Cumulative scheduler counters."""
+    """Cumulative scheduler counters (`metrics()`), all ints, since the scheduler was made.
+
+    iterations: completed iterations (one per `complete_iteration`).
+    admitted: admissions counted by completed plans; a sequence re-admitted after a preemption
+        counts again.
+    preempted: preemptions (a sequence preempted twice counts twice).
+    finished: sequences that ended normally (an end token or `max_tokens` reached).
+    failed: sequences failed by a completion (a sampling row left without an output).
+    cancelled: sequences removed by `cancel`, waiting or active.
+    rejected_overload: submits refused with `QueueFull`.
+    prefill_tokens, recompute_tokens, decode_tokens: tokens of completed plans, by row phase.
+    prefix_hits, prefix_misses: accepted submits with and without a `PrefixRestore`.
+    active_sequences, waiting_sequences: the current sizes of the active set and the waiting
+        queue (not cumulative).
+    """
 
     iterations: int = 0
     admitted: int = 0
@@ -288,7 +302,16 @@ class SchedulerMetrics:
 
 @dataclass
 class SchedulerSnapshot:
-    """Active ids (walk order), waiting ids (queue order) and used bytes per component."""
+    """Who is where, and the memory they hold (`snapshot()`); a copy, not a live view.
+
+    active_ids: ids of the active sequences, in walk (admission) order (§0.4a).
+    waiting_ids: ids of the waiting sequences, in queue order (front first; a preempted
+        sequence goes back to the front).
+    component_used_bytes: (name, used bytes) per configured memory component, in config
+        order, as the scheduler counts them: admissions add their reservations, releases take
+        them back, and a measured value given to `preempt_for_component_pressure` replaces
+        the count.
+    """
 
     active_ids: list[str] = field(default_factory=list)
     waiting_ids: list[str] = field(default_factory=list)
@@ -302,7 +325,7 @@ class SchedulerSnapshot:
 class AdmissionError(Exception):
     """`submit` refused a sequence; compare with ==."""
 
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[object, ...]:
         return (type(self), self.args)
 
     def __eq__(self, other: object) -> bool:

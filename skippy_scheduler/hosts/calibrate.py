@@ -40,7 +40,7 @@ import math
 import re
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import numpy as np
 
@@ -48,6 +48,9 @@ from ..cost_model import RuntimeCostModel, decode_row_count
 from ..engine.clock import CpuClock, WallClock
 from ..engine.core import Engine, Request
 from ..types import SchedulerConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .llama import LlamaHost
 
 # The lab's cost model is the one fitted here; its str() is the --cost-model form.
 CostModel = RuntimeCostModel
@@ -112,7 +115,7 @@ class Calibration:
         """Why the fitted model should not be trusted (empty when it is plausible)."""
         return check_fit(self.model, self.samples)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "cost_model": str(self.model),
             "clock": self.clock,

@@ -21,7 +21,7 @@ import collections
 import ctypes
 import heapq
 import os
-from typing import Iterable, Sequence as _Seq
+from typing import Any, Iterable, Sequence as _Seq
 
 import numpy as np
 
@@ -34,7 +34,7 @@ _recent_log: collections.deque[str] = collections.deque(maxlen=64)
 _log_keep_continuation = False
 
 
-@_ll.llama_log_callback
+@_ll.llama_log_callback  # type: ignore[untyped-decorator, unused-ignore]
 def _log_sink(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     # Keep warnings and errors for error messages; the INFO metadata dump would drown a terminal.
     global _log_keep_continuation
@@ -76,7 +76,7 @@ def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
     return value
 
 
-def _row_sequence_ids(plan) -> list[str]:
+def _row_sequence_ids(plan: Any) -> list[str]:
     # NOTE: both schedulers' plans list their row ids (`plan.sequence_ids`); a hand-made plan
     # (the host's own tests) may only have `work`.
     ids = getattr(plan, "sequence_ids", None)
@@ -270,7 +270,7 @@ class LlamaHost:
         self._next_pos[sid] = 0
 
     # ------------------------------------------------------------------ plan execution
-    def execute(self, plan) -> int:
+    def execute(self, plan: Any) -> int:
         """Run one plan as one `llama_decode`; fill `plan.outputs`; return the output count.
 
         End-of-generation tokens are reported as -1 so that the scheduler finishes the
@@ -376,7 +376,8 @@ class LlamaHost:
         # Output logits are contiguous, one row per flagged entry in batch order.
         ptr = _ll.llama_get_logits(self._ctx)
         logits = np.ctypeslib.as_array(ptr, shape=(k, self.n_vocab))
-        return logits.argmax(axis=1).astype(np.int32)
+        tokens: np.ndarray = logits.argmax(axis=1).astype(np.int32)
+        return tokens
 
     def logits_of_batch_row(self, batch_row: int) -> np.ndarray:
         """Copy of the logits of one flagged entry of the last decode (`llama_get_logits_ith`)."""

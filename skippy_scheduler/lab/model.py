@@ -7,11 +7,14 @@ and the time an iteration takes comes from `RuntimeCostModel`. Prompt token ids 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from ..cache_policy import CacheAffinity, StageCacheAffinity
 from ..types import PrefixRestore, PrefixRestoreKind, Sequence
-from ..cost_model import RuntimeCostModel  # noqa: F401  (re-exported: the lab's cost model)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..radix import UnifiedRadixCache
+from ..cost_model import RuntimeCostModel as RuntimeCostModel  # re-exported: the lab's cost model
 
 I32_MAX = (1 << 31) - 1
 U32_MAX = (1 << 32) - 1
@@ -102,7 +105,7 @@ def staggered_prefill_requests() -> list[SimRequest]:
     return requests
 
 
-def apply_resident_radix_affinity(cache, namespace: str, stage_index: int,
+def apply_resident_radix_affinity(cache: UnifiedRadixCache, namespace: str, stage_index: int,
                                   prefill_cost_per_token: int,
                                   requests: Iterable[SimRequest]) -> list[SimRequest]:
     """Peek the resident radix (no LRU change) for each prompt; a hit becomes a prefix restore

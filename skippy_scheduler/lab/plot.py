@@ -6,8 +6,12 @@ Each PNG records how many series each of its panels holds in a PNG text chunk
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .suite import SuiteRun
 
 INSTALL_HINT = "plotting needs matplotlib: pip install '.[plot]' (or pip install matplotlib)"
 SERIES_KEY = "skippy-series"
@@ -18,7 +22,7 @@ class PlotUnavailable(RuntimeError):
     pass
 
 
-def _pyplot():
+def _pyplot() -> Any:
     try:
         import matplotlib
 
@@ -29,7 +33,7 @@ def _pyplot():
     return plt
 
 
-def _binned(t: np.ndarray, values: np.ndarray, bins: int = _BINS):
+def _binned(t: np.ndarray, values: np.ndarray, bins: int = _BINS) -> tuple[np.ndarray, np.ndarray]:
     """Mean of `values` per time bin, so 10^6-iteration runs plot as a few hundred points."""
     if len(t) == 0:
         return t, values
@@ -42,25 +46,34 @@ def _binned(t: np.ndarray, values: np.ndarray, bins: int = _BINS):
     return centers[keep], sums[keep] / counts[keep]
 
 
-def _label(run) -> str:
+def _label(run: SuiteRun) -> str:
     return f"{run.policy}/{run.mode}"
 
 
-def _save(fig, path: str, series: list[int]) -> str:
+def _recorded(run: SuiteRun) -> tuple[np.ndarray, dict[str, Any]]:
+    """TTFTs and per-iteration series of a run; only runs with `record_series` have the series."""
+    if run.ttft_us is None or run.series is None:
+        raise ValueError(f"{_label(run)} has no per-iteration series: run the suite with "
+                         "SuiteOptions(record_series=True) to plot it")
+    return run.ttft_us, run.series
+
+
+def _save(fig: Any, path: str, series: list[int]) -> str:
     fig.tight_layout()
     fig.savefig(path, dpi=100, metadata={SERIES_KEY: ",".join(str(s) for s in series)})
     return path
 
 
-def plot_suite(runs, out_dir: str) -> list[str]:
+def plot_suite(runs: Sequence[SuiteRun], out_dir: str) -> list[str]:
     """Write ttft_cdf.png, batch_occupancy.png and queue_depth.png; return their paths."""
     plt = _pyplot()
+    recorded = [(run, *_recorded(run)) for run in runs]
     os.makedirs(out_dir, exist_ok=True)
     paths = []
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    for run in runs:
-        ttft = np.sort(run.ttft_us[~np.isnan(run.ttft_us)]) / 1e3
+    for run, ttft_us, _ in recorded:
+        ttft = np.sort(ttft_us[~np.isnan(ttft_us)]) / 1e3
         ax.plot(ttft, np.arange(1, len(ttft) + 1) / max(len(ttft), 1), label=_label(run))
     ax.set_xscale("log")
     ax.set_xlabel("TTFT (ms, virtual)")
@@ -71,8 +84,7 @@ def plot_suite(runs, out_dir: str) -> list[str]:
     plt.close(fig)
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
-    for run in runs:
-        s = run.series
+    for run, _, s in recorded:
         t, batch = _binned(s["time_s"], s["batch"])
         top.plot(t, batch, label=_label(run))
         t, occ = _binned(s["time_s"], 100.0 * s["tokens"] / s["max_tokens"])
@@ -85,8 +97,8 @@ def plot_suite(runs, out_dir: str) -> list[str]:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(9, 4))
-    for run in runs:
-        t, waiting = _binned(run.series["time_s"], run.series["waiting"])
+    for run, _, s in recorded:
+        t, waiting = _binned(s["time_s"], s["waiting"])
         ax.plot(t, waiting, label=_label(run))
     ax.set_xlabel("virtual time (s)")
     ax.set_ylabel("waiting requests")

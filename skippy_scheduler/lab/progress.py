@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TextIO
 
 
 class Progress:
-    def __init__(self, total: int, label: str, *, stream=None, delay_s: float = 1.0,
+    def __init__(self, total: int, label: str, *, stream: TextIO | None = None, delay_s: float = 1.0,
                  enabled: bool | None = None) -> None:
         self.total = max(int(total), 1)
         self.label = label

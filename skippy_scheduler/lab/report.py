@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from typing import Iterable
+from typing import Any, Iterable
 
 from .model import RuntimeCostModel
 from .scenarios import ReplayResult, ScenarioResult
@@ -13,7 +13,7 @@ COLUMNS = ("scenario", "requests", "makespan_ms", "request_s", "p95_queue_ms", "
            "mixed_iterations", "bench_us_per_run")
 
 
-def _ms(us) -> str:
+def _ms(us: float) -> str:
     return f"{us / 1000:.3f}"
 
 
@@ -43,7 +43,7 @@ def format_replay(results: Iterable[ReplayResult]) -> str:
 
 
 def lab_document(results: list[ScenarioResult], replay: list[ReplayResult],
-                 cost: RuntimeCostModel, backend: str) -> dict:
+                 cost: RuntimeCostModel, backend: str) -> dict[str, Any]:
     """Everything the lab computed. Wall-clock figures live only under `bench_us_per_run`."""
     return {
         "backend": backend,
@@ -65,5 +65,5 @@ def lab_document(results: list[ScenarioResult], replay: list[ReplayResult],
     }
 
 
-def dump_json(document: dict) -> str:
+def dump_json(document: dict[str, Any]) -> str:
     return json.dumps(document, indent=2, sort_keys=False) + "\n"

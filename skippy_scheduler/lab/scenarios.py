@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..cache_policy import CacheAffinity
 from ..types import SchedulerConfig
@@ -16,16 +16,19 @@ from .model import (RuntimeCostModel, SimRequest, apply_resident_radix_affinity,
                     staggered_prefill_requests)
 from .simulate import SimulationReport, simulate
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..radix import UnifiedRadixCache
+
 RADIX_NAMESPACE = "stage-0"
 RADIX_PREFIX_TOKENS = 3_072
 
 
-def make_config(**overrides):
+def make_config(**overrides: Any) -> SchedulerConfig:
     """SchedulerConfig defaults plus `overrides` (None = unbounded for the two optional caps)."""
     return SchedulerConfig(**overrides)
 
 
-def radix_fixture(prefix_tokens: int = RADIX_PREFIX_TOKENS):
+def radix_fixture(prefix_tokens: int = RADIX_PREFIX_TOKENS) -> UnifiedRadixCache:
     """A fresh UnifiedRadixCache holding tokens 0..prefix_tokens-1 resident in "stage-0"."""
     from ..radix import UnifiedRadixCache
 
@@ -63,9 +66,9 @@ def waiting_prefix_requests() -> list[SimRequest]:
 class Scenario:
     name: str
     build: Callable[[RuntimeCostModel], list[SimRequest]]
-    overrides: dict = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)
 
-    def config(self):
+    def config(self) -> SchedulerConfig:
         return make_config(**self.overrides)
 
 
@@ -129,7 +132,7 @@ def run_scenario(scenario: Scenario | str, cost: RuntimeCostModel | None = None,
 
 
 # Fixture replay (§5.8): two locality profiles with their expected family-switch counts.
-REPLAY_PROFILES = {
+REPLAY_PROFILES: dict[str, dict[str, Any]] = {
     "warm-affinity": {"family_order": [0, 0, 0, 1, 1, 1], "prompt_tokens": 128,
                       "expected": {"fcfs": 1, "dfs": 1}},
     "agentic-eviction-pressure": {"family_order": list(range(8)) * 2, "prompt_tokens": 128,
@@ -141,7 +144,7 @@ REPLAY_PROFILES = {
 class ReplayResult:
     profile: str
     mode: str  # "fcfs" (grouping off) or "dfs" (grouping on)
-    service_order: list[tuple[int, int, str]]  # (first_scheduled_us, family, id)
+    service_order: list[tuple[float | None, int, str]]  # (first_scheduled_us, family, id)
     switches: int
     expected: int
 

@@ -14,6 +14,7 @@ requests without reading row objects):
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -73,7 +74,7 @@ class WorkloadSpec:
                 raise ValueError(f"{name} must be >= 0")
         return self
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -98,7 +99,8 @@ class Workload:
         if len(self.family_prefix) == 0:
             return self.suffix_len.copy()
         prefix = np.where(self.family >= 0, self.family_prefix[np.maximum(self.family, 0)], 0)
-        return prefix + self.suffix_len
+        lengths: np.ndarray = prefix + self.suffix_len
+        return lengths
 
     def request_id(self, r: int) -> str:
         return f"r{r:06d}"
@@ -119,7 +121,7 @@ class Workload:
         start = FAMILY_BASE + f * FAMILY_STRIDE
         return list(range(start, start + int(self.family_prefix[f])))
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         prompt = self.prompt_len
         span = float(self.arrival_us[-1] - self.arrival_us[0]) if self.n > 1 else 0.0
         return {
@@ -135,7 +137,8 @@ class Workload:
         }
 
 
-def _lognormal(rng: np.random.Generator, median: int, sigma: float, size: int, lo: int, hi: int):
+def _lognormal(rng: np.random.Generator, median: int, sigma: float, size: int, lo: int,
+              hi: int) -> np.ndarray:
     values = rng.lognormal(np.log(median), sigma, size)
     return np.clip(np.rint(values), lo, hi).astype(np.int64)
 

@@ -101,12 +101,12 @@ def order_cache_aware_candidates(
     if grouping:
         ranks = _prefix_group_ranks([c.prompt_tokens for c in candidates], [c.order for c in candidates])
 
-        def key(i: int) -> tuple:
+        def key(i: int) -> tuple[int, ...]:
             c = candidates[i]
             return (-c.priority, -scores[i][1], ranks[i], -scores[i][0], c.order)
     else:
 
-        def key(i: int) -> tuple:
+        def key(i: int) -> tuple[int, ...]:
             c = candidates[i]
             return (-c.priority, -scores[i][0], c.order)
 

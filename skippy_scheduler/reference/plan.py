@@ -6,7 +6,7 @@ of a completion's predictions against a plan (behaviour.md §0.4e).
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -85,7 +85,7 @@ class TwinPlan:
     def __len__(self) -> int:
         return len(self.work)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[IterationWork]:
         return iter(self.work)
 
     def __getitem__(self, index: int) -> IterationWork:
