@@ -7,7 +7,7 @@
 
 /* This project's plan ABI: bumped whenever a struct below changes layout or meaning. */
 enum {
-    SKIPPY_PLAN_ABI_VERSION = 1
+    SKIPPY_PLAN_ABI_VERSION = 2
 };
 
 /* Three uint32 fields returned by value (12 bytes). */
@@ -139,9 +139,28 @@ typedef struct skippy_plan_outputs {
 } skippy_plan_outputs;
 
 /*
+ * Decode rows whose input token an earlier plan is still sampling (plans in flight, behaviour.md
+ * §2.11): entry j says row `rows[j]` of this plan feeds, as its one token, the token that the
+ * plan of step `source_steps[j]` samples at work index `source_indexes[j]`. The arena holds
+ * SKIPPY_DEFERRED_TOKEN there until the host writes the real token. Empty at depth 1.
+ */
+typedef struct skippy_deferred_inputs {
+    size_t *rows;                     /* count entries: work indexes in this plan, ascending */
+    uint64_t *source_steps;           /* count entries: step of the plan that samples the token */
+    size_t *source_indexes;           /* count entries: work index of that sample in its plan */
+    size_t count;                     /* entries in use */
+    size_t capacity;                  /* allocated entries */
+} skippy_deferred_inputs;
+
+enum {
+    SKIPPY_DEFERRED_TOKEN = -1        /* arena value of a deferred input not yet written */
+};
+
+/*
  * One iteration plan, struct-of-arrays, owned by the scheduler. Row i of every per-row array
- * describes work index i. All arrays are allocated once per scheduler and reused: a plan is
- * valid until it is completed or the next plan is made.
+ * describes work index i. A scheduler keeps max_inflight_plans plans, each with its own arrays,
+ * allocated once and reused: a plan is valid until it is completed or aborted (at depth 1,
+ * making the next plan aborts a live one).
  */
 typedef struct skippy_plan {
     uint64_t serial;                             /* plan number (1, 2, ...); 0 = no plan */
@@ -161,4 +180,6 @@ typedef struct skippy_plan {
     size_t admitted;                             /* sequences admitted while planning */
     size_t preempted;                            /* always 0: preemption is reported apart */
     skippy_plan_outputs outputs;                 /* filled by the host, consumed on completion */
+    uint64_t step;                               /* plans made before this one (serial - 1) */
+    skippy_deferred_inputs deferred;             /* inputs to fill from earlier plans' outputs */
 } skippy_plan;

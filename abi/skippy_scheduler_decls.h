@@ -10,7 +10,8 @@ typedef enum skippy_sched_code {
     SKIPPY_SCHED_STALE_PLAN = 5,     /* the plan was completed or replaced */
     SKIPPY_SCHED_BAD_OUTPUTS = 6,    /* malformed sampled outputs (count, index, repeat, row) */
     SKIPPY_SCHED_NO_MEMORY = 7,      /* allocation failed */
-    SKIPPY_SCHED_CALLBACK = 8        /* a policy callback reported failure */
+    SKIPPY_SCHED_CALLBACK = 8,       /* a policy callback reported failure */
+    SKIPPY_SCHED_PLAN_IN_FLIGHT = 9  /* max_inflight_plans are live, or completion out of order */
 } skippy_sched_code;
 
 /* Sequence status. CANCELLED only appears in retired records. */
@@ -63,6 +64,7 @@ typedef struct skippy_scheduler_config {
     uint32_t preemption_policy;                  /* skippy_preemption_policy */
     const skippy_memory_component *memory_components;
     size_t memory_component_count;
+    size_t max_inflight_plans;                   /* default 1: plans live at once (§2.11) */
 } skippy_scheduler_config;
 
 /* What submit copies from the caller (nothing is borrowed after the call). */
@@ -123,6 +125,8 @@ typedef struct skippy_scheduler_metrics {
     uint64_t prefix_misses;
     uint64_t active_sequences;
     uint64_t waiting_sequences;
+    uint64_t discarded_rows;   /* sampling rows completed after their sequence ended or lost its rows */
+    uint64_t aborted_plans;    /* plans undone by skippy_scheduler_abort (or replaced at depth 1) */
 } skippy_scheduler_metrics;
 
 /* Per-completion figures (component arrays: see skippy_scheduler_component_used). */
@@ -188,6 +192,10 @@ skippy_status skippy_scheduler_observe(skippy_scheduler *scheduler, uint64_t pla
 skippy_status skippy_scheduler_complete(skippy_scheduler *scheduler, uint64_t plan_serial,
                                         skippy_iteration_telemetry *out_telemetry,
                                         skippy_error **out_error);
+skippy_status skippy_scheduler_abort(skippy_scheduler *scheduler, uint64_t plan_serial,
+                                     skippy_error **out_error);
+bool skippy_scheduler_plan_live(const skippy_scheduler *scheduler, uint64_t plan_serial);
+size_t skippy_scheduler_live_plans(const skippy_scheduler *scheduler);
 skippy_status skippy_scheduler_preempt(skippy_scheduler *scheduler, const uint64_t *used_bytes,
                                        size_t used_count, size_t *out_preempted,
                                        skippy_error **out_error);

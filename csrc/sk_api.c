@@ -24,6 +24,7 @@ void skippy_scheduler_config_default(skippy_scheduler_config *c)
     c->group_waiting_prefixes = true;
     c->admission_policy = SKIPPY_ADMISSION_CACHE_AWARE;
     c->preemption_policy = SKIPPY_PREEMPT_LOWEST_PRIORITY_NEWEST;
+    c->max_inflight_plans = 1;
 }
 
 static size_t clamp_sz(size_t v, size_t lo, size_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
@@ -40,6 +41,8 @@ void skippy_scheduler_config_normalize(skippy_scheduler_config *c)
     c->prefill_chunk_tokens = clamp_sz(c->prefill_chunk_tokens, 1, c->max_tokens_per_iteration);
     if (c->max_prefill_sequences_per_iteration < 1) c->max_prefill_sequences_per_iteration = 1;
     if (c->max_consecutive_prefill_iterations < 1) c->max_consecutive_prefill_iterations = 1;
+    /* A sequence counts its in-flight samples in one byte (sk_seq.pending). */
+    c->max_inflight_plans = clamp_sz(c->max_inflight_plans, 1, SK_MAX_INFLIGHT_PLANS);
 }
 
 void skippy_sequence_desc_init(skippy_sequence_desc *d, const char *id, size_t id_len,
@@ -72,16 +75,28 @@ void skippy_scheduler_free(skippy_scheduler *s)
     free(s->retired);
     free(s->victims);
     free(s->ewma);
-    free(s->plan.requests);
-    free(s->plan.tokens);
-    free(s->plan.positions);
-    free(s->plan.row_offsets);
-    free(s->plan.slots);
-    free(s->plan.phases);
-    free(s->plan.sample_last);
-    free(s->plan.sample_rows);
-    free(s->plan.outputs.sampled_request_indexes);
-    free(s->plan.outputs.predicted_tokens);
+    for (size_t k = 0; s->plans && k < s->cfg.max_inflight_plans; k++) {
+        sk_plan_slot *slot = &s->plans[k];
+        skippy_plan *plan = &slot->plan;
+        free(plan->requests);
+        free(plan->tokens);
+        free(plan->positions);
+        free(plan->row_offsets);
+        free(plan->slots);
+        free(plan->phases);
+        free(plan->sample_last);
+        free(plan->sample_rows);
+        free(plan->outputs.sampled_request_indexes);
+        free(plan->outputs.predicted_tokens);
+        free(plan->deferred.rows);
+        free(plan->deferred.source_steps);
+        free(plan->deferred.source_indexes);
+        free(slot->row_cursor);
+        free(slot->row_epoch);
+        free(slot->row_prev_step);
+        free(slot->row_prev_row);
+    }
+    free(s->plans);
     free(s->row_seen);
     free(s->row_token);
     sk_waiting_free(s);
@@ -125,6 +140,8 @@ skippy_status skippy_scheduler_create(const skippy_scheduler_config *config,
         s->available[i] = sk_sat_sub(c->capacity_bytes, c->resident_bytes);
     }
     s->cfg.memory_components = s->comps;
+    s->plans = calloc(s->cfg.max_inflight_plans, sizeof *s->plans);
+    if (!s->plans) goto oom;
     if (sk_waiting_init(s) || sk_store_init(s)) goto oom;
     s->mixed_viable = true;
     *out = s;

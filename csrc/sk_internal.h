@@ -18,6 +18,7 @@
 #include "sk_sat.h"
 
 #define SK_NO_SLOT UINT32_MAX
+#define SK_MAX_INFLIGHT_PLANS 255  /* sk_seq.pending is one byte */
 
 /* Where a slot's sequence currently is. */
 enum { SK_WHERE_FREE = 0, SK_WHERE_WAITING = 1, SK_WHERE_ACTIVE = 2, SK_WHERE_RETIRED = 3 };
@@ -50,6 +51,9 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     /* cold */
     uint8_t status;           /* skippy_seq_status */
     bool has_restore;
+    /* hot again: samples of this sequence in live plans whose tokens have not arrived yet; the
+     * history the planner sees is prompt + gen_len confirmed + pending placeholders (§2.11) */
+    uint8_t pending;
     size_t token_cap;
     char *id;                 /* id bytes + NUL (own buffer, reused across occupants) */
     size_t id_len;
@@ -63,7 +67,29 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     uint64_t admitted_at;     /* admission counter value, 0 = not admitted */
     uint64_t saved_cost;
     uint32_t rank_handle;     /* in s->rank_set while waiting (when there is one) */
+    uint32_t epoch;           /* changes when rows planned so far become void (preempt, retire) */
+    uint64_t source_step;     /* depth > 1: the plan step and work index that sample the newest */
+    size_t source_row;        /*   pending placeholder (the input of the next decode row) */
 } sk_seq;
+
+/*
+ * One of the max_inflight_plans plan buffers. Besides the public plan it keeps what completing
+ * and aborting need: the tokens per phase, each row's cursor before the row, the epoch of its
+ * sequence, (depth > 1) the sequence's previous pending source, and the planner counters from
+ * before the plan.
+ */
+typedef struct sk_plan_slot {
+    skippy_plan plan;
+    bool live;
+    uint64_t tokens_by_phase[3];
+    size_t *row_cursor;
+    uint32_t *row_epoch;
+    uint64_t *row_prev_step;
+    size_t *row_prev_row;
+    size_t consecutive_before;
+    size_t mixed_before;
+    uint64_t void_mark;       /* s->void_count when made: equal at completion = no row is void */
+} sk_plan_slot;
 
 struct skippy_scheduler {
     skippy_scheduler_config cfg;          /* normalized; memory_components -> comps */
@@ -113,11 +139,14 @@ struct skippy_scheduler {
 
     size_t n_class[3];                    /* active sequences per SK_CLASS_* (see sk_class) */
 
-    skippy_plan plan;
-    bool plan_live;
-    uint64_t plan_tok[3];                 /* tokens of the live plan per skippy_phase */
-    uint8_t *row_seen;                    /* request_capacity scratch for output validation */
+    sk_plan_slot *plans;                  /* cfg.max_inflight_plans buffers (a ring) */
+    size_t live_head;                     /* ring index of the oldest live plan */
+    size_t live_count;                    /* live plans: live_head, live_head + 1, ... */
+    uint64_t plan_serial;                 /* serial of the last plan made (0 = none) */
+    uint64_t void_count;                  /* bumped whenever a sequence's planned rows go void */
+    uint8_t *row_seen;                    /* row_scratch_cap scratch for output validation */
     int32_t *row_token;
+    size_t row_scratch_cap;
 
     sk_rank_set *rank_set;                /* waiting sequences, for grouped cache-aware ranking */
     uint32_t *rank_slot;                  /* rank_set handle -> slot */
@@ -157,8 +186,9 @@ int sk_waiting_rank(skippy_scheduler *s);
 /* sk_sched.c: admits what fits from the front of the ranked waiting queue (§2.3) */
 int sk_admit_waiting(skippy_scheduler *s, size_t *out_admitted);
 
-/* sk_plan.c: SKIPPY_SCHED_STALE_PLAN unless `serial` names the live plan */
-int sk_check_live(skippy_scheduler *s, uint64_t serial);
+/* sk_plan.c: SKIPPY_SCHED_STALE_PLAN unless `serial` names a live plan; with `oldest`,
+ * SKIPPY_SCHED_PLAN_IN_FLIGHT unless it is the oldest one */
+int sk_check_live(skippy_scheduler *s, uint64_t serial, bool oldest, sk_plan_slot **out_slot);
 
 static inline void sk_refresh_counts(skippy_scheduler *s)
 {
@@ -166,9 +196,15 @@ static inline void sk_refresh_counts(skippy_scheduler *s)
     s->m.waiting_sequences = s->waiting_len;
 }
 
+/* Generated tokens the planner counts: confirmed plus in-flight placeholders. */
+static inline size_t sk_planned_gen(const sk_seq *q) { return q->gen_len + q->pending; }
+
+/* Replay length R: the prompt plus every planned generated token but the newest (the pending
+ * decode input). */
 static inline size_t sk_replay_len(const sk_seq *q)
 {
-    return q->prompt_len + (q->gen_len > 0 ? q->gen_len - 1 : 0);
+    size_t gen = sk_planned_gen(q);
+    return q->prompt_len + (gen > 0 ? gen - 1 : 0);
 }
 
 static inline uint32_t sk_room(const sk_seq *q)
@@ -178,7 +214,15 @@ static inline uint32_t sk_room(const sk_seq *q)
 }
 
 static inline bool prefill_pending(const sk_seq *q) { return q->cursor < sk_replay_len(q); }
-static inline bool live_decode(const sk_seq *q) { return !prefill_pending(q) && q->gen_len > 0; }
+/* Its in-flight samples already bring it to max_tokens: nothing more to plan until they land. */
+static inline bool sk_saturated(const sk_seq *q)
+{
+    return q->pending && sk_planned_gen(q) >= q->max_tokens;
+}
+static inline bool live_decode(const sk_seq *q)
+{
+    return !prefill_pending(q) && sk_planned_gen(q) > 0 && !sk_saturated(q);
+}
 
 /*
  * What an active sequence can run next. The scheduler keeps n_class[] equal to the count of
@@ -190,7 +234,18 @@ enum { SK_CLASS_IDLE = 0, SK_CLASS_PREFILL = 1, SK_CLASS_LIVE = 2 };
 
 static inline int sk_class(const sk_seq *q)
 {
-    return prefill_pending(q) ? SK_CLASS_PREFILL : q->gen_len > 0 ? SK_CLASS_LIVE : SK_CLASS_IDLE;
+    return prefill_pending(q) ? SK_CLASS_PREFILL : live_decode(q) ? SK_CLASS_LIVE : SK_CLASS_IDLE;
 }
+
+/* The live plan buffers, oldest first: the n-th is s->plans[sk_live_ring(s, n)]. */
+static inline size_t sk_live_ring(const skippy_scheduler *s, size_t nth)
+{
+    return (s->live_head + nth) % s->cfg.max_inflight_plans;
+}
+
+/* sk_plan.c: the live plan with this serial (NULL when there is none), and undo of the live
+ * plans from the n-th oldest on, newest first (abort) */
+sk_plan_slot *sk_find_live(skippy_scheduler *s, uint64_t serial, size_t *out_nth);
+void sk_abort_from(skippy_scheduler *s, size_t nth);
 
 #endif

@@ -6,6 +6,12 @@
  * one token arena, row index = work index. Admission runs first (sk_sched.c); then either the
  * homogeneous planner (a prefill plan or a decode-only plan) or, once durations show that
  * mixing is cheap enough, the mixed planner fills the rows.
+ *
+ * Plans in flight (§2.11): up to max_inflight_plans plans may be live, each in its own buffer
+ * of a ring. A sampling row adds a placeholder to its sequence (`pending`), so the next plan can
+ * already feed that sequence's next decode row; its input token is then deferred: the plan's
+ * deferred table says which earlier plan's sample it is. Each row remembers its cursor before
+ * the row and its sequence's epoch, so aborting a plan puts every sequence back exactly.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -23,11 +29,12 @@
  * Both capacities double like every other array of the core, but stop at those bounds, since a
  * plan can never use more.
  */
-static int ensure_plan_capacity(skippy_scheduler *s)
+static int ensure_plan_capacity(skippy_scheduler *s, sk_plan_slot *slot)
 {
-    skippy_plan *plan = &s->plan;
+    skippy_plan *plan = &slot->plan;
     size_t max_tokens = s->cfg.max_tokens_per_iteration;
     size_t rows_needed = s->active_len < max_tokens ? s->active_len : max_tokens;
+    bool sources = s->cfg.max_inflight_plans > 1;
     if (rows_needed < 1) rows_needed = 1;
     if (rows_needed > plan->request_capacity) {
         size_t cap = plan->request_capacity * 2;
@@ -42,10 +49,23 @@ static int ensure_plan_capacity(skippy_scheduler *s)
             sk_resize((void **)&plan->sample_rows, cap, sizeof(size_t)) ||
             sk_resize((void **)&plan->outputs.sampled_request_indexes, cap, sizeof(size_t)) ||
             sk_resize((void **)&plan->outputs.predicted_tokens, cap, sizeof(int32_t)) ||
-            sk_resize((void **)&s->row_seen, cap, 1) ||
-            sk_resize((void **)&s->row_token, cap, sizeof(int32_t)))
+            sk_resize((void **)&slot->row_cursor, cap, sizeof(size_t)) ||
+            sk_resize((void **)&slot->row_epoch, cap, sizeof(uint32_t)) ||
+            (sources &&
+             (sk_resize((void **)&slot->row_prev_step, cap, sizeof(uint64_t)) ||
+              sk_resize((void **)&slot->row_prev_row, cap, sizeof(size_t)) ||
+              sk_resize((void **)&plan->deferred.rows, cap, sizeof(size_t)) ||
+              sk_resize((void **)&plan->deferred.source_steps, cap, sizeof(uint64_t)) ||
+              sk_resize((void **)&plan->deferred.source_indexes, cap, sizeof(size_t)))))
             return -1;
+        if (cap > s->row_scratch_cap) {
+            if (sk_resize((void **)&s->row_seen, cap, 1) ||
+                sk_resize((void **)&s->row_token, cap, sizeof(int32_t)))
+                return -1;
+            s->row_scratch_cap = cap;
+        }
         plan->request_capacity = cap;
+        if (sources) plan->deferred.capacity = cap;
     }
     uint64_t tokens_needed =
         sk_sat_mul(s->active_len ? s->active_len : 1, s->cfg.prefill_chunk_tokens);
@@ -77,12 +97,20 @@ typedef struct sk_writer {
     size_t *row_offsets, *sample_rows;
     uint32_t *slots;
     uint8_t *phases, *sample_last;
-    size_t row_count, token_count, sample_count;
+    size_t *row_cursor;
+    uint32_t *row_epoch;
+    uint64_t *row_prev_step;                  /* NULL at depth 1: no sources to track */
+    size_t *row_prev_row;
+    size_t *deferred_rows, *deferred_indexes;
+    uint64_t *deferred_steps;
+    size_t row_count, token_count, sample_count, deferred_count;
+    uint64_t step;
     uint64_t tokens_by_phase[3];
 } sk_writer;
 
-static inline void writer_open(sk_writer *out, const skippy_plan *plan)
+static inline void writer_open(sk_writer *out, sk_plan_slot *slot, uint64_t step, bool sources)
 {
+    skippy_plan *plan = &slot->plan;
     out->requests = plan->requests;
     out->tokens = plan->tokens;
     out->positions = plan->positions;
@@ -91,13 +119,21 @@ static inline void writer_open(sk_writer *out, const skippy_plan *plan)
     out->slots = plan->slots;
     out->phases = plan->phases;
     out->sample_last = plan->sample_last;
-    out->row_count = out->token_count = out->sample_count = 0;
+    out->row_cursor = slot->row_cursor;
+    out->row_epoch = slot->row_epoch;
+    out->row_prev_step = sources ? slot->row_prev_step : NULL;
+    out->row_prev_row = sources ? slot->row_prev_row : NULL;
+    out->deferred_rows = plan->deferred.rows;
+    out->deferred_steps = plan->deferred.source_steps;
+    out->deferred_indexes = plan->deferred.source_indexes;
+    out->row_count = out->token_count = out->sample_count = out->deferred_count = 0;
+    out->step = step;
     out->tokens_by_phase[0] = out->tokens_by_phase[1] = out->tokens_by_phase[2] = 0;
 }
 
 /* Closes the row whose `count` tokens were just written at the end of the token arena. */
 static inline void put_row(sk_writer *out, const sk_seq *seq, uint32_t slot, size_t count,
-                           uint8_t phase, bool sample)
+                           uint8_t phase, bool sample, size_t cursor_before)
 {
     size_t row = out->row_count++, first = out->token_count;
     skippy_iteration_request *request = &out->requests[row];
@@ -113,10 +149,25 @@ static inline void put_row(sk_writer *out, const sk_seq *seq, uint32_t slot, siz
     out->slots[row] = slot;
     out->phases[row] = phase;
     out->sample_last[row] = sample;
+    out->row_cursor[row] = cursor_before;
+    out->row_epoch[row] = seq->epoch;
     if (sample) out->sample_rows[out->sample_count++] = row;
     out->token_count = first + count;
     out->row_offsets[row + 1] = out->token_count;
     out->tokens_by_phase[phase] += count;
+}
+
+/* A sampling row adds the placeholder of its sample; at depth > 1 the sequence remembers
+ * which row will produce it and the row remembers what it replaced (for abort). */
+static inline void add_placeholder(sk_writer *out, sk_seq *seq, size_t row)
+{
+    if (out->row_prev_step) {
+        out->row_prev_step[row] = seq->source_step;
+        out->row_prev_row[row] = seq->source_row;
+        seq->source_step = out->step;
+        seq->source_row = row;
+    }
+    seq->pending++;
 }
 
 /* A prefill-pending sequence's next chunk: replay tokens [cursor, cursor + count). */
@@ -128,42 +179,70 @@ static size_t emit_prefill(sk_writer *out, skippy_scheduler *s, uint32_t slot, s
     if (count > s->cfg.prefill_chunk_tokens) count = s->cfg.prefill_chunk_tokens;
     if (count > budget) count = budget;
     size_t start = seq->cursor, end = start + count;
-    bool fresh = seq->gen_len == 0;
+    bool fresh = sk_planned_gen(seq) == 0;
+    bool sample = fresh && end == replay;
     int32_t *tokens = out->tokens + out->token_count;
     int32_t *positions = out->positions + out->token_count;
+    /* NOTE: replay tokens are all confirmed: a preemption drops the placeholders (§2.11). */
     memcpy(tokens, seq->tokens + start, count * sizeof(int32_t));
     for (size_t offset = 0; offset < count; offset++) positions[offset] = pos32(start + offset);
     put_row(out, seq, slot, count, fresh ? SKIPPY_PHASE_PREFILL : SKIPPY_PHASE_RECOMPUTE,
-            fresh && end == replay);
+            sample, start);
     s->n_class[SK_CLASS_PREFILL]--;
     seq->cursor = end;
+    if (sample) add_placeholder(out, seq, out->row_count - 1);
     s->n_class[sk_class(seq)]++;
     return count;
 }
 
-/* A live-decode sequence's pending token, fed at position R (= its index in the history). */
-static inline void emit_decode(sk_writer *out, sk_seq *seq, uint32_t slot, size_t replay)
+/* A live-decode sequence's pending token, fed at position R (= its index in the history); when
+ * that token is itself still in flight, the row's input is deferred. */
+static inline void emit_decode(sk_writer *out, skippy_scheduler *s, sk_seq *seq, uint32_t slot,
+                               size_t replay)
 {
-    out->tokens[out->token_count] = seq->last;
+    size_t row = out->row_count;
+    if (seq->pending) {
+        out->tokens[out->token_count] = SKIPPY_DEFERRED_TOKEN;
+        size_t j = out->deferred_count++;
+        out->deferred_rows[j] = row;
+        out->deferred_steps[j] = seq->source_step;
+        out->deferred_indexes[j] = seq->source_row;
+    } else {
+        out->tokens[out->token_count] = seq->last;
+    }
     out->positions[out->token_count] = pos32(replay);
-    put_row(out, seq, slot, 1, SKIPPY_PHASE_DECODE, true);
-    seq->cursor = replay + 1; /* still live-decode: the class counts do not change */
+    put_row(out, seq, slot, 1, SKIPPY_PHASE_DECODE, true, seq->cursor);
+    seq->cursor = replay + 1;
+    add_placeholder(out, seq, row);
+    if (sk_saturated(seq)) { /* its samples in flight reach max_tokens: idle until they land */
+        s->n_class[SK_CLASS_LIVE]--;
+        s->n_class[SK_CLASS_IDLE]++;
+    }
 }
 
 /*
  * Decode-only plan (the steady state): every live-decode sequence in walk order until the
  * budget ends. Same rows as emit_decode would write, with every cursor in a register: each
- * row is one token, so row, token and sample indexes are all equal.
+ * row is one token, so row, token and sample indexes are all equal. At depth 1 nothing is in
+ * flight while planning, so no row is deferred; deeper pipelines take the general path.
  */
 static void plan_decode_only(skippy_scheduler *s, sk_writer *out)
 {
     const uint32_t *active = s->active;
     size_t active_count = s->active_len, budget = s->cfg.max_tokens_per_iteration, row = 0;
     sk_seq *seqs = s->seqs;
+    if (out->row_prev_step) {
+        for (size_t at = 0; at < active_count && out->row_count < budget; at++) {
+            sk_seq *seq = &seqs[active[at]];
+            if (live_decode(seq)) emit_decode(out, s, seq, active[at], sk_replay_len(seq));
+        }
+        return;
+    }
     skippy_iteration_request *request = out->requests;
     int32_t *tokens = out->tokens, *positions = out->positions;
     size_t *row_offsets = out->row_offsets, *sample_rows = out->sample_rows;
-    uint32_t *slots = out->slots;
+    size_t *row_cursor = out->row_cursor;
+    uint32_t *slots = out->slots, *row_epoch = out->row_epoch;
     uint8_t *phases = out->phases, *sample_last = out->sample_last;
     for (size_t at = 0; at < active_count && row < budget; at++) {
         uint32_t slot = active[at];
@@ -189,7 +268,14 @@ static void plan_decode_only(skippy_scheduler *s, sk_writer *out)
         sample_last[row] = 1;
         sample_rows[row] = row;
         row_offsets[row + 1] = row + 1;
-        seq->cursor = replay + 1; /* still live-decode: the class counts do not change */
+        row_cursor[row] = seq->cursor;
+        row_epoch[row] = seq->epoch;
+        seq->cursor = replay + 1;
+        seq->pending = 1;
+        if (seq->max_tokens <= generated + 1) { /* saturated until its sample lands */
+            s->n_class[SK_CLASS_LIVE]--;
+            s->n_class[SK_CLASS_IDLE]++;
+        }
         row++;
     }
     out->row_count = out->token_count = out->sample_count = row;
@@ -234,7 +320,7 @@ static void plan_mixed(skippy_scheduler *s, sk_writer *out)
             uint32_t slot = s->active[at];
             sk_seq *seq = &s->seqs[slot];
             if (live_decode(seq)) {
-                emit_decode(out, seq, slot, sk_replay_len(seq));
+                emit_decode(out, s, seq, slot, sk_replay_len(seq));
                 budget--;
             }
         }
@@ -264,8 +350,11 @@ static void sk_check_classes(const skippy_scheduler *s)
 
 static int make_plan(skippy_scheduler *s, skippy_plan **out_plan)
 {
-    s->plan_live = false; /* making a plan ends the previous one, even if this one fails */
-    /* Sequences that left during the previous plan's life give their slots back now. */
+    size_t depth = s->cfg.max_inflight_plans;
+    if (depth > 1 && s->live_count >= depth)
+        return sk_fail(s, SKIPPY_SCHED_PLAN_IN_FLIGHT, "%zu plans are in flight "
+                       "(max_inflight_plans); complete or abort the oldest first", depth);
+    /* Sequences that left since the previous plan give their slots back now. */
     for (size_t i = 0; i < s->retired_len; i++) sk_store_release(s, s->retired[i].slot);
     s->retired_len = 0;
     s->waiting_turn = sk_sat_add(s->waiting_turn, 1);
@@ -276,13 +365,20 @@ static int make_plan(skippy_scheduler *s, skippy_plan **out_plan)
         return rc;
     }
     sk_refresh_counts(s);
-    if (ensure_plan_capacity(s))
+    /* At depth 1 the next buffer is the live plan's own: it is sized first (reallocation keeps
+     * what aborting reads), so an allocation failure leaves the live plan as it was. */
+    sk_plan_slot *slot = &s->plans[sk_live_ring(s, s->live_count)];
+    if (ensure_plan_capacity(s, slot))
         return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory sizing the plan");
-    skippy_plan *plan = &s->plan;
+    if (s->live_count >= depth) sk_abort_from(s, 0); /* depth 1: replaced, so undone (§0.4f) */
+    slot = &s->plans[sk_live_ring(s, s->live_count)];
+    skippy_plan *plan = &slot->plan;
     plan->row_offsets[0] = 0;
     plan->admitted = admitted;
     plan->preempted = 0;
     plan->outputs.count = 0;
+    slot->consecutive_before = s->consecutive_prefill;
+    slot->mixed_before = s->mixed_cursor;
 #ifdef SK_CHECK_INVARIANTS
     sk_check_classes(s);
 #endif
@@ -292,7 +388,7 @@ static int make_plan(skippy_scheduler *s, skippy_plan **out_plan)
     size_t decode_rows = live_count < s->cfg.max_tokens_per_iteration
                              ? live_count : s->cfg.max_tokens_per_iteration;
     sk_writer out;
-    writer_open(&out, plan);
+    writer_open(&out, slot, s->plan_serial, depth > 1);
     /* Mixed planning needs a decode-only duration for this many decode rows to compare with. */
     if (s->cfg.mixed_prefill_decode && s->mixed_viable && decode_rows > 0 &&
         decode_rows < s->ewma_cap && !isnan(s->ewma[decode_rows]))
@@ -302,11 +398,15 @@ static int make_plan(skippy_scheduler *s, skippy_plan **out_plan)
     plan->request_count = out.row_count;
     plan->token_count = out.token_count;
     plan->sample_count = out.sample_count;
-    memcpy(s->plan_tok, out.tokens_by_phase, sizeof s->plan_tok);
+    plan->deferred.count = out.deferred_count;
+    memcpy(slot->tokens_by_phase, out.tokens_by_phase, sizeof slot->tokens_by_phase);
     /* One sample per row at most: the runtime gets exactly the row count as capacity. */
     plan->outputs.capacity = plan->request_count;
-    plan->serial++;
-    s->plan_live = true;
+    plan->step = s->plan_serial;
+    plan->serial = ++s->plan_serial;
+    slot->live = true;
+    slot->void_mark = s->void_count;
+    s->live_count++;
     if (out_plan) *out_plan = plan;
     return 0;
 }
@@ -317,15 +417,94 @@ skippy_status skippy_scheduler_plan(skippy_scheduler *s, skippy_plan **out_plan,
     return sk_result(s, make_plan(s, out_plan), out_error);
 }
 
-/* ---------------------------------------------------------------- observation (§2.6) */
+/* ---------------------------------------------------------------- plans in flight (§2.11) */
 
-int sk_check_live(skippy_scheduler *s, uint64_t serial)
+sk_plan_slot *sk_find_live(skippy_scheduler *s, uint64_t serial, size_t *out_nth)
 {
-    if (!s->plan_live || serial != s->plan.serial)
+    /* Live plans have consecutive serials, the oldest at live_head. */
+    if (s->live_count == 0 || serial == 0) return NULL;
+    uint64_t oldest = s->plan_serial - s->live_count + 1;
+    if (serial < oldest || serial > s->plan_serial) return NULL;
+    size_t nth = (size_t)(serial - oldest);
+    if (out_nth) *out_nth = nth;
+    return &s->plans[sk_live_ring(s, nth)];
+}
+
+int sk_check_live(skippy_scheduler *s, uint64_t serial, bool oldest, sk_plan_slot **out_slot)
+{
+    size_t nth = 0;
+    sk_plan_slot *slot = sk_find_live(s, serial, &nth);
+    if (!slot)
         return sk_fail(s, SKIPPY_SCHED_STALE_PLAN, "plan %llu is no longer live",
                        (unsigned long long)serial);
+    if (oldest && nth != 0)
+        return sk_fail(s, SKIPPY_SCHED_PLAN_IN_FLIGHT, "plan %llu completed before plan %llu: "
+                       "complete plans in the order they were made", (unsigned long long)serial,
+                       (unsigned long long)(serial - nth));
+    *out_slot = slot;
     return 0;
 }
+
+/*
+ * Undoes the live plans from the nth oldest on, newest first and each row last to first, so
+ * every sequence still in them (same epoch: not preempted, cancelled or ended since) returns
+ * to the cursor and placeholders it had before. Admissions, the turn counter and the queue
+ * stay; the planner's counters return to their values before the first undone plan.
+ */
+void sk_abort_from(skippy_scheduler *s, size_t nth)
+{
+    bool sources = s->cfg.max_inflight_plans > 1;
+    for (size_t k = s->live_count; k-- > nth;) {
+        sk_plan_slot *slot = &s->plans[sk_live_ring(s, k)];
+        const skippy_plan *plan = &slot->plan;
+        for (size_t row = plan->request_count; row-- > 0;) {
+            sk_seq *seq = &s->seqs[plan->slots[row]];
+            if (seq->where != SK_WHERE_ACTIVE || seq->epoch != slot->row_epoch[row]) continue;
+            s->n_class[sk_class(seq)]--;
+            seq->cursor = slot->row_cursor[row];
+            if (plan->sample_last[row]) {
+                seq->pending--;
+                if (sources) {
+                    seq->source_step = slot->row_prev_step[row];
+                    seq->source_row = slot->row_prev_row[row];
+                }
+            }
+            s->n_class[sk_class(seq)]++;
+        }
+        slot->live = false;
+        if (k == nth) {
+            s->consecutive_prefill = slot->consecutive_before;
+            s->mixed_cursor = slot->mixed_before;
+        }
+    }
+    s->m.aborted_plans = sk_sat_add(s->m.aborted_plans, s->live_count - nth);
+    s->live_count = nth;
+}
+
+static int abort_plan(skippy_scheduler *s, uint64_t serial)
+{
+    size_t nth = 0;
+    if (!sk_find_live(s, serial, &nth))
+        return sk_fail(s, SKIPPY_SCHED_STALE_PLAN, "plan %llu is no longer live",
+                       (unsigned long long)serial);
+    sk_abort_from(s, nth);
+    return 0;
+}
+
+skippy_status skippy_scheduler_abort(skippy_scheduler *s, uint64_t serial,
+                                     skippy_error **out_error)
+{
+    return sk_result(s, abort_plan(s, serial), out_error);
+}
+
+bool skippy_scheduler_plan_live(const skippy_scheduler *s, uint64_t serial)
+{
+    return sk_find_live((skippy_scheduler *)s, serial, NULL) != NULL;
+}
+
+size_t skippy_scheduler_live_plans(const skippy_scheduler *s) { return s->live_count; }
+
+/* ---------------------------------------------------------------- observation (§2.6) */
 
 /*
  * A decode-only plan updates the duration estimate for its row count; a mixed plan is compared
@@ -334,12 +513,13 @@ int sk_check_live(skippy_scheduler *s, uint64_t serial)
  */
 static int observe(skippy_scheduler *s, uint64_t serial, double elapsed_us)
 {
-    int rc = sk_check_live(s, serial);
+    sk_plan_slot *slot;
+    int rc = sk_check_live(s, serial, false, &slot);
     if (rc) return rc;
     if (!isfinite(elapsed_us) || elapsed_us <= 0.0) return 0;
-    uint64_t prefill_tokens =
-        s->plan_tok[SKIPPY_PHASE_PREFILL] + s->plan_tok[SKIPPY_PHASE_RECOMPUTE];
-    uint64_t decode_rows = s->plan_tok[SKIPPY_PHASE_DECODE]; /* one token per decode row */
+    const uint64_t *phase_tokens = slot->tokens_by_phase;
+    uint64_t prefill_tokens = phase_tokens[SKIPPY_PHASE_PREFILL] + phase_tokens[SKIPPY_PHASE_RECOMPUTE];
+    uint64_t decode_rows = phase_tokens[SKIPPY_PHASE_DECODE]; /* one token per decode row */
     if (decode_rows == 0) return 0;
     if (prefill_tokens == 0) {
         if (decode_rows >= s->ewma_cap) {

@@ -97,6 +97,7 @@ static int submit(skippy_scheduler *s, const skippy_sequence_desc *desc, uint32_
                desc->generated_count * sizeof(int32_t));
     seq->prompt_len = desc->prompt_count;
     seq->gen_len = desc->generated_count;
+    seq->pending = 0;
     seq->room = sk_room(seq);
     seq->last = desc->generated_count ? desc->generated_tokens[desc->generated_count - 1] : 0;
     seq->max_tokens = desc->max_tokens;
@@ -113,6 +114,8 @@ static int submit(skippy_scheduler *s, const skippy_sequence_desc *desc, uint32_
     seq->saved_cost = desc->saved_cost;
     seq->sampling = desc->sampling;
     seq->session = desc->session;
+    seq->source_step = 0;
+    seq->source_row = 0;
     seq->admitted_at = 0;
     seq->enqueued_turn = s->waiting_turn;
     seq->enqueue_order = s->next_order;
@@ -188,6 +191,9 @@ static int retire(skippy_scheduler *s, uint32_t slot, uint32_t status)
     if (seq->where == SK_WHERE_ACTIVE) s->n_class[sk_class(seq)]--;
     seq->status = (uint8_t)status;
     seq->where = SK_WHERE_RETIRED;
+    seq->pending = 0;
+    seq->epoch++;      /* rows of later live plans for it are void (discarded on completion) */
+    s->void_count++;
     sk_store_unindex(s, slot);
     s->retired[s->retired_len].slot = slot;
     s->retired[s->retired_len].status = status;
@@ -195,8 +201,9 @@ static int retire(skippy_scheduler *s, uint32_t slot, uint32_t status)
     return 0;
 }
 
-/* Appends a sampled token; false when the history cannot grow (the caller fails the row). */
-static inline bool append_token(skippy_scheduler *s, sk_seq *seq, int32_t token)
+/* Appends a sampled token; false when the history cannot grow (the caller fails the row).
+ * The caller keeps the class counts (it also moves a placeholder). */
+static inline bool append_token(sk_seq *seq, int32_t token)
 {
     size_t history_len = seq->prompt_len + seq->gen_len;
     if (seq->room == 0) {
@@ -207,16 +214,20 @@ static inline bool append_token(skippy_scheduler *s, sk_seq *seq, int32_t token)
         seq->token_cap = cap;
         seq->room = sk_room(seq);
     }
-    /* Appending moves R up by one (or not at all for the first token), so the class can only
-     * change for a first token or when the cursor sits exactly at R. */
-    bool moves = seq->gen_len == 0 || seq->cursor == history_len - 1;
-    if (moves) s->n_class[sk_class(seq)]--;
     seq->tokens[history_len] = token;
     seq->gen_len++;
     seq->room--;
     seq->last = token;
-    if (moves) s->n_class[sk_class(seq)]++;
     return true;
+}
+
+static inline void move_class(skippy_scheduler *s, int before, const sk_seq *seq)
+{
+    int after = sk_class(seq);
+    if (after != before) {
+        s->n_class[before]--;
+        s->n_class[after]++;
+    }
 }
 
 /*
@@ -224,9 +235,8 @@ static inline bool append_token(skippy_scheduler *s, sk_seq *seq, int32_t token)
  * entry per sampling row in row order (what a batched runtime writes, checked with one memcmp),
  * 0 when it is some other valid set (then row_seen/row_token hold it by row), or an error.
  */
-static int check_outputs(skippy_scheduler *s)
+static int check_outputs(skippy_scheduler *s, const skippy_plan *plan)
 {
-    const skippy_plan *plan = &s->plan;
     const skippy_plan_outputs *outputs = &plan->outputs;
     size_t rows = plan->request_count;
     if (outputs->count > rows)
@@ -255,10 +265,11 @@ static int check_outputs(skippy_scheduler *s)
 
 static int complete(skippy_scheduler *s, uint64_t serial, skippy_iteration_telemetry *telemetry)
 {
-    int rc = sk_check_live(s, serial);
+    sk_plan_slot *plan_slot;
+    int rc = sk_check_live(s, serial, true, &plan_slot);
     if (rc) return rc;
-    skippy_plan *plan = &s->plan;
-    int in_row_order = check_outputs(s);
+    skippy_plan *plan = &plan_slot->plan;
+    int in_row_order = check_outputs(s, plan);
     if (in_row_order < 0) return -in_row_order;
     /* Worst case every row's sequence retires: reserve that room before changing anything. */
     size_t cap = s->retired_cap;
@@ -267,36 +278,48 @@ static int complete(skippy_scheduler *s, uint64_t serial, skippy_iteration_telem
         return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory completing the plan");
     s->retired_cap = cap;
 
-    /* Only sampling rows change sequences; token totals were counted while planning. */
-    size_t first_retired = s->retired_len;
+    /* Only sampling rows change sequences; token totals were counted while planning. A row is
+     * void when its sequence left the active set, or (when something went void since the plan
+     * was made) its sequence is another incarnation or was preempted: its output is dropped. */
+    size_t first_retired = s->retired_len, discarded = 0;
+    bool check_epochs = plan_slot->void_mark != s->void_count;
     const size_t *sample_rows = plan->sample_rows;
     const uint32_t *slots = plan->slots;
+    const uint32_t *row_epoch = plan_slot->row_epoch;
     const int32_t *predicted = plan->outputs.predicted_tokens;
     sk_seq *seqs = s->seqs;
     for (size_t entry = 0, sample_count = plan->sample_count; entry < sample_count; entry++) {
         size_t row = sample_rows[entry];
         uint32_t slot = slots[row];
         sk_seq *seq = &seqs[slot];
-        if (seq->where != SK_WHERE_ACTIVE) continue; /* cancelled or preempted meanwhile */
+        if (seq->where != SK_WHERE_ACTIVE || (check_epochs && seq->epoch != row_epoch[row])) {
+            discarded++;
+            continue;
+        }
         int32_t token;
-        if (in_row_order) {
-            token = predicted[entry];
-        } else if (s->row_seen[row]) {
-            token = s->row_token[row];
-        } else {
-            retire(s, slot, SKIPPY_SEQ_FAILED);
+        bool has_token = true;
+        if (in_row_order) token = predicted[entry];
+        else if (s->row_seen[row]) token = s->row_token[row];
+        else { token = -1; has_token = false; }
+        int before = sk_class(seq);
+        /* Plans complete in order, so this sample is the sequence's oldest placeholder. */
+        if (!has_token || token < 0) {
+            seq->pending = 0; /* the end (or a failure): later placeholders go with it */
+            move_class(s, before, seq);
+            retire(s, slot, has_token ? SKIPPY_SEQ_FINISHED : SKIPPY_SEQ_FAILED);
             continue;
         }
-        if (token < 0) {
-            retire(s, slot, SKIPPY_SEQ_FINISHED);
-            continue;
-        }
-        if (!append_token(s, seq, token)) {
+        seq->pending--;
+        if (!append_token(seq, token)) {
+            seq->pending = 0;
+            move_class(s, before, seq);
             retire(s, slot, SKIPPY_SEQ_FAILED); /* cannot store the token: fail, never lose */
             continue;
         }
+        move_class(s, before, seq);
         if (seq->gen_len >= seq->max_tokens) retire(s, slot, SKIPPY_SEQ_FINISHED);
     }
+    s->m.discarded_rows = sk_sat_add(s->m.discarded_rows, discarded);
     if (s->retired_len > first_retired) {
         size_t kept = 0;
         for (size_t i = 0; i < s->active_len; i++) {
@@ -312,14 +335,16 @@ static int complete(skippy_scheduler *s, uint64_t serial, skippy_iteration_telem
                 s->m.finished = sk_sat_add(s->m.finished, 1);
         }
     }
-    const uint64_t *phase_tokens = s->plan_tok;
+    const uint64_t *phase_tokens = plan_slot->tokens_by_phase;
     s->m.iterations = sk_sat_add(s->m.iterations, 1);
     s->m.admitted = sk_sat_add(s->m.admitted, plan->admitted);
     s->m.prefill_tokens = sk_sat_add(s->m.prefill_tokens, phase_tokens[SKIPPY_PHASE_PREFILL]);
     s->m.recompute_tokens = sk_sat_add(s->m.recompute_tokens, phase_tokens[SKIPPY_PHASE_RECOMPUTE]);
     s->m.decode_tokens = sk_sat_add(s->m.decode_tokens, phase_tokens[SKIPPY_PHASE_DECODE]);
     sk_refresh_counts(s);
-    s->plan_live = false;
+    plan_slot->live = false;
+    s->live_head = sk_live_ring(s, 1);
+    s->live_count--;
     if (telemetry) {
         telemetry->iteration = s->m.iterations;
         telemetry->active_sequences = s->active_len;
@@ -373,6 +398,8 @@ static size_t pick_victim_builtin(const skippy_scheduler *s, const uint32_t *can
 
 static void reset_for_recompute(sk_seq *seq)
 {
+    seq->pending = 0; /* its in-flight rows are void: the KV they would build is gone */
+    seq->epoch++;
     size_t replay = sk_replay_len(seq);
     size_t cursor = seq->has_restore ? seq->restore_tokens : 0;
     if (cursor > replay) cursor = replay;
@@ -455,6 +482,7 @@ static int preempt(skippy_scheduler *s, const uint64_t *used, size_t used_count,
             s->waiting[victim_count - 1 - nth] = s->victims[nth];
         }
         s->waiting_len += victim_count;
+        s->void_count++;
         s->dirty = true;
         s->m.preempted = sk_sat_add(s->m.preempted, victim_count);
     }

@@ -23,6 +23,7 @@ class _Lib:
     SKIPPY_ADMISSION_CALLBACK: Final[int]
     SKIPPY_ADMISSION_FCFS: Final[int]
     SKIPPY_ADMISSION_PRIORITY: Final[int]
+    SKIPPY_DEFERRED_TOKEN: Final[int]
     SKIPPY_PHASE_DECODE: Final[int]
     SKIPPY_PHASE_PREFILL: Final[int]
     SKIPPY_PHASE_RECOMPUTE: Final[int]
@@ -43,6 +44,7 @@ class _Lib:
     SKIPPY_SCHED_INVALID: Final[int]
     SKIPPY_SCHED_NO_MEMORY: Final[int]
     SKIPPY_SCHED_OK: Final[int]
+    SKIPPY_SCHED_PLAN_IN_FLIGHT: Final[int]
     SKIPPY_SCHED_QUEUE_FULL: Final[int]
     SKIPPY_SCHED_STALE_PLAN: Final[int]
     SKIPPY_SEQ_CANCELLED: Final[int]
@@ -96,6 +98,11 @@ class _Lib:
     def skippy_scheduler_complete(
         self, scheduler: _CData, plan_serial: int, out_telemetry: _CData, out_error: _CData, /
     ) -> int: ...
+    def skippy_scheduler_abort(
+        self, scheduler: _CData, plan_serial: int, out_error: _CData, /
+    ) -> int: ...
+    def skippy_scheduler_plan_live(self, scheduler: _CData, plan_serial: int, /) -> bool: ...
+    def skippy_scheduler_live_plans(self, scheduler: _CData, /) -> int: ...
     def skippy_scheduler_preempt(
         self,
         scheduler: _CData,

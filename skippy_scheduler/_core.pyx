@@ -19,6 +19,7 @@ from ._skippy_abi cimport (
     skippy_error,
     skippy_iteration_request,
     skippy_plan,
+    skippy_deferred_inputs,
     skippy_plan_outputs,
     skippy_sampling_config,
     skippy_session,
@@ -53,6 +54,7 @@ from .types import (
     IterationTelemetry,
     IterationWork,
     MalformedOutputs,
+    PlanInFlight,
     QueueFull,
     SchedulerConfig,
     SchedulerMetrics,
@@ -92,7 +94,77 @@ cdef enum:
     _A_SROWS = 6
     _A_OIDX = 7
     _A_OTOK = 8
-    _A_COUNT = 9
+    _A_DROW = 9
+    _A_DSTEP = 10
+    _A_DIDX = 11
+    _A_COUNT = 12
+
+
+cdef class _PlanBuffer:
+    """Numpy views over one of the scheduler's plan buffers (there are max_inflight_plans).
+
+    Views over the whole native arrays are rebuilt only when the core reallocates them, and per
+    array the last slice handed out is kept: a steady state reuses the same slices.
+    """
+    cdef skippy_plan *p
+    cdef list bases
+    cdef list slices
+    cdef size_t slice_n[_A_COUNT]
+    cdef size_t tok_cap, row_cap, deferred_cap  # capacities the views were made for
+
+    cdef void refresh(self):
+        # NOTE: the core reallocates plan arrays only when a capacity grows, and then all the
+        # arrays of that group at once (any of them may move), so capacity is the key.
+        cdef skippy_plan *p = self.p
+        cdef size_t n
+        cdef int i
+        if p.token_capacity != self.tok_cap:
+            self.tok_cap = p.token_capacity
+            self.bases[_A_TOK] = _view(p.tokens, p.token_capacity, np.int32)
+            self.bases[_A_POS] = _view(p.positions, p.token_capacity, np.int32)
+            self.slice_n[_A_TOK] = SIZE_MAX
+            self.slice_n[_A_POS] = SIZE_MAX
+        if p.request_capacity != self.row_cap:
+            self.row_cap = p.request_capacity
+            n = p.request_capacity
+            self.bases[_A_OFF] = _view(p.row_offsets, n + 1, np.uintp)
+            self.bases[_A_SAMPLE] = _view(p.sample_last, n, np.uint8)
+            self.bases[_A_PHASE] = _view(p.phases, n, np.uint8)
+            self.bases[_A_SLOT] = _view(p.slots, n, np.uint32)
+            self.bases[_A_SROWS] = _view(p.sample_rows, n, np.uintp)
+            self.bases[_A_OIDX] = _view(p.outputs.sampled_request_indexes, n, np.uintp)
+            self.bases[_A_OTOK] = _view(p.outputs.predicted_tokens, n, np.int32)
+            for i in range(_A_OFF, _A_DROW):
+                self.slice_n[i] = SIZE_MAX
+        if p.deferred.capacity != self.deferred_cap:
+            self.deferred_cap = n = p.deferred.capacity
+            self.bases[_A_DROW] = _view(p.deferred.rows, n, np.uintp)
+            self.bases[_A_DSTEP] = _view(p.deferred.source_steps, n, np.uint64)
+            self.bases[_A_DIDX] = _view(p.deferred.source_indexes, n, np.uintp)
+            for i in range(_A_DROW, _A_COUNT):
+                self.slice_n[i] = SIZE_MAX
+
+    cdef object slice(self, int a, size_t n):
+        """The first n entries of plan array `a`: the cached slice when n did not change."""
+        if self.slice_n[a] != n:
+            self.slices[a] = self.bases[a][:n]
+            self.slice_n[a] = n
+        return self.slices[a]
+
+
+cdef _PlanBuffer _plan_buffer(skippy_plan *p):
+    cdef _PlanBuffer b = _PlanBuffer.__new__(_PlanBuffer)
+    cdef int i
+    b.p = p
+    b.bases = [None] * _A_COUNT
+    b.slices = [None] * _A_COUNT
+    for i in range(_A_COUNT):
+        b.slice_n[i] = SIZE_MAX
+    b.tok_cap = b.row_cap = b.deferred_cap = 0
+    b.bases[_A_DROW] = np.zeros(0, dtype=np.uintp)
+    b.bases[_A_DSTEP] = np.zeros(0, dtype=np.uint64)
+    b.bases[_A_DIDX] = np.zeros(0, dtype=np.uintp)
+    return b
 
 
 cdef inline size_t _size(object v):
@@ -254,7 +326,7 @@ cdef class PlanOutputs:
     def count(self):
         """Entries written, an int in [0, capacity]; set it once the entries are in place."""
         self._plan._check()
-        return self._plan._s._pp.outputs.count
+        return self._plan._p.outputs.count
 
     @count.setter
     def count(self, value):
@@ -262,18 +334,23 @@ cdef class PlanOutputs:
         value = check_u64("count", value)
         if value > self._plan._rows:
             raise ValueError(f"count must be in [0, {self._plan._rows}]")
-        self._plan._s._pp.outputs.count = value
+        self._plan._p.outputs.count = value
 
 
 cdef class IterationPlan:
     """One iteration's work rows; row index = work index.
 
     Arrays are views of the scheduler's native plan memory: valid until this plan is completed
-    or the next plan is made. `token_count`, `admitted`, `preempted` and `len()` stay readable
-    afterwards; `work` too once it has been built.
+    or aborted (at depth 1, making the next plan aborts a live one). `token_count`, `admitted`,
+    `preempted`, `step` and `len()` stay readable afterwards; `work` and `sequence_ids` too once
+    they have been built.
     """
     cdef Scheduler _s
+    cdef skippy_plan *_p
+    cdef _PlanBuffer _b
+    cdef list _row_objects                 # depth > 1: each row's _SlotObjects, taken when made
     cdef readonly uint64_t serial
+    cdef readonly uint64_t step
     cdef readonly size_t token_count
     cdef readonly size_t admitted
     cdef readonly size_t preempted
@@ -287,75 +364,76 @@ cdef class IterationPlan:
         return self._rows
 
     cdef int _check(self) except -1:
-        if not self._s._live or self._s._pp.serial != self.serial:
-            raise StalePlanError(f"plan {self.serial} is no longer live (completed or replaced)")
+        if not skippy_scheduler_plan_live(self._s._s, self.serial):
+            raise StalePlanError(f"plan {self.serial} is no longer live (completed, aborted or "
+                                 "replaced)")
         return 0
 
     @property
     def live(self):
-        """Whether the arrays may still be read: not completed and not replaced by a newer plan."""
-        return self._s._live and self._s._pp.serial == self.serial
+        """Whether the arrays may still be read: not completed, aborted or replaced."""
+        return bool(skippy_scheduler_plan_live(self._s._s, self.serial))
 
     @property
     def tokens(self):
         """int32 array of `token_count` input token ids, the rows one after another: row r is
         `tokens[row_offsets[r]:row_offsets[r + 1]]`."""
         self._check()
-        return self._s._slice(_A_TOK, self.token_count)
+        return self._b.slice(_A_TOK, self.token_count)
 
     @property
     def positions(self):
         """int32 array of `token_count` absolute positions in their sequence, one per token of
         `tokens`."""
         self._check()
-        return self._s._slice(_A_POS, self.token_count)
+        return self._b.slice(_A_POS, self.token_count)
 
     @property
     def row_offsets(self):
         """uintp array of `len(plan) + 1` offsets into `tokens` and `positions`: row r spans
         `[row_offsets[r], row_offsets[r + 1])`; the last entry is `token_count`."""
         self._check()
-        return self._s._slice(_A_OFF, self._rows + 1)
+        return self._b.slice(_A_OFF, self._rows + 1)
 
     @property
     def sample_last(self):
         """uint8 array of `len(plan)` flags: 1 when the row samples a token after its last
         input token (one output entry is expected for it), else 0."""
         self._check()
-        return self._s._slice(_A_SAMPLE, self._rows)
+        return self._b.slice(_A_SAMPLE, self._rows)
 
     @property
     def phases(self):
         """uint8 array of `len(plan)` row kinds, the values of `IterationPhase` (0 Prefill,
         1 Recompute, 2 Decode)."""
         self._check()
-        return self._s._slice(_A_PHASE, self._rows)
+        return self._b.slice(_A_PHASE, self._rows)
 
     @property
     def slots(self):
         """uint32 array of `len(plan)` scheduler slots, the native handle of each row's
         sequence (`sequence_ids` gives the ids)."""
         self._check()
-        return self._s._slice(_A_SLOT, self._rows)
+        return self._b.slice(_A_SLOT, self._rows)
 
     @property
     def sample_rows(self):
         """uintp array of the work indexes of the sampling rows (those with `sample_last` set),
         ascending: one output entry is expected for each."""
         self._check()
-        return self._s._slice(_A_SROWS, self._samples)
+        return self._b.slice(_A_SROWS, self._samples)
 
     @property
     def requests(self):
         """cffi `skippy_iteration_request *` over the rows (for a native runtime call)."""
         self._check()
-        return _ffi.cast("skippy_iteration_request *", <size_t>self._s._pp.requests)
+        return _ffi.cast("skippy_iteration_request *", <size_t>self._p.requests)
 
     @property
     def native(self):
         """cffi `skippy_plan *` of the whole plan struct."""
         self._check()
-        return _ffi.cast("skippy_plan *", <size_t>self._s._pp)
+        return _ffi.cast("skippy_plan *", <size_t>self._p)
 
     @property
     def outputs(self):
@@ -365,10 +443,32 @@ cdef class IterationPlan:
         if self._outputs is None:
             o = PlanOutputs.__new__(PlanOutputs)
             o._plan = self
-            o.request_indexes = self._s._slice(_A_OIDX, self._rows)
-            o.predicted_tokens = self._s._slice(_A_OTOK, self._rows)
+            o.request_indexes = self._b.slice(_A_OIDX, self._rows)
+            o.predicted_tokens = self._b.slice(_A_OTOK, self._rows)
             self._outputs = o
         return self._outputs
+
+    @property
+    def deferred_rows(self):
+        """uintp array of the work indexes whose one input token an earlier plan is still
+        sampling (ascending; empty at depth 1). The arena holds -1 there until it is written
+        (`resolve_deferred`, §2.11)."""
+        self._check()
+        return self._b.slice(_A_DROW, self._p.deferred.count)
+
+    @property
+    def deferred_source_steps(self):
+        """uint64 array, one per `deferred_rows` entry: the `step` of the plan that samples
+        that row's input token."""
+        self._check()
+        return self._b.slice(_A_DSTEP, self._p.deferred.count)
+
+    @property
+    def deferred_source_indexes(self):
+        """uintp array, one per `deferred_rows` entry: the work index, in that earlier plan,
+        of the sample that is this row's input token."""
+        self._check()
+        return self._b.slice(_A_DIDX, self._p.deferred.count)
 
     @property
     def sequence_ids(self):
@@ -376,8 +476,11 @@ cdef class IterationPlan:
         cdef skippy_plan *p
         cdef size_t r
         if self._ids is None:
+            if self._row_objects is not None:
+                self._ids = [(<_SlotObjects>o).sequence_id for o in self._row_objects]
+                return self._ids
             self._check()
-            p = self._s._pp
+            p = self._p
             objects = self._s._objects
             self._ids = [_carried(objects, p.slots[r]).sequence_id for r in range(self._rows)]
         return self._ids
@@ -390,15 +493,16 @@ cdef class IterationPlan:
         cdef _SlotObjects o
         if self._work is None:
             self._check()
-            p = self._s._pp
+            p = self._p
             objects = self._s._objects
-            toks = self._s._bases[_A_TOK]
-            poss = self._s._bases[_A_POS]
+            toks = self._b.bases[_A_TOK]
+            poss = self._b.bases[_A_POS]
             work = []
             for r in range(self._rows):
                 a = p.row_offsets[r]
                 b = p.row_offsets[r + 1]
-                o = _carried(objects, p.slots[r])
+                o = (self._row_objects[r] if self._row_objects is not None
+                     else _carried(objects, p.slots[r]))
                 work.append(IterationWork(o.sequence_id, tuple(toks[a:b].tolist()),
                                           tuple(poss[a:b].tolist()), bool(p.sample_last[r]),
                                           _PHASES[p.phases[r]], o.sampling))
@@ -406,7 +510,7 @@ cdef class IterationPlan:
         return self._work
 
     def __repr__(self):
-        return (f"IterationPlan(serial={self.serial}, rows={self._rows}, "
+        return (f"IterationPlan(step={self.step}, rows={self._rows}, "
                 f"token_count={self.token_count}, admitted={self.admitted})")
 
 
@@ -420,8 +524,8 @@ cdef class Scheduler:
     lowest-priority-newest preemption (§2.8).
     """
     cdef skippy_scheduler *_s
-    cdef skippy_plan *_pp
-    cdef bint _live
+    cdef dict _buffers                     # plan buffer address -> _PlanBuffer
+    cdef uint64_t _last_serial             # serial of the last plan made
     cdef readonly object config
     cdef readonly object admission
     cdef readonly object preemption
@@ -429,12 +533,6 @@ cdef class Scheduler:
     cdef list _comp_names
     cdef list _available
     cdef object _cb_error
-    # Views over the whole native plan arrays (rebuilt only when the core reallocates them)
-    # and, per array, the last slice handed out: a steady state reuses the same slices.
-    cdef list _bases
-    cdef list _slices
-    cdef size_t _slice_n[_A_COUNT]
-    cdef size_t _v_tok_cap, _v_row_cap     # capacities the views were made for
 
     def __cinit__(self, config=None, admission=None, preemption=None):
         self._s = NULL
@@ -497,6 +595,7 @@ cdef class Scheduler:
             raw[i].bytes_per_sequence = m.bytes_per_sequence
         c.memory_components = <const skippy_memory_component *><size_t>int(_ffi.cast("uintptr_t", raw))
         c.memory_component_count = len(comps)
+        c.max_inflight_plans = cfg.max_inflight_plans
         if self._s != NULL:
             raise RuntimeError("Scheduler.__init__ called twice")
         if skippy_scheduler_create(&c, &self._s, &err) != SKIPPY_STATUS_OK:
@@ -510,13 +609,8 @@ cdef class Scheduler:
         self._objects = []
         self._comp_names = [m.name for m in comps]
         self._available = [(m.name, m.available_bytes()) for m in comps]
-        self._live = False
-        self._v_tok_cap = 0
-        self._v_row_cap = 0
-        self._bases = [None] * _A_COUNT
-        self._slices = [None] * _A_COUNT
-        for i in range(_A_COUNT):
-            self._slice_n[i] = SIZE_MAX
+        self._buffers = {}
+        self._last_serial = 0
 
     def __dealloc__(self):
         if self._s != NULL:
@@ -538,6 +632,8 @@ cdef class Scheduler:
             raise MalformedOutputs(msg)
         if code == SKIPPY_SCHED_NO_MEMORY:
             raise MemoryError(msg)
+        if code == SKIPPY_SCHED_PLAN_IN_FLIGHT:
+            raise PlanInFlight(msg)
         if code == SKIPPY_SCHED_CALLBACK:
             exc, self._cb_error = self._cb_error, None
             if exc is not None:
@@ -609,66 +705,50 @@ cdef class Scheduler:
 
     # -- planning ---------------------------------------------------------------------------
 
-    cdef void _refresh_views(self):
-        # Every array may move or grow on its own: rebuild a view whenever its address or the
-        # capacity behind it changed (a same-address realloc can still grow the capacity).
-        cdef skippy_plan *p = self._pp
-        cdef size_t n
-        cdef int i
-        # NOTE: the core reallocates plan arrays only when a capacity grows, and then all the
-        # arrays of that group at once (any of them may move), so capacity is the key.
-        if p.token_capacity != self._v_tok_cap:
-            self._v_tok_cap = p.token_capacity
-            self._bases[_A_TOK] = _view(p.tokens, p.token_capacity, np.int32)
-            self._bases[_A_POS] = _view(p.positions, p.token_capacity, np.int32)
-            self._slice_n[_A_TOK] = SIZE_MAX
-            self._slice_n[_A_POS] = SIZE_MAX
-        if p.request_capacity != self._v_row_cap:
-            self._v_row_cap = p.request_capacity
-            n = p.request_capacity
-            self._bases[_A_OFF] = _view(p.row_offsets, n + 1, np.uintp)
-            self._bases[_A_SAMPLE] = _view(p.sample_last, n, np.uint8)
-            self._bases[_A_PHASE] = _view(p.phases, n, np.uint8)
-            self._bases[_A_SLOT] = _view(p.slots, n, np.uint32)
-            self._bases[_A_SROWS] = _view(p.sample_rows, n, np.uintp)
-            self._bases[_A_OIDX] = _view(p.outputs.sampled_request_indexes, n, np.uintp)
-            self._bases[_A_OTOK] = _view(p.outputs.predicted_tokens, n, np.int32)
-            for i in range(_A_OFF, _A_COUNT):
-                self._slice_n[i] = SIZE_MAX
-
-    cdef object _slice(self, int a, size_t n):
-        """The first n entries of plan array `a`: the cached slice when n did not change."""
-        if self._slice_n[a] != n:
-            self._slices[a] = self._bases[a][:n]
-            self._slice_n[a] = n
-        return self._slices[a]
-
     def plan_iteration(self):
-        """Admit what fits and build the next iteration plan."""
-        cdef size_t n, i
+        """Admit what fits and build the next iteration plan.
+
+        Raises PlanInFlight when `max_inflight_plans` (> 1) plans are live; at depth 1 a live
+        plan is aborted first (§0.4f, §2.11)."""
+        cdef size_t n, i, r
         cdef const skippy_retired *ret = skippy_scheduler_retired(self._s, &n)
         cdef skippy_plan *p
         cdef list objects = self._objects
         cdef IterationPlan plan
+        cdef _PlanBuffer b
         retired = [ret[i].slot for i in range(n)] if n else None
-        self._live = False
         if skippy_scheduler_plan(self._s, &p, NULL) != SKIPPY_STATUS_OK:
             self._raise_last()
         if retired is not None:
             for slot in retired:
                 objects[slot] = None
-        self._pp = p
-        self._live = True
-        self._refresh_views()
+        b = self._buffers.get(<size_t>p)
+        if b is None:
+            b = _plan_buffer(p)
+            self._buffers[<size_t>p] = b
+        b.refresh()
         plan = IterationPlan.__new__(IterationPlan)
         plan._s = self
+        plan._p = p
+        plan._b = b
         plan.serial = p.serial
+        plan.step = p.step
         plan.token_count = p.token_count
         plan.admitted = p.admitted
         plan.preempted = p.preempted
         plan._rows = p.request_count
         plan._samples = p.sample_count
+        self._last_serial = p.serial
+        if self.config.max_inflight_plans > 1:
+            # Slots of sequences that end while this plan is live may be reused before it is
+            # read: keep what each row names now.
+            plan._row_objects = [objects[p.slots[r]] for r in range(p.request_count)]
         return plan
+
+    @property
+    def live_plans(self):
+        """Plans made and not yet completed or aborted (an int in [0, max_inflight_plans])."""
+        return skippy_scheduler_live_plans(self._s)
 
     cdef int _own_live(self, object plan) except -1:
         if not isinstance(plan, IterationPlan):
@@ -687,14 +767,27 @@ cdef class Scheduler:
                                     NULL) != SKIPPY_STATUS_OK:
             self._raise_last()
 
+    def abort_iteration(self, plan):
+        """Undo `plan` and every later live plan, for a runtime that could not run them: each
+        sequence in them returns to the cursor and tokens it had before (§2.11)."""
+        self._own_live(plan)
+        if skippy_scheduler_abort(self._s, (<IterationPlan>plan).serial, NULL) != SKIPPY_STATUS_OK:
+            self._raise_last()
+
     def complete_iteration(self, plan, predictions=None):
-        """Apply the sampled outputs of `plan` (its `outputs` block, or `predictions`)."""
+        """Apply the sampled outputs of `plan` (its `outputs` block, or `predictions`); plans
+        complete in the order they were made (PlanInFlight otherwise)."""
         cdef skippy_iteration_telemetry t
         cdef size_t n_before, n_after, i, k
         cdef const skippy_retired *ret
         cdef skippy_plan *p
+        cdef uint64_t oldest
         self._own_live(plan)
-        p = self._pp
+        p = (<IterationPlan>plan)._p
+        oldest = self._last_serial - skippy_scheduler_live_plans(self._s) + 1
+        if (<IterationPlan>plan).serial != oldest:
+            raise PlanInFlight(f"plan {(<IterationPlan>plan).step} completed before plan "
+                               f"{oldest - 1}: complete plans in the order they were made")
         if predictions is not None:
             preds = list(predictions)
             for pr in preds:
@@ -715,7 +808,6 @@ cdef class Scheduler:
         skippy_scheduler_retired(self._s, &n_before)
         if skippy_scheduler_complete(self._s, (<IterationPlan>plan).serial, &t, NULL) != SKIPPY_STATUS_OK:
             self._raise_last()
-        self._live = False
         ret = skippy_scheduler_retired(self._s, &n_after)
         finished = []
         failed = []
@@ -808,7 +900,8 @@ cdef class Scheduler:
         return SchedulerMetrics(
             m.iterations, m.admitted, m.preempted, m.finished, m.failed, m.cancelled,
             m.rejected_overload, m.prefill_tokens, m.recompute_tokens, m.decode_tokens,
-            m.prefix_hits, m.prefix_misses, m.active_sequences, m.waiting_sequences)
+            m.prefix_hits, m.prefix_misses, m.active_sequences, m.waiting_sequences,
+            m.discarded_rows, m.aborted_plans)
 
     @property
     def waiting_turn(self):
@@ -831,7 +924,8 @@ def _layout():
     cdef skippy_iteration_request r
     cdef skippy_plan p
     cdef skippy_plan_outputs o
-    cdef size_t rb = <size_t>&r, pb = <size_t>&p, ob = <size_t>&o
+    cdef skippy_deferred_inputs d
+    cdef size_t rb = <size_t>&r, pb = <size_t>&p, ob = <size_t>&o, db = <size_t>&d
     return {
         "skippy_iteration_request": (sizeof(skippy_iteration_request), {
             "session": <size_t>&r.session - rb, "token_ids": <size_t>&r.token_ids - rb,
@@ -855,6 +949,11 @@ def _layout():
             "phases": <size_t>&p.phases - pb, "sample_last": <size_t>&p.sample_last - pb,
             "sample_rows": <size_t>&p.sample_rows - pb,
             "sample_count": <size_t>&p.sample_count - pb, "admitted": <size_t>&p.admitted - pb,
-            "preempted": <size_t>&p.preempted - pb, "outputs": <size_t>&p.outputs - pb}),
+            "preempted": <size_t>&p.preempted - pb, "outputs": <size_t>&p.outputs - pb,
+            "step": <size_t>&p.step - pb, "deferred": <size_t>&p.deferred - pb}),
+        "skippy_deferred_inputs": (sizeof(skippy_deferred_inputs), {
+            "rows": <size_t>&d.rows - db, "source_steps": <size_t>&d.source_steps - db,
+            "source_indexes": <size_t>&d.source_indexes - db, "count": <size_t>&d.count - db,
+            "capacity": <size_t>&d.capacity - db}),
         "skippy_sampling_config": (sizeof(skippy_sampling_config), {}),
     }

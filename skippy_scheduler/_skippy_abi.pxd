@@ -40,6 +40,15 @@ cdef extern from "skippy_abi.h" nogil:
         size_t capacity
         size_t count
 
+    ctypedef struct skippy_deferred_inputs:
+        size_t *rows
+        uint64_t *source_steps
+        size_t *source_indexes
+        size_t count
+        size_t capacity
+
+    enum: SKIPPY_DEFERRED_TOKEN
+
     ctypedef struct skippy_plan:
         uint64_t serial
         skippy_iteration_request *requests
@@ -58,3 +67,5 @@ cdef extern from "skippy_abi.h" nogil:
         size_t admitted
         size_t preempted
         skippy_plan_outputs outputs
+        uint64_t step
+        skippy_deferred_inputs deferred

@@ -23,6 +23,7 @@ cdef extern from "skippy_scheduler.h" nogil:
         SKIPPY_SCHED_BAD_OUTPUTS
         SKIPPY_SCHED_NO_MEMORY
         SKIPPY_SCHED_CALLBACK
+        SKIPPY_SCHED_PLAN_IN_FLIGHT
 
     ctypedef enum skippy_seq_status:
         SKIPPY_SEQ_FINISHED
@@ -63,6 +64,7 @@ cdef extern from "skippy_scheduler.h" nogil:
         uint32_t preemption_policy
         const skippy_memory_component *memory_components
         size_t memory_component_count
+        size_t max_inflight_plans
 
     ctypedef struct skippy_sequence_desc:
         const char *id
@@ -117,6 +119,8 @@ cdef extern from "skippy_scheduler.h" nogil:
         uint64_t prefix_misses
         uint64_t active_sequences
         uint64_t waiting_sequences
+        uint64_t discarded_rows
+        uint64_t aborted_plans
 
     ctypedef struct skippy_iteration_telemetry:
         uint64_t iteration
@@ -169,6 +173,10 @@ cdef extern from "skippy_scheduler.h" nogil:
     skippy_status skippy_scheduler_complete(skippy_scheduler *scheduler, uint64_t plan_serial,
                                             skippy_iteration_telemetry *out_telemetry,
                                             skippy_error **out_error)
+    skippy_status skippy_scheduler_abort(skippy_scheduler *scheduler, uint64_t plan_serial,
+                                         skippy_error **out_error)
+    cbool skippy_scheduler_plan_live(const skippy_scheduler *scheduler, uint64_t plan_serial)
+    size_t skippy_scheduler_live_plans(const skippy_scheduler *scheduler)
     skippy_status skippy_scheduler_preempt(skippy_scheduler *scheduler, const uint64_t *used_bytes,
                                            size_t used_count, size_t *out_preempted,
                                            skippy_error **out_error)

@@ -275,6 +275,9 @@ class SchedulerMetrics:
     prefix_hits, prefix_misses: accepted submits with and without a `PrefixRestore`.
     active_sequences, waiting_sequences: the current sizes of the active set and the waiting
         queue (not cumulative).
+    discarded_rows: sampling rows of completed plans whose sequence had ended, been cancelled
+        or been preempted after the plan was made (the output is dropped, §2.11).
+    aborted_plans: plans undone by `abort_iteration`, or replaced before completion at depth 1.
     """
 
     iterations: int = 0
@@ -291,8 +294,6 @@ class SchedulerMetrics:
     prefix_misses: int = 0
     active_sequences: int = 0
     waiting_sequences: int = 0
-    # Sampling rows whose output arrived after their sequence had ended, been cancelled or been
-    # preempted (it is dropped), and plans undone by `abort_iteration` (§2.11).
     discarded_rows: int = 0
     aborted_plans: int = 0
 

@@ -81,6 +81,12 @@ class TwinPlan:
         # Scheduler-private: how to undo each row, and the planner counters before this plan.
         self._undo: list = []
         self._counters: tuple[int, int] = (0, 0)
+        self._live_list: list | None = None  # the scheduler's live plans, set when made
+
+    @property
+    def live(self) -> bool:
+        """Not completed, aborted or replaced yet."""
+        return self._live_list is not None and any(p is self for p in self._live_list)
 
     def __len__(self) -> int:
         return len(self.work)

@@ -247,11 +247,9 @@ class TwinScheduler:
 
     def plan_iteration(self) -> TwinPlan:
         depth = self._config.max_inflight_plans
-        if len(self._live_plans) >= depth:
-            if depth > 1:
-                raise PlanInFlight(f"{depth} plans are in flight (max_inflight_plans); complete "
-                                   "or abort the oldest first")
-            self._abort_from(0)  # at depth 1 a new plan replaces the live one (§0.4f)
+        if depth > 1 and len(self._live_plans) >= depth:
+            raise PlanInFlight(f"{depth} plans are in flight (max_inflight_plans); complete "
+                               "or abort the oldest first")
         self._retired = []
         turn = sat(self._waiting_turn + 1)
         if self._dirty:
@@ -260,6 +258,11 @@ class TwinScheduler:
             self._dirty = False
         self._waiting_turn = turn
         admitted = self._admit_waiting()
+        if self._live_plans:
+            # Depth 1: the new plan replaces the live one, which is undone first (§0.4f). It
+            # comes after ranking and admission, which it does not affect, so a failing
+            # admission policy leaves the live plan as it was.
+            self._abort_from(0)
         counters = (self._consecutive_prefill, self._mixed_cursor)
         live = sum(1 for s in self._active.values() if self._live_decode(s))
         rows = min(live, self._config.max_tokens_per_iteration)
@@ -291,6 +294,7 @@ class TwinScheduler:
         plan = TwinPlan(work, sum(len(w.tokens) for w in work), admitted, step, deferred)
         plan._undo = undo
         plan._counters = counters
+        plan._live_list = self._live_plans
         self._live_plans.append(plan)
         return plan
 

@@ -75,6 +75,13 @@ class Model:
     reservation: list
 
 
+def with_cursor(snapshot, cursor):
+    """A copy of a sequence snapshot with another prefill cursor."""
+    values = {name: getattr(snapshot, name) for name in Sequence.__slots__}
+    values["prefill_cursor"] = cursor
+    return Sequence._frozen_snapshot(**values)
+
+
 @dataclass
 class Counters:
     iterations: int = 0
@@ -84,6 +91,8 @@ class Counters:
     failed: int = 0
     cancelled: int = 0
     rejected_overload: int = 0
+    discarded_rows: int = 0
+    aborted_plans: int = 0
     prefill_tokens: int = 0
     recompute_tokens: int = 0
     decode_tokens: int = 0
@@ -145,6 +154,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.c = Counters()
         self.plan = None
         self.dead_plans = []
+        self.touched = set()  # preempted or cancelled since the live plan was made
         for args in first:  # start with some sequences so most runs reach planning quickly
             self.submit(**args)
 
@@ -220,7 +230,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         before = {i: self.s.sequence(i) for i in self.live}
         active_before = set(self.s.snapshot().active_ids)
         if self.plan is not None:
+            # §0.4f: the new plan first aborts the live one, whose rows are undone: every
+            # sequence it planned (and that was not preempted or cancelled since) gets back the
+            # cursor it had before, the first position of its row.
+            for w in self.plan.work:
+                if w.sequence_id in before and w.sequence_id not in self.touched:
+                    before[w.sequence_id] = with_cursor(before[w.sequence_id], w.positions[0])
+            self.c.aborted_plans += 1
             self.dead_plans.append(self.plan)
+        self.touched = set()
         plan = self.s.plan_iteration()
         self.plan = plan
         snap = self.s.snapshot()
@@ -292,6 +310,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         tokens = dict(pairs)
         finished, failed = [], []
         for r, w in enumerate(plan.work):
+            if w.sample_last and w.sequence_id not in active:
+                self.c.discarded_rows += 1  # its sequence was preempted or cancelled meanwhile
             if not w.sample_last or w.sequence_id not in active:
                 continue
             m = self.live[w.sequence_id]
@@ -352,6 +372,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         snap = self.s.snapshot()
         info = {i: self.s.sequence(i) for i in snap.active_ids}
         victims = self.s.preempt_for_component_pressure(measured)
+        self.touched.update(victims)
         n = min(len(measured), len(self.used))
         self.used[:n] = measured[:n]
         if n:
@@ -385,6 +406,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         was_active = sequence_id in self.s.snapshot().active_ids
         assert self.s.cancel(sequence_id) is True
+        self.touched.add(sequence_id)
         m = self.live.pop(sequence_id)
         if was_active:
             self.used = [max(0, u - r) for u, r in zip(self.used, m.reservation)]
@@ -523,6 +545,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert (m.prefill_tokens, m.recompute_tokens, m.decode_tokens) == (
             c.prefill_tokens, c.recompute_tokens, c.decode_tokens)
         assert (m.prefix_hits, m.prefix_misses) == (c.prefix_hits, c.prefix_misses)
+        assert (m.discarded_rows, m.aborted_plans) == (c.discarded_rows, c.aborted_plans)
         assert (m.active_sequences, m.waiting_sequences) == (len(snap.active_ids), len(snap.waiting_ids))
 
     @invariant()

@@ -235,7 +235,7 @@ def run_op(pair, op):
         if via_outputs:
             def complete(s, i):
                 plan = pair.plans[i]
-                live = plan.live if i == 0 else plan is s._live_plan
+                live = plan.live
                 if not live:  # the native block refuses access to a dead plan's memory
                     return s.complete_iteration(plan)
                 usable = pairs[: len(plan)]
