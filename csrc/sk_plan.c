@@ -421,13 +421,16 @@ skippy_status skippy_scheduler_plan(skippy_scheduler *s, skippy_plan **out_plan,
 
 sk_plan_slot *sk_find_live(skippy_scheduler *s, uint64_t serial, size_t *out_nth)
 {
-    /* Live plans have consecutive serials, the oldest at live_head. */
-    if (s->live_count == 0 || serial == 0) return NULL;
-    uint64_t oldest = s->plan_serial - s->live_count + 1;
-    if (serial < oldest || serial > s->plan_serial) return NULL;
-    size_t nth = (size_t)(serial - oldest);
-    if (out_nth) *out_nth = nth;
-    return &s->plans[sk_live_ring(s, nth)];
+    /* At most max_inflight_plans live plans, oldest first from live_head. */
+    if (serial == 0) return NULL;
+    for (size_t nth = 0; nth < s->live_count; nth++) {
+        sk_plan_slot *slot = &s->plans[sk_live_ring(s, nth)];
+        if (slot->plan.serial == serial) {
+            if (out_nth) *out_nth = nth;
+            return slot;
+        }
+    }
+    return NULL;
 }
 
 int sk_check_live(skippy_scheduler *s, uint64_t serial, bool oldest, sk_plan_slot **out_slot)
@@ -438,9 +441,10 @@ int sk_check_live(skippy_scheduler *s, uint64_t serial, bool oldest, sk_plan_slo
         return sk_fail(s, SKIPPY_SCHED_STALE_PLAN, "plan %llu is no longer live",
                        (unsigned long long)serial);
     if (oldest && nth != 0)
-        return sk_fail(s, SKIPPY_SCHED_PLAN_IN_FLIGHT, "plan %llu completed before plan %llu: "
-                       "complete plans in the order they were made", (unsigned long long)serial,
-                       (unsigned long long)(serial - nth));
+        return sk_fail(s, SKIPPY_SCHED_PLAN_IN_FLIGHT, "plan step %llu completed before plan "
+                       "step %llu: complete plans in the order they were made",
+                       (unsigned long long)slot->plan.step,
+                       (unsigned long long)s->plans[s->live_head].plan.step);
     *out_slot = slot;
     return 0;
 }
@@ -503,6 +507,11 @@ bool skippy_scheduler_plan_live(const skippy_scheduler *s, uint64_t serial)
 }
 
 size_t skippy_scheduler_live_plans(const skippy_scheduler *s) { return s->live_count; }
+
+uint64_t skippy_scheduler_oldest_plan(const skippy_scheduler *s)
+{
+    return s->live_count ? s->plans[s->live_head].plan.serial : 0;
+}
 
 /* ---------------------------------------------------------------- observation (§2.6) */
 

@@ -784,10 +784,10 @@ cdef class Scheduler:
         cdef uint64_t oldest
         self._own_live(plan)
         p = (<IterationPlan>plan)._p
-        oldest = self._last_serial - skippy_scheduler_live_plans(self._s) + 1
+        oldest = skippy_scheduler_oldest_plan(self._s)
         if (<IterationPlan>plan).serial != oldest:
-            raise PlanInFlight(f"plan {(<IterationPlan>plan).step} completed before plan "
-                               f"{oldest - 1}: complete plans in the order they were made")
+            raise PlanInFlight(f"plan step {(<IterationPlan>plan).step} completed before an "
+                               "older live plan: complete plans in the order they were made")
         if predictions is not None:
             preds = list(predictions)
             for pr in preds:

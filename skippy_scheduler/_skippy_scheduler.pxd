@@ -177,6 +177,7 @@ cdef extern from "skippy_scheduler.h" nogil:
                                          skippy_error **out_error)
     cbool skippy_scheduler_plan_live(const skippy_scheduler *scheduler, uint64_t plan_serial)
     size_t skippy_scheduler_live_plans(const skippy_scheduler *scheduler)
+    uint64_t skippy_scheduler_oldest_plan(const skippy_scheduler *scheduler)
     skippy_status skippy_scheduler_preempt(skippy_scheduler *scheduler, const uint64_t *used_bytes,
                                            size_t used_count, size_t *out_preempted,
                                            skippy_error **out_error)

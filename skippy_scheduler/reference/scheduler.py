@@ -258,7 +258,7 @@ class TwinScheduler:
             self._dirty = False
         self._waiting_turn = turn
         admitted = self._admit_waiting()
-        if self._live_plans:
+        if depth == 1 and self._live_plans:
             # Depth 1: the new plan replaces the live one, which is undone first (§0.4f). It
             # comes after ranking and admission, which it does not affect, so a failing
             # admission policy leaves the live plan as it was.
