@@ -45,6 +45,9 @@ def register(subparsers) -> None:
     p.add_argument("--max-consecutive-prefill", type=positive_int, default=None,
                    help="prefill plans in a row while decode waits (default unbounded)")
     p.add_argument("--mixed", action="store_true", help="allow mixed prefill+decode iterations")
+    p.add_argument("--inflight", type=positive_int, default=1, metavar="D",
+                   help="plans in flight: with 2, the next plan is made and the previous one "
+                        "completed while llama_decode runs on a worker thread (1)")
     p.add_argument("--arrival-interval-ms", type=non_negative_float, default=0.0,
                    help="request i arrives at i x this interval (0: all at once)")
     p.add_argument("--scheduler", choices=("native", "twin"), default="native",
@@ -128,6 +131,7 @@ def run(args) -> int:
                 max_active_sequences=n_seq, max_tokens_per_iteration=n_batch,
                 prefill_chunk_tokens=min(args.prefill_chunk, n_batch),
                 mixed_prefill_decode=args.mixed,
+                max_inflight_plans=args.inflight,
             )
             if args.max_consecutive_prefill is not None:
                 config["max_consecutive_prefill_iterations"] = args.max_consecutive_prefill

@@ -22,6 +22,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence as _Seq, Union
 
+from ..inflight import resolve_deferred
 from ..types import AdmissionError, DuplicateSequence, QueueFull, Sequence
 from .clock import Clock, VirtualClock, WallClock
 from .record import EngineReport, Recorder
@@ -79,14 +80,34 @@ Event = Union[TokenEvent, FinishEvent]
 _PENDING, _SUBMITTED, _ENDED = 0, 1, 2
 
 
+class _InFlight:
+    """A plan between plan_iteration and complete_iteration, as the engine tracks it."""
+
+    __slots__ = ("plan", "start", "owners", "token_count", "decode", "measured_us", "handle", "t0",
+                 "entries", "voids")
+
+    def __init__(self, plan: Any) -> None:
+        self.plan = plan
+        self.start: float = 0
+        self.owners: list[int] = []
+        self.token_count = 0
+        self.decode = 0
+        self.measured_us = 0.0
+        self.handle: Any = None
+        self.t0 = 0
+        self.entries: Optional[list[Any]] = None  # depth > 1: each row's request, and its
+        self.voids: list[int] = []                # preemption count when the plan was made
+
+
 class _Entry:
     """Engine-side state of one submission (the recorder keeps what it looked like)."""
 
-    __slots__ = ("id", "state", "record", "request")
+    __slots__ = ("id", "state", "record", "request", "voids")
 
     def __init__(self, request: Any, record: int) -> None:
         self.id: str = request.id
         self.state = _PENDING
+        self.voids = 0  # preemptions: rows planned before one are void (their output is dropped)
         self.record = record  # index in the recorder, -1 without one
         self.request = request
 
@@ -158,6 +179,12 @@ class Engine:
         self._max_iterations = max_iterations
         self._profile = False
         self._prepare = getattr(host, "prepare_sequence", None)
+        self._execute_async = getattr(host, "execute_async", None)
+        config = getattr(scheduler, "config", None)
+        self._depth = int(getattr(config, "max_inflight_plans", 1) or 1)
+        self._inflight: deque[_InFlight] = deque()
+        self._pending_release: list[str] = []
+        self._empty_plan: Any = None
         self._memory = getattr(host, "memory_used", None)
         self.recorder: Optional[Recorder] = Recorder() if record else None
         self.iterations = 0
@@ -189,7 +216,8 @@ class Engine:
     # nothing else (what the benchmarks time); these setters keep that fast path's flag true.
 
     def _update_lean(self) -> None:
-        self._lean = (self._clock is None and self.recorder is None and self._on_plan is None
+        self._lean = (self._depth == 1 and self._clock is None and self.recorder is None
+                      and self._on_plan is None
                       and self._before_step is None and self._max_iterations is None
                       and not self._profile and not self._listeners and not self._streams)
 
@@ -398,6 +426,8 @@ class Engine:
             self._submit_due()
         if self._before_step is not None:
             self._before_step(self)
+        if self._depth > 1:
+            return self._step_pipelined()
         if not self._outstanding:
             return False
         self._iterate()
@@ -544,7 +574,7 @@ class Engine:
             if not self.scheduler.cancel(request_id):
                 return False
             self._outstanding -= 1
-            self.host.release(request_id)
+            self._release(request_id)
         self._end(entry, "cancelled")
         return True
 
@@ -575,8 +605,10 @@ class Engine:
 
     def _release_victims(self, victims: list[str]) -> None:
         rec = self.recorder
+        live = self._live
         for rid in victims:
-            self.host.release(rid)
+            self._release(rid)
+            live[rid].voids += 1
             if rec is not None:
                 rec.preemptions[self._record_of[rid]] += 1
 
@@ -599,10 +631,28 @@ class Engine:
         return True
 
     def _iterate(self) -> None:
+        flight = self._make_flight()
+        if flight is None:
+            raise EngineStalled(
+                f"the scheduler made an empty plan with {self._outstanding} requests waiting or "
+                f"running at {self.now()} µs (a request that can never fit the memory budget?)")
+        clock = self._clock
+        t0 = time.perf_counter_ns() if clock is not None else 0
+        try:
+            self.host.execute(flight.plan)
+        except BaseException:
+            self.scheduler.abort_iteration(flight.plan)  # its rows are undone: nothing lost
+            raise
+        if clock is not None:
+            flight.measured_us = (time.perf_counter_ns() - t0) / 1e3
+        self._finish(flight)
+
+    def _make_flight(self) -> Optional["_InFlight"]:
+        """plan_iteration, and what the recorder notes when a plan is made; None for an empty
+        plan (left live: the caller decides)."""
         sched = self.scheduler
         clock = self._clock
         rec = self.recorder
-        watch = rec is not None or bool(self._listeners) or bool(self._streams)
         if self._max_iterations is not None and self.iterations >= self._max_iterations:
             raise RuntimeError(f"no completion after {self.iterations} iterations")
         if self._profile:
@@ -611,28 +661,39 @@ class Engine:
             self.last_plan_ns = time.perf_counter_ns() - t0
         else:
             plan = sched.plan_iteration()
-        rows = len(plan)
-        if rows == 0:
-            raise EngineStalled(
-                f"the scheduler made an empty plan with {self._outstanding} requests waiting or "
-                f"running at {self.now()} µs (a request that can never fit the memory budget?)")
-        start = clock.now() if clock is not None else 0
-        owners: list[int] = []
+        if len(plan) == 0:
+            self._empty_plan = plan
+            return None
+        flight = _InFlight(plan)
+        flight.start = clock.now() if clock is not None else 0
         if rec is not None:
             record_of = self._record_of
-            owners = [record_of[i] for i in plan.sequence_ids]
-            rec.scheduled(owners, start)
-        token_count = plan.token_count
-        decode = bytes(plan.phases).count(_DECODE) if (clock is not None or rec is not None) else 0
+            flight.owners = [record_of[i] for i in plan.sequence_ids]
+            rec.scheduled(flight.owners, flight.start)
+        flight.token_count = plan.token_count
+        if clock is not None or rec is not None:
+            flight.decode = bytes(plan.phases).count(_DECODE)
+        if self._depth > 1:
+            live = self._live
+            flight.entries = entries = [live[i] for i in plan.sequence_ids]
+            flight.voids = [e.voids for e in entries]
+        return flight
+
+    def _finish(self, flight: "_InFlight") -> None:
+        """Charge, observe and complete an executed plan; record, stream, release."""
+        sched = self.scheduler
+        clock = self._clock
+        rec = self.recorder
+        plan = flight.plan
+        owners = flight.owners
+        watch = rec is not None or bool(self._listeners) or bool(self._streams)
+        token_count, decode = flight.token_count, flight.decode
         if clock is not None:
-            t0 = time.perf_counter_ns()
-            self.host.execute(plan)
-            measured = (time.perf_counter_ns() - t0) / 1e3
-            duration = clock.charge(token_count - decode, decode, measured)
+            duration = clock.charge(token_count - decode, decode, flight.measured_us)
             end = clock.now()
         else:
-            self.host.execute(plan)
             duration = end = 0
+        start = flight.start
         if self._on_plan is not None:
             self._on_plan(plan, start, duration)
         sampled: list[Any] = []  # record indexes (with a recorder) or ids of sampled rows
@@ -643,6 +704,15 @@ class Engine:
             if k:
                 sample_rows = out.request_indexes[:k].tolist()
                 tokens = out.predicted_tokens[:k]
+                if flight.entries is not None:
+                    # Rows whose request ended or was preempted since the plan was made: the
+                    # scheduler drops their outputs, so do the recorder and the stream.
+                    entries, voids = flight.entries, flight.voids
+                    keep = [j for j, r in enumerate(sample_rows)
+                            if entries[r].state == _SUBMITTED and entries[r].voids == voids[r]]
+                    if len(keep) != k:
+                        sample_rows = [sample_rows[j] for j in keep]
+                        tokens = tokens[keep]
                 if rec is not None:
                     sampled = [owners[r] for r in sample_rows]
                     rec.sampled(end, sampled, tokens)
@@ -674,22 +744,121 @@ class Engine:
             if used is not None:
                 self._release_victims(list(sched.preempt_for_component_pressure(list(used))))
         if rec is not None:
-            rec.iteration(start, duration, rows, decode, token_count, plan.admitted,
+            rec.iteration(start, duration, len(plan), decode, token_count, plan.admitted,
                           telemetry.waiting_sequences)
+
+    # -- plans in flight (depth > 1) ----------------------------------------------------------
+    # NOTE: one device runs plans one after another. While plan N executes, the engine makes
+    # plan N+1 and completes plan N-1; N+1 starts once N has finished (its deferred inputs are
+    # N's samples). A host releases state only while no plan of it executes, so releases that
+    # come up meanwhile wait until the running plan is done.
+
+    def _step_pipelined(self) -> bool:
+        inflight = self._inflight
+        if self._outstanding and len(inflight) < self._depth:
+            flight = self._make_flight()
+            if flight is not None:
+                self._launch(flight)
+                return True
+            # Nothing to run until what is in flight lands (e.g. every sequence's samples are
+            # in flight): give the empty plan back and complete instead.
+            self.scheduler.abort_iteration(self._empty_plan)
+            self._empty_plan = None
+            if not inflight:
+                raise EngineStalled(
+                    f"the scheduler made an empty plan with {self._outstanding} requests "
+                    f"waiting or running and nothing in flight at {self.now()} µs")
+        if not inflight:
+            return False
+        flight = inflight[0]
+        try:
+            self._wait_executed(flight)
+        except BaseException:
+            self._failed_from(0)
+            raise
+        inflight.popleft()
+        self._apply_releases()
+        self._finish(flight)
+        return True
+
+    def _launch(self, flight: "_InFlight") -> None:
+        inflight = self._inflight
+        if inflight:
+            try:
+                self._wait_executed(inflight[-1])  # the device is free, its samples are known
+            except BaseException:
+                self._failed_from(len(inflight) - 1)  # the new plan is later: undone too
+                raise
+        self._apply_releases()
+        if flight.plan.deferred_rows.size:
+            resolve_deferred(flight.plan, [f.plan for f in inflight])
+        run_async = self._execute_async
+        flight.t0 = time.perf_counter_ns()
+        try:
+            if run_async is not None:
+                flight.handle = run_async(flight.plan)
+            else:
+                self.host.execute(flight.plan)
+                flight.measured_us = (time.perf_counter_ns() - flight.t0) / 1e3
+        except BaseException:
+            self.scheduler.abort_iteration(flight.plan)
+            raise
+        inflight.append(flight)
+
+    def _failed_from(self, nth: int) -> None:
+        """The runtime could not run the nth plan in flight: it and every later plan are
+        undone (executions still running are waited for first, so the device is idle)."""
+        inflight = self._inflight
+        for later in list(inflight)[nth + 1:]:
+            try:
+                self._wait_executed(later)
+            except BaseException:
+                pass
+        self.scheduler.abort_iteration(inflight[nth].plan)
+        while len(inflight) > nth:
+            inflight.pop()
+        self._apply_releases()
+
+    @staticmethod
+    def _wait_executed(flight: "_InFlight") -> None:
+        handle = flight.handle
+        if handle is None:
+            return
+        flight.handle = None
+        wait = getattr(handle, "result", None) or getattr(handle, "wait")
+        try:
+            wait()
+        finally:
+            flight.measured_us = (time.perf_counter_ns() - flight.t0) / 1e3
+
+    def _busy(self) -> bool:
+        return any(f.handle is not None for f in self._inflight)
+
+    def _release(self, sequence_id: str) -> None:
+        if self._inflight and self._busy():
+            self._pending_release.append(sequence_id)
+        else:
+            self.host.release(sequence_id)
+
+    def _apply_releases(self) -> None:
+        if self._pending_release and not self._busy():
+            pending, self._pending_release = self._pending_release, []
+            for rid in pending:
+                self.host.release(rid)
 
     def _retire(self, finished: list[str], failed: list[str], sampled: list[Any],
                 tokens: Any) -> None:
         live = self._live
-        host = self.host
+        release = self._release
         rec = self.recorder
         last: dict[Any, int] = dict(zip(sampled, tokens)) if finished and sampled else {}
         for rid in finished:
-            host.release(rid)
+            release(rid)
             entry = live[rid]
             key = entry.record if rec is not None else rid
             self._outstanding -= 1
             self._end(entry, "stop" if last.get(key, 0) < 0 else "length")
         for rid in failed:
-            host.release(rid)
+            release(rid)
             self._outstanding -= 1
             self._end(live[rid], "failed")

@@ -21,6 +21,7 @@ import collections
 import ctypes
 import heapq
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterable, Sequence as _Seq
 
 import numpy as np
@@ -114,6 +115,7 @@ class LlamaHost:
         self.model_path = path
         self._model = None
         self._ctx = None
+        self._worker: ThreadPoolExecutor | None = None
         _init_backend()
 
         mparams = _ll.llama_model_default_params()
@@ -189,7 +191,19 @@ class LlamaHost:
         self._next_pos = [0] * n_seq_max
 
     # ------------------------------------------------------------------ lifecycle
+    def execute_async(self, plan: Any) -> "Future[int]":
+        """`execute` on the host's worker thread (one: the context runs one decode at a time);
+        the engine plans the next step and completes the previous one meanwhile. The ctypes
+        call to `llama_decode` releases the GIL for the length of the decode."""
+        self._require_open()
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama-decode")
+        return self._worker.submit(self.execute, plan)
+
     def close(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
         if self._ctx:
             _ll.llama_free(self._ctx)
             self._ctx = None

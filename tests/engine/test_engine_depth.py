@@ -1,0 +1,169 @@
+"""The engine with plans in flight (depth 2 and 3): overlapped execution on a worker thread,
+deferred inputs filled from earlier outputs, releases only while the device is idle, and every
+request still gets exactly the tokens it gets alone (docs/hosts.md, docs/behaviour.md §2.11)."""
+from __future__ import annotations
+
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from skippy_scheduler import MemoryComponent, Scheduler, SchedulerConfig, TwinScheduler
+from skippy_scheduler.engine import Engine, Request, VirtualClock
+
+VOCAB = 61
+
+
+def model_token(history):
+    h = 5
+    for t in history:
+        h = (h * 131 + t + 7) % 1_000_003
+    return -1 if h % 13 == 0 else h % VOCAB
+
+
+def alone(prompt, max_tokens):
+    hist, out = list(prompt), []
+    while len(out) < max_tokens:
+        t = model_token(hist)
+        if t < 0:
+            break
+        out.append(t)
+        hist.append(t)
+    return out
+
+
+class ThreadedModelHost:
+    """KV per sequence as lists; `execute_async` runs on one worker thread, like a device."""
+
+    def __init__(self, threaded: bool = True) -> None:
+        self.kv: dict[str, list[int]] = {}
+        self.pool = ThreadPoolExecutor(max_workers=1) if threaded else None
+        self.running = threading.Event()
+        self.released: list[str] = []
+        if not threaded:
+            self.execute_async = None  # type: ignore[assignment]
+
+    def execute(self, plan) -> None:
+        self.running.set()
+        try:
+            ids = plan.sequence_ids
+            offsets = plan.row_offsets
+            out = plan.outputs
+            k = 0
+            for r, sid in enumerate(ids):
+                a, b = int(offsets[r]), int(offsets[r + 1])
+                toks = plan.tokens[a:b].tolist()
+                assert min(toks) >= 0, "a deferred input was not filled"
+                pos = plan.positions[a:b].tolist()
+                kv = self.kv.setdefault(sid, [])
+                del kv[pos[0]:]
+                assert len(kv) == pos[0]
+                kv.extend(toks)
+                if plan.sample_last[r]:
+                    out.request_indexes[k] = r
+                    out.predicted_tokens[k] = model_token(kv)
+                    k += 1
+            out.count = k
+        finally:
+            self.running.clear()
+
+    def execute_async(self, plan):
+        return self.pool.submit(self.execute, plan)
+
+    def release(self, sequence_id: str) -> None:
+        assert not self.running.is_set(), "released while a plan executes"
+        self.kv.pop(sequence_id, None)
+        self.released.append(sequence_id)
+
+
+def _requests(rng, n):
+    return [Request(f"q{i}", [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 20))],
+                    rng.randrange(1, 12), arrival_us=0) for i in range(n)]
+
+
+@pytest.mark.parametrize("impl", [Scheduler, TwinScheduler], ids=["native", "twin"])
+@pytest.mark.parametrize("depth", [1, 2, 3])
+@pytest.mark.parametrize("threaded", [False, True])
+def test_depth_runs_give_alone_tokens_with_cancels_and_preemption(impl, depth, threaded):
+    for seed in range(6):
+        rng = random.Random(seed)
+        requests = _requests(rng, 8)
+        config = SchedulerConfig(max_active_sequences=4, max_tokens_per_iteration=24,
+                                 prefill_chunk_tokens=8, max_inflight_plans=depth,
+                                 mixed_prefill_decode=seed % 2 == 1,
+                                 memory_components=[MemoryComponent("kv", 10**6, 0, 1, 0)])
+        host = ThreadedModelHost(threaded)
+        scheduler = impl(config)
+        cancelled = set()
+
+        def chaos(engine):
+            if rng.random() < 0.04 and engine.open_ids():
+                rid = rng.choice(engine.open_ids())
+                if engine.cancel(rid):
+                    cancelled.add(rid)
+            if rng.random() < 0.06:
+                engine.preempt([10**7])
+                engine.preempt([0])
+
+        engine = Engine(scheduler, host, clock=VirtualClock(), before_step=chaos,
+                        max_iterations=10_000)
+        report = engine.run(requests)
+        for req, rec in zip(requests, report.records):
+            want = alone(req.prompt_tokens, req.max_tokens)
+            if rec.finish_reason == "cancelled":
+                assert req.id in cancelled and rec.tokens == want[:len(rec.tokens)]
+            else:
+                assert rec.tokens == want, (seed, depth, req.id, rec.finish_reason)
+                assert rec.finish_reason == ("length" if len(want) == req.max_tokens else "stop")
+        assert scheduler.live_plans == 0 and engine.outstanding == 0
+        assert host.kv == {}, "every sequence's state was released"
+        if host.pool is not None:
+            host.pool.shutdown()
+
+
+def test_depth_two_really_overlaps_and_defers():
+    rng = random.Random(3)
+    requests = _requests(rng, 6)
+    config = SchedulerConfig(max_active_sequences=6, max_tokens_per_iteration=64,
+                             max_inflight_plans=2)
+    host = ThreadedModelHost(True)
+    deferred = []
+    engine = Engine(Scheduler(config), host, clock="wall",
+                    on_plan=lambda plan, start, duration: deferred.append(len(plan.deferred_rows)))
+    report = engine.run(requests)
+    assert sum(deferred) > 10  # decode rows fed from the previous plan's samples
+    for req, rec in zip(requests, report.records):
+        assert rec.tokens == alone(req.prompt_tokens, req.max_tokens)
+    host.pool.shutdown()
+
+
+class FailingHost(ThreadedModelHost):
+    def __init__(self, fail_at: int) -> None:
+        super().__init__(True)
+        self.calls = 0
+        self.fail_at = fail_at
+
+    def execute(self, plan) -> None:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("device lost")
+        super().execute(plan)
+
+
+@pytest.mark.parametrize("impl", [Scheduler, TwinScheduler], ids=["native", "twin"])
+def test_a_failed_execution_aborts_its_plans_and_nothing_is_lost(impl):
+    rng = random.Random(9)
+    requests = _requests(rng, 5)
+    config = SchedulerConfig(max_active_sequences=5, max_tokens_per_iteration=32,
+                             max_inflight_plans=2)
+    host = FailingHost(fail_at=4)
+    scheduler = impl(config)
+    engine = Engine(scheduler, host, clock=VirtualClock())
+    with pytest.raises(RuntimeError, match="device lost"):
+        engine.run(requests)
+    assert scheduler.live_plans == 0 and scheduler.metrics().aborted_plans >= 1
+    report = engine.run()  # the host recovered: the lost work is planned again
+    for req, rec in zip(requests, report.records):
+        assert rec.tokens == alone(req.prompt_tokens, req.max_tokens), req.id
+    host.pool.shutdown()
