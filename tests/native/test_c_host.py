@@ -96,3 +96,35 @@ def test_c_host_is_clean_under_valgrind(host_binary):
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout == EXPECTED
+
+
+PIPELINED = ROOT / "examples" / "c_host" / "pipelined_host.c"
+
+
+@pytest.fixture(scope="module")
+def pipelined_binary(tmp_path_factory):
+    exe = tmp_path_factory.mktemp("c_pipelined") / "pipelined"
+    subprocess.run([_compiler(), str(PIPELINED), "-Wall", "-Wextra", "-Werror", *_config_flags(),
+                    "-o", str(exe)], check=True)
+    return exe
+
+
+def test_pipelined_c_host_gives_the_same_tokens_at_depth_two(pipelined_binary):
+    # The program runs the workload at depth 1 and 2 and exits non-zero if any token differs,
+    # if depth 2 deferred nothing, or if a deferred input names another plan than the previous.
+    run = subprocess.run([str(pipelined_binary)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    deferred = re.search(r"deferred inputs: (\d+) at depth 1, (\d+) at depth 2", run.stdout)
+    assert deferred and deferred.group(1) == "0" and int(deferred.group(2)) > 10
+    assert "depth 2: iterations" in run.stdout and "discarded rows" in run.stdout
+
+
+def test_pipelined_c_host_is_clean_under_valgrind(pipelined_binary):
+    if shutil.which("valgrind") is None:
+        pytest.skip("valgrind not installed")
+    run = subprocess.run(
+        ["valgrind", "--leak-check=full", "--show-leak-kinds=all", "--errors-for-leak-kinds=all",
+         "--error-exitcode=3", "-q", str(pipelined_binary)],
+        capture_output=True, text=True,
+    )
+    assert run.returncode == 0, run.stderr
