@@ -159,6 +159,24 @@ def steady_decode(cls: SchedulerClass, n: int, prompt: int = 512) -> Callable[[]
     return step
 
 
+def steady_decode_inflight(cls: SchedulerClass, n: int, depth: int = 2,
+                           prompt: int = 512) -> Callable[[], object]:
+    """N live decodes with `depth` plans in flight; one step = one plan made (its deferred
+    inputs filled from the previous plan's outputs, §2.11), the host's outputs for it, and the
+    oldest plan completed: the same work per token as `steady_decode` at depth 1."""
+    engine = _decoding(cls, n, prompt, max_inflight_plans=depth)
+
+    def step() -> object:
+        done = engine.iterations
+        while engine.iterations == done:
+            engine.step()
+        return engine.last_telemetry
+
+    for _ in range(depth + 2):
+        step()
+    return step
+
+
 def mixed_decode_prefill(cls: SchedulerClass, n: int, prompt: int = 512, chunk: int = 256,
                          steps: int = 3000) -> Callable[[], object]:
     """N decode rows plus one `chunk`-token prefill chunk per step (mixed planning, §2.5)."""
@@ -379,6 +397,16 @@ def collect(quick: bool = False, twin: bool = True, c_api: bool = True, callgrin
             st = steady_decode(IMPLEMENTATIONS[impl], n)
             results.append(_result("decode", impl, n, "row", n,
                                    measure(st, steps if impl == "native" else steps // 10, budget_s=budget)))
+    for n in (256, 1024):
+        # Depth 1 and depth 2 alternate sample by sample, so load hits both alike: the ratio is
+        # measured in one run.
+        log(f"steady decode N={n}, depth 1 and 2 ...")
+        depth1, depth2 = measure_pairs(steady_decode_inflight(Scheduler, n, 1),
+                                       steady_decode_inflight(Scheduler, n, 2), steps, budget)
+        ratio = _summary(depth2)[0] / _summary(depth1)[0]
+        results.append(_result("decode, depth 1 (paired)", "native", n, "row", n, depth1))
+        results.append(_result("decode, depth 2 (paired)", "native", n, "row", n, depth2,
+                               note=f"depth 2 / depth 1 = {ratio:.2f}"))
 
     if c_api:
         with tempfile.TemporaryDirectory() as d:

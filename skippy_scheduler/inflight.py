@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+import numpy as np
+
 
 def resolve_deferred(plan: Any, earlier_plans: Iterable[Any]) -> int:
     """Write every deferred input token of `plan` from `earlier_plans`' output blocks; returns
@@ -23,25 +25,29 @@ def resolve_deferred(plan: Any, earlier_plans: Iterable[Any]) -> int:
     if n == 0:
         return 0
     sources = {int(p.step): p for p in earlier_plans}
-    steps = plan.deferred_source_steps.tolist()
-    indexes = plan.deferred_source_indexes.tolist()
-    targets = plan.row_offsets[rows]  # a decode row is one token: its first is its input
+    steps = np.asarray(plan.deferred_source_steps)
+    indexes = np.asarray(plan.deferred_source_indexes).astype(np.intp)
+    targets = np.asarray(plan.row_offsets)[np.asarray(rows)]  # a decode row's one token
     tokens = plan.tokens
-    by_step: dict[int, dict[int, int]] = {}
-    for j, (step, index) in enumerate(zip(steps, indexes)):
-        sampled = by_step.get(step)
-        if sampled is None:
-            source = sources.get(step)
-            if source is None:
-                raise ValueError(f"deferred input of row {int(rows[j])} comes from plan step "
-                                 f"{step}, which is not among the earlier plans given")
-            out = source.outputs
-            k = int(out.count)
-            sampled = dict(zip(out.request_indexes[:k].tolist(),
-                               out.predicted_tokens[:k].tolist()))
-            by_step[step] = sampled
-        token = sampled.get(index, -1)
-        tokens[int(targets[j])] = token if token >= 0 else 0
+    first = int(steps[0])
+    # NOTE: the usual case (always at depth 2) is one source, the plan made just before.
+    groups = [first] if n == 1 or (steps == first).all() else np.unique(steps).tolist()
+    for step in groups:
+        source = sources.get(int(step))
+        if source is None:
+            raise ValueError(f"deferred inputs come from plan step {step}, which is not among "
+                             "the earlier plans given")
+        out = source.outputs
+        k = int(out.count)
+        # Token sampled at each work index of the source plan; -1 where nothing was sampled.
+        sampled = np.full(len(source), -1, dtype=np.int32)
+        sampled[np.asarray(out.request_indexes[:k], dtype=np.intp)] = out.predicted_tokens[:k]
+        if len(groups) == 1:
+            values = sampled[indexes]
+            tokens[targets] = np.maximum(values, 0)
+        else:
+            mine = steps == step
+            tokens[targets[mine]] = np.maximum(sampled[indexes[mine]], 0)
     return n
 
 

@@ -673,7 +673,7 @@ class Engine:
         flight.token_count = plan.token_count
         if clock is not None or rec is not None:
             flight.decode = bytes(plan.phases).count(_DECODE)
-        if self._depth > 1:
+        if self._depth > 1 and (rec is not None or self._listeners or self._streams):
             live = self._live
             flight.entries = entries = [live[i] for i in plan.sequence_ids]
             flight.voids = [e.voids for e in entries]

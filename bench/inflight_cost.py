@@ -1,0 +1,72 @@
+"""What plans in flight cost the scheduler itself: steady decode at depth 1 and depth 2, one run.
+
+Both sides drive the native scheduler directly (no engine): N sequences decoding; a step makes
+one plan, writes one token per sampling row into its output block, and completes the oldest
+live plan (at depth 2 that is the plan made one step earlier, so every decode row's input is
+deferred). Deferred inputs are not filled here: a native host fills them on its device; this
+measures plan_iteration + complete_iteration alone. Samples alternate between the two depths.
+
+Run: python bench/inflight_cost.py [--sizes 256,1024] [--steps 4000]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from skippy_scheduler import Scheduler, SchedulerConfig, Sequence
+
+
+def stepper(n: int, depth: int):
+    s = Scheduler(SchedulerConfig(max_active_sequences=n, sequence_id_limit=n + 16,
+                                  max_waiting_sequences=n + 16,
+                                  max_tokens_per_iteration=max(2048, n), max_inflight_plans=depth))
+    for i in range(n):
+        s.submit(Sequence(f"d{i}", [(i * 7919 + k) % 32000 for k in range(512)], 1 << 30)
+                 .with_prefilled_generation([1]))
+    live: list = []
+
+    def step() -> None:
+        plan = s.plan_iteration()
+        rows = plan.sample_rows
+        out = plan.outputs
+        out.request_indexes[:len(rows)] = rows
+        out.predicted_tokens[:len(rows)] = 7
+        out.count = len(rows)
+        live.append(plan)
+        if len(live) >= depth:
+            s.complete_iteration(live.pop(0))
+
+    return step
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="256,1024")
+    ap.add_argument("--steps", type=int, default=4000)
+    args = ap.parse_args(argv)
+    print("N\tdepth1_median_us\tdepth2_median_us\tdepth2/depth1")
+    for n in (int(x) for x in args.sizes.split(",")):
+        one, two = stepper(n, 1), stepper(n, 2)
+        for _ in range(50):
+            one()
+            two()
+        a: list[int] = []
+        b: list[int] = []
+        clock = time.perf_counter_ns
+        for _ in range(args.steps):
+            t0 = clock()
+            one()
+            t1 = clock()
+            two()
+            t2 = clock()
+            a.append(t1 - t0)
+            b.append(t2 - t1)
+        ma, mb = statistics.median(a) / 1e3, statistics.median(b) / 1e3
+        print(f"{n}\t{ma:.2f}\t{mb:.2f}\t{mb / ma:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
