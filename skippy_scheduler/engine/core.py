@@ -19,109 +19,19 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence as _Seq, Union
 
-from ..inflight import resolve_deferred
 from ..types import AdmissionError, DuplicateSequence, QueueFull, Sequence
 from .clock import Clock, VirtualClock, WallClock
+from .pipeline import _Pipeline
 from .record import EngineReport, Recorder
+from .requests import (_ENDED, _PENDING, _SUBMITTED, EngineStalled, Event, FinishEvent, Request,
+                       TokenEvent, _Entry, _InFlight, _SequenceRequest)
 
 _DECODE = 2  # IterationPhase.Decode.value in plan.phases
 _INF = float("inf")
 
-
-class EngineStalled(RuntimeError):
-    """The scheduler made an empty plan while requests were waiting or running: nothing the
-    engine can do will ever make progress (e.g. a prompt that can never fit in memory)."""
-
-
-@dataclass
-class Request:
-    """A request as the engine takes it: an id, an arrival time and how to build the sequence.
-
-    `arrival_us` is on the engine's clock; None means "when submitted". Any object with `id`,
-    `arrival_us` and `to_sequence()` works the same (the lab's workloads build theirs lazily).
-    """
-
-    id: str
-    prompt_tokens: _Seq[int]
-    max_tokens: int
-    arrival_us: Optional[float] = None
-    priority: int = 0
-    sampling: Any = None
-
-    def to_sequence(self) -> Sequence:
-        return Sequence(self.id, self.prompt_tokens, self.max_tokens, self.sampling,
-                        self.priority)
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    """`request_id` sampled `token` at `time_us` (end of the iteration)."""
-
-    request_id: str
-    token: int
-    time_us: float
-
-
-@dataclass(frozen=True)
-class FinishEvent:
-    """`request_id` ended at `time_us`: reason is length, stop, failed, cancelled or rejected."""
-
-    request_id: str
-    reason: str
-    time_us: float
-    error: Optional[str] = None
-
-
-Event = Union[TokenEvent, FinishEvent]
-
-_PENDING, _SUBMITTED, _ENDED = 0, 1, 2
-
-
-class _InFlight:
-    """A plan between plan_iteration and complete_iteration, as the engine tracks it."""
-
-    __slots__ = ("plan", "start", "owners", "token_count", "decode", "measured_us", "handle", "t0",
-                 "entries", "voids")
-
-    def __init__(self, plan: Any) -> None:
-        self.plan = plan
-        self.start: float = 0
-        self.owners: list[int] = []
-        self.token_count = 0
-        self.decode = 0
-        self.measured_us = 0.0
-        self.handle: Any = None
-        self.t0 = 0
-        self.entries: Optional[list[Any]] = None  # depth > 1: each row's request, and its
-        self.voids: list[int] = []                # preemption count when the plan was made
-
-
-class _Entry:
-    """Engine-side state of one submission (the recorder keeps what it looked like)."""
-
-    __slots__ = ("id", "state", "record", "request", "voids")
-
-    def __init__(self, request: Any, record: int) -> None:
-        self.id: str = request.id
-        self.state = _PENDING
-        self.voids = 0  # preemptions: rows planned before one are void (their output is dropped)
-        self.record = record  # index in the recorder, -1 without one
-        self.request = request
-
-
-class _SequenceRequest:
-    __slots__ = ("id", "arrival_us", "_sequence")
-
-    def __init__(self, sequence: Sequence, arrival_us: Optional[float]) -> None:
-        self.id = sequence.id
-        self.arrival_us = arrival_us
-        self._sequence = sequence
-
-    def to_sequence(self) -> Sequence:
-        return self._sequence
+__all__ = ["Engine", "EngineStalled", "Event", "FinishEvent", "Request", "TokenEvent"]
 
 
 ClockArg = Union[Clock, str, None]
@@ -142,7 +52,7 @@ def _make_clock(clock: ClockArg) -> Optional[Clock]:
     return clock
 
 
-class Engine:
+class Engine(_Pipeline):
     """Drive `scheduler` and `host` (a `Host`) until the work runs out.
 
     clock: "wall" (default), "virtual" (host-measured durations, idle gaps skipped), a `Clock`
@@ -746,105 +656,6 @@ class Engine:
         if rec is not None:
             rec.iteration(start, duration, len(plan), decode, token_count, plan.admitted,
                           telemetry.waiting_sequences)
-
-    # -- plans in flight (depth > 1) ----------------------------------------------------------
-    # NOTE: one device runs plans one after another. While plan N executes, the engine makes
-    # plan N+1 and completes plan N-1; N+1 starts once N has finished (its deferred inputs are
-    # N's samples). A host releases state only while no plan of it executes, so releases that
-    # come up meanwhile wait until the running plan is done.
-
-    def _step_pipelined(self) -> bool:
-        inflight = self._inflight
-        if self._outstanding and len(inflight) < self._depth:
-            flight = self._make_flight()
-            if flight is not None:
-                self._launch(flight)
-                return True
-            # Nothing to run until what is in flight lands (e.g. every sequence's samples are
-            # in flight): give the empty plan back and complete instead.
-            self.scheduler.abort_iteration(self._empty_plan)
-            self._empty_plan = None
-            if not inflight:
-                raise EngineStalled(
-                    f"the scheduler made an empty plan with {self._outstanding} requests "
-                    f"waiting or running and nothing in flight at {self.now()} µs")
-        if not inflight:
-            return False
-        flight = inflight[0]
-        try:
-            self._wait_executed(flight)
-        except BaseException:
-            self._failed_from(0)
-            raise
-        inflight.popleft()
-        self._apply_releases()
-        self._finish(flight)
-        return True
-
-    def _launch(self, flight: "_InFlight") -> None:
-        inflight = self._inflight
-        if inflight:
-            try:
-                self._wait_executed(inflight[-1])  # the device is free, its samples are known
-            except BaseException:
-                self._failed_from(len(inflight) - 1)  # the new plan is later: undone too
-                raise
-        self._apply_releases()
-        if flight.plan.deferred_rows.size:
-            resolve_deferred(flight.plan, [f.plan for f in inflight])
-        run_async = self._execute_async
-        flight.t0 = time.perf_counter_ns()
-        try:
-            if run_async is not None:
-                flight.handle = run_async(flight.plan)
-            else:
-                self.host.execute(flight.plan)
-                flight.measured_us = (time.perf_counter_ns() - flight.t0) / 1e3
-        except BaseException:
-            self.scheduler.abort_iteration(flight.plan)
-            raise
-        inflight.append(flight)
-
-    def _failed_from(self, nth: int) -> None:
-        """The runtime could not run the nth plan in flight: it and every later plan are
-        undone (executions still running are waited for first, so the device is idle)."""
-        inflight = self._inflight
-        for later in list(inflight)[nth + 1:]:
-            try:
-                self._wait_executed(later)
-            except BaseException:
-                pass
-        self.scheduler.abort_iteration(inflight[nth].plan)
-        while len(inflight) > nth:
-            inflight.pop()
-        self._apply_releases()
-
-    @staticmethod
-    def _wait_executed(flight: "_InFlight") -> None:
-        handle = flight.handle
-        if handle is None:
-            return
-        flight.handle = None
-        wait = getattr(handle, "result", None) or getattr(handle, "wait")
-        try:
-            wait()
-        finally:
-            flight.measured_us = (time.perf_counter_ns() - flight.t0) / 1e3
-
-    def _busy(self) -> bool:
-        return any(f.handle is not None for f in self._inflight)
-
-    def _release(self, sequence_id: str) -> None:
-        if self._inflight and self._busy():
-            self._pending_release.append(sequence_id)
-        else:
-            self.host.release(sequence_id)
-
-    def _apply_releases(self) -> None:
-        if self._pending_release and not self._busy():
-            pending, self._pending_release = self._pending_release, []
-            for rid in pending:
-                self.host.release(rid)
 
     def _retire(self, finished: list[str], failed: list[str], sampled: list[Any],
                 tokens: Any) -> None:

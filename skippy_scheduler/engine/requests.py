@@ -1,0 +1,106 @@
+"""What the engine takes and emits: requests, per-request events, and its own bookkeeping.
+
+`Request` is the plain request a caller submits (any object with `id`, `arrival_us` and
+`to_sequence()` works the same); `TokenEvent` and `FinishEvent` are what listeners and streams
+receive. `_Entry` (one submission) and `_InFlight` (one plan between plan and completion) are the
+engine's own records.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence as _Seq, Union
+
+from ..types import Sequence
+
+
+class EngineStalled(RuntimeError):
+    """The scheduler made an empty plan while requests were waiting or running: nothing the
+    engine can do will ever make progress (e.g. a prompt that can never fit in memory)."""
+
+
+@dataclass
+class Request:
+    """A request as the engine takes it: an id, an arrival time and how to build the sequence.
+
+    `arrival_us` is on the engine's clock; None means "when submitted". Any object with `id`,
+    `arrival_us` and `to_sequence()` works the same (the lab's workloads build theirs lazily).
+    """
+
+    id: str
+    prompt_tokens: _Seq[int]
+    max_tokens: int
+    arrival_us: Optional[float] = None
+    priority: int = 0
+    sampling: Any = None
+
+    def to_sequence(self) -> Sequence:
+        return Sequence(self.id, self.prompt_tokens, self.max_tokens, self.sampling,
+                        self.priority)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """`request_id` sampled `token` at `time_us` (end of the iteration)."""
+
+    request_id: str
+    token: int
+    time_us: float
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    """`request_id` ended at `time_us`: reason is length, stop, failed, cancelled or rejected."""
+
+    request_id: str
+    reason: str
+    time_us: float
+    error: Optional[str] = None
+
+
+Event = Union[TokenEvent, FinishEvent]
+
+_PENDING, _SUBMITTED, _ENDED = 0, 1, 2
+
+
+class _InFlight:
+    """A plan between plan_iteration and complete_iteration, as the engine tracks it."""
+
+    __slots__ = ("plan", "start", "owners", "token_count", "decode", "measured_us", "handle", "t0",
+                 "entries", "voids")
+
+    def __init__(self, plan: Any) -> None:
+        self.plan = plan
+        self.start: float = 0
+        self.owners: list[int] = []
+        self.token_count = 0
+        self.decode = 0
+        self.measured_us = 0.0
+        self.handle: Any = None
+        self.t0 = 0
+        self.entries: Optional[list[Any]] = None  # depth > 1: each row's request, and its
+        self.voids: list[int] = []                # preemption count when the plan was made
+
+
+class _Entry:
+    """Engine-side state of one submission (the recorder keeps what it looked like)."""
+
+    __slots__ = ("id", "state", "record", "request", "voids")
+
+    def __init__(self, request: Any, record: int) -> None:
+        self.id: str = request.id
+        self.state = _PENDING
+        self.voids = 0  # preemptions: rows planned before one are void (their output is dropped)
+        self.record = record  # index in the recorder, -1 without one
+        self.request = request
+
+
+class _SequenceRequest:
+    __slots__ = ("id", "arrival_us", "_sequence")
+
+    def __init__(self, sequence: Sequence, arrival_us: Optional[float]) -> None:
+        self.id = sequence.id
+        self.arrival_us = arrival_us
+        self._sequence = sequence
+
+    def to_sequence(self) -> Sequence:
+        return self._sequence
