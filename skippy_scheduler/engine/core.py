@@ -329,7 +329,21 @@ class Engine(_Pipeline):
         """One step: inbox, due arrivals, hook, and one iteration if anything is live.
         Returns False when there was nothing to run."""
         if self._lean and self._outstanding and not self._inbox and self._next_due == _INF:
-            return self._iterate_lean()
+            # The lean path, inline: plan, execute, complete, release (what `bench` times).
+            sched = self.scheduler
+            plan = sched.plan_iteration()
+            if not len(plan):
+                raise EngineStalled(f"the scheduler made an empty plan with {self._outstanding} "
+                                    "requests waiting or running")
+            self.host.execute(plan)
+            telemetry = sched.complete_iteration(plan)
+            self.iterations += 1
+            self.last_telemetry = telemetry
+            if telemetry.finished_ids or telemetry.failed_ids:
+                self._retire(telemetry.finished_ids, telemetry.failed_ids, [], ())
+            if self._memory is not None:
+                self._measure_memory()
+            return True
         if self._inbox:
             self._drain()
         if self._next_due <= self.now():
@@ -522,23 +536,11 @@ class Engine(_Pipeline):
             if rec is not None:
                 rec.preemptions[self._record_of[rid]] += 1
 
-    def _iterate_lean(self) -> bool:
-        sched = self.scheduler
-        plan = sched.plan_iteration()
-        if not len(plan):
-            raise EngineStalled(f"the scheduler made an empty plan with {self._outstanding} "
-                                "requests waiting or running")
-        self.host.execute(plan)
-        telemetry = sched.complete_iteration(plan)
-        self.iterations += 1
-        self.last_telemetry = telemetry
-        if telemetry.finished_ids or telemetry.failed_ids:
-            self._retire(telemetry.finished_ids, telemetry.failed_ids, [], ())
-        if self._memory is not None:
-            used = self._memory()
-            if used is not None:
-                self._release_victims(list(sched.preempt_for_component_pressure(list(used))))
-        return True
+    def _measure_memory(self) -> None:
+        used = self._memory()
+        if used is not None:
+            sched = self.scheduler
+            self._release_victims(list(sched.preempt_for_component_pressure(list(used))))
 
     def _iterate(self) -> None:
         flight = self._make_flight()
@@ -650,9 +652,7 @@ class Engine(_Pipeline):
         if finished or failed:
             self._retire(finished, failed, sampled, tokens)
         if self._memory is not None:
-            used = self._memory()
-            if used is not None:
-                self._release_victims(list(sched.preempt_for_component_pressure(list(used))))
+            self._measure_memory()
         if rec is not None:
             rec.iteration(start, duration, len(plan), decode, token_count, plan.admitted,
                           telemetry.waiting_sequences)
