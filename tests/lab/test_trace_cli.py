@@ -80,6 +80,15 @@ def test_options_reach_the_replay(tmp_path, capsys, trace_file):
     assert json.loads(out_json.read_text())["trace"]["options"]["prefix_cache_tokens"] is None
 
 
+def test_plots(tmp_path, capsys, trace_file):
+    pytest.importorskip("matplotlib")
+    code, _, err = lab(capsys, "--trace", trace_file, "--policy", "fcfs", "--plot",
+                       str(tmp_path / "plots"))
+    assert code == 0
+    for name in ("trace_ttft_cdf.png", "trace_hit_rate.png", "trace_queue_depth.png"):
+        assert f"# wrote {tmp_path / 'plots' / name}" in err
+
+
 def test_malformed_line_is_one_user_error_before_any_replay(tmp_path, capsys, monkeypatch):
     from skippy_scheduler.cli import lab as lab_cli
 
