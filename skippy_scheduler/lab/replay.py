@@ -83,7 +83,7 @@ class ReplayOptions:
     reserve_output_tokens: int = 32
     prefix_cache_tokens: Optional[int] = DEFAULT_PREFIX_CACHE_TOKENS  # None = unbounded, 0 = off
     ttft_target_ms: float = 1_000.0
-    itl_target_ms: float = 50.0
+    itl_target_ms: float = 5.0
     tenant_weights: Optional[dict] = None  # fair-share weights by tenant name (default 1)
     record_series: bool = False
 
@@ -172,8 +172,8 @@ class TraceHost(CostModelHost):
         self.tenant_names: list = list(tenant_names or [])
         self._tenant_index = {name: k for k, name in enumerate(self.tenant_names)}
         self.per_tenant = False
-        self.service = np.zeros(0)
-        self.window_service: Optional[np.ndarray] = None
+        self.service: list[float] = []  # tokens computed per tenant index
+        self.window_service: Optional[list[float]] = None
         self.window_end_us: Optional[float] = None
         self.stream_done = False
         self.first_arrival_us: Optional[float] = None
@@ -407,26 +407,41 @@ class TraceHost(CostModelHost):
             self._account(plan, phases)
 
     def _account(self, plan: Any, phases: bytes) -> None:
+        # Plain Python: plans are small (most are a few decode rows), where numpy's per-call
+        # overhead would cost more than the loop.
         live_of = self.live
-        owner = np.fromiter((live_of[i].tenant for i in plan.sequence_ids), dtype=np.int64,
-                            count=len(phases))
-        tokens = np.diff(plan.row_offsets).astype(np.float64)
-        is_decode = np.frombuffer(phases, dtype=np.uint8) == _PHASE_DECODE
+        ids = plan.sequence_ids
         k = len(self.tenant_names)
-        if len(self.service) < k:
-            self.service = np.concatenate([self.service, np.zeros(k - len(self.service))])
-        prefill = np.bincount(owner, weights=np.where(is_decode, 0.0, tokens), minlength=k)
-        decode = np.bincount(owner, weights=is_decode.astype(np.float64), minlength=k)
+        service = self.service
+        if len(service) < k:
+            service.extend([0.0] * (k - len(service)))
         if self.window_service is None and self.stream_done and self.clock is not None \
                 and self.last_arrival_us is not None and self.clock.now() >= self.last_arrival_us:
-            self.window_service = self.service.copy()
+            self.window_service = list(service)
             self.window_end_us = self.clock.now()
-        self.service += prefill + decode
+        served: dict[int, list] = {}
+        if phases.count(_PHASE_DECODE) == len(phases):
+            for rid in ids:
+                t = live_of[rid].tenant
+                service[t] += 1
+                entry = served.get(t)
+                if entry is None:
+                    served[t] = [0, 1]
+                else:
+                    entry[1] += 1
+        else:
+            offsets = plan.row_offsets.tolist()
+            for i, rid in enumerate(ids):
+                t = live_of[rid].tenant
+                tokens = offsets[i + 1] - offsets[i]
+                service[t] += tokens
+                entry = served.setdefault(t, [0, 0])
+                entry[1 if phases[i] == _PHASE_DECODE else 0] += tokens
         fair = self.fair_share
         if fair is not None:
             names = self.tenant_names
-            for t in np.flatnonzero(prefill + decode).tolist():
-                fair.charge(names[t], prefill[t], decode[t])
+            for t, (prefill, decode) in served.items():
+                fair.charge(names[t], prefill, decode)
 
     def release(self, sequence_id: str) -> None:
         live = self.live.get(sequence_id)
@@ -619,7 +634,8 @@ def _figures(trace: Trace, policy: str, mode: str, options: ReplayOptions,
     tenants = {}
     jain = None
     if host.per_tenant and host.tenant_names:
-        window = host.window_service if host.window_service is not None else host.service
+        window = np.asarray(host.window_service if host.window_service is not None
+                            else host.service, dtype=np.float64)
         end = host.window_end_us if host.window_end_us is not None else makespan_us
         start = host.first_arrival_us or 0.0
         span_s = max(end - start, 1.0) / 1e6
