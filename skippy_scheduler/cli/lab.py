@@ -345,7 +345,8 @@ def _run_trace(args, cost: RuntimeCostModel, backend) -> int:
     out.write(f"# trace {args.trace} format={trace.format} requests={stats.requests} "
               f"skipped_failures={stats.skipped_failures} span_s={stats.span_s:.1f} "
               f"time_scale={trace.time_scale:g} mean_input={_fmt(info['mean_input_tokens'])} "
-              f"mean_output={_fmt(info['mean_output_tokens'])} tenants={max(len(stats.tenants), 1)}\n")
+              f"mean_output={_fmt(info['mean_output_tokens'])} "
+              f"tenants={max(len(stats.tenants), 1)}\n")
     out.write(f"# backend={backend.name} mode={mode} max_active={options.max_active} "
               f"max_tokens={options.max_tokens} chunk={options.chunk} "
               f"kv_capacity_tokens={options.kv_capacity_tokens} prefix_cache_tokens="

@@ -69,7 +69,7 @@ def dump_json(document: dict) -> str:
     return json.dumps(document, indent=2, sort_keys=False) + "\n"
 
 
-# -- trace replay (`lab --trace FILE`) --------------------------------------------------------------
+# -- trace replay (`lab --trace FILE`) ---------------------------------------------------------
 
 # (figure, header, width, format): one row per policy, aligned so that rows printed as each run
 # finishes line up under the header.
