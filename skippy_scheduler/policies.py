@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import abc
 import enum
+import heapq
+import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, ClassVar, Sequence as _Seq
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Mapping, Sequence as _Seq
 
 from ._validate import U64_MAX, check_bool, check_optional_uint
-from .cache_policy import CacheAwareCandidate
+from .cache_policy import CacheAffinity, CacheAwareCandidate
 
 if TYPE_CHECKING:  # pragma: no cover
     from .types import SchedulerConfig
@@ -25,12 +27,14 @@ __all__ = [
     "PreemptionKind",
     "AdmissionPolicy",
     "CacheAwareAdmission",
+    "FairShareAdmission",
     "FcfsAdmission",
     "PriorityAdmission",
     "PreemptionPolicy",
     "VictimCandidate",
     "LowestPriorityNewest",
     "FewestComputedTokens",
+    "VirtualTokenCounters",
 ]
 
 
@@ -136,6 +140,211 @@ class PriorityAdmission(AdmissionPolicy):
 
     def order(self, candidates: list[CacheAwareCandidate], current_turn: int) -> list[int]:
         return [c.index for c in sorted(candidates, key=lambda c: (-c.priority, c.order))]
+
+
+@dataclass(frozen=True)
+class _TenantAffinity(CacheAffinity):
+    """A cache affinity that also names the sequence's tenant and a stable key for it."""
+
+    tenant: Hashable = None
+    key: Hashable = None
+
+
+class VirtualTokenCounters:
+    """State and rules of fair-share admission (virtual token counters, as in VTC).
+
+    Kept in one small class so that a native implementation can mirror it rule for rule:
+
+    * **Service.** Each tenant has a counter, 0 at first. Serving a tenant `p` prefill tokens and
+      `d` decode tokens adds `(prefill_cost * p + decode_cost * d) / weight(tenant)` to it
+      (`charge`); a heavier weight makes the counter grow more slowly, so the tenant gets a
+      proportionally larger share.
+    * **Lift.** When a tenant returns to the queue (none of its queued requests was queued at
+      the previous observation), its counter is raised to the smallest counter among the
+      tenants that stayed queued, so idle time is not banked as credit. If no tenant stayed
+      (the queue had drained), the floor is the smallest counter among the tenants queued at
+      the previous observation. A counter never decreases.
+    * **Order.** The tenant with the lowest counter goes first; ties go to the tenant whose
+      next request was enqueued first. While a ranking is built, each pick adds its request's
+      expected prefill charge (uncached prompt tokens) to a scratch copy of its tenant's counter,
+      so one ranking interleaves tenants the way successive picks would.
+    """
+
+    def __init__(self, weights: Mapping[Hashable, float] | None = None, *,
+                 prefill_cost: float = 1.0, decode_cost: float = 2.0,
+                 default_weight: float = 1.0) -> None:
+        for name, value in (("prefill_cost", prefill_cost), ("decode_cost", decode_cost)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        self.prefill_cost = float(prefill_cost)
+        self.decode_cost = float(decode_cost)
+        self.default_weight = self._check_weight("default_weight", default_weight)
+        self.weights = {t: self._check_weight(f"weights[{t!r}]", w)
+                        for t, w in dict(weights or {}).items()}
+        self.counters: dict[Hashable, float] = {}
+        self.lifts = 0
+        self._queued_keys: set = set()
+        self._queued_tenants: set = set()
+
+    @staticmethod
+    def _check_weight(name: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        return float(value)
+
+    def weight(self, tenant: Hashable) -> float:
+        return self.weights.get(tenant, self.default_weight)
+
+    def counter(self, tenant: Hashable) -> float:
+        return self.counters.get(tenant, 0.0)
+
+    def cost(self, tenant: Hashable, prefill_tokens: float = 0, decode_tokens: float = 0) -> float:
+        """What serving these tokens adds to the tenant's counter."""
+        return (self.prefill_cost * prefill_tokens + self.decode_cost * decode_tokens) \
+            / self.weight(tenant)
+
+    def charge(self, tenant: Hashable, prefill_tokens: float = 0, decode_tokens: float = 0) -> None:
+        """The tenant was served these tokens."""
+        self.counters[tenant] = self.counter(tenant) + self.cost(tenant, prefill_tokens,
+                                                                 decode_tokens)
+
+    def observe_queue(self, queued: Mapping[Hashable, _Seq[Hashable]]) -> list:
+        """Apply the lift rule to `queued` (tenant -> keys of its queued requests), then
+        remember it as the previous observation. Returns the tenants that were lifted."""
+        before = self._queued_keys
+        returning = [t for t, keys in queued.items() if not any(k in before for k in keys)]
+        back = set(returning)
+        staying = [t for t in queued if t not in back]
+        if staying:
+            floor = min(self.counter(t) for t in staying)
+        elif self._queued_tenants:
+            floor = min(self.counter(t) for t in self._queued_tenants)
+        else:
+            floor = None
+        lifted = []
+        if floor is not None:
+            for t in returning:
+                if self.counter(t) < floor:
+                    self.counters[t] = floor
+                    lifted.append(t)
+        self.lifts += len(lifted)
+        self._queued_keys = {k for keys in queued.values() for k in keys}
+        self._queued_tenants = set(queued)
+        return lifted
+
+    def interleave(self, queues: Mapping[Hashable, _Seq[tuple[int, int, float]]]) -> list[int]:
+        """Merge per-tenant queues of (index, enqueue order, prefill tokens), each already in
+        the tenant's own order, lowest counter first (the class docstring's Order rule)."""
+        heap = []
+        for seq, (tenant, items) in enumerate(queues.items()):
+            if items:
+                heap.append((self.counter(tenant), items[0][1], seq, tenant, 0))
+        heapq.heapify(heap)
+        out: list[int] = []
+        while heap:
+            value, _, seq, tenant, pos = heapq.heappop(heap)
+            items = queues[tenant]
+            index, _, prefill = items[pos]
+            out.append(index)
+            pos += 1
+            if pos < len(items):
+                value += self.cost(tenant, prefill_tokens=prefill)
+                heapq.heappush(heap, (value, items[pos][1], seq, tenant, pos))
+        return out
+
+
+class FairShareAdmission(AdmissionPolicy):
+    """Tenant fairness: the waiting tenant with the least weighted service goes first.
+
+    The rules (service counters, the lift of a returning tenant, lowest counter first) are those
+    of `VirtualTokenCounters`. Within a tenant, requests keep the order of `within` (default:
+    cache-aware admission, §3, resolved against the scheduler's config).
+
+    How the policy learns what it needs, through the public API only:
+    * **Tenants.** A candidate's tenant is read from its cache affinity: submit each sequence
+      with `with_cache_affinity(FairShareAdmission.tag(affinity, tenant, key))`, `key` being a
+      stable name of the request (its id). The scheduler hands that object back unchanged in
+      every ranking, across preemptions. Untagged sequences form one default tenant.
+    * **Service.** Whoever runs the plans reports served tokens with `charge(tenant, prefill,
+      decode)` (the lab's trace host does after every iteration). Counters advance only
+      through it.
+
+    It has no native kind, so the native scheduler runs it through its Python callback: it is
+    consulted whenever the waiting queue changed (submit, cancel, preemption).
+    """
+
+    def __init__(self, weights: Mapping[Hashable, float] | None = None, *,
+                 within: AdmissionPolicy | None = None, prefill_cost: float = 1.0,
+                 decode_cost: float = 2.0, counters: VirtualTokenCounters | None = None) -> None:
+        if counters is None:
+            counters = VirtualTokenCounters(weights, prefill_cost=prefill_cost,
+                                            decode_cost=decode_cost)
+        elif weights is not None:
+            raise ValueError("give weights or counters, not both")
+        if not isinstance(counters, VirtualTokenCounters):
+            raise TypeError("counters must be a VirtualTokenCounters")
+        if within is None:
+            within = CacheAwareAdmission()
+        if not isinstance(within, AdmissionPolicy):
+            raise TypeError("within must be an AdmissionPolicy")
+        self.counters = counters
+        self.within = within
+
+    @staticmethod
+    def tag(affinity: CacheAffinity | None, tenant: Hashable, key: Hashable) -> CacheAffinity:
+        """`affinity` (or the empty one) carrying the sequence's tenant and stable key."""
+        stages = affinity.stages if affinity is not None else ()
+        return _TenantAffinity(stages, tenant, key)
+
+    @staticmethod
+    def tenant_of(candidate: CacheAwareCandidate) -> Hashable:
+        return getattr(candidate.affinity, "tenant", None)
+
+    @staticmethod
+    def key_of(candidate: CacheAwareCandidate) -> Hashable:
+        key = getattr(candidate.affinity, "key", None)
+        return ("enqueue-order", candidate.order) if key is None else key
+
+    def charge(self, tenant: Hashable, prefill_tokens: float = 0, decode_tokens: float = 0) -> None:
+        self.counters.charge(tenant, prefill_tokens, decode_tokens)
+
+    def resolved(self, config: "SchedulerConfig") -> "FairShareAdmission":
+        # The counters are shared, so a host charging this object charges the scheduler's copy.
+        return FairShareAdmission(within=self.within.resolved(config), counters=self.counters)
+
+    def _within_order(self, candidates: list[CacheAwareCandidate], current_turn: int) -> list[int]:
+        within = self.within
+        if type(within) is CacheAwareAdmission:
+            # The native ranking kernel gives the order CacheAwareAdmission.order's reference
+            # walk gives (the ordering tests check them against each other), without walking
+            # long shared prompts token by token in Python.
+            from .cache_policy import order_cache_aware_candidates
+
+            aging = within.aging_cost_per_turn
+            grouping = within.group_waiting_prefixes
+            return order_cache_aware_candidates(
+                candidates, current_turn, within._DEFAULT_AGING if aging is None else aging,
+                True if grouping is None else grouping)
+        return within.order(candidates, current_turn)
+
+    def order(self, candidates: list[CacheAwareCandidate], current_turn: int) -> list[int]:
+        by_index = {c.index: c for c in candidates}
+        queues: dict[Hashable, list[tuple[int, int, float]]] = {}
+        keys: dict[Hashable, list[Hashable]] = {}
+        for index in self._within_order(candidates, current_turn):
+            c = by_index[index]
+            tenant = self.tenant_of(c)
+            uncached = max(len(c.prompt_tokens) - c.affinity.matched_tokens(), 0)
+            queues.setdefault(tenant, []).append((c.index, c.order, uncached))
+            keys.setdefault(tenant, []).append(self.key_of(c))
+        self.counters.observe_queue(keys)
+        return self.counters.interleave(queues)
+
+    def __repr__(self) -> str:
+        return (f"FairShareAdmission(within={self.within!r}, "
+                f"weights={self.counters.weights!r})")
 
 
 @dataclass(frozen=True)

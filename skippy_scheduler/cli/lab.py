@@ -1,6 +1,8 @@
-"""`skippy-scheduler lab`: reference scenarios (§5.5-§5.8) and, with --suite, the workload suite."""
+"""`skippy-scheduler lab`: reference scenarios (§5.5-§5.8), with --suite the workload suite, and
+with --trace FILE the replay of a production request trace."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -9,11 +11,17 @@ from dataclasses import replace
 from ..lab.backend import BACKENDS, BackendUnavailable, resolve_backend
 from ..lab.model import RuntimeCostModel
 from ..lab.progress import Progress
-from ..lab.report import dump_json, format_replay, format_table, lab_document
+from ..lab.replay import (DEFAULT_MODE, DEFAULT_PREFIX_CACHE_TOKENS,
+                          POLICIES as TRACE_POLICIES, ReplayOptions, run_replays)
+from ..lab.traces import FORMATS, Trace, TraceError
+from ..lab.report import (TRACE_UNITS, dump_json, format_replay, format_table,
+                          format_tenant_table, format_trace_header, format_trace_row,
+                          lab_document, trace_document)
 from ..lab.scenarios import SCENARIO_NAMES, get_scenario, replay_all, run_scenario
 from ..lab.suite import MODES, POLICIES, SuiteOptions, format_suite, run_suite
 from ..lab.workload import WorkloadSpec, generate
-from ._common import CommandError, check_output_dir, check_output_file, non_negative_int
+from ._common import (CommandError, check_output_dir, check_output_file, non_negative_int,
+                      positive_int)
 
 # Suite options: argparse destination -> WorkloadSpec field / SuiteOptions field.
 _SPEC_OPTIONS = {"requests": "requests", "seed": "seed", "rate": "rate", "families": "families",
@@ -22,21 +30,33 @@ _RUN_OPTIONS = {"max_active": "max_active", "max_tokens": "max_tokens", "chunk":
                 "kv_capacity_tokens": "kv_capacity_tokens",
                 "reserve_output_tokens": "reserve_output_tokens",
                 "ttft_target_ms": "ttft_target_ms", "itl_target_ms": "itl_target_ms"}
-# Options that only one of the two modes reads: given to the other, they are a mistake.
-_SCENARIO_ONLY = {"scenario": "--scenario", "trace": "--trace", "replay": "--replay"}
+# Options that only some modes read: given to another, they are a mistake.
+_SCENARIO_ONLY = {"scenario": "--scenario", "iteration_trace": "--iteration-trace",
+                  "replay": "--replay", "trace": "--trace"}
 _SUITE_ONLY = {"policy": "--policy", "mode": "--mode", "plot": "--plot"}
+_RUN_FLAGS = {"max_active": "--max-active", "max_tokens": "--max-tokens", "chunk": "--chunk",
+              "kv_capacity_tokens": "--kv-capacity-tokens",
+              "reserve_output_tokens": "--reserve-output-tokens",
+              "ttft_target_ms": "--ttft-target-ms", "itl_target_ms": "--itl-target-ms"}
+_WORKLOAD_ONLY = {"requests": "--requests", "seed": "--seed", "rate": "--rate",
+                  "families": "--families", "family_share": "--family-share",
+                  "priority_share": "--priority-share"}
+_TRACE_ONLY = {"format": "--format", "time_scale": "--time-scale", "limit": "--limit",
+               "prefix_cache_tokens": "--prefix-cache-tokens", "tenants": "--tenants"}
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "lab", help="deterministic scheduler lab (reference scenarios, workload suite)",
-        usage="%(prog)s [--list | --scenario NAME ... | --suite [SUITE OPTIONS]] [OPTIONS]",
-        description="Drive the scheduler under a virtual cost model. Without --suite, print the "
-                    "reference scenario table (tab-separated).")
+        usage="%(prog)s [--list | --scenario NAME ... | --suite [SUITE OPTIONS] | "
+              "--trace FILE [TRACE OPTIONS]] [OPTIONS]",
+        description="Drive the scheduler under a virtual cost model. Without --suite or --trace, "
+                    "print the reference scenario table (tab-separated).")
     p.add_argument("--scenario", action="append", metavar="NAME",
                    help=f"run only this scenario (repeatable): {', '.join(SCENARIO_NAMES)}")
     p.add_argument("--list", action="store_true", help="list the scenario names and exit")
-    p.add_argument("--trace", metavar="FILE", help="write the per-iteration trace to FILE")
+    p.add_argument("--iteration-trace", metavar="FILE",
+                   help="write the per-iteration trace of the scenarios to FILE")
     p.add_argument("--json", metavar="FILE", help="write every figure (and per-request metrics) "
                                                   "as JSON to FILE")
     p.add_argument("--cost-model", metavar="SPEC",
@@ -53,8 +73,9 @@ def register(subparsers) -> None:
                    help="drive the pure-Python TwinScheduler (same as --backend twin)")
     s = p.add_argument_group("workload suite (--suite)")
     s.add_argument("--suite", action="store_true", help="run the seeded workload suite")
-    s.add_argument("--requests", type=int, default=1_000, help="number of requests (100-100000)")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--requests", type=int, default=None,
+                   help="number of requests (100-100000, default 1000)")
+    s.add_argument("--seed", type=int, default=None, help="workload seed (default 0)")
     s.add_argument("--rate", type=float, default=None, help="Poisson arrival rate, requests/s")
     s.add_argument("--families", type=int, default=None, help="number of prompt families")
     s.add_argument("--family-share", type=float, default=None,
@@ -71,14 +92,49 @@ def register(subparsers) -> None:
                    help="output tokens reserved at admission when memory is modelled")
     s.add_argument("--policy", action="append", metavar="NAME",
                    help="admission policy (repeatable): fcfs, cache-aware-noaging, "
-                        "cache-aware-aging, priority (default: all)")
+                        "cache-aware-aging, priority, and with --trace fair-share "
+                        "(default: all)")
     s.add_argument("--mode", action="append", metavar="MODE",
-                   help="planning mode (repeatable): phase, mixed (default: both)")
+                   help="planning mode (repeatable with --suite): phase, mixed (default: both; "
+                        "with --trace one mode, default mixed)")
     s.add_argument("--ttft-target-ms", type=float, default=None, help="goodput TTFT target")
     s.add_argument("--itl-target-ms", type=float, default=None,
                    help="goodput target for a request's mean inter-token gap")
-    s.add_argument("--plot", metavar="DIR", help="write PNG plots of the suite into DIR")
+    s.add_argument("--plot", metavar="DIR", help="write PNG plots of the suite or replay into DIR")
+    t = p.add_argument_group("trace replay (--trace FILE; also --policy, --mode, --json, --plot "
+                             "and the scheduler options above)")
+    t.add_argument("--trace", metavar="FILE",
+                   help="replay a request trace (Mooncake JSONL, Azure CSV or BurstGPT CSV)")
+    t.add_argument("--format", choices=("auto",) + FORMATS, default=None,
+                   help="trace format (default auto: from the first line)")
+    t.add_argument("--time-scale", type=_positive_float, default=None, metavar="F",
+                   help="multiply every arrival time by F (0.25 = four times the rate; "
+                        "default 1)")
+    t.add_argument("--limit", type=positive_int, default=None, metavar="N",
+                   help="replay only the first N requests")
+    t.add_argument("--prefix-cache-tokens", type=_cache_tokens, default=None, metavar="N",
+                   help=f"capacity of the prefix cache in tokens, 'unlimited', or 0 for no "
+                        f"cache (default {DEFAULT_PREFIX_CACHE_TOKENS})")
+    t.add_argument("--tenants", type=positive_int, default=None, metavar="K",
+                   help="spread requests over K tenants by a stable hash of their id "
+                        "(replaces a tenant field of the trace)")
     p.set_defaults(func=run)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
+    return value
+
+
+def _cache_tokens(text: str):
+    if text.strip().lower() in ("unlimited", "inf", "none"):
+        return "unlimited"
+    return non_negative_int(text)
 
 
 def _cost(spec: str | None) -> RuntimeCostModel:
@@ -119,35 +175,52 @@ def _write(path: str, text: str) -> None:
         fh.write(text)
 
 
+def _refuse_given(args, options: dict, why: str) -> None:
+    """Like `_refuse`, for options whose unset value is None (0 is a real value)."""
+    for dest, flag in options.items():
+        if getattr(args, dest) is not None:
+            raise CommandError(f"{flag} {why}")
+
+
 def run(args) -> int:
     if args.list:
         print("\n".join(SCENARIO_NAMES))
         return 0
+    if args.trace:
+        if args.suite:
+            raise CommandError("--trace and --suite are two different runs: give one")
+        _refuse(args, {k: v for k, v in _SCENARIO_ONLY.items() if k != "trace"},
+                "applies to the reference scenarios, not to --trace")
+        _refuse_given(args, _WORKLOAD_ONLY, "applies to the synthetic suite (--suite), not to "
+                                            "--trace")
+        return _run_trace(args, _cost(args.cost_model), _backend(args.backend))
+    _refuse_given(args, _TRACE_ONLY, "needs --trace")
     if args.suite:
         _refuse(args, _SCENARIO_ONLY, "applies to the reference scenarios, not to --suite")
         return _run_suite(args, _cost(args.cost_model), _backend(args.backend))
-    _refuse(args, _SUITE_ONLY, "needs --suite")
+    _refuse(args, _SUITE_ONLY, "needs --suite or --trace")
+    _refuse_given(args, {**_WORKLOAD_ONLY, **_RUN_FLAGS}, "needs --suite or --trace")
     cost = _cost(args.cost_model)
     backend = _backend(args.backend)
     try:
         scenarios = [get_scenario(name) for name in (args.scenario or SCENARIO_NAMES)]
     except ValueError as exc:
         raise CommandError(str(exc)) from None
-    check_output_file("--trace", args.trace)
+    check_output_file("--iteration-trace", args.iteration_trace)
     check_output_file("--json", args.json)
     results = []
     bar = Progress(len(scenarios), "lab")
     for scenario in scenarios:
         results.append(run_scenario(scenario, cost, backend=backend, bench_reps=args.bench_reps,
-                                    trace=bool(args.trace)))
+                                    trace=bool(args.iteration_trace)))
         bar.update(len(results))
     bar.close()
     sys.stdout.write(format_table(results))
     replay = replay_all(cost, backend=backend) if (args.replay or args.json) else []
     if args.replay:
         sys.stdout.write("\n" + format_replay(replay))
-    if args.trace:
-        _write(args.trace, "".join(line + "\n" for r in results for line in r.trace))
+    if args.iteration_trace:
+        _write(args.iteration_trace, "".join(line + "\n" for r in results for line in r.trace))
     if args.json:
         _write(args.json, dump_json(lab_document(results, replay, cost, backend.name)))
     return 0
@@ -156,6 +229,17 @@ def run(args) -> int:
 def _overrides(args, names: dict) -> dict:
     return {field: getattr(args, arg) for arg, field in names.items()
             if getattr(args, arg) is not None}
+
+
+def _check_plot(path) -> None:
+    check_output_dir("--plot", path)
+    if path:
+        from ..lab.plot import PlotUnavailable, _pyplot
+
+        try:
+            _pyplot()
+        except PlotUnavailable as exc:
+            raise CommandError(str(exc)) from None
 
 
 def _run_suite(args, cost: RuntimeCostModel, backend) -> int:
@@ -168,14 +252,7 @@ def _run_suite(args, cost: RuntimeCostModel, backend) -> int:
         if name not in MODES:
             raise CommandError(f"unknown mode {name!r} (choose from {', '.join(MODES)})")
     check_output_file("--json", args.json)
-    check_output_dir("--plot", args.plot)
-    if args.plot:
-        from ..lab.plot import PlotUnavailable, _pyplot
-
-        try:
-            _pyplot()
-        except PlotUnavailable as exc:
-            raise CommandError(str(exc)) from None
+    _check_plot(args.plot)
     try:
         spec = replace(WorkloadSpec(), **_overrides(args, _SPEC_OPTIONS)).validate()
         options = replace(SuiteOptions(), record_series=bool(args.plot),
@@ -214,5 +291,88 @@ def _run_suite(args, cost: RuntimeCostModel, backend) -> int:
         from ..lab.plot import plot_suite
 
         for path in plot_suite(runs, args.plot):
+            print(f"# wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _fmt(value) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _run_trace(args, cost: RuntimeCostModel, backend) -> int:
+    policies = args.policy or list(TRACE_POLICIES)
+    for name in policies:
+        if name not in TRACE_POLICIES:
+            raise CommandError(f"unknown policy {name!r} (choose from "
+                               f"{', '.join(TRACE_POLICIES)})")
+    modes = args.mode or [DEFAULT_MODE]
+    for name in modes:
+        if name not in MODES:
+            raise CommandError(f"unknown mode {name!r} (choose from {', '.join(MODES)})")
+    if len(modes) > 1:
+        raise CommandError("--trace replays one --mode at a time")
+    mode = modes[0]
+    check_output_file("--json", args.json)
+    _check_plot(args.plot)
+    cache = args.prefix_cache_tokens
+    cache = DEFAULT_PREFIX_CACHE_TOKENS if cache is None else (None if cache == "unlimited"
+                                                               else cache)
+    try:
+        options = replace(ReplayOptions(), prefix_cache_tokens=cache,
+                          record_series=bool(args.plot),
+                          **_overrides(args, _RUN_OPTIONS)).validate()
+        trace = Trace(args.trace, args.format or "auto",
+                      time_scale=1.0 if args.time_scale is None else args.time_scale,
+                      limit=args.limit, tenants=args.tenants)
+        # One pass before any replay: a malformed line is reported before work starts, and
+        # the header can describe the trace.
+        for _ in trace:
+            pass
+    except TraceError as exc:
+        raise CommandError(str(exc)) from None
+    except OSError as exc:
+        raise CommandError(f"--trace: cannot read {args.trace}: {exc.strerror}") from None
+    except (ValueError, TypeError) as exc:
+        raise CommandError(str(exc)) from None
+    stats = trace.stats
+    if not stats.requests:
+        raise CommandError(f"--trace: {args.trace} holds no requests")
+    out = sys.stdout
+    info = {"path": args.trace, "format": trace.format, "time_scale": trace.time_scale,
+            "limit": trace.limit, **stats.as_dict(), "mode": mode, "backend": backend.name,
+            "cost_model": cost.as_dict(),
+            "options": {k: v for k, v in options.__dict__.items() if k != "record_series"}}
+    out.write(f"# trace {args.trace} format={trace.format} requests={stats.requests} "
+              f"skipped_failures={stats.skipped_failures} span_s={stats.span_s:.1f} "
+              f"time_scale={trace.time_scale:g} mean_input={_fmt(info['mean_input_tokens'])} "
+              f"mean_output={_fmt(info['mean_output_tokens'])} "
+              f"tenants={max(len(stats.tenants), 1)}\n")
+    out.write(f"# backend={backend.name} mode={mode} max_active={options.max_active} "
+              f"max_tokens={options.max_tokens} chunk={options.chunk} "
+              f"kv_capacity_tokens={options.kv_capacity_tokens} prefix_cache_tokens="
+              f"{'unlimited' if cache is None else cache} ttft_target_ms="
+              f"{options.ttft_target_ms:g} itl_target_ms={options.itl_target_ms:g}\n")
+    out.write(f"# {TRACE_UNITS}\n")
+    out.write(format_trace_header() + "\n")
+    out.flush()
+
+    def emit(run) -> None:
+        out.write(format_trace_row(run.figures) + "\n")
+        out.flush()
+
+    try:
+        runs = run_replays(trace, policies, mode, options, cost, backend=backend, on_run=emit,
+                           total=stats.requests)
+    except TraceError as exc:  # the file changed since it was checked
+        raise CommandError(str(exc)) from None
+    tenants = format_tenant_table(runs)
+    if tenants:
+        out.write("\n" + tenants)
+    if args.json:
+        _write(args.json, json.dumps(trace_document(info, runs), indent=2) + "\n")
+    if args.plot:
+        from ..lab.plot import plot_trace
+
+        for path in plot_trace(runs, args.plot):
             print(f"# wrote {path}", file=sys.stderr)
     return 0

@@ -1,28 +1,35 @@
-"""Optional PNG plots of a suite (needs matplotlib: `pip install '.[plot]'`).
+"""Optional PNG plots of a suite or a trace replay (needs matplotlib: `pip install '.[plot]'`).
 
-Each PNG records how many series each of its panels holds in a PNG text chunk
-("skippy-series", e.g. "8" or "8,8"), so a reader can check the picture without a viewer.
+Every panel shows one metric with labelled axes and units, and a legend that names each line.
+Time series are binned: the bin width is chosen from the run's length (a round number of
+seconds) and written in the axis label, so a 10⁶-iteration run plots as a few hundred points.
+Queue depth is the largest number of queued requests in each bin (an integer: a mean would
+show fractional requests); it is drawn as small multiples, one panel per run on shared axes,
+because overlapping step lines hide each other. The suite plots the scheduler's waiting queue
+(not yet admitted); a trace replay plots the requests that have arrived and are not yet in
+any plan, which also counts admitted requests still waiting for prefill budget.
+
+Each PNG records how many lines each of its panels holds in a PNG text chunk ("skippy-series",
+e.g. "4,4" for two panels of four lines), so a reader can check the picture without a viewer.
 """
 from __future__ import annotations
 
+import math
 import os
-from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .suite import SuiteRun
-
 INSTALL_HINT = "plotting needs matplotlib: pip install '.[plot]' (or pip install matplotlib)"
 SERIES_KEY = "skippy-series"
-_BINS = 600
+_MAX_BINS = 200
+_STYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)))
 
 
 class PlotUnavailable(RuntimeError):
     pass
 
 
-def _pyplot() -> Any:
+def _pyplot():
     try:
         import matplotlib
 
@@ -33,77 +40,228 @@ def _pyplot() -> Any:
     return plt
 
 
-def _binned(t: np.ndarray, values: np.ndarray, bins: int = _BINS) -> tuple[np.ndarray, np.ndarray]:
-    """Mean of `values` per time bin, so 10^6-iteration runs plot as a few hundred points."""
+def _style(k: int) -> dict:
+    return {"color": f"C{k % 10}", "linestyle": _STYLES[k % len(_STYLES)], "linewidth": 1.6}
+
+
+def bin_width(t_end: float, max_bins: int = _MAX_BINS) -> float:
+    """The smallest round width (1, 2 or 5 × 10^k seconds) giving at most `max_bins` bins."""
+    if t_end <= 0:
+        return 1.0
+    raw = t_end / max_bins
+    exp = math.floor(math.log10(raw))
+    for mult in (1, 2, 5, 10):
+        width = mult * 10.0 ** exp
+        if width >= raw:
+            return width
+    return 10.0 ** (exp + 1)
+
+
+def _fmt_width(width: float) -> str:
+    return f"{width:g} s"
+
+
+def _bins(t: np.ndarray, width: float) -> np.ndarray:
+    return np.floor(np.asarray(t, dtype=np.float64) / width).astype(np.int64)
+
+
+def binned_mean(t: np.ndarray, values: np.ndarray, width: float):
+    """(bin start times, mean per bin) over the bins that hold samples."""
     if len(t) == 0:
-        return t, values
-    edges = np.linspace(t[0], t[-1] if t[-1] > t[0] else t[0] + 1e-9, bins + 1)
-    which = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, bins - 1)
-    counts = np.bincount(which, minlength=bins)
-    sums = np.bincount(which, weights=values.astype(np.float64), minlength=bins)
+        return np.zeros(0), np.zeros(0)
+    b = _bins(t, width)
+    counts = np.bincount(b)
+    sums = np.bincount(b, weights=np.asarray(values, dtype=np.float64))
     keep = counts > 0
-    centers = (edges[:-1] + edges[1:]) / 2
-    return centers[keep], sums[keep] / counts[keep]
+    return np.flatnonzero(keep) * width, sums[keep] / counts[keep]
 
 
-def _label(run: SuiteRun) -> str:
-    return f"{run.policy}/{run.mode}"
+def binned_max(t: np.ndarray, values: np.ndarray, width: float):
+    """(bin start times, max per bin) for every bin from 0 to the last sample (0 when empty)."""
+    if len(t) == 0:
+        return np.zeros(0), np.zeros(0)
+    b = _bins(t, width)
+    out = np.zeros(int(b.max()) + 1)
+    np.maximum.at(out, b, np.asarray(values, dtype=np.float64))
+    return np.arange(len(out)) * width, out
 
 
-def _recorded(run: SuiteRun) -> tuple[np.ndarray, dict[str, Any]]:
-    """TTFTs and per-iteration series of a run; only runs with `record_series` have the series."""
-    if run.ttft_us is None or run.series is None:
-        raise ValueError(f"{_label(run)} has no per-iteration series: run the suite with "
-                         "SuiteOptions(record_series=True) to plot it")
-    return run.ttft_us, run.series
+def binned_ratio(t: np.ndarray, num: np.ndarray, den: np.ndarray, width: float):
+    """(bin start times, Σnum/Σden per bin) over the bins where Σden > 0."""
+    if len(t) == 0:
+        return np.zeros(0), np.zeros(0)
+    b = _bins(t, width)
+    n = np.bincount(b, weights=np.asarray(num, dtype=np.float64))
+    d = np.bincount(b, weights=np.asarray(den, dtype=np.float64))
+    keep = d > 0
+    return np.flatnonzero(keep) * width, n[keep] / d[keep]
 
 
-def _save(fig: Any, path: str, series: list[int]) -> str:
-    fig.tight_layout()
+def _save(fig, path: str, series: list[int]) -> str:
     fig.savefig(path, dpi=100, metadata={SERIES_KEY: ",".join(str(s) for s in series)})
     return path
 
 
-def plot_suite(runs: Sequence[SuiteRun], out_dir: str) -> list[str]:
-    """Write ttft_cdf.png, batch_occupancy.png and queue_depth.png; return their paths."""
+def _ttft_panel(ax, runs, labels) -> int:
+    for k, (run, label) in enumerate(zip(runs, labels)):
+        ttft = run.ttft_us[~np.isnan(run.ttft_us)] / 1e3
+        ttft = np.sort(np.maximum(ttft, 1e-3))  # log axis: a zero TTFT cannot be drawn
+        ax.plot(ttft, np.arange(1, len(ttft) + 1) / max(len(ttft), 1), label=label,
+                **_style(k))
+    ax.set_xscale("log")
+    ax.set_xlabel("time to first token (ms of virtual time, log scale)")
+    ax.set_ylabel("fraction of requests with TTFT ≤ x")
+    ax.set_ylim(0, 1.02)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(title="policy", fontsize="small")
+    return len(runs)
+
+
+def unscheduled_depth(arrival_s: np.ndarray, first_scheduled_s: np.ndarray):
+    """(event times, requests arrived and not yet in any plan just after each event)."""
+    arrival_s = np.asarray(arrival_s, dtype=np.float64)
+    started = np.asarray(first_scheduled_s, dtype=np.float64)
+    started = started[~np.isnan(started)]
+    times = np.concatenate([arrival_s, started])
+    steps = np.concatenate([np.ones(len(arrival_s)), -np.ones(len(started))])
+    order = np.lexsort((-steps, times))  # at equal times, arrivals first: the peak counts
+    return times[order], np.cumsum(steps[order])
+
+
+def _queue_multiples(plt, runs, labels, title: str, path: str, what: str) -> str:
+    """Queue depth as one panel per run. `what` picks the series: "waiting" (the scheduler's
+    waiting queue after each iteration) or "unscheduled" (arrived, not yet in any plan)."""
+    curves = []
+    for run in runs:
+        s = run.series
+        if what == "waiting":
+            curves.append((s["time_s"], s["waiting"]))
+        else:
+            curves.append(unscheduled_depth(s["arrival_s"], s["first_scheduled_s"]))
+    t_end = max((float(t[-1]) for t, _ in curves if len(t)), default=1.0)
+    width = bin_width(t_end)
+    fig, axes = plt.subplots(len(runs), 1, figsize=(9, 1.2 + 1.4 * len(runs)), sharex=True,
+                             sharey=True, squeeze=False)
+    for k, (ax, (t, values), label) in enumerate(zip(axes[:, 0], curves, labels)):
+        start, depth = binned_max(t, values, width)
+        # One line per panel: colour tells the runs apart, a solid line reads best.
+        ax.step(start, depth, where="post", label=label, color=f"C{k % 10}", linewidth=1.4)
+        ax.legend(loc="upper right", fontsize="small")
+        ax.grid(True, alpha=0.3)
+        ax.set_ylim(bottom=0)
+        ax.yaxis.get_major_locator().set_params(integer=True)
+    axes[-1, 0].set_xlabel("virtual time (s)")
+    if what == "waiting":
+        ylabel = (f"requests waiting for admission\n(largest after an iteration in each "
+                  f"{_fmt_width(width)} bin)")
+    else:
+        ylabel = (f"requests arrived and not yet scheduled\n(largest in each "
+                  f"{_fmt_width(width)} bin)")
+    fig.supylabel(ylabel, fontsize="medium")
+    fig.suptitle(title)
+    fig.tight_layout()
+    try:
+        return _save(fig, path, [1] * len(runs))
+    finally:
+        plt.close(fig)
+
+
+# -- the workload suite --------------------------------------------------------------------------
+
+
+def plot_suite(runs, out_dir: str) -> list[str]:
+    """Write ttft_cdf.png, batch_occupancy.png and queue_depth.png; return their paths.
+
+    One column per planning mode (its policies as lines) for TTFT and batching; queue depth as
+    one panel per run."""
     plt = _pyplot()
-    recorded = [(run, *_recorded(run)) for run in runs]
     os.makedirs(out_dir, exist_ok=True)
+    modes = list(dict.fromkeys(run.mode for run in runs))
+    by_mode = {m: [r for r in runs if r.mode == m] for m in modes}
+    paths = []
+
+    fig, axes = plt.subplots(1, len(modes), figsize=(6.5 * len(modes), 4.8), sharey=True,
+                             squeeze=False)
+    series = []
+    for ax, mode in zip(axes[0], modes):
+        series.append(_ttft_panel(ax, by_mode[mode], [r.policy for r in by_mode[mode]]))
+        ax.set_title(f"TTFT, {mode} planning")
+    fig.tight_layout()
+    paths.append(_save(fig, os.path.join(out_dir, "ttft_cdf.png"), series))
+    plt.close(fig)
+
+    t_end = max((float(r.series["time_s"][-1]) for r in runs if len(r.series["time_s"])),
+                default=1.0)
+    width = bin_width(t_end)
+    fig, axes = plt.subplots(2, len(modes), figsize=(6.5 * len(modes), 7), sharex=True,
+                             squeeze=False)
+    series = []
+    for col, mode in enumerate(modes):
+        top, bottom = axes[0, col], axes[1, col]
+        for k, run in enumerate(by_mode[mode]):
+            s = run.series
+            t, batch = binned_mean(s["time_s"], s["batch"], width)
+            top.plot(t, batch, label=run.policy, **_style(k))
+            t, occ = binned_mean(s["time_s"], 100.0 * s["tokens"] / s["max_tokens"], width)
+            bottom.plot(t, occ, label=run.policy, **_style(k))
+        top.set_title(f"{mode} planning")
+        top.set_ylabel(f"batch size (rows per iteration,\nmean per {_fmt_width(width)} bin)")
+        bottom.set_ylabel(f"token occupancy (% of the iteration\nbudget, mean per "
+                          f"{_fmt_width(width)} bin)")
+        bottom.set_xlabel("virtual time (s)")
+        for ax in (top, bottom):
+            ax.grid(True, alpha=0.3)
+            ax.legend(title="policy", fontsize="small")
+        series += [len(by_mode[mode])]
+    fig.tight_layout()
+    paths.append(_save(fig, os.path.join(out_dir, "batch_occupancy.png"),
+                       series + series))
+    plt.close(fig)
+
+    paths.append(_queue_multiples(plt, runs, [f"{r.policy}, {r.mode} planning" for r in runs],
+                                  "Queue depth", os.path.join(out_dir, "queue_depth.png"),
+                                  "waiting"))
+    return paths
+
+
+# -- a trace replay ------------------------------------------------------------------------------
+
+
+def plot_trace(runs, out_dir: str) -> list[str]:
+    """Write trace_ttft_cdf.png, trace_hit_rate.png and trace_queue_depth.png for the policies
+    of one replay; return their paths."""
+    plt = _pyplot()
+    os.makedirs(out_dir, exist_ok=True)
+    labels = [run.policy for run in runs]
+    mode = runs[0].mode if runs else ""
     paths = []
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    for run, ttft_us, _ in recorded:
-        ttft = np.sort(ttft_us[~np.isnan(ttft_us)]) / 1e3
-        ax.plot(ttft, np.arange(1, len(ttft) + 1) / max(len(ttft), 1), label=_label(run))
-    ax.set_xscale("log")
-    ax.set_xlabel("TTFT (ms, virtual)")
-    ax.set_ylabel("fraction of requests")
-    ax.set_title("TTFT CDF per policy")
-    ax.legend(fontsize="small")
-    paths.append(_save(fig, os.path.join(out_dir, "ttft_cdf.png"), [len(runs)]))
+    _ttft_panel(ax, runs, labels)
+    ax.set_title(f"TTFT per policy ({mode} planning)")
+    fig.tight_layout()
+    paths.append(_save(fig, os.path.join(out_dir, "trace_ttft_cdf.png"), [len(runs)]))
     plt.close(fig)
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
-    for run, _, s in recorded:
-        t, batch = _binned(s["time_s"], s["batch"])
-        top.plot(t, batch, label=_label(run))
-        t, occ = _binned(s["time_s"], 100.0 * s["tokens"] / s["max_tokens"])
-        bottom.plot(t, occ, label=_label(run))
-    top.set_ylabel("batch size (rows)")
-    bottom.set_ylabel("token occupancy (%)")
-    bottom.set_xlabel("virtual time (s)")
-    top.legend(fontsize="x-small", ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.0))
-    paths.append(_save(fig, os.path.join(out_dir, "batch_occupancy.png"), [len(runs), len(runs)]))
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(9, 4))
-    for run, _, s in recorded:
-        t, waiting = _binned(s["time_s"], s["waiting"])
-        ax.plot(t, waiting, label=_label(run))
+    t_end = max((float(r.series["admit_time_s"][-1]) for r in runs
+                 if len(r.series["admit_time_s"])), default=1.0)
+    width = bin_width(t_end, 120)
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for k, (run, label) in enumerate(zip(runs, labels)):
+        s = run.series
+        t, rate = binned_ratio(s["admit_time_s"], s["admit_restore"], s["admit_prompt"], width)
+        ax.plot(t, 100.0 * rate, label=label, marker=".", markersize=3, **_style(k))
     ax.set_xlabel("virtual time (s)")
-    ax.set_ylabel("waiting requests")
-    ax.set_title("Queue depth")
-    ax.legend(fontsize="small")
-    paths.append(_save(fig, os.path.join(out_dir, "queue_depth.png"), [len(runs)]))
+    ax.set_ylabel(f"prefix cache hit rate (%)\n(restored / prompt tokens of the\nrequests "
+                  f"admitted in each {_fmt_width(width)} bin)")
+    ax.set_ylim(0, 100)
+    ax.grid(True, alpha=0.3)
+    ax.legend(title="policy", fontsize="small")
+    ax.set_title("Prefix cache hit rate over time")
+    fig.tight_layout()
+    paths.append(_save(fig, os.path.join(out_dir, "trace_hit_rate.png"), [len(runs)]))
     plt.close(fig)
+
+    paths.append(_queue_multiples(plt, runs, labels, f"Queue depth ({mode} planning)",
+                                  os.path.join(out_dir, "trace_queue_depth.png"), "unscheduled"))
     return paths

@@ -67,3 +67,89 @@ def lab_document(results: list[ScenarioResult], replay: list[ReplayResult],
 
 def dump_json(document: dict[str, Any]) -> str:
     return json.dumps(document, indent=2, sort_keys=False) + "\n"
+
+
+# -- trace replay (`lab --trace FILE`) ---------------------------------------------------------
+
+# (figure, header, width, format): one row per policy, aligned so that rows printed as each run
+# finishes line up under the header.
+TRACE_COLUMNS = (
+    ("policy", "policy", 19, "s"),
+    ("p50_queue_ms", "queue p50", 9, ".1f"),
+    ("p90_queue_ms", "p90", 8, ".1f"),
+    ("p99_queue_ms", "p99", 8, ".1f"),
+    ("p50_ttft_ms", "TTFT p50", 9, ".1f"),
+    ("p90_ttft_ms", "p90", 8, ".1f"),
+    ("p99_ttft_ms", "p99", 8, ".1f"),
+    ("p50_itl_ms", "gap p50", 8, ".2f"),
+    ("p99_itl_ms", "p99", 7, ".2f"),
+    ("output_tokens_per_s", "out tok/s", 9, ".0f"),
+    ("goodput_rps", "goodput/s", 9, ".2f"),
+    ("hit_rate", "hit rate", 8, ".3f"),
+    ("evictions", "evictions", 9, "d"),
+    ("stale_refreshes", "stale", 6, "d"),
+    ("preemptions", "preempt", 7, "d"),
+    ("utilisation", "util", 5, ".2f"),
+    ("jain_index", "Jain", 5, ".3f"),
+    ("wall_s", "wall s", 6, ".1f"),
+)
+TRACE_UNITS = ("queue wait, TTFT and inter-token gap in ms of virtual time (nearest-rank "
+               "percentiles); out tok/s and goodput/s per second of virtual time; hit rate = "
+               "prompt tokens restored from the prefix cache / prompt tokens; stale = stale "
+               "affinity refreshes; util = busy virtual time / makespan; Jain = fairness of "
+               "per-tenant service while the trace arrives (- with one tenant); wall s = "
+               "real seconds the replay took")
+
+
+def _cell(value, width: int, fmt: str) -> str:
+    if value is None:
+        text = "-"
+    elif fmt == "s":
+        return f"{value:<{width}}"
+    else:
+        text = format(value, fmt)
+    return f"{text:>{width}}"
+
+
+def format_trace_header() -> str:
+    return "  ".join(f"{head:<{w}}" if fmt == "s" else f"{head:>{w}}"
+                     for _, head, w, fmt in TRACE_COLUMNS)
+
+
+def format_trace_row(figures: dict) -> str:
+    return "  ".join(_cell(figures.get(name), w, fmt) for name, _, w, fmt in TRACE_COLUMNS)
+
+
+def format_tenant_table(runs) -> str:
+    """Per-tenant service (tokens computed per second while the trace arrives), one row per
+    policy; empty with a single tenant."""
+    runs = [r for r in runs if r.figures.get("tenant_service_tokens_per_s")]
+    if not runs:
+        return ""
+    names = list(runs[0].figures["tenant_service_tokens_per_s"])
+    lines = ["# per-tenant service, tokens/s while the trace arrives"]
+    if len(names) > 16:
+        lines.append(f"{'policy':<19}  {'tenants':>7}  {'min':>9}  {'median':>9}  {'max':>9}"
+                     f"  {'Jain':>5}")
+        for run in runs:
+            rates = sorted(run.figures["tenant_service_tokens_per_s"].values())
+            jain = run.figures["jain_index"]
+            lines.append(f"{run.policy:<19}  {len(rates):>7}  {rates[0]:>9.1f}  "
+                         f"{rates[len(rates) // 2]:>9.1f}  {rates[-1]:>9.1f}  "
+                         f"{'-' if jain is None else format(jain, '.3f'):>5}")
+        return "\n".join(lines) + "\n"
+    width = max(9, max(len(str(n)) for n in names))
+    lines.append(f"{'policy':<19}  " + "  ".join(f"{str(n):>{width}}" for n in names)
+                 + f"  {'Jain':>5}")
+    for run in runs:
+        rates = run.figures["tenant_service_tokens_per_s"]
+        jain = run.figures["jain_index"]
+        lines.append(f"{run.policy:<19}  " + "  ".join(f"{rates.get(n, 0.0):>{width}.1f}"
+                                                       for n in names)
+                     + f"  {'-' if jain is None else format(jain, '.3f'):>5}")
+    return "\n".join(lines) + "\n"
+
+
+def trace_document(trace_info: dict, runs) -> dict:
+    """`{"trace": {...}, "policies": {name: figures}}` (docs/lab.md lists the fields)."""
+    return {"trace": trace_info, "policies": {run.policy: dict(run.figures) for run in runs}}

@@ -71,11 +71,13 @@ ERRORS = [
     (["lab", "--suite", "--mode", "sideways"], "unknown mode 'sideways'"),
     (["lab", "--suite", "--requests", "0"], "requests must be in"),
     (["lab", "--suite", "--max-active", "0"], "--max-active must be >= 1"),
-    (["lab", "--suite", "--trace", "t.txt"], "--trace applies to the reference scenarios"),
+    (["lab", "--suite", "--iteration-trace", "t.txt"],
+     "--iteration-trace applies to the reference scenarios"),
+    (["lab", "--suite", "--trace", "t.txt"], "--trace and --suite are two different runs"),
     (["lab", "--plot", "plots"], "--plot needs --suite"),
     # output paths
     (["lab", "--json", "{dir}"], "--json: {dir} is a directory"),
-    (["lab", "--trace", "{missing}"], "does not exist"),
+    (["lab", "--iteration-trace", "{missing}"], "does not exist"),
     (["lab", "--json", "{under_file}"], "is not a directory"),
     (["lab", "--suite", "--json", "{missing}"], "--json: cannot write"),
     (["lab", "--suite", "--plot", "{text}"], "--plot: {text} is not a directory"),
@@ -126,7 +128,7 @@ def test_unwritable_paths(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(os, "access", access)
     _user_error(capsys, ["lab", "--json", str(locked / "lab.json")],
                 f"directory {locked} is not writable")
-    _user_error(capsys, ["lab", "--trace", str(read_only)], "permission denied")
+    _user_error(capsys, ["lab", "--iteration-trace", str(read_only)], "permission denied")
     _user_error(capsys, ["lab", "--suite", "--plot", str(locked)], "is not writable")
     _user_error(capsys, ["lab", "--suite", "--plot", str(locked / "a" / "b")],
                 f"cannot create {locked / 'a' / 'b'}: directory {locked} is not writable")
@@ -148,7 +150,7 @@ def test_bad_output_path_fails_before_the_run(capsys, monkeypatch, files):
     monkeypatch.setattr(lab, "run_suite", no_run)
     # The default --bench-reps would make a full run take seconds: the check comes first.
     _user_error(capsys, ["lab", "--json", files["missing"]], "does not exist")
-    _user_error(capsys, ["lab", "--trace", files["dir"]], "is a directory")
+    _user_error(capsys, ["lab", "--iteration-trace", files["dir"]], "is a directory")
     _user_error(capsys, ["lab", "--suite", "--requests", "100000", "--json", files["missing"]],
                 "does not exist")
 

@@ -52,7 +52,7 @@ def test_unknown_scenario_is_an_error(capsys):
 
 def test_trace_file(tmp_path, capsys, backend):
     path = tmp_path / "trace.txt"
-    _run(capsys, "--backend", backend, "--bench-reps", "0", "--trace", str(path))
+    _run(capsys, "--backend", backend, "--bench-reps", "0", "--iteration-trace", str(path))
     text = path.read_text()
     assert text.count("### scenario ") == 13
     assert "### scenario staggered-prefill-mixed\nit=0 t=0 dur=114 admitted=1 tokens=32 | " \

@@ -1,6 +1,7 @@
-"""--plot: PNGs are valid images with the expected number of series (needs matplotlib)."""
+"""--plot: PNGs are valid images with the expected panels and lines (needs matplotlib)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from skippy_scheduler.lab.suite import SuiteOptions, run_policy
@@ -20,7 +21,10 @@ def test_plots_are_valid_pngs_with_one_series_per_run(tmp_path, backend):
     paths = plot_suite(runs, str(tmp_path / "plots"))
     names = sorted(p.rsplit("/", 1)[1] for p in paths)
     assert names == ["batch_occupancy.png", "queue_depth.png", "ttft_cdf.png"]
-    expected = {"ttft_cdf.png": "3", "batch_occupancy.png": "3,3", "queue_depth.png": "3"}
+    # TTFT and batching: one column per mode, its policies as lines; queue depth: one panel
+    # per run.
+    expected = {"ttft_cdf.png": "2,1", "batch_occupancy.png": "2,1,2,1",
+                "queue_depth.png": "1,1,1"}
     for path in paths:
         with open(path, "rb") as fh:
             assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -29,6 +33,45 @@ def test_plots_are_valid_pngs_with_one_series_per_run(tmp_path, backend):
         with Image.open(path) as image:
             assert image.size[0] > 300 and image.size[1] > 200
             assert image.text[SERIES_KEY] == expected[path.rsplit("/", 1)[1]]
+
+
+def test_binned_queue_depth_is_whole_requests():
+    from skippy_scheduler.lab.plot import bin_width, binned_max, binned_ratio
+
+    assert [bin_width(x) for x in (1.0, 100.0, 3_537.0, 0.0)] == [0.005, 0.5, 20.0, 1.0]
+    t = np.array([0.1, 0.2, 0.9, 2.5])
+    start, depth = binned_max(t, np.array([3, 1, 2, 7]), 1.0)
+    assert start.tolist() == [0.0, 1.0, 2.0] and depth.tolist() == [3.0, 0.0, 7.0]
+    start, rate = binned_ratio(t, np.array([1, 1, 0, 5]), np.array([2, 2, 0, 10]), 1.0)
+    assert start.tolist() == [0.0, 2.0] and rate.tolist() == [0.5, 0.5]
+
+
+def test_trace_plots(tmp_path, backend):
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    from skippy_scheduler.lab.plot import SERIES_KEY, plot_trace
+    from skippy_scheduler.lab.replay import ReplayOptions, run_replay
+    from skippy_scheduler.lab.traces import open_trace
+
+    path = tmp_path / "t.jsonl"
+    rows = []
+    for k in range(60):
+        ids = [0, 1 + k % 5] + [100 + k]
+        rows.append(f'{{"timestamp": {k * 20}, "input_length": 1500, "output_length": '
+                    f'{4 + k % 7}, "hash_ids": {ids}}}')
+    path.write_text("\n".join(rows) + "\n")
+    trace = open_trace(str(path), time_scale=0.05)
+    options = ReplayOptions(max_active=4, prefix_cache_tokens=4_096, record_series=True)
+    runs = [run_replay(trace, p, options=options, backend=backend, progress=False)
+            for p in ("fcfs", "cache-aware-aging")]
+    paths = plot_trace(runs, str(tmp_path / "plots"))
+    expected = {"trace_ttft_cdf.png": "2", "trace_hit_rate.png": "2",
+                "trace_queue_depth.png": "1,1"}
+    assert sorted(p.rsplit("/", 1)[1] for p in paths) == sorted(expected)
+    for p in paths:
+        with Image.open(p) as image:
+            assert image.text[SERIES_KEY] == expected[p.rsplit("/", 1)[1]]
 
 
 def test_plot_option_without_matplotlib_explains_the_install(monkeypatch, capsys):

@@ -1,0 +1,682 @@
+"""Trace replay: a production trace driven through the engine under one admission policy.
+
+Each run is the `Engine` on a `VirtualClock` with `TraceHost`, a model-free runtime (echo
+sampling, like the workload suite's host) with two models:
+
+* **Prefix cache** (`prefix_cache_tokens`): a bounded `PrefixStore` of 512-token blocks. A
+  block becomes resident when the prefill that covers it completes (block by block, so a long
+  prompt is cacheable before its prefill ends); the last, partial block when the whole prompt
+  has been fed. While a request runs it pins the deepest resident block of its prompt, which
+  keeps its whole prefix resident; unpinned blocks are evicted least recently used when room is
+  needed; a block that cannot be made room for is not cached (and neither are the request's
+  later blocks). At submit the prompt is looked up (no recency change): a hit becomes a
+  `PrefixRestore` of the matched tokens plus a one-stage cache affinity (saved cost = matched ×
+  prefill_token_us), and at admission the restored blocks are pinned and touched. A preempted
+  request keeps its restore pinned (the scheduler restores it again, behaviour.md §2.8).
+* **Memory** (`kv_capacity_tokens`): one component "kv-cells", exactly as in the suite
+  (`suite.py`): admission reserves prompt + min(output, reserve_output_tokens) cells; after
+  every iteration the cells actually held are reported and the engine preempts.
+
+**Stale affinity refresh.** The scheduler keeps a sequence's restore and affinity as submitted
+(§3.5) and has no call that changes them for a waiting sequence. So, immediately before each
+plan (the engine's `before_step` hook, after due arrivals are submitted), the host re-observes
+every waiting request whose observation may have changed: the store reports every insert and
+eviction, and each waiting request watches the entry its match ended in (an eviction shrinks
+the match) and the slot right after it (an insert there grows it). Each such request is
+looked up again; if its matched length changed, the host cancels it in the scheduler and
+submits it again, with the same id, with the fresh restore and affinity. That resubmission is
+counted in `stale_refreshes` (and split into `stale_evicted` / `stale_grown`). Its side
+effects, which a native refresh would not have: the request takes a new enqueue order and
+turn, so it queues behind requests that arrived after it (FCFS) and loses its aging credit
+(cache-aware with aging); the scheduler's own cancel and prefix-hit counters include the
+resubmission (the replay's figures do not use them). The engine does not see it: the id, the
+arrival time and everything the recorder measures are unchanged.
+
+**Tenants.** With more than one tenant (a trace field or `tenants=K`), the host adds up, per
+tenant, the tokens each plan computes for it (prefill and decode rows) and reports it to the
+fair-share policy (`FairShareAdmission.charge`); the report gives each tenant's service rate
+while the trace is arriving (tokens computed from the first arrival to the last, per second)
+and Jain's index over those rates.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import numpy as np
+
+from ..cache_policy import CacheAffinity, StageCacheAffinity
+from ..cost_model import RuntimeCostModel
+from ..engine import CostModelHost, Engine, EngineStalled, VirtualClock, percentile
+from ..policies import FairShareAdmission
+from ..prefix_store import PrefixStore, StoreEntry, StoreMatch, VirtualBackend
+from ..types import PrefixRestore, PrefixRestoreKind, SchedulerConfig, Sequence
+from .backend import Backend, resolve_backend
+from .suite import SuiteOptions, make_admission as _suite_admission
+from .traces import BLOCK_TOKENS, Trace, TraceRequest, blocks_for
+
+POLICIES = ("fcfs", "cache-aware-noaging", "cache-aware-aging", "priority", "fair-share")
+MODES = ("phase", "mixed")
+DEFAULT_MODE = "mixed"
+DEFAULT_PREFIX_CACHE_TOKENS = 8 << 20
+_PHASE_DECODE = 2
+
+
+def make_admission(name: str, weights: Optional[dict] = None):
+    if name == "fair-share":
+        return FairShareAdmission(weights)
+    if name not in POLICIES:
+        raise ValueError(f"unknown admission policy {name!r} (choose from {', '.join(POLICIES)})")
+    return _suite_admission(name)
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """Scheduler, runtime-model and report settings of a replay (docs/lab.md)."""
+
+    max_active: int = 32
+    max_tokens: int = 2_048
+    chunk: int = 512
+    kv_capacity_tokens: int = 0  # 0 = no memory component
+    reserve_output_tokens: int = 32
+    prefix_cache_tokens: Optional[int] = DEFAULT_PREFIX_CACHE_TOKENS  # None = unbounded, 0 = off
+    ttft_target_ms: float = 1_000.0
+    itl_target_ms: float = 5.0
+    tenant_weights: Optional[dict] = None  # fair-share weights by tenant name (default 1)
+    record_series: bool = False
+
+    def config(self, mode: str) -> SchedulerConfig:
+        return SuiteOptions(max_active=self.max_active, max_tokens=self.max_tokens,
+                            chunk=self.chunk,
+                            kv_capacity_tokens=self.kv_capacity_tokens).config(mode)
+
+    def validate(self) -> "ReplayOptions":
+        for name in ("max_active", "max_tokens", "chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 1")
+        if self.kv_capacity_tokens < 0 or self.reserve_output_tokens < 0:
+            raise ValueError("memory options must be >= 0")
+        if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 0:
+            raise ValueError("prefix-cache-tokens must be >= 0")
+        if self.ttft_target_ms < 0 or self.itl_target_ms < 0:
+            raise ValueError("goodput targets must be >= 0")
+        return self
+
+
+class _Live:
+    """Host-side state of one request from submit until it ends."""
+
+    __slots__ = ("id", "prompt", "n", "out", "tenant", "record", "restore", "match",
+                 "progress", "done", "admitted", "preempted", "broken", "watching", "fed")
+
+    def __init__(self, request: TraceRequest, prompt: np.ndarray, tenant: int, record: int):
+        self.id = request.id
+        self.prompt = prompt
+        self.n = request.input_length
+        self.out = request.output_length
+        self.tenant = tenant
+        self.record = record  # submission index (= the recorder's index)
+        self.restore = 0  # tokens of the restore the scheduler holds for it
+        self.match: Optional[StoreEntry] = None  # entry the restore lies in
+        self.progress: Optional[StoreEntry] = None  # deepest resident block it pins while running
+        self.done = 0  # leading blocks of its prompt resident through `progress`
+        self.admitted = False
+        self.preempted = False
+        self.broken = False  # a block of its prompt could not be cached
+        self.watching: tuple = ()
+        self.fed = 0  # KV cells it holds (memory model)
+
+
+class TraceHost(CostModelHost):
+    """The replay's runtime model (module docstring): echo sampling, a bounded block prefix
+    cache with stale-affinity refresh, KV accounting and per-tenant service."""
+
+    def __init__(self, scheduler: Any, cost: RuntimeCostModel, options: ReplayOptions, *,
+                 fair_share: Optional[FairShareAdmission] = None,
+                 tenant_names: Optional[list] = None) -> None:
+        super().__init__(token=None, cost=cost)
+        self.scheduler = scheduler
+        self.options = options
+        self.clock: Any = None  # set by run_replay: the engine's clock (for time stamps)
+        cap = options.prefix_cache_tokens
+        self.store: Optional[PrefixStore] = None
+        if cap != 0:
+            self.store = PrefixStore(cap, backend=VirtualBackend(self._on_insert, self._on_evict))
+        self.prefill_cost = max(0, round(cost.prefill_token_us))
+        self.memory = options.kv_capacity_tokens > 0
+        self.reserve = options.reserve_output_tokens if self.memory else None
+        self.fair_share = fair_share
+        self.live: dict[str, _Live] = {}
+        self._arrived: dict[str, TraceRequest] = {}
+        self._records = 0
+        # Stale-refresh bookkeeping: waiting requests by the entry their match ends in, and by
+        # (entry or None, next prompt token) for growth; requests to re-observe before a plan.
+        self._watch_evict: dict[StoreEntry, dict[_Live, None]] = {}
+        self._watch_grow: dict[tuple, dict[_Live, None]] = {}
+        self._stale: dict[_Live, None] = {}
+        self.stale_evicted = 0
+        self.stale_grown = 0
+        # Per-request figures in submission order.
+        self.output_len: list[int] = []
+        self.restored: list[int] = []  # tokens restored at first admission
+        self.admit_time: list[float] = []
+        self.admit_restore: list[int] = []
+        self.admit_prompt: list[int] = []
+        self.hit_tokens = 0
+        self.prompt_tokens = 0
+        self.uncached_blocks = 0
+        self.usage = 0
+        # Tenants: names by index, service computed per tenant (cumulative and in the window).
+        self.tenant_names: list = list(tenant_names or [])
+        self._tenant_index = {name: k for k, name in enumerate(self.tenant_names)}
+        self.per_tenant = False
+        self.service: list[float] = []  # tokens computed per tenant index
+        self.window_service: Optional[list[float]] = None
+        self.window_end_us: Optional[float] = None
+        self.stream_done = False
+        self.first_arrival_us: Optional[float] = None
+        self.last_arrival_us: Optional[float] = None
+
+    # -- the request stream ---------------------------------------------------------------------
+
+    def stream(self, requests: Iterable[TraceRequest]) -> Iterator[TraceRequest]:
+        """`requests`, registered with the host as the engine pulls them."""
+        for request in requests:
+            self._arrived[request.id] = request
+            if self.first_arrival_us is None:
+                self.first_arrival_us = request.arrival_us
+            self.last_arrival_us = request.arrival_us
+            yield request
+        self.stream_done = True
+
+    @property
+    def stale_refreshes(self) -> int:
+        return self.stale_evicted + self.stale_grown
+
+    def _tenant(self, name: Any) -> int:
+        k = self._tenant_index.get(name)
+        if k is None:
+            k = self._tenant_index[name] = len(self.tenant_names)
+            self.tenant_names.append(name)
+        return k
+
+    # -- submit: observe the cache ----------------------------------------------------------------
+
+    def _observe(self, live: _Live) -> StoreMatch:
+        if self.store is None:
+            return StoreMatch()
+        m = self.store.match(live.prompt)
+        return StoreMatch(min(m.matched_tokens, live.n), m.entry) if m.matched_tokens else m
+
+    def _sequence(self, live: _Live, match: StoreMatch, seq: Optional[Sequence] = None) -> Sequence:
+        if seq is None:
+            seq = Sequence(live.id, live.prompt.tolist(), live.out)
+        affinity: Optional[CacheAffinity] = None
+        matched = match.matched_tokens
+        if matched:
+            seq.with_prefix_restore(PrefixRestore(f"prefix-{live.id}", matched,
+                                                  PrefixRestoreKind.ResidentKv))
+            affinity = CacheAffinity.from_stage(StageCacheAffinity(
+                stage_index=0, matched_tokens=matched, prefill_cost_per_token=self.prefill_cost,
+                restore_cost=0))
+        if self.fair_share is not None:
+            affinity = FairShareAdmission.tag(affinity, self.tenant_names[live.tenant], live.id)
+        if affinity is not None:
+            seq.with_cache_affinity(affinity)
+        if self.reserve is not None:
+            seq.with_admission_tokens(live.n + min(live.out, self.reserve))
+        live.restore = matched
+        live.match = match.entry
+        return seq
+
+    def prepare_sequence(self, seq: Sequence) -> Sequence:
+        request = self._arrived.pop(seq.id)
+        prompt = request.prompt_array()
+        request.drop_prompt()
+        live = _Live(request, prompt, self._tenant(request.tenant), self._records)
+        self._records += 1
+        self.live[live.id] = live
+        self.output_len.append(live.out)
+        self.restored.append(0)
+        match = self._observe(live)
+        self._watch(live, match)
+        return self._sequence(live, match, seq)
+
+    # -- stale refresh ----------------------------------------------------------------------------
+
+    def _watch(self, live: _Live, match: StoreMatch) -> None:
+        if self.store is None:
+            return
+        keys = []
+        entry, m = match.entry, match.matched_tokens
+        if entry is not None:
+            self._watch_evict.setdefault(entry, {})[live] = None
+            keys.append(("e", entry))
+        # Growth is watched where the next block would hang: under the entry the match ends
+        # with (or at the root). A match ending inside a segment cannot grow by an insert there.
+        if m < live.n and (entry is None or entry.length == m):
+            slot = (entry, int(live.prompt[m]))
+            self._watch_grow.setdefault(slot, {})[live] = None
+            keys.append(("g", slot))
+        live.watching = tuple(keys)
+
+    def _unwatch(self, live: _Live) -> None:
+        for kind, key in live.watching:
+            table = self._watch_evict if kind == "e" else self._watch_grow
+            waiters = table.get(key)
+            if waiters is not None:
+                waiters.pop(live, None)
+                if not waiters:
+                    del table[key]
+        live.watching = ()
+
+    def _on_insert(self, entry: StoreEntry) -> None:
+        waiters = self._watch_grow.get((entry.parent, int(entry.key[entry.start])))
+        if waiters:
+            self._stale.update(waiters)
+
+    def _on_evict(self, entry: StoreEntry) -> None:
+        # A request watching growth under `entry` also watches `entry` itself, so it is
+        # re-observed (and unwatched) here too.
+        waiters = self._watch_evict.pop(entry, None)
+        if waiters:
+            self._stale.update(waiters)
+
+    def refresh(self) -> None:
+        """Re-observe waiting requests whose match may have changed and resubmit those whose
+        match did (module docstring: what this approximates and what it costs)."""
+        if not self._stale:
+            return
+        stale = sorted(self._stale, key=lambda live: live.record)
+        self._stale.clear()
+        for live in stale:
+            if live.admitted or self.live.get(live.id) is not live:
+                continue
+            self._unwatch(live)
+            match = self._observe(live)
+            if match.matched_tokens != live.restore:
+                if match.matched_tokens < live.restore:
+                    self.stale_evicted += 1
+                else:
+                    self.stale_grown += 1
+                if not self.scheduler.cancel(live.id):
+                    raise RuntimeError(f"stale refresh: {live.id} is not waiting")
+                self.scheduler.submit(self._sequence(live, match))
+            else:
+                live.match = match.entry
+            self._watch(live, match)
+
+    # -- running ----------------------------------------------------------------------------------
+
+    def _pin_restore(self, live: _Live, first: bool) -> None:
+        """Pin the restored prefix (at the first admission; it stays pinned until the request
+        ends) and point the request's progress at the restore's last full block."""
+        store = self.store
+        assert store is not None
+        entry = live.match
+        if entry is None or not entry.alive:
+            raise RuntimeError(f"{live.id} was admitted with a restore of {live.restore} tokens "
+                               "that is no longer resident")
+        if first:
+            store.pin(entry)
+        store.touch(entry)
+        done = blocks_for(live.n) if live.restore >= live.n else live.restore // BLOCK_TOKENS
+        progress = store.find(live.prompt[:min(done * BLOCK_TOKENS, live.n)]) if done else None
+        if done and progress is None:
+            live.broken = True  # the restore is not block-aligned: cache nothing more of it
+            done = 0
+        live.done = done
+        live.progress = progress
+        if progress is not None:
+            store.pin(progress)
+
+    def _admit(self, live: _Live, now: float) -> None:
+        live.admitted = True
+        self._unwatch(live)
+        if live.restore:
+            self._pin_restore(live, first=True)
+        self.restored[live.record] = live.restore
+        self.hit_tokens += live.restore
+        self.prompt_tokens += live.n
+        self.admit_time.append(now)
+        self.admit_restore.append(live.restore)
+        self.admit_prompt.append(live.n)
+
+    def _advance(self, live: _Live, fed_end: int) -> None:
+        """Make the blocks of `live`'s prompt that are now fully computed resident."""
+        if live.broken:
+            return
+        store = self.store
+        assert store is not None
+        n = live.n
+        full = blocks_for(n) if fed_end >= n else fed_end // BLOCK_TOKENS
+        prompt = live.prompt
+        while live.done < full:
+            k = live.done
+            key = prompt[:min((k + 1) * BLOCK_TOKENS, n)]
+            entry = store.find(key)
+            if entry is None:
+                entry = store.insert(key, parent=live.progress)
+                if entry is None:
+                    live.broken = True
+                    self.uncached_blocks += full - k
+                    return
+            else:
+                store.touch(entry)
+            store.pin(entry)
+            if live.progress is not None:
+                store.unpin(live.progress)
+            live.progress = entry
+            live.done = k + 1
+
+    def execute(self, plan: Any) -> None:
+        super().execute(plan)
+        phases = bytes(plan.phases)
+        rows = len(phases)
+        decode = phases.count(_PHASE_DECODE)
+        if decode < rows:
+            ids = plan.sequence_ids
+            live_of = self.live
+            offsets = plan.row_offsets
+            positions = plan.positions
+            now = self.clock.now() if self.clock is not None else 0.0
+            prefill = [(live_of[ids[i]], i) for i, phase in enumerate(phases)
+                       if phase != _PHASE_DECODE]
+            # Every admission pins its restore before any row's new blocks can evict it.
+            for live, _ in prefill:
+                if not live.admitted:
+                    self._admit(live, now)
+                elif live.preempted:
+                    live.preempted = False
+                    if live.restore and self.store is not None:
+                        self._pin_restore(live, first=False)
+            if self.store is not None:
+                for live, i in prefill:
+                    self._advance(live, int(positions[offsets[i + 1] - 1]) + 1)
+        if self.memory:
+            live_of = self.live
+            ids = plan.sequence_ids
+            held = plan.positions[plan.row_offsets[1:] - 1].astype(np.int64) + 1
+            lives = [live_of[i] for i in ids]
+            for live, cells in zip(lives, held.tolist()):
+                self.usage += cells - live.fed
+                live.fed = cells
+        if self.per_tenant:
+            self._account(plan, phases)
+
+    def _account(self, plan: Any, phases: bytes) -> None:
+        # Plain Python: plans are small (most are a few decode rows), where numpy's per-call
+        # overhead would cost more than the loop.
+        live_of = self.live
+        ids = plan.sequence_ids
+        k = len(self.tenant_names)
+        service = self.service
+        if len(service) < k:
+            service.extend([0.0] * (k - len(service)))
+        if self.window_service is None and self.stream_done and self.clock is not None \
+                and self.last_arrival_us is not None and self.clock.now() >= self.last_arrival_us:
+            self.window_service = list(service)
+            self.window_end_us = self.clock.now()
+        served: dict[int, list] = {}
+        if phases.count(_PHASE_DECODE) == len(phases):
+            for rid in ids:
+                t = live_of[rid].tenant
+                service[t] += 1
+                entry = served.get(t)
+                if entry is None:
+                    served[t] = [0, 1]
+                else:
+                    entry[1] += 1
+        else:
+            offsets = plan.row_offsets.tolist()
+            for i, rid in enumerate(ids):
+                t = live_of[rid].tenant
+                tokens = offsets[i + 1] - offsets[i]
+                service[t] += tokens
+                entry = served.setdefault(t, [0, 0])
+                entry[1 if phases[i] == _PHASE_DECODE else 0] += tokens
+        fair = self.fair_share
+        if fair is not None:
+            names = self.tenant_names
+            for t, (prefill, decode) in served.items():
+                fair.charge(names[t], prefill, decode)
+
+    def release(self, sequence_id: str) -> None:
+        live = self.live.get(sequence_id)
+        if live is None:
+            return
+        if self.memory:
+            self.usage -= live.fed
+            live.fed = 0
+        store = self.store
+        if self.scheduler.sequence(sequence_id) is not None:
+            # Preempted: its KV is gone, its restore stays pinned for the re-admission.
+            if store is not None and live.progress is not None:
+                store.unpin(live.progress)
+            live.progress = None
+            live.done = 0
+            live.preempted = True
+            return
+        del self.live[sequence_id]
+        self._stale.pop(live, None)
+        self._unwatch(live)
+        if store is not None:
+            if live.progress is not None:
+                store.unpin(live.progress)
+            if live.admitted and live.restore and live.match is not None:
+                store.unpin(live.match)
+        live.prompt = None  # type: ignore[assignment]
+        live.progress = live.match = None
+
+    def memory_used(self) -> Optional[list[int]]:
+        return [self.usage] if self.memory else None
+
+
+@dataclass
+class ReplayRun:
+    policy: str
+    mode: str
+    figures: dict = field(default_factory=dict)
+    series: Optional[dict] = None  # per-iteration and per-admission arrays for plots
+    ttft_us: Optional[np.ndarray] = None
+    per_request: Optional[dict] = None  # arrays by submission index
+
+
+def _natural(name: Any) -> tuple:
+    """Sort key: "t2" before "t10"."""
+    text = str(name)
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part)
+                 for part in re.split(r"(\d+)", text) if part)
+
+
+def jain_index(values: Any) -> Optional[float]:
+    """(Σx)² / (n Σx²) over the given rates; None for fewer than two."""
+    x = np.asarray(values, dtype=np.float64)
+    if len(x) < 2:
+        return None
+    denominator = len(x) * float((x * x).sum())
+    return float(x.sum() ** 2 / denominator) if denominator > 0 else None
+
+
+def _progress_bar(total: Optional[int], label: str, enabled: Optional[bool]):
+    import sys
+
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=label, unit="req", leave=False, mininterval=0.5,
+                file=sys.stderr)
+
+
+def run_replay(trace: Trace, policy: str, mode: str = DEFAULT_MODE,
+               options: Optional[ReplayOptions] = None, cost: Optional[RuntimeCostModel] = None,
+               *, backend: str | Backend | None = "auto", progress: Optional[bool] = None,
+               on_plan: Optional[Callable[[Any, float, float], None]] = None,
+               host_hook: Optional[Callable[[TraceHost], None]] = None,
+               total: Optional[int] = None) -> ReplayRun:
+    """Replay `trace` under one admission policy and planning mode.
+
+    progress: a progress bar on stderr (None = only when stderr is a terminal); `total` is its
+    number of requests (default: the file's row count). on_plan: the engine's hook, called with
+    every plan after the host ran it. host_hook(host): called once before the run (tests)."""
+    options = (options or ReplayOptions()).validate()
+    cost = cost or RuntimeCostModel()
+    config = options.config(mode)
+    admission = make_admission(policy, options.tenant_weights)
+    sched = resolve_backend(backend).make(config, admission=admission)
+    # The scheduler runs a resolved copy of the policy that shares these counters.
+    fair = admission if isinstance(admission, FairShareAdmission) else None
+    host = TraceHost(sched, cost, options, fair_share=fair)
+    if host_hook is not None:
+        host_hook(host)
+    if total is None and progress is not False:
+        total = trace.count_rows()
+    bar = _progress_bar(total, f"{policy}/{mode}", progress)
+    shown = [0]
+
+    def before_step(engine: Engine) -> None:
+        host.refresh()
+        if bar is not None and engine.iterations % 1024 == 0:
+            done = len(engine.recorder.ids) - engine.outstanding  # type: ignore[union-attr]
+            bar.update(done - shown[0])
+            shown[0] = done
+
+    engine = Engine(sched, host, clock=VirtualClock(cost), before_step=before_step,
+                    on_plan=on_plan)
+    host.clock = engine.clock
+    requests = iter(trace)
+    # Tenant accounting is needed only when the trace has more than one tenant; the first
+    # requests tell (a trace field or --tenants): peeking keeps the stream lazy.
+    first = next(requests, None)
+    if first is None:
+        raise ValueError(f"{trace.path}: the trace has no requests")
+    host.per_tenant = trace.tenants is not None and trace.tenants > 1 or first.tenant is not None
+
+    def chained() -> Iterator[TraceRequest]:
+        yield first
+        yield from requests
+
+    wall_start = time.perf_counter()
+    try:
+        report = engine.run(host.stream(chained()))
+    except EngineStalled as exc:
+        raise RuntimeError(f"scheduler stalled ({policy}/{mode}): {exc}; a prompt larger than "
+                           f"--kv-capacity-tokens can never be admitted") from exc
+    finally:
+        if bar is not None:
+            bar.close()
+    wall = time.perf_counter() - wall_start
+    return _figures(trace, policy, mode, options, config, host, report, wall, sched)
+
+
+def _figures(trace: Trace, policy: str, mode: str, options: ReplayOptions,
+             config: SchedulerConfig, host: TraceHost, report: Any, wall: float,
+             sched: Any) -> ReplayRun:
+    per = report.arrays()
+    timeline = report.timeline()
+    out_len = np.asarray(host.output_len, dtype=np.int64)
+    if not np.array_equal(timeline.generated, out_len):
+        raise RuntimeError("replay bookkeeping lost tokens: generated counts differ from the "
+                           "trace's output lengths")
+    its = report.iteration_arrays()
+    n = len(out_len)
+    arrival = per["arrival_us"]
+    first_sched = per["first_scheduled_us"]
+    ttft = timeline.first_token_us - arrival
+    queue = first_sched - arrival
+    done = timeline.last_token_us
+    gen = timeline.generated
+    tpot = np.where(gen > 1, (done - timeline.first_token_us) / np.maximum(gen - 1, 1), 0.0)
+    good = (ttft <= options.ttft_target_ms * 1e3) & (tpot <= options.itl_target_ms * 1e3)
+    makespan_us = report.makespan_us
+    makespan_s = makespan_us / 1e6
+    busy_us = float(its["duration_us"].sum())
+    preemptions = int(per["preemptions"].sum())
+    store = host.store
+    completed = int(np.count_nonzero(~np.isnan(per["finished_us"])))
+    figures: dict[str, Any] = {
+        "policy": policy,
+        "mode": mode,
+        "requests": n,
+        "completed": completed,
+        "wall_s": wall,
+        "iterations": report.iterations,
+        "makespan_s": makespan_s,
+        "utilisation": busy_us / makespan_us if makespan_us else 0.0,
+        "throughput_rps": completed / makespan_s if makespan_s else 0.0,
+        "output_tokens_per_s": float(gen.sum()) / makespan_s if makespan_s else 0.0,
+        "goodput_rps": float(good.sum()) / makespan_s if makespan_s else 0.0,
+        "goodput_fraction": float(good.mean()) if n else 0.0,
+        "mean_batch": float(its["rows"].mean()) if report.iterations else 0.0,
+        "prompt_tokens": host.prompt_tokens,
+        "hit_tokens": host.hit_tokens,
+        "hit_rate": host.hit_tokens / host.prompt_tokens if host.prompt_tokens else 0.0,
+        "evictions": store.evictions if store is not None else 0,
+        "evicted_tokens": store.evicted_tokens if store is not None else 0,
+        "uncached_blocks": host.uncached_blocks,
+        "stale_refreshes": host.stale_refreshes,
+        "stale_evicted": host.stale_evicted,
+        "stale_grown": host.stale_grown,
+        "preemptions": preemptions,
+        "recomputed_tokens": int(sched.metrics().recompute_tokens),
+        "p99_max_itl_ms": float(percentile(timeline.max_gap_us, 99)) / 1e3,
+    }
+    for name, values in (("queue", queue), ("ttft", ttft), ("itl", timeline.gaps_us)):
+        for p in (50, 90, 99):
+            figures[f"p{p}_{name}_ms"] = float(percentile(values, p)) / 1e3
+    tenants = {}
+    jain = None
+    if host.per_tenant and host.tenant_names:
+        window = np.asarray(host.window_service if host.window_service is not None
+                            else host.service, dtype=np.float64)
+        end = host.window_end_us if host.window_end_us is not None else makespan_us
+        start = host.first_arrival_us or 0.0
+        span_s = max(end - start, 1.0) / 1e6
+        rates = np.zeros(len(host.tenant_names))
+        rates[:len(window)] = window / span_s
+        tenants = {str(name): float(rate) for name, rate in
+                   sorted(zip(host.tenant_names, rates), key=lambda item: _natural(item[0]))}
+        jain = jain_index(rates)
+    figures["tenants"] = len(host.tenant_names) if host.per_tenant else 1
+    figures["tenant_service_tokens_per_s"] = tenants
+    figures["jain_index"] = jain
+    series = None
+    if options.record_series:
+        series = {"time_s": its["start_us"] / 1e6, "waiting": its["waiting"],
+                  "batch": its["rows"], "tokens": its["tokens"],
+                  "max_tokens": config.max_tokens_per_iteration,
+                  "admit_time_s": np.asarray(host.admit_time) / 1e6,
+                  "admit_restore": np.asarray(host.admit_restore, dtype=np.int64),
+                  "admit_prompt": np.asarray(host.admit_prompt, dtype=np.int64),
+                  "arrival_s": arrival / 1e6, "first_scheduled_s": first_sched / 1e6}
+    per_request = {"arrival_us": arrival, "first_scheduled_us": first_sched,
+                   "first_token_us": timeline.first_token_us, "completed_us": done,
+                   "generated": gen, "restored_tokens": np.asarray(host.restored, dtype=np.int64)}
+    return ReplayRun(policy, mode, figures, series, ttft, per_request)
+
+
+def run_replays(trace: Trace, policies: Iterable[str] = POLICIES, mode: str = DEFAULT_MODE,
+                options: Optional[ReplayOptions] = None, cost: Optional[RuntimeCostModel] = None,
+                *, backend: str | Backend | None = "auto", progress: Optional[bool] = None,
+                on_run: Optional[Callable[[ReplayRun], None]] = None,
+                total: Optional[int] = None) -> list[ReplayRun]:
+    """`run_replay` for each policy in turn; `on_run(run)` as each one finishes."""
+    runs = []
+    for policy in policies:
+        run = run_replay(trace, policy, mode, options, cost, backend=backend, progress=progress,
+                         total=total)
+        runs.append(run)
+        if on_run is not None:
+            on_run(run)
+    return runs
+
+
+__all__ = ["DEFAULT_MODE", "DEFAULT_PREFIX_CACHE_TOKENS", "MODES", "POLICIES", "ReplayOptions",
+           "ReplayRun", "TraceHost", "jain_index", "make_admission", "run_replay", "run_replays"]

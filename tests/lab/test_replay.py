@@ -1,0 +1,288 @@
+"""Trace replay: the prefix cache serves what is resident, bounded-cache invariants, stale
+affinity refreshes, preemption with restores, fairness across tenants, backend parity."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from skippy_scheduler.lab.replay import ReplayOptions, jain_index, run_replay
+from skippy_scheduler.lab.traces import BLOCK_TOKENS, blocks_for, open_trace
+
+REPO = Path(__file__).resolve().parents[2]
+TRACES = Path(os.environ.get("SKIPPY_TRACES_DIR") or REPO.parent / "shared" / "traces")
+MOONCAKE_CONV = TRACES / "mooncake-fast25-conversation_trace.jsonl"
+
+
+def mooncake_file(tmp_path, rows, name="t.jsonl") -> str:
+    """rows: (timestamp ms, blocks, output tokens[, tenant]); input = 512 per block, except a
+    last block given as (id, tokens)."""
+    lines = []
+    for row in rows:
+        ts, blocks, out = row[:3]
+        ids, n = [], 0
+        for b in blocks:
+            if isinstance(b, tuple):
+                ids.append(b[0])
+                n += b[1]
+            else:
+                ids.append(b)
+                n += BLOCK_TOKENS
+        record = {"timestamp": ts, "input_length": n, "output_length": out, "hash_ids": ids}
+        if len(row) > 3:
+            record["tenant"] = row[3]
+        lines.append(json.dumps(record))
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def conversation_rows(n=120, seed=3):
+    """Sessions that grow turn by turn (each turn extends the previous prompt), several at
+    once, with shared first blocks and some whole-prompt repeats."""
+    rng = np.random.default_rng(seed)
+    sessions: list[list] = []
+    rows = []
+    next_id = 1000
+    for k in range(n):
+        if not sessions or rng.random() < 0.3:
+            sessions.append([0])  # every prompt starts with block 0
+        s = sessions[int(rng.integers(len(sessions)))]
+        if rng.random() < 0.15:
+            blocks = list(s)  # the same prompt again
+        else:
+            for _ in range(int(rng.integers(1, 4))):
+                s.append(next_id)
+                next_id += 1
+            blocks = list(s)
+        if rng.random() < 0.3:
+            # A partial last block: its id covers fewer tokens, so it is never reused as a
+            # full block (as in the Mooncake traces: an id always covers the same tokens).
+            blocks = blocks + [(next_id, int(rng.integers(1, BLOCK_TOKENS)))]
+            next_id += 1
+        rows.append((k * 7, blocks, int(rng.integers(1, 40))))
+    return rows
+
+
+def check_served_blocks(trace, backend, options, policy="fcfs"):
+    """Replay with an unbounded cache and compare every request's restore at admission with a
+    count made here from the plans alone: a block is resident once a prefill row has fed
+    through its end (the last, partial block once the prompt is fed)."""
+    info = {r.id: (list(r.blocks), r.input_length) for r in trace}
+    resident: set = set()
+    expected: dict = {}
+    first_position: dict = {}
+
+    def on_plan(plan, start, duration):
+        ids = plan.sequence_ids
+        phases = bytes(plan.phases)
+        offsets = plan.row_offsets
+        positions = plan.positions
+        for i, rid in enumerate(ids):  # admissions see what was resident before this plan
+            if rid not in expected:
+                blocks, n = info[rid]
+                lead = 0
+                for b in blocks:
+                    if b not in resident:
+                        break
+                    lead += 1
+                expected[rid] = min(BLOCK_TOKENS * lead, n)
+                first_position[rid] = int(positions[offsets[i]])
+        for i, rid in enumerate(ids):
+            if phases[i] != 2:
+                blocks, n = info[rid]
+                end = int(positions[offsets[i + 1] - 1]) + 1
+                full = len(blocks) if end >= n else end // BLOCK_TOKENS
+                resident.update(blocks[:full])
+
+    run = run_replay(trace, policy, options=options, backend=backend, progress=False,
+                     on_plan=on_plan)
+    restored = run.per_request["restored_tokens"]
+    ids = list(info)
+    assert len(restored) == len(ids) == len(expected)
+    for k, rid in enumerate(ids):
+        assert restored[k] == expected[rid], rid
+        assert first_position[rid] == min(expected[rid], info[rid][1] - 1), rid
+    n_in = sum(n for _, n in info.values())
+    assert run.figures["hit_rate"] == pytest.approx(restored.sum() / n_in)
+    return run
+
+
+def test_unbounded_cache_serves_exactly_the_resident_blocks(tmp_path, backend):
+    trace = open_trace(mooncake_file(tmp_path, conversation_rows()), time_scale=0.3)
+    for policy, active in (("fcfs", 2), ("cache-aware-aging", 3), ("fair-share", 4)):
+        run = check_served_blocks(trace, backend, ReplayOptions(max_active=active,
+                                                                prefix_cache_tokens=None),
+                                  policy)
+        assert run.figures["hit_rate"] > 0.3 and run.figures["evictions"] == 0
+    # Requests waited while others computed their prefix: served only through a refresh.
+    assert run.figures["stale_grown"] > 0
+
+
+def test_unbounded_cache_on_the_conversation_trace(backend):
+    if not MOONCAKE_CONV.is_file():
+        pytest.skip(f"public trace not found in {TRACES} (set SKIPPY_TRACES_DIR)")
+    trace = open_trace(str(MOONCAKE_CONV), limit=250 if backend == "native" else 60,
+                       time_scale=0.2)
+    run = check_served_blocks(trace, backend, ReplayOptions(prefix_cache_tokens=None))
+    assert run.figures["completed"] == trace.stats.requests
+
+
+def test_bounded_cache_stays_within_capacity_and_never_evicts_a_pinned_block(tmp_path,
+                                                                              backend):
+    trace = open_trace(mooncake_file(tmp_path, conversation_rows(90, seed=5)),
+                       time_scale=0.2)
+    cap = 6 * BLOCK_TOKENS
+    victims = []
+    stores = []
+
+    def hook(host):
+        stores.append(host.store)
+        backend_events = host.store.backend
+        previous = backend_events.on_evict
+
+        def on_evict(entry):
+            victims.append((entry.pins, entry.children))
+            previous(entry)
+
+        backend_events.on_evict = on_evict
+
+    def on_plan(plan, start, duration):
+        assert stores[0].used_tokens <= cap
+
+    run = run_replay(trace, "cache-aware-aging", options=ReplayOptions(
+        max_active=4, prefix_cache_tokens=cap), backend=backend, progress=False,
+        on_plan=on_plan, host_hook=hook)
+    f = run.figures
+    assert f["completed"] == f["requests"] == 90
+    assert f["evictions"] == len(victims) > 30
+    assert all(v == (0, 0) for v in victims)
+    assert 0 < f["hit_rate"] < 0.8
+    assert stores[0].used_tokens <= cap
+
+
+def stale_trace(tmp_path):
+    # z leaves blocks 1, 2 resident. a starts at 10 ms; b arrives during a's first chunk and
+    # waits (one slot) holding a match of blocks 1, 2. a's third and fourth chunks do not fit
+    # beside them (capacity: four blocks) and evict block 2, then block 1.
+    return mooncake_file(tmp_path, [(0, [1, 2], 1), (10, [5, 6, 7, 8], 3),
+                                    (11, [1, 2, 3], 1)])
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "cache-aware-aging", "fair-share"])
+def test_an_evicted_match_is_refreshed_before_admission(tmp_path, backend, policy):
+    restores = {}
+
+    def on_plan(plan, start, duration):
+        for i, rid in enumerate(plan.sequence_ids):
+            restores.setdefault(rid, int(plan.positions[plan.row_offsets[i]]))
+
+    run = run_replay(open_trace(stale_trace(tmp_path)), policy, options=ReplayOptions(
+        max_active=1, prefix_cache_tokens=4 * BLOCK_TOKENS), backend=backend, progress=False,
+        on_plan=on_plan)
+    f = run.figures
+    # Two refreshes: after the first eviction b still matches block 1, after the second nothing.
+    assert (f["stale_evicted"], f["stale_grown"], f["stale_refreshes"]) == (2, 0, 2)
+    assert run.per_request["restored_tokens"].tolist() == [0, 0, 0]
+    assert restores == {"r0": 0, "r1": 0, "r2": 0}  # b prefills from 0: nothing was left
+    assert f["evictions"] == 5 and f["hit_rate"] == 0.0
+    # With room for everything the match holds and b restores its two blocks.
+    run = run_replay(open_trace(stale_trace(tmp_path)), policy, options=ReplayOptions(
+        max_active=1, prefix_cache_tokens=None), backend=backend, progress=False)
+    assert run.per_request["restored_tokens"].tolist() == [0, 0, 2 * BLOCK_TOKENS]
+    assert run.figures["stale_refreshes"] == 0
+
+
+def test_a_match_that_grows_while_waiting_is_refreshed(tmp_path, backend):
+    path = mooncake_file(tmp_path, [(0, [1, 2, 3], 4), (0, [1, 2, 3, 4], 1),
+                                    (0, [1, 2, 3, (9, 100)], 1)])
+    run = run_replay(open_trace(path), "fcfs", options=ReplayOptions(
+        max_active=1, prefix_cache_tokens=None), backend=backend, progress=False)
+    assert run.per_request["restored_tokens"].tolist() == [0, 1536, 1536]
+    # The first request's three chunks make a block resident each; both waiters grow thrice.
+    assert run.figures["stale_grown"] == 6 and run.figures["stale_evicted"] == 0
+
+
+def test_preempted_requests_keep_their_restore(tmp_path, backend):
+    rows = conversation_rows(80, seed=11)
+    trace = open_trace(mooncake_file(tmp_path, rows), time_scale=0.05)
+    biggest = max(blocks_for(r.input_length) * BLOCK_TOKENS for r in trace)
+    run = run_replay(trace, "fcfs", options=ReplayOptions(
+        max_active=8, kv_capacity_tokens=biggest + 600, reserve_output_tokens=2,
+        prefix_cache_tokens=24 * BLOCK_TOKENS), backend=backend, progress=False)
+    f = run.figures
+    assert f["completed"] == 80 and f["preemptions"] > 0 and f["recomputed_tokens"] > 0
+    assert f["hit_rate"] > 0
+
+
+def test_a_prompt_larger_than_memory_is_a_clear_error(tmp_path):
+    path = mooncake_file(tmp_path, [(0, [1, 2], 1)])
+    with pytest.raises(RuntimeError, match="kv-capacity-tokens"):
+        run_replay(open_trace(path), "fcfs", options=ReplayOptions(kv_capacity_tokens=600),
+                   progress=False)
+
+
+def test_backends_agree_and_runs_repeat(tmp_path):
+    trace = open_trace(mooncake_file(tmp_path, conversation_rows(60, seed=2)), time_scale=0.1)
+    options = ReplayOptions(max_active=3, prefix_cache_tokens=8 * BLOCK_TOKENS)
+    figures = []
+    for backend in ("twin", "native", "native"):
+        f = dict(run_replay(trace, "cache-aware-aging", options=options, backend=backend,
+                            progress=False).figures)
+        f.pop("wall_s")
+        figures.append(f)
+    assert figures[0] == figures[1] == figures[2]
+    assert figures[0]["stale_refreshes"] > 0 and figures[0]["evictions"] > 0
+
+
+def test_figures_are_consistent(tmp_path, backend):
+    trace = open_trace(mooncake_file(tmp_path, conversation_rows(50, seed=8)), time_scale=0.5)
+    run = run_replay(trace, "fcfs", options=ReplayOptions(max_active=4), backend=backend,
+                     progress=False)
+    f = run.figures
+    assert f["requests"] == f["completed"] == 50 and f["tenants"] == 1
+    assert f["jain_index"] is None and f["tenant_service_tokens_per_s"] == {}
+    assert 0 < f["utilisation"] <= 1
+    assert f["p50_ttft_ms"] <= f["p90_ttft_ms"] <= f["p99_ttft_ms"]
+    assert f["p50_queue_ms"] <= f["p90_queue_ms"] <= f["p99_queue_ms"]
+    outputs = sum(r.output_length for r in trace)
+    assert f["output_tokens_per_s"] == pytest.approx(outputs / f["makespan_s"])
+    assert f["hit_tokens"] == run.per_request["restored_tokens"].sum()
+
+
+def test_jain_index():
+    assert jain_index([1, 1, 1, 1]) == 1.0
+    assert jain_index([1, 0, 0, 0]) == 0.25
+    assert jain_index([5]) is None and jain_index([0, 0]) is None
+
+
+def heavy_and_light(tmp_path):
+    """One heavy tenant sending 70 % of the requests and four light ones, faster than the
+    server can serve them while they arrive."""
+    rng = np.random.default_rng(4)
+    rows = []
+    for k in range(240):
+        tenant = "heavy" if rng.random() < 0.7 else f"light{int(rng.integers(4))}"
+        rows.append((k, [10_000 + 4 * k, 10_001 + 4 * k], int(rng.integers(20, 60)), tenant))
+    return mooncake_file(tmp_path, rows, "tenants.jsonl")
+
+
+def test_fair_share_evens_out_service_between_heavy_and_light_tenants(tmp_path, backend):
+    trace = open_trace(heavy_and_light(tmp_path), time_scale=0.5)
+    options = ReplayOptions(max_active=4, prefix_cache_tokens=0)
+    runs = {p: run_replay(trace, p, options=options, backend=backend, progress=False)
+            for p in ("fcfs", "fair-share")}
+    fcfs, fair = runs["fcfs"].figures, runs["fair-share"].figures
+    assert fcfs["tenants"] == fair["tenants"] == 5
+    assert fair["utilisation"] > 0.9  # saturated: policies decide who is served
+    assert fair["jain_index"] > fcfs["jain_index"] + 0.15
+    heavy_share = {name: run.figures["tenant_service_tokens_per_s"]["heavy"]
+                   / sum(run.figures["tenant_service_tokens_per_s"].values())
+                   for name, run in runs.items()}
+    assert heavy_share["fair-share"] < heavy_share["fcfs"]
+    # Every light tenant gets more service under fair share than under FCFS.
+    for t in ("light0", "light1", "light2", "light3"):
+        assert fair["tenant_service_tokens_per_s"][t] > fcfs["tenant_service_tokens_per_s"][t]
