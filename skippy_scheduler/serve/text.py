@@ -37,8 +37,9 @@ class StopMatcher:
     """Cuts streamed text at the first occurrence of any stop string.
 
     `push(text)` returns (text that may be sent now, stopped). Text that could still grow into
-    a stop string is held back; once a stop string is complete, the text before it is released,
-    the stop string and everything after it are dropped, and `stopped` stays True.
+    a stop string is held back. Generation stops at the first push after which any stop string
+    is present (as a generator checks after each token): the text ends where the earliest of the
+    strings present then begins, the rest is dropped, and `stopped` stays True.
     """
 
     __slots__ = ("stops", "_pending", "stopped")
