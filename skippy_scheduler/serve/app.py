@@ -283,6 +283,8 @@ def create_app(ctx: ServeContext) -> FastAPI:
         if out.finish is None or out.finish == "stop":
             # Gone before the end, or stopped on a string: the engine may still be running it.
             runner.cancel(out.sub.request_id)
+        if out.finish is None:
+            ctx.metrics.request_success.labels("abort").inc()
         runner.close(out.sub)
 
     async def _collect(request: Request, out: _Generation) -> None:

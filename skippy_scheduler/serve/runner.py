@@ -148,6 +148,10 @@ class EngineRunner:
         self.engine.stop()
         if self._thread is not None:
             self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                # Still inside an iteration: touching the scheduler from here would race it.
+                log.error("the engine thread did not stop within %.0f s", timeout_s)
+                return
         # The loop has returned: the engine runs on this thread now.
         for rid in self.engine.open_ids():
             self._fail(rid, "the server is shutting down")

@@ -69,6 +69,9 @@ class Server:
         from .text import token_pieces
 
         s = settings
+        if s.ctx_size < s.max_active:
+            raise ValueError(f"ctx_size ({s.ctx_size}) must give every one of the "
+                             f"{s.max_active} lanes at least one KV cell")
         self.settings = s
         self._tmp: Optional[tempfile.TemporaryDirectory] = None
         model = s.model
@@ -80,12 +83,14 @@ class Server:
                                      seed=s.seed)
         name = s.model_name or ("tiny-random-llama" if s.model is None
                                 else os.path.splitext(os.path.basename(model))[0])
-        if s.ctx_size < s.max_active:
-            raise ValueError(f"ctx_size ({s.ctx_size}) must give every one of the "
-                             f"{s.max_active} lanes at least one KV cell")
-        self.host = LlamaHost(model, n_ctx=s.ctx_size, n_seq_max=s.max_active,
-                              n_threads=s.threads, n_batch=s.batch_size, kv_type=s.kv_type,
-                              flash_attn=s.flash_attn)
+        try:
+            self.host = LlamaHost(model, n_ctx=s.ctx_size, n_seq_max=s.max_active,
+                                  n_threads=s.threads, n_batch=s.batch_size, kv_type=s.kv_type,
+                                  flash_attn=s.flash_attn)
+        except BaseException:
+            if self._tmp is not None:
+                self._tmp.cleanup()
+            raise
         config = SchedulerConfig(
             max_active_sequences=s.max_active, max_waiting_sequences=s.max_waiting,
             max_tokens_per_iteration=s.batch_size,

@@ -322,3 +322,26 @@ def test_a_dropped_connection_cancels_a_non_streamed_request(long_server):
     sock.close()
     assert is_idle(wait_idle(srv, timeout_s=5), 2)
     assert 'skippy:request_success_total{finished_reason="length"}' not in metrics(srv.url)
+
+
+def test_a_failing_iteration_fails_its_requests_and_the_server_goes_on(model_path):
+    srv = start_server(model_path)
+    real = srv.host.execute
+    failures = []
+
+    def execute(plan):
+        if not failures:
+            failures.append(len(plan))
+            raise RuntimeError("injected runtime failure")
+        return real(plan)
+
+    srv.host.execute = execute
+    try:
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 5})
+        assert r.status_code == 500 and "injected runtime failure" in r.json()["error"]["message"]
+        assert srv.runner.crashes == 1
+        ok = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 5})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 5
+        assert is_idle(wait_idle(srv), srv.host.n_seq_max)
+    finally:
+        srv.shutdown()
