@@ -15,8 +15,10 @@ token ids.
 
 Reported: output tokens/s over the run (tokens received / wall time from the first request
 to the last end), TTFT p50/p99 (request sent → first token received) and the p99 inter-token
-gap (between consecutive streamed chunks of a request), nearest-rank percentiles. Each chunk
-is counted as one token unless the server says otherwise (`token_ids` or a final `usage`).
+gap (between consecutive streamed chunks of a request), nearest-rank percentiles. A request's
+tokens are its final `usage` when the server sends one, else `max_tokens` when it finished on
+length, else its chunks with text (`token_ids` per chunk counts exactly, this server's
+extension).
 
 `write-model` writes the random-weight f32 LLaMA of the comparison (58.5 M parameters: vocab
 32000, 512 wide, 8 layers, 8 heads, FFN 1408, context 2048).
@@ -86,6 +88,7 @@ async def one(client: httpx.AsyncClient, prompt: str, args) -> Result:
     last = None
     counted = 0
     usage = None
+    finish = None
     try:
         async with client.stream("POST", "/v1/completions", json=body) as r:
             res.status = r.status_code
@@ -105,6 +108,8 @@ async def one(client: httpx.AsyncClient, prompt: str, args) -> Result:
                 if not choices:
                     continue
                 c = choices[0]
+                if c.get("finish_reason"):
+                    finish = c["finish_reason"]
                 n = len(c["token_ids"]) if "token_ids" in c else (1 if c.get("text") else 0)
                 if n == 0:
                     continue
@@ -119,8 +124,14 @@ async def one(client: httpx.AsyncClient, prompt: str, args) -> Result:
         res.error = f"{type(exc).__name__}: {exc}"
         return res
     res.end = time.perf_counter()
-    res.tokens = usage["completion_tokens"] if usage and usage.get("completion_tokens") \
-        else counted
+    if usage and usage.get("completion_tokens"):
+        res.tokens = usage["completion_tokens"]
+    elif finish == "length":
+        # A length finish means max_tokens were generated, whatever text the chunks carried
+        # (a token that ends inside a UTF-8 character streams no text of its own).
+        res.tokens = args.max_tokens
+    else:
+        res.tokens = counted
     res.ok = res.first > 0
     return res
 
