@@ -18,6 +18,7 @@ from ._validate import (
     sat_sub,
 )
 from .cache_policy import CacheAffinity
+from .sampling import check_sampling
 
 
 class SequenceStatus(enum.Enum):
@@ -94,7 +95,7 @@ class Sequence:
         self.prompt_tokens = check_tokens("prompt_tokens", prompt_tokens)
         self.generated_tokens: list[int] = []
         self.max_tokens = check_uint("max_tokens", max_tokens, U32_MAX)
-        self.sampling = sampling
+        self.sampling = check_sampling(sampling)
         self.priority = check_uint("priority", priority, U64_MAX)
         self.admission_tokens = sat(len(self.prompt_tokens) + self.max_tokens)
         self.status = SequenceStatus.Waiting
@@ -182,7 +183,7 @@ class Sequence:
         copy.prompt_tokens = check_tokens("prompt_tokens", self.prompt_tokens)
         copy.generated_tokens = check_tokens("generated_tokens", self.generated_tokens)
         copy.max_tokens = check_uint("max_tokens", self.max_tokens, U32_MAX)
-        copy.sampling = self.sampling
+        copy.sampling = check_sampling(self.sampling)
         copy.priority = check_uint("priority", self.priority, U64_MAX)
         copy.admission_tokens = check_uint("admission_tokens", self.admission_tokens, USIZE_MAX)
         if not isinstance(self.status, SequenceStatus):

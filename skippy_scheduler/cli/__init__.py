@@ -15,7 +15,7 @@ import sys
 from .._version import __version__
 from ._common import USAGE_ERROR, CommandError, Parser
 
-SUBCOMMANDS: tuple[str, ...] = ("lab", "run", "calibrate", "bench", "config")
+SUBCOMMANDS: tuple[str, ...] = ("lab", "run", "serve", "calibrate", "bench", "config")
 
 __all__ = ["CommandError", "build_parser", "main"]
 

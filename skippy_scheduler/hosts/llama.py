@@ -3,9 +3,17 @@
 `LlamaHost` owns one llama.cpp model and context and turns each plan into exactly one
 `llama_decode` call: the plan's flat token/position arena is copied into a batch whose buffers
 are numpy arrays owned by the host, every row's entries carry the llama sequence id of that row's
-sequence, and logits are requested only for the last entry of sampling rows. Greedy predictions
-go back into the plan's compact output block as (work index, token) pairs, the same hand-off as
-the native ABI (docs/hosts.md).
+sequence, and logits are requested only for the last entry of sampling rows. Predictions go back
+into the plan's compact output block as (work index, token) pairs, the same hand-off as the
+native ABI (docs/hosts.md).
+
+Sampling is per sequence (`Sequence.sampling`, see `skippy_scheduler.sampling`): greedy
+sequences (None) take one vectorised argmax over the plan's logits, exactly as before sampling
+existed; any other sequence gets its own llama.cpp sampler chain, built when the sequence takes
+a llama sequence id and freed with it. A chain's state is a function of the sequence's tokens
+(the penalty window is refilled from the rows it is fed, so a recompute after preemption
+rebuilds it) and of the predicted position (each draw is seeded from the sequence's seed and
+that position), so a seeded sequence samples the same tokens alone, batched or preempted.
 
 Each active scheduler sequence is mapped to a llama sequence id taken from a free list of ids
 below `n_seq_max` (llama.cpp rejects larger ids). When a sequence ends, is cancelled or is
@@ -27,6 +35,8 @@ from typing import Any, Iterable, Sequence as _Seq
 import numpy as np
 
 import llama_cpp as _ll
+
+from ..sampling import SamplingParams, is_native_config, step_seed
 
 # ggml log levels as llama.cpp emits them: DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (the
 # Python binding's own constants are off by one).
@@ -75,6 +85,109 @@ def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
         bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
         raise ValueError(f"{name} must be {bound}, got {value}")
     return value
+
+
+class _Sampler:
+    """The llama.cpp sampler chain of one sequence and what it has been fed.
+
+    `history` holds every token of the sequence before position `fed` (only when a penalty is
+    active: the penalty window is the chain's one piece of token-dependent state). Random draws
+    are made by a `dist` sampler appended for one sample and removed again, seeded by
+    `step_seed(seed, position)`, so no RNG state is carried from one token to the next.
+    """
+
+    __slots__ = ("params", "chain", "fixed", "history", "fed", "_bias_keep")
+
+    def __init__(self, params: SamplingParams, n_vocab: int, eog_ids: np.ndarray) -> None:
+        self.params = params
+        self.history: list[int] | None = [] if params.penalized else None
+        self.fed = 0
+        self.chain = None
+        self.fixed = 0
+        self._bias_keep = None
+        if not params.plain_greedy:
+            self._build(n_vocab, eog_ids)
+
+    def _build(self, n_vocab: int, eog_ids: np.ndarray) -> None:
+        p = self.params
+        cparams = _ll.llama_sampler_chain_default_params()
+        cparams.no_perf = True
+        chain = _ll.llama_sampler_chain_init(cparams)
+        if not chain:
+            raise RuntimeError("llama.cpp could not create a sampler chain")
+        self.chain = chain
+        stages = []
+        bias = dict(p.logit_bias)
+        if p.ignore_eos:
+            for t in eog_ids.tolist():
+                bias[t] = -float("inf")
+        if bias:
+            arr = (_ll.llama_logit_bias * len(bias))()
+            for i, (t, b) in enumerate(sorted(bias.items())):
+                arr[i].token = t
+                arr[i].bias = b
+            stages.append(_ll.llama_sampler_init_logit_bias(n_vocab, len(bias), arr))
+        if p.penalized:
+            stages.append(_ll.llama_sampler_init_penalties(
+                n_vocab, p.penalty_last_n, p.repetition_penalty, p.frequency_penalty,
+                p.presence_penalty))
+        if p.greedy:
+            stages.append(_ll.llama_sampler_init_greedy())
+        else:
+            if p.temperature != 1.0:
+                stages.append(_ll.llama_sampler_init_temp(p.temperature))
+            if p.top_k > 0:
+                stages.append(_ll.llama_sampler_init_top_k(p.top_k))
+            if p.top_p < 1.0:
+                stages.append(_ll.llama_sampler_init_top_p(p.top_p, 1))
+            if p.min_p > 0.0:
+                stages.append(_ll.llama_sampler_init_min_p(p.min_p, 1))
+        for stage in stages:
+            _ll.llama_sampler_chain_add(chain, stage)
+        self.fixed = len(stages)
+
+    def free(self) -> None:
+        if self.chain:
+            _ll.llama_sampler_free(self.chain)
+            self.chain = None
+
+    def feed(self, tokens: np.ndarray, start: int) -> None:
+        """The row's tokens at positions start, start + 1, ...: the ones not yet seen go into
+        the penalty window (a decode row's input is the token the chain sampled itself)."""
+        end = start + len(tokens)
+        if end <= self.fed:
+            return
+        new = tokens[self.fed - start:] if self.fed > start else tokens
+        self.history.extend(new.tolist())  # type: ignore[union-attr]
+        # Only the last penalty_last_n tokens can still be in the window.
+        for t in new[-self.params.penalty_last_n:].tolist():
+            _ll.llama_sampler_accept(self.chain, t)
+        self.fed = end
+
+    def rewind(self, start: int, n_vocab: int, eog_ids: np.ndarray) -> None:
+        """Forget positions >= start (the sequence replays from there)."""
+        if self.history is None or start >= self.fed:
+            self.fed = min(self.fed, start)
+            return
+        kept = self.history[:start]
+        self.free()
+        self._build(n_vocab, eog_ids)
+        self.history, self.fed = [], 0
+        self.feed(np.asarray(kept, dtype=np.int32), 0)
+
+    def sample(self, ctx, batch_row: int, position: int) -> int:
+        """Sample the token at `position` from the logits of `batch_row` of the last decode."""
+        chain = self.chain
+        if not self.params.greedy:
+            _ll.llama_sampler_chain_add(chain, _ll.llama_sampler_init_dist(
+                step_seed(self.params.seed, position)))
+        token = int(_ll.llama_sampler_sample(chain, ctx, batch_row))  # also accepts it
+        if not self.params.greedy:
+            _ll.llama_sampler_free(_ll.llama_sampler_chain_remove(chain, self.fixed))
+        if self.history is not None:
+            self.history.append(token)
+            self.fed = position + 1
+        return token
 
 
 def _row_sequence_ids(plan: Any) -> list[str]:
@@ -161,6 +274,7 @@ class LlamaHost:
             (bool(_ll.llama_vocab_is_eog(self._vocab, t)) for t in range(self.n_vocab)),
             dtype=bool, count=self.n_vocab,
         )
+        self._eog_ids = np.flatnonzero(self._eog).astype(np.int32)
 
         # Batch buffers owned by the host; the llama_batch struct only points into them.
         self._tok = np.zeros(n_batch, dtype=np.int32)
@@ -189,6 +303,8 @@ class LlamaHost:
         self._free: list[int] = list(range(n_seq_max))
         self._slot: dict[str, int] = {}
         self._next_pos = [0] * n_seq_max
+        # Sequences that are not plain greedy, by llama sequence id.
+        self._samplers: dict[int, _Sampler] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def execute_async(self, plan: Any) -> "Future[int]":
@@ -204,6 +320,9 @@ class LlamaHost:
         if self._worker is not None:
             self._worker.shutdown(wait=True)
             self._worker = None
+        for sampler in self._samplers.values():
+            sampler.free()
+        self._samplers.clear()
         if self._ctx:
             _ll.llama_free(self._ctx)
             self._ctx = None
@@ -231,8 +350,10 @@ class LlamaHost:
     def is_eog(self, token: int) -> bool:
         return 0 <= token < self.n_vocab and bool(self._eog[token])
 
-    def tokenize(self, text: str, *, add_bos: bool | None = None) -> list[int]:
-        """Tokenize with the model's tokenizer; BOS is added when the model asks for it."""
+    def tokenize(self, text: str, *, add_bos: bool | None = None,
+                 special: bool = False) -> list[int]:
+        """Tokenize with the model's tokenizer; BOS is added when the model asks for it.
+        `special` parses control-token text (a chat template's markers) as those tokens."""
         self._require_open()
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
@@ -241,12 +362,33 @@ class LlamaHost:
         data = text.encode("utf-8")
         cap = len(data) + 8
         buf = (_ll.llama_token * cap)()
-        n = _ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos, False)
+        n = _ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos, special)
         if n < 0:  # cannot happen with cap > bytes + specials, but the API allows it
             cap = -n
             buf = (_ll.llama_token * cap)()
-            n = _ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos, False)
+            n = _ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos, special)
         return list(buf[:n])
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        """The bytes a token stands for (a piece may hold part of a UTF-8 character); control
+        tokens are empty unless `special`. Reads only the vocabulary: safe from any thread."""
+        self._require_open()
+        buf = ctypes.create_string_buffer(64)
+        n = _ll.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = _ll.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def chat_template(self) -> str | None:
+        """The model's default chat template (GGUF `tokenizer.chat_template`), if it has one."""
+        self._require_open()
+        raw = _ll.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", "replace") if raw else None
+
+    @property
+    def eog_tokens(self) -> list[int]:
+        return self._eog_ids.tolist()
 
     # ------------------------------------------------------------------ sequence slots
     @property
@@ -270,6 +412,9 @@ class LlamaHost:
         sid = self._slot.pop(sequence_id, None)
         if sid is None:
             return False
+        sampler = self._samplers.pop(sid, None)
+        if sampler is not None:
+            sampler.free()
         self._drop_kv(sid)
         heapq.heappush(self._free, sid)
         return True
@@ -315,7 +460,8 @@ class LlamaHost:
         ends = positions[offsets[1:] - 1] + 1
         # Validate every row before any state changes, then allocate ids for new sequences.
         ids = _row_sequence_ids(plan)
-        row_sids = self._assign_slots(ids, starts.tolist())
+        sampling = self._new_sampling(plan, ids)
+        row_sids = self._assign_slots(ids, starts.tolist(), sampling)
         self._tok[:n] = tokens_in
         self._pos[:n] = positions
         sample_rows = np.asarray(plan.sample_rows, dtype=np.int64)
@@ -332,7 +478,37 @@ class LlamaHost:
         outputs.count = k
         return k
 
-    def _assign_slots(self, ids: list[str], starts: list[int]) -> np.ndarray:
+    def _resolve(self, sampling: object) -> SamplingParams | None:
+        """The params a `Sequence.sampling` stands for on this model; None for plain greedy."""
+        if sampling is None:
+            return None
+        if is_native_config(sampling):
+            sampling = SamplingParams.from_native(sampling)
+            if sampling is None:
+                return None
+        elif not isinstance(sampling, SamplingParams):
+            raise TypeError("sampling must be None, a SamplingParams or a cffi "
+                            f"'skippy_sampling_config *', got {type(sampling).__name__}")
+        for token, _ in sampling.logit_bias:
+            if token >= self.n_vocab:
+                raise ValueError(f"logit_bias names token {token}, outside [0, {self.n_vocab}) "
+                                 "for this model")
+        if sampling.plain_greedy and not sampling.ignore_eos:
+            return None
+        return sampling
+
+    def _new_sampling(self, plan, ids: list[str]) -> dict[str, SamplingParams | None]:
+        """Resolved sampling of the plan's sequences that have no llama sequence id yet."""
+        if all(i in self._slot for i in ids):
+            return {}
+        # NOTE: `plan.work` is built only on plans that bring a sequence in (a prefill or a
+        # recompute), never on the steady decode path.
+        work = getattr(plan, "work", None) or []
+        return {w.sequence_id: self._resolve(getattr(w, "sampling", None))
+                for w in work if w.sequence_id not in self._slot}
+
+    def _assign_slots(self, ids: list[str], starts: list[int],
+                      sampling: dict[str, SamplingParams | None] | None = None) -> np.ndarray:
         new = [i for i in ids if i not in self._slot]
         if len(set(ids)) != len(ids):
             raise ValueError("a sequence appears in more than one row of the plan")
@@ -355,10 +531,16 @@ class LlamaHost:
                 sid = heapq.heappop(self._free)
                 self._slot[seq] = sid
                 self._drop_kv(sid)
+                params = sampling.get(seq) if sampling else None
+                if params is not None:
+                    self._samplers[sid] = _Sampler(params, self.n_vocab, self._eog_ids)
             elif start < self._next_pos[sid]:
                 # Replaying from an earlier position: drop the cells the replay rewrites.
                 _ll.llama_memory_seq_rm(self._mem, sid, start, -1)
                 self._next_pos[sid] = start
+                sampler = self._samplers.get(sid)
+                if sampler is not None:
+                    sampler.rewind(start, self.n_vocab, self._eog_ids)
             sids[i] = sid
         return sids
 
@@ -374,7 +556,8 @@ class LlamaHost:
     def _decode(
         self, n: int, row_sids: np.ndarray, offsets: np.ndarray, sample_rows: np.ndarray
     ) -> np.ndarray:
-        """Decode the first `n` staged entries; return the argmax token of each sampling row."""
+        """Decode the first `n` staged entries; return the sampled token of each sampling row
+        (argmax for greedy sequences)."""
         counts = np.diff(offsets)
         self._sid[:n] = np.repeat(row_sids, counts)
         self._flag[:n] = 0
@@ -384,14 +567,43 @@ class LlamaHost:
         rc = _ll.llama_decode(self._ctx, self._batch)
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}: {recent_log()}")
+        if self._samplers:
+            self._feed_penalised(row_sids, offsets)
         k = len(sample_rows)
         if k == 0:
             return np.zeros(0, dtype=np.int32)
         # Output logits are contiguous, one row per flagged entry in batch order.
         ptr = _ll.llama_get_logits(self._ctx)
         logits = np.ctypeslib.as_array(ptr, shape=(k, self.n_vocab))
-        tokens: np.ndarray = logits.argmax(axis=1).astype(np.int32)
+        tokens = logits.argmax(axis=1).astype(np.int32)
+        if self._samplers:
+            self._sample_special(tokens, logits, row_sids, sample_rows, out_rows)
         return tokens
+
+    def _feed_penalised(self, row_sids: np.ndarray, offsets: np.ndarray) -> None:
+        samplers = self._samplers
+        for r, sid in enumerate(row_sids.tolist()):
+            sampler = samplers.get(sid)
+            if sampler is not None and sampler.history is not None:
+                a, b = int(offsets[r]), int(offsets[r + 1])
+                sampler.feed(self._tok[a:b], int(self._pos[a]))
+
+    def _sample_special(self, tokens: np.ndarray, logits: np.ndarray, row_sids: np.ndarray,
+                        sample_rows: np.ndarray, out_rows: np.ndarray) -> None:
+        """Overwrite the argmax of every sampling row whose sequence has its own sampler."""
+        samplers = self._samplers
+        sids = row_sids.tolist()
+        for j, r in enumerate(sample_rows.tolist()):
+            sampler = samplers.get(sids[r])
+            if sampler is None:
+                continue
+            batch_row = int(out_rows[j])
+            if sampler.chain is None:  # greedy that never ends on its own
+                row = logits[j].copy()
+                row[self._eog_ids] = -np.inf
+                tokens[j] = int(row.argmax())
+            else:
+                tokens[j] = sampler.sample(self._ctx, batch_row, int(self._pos[batch_row]) + 1)
 
     def logits_of_batch_row(self, batch_row: int) -> np.ndarray:
         """Copy of the logits of one flagged entry of the last decode (`llama_get_logits_ith`)."""
@@ -402,11 +614,14 @@ class LlamaHost:
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
 
     # ------------------------------------------------------------------ direct rows
-    def run_rows(self, rows: Iterable[tuple[str, _Seq[int], int, bool]]) -> dict[str, int]:
+    def run_rows(self, rows: Iterable[tuple[str, _Seq[int], int, bool]],
+                 sampling: dict[str, object] | None = None) -> dict[str, int]:
         """Decode explicit rows (sequence id, tokens, start position, sample_last) in one call.
 
-        Returns the raw greedy token of every sampling row by sequence id. Used by
-        `generate_alone` and calibration; plans go through `execute`.
+        Returns the raw sampled token of every sampling row by sequence id (end-of-generation
+        tokens as they are). `sampling` gives the `Sequence.sampling` of sequences that have no
+        llama sequence id yet (default greedy). Used by `generate_alone` and calibration; plans
+        go through `execute`.
         """
         self._require_open()
         rows = list(rows)
@@ -422,7 +637,9 @@ class LlamaHost:
         if n > self.n_batch:
             raise ValueError(f"{n} tokens exceed the batch size {self.n_batch}")
         starts = [int(r[2]) for r in rows]
-        row_sids = self._assign_slots(ids, starts)
+        resolved = {i: self._resolve(v) for i, v in (sampling or {}).items()
+                    if i not in self._slot}
+        row_sids = self._assign_slots(ids, starts, resolved)
         self._tok[:n] = np.concatenate(arrays)
         self._pos[:n] = np.concatenate(
             [np.arange(s, s + len(a), dtype=np.int32) for s, a in zip(starts, arrays)]
@@ -437,8 +654,10 @@ class LlamaHost:
             self._next_pos[sid] = start + len(a)
         return {ids[i]: int(t) for i, t in zip(sample_rows.tolist(), tokens.tolist())}
 
-    def generate_alone(self, prompt: _Seq[int], max_tokens: int) -> list[int]:
-        """Greedy tokens of `prompt` run as the only sequence: the reference for equality tests.
+    def generate_alone(self, prompt: _Seq[int], max_tokens: int,
+                       sampling: object = None) -> list[int]:
+        """Tokens of `prompt` run as the only sequence: the reference for equality tests
+        (greedy, or with `sampling` as a `Sequence.sampling`).
 
         Stops after `max_tokens` tokens or at the first end-of-generation token (included).
         Uses a free llama sequence id and releases it afterwards.
@@ -458,7 +677,8 @@ class LlamaHost:
             while pos < len(prompt):
                 chunk = prompt[pos : pos + self.n_batch]
                 last = pos + len(chunk) == len(prompt)
-                token = self.run_rows([(key, chunk, pos, last)]).get(key, -1)
+                token = self.run_rows([(key, chunk, pos, last)],
+                                      {key: sampling} if pos == 0 else None).get(key, -1)
                 pos += len(chunk)
             generated = [token]
             while len(generated) < max_tokens and not self._eog[token]:

@@ -661,3 +661,108 @@ def test_console_script_has_run_and_calibrate():
             capture_output=True, text=True, check=False, cwd=os.path.dirname(sys.executable))
         assert result.returncode == 0, result.stderr
         assert option in result.stdout
+
+
+# ---------------------------------------------------------------------------- sampling
+
+from skippy_scheduler.sampling import SamplingParams  # noqa: E402
+
+
+def _sampling_for(rng: random.Random, i: int):
+    kind = i % 4
+    if kind == 0:
+        return None  # greedy, the fast path
+    if kind == 1:
+        return SamplingParams(temperature=rng.uniform(0.5, 1.5), seed=rng.randrange(1 << 40),
+                              top_k=rng.choice([0, 5, 40]), top_p=rng.choice([1.0, 0.9]),
+                              min_p=rng.choice([0.0, 0.05]))
+    if kind == 2:  # penalties: the chain keeps a token window that recompute must rebuild
+        return SamplingParams(temperature=0.8, seed=rng.randrange(1 << 40),
+                              repetition_penalty=1.3, presence_penalty=0.4,
+                              frequency_penalty=0.2, penalty_last_n=rng.choice([4, 64]))
+    return SamplingParams(temperature=0.0, logit_bias={300: 3.0, 301: -50.0},
+                          repetition_penalty=1.2, ignore_eos=True)
+
+
+def test_seeded_sampling_is_the_same_alone_batched_and_preempted(impl, host):
+    """Every sampled sequence's tokens equal its alone run, under random batching, chunked
+    prefill, preemption with recompute and cancellation."""
+    preempted = 0
+    for seed in range(12):
+        rng = random.Random(1000 + seed)
+        requests = []
+        for i in range(rng.randrange(4, 10)):
+            prompt = [1] + [rng.randrange(3, 384) for _ in range(rng.randrange(1, 60))]
+            requests.append(Request(f"s{i}", prompt, rng.randrange(4, MAX_GEN + 1),
+                                    arrival_us=rng.choice([0.0, rng.uniform(0, 3000)]),
+                                    sampling=_sampling_for(rng, i)))
+        scheduler = impl(SchedulerConfig(
+            max_active_sequences=rng.randrange(2, N_SEQ + 1),
+            max_tokens_per_iteration=rng.choice([16, 64, 512]),
+            prefill_chunk_tokens=rng.choice([3, 8, 256]),
+            mixed_prefill_decode=rng.random() < 0.5,
+            memory_components=[MemoryComponent("kv", KV_BYTES, 0, 1, 0)]))
+        reserved = {r.id: len(r.prompt_tokens) + r.max_tokens for r in requests}
+
+        def pressure(engine):
+            nonlocal preempted
+            if rng.random() < 0.15:
+                preempted += len(engine.preempt([KV_BYTES + 1]))
+                active = scheduler.snapshot().active_ids
+                engine.preempt([sum(reserved[a] for a in active)])
+
+        engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), before_step=pressure,
+                        max_iterations=5000)
+        for req in requests:
+            engine.submit(req)
+        report = engine.run()
+        for req, res in zip(requests, report.records):
+            alone = host.generate_alone(req.prompt_tokens, req.max_tokens, req.sampling)
+            if res.finish_reason == "stop":
+                assert res.tokens + [alone[len(res.tokens)]] == alone, (seed, req.id)
+            else:
+                assert res.finish_reason == "length", (seed, req.id, res.finish_reason)
+                assert res.tokens == alone, (seed, req.id, req.sampling)
+        assert host.active_sequences == [] and host._samplers == {}
+    assert preempted > 5
+
+
+def test_sampling_params_shape_the_tokens(host):
+    prompt = [1, 373, 381, 356, 324, 343]
+    greedy = host.generate_alone(prompt, MAX_GEN)
+    assert host.generate_alone(prompt, MAX_GEN, SamplingParams(temperature=0.0)) == greedy
+    # A dominating bias makes a token the greedy choice everywhere.
+    assert host.generate_alone(prompt, 5, SamplingParams(temperature=0.0,
+                                                         logit_bias={77: 100.0})) == [77] * 5
+    # top_k 1 is greedy whatever the temperature and seed.
+    assert host.generate_alone(prompt, MAX_GEN, SamplingParams(temperature=1.5, top_k=1,
+                                                               seed=3)) == greedy
+    a = host.generate_alone(prompt, MAX_GEN, SamplingParams(temperature=1.0, seed=1))
+    b = host.generate_alone(prompt, MAX_GEN, SamplingParams(temperature=1.0, seed=2))
+    assert a != b and a == host.generate_alone(prompt, MAX_GEN, SamplingParams(seed=1))
+    # A strong repetition penalty over the whole window never repeats a token.
+    rep = host.generate_alone(prompt, MAX_GEN, SamplingParams(
+        temperature=0.0, repetition_penalty=1e6, penalty_last_n=64, ignore_eos=True))
+    assert len(set(rep + prompt)) == len(rep) + len(set(prompt))
+    # The native config of the runtime ABI means the same thing as the params it came from.
+    params = SamplingParams(temperature=0.7, seed=9, top_k=20, presence_penalty=0.5,
+                            logit_bias={300: 2.0})
+    native = params.to_native()
+    assert host.generate_alone(prompt, MAX_GEN, native) == host.generate_alone(
+        prompt, MAX_GEN, params)
+
+
+def test_eog_can_be_ignored(eog_host, eog_alone):
+    rng = random.Random(5)
+    for _ in range(300):
+        prompt = [1] + [rng.randrange(3, 384) for _ in range(rng.randrange(1, 30))]
+        if eog_host.is_eog(eog_alone(prompt, 1)[0]):
+            break
+    else:
+        pytest.fail("no prompt whose first greedy token ends generation in 300 tries")
+    tokens = eog_host.generate_alone(prompt, 8, SamplingParams(temperature=0.0,
+                                                               ignore_eos=True))
+    assert len(tokens) == 8 and not any(eog_host.is_eog(t) for t in tokens)
+    with pytest.raises(ValueError, match="logit_bias names token 384"):
+        eog_host.generate_alone(prompt, 2, SamplingParams(logit_bias={384: 1.0}))
+    assert eog_host.active_sequences == []

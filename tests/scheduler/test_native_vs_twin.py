@@ -27,6 +27,9 @@ from skippy_scheduler import (
     StageCacheAffinity,
     TwinScheduler,
 )
+from skippy_scheduler.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, seed=0)
 
 CI_EXAMPLES = 300
 
@@ -96,7 +99,7 @@ submit_op = st.tuples(
     st.none() | st.integers(0, 10),  # prefix restore token count
     st.none() | st.tuples(st.integers(0, 8), st.integers(0, 50), st.integers(0, 100)),  # affinity
     st.none() | st.lists(st.integers(0, 9), min_size=1, max_size=3),  # prefilled generation
-    st.sampled_from([None, "greedy"]),  # sampling (carried only)
+    st.sampled_from([None, GREEDY]),  # sampling (carried only)
 )
 complete_op = st.tuples(
     st.just("complete"),

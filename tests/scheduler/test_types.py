@@ -21,6 +21,7 @@ from skippy_scheduler import (
     StageCacheAffinity,
     StalePlanError,
 )
+from skippy_scheduler.sampling import SamplingParams
 
 U64_MAX = (1 << 64) - 1
 
@@ -228,7 +229,8 @@ def test_sequence_builder_validation():
 
 
 def test_max_token_boundaries_are_accepted():
-    s = Sequence("a", [0, (1 << 31) - 1], (1 << 32) - 1, object(), U64_MAX)
+    s = Sequence("a", [0, (1 << 31) - 1], (1 << 32) - 1, SamplingParams(seed=(1 << 64) - 1),
+                 U64_MAX)
     assert s.prompt_tokens == [0, (1 << 31) - 1]
 
 

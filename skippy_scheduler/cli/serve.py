@@ -1,0 +1,134 @@
+"""`skippy-scheduler serve`: an OpenAI-compatible HTTP server with continuous batching.
+
+Without `--model` it serves the tiny random-weight model written to a temporary directory, so
+it starts offline. Needs the `serve` and `llama` extras; both are imported only when the
+command runs.
+"""
+from __future__ import annotations
+
+import sys
+
+from ._common import CommandError, add_model_options, check_model, import_llama_host, positive_int
+
+LLAMA_MAX_SEQUENCES = 256  # llama.cpp's sequence ids
+
+
+def register(subparsers) -> None:
+    from ..serve.server import POLICIES, ServeSettings
+
+    d = ServeSettings()
+    p = subparsers.add_parser(
+        "serve", help="serve an OpenAI-compatible API on a llama.cpp model",
+        usage="%(prog)s [--model GGUF] [--host HOST] [--port PORT] [OPTIONS]",
+        description="Serve /v1/completions and /v1/chat/completions (streamed or not), "
+                    "/v1/models, /health and /metrics, batching requests through the "
+                    "scheduler on a llama.cpp model.")
+    add_model_options(p)
+    p.add_argument("--model-name", metavar="NAME",
+                   help="model id reported by /v1/models (default: the file name)")
+    p.add_argument("--host", default=d.host, help=f"address to listen on ({d.host})")
+    p.add_argument("--port", type=_port, default=d.port, help=f"port ({d.port})")
+    p.add_argument("--max-active", type=positive_int, default=d.max_active,
+                   help=f"requests running at once = llama.cpp sequences ({d.max_active})")
+    p.add_argument("--max-waiting", type=positive_int, default=d.max_waiting,
+                   help=f"waiting-queue size; beyond it requests get 503 ({d.max_waiting})")
+    p.add_argument("--ctx-size", type=positive_int, default=d.ctx_size,
+                   help=f"KV cells in total, split evenly between the --max-active lanes "
+                        f"({d.ctx_size})")
+    p.add_argument("--batch-size", type=positive_int, default=d.batch_size,
+                   help=f"tokens per iteration = llama.cpp batch ({d.batch_size})")
+    p.add_argument("--prefill-chunk", type=positive_int, default=d.prefill_chunk,
+                   help=f"prompt tokens of one sequence per iteration ({d.prefill_chunk})")
+    p.add_argument("--no-mixed", dest="mixed", action="store_false",
+                   help="never mix decode rows with prefill chunks in one iteration")
+    p.add_argument("--max-consecutive-prefill", type=positive_int,
+                   default=d.max_consecutive_prefill,
+                   help="prefill iterations in a row while streams wait to decode "
+                        f"({d.max_consecutive_prefill})")
+    p.add_argument("--policy", choices=POLICIES, default=d.policy,
+                   help=f"admission order of waiting requests ({d.policy})")
+    p.add_argument("--prefix-cache-tokens", type=_non_negative, default=0, metavar="N",
+                   help="KV tokens kept for prefix reuse (not available yet: only 0)")
+    p.add_argument("--inflight", type=positive_int, default=1, metavar="N",
+                   help="plans in flight at once (not available yet: only 1)")
+    p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"),
+                   default=d.log_level, help=f"uvicorn log level ({d.log_level})")
+    p.set_defaults(func=run)
+
+
+def _port(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in [0, 65535], got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _import_serve():
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise CommandError(f"the server's packages are missing ({exc}); install them with: "
+                           "pip install 'skippy-scheduler[serve,llama]'") from None
+    from ..serve.server import Server, ServeSettings
+
+    return Server, ServeSettings
+
+
+def run(args) -> int:
+    if args.prefix_cache_tokens:
+        raise CommandError("--prefix-cache-tokens is not available yet: this version has no "
+                           "prefix KV reuse on llama.cpp (only 0 is accepted)")
+    if args.inflight != 1:
+        raise CommandError("--inflight is not available yet: this version runs one plan at a "
+                           "time (only 1 is accepted)")
+    if args.max_active > LLAMA_MAX_SEQUENCES:
+        raise CommandError(f"--max-active must be <= {LLAMA_MAX_SEQUENCES} "
+                           "(llama.cpp's sequence ids)")
+    if args.ctx_size < args.max_active:
+        raise CommandError(f"--ctx-size ({args.ctx_size}) must be at least --max-active "
+                           f"({args.max_active}): every lane needs KV cells")
+    check_model(args)
+    import_llama_host()
+    Server, ServeSettings = _import_serve()
+    settings = ServeSettings(
+        model=args.model, model_name=args.model_name, seed=args.seed, host=args.host,
+        port=args.port, max_active=args.max_active, max_waiting=args.max_waiting,
+        ctx_size=args.ctx_size, threads=args.threads, batch_size=args.batch_size,
+        prefill_chunk=args.prefill_chunk, mixed=args.mixed,
+        max_consecutive_prefill=args.max_consecutive_prefill, policy=args.policy,
+        kv_type=args.kv_type, flash_attn=args.flash_attn, log_level=args.log_level)
+    try:
+        server = Server(settings)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise CommandError(str(exc)) from None
+    ctx = server.context
+    print(f"skippy-scheduler serve: {ctx.model_name} on http://{args.host}:{args.port}/v1 "
+          f"({args.max_active} lanes of {ctx.n_ctx_seq} tokens, chat template "
+          f"{ctx.chat.source}); Ctrl-C stops", file=sys.stderr, flush=True)
+    try:
+        server.serve()
+    except OSError as exc:  # e.g. the port is taken
+        server.close()
+        raise CommandError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -1,0 +1,379 @@
+"""The HTTP face: FastAPI routes, request translation, SSE streaming.
+
+`POST /v1/completions` and `POST /v1/chat/completions` (streamed or not), `GET /v1/models`,
+`GET /health`, `GET /metrics`. A handler validates the body (`protocol`), tokenizes the prompt,
+checks that it can ever run in one lane's context, hands the request to the engine thread
+(`EngineRunner.open`) and waits for the scheduler's verdict: queued (200, then tokens), or
+refused because the waiting queue is full (503 with Retry-After). Only then does it answer,
+so a client learns about overload from the status code, streamed or not.
+
+A request whose client goes away (a closed stream, or a dropped connection while a
+non-streamed request runs) is cancelled at once: the engine frees its lane and KV at the start
+of its next step.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response, StreamingResponse
+
+from ..engine import FinishEvent, Request as EngineRequest, TokenEvent
+from .chat import ChatTemplate
+from .errors import RequestError, internal, queue_full, unavailable
+from .metrics import CONTENT_TYPE, ServeMetrics
+from .protocol import GenerationRequest, parse_chat, parse_completion
+from .runner import EngineRunner, EngineUnavailable, Subscription
+from .text import Detokenizer, StopMatcher
+
+log = logging.getLogger("skippy_scheduler.serve")
+
+
+@dataclass
+class ServeContext:
+    """What the routes need: the engine thread, the model's vocabulary and limits."""
+
+    runner: EngineRunner
+    host: Any  # a LlamaHost; only its vocabulary is used from the event loop
+    model_name: str
+    pieces: list[bytes]  # bytes of every token
+    n_ctx_seq: int  # tokens one request may hold (prompt + generated)
+    memory_components: list = field(default_factory=list)
+    metrics: Optional[ServeMetrics] = None
+    chat: Optional[ChatTemplate] = None
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        if self.metrics is None:
+            self.metrics = ServeMetrics(lambda: self.runner.stats)
+        if self.chat is None:
+            self.chat = ChatTemplate(self.host.chat_template())
+
+    @property
+    def n_vocab(self) -> int:
+        return len(self.pieces)
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _error_response(err: RequestError, metrics: Optional[ServeMetrics]) -> Response:
+    if metrics is not None:
+        metrics.request_errors.labels(str(err.status)).inc()
+    return Response(_dumps(err.body()), status_code=err.status, headers=err.headers(),
+                    media_type="application/json")
+
+
+async def _read_json(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RequestError(f"We could not parse the JSON body of your request ({exc}).") from None
+
+
+async def _wait_disconnect(receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class _Generation:
+    """One request's output so far: detokenised, cut at stop strings, timed."""
+
+    def __init__(self, ctx: ServeContext, sub: Subscription, gen: GenerationRequest,
+                 prompt_tokens: int) -> None:
+        self.ctx = ctx
+        self.sub = sub
+        self.request = gen
+        self.prompt_tokens = prompt_tokens
+        self.detok = Detokenizer(ctx.pieces)
+        self.stop = StopMatcher(gen.stop)
+        self.tokens: list[int] = []
+        self.text: list[str] = []  # what a non-streamed answer collects
+        self.finish: Optional[str] = None
+        self.error: Optional[str] = None
+        self._last_us: Optional[float] = None
+
+    def feed(self, events: list[Any]) -> tuple[str, list[int]]:
+        """New text and token ids from `events`; sets `finish` (or `error`) at the end."""
+        m = self.ctx.metrics
+        parts: list[str] = []
+        ids: list[int] = []
+        for event in events:
+            if self.finish is not None:
+                break  # tokens that raced a stop-string cancel are not the client's
+            if isinstance(event, TokenEvent):
+                t = event.time_us
+                if self._last_us is None:
+                    m.ttft.observe(max(t - self.sub.arrival_us, 0.0) / 1e6)
+                else:
+                    m.itl.observe(max(t - self._last_us, 0.0) / 1e6)
+                self._last_us = t
+                self.tokens.append(event.token)
+                ids.append(event.token)
+                text, stopped = self.stop.push(self.detok.add(event.token))
+                parts.append(text)
+                if stopped:
+                    self._end("stop", t)
+                    self.ctx.runner.cancel(self.sub.request_id)
+            elif isinstance(event, FinishEvent):
+                if self.sub.error is not None or event.reason in ("failed", "cancelled",
+                                                                  "rejected"):
+                    self.error = self.sub.error or event.error or f"the request {event.reason}"
+                    self.finish = "error"
+                    continue
+                text, stopped = self.stop.push(self.detok.flush())
+                parts.append(text if stopped else text + self.stop.flush())
+                self._end("stop" if stopped else event.reason, event.time_us)
+        m.generation_tokens.inc(len(ids))
+        return "".join(parts), ids
+
+    def _end(self, reason: str, t_us: float) -> None:
+        self.finish = reason
+        m = self.ctx.metrics
+        m.e2e.observe(max(t_us - self.sub.arrival_us, 0.0) / 1e6)
+        m.request_success.labels(reason).inc()
+
+    def usage(self) -> dict:
+        n = len(self.tokens)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n,
+                "total_tokens": self.prompt_tokens + n}
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events from an async iterator of byte chunks, cancelled when the client
+    disconnects (watched directly, whatever the ASGI server's spec version)."""
+
+    def __init__(self, chunks: AsyncIterator[bytes], on_close) -> None:
+        super().__init__(chunks, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._chunks = chunks
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+
+        async def produce() -> None:
+            async for chunk in self._chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        producer = asyncio.ensure_future(produce())
+        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            await asyncio.wait({producer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (producer, watcher):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(producer, watcher, return_exceptions=True)
+            await self._chunks.aclose()  # type: ignore[attr-defined]
+            self._on_close()
+
+
+def create_app(ctx: ServeContext) -> FastAPI:
+    app = FastAPI(title="skippy-scheduler", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.ctx = ctx
+    runner = ctx.runner
+
+    @app.exception_handler(RequestError)
+    async def _request_error(request: Request, exc: RequestError):
+        return _error_response(exc, ctx.metrics)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return _error_response(RequestError(str(exc.detail), status=exc.status_code, type=kind),
+                               ctx.metrics)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        log.exception("unexpected error answering %s", request.url.path)
+        return _error_response(internal(f"{type(exc).__name__}: {exc}"), ctx.metrics)
+
+    @app.get("/health")
+    async def health():
+        if not runner.running:
+            raise unavailable("the engine is not running")
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{
+            "id": ctx.model_name, "object": "model", "created": ctx.created,
+            "owned_by": "skippy-scheduler", "max_model_len": ctx.n_ctx_seq,
+            "chat_template": ctx.chat.source}]}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(ctx.metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        gen = parse_completion(await _read_json(request), ctx.n_vocab)
+        if isinstance(gen.prompt, str):
+            tokens = ctx.host.tokenize(gen.prompt, special=True)
+        else:
+            tokens = gen.prompt
+        return await _generate(request, gen, tokens, "prompt")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        gen = parse_chat(await _read_json(request), ctx.n_vocab)
+        tokens = ctx.host.tokenize(ctx.chat.render(gen.messages), special=True)
+        return await _generate(request, gen, tokens, "messages")
+
+    async def _generate(request: Request, gen: GenerationRequest, tokens: list[int],
+                        prompt_field: str):
+        max_tokens = _check_fit(ctx, gen, len(tokens), prompt_field)
+        prefix = "cmpl" if gen.kind == "completion" else "chatcmpl"
+        rid = f"{prefix}-{uuid.uuid4().hex}"
+        loop = asyncio.get_running_loop()
+        try:
+            sub = runner.open(EngineRequest(rid, tokens, max_tokens, sampling=gen.sampling,
+                                            priority=gen.priority), loop)
+        except EngineUnavailable as exc:
+            raise unavailable(str(exc)) from None
+        rejection = await sub.verdict
+        if rejection is not None:
+            runner.close(sub)
+            message = rejection.error or "the request was refused"
+            if message.startswith("QueueFull"):
+                raise queue_full("The server is busy: its waiting queue is full; retry later.")
+            raise RequestError(message)
+        ctx.metrics.prompt_tokens.inc(len(tokens))
+        out = _Generation(ctx, sub, gen, len(tokens))
+        head = {"id": rid, "created": int(time.time()), "model": gen.model or ctx.model_name}
+        if gen.return_token_ids:
+            head["prompt_token_ids"] = list(tokens)
+        if gen.stream:
+            return _EventStream(_sse(out, head), lambda: _close(out))
+        try:
+            await _collect(request, out)
+        finally:
+            _close(out)
+        if out.finish == "error":
+            raise internal(out.error or "the request failed")
+        text = "".join(out.text)
+        if gen.kind == "completion":
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": out.finish}
+            body = {"id": rid, "object": "text_completion", **head}
+        else:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": None, "finish_reason": out.finish}
+            body = {"id": rid, "object": "chat.completion", **head}
+        if gen.return_token_ids:
+            choice["token_ids"] = list(out.tokens)
+        body["choices"] = [choice]
+        body["usage"] = out.usage()
+        return Response(_dumps(body), media_type="application/json")
+
+    def _close(out: _Generation) -> None:
+        if out.finish is None or out.finish == "stop":
+            # Gone before the end, or stopped on a string: the engine may still be running it.
+            runner.cancel(out.sub.request_id)
+        if out.finish is None:
+            ctx.metrics.request_success.labels("abort").inc()
+        runner.close(out.sub)
+
+    async def _collect(request: Request, out: _Generation) -> None:
+        watcher = asyncio.ensure_future(_wait_disconnect(request.receive))
+        try:
+            while out.finish is None:
+                batch = asyncio.ensure_future(out.sub.next_batch())
+                done, _ = await asyncio.wait({batch, watcher},
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if batch not in done:
+                    batch.cancel()
+                    return  # the client left; _close cancels the request
+                text, _ = out.feed(batch.result())
+                out.text.append(text)
+        finally:
+            watcher.cancel()
+
+    async def _sse(out: _Generation, head: dict) -> AsyncIterator[bytes]:
+        gen = out.request
+        chat = gen.kind == "chat"
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        base = {"id": head["id"], "object": obj, "created": head["created"],
+                "model": head["model"]}
+
+        def chunk(text: Optional[str], ids: Optional[list[int]], finish: Optional[str],
+                  role: bool = False) -> bytes:
+            if chat:
+                delta: dict = {}
+                if role:
+                    delta["role"] = "assistant"
+                if text is not None:
+                    delta["content"] = text
+                choice: dict = {"index": 0, "delta": delta, "logprobs": None,
+                                "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": text or "", "logprobs": None,
+                          "finish_reason": finish}
+            if gen.return_token_ids:
+                choice["token_ids"] = ids or []
+            body = dict(base, choices=[choice])
+            if role and "prompt_token_ids" in head:
+                body["prompt_token_ids"] = head["prompt_token_ids"]
+            return b"data: " + _dumps(body) + b"\n\n"
+
+        if chat:
+            yield chunk("", [], None, role=True)
+        while out.finish is None:
+            text, ids = out.feed(await out.sub.next_batch())
+            if text or (ids and gen.return_token_ids):
+                yield chunk(text, ids, None)
+        if out.finish == "error":
+            err = internal(out.error or "the request failed")
+            yield b"data: " + _dumps(err.body()) + b"\n\n"
+        else:
+            yield chunk(None if chat else "", [], out.finish)
+            if gen.include_usage:
+                yield b"data: " + _dumps(dict(base, choices=[], usage=out.usage())) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    return app
+
+
+def _check_fit(ctx: ServeContext, gen: GenerationRequest, prompt: int, prompt_field: str) -> int:
+    """The request's max_tokens, or a 400 when it could never run (docs: a lane holds
+    `n_ctx_seq` tokens; a memory component must hold the request's reservation)."""
+    limit = ctx.n_ctx_seq
+    if prompt == 0:
+        raise RequestError("the prompt is empty", param=prompt_field)
+    if prompt >= limit:
+        raise RequestError(
+            f"This model's maximum context length is {limit} tokens, but the prompt has "
+            f"{prompt} tokens, which leaves no room to generate.", param=prompt_field,
+            code="context_length_exceeded")
+    if gen.max_tokens is None:
+        max_tokens = limit - prompt if gen.kind == "chat" else min(16, limit - prompt)
+    else:
+        max_tokens = gen.max_tokens
+        if prompt + max_tokens > limit:
+            name = "max_tokens"
+            raise RequestError(
+                f"This model's maximum context length is {limit} tokens. However, you "
+                f"requested {prompt + max_tokens} tokens ({prompt} in the prompt, "
+                f"{max_tokens} for the completion). Please reduce the prompt or "
+                f"'{name}'.", param=name, code="context_length_exceeded")
+    for component in ctx.memory_components:
+        need = component.reservation_bytes(prompt + max_tokens)
+        if need > component.available_bytes():
+            raise RequestError(
+                f"the request needs {need} of memory component {component.name!r}, which "
+                f"holds {component.available_bytes()}: it could never be admitted",
+                param="max_tokens" if gen.max_tokens is not None else prompt_field)
+    return max_tokens

@@ -1,0 +1,64 @@
+"""Chat messages to one prompt string, with the model's chat template.
+
+llama.cpp's `llama_chat_apply_template` renders the template the GGUF carries
+(`tokenizer.chat_template`) when it recognises it. A model without a template, or with one
+llama.cpp does not recognise, is rendered as ChatML, which is also what llama.cpp's own server
+falls back to:
+
+    <|im_start|>system
+    You are helpful.<|im_end|>
+    <|im_start|>user
+    Hi<|im_end|>
+    <|im_start|>assistant
+
+`/v1/models` reports which template is in use (`chat_template`: "model" or "chatml").
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Optional, Sequence
+
+import llama_cpp as _ll
+
+FALLBACK = "chatml"
+
+
+def _apply(template: bytes, messages: Sequence[tuple[str, str]]) -> Optional[str]:
+    """The rendered prompt, or None when llama.cpp does not know the template."""
+    arr = (_ll.llama_chat_message * len(messages))()
+    keep = []  # the byte strings must outlive the call
+    for i, (role, content) in enumerate(messages):
+        r, c = role.encode("utf-8"), content.encode("utf-8")
+        keep += [r, c]
+        arr[i].role = r
+        arr[i].content = c
+    size = 2 * sum(len(c) for c in keep) + 256
+    for _ in range(2):
+        buf = ctypes.create_string_buffer(size)
+        n = _ll.llama_chat_apply_template(template, arr, len(messages), True, buf, size)
+        if n < 0:
+            return None
+        if n <= size:
+            return buf.raw[:n].decode("utf-8", "replace")
+        size = n + 1
+    return None  # pragma: no cover - the second buffer always fits
+
+
+class ChatTemplate:
+    """Renders chat messages for one model (see the module docstring)."""
+
+    def __init__(self, model_template: Optional[str]) -> None:
+        self.source = FALLBACK
+        self._template = FALLBACK.encode()
+        if model_template:
+            raw = model_template.encode("utf-8")
+            if _apply(raw, [("user", "probe")]) is not None:
+                self._template = raw
+                self.source = "model"
+
+    def render(self, messages: Sequence[tuple[str, str]]) -> str:
+        text = _apply(self._template, messages)
+        if text is None:  # a recognised template refused these messages (e.g. roles)
+            text = _apply(FALLBACK.encode(), messages)
+        assert text is not None
+        return text

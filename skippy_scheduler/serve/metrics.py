@@ -1,0 +1,84 @@
+"""Prometheus metrics, named like vLLM's with the `skippy:` prefix.
+
+Latency histograms and token counters are observed on the event loop as events reach each
+request; the engine's own figures (running and waiting requests, preemptions, prefix-cache hit
+rate, lanes and KV in use) are read from the last `EngineStats` the engine thread published, at
+scrape time, so the engine thread never calls into prometheus_client.
+
+Times are on the engine's clock: TTFT is from the moment the server received the request to the
+end of the iteration that sampled the first token; inter-token latency is between consecutive
+tokens of a request; end-to-end latency runs to the request's end.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .runner import EngineStats
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_TTFT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
+                 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_ITL_BUCKETS = (0.0002, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+                0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+_E2E_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0,
+                20.0, 30.0, 40.0, 50.0, 60.0, 120.0)
+
+
+class _EngineCollector:
+    def __init__(self, stats: Callable[[], EngineStats]) -> None:
+        self._stats = stats
+
+    def collect(self):
+        s = self._stats()
+        yield GaugeMetricFamily("skippy:num_requests_running",
+                                "Requests in the scheduler's active set.", value=s.running)
+        yield GaugeMetricFamily("skippy:num_requests_waiting",
+                                "Requests in the scheduler's waiting queue.", value=s.waiting)
+        yield CounterMetricFamily("skippy:num_preemptions",
+                                  "Sequences preempted (they recompute when re-admitted).",
+                                  value=s.preemptions)
+        lookups = s.prefix_hits + s.prefix_misses
+        yield GaugeMetricFamily("skippy:prefix_cache_hit_rate",
+                                "Share of admitted requests that carried a cached prefix.",
+                                value=s.prefix_hits / lookups if lookups else 0.0)
+        yield GaugeMetricFamily("skippy:num_lanes_in_use",
+                                "llama.cpp sequence ids held by requests.", value=s.lanes_in_use)
+        yield GaugeMetricFamily("skippy:kv_cache_usage_perc",
+                                "Share of the KV cache's cells holding request tokens (0-1).",
+                                value=s.kv_tokens / s.kv_capacity if s.kv_capacity else 0.0)
+        yield CounterMetricFamily("skippy:iterations", "Iterations the engine has completed.",
+                                  value=s.iterations)
+
+
+class ServeMetrics:
+    """One registry per server (several servers can live in one process, as in tests)."""
+
+    def __init__(self, stats: Callable[[], EngineStats]) -> None:
+        reg = CollectorRegistry(auto_describe=True)
+        self.registry = reg
+        self.ttft = Histogram("skippy:time_to_first_token_seconds",
+                              "Time to first token.", buckets=_TTFT_BUCKETS, registry=reg)
+        self.itl = Histogram("skippy:inter_token_latency_seconds",
+                             "Time between consecutive tokens of a request.",
+                             buckets=_ITL_BUCKETS, registry=reg)
+        self.e2e = Histogram("skippy:e2e_request_latency_seconds",
+                             "Time from arrival to the end of a request.",
+                             buckets=_E2E_BUCKETS, registry=reg)
+        self.prompt_tokens = Counter("skippy:prompt_tokens", "Prompt tokens of admitted requests.",
+                                     registry=reg)
+        self.generation_tokens = Counter("skippy:generation_tokens",
+                                         "Tokens generated for clients.", registry=reg)
+        self.request_success = Counter("skippy:request_success",
+                                       "Requests that ended, by finish reason.",
+                                       ["finished_reason"], registry=reg)
+        self.request_errors = Counter("skippy:request_errors",
+                                      "Requests answered with an error, by HTTP status.",
+                                      ["status"], registry=reg)
+        reg.register(_EngineCollector(stats))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

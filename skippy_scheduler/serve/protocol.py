@@ -1,0 +1,330 @@
+"""OpenAI request bodies to generation requests, with a 400 that names the field for anything
+this server cannot honour.
+
+Every field of the completions and chat completions APIs is either used, accepted in its
+neutral form only (`n: 1`, `echo: false`, `logprobs: null`, ...: anything else names the field
+as unsupported), or ignored because it does not change the output (`user`). Fields nobody
+defined are refused too: a typo must not silently change nothing.
+
+Extensions (as vLLM has them): `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
+`return_token_ids` (token ids in every choice and chunk), `priority` (higher runs first under
+the priority policy).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..sampling import SamplingParams
+from .errors import RequestError
+
+_U64 = (1 << 64) - 1
+MAX_STOP_STRINGS = 16
+
+# Accepted only with these values (None means "absent" too).
+_NEUTRAL_COMMON: dict[str, tuple] = {
+    "n": (None, 1),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+}
+_NEUTRAL_COMPLETION = dict(_NEUTRAL_COMMON, best_of=(None, 1), echo=(None, False),
+                           suffix=(None, ""))
+_NEUTRAL_CHAT = dict(_NEUTRAL_COMMON, tools=(None, []), tool_choice=(None, "none"),
+                     functions=(None, []), function_call=(None, "none"),
+                     parallel_tool_calls=(None, True, False), audio=(None,),
+                     modalities=(None, ["text"]), prediction=(None,),
+                     web_search_options=(None,), reasoning_effort=(None,),
+                     store=(None, False), metadata=(None, {}), service_tier=(None, "auto",
+                                                                           "default"))
+_IGNORED = {"user"}
+_SHARED = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
+           "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "stop",
+           "stream", "stream_options", "ignore_eos", "return_token_ids", "priority"}
+_COMPLETION_FIELDS = _SHARED | {"prompt"} | set(_NEUTRAL_COMPLETION) | _IGNORED
+_CHAT_FIELDS = _SHARED | {"messages", "max_completion_tokens", "response_format"} | set(
+    _NEUTRAL_CHAT) | _IGNORED
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+@dataclass
+class GenerationRequest:
+    """What the server generates for one request; `prompt` is still text or ids here."""
+
+    kind: str  # "completion" or "chat"
+    model: Optional[str]
+    prompt: Any = None  # completions: str or list[int]
+    messages: list[tuple[str, str]] = field(default_factory=list)  # chat: (role, text)
+    max_tokens: Optional[int] = None  # None: the API's default
+    sampling: Optional[SamplingParams] = None  # None: greedy
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    return_token_ids: bool = False
+    priority: int = 0
+
+
+# -- field checks: each raises RequestError(param=name) -------------------------------------
+
+
+def _present(body: dict, name: str) -> bool:
+    return body.get(name) is not None
+
+
+def _number(body: dict, name: str, lo: float, hi: float, *, lo_open: bool = False) -> Optional[float]:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(f"'{name}' must be a number, got {_json_type(value)}", param=name)
+    value = float(value)
+    below = value <= lo if lo_open else value < lo
+    if not math.isfinite(value) or below or value > hi:
+        left = "(" if lo_open else "["
+        raise RequestError(f"'{name}' must be in {left}{_fmt(lo)}, {_fmt(hi)}], got {value}",
+                           param=name)
+    return value
+
+
+def _integer(body: dict, name: str, lo: int, hi: int) -> Optional[int]:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(f"'{name}' must be an integer, got {_json_type(value)}", param=name)
+    if not lo <= value <= hi:
+        raise RequestError(f"'{name}' must be in [{lo}, {hi}], got {value}", param=name)
+    return value
+
+
+def _boolean(body: dict, name: str) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise RequestError(f"'{name}' must be a boolean, got {_json_type(value)}", param=name)
+    return value
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(x)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _check_fields(body: dict, allowed: set[str], neutral: dict[str, tuple]) -> None:
+    for name in body:
+        if name not in allowed:
+            raise RequestError(f"Unrecognized request argument supplied: {name}", param=name)
+    for name, values in neutral.items():
+        value = body.get(name)
+        if value is not None and not any(value == v and type(value) is type(v)
+                                         for v in values if v is not None):
+            raise RequestError(f"'{name}' is not supported by this server "
+                               f"(only {_neutral_text(values)})", param=name)
+
+
+def _neutral_text(values: tuple) -> str:
+    shown = [v for v in values if v is not None]
+    return " or ".join(repr(v) for v in shown) if shown else "null"
+
+
+def _stop(body: dict) -> list[str]:
+    value = body.get("stop")
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise RequestError("'stop' must be a string or an array of strings", param="stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise RequestError(f"'stop' may hold at most {MAX_STOP_STRINGS} strings", param="stop")
+    if any(not s for s in stops):
+        raise RequestError("'stop' strings must not be empty", param="stop")
+    return list(dict.fromkeys(stops))
+
+
+def _logit_bias(body: dict, n_vocab: int) -> dict[int, float]:
+    value = body.get("logit_bias")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RequestError("'logit_bias' must be an object mapping token ids to biases",
+                           param="logit_bias")
+    out = {}
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            token = -1
+        if token < 0 or token >= n_vocab or str(token) != str(key).strip():
+            raise RequestError(f"'logit_bias' key {key!r} is not a token id in [0, {n_vocab})",
+                               param="logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not (
+                -100 <= bias <= 100):
+            raise RequestError(f"'logit_bias' value for token {token} must be a number in "
+                               "[-100, 100]", param="logit_bias")
+        out[token] = float(bias)
+    return out
+
+
+def _sampling(body: dict, n_vocab: int) -> Optional[SamplingParams]:
+    temperature = _number(body, "temperature", 0, 2)
+    top_p = _number(body, "top_p", 0, 1, lo_open=True)
+    top_k = _integer(body, "top_k", -1, n_vocab)
+    min_p = _number(body, "min_p", 0, 1)
+    seed = _integer(body, "seed", -(1 << 63), _U64)
+    presence = _number(body, "presence_penalty", -2, 2)
+    frequency = _number(body, "frequency_penalty", -2, 2)
+    repetition = _number(body, "repetition_penalty", 0, 10, lo_open=True)
+    bias = _logit_bias(body, n_vocab)
+    ignore_eos = _boolean(body, "ignore_eos")
+    params = SamplingParams(
+        temperature=1.0 if temperature is None else temperature,  # the API's default
+        top_p=1.0 if top_p is None else top_p,
+        top_k=0 if top_k is None else top_k,
+        min_p=0.0 if min_p is None else min_p,
+        seed=None if seed is None else seed & _U64,
+        presence_penalty=presence or 0.0, frequency_penalty=frequency or 0.0,
+        repetition_penalty=1.0 if repetition is None else repetition,
+        logit_bias=bias, ignore_eos=ignore_eos)
+    return None if params.plain_greedy and not ignore_eos else params
+
+
+def _common(body: Any, kind: str, n_vocab: int) -> GenerationRequest:
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object, got {_json_type(body)}")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RequestError("'model' must be a string", param="model")
+    stream = _boolean(body, "stream")
+    include_usage = False
+    options = body.get("stream_options")
+    if options is not None:
+        if not stream:
+            raise RequestError("'stream_options' is only allowed when 'stream' is true",
+                               param="stream_options")
+        if not isinstance(options, dict) or set(options) - {"include_usage",
+                                                             "continuous_usage_stats"}:
+            raise RequestError("'stream_options' must be an object with 'include_usage'",
+                               param="stream_options")
+        include_usage = _boolean(options, "include_usage")
+    return GenerationRequest(
+        kind=kind, model=model, sampling=_sampling(body, n_vocab), stop=_stop(body),
+        stream=stream, include_usage=include_usage,
+        return_token_ids=_boolean(body, "return_token_ids"),
+        priority=_integer(body, "priority", 0, (1 << 63) - 1) or 0)
+
+
+def parse_completion(body: Any, n_vocab: int) -> GenerationRequest:
+    """A `/v1/completions` body (already JSON-decoded)."""
+    if isinstance(body, dict):
+        _check_fields(body, _COMPLETION_FIELDS, _NEUTRAL_COMPLETION)
+    req = _common(body, "completion", n_vocab)
+    req.max_tokens = _integer(body, "max_tokens", 1, (1 << 32) - 1)
+    if "prompt" not in body or body["prompt"] is None:
+        raise RequestError("'prompt' is required", param="prompt")
+    req.prompt = _prompt(body["prompt"], n_vocab)
+    return req
+
+
+def _prompt(value: Any, n_vocab: int) -> Any:
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise RequestError("'prompt' must be a string, an array of token ids, or an array "
+                           "holding one of those", param="prompt")
+    if value and all(isinstance(v, (str, list)) for v in value):
+        if len(value) != 1:
+            raise RequestError("'prompt' holds several prompts; this server takes one prompt "
+                               "per request", param="prompt")
+        return _prompt(value[0], n_vocab)
+    if not value:
+        raise RequestError("'prompt' must not be empty", param="prompt")
+    for i, t in enumerate(value):
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise RequestError(f"'prompt[{i}]' must be a token id, got {_json_type(t)}",
+                               param="prompt")
+        if not 0 <= t < n_vocab:
+            raise RequestError(f"'prompt[{i}]' = {t} is not a token id in [0, {n_vocab})",
+                               param="prompt")
+    return list(value)
+
+
+def parse_chat(body: Any, n_vocab: int) -> GenerationRequest:
+    """A `/v1/chat/completions` body (already JSON-decoded)."""
+    if isinstance(body, dict):
+        _check_fields(body, _CHAT_FIELDS, _NEUTRAL_CHAT)
+        fmt = body.get("response_format")
+        if fmt is not None and fmt != {"type": "text"}:
+            raise RequestError("'response_format' is not supported by this server (only "
+                               "{'type': 'text'})", param="response_format")
+    req = _common(body, "chat", n_vocab)
+    a = _integer(body, "max_tokens", 1, (1 << 32) - 1)
+    b = _integer(body, "max_completion_tokens", 1, (1 << 32) - 1)
+    if a is not None and b is not None and a != b:
+        raise RequestError("'max_tokens' and 'max_completion_tokens' disagree",
+                           param="max_completion_tokens")
+    req.max_tokens = b if b is not None else a
+    req.messages = _messages(body.get("messages"))
+    return req
+
+
+def _messages(value: Any) -> list[tuple[str, str]]:
+    if value is None:
+        raise RequestError("'messages' is required", param="messages")
+    if not isinstance(value, list) or not value:
+        raise RequestError("'messages' must be a non-empty array", param="messages")
+    out = []
+    for i, msg in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise RequestError(f"'{where}' must be an object", param=where)
+        extra = set(msg) - {"role", "content", "name"}
+        if extra:
+            key = sorted(extra)[0]
+            raise RequestError(f"'{where}.{key}' is not supported by this server",
+                               param=f"{where}.{key}")
+        role = msg.get("role")
+        if role not in _ROLES:
+            raise RequestError(f"'{where}.role' must be one of {sorted(_ROLES)}, got {role!r}",
+                               param=f"{where}.role")
+        if "name" in msg and msg["name"] is not None and not isinstance(msg["name"], str):
+            raise RequestError(f"'{where}.name' must be a string", param=f"{where}.name")
+        out.append((_ROLES[role], _content(msg.get("content"), role, f"{where}.content")))
+    return out
+
+
+def _content(value: Any, role: str, where: str) -> str:
+    if value is None:
+        if role == "assistant":
+            return ""
+        raise RequestError(f"'{where}' is required", param=where)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = []
+        for j, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
+                    part.get("text"), str):
+                raise RequestError(f"'{where}[{j}]' must be a text part "
+                                   "({'type': 'text', 'text': ...}); other parts are not "
+                                   "supported", param=f"{where}[{j}]")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise RequestError(f"'{where}' must be a string or an array of text parts", param=where)

@@ -1,0 +1,339 @@
+"""The engine on its own thread, and one subscription per request for the event loop.
+
+The event loop never touches the scheduler or the host. It hands requests and cancellations to
+the engine's inbox (`Engine.submit` / `Engine.cancel` from another thread) and reads each
+request's events from a `Subscription`, which the engine thread fills from an engine listener
+and which wakes the loop at most once per burst.
+
+Whether the scheduler took a request or refused it (waiting queue full) is known right after the
+engine drains its inbox: a refusal arrives as a `FinishEvent("rejected")`, and the `before_step`
+hook, which runs right after the drain, confirms every request that is now live. The same hook
+publishes the figures `/metrics` shows (`EngineStats`) and runs the calls other threads queued
+with `call` (state snapshots for tests and diagnostics).
+
+An exception out of the engine (a host failure) fails every open request with that message,
+releases the host's state and restarts the loop: one bad iteration never takes the server down.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from ..engine import Engine, FinishEvent, Request, TokenEvent
+
+log = logging.getLogger("skippy_scheduler.serve")
+
+# NOTE: `Engine.cancel` of an id that is never live is how another thread wakes an idle engine
+# (the inbox is the engine's only wake-up); ids the server makes never look like this one.
+_WAKE_ID = "\x00wake"
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """What the engine thread last published (at the start of a step)."""
+
+    running: int = 0
+    waiting: int = 0
+    preemptions: int = 0
+    prefix_hits: int = 0
+    prefix_misses: int = 0
+    lanes_in_use: int = 0
+    lanes: int = 0
+    kv_tokens: int = 0
+    kv_capacity: int = 0
+    iterations: int = 0
+    published_s: float = 0.0
+
+
+class Subscription:
+    """Events of one request, delivered to an asyncio consumer on `loop`.
+
+    `verdict` resolves to None once the scheduler holds the request, or to the rejecting
+    `FinishEvent`. `error` is set when the engine failed underneath the request.
+    """
+
+    __slots__ = ("request_id", "_loop", "_items", "_lock", "_waiting", "_event", "verdict",
+                 "error", "finished", "arrival_us")
+
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, arrival_us: float) -> None:
+        self.request_id = request_id
+        self._loop = loop
+        self._items: deque[Any] = deque()
+        self._lock = threading.Lock()
+        self._waiting = False
+        self._event = asyncio.Event()
+        self.verdict: asyncio.Future = loop.create_future()
+        self.error: Optional[str] = None
+        self.finished = False
+        self.arrival_us = arrival_us
+
+    # -- engine thread ------------------------------------------------------------------------
+
+    def _push(self, event: Any) -> None:
+        self._items.append(event)
+        with self._lock:
+            if self._waiting:
+                self._waiting = False
+                self._loop.call_soon_threadsafe(self._event.set)
+
+    def _decide(self, rejection: Optional[FinishEvent]) -> None:
+        self._loop.call_soon_threadsafe(self._set_verdict, rejection)
+
+    def _set_verdict(self, rejection: Optional[FinishEvent]) -> None:
+        if not self.verdict.done():
+            self.verdict.set_result(rejection)
+
+    # -- event loop ---------------------------------------------------------------------------
+
+    async def next_batch(self) -> list[Any]:
+        """The events that arrived since the last call (waits for at least one)."""
+        while True:
+            if self._items:
+                out = []
+                while self._items:
+                    out.append(self._items.popleft())
+                return out
+            with self._lock:
+                if self._items:
+                    continue
+                self._event.clear()
+                self._waiting = True
+            await self._event.wait()
+
+
+class EngineRunner:
+    """Runs `engine.run_forever()` on a daemon thread and multiplexes its events."""
+
+    def __init__(self, scheduler: Any, host: Any, *, idle_wait_s: float = 0.05) -> None:
+        self.scheduler = scheduler
+        self.host = host
+        self.engine = Engine(scheduler, host, clock="wall", record=False,
+                             before_step=self._before_step)
+        self.engine.add_listener(self._on_event)
+        self._idle_wait_s = idle_wait_s
+        self._subs: dict[str, Subscription] = {}
+        self._undecided: dict[str, Subscription] = {}
+        self._lock = threading.Lock()
+        self._gate = threading.Lock()  # held around submissions; taken when the loop restarts
+        self._calls: deque[tuple[Callable[[], Any], Future]] = deque()
+        self._thread: Optional[threading.Thread] = None
+        self._started = threading.Event()
+        self._running = False
+        self._stopping = False
+        self.stats = EngineStats()
+        self.crashes = 0
+        self.last_crash: Optional[str] = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        if self._thread is not None:
+            raise RuntimeError("the engine runner is already started")
+        self._thread = threading.Thread(target=self._main, name="skippy-engine", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout_s):
+            raise RuntimeError("the engine thread did not start")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the loop; requests still open end as cancelled."""
+        self._stopping = True
+        with self._gate:
+            self._running = False
+        self.engine.stop()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                # Still inside an iteration: touching the scheduler from here would race it.
+                log.error("the engine thread did not stop within %.0f s", timeout_s)
+                return
+        # The loop has returned: the engine runs on this thread now.
+        for rid in self.engine.open_ids():
+            self._fail(rid, "the server is shutting down")
+        while self._calls:
+            _, fut = self._calls.popleft()
+            fut.set_exception(RuntimeError("the engine stopped"))
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def _main(self) -> None:
+        while not self._stopping:
+            try:
+                self.engine.run_forever(self._idle_wait_s)
+                return
+            except Exception as exc:  # a host or engine failure: fail open work, go on
+                with self._gate:
+                    self._running = False
+                self.crashes += 1
+                self.last_crash = f"{type(exc).__name__}: {exc}"
+                log.exception("engine iteration failed; failing %d open requests",
+                              len(self.engine.open_ids()))
+                self._recover(self.last_crash)
+
+    def _recover(self, message: str) -> None:
+        for rid in self.engine.open_ids():
+            self._fail(rid, f"the engine failed: {message}")
+        release_all = getattr(self.host, "release_all", None)
+        if release_all is not None:
+            release_all()
+
+    def _fail(self, rid: str, message: str) -> None:
+        sub = self._subs.get(rid)
+        if sub is not None:
+            sub.error = message
+        if not self.engine.cancel(rid):
+            # The scheduler no longer knows it; the subscription still gets its end.
+            self._deliver(FinishEvent(rid, "failed", self.engine.now(), message))
+
+    # -- requests (event loop) ----------------------------------------------------------------
+
+    def now_us(self) -> float:
+        return self.engine.now()
+
+    def open(self, request: Request, loop: asyncio.AbstractEventLoop) -> Subscription:
+        """Subscribe to `request` and hand it to the engine; await `sub.verdict` next."""
+        sub = Subscription(request.id, loop, self.engine.now())
+        with self._lock:
+            self._subs[request.id] = sub
+            self._undecided[request.id] = sub
+        with self._gate:
+            if not self._running:
+                with self._lock:
+                    self._subs.pop(request.id, None)
+                    self._undecided.pop(request.id, None)
+                raise EngineUnavailable("the engine is not running")
+            self.engine.submit(request)
+        return sub
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel from any thread (a no-op for a request that has ended)."""
+        self.engine.cancel(request_id)
+
+    def close(self, sub: Subscription) -> None:
+        """The consumer is done with `sub` (after its FinishEvent or after cancelling)."""
+        with self._lock:
+            self._undecided.pop(sub.request_id, None)
+            if sub.finished:
+                self._subs.pop(sub.request_id, None)
+
+    def call(self, fn: Callable[[], Any], timeout_s: float = 10.0) -> Any:
+        """Run `fn()` on the engine thread between two steps and return its result."""
+        fut: Future = Future()
+        self._calls.append((fn, fut))
+        self.engine.cancel(_WAKE_ID)
+        return fut.result(timeout_s)
+
+    @property
+    def open_subscriptions(self) -> int:
+        return len(self._subs)
+
+    # -- engine thread ------------------------------------------------------------------------
+
+    def _on_event(self, event: Any) -> None:
+        self._deliver(event)
+
+    def _deliver(self, event: Any) -> None:
+        rid = event.request_id
+        sub = self._subs.get(rid)
+        if sub is None:
+            return
+        if isinstance(event, FinishEvent):
+            sub.finished = True
+            with self._lock:
+                undecided = self._undecided.pop(rid, None) is not None
+                self._subs.pop(rid, None)
+            if undecided:
+                sub._decide(event if event.reason == "rejected" else None)
+        sub._push(event)
+
+    def _before_step(self, engine: Engine) -> None:
+        if not self._running:
+            with self._gate:
+                self._running = not self._stopping
+            self._started.set()
+        if self._undecided:
+            self._confirm_live()
+        self._publish()
+        while self._calls:
+            fn, fut = self._calls.popleft()
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # handed to the caller's thread
+                fut.set_exception(exc)
+
+    def _confirm_live(self) -> None:
+        with self._lock:
+            pending = list(self._undecided.items())
+        engine = self.engine
+        for rid, sub in pending:
+            try:
+                live = engine.status(rid) is None
+            except KeyError:  # still in the inbox (or already ended: its event decided it)
+                continue
+            if live:
+                with self._lock:
+                    self._undecided.pop(rid, None)
+                sub._decide(None)
+
+    def _publish(self) -> None:
+        m = self.scheduler.metrics()
+        host = self.host
+        active = getattr(host, "active_sequences", ())
+        kv_of = getattr(host, "kv_tokens", None)
+        kv = sum(kv_of(s) for s in active) if kv_of is not None else 0
+        lanes = getattr(host, "n_seq_max", 0)
+        n_ctx = getattr(host, "n_ctx", 0)
+        self.stats = EngineStats(
+            running=m.active_sequences, waiting=m.waiting_sequences, preemptions=m.preempted,
+            prefix_hits=m.prefix_hits, prefix_misses=m.prefix_misses,
+            lanes_in_use=len(active), lanes=lanes, kv_tokens=kv, kv_capacity=n_ctx,
+            iterations=m.iterations, published_s=time.monotonic())
+
+    # -- diagnostics --------------------------------------------------------------------------
+
+    def state(self) -> dict:
+        """Everything that must be empty when no request is open (taken on the engine thread)."""
+
+        def take() -> dict:
+            snap = self.scheduler.snapshot()
+            host = self.host
+            return {
+                "scheduler_active": list(snap.active_ids),
+                "scheduler_waiting": list(snap.waiting_ids),
+                "engine_open": self.engine.open_ids(),
+                "engine_outstanding": self.engine.outstanding,
+                "host_active": list(getattr(host, "active_sequences", ())),
+                "host_free_lanes": getattr(host, "free_slots", None),
+                "host_kv_positions": _kv_positions(host),
+                "host_samplers": len(getattr(host, "_samplers", ())),
+                "subscriptions": len(self._subs),
+                "undecided": len(self._undecided),
+            }
+
+        return self.call(take)
+
+
+def _kv_positions(host: Any) -> dict[int, int]:
+    """Highest KV position llama.cpp holds per llama sequence id (only ids holding any)."""
+    mem = getattr(host, "_mem", None)
+    if mem is None:
+        return {}
+    import llama_cpp as _ll
+
+    out = {}
+    for sid in range(host.n_seq_max):
+        pos = int(_ll.llama_memory_seq_pos_max(mem, sid))
+        if pos >= 0:
+            out[sid] = pos
+    return out
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine loop is not running (starting, restarting after a failure, or stopped)."""
