@@ -74,6 +74,7 @@ from .types import (  # noqa: E402
     StalePlanError,
 )
 from .inflight import resolve_deferred  # noqa: E402
+from .sampling import SamplingParams  # noqa: E402
 
 __all__ = [
     "__version__",
@@ -122,6 +123,7 @@ __all__ = [
     "PlanInFlight",
     "StalePlanError",
     "resolve_deferred",
+    "SamplingParams",
     "TwinOutputs",
     "TwinPlan",
     "TwinScheduler",

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Optional
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response, StreamingResponse
 

@@ -25,7 +25,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from ..engine import Engine, FinishEvent, Request, TokenEvent
+from ..engine import Engine, FinishEvent, Request
 
 log = logging.getLogger("skippy_scheduler.serve")
 
