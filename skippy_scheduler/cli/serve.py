@@ -50,7 +50,8 @@ def register(subparsers) -> None:
     p.add_argument("--prefix-cache-tokens", type=_non_negative, default=0, metavar="N",
                    help="KV tokens kept for prefix reuse (not available yet: only 0)")
     p.add_argument("--inflight", type=positive_int, default=1, metavar="N",
-                   help="plans in flight at once (not available yet: only 1)")
+                   help="plans in flight: with 2, the next plan is made and the previous one "
+                        "completed while llama_decode runs on a worker thread (1)")
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"),
                    default=d.log_level, help=f"uvicorn log level ({d.log_level})")
     p.set_defaults(func=run)
@@ -97,9 +98,6 @@ def run(args) -> int:
     if args.prefix_cache_tokens:
         raise CommandError("--prefix-cache-tokens is not available yet: this version has no "
                            "prefix KV reuse on llama.cpp (only 0 is accepted)")
-    if args.inflight != 1:
-        raise CommandError("--inflight is not available yet: this version runs one plan at a "
-                           "time (only 1 is accepted)")
     if args.max_active > LLAMA_MAX_SEQUENCES:
         raise CommandError(f"--max-active must be <= {LLAMA_MAX_SEQUENCES} "
                            "(llama.cpp's sequence ids)")
@@ -114,7 +112,8 @@ def run(args) -> int:
         port=args.port, max_active=args.max_active, max_waiting=args.max_waiting,
         ctx_size=args.ctx_size, threads=args.threads, batch_size=args.batch_size,
         prefill_chunk=args.prefill_chunk, mixed=args.mixed,
-        max_consecutive_prefill=args.max_consecutive_prefill, policy=args.policy,
+        max_consecutive_prefill=args.max_consecutive_prefill, inflight=args.inflight,
+        policy=args.policy,
         kv_type=args.kv_type, flash_attn=args.flash_attn, log_level=args.log_level)
     try:
         server = Server(settings)

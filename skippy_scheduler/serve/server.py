@@ -42,6 +42,7 @@ class ServeSettings:
     prefill_chunk: int = 256
     mixed: bool = True
     max_consecutive_prefill: Optional[int] = 1
+    inflight: int = 1  # plans in flight (max_inflight_plans): 2 overlaps scheduling with decode
     policy: str = "cache-aware"
     kv_type: str = "f32"
     flash_attn: bool = False
@@ -97,6 +98,7 @@ class Server:
             prefill_chunk_tokens=min(s.prefill_chunk, s.batch_size),
             mixed_prefill_decode=s.mixed,
             max_consecutive_prefill_iterations=s.max_consecutive_prefill,
+            max_inflight_plans=s.inflight,
             reserved_sequence_ids=0)
         self.scheduler = Scheduler(config, admission=_admission(s.policy))
         self.runner = EngineRunner(self.scheduler, self.host)

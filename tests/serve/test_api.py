@@ -82,6 +82,24 @@ def test_sixteen_concurrent_streams_each_equal_their_alone_run(client, reference
         assert finish == ("length" if len(expected) == 20 else "stop")
 
 
+def test_two_plans_in_flight_give_the_same_streams(model_path, reference):
+    """--inflight 2: llama_decode on the host's worker thread while the engine plans the next
+    step; seeded sampling and greedy streams still equal their alone runs."""
+    srv = start_server(model_path, inflight=2)
+    try:
+        with openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0,
+                           timeout=60) as c:
+            prompts = _prompts(12, seed=5)
+            with ThreadPoolExecutor(12) as pool:
+                results = list(pool.map(lambda p: _stream_ids(c, p, 16, **GREEDY), prompts))
+            for prompt, (ids, text, finish) in zip(prompts, results):
+                assert ids == alone(reference, prompt, 16)
+            assert srv.scheduler.config.max_inflight_plans == 2
+            assert srv.scheduler.metrics().iterations > 0
+    finally:
+        srv.shutdown()
+
+
 def test_chat_streamed_and_not(client):
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     r = client.chat.completions.create(model="m", messages=messages, max_tokens=10, **GREEDY)

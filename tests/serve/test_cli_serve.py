@@ -21,7 +21,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--inflight", "2"], "--inflight is not available yet"),
+    (["--inflight", "0"], "--inflight"),
     (["--prefix-cache-tokens", "64"], "--prefix-cache-tokens is not available yet"),
     (["--max-active", "300"], "--max-active must be <= 256"),
     (["--max-active", "8", "--ctx-size", "4"], "--ctx-size (4) must be at least --max-active"),
