@@ -28,7 +28,7 @@ def _imports():
 sk = None
 
 
-def build(r: ByteReader):
+def build(r: ByteReader, depth: int = 1):
     comps = [
         sk.MemoryComponent(f"m{i}", r.below(2000), r.below(50), r.below(12), r.below(80))
         for i in range(r.below(3))
@@ -44,6 +44,7 @@ def build(r: ByteReader):
         cache_aging_cost_per_iteration=r.below(5000),
         group_waiting_prefixes=r.flag(),
         memory_components=comps,
+        max_inflight_plans=depth,
     )
     admission = [None, sk.FcfsAdmission, sk.PriorityAdmission][r.below(3)]
     preemption = [None, sk.FewestComputedTokens][r.below(2)]
@@ -77,8 +78,12 @@ def run(data: bytes) -> None:
     if sk is None:
         sk = _imports()
     r = ByteReader(data)
-    config, native, twin = build(r)
+    # NOTE: the depth comes from the input's length, not from its bytes, so the corpus decodes
+    # to the same operations as before plans in flight existed (depth 1 for a third of it).
+    depth = 1 + len(data) % 3
+    config, native, twin = build(r, depth)
     norm = config.normalized()
+    live: list = []  # (native, twin) plans in flight, oldest first
     plans = None
     while r.remaining() > 0:
         op = r.below(8)
@@ -97,13 +102,32 @@ def run(data: bytes) -> None:
             a, b = call(lambda: native.submit(seq)), call(lambda: twin.submit(seq))
             assert a == b, (a, b)
         elif op in (1, 2):  # plan
-            pn, pt = native.plan_iteration(), twin.plan_iteration()
-            assert pn.work == pt.work and pn.admitted == pt.admitted
+            a, b = call(native.plan_iteration), call(twin.plan_iteration)
+            assert a[0] == b[0], (a, b)
+            if not a[0]:
+                assert a[1] is b[1] is sk.PlanInFlight and len(live) == depth > 1
+                check(native, twin, config)
+                continue
+            pn, pt = a[1], b[1]
+            assert pn.work == pt.work and pn.admitted == pt.admitted and pn.step == pt.step
+            assert pn.deferred_rows.tolist() == pt.deferred_rows.tolist()
+            assert pn.deferred_source_steps.tolist() == pt.deferred_source_steps.tolist()
+            assert pn.deferred_source_indexes.tolist() == pt.deferred_source_indexes.tolist()
             assert pn.token_count <= norm.max_tokens_per_iteration
             assert len({w.sequence_id for w in pn.work}) == len(pn.work)
             assert all(len(w.tokens) >= 1 for w in pn.work)
-            plans = (pn, pt)
-        elif op in (3, 4) and plans is not None:  # complete
+            if depth == 1:
+                live = []  # replaced: aborted by the scheduler
+            live.append((pn, pt))
+            plans = live[0]
+        elif op == 5 and depth > 1 and live and r.flag():  # abort a plan in flight
+            k = r.below(len(live))
+            a = call(lambda: native.abort_iteration(live[k][0]))
+            b = call(lambda: twin.abort_iteration(live[k][1]))
+            assert a == b, (a, b)
+            del live[k:]
+            plans = live[0] if live else None
+        elif op in (3, 4) and plans is not None:  # complete (the oldest plan)
             pairs = []
             for i, w in enumerate(plans[1].work):
                 if not w.sample_last:
@@ -118,6 +142,9 @@ def run(data: bytes) -> None:
             a = call(lambda: native.complete_iteration(plans[0], preds))
             b = call(lambda: twin.complete_iteration(plans[1], preds))
             assert a == b, (a, b)
+            if a[0] and live and live[0] is plans:
+                live.pop(0)
+                plans = live[0] if live else plans
         elif op == 5 and plans is not None:  # observe
             elapsed = [0.001, 0.002, 0.004, 0.03, 0.0, -1.0][r.below(6)]
             a = call(lambda: native.observe_iteration_duration(plans[0], elapsed))
