@@ -229,6 +229,11 @@ class Engine(_Pipeline):
         self._release_victims(victims)
         return victims
 
+    def wake(self) -> None:
+        """Make an idle `run_forever` take a step now (thread-safe): its `before_step` hook runs
+        even when nothing was submitted (a server runs its queued calls there)."""
+        self._wake.set()
+
     def stop(self) -> None:
         """Ask `run_forever` to return after the current step (thread-safe)."""
         self._stop = True

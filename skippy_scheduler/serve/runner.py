@@ -29,11 +29,6 @@ from ..engine import Engine, FinishEvent, Request
 
 log = logging.getLogger("skippy_scheduler.serve")
 
-# NOTE: `Engine.cancel` of an id that is never live is how another thread wakes an idle engine
-# (the inbox is the engine's only wake-up); ids the server makes never look like this one.
-_WAKE_ID = "\x00wake"
-
-
 @dataclass(frozen=True)
 class EngineStats:
     """What the engine thread last published (at the start of a step)."""
@@ -227,7 +222,7 @@ class EngineRunner:
         """Run `fn()` on the engine thread between two steps and return its result."""
         fut: Future = Future()
         self._calls.append((fn, fut))
-        self.engine.cancel(_WAKE_ID)
+        self.engine.wake()
         return fut.result(timeout_s)
 
     @property
