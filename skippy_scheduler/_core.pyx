@@ -231,6 +231,7 @@ cdef class _SlotObjects:
     cdef object prefix_restore
     cdef object cache_affinity
     cdef object sampling
+    cdef object prompt  # the prompt as a tuple, built the first time a Python policy ranks it
 
 
 cdef _SlotObjects _slot_objects(object seq):
@@ -252,15 +253,20 @@ cdef int _rank_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t *
     cdef Scheduler self = <Scheduler>ctx
     cdef skippy_sequence_info info
     cdef size_t i
+    cdef _SlotObjects o
     try:
         candidates = []
         for i in range(n):
             skippy_scheduler_sequence(s, slots[i], &info)
+            o = _carried(self._objects, slots[i])
+            # NOTE: a submitted prompt never changes, so its tuple is built once per
+            # submission, not at every ranking (a long queue of long prompts re-ranks often).
+            if o.prompt is None:
+                o.prompt = tuple([info.tokens[k] for k in range(info.prompt_count)])
             candidates.append(CacheAwareCandidate(
-                index=i, priority=info.priority,
-                affinity=_carried(self._objects, slots[i]).cache_affinity,
-                prompt_tokens=tuple(info.tokens[k] for k in range(info.prompt_count)),
-                enqueued_turn=info.enqueued_turn, order=info.enqueue_order))
+                index=i, priority=info.priority, affinity=o.cache_affinity,
+                prompt_tokens=o.prompt, enqueued_turn=info.enqueued_turn,
+                order=info.enqueue_order))
         order = self.admission.order(candidates, turn)
         try:
             order = [int(k) for k in order]
