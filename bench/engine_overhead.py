@@ -14,10 +14,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 
 from skippy_scheduler import Scheduler
-from skippy_scheduler.bench import BenchHost, _decoding
+from skippy_scheduler.bench import BenchHost, _decoding, measure_pairs
 
 
 def bare_step(scheduler, host: BenchHost):
@@ -43,17 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(50):
             step_bare()
             step_engine()
-        a: list[int] = []
-        b: list[int] = []
-        clock = time.perf_counter_ns
-        for _ in range(args.steps):
-            t0 = clock()
-            step_bare()
-            t1 = clock()
-            step_engine()
-            t2 = clock()
-            a.append(t1 - t0)
-            b.append(t2 - t1)
+        a, b = measure_pairs(step_bare, step_engine, args.steps, budget_s=60.0)
         ma, mb = statistics.median(a) / 1e3, statistics.median(b) / 1e3
         print(f"{n}\t{ma:.2f}\t{mb:.2f}\t{mb / ma:.3f}")
     return 0

@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 
 from skippy_scheduler import Scheduler, SchedulerConfig, Sequence
+from skippy_scheduler.bench import measure_pairs
 
 
 def stepper(n: int, depth: int):
@@ -52,17 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(50):
             one()
             two()
-        a: list[int] = []
-        b: list[int] = []
-        clock = time.perf_counter_ns
-        for _ in range(args.steps):
-            t0 = clock()
-            one()
-            t1 = clock()
-            two()
-            t2 = clock()
-            a.append(t1 - t0)
-            b.append(t2 - t1)
+        a, b = measure_pairs(one, two, args.steps, budget_s=60.0)
         ma, mb = statistics.median(a) / 1e3, statistics.median(b) / 1e3
         print(f"{n}\t{ma:.2f}\t{mb:.2f}\t{mb / ma:.3f}")
     return 0

@@ -21,6 +21,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence as _Seq, Union
 
+from ..cost_model import decode_row_count
 from ..types import AdmissionError, DuplicateSequence, QueueFull, Sequence
 from .clock import Clock, VirtualClock, WallClock
 from .pipeline import _Pipeline
@@ -28,7 +29,6 @@ from .record import EngineReport, Recorder
 from .requests import (_ENDED, _PENDING, _SUBMITTED, EngineStalled, Event, FinishEvent, Request,
                        TokenEvent, _Entry, _InFlight, _SequenceRequest)
 
-_DECODE = 2  # IterationPhase.Decode.value in plan.phases
 _INF = float("inf")
 
 __all__ = ["Engine", "EngineStalled", "Event", "FinishEvent", "Request", "TokenEvent"]
@@ -589,7 +589,7 @@ class Engine(_Pipeline):
             rec.scheduled(flight.owners, flight.start)
         flight.token_count = plan.token_count
         if clock is not None or rec is not None:
-            flight.decode = bytes(plan.phases).count(_DECODE)
+            flight.decode = decode_row_count(plan.phases)
         if self._depth > 1 and (rec is not None or self._listeners or self._streams):
             live = self._live
             flight.entries = entries = [live[i] for i in plan.sequence_ids]

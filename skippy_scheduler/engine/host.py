@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from typing import Any, Optional, Protocol, Sequence as _Seq, runtime_checkable
 
-from ..cost_model import RuntimeCostModel
 from ..types import Sequence
 
 
@@ -58,16 +57,14 @@ class CostModelHost:
     """A stand-in runtime: samples a fixed token (or echoes each row's last input token).
 
     `token=None` makes the "model" predict each sampling row's last input token, which keeps a
-    token that a workload planted at the end of a prompt flowing through the decode rows.
-    `cost` is only carried for the engine's virtual clock (`VirtualClock(host.cost)`); the host
-    itself takes no time.
+    token that a workload planted at the end of a prompt flowing through the decode rows. The
+    host itself takes no time: run it under `VirtualClock(cost_model)`, which charges each plan.
     """
 
-    def __init__(self, token: Optional[int] = 1, cost: Optional[RuntimeCostModel] = None) -> None:
+    def __init__(self, token: Optional[int] = 1) -> None:
         if token is not None and (isinstance(token, bool) or not isinstance(token, int)):
             raise TypeError(f"token must be an int or None, got {type(token).__name__}")
         self.token = token
-        self.cost = cost if cost is not None else RuntimeCostModel()
 
     def execute(self, plan: Any) -> None:
         rows = plan.sample_rows

@@ -48,7 +48,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import numpy as np
 
 from ..cache_policy import CacheAffinity, StageCacheAffinity
-from ..cost_model import RuntimeCostModel
+from ..cost_model import DECODE_PHASE, RuntimeCostModel
 from ..engine import CostModelHost, Engine, EngineStalled, VirtualClock, percentile
 from ..policies import FairShareAdmission
 from ..prefix_store import PrefixStore, StoreEntry, StoreMatch, VirtualBackend
@@ -61,7 +61,7 @@ POLICIES = ("fcfs", "cache-aware-noaging", "cache-aware-aging", "priority", "fai
 MODES = ("phase", "mixed")
 DEFAULT_MODE = "mixed"
 DEFAULT_PREFIX_CACHE_TOKENS = 8 << 20
-_PHASE_DECODE = 2
+_PHASE_DECODE = DECODE_PHASE
 
 
 def make_admission(name: str, weights: Optional[dict] = None):
@@ -136,7 +136,7 @@ class TraceHost(CostModelHost):
     def __init__(self, scheduler: Any, cost: RuntimeCostModel, options: ReplayOptions, *,
                  fair_share: Optional[FairShareAdmission] = None,
                  tenant_names: Optional[list] = None) -> None:
-        super().__init__(token=None, cost=cost)
+        super().__init__(token=None)
         self.scheduler = scheduler
         self.options = options
         self.clock: Any = None  # set by run_replay: the engine's clock (for time stamps)

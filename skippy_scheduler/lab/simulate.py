@@ -165,7 +165,7 @@ def simulate(config, cost: RuntimeCostModel | None, requests: Iterable[SimReques
     def refuse(request: Any, exc: BaseException) -> None:
         raise SimulationError(f"submit of {request.id} failed: {exc}") from exc
 
-    engine = Engine(scheduler, CostModelHost(token=1, cost=cost), clock=VirtualClock(cost),
+    engine = Engine(scheduler, CostModelHost(token=1), clock=VirtualClock(cost),
                     on_plan=_TraceWriter(trace) if trace is not None else None,
                     on_reject=refuse)
     try:

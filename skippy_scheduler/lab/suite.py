@@ -124,7 +124,7 @@ class SuiteHost(CostModelHost):
     """The suite's model-free runtime: echo sampling, a family prefix cache and KV accounting."""
 
     def __init__(self, workload: Workload, cost: RuntimeCostModel, memory: bool) -> None:
-        super().__init__(token=None, cost=cost)
+        super().__init__(token=None)
         self.workload = workload
         self.family_of = workload.family.tolist()
         self.index_of = {workload.request_id(r): r for r in range(workload.n)}
