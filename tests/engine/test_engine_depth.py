@@ -9,29 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from token_model import VOCAB, alone_tokens, run_rows
+
 from skippy_scheduler import MemoryComponent, Scheduler, SchedulerConfig, TwinScheduler
 from skippy_scheduler.engine import Engine, Request, VirtualClock
-
-VOCAB = 61
-
-
-def model_token(history):
-    h = 5
-    for t in history:
-        h = (h * 131 + t + 7) % 1_000_003
-    return -1 if h % 13 == 0 else h % VOCAB
-
-
-def alone(prompt, max_tokens):
-    hist, out = list(prompt), []
-    while len(out) < max_tokens:
-        t = model_token(hist)
-        if t < 0:
-            break
-        out.append(t)
-        hist.append(t)
-    return out
-
 
 class ThreadedModelHost:
     """KV per sequence as lists; `execute_async` runs on one worker thread, like a device."""
@@ -47,24 +28,7 @@ class ThreadedModelHost:
     def execute(self, plan) -> None:
         self.running.set()
         try:
-            ids = plan.sequence_ids
-            offsets = plan.row_offsets
-            out = plan.outputs
-            k = 0
-            for r, sid in enumerate(ids):
-                a, b = int(offsets[r]), int(offsets[r + 1])
-                toks = plan.tokens[a:b].tolist()
-                assert min(toks) >= 0, "a deferred input was not filled"
-                pos = plan.positions[a:b].tolist()
-                kv = self.kv.setdefault(sid, [])
-                del kv[pos[0]:]
-                assert len(kv) == pos[0]
-                kv.extend(toks)
-                if plan.sample_last[r]:
-                    out.request_indexes[k] = r
-                    out.predicted_tokens[k] = model_token(kv)
-                    k += 1
-            out.count = k
+            run_rows(self.kv, plan)
         finally:
             self.running.clear()
 
@@ -110,7 +74,7 @@ def test_depth_runs_give_alone_tokens_with_cancels_and_preemption(impl, depth, t
                         max_iterations=10_000)
         report = engine.run(requests)
         for req, rec in zip(requests, report.records):
-            want = alone(req.prompt_tokens, req.max_tokens)
+            want = alone_tokens(req.prompt_tokens, req.max_tokens)
             if rec.finish_reason == "cancelled":
                 assert req.id in cancelled and rec.tokens == want[:len(rec.tokens)]
             else:
@@ -134,7 +98,7 @@ def test_depth_two_really_overlaps_and_defers():
     report = engine.run(requests)
     assert sum(deferred) > 10  # decode rows fed from the previous plan's samples
     for req, rec in zip(requests, report.records):
-        assert rec.tokens == alone(req.prompt_tokens, req.max_tokens)
+        assert rec.tokens == alone_tokens(req.prompt_tokens, req.max_tokens)
     host.pool.shutdown()
 
 
@@ -165,5 +129,5 @@ def test_a_failed_execution_aborts_its_plans_and_nothing_is_lost(impl):
     assert scheduler.live_plans == 0 and scheduler.metrics().aborted_plans >= 1
     report = engine.run()  # the host recovered: the lost work is planned again
     for req, rec in zip(requests, report.records):
-        assert rec.tokens == alone(req.prompt_tokens, req.max_tokens), req.id
+        assert rec.tokens == alone_tokens(req.prompt_tokens, req.max_tokens), req.id
     host.pool.shutdown()

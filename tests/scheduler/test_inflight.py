@@ -15,61 +15,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from token_model import VOCAB, alone_tokens, run_rows
+
 from skippy_scheduler import (MemoryComponent, PlanInFlight, Scheduler, SchedulerConfig,
                               Sequence, StalePlanError, TwinScheduler, resolve_deferred)
 
-VOCAB = 50
-
-
-def model_token(history: list[int]) -> int:
-    """The deterministic model: a function of the whole history; ends some sequences."""
-    h = 7
-    for t in history:
-        h = (h * 31 + t + 1) % 1_000_003
-    return -1 if h % 11 == 0 else h % VOCAB
-
-
 class Runtime:
-    """Runs plans in order like a batched runtime: keeps every live sequence's history as the
-    runtime sees it (KV), fills deferred inputs from earlier outputs, samples `model_token`."""
+    """Runs plans in order like a batched runtime: fills deferred inputs from earlier outputs,
+    then runs the rows on its per-sequence histories (token_model.run_rows)."""
 
     def __init__(self) -> None:
         self.kv: dict[str, list[int]] = {}
 
     def execute(self, plan, earlier) -> None:
         resolve_deferred(plan, earlier)
-        ids = plan.sequence_ids
-        offsets = plan.row_offsets
-        out = plan.outputs
-        k = 0
-        for r, sid in enumerate(ids):
-            a, b = int(offsets[r]), int(offsets[r + 1])
-            toks = plan.tokens[a:b].tolist()
-            pos = plan.positions[a:b].tolist()
-            kv = self.kv.setdefault(sid, [])
-            del kv[pos[0]:]  # a replay or a recompute rewrites from its first position
-            assert len(kv) == pos[0], (sid, len(kv), pos)
-            kv.extend(toks)
-            if plan.sample_last[r]:
-                out.request_indexes[k] = r
-                out.predicted_tokens[k] = model_token(kv)
-                k += 1
-        out.count = k
+        run_rows(self.kv, plan)
 
     def drop(self, sid: str) -> None:
         self.kv.pop(sid, None)
-
-
-def alone_tokens(prompt: list[int], max_tokens: int) -> list[int]:
-    history = list(prompt)
-    out = []
-    while len(out) < max_tokens:
-        t = model_token(history)
-        if t < 0:
-            break
-        out.append(t)
-        history.append(t)
-    return out
 
 
 def _config(depth: int, **kw) -> SchedulerConfig:
