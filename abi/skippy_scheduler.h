@@ -21,6 +21,9 @@
 extern "C" {
 #endif
 
+/* No prefix-store entry, no holder id (the decls file carries no directives). */
+#define SKIPPY_PREFIX_NONE 0xFFFFFFFFu
+
 #include "skippy_scheduler_decls.h"
 
 #ifdef __cplusplus

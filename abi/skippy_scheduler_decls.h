@@ -107,6 +107,10 @@ typedef struct skippy_sequence_info {
     uint64_t saved_cost;
     const skippy_sampling_config *sampling;
     struct skippy_session *session;
+    uint32_t restore_entry;                    /* prefix store entry backing the restore, or
+                                                  SKIPPY_PREFIX_NONE (attached store only) */
+    uint32_t restore_holder;                   /* that entry's holder id (SKIPPY_PREFIX_NONE) */
+    uint64_t cache_epoch;                      /* store epoch the affinity was read at */
 } skippy_sequence_info;
 
 /* Cumulative counters. */
@@ -127,6 +131,8 @@ typedef struct skippy_scheduler_metrics {
     uint64_t waiting_sequences;
     uint64_t discarded_rows;   /* sampling rows completed after their sequence ended or lost its rows */
     uint64_t aborted_plans;    /* plans undone by skippy_scheduler_abort (or replaced at depth 1) */
+    uint64_t restored_tokens;  /* prompt tokens admitted as prefix restores (attached store) */
+    uint64_t stale_refreshes;  /* waiting affinities re-scored from the attached store (§2.12) */
 } skippy_scheduler_metrics;
 
 /* Per-completion figures (component arrays: see skippy_scheduler_component_used). */
@@ -145,6 +151,7 @@ typedef struct skippy_iteration_telemetry {
     uint64_t failed;
     uint64_t cancelled;
     uint64_t rejected_overload;
+    uint64_t stale_refreshes;  /* cumulative, as the metric */
 } skippy_iteration_telemetry;
 
 /* A sequence that left the scheduler (finished, failed, cancelled); see skippy_scheduler_retired. */
@@ -215,3 +222,106 @@ const skippy_retired *skippy_scheduler_retired(const skippy_scheduler *scheduler
                                                size_t *out_count);
 uint64_t skippy_scheduler_waiting_turn(const skippy_scheduler *scheduler);
 bool skippy_scheduler_mixed_viable(const skippy_scheduler *scheduler);
+
+/* ---------------------------------------------------------------- prefix store (§8c) */
+
+/*
+ * Which token prefixes have KV resident in the runtime, under a capacity in tokens and in
+ * holder slots. An entry is a segment that extends its parent entry (or starts the prompt); it
+ * costs the tokens of its own segment. Pinned entries and entries with resident children are
+ * never evicted; otherwise the least recently used entry goes first. Each entry takes a holder
+ * id from [first_holder_id, first_holder_id + holder_slots) when holder_slots is bounded (for a
+ * llama.cpp host: the sequence ids the scheduler reserves), else its holder is NONE.
+ * Calls that can fail return a skippy_sched_code and change nothing when they fail.
+ */
+/* SKIPPY_PREFIX_NONE (0xFFFFFFFF, skippy_scheduler.h): no entry / no holder. */
+typedef struct skippy_prefix_store skippy_prefix_store;
+
+typedef struct skippy_prefix_store_config {
+    uint64_t capacity_tokens;  /* UINT64_MAX = unbounded */
+    size_t holder_slots;       /* SIZE_MAX = unbounded (no holder ids then) */
+    uint32_t first_holder_id;
+} skippy_prefix_store_config;
+
+typedef struct skippy_prefix_entry_info {
+    uint32_t parent;           /* SKIPPY_PREFIX_NONE for a first segment */
+    uint32_t holder;
+    size_t start;              /* parent's key length */
+    size_t length;             /* full key length */
+    uint32_t pins;
+    uint32_t children;         /* resident child entries */
+    uint64_t last_used;
+    uint64_t serial;           /* insert order, from 1 */
+    uint64_t handle;           /* the caller's value */
+    const int32_t *segment;    /* tokens [start, length) of the key; valid until the next write */
+} skippy_prefix_entry_info;
+
+typedef struct skippy_prefix_store_stats {
+    uint64_t used_tokens;
+    uint64_t entries;
+    uint64_t inserts;
+    uint64_t evictions;
+    uint64_t evicted_tokens;
+    uint64_t refused_inserts;  /* inserts no room could be made for */
+    uint64_t epoch;            /* bumped by every insert and eviction, never by reads */
+} skippy_prefix_store_stats;
+
+/* One eviction of the last writing call (insert, evict_one): what the host must free. */
+typedef struct skippy_prefix_eviction {
+    uint32_t entry;
+    uint32_t holder;
+    uint64_t handle;
+    size_t start;
+    size_t length;
+} skippy_prefix_eviction;
+
+void skippy_prefix_store_config_default(skippy_prefix_store_config *config);
+skippy_sched_code skippy_prefix_store_create(const skippy_prefix_store_config *config,
+                                             skippy_prefix_store **out_store);
+/* Frees the store; a scheduler it is attached to is detached first. */
+void skippy_prefix_store_free(skippy_prefix_store *store);
+const char *skippy_prefix_store_last_message(const skippy_prefix_store *store);
+/* Longest resident prefix of tokens (a read: no recency change). Returns the entry that backs
+ * it (SKIPPY_PREFIX_NONE on a miss) and the matched token count in *out_matched. */
+uint32_t skippy_prefix_store_match(const skippy_prefix_store *store, const int32_t *tokens,
+                                   size_t count, size_t *out_matched);
+/* The entry whose key is exactly tokens, or SKIPPY_PREFIX_NONE. */
+uint32_t skippy_prefix_store_find(const skippy_prefix_store *store, const int32_t *tokens,
+                                  size_t count);
+/* Makes tokens[0..count) resident as a segment after parent (whose key must be its prefix).
+ * *out_entry: the new entry, the existing one if the key is resident (touched), or
+ * SKIPPY_PREFIX_NONE when no room could be made (nothing changed; returns OK). */
+skippy_sched_code skippy_prefix_store_insert(skippy_prefix_store *store, const int32_t *tokens,
+                                             size_t count, uint32_t parent, uint64_t handle,
+                                             uint32_t *out_entry);
+skippy_sched_code skippy_prefix_store_touch(skippy_prefix_store *store, uint32_t entry);
+skippy_sched_code skippy_prefix_store_pin(skippy_prefix_store *store, uint32_t entry);
+skippy_sched_code skippy_prefix_store_unpin(skippy_prefix_store *store, uint32_t entry);
+/* Evicts the least recently used evictable entry; SKIPPY_PREFIX_NONE when none is. */
+uint32_t skippy_prefix_store_evict_one(skippy_prefix_store *store);
+const skippy_prefix_eviction *skippy_prefix_store_evicted(const skippy_prefix_store *store,
+                                                          size_t *out_count);
+bool skippy_prefix_store_entry(const skippy_prefix_store *store, uint32_t entry,
+                               skippy_prefix_entry_info *out_info);
+/* Full key of a resident entry into dst (room for its length); false if not resident. */
+bool skippy_prefix_store_key(const skippy_prefix_store *store, uint32_t entry, int32_t *dst);
+void skippy_prefix_store_get_stats(const skippy_prefix_store *store,
+                                   skippy_prefix_store_stats *out_stats);
+/* Evictable entries, next victim first, into out (room for stats.entries); returns the count. */
+size_t skippy_prefix_store_lru_order(const skippy_prefix_store *store, uint32_t *out);
+
+/*
+ * Attaches a store to a scheduler (NULL detaches): from then on the core reads every waiting
+ * sequence's prefix restore and saved cost from the store — at submit, and again immediately
+ * before each admission selection for the sequences whose prompt lies under a prefix that was
+ * inserted or evicted since they were last read (stale refresh, §2.12) — and pins the entry a
+ * sequence is admitted with until the sequence leaves the active set. saved cost = matched x
+ * prefill_cost_per_token - matched x restore_cost_per_token (saturating, at least 0). Only while
+ * the scheduler holds no sequence, and a store serves one scheduler at a time (else INVALID).
+ */
+skippy_status skippy_scheduler_set_prefix_store(skippy_scheduler *scheduler,
+                                                skippy_prefix_store *store,
+                                                uint64_t prefill_cost_per_token,
+                                                uint64_t restore_cost_per_token,
+                                                skippy_error **out_error);
+skippy_prefix_store *skippy_scheduler_prefix_store(const skippy_scheduler *scheduler);

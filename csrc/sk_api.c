@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "sk_internal.h"
+#include "sk_prefix.h"
 
 void skippy_scheduler_config_default(skippy_scheduler_config *c)
 {
@@ -62,6 +63,8 @@ void skippy_sequence_desc_init(skippy_sequence_desc *d, const char *id, size_t i
 void skippy_scheduler_free(skippy_scheduler *s)
 {
     if (!s) return;
+    sk_affinity_detach_store(s);
+    free(s->under);
     if (s->comps)
         for (size_t i = 0; i < s->cfg.memory_component_count; i++) free((void *)s->comps[i].name);
     free(s->comps);
@@ -194,6 +197,13 @@ bool skippy_scheduler_sequence(const skippy_scheduler *s, uint32_t slot, skippy_
     o->saved_cost = q->saved_cost;
     o->sampling = q->sampling;
     o->session = q->session;
+    /* an active sequence reports the entry it holds pinned; a waiting one the entry of its
+     * last read (refreshed before the next selection) */
+    o->restore_entry = q->where == SK_WHERE_ACTIVE ? q->pinned_entry
+                       : q->where == SK_WHERE_WAITING ? q->restore_entry : SKIPPY_PREFIX_NONE;
+    o->restore_holder = s->store && o->restore_entry != SKIPPY_PREFIX_NONE
+                            ? sk_prefix_holder(s->store, o->restore_entry) : SKIPPY_PREFIX_NONE;
+    o->cache_epoch = q->cache_epoch;
     return true;
 }
 

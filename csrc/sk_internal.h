@@ -70,6 +70,11 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     uint32_t epoch;           /* changes when rows planned so far become void (preempt, retire) */
     uint64_t source_step;     /* depth > 1: the plan step and work index that sample the newest */
     size_t source_row;        /*   pending placeholder (the input of the next decode row) */
+    /* with an attached prefix store (sk_affinity.c) */
+    uint32_t restore_entry;   /* the entry backing restore_tokens (SKIPPY_PREFIX_NONE) */
+    uint32_t pinned_entry;    /* the entry pinned while active (SKIPPY_PREFIX_NONE) */
+    uint64_t cache_epoch;     /* store epoch at the last read */
+    uint32_t probe_round;     /* refresh dedup stamp */
 } sk_seq;
 
 /*
@@ -156,6 +161,16 @@ struct skippy_scheduler {
     size_t *rank_out;                     /* permutation from sk_rank_order or a user policy */
     size_t rank_cap;
 
+    bool rank_by_set;                     /* rank_set orders the queue (else it only indexes it) */
+
+    skippy_prefix_store *store;           /* attached prefix store (sk_affinity.c) or NULL */
+    uint64_t aff_prefill_cost;            /* cost units per matched token */
+    uint64_t aff_restore_cost;            /* cost units per restored token */
+    uint64_t store_epoch_seen;            /* store epoch the waiting affinities reflect */
+    uint32_t probe_round;
+    uint32_t *under;                      /* rank_set handles under a changed prefix */
+    size_t under_cap;
+
     skippy_rank_callback rank_cb;
     skippy_victim_callback victim_cb;
     void *cb_ctx;
@@ -182,6 +197,17 @@ void sk_waiting_free(skippy_scheduler *s);
 int sk_waiting_add(skippy_scheduler *s, uint32_t slot, uint64_t order);
 void sk_waiting_remove(skippy_scheduler *s, uint32_t slot);
 int sk_waiting_rank(skippy_scheduler *s);
+
+/* sk_affinity.c: the attached prefix store (no-ops without one). read_new fills a submitted
+ * or preempted sequence's restore from the store; refresh re-reads the waiting sequences under
+ * changed prefixes (before admission); pin / unpin bracket a sequence's time in the active
+ * set. Only refresh can fail (out of memory), and then changes nothing it has not finished. */
+void sk_affinity_read(skippy_scheduler *s, sk_seq *seq);
+int sk_affinity_refresh(skippy_scheduler *s);
+void sk_affinity_pin(skippy_scheduler *s, sk_seq *seq);
+void sk_affinity_unpin(skippy_scheduler *s, sk_seq *seq);
+/* The cursor a waiting sequence starts from: its restored length under §0.4b's rule. */
+size_t sk_restore_cursor(const sk_seq *seq);
 
 /* sk_sched.c: admits what fits from the front of the ranked waiting queue (§2.3) */
 int sk_admit_waiting(skippy_scheduler *s, size_t *out_admitted);

@@ -74,6 +74,10 @@ int sk_rank_set_remove(sk_rank_set *set, uint32_t handle);
 /* Changes the score inputs of a live item (its order and tokens are fixed at add). */
 int sk_rank_set_update(sk_rank_set *set, uint32_t handle, uint64_t priority,
                        uint64_t saved_cost, uint64_t enqueued_turn);
+/* Handles of the live items whose prompt starts with tokens[0..n) into out (room for
+ * sk_rank_set_size(set) handles), in no particular order; their number in *out_count. */
+int sk_rank_set_under(sk_rank_set *set, const int32_t *tokens, size_t n, uint32_t *out,
+                      size_t *out_count);
 /* Writes the sk_rank_set_size(set) live handles into out, best first. */
 int sk_rank_set_order(sk_rank_set *set, uint64_t current_turn, uint64_t aging_cost_per_turn,
                       int group_waiting_prefixes, int mode, uint32_t *out);

@@ -565,3 +565,35 @@ int sk_rank_set_order(sk_rank_set *s, uint64_t current_turn, uint64_t aging_cost
     for (i = 0; i < n; i++) out[i] = s->kv_a[i].idx;
     return SK_RANK_OK;
 }
+
+/* ---- prefix look-up ---- */
+
+int sk_rank_set_under(sk_rank_set *s, const int32_t *tokens, size_t n, uint32_t *out,
+                      size_t *out_count)
+{
+    *out_count = 0;
+    if (s->live == 0) return SK_RANK_OK;
+    /* The node whose path first covers tokens[0..n), if the prefix is a path at all. */
+    uint32_t v = 0;
+    while (s->nodes[v].depth < n) {
+        size_t dv = s->nodes[v].depth;
+        uint32_t c = edge_get(s, v, tokens[dv]);
+        if (c == NIL) return SK_RANK_OK;
+        size_t cd = s->nodes[c].depth, lim = cd < n ? cd : n;
+        const int32_t *rt = s->slots[s->nodes[c].rep].item.tokens;
+        if (dv + 1 < lim && sk_rank_lcp32(rt + dv + 1, tokens + dv + 1, lim - dv - 1) < lim - dv - 1)
+            return SK_RANK_OK;
+        v = c;
+    }
+    if (sk_grow((void **)&s->stack, &s->stack_cap, 2 * (size_t)s->nnodes + 2, sizeof(uint32_t)))
+        return SK_RANK_NO_MEMORY;
+    size_t top = 0, count = 0;
+    s->stack[top++] = v;
+    while (top) {
+        const sk_node *nd = &s->nodes[s->stack[--top]];
+        for (uint32_t i = 0; i < nd->nterm; i++) out[count++] = term_at(nd, i);
+        for (uint32_t k = 0; k < nd->nkids; k++) s->stack[top++] = nd->kids[k];
+    }
+    *out_count = count;
+    return SK_RANK_OK;
+}

@@ -65,6 +65,10 @@ static int submit(skippy_scheduler *s, const skippy_sequence_desc *desc, uint32_
     for (size_t i = 0; i < desc->generated_count; i++)
         if (desc->generated_tokens[i] < 0)
             return sk_fail(s, SKIPPY_SCHED_INVALID, "generated token %zu is negative", i);
+    if (s->store && (desc->has_prefix_restore || desc->restore_token_count || desc->saved_cost ||
+                     desc->prefill_cursor))
+        return sk_fail(s, SKIPPY_SCHED_INVALID, "a prefix store is attached: it decides prefix "
+                       "restores and saved costs, so the descriptor must carry none");
     uint64_t hash = sk_hash_id(desc->id, desc->id_len);
     if (sk_store_find(s, desc->id, desc->id_len, hash) != SK_NO_SLOT)
         return sk_fail(s, SKIPPY_SCHED_DUPLICATE, "sequence id is already queued or active: %.*s",
@@ -119,14 +123,21 @@ static int submit(skippy_scheduler *s, const skippy_sequence_desc *desc, uint32_
     seq->admitted_at = 0;
     seq->enqueued_turn = s->waiting_turn;
     seq->enqueue_order = s->next_order;
+    seq->restore_entry = SKIPPY_PREFIX_NONE;
+    seq->pinned_entry = SKIPPY_PREFIX_NONE;
+    seq->cache_epoch = 0;
+    seq->where = SK_WHERE_FREE;
+    sk_affinity_read(s, seq); /* with a store: its restore and saved cost, before ranking */
     if (sk_waiting_add(s, slot, seq->enqueue_order)) goto oom;
     /* From here on nothing can fail. */
     sk_store_take(s);
     s->next_order++;
     seq->where = SK_WHERE_WAITING;
     sk_store_index(s, slot);
-    if (seq->has_restore) s->m.prefix_hits = sk_sat_add(s->m.prefix_hits, 1);
-    else s->m.prefix_misses = sk_sat_add(s->m.prefix_misses, 1);
+    if (!s->store) { /* with a store, hits are counted at admission (sk_affinity_pin) */
+        if (seq->has_restore) s->m.prefix_hits = sk_sat_add(s->m.prefix_hits, 1);
+        else s->m.prefix_misses = sk_sat_add(s->m.prefix_misses, 1);
+    }
     s->waiting[s->waiting_len++] = slot;
     s->dirty = true;
     sk_refresh_counts(s);
@@ -147,6 +158,9 @@ skippy_status skippy_scheduler_submit(skippy_scheduler *s, const skippy_sequence
 int sk_admit_waiting(skippy_scheduler *s, size_t *out_admitted)
 {
     *out_admitted = 0;
+    /* Affinity read from the store now, so selection sees what is resident (§2.12). */
+    int refreshed = sk_affinity_refresh(s);
+    if (refreshed) return refreshed;
     if (s->dirty) {
         int rc = sk_waiting_rank(s);
         if (rc) return rc;
@@ -168,6 +182,7 @@ int sk_admit_waiting(skippy_scheduler *s, size_t *out_admitted)
         }
         sk_waiting_remove(s, slot);
         reserve(s, seq);
+        sk_affinity_pin(s, seq);
         seq->status = SKIPPY_SEQ_RUNNING;
         seq->admitted_at = ++s->admit_counter;
         seq->where = SK_WHERE_ACTIVE;
@@ -188,7 +203,10 @@ static int retire(skippy_scheduler *s, uint32_t slot, uint32_t status)
     if (sk_grow((void **)&s->retired, &cap, s->retired_len + 1, sizeof(skippy_retired))) return -1;
     s->retired_cap = cap;
     sk_seq *seq = &s->seqs[slot];
-    if (seq->where == SK_WHERE_ACTIVE) s->n_class[sk_class(seq)]--;
+    if (seq->where == SK_WHERE_ACTIVE) {
+        s->n_class[sk_class(seq)]--;
+        sk_affinity_unpin(s, seq);
+    }
     seq->status = (uint8_t)status;
     seq->where = SK_WHERE_RETIRED;
     seq->pending = 0;
@@ -355,6 +373,7 @@ static int complete(skippy_scheduler *s, uint64_t serial, skippy_iteration_telem
         telemetry->recompute_tokens = phase_tokens[SKIPPY_PHASE_RECOMPUTE];
         telemetry->decode_tokens = phase_tokens[SKIPPY_PHASE_DECODE];
         telemetry->prefix_hits = s->m.prefix_hits;
+        telemetry->stale_refreshes = s->m.stale_refreshes;
         telemetry->prefix_misses = s->m.prefix_misses;
         telemetry->finished = s->m.finished;
         telemetry->failed = s->m.failed;
@@ -400,12 +419,7 @@ static void reset_for_recompute(sk_seq *seq)
 {
     seq->pending = 0; /* its in-flight rows are void: the KV they would build is gone */
     seq->epoch++;
-    size_t replay = sk_replay_len(seq);
-    size_t cursor = seq->has_restore ? seq->restore_tokens : 0;
-    if (cursor > replay) cursor = replay;
-    /* Departure §0.4b: without a pending token keep one replay token runnable. */
-    if (seq->gen_len == 0 && cursor >= replay) cursor = replay - 1;
-    seq->cursor = cursor;
+    seq->cursor = sk_restore_cursor(seq); /* the restored length, with §0.4b's rule */
     seq->status = SKIPPY_SEQ_PREEMPTED;
     seq->admitted_at = 0;
 }
@@ -477,7 +491,9 @@ static int preempt(skippy_scheduler *s, const uint64_t *used, size_t used_count,
         for (size_t nth = 0; nth < victim_count; nth++) {
             sk_seq *seq = &s->seqs[s->victims[nth]];
             s->n_class[sk_class(seq)]--; /* left the active set */
+            sk_affinity_unpin(s, seq);
             reset_for_recompute(seq);
+            sk_affinity_read(s, seq); /* with a store: what is resident now */
             seq->enqueue_order = s->next_order++;
             s->waiting[victim_count - 1 - nth] = s->victims[nth];
         }

@@ -14,6 +14,10 @@
  * is unique among live sequences (next_order only grows, and a preempted sequence is re-added
  * with a fresh one). So the order is the one sk_rank_order gives for the queue.
  *
+ * With a prefix store attached (sk_affinity.c) every policy keeps the set, as the index that
+ * finds the waiting prompts under a changed prefix; only the grouped cache-aware order ranks
+ * with it (rank_by_set).
+ *
  * The set reads the prompt through the sequence's token buffer without copying it. That buffer
  * is only reallocated when a generated token is appended, which happens to active sequences
  * only, or when submit reuses a free slot, which a sequence reaches only after leaving the set.
@@ -35,6 +39,7 @@ int sk_waiting_init(skippy_scheduler *s)
     if (s->cfg.admission_policy == SKIPPY_ADMISSION_CALLBACK) return 0;
     if (rank_mode(s) == SK_RANK_CACHE_AWARE && s->cfg.group_waiting_prefixes) {
         s->rank_set = sk_rank_set_new();
+        s->rank_by_set = true;
         return s->rank_set ? 0 : -1;
     }
     s->rank_ws = sk_rank_ws_new();
@@ -118,7 +123,7 @@ int sk_waiting_rank(skippy_scheduler *s)
 {
     size_t n = s->waiting_len;
     if (n == 0) return 0;
-    if (!s->rank_set) return rank_whole_queue(s);
+    if (!s->rank_by_set) return rank_whole_queue(s);
     if (sk_rank_set_size(s->rank_set) != n) return 0; /* cannot happen; keep the queue as is */
     uint32_t *order = s->scratch; /* waiting_cap >= n entries */
     if (sk_rank_set_order(s->rank_set, s->waiting_turn, s->cfg.cache_aging_cost_per_iteration,

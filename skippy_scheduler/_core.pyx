@@ -199,7 +199,7 @@ cdef object _telemetry(const skippy_iteration_telemetry *t, list used, list avai
             t.iteration, t.active_sequences, t.waiting_sequences, t.admitted, t.preempted,
             t.prefill_tokens, t.recompute_tokens, t.decode_tokens, used, available,
             t.prefix_hits, t.prefix_misses, t.finished, t.failed, t.cancelled,
-            t.rejected_overload, finished, failed)
+            t.rejected_overload, finished, failed, t.stale_refreshes)
     o = IterationTelemetry.__new__(IterationTelemetry)
     o.iteration = t.iteration
     o.active_sequences = t.active_sequences
@@ -219,6 +219,7 @@ cdef object _telemetry(const skippy_iteration_telemetry *t, list used, list avai
     o.rejected_overload = t.rejected_overload
     o.finished_ids = finished
     o.failed_ids = failed
+    o.stale_refreshes = t.stale_refreshes
     return o
 
 
@@ -497,6 +498,7 @@ cdef class IterationPlan:
         cdef skippy_plan *p
         cdef size_t r, a, b
         cdef _SlotObjects o
+        cdef skippy_sequence_info info
         if self._work is None:
             self._check()
             p = self._p
@@ -509,9 +511,14 @@ cdef class IterationPlan:
                 b = p.row_offsets[r + 1]
                 o = (self._row_objects[r] if self._row_objects is not None
                      else _carried(objects, p.slots[r]))
+                holder = None
+                if self._s._store is not None and \
+                        skippy_scheduler_sequence(self._s._s, p.slots[r], &info) and \
+                        info.restore_holder != SKIPPY_PREFIX_NONE:
+                    holder = info.restore_holder
                 work.append(IterationWork(o.sequence_id, tuple(toks[a:b].tolist()),
                                           tuple(poss[a:b].tolist()), bool(p.sample_last[r]),
-                                          _PHASES[p.phases[r]], o.sampling))
+                                          _PHASES[p.phases[r]], o.sampling, holder))
             self._work = work
         return self._work
 
@@ -539,6 +546,8 @@ cdef class Scheduler:
     cdef list _comp_names
     cdef list _available
     cdef object _cb_error
+    cdef object _store                     # the attached PrefixStore (keeps it alive)
+    cdef tuple _aff_costs                  # (prefill, restore) cost per token with a store
 
     def __cinit__(self, config=None, admission=None, preemption=None):
         self._s = NULL
@@ -622,6 +631,34 @@ cdef class Scheduler:
         if self._s != NULL:
             skippy_scheduler_free(self._s)
             self._s = NULL
+
+    # -- prefix store (§2.12) -----------------------------------------------------------------
+
+    def attach_prefix_store(self, store, *, prefill_cost_per_token=1, restore_cost_per_token=0):
+        """Read every waiting sequence's prefix restore and saved cost from `store` (a
+        `PrefixStore`, or None to detach): at submit, and again before each admission selection
+        for the sequences under a prefix inserted or evicted since (stale refresh, counted in
+        `metrics().stale_refreshes`). The entry a sequence is admitted with stays pinned while
+        it is active. Only while the scheduler holds no sequence; submitted sequences must then
+        carry no prefix restore or affinity (the store decides)."""
+        cdef NativePrefixStore native = None
+        cdef uint64_t prefill = check_u64("prefill_cost_per_token", prefill_cost_per_token)
+        cdef uint64_t restore = check_u64("restore_cost_per_token", restore_cost_per_token)
+        if store is not None:
+            native = getattr(store, "_native", store)
+            if not isinstance(native, NativePrefixStore):
+                raise TypeError("store must be a PrefixStore (native), got "
+                                f"{type(store).__name__}")
+        if skippy_scheduler_set_prefix_store(self._s, native._p if native is not None else NULL,
+                                             prefill, restore, NULL) != SKIPPY_STATUS_OK:
+            self._raise_last()
+        self._store = store
+        self._aff_costs = (prefill, restore)
+
+    @property
+    def prefix_store(self):
+        """The attached `PrefixStore`, or None."""
+        return self._store
 
     cdef int _raise_last(self, object seq_id=None) except -1:
         cdef skippy_sched_code code = skippy_scheduler_last_code(self._s)
@@ -889,12 +926,18 @@ cdef class Scheduler:
         cdef _SlotObjects o = _carried(self._objects, slot)
         total = info.prompt_count + info.generated_count
         toks = [info.tokens[k] for k in range(total)]
+        restore, affinity = o.prefix_restore, o.cache_affinity
+        if self._store is not None:
+            from .prefix_store import store_affinity  # (that module imports this one)
+            restore, affinity = store_affinity(
+                info.restore_token_count if info.has_prefix_restore else 0,
+                self._aff_costs[0], self._aff_costs[1], info.cache_epoch)
         return Sequence._frozen_snapshot(
             id=o.sequence_id, prompt_tokens=toks[:info.prompt_count],
             generated_tokens=toks[info.prompt_count:], max_tokens=info.max_tokens,
             sampling=o.sampling, priority=info.priority, admission_tokens=info.admission_tokens,
             status=_STATUSES[info.status] if status is None else status,
-            prefix_restore=o.prefix_restore, cache_affinity=o.cache_affinity,
+            prefix_restore=restore, cache_affinity=affinity,
             admitted_at=info.admitted_at if info.admitted_at else None,
             prefill_cursor=info.prefill_cursor, enqueued_turn=info.enqueued_turn,
             enqueue_order=info.enqueue_order)
@@ -907,7 +950,7 @@ cdef class Scheduler:
             m.iterations, m.admitted, m.preempted, m.finished, m.failed, m.cancelled,
             m.rejected_overload, m.prefill_tokens, m.recompute_tokens, m.decode_tokens,
             m.prefix_hits, m.prefix_misses, m.active_sequences, m.waiting_sequences,
-            m.discarded_rows, m.aborted_plans)
+            m.discarded_rows, m.aborted_plans, m.restored_tokens, m.stale_refreshes)
 
     @property
     def waiting_turn(self):
@@ -963,3 +1006,122 @@ def _layout():
             "capacity": <size_t>&d.capacity - db}),
         "skippy_sampling_config": (sizeof(skippy_sampling_config), {}),
     }
+
+
+cdef class NativePrefixStore:
+    """The C prefix store (csrc/sk_prefix.c, behaviour.md §8c); `skippy_scheduler.PrefixStore`
+    is its Python face. Entries are small integer ids, reused after eviction; -1 = none."""
+    cdef skippy_prefix_store *_p
+
+    def __cinit__(self, capacity_tokens=None, holder_slots=None, first_holder_id=0):
+        cdef skippy_prefix_store_config c
+        self._p = NULL
+        skippy_prefix_store_config_default(&c)
+        if capacity_tokens is not None:
+            c.capacity_tokens = check_u64("capacity_tokens", capacity_tokens, (1 << 64) - 2)
+        if holder_slots is not None:
+            c.holder_slots = check_u64("holder_slots", holder_slots, UINT32_MAX)
+        c.first_holder_id = check_u64("first_holder_id", first_holder_id, UINT32_MAX - 1)
+        if holder_slots is not None and c.first_holder_id + c.holder_slots > UINT32_MAX - 1:
+            raise ValueError("first_holder_id + holder_slots must stay below 2**32 - 1")
+        code = skippy_prefix_store_create(&c, &self._p)
+        if code == SKIPPY_SCHED_NO_MEMORY:
+            raise MemoryError("out of memory creating a prefix store")
+        if code != SKIPPY_SCHED_OK:
+            raise ValueError("invalid prefix store configuration")
+
+    def __dealloc__(self):
+        if self._p != NULL:
+            skippy_prefix_store_free(self._p)
+            self._p = NULL
+
+    cdef int _check(self, skippy_sched_code code) except -1:
+        if code == SKIPPY_SCHED_OK:
+            return 0
+        msg = skippy_prefix_store_last_message(self._p).decode("utf-8", "replace")
+        if code == SKIPPY_SCHED_NO_MEMORY:
+            raise MemoryError(msg)
+        raise ValueError(msg)
+
+    def match(self, const int32_t[::1] tokens):
+        """(entry or -1, matched tokens) of the longest resident prefix (a read)."""
+        cdef size_t matched = 0
+        cdef uint32_t e = skippy_prefix_store_match(self._p, &tokens[0] if len(tokens) else NULL,
+                                                    len(tokens), &matched)
+        return (-1 if e == SKIPPY_PREFIX_NONE else e), matched
+
+    def find(self, const int32_t[::1] tokens):
+        cdef uint32_t e = skippy_prefix_store_find(self._p, &tokens[0] if len(tokens) else NULL,
+                                                   len(tokens))
+        return -1 if e == SKIPPY_PREFIX_NONE else e
+
+    def insert(self, const int32_t[::1] tokens, long long parent=-1, uint64_t handle=0):
+        """The new (or existing, touched) entry, or -1 when no room could be made."""
+        cdef uint32_t out = SKIPPY_PREFIX_NONE
+        cdef uint32_t par = SKIPPY_PREFIX_NONE if parent < 0 else <uint32_t>parent
+        self._check(skippy_prefix_store_insert(self._p, &tokens[0] if len(tokens) else NULL,
+                                               len(tokens), par, handle, &out))
+        return -1 if out == SKIPPY_PREFIX_NONE else out
+
+    def evicted(self):
+        """Evictions of the last insert / evict_one: (entry, holder or -1, handle, start,
+        length) each."""
+        cdef size_t n, i
+        cdef const skippy_prefix_eviction *ev = skippy_prefix_store_evicted(self._p, &n)
+        return [(ev[i].entry, -1 if ev[i].holder == SKIPPY_PREFIX_NONE else ev[i].holder,
+                 ev[i].handle, ev[i].start, ev[i].length) for i in range(n)]
+
+    def touch(self, uint32_t entry):
+        self._check(skippy_prefix_store_touch(self._p, entry))
+
+    def pin(self, uint32_t entry):
+        self._check(skippy_prefix_store_pin(self._p, entry))
+
+    def unpin(self, uint32_t entry):
+        self._check(skippy_prefix_store_unpin(self._p, entry))
+
+    def evict_one(self):
+        cdef uint32_t e = skippy_prefix_store_evict_one(self._p)
+        return -1 if e == SKIPPY_PREFIX_NONE else e
+
+    def entry(self, uint32_t entry):
+        """(parent, holder, start, length, pins, children, last_used, serial, handle) of a
+        resident entry (-1 for no parent / holder), or None."""
+        cdef skippy_prefix_entry_info i
+        if not skippy_prefix_store_entry(self._p, entry, &i):
+            return None
+        return (-1 if i.parent == SKIPPY_PREFIX_NONE else i.parent,
+                -1 if i.holder == SKIPPY_PREFIX_NONE else i.holder,
+                i.start, i.length, i.pins, i.children, i.last_used, i.serial, i.handle)
+
+    def key(self, uint32_t entry):
+        """The full key of a resident entry (int32 array), or None."""
+        cdef skippy_prefix_entry_info i
+        if not skippy_prefix_store_entry(self._p, entry, &i):
+            return None
+        out = np.empty(i.length, dtype=np.int32)
+        cdef int32_t[::1] view = out
+        if i.length:
+            skippy_prefix_store_key(self._p, entry, &view[0])
+        return out
+
+    def stats(self):
+        """(used_tokens, entries, inserts, evictions, evicted_tokens, refused_inserts, epoch)."""
+        cdef skippy_prefix_store_stats st
+        skippy_prefix_store_get_stats(self._p, &st)
+        return (st.used_tokens, st.entries, st.inserts, st.evictions, st.evicted_tokens,
+                st.refused_inserts, st.epoch)
+
+    def lru_order(self):
+        """Evictable entries, next victim first."""
+        cdef skippy_prefix_store_stats st
+        skippy_prefix_store_get_stats(self._p, &st)
+        out = np.empty(st.entries + 1, dtype=np.uint32)
+        cdef uint32_t[::1] view = out
+        cdef size_t n = skippy_prefix_store_lru_order(self._p, &view[0])
+        return out[:n].tolist()
+
+    @property
+    def native(self):
+        """Address of the underlying `skippy_prefix_store *` (for native hosts)."""
+        return <size_t>self._p

@@ -103,6 +103,9 @@ cdef extern from "skippy_scheduler.h" nogil:
         uint64_t saved_cost
         const skippy_sampling_config *sampling
         skippy_session *session
+        uint32_t restore_entry
+        uint32_t restore_holder
+        uint64_t cache_epoch
 
     ctypedef struct skippy_scheduler_metrics:
         uint64_t iterations
@@ -121,6 +124,8 @@ cdef extern from "skippy_scheduler.h" nogil:
         uint64_t waiting_sequences
         uint64_t discarded_rows
         uint64_t aborted_plans
+        uint64_t restored_tokens
+        uint64_t stale_refreshes
 
     ctypedef struct skippy_iteration_telemetry:
         uint64_t iteration
@@ -137,6 +142,7 @@ cdef extern from "skippy_scheduler.h" nogil:
         uint64_t failed
         uint64_t cancelled
         uint64_t rejected_overload
+        uint64_t stale_refreshes
 
     ctypedef struct skippy_retired:
         uint32_t slot
@@ -193,3 +199,74 @@ cdef extern from "skippy_scheduler.h" nogil:
     const skippy_retired *skippy_scheduler_retired(const skippy_scheduler *scheduler, size_t *out_count)
     uint64_t skippy_scheduler_waiting_turn(const skippy_scheduler *scheduler)
     cbool skippy_scheduler_mixed_viable(const skippy_scheduler *scheduler)
+
+    # prefix store (docs/behaviour.md §8c)
+    uint32_t SKIPPY_PREFIX_NONE
+
+    ctypedef struct skippy_prefix_store:
+        pass
+
+    ctypedef struct skippy_prefix_store_config:
+        uint64_t capacity_tokens
+        size_t holder_slots
+        uint32_t first_holder_id
+
+    ctypedef struct skippy_prefix_entry_info:
+        uint32_t parent
+        uint32_t holder
+        size_t start
+        size_t length
+        uint32_t pins
+        uint32_t children
+        uint64_t last_used
+        uint64_t serial
+        uint64_t handle
+        const int32_t *segment
+
+    ctypedef struct skippy_prefix_store_stats:
+        uint64_t used_tokens
+        uint64_t entries
+        uint64_t inserts
+        uint64_t evictions
+        uint64_t evicted_tokens
+        uint64_t refused_inserts
+        uint64_t epoch
+
+    ctypedef struct skippy_prefix_eviction:
+        uint32_t entry
+        uint32_t holder
+        uint64_t handle
+        size_t start
+        size_t length
+
+    void skippy_prefix_store_config_default(skippy_prefix_store_config *config)
+    skippy_sched_code skippy_prefix_store_create(const skippy_prefix_store_config *config,
+                                                 skippy_prefix_store **out_store)
+    void skippy_prefix_store_free(skippy_prefix_store *store)
+    const char *skippy_prefix_store_last_message(const skippy_prefix_store *store)
+    uint32_t skippy_prefix_store_match(const skippy_prefix_store *store, const int32_t *tokens,
+                                       size_t count, size_t *out_matched)
+    uint32_t skippy_prefix_store_find(const skippy_prefix_store *store, const int32_t *tokens,
+                                      size_t count)
+    skippy_sched_code skippy_prefix_store_insert(skippy_prefix_store *store,
+                                                 const int32_t *tokens, size_t count,
+                                                 uint32_t parent, uint64_t handle,
+                                                 uint32_t *out_entry)
+    skippy_sched_code skippy_prefix_store_touch(skippy_prefix_store *store, uint32_t entry)
+    skippy_sched_code skippy_prefix_store_pin(skippy_prefix_store *store, uint32_t entry)
+    skippy_sched_code skippy_prefix_store_unpin(skippy_prefix_store *store, uint32_t entry)
+    uint32_t skippy_prefix_store_evict_one(skippy_prefix_store *store)
+    const skippy_prefix_eviction *skippy_prefix_store_evicted(const skippy_prefix_store *store,
+                                                              size_t *out_count)
+    cbool skippy_prefix_store_entry(const skippy_prefix_store *store, uint32_t entry,
+                                    skippy_prefix_entry_info *out_info)
+    cbool skippy_prefix_store_key(const skippy_prefix_store *store, uint32_t entry, int32_t *dst)
+    void skippy_prefix_store_get_stats(const skippy_prefix_store *store,
+                                       skippy_prefix_store_stats *out_stats)
+    size_t skippy_prefix_store_lru_order(const skippy_prefix_store *store, uint32_t *out)
+    skippy_status skippy_scheduler_set_prefix_store(skippy_scheduler *scheduler,
+                                                    skippy_prefix_store *store,
+                                                    uint64_t prefill_cost_per_token,
+                                                    uint64_t restore_cost_per_token,
+                                                    skippy_error **out_error)
+    skippy_prefix_store *skippy_scheduler_prefix_store(const skippy_scheduler *scheduler)

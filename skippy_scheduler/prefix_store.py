@@ -1,9 +1,10 @@
 """A bounded prefix cache: which token prefixes are resident, which are pinned, what is evicted.
 
-`PrefixStore` decides residency; a backend is told what became resident and what was evicted
-(the lab's `VirtualBackend` holds nothing; a runtime backend would copy KV into a holder on
-`inserted` and free it on `evicted`). Lookups go through the native `UnifiedRadixCache`
-(behaviour.md §8), which indexes every resident entry by its full token key.
+`PrefixStore` is the Python face of the native store (csrc/sk_prefix.c, behaviour.md §8c). It
+decides residency; a backend is told what became resident and what was evicted (the lab's
+`VirtualBackend` holds nothing; the llama.cpp host copies KV into the entry's holder sequence on
+`inserted` and removes it on `evicted`). A scheduler reads restores from it natively once it is
+attached (`Scheduler.attach_prefix_store`, §2.12).
 
 The model:
 
@@ -11,8 +12,9 @@ The model:
   is the parent's key plus the segment, and it costs `len(segment)` tokens of capacity. Shared
   prefixes are therefore stored and counted once, as in a paged KV cache with prefix sharing.
 * **Capacity** is a number of tokens (the sum of the resident segments) and, optionally, a
-  number of holder slots (resident entries). Neither is ever exceeded: an insert that cannot be
-  made room for is refused.
+  number of holder slots (resident entries; each entry then holds one holder id from
+  `[first_holder_id, first_holder_id + holder_slots)`). Neither is ever exceeded: an insert
+  that cannot be made room for is refused.
 * **Pins** are reference counts. A pinned entry is never evicted, and neither is any entry with
   a resident child (the child's key includes the parent's tokens), so pinning the deepest entry
   a request uses protects its whole prefix.
@@ -20,38 +22,75 @@ The model:
   resident children, until the new entry fits. Recency: `insert` and `touch` stamp the entry
   and all its ancestors with the store's clock; `match` and `find` are reads and stamp nothing
   (so ranking a long queue does not heat the cache).
+* The **epoch** changes with every insert and eviction, never with a read.
+
+`skippy_scheduler.reference.PrefixStoreTwin` is the reference implementation; the two agree on
+every sequence of calls (tests/lab/test_prefix_store.py).
 """
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 
-from .radix import UnifiedRadixCache
+from ._core import NativePrefixStore
+from ._sequence import PrefixRestore
+from .cache_policy import CacheAffinity, StageCacheAffinity
 
-__all__ = ["PrefixStore", "StoreBackend", "StoreEntry", "StoreMatch", "VirtualBackend"]
+__all__ = ["PrefixStore", "StoreBackend", "StoreEntry", "StoreMatch", "VirtualBackend",
+           "store_affinity"]
+
+# page_id of the PrefixRestore a scheduler with an attached store reports
+STORE_PAGE = "prefix-store"
+
+
+def store_affinity(matched: int, prefill_cost_per_token: int, restore_cost_per_token: int,
+                   epoch: int) -> tuple[Optional[PrefixRestore], CacheAffinity]:
+    """The prefix restore and cache affinity a sequence carries when an attached store matches
+    `matched` of its prompt tokens (§2.12): nothing on a miss."""
+    if matched <= 0:
+        return None, CacheAffinity()
+    stage = StageCacheAffinity(0, matched, prefill_cost_per_token,
+                               min(matched * restore_cost_per_token, (1 << 64) - 1), epoch)
+    return PrefixRestore(STORE_PAGE, matched), CacheAffinity.from_stage(stage)
 
 
 class StoreEntry:
     """One resident segment. Read-only for callers; `value` is theirs to use."""
 
-    __slots__ = ("parent", "key", "start", "length", "children", "pins", "last_used", "serial",
+    __slots__ = ("_native", "id", "parent", "key", "start", "length", "serial", "holder",
                  "alive", "value")
 
-    def __init__(self, parent: Optional["StoreEntry"], key: np.ndarray, serial: int,
-                 value: Any) -> None:
+    def __init__(self, native: NativePrefixStore, entry_id: int, parent: Optional["StoreEntry"],
+                 key: np.ndarray, serial: int, holder: Optional[int], value: Any) -> None:
+        self._native = native
+        self.id = entry_id
         self.parent = parent
         self.key = key  # the full int32 key; read-only (possibly a view of the caller's array)
         self.start = parent.length if parent is not None else 0
         self.length = len(key)
-        self.children = 0  # resident child entries
-        self.pins = 0
-        self.last_used = 0
         self.serial = serial
+        self.holder = holder
         self.alive = True
         self.value = value
+
+    def _info(self) -> tuple:
+        info = self._native.entry(self.id) if self.alive else None
+        return info if info is not None else (-1, -1, 0, 0, 0, 0, 0, 0, 0)
+
+    @property
+    def pins(self) -> int:
+        return int(self._info()[4])
+
+    @property
+    def children(self) -> int:
+        """Resident child entries."""
+        return int(self._info()[5])
+
+    @property
+    def last_used(self) -> int:
+        return int(self._info()[6])
 
     @property
     def tokens(self) -> int:
@@ -65,9 +104,8 @@ class StoreEntry:
 
     def __repr__(self) -> str:
         state = "resident" if self.alive else "evicted"
-        return (f"StoreEntry(length={self.length}, tokens={self.tokens}, pins={self.pins}, "
-                f"children={self.children}, last_used={self.last_used}, {state}, "
-                f"value={self.value!r})")
+        return (f"StoreEntry(length={self.length}, tokens={self.tokens}, holder={self.holder}, "
+                f"pins={self.pins}, children={self.children}, {state}, value={self.value!r})")
 
 
 @dataclass(frozen=True)
@@ -75,32 +113,32 @@ class StoreMatch:
     """A lookup: `matched_tokens` of the query are resident; pinning `entry` keeps them so."""
 
     matched_tokens: int = 0
-    entry: Optional[StoreEntry] = None
+    entry: Optional[Any] = None
 
 
 class StoreBackend(Protocol):
     """What holds the KV of resident entries; told after the store has decided."""
 
-    def inserted(self, entry: StoreEntry) -> None:
+    def inserted(self, entry: Any) -> None:
         """`entry` became resident."""
 
-    def evicted(self, entry: StoreEntry) -> None:
+    def evicted(self, entry: Any) -> None:
         """`entry` was evicted (its parent, if any, is still resident)."""
 
 
 class VirtualBackend:
     """A backend that holds nothing (the lab's model); optional callbacks observe the events."""
 
-    def __init__(self, on_insert: Optional[Callable[[StoreEntry], None]] = None,
-                 on_evict: Optional[Callable[[StoreEntry], None]] = None) -> None:
+    def __init__(self, on_insert: Optional[Callable[[Any], None]] = None,
+                 on_evict: Optional[Callable[[Any], None]] = None) -> None:
         self.on_insert = on_insert
         self.on_evict = on_evict
 
-    def inserted(self, entry: StoreEntry) -> None:
+    def inserted(self, entry: Any) -> None:
         if self.on_insert is not None:
             self.on_insert(entry)
 
-    def evicted(self, entry: StoreEntry) -> None:
+    def evicted(self, entry: Any) -> None:
         if self.on_evict is not None:
             self.on_evict(entry)
 
@@ -119,53 +157,92 @@ def _tokens(key: Any) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
+def _check_limit(name: str, value: Optional[int]) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{name} must be None or an integer >= 0, got {value!r}")
+
+
 class PrefixStore:
     """Resident token prefixes under a capacity in tokens and in holder slots (module docs).
 
     capacity_tokens: tokens the resident segments may hold in total (None = unbounded).
-    holder_slots: resident entries at most (None = unbounded).
+    holder_slots: resident entries at most (None = unbounded, and entries hold no holder id).
     backend: told about every insert and eviction (default: a `VirtualBackend`).
+    first_holder_id: the first holder id handed out (a llama.cpp host passes its first reserved
+        sequence id).
     """
 
     def __init__(self, capacity_tokens: Optional[int] = None, holder_slots: Optional[int] = None,
-                 backend: Optional[StoreBackend] = None, namespace: str = "prefix") -> None:
-        for name, value in (("capacity_tokens", capacity_tokens), ("holder_slots", holder_slots)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 0):
-                raise ValueError(f"{name} must be None or an integer >= 0, got {value!r}")
+                 backend: Optional[StoreBackend] = None, namespace: str = "prefix",
+                 first_holder_id: int = 0) -> None:
+        _check_limit("capacity_tokens", capacity_tokens)
+        _check_limit("holder_slots", holder_slots)
+        if isinstance(first_holder_id, bool) or not isinstance(first_holder_id, int) \
+                or first_holder_id < 0:
+            raise ValueError(f"first_holder_id must be an integer >= 0, got {first_holder_id!r}")
         self.capacity_tokens = capacity_tokens
         self.holder_slots = holder_slots
+        self.first_holder_id = first_holder_id
         self.backend: StoreBackend = backend if backend is not None else VirtualBackend()
         self.namespace = namespace
-        self._radix = UnifiedRadixCache()
-        self._clock = 0
-        self._serial = 0
-        self._heap: list[tuple[int, int, StoreEntry]] = []  # (last_used, serial, entry), lazy
-        self.used_tokens = 0
-        self.entries = 0
-        self.inserts = 0
-        self.evictions = 0
-        self.evicted_tokens = 0
-        self.refused_inserts = 0  # inserts that could not be made room for
+        self._native = NativePrefixStore(capacity_tokens, holder_slots, first_holder_id)
+        self._objects: dict[int, StoreEntry] = {}
+
+    # -- counters -----------------------------------------------------------------------------
+
+    @property
+    def used_tokens(self) -> int:
+        return int(self._native.stats()[0])
+
+    @property
+    def entries(self) -> int:
+        return int(self._native.stats()[1])
+
+    @property
+    def inserts(self) -> int:
+        return int(self._native.stats()[2])
+
+    @property
+    def evictions(self) -> int:
+        return int(self._native.stats()[3])
+
+    @property
+    def evicted_tokens(self) -> int:
+        return int(self._native.stats()[4])
+
+    @property
+    def refused_inserts(self) -> int:
+        """Inserts that could not be made room for."""
+        return int(self._native.stats()[5])
+
+    @property
+    def epoch(self) -> int:
+        """Changes with every insert and eviction (never with a read)."""
+        return int(self._native.stats()[6])
+
+    @property
+    def free_tokens(self) -> Optional[int]:
+        return None if self.capacity_tokens is None else self.capacity_tokens - self.used_tokens
+
+    @property
+    def native(self) -> int:
+        """Address of the underlying `skippy_prefix_store *` (for native hosts)."""
+        return int(self._native.native)
 
     # -- reads --------------------------------------------------------------------------------
 
     def match(self, tokens: Any) -> StoreMatch:
         """Longest resident prefix of `tokens` (no recency change)."""
         key = _tokens(tokens)
-        if not len(key):
+        entry, matched = self._native.match(key)
+        if entry < 0:
             return StoreMatch()
-        hit = self._radix.peek_resident(self.namespace, key)
-        if hit is None:
-            return StoreMatch()
-        return StoreMatch(min(hit.matched_tokens, len(key)), hit.value)
+        return StoreMatch(int(matched), self._objects[entry])
 
     def find(self, key: Any) -> Optional[StoreEntry]:
         """The resident entry whose key is exactly `key`, or None (no recency change)."""
-        key = _tokens(key)
-        if not len(key):
-            return None
-        return self._radix.resident_exact(self.namespace, key)
+        entry = self._native.find(_tokens(key))
+        return None if entry < 0 else self._objects[entry]
 
     @staticmethod
     def key_of(entry: StoreEntry) -> np.ndarray:
@@ -176,19 +253,12 @@ class PrefixStore:
         return entry.alive and entry.pins == 0 and entry.children == 0
 
     def resident(self) -> list[StoreEntry]:
-        """Every resident entry, oldest insert first (for inspection and tests: it reads the
-        whole index)."""
-        return sorted((hit.value for hit in self._radix.resident_entries()),
-                      key=lambda e: e.serial)
+        """Every resident entry, oldest insert first."""
+        return sorted(self._objects.values(), key=lambda e: e.serial)
 
     def lru_order(self) -> list[StoreEntry]:
         """Evictable entries, next victim first (for inspection and tests)."""
-        live = {id(e): e for _, _, e in self._heap if self.evictable(e)}
-        return sorted(live.values(), key=lambda e: (e.last_used, e.serial))
-
-    @property
-    def free_tokens(self) -> Optional[int]:
-        return None if self.capacity_tokens is None else self.capacity_tokens - self.used_tokens
+        return [self._objects[i] for i in self._native.lru_order()]
 
     # -- writes -------------------------------------------------------------------------------
 
@@ -199,36 +269,26 @@ class PrefixStore:
         existing one if `key` is already resident (touched), or None when no room can be made
         (nothing changes then)."""
         key = _tokens(key)
-        start = 0
-        if parent is not None:
-            if not parent.alive:
-                raise ValueError("the parent entry is not resident")
-            start = parent.length
-        if len(key) <= start:
-            raise ValueError(f"key of {len(key)} tokens does not extend its parent "
-                             f"({start} tokens)")
-        existing = self._radix.resident_exact(self.namespace, key)
-        if existing is not None:
-            self.touch(existing)
-            return existing
-        need = len(key) - start
-        if not self._make_room(need, parent):
-            self.refused_inserts += 1
+        if parent is not None and not parent.alive:
+            raise ValueError("the parent entry is not resident")
+        try:
+            entry_id = self._native.insert(key, -1 if parent is None else parent.id)
+        finally:
+            self._drain_evictions()
+        if entry_id < 0:
             return None
+        existing = self._objects.get(entry_id)
+        if existing is not None:
+            return existing
         if key.flags.writeable:
             # The entry keeps its key; a read-only array (or a view of one) cannot change under
             # it and is kept as it is, anything else is copied.
             key = key.copy()
             key.setflags(write=False)
-        self._serial += 1
-        entry = StoreEntry(parent, key, self._serial, value)
-        self._radix.insert_resident(self.namespace, key, need, entry)
-        if parent is not None:
-            parent.children += 1
-        self.used_tokens += need
-        self.entries += 1
-        self.inserts += 1
-        self.touch(entry)
+        info = self._native.entry(entry_id)
+        entry = StoreEntry(self._native, entry_id, parent, key, int(info[7]),
+                           None if info[1] < 0 else int(info[1]), value)
+        self._objects[entry_id] = entry
         self.backend.inserted(entry)
         return entry
 
@@ -236,122 +296,34 @@ class PrefixStore:
         """`entry` and its prefix are used now (most recently used)."""
         if not entry.alive:
             raise ValueError("cannot touch an evicted entry")
-        self._clock += 1
-        e: Optional[StoreEntry] = entry
-        while e is not None:
-            e.last_used = self._clock
-            e = e.parent
-        if self.evictable(entry):
-            self._push(entry)
+        self._native.touch(entry.id)
 
     def pin(self, entry: StoreEntry) -> None:
         if not entry.alive:
             raise ValueError("cannot pin an evicted entry")
-        entry.pins += 1
+        self._native.pin(entry.id)
 
     def unpin(self, entry: StoreEntry) -> None:
-        if entry.pins <= 0:
+        if not entry.alive or entry.pins <= 0:
             raise ValueError("entry is not pinned")
-        entry.pins -= 1
-        if self.evictable(entry):
-            self._push(entry)
+        self._native.unpin(entry.id)
 
     def evict_one(self) -> Optional[StoreEntry]:
         """Evict the least recently used evictable entry; None when nothing is evictable."""
-        victim = self._pop_victim()
-        if victim is not None:
-            self._evict(victim)
-        return victim
+        victim = self._native.evict_one()
+        gone = self._drain_evictions()
+        return gone[0] if victim >= 0 and gone else None
 
-    # -- internals ----------------------------------------------------------------------------
+    def entry_by_id(self, entry_id: int) -> Optional[StoreEntry]:
+        """The resident entry with this native id (as `Scheduler.sequence` reports it)."""
+        return self._objects.get(entry_id)
 
-    def _push(self, entry: StoreEntry) -> None:
-        heapq.heappush(self._heap, (entry.last_used, entry.serial, entry))
-        if len(self._heap) > 4 * self.entries + 1024:
-            # Lazy deletion leaves stale items behind; rebuild from the evictable entries.
-            live = {id(e): e for _, _, e in self._heap if self.evictable(e)}
-            self._heap = [(e.last_used, e.serial, e) for e in live.values()]
-            heapq.heapify(self._heap)
-
-    def _pop_victim(self) -> Optional[StoreEntry]:
-        heap = self._heap
-        while heap:
-            last_used, _, entry = heap[0]
-            if self.evictable(entry) and entry.last_used == last_used:
-                heapq.heappop(heap)
-                return entry
-            heapq.heappop(heap)  # stale: pinned, grew children, touched again or evicted
-        return None
-
-    def _fits(self, need: int) -> bool:
-        if self.capacity_tokens is not None and self.used_tokens + need > self.capacity_tokens:
-            return False
-        return self.holder_slots is None or self.entries + 1 <= self.holder_slots
-
-    def _make_room(self, need: int, parent: Optional[StoreEntry]) -> bool:
-        if self.capacity_tokens is not None and need > self.capacity_tokens:
-            return False
-        if self.holder_slots is not None and self.holder_slots < 1:
-            return False
-        if self._fits(need):
-            return True
-        # Choose every victim first and evict only if they make enough room, so a refused
-        # insert changes nothing. A chosen victim's parent may become a candidate in turn; the
-        # new entry's own parent never is.
-        heap = self._heap
-        popped: list[tuple[int, int, StoreEntry]] = []  # valid candidates taken off the heap
-        victims: list[StoreEntry] = []
-        chosen: set[int] = set()
-        gone_children: dict[int, int] = {}
-        free_tokens = 0
-        while True:
-            over_tokens = (self.capacity_tokens is not None
-                           and self.used_tokens - free_tokens + need > self.capacity_tokens)
-            over_slots = (self.holder_slots is not None
-                          and self.entries - len(victims) + 1 > self.holder_slots)
-            if not (over_tokens or over_slots):
-                break
-            victim = None
-            while heap:
-                item = heapq.heappop(heap)
-                last_used, _, e = item
-                if (not e.alive or e.pins or e.last_used != last_used or id(e) in chosen
-                        or e.children - gone_children.get(id(e), 0)):
-                    continue  # stale
-                popped.append(item)
-                if e is parent:
-                    continue
-                victim = e
-                break
-            if victim is None:
-                for item in popped:
-                    heapq.heappush(heap, item)
-                return False
-            victims.append(victim)
-            chosen.add(id(victim))
-            free_tokens += victim.tokens
-            up = victim.parent
-            if up is not None:
-                left = up.children - gone_children.get(id(up), 0) - 1
-                gone_children[id(up)] = up.children - left
-                if left == 0 and up.pins == 0:
-                    heapq.heappush(heap, (up.last_used, up.serial, up))
-        for victim in victims:
-            self._evict(victim)
-        return True
-
-    def _evict(self, entry: StoreEntry) -> None:
-        removed = self._radix.remove_resident(self.namespace, entry.key)
-        if removed is not entry:
-            raise RuntimeError("prefix store and radix index disagree about an entry")
-        entry.alive = False
-        parent = entry.parent
-        if parent is not None:
-            parent.children -= 1
-            if self.evictable(parent):
-                self._push(parent)
-        self.used_tokens -= entry.tokens
-        self.entries -= 1
-        self.evictions += 1
-        self.evicted_tokens += entry.tokens
-        self.backend.evicted(entry)
+    def _drain_evictions(self) -> list[StoreEntry]:
+        gone = []
+        for entry_id, _holder, _handle, _start, _length in self._native.evicted():
+            entry = self._objects.pop(entry_id)
+            entry.alive = False
+            gone.append(entry)
+        for entry in gone:
+            self.backend.evicted(entry)
+        return gone

@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field, replace as _dc_replace
-from typing import Any
+from typing import Any, Optional
 
 from ._validate import (
     I32_MAX,
@@ -209,6 +209,9 @@ class IterationWork:
     sample_last: bool
     phase: IterationPhase
     sampling: Any = None
+    # With an attached prefix store: the holder id of the entry the sequence's restored prefix
+    # is copied from (the host copies positions [0, first row's position) from it), else None.
+    restore_holder: Optional[int] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", tuple(self.tokens))
@@ -257,6 +260,7 @@ class IterationTelemetry:
     # Sequences that became terminal in this completion, in plan order.
     finished_ids: list[str] = field(default_factory=list)
     failed_ids: list[str] = field(default_factory=list)
+    stale_refreshes: int = 0  # cumulative copy (attached prefix store, §2.12)
 
 
 @dataclass
@@ -278,6 +282,13 @@ class SchedulerMetrics:
     discarded_rows: sampling rows of completed plans whose sequence had ended, been cancelled
         or been preempted after the plan was made (the output is dropped, §2.11).
     aborted_plans: plans undone by `abort_iteration`, or replaced before completion at depth 1.
+    restored_tokens: with an attached prefix store, prompt tokens admitted as prefix restores
+        (a re-admission after preemption counts again).
+    stale_refreshes: with an attached prefix store, waiting sequences whose restore or saved
+        cost changed when re-read before a selection (§2.12).
+
+    With an attached prefix store, prefix_hits / prefix_misses count admissions with and without
+    a restore instead of submits.
     """
 
     iterations: int = 0
@@ -296,6 +307,8 @@ class SchedulerMetrics:
     waiting_sequences: int = 0
     discarded_rows: int = 0
     aborted_plans: int = 0
+    restored_tokens: int = 0
+    stale_refreshes: int = 0
 
     def copy(self) -> "SchedulerMetrics":
         return _dc_replace(self)

@@ -8,16 +8,19 @@ compare the two.
 * `plan` owns `TwinPlan` and `TwinOutputs`, the engine's iteration plan and output block;
 * `ordering` owns the cache-aware order of waiting work (§3), the reference of the native
   ranking kernel under the same names as the public native functions;
-* `radix` owns `RadixTwin`, a flat brute-force form of the unified radix cache (§8).
+* `radix` owns `RadixTwin`, a flat brute-force form of the unified radix cache (§8);
+* `prefix_store` owns `PrefixStoreTwin`, the bounded prefix store (§8c).
 
 `TwinScheduler`, `TwinPlan` and `TwinOutputs` are also exported by `skippy_scheduler`.
 """
 from .ordering import order_cache_aware_candidates, select_cache_aware_candidate
 from .plan import TwinOutputs, TwinPlan
+from .prefix_store import PrefixStoreTwin
 from .radix import RadixTwin
 from .scheduler import TwinScheduler
 
 __all__ = [
+    "PrefixStoreTwin",
     "RadixTwin",
     "TwinOutputs",
     "TwinPlan",

@@ -15,6 +15,7 @@ from typing import Iterable, Optional
 from .._validate import I32_MAX, USIZE_MAX, check_id, check_uint, sat, sat_sub
 from .plan import TwinPlan, read_predictions
 from ..cache_policy import CacheAwareCandidate
+from ..prefix_store import store_affinity
 from ..policies import (
     AdmissionPolicy,
     CacheAwareAdmission,
@@ -122,6 +123,65 @@ class TwinScheduler:
         self._flights: dict[str, _Flight] = {}
         self._epochs = itertools.count(1)
         self._row_undo: list[tuple[Sequence, int]] = []  # (sequence, cursor before) per row
+        # attached prefix store (§2.12)
+        self._store: Optional[object] = None
+        self._aff_costs = (1, 0)
+        self._store_epoch = 0
+        self._restore_entry: dict[str, object] = {}  # waiting: the entry of its last read
+        self._pinned: dict[str, object] = {}  # active: the entry pinned at admission
+
+    # -- prefix store (§2.12) -------------------------------------------------------------------
+
+    def attach_prefix_store(self, store: object, *, prefill_cost_per_token: int = 1,
+                            restore_cost_per_token: int = 0) -> None:
+        prefill = check_uint("prefill_cost_per_token", prefill_cost_per_token)
+        restore = check_uint("restore_cost_per_token", restore_cost_per_token)
+        if self._waiting or self._active or self._live_plans:
+            raise ValueError("a prefix store can only be attached or detached while the "
+                             "scheduler holds no sequence and no live plan")
+        self._store = store
+        self._aff_costs = (prefill, restore)
+        self._store_epoch = store.epoch if store is not None else 0  # type: ignore[attr-defined]
+
+    @property
+    def prefix_store(self) -> Optional[object]:
+        return self._store
+
+    def _read_affinity(self, s: Sequence, keep_epoch: bool = False) -> bool:
+        """Reads `s`'s restore from the store; True when its restore or saved cost changed."""
+        store = self._store
+        assert store is not None
+        hit = store.match(s.prompt_tokens)  # type: ignore[attr-defined]
+        before = (s.prefix_restore.token_count if s.prefix_restore is not None else 0,
+                  s.cache_affinity.estimated_saved_cost())
+        epoch = store.epoch  # type: ignore[attr-defined]
+        restore, affinity = store_affinity(hit.matched_tokens, *self._aff_costs, epoch)
+        changed = (hit.matched_tokens, affinity.estimated_saved_cost()) != before
+        if changed or not keep_epoch:
+            s.prefix_restore, s.cache_affinity = restore, affinity
+        self._restore_entry[s.id] = hit.entry if hit.matched_tokens else None
+        replay_len = s.recompute_token_count()
+        cursor = min(hit.matched_tokens, replay_len)
+        if not s.generated_tokens:
+            cursor = min(cursor, sat_sub(replay_len, 1))
+        s.prefill_cursor = cursor
+        return changed
+
+    def _refresh_affinity(self) -> None:
+        """Before selection: every waiting sequence re-read if the store changed since."""
+        store = self._store
+        if store is None or store.epoch == self._store_epoch:  # type: ignore[attr-defined]
+            return
+        for s in self._waiting:
+            if self._read_affinity(s, keep_epoch=True):
+                self._metrics.stale_refreshes = sat(self._metrics.stale_refreshes + 1)
+                self._dirty = True
+        self._store_epoch = store.epoch  # type: ignore[attr-defined]
+
+    def _unpin(self, s: Sequence) -> None:
+        entry = self._pinned.pop(s.id, None)
+        if entry is not None:
+            self._store.unpin(entry)  # type: ignore[union-attr]
 
     @property
     def config(self) -> SchedulerConfig:
@@ -148,7 +208,12 @@ class TwinScheduler:
         if len(self._waiting) >= self._config.max_waiting_sequences:
             self._metrics.rejected_overload = sat(self._metrics.rejected_overload + 1)
             raise QueueFull(self._config.max_waiting_sequences)
-        if s.prefix_restore is not None:
+        if self._store is not None:
+            if s.prefix_restore is not None or s.cache_affinity.stages or s.prefill_cursor:
+                raise ValueError("a prefix store is attached: it decides prefix restores and "
+                                 "saved costs, so the descriptor must carry none")
+            self._read_affinity(s)
+        elif s.prefix_restore is not None:
             self._metrics.prefix_hits = sat(self._metrics.prefix_hits + 1)
         else:
             self._metrics.prefix_misses = sat(self._metrics.prefix_misses + 1)
@@ -229,6 +294,17 @@ class TwinScheduler:
                 deferred.append(s)
                 continue
             self._used = [sat(u + r) for u, r in zip(self._used, reservation)]
+            if self._store is not None:
+                m = self._metrics
+                if s.prefix_restore is not None:
+                    m.prefix_hits = sat(m.prefix_hits + 1)
+                    m.restored_tokens = sat(m.restored_tokens + s.prefix_restore.token_count)
+                else:
+                    m.prefix_misses = sat(m.prefix_misses + 1)
+                entry = self._restore_entry.pop(s.id, None)
+                if entry is not None:
+                    self._store.pin(entry)  # type: ignore[attr-defined]
+                    self._pinned[s.id] = entry
             s.status = SequenceStatus.Running
             self._admission_counter = sat(self._admission_counter + 1)
             s.admitted_at = self._admission_counter
@@ -252,6 +328,7 @@ class TwinScheduler:
                                "or abort the oldest first")
         self._retired = []
         turn = sat(self._waiting_turn + 1)
+        self._refresh_affinity()
         if self._dirty:
             # Rank first so that a failing user policy leaves everything as it was.
             self._waiting = self._ranked_waiting(turn)
@@ -495,6 +572,7 @@ class TwinScheduler:
         for sequence_id, failed in terminal:
             s = self._active.pop(sequence_id)
             self._release(s)
+            self._unpin(s)
             self._retired.append(s._snapshot())
             if failed:
                 m.failed = sat(m.failed + 1)
@@ -528,6 +606,7 @@ class TwinScheduler:
             rejected_overload=m.rejected_overload,
             finished_ids=finished_ids,
             failed_ids=failed_ids,
+            stale_refreshes=m.stale_refreshes,
         )
 
     # -- preemption, cancel, views --------------------------------------------------------------
@@ -571,7 +650,10 @@ class TwinScheduler:
             del self._active[s.id]
             self._drop_placeholders(s)  # its in-flight rows are void: the KV they build is gone
             self._flights[s.id].epoch = next(self._epochs)
+            self._unpin(s)
             self._reset_for_recompute(s)
+            if self._store is not None:
+                self._read_affinity(s)
             s.enqueue_order = self._next_order
             self._next_order = sat(self._next_order + 1)
             self._waiting.insert(0, s)
@@ -597,10 +679,12 @@ class TwinScheduler:
         s = self._active.pop(sequence_id, None)
         if s is not None:
             self._release(s)
+            self._unpin(s)
         else:
             for i, w in enumerate(self._waiting):
                 if w.id == sequence_id:
                     s = self._waiting.pop(i)
+                    self._restore_entry.pop(s.id, None)
                     self._dirty = True
                     break
             else:

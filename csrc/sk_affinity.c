@@ -1,0 +1,164 @@
+/*
+ * Cache affinity read from an attached prefix store (docs/behaviour.md §2.12).
+ *
+ * Without a store the caller gives each sequence its restore and saved cost at submit and the
+ * core only carries them (§3.5). With a store the core reads them itself: at submit, when a
+ * preempted sequence re-enters the queue, and before every admission selection for exactly the
+ * waiting sequences whose prompt lies under a prefix the store inserted or evicted since (the
+ * store's change journal, looked up in the waiting-prompt tree of sk_rank_set). A re-read that
+ * changes a sequence's restore or saved cost is a stale refresh: the sequence is re-ranked and
+ * the counter rises. The entry a sequence is admitted with is pinned until the sequence leaves
+ * the active set, so the host can copy it at any point while the sequence runs.
+ */
+#include <stdlib.h>
+
+#include "sk_internal.h"
+#include "sk_prefix.h"
+
+size_t sk_restore_cursor(const sk_seq *seq)
+{
+    size_t replay = sk_replay_len(seq);
+    size_t cursor = seq->has_restore ? seq->restore_tokens : 0;
+    if (cursor > replay) cursor = replay;
+    /* §0.4b: without a pending token keep one replay token runnable */
+    if (seq->gen_len == 0 && cursor >= replay) cursor = replay - 1;
+    return cursor;
+}
+
+static uint64_t saved_cost(const skippy_scheduler *s, size_t matched)
+{
+    return sk_sat_sub(sk_sat_mul(matched, s->aff_prefill_cost),
+                      sk_sat_mul(matched, s->aff_restore_cost));
+}
+
+void sk_affinity_read(skippy_scheduler *s, sk_seq *seq)
+{
+    if (!s->store) return;
+    size_t matched = 0;
+    uint32_t entry = skippy_prefix_store_match(s->store, seq->tokens, seq->prompt_len, &matched);
+    seq->restore_entry = matched ? entry : SKIPPY_PREFIX_NONE;
+    seq->has_restore = matched > 0;
+    seq->restore_tokens = matched;
+    seq->saved_cost = saved_cost(s, matched);
+    seq->cache_epoch = sk_prefix_epoch(s->store);
+    seq->cursor = sk_restore_cursor(seq);
+    if (s->rank_set && seq->where == SK_WHERE_WAITING)
+        sk_rank_set_update(s->rank_set, seq->rank_handle, seq->priority, seq->saved_cost,
+                           seq->enqueued_turn);
+}
+
+static void reread(skippy_scheduler *s, sk_seq *seq, uint32_t round)
+{
+    if (seq->probe_round == round) return;
+    seq->probe_round = round;
+    size_t before_tokens = seq->restore_tokens;
+    uint64_t before_cost = seq->saved_cost, before_epoch = seq->cache_epoch;
+    sk_affinity_read(s, seq);
+    if (seq->restore_tokens != before_tokens || seq->saved_cost != before_cost) {
+        s->m.stale_refreshes = sk_sat_add(s->m.stale_refreshes, 1);
+        s->dirty = true;
+    } else {
+        seq->cache_epoch = before_epoch; /* the epoch of the observation still in force */
+    }
+}
+
+int sk_affinity_refresh(skippy_scheduler *s)
+{
+    if (!s->store) return 0;
+    uint64_t epoch = sk_prefix_epoch(s->store);
+    if (epoch == s->store_epoch_seen) return 0;
+    size_t n_changes;
+    const int32_t *pool;
+    bool overflow;
+    const sk_prefix_change *changes = sk_prefix_journal(s->store, &n_changes, &pool, &overflow);
+    uint32_t round = ++s->probe_round;
+    if (overflow || !s->rank_set) {
+        for (size_t i = 0; i < s->waiting_len; i++) reread(s, &s->seqs[s->waiting[i]], round);
+    } else if (s->waiting_len) {
+        if (sk_grow((void **)&s->under, &s->under_cap, sk_rank_set_size(s->rank_set) + 1,
+                    sizeof(uint32_t)))
+            return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory refreshing cache affinity");
+        for (size_t c = 0; c < n_changes; c++) {
+            size_t count = 0;
+            if (sk_rank_set_under(s->rank_set, pool + changes[c].offset, changes[c].length,
+                                  s->under, &count))
+                return sk_fail(s, SKIPPY_SCHED_NO_MEMORY,
+                               "out of memory refreshing cache affinity");
+            for (size_t k = 0; k < count; k++)
+                reread(s, &s->seqs[s->rank_slot[s->under[k]]], round);
+        }
+    }
+    sk_prefix_journal_clear(s->store);
+    s->store_epoch_seen = epoch;
+    return 0;
+}
+
+void sk_affinity_pin(skippy_scheduler *s, sk_seq *seq)
+{
+    if (!s->store) return;
+    if (seq->has_restore) {
+        s->m.prefix_hits = sk_sat_add(s->m.prefix_hits, 1);
+        s->m.restored_tokens = sk_sat_add(s->m.restored_tokens, seq->restore_tokens);
+    } else {
+        s->m.prefix_misses = sk_sat_add(s->m.prefix_misses, 1);
+    }
+    if (seq->restore_entry != SKIPPY_PREFIX_NONE &&
+        skippy_prefix_store_pin(s->store, seq->restore_entry) == SKIPPY_SCHED_OK)
+        seq->pinned_entry = seq->restore_entry;
+}
+
+void sk_affinity_unpin(skippy_scheduler *s, sk_seq *seq)
+{
+    if (s->store && seq->pinned_entry != SKIPPY_PREFIX_NONE)
+        skippy_prefix_store_unpin(s->store, seq->pinned_entry);
+    seq->pinned_entry = SKIPPY_PREFIX_NONE;
+}
+
+void sk_affinity_detach_store(skippy_scheduler *s)
+{
+    if (!s->store) return;
+    /* The store is going away: what the sequences point at in it goes with it. */
+    for (uint32_t i = 0; i < s->seq_cap; i++) {
+        s->seqs[i].pinned_entry = SKIPPY_PREFIX_NONE;
+        s->seqs[i].restore_entry = SKIPPY_PREFIX_NONE;
+    }
+    sk_prefix_set_owner(s->store, NULL);
+    s->store = NULL;
+}
+
+static int set_store(skippy_scheduler *s, skippy_prefix_store *store, uint64_t prefill_cost,
+                     uint64_t restore_cost)
+{
+    if (s->waiting_len || s->active_len || s->live_count)
+        return sk_fail(s, SKIPPY_SCHED_INVALID, "a prefix store can only be attached or detached "
+                       "while the scheduler holds no sequence and no live plan");
+    if (store && sk_prefix_owner(store) && sk_prefix_owner(store) != s)
+        return sk_fail(s, SKIPPY_SCHED_INVALID, "the prefix store serves another scheduler");
+    if (store && !s->rank_set) {
+        /* The waiting-prompt tree finds the sequences under a changed prefix; policies that do
+         * not rank with it keep it as an index only (rank_by_set stays false). */
+        s->rank_set = sk_rank_set_new();
+        if (!s->rank_set)
+            return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory attaching a prefix store");
+    }
+    if (s->store && s->store != store) sk_affinity_detach_store(s);
+    s->store = store;
+    s->aff_prefill_cost = prefill_cost;
+    s->aff_restore_cost = restore_cost;
+    if (store) {
+        sk_prefix_set_owner(store, s);
+        s->store_epoch_seen = sk_prefix_epoch(store);
+    }
+    return 0;
+}
+
+skippy_status skippy_scheduler_set_prefix_store(skippy_scheduler *s, skippy_prefix_store *store,
+                                                uint64_t prefill_cost_per_token,
+                                                uint64_t restore_cost_per_token,
+                                                skippy_error **out_error)
+{
+    return sk_result(s, set_store(s, store, prefill_cost_per_token, restore_cost_per_token),
+                     out_error);
+}
+
+skippy_prefix_store *skippy_scheduler_prefix_store(const skippy_scheduler *s) { return s->store; }

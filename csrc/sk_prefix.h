@@ -1,0 +1,42 @@
+/*
+ * What the scheduler reads of a prefix store besides its public API (sk_prefix.c, §8c).
+ *
+ * The change journal: while a scheduler is attached, every insert and eviction appends the
+ * prefix under which waiting prompts may have changed their match, i.e. the entry's key up to
+ * one token past its parent (a prompt that does not share that many tokens with the key could
+ * neither gain nor lose tokens through this entry: its match through the parent is unchanged).
+ * The scheduler drains the journal before admission (sk_affinity.c). A journal that grows past
+ * its bound is dropped and flagged as overflowed; the scheduler then re-reads every waiting
+ * sequence instead.
+ */
+#ifndef SK_PREFIX_H
+#define SK_PREFIX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "skippy_scheduler.h"
+
+typedef struct sk_prefix_change {
+    size_t offset;  /* into the journal's token pool */
+    size_t length;
+} sk_prefix_change;
+
+/* The journal since the last sk_prefix_journal_clear: changes, their token pool, overflow. */
+const sk_prefix_change *sk_prefix_journal(const skippy_prefix_store *store, size_t *out_count,
+                                          const int32_t **out_tokens, bool *out_overflow);
+void sk_prefix_journal_clear(skippy_prefix_store *store);
+uint64_t sk_prefix_epoch(const skippy_prefix_store *store);
+
+/* Attachment bookkeeping (one scheduler per store). */
+skippy_scheduler *sk_prefix_owner(const skippy_prefix_store *store);
+void sk_prefix_set_owner(skippy_prefix_store *store, skippy_scheduler *owner);
+
+/* Holder id of a resident entry (SKIPPY_PREFIX_NONE when it has none or is not resident). */
+uint32_t sk_prefix_holder(const skippy_prefix_store *store, uint32_t entry);
+
+/* sk_affinity.c: the scheduler side of the attachment. */
+void sk_affinity_detach_store(skippy_scheduler *scheduler);
+
+#endif
