@@ -91,6 +91,9 @@ class Engine(_Pipeline):
         self._prepare = getattr(host, "prepare_sequence", None)
         self._execute_async = getattr(host, "execute_async", None)
         config = getattr(scheduler, "config", None)
+        store = getattr(host, "prefix_store", None)
+        if store is not None:
+            _attach_host_store(scheduler, store, config)
         self._depth = int(getattr(config, "max_inflight_plans", 1) or 1)
         self._inflight: deque[_InFlight] = deque()
         self._pending_release: list[str] = []
@@ -678,3 +681,25 @@ class Engine(_Pipeline):
             release(rid)
             self._outstanding -= 1
             self._end(live[rid], "failed")
+
+
+def _attach_host_store(scheduler: Any, store: Any, config: Any) -> None:
+    """A host that keeps resident prefixes hands its store to the scheduler, which then reads
+    restores from it (§2.12). Its holder ids must be the scheduler's reserved sequence ids."""
+    if getattr(scheduler, "prefix_store", None) is store:
+        return
+    attach = getattr(scheduler, "attach_prefix_store", None)
+    if attach is None:
+        raise TypeError(f"the host keeps a prefix store but {type(scheduler).__name__} cannot "
+                        "read one (no attach_prefix_store)")
+    holders = getattr(store, "holder_slots", None)
+    if holders and config is not None:
+        limit = config.sequence_id_limit
+        reserved = config.reserved_sequence_ids
+        first = store.first_holder_id
+        if holders > reserved or first != limit - reserved or first + holders > limit:
+            raise ValueError(
+                f"the host's prefix holders are sequence ids [{first}, {first + holders}) but the "
+                f"scheduler reserves [{limit - reserved}, {limit}): configure the scheduler with "
+                "the host's sequence_id_settings")
+    attach(store)

@@ -15,10 +15,21 @@ a llama sequence id and freed with it. A chain's state is a function of the sequ
 rebuilds it) and of the predicted position (each draw is seeded from the sequence's seed and
 that position), so a seeded sequence samples the same tokens alone, batched or preempted.
 
-Each active scheduler sequence is mapped to a llama sequence id taken from a free list of ids
-below `n_seq_max` (llama.cpp rejects larger ids). When a sequence ends, is cancelled or is
-preempted, `release` removes its KV cells so that a re-admitted sequence rebuilds its cache by
-recompute from position 0 (this host has no prefix store, so prefix restores are not supported).
+Each active scheduler sequence is mapped to a llama sequence id (a *lane*) taken from a free
+list of ids below `n_seq_max`. When a sequence ends, is cancelled or is preempted, `release`
+removes its KV cells from the lane.
+
+Prefix reuse (`prefix_cache_tokens > 0`, docs/hosts.md "Prefix reuse"): the context then has a
+unified KV cache (`kv_unified`: a KV cell can belong to several sequence ids only there) and
+`prefix_holders` more sequence ids, the *holders*, above the lanes. The host owns a
+`PrefixStore` whose holder ids are those; the engine attaches it to the scheduler, which then
+reads restores from it natively. Releasing a sequence first keeps its cells as a resident prefix:
+`llama_memory_seq_cp` from the lane to the new entry's holder (the cells are shared, not copied),
+then `seq_rm` of the lane. A sequence admitted with a restore gets the prefix by `seq_cp` from the
+holder the plan names (`IterationWork.restore_holder`) into its lane, so only the suffix is
+prefilled; a full-prompt hit replays the last prompt token for its logits. Eviction removes the
+holder's cells. Positions never move (a restored prefix keeps its positions), so
+`llama_memory_can_shift` is not needed.
 
 Defaults favour exactness: f32 weights (the tiny model), f32 KV cache and flash attention off are
 the settings under which a sequence's greedy tokens do not depend on what it was batched with.
@@ -36,6 +47,7 @@ import numpy as np
 
 import llama_cpp as _ll
 
+from ..prefix_store import PrefixStore
 from ..sampling import SamplingParams, is_native_config, step_seed
 
 # ggml log levels as llama.cpp emits them: DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (the
@@ -43,6 +55,19 @@ from ..sampling import SamplingParams, is_native_config, step_seed
 _LOG_WARN, _LOG_ERROR, _LOG_CONT = 3, 4, 5
 _recent_log: collections.deque[str] = collections.deque(maxlen=64)
 _log_keep_continuation = False
+
+
+class _HolderBackend:
+    """The store's backend: holder sequences of the host's context (module docs)."""
+
+    def __init__(self, host: "LlamaHost") -> None:
+        self._host = host
+
+    def inserted(self, entry: Any) -> None:
+        self._host._holder_inserted(entry)
+
+    def evicted(self, entry: Any) -> None:
+        self._host._holder_evicted(entry)
 
 
 @_ll.llama_log_callback  # type: ignore[untyped-decorator, unused-ignore]
@@ -213,9 +238,20 @@ class LlamaHost:
         n_ubatch: int | None = None,
         kv_type: str = "f32",
         flash_attn: bool = False,
-        kv_unified: bool = False,
+        kv_unified: bool | None = None,
+        prefix_cache_tokens: int = 0,
+        prefix_holders: int = 16,
     ) -> None:
         n_seq_max = _check_int("n_seq_max", n_seq_max, 1, 256)
+        prefix_cache_tokens = _check_int("prefix_cache_tokens", prefix_cache_tokens, 0)
+        holders = 0
+        if prefix_cache_tokens:
+            holders = _check_int("prefix_holders", prefix_holders, 1, 256 - n_seq_max)
+            if kv_unified is False:
+                raise ValueError("prefix reuse shares KV cells across sequence ids, which needs "
+                                 "a unified KV cache: leave kv_unified unset or True")
+            kv_unified = True
+        kv_unified = bool(kv_unified)
         n_ctx = _check_int("n_ctx", n_ctx, 1)
         n_threads = _check_int("n_threads", n_threads, 1)
         n_batch = _check_int("n_batch", n_batch, 1)
@@ -243,7 +279,7 @@ class LlamaHost:
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_ubatch
-        cparams.n_seq_max = n_seq_max
+        cparams.n_seq_max = n_seq_max + holders
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
         cparams.flash_attn_type = 1 if flash_attn else 0
@@ -268,6 +304,7 @@ class LlamaHost:
             "n_ctx": self.n_ctx, "n_ctx_seq": self.n_ctx_seq, "n_seq_max": n_seq_max,
             "n_batch": n_batch, "n_ubatch": n_ubatch, "n_threads": n_threads,
             "kv_type": kv_type, "flash_attn": bool(flash_attn), "kv_unified": bool(kv_unified),
+            "prefix_cache_tokens": prefix_cache_tokens, "prefix_holders": holders,
         }
         # One vocabulary scan up front so that sampling never calls back per token.
         self._eog = np.fromiter(
@@ -305,6 +342,27 @@ class LlamaHost:
         self._next_pos = [0] * n_seq_max
         # Sequences that are not plain greedy, by llama sequence id.
         self._samplers: dict[int, _Sampler] = {}
+
+        # Prefix reuse: the store, each lane's token history (the key its cells stand for) and
+        # the resident entry of each holder id.
+        self.prefix_store: PrefixStore | None = None
+        self.prefix_holders = holders
+        self._hist: np.ndarray | None = None
+        self._holder_entry: dict[int, Any] = {}
+        self._keeping_lane = -1
+        self.kept_prefixes = 0
+        if prefix_cache_tokens:
+            self._hist = np.zeros((n_seq_max, self.n_ctx), dtype=np.int32)
+            self.prefix_store = PrefixStore(prefix_cache_tokens, holders,
+                                            backend=_HolderBackend(self),
+                                            first_holder_id=n_seq_max)
+
+    @property
+    def sequence_id_settings(self) -> dict[str, int]:
+        """The scheduler config fields that match this host's sequence ids: the lanes below,
+        the holders in the reserved range above them (docs/behaviour.md §0.4d)."""
+        return {"sequence_id_limit": self.n_seq_max + self.prefix_holders,
+                "reserved_sequence_ids": self.prefix_holders}
 
     # ------------------------------------------------------------------ lifecycle
     def execute_async(self, plan: Any) -> "Future[int]":
@@ -408,16 +466,66 @@ class LlamaHost:
         return 0 if sid is None else self._next_pos[sid]
 
     def release(self, sequence_id: str) -> bool:
-        """Drop a sequence's KV cells and free its llama sequence id (finish, cancel, preempt)."""
+        """Free a sequence's llama sequence id and its KV cells (finish, cancel, preempt); with
+        prefix reuse the cells first become a resident prefix when the store takes them."""
         sid = self._slot.pop(sequence_id, None)
         if sid is None:
             return False
         sampler = self._samplers.pop(sid, None)
         if sampler is not None:
             sampler.free()
+        if self.prefix_store is not None and self._next_pos[sid] > 0 and self._ctx:
+            self._keep_prefix(sid)
         self._drop_kv(sid)
         heapq.heappush(self._free, sid)
         return True
+
+    def _keep_prefix(self, sid: int) -> None:
+        """Offer the lane's cells to the store as the prefix they stand for."""
+        store = self.prefix_store
+        assert store is not None and self._hist is not None
+        n = self._next_pos[sid]
+        key = self._hist[sid, :n].copy()
+        hit = store.match(key)
+        if hit.matched_tokens == n:
+            store.touch(hit.entry)  # all of it is resident already
+            return
+        # The parent is the deepest resident entry whose whole key is a prefix of this one.
+        parent = hit.entry
+        while parent is not None and parent.length > hit.matched_tokens:
+            parent = parent.parent
+        self._keeping_lane = sid
+        try:
+            if store.insert(key, parent) is not None:
+                self.kept_prefixes += 1
+        finally:
+            self._keeping_lane = -1
+
+    def _holder_inserted(self, entry: Any) -> None:
+        # The new entry's holder takes the lane's cells [0, length): shared cells, no copy.
+        holder = entry.holder
+        _ll.llama_memory_seq_rm(self._mem, holder, -1, -1)
+        _ll.llama_memory_seq_cp(self._mem, self._keeping_lane, holder, 0, entry.length)
+        self._holder_entry[holder] = entry
+
+    def _holder_evicted(self, entry: Any) -> None:
+        self._holder_entry.pop(entry.holder, None)
+        if self._ctx:
+            _ll.llama_memory_seq_rm(self._mem, entry.holder, -1, -1)
+
+    def _restore(self, sid: int, holder: int, start: int, sampler: "_Sampler | None") -> None:
+        """Give lane `sid` the holder's first `start` positions (a prefix restore)."""
+        entry = self._holder_entry.get(holder)
+        if entry is None or not entry.alive or entry.length < start:
+            raise ValueError(f"restore from holder {holder}: it holds "
+                             f"{0 if entry is None else entry.length} positions, the row needs "
+                             f"{start}")
+        _ll.llama_memory_seq_cp(self._mem, holder, sid, 0, start)
+        self._next_pos[sid] = start
+        assert self._hist is not None
+        self._hist[sid, :start] = entry.key[:start]
+        if sampler is not None:
+            sampler.feed(self._hist[sid, :start], 0)
 
     def release_all(self) -> None:
         for sequence_id in list(self._slot):
@@ -461,7 +569,8 @@ class LlamaHost:
         # Validate every row before any state changes, then allocate ids for new sequences.
         ids = _row_sequence_ids(plan)
         sampling = self._new_sampling(plan, ids)
-        row_sids = self._assign_slots(ids, starts.tolist(), sampling)
+        holders = self._new_restores(plan, ids)
+        row_sids = self._assign_slots(ids, starts.tolist(), sampling, holders)
         self._tok[:n] = tokens_in
         self._pos[:n] = positions
         sample_rows = np.asarray(plan.sample_rows, dtype=np.int64)
@@ -472,6 +581,8 @@ class LlamaHost:
             raise
         for sid, end in zip(row_sids.tolist(), ends.tolist()):
             self._next_pos[sid] = end
+        if self._hist is not None:
+            self._hist[np.repeat(row_sids, np.diff(offsets)), positions] = tokens_in
         k = len(sample_rows)
         outputs.request_indexes[:k] = sample_rows
         outputs.predicted_tokens[:k] = np.where(self._eog[tokens], -1, tokens)
@@ -507,8 +618,17 @@ class LlamaHost:
         return {w.sequence_id: self._resolve(getattr(w, "sampling", None))
                 for w in work if w.sequence_id not in self._slot}
 
+    def _new_restores(self, plan, ids: list[str]) -> dict[str, int]:
+        """Holder ids of the restores of the plan's sequences that have no lane yet."""
+        if self.prefix_store is None or all(i in self._slot for i in ids):
+            return {}
+        work = getattr(plan, "work", None) or []
+        return {w.sequence_id: w.restore_holder for w in work
+                if w.sequence_id not in self._slot and getattr(w, "restore_holder", None) is not None}
+
     def _assign_slots(self, ids: list[str], starts: list[int],
-                      sampling: dict[str, SamplingParams | None] | None = None) -> np.ndarray:
+                      sampling: dict[str, SamplingParams | None] | None = None,
+                      holders: dict[str, int] | None = None) -> np.ndarray:
         new = [i for i in ids if i not in self._slot]
         if len(set(ids)) != len(ids):
             raise ValueError("a sequence appears in more than one row of the plan")
@@ -518,11 +638,17 @@ class LlamaHost:
                 f"(n_seq_max={self.n_seq_max}); keep max_active_sequences <= n_seq_max"
             )
         for seq, start in zip(ids, starts):
-            have = self._next_pos[self._slot[seq]] if seq in self._slot else 0
+            if seq in self._slot:
+                have = self._next_pos[self._slot[seq]]
+            elif holders and seq in holders:
+                entry = self._holder_entry.get(holders[seq])
+                have = 0 if entry is None or not entry.alive else entry.length
+            else:
+                have = 0
             if start > have:
                 raise ValueError(
                     f"row of {seq!r} starts at position {start} but the host holds {have} "
-                    "positions for it (prefix restores are not supported by this host)"
+                    "positions for it (no resident prefix restores them)"
                 )
         sids = np.empty(len(ids), dtype=np.int32)
         for i, (seq, start) in enumerate(zip(ids, starts)):
@@ -532,8 +658,12 @@ class LlamaHost:
                 self._slot[seq] = sid
                 self._drop_kv(sid)
                 params = sampling.get(seq) if sampling else None
+                sampler = None
                 if params is not None:
-                    self._samplers[sid] = _Sampler(params, self.n_vocab, self._eog_ids)
+                    sampler = self._samplers[sid] = _Sampler(params, self.n_vocab, self._eog_ids)
+                if start > 0:
+                    assert holders is not None  # checked above
+                    self._restore(sid, holders[seq], start, sampler)
             elif start < self._next_pos[sid]:
                 # Replaying from an earlier position: drop the cells the replay rewrites.
                 _ll.llama_memory_seq_rm(self._mem, sid, start, -1)

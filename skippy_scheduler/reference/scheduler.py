@@ -178,6 +178,11 @@ class TwinScheduler:
                 self._dirty = True
         self._store_epoch = store.epoch  # type: ignore[attr-defined]
 
+    def _holder_of(self, s: Sequence) -> Optional[int]:
+        """The holder id of the entry `s` holds pinned (what the native plan's work reports)."""
+        entry = self._pinned.get(s.id) if self._store is not None else None
+        return None if entry is None else entry.holder  # type: ignore[attr-defined]
+
     def _unpin(self, s: Sequence) -> None:
         entry = self._pinned.pop(s.id, None)
         if entry is not None:
@@ -390,6 +395,7 @@ class TwinScheduler:
             sample_last=end == len(replay) and fresh,
             phase=IterationPhase.Prefill if fresh else IterationPhase.Recompute,
             sampling=s.sampling,
+            restore_holder=self._holder_of(s),
         )
 
     def _decode_row(self, s: Sequence) -> IterationWork:
@@ -403,6 +409,7 @@ class TwinScheduler:
             sample_last=True,
             phase=IterationPhase.Decode,
             sampling=s.sampling,
+            restore_holder=self._holder_of(s),
         )
 
     def _prefill_limit(self) -> int:

@@ -1,0 +1,176 @@
+"""Prefix KV reuse on llama.cpp: restored sequences get exactly the tokens they get alone.
+
+The host keeps each released sequence's KV cells as a resident prefix under a holder sequence id
+(a unified KV cache shares the cells), and a sequence admitted with a restore copies them into
+its lane, so only the suffix is prefilled. Random schedules over shared-prefix prompt sets
+(arrivals over time, chunked prefill, mixed rows, preemption, cancellation, duplicates that hit
+the whole prompt, and a capacity tight enough to evict) must give every sequence the greedy
+tokens of its prompt run alone, and the tests check that restores and evictions happened.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from skippy_scheduler import MemoryComponent, SchedulerConfig  # noqa: E402
+from skippy_scheduler.engine import Engine, Request, VirtualClock  # noqa: E402
+from skippy_scheduler.hosts.calibrate import CostModel  # noqa: E402
+from skippy_scheduler.hosts.llama import LlamaHost  # noqa: E402
+from skippy_scheduler.hosts.tiny_model import write_tiny_llama  # noqa: E402
+
+N_SEQ = 6
+MAX_GEN = 10
+KV_BYTES = 10**9
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return write_tiny_llama(tmp_path_factory.mktemp("model") / "tiny-f32.gguf", seed=7)
+
+
+@pytest.fixture(scope="module")
+def plain(model_path):
+    with LlamaHost(model_path, n_ctx=N_SEQ * 512, n_seq_max=N_SEQ, n_batch=512,
+                   n_threads=1) as h:
+        yield h
+
+
+@pytest.fixture(scope="module")
+def alone(plain):
+    cache: dict[tuple[int, ...], list[int]] = {}
+
+    def run(prompt, max_tokens):
+        key = tuple(prompt)
+        if key not in cache:
+            cache[key] = plain.generate_alone(list(prompt), MAX_GEN)
+        return cache[key][:max_tokens]
+    return run
+
+
+def _reuse_host(model_path, capacity: int, holders: int) -> LlamaHost:
+    return LlamaHost(model_path, n_ctx=N_SEQ * 512 + capacity, n_seq_max=N_SEQ, n_batch=512,
+                     n_threads=1, prefix_cache_tokens=capacity, prefix_holders=holders)
+
+
+@pytest.fixture(scope="module")
+def roomy(model_path):
+    with _reuse_host(model_path, 4096, 12) as h:
+        yield h
+
+
+@pytest.fixture(scope="module")
+def tight(model_path):
+    with _reuse_host(model_path, 160, 3) as h:
+        yield h
+
+
+def _prompts(rng: random.Random, n: int) -> list[list[int]]:
+    heads = [[1] + [rng.randrange(3, 384) for _ in range(rng.randrange(8, 70))]
+             for _ in range(rng.randrange(1, 4))]
+    out: list[list[int]] = []
+    for _ in range(n):
+        if out and rng.random() < 0.2:
+            out.append(list(rng.choice(out)))  # the same prompt again: a full-prompt hit
+            continue
+        head = rng.choice(heads)
+        cut = rng.randrange(1, len(head) + 1) if rng.random() < 0.3 else len(head)
+        out.append(head[:cut] + [rng.randrange(3, 384) for _ in range(rng.choice([0, 1, 4, 20]))])
+    return out
+
+
+def _trial(impl, host, alone, seed: int, counters: dict) -> None:
+    rng = random.Random(seed)
+    prompts = _prompts(rng, rng.randrange(4, 12))
+    requests = [Request(f"r{i}", p, rng.randrange(1, MAX_GEN + 1),
+                        arrival_us=rng.choice([0.0, rng.uniform(0, 30000)]),
+                        priority=rng.randrange(2))
+                for i, p in enumerate(prompts)]
+    budget = rng.choice([8, 16, 64, 512])
+    config = SchedulerConfig(
+        max_active_sequences=rng.randrange(1, N_SEQ + 1), max_tokens_per_iteration=budget,
+        prefill_chunk_tokens=rng.choice([1, 3, 8, 32, 256]),
+        mixed_prefill_decode=rng.random() < 0.5,
+        memory_components=[MemoryComponent("kv", KV_BYTES, 0, 1, 0)],
+        **host.sequence_id_settings)
+    scheduler = impl(config)
+    reserved = {r.id: len(r.prompt_tokens) + r.max_tokens for r in requests}
+    p_preempt, p_cancel = rng.uniform(0, 0.15), rng.uniform(0, 0.05)
+
+    def pressure(engine):
+        if rng.random() < p_preempt:
+            victims = engine.preempt([KV_BYTES + 1])
+            active = scheduler.snapshot().active_ids
+            engine.preempt([sum(reserved[a] for a in active)])
+            counters["preempted"] += len(victims)
+        if rng.random() < p_cancel:
+            open_ids = engine.open_ids()
+            if open_ids and engine.cancel(rng.choice(open_ids)):
+                counters["cancelled"] += 1
+
+    store = host.prefix_store
+    evictions_before = store.evictions
+    engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), before_step=pressure,
+                    max_iterations=5000)
+    for req in requests:
+        engine.submit(req)
+    report = engine.run()
+    scheduler.attach_prefix_store(None)  # the host's store serves the next trial's scheduler
+    for req, res in zip(requests, report.records):
+        expected = alone(req.prompt_tokens, req.max_tokens)
+        if res.finish_reason == "cancelled":
+            assert res.tokens == expected[: len(res.tokens)], (seed, req.id)
+        elif res.finish_reason == "stop":
+            assert res.tokens + expected[len(res.tokens):][:1] == expected, (seed, req.id)
+            counters["completed"] += 1
+        else:
+            assert res.finish_reason == "length", (seed, req.id, res.finish_reason)
+            assert res.tokens == expected, (seed, req.id)
+            counters["completed"] += 1
+    m = scheduler.metrics()
+    counters["restored"] += m.restored_tokens
+    counters["prefilled"] += m.prefill_tokens
+    counters["stale"] += m.stale_refreshes
+    counters["evictions"] += store.evictions - evictions_before
+    # Nothing left behind: every lane is free and no entry is still pinned.
+    assert host.active_sequences == [] and host.free_slots == N_SEQ
+    assert all(e.pins == 0 for e in store.resident())
+    assert store.used_tokens <= store.capacity_tokens
+    assert all(N_SEQ <= e.holder < N_SEQ + host.prefix_holders for e in store.resident())
+
+
+def _counters():
+    return dict(completed=0, preempted=0, cancelled=0, restored=0, prefilled=0, stale=0,
+                evictions=0)
+
+
+def test_random_schedules_with_prefix_reuse_match_alone_runs(impl, roomy, alone):
+    counters = _counters()
+    for seed in range(24):
+        _trial(impl, roomy, alone, seed, counters)
+    assert counters["completed"] > 80
+    assert counters["restored"] > counters["prefilled"] // 4 > 0
+    assert counters["preempted"] > 3 and counters["cancelled"] > 0
+
+
+def test_random_schedules_under_a_tight_prefix_capacity_evict_and_still_match(impl, tight,
+                                                                              alone):
+    counters = _counters()
+    for seed in range(100, 124):
+        _trial(impl, tight, alone, seed, counters)
+    assert counters["completed"] > 80
+    assert counters["restored"] > 0 and counters["evictions"] > 0
+
+
+def test_reuse_needs_a_unified_kv_cache(model_path):
+    with pytest.raises(ValueError, match="unified KV cache"):
+        LlamaHost(model_path, n_ctx=1024, n_seq_max=2, prefix_cache_tokens=256,
+                  kv_unified=False)
+
+
+def test_engine_refuses_a_scheduler_whose_reserved_ids_are_not_the_holders(impl, roomy):
+    scheduler = impl(SchedulerConfig(max_active_sequences=2))  # reserves [240, 256)
+    with pytest.raises(ValueError, match="sequence_id_settings"):
+        Engine(scheduler, roomy)
