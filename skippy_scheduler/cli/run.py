@@ -11,7 +11,8 @@ import json
 import sys
 
 from ._common import (CommandError, add_model_options, check_model, check_output_file,
-                      import_llama_host, model_path, non_negative_float, positive_int)
+                      import_llama_host, model_path, non_negative_float, non_negative_int,
+                      positive_int)
 
 # Prompts used when --prompts is not given: strings (tokenized by the model) and raw ids.
 BUILTIN_PROMPTS: list = [
@@ -52,6 +53,14 @@ def register(subparsers) -> None:
                    help="request i arrives at i x this interval (0: all at once)")
     p.add_argument("--scheduler", choices=("native", "twin"), default="native",
                    help="native scheduler (default) or the pure-Python twin")
+    p.add_argument("--admission", choices=("cache-aware", "fcfs", "priority"),
+                   default="cache-aware", help="admission order (default: cache-aware)")
+    p.add_argument("--prefix-cache-tokens", type=non_negative_int, default=0, metavar="N",
+                   help="keep up to N tokens of finished sequences' KV as reusable prefixes "
+                        "(0, the default, disables reuse; enables a unified KV cache)")
+    p.add_argument("--prefix-holders", type=positive_int, default=16, metavar="K",
+                   help="sequence ids that hold resident prefixes (default 16; the scheduler "
+                        "reserves them)")
     p.add_argument("--json", metavar="FILE", help="write per-request tokens and metrics here")
     p.set_defaults(func=run)
 
@@ -94,11 +103,14 @@ def _tokenize_prompts(host, prompts: list) -> list[list[int]]:
     return out
 
 
-def _make_scheduler(kind: str, **config):
+def _make_scheduler(kind: str, admission: str = "cache-aware", **config):
     from .. import Scheduler, SchedulerConfig, TwinScheduler
+    from ..policies import CacheAwareAdmission, FcfsAdmission, PriorityAdmission
 
     cls = Scheduler if kind == "native" else TwinScheduler
-    return cls(SchedulerConfig(**config))
+    policy = {"cache-aware": CacheAwareAdmission, "fcfs": FcfsAdmission,
+              "priority": PriorityAdmission}[admission]()
+    return cls(SchedulerConfig(**config), policy)
 
 
 def _ctx_per_sequence(need: int) -> int:
@@ -107,9 +119,10 @@ def _ctx_per_sequence(need: int) -> int:
 
 
 def run(args) -> int:
-    if args.max_active > LLAMA_MAX_SEQUENCES:
-        raise CommandError(f"--max-active must be <= {LLAMA_MAX_SEQUENCES} "
-                           "(llama.cpp's sequence ids)")
+    holders = args.prefix_holders if args.prefix_cache_tokens else 0
+    if args.max_active + holders > LLAMA_MAX_SEQUENCES:
+        raise CommandError(f"--max-active (+ --prefix-holders with reuse) must be <= "
+                           f"{LLAMA_MAX_SEQUENCES} (llama.cpp's sequence ids)")
     check_model(args)
     check_output_file("--json", args.json)
     prompts = load_prompts(args.prompts)
@@ -121,10 +134,15 @@ def run(args) -> int:
             (len(p) if isinstance(p, list) else len(p.encode()) + 2) for p in prompts)
         n_seq = args.max_active
         n_batch = args.max_tokens_per_iteration
+        # With reuse the cache is unified: the lanes' cells plus the resident prefixes' cells.
+        n_ctx = n_seq * _ctx_per_sequence(probe_need)
+        if args.prefix_cache_tokens:
+            n_ctx += _ctx_per_sequence(args.prefix_cache_tokens)
         with llama.LlamaHost(
-            model, n_ctx=n_seq * _ctx_per_sequence(probe_need), n_seq_max=n_seq,
+            model, n_ctx=n_ctx, n_seq_max=n_seq,
             n_threads=args.threads, n_batch=n_batch, kv_type=args.kv_type,
-            flash_attn=args.flash_attn,
+            flash_attn=args.flash_attn, prefix_cache_tokens=args.prefix_cache_tokens,
+            prefix_holders=max(holders, 1),
         ) as host:
             token_prompts = _tokenize_prompts(host, prompts)
             config = dict(
@@ -135,7 +153,9 @@ def run(args) -> int:
             )
             if args.max_consecutive_prefill is not None:
                 config["max_consecutive_prefill_iterations"] = args.max_consecutive_prefill
-            scheduler = _make_scheduler(args.scheduler, **config)
+            if args.prefix_cache_tokens:
+                config.update(host.sequence_id_settings)
+            scheduler = _make_scheduler(args.scheduler, args.admission, **config)
             interval_us = args.arrival_interval_ms * 1e3
             requests = [
                 Request(f"request-{i}", toks, args.max_tokens, arrival_us=i * interval_us)
@@ -143,8 +163,10 @@ def run(args) -> int:
             ]
             report = Engine(scheduler, host, clock="wall").run(requests)
             settings = dict(host.settings, scheduler=args.scheduler, max_tokens=args.max_tokens,
-                            arrival_interval_ms=args.arrival_interval_ms, **config)
-    summary = report.summary()
+                            arrival_interval_ms=args.arrival_interval_ms,
+                            admission=args.admission, **config)
+            summary = report.summary()
+            summary.update(_reuse_summary(scheduler.metrics(), host.prefix_store))
     doc = {
         "model": args.model or f"tiny-random-llama (seed {args.seed}, f32)",
         "settings": settings,
@@ -158,6 +180,20 @@ def run(args) -> int:
             fh.write("\n")
     _print_run(doc)
     return 0
+
+
+def _reuse_summary(metrics, store) -> dict:
+    """Prefix reuse over the whole run: prompt tokens restored from resident prefixes and
+    tokens prefilled (prefill + recompute rows), the share restored, evictions, stale refreshes."""
+    restored = metrics.restored_tokens
+    prefilled = metrics.prefill_tokens + metrics.recompute_tokens
+    return {
+        "restored_tokens": restored,
+        "prefilled_tokens": prefilled,
+        "prefix_hit_rate": restored / (restored + prefilled) if restored + prefilled else 0.0,
+        "evictions": store.evictions if store is not None else 0,
+        "stale_refreshes": metrics.stale_refreshes,
+    }
 
 
 def _request_json(index: int, request, record) -> dict:
@@ -189,3 +225,7 @@ def _print_run(doc: dict) -> None:
           f"p50/p95 TTFT {s['p50_ttft_us'] / 1e3:.3f}/{s['p95_ttft_us'] / 1e3:.3f} ms, "
           f"p50/p95 ITL {s['p50_itl_us'] / 1e3:.3f}/{s['p95_itl_us'] / 1e3:.3f} ms; "
           f"{s['iterations']} iterations, mean batch {s['mean_batch_size']:.2f}", file=out)
+    if doc["settings"].get("prefix_cache_tokens"):
+        print(f"# prefix reuse: {s['restored_tokens']} tokens restored, {s['prefilled_tokens']} "
+              f"prefilled (hit rate {s['prefix_hit_rate']:.1%}), {s['evictions']} evictions, "
+              f"{s['stale_refreshes']} stale refreshes", file=out)

@@ -57,6 +57,10 @@ _recent_log: collections.deque[str] = collections.deque(maxlen=64)
 _log_keep_continuation = False
 
 
+# A shared part shorter than this is not worth a holder sequence of its own.
+_MIN_SPLIT_TOKENS = 16
+
+
 class _HolderBackend:
     """The store's backend: holder sequences of the host's context (module docs)."""
 
@@ -491,21 +495,34 @@ class LlamaHost:
             store.touch(hit.entry)  # all of it is resident already
             return
         # The parent is the deepest resident entry whose whole key is a prefix of this one.
+        matched = hit.matched_tokens
         parent = hit.entry
-        while parent is not None and parent.length > hit.matched_tokens:
+        while parent is not None and parent.length > matched:
             parent = parent.parent
         self._keeping_lane = sid
         try:
+            if matched >= _MIN_SPLIT_TOKENS and (parent is None or parent.length < matched):
+                # The shared part becomes an entry of its own (a branch point), so the store
+                # counts the cells it shares with the other key once, as the KV cache holds them.
+                split = store.insert(key[:matched], parent)
+                if split is not None:
+                    parent = split
             if store.insert(key, parent) is not None:
                 self.kept_prefixes += 1
         finally:
             self._keeping_lane = -1
 
     def _holder_inserted(self, entry: Any) -> None:
-        # The new entry's holder takes the lane's cells [0, length): shared cells, no copy.
+        # The new entry's holder shares cells, nothing is copied: its parent's cells for the
+        # parent's positions (the store counts those once, under the parent, so they must be
+        # the same cells even when the lane computed its own copy), the lane's for the rest.
         holder = entry.holder
         _ll.llama_memory_seq_rm(self._mem, holder, -1, -1)
-        _ll.llama_memory_seq_cp(self._mem, self._keeping_lane, holder, 0, entry.length)
+        start = 0
+        if entry.parent is not None:
+            start = entry.parent.length
+            _ll.llama_memory_seq_cp(self._mem, entry.parent.holder, holder, 0, start)
+        _ll.llama_memory_seq_cp(self._mem, self._keeping_lane, holder, start, entry.length)
         self._holder_entry[holder] = entry
 
     def _holder_evicted(self, entry: Any) -> None:

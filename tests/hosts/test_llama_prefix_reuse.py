@@ -50,9 +50,10 @@ def alone(plain):
     return run
 
 
-def _reuse_host(model_path, capacity: int, holders: int) -> LlamaHost:
-    return LlamaHost(model_path, n_ctx=N_SEQ * 512 + capacity, n_seq_max=N_SEQ, n_batch=512,
-                     n_threads=1, prefix_cache_tokens=capacity, prefix_holders=holders)
+def _reuse_host(model_path, capacity: int, holders: int, lane_cells: int = 512) -> LlamaHost:
+    return LlamaHost(model_path, n_ctx=N_SEQ * lane_cells + capacity, n_seq_max=N_SEQ,
+                     n_batch=512, n_threads=1, prefix_cache_tokens=capacity,
+                     prefix_holders=holders)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,11 @@ def roomy(model_path):
 
 @pytest.fixture(scope="module")
 def tight(model_path):
-    with _reuse_host(model_path, 160, 3) as h:
+    # The KV cache itself is tight too: room for the lanes' longest sequences (at most 101
+    # positions each) plus the store's capacity, so resident prefixes that held more cells than
+    # the store counts would make a decode fail for want of a free cell.
+    with _reuse_host(model_path, 256, 3, lane_cells=128) as h:
+        assert h.n_ctx == N_SEQ * 128 + 256
         yield h
 
 
@@ -174,3 +179,34 @@ def test_engine_refuses_a_scheduler_whose_reserved_ids_are_not_the_holders(impl,
     scheduler = impl(SchedulerConfig(max_active_sequences=2))  # reserves [240, 256)
     with pytest.raises(ValueError, match="sequence_id_settings"):
         Engine(scheduler, roomy)
+
+
+def test_resident_prefixes_hold_no_more_cells_than_the_store_counts(impl, model_path, alone):
+    """Six cold requests of one group compute six copies of its prefix; what the store keeps of
+    them must share the parent's cells, or the uncounted copies crowd out the next wave: six
+    different long prompts that fill every lane of a KV cache sized lanes + store capacity."""
+    rng = random.Random(5)
+    head = [1] + [rng.randrange(3, 384) for _ in range(59)]
+    first = [head + [rng.randrange(3, 384) for _ in range(4)] for _ in range(N_SEQ)]
+    second = [[1] + [rng.randrange(3, 384) for _ in range(120)] for _ in range(N_SEQ)]
+    with _reuse_host(model_path, 256, 8, lane_cells=128) as host:
+        scheduler = impl(SchedulerConfig(max_active_sequences=N_SEQ, max_tokens_per_iteration=512,
+                                         prefill_chunk_tokens=512, **host.sequence_id_settings))
+        seen = {"children": 0}
+
+        def watch(plan, start_us, duration_us):
+            children = sum(e.parent is not None for e in host.prefix_store.resident())
+            seen["children"] = max(seen["children"], children)
+
+        engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), max_iterations=2000,
+                        on_plan=watch)
+        requests = [Request(f"a{i}", p, 4) for i, p in enumerate(first)]
+        requests += [Request(f"b{i}", p, 4, arrival_us=1e9) for i, p in enumerate(second)]
+        for req in requests:
+            engine.submit(req)
+        report = engine.run()
+        for req, rec in zip(requests, report.records):
+            expected = alone(req.prompt_tokens, req.max_tokens)
+            assert rec.tokens == expected[:len(rec.tokens)], req.id
+        assert seen["children"] >= 3  # the group's keys were kept under one shared parent
+        scheduler.attach_prefix_store(None)
