@@ -48,7 +48,10 @@ def register(subparsers) -> None:
     p.add_argument("--policy", choices=POLICIES, default=d.policy,
                    help=f"admission order of waiting requests ({d.policy})")
     p.add_argument("--prefix-cache-tokens", type=_non_negative, default=0, metavar="N",
-                   help="KV tokens kept for prefix reuse (not available yet: only 0)")
+                   help="KV cells kept, beyond --ctx-size, for reusing finished requests' "
+                        "prefixes (0, the default, disables reuse)")
+    p.add_argument("--prefix-holders", type=positive_int, default=16, metavar="K",
+                   help="sequence ids that hold resident prefixes, with reuse (16)")
     p.add_argument("--inflight", type=positive_int, default=1, metavar="N",
                    help="plans in flight: with 2, the next plan is made and the previous one "
                         "completed while llama_decode runs on a worker thread (1)")
@@ -95,12 +98,10 @@ def _import_serve():
 
 
 def run(args) -> int:
-    if args.prefix_cache_tokens:
-        raise CommandError("--prefix-cache-tokens is not available yet: this version has no "
-                           "prefix KV reuse on llama.cpp (only 0 is accepted)")
-    if args.max_active > LLAMA_MAX_SEQUENCES:
-        raise CommandError(f"--max-active must be <= {LLAMA_MAX_SEQUENCES} "
-                           "(llama.cpp's sequence ids)")
+    holders = args.prefix_holders if args.prefix_cache_tokens else 0
+    if args.max_active + holders > LLAMA_MAX_SEQUENCES:
+        raise CommandError(f"--max-active (+ --prefix-holders with reuse) must be <= "
+                           f"{LLAMA_MAX_SEQUENCES} (llama.cpp's sequence ids)")
     if args.ctx_size < args.max_active:
         raise CommandError(f"--ctx-size ({args.ctx_size}) must be at least --max-active "
                            f"({args.max_active}): every lane needs KV cells")
@@ -113,7 +114,8 @@ def run(args) -> int:
         ctx_size=args.ctx_size, threads=args.threads, batch_size=args.batch_size,
         prefill_chunk=args.prefill_chunk, mixed=args.mixed,
         max_consecutive_prefill=args.max_consecutive_prefill, inflight=args.inflight,
-        policy=args.policy,
+        policy=args.policy, prefix_cache_tokens=args.prefix_cache_tokens,
+        prefix_holders=args.prefix_holders,
         kv_type=args.kv_type, flash_attn=args.flash_attn, log_level=args.log_level)
     try:
         server = Server(settings)

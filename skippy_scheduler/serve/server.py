@@ -44,6 +44,8 @@ class ServeSettings:
     max_consecutive_prefill: Optional[int] = 1
     inflight: int = 1  # plans in flight (max_inflight_plans): 2 overlaps scheduling with decode
     policy: str = "cache-aware"
+    prefix_cache_tokens: int = 0  # KV cells kept for prefix reuse, on top of ctx_size (0: off)
+    prefix_holders: int = 16  # sequence ids holding resident prefixes (with reuse)
     kv_type: str = "f32"
     flash_attn: bool = False
     log_level: str = "warning"
@@ -84,10 +86,15 @@ class Server:
                                      seed=s.seed)
         name = s.model_name or ("tiny-random-llama" if s.model is None
                                 else os.path.splitext(os.path.basename(model))[0])
+        # With reuse the KV cache is unified: ctx_size cells for the lanes (each request keeps
+        # to ctx_size / max_active, as without reuse) plus the resident prefixes' cells.
+        reuse = s.prefix_cache_tokens > 0
+        n_ctx = s.ctx_size + (-(-s.prefix_cache_tokens // 256) * 256 if reuse else 0)
         try:
-            self.host = LlamaHost(model, n_ctx=s.ctx_size, n_seq_max=s.max_active,
+            self.host = LlamaHost(model, n_ctx=n_ctx, n_seq_max=s.max_active,
                                   n_threads=s.threads, n_batch=s.batch_size, kv_type=s.kv_type,
-                                  flash_attn=s.flash_attn)
+                                  flash_attn=s.flash_attn, prefix_cache_tokens=s.prefix_cache_tokens,
+                                  prefix_holders=s.prefix_holders)
         except BaseException:
             if self._tmp is not None:
                 self._tmp.cleanup()
@@ -99,13 +106,14 @@ class Server:
             mixed_prefill_decode=s.mixed,
             max_consecutive_prefill_iterations=s.max_consecutive_prefill,
             max_inflight_plans=s.inflight,
-            reserved_sequence_ids=0)
+            **(self.host.sequence_id_settings if reuse else {"reserved_sequence_ids": 0}))
         self.scheduler = Scheduler(config, admission=_admission(s.policy))
         self.runner = EngineRunner(self.scheduler, self.host)
         self.context = ServeContext(
             runner=self.runner, host=self.host, model_name=name,
             pieces=token_pieces(self.host.n_vocab, self.host.token_bytes),
-            n_ctx_seq=min(self.host.n_ctx_seq, self.host.n_ctx),
+            n_ctx_seq=(s.ctx_size // s.max_active if reuse
+                       else min(self.host.n_ctx_seq, self.host.n_ctx)),
             memory_components=list(config.memory_components))
         self.app = create_app(self.context)
         self._uvicorn = None

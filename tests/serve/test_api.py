@@ -100,6 +100,32 @@ def test_two_plans_in_flight_give_the_same_streams(model_path, reference):
         srv.shutdown()
 
 
+def test_prefix_reuse_restores_shared_prefixes_and_keeps_every_output(model_path, reference):
+    """--prefix-cache-tokens: finished requests' KV stays resident and later requests sharing
+    the prefix restore it; every stream still equals its prompt run alone, and nothing is left
+    pinned or held once the server is idle."""
+    rng = random.Random(9)
+    heads = [[1] + [rng.randrange(3, 384) for _ in range(80)] for _ in range(3)]
+    prompts = [heads[i % 3] + [rng.randrange(3, 384) for _ in range(rng.randrange(0, 12))]
+               for i in range(18)]
+    srv = start_server(model_path, prefix_cache_tokens=1024, prefix_holders=6)
+    try:
+        with openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0,
+                           timeout=60) as c:
+            for prompt in prompts[:3]:  # one per group first, so the rest can hit
+                assert _stream_ids(c, prompt, 8, **GREEDY)[0] == alone(reference, prompt, 8)
+            with ThreadPoolExecutor(8) as pool:
+                results = list(pool.map(lambda p: _stream_ids(c, p, 8, **GREEDY), prompts[3:]))
+            for prompt, (ids, _text, _finish) in zip(prompts[3:], results):
+                assert ids == alone(reference, prompt, 8)
+        m = srv.scheduler.metrics()
+        assert m.restored_tokens >= 15 * 80 // 2 and m.prefix_hits > 0
+        assert is_idle(wait_idle(srv), srv.host.n_seq_max)
+        assert all(e.pins == 0 for e in srv.host.prefix_store.resident())
+    finally:
+        srv.shutdown()
+
+
 def test_chat_streamed_and_not(client):
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     r = client.chat.completions.create(model="m", messages=messages, max_tokens=10, **GREEDY)
