@@ -9,28 +9,15 @@ sampling, like the workload suite's host) with two models:
   has been fed. While a request runs it pins the deepest resident block of its prompt, which
   keeps its whole prefix resident; unpinned blocks are evicted least recently used when room is
   needed; a block that cannot be made room for is not cached (and neither are the request's
-  later blocks). At submit the prompt is looked up (no recency change): a hit becomes a
-  `PrefixRestore` of the matched tokens plus a one-stage cache affinity (saved cost = matched ×
-  prefill_token_us), and at admission the restored blocks are pinned and touched. A preempted
-  request keeps its restore pinned (the scheduler restores it again, behaviour.md §2.8).
+  later blocks). The store is attached to the scheduler (behaviour.md §2.12), which reads each
+  request's restore from it at submit (saved cost = matched × prefill_token_us) and re-reads,
+  immediately before every admission selection, the waiting requests under the blocks inserted
+  or evicted since — natively, counted in `stale_refreshes` — and pins the restore of an
+  admitted request while it runs. At admission the host touches the restored blocks.
 * **Memory** (`kv_capacity_tokens`): one component "kv-cells", exactly as in the suite
   (`suite.py`): admission reserves prompt + min(output, reserve_output_tokens) cells; after
-  every iteration the cells actually held are reported and the engine preempts.
-
-**Stale affinity refresh.** The scheduler keeps a sequence's restore and affinity as submitted
-(§3.5) and has no call that changes them for a waiting sequence. So, immediately before each
-plan (the engine's `before_step` hook, after due arrivals are submitted), the host re-observes
-every waiting request whose observation may have changed: the store reports every insert and
-eviction, and each waiting request watches the entry its match ended in (an eviction shrinks
-the match) and the slot right after it (an insert there grows it). Each such request is
-looked up again; if its matched length changed, the host cancels it in the scheduler and
-submits it again, with the same id, with the fresh restore and affinity. That resubmission is
-counted in `stale_refreshes` (and split into `stale_evicted` / `stale_grown`). Its side
-effects, which a native refresh would not have: the request takes a new enqueue order and
-turn, so it queues behind requests that arrived after it (FCFS) and loses its aging credit
-(cache-aware with aging); the scheduler's own cancel and prefix-hit counters include the
-resubmission (the replay's figures do not use them). The engine does not see it: the id, the
-arrival time and everything the recorder measures are unchanged.
+  every iteration the cells actually held are reported and the engine preempts. A preempted
+  request's restore is re-read when it re-enters the queue.
 
 **Tenants.** With more than one tenant (a trace field or `tenants=K`), the host adds up, per
 tenant, the tokens each plan computes for it (prefill and decode rows) and reports it to the
@@ -47,12 +34,11 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
-from ..cache_policy import CacheAffinity, StageCacheAffinity
 from ..cost_model import DECODE_PHASE, RuntimeCostModel
 from ..engine import CostModelHost, Engine, EngineStalled, VirtualClock, percentile
 from ..policies import FairShareAdmission
-from ..prefix_store import PrefixStore, StoreEntry, StoreMatch, VirtualBackend
-from ..types import PrefixRestore, PrefixRestoreKind, SchedulerConfig, Sequence
+from ..prefix_store import PrefixStore, StoreEntry, VirtualBackend
+from ..types import SchedulerConfig, Sequence
 from .backend import Backend, resolve_backend
 from .suite import SuiteOptions, make_admission as _suite_admission
 from .traces import BLOCK_TOKENS, Trace, TraceRequest, blocks_for
@@ -108,8 +94,8 @@ class ReplayOptions:
 class _Live:
     """Host-side state of one request from submit until it ends."""
 
-    __slots__ = ("id", "prompt", "n", "out", "tenant", "record", "restore", "match",
-                 "progress", "done", "admitted", "preempted", "broken", "watching", "fed")
+    __slots__ = ("id", "prompt", "n", "out", "tenant", "record", "restore", "progress", "done",
+                 "admitted", "preempted", "broken", "fed")
 
     def __init__(self, request: TraceRequest, prompt: np.ndarray, tenant: int, record: int):
         self.id = request.id
@@ -118,20 +104,18 @@ class _Live:
         self.out = request.output_length
         self.tenant = tenant
         self.record = record  # submission index (= the recorder's index)
-        self.restore = 0  # tokens of the restore the scheduler holds for it
-        self.match: Optional[StoreEntry] = None  # entry the restore lies in
+        self.restore = 0  # tokens restored at its (latest) admission
         self.progress: Optional[StoreEntry] = None  # deepest resident block it pins while running
         self.done = 0  # leading blocks of its prompt resident through `progress`
         self.admitted = False
         self.preempted = False
         self.broken = False  # a block of its prompt could not be cached
-        self.watching: tuple = ()
         self.fed = 0  # KV cells it holds (memory model)
 
 
 class TraceHost(CostModelHost):
     """The replay's runtime model (module docstring): echo sampling, a bounded block prefix
-    cache with stale-affinity refresh, KV accounting and per-tenant service."""
+    cache the scheduler reads restores from, KV accounting and per-tenant service."""
 
     def __init__(self, scheduler: Any, cost: RuntimeCostModel, options: ReplayOptions, *,
                  fair_share: Optional[FairShareAdmission] = None,
@@ -142,22 +126,16 @@ class TraceHost(CostModelHost):
         self.clock: Any = None  # set by run_replay: the engine's clock (for time stamps)
         cap = options.prefix_cache_tokens
         self.store: Optional[PrefixStore] = None
-        if cap != 0:
-            self.store = PrefixStore(cap, backend=VirtualBackend(self._on_insert, self._on_evict))
         self.prefill_cost = max(0, round(cost.prefill_token_us))
+        if cap != 0:
+            self.store = PrefixStore(cap, backend=VirtualBackend())
+            scheduler.attach_prefix_store(self.store, prefill_cost_per_token=self.prefill_cost)
         self.memory = options.kv_capacity_tokens > 0
         self.reserve = options.reserve_output_tokens if self.memory else None
         self.fair_share = fair_share
         self.live: dict[str, _Live] = {}
         self._arrived: dict[str, TraceRequest] = {}
         self._records = 0
-        # Stale-refresh bookkeeping: waiting requests by the entry their match ends in, and by
-        # (entry or None, next prompt token) for growth; requests to re-observe before a plan.
-        self._watch_evict: dict[StoreEntry, dict[_Live, None]] = {}
-        self._watch_grow: dict[tuple, dict[_Live, None]] = {}
-        self._stale: dict[_Live, None] = {}
-        self.stale_evicted = 0
-        self.stale_grown = 0
         # Per-request figures in submission order.
         self.output_len: list[int] = []
         self.restored: list[int] = []  # tokens restored at first admission
@@ -193,7 +171,7 @@ class TraceHost(CostModelHost):
 
     @property
     def stale_refreshes(self) -> int:
-        return self.stale_evicted + self.stale_grown
+        return int(self.scheduler.metrics().stale_refreshes)
 
     def _tenant(self, name: Any) -> int:
         k = self._tenant_index.get(name)
@@ -202,33 +180,16 @@ class TraceHost(CostModelHost):
             self.tenant_names.append(name)
         return k
 
-    # -- submit: observe the cache ----------------------------------------------------------------
+    # -- submit ---------------------------------------------------------------------------------
 
-    def _observe(self, live: _Live) -> StoreMatch:
-        if self.store is None:
-            return StoreMatch()
-        m = self.store.match(live.prompt)
-        return StoreMatch(min(m.matched_tokens, live.n), m.entry) if m.matched_tokens else m
-
-    def _sequence(self, live: _Live, match: StoreMatch, seq: Optional[Sequence] = None) -> Sequence:
+    def _sequence(self, live: _Live, seq: Optional[Sequence] = None) -> Sequence:
         if seq is None:
             seq = Sequence(live.id, live.prompt.tolist(), live.out)
-        affinity: Optional[CacheAffinity] = None
-        matched = match.matched_tokens
-        if matched:
-            seq.with_prefix_restore(PrefixRestore(f"prefix-{live.id}", matched,
-                                                  PrefixRestoreKind.ResidentKv))
-            affinity = CacheAffinity.from_stage(StageCacheAffinity(
-                stage_index=0, matched_tokens=matched, prefill_cost_per_token=self.prefill_cost,
-                restore_cost=0))
         if self.fair_share is not None:
-            affinity = FairShareAdmission.tag(affinity, self.tenant_names[live.tenant], live.id)
-        if affinity is not None:
-            seq.with_cache_affinity(affinity)
+            seq.with_cache_affinity(FairShareAdmission.tag(
+                None, self.tenant_names[live.tenant], live.id))
         if self.reserve is not None:
             seq.with_admission_tokens(live.n + min(live.out, self.reserve))
-        live.restore = matched
-        live.match = match.entry
         return seq
 
     def prepare_sequence(self, seq: Sequence) -> Sequence:
@@ -240,88 +201,25 @@ class TraceHost(CostModelHost):
         self.live[live.id] = live
         self.output_len.append(live.out)
         self.restored.append(0)
-        match = self._observe(live)
-        self._watch(live, match)
-        return self._sequence(live, match, seq)
-
-    # -- stale refresh ----------------------------------------------------------------------------
-
-    def _watch(self, live: _Live, match: StoreMatch) -> None:
-        if self.store is None:
-            return
-        keys = []
-        entry, m = match.entry, match.matched_tokens
-        if entry is not None:
-            self._watch_evict.setdefault(entry, {})[live] = None
-            keys.append(("e", entry))
-        # Growth is watched where the next block would hang: under the entry the match ends
-        # with (or at the root). A match ending inside a segment cannot grow by an insert there.
-        if m < live.n and (entry is None or entry.length == m):
-            slot = (entry, int(live.prompt[m]))
-            self._watch_grow.setdefault(slot, {})[live] = None
-            keys.append(("g", slot))
-        live.watching = tuple(keys)
-
-    def _unwatch(self, live: _Live) -> None:
-        for kind, key in live.watching:
-            table = self._watch_evict if kind == "e" else self._watch_grow
-            waiters = table.get(key)
-            if waiters is not None:
-                waiters.pop(live, None)
-                if not waiters:
-                    del table[key]
-        live.watching = ()
-
-    def _on_insert(self, entry: StoreEntry) -> None:
-        waiters = self._watch_grow.get((entry.parent, int(entry.key[entry.start])))
-        if waiters:
-            self._stale.update(waiters)
-
-    def _on_evict(self, entry: StoreEntry) -> None:
-        # A request watching growth under `entry` also watches `entry` itself, so it is
-        # re-observed (and unwatched) here too.
-        waiters = self._watch_evict.pop(entry, None)
-        if waiters:
-            self._stale.update(waiters)
-
-    def refresh(self) -> None:
-        """Re-observe waiting requests whose match may have changed and resubmit those whose
-        match did (module docstring: what this approximates and what it costs)."""
-        if not self._stale:
-            return
-        stale = sorted(self._stale, key=lambda live: live.record)
-        self._stale.clear()
-        for live in stale:
-            if live.admitted or self.live.get(live.id) is not live:
-                continue
-            self._unwatch(live)
-            match = self._observe(live)
-            if match.matched_tokens != live.restore:
-                if match.matched_tokens < live.restore:
-                    self.stale_evicted += 1
-                else:
-                    self.stale_grown += 1
-                if not self.scheduler.cancel(live.id):
-                    raise RuntimeError(f"stale refresh: {live.id} is not waiting")
-                self.scheduler.submit(self._sequence(live, match))
-            else:
-                live.match = match.entry
-            self._watch(live, match)
+        return self._sequence(live, seq)
 
     # -- running ----------------------------------------------------------------------------------
 
-    def _pin_restore(self, live: _Live, first: bool) -> None:
-        """Pin the restored prefix (at the first admission; it stays pinned until the request
-        ends) and point the request's progress at the restore's last full block."""
+    def _start(self, live: _Live) -> None:
+        """At an admission: the restore the scheduler chose (it pins it), touched; the request's
+        progress points at the restore's last full block."""
+        snap = self.scheduler.sequence(live.id)
+        live.restore = snap.prefix_restore.token_count if snap.prefix_restore is not None else 0
+        live.done = 0
+        live.progress = None
         store = self.store
-        assert store is not None
-        entry = live.match
-        if entry is None or not entry.alive:
+        if not live.restore or store is None:
+            return
+        hit = store.match(live.prompt)
+        if hit.entry is None or hit.matched_tokens < live.restore:
             raise RuntimeError(f"{live.id} was admitted with a restore of {live.restore} tokens "
-                               "that is no longer resident")
-        if first:
-            store.pin(entry)
-        store.touch(entry)
+                               "that is not resident")
+        store.touch(hit.entry)
         done = blocks_for(live.n) if live.restore >= live.n else live.restore // BLOCK_TOKENS
         progress = store.find(live.prompt[:min(done * BLOCK_TOKENS, live.n)]) if done else None
         if done and progress is None:
@@ -334,9 +232,7 @@ class TraceHost(CostModelHost):
 
     def _admit(self, live: _Live, now: float) -> None:
         live.admitted = True
-        self._unwatch(live)
-        if live.restore:
-            self._pin_restore(live, first=True)
+        self._start(live)
         self.restored[live.record] = live.restore
         self.hit_tokens += live.restore
         self.prompt_tokens += live.n
@@ -390,8 +286,7 @@ class TraceHost(CostModelHost):
                     self._admit(live, now)
                 elif live.preempted:
                     live.preempted = False
-                    if live.restore and self.store is not None:
-                        self._pin_restore(live, first=False)
+                    self._start(live)
             if self.store is not None:
                 for live, i in prefill:
                     self._advance(live, int(positions[offsets[i + 1] - 1]) + 1)
@@ -451,24 +346,16 @@ class TraceHost(CostModelHost):
             self.usage -= live.fed
             live.fed = 0
         store = self.store
+        if store is not None and live.progress is not None:
+            store.unpin(live.progress)
+        live.progress = None
+        live.done = 0
         if self.scheduler.sequence(sequence_id) is not None:
-            # Preempted: its KV is gone, its restore stays pinned for the re-admission.
-            if store is not None and live.progress is not None:
-                store.unpin(live.progress)
-            live.progress = None
-            live.done = 0
+            # Preempted: its KV is gone; the scheduler re-reads its restore (§2.12).
             live.preempted = True
             return
         del self.live[sequence_id]
-        self._stale.pop(live, None)
-        self._unwatch(live)
-        if store is not None:
-            if live.progress is not None:
-                store.unpin(live.progress)
-            if live.admitted and live.restore and live.match is not None:
-                store.unpin(live.match)
         live.prompt = None  # type: ignore[assignment]
-        live.progress = live.match = None
 
     def memory_used(self) -> Optional[list[int]]:
         return [self.usage] if self.memory else None
@@ -542,7 +429,6 @@ def run_replay(trace: Trace, policy: str, mode: str = DEFAULT_MODE,
     shown = [0]
 
     def before_step(engine: Engine) -> None:
-        host.refresh()
         if bar is not None and engine.iterations % 1024 == 0:
             done = len(engine.recorder.ids) - engine.outstanding  # type: ignore[union-attr]
             bar.update(done - shown[0])
@@ -622,8 +508,6 @@ def _figures(trace: Trace, policy: str, mode: str, options: ReplayOptions,
         "evicted_tokens": store.evicted_tokens if store is not None else 0,
         "uncached_blocks": host.uncached_blocks,
         "stale_refreshes": host.stale_refreshes,
-        "stale_evicted": host.stale_evicted,
-        "stale_grown": host.stale_grown,
         "preemptions": preemptions,
         "recomputed_tokens": int(sched.metrics().recompute_tokens),
         "p99_max_itl_ms": float(percentile(timeline.max_gap_us, 99)) / 1e3,
