@@ -1009,7 +1009,10 @@ def _layout():
 
 
 cdef class NativePrefixStore:
-    """The C prefix store (csrc/sk_prefix.c, behaviour.md §8c); `skippy_scheduler.PrefixStore`
+    """NativePrefixStore(capacity_tokens=None, holder_slots=None, first_holder_id=0)
+--
+
+    The C prefix store (csrc/sk_prefix.c, behaviour.md §8c); `skippy_scheduler.PrefixStore`
     is its Python face. Entries are small integer ids, reused after eviction; -1 = none."""
     cdef skippy_prefix_store *_p
 
@@ -1029,6 +1032,9 @@ cdef class NativePrefixStore:
             raise MemoryError("out of memory creating a prefix store")
         if code != SKIPPY_SCHED_OK:
             raise ValueError("invalid prefix store configuration")
+
+    def __init__(self, capacity_tokens=None, holder_slots=None, first_holder_id=0):
+        pass  # (__cinit__ made the store; this gives the class its signature)
 
     def __dealloc__(self):
         if self._p != NULL:
