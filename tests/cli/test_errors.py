@@ -89,7 +89,7 @@ ERRORS = [
     (["run", "--model", "{text}"], "is not a GGUF model file"),
     (["run", "--model", "{dir}"], "is a directory, not a GGUF model file"),
     (["calibrate", "--model", "{text}"], "is not a GGUF model file"),
-    (["run", "--model", "{gguf}", "--max-active", "300"], "--max-active must be <= 256"),
+    (["run", "--model", "{gguf}", "--max-active", "300"], "must be <= 256 (llama.cpp's sequence ids)"),
     (["run", "--model", "{gguf}", "--prompts", "{dir}/none.json"], "--prompts: file not found"),
     (["run", "--model", "{gguf}", "--prompts", "{not_json}"], "is not valid JSON"),
     # config
