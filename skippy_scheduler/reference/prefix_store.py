@@ -23,7 +23,7 @@ The model:
 from __future__ import annotations
 
 import heapq
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -126,6 +126,7 @@ class PrefixStoreTwin:
         self.evictions = 0
         self.evicted_tokens = 0
         self.refused_inserts = 0  # inserts that could not be made room for
+        self._owner: Optional[Callable[[], Any]] = None  # weakref to the attached TwinScheduler
 
     # -- reads --------------------------------------------------------------------------------
 
