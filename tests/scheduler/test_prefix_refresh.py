@@ -373,7 +373,13 @@ class Side:
         self.store = store_cls(**store_args)
         self.sched.attach_prefix_store(self.store, prefill_cost_per_token=costs[0],
                                        restore_cost_per_token=costs[1])
-        self.plan = None
+        self.plans = []  # live plans, oldest first
+
+    def new_plan(self, depth):
+        plan = self.sched.plan_iteration()
+        # at depth 1 a new plan replaces the live one
+        self.plans = [plan] if depth == 1 else self.plans + [plan]
+        return plan
 
     def insert(self, prompt, length):
         # the deepest resident proper prefix is the parent, so segments nest as a host's would
@@ -399,11 +405,13 @@ def _plan_view(plan):
 def _run_differential(seed, steps):
     rng = random.Random(seed)
     aging = rng.choice([1, 50, 4096])
+    depth = rng.choice([1, 1, 2])
     policy = rng.choice([None, lambda: CacheAwareAdmission(aging, False), FcfsAdmission,
                          PriorityAdmission, MostSavedFirst])
     kv = MemoryComponent("kv", rng.choice([60, 200]), 0, rng.choice([1, 2]), rng.choice([0, 5]))
     config = SchedulerConfig(
         max_active_sequences=rng.choice([1, 2, 3, 6]),
+        max_inflight_plans=depth,
         max_tokens_per_iteration=rng.choice([4, 8, 64]),
         prefill_chunk_tokens=rng.choice([2, 3, 256]),
         mixed_prefill_decode=rng.random() < 0.3,
@@ -443,17 +451,15 @@ def _run_differential(seed, steps):
                 key = rng.choice(live)
                 both(lambda side: side.store.touch(side.store.find(toks(key))))
         elif op == "plan":
-            outcome = both(lambda side: _plan_view(_set_plan(side, side.sched.plan_iteration())))
-            assert outcome[0] == "ok"
+            outcome = both(lambda side: _plan_view(side.new_plan(depth)))
+            assert outcome[0] == "ok" or len(sides[0].plans) == depth
         elif op == "complete":
-            if sides[0].plan is None:
+            if not sides[0].plans:
                 continue
-            work = sides[1].plan.work
+            work = sides[1].plans[0].work
             preds = [IterationPrediction(i, -1 if rng.random() < 0.15 else rng.randrange(20))
                      for i, w in enumerate(work) if w.sample_last]
-            both(lambda side: side.sched.complete_iteration(side.plan, preds))
-            for side in sides:
-                side.plan = None
+            both(lambda side: side.sched.complete_iteration(side.plans.pop(0), preds))
         elif op == "cancel":
             sid = rng.choice(IDS)
             both(lambda side: side.sched.cancel(sid))
@@ -468,8 +474,8 @@ def _run_differential(seed, steps):
                 cancelled=m.cancelled, finished=m.finished, evictions=sides[0].store.evictions)
     # Every sequence gone: no pin is left behind.
     for side in sides:
-        if side.plan is not None:
-            side.sched.complete_iteration(side.plan, [])
+        while side.plans:
+            side.sched.complete_iteration(side.plans.pop(0), [])
         for sid in IDS:
             side.sched.cancel(sid)
         side.sched.plan_iteration()
@@ -477,10 +483,6 @@ def _run_differential(seed, steps):
         assert all(e.pins == 0 for e in side.store.resident())
     return seen
 
-
-def _set_plan(side, plan):
-    side.plan = plan
-    return plan
 
 
 @pytest.mark.parametrize("seed", range(12))
