@@ -370,7 +370,7 @@ def test_a_pinned_entry_is_never_evicted(Store):
 @both
 @pytest.mark.parametrize("capacity,slots", [(10, None), (None, 4), (9, 3), (3, 1)])
 def test_capacity_in_tokens_and_holder_slots_is_never_exceeded(Store, capacity, slots):
-    rng = random.Random(capacity or 0 + (slots or 0))
+    rng = random.Random(f"{capacity}-{slots}")
     store = Store(capacity_tokens=capacity, holder_slots=slots)
     pinned = []
     refused = 0
