@@ -130,7 +130,7 @@ void skippy_prefix_store_free(skippy_prefix_store *p)
     if (!p) return;
     if (p->owner) sk_affinity_detach_store(p->owner);
     sk_radix_free(p->radix);
-    for (uint32_t i = 0; i < p->e_len; i++) free(p->e[i].seg);
+    for (size_t i = 0; i < p->e_cap; i++) free(p->e[i].seg); /* slots past e_len too */
     free(p->e);
     free(p->heap);
     free(p->popped);
@@ -556,10 +556,15 @@ skippy_sched_code skippy_prefix_store_insert(skippy_prefix_store *p, const int32
     if (p->heap_len + entries + 2 > p->heap_cap) heap_compact(p);
     uint32_t id = p->free_head;
     if (id == NONE) {
+        size_t old_cap = p->e_cap;
         if (p->e_len == NONE - 1 ||
             sk_grow((void **)&p->e, &p->e_cap, (size_t)p->e_len + 1, sizeof(sk_pentry)))
             return fail(p, SKIPPY_SCHED_NO_MEMORY, "out of memory inserting a prefix");
-        memset(&p->e[p->e_len], 0, sizeof(sk_pentry));
+        /* Slots are zeroed once, when the array grows, not when taken: the slot past e_len
+         * keeps the segment buffer of an insert that was refused (or failed) after sizing it,
+         * and the next fresh insert reuses that buffer instead of losing it. */
+        if (p->e_cap > old_cap)
+            memset(&p->e[old_cap], 0, (p->e_cap - old_cap) * sizeof(sk_pentry));
         id = p->e_len; /* taken below, once nothing can fail */
     }
     sk_pentry *x = &p->e[id];

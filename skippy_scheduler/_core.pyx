@@ -257,6 +257,11 @@ cdef int _rank_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t *
     cdef _SlotObjects o
     try:
         candidates = []
+        store_affinity = None
+        if self._store is not None:
+            # With a store the core holds each sequence's (refreshed) affinity; the carried
+            # object is the descriptor's, which carries none then.
+            from .prefix_store import store_affinity  # (that module imports this one)
         for i in range(n):
             skippy_scheduler_sequence(s, slots[i], &info)
             o = _carried(self._objects, slots[i])
@@ -264,8 +269,13 @@ cdef int _rank_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t *
             # submission, not at every ranking (a long queue of long prompts re-ranks often).
             if o.prompt is None:
                 o.prompt = tuple([info.tokens[k] for k in range(info.prompt_count)])
+            affinity = o.cache_affinity
+            if store_affinity is not None:
+                affinity = store_affinity(
+                    info.restore_token_count if info.has_prefix_restore else 0,
+                    self._aff_costs[0], self._aff_costs[1], info.cache_epoch)[1]
             candidates.append(CacheAwareCandidate(
-                index=i, priority=info.priority, affinity=o.cache_affinity,
+                index=i, priority=info.priority, affinity=affinity,
                 prompt_tokens=o.prompt, enqueued_turn=info.enqueued_turn,
                 order=info.enqueue_order))
         order = self.admission.order(candidates, turn)
@@ -356,6 +366,7 @@ cdef class IterationPlan:
     cdef skippy_plan *_p
     cdef _PlanBuffer _b
     cdef list _row_objects                 # depth > 1: each row's _SlotObjects, taken when made
+    cdef list _row_holders                 # attached store: each row's restore holder, ditto
     cdef readonly uint64_t serial
     cdef readonly uint64_t step
     cdef readonly size_t token_count
@@ -498,7 +509,6 @@ cdef class IterationPlan:
         cdef skippy_plan *p
         cdef size_t r, a, b
         cdef _SlotObjects o
-        cdef skippy_sequence_info info
         if self._work is None:
             self._check()
             p = self._p
@@ -511,11 +521,7 @@ cdef class IterationPlan:
                 b = p.row_offsets[r + 1]
                 o = (self._row_objects[r] if self._row_objects is not None
                      else _carried(objects, p.slots[r]))
-                holder = None
-                if self._s._store is not None and \
-                        skippy_scheduler_sequence(self._s._s, p.slots[r], &info) and \
-                        info.restore_holder != SKIPPY_PREFIX_NONE:
-                    holder = info.restore_holder
+                holder = self._row_holders[r] if self._row_holders is not None else None
                 work.append(IterationWork(o.sequence_id, tuple(toks[a:b].tolist()),
                                           tuple(poss[a:b].tolist()), bool(p.sample_last[r]),
                                           _PHASES[p.phases[r]], o.sampling, holder))
@@ -759,6 +765,7 @@ cdef class Scheduler:
         cdef list objects = self._objects
         cdef IterationPlan plan
         cdef _PlanBuffer b
+        cdef skippy_sequence_info info
         retired = [ret[i].slot for i in range(n)] if n else None
         if skippy_scheduler_plan(self._s, &p, NULL) != SKIPPY_STATUS_OK:
             self._raise_last()
@@ -786,6 +793,17 @@ cdef class Scheduler:
             # Slots of sequences that end while this plan is live may be reused before it is
             # read: keep what each row names now.
             plan._row_objects = [objects[p.slots[r]] for r in range(p.request_count)]
+        if self._store is not None:
+            # The holder a row names is the one its sequence was admitted with when the plan
+            # was made; read later, a cancel or a reused slot would change it.
+            holders = []
+            for r in range(p.request_count):
+                holder = None
+                if skippy_scheduler_sequence(self._s, p.slots[r], &info) and \
+                        info.restore_holder != SKIPPY_PREFIX_NONE:
+                    holder = info.restore_holder
+                holders.append(holder)
+            plan._row_holders = holders
         return plan
 
     @property

@@ -23,7 +23,7 @@ The model:
 from __future__ import annotations
 
 import heapq
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -31,6 +31,8 @@ from ..prefix_store import StoreBackend, StoreMatch, VirtualBackend
 from .radix import RadixTwin
 
 __all__ = ["PrefixStoreTwin", "TwinEntry"]
+
+_HOLDER_LIMIT = (1 << 32) - 2  # the largest holder id + 1 the native store can hand out
 
 
 class TwinEntry:
@@ -100,6 +102,12 @@ class PrefixStoreTwin:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 0):
                 raise ValueError(f"{name} must be None or an integer >= 0, got {value!r}")
+        if isinstance(first_holder_id, bool) or not isinstance(first_holder_id, int) \
+                or first_holder_id < 0:
+            raise ValueError(f"first_holder_id must be an integer >= 0, got {first_holder_id!r}")
+        # Holder ids are 32-bit in the native ABI, with 2**32 - 1 meaning "none".
+        if holder_slots is not None and first_holder_id + holder_slots > _HOLDER_LIMIT:
+            raise ValueError("first_holder_id + holder_slots must stay below 2**32 - 1")
         self.capacity_tokens = capacity_tokens
         self.holder_slots = holder_slots
         self.backend: StoreBackend = backend if backend is not None else VirtualBackend()
@@ -118,6 +126,7 @@ class PrefixStoreTwin:
         self.evictions = 0
         self.evicted_tokens = 0
         self.refused_inserts = 0  # inserts that could not be made room for
+        self._owner: Optional[Callable[[], Any]] = None  # weakref to the attached TwinScheduler
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -170,6 +179,9 @@ class PrefixStoreTwin:
         existing one if `key` is already resident (touched), or None when no room can be made
         (nothing changes then)."""
         key = _tokens(key)
+        if len(key) and int(key.min()) < 0:
+            # (an int32 array skips _tokens' range check; a key is never negative)
+            raise ValueError("tokens must be in [0, 2**31 - 1]")
         start = 0
         if parent is not None:
             if not parent.alive:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
+import weakref
 from typing import Iterable, Optional
 
 from .._validate import I32_MAX, USIZE_MAX, check_id, check_uint, sat, sat_sub
@@ -139,6 +140,15 @@ class TwinScheduler:
         if self._waiting or self._active or self._live_plans:
             raise ValueError("a prefix store can only be attached or detached while the "
                              "scheduler holds no sequence and no live plan")
+        # A store serves one scheduler at a time: its pins are that scheduler's. The owner is
+        # held weakly, so a scheduler that is gone releases its store as a freed one does.
+        owner = getattr(store, "_owner", None) if store is not None else None
+        if owner is not None and owner() is not None and owner() is not self:
+            raise ValueError("the prefix store serves another scheduler")
+        if self._store is not None and self._store is not store:
+            self._store._owner = None  # type: ignore[attr-defined]
+        if store is not None:
+            store._owner = weakref.ref(self)  # type: ignore[attr-defined]
         self._store = store
         self._aff_costs = (prefill, restore)
         self._store_epoch = store.epoch if store is not None else 0  # type: ignore[attr-defined]
@@ -178,9 +188,9 @@ class TwinScheduler:
                 self._dirty = True
         self._store_epoch = store.epoch  # type: ignore[attr-defined]
 
-    def _holder_of(self, s: Sequence) -> Optional[int]:
-        """The holder id of the entry `s` holds pinned (what the native plan's work reports)."""
-        entry = self._pinned.get(s.id) if self._store is not None else None
+    def _restore_holder(self, s: Sequence) -> Optional[int]:
+        """The holder of the entry `s` was admitted with, which every row of it names."""
+        entry = self._pinned.get(s.id)
         return None if entry is None else entry.holder  # type: ignore[attr-defined]
 
     def _unpin(self, s: Sequence) -> None:
@@ -395,7 +405,7 @@ class TwinScheduler:
             sample_last=end == len(replay) and fresh,
             phase=IterationPhase.Prefill if fresh else IterationPhase.Recompute,
             sampling=s.sampling,
-            restore_holder=self._holder_of(s),
+            restore_holder=self._restore_holder(s),
         )
 
     def _decode_row(self, s: Sequence) -> IterationWork:
@@ -409,7 +419,7 @@ class TwinScheduler:
             sample_last=True,
             phase=IterationPhase.Decode,
             sampling=s.sampling,
-            restore_holder=self._holder_of(s),
+            restore_holder=self._restore_holder(s),
         )
 
     def _prefill_limit(self) -> int:

@@ -1,6 +1,10 @@
-"""PrefixStore: lookups, capacity in tokens and holder slots, pins, LRU eviction of unpinned
-leaves, backend notifications; checked against an independent model under random operations."""
+"""PrefixStore (native) and PrefixStoreTwin (reference): lookups, capacity in tokens and holder
+slots, pins, LRU eviction of unpinned leaves, holder ids, epochs, refused inserts, bad input,
+backend notifications; both checked against an independent model under random operations and
+against each other, step by step, under one random operation sequence (behaviour.md §8c)."""
 from __future__ import annotations
+
+import random
 
 import numpy as np
 import pytest
@@ -8,6 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skippy_scheduler.prefix_store import PrefixStore, VirtualBackend
+from skippy_scheduler.reference import PrefixStoreTwin
+
+# Every unit test runs on both stores; `Store` is the class under test.
+both = pytest.mark.parametrize("Store", [PrefixStore, PrefixStoreTwin], ids=["native", "twin"])
 
 
 def toks(*values):
@@ -24,8 +32,9 @@ def chain(store, prompt, sizes, parent=None):
     return out
 
 
-def test_match_find_and_shared_prefixes_counted_once():
-    store = PrefixStore(capacity_tokens=100)
+@both
+def test_match_find_and_shared_prefixes_counted_once(Store):
+    store = Store(capacity_tokens=100)
     p = np.arange(10, dtype=np.int32)
     a, b = chain(store, p, [4, 3])
     assert (a.length, a.tokens, b.length, b.tokens) == (4, 4, 7, 3)
@@ -44,8 +53,9 @@ def test_match_find_and_shared_prefixes_counted_once():
     assert np.array_equal(store.key_of(c), q[:8]) and np.array_equal(c.segment, q[4:8])
 
 
-def test_lookups_do_not_change_recency():
-    store = PrefixStore(capacity_tokens=4)
+@both
+def test_lookups_do_not_change_recency(Store):
+    store = Store(capacity_tokens=4)
     old = store.insert(toks(1, 2))
     store.insert(toks(3, 4))
     for _ in range(3):
@@ -55,9 +65,10 @@ def test_lookups_do_not_change_recency():
     assert not old.alive  # still the least recently used: reads did not heat it
 
 
-def test_eviction_is_lru_among_unpinned_leaves():
+@both
+def test_eviction_is_lru_among_unpinned_leaves(Store):
     evicted = []
-    store = PrefixStore(capacity_tokens=6, backend=VirtualBackend(on_evict=evicted.append))
+    store = Store(capacity_tokens=6, backend=VirtualBackend(on_evict=evicted.append))
     a, b, c = (store.insert(toks(k, k)) for k in (1, 2, 3))  # 2 tokens each: full
     store.touch(a)  # recency now b < c < a
     store.pin(c)
@@ -77,8 +88,9 @@ def test_eviction_is_lru_among_unpinned_leaves():
     assert store.lru_order()[0] is c
 
 
-def test_parents_outlive_their_children_and_keep_their_own_recency():
-    store = PrefixStore(capacity_tokens=8)
+@both
+def test_parents_outlive_their_children_and_keep_their_own_recency(Store):
+    store = Store(capacity_tokens=8)
     p = np.arange(20, dtype=np.int32)
     root, mid, leaf = chain(store, p, [2, 2, 2])
     other = store.insert(toks(90, 91))  # total 8 tokens: full
@@ -91,17 +103,19 @@ def test_parents_outlive_their_children_and_keep_their_own_recency():
     assert root.alive and store.used_tokens == 8
 
 
-def test_one_insert_can_evict_a_whole_chain_leaf_first():
+@both
+def test_one_insert_can_evict_a_whole_chain_leaf_first(Store):
     order = []
-    store = PrefixStore(capacity_tokens=6, backend=VirtualBackend(on_evict=order.append))
+    store = Store(capacity_tokens=6, backend=VirtualBackend(on_evict=order.append))
     p = np.arange(6, dtype=np.int32)
     root, mid, leaf = chain(store, p, [2, 2, 2])
     big = store.insert(toks(50, 51, 52, 53, 54, 55))
     assert big is not None and order == [leaf, mid, root] and store.used_tokens == 6
 
 
-def test_a_pinned_leaf_protects_its_whole_prefix():
-    store = PrefixStore(capacity_tokens=6)
+@both
+def test_a_pinned_leaf_protects_its_whole_prefix(Store):
+    store = Store(capacity_tokens=6)
     p = np.arange(6, dtype=np.int32)
     root, leaf = chain(store, p, [2, 2])
     store.pin(leaf)
@@ -110,18 +124,20 @@ def test_a_pinned_leaf_protects_its_whole_prefix():
     assert store.insert(toks(60, 61, 62, 63)) is None and root.alive and leaf.alive
 
 
-def test_holder_slots_bound_the_number_of_entries():
-    store = PrefixStore(holder_slots=2)
+@both
+def test_holder_slots_bound_the_number_of_entries(Store):
+    store = Store(holder_slots=2)
     a = store.insert(toks(1))
     store.insert(toks(2))
     store.insert(toks(3, 3, 3))
     assert not a.alive and store.entries == 2 and store.evictions == 1
-    assert PrefixStore(holder_slots=0).insert(toks(1)) is None
-    assert PrefixStore(capacity_tokens=2).insert(toks(1, 2, 3)) is None
+    assert Store(holder_slots=0).insert(toks(1)) is None
+    assert Store(capacity_tokens=2).insert(toks(1, 2, 3)) is None
 
 
-def test_the_parent_of_a_new_entry_is_never_its_victim():
-    store = PrefixStore(capacity_tokens=4)
+@both
+def test_the_parent_of_a_new_entry_is_never_its_victim(Store):
+    store = Store(capacity_tokens=4)
     p = np.arange(8, dtype=np.int32)
     (root,) = chain(store, p, [2])
     other = store.insert(toks(30, 31))
@@ -130,19 +146,21 @@ def test_the_parent_of_a_new_entry_is_never_its_victim():
     assert child is not None and root.alive and not other.alive
 
 
-def test_backend_hears_every_insert_and_eviction_in_order():
+@both
+def test_backend_hears_every_insert_and_eviction_in_order(Store):
     events = []
     backend = VirtualBackend(on_insert=lambda e: events.append(("in", e.value)),
                              on_evict=lambda e: events.append(("out", e.value)))
-    store = PrefixStore(capacity_tokens=2, backend=backend)
+    store = Store(capacity_tokens=2, backend=backend)
     store.insert(toks(1), value="a")
     store.insert(toks(2), value="b")
     store.insert(toks(3), value="c")
     assert events == [("in", "a"), ("in", "b"), ("out", "a"), ("in", "c")]
 
 
-def test_keys_are_kept_without_copying_only_when_read_only():
-    store = PrefixStore()
+@both
+def test_keys_are_kept_without_copying_only_when_read_only(Store):
+    store = Store()
     writable = np.arange(4, dtype=np.int32)
     e = store.insert(writable)
     writable[0] = 77
@@ -153,18 +171,19 @@ def test_keys_are_kept_without_copying_only_when_read_only():
     assert f.key is frozen
 
 
-def test_argument_errors():
-    store = PrefixStore()
+@both
+def test_argument_errors(Store):
+    store = Store()
     a = store.insert(toks(1, 2))
     with pytest.raises(ValueError, match="does not extend"):
         store.insert(toks(1, 2), parent=a)
     with pytest.raises(ValueError, match="not pinned"):
         store.unpin(a)
     with pytest.raises(ValueError):
-        PrefixStore(capacity_tokens=-1)
+        Store(capacity_tokens=-1)
     with pytest.raises(ValueError):
         store.insert(toks(1, 2, 3)[None, :])
-    other = PrefixStore(capacity_tokens=1)
+    other = Store(capacity_tokens=1)
     gone = other.insert(toks(5))
     other.insert(toks(6))
     with pytest.raises(ValueError, match="not resident"):
@@ -241,14 +260,15 @@ def _key(parent, family, pick):
     return np.concatenate([parent.key, segment])
 
 
+@both
 @settings(max_examples=80, deadline=None)
 @given(st.integers(4, 24), st.integers(2, 12),
        st.lists(st.tuples(st.sampled_from(["insert", "insert", "touch", "pin", "unpin"]),
                           st.integers(0, 3), st.integers(0, 9)),
                 min_size=1, max_size=60))
-def test_store_matches_the_model(capacity, slots, ops):
+def test_store_matches_the_model(Store, capacity, slots, ops):
     evicted = []
-    store = PrefixStore(capacity, slots, backend=VirtualBackend(
+    store = Store(capacity, slots, backend=VirtualBackend(
         on_evict=lambda e: evicted.append(tuple(e.key.tolist()))))
     model = Model(capacity, slots)
     for op, family, pick in ops:
@@ -277,3 +297,326 @@ def test_store_matches_the_model(capacity, slots, ops):
         assert store.entries == len(model.entries) <= slots
         assert {tuple(e.key.tolist()): e.pins for e in store.resident()} == \
             {k: v[4] for k, v in model.entries.items()}
+
+
+# -- properties every store keeps ----------------------------------------------------------------
+
+
+def kt(entry):
+    """An entry by its key (entry objects differ between stores), None for None."""
+    return None if entry is None else tuple(entry.key.tolist())
+
+
+def picture(store):
+    """Everything observable about a store, by key."""
+    return {
+        "stats": (store.used_tokens, store.entries, store.inserts, store.evictions,
+                  store.evicted_tokens, store.refused_inserts, store.epoch),
+        "resident": [(kt(e), kt(e.parent), e.pins, e.children, e.holder, e.last_used, e.serial)
+                     for e in store.resident()],
+        "lru": [kt(e) for e in store.lru_order()],
+    }
+
+
+def random_key(rng, prefix=(), low=1, high=4):
+    return np.asarray(list(prefix) + [rng.randrange(3) for _ in range(rng.randint(low, high))],
+                      dtype=np.int32)
+
+
+@both
+def test_lru_order_is_least_recently_used_first_and_evict_one_follows_it(Store):
+    store = Store()
+    a, b, c, d = (store.insert(toks(k)) for k in (1, 2, 3, 4))
+    assert store.lru_order() == [a, b, c, d]  # insert order when nothing was touched
+    store.touch(b)
+    store.touch(a)
+    assert store.lru_order() == [c, d, b, a]
+    assert store.insert(toks(3)) is c  # inserting a resident key touches it
+    assert store.lru_order() == [d, b, a, c]
+    store.pin(b)
+    assert store.lru_order() == [d, a, c]  # pinned: not a candidate
+    e = store.insert(toks(4, 5), parent=d)
+    assert store.lru_order() == [a, c, e]  # d has a resident child now
+    # d was stamped with e, so once e is gone d is the next victim
+    assert [store.evict_one() for _ in range(4)] == [a, c, e, d]
+    assert store.evict_one() is None and store.lru_order() == [] and b.alive
+    store.unpin(b)
+    assert store.lru_order() == [b] and store.evict_one() is b and store.entries == 0
+
+
+@both
+def test_a_pinned_entry_is_never_evicted(Store):
+    rng = random.Random(11)
+    store = Store(capacity_tokens=12, holder_slots=5)
+    root = store.insert(toks(7, 7))
+    pinned = store.insert(toks(7, 7, 8), parent=root)
+    store.pin(pinned)
+    refused = 0
+    for _ in range(300):
+        refused += store.insert(random_key(rng)) is None
+        if rng.random() < 0.2:
+            victim = store.evict_one()
+            assert victim is not pinned and victim is not root
+        # the pinned leaf keeps its whole prefix resident
+        assert pinned.alive and root.alive and pinned.pins == 1
+    assert store.evictions > 50
+    while store.evict_one() is not None:
+        pass
+    assert store.resident() == [root, pinned] and store.lru_order() == []
+    store.unpin(pinned)
+    assert store.evict_one() is pinned and store.evict_one() is root
+
+
+@both
+@pytest.mark.parametrize("capacity,slots", [(10, None), (None, 4), (9, 3), (3, 1)])
+def test_capacity_in_tokens_and_holder_slots_is_never_exceeded(Store, capacity, slots):
+    rng = random.Random(f"{capacity}-{slots}")
+    store = Store(capacity_tokens=capacity, holder_slots=slots)
+    pinned = []
+    refused = 0
+    for _ in range(400):
+        live = store.resident()
+        parent = rng.choice(live) if live and rng.random() < 0.5 else None
+        prefix = parent.key.tolist() if parent is not None else ()
+        refused += store.insert(random_key(rng, prefix), parent=parent) is None
+        live = store.resident()
+        if live and rng.random() < 0.15 and len(pinned) < 2:
+            pinned.append(rng.choice(live))
+            store.pin(pinned[-1])
+        elif pinned and rng.random() < 0.2:
+            store.unpin(pinned.pop(rng.randrange(len(pinned))))
+        live = store.resident()
+        assert store.used_tokens == sum(e.tokens for e in live)
+        assert store.entries == len(live)
+        assert capacity is None or store.used_tokens <= capacity
+        assert slots is None or store.entries <= slots
+        assert all(e.alive for e in pinned)
+    assert store.evictions > 20
+    assert refused == store.refused_inserts
+
+
+@both
+def test_holder_ids_stay_in_their_range_and_are_reused_after_eviction(Store):
+    evicted = []
+    store = Store(holder_slots=3, first_holder_id=40,
+                  backend=VirtualBackend(on_evict=evicted.append))
+    a, b, c = (store.insert(toks(k)) for k in (1, 2, 3))
+    assert [a.holder, b.holder, c.holder] == [40, 41, 42]  # the lowest free one first
+    d = store.insert(toks(4))  # evicts a, the least recently used: d takes its holder
+    assert not a.alive and d.holder == 40
+    assert store.evict_one() is b
+    assert store.insert(toks(5)).holder == 41
+    rng = random.Random(3)
+    for _ in range(300):
+        before = len(evicted)
+        if rng.random() < 0.2:
+            store.evict_one()
+            continue
+        live = store.resident()
+        parent = rng.choice(live) if live and rng.random() < 0.4 else None
+        prefix = parent.key.tolist() if parent is not None else ()
+        entry = store.insert(random_key(rng, prefix), parent=parent)
+        freed = {e.holder for e in evicted[before:]}
+        if entry is not None and freed:
+            assert entry.holder in freed  # a freed holder is handed out again first
+        holders = [e.holder for e in store.resident()]
+        assert len(set(holders)) == len(holders)
+        assert all(40 <= h < 43 for h in holders)
+    assert len(evicted) > 50
+    assert Store().insert(toks(1)).holder is None  # unbounded slots hand out no holder ids
+
+
+@both
+def test_a_refused_insert_changes_nothing(Store):
+    def build():
+        evicted = []
+        store = Store(capacity_tokens=8, holder_slots=4,
+                      backend=VirtualBackend(on_evict=lambda e: evicted.append(kt(e))))
+        root = store.insert(toks(1, 1))
+        leaf = store.insert(toks(1, 1, 2, 2), parent=root)
+        store.insert(toks(3, 3))
+        store.pin(leaf)
+        store.touch(root)
+        return store, evicted
+
+    store, evicted = build()
+    untouched, untouched_evicted = build()
+    before = picture(store)
+    # 2 tokens are free and only the 2 of (3, 3) can be freed: 5 do not fit. Choosing victims
+    # took (3, 3) off the candidates before giving up; it must be a candidate again.
+    assert store.insert(toks(5, 5, 5, 5, 5)) is None
+    after = picture(store)
+    assert after["stats"][5] == before["stats"][5] + 1
+    assert after["stats"][:5] + after["stats"][6:] == before["stats"][:5] + before["stats"][6:]
+    assert (after["resident"], after["lru"]) == (before["resident"], before["lru"])
+    assert evicted == []
+    # The parent of the new entry is not a victim either, even when that means a refusal.
+    root = store.find(toks(1, 1))
+    assert store.insert(toks(1, 1, 4, 4, 4, 4, 4), parent=root) is None
+    assert picture(store)["resident"] == before["resident"]
+    # From here on the store behaves as one that never saw the refused inserts.
+    for key in ((6, 6), (7,), (8, 8, 8), (9, 9, 9, 9)):
+        assert kt(store.insert(toks(*key))) == kt(untouched.insert(toks(*key)))
+        mine, theirs = picture(store), picture(untouched)
+        assert mine["stats"][5] == theirs["stats"][5] + 2
+        assert (mine["resident"], mine["lru"]) == (theirs["resident"], theirs["lru"])
+    assert evicted == untouched_evicted and evicted
+    # A refusal for want of a holder slot.
+    slots = Store(holder_slots=2)
+    for k in (1, 2):
+        slots.pin(slots.insert(toks(k)))
+    before = picture(slots)
+    assert slots.insert(toks(3)) is None and slots.refused_inserts == 1
+    assert picture(slots)["resident"] == before["resident"]
+
+
+@both
+def test_the_epoch_moves_with_inserts_and_evictions_only(Store):
+    store = Store(capacity_tokens=6)
+    epoch = store.epoch
+    a = store.insert(toks(1, 1))
+    b = store.insert(toks(1, 1, 2), parent=a)
+    c = store.insert(toks(3, 3))
+    assert store.epoch == epoch + 3
+    epoch = store.epoch
+    # reads, recency and pins
+    store.match(toks(1, 1, 2, 9))
+    store.match(toks(9))
+    store.find(toks(3, 3))
+    store.find(toks(9))
+    store.touch(a)
+    store.pin(c)
+    store.unpin(c)
+    store.lru_order()
+    store.resident()
+    assert store.insert(toks(1, 1)) is a  # already resident: touched, nothing changes
+    assert store.epoch == epoch
+    # an insert that evicts moves it once per change
+    evictions = store.evictions
+    assert store.insert(toks(4, 4, 4)) is not None
+    assert store.evictions - evictions == 2 and store.epoch == epoch + 3
+    epoch = store.epoch
+    assert store.evict_one() is not None and store.epoch == epoch + 1
+    epoch = store.epoch
+    for entry in store.resident():
+        store.pin(entry)
+    assert store.evict_one() is None and store.insert(toks(5, 5, 5, 5)) is None
+    (d,) = store.resident()
+    with pytest.raises(ValueError):
+        store.insert(toks(9, 9, 9, 9), parent=d)
+    assert store.epoch == epoch
+
+
+@both
+def test_bad_input_raises_before_any_change(Store):
+    store = Store(capacity_tokens=10, holder_slots=4)
+    root = store.insert(toks(1, 2))
+    leaf = store.insert(toks(1, 2, 3), parent=root)
+    store.insert(toks(5))
+    assert store.evict_one() is leaf
+    store.pin(root)
+    other = store.find(toks(5))
+    before = picture(store)
+    bad = [
+        (ValueError, lambda: store.insert(toks(1, 2, 3, 4), parent=leaf)),  # evicted parent
+        (ValueError, lambda: store.insert(toks(9, 9, 9), parent=root)),  # parent not a prefix
+        (ValueError, lambda: store.insert(toks(1, 9, 9), parent=root)),
+        (ValueError, lambda: store.insert(toks(1), parent=root)),  # does not extend it
+        (ValueError, lambda: store.insert(toks(1, 2), parent=root)),
+        (ValueError, lambda: store.insert(toks())),
+        (ValueError, lambda: store.insert([])),
+        (ValueError, lambda: store.insert(np.zeros((2, 2), dtype=np.int32))),
+        (ValueError, lambda: store.insert(np.asarray([1, -2], dtype=np.int32))),
+        (ValueError, lambda: store.insert(np.asarray([1, -2], dtype=np.int64))),
+        (ValueError, lambda: store.insert([1 << 31])),
+        (TypeError, lambda: store.insert([1.5, 2.0])),
+        (ValueError, lambda: store.touch(leaf)),
+        (ValueError, lambda: store.pin(leaf)),
+        (ValueError, lambda: store.unpin(leaf)),
+        (ValueError, lambda: store.unpin(other)),  # not pinned
+    ]
+    for error, call in bad:
+        with pytest.raises(error):
+            call()
+        assert picture(store) == before, call
+    for kwargs in ({"capacity_tokens": -1}, {"holder_slots": -1}, {"capacity_tokens": True},
+                   {"holder_slots": 2.0}, {"capacity_tokens": "8"}, {"first_holder_id": -1},
+                   {"first_holder_id": 1.0}):
+        with pytest.raises(ValueError):
+            Store(**kwargs)
+
+
+# -- native and twin, step by step ---------------------------------------------------------------
+
+
+def _differential(seed, steps):
+    rng = random.Random(seed)
+    capacity = rng.choice([None, 5, 8, 12, 20])
+    slots = rng.choice([None, 2, 3, 5, 8])
+    first = rng.choice([0, 9])
+    logs = ([], [])
+    stores = [impl(capacity, slots, first_holder_id=first,
+                   backend=VirtualBackend(on_evict=lambda e, log=log: log.append(kt(e))))
+              for impl, log in zip((PrefixStore, PrefixStoreTwin), logs)]
+    pairs = []  # (native entry, twin entry) of every insert, resident or not
+    counts = dict.fromkeys(["entry", "refused", "raised", "evicted"], 0)
+    for step in range(steps):
+        op = rng.choices(["root", "child", "touch", "pin", "unpin", "evict", "match", "find"],
+                         weights=[28, 28, 10, 6, 12, 5, 7, 4])[0]
+        live = [p for p in pairs if p[0].alive]
+        # mostly resident entries; now and then an evicted one (every use of it must raise)
+        pair = (rng.choice(live) if live and rng.random() < 0.85
+                else rng.choice(pairs) if pairs else (None, None))
+        if op == "root":
+            key = random_key(rng)
+            calls = [lambda s, _: s.insert(key)] * 2
+        elif op == "child":
+            parent = pair[0]
+            prefix = parent.key.tolist() if parent is not None else ()
+            key = random_key(rng, prefix)
+            if rng.random() < 0.1:
+                key = key[:rng.randrange(len(key))]  # too short, or not under the parent
+            elif rng.random() < 0.1 and len(key) > 1:
+                key[rng.randrange(len(key) - 1)] ^= 1
+            calls = [lambda s, p: s.insert(key, parent=p)] * 2
+        elif op in ("touch", "pin", "unpin"):
+            if pair[0] is None:
+                continue
+            calls = [lambda s, e, op=op: getattr(s, op)(e)] * 2
+        elif op == "evict":
+            calls = [lambda s, _: s.evict_one()] * 2
+        elif op == "match":
+            probe = random_key(rng, low=0, high=6)
+            calls = [lambda s, _: (lambda m: (m.matched_tokens, kt(m.entry)))(s.match(probe))] * 2
+        else:
+            probe = random_key(rng, low=0, high=5)
+            calls = [lambda s, _: s.find(probe)] * 2
+        results = []
+        for side, (store, call) in enumerate(zip(stores, calls)):
+            try:
+                got = call(store, pair[side])
+                if op in ("root", "child", "evict", "find"):
+                    got = (kt(got), getattr(got, "holder", None))
+                results.append(("ok", got))
+            except (ValueError, TypeError) as exc:
+                results.append(("raised", type(exc)))
+        assert results[0] == results[1], (seed, step, op, results)
+        if op in ("root", "child") and results[0][0] == "ok":
+            if results[0][1][0] is None:
+                counts["refused"] += 1
+            else:
+                counts["entry"] += 1
+                pairs.append((stores[0].find(key), stores[1].find(key)))
+        counts["raised"] += results[0][0] == "raised"
+        assert logs[0] == logs[1], (seed, step)
+        assert picture(stores[0]) == picture(stores[1]), (seed, step, op)
+    counts["evicted"] = len(logs[0])
+    return counts
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_native_and_twin_agree_step_by_step(seed):
+    counts = _differential(seed, 400)
+    # the sequence exercised what it is meant to
+    assert counts["entry"] > 30 and counts["raised"] > 0
+    assert counts["evicted"] > 0 or counts["refused"] > 0
