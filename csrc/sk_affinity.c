@@ -31,11 +31,9 @@ static uint64_t saved_cost(const skippy_scheduler *s, size_t matched)
                       sk_sat_mul(matched, s->aff_restore_cost));
 }
 
-void sk_affinity_read(skippy_scheduler *s, sk_seq *seq)
+/* The restore the store backs `matched` prompt tokens of the sequence with, from `entry`. */
+static void set_affinity(skippy_scheduler *s, sk_seq *seq, uint32_t entry, size_t matched)
 {
-    if (!s->store) return;
-    size_t matched = 0;
-    uint32_t entry = skippy_prefix_store_match(s->store, seq->tokens, seq->prompt_len, &matched);
     seq->restore_entry = matched ? entry : SKIPPY_PREFIX_NONE;
     seq->has_restore = matched > 0;
     seq->restore_tokens = matched;
@@ -47,18 +45,99 @@ void sk_affinity_read(skippy_scheduler *s, sk_seq *seq)
                            seq->enqueued_turn);
 }
 
+void sk_affinity_read(skippy_scheduler *s, sk_seq *seq)
+{
+    if (!s->store) return;
+    size_t matched = 0;
+    uint32_t entry = skippy_prefix_store_match(s->store, seq->tokens, seq->prompt_len, &matched);
+    set_affinity(s, seq, entry, matched);
+}
+
+/* A re-read of a waiting sequence in refresh round `round` that found (entry, matched). */
+static void reread_as(skippy_scheduler *s, sk_seq *seq, uint32_t entry, size_t matched)
+{
+    if (seq->restore_tokens == matched && seq->saved_cost == saved_cost(s, matched)) {
+        /* The same restore, perhaps from another entry holding the same tokens; the epoch of
+         * the observation still in force stays, and the ranked set has nothing to learn. */
+        seq->restore_entry = matched ? entry : SKIPPY_PREFIX_NONE;
+        return;
+    }
+    set_affinity(s, seq, entry, matched);
+    s->m.stale_refreshes = sk_sat_add(s->m.stale_refreshes, 1);
+    s->dirty = true;
+}
+
 static void reread(skippy_scheduler *s, sk_seq *seq, uint32_t round)
 {
     if (seq->probe_round == round) return;
     seq->probe_round = round;
-    size_t before_tokens = seq->restore_tokens;
-    uint64_t before_cost = seq->saved_cost, before_epoch = seq->cache_epoch;
-    sk_affinity_read(s, seq);
-    if (seq->restore_tokens != before_tokens || seq->saved_cost != before_cost) {
-        s->m.stale_refreshes = sk_sat_add(s->m.stale_refreshes, 1);
-        s->dirty = true;
-    } else {
-        seq->cache_epoch = before_epoch; /* the epoch of the observation still in force */
+    size_t matched = 0;
+    uint32_t entry = skippy_prefix_store_match(s->store, seq->tokens, seq->prompt_len, &matched);
+    reread_as(s, seq, entry, matched);
+}
+
+/*
+ * In a long queue a re-read is dominated by cache misses: the sequence's slot and its prompt
+ * are cold, and the prompts under a changed prefix are scattered. The refresh loop therefore
+ * fetches the slots REREAD_AHEAD re-reads ahead and, once a slot has arrived (half that
+ * distance later), the first PROMPT_LINES lines of its prompt (256 tokens, what a match against
+ * a shared prefix compares), so the misses of several re-reads overlap instead of following one
+ * another.
+ */
+#define REREAD_AHEAD 16
+#define PROMPT_LINES 16
+
+static inline void fetch_slot(const skippy_scheduler *s, uint32_t handle)
+{
+#if defined(__GNUC__)
+    const char *q = (const char *)&s->seqs[s->rank_slot[handle]];
+    for (size_t off = 0; off < sizeof(sk_seq); off += SK_SEQ_ALIGN) __builtin_prefetch(q + off);
+#else
+    (void)s, (void)handle;
+#endif
+}
+
+static inline void fetch_prompt(const skippy_scheduler *s, uint32_t handle)
+{
+#if defined(__GNUC__)
+    const sk_seq *q = &s->seqs[s->rank_slot[handle]];
+    size_t lines = (q->prompt_len * sizeof(int32_t) + SK_SEQ_ALIGN - 1) / SK_SEQ_ALIGN;
+    for (size_t i = 0; i < lines && i < PROMPT_LINES; i++)
+        __builtin_prefetch((const char *)q->tokens + i * SK_SEQ_ALIGN);
+#else
+    (void)s, (void)handle;
+#endif
+}
+
+/* Re-reads the `count` waiting sequences under one changed prefix `key` (handles in s->under). */
+static void reread_under(skippy_scheduler *s, const int32_t *key, size_t len, size_t count,
+                         uint32_t round)
+{
+    const uint32_t *under = s->under;
+    size_t m = 0;
+    uint32_t entry = skippy_prefix_store_match(s->store, key, len, &m);
+    if (m < len) {
+        /* The resident keys leave this prefix after m tokens, and every prompt under it starts
+         * with the whole prefix: each is backed by the same m tokens of the same entry, which
+         * matching its own tokens would only find again (at the price of reading them). */
+        for (size_t k = 0; k < count && k < REREAD_AHEAD; k++) fetch_slot(s, under[k]);
+        for (size_t k = 0; k < count; k++) {
+            if (k + REREAD_AHEAD < count) fetch_slot(s, under[k + REREAD_AHEAD]);
+            sk_seq *seq = &s->seqs[s->rank_slot[under[k]]];
+            if (seq->probe_round == round) continue;
+            seq->probe_round = round;
+            reread_as(s, seq, entry, m);
+        }
+        return;
+    }
+    for (size_t k = 0; k < count && k < REREAD_AHEAD; k++) {
+        fetch_slot(s, under[k]);
+        if (k < REREAD_AHEAD / 2) fetch_prompt(s, under[k]);
+    }
+    for (size_t k = 0; k < count; k++) {
+        if (k + REREAD_AHEAD < count) fetch_slot(s, under[k + REREAD_AHEAD]);
+        if (k + REREAD_AHEAD / 2 < count) fetch_prompt(s, under[k + REREAD_AHEAD / 2]);
+        reread(s, &s->seqs[s->rank_slot[under[k]]], round);
     }
 }
 
@@ -84,8 +163,7 @@ int sk_affinity_refresh(skippy_scheduler *s)
                                   s->under, &count))
                 return sk_fail(s, SKIPPY_SCHED_NO_MEMORY,
                                "out of memory refreshing cache affinity");
-            for (size_t k = 0; k < count; k++)
-                reread(s, &s->seqs[s->rank_slot[s->under[k]]], round);
+            reread_under(s, pool + changes[c].offset, changes[c].length, count, round);
         }
     }
     sk_prefix_journal_clear(s->store);
