@@ -180,9 +180,16 @@ void sk_affinity_pin(skippy_scheduler *s, sk_seq *seq)
     } else {
         s->m.prefix_misses = sk_sat_add(s->m.prefix_misses, 1);
     }
-    if (seq->restore_entry != SKIPPY_PREFIX_NONE &&
-        skippy_prefix_store_pin(s->store, seq->restore_entry) == SKIPPY_SCHED_OK)
-        seq->pinned_entry = seq->restore_entry;
+    if (!seq->has_restore) return;
+    /* The entry backing the restore is looked up now: the journal only records changes of
+     * match lengths, and another entry may have come to back the same tokens since the read. */
+    size_t matched = 0;
+    uint32_t entry = skippy_prefix_store_match(s->store, seq->tokens, seq->prompt_len, &matched);
+    if (entry != SKIPPY_PREFIX_NONE && matched >= seq->restore_tokens &&
+        skippy_prefix_store_pin(s->store, entry) == SKIPPY_SCHED_OK) {
+        seq->restore_entry = entry;
+        seq->pinned_entry = entry;
+    }
 }
 
 void sk_affinity_unpin(skippy_scheduler *s, sk_seq *seq)

@@ -199,8 +199,13 @@ bool skippy_scheduler_sequence(const skippy_scheduler *s, uint32_t slot, skippy_
     o->session = q->session;
     /* an active sequence reports the entry it holds pinned; a waiting one the entry of its
      * last read (refreshed before the next selection) */
-    o->restore_entry = q->where == SK_WHERE_ACTIVE ? q->pinned_entry
-                       : q->where == SK_WHERE_WAITING ? q->restore_entry : SKIPPY_PREFIX_NONE;
+    o->restore_entry = SKIPPY_PREFIX_NONE;
+    if (q->where == SK_WHERE_ACTIVE) {
+        o->restore_entry = q->pinned_entry;
+    } else if (q->where == SK_WHERE_WAITING && s->store && q->has_restore) {
+        size_t matched = 0; /* the backing entry now (it may differ from the last read's) */
+        o->restore_entry = skippy_prefix_store_match(s->store, q->tokens, q->prompt_len, &matched);
+    }
     o->restore_holder = s->store && o->restore_entry != SKIPPY_PREFIX_NONE
                             ? sk_prefix_holder(s->store, o->restore_entry) : SKIPPY_PREFIX_NONE;
     o->cache_epoch = q->cache_epoch;

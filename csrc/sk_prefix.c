@@ -251,11 +251,18 @@ static int heap_reserve(skippy_prefix_store *p, size_t entries)
 
 /* ---- journal ---- */
 
-static void journal_add(skippy_prefix_store *p, uint32_t id)
+/*
+ * Records a change of the resident key `key` (`len` tokens): the prompts whose match can have
+ * changed are those that share more than `lcp` tokens with it, `lcp` being its longest common
+ * prefix with the keys resident besides it (any prompt sharing fewer is matched as far through
+ * those). So the record is the key's first lcp + 1 tokens; nothing when another resident key
+ * holds all of it. (Which entry backs an unchanged match may still change: the scheduler looks
+ * the entry up again when it pins it.)
+ */
+static void journal_add(skippy_prefix_store *p, const int32_t *key, size_t len, size_t lcp)
 {
-    if (!p->owner || p->overflow) return;
-    const sk_pentry *x = &p->e[id];
-    size_t len = x->start + 1;
+    if (!p->owner || p->overflow || lcp >= len) return;
+    len = lcp + 1;
     if (p->n_changes >= JOURNAL_MAX_CHANGES || p->jtok_len + len > JOURNAL_MAX_TOKENS ||
         sk_grow((void **)&p->changes, &p->changes_cap, p->n_changes + 1, sizeof(sk_prefix_change)) ||
         sk_grow((void **)&p->jtok, &p->jtok_cap, p->jtok_len + len, sizeof(int32_t))) {
@@ -265,14 +272,19 @@ static void journal_add(skippy_prefix_store *p, uint32_t id)
         p->jtok_len = 0;
         return;
     }
-    int32_t *dst = p->jtok + p->jtok_len;
-    /* the first start + 1 key tokens: the parent's key, then the segment's first token */
-    if (x->parent != NONE) key_of(p, x->parent, dst);
-    dst[x->start] = x->seg[0];
+    memcpy(p->jtok + p->jtok_len, key, len * sizeof(int32_t));
     p->changes[p->n_changes].offset = p->jtok_len;
     p->changes[p->n_changes].length = len;
     p->n_changes++;
     p->jtok_len += len;
+}
+
+/* The longest common prefix of key with the resident keys (the store's own match). */
+static size_t resident_lcp(const skippy_prefix_store *p, const int32_t *key, size_t len)
+{
+    size_t m = 0;
+    if (p->owner) skippy_prefix_store_match(p, key, len, &m);
+    return m;
 }
 
 const sk_prefix_change *sk_prefix_journal(const skippy_prefix_store *p, size_t *count,
@@ -430,7 +442,7 @@ static int evict(skippy_prefix_store *p, uint32_t id)
     uint64_t handle;
     int rc = sk_radix_remove(p->radix, SK_RADIX_RESIDENT, NS, NS_LEN, key, x->length, &handle);
     if (rc == SK_RADIX_NO_MEMORY) return SKIPPY_SCHED_NO_MEMORY;
-    journal_add(p, id);
+    journal_add(p, key, x->length, resident_lcp(p, key, x->length));
     skippy_prefix_eviction *ev = &p->evicted[p->evicted_len++];
     ev->entry = id;
     ev->holder = x->holder;
@@ -579,6 +591,7 @@ skippy_sched_code skippy_prefix_store_insert(skippy_prefix_store *p, const int32
         if (evict(p, p->victims[i]))
             return fail(p, SKIPPY_SCHED_NO_MEMORY, "out of memory evicting (evictions so far are "
                         "reported by skippy_prefix_store_evicted)");
+    size_t lcp = resident_lcp(p, tokens, n); /* before it is resident itself */
     uint64_t prev;
     int rc = sk_radix_insert(p->radix, SK_RADIX_RESIDENT, 0, NS, NS_LEN, tokens, n, n - start,
                              id, &prev);
@@ -612,7 +625,7 @@ skippy_sched_code skippy_prefix_store_insert(skippy_prefix_store *p, const int32
     p->st.entries++;
     p->st.inserts++;
     p->epoch++;
-    journal_add(p, id);
+    journal_add(p, tokens, n, lcp);
     stamp(p, id);
     if (out_entry) *out_entry = id;
     return SKIPPY_SCHED_OK;

@@ -2,12 +2,12 @@
  * What the scheduler reads of a prefix store besides its public API (sk_prefix.c, §8c).
  *
  * The change journal: while a scheduler is attached, every insert and eviction appends the
- * prefix under which waiting prompts may have changed their match, i.e. the entry's key up to
- * one token past its parent (a prompt that does not share that many tokens with the key could
- * neither gain nor lose tokens through this entry: its match through the parent is unchanged).
- * The scheduler drains the journal before admission (sk_affinity.c). A journal that grows past
- * its bound is dropped and flagged as overflowed; the scheduler then re-reads every waiting
- * sequence instead.
+ * prefix under which waiting prompts may have changed their match: the changed key up to one
+ * token past its longest common prefix with the other resident keys (a prompt that shares no
+ * more than that with the key is matched as far through the others, before and after). A key
+ * another resident key holds whole is not recorded. The scheduler drains the journal before
+ * admission (sk_affinity.c). A journal that grows past its bound is dropped and flagged as
+ * overflowed; the scheduler then re-reads every waiting sequence instead.
  */
 #ifndef SK_PREFIX_H
 #define SK_PREFIX_H
