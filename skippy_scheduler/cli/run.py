@@ -61,6 +61,8 @@ def register(subparsers) -> None:
     p.add_argument("--prefix-holders", type=positive_int, default=16, metavar="K",
                    help="sequence ids that hold resident prefixes (default 16; the scheduler "
                         "reserves them)")
+    p.add_argument("--kv-unified", action="store_true",
+                   help="one KV cache shared by all sequences (prefix reuse turns it on)")
     p.add_argument("--json", metavar="FILE", help="write per-request tokens and metrics here")
     p.set_defaults(func=run)
 
@@ -142,6 +144,7 @@ def run(args) -> int:
             model, n_ctx=n_ctx, n_seq_max=n_seq,
             n_threads=args.threads, n_batch=n_batch, kv_type=args.kv_type,
             flash_attn=args.flash_attn, prefix_cache_tokens=args.prefix_cache_tokens,
+            kv_unified=True if args.kv_unified else None,
             prefix_holders=max(holders, 1),
         ) as host:
             token_prompts = _tokenize_prompts(host, prompts)
