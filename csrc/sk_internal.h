@@ -70,6 +70,7 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     uint32_t epoch;           /* changes when rows planned so far become void (preempt, retire) */
     uint64_t source_step;     /* depth > 1: the plan step and work index that sample the newest */
     size_t source_row;        /*   pending placeholder (the input of the next decode row) */
+    uint32_t tenant;          /* as submitted; fair share keeps its own per-slot state (sk_fair.c) */
 } sk_seq;
 
 /*
@@ -155,6 +156,7 @@ struct skippy_scheduler {
     sk_rank_item *rank_items;
     size_t *rank_out;                     /* permutation from sk_rank_order or a user policy */
     size_t rank_cap;
+    struct sk_fair *fair;                 /* SKIPPY_ADMISSION_FAIR_SHARE only (sk_fair.h) */
 
     skippy_rank_callback rank_cb;
     skippy_victim_callback victim_cb;

@@ -70,7 +70,8 @@ PLAN_ABI_VERSION = SKIPPY_PLAN_ABI_VERSION
 # disagrees would run a different policy than the one the caller chose.
 if ([(k.name, k.value) for k in AdmissionKind] != [
         ("CACHE_AWARE", SKIPPY_ADMISSION_CACHE_AWARE), ("FCFS", SKIPPY_ADMISSION_FCFS),
-        ("PRIORITY", SKIPPY_ADMISSION_PRIORITY), ("CALLBACK", SKIPPY_ADMISSION_CALLBACK)]
+        ("PRIORITY", SKIPPY_ADMISSION_PRIORITY), ("CALLBACK", SKIPPY_ADMISSION_CALLBACK),
+        ("FAIR_SHARE", SKIPPY_ADMISSION_FAIR_SHARE)]
         or [(k.name, k.value) for k in PreemptionKind] != [
         ("LOWEST_PRIORITY_NEWEST", SKIPPY_PREEMPT_LOWEST_PRIORITY_NEWEST),
         ("FEWEST_COMPUTED", SKIPPY_PREEMPT_FEWEST_COMPUTED),
@@ -703,6 +704,7 @@ cdef class Scheduler:
         d.saved_cost = q.cache_affinity.estimated_saved_cost()
         d.sampling = <const skippy_sampling_config *>sampling_addr
         d.session = <skippy_session *>session_addr
+        d.tenant = 0
         if skippy_scheduler_submit(self._s, &d, &slot, NULL) != SKIPPY_STATUS_OK:
             self._raise_last(q.id)
         while len(self._objects) <= slot:

@@ -47,6 +47,7 @@ class AdmissionKind(enum.IntEnum):
     FCFS = 1
     PRIORITY = 2
     CALLBACK = 3  # none built in: the core asks the policy object for the order
+    FAIR_SHARE = 4  # FairShareAdmission with the cache-aware order within a tenant
 
 
 class PreemptionKind(enum.IntEnum):
