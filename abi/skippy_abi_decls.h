@@ -7,7 +7,7 @@
 
 /* This project's plan ABI: bumped whenever a struct below changes layout or meaning. */
 enum {
-    SKIPPY_PLAN_ABI_VERSION = 2
+    SKIPPY_PLAN_ABI_VERSION = 3
 };
 
 /* Three uint32 fields returned by value (12 bytes). */

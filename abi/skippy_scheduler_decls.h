@@ -29,7 +29,8 @@ typedef enum skippy_admission_policy {
     SKIPPY_ADMISSION_CACHE_AWARE = 0,  /* priority, cache value + aging, prefix grouping */
     SKIPPY_ADMISSION_FCFS = 1,         /* enqueue order only */
     SKIPPY_ADMISSION_PRIORITY = 2,     /* priority, then enqueue order */
-    SKIPPY_ADMISSION_CALLBACK = 3
+    SKIPPY_ADMISSION_CALLBACK = 3,
+    SKIPPY_ADMISSION_FAIR_SHARE = 4    /* per-tenant service counters; cache-aware within a tenant */
 } skippy_admission_policy;
 
 /* Built-in preemption victim rules; CALLBACK asks the victim callback. */
@@ -65,6 +66,9 @@ typedef struct skippy_scheduler_config {
     const skippy_memory_component *memory_components;
     size_t memory_component_count;
     size_t max_inflight_plans;                   /* default 1: plans live at once (§2.11) */
+    double fair_prefill_cost;                    /* default 1.0: FAIR_SHARE charge per prefill or
+                                                    recompute token (finite, >= 0) */
+    double fair_decode_cost;                     /* default 2.0: FAIR_SHARE charge per decode token */
 } skippy_scheduler_config;
 
 /* What submit copies from the caller (nothing is borrowed after the call). */
@@ -85,6 +89,7 @@ typedef struct skippy_sequence_desc {
     uint64_t saved_cost;                       /* cache affinity's estimated saved cost */
     const skippy_sampling_config *sampling;    /* copied by pointer into each row */
     struct skippy_session *session;            /* copied by pointer into each row */
+    uint32_t tenant;                           /* FAIR_SHARE: whose service it is (default 0) */
 } skippy_sequence_desc;
 
 /* Read-only view of one sequence (pointers valid until the next mutating call). */
@@ -111,6 +116,7 @@ typedef struct skippy_sequence_info {
                                                   SKIPPY_PREFIX_NONE (attached store only) */
     uint32_t restore_holder;                   /* that entry's holder id (SKIPPY_PREFIX_NONE) */
     uint64_t cache_epoch;                      /* store epoch the affinity was read at */
+    uint32_t tenant;
 } skippy_sequence_info;
 
 /* Cumulative counters. */
@@ -325,3 +331,11 @@ skippy_status skippy_scheduler_set_prefix_store(skippy_scheduler *scheduler,
                                                 uint64_t restore_cost_per_token,
                                                 skippy_error **out_error);
 skippy_prefix_store *skippy_scheduler_prefix_store(const skippy_scheduler *scheduler);
+/* Fair share (SKIPPY_ADMISSION_FAIR_SHARE; see docs/behaviour.md §3.6). A tenant's weight
+ * divides every charge to its counter (default 1.0); INVALID for a weight that is not a finite
+ * number > 0 or a scheduler of another admission policy. The counter of a tenant the scheduler
+ * has not seen is 0; lifts counts the times a returning tenant was raised to the floor. */
+skippy_status skippy_scheduler_set_tenant_weight(skippy_scheduler *scheduler, uint32_t tenant,
+                                                 double weight, skippy_error **out_error);
+double skippy_scheduler_tenant_counter(const skippy_scheduler *scheduler, uint32_t tenant);
+uint64_t skippy_scheduler_fair_share_lifts(const skippy_scheduler *scheduler);

@@ -8,6 +8,7 @@
 
 #include "sk_internal.h"
 #include "sk_prefix.h"
+#include "sk_fair.h"
 
 void skippy_scheduler_config_default(skippy_scheduler_config *c)
 {
@@ -26,6 +27,8 @@ void skippy_scheduler_config_default(skippy_scheduler_config *c)
     c->admission_policy = SKIPPY_ADMISSION_CACHE_AWARE;
     c->preemption_policy = SKIPPY_PREEMPT_LOWEST_PRIORITY_NEWEST;
     c->max_inflight_plans = 1;
+    c->fair_prefill_cost = 1.0;
+    c->fair_decode_cost = 2.0;
 }
 
 static size_t clamp_sz(size_t v, size_t lo, size_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
@@ -122,9 +125,15 @@ skippy_status skippy_scheduler_create(const skippy_scheduler_config *config,
         rc = sk_fail(s, SKIPPY_SCHED_INVALID, "memory_components is NULL with a non-zero count");
         goto fail;
     }
-    if (s->cfg.admission_policy > SKIPPY_ADMISSION_CALLBACK ||
+    if (s->cfg.admission_policy > SKIPPY_ADMISSION_FAIR_SHARE ||
         s->cfg.preemption_policy > SKIPPY_PREEMPT_CALLBACK) {
         rc = sk_fail(s, SKIPPY_SCHED_INVALID, "unknown admission or preemption policy");
+        goto fail;
+    }
+    if (s->cfg.admission_policy == SKIPPY_ADMISSION_FAIR_SHARE &&
+        sk_fair_check_config(&s->cfg)) {
+        rc = sk_fail(s, SKIPPY_SCHED_INVALID, "fair_prefill_cost and fair_decode_cost must be "
+                     "finite numbers >= 0");
         goto fail;
     }
     s->comps = calloc(nc ? nc : 1, sizeof *s->comps);
@@ -209,6 +218,7 @@ bool skippy_scheduler_sequence(const skippy_scheduler *s, uint32_t slot, skippy_
     o->restore_holder = s->store && o->restore_entry != SKIPPY_PREFIX_NONE
                             ? sk_prefix_holder(s->store, o->restore_entry) : SKIPPY_PREFIX_NONE;
     o->cache_epoch = q->cache_epoch;
+    o->tenant = q->tenant;
     return true;
 }
 

@@ -75,6 +75,7 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     uint32_t pinned_entry;    /* the entry pinned while active (SKIPPY_PREFIX_NONE) */
     uint64_t cache_epoch;     /* store epoch at the last read */
     uint32_t probe_round;     /* refresh dedup stamp */
+    uint32_t tenant;          /* as submitted; fair share keeps its own per-slot state (sk_fair.c) */
 } sk_seq;
 
 /*
@@ -160,6 +161,7 @@ struct skippy_scheduler {
     sk_rank_item *rank_items;
     size_t *rank_out;                     /* permutation from sk_rank_order or a user policy */
     size_t rank_cap;
+    struct sk_fair *fair;                 /* SKIPPY_ADMISSION_FAIR_SHARE only (sk_fair.h) */
 
     bool rank_by_set;                     /* rank_set orders the queue (else it only indexes it) */
 

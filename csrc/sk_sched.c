@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "sk_internal.h"
+#include "sk_fair.h"
 
 static uint64_t reservation(const skippy_memory_component *component, size_t tokens)
 {
@@ -118,6 +119,7 @@ static int submit(skippy_scheduler *s, const skippy_sequence_desc *desc, uint32_
     seq->saved_cost = desc->saved_cost;
     seq->sampling = desc->sampling;
     seq->session = desc->session;
+    seq->tenant = desc->tenant;
     seq->source_step = 0;
     seq->source_row = 0;
     seq->admitted_at = 0;
@@ -128,6 +130,7 @@ static int submit(skippy_scheduler *s, const skippy_sequence_desc *desc, uint32_
     seq->cache_epoch = 0;
     seq->where = SK_WHERE_FREE;
     sk_affinity_read(s, seq); /* with a store: its restore and saved cost, before ranking */
+    if (sk_fair_submit(s, slot, desc->tenant)) goto oom;
     if (sk_waiting_add(s, slot, seq->enqueue_order)) goto oom;
     /* From here on nothing can fail. */
     sk_store_take(s);
@@ -295,6 +298,7 @@ static int complete(skippy_scheduler *s, uint64_t serial, skippy_iteration_telem
                 sizeof(skippy_retired)))
         return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory completing the plan");
     s->retired_cap = cap;
+    if (s->fair) sk_fair_charge(s, plan_slot); /* before any row's sequence can end */
 
     /* Only sampling rows change sequences; token totals were counted while planning. A row is
      * void when its sequence left the active set, or (when something went void since the plan

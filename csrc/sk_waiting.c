@@ -7,7 +7,8 @@
  * prefix tree instead of re-reading every waiting prompt. The other built-in policies never
  * read prompts, and one radix sort of the queue costs them less than the set's upkeep, so they
  * rank the whole queue with sk_rank_order; a user policy (SKIPPY_ADMISSION_CALLBACK) is handed
- * the whole queue as before.
+ * the whole queue as before. Fair share (SKIPPY_ADMISSION_FAIR_SHARE) ranks the whole queue
+ * cache-aware with sk_rank_order, then sk_fair_order interleaves the tenants (sk_fair.c).
  *
  * The set breaks exact ties by insertion, ranking the queue in place would break them by queue
  * position; neither is ever consulted, because every policy's last key is enqueue_order and that
@@ -26,6 +27,7 @@
 #include <string.h>
 
 #include "sk_internal.h"
+#include "sk_fair.h"
 
 static int rank_mode(const skippy_scheduler *s)
 {
@@ -37,7 +39,9 @@ static int rank_mode(const skippy_scheduler *s)
 int sk_waiting_init(skippy_scheduler *s)
 {
     if (s->cfg.admission_policy == SKIPPY_ADMISSION_CALLBACK) return 0;
-    if (rank_mode(s) == SK_RANK_CACHE_AWARE && s->cfg.group_waiting_prefixes) {
+    if (s->cfg.admission_policy == SKIPPY_ADMISSION_FAIR_SHARE && !(s->fair = sk_fair_new()))
+        return -1;
+    if (s->cfg.admission_policy == SKIPPY_ADMISSION_CACHE_AWARE && s->cfg.group_waiting_prefixes) {
         s->rank_set = sk_rank_set_new();
         s->rank_by_set = true;
         return s->rank_set ? 0 : -1;
@@ -53,6 +57,7 @@ void sk_waiting_free(skippy_scheduler *s)
     sk_rank_ws_free(s->rank_ws);
     free(s->rank_items);
     free(s->rank_out);
+    sk_fair_free(s->fair);
 }
 
 int sk_waiting_add(skippy_scheduler *s, uint32_t slot, uint64_t order)
@@ -104,6 +109,8 @@ static int rank_whole_queue(skippy_scheduler *s)
         if (sk_rank_order(s->rank_ws, items, n, s->waiting_turn,
                           s->cfg.cache_aging_cost_per_iteration, s->cfg.group_waiting_prefixes,
                           rank_mode(s), s->rank_out))
+            return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory ranking the waiting queue");
+        if (s->fair && sk_fair_order(s, s->rank_out, n))
             return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory ranking the waiting queue");
     }
     /* Apply only a complete permutation (the reference's defensive check). */

@@ -21,6 +21,7 @@ class _Lib:
     SKIPPY_ABI_FEATURE_SAMPLING_CONFIG: Final[int]
     SKIPPY_ADMISSION_CACHE_AWARE: Final[int]
     SKIPPY_ADMISSION_CALLBACK: Final[int]
+    SKIPPY_ADMISSION_FAIR_SHARE: Final[int]
     SKIPPY_ADMISSION_FCFS: Final[int]
     SKIPPY_ADMISSION_PRIORITY: Final[int]
     SKIPPY_DEFERRED_TOKEN: Final[int]
@@ -154,3 +155,8 @@ class _Lib:
         restore_cost_per_token: int, out_error: _CData, /
     ) -> int: ...
     def skippy_scheduler_prefix_store(self, scheduler: _CData, /) -> _CData: ...
+    def skippy_scheduler_set_tenant_weight(
+        self, scheduler: _CData, tenant: int, weight: float, out_error: _CData, /
+    ) -> int: ...
+    def skippy_scheduler_tenant_counter(self, scheduler: _CData, tenant: int, /) -> float: ...
+    def skippy_scheduler_fair_share_lifts(self, scheduler: _CData, /) -> int: ...

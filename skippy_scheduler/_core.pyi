@@ -2,6 +2,8 @@
 # core's memory; their dtypes here are the ones _core.pyx builds the views with.
 from collections.abc import Iterable
 from typing import Any, Final
+from collections.abc import Hashable, Iterable
+from typing import Final
 
 from _cffi_backend import FFI
 import numpy as np
@@ -119,6 +121,10 @@ class Scheduler:
     def mixed_prefill_viable(self) -> bool: ...
     @property
     def native(self) -> int: ...
+    def set_tenant_weight(self, tenant: Hashable, weight: float) -> None: ...
+    def tenant_counters(self) -> dict[Hashable, float]: ...
+    @property
+    def fair_share_lifts(self) -> int: ...
 
 @disjoint_base
 class NativePrefixStore:

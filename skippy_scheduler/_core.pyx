@@ -38,6 +38,7 @@ from .policies import (
     AdmissionKind,
     AdmissionPolicy,
     CacheAwareAdmission,
+    FairShareAdmission,
     FcfsAdmission,
     LowestPriorityNewest,
     FewestComputedTokens,
@@ -45,6 +46,7 @@ from .policies import (
     PreemptionPolicy,
     PriorityAdmission,
     VictimCandidate,
+    VirtualTokenCounters,
 )
 from .types import (
     DuplicateSequence,
@@ -70,7 +72,8 @@ PLAN_ABI_VERSION = SKIPPY_PLAN_ABI_VERSION
 # disagrees would run a different policy than the one the caller chose.
 if ([(k.name, k.value) for k in AdmissionKind] != [
         ("CACHE_AWARE", SKIPPY_ADMISSION_CACHE_AWARE), ("FCFS", SKIPPY_ADMISSION_FCFS),
-        ("PRIORITY", SKIPPY_ADMISSION_PRIORITY), ("CALLBACK", SKIPPY_ADMISSION_CALLBACK)]
+        ("PRIORITY", SKIPPY_ADMISSION_PRIORITY), ("CALLBACK", SKIPPY_ADMISSION_CALLBACK),
+        ("FAIR_SHARE", SKIPPY_ADMISSION_FAIR_SHARE)]
         or [(k.name, k.value) for k in PreemptionKind] != [
         ("LOWEST_PRIORITY_NEWEST", SKIPPY_PREEMPT_LOWEST_PRIORITY_NEWEST),
         ("FEWEST_COMPUTED", SKIPPY_PREEMPT_FEWEST_COMPUTED),
@@ -232,6 +235,7 @@ cdef class _SlotObjects:
     cdef object prefix_restore
     cdef object cache_affinity
     cdef object sampling
+    cdef object tenant  # the sequence's own `tenant` field, for snapshots and Python policies
     cdef object prompt  # the prompt as a tuple, built the first time a Python policy ranks it
 
 
@@ -241,6 +245,7 @@ cdef _SlotObjects _slot_objects(object seq):
     o.prefix_restore = seq.prefix_restore
     o.cache_affinity = seq.cache_affinity
     o.sampling = seq.sampling
+    o.tenant = seq.tenant
     return o
 
 
@@ -277,7 +282,7 @@ cdef int _rank_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t *
             candidates.append(CacheAwareCandidate(
                 index=i, priority=info.priority, affinity=affinity,
                 prompt_tokens=o.prompt, enqueued_turn=info.enqueued_turn,
-                order=info.enqueue_order))
+                order=info.enqueue_order, tenant=o.tenant))
         order = self.admission.order(candidates, turn)
         try:
             order = [int(k) for k in order]
@@ -554,6 +559,10 @@ cdef class Scheduler:
     cdef object _cb_error
     cdef object _store                     # the attached PrefixStore (keeps it alive)
     cdef tuple _aff_costs                  # (prefill, restore) cost per token with a store
+    cdef bint _fair                        # the core runs fair share (SKIPPY_ADMISSION_FAIR_SHARE)
+    cdef dict _tenant_ids                  # fair share: tenant object -> the core's uint32 id
+    cdef list _tenants                     #   and back, by id
+    cdef double _default_weight            #   weight of a tenant first seen at submit
 
     def __cinit__(self, config=None, admission=None, preemption=None):
         self._s = NULL
@@ -590,13 +599,19 @@ cdef class Scheduler:
         # Every policy is resolved against the config (subclasses keep their type).
         admission = admission.resolved(cfg)
         # Only the built-in classes themselves run in C: a subclass may override their methods.
-        if type(admission) in (CacheAwareAdmission, FcfsAdmission, PriorityAdmission):
+        fair = (type(admission) is FairShareAdmission
+                and admission.native_kind == AdmissionKind.FAIR_SHARE)
+        if type(admission) in (CacheAwareAdmission, FcfsAdmission, PriorityAdmission) or fair:
             c.admission_policy = admission.native_kind
         else:
             c.admission_policy = SKIPPY_ADMISSION_CALLBACK
-        if type(admission) is CacheAwareAdmission:
-            c.cache_aging_cost_per_iteration = admission.aging_cost_per_turn
-            c.group_waiting_prefixes = admission.group_waiting_prefixes
+        inner = admission.within if fair else admission
+        if type(inner) is CacheAwareAdmission:
+            c.cache_aging_cost_per_iteration = inner.aging_cost_per_turn
+            c.group_waiting_prefixes = inner.group_waiting_prefixes
+        if fair:
+            c.fair_prefill_cost = admission.counters.prefill_cost
+            c.fair_decode_cost = admission.counters.decode_cost
         if type(preemption) in (LowestPriorityNewest, FewestComputedTokens):
             c.preemption_policy = preemption.native_kind
         else:
@@ -632,6 +647,19 @@ cdef class Scheduler:
         self._available = [(m.name, m.available_bytes()) for m in comps]
         self._buffers = {}
         self._last_serial = 0
+        self._fair = fair
+        self._tenant_ids = {}
+        self._tenants = []
+        self._default_weight = 1.0
+        if fair:
+            counters = admission.counters
+            # None is tenant 0, the id a sequence without a tenant gets (as in C).
+            self._tenant_id(None)
+            for tenant, weight in counters.weights.items():
+                self._set_weight(self._tenant_id(tenant), weight)
+            self._default_weight = counters.default_weight
+            if self._default_weight != 1.0 and None not in counters.weights:
+                self._set_weight(0, self._default_weight)
 
     def __dealloc__(self):
         if self._s != NULL:
@@ -746,8 +774,18 @@ cdef class Scheduler:
         d.saved_cost = q.cache_affinity.estimated_saved_cost()
         d.sampling = <const skippy_sampling_config *>sampling_addr
         d.session = <skippy_session *>session_addr
+        d.tenant = 0
+        new_tenant = False
+        if self._fair:
+            tenant = FairShareAdmission.tenant_of_sequence(q)
+            known = self._tenant_ids.get(tenant)
+            new_tenant = known is None
+            # A refused submit must not introduce the tenant: its id is taken only afterwards.
+            d.tenant = self._next_tenant_id() if new_tenant else known
         if skippy_scheduler_submit(self._s, &d, &slot, NULL) != SKIPPY_STATUS_OK:
             self._raise_last(q.id)
+        if new_tenant:
+            self._add_tenant(tenant)
         while len(self._objects) <= slot:
             self._objects.append(None)
         self._objects[slot] = _slot_objects(q)
@@ -958,7 +996,7 @@ cdef class Scheduler:
             prefix_restore=restore, cache_affinity=affinity,
             admitted_at=info.admitted_at if info.admitted_at else None,
             prefill_cursor=info.prefill_cursor, enqueued_turn=info.enqueued_turn,
-            enqueue_order=info.enqueue_order)
+            enqueue_order=info.enqueue_order, tenant=o.tenant)
 
     def metrics(self):
         """A new `SchedulerMetrics` with the cumulative counters (changing it changes nothing
@@ -984,6 +1022,58 @@ cdef class Scheduler:
     def native(self):
         """Address of the underlying `skippy_scheduler *` (for native hosts sharing it)."""
         return <size_t>self._s
+
+    # -- fair share ---------------------------------------------------------------------------
+
+    cdef uint32_t _next_tenant_id(self) except? 0xFFFFFFFF:
+        cdef size_t n = len(self._tenants)
+        if n >= UINT32_MAX:
+            raise OverflowError("more than 2**32 - 1 tenants")
+        return <uint32_t>n
+
+    cdef uint32_t _add_tenant(self, object tenant) except? 0xFFFFFFFF:
+        """Give `tenant` the next id, with the policy's default weight. After a submit the core
+        already holds the tenant, so setting its weight allocates nothing and cannot fail."""
+        cdef uint32_t k = self._next_tenant_id()
+        if self._default_weight != 1.0:
+            self._set_weight(k, self._default_weight)
+        self._tenant_ids[tenant] = k
+        self._tenants.append(tenant)
+        return k
+
+    cdef uint32_t _tenant_id(self, object tenant) except? 0xFFFFFFFF:
+        """The core's id of `tenant`, given on first sight."""
+        known = self._tenant_ids.get(tenant)
+        return self._add_tenant(tenant) if known is None else known
+
+    cdef int _set_weight(self, uint32_t tenant, double weight) except -1:
+        if skippy_scheduler_set_tenant_weight(self._s, tenant, weight, NULL) != SKIPPY_STATUS_OK:
+            self._raise_last()
+        return 0
+
+    def set_tenant_weight(self, tenant, weight):
+        """Give `tenant` the fair-share weight `weight` (a finite number > 0) from now on: every
+        later charge to its counter is divided by it. ValueError unless the admission policy
+        is the native fair share."""
+        if not self._fair:
+            raise ValueError("tenant weights apply to the native fair-share admission only")
+        weight = VirtualTokenCounters._check_weight("weight", weight)
+        self._set_weight(self._tenant_id(tenant), weight)
+
+    def tenant_counters(self):
+        """Fair share: each tenant this scheduler has seen (submitted or weighted; None for
+        sequences without one) with its service counter, a float (docs/behaviour.md §3.6). An
+        empty dict under any other admission policy."""
+        cdef uint32_t k
+        if not self._fair:
+            return {}
+        return {tenant: skippy_scheduler_tenant_counter(self._s, k)
+                for k, tenant in enumerate(self._tenants)}
+
+    @property
+    def fair_share_lifts(self):
+        """Fair share: how many times a returning tenant was raised to the floor (int)."""
+        return skippy_scheduler_fair_share_lifts(self._s)
 
 
 def _layout():

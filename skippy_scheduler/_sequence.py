@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Hashable, Iterable
 
 from ._validate import (
     U32_MAX,
@@ -70,15 +70,25 @@ _FIELDS = (
     "prefill_cursor",
     "enqueued_turn",
     "enqueue_order",
+    "tenant",
 )
+
+
+def _check_tenant(tenant: Hashable) -> Hashable:
+    try:
+        hash(tenant)
+    except TypeError:
+        raise TypeError(f"tenant must be hashable, got {type(tenant).__name__}") from None
+    return tenant
 
 
 class Sequence:
     """One generation request and its progress.
 
     `prefill_cursor` counts the replay tokens (prompt + generated[:-1]) already fed to the model;
-    `enqueued_turn` and `enqueue_order` are set by `submit`. Builders modify the sequence and
-    return it, so they chain.
+    `enqueued_turn` and `enqueue_order` are set by `submit`. `tenant` (any hashable, None by
+    default) names whose service the request is, for fair-share admission. Builders modify the
+    sequence and return it, so they chain.
     """
 
     __slots__ = _FIELDS
@@ -90,6 +100,7 @@ class Sequence:
         max_tokens: int,
         sampling: Any = None,
         priority: int = 0,
+        tenant: Hashable = None,
     ) -> None:
         self.id = check_id("id", id)
         self.prompt_tokens = check_tokens("prompt_tokens", prompt_tokens)
@@ -105,6 +116,7 @@ class Sequence:
         self.prefill_cursor = 0
         self.enqueued_turn = 0
         self.enqueue_order = 0
+        self.tenant = _check_tenant(tenant)
 
     # -- builders -----------------------------------------------------------------------------
 
@@ -125,6 +137,10 @@ class Sequence:
         if not isinstance(affinity, CacheAffinity):
             raise TypeError(f"affinity must be a CacheAffinity, got {type(affinity).__name__}")
         self.cache_affinity = affinity
+        return self
+
+    def with_tenant(self, tenant: Hashable) -> "Sequence":
+        self.tenant = _check_tenant(tenant)
         return self
 
     def with_prefilled_generation(self, tokens: Iterable[int]) -> "Sequence":
@@ -201,6 +217,7 @@ class Sequence:
         copy.prefill_cursor = check_uint("prefill_cursor", self.prefill_cursor, USIZE_MAX)
         copy.enqueued_turn = check_uint("enqueued_turn", self.enqueued_turn)
         copy.enqueue_order = check_uint("enqueue_order", self.enqueue_order)
+        copy.tenant = _check_tenant(self.tenant)
         return copy
 
     def _snapshot(self, status: "SequenceStatus | None" = None) -> "Sequence":

@@ -35,6 +35,7 @@ cdef extern from "skippy_scheduler.h" nogil:
         SKIPPY_ADMISSION_FCFS
         SKIPPY_ADMISSION_PRIORITY
         SKIPPY_ADMISSION_CALLBACK
+        SKIPPY_ADMISSION_FAIR_SHARE
 
     ctypedef enum skippy_preemption_policy:
         SKIPPY_PREEMPT_LOWEST_PRIORITY_NEWEST
@@ -65,6 +66,8 @@ cdef extern from "skippy_scheduler.h" nogil:
         const skippy_memory_component *memory_components
         size_t memory_component_count
         size_t max_inflight_plans
+        double fair_prefill_cost
+        double fair_decode_cost
 
     ctypedef struct skippy_sequence_desc:
         const char *id
@@ -83,6 +86,7 @@ cdef extern from "skippy_scheduler.h" nogil:
         uint64_t saved_cost
         const skippy_sampling_config *sampling
         skippy_session *session
+        uint32_t tenant
 
     ctypedef struct skippy_sequence_info:
         const char *id
@@ -106,6 +110,7 @@ cdef extern from "skippy_scheduler.h" nogil:
         uint32_t restore_entry
         uint32_t restore_holder
         uint64_t cache_epoch
+        uint32_t tenant
 
     ctypedef struct skippy_scheduler_metrics:
         uint64_t iterations
@@ -270,3 +275,7 @@ cdef extern from "skippy_scheduler.h" nogil:
                                                     uint64_t restore_cost_per_token,
                                                     skippy_error **out_error)
     skippy_prefix_store *skippy_scheduler_prefix_store(const skippy_scheduler *scheduler)
+    skippy_status skippy_scheduler_set_tenant_weight(skippy_scheduler *scheduler, uint32_t tenant,
+                                                     double weight, skippy_error **out_error)
+    double skippy_scheduler_tenant_counter(const skippy_scheduler *scheduler, uint32_t tenant)
+    uint64_t skippy_scheduler_fair_share_lifts(const skippy_scheduler *scheduler)

@@ -6,7 +6,7 @@ its value is the prefill work a hit saves minus the cost of restoring it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence as _Seq
+from typing import Hashable, Iterable, Sequence as _Seq
 
 U64_MAX = (1 << 64) - 1
 
@@ -79,6 +79,7 @@ class CacheAwareCandidate:
     prompt_tokens: _Seq[int] = ()
     enqueued_turn: int = 0
     order: int = 0
+    tenant: Hashable = None  # the sequence's `Sequence.tenant` (fair-share admission)
 
 
 def _check_candidates(candidates: object) -> list[CacheAwareCandidate]:

@@ -5,7 +5,8 @@ changed (submit, waiting-cancel, preemption), and its preemption policy for a vi
 memory component is over its budget. Built-in policies carry a `native_kind` (an
 `AdmissionKind` or `PreemptionKind`) so the native scheduler runs them in C; their Python
 methods here are the reference that code is checked against. User policies (native_kind None)
-are called from Python.
+are called from Python. `FairShareAdmission` is native with its default inner order and a
+Python policy otherwise, so its `native_kind` is set per instance.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from ._validate import U64_MAX, check_bool, check_optional_uint
 from .cache_policy import CacheAffinity, CacheAwareCandidate
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .types import SchedulerConfig
+    from .types import SchedulerConfig, Sequence as SequenceType
 
 __all__ = [
     "AdmissionKind",
@@ -47,6 +48,7 @@ class AdmissionKind(enum.IntEnum):
     FCFS = 1
     PRIORITY = 2
     CALLBACK = 3  # none built in: the core asks the policy object for the order
+    FAIR_SHARE = 4  # FairShareAdmission with the cache-aware order within a tenant
 
 
 class PreemptionKind(enum.IntEnum):
@@ -62,7 +64,8 @@ class PreemptionKind(enum.IntEnum):
 class AdmissionPolicy(abc.ABC):
     """Orders the waiting queue; the scheduler admits front to back as capacity allows."""
 
-    native_kind: ClassVar[AdmissionKind | None] = None
+    # The order the core runs instead of calling `order` (None: it calls `order`).
+    native_kind: AdmissionKind | None = None
 
     @abc.abstractmethod
     def order(self, candidates: list[CacheAwareCandidate], current_turn: int) -> list[int]:
@@ -80,7 +83,7 @@ class CacheAwareAdmission(AdmissionPolicy):
     `group_waiting_prefixes`; an explicit aging cost of 0 gives no aging credit.
     """
 
-    native_kind: ClassVar[AdmissionKind | None] = AdmissionKind.CACHE_AWARE
+    native_kind = AdmissionKind.CACHE_AWARE
     _DEFAULT_AGING = 4096
 
     def __init__(self, aging_cost_per_turn: int | None = None, group_waiting_prefixes: bool | None = None):
@@ -127,7 +130,7 @@ class CacheAwareAdmission(AdmissionPolicy):
 class FcfsAdmission(AdmissionPolicy):
     """First come, first served: enqueue order (a preempted sequence gets a fresh one)."""
 
-    native_kind: ClassVar[AdmissionKind | None] = AdmissionKind.FCFS
+    native_kind = AdmissionKind.FCFS
 
     def order(self, candidates: list[CacheAwareCandidate], current_turn: int) -> list[int]:
         return [c.index for c in sorted(candidates, key=lambda c: c.order)]
@@ -136,7 +139,7 @@ class FcfsAdmission(AdmissionPolicy):
 class PriorityAdmission(AdmissionPolicy):
     """Highest priority first, then enqueue order."""
 
-    native_kind: ClassVar[AdmissionKind | None] = AdmissionKind.PRIORITY
+    native_kind = AdmissionKind.PRIORITY
 
     def order(self, candidates: list[CacheAwareCandidate], current_turn: int) -> list[int]:
         return [c.index for c in sorted(candidates, key=lambda c: (-c.priority, c.order))]
@@ -193,6 +196,12 @@ class VirtualTokenCounters:
                 or not math.isfinite(value) or value <= 0:
             raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
         return float(value)
+
+    def blank(self) -> "VirtualTokenCounters":
+        """Counters with these settings (costs, weights) and no service or observation yet."""
+        return VirtualTokenCounters(self.weights, prefill_cost=self.prefill_cost,
+                                    decode_cost=self.decode_cost,
+                                    default_weight=self.default_weight)
 
     def weight(self, tenant: Hashable) -> float:
         return self.weights.get(tenant, self.default_weight)
@@ -262,17 +271,25 @@ class FairShareAdmission(AdmissionPolicy):
     of `VirtualTokenCounters`. Within a tenant, requests keep the order of `within` (default:
     cache-aware admission, §3, resolved against the scheduler's config).
 
-    How the policy learns what it needs, through the public API only:
-    * **Tenants.** A candidate's tenant is read from its cache affinity: submit each sequence
-      with `with_cache_affinity(FairShareAdmission.tag(affinity, tenant, key))`, `key` being a
-      stable name of the request (its id). The scheduler hands that object back unchanged in
-      every ranking, across preemptions. Untagged sequences form one default tenant.
-    * **Service.** Whoever runs the plans reports served tokens with `charge(tenant, prefill,
-      decode)` (the lab's trace host does after every iteration). Counters advance only
-      through it.
+    **Native** (docs/behaviour.md §3.6). With the default inner order (`within` exactly a
+    `CacheAwareAdmission`) the policy's `native_kind` is `AdmissionKind.FAIR_SHARE`: the
+    scheduler (native core or twin) keeps its own counters, seeded with this policy's weights and
+    costs, and reads them back through `scheduler.tenant_counters()`. A sequence's tenant is its
+    `Sequence.tenant`; a request's expected prefill is its prompt minus its prefix restore; the
+    scheduler charges every row of a completed plan to the row's tenant itself, so no host call
+    is needed (and `charge` on this object changes nothing the scheduler reads).
 
-    It has no native kind, so the native scheduler runs it through its Python callback: it is
-    consulted whenever the waiting queue changed (submit, cancel, preemption).
+    **Python.** With any other `within` the scheduler calls `order` at every ranking, and this
+    object's `counters` are the state:
+    * **Tenants.** A candidate's tenant is its sequence's `Sequence.tenant` or, for a sequence
+      submitted with `with_cache_affinity(FairShareAdmission.tag(affinity, tenant, key))`, the
+      tagged tenant; `key` (a stable name of the request, its id) keeps the request's identity
+      across preemptions. Untagged sequences without a tenant form one default tenant (None).
+    * **Service.** Whoever runs the plans reports served tokens with `charge(tenant, prefill,
+      decode)`. Counters advance only through it.
+
+    Either way the policy is consulted whenever the waiting queue changed (submit, cancel,
+    preemption); a ranking of an empty queue observes nothing.
     """
 
     def __init__(self, weights: Mapping[Hashable, float] | None = None, *,
@@ -291,6 +308,9 @@ class FairShareAdmission(AdmissionPolicy):
             raise TypeError("within must be an AdmissionPolicy")
         self.counters = counters
         self.within = within
+        # Only the built-in inner order runs in the core: a subclass may change its method.
+        self.native_kind = AdmissionKind.FAIR_SHARE if type(within) is CacheAwareAdmission \
+            else None
 
     @staticmethod
     def tag(affinity: CacheAffinity | None, tenant: Hashable, key: Hashable) -> CacheAffinity:
@@ -300,7 +320,16 @@ class FairShareAdmission(AdmissionPolicy):
 
     @staticmethod
     def tenant_of(candidate: CacheAwareCandidate) -> Hashable:
+        if candidate.tenant is not None:
+            return candidate.tenant
         return getattr(candidate.affinity, "tenant", None)
+
+    @staticmethod
+    def tenant_of_sequence(seq: "SequenceType") -> Hashable:
+        """The tenant a scheduler ranks and charges `seq` under: `seq.tenant`, else a tag's."""
+        if seq.tenant is not None:
+            return seq.tenant
+        return getattr(seq.cache_affinity, "tenant", None)
 
     @staticmethod
     def key_of(candidate: CacheAwareCandidate) -> Hashable:
@@ -330,16 +359,28 @@ class FairShareAdmission(AdmissionPolicy):
         return within.order(candidates, current_turn)
 
     def order(self, candidates: list[CacheAwareCandidate], current_turn: int) -> list[int]:
-        by_index = {c.index: c for c in candidates}
+        return self.rank(candidates, current_turn,
+                         [self.tenant_of(c) for c in candidates],
+                         [self.key_of(c) for c in candidates],
+                         [max(len(c.prompt_tokens) - c.affinity.matched_tokens(), 0)
+                          for c in candidates])
+
+    def rank(self, candidates: list[CacheAwareCandidate], current_turn: int,
+             tenants: _Seq[Hashable], keys: _Seq[Hashable], uncached: _Seq[int]) -> list[int]:
+        """`order` with each candidate's tenant, stable request key and expected prefill
+        tokens given (lists parallel to `candidates`): apply the lift rule, then interleave the
+        tenants' inner orders."""
+        if not candidates:
+            return []  # nothing queued is not an observation (the lift rule's drained case)
+        position = {c.index: k for k, c in enumerate(candidates)}
         queues: dict[Hashable, list[tuple[int, int, float]]] = {}
-        keys: dict[Hashable, list[Hashable]] = {}
+        queued: dict[Hashable, list[Hashable]] = {}
         for index in self._within_order(candidates, current_turn):
-            c = by_index[index]
-            tenant = self.tenant_of(c)
-            uncached = max(len(c.prompt_tokens) - c.affinity.matched_tokens(), 0)
-            queues.setdefault(tenant, []).append((c.index, c.order, uncached))
-            keys.setdefault(tenant, []).append(self.key_of(c))
-        self.counters.observe_queue(keys)
+            k = position[index]
+            tenant = tenants[k]
+            queues.setdefault(tenant, []).append((index, candidates[k].order, uncached[k]))
+            queued.setdefault(tenant, []).append(keys[k])
+        self.counters.observe_queue(queued)
         return self.counters.interleave(queues)
 
     def __repr__(self) -> str:

@@ -20,10 +20,11 @@ sampling, like the workload suite's host) with two models:
   request's restore is re-read when it re-enters the queue.
 
 **Tenants.** With more than one tenant (a trace field or `tenants=K`), the host adds up, per
-tenant, the tokens each plan computes for it (prefill and decode rows) and reports it to the
-fair-share policy (`FairShareAdmission.charge`); the report gives each tenant's service rate
-while the trace is arriving (tokens computed from the first arrival to the last, per second)
-and Jain's index over those rates.
+tenant, the tokens each plan computes for it (prefill and decode rows); the report gives each
+tenant's service rate while the trace is arriving (tokens computed from the first arrival to the
+last, per second) and Jain's index over those rates. Under fair share every sequence carries its
+tenant (`Sequence.tenant`) and the scheduler charges completed rows itself; only a fair-share
+policy run from Python (a non-default inner order) is charged by the host.
 """
 from __future__ import annotations
 
@@ -186,8 +187,7 @@ class TraceHost(CostModelHost):
         if seq is None:
             seq = Sequence(live.id, live.prompt.tolist(), live.out)
         if self.fair_share is not None:
-            seq.with_cache_affinity(FairShareAdmission.tag(
-                None, self.tenant_names[live.tenant], live.id))
+            seq.with_tenant(self.tenant_names[live.tenant])
         if self.reserve is not None:
             seq.with_admission_tokens(live.n + min(live.out, self.reserve))
         return seq
@@ -333,7 +333,7 @@ class TraceHost(CostModelHost):
                 entry = served.setdefault(t, [0, 0])
                 entry[1 if phases[i] == _PHASE_DECODE else 0] += tokens
         fair = self.fair_share
-        if fair is not None:
+        if fair is not None and fair.native_kind is None:
             names = self.tenant_names
             for t, (prefill, decode) in served.items():
                 fair.charge(names[t], prefill, decode)
@@ -418,7 +418,8 @@ def run_replay(trace: Trace, policy: str, mode: str = DEFAULT_MODE,
     config = options.config(mode)
     admission = make_admission(policy, options.tenant_weights)
     sched = resolve_backend(backend).make(config, admission=admission)
-    # The scheduler runs a resolved copy of the policy that shares these counters.
+    # A Python-run policy's resolved copy in the scheduler shares these counters (the host
+    # charges them); the native kind keeps its own (TraceHost: tenants only).
     fair = admission if isinstance(admission, FairShareAdmission) else None
     host = TraceHost(sched, cost, options, fair_share=fair)
     if host_hook is not None:

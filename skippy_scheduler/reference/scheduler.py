@@ -11,18 +11,21 @@ import itertools
 import math
 import numbers
 import weakref
-from typing import Iterable, Optional
+from typing import Hashable, Iterable, Optional
 
 from .._validate import I32_MAX, USIZE_MAX, check_id, check_uint, sat, sat_sub
 from .plan import TwinPlan, read_predictions
 from ..cache_policy import CacheAwareCandidate
 from ..prefix_store import store_affinity
 from ..policies import (
+    AdmissionKind,
     AdmissionPolicy,
     CacheAwareAdmission,
+    FairShareAdmission,
     LowestPriorityNewest,
     PreemptionPolicy,
     VictimCandidate,
+    VirtualTokenCounters,
 )
 from ..types import (
     DuplicateSequence,
@@ -53,14 +56,18 @@ PLACEHOLDER = -1  # a generated token whose sampling row is still in flight (§2
 class _Flight:
     """In-flight state of one sequence incarnation: `epoch` changes whenever rows planned for
     it become void (preemption; a new submit is a new incarnation), `pending` counts its
-    placeholder tokens, `source` is the (plan step, work index) that samples the newest one."""
+    placeholder tokens, `source` is the (plan step, work index) that samples the newest one.
+    Fair share: `request` names the submission for the lift rule (it survives preemption) and
+    `tenant` is whose service it is."""
 
-    __slots__ = ("epoch", "pending", "source")
+    __slots__ = ("epoch", "pending", "source", "request", "tenant")
 
-    def __init__(self, epoch: int) -> None:
+    def __init__(self, epoch: int, tenant: Hashable = None) -> None:
         self.epoch = epoch
         self.pending = 0
         self.source: Optional[tuple[int, int]] = None
+        self.request = epoch
+        self.tenant = tenant
 
 
 class _RowUndo:
@@ -130,6 +137,15 @@ class TwinScheduler:
         self._store_epoch = 0
         self._restore_entry: dict[str, object] = {}  # waiting: the entry of its last read
         self._pinned: dict[str, object] = {}  # active: the entry pinned at admission
+
+        # Fair share as the core runs it (AdmissionKind.FAIR_SHARE, behaviour.md §3.6): this
+        # scheduler's own counters, seeded with the policy's settings, and the tenants seen.
+        self._fair: Optional[FairShareAdmission] = None
+        self._tenants: dict[Hashable, None] = {}
+        a = self._admission
+        if type(a) is FairShareAdmission and a.native_kind == AdmissionKind.FAIR_SHARE:
+            self._fair = FairShareAdmission(within=a.within, counters=a.counters.blank())
+            self._tenants = dict.fromkeys([None, *a.counters.weights])
 
     # -- prefix store (§2.12) -------------------------------------------------------------------
 
@@ -243,7 +259,11 @@ class TwinScheduler:
         s.enqueue_order = self._next_order
         self._next_order = sat(self._next_order + 1)
         self._waiting.append(s)
-        self._flights[s.id] = _Flight(next(self._epochs))
+        tenant = None
+        if self._fair is not None:
+            tenant = FairShareAdmission.tenant_of_sequence(s)
+            self._tenants.setdefault(tenant, None)
+        self._flights[s.id] = _Flight(next(self._epochs), tenant)
         self._dirty = True
         self._refresh_counts()
 
@@ -284,10 +304,19 @@ class TwinScheduler:
                 prompt_tokens=tuple(s.prompt_tokens),  # a policy cannot edit the queue's prompts
                 enqueued_turn=s.enqueued_turn,
                 order=s.enqueue_order,
+                tenant=s.tenant,
             )
             for i, s in enumerate(self._waiting)
         ]
-        order = self._admission.order(candidates, turn)
+        if self._fair is not None:
+            flights = [self._flights[s.id] for s in self._waiting]
+            order = self._fair.rank(
+                candidates, turn, [f.tenant for f in flights], [f.request for f in flights],
+                [sat_sub(len(s.prompt_tokens),
+                         s.prefix_restore.token_count if s.prefix_restore is not None else 0)
+                 for s in self._waiting])
+        else:
+            order = self._admission.order(candidates, turn)
         try:
             order = [int(i) for i in order]
         except (TypeError, ValueError):
@@ -557,6 +586,8 @@ class TwinScheduler:
                                f"{self._live_plans[0].step}: complete plans in the order they "
                                "were made")
         slots = read_predictions(plan, predictions)
+        if self._fair is not None:
+            self._charge(plan)
         counts = {IterationPhase.Prefill: 0, IterationPhase.Recompute: 0, IterationPhase.Decode: 0}
         terminal: list[tuple[str, bool]] = []  # (id, failed)
         m = self._metrics
@@ -625,6 +656,48 @@ class TwinScheduler:
             failed_ids=failed_ids,
             stale_refreshes=m.stale_refreshes,
         )
+
+    def _planned_for(self, plan: TwinPlan, index: int) -> bool:
+        """Row `index`'s sequence is still the one it was planned for: not ended, cancelled or
+        preempted since (completion drops the output of a row for which this is false)."""
+        u = plan._undo[index]
+        fl = self._flights.get(u.seq.id)
+        return self._active.get(u.seq.id) is u.seq and fl is not None and fl.epoch == u.epoch
+
+    def _charge(self, plan: TwinPlan) -> None:
+        """Fair share: each row of the plan whose sequence is still the one it was planned for
+        adds its tokens to the tenant's counter, in row order (behaviour.md §3.6)."""
+        assert self._fair is not None
+        counters = self._fair.counters
+        for index, row in enumerate(plan._rows):
+            if not self._planned_for(plan, index):
+                continue
+            tenant = self._flights[row.sequence_id].tenant
+            if row.phase is IterationPhase.Decode:
+                counters.charge(tenant, 0, len(row.tokens))
+            else:
+                counters.charge(tenant, len(row.tokens), 0)
+
+    # -- fair share -----------------------------------------------------------------------------
+
+    def set_tenant_weight(self, tenant: Hashable, weight: float) -> None:
+        """Give `tenant` the fair-share weight `weight` (a finite number > 0) from now on."""
+        if self._fair is None:
+            raise ValueError("tenant weights apply to the native fair-share admission only")
+        weight = VirtualTokenCounters._check_weight("weight", weight)
+        self._tenants.setdefault(tenant, None)
+        self._fair.counters.weights[tenant] = weight
+
+    def tenant_counters(self) -> dict[Hashable, float]:
+        """Fair share: each tenant seen (submitted or weighted) with its service counter; empty
+        under any other admission policy."""
+        if self._fair is None:
+            return {}
+        return {t: self._fair.counters.counter(t) for t in self._tenants}
+
+    @property
+    def fair_share_lifts(self) -> int:
+        return self._fair.counters.lifts if self._fair is not None else 0
 
     # -- preemption, cancel, views --------------------------------------------------------------
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from skippy_scheduler.lab.replay import ReplayOptions, jain_index, run_replay
+from skippy_scheduler.policies import AdmissionKind
 from skippy_scheduler.lab.traces import BLOCK_TOKENS, blocks_for, open_trace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -278,9 +279,19 @@ def heavy_and_light(tmp_path):
 def test_fair_share_evens_out_service_between_heavy_and_light_tenants(tmp_path, backend):
     trace = open_trace(heavy_and_light(tmp_path), time_scale=0.5)
     options = ReplayOptions(max_active=4, prefix_cache_tokens=0)
-    runs = {p: run_replay(trace, p, options=options, backend=backend, progress=False)
+    hosts = {}
+    runs = {p: run_replay(trace, p, options=options, backend=backend, progress=False,
+                          host_hook=lambda host, p=p: hosts.setdefault(p, host))
             for p in ("fcfs", "fair-share")}
     fcfs, fair = runs["fcfs"].figures, runs["fair-share"].figures
+    # The scheduler ran fair share natively and charged every tenant itself; the host charged
+    # nothing.
+    host = hosts["fair-share"]
+    assert host.fair_share.native_kind is AdmissionKind.FAIR_SHARE
+    counters = host.scheduler.tenant_counters()
+    assert set(counters) == {None, "heavy", "light0", "light1", "light2", "light3"}
+    assert all(counters[t] > 0 for t in counters if t is not None)
+    assert host.fair_share.counters.counters == {}
     assert fcfs["tenants"] == fair["tenants"] == 5
     assert fair["utilisation"] > 0.9  # saturated: policies decide who is served
     assert fair["jain_index"] > fcfs["jain_index"] + 0.15

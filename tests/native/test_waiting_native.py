@@ -1,6 +1,7 @@
 """The scheduler's waiting-queue ranking in C: every dirty plan against the one-shot kernel over
 the queue (the grouped cache-aware policy ranks through the persistent set), and injected
-allocation failures that must leave the scheduler unchanged.
+allocation failures that must leave the scheduler unchanged (under fair share, its counters
+too).
 
 The harness (waiting_harness.c) is linked from the core's sources with the allocator wrapped,
 with AddressSanitizer and UndefinedBehaviorSanitizer when the compiler offers them.
@@ -35,7 +36,8 @@ def harness(tmp_path_factory):
     pytest.fail(build.stderr)
 
 
-@pytest.mark.parametrize("policy", [0, 1, 2], ids=["cache_aware", "fcfs", "priority"])
+@pytest.mark.parametrize("policy", [0, 1, 2, 4], ids=["cache_aware", "fcfs", "priority",
+                                                     "fair_share"])
 @pytest.mark.parametrize("grouping", [1, 0], ids=["grouping", "no_grouping"])
 @pytest.mark.parametrize("seed", [1, 2])
 def test_ranked_set_matches_one_shot_order_and_failed_allocations_change_nothing(

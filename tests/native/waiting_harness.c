@@ -4,9 +4,10 @@
  * injected allocation failures, and a call that fails for lack of memory must leave it exactly
  * as the second one is before the call. Every dirty plan is also checked against the one-shot
  * kernel: the queue after admission must be sk_rank_order over the queue before it, minus the
- * admitted sequences.
+ * admitted sequences. Under fair share (policy 4) the order is not that kernel's, but the
+ * tenants' counters and lifts are part of the compared state.
  * Linked with -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc against the core's sources.
- * Usage: waiting_harness <seed> <steps> <admission policy 0..2> <grouping 0|1>
+ * Usage: waiting_harness <seed> <steps> <admission policy 0..2 or 4> <grouping 0|1>
  * prints "ok ..." or reports and exits 1.
  */
 #include <stdio.h>
@@ -91,6 +92,13 @@ static void take_view(const skippy_scheduler *s, view *v)
     for (i = 0; i < sizeof s->m / sizeof(uint64_t); i++)
         put(v, "m%llu=%llu ", i, ((const uint64_t *)&s->m)[i]);
     put(v, "dirty%llu set%llu", s->dirty, s->rank_set ? sk_rank_set_size(s->rank_set) : 0);
+    for (i = 0; i < 4; i++) {
+        double c = skippy_scheduler_tenant_counter(s, (uint32_t)i);
+        uint64_t bits;
+        memcpy(&bits, &c, sizeof bits);
+        put(v, " tenant%llu=%llx", i, bits);
+    }
+    put(v, " lifts%llu", skippy_scheduler_fair_share_lifts(s), 0);
 }
 
 static void same(const skippy_scheduler *a, const skippy_scheduler *b)
@@ -117,6 +125,7 @@ typedef struct op {
     uint64_t priority, saved;
     uint32_t max_tokens;
     uint64_t used;
+    uint32_t tenant;
 } op;
 
 static unsigned long next_id;
@@ -136,6 +145,7 @@ static void random_op(op *o)
         o->priority = below(4) == 0 ? below(3) : 0;
         o->saved = below(3) * 50;
         o->max_tokens = 1 + (uint32_t)below(5);
+        o->tenant = (uint32_t)below(4);
     } else if (r < busy + 10) {
         o->kind = OP_CANCEL;
         snprintf(o->id, sizeof o->id, "s%lu", next_id ? (unsigned long)below(next_id) : 0ul);
@@ -205,6 +215,7 @@ static int apply(skippy_scheduler *s, const op *o, int check_rank, int mode)
                                   o->max_tokens);
         d.priority = o->priority;
         d.saved_cost = o->saved;
+        d.tenant = o->tenant;
         st = skippy_scheduler_submit(s, &d, NULL, NULL);
         return st != SKIPPY_STATUS_OK && s->code == SKIPPY_SCHED_NO_MEMORY;
     }
@@ -260,6 +271,8 @@ static skippy_scheduler *make(int policy, int grouping, uint64_t aging)
     c.memory_components = &comp;
     c.memory_component_count = 1;
     CHECK(skippy_scheduler_create(&c, &s, NULL) == SKIPPY_STATUS_OK);
+    if (policy == SKIPPY_ADMISSION_FAIR_SHARE)
+        CHECK(skippy_scheduler_set_tenant_weight(s, 2, 3.0, NULL) == SKIPPY_STATUS_OK);
     return s;
 }
 
@@ -288,7 +301,7 @@ int main(int argc, char **argv)
     /* Size the plan and the active set first: those grow after admission has started, which
      * is not what this harness is about. */
     {
-        op warm = {OP_SUBMIT, "warm", {1}, 1, 0, 0, 1, 0};
+        op warm = {OP_SUBMIT, "warm", {1}, 1, 0, 0, 1, 0, 0};
         skippy_scheduler *both[2] = {sut, ref};
         for (k = 0; k < 2; k++) {
             CHECK(apply(both[k], &warm, 0, mode) == 0);
@@ -317,7 +330,7 @@ int main(int argc, char **argv)
             CHECK(apply(sut, &o, 0, mode) == 0);
         }
         fail_after = -1;
-        CHECK(apply(ref, &o, 1, mode) == 0);
+        CHECK(apply(ref, &o, policy != SKIPPY_ADMISSION_FAIR_SHARE, mode) == 0);
         same(sut, ref);
         if (ref->waiting_len > peak) peak = ref->waiting_len;
     }
