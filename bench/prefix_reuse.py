@@ -1,11 +1,15 @@
 """Prefix KV reuse on a real model: FCFS without reuse, FCFS with reuse, cache-aware with reuse.
 
+Reuse runs by default with a KV stream per lane and per holder (prefixes move by whole-stream
+copies); two more ways run on one unified KV cache instead (holders share cells, but every
+token's attention spans every sequence's cells), with and without reuse.
+
 Writes a random-weight f32 LLaMA of about 29 M parameters (vocabulary 4 096, 8 layers of width
 512; prefilling a few hundred tokens takes tens of milliseconds on 2 cores) once, and a
 shared-prefix prompt set: G groups of R requests, each prompt a group's shared P-token prefix
 followed by U tokens of its own, listed round-robin over the groups (so arrival order
 interleaves them) and all arriving at once. Then it serves the set with `skippy-scheduler run`
-three ways and prints, per way, the prompt tokens prefilled (prefill + recompute rows) and
+five ways and prints, per way, the prompt tokens prefilled (prefill + recompute rows) and
 restored, p50/p99 time to first token and the makespan.
 
 The prefix cache holds fewer tokens than all the groups' prefixes together, so the order of
@@ -33,6 +37,9 @@ WAYS = (
     ("fcfs, no reuse", ["--admission", "fcfs"]),
     ("fcfs, reuse", ["--admission", "fcfs", "--prefix-cache-tokens", "{cache}"]),
     ("cache-aware, reuse", ["--admission", "cache-aware", "--prefix-cache-tokens", "{cache}"]),
+    ("fcfs, no reuse, unified KV", ["--admission", "fcfs", "--kv-unified"]),
+    ("cache-aware, reuse, unified KV", ["--admission", "cache-aware", "--prefix-cache-tokens",
+                                        "{cache}", "--kv-unified"]),
 )
 
 

@@ -62,7 +62,8 @@ def register(subparsers) -> None:
                    help="sequence ids that hold resident prefixes (default 16; the scheduler "
                         "reserves them)")
     p.add_argument("--kv-unified", action="store_true",
-                   help="one KV cache shared by all sequences (prefix reuse turns it on)")
+                   help="one KV cache shared by all sequences (with prefix reuse: holders "
+                        "share cells instead of holding a stream each)")
     p.add_argument("--json", metavar="FILE", help="write per-request tokens and metrics here")
     p.set_defaults(func=run)
 
@@ -136,15 +137,18 @@ def run(args) -> int:
             (len(p) if isinstance(p, list) else len(p.encode()) + 2) for p in prompts)
         n_seq = args.max_active
         n_batch = args.max_tokens_per_iteration
-        # With reuse the cache is unified: the lanes' cells plus the resident prefixes' cells.
+        # One stream per lane and per holder, or (unified) the lanes' cells plus the resident
+        # prefixes' cells.
         n_ctx = n_seq * _ctx_per_sequence(probe_need)
-        if args.prefix_cache_tokens:
+        if args.prefix_cache_tokens and args.kv_unified:
             n_ctx += _ctx_per_sequence(args.prefix_cache_tokens)
+        elif args.prefix_cache_tokens:
+            n_ctx += holders * _ctx_per_sequence(probe_need)
         with llama.LlamaHost(
             model, n_ctx=n_ctx, n_seq_max=n_seq,
             n_threads=args.threads, n_batch=n_batch, kv_type=args.kv_type,
             flash_attn=args.flash_attn, prefix_cache_tokens=args.prefix_cache_tokens,
-            kv_unified=True if args.kv_unified else None,
+            kv_unified=args.kv_unified,
             prefix_holders=max(holders, 1),
         ) as host:
             token_prompts = _tokenize_prompts(host, prompts)

@@ -19,16 +19,18 @@ Each active scheduler sequence is mapped to a llama sequence id (a *lane*) taken
 list of ids below `n_seq_max`. When a sequence ends, is cancelled or is preempted, `release`
 removes its KV cells from the lane.
 
-Prefix reuse (`prefix_cache_tokens > 0`, docs/hosts.md "Prefix reuse"): the context then has a
-unified KV cache (`kv_unified`: a KV cell can belong to several sequence ids only there) and
+Prefix reuse (`prefix_cache_tokens > 0`, docs/hosts.md "Prefix reuse"): the context then has
 `prefix_holders` more sequence ids, the *holders*, above the lanes. The host owns a
 `PrefixStore` whose holder ids are those; the engine attaches it to the scheduler, which then
-reads restores from it natively. Releasing a sequence first keeps its cells as a resident prefix:
-`llama_memory_seq_cp` from the lane to the new entry's holder (the cells are shared, not copied),
-then `seq_rm` of the lane. A sequence admitted with a restore gets the prefix by `seq_cp` from the
-holder the plan names (`IterationWork.restore_holder`) into its lane, so only the suffix is
-prefilled; a full-prompt hit replays the last prompt token for its logits. Eviction removes the
-holder's cells. Positions never move (a restored prefix keeps its positions), so
+reads restores from it natively. Releasing a sequence first keeps its KV as a resident prefix
+under the new entry's holder (`llama_memory_seq_cp` from the lane), then `seq_rm` of the lane. A
+sequence admitted with a restore gets the prefix by `seq_cp` from the holder the plan names
+(`IterationWork.restore_holder`) into its lane, so only the suffix is prefilled; a full-prompt
+hit replays the last prompt token for its logits. Eviction removes the holder's KV. Two layouts:
+by default every lane and holder has a KV stream of its own and `seq_cp` copies a whole stream
+(then the copy is trimmed to the prefix); with `kv_unified=True` all share one cache and
+`seq_cp` shares cells without copying, but then every token's attention spans the cells of all
+sequences. Positions never move (a restored prefix keeps its positions), so
 `llama_memory_can_shift` is not needed.
 
 Defaults favour exactness: f32 weights (the tiny model), f32 KV cache and flash attention off are
@@ -251,10 +253,9 @@ class LlamaHost:
         holders = 0
         if prefix_cache_tokens:
             holders = _check_int("prefix_holders", prefix_holders, 1, 256 - n_seq_max)
-            if kv_unified is False:
-                raise ValueError("prefix reuse shares KV cells across sequence ids, which needs "
-                                 "a unified KV cache: leave kv_unified unset or True")
-            kv_unified = True
+        # With reuse and kv_unified left unset, every lane and holder has a KV stream of its own
+        # (n_ctx is split evenly over them) and prefixes move by whole-stream copies; with
+        # kv_unified=True they share cells of one cache (module docs).
         kv_unified = bool(kv_unified)
         n_ctx = _check_int("n_ctx", n_ctx, 1)
         n_threads = _check_int("n_threads", n_threads, 1)
@@ -351,6 +352,7 @@ class LlamaHost:
         # the resident entry of each holder id.
         self.prefix_store: PrefixStore | None = None
         self.prefix_holders = holders
+        self._shared_cells = kv_unified  # else: one stream per sequence id, whole-stream copies
         self._hist: np.ndarray | None = None
         self._holder_entry: dict[int, Any] = {}
         self._keeping_lane = -1
@@ -494,14 +496,19 @@ class LlamaHost:
         if hit.matched_tokens == n:
             store.touch(hit.entry)  # all of it is resident already
             return
-        # The parent is the deepest resident entry whose whole key is a prefix of this one.
         matched = hit.matched_tokens
-        parent = hit.entry
-        while parent is not None and parent.length > matched:
-            parent = parent.parent
+        parent = None
+        if self._shared_cells:
+            # The parent is the deepest resident entry whose whole key is a prefix of this one:
+            # its cells are shared, so the store counts them once. (With a stream per holder
+            # every entry holds its whole key and is counted so, with no parent.)
+            parent = hit.entry
+            while parent is not None and parent.length > matched:
+                parent = parent.parent
         self._keeping_lane = sid
         try:
-            if matched >= _MIN_SPLIT_TOKENS and (parent is None or parent.length < matched):
+            if self._shared_cells and matched >= _MIN_SPLIT_TOKENS and (
+                    parent is None or parent.length < matched):
                 # The shared part becomes an entry of its own (a branch point), so the store
                 # counts the cells it shares with the other key once, as the KV cache holds them.
                 split = store.insert(key[:matched], parent)
@@ -518,11 +525,17 @@ class LlamaHost:
         # the same cells even when the lane computed its own copy), the lane's for the rest.
         holder = entry.holder
         _ll.llama_memory_seq_rm(self._mem, holder, -1, -1)
-        start = 0
-        if entry.parent is not None:
-            start = entry.parent.length
-            _ll.llama_memory_seq_cp(self._mem, entry.parent.holder, holder, 0, start)
-        _ll.llama_memory_seq_cp(self._mem, self._keeping_lane, holder, start, entry.length)
+        if not self._shared_cells:
+            # Streams of their own: the holder gets a copy of the lane's stream (llama.cpp copies
+            # whole streams only; the data moves at the next decode), trimmed to the key.
+            _ll.llama_memory_seq_cp(self._mem, self._keeping_lane, holder, -1, -1)
+            _ll.llama_memory_seq_rm(self._mem, holder, entry.length, -1)
+        else:
+            start = 0
+            if entry.parent is not None:
+                start = entry.parent.length
+                _ll.llama_memory_seq_cp(self._mem, entry.parent.holder, holder, 0, start)
+            _ll.llama_memory_seq_cp(self._mem, self._keeping_lane, holder, start, entry.length)
         self._holder_entry[holder] = entry
 
     def _holder_evicted(self, entry: Any) -> None:
@@ -537,7 +550,11 @@ class LlamaHost:
             raise ValueError(f"restore from holder {holder}: it holds "
                              f"{0 if entry is None else entry.length} positions, the row needs "
                              f"{start}")
-        _ll.llama_memory_seq_cp(self._mem, holder, sid, 0, start)
+        if self._shared_cells:
+            _ll.llama_memory_seq_cp(self._mem, holder, sid, 0, start)
+        else:
+            _ll.llama_memory_seq_cp(self._mem, holder, sid, -1, -1)
+            _ll.llama_memory_seq_rm(self._mem, sid, start, -1)
         self._next_pos[sid] = start
         assert self._hist is not None
         self._hist[sid, :start] = entry.key[:start]

@@ -86,10 +86,10 @@ class Server:
                                      seed=s.seed)
         name = s.model_name or ("tiny-random-llama" if s.model is None
                                 else os.path.splitext(os.path.basename(model))[0])
-        # With reuse the KV cache is unified: ctx_size cells for the lanes (each request keeps
-        # to ctx_size / max_active, as without reuse) plus the resident prefixes' cells.
+        # With reuse every holder gets a KV stream like a lane's (each request keeps to
+        # ctx_size / max_active, as without reuse).
         reuse = s.prefix_cache_tokens > 0
-        n_ctx = s.ctx_size + (-(-s.prefix_cache_tokens // 256) * 256 if reuse else 0)
+        n_ctx = s.ctx_size + (s.prefix_holders * (s.ctx_size // s.max_active) if reuse else 0)
         try:
             self.host = LlamaHost(model, n_ctx=n_ctx, n_seq_max=s.max_active,
                                   n_threads=s.threads, n_batch=s.batch_size, kv_type=s.kv_type,

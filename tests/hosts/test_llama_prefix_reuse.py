@@ -50,25 +50,36 @@ def alone(plain):
     return run
 
 
-def _reuse_host(model_path, capacity: int, holders: int, lane_cells: int = 512) -> LlamaHost:
-    return LlamaHost(model_path, n_ctx=N_SEQ * lane_cells + capacity, n_seq_max=N_SEQ,
-                     n_batch=512, n_threads=1, prefix_cache_tokens=capacity,
-                     prefix_holders=holders)
+def _reuse_host(model_path, capacity: int, holders: int, lane_cells: int = 512,
+                unified: bool = True) -> LlamaHost:
+    """Unified: the lanes' cells plus the capacity, shared; else one stream per lane and per
+    holder (lane_cells each)."""
+    n_ctx = N_SEQ * lane_cells + capacity if unified else (N_SEQ + holders) * lane_cells
+    return LlamaHost(model_path, n_ctx=n_ctx, n_seq_max=N_SEQ, n_batch=512, n_threads=1,
+                     prefix_cache_tokens=capacity, prefix_holders=holders, kv_unified=unified)
 
 
-@pytest.fixture(scope="module")
-def roomy(model_path):
-    with _reuse_host(model_path, 4096, 12) as h:
+# Both KV layouts: holders sharing cells of one unified cache, and a stream per lane and holder
+# with whole-stream copies (the default).
+LAYOUTS = pytest.fixture(scope="module", params=["unified", "streams"])
+
+
+@LAYOUTS
+def roomy(model_path, request):
+    with _reuse_host(model_path, 4096, 12, unified=request.param == "unified") as h:
         yield h
 
 
-@pytest.fixture(scope="module")
-def tight(model_path):
+@LAYOUTS
+def tight(model_path, request):
     # The KV cache itself is tight too: room for the lanes' longest sequences (at most 101
-    # positions each) plus the store's capacity, so resident prefixes that held more cells than
-    # the store counts would make a decode fail for want of a free cell.
-    with _reuse_host(model_path, 256, 3, lane_cells=128) as h:
-        assert h.n_ctx == N_SEQ * 128 + 256
+    # positions each) plus the store's capacity (unified), or one stream per lane and holder
+    # (256 cells, llama.cpp's smallest), so KV held beyond what the layout provides makes a
+    # decode fail for want of a cell.
+    unified = request.param == "unified"
+    lane_cells = 128 if unified else 256
+    with _reuse_host(model_path, 256, 3, lane_cells=lane_cells, unified=unified) as h:
+        assert h.n_ctx == (N_SEQ * 128 + 256 if unified else (N_SEQ + 3) * 256)
         yield h
 
 
@@ -169,10 +180,12 @@ def test_random_schedules_under_a_tight_prefix_capacity_evict_and_still_match(im
     assert counters["restored"] > 0 and counters["evictions"] > 0
 
 
-def test_reuse_needs_a_unified_kv_cache(model_path):
-    with pytest.raises(ValueError, match="unified KV cache"):
-        LlamaHost(model_path, n_ctx=1024, n_seq_max=2, prefix_cache_tokens=256,
-                  kv_unified=False)
+def test_reuse_settings_are_checked(model_path):
+    with pytest.raises(ValueError, match="prefix_holders"):
+        LlamaHost(model_path, n_ctx=1024, n_seq_max=250, prefix_cache_tokens=256,
+                  prefix_holders=16)
+    with pytest.raises(ValueError, match="prefix_cache_tokens"):
+        LlamaHost(model_path, n_ctx=1024, n_seq_max=2, prefix_cache_tokens=-1)
 
 
 def test_engine_refuses_a_scheduler_whose_reserved_ids_are_not_the_holders(impl, roomy):
@@ -189,7 +202,7 @@ def test_resident_prefixes_hold_no_more_cells_than_the_store_counts(impl, model_
     head = [1] + [rng.randrange(3, 384) for _ in range(59)]
     first = [head + [rng.randrange(3, 384) for _ in range(4)] for _ in range(N_SEQ)]
     second = [[1] + [rng.randrange(3, 384) for _ in range(120)] for _ in range(N_SEQ)]
-    with _reuse_host(model_path, 256, 8, lane_cells=128) as host:
+    with _reuse_host(model_path, 256, 8, lane_cells=128, unified=True) as host:
         scheduler = impl(SchedulerConfig(max_active_sequences=N_SEQ, max_tokens_per_iteration=512,
                                          prefill_chunk_tokens=512, **host.sequence_id_settings))
         seen = {"children": 0}
