@@ -1,4 +1,4 @@
-"""`skippy-scheduler serve`: flags that are not available yet, and the three-command start."""
+"""`skippy-scheduler serve`: flag errors, and the three-command start."""
 from __future__ import annotations
 
 import os
