@@ -558,8 +558,8 @@ class LlamaHost:
         self._next_pos[sid] = start
         assert self._hist is not None
         self._hist[sid, :start] = entry.key[:start]
-        if sampler is not None:
-            sampler.feed(self._hist[sid, :start], 0)
+        if sampler is not None and sampler.history is not None:
+            sampler.feed(self._hist[sid, :start], 0)  # the penalty window sees the prefix too
 
     def release_all(self) -> None:
         for sequence_id in list(self._slot):

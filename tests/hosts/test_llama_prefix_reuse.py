@@ -20,6 +20,7 @@ from skippy_scheduler.engine import Engine, Request, VirtualClock  # noqa: E402
 from skippy_scheduler.hosts.calibrate import CostModel  # noqa: E402
 from skippy_scheduler.hosts.llama import LlamaHost  # noqa: E402
 from skippy_scheduler.hosts.tiny_model import write_tiny_llama  # noqa: E402
+from skippy_scheduler.sampling import SamplingParams  # noqa: E402
 
 N_SEQ = 6
 MAX_GEN = 10
@@ -40,14 +41,31 @@ def plain(model_path):
 
 @pytest.fixture(scope="module")
 def alone(plain):
-    cache: dict[tuple[int, ...], list[int]] = {}
+    cache: dict[tuple, list[int]] = {}
 
-    def run(prompt, max_tokens):
-        key = tuple(prompt)
+    def run(prompt, max_tokens, sampling=None):
+        # Seeded draws depend on the position only, so a shorter run is a prefix of this one.
+        key = (tuple(prompt), repr(sampling))
         if key not in cache:
-            cache[key] = plain.generate_alone(list(prompt), MAX_GEN)
+            cache[key] = plain.generate_alone(list(prompt), MAX_GEN, sampling)
         return cache[key][:max_tokens]
     return run
+
+
+def _sampling(rng: random.Random, i: int):
+    """Greedy, seeded sampling, penalties (whose window must see the restored prefix too), and
+    end-of-generation suppressed (a sampler chain without a token window)."""
+    kind = i % 5
+    if kind in (0, 1):
+        return None
+    if kind == 2:
+        return SamplingParams(temperature=rng.uniform(0.5, 1.5), seed=rng.randrange(1 << 40),
+                              top_k=rng.choice([0, 40]))
+    if kind == 3:
+        return SamplingParams(temperature=0.8, seed=rng.randrange(1 << 40),
+                              repetition_penalty=1.3, presence_penalty=0.4,
+                              penalty_last_n=rng.choice([4, 64]))
+    return SamplingParams(temperature=0.0, ignore_eos=True)
 
 
 def _reuse_host(model_path, capacity: int, holders: int, lane_cells: int = 512,
@@ -102,7 +120,7 @@ def _trial(impl, host, alone, seed: int, counters: dict) -> None:
     prompts = _prompts(rng, rng.randrange(4, 12))
     requests = [Request(f"r{i}", p, rng.randrange(1, MAX_GEN + 1),
                         arrival_us=rng.choice([0.0, rng.uniform(0, 30000)]),
-                        priority=rng.randrange(2))
+                        priority=rng.randrange(2), sampling=_sampling(rng, i))
                 for i, p in enumerate(prompts)]
     budget = rng.choice([8, 16, 64, 512])
     config = SchedulerConfig(
@@ -135,7 +153,7 @@ def _trial(impl, host, alone, seed: int, counters: dict) -> None:
     report = engine.run()
     scheduler.attach_prefix_store(None)  # the host's store serves the next trial's scheduler
     for req, res in zip(requests, report.records):
-        expected = alone(req.prompt_tokens, req.max_tokens)
+        expected = alone(req.prompt_tokens, req.max_tokens, req.sampling)
         if res.finish_reason == "cancelled":
             assert res.tokens == expected[: len(res.tokens)], (seed, req.id)
         elif res.finish_reason == "stop":
