@@ -238,7 +238,8 @@ bool skippy_scheduler_mixed_viable(const skippy_scheduler *scheduler);
  * never evicted; otherwise the least recently used entry goes first. Each entry takes a holder
  * id from [first_holder_id, first_holder_id + holder_slots) when holder_slots is bounded (for a
  * llama.cpp host: the sequence ids the scheduler reserves), else its holder is NONE.
- * Calls that can fail return a skippy_sched_code and change nothing when they fail.
+ * Calls that can fail return a skippy_sched_code and change nothing when they fail, except an
+ * insert that runs out of memory after evicting (skippy_prefix_store_evicted lists what went).
  */
 /* SKIPPY_PREFIX_NONE (0xFFFFFFFF, skippy_scheduler.h): no entry / no holder. */
 typedef struct skippy_prefix_store skippy_prefix_store;

@@ -175,20 +175,30 @@ void sk_affinity_pin(skippy_scheduler *s, sk_seq *seq)
 {
     if (!s->store) return;
     if (seq->has_restore) {
+        /* The entry backing the restore is looked up now: the journal only records changes of
+         * match lengths, and another entry may have come to back the same tokens since the
+         * read. Should it not pin (it cannot fail after a refresh), the sequence runs without
+         * the restore rather than with one no host could copy. */
+        size_t matched = 0;
+        uint32_t entry = skippy_prefix_store_match(s->store, seq->tokens, seq->prompt_len,
+                                                   &matched);
+        if (entry != SKIPPY_PREFIX_NONE && matched >= seq->restore_tokens &&
+            skippy_prefix_store_pin(s->store, entry) == SKIPPY_SCHED_OK) {
+            seq->restore_entry = entry;
+            seq->pinned_entry = entry;
+        } else {
+            seq->has_restore = false;
+            seq->restore_tokens = 0;
+            seq->saved_cost = 0;
+            seq->restore_entry = SKIPPY_PREFIX_NONE;
+            seq->cursor = sk_restore_cursor(seq);
+        }
+    }
+    if (seq->has_restore) {
         s->m.prefix_hits = sk_sat_add(s->m.prefix_hits, 1);
         s->m.restored_tokens = sk_sat_add(s->m.restored_tokens, seq->restore_tokens);
     } else {
         s->m.prefix_misses = sk_sat_add(s->m.prefix_misses, 1);
-    }
-    if (!seq->has_restore) return;
-    /* The entry backing the restore is looked up now: the journal only records changes of
-     * match lengths, and another entry may have come to back the same tokens since the read. */
-    size_t matched = 0;
-    uint32_t entry = skippy_prefix_store_match(s->store, seq->tokens, seq->prompt_len, &matched);
-    if (entry != SKIPPY_PREFIX_NONE && matched >= seq->restore_tokens &&
-        skippy_prefix_store_pin(s->store, entry) == SKIPPY_SCHED_OK) {
-        seq->restore_entry = entry;
-        seq->pinned_entry = entry;
     }
 }
 
@@ -197,6 +207,13 @@ void sk_affinity_unpin(skippy_scheduler *s, sk_seq *seq)
     if (s->store && seq->pinned_entry != SKIPPY_PREFIX_NONE)
         skippy_prefix_store_unpin(s->store, seq->pinned_entry);
     seq->pinned_entry = SKIPPY_PREFIX_NONE;
+}
+
+void sk_affinity_release_pins(skippy_scheduler *s)
+{
+    if (!s->store) return;
+    /* The scheduler is going away but the store stays (a host's store outlives it). */
+    for (uint32_t i = 0; i < s->seq_cap; i++) sk_affinity_unpin(s, &s->seqs[i]);
 }
 
 void sk_affinity_detach_store(skippy_scheduler *s)

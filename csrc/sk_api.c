@@ -66,6 +66,7 @@ void skippy_sequence_desc_init(skippy_sequence_desc *d, const char *id, size_t i
 void skippy_scheduler_free(skippy_scheduler *s)
 {
     if (!s) return;
+    sk_affinity_release_pins(s);
     sk_affinity_detach_store(s);
     free(s->under);
     if (s->comps)

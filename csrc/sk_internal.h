@@ -71,7 +71,7 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     uint64_t source_step;     /* depth > 1: the plan step and work index that sample the newest */
     size_t source_row;        /*   pending placeholder (the input of the next decode row) */
     /* with an attached prefix store (sk_affinity.c) */
-    uint32_t restore_entry;   /* the entry backing restore_tokens (SKIPPY_PREFIX_NONE) */
+    uint32_t restore_entry;   /* the entry of the last read (advisory: looked up again to pin) */
     uint32_t pinned_entry;    /* the entry pinned while active (SKIPPY_PREFIX_NONE) */
     uint64_t cache_epoch;     /* store epoch at the last read */
     uint32_t probe_round;     /* refresh dedup stamp */
@@ -208,6 +208,7 @@ void sk_affinity_read(skippy_scheduler *s, sk_seq *seq);
 int sk_affinity_refresh(skippy_scheduler *s);
 void sk_affinity_pin(skippy_scheduler *s, sk_seq *seq);
 void sk_affinity_unpin(skippy_scheduler *s, sk_seq *seq);
+void sk_affinity_release_pins(skippy_scheduler *s); /* scheduler free: give every pin back */
 /* The cursor a waiting sequence starts from: its restored length under §0.4b's rule. */
 size_t sk_restore_cursor(const sk_seq *seq);
 

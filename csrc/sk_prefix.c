@@ -526,6 +526,12 @@ static size_t choose_victims(skippy_prefix_store *p, uint64_t need, uint32_t par
             }
         }
     }
+    /* Candidates looked at but not chosen (the new entry's parent) go back on the heap. */
+    for (size_t i = 0; i < npopped; i++) {
+        if (p->e[p->popped[i].entry].mark == round) continue;
+        p->heap[p->heap_len] = p->popped[i];
+        heap_up(p->heap, p->heap_len++);
+    }
     return chosen;
 }
 
@@ -588,9 +594,13 @@ skippy_sched_code skippy_prefix_store_insert(skippy_prefix_store *p, const int32
         return SKIPPY_SCHED_OK;
     }
     for (size_t i = 0; i < chosen; i++)
-        if (evict(p, p->victims[i]))
+        if (evict(p, p->victims[i])) {
+            /* The victims left stay evictable: back on the heap they go. */
+            for (size_t k = i; k < chosen; k++)
+                if (evictable(&p->e[p->victims[k]])) heap_push(p, p->victims[k]);
             return fail(p, SKIPPY_SCHED_NO_MEMORY, "out of memory evicting (evictions so far are "
                         "reported by skippy_prefix_store_evicted)");
+        }
     size_t lcp = resident_lcp(p, tokens, n); /* before it is resident itself */
     uint64_t prev;
     int rc = sk_radix_insert(p->radix, SK_RADIX_RESIDENT, 0, NS, NS_LEN, tokens, n, n - start,

@@ -57,7 +57,8 @@ def register(subparsers) -> None:
                    default="cache-aware", help="admission order (default: cache-aware)")
     p.add_argument("--prefix-cache-tokens", type=non_negative_int, default=0, metavar="N",
                    help="keep up to N tokens of finished sequences' KV as reusable prefixes "
-                        "(0, the default, disables reuse; enables a unified KV cache)")
+                        "(0, the default, disables reuse; each holder gets a KV stream like a lane's "
+                        "unless --kv-unified)")
     p.add_argument("--prefix-holders", type=positive_int, default=16, metavar="K",
                    help="sequence ids that hold resident prefixes (default 16; the scheduler "
                         "reserves them)")

@@ -48,8 +48,8 @@ def register(subparsers) -> None:
     p.add_argument("--policy", choices=POLICIES, default=d.policy,
                    help=f"admission order of waiting requests ({d.policy})")
     p.add_argument("--prefix-cache-tokens", type=_non_negative, default=0, metavar="N",
-                   help="KV cells kept, beyond --ctx-size, for reusing finished requests' "
-                        "prefixes (0, the default, disables reuse)")
+                   help="tokens of finished requests' KV kept for reuse as prefixes (0, the "
+                        "default, disables reuse; each holder gets a KV stream like a lane's)")
     p.add_argument("--prefix-holders", type=positive_int, default=16, metavar="K",
                    help="sequence ids that hold resident prefixes, with reuse (16)")
     p.add_argument("--inflight", type=positive_int, default=1, metavar="N",

@@ -480,10 +480,12 @@ class LlamaHost:
         sampler = self._samplers.pop(sid, None)
         if sampler is not None:
             sampler.free()
-        if self.prefix_store is not None and self._next_pos[sid] > 0 and self._ctx:
-            self._keep_prefix(sid)
-        self._drop_kv(sid)
-        heapq.heappush(self._free, sid)
+        try:
+            if self.prefix_store is not None and self._next_pos[sid] > 0 and self._ctx:
+                self._keep_prefix(sid)
+        finally:
+            self._drop_kv(sid)  # the lane comes back whatever the store did
+            heapq.heappush(self._free, sid)
         return True
 
     def _keep_prefix(self, sid: int) -> None:

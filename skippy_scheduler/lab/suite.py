@@ -7,7 +7,7 @@ two models to `CostModelHost` (kept deliberately simple):
   of a family produces its first token, the family prefix becomes resident (never evicted).
   At submit a request's prompt is peeked (no recency change); a hit becomes a prefix restore
   of the matched tokens plus a one-stage affinity (saved cost = matched x prefill_token_us).
-  The affinity is frozen at submit, as in the scheduler (§3.5).
+  The affinity is frozen at submit, as in a scheduler without a prefix store (§3.5).
 * Memory (optional, `kv_capacity_tokens`): one component "kv-cells" at 1 byte per KV cell.
   Admission reserves prompt + min(output, reserve_output_tokens) cells (an optimistic
   reservation). After each iteration the runtime "measures" the cells actually held (for each

@@ -88,6 +88,13 @@ def _prefill_pending(s: Sequence) -> bool:
     return s.prefill_cursor < s.recompute_token_count()
 
 
+def _release_pins(store: object, pinned: dict) -> None:
+    for entry in pinned.values():
+        if getattr(entry, "alive", False):
+            store.unpin(entry)  # type: ignore[attr-defined]
+    pinned.clear()
+
+
 class TwinScheduler:
     """Iteration-level scheduler: admission, chunked prefill, decode and preemption."""
 
@@ -137,6 +144,7 @@ class TwinScheduler:
         self._store_epoch = 0
         self._restore_entry: dict[str, object] = {}  # waiting: the entry of its last read
         self._pinned: dict[str, object] = {}  # active: the entry pinned at admission
+        self._pin_finalizer: Optional[weakref.finalize] = None
 
         # Fair share as the core runs it (AdmissionKind.FAIR_SHARE, behaviour.md §3.6): this
         # scheduler's own counters, seeded with the policy's settings, and the tenants seen.
@@ -163,8 +171,14 @@ class TwinScheduler:
             raise ValueError("the prefix store serves another scheduler")
         if self._store is not None and self._store is not store:
             self._store._owner = None  # type: ignore[attr-defined]
+        if self._pin_finalizer is not None:
+            self._pin_finalizer.detach()
+            self._pin_finalizer = None
         if store is not None:
             store._owner = weakref.ref(self)  # type: ignore[attr-defined]
+            # A scheduler dropped while sequences are active gives their pins back (the store
+            # may serve the next one). The finalizer holds the pin table, not the scheduler.
+            self._pin_finalizer = weakref.finalize(self, _release_pins, store, self._pinned)
         self._store = store
         self._aff_costs = (prefill, restore)
         self._store_epoch = store.epoch if store is not None else 0  # type: ignore[attr-defined]

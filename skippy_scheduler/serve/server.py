@@ -44,7 +44,8 @@ class ServeSettings:
     max_consecutive_prefill: Optional[int] = 1
     inflight: int = 1  # plans in flight (max_inflight_plans): 2 overlaps scheduling with decode
     policy: str = "cache-aware"
-    prefix_cache_tokens: int = 0  # KV cells kept for prefix reuse, on top of ctx_size (0: off)
+    prefix_cache_tokens: int = 0  # tokens the prefix store keeps for reuse (0: off); each holder
+    #   gets a KV stream of ctx_size / max_active cells on top of ctx_size
     prefix_holders: int = 16  # sequence ids holding resident prefixes (with reuse)
     kv_type: str = "f32"
     flash_attn: bool = False

@@ -27,6 +27,7 @@ from skippy_scheduler import (
     StageCacheAffinity,
     TwinScheduler,
 )
+from skippy_scheduler.policies import FairShareAdmission
 from skippy_scheduler.prefix_store import PrefixStore
 from skippy_scheduler.reference import PrefixStoreTwin
 
@@ -407,7 +408,8 @@ def _run_differential(seed, steps):
     aging = rng.choice([1, 50, 4096])
     depth = rng.choice([1, 1, 2])
     policy = rng.choice([None, lambda: CacheAwareAdmission(aging, False), FcfsAdmission,
-                         PriorityAdmission, MostSavedFirst])
+                         PriorityAdmission, MostSavedFirst,
+                         lambda: FairShareAdmission({"t1": 3.0})])
     kv = MemoryComponent("kv", rng.choice([60, 200]), 0, rng.choice([1, 2]), rng.choice([0, 5]))
     config = SchedulerConfig(
         max_active_sequences=rng.choice([1, 2, 3, 6]),
@@ -489,3 +491,21 @@ def _run_differential(seed, steps):
 def test_native_and_twin_agree_with_an_attached_store(seed):
     seen = _run_differential(seed, 300)
     assert seen["restored"] > 0 and seen["evictions"] > 0
+
+
+def test_a_dropped_scheduler_gives_its_pins_back(pair):
+    """A host's store outlives the schedulers it serves: one dropped while its sequences run
+    must not leave their entries pinned."""
+    sched_cls, store_cls = pair
+    store = store_cls(holder_slots=4)
+    entry = store.insert(list(range(8)))
+    sched = sched_cls(SchedulerConfig(max_active_sequences=1))
+    sched.attach_prefix_store(store)
+    sched.submit(Sequence("a", list(range(8)) + [50], max_tokens=4))
+    sched.plan_iteration()
+    assert entry.pins == 1
+    del sched
+    gc.collect()
+    assert entry.pins == 0 and store.evict_one() is entry
+    again = sched_cls(SchedulerConfig())
+    again.attach_prefix_store(store)  # and it serves the next scheduler
