@@ -6,7 +6,7 @@ Python sequences into the core's descriptors once at submit, and exposes each pl
 as numpy views over the core's memory (no copies). Python objects that the core only carries
 (ids, affinities, restores, sampling objects) are kept per slot on this side.
 """
-from cpython.array cimport array
+from cpython.array cimport array, clone
 from cpython.buffer cimport PyBUF_WRITE
 from cpython.memoryview cimport PyMemoryView_FromMemory
 from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t, UINT32_MAX
@@ -81,6 +81,7 @@ if ([(k.name, k.value) for k in AdmissionKind] != [
     raise ImportError("policies.AdmissionKind / PreemptionKind do not match the compiled "
                       "skippy_admission_policy / skippy_preemption_policy")
 
+cdef array _UINT32_ARRAY = array("I")
 cdef object _PHASES = (IterationPhase.Prefill, IterationPhase.Recompute, IterationPhase.Decode)
 cdef object _STATUSES = tuple(SequenceStatus)
 cdef object _SAMPLING_CTYPE = _ffi.typeof("skippy_sampling_config *")
@@ -371,7 +372,7 @@ cdef class IterationPlan:
     cdef skippy_plan *_p
     cdef _PlanBuffer _b
     cdef list _row_objects                 # depth > 1: each row's _SlotObjects, taken when made
-    cdef list _row_holders                 # attached store: each row's restore holder, ditto
+    cdef array _row_holders                # attached store: each row's restore holder, ditto
     cdef readonly uint64_t serial
     cdef readonly uint64_t step
     cdef readonly size_t token_count
@@ -526,7 +527,10 @@ cdef class IterationPlan:
                 b = p.row_offsets[r + 1]
                 o = (self._row_objects[r] if self._row_objects is not None
                      else _carried(objects, p.slots[r]))
-                holder = self._row_holders[r] if self._row_holders is not None else None
+                holder = None
+                if self._row_holders is not None and \
+                        self._row_holders.data.as_uints[r] != SKIPPY_PREFIX_NONE:
+                    holder = self._row_holders.data.as_uints[r]
                 work.append(IterationWork(o.sequence_id, tuple(toks[a:b].tolist()),
                                           tuple(poss[a:b].tolist()), bool(p.sample_last[r]),
                                           _PHASES[p.phases[r]], o.sampling, holder))
@@ -833,14 +837,14 @@ cdef class Scheduler:
             plan._row_objects = [objects[p.slots[r]] for r in range(p.request_count)]
         if self._store is not None:
             # The holder a row names is the one its sequence was admitted with when the plan
-            # was made; read later, a cancel or a reused slot would change it.
-            holders = []
+            # was made (read later, a cancel or a reused slot would change it); kept in a C
+            # array, so making a plan adds no Python object per row.
+            holders = clone(_UINT32_ARRAY, p.request_count, False)
             for r in range(p.request_count):
-                holder = None
-                if skippy_scheduler_sequence(self._s, p.slots[r], &info) and \
-                        info.restore_holder != SKIPPY_PREFIX_NONE:
-                    holder = info.restore_holder
-                holders.append(holder)
+                holders.data.as_uints[r] = (
+                    info.restore_holder
+                    if skippy_scheduler_sequence(self._s, p.slots[r], &info)
+                    else SKIPPY_PREFIX_NONE)
             plan._row_holders = holders
         return plan
 
