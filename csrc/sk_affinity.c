@@ -31,10 +31,10 @@ static uint64_t saved_cost(const skippy_scheduler *s, size_t matched)
                       sk_sat_mul(matched, s->aff_restore_cost));
 }
 
-/* The restore the store backs `matched` prompt tokens of the sequence with, from `entry`. */
-static void set_affinity(skippy_scheduler *s, sk_seq *seq, uint32_t entry, size_t matched)
+/* The restore the store backs `matched` prompt tokens of the sequence with. (Which entry backs
+ * it is looked up when the sequence is admitted and pinned.) */
+static void set_affinity(skippy_scheduler *s, sk_seq *seq, size_t matched)
 {
-    seq->restore_entry = matched ? entry : SKIPPY_PREFIX_NONE;
     seq->has_restore = matched > 0;
     seq->restore_tokens = matched;
     seq->saved_cost = saved_cost(s, matched);
@@ -49,20 +49,17 @@ void sk_affinity_read(skippy_scheduler *s, sk_seq *seq)
 {
     if (!s->store) return;
     size_t matched = 0;
-    uint32_t entry = skippy_prefix_store_match(s->store, seq->tokens, seq->prompt_len, &matched);
-    set_affinity(s, seq, entry, matched);
+    skippy_prefix_store_match(s->store, seq->tokens, seq->prompt_len, &matched);
+    set_affinity(s, seq, matched);
 }
 
-/* A re-read of a waiting sequence in refresh round `round` that found (entry, matched). */
-static void reread_as(skippy_scheduler *s, sk_seq *seq, uint32_t entry, size_t matched)
+/* A re-read of a waiting sequence that found `matched` restorable tokens. */
+static void reread_as(skippy_scheduler *s, sk_seq *seq, size_t matched)
 {
-    if (seq->restore_tokens == matched && seq->saved_cost == saved_cost(s, matched)) {
-        /* The same restore, perhaps from another entry holding the same tokens; the epoch of
-         * the observation still in force stays, and the ranked set has nothing to learn. */
-        seq->restore_entry = matched ? entry : SKIPPY_PREFIX_NONE;
-        return;
-    }
-    set_affinity(s, seq, entry, matched);
+    /* The same restore: the epoch of the observation still in force stays, and the ranked
+     * set has nothing to learn. */
+    if (seq->restore_tokens == matched && seq->saved_cost == saved_cost(s, matched)) return;
+    set_affinity(s, seq, matched);
     s->m.stale_refreshes = sk_sat_add(s->m.stale_refreshes, 1);
     s->dirty = true;
 }
@@ -72,8 +69,8 @@ static void reread(skippy_scheduler *s, sk_seq *seq, uint32_t round)
     if (seq->probe_round == round) return;
     seq->probe_round = round;
     size_t matched = 0;
-    uint32_t entry = skippy_prefix_store_match(s->store, seq->tokens, seq->prompt_len, &matched);
-    reread_as(s, seq, entry, matched);
+    skippy_prefix_store_match(s->store, seq->tokens, seq->prompt_len, &matched);
+    reread_as(s, seq, matched);
 }
 
 /*
@@ -115,7 +112,7 @@ static void reread_under(skippy_scheduler *s, const int32_t *key, size_t len, si
 {
     const uint32_t *under = s->under;
     size_t m = 0;
-    uint32_t entry = skippy_prefix_store_match(s->store, key, len, &m);
+    skippy_prefix_store_match(s->store, key, len, &m);
     if (m < len) {
         /* The resident keys leave this prefix after m tokens, and every prompt under it starts
          * with the whole prefix: each is backed by the same m tokens of the same entry, which
@@ -126,7 +123,7 @@ static void reread_under(skippy_scheduler *s, const int32_t *key, size_t len, si
             sk_seq *seq = &s->seqs[s->rank_slot[under[k]]];
             if (seq->probe_round == round) continue;
             seq->probe_round = round;
-            reread_as(s, seq, entry, m);
+            reread_as(s, seq, m);
         }
         return;
     }
@@ -184,13 +181,11 @@ void sk_affinity_pin(skippy_scheduler *s, sk_seq *seq)
                                                    &matched);
         if (entry != SKIPPY_PREFIX_NONE && matched >= seq->restore_tokens &&
             skippy_prefix_store_pin(s->store, entry) == SKIPPY_SCHED_OK) {
-            seq->restore_entry = entry;
             seq->pinned_entry = entry;
         } else {
             seq->has_restore = false;
             seq->restore_tokens = 0;
             seq->saved_cost = 0;
-            seq->restore_entry = SKIPPY_PREFIX_NONE;
             seq->cursor = sk_restore_cursor(seq);
         }
     }
@@ -222,7 +217,6 @@ void sk_affinity_detach_store(skippy_scheduler *s)
     /* The store is going away: what the sequences point at in it goes with it. */
     for (uint32_t i = 0; i < s->seq_cap; i++) {
         s->seqs[i].pinned_entry = SKIPPY_PREFIX_NONE;
-        s->seqs[i].restore_entry = SKIPPY_PREFIX_NONE;
     }
     sk_prefix_set_owner(s->store, NULL);
     s->store = NULL;

@@ -71,7 +71,6 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     uint64_t source_step;     /* depth > 1: the plan step and work index that sample the newest */
     size_t source_row;        /*   pending placeholder (the input of the next decode row) */
     /* with an attached prefix store (sk_affinity.c) */
-    uint32_t restore_entry;   /* the entry of the last read (advisory: looked up again to pin) */
     uint32_t pinned_entry;    /* the entry pinned while active (SKIPPY_PREFIX_NONE) */
     uint64_t cache_epoch;     /* store epoch at the last read */
     uint32_t probe_round;     /* refresh dedup stamp */

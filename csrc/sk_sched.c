@@ -125,7 +125,6 @@ static int submit(skippy_scheduler *s, const skippy_sequence_desc *desc, uint32_
     seq->admitted_at = 0;
     seq->enqueued_turn = s->waiting_turn;
     seq->enqueue_order = s->next_order;
-    seq->restore_entry = SKIPPY_PREFIX_NONE;
     seq->pinned_entry = SKIPPY_PREFIX_NONE;
     seq->cache_epoch = 0;
     seq->where = SK_WHERE_FREE;
