@@ -30,8 +30,8 @@ import subprocess
 import sys
 import tempfile
 
-SHAPE = dict(n_vocab=4096, n_embd=512, n_layer=8, n_head=8, n_head_kv=4, n_ff=1536,
-             context_length=4096, rope_dimension=64)
+# The same model as inflight_tokens.py (a sibling script, importable when run from here).
+from inflight_tokens import write_model
 
 WAYS = (
     ("fcfs, no reuse", ["--admission", "fcfs"]),
@@ -41,14 +41,6 @@ WAYS = (
     ("cache-aware, reuse, unified KV", ["--admission", "cache-aware", "--prefix-cache-tokens",
                                         "{cache}", "--kv-unified"]),
 )
-
-
-def write_model(path: str) -> str:
-    from skippy_scheduler.hosts.tiny_model import TinyModelShape, write_tiny_llama
-
-    if not os.path.exists(path):
-        write_tiny_llama(path, seed=1, shape=TinyModelShape(**SHAPE))
-    return path
 
 
 def prompt_set(groups: int, per_group: int, prefix: int, unique: int, seed: int = 5) -> list:

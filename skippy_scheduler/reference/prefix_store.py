@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..prefix_store import StoreBackend, StoreMatch, VirtualBackend
+from ..prefix_store import StoreBackend, StoreMatch, VirtualBackend, _tokens
 from .radix import RadixTwin
 
 __all__ = ["PrefixStoreTwin", "TwinEntry"]
@@ -70,20 +70,6 @@ class TwinEntry:
         return (f"TwinEntry(length={self.length}, tokens={self.tokens}, pins={self.pins}, "
                 f"children={self.children}, last_used={self.last_used}, {state}, "
                 f"value={self.value!r})")
-
-
-def _tokens(key: Any) -> np.ndarray:
-    """`key` as a one-dimensional int32 array (not copied when it already is one)."""
-    arr = np.asarray(key)
-    if arr.ndim != 1:
-        raise ValueError("a key must be a one-dimensional sequence of tokens")
-    if arr.dtype != np.int32:
-        if len(arr) and not np.issubdtype(arr.dtype, np.integer):
-            raise TypeError(f"tokens must be integers, got {arr.dtype}")
-        if len(arr) and (arr.min() < 0 or arr.max() > np.iinfo(np.int32).max):
-            raise ValueError("tokens must be in [0, 2**31 - 1]")
-        arr = arr.astype(np.int32)
-    return np.ascontiguousarray(arr)
 
 
 class PrefixStoreTwin:
