@@ -4,7 +4,8 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scheduler"))
+for _helpers in ("scheduler", "native"):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), _helpers))
 
 from skippy_scheduler import Scheduler, TwinScheduler  # noqa: E402
 

@@ -24,30 +24,8 @@
 #include <string.h>
 
 #include "skippy_scheduler.h"
+#include "harness.h"
 
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t n, size_t m);
-void *__real_realloc(void *p, size_t n);
-static long fail_after = -1; /* allocations left before the next one fails; -1 = never */
-
-static int t_fail(void)
-{
-    if (fail_after == 0) return 1;
-    if (fail_after > 0) fail_after--;
-    return 0;
-}
-void *__wrap_malloc(size_t n) { return t_fail() ? NULL : __real_malloc(n); }
-void *__wrap_calloc(size_t n, size_t m) { return t_fail() ? NULL : __real_calloc(n, m); }
-void *__wrap_realloc(void *p, size_t n) { return t_fail() ? NULL : __real_realloc(p, n); }
-
-static long step;
-#define CHECK(cond)                                                                          \
-    do {                                                                                     \
-        if (!(cond)) {                                                                       \
-            fprintf(stderr, "step %ld: check failed: %s (line %d)\n", step, #cond, __LINE__); \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
 #define OK(call)                                                                             \
     do {                                                                                     \
         skippy_error *err_ = NULL;                                                           \
@@ -57,16 +35,6 @@ static long step;
             exit(1);                                                                         \
         }                                                                                    \
     } while (0)
-
-static uint64_t rng = 88172645463325252ull;
-static uint64_t next_rand(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-static size_t below(size_t n) { return (size_t)(next_rand() % n); }
 
 #define NONE SKIPPY_PREFIX_NONE
 #define MAX_ENTRY_ID 4096 /* entry ids are recycled, so they stay below the peak entry count */

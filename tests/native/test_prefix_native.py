@@ -8,34 +8,16 @@ variant injects allocation failures into store inserts.
 The harness (prefix_harness.c) is linked from the core's sources with the allocator wrapped,
 with AddressSanitizer and UndefinedBehaviorSanitizer when the compiler offers them.
 """
-import pathlib
 import re
-import shutil
 import subprocess
 
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-HARNESS = ROOT / "tests" / "native" / "prefix_harness.c"
-BASE_FLAGS = ["-std=c99", "-O1", "-g", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror",
-              f"-I{ROOT / 'csrc'}", f"-I{ROOT / 'abi'}"]
-WRAP = ["-Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc", "-lm"]
-SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
+from harness_build import build_harness
 
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None or not (ROOT / "csrc" / "sk_prefix.c").exists():
-        pytest.skip("no C compiler or no source tree")
-    exe = tmp_path_factory.mktemp("prefix") / "prefix_harness"
-    sources = [str(p) for p in sorted((ROOT / "csrc").glob("*.c"))]
-    for extra in (SANITIZE, []):
-        build = subprocess.run([cc, str(HARNESS), *sources, *BASE_FLAGS, *extra, "-o", str(exe),
-                                *WRAP], capture_output=True, text=True)
-        if build.returncode == 0:
-            return exe
-    pytest.fail(build.stderr)
+    return build_harness(tmp_path_factory, "prefix_harness", "sk_prefix.c")
 
 
 def _run(harness, seed, steps, inject):

@@ -3,32 +3,16 @@
 The harness (radix_harness.c) is compiled from the sources, with AddressSanitizer and
 UndefinedBehaviorSanitizer when the compiler offers them.
 """
-import pathlib
 import re
-import shutil
 import subprocess
 
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-HARNESS = ROOT / "tests" / "native" / "radix_harness.c"
-BASE_FLAGS = ["-std=c99", "-O1", "-g", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror",
-              f"-I{ROOT / 'csrc'}"]
-SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
+from harness_build import build_harness
 
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None or not (ROOT / "csrc" / "sk_radix.c").exists():
-        pytest.skip("no C compiler or no source tree")
-    exe = tmp_path_factory.mktemp("radix") / "radix_harness"
-    for extra in (SANITIZE, []):
-        build = subprocess.run([cc, str(HARNESS), *BASE_FLAGS, *extra, "-o", str(exe)],
-                               capture_output=True, text=True)
-        if build.returncode == 0:
-            return exe
-    pytest.fail(build.stderr)
+    return build_harness(tmp_path_factory, "radix_harness", "sk_radix.c", link_core=False)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
