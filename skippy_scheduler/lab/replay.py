@@ -39,7 +39,7 @@ from ..cost_model import DECODE_PHASE, RuntimeCostModel
 from ..engine import CostModelHost, Engine, EngineStalled, VirtualClock, percentile
 from ..policies import FairShareAdmission
 from ..prefix_store import PrefixStore, StoreEntry, VirtualBackend
-from ..types import SchedulerConfig, Sequence
+from ..types import IterationPhase, SchedulerConfig, Sequence
 from .backend import Backend, resolve_backend
 from .suite import SuiteOptions, make_admission as _suite_admission
 from .traces import BLOCK_TOKENS, Trace, TraceRequest, blocks_for
@@ -49,6 +49,7 @@ MODES = ("phase", "mixed")
 DEFAULT_MODE = "mixed"
 DEFAULT_PREFIX_CACHE_TOKENS = 8 << 20
 _PHASE_DECODE = DECODE_PHASE
+_PHASE_PREFILL = IterationPhase.Prefill.value
 
 
 def make_admission(name: str, weights: Optional[dict] = None):
@@ -205,11 +206,18 @@ class TraceHost(CostModelHost):
 
     # -- running ----------------------------------------------------------------------------------
 
-    def _start(self, live: _Live) -> None:
-        """At an admission: the restore the scheduler chose (it pins it), touched; the request's
-        progress points at the restore's last full block."""
-        snap = self.scheduler.sequence(live.id)
-        live.restore = snap.prefix_restore.token_count if snap.prefix_restore is not None else 0
+    def _start(self, live: _Live, start: int, fresh: bool) -> None:
+        """At a request's first row after an admission: the restore the scheduler chose (it
+        pins it), touched; the request's progress points at the restore's last full block.
+
+        The row starts where the restore ends (§0.4b), except that a request with nothing
+        generated replays its last prompt token when the restore covers the whole prompt: a
+        fresh row at n - 1 cannot tell a restore of n - 1 from one of n, so only then is the
+        scheduler asked (its snapshot copies the prompt)."""
+        if fresh and start == live.n - 1:
+            snap = self.scheduler.sequence(live.id)
+            start = snap.prefix_restore.token_count if snap.prefix_restore is not None else 0
+        live.restore = start
         live.done = 0
         live.progress = None
         store = self.store
@@ -230,9 +238,9 @@ class TraceHost(CostModelHost):
         if progress is not None:
             store.pin(progress)
 
-    def _admit(self, live: _Live, now: float) -> None:
+    def _admit(self, live: _Live, now: float, start: int, fresh: bool) -> None:
         live.admitted = True
-        self._start(live)
+        self._start(live, start, fresh)
         self.restored[live.record] = live.restore
         self.hit_tokens += live.restore
         self.prompt_tokens += live.n
@@ -281,12 +289,15 @@ class TraceHost(CostModelHost):
             prefill = [(live_of[ids[i]], i) for i, phase in enumerate(phases)
                        if phase != _PHASE_DECODE]
             # Every admission pins its restore before any row's new blocks can evict it.
-            for live, _ in prefill:
-                if not live.admitted:
-                    self._admit(live, now)
-                elif live.preempted:
-                    live.preempted = False
-                    self._start(live)
+            for live, i in prefill:
+                if not live.admitted or live.preempted:
+                    start = int(positions[offsets[i]])
+                    fresh = phases[i] == _PHASE_PREFILL
+                    if not live.admitted:
+                        self._admit(live, now, start, fresh)
+                    else:
+                        live.preempted = False
+                        self._start(live, start, fresh)
             if self.store is not None:
                 for live, i in prefill:
                     self._advance(live, int(positions[offsets[i + 1] - 1]) + 1)
