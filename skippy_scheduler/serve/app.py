@@ -48,6 +48,7 @@ class ServeContext:
     memory_components: list = field(default_factory=list)
     metrics: Optional[ServeMetrics] = None
     chat: Optional[ChatTemplate] = None
+    strict_request_fields: bool = False  # refuse fields nobody defined instead of ignoring them
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
@@ -121,7 +122,14 @@ class _Generation:
                 self._last_us = t
                 self.tokens.append(event.token)
                 ids.append(event.token)
+                if event.token in self.request.stop_token_ids:
+                    parts.append(self._stop_token(event.token))
+                    self._end("stop", t)
+                    self.ctx.runner.cancel(self.sub.request_id)
+                    continue
                 text, stopped = self.stop.push(self.detok.add(event.token))
+                if stopped and self.request.include_stop_str_in_output:
+                    text += self.stop.matched
                 parts.append(text)
                 if stopped:
                     self._end("stop", t)
@@ -137,6 +145,13 @@ class _Generation:
                 self._end("stop" if stopped else event.reason, event.time_us)
         m.generation_tokens.inc(len(ids))
         return "".join(parts), ids
+
+    def _stop_token(self, token: int) -> str:
+        """The text still owed when a stop token ends the generation (with the token's own
+        text only under include_stop_str_in_output)."""
+        piece = self.detok.add(token) if self.request.include_stop_str_in_output else ""
+        text, stopped = self.stop.push(piece + self.detok.flush())
+        return text if stopped else text + self.stop.flush()
 
     def _end(self, reason: str, t_us: float) -> None:
         self.finish = reason
@@ -220,7 +235,8 @@ def create_app(ctx: ServeContext) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        gen = parse_completion(await _read_json(request), ctx.n_vocab)
+        gen = parse_completion(await _read_json(request), ctx.n_vocab,
+                               ctx.strict_request_fields)
         if isinstance(gen.prompt, str):
             tokens = ctx.host.tokenize(gen.prompt, special=True)
         else:
@@ -229,7 +245,7 @@ def create_app(ctx: ServeContext) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        gen = parse_chat(await _read_json(request), ctx.n_vocab)
+        gen = parse_chat(await _read_json(request), ctx.n_vocab, ctx.strict_request_fields)
         tokens = ctx.host.tokenize(ctx.chat.render(gen.messages), special=True)
         return await _generate(request, gen, tokens, "messages")
 

@@ -43,6 +43,8 @@ class EngineStats:
     kv_tokens: int = 0
     kv_capacity: int = 0
     iterations: int = 0
+    prefill_tokens: int = 0  # prompt tokens prefilled (completed plans)
+    restored_tokens: int = 0  # prompt tokens admitted as prefix restores
     published_s: float = 0.0
 
 
@@ -289,7 +291,8 @@ class EngineRunner:
             running=m.active_sequences, waiting=m.waiting_sequences, preemptions=m.preempted,
             prefix_hits=m.prefix_hits, prefix_misses=m.prefix_misses,
             lanes_in_use=len(active), lanes=lanes, kv_tokens=kv, kv_capacity=n_ctx,
-            iterations=m.iterations, published_s=time.monotonic())
+            iterations=m.iterations, prefill_tokens=m.prefill_tokens,
+            restored_tokens=m.restored_tokens, published_s=time.monotonic())
 
     # -- diagnostics --------------------------------------------------------------------------
 

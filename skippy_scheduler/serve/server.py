@@ -50,6 +50,11 @@ class ServeSettings:
     kv_type: str = "f32"
     flash_attn: bool = False
     log_level: str = "warning"
+    strict_request_fields: bool = False  # refuse fields nobody defined (default: warn, ignore)
+    kv_events_endpoint: Optional[str] = None  # ZeroMQ PUB address of vLLM-format KV events
+    kv_events_replay_endpoint: Optional[str] = None  # ROUTER address answering replays
+    kv_block_size: int = 16  # tokens per announced block
+    kv_hash_seed: str = "0"  # vLLM's PYTHONHASHSEED: the first block's parent hash
 
 
 def _admission(policy: str):
@@ -115,8 +120,18 @@ class Server:
             pieces=token_pieces(self.host.n_vocab, self.host.token_bytes),
             n_ctx_seq=(s.ctx_size // s.max_active if reuse
                        else min(self.host.n_ctx_seq, self.host.n_ctx)),
-            memory_components=list(config.memory_components))
+            memory_components=list(config.memory_components),
+            strict_request_fields=s.strict_request_fields)
         self.app = create_app(self.context)
+        from . import kv_events, vllm_compat
+
+        vllm_compat.install(self.app, self.context)
+        try:
+            self.kv_events = kv_events.start(s, self.host.prefix_store)
+        except BaseException:
+            self.kv_events = None
+            self.close()
+            raise
         self._uvicorn = None
         self._sock: Optional[socket.socket] = None
         self._thread: Optional[threading.Thread] = None
@@ -188,6 +203,9 @@ class Server:
     def close(self) -> None:
         if self.runner.running or self.runner._thread is not None:
             self.runner.stop()
+        if self.kv_events is not None:
+            self.kv_events.close()
+            self.kv_events = None
         self.host.close()
         if self._tmp is not None:
             self._tmp.cleanup()
