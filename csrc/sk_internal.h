@@ -75,6 +75,7 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     uint64_t cache_epoch;     /* store epoch at the last read */
     uint32_t probe_round;     /* refresh dedup stamp */
     uint32_t tenant;          /* as submitted; fair share keeps its own per-slot state (sk_fair.c) */
+    bool fresh;               /* active with no row planned since its admission (new_rows) */
 } sk_seq;
 
 /*
@@ -143,6 +144,7 @@ struct skippy_scheduler {
     size_t mixed_cursor;
 
     size_t n_class[3];                    /* active sequences per SK_CLASS_* (see sk_class) */
+    size_t fresh_count;                   /* active sequences with `fresh` set */
 
     sk_plan_slot *plans;                  /* cfg.max_inflight_plans buffers (a ring) */
     size_t live_head;                     /* ring index of the oldest live plan */
@@ -269,6 +271,15 @@ static inline int sk_class(const sk_seq *q)
 static inline size_t sk_live_ring(const skippy_scheduler *s, size_t nth)
 {
     return (s->live_head + nth) % s->cfg.max_inflight_plans;
+}
+
+/* A sequence that leaves the active set before its first row is no longer fresh. */
+static inline void sk_unfresh(skippy_scheduler *s, sk_seq *seq)
+{
+    if (seq->fresh) {
+        seq->fresh = false;
+        s->fresh_count--;
+    }
 }
 
 /* sk_plan.c: the live plan with this serial (NULL when there is none), and undo of the live

@@ -5,18 +5,24 @@ from ._version import __version__
 _check_native()
 
 
-def get_include() -> str:
-    """Directory of the installed C headers (skippy_abi.h, skippy_scheduler.h)."""
+def _installed_dir(name: str) -> str:
+    # NOTE: next to the compiled modules, not this file: an editable install keeps the Python
+    # sources in the checkout and the built files (extensions, headers, library) elsewhere.
     import os
 
-    return os.path.join(os.path.dirname(__file__), "include")
+    from . import _core
+
+    return os.path.join(os.path.dirname(os.path.abspath(_core.__file__)), name)
+
+
+def get_include() -> str:
+    """Directory of the installed C headers (skippy_abi.h, skippy_scheduler.h)."""
+    return _installed_dir("include")
 
 
 def get_library_dir() -> str:
     """Directory of the installed static core library (link with -lskippy_scheduler_core)."""
-    import os
-
-    return os.path.join(os.path.dirname(__file__), "lib")
+    return _installed_dir("lib")
 
 
 from ._core import IterationPlan, PlanOutputs, Scheduler  # noqa: E402
@@ -56,6 +62,7 @@ from .types import (  # noqa: E402
     AdmissionError,
     DuplicateSequence,
     EmptyPrompt,
+    FinishReason,
     IterationPhase,
     IterationPrediction,
     IterationTelemetry,
@@ -65,6 +72,8 @@ from .types import (  # noqa: E402
     PrefixRestore,
     PrefixRestoreKind,
     QueueFull,
+    RejectReason,
+    ReleaseReason,
     SchedulerConfig,
     SchedulerMetrics,
     SchedulerSnapshot,
@@ -96,6 +105,7 @@ __all__ = [
     "EvictableCacheEntry",
     "FcfsAdmission",
     "FewestComputedTokens",
+    "FinishReason",
     "IterationPhase",
     "IterationPlan",
     "IterationPrediction",
@@ -113,6 +123,8 @@ __all__ = [
     "RadixEntry",
     "RadixMatch",
     "RadixStats",
+    "RejectReason",
+    "ReleaseReason",
     "Scheduler",
     "SchedulerConfig",
     "SchedulerMetrics",

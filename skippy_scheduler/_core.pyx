@@ -26,8 +26,6 @@ from ._skippy_abi cimport (
 )
 from ._skippy_scheduler cimport *
 
-from dataclasses import fields as _dc_fields
-
 import numbers
 
 import numpy as np
@@ -51,6 +49,7 @@ from .policies import (
 from .types import (
     DuplicateSequence,
     EmptyPrompt,
+    FinishReason,
     IterationPhase,
     IterationPrediction,
     IterationTelemetry,
@@ -84,6 +83,11 @@ if ([(k.name, k.value) for k in AdmissionKind] != [
 cdef array _UINT32_ARRAY = array("I")
 cdef object _PHASES = (IterationPhase.Prefill, IterationPhase.Recompute, IterationPhase.Decode)
 cdef object _STATUSES = tuple(SequenceStatus)
+# skippy_end_reason -> FinishReason, by value.
+cdef object _END_REASONS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.FAILED,
+                            FinishReason.CANCELLED)
+if [SKIPPY_END_STOP, SKIPPY_END_LENGTH, SKIPPY_END_FAILED, SKIPPY_END_CANCELLED] != [0, 1, 2, 3]:
+    raise ImportError("FinishReason does not match the compiled skippy_end_reason")
 cdef object _SAMPLING_CTYPE = _ffi.typeof("skippy_sampling_config *")
 cdef uint64_t _U64_MAX = 0xFFFFFFFFFFFFFFFF
 
@@ -101,7 +105,9 @@ cdef enum:
     _A_DROW = 9
     _A_DSTEP = 10
     _A_DIDX = 11
-    _A_COUNT = 12
+    _A_NEW = 12
+    _A_REST = 13
+    _A_COUNT = 14
 
 
 cdef class _PlanBuffer:
@@ -138,8 +144,11 @@ cdef class _PlanBuffer:
             self.bases[_A_SROWS] = _view(p.sample_rows, n, np.uintp)
             self.bases[_A_OIDX] = _view(p.outputs.sampled_request_indexes, n, np.uintp)
             self.bases[_A_OTOK] = _view(p.outputs.predicted_tokens, n, np.int32)
+            self.bases[_A_NEW] = _view(p.new_rows, n, np.uint8)
+            self.bases[_A_REST] = _view(p.restored_tokens, n, np.uintp)
             for i in range(_A_OFF, _A_DROW):
                 self.slice_n[i] = SIZE_MAX
+            self.slice_n[_A_NEW] = self.slice_n[_A_REST] = SIZE_MAX
         if p.deferred.capacity != self.deferred_cap:
             self.deferred_cap = n = p.deferred.capacity
             self.bases[_A_DROW] = _view(p.deferred.rows, n, np.uintp)
@@ -183,48 +192,15 @@ cdef object _view(void *data, size_t count, object dtype):
     return np.frombuffer(memory, dtype=dtype)
 
 
-cdef object _TELEMETRY_FIELDS = ("iteration", "active_sequences", "waiting_sequences", "admitted",
-    "preempted", "prefill_tokens", "recompute_tokens", "decode_tokens", "component_used_bytes",
-    "component_available_bytes", "prefix_hits", "prefix_misses", "finished", "failed", "cancelled",
-    "rejected_overload", "finished_ids", "failed_ids")
-# The attribute-by-attribute fill below skips the dataclass __init__ (the most expensive part
-# of a steady completion); it is only used while the class has exactly these plain fields.
-cdef bint _TELEMETRY_FAST = (
-    tuple(f.name for f in _dc_fields(IterationTelemetry)) == _TELEMETRY_FIELDS
-    and "__post_init__" not in vars(IterationTelemetry)
-    and "__slots__" not in vars(IterationTelemetry)
-    and not IterationTelemetry.__dataclass_params__.frozen)
-
-
 cdef object _telemetry(const skippy_iteration_telemetry *t, list used, list available,
-                       list finished, list failed):
-    if not _TELEMETRY_FAST:
-        return IterationTelemetry(
-            t.iteration, t.active_sequences, t.waiting_sequences, t.admitted, t.preempted,
-            t.prefill_tokens, t.recompute_tokens, t.decode_tokens, used, available,
-            t.prefix_hits, t.prefix_misses, t.finished, t.failed, t.cancelled,
-            t.rejected_overload, finished, failed, t.stale_refreshes)
-    o = IterationTelemetry.__new__(IterationTelemetry)
-    o.iteration = t.iteration
-    o.active_sequences = t.active_sequences
-    o.waiting_sequences = t.waiting_sequences
-    o.admitted = t.admitted
-    o.preempted = t.preempted
-    o.prefill_tokens = t.prefill_tokens
-    o.recompute_tokens = t.recompute_tokens
-    o.decode_tokens = t.decode_tokens
-    o.component_used_bytes = used
-    o.component_available_bytes = available
-    o.prefix_hits = t.prefix_hits
-    o.prefix_misses = t.prefix_misses
-    o.finished = t.finished
-    o.failed = t.failed
-    o.cancelled = t.cancelled
-    o.rejected_overload = t.rejected_overload
-    o.finished_ids = finished
-    o.failed_ids = failed
-    o.stale_refreshes = t.stale_refreshes
-    return o
+                       list finished, list failed, dict reasons):
+    # NOTE: positional, in IterationTelemetry's field order (test_telemetry_fields_follow_the_core
+    # fails when a field is added to one side only).
+    return IterationTelemetry(
+        t.iteration, t.active_sequences, t.waiting_sequences, t.admitted, t.preempted,
+        t.prefill_tokens, t.recompute_tokens, t.decode_tokens, used, available,
+        t.prefix_hits, t.prefix_misses, t.finished, t.failed, t.cancelled,
+        t.rejected_overload, finished, failed, t.stale_refreshes, reasons)
 
 
 cdef object _SEQ_FIELDS = Sequence.__slots__
@@ -473,6 +449,22 @@ cdef class IterationPlan:
         return self._outputs
 
     @property
+    def new_rows(self):
+        """uint8 array of `len(plan)` flags: 1 when the row is its sequence's first since
+        admission (a first admission, or a resume after preemption), else 0. A host sets up the
+        sequence's state at a new row (and restores its prefix first), never by diffing ids."""
+        self._check()
+        return self._b.slice(_A_NEW, self._rows)
+
+    @property
+    def restored_tokens(self):
+        """uintp array of `len(plan)` token counts: for a new row, the positions [0, n) of its
+        sequence the host must already hold before the row (copied from the row's restore
+        holder, or left in the cache by the caller); 0 for every other row."""
+        self._check()
+        return self._b.slice(_A_REST, self._rows)
+
+    @property
     def deferred_rows(self):
         """uintp array of the work indexes whose one input token an earlier plan is still
         sampling (ascending; empty at depth 1). The arena holds -1 there until it is written
@@ -533,7 +525,8 @@ cdef class IterationPlan:
                     holder = self._row_holders.data.as_uints[r]
                 work.append(IterationWork(o.sequence_id, tuple(toks[a:b].tolist()),
                                           tuple(poss[a:b].tolist()), bool(p.sample_last[r]),
-                                          _PHASES[p.phases[r]], o.sampling, holder))
+                                          _PHASES[p.phases[r]], o.sampling, holder,
+                                          bool(p.new_rows[r]), p.restored_tokens[r]))
             self._work = work
         return self._work
 
@@ -914,13 +907,16 @@ cdef class Scheduler:
         ret = skippy_scheduler_retired(self._s, &n_after)
         finished = []
         failed = []
+        reasons = {}
         for i in range(n_before, n_after):
             sid = _carried(self._objects, ret[i].slot).sequence_id
             if ret[i].status == SKIPPY_SEQ_FAILED:
                 failed.append(sid)
             else:
                 finished.append(sid)
-        return _telemetry(&t, self._used_list(), list(self._available), finished, failed)
+            reasons[sid] = _END_REASONS[ret[i].reason]
+        return _telemetry(&t, self._used_list(), list(self._available), finished, failed,
+                          reasons)
     cdef list _used_list(self):
         cdef size_t n, i
         cdef const uint64_t *u = skippy_scheduler_component_used(self._s, &n)
@@ -1086,7 +1082,9 @@ def _layout():
     cdef skippy_plan p
     cdef skippy_plan_outputs o
     cdef skippy_deferred_inputs d
+    cdef skippy_retired t
     cdef size_t rb = <size_t>&r, pb = <size_t>&p, ob = <size_t>&o, db = <size_t>&d
+    cdef size_t tb = <size_t>&t
     return {
         "skippy_iteration_request": (sizeof(skippy_iteration_request), {
             "session": <size_t>&r.session - rb, "token_ids": <size_t>&r.token_ids - rb,
@@ -1111,7 +1109,12 @@ def _layout():
             "sample_rows": <size_t>&p.sample_rows - pb,
             "sample_count": <size_t>&p.sample_count - pb, "admitted": <size_t>&p.admitted - pb,
             "preempted": <size_t>&p.preempted - pb, "outputs": <size_t>&p.outputs - pb,
-            "step": <size_t>&p.step - pb, "deferred": <size_t>&p.deferred - pb}),
+            "step": <size_t>&p.step - pb, "deferred": <size_t>&p.deferred - pb,
+            "new_rows": <size_t>&p.new_rows - pb,
+            "restored_tokens": <size_t>&p.restored_tokens - pb}),
+        "skippy_retired": (sizeof(skippy_retired), {
+            "slot": <size_t>&t.slot - tb, "status": <size_t>&t.status - tb,
+            "reason": <size_t>&t.reason - tb}),
         "skippy_deferred_inputs": (sizeof(skippy_deferred_inputs), {
             "rows": <size_t>&d.rows - db, "source_steps": <size_t>&d.source_steps - db,
             "source_indexes": <size_t>&d.source_indexes - db, "count": <size_t>&d.count - db,
