@@ -33,13 +33,6 @@ from .cache_policy import (  # noqa: E402
     order_cache_aware_candidates,
     select_cache_aware_candidate,
 )
-from .capacity import (  # noqa: E402
-    CapacityDemand,
-    CapacityPlan,
-    ComponentCapacitySnapshot,
-    EvictableCacheEntry,
-    plan_component_capacity,
-)
 from .policies import (  # noqa: E402
     AdmissionPolicy,
     CacheAwareAdmission,
@@ -51,11 +44,6 @@ from .policies import (  # noqa: E402
     VictimCandidate,
 )
 from .radix import RadixEntry, RadixMatch, RadixStats, UnifiedRadixCache, affinity_from_radix  # noqa: E402
-from .runtime_queue import (  # noqa: E402
-    CacheRuntimeQueue,
-    CacheRuntimeTelemetry,
-    should_serve_cache_runtime,
-)
 from .reference import TwinOutputs, TwinPlan, TwinScheduler  # noqa: E402
 from .types import (  # noqa: E402
     LLAMA_MAX_SEQ,
@@ -95,14 +83,8 @@ __all__ = [
     "CacheAffinity",
     "CacheAwareAdmission",
     "CacheAwareCandidate",
-    "CacheRuntimeQueue",
-    "CacheRuntimeTelemetry",
-    "CapacityDemand",
-    "CapacityPlan",
-    "ComponentCapacitySnapshot",
     "DuplicateSequence",
     "EmptyPrompt",
-    "EvictableCacheEntry",
     "FcfsAdmission",
     "FewestComputedTokens",
     "FinishReason",
@@ -143,7 +125,5 @@ __all__ = [
     "affinity_from_radix",
     "VictimCandidate",
     "order_cache_aware_candidates",
-    "plan_component_capacity",
     "select_cache_aware_candidate",
-    "should_serve_cache_runtime",
 ]
