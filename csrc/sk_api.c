@@ -104,6 +104,7 @@ void skippy_scheduler_free(skippy_scheduler *s)
         free(slot->row_epoch);
         free(slot->row_prev_step);
         free(slot->row_prev_row);
+        free(slot->new_list);
     }
     free(s->plans);
     free(s->row_seen);

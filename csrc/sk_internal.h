@@ -79,8 +79,10 @@ typedef struct SK_LINE_ALIGNED sk_seq {
 } sk_seq;
 
 /*
- * One of the max_inflight_plans plan buffers. Besides the public plan it keeps what completing
- * and aborting need: the tokens per phase, each row's cursor before the row, the epoch of its
+ * One of the max_inflight_plans plan buffers. NOTE: its new_rows and restored_tokens arrays are
+ * zero except at the rows listed in new_list, which the next plan made in the buffer clears: new
+ * rows are rare, so a steady plan writes neither array. Besides the public plan it keeps what
+ * completing and aborting need: the tokens per phase, each row's cursor before the row, the epoch of its
  * sequence, (depth > 1) the sequence's previous pending source, and the planner counters from
  * before the plan.
  */
@@ -92,6 +94,8 @@ typedef struct sk_plan_slot {
     uint32_t *row_epoch;
     uint64_t *row_prev_step;
     size_t *row_prev_row;
+    size_t *new_list;         /* the rows new_rows / restored_tokens hold nonzero entries for */
+    size_t new_count;
     size_t consecutive_before;
     size_t mixed_before;
     uint64_t void_mark;       /* s->void_count when made: equal at completion = no row is void */

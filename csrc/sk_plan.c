@@ -53,6 +53,7 @@ static int ensure_plan_capacity(skippy_scheduler *s, sk_plan_slot *slot)
             sk_resize((void **)&plan->outputs.predicted_tokens, cap, sizeof(int32_t)) ||
             sk_resize((void **)&slot->row_cursor, cap, sizeof(size_t)) ||
             sk_resize((void **)&slot->row_epoch, cap, sizeof(uint32_t)) ||
+            sk_resize((void **)&slot->new_list, cap, sizeof(size_t)) ||
             (sources &&
              (sk_resize((void **)&slot->row_prev_step, cap, sizeof(uint64_t)) ||
               sk_resize((void **)&slot->row_prev_row, cap, sizeof(size_t)) ||
@@ -66,6 +67,10 @@ static int ensure_plan_capacity(skippy_scheduler *s, sk_plan_slot *slot)
                 return -1;
             s->row_scratch_cap = cap;
         }
+        /* (the kept part is zero but for listed rows, see sk_plan_slot) */
+        size_t old = plan->request_capacity;
+        memset(plan->new_rows + old, 0, cap - old);
+        memset(plan->restored_tokens + old, 0, (cap - old) * sizeof(size_t));
         plan->request_capacity = cap;
         if (sources) plan->deferred.capacity = cap;
     }
@@ -99,13 +104,13 @@ typedef struct sk_writer {
     size_t *row_offsets, *sample_rows;
     uint32_t *slots;
     uint8_t *phases, *sample_last, *new_rows;
-    size_t *row_cursor, *restored_tokens;
+    size_t *row_cursor, *restored_tokens, *new_list;
     uint32_t *row_epoch;
     uint64_t *row_prev_step;                  /* NULL at depth 1: no sources to track */
     size_t *row_prev_row;
     size_t *deferred_rows, *deferred_indexes;
     uint64_t *deferred_steps;
-    size_t row_count, token_count, sample_count, deferred_count;
+    size_t row_count, token_count, sample_count, deferred_count, new_count;
     uint64_t step;
     uint64_t tokens_by_phase[3];
 } sk_writer;
@@ -123,6 +128,8 @@ static inline void writer_open(sk_writer *out, sk_plan_slot *slot, uint64_t step
     out->sample_last = plan->sample_last;
     out->new_rows = plan->new_rows;
     out->restored_tokens = plan->restored_tokens;
+    out->new_list = slot->new_list;
+    out->new_count = 0;
     out->row_cursor = slot->row_cursor;
     out->row_epoch = slot->row_epoch;
     out->row_prev_step = sources ? slot->row_prev_step : NULL;
@@ -156,9 +163,12 @@ static inline void put_row(sk_writer *out, skippy_scheduler *s, sk_seq *seq, uin
     out->sample_last[row] = sample;
     out->row_cursor[row] = cursor_before;
     out->row_epoch[row] = seq->epoch;
-    out->new_rows[row] = seq->fresh;
-    out->restored_tokens[row] = seq->fresh ? cursor_before : 0;
-    sk_unfresh(s, seq);
+    if (seq->fresh) {
+        out->new_rows[row] = 1;
+        out->restored_tokens[row] = cursor_before;
+        out->new_list[out->new_count++] = row;
+        sk_unfresh(s, seq);
+    }
     if (sample) out->sample_rows[out->sample_count++] = row;
     out->token_count = first + count;
     out->row_offsets[row + 1] = out->token_count;
@@ -290,8 +300,6 @@ static void plan_decode_only(skippy_scheduler *s, sk_writer *out)
     }
     out->row_count = out->token_count = out->sample_count = row;
     out->tokens_by_phase[SKIPPY_PHASE_DECODE] = row;
-    memset(out->new_rows, 0, row);
-    memset(out->restored_tokens, 0, row * sizeof(size_t));
 }
 
 static void plan_homogeneous(skippy_scheduler *s, sk_writer *out, bool has_prefill, bool has_live)
@@ -385,6 +393,11 @@ static int make_plan(skippy_scheduler *s, skippy_plan **out_plan)
     if (s->live_count >= depth) sk_abort_from(s, 0); /* depth 1: replaced, so undone (§0.4f) */
     slot = &s->plans[sk_live_ring(s, s->live_count)];
     skippy_plan *plan = &slot->plan;
+    for (size_t i = 0; i < slot->new_count; i++) { /* the last plan made here (read above) */
+        plan->new_rows[slot->new_list[i]] = 0;
+        plan->restored_tokens[slot->new_list[i]] = 0;
+    }
+    slot->new_count = 0;
     plan->row_offsets[0] = 0;
     plan->admitted = admitted;
     plan->preempted = 0;
@@ -411,6 +424,7 @@ static int make_plan(skippy_scheduler *s, skippy_plan **out_plan)
     plan->token_count = out.token_count;
     plan->sample_count = out.sample_count;
     plan->deferred.count = out.deferred_count;
+    slot->new_count = out.new_count;
     memcpy(slot->tokens_by_phase, out.tokens_by_phase, sizeof slot->tokens_by_phase);
     /* One sample per row at most: the runtime gets exactly the row count as capacity. */
     plan->outputs.capacity = plan->request_count;
