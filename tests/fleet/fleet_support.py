@@ -1,14 +1,26 @@
-"""Helpers of the fleet tests."""
+"""Helpers of the fleet tests; the process helpers are bench/fleet.py's."""
 from __future__ import annotations
 
-import socket
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "fleet.py")
 
 
-def free_port() -> int:
-    """A loopback port nobody listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _bench():
+    sys.path.insert(0, os.path.dirname(BENCH))  # it imports serve_load beside it
+    spec = importlib.util.spec_from_file_location("fleet_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fleet_bench"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+fleet_bench = _bench()
+free_port = fleet_bench.free_port
 
 
 LANES = 2
@@ -32,12 +44,6 @@ def start_replica(model_path, kv_events: bool = True, **overrides):
 
 # -- processes: replicas (`skippy-scheduler serve`) and vllm-router, on loopback --------------
 
-import os  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-
 import httpx  # noqa: E402
 
 MODEL_NAME = "tiny"
@@ -49,18 +55,16 @@ def router_binary():
     return here if os.path.exists(here) else shutil.which("vllm-router")
 
 
-def wait_ready(url: str, proc, timeout_s: float = 60.0) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} not ready after {timeout_s} s")
+def spawn(args, log, health_url: str, timeout_s: float = 60.0):
+    """Start a process writing to `log`; return it once `health_url` answers 200 (stopped
+    again, and the error raised, when it does not)."""
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        fleet_bench.wait_ready(health_url, proc, timeout_s)
+    except BaseException:
+        fleet_bench.stop(proc)
+        raise
+    return proc
 
 
 class Replica:
@@ -85,21 +89,15 @@ class Replica:
         self.start()
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
         try:
-            wait_ready(self.url + "/health", self.proc)
+            self.proc = spawn(self.args, self.log, self.url + "/health")
         except BaseException:
-            self.close()
+            self.log.close()
             raise
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        if self.proc is not None:
+            fleet_bench.stop(self.proc)
 
     def kill(self) -> None:
         self.proc.kill()
@@ -146,19 +144,12 @@ class Router:
             args += ["--kv-event-block-size", str(block), "--kv-event-model", MODEL_NAME]
         args += ["--log-level", "debug", *extra]
         self.log = open(os.path.join(log_dir, f"router-{policy}.log"), "ab")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
         try:
-            wait_ready(self.url + "/health", self.proc)
+            self.proc = spawn(args, self.log, self.url + "/health")
         except BaseException:
-            self.close()
+            self.log.close()
             raise
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        fleet_bench.stop(self.proc)
         self.log.close()
