@@ -371,15 +371,25 @@ class StoreEvents:
             self.publisher.publish([removed])
 
 
+def check(settings: Any) -> None:
+    """Refuse KV event settings that cannot work, before a server loads its model."""
+    if settings.kv_events_endpoint is None:
+        return
+    if settings.prefix_cache_tokens <= 0:
+        raise ValueError("KV events announce the prefix store's blocks: they need prefix "
+                         "reuse (prefix_cache_tokens > 0)")
+    _check_endpoint(settings.kv_events_endpoint, "kv_events_endpoint")
+    if settings.kv_events_replay_endpoint is not None:
+        _check_endpoint(settings.kv_events_replay_endpoint, "kv_events_replay_endpoint")
+    BlockLedger(settings.kv_block_size)
+
+
 def start(settings: Any, store: Any) -> Optional[KvEventPublisher]:
     """The publisher a server's settings ask for, hooked to its prefix store (None when
     `kv_events_endpoint` is unset)."""
+    check(settings)
     if settings.kv_events_endpoint is None:
         return None
-    if store is None:
-        raise ValueError("KV events announce the prefix store's blocks: they need prefix "
-                         "reuse (prefix_cache_tokens > 0)")
-    BlockLedger(settings.kv_block_size)  # checks the block size before anything binds
     publisher = KvEventPublisher(settings.kv_events_endpoint,
                                  settings.kv_events_replay_endpoint)
     try:

@@ -75,9 +75,11 @@ class Server:
         from ..hosts.llama import LlamaHost
         from .app import ServeContext, create_app
         from .runner import EngineRunner
+        from . import kv_events, vllm_compat
         from .text import token_pieces
 
         s = settings
+        kv_events.check(s)  # before the model loads
         if s.ctx_size < s.max_active:
             raise ValueError(f"ctx_size ({s.ctx_size}) must give every one of the "
                              f"{s.max_active} lanes at least one KV cell")
@@ -125,8 +127,6 @@ class Server:
             memory_components=list(config.memory_components),
             strict_request_fields=s.strict_request_fields)
         self.app = create_app(self.context)
-        from . import kv_events, vllm_compat
-
         vllm_compat.install(self.app, self.context)
         try:
             self.kv_events = kv_events.start(s, self.host.prefix_store)

@@ -204,3 +204,18 @@ def test_bad_settings_are_refused_before_anything_binds(endpoint):
             KvEventPublisher(endpoint)
     finally:
         publisher.close()
+
+
+def test_serve_refuses_kv_events_it_cannot_publish_before_loading_a_model():
+    import subprocess
+    import sys
+
+    cases = [(["--kv-events-endpoint", "tcp://127.0.0.1:1"], "prefix reuse"),
+             (["--prefix-cache-tokens", "64", "--kv-events-endpoint", "127.0.0.1:1"],
+              "ZeroMQ address"),
+             (["--prefix-cache-tokens", "64", "--kv-events-endpoint", "tcp://127.0.0.1:1",
+               "--kv-block-size", "0"], "--kv-block-size")]
+    for extra, message in cases:
+        r = subprocess.run([sys.executable, "-m", "skippy_scheduler.cli", "serve", "--port",
+                            "0", *extra], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and message in r.stderr, (extra, r.stderr)
