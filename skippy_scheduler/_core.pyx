@@ -81,7 +81,7 @@ if ([(k.name, k.value) for k in AdmissionKind] != [
                       "skippy_admission_policy / skippy_preemption_policy")
 
 cdef array _UINT32_ARRAY = array("I")
-cdef object _PHASES = (IterationPhase.Prefill, IterationPhase.Recompute, IterationPhase.Decode)
+cdef object _PHASES = (IterationPhase.PREFILL, IterationPhase.RECOMPUTE, IterationPhase.DECODE)
 cdef object _STATUSES = tuple(SequenceStatus)
 # skippy_end_reason -> FinishReason, by value.
 cdef object _END_REASONS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.FAILED,

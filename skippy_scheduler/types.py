@@ -24,7 +24,14 @@ from ._validate import (
     sat_sub,
 )
 from .cache_policy import CacheAffinity, CacheAwareCandidate, StageCacheAffinity
-from ._sequence import PrefixRestore, PrefixRestoreKind, Sequence, SequenceStatus
+from ._sequence import (
+    PrefixRestore,
+    PrefixRestoreKind,
+    RenamedMembers,
+    Sequence,
+    SequenceStatus,
+    keep_old_spellings,
+)
 
 LLAMA_MAX_SEQ = 256
 
@@ -57,12 +64,15 @@ __all__ = [
 ]
 
 
-class IterationPhase(enum.Enum):
+class IterationPhase(enum.Enum, metaclass=RenamedMembers):
     """Kind of a plan row; the values match the C `skippy_phase`."""
 
-    Prefill = 0
-    Recompute = 1
-    Decode = 2
+    PREFILL = 0
+    RECOMPUTE = 1
+    DECODE = 2
+
+
+keep_old_spellings(IterationPhase)
 
 
 class FinishReason(enum.Enum):

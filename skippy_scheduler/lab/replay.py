@@ -49,7 +49,7 @@ MODES = ("phase", "mixed")
 DEFAULT_MODE = "mixed"
 DEFAULT_PREFIX_CACHE_TOKENS = 8 << 20
 _PHASE_DECODE = DECODE_PHASE
-_PHASE_PREFILL = IterationPhase.Prefill.value
+_PHASE_PREFILL = IterationPhase.PREFILL.value
 
 
 def make_admission(name: str, weights: Optional[dict] = None):

@@ -102,7 +102,7 @@ class TwinPlan:
         return self.work[index]
 
     def decode_rows(self) -> int:
-        return sum(1 for w in self.work if w.phase is IterationPhase.Decode)
+        return sum(1 for w in self.work if w.phase is IterationPhase.DECODE)
 
     def __repr__(self) -> str:
         rows = ", ".join(f"{w.sequence_id}:{w.phase.name}x{len(w.tokens)}" for w in self.work)

@@ -366,7 +366,7 @@ class TwinScheduler:
                 if entry is not None:
                     self._store.pin(entry)  # type: ignore[attr-defined]
                     self._pinned[s.id] = entry
-            s.status = SequenceStatus.Running
+            s.status = SequenceStatus.RUNNING
             self._admission_counter = sat(self._admission_counter + 1)
             s.admitted_at = self._admission_counter
             self._active[s.id] = s
@@ -422,7 +422,7 @@ class TwinScheduler:
         for r, (w, (s, before)) in enumerate(zip(work, self._row_undo)):
             fl = self._flights[s.id]
             previous = fl.source
-            if w.phase is IterationPhase.Decode and fl.pending:
+            if w.phase is IterationPhase.DECODE and fl.pending:
                 assert previous is not None
                 deferred.append((r, previous[0], previous[1]))  # its input is still in flight
             if w.sample_last:
@@ -458,7 +458,7 @@ class TwinScheduler:
             tokens=tuple(replay[start:end]),
             positions=tuple(min(p, I32_MAX) for p in range(start, end)),
             sample_last=end == len(replay) and fresh,
-            phase=IterationPhase.Prefill if fresh else IterationPhase.Recompute,
+            phase=IterationPhase.PREFILL if fresh else IterationPhase.RECOMPUTE,
             sampling=s.sampling,
             restore_holder=self._restore_holder(s),
             new_row=new,
@@ -476,7 +476,7 @@ class TwinScheduler:
             tokens=(s.generated_tokens[-1],),
             positions=(min(position, I32_MAX),),
             sample_last=True,
-            phase=IterationPhase.Decode,
+            phase=IterationPhase.DECODE,
             sampling=s.sampling,
             restore_holder=self._restore_holder(s),
             new_row=new,
@@ -512,7 +512,7 @@ class TwinScheduler:
             elif not run_prefill and self._live_decode(s):
                 work.append(self._decode_row(s))
                 budget -= 1
-        if any(w.phase is not IterationPhase.Decode for w in work):
+        if any(w.phase is not IterationPhase.DECODE for w in work):
             self._consecutive_prefill = sat(self._consecutive_prefill + 1) if has_live_decode else 0
         elif work:
             self._consecutive_prefill = 0
@@ -595,8 +595,8 @@ class TwinScheduler:
         elapsed_us = float(elapsed_seconds) * 1e6
         if not math.isfinite(elapsed_us) or elapsed_us <= 0:
             return
-        prefill_tokens = sum(len(w.tokens) for w in plan._rows if w.phase is not IterationPhase.Decode)
-        decode_rows = sum(1 for w in plan._rows if w.phase is IterationPhase.Decode)
+        prefill_tokens = sum(len(w.tokens) for w in plan._rows if w.phase is not IterationPhase.DECODE)
+        decode_rows = sum(1 for w in plan._rows if w.phase is IterationPhase.DECODE)
         if decode_rows == 0:
             return
         if prefill_tokens == 0:
@@ -622,7 +622,7 @@ class TwinScheduler:
         slots = read_predictions(plan, predictions)
         if self._fair is not None:
             self._charge(plan)
-        counts = {IterationPhase.Prefill: 0, IterationPhase.Recompute: 0, IterationPhase.Decode: 0}
+        counts = {IterationPhase.PREFILL: 0, IterationPhase.RECOMPUTE: 0, IterationPhase.DECODE: 0}
         terminal: list[tuple[str, FinishReason]] = []
         m = self._metrics
         for index, row in enumerate(plan._rows):
@@ -642,12 +642,12 @@ class TwinScheduler:
             if token is None or token < 0:
                 del s.generated_tokens[at:]  # the end signal and later placeholders go
                 fl.pending = 0
-                s.status = SequenceStatus.Failed if token is None else SequenceStatus.Finished
+                s.status = SequenceStatus.FAILED if token is None else SequenceStatus.FINISHED
                 terminal.append((s.id, FinishReason.FAILED if token is None else FinishReason.STOP))
             else:
                 s.generated_tokens[at] = token
                 if at + 1 >= s.max_tokens:
-                    s.status = SequenceStatus.Finished
+                    s.status = SequenceStatus.FINISHED
                     terminal.append((s.id, FinishReason.LENGTH))
         finished_ids: list[str] = []
         failed_ids: list[str] = []
@@ -665,9 +665,9 @@ class TwinScheduler:
                 finished_ids.append(sequence_id)
         m.iterations = sat(m.iterations + 1)
         m.admitted = sat(m.admitted + plan.admitted)
-        m.prefill_tokens = sat(m.prefill_tokens + counts[IterationPhase.Prefill])
-        m.recompute_tokens = sat(m.recompute_tokens + counts[IterationPhase.Recompute])
-        m.decode_tokens = sat(m.decode_tokens + counts[IterationPhase.Decode])
+        m.prefill_tokens = sat(m.prefill_tokens + counts[IterationPhase.PREFILL])
+        m.recompute_tokens = sat(m.recompute_tokens + counts[IterationPhase.RECOMPUTE])
+        m.decode_tokens = sat(m.decode_tokens + counts[IterationPhase.DECODE])
         self._refresh_counts()
         self._live_plans.pop(0)
         return IterationTelemetry(
@@ -676,9 +676,9 @@ class TwinScheduler:
             waiting_sequences=m.waiting_sequences,
             admitted=plan.admitted,
             preempted=plan.preempted,
-            prefill_tokens=counts[IterationPhase.Prefill],
-            recompute_tokens=counts[IterationPhase.Recompute],
-            decode_tokens=counts[IterationPhase.Decode],
+            prefill_tokens=counts[IterationPhase.PREFILL],
+            recompute_tokens=counts[IterationPhase.RECOMPUTE],
+            decode_tokens=counts[IterationPhase.DECODE],
             component_used_bytes=self._used_pairs(),
             component_available_bytes=[(c.name, c.available_bytes()) for c in self._components],
             prefix_hits=m.prefix_hits,
@@ -709,7 +709,7 @@ class TwinScheduler:
             if not self._planned_for(plan, index):
                 continue
             tenant = self._flights[row.sequence_id].tenant
-            if row.phase is IterationPhase.Decode:
+            if row.phase is IterationPhase.DECODE:
                 counters.charge(tenant, 0, len(row.tokens))
             else:
                 counters.charge(tenant, len(row.tokens), 0)
@@ -791,7 +791,7 @@ class TwinScheduler:
 
     @staticmethod
     def _reset_for_recompute(s: Sequence) -> None:
-        s.status = SequenceStatus.Preempted
+        s.status = SequenceStatus.PREEMPTED
         s.admitted_at = None
         replay_len = s.recompute_token_count()
         restored = s.prefix_restore.token_count if s.prefix_restore is not None else 0
@@ -818,7 +818,7 @@ class TwinScheduler:
             else:
                 return False
         self._drop_placeholders(s)
-        self._retired.append(s._snapshot(SequenceStatus.Cancelled))
+        self._retired.append(s._snapshot(SequenceStatus.CANCELLED))
         self._metrics.cancelled = sat(self._metrics.cancelled + 1)
         self._refresh_counts()
         return True
