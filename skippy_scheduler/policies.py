@@ -106,9 +106,9 @@ class CacheAwareAdmission(AdmissionPolicy):
         grouping = True if self.group_waiting_prefixes is None else self.group_waiting_prefixes
         # Imported at call time because the reference package imports this module (its
         # scheduler takes policies); a top-level import would be circular.
-        from .reference.ordering import order_cache_aware_candidates
+        from .reference.ordering import reference_order
 
-        return order_cache_aware_candidates(candidates, current_turn, aging, grouping)
+        return reference_order(candidates, current_turn, aging, grouping)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CacheAwareAdmission):

@@ -3,7 +3,6 @@ import numpy as np
 import pytest
 
 from skippy_scheduler import (
-    LLAMA_MAX_SEQ,
     AdmissionError,
     CacheAffinity,
     DuplicateSequence,
@@ -45,7 +44,9 @@ def test_old_member_spellings_are_deprecated_aliases(old, member):
         assert getattr(type(member), old) is member
     with pytest.raises(AttributeError):
         getattr(type(member), old.upper() + "X")
-    assert LLAMA_MAX_SEQ == 256
+    from skippy_scheduler.types import DEFAULT_SEQUENCE_ID_LIMIT
+
+    assert DEFAULT_SEQUENCE_ID_LIMIT == SchedulerConfig().sequence_id_limit == 256
 
 
 def test_config_defaults_are_the_table_and_already_normalized():
