@@ -203,7 +203,8 @@ cdef class Scheduler:
         cdef uint64_t prefill = check_u64("prefill_cost_per_token", prefill_cost_per_token)
         cdef uint64_t restore = check_u64("restore_cost_per_token", restore_cost_per_token)
         if store is not None:
-            native = getattr(store, "_native", store)
+            from .prefix_store import PrefixStore  # (that module imports this one)
+            native = store.native_store if isinstance(store, PrefixStore) else store
             if not isinstance(native, NativePrefixStore):
                 raise TypeError("store must be a PrefixStore (native), got "
                                 f"{type(store).__name__}")

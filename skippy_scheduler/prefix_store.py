@@ -187,6 +187,14 @@ class PrefixStore:
         self.namespace = namespace
         self._native = NativePrefixStore(capacity_tokens, holder_slots, first_holder_id)
         self._objects: dict[int, StoreEntry] = {}
+        # The twin scheduler this store serves (a weak reference, set by its attach); the
+        # native scheduler keeps that in the C core.
+        self.owner: Optional[Callable[[], Any]] = None
+
+    @property
+    def native_store(self) -> NativePrefixStore:
+        """The C store behind this one (what a native scheduler attaches)."""
+        return self._native
 
     # -- counters -----------------------------------------------------------------------------
 

@@ -112,7 +112,7 @@ class PrefixStoreTwin:
         self.evictions = 0
         self.evicted_tokens = 0
         self.refused_inserts = 0  # inserts that could not be made room for
-        self._owner: Optional[Callable[[], Any]] = None  # weakref to the attached TwinScheduler
+        self.owner: Optional[Callable[[], Any]] = None  # weakref to the attached TwinScheduler
 
     # -- reads --------------------------------------------------------------------------------
 
