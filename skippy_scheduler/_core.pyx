@@ -585,7 +585,7 @@ cdef class Scheduler:
         is the native fair share."""
         if not self._fair:
             raise ValueError("tenant weights apply to the native fair-share admission only")
-        weight = VirtualTokenCounters._check_weight("weight", weight)
+        weight = VirtualTokenCounters.check_weight("weight", weight)
         self._set_weight(self._tenant_id(tenant), weight)
 
     def tenant_counters(self):

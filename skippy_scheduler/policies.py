@@ -182,8 +182,8 @@ class VirtualTokenCounters:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         self.prefill_cost = float(prefill_cost)
         self.decode_cost = float(decode_cost)
-        self.default_weight = self._check_weight("default_weight", default_weight)
-        self.weights = {t: self._check_weight(f"weights[{t!r}]", w)
+        self.default_weight = self.check_weight("default_weight", default_weight)
+        self.weights = {t: self.check_weight(f"weights[{t!r}]", w)
                         for t, w in dict(weights or {}).items()}
         self.counters: dict[Hashable, float] = {}
         self.lifts = 0
@@ -191,7 +191,7 @@ class VirtualTokenCounters:
         self._queued_tenants: set = set()
 
     @staticmethod
-    def _check_weight(name: str, value: Any) -> float:
+    def check_weight(name: str, value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or not math.isfinite(value) or value <= 0:
             raise ValueError(f"{name} must be a finite number > 0, got {value!r}")

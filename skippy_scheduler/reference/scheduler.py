@@ -12,20 +12,17 @@ import numbers
 from typing import Hashable, Iterable, Optional
 
 from .._validate import check_id, check_uint, sat, sat_sub
+from .admission import AdmissionOrder
 from .memory import MemoryLedger
 from .plan import TwinPlan, read_predictions
 from .planning import RowPlanner
 from .store_link import StoreLink
-from ..cache_policy import CacheAwareCandidate
 from ..policies import (
-    AdmissionKind,
     AdmissionPolicy,
     CacheAwareAdmission,
-    FairShareAdmission,
     LowestPriorityNewest,
     PreemptionPolicy,
     VictimCandidate,
-    VirtualTokenCounters,
 )
 from ..types import (
     DuplicateSequence,
@@ -101,7 +98,7 @@ class TwinScheduler:
         if not isinstance(preemption, PreemptionPolicy):
             raise TypeError(f"preemption must be a PreemptionPolicy, got {type(preemption).__name__}")
         self._config = config.normalized()
-        self._admission = admission.resolved(self._config)
+        self._admission = AdmissionOrder(admission.resolved(self._config))
         self._preemption = preemption
         self._memory = MemoryLedger(self._config.memory_components)
         self._waiting: list[Sequence] = []
@@ -120,15 +117,6 @@ class TwinScheduler:
         self._link = StoreLink()  # the attached prefix store (§2.12)
         self._planner = RowPlanner(self._config, self._live_decode, self._take_new,
                                    self._link.holder)
-
-        # Fair share as the core runs it (AdmissionKind.FAIR_SHARE, behaviour.md §3.6): this
-        # scheduler's own counters, seeded with the policy's settings, and the tenants seen.
-        self._fair: Optional[FairShareAdmission] = None
-        self._tenants: dict[Hashable, None] = {}
-        a = self._admission
-        if type(a) is FairShareAdmission and a.native_kind == AdmissionKind.FAIR_SHARE:
-            self._fair = FairShareAdmission(within=a.within, counters=a.counters.blank())
-            self._tenants = dict.fromkeys([None, *a.counters.weights])
 
     # -- prefix store (§2.12) -------------------------------------------------------------------
 
@@ -156,7 +144,7 @@ class TwinScheduler:
 
     @property
     def admission_policy(self) -> AdmissionPolicy:
-        return self._admission
+        return self._admission.policy
 
     @property
     def preemption_policy(self) -> PreemptionPolicy:
@@ -195,11 +183,7 @@ class TwinScheduler:
         s.enqueue_order = self._next_order
         self._next_order = sat(self._next_order + 1)
         self._waiting.append(s)
-        tenant = None
-        if self._fair is not None:
-            tenant = FairShareAdmission.tenant_of_sequence(s)
-            self._tenants.setdefault(tenant, None)
-        self._flights[s.id] = _Flight(next(self._epochs), tenant)
+        self._flights[s.id] = _Flight(next(self._epochs), self._admission.tenant_of(s))
         self._dirty = True
         self._refresh_counts()
 
@@ -223,34 +207,9 @@ class TwinScheduler:
         fl.source = None
 
     def _ranked_waiting(self, turn: int) -> list[Sequence]:
-        candidates = [
-            CacheAwareCandidate(
-                index=i,
-                priority=s.priority,
-                affinity=s.cache_affinity,
-                prompt_tokens=tuple(s.prompt_tokens),  # a policy cannot edit the queue's prompts
-                enqueued_turn=s.enqueued_turn,
-                order=s.enqueue_order,
-                tenant=s.tenant,
-            )
-            for i, s in enumerate(self._waiting)
-        ]
-        if self._fair is not None:
-            flights = [self._flights[s.id] for s in self._waiting]
-            order = self._fair.rank(
-                candidates, turn, [f.tenant for f in flights], [f.request for f in flights],
-                [sat_sub(len(s.prompt_tokens),
-                         s.prefix_restore.token_count if s.prefix_restore is not None else 0)
-                 for s in self._waiting])
-        else:
-            order = self._admission.order(candidates, turn)
-        try:
-            order = [int(i) for i in order]
-        except (TypeError, ValueError):
-            raise TypeError("admission policy must return a list of candidate indexes") from None
-        if sorted(order) != list(range(len(candidates))):
-            raise ValueError("admission policy must return a permutation of the candidate indexes")
-        return [self._waiting[i] for i in order]
+        flights = [self._flights[s.id] for s in self._waiting]
+        return self._admission.rank(self._waiting, turn, [f.tenant for f in flights],
+                                    [f.request for f in flights])
 
     def _admit_waiting(self) -> int:
         """Admit front to back; a request that does not fit is skipped, not waited on (§2.3)."""
@@ -397,7 +356,7 @@ class TwinScheduler:
                                f"{self._live_plans[0].step}: complete plans in the order they "
                                "were made")
         slots = read_predictions(plan, predictions)
-        if self._fair is not None:
+        if self._admission.fair:
             self._charge(plan)
         counts = {IterationPhase.PREFILL: 0, IterationPhase.RECOMPUTE: 0, IterationPhase.DECODE: 0}
         terminal: list[tuple[str, FinishReason]] = []
@@ -479,38 +438,23 @@ class TwinScheduler:
 
     def _charge(self, plan: TwinPlan) -> None:
         """Fair share: each row of the plan whose sequence is still the one it was planned for
-        adds its tokens to the tenant's counter, in row order (behaviour.md §3.6)."""
-        assert self._fair is not None
-        counters = self._fair.counters
+        is charged to its tenant, in row order (behaviour.md §3.6)."""
         for index, row in enumerate(plan._rows):
-            if not self._planned_for(plan, index):
-                continue
-            tenant = self._flights[row.sequence_id].tenant
-            if row.phase is IterationPhase.DECODE:
-                counters.charge(tenant, 0, len(row.tokens))
-            else:
-                counters.charge(tenant, len(row.tokens), 0)
-
-    # -- fair share -----------------------------------------------------------------------------
+            if self._planned_for(plan, index):
+                self._admission.charge(row, self._flights[row.sequence_id].tenant)
 
     def set_tenant_weight(self, tenant: Hashable, weight: float) -> None:
         """Give `tenant` the fair-share weight `weight` (a finite number > 0) from now on."""
-        if self._fair is None:
-            raise ValueError("tenant weights apply to the native fair-share admission only")
-        weight = VirtualTokenCounters._check_weight("weight", weight)
-        self._tenants.setdefault(tenant, None)
-        self._fair.counters.weights[tenant] = weight
+        self._admission.set_tenant_weight(tenant, weight)
 
     def tenant_counters(self) -> dict[Hashable, float]:
         """Fair share: each tenant seen (submitted or weighted) with its service counter; empty
         under any other admission policy."""
-        if self._fair is None:
-            return {}
-        return {t: self._fair.counters.counter(t) for t in self._tenants}
+        return self._admission.tenant_counters()
 
     @property
     def fair_share_lifts(self) -> int:
-        return self._fair.counters.lifts if self._fair is not None else 0
+        return self._admission.lifts
 
     # -- preemption, cancel, views --------------------------------------------------------------
 
