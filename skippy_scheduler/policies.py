@@ -187,8 +187,8 @@ class VirtualTokenCounters:
                         for t, w in dict(weights or {}).items()}
         self.counters: dict[Hashable, float] = {}
         self.lifts = 0
-        self._queued_keys: set = set()
-        self._queued_tenants: set = set()
+        self._queued_keys: set[Hashable] = set()
+        self._queued_tenants: set[Hashable] = set()
 
     @staticmethod
     def check_weight(name: str, value: Any) -> float:
@@ -219,7 +219,7 @@ class VirtualTokenCounters:
         self.counters[tenant] = self.counter(tenant) + self.cost(tenant, prefill_tokens,
                                                                  decode_tokens)
 
-    def observe_queue(self, queued: Mapping[Hashable, _Seq[Hashable]]) -> list:
+    def observe_queue(self, queued: Mapping[Hashable, _Seq[Hashable]]) -> list[Hashable]:
         """Apply the lift rule to `queued` (tenant -> keys of its queued requests), then
         remember it as the previous observation. Returns the tenants that were lifted."""
         before = self._queued_keys

@@ -14,7 +14,7 @@ from typing import Hashable, Iterable, Optional
 from .._validate import check_id, check_uint, sat, sat_sub
 from .admission import AdmissionOrder
 from .memory import MemoryLedger
-from .plan import TwinPlan, read_predictions
+from .plan import PLACEHOLDER, Flight, RowUndo, TwinPlan, read_predictions
 from .planning import RowPlanner
 from .store_link import StoreLink
 from ..policies import (
@@ -40,41 +40,6 @@ from ..types import (
     SequenceStatus,
     StalePlanError,
 )
-
-PLACEHOLDER = -1  # a generated token whose sampling row is still in flight (§2.11)
-
-
-class _Flight:
-    """In-flight state of one sequence incarnation: `epoch` changes whenever rows planned for
-    it become void (preemption; a new submit is a new incarnation), `pending` counts its
-    placeholder tokens, `source` is the (plan step, work index) that samples the newest one.
-    Fair share: `request` names the submission for the lift rule (it survives preemption) and
-    `tenant` is whose service it is."""
-
-    __slots__ = ("epoch", "pending", "source", "request", "tenant")
-
-    def __init__(self, epoch: int, tenant: Hashable = None) -> None:
-        self.epoch = epoch
-        self.pending = 0
-        self.source: Optional[tuple[int, int]] = None
-        self.request = epoch
-        self.tenant = tenant
-
-
-class _RowUndo:
-    """What undoing one planned row needs (abort_iteration)."""
-
-    __slots__ = ("seq", "epoch", "cursor", "sampled", "source", "new")
-
-    def __init__(self, seq: Sequence, epoch: int, cursor: int, sampled: bool,
-                 source: Optional[tuple[int, int]], new: bool) -> None:
-        self.seq = seq
-        self.epoch = epoch
-        self.cursor = cursor
-        self.sampled = sampled
-        self.source = source
-        self.new = new
-
 
 class TwinScheduler:
     """Iteration-level scheduler: admission, chunked prefill, decode and preemption."""
@@ -112,7 +77,7 @@ class TwinScheduler:
         self._admission_counter = 0
         self._live_plans: list[TwinPlan] = []  # oldest first
         self._steps = 0
-        self._flights: dict[str, _Flight] = {}
+        self._flights: dict[str, Flight] = {}
         self._epochs = itertools.count(1)
         self._link = StoreLink()  # the attached prefix store (§2.12)
         self._planner = RowPlanner(self._config, self._live_decode, self._take_new,
@@ -183,7 +148,7 @@ class TwinScheduler:
         s.enqueue_order = self._next_order
         self._next_order = sat(self._next_order + 1)
         self._waiting.append(s)
-        self._flights[s.id] = _Flight(next(self._epochs), self._admission.tenant_of(s))
+        self._flights[s.id] = Flight(next(self._epochs), self._admission.tenant_of(s))
         self._dirty = True
         self._refresh_counts()
 
@@ -275,7 +240,7 @@ class TwinScheduler:
         work = self._planner.rows(list(self._active.values()))
         step = self._steps
         self._steps += 1
-        undo: list[_RowUndo] = []
+        undo: list[RowUndo] = []
         deferred: list[tuple[int, int, int]] = []
         for r, (w, (s, before)) in enumerate(zip(work, self._planner.cursors_before)):
             fl = self._flights[s.id]
@@ -287,7 +252,7 @@ class TwinScheduler:
                 s.generated_tokens.append(PLACEHOLDER)
                 fl.pending += 1
                 fl.source = (step, r)
-            undo.append(_RowUndo(s, fl.epoch, before, w.sample_last, previous, w.new_row))
+            undo.append(RowUndo(s, fl.epoch, before, w.sample_last, previous, w.new_row))
         plan = TwinPlan(work, sum(len(w.tokens) for w in work), admitted, step, deferred)
         plan._undo = undo
         plan._counters = counters
