@@ -1,4 +1,4 @@
-"""llama.cpp's process-wide setup: the backend, the log sink, argument checks.
+"""llama.cpp's process-wide setup (the backend, the log sink), loading, contexts, checks.
 
 llama.cpp logs through one process-wide callback. The sink keeps warnings and errors (and their
 continuation lines) in a short ring, so an error message can say what llama.cpp complained
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +49,43 @@ def init_backend() -> None:
 def recent_log(n: int = 8) -> str:
     """The last `n` warning/error lines llama.cpp logged (for diagnostics)."""
     return "".join(list(_recent_log)[-n:]).strip()
+
+
+def load_model(path: str) -> Any:
+    """The model at `path`, on the CPU; RuntimeError with llama.cpp's complaint otherwise."""
+    mparams = _ll.llama_model_default_params()
+    mparams.n_gpu_layers = 0
+    model = _ll.llama_model_load_from_file(path.encode(), mparams)
+    if not model:
+        raise RuntimeError(f"llama.cpp could not load {path}: {recent_log()}")
+    return model
+
+
+def create_context(model: Any, *, n_ctx: int, n_batch: int, n_ubatch: int, sequence_ids: int,
+                   n_threads: int, kv_type: str, flash_attn: bool, unified: bool) -> Any:
+    """A context as asked (NULL when llama.cpp cannot make one); it may get less than asked,
+    so read its sizes back (`llama_n_batch`, `llama_n_ctx`, ...)."""
+    # Fields are set by name: the struct layout changes between llama.cpp versions.
+    cparams = _ll.llama_context_default_params()
+    cparams.n_ctx = n_ctx
+    cparams.n_batch = n_batch
+    cparams.n_ubatch = n_ubatch
+    cparams.n_seq_max = sequence_ids
+    # NOTE: llama.cpp reserves one output row per sequence id at creation and asserts that
+    # this fits its output limit, which defaults to n_batch: with fewer batch tokens than
+    # sequence ids (a 3-token batch over 4 lanes) the context aborts the process. A plan
+    # never samples more rows than it has tokens, so raising the limit to the id count only
+    # sizes the reserve llama.cpp makes anyway.
+    cparams.n_outputs_max = max(n_batch, sequence_ids)
+    cparams.n_threads = n_threads
+    cparams.n_threads_batch = n_threads
+    cparams.flash_attn_type = 1 if flash_attn else 0
+    cparams.type_k = KV_TYPES[kv_type]
+    cparams.type_v = KV_TYPES[kv_type]
+    cparams.kv_unified = unified
+    cparams.embeddings = False
+    cparams.no_perf = True
+    return _ll.llama_init_from_model(model, cparams)
 
 
 def check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:

@@ -24,7 +24,6 @@ host sizes everything from what the context got (`n_batch`, `n_ctx`, `n_ctx_seq`
 """
 from __future__ import annotations
 
-import ctypes
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -39,7 +38,8 @@ from ...engine.contract import HostState, Plan
 from ...prefix_store import PrefixStore
 from ...sampling import SamplingParams
 from ...types import ReleaseReason
-from .backend import KV_TYPES, check_int, init_backend, recent_log
+from .backend import KV_TYPES, check_int, create_context, init_backend, load_model, recent_log
+from .decode import Decoder
 from .holders import PrefixHolders
 from .lanes import KvCells, Lanes
 from .samplers import Samplers
@@ -100,41 +100,17 @@ class LlamaHost:
         self._samplers: Samplers | None = None
         init_backend()
 
-        mparams = _ll.llama_model_default_params()
-        mparams.n_gpu_layers = 0
-        model = _ll.llama_model_load_from_file(path.encode(), mparams)
-        if not model:
-            raise RuntimeError(f"llama.cpp could not load {path}: {recent_log()}")
-        self._model = model
-
+        self._model = load_model(path)
         ids = n_seq_max + holders
-        # Fields are set by name: the struct layout changes between llama.cpp versions.
-        cparams = _ll.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = n_batch
-        cparams.n_ubatch = n_ubatch
-        cparams.n_seq_max = ids
-        # NOTE: llama.cpp reserves one output row per sequence id at creation and asserts that
-        # this fits its output limit, which defaults to n_batch: with fewer batch tokens than
-        # sequence ids (a 3-token batch over 4 lanes) the context aborts the process. A plan
-        # never samples more rows than it has tokens, so raising the limit to the id count only
-        # sizes the reserve llama.cpp makes anyway.
-        cparams.n_outputs_max = max(n_batch, ids)
-        cparams.n_threads = n_threads
-        cparams.n_threads_batch = n_threads
-        cparams.flash_attn_type = 1 if flash_attn else 0
-        cparams.type_k = KV_TYPES[kv_type]
-        cparams.type_v = KV_TYPES[kv_type]
-        cparams.kv_unified = unified
-        cparams.embeddings = False
-        cparams.no_perf = True
-        ctx = _ll.llama_init_from_model(model, cparams)
+        ctx = create_context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
+                             sequence_ids=ids, n_threads=n_threads, kv_type=kv_type,
+                             flash_attn=bool(flash_attn), unified=unified)
         if not ctx:
             self.close()
             raise RuntimeError(f"llama.cpp could not create a context: {recent_log()}")
         self._ctx = ctx
         self._cells = cells = KvCells(ctx)
-        self.tokenizer = tok = Tokenizer(model)
+        self.tokenizer = tok = Tokenizer(self._model)
         self.n_vocab = tok.n_vocab
         self.n_seq_max = n_seq_max
         # What the context got, not what was asked: llama.cpp caps the batch at the context
@@ -157,9 +133,9 @@ class LlamaHost:
             "kv_type": kv_type, "flash_attn": bool(flash_attn), "kv_unified": unified,
             "prefix_cache_tokens": prefix_cache_tokens, "prefix_holders": holders,
         }
-        self._batch = _Batch(self.n_batch)
         self._lanes = Lanes(n_seq_max, cells)
         self._samplers = Samplers(tok.n_vocab, tok.eog, tok.eog_ids)
+        self._decoder = Decoder(ctx, self.n_batch, tok.n_vocab, self._samplers)
         self.prefix_holders = holders
         self.holders: PrefixHolders | None = None
         if prefix_cache_tokens:
@@ -376,11 +352,11 @@ class LlamaHost:
         """Check the rows, set up new sequences, decode; on failure undo every row."""
         row_lanes = self._assign(ids, starts, starting)
         n = int(offsets[-1])
-        batch = self._batch
-        batch.tok[:n] = tokens_in
-        batch.pos[:n] = positions
+        decoder = self._decoder
+        decoder.tok[:n] = tokens_in
+        decoder.pos[:n] = positions
         try:
-            tokens = self._decode(n, row_lanes, offsets, sample_rows)
+            tokens = decoder.decode(n, row_lanes, offsets, sample_rows)
         except RuntimeError:
             self._undo(ids, row_lanes, starts, starting)
             raise
@@ -457,40 +433,10 @@ class LlamaHost:
             else:
                 self._lanes.cut(lane, start)
 
-    def _decode(self, n: int, row_lanes: IntArray, offsets: IntArray,
-                sample_rows: IntArray) -> npt.NDArray[np.int32]:
-        """Decode the first `n` staged entries; return the sampled token of each sampling row
-        (argmax for greedy sequences)."""
-        batch = self._batch
-        batch.sid[:n] = np.repeat(row_lanes, np.diff(offsets))
-        batch.flag[:n] = 0
-        out_rows = offsets[sample_rows + 1] - 1
-        batch.flag[out_rows] = 1
-        batch.struct.n_tokens = n
-        rc = _ll.llama_decode(self._ctx, batch.struct)
-        if rc != 0:
-            raise RuntimeError(f"llama_decode returned {rc}: {recent_log()}")
-        samplers = self._samplers
-        assert samplers is not None
-        samplers.feed(row_lanes, offsets, batch.tok, batch.pos)
-        k = len(sample_rows)
-        if k == 0:
-            return np.zeros(0, dtype=np.int32)
-        # Output logits are contiguous, one row per flagged entry in batch order.
-        ptr = _ll.llama_get_logits(self._ctx)
-        logits = np.ctypeslib.as_array(ptr, shape=(k, self.n_vocab))
-        tokens: npt.NDArray[np.int32] = logits.argmax(axis=1).astype(np.int32)
-        samplers.pick(self._ctx, tokens, logits, row_lanes, sample_rows, out_rows, batch.pos)
-        return tokens
-
     def logits_of_batch_row(self, batch_row: int) -> npt.NDArray[np.float32]:
         """Copy of the logits of one flagged entry of the last decode (`llama_get_logits_ith`)."""
         self._require_open()
-        ptr = _ll.llama_get_logits_ith(self._ctx, batch_row)
-        if not ptr:
-            raise ValueError(f"batch row {batch_row} has no logits in the last decode")
-        row: npt.NDArray[np.float32] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
-        return row
+        return self._decoder.logits_of(batch_row)
 
     # ------------------------------------------------------------------ direct rows
     def run_rows(self, rows: Iterable[tuple[str, _Seq[int], int, bool]],
@@ -563,27 +509,3 @@ class LlamaHost:
             return generated
         finally:
             self.release(key)
-
-
-class _Batch:
-    """The llama_batch and the numpy buffers it points into (owned here, sized once)."""
-
-    def __init__(self, n: int) -> None:
-        self.tok = np.zeros(n, dtype=np.int32)
-        self.pos = np.zeros(n, dtype=np.int32)
-        self.nsid = np.ones(n, dtype=np.int32)
-        self.sid = np.zeros(n, dtype=np.int32)
-        self.flag = np.zeros(n, dtype=np.int8)
-        # seq_id is int32**: entry i points at self.sid[i], so seq ids are filled with numpy.
-        self._sid_ptrs = np.uint64(self.sid.ctypes.data) + np.uint64(4) * np.arange(
-            n, dtype=np.uint64)
-        b: Any = _ll.llama_batch()  # its fields are typed as arrays; they take pointers
-        b.n_tokens = 0
-        b.token = self.tok.ctypes.data_as(ctypes.POINTER(_ll.llama_token))
-        b.embd = ctypes.POINTER(ctypes.c_float)()
-        b.pos = self.pos.ctypes.data_as(ctypes.POINTER(_ll.llama_pos))
-        b.n_seq_id = self.nsid.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
-        b.seq_id = ctypes.cast(self._sid_ptrs.ctypes.data,
-                               ctypes.POINTER(ctypes.POINTER(_ll.llama_seq_id)))
-        b.logits = self.flag.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
-        self.struct = b
