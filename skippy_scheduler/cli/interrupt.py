@@ -18,8 +18,9 @@ from typing import Iterator, Optional
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class Interrupted(Exception):
-    """A signal stopped the command; `kept` says what was saved (one line)."""
+class Interrupted(BaseException):
+    """A signal stopped the command; `kept` says what was saved (one line). A BaseException,
+    like KeyboardInterrupt, so that no `except Exception` on the way swallows it."""
 
     def __init__(self, signum: int, kept: str = "") -> None:
         super().__init__(signum, kept)
