@@ -198,7 +198,7 @@ def add_model_options(p: argparse.ArgumentParser, *, threads: int = DEFAULT_THRE
     """The llama.cpp model options every model command takes (run, serve, calibrate)."""
     add_flag(p, "model", default_text="a tiny random-weight model written to a temporary "
                                       "directory")
-    add_flag(p, "seed", type=int, default=0, note="of the tiny default model's weights")
+    add_flag(p, "seed", type=int, default=0, note="it draws the tiny default model's weights")
     add_flag(p, "threads", type=positive_int, default=threads, note=threads_note)
     p.add_argument("--kv-type", choices=("f32", "f16"), default="f32",
                    help="KV cache type; f32 keeps batched and alone runs identical (default: f32)")

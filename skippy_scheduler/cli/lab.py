@@ -91,7 +91,7 @@ def register(subparsers: Any) -> None:
     s.add_argument("--suite", action="store_true", help="run the seeded workload suite")
     s.add_argument("--requests", type=int_in(1, MAX_REQUESTS), default=None, metavar="N",
                    help=f"number of requests, 1-{MAX_REQUESTS} (default: {w.requests})")
-    add_flag(s, "seed", type=int, note="of the workload", default_text=str(w.seed))
+    add_flag(s, "seed", type=int, note="it draws the workload", default_text=str(w.seed))
     for flag, kind, metavar, text in (
             ("--rate", float, "R", f"Poisson arrival rate, requests/s (default: {w.rate:g})"),
             ("--families", int_in(0, MAX_FAMILIES), "N",

@@ -144,10 +144,8 @@ def add_flag(p: argparse.ArgumentParser | Any, concept: str, *, default: Any = N
     """
     f = FLAGS[concept]
     shown = default_text if default_text is not None else _default_text(default)
-    # A note that qualifies the meaning ("of the workload") reads on; others are a clause.
-    sep = " " if note and note.startswith(("of ", "for ")) else "; "
-    help_text = f.meaning + (sep + note if note else "") + (f" (default: {shown})"
-                                                            if shown != "None" else "")
+    help_text = f.meaning + (f"; {note}" if note else "") + (f" (default: {shown})"
+                                                             if shown != "None" else "")
     if concept == "mixed":
         kwargs.setdefault("action", argparse.BooleanOptionalAction)
         action = p.add_argument(f.long, dest=f.dest, default=default, help=help_text, **kwargs)
