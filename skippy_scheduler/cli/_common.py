@@ -12,6 +12,8 @@ import contextlib
 import os
 import sys
 import tempfile
+from types import ModuleType
+from typing import Callable, Iterator, NoReturn, TypeVar
 
 from .vocabulary import add_flag
 
@@ -32,7 +34,8 @@ def _one_line(message: str) -> str:
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are the usage line plus one `prog: error: ...` line."""
 
-    commands: dict  # the top-level parser's subcommand parsers, by name (set by build_parser)
+    # The top-level parser's subcommand parsers, by name (set by build_parser).
+    commands: dict[str, "Parser"]
 
     def fail(self, message: str) -> int:
         """Print a user error the way argparse does (usage, then the message); return 2."""
@@ -43,7 +46,7 @@ class Parser(argparse.ArgumentParser):
         sys.stderr.write(f"{self.prog}: error: {_one_line(message)}\n")
         return USAGE_ERROR
 
-    def error(self, message: str):  # argparse's hook for its own parse errors
+    def error(self, message: str) -> NoReturn:  # argparse's hook for its own parse errors
         self.fail(message)
         sys.exit(USAGE_ERROR)
 
@@ -51,7 +54,10 @@ class Parser(argparse.ArgumentParser):
 # -- argument types: argparse turns ArgumentTypeError into "argument --x: <message>" ----------
 
 
-def _number(text: str, kind):
+_N = TypeVar("_N", int, float)
+
+
+def _number(text: str, kind: Callable[[str], _N]) -> _N:
     try:
         return kind(text)
     except ValueError:
@@ -207,7 +213,7 @@ def add_model_options(p: argparse.ArgumentParser, *, threads: int = DEFAULT_THRE
                         "default: off)")
 
 
-def import_llama_host():
+def import_llama_host() -> ModuleType:
     """`skippy_scheduler.hosts.llama`, imported only when a command needs it (the `llama` extra)."""
     try:
         from ..hosts import llama
@@ -218,7 +224,7 @@ def import_llama_host():
     return llama
 
 
-def check_model(args) -> None:
+def check_model(args: argparse.Namespace) -> None:
     """--model must be a GGUF file; without it the tiny model is written, which needs gguf."""
     if args.model is not None:
         check_gguf("--model", args.model)
@@ -232,12 +238,12 @@ def check_model(args) -> None:
 
 
 @contextlib.contextmanager
-def model_path(args):
+def model_path(args: argparse.Namespace) -> Iterator[str]:
     """The --model path, or a tiny random-weight model in a temp dir for the command's duration."""
     if args.model:
-        yield args.model
+        yield str(args.model)
         return
     from ..hosts.tiny_model import write_tiny_llama
 
     with tempfile.TemporaryDirectory(prefix="skippy-tiny-") as tmp:
-        yield write_tiny_llama(os.path.join(tmp, "tiny-llama-f32.gguf"), seed=args.seed)
+        yield str(write_tiny_llama(os.path.join(tmp, "tiny-llama-f32.gguf"), seed=args.seed))

@@ -74,7 +74,7 @@ def _lane_cells(args: argparse.Namespace) -> int:
     need = positions_needed(default_shapes(LANES, BATCH), args.repeats, args.warmup)
     if args.ctx_size is None:
         return -(-need // CELLS_STEP) * CELLS_STEP
-    lane = args.ctx_size // LANES
+    lane: int = args.ctx_size // LANES
     if lane < need:
         raise CommandError(f"--ctx-size {args.ctx_size} gives each of the {LANES} lanes "
                            f"{lane} cells; --repeats {args.repeats} and --warmup {args.warmup} "

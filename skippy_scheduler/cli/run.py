@@ -68,7 +68,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def load_prompts(path: str | None) -> list:
+def load_prompts(path: str | None) -> list[Any]:
     if path is None:
         return list(BUILTIN_PROMPTS)
     try:
@@ -92,7 +92,7 @@ def load_prompts(path: str | None) -> list:
     return data
 
 
-def _tokenize_prompts(host, prompts: list) -> list[list[int]]:
+def _tokenize_prompts(host: Any, prompts: list[Any]) -> list[list[int]]:
     out = []
     for i, item in enumerate(prompts):
         tokens = host.tokenize(item) if isinstance(item, str) else list(item)
@@ -218,7 +218,7 @@ def _save(args: argparse.Namespace, doc: dict[str, Any]) -> None:
     _print_run(doc)
 
 
-def _reuse_summary(metrics, store) -> dict:
+def _reuse_summary(metrics: Any, store: Any) -> dict[str, Any]:
     """Prefix reuse over the whole run: prompt tokens restored from resident prefixes and
     tokens prefilled (prefill + recompute rows), the share restored, evictions, stale refreshes."""
     restored = metrics.restored_tokens
@@ -232,7 +232,7 @@ def _reuse_summary(metrics, store) -> dict:
     }
 
 
-def _request_json(index: int, request, record) -> dict:
+def _request_json(index: int, request: Any, record: Any) -> dict[str, Any]:
     return {
         "index": index,
         "id": record.id,
@@ -246,11 +246,11 @@ def _request_json(index: int, request, record) -> dict:
     }
 
 
-def _print_run(doc: dict) -> None:
+def _print_run(doc: dict[str, Any]) -> None:
     out = sys.stdout
     print("index\tprompt\tgen\tfinish\tqueue_ms\tttft_ms\tmax_itl_ms", file=out)
     for r in doc["requests"]:
-        def ms(v):
+        def ms(v: float | None) -> str:
             return "-" if v is None else f"{v / 1e3:.3f}"
         itl = max(r["itl_us"]) if r["itl_us"] else None
         print(f"{r['index']}\t{len(r['prompt_tokens'])}\t{len(r['generated_tokens'])}\t"

@@ -162,8 +162,7 @@ def add_flag(p: argparse.ArgumentParser | Any, concept: str, *, default: Any = N
                                 **kwargs)
     repeat = kwargs.get("action") == "append"
     for old in f.old:
-        add_old(p, old, f.long, f.dest, repeat=repeat,
-                **({"type": type} if type is not None else {}))
+        add_old(p, old, f.long, f.dest, repeat=repeat, type=type)
     return action
 
 

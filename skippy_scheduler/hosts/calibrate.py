@@ -372,7 +372,8 @@ def calibrate_host(
     rng = np.random.default_rng(seed)
 
     def tokens(n: int) -> list[int]:
-        return rng.integers(_FIRST_TOKEN, n_vocab, size=n).tolist()
+        drawn: list[int] = rng.integers(_FIRST_TOKEN, n_vocab, size=n).tolist()
+        return drawn
 
     durations: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
     skipped: dict[tuple[int, int], str] = {}

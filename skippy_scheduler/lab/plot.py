@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -33,7 +34,7 @@ class PlotUnavailable(RuntimeError):
     pass
 
 
-def pyplot():
+def pyplot() -> Any:
     """matplotlib.pyplot on the Agg backend, or PlotUnavailable saying how to install it."""
     try:
         import matplotlib
@@ -45,7 +46,7 @@ def pyplot():
     return plt
 
 
-def _style(k: int) -> dict:
+def _style(k: int) -> dict[str, Any]:
     return {"color": f"C{k % 10}", "linestyle": _STYLES[k % len(_STYLES)], "linewidth": 1.6}
 
 
@@ -70,7 +71,7 @@ def _bins(t: np.ndarray, width: float) -> np.ndarray:
     return np.floor(np.asarray(t, dtype=np.float64) / width).astype(np.int64)
 
 
-def binned_mean(t: np.ndarray, values: np.ndarray, width: float):
+def binned_mean(t: np.ndarray, values: np.ndarray, width: float) -> tuple[np.ndarray, np.ndarray]:
     """(bin start times, mean per bin) over the bins that hold samples."""
     if len(t) == 0:
         return np.zeros(0), np.zeros(0)
@@ -81,7 +82,7 @@ def binned_mean(t: np.ndarray, values: np.ndarray, width: float):
     return np.flatnonzero(keep) * width, sums[keep] / counts[keep]
 
 
-def binned_max(t: np.ndarray, values: np.ndarray, width: float):
+def binned_max(t: np.ndarray, values: np.ndarray, width: float) -> tuple[np.ndarray, np.ndarray]:
     """(bin start times, max per bin) for every bin from 0 to the last sample (0 when empty)."""
     if len(t) == 0:
         return np.zeros(0), np.zeros(0)
@@ -91,7 +92,8 @@ def binned_max(t: np.ndarray, values: np.ndarray, width: float):
     return np.arange(len(out)) * width, out
 
 
-def binned_ratio(t: np.ndarray, num: np.ndarray, den: np.ndarray, width: float):
+def binned_ratio(t: np.ndarray, num: np.ndarray, den: np.ndarray,
+                 width: float) -> tuple[np.ndarray, np.ndarray]:
     """(bin start times, Σnum/Σden per bin) over the bins where Σden > 0."""
     if len(t) == 0:
         return np.zeros(0), np.zeros(0)
@@ -102,7 +104,7 @@ def binned_ratio(t: np.ndarray, num: np.ndarray, den: np.ndarray, width: float):
     return np.flatnonzero(keep) * width, n[keep] / d[keep]
 
 
-def _legend(ax, **kwargs) -> None:
+def _legend(ax: Any, **kwargs: Any) -> None:
     """The legend beside the panel (right of it), where no line can be under it."""
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
               fontsize="small", **kwargs)
@@ -112,14 +114,14 @@ def _titled(text: str, run_title: str | None) -> str:
     return f"{text}\n{run_title}" if run_title else text
 
 
-def _save(fig, path: str, series: list[int]) -> str:
+def _save(fig: Any, path: str, series: list[int]) -> str:
     # bbox_inches="tight" keeps the legends beside the panels inside the picture.
     fig.savefig(path, dpi=100, bbox_inches="tight",
                 metadata={SERIES_KEY: ",".join(str(s) for s in series)})
     return path
 
 
-def _ttft_panel(ax, runs, labels) -> int:
+def _ttft_panel(ax: Any, runs: Sequence[Any], labels: Sequence[str]) -> int:
     for k, (run, label) in enumerate(zip(runs, labels)):
         ttft = run.ttft_us[~np.isnan(run.ttft_us)] / 1e3
         ttft = np.sort(np.maximum(ttft, 1e-3))  # log axis: a zero TTFT cannot be drawn
@@ -134,7 +136,8 @@ def _ttft_panel(ax, runs, labels) -> int:
     return len(runs)
 
 
-def unscheduled_depth(arrival_s: np.ndarray, first_scheduled_s: np.ndarray):
+def unscheduled_depth(arrival_s: np.ndarray,
+                      first_scheduled_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(event times, requests arrived and not yet in any plan just after each event)."""
     arrival_s = np.asarray(arrival_s, dtype=np.float64)
     started = np.asarray(first_scheduled_s, dtype=np.float64)
@@ -145,7 +148,8 @@ def unscheduled_depth(arrival_s: np.ndarray, first_scheduled_s: np.ndarray):
     return times[order], np.cumsum(steps[order])
 
 
-def _queue_multiples(plt, runs, labels, title: str, path: str, what: str) -> str:
+def _queue_multiples(plt: Any, runs: Sequence[Any], labels: Sequence[str], title: str, path: str,
+                     what: str) -> str:
     """Queue depth as one panel per run. `what` picks the series: "waiting" (the scheduler's
     waiting queue after each iteration) or "unscheduled" (arrived, not yet in any plan)."""
     curves = []
@@ -186,7 +190,7 @@ def _queue_multiples(plt, runs, labels, title: str, path: str, what: str) -> str
 # -- the workload suite --------------------------------------------------------------------------
 
 
-def plot_suite(runs, out_dir: str, title: str | None = None) -> list[str]:
+def plot_suite(runs: Sequence[Any], out_dir: str, title: str | None = None) -> list[str]:
     """Write ttft_cdf.png, batch_occupancy.png and queue_depth.png; return their paths.
 
     One column per planning mode (its policies as lines) for TTFT and batching; queue depth as
@@ -249,7 +253,7 @@ def plot_suite(runs, out_dir: str, title: str | None = None) -> list[str]:
 # -- a trace replay ------------------------------------------------------------------------------
 
 
-def plot_trace(runs, out_dir: str, title: str | None = None) -> list[str]:
+def plot_trace(runs: Sequence[Any], out_dir: str, title: str | None = None) -> list[str]:
     """Write trace_ttft_cdf.png, trace_hit_rate.png and trace_queue_depth.png for the policies
     of one replay; return their paths. `title` names the trace and its time scale."""
     plt = pyplot()

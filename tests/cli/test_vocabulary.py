@@ -209,3 +209,15 @@ def test_every_policy_name_runs_natively_and_in_the_twin():
         selection.make_admission("lifo")
     with pytest.raises(ValueError, match="unknown scheduler implementation"):
         selection.scheduler_class("gpu")
+
+
+def test_a_trace_replays_one_planning_mode(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 8, "output_length": 2, '
+                     '"hash_ids": [0]}\n')
+    assert main(["lab", "--trace", str(trace), "--mode", "phase", "--mode", "mixed"]) == 2
+    err = capsys.readouterr().err
+    assert "--mode is deprecated" in err and "one planning mode at a time" in err
+    assert main(["lab", "--trace", str(trace), "--mode", "phase", "--mixed"]) == 2
+    assert "--mode is the old spelling of --mixed/--no-mixed: give one" in \
+        capsys.readouterr().err

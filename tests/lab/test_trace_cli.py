@@ -90,7 +90,7 @@ def test_plots(tmp_path, capsys, trace_file):
 
 
 def test_malformed_line_is_one_user_error_before_any_replay(tmp_path, capsys, monkeypatch):
-    from skippy_scheduler.cli import lab as lab_cli
+    from skippy_scheduler.cli import lab_runs as lab_cli
 
     def no_run(*args, **kwargs):
         raise AssertionError("a replay started before the trace was checked")
@@ -112,7 +112,7 @@ ERRORS = [
     (["--trace", "{trace}", "--format", "azure"], "header: missing column(s)"),
     (["--trace", "{trace}", "--format", "xml"], "invalid choice: 'xml'"),
     (["--trace", "{trace}", "--policy", "lottery"], "unknown policy 'lottery'"),
-    (["--trace", "{trace}", "--mode", "phase", "--mode", "mixed"], "one planning mode at a time"),
+    (["--trace", "{trace}", "--mixed", "--prefill-chunk", "0"], "expected an integer >= 1"),
     (["--trace", "{trace}", "--time-scale", "0"], "expected a finite number > 0"),
     (["--trace", "{trace}", "--limit", "0"], "expected an integer >= 1"),
     (["--trace", "{trace}", "--tenants", "0"], "expected an integer >= 1"),
