@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, Optional
 
 from ..selection import DEFAULT_IMPLEMENTATION, DEFAULT_POLICY, make_scheduler
 from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, check_model,
@@ -141,54 +141,20 @@ def run(args: argparse.Namespace) -> int:
     check_model(args)
     prompts = load_prompts(args.prompts)
     llama = import_llama_host()
-    from ..engine import Engine, Request
 
     with model_path(args) as model:
         n_ctx, lane = _n_ctx(args, prompts, holders)
-        n_batch = args.max_num_batched_tokens
+        n_seq, n_batch = args.max_active, args.max_num_batched_tokens
         with llama.LlamaHost(
-            model, n_ctx=n_ctx, n_seq_max=args.max_active,
+            model, n_ctx=n_ctx, n_seq_max=n_seq,
             n_threads=args.threads, n_batch=n_batch, kv_type=args.kv_type,
             flash_attn=args.flash_attn, prefix_cache_tokens=args.prefix_cache_tokens,
             kv_unified=args.kv_unified,
             prefix_holders=max(holders, 1),
         ) as host:
-            token_prompts = _tokenize_prompts(host, prompts)
-            for i, tokens in enumerate(token_prompts):
-                if len(tokens) + args.max_tokens > lane:
-                    raise CommandError(
-                        f"prompt {i} ({len(tokens)} tokens) and --max-tokens {args.max_tokens} "
-                        f"need {len(tokens) + args.max_tokens} KV cells; a lane holds {lane} "
-                        f"(--ctx-size / --max-active, rounded up to {CELLS_PER_LANE_STEP})")
-            config = dict(
-                max_active_sequences=args.max_active, max_tokens_per_iteration=n_batch,
-                prefill_chunk_tokens=min(args.prefill_chunk, n_batch),
-                mixed_prefill_decode=args.mixed,
-                max_consecutive_prefill_iterations=args.max_consecutive_prefill,
-                max_inflight_plans=args.inflight,
-            )
-            if args.prefix_cache_tokens:
-                config.update(host.sequence_id_settings)
-            from .. import SchedulerConfig
-
-            scheduler = make_scheduler(SchedulerConfig(**config), policy=args.policy,
-                                       implementation=args.scheduler)
-            interval_us = args.arrival_interval_ms * 1e3
-            requests = [
-                Request(f"request-{i}", toks, args.max_tokens, arrival_us=i * interval_us)
-                for i, toks in enumerate(token_prompts)
-            ]
-            engine = Engine(scheduler, host, clock="wall")
-            stopped = None
-            try:
-                report = engine.run(requests)
-            except Interrupted as stop:
-                stopped, report = stop, engine.report()
-            settings = dict(host.settings, scheduler=args.scheduler, max_tokens=args.max_tokens,
-                            arrival_interval_ms=args.arrival_interval_ms,
-                            policy=args.policy, **config)
-            summary = report.summary()
-            summary.update(_reuse_summary(scheduler.metrics(), host.prefix_store))
+            requests, report, settings, summary = serve_prompts(args, host, prompts, n_seq,
+                                                                n_batch, lane)
+    stopped = summary.pop("interrupted", None)
     doc = {
         "model": args.model or f"tiny-random-llama (seed {args.seed}, f32)",
         "settings": settings,
@@ -208,6 +174,55 @@ def run(args: argparse.Namespace) -> int:
     raise stopped.keeping(f"{len(doc['requests'])} of {len(requests)} requests had finished "
                           f"and are printed" + (f", wrote --json {args.json}" if args.json
                                                 else ""))
+
+
+def serve_prompts(args: argparse.Namespace, host: Any, prompts: list[Any], n_seq: int,
+                  n_batch: int, lane: Optional[int] = None) -> tuple[Any, Any, Any, Any]:
+    """Run the prompts through the scheduler on `host`: (requests, report, settings, summary).
+
+    lane: KV cells of one lane, when known: a prompt that cannot fit its lane is refused before
+    the run. Interrupted by SIGINT or SIGTERM, the run stops and the summary holds the
+    `Interrupted` under "interrupted" (the report covers what happened until then).
+    """
+    from .. import SchedulerConfig
+    from ..engine import Engine, Request
+
+    token_prompts = _tokenize_prompts(host, prompts)
+    for i, tokens in enumerate(token_prompts):
+        if lane is not None and len(tokens) + args.max_tokens > lane:
+            raise CommandError(
+                f"prompt {i} ({len(tokens)} tokens) and --max-tokens {args.max_tokens} need "
+                f"{len(tokens) + args.max_tokens} KV cells; a lane holds {lane} "
+                f"(--ctx-size / --max-active, rounded up to {CELLS_PER_LANE_STEP})")
+    config = dict(
+        max_active_sequences=n_seq, max_tokens_per_iteration=n_batch,
+        prefill_chunk_tokens=min(args.prefill_chunk, n_batch),
+        mixed_prefill_decode=args.mixed,
+        max_consecutive_prefill_iterations=args.max_consecutive_prefill,
+        max_inflight_plans=args.inflight,
+    )
+    if args.prefix_cache_tokens:
+        config.update(host.sequence_id_settings)
+    scheduler = make_scheduler(SchedulerConfig(**config), policy=args.policy,
+                               implementation=args.scheduler)
+    interval_us = args.arrival_interval_ms * 1e3
+    requests = [
+        Request(f"request-{i}", toks, args.max_tokens, arrival_us=i * interval_us)
+        for i, toks in enumerate(token_prompts)
+    ]
+    engine = Engine(scheduler, host, clock="wall")
+    stopped = None
+    try:
+        report = engine.run(requests)
+    except Interrupted as stop:
+        stopped, report = stop, engine.report()
+    settings = dict(host.settings, scheduler=args.scheduler, max_tokens=args.max_tokens,
+                    arrival_interval_ms=args.arrival_interval_ms, policy=args.policy, **config)
+    summary = report.summary()
+    summary.update(_reuse_summary(scheduler.metrics(), host.prefix_store))
+    if stopped is not None:
+        summary["interrupted"] = stopped
+    return requests, report, settings, summary
 
 
 def _save(args: argparse.Namespace, doc: dict[str, Any]) -> None:
