@@ -41,7 +41,8 @@ def test_scenario_selection_and_replay(capsys, backend):
 
 
 def test_twin_scheduler(capsys):
-    code, out, _ = _run(capsys, "--scheduler", "twin", "--bench-reps", "0", "--scenario", "cold-burst-n1")
+    code, out, _ = _run(capsys, "--scheduler", "twin", "--bench-reps", "0", "--scenario",
+                        "cold-burst-n1")
     assert code == 0 and out.splitlines()[1].startswith("cold-burst-n1\t1\t14.262")
 
 
