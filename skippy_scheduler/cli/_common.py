@@ -90,6 +90,11 @@ def int_in(lo: int, hi: int) -> Callable[[str], int]:
     return parse
 
 
+def bound(text: str) -> int | None:
+    """An argument type: an integer >= 0, where 0 means no bound (None)."""
+    return non_negative_int(text) or None
+
+
 def non_negative_float(text: str) -> float:
     value = _number(text, float)
     if not 0 <= value < float("inf"):

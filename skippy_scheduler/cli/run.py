@@ -13,7 +13,8 @@ import sys
 from typing import Any, Optional
 
 from ..selection import DEFAULT_IMPLEMENTATION, DEFAULT_POLICY, make_scheduler
-from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, check_model,
+from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, bound,
+                      check_model,
                       check_output_file, import_llama_host, model_path, non_negative_float,
                       non_negative_int, positive_int)
 from .interrupt import Interrupted, saving
@@ -49,7 +50,7 @@ def register(subparsers: Any) -> None:
     add_flag(p, "batch-tokens", type=positive_int, default=512)
     add_flag(p, "prefill-chunk", type=positive_int, default=256)
     add_flag(p, "mixed", default=True)
-    add_flag(p, "max-consecutive-prefill", type=positive_int, default=1)
+    add_flag(p, "max-consecutive-prefill", type=bound, default=1)
     add_flag(p, "policy", default=DEFAULT_POLICY)
     add_flag(p, "scheduler", default=DEFAULT_IMPLEMENTATION)
     add_flag(p, "inflight", type=positive_int, default=1,

@@ -10,7 +10,8 @@ import argparse
 import sys
 from typing import Any
 
-from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, check_model,
+from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, bound,
+                      check_model,
                       import_llama_host, non_negative_int, positive_int)
 from .vocabulary import add_flag
 
@@ -38,7 +39,7 @@ def register(subparsers: Any) -> None:
     add_flag(p, "batch-tokens", type=positive_int, default=d.batch_size)
     add_flag(p, "prefill-chunk", type=positive_int, default=d.prefill_chunk)
     add_flag(p, "mixed", default=d.mixed)
-    add_flag(p, "max-consecutive-prefill", type=positive_int,
+    add_flag(p, "max-consecutive-prefill", type=bound,
              default=d.max_consecutive_prefill)
     add_flag(p, "policy", default=d.policy)
     add_flag(p, "prefix-cache-tokens", type=non_negative_int, default=d.prefix_cache_tokens,

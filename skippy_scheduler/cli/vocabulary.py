@@ -60,7 +60,8 @@ _FLAGS = (
     Flag("mixed", ("--mixed", "--no-mixed"),
          "mixed planning: decode rows ride along with prefill chunks in one step"),
     Flag("max-consecutive-prefill", ("--max-consecutive-prefill",),
-         "prefill-only steps in a row while running sequences wait to decode", "N"),
+         "prefill-only steps in a row while running sequences wait to decode, 0 for no "
+         "bound", "N"),
     Flag("policy", ("--policy",),
          "admission order of waiting requests: " + ", ".join(POLICIES), "NAME",
          old=("--admission",)),
