@@ -41,17 +41,10 @@ MODES = ("phase", "mixed")
 
 
 def make_admission(name: str):
-    from .. import policies
+    """The admission policy named `name` (the package's one table: `skippy_scheduler.selection`)."""
+    from ..selection import make_admission as by_name
 
-    if name == "fcfs":
-        return policies.FcfsAdmission()
-    if name == "cache-aware-noaging":
-        return policies.CacheAwareAdmission(aging_cost_per_turn=0)
-    if name == "cache-aware-aging":
-        return policies.CacheAwareAdmission()
-    if name == "priority":
-        return policies.PriorityAdmission()
-    raise ValueError(f"unknown admission policy {name!r} (choose from {', '.join(POLICIES)})")
+    return by_name(name)
 
 
 @dataclass(frozen=True)
