@@ -7,9 +7,9 @@
 Requests arrive when the trace says, whether or not earlier ones have finished (open loop):
 the trace is read with the package's importer (`skippy_scheduler.lab.traces`), the rows from
 `--start-s` seconds into the trace (for `--duration-s`, at most `--max-requests`) are replayed
-with every gap multiplied by `--time-scale`. Lengths are scaled down to what a small CPU model
-serves: prompt tokens × `--input-scale` within [`--min-input`, `--max-input`] (BOS included),
-output tokens × `--output-scale` within [1, `--max-output`].
+from the slice's first arrival, with every gap multiplied by `--time-scale`. Lengths are scaled
+down to what a small CPU model serves: prompt tokens × `--input-scale` within [`--min-input`,
+`--max-input`] (BOS included), output tokens × `--output-scale` within [1, `--max-output`].
 
 Prefix sharing follows the trace's `hash_ids`: each 512-token block of the trace becomes a run
 of `--block-tokens` words (default 512 × input scale) drawn from the block id alone, and a
@@ -109,21 +109,24 @@ def plan_requests(args: argparse.Namespace) -> list[Planned]:
     if not out:
         raise SystemExit(f"trace_load: no request of {args.trace} arrives in the slice "
                          f"(start {args.start_s} s, duration {args.duration_s} s)")
+    first = out[0].at_s
+    for p in out:  # the replay starts with the slice's first arrival
+        p.at_s -= first
     return out
 
 
 @dataclass
 class Outcome:
-    """What became of one planned request (`result` None: never sent or cut off)."""
+    """What became of one planned request."""
 
     planned: Planned
-    lag_s: float = 0.0  # how late the client sent it
-    result: Optional[Result] = None
+    lag_s: float = -1.0  # how late the client sent it (s); negative: never sent
+    result: Optional[Result] = None  # its `end` stays 0 when the deadline cut it off
 
 
 def itl_value(gaps: list[float], stat: str) -> float:
     if not gaps:
-        return 0.0  # a one-token answer has no gap to miss
+        return 0.0  # an answer streamed in one chunk has no gap to miss
     if stat == "mean":
         return sum(gaps) / len(gaps)
     if stat == "max":
@@ -154,7 +157,7 @@ async def _progress(outcomes: list[Outcome], t0: float, args: argparse.Namespace
 
 async def replay(plan: list[Planned], args: argparse.Namespace) -> tuple[list[Outcome], float]:
     """Send every planned request at its time; returns the outcomes and the wall time."""
-    outcomes = [Outcome(p, lag_s=-1.0) for p in plan]
+    outcomes = [Outcome(p) for p in plan]
     limits = httpx.Limits(max_connections=args.max_connections,
                           max_keepalive_connections=args.max_connections)
     async with httpx.AsyncClient(base_url=args.url, timeout=args.timeout, limits=limits) as c:

@@ -35,9 +35,9 @@ def _args(trace, *extra, url="http://127.0.0.1:9"):
 
 
 def test_slice_times_and_lengths(trace_file):
-    args = _args(trace_file, "--start-s", "0.4", "--duration-s", "1.2", "--time-scale", "2")
+    args = _args(trace_file, "--start-s", "0.3", "--duration-s", "1.2", "--time-scale", "2")
     plan = trace_load.plan_requests(args)
-    # Rows from 0.4 s to 1.6 s of trace time, gaps doubled, times from the slice's start.
+    # Rows from 0.3 s to 1.5 s of trace time, gaps doubled, times from the slice's first row.
     assert [p.id for p in plan] == ["r2", "r3", "r4", "r5"]
     assert [p.at_s for p in plan] == pytest.approx([0.0, 1.0, 1.0, 2.2])
     # 1/32 of the prompt (BOS included), 1/8 of the output; 16 words per 512-token block.
@@ -103,7 +103,8 @@ def test_replay_against_the_server(trace_file, server, tmp_path):
 
     # The same outcomes under an SLO no gap can meet: every gap is a stall, only the answers
     # that came in one chunk (the one-token ones, and any the server sent at once) are within.
-    args = _args(trace_file, *common, "--itl-slo-s", "1e-9", url=server.url)
+    args = _args(trace_file, *common, "--ttft-slo-s", "60", "--itl-slo-s", "1e-9",
+                 url=server.url)
     plan = trace_load.plan_requests(args)
     outcomes, wall = asyncio.run(trace_load.replay(plan, args))
     strict = trace_load.report(plan, outcomes, wall, args)
