@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import multiprocessing
 import os
+import queue
 import re
 import signal
 import socket
@@ -136,7 +137,16 @@ def _clients(url: str, args: argparse.Namespace, before: Callable[[], None]) -> 
     try:
         before()
         barrier.wait(60)
-        return [results.get(timeout=args.timeout) for _ in procs]
+        out: list[Any] = []
+        end = time.monotonic() + args.timeout
+        while len(out) < k:
+            try:
+                out.append(results.get(timeout=0.5))
+            except queue.Empty:
+                if time.monotonic() > end or all(p.exitcode is not None for p in procs):
+                    raise SystemExit(f"serve_overhead: {k - len(out)} of {k} clients ended "
+                                     "without a result") from None
+        return out
     finally:
         for p in procs:
             p.join(10)
