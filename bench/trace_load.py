@@ -251,6 +251,28 @@ def report(plan: list[Planned], outcomes: list[Outcome], wall: float,
     }
 
 
+def request_rows(outcomes: list[Outcome], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One record per planned request (for `--requests-out`): what it asked, what it got."""
+    rows = []
+    for o in outcomes:
+        p, r = o.planned, o.result
+        ended = r is not None and r.end > 0
+        row: dict[str, Any] = {
+            "id": p.id, "at_s": p.at_s, "prompt_tokens": p.prompt_tokens,
+            "shared_tokens": p.shared_tokens, "max_tokens": p.max_tokens,
+            "state": ("not sent" if o.lag_s < 0 else "cut off" if not ended
+                      else "completed" if r is not None and r.ok else "failed"),
+            "lag_s": max(o.lag_s, 0.0), "within_slo": meets_slo(r, args) if ended else False}
+        if r is not None and ended:
+            row.update(status=r.status, error=r.error, tokens=r.tokens,
+                       ttft_s=r.first - r.sent if r.ok else None, e2e_s=r.end - r.sent,
+                       chunks=len(r.gaps) + 1 if r.ok else 0,
+                       itl_max_s=max(r.gaps, default=0.0),
+                       stalls=sum(g > args.itl_slo_s for g in r.gaps))
+        rows.append(row)
+    return rows
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
@@ -289,6 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--progress-s", type=float, default=5.0,
                     help="seconds between progress lines on stderr (0: none)")
     ap.add_argument("--json", help="append the result as one JSON line to this file")
+    ap.add_argument("--requests-out", metavar="FILE",
+                    help="write one JSON line per request (times, tokens, stalls) to this file")
     return ap
 
 
@@ -319,6 +343,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     plan = plan_requests(args)
     outcomes, wall = asyncio.run(replay(plan, args))
     emit(report(plan, outcomes, wall, args), args.json)
+    if args.requests_out:
+        with open(args.requests_out, "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(row) + "\n" for row in request_rows(outcomes, args))
     return 0
 
 

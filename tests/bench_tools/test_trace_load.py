@@ -85,8 +85,15 @@ def test_replay_against_the_server(trace_file, server, tmp_path):
     common = ["--time-scale", "0.5", "--token-ids", "--max-input", "200"]
     assert trace_load.main(["--url", server.url, "--trace", trace_file, "--label", "t",
                             "--progress-s", "0", "--ttft-slo-s", "60", "--itl-slo-s", "60",
-                            "--json", str(out), *common]) == 0
+                            "--json", str(out), "--requests-out", str(tmp_path / "rq.jsonl"),
+                            *common]) == 0
     doc = json.loads(out.read_text().splitlines()[-1])
+    rows = [json.loads(line) for line in (tmp_path / "rq.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == [f"r{i}" for i in range(len(ROWS))]
+    assert all(r["state"] == "completed" and r["within_slo"] for r in rows)
+    assert [r["tokens"] for r in rows] == [r["max_tokens"] for r in rows]
+    assert sum(r["stalls"] for r in rows) == doc["stalls"]
+    assert max(r["itl_max_s"] for r in rows) == doc["itl_max_s"]
     assert doc["requests"] == doc["sent"] == doc["completed"] == len(ROWS)
     assert doc["failed"] == doc["cut_off"] == 0 and doc["errors"] == []
     expect_tokens = sum(p.max_tokens for p in trace_load.plan_requests(_args(trace_file)))
