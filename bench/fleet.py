@@ -96,8 +96,9 @@ class Replica:
         self.url = f"http://127.0.0.1:{self.port}"
         self.events = f"tcp://127.0.0.1:{free_port()}"
         self.replay = f"tcp://127.0.0.1:{free_port()}"
-        cmd = [sys.executable, "-m", "skippy_scheduler.cli", "serve", "--model-name", MODEL_NAME,
-               "--host", "127.0.0.1", "--port", str(self.port), "--threads", "1",
+        cmd = [sys.executable, "-m", "skippy_scheduler.cli", "serve",
+               "--served-model-name", MODEL_NAME, "--host", "127.0.0.1",
+               "--port", str(self.port), "--threads", "1",
                "--max-active", str(args.max_active), "--ctx-size", str(args.ctx_size),
                "--prefix-cache-tokens", str(args.prefix_cache_tokens),
                "--prefix-holders", str(args.prefix_holders),

@@ -77,7 +77,7 @@ class Replica:
         self.events = f"tcp://127.0.0.1:{free_port()}"
         self.replay = f"tcp://127.0.0.1:{free_port()}"
         self.args = [sys.executable, "-m", "skippy_scheduler.cli", "serve",
-                     "--model", str(model_path), "--model-name", MODEL_NAME,
+                     "--model", str(model_path), "--served-model-name", MODEL_NAME,
                      "--host", "127.0.0.1", "--port", str(self.port), "--threads", "1",
                      "--max-active", str(LANES), "--ctx-size", str(LANES * LANE_CTX),
                      "--prefix-cache-tokens", str(4 * LANE_CTX), "--prefix-holders", "4",
