@@ -40,7 +40,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 log = logging.getLogger("skippy_scheduler.serve.kv_events")
 
@@ -330,45 +330,60 @@ def _check_endpoint(endpoint: str, name: str) -> None:
 
 
 class StoreEvents:
-    """A prefix-store backend wrapper: forwards every insert and eviction to the backend it
-    wraps (the host's holders), then publishes the blocks that changed.
+    """Publishes the blocks that change when a prefix store's residency changes.
 
-        events = StoreEvents.attach(store, publisher, block_size=16)
+        events = StoreEvents.attach(store, publisher, block_size=16, watch=holders.watch)
 
-    The store calls its backend on the thread that changes it (the engine's); the ledger is
-    only touched there."""
+    With `watch` (a llama host's `PrefixHolders.watch`: it calls `watcher(kind, entry)` after
+    every insert and eviction) the hook is a watcher; without, it wraps the store's backend
+    and forwards every call to it first. Either way it runs on the thread that changes the
+    store (the engine's), the only one that touches the ledger."""
 
     def __init__(self, inner: Any, publisher: Any, ledger: BlockLedger) -> None:
-        self.inner = inner
+        self.inner = inner  # the wrapped backend (None when attached as a watcher)
         self.publisher = publisher
         self.ledger = ledger
 
     @classmethod
-    def attach(cls, store: Any, publisher: Any, block_size: int,
-               seed: str = "0") -> "StoreEvents":
-        """Wrap `store`'s backend; the first batch clears whatever a previous run announced,
-        and the entries already resident are announced after it."""
-        hook = cls(store.backend, publisher, BlockLedger(block_size, seed))
+    def attach(cls, store: Any, publisher: Any, block_size: int, seed: str = "0",
+               watch: Optional[Callable[[Callable[[str, Any], None]], None]] = None
+               ) -> "StoreEvents":
+        """Hook `store`; the first batch clears whatever a previous run announced, and the
+        entries already resident are announced after it."""
+        hook = cls(None if watch is not None else store.backend, publisher,
+                   BlockLedger(block_size, seed))
         events: list[Event] = [AllBlocksCleared()]
         for entry in store.resident():
             stored = hook.ledger.stored(entry.id, entry.key)
             if stored is not None:
                 events.append(stored)
         publisher.publish(events)
-        store.backend = hook
+        if watch is not None:
+            watch(hook.changed)
+        else:
+            store.backend = hook
         return hook
+
+    def changed(self, kind: str, entry: Any) -> None:
+        """A watcher's call: `kind` is "inserted" or "evicted"."""
+        if kind == "inserted":
+            stored = self.ledger.stored(entry.id, entry.key)
+            if stored is not None:
+                self.publisher.publish([stored])
+        elif kind == "evicted":
+            removed = self.ledger.removed(entry.id)
+            if removed is not None:
+                self.publisher.publish([removed])
+        else:
+            raise ValueError(f"unknown residency change {kind!r}")
 
     def inserted(self, entry: Any) -> None:
         self.inner.inserted(entry)
-        stored = self.ledger.stored(entry.id, entry.key)
-        if stored is not None:
-            self.publisher.publish([stored])
+        self.changed("inserted", entry)
 
     def evicted(self, entry: Any) -> None:
         self.inner.evicted(entry)
-        removed = self.ledger.removed(entry.id)
-        if removed is not None:
-            self.publisher.publish([removed])
+        self.changed("evicted", entry)
 
 
 def check(settings: Any) -> None:
@@ -384,16 +399,20 @@ def check(settings: Any) -> None:
     BlockLedger(settings.kv_block_size)
 
 
-def start(settings: Any, store: Any) -> Optional[KvEventPublisher]:
-    """The publisher a server's settings ask for, hooked to its prefix store (None when
-    `kv_events_endpoint` is unset)."""
+def start(settings: Any, host: Any) -> Optional[KvEventPublisher]:
+    """The publisher a server's settings ask for, watching its llama host's prefix holders
+    (None when `kv_events_endpoint` is unset)."""
     check(settings)
     if settings.kv_events_endpoint is None:
         return None
+    holders = host.holders
+    if holders is None:
+        raise ValueError("the host keeps no prefixes: KV events need prefix reuse")
     publisher = KvEventPublisher(settings.kv_events_endpoint,
                                  settings.kv_events_replay_endpoint)
     try:
-        StoreEvents.attach(store, publisher, settings.kv_block_size, settings.kv_hash_seed)
+        StoreEvents.attach(holders.store, publisher, settings.kv_block_size,
+                           settings.kv_hash_seed, watch=holders.watch)
     except BaseException:
         publisher.close()
         raise

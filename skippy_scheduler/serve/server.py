@@ -117,7 +117,7 @@ class Server:
         self.app = create_app(self.context)
         vllm_compat.install(self.app, self.context)
         try:
-            self.kv_events = kv_events.start(s, self.host.prefix_store)
+            self.kv_events = kv_events.start(s, self.host)
         except BaseException:
             self.kv_events = None
             self.close()
