@@ -113,3 +113,23 @@ def test_kv_aware_routing_follows_the_events(fleet):
     finally:
         for s in subs:
             s.close()
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "cache_aware"])
+def test_the_routers_other_policies_forward_every_kind_of_request(fleet, tmp_path, policy):
+    replicas, _ = fleet
+    router = Router(replicas, policy, tmp_path)
+    try:
+        out = _complete(router.url, _prefix("other") + "plain", 3)
+        assert out["choices"][0]["finish_reason"] in ("length", "stop")
+        chat = httpx.post(router.url + "/v1/chat/completions", json={
+            "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+            **GREEDY}, timeout=60)
+        assert chat.status_code == 200, chat.text
+        with httpx.stream("POST", router.url + "/v1/completions", json={
+                "model": "tiny", "prompt": "streamed", "max_tokens": 3, "stream": True,
+                **GREEDY}, timeout=60) as r:
+            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert r.status_code == 200 and lines[-1] == "data: [DONE]"
+    finally:
+        router.close()
