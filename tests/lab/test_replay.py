@@ -145,7 +145,7 @@ def test_bounded_cache_stays_within_capacity_and_never_evicts_a_pinned_block(tmp
     stores = []
 
     def hook(host):
-        stores.append(host.store)
+        stores.append(host.prefix.store)
 
         def on_evict(entry):
             # Pinned while a request runs: the deepest block it has fed (the host's pin) and
@@ -154,7 +154,7 @@ def test_bounded_cache_stays_within_capacity_and_never_evicts_a_pinned_block(tmp
                       if live.progress is not None}
             victims.append((id(entry) in pinned, entry.children))
 
-        host.store.backend.on_evict = on_evict
+        host.prefix.store.backend.on_evict = on_evict
 
     def on_plan(plan, start, duration):
         assert stores[0].used_tokens <= cap
@@ -287,11 +287,11 @@ def test_fair_share_evens_out_service_between_heavy_and_light_tenants(tmp_path, 
     # The scheduler ran fair share natively and charged every tenant itself; the host charged
     # nothing.
     host = hosts["fair-share"]
-    assert host.fair_share.native_kind is AdmissionKind.FAIR_SHARE
+    assert host.tenants.fair_share.native_kind is AdmissionKind.FAIR_SHARE
     counters = host.scheduler.tenant_counters()
     assert set(counters) == {None, "heavy", "light0", "light1", "light2", "light3"}
     assert all(counters[t] > 0 for t in counters if t is not None)
-    assert host.fair_share.counters.counters == {}
+    assert host.tenants.fair_share.counters.counters == {}
     assert fcfs["tenants"] == fair["tenants"] == 5
     assert fair["utilisation"] > 0.9  # saturated: policies decide who is served
     assert fair["jain_index"] > fcfs["jain_index"] + 0.15

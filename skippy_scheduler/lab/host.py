@@ -1,0 +1,222 @@
+"""The lab's runtime host: one model-free runtime for the workload suite and the trace replay.
+
+`LabHost` adds to `CostModelHost`'s echo sampling (each sampling row predicts its last input
+token) what a serving runtime would hold per request:
+
+* **KV cells** (with `kv_capacity_tokens`): one memory component "kv-cells" at one byte per
+  cell. After each plan a running request holds the cells up to the position after its last
+  fed token; the engine reads the sum through `memory_used` and preempts when it does not fit.
+  A preempted or ended request frees its cells.
+* **A prefix model** (`PrefixModel`, lab/prefix.py): the suite's family radix cache
+  (`FamilyPrefixCache`) or the replay's bounded block store (`BlockPrefixCache`). The host tells
+  it about submits, admissions (with the tokens each restored), the prefill rows of each plan
+  and releases.
+* **Tenant service** (`TenantService`, lab/tenants.py): tokens computed per tenant, when the
+  run has more than one.
+
+and records each admission (time, restored tokens, prompt length) for the figures.
+Requests reach the host through `stream()`, which registers each one as the engine pulls it.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator, Optional, Protocol
+
+import numpy as np
+
+from ..cost_model import DECODE_PHASE
+from ..engine import CostModelHost
+from ..types import IterationPhase, Sequence
+from .tenants import TenantService
+
+_PHASE_PREFILL = IterationPhase.Prefill.value
+
+
+class LabRequest(Protocol):
+    """What the host reads off a request of a lab run (`SuiteRequest`, `TraceRequest`)."""
+
+    id: str
+    arrival_us: float
+    input_length: int
+    output_length: int
+    tenant: Optional[str]
+
+    def to_sequence(self) -> Sequence: ...
+
+    def prompt_array(self) -> np.ndarray: ...
+
+    def drop_prompt(self) -> None: ...
+
+
+class Live:
+    """Host-side state of one request from submit until it ends."""
+
+    __slots__ = ("id", "request", "prompt", "n", "out", "tenant", "record", "restore",
+                 "progress", "done", "admitted", "preempted", "broken", "fed")
+
+    def __init__(self, request: LabRequest, tenant: int, record: int) -> None:
+        self.id = request.id
+        self.request: Optional[LabRequest] = request  # until the prefix model has read it
+        self.prompt: Any = None  # the prompt array, if the prefix model keeps one
+        self.n = request.input_length
+        self.out = request.output_length
+        self.tenant = tenant
+        self.record = record  # submission index (= the recorder's index)
+        self.restore = 0  # tokens restored at its (latest) admission
+        self.progress: Any = None  # prefix model state while it runs (the block it pins)
+        self.done = 0  # leading prompt blocks resident through `progress`
+        self.admitted = False
+        self.preempted = False
+        self.broken = False  # a block of its prompt could not be cached
+        self.fed = 0  # KV cells it holds (memory model)
+
+
+class PrefixModel(Protocol):
+    """A prefix cache model the lab host drives (lab/prefix.py)."""
+
+    def prepare(self, live: Live, seq: Sequence) -> Sequence:
+        """At submit: `seq`, with whatever restore or affinity the model gives it."""
+
+    def start(self, live: Live) -> None:
+        """At an admission (first row, `live.restore` set): take hold of the restore."""
+
+    def prefill(self, rows: list[tuple[Live, int]], plan: Any, phases: bytes) -> None:
+        """After a plan with prefill rows: (request, row index) of each of them."""
+
+    def release(self, live: Live) -> None:
+        """The request's KV is gone (it ended or was preempted)."""
+
+
+class LabHost(CostModelHost):
+    """The lab's runtime model (module docstring)."""
+
+    def __init__(self, scheduler: Any, *, prefix: Optional[PrefixModel] = None,
+                 memory: bool = False, reserve: Optional[int] = None,
+                 tenants: Optional[TenantService] = None) -> None:
+        super().__init__(token=None)
+        self.scheduler = scheduler
+        self.prefix = prefix
+        self.memory = memory
+        self.reserve = reserve  # cells an admission reserves for output (None: no reservation)
+        self.tenants = tenants if tenants is not None else TenantService()
+        self.clock: Any = None  # the engine's clock (for time stamps)
+        self.live: dict[str, Live] = {}
+        self._arrived: dict[str, LabRequest] = {}
+        self._records = 0
+        # Per-request figures in submission order.
+        self.output_len: list[int] = []
+        self.restored: list[int] = []  # tokens restored at first admission
+        self.admit_time: list[float] = []
+        self.admit_restore: list[int] = []
+        self.admit_prompt: list[int] = []
+        self.hit_tokens = 0
+        self.prompt_tokens = 0
+        self.usage = 0
+
+    # -- the request stream -------------------------------------------------------------------
+
+    def stream(self, requests: Iterable[LabRequest]) -> Iterator[LabRequest]:
+        """`requests`, registered with the host as the engine pulls them."""
+        tenants = self.tenants
+        for request in requests:
+            self._arrived[request.id] = request
+            tenants.arrived(request.arrival_us)
+            yield request
+        tenants.stream_done = True
+
+    def prepare_sequence(self, seq: Sequence) -> Sequence:
+        request = self._arrived.pop(seq.id)
+        tenants = self.tenants
+        live = Live(request, tenants.index(request.tenant), self._records)
+        self._records += 1
+        self.live[live.id] = live
+        self.output_len.append(live.out)
+        self.restored.append(0)
+        if tenants.fair_share is not None:
+            seq.with_tenant(tenants.names[live.tenant])
+        if self.reserve is not None:
+            seq.with_admission_tokens(live.n + min(live.out, self.reserve))
+        if self.prefix is not None:
+            seq = self.prefix.prepare(live, seq)
+        request.drop_prompt()
+        live.request = None
+        return seq
+
+    # -- running --------------------------------------------------------------------------------
+
+    def _restore_at(self, live: Live, start: int, fresh: bool) -> int:
+        """The tokens a request restored, read off its first row after an admission.
+
+        The row starts where the restore ends (§0.4b), except that a request with nothing
+        generated replays its last prompt token when the restore covers the whole prompt: a
+        fresh row at n - 1 cannot tell a restore of n - 1 from one of n, so only then is the
+        scheduler asked (its snapshot copies the prompt)."""
+        if fresh and start == live.n - 1:
+            snap = self.scheduler.sequence(live.id)
+            return snap.prefix_restore.token_count if snap.prefix_restore is not None else 0
+        return start
+
+    def _admissions(self, rows: list[tuple[Live, int]], plan: Any, phases: bytes) -> None:
+        """Every admission (or resume) in `rows` takes hold of its restore before any row's
+        new prefix blocks can evict it."""
+        offsets = plan.row_offsets
+        positions = plan.positions
+        now = self.clock.now() if self.clock is not None else 0.0
+        prefix = self.prefix
+        for live, i in rows:
+            if live.admitted and not live.preempted:
+                continue
+            live.restore = self._restore_at(live, int(positions[offsets[i]]),
+                                            phases[i] == _PHASE_PREFILL)
+            if prefix is not None:
+                prefix.start(live)
+            if live.preempted:
+                live.preempted = False
+                continue
+            live.admitted = True
+            self.restored[live.record] = live.restore
+            self.hit_tokens += live.restore
+            self.prompt_tokens += live.n
+            self.admit_time.append(now)
+            self.admit_restore.append(live.restore)
+            self.admit_prompt.append(live.n)
+
+    def execute(self, plan: Any) -> None:
+        super().execute(plan)
+        phases = bytes(plan.phases)
+        live_of = self.live
+        ids = plan.sequence_ids
+        if phases.count(DECODE_PHASE) < len(phases):
+            rows = [(live_of[ids[i]], i) for i, phase in enumerate(phases)
+                    if phase != DECODE_PHASE]
+            self._admissions(rows, plan, phases)
+            if self.prefix is not None:
+                self.prefix.prefill(rows, plan, phases)
+        if self.memory:
+            held = plan.positions[plan.row_offsets[1:] - 1].astype(np.int64) + 1
+            for rid, cells in zip(ids, held.tolist()):
+                live = live_of[rid]
+                self.usage += cells - live.fed
+                live.fed = cells
+        tenants = self.tenants
+        if tenants.enabled:
+            now = self.clock.now() if self.clock is not None else float("-inf")
+            tenants.account(plan, phases, [live_of[rid].tenant for rid in ids], now)
+
+    def release(self, sequence_id: str) -> None:
+        live = self.live.get(sequence_id)
+        if live is None:
+            return
+        if self.memory:
+            self.usage -= live.fed
+            live.fed = 0
+        if self.prefix is not None:
+            self.prefix.release(live)
+        if self.scheduler.sequence(sequence_id) is not None:
+            # Preempted: its KV is gone; it recomputes (and its restore is read again, §2.12).
+            live.preempted = True
+            return
+        del self.live[sequence_id]
+        live.prompt = None
+
+    def memory_used(self) -> Optional[list[int]]:
+        return [self.usage] if self.memory else None
