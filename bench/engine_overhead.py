@@ -16,7 +16,7 @@ import statistics
 import sys
 
 from skippy_scheduler import Scheduler
-from skippy_scheduler.bench import BenchHost, _decoding, measure_pairs
+from skippy_scheduler.bench import BenchHost, decoding_engine, measure_pairs
 
 
 def bare_step(scheduler, host: BenchHost):
@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     print("N\tbare_median_us\tengine_median_us\tengine/bare")
     for n in (int(x) for x in args.sizes.split(",")):
-        engine = _decoding(Scheduler, n, 512)
-        bare = _decoding(Scheduler, n, 512).scheduler  # same state, driven by hand
+        engine = decoding_engine(Scheduler, n, 512)
+        bare = decoding_engine(Scheduler, n, 512).scheduler  # same state, driven by hand
         step_bare = bare_step(bare, BenchHost())
         step_engine = engine.step
         for _ in range(50):
