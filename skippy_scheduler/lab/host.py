@@ -34,11 +34,20 @@ _PHASE_PREFILL = IterationPhase.Prefill.value
 class LabRequest(Protocol):
     """What the host reads off a request of a lab run (`SuiteRequest`, `TraceRequest`)."""
 
-    id: str
-    arrival_us: float
-    input_length: int
-    output_length: int
-    tenant: Optional[str]
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def arrival_us(self) -> float: ...
+
+    @property
+    def input_length(self) -> int: ...
+
+    @property
+    def output_length(self) -> int: ...
+
+    @property
+    def tenant(self) -> Optional[str]: ...
 
     def to_sequence(self) -> Sequence: ...
 

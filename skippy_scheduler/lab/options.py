@@ -8,7 +8,7 @@ in the lab's JSON documents, so new fields go at the end of a class.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Hashable, Mapping, Optional
 
 from ..types import MemoryComponent, SchedulerConfig
 
@@ -79,7 +79,7 @@ class ReplayOptions(RunOptions):
     prefix_cache_tokens: Optional[int] = DEFAULT_PREFIX_CACHE_TOKENS  # None = unbounded, 0 = off
     ttft_target_ms: float = 1_000.0
     itl_target_ms: float = 5.0
-    tenant_weights: Optional[dict[str, float]] = None  # fair-share weights (default 1)
+    tenant_weights: Optional[Mapping[Hashable, float]] = None  # fair-share weights (default 1)
     record_series: bool = False
 
     def validate(self) -> "ReplayOptions":

@@ -16,7 +16,8 @@ sampling, like the workload suite, with
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Optional
+import importlib
+from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Optional
 
 import numpy as np
 
@@ -36,7 +37,7 @@ POLICIES = ("fcfs", "cache-aware-noaging", "cache-aware-aging", "priority", "fai
 DEFAULT_MODE = "mixed"
 
 
-def make_admission(name: str, weights: Optional[dict[str, float]] = None) -> Any:
+def make_admission(name: str, weights: Optional[Mapping[Hashable, float]] = None) -> Any:
     if name == "fair-share":
         return FairShareAdmission(weights)
     if name not in POLICIES:
@@ -55,7 +56,7 @@ def _progress_bar(total: Optional[int], label: str, enabled: Optional[bool]) -> 
     if not enabled:
         return None
     try:
-        from tqdm import tqdm
+        tqdm = importlib.import_module("tqdm").tqdm
     except ImportError:
         return None
     return tqdm(total=total, desc=label, unit="req", leave=False, mininterval=0.5,

@@ -2,71 +2,13 @@
 affinity refreshes, preemption with restores, fairness across tenants, backend parity."""
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from skippy_scheduler.lab.replay import ReplayOptions, jain_index, run_replay
 from skippy_scheduler.policies import AdmissionKind
 from skippy_scheduler.lab.traces import BLOCK_TOKENS, blocks_for, open_trace
-
-REPO = Path(__file__).resolve().parents[2]
-TRACES = Path(os.environ.get("SKIPPY_TRACES_DIR") or REPO.parent / "shared" / "traces")
-MOONCAKE_CONV = TRACES / "mooncake-fast25-conversation_trace.jsonl"
-
-
-def mooncake_file(tmp_path, rows, name="t.jsonl") -> str:
-    """rows: (timestamp ms, blocks, output tokens[, tenant]); input = 512 per block, except a
-    last block given as (id, tokens)."""
-    lines = []
-    for row in rows:
-        ts, blocks, out = row[:3]
-        ids, n = [], 0
-        for b in blocks:
-            if isinstance(b, tuple):
-                ids.append(b[0])
-                n += b[1]
-            else:
-                ids.append(b)
-                n += BLOCK_TOKENS
-        record = {"timestamp": ts, "input_length": n, "output_length": out, "hash_ids": ids}
-        if len(row) > 3:
-            record["tenant"] = row[3]
-        lines.append(json.dumps(record))
-    path = tmp_path / name
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
-
-
-def conversation_rows(n=120, seed=3):
-    """Sessions that grow turn by turn (each turn extends the previous prompt), several at
-    once, with shared first blocks and some whole-prompt repeats."""
-    rng = np.random.default_rng(seed)
-    sessions: list[list] = []
-    rows = []
-    next_id = 1000
-    for k in range(n):
-        if not sessions or rng.random() < 0.3:
-            sessions.append([0])  # every prompt starts with block 0
-        s = sessions[int(rng.integers(len(sessions)))]
-        if rng.random() < 0.15:
-            blocks = list(s)  # the same prompt again
-        else:
-            for _ in range(int(rng.integers(1, 4))):
-                s.append(next_id)
-                next_id += 1
-            blocks = list(s)
-        if rng.random() < 0.3:
-            # A partial last block: its id covers fewer tokens, so it is never reused as a
-            # full block (as in the Mooncake traces: an id always covers the same tokens).
-            blocks = blocks + [(next_id, int(rng.integers(1, BLOCK_TOKENS)))]
-            next_id += 1
-        rows.append((k * 7, blocks, int(rng.integers(1, 40))))
-    return rows
-
+from lab_support import MOONCAKE_CONV, TRACES, conversation_rows, mooncake_file
 
 def check_served_blocks(trace, backend, options, policy="fcfs"):
     """Replay with an unbounded cache and compare every request's restore at admission with a
@@ -229,19 +171,6 @@ def test_a_prompt_larger_than_memory_is_a_clear_error(tmp_path):
     with pytest.raises(RuntimeError, match="kv-capacity-tokens"):
         run_replay(open_trace(path), "fcfs", options=ReplayOptions(kv_capacity_tokens=600),
                    progress=False)
-
-
-def test_backends_agree_and_runs_repeat(tmp_path):
-    trace = open_trace(mooncake_file(tmp_path, conversation_rows(60, seed=2)), time_scale=0.1)
-    options = ReplayOptions(max_active=3, prefix_cache_tokens=8 * BLOCK_TOKENS)
-    figures = []
-    for backend in ("twin", "native", "native"):
-        f = dict(run_replay(trace, "cache-aware-aging", options=options, backend=backend,
-                            progress=False).figures)
-        f.pop("wall_s")
-        figures.append(f)
-    assert figures[0] == figures[1] == figures[2]
-    assert figures[0]["stale_refreshes"] > 0 and figures[0]["evictions"] > 0
 
 
 def test_figures_are_consistent(tmp_path, backend):
