@@ -12,7 +12,7 @@ are scripts in the source tree's `bench/` folder; they import the workloads from
 """
 from .c_api import build_c, c_source, callgrind_per_step, run_c
 from .report import collect, context_line, format_table, machine
-from .timing import Result, measure, measure_pairs, measure_ranking
+from .timing import Result, measure, measure_pairs, measure_ranking, paired_medians_us
 from .workloads import (IMPLEMENTATIONS, LONG_OUTPUT, BenchHost, admission_churn,
                         decoding_engine, first_plan_token_count, mixed_decode_prefill, ranking,
                         steady_decode, steady_decode_inflight, write_outputs)
@@ -21,6 +21,6 @@ __all__ = [
     "IMPLEMENTATIONS", "LONG_OUTPUT", "BenchHost", "Result", "admission_churn", "build_c",
     "c_source", "callgrind_per_step", "collect", "context_line", "decoding_engine",
     "first_plan_token_count", "format_table", "machine", "measure", "measure_pairs",
-    "measure_ranking", "mixed_decode_prefill", "ranking", "run_c", "steady_decode",
+    "measure_ranking", "mixed_decode_prefill", "paired_medians_us", "ranking", "run_c", "steady_decode",
     "steady_decode_inflight", "write_outputs",
 ]

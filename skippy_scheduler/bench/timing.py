@@ -84,6 +84,17 @@ def measure_pairs(first: Callable[[], object], second: Callable[[], object], ste
     return a, b
 
 
+def paired_medians_us(first: Callable[[], object], second: Callable[[], object], steps: int,
+                      warmup: int = 50, budget_s: float = 60.0) -> tuple[float, float]:
+    """Median µs per call of `first` and of `second`, alternated (`measure_pairs`) after
+    `warmup` calls of each: a ratio of the two is measured in one run."""
+    for _ in range(warmup):
+        first()
+        second()
+    a, b = measure_pairs(first, second, steps, budget_s=budget_s)
+    return float(np.median(a)) / 1e3, float(np.median(b)) / 1e3
+
+
 def measure_ranking(cls: SchedulerClass, w: int, reps: int,
                     budget_s: float) -> tuple[list[int], list[int]]:
     """(plan time with a dirty queue, plan time with a clean queue) samples."""
