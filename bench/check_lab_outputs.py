@@ -71,7 +71,7 @@ def _mask_replay(text: str) -> str:
         elif not line.strip():
             in_table = False
         elif in_table:
-            line = re.sub(r"\S+\s*$", "*", line)
+            line = re.sub(r"\s+\S+\s*$", " *", line)  # the column's width varies too
         out.append(line)
     return "\n".join(out)
 

@@ -60,7 +60,7 @@ class Live:
     """Host-side state of one request from submit until it ends."""
 
     __slots__ = ("id", "request", "prompt", "n", "out", "tenant", "record", "restore",
-                 "progress", "done", "admitted", "preempted", "broken", "fed")
+                 "progress", "done", "admitted", "broken", "fed")
 
     def __init__(self, request: LabRequest, tenant: int, record: int) -> None:
         self.id = request.id
@@ -73,8 +73,7 @@ class Live:
         self.restore = 0  # tokens restored at its (latest) admission
         self.progress: Any = None  # prefix model state while it runs (the block it pins)
         self.done = 0  # leading prompt blocks resident through `progress`
-        self.admitted = False
-        self.preempted = False
+        self.admitted = False  # had its first admission (a later new row is a resume)
         self.broken = False  # a block of its prompt could not be cached
         self.fed = 0  # KV cells it holds (memory model)
 
@@ -152,35 +151,34 @@ class LabHost(CostModelHost):
 
     # -- running --------------------------------------------------------------------------------
 
-    def _restore_at(self, live: Live, start: int, fresh: bool) -> int:
-        """The tokens a request restored, read off its first row after an admission.
-
-        The row starts where the restore ends (§0.4b), except that a request with nothing
-        generated replays its last prompt token when the restore covers the whole prompt: a
-        fresh row at n - 1 cannot tell a restore of n - 1 from one of n, so only then is the
-        scheduler asked (its snapshot copies the prompt)."""
-        if fresh and start == live.n - 1:
+    def _restore_of(self, live: Live, restored: int, fresh: bool) -> int:
+        """The tokens a request restored at an admission: what its new row says, except that a
+        request with nothing generated replays its last prompt token when the restore covers
+        the whole prompt (§0.4b): a fresh row that restored n - 1 tokens cannot tell a restore
+        of n - 1 from one of n, so only then is the scheduler asked (its snapshot copies the
+        prompt)."""
+        if fresh and restored == live.n - 1:
             snap = self.scheduler.sequence(live.id)
             return snap.prefix_restore.token_count if snap.prefix_restore is not None else 0
-        return start
+        return restored
 
     def _admissions(self, rows: list[tuple[Live, int]], plan: Any, phases: bytes) -> None:
-        """Every admission (or resume) in `rows` takes hold of its restore before any row's
-        new prefix blocks can evict it."""
-        offsets = plan.row_offsets
-        positions = plan.positions
+        """Every new row in `rows` (an admission, or a resume after a preemption) takes hold of
+        its restore before any row's new prefix blocks can evict it."""
+        # NOTE: a lab sequence's new row is never a decode row (no sequence is submitted with
+        # generated tokens), so only the prefill and recompute rows are looked at.
+        new = plan.new_rows
+        restored = plan.restored_tokens
         now = self.clock.now() if self.clock is not None else 0.0
         prefix = self.prefix
         for live, i in rows:
-            if live.admitted and not live.preempted:
+            if not new[i]:
                 continue
-            live.restore = self._restore_at(live, int(positions[offsets[i]]),
-                                            phases[i] == _PHASE_PREFILL)
+            live.restore = self._restore_of(live, int(restored[i]), phases[i] == _PHASE_PREFILL)
             if prefix is not None:
                 prefix.start(live)
-            if live.preempted:
-                live.preempted = False
-                continue
+            if live.admitted:
+                continue  # a resume: only first admissions are figures
             live.admitted = True
             self.restored[live.record] = live.restore
             self.hit_tokens += live.restore
@@ -221,8 +219,8 @@ class LabHost(CostModelHost):
         if self.prefix is not None:
             self.prefix.release(live)
         if self.scheduler.sequence(sequence_id) is not None:
-            # Preempted: its KV is gone; it recomputes (and its restore is read again, §2.12).
-            live.preempted = True
+            # Preempted: its KV is gone; it recomputes from a new row (its restore is read
+            # again, §2.12).
             return
         del self.live[sequence_id]
         live.prompt = None
