@@ -25,7 +25,7 @@ import numpy as np
 
 from ..cost_model import DECODE_PHASE
 from ..engine import CostModelHost
-from ..types import IterationPhase, Sequence
+from ..types import IterationPhase, ReleaseReason, Sequence
 from .tenants import TenantService
 
 _PHASE_PREFILL = IterationPhase.Prefill.value
@@ -209,7 +209,7 @@ class LabHost(CostModelHost):
             now = self.clock.now() if self.clock is not None else float("-inf")
             tenants.account(plan, phases, [live_of[rid].tenant for rid in ids], now)
 
-    def release(self, sequence_id: str) -> None:
+    def release(self, sequence_id: str, reason: Optional[ReleaseReason] = None) -> None:
         live = self.live.get(sequence_id)
         if live is None:
             return
@@ -218,9 +218,10 @@ class LabHost(CostModelHost):
             live.fed = 0
         if self.prefix is not None:
             self.prefix.release(live)
-        if self.scheduler.sequence(sequence_id) is not None:
-            # Preempted: its KV is gone; it recomputes from a new row (its restore is read
-            # again, §2.12).
+        preempted = (reason is ReleaseReason.PREEMPTED if reason is not None
+                     else self.scheduler.sequence(sequence_id) is not None)
+        if preempted:
+            # Its KV is gone; it recomputes from a new row (its restore is read again, §2.12).
             return
         del self.live[sequence_id]
         live.prompt = None
