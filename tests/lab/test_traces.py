@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from lab_support import TRACES
 from skippy_scheduler.lab.traces import (BLOCK_TOKENS, TOKEN_MODULUS, Trace, TraceError,
                                          TraceFormatError, detect_format, open_trace,
                                          synthesize_prompt, tenant_of_id)
 
-REPO = Path(__file__).resolve().parents[2]
-TRACES = Path(os.environ.get("SKIPPY_TRACES_DIR") or REPO.parent / "shared" / "traces")
 MOONCAKE_CONV = "mooncake-fast25-conversation_trace.jsonl"
 MOONCAKE_SYNTH = "mooncake-fast25-synthetic_trace.jsonl"
 AZURE_CODE = "AzureLLMInferenceTrace_code.csv"
