@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator, Optional, Protocol
 import numpy as np
 
 from ..cost_model import DECODE_PHASE
-from ..engine import CostModelHost
+from ..engine import CostModelHost, Plan
 from ..types import IterationPhase, ReleaseReason, Sequence
 from .tenants import TenantService
 
@@ -187,7 +187,7 @@ class LabHost(CostModelHost):
             self.admit_restore.append(live.restore)
             self.admit_prompt.append(live.n)
 
-    def execute(self, plan: Any) -> None:
+    def execute(self, plan: Plan) -> None:
         super().execute(plan)
         phases = bytes(plan.phases)
         live_of = self.live
@@ -209,7 +209,8 @@ class LabHost(CostModelHost):
             now = self.clock.now() if self.clock is not None else float("-inf")
             tenants.account(plan, phases, [live_of[rid].tenant for rid in ids], now)
 
-    def release(self, sequence_id: str, reason: Optional[ReleaseReason] = None) -> None:
+    def release(self, sequence_id: str,
+                reason: ReleaseReason = ReleaseReason.FINISHED) -> None:
         live = self.live.get(sequence_id)
         if live is None:
             return
@@ -218,9 +219,7 @@ class LabHost(CostModelHost):
             live.fed = 0
         if self.prefix is not None:
             self.prefix.release(live)
-        preempted = (reason is ReleaseReason.PREEMPTED if reason is not None
-                     else self.scheduler.sequence(sequence_id) is not None)
-        if preempted:
+        if reason is ReleaseReason.PREEMPTED:
             # Its KV is gone; it recomputes from a new row (its restore is read again, §2.12).
             return
         del self.live[sequence_id]
