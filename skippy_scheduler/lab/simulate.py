@@ -13,6 +13,7 @@ from typing import Any, Iterable
 
 from ..cost_model import RuntimeCostModel
 from ..engine import CostModelHost, Engine, EngineStalled, VirtualClock, percentile
+from ..types import IterationPhase
 from .backend import Backend, resolve_backend
 from .model import SimRequest
 
@@ -120,8 +121,13 @@ def validate_requests(requests: Iterable[SimRequest]) -> list[SimRequest]:
     return out
 
 
-def _phase_name(phase: object) -> str:
-    return getattr(phase, "name", str(phase))
+# The trace's phase names (docs/lab.md), by phase value: the format does not follow the enum's
+# member spelling.
+_PHASE_NAMES = {0: "Prefill", 1: "Recompute", 2: "Decode"}
+
+
+def _phase_name(phase: IterationPhase) -> str:
+    return _PHASE_NAMES[phase.value]
 
 
 def _fmt(value: object) -> str:
