@@ -190,9 +190,13 @@ class LabHost(CostModelHost):
     def execute(self, plan: Plan) -> None:
         super().execute(plan)
         phases = bytes(plan.phases)
+        prefill = phases.count(DECODE_PHASE) < len(phases)
+        tenants = self.tenants
+        if not (prefill or self.memory or tenants.enabled):
+            return  # NOTE: most plans: the row ids (built on first use) are not needed
         live_of = self.live
         ids = plan.sequence_ids
-        if phases.count(DECODE_PHASE) < len(phases):
+        if prefill:
             rows = [(live_of[ids[i]], i) for i, phase in enumerate(phases)
                     if phase != DECODE_PHASE]
             self._admissions(rows, plan, phases)
@@ -204,7 +208,6 @@ class LabHost(CostModelHost):
                 live = live_of[rid]
                 self.usage += cells - live.fed
                 live.fed = cells
-        tenants = self.tenants
         if tenants.enabled:
             now = self.clock.now() if self.clock is not None else float("-inf")
             tenants.account(plan, phases, [live_of[rid].tenant for rid in ids], now)
