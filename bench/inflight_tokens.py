@@ -42,7 +42,8 @@ def run_once(model: str, depth: int, prompts: str, out: str, threads: int, max_a
              max_tokens: int) -> dict:
     return run_summary(["--model", model, "--prompts", prompts, "--max-tokens", str(max_tokens),
                         "--max-active", str(max_active), "--threads", str(threads),
-                        "--inflight", str(depth), "--mixed"], out)
+                        "--inflight", str(depth), "--mixed", "--max-consecutive-prefill", "0"],
+                       out)
 
 
 def main(argv: list[str] | None = None) -> int:

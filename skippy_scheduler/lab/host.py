@@ -28,7 +28,7 @@ from ..engine import CostModelHost, Plan
 from ..types import IterationPhase, ReleaseReason, Sequence
 from .tenants import TenantService
 
-_PHASE_PREFILL = IterationPhase.Prefill.value
+_PHASE_PREFILL = IterationPhase.PREFILL.value
 
 
 class LabRequest(Protocol):

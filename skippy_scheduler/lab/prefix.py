@@ -31,7 +31,7 @@ from .traces import BLOCK_TOKENS, blocks_for
 from .workload import Workload
 
 NAMESPACE = "stage-0"
-_PHASE_PREFILL = IterationPhase.Prefill.value
+_PHASE_PREFILL = IterationPhase.PREFILL.value
 
 
 class FamilyPrefixCache:
@@ -60,7 +60,7 @@ class FamilyPrefixCache:
         self.has_restore[r] = True
         self.hits += 1
         seq = seq.with_prefix_restore(PrefixRestore(f"family-{f}", matched,
-                                                    PrefixRestoreKind.ResidentKv))
+                                                    PrefixRestoreKind.RESIDENT_KV))
         return seq.with_cache_affinity(CacheAffinity.from_stage(StageCacheAffinity(
             stage_index=0, matched_tokens=matched, prefill_cost_per_token=self.prefill_cost,
             restore_cost=0, cache_epoch=self.cache.epoch())))

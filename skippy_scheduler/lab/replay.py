@@ -23,26 +23,23 @@ import numpy as np
 
 from ..cost_model import RuntimeCostModel
 from ..policies import FairShareAdmission
+from ..selection import POLICIES, make_admission as _by_name
 from ..types import SchedulerConfig
 from .backend import Backend, resolve_backend
 from .driver import LabRun, Latency, drive, nearest_rank
 from .host import LabHost
 from .options import DEFAULT_PREFIX_CACHE_TOKENS, MODES, ReplayOptions
 from .prefix import BlockPrefixCache
-from .suite import make_admission as _suite_admission
 from .tenants import TenantService, jain_index
 from .traces import Trace, TraceRequest
 
-POLICIES = ("fcfs", "cache-aware-noaging", "cache-aware-aging", "priority", "fair-share")
 DEFAULT_MODE = "mixed"
 
 
 def make_admission(name: str, weights: Optional[Mapping[Hashable, float]] = None) -> Any:
-    if name == "fair-share":
-        return FairShareAdmission(weights)
-    if name not in POLICIES:
-        raise ValueError(f"unknown admission policy {name!r} (choose from {', '.join(POLICIES)})")
-    return _suite_admission(name)
+    """The admission policy named `name` (the package's one table: `skippy_scheduler.selection`);
+    `weights` are fair-share's tenant weights."""
+    return _by_name(name, weights if name == "fair-share" else None)
 
 
 ReplayRun = LabRun  # one replay run: figures, plot series, per-request arrays

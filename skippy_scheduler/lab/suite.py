@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Optional
 import numpy as np
 
 from ..cost_model import RuntimeCostModel
+from ..selection import make_admission as by_name
 from ..types import Sequence
 from .backend import Backend, resolve_backend
 from .driver import LabRun, Latency, drive, nearest_rank
@@ -32,17 +33,8 @@ __all__ = ["MODES", "POLICIES", "SUITE_COLUMNS", "SuiteOptions", "SuiteRequest",
 
 
 def make_admission(name: str) -> Any:
-    from .. import policies
-
-    if name == "fcfs":
-        return policies.FcfsAdmission()
-    if name == "cache-aware-noaging":
-        return policies.CacheAwareAdmission(aging_cost_per_turn=0)
-    if name == "cache-aware-aging":
-        return policies.CacheAwareAdmission()
-    if name == "priority":
-        return policies.PriorityAdmission()
-    raise ValueError(f"unknown admission policy {name!r} (choose from {', '.join(POLICIES)})")
+    """The admission policy named `name` (the package's one table: `skippy_scheduler.selection`)."""
+    return by_name(name)
 
 
 SuiteRun = LabRun  # one suite run: figures, plot series, per-request arrays

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-POLICIES = ("cache-aware", "fcfs", "priority")
+from ..selection import DEFAULT_POLICY, POLICIES, make_admission
 
 
 @dataclass
@@ -43,25 +43,13 @@ class ServeSettings:
     mixed: bool = True
     max_consecutive_prefill: Optional[int] = 1
     inflight: int = 1  # plans in flight (max_inflight_plans): 2 overlaps scheduling with decode
-    policy: str = "cache-aware"
+    policy: str = DEFAULT_POLICY  # a name of skippy_scheduler.selection.POLICIES
     prefix_cache_tokens: int = 0  # tokens the prefix store keeps for reuse (0: off); each holder
     #   gets a KV stream of ctx_size / max_active cells on top of ctx_size
     prefix_holders: int = 16  # sequence ids holding resident prefixes (with reuse)
     kv_type: str = "f32"
     flash_attn: bool = False
     log_level: str = "warning"
-
-
-def _admission(policy: str):
-    from .. import CacheAwareAdmission, FcfsAdmission, PriorityAdmission
-
-    if policy == "cache-aware":
-        return CacheAwareAdmission()
-    if policy == "fcfs":
-        return FcfsAdmission()
-    if policy == "priority":
-        return PriorityAdmission()
-    raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
 
 
 class Server:
@@ -110,7 +98,7 @@ class Server:
             max_consecutive_prefill_iterations=s.max_consecutive_prefill,
             max_inflight_plans=s.inflight,
             **(self.host.sequence_id_settings if reuse else {"reserved_sequence_ids": 0}))
-        self.scheduler = Scheduler(config, admission=_admission(s.policy))
+        self.scheduler = Scheduler(config, admission=make_admission(s.policy))
         self.runner = EngineRunner(self.scheduler, self.host)
         self.context = ServeContext(
             runner=self.runner, host=self.host, model_name=name,
