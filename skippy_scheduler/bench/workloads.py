@@ -57,8 +57,8 @@ def _engine(scheduler: Scheduler | TwinScheduler) -> Engine:
     return Engine(scheduler, BenchHost(), clock=None, record=False)
 
 
-def decoding_engine(cls: SchedulerClass, n: int, prompt: int, *, extra_active: int = 0, waiting: int = 0,
-              **cfg: Any) -> Engine:
+def decoding_engine(cls: SchedulerClass, n: int, prompt: int, *, extra_active: int = 0,
+                    waiting: int = 0, **cfg: Any) -> Engine:
     """An engine whose `n` sequences decode from the first plan (prompts already prefilled)."""
     active = n + extra_active
     s = cls(_config(max_active_sequences=active, sequence_id_limit=active + 16,
@@ -135,8 +135,9 @@ def admission_churn(cls: SchedulerClass, n: int,
     Both decode-row counts are calibrated first, so every plan is a mixed plan (§2.5).
     """
     engine = decoding_engine(cls, n - 1, prompt, extra_active=1, mixed_prefill_decode=True,
-                       prefill_chunk_tokens=prompt)
+                             prefill_chunk_tokens=prompt)
     host = engine.host
+    assert isinstance(host, BenchHost)
     tokens = [(i * 104729) % 32000 for i in range(prompt)]
     arrival = Sequence("a0", tokens, LONG_OUTPUT)  # submit copies it: one object, new id each time
     for k in range(2):  # decode-only plans of n-1, then n rows set the EWMA entries
