@@ -112,7 +112,7 @@ def mixed_decode_prefill(cls: SchedulerClass, n: int, prompt: int = 512, chunk: 
                          steps: int = 3000) -> Callable[[], object]:
     """N decode rows plus one `chunk`-token prefill chunk per step (mixed planning, §2.5)."""
     engine = decoding_engine(cls, n, prompt, extra_active=1, mixed_prefill_decode=True,
-                       prefill_chunk_tokens=chunk)
+                             prefill_chunk_tokens=chunk)
     _calibrated_step(engine)  # decode-only: calibrates the EWMA for exactly n decode rows
     # One long prompt that stays in prefill for `steps` steps, one chunk per step.
     engine.submit(Sequence("long-prefill", [i % 32000 for i in range(chunk * (steps + 64))], 1))
