@@ -316,7 +316,7 @@ def _content(value: Any, role: str, where: str) -> str:
             return ""
         raise RequestError(f"'{where}' is required", param=where)
     if isinstance(value, str):
-        return value
+        return _no_nul(value, where)
     if isinstance(value, list):
         parts = []
         for j, part in enumerate(value):
@@ -325,6 +325,16 @@ def _content(value: Any, role: str, where: str) -> str:
                 raise RequestError(f"'{where}[{j}]' must be a text part "
                                    "({'type': 'text', 'text': ...}); other parts are not "
                                    "supported", param=f"{where}[{j}]")
-            parts.append(part["text"])
+            parts.append(_no_nul(part["text"], f"{where}[{j}].text"))
         return "".join(parts)
     raise RequestError(f"'{where}' must be a string or an array of text parts", param=where)
+
+
+def _no_nul(text: str, where: str) -> str:
+    # NOTE: llama.cpp's chat template reads message contents as C strings, so a NUL would
+    # silently end the message there; refusing it is the only answer that loses nothing. (A
+    # completions prompt may hold NUL: the tokenizer takes a length.)
+    if "\x00" in text:
+        raise RequestError(f"'{where}' holds a NUL character (U+0000), which a chat message "
+                           "cannot carry to the model's chat template", param=where)
+    return text
