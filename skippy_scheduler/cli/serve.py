@@ -7,6 +7,7 @@ command runs.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from ._common import CommandError, add_model_options, check_model, import_llama_host, positive_int
 
@@ -61,7 +62,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _add_limit_options(p, d) -> None:
+def _add_limit_options(p: Any, d: Any) -> None:
     """What one client may take, and how long shutting down may last (docs/reliability.md)."""
     g = p.add_argument_group("limits")
     g.add_argument("--max-body-bytes", type=positive_int, default=d.max_body_bytes, metavar="N",
@@ -84,7 +85,7 @@ def _add_limit_options(p, d) -> None:
                         "any otherwise")
 
 
-def _limit_settings(args) -> dict:
+def _limit_settings(args: Any) -> dict[str, Any]:
     return dict(max_body_bytes=args.max_body_bytes, header_timeout_s=args.header_timeout,
                 body_timeout_s=args.body_timeout, max_connections=args.max_connections,
                 shutdown_timeout_s=args.shutdown_timeout,
@@ -104,7 +105,7 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _hosts(text: str):
+def _hosts(text: str) -> tuple[str, ...]:
     import argparse
 
     from ..serve.guard import parse_allowed_hosts

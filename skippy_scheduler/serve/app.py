@@ -23,11 +23,12 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Optional
 
 from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from ..engine import FinishEvent, Request as EngineRequest, TokenEvent
 from .body import decode_json, read_body
@@ -61,17 +62,15 @@ class ServeContext:
     model_name: str
     pieces: list[bytes]  # bytes of every token
     n_ctx_seq: int  # tokens one request may hold (prompt + generated)
-    memory_components: list = field(default_factory=list)
-    metrics: Optional[ServeMetrics] = None
-    chat: Optional[ChatTemplate] = None
+    memory_components: list[Any] = field(default_factory=list)
     limits: Limits = field(default_factory=Limits)
     created: int = field(default_factory=lambda: int(time.time()))
+    metrics: ServeMetrics = field(init=False)
+    chat: ChatTemplate = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.metrics is None:
-            self.metrics = ServeMetrics(lambda: self.runner.stats)
-        if self.chat is None:
-            self.chat = ChatTemplate(self.host.chat_template())
+        self.metrics = ServeMetrics(lambda: self.runner.stats)
+        self.chat = ChatTemplate(self.host.chat_template())
 
     @property
     def n_vocab(self) -> int:
@@ -108,7 +107,7 @@ def _bound_length(ctx: ServeContext, text: str, prompt_field: str) -> None:
             param=prompt_field, code="context_length_exceeded")
 
 
-async def _wait_disconnect(receive) -> None:
+async def _wait_disconnect(receive: Receive) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -172,7 +171,7 @@ class _Generation:
         m.e2e.observe(max(t_us - self.sub.arrival_us, 0.0) / 1e6)
         m.request_success.labels(reason).inc()
 
-    def usage(self) -> dict:
+    def usage(self) -> dict[str, int]:
         n = len(self.tokens)
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n,
                 "total_tokens": self.prompt_tokens + n}
@@ -182,13 +181,13 @@ class _EventStream(StreamingResponse):
     """Server-sent events from an async iterator of byte chunks, cancelled when the client
     disconnects (watched directly, whatever the ASGI server's spec version)."""
 
-    def __init__(self, chunks: AsyncIterator[bytes], on_close) -> None:
+    def __init__(self, chunks: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
         super().__init__(chunks, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._chunks = chunks
         self._on_close = on_close
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
 
         async def produce() -> None:
@@ -219,15 +218,15 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
                        on_error=lambda status: errors.labels(str(status)).inc())
 
     @app.exception_handler(RequestError)
-    async def _request_error(request: Request, exc: RequestError):
+    async def _request_error(request: Request, exc: RequestError) -> Response:
         return _error_response(exc, ctx.metrics)
 
     @app.exception_handler(ClientGone)
-    async def _client_gone(request: Request, exc: ClientGone):
+    async def _client_gone(request: Request, exc: ClientGone) -> Response:
         return Response(status_code=400)  # nobody reads it: the connection is gone
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException):
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
         response = _error_response(RequestError(str(exc.detail), status=exc.status_code,
                                                 type=kind), ctx.metrics)
@@ -235,29 +234,29 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         return response
 
     @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception):
+    async def _unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unexpected error answering %s", request.url.path)
         return _error_response(internal(f"{type(exc).__name__}: {exc}"), ctx.metrics)
 
     @app.get("/health")
-    async def health():
+    async def health() -> dict[str, str]:
         if not runner.running:
             raise unavailable("the engine is not running")
         return {"status": "ok"}
 
     @app.get("/v1/models")
-    async def models():
+    async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{
             "id": ctx.model_name, "object": "model", "created": ctx.created,
             "owned_by": "skippy-scheduler", "max_model_len": ctx.n_ctx_seq,
             "chat_template": ctx.chat.source}]}
 
     @app.get("/metrics")
-    async def metrics():
+    async def metrics() -> Response:
         return Response(ctx.metrics.render(), media_type=CONTENT_TYPE)
 
     @app.post("/v1/completions")
-    async def completions(request: Request):
+    async def completions(request: Request) -> Response:
         gen = await _read_request(request, ctx.limits, parse_completion, ctx.n_vocab)
         if isinstance(gen.prompt, str):
             _bound_length(ctx, gen.prompt, "prompt")
@@ -267,20 +266,21 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         return await _generate(request, gen, tokens, "prompt")
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
+    async def chat_completions(request: Request) -> Response:
         gen = await _read_request(request, ctx.limits, parse_chat, ctx.n_vocab)
         _bound_length(ctx, "".join(text for _, text in gen.messages), "messages")
 
         def render_and_tokenize() -> list[int]:
             text = ctx.chat.render(gen.messages)
             _bound_length(ctx, text, "messages")
-            return ctx.host.tokenize(text, special=True)
+            tokens: list[int] = ctx.host.tokenize(text, special=True)
+            return tokens
 
         tokens = await asyncio.to_thread(render_and_tokenize)
         return await _generate(request, gen, tokens, "messages")
 
     async def _generate(request: Request, gen: GenerationRequest, tokens: list[int],
-                        prompt_field: str):
+                        prompt_field: str) -> Response:
         max_tokens = _check_fit(ctx, gen, len(tokens), prompt_field)
         if runner.open_subscriptions >= ctx.limits.capacity:
             # Every lane and waiting place is taken (the engine's own queue is sized to hold a
@@ -354,7 +354,7 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         finally:
             watcher.cancel()
 
-    async def _sse(out: _Generation, head: dict) -> AsyncIterator[bytes]:
+    async def _sse(out: _Generation, head: dict[str, Any]) -> AsyncIterator[bytes]:
         gen = out.request
         chat = gen.kind == "chat"
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -364,12 +364,12 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         def chunk(text: Optional[str], ids: Optional[list[int]], finish: Optional[str],
                   role: bool = False) -> bytes:
             if chat:
-                delta: dict = {}
+                delta: dict[str, Any] = {}
                 if role:
                     delta["role"] = "assistant"
                 if text is not None:
                     delta["content"] = text
-                choice: dict = {"index": 0, "delta": delta, "logprobs": None,
+                choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
                                 "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": text or "", "logprobs": None,

@@ -141,10 +141,18 @@ class DeadlineServer(uvicorn.Server):
     `should_exit` / `force_exit`) and with a shutdown that ends by a deadline."""
 
     def __init__(self, config: uvicorn.Config, *, shutdown_timeout_s: float,
-                 stop_engine: Callable[[], None]) -> None:
+                 stop_engine: Callable[[], None], listen_backlog: int) -> None:
         super().__init__(config)
         self.shutdown_timeout_s = shutdown_timeout_s
         self.stop_engine = stop_engine
+        self.listen_backlog = listen_backlog
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets=sockets)
+        # asyncio listened with the accept batch (`config.backlog`); the kernel's queue of
+        # connections waiting to be accepted may be longer.
+        for sock in sockets or ():
+            sock.listen(self.listen_backlog)
 
     def install_signal_handlers(self) -> None:  # uvicorn < 0.29
         pass

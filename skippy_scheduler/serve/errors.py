@@ -30,7 +30,7 @@ class RequestError(Exception):
         self.retry_after = retry_after
         self.close = close  # answer with Connection: close (the rest of the body is not read)
 
-    def body(self) -> dict:
+    def body(self) -> dict[str, dict[str, Optional[str]]]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}
 

@@ -23,7 +23,7 @@ _U64 = (1 << 64) - 1
 MAX_STOP_STRINGS = 16
 
 # Accepted only with these values (None means "absent" too).
-_NEUTRAL_COMMON: dict[str, tuple] = {
+_NEUTRAL_COMMON: dict[str, tuple[Any, ...]] = {
     "n": (None, 1),
     "logprobs": (None, False, 0),
     "top_logprobs": (None, 0),
@@ -67,11 +67,12 @@ class GenerationRequest:
 # -- field checks: each raises RequestError(param=name) -------------------------------------
 
 
-def _present(body: dict, name: str) -> bool:
+def _present(body: dict[str, Any], name: str) -> bool:
     return body.get(name) is not None
 
 
-def _number(body: dict, name: str, lo: float, hi: float, *, lo_open: bool = False) -> Optional[float]:
+def _number(body: dict[str, Any], name: str, lo: float, hi: float, *,
+            lo_open: bool = False) -> Optional[float]:
     value = body.get(name)
     if value is None:
         return None
@@ -86,7 +87,7 @@ def _number(body: dict, name: str, lo: float, hi: float, *, lo_open: bool = Fals
     return value
 
 
-def _integer(body: dict, name: str, lo: int, hi: int) -> Optional[int]:
+def _integer(body: dict[str, Any], name: str, lo: int, hi: int) -> Optional[int]:
     value = body.get(name)
     if value is None:
         return None
@@ -99,7 +100,7 @@ def _integer(body: dict, name: str, lo: int, hi: int) -> Optional[int]:
     return value
 
 
-def _boolean(body: dict, name: str) -> bool:
+def _boolean(body: dict[str, Any], name: str) -> bool:
     value = body.get(name)
     if value is None:
         return False
@@ -128,7 +129,7 @@ def _json_type(value: Any) -> str:
     return type(value).__name__
 
 
-def _check_fields(body: dict, allowed: set[str], neutral: dict[str, tuple]) -> None:
+def _check_fields(body: dict[str, Any], allowed: set[str], neutral: dict[str, tuple[Any, ...]]) -> None:
     for name in body:
         if name not in allowed:
             raise RequestError(f"Unrecognized request argument supplied: {name}", param=name)
@@ -140,12 +141,12 @@ def _check_fields(body: dict, allowed: set[str], neutral: dict[str, tuple]) -> N
                                f"(only {_neutral_text(values)})", param=name)
 
 
-def _neutral_text(values: tuple) -> str:
+def _neutral_text(values: tuple[Any, ...]) -> str:
     shown = [v for v in values if v is not None]
     return " or ".join(repr(v) for v in shown) if shown else "null"
 
 
-def _stop(body: dict) -> list[str]:
+def _stop(body: dict[str, Any]) -> list[str]:
     value = body.get("stop")
     if value is None:
         return []
@@ -159,7 +160,7 @@ def _stop(body: dict) -> list[str]:
     return list(dict.fromkeys(stops))
 
 
-def _logit_bias(body: dict, n_vocab: int) -> dict[int, float]:
+def _logit_bias(body: dict[str, Any], n_vocab: int) -> dict[int, float]:
     value = body.get("logit_bias")
     if value is None:
         return {}
@@ -183,7 +184,7 @@ def _logit_bias(body: dict, n_vocab: int) -> dict[int, float]:
     return out
 
 
-def _sampling(body: dict, n_vocab: int) -> Optional[SamplingParams]:
+def _sampling(body: dict[str, Any], n_vocab: int) -> Optional[SamplingParams]:
     temperature = _number(body, "temperature", 0, 2)
     top_p = _number(body, "top_p", 0, 1, lo_open=True)
     top_k = _integer(body, "top_k", -1, n_vocab)

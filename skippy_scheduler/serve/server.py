@@ -39,11 +39,14 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 POLICIES = ("cache-aware", "fcfs", "priority")
-# The listening socket's backlog, which is also how many connections asyncio accepts in one
-# go, before any of them can be turned away: the descriptors they take are kept free, on top of
-# a margin for everything else (model, engine, logs, the event loop's own).
-ACCEPT_BACKLOG = 64
-FD_RESERVE = ACCEPT_BACKLOG + 32
+# NOTE: asyncio accepts up to `backlog` connections per wake-up of the listening socket, and a
+# connection's protocol sees it (and can turn it away) only two loop turns later, a third turn
+# before an evicted one's descriptor is freed: about four batches are in flight in a flood. Those
+# descriptors are kept free, on top of a margin for everything else (model, engine, logs, the
+# event loop's own). The kernel's queue of connections not yet accepted is set apart, larger.
+ACCEPT_BATCH = 16
+LISTEN_BACKLOG = 1024
+FD_RESERVE = 4 * ACCEPT_BATCH + 32
 
 log = logging.getLogger("skippy_scheduler.serve")
 
@@ -80,7 +83,7 @@ class ServeSettings:
     #   names when bound to a loopback address, any otherwise; "*" in it: any
 
 
-def _admission(policy: str):
+def _admission(policy: str) -> Any:
     from .. import CacheAwareAdmission, FcfsAdmission, PriorityAdmission
 
     if policy == "cache-aware":
@@ -106,7 +109,7 @@ class Server:
         if not s.shutdown_timeout_s >= 0:
             raise ValueError(f"shutdown_timeout_s must be >= 0, got {s.shutdown_timeout_s}")
         self.settings = s
-        self._tmp: Optional[tempfile.TemporaryDirectory] = None
+        self._tmp: Optional[tempfile.TemporaryDirectory[str]] = None
         self.host: Any = None
         with _signals_interrupt():
             try:
@@ -195,9 +198,9 @@ class Server:
         config = uvicorn.Config(self.app, log_level=s.log_level,
                                 http=protocol_class(s.header_timeout_s, limit),
                                 loop="asyncio", lifespan="off", timeout_keep_alive=30,
-                                backlog=ACCEPT_BACKLOG)
+                                backlog=ACCEPT_BATCH)
         server = DeadlineServer(config, shutdown_timeout_s=s.shutdown_timeout_s,
-                                stop_engine=self.runner.stop)
+                                stop_engine=self.runner.stop, listen_backlog=LISTEN_BACKLOG)
         host, port = sock.getsockname()[:2]
         self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
         return server
@@ -208,7 +211,7 @@ class Server:
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, self.settings.port if port is None else port))
-        sock.listen(ACCEPT_BACKLOG)
+        sock.listen(LISTEN_BACKLOG)
         sock.setblocking(False)
         return sock
 
@@ -311,14 +314,14 @@ def _signals_interrupt() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _exit_on_signals() -> Iterator[list]:
+def _exit_on_signals() -> Iterator[list[Any]]:
     """SIGINT and SIGTERM ask the uvicorn server put in the yielded list to exit (a second one
     skips the drain); before it exists, they interrupt start-up. The handlers stay until the
     block, closing included, is done, so a late Ctrl-C cannot cut the closing short."""
     if threading.current_thread() is not threading.main_thread():
         yield []
         return
-    box: list = []
+    box: list[Any] = []
     seen: list[int] = []
 
     def handle(sig: int, frame: Any) -> None:
