@@ -65,6 +65,7 @@ class ServeContext:
     memory_components: list[Any] = field(default_factory=list)
     limits: Limits = field(default_factory=Limits)
     created: int = field(default_factory=lambda: int(time.time()))
+    shutting_down: bool = False  # set before the engine is stopped for good
     metrics: ServeMetrics = field(init=False)
     chat: ChatTemplate = field(init=False)
 
@@ -314,9 +315,7 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         finally:
             _close(out)
         if out.finish == "error":
-            if not runner.running:  # stopped under it (shutdown): the server, not the request
-                raise unavailable(out.error or "the engine stopped")
-            raise internal(out.error or "the request failed")
+            raise _failure(out)
         text = "".join(out.text)
         if gen.kind == "completion":
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": out.finish}
@@ -330,6 +329,11 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         body["choices"] = [choice]
         body["usage"] = out.usage()
         return Response(_dumps(body), media_type="application/json")
+
+    def _failure(out: _Generation) -> RequestError:
+        if ctx.shutting_down:  # the engine stopped under it: the server's state, not the request's
+            return unavailable(out.error or "the engine stopped")
+        return internal(out.error or "the request failed")
 
     def _close(out: _Generation) -> None:
         if out.finish is None or out.finish == "stop":
@@ -388,8 +392,7 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
             if text or (ids and gen.return_token_ids):
                 yield chunk(text, ids, None)
         if out.finish == "error":
-            err = internal(out.error or "the request failed")
-            yield b"data: " + _dumps(err.body()) + b"\n\n"
+            yield b"data: " + _dumps(_failure(out).body()) + b"\n\n"
         else:
             yield chunk(None if chat else "", [], out.finish)
             if gen.include_usage:

@@ -200,10 +200,14 @@ class Server:
                                 loop="asyncio", lifespan="off", timeout_keep_alive=30,
                                 backlog=ACCEPT_BATCH)
         server = DeadlineServer(config, shutdown_timeout_s=s.shutdown_timeout_s,
-                                stop_engine=self.runner.stop, listen_backlog=LISTEN_BACKLOG)
+                                stop_engine=self._stop_engine, listen_backlog=LISTEN_BACKLOG)
         host, port = sock.getsockname()[:2]
         self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
         return server
+
+    def _stop_engine(self) -> None:
+        self.context.shutting_down = True
+        self.runner.stop()
 
     def _bind(self, port: Optional[int] = None) -> socket.socket:
         host = self.settings.host

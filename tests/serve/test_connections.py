@@ -147,4 +147,4 @@ def test_a_signal_drains_closes_everything_and_exits_0(tmp_path, signals):
     # The running stream was ended with an error event and [DONE], not cut.
     lines = [x for x in out if isinstance(x, str) and x]
     assert lines[-1] == "data: [DONE]", out[-3:]
-    assert '"error"' in lines[-2], lines[-2]
+    assert '"error"' in lines[-2] and "engine_unavailable" in lines[-2], lines[-2]

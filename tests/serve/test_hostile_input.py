@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
-from serve_support import Spawned, raw_request
+from serve_support import Spawned, raw_request, start_server
 
 CAP = 1_000_000
 LANES, WAITING = 4, 8
@@ -42,32 +43,41 @@ def _post_raw(url: str, path: str, raw: bytes, **headers: str) -> httpx.Response
                       headers={"content-type": "application/json", **headers})
 
 
+_PROBE = """
+import sys, threading, time, httpx
+done = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+times = []
+with httpx.Client(timeout=10) as client:
+    assert client.get(sys.argv[1] + "/health").status_code == 200
+    print("ready", flush=True)
+    while not done.is_set():
+        t0 = time.monotonic()
+        assert client.get(sys.argv[1] + "/health").status_code == 200
+        times.append(time.monotonic() - t0)
+        time.sleep(0.01)
+print(len(times), max(times))
+"""
+
+
 class _HealthProbe:
-    """Polls /health on its own connection and keeps the slowest answer's latency."""
+    """Polls /health from a process of its own (so the test's own threads cannot delay it)
+    until the block ends; `answers` and `worst` (seconds) afterwards."""
 
     def __init__(self, url: str) -> None:
-        self.url = url
-        self.worst = 0.0
-        self.answers = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=10) as client:
-            while not self._stop.is_set():
-                t0 = time.monotonic()
-                assert client.get(self.url + "/health").status_code == 200
-                self.worst = max(self.worst, time.monotonic() - t0)
-                self.answers += 1
-                time.sleep(0.01)
+        self.proc = subprocess.Popen([sys.executable, "-c", _PROBE, url], text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.answers, self.worst = 0, float("inf")
 
     def __enter__(self) -> "_HealthProbe":
-        self._thread.start()
+        assert self.proc.stdout is not None and self.proc.stdout.readline() == "ready\n"
         return self
 
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(15)
+    def __exit__(self, *exc: object) -> None:
+        out, _ = self.proc.communicate("", timeout=30)
+        assert self.proc.returncode == 0, out
+        answers, worst = out.split()
+        self.answers, self.worst = int(answers), float(worst)
 
 
 def _send_chunked_flood(port: int, total: int) -> tuple[int, bytes]:
@@ -95,27 +105,38 @@ def _send_chunked_flood(port: int, total: int) -> tuple[int, bytes]:
 def test_an_oversized_body_is_a_413_memory_stays_bounded_and_health_keeps_answering(srv):
     rss0 = srv.rss_bytes()
     with _HealthProbe(srv.url) as probe:
-        # Declared too large: refused before a byte of the body is read.
-        answer, closed = raw_request(srv.port, b"POST /v1/completions HTTP/1.1\r\nHost: "
-                                     b"127.0.0.1\r\nContent-Type: application/json\r\n"
-                                     b"Content-Length: 10000000\r\n\r\n{\"prompt\": \"")
-        assert answer.startswith(b"HTTP/1.1 413 ") and closed, answer[:300]
-        assert b"--max-body-bytes" in answer
-        # Chunked, so no length up front: cut as soon as it passes the cap.
-        sent, answer = _send_chunked_flood(srv.port, 64 << 20)
-        assert sent < 16 << 20, sent  # the server closed long before the 64 MB were sent
-        assert answer == b"" or answer.startswith(b"HTTP/1.1 413 "), answer[:300]
-        # Under the cap but longer than any prompt a lane holds: refused without tokenizing.
-        body = json.dumps({"prompt": "lorem ipsum " * (900_000 // 12)}).encode()
+        end = time.monotonic() + 1.5  # long enough for the probe to ask many times
+        while time.monotonic() < end:
+            # Declared too large: refused before a byte of the body is read.
+            answer, closed = raw_request(srv.port, b"POST /v1/completions HTTP/1.1\r\nHost: "
+                                         b"127.0.0.1\r\nContent-Type: application/json\r\n"
+                                         b"Content-Length: 10000000\r\n\r\n{\"prompt\": \"")
+            assert answer.startswith(b"HTTP/1.1 413 ") and closed, answer[:300]
+            assert b"--max-body-bytes" in answer
+            # Chunked, so no length up front: cut as soon as it passes the cap.
+            sent, answer = _send_chunked_flood(srv.port, 64 << 20)
+            assert sent < 16 << 20, sent  # the server closed long before 64 MB were sent
+            assert answer == b"" or answer.startswith(b"HTTP/1.1 413 "), answer[:300]
+    assert probe.answers > 10
+    assert probe.worst < 0.2, probe.worst
+    assert srv.rss_bytes() - rss0 < 32 << 20, (rss0, srv.rss_bytes())
+
+
+def test_a_prompt_too_long_for_a_lane_is_refused_before_tokenizing(srv):
+    """Under the body cap but longer in bytes than a lane's tokens can cover: a 400 from the
+    length bound, with no token list built (memory) and no tokenizer on the event loop."""
+    rss0 = srv.rss_bytes()
+    body = json.dumps({"prompt": "lorem ipsum " * (900_000 // 12)}).encode()
+    with _HealthProbe(srv.url) as probe:
         with ThreadPoolExecutor(4) as pool:
             rs = list(pool.map(lambda _: _post_raw(srv.url, "/v1/completions", body), range(8)))
-        for r in rs:
-            assert r.status_code == 400, r.text[:300]
-            assert r.json()["error"]["code"] == "context_length_exceeded"
-            assert r.json()["error"]["param"] == "prompt"
-    assert probe.answers > 3
-    assert probe.worst < 0.2, probe.worst
-    assert srv.rss_bytes() - rss0 < 48 << 20, (rss0, srv.rss_bytes())
+    for r in rs:
+        assert r.status_code == 400, r.text[:300]
+        err = r.json()["error"]
+        assert err["code"] == "context_length_exceeded" and err["param"] == "prompt"
+        assert "bytes each" in err["message"]  # the length bound's message, not the tokens'
+    assert probe.worst < 1.0, probe.worst  # reading and decoding 8 × 0.9 MB takes its time
+    assert srv.rss_bytes() - rss0 < 32 << 20, (rss0, srv.rss_bytes())
 
 
 SURROGATES = [
@@ -266,3 +287,20 @@ def test_a_405_says_which_methods_are_allowed(srv):
     r = httpx.post(srv.url + "/health", json={})
     assert r.status_code == 405 and set(r.headers["allow"].split(", ")) >= {"GET"}
     assert json.loads(r.text)["error"]["message"]
+
+
+def test_the_allowed_host_names_are_configurable(model_path):
+    srv = start_server(model_path, allowed_hosts=("api.example", "*.corp.example"))
+    try:
+        for host, status in [("api.example", 200), ("API.example:443", 200),
+                             ("a.b.corp.example", 200), ("corp.example", 400),
+                             ("localhost", 400), ("api.example.evil", 400)]:
+            r = httpx.get(srv.url + "/health", headers={"host": host})
+            assert r.status_code == status, (host, r.text)
+    finally:
+        srv.shutdown()
+    srv = start_server(model_path, host="127.0.0.1", allowed_hosts=("*",))
+    try:
+        assert httpx.get(srv.url + "/health", headers={"host": "anything"}).status_code == 200
+    finally:
+        srv.shutdown()
