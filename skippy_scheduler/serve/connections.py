@@ -8,7 +8,8 @@ Here:
 
 * the head of a request (request line and headers) must be complete within `header_timeout_s`
   of the connection opening or of its first byte after an idle keep-alive: otherwise the server
-  answers 408 and closes;
+  answers 408 and closes (a connection that never sent a byte is closed without an answer: a
+  client about to use it must not read a 408 as the answer to its request);
 * at most `max_connections` are open (`Server` keeps it below the descriptor limit): one more
   evicts the oldest connection that is not in the middle of a request (idle, or still sending
   its head), and when every connection is busy the newcomer gets a 503 and is closed, so the
@@ -55,6 +56,7 @@ class GuardedH11Protocol(H11Protocol):
 
     _head_timer: Optional[asyncio.TimerHandle] = None
     _opened: float = 0.0
+    _silent = True  # not a byte received yet
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -79,6 +81,7 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        self._silent = False
         super().data_received(data)
         if self.conn.their_state is h11.IDLE:
             self._arm_head()  # a head has begun (no-op when its timer already runs)
@@ -116,7 +119,9 @@ class GuardedH11Protocol(H11Protocol):
 
     def _head_expired(self) -> None:
         self._head_timer = None
-        if self.idle:
+        if self._silent:
+            self._close()
+        elif self.idle:
             self._answer(408, "Request Timeout", f"the request head did not arrive within "
                          f"{self.header_timeout_s:g} s (--header-timeout)", "header_timeout")
 
