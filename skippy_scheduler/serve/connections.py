@@ -102,9 +102,9 @@ class GuardedH11Protocol(H11Protocol):
 
     @property
     def idle(self) -> bool:
-        """Not inside a request: idle between requests, or still sending a head."""
-        return self.conn.their_state is h11.IDLE and (self.cycle is None
-                                                       or self.cycle.response_complete)
+        """Not inside a request: idle between requests, or still sending a head (h11 leaves
+        IDLE at a complete head and comes back only once the response is complete)."""
+        return self.conn.their_state is h11.IDLE
 
     # -- internals ----------------------------------------------------------------------------
 
