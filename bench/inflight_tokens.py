@@ -34,7 +34,8 @@ def run_once(model: str, depth: int, prompts: str, out: str, threads: int, max_a
              max_tokens: int) -> dict:
     cmd = [sys.executable, "-m", "skippy_scheduler.cli", "run", "--model", model,
            "--prompts", prompts, "--max-tokens", str(max_tokens), "--max-active", str(max_active),
-           "--threads", str(threads), "--inflight", str(depth), "--mixed", "--json", out]
+           "--threads", str(threads), "--inflight", str(depth), "--mixed",
+           "--max-consecutive-prefill", "0", "--json", out]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     with open(out, encoding="utf-8") as fh:
         return json.load(fh)["summary"]

@@ -40,24 +40,22 @@ from ..engine import CostModelHost, Engine, EngineStalled, VirtualClock, percent
 from ..policies import FairShareAdmission
 from ..prefix_store import PrefixStore, StoreEntry, VirtualBackend
 from ..types import IterationPhase, SchedulerConfig, Sequence
+from ..selection import POLICIES, make_admission as _by_name
 from .backend import Backend, resolve_backend
-from .suite import SuiteOptions, make_admission as _suite_admission
+from .suite import SuiteOptions
 from .traces import BLOCK_TOKENS, Trace, TraceRequest, blocks_for
 
-POLICIES = ("fcfs", "cache-aware-noaging", "cache-aware-aging", "priority", "fair-share")
 MODES = ("phase", "mixed")
 DEFAULT_MODE = "mixed"
 DEFAULT_PREFIX_CACHE_TOKENS = 8 << 20
 _PHASE_DECODE = DECODE_PHASE
-_PHASE_PREFILL = IterationPhase.Prefill.value
+_PHASE_PREFILL = IterationPhase.PREFILL.value
 
 
 def make_admission(name: str, weights: Optional[dict] = None):
-    if name == "fair-share":
-        return FairShareAdmission(weights)
-    if name not in POLICIES:
-        raise ValueError(f"unknown admission policy {name!r} (choose from {', '.join(POLICIES)})")
-    return _suite_admission(name)
+    """The admission policy named `name` (the package's one table: `skippy_scheduler.selection`);
+    `weights` are fair-share's tenant weights."""
+    return _by_name(name, weights if name == "fair-share" else None)
 
 
 @dataclass(frozen=True)
@@ -349,7 +347,7 @@ class TraceHost(CostModelHost):
             for t, (prefill, decode) in served.items():
                 fair.charge(names[t], prefill, decode)
 
-    def release(self, sequence_id: str) -> None:
+    def release(self, sequence_id: str, reason: object = None) -> None:
         live = self.live.get(sequence_id)
         if live is None:
             return

@@ -38,7 +38,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
-POLICIES = ("cache-aware", "fcfs", "priority")
+from ..selection import DEFAULT_POLICY, POLICIES, make_admission
+
 # NOTE: asyncio accepts up to `backlog` connections per wake-up of the listening socket, and a
 # connection's protocol sees it (and can turn it away) only two loop turns later, a third turn
 # before an evicted one's descriptor is freed: about four batches are in flight in a flood. Those
@@ -67,7 +68,7 @@ class ServeSettings:
     mixed: bool = True
     max_consecutive_prefill: Optional[int] = 1
     inflight: int = 1  # plans in flight (max_inflight_plans): 2 overlaps scheduling with decode
-    policy: str = "cache-aware"
+    policy: str = DEFAULT_POLICY  # a name of skippy_scheduler.selection.POLICIES
     prefix_cache_tokens: int = 0  # tokens the prefix store keeps for reuse (0: off); each holder
     #   gets a KV stream of ctx_size / max_active cells on top of ctx_size
     prefix_holders: int = 16  # sequence ids holding resident prefixes (with reuse)
@@ -81,18 +82,6 @@ class ServeSettings:
     shutdown_timeout_s: float = 5.0  # on SIGTERM / SIGINT, running requests get this long
     allowed_hosts: Optional[tuple[str, ...]] = None  # Host names answered; None: loopback
     #   names when bound to a loopback address, any otherwise; "*" in it: any
-
-
-def _admission(policy: str) -> Any:
-    from .. import CacheAwareAdmission, FcfsAdmission, PriorityAdmission
-
-    if policy == "cache-aware":
-        return CacheAwareAdmission()
-    if policy == "fcfs":
-        return FcfsAdmission()
-    if policy == "priority":
-        return PriorityAdmission()
-    raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
 
 
 class Server:
@@ -163,7 +152,7 @@ class Server:
             max_consecutive_prefill_iterations=s.max_consecutive_prefill,
             max_inflight_plans=s.inflight,
             **(self.host.sequence_id_settings if reuse else {"reserved_sequence_ids": 0}))
-        self.scheduler = Scheduler(config, admission=_admission(s.policy))
+        self.scheduler = Scheduler(config, admission=make_admission(s.policy))
         self.runner = EngineRunner(self.scheduler, self.host)
         self.context = ServeContext(
             runner=self.runner, host=self.host, model_name=name,

@@ -149,8 +149,8 @@ def test_suite_cli(tmp_path, capsys, backend):
     from skippy_scheduler.cli import main
 
     out_json = tmp_path / "suite.json"
-    code = main(["lab", "--suite", "--backend", backend, "--requests", "120", "--seed", "3",
-                 "--rate", "500", "--max-active", "8", "--policy", "fcfs", "--mode", "mixed",
+    code = main(["lab", "--suite", "--scheduler", backend, "--requests", "120", "--seed", "3",
+                 "--rate", "500", "--max-active", "8", "--policy", "fcfs", "--mixed",
                  "--json", str(out_json)])
     out = capsys.readouterr().out.splitlines()
     assert code == 0
