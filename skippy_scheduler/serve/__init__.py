@@ -12,6 +12,7 @@
 * `text`: incremental UTF-8-safe detokenisation and stop strings;
 * `chat`: chat templates through llama.cpp; `metrics`: Prometheus; `errors`: error bodies.
 """
-from .server import POLICIES, Server, ServeSettings
+from ..selection import POLICIES
+from .server import Server, ServeSettings
 
 __all__ = ["POLICIES", "Server", "ServeSettings"]
