@@ -4,7 +4,9 @@ this server cannot honour.
 Every field of the completions and chat completions APIs is either used, accepted in its
 neutral form only (`n: 1`, `echo: false`, `logprobs: null`, ...: anything else names the field
 as unsupported), or ignored because it does not change the output (`user`). Fields nobody
-defined are refused too: a typo must not silently change nothing.
+defined are refused too: a typo must not silently change nothing. The body arrives here already
+checked as text (no lone surrogate anywhere) and bounded in depth (`body.decode_json`); a chat
+message's content must not hold NUL (see `_no_nul`).
 
 Extensions (as vLLM has them): `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
 `return_token_ids` (token ids in every choice and chunk), `priority` (higher runs first under
