@@ -1,8 +1,15 @@
 """Helpers of the server tests (imported by conftest.py and the test modules)."""
 from __future__ import annotations
 
+import os
 import re
+import resource
+import signal
+import socket
+import subprocess
+import sys
 import time
+from typing import Optional
 
 import httpx
 
@@ -62,3 +69,91 @@ def is_idle(state: dict, lanes: int) -> bool:
 def text_of(reference, tokens) -> str:
     """The text a client must receive for `tokens` (UTF-8, invalid bytes replaced)."""
     return b"".join(reference.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+
+# -- a server in a process of its own (signals, descriptor limits, resident memory) ----------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Spawned:
+    """`skippy-scheduler serve` in a subprocess on the tiny model, its temporary files under
+    `tmp`, its stderr in `tmp / "serve.log"`."""
+
+    def __init__(self, tmp, *args: str, nofile: Optional[int] = None,
+                 timeout_s: float = 60.0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.tmp = tmp / "tmpdir"
+        self.tmp.mkdir()
+        self.log_path = tmp / "serve.log"
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=str(self.tmp))
+
+        def limit() -> None:  # in the child, before exec
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "skippy_scheduler.cli", "serve", "--port",
+                 str(self.port), "--threads", "1", *args], stdout=subprocess.DEVNULL,
+                stderr=log, env=env, cwd=os.path.dirname(sys.executable),
+                preexec_fn=limit if nofile else None)
+        end = time.monotonic() + timeout_s
+        while True:
+            assert self.proc.poll() is None, self.log()
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < end, "the server did not start: " + self.log()
+            time.sleep(0.1)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def rss_bytes(self) -> int:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS")
+
+    def stop(self, sig: Optional[int] = signal.SIGTERM, timeout_s: float = 30.0) -> int:
+        """Send `sig` (None: none); the exit status (the process is killed if it outlives
+        `timeout_s`)."""
+        if sig is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            raise AssertionError(f"the server did not exit within {timeout_s} s: " + self.log())
+
+
+def raw_request(port: int, data: bytes, timeout_s: float = 10.0) -> tuple[bytes, bool]:
+    """Send `data` on a fresh connection; what came back, and whether the server closed the
+    connection within `timeout_s`."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(data)
+        chunks = []
+        end = time.monotonic() + timeout_s
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return b"".join(chunks), False
+            sock.settimeout(left)
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                return b"".join(chunks), True
+            except TimeoutError:
+                return b"".join(chunks), False
+            if not chunk:
+                return b"".join(chunks), True
+            chunks.append(chunk)
