@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from skippy_scheduler import CacheAwareAdmission, Scheduler, SchedulerConfig
+from skippy_scheduler import CacheAwareAdmission, ReleaseReason, Scheduler, SchedulerConfig
 from skippy_scheduler.engine import CostModelHost
 from skippy_scheduler.serve import ServeSettings
 from skippy_scheduler.serve.app import ServeContext, create_app
@@ -50,7 +50,8 @@ class InstantHost(CostModelHost):
     def chat_template(self) -> Optional[str]:
         return None
 
-    def release(self, sequence_id: str) -> None:
+    def release(self, sequence_id: str,
+                reason: ReleaseReason = ReleaseReason.FINISHED) -> None:
         self.releases += 1
 
     def close(self) -> None:
