@@ -11,16 +11,17 @@ token is never sampled, so every request runs to its `max_tokens`.
 
 `build_server(settings, host)` wires the package's own pieces (scheduler, `EngineRunner`,
 `ServeContext`, `create_app`) around a host the way `skippy_scheduler.serve.Server` does around
-llama.cpp, with the scheduler settings of `ServeSettings`; `serve(...)` runs it under uvicorn
-with the HTTP settings `Server` uses.
+llama.cpp, with the scheduler settings and admission policy of `ServeSettings`; `serve(...)`
+runs it under uvicorn with the HTTP settings `Server` uses.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from skippy_scheduler import CacheAwareAdmission, ReleaseReason, Scheduler, SchedulerConfig
+from skippy_scheduler import ReleaseReason, Scheduler, SchedulerConfig
 from skippy_scheduler.engine import CostModelHost
+from skippy_scheduler.selection import make_admission
 from skippy_scheduler.serve import ServeSettings
 from skippy_scheduler.serve.app import ServeContext, create_app
 from skippy_scheduler.serve.runner import EngineRunner
@@ -75,7 +76,7 @@ def build_server(settings: ServeSettings, host: InstantHost) -> InstantServer:
         prefill_chunk_tokens=min(s.prefill_chunk, s.batch_size), mixed_prefill_decode=s.mixed,
         max_consecutive_prefill_iterations=s.max_consecutive_prefill,
         max_inflight_plans=s.inflight, reserved_sequence_ids=0)
-    runner = EngineRunner(Scheduler(config, admission=CacheAwareAdmission()), host)
+    runner = EngineRunner(Scheduler(config, admission=make_admission(s.policy)), host)
     context = ServeContext(runner=runner, host=host, model_name="instant",
                            pieces=token_pieces(host.n_vocab, host.token_bytes),
                            n_ctx_seq=host.n_ctx_seq,
