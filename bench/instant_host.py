@@ -16,11 +16,12 @@ runs it under uvicorn with the HTTP settings `Server` uses.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from skippy_scheduler import ReleaseReason, Scheduler, SchedulerConfig
-from skippy_scheduler.engine import CostModelHost
+from skippy_scheduler.engine import CostModelHost, Plan
 from skippy_scheduler.selection import make_admission
 from skippy_scheduler.serve import ServeSettings
 from skippy_scheduler.serve.app import ServeContext, create_app
@@ -31,16 +32,27 @@ BYTE_BASE = 3  # token of byte 0
 
 
 class InstantHost(CostModelHost):
-    """No model: the fixed `token` for every sampling row, at once (default: the byte "a")."""
+    """No model: the fixed `token` for every sampling row (default: the byte "a").
+
+    `step_s` > 0 makes every plan take that long, asleep (the GIL released, as llama_decode
+    releases it), so that requests get one token per step, as they do on a real model, and each
+    streamed chunk carries one token; at 0 the plan is answered at once.
+    """
 
     def __init__(self, n_seq_max: int = 64, n_ctx_seq: int = 4096,
-                 token: int = BYTE_BASE + ord("a")) -> None:
+                 token: int = BYTE_BASE + ord("a"), step_s: float = 0.0) -> None:
         super().__init__(token)
+        self.step_s = step_s
         self.n_vocab = BYTE_BASE + 256
         self.n_seq_max = n_seq_max
         self.n_ctx_seq = n_ctx_seq
         self.n_ctx = n_seq_max * n_ctx_seq
         self.releases = 0
+
+    def execute(self, plan: Plan) -> None:
+        if self.step_s > 0:
+            time.sleep(self.step_s)
+        super().execute(plan)
 
     def token_bytes(self, token: int) -> bytes:
         return bytes([token - BYTE_BASE]) if BYTE_BASE <= token < self.n_vocab else b""
