@@ -105,4 +105,5 @@ class StoreLink:
     def holder(self, s: Sequence) -> Optional[int]:
         """The holder of the entry `s` was admitted with, which every row of it names."""
         entry = self._pinned.get(s.id)
-        return None if entry is None else int(entry.holder)
+        holder: Optional[int] = None if entry is None else entry.holder
+        return holder
