@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 from fleet_support import Replica, Router, router_binary
-from vllm_schema import AllBlocksCleared, BlockStored, Subscriber
+from vllm_schema import AllBlocksCleared, BlockStored, Subscriber, replay
 
 if router_binary() is None:
     pytest.skip("vllm-router is not installed (pip install vllm-router)",
@@ -54,7 +54,7 @@ def test_a_killed_replica_drops_out_and_comes_back_cleared(model_path, tmp_path)
         router = Router([a, b], "kv_aware", tmp_path, extra=(
             "--health-check-interval-secs", "1", "--health-failure-threshold", "1"))
         sub_a = Subscriber(a.events)
-        time.sleep(0.3)
+        time.sleep(1.0)  # subscribed before anything is published
         # A holds a long prefix, B only its start: a request with the long prefix goes to A.
         stem = "the restart tenant's system prompt, answer exactly. " * 2
         longer = stem + "with more rules that only one replica has seen. " * 2
@@ -80,12 +80,14 @@ def test_a_killed_replica_drops_out_and_comes_back_cleared(model_path, tmp_path)
             r = _complete(router.url, f"after the kill {i}")
             assert r.status_code == 200, r.text
 
-        # A comes back on the same ports: its first batch clears what it had advertised...
+        # A comes back on the same ports: its first batch clears what it had advertised (read
+        # back through the replay socket: a live subscriber may reconnect after it was sent)...
         a.start()
-        got = sub_a.events_until(lambda g: any(isinstance(e, AllBlocksCleared) for _, e in g),
-                                 timeout_s=15)
-        seq = next(s for s, e in got if isinstance(e, AllBlocksCleared))
-        assert seq == 0
+        end = time.monotonic() + 10
+        while not (held := replay(a.replay, 0)) and time.monotonic() < end:
+            time.sleep(0.1)  # the first batch waits for subscribers to reconnect
+        seq, batch = held[0]
+        assert seq == 0 and isinstance(batch.events[0], AllBlocksCleared)
         time.sleep(1.5)  # the router's health check has seen A healthy again
         # ...so the long prefix is now credited to B only (A's blocks are gone).
         before = [a.served(), b.served()]

@@ -102,3 +102,24 @@ class Subscriber:
     def close(self) -> None:
         self.sock.close(linger=0)
         self.ctx.term()
+
+
+def replay(endpoint: str, start: int, timeout_s: float = 10.0) -> list[tuple[int, KVEventBatch]]:
+    """The batches a replay socket holds from sequence `start` on (as a router asks)."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(endpoint)
+        sock.send_multipart([b"", start.to_bytes(8, "big")])
+        out = []
+        while True:
+            assert sock.poll(int(timeout_s * 1000)), "no replay answer"
+            _, seq, payload = sock.recv_multipart()
+            number = int.from_bytes(seq, "big", signed=True)
+            if number == -1:
+                return out
+            out.append((number, DECODER.decode(payload)))
+    finally:
+        sock.close(linger=0)
+        ctx.term()
