@@ -71,8 +71,9 @@ def test_fake_host_writes_one_output_per_sampling_row():
 
 
 def test_bench_is_a_cli_subcommand_and_the_c_driver_is_installed():
-    args = build_parser().parse_args(["bench", "--quick", "--no-twin"])
-    assert args.func is bench_cli.run and args.quick and args.no_twin and not args.no_c
+    args = build_parser().parse_args(["bench", "--quick", "--scheduler", "native"])
+    assert args.func is bench_cli.run and args.quick and args.scheduler == ["native"]
+    assert not args.no_c
     src = B.c_source()
     assert src is not None and os.path.basename(src) == "c_overhead.c"
 
