@@ -5,18 +5,24 @@ from ._version import __version__
 _check_native()
 
 
-def get_include() -> str:
-    """Directory of the installed C headers (skippy_abi.h, skippy_scheduler.h)."""
+def _installed_dir(name: str) -> str:
+    # NOTE: next to the compiled modules, not this file: an editable install keeps the Python
+    # sources in the checkout and the built files (extensions, headers, library) elsewhere.
     import os
 
-    return os.path.join(os.path.dirname(__file__), "include")
+    from . import _core
+
+    return os.path.join(os.path.dirname(os.path.abspath(_core.__file__)), name)
+
+
+def get_include() -> str:
+    """Directory of the installed C headers (skippy_abi.h, skippy_scheduler.h)."""
+    return _installed_dir("include")
 
 
 def get_library_dir() -> str:
     """Directory of the installed static core library (link with -lskippy_scheduler_core)."""
-    import os
-
-    return os.path.join(os.path.dirname(__file__), "lib")
+    return _installed_dir("lib")
 
 
 from ._core import IterationPlan, PlanOutputs, Scheduler  # noqa: E402
@@ -25,18 +31,13 @@ from .cache_policy import (  # noqa: E402
     CacheAwareCandidate,
     StageCacheAffinity,
     order_cache_aware_candidates,
-    select_cache_aware_candidate,
 )
-from .capacity import (  # noqa: E402
-    CapacityDemand,
-    CapacityPlan,
-    ComponentCapacitySnapshot,
-    EvictableCacheEntry,
-    plan_component_capacity,
-)
+from .engine import Engine, Host, Request  # noqa: E402
+from .inflight import resolve_deferred  # noqa: E402
 from .policies import (  # noqa: E402
     AdmissionPolicy,
     CacheAwareAdmission,
+    FairShareAdmission,
     FcfsAdmission,
     FewestComputedTokens,
     LowestPriorityNewest,
@@ -44,94 +45,92 @@ from .policies import (  # noqa: E402
     PriorityAdmission,
     VictimCandidate,
 )
-from .radix import RadixEntry, RadixMatch, RadixStats, UnifiedRadixCache, affinity_from_radix  # noqa: E402
-from .runtime_queue import (  # noqa: E402
-    CacheRuntimeQueue,
-    CacheRuntimeTelemetry,
-    should_serve_cache_runtime,
-)
-from .reference import TwinOutputs, TwinPlan, TwinScheduler  # noqa: E402
+from .prefix_store import PrefixStore  # noqa: E402
+from .radix import UnifiedRadixCache  # noqa: E402
+from .reference import TwinScheduler  # noqa: E402
+from .sampling import SamplingParams  # noqa: E402
 from .types import (  # noqa: E402
-    LLAMA_MAX_SEQ,
     AdmissionError,
     DuplicateSequence,
     EmptyPrompt,
+    FinishReason,
     IterationPhase,
     IterationPrediction,
     IterationTelemetry,
     IterationWork,
     MalformedOutputs,
     MemoryComponent,
+    PlanInFlight,
     PrefixRestore,
     PrefixRestoreKind,
     QueueFull,
+    RejectReason,
+    ReleaseReason,
     SchedulerConfig,
     SchedulerMetrics,
     SchedulerSnapshot,
     Sequence,
     SequenceStatus,
-    PlanInFlight,
     StalePlanError,
 )
-from .inflight import resolve_deferred  # noqa: E402
-from .sampling import SamplingParams  # noqa: E402
 
+# What a user needs, by layer: the driver loop and the host it runs; the scheduler (native, or
+# its pure-Python twin) with its config, requests, plan and telemetry types; the policies; the
+# prefix store; the errors. Lower-level pieces stay in their modules (`skippy_scheduler.radix`,
+# `.cache_policy`, `.reference`, `.hosts`, `.lab`, ...).
 __all__ = [
     "__version__",
     "get_include",
     "get_library_dir",
-    "LLAMA_MAX_SEQ",
-    "AdmissionError",
-    "AdmissionPolicy",
-    "CacheAffinity",
-    "CacheAwareAdmission",
-    "CacheAwareCandidate",
-    "CacheRuntimeQueue",
-    "CacheRuntimeTelemetry",
-    "CapacityDemand",
-    "CapacityPlan",
-    "ComponentCapacitySnapshot",
-    "DuplicateSequence",
-    "EmptyPrompt",
-    "EvictableCacheEntry",
-    "FcfsAdmission",
-    "FewestComputedTokens",
-    "IterationPhase",
-    "IterationPlan",
-    "IterationPrediction",
-    "IterationTelemetry",
-    "IterationWork",
-    "LowestPriorityNewest",
-    "MalformedOutputs",
-    "MemoryComponent",
-    "PlanOutputs",
-    "PreemptionPolicy",
-    "PrefixRestore",
-    "PrefixRestoreKind",
-    "PriorityAdmission",
-    "QueueFull",
-    "RadixEntry",
-    "RadixMatch",
-    "RadixStats",
+    # driving
+    "Engine",
+    "Host",
+    "Request",
+    # the scheduler and its types
     "Scheduler",
+    "TwinScheduler",
     "SchedulerConfig",
-    "SchedulerMetrics",
-    "SchedulerSnapshot",
+    "MemoryComponent",
     "Sequence",
     "SequenceStatus",
-    "StageCacheAffinity",
-    "PlanInFlight",
-    "StalePlanError",
-    "resolve_deferred",
+    "PrefixRestore",
+    "PrefixRestoreKind",
     "SamplingParams",
-    "TwinOutputs",
-    "TwinPlan",
-    "TwinScheduler",
-    "UnifiedRadixCache",
-    "affinity_from_radix",
+    "IterationPlan",
+    "IterationPhase",
+    "IterationWork",
+    "IterationPrediction",
+    "PlanOutputs",
+    "resolve_deferred",
+    "IterationTelemetry",
+    "FinishReason",
+    "ReleaseReason",
+    "SchedulerMetrics",
+    "SchedulerSnapshot",
+    # policies
+    "AdmissionPolicy",
+    "CacheAwareAdmission",
+    "FairShareAdmission",
+    "FcfsAdmission",
+    "PriorityAdmission",
+    "PreemptionPolicy",
+    "LowestPriorityNewest",
+    "FewestComputedTokens",
     "VictimCandidate",
+    "CacheAwareCandidate",
+    "CacheAffinity",
+    "StageCacheAffinity",
     "order_cache_aware_candidates",
-    "plan_component_capacity",
-    "select_cache_aware_candidate",
-    "should_serve_cache_runtime",
+    # prefixes
+    "PrefixStore",
+    "UnifiedRadixCache",
+    # errors
+    "AdmissionError",
+    "QueueFull",
+    "DuplicateSequence",
+    "EmptyPrompt",
+    "RejectReason",
+    "StalePlanError",
+    "PlanInFlight",
+    "MalformedOutputs",
 ]

@@ -24,13 +24,25 @@ from ._validate import (
     sat_sub,
 )
 from .cache_policy import CacheAffinity, CacheAwareCandidate, StageCacheAffinity
-from ._sequence import PrefixRestore, PrefixRestoreKind, Sequence, SequenceStatus
+from ._sequence import (
+    PrefixRestore,
+    PrefixRestoreKind,
+    RenamedMembers,
+    Sequence,
+    SequenceStatus,
+    keep_old_spellings,
+)
 
-LLAMA_MAX_SEQ = 256
+# Default size of the holder-id space (`SchedulerConfig.sequence_id_limit`): the runtime ids an
+# active sequence or a resident prefix occupies one each of (a llama.cpp context has 256).
+DEFAULT_SEQUENCE_ID_LIMIT = 256
 
 __all__ = [
-    "LLAMA_MAX_SEQ",
+    "DEFAULT_SEQUENCE_ID_LIMIT",
     "IterationPhase",
+    "FinishReason",
+    "ReleaseReason",
+    "RejectReason",
     "SequenceStatus",
     "PrefixRestoreKind",
     "MemoryComponent",
@@ -54,12 +66,61 @@ __all__ = [
 ]
 
 
-class IterationPhase(enum.Enum):
+class IterationPhase(enum.Enum, metaclass=RenamedMembers):
     """Kind of a plan row; the values match the C `skippy_phase`."""
 
-    Prefill = 0
-    Recompute = 1
-    Decode = 2
+    PREFILL = 0
+    RECOMPUTE = 1
+    DECODE = 2
+
+
+keep_old_spellings(IterationPhase)
+
+
+class FinishReason(enum.Enum):
+    """Why a sequence ended, as the scheduler decided it (`IterationTelemetry.finish_reasons`).
+
+    The values are the OpenAI-style strings a server reports.
+
+    STOP: the host sampled an end token (a negative token) for it.
+    LENGTH: it reached `max_tokens` generated tokens.
+    FAILED: a sampling row of it got no output, or its token could not be kept.
+    CANCELLED: `cancel` removed it (waiting or active); never in a completion's telemetry.
+    """
+
+    STOP = "stop"
+    LENGTH = "length"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class ReleaseReason(enum.Enum):
+    """Why a host is told to let go of a sequence's runtime state (`Host.release`).
+
+    FINISHED: it ended normally (`FinishReason.STOP` or `LENGTH`); a host may keep its prefix.
+    PREEMPTED: the scheduler took it out of the active set under memory pressure; it waits
+        again and will be re-admitted, replaying from its restore (new row, `restored_tokens`).
+    CANCELLED: the caller cancelled it.
+    FAILED: it failed (`FinishReason.FAILED`), or the host itself could not run it.
+    """
+
+    FINISHED = "finished"
+    PREEMPTED = "preempted"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+class RejectReason(enum.Enum):
+    """Why `submit` refused a sequence: the `reason` of each `AdmissionError` subclass.
+
+    QUEUE_FULL: the waiting queue is at `max_waiting_sequences` (retry later; HTTP 503).
+    DUPLICATE: the id is already waiting or active.
+    EMPTY_PROMPT: the prompt has no token.
+    """
+
+    QUEUE_FULL = "queue_full"
+    DUPLICATE = "duplicate"
+    EMPTY_PROMPT = "empty_prompt"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,7 +201,7 @@ class SchedulerConfig:
     """
 
     max_active_sequences: int = 32
-    sequence_id_limit: int = LLAMA_MAX_SEQ
+    sequence_id_limit: int = DEFAULT_SEQUENCE_ID_LIMIT
     reserved_sequence_ids: int = 16
     max_waiting_sequences: int = 256
     max_tokens_per_iteration: int = 2048
@@ -212,6 +273,12 @@ class IterationWork:
     # With an attached prefix store: the holder id of the entry the sequence's restored prefix
     # is copied from (the host copies positions [0, first row's position) from it), else None.
     restore_holder: Optional[int] = None
+    # The first row of the sequence since its admission (a first admission, or a resume after
+    # preemption): the host sets up the sequence's state here.
+    new_row: bool = False
+    # For a new row: positions [0, restored_tokens) the host must already hold before the row
+    # (copied from `restore_holder`, or left in the cache by the caller); 0 for other rows.
+    restored_tokens: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", tuple(self.tokens))
@@ -261,6 +328,9 @@ class IterationTelemetry:
     finished_ids: list[str] = field(default_factory=list)
     failed_ids: list[str] = field(default_factory=list)
     stale_refreshes: int = 0  # cumulative copy (attached prefix store, §2.12)
+    # Every sequence that ended in this completion (those of finished_ids and failed_ids), in
+    # plan order, with why: STOP, LENGTH or FAILED.
+    finish_reasons: dict[str, FinishReason] = field(default_factory=dict)
 
 
 @dataclass
@@ -337,7 +407,9 @@ class SchedulerSnapshot:
 
 
 class AdmissionError(Exception):
-    """`submit` refused a sequence; compare with ==."""
+    """`submit` refused a sequence; compare with ==. `reason` says why (a `RejectReason`)."""
+
+    reason: RejectReason
 
     def _key(self) -> tuple[object, ...]:
         return (type(self), self.args)
@@ -352,6 +424,8 @@ class AdmissionError(Exception):
 
 
 class QueueFull(AdmissionError):
+    reason = RejectReason.QUEUE_FULL
+
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
         self.capacity = capacity
@@ -361,6 +435,8 @@ class QueueFull(AdmissionError):
 
 
 class DuplicateSequence(AdmissionError):
+    reason = RejectReason.DUPLICATE
+
     def __init__(self, id: str) -> None:  # noqa: A002 - the public attribute name
         super().__init__(id)
         self.id = id
@@ -370,6 +446,8 @@ class DuplicateSequence(AdmissionError):
 
 
 class EmptyPrompt(AdmissionError):
+    reason = RejectReason.EMPTY_PROMPT
+
     def __init__(self) -> None:
         super().__init__()
 

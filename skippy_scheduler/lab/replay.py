@@ -49,7 +49,7 @@ MODES = ("phase", "mixed")
 DEFAULT_MODE = "mixed"
 DEFAULT_PREFIX_CACHE_TOKENS = 8 << 20
 _PHASE_DECODE = DECODE_PHASE
-_PHASE_PREFILL = IterationPhase.Prefill.value
+_PHASE_PREFILL = IterationPhase.PREFILL.value
 
 
 def make_admission(name: str, weights: Optional[dict] = None):
@@ -347,7 +347,7 @@ class TraceHost(CostModelHost):
             for t, (prefill, decode) in served.items():
                 fair.charge(names[t], prefill, decode)
 
-    def release(self, sequence_id: str) -> None:
+    def release(self, sequence_id: str, reason: object = None) -> None:
         live = self.live.get(sequence_id)
         if live is None:
             return

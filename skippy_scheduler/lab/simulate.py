@@ -121,7 +121,8 @@ def validate_requests(requests: Iterable[SimRequest]) -> list[SimRequest]:
 
 
 def _phase_name(phase) -> str:
-    return getattr(phase, "name", str(phase))
+    # The trace's spelling of a phase: "Prefill", "Recompute", "Decode".
+    return phase.name.capitalize() if hasattr(phase, "name") else str(phase)
 
 
 def _fmt(value) -> str:

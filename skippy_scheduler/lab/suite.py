@@ -34,7 +34,7 @@ from .progress import Progress
 from .workload import Workload
 
 NAMESPACE = "stage-0"
-PHASE_PREFILL = 0  # IterationPhase.Prefill.value in plan.phases
+PHASE_PREFILL = 0  # IterationPhase.PREFILL.value in plan.phases
 
 POLICIES = ("fcfs", "cache-aware-noaging", "cache-aware-aging", "priority")
 MODES = ("phase", "mixed")
@@ -143,7 +143,7 @@ class SuiteHost(CostModelHost):
         self.has_restore[r] = True
         self.prefix_hits += 1
         seq = seq.with_prefix_restore(PrefixRestore(f"family-{f}", matched,
-                                                    PrefixRestoreKind.ResidentKv))
+                                                    PrefixRestoreKind.RESIDENT_KV))
         return seq.with_cache_affinity(CacheAffinity.from_stage(StageCacheAffinity(
             stage_index=0, matched_tokens=matched, prefill_cost_per_token=self.prefill_cost,
             restore_cost=0, cache_epoch=self.cache.epoch())))
@@ -170,7 +170,7 @@ class SuiteHost(CostModelHost):
             self.usage += int((held - self.fed[owner]).sum())
             self.fed[owner] = held
 
-    def release(self, sequence_id: str) -> None:
+    def release(self, sequence_id: str, reason: object = None) -> None:
         if self.memory:
             r = self.index_of[sequence_id]
             self.usage -= int(self.fed[r])

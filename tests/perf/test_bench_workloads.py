@@ -67,7 +67,7 @@ def test_fake_host_writes_one_output_per_sampling_row():
     assert out.count == 5
     assert np.asarray(out.request_indexes[:5]).tolist() == np.asarray(plan.sample_rows).tolist()
     assert np.asarray(out.predicted_tokens[:5]).tolist() == [3] * 5
-    assert _phases(plan) == [IterationPhase.Decode.value] * 5
+    assert _phases(plan) == [IterationPhase.DECODE.value] * 5
 
 
 def test_bench_is_a_cli_subcommand_and_the_c_driver_is_installed():
