@@ -15,7 +15,8 @@ import sys
 from .._version import __version__
 from ._common import USAGE_ERROR, CommandError, Parser
 
-SUBCOMMANDS: tuple[str, ...] = ("lab", "run", "serve", "calibrate", "bench", "config")
+SUBCOMMANDS: tuple[str, ...] = ("lab", "run", "serve", "calibrate", "bench", "config", "split",
+                                 "stage")
 
 __all__ = ["CommandError", "build_parser", "main"]
 

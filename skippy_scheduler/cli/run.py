@@ -66,6 +66,12 @@ def register(subparsers) -> None:
                    help="one KV cache shared by all sequences (with prefix reuse: holders "
                         "share cells instead of holding a stream each)")
     p.add_argument("--json", metavar="FILE", help="write per-request tokens and metrics here")
+    p.add_argument("--stages", metavar="DIR",
+                   help="serve the model split into DIR/stage-K.gguf (from `split`), one local "
+                        "stage worker process each")
+    p.add_argument("--stage-addresses", metavar="ADDR,...",
+                   help="serve on stage workers already running at these pyzmq addresses "
+                        "(`stage --listen`), stage 0 first")
     p.set_defaults(func=run)
 
 
@@ -131,7 +137,6 @@ def run(args) -> int:
     check_output_file("--json", args.json)
     prompts = load_prompts(args.prompts)
     llama = import_llama_host()
-    from ..engine import Engine, Request
 
     with model_path(args) as model:
         probe_need = args.max_tokens + max(
@@ -145,36 +150,21 @@ def run(args) -> int:
             n_ctx += _ctx_per_sequence(args.prefix_cache_tokens)
         elif args.prefix_cache_tokens:
             n_ctx += holders * _ctx_per_sequence(probe_need)
-        with llama.LlamaHost(
-            model, n_ctx=n_ctx, n_seq_max=n_seq,
-            n_threads=args.threads, n_batch=n_batch, kv_type=args.kv_type,
-            flash_attn=args.flash_attn, prefix_cache_tokens=args.prefix_cache_tokens,
-            kv_unified=args.kv_unified,
-            prefix_holders=max(holders, 1),
-        ) as host:
-            token_prompts = _tokenize_prompts(host, prompts)
-            config = dict(
-                max_active_sequences=n_seq, max_tokens_per_iteration=n_batch,
-                prefill_chunk_tokens=min(args.prefill_chunk, n_batch),
-                mixed_prefill_decode=args.mixed,
-                max_inflight_plans=args.inflight,
-            )
-            if args.max_consecutive_prefill is not None:
-                config["max_consecutive_prefill_iterations"] = args.max_consecutive_prefill
-            if args.prefix_cache_tokens:
-                config.update(host.sequence_id_settings)
-            scheduler = _make_scheduler(args.scheduler, args.admission, **config)
-            interval_us = args.arrival_interval_ms * 1e3
-            requests = [
-                Request(f"request-{i}", toks, args.max_tokens, arrival_us=i * interval_us)
-                for i, toks in enumerate(token_prompts)
-            ]
-            report = Engine(scheduler, host, clock="wall").run(requests)
-            settings = dict(host.settings, scheduler=args.scheduler, max_tokens=args.max_tokens,
-                            arrival_interval_ms=args.arrival_interval_ms,
-                            admission=args.admission, **config)
-            summary = report.summary()
-            summary.update(_reuse_summary(scheduler.metrics(), host.prefix_store))
+        if args.stages or args.stage_addresses:
+            from .stage import run_staged
+
+            requests, report, settings, summary = run_staged(args, model, prompts, n_seq,
+                                                             n_batch, n_ctx)
+        else:
+            with llama.LlamaHost(
+                model, n_ctx=n_ctx, n_seq_max=n_seq,
+                n_threads=args.threads, n_batch=n_batch, kv_type=args.kv_type,
+                flash_attn=args.flash_attn, prefix_cache_tokens=args.prefix_cache_tokens,
+                kv_unified=args.kv_unified,
+                prefix_holders=max(holders, 1),
+            ) as host:
+                requests, report, settings, summary = serve_prompts(args, host, prompts,
+                                                                    n_seq, n_batch)
     doc = {
         "model": args.model or f"tiny-random-llama (seed {args.seed}, f32)",
         "settings": settings,
@@ -188,6 +178,36 @@ def run(args) -> int:
             fh.write("\n")
     _print_run(doc)
     return 0
+
+
+def serve_prompts(args, host, prompts: list, n_seq: int, n_batch: int):
+    """Run the prompts through the scheduler on `host`: (requests, report, settings, summary)."""
+    from ..engine import Engine, Request
+
+    token_prompts = _tokenize_prompts(host, prompts)
+    config = dict(
+        max_active_sequences=n_seq, max_tokens_per_iteration=n_batch,
+        prefill_chunk_tokens=min(args.prefill_chunk, n_batch),
+        mixed_prefill_decode=args.mixed,
+        max_inflight_plans=args.inflight,
+    )
+    if args.max_consecutive_prefill is not None:
+        config["max_consecutive_prefill_iterations"] = args.max_consecutive_prefill
+    if args.prefix_cache_tokens:
+        config.update(host.sequence_id_settings)
+    scheduler = _make_scheduler(args.scheduler, args.admission, **config)
+    interval_us = args.arrival_interval_ms * 1e3
+    requests = [
+        Request(f"request-{i}", toks, args.max_tokens, arrival_us=i * interval_us)
+        for i, toks in enumerate(token_prompts)
+    ]
+    report = Engine(scheduler, host, clock="wall").run(requests)
+    settings = dict(host.settings, scheduler=args.scheduler, max_tokens=args.max_tokens,
+                    arrival_interval_ms=args.arrival_interval_ms,
+                    admission=args.admission, **config)
+    summary = report.summary()
+    summary.update(_reuse_summary(scheduler.metrics(), getattr(host, "prefix_store", None)))
+    return requests, report, settings, summary
 
 
 def _reuse_summary(metrics, store) -> dict:

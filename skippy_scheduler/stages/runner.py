@@ -98,18 +98,15 @@ class StageRunner:
         self.first = self.info.first
 
         cparams = _ll.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = n_batch
-        cparams.n_ubatch = n_batch
-        cparams.n_seq_max = n_seq_max
-        cparams.n_threads = n_threads
-        cparams.n_threads_batch = n_threads
-        cparams.flash_attn_type = 1 if flash_attn else 0
-        cparams.type_k = _KV_TYPES[kv_type]
-        cparams.type_v = _KV_TYPES[kv_type]
-        cparams.kv_unified = True
-        cparams.embeddings = False
-        cparams.no_perf = True
+        # Fields are set by name: the struct layout changes between llama.cpp versions. One KV
+        # cache for all lanes and one ubatch per batch keep the ubatches in batch order.
+        for field, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_batch),
+                             ("n_seq_max", n_seq_max), ("n_threads", n_threads),
+                             ("n_threads_batch", n_threads),
+                             ("flash_attn_type", 1 if flash_attn else 0),
+                             ("type_k", _KV_TYPES[kv_type]), ("type_v", _KV_TYPES[kv_type]),
+                             ("kv_unified", True), ("embeddings", False), ("no_perf", True)):
+            setattr(cparams, field, value)
         # The capture buffer: every batch row's residual stream after the stage's last layer.
         self._act = np.zeros((n_batch, self.n_embd), dtype=np.float32)
         self._act_rows = 0
@@ -135,7 +132,7 @@ class StageRunner:
         self._flag = np.zeros(n_batch, dtype=np.int8)
         self._sid_ptrs = np.uint64(self._sid.ctypes.data) + np.uint64(4) * np.arange(
             n_batch, dtype=np.uint64)
-        batch = _ll.llama_batch()
+        batch: Any = _ll.llama_batch()  # ctypes fields set from pointers
         if self.first:
             batch.token = self._tok.ctypes.data_as(ctypes.POINTER(_ll.llama_token))
             batch.embd = ctypes.POINTER(ctypes.c_float)()
@@ -186,14 +183,16 @@ class StageRunner:
                                  f"stage holds {nxt[lane]} positions for it")
 
     def release(self, lane: int) -> None:
-        """Drop every KV cell of `lane`."""
+        """Drop every KV cell of `lane` (a lane outside the context holds nothing)."""
+        if not 0 <= lane < self.n_seq_max:
+            return
         if self._ctx:
             _ll.llama_memory_seq_rm(self._mem, lane, -1, -1)
         self._next_pos[lane] = 0
 
     def rewind(self, lane: int, start: int) -> None:
         """Drop `lane`'s cells from `start` on (the row replays from there)."""
-        if start < self._next_pos[lane]:
+        if 0 <= lane < self.n_seq_max and start < self._next_pos[lane]:
             _ll.llama_memory_seq_rm(self._mem, lane, start, -1)
             self._next_pos[lane] = start
 
@@ -270,12 +269,13 @@ class StageRunner:
         return np.where(self._eog[out], np.int32(-1), out)
 
     def close(self) -> None:
-        if self._ctx:
-            _ll.llama_free(self._ctx)
-            self._ctx = None
-        if self._model:
-            _ll.llama_model_free(self._model)
-            self._model = None
+        """Free the context, then the model (idempotent)."""
+        ctx, self._ctx = self._ctx, None
+        if ctx:
+            _ll.llama_free(ctx)
+        model, self._model = self._model, None
+        if model:
+            _ll.llama_model_free(model)
 
     def __enter__(self) -> "StageRunner":
         return self

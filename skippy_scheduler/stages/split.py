@@ -138,7 +138,7 @@ def split_model(src: str | os.PathLike[str], out_dir: str | os.PathLike[str],
     for k, (lo, hi) in enumerate(ranges):
         path = os.path.join(os.fspath(out_dir), f"stage-{k}.gguf")
         tiny = 0 < k < len(ranges) - 1
-        keys = {"index": k, "count": len(ranges), "layer_start": lo, "layer_end": hi,
+        keys: dict[str, int | str] = {"index": k, "count": len(ranges), "layer_start": lo, "layer_end": hi,
                 "source_layers": n_layer, "source_id": identity, "source_name": name}
         _write_stage(reader, arch, path, lo, hi, tiny, keys)
         paths.append(path)

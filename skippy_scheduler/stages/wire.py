@@ -92,7 +92,7 @@ class PlanView:
 
     @property
     def phases(self) -> npt.NDArray[np.uint8]:
-        return (self.row_flags & ROW_PHASE_MASK) >> ROW_PHASE_SHIFT
+        return ((self.row_flags & ROW_PHASE_MASK) >> ROW_PHASE_SHIFT).astype(np.uint8)
 
     @property
     def new_rows(self) -> npt.NDArray[np.intp]:

@@ -44,20 +44,14 @@ def unsplit(model4):
         yield h
 
 
-class AloneReference:
-    """Greedy tokens of each prompt run alone on the unsplit model (MAX_GEN tokens)."""
-
-    def __init__(self, host) -> None:
-        self.host = host
-        self.cache: dict[tuple[int, ...], list[int]] = {}
-
-    def __call__(self, prompt, max_tokens: int) -> list[int]:
-        key = tuple(prompt)
-        if key not in self.cache:
-            self.cache[key] = self.host.generate_alone(list(prompt), MAX_GEN)
-        return self.cache[key][:max_tokens]
-
-
 @pytest.fixture(scope="session")
 def alone(unsplit):
-    return AloneReference(unsplit)
+    """prompt, n -> the unsplit model's first n greedy tokens of the prompt run alone."""
+    cache: dict[tuple[int, ...], list[int]] = {}
+
+    def tokens(prompt, max_tokens: int) -> list[int]:
+        key = tuple(prompt)
+        if key not in cache:
+            cache[key] = unsplit.generate_alone(list(key), MAX_GEN)
+        return cache[key][:max_tokens]
+    return tokens

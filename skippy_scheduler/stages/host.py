@@ -1,0 +1,418 @@
+"""The stage host: drives P stage workers with one shared plan per step (docs/stages.md).
+
+`StageHost` is a host for the `Engine` (`execute` and `release`). It lives in the scheduler's
+process, maps each scheduler sequence to a lane (a llama sequence id every stage uses for it),
+encodes each plan once into a plan frame and sends it to stage 0; the frame travels down the
+chain with each stage's activations, and the last stage sends the sampled (work index, token)
+pairs straight back here. Released lanes travel in the next plan's release table, so every stage
+frees them before it runs the rows that may reuse them.
+
+A plan that fails in any stage (an error report, a timeout, a worker that died) is undone on
+every stage that still answers: the released lanes are freed, the rows' lanes rewound to where
+the plan found them (lanes the plan brought in are freed), and the error is raised, so the
+engine aborts the plan and the scheduler undoes its rows too.
+
+`LocalStages` starts one worker process per stage file on this machine (ipc sockets in a
+temporary directory) and stops them again.
+"""
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Optional, Sequence as _Seq
+
+import numpy as np
+
+from .split import StageInfo, check_stage_set, file_identity, stage_paths
+from .wire import decode_outputs, encode_plan
+
+
+class StageFailure(RuntimeError):
+    """A stage reported an error, timed out or died while running a plan."""
+
+
+def _check_int(name: str, value: object, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
+    return value
+
+
+class StageHost:
+    """Runs plans on a chain of stage workers (see the module docstring)."""
+
+    def __init__(self, addresses: _Seq[str], *, n_ctx: int = 4096, n_seq_max: int = 8,
+                 n_batch: int = 512, n_threads: int = 2, kv_type: str = "f32",
+                 flash_attn: bool = False, reply_address: Optional[str] = None,
+                 timeout_s: float = 60.0, source_id: Optional[str] = None,
+                 vocab_model: Optional[str] = None, procs: _Seq[Any] = ()) -> None:
+        import zmq
+
+        if not addresses:
+            raise ValueError("a stage host needs at least one stage address")
+        self.n_seq_max = _check_int("n_seq_max", n_seq_max, 1)
+        self.n_batch = _check_int("n_batch", n_batch, 1)
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.timeout_ms = int(timeout_s * 1e3)
+        self.addresses = list(addresses)
+        self._procs = list(procs)
+        self._zmq = zmq
+        self._ctx: Any = zmq.Context()
+        self._reply: Any = self._ctx.socket(zmq.PULL)
+        self._reply.setsockopt(zmq.LINGER, 0)
+        if reply_address is None:
+            reply_address = ("tcp://127.0.0.1:*" if any(a.startswith("tcp://")
+                                                         for a in addresses)
+                             else f"ipc://{tempfile.mkdtemp(prefix='skippy-reply-')}/reply")
+        self._reply.bind(reply_address)
+        self.reply_address = self._reply.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._out = []
+        for a in self.addresses:
+            sock = self._ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(a)
+            self._out.append(sock)
+        self.broken: Optional[str] = None
+        self._vocab: Any = None
+        self._tag = 0
+        try:
+            self.stages = self._configure(n_ctx, n_threads, kv_type, flash_attn, source_id)
+            self._vocab = _Vocab(vocab_model or self.stages[0].path)
+        except BaseException:
+            self.close()
+            raise
+        self.n_vocab = self._vocab.n_vocab
+        self.settings = {
+            "stages": len(self.stages), "stage_addresses": self.addresses,
+            "stage_layers": [[s.layer_start, s.layer_end] for s in self.stages],
+            "n_ctx": n_ctx, "n_seq_max": n_seq_max, "n_batch": n_batch,
+            "n_threads": n_threads, "kv_type": kv_type, "flash_attn": bool(flash_attn),
+            "kv_unified": True,
+        }
+        self._free: list[int] = list(range(n_seq_max))
+        self._slot: dict[str, int] = {}
+        self._next_pos = [0] * n_seq_max
+        self._pending_release: list[int] = []
+        self.steps = 0
+
+    # ------------------------------------------------------------------ setup
+    def _configure(self, n_ctx: int, n_threads: int, kv_type: str, flash_attn: bool,
+                   source_id: Optional[str]) -> list[StageInfo]:
+        p = len(self.addresses)
+        for k, sock in enumerate(self._out):
+            conf = {"index": k, "tag": self._tag + 1, "reply": self.reply_address,
+                    "next": self.addresses[k + 1] if k + 1 < p else None,
+                    "n_ctx": n_ctx, "n_seq_max": self.n_seq_max, "n_batch": self.n_batch,
+                    "n_threads": n_threads, "kv_type": kv_type, "flash_attn": flash_attn}
+            sock.send_multipart([b"conf", json.dumps(conf).encode()])
+        self._tag += 1
+        ready = self._collect(b"ready", p, "configuring")
+        infos = [StageInfo(path=r["path"], index=r["stage_index"], count=r["count"],
+                           layer_start=r["layer_start"], layer_end=r["layer_end"],
+                           source_layers=r["source_layers"], source_id=r["source_id"],
+                           source_name=r["source_name"]) for r in ready]
+        check_stage_set(infos, source_id)
+        dims = {r["n_embd"] for r in ready}
+        if len(dims) != 1:
+            raise StageFailure(f"stages disagree on the embedding width: {sorted(dims)}")
+        self.n_embd = dims.pop()
+        return infos
+
+    def _recv(self, what: str) -> list[bytes]:
+        """One reply; `StageFailure` on a timeout or a worker process that exited."""
+        deadline = time.monotonic() + self.timeout_ms / 1e3
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StageFailure(f"no answer from the stages within "
+                                   f"{self.timeout_ms / 1e3:g} s while {what}")
+            if self._reply.poll(min(200, max(1, int(left * 1e3)))):
+                return list(self._reply.recv_multipart())
+            for k, proc in enumerate(self._procs):
+                if proc.poll() is not None:
+                    raise StageFailure(f"stage {k} exited with status {proc.returncode} "
+                                       f"while {what}")
+
+    def _broadcast(self, kind: bytes, body: dict[str, Any]) -> int:
+        """Send a control message to every stage; its tag (replies echo it)."""
+        self._tag += 1
+        msg = [kind, json.dumps(dict(body, tag=self._tag)).encode()]
+        for sock in self._out:
+            sock.send_multipart(msg)
+        return self._tag
+
+    def _collect(self, kind: bytes, count: int, what: str) -> list[dict[str, Any]]:
+        """`count` replies of `kind` to the last control message, one per stage, by stage
+        index; replies to earlier messages (a stage answering late) are dropped."""
+        got: dict[int, dict[str, Any]] = {}
+        while len(got) < count:
+            parts = self._recv(what)
+            if parts[0] == b"out":
+                continue
+            body = json.loads(parts[1]) if len(parts) > 1 else {}
+            if body.get("tag") != self._tag:
+                continue
+            if parts[0] == b"err":
+                raise StageFailure(f"stage {body.get('index')} failed while {what}: "
+                                   f"{body.get('message')}")
+            if parts[0] == kind:
+                got[int(body["index"])] = body
+        return [got[k] for k in sorted(got)]
+
+    # ------------------------------------------------------------------ Host verbs
+    def release(self, sequence_id: str) -> bool:
+        """Free the sequence's lane; the stages free its KV before the next plan's rows."""
+        lane = self._slot.pop(sequence_id, None)
+        if lane is None:
+            return False
+        self._next_pos[lane] = 0
+        self._pending_release.append(lane)
+        heapq.heappush(self._free, lane)
+        return True
+
+    def execute(self, plan: Any) -> int:
+        """Run `plan` on every stage and fill `plan.outputs`; return the output count."""
+        if self.broken is not None:
+            raise StageFailure(f"the stages are unusable: {self.broken}")
+        rows = len(plan)
+        if rows == 0:
+            plan.outputs.count = 0
+            return 0
+        offsets, tokens, positions = self._plan_arrays(plan)
+        ids = list(plan.sequence_ids)
+        if len(set(ids)) != len(ids):
+            raise ValueError("a sequence appears in more than one row of the plan")
+        for w in getattr(plan, "work", None) or []:
+            if getattr(w, "sampling", None) is not None:
+                raise ValueError("staged serving samples greedily only (Sequence.sampling must "
+                                 "be None)")
+        starts = positions[offsets[:-1]].tolist()
+        new = [r for r, i in enumerate(ids) if i not in self._slot]
+        if len(new) > len(self._free):
+            raise RuntimeError(f"{len(new)} new sequences but {len(self._free)} free lanes "
+                               f"(n_seq_max={self.n_seq_max})")
+        for r, (seq, start) in enumerate(zip(ids, starts)):
+            have = self._next_pos[self._slot[seq]] if seq in self._slot else 0
+            if start > have:
+                raise ValueError(f"row of {seq!r} starts at position {start} but the stages "
+                                 f"hold {have} positions for it")
+        lanes = np.empty(rows, dtype=np.int32)
+        for r, seq in enumerate(ids):
+            lane = self._slot.get(seq)
+            if lane is None:
+                lane = self._slot[seq] = heapq.heappop(self._free)
+            lanes[r] = lane
+        sample_rows = np.asarray(plan.sample_rows, dtype=np.int64)
+        step = int(plan.step)
+        frame = encode_plan(
+            step=step, serial=int(getattr(plan, "serial", step)), row_offsets=offsets,
+            row_lanes=lanes, tokens=tokens, positions=positions,
+            sample_last=np.asarray(plan.sample_last)[:rows], phases=np.asarray(plan.phases)[:rows],
+            new_rows=new, release_lanes=self._pending_release,
+            deferred=(plan.deferred_rows, plan.deferred_source_steps,
+                      plan.deferred_source_indexes) if len(plan.deferred_rows) else None)
+        released = self._pending_release
+        self._pending_release = []
+        try:
+            self._out[0].send_multipart([b"plan", frame], copy=False)
+            got_step, out_rows, out_tokens = self._await_outputs(step)
+            if got_step != step or not np.array_equal(out_rows, sample_rows):
+                raise StageFailure(f"the last stage answered step {got_step} rows "
+                                   f"{out_rows.tolist()} for step {step} rows "
+                                   f"{sample_rows.tolist()}")
+        except StageFailure:
+            self._undo(ids, lanes, starts, new, released)
+            raise
+        ends = positions[offsets[1:] - 1] + 1
+        for lane, end in zip(lanes.tolist(), ends.tolist()):
+            self._next_pos[lane] = end
+        k = len(sample_rows)
+        outputs = plan.outputs
+        outputs.request_indexes[:k] = sample_rows
+        outputs.predicted_tokens[:k] = out_tokens
+        outputs.count = k
+        self.steps += 1
+        return k
+
+    def _plan_arrays(self, plan: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The plan's row offsets, tokens and positions, checked against the stages' limits."""
+        offsets = np.asarray(plan.row_offsets, dtype=np.int64)
+        n = int(offsets[-1])
+        tokens = np.asarray(plan.tokens)[:n]
+        positions = np.asarray(plan.positions)[:n]
+        if n > self.n_batch:
+            raise ValueError(f"a plan of {n} tokens does not fit the stages' batch of "
+                             f"{self.n_batch} (keep max_tokens_per_iteration <= n_batch)")
+        if len(tokens) != n or len(positions) != n:
+            raise ValueError(f"the plan's rows end at {n} but it has {len(tokens)} tokens and "
+                             f"{len(positions)} positions")
+        if n and (int(tokens.min()) < 0 or int(tokens.max()) >= self.n_vocab):
+            raise ValueError(f"plan tokens must be in [0, {self.n_vocab}) for this model")
+        return offsets, tokens, positions
+
+    def _await_outputs(self, step: int) -> tuple[int, Any, Any]:
+        while True:
+            parts = self._recv(f"running step {step}")
+            if parts[0] == b"out":
+                got = decode_outputs(parts[1])
+                if got[0] == step:
+                    return got
+                continue  # a late answer to a plan that was given up
+            if parts[0] == b"err":
+                body = json.loads(parts[1])
+                if body.get("step") != step:
+                    continue
+                raise StageFailure(f"stage {body.get('index')} failed on step {step}: "
+                                   f"{body.get('message')}")
+
+    def _undo(self, ids: list[str], lanes: np.ndarray, starts: list[int], new: list[int],
+              released: list[int]) -> None:
+        """Put every stage back where the failed plan found it (module docstring)."""
+        new_set = set(new)
+        body = {"release": released, "lanes": lanes.tolist(),
+                "starts": [0 if r in new_set else s for r, s in enumerate(starts)]}
+        for r in new:
+            lane = self._slot.pop(ids[r])
+            heapq.heappush(self._free, lane)
+        try:
+            self._broadcast(b"undo", body)
+            self._collect(b"undone", len(self._out), "undoing a failed plan")
+        except StageFailure as exc:
+            self.broken = str(exc)  # a stage cannot be put back: nothing more runs on it
+
+    # ------------------------------------------------------------------ vocabulary
+    def tokenize(self, text: str) -> list[int]:
+        return list(self._vocab.tokenize(text))
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._vocab.is_eog(token))
+
+    # ------------------------------------------------------------------ inspection
+    def sync(self) -> None:
+        """Send pending releases to every stage now (they otherwise ride on the next plan)."""
+        if self._pending_release:
+            self._broadcast(b"release", {"lanes": self._pending_release})
+            self._collect(b"released", len(self._out), "releasing lanes")
+            self._pending_release = []
+
+    def held(self) -> list[dict[int, int]]:
+        """Per stage: positions held by every lane with KV (after `sync`)."""
+        self._broadcast(b"held", {})
+        return [{int(k): v for k, v in r["lanes"].items()}
+                for r in self._collect(b"held", len(self._out), "asking what is held")]
+
+    @property
+    def active_sequences(self) -> list[str]:
+        return list(self._slot)
+
+    def close(self) -> None:
+        for sock in getattr(self, "_out", []):
+            sock.close(linger=0)
+        self._out = []
+        if getattr(self, "_reply", None) is not None:
+            self._reply.close(linger=0)
+            self._reply = None
+        if getattr(self, "_ctx", None) is not None:
+            self._ctx.term()
+            self._ctx = None
+        if self._vocab is not None:
+            self._vocab.close()
+            self._vocab = None
+
+    def __enter__(self) -> "StageHost":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Vocab:
+    """A vocabulary-only load of a model file: tokenizing and end-of-generation ids."""
+
+    def __init__(self, path: str) -> None:
+        import llama_cpp as ll
+
+        from ..hosts.llama import _init_backend, recent_log
+
+        _init_backend()
+        self._ll = ll
+        mparams = ll.llama_model_default_params()
+        mparams.vocab_only = True
+        self._model = ll.llama_model_load_from_file(path.encode(), mparams)
+        if not self._model:
+            raise RuntimeError(f"llama.cpp could not read the vocabulary of {path}: "
+                               f"{recent_log()}")
+        self._v = ll.llama_model_get_vocab(self._model)
+        self.n_vocab = int(ll.llama_vocab_n_tokens(self._v))
+
+    def tokenize(self, text: str) -> list[int]:
+        ll = self._ll
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (ll.llama_token * cap)()
+        add_bos = bool(ll.llama_vocab_get_add_bos(self._v))
+        n = ll.llama_tokenize(self._v, data, len(data), buf, cap, add_bos, False)
+        return list(buf[:max(n, 0)])
+
+    def is_eog(self, token: int) -> bool:
+        return 0 <= token < self.n_vocab and bool(self._ll.llama_vocab_is_eog(self._v, token))
+
+    def close(self) -> None:
+        if self._model:
+            self._ll.llama_model_free(self._model)
+            self._model = None
+
+
+class LocalStages:
+    """Worker processes for every `stage-K.gguf` of a directory, on ipc sockets."""
+
+    def __init__(self, directory: str, *, n_threads: int = 1, start_timeout_s: float = 60.0,
+                 source_model: Optional[str] = None) -> None:
+        self.paths = stage_paths(directory)
+        self.source_id = file_identity(source_model) if source_model else None
+        self._dir = tempfile.mkdtemp(prefix="skippy-stages-")
+        self.addresses = [f"ipc://{self._dir}/stage-{k}" for k in range(len(self.paths))]
+        self.start_timeout_s = start_timeout_s
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs = [os.path.join(self._dir, f"stage-{k}.log") for k in range(len(self.paths))]
+        for path, addr, log in zip(self.paths, self.addresses, self.logs):
+            with open(log, "wb") as err:  # a file, not a pipe nobody reads
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "skippy_scheduler.cli", "stage", "--model", path,
+                     "--listen", addr, "--threads", str(n_threads)],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err))
+
+    def host(self, **kwargs: Any) -> StageHost:
+        """A `StageHost` on these workers (StageHost's keywords)."""
+        kwargs.setdefault("source_id", self.source_id)
+        return StageHost(self.addresses, procs=self.procs, **kwargs)
+
+    def kill(self, k: int) -> None:
+        """Kill stage `k`'s process (SIGKILL): what a crashed machine looks like."""
+        self.procs[k].kill()
+        self.procs[k].wait()
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                proc.kill()
+                proc.wait()
+        for entry in os.listdir(self._dir):
+            os.unlink(os.path.join(self._dir, entry))
+        os.rmdir(self._dir)
+
+    def __enter__(self) -> "LocalStages":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
