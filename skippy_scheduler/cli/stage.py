@@ -93,7 +93,8 @@ def run_staged(args: argparse.Namespace, model: str, prompts: list[Any], n_seq: 
             with LocalStages(args.stages, n_threads=args.threads,
                              source_model=args.model) as local:
                 with local.host(**host_args) as host:
-                    return serve_prompts(args, host, prompts, n_seq, n_batch)
+                    return _with_failure(host, serve_prompts(args, host, prompts, n_seq,
+                                                             n_batch))
         if not args.model:
             raise CommandError("--stage-addresses needs --model: the model the stages were cut "
                                "from (its vocabulary tokenizes the prompts)")
@@ -101,6 +102,12 @@ def run_staged(args: argparse.Namespace, model: str, prompts: list[Any], n_seq: 
         source = file_identity(args.model) if args.model else None
         with StageHost(addresses, source_id=source, vocab_model=args.model,
                        **host_args) as host:
-            return serve_prompts(args, host, prompts, n_seq, n_batch)
+            return _with_failure(host, serve_prompts(args, host, prompts, n_seq, n_batch))
     except (SplitError, StageFailure) as exc:
         raise CommandError(str(exc)) from None
+
+
+def _with_failure(host: Any, result: Any) -> Any:
+    """The run's result with, in its summary, why the stages broke (None if they did not)."""
+    result[3]["stage_failure"] = host.broken
+    return result

@@ -36,6 +36,10 @@ class StageFailure(RuntimeError):
     """A stage reported an error, timed out or died while running a plan."""
 
 
+class StageTimeout(StageFailure):
+    """No answer in time (the stages not heard from are taken for dead)."""
+
+
 def _check_int(name: str, value: object, lo: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < lo:
         raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
@@ -78,6 +82,7 @@ class StageHost:
             sock.connect(a)
             self._out.append(sock)
         self.broken: Optional[str] = None
+        self.live: set[int] = set(range(len(self.addresses)))
         self._vocab: Any = None
         self._tag = 0
         try:
@@ -111,7 +116,7 @@ class StageHost:
                     "n_threads": n_threads, "kv_type": kv_type, "flash_attn": flash_attn}
             sock.send_multipart([b"conf", json.dumps(conf).encode()])
         self._tag += 1
-        ready = self._collect(b"ready", p, "configuring")
+        ready = self._collect(b"ready", "configuring")
         infos = [StageInfo(path=r["path"], index=r["stage_index"], count=r["count"],
                            layer_start=r["layer_start"], layer_end=r["layer_end"],
                            source_layers=r["source_layers"], source_id=r["source_id"],
@@ -123,35 +128,47 @@ class StageHost:
         self.n_embd = dims.pop()
         return infos
 
-    def _recv(self, what: str) -> list[bytes]:
-        """One reply; `StageFailure` on a timeout or a worker process that exited."""
+    def _recv(self, what: str, waiting: Optional[set[int]] = None) -> list[bytes]:
+        """One reply; `StageFailure` on a timeout or when a stage waited for (all live ones by
+        default) runs as a local process that exited (it is then no longer live)."""
         deadline = time.monotonic() + self.timeout_ms / 1e3
+        watch = self.live if waiting is None else waiting
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise StageFailure(f"no answer from the stages within "
+                raise StageTimeout(f"no answer from the stages within "
                                    f"{self.timeout_ms / 1e3:g} s while {what}")
             if self._reply.poll(min(200, max(1, int(left * 1e3)))):
                 return list(self._reply.recv_multipart())
             for k, proc in enumerate(self._procs):
-                if proc.poll() is not None:
+                if k in watch and proc.poll() is not None:
+                    self.live.discard(k)
                     raise StageFailure(f"stage {k} exited with status {proc.returncode} "
                                        f"while {what}")
 
     def _broadcast(self, kind: bytes, body: dict[str, Any]) -> int:
-        """Send a control message to every stage; its tag (replies echo it)."""
+        """Send a control message to every live stage; its tag (replies echo it)."""
         self._tag += 1
         msg = [kind, json.dumps(dict(body, tag=self._tag)).encode()]
-        for sock in self._out:
-            sock.send_multipart(msg)
+        for k in sorted(self.live):
+            try:
+                self._out[k].send_multipart(msg, flags=self._zmq.NOBLOCK)
+            except self._zmq.Again:  # its queue is full: it has not read for a long time
+                self.live.discard(k)
         return self._tag
 
-    def _collect(self, kind: bytes, count: int, what: str) -> list[dict[str, Any]]:
-        """`count` replies of `kind` to the last control message, one per stage, by stage
-        index; replies to earlier messages (a stage answering late) are dropped."""
+    def _collect(self, kind: bytes, what: str) -> list[dict[str, Any]]:
+        """The replies of `kind` to the last control message from every live stage, by stage
+        index; replies to earlier messages (a stage answering late) are dropped. A stage that
+        does not answer in time is no longer live."""
         got: dict[int, dict[str, Any]] = {}
-        while len(got) < count:
-            parts = self._recv(what)
+        waiting = set(self.live)
+        while waiting - set(got):
+            try:
+                parts = self._recv(what, waiting - set(got))
+            except StageTimeout:
+                self.live -= waiting - set(got)
+                raise
             if parts[0] == b"out":
                 continue
             body = json.loads(parts[1]) if len(parts) > 1 else {}
@@ -177,10 +194,10 @@ class StageHost:
 
     def execute(self, plan: Any) -> int:
         """Run `plan` on every stage and fill `plan.outputs`; return the output count."""
-        if self.broken is not None:
-            raise StageFailure(f"the stages are unusable: {self.broken}")
         rows = len(plan)
-        if rows == 0:
+        if rows == 0 or self.broken is not None:
+            # Broken stages run nothing: every sampling row is left without an output, which
+            # fails its sequence (docs/stages.md "When a stage fails").
             plan.outputs.count = 0
             return 0
         offsets, tokens, positions = self._plan_arrays(plan)
@@ -225,9 +242,14 @@ class StageHost:
                 raise StageFailure(f"the last stage answered step {got_step} rows "
                                    f"{out_rows.tolist()} for step {step} rows "
                                    f"{sample_rows.tolist()}")
-        except StageFailure:
+        except StageFailure as exc:
             self._undo(ids, lanes, starts, new, released)
-            raise
+            if self.broken is None and len(self.live) == len(self._out):
+                raise  # every stage is back where the plan found it: the engine aborts it
+            self.broken = str(exc) if self.broken is None else f"{exc}; then {self.broken}"
+            self._free_survivors()
+            plan.outputs.count = 0
+            return 0
         ends = positions[offsets[1:] - 1] + 1
         for lane, end in zip(lanes.tolist(), ends.tolist()):
             self._next_pos[lane] = end
@@ -281,9 +303,20 @@ class StageHost:
             heapq.heappush(self._free, lane)
         try:
             self._broadcast(b"undo", body)
-            self._collect(b"undone", len(self._out), "undoing a failed plan")
+            self._collect(b"undone", "undoing a failed plan")
         except StageFailure as exc:
             self.broken = str(exc)  # a stage cannot be put back: nothing more runs on it
+
+    def _free_survivors(self) -> None:
+        """With the chain broken: every live stage frees every lane (best effort), and the
+        driver forgets its lanes' positions; sequences keep their lanes until released."""
+        self._pending_release = []
+        self._next_pos = [0] * self.n_seq_max
+        try:
+            self._broadcast(b"release", {"lanes": list(range(self.n_seq_max))})
+            self._collect(b"released", "freeing the surviving stages")
+        except StageFailure:
+            pass  # a stage that does not answer now is not live any more
 
     # ------------------------------------------------------------------ vocabulary
     def tokenize(self, text: str) -> list[int]:
@@ -295,16 +328,18 @@ class StageHost:
     # ------------------------------------------------------------------ inspection
     def sync(self) -> None:
         """Send pending releases to every stage now (they otherwise ride on the next plan)."""
+        if self.broken is not None:
+            self._pending_release = []  # the live stages were freed when the chain broke
         if self._pending_release:
             self._broadcast(b"release", {"lanes": self._pending_release})
-            self._collect(b"released", len(self._out), "releasing lanes")
+            self._collect(b"released", "releasing lanes")
             self._pending_release = []
 
     def held(self) -> list[dict[int, int]]:
-        """Per stage: positions held by every lane with KV (after `sync`)."""
+        """Per live stage: positions held by every lane with KV (after `sync`)."""
         self._broadcast(b"held", {})
         return [{int(k): v for k, v in r["lanes"].items()}
-                for r in self._collect(b"held", len(self._out), "asking what is held")]
+                for r in self._collect(b"held", "asking what is held")]
 
     @property
     def active_sequences(self) -> list[str]:

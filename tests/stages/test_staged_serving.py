@@ -136,7 +136,9 @@ def test_run_with_stages_prints_the_same_json_as_run(tmp_path, capsys, model4, s
     assert "4/4 completed" in out
     plain = json.loads((tmp_path / "plain.json").read_text())
     staged = json.loads((tmp_path / "staged.json").read_text())
-    assert staged.keys() == plain.keys() and staged["summary"].keys() == plain["summary"].keys()
+    assert staged.keys() == plain.keys()
+    assert staged["summary"].keys() == plain["summary"].keys() | {"stage_failure"}
+    assert staged["summary"]["stage_failure"] is None
     assert staged["settings"]["stages"] == 3
     for a, b in zip(plain["requests"], staged["requests"]):
         assert a.keys() == b.keys()
@@ -175,3 +177,61 @@ def test_split_command(tmp_path, capsys, model4):
     assert "stage-0.gguf\tlayers 0-2" in out and "stage-1.gguf\tlayers 3-3" in out
     assert _cli("split", "-m", model4, "--stages", 9, "--out", tmp_path / "t") == 2
     assert "cannot split 4 layers into 9 stages" in capsys.readouterr().err
+
+
+def test_a_malformed_frame_is_refused_by_a_worker_and_changes_nothing(staged):
+    from skippy_scheduler.stages.wire import encode_plan
+
+    scheduler = Scheduler(SchedulerConfig(max_active_sequences=2, max_tokens_per_iteration=64))
+    engine = Engine(scheduler, staged, clock=VirtualClock(CostModel()))
+    engine.submit(Request("keep", [1, 40, 41, 42, 43], 8))
+    engine.step()
+    staged.sync()
+    before = staged.held()
+    assert before[0] and before == [before[0]] * len(staged.stages)
+    good = encode_plan(step=777, serial=0, row_offsets=[0, 1], row_lanes=[5], tokens=[9],
+                       positions=[0], sample_last=[1], phases=[0], new_rows=[0], release_lanes=[0])
+    for bad in (good[:-1], bytes(good) + b"\0", b"\x00" * 64):
+        staged._out[0].send_multipart([b"plan", bad])
+        parts = staged._recv("waiting for the refusal")
+        assert parts[0] == b"err" and b"WireError" in parts[1]
+    staged.sync()
+    assert staged.held() == before
+    engine.cancel("keep")
+
+
+def test_killing_a_stage_mid_run_ends_every_request(splits, model4, alone):
+    """Stage 1 of 3 is killed while requests run: every request ends (the ones done before
+    with their tokens, the others failed), the surviving stages hold no KV, the scheduler has
+    nothing left, and the host says what happened."""
+    with LocalStages(splits[3], source_model=model4) as local:
+        with local.host(n_ctx=N_SEQ * 512, n_seq_max=N_SEQ, n_batch=512, n_threads=1) as host:
+            scheduler = Scheduler(SchedulerConfig(max_active_sequences=4,
+                                                  max_tokens_per_iteration=64,
+                                                  prefill_chunk_tokens=8,
+                                                  mixed_prefill_decode=True))
+            prompts = [[1] + list(range(10 + i, 30 + 3 * i)) for i in range(8)]
+            requests = [Request(f"k{i}", p, 2 if i == 0 else MAX_GEN, arrival_us=i * 500.0)
+                        for i, p in enumerate(prompts)]
+
+            def kill(engine):
+                if engine.iterations == 12:
+                    local.kill(1)
+
+            engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), before_step=kill,
+                            max_iterations=2000)
+            engine.add_requests(requests)
+            report = engine.run()
+            reasons = [r.finish_reason for r in report.records]
+            assert set(reasons) <= {"length", "failed"} and "failed" in reasons, reasons
+            assert reasons[0] == "length"
+            for req, rec in zip(requests, report.records):
+                if rec.finish_reason == "length":
+                    assert rec.tokens == alone(req.prompt_tokens, req.max_tokens)
+            assert "stage 1 exited" in (host.broken or "")
+            assert host.live == {0, 2}
+            snap = scheduler.snapshot()
+            assert not snap.active_ids and not snap.waiting_ids
+            assert host.active_sequences == []
+            host.sync()
+            assert host.held() == [{}, {}]  # stages 0 and 2 hold nothing for ended requests
