@@ -54,6 +54,10 @@ _GGML: Any = None
 _NE_OFFSET = 16  # int64 ne[4] follows `type` (int32) and the pointer-aligned `buffer *`
 
 
+# Memory operation kinds (`apply_ops`).
+OP_REMOVE, OP_COPY = 0, 1
+
+
 class StageError(RuntimeError):
     """A stage could not run a batch (decode failure, a capture of the wrong shape)."""
 
@@ -195,6 +199,33 @@ class StageRunner:
         if 0 <= lane < self.n_seq_max and start < self._next_pos[lane]:
             _ll.llama_memory_seq_rm(self._mem, lane, start, -1)
             self._next_pos[lane] = start
+
+    def check_ops(self, ops: list[list[int]]) -> None:
+        """Refuse memory operations (see `apply_ops`) that name an unknown kind or sequence id,
+        before any of them runs."""
+        for op in ops:
+            if len(op) != 5 or op[0] not in (OP_REMOVE, OP_COPY):
+                raise ValueError(f"unknown memory operation {op!r}")
+            seqs = op[1:3] if op[0] == OP_COPY else op[1:2]
+            if any(not 0 <= s < self.n_seq_max for s in seqs):
+                raise ValueError(f"memory operation {op!r} names a sequence id outside "
+                                 f"[0, {self.n_seq_max})")
+            if op[0] == OP_REMOVE and op[3] != -1:
+                raise ValueError(f"a removal keeps a prefix or nothing (open end), got {op!r}")
+
+    def apply_ops(self, ops: list[list[int]]) -> None:
+        """Run memory operations in order: [OP_REMOVE, seq, p0, -1, 0] drops seq's positions
+        from p0 on (p0 = -1: all); [OP_COPY, src, dst, p0, p1] gives dst src's cells at
+        positions [p0, p1) (-1: open end; one KV cache for all, so the cells are shared)."""
+        self.check_ops(ops)
+        nxt = self._next_pos
+        for kind, a, b, c, d in ops:
+            if kind == OP_REMOVE:
+                _ll.llama_memory_seq_rm(self._mem, a, b, -1)
+                nxt[a] = 0 if b <= 0 else min(nxt[a], b)
+            else:
+                _ll.llama_memory_seq_cp(self._mem, a, b, c, d)
+                nxt[b] = max(nxt[b], nxt[a] if d < 0 else min(d, nxt[a]))
 
     def held(self, lane: int) -> int:
         """Positions of `lane` in this stage's KV cache."""

@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .runner import OP_COPY, OP_REMOVE, StageRunner
 from .split import read_stage_info
 from .wire import WireError, decode_activations, decode_plan, encode_activations, encode_outputs
 
@@ -62,8 +63,6 @@ class StageWorker:
         return sock
 
     def _configure(self, conf: dict[str, Any]) -> None:
-        from .runner import StageRunner
-
         self._reply = self._connect("_reply", conf["reply"])
         self._next = self._connect("_next", conf.get("next"))
         if self._runner is not None:
@@ -94,14 +93,24 @@ class StageWorker:
         lanes = view.row_lanes
         offsets = view.row_offsets.astype(np.int64)
         n = int(offsets[-1])
-        if (view.row_restore >= 0).any():
-            raise WireError("this worker keeps no prefix holders: a row asks for a restore")
+        # A new row starts on an empty lane, from position 0 or from a holder's prefix: all of it
+        # is checked before the lane is touched.
+        ops: list[list[int]] = []
         for r in view.new_rows.tolist():
-            if int(view.positions[offsets[r]]) != 0:
-                raise WireError(f"new row {r} starts at {int(view.positions[offsets[r]])}, not 0")
+            lane, start = int(lanes[r]), int(view.positions[offsets[r]])
+            holder = int(view.row_restore[r])
+            ops.append([OP_REMOVE, lane, -1, -1, 0])
+            if holder >= 0:
+                if not 0 <= holder < runner.n_seq_max or runner.held(holder) < start:
+                    raise WireError(f"new row {r} restores {start} positions from holder "
+                                    f"{holder}, which holds "
+                                    f"{runner.held(holder) if 0 <= holder < runner.n_seq_max else 0}")
+                ops.append([OP_COPY, holder, lane, 0, start])
+            elif start != 0:
+                raise WireError(f"new row {r} starts at {start} without a restore")
+        runner.check_ops(ops)
+        runner.apply_ops(ops)
         runner.check_rows(lanes, view.positions[offsets[:-1]])
-        for r in view.new_rows.tolist():
-            runner.release(int(lanes[r]))
         embd = None
         if not runner.first:
             if len(parts) != 4:
@@ -155,6 +164,10 @@ class StageWorker:
                     continue  # nothing to answer to before a conf
                 if kind == b"undo":
                     self._undo(body)
+                elif kind == b"mem":
+                    self._runner.apply_ops(body["ops"])
+                    self._reply.send_multipart([b"mem-done", _json({"index": self.index,
+                                                                    "tag": tag})])
                 elif kind == b"release":
                     for lane in body["lanes"]:
                         self._runner.release(int(lane))

@@ -179,3 +179,33 @@ def test_runner_refuses_bad_rows_without_changing_anything(splits):
         r1.close()
     finally:
         r0.close()
+
+
+def test_a_prefix_kept_in_a_holder_restores_exactly_on_every_stage(model4, splits):
+    """Lane 0 prefills a prompt; its cells are shared into holder 3 and the lane is freed; lane 1
+    then starts from the holder's first 20 positions and prefills only the rest: its logits are
+    those of the full prompt prefilled from scratch."""
+    from skippy_scheduler.stages.runner import OP_COPY, OP_REMOVE
+
+    rng = np.random.default_rng(9)
+    prompt = [1] + rng.integers(3, 384, 29).tolist()
+    chain = Chain(splits[3])
+    fresh = Chain(splits[3])
+    try:
+        chain.run(*_flat([(0, prompt, 0, True)]))
+        for r in chain.runners:
+            r.apply_ops([[OP_COPY, 0, 3, 0, 20], [OP_REMOVE, 0, -1, -1, 0]])
+            assert r.held(3) == 20 and r.held(0) == 0
+            r.apply_ops([[OP_REMOVE, 1, -1, -1, 0], [OP_COPY, 3, 1, 0, 20]])
+            assert r.held(1) == 20
+        _, restored = chain.run(*_flat([(1, prompt[20:], 20, True)]))
+        _, full = fresh.run(*_flat([(1, prompt, 0, True)]))
+        assert np.array_equal(restored, full)
+        with pytest.raises(ValueError, match="outside"):
+            chain.runners[0].apply_ops([[OP_COPY, 3, 9, 0, 5]])
+        with pytest.raises(ValueError, match="unknown"):
+            chain.runners[0].apply_ops([[7, 0, 0, 0, 0]])
+        assert chain.runners[0].held(3) == 20
+    finally:
+        chain.close()
+        fresh.close()
