@@ -226,13 +226,19 @@ class StageHost:
             lanes[r] = lane
         sample_rows = np.asarray(plan.sample_rows, dtype=np.int64)
         step = int(plan.step)
-        frame = encode_plan(
-            step=step, serial=int(getattr(plan, "serial", step)), row_offsets=offsets,
-            row_lanes=lanes, tokens=tokens, positions=positions,
-            sample_last=np.asarray(plan.sample_last)[:rows], phases=np.asarray(plan.phases)[:rows],
-            new_rows=new, release_lanes=self._pending_release,
-            deferred=(plan.deferred_rows, plan.deferred_source_steps,
-                      plan.deferred_source_indexes) if len(plan.deferred_rows) else None)
+        try:
+            frame = encode_plan(
+                step=step, serial=int(getattr(plan, "serial", step)), row_offsets=offsets,
+                row_lanes=lanes, tokens=tokens, positions=positions,
+                sample_last=np.asarray(plan.sample_last)[:rows],
+                phases=np.asarray(plan.phases)[:rows], new_rows=new,
+                release_lanes=self._pending_release,
+                deferred=(plan.deferred_rows, plan.deferred_source_steps,
+                          plan.deferred_source_indexes) if len(plan.deferred_rows) else None)
+        except BaseException:
+            for r in new:  # nothing was sent: the new sequences give their lanes back
+                heapq.heappush(self._free, self._slot.pop(ids[r]))
+            raise
         released = self._pending_release
         self._pending_release = []
         try:
