@@ -83,7 +83,8 @@ def run_staged(args: argparse.Namespace, model: str, prompts: list[Any], n_seq: 
     if args.prefix_cache_tokens:
         raise CommandError("--prefix-cache-tokens is not available with stages yet")
     require_stage_packages("run --stages")
-    from ..stages.host import LocalStages, StageFailure, StageHost
+    from ..stages.host import StageFailure, StageHost
+    from ..stages.local import LocalStages
     from ..stages.split import SplitError, file_identity
 
     host_args = dict(n_ctx=n_ctx, n_seq_max=n_seq, n_batch=n_batch, n_threads=args.threads,

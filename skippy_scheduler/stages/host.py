@@ -12,23 +12,21 @@ every stage that still answers: the released lanes are freed, the rows' lanes re
 the plan found them (lanes the plan brought in are freed), and the error is raised, so the
 engine aborts the plan and the scheduler undoes its rows too.
 
-`LocalStages` starts one worker process per stage file on this machine (ipc sockets in a
-temporary directory) and stops them again.
+`LocalStages` (stages/local.py) starts the workers of a stage directory on this machine.
 """
 from __future__ import annotations
 
 import heapq
 import json
-import os
-import subprocess
-import sys
+import shutil
 import tempfile
 import time
 from typing import Any, Optional, Sequence as _Seq
 
 import numpy as np
 
-from .split import StageInfo, check_stage_set, file_identity, stage_paths
+from .split import StageInfo, check_stage_set
+from .vocab import Vocabulary
 from .wire import decode_outputs, encode_plan
 
 
@@ -69,10 +67,12 @@ class StageHost:
         self._ctx: Any = zmq.Context()
         self._reply: Any = self._ctx.socket(zmq.PULL)
         self._reply.setsockopt(zmq.LINGER, 0)
-        if reply_address is None:
-            reply_address = ("tcp://127.0.0.1:*" if any(a.startswith("tcp://")
-                                                         for a in addresses)
-                             else f"ipc://{tempfile.mkdtemp(prefix='skippy-reply-')}/reply")
+        self._reply_dir: Optional[str] = None
+        if reply_address is None and any(a.startswith("tcp://") for a in addresses):
+            reply_address = "tcp://127.0.0.1:*"
+        elif reply_address is None:
+            self._reply_dir = tempfile.mkdtemp(prefix="skippy-reply-")
+            reply_address = f"ipc://{self._reply_dir}/reply"
         self._reply.bind(reply_address)
         self.reply_address = self._reply.getsockopt_string(zmq.LAST_ENDPOINT)
         self._out = []
@@ -87,7 +87,7 @@ class StageHost:
         self._tag = 0
         try:
             self.stages = self._configure(n_ctx, n_threads, kv_type, flash_attn, source_id)
-            self._vocab = _Vocab(vocab_model or self.stages[0].path)
+            self._vocab = Vocabulary(vocab_model or self.stages[0].path)
         except BaseException:
             self.close()
             raise
@@ -364,95 +364,11 @@ class StageHost:
         if self._vocab is not None:
             self._vocab.close()
             self._vocab = None
+        if self._reply_dir is not None:
+            shutil.rmtree(self._reply_dir, ignore_errors=True)
+            self._reply_dir = None
 
     def __enter__(self) -> "StageHost":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class _Vocab:
-    """A vocabulary-only load of a model file: tokenizing and end-of-generation ids."""
-
-    def __init__(self, path: str) -> None:
-        import llama_cpp as ll
-
-        from ..hosts.llama import _init_backend, recent_log
-
-        _init_backend()
-        self._ll = ll
-        mparams = ll.llama_model_default_params()
-        mparams.vocab_only = True
-        self._model = ll.llama_model_load_from_file(path.encode(), mparams)
-        if not self._model:
-            raise RuntimeError(f"llama.cpp could not read the vocabulary of {path}: "
-                               f"{recent_log()}")
-        self._v = ll.llama_model_get_vocab(self._model)
-        self.n_vocab = int(ll.llama_vocab_n_tokens(self._v))
-
-    def tokenize(self, text: str) -> list[int]:
-        ll = self._ll
-        data = text.encode("utf-8")
-        cap = len(data) + 8
-        buf = (ll.llama_token * cap)()
-        add_bos = bool(ll.llama_vocab_get_add_bos(self._v))
-        n = ll.llama_tokenize(self._v, data, len(data), buf, cap, add_bos, False)
-        return list(buf[:max(n, 0)])
-
-    def is_eog(self, token: int) -> bool:
-        return 0 <= token < self.n_vocab and bool(self._ll.llama_vocab_is_eog(self._v, token))
-
-    def close(self) -> None:
-        if self._model:
-            self._ll.llama_model_free(self._model)
-            self._model = None
-
-
-class LocalStages:
-    """Worker processes for every `stage-K.gguf` of a directory, on ipc sockets."""
-
-    def __init__(self, directory: str, *, n_threads: int = 1, start_timeout_s: float = 60.0,
-                 source_model: Optional[str] = None) -> None:
-        self.paths = stage_paths(directory)
-        self.source_id = file_identity(source_model) if source_model else None
-        self._dir = tempfile.mkdtemp(prefix="skippy-stages-")
-        self.addresses = [f"ipc://{self._dir}/stage-{k}" for k in range(len(self.paths))]
-        self.start_timeout_s = start_timeout_s
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.logs = [os.path.join(self._dir, f"stage-{k}.log") for k in range(len(self.paths))]
-        for path, addr, log in zip(self.paths, self.addresses, self.logs):
-            with open(log, "wb") as err:  # a file, not a pipe nobody reads
-                self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "skippy_scheduler.cli", "stage", "--model", path,
-                     "--listen", addr, "--threads", str(n_threads)],
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err))
-
-    def host(self, **kwargs: Any) -> StageHost:
-        """A `StageHost` on these workers (StageHost's keywords)."""
-        kwargs.setdefault("source_id", self.source_id)
-        return StageHost(self.addresses, procs=self.procs, **kwargs)
-
-    def kill(self, k: int) -> None:
-        """Kill stage `k`'s process (SIGKILL): what a crashed machine looks like."""
-        self.procs[k].kill()
-        self.procs[k].wait()
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # pragma: no cover
-                proc.kill()
-                proc.wait()
-        for entry in os.listdir(self._dir):
-            os.unlink(os.path.join(self._dir, entry))
-        os.rmdir(self._dir)
-
-    def __enter__(self) -> "LocalStages":
         return self
 
     def __exit__(self, *exc: object) -> None:
