@@ -7,7 +7,7 @@
 
 /* This project's plan ABI: bumped whenever a struct below changes layout or meaning. */
 enum {
-    SKIPPY_PLAN_ABI_VERSION = 3
+    SKIPPY_PLAN_ABI_VERSION = 4
 };
 
 /* Three uint32 fields returned by value (12 bytes). */
@@ -182,4 +182,11 @@ typedef struct skippy_plan {
     skippy_plan_outputs outputs;                 /* filled by the host, consumed on completion */
     uint64_t step;                               /* plans made before this one (serial - 1) */
     skippy_deferred_inputs deferred;             /* inputs to fill from earlier plans' outputs */
+    uint8_t *new_rows;                           /* 1 when the row is its sequence's first since
+                                                    admission (a first admission or a resume
+                                                    after preemption), else 0 */
+    size_t *restored_tokens;                     /* new rows: tokens [0, n) of the sequence the
+                                                    host must already hold before the row (a
+                                                    prefix restore, or a caller-set cursor); 0
+                                                    for every other row */
 } skippy_plan;

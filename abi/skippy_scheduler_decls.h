@@ -160,10 +160,19 @@ typedef struct skippy_iteration_telemetry {
     uint64_t stale_refreshes;  /* cumulative, as the metric */
 } skippy_iteration_telemetry;
 
+/* Why a sequence left the scheduler (skippy_retired.reason). */
+typedef enum skippy_end_reason {
+    SKIPPY_END_STOP = 0,       /* the host sampled an end token (a negative token) */
+    SKIPPY_END_LENGTH = 1,     /* max_tokens generated tokens were reached */
+    SKIPPY_END_FAILED = 2,     /* a sampling row got no output, or the token could not be kept */
+    SKIPPY_END_CANCELLED = 3   /* skippy_scheduler_cancel removed it */
+} skippy_end_reason;
+
 /* A sequence that left the scheduler (finished, failed, cancelled); see skippy_scheduler_retired. */
 typedef struct skippy_retired {
     uint32_t slot;    /* readable with skippy_scheduler_sequence until the next plan */
     uint32_t status;  /* SKIPPY_SEQ_FINISHED, _FAILED or _CANCELLED */
+    uint32_t reason;  /* skippy_end_reason */
 } skippy_retired;
 
 typedef struct skippy_scheduler skippy_scheduler;

@@ -93,6 +93,8 @@ void skippy_scheduler_free(skippy_scheduler *s)
         free(plan->phases);
         free(plan->sample_last);
         free(plan->sample_rows);
+        free(plan->new_rows);
+        free(plan->restored_tokens);
         free(plan->outputs.sampled_request_indexes);
         free(plan->outputs.predicted_tokens);
         free(plan->deferred.rows);
@@ -102,6 +104,7 @@ void skippy_scheduler_free(skippy_scheduler *s)
         free(slot->row_epoch);
         free(slot->row_prev_step);
         free(slot->row_prev_row);
+        free(slot->new_list);
     }
     free(s->plans);
     free(s->row_seen);

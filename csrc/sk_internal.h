@@ -75,11 +75,14 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     uint64_t cache_epoch;     /* store epoch at the last read */
     uint32_t probe_round;     /* refresh dedup stamp */
     uint32_t tenant;          /* as submitted; fair share keeps its own per-slot state (sk_fair.c) */
+    bool fresh;               /* active with no row planned since its admission (new_rows) */
 } sk_seq;
 
 /*
- * One of the max_inflight_plans plan buffers. Besides the public plan it keeps what completing
- * and aborting need: the tokens per phase, each row's cursor before the row, the epoch of its
+ * One of the max_inflight_plans plan buffers. NOTE: its new_rows and restored_tokens arrays are
+ * zero except at the rows listed in new_list, which the next plan made in the buffer clears: new
+ * rows are rare, so a steady plan writes neither array. Besides the public plan it keeps what
+ * completing and aborting need: the tokens per phase, each row's cursor before the row, the epoch of its
  * sequence, (depth > 1) the sequence's previous pending source, and the planner counters from
  * before the plan.
  */
@@ -91,6 +94,8 @@ typedef struct sk_plan_slot {
     uint32_t *row_epoch;
     uint64_t *row_prev_step;
     size_t *row_prev_row;
+    size_t *new_list;         /* the rows new_rows / restored_tokens hold nonzero entries for */
+    size_t new_count;
     size_t consecutive_before;
     size_t mixed_before;
     uint64_t void_mark;       /* s->void_count when made: equal at completion = no row is void */
@@ -143,6 +148,7 @@ struct skippy_scheduler {
     size_t mixed_cursor;
 
     size_t n_class[3];                    /* active sequences per SK_CLASS_* (see sk_class) */
+    size_t fresh_count;                   /* active sequences with `fresh` set */
 
     sk_plan_slot *plans;                  /* cfg.max_inflight_plans buffers (a ring) */
     size_t live_head;                     /* ring index of the oldest live plan */
@@ -269,6 +275,15 @@ static inline int sk_class(const sk_seq *q)
 static inline size_t sk_live_ring(const skippy_scheduler *s, size_t nth)
 {
     return (s->live_head + nth) % s->cfg.max_inflight_plans;
+}
+
+/* A sequence that leaves the active set before its first row is no longer fresh. */
+static inline void sk_unfresh(skippy_scheduler *s, sk_seq *seq)
+{
+    if (seq->fresh) {
+        seq->fresh = false;
+        s->fresh_count--;
+    }
 }
 
 /* sk_plan.c: the live plan with this serial (NULL when there is none), and undo of the live

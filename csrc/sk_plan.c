@@ -47,10 +47,13 @@ static int ensure_plan_capacity(skippy_scheduler *s, sk_plan_slot *slot)
             sk_resize((void **)&plan->phases, cap, 1) ||
             sk_resize((void **)&plan->sample_last, cap, 1) ||
             sk_resize((void **)&plan->sample_rows, cap, sizeof(size_t)) ||
+            sk_resize((void **)&plan->new_rows, cap, 1) ||
+            sk_resize((void **)&plan->restored_tokens, cap, sizeof(size_t)) ||
             sk_resize((void **)&plan->outputs.sampled_request_indexes, cap, sizeof(size_t)) ||
             sk_resize((void **)&plan->outputs.predicted_tokens, cap, sizeof(int32_t)) ||
             sk_resize((void **)&slot->row_cursor, cap, sizeof(size_t)) ||
             sk_resize((void **)&slot->row_epoch, cap, sizeof(uint32_t)) ||
+            sk_resize((void **)&slot->new_list, cap, sizeof(size_t)) ||
             (sources &&
              (sk_resize((void **)&slot->row_prev_step, cap, sizeof(uint64_t)) ||
               sk_resize((void **)&slot->row_prev_row, cap, sizeof(size_t)) ||
@@ -64,6 +67,10 @@ static int ensure_plan_capacity(skippy_scheduler *s, sk_plan_slot *slot)
                 return -1;
             s->row_scratch_cap = cap;
         }
+        /* (the kept part is zero but for listed rows, see sk_plan_slot) */
+        size_t old = plan->request_capacity;
+        memset(plan->new_rows + old, 0, cap - old);
+        memset(plan->restored_tokens + old, 0, (cap - old) * sizeof(size_t));
         plan->request_capacity = cap;
         if (sources) plan->deferred.capacity = cap;
     }
@@ -96,14 +103,14 @@ typedef struct sk_writer {
     int32_t *tokens, *positions;
     size_t *row_offsets, *sample_rows;
     uint32_t *slots;
-    uint8_t *phases, *sample_last;
-    size_t *row_cursor;
+    uint8_t *phases, *sample_last, *new_rows;
+    size_t *row_cursor, *restored_tokens, *new_list;
     uint32_t *row_epoch;
     uint64_t *row_prev_step;                  /* NULL at depth 1: no sources to track */
     size_t *row_prev_row;
     size_t *deferred_rows, *deferred_indexes;
     uint64_t *deferred_steps;
-    size_t row_count, token_count, sample_count, deferred_count;
+    size_t row_count, token_count, sample_count, deferred_count, new_count;
     uint64_t step;
     uint64_t tokens_by_phase[3];
 } sk_writer;
@@ -119,6 +126,10 @@ static inline void writer_open(sk_writer *out, sk_plan_slot *slot, uint64_t step
     out->slots = plan->slots;
     out->phases = plan->phases;
     out->sample_last = plan->sample_last;
+    out->new_rows = plan->new_rows;
+    out->restored_tokens = plan->restored_tokens;
+    out->new_list = slot->new_list;
+    out->new_count = 0;
     out->row_cursor = slot->row_cursor;
     out->row_epoch = slot->row_epoch;
     out->row_prev_step = sources ? slot->row_prev_step : NULL;
@@ -131,9 +142,10 @@ static inline void writer_open(sk_writer *out, sk_plan_slot *slot, uint64_t step
     out->tokens_by_phase[0] = out->tokens_by_phase[1] = out->tokens_by_phase[2] = 0;
 }
 
-/* Closes the row whose `count` tokens were just written at the end of the token arena. */
-static inline void put_row(sk_writer *out, const sk_seq *seq, uint32_t slot, size_t count,
-                           uint8_t phase, bool sample, size_t cursor_before)
+/* Closes the row whose `count` tokens were just written at the end of the token arena. The
+ * first row of a sequence since its admission is new; it restored what lies before it. */
+static inline void put_row(sk_writer *out, skippy_scheduler *s, sk_seq *seq, uint32_t slot,
+                           size_t count, uint8_t phase, bool sample, size_t cursor_before)
 {
     size_t row = out->row_count++, first = out->token_count;
     skippy_iteration_request *request = &out->requests[row];
@@ -151,6 +163,12 @@ static inline void put_row(sk_writer *out, const sk_seq *seq, uint32_t slot, siz
     out->sample_last[row] = sample;
     out->row_cursor[row] = cursor_before;
     out->row_epoch[row] = seq->epoch;
+    if (seq->fresh) {
+        out->new_rows[row] = 1;
+        out->restored_tokens[row] = cursor_before;
+        out->new_list[out->new_count++] = row;
+        sk_unfresh(s, seq);
+    }
     if (sample) out->sample_rows[out->sample_count++] = row;
     out->token_count = first + count;
     out->row_offsets[row + 1] = out->token_count;
@@ -186,7 +204,7 @@ static size_t emit_prefill(sk_writer *out, skippy_scheduler *s, uint32_t slot, s
     /* NOTE: replay tokens are all confirmed: a preemption drops the placeholders (§2.11). */
     memcpy(tokens, seq->tokens + start, count * sizeof(int32_t));
     for (size_t offset = 0; offset < count; offset++) positions[offset] = pos32(start + offset);
-    put_row(out, seq, slot, count, fresh ? SKIPPY_PHASE_PREFILL : SKIPPY_PHASE_RECOMPUTE,
+    put_row(out, s, seq, slot, count, fresh ? SKIPPY_PHASE_PREFILL : SKIPPY_PHASE_RECOMPUTE,
             sample, start);
     s->n_class[SK_CLASS_PREFILL]--;
     seq->cursor = end;
@@ -211,7 +229,7 @@ static inline void emit_decode(sk_writer *out, skippy_scheduler *s, sk_seq *seq,
         out->tokens[out->token_count] = seq->last;
     }
     out->positions[out->token_count] = pos32(replay);
-    put_row(out, seq, slot, 1, SKIPPY_PHASE_DECODE, true, seq->cursor);
+    put_row(out, s, seq, slot, 1, SKIPPY_PHASE_DECODE, true, seq->cursor);
     seq->cursor = replay + 1;
     add_placeholder(out, seq, row);
     if (sk_saturated(seq)) { /* its samples in flight reach max_tokens: idle until they land */
@@ -224,14 +242,16 @@ static inline void emit_decode(sk_writer *out, skippy_scheduler *s, sk_seq *seq,
  * Decode-only plan (the steady state): every live-decode sequence in walk order until the
  * budget ends. Same rows as emit_decode would write, with every cursor in a register: each
  * row is one token, so row, token and sample indexes are all equal. At depth 1 nothing is in
- * flight while planning, so no row is deferred; deeper pipelines take the general path.
+ * flight while planning, so no row is deferred; deeper pipelines take the general path, and so
+ * does a plan with a sequence still waiting for its first row (one admitted with its prompt
+ * already in the cache): the steady state has none, so no row here is new.
  */
 static void plan_decode_only(skippy_scheduler *s, sk_writer *out)
 {
     const uint32_t *active = s->active;
     size_t active_count = s->active_len, budget = s->cfg.max_tokens_per_iteration, row = 0;
     sk_seq *seqs = s->seqs;
-    if (out->row_prev_step) {
+    if (out->row_prev_step || s->fresh_count) {
         for (size_t at = 0; at < active_count && out->row_count < budget; at++) {
             sk_seq *seq = &seqs[active[at]];
             if (live_decode(seq)) emit_decode(out, s, seq, active[at], sk_replay_len(seq));
@@ -373,6 +393,11 @@ static int make_plan(skippy_scheduler *s, skippy_plan **out_plan)
     if (s->live_count >= depth) sk_abort_from(s, 0); /* depth 1: replaced, so undone (§0.4f) */
     slot = &s->plans[sk_live_ring(s, s->live_count)];
     skippy_plan *plan = &slot->plan;
+    for (size_t i = 0; i < slot->new_count; i++) { /* the last plan made here (read above) */
+        plan->new_rows[slot->new_list[i]] = 0;
+        plan->restored_tokens[slot->new_list[i]] = 0;
+    }
+    slot->new_count = 0;
     plan->row_offsets[0] = 0;
     plan->admitted = admitted;
     plan->preempted = 0;
@@ -399,6 +424,7 @@ static int make_plan(skippy_scheduler *s, skippy_plan **out_plan)
     plan->token_count = out.token_count;
     plan->sample_count = out.sample_count;
     plan->deferred.count = out.deferred_count;
+    slot->new_count = out.new_count;
     memcpy(slot->tokens_by_phase, out.tokens_by_phase, sizeof slot->tokens_by_phase);
     /* One sample per row at most: the runtime gets exactly the row count as capacity. */
     plan->outputs.capacity = plan->request_count;
@@ -466,6 +492,10 @@ void sk_abort_from(skippy_scheduler *s, size_t nth)
             if (seq->where != SK_WHERE_ACTIVE || seq->epoch != slot->row_epoch[row]) continue;
             s->n_class[sk_class(seq)]--;
             seq->cursor = slot->row_cursor[row];
+            if (plan->new_rows[row]) { /* its first row is undone: the next one is new again */
+                seq->fresh = true;
+                s->fresh_count++;
+            }
             if (plan->sample_last[row]) {
                 seq->pending--;
                 if (sources) {

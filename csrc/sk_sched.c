@@ -128,6 +128,7 @@ static int submit(skippy_scheduler *s, const skippy_sequence_desc *desc, uint32_
     seq->pinned_entry = SKIPPY_PREFIX_NONE;
     seq->cache_epoch = 0;
     seq->where = SK_WHERE_FREE;
+    seq->fresh = false;
     sk_affinity_read(s, seq); /* with a store: its restore and saved cost, before ranking */
     if (sk_fair_submit(s, slot, desc->tenant)) goto oom;
     if (sk_waiting_add(s, slot, seq->enqueue_order)) goto oom;
@@ -188,6 +189,8 @@ int sk_admit_waiting(skippy_scheduler *s, size_t *out_admitted)
         seq->status = SKIPPY_SEQ_RUNNING;
         seq->admitted_at = ++s->admit_counter;
         seq->where = SK_WHERE_ACTIVE;
+        seq->fresh = true;
+        s->fresh_count++;
         s->n_class[sk_class(seq)]++;
         s->active[s->active_len++] = slot;
         admitted++;
@@ -199,7 +202,7 @@ int sk_admit_waiting(skippy_scheduler *s, size_t *out_admitted)
 
 /* ---------------------------------------------------------------- completion (§2.7, §0.4e) */
 
-static int retire(skippy_scheduler *s, uint32_t slot, uint32_t status)
+static int retire(skippy_scheduler *s, uint32_t slot, uint32_t status, uint32_t reason)
 {
     size_t cap = s->retired_cap;
     if (sk_grow((void **)&s->retired, &cap, s->retired_len + 1, sizeof(skippy_retired))) return -1;
@@ -208,6 +211,7 @@ static int retire(skippy_scheduler *s, uint32_t slot, uint32_t status)
     if (seq->where == SK_WHERE_ACTIVE) {
         s->n_class[sk_class(seq)]--;
         sk_affinity_unpin(s, seq);
+        sk_unfresh(s, seq);
     }
     seq->status = (uint8_t)status;
     seq->where = SK_WHERE_RETIRED;
@@ -217,6 +221,7 @@ static int retire(skippy_scheduler *s, uint32_t slot, uint32_t status)
     sk_store_unindex(s, slot);
     s->retired[s->retired_len].slot = slot;
     s->retired[s->retired_len].status = status;
+    s->retired[s->retired_len].reason = reason;
     s->retired_len++;
     return 0;
 }
@@ -327,18 +332,20 @@ static int complete(skippy_scheduler *s, uint64_t serial, skippy_iteration_telem
         if (!has_token || token < 0) {
             seq->pending = 0; /* the end (or a failure): later placeholders go with it */
             move_class(s, before, seq);
-            retire(s, slot, has_token ? SKIPPY_SEQ_FINISHED : SKIPPY_SEQ_FAILED);
+            if (has_token) retire(s, slot, SKIPPY_SEQ_FINISHED, SKIPPY_END_STOP);
+            else retire(s, slot, SKIPPY_SEQ_FAILED, SKIPPY_END_FAILED);
             continue;
         }
         seq->pending--;
         if (!append_token(seq, token)) {
             seq->pending = 0;
             move_class(s, before, seq);
-            retire(s, slot, SKIPPY_SEQ_FAILED); /* cannot store the token: fail, never lose */
+            retire(s, slot, SKIPPY_SEQ_FAILED, SKIPPY_END_FAILED); /* never lose: fail */
             continue;
         }
         move_class(s, before, seq);
-        if (seq->gen_len >= seq->max_tokens) retire(s, slot, SKIPPY_SEQ_FINISHED);
+        if (seq->gen_len >= seq->max_tokens)
+            retire(s, slot, SKIPPY_SEQ_FINISHED, SKIPPY_END_LENGTH);
     }
     s->m.discarded_rows = sk_sat_add(s->m.discarded_rows, discarded);
     if (s->retired_len > first_retired) {
@@ -495,6 +502,7 @@ static int preempt(skippy_scheduler *s, const uint64_t *used, size_t used_count,
             sk_seq *seq = &s->seqs[s->victims[nth]];
             s->n_class[sk_class(seq)]--; /* left the active set */
             sk_affinity_unpin(s, seq);
+            sk_unfresh(s, seq);
             reset_for_recompute(seq);
             sk_affinity_read(s, seq); /* with a store: what is resident now */
             seq->enqueue_order = s->next_order++;
@@ -546,7 +554,7 @@ bool skippy_scheduler_cancel(skippy_scheduler *s, const char *id, size_t id_len)
         s->dirty = true;
     }
     uint32_t keep = seq->status;
-    retire(s, slot, SKIPPY_SEQ_CANCELLED);
+    retire(s, slot, SKIPPY_SEQ_CANCELLED, SKIPPY_END_CANCELLED);
     s->retired[s->retired_len - 1].status = SKIPPY_SEQ_CANCELLED;
     seq->status = (uint8_t)keep; /* the sequence's own status is not a cancellation state */
     s->m.cancelled = sk_sat_add(s->m.cancelled, 1);

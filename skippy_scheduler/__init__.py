@@ -5,18 +5,24 @@ from ._version import __version__
 _check_native()
 
 
-def get_include() -> str:
-    """Directory of the installed C headers (skippy_abi.h, skippy_scheduler.h)."""
+def _installed_dir(name: str) -> str:
+    # NOTE: next to the compiled modules, not this file: an editable install keeps the Python
+    # sources in the checkout and the built files (extensions, headers, library) elsewhere.
     import os
 
-    return os.path.join(os.path.dirname(__file__), "include")
+    from . import _core
+
+    return os.path.join(os.path.dirname(os.path.abspath(_core.__file__)), name)
+
+
+def get_include() -> str:
+    """Directory of the installed C headers (skippy_abi.h, skippy_scheduler.h)."""
+    return _installed_dir("include")
 
 
 def get_library_dir() -> str:
     """Directory of the installed static core library (link with -lskippy_scheduler_core)."""
-    import os
-
-    return os.path.join(os.path.dirname(__file__), "lib")
+    return _installed_dir("lib")
 
 
 from ._core import IterationPlan, PlanOutputs, Scheduler  # noqa: E402
@@ -26,13 +32,6 @@ from .cache_policy import (  # noqa: E402
     StageCacheAffinity,
     order_cache_aware_candidates,
     select_cache_aware_candidate,
-)
-from .capacity import (  # noqa: E402
-    CapacityDemand,
-    CapacityPlan,
-    ComponentCapacitySnapshot,
-    EvictableCacheEntry,
-    plan_component_capacity,
 )
 from .policies import (  # noqa: E402
     AdmissionPolicy,
@@ -45,17 +44,13 @@ from .policies import (  # noqa: E402
     VictimCandidate,
 )
 from .radix import RadixEntry, RadixMatch, RadixStats, UnifiedRadixCache, affinity_from_radix  # noqa: E402
-from .runtime_queue import (  # noqa: E402
-    CacheRuntimeQueue,
-    CacheRuntimeTelemetry,
-    should_serve_cache_runtime,
-)
 from .reference import TwinOutputs, TwinPlan, TwinScheduler  # noqa: E402
 from .types import (  # noqa: E402
     LLAMA_MAX_SEQ,
     AdmissionError,
     DuplicateSequence,
     EmptyPrompt,
+    FinishReason,
     IterationPhase,
     IterationPrediction,
     IterationTelemetry,
@@ -65,6 +60,8 @@ from .types import (  # noqa: E402
     PrefixRestore,
     PrefixRestoreKind,
     QueueFull,
+    RejectReason,
+    ReleaseReason,
     SchedulerConfig,
     SchedulerMetrics,
     SchedulerSnapshot,
@@ -86,16 +83,11 @@ __all__ = [
     "CacheAffinity",
     "CacheAwareAdmission",
     "CacheAwareCandidate",
-    "CacheRuntimeQueue",
-    "CacheRuntimeTelemetry",
-    "CapacityDemand",
-    "CapacityPlan",
-    "ComponentCapacitySnapshot",
     "DuplicateSequence",
     "EmptyPrompt",
-    "EvictableCacheEntry",
     "FcfsAdmission",
     "FewestComputedTokens",
+    "FinishReason",
     "IterationPhase",
     "IterationPlan",
     "IterationPrediction",
@@ -113,6 +105,8 @@ __all__ = [
     "RadixEntry",
     "RadixMatch",
     "RadixStats",
+    "RejectReason",
+    "ReleaseReason",
     "Scheduler",
     "SchedulerConfig",
     "SchedulerMetrics",
@@ -131,7 +125,5 @@ __all__ = [
     "affinity_from_radix",
     "VictimCandidate",
     "order_cache_aware_candidates",
-    "plan_component_capacity",
     "select_cache_aware_candidate",
-    "should_serve_cache_runtime",
 ]

@@ -69,3 +69,5 @@ cdef extern from "skippy_abi.h" nogil:
         skippy_plan_outputs outputs
         uint64_t step
         skippy_deferred_inputs deferred
+        uint8_t *new_rows
+        size_t *restored_tokens

@@ -149,9 +149,16 @@ cdef extern from "skippy_scheduler.h" nogil:
         uint64_t rejected_overload
         uint64_t stale_refreshes
 
+    ctypedef enum skippy_end_reason:
+        SKIPPY_END_STOP
+        SKIPPY_END_LENGTH
+        SKIPPY_END_FAILED
+        SKIPPY_END_CANCELLED
+
     ctypedef struct skippy_retired:
         uint32_t slot
         uint32_t status
+        uint32_t reason
 
     ctypedef struct skippy_scheduler:
         pass

@@ -31,6 +31,9 @@ LLAMA_MAX_SEQ = 256
 __all__ = [
     "LLAMA_MAX_SEQ",
     "IterationPhase",
+    "FinishReason",
+    "ReleaseReason",
+    "RejectReason",
     "SequenceStatus",
     "PrefixRestoreKind",
     "MemoryComponent",
@@ -60,6 +63,52 @@ class IterationPhase(enum.Enum):
     Prefill = 0
     Recompute = 1
     Decode = 2
+
+
+class FinishReason(enum.Enum):
+    """Why a sequence ended, as the scheduler decided it (`IterationTelemetry.finish_reasons`).
+
+    The values are the OpenAI-style strings a server reports.
+
+    STOP: the host sampled an end token (a negative token) for it.
+    LENGTH: it reached `max_tokens` generated tokens.
+    FAILED: a sampling row of it got no output, or its token could not be kept.
+    CANCELLED: `cancel` removed it (waiting or active); never in a completion's telemetry.
+    """
+
+    STOP = "stop"
+    LENGTH = "length"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class ReleaseReason(enum.Enum):
+    """Why a host is told to let go of a sequence's runtime state (`Host.release`).
+
+    FINISHED: it ended normally (`FinishReason.STOP` or `LENGTH`); a host may keep its prefix.
+    PREEMPTED: the scheduler took it out of the active set under memory pressure; it waits
+        again and will be re-admitted, replaying from its restore (new row, `restored_tokens`).
+    CANCELLED: the caller cancelled it.
+    FAILED: it failed (`FinishReason.FAILED`), or the host itself could not run it.
+    """
+
+    FINISHED = "finished"
+    PREEMPTED = "preempted"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+class RejectReason(enum.Enum):
+    """Why `submit` refused a sequence: the `reason` of each `AdmissionError` subclass.
+
+    QUEUE_FULL: the waiting queue is at `max_waiting_sequences` (retry later; HTTP 503).
+    DUPLICATE: the id is already waiting or active.
+    EMPTY_PROMPT: the prompt has no token.
+    """
+
+    QUEUE_FULL = "queue_full"
+    DUPLICATE = "duplicate"
+    EMPTY_PROMPT = "empty_prompt"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,6 +261,12 @@ class IterationWork:
     # With an attached prefix store: the holder id of the entry the sequence's restored prefix
     # is copied from (the host copies positions [0, first row's position) from it), else None.
     restore_holder: Optional[int] = None
+    # The first row of the sequence since its admission (a first admission, or a resume after
+    # preemption): the host sets up the sequence's state here.
+    new_row: bool = False
+    # For a new row: positions [0, restored_tokens) the host must already hold before the row
+    # (copied from `restore_holder`, or left in the cache by the caller); 0 for other rows.
+    restored_tokens: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", tuple(self.tokens))
@@ -261,6 +316,9 @@ class IterationTelemetry:
     finished_ids: list[str] = field(default_factory=list)
     failed_ids: list[str] = field(default_factory=list)
     stale_refreshes: int = 0  # cumulative copy (attached prefix store, §2.12)
+    # Every sequence that ended in this completion (those of finished_ids and failed_ids), in
+    # plan order, with why: STOP, LENGTH or FAILED.
+    finish_reasons: dict[str, FinishReason] = field(default_factory=dict)
 
 
 @dataclass
@@ -337,7 +395,9 @@ class SchedulerSnapshot:
 
 
 class AdmissionError(Exception):
-    """`submit` refused a sequence; compare with ==."""
+    """`submit` refused a sequence; compare with ==. `reason` says why (a `RejectReason`)."""
+
+    reason: RejectReason
 
     def _key(self) -> tuple[object, ...]:
         return (type(self), self.args)
@@ -352,6 +412,8 @@ class AdmissionError(Exception):
 
 
 class QueueFull(AdmissionError):
+    reason = RejectReason.QUEUE_FULL
+
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
         self.capacity = capacity
@@ -361,6 +423,8 @@ class QueueFull(AdmissionError):
 
 
 class DuplicateSequence(AdmissionError):
+    reason = RejectReason.DUPLICATE
+
     def __init__(self, id: str) -> None:  # noqa: A002 - the public attribute name
         super().__init__(id)
         self.id = id
@@ -370,6 +434,8 @@ class DuplicateSequence(AdmissionError):
 
 
 class EmptyPrompt(AdmissionError):
+    reason = RejectReason.EMPTY_PROMPT
+
     def __init__(self) -> None:
         super().__init__()
 

@@ -285,6 +285,12 @@ class LlamaHost:
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_ubatch
         cparams.n_seq_max = n_seq_max + holders
+        # NOTE: llama.cpp reserves one output row per sequence id at creation and asserts that
+        # this fits its output limit, which defaults to n_batch: with fewer batch tokens than
+        # sequence ids (a 3-token batch over 4 lanes) the context aborts the process. A plan
+        # never samples more rows than it has tokens, so raising the limit to the id count only
+        # sizes the reserve llama.cpp makes anyway.
+        cparams.n_outputs_max = max(n_batch, n_seq_max + holders)
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
         cparams.flash_attn_type = 1 if flash_attn else 0
@@ -302,12 +308,23 @@ class LlamaHost:
         self._vocab = _ll.llama_model_get_vocab(model)
         self.n_vocab = int(_ll.llama_vocab_n_tokens(self._vocab))
         self.n_seq_max = n_seq_max
-        self.n_batch = n_batch
+        # What the context got, not what was asked: llama.cpp caps the batch at the context
+        # size it was given (before rounding that up to 256 per lane) and the micro-batch at the
+        # batch, and a plan above its batch aborts the process in llama_decode. Plans are sized
+        # from `n_batch` (the server's and `run`'s max_tokens_per_iteration).
+        self.n_batch = int(_ll.llama_n_batch(ctx))
+        n_ubatch = int(_ll.llama_n_ubatch(ctx))
+        got_seq = int(_ll.llama_n_seq_max(ctx))
+        if got_seq != n_seq_max + holders or self.n_batch < 1:
+            self.close()
+            raise ValueError(f"llama.cpp gave the context {got_seq} sequence ids and a batch "
+                             f"of {self.n_batch} tokens; the host needs {n_seq_max + holders} "
+                             "sequence ids and a batch of at least one token")
         self.n_ctx = int(_ll.llama_n_ctx(ctx))
         self.n_ctx_seq = int(_ll.llama_n_ctx_seq(ctx))
         self.settings = {
             "n_ctx": self.n_ctx, "n_ctx_seq": self.n_ctx_seq, "n_seq_max": n_seq_max,
-            "n_batch": n_batch, "n_ubatch": n_ubatch, "n_threads": n_threads,
+            "n_batch": self.n_batch, "n_ubatch": n_ubatch, "n_threads": n_threads,
             "kv_type": kv_type, "flash_attn": bool(flash_attn), "kv_unified": bool(kv_unified),
             "prefix_cache_tokens": prefix_cache_tokens, "prefix_holders": holders,
         }
@@ -319,6 +336,7 @@ class LlamaHost:
         self._eog_ids = np.flatnonzero(self._eog).astype(np.int32)
 
         # Batch buffers owned by the host; the llama_batch struct only points into them.
+        n_batch = self.n_batch
         self._tok = np.zeros(n_batch, dtype=np.int32)
         self._pos = np.zeros(n_batch, dtype=np.int32)
         self._nsid = np.ones(n_batch, dtype=np.int32)

@@ -71,6 +71,10 @@ class TwinPlan:
         self.sample_last = np.fromiter((w.sample_last for w in work), dtype=np.bool_, count=rows)
         self.phases = np.fromiter((w.phase.value for w in work), dtype=np.uint8, count=rows)
         self.sample_rows = np.flatnonzero(self.sample_last).astype(np.intp)
+        # First row of its sequence since admission, and what that row restored (0 otherwise).
+        self.new_rows = np.fromiter((w.new_row for w in work), dtype=np.uint8, count=rows)
+        self.restored_tokens = np.fromiter((w.restored_tokens for w in work), dtype=np.uintp,
+                                           count=rows)
         self.sequence_ids = [w.sequence_id for w in work]
         self.outputs = TwinOutputs(rows)
         self.step = step

@@ -30,6 +30,7 @@ from ..policies import (
 from ..types import (
     DuplicateSequence,
     EmptyPrompt,
+    FinishReason,
     IterationPhase,
     IterationPrediction,
     IterationTelemetry,
@@ -73,15 +74,16 @@ class _Flight:
 class _RowUndo:
     """What undoing one planned row needs (abort_iteration)."""
 
-    __slots__ = ("seq", "epoch", "cursor", "sampled", "source")
+    __slots__ = ("seq", "epoch", "cursor", "sampled", "source", "new")
 
     def __init__(self, seq: Sequence, epoch: int, cursor: int, sampled: bool,
-                 source: Optional[tuple[int, int]]) -> None:
+                 source: Optional[tuple[int, int]], new: bool) -> None:
         self.seq = seq
         self.epoch = epoch
         self.cursor = cursor
         self.sampled = sampled
         self.source = source
+        self.new = new
 
 
 def _prefill_pending(s: Sequence) -> bool:
@@ -123,6 +125,7 @@ class TwinScheduler:
         self._used = [0] * len(self._components)
         self._waiting: list[Sequence] = []
         self._active: dict[str, Sequence] = {}  # insertion order = admission (walk) order
+        self._fresh: set[str] = set()  # active ids with no row planned since admission
         self._retired: list[Sequence] = []  # left since the last plan, as snapshots
         self._metrics = SchedulerMetrics()
         self._consecutive_prefill = 0
@@ -367,6 +370,7 @@ class TwinScheduler:
             self._admission_counter = sat(self._admission_counter + 1)
             s.admitted_at = self._admission_counter
             self._active[s.id] = s
+            self._fresh.add(s.id)
             admitted += 1
         self._waiting = deferred
         self._refresh_counts()
@@ -425,7 +429,7 @@ class TwinScheduler:
                 s.generated_tokens.append(PLACEHOLDER)
                 fl.pending += 1
                 fl.source = (step, r)
-            undo.append(_RowUndo(s, fl.epoch, before, w.sample_last, previous))
+            undo.append(_RowUndo(s, fl.epoch, before, w.sample_last, previous, w.new_row))
         plan = TwinPlan(work, sum(len(w.tokens) for w in work), admitted, step, deferred)
         plan._undo = undo
         plan._counters = counters
@@ -433,12 +437,20 @@ class TwinScheduler:
         self._live_plans.append(plan)
         return plan
 
+    def _take_new(self, s: Sequence) -> bool:
+        """Whether the row being planned is `s`'s first since admission (then no later one is)."""
+        if s.id not in self._fresh:
+            return False
+        self._fresh.discard(s.id)
+        return True
+
     def _prefill_row(self, s: Sequence, budget: int) -> IterationWork:
         replay = s.recompute_tokens()
         start = s.prefill_cursor
         count = min(self._config.prefill_chunk_tokens, len(replay) - start, budget)
         end = start + count
         fresh = not s.generated_tokens
+        new = self._take_new(s)
         self._row_undo.append((s, start))
         s.prefill_cursor = end
         return IterationWork(
@@ -449,11 +461,15 @@ class TwinScheduler:
             phase=IterationPhase.Prefill if fresh else IterationPhase.Recompute,
             sampling=s.sampling,
             restore_holder=self._restore_holder(s),
+            new_row=new,
+            restored_tokens=start if new else 0,
         )
 
     def _decode_row(self, s: Sequence) -> IterationWork:
         position = s.recompute_token_count()
-        self._row_undo.append((s, s.prefill_cursor))
+        before = s.prefill_cursor
+        new = self._take_new(s)
+        self._row_undo.append((s, before))
         s.prefill_cursor = sat(position + 1)  # the fed token is never replayed
         return IterationWork(
             sequence_id=s.id,
@@ -463,6 +479,8 @@ class TwinScheduler:
             phase=IterationPhase.Decode,
             sampling=s.sampling,
             restore_holder=self._restore_holder(s),
+            new_row=new,
+            restored_tokens=before if new else 0,
         )
 
     def _prefill_limit(self) -> int:
@@ -559,6 +577,8 @@ class TwinScheduler:
                 if self._active.get(s.id) is not s or fl is None or fl.epoch != u.epoch:
                     continue  # ended, cancelled or preempted since: nothing of it to undo
                 s.prefill_cursor = u.cursor
+                if u.new:  # its first row is undone: the next one is new again
+                    self._fresh.add(s.id)
                 if u.sampled:
                     popped = s.generated_tokens.pop()
                     assert popped == PLACEHOLDER
@@ -603,7 +623,7 @@ class TwinScheduler:
         if self._fair is not None:
             self._charge(plan)
         counts = {IterationPhase.Prefill: 0, IterationPhase.Recompute: 0, IterationPhase.Decode: 0}
-        terminal: list[tuple[str, bool]] = []  # (id, failed)
+        terminal: list[tuple[str, FinishReason]] = []
         m = self._metrics
         for index, row in enumerate(plan._rows):
             counts[row.phase] += len(row.tokens)
@@ -623,20 +643,21 @@ class TwinScheduler:
                 del s.generated_tokens[at:]  # the end signal and later placeholders go
                 fl.pending = 0
                 s.status = SequenceStatus.Failed if token is None else SequenceStatus.Finished
-                terminal.append((s.id, token is None))
+                terminal.append((s.id, FinishReason.FAILED if token is None else FinishReason.STOP))
             else:
                 s.generated_tokens[at] = token
                 if at + 1 >= s.max_tokens:
                     s.status = SequenceStatus.Finished
-                    terminal.append((s.id, False))
+                    terminal.append((s.id, FinishReason.LENGTH))
         finished_ids: list[str] = []
         failed_ids: list[str] = []
-        for sequence_id, failed in terminal:
+        for sequence_id, reason in terminal:
             s = self._active.pop(sequence_id)
+            self._fresh.discard(sequence_id)
             self._release(s)
             self._unpin(s)
             self._retired.append(s._snapshot())
-            if failed:
+            if reason is FinishReason.FAILED:
                 m.failed = sat(m.failed + 1)
                 failed_ids.append(sequence_id)
             else:
@@ -669,6 +690,7 @@ class TwinScheduler:
             finished_ids=finished_ids,
             failed_ids=failed_ids,
             stale_refreshes=m.stale_refreshes,
+            finish_reasons=dict(terminal),
         )
 
     def _planned_for(self, plan: TwinPlan, index: int) -> bool:
@@ -752,6 +774,7 @@ class TwinScheduler:
         self._used = used
         for s in victims:
             del self._active[s.id]
+            self._fresh.discard(s.id)
             self._drop_placeholders(s)  # its in-flight rows are void: the KV they build is gone
             self._flights[s.id].epoch = next(self._epochs)
             self._unpin(s)
@@ -782,6 +805,7 @@ class TwinScheduler:
         check_id("sequence_id", sequence_id)
         s = self._active.pop(sequence_id, None)
         if s is not None:
+            self._fresh.discard(sequence_id)
             self._release(s)
             self._unpin(s)
         else:

@@ -102,8 +102,10 @@ class Server:
             raise
         config = SchedulerConfig(
             max_active_sequences=s.max_active, max_waiting_sequences=s.max_waiting,
-            max_tokens_per_iteration=s.batch_size,
-            prefill_chunk_tokens=min(s.prefill_chunk, s.batch_size),
+            # The batch the context got (llama.cpp caps it at the context size), not the one
+            # asked for: a plan above it would abort the process inside llama_decode.
+            max_tokens_per_iteration=self.host.n_batch,
+            prefill_chunk_tokens=min(s.prefill_chunk, self.host.n_batch),
             mixed_prefill_decode=s.mixed,
             max_consecutive_prefill_iterations=s.max_consecutive_prefill,
             max_inflight_plans=s.inflight,

@@ -227,6 +227,10 @@ def run_op(pair, op):
             assert pn.tokens.tolist() == pt.tokens.tolist()
             assert pn.positions.tolist() == pt.positions.tolist()
             assert pn.sample_last.astype(bool).tolist() == pt.sample_last.tolist()
+            assert pn.new_rows.tolist() == pt.new_rows.tolist()
+            assert pn.restored_tokens.tolist() == pt.restored_tokens.tolist()
+            if pt.new_rows.any():
+                event("plan with a new row")
             pair.old, pair.plans = pair.plans, (pn, pt)
             kinds = {w.phase.name for w in pt.work}
             event("plan " + "+".join(sorted(kinds)) if kinds else "empty plan")
@@ -253,6 +257,7 @@ def run_op(pair, op):
         a, b = pair.both(complete)
         if a[0] == "ok":
             assert a[1] == b[1]
+            assert set(a[1].finish_reasons) == set(a[1].finished_ids) | set(a[1].failed_ids)
             if a[1].finished_ids or a[1].failed_ids:
                 event("completion retired sequences")
     elif kind == "cycle":

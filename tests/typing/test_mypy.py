@@ -19,12 +19,14 @@ import pytest
 pytest.importorskip("mypy")
 
 import skippy_scheduler  # noqa: E402
-from skippy_scheduler import Scheduler  # noqa: E402
+from skippy_scheduler import Scheduler, _core  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 EXAMPLES = ROOT / "examples"
 PACKAGE_DIR = pathlib.Path(skippy_scheduler.__file__).resolve().parent
+# The compiled modules and their stubs (the same folder unless the install is editable).
+BUILT_DIR = pathlib.Path(_core.__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +64,14 @@ def readme_tour():
 
 def compiled_modules():
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    names = {p.name.split(".")[0] for p in PACKAGE_DIR.iterdir() if p.name.endswith(suffixes)}
-    assert names, f"no compiled module in {PACKAGE_DIR}"
+    names = {p.name.split(".")[0] for p in BUILT_DIR.iterdir() if p.name.endswith(suffixes)}
+    assert names, f"no compiled module in {BUILT_DIR}"
     return sorted(names)
 
 
 def test_the_package_ships_its_types():
     assert (PACKAGE_DIR / "py.typed").is_file()
-    missing = [m for m in compiled_modules() if not (PACKAGE_DIR / f"{m}.pyi").is_file()]
+    missing = [m for m in compiled_modules() if not (BUILT_DIR / f"{m}.pyi").is_file()]
     assert not missing, f"compiled modules without a stub next to them: {missing}"
 
 
