@@ -80,15 +80,15 @@ def run_staged(args: argparse.Namespace, model: str, prompts: list[Any], n_seq: 
 
     if args.stages and args.stage_addresses:
         raise CommandError("give --stages or --stage-addresses, not both")
-    if args.prefix_cache_tokens:
-        raise CommandError("--prefix-cache-tokens is not available with stages yet")
     require_stage_packages("run --stages")
     from ..stages.host import StageFailure, StageHost
     from ..stages.local import LocalStages
     from ..stages.split import SplitError, file_identity
 
     host_args = dict(n_ctx=n_ctx, n_seq_max=n_seq, n_batch=n_batch, n_threads=args.threads,
-                     kv_type=args.kv_type, flash_attn=args.flash_attn)
+                     kv_type=args.kv_type, flash_attn=args.flash_attn,
+                     prefix_cache_tokens=args.prefix_cache_tokens,
+                     prefix_holders=args.prefix_holders)
     try:
         if args.stages:
             with LocalStages(args.stages, n_threads=args.threads,

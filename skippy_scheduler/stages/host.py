@@ -23,8 +23,11 @@ import tempfile
 import time
 from typing import Any, Optional, Sequence as _Seq
 
+from ..types import ReleaseReason
+
 import numpy as np
 
+from .holders import RemoteCells, StageHolders
 from .split import StageInfo, check_stage_set
 from .vocab import Vocabulary
 from .wire import decode_outputs, encode_plan
@@ -51,13 +54,19 @@ class StageHost:
                  n_batch: int = 512, n_threads: int = 2, kv_type: str = "f32",
                  flash_attn: bool = False, reply_address: Optional[str] = None,
                  timeout_s: float = 60.0, source_id: Optional[str] = None,
-                 vocab_model: Optional[str] = None, procs: _Seq[Any] = ()) -> None:
+                 vocab_model: Optional[str] = None, procs: _Seq[Any] = (),
+                 prefix_cache_tokens: int = 0, prefix_holders: int = 16) -> None:
         import zmq
 
         if not addresses:
             raise ValueError("a stage host needs at least one stage address")
         self.n_seq_max = _check_int("n_seq_max", n_seq_max, 1)
         self.n_batch = _check_int("n_batch", n_batch, 1)
+        prefix_cache_tokens = _check_int("prefix_cache_tokens", prefix_cache_tokens, 0)
+        self.prefix_holders = (_check_int("prefix_holders", prefix_holders, 1)
+                               if prefix_cache_tokens else 0)
+        if self.n_seq_max + self.prefix_holders > 256:
+            raise ValueError("lanes and prefix holders must be <= 256 sequence ids together")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.timeout_ms = int(timeout_s * 1e3)
@@ -97,8 +106,17 @@ class StageHost:
             "stage_layers": [[s.layer_start, s.layer_end] for s in self.stages],
             "n_ctx": n_ctx, "n_seq_max": n_seq_max, "n_batch": n_batch,
             "n_threads": n_threads, "kv_type": kv_type, "flash_attn": bool(flash_attn),
-            "kv_unified": True,
+            "kv_unified": True, "prefix_cache_tokens": prefix_cache_tokens,
+            "prefix_holders": self.prefix_holders,
         }
+        # Prefix reuse: one store for all stages, its decisions queued as memory operations.
+        self._cells = RemoteCells()
+        self._holders: Optional[StageHolders] = None
+        self.prefix_store: Any = None
+        if prefix_cache_tokens:
+            self._holders = StageHolders(prefix_cache_tokens, self.prefix_holders, n_seq_max,
+                                         n_seq_max, n_ctx, self._cells)
+            self.prefix_store = self._holders.store
         self._free: list[int] = list(range(n_seq_max))
         self._slot: dict[str, int] = {}
         self._next_pos = [0] * n_seq_max
@@ -112,7 +130,8 @@ class StageHost:
         for k, sock in enumerate(self._out):
             conf = {"index": k, "tag": self._tag + 1, "reply": self.reply_address,
                     "next": self.addresses[k + 1] if k + 1 < p else None,
-                    "n_ctx": n_ctx, "n_seq_max": self.n_seq_max, "n_batch": self.n_batch,
+                    "n_ctx": n_ctx, "n_seq_max": self.n_seq_max + self.prefix_holders,
+                    "n_batch": self.n_batch,
                     "n_threads": n_threads, "kv_type": kv_type, "flash_attn": flash_attn}
             sock.send_multipart([b"conf", json.dumps(conf).encode()])
         self._tag += 1
@@ -182,15 +201,42 @@ class StageHost:
         return [got[k] for k in sorted(got)]
 
     # ------------------------------------------------------------------ Host verbs
-    def release(self, sequence_id: str) -> bool:
-        """Free the sequence's lane; the stages free its KV before the next plan's rows."""
+    @property
+    def sequence_id_settings(self) -> dict[str, int]:
+        """The scheduler config fields that match the stages' sequence ids: the lanes, then
+        the holders in the reserved range above them."""
+        return {"sequence_id_limit": self.n_seq_max + self.prefix_holders,
+                "reserved_sequence_ids": self.prefix_holders}
+
+    def release(self, sequence_id: str, reason: Optional[ReleaseReason] = None) -> bool:
+        """Free the sequence's lane; the stages free its KV before the next plan's rows. With
+        prefix reuse its positions are first offered to the store (not for a failed one)."""
         lane = self._slot.pop(sequence_id, None)
         if lane is None:
             return False
+        if self._holders is not None and self.broken is None:
+            # Memory operations keep their order: the holders copy the lane before it empties.
+            if self._next_pos[lane] and reason is not ReleaseReason.FAILED:
+                self._holders.keep(lane, self._next_pos[lane])
+            self._cells.remove(lane)
+        else:
+            self._pending_release.append(lane)
         self._next_pos[lane] = 0
-        self._pending_release.append(lane)
         heapq.heappush(self._free, lane)
         return True
+
+    def _flush_ops(self) -> None:
+        """Run the queued memory operations on every stage (before a plan that may rely on
+        them); a stage that cannot breaks the chain, as the stages no longer agree."""
+        ops = self._cells.take()
+        if not ops or self.broken is not None:
+            return
+        try:
+            self._broadcast(b"mem", {"ops": ops})
+            self._collect(b"mem-done", "running memory operations")
+        except StageFailure as exc:
+            self.broken = str(exc)
+            self._free_survivors()
 
     def execute(self, plan: Any) -> int:
         """Run `plan` on every stage and fill `plan.outputs`; return the output count."""
@@ -201,6 +247,10 @@ class StageHost:
             plan.outputs.count = 0
             return 0
         offsets, tokens, positions = self._plan_arrays(plan)
+        self._flush_ops()
+        if self.broken is not None:
+            plan.outputs.count = 0
+            return 0
         ids = list(plan.sequence_ids)
         if len(set(ids)) != len(ids):
             raise ValueError("a sequence appears in more than one row of the plan")
@@ -209,16 +259,25 @@ class StageHost:
                 raise ValueError("staged serving samples greedily only (Sequence.sampling must "
                                  "be None)")
         starts = positions[offsets[:-1]].tolist()
-        new = [r for r, i in enumerate(ids) if i not in self._slot]
-        if len(new) > len(self._free):
+        flagged = getattr(plan, "new_rows", None)
+        new = [r for r, i in enumerate(ids)
+               if i not in self._slot or (flagged is not None and flagged[r])]
+        if sum(1 for r in new if ids[r] not in self._slot) > len(self._free):
             raise RuntimeError(f"{len(new)} new sequences but {len(self._free)} free lanes "
                                f"(n_seq_max={self.n_seq_max})")
+        restore = self._restores(plan, new)
         for r, (seq, start) in enumerate(zip(ids, starts)):
-            have = self._next_pos[self._slot[seq]] if seq in self._slot else 0
+            if r in restore:
+                have = self._holders.length(restore[r]) if self._holders is not None else 0
+            elif seq in self._slot and r not in new:
+                have = self._next_pos[self._slot[seq]]
+            else:
+                have = 0
             if start > have:
                 raise ValueError(f"row of {seq!r} starts at position {start} but the stages "
                                  f"hold {have} positions for it")
         lanes = np.empty(rows, dtype=np.int32)
+        fresh = [r for r in new if ids[r] not in self._slot]  # rows that take a lane now
         for r, seq in enumerate(ids):
             lane = self._slot.get(seq)
             if lane is None:
@@ -232,11 +291,12 @@ class StageHost:
                 row_lanes=lanes, tokens=tokens, positions=positions,
                 sample_last=np.asarray(plan.sample_last)[:rows],
                 phases=np.asarray(plan.phases)[:rows], new_rows=new,
+                row_restore=[restore.get(r, -1) for r in range(rows)],
                 release_lanes=self._pending_release,
                 deferred=(plan.deferred_rows, plan.deferred_source_steps,
                           plan.deferred_source_indexes) if len(plan.deferred_rows) else None)
         except BaseException:
-            for r in new:  # nothing was sent: the new sequences give their lanes back
+            for r in fresh:  # nothing was sent: the new sequences give their lanes back
                 heapq.heappush(self._free, self._slot.pop(ids[r]))
             raise
         released = self._pending_release
@@ -249,7 +309,7 @@ class StageHost:
                                    f"{out_rows.tolist()} for step {step} rows "
                                    f"{sample_rows.tolist()}")
         except StageFailure as exc:
-            self._undo(ids, lanes, starts, new, released)
+            self._undo(ids, lanes, starts, new, fresh, released)
             if self.broken is None and len(self.live) == len(self._out):
                 raise  # every stage is back where the plan found it: the engine aborts it
             self.broken = str(exc) if self.broken is None else f"{exc}; then {self.broken}"
@@ -259,6 +319,10 @@ class StageHost:
         ends = positions[offsets[1:] - 1] + 1
         for lane, end in zip(lanes.tolist(), ends.tolist()):
             self._next_pos[lane] = end
+        if self._holders is not None:
+            for r, holder in restore.items():
+                self._holders.restored(int(lanes[r]), holder, starts[r])
+            self._holders.wrote(np.repeat(lanes, np.diff(offsets)), positions, tokens)
         k = len(sample_rows)
         outputs = plan.outputs
         outputs.request_indexes[:k] = sample_rows
@@ -298,13 +362,21 @@ class StageHost:
                 raise StageFailure(f"stage {body.get('index')} failed on step {step}: "
                                    f"{body.get('message')}")
 
+    def _restores(self, plan: Any, new: list[int]) -> dict[int, int]:
+        """Row -> holder of every new row that restores a resident prefix."""
+        if self._holders is None or not new:
+            return {}
+        work = plan.work
+        return {r: int(work[r].restore_holder) for r in new
+                if getattr(work[r], "restore_holder", None) is not None}
+
     def _undo(self, ids: list[str], lanes: np.ndarray, starts: list[int], new: list[int],
-              released: list[int]) -> None:
+              fresh: list[int], released: list[int]) -> None:
         """Put every stage back where the failed plan found it (module docstring)."""
         new_set = set(new)
         body = {"release": released, "lanes": lanes.tolist(),
                 "starts": [0 if r in new_set else s for r, s in enumerate(starts)]}
-        for r in new:
+        for r in fresh:
             lane = self._slot.pop(ids[r])
             heapq.heappush(self._free, lane)
         try:
@@ -317,9 +389,11 @@ class StageHost:
         """With the chain broken: every live stage frees every lane (best effort), and the
         driver forgets its lanes' positions; sequences keep their lanes until released."""
         self._pending_release = []
+        self._cells.take()
         self._next_pos = [0] * self.n_seq_max
         try:
-            self._broadcast(b"release", {"lanes": list(range(self.n_seq_max))})
+            self._broadcast(b"release",
+                            {"lanes": list(range(self.n_seq_max + self.prefix_holders))})
             self._collect(b"released", "freeing the surviving stages")
         except StageFailure:
             pass  # a stage that does not answer now is not live any more
@@ -336,15 +410,18 @@ class StageHost:
         """Send pending releases to every stage now (they otherwise ride on the next plan)."""
         if self.broken is not None:
             self._pending_release = []  # the live stages were freed when the chain broke
+        self._flush_ops()
         if self._pending_release:
             self._broadcast(b"release", {"lanes": self._pending_release})
             self._collect(b"released", "releasing lanes")
             self._pending_release = []
 
-    def held(self) -> list[dict[int, int]]:
-        """Per live stage: positions held by every lane with KV (after `sync`)."""
+    def held(self, holders: bool = False) -> list[dict[int, int]]:
+        """Per live stage: positions held by every lane with KV (after `sync`); with `holders`
+        the prefix holders' too."""
         self._broadcast(b"held", {})
-        return [{int(k): v for k, v in r["lanes"].items()}
+        top = self.n_seq_max + (self.prefix_holders if holders else 0)
+        return [{int(k): v for k, v in r["lanes"].items() if int(k) < top}
                 for r in self._collect(b"held", "asking what is held")]
 
     @property

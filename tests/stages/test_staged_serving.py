@@ -51,6 +51,8 @@ def _trial(impl, host, alone, seed: int, counters: dict) -> None:
         mixed_prefill_decode=rng.random() < 0.8,
         memory_components=[MemoryComponent("kv", KV_BYTES, 0, 1, 0)],
     )
+    if host.prefix_store is not None:
+        config.update(host.sequence_id_settings)
     scheduler = impl(SchedulerConfig(**config))
     reserved = {r.id: len(r.prompt_tokens) + r.max_tokens for r in requests}
     p_preempt, p_cancel = rng.uniform(0, 0.15), rng.uniform(0, 0.05)
@@ -79,6 +81,9 @@ def _trial(impl, host, alone, seed: int, counters: dict) -> None:
             assert got.finish_reason == "length", (seed, req.id, got.finish_reason)
             counters["completed"] += 1
         assert got.tokens == want, (seed, req.id, config)
+    counters["restored"] = counters.get("restored", 0) + scheduler.metrics().restored_tokens
+    if host.prefix_store is not None:
+        scheduler.attach_prefix_store(None)  # the store serves the next trial's scheduler
     assert host.active_sequences == []
     host.sync()
     assert host.held() == [{}] * len(host.stages), seed  # no stage keeps KV of ended requests
@@ -236,3 +241,59 @@ def test_killing_a_stage_mid_run_ends_every_request(splits, model4, alone):
             assert host.active_sequences == []
             host.sync()
             assert host.held() == [{}, {}]  # stages 0 and 2 hold nothing for ended requests
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["P2", "P3"])
+def staged_reuse(request, splits, model4):
+    with LocalStages(splits[request.param], source_model=model4) as local:
+        with local.host(n_ctx=(N_SEQ + 6) * 512, n_seq_max=N_SEQ, n_batch=512, n_threads=1,
+                        prefix_cache_tokens=300, prefix_holders=6) as host:
+            yield host
+
+
+def test_prefix_reuse_on_stages_gives_the_unsplit_tokens(staged_reuse, alone):
+    """Requests share prefixes (and some repeat a whole prompt); finished sequences' KV stays
+    in every stage's holders and later ones restore from it: tokens equal the unsplit model's
+    alone runs, prompt tokens are really restored, evictions happen (a small store)."""
+    host = staged_reuse
+    restored = evictions = 0
+    for seed in range(6):
+        rng = random.Random(1000 + seed)
+        stems = [[1] + [rng.randrange(3, 384) for _ in range(rng.randrange(16, 60))]
+                 for _ in range(3)]
+        requests = []
+        for i in range(8):
+            prompt = list(rng.choice(stems))
+            if rng.random() < 0.7:
+                prompt += [rng.randrange(3, 384) for _ in range(rng.randrange(1, 20))]
+            requests.append(Request(f"p{i}", prompt, rng.randrange(1, MAX_GEN + 1),
+                                    arrival_us=i * 800.0))
+        config = SchedulerConfig(max_active_sequences=rng.randrange(1, 4),
+                                 max_tokens_per_iteration=64, prefill_chunk_tokens=16,
+                                 mixed_prefill_decode=True, **host.sequence_id_settings)
+        scheduler = Scheduler(config)
+        engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), max_iterations=3000)
+        engine.add_requests(requests)
+        report = engine.run()
+        for req, rec in zip(requests, report.records):
+            assert rec.finish_reason == "length"
+            assert rec.tokens == alone(req.prompt_tokens, req.max_tokens), (seed, req.id)
+        restored += scheduler.metrics().restored_tokens
+        evictions = host.prefix_store.evictions
+        scheduler.attach_prefix_store(None)  # the store serves the next trial's scheduler
+        host.sync()
+        assert host.held() == [{}] * len(host.stages)  # lanes empty; holders hold prefixes
+        kept = host.held(holders=True)
+        assert kept == [kept[0]] * len(host.stages)  # every stage holds the same prefixes
+    assert restored > 200 and evictions > 0
+
+
+@pytest.mark.parametrize("impl", [Scheduler, TwinScheduler], ids=["native", "twin"])
+def test_random_schedules_with_prefix_reuse_on_stages(impl, staged_reuse, alone):
+    """The random schedules again (preemption, cancellation, duplicates) with holders on every
+    stage: a preempted sequence's KV is kept and restored, a duplicate prompt restores whole."""
+    counters = dict(completed=0, preempted=0, cancelled=0, mixed=0, recompute=0)
+    for seed in range(300, 308):
+        _trial(impl, staged_reuse, alone, seed, counters)
+    assert counters["completed"] > 25 and counters["preempted"] > 1
+    assert counters["restored"] > 50
