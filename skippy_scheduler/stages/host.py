@@ -47,6 +47,20 @@ def _check_int(name: str, value: object, lo: int) -> int:
     return value
 
 
+def _local_address_towards(address: str) -> str:
+    """This machine's IP address on the route to a `tcp://HOST:PORT` worker (loopback for a
+    loopback worker): where the workers can reach the driver's reply socket."""
+    import socket
+
+    host, _, port = address[len("tcp://"):].rpartition(":")
+    host = host.strip("[]")
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((socket.gethostbyname(host), int(port or 1)))  # no packet is sent
+        return str(probe.getsockname()[0])
+
+
 class StageHost:
     """Runs plans on a chain of stage workers (see the module docstring)."""
 
@@ -77,8 +91,9 @@ class StageHost:
         self._reply: Any = self._ctx.socket(zmq.PULL)
         self._reply.setsockopt(zmq.LINGER, 0)
         self._reply_dir: Optional[str] = None
-        if reply_address is None and any(a.startswith("tcp://") for a in addresses):
-            reply_address = "tcp://127.0.0.1:*"
+        tcp = [a for a in addresses if a.startswith("tcp://")]
+        if reply_address is None and tcp:
+            reply_address = f"tcp://{_local_address_towards(tcp[0])}:*"
         elif reply_address is None:
             self._reply_dir = tempfile.mkdtemp(prefix="skippy-reply-")
             reply_address = f"ipc://{self._reply_dir}/reply"

@@ -297,3 +297,43 @@ def test_random_schedules_with_prefix_reuse_on_stages(impl, staged_reuse, alone)
         _trial(impl, staged_reuse, alone, seed, counters)
     assert counters["completed"] > 25 and counters["preempted"] > 1
     assert counters["restored"] > 50
+
+
+def test_workers_on_tcp_loopback(tmp_path, model4, splits, alone):
+    """`stage --listen tcp://127.0.0.1:*` workers (ports chosen by the system, read from the
+    line each prints), driven with --stage-addresses; the driver listens on loopback too."""
+    import re
+    import subprocess
+    import sys
+    import time
+
+    from skippy_scheduler.stages.split import stage_paths
+
+    procs, logs, addresses = [], [], []
+    try:
+        for k, path in enumerate(stage_paths(splits[2])):
+            log = tmp_path / f"w{k}.log"
+            with open(log, "wb") as err:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "skippy_scheduler.cli", "stage", "-m", path,
+                     "--listen", "tcp://127.0.0.1:*", "-t", "1"],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err))
+            logs.append(log)
+        for log in logs:
+            deadline = time.monotonic() + 60
+            while not (m := re.search(r"listening on (tcp://\S+)", log.read_text())):
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+            addresses.append(m.group(1))
+        prompts = [[1, 7, 8, 9], [1, 20, 21]]
+        (tmp_path / "p.json").write_text(json.dumps(prompts))
+        assert _cli("run", "--model", model4, "--prompts", tmp_path / "p.json", "--max-tokens",
+                    4, "--stage-addresses", ",".join(addresses), "--json",
+                    tmp_path / "o.json") == 0
+        doc = json.loads((tmp_path / "o.json").read_text())
+        for p, r in zip(prompts, doc["requests"]):
+            assert r["generated_tokens"] == alone(p, 4)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=10)
