@@ -50,7 +50,7 @@ class SoakHost:
         else:
             plan.outputs.count = 0
 
-    def release(self, sequence_id: str) -> None:
+    def release(self, sequence_id: str, reason: object = None) -> None:
         pass
 
 

@@ -1,25 +1,28 @@
 """A runtime of your own on the engine: implement `execute` and `release`, and run.
 
+The two verbs are the `Host` contract of skippy_scheduler/engine/contract.py; a real runtime
+sets a sequence's state up at its new row (`plan.new_rows`) and frees it at `release`, whose
+reason says why (finished, preempted, cancelled, failed).
+
 The "model" here predicts the row's last input token + 1 and ends a sequence (a negative
 token) once it reaches 60; time is virtual, charged by a cost model, so the output is the same
 on every machine. Run: python examples/engine_host.py
 """
 from __future__ import annotations
 
-from typing import Any
-
 from skippy_scheduler import Scheduler, SchedulerConfig
 from skippy_scheduler.cost_model import RuntimeCostModel
-from skippy_scheduler.engine import Engine, Event, Request, TokenEvent, VirtualClock
+from skippy_scheduler.engine import (Engine, Event, Plan, ReleaseReason, Request, TokenEvent,
+                                     VirtualClock)
 
 
 class CountingHost:
     """Writes one output per sampling row into the plan's output block, as a runtime does."""
 
     def __init__(self) -> None:
-        self.released: list[str] = []
+        self.released: list[tuple[str, str]] = []
 
-    def execute(self, plan: Any) -> None:
+    def execute(self, plan: Plan) -> None:
         rows = plan.sample_rows
         last = plan.tokens[plan.row_offsets[1:][rows] - 1]  # each sampling row's last token
         nxt = last + 1
@@ -29,8 +32,9 @@ class CountingHost:
         out.predicted_tokens[: len(rows)] = nxt
         out.count = len(rows)
 
-    def release(self, sequence_id: str) -> None:
-        self.released.append(sequence_id)  # a real runtime frees the sequence's KV here
+    def release(self, sequence_id: str, reason: ReleaseReason) -> None:
+        # A real runtime frees the sequence's KV here.
+        self.released.append((sequence_id, reason.value))
 
 
 def main() -> None:

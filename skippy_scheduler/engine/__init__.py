@@ -3,17 +3,26 @@
     engine = Engine(Scheduler(config), host, clock=VirtualClock(cost))
     report = engine.run(requests)
 
-The lab's scenarios and workload suite, `run` on llama.cpp, the benchmarks and the soak all
-run on it; a runtime plugs in by implementing `Host` (docs/hosts.md).
+The lab's scenarios and workload suite, `run` on llama.cpp, the benchmarks, the soak and the
+server all run on it; a runtime plugs in by implementing the `Host` contract
+(engine/contract.py, docs/hosts.md, docs/architecture.md).
 """
+from ..types import ReleaseReason
 from .clock import Clock, VirtualClock, WallClock
-from .core import Engine, EngineStalled, Event, FinishEvent, Request, TokenEvent
-from .host import CostModelHost, Host, MemoryReportingHost, PrefixRestoringHost
+from .contract import (AsyncHost, ExecutionHandle, Host, HostHooks, HostState,
+                       MemoryReportingHost, Plan, PlanOutputs, PrefixHoldingHost,
+                       PrefixRestoringHost, RequestLike, ResettableHost, SchedulerLike,
+                       StateReportingHost, attach)
+from .core import AcceptEvent, Engine, EngineStalled, Event, FinishEvent, Request, TokenEvent
+from .host import CostModelHost
+from .observers import StepObserver
 from .record import FINISH_REASONS, EngineReport, Recorder, RequestRecord, TokenTimeline, percentile
 
 __all__ = [
-    "Clock", "CostModelHost", "Engine", "EngineReport", "EngineStalled", "Event",
-    "FINISH_REASONS", "FinishEvent", "Host", "MemoryReportingHost", "PrefixRestoringHost",
-    "Recorder", "Request", "RequestRecord", "TokenEvent", "TokenTimeline", "VirtualClock",
-    "WallClock", "percentile",
+    "AcceptEvent", "AsyncHost", "Clock", "CostModelHost", "Engine", "EngineReport",
+    "EngineStalled", "Event", "ExecutionHandle", "FINISH_REASONS", "FinishEvent", "Host",
+    "HostHooks", "HostState", "MemoryReportingHost", "Plan", "PlanOutputs", "PrefixHoldingHost",
+    "PrefixRestoringHost", "Recorder", "ReleaseReason", "Request", "RequestLike",
+    "RequestRecord", "ResettableHost", "SchedulerLike", "StateReportingHost", "StepObserver",
+    "TokenEvent", "TokenTimeline", "VirtualClock", "WallClock", "attach", "percentile",
 ]

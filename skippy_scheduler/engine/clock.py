@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Optional, Protocol
+from typing import Optional, Protocol, runtime_checkable
 
 from ..cost_model import RuntimeCostModel
 
 
+@runtime_checkable
 class Clock(Protocol):
     def start(self) -> None:
         """Set time 0 (called when a run starts)."""

@@ -17,21 +17,23 @@ import heapq
 import itertools
 import queue
 import threading
-import time
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence as _Seq, Union
 
-from ..cost_model import decode_row_count
-from ..types import AdmissionError, DuplicateSequence, QueueFull, Sequence
+from ..types import (AdmissionError, DuplicateSequence, QueueFull, RejectReason, ReleaseReason,
+                     SchedulerConfig, Sequence)
 from .clock import Clock, VirtualClock, WallClock
-from .pipeline import _Pipeline
+from .contract import Host, HostHooks, RequestLike, SchedulerLike, attach, check_scheduler
+from .observers import OnPlan as _OnPlan, PlanHook, Recording, StepObserver, TokenEvents, replace_hook
 from .record import EngineReport, Recorder
-from .requests import (_ENDED, _PENDING, _SUBMITTED, EngineStalled, Event, FinishEvent, Request,
-                       TokenEvent, _Entry, _InFlight, _SequenceRequest)
+from .requests import (_ENDED, _PENDING, _SUBMITTED, AcceptEvent, EngineStalled, Event,
+                       FinishEvent, Request, TokenEvent, _Entry, _SequenceRequest)
+from .step import _Steps
 
 _INF = float("inf")
 
-__all__ = ["Engine", "EngineStalled", "Event", "FinishEvent", "Request", "TokenEvent"]
+__all__ = ["AcceptEvent", "Engine", "EngineStalled", "Event", "FinishEvent", "Request",
+           "TokenEvent"]
 
 
 ClockArg = Union[Clock, str, None]
@@ -46,14 +48,14 @@ def _make_clock(clock: ClockArg) -> Optional[Clock]:
         return VirtualClock()
     if isinstance(clock, str):
         raise ValueError(f"clock must be 'wall', 'virtual', a Clock or None, got {clock!r}")
-    for verb in ("start", "now", "charge", "wait_until"):
-        if not callable(getattr(clock, verb, None)):
-            raise TypeError(f"clock has no {verb}() method: {type(clock).__name__}")
+    if not isinstance(clock, Clock):
+        raise TypeError(f"clock needs start(), now(), charge() and wait_until(): "
+                        f"{type(clock).__name__}")
     return clock
 
 
-class Engine(_Pipeline):
-    """Drive `scheduler` and `host` (a `Host`) until the work runs out.
+class Engine(_Steps):
+    """Drive `scheduler` and `host` (a `Host`, engine/contract.py) until the work runs out.
 
     clock: "wall" (default), "virtual" (host-measured durations, idle gaps skipped), a `Clock`
         such as `VirtualClock(cost_model)`, or None (no time at all: for benchmarks).
@@ -64,41 +66,33 @@ class Engine(_Pipeline):
     on_reject: `f(request, exc)` when the scheduler refuses a submission at its arrival; by
         default the request is recorded as rejected (a `FinishEvent` says why).
     max_iterations: raise RuntimeError beyond this many iterations (a guard for tests).
+
+    The host is checked against the contract once, here (`contract.attach`); `hooks` holds what
+    it provides.
     """
 
-    def __init__(self, scheduler: Any, host: Any, *, clock: ClockArg = "wall",
+    def __init__(self, scheduler: SchedulerLike, host: Host, *, clock: ClockArg = "wall",
                  record: bool = True, observe: bool = True,
-                 on_plan: Optional[Callable[[Any, float, float], None]] = None,
+                 on_plan: Optional[PlanHook] = None,
                  before_step: Optional[Callable[["Engine"], None]] = None,
                  on_reject: Optional[Callable[[Any, BaseException], None]] = None,
                  max_iterations: Optional[int] = None) -> None:
-        for verb in ("plan_iteration", "complete_iteration", "submit", "cancel"):
-            if not callable(getattr(scheduler, verb, None)):
-                raise TypeError(f"scheduler has no {verb}() method: {type(scheduler).__name__}")
-        for verb in ("execute", "release"):
-            if not callable(getattr(host, verb, None)):
-                raise TypeError(f"host has no {verb}() method: {type(host).__name__}")
-        self.scheduler = scheduler
+        self.scheduler = check_scheduler(scheduler)
+        self.hooks: HostHooks = attach(host)
         self.host = host
-        self._lean = False
         self._clock = _make_clock(clock)
         self.observe = bool(observe) and self._clock is not None
-        self._on_plan = on_plan
-        self._before_step = before_step
+        self.before_step = before_step
         self.on_reject = on_reject
-        self._max_iterations = max_iterations
-        self._profile = False
-        self._prepare = getattr(host, "prepare_sequence", None)
-        self._execute_async = getattr(host, "execute_async", None)
-        config = getattr(scheduler, "config", None)
-        store = getattr(host, "prefix_store", None)
+        self.max_iterations = max_iterations
+        #: Time plan_iteration and complete_iteration of every step (`last_plan_ns`,
+        #: `last_complete_ns`).
+        self.profile = False
+        config = scheduler.config
+        store = self.hooks.prefix_store
         if store is not None:
             _attach_host_store(scheduler, store, config)
-        self._depth = int(getattr(config, "max_inflight_plans", 1) or 1)
-        self._inflight: deque[_InFlight] = deque()
-        self._pending_release: list[str] = []
-        self._empty_plan: Any = None
-        self._memory = getattr(host, "memory_used", None)
+        self._depth = int(config.max_inflight_plans or 1)
         self.recorder: Optional[Recorder] = Recorder() if record else None
         self.iterations = 0
         self.last_plan_ns = 0
@@ -122,17 +116,13 @@ class Engine(_Pipeline):
         self._stop = False
         self._listeners: list[Callable[[Event], None]] = []
         self._streams: dict[str, "queue.SimpleQueue[Event]"] = {}
-        self._update_lean()
+        self._observers: list[StepObserver] = []
+        if self.recorder is not None:
+            self._observers.append(Recording(self.recorder, self._record_of))
+        replace_hook(self._observers, on_plan)
+        self._init_steps()
 
     # -- settings that may change between steps -----------------------------------------------
-    # NOTE: a step with no clock, recorder, hook or observer is plan + execute + complete and
-    # nothing else (what the benchmarks time); these setters keep that fast path's flag true.
-
-    def _update_lean(self) -> None:
-        self._lean = (self._depth == 1 and self._clock is None and self.recorder is None
-                      and self._on_plan is None
-                      and self._before_step is None and self._max_iterations is None
-                      and not self._profile and not self._listeners and not self._streams)
 
     @property
     def clock(self) -> Optional[Clock]:
@@ -141,45 +131,27 @@ class Engine(_Pipeline):
     @clock.setter
     def clock(self, clock: ClockArg) -> None:
         self._clock = _make_clock(clock)
-        self._update_lean()
 
     @property
-    def profile(self) -> bool:
-        """Time plan_iteration and complete_iteration of every step (`last_plan_ns`,
-        `last_complete_ns`)."""
-        return self._profile
-
-    @profile.setter
-    def profile(self, value: bool) -> None:
-        self._profile = bool(value)
-        self._update_lean()
-
-    @property
-    def on_plan(self) -> Optional[Callable[[Any, float, float], None]]:
-        return self._on_plan
+    def on_plan(self) -> Optional[PlanHook]:
+        for o in self._observers:
+            if isinstance(o, _OnPlan):
+                return o.hook
+        return None
 
     @on_plan.setter
-    def on_plan(self, hook: Optional[Callable[[Any, float, float], None]]) -> None:
-        self._on_plan = hook
-        self._update_lean()
+    def on_plan(self, hook: Optional[PlanHook]) -> None:
+        replace_hook(self._observers, hook)
 
     @property
-    def before_step(self) -> Optional[Callable[["Engine"], None]]:
-        return self._before_step
+    def observers(self) -> list[StepObserver]:
+        """Called at every step's points (engine/observers.py); an empty list is the lean
+        path. Add your own `StepObserver` here."""
+        return self._observers
 
-    @before_step.setter
-    def before_step(self, hook: Optional[Callable[["Engine"], None]]) -> None:
-        self._before_step = hook
-        self._update_lean()
-
-    @property
-    def max_iterations(self) -> Optional[int]:
-        return self._max_iterations
-
-    @max_iterations.setter
-    def max_iterations(self, value: Optional[int]) -> None:
-        self._max_iterations = value
-        self._update_lean()
+    def _watch_events(self) -> None:
+        if not any(isinstance(o, TokenEvents) for o in self._observers):
+            self._observers.append(TokenEvents(self))
 
     # -- time ---------------------------------------------------------------------------------
 
@@ -248,7 +220,7 @@ class Engine(_Pipeline):
         """Call `listener(event)` for every `TokenEvent` and `FinishEvent`, on the engine's
         thread, as they happen."""
         self._listeners.append(listener)
-        self._update_lean()
+        self._watch_events()
 
     def stream(self, request_id: str) -> Iterator[Event]:
         """Events of one request, for a consumer on another thread: subscribe before
@@ -256,7 +228,7 @@ class Engine(_Pipeline):
         q: "queue.SimpleQueue[Event]" = queue.SimpleQueue()
         with self._lock:
             self._streams[request_id] = q
-            self._lean = False
+        self._watch_events()
 
         def events() -> Iterator[Event]:
             while True:
@@ -336,34 +308,13 @@ class Engine(_Pipeline):
     def step(self) -> bool:
         """One step: inbox, due arrivals, hook, and one iteration if anything is live.
         Returns False when there was nothing to run."""
-        if self._lean and self._outstanding and not self._inbox and self._next_due == _INF:
-            # The lean path, inline: plan, execute, complete, release (what `bench` times).
-            sched = self.scheduler
-            plan = sched.plan_iteration()
-            if not len(plan):
-                raise EngineStalled(f"the scheduler made an empty plan with {self._outstanding} "
-                                    "requests waiting or running")
-            self.host.execute(plan)
-            telemetry = sched.complete_iteration(plan)
-            self.iterations += 1
-            self.last_telemetry = telemetry
-            if telemetry.finished_ids or telemetry.failed_ids:
-                self._retire(telemetry.finished_ids, telemetry.failed_ids, [], ())
-            if self._memory is not None:
-                self._measure_memory()
-            return True
         if self._inbox:
             self._drain()
-        if self._next_due <= self.now():
+        if self._next_due != _INF and self._next_due <= self.now():
             self._submit_due()
-        if self._before_step is not None:
-            self._before_step(self)
-        if self._depth > 1:
-            return self._step_pipelined()
-        if not self._outstanding:
-            return False
-        self._iterate()
-        return True
+        if self.before_step is not None:
+            self.before_step(self)
+        return self._iterate()
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -371,13 +322,12 @@ class Engine(_Pipeline):
         return self._thread is None or self._thread == threading.get_ident()
 
     @staticmethod
-    def _as_request(request: Any) -> Any:
+    def _as_request(request: Any) -> RequestLike:
         if isinstance(request, Sequence):
             return _SequenceRequest(request, None)
-        for attr in ("id", "arrival_us", "to_sequence"):
-            if not hasattr(request, attr):
-                raise TypeError(f"a request needs id, arrival_us and to_sequence(); "
-                                f"{type(request).__name__} has no {attr}")
+        if not isinstance(request, RequestLike):
+            raise TypeError(f"a request needs id, arrival_us and to_sequence(); "
+                            f"{type(request).__name__} lacks some")
         if not isinstance(request.id, str):
             raise TypeError(f"request id must be a str, got {type(request.id).__name__}")
         return request
@@ -470,21 +420,25 @@ class Engine(_Pipeline):
         entry.request = None  # the scheduler keeps its own copy from here on
         try:
             seq = request.to_sequence()
-            if self._prepare is not None:
-                seq = self._prepare(seq)
+            prepare = self.hooks.prepare_sequence
+            if prepare is not None:
+                seq = prepare(seq)
             self.scheduler.submit(seq)
         except (AdmissionError, TypeError, ValueError) as exc:
+            why = exc.reason if isinstance(exc, AdmissionError) else None
             if self.on_reject is not None:
-                self._end(entry, "rejected", error=str(exc))
+                self._end(entry, "rejected", error=str(exc), rejection=why)
                 self.on_reject(request, exc)
                 return
             if raise_errors and not isinstance(exc, QueueFull):
                 self._end(entry, "rejected", error=str(exc), emit=False)
                 raise
-            self._end(entry, "rejected", error=f"{type(exc).__name__}: {exc}")
+            self._end(entry, "rejected", error=f"{type(exc).__name__}: {exc}", rejection=why)
             return
         entry.state = _SUBMITTED
         self._outstanding += 1
+        if self._listeners or self._streams:
+            self._emit(AcceptEvent(entry.id, self.now()))
 
     def _drain(self) -> None:
         while self._inbox:
@@ -494,7 +448,8 @@ class Engine(_Pipeline):
                     self._accept(item, raise_errors=False)
                 except DuplicateSequence as exc:
                     if self._listeners or self._streams:
-                        self._emit(FinishEvent(item.id, "rejected", self.now(), str(exc)))
+                        self._emit(FinishEvent(item.id, "rejected", self.now(), str(exc),
+                                               exc.reason))
             else:
                 self._cancel(item)
 
@@ -506,12 +461,12 @@ class Engine(_Pipeline):
             if not self.scheduler.cancel(request_id):
                 return False
             self._outstanding -= 1
-            self._release(request_id)
+            self._release(request_id, ReleaseReason.CANCELLED)
         self._end(entry, "cancelled")
         return True
 
     def _end(self, entry: _Entry, reason: str, error: Optional[str] = None,
-             emit: bool = True) -> None:
+             emit: bool = True, rejection: Optional[RejectReason] = None) -> None:
         entry.state = _ENDED
         entry.request = None
         with self._lock:
@@ -522,7 +477,7 @@ class Engine(_Pipeline):
             if error is not None:
                 self.recorder.errors[entry.record] = error
         if emit and (self._listeners or self._streams):
-            self._emit(FinishEvent(entry.id, reason, now, error))
+            self._emit(FinishEvent(entry.id, reason, now, error, rejection))
 
     def _emit(self, event: Event) -> None:
         for listener in self._listeners:
@@ -539,161 +494,26 @@ class Engine(_Pipeline):
         rec = self.recorder
         live = self._live
         for rid in victims:
-            self._release(rid)
+            self._release(rid, ReleaseReason.PREEMPTED)
             live[rid].voids += 1
             if rec is not None:
                 rec.preemptions[self._record_of[rid]] += 1
 
     def _measure_memory(self) -> None:
-        used = self._memory()
+        measure = self.hooks.memory_used
+        used = measure() if measure is not None else None
         if used is not None:
             sched = self.scheduler
             self._release_victims(list(sched.preempt_for_component_pressure(list(used))))
 
-    def _iterate(self) -> None:
-        flight = self._make_flight()
-        if flight is None:
-            raise EngineStalled(
-                f"the scheduler made an empty plan with {self._outstanding} requests waiting or "
-                f"running at {self.now()} µs (a request that can never fit the memory budget?)")
-        clock = self._clock
-        t0 = time.perf_counter_ns() if clock is not None else 0
-        try:
-            self.host.execute(flight.plan)
-        except BaseException:
-            self.scheduler.abort_iteration(flight.plan)  # its rows are undone: nothing lost
-            raise
-        if clock is not None:
-            flight.measured_us = (time.perf_counter_ns() - t0) / 1e3
-        self._finish(flight)
 
-    def _make_flight(self) -> Optional["_InFlight"]:
-        """plan_iteration, and what the recorder notes when a plan is made; None for an empty
-        plan (left live: the caller decides)."""
-        sched = self.scheduler
-        clock = self._clock
-        rec = self.recorder
-        if self._max_iterations is not None and self.iterations >= self._max_iterations:
-            raise RuntimeError(f"no completion after {self.iterations} iterations")
-        if self._profile:
-            t0 = time.perf_counter_ns()
-            plan = sched.plan_iteration()
-            self.last_plan_ns = time.perf_counter_ns() - t0
-        else:
-            plan = sched.plan_iteration()
-        if len(plan) == 0:
-            self._empty_plan = plan
-            return None
-        flight = _InFlight(plan)
-        flight.start = clock.now() if clock is not None else 0
-        if rec is not None:
-            record_of = self._record_of
-            flight.owners = [record_of[i] for i in plan.sequence_ids]
-            rec.scheduled(flight.owners, flight.start)
-        flight.token_count = plan.token_count
-        if clock is not None or rec is not None:
-            flight.decode = decode_row_count(plan.phases)
-        if self._depth > 1 and (rec is not None or self._listeners or self._streams):
-            live = self._live
-            flight.entries = entries = [live[i] for i in plan.sequence_ids]
-            flight.voids = [e.voids for e in entries]
-        return flight
-
-    def _finish(self, flight: "_InFlight") -> None:
-        """Charge, observe and complete an executed plan; record, stream, release."""
-        sched = self.scheduler
-        clock = self._clock
-        rec = self.recorder
-        plan = flight.plan
-        owners = flight.owners
-        watch = rec is not None or bool(self._listeners) or bool(self._streams)
-        token_count, decode = flight.token_count, flight.decode
-        if clock is not None:
-            duration = clock.charge(token_count - decode, decode, flight.measured_us)
-            end = clock.now()
-        else:
-            duration = end = 0
-        start = flight.start
-        if self._on_plan is not None:
-            self._on_plan(plan, start, duration)
-        sampled: list[Any] = []  # record indexes (with a recorder) or ids of sampled rows
-        tokens: Any = ()
-        if watch:
-            out = plan.outputs
-            k = out.count
-            if k:
-                sample_rows = out.request_indexes[:k].tolist()
-                tokens = out.predicted_tokens[:k]
-                if flight.entries is not None:
-                    # Rows whose request ended or was preempted since the plan was made: the
-                    # scheduler drops their outputs, so do the recorder and the stream.
-                    entries, voids = flight.entries, flight.voids
-                    keep = [j for j, r in enumerate(sample_rows)
-                            if entries[r].state == _SUBMITTED and entries[r].voids == voids[r]]
-                    if len(keep) != k:
-                        sample_rows = [sample_rows[j] for j in keep]
-                        tokens = tokens[keep]
-                if rec is not None:
-                    sampled = [owners[r] for r in sample_rows]
-                    rec.sampled(end, sampled, tokens)
-                else:
-                    ids = plan.sequence_ids
-                    sampled = [ids[r] for r in sample_rows]
-                if self._listeners or self._streams:
-                    names = rec.ids if rec is not None else None
-                    for o, t in zip(sampled, tokens.tolist()):
-                        if t >= 0:
-                            self._emit(TokenEvent(names[o] if names is not None else o, t, end))
-                tokens = tokens.tolist()
-        if self.observe:
-            sched.observe_iteration_duration(plan, duration / 1e6)
-        if self._profile:
-            t0 = time.perf_counter_ns()
-            telemetry = sched.complete_iteration(plan)
-            self.last_complete_ns = time.perf_counter_ns() - t0
-        else:
-            telemetry = sched.complete_iteration(plan)
-        self.iterations += 1
-        self.last_telemetry = telemetry
-        finished = telemetry.finished_ids
-        failed = telemetry.failed_ids
-        if finished or failed:
-            self._retire(finished, failed, sampled, tokens)
-        if self._memory is not None:
-            self._measure_memory()
-        if rec is not None:
-            rec.iteration(start, duration, len(plan), decode, token_count, plan.admitted,
-                          telemetry.waiting_sequences)
-
-    def _retire(self, finished: list[str], failed: list[str], sampled: list[Any],
-                tokens: Any) -> None:
-        live = self._live
-        release = self._release
-        rec = self.recorder
-        last: dict[Any, int] = dict(zip(sampled, tokens)) if finished and sampled else {}
-        for rid in finished:
-            release(rid)
-            entry = live[rid]
-            key = entry.record if rec is not None else rid
-            self._outstanding -= 1
-            self._end(entry, "stop" if last.get(key, 0) < 0 else "length")
-        for rid in failed:
-            release(rid)
-            self._outstanding -= 1
-            self._end(live[rid], "failed")
-
-
-def _attach_host_store(scheduler: Any, store: Any, config: Any) -> None:
+def _attach_host_store(scheduler: SchedulerLike, store: Any, config: SchedulerConfig) -> None:
     """A host that keeps resident prefixes hands its store to the scheduler, which then reads
     restores from it (§2.12). Its holder ids must be the scheduler's reserved sequence ids."""
-    if getattr(scheduler, "prefix_store", None) is store:
+    if scheduler.prefix_store is store:
         return
-    attach = getattr(scheduler, "attach_prefix_store", None)
-    if attach is None:
-        raise TypeError(f"the host keeps a prefix store but {type(scheduler).__name__} cannot "
-                        "read one (no attach_prefix_store)")
-    holders = getattr(store, "holder_slots", None)
-    if holders and config is not None:
+    holders = store.holder_slots
+    if holders:
         limit = config.sequence_id_limit
         reserved = config.reserved_sequence_ids
         first = store.first_holder_id
@@ -702,4 +522,4 @@ def _attach_host_store(scheduler: Any, store: Any, config: Any) -> None:
                 f"the host's prefix holders are sequence ids [{first}, {first + holders}) but the "
                 f"scheduler reserves [{limit - reserved}, {limit}): configure the scheduler with "
                 "the host's sequence_id_settings")
-    attach(store)
+    scheduler.attach_prefix_store(store)

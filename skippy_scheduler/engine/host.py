@@ -1,56 +1,14 @@
-"""What a runtime implements to be driven by the `Engine` (docs/hosts.md).
+"""`CostModelHost`: the model-free host of the lab, the benchmarks and the tests.
 
-A host runs plans. It must have two verbs:
-
-* `execute(plan)`: run the plan's rows and write one sampled output per sampling row into
-  `plan.outputs` (work index, token; a negative token ends the sequence), then set
-  `plan.outputs.count`. A sampling row left without an entry fails its sequence.
-* `release(sequence_id)`: free whatever the runtime holds for a sequence (KV cells, a lane).
-  The engine calls it when a sequence finishes, fails or is cancelled, and for every id that a
-  preemption returns (its KV is gone; it will recompute).
-
-and may have two optional hooks, found by name:
-
-* `prepare_sequence(sequence) -> Sequence`: called at submit; the host may return the sequence
-  with a `PrefixRestore` and a `CacheAffinity` for the prefix it holds resident.
-* `memory_used() -> list[int] | None`: measured bytes per configured memory component, asked
-  after every completion; the engine hands it to `preempt_for_component_pressure` and
-  releases the victims on the host. `None` means "nothing measured this time".
-
-`CostModelHost` is the model-free host of the lab, the benchmarks and the tests.
+The contract every host implements (two verbs, optional capabilities) is in
+engine/contract.py; docs/hosts.md describes it for runtime authors.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol, Sequence as _Seq, runtime_checkable
+from typing import Optional
 
-from ..types import Sequence
-
-
-@runtime_checkable
-class Host(Protocol):
-    """The two verbs every runtime has (see the module docstring)."""
-
-    def execute(self, plan: Any) -> None:
-        """Run `plan` and write its sampled outputs into `plan.outputs`."""
-
-    def release(self, sequence_id: str) -> None:
-        """Free the runtime state of `sequence_id` (finish, failure, cancel, preemption)."""
-
-
-@runtime_checkable
-class PrefixRestoringHost(Host, Protocol):
-    """A host that can restore resident prefixes into new sequences."""
-
-    def prepare_sequence(self, sequence: Sequence) -> Sequence:
-        """`sequence`, with a prefix restore and cache affinity for what is resident."""
-
-
-@runtime_checkable
-class MemoryReportingHost(Host, Protocol):
-    """A host that measures what its memory components hold."""
-
-    def memory_used(self) -> Optional[_Seq[int]]:
-        """Measured bytes per memory component, in the config's order (or None)."""
+from ..types import ReleaseReason
+from .contract import Plan
 
 
 class CostModelHost:
@@ -66,7 +24,7 @@ class CostModelHost:
             raise TypeError(f"token must be an int or None, got {type(token).__name__}")
         self.token = token
 
-    def execute(self, plan: Any) -> None:
+    def execute(self, plan: Plan) -> None:
         rows = plan.sample_rows
         k = len(rows)
         out = plan.outputs
@@ -80,5 +38,6 @@ class CostModelHost:
             out.predicted_tokens[:k] = self.token
         out.count = k
 
-    def release(self, sequence_id: str) -> None:
+    def release(self, sequence_id: str,
+                reason: ReleaseReason = ReleaseReason.FINISHED) -> None:
         return None

@@ -8,9 +8,12 @@ engine's own records.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence as _Seq, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence as _Seq, Union
 
-from ..types import Sequence
+from ..types import RejectReason, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .contract import ExecutionHandle, Plan
 
 
 class EngineStalled(RuntimeError):
@@ -48,16 +51,31 @@ class TokenEvent:
 
 
 @dataclass(frozen=True)
+class AcceptEvent:
+    """The scheduler took `request_id` at `time_us` (it waits or runs from now on)."""
+
+    request_id: str
+    time_us: float
+
+
+@dataclass(frozen=True)
 class FinishEvent:
-    """`request_id` ended at `time_us`: reason is length, stop, failed, cancelled or rejected."""
+    """`request_id` ended at `time_us`: reason is length, stop, failed, cancelled or rejected
+    (the values of `FinishReason`, and "rejected").
+
+    A rejected request never reached the scheduler's queues; `rejection` says why (a
+    `RejectReason`: QUEUE_FULL is "try again later", the others a bad request), or is None when
+    the request itself was invalid (its `to_sequence` or the host's `prepare_sequence` raised
+    TypeError or ValueError; `error` has the message)."""
 
     request_id: str
     reason: str
     time_us: float
     error: Optional[str] = None
+    rejection: Optional[RejectReason] = None
 
 
-Event = Union[TokenEvent, FinishEvent]
+Event = Union[AcceptEvent, TokenEvent, FinishEvent]
 
 _PENDING, _SUBMITTED, _ENDED = 0, 1, 2
 
@@ -68,14 +86,14 @@ class _InFlight:
     __slots__ = ("plan", "start", "owners", "token_count", "decode", "measured_us", "handle", "t0",
                  "entries", "voids")
 
-    def __init__(self, plan: Any) -> None:
+    def __init__(self, plan: "Plan") -> None:
         self.plan = plan
         self.start: float = 0
         self.owners: list[int] = []
         self.token_count = 0
         self.decode = 0
         self.measured_us = 0.0
-        self.handle: Any = None
+        self.handle: Optional["ExecutionHandle"] = None
         self.t0 = 0
         self.entries: Optional[list[Any]] = None  # depth > 1: each row's request, and its
         self.voids: list[int] = []                # preemption count when the plan was made

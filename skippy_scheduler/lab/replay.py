@@ -349,7 +349,7 @@ class TraceHost(CostModelHost):
             for t, (prefill, decode) in served.items():
                 fair.charge(names[t], prefill, decode)
 
-    def release(self, sequence_id: str) -> None:
+    def release(self, sequence_id: str, reason: object = None) -> None:
         live = self.live.get(sequence_id)
         if live is None:
             return

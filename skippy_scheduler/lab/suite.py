@@ -177,7 +177,7 @@ class SuiteHost(CostModelHost):
             self.usage += int((held - self.fed[owner]).sum())
             self.fed[owner] = held
 
-    def release(self, sequence_id: str) -> None:
+    def release(self, sequence_id: str, reason: object = None) -> None:
         if self.memory:
             r = self.index_of[sequence_id]
             self.usage -= int(self.fed[r])

@@ -5,11 +5,11 @@ the engine's inbox (`Engine.submit` / `Engine.cancel` from another thread) and r
 request's events from a `Subscription`, which the engine thread fills from an engine listener
 and which wakes the loop at most once per burst.
 
-Whether the scheduler took a request or refused it (waiting queue full) is known right after the
-engine drains its inbox: a refusal arrives as a `FinishEvent("rejected")`, and the `before_step`
-hook, which runs right after the drain, confirms every request that is now live. The same hook
-publishes the figures `/metrics` shows (`EngineStats`) and runs the calls other threads queued
-with `call` (state snapshots for tests and diagnostics).
+Whether the scheduler took a request or refused it is an engine event: an `AcceptEvent` when
+the scheduler holds it, a `FinishEvent("rejected")` whose `rejection` says why (QUEUE_FULL: a
+503) when it did not. The `before_step` hook publishes the figures `/metrics` shows
+(`EngineStats`, from the host's `host_state`) and runs the calls other threads queued with
+`call` (state snapshots for tests and diagnostics).
 
 An exception out of the engine (a host failure) fails every open request with that message,
 releases the host's state and restarts the loop: one bad iteration never takes the server down.
@@ -25,7 +25,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from ..engine import Engine, FinishEvent, Request
+from ..engine import AcceptEvent, Engine, FinishEvent, Host, HostState, Request, SchedulerLike
 
 log = logging.getLogger("skippy_scheduler.serve")
 
@@ -63,7 +63,7 @@ class Subscription:
         self._lock = threading.Lock()
         self._waiting = False
         self._event = asyncio.Event()
-        self.verdict: asyncio.Future = loop.create_future()
+        self.verdict: asyncio.Future[Optional[FinishEvent]] = loop.create_future()
         self.error: Optional[str] = None
         self.finished = False
         self.arrival_us = arrival_us
@@ -105,7 +105,8 @@ class Subscription:
 class EngineRunner:
     """Runs `engine.run_forever()` on a daemon thread and multiplexes its events."""
 
-    def __init__(self, scheduler: Any, host: Any, *, idle_wait_s: float = 0.05) -> None:
+    def __init__(self, scheduler: SchedulerLike, host: Host, *,
+                 idle_wait_s: float = 0.05) -> None:
         self.scheduler = scheduler
         self.host = host
         self.engine = Engine(scheduler, host, clock="wall", record=False,
@@ -116,7 +117,7 @@ class EngineRunner:
         self._undecided: dict[str, Subscription] = {}
         self._lock = threading.Lock()
         self._gate = threading.Lock()  # held around submissions; taken when the loop restarts
-        self._calls: deque[tuple[Callable[[], Any], Future]] = deque()
+        self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._thread: Optional[threading.Thread] = None
         self._started = threading.Event()
         self._running = False
@@ -175,7 +176,7 @@ class EngineRunner:
     def _recover(self, message: str) -> None:
         for rid in self.engine.open_ids():
             self._fail(rid, f"the engine failed: {message}")
-        release_all = getattr(self.host, "release_all", None)
+        release_all = self.engine.hooks.release_all
         if release_all is not None:
             release_all()
 
@@ -220,7 +221,7 @@ class EngineRunner:
 
     def call(self, fn: Callable[[], Any], timeout_s: float = 10.0) -> Any:
         """Run `fn()` on the engine thread between two steps and return its result."""
-        fut: Future = Future()
+        fut: Future[Any] = Future()
         self._calls.append((fn, fut))
         self.engine.wake()
         return fut.result(timeout_s)
@@ -239,6 +240,12 @@ class EngineRunner:
         sub = self._subs.get(rid)
         if sub is None:
             return
+        if isinstance(event, AcceptEvent):
+            with self._lock:
+                undecided = self._undecided.pop(rid, None) is not None
+            if undecided:
+                sub._decide(None)
+            return
         if isinstance(event, FinishEvent):
             sub.finished = True
             with self._lock:
@@ -253,8 +260,6 @@ class EngineRunner:
             with self._gate:
                 self._running = not self._stopping
             self._started.set()
-        if self._undecided:
-            self._confirm_live()
         self._publish()
         while self._calls:
             fn, fut = self._calls.popleft()
@@ -263,71 +268,43 @@ class EngineRunner:
             except BaseException as exc:  # handed to the caller's thread
                 fut.set_exception(exc)
 
-    def _confirm_live(self) -> None:
-        with self._lock:
-            pending = list(self._undecided.items())
-        engine = self.engine
-        for rid, sub in pending:
-            try:
-                live = engine.status(rid) is None
-            except KeyError:  # still in the inbox (or already ended: its event decided it)
-                continue
-            if live:
-                with self._lock:
-                    self._undecided.pop(rid, None)
-                sub._decide(None)
-
     def _publish(self) -> None:
         m = self.scheduler.metrics()
-        host = self.host
-        active = getattr(host, "active_sequences", ())
-        kv_of = getattr(host, "kv_tokens", None)
-        kv = sum(kv_of(s) for s in active) if kv_of is not None else 0
-        lanes = getattr(host, "n_seq_max", 0)
-        n_ctx = getattr(host, "n_ctx", 0)
+        h = self.host_state()
         self.stats = EngineStats(
             running=m.active_sequences, waiting=m.waiting_sequences, preemptions=m.preempted,
             prefix_hits=m.prefix_hits, prefix_misses=m.prefix_misses,
-            lanes_in_use=len(active), lanes=lanes, kv_tokens=kv, kv_capacity=n_ctx,
-            iterations=m.iterations, published_s=time.monotonic())
+            lanes_in_use=len(h.active), lanes=h.lanes, kv_tokens=h.kv_tokens,
+            kv_capacity=h.kv_capacity, iterations=m.iterations, published_s=time.monotonic())
+
+    def host_state(self, detail: bool = False) -> HostState:
+        """The host's figures (engine thread only); zeros for a host that reports none."""
+        report = self.engine.hooks.host_state
+        return report(detail) if report is not None else HostState(lanes=0, free_lanes=0)
 
     # -- diagnostics --------------------------------------------------------------------------
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         """Everything that must be empty when no request is open (taken on the engine thread)."""
 
-        def take() -> dict:
+        def take() -> dict[str, Any]:
             snap = self.scheduler.snapshot()
-            host = self.host
+            h = self.host_state(detail=True)
             return {
                 "scheduler_active": list(snap.active_ids),
                 "scheduler_waiting": list(snap.waiting_ids),
                 "engine_open": self.engine.open_ids(),
                 "engine_outstanding": self.engine.outstanding,
-                "host_active": list(getattr(host, "active_sequences", ())),
-                "host_free_lanes": getattr(host, "free_slots", None),
-                "host_kv_positions": _kv_positions(host),
-                "host_samplers": len(getattr(host, "_samplers", ())),
+                "host_active": list(h.active),
+                "host_free_lanes": h.free_lanes,
+                "host_kv_positions": dict(h.lane_positions),
+                "host_samplers": h.samplers,
                 "subscriptions": len(self._subs),
                 "undecided": len(self._undecided),
             }
 
-        return self.call(take)
-
-
-def _kv_positions(host: Any) -> dict[int, int]:
-    """Highest KV position llama.cpp holds per llama sequence id (only ids holding any)."""
-    mem = getattr(host, "_mem", None)
-    if mem is None:
-        return {}
-    import llama_cpp as _ll
-
-    out = {}
-    for sid in range(host.n_seq_max):
-        pos = int(_ll.llama_memory_seq_pos_max(mem, sid))
-        if pos >= 0:
-            out[sid] = pos
-    return out
+        result: dict[str, Any] = self.call(take)
+        return result
 
 
 class EngineUnavailable(RuntimeError):

@@ -12,7 +12,7 @@ import pytest
 from skippy_scheduler import (DuplicateSequence, EmptyPrompt, MemoryComponent, SchedulerConfig,
                               Sequence)
 from skippy_scheduler.cost_model import RuntimeCostModel
-from skippy_scheduler.engine import (CostModelHost, Engine, EngineStalled, FinishEvent, Request,
+from skippy_scheduler.engine import (AcceptEvent, CostModelHost, Engine, EngineStalled, FinishEvent, Request,
                                      TokenEvent, VirtualClock, percentile)
 
 
@@ -45,7 +45,7 @@ class CountingHost:
             k += 1
         out.count = k
 
-    def release(self, sequence_id: str) -> None:
+    def release(self, sequence_id: str, reason: object = None) -> None:
         self.holding.discard(sequence_id)
         self.released.append(sequence_id)
 
@@ -159,7 +159,7 @@ class PressureHost(CountingHost):
         for r, sid in enumerate(plan.sequence_ids):
             self.cells[sid] = int(plan.positions[ends[r] - 1]) + 1
 
-    def release(self, sequence_id: str) -> None:
+    def release(self, sequence_id: str, reason: object = None) -> None:
         super().release(sequence_id)
         self.cells.pop(sequence_id, None)
 
@@ -222,9 +222,11 @@ def test_other_threads_submit_cancel_and_stream(impl):
             engine.submit(Request(rid, [1, 2, 3], 4 if rid != "t2" else 10**6))
         for rid in ("t0", "t1"):
             events = list(streams[rid])
+            assert isinstance(events[0], AcceptEvent)  # the scheduler took it, then tokens
             assert [e.token for e in events if isinstance(e, TokenEvent)] == [5, 5, 5, 5]
             assert isinstance(events[-1], FinishEvent) and events[-1].reason == "length"
         it = streams["t2"]
+        assert isinstance(next(it), AcceptEvent)
         assert isinstance(next(it), TokenEvent)
         engine.cancel("t2")
         assert [e.reason for e in it if isinstance(e, FinishEvent)] == ["cancelled"]

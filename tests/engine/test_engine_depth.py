@@ -35,7 +35,7 @@ class ThreadedModelHost:
     def execute_async(self, plan):
         return self.pool.submit(self.execute, plan)
 
-    def release(self, sequence_id: str) -> None:
+    def release(self, sequence_id: str, reason: object = None) -> None:
         assert not self.running.is_set(), "released while a plan executes"
         self.kv.pop(sequence_id, None)
         self.released.append(sequence_id)

@@ -115,10 +115,8 @@ def test_tiny_model_is_deterministic_by_seed(tmp_path):
 
 
 def test_host_loads_tiny_model_and_tokenizes_spm(host, tmp_path):
-    import llama_cpp
-
     assert host.n_vocab == 384
-    assert llama_cpp.llama_model_n_params(host._model) == 123_200
+    assert host.n_params == 123_200
     assert host.tokenize("the cat\n") == [1, 373, 381, 356, 324, 343, 13]
     assert host.is_eog(2) and not host.is_eog(1) and not host.is_eog(373)
     f16 = write_tiny_llama(tmp_path / "h.gguf", seed=7, dtype="f16")
@@ -201,13 +199,19 @@ class _Outputs:
 class _Work:
     def __init__(self, sequence_id):
         self.sequence_id = sequence_id
+        self.sampling = None
+        self.restore_holder = None
 
 
 class _RawPlan:
-    """A hand-made plan (the plan surface only) to drive the host into its error paths."""
+    """A hand-made plan (the plan surface only) to drive the host into its error paths; every
+    row is a new one, restoring what it starts after."""
 
     def __init__(self, rows):
         self.work = [_Work(r[0]) for r in rows]
+        self.sequence_ids = [r[0] for r in rows]
+        self.new_rows = np.ones(len(rows), dtype=np.uint8)
+        self.restored_tokens = np.array([r[2] for r in rows], dtype=np.uintp)
         lengths = [len(r[1]) for r in rows]
         self.row_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.intp)
         self.tokens = np.concatenate([r[1] for r in rows]).astype(np.int32)
@@ -723,7 +727,7 @@ def test_seeded_sampling_is_the_same_alone_batched_and_preempted(impl, host):
             else:
                 assert res.finish_reason == "length", (seed, req.id, res.finish_reason)
                 assert res.tokens == alone, (seed, req.id, req.sampling)
-        assert host.active_sequences == [] and host._samplers == {}
+        assert host.active_sequences == [] and host.host_state().samplers == 0
     assert preempted > 5
 
 

@@ -170,7 +170,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             fn()
         assert self.state() == before
 
-    def release(self, sequence_id):
+    def release(self, sequence_id, reason=None):
         m = self.live.pop(sequence_id)
         self.used = [max(0, u - r) for u, r in zip(self.used, m.reservation)]
 

@@ -1,0 +1,265 @@
+"""The runtime seam: what the engine asks of a scheduler and of a host, in one file.
+
+Three parties meet here (docs/architecture.md). A *scheduler* makes one `Plan` per step and
+learns what ran from the plan's output block; a *host* runs plans (llama.cpp in this process,
+a model split over stage processes that all execute the same plan, a replica behind a router,
+the lab's model-free stand-ins); the `Engine` drives both and owns the request bookkeeping.
+
+Everything that crosses is declared below as a `typing.Protocol`, and nothing else in the
+package asks an object what it can do. A plan is a few flat arrays (tokens, positions, row
+offsets, which rows sample, which rows are new, what each new row restored) plus the row owners'
+ids and, for new rows, their `IterationWork`; the host answers in the plan's output block
+(work index, token; a negative token ends the sequence). Those are plain shapes, so a stage host
+can ship the arrays to its workers as they are and a replica can receive them encoded.
+
+A host has two required verbs (`Host`) and optional capabilities, each a protocol of its own:
+
+* `PrefixRestoringHost.prepare_sequence`: give a sequence its prefix restore at submit.
+* `MemoryReportingHost.memory_used`: measured bytes per memory component after each step.
+* `AsyncHost.execute_async`: start a plan and return a handle (plans in flight, §2.11).
+* `PrefixHoldingHost.prefix_store`: a store of resident prefixes the scheduler reads restores
+  from; its holder ids are the scheduler's reserved sequence ids.
+* `ResettableHost.release_all`: drop every sequence at once (recovery after a failure).
+* `StateReportingHost.host_state`: lanes, KV tokens and the other figures a server reports.
+
+`attach(host)` checks all of them once and returns `HostHooks`: the bound methods the engine
+calls, None for what the host lacks. The contract is stable: hosts written against it (the lab's,
+a stage host, a replica) keep working as the engine changes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Optional, Protocol, Sequence as _Seq, runtime_checkable
+
+import numpy.typing as npt
+
+from ..types import (IterationTelemetry, IterationWork, ReleaseReason, SchedulerConfig,
+                     SchedulerMetrics, SchedulerSnapshot, Sequence)
+
+__all__ = [
+    "AsyncHost", "ExecutionHandle", "Host", "HostHooks", "HostState", "MemoryReportingHost",
+    "Plan", "PlanOutputs", "PrefixHoldingHost", "PrefixRestoringHost", "ReleaseReason",
+    "RequestLike", "ResettableHost", "SchedulerLike", "StateReportingHost", "attach",
+    "check_scheduler",
+]
+
+Array = npt.NDArray[Any]
+
+
+class PlanOutputs(Protocol):
+    """The compact output block a host fills: entry k says row `request_indexes[k]` sampled
+    `predicted_tokens[k]` (negative: the sequence ends, the token is not one of its tokens)."""
+
+    @property
+    def request_indexes(self) -> Array: ...
+    @property
+    def predicted_tokens(self) -> Array: ...
+    count: int
+
+
+class Plan(Protocol):
+    """One iteration's rows as a host reads them (row index = work index)."""
+
+    def __len__(self) -> int: ...
+    @property
+    def token_count(self) -> int: ...
+    @property
+    def admitted(self) -> int: ...
+    @property
+    def tokens(self) -> Array: ...          # int32, the arena of every row's input tokens
+    @property
+    def positions(self) -> Array: ...       # int32, one position per arena entry
+    @property
+    def row_offsets(self) -> Array: ...     # rows + 1 offsets into the arena
+    @property
+    def phases(self) -> Array: ...          # uint8 per row: IterationPhase values
+    @property
+    def sample_rows(self) -> Array: ...     # the work indexes that sample (one output each)
+    @property
+    def new_rows(self) -> Array: ...        # uint8 per row: 1 at a sequence's first row since
+    #                                         admission (set its runtime state up there)
+    @property
+    def restored_tokens(self) -> Array: ... # per row: positions [0, n) a new row starts from
+    @property
+    def deferred_rows(self) -> Array: ...   # rows whose input is an in-flight plan's sample
+    @property
+    def sequence_ids(self) -> list[str]: ...
+    @property
+    def work(self) -> list[IterationWork]: ...  # built on first use: read it for new rows only
+    @property
+    def outputs(self) -> PlanOutputs: ...
+
+
+@runtime_checkable
+class RequestLike(Protocol):
+    """What the engine takes as a request (`Request`, the lab's workload requests)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def arrival_us(self) -> Optional[float]: ...  # on the engine's clock; None: when submitted
+    def to_sequence(self) -> Sequence: ...
+
+
+class SchedulerLike(Protocol):
+    """What the engine calls on a scheduler (`Scheduler` and `TwinScheduler` both are one).
+
+    The plan arguments are the plans this scheduler made (each implementation takes its own
+    plan type, hence `Any`)."""
+
+    @property
+    def config(self) -> SchedulerConfig: ...
+    @property
+    def prefix_store(self) -> Any: ...
+    def attach_prefix_store(self, store: Any, *, prefill_cost_per_token: int = 1,
+                            restore_cost_per_token: int = 0) -> None: ...
+    def submit(self, seq: Sequence) -> None: ...
+    def cancel(self, sequence_id: str) -> bool: ...
+    def plan_iteration(self) -> Plan: ...
+    def observe_iteration_duration(self, plan: Any, elapsed: float) -> None: ...
+    def abort_iteration(self, plan: Any) -> None: ...
+    def complete_iteration(self, plan: Any) -> IterationTelemetry: ...
+    def preempt_for_component_pressure(self, used_bytes: Iterable[int]) -> list[str]: ...
+    def metrics(self) -> SchedulerMetrics: ...
+    def snapshot(self) -> SchedulerSnapshot: ...
+
+
+@runtime_checkable
+class Host(Protocol):
+    """The two verbs every runtime has.
+
+    `execute(plan)` runs the plan's rows and writes one output per sampling row into
+    `plan.outputs` (then sets its `count`); a sampling row left without one fails its sequence.
+    A new row (`plan.new_rows`) is where a sequence's runtime state starts: positions
+    [0, `restored_tokens`) come from the row's `work[row].restore_holder` (or were left by the
+    caller), and its `work[row].sampling` says how to sample it. What `execute` returns is
+    ignored. An exception leaves the plan aborted (its rows are undone, nothing is lost).
+
+    `release(sequence_id, reason)` frees what the runtime holds for a sequence. `FINISHED` may
+    keep its KV as a resident prefix; `PREEMPTED` means it will be re-admitted later with a new
+    row; `CANCELLED` and `FAILED` end it. Releasing an unknown id does nothing.
+    """
+
+    def execute(self, plan: Plan) -> object: ...
+    def release(self, sequence_id: str, reason: ReleaseReason) -> object: ...
+
+
+@runtime_checkable
+class PrefixRestoringHost(Protocol):
+    def prepare_sequence(self, sequence: Sequence) -> Sequence:
+        """`sequence`, with a prefix restore and cache affinity for what the host holds."""
+        ...
+
+
+@runtime_checkable
+class MemoryReportingHost(Protocol):
+    def memory_used(self) -> Optional[_Seq[int]]:
+        """Measured bytes per configured memory component (config order), or None when
+        nothing was measured this time; asked after every completion."""
+        ...
+
+
+class ExecutionHandle(Protocol):
+    def result(self) -> object:
+        """Wait for the execution; re-raise what it raised."""
+        ...
+
+
+@runtime_checkable
+class AsyncHost(Protocol):
+    def execute_async(self, plan: Plan) -> ExecutionHandle:
+        """Start `execute(plan)` and return at once. The host runs one plan at a time, in the
+        order given; the engine releases nothing while an execution runs."""
+        ...
+
+
+@runtime_checkable
+class PrefixHoldingHost(Protocol):
+    @property
+    def prefix_store(self) -> Any:
+        """The host's `PrefixStore` (or None: reuse off). The engine attaches it to the
+        scheduler, which then reads restores from it; its holder ids must be the scheduler's
+        reserved sequence ids."""
+        ...
+
+
+@runtime_checkable
+class ResettableHost(Protocol):
+    def release_all(self) -> None:
+        """Release every sequence the host holds (after a failure nothing else can undo)."""
+        ...
+
+
+@dataclass(frozen=True)
+class HostState:
+    """What a runtime holds right now, for a server's figures and leak checks."""
+
+    lanes: int  # sequences it can run at once
+    free_lanes: int  # lanes no sequence holds
+    active: tuple[str, ...] = ()  # ids of the sequences holding a lane
+    kv_tokens: int = 0  # KV positions the active sequences hold
+    kv_capacity: int = 0  # KV cells in total (lanes, and prefix holders if any)
+    samplers: int = 0  # per-sequence sampler states alive
+    # Highest KV position held per runtime sequence id that holds any (lanes only): must be
+    # empty when no sequence is active.
+    lane_positions: Mapping[int, int] = field(default_factory=dict)
+
+
+@runtime_checkable
+class StateReportingHost(Protocol):
+    def host_state(self, detail: bool = False) -> HostState:
+        """The host's figures now (called on the engine's thread, between steps); `detail`
+        asks for the figures that cost more to read (`lane_positions`), for leak checks."""
+        ...
+
+
+@dataclass(frozen=True)
+class HostHooks:
+    """A host's optional capabilities, resolved once by `attach` (None: not provided). The
+    required verbs are called on the host itself (`host.execute`, `host.release`)."""
+
+    prepare_sequence: Any = None
+    memory_used: Any = None
+    execute_async: Any = None
+    prefix_store: Any = None
+    release_all: Any = None
+    host_state: Any = None
+
+
+_HOST_VERBS = ("execute", "release")
+_SCHEDULER_VERBS = ("plan_iteration", "complete_iteration", "abort_iteration", "submit", "cancel",
+                    "observe_iteration_duration", "preempt_for_component_pressure",
+                    "attach_prefix_store", "metrics", "snapshot", "config", "prefix_store")
+
+
+def attach(host: object) -> HostHooks:
+    """Check `host` against the contract once; TypeError names the required verbs it lacks."""
+    if not isinstance(host, Host):
+        raise TypeError(f"{type(host).__name__} is not a host: it lacks "
+                        f"{_missing(host, _HOST_VERBS)}")
+    return HostHooks(
+        prepare_sequence=host.prepare_sequence if isinstance(host, PrefixRestoringHost) else None,
+        memory_used=host.memory_used if isinstance(host, MemoryReportingHost) else None,
+        execute_async=host.execute_async if isinstance(host, AsyncHost) else None,
+        prefix_store=host.prefix_store if isinstance(host, PrefixHoldingHost) else None,
+        release_all=host.release_all if isinstance(host, ResettableHost) else None,
+        host_state=host.host_state if isinstance(host, StateReportingHost) else None,
+    )
+
+
+@runtime_checkable
+class _SchedulerCheck(SchedulerLike, Protocol):
+    pass
+
+
+def check_scheduler(scheduler: object) -> SchedulerLike:
+    """`scheduler` itself; TypeError unless it has everything `SchedulerLike` declares."""
+    if not isinstance(scheduler, _SchedulerCheck):
+        raise TypeError(f"{type(scheduler).__name__} is not a scheduler: it lacks "
+                        f"{_missing(scheduler, _SCHEDULER_VERBS)}")
+    return scheduler
+
+
+def _missing(obj: object, names: tuple[str, ...]) -> str:
+    have = set(dir(obj))
+    return ", ".join(n for n in names if n not in have)

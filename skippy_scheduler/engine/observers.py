@@ -1,0 +1,119 @@
+"""What watches the engine's steps: the recorder, the event stream, a plan hook.
+
+The engine keeps its observers in a list and calls each at three points of a step: when a plan
+is made (`planned`), after it ran (`executed`, the plan still live), and once its samples are
+known (`sampled`, rows whose request ended or was preempted meanwhile already left out) and it
+is completed (`completed`). An engine with an empty list does plan + execute + complete and
+nothing else: the lean path is the same code with nothing to call.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+
+from ..types import IterationTelemetry
+from .record import Recorder
+from .requests import TokenEvent, _InFlight
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .contract import Plan
+    from .core import Engine
+
+
+class StepObserver(Protocol):
+    """Called by the engine at each point of a step (module docstring)."""
+
+    #: True when `sampled` must be called (the engine then reads the output block).
+    wants_samples: bool
+
+    def planned(self, flight: _InFlight) -> None: ...
+    def executed(self, flight: _InFlight, duration_us: float) -> None: ...
+    def sampled(self, flight: _InFlight, rows: list[int], tokens: Any, end_us: float) -> None: ...
+    def completed(self, flight: _InFlight, duration_us: float,
+                  telemetry: IterationTelemetry) -> None: ...
+
+
+class Recording:
+    """Writes the `Recorder`: who was scheduled when, every sample, every iteration."""
+
+    wants_samples = True
+
+    def __init__(self, recorder: Recorder, record_of: dict[str, int]) -> None:
+        self.recorder = recorder
+        self._record_of = record_of
+
+    def planned(self, flight: _InFlight) -> None:
+        record_of = self._record_of
+        flight.owners = [record_of[i] for i in flight.plan.sequence_ids]
+        self.recorder.scheduled(flight.owners, flight.start)
+
+    def executed(self, flight: _InFlight, duration_us: float) -> None:
+        return None
+
+    def sampled(self, flight: _InFlight, rows: list[int], tokens: Any, end_us: float) -> None:
+        owners = flight.owners
+        self.recorder.sampled(end_us, [owners[r] for r in rows], tokens)
+
+    def completed(self, flight: _InFlight, duration_us: float,
+                  telemetry: IterationTelemetry) -> None:
+        plan = flight.plan
+        self.recorder.iteration(flight.start, duration_us, len(plan), flight.decode,
+                                flight.token_count, plan.admitted, telemetry.waiting_sequences)
+
+
+class TokenEvents:
+    """Emits a `TokenEvent` for every kept sample (not the end signal, a negative token)."""
+
+    wants_samples = True
+
+    def __init__(self, engine: "Engine") -> None:
+        self._engine = engine
+
+    def planned(self, flight: _InFlight) -> None:
+        return None
+
+    def executed(self, flight: _InFlight, duration_us: float) -> None:
+        return None
+
+    def sampled(self, flight: _InFlight, rows: list[int], tokens: Any, end_us: float) -> None:
+        ids = flight.plan.sequence_ids
+        emit = self._engine._emit
+        for r, t in zip(rows, tokens.tolist()):
+            if t >= 0:
+                emit(TokenEvent(ids[r], t, end_us))
+
+    def completed(self, flight: _InFlight, duration_us: float,
+                  telemetry: IterationTelemetry) -> None:
+        return None
+
+
+PlanHook = Callable[["Plan", float, float], None]
+
+
+class OnPlan:
+    """Calls `hook(plan, start_us, duration_us)` while the plan is live, after it ran."""
+
+    wants_samples = False
+
+    def __init__(self, hook: PlanHook) -> None:
+        self.hook = hook
+
+    def planned(self, flight: _InFlight) -> None:
+        return None
+
+    def executed(self, flight: _InFlight, duration_us: float) -> None:
+        self.hook(flight.plan, flight.start, duration_us)
+
+    def sampled(self, flight: _InFlight, rows: list[int], tokens: Any, end_us: float) -> None:
+        return None
+
+    def completed(self, flight: _InFlight, duration_us: float,
+                  telemetry: IterationTelemetry) -> None:
+        return None
+
+
+def replace_hook(observers: list[StepObserver], hook: Optional[PlanHook]) -> None:
+    """Put `hook` in place of the list's `OnPlan` (first in the list: it runs before the others
+    see the step's samples, as the plan is still live then); None removes it."""
+    observers[:] = [o for o in observers if not isinstance(o, OnPlan)]
+    if hook is not None:
+        observers.insert(0, OnPlan(hook))

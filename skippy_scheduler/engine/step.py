@@ -1,0 +1,258 @@
+"""The engine's one step path: plan, execute, complete, release (docs/behaviour.md §2.11).
+
+Up to `max_inflight_plans` plans are in flight. With one, a step makes a plan, runs it and
+completes it. With more, a step makes a plan and starts it while earlier ones are in flight
+(the host's `execute_async`), or, when no more fit, waits for the oldest and completes it; plan
+N+1 starts once N has finished (its deferred inputs are N's samples). A host releases state
+only while no plan of it executes, so releases that come up meanwhile wait until the running
+plan is done. A failed execution aborts its plan and every later one.
+
+Observers (engine/observers.py) are called at each point of a step; with none, and no clock,
+a step is the bare scheduler loop.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Optional
+
+from ..cost_model import decode_row_count
+from ..inflight import resolve_deferred
+from ..types import ReleaseReason
+from .requests import _SUBMITTED, EngineStalled, _InFlight
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .clock import Clock
+    from .contract import Host, HostHooks, SchedulerLike
+    from .observers import StepObserver
+    from .requests import _Entry
+
+
+class _Steps:
+    """Mixed into `Engine`: the step path and the release queue it needs."""
+
+    scheduler: "SchedulerLike"
+    host: "Host"
+    hooks: "HostHooks"
+    observe: bool
+    profile: bool
+    max_iterations: Optional[int]
+    iterations: int
+    last_plan_ns: int
+    last_complete_ns: int
+    last_telemetry: Any
+    _clock: Optional["Clock"]
+    _observers: list["StepObserver"]
+    _depth: int
+    _outstanding: int
+    _live: dict[str, "_Entry"]
+
+    if TYPE_CHECKING:  # provided by Engine
+        def now(self) -> float: ...
+        def _end(self, entry: "_Entry", reason: str, error: Optional[str] = None,
+                 emit: bool = True) -> None: ...
+        def _measure_memory(self) -> None: ...
+
+    def _init_steps(self) -> None:
+        self._inflight: deque[_InFlight] = deque()
+        self._pending_release: list[tuple[str, ReleaseReason]] = []
+        # Plans in flight run on the host's worker; one at a time runs in the caller's thread.
+        self._run_async = self.hooks.execute_async if self._depth > 1 else None
+
+    def _iterate(self) -> bool:
+        """Make, run and complete plans as the depth allows; False when nothing is live."""
+        inflight = self._inflight
+        if self._outstanding and len(inflight) < self._depth:
+            flight = self._make_flight()
+            if flight is not None:
+                self._launch(flight)
+                if self._depth > 1:
+                    return True
+            elif not inflight:
+                raise EngineStalled(
+                    f"the scheduler made an empty plan with {self._outstanding} requests waiting "
+                    f"or running and nothing in flight at {self.now()} µs (a request that can "
+                    "never fit the memory budget?)")
+        if not inflight:
+            return False
+        flight = inflight[0]
+        if flight.handle is not None:
+            try:
+                self._wait_executed(flight)
+            except BaseException:
+                self._failed_from(0)
+                raise
+        inflight.popleft()
+        if self._pending_release:
+            self._apply_releases()
+        self._finish(flight)
+        return True
+
+    def _make_flight(self) -> Optional[_InFlight]:
+        """plan_iteration, and what observers note when a plan is made; None (and the empty
+        plan given back) when there is nothing to run until what is in flight lands."""
+        sched = self.scheduler
+        clock = self._clock
+        if self.max_iterations is not None and self.iterations >= self.max_iterations:
+            raise RuntimeError(f"no completion after {self.iterations} iterations")
+        if self.profile:
+            t0 = time.perf_counter_ns()
+            plan = sched.plan_iteration()
+            self.last_plan_ns = time.perf_counter_ns() - t0
+        else:
+            plan = sched.plan_iteration()
+        if len(plan) == 0:
+            sched.abort_iteration(plan)
+            return None
+        flight = _InFlight(plan)
+        observers = self._observers
+        if clock is not None:
+            flight.start = clock.now()
+        if clock is not None or observers:
+            flight.token_count = plan.token_count
+            flight.decode = decode_row_count(plan.phases)
+        if observers:
+            for o in observers:
+                o.planned(flight)
+            if self._depth > 1:
+                live = self._live
+                flight.entries = entries = [live[i] for i in plan.sequence_ids]
+                flight.voids = [e.voids for e in entries]
+        return flight
+
+    def _launch(self, flight: _InFlight) -> None:
+        inflight = self._inflight
+        if inflight:
+            try:
+                self._wait_executed(inflight[-1])  # the device is free, its samples are known
+            except BaseException:
+                self._failed_from(len(inflight) - 1)  # the new plan is later: undone too
+                raise
+            if self._pending_release:
+                self._apply_releases()
+            if flight.plan.deferred_rows.size:
+                resolve_deferred(flight.plan, [f.plan for f in inflight])
+        timed = self._clock is not None
+        if timed:
+            flight.t0 = time.perf_counter_ns()
+        try:
+            if self._run_async is not None:
+                flight.handle = self._run_async(flight.plan)
+            else:
+                self.host.execute(flight.plan)
+                if timed:
+                    flight.measured_us = (time.perf_counter_ns() - flight.t0) / 1e3
+        except BaseException:
+            self.scheduler.abort_iteration(flight.plan)  # its rows are undone: nothing lost
+            raise
+        inflight.append(flight)
+
+    def _failed_from(self, nth: int) -> None:
+        """The runtime could not run the nth plan in flight: it and every later plan are
+        undone (executions still running are waited for first, so the device is idle)."""
+        inflight = self._inflight
+        for later in list(inflight)[nth + 1:]:
+            try:
+                self._wait_executed(later)
+            except BaseException:
+                pass
+        self.scheduler.abort_iteration(inflight[nth].plan)
+        while len(inflight) > nth:
+            inflight.pop()
+        self._apply_releases()
+
+    def _wait_executed(self, flight: _InFlight) -> None:
+        handle = flight.handle
+        if handle is None:
+            return
+        flight.handle = None
+        try:
+            handle.result()
+        finally:
+            if self._clock is not None:
+                flight.measured_us = (time.perf_counter_ns() - flight.t0) / 1e3
+
+    def _finish(self, flight: _InFlight) -> None:
+        """Charge, observe and complete an executed plan; record, stream, release."""
+        sched = self.scheduler
+        clock = self._clock
+        plan = flight.plan
+        observers = self._observers
+        if clock is not None:
+            duration = clock.charge(flight.token_count - flight.decode, flight.decode,
+                                    flight.measured_us)
+            end = clock.now()
+        else:
+            duration = end = 0
+        if observers:
+            for o in observers:
+                o.executed(flight, duration)
+            self._report_samples(flight, end)
+        if self.observe:
+            sched.observe_iteration_duration(plan, duration / 1e6)
+        if self.profile:
+            t0 = time.perf_counter_ns()
+            telemetry = sched.complete_iteration(plan)
+            self.last_complete_ns = time.perf_counter_ns() - t0
+        else:
+            telemetry = sched.complete_iteration(plan)
+        self.iterations += 1
+        self.last_telemetry = telemetry
+        if telemetry.finished_ids or telemetry.failed_ids:
+            self._retire(telemetry)
+        if self.hooks.memory_used is not None:
+            self._measure_memory()
+        if observers:
+            for o in observers:
+                o.completed(flight, duration, telemetry)
+
+    def _report_samples(self, flight: _InFlight, end: float) -> None:
+        watchers = [o for o in self._observers if o.wants_samples]
+        out = flight.plan.outputs
+        k = out.count
+        if not watchers or not k:
+            return
+        rows: list[int] = out.request_indexes[:k].tolist()
+        tokens = out.predicted_tokens[:k]
+        if flight.entries is not None:
+            # Rows whose request ended or was preempted since the plan was made: the scheduler
+            # drops their outputs, so do the observers.
+            entries, voids = flight.entries, flight.voids
+            keep = [j for j, r in enumerate(rows)
+                    if entries[r].state == _SUBMITTED and entries[r].voids == voids[r]]
+            if len(keep) != k:
+                rows = [rows[j] for j in keep]
+                tokens = tokens[keep]
+        for o in watchers:
+            o.sampled(flight, rows, tokens, end)
+
+    def _retire(self, telemetry: Any) -> None:
+        live = self._live
+        release = self._release
+        reasons = telemetry.finish_reasons
+        for rid in telemetry.finished_ids:
+            release(rid, ReleaseReason.FINISHED)
+            self._outstanding -= 1
+            self._end(live[rid], reasons[rid].value)
+        for rid in telemetry.failed_ids:
+            release(rid, ReleaseReason.FAILED)
+            self._outstanding -= 1
+            self._end(live[rid], "failed")
+
+    # -- releases -----------------------------------------------------------------------------
+
+    def _busy(self) -> bool:
+        return any(f.handle is not None for f in self._inflight)
+
+    def _release(self, sequence_id: str, reason: ReleaseReason) -> None:
+        if self._inflight and self._busy():
+            self._pending_release.append((sequence_id, reason))
+        else:
+            self.host.release(sequence_id, reason)
+
+    def _apply_releases(self) -> None:
+        if self._pending_release and not self._busy():
+            pending, self._pending_release = self._pending_release, []
+            release = self.host.release
+            for rid, reason in pending:
+                release(rid, reason)

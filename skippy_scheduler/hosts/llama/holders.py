@@ -1,0 +1,143 @@
+"""Resident prefixes: finished sequences' KV kept in holder sequence ids for later requests.
+
+With prefix reuse the context has `count` more sequence ids above the lanes, the *holders*.
+`PrefixHolders` owns a `PrefixStore` whose holder ids are those (the engine attaches the store
+to the scheduler, which then reads restores from it natively) and is the store's backend: the
+store decides what is resident, this object moves the cells.
+
+* `keep(lane, n)`: a sequence lets go of its lane; its first n positions are offered to the
+  store as the prefix they stand for. When the store takes them, the new entry's holder gets
+  the cells (`inserted`, with the source lane passed along as the entry's value).
+* `restore(lane, holder, start)`: a new row starts at `start` from a holder's entry; the lane
+  gets the holder's first `start` positions, so only the suffix is prefilled.
+* `evicted`: the holder's cells are dropped.
+
+Two layouts: by default every lane and holder has a KV stream of its own and a copy moves a
+whole stream (trimmed to the prefix afterwards); with `shared_cells` (kv_unified) all share one
+cache and a copy shares cells without moving them, but then every token's attention spans the
+cells of all sequences. Positions never move (a restored prefix keeps its positions).
+
+Other parts of a server (an event publisher) watch inserts and evictions through `watch`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from ...prefix_store import PrefixStore, StoreEntry
+from .lanes import KvCells
+
+# A shared part shorter than this is not worth a holder sequence of its own.
+_MIN_SPLIT_TOKENS = 16
+
+Watcher = Callable[[str, StoreEntry], None]
+
+
+class PrefixHolders:
+    """The holder sequence ids, the store that decides their contents, each lane's tokens."""
+
+    def __init__(self, capacity_tokens: int, count: int, first_id: int, lanes: int, n_ctx: int,
+                 cells: KvCells, shared_cells: bool) -> None:
+        self.count = count
+        self.shared_cells = shared_cells
+        self.kept = 0  # prefixes made resident
+        self._cells = cells
+        self._entry: dict[int, StoreEntry] = {}
+        self._watchers: list[Watcher] = []
+        # The tokens each lane's cells stand for (the key a release offers).
+        self._tokens: npt.NDArray[np.int32] = np.zeros((lanes, n_ctx), dtype=np.int32)
+        self.store = PrefixStore(capacity_tokens, count, backend=self, first_holder_id=first_id)
+
+    def watch(self, watcher: Watcher) -> None:
+        """Call `watcher("inserted" | "evicted", entry)` after every change of residency."""
+        self._watchers.append(watcher)
+
+    # -- a lane's tokens ----------------------------------------------------------------------
+
+    def wrote(self, lanes: npt.NDArray[Any], positions: npt.NDArray[Any],
+              tokens: npt.NDArray[Any]) -> None:
+        """Entry i of a decoded batch put `tokens[i]` at `positions[i]` of `lanes[i]`."""
+        self._tokens[lanes, positions] = tokens
+
+    def length(self, holder: int) -> int:
+        """Positions the holder's resident entry holds (0: none)."""
+        entry = self._entry.get(holder)
+        return 0 if entry is None or not entry.alive else entry.length
+
+    # -- the verbs ----------------------------------------------------------------------------
+
+    def keep(self, lane: int, n: int) -> None:
+        """Offer the lane's first `n` positions to the store as the prefix they stand for."""
+        store = self.store
+        key = self._tokens[lane, :n].copy()
+        hit = store.match(key)
+        if hit.matched_tokens == n:
+            if hit.entry is not None:
+                store.touch(hit.entry)  # all of it is resident already
+            return
+        matched = hit.matched_tokens
+        parent = None
+        if self.shared_cells:
+            # The parent is the deepest resident entry whose whole key is a prefix of this one:
+            # its cells are shared, so the store counts them once. (With a stream per holder
+            # every entry holds its whole key and is counted so, with no parent.)
+            parent = hit.entry
+            while parent is not None and parent.length > matched:
+                parent = parent.parent
+            if matched >= _MIN_SPLIT_TOKENS and (parent is None or parent.length < matched):
+                # The shared part becomes an entry of its own (a branch point), so the store
+                # counts the cells it shares with the other key once, as the KV cache holds them.
+                split = store.insert(key[:matched], parent, value=lane)
+                if split is not None:
+                    parent = split
+        if store.insert(key, parent, value=lane) is not None:
+            self.kept += 1
+
+    def restore(self, lane: int, holder: int, start: int) -> npt.NDArray[np.int32]:
+        """Give `lane` the holder's first `start` positions; returns the tokens they stand for.
+        ValueError when the holder does not hold that many."""
+        entry = self._entry.get(holder)
+        if entry is None or not entry.alive or entry.length < start:
+            raise ValueError(f"restore from holder {holder}: it holds "
+                             f"{0 if entry is None else entry.length} positions, the row needs "
+                             f"{start}")
+        if self.shared_cells:
+            self._cells.copy(holder, lane, 0, start)
+        else:
+            self._cells.copy(holder, lane)
+            self._cells.remove(lane, start, -1)
+        self._tokens[lane, :start] = entry.key[:start]
+        return self._tokens[lane, :start]
+
+    # -- the store's backend ------------------------------------------------------------------
+
+    def inserted(self, entry: Any) -> None:
+        # The new entry's holder gets its cells from the lane that offered them (the entry's
+        # value). Shared cells: its parent's cells for the parent's positions (the store counts
+        # those once, under the parent, so they must be the same cells even when the lane
+        # computed its own copy), the lane's for the rest.
+        holder, lane = entry.holder, entry.value
+        cells = self._cells
+        cells.remove(holder)
+        if not self.shared_cells:
+            # Streams of their own: the holder gets a copy of the lane's stream (llama.cpp copies
+            # whole streams only; the data moves at the next decode), trimmed to the key.
+            cells.copy(lane, holder)
+            cells.remove(holder, entry.length, -1)
+        else:
+            start = 0
+            if entry.parent is not None:
+                start = entry.parent.length
+                cells.copy(entry.parent.holder, holder, 0, start)
+            cells.copy(lane, holder, start, entry.length)
+        self._entry[holder] = entry
+        for watcher in self._watchers:
+            watcher("inserted", entry)
+
+    def evicted(self, entry: Any) -> None:
+        self._entry.pop(entry.holder, None)
+        self._cells.remove(entry.holder)
+        for watcher in self._watchers:
+            watcher("evicted", entry)

@@ -1,0 +1,511 @@
+"""`LlamaHost`: one llama.cpp model and context that executes the scheduler's plans.
+
+Each plan becomes exactly one `llama_decode` call: the plan's flat token/position arena is
+copied into a batch whose buffers are numpy arrays owned by the host, every row's entries carry
+the lane of that row's sequence, and logits are requested only for the last entry of sampling
+rows. Predictions go back into the plan's output block as (work index, token) pairs, the same
+hand-off as the native ABI (docs/hosts.md). The host implements the engine's contract
+(engine/contract.py): `execute`, `release`, `execute_async`, `release_all`, `prefix_store`,
+`host_state`.
+
+The plan says where a sequence starts: at a new row (`plan.new_rows`) the host gives the
+sequence a lane, its sampler chain (`work[row].sampling`) and, when the row starts past 0, the
+restored prefix (`work[row].restore_holder`, `plan.restored_tokens[row]`). Every other row
+continues a lane. Everything is checked before any state changes.
+
+The parts own their state: `Lanes` (which sequence holds which llama sequence id, positions),
+`Samplers` (per-lane sampler chains), `PrefixHolders` (resident prefixes and the store),
+`Tokenizer` (the vocabulary).
+
+Defaults favour exactness: f32 weights (the tiny model), f32 KV cache and flash attention off are
+the settings under which a sequence's greedy tokens do not depend on what it was batched with.
+llama.cpp may give the context less than asked (it caps the batch at the context size): the
+host sizes everything from what the context got (`n_batch`, `n_ctx`, `n_ctx_seq`).
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence as _Seq
+
+import numpy as np
+import numpy.typing as npt
+
+import llama_cpp as _ll
+
+from ...engine.contract import HostState, Plan
+from ...prefix_store import PrefixStore
+from ...sampling import SamplingParams
+from ...types import ReleaseReason
+from .backend import KV_TYPES, check_int, create_context, init_backend, load_model, recent_log
+from .decode import Decoder
+from .holders import PrefixHolders
+from .lanes import KvCells, Lanes
+from .samplers import Samplers
+from .tokenizer import Tokenizer
+
+IntArray = npt.NDArray[np.integer[Any]]
+
+
+@dataclass(frozen=True)
+class _Start:
+    """How a sequence without a lane starts: its sampling, the holder its prefix comes from."""
+
+    params: SamplingParams | None
+    holder: int | None
+
+
+class LlamaHost:
+    """One llama.cpp model + context that executes scheduler plans (see module docstring)."""
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        n_ctx: int = 4096,
+        n_seq_max: int = 8,
+        n_threads: int = 2,
+        n_batch: int = 512,
+        n_ubatch: int | None = None,
+        kv_type: str = "f32",
+        flash_attn: bool = False,
+        kv_unified: bool | None = None,
+        prefix_cache_tokens: int = 0,
+        prefix_holders: int = 16,
+    ) -> None:
+        n_seq_max = check_int("n_seq_max", n_seq_max, 1, 256)
+        prefix_cache_tokens = check_int("prefix_cache_tokens", prefix_cache_tokens, 0)
+        holders = 0
+        if prefix_cache_tokens:
+            holders = check_int("prefix_holders", prefix_holders, 1, 256 - n_seq_max)
+        # With reuse and kv_unified left unset, every lane and holder has a KV stream of its own
+        # (n_ctx is split evenly over them) and prefixes move by whole-stream copies; with
+        # kv_unified=True they share cells of one cache (holders.py).
+        unified = bool(kv_unified)
+        n_ctx = check_int("n_ctx", n_ctx, 1)
+        n_threads = check_int("n_threads", n_threads, 1)
+        n_batch = check_int("n_batch", n_batch, 1)
+        n_ubatch = n_batch if n_ubatch is None else check_int("n_ubatch", n_ubatch, 1, n_batch)
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
+        path = os.fspath(model_path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(path)
+        self.model_path = path
+        self._model: Any = None
+        self._ctx: Any = None
+        self._cells: KvCells | None = None
+        self._worker: ThreadPoolExecutor | None = None
+        self._samplers: Samplers | None = None
+        init_backend()
+
+        self._model = load_model(path)
+        ids = n_seq_max + holders
+        ctx = create_context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
+                             sequence_ids=ids, n_threads=n_threads, kv_type=kv_type,
+                             flash_attn=bool(flash_attn), unified=unified)
+        if not ctx:
+            self.close()
+            raise RuntimeError(f"llama.cpp could not create a context: {recent_log()}")
+        self._ctx = ctx
+        self._cells = cells = KvCells(ctx)
+        self.tokenizer = tok = Tokenizer(self._model)
+        self.n_vocab = tok.n_vocab
+        self.n_seq_max = n_seq_max
+        # What the context got, not what was asked: llama.cpp caps the batch at the context
+        # size it was given (before rounding that up to 256 per lane) and the micro-batch at the
+        # batch, and a plan above its batch aborts the process in llama_decode. Plans are sized
+        # from `n_batch` (the server's and `run`'s max_tokens_per_iteration).
+        self.n_batch = int(_ll.llama_n_batch(ctx))
+        n_ubatch = int(_ll.llama_n_ubatch(ctx))
+        got_ids = int(_ll.llama_n_seq_max(ctx))
+        if got_ids != ids or self.n_batch < 1:
+            self.close()
+            raise ValueError(f"llama.cpp gave the context {got_ids} sequence ids and a batch "
+                             f"of {self.n_batch} tokens; the host needs {ids} sequence ids and "
+                             "a batch of at least one token")
+        self.n_ctx = int(_ll.llama_n_ctx(ctx))
+        self.n_ctx_seq = int(_ll.llama_n_ctx_seq(ctx))
+        self.settings = {
+            "n_ctx": self.n_ctx, "n_ctx_seq": self.n_ctx_seq, "n_seq_max": n_seq_max,
+            "n_batch": self.n_batch, "n_ubatch": n_ubatch, "n_threads": n_threads,
+            "kv_type": kv_type, "flash_attn": bool(flash_attn), "kv_unified": unified,
+            "prefix_cache_tokens": prefix_cache_tokens, "prefix_holders": holders,
+        }
+        self._lanes = Lanes(n_seq_max, cells)
+        self._samplers = Samplers(tok.n_vocab, tok.eog, tok.eog_ids)
+        self._decoder = Decoder(ctx, self.n_batch, tok.n_vocab, self._samplers)
+        self.prefix_holders = holders
+        self.holders: PrefixHolders | None = None
+        if prefix_cache_tokens:
+            self.holders = PrefixHolders(prefix_cache_tokens, holders, n_seq_max, n_seq_max,
+                                         self.n_ctx, cells, unified)
+
+    # ------------------------------------------------------------------ the contract's extras
+    @property
+    def prefix_store(self) -> PrefixStore | None:
+        """The store of resident prefixes (None: reuse off); the engine attaches it."""
+        return self.holders.store if self.holders is not None else None
+
+    @property
+    def kept_prefixes(self) -> int:
+        return self.holders.kept if self.holders is not None else 0
+
+    @property
+    def sequence_id_settings(self) -> dict[str, int]:
+        """The scheduler config fields that match this host's sequence ids: the lanes below,
+        the holders in the reserved range above them (docs/behaviour.md §0.4d)."""
+        return {"sequence_id_limit": self.n_seq_max + self.prefix_holders,
+                "reserved_sequence_ids": self.prefix_holders}
+
+    def host_state(self, detail: bool = False) -> HostState:
+        """Lanes, KV tokens, samplers; with `detail`, the positions llama.cpp itself holds per
+        lane (one call per lane: for leak checks, not every step)."""
+        lanes = self._lanes
+        active = lanes.active
+        kv = 0
+        for s in active:
+            lane = lanes.lane_of(s)
+            kv += lanes.end(lane) if lane is not None else 0
+        return HostState(
+            lanes=self.n_seq_max, free_lanes=lanes.free, active=tuple(active), kv_tokens=kv,
+            kv_capacity=self.n_ctx, samplers=len(self._samplers) if self._samplers else 0,
+            lane_positions=lanes.positions_held() if detail and self._ctx else {})
+
+    def execute_async(self, plan: Plan) -> "Future[int]":
+        """`execute` on the host's worker thread (one: the context runs one decode at a time);
+        the engine plans the next step and completes the previous one meanwhile. The ctypes
+        call to `llama_decode` releases the GIL for the length of the decode."""
+        self._require_open()
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama-decode")
+        return self._worker.submit(self.execute, plan)
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
+        if self._samplers is not None:
+            self._samplers.close()
+        if self._cells is not None:
+            self._cells.close()
+        if self._ctx:
+            _ll.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            _ll.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> "LlamaHost":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _require_open(self) -> None:
+        if not self._ctx:
+            raise RuntimeError("the host is closed")
+
+    @property
+    def n_params(self) -> int:
+        self._require_open()
+        return int(_ll.llama_model_n_params(self._model))
+
+    # ------------------------------------------------------------------ vocabulary
+    def is_eog(self, token: int) -> bool:
+        return self.tokenizer.is_eog(token)
+
+    def tokenize(self, text: str, *, add_bos: bool | None = None,
+                 special: bool = False) -> list[int]:
+        self._require_open()
+        return self.tokenizer.tokenize(text, add_bos=add_bos, special=special)
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        """Reads only the vocabulary: safe from any thread."""
+        self._require_open()
+        return self.tokenizer.token_bytes(token, special=special)
+
+    def chat_template(self) -> str | None:
+        self._require_open()
+        return self.tokenizer.chat_template()
+
+    @property
+    def eog_tokens(self) -> list[int]:
+        ids: list[int] = self.tokenizer.eog_ids.tolist()
+        return ids
+
+    # ------------------------------------------------------------------ lanes
+    @property
+    def active_sequences(self) -> list[str]:
+        return self._lanes.active
+
+    @property
+    def free_slots(self) -> int:
+        return self._lanes.free
+
+    def seq_id_of(self, sequence_id: str) -> int | None:
+        return self._lanes.lane_of(sequence_id)
+
+    def kv_tokens(self, sequence_id: str) -> int:
+        """Positions of `sequence_id` held in the KV cache (0 when it has no lane)."""
+        lane = self._lanes.lane_of(sequence_id)
+        return 0 if lane is None else self._lanes.end(lane)
+
+    def release(self, sequence_id: str,
+                reason: ReleaseReason = ReleaseReason.FINISHED) -> bool:
+        """Free a sequence's lane and its KV cells. With prefix reuse the cells first become a
+        resident prefix when the store takes them, whatever the reason: they hold what the
+        positions say (a preempted sequence then restores its own prefix when re-admitted)."""
+        lane = self._lanes.lane_of(sequence_id)
+        if lane is None:
+            return False
+        assert self._samplers is not None
+        self._samplers.drop(lane)
+        try:
+            end = self._lanes.end(lane)
+            if self.holders is not None and end > 0 and self._ctx:
+                self.holders.keep(lane, end)
+        finally:
+            self._lanes.give_back(sequence_id, lane)  # the lane comes back whatever the store did
+        return True
+
+    def release_all(self) -> None:
+        for sequence_id in self._lanes.active:
+            self.release(sequence_id, ReleaseReason.CANCELLED)
+
+    def _drop(self, sequence_id: str) -> None:
+        """Free a lane without offering its cells (they were never completed)."""
+        lane = self._lanes.lane_of(sequence_id)
+        if lane is not None:
+            assert self._samplers is not None
+            self._samplers.drop(lane)
+            self._lanes.give_back(sequence_id, lane)
+
+    # ------------------------------------------------------------------ plan execution
+    def execute(self, plan: Plan) -> int:
+        """Run one plan as one `llama_decode`; fill `plan.outputs`; return the output count.
+
+        End-of-generation tokens are reported as -1 so that the scheduler finishes the
+        sequence (the end signal is not one of the sequence's tokens).
+        """
+        self._require_open()
+        outputs = plan.outputs
+        if len(plan) == 0:
+            outputs.count = 0
+            return 0
+        offsets = np.asarray(plan.row_offsets, dtype=np.int64)
+        n = int(offsets[-1])
+        if n > self.n_batch:
+            raise ValueError(
+                f"plan has {n} tokens but the host's batch holds {self.n_batch}; "
+                "keep max_tokens_per_iteration <= n_batch"
+            )
+        tokens_in = np.asarray(plan.tokens)[:n]
+        positions = np.asarray(plan.positions)[:n]
+        if len(tokens_in) != n or len(positions) != n or n != plan.token_count:
+            raise ValueError(
+                f"plan arrays disagree: row_offsets end at {n}, token_count is "
+                f"{plan.token_count}, {len(tokens_in)} tokens and {len(positions)} positions")
+        if n and (int(tokens_in.min()) < 0 or int(tokens_in.max()) >= self.n_vocab):
+            raise ValueError(f"plan tokens must be in [0, {self.n_vocab}) for this model")
+        ids = list(plan.sequence_ids)
+        starts = positions[offsets[:-1]].tolist()
+        starting = self._starting(plan, ids, starts)
+        sample_rows = np.asarray(plan.sample_rows, dtype=np.int64)
+        tokens = self._run(ids, starts, starting, offsets, tokens_in, positions, sample_rows)
+        k = len(sample_rows)
+        outputs.request_indexes[:k] = sample_rows
+        outputs.predicted_tokens[:k] = np.where(self.tokenizer.eog[tokens], -1, tokens)
+        outputs.count = k
+        return k
+
+    def _starting(self, plan: Plan, ids: list[str], starts: list[int]) -> dict[str, _Start]:
+        """How the sequences of the plan's new rows start (read from the plan, not guessed)."""
+        new = np.flatnonzero(plan.new_rows).tolist()
+        if not new:
+            return {}
+        work = plan.work
+        restored = plan.restored_tokens
+        samplers = self._samplers
+        assert samplers is not None
+        out = {}
+        for r in new:
+            w = work[r]
+            if int(restored[r]) != starts[r]:
+                raise ValueError(f"the new row of {ids[r]!r} starts at position {starts[r]} but "
+                                 f"the plan says it restored {int(restored[r])} tokens")
+            holder = w.restore_holder if self.holders is not None else None
+            out[ids[r]] = _Start(samplers.resolve(w.sampling), holder)
+        return out
+
+    def _run(self, ids: list[str], starts: list[int], starting: dict[str, _Start],
+             offsets: IntArray, tokens_in: IntArray, positions: IntArray,
+             sample_rows: IntArray) -> npt.NDArray[np.int32]:
+        """Check the rows, set up new sequences, decode; on failure undo every row."""
+        row_lanes = self._assign(ids, starts, starting)
+        n = int(offsets[-1])
+        decoder = self._decoder
+        decoder.tok[:n] = tokens_in
+        decoder.pos[:n] = positions
+        try:
+            tokens = decoder.decode(n, row_lanes, offsets, sample_rows)
+        except RuntimeError:
+            self._undo(ids, row_lanes, starts, starting)
+            raise
+        lanes = self._lanes
+        ends = (positions[offsets[1:] - 1] + 1).tolist()
+        for lane, end in zip(row_lanes.tolist(), ends):
+            lanes.advance(lane, end)
+        if self.holders is not None:
+            self.holders.wrote(np.repeat(row_lanes, np.diff(offsets)), positions, tokens_in)
+        return tokens
+
+    def _assign(self, ids: list[str], starts: list[int],
+                starting: dict[str, _Start]) -> npt.NDArray[np.int32]:
+        lanes = self._lanes
+        if len(set(ids)) != len(ids):
+            raise ValueError("a sequence appears in more than one row of the plan")
+        if len(starting) > lanes.free:
+            raise RuntimeError(
+                f"{len(starting)} new sequences but only {lanes.free} free llama sequence ids "
+                f"(n_seq_max={self.n_seq_max}); keep max_active_sequences <= n_seq_max"
+            )
+        holders = self.holders
+        for seq, start in zip(ids, starts):
+            begin = starting.get(seq)
+            lane = lanes.lane_of(seq)
+            if begin is not None:
+                if lane is not None:
+                    raise ValueError(f"a new row of {seq!r}, but the host still holds it "
+                                     "(release it first)")
+                have = (holders.length(begin.holder)
+                        if holders is not None and begin.holder is not None else 0)
+            elif lane is None:
+                raise ValueError(f"row of {seq!r} is not a new row but the host holds nothing "
+                                 "for it")
+            else:
+                have = lanes.end(lane)
+            if start > have:
+                raise ValueError(
+                    f"row of {seq!r} starts at position {start} but the host holds {have} "
+                    "positions for it (no resident prefix restores them)"
+                )
+        samplers = self._samplers
+        assert samplers is not None
+        row_lanes = np.empty(len(ids), dtype=np.int32)
+        for i, (seq, start) in enumerate(zip(ids, starts)):
+            begin = starting.get(seq)
+            if begin is not None:
+                lane = lanes.take(seq)
+                chain = samplers.start(lane, begin.params)
+                if start > 0:
+                    assert holders is not None and begin.holder is not None  # checked above
+                    prefix = holders.restore(lane, begin.holder, start)
+                    lanes.advance(lane, start)
+                    if chain is not None:
+                        chain.feed(prefix, 0)  # the penalty window sees the prefix too
+            else:
+                held = lanes.lane_of(seq)
+                assert held is not None
+                lane = held
+                if start < lanes.end(lane):
+                    # Replaying from an earlier position: drop the cells the replay rewrites.
+                    lanes.cut(lane, start)
+                    samplers.rewind(lane, start)
+            row_lanes[i] = lane
+        return row_lanes
+
+    def _undo(self, ids: list[str], row_lanes: IntArray, starts: list[int],
+              starting: dict[str, _Start]) -> None:
+        # A failed decode leaves each row's sequence as it was before the call: a new one holds
+        # nothing (its next row is new again), a running one is cut back to the row's start.
+        for seq, lane, start in zip(ids, row_lanes.tolist(), starts):
+            if seq in starting:
+                self._drop(seq)
+            else:
+                self._lanes.cut(lane, start)
+
+    def logits_of_batch_row(self, batch_row: int) -> npt.NDArray[np.float32]:
+        """Copy of the logits of one flagged entry of the last decode (`llama_get_logits_ith`)."""
+        self._require_open()
+        return self._decoder.logits_of(batch_row)
+
+    # ------------------------------------------------------------------ direct rows
+    def run_rows(self, rows: Iterable[tuple[str, _Seq[int], int, bool]],
+                 sampling: dict[str, object] | None = None) -> dict[str, int]:
+        """Decode explicit rows (sequence id, tokens, start position, sample_last) in one call.
+
+        Returns the raw sampled token of every sampling row by sequence id (end-of-generation
+        tokens as they are). A sequence without a lane starts at its row (at position 0: there
+        is no restore here); `sampling` gives the `Sequence.sampling` of those (default greedy).
+        Used by `generate_alone` and calibration; plans go through `execute`.
+        """
+        self._require_open()
+        rows = list(rows)
+        if not rows:
+            return {}
+        ids = [r[0] for r in rows]
+        arrays = [np.asarray(r[1], dtype=np.int32) for r in rows]
+        if any(a.ndim != 1 or len(a) == 0 for a in arrays):
+            raise ValueError("every row needs at least one token")
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum([len(a) for a in arrays])
+        n = int(offsets[-1])
+        if n > self.n_batch:
+            raise ValueError(f"{n} tokens exceed the batch size {self.n_batch}")
+        starts = [int(r[2]) for r in rows]
+        samplers = self._samplers
+        assert samplers is not None
+        given = sampling or {}
+        starting = {i: _Start(samplers.resolve(given.get(i)), None) for i in ids
+                    if not self._lanes.holds(i)}
+        positions = np.concatenate(
+            [np.arange(s, s + len(a), dtype=np.int32) for s, a in zip(starts, arrays)])
+        sample_rows = np.array([i for i, r in enumerate(rows) if r[3]], dtype=np.int64)
+        tokens = self._run(ids, starts, starting, offsets, np.concatenate(arrays), positions,
+                           sample_rows)
+        return {ids[i]: int(t) for i, t in zip(sample_rows.tolist(), tokens.tolist())}
+
+    def generate_alone(self, prompt: _Seq[int], max_tokens: int,
+                       sampling: object = None) -> list[int]:
+        """Tokens of `prompt` run as the only sequence: the reference for equality tests
+        (greedy, or with `sampling` as a `Sequence.sampling`).
+
+        Stops after `max_tokens` tokens or at the first end-of-generation token (included).
+        Uses a free lane and releases it afterwards.
+        """
+        max_tokens = check_int("max_tokens", max_tokens, 1)
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise ValueError("prompt must contain at least one token")
+        if any(t < 0 or t >= self.n_vocab for t in prompt):
+            raise ValueError(f"prompt tokens must be in [0, {self.n_vocab})")
+        if not self._lanes.free:
+            raise RuntimeError("no free llama sequence id for an alone run")
+        key = object().__repr__()  # a key no scheduler sequence can have
+        eog = self.tokenizer.eog
+        try:
+            pos = 0
+            token = -1
+            while pos < len(prompt):
+                chunk = prompt[pos : pos + self.n_batch]
+                last = pos + len(chunk) == len(prompt)
+                token = self.run_rows([(key, chunk, pos, last)],
+                                      {key: sampling} if pos == 0 else None).get(key, -1)
+                pos += len(chunk)
+            generated = [token]
+            while len(generated) < max_tokens and not eog[token]:
+                token = self.run_rows([(key, [token], pos, True)])[key]
+                pos += 1
+                generated.append(token)
+            return generated
+        finally:
+            self.release(key)

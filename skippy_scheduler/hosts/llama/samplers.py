@@ -1,0 +1,218 @@
+"""Per-sequence sampling on llama.cpp: one sampler chain per lane that is not plain greedy.
+
+Greedy sequences (None) take one vectorised argmax over the plan's logits; any other sequence
+gets its own llama.cpp sampler chain, built when the sequence takes a lane and freed with it. A
+chain's state is a function of the sequence's tokens (the penalty window is refilled from the
+rows it is fed, so a recompute after preemption rebuilds it) and of the predicted position
+(each draw is seeded from the sequence's seed and that position), so a seeded sequence samples
+the same tokens alone, batched or preempted.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+import llama_cpp as _ll
+
+from ...sampling import SamplingParams, is_native_config, step_seed
+
+IntArray = npt.NDArray[np.integer[Any]]
+
+
+class SamplerChain:
+    """The llama.cpp sampler chain of one sequence and what it has been fed.
+
+    `history` holds every token of the sequence before position `fed` (only when a penalty is
+    active: the penalty window is the chain's one piece of token-dependent state). Random draws
+    are made by a `dist` sampler appended for one sample and removed again, seeded by
+    `step_seed(seed, position)`, so no RNG state is carried from one token to the next.
+    """
+
+    __slots__ = ("params", "chain", "fixed", "history", "fed", "_n_vocab", "_eog_ids")
+
+    def __init__(self, params: SamplingParams, n_vocab: int, eog_ids: IntArray) -> None:
+        self.params = params
+        self.history: list[int] | None = [] if params.penalized else None
+        self.fed = 0
+        self.chain: Any = None
+        self.fixed = 0
+        self._n_vocab = n_vocab
+        self._eog_ids = eog_ids
+        if not params.plain_greedy:
+            self._build()
+
+    def _build(self) -> None:
+        p = self.params
+        cparams = _ll.llama_sampler_chain_default_params()
+        cparams.no_perf = True
+        chain = _ll.llama_sampler_chain_init(cparams)
+        if not chain:
+            raise RuntimeError("llama.cpp could not create a sampler chain")
+        self.chain = chain
+        n_vocab = self._n_vocab
+        stages = []
+        bias = dict(p.logit_bias)
+        if p.ignore_eos:
+            for t in self._eog_ids.tolist():
+                bias[t] = -float("inf")
+        if bias:
+            arr = (_ll.llama_logit_bias * len(bias))()
+            for i, (t, b) in enumerate(sorted(bias.items())):
+                arr[i].token = t
+                arr[i].bias = b
+            stages.append(_ll.llama_sampler_init_logit_bias(n_vocab, len(bias), arr))
+        if p.penalized:
+            stages.append(_ll.llama_sampler_init_penalties(
+                n_vocab, p.penalty_last_n, p.repetition_penalty, p.frequency_penalty,
+                p.presence_penalty))
+        if p.greedy:
+            stages.append(_ll.llama_sampler_init_greedy())
+        else:
+            if p.temperature != 1.0:
+                stages.append(_ll.llama_sampler_init_temp(p.temperature))
+            if p.top_k > 0:
+                stages.append(_ll.llama_sampler_init_top_k(p.top_k))
+            if p.top_p < 1.0:
+                stages.append(_ll.llama_sampler_init_top_p(p.top_p, 1))
+            if p.min_p > 0.0:
+                stages.append(_ll.llama_sampler_init_min_p(p.min_p, 1))
+        for stage in stages:
+            _ll.llama_sampler_chain_add(chain, stage)
+        self.fixed = len(stages)
+
+    def free(self) -> None:
+        if self.chain:
+            _ll.llama_sampler_free(self.chain)
+            self.chain = None
+
+    def feed(self, tokens: IntArray, start: int) -> None:
+        """The row's tokens at positions start, start + 1, ...: the ones not yet seen go into
+        the penalty window (a decode row's input is the token the chain sampled itself)."""
+        end = start + len(tokens)
+        if self.history is None or end <= self.fed:
+            return
+        new = tokens[self.fed - start:] if self.fed > start else tokens
+        self.history.extend(new.tolist())
+        # Only the last penalty_last_n tokens can still be in the window.
+        for t in new[-self.params.penalty_last_n:].tolist():
+            _ll.llama_sampler_accept(self.chain, t)
+        self.fed = end
+
+    def rewind(self, start: int) -> None:
+        """Forget positions >= start (the sequence replays from there)."""
+        if self.history is None or start >= self.fed:
+            self.fed = min(self.fed, start)
+            return
+        kept = self.history[:start]
+        self.free()
+        self._build()
+        self.history, self.fed = [], 0
+        self.feed(np.asarray(kept, dtype=np.int32), 0)
+
+    def sample(self, ctx: Any, batch_row: int, position: int) -> int:
+        """Sample the token at `position` from the logits of `batch_row` of the last decode."""
+        chain = self.chain
+        if not self.params.greedy:
+            seed = self.params.seed
+            assert seed is not None  # SamplingParams draws one when made without
+            _ll.llama_sampler_chain_add(chain, _ll.llama_sampler_init_dist(
+                step_seed(seed, position)))
+        token = int(_ll.llama_sampler_sample(chain, ctx, batch_row))  # also accepts it
+        if not self.params.greedy:
+            _ll.llama_sampler_free(_ll.llama_sampler_chain_remove(chain, self.fixed))
+        if self.history is not None:
+            self.history.append(token)
+            self.fed = position + 1
+        return token
+
+
+class Samplers:
+    """The chains of the lanes whose sequences are not plain greedy (verbs: start, drop,
+    rewind, feed, pick)."""
+
+    def __init__(self, n_vocab: int, eog: npt.NDArray[np.bool_], eog_ids: IntArray) -> None:
+        self.n_vocab = n_vocab
+        self._eog = eog
+        self._eog_ids = eog_ids
+        self._by_lane: dict[int, SamplerChain] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_lane)
+
+    def resolve(self, sampling: object) -> SamplingParams | None:
+        """The params a `Sequence.sampling` stands for on this model; None for plain greedy."""
+        if sampling is None:
+            return None
+        if is_native_config(sampling):
+            resolved = SamplingParams.from_native(sampling)
+            if resolved is None:
+                return None
+            sampling = resolved
+        elif not isinstance(sampling, SamplingParams):
+            raise TypeError("sampling must be None, a SamplingParams or a cffi "
+                            f"'skippy_sampling_config *', got {type(sampling).__name__}")
+        assert isinstance(sampling, SamplingParams)
+        for token, _ in sampling.logit_bias:
+            if token >= self.n_vocab:
+                raise ValueError(f"logit_bias names token {token}, outside [0, {self.n_vocab}) "
+                                 "for this model")
+        if sampling.plain_greedy and not sampling.ignore_eos:
+            return None
+        return sampling
+
+    def start(self, lane: int, params: SamplingParams | None) -> SamplerChain | None:
+        """A lane's sequence begins: its chain (None for plain greedy)."""
+        self.drop(lane)
+        if params is None:
+            return None
+        chain = self._by_lane[lane] = SamplerChain(params, self.n_vocab, self._eog_ids)
+        return chain
+
+    def drop(self, lane: int) -> None:
+        chain = self._by_lane.pop(lane, None)
+        if chain is not None:
+            chain.free()
+
+    def rewind(self, lane: int, start: int) -> None:
+        chain = self._by_lane.get(lane)
+        if chain is not None:
+            chain.rewind(start)
+
+    def close(self) -> None:
+        for chain in self._by_lane.values():
+            chain.free()
+        self._by_lane.clear()
+
+    def feed(self, row_lanes: IntArray, offsets: IntArray, tokens: IntArray,
+             positions: IntArray) -> None:
+        """The decoded rows' tokens into the penalty windows of the lanes that keep one."""
+        by_lane = self._by_lane
+        if not by_lane:
+            return
+        for r, lane in enumerate(row_lanes.tolist()):
+            chain = by_lane.get(lane)
+            if chain is not None and chain.history is not None:
+                a, b = int(offsets[r]), int(offsets[r + 1])
+                chain.feed(tokens[a:b], int(positions[a]))
+
+    def pick(self, ctx: Any, tokens: IntArray, logits: npt.NDArray[np.float32],
+             row_lanes: IntArray, sample_rows: IntArray, out_rows: IntArray,
+             positions: IntArray) -> None:
+        """Overwrite the argmax in `tokens` of every sampling row whose lane has a chain."""
+        by_lane = self._by_lane
+        if not by_lane:
+            return
+        lanes = row_lanes.tolist()
+        for j, r in enumerate(sample_rows.tolist()):
+            chain = by_lane.get(lanes[r])
+            if chain is None:
+                continue
+            batch_row = int(out_rows[j])
+            if chain.chain is None:  # greedy that never ends on its own
+                row = logits[j].copy()
+                row[self._eog_ids] = -np.inf
+                tokens[j] = int(row.argmax())
+            else:
+                tokens[j] = chain.sample(ctx, batch_row, int(positions[batch_row]) + 1)
