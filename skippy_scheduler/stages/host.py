@@ -23,11 +23,12 @@ import tempfile
 import time
 from typing import Any, Optional, Sequence as _Seq
 
+from ..engine.contract import HostState
 from ..types import ReleaseReason
 
 import numpy as np
 
-from .holders import RemoteCells, StageHolders
+from .holders import PrefixHolders, RemoteCells, restored
 from .split import StageInfo, check_stage_set
 from .vocab import Vocabulary
 from .wire import decode_outputs, encode_plan
@@ -75,6 +76,7 @@ class StageHost:
         if not addresses:
             raise ValueError("a stage host needs at least one stage address")
         self.n_seq_max = _check_int("n_seq_max", n_seq_max, 1)
+        self.n_ctx = _check_int("n_ctx", n_ctx, 1)
         self.n_batch = _check_int("n_batch", n_batch, 1)
         prefix_cache_tokens = _check_int("prefix_cache_tokens", prefix_cache_tokens, 0)
         self.prefix_holders = (_check_int("prefix_holders", prefix_holders, 1)
@@ -126,11 +128,12 @@ class StageHost:
         }
         # Prefix reuse: one store for all stages, its decisions queued as memory operations.
         self._cells = RemoteCells()
-        self._holders: Optional[StageHolders] = None
+        self._holders: Optional[PrefixHolders] = None
         self.prefix_store: Any = None
         if prefix_cache_tokens:
-            self._holders = StageHolders(prefix_cache_tokens, self.prefix_holders, n_seq_max,
-                                         n_seq_max, n_ctx, self._cells)
+            self._holders = PrefixHolders(prefix_cache_tokens, self.prefix_holders, n_seq_max,
+                                          n_seq_max, n_ctx, self._cells,  # type: ignore[arg-type]
+                                          shared_cells=True)
             self.prefix_store = self._holders.store
         self._free: list[int] = list(range(n_seq_max))
         self._slot: dict[str, int] = {}
@@ -160,6 +163,8 @@ class StageHost:
         if len(dims) != 1:
             raise StageFailure(f"stages disagree on the embedding width: {sorted(dims)}")
         self.n_embd = dims.pop()
+        # A stage whose context got a smaller batch than asked sizes every plan.
+        self.n_batch = min([self.n_batch] + [int(r["n_batch"]) for r in ready])
         return infos
 
     def _recv(self, what: str, waiting: Optional[set[int]] = None) -> list[bytes]:
@@ -336,7 +341,7 @@ class StageHost:
             self._next_pos[lane] = end
         if self._holders is not None:
             for r, holder in restore.items():
-                self._holders.restored(int(lanes[r]), holder, starts[r])
+                restored(self._holders, self._cells, int(lanes[r]), holder, starts[r])
             self._holders.wrote(np.repeat(lanes, np.diff(offsets)), positions, tokens)
         k = len(sample_rows)
         outputs = plan.outputs
@@ -442,6 +447,30 @@ class StageHost:
     @property
     def active_sequences(self) -> list[str]:
         return list(self._slot)
+
+    def release_all(self) -> None:
+        """Release every sequence (recovery after a failure), then free the lanes on the
+        stages at once."""
+        for sequence_id in list(self._slot):
+            self.release(sequence_id, ReleaseReason.FAILED)
+        if self.broken is None:
+            self.sync()
+
+    def host_state(self, detail: bool = False) -> HostState:
+        """Lanes and KV positions as the driver counts them; with `detail`, the highest
+        position each lane holds on every live stage (asked of the stages: for leak checks),
+        which must agree between stages."""
+        positions: dict[int, int] = {}
+        if detail and self.broken is None:
+            self.sync()
+            per_stage = self.held()
+            if any(h != per_stage[0] for h in per_stage):
+                raise StageFailure(f"the stages disagree on what their lanes hold: {per_stage}")
+            positions = {lane: n - 1 for lane, n in per_stage[0].items()}
+        return HostState(
+            lanes=self.n_seq_max, free_lanes=len(self._free), active=tuple(self._slot),
+            kv_tokens=sum(self._next_pos[lane] for lane in self._slot.values()),
+            kv_capacity=self.n_ctx, lane_positions=positions)
 
     def close(self) -> None:
         for sock in getattr(self, "_out", []):

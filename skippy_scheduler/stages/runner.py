@@ -27,7 +27,8 @@ import numpy as np
 
 import llama_cpp as _ll
 
-from ..hosts.llama import _init_backend, _KV_TYPES, recent_log
+from ..hosts.llama.backend import KV_TYPES, create_context, init_backend, load_model, recent_log
+from ..hosts.llama.tokenizer import Tokenizer
 from .split import StageInfo, read_stage_info
 
 
@@ -69,8 +70,8 @@ class StageRunner:
                  n_seq_max: int = 8, n_batch: int = 512, n_threads: int = 2,
                  kv_type: str = "f32", flash_attn: bool = False) -> None:
         global _GGML
-        if kv_type not in _KV_TYPES:
-            raise ValueError(f"kv_type must be one of {sorted(_KV_TYPES)}, got {kv_type!r}")
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
         for name, v in (("n_ctx", n_ctx), ("n_seq_max", n_seq_max), ("n_batch", n_batch),
                         ("n_threads", n_threads)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -80,52 +81,43 @@ class StageRunner:
         self.info: StageInfo = read_stage_info(model_path)
         self._model: Any = None
         self._ctx: Any = None
-        _init_backend()
+        init_backend()
         if _GGML is None:
             _GGML = _ggml_base()
-        mparams = _ll.llama_model_default_params()
-        mparams.n_gpu_layers = 0
-        model = _ll.llama_model_load_from_file(self.info.path.encode(), mparams)
-        if not model:
-            raise StageError(f"llama.cpp could not load {self.info.path}: {recent_log()}")
-        self._model = model
+        try:
+            self._model = load_model(self.info.path)
+        except RuntimeError as exc:
+            raise StageError(str(exc)) from None
+        model = self._model
         self.n_embd = int(_ll.llama_model_n_embd(model))
         self.n_layer = int(_ll.llama_model_n_layer(model))
         self._target = f"l_out-{self.n_layer - 1}".encode()
-        vocab = _ll.llama_model_get_vocab(model)
-        self.n_vocab = int(_ll.llama_vocab_n_tokens(vocab))
-        self._eog = np.fromiter((bool(_ll.llama_vocab_is_eog(vocab, t))
-                                 for t in range(self.n_vocab)), dtype=bool, count=self.n_vocab)
+        vocab = Tokenizer(model)
+        self.n_vocab = vocab.n_vocab
+        self._eog = vocab.eog
         self.n_batch = n_batch
         self.n_seq_max = n_seq_max
         self.last = self.info.last
         self.first = self.info.first
 
-        cparams = _ll.llama_context_default_params()
-        # Fields are set by name: the struct layout changes between llama.cpp versions. One KV
-        # cache for all lanes and one ubatch per batch keep the ubatches in batch order.
-        for field, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_batch),
-                             ("n_seq_max", n_seq_max), ("n_threads", n_threads),
-                             ("n_threads_batch", n_threads),
-                             ("flash_attn_type", 1 if flash_attn else 0),
-                             ("type_k", _KV_TYPES[kv_type]), ("type_v", _KV_TYPES[kv_type]),
-                             ("kv_unified", True), ("embeddings", False), ("no_perf", True)):
-            setattr(cparams, field, value)
         # The capture buffer: every batch row's residual stream after the stage's last layer.
         self._act = np.zeros((n_batch, self.n_embd), dtype=np.float32)
         self._act_rows = 0
         self._capture_error: Optional[str] = None
-        if not self.last:
-            self._cb = _ll.ggml_backend_sched_eval_callback(self._on_eval)
-            cparams.cb_eval = self._cb
-            cparams.cb_eval_user_data = None
-        ctx = _ll.llama_init_from_model(model, cparams)
+        # One KV cache for all lanes and one ubatch per batch keep the ubatches in batch order.
+        self._cb = None if self.last else _ll.ggml_backend_sched_eval_callback(self._on_eval)
+        ctx = create_context(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                             sequence_ids=n_seq_max, n_threads=n_threads, kv_type=kv_type,
+                             flash_attn=flash_attn, unified=True, cb_eval=self._cb)
         if not ctx:
             self.close()
             raise StageError(f"llama.cpp could not create a context: {recent_log()}")
         self._ctx = ctx
         self._mem = _ll.llama_get_memory(ctx)
         self.n_ctx = int(_ll.llama_n_ctx(ctx))
+        # llama.cpp may give a smaller batch than asked (at most the context): plans are sized
+        # from what the context got.
+        self.n_batch = min(n_batch, int(_ll.llama_n_batch(ctx)))
         self._next_pos = [0] * n_seq_max
 
         self._tok = np.zeros(n_batch, dtype=np.int32)

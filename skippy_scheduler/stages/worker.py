@@ -83,7 +83,8 @@ class StageWorker:
             "count": i.count, "layer_start": i.layer_start,
             "layer_end": i.layer_end, "source_layers": i.source_layers,
             "source_id": i.source_id, "source_name": i.source_name, "path": i.path,
-            "n_embd": r.n_embd, "n_vocab": r.n_vocab, "n_ctx": r.n_ctx})])
+            "n_embd": r.n_embd, "n_vocab": r.n_vocab, "n_ctx": r.n_ctx,
+            "n_batch": r.n_batch})])
 
     def _plan(self, parts: list[Any]) -> None:
         runner = self._runner

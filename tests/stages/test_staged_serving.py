@@ -337,3 +337,13 @@ def test_workers_on_tcp_loopback(tmp_path, model4, splits, alone):
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=10)
+
+
+def test_the_stage_host_meets_the_host_contract(staged_reuse):
+    from skippy_scheduler.engine.contract import attach
+
+    hooks = attach(staged_reuse)
+    assert hooks.prefix_store is staged_reuse.prefix_store is not None
+    assert hooks.release_all is not None and hooks.host_state is not None
+    state = staged_reuse.host_state(detail=True)
+    assert state.active == () and state.lane_positions == {} and state.lanes == N_SEQ
