@@ -103,12 +103,12 @@ class StageWorker:
             ops.append([OP_REMOVE, lane, -1, -1, 0])
             if holder >= 0:
                 if not 0 <= holder < runner.n_seq_max or runner.held(holder) < start:
-                    raise WireError(f"new row {r} restores {start} positions from holder "
+                    raise ValueError(f"new row {r} restores {start} positions from holder "
                                     f"{holder}, which holds "
                                     f"{runner.held(holder) if 0 <= holder < runner.n_seq_max else 0}")
                 ops.append([OP_COPY, holder, lane, 0, start])
             elif start != 0:
-                raise WireError(f"new row {r} starts at {start} without a restore")
+                raise ValueError(f"new row {r} starts at {start} without a restore")
         runner.check_ops(ops)
         runner.apply_ops(ops)
         runner.check_rows(lanes, view.positions[offsets[:-1]])
