@@ -51,7 +51,7 @@ typedef struct skippy_memory_component {
 /* Configuration; skippy_scheduler_config_default fills the defaults. SIZE_MAX = unbounded. */
 typedef struct skippy_scheduler_config {
     size_t max_active_sequences;                 /* default 32 */
-    size_t sequence_id_limit;                    /* default 256 (LLAMA_MAX_SEQ) */
+    size_t sequence_id_limit;                    /* default 256: holder ids (active + prefixes) */
     size_t reserved_sequence_ids;                /* default 16 */
     size_t max_waiting_sequences;                /* default 256 */
     size_t max_tokens_per_iteration;             /* default 2048 */

@@ -21,7 +21,7 @@ from skippy_scheduler.cache_policy import (
     CacheAwareCandidate,
     order_cache_aware_candidates,
 )
-from skippy_scheduler.reference import order_cache_aware_candidates as reference_order
+from skippy_scheduler.reference import reference_order
 
 PROMPT = 512
 SHARED = 256

@@ -174,6 +174,15 @@ async def run_load(args) -> dict:
     }
 
 
+def emit(result: dict, path: str | None) -> None:
+    """Print `result` as one JSON line, and append the line to `path` when one is given."""
+    line = json.dumps(result)
+    print(line)
+    if path:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+
+
 def write_model(path: str, seed: int) -> None:
     from skippy_scheduler.hosts.tiny_model import TinyModelShape, parameter_count, write_tiny_llama
 
@@ -212,12 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "write-model":
         write_model(args.path, args.seed)
         return 0
-    out = asyncio.run(run_load(args))
-    line = json.dumps(out)
-    print(line)
-    if args.json:
-        with open(args.json, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
+    emit(asyncio.run(run_load(args)), args.json)
     return 0
 
 

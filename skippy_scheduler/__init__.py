@@ -31,11 +31,13 @@ from .cache_policy import (  # noqa: E402
     CacheAwareCandidate,
     StageCacheAffinity,
     order_cache_aware_candidates,
-    select_cache_aware_candidate,
 )
+from .engine import Engine, Host, Request  # noqa: E402
+from .inflight import resolve_deferred  # noqa: E402
 from .policies import (  # noqa: E402
     AdmissionPolicy,
     CacheAwareAdmission,
+    FairShareAdmission,
     FcfsAdmission,
     FewestComputedTokens,
     LowestPriorityNewest,
@@ -43,10 +45,11 @@ from .policies import (  # noqa: E402
     PriorityAdmission,
     VictimCandidate,
 )
-from .radix import RadixEntry, RadixMatch, RadixStats, UnifiedRadixCache, affinity_from_radix  # noqa: E402
-from .reference import TwinOutputs, TwinPlan, TwinScheduler  # noqa: E402
+from .prefix_store import PrefixStore  # noqa: E402
+from .radix import UnifiedRadixCache  # noqa: E402
+from .reference import TwinScheduler  # noqa: E402
+from .sampling import SamplingParams  # noqa: E402
 from .types import (  # noqa: E402
-    LLAMA_MAX_SEQ,
     AdmissionError,
     DuplicateSequence,
     EmptyPrompt,
@@ -57,6 +60,7 @@ from .types import (  # noqa: E402
     IterationWork,
     MalformedOutputs,
     MemoryComponent,
+    PlanInFlight,
     PrefixRestore,
     PrefixRestoreKind,
     QueueFull,
@@ -67,63 +71,66 @@ from .types import (  # noqa: E402
     SchedulerSnapshot,
     Sequence,
     SequenceStatus,
-    PlanInFlight,
     StalePlanError,
 )
-from .inflight import resolve_deferred  # noqa: E402
-from .sampling import SamplingParams  # noqa: E402
 
+# What a user needs, by layer: the driver loop and the host it runs; the scheduler (native, or
+# its pure-Python twin) with its config, requests, plan and telemetry types; the policies; the
+# prefix store; the errors. Lower-level pieces stay in their modules (`skippy_scheduler.radix`,
+# `.cache_policy`, `.reference`, `.hosts`, `.lab`, ...).
 __all__ = [
     "__version__",
     "get_include",
     "get_library_dir",
-    "LLAMA_MAX_SEQ",
-    "AdmissionError",
-    "AdmissionPolicy",
-    "CacheAffinity",
-    "CacheAwareAdmission",
-    "CacheAwareCandidate",
-    "DuplicateSequence",
-    "EmptyPrompt",
-    "FcfsAdmission",
-    "FewestComputedTokens",
-    "FinishReason",
-    "IterationPhase",
-    "IterationPlan",
-    "IterationPrediction",
-    "IterationTelemetry",
-    "IterationWork",
-    "LowestPriorityNewest",
-    "MalformedOutputs",
-    "MemoryComponent",
-    "PlanOutputs",
-    "PreemptionPolicy",
-    "PrefixRestore",
-    "PrefixRestoreKind",
-    "PriorityAdmission",
-    "QueueFull",
-    "RadixEntry",
-    "RadixMatch",
-    "RadixStats",
-    "RejectReason",
-    "ReleaseReason",
+    # driving
+    "Engine",
+    "Host",
+    "Request",
+    # the scheduler and its types
     "Scheduler",
+    "TwinScheduler",
     "SchedulerConfig",
-    "SchedulerMetrics",
-    "SchedulerSnapshot",
+    "MemoryComponent",
     "Sequence",
     "SequenceStatus",
-    "StageCacheAffinity",
-    "PlanInFlight",
-    "StalePlanError",
-    "resolve_deferred",
+    "PrefixRestore",
+    "PrefixRestoreKind",
     "SamplingParams",
-    "TwinOutputs",
-    "TwinPlan",
-    "TwinScheduler",
-    "UnifiedRadixCache",
-    "affinity_from_radix",
+    "IterationPlan",
+    "IterationPhase",
+    "IterationWork",
+    "IterationPrediction",
+    "PlanOutputs",
+    "resolve_deferred",
+    "IterationTelemetry",
+    "FinishReason",
+    "ReleaseReason",
+    "SchedulerMetrics",
+    "SchedulerSnapshot",
+    # policies
+    "AdmissionPolicy",
+    "CacheAwareAdmission",
+    "FairShareAdmission",
+    "FcfsAdmission",
+    "PriorityAdmission",
+    "PreemptionPolicy",
+    "LowestPriorityNewest",
+    "FewestComputedTokens",
     "VictimCandidate",
+    "CacheAwareCandidate",
+    "CacheAffinity",
+    "StageCacheAffinity",
     "order_cache_aware_candidates",
-    "select_cache_aware_candidate",
+    # prefixes
+    "PrefixStore",
+    "UnifiedRadixCache",
+    # errors
+    "AdmissionError",
+    "QueueFull",
+    "DuplicateSequence",
+    "EmptyPrompt",
+    "RejectReason",
+    "StalePlanError",
+    "PlanInFlight",
+    "MalformedOutputs",
 ]

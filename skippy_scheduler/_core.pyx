@@ -81,7 +81,7 @@ if ([(k.name, k.value) for k in AdmissionKind] != [
                       "skippy_admission_policy / skippy_preemption_policy")
 
 cdef array _UINT32_ARRAY = array("I")
-cdef object _PHASES = (IterationPhase.Prefill, IterationPhase.Recompute, IterationPhase.Decode)
+cdef object _PHASES = (IterationPhase.PREFILL, IterationPhase.RECOMPUTE, IterationPhase.DECODE)
 cdef object _STATUSES = tuple(SequenceStatus)
 # skippy_end_reason -> FinishReason, by value.
 cdef object _END_REASONS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.FAILED,
@@ -203,7 +203,8 @@ cdef class Scheduler:
         cdef uint64_t prefill = check_u64("prefill_cost_per_token", prefill_cost_per_token)
         cdef uint64_t restore = check_u64("restore_cost_per_token", restore_cost_per_token)
         if store is not None:
-            native = getattr(store, "_native", store)
+            from .prefix_store import PrefixStore  # (that module imports this one)
+            native = store.native_store if isinstance(store, PrefixStore) else store
             if not isinstance(native, NativePrefixStore):
                 raise TypeError("store must be a PrefixStore (native), got "
                                 f"{type(store).__name__}")
@@ -584,7 +585,7 @@ cdef class Scheduler:
         is the native fair share."""
         if not self._fair:
             raise ValueError("tenant weights apply to the native fair-share admission only")
-        weight = VirtualTokenCounters._check_weight("weight", weight)
+        weight = VirtualTokenCounters.check_weight("weight", weight)
         self._set_weight(self._tenant_id(tenant), weight)
 
     def tenant_counters(self):

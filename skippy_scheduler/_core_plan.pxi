@@ -206,8 +206,8 @@ cdef class IterationPlan:
 
     @property
     def phases(self):
-        """uint8 array of `len(plan)` row kinds, the values of `IterationPhase` (0 Prefill,
-        1 Recompute, 2 Decode)."""
+        """uint8 array of `len(plan)` row kinds, the values of `IterationPhase` (0 PREFILL,
+        1 RECOMPUTE, 2 DECODE)."""
         self._check()
         return self._b.slice(_A_PHASE, self._rows)
 

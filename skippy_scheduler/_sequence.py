@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import warnings
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterable
 
@@ -21,23 +22,49 @@ from .cache_policy import CacheAffinity
 from .sampling import check_sampling
 
 
-class SequenceStatus(enum.Enum):
+# Enum classes whose members were once spelled in CamelCase: old spelling -> member name.
+_OLD_SPELLINGS: dict[type, dict[str, str]] = {}
+
+
+class RenamedMembers(enum.EnumMeta):
+    """Metaclass of the enums whose members were renamed to Python style (`PREFILL`): the old
+    CamelCase spelling (`Prefill`) still reads the member, with a DeprecationWarning."""
+
+    def __getattr__(cls, name: str) -> Any:
+        new = _OLD_SPELLINGS.get(cls, {}).get(name)
+        if new is None:
+            raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
+        warnings.warn(f"{cls.__name__}.{name} is deprecated: use {cls.__name__}.{new}",
+                      DeprecationWarning, stacklevel=2)
+        return cls[new]
+
+
+def keep_old_spellings(cls: type[enum.Enum]) -> None:
+    """Register `cls`'s CamelCase member spellings (PREFILL -> Prefill) as deprecated aliases."""
+    _OLD_SPELLINGS[cls] = {m.name.title().replace("_", ""): m.name for m in cls}
+
+
+class SequenceStatus(enum.Enum, metaclass=RenamedMembers):
     """Lifecycle state; the values match the C core."""
 
-    Waiting = 0
-    Running = 1
-    Preempted = 2
-    Finished = 3
-    Failed = 4
-    Cancelled = 5  # only in `retired()` snapshots: a cancelled sequence is never submitted
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED = 3
+    FAILED = 4
+    CANCELLED = 5  # only in `retired()` snapshots: a cancelled sequence is never submitted
 
 
-class PrefixRestoreKind(enum.Enum):
+class PrefixRestoreKind(enum.Enum, metaclass=RenamedMembers):
     """What a prefix restore brings back; carried only, never read by scheduling."""
 
-    ResidentKv = 0
-    RecurrentWholeState = 1
-    KvAndRecurrentWholeState = 2
+    RESIDENT_KV = 0
+    RECURRENT_WHOLE_STATE = 1
+    KV_AND_RECURRENT_WHOLE_STATE = 2
+
+
+keep_old_spellings(SequenceStatus)
+keep_old_spellings(PrefixRestoreKind)
 
 
 @dataclass(frozen=True)
@@ -46,7 +73,7 @@ class PrefixRestore:
 
     page_id: str
     token_count: int
-    kind: PrefixRestoreKind = PrefixRestoreKind.ResidentKv
+    kind: PrefixRestoreKind = PrefixRestoreKind.RESIDENT_KV
 
     def __post_init__(self) -> None:
         check_str("page_id", self.page_id)
@@ -109,7 +136,7 @@ class Sequence:
         self.sampling = check_sampling(sampling)
         self.priority = check_uint("priority", priority, U64_MAX)
         self.admission_tokens = sat(len(self.prompt_tokens) + self.max_tokens)
-        self.status = SequenceStatus.Waiting
+        self.status = SequenceStatus.WAITING
         self.prefix_restore: PrefixRestore | None = None
         self.cache_affinity = CacheAffinity()
         self.admitted_at: int | None = None
@@ -156,8 +183,8 @@ class Sequence:
 
     def is_finished(self) -> bool:
         """True once the sequence has left the scheduler (finished, failed or cancelled)."""
-        return self.status in (SequenceStatus.Finished, SequenceStatus.Failed,
-                               SequenceStatus.Cancelled)
+        return self.status in (SequenceStatus.FINISHED, SequenceStatus.FAILED,
+                               SequenceStatus.CANCELLED)
 
     def recompute_tokens(self) -> list[int]:
         """Prompt plus every generated token except the pending (last) one."""
@@ -204,7 +231,7 @@ class Sequence:
         copy.admission_tokens = check_uint("admission_tokens", self.admission_tokens, USIZE_MAX)
         if not isinstance(self.status, SequenceStatus):
             raise TypeError(f"status must be a SequenceStatus, got {type(self.status).__name__}")
-        if self.status is SequenceStatus.Cancelled:
+        if self.status is SequenceStatus.CANCELLED:
             raise ValueError("a cancelled sequence cannot be submitted (status Cancelled)")
         copy.status = self.status
         if self.prefix_restore is not None and not isinstance(self.prefix_restore, PrefixRestore):

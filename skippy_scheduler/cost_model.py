@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from .types import IterationPhase
 
-DECODE_PHASE = IterationPhase.Decode.value
+DECODE_PHASE = IterationPhase.DECODE.value
 
 
 def decode_row_count(phases: Any) -> int:

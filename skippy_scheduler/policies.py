@@ -106,9 +106,9 @@ class CacheAwareAdmission(AdmissionPolicy):
         grouping = True if self.group_waiting_prefixes is None else self.group_waiting_prefixes
         # Imported at call time because the reference package imports this module (its
         # scheduler takes policies); a top-level import would be circular.
-        from .reference.ordering import order_cache_aware_candidates
+        from .reference.ordering import reference_order
 
-        return order_cache_aware_candidates(candidates, current_turn, aging, grouping)
+        return reference_order(candidates, current_turn, aging, grouping)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CacheAwareAdmission):
@@ -182,16 +182,16 @@ class VirtualTokenCounters:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         self.prefill_cost = float(prefill_cost)
         self.decode_cost = float(decode_cost)
-        self.default_weight = self._check_weight("default_weight", default_weight)
-        self.weights = {t: self._check_weight(f"weights[{t!r}]", w)
+        self.default_weight = self.check_weight("default_weight", default_weight)
+        self.weights = {t: self.check_weight(f"weights[{t!r}]", w)
                         for t, w in dict(weights or {}).items()}
         self.counters: dict[Hashable, float] = {}
         self.lifts = 0
-        self._queued_keys: set = set()
-        self._queued_tenants: set = set()
+        self._queued_keys: set[Hashable] = set()
+        self._queued_tenants: set[Hashable] = set()
 
     @staticmethod
-    def _check_weight(name: str, value: Any) -> float:
+    def check_weight(name: str, value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or not math.isfinite(value) or value <= 0:
             raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
@@ -219,7 +219,7 @@ class VirtualTokenCounters:
         self.counters[tenant] = self.counter(tenant) + self.cost(tenant, prefill_tokens,
                                                                  decode_tokens)
 
-    def observe_queue(self, queued: Mapping[Hashable, _Seq[Hashable]]) -> list:
+    def observe_queue(self, queued: Mapping[Hashable, _Seq[Hashable]]) -> list[Hashable]:
         """Apply the lift rule to `queued` (tenant -> keys of its queued requests), then
         remember it as the previous observation. Returns the tenants that were lifted."""
         before = self._queued_keys

@@ -68,14 +68,14 @@ class StoreEntry:
         self.id = entry_id
         self.parent = parent
         self.key = key  # the full int32 key; read-only (possibly a view of the caller's array)
-        self.start = parent.length if parent is not None else 0
-        self.length = len(key)
+        self.start: int = parent.length if parent is not None else 0
+        self.length: int = len(key)
         self.serial = serial
         self.holder = holder
         self.alive = True
         self.value = value
 
-    def _info(self) -> tuple:
+    def _info(self) -> tuple[int, ...]:
         info = self._native.entry(self.id) if self.alive else None
         return info if info is not None else (-1, -1, 0, 0, 0, 0, 0, 0, 0)
 
@@ -187,6 +187,14 @@ class PrefixStore:
         self.namespace = namespace
         self._native = NativePrefixStore(capacity_tokens, holder_slots, first_holder_id)
         self._objects: dict[int, StoreEntry] = {}
+        # The twin scheduler this store serves (a weak reference, set by its attach); the
+        # native scheduler keeps that in the C core.
+        self.owner: Optional[Callable[[], Any]] = None
+
+    @property
+    def native_store(self) -> NativePrefixStore:
+        """The C store behind this one (what a native scheduler attaches)."""
+        return self._native
 
     # -- counters -----------------------------------------------------------------------------
 
@@ -286,6 +294,7 @@ class PrefixStore:
             key = key.copy()
             key.setflags(write=False)
         info = self._native.entry(entry_id)
+        assert info is not None  # (just inserted)
         entry = StoreEntry(self._native, entry_id, parent, key, int(info[7]),
                            None if info[1] < 0 else int(info[1]), value)
         self._objects[entry_id] = entry

@@ -72,7 +72,7 @@ def _bias_pairs(value: object) -> tuple[tuple[int, float], ...]:
         raise TypeError(f"logit_bias must be a mapping of token id to bias, "
                         f"got {type(value).__name__}")
     else:
-        items = value  # type: ignore[assignment]
+        items = value
     merged: dict[int, float] = {}
     for item in items:
         try:
@@ -210,10 +210,10 @@ class SamplingParams:
         if len(self.logit_bias) > _MAX_NATIVE_BIAS:
             raise ValueError(f"the native config holds {_MAX_NATIVE_BIAS} logit biases, "
                              f"these params have {len(self.logit_bias)}")
-        c = _ffi.new("skippy_sampling_config *")
+        c: Any = _ffi.new("skippy_sampling_config *")  # (cffi field access is untyped)
         c.version = 1
         c.flags = _FLAG_ENABLED | (_FLAG_IGNORE_EOS if self.ignore_eos else 0)
-        c.seed = (self.seed & 0xFFFFFFFF) or 1  # 0 would mean "runtime default"
+        c.seed = ((self.seed or 0) & 0xFFFFFFFF) or 1  # 0 would mean "runtime default"
         c.top_k = self.top_k
         c.penalty_last_n = self.penalty_last_n
         c.temperature = self.temperature

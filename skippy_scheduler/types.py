@@ -24,12 +24,21 @@ from ._validate import (
     sat_sub,
 )
 from .cache_policy import CacheAffinity, CacheAwareCandidate, StageCacheAffinity
-from ._sequence import PrefixRestore, PrefixRestoreKind, Sequence, SequenceStatus
+from ._sequence import (
+    PrefixRestore,
+    PrefixRestoreKind,
+    RenamedMembers,
+    Sequence,
+    SequenceStatus,
+    keep_old_spellings,
+)
 
-LLAMA_MAX_SEQ = 256
+# Default size of the holder-id space (`SchedulerConfig.sequence_id_limit`): the runtime ids an
+# active sequence or a resident prefix occupies one each of (a llama.cpp context has 256).
+DEFAULT_SEQUENCE_ID_LIMIT = 256
 
 __all__ = [
-    "LLAMA_MAX_SEQ",
+    "DEFAULT_SEQUENCE_ID_LIMIT",
     "IterationPhase",
     "FinishReason",
     "ReleaseReason",
@@ -57,12 +66,15 @@ __all__ = [
 ]
 
 
-class IterationPhase(enum.Enum):
+class IterationPhase(enum.Enum, metaclass=RenamedMembers):
     """Kind of a plan row; the values match the C `skippy_phase`."""
 
-    Prefill = 0
-    Recompute = 1
-    Decode = 2
+    PREFILL = 0
+    RECOMPUTE = 1
+    DECODE = 2
+
+
+keep_old_spellings(IterationPhase)
 
 
 class FinishReason(enum.Enum):
@@ -189,7 +201,7 @@ class SchedulerConfig:
     """
 
     max_active_sequences: int = 32
-    sequence_id_limit: int = LLAMA_MAX_SEQ
+    sequence_id_limit: int = DEFAULT_SEQUENCE_ID_LIMIT
     reserved_sequence_ids: int = 16
     max_waiting_sequences: int = 256
     max_tokens_per_iteration: int = 2048

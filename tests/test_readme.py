@@ -12,7 +12,7 @@ def test_readme_tour_runs(capsys):
     exec(compile(blocks[0], "README.md", "exec"), {})
     out = capsys.readouterr().out
     # The stand-in model predicts last token + 1: each sequence's tokens continue its prompt.
-    assert "chat-1 Finished [40, 41, 42, 43]" in out and "chat-2 Finished [10, 11, 12, 13]" in out
+    assert "chat-1 FINISHED [40, 41, 42, 43]" in out and "chat-2 FINISHED [10, 11, 12, 13]" in out
     assert "SchedulerMetrics(" in out
 
 

@@ -5,6 +5,9 @@ parser and sets `func` (a callable taking the parsed namespace and returning an 
 Subcommand modules parse, validate, call library functions and print; the work itself lives
 in the library (`skippy_scheduler.lab`, `skippy_scheduler.hosts`, `skippy_scheduler.bench`).
 A user error raises `CommandError` (or is an argparse error) and ends with exit status 2.
+SIGINT and SIGTERM end a command with one line and status 130 / 143 after it saved what
+finished (`interrupt.py`), except in a subcommand that sets `own_signals` (serve drains itself).
+The flags every subcommand shares are declared once, in `vocabulary.py`.
 """
 from __future__ import annotations
 
@@ -14,11 +17,12 @@ import sys
 
 from .._version import __version__
 from ._common import USAGE_ERROR, CommandError, Parser
+from .interrupt import Interrupted, interruptible
 
 SUBCOMMANDS: tuple[str, ...] = ("lab", "run", "serve", "calibrate", "bench", "config", "split",
                                  "stage")
 
-__all__ = ["CommandError", "build_parser", "main"]
+__all__ = ["CommandError", "Interrupted", "build_parser", "main"]
 
 
 def build_parser() -> Parser:
@@ -45,9 +49,15 @@ def main(argv: list[str] | None = None) -> int:
     if extras:
         return command.fail(f"unrecognized arguments: {' '.join(extras)}")
     try:
-        return int(args.func(args) or 0)
+        if getattr(args, "own_signals", False):
+            return int(args.func(args) or 0)
+        with interruptible():
+            return int(args.func(args) or 0)
     except CommandError as exc:
         return command.fail(str(exc))
+    except Interrupted as exc:
+        print(f"{command.prog}: {exc.line()}", file=sys.stderr, flush=True)
+        return exc.status
     except BrokenPipeError:  # e.g. piped into `head`
         # Point stdout at /dev/null so the interpreter's final flush does not complain again.
         try:

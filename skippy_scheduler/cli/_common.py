@@ -12,9 +12,15 @@ import contextlib
 import os
 import sys
 import tempfile
+from types import ModuleType
+from typing import Callable, Iterator, NoReturn, TypeVar
+
+from .vocabulary import add_flag
 
 USAGE_ERROR = 2
 GGUF_MAGIC = b"GGUF"
+DEFAULT_THREADS = 2  # llama.cpp threads of run and serve (calibrate has its reason for 1)
+LLAMA_MAX_SEQUENCES = 256  # llama.cpp's sequence ids
 
 
 class CommandError(Exception):
@@ -28,7 +34,8 @@ def _one_line(message: str) -> str:
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are the usage line plus one `prog: error: ...` line."""
 
-    commands: dict  # the top-level parser's subcommand parsers, by name (set by build_parser)
+    # The top-level parser's subcommand parsers, by name (set by build_parser).
+    commands: dict[str, "Parser"]
 
     def fail(self, message: str) -> int:
         """Print a user error the way argparse does (usage, then the message); return 2."""
@@ -39,7 +46,7 @@ class Parser(argparse.ArgumentParser):
         sys.stderr.write(f"{self.prog}: error: {_one_line(message)}\n")
         return USAGE_ERROR
 
-    def error(self, message: str):  # argparse's hook for its own parse errors
+    def error(self, message: str) -> NoReturn:  # argparse's hook for its own parse errors
         self.fail(message)
         sys.exit(USAGE_ERROR)
 
@@ -47,7 +54,10 @@ class Parser(argparse.ArgumentParser):
 # -- argument types: argparse turns ArgumentTypeError into "argument --x: <message>" ----------
 
 
-def _number(text: str, kind):
+_N = TypeVar("_N", int, float)
+
+
+def _number(text: str, kind: Callable[[str], _N]) -> _N:
     try:
         return kind(text)
     except ValueError:
@@ -69,6 +79,22 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def int_in(lo: int, hi: int) -> Callable[[str], int]:
+    """An argument type: an integer in [lo, hi]."""
+    def parse(text: str) -> int:
+        value = _number(text, int)
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"expected an integer in [{lo}, {hi}], got {text}")
+        return value
+
+    return parse
+
+
+def bound(text: str) -> int | None:
+    """An argument type: an integer >= 0, where 0 means no bound (None)."""
+    return non_negative_int(text) or None
+
+
 def non_negative_float(text: str) -> float:
     value = _number(text, float)
     if not 0 <= value < float("inf"):
@@ -79,8 +105,22 @@ def non_negative_float(text: str) -> float:
 # -- paths ----------------------------------------------------------------------------------
 
 
+def _probe_file(option: str, path: str) -> None:
+    """Open the file for writing as the run will (without truncating it), then undo that:
+    permission bits do not say everything (root, /proc, /sys, read-only mounts)."""
+    existed = os.path.exists(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | (0 if existed else os.O_CREAT | os.O_EXCL))
+    except OSError as exc:
+        raise CommandError(f"{option}: cannot write {path}: {exc.strerror}") from None
+    os.close(fd)
+    if not existed:
+        os.unlink(path)
+
+
 def check_output_file(option: str, path: str | None) -> None:
-    """Refuse an output file that cannot be written: its directory must exist and be writable."""
+    """Refuse an output file that cannot be written: its directory must exist and be writable,
+    and the file must open for writing."""
     if path is None:
         return
     if not path:
@@ -96,10 +136,34 @@ def check_output_file(option: str, path: str | None) -> None:
             raise CommandError(f"{option}: cannot write {path}: permission denied")
     elif not os.access(parent, os.W_OK | os.X_OK):
         raise CommandError(f"{option}: cannot write {path}: directory {parent} is not writable")
+    _probe_file(option, path)
+
+
+def _probe_dir(option: str, path: str) -> None:
+    """Make the directory (and missing parents) and a file in it, then remove what was made."""
+    made: list[str] = []
+    here = os.path.abspath(path)
+    while not os.path.exists(here):
+        made.append(here)
+        here = os.path.dirname(here)
+    try:
+        for directory in reversed(made):
+            os.mkdir(directory)
+        fd, probe = tempfile.mkstemp(prefix=".skippy-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        verb = "create" if made else "write into"
+        raise CommandError(f"{option}: cannot {verb} {path}: {exc.strerror}") from None
+    finally:
+        for directory in made:
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
 
 
 def check_output_dir(option: str, path: str | None) -> None:
-    """Refuse an output directory that cannot be created or written (missing parents are made)."""
+    """Refuse an output directory that cannot be created or written (missing parents are made
+    when the results are written)."""
     if path is None:
         return
     if not path:
@@ -109,14 +173,16 @@ def check_output_dir(option: str, path: str | None) -> None:
             raise CommandError(f"{option}: {path} is not a directory")
         if not os.access(path, os.W_OK | os.X_OK):
             raise CommandError(f"{option}: directory {path} is not writable")
-        return
-    ancestor = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(ancestor):
-        ancestor = os.path.dirname(ancestor)
-    if not os.path.isdir(ancestor):
-        raise CommandError(f"{option}: cannot create {path}: {ancestor} is not a directory")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise CommandError(f"{option}: cannot create {path}: directory {ancestor} is not writable")
+    else:
+        ancestor = os.path.dirname(os.path.abspath(path))
+        while not os.path.exists(ancestor):
+            ancestor = os.path.dirname(ancestor)
+        if not os.path.isdir(ancestor):
+            raise CommandError(f"{option}: cannot create {path}: {ancestor} is not a directory")
+        if not os.access(ancestor, os.W_OK | os.X_OK):
+            raise CommandError(f"{option}: cannot create {path}: directory {ancestor} is not "
+                               "writable")
+    _probe_dir(option, path)
 
 
 def check_gguf(option: str, path: str) -> None:
@@ -138,18 +204,21 @@ def check_gguf(option: str, path: str) -> None:
 # -- the llama.cpp model (run, calibrate) ---------------------------------------------------
 
 
-def add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", metavar="PATH",
-                   help="GGUF model (default: a tiny random-weight model written to a temp dir)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the tiny default model (0)")
-    p.add_argument("--threads", type=positive_int, default=2, help="llama.cpp threads (2)")
+def add_model_options(p: argparse.ArgumentParser, *, threads: int = DEFAULT_THREADS,
+                      threads_note: str | None = None) -> None:
+    """The llama.cpp model options every model command takes (run, serve, calibrate)."""
+    add_flag(p, "model", default_text="a tiny random-weight model written to a temporary "
+                                      "directory")
+    add_flag(p, "seed", type=int, default=0, note="it draws the tiny default model's weights")
+    add_flag(p, "threads", type=positive_int, default=threads, note=threads_note)
     p.add_argument("--kv-type", choices=("f32", "f16"), default="f32",
-                   help="KV cache type; f32 (default) keeps batched and alone runs identical")
+                   help="KV cache type; f32 keeps batched and alone runs identical (default: f32)")
     p.add_argument("--flash-attn", action="store_true",
-                   help="enable flash attention (faster, gives up batch-invariant tokens)")
+                   help="enable flash attention (faster, gives up batch-invariant tokens; "
+                        "default: off)")
 
 
-def import_llama_host():
+def import_llama_host() -> ModuleType:
     """`skippy_scheduler.hosts.llama`, imported only when a command needs it (the `llama` extra)."""
     try:
         from ..hosts import llama
@@ -160,7 +229,7 @@ def import_llama_host():
     return llama
 
 
-def check_model(args) -> None:
+def check_model(args: argparse.Namespace) -> None:
     """--model must be a GGUF file; without it the tiny model is written, which needs gguf."""
     if args.model is not None:
         check_gguf("--model", args.model)
@@ -174,12 +243,12 @@ def check_model(args) -> None:
 
 
 @contextlib.contextmanager
-def model_path(args):
+def model_path(args: argparse.Namespace) -> Iterator[str]:
     """The --model path, or a tiny random-weight model in a temp dir for the command's duration."""
     if args.model:
-        yield args.model
+        yield str(args.model)
         return
     from ..hosts.tiny_model import write_tiny_llama
 
     with tempfile.TemporaryDirectory(prefix="skippy-tiny-") as tmp:
-        yield write_tiny_llama(os.path.join(tmp, "tiny-llama-f32.gguf"), seed=args.seed)
+        yield str(write_tiny_llama(os.path.join(tmp, "tiny-llama-f32.gguf"), seed=args.seed))

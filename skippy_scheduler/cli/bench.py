@@ -1,32 +1,42 @@
 """`skippy-scheduler bench`: the per-step scheduler overhead report of BENCHMARKS.md."""
 from __future__ import annotations
 
+import argparse
 import sys
+from typing import Any
 
 from .. import bench
 from .._core import Scheduler
+from ..selection import IMPLEMENTATIONS
+from .vocabulary import add_flag, add_old
 
 DESCRIPTION = "Per-step scheduler overhead report (median and p99 µs per step, per row)."
 
 
-def register(subparsers) -> None:
+def register(subparsers: Any) -> None:
     p = subparsers.add_parser("bench", help="per-step scheduler overhead report",
                               description=DESCRIPTION)
-    p.add_argument("--quick", action="store_true", help="fewer steps (a smoke run, noisier)")
-    p.add_argument("--no-twin", action="store_true", help="skip the pure-Python twin")
-    p.add_argument("--no-c", action="store_true", help="skip the C API program")
+    p.add_argument("--quick", action="store_true",
+                   help="fewer steps (a smoke run, noisier; default: off)")
+    add_flag(p, "scheduler", action="append",
+             note="repeatable; the native rows are always timed (the others are read against "
+                  "them), --scheduler native alone leaves the twin's out",
+             default_text="native and twin")
+    add_old(p, "--no-twin", "--scheduler native", "scheduler", const=["native"], flag=True)
+    p.add_argument("--no-c", action="store_true", help="skip the C API program (default: off)")
     p.add_argument("--callgrind", action="store_true",
                    help="also count instructions per C API step with valgrind (stable on noisy "
-                        "machines)")
+                        "machines; default: off)")
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    results, notes = bench.collect(quick=args.quick, twin=not args.no_twin, c_api=not args.no_c,
-                                   callgrind=args.callgrind, log=log)
+    chosen = set(args.scheduler or IMPLEMENTATIONS)
+    results, notes = bench.collect(quick=args.quick, twin="twin" in chosen,
+                                   c_api=not args.no_c, callgrind=args.callgrind, log=log)
     print(f"machine: {bench.machine()}")
     print(bench.format_table(results))
     print(bench.context_line(results))

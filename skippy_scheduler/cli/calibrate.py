@@ -12,56 +12,84 @@ status is 1 so that a script does not carry the numbers on unnoticed.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from typing import Any
 
-from ._common import (add_model_options, check_model, check_output_file, import_llama_host,
-                      model_path, non_negative_int, positive_int)
+from ._common import (CommandError, add_model_options, check_model, check_output_file,
+                      import_llama_host, model_path, non_negative_int, positive_int)
+from .interrupt import Interrupted
+from .vocabulary import add_flag
 
 DEFAULT_THREADS = 1
 UNTRUSTWORTHY_FIT = 1  # exit status: the model was printed but failed its plausibility checks
+LANES = 8  # llama.cpp sequences: the widest decode shape
+BATCH = 512  # llama.cpp batch: the longest prefill shape
+CELLS_STEP = 256  # llama.cpp pads each sequence's KV stream to a multiple of this
 
 
-def register(subparsers) -> None:
+def register(subparsers: Any) -> None:
     from ..hosts.calibrate import DEFAULT_PASSES, DEFAULT_REPEATS, DEFAULT_WARMUP
 
     p = subparsers.add_parser(
         "calibrate", help="fit the lab's iteration cost model to a llama.cpp model",
-        usage="%(prog)s [--model GGUF] [--repeats N] [--warmup N] [--clock {auto,cpu,wall}] "
+        usage="%(prog)s [-m GGUF] [--repeats N] [--warmup N] [--clock {auto,cpu,wall}] "
               "[--json FILE] [OPTIONS]",
-        description="Run a few plan shapes through the scheduler on a llama.cpp model and print "
-                    "the cost model (iteration_overhead_us=..,prefill_token_us=..,"
-                    "decode_batch_us=..,decode_sequence_us=..) that the lab's --cost-model "
-                    "option accepts. When the fit does not explain the timings it says so on "
-                    "stderr and exits with status 1 (the model is still printed).")
-    add_model_options(p)
-    # The shared option defaults to what serving wants (2 threads); calibration needs one.
-    threads = p._option_string_actions["--threads"]
-    threads.default = DEFAULT_THREADS
-    threads.help = ("llama.cpp threads (1: with more, timings on a busy machine swing by tens "
-                    "of ms)")
-    p.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
+        description="Run a few plan shapes through the scheduler on a llama.cpp model "
+                    f"({LANES} sequences, batches of up to {BATCH} tokens) and print the cost "
+                    "model (iteration_overhead_us=..,prefill_token_us=..,decode_batch_us=..,"
+                    "decode_sequence_us=..) that the lab's --cost-model option accepts; the "
+                    "--json file is accepted there too. When the fit does not explain the "
+                    "timings it says so on stderr and exits with status 1 (the model is still "
+                    "printed).")
+    add_model_options(p, threads=DEFAULT_THREADS,
+                      threads_note="1 here because with more, timings on a busy machine swing "
+                                   "by tens of ms")
+    add_flag(p, "ctx-size", type=positive_int,
+             default_text=f"sized for the shapes: {LANES} lanes, each the longer of the "
+                          f"256-token prefill and the 37 + --warmup + --repeats/"
+                          f"{DEFAULT_PASSES} positions the decoders reach, rounded up to a "
+                          f"multiple of {CELLS_STEP}")
+    p.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS, metavar="N",
                    help=f"timed iterations per plan shape, over {DEFAULT_PASSES} passes through "
-                        f"the shapes; the fastest is fitted ({DEFAULT_REPEATS})")
-    p.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP,
+                        f"the shapes; the fastest is fitted (default: {DEFAULT_REPEATS})")
+    p.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP, metavar="N",
                    help=f"untimed iterations of a shape before each pass times it "
-                        f"({DEFAULT_WARMUP})")
+                        f"(default: {DEFAULT_WARMUP})")
     p.add_argument("--clock", choices=("auto", "cpu", "wall"), default="auto",
                    help="charge each plan the process's CPU time, which load from other "
-                        "processes does not inflate, or the elapsed time; auto (default) is "
-                        "cpu with one thread and wall with several, since CPU time adds up "
-                        "every thread")
-    p.add_argument("--json", metavar="FILE", help="also write the shapes and timings here")
+                        "processes does not inflate, or the elapsed time; auto is cpu with one "
+                        "thread and wall with several, since CPU time adds up every thread "
+                        "(default: auto)")
+    add_flag(p, "json", note="the cost model with the shapes and timings; the lab's "
+                             "--cost-model reads it")
     p.set_defaults(func=run)
+
+
+def _lane_cells(args: argparse.Namespace) -> int:
+    """Each lane's KV cells: what the shapes need, or -c/--ctx-size's share if that holds it."""
+    from ..hosts.calibrate import default_shapes, positions_needed
+
+    need = positions_needed(default_shapes(LANES, BATCH), args.repeats, args.warmup)
+    if args.ctx_size is None:
+        return -(-need // CELLS_STEP) * CELLS_STEP
+    lane: int = args.ctx_size // LANES
+    if lane < need:
+        raise CommandError(f"--ctx-size {args.ctx_size} gives each of the {LANES} lanes "
+                           f"{lane} cells; --repeats {args.repeats} and --warmup {args.warmup} "
+                           f"need {need} (give -c {need * LANES} or more, or leave it out)")
+    return lane
 
 
 def _warn(message: str) -> None:
     print(f"skippy-scheduler calibrate: warning: {message}", file=sys.stderr)
 
 
-def run(args) -> int:
-    check_model(args)
+def run(args: argparse.Namespace) -> int:
     check_output_file("--json", args.json)
+    check_model(args)
+    lane = _lane_cells(args)
     llama = import_llama_host()
     from ..hosts.calibrate import calibrate_host
 
@@ -72,12 +100,18 @@ def run(args) -> int:
         _warn(f"--clock cpu with --threads {args.threads} charges each plan the CPU time of "
               "every thread, spinning included, which is more than the plan lasted; "
               "use --clock wall to time several threads")
-    with model_path(args) as model:
-        with llama.LlamaHost(
-            model, n_ctx=8 * 512, n_seq_max=8, n_threads=args.threads, n_batch=512,
-            kv_type=args.kv_type, flash_attn=args.flash_attn,
-        ) as host:
-            result = calibrate_host(host, repeats=args.repeats, warmup=args.warmup, clock=clock)
+    try:
+        with model_path(args) as model:
+            with llama.LlamaHost(
+                model, n_ctx=LANES * lane, n_seq_max=LANES, n_threads=args.threads,
+                n_batch=BATCH, kv_type=args.kv_type, flash_attn=args.flash_attn,
+            ) as host:
+                result = calibrate_host(host, repeats=args.repeats, warmup=args.warmup,
+                                        clock=clock)
+    except Interrupted as stop:
+        raise stop.keeping("a cost model is fitted over every shape, so none was fitted"
+                           + (f" and --json {args.json} was not written" if args.json else ""))\
+            from None
     problems = result.problems()
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

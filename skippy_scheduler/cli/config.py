@@ -7,7 +7,9 @@ pkg-config: `PKG_CONFIG_PATH=$(skippy-scheduler config --pkgconfigdir)`.
 """
 from __future__ import annotations
 
+import argparse
 import os
+from typing import Any
 
 from .. import get_include, get_library_dir
 from ._common import CommandError
@@ -17,7 +19,7 @@ LIBRARY = "skippy_scheduler_core"
 PC_FILE = "skippy-scheduler.pc"
 
 
-def register(subparsers) -> None:
+def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "config", help="compiler and linker flags for a C host (like pkg-config)",
         description="Print the flags that build a C host against the installed core: "
@@ -56,7 +58,7 @@ def pkgconfigdir() -> str:
     return directory
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     if not (args.cflags or args.libs or args.pkgconfigdir):
         raise CommandError("nothing to print: give --cflags, --libs and/or --pkgconfigdir")
     lines = []

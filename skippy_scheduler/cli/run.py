@@ -7,15 +7,21 @@ It reports what each client saw (generated tokens, queue wait, TTFT, inter-token
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from typing import Any, Optional
 
-from ._common import (CommandError, add_model_options, check_model, check_output_file,
-                      import_llama_host, model_path, non_negative_float, non_negative_int,
-                      positive_int)
+from ..selection import DEFAULT_IMPLEMENTATION, DEFAULT_POLICY, make_scheduler
+from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, bound,
+                      check_model,
+                      check_output_file, import_llama_host, model_path, non_negative_float,
+                      non_negative_int, positive_int)
+from .interrupt import Interrupted, saving
+from .vocabulary import add_flag
 
 # Prompts used when --prompts is not given: strings (tokenized by the model) and raw ids.
-BUILTIN_PROMPTS: list = [
+BUILTIN_PROMPTS: list[Any] = [
     "the cat sat on the mat",
     "hello world",
     "in the beginning there was a scheduler",
@@ -23,49 +29,43 @@ BUILTIN_PROMPTS: list = [
     [1, 300, 301, 302, 303, 304, 305, 306, 307, 308, 309, 310],
     "a b c d e f g",
 ]
-LLAMA_MAX_SEQUENCES = 256  # llama.cpp's sequence ids
+CELLS_PER_LANE_STEP = 256  # llama.cpp pads each sequence's KV stream to a multiple of this
 
 
-def register(subparsers) -> None:
+def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "run", help="serve prompts through the scheduler on a llama.cpp model",
-        usage="%(prog)s [--model GGUF] [--prompts FILE] [--json FILE] [OPTIONS]",
+        usage="%(prog)s [-m GGUF] [--prompts FILE] [--json FILE] [OPTIONS]",
         description="Serve prompts through the scheduler on a llama.cpp model and measure "
-                    "queue wait, time to first token and inter-token gaps.")
+                    "queue wait, time to first token and inter-token gaps. The scheduler "
+                    "settings and their defaults are serve's.")
     add_model_options(p)
     p.add_argument("--prompts", metavar="FILE",
-                   help="JSON list of prompts: token-id lists or strings (default: built-in set)")
-    p.add_argument("--max-tokens", type=positive_int, default=16,
-                   help="tokens to generate per request (16)")
-    p.add_argument("--max-active", type=positive_int, default=4,
-                   help="max active sequences = llama sequence ids (4)")
-    p.add_argument("--prefill-chunk", type=positive_int, default=256,
-                   help="prefill chunk tokens (256)")
-    p.add_argument("--max-tokens-per-iteration", type=positive_int, default=512,
-                   help="token budget per iteration = llama batch size (512)")
-    p.add_argument("--max-consecutive-prefill", type=positive_int, default=None,
-                   help="prefill plans in a row while decode waits (default unbounded)")
-    p.add_argument("--mixed", action="store_true", help="allow mixed prefill+decode iterations")
-    p.add_argument("--inflight", type=positive_int, default=1, metavar="D",
-                   help="plans in flight: with 2, the next plan is made and the previous one "
-                        "completed while llama_decode runs on a worker thread (1)")
-    p.add_argument("--arrival-interval-ms", type=non_negative_float, default=0.0,
-                   help="request i arrives at i x this interval (0: all at once)")
-    p.add_argument("--scheduler", choices=("native", "twin"), default="native",
-                   help="native scheduler (default) or the pure-Python twin")
-    p.add_argument("--admission", choices=("cache-aware", "fcfs", "priority"),
-                   default="cache-aware", help="admission order (default: cache-aware)")
-    p.add_argument("--prefix-cache-tokens", type=non_negative_int, default=0, metavar="N",
-                   help="keep up to N tokens of finished sequences' KV as reusable prefixes "
-                        "(0, the default, disables reuse; each holder gets a KV stream like a lane's "
-                        "unless --kv-unified)")
-    p.add_argument("--prefix-holders", type=positive_int, default=16, metavar="K",
-                   help="sequence ids that hold resident prefixes (default 16; the scheduler "
-                        "reserves them)")
+                   help="JSON list of prompts: token-id lists or strings (default: a built-in "
+                        "set of six)")
+    add_flag(p, "max-tokens", type=positive_int, default=16)
+    add_flag(p, "max-active", type=positive_int, default=8)
+    add_flag(p, "ctx-size", type=positive_int,
+             default_text="each lane sized for the longest prompt plus --max-tokens")
+    add_flag(p, "batch-tokens", type=positive_int, default=512)
+    add_flag(p, "prefill-chunk", type=positive_int, default=256)
+    add_flag(p, "mixed", default=True)
+    add_flag(p, "max-consecutive-prefill", type=bound, default=1)
+    add_flag(p, "policy", default=DEFAULT_POLICY)
+    add_flag(p, "scheduler", default=DEFAULT_IMPLEMENTATION)
+    add_flag(p, "inflight", type=positive_int, default=1,
+             note="llama_decode runs on a worker thread")
+    p.add_argument("--arrival-interval-ms", type=non_negative_float, default=0.0, metavar="MS",
+                   help="request i arrives at i x this interval (default: 0, all at once)")
+    add_flag(p, "prefix-cache-tokens", type=non_negative_int, default=0,
+             note="each holder gets a KV stream like a lane's unless --kv-unified")
+    add_flag(p, "prefix-holders", type=positive_int, default=16,
+             note="the scheduler reserves them")
     p.add_argument("--kv-unified", action="store_true",
                    help="one KV cache shared by all sequences (with prefix reuse: holders "
-                        "share cells instead of holding a stream each)")
-    p.add_argument("--json", metavar="FILE", help="write per-request tokens and metrics here")
+                        "share cells instead of holding a stream each; default: off)")
+    add_flag(p, "json", note="per-request tokens and metrics; after Ctrl-C or SIGTERM, those "
+                             "of the requests that finished")
     p.add_argument("--stages", metavar="DIR",
                    help="serve the model split into DIR/stage-K.gguf (from `split`), one local "
                         "stage worker process each")
@@ -75,7 +75,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def load_prompts(path: str | None) -> list:
+def load_prompts(path: str | None) -> list[Any]:
     if path is None:
         return list(BUILTIN_PROMPTS)
     try:
@@ -99,7 +99,7 @@ def load_prompts(path: str | None) -> list:
     return data
 
 
-def _tokenize_prompts(host, prompts: list) -> list[list[int]]:
+def _tokenize_prompts(host: Any, prompts: list[Any]) -> list[list[int]]:
     out = []
     for i, item in enumerate(prompts):
         tokens = host.tokenize(item) if isinstance(item, str) else list(item)
@@ -113,48 +113,50 @@ def _tokenize_prompts(host, prompts: list) -> list[list[int]]:
     return out
 
 
-def _make_scheduler(kind: str, admission: str = "cache-aware", **config):
-    from .. import Scheduler, SchedulerConfig, TwinScheduler
-    from ..policies import CacheAwareAdmission, FcfsAdmission, PriorityAdmission
-
-    cls = Scheduler if kind == "native" else TwinScheduler
-    policy = {"cache-aware": CacheAwareAdmission, "fcfs": FcfsAdmission,
-              "priority": PriorityAdmission}[admission]()
-    return cls(SchedulerConfig(**config), policy)
+def _lane_cells(need: int) -> int:
+    """A lane's KV cells for `need` positions, as llama.cpp pads them."""
+    step = CELLS_PER_LANE_STEP
+    return max(step, -(-need // step) * step)
 
 
-def _ctx_per_sequence(need: int) -> int:
-    # llama.cpp pads each sequence's KV stream to a multiple of 256 cells.
-    return max(256, -(-need // 256) * 256)
+def _n_ctx(args: argparse.Namespace, prompts: list[Any], holders: int) -> tuple[int, int]:
+    """(llama.cpp context, cells of one lane): -c/--ctx-size split between the lanes, or each
+    lane sized for the longest prompt plus --max-tokens; holders get lanes of the same size
+    (or, unified, the cells of the prefixes they keep)."""
+    if args.ctx_size is not None:
+        lane = _lane_cells(args.ctx_size // args.max_active)
+    else:
+        lane = _lane_cells(args.max_tokens + max(
+            (len(p) if isinstance(p, list) else len(p.encode()) + 2) for p in prompts))
+    n_ctx = args.max_active * lane
+    if args.prefix_cache_tokens and args.kv_unified:
+        n_ctx += _lane_cells(args.prefix_cache_tokens)
+    elif args.prefix_cache_tokens:
+        n_ctx += holders * lane
+    return n_ctx, lane
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     holders = args.prefix_holders if args.prefix_cache_tokens else 0
     if args.max_active + holders > LLAMA_MAX_SEQUENCES:
         raise CommandError(f"--max-active (+ --prefix-holders with reuse) must be <= "
                            f"{LLAMA_MAX_SEQUENCES} (llama.cpp's sequence ids)")
-    check_model(args)
+    if args.ctx_size is not None and args.ctx_size < args.max_active:
+        raise CommandError(f"--ctx-size ({args.ctx_size}) must be at least --max-active "
+                           f"({args.max_active}): every lane needs KV cells")
     check_output_file("--json", args.json)
+    check_model(args)
     prompts = load_prompts(args.prompts)
     llama = import_llama_host()
 
     with model_path(args) as model:
-        probe_need = args.max_tokens + max(
-            (len(p) if isinstance(p, list) else len(p.encode()) + 2) for p in prompts)
-        n_seq = args.max_active
-        n_batch = args.max_tokens_per_iteration
-        # One stream per lane and per holder, or (unified) the lanes' cells plus the resident
-        # prefixes' cells.
-        n_ctx = n_seq * _ctx_per_sequence(probe_need)
-        if args.prefix_cache_tokens and args.kv_unified:
-            n_ctx += _ctx_per_sequence(args.prefix_cache_tokens)
-        elif args.prefix_cache_tokens:
-            n_ctx += holders * _ctx_per_sequence(probe_need)
+        n_ctx, lane = _n_ctx(args, prompts, holders)
+        n_seq, n_batch = args.max_active, args.max_num_batched_tokens
         if args.stages or args.stage_addresses:
             from .stage import run_staged
 
-            requests, report, settings, summary = run_staged(args, model, prompts, n_seq,
-                                                             n_batch, n_ctx)
+            requests, report, settings, summary = run_staged(args, prompts, n_seq, n_batch,
+                                                             n_ctx, lane)
         else:
             with llama.LlamaHost(
                 model, n_ctx=n_ctx, n_seq_max=n_seq,
@@ -163,54 +165,88 @@ def run(args) -> int:
                 kv_unified=args.kv_unified,
                 prefix_holders=max(holders, 1),
             ) as host:
-                requests, report, settings, summary = serve_prompts(args, host, prompts,
-                                                                    n_seq, n_batch)
+                requests, report, settings, summary = serve_prompts(args, host, prompts, n_seq,
+                                                                    n_batch, lane)
+    stopped = summary.pop("interrupted", None)
     doc = {
         "model": args.model or f"tiny-random-llama (seed {args.seed}, f32)",
         "settings": settings,
         "requests": [_request_json(i, req, rec) for i, (req, rec)
-                     in enumerate(zip(requests, report.records))],
+                     in enumerate(zip(requests, report.records))
+                     if stopped is None or rec.finish_reason is not None],
         "summary": summary,
     }
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, indent=2)
-            fh.write("\n")
-    _print_run(doc)
-    return 0
+    if stopped is None:
+        _save(args, doc)
+        return 0
+    if not doc["requests"]:
+        raise stopped
+    doc["interrupted"] = stopped.signal_name
+    with saving():
+        _save(args, doc)
+    raise stopped.keeping(f"{len(doc['requests'])} of {len(requests)} requests had finished "
+                          f"and are printed" + (f", wrote --json {args.json}" if args.json
+                                                else ""))
 
 
-def serve_prompts(args, host, prompts: list, n_seq: int, n_batch: int):
-    """Run the prompts through the scheduler on `host`: (requests, report, settings, summary)."""
+def serve_prompts(args: argparse.Namespace, host: Any, prompts: list[Any], n_seq: int,
+                  n_batch: int, lane: Optional[int] = None) -> tuple[Any, Any, Any, Any]:
+    """Run the prompts through the scheduler on `host`: (requests, report, settings, summary).
+
+    lane: KV cells of one lane, when known: a prompt that cannot fit its lane is refused before
+    the run. Interrupted by SIGINT or SIGTERM, the run stops and the summary holds the
+    `Interrupted` under "interrupted" (the report covers what happened until then).
+    """
+    from .. import SchedulerConfig
     from ..engine import Engine, Request
 
     token_prompts = _tokenize_prompts(host, prompts)
+    for i, tokens in enumerate(token_prompts):
+        if lane is not None and len(tokens) + args.max_tokens > lane:
+            raise CommandError(
+                f"prompt {i} ({len(tokens)} tokens) and --max-tokens {args.max_tokens} need "
+                f"{len(tokens) + args.max_tokens} KV cells; a lane holds {lane} "
+                f"(--ctx-size / --max-active, rounded up to {CELLS_PER_LANE_STEP})")
     config = dict(
         max_active_sequences=n_seq, max_tokens_per_iteration=n_batch,
         prefill_chunk_tokens=min(args.prefill_chunk, n_batch),
         mixed_prefill_decode=args.mixed,
+        max_consecutive_prefill_iterations=args.max_consecutive_prefill,
         max_inflight_plans=args.inflight,
     )
-    if args.max_consecutive_prefill is not None:
-        config["max_consecutive_prefill_iterations"] = args.max_consecutive_prefill
     if args.prefix_cache_tokens:
         config.update(host.sequence_id_settings)
-    scheduler = _make_scheduler(args.scheduler, args.admission, **config)
+    scheduler = make_scheduler(SchedulerConfig(**config), policy=args.policy,
+                               implementation=args.scheduler)
     interval_us = args.arrival_interval_ms * 1e3
     requests = [
         Request(f"request-{i}", toks, args.max_tokens, arrival_us=i * interval_us)
         for i, toks in enumerate(token_prompts)
     ]
-    report = Engine(scheduler, host, clock="wall").run(requests)
+    engine = Engine(scheduler, host, clock="wall")
+    stopped = None
+    try:
+        report = engine.run(requests)
+    except Interrupted as stop:
+        stopped, report = stop, engine.report()
     settings = dict(host.settings, scheduler=args.scheduler, max_tokens=args.max_tokens,
-                    arrival_interval_ms=args.arrival_interval_ms,
-                    admission=args.admission, **config)
+                    arrival_interval_ms=args.arrival_interval_ms, policy=args.policy, **config)
     summary = report.summary()
-    summary.update(_reuse_summary(scheduler.metrics(), getattr(host, "prefix_store", None)))
+    summary.update(_reuse_summary(scheduler.metrics(), host.prefix_store))
+    if stopped is not None:
+        summary["interrupted"] = stopped
     return requests, report, settings, summary
 
 
-def _reuse_summary(metrics, store) -> dict:
+def _save(args: argparse.Namespace, doc: dict[str, Any]) -> None:
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=2)
+            fh.write("\n")
+    _print_run(doc)
+
+
+def _reuse_summary(metrics: Any, store: Any) -> dict[str, Any]:
     """Prefix reuse over the whole run: prompt tokens restored from resident prefixes and
     tokens prefilled (prefill + recompute rows), the share restored, evictions, stale refreshes."""
     restored = metrics.restored_tokens
@@ -224,7 +260,7 @@ def _reuse_summary(metrics, store) -> dict:
     }
 
 
-def _request_json(index: int, request, record) -> dict:
+def _request_json(index: int, request: Any, record: Any) -> dict[str, Any]:
     return {
         "index": index,
         "id": record.id,
@@ -238,11 +274,11 @@ def _request_json(index: int, request, record) -> dict:
     }
 
 
-def _print_run(doc: dict) -> None:
+def _print_run(doc: dict[str, Any]) -> None:
     out = sys.stdout
     print("index\tprompt\tgen\tfinish\tqueue_ms\tttft_ms\tmax_itl_ms", file=out)
     for r in doc["requests"]:
-        def ms(v):
+        def ms(v: float | None) -> str:
             return "-" if v is None else f"{v / 1e3:.3f}"
         itl = max(r["itl_us"]) if r["itl_us"] else None
         print(f"{r['index']}\t{len(r['prompt_tokens'])}\t{len(r['generated_tokens'])}\t"

@@ -6,63 +6,110 @@ command runs.
 """
 from __future__ import annotations
 
+import argparse
 import sys
+from typing import Any
 
-from ._common import CommandError, add_model_options, check_model, import_llama_host, positive_int
+from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, bound,
+                      check_model,
+                      import_llama_host, non_negative_int, positive_int)
+from .vocabulary import add_flag
 
-LLAMA_MAX_SEQUENCES = 256  # llama.cpp's sequence ids
 
-
-def register(subparsers) -> None:
-    from ..serve.server import POLICIES, ServeSettings
+def register(subparsers: Any) -> None:
+    from ..serve.server import ServeSettings
 
     d = ServeSettings()
     p = subparsers.add_parser(
         "serve", help="serve an OpenAI-compatible API on a llama.cpp model",
-        usage="%(prog)s [--model GGUF] [--host HOST] [--port PORT] [OPTIONS]",
+        usage="%(prog)s [-m GGUF] [--host HOST] [--port PORT] [OPTIONS]",
         description="Serve /v1/completions and /v1/chat/completions (streamed or not), "
                     "/v1/models, /health and /metrics, batching requests through the "
                     "scheduler on a llama.cpp model.")
     add_model_options(p)
-    p.add_argument("--model-name", metavar="NAME",
-                   help="model id reported by /v1/models (default: the file name)")
-    p.add_argument("--host", default=d.host, help=f"address to listen on ({d.host})")
-    p.add_argument("--port", type=_port, default=d.port, help=f"port ({d.port})")
-    p.add_argument("--max-active", type=positive_int, default=d.max_active,
-                   help=f"requests running at once = llama.cpp sequences ({d.max_active})")
-    p.add_argument("--max-waiting", type=positive_int, default=d.max_waiting,
-                   help=f"waiting-queue size; beyond it requests get 503 ({d.max_waiting})")
-    p.add_argument("--ctx-size", type=positive_int, default=d.ctx_size,
-                   help=f"KV cells in total, split evenly between the --max-active lanes "
-                        f"({d.ctx_size})")
-    p.add_argument("--batch-size", type=positive_int, default=d.batch_size,
-                   help=f"tokens per iteration = llama.cpp batch ({d.batch_size})")
-    p.add_argument("--prefill-chunk", type=positive_int, default=d.prefill_chunk,
-                   help=f"prompt tokens of one sequence per iteration ({d.prefill_chunk})")
-    p.add_argument("--no-mixed", dest="mixed", action="store_false",
-                   help="never mix decode rows with prefill chunks in one iteration")
-    p.add_argument("--max-consecutive-prefill", type=positive_int,
-                   default=d.max_consecutive_prefill,
-                   help="prefill iterations in a row while streams wait to decode "
-                        f"({d.max_consecutive_prefill})")
-    p.add_argument("--policy", choices=POLICIES, default=d.policy,
-                   help=f"admission order of waiting requests ({d.policy})")
-    p.add_argument("--prefix-cache-tokens", type=_non_negative, default=0, metavar="N",
-                   help="tokens of finished requests' KV kept for reuse as prefixes (0, the "
-                        "default, disables reuse; each holder gets a KV stream like a lane's)")
-    p.add_argument("--prefix-holders", type=positive_int, default=16, metavar="K",
-                   help="sequence ids that hold resident prefixes, with reuse (16)")
-    p.add_argument("--inflight", type=positive_int, default=1, metavar="N",
-                   help="plans in flight: with 2, the next plan is made and the previous one "
-                        "completed while llama_decode runs on a worker thread (1)")
+    add_flag(p, "served-model-name", default_text="the model file's name")
+    p.add_argument("--host", default=d.host, help=f"address to listen on (default: {d.host})")
+    p.add_argument("--port", type=_port, default=d.port, help=f"port (default: {d.port})")
+    add_flag(p, "max-active", type=positive_int, default=d.max_active)
+    p.add_argument("--max-waiting", type=positive_int, default=d.max_waiting, metavar="N",
+                   help=f"waiting-queue size; beyond it requests get 503 "
+                        f"(default: {d.max_waiting})")
+    add_flag(p, "ctx-size", type=positive_int, default=d.ctx_size,
+             note="a request's prompt plus max_tokens must fit its lane")
+    add_flag(p, "batch-tokens", type=positive_int, default=d.batch_size)
+    add_flag(p, "prefill-chunk", type=positive_int, default=d.prefill_chunk)
+    add_flag(p, "mixed", default=d.mixed)
+    add_flag(p, "max-consecutive-prefill", type=bound,
+             default=d.max_consecutive_prefill)
+    add_flag(p, "policy", default=d.policy)
+    add_flag(p, "prefix-cache-tokens", type=non_negative_int, default=d.prefix_cache_tokens,
+             note="each holder gets a KV stream like a lane's")
+    add_flag(p, "prefix-holders", type=positive_int, default=d.prefix_holders)
+    add_flag(p, "inflight", type=positive_int, default=d.inflight,
+             note="llama_decode runs on a worker thread")
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"),
-                   default=d.log_level, help=f"uvicorn log level ({d.log_level})")
-    p.set_defaults(func=run)
+                   default=d.log_level, help=f"uvicorn log level (default: {d.log_level})")
+    _add_limit_options(p, d)
+    # serve drains and cleans up on SIGINT and SIGTERM itself.
+    p.set_defaults(func=run, own_signals=True)
+
+
+def _add_limit_options(p: Any, d: Any) -> None:
+    """What one client may take, and how long shutting down may last (docs/reliability.md)."""
+    g = p.add_argument_group("limits")
+    g.add_argument("--max-body-bytes", type=positive_int, default=d.max_body_bytes, metavar="N",
+                   help=f"largest request body; larger ones get 413 (default: {d.max_body_bytes})")
+    g.add_argument("--header-timeout", type=_seconds, default=d.header_timeout_s, metavar="S",
+                   help="seconds a request's head may take to arrive before the server answers "
+                        f"408 and closes the connection (default: {d.header_timeout_s:g})")
+    g.add_argument("--body-timeout", type=_seconds, default=d.body_timeout_s, metavar="S",
+                   help=f"seconds a request's body may take to arrive (408, closed) "
+                        f"(default: {d.body_timeout_s:g})")
+    g.add_argument("--max-connections", type=positive_int, default=d.max_connections,
+                   metavar="N", help="open connections; fewer when the descriptor limit "
+                                     f"requires (default: {d.max_connections})")
+    g.add_argument("--shutdown-timeout", type=_seconds, default=d.shutdown_timeout_s,
+                   metavar="S", help="on SIGTERM or Ctrl-C, seconds running requests get to "
+                                     "finish before they are ended "
+                                     f"(default: {d.shutdown_timeout_s:g})")
+    g.add_argument("--allowed-hosts", type=_hosts, default=None, metavar="NAMES",
+                   help="Host header names answered, comma-separated ('*' any, '*.example.com' "
+                        "a domain); default: loopback names when --host is a loopback address, "
+                        "any otherwise")
+
+
+def _limit_settings(args: Any) -> dict[str, Any]:
+    return dict(max_body_bytes=args.max_body_bytes, header_timeout_s=args.header_timeout,
+                body_timeout_s=args.body_timeout, max_connections=args.max_connections,
+                shutdown_timeout_s=args.shutdown_timeout,
+                allowed_hosts=args.allowed_hosts)
+
+
+def _seconds(text: str) -> float:
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text}")
+    return value
+
+
+def _hosts(text: str) -> tuple[str, ...]:
+    import argparse
+
+    from ..serve.guard import parse_allowed_hosts
+
+    try:
+        return parse_allowed_hosts(text) or ("*",)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _port(text: str) -> int:
-    import argparse
-
     try:
         value = int(text)
     except ValueError:
@@ -72,19 +119,7 @@ def _port(text: str) -> int:
     return value
 
 
-def _non_negative(text: str) -> int:
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
-
-
-def _import_serve():
+def _import_serve() -> tuple[Any, Any]:
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
@@ -97,7 +132,7 @@ def _import_serve():
     return Server, ServeSettings
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     holders = args.prefix_holders if args.prefix_cache_tokens else 0
     if args.max_active + holders > LLAMA_MAX_SEQUENCES:
         raise CommandError(f"--max-active (+ --prefix-holders with reuse) must be <= "
@@ -109,18 +144,21 @@ def run(args) -> int:
     import_llama_host()
     Server, ServeSettings = _import_serve()
     settings = ServeSettings(
-        model=args.model, model_name=args.model_name, seed=args.seed, host=args.host,
+        model=args.model, model_name=args.served_model_name, seed=args.seed, host=args.host,
         port=args.port, max_active=args.max_active, max_waiting=args.max_waiting,
-        ctx_size=args.ctx_size, threads=args.threads, batch_size=args.batch_size,
+        ctx_size=args.ctx_size, threads=args.threads, batch_size=args.max_num_batched_tokens,
         prefill_chunk=args.prefill_chunk, mixed=args.mixed,
         max_consecutive_prefill=args.max_consecutive_prefill, inflight=args.inflight,
         policy=args.policy, prefix_cache_tokens=args.prefix_cache_tokens,
         prefix_holders=args.prefix_holders,
-        kv_type=args.kv_type, flash_attn=args.flash_attn, log_level=args.log_level)
+        kv_type=args.kv_type, flash_attn=args.flash_attn, log_level=args.log_level,
+        **_limit_settings(args))
     try:
         server = Server(settings)
     except (OSError, RuntimeError, ValueError) as exc:
         raise CommandError(str(exc)) from None
+    except KeyboardInterrupt:  # SIGINT or SIGTERM while loading: the server cleaned up
+        return 0
     ctx = server.context
     print(f"skippy-scheduler serve: {ctx.model_name} on http://{args.host}:{args.port}/v1 "
           f"({args.max_active} lanes of {ctx.n_ctx_seq} tokens, chat template "
@@ -132,4 +170,6 @@ def run(args) -> int:
         raise CommandError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
     except KeyboardInterrupt:
         pass
+    print("skippy-scheduler serve: stopped (engine, model and temporary files closed)",
+          file=sys.stderr, flush=True)
     return 0

@@ -69,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_staged(args: argparse.Namespace, model: str, prompts: list[Any], n_seq: int,
-               n_batch: int, n_ctx: int) -> Any:
+def run_staged(args: argparse.Namespace, prompts: list[Any], n_seq: int, n_batch: int,
+               n_ctx: int, lane: int) -> Any:
     """`run --stages DIR` / `run --stage-addresses ...`: the same run on stage workers.
 
     Local workers are started (and stopped) here; the model given with --model, if any, must be
@@ -95,7 +95,7 @@ def run_staged(args: argparse.Namespace, model: str, prompts: list[Any], n_seq: 
                              source_model=args.model) as local:
                 with local.host(**host_args) as host:
                     return _with_failure(host, serve_prompts(args, host, prompts, n_seq,
-                                                             n_batch))
+                                                             n_batch, lane))
         if not args.model:
             raise CommandError("--stage-addresses needs --model: the model the stages were cut "
                                "from (its vocabulary tokenizes the prompts)")
@@ -103,7 +103,8 @@ def run_staged(args: argparse.Namespace, model: str, prompts: list[Any], n_seq: 
         source = file_identity(args.model) if args.model else None
         with StageHost(addresses, source_id=source, vocab_model=args.model,
                        **host_args) as host:
-            return _with_failure(host, serve_prompts(args, host, prompts, n_seq, n_batch))
+            return _with_failure(host, serve_prompts(args, host, prompts, n_seq, n_batch,
+                                                     lane))
     except (SplitError, StageFailure) as exc:
         raise CommandError(str(exc)) from None
 

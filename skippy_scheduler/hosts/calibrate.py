@@ -69,6 +69,7 @@ DEFAULT_REPEATS = 15
 # A shape's iterations run back to back in a few ms, so a burst of load can slow all of them;
 # a second pass through the shapes, later, gives every shape another chance at its real cost.
 DEFAULT_PASSES = 2
+DEFAULT_CONTEXT_TOKENS = 32  # prompt tokens of each decoder
 # Largest plausible rms of the fit's relative errors. One thread on the CPU clock fits the tiny
 # model to 2-4% on an idle and on a fully loaded 2-core machine alike; elapsed time under that
 # load, or two threads, often gives 16-26% (far more when a thread is descheduled at a barrier)
@@ -192,6 +193,25 @@ def default_shapes(n_seq_max: int, n_batch: int) -> list[tuple[int, int]]:
     return shapes
 
 
+def decoder_positions(repeats: int, warmup: int = DEFAULT_WARMUP, passes: int = DEFAULT_PASSES,
+                      context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> int:
+    """The KV position a decode shape's sequences reach: their context plus one pass's
+    iterations (setup, warm-up, timed, allowed misses)."""
+    per_pass = -(-repeats // passes)
+    return context_tokens + 2 + warmup + per_pass + _MAX_MISSES
+
+
+def positions_needed(shapes: list[tuple[int, int]], repeats: int, warmup: int = DEFAULT_WARMUP,
+                     passes: int = DEFAULT_PASSES,
+                     context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> int:
+    """KV positions per sequence that a calibration of `shapes` needs (what a host's context
+    per sequence must hold): the longest prefill, or how far the decoders get."""
+    prefill = max((p for p, _ in shapes), default=0)
+    decoding = any(d for _, d in shapes)
+    return max(prefill, decoder_positions(repeats, warmup, passes, context_tokens)
+               if decoding else 0)
+
+
 ClockChoice = Union[str, Callable[[], Any]]
 
 
@@ -301,7 +321,8 @@ def _time_shape(host: Any, prefill: int, decode: int, *, repeats: int, warmup: i
 def calibrate_host(
     host: Any, *, repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP,
     passes: int = DEFAULT_PASSES, clock: ClockChoice = DEFAULT_CLOCK,
-    shapes: Optional[list[tuple[int, int]]] = None, context_tokens: int = 32, seed: int = 0,
+    shapes: Optional[list[tuple[int, int]]] = None,
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS, seed: int = 0,
     scheduler_type: Any = None,
 ) -> Calibration:
     """Run each shape on the engine with `host` (idle: no active sequences) and fit the model.
@@ -340,17 +361,19 @@ def calibrate_host(
                              f"n_seq_max={n_seq_max}, context_tokens={context_tokens})")
     ctx_seq = getattr(host, "n_ctx_seq", None)
     if ctx_seq is not None:
-        longest = context_tokens + 2 + warmup + repeats + _MAX_MISSES
+        longest = decoder_positions(repeats, warmup, passes, context_tokens)
         if any(d for _, d in shapes) and longest > ctx_seq:
             raise ValueError(f"decoders would reach position {longest} but the host holds "
-                             f"{ctx_seq} per sequence: fewer repeats or a shorter context")
+                             f"{ctx_seq} per sequence: fewer repeats, or a host with a "
+                             f"longer context per sequence")
         if max(p for p, _ in shapes) > ctx_seq:
             raise ValueError(f"a {max(p for p, _ in shapes)}-token prefill does not fit the "
                              f"{ctx_seq} positions the host holds per sequence")
     rng = np.random.default_rng(seed)
 
     def tokens(n: int) -> list[int]:
-        return rng.integers(_FIRST_TOKEN, n_vocab, size=n).tolist()
+        drawn: list[int] = rng.integers(_FIRST_TOKEN, n_vocab, size=n).tolist()
+        return drawn
 
     durations: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
     skipped: dict[tuple[int, int], str] = {}

@@ -1,15 +1,19 @@
-"""Which scheduler implementation the lab drives: the one place that chooses.
+"""Which scheduler implementation the lab drives, picked by the package's one selector.
 
 `native` is `skippy_scheduler.Scheduler` (the C core); `twin` is the pure-Python
-`skippy_scheduler.TwinScheduler` with the same API, used as an oracle and for debugging.
-`auto` is native (the compiled core is part of every installation).
+`skippy_scheduler.TwinScheduler` with the same API, used as an oracle and for debugging
+(`skippy_scheduler.selection`, which the command line's `--scheduler` uses too). A `Backend`
+carries the chosen class and its name through a lab run; its name is what the reports print.
+"auto", the old lab spelling, is native (the compiled core is part of every installation).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable
 
-BACKENDS = ("auto", "native", "twin")
+from ..selection import DEFAULT_IMPLEMENTATION, IMPLEMENTATIONS, scheduler_class
+
+BACKENDS: tuple[str, ...] = ("auto",) + IMPLEMENTATIONS
 
 
 class BackendUnavailable(RuntimeError):
@@ -30,14 +34,10 @@ class Backend:
         return self.scheduler_class(config, **kwargs)
 
 
-def resolve_backend(name: str | Backend | None = "auto") -> Backend:
-    from .. import Scheduler, TwinScheduler
-
+def resolve_backend(name: str | Backend | None = DEFAULT_IMPLEMENTATION) -> Backend:
     if isinstance(name, Backend):
         return name
-    name = name or "auto"
-    if name not in BACKENDS:
-        raise ValueError(f"unknown scheduler backend {name!r} (choose from {', '.join(BACKENDS)})")
-    if name == "twin":
-        return Backend("twin", TwinScheduler)
-    return Backend("native", Scheduler)
+    name = name or DEFAULT_IMPLEMENTATION
+    if name == "auto":
+        name = DEFAULT_IMPLEMENTATION
+    return Backend(name, scheduler_class(name))

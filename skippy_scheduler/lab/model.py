@@ -78,7 +78,7 @@ class SimRequest:
         seq = Sequence(self.id, self.prompt_ids(), self.output_tokens, None, self.priority)
         if self.prefix_tokens > 0:
             seq = seq.with_prefix_restore(PrefixRestore(
-                f"sim-prefix-{self.id}", self.prefix_tokens, PrefixRestoreKind.ResidentKv))
+                f"sim-prefix-{self.id}", self.prefix_tokens, PrefixRestoreKind.RESIDENT_KV))
         return seq.with_cache_affinity(self.cache_affinity)
 
     def prompt_ids(self) -> list[int]:

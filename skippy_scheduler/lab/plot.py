@@ -1,6 +1,10 @@
-"""Optional PNG plots of a suite or a trace replay (needs matplotlib: `pip install '.[plot]'`).
+"""Optional PNG plots of a suite or a trace replay (needs matplotlib:
+`pip install 'skippy-scheduler[plot]'`).
 
-Every panel shows one metric with labelled axes and units, and a legend that names each line.
+Every panel shows one metric with labelled axes and units, and a legend that names each line,
+placed beside the panel so that it never hides a peak. Every figure's title names the run: the
+suite's workload (requests, rate, seed) or the trace file and its time scale, since the time
+axes are virtual time of that run.
 Time series are binned: the bin width is chosen from the run's length (a round number of
 seconds) and written in the axis label, so a 10⁶-iteration run plots as a few hundred points.
 Queue depth is the largest number of queued requests in each bin (an integer: a mean would
@@ -16,10 +20,11 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any, Sequence
 
 import numpy as np
 
-INSTALL_HINT = "plotting needs matplotlib: pip install '.[plot]' (or pip install matplotlib)"
+INSTALL_HINT = "plotting needs matplotlib: pip install 'skippy-scheduler[plot]'"
 SERIES_KEY = "skippy-series"
 _MAX_BINS = 200
 _STYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)))
@@ -29,7 +34,8 @@ class PlotUnavailable(RuntimeError):
     pass
 
 
-def _pyplot():
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend, or PlotUnavailable saying how to install it."""
     try:
         import matplotlib
 
@@ -40,7 +46,7 @@ def _pyplot():
     return plt
 
 
-def _style(k: int) -> dict:
+def _style(k: int) -> dict[str, Any]:
     return {"color": f"C{k % 10}", "linestyle": _STYLES[k % len(_STYLES)], "linewidth": 1.6}
 
 
@@ -65,7 +71,7 @@ def _bins(t: np.ndarray, width: float) -> np.ndarray:
     return np.floor(np.asarray(t, dtype=np.float64) / width).astype(np.int64)
 
 
-def binned_mean(t: np.ndarray, values: np.ndarray, width: float):
+def binned_mean(t: np.ndarray, values: np.ndarray, width: float) -> tuple[np.ndarray, np.ndarray]:
     """(bin start times, mean per bin) over the bins that hold samples."""
     if len(t) == 0:
         return np.zeros(0), np.zeros(0)
@@ -76,7 +82,7 @@ def binned_mean(t: np.ndarray, values: np.ndarray, width: float):
     return np.flatnonzero(keep) * width, sums[keep] / counts[keep]
 
 
-def binned_max(t: np.ndarray, values: np.ndarray, width: float):
+def binned_max(t: np.ndarray, values: np.ndarray, width: float) -> tuple[np.ndarray, np.ndarray]:
     """(bin start times, max per bin) for every bin from 0 to the last sample (0 when empty)."""
     if len(t) == 0:
         return np.zeros(0), np.zeros(0)
@@ -86,7 +92,8 @@ def binned_max(t: np.ndarray, values: np.ndarray, width: float):
     return np.arange(len(out)) * width, out
 
 
-def binned_ratio(t: np.ndarray, num: np.ndarray, den: np.ndarray, width: float):
+def binned_ratio(t: np.ndarray, num: np.ndarray, den: np.ndarray,
+                 width: float) -> tuple[np.ndarray, np.ndarray]:
     """(bin start times, Σnum/Σden per bin) over the bins where Σden > 0."""
     if len(t) == 0:
         return np.zeros(0), np.zeros(0)
@@ -97,12 +104,24 @@ def binned_ratio(t: np.ndarray, num: np.ndarray, den: np.ndarray, width: float):
     return np.flatnonzero(keep) * width, n[keep] / d[keep]
 
 
-def _save(fig, path: str, series: list[int]) -> str:
-    fig.savefig(path, dpi=100, metadata={SERIES_KEY: ",".join(str(s) for s in series)})
+def _legend(ax: Any, **kwargs: Any) -> None:
+    """The legend beside the panel (right of it), where no line can be under it."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+              fontsize="small", **kwargs)
+
+
+def _titled(text: str, run_title: str | None) -> str:
+    return f"{text}\n{run_title}" if run_title else text
+
+
+def _save(fig: Any, path: str, series: list[int]) -> str:
+    # bbox_inches="tight" keeps the legends beside the panels inside the picture.
+    fig.savefig(path, dpi=100, bbox_inches="tight",
+                metadata={SERIES_KEY: ",".join(str(s) for s in series)})
     return path
 
 
-def _ttft_panel(ax, runs, labels) -> int:
+def _ttft_panel(ax: Any, runs: Sequence[Any], labels: Sequence[str]) -> int:
     for k, (run, label) in enumerate(zip(runs, labels)):
         ttft = run.ttft_us[~np.isnan(run.ttft_us)] / 1e3
         ttft = np.sort(np.maximum(ttft, 1e-3))  # log axis: a zero TTFT cannot be drawn
@@ -113,11 +132,12 @@ def _ttft_panel(ax, runs, labels) -> int:
     ax.set_ylabel("fraction of requests with TTFT ≤ x")
     ax.set_ylim(0, 1.02)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(title="policy", fontsize="small")
+    _legend(ax, title="policy")
     return len(runs)
 
 
-def unscheduled_depth(arrival_s: np.ndarray, first_scheduled_s: np.ndarray):
+def unscheduled_depth(arrival_s: np.ndarray,
+                      first_scheduled_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(event times, requests arrived and not yet in any plan just after each event)."""
     arrival_s = np.asarray(arrival_s, dtype=np.float64)
     started = np.asarray(first_scheduled_s, dtype=np.float64)
@@ -128,7 +148,8 @@ def unscheduled_depth(arrival_s: np.ndarray, first_scheduled_s: np.ndarray):
     return times[order], np.cumsum(steps[order])
 
 
-def _queue_multiples(plt, runs, labels, title: str, path: str, what: str) -> str:
+def _queue_multiples(plt: Any, runs: Sequence[Any], labels: Sequence[str], title: str, path: str,
+                     what: str) -> str:
     """Queue depth as one panel per run. `what` picks the series: "waiting" (the scheduler's
     waiting queue after each iteration) or "unscheduled" (arrived, not yet in any plan)."""
     curves = []
@@ -146,7 +167,7 @@ def _queue_multiples(plt, runs, labels, title: str, path: str, what: str) -> str
         start, depth = binned_max(t, values, width)
         # One line per panel: colour tells the runs apart, a solid line reads best.
         ax.step(start, depth, where="post", label=label, color=f"C{k % 10}", linewidth=1.4)
-        ax.legend(loc="upper right", fontsize="small")
+        _legend(ax)
         ax.grid(True, alpha=0.3)
         ax.set_ylim(bottom=0)
         ax.yaxis.get_major_locator().set_params(integer=True)
@@ -169,12 +190,12 @@ def _queue_multiples(plt, runs, labels, title: str, path: str, what: str) -> str
 # -- the workload suite --------------------------------------------------------------------------
 
 
-def plot_suite(runs, out_dir: str) -> list[str]:
+def plot_suite(runs: Sequence[Any], out_dir: str, title: str | None = None) -> list[str]:
     """Write ttft_cdf.png, batch_occupancy.png and queue_depth.png; return their paths.
 
     One column per planning mode (its policies as lines) for TTFT and batching; queue depth as
-    one panel per run."""
-    plt = _pyplot()
+    one panel per run. `title` names the run (the workload) in every figure."""
+    plt = pyplot()
     os.makedirs(out_dir, exist_ok=True)
     modes = list(dict.fromkeys(run.mode for run in runs))
     by_mode = {m: [r for r in runs if r.mode == m] for m in modes}
@@ -186,6 +207,8 @@ def plot_suite(runs, out_dir: str) -> list[str]:
     for ax, mode in zip(axes[0], modes):
         series.append(_ttft_panel(ax, by_mode[mode], [r.policy for r in by_mode[mode]]))
         ax.set_title(f"TTFT, {mode} planning")
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     paths.append(_save(fig, os.path.join(out_dir, "ttft_cdf.png"), series))
     plt.close(fig)
@@ -211,15 +234,18 @@ def plot_suite(runs, out_dir: str) -> list[str]:
         bottom.set_xlabel("virtual time (s)")
         for ax in (top, bottom):
             ax.grid(True, alpha=0.3)
-            ax.legend(title="policy", fontsize="small")
+            _legend(ax, title="policy")
         series += [len(by_mode[mode])]
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     paths.append(_save(fig, os.path.join(out_dir, "batch_occupancy.png"),
                        series + series))
     plt.close(fig)
 
     paths.append(_queue_multiples(plt, runs, [f"{r.policy}, {r.mode} planning" for r in runs],
-                                  "Queue depth", os.path.join(out_dir, "queue_depth.png"),
+                                  _titled("Queue depth", title),
+                                  os.path.join(out_dir, "queue_depth.png"),
                                   "waiting"))
     return paths
 
@@ -227,10 +253,10 @@ def plot_suite(runs, out_dir: str) -> list[str]:
 # -- a trace replay ------------------------------------------------------------------------------
 
 
-def plot_trace(runs, out_dir: str) -> list[str]:
+def plot_trace(runs: Sequence[Any], out_dir: str, title: str | None = None) -> list[str]:
     """Write trace_ttft_cdf.png, trace_hit_rate.png and trace_queue_depth.png for the policies
-    of one replay; return their paths."""
-    plt = _pyplot()
+    of one replay; return their paths. `title` names the trace and its time scale."""
+    plt = pyplot()
     os.makedirs(out_dir, exist_ok=True)
     labels = [run.policy for run in runs]
     mode = runs[0].mode if runs else ""
@@ -238,7 +264,7 @@ def plot_trace(runs, out_dir: str) -> list[str]:
 
     fig, ax = plt.subplots(figsize=(8, 5))
     _ttft_panel(ax, runs, labels)
-    ax.set_title(f"TTFT per policy ({mode} planning)")
+    ax.set_title(_titled(f"TTFT per policy ({mode} planning)", title))
     fig.tight_layout()
     paths.append(_save(fig, os.path.join(out_dir, "trace_ttft_cdf.png"), [len(runs)]))
     plt.close(fig)
@@ -256,12 +282,13 @@ def plot_trace(runs, out_dir: str) -> list[str]:
                   f"admitted in each {_fmt_width(width)} bin)")
     ax.set_ylim(0, 100)
     ax.grid(True, alpha=0.3)
-    ax.legend(title="policy", fontsize="small")
-    ax.set_title("Prefix cache hit rate over time")
+    _legend(ax, title="policy")
+    ax.set_title(_titled("Prefix cache hit rate over time", title))
     fig.tight_layout()
     paths.append(_save(fig, os.path.join(out_dir, "trace_hit_rate.png"), [len(runs)]))
     plt.close(fig)
 
-    paths.append(_queue_multiples(plt, runs, labels, f"Queue depth ({mode} planning)",
+    paths.append(_queue_multiples(plt, runs, labels,
+                                  _titled(f"Queue depth ({mode} planning)", title),
                                   os.path.join(out_dir, "trace_queue_depth.png"), "unscheduled"))
     return paths

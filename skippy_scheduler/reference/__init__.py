@@ -6,14 +6,14 @@ compare the two.
 
 * `scheduler` owns `TwinScheduler`, the scheduler engine (§2 with the §0 decisions);
 * `plan` owns `TwinPlan` and `TwinOutputs`, the engine's iteration plan and output block;
-* `ordering` owns the cache-aware order of waiting work (§3), the reference of the native
-  ranking kernel under the same names as the public native functions;
+* `ordering` owns the cache-aware order of waiting work (§3): `reference_order`, the
+  reference of the native ranking kernel behind `skippy_scheduler.order_cache_aware_candidates`;
 * `radix` owns `RadixTwin`, a flat brute-force form of the unified radix cache (§8);
 * `prefix_store` owns `PrefixStoreTwin`, the bounded prefix store (§8c).
 
-`TwinScheduler`, `TwinPlan` and `TwinOutputs` are also exported by `skippy_scheduler`.
+`TwinScheduler` is also exported by `skippy_scheduler`.
 """
-from .ordering import order_cache_aware_candidates, select_cache_aware_candidate
+from .ordering import reference_order
 from .plan import TwinOutputs, TwinPlan
 from .prefix_store import PrefixStoreTwin
 from .radix import RadixTwin
@@ -25,6 +25,5 @@ __all__ = [
     "TwinOutputs",
     "TwinPlan",
     "TwinScheduler",
-    "order_cache_aware_candidates",
-    "select_cache_aware_candidate",
+    "reference_order",
 ]

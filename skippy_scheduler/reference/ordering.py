@@ -2,9 +2,10 @@
 
 Owns the pure-Python form of the §3.3 order: priority, then the cache score (saved cost minus
 restore cost, plus aging credit), then the waiting-prefix grouping of §3.2. It is the only
-implementation besides the native ranking kernel (`skippy_scheduler._rank`, the one
-`skippy_scheduler.order_cache_aware_candidates` calls); the tests check the two against each
-other, and the reference scheduler ranks its queue with it through `CacheAwareAdmission`.
+implementation besides the native ranking kernel (`skippy_scheduler._rank`, the one the public
+`skippy_scheduler.order_cache_aware_candidates` calls); `reference_order` takes the same
+arguments and returns the same order, the tests check the two against each other, and the
+reference scheduler ranks its queue with it through `CacheAwareAdmission`.
 
 The prefix grouping walks the waiting prompts as an implicit radix tree with an explicit stack
 and skips runs of shared tokens in one step, so neither time nor stack depth follows prompt
@@ -83,7 +84,7 @@ def _prefix_group_ranks(prompts: list[_Seq[int]], orders: list[int]) -> list[int
     return ranks
 
 
-def order_cache_aware_candidates(
+def reference_order(
     candidates: _Seq[CacheAwareCandidate],
     current_turn: int,
     aging_cost_per_turn: int,
@@ -111,13 +112,3 @@ def order_cache_aware_candidates(
             return (-c.priority, -scores[i][0], c.order)
 
     return [candidates[i].index for i in sorted(range(len(candidates)), key=key)]
-
-
-def select_cache_aware_candidate(
-    candidates: _Seq[CacheAwareCandidate],
-    current_turn: int,
-    aging_cost_per_turn: int,
-    group_waiting_prefixes: bool,
-) -> int | None:
-    order = order_cache_aware_candidates(candidates, current_turn, aging_cost_per_turn, group_waiting_prefixes)
-    return order[0] if order else None

@@ -1,17 +1,53 @@
 """The reference scheduler's iteration plan and sampled-output block.
 
 Owns `TwinPlan` and `TwinOutputs`, the same surface as the native `IterationPlan` and
-`PlanOutputs` (row views as numpy arrays, an outputs block written in place), and the reading
-of a completion's predictions against a plan (behaviour.md §0.4e).
+`PlanOutputs` (row views as numpy arrays, an outputs block written in place), the reading of
+a completion's predictions against a plan (behaviour.md §0.4e), and what plans in flight keep
+per sequence and per row (`Flight`, `RowUndo`, §2.11).
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from typing import Hashable, Iterable, Iterator, Optional
 
 import numpy as np
 
 from .._validate import check_uint
-from ..types import IterationPhase, IterationPrediction, IterationWork, MalformedOutputs
+from ..types import IterationPhase, IterationPrediction, IterationWork, MalformedOutputs, Sequence
+
+PLACEHOLDER = -1  # a generated token whose sampling row is still in flight (§2.11)
+
+
+class Flight:
+    """In-flight state of one sequence incarnation: `epoch` changes whenever rows planned for
+    it become void (preemption; a new submit is a new incarnation), `pending` counts its
+    placeholder tokens, `source` is the (plan step, work index) that samples the newest one.
+    Fair share: `request` names the submission for the lift rule (it survives preemption) and
+    `tenant` is whose service it is."""
+
+    __slots__ = ("epoch", "pending", "source", "request", "tenant")
+
+    def __init__(self, epoch: int, tenant: Hashable = None) -> None:
+        self.epoch = epoch
+        self.pending = 0
+        self.source: Optional[tuple[int, int]] = None
+        self.request = epoch
+        self.tenant = tenant
+
+
+class RowUndo:
+    """What undoing one planned row needs (abort_iteration)."""
+
+    __slots__ = ("seq", "epoch", "cursor", "sampled", "source", "new")
+
+    def __init__(self, seq: Sequence, epoch: int, cursor: int, sampled: bool,
+                 source: Optional[tuple[int, int]], new: bool) -> None:
+        self.seq = seq
+        self.epoch = epoch
+        self.cursor = cursor
+        self.sampled = sampled
+        self.source = source
+        self.new = new
+
 
 
 class TwinOutputs:
@@ -83,9 +119,9 @@ class TwinPlan:
         self.deferred_source_steps = np.array([d[1] for d in table], dtype=np.uint64)
         self.deferred_source_indexes = np.array([d[2] for d in table], dtype=np.uintp)
         # Scheduler-private: how to undo each row, and the planner counters before this plan.
-        self._undo: list = []
+        self._undo: list[RowUndo] = []
         self._counters: tuple[int, int] = (0, 0)
-        self._live_list: list | None = None  # the scheduler's live plans, set when made
+        self._live_list: list[TwinPlan] | None = None  # the scheduler's live plans, when made
 
     @property
     def live(self) -> bool:
@@ -102,7 +138,7 @@ class TwinPlan:
         return self.work[index]
 
     def decode_rows(self) -> int:
-        return sum(1 for w in self.work if w.phase is IterationPhase.Decode)
+        return sum(1 for w in self.work if w.phase is IterationPhase.DECODE)
 
     def __repr__(self) -> str:
         rows = ", ".join(f"{w.sequence_id}:{w.phase.name}x{len(w.tokens)}" for w in self.work)

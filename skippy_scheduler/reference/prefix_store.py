@@ -45,8 +45,8 @@ class TwinEntry:
                  value: Any) -> None:
         self.parent = parent
         self.key = key  # the full int32 key; read-only (possibly a view of the caller's array)
-        self.start = parent.length if parent is not None else 0
-        self.length = len(key)
+        self.start: int = parent.length if parent is not None else 0
+        self.length: int = len(key)
         self.children = 0  # resident child entries
         self.pins = 0
         self.last_used = 0
@@ -112,7 +112,7 @@ class PrefixStoreTwin:
         self.evictions = 0
         self.evicted_tokens = 0
         self.refused_inserts = 0  # inserts that could not be made room for
-        self._owner: Optional[Callable[[], Any]] = None  # weakref to the attached TwinScheduler
+        self.owner: Optional[Callable[[], Any]] = None  # weakref to the attached TwinScheduler
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -131,7 +131,8 @@ class PrefixStoreTwin:
         key = _tokens(key)
         if not len(key):
             return None
-        return self._radix.resident_exact(self.namespace, key)
+        entry: Optional[TwinEntry] = self._radix.resident_exact(self.namespace, key)
+        return entry
 
     @staticmethod
     def key_of(entry: TwinEntry) -> np.ndarray:
@@ -178,7 +179,7 @@ class PrefixStoreTwin:
                              f"({start} tokens)")
         if parent is not None and not np.array_equal(key[:start], parent.key):
             raise ValueError("the parent's key is not a prefix of the key")
-        existing = self._radix.resident_exact(self.namespace, key)
+        existing: Optional[TwinEntry] = self._radix.resident_exact(self.namespace, key)
         if existing is not None:
             self.touch(existing)
             return existing

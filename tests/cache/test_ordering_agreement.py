@@ -11,7 +11,7 @@ from skippy_scheduler.cache_policy import (
     StageCacheAffinity,
     order_cache_aware_candidates,
 )
-from skippy_scheduler.reference import order_cache_aware_candidates as reference_order
+from skippy_scheduler.reference import reference_order
 
 U64_MAX = (1 << 64) - 1
 u64 = st.one_of(

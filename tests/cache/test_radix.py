@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from skippy_scheduler import (
+from skippy_scheduler.radix import (
     RadixEntry,
     RadixMatch,
     RadixStats,

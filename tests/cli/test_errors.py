@@ -50,7 +50,7 @@ ERRORS = [
     (["lab", "--bogus"], "unrecognized arguments: --bogus"),
     (["lab", "--bench-reps", "x"], "argument --bench-reps: expected an integer, got 'x'"),
     (["lab", "--bench-reps", "-1"], "expected an integer >= 0"),
-    (["lab", "--backend", "nope"], "invalid choice: 'nope'"),
+    (["lab", "--scheduler", "nope"], "invalid choice: 'nope'"),
     (["lab", "--json"], "expected one argument"),
     (["lab", "--suite", "--rate", "fast"], "invalid float value: 'fast'"),
     (["run", "--max-active", "0"], "expected an integer >= 1"),
@@ -68,9 +68,15 @@ ERRORS = [
     (["lab", "--cost-model", "bogus=1"], "unknown cost model field"),
     (["lab", "--cost-model", "prefill_token_us=-1"], ">= 0"),
     (["lab", "--suite", "--policy", "lifo"], "unknown policy 'lifo'"),
-    (["lab", "--suite", "--mode", "sideways"], "unknown mode 'sideways'"),
-    (["lab", "--suite", "--requests", "0"], "requests must be in"),
-    (["lab", "--suite", "--max-active", "0"], "--max-active must be >= 1"),
+    (["lab", "--suite", "--requests", "0"], "expected an integer in [1, 200000], got 0"),
+    (["lab", "--suite", "--max-active", "0"],
+     "argument -np/--max-active: expected an integer >= 1"),
+    (["lab", "--suite", "--max-tokens", "16"], "--max-tokens is the tokens generated per request"),
+    (["lab", "--suite", "--policy", "cache"], "unknown policy 'cache'"),
+    (["lab", "--mixed"], "--mixed/--no-mixed needs --suite or --trace"),
+    (["calibrate", "--model", "{gguf}", "-c", "1024", "--repeats", "500"],
+     "--ctx-size 1024 gives each of the 8 lanes 128 cells; --repeats 500"),
+    (["run", "--model", "{gguf}", "-c", "4", "-np", "8"], "--ctx-size (4) must be at least"),
     (["lab", "--suite", "--iteration-trace", "t.txt"],
      "--iteration-trace applies to the reference scenarios"),
     (["lab", "--suite", "--trace", "t.txt"], "--trace and --suite are two different runs"),
@@ -146,8 +152,11 @@ def test_bad_output_path_fails_before_the_run(capsys, monkeypatch, files):
         raise AssertionError("the run started before the output path was checked")
 
     monkeypatch.setattr(lab, "run_scenario", no_run)
-    monkeypatch.setattr(lab, "generate", no_run)
-    monkeypatch.setattr(lab, "run_suite", no_run)
+    from skippy_scheduler.cli import lab_runs
+
+    monkeypatch.setattr(lab_runs, "generate", no_run)
+    monkeypatch.setattr(lab_runs, "run_suite", no_run)
+    monkeypatch.setattr(lab_runs, "run_replays", no_run)
     # The default --bench-reps would make a full run take seconds: the check comes first.
     _user_error(capsys, ["lab", "--json", files["missing"]], "does not exist")
     _user_error(capsys, ["lab", "--iteration-trace", files["dir"]], "is a directory")

@@ -16,7 +16,7 @@ def _run(capsys, *argv):
 
 
 def test_default_table_prints_all_scenarios(capsys, backend):
-    code, out, _ = _run(capsys, "--backend", backend, "--bench-reps", "1")
+    code, out, _ = _run(capsys, "--scheduler", backend, "--bench-reps", "1")
     assert code == 0
     lines = out.splitlines()
     assert lines[0].split("\t") == list(COLUMNS)
@@ -27,7 +27,7 @@ def test_default_table_prints_all_scenarios(capsys, backend):
 
 
 def test_scenario_selection_and_replay(capsys, backend):
-    code, out, _ = _run(capsys, "--backend", backend, "--bench-reps", "0", "--scenario",
+    code, out, _ = _run(capsys, "--scheduler", backend, "--bench-reps", "0", "--scenario",
                         "radix-fcfs", "--scenario", "waiting-prefix-dfs", "--replay")
     assert code == 0
     table, replay = out.split("\n\n")
@@ -40,8 +40,9 @@ def test_scenario_selection_and_replay(capsys, backend):
         ("agentic-eviction-pressure", "dfs", "7", "7")]
 
 
-def test_twin_flag(capsys):
-    code, out, _ = _run(capsys, "--twin", "--bench-reps", "0", "--scenario", "cold-burst-n1")
+def test_twin_scheduler(capsys):
+    code, out, _ = _run(capsys, "--scheduler", "twin", "--bench-reps", "0", "--scenario",
+                        "cold-burst-n1")
     assert code == 0 and out.splitlines()[1].startswith("cold-burst-n1\t1\t14.262")
 
 
@@ -52,7 +53,7 @@ def test_unknown_scenario_is_an_error(capsys):
 
 def test_trace_file(tmp_path, capsys, backend):
     path = tmp_path / "trace.txt"
-    _run(capsys, "--backend", backend, "--bench-reps", "0", "--iteration-trace", str(path))
+    _run(capsys, "--scheduler", backend, "--bench-reps", "0", "--iteration-trace", str(path))
     text = path.read_text()
     assert text.count("### scenario ") == 13
     assert "### scenario staggered-prefill-mixed\nit=0 t=0 dur=114 admitted=1 tokens=32 | " \
@@ -67,8 +68,8 @@ def _strip_wall(document):
 
 def test_json_is_deterministic_except_wall_time(tmp_path, capsys, backend):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
-    _run(capsys, "--backend", backend, "--bench-reps", "2", "--json", str(a))
-    _run(capsys, "--backend", backend, "--bench-reps", "2", "--json", str(b))
+    _run(capsys, "--scheduler", backend, "--bench-reps", "2", "--json", str(a))
+    _run(capsys, "--scheduler", backend, "--bench-reps", "2", "--json", str(b))
     da, db = json.loads(a.read_text()), json.loads(b.read_text())
     assert all(s["bench_us_per_run"] > 0 for s in da["scenarios"])
     # byte-identical once the wall-time fields are blanked
@@ -83,14 +84,14 @@ def test_json_is_deterministic_except_wall_time(tmp_path, capsys, backend):
 
 
 def test_cost_model_override(capsys, tmp_path, backend):
-    code, out, _ = _run(capsys, "--backend", backend, "--bench-reps", "0", "--scenario",
+    code, out, _ = _run(capsys, "--scheduler", backend, "--bench-reps", "0", "--scenario",
                         "cold-burst-n1", "--cost-model",
                         "iteration_overhead_us=50,prefill_token_us=2,decode_batch_us=100,"
                         "decode_sequence_us=20")
     assert out.splitlines()[1].startswith("cold-burst-n1\t1\t14.262\t")
     cost = tmp_path / "cost.json"
     cost.write_text(json.dumps({"iteration_overhead_us": 0, "prefill_token_us": 1}))
-    code, out, _ = _run(capsys, "--backend", backend, "--bench-reps", "0", "--scenario",
+    code, out, _ = _run(capsys, "--scheduler", backend, "--bench-reps", "0", "--scenario",
                         "cold-burst-n1", "--cost-model", str(cost))
     # 16 prefill chunks of 256 tokens at 1 µs/token, then 31 decode iterations of 120 µs
     assert code == 0

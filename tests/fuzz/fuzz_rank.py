@@ -2,7 +2,7 @@
 
 Each input takes one of two paths. Fuzzed candidates go through
 `skippy_scheduler.order_cache_aware_candidates` (the native ranking kernel's Python face) and
-through the reference `skippy_scheduler.reference.order_cache_aware_candidates`; the results
+through the reference `skippy_scheduler.reference.reference_order`; the results
 must be the same permutation. Or the kernel is reached through the scheduler's admission:
 fuzzed sequences are submitted to a scheduler whose memory admits nothing, so after one plan
 its waiting queue is exactly the ranked order, which must equal the reference order. Prompts
@@ -50,7 +50,7 @@ def fuzz_kernel(r: ByteReader, order_native) -> None:
         for i in range(n)
     ]
     turn, aging, grouping = r.below(25), r.below(5000), r.flag()
-    expected = reference.order_cache_aware_candidates(candidates, turn, aging, grouping)
+    expected = reference.reference_order(candidates, turn, aging, grouping)
     got = list(order_native(candidates, turn, aging, grouping))
     assert sorted(got) == list(range(n))
     assert got == list(expected), (got, expected)
@@ -85,7 +85,7 @@ def fuzz_admission(r: ByteReader) -> None:
             rank_turn = s.waiting_turn  # a submit made the queue dirty: this plan re-ranked it
     if not candidates:
         return
-    expected = reference.order_cache_aware_candidates(candidates, rank_turn, max(aging, 1), grouping)
+    expected = reference.reference_order(candidates, rank_turn, max(aging, 1), grouping)
     assert s.snapshot().waiting_ids == [f"q{i}" for i in expected]
 
 

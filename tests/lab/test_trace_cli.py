@@ -35,7 +35,7 @@ def lab(capsys, *argv):
 
 def test_table_and_json(tmp_path, capsys, trace_file, backend):
     out_json = tmp_path / "replay.json"
-    code, out, err = lab(capsys, "--trace", trace_file, "--backend", backend, "--json",
+    code, out, err = lab(capsys, "--trace", trace_file, "--scheduler", backend, "--json",
                          str(out_json), "--policy", "fcfs", "--policy", "fair-share",
                          "--tenants", "3", "--max-active", "2")
     assert code == 0 and err == ""  # no progress bar: stderr is not a terminal
@@ -65,7 +65,7 @@ def test_table_and_json(tmp_path, capsys, trace_file, backend):
 def test_options_reach_the_replay(tmp_path, capsys, trace_file):
     out_json = tmp_path / "r.json"
     code, out, _ = lab(capsys, "--trace", trace_file, "--json", str(out_json), "--policy",
-                       "cache-aware-aging", "--mode", "phase", "--time-scale", "100",
+                       "cache-aware-aging", "--no-mixed", "--time-scale", "100",
                        "--limit", "3", "--prefix-cache-tokens", "0", "--format", "mooncake")
     assert code == 0
     doc = json.loads(out_json.read_text())
@@ -90,7 +90,7 @@ def test_plots(tmp_path, capsys, trace_file):
 
 
 def test_malformed_line_is_one_user_error_before_any_replay(tmp_path, capsys, monkeypatch):
-    from skippy_scheduler.cli import lab as lab_cli
+    from skippy_scheduler.cli import lab_runs as lab_cli
 
     def no_run(*args, **kwargs):
         raise AssertionError("a replay started before the trace was checked")
@@ -112,7 +112,7 @@ ERRORS = [
     (["--trace", "{trace}", "--format", "azure"], "header: missing column(s)"),
     (["--trace", "{trace}", "--format", "xml"], "invalid choice: 'xml'"),
     (["--trace", "{trace}", "--policy", "lottery"], "unknown policy 'lottery'"),
-    (["--trace", "{trace}", "--mode", "phase", "--mode", "mixed"], "one --mode at a time"),
+    (["--trace", "{trace}", "--mixed", "--prefill-chunk", "0"], "expected an integer >= 1"),
     (["--trace", "{trace}", "--time-scale", "0"], "expected a finite number > 0"),
     (["--trace", "{trace}", "--limit", "0"], "expected an integer >= 1"),
     (["--trace", "{trace}", "--tenants", "0"], "expected an integer >= 1"),
@@ -120,7 +120,7 @@ ERRORS = [
     (["--trace", "{trace}", "--requests", "10"], "--requests applies to the synthetic suite"),
     (["--trace", "{trace}", "--scenario", "cold-burst-n1"], "--scenario applies to the "
                                                             "reference scenarios"),
-    (["--trace", "{trace}", "--max-active", "0"], "max-active must be >= 1"),
+    (["--trace", "{trace}", "--max-active", "0"], "expected an integer >= 1"),
     (["--trace", "{trace}", "--json", "{dir}"], "--json: {dir} is a directory"),
     (["--time-scale", "2"], "--time-scale needs --trace"),
     (["--suite", "--tenants", "3"], "--tenants needs --trace"),

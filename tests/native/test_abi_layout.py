@@ -9,6 +9,7 @@ import pytest
 import skippy_scheduler
 from skippy_scheduler import _core
 from skippy_scheduler._abi import ffi, lib
+from skippy_scheduler import IterationPhase, SequenceStatus
 from skippy_scheduler.policies import AdmissionKind, PreemptionKind
 
 # skippy_iteration_request offsets of the Skippy runtime ABI (LP64; docs/hosts.md).
@@ -104,9 +105,11 @@ def test_compiled_modules_carry_the_package_plan_abi():
 
 
 def _header_enum(prefix):
-    """Members and values of the scheduler header's enum whose constants start with `prefix`."""
-    with open(os.path.join(skippy_scheduler.get_include(), "skippy_scheduler_decls.h")) as f:
-        text = f.read()
+    """Members and values of the headers' enum whose constants start with `prefix`."""
+    text = ""
+    for name in ("skippy_abi_decls.h", "skippy_scheduler_decls.h"):
+        with open(os.path.join(skippy_scheduler.get_include(), name)) as f:
+            text += f.read()
     return {name: int(value) for name, value in re.findall(rf"\b({prefix}\w+) = (\d+)", text)}
 
 
@@ -127,7 +130,9 @@ def _compiled_constants(tmp_path, names):
 
 
 @pytest.mark.parametrize("kind,prefix", [(AdmissionKind, "SKIPPY_ADMISSION_"),
-                                         (PreemptionKind, "SKIPPY_PREEMPT_")])
+                                         (PreemptionKind, "SKIPPY_PREEMPT_"),
+                                         (IterationPhase, "SKIPPY_PHASE_"),
+                                         (SequenceStatus, "SKIPPY_SEQ_")])
 def test_policy_kinds_mirror_the_c_header(tmp_path, kind, prefix):
     mirror = {prefix + member.name: member.value for member in kind}
     assert _header_enum(prefix) == mirror  # same members, same values

@@ -42,7 +42,7 @@ def test_writes_through_plan_tokens_are_seen_by_the_request_rows():
     assert [req[1].positions[i] for i in range(2)] == [0, 1]
     assert bool(req[1].sample_last) is True and bool(req[0].sample_last) is False
     assert list(plan.sample_rows) == [1]
-    assert list(plan.phases) == [IterationPhase.Prefill.value] * 2
+    assert list(plan.phases) == [IterationPhase.PREFILL.value] * 2
 
 
 def test_output_block_is_the_native_compact_outputs():

@@ -41,6 +41,7 @@ from skippy_scheduler import (
     Scheduler,
     SchedulerConfig,
     Sequence,
+    SequenceStatus,
     StageCacheAffinity,
     StalePlanError,
 )
@@ -268,7 +269,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             gen = len(b.generated_tokens)
             replay = b.recompute_token_count()
             after = self.s.sequence(w.sequence_id)
-            if w.phase is IterationPhase.Decode:
+            if w.phase is IterationPhase.DECODE:
                 assert gen > 0 and b.prefill_cursor >= replay
                 assert list(w.positions) == [replay] and w.sample_last
                 assert w.tokens[0] == m.history[replay] == b.generated_tokens[-1]
@@ -279,7 +280,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert list(w.positions) == list(range(start, end))
                 assert end <= replay and len(w.tokens) <= cfg.prefill_chunk_tokens
                 assert list(w.tokens) == m.history[start:end]
-                assert (w.phase is IterationPhase.Prefill) == (gen == 0)
+                assert (w.phase is IterationPhase.PREFILL) == (gen == 0)
                 assert w.sample_last == (end == replay and gen == 0)
                 assert after.prefill_cursor == end
                 prefill_rows += 1
@@ -346,13 +347,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         c.admitted += plan.admitted
         c.finished += len(finished)
         c.failed += len(failed)
-        c.prefill_tokens += phase_tokens[IterationPhase.Prefill]
-        c.recompute_tokens += phase_tokens[IterationPhase.Recompute]
-        c.decode_tokens += phase_tokens[IterationPhase.Decode]
+        c.prefill_tokens += phase_tokens[IterationPhase.PREFILL]
+        c.recompute_tokens += phase_tokens[IterationPhase.RECOMPUTE]
+        c.decode_tokens += phase_tokens[IterationPhase.DECODE]
         assert telemetry.iteration == c.iterations
         assert (telemetry.prefill_tokens, telemetry.recompute_tokens, telemetry.decode_tokens) == (
-            phase_tokens[IterationPhase.Prefill], phase_tokens[IterationPhase.Recompute],
-            phase_tokens[IterationPhase.Decode])
+            phase_tokens[IterationPhase.PREFILL], phase_tokens[IterationPhase.RECOMPUTE],
+            phase_tokens[IterationPhase.DECODE])
         assert telemetry.component_used_bytes == self.s.snapshot().component_used_bytes
         self.dead_plans.append(plan)
         self.plan = None
@@ -389,7 +390,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             remaining.remove(v)
             self.used = [max(0, u - r) for u, r in zip(self.used, self.live[v].reservation)]
             seq = self.s.sequence(v)
-            assert seq.status.name == "Preempted" and seq.admitted_at is None
+            assert seq.status is SequenceStatus.PREEMPTED and seq.admitted_at is None
         assert not remaining or all(u <= a for u, a in zip(self.used, self.avail))
         self.c.preempted += len(victims)
         if victims:

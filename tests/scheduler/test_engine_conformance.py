@@ -11,7 +11,7 @@ from skippy_scheduler import (
     Sequence,
 )
 
-Prefill, Recompute, Decode = IterationPhase.Prefill, IterationPhase.Recompute, IterationPhase.Decode
+Prefill, Recompute, Decode = IterationPhase.PREFILL, IterationPhase.RECOMPUTE, IterationPhase.DECODE
 
 
 def calibrated_decoder(s, sequence_id, prompt_len, max_tokens, prefill_seconds=None):
@@ -232,7 +232,7 @@ def test_12_prefill_sequence_limit_serializes_recurrent_prefills(impl):
 
 def test_13_prefix_restore_skips_only_the_restored_token_span(impl):
     s = make_scheduler(impl)
-    s.submit(seq("a", 8, 4).with_prefix_restore(PrefixRestore("page", 6, PrefixRestoreKind.RecurrentWholeState)))
+    s.submit(seq("a", 8, 4).with_prefix_restore(PrefixRestore("page", 6, PrefixRestoreKind.RECURRENT_WHOLE_STATE)))
     plan = s.plan_iteration()
     assert len(plan) == 1
     assert list(plan.work[0].tokens) == [6, 7] and list(plan.work[0].positions) == [6, 7]
@@ -241,7 +241,7 @@ def test_13_prefix_restore_skips_only_the_restored_token_span(impl):
 
 def test_14_full_prefix_restore_replays_the_final_token_for_logits(impl):
     s = make_scheduler(impl)
-    s.submit(seq("a", 8, 4).with_prefix_restore(PrefixRestore("page", 8, PrefixRestoreKind.ResidentKv)))
+    s.submit(seq("a", 8, 4).with_prefix_restore(PrefixRestore("page", 8, PrefixRestoreKind.RESIDENT_KV)))
     plan = s.plan_iteration()
     assert len(plan) == 1
     row = plan.work[0]

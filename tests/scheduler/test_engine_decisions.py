@@ -12,7 +12,7 @@ from skippy_scheduler import (
     SequenceStatus,
 )
 
-Prefill, Recompute, Decode = IterationPhase.Prefill, IterationPhase.Recompute, IterationPhase.Decode
+Prefill, Recompute, Decode = IterationPhase.PREFILL, IterationPhase.RECOMPUTE, IterationPhase.DECODE
 
 
 def test_a_active_sequences_are_walked_in_admission_order(impl):
@@ -50,7 +50,7 @@ def test_b_preempted_fully_restored_sequence_does_not_stall(impl):
     assert s.preempt_for_component_pressure([101]) == ["a"]
     s.preempt_for_component_pressure([0])
     assert s.sequence("a").prefill_cursor == 3
-    assert s.sequence("a").status is SequenceStatus.Preempted
+    assert s.sequence("a").status is SequenceStatus.PREEMPTED
     plan = s.plan_iteration()
     assert plan.admitted == 1
     assert [(list(w.tokens), list(w.positions), w.sample_last, w.phase) for w in plan.work] == [
@@ -176,7 +176,7 @@ def test_preemption_round_trip_replays_then_resumes_decode(impl):
     assert s.snapshot().component_used_bytes == [("kv", 89)]
     s.preempt_for_component_pressure([0])
     view = s.sequence("a")
-    assert view.status is SequenceStatus.Preempted and view.prefill_cursor == 0
+    assert view.status is SequenceStatus.PREEMPTED and view.prefill_cursor == 0
     assert list(view.generated_tokens) == [10, 11]
     m = s.metrics()
     assert (m.preempted, m.active_sequences, m.waiting_sequences) == (1, 0, 1)
@@ -332,12 +332,12 @@ def test_submit_clamps_a_caller_set_cursor(impl, prompt, generated, cursor, expe
     x.admitted_at = 77
     x.enqueued_turn = 50
     x.enqueue_order = 9
-    x.status = SequenceStatus.Finished  # kept as given until admission (§7.17)
+    x.status = SequenceStatus.FINISHED  # kept as given until admission (§7.17)
     s.submit(x)
     view = s.sequence("x")
     assert view.prefill_cursor == expected
     assert (view.admitted_at, view.enqueued_turn, view.enqueue_order) == (None, 0, 0)
-    assert view.status is SequenceStatus.Finished
+    assert view.status is SequenceStatus.FINISHED
     plan = s.plan_iteration()
     assert len(plan) == 1 and plan.work[0].positions[0] == expected
-    assert s.sequence("x").status is SequenceStatus.Running
+    assert s.sequence("x").status is SequenceStatus.RUNNING

@@ -131,7 +131,7 @@ def test_recompute_is_charged_as_prefill_and_void_rows_are_not_charged(impl):
     s.preempt_for_component_pressure([0])  # the runtime reports its memory back
     # Re-admitted: the replay (prompt + the first generated token) is recomputed.
     plan = s.plan_iteration()
-    assert [w.phase.name for w in plan.work] == ["Recompute"] and plan.token_count == 5
+    assert [w.phase.name for w in plan.work] == ["RECOMPUTE"] and plan.token_count == 5
     s.complete_iteration(plan)
     assert s.tenant_counters()["a"] == 11
     # Cancelled between plan and completion: not charged either.

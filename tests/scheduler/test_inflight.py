@@ -97,7 +97,7 @@ class Driver:
         ok = self.s.cancel(sid)
         if ok:
             self.rt.drop(sid)
-            self.ended[sid] = "Cancelled"
+            self.ended[sid] = "CANCELLED"
         return ok
 
     def preempt(self, used):
@@ -232,10 +232,10 @@ def test_every_sequence_gets_its_alone_tokens_at_any_depth(impl, seed, depth, ca
         for sid, p in prompts.items():
             want = alone_tokens(p, limits[sid])
             got = d.tokens[sid]
-            if d.ended.get(sid) == "Cancelled":
+            if d.ended.get(sid) == "CANCELLED":
                 assert got == want[:len(got)], (sid, got, want)
             else:
-                assert d.ended.get(sid) == "Finished", (sid, d.ended.get(sid))
+                assert d.ended.get(sid) == "FINISHED", (sid, d.ended.get(sid))
                 assert got == want, (d_depth, sid, got, want)
         assert d.s.live_plans == 0
 
@@ -346,5 +346,5 @@ def test_depth_three_schedules_exercise_every_mechanism(impl):
         for sid, p in prompts.items():
             want = alone_tokens(p, limits[sid])
             got = d.tokens[sid]
-            assert got == (want[:len(got)] if d.ended[sid] == "Cancelled" else want), sid
+            assert got == (want[:len(got)] if d.ended[sid] == "CANCELLED" else want), sid
     assert all(v > 20 for v in totals.values()), totals

@@ -209,7 +209,7 @@ class Pair:
         assert n.metrics() == t.metrics()
         for sequence_id in IDS:
             assert n.sequence(sequence_id) == t.sequence(sequence_id), sequence_id
-        assert n.mixed_prefill_viable == t._mixed_viable
+        assert n.mixed_prefill_viable == t.mixed_prefill_viable
 
 
 def run_op(pair, op):

@@ -2,8 +2,12 @@
 import pytest
 
 from skippy_scheduler import CacheAffinity, CacheAwareCandidate, StageCacheAffinity
-from skippy_scheduler.reference import order_cache_aware_candidates as order
-from skippy_scheduler.reference import select_cache_aware_candidate as select
+from skippy_scheduler.reference import reference_order as order
+
+
+def select(candidates, turn, aging, grouping):
+    ranked = order(candidates, turn, aging, grouping)
+    return ranked[0] if ranked else None
 
 U64_MAX = (1 << 64) - 1
 

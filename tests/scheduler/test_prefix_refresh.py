@@ -227,7 +227,7 @@ def test_the_entry_is_unpinned_when_the_sequence_is_preempted(pair):
     _evictable(store, entry)
     plan = sched.plan_iteration()  # re-admitted without the evicted prefix
     hot = first_rows(plan)["hot"]
-    assert hot.positions[0] == 0 and hot.phase is IterationPhase.Recompute
+    assert hot.positions[0] == 0 and hot.phase is IterationPhase.RECOMPUTE
     assert sched.metrics().stale_refreshes == 1
 
 

@@ -77,7 +77,7 @@ class InvariantChecker:
         """Checks a plan as `describe_plan` recorded it (native plan views die with the plan)."""
         rows, token_count, _admitted, preempted, length, arrays = description
         tokens, positions, offsets, sample_last, phases, sample_rows = arrays
-        decode = IterationPhase.Decode.value
+        decode = IterationPhase.DECODE.value
         assert length == len(rows) and preempted == 0
         assert offsets == [0] + list(itertools.accumulate(len(r[1]) for r in rows))
         assert tokens == [t for r in rows for t in r[1]]
@@ -96,7 +96,7 @@ class InvariantChecker:
             else:
                 prefill_rows += 1
                 assert len(row_tokens) <= self.config.prefill_chunk_tokens
-                if phase == IterationPhase.Recompute.value:
+                if phase == IterationPhase.RECOMPUTE.value:
                     assert not samples
         limit = self.config.max_prefill_sequences_per_iteration
         assert limit is None or prefill_rows <= limit

@@ -3,7 +3,6 @@ import numpy as np
 import pytest
 
 from skippy_scheduler import (
-    LLAMA_MAX_SEQ,
     AdmissionError,
     CacheAffinity,
     DuplicateSequence,
@@ -28,12 +27,26 @@ U64_MAX = (1 << 64) - 1
 
 def test_enum_values_match_the_c_core():
     assert [p.value for p in IterationPhase] == [0, 1, 2]
-    assert [p.name for p in IterationPhase] == ["Prefill", "Recompute", "Decode"]
+    assert [p.name for p in IterationPhase] == ["PREFILL", "RECOMPUTE", "DECODE"]
     assert {s.name: s.value for s in SequenceStatus} == {
-        "Waiting": 0, "Running": 1, "Preempted": 2, "Finished": 3, "Failed": 4, "Cancelled": 5,
+        "WAITING": 0, "RUNNING": 1, "PREEMPTED": 2, "FINISHED": 3, "FAILED": 4, "CANCELLED": 5,
     }
-    assert [k.name for k in PrefixRestoreKind] == ["ResidentKv", "RecurrentWholeState", "KvAndRecurrentWholeState"]
-    assert LLAMA_MAX_SEQ == 256
+    assert [k.name for k in PrefixRestoreKind] == [
+        "RESIDENT_KV", "RECURRENT_WHOLE_STATE", "KV_AND_RECURRENT_WHOLE_STATE"]
+
+
+@pytest.mark.parametrize("old,member", [
+    ("Prefill", IterationPhase.PREFILL), ("Decode", IterationPhase.DECODE),
+    ("Preempted", SequenceStatus.PREEMPTED), ("Cancelled", SequenceStatus.CANCELLED),
+    ("KvAndRecurrentWholeState", PrefixRestoreKind.KV_AND_RECURRENT_WHOLE_STATE)])
+def test_old_member_spellings_are_deprecated_aliases(old, member):
+    with pytest.warns(DeprecationWarning, match=f"use {type(member).__name__}.{member.name}"):
+        assert getattr(type(member), old) is member
+    with pytest.raises(AttributeError):
+        getattr(type(member), old.upper() + "X")
+    from skippy_scheduler.types import DEFAULT_SEQUENCE_ID_LIMIT
+
+    assert DEFAULT_SEQUENCE_ID_LIMIT == SchedulerConfig().sequence_id_limit == 256
 
 
 def test_config_defaults_are_the_table_and_already_normalized():
@@ -148,7 +161,7 @@ def test_memory_component_validation(args, error):
 
 def test_sequence_defaults_and_builders():
     s = Sequence("a", [5, 6, 7], 4)
-    assert s.generated_tokens == [] and s.status is SequenceStatus.Waiting
+    assert s.generated_tokens == [] and s.status is SequenceStatus.WAITING
     assert s.admission_tokens == 7 and s.priority == 0 and s.sampling is None
     assert s.prefix_restore is None and s.cache_affinity == CacheAffinity() and s.admitted_at is None
     assert (s.prefill_cursor, s.enqueued_turn, s.enqueue_order) == (0, 0, 0)
@@ -161,7 +174,7 @@ def test_sequence_defaults_and_builders():
     assert s.recompute_tokens() == [5, 6, 7, 8] and s.recompute_token_count() == 4
     assert s.pending_decode_token() == 9 and s.prefill_cursor == 4
     assert not s.is_finished()
-    s.status = SequenceStatus.Failed
+    s.status = SequenceStatus.FAILED
     assert s.is_finished()
 
 

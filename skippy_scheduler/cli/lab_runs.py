@@ -1,0 +1,219 @@
+"""The two long runs of `skippy-scheduler lab`: the workload suite and the trace replay.
+
+Both print one table row per (policy, mode) run as it finishes and collect the finished runs,
+so an interrupted run still writes its JSON and plots for the runs that finished.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import replace
+from typing import Any, Optional
+
+from ..lab.backend import Backend
+from ..lab.model import RuntimeCostModel
+from ..lab.replay import DEFAULT_MODE, DEFAULT_PREFIX_CACHE_TOKENS, ReplayOptions, run_replays
+from ..lab.report import (TRACE_UNITS, format_tenant_table, format_trace_header,
+                          format_trace_row, trace_document)
+from ..lab.suite import MODES, POLICIES as SUITE_POLICIES, SuiteOptions, format_suite, run_suite
+from ..lab.traces import Trace, TraceError
+from ..lab.workload import WorkloadSpec, generate
+from ..selection import POLICIES
+from ._common import CommandError, check_output_dir, check_output_file
+from .interrupt import Interrupted, saving
+
+# argparse destination -> WorkloadSpec field / SuiteOptions (and ReplayOptions) field.
+_SPEC_OPTIONS = {"requests": "requests", "seed": "seed", "rate": "rate", "families": "families",
+                 "family_share": "family_share", "priority_share": "priority_share"}
+_RUN_OPTIONS = {"max_active": "max_active", "max_num_batched_tokens": "max_tokens",
+                "prefill_chunk": "chunk", "kv_capacity_tokens": "kv_capacity_tokens",
+                "reserve_output_tokens": "reserve_output_tokens",
+                "ttft_target_ms": "ttft_target_ms", "itl_target_ms": "itl_target_ms"}
+
+
+def _overrides(args: argparse.Namespace, names: dict[str, str]) -> dict[str, Any]:
+    return {field: getattr(args, arg) for arg, field in names.items()
+            if getattr(args, arg) is not None}
+
+
+def _check_modes(modes: list[str]) -> None:
+    for name in modes:
+        if name not in MODES:
+            raise CommandError(f"unknown mode {name!r} (choose from {', '.join(MODES)})")
+
+
+def _check_plot(path: Optional[str]) -> None:
+    check_output_dir("--plot", path)
+    if path:
+        from ..lab.plot import PlotUnavailable, pyplot
+
+        try:
+            pyplot()
+        except PlotUnavailable as exc:
+            raise CommandError(str(exc)) from None
+
+
+def _save(args: argparse.Namespace, document: Any, runs: list[Any], plot: Any,
+          **plot_kwargs: Any) -> str:
+    """Write --json and --plot for `runs`; return what was written, for the interrupt line."""
+    written = []
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(document, fh, indent=2)
+            fh.write("\n")
+        written.append(f"--json {args.json}")
+    if args.plot and runs:
+        for path in plot(runs, args.plot, **plot_kwargs):
+            print(f"# wrote {path}", file=sys.stderr)
+        written.append(f"--plot {args.plot}")
+    return ", wrote " + " and ".join(written) if written else ""
+
+
+def run_suite_command(args: argparse.Namespace, modes: Optional[list[str]],
+                      cost: RuntimeCostModel, backend: Backend) -> int:
+    policies = args.policy or list(SUITE_POLICIES)
+    modes = modes or list(MODES)
+    _check_modes(modes)
+    check_output_file("--json", args.json)
+    _check_plot(args.plot)
+    try:
+        spec = replace(WorkloadSpec(), **_overrides(args, _SPEC_OPTIONS)).validate()
+        options = replace(SuiteOptions(), record_series=bool(args.plot),
+                          **_overrides(args, _RUN_OPTIONS))
+    except (ValueError, TypeError) as exc:
+        raise CommandError(str(exc)) from None
+    workload = generate(spec)
+    out = sys.stdout
+    # NOTE: the header keeps the lab's field names of earlier releases (max_tokens = the step
+    # budget, chunk = the prefill chunk) so that the suite's output stays byte-identical.
+    out.write(f"# backend={backend.name} seed={spec.seed} rate={spec.rate}/s "
+              f"max_active={options.max_active} max_tokens={options.max_tokens} "
+              f"chunk={options.chunk} kv_capacity_tokens={options.kv_capacity_tokens}\n")
+    out.write("# workload " + " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
+                                       for k, v in workload.summary().items()) + "\n")
+    out.write("\t".join(format_suite([]).splitlines()[0].split("\t")) + "\n")
+    out.flush()
+    finished: list[Any] = []
+
+    def emit(run: Any) -> None:
+        finished.append(run)
+        out.write(format_suite([run]).splitlines()[1] + "\n")
+        out.flush()
+
+    def document(runs: list[Any]) -> dict[str, Any]:
+        return {"backend": backend.name, "cost_model": cost.as_dict(),
+                "workload": {**spec.as_dict(), **workload.summary()},
+                "options": {k: v for k, v in options.__dict__.items()},
+                "runs": [run.figures for run in runs]}
+
+    from ..lab.plot import plot_suite
+
+    title = f"suite: {spec.requests} requests at {spec.rate:g}/s, seed {spec.seed}"
+    try:
+        runs = run_suite(workload, policies, modes, options, cost, backend=backend,
+                         on_run=emit)
+    except Interrupted as stop:
+        if not finished:
+            raise
+        with saving():
+            kept = _save(args, document(finished), finished, plot_suite, title=title)
+        raise stop.keeping(f"{len(finished)} of {len(policies) * len(modes)} runs printed"
+                           + kept) from None
+    _save(args, document(runs), runs, plot_suite, title=title)
+    return 0
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _open_trace(args: argparse.Namespace) -> Trace:
+    """The trace, read once before any replay: a malformed line is reported before work
+    starts, and the header can describe the trace."""
+    try:
+        trace = Trace(args.trace, args.format or "auto",
+                      time_scale=1.0 if args.time_scale is None else args.time_scale,
+                      limit=args.limit, tenants=args.tenants)
+        for _ in trace:
+            pass
+    except TraceError as exc:
+        raise CommandError(str(exc)) from None
+    except OSError as exc:
+        raise CommandError(f"--trace: cannot read {args.trace}: {exc.strerror}") from None
+    except (ValueError, TypeError) as exc:
+        raise CommandError(str(exc)) from None
+    if not trace.stats.requests:
+        raise CommandError(f"--trace: {args.trace} holds no requests")
+    return trace
+
+
+def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
+                      cost: RuntimeCostModel, backend: Backend) -> int:
+    policies = args.policy or list(POLICIES)
+    modes = modes or [DEFAULT_MODE]
+    _check_modes(modes)
+    if len(modes) > 1:
+        raise CommandError("--trace replays one planning mode at a time (--mixed or "
+                           "--no-mixed)")
+    mode = modes[0]
+    check_output_file("--json", args.json)
+    _check_plot(args.plot)
+    cache = args.prefix_cache_tokens
+    cache = DEFAULT_PREFIX_CACHE_TOKENS if cache is None else (None if cache == "unlimited"
+                                                               else cache)
+    try:
+        options = replace(ReplayOptions(), prefix_cache_tokens=cache,
+                          record_series=bool(args.plot),
+                          **_overrides(args, _RUN_OPTIONS)).validate()
+    except (ValueError, TypeError) as exc:
+        raise CommandError(str(exc)) from None
+    trace = _open_trace(args)
+    stats = trace.stats
+    out = sys.stdout
+    info = {"path": args.trace, "format": trace.format, "time_scale": trace.time_scale,
+            "limit": trace.limit, **stats.as_dict(), "mode": mode, "backend": backend.name,
+            "cost_model": cost.as_dict(),
+            "options": {k: v for k, v in options.__dict__.items() if k != "record_series"}}
+    out.write(f"# trace {args.trace} format={trace.format} requests={stats.requests} "
+              f"skipped_failures={stats.skipped_failures} span_s={stats.span_s:.1f} "
+              f"time_scale={trace.time_scale:g} mean_input={_fmt(info['mean_input_tokens'])} "
+              f"mean_output={_fmt(info['mean_output_tokens'])} "
+              f"tenants={max(len(stats.tenants), 1)}\n")
+    out.write(f"# backend={backend.name} mode={mode} max_active={options.max_active} "
+              f"max_tokens={options.max_tokens} chunk={options.chunk} "
+              f"kv_capacity_tokens={options.kv_capacity_tokens} prefix_cache_tokens="
+              f"{'unlimited' if cache is None else cache} ttft_target_ms="
+              f"{options.ttft_target_ms:g} itl_target_ms={options.itl_target_ms:g}\n")
+    out.write(f"# {TRACE_UNITS}\n")
+    out.write(format_trace_header() + "\n")
+    out.flush()
+    finished: list[Any] = []
+
+    def emit(run: Any) -> None:
+        finished.append(run)
+        out.write(format_trace_row(run.figures) + "\n")
+        out.flush()
+
+    from ..lab.plot import plot_trace
+
+    title = f"trace {os.path.basename(args.trace)}, time scale {trace.time_scale:g}"
+    try:
+        runs = run_replays(trace, policies, mode, options, cost, backend=backend, on_run=emit,
+                           total=stats.requests)
+    except TraceError as exc:  # the file changed since it was checked
+        raise CommandError(str(exc)) from None
+    except Interrupted as stop:
+        if not finished:
+            raise
+        with saving():
+            kept = _save(args, trace_document(info, finished), finished, plot_trace,
+                         title=title)
+        raise stop.keeping(f"{len(finished)} of {len(policies)} policies printed" + kept) \
+            from None
+    tenants = format_tenant_table(runs)
+    if tenants:
+        out.write("\n" + tenants)
+    _save(args, trace_document(info, runs), runs, plot_trace, title=title)
+    return 0

@@ -1,0 +1,184 @@
+"""The command line's vocabulary: one flag per concept, one meaning per flag, in every subcommand.
+
+A concept that more than one subcommand takes (the model file, the step's token budget, the
+admission policy, ...) is declared once here, with the spellings users of llama.cpp and vLLM
+already type, and every subcommand adds it with `add_flag(parser, concept, default=...)`, so
+its names and the first part of its help are the same everywhere. A subcommand whose purpose
+needs another default passes it, with the reason as `note` (it is printed in the help).
+
+    add_flag(p, "model")                                   # -m/--model PATH
+    add_flag(p, "max-active", default=8)                   # -np/--max-active N
+    add_flag(p, "batch-tokens", default=2048, note="the lab models a larger accelerator")
+
+Spellings of earlier releases (`Flag.old`) still parse, hidden from the help, and print one
+deprecation line on stderr; they go in the next release. `tests/cli/test_vocabulary.py` walks
+every subcommand's help against its own table of concepts.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+from ..selection import IMPLEMENTATIONS, OLD_POLICY_NAMES, POLICIES, policy_name
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One concept's option strings (as argparse shows them), its meaning and old spellings."""
+
+    concept: str
+    names: tuple[str, ...]
+    meaning: str  # the help's first part, the same in every subcommand
+    metavar: Optional[str] = None
+    old: tuple[str, ...] = ()  # deprecated spellings with the same value
+
+    @property
+    def long(self) -> str:
+        return next(n for n in self.names if n.startswith("--"))
+
+    @property
+    def dest(self) -> str:
+        return self.long[2:].replace("-", "_")
+
+
+_FLAGS = (
+    Flag("model", ("-m", "--model"), "GGUF model file", "PATH"),
+    Flag("threads", ("-t", "--threads"), "llama.cpp compute threads", "N"),
+    Flag("ctx-size", ("-c", "--ctx-size"),
+         "KV cells in total, split evenly between the sequences running at once (llama.cpp "
+         "rounds each one's share up to a multiple of 256 cells)", "N"),
+    Flag("max-active", ("-np", "--max-active"),
+         "sequences running at once (on a model, one llama.cpp sequence each)", "N"),
+    Flag("max-tokens", ("--max-tokens",), "tokens generated per request at most", "N"),
+    Flag("batch-tokens", ("-b", "--max-num-batched-tokens"),
+         "token budget of one step: prefill chunks and decode rows together (on a model, the "
+         "llama.cpp batch size)", "N", old=("--batch-size", "--max-tokens-per-iteration")),
+    Flag("prefill-chunk", ("--prefill-chunk",),
+         "prompt tokens of one sequence per step at most", "N", old=("--chunk",)),
+    Flag("mixed", ("--mixed", "--no-mixed"),
+         "mixed planning: decode rows ride along with prefill chunks in one step"),
+    Flag("max-consecutive-prefill", ("--max-consecutive-prefill",),
+         "prefill-only steps in a row while running sequences wait to decode, 0 for no "
+         "bound", "N"),
+    Flag("policy", ("--policy",),
+         "admission order of waiting requests: " + ", ".join(POLICIES), "NAME",
+         old=("--admission",)),
+    Flag("scheduler", ("--scheduler",),
+         "scheduler implementation: native (the C core) or twin (the pure-Python twin, "
+         "same plans)", "{" + ",".join(IMPLEMENTATIONS) + "}"),
+    Flag("served-model-name", ("--served-model-name", "--alias"),
+         "model id that /v1/models reports", "NAME", old=("--model-name",)),
+    Flag("seed", ("--seed",), "random seed", "N"),
+    Flag("json", ("--json",),
+         "write the results as JSON to FILE (checked before the run starts)", "FILE"),
+    Flag("prefix-cache-tokens", ("--prefix-cache-tokens",),
+         "tokens of finished requests' KV kept as reusable prefixes (0: no reuse)", "N"),
+    Flag("prefix-holders", ("--prefix-holders",),
+         "sequence ids that hold resident prefixes, with reuse", "K"),
+    Flag("inflight", ("--inflight",),
+         "plans in flight: with 2, the next plan is made while the model runs the current one",
+         "D"),
+)
+FLAGS: dict[str, Flag] = {f.concept: f for f in _FLAGS}
+
+
+def warn_old(prog: str, old: str, new: str) -> None:
+    """The one line an old spelling prints (stderr; not a Python warning)."""
+    print(f"{prog}: warning: {old} is deprecated and goes in the next release; use {new}",
+          file=sys.stderr, flush=True)
+
+
+class _OldSpelling(argparse.Action):
+    """A hidden old spelling: stores like the current flag and says it is deprecated."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, new: str,
+                 const: Any = None, nargs: Any = None, **kwargs: Any) -> None:
+        self.new = new
+        super().__init__(option_strings, dest, nargs=nargs, const=const, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: Optional[str] = None) -> None:
+        warn_old(parser.prog, option_string or self.option_strings[0], self.new)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+
+
+def add_old(p: argparse.ArgumentParser | Any, old: str, new: str, dest: str, *,
+            const: Any = None, flag: bool = False, repeat: bool = False,
+            **kwargs: Any) -> None:
+    """Accept `old` (hidden) for `new`: `flag=True` for a switch that stores `const`,
+    `repeat=True` for a repeatable option (each use appends)."""
+    if repeat:
+        p.add_argument(old, dest=dest, action=_OldAppend, new=new, help=argparse.SUPPRESS,
+                       default=argparse.SUPPRESS, **kwargs)
+        return
+    p.add_argument(old, dest=dest, action=_OldSpelling, new=new, help=argparse.SUPPRESS,
+                   default=argparse.SUPPRESS, const=const, nargs=0 if flag else None, **kwargs)
+
+
+def policy_arg(text: str) -> str:
+    """`--policy`'s type: a policy name (an old spelling is translated, with a warning)."""
+    try:
+        name = policy_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if text in OLD_POLICY_NAMES:
+        warn_old("skippy-scheduler", f"policy name {text!r}", repr(name))
+    return name
+
+
+def _default_text(default: Any) -> str:
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    return str(default)
+
+
+def add_flag(p: argparse.ArgumentParser | Any, concept: str, *, default: Any = None,
+             note: Optional[str] = None, default_text: Optional[str] = None,
+             type: Optional[Callable[[str], Any]] = None, **kwargs: Any) -> argparse.Action:
+    """Add `concept`'s flag (and its hidden old spellings) to parser or argument group `p`.
+
+    The help is the concept's meaning, then `note` (why this subcommand differs, or what it adds),
+    then the default (`default_text` when the value alone does not say it). Other keyword
+    arguments go to `add_argument` (`action`, `choices`, `nargs`, ...).
+    """
+    f = FLAGS[concept]
+    shown = default_text if default_text is not None else _default_text(default)
+    help_text = f.meaning + (f"; {note}" if note else "") + (f" (default: {shown})"
+                                                             if shown != "None" else "")
+    if concept == "mixed":
+        kwargs.setdefault("action", argparse.BooleanOptionalAction)
+        action = p.add_argument(f.long, dest=f.dest, default=default, help=help_text, **kwargs)
+    else:
+        if concept == "policy" and type is None:
+            type = policy_arg
+        if concept == "scheduler":
+            kwargs.setdefault("choices", IMPLEMENTATIONS)
+        if kwargs.get("action") not in ("store_true", "store_false"):
+            kwargs.setdefault("metavar", f.metavar)
+        if type is not None:
+            kwargs["type"] = type
+        action = p.add_argument(*f.names, dest=f.dest, default=default, help=help_text,
+                                **kwargs)
+    repeat = kwargs.get("action") == "append"
+    for old in f.old:
+        add_old(p, old, f.long, f.dest, repeat=repeat, type=type)
+    return action
+
+
+class _OldAppend(argparse.Action):
+    """A hidden old spelling of a repeatable flag."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, new: str,
+                 **kwargs: Any) -> None:
+        self.new = new
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: Optional[str] = None) -> None:
+        warn_old(parser.prog, option_string or self.option_strings[0], self.new)
+        setattr(namespace, self.dest, list(getattr(namespace, self.dest, None) or []) + [values])
+
+
+__all__ = ["FLAGS", "Flag", "add_flag", "add_old", "policy_arg", "warn_old"]

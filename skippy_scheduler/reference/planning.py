@@ -1,0 +1,193 @@
+"""The reference scheduler's planner: which rows one iteration runs (behaviour.md §2.4–§2.6).
+
+Owns `RowPlanner`, the state planning keeps between plans (the consecutive-prefill counter,
+the mixed rotation cursor, one decode-duration average per decode-row count and the
+mixed-viability latch) and the two ways of filling a plan: phase-homogeneous and mixed. It
+reads the active sequences and moves their cursors; admission, in-flight bookkeeping and
+completion belong to `TwinScheduler`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+from .._validate import I32_MAX, USIZE_MAX, sat
+from ..types import IterationPhase, IterationWork, SchedulerConfig, Sequence
+
+EWMA_ALPHA = 0.25
+MIXED_SLOWDOWN_FRACTION = 0.20
+MIXED_MIN_EXTRA_US = 8_000.0
+MIXED_MAX_EXTRA_US = 20_000.0
+
+
+def prefill_pending(s: Sequence) -> bool:
+    return s.prefill_cursor < s.recompute_token_count()
+
+
+class RowPlanner:
+    """Writes one plan's rows from the active set, in walk order.
+
+    `live_decode(s)` says whether a sequence has a pending token to feed now, `take_new(s)`
+    whether the row being written is its first since admission (and makes later ones not new),
+    `holder(s)` the restore holder every row of it names.
+    """
+
+    def __init__(self, config: SchedulerConfig, live_decode: Callable[[Sequence], bool],
+                 take_new: Callable[[Sequence], bool],
+                 holder: Callable[[Sequence], Optional[int]]) -> None:
+        self._config = config
+        self._live_decode = live_decode
+        self._take_new = take_new
+        self._holder = holder
+        self.consecutive_prefill = 0
+        self.mixed_cursor = 0
+        self._decode_us_ewma: dict[int, float] = {}
+        self.mixed_viable = True
+        # (sequence, cursor before) of each row written by the last `rows` call
+        self.cursors_before: list[tuple[Sequence, int]] = []
+
+    @property
+    def counters(self) -> tuple[int, int]:
+        """What aborting a plan puts back: (consecutive prefill plans, mixed cursor)."""
+        return self.consecutive_prefill, self.mixed_cursor
+
+    def restore(self, counters: tuple[int, int]) -> None:
+        self.consecutive_prefill, self.mixed_cursor = counters
+
+    def rows(self, active: list[Sequence]) -> list[IterationWork]:
+        live = sum(1 for s in active if self._live_decode(s))
+        decode_rows = min(live, self._config.max_tokens_per_iteration)
+        self.cursors_before = []
+        if (self._config.mixed_prefill_decode and self.mixed_viable and decode_rows > 0
+                and decode_rows in self._decode_us_ewma):
+            return self._mixed(active)
+        return self._homogeneous(active)
+
+    # -- rows -------------------------------------------------------------------------------
+
+    def _prefill_row(self, s: Sequence, budget: int) -> IterationWork:
+        replay = s.recompute_tokens()
+        start = s.prefill_cursor
+        count = min(self._config.prefill_chunk_tokens, len(replay) - start, budget)
+        end = start + count
+        fresh = not s.generated_tokens
+        new = self._take_new(s)
+        self.cursors_before.append((s, start))
+        s.prefill_cursor = end
+        return IterationWork(
+            sequence_id=s.id,
+            tokens=tuple(replay[start:end]),
+            positions=tuple(min(p, I32_MAX) for p in range(start, end)),
+            sample_last=end == len(replay) and fresh,
+            phase=IterationPhase.PREFILL if fresh else IterationPhase.RECOMPUTE,
+            sampling=s.sampling,
+            restore_holder=self._holder(s),
+            new_row=new,
+            restored_tokens=start if new else 0,
+        )
+
+    def _decode_row(self, s: Sequence) -> IterationWork:
+        position = s.recompute_token_count()
+        before = s.prefill_cursor
+        new = self._take_new(s)
+        self.cursors_before.append((s, before))
+        s.prefill_cursor = sat(position + 1)  # the fed token is never replayed
+        return IterationWork(
+            sequence_id=s.id,
+            tokens=(s.generated_tokens[-1],),
+            positions=(min(position, I32_MAX),),
+            sample_last=True,
+            phase=IterationPhase.DECODE,
+            sampling=s.sampling,
+            restore_holder=self._holder(s),
+            new_row=new,
+            restored_tokens=before if new else 0,
+        )
+
+    def _prefill_limit(self) -> int:
+        limit = self._config.max_prefill_sequences_per_iteration
+        return USIZE_MAX if limit is None else limit
+
+    def _homogeneous(self, active: list[Sequence]) -> list[IterationWork]:
+        has_prefill = any(prefill_pending(s) for s in active)
+        has_live_decode = any(self._live_decode(s) for s in active)
+        max_consecutive = self._config.max_consecutive_prefill_iterations
+        run_prefill = has_prefill and (
+            not has_live_decode or max_consecutive is None
+            or self.consecutive_prefill < max_consecutive)
+        budget = self._config.max_tokens_per_iteration
+        prefill_limit = self._prefill_limit()
+        prefill_rows = 0
+        work: list[IterationWork] = []
+        for s in active:
+            if budget == 0:
+                break
+            if prefill_pending(s):
+                if not run_prefill or prefill_rows >= prefill_limit:
+                    continue
+                row = self._prefill_row(s, budget)
+                prefill_rows += 1
+                budget -= len(row.tokens)
+                work.append(row)
+            elif not run_prefill and self._live_decode(s):
+                work.append(self._decode_row(s))
+                budget -= 1
+        if any(w.phase is not IterationPhase.DECODE for w in work):
+            self.consecutive_prefill = sat(self.consecutive_prefill + 1) if has_live_decode else 0
+        elif work:
+            self.consecutive_prefill = 0
+        return work
+
+    def _mixed(self, active: list[Sequence]) -> list[IterationWork]:
+        n = len(active)
+        budget = self._config.max_tokens_per_iteration
+        work: list[IterationWork] = []
+        start = self.mixed_cursor % n if n else 0
+        examined = 0
+        for offset in range(n):
+            if budget == 0:
+                break
+            examined = offset + 1
+            s = active[(start + offset) % n]
+            if self._live_decode(s):
+                work.append(self._decode_row(s))
+                budget -= 1
+        if n:
+            self.mixed_cursor = (start + examined) % n
+        prefill_limit = self._prefill_limit()
+        prefill_rows = 0
+        for s in active:
+            if budget == 0 or prefill_rows >= prefill_limit:
+                break
+            if not prefill_pending(s):
+                continue
+            row = self._prefill_row(s, budget)
+            prefill_rows += 1
+            budget -= len(row.tokens)
+            work.append(row)
+        self.consecutive_prefill = 0
+        return work
+
+    # -- durations (§2.6) -------------------------------------------------------------------
+
+    def observe(self, rows: tuple[IterationWork, ...], elapsed_us: float) -> None:
+        """A decode-only plan updates the average for its row count; a mixed plan slower than
+        that average by more than the allowed margin ends mixing for good."""
+        if not math.isfinite(elapsed_us) or elapsed_us <= 0:
+            return
+        prefill_tokens = sum(len(w.tokens) for w in rows if w.phase is not IterationPhase.DECODE)
+        decode_rows = sum(1 for w in rows if w.phase is IterationPhase.DECODE)
+        if decode_rows == 0:
+            return
+        if prefill_tokens == 0:
+            previous = self._decode_us_ewma.get(decode_rows, elapsed_us)
+            self._decode_us_ewma[decode_rows] = previous + EWMA_ALPHA * (elapsed_us - previous)
+            return
+        predicted = self._decode_us_ewma.get(decode_rows)
+        if predicted is None:
+            return
+        observed_extra = max(elapsed_us - predicted, 1.0)
+        allowed = min(max(predicted * MIXED_SLOWDOWN_FRACTION, MIXED_MIN_EXTRA_US),
+                      MIXED_MAX_EXTRA_US)
+        if observed_extra > allowed:
+            self.mixed_viable = False

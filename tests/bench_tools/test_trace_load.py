@@ -1,0 +1,122 @@
+"""bench/trace_load.py: the trace slice, the prompts' shared prefixes, a replay on a real server."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import trace_load
+
+# (timestamp ms, input tokens, output tokens, hash_ids): 512-token blocks, ids are prefix hashes.
+ROWS = [
+    (0, 2048, 64, [0, 1, 2, 3]),
+    (0, 1400, 40, [0, 1, 4]),
+    (400, 2048, 16, [0, 5, 6, 7]),
+    (900, 2048, 64, [0, 1, 2, 3]),  # the first request again: the whole prompt is shared
+    (900, 700, 8, [8, 9]),  # nothing in common with the others
+    (1500, 1536, 24, [0, 1, 2]),
+    (5000, 600, 8, [10, 11]),
+]
+
+
+@pytest.fixture
+def trace_file(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": t, "input_length": n, "output_length": o,
+                                        "hash_ids": h}) + "\n" for t, n, o, h in ROWS))
+    return str(path)
+
+
+def _args(trace, *extra, url="http://127.0.0.1:9"):
+    ap = trace_load.build_parser()
+    args = ap.parse_args(["--url", url, "--trace", trace, "--progress-s", "0", *extra])
+    trace_load.check_args(ap, args)
+    return args
+
+
+def test_slice_times_and_lengths(trace_file):
+    args = _args(trace_file, "--start-s", "0.3", "--duration-s", "1.2", "--time-scale", "2")
+    plan = trace_load.plan_requests(args)
+    # Rows from 0.3 s to 1.5 s of trace time, gaps doubled, times from the slice's first row.
+    assert [p.id for p in plan] == ["r2", "r3", "r4", "r5"]
+    assert [p.at_s for p in plan] == pytest.approx([0.0, 1.0, 1.0, 2.2])
+    # 1/32 of the prompt (BOS included), 1/8 of the output; 16 words per 512-token block.
+    assert [p.prompt_tokens for p in plan] == [64, 64, 22, 48]
+    assert [p.max_tokens for p in plan] == [2, 8, 1, 3]
+    assert args.block_tokens == 16
+    capped = trace_load.plan_requests(_args(trace_file, "--max-input", "20", "--max-output", "4",
+                                            "--max-requests", "2"))
+    assert [(p.prompt_tokens, p.max_tokens) for p in capped] == [(20, 4), (20, 4)]
+
+
+def test_bad_options_are_refused(trace_file, capsys):
+    for bad in (["--min-input", "1"], ["--time-scale", "0"], ["--itl-slo-s", "nan"],
+                ["--extra", "[1]"], ["--max-requests", "0"]):
+        with pytest.raises(SystemExit) as exc:
+            _args(trace_file, *bad)
+        assert exc.value.code == 2
+    assert "must be" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="no request"):
+        trace_load.plan_requests(_args(trace_file, "--start-s", "100"))
+
+
+def test_equal_block_ids_give_equal_token_prefixes(trace_file, server):
+    plan = trace_load.plan_requests(_args(trace_file))
+    bt = 16
+    ids = [server.host.tokenize(p.prompt, special=True) for p in plan]  # as the routes do
+    assert [len(t) for t in ids] == [p.prompt_tokens for p in plan]  # one token per word
+    for i, a in enumerate(plan):
+        for j, b in enumerate(plan[:i]):
+            k = 0
+            while k < min(len(a.blocks), len(b.blocks)) and a.blocks[k] == b.blocks[k]:
+                k += 1
+            n = 1 + min(k * bt, a.prompt_tokens - 1, b.prompt_tokens - 1)  # BOS + shared runs
+            assert ids[i][:n] == ids[j][:n], (a.id, b.id)
+            if k < min(len(a.blocks), len(b.blocks)):  # the next blocks differ: so do tokens
+                m = min(n + bt, len(ids[i]), len(ids[j]))
+                assert ids[i][n:m] != ids[j][n:m], (a.id, b.id)
+    assert ids[3] == ids[0]
+    # The report's share: r1 shares 2 blocks, r3 all, r5 3, r2 one (block 0), r4 and r6 none.
+    assert [p.shared_tokens for p in plan] == [0, 32, 16, 63, 0, 47, 0]
+
+
+def test_replay_against_the_server(trace_file, server, tmp_path):
+    out = tmp_path / "load.jsonl"
+    common = ["--time-scale", "0.5", "--token-ids", "--max-input", "200"]
+    assert trace_load.main(["--url", server.url, "--trace", trace_file, "--label", "t",
+                            "--progress-s", "0", "--ttft-slo-s", "60", "--itl-slo-s", "60",
+                            "--json", str(out), "--requests-out", str(tmp_path / "rq.jsonl"),
+                            *common]) == 0
+    doc = json.loads(out.read_text().splitlines()[-1])
+    rows = [json.loads(line) for line in (tmp_path / "rq.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == [f"r{i}" for i in range(len(ROWS))]
+    assert all(r["state"] == "completed" and r["within_slo"] for r in rows)
+    assert [r["tokens"] for r in rows] == [r["max_tokens"] for r in rows]
+    assert sum(r["stalls"] for r in rows) == doc["stalls"]
+    assert max(r["itl_max_s"] for r in rows) == doc["itl_max_s"]
+    assert doc["requests"] == doc["sent"] == doc["completed"] == len(ROWS)
+    assert doc["failed"] == doc["cut_off"] == 0 and doc["errors"] == []
+    expect_tokens = sum(p.max_tokens for p in trace_load.plan_requests(_args(trace_file)))
+    assert doc["output_tokens"] == expect_tokens and doc["short_outputs"] == 0
+    assert doc["slo_met"] == len(ROWS) and doc["slo_attainment_pct"] == 100.0
+    assert doc["goodput_rps"] == pytest.approx(len(ROWS) / doc["wall_s"])
+    assert doc["goodput_tokens_per_s"] == pytest.approx(doc["output_tokens_per_s"])
+    assert doc["offered_rps"] == pytest.approx(len(ROWS) / 2.5)  # 7 requests over 2.5 s
+    assert 0 < doc["ttft_p50_s"] <= doc["ttft_p99_s"]
+    assert 0 < doc["itl_p50_s"] <= doc["itl_p99_s"] <= doc["itl_max_s"]
+    assert doc["stalls"] == 0 and doc["requests_with_stalls"] == 0
+    assert doc["max_burst"] == 2 and doc["client_lag_max_s"] >= 0
+    assert 0 < doc["prefix_shared_pct"] < 100
+
+    # The same outcomes under an SLO no gap can meet: every gap is a stall, only the answers
+    # that came in one chunk (the one-token ones, and any the server sent at once) are within.
+    args = _args(trace_file, *common, "--ttft-slo-s", "60", "--itl-slo-s", "1e-9",
+                 url=server.url)
+    plan = trace_load.plan_requests(args)
+    outcomes, wall = asyncio.run(trace_load.replay(plan, args))
+    strict = trace_load.report(plan, outcomes, wall, args)
+    gaps = sum(len(o.result.gaps) for o in outcomes)
+    assert strict["stalls"] == gaps > 0
+    one_chunk = sum(not o.result.gaps for o in outcomes)
+    assert strict["slo_met"] == one_chunk >= sum(p.max_tokens == 1 for p in plan) == 2
+    assert strict["requests_with_stalls"] == len(ROWS) - one_chunk

@@ -1,0 +1,59 @@
+"""`calibrate --json` is what `lab --cost-model` reads; calibrate sizes its context for its
+shapes (on the tiny llama.cpp model written on the fly)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from skippy_scheduler.cli import main
+
+pytest.importorskip("llama_cpp")
+pytest.importorskip("gguf")
+
+
+def test_calibrate_json_round_trips_into_the_lab(tmp_path, capsys):
+    fit = tmp_path / "fit.json"
+    # Few repeats: the fit may be called untrustworthy (status 1); it is printed and saved.
+    status = main(["calibrate", "--repeats", "2", "--warmup", "0", "--json", str(fit)])
+    out, _ = capsys.readouterr()
+    assert status in (0, 1)
+    printed = out.strip()
+    lab_json = tmp_path / "lab.json"
+    assert main(["lab", "--cost-model", str(fit), "--scenario", "cold-burst-n1",
+                 "--bench-reps", "0", "--json", str(lab_json)]) == 0
+    err = capsys.readouterr().err
+    assert ("calibration reported problems" in err) == (status == 1)
+    # The lab runs on exactly the model calibrate printed, as if it was typed.
+    typed = tmp_path / "typed.json"
+    assert main(["lab", "--cost-model", printed, "--scenario", "cold-burst-n1",
+                 "--bench-reps", "0", "--json", str(typed)]) == 0
+    capsys.readouterr()
+    from skippy_scheduler.lab.model import RuntimeCostModel
+
+    from_file = json.loads(lab_json.read_text())["cost_model"]
+    assert from_file == json.loads(typed.read_text())["cost_model"]
+    assert from_file == RuntimeCostModel.parse(printed).as_dict()
+    assert from_file != RuntimeCostModel().as_dict()  # not the lab's default model
+
+
+def test_many_repeats_get_a_context_that_holds_them(tmp_path):
+    from skippy_scheduler.cli import calibrate as cli
+    from skippy_scheduler.hosts.calibrate import calibrate_host, positions_needed
+    from skippy_scheduler.hosts.llama import LlamaHost
+    from skippy_scheduler.hosts.tiny_model import write_tiny_llama
+
+    args = argparse.Namespace(repeats=500, warmup=3, ctx_size=None)
+    lane = cli._lane_cells(args)
+    # 500 repeats over two passes: the decoders reach 37 + 3 + 250 positions.
+    assert positions_needed([(0, 1)], 500, 3) == 290 and lane == 512
+    args.repeats = 2000
+    assert cli._lane_cells(args) == 1280  # 37 + 3 + 1000 -> rounded up to 256
+    model = write_tiny_llama(str(tmp_path / "tiny.gguf"), seed=0)
+    with LlamaHost(model, n_ctx=2 * 256, n_seq_max=2, n_threads=1, n_batch=64) as small:
+        with pytest.raises(ValueError, match="would reach position 537"):
+            calibrate_host(small, repeats=1000, warmup=0, shapes=[(0, 1)])
+    with LlamaHost(model, n_ctx=2 * 768, n_seq_max=2, n_threads=1, n_batch=64) as host:
+        result = calibrate_host(host, repeats=1000, warmup=0, shapes=[(0, 1), (0, 2)])
+    assert [len(t.durations_us) for t in result.timings] == [1000, 1000]
