@@ -67,11 +67,12 @@ def register(subparsers: Any) -> None:
     add_flag(p, "json", note="per-request tokens and metrics; after Ctrl-C or SIGTERM, those "
                              "of the requests that finished")
     p.add_argument("--stages", metavar="DIR",
-                   help="serve the model split into DIR/stage-K.gguf (from `split`), one local "
-                        "stage worker process each")
+                   help="stages of a split model; here the directory of stage-K.gguf files "
+                        "written by split, served by one local stage worker process each "
+                        "(default: no stages)")
     p.add_argument("--stage-addresses", metavar="ADDR,...",
                    help="serve on stage workers already running at these pyzmq addresses "
-                        "(`stage --listen`), stage 0 first")
+                        "(`stage --listen`), stage 0 first (default: none)")
     p.set_defaults(func=run)
 
 

@@ -12,6 +12,7 @@ import os
 
 from ._common import CommandError, check_gguf, check_output_dir, positive_int
 from .stage import require_stage_packages
+from .vocabulary import add_flag
 
 
 def register(subparsers: Any) -> None:
@@ -20,10 +21,11 @@ def register(subparsers: Any) -> None:
         usage="%(prog)s -m GGUF (--stages P | --layers A-B,...) --out DIR",
         description="Split a GGUF model by layer range into DIR/stage-K.gguf files that stock "
                     "llama.cpp loads; `run --stages DIR` and `stage` serve them.")
-    p.add_argument("-m", "--model", metavar="PATH", required=True, help="GGUF model to split")
+    add_flag(p, "model", note="the model to split", required=True)
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--stages", type=positive_int, metavar="P",
-                       help="number of stages, layers split evenly")
+                       help="stages of a split model; here how many to cut, the layers "
+                            "divided evenly")
     group.add_argument("--layers", metavar="A-B,...",
                        help="explicit layer ranges, inclusive, e.g. 0-1,2-3")
     p.add_argument("--out", metavar="DIR", required=True, help="directory for the stage files")

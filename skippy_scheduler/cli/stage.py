@@ -13,6 +13,7 @@ import signal
 import sys
 
 from ._common import CommandError, check_gguf, positive_int
+from .vocabulary import add_flag
 
 
 def register(subparsers: Any) -> None:
@@ -21,11 +22,10 @@ def register(subparsers: Any) -> None:
         usage="%(prog)s -m STAGE.gguf --listen ADDR [-t N]",
         description="Run one stage file (from `split`) as a worker that takes plans and "
                     "activations over pyzmq and passes its own on.")
-    p.add_argument("-m", "--model", metavar="PATH", required=True, help="a stage-K.gguf file")
+    add_flag(p, "model", note="a stage-K.gguf file written by split", required=True)
     p.add_argument("--listen", metavar="ADDR", required=True,
                    help="pyzmq address to bind, e.g. tcp://127.0.0.1:5601 or ipc:///tmp/s0")
-    p.add_argument("-t", "--threads", type=positive_int, default=None,
-                   help="llama.cpp threads (default: what the driver asks)")
+    add_flag(p, "threads", type=positive_int, default_text="what the driver asks")
     p.set_defaults(func=run)
 
 

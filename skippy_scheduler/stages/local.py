@@ -51,7 +51,7 @@ class LocalStages:
                 proc.terminate()
         for proc in self.procs:
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=60)
             except subprocess.TimeoutExpired:  # pragma: no cover
                 proc.kill()
                 proc.wait()
