@@ -7,6 +7,7 @@ command runs.
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 from typing import Any
 
@@ -147,6 +148,24 @@ def _import_serve() -> tuple[Any, Any]:
     return Server, ServeSettings
 
 
+def _check_port(host: str, port: int) -> None:
+    """Refuse an address another process listens on before the model is loaded, so the
+    startup line is printed only for an address that was free (port 0 picks one itself)."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     holders = args.prefix_holders if args.prefix_cache_tokens else 0
     if args.max_active + holders > LLAMA_MAX_SEQUENCES:
@@ -156,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--ctx-size ({args.ctx_size}) must be at least --max-active "
                            f"({args.max_active}): every lane needs KV cells")
     check_model(args)
+    _check_port(args.host, args.port)
     import_llama_host()
     Server, ServeSettings = _import_serve()
     settings = ServeSettings(

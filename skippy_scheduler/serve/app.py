@@ -97,6 +97,13 @@ async def _read_request(request: Request, limits: Limits, parse: Any, n_vocab: i
     return await asyncio.to_thread(lambda: parse(decode_json(raw), n_vocab))
 
 
+def _tokenize(ctx: ServeContext, text: str, prompt_field: str) -> list[int]:
+    """`text`'s tokens, after the length bound (on a worker thread: both take time)."""
+    _bound_length(ctx, text, prompt_field)
+    tokens: list[int] = ctx.host.tokenize(text, special=True)
+    return tokens
+
+
 def _bound_length(ctx: ServeContext, text: str, prompt_field: str) -> None:
     """A 400 for a prompt too long to fit whatever it tokenizes to (no tokenizer needed)."""
     limit = ctx.n_ctx_seq
@@ -277,8 +284,7 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         gen = await _read_request(request, ctx.limits, partial(
             parse_completion, strict=ctx.strict_request_fields), ctx.n_vocab)
         if isinstance(gen.prompt, str):
-            _bound_length(ctx, gen.prompt, "prompt")
-            tokens = await asyncio.to_thread(ctx.host.tokenize, gen.prompt, special=True)
+            tokens = await asyncio.to_thread(_tokenize, ctx, gen.prompt, "prompt")
         else:
             tokens = gen.prompt
         return await _generate(request, gen, tokens, "prompt")
@@ -287,13 +293,10 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
     async def chat_completions(request: Request) -> Response:
         gen = await _read_request(request, ctx.limits, partial(
             parse_chat, strict=ctx.strict_request_fields), ctx.n_vocab)
-        _bound_length(ctx, "".join(text for _, text in gen.messages), "messages")
 
         def render_and_tokenize() -> list[int]:
-            text = ctx.chat.render(gen.messages)
-            _bound_length(ctx, text, "messages")
-            tokens: list[int] = ctx.host.tokenize(text, special=True)
-            return tokens
+            _bound_length(ctx, "".join(text for _, text in gen.messages), "messages")
+            return _tokenize(ctx, ctx.chat.render(gen.messages), "messages")
 
         tokens = await asyncio.to_thread(render_and_tokenize)
         return await _generate(request, gen, tokens, "messages")

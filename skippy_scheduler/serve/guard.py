@@ -64,7 +64,7 @@ def host_allowed(name: str, allowed: Iterable[str]) -> bool:
     for pattern in allowed:
         if pattern == name:
             return True
-        if pattern.startswith("*.") and name.endswith(pattern[1:]) and len(name) > len(pattern) - 1:
+        if pattern.startswith("*.") and name.endswith(pattern[1:]):  # a subdomain
             return True
     return False
 

@@ -73,8 +73,9 @@ def test_fake_host_writes_one_output_per_sampling_row():
 def test_bench_is_a_cli_subcommand_and_finds_the_c_driver_in_the_source_tree(monkeypatch,
                                                                             tmp_path):
     """c_overhead.c is not installed: SKIPPY_BENCH_C or the checkout provides it."""
-    args = build_parser().parse_args(["bench", "--quick", "--no-twin"])
-    assert args.func is bench_cli.run and args.quick and args.no_twin and not args.no_c
+    args = build_parser().parse_args(["bench", "--quick", "--scheduler", "native"])
+    assert args.func is bench_cli.run and args.quick and args.scheduler == ["native"]
+    assert not args.no_c
     checkout = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "c_overhead.c")
     monkeypatch.setenv("SKIPPY_BENCH_C", checkout)
     src = B.c_source()
