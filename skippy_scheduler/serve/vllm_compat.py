@@ -22,6 +22,7 @@ the replicas' KV events against them; dashboards and load-aware policies read `v
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from typing import Any
@@ -30,6 +31,7 @@ from fastapi import FastAPI, Request
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.responses import Response
 
+from .body import decode_json, read_body
 from .errors import RequestError
 from .protocol import GenerationRequest, parse_chat, parse_completion
 
@@ -44,11 +46,15 @@ def _json(obj: Any) -> Response:
     return Response(_dumps(obj), media_type="application/json")
 
 
-async def _body(request: Request) -> Any:
-    try:
-        return json.loads(await request.body())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RequestError(f"We could not parse the JSON body of your request ({exc}).") from None
+def _reader(ctx: Any) -> Any:
+    """Bodies read as the server's own routes read them: within its size and time limits,
+    decoded on a worker thread with its checks (depth, lone surrogates)."""
+
+    async def body(request: Request) -> Any:
+        raw = await read_body(request, ctx.limits.max_body_bytes, ctx.limits.body_timeout_s)
+        return await asyncio.to_thread(decode_json, raw)
+
+    return body
 
 
 def sampling_params(gen: GenerationRequest) -> dict[str, Any]:
@@ -111,6 +117,7 @@ class _VllmCollector:
 def install(app: FastAPI, ctx: Any) -> None:
     """Add the routes and metrics above to the server's `app` (whose context is `ctx`)."""
     ctx.metrics.registry.register(_VllmCollector(ctx))
+    _body = _reader(ctx)
 
     def completion_tokens(gen: GenerationRequest) -> list[int]:
         if isinstance(gen.prompt, str):
@@ -129,12 +136,14 @@ def install(app: FastAPI, ctx: Any) -> None:
     @app.post("/v1/completions/render")
     async def render_completion(request: Request) -> Response:
         gen = parse_completion(await _body(request), ctx.n_vocab, ctx.strict_request_fields)
-        return _json([generate_request(gen, completion_tokens(gen), "cmpl")])
+        tokens = await asyncio.to_thread(completion_tokens, gen)
+        return _json([generate_request(gen, tokens, "cmpl")])
 
     @app.post("/v1/chat/completions/render")
     async def render_chat(request: Request) -> Response:
         gen = parse_chat(await _body(request), ctx.n_vocab, ctx.strict_request_fields)
-        return _json(generate_request(gen, chat_tokens(gen), "chatcmpl"))
+        tokens = await asyncio.to_thread(chat_tokens, gen)
+        return _json(generate_request(gen, tokens, "chatcmpl"))
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:
@@ -142,14 +151,15 @@ def install(app: FastAPI, ctx: Any) -> None:
         if not isinstance(body, dict):
             raise RequestError("the request body must be a JSON object")
         if body.get("messages") is not None:
-            tokens = chat_tokens(parse_chat({"messages": body["messages"]}, ctx.n_vocab))
+            gen = parse_chat({"messages": body["messages"]}, ctx.n_vocab)
+            tokens = await asyncio.to_thread(chat_tokens, gen)
         elif isinstance(body.get("prompt"), str):
             add = body.get("add_special_tokens", True)
             if not isinstance(add, bool):
                 raise RequestError("'add_special_tokens' must be a boolean",
                                    param="add_special_tokens")
-            tokens = list(ctx.host.tokenize(body["prompt"], add_bos=None if add else False,
-                                            special=True))
+            tokens = list(await asyncio.to_thread(
+                ctx.host.tokenize, body["prompt"], add_bos=None if add else False, special=True))
         else:
             raise RequestError("'prompt' (a string) or 'messages' is required", param="prompt")
         return _json({"count": len(tokens), "max_model_len": ctx.n_ctx_seq, "tokens": tokens,
