@@ -12,11 +12,10 @@ Run: python bench/engine_overhead.py [--sizes 256,1024] [--steps 4000]
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 from skippy_scheduler import Scheduler
-from skippy_scheduler.bench import BenchHost, _decoding, measure_pairs
+from skippy_scheduler.bench import BenchHost, decoding_engine, paired_medians_us
 
 
 def bare_step(scheduler, host: BenchHost):
@@ -35,15 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     print("N\tbare_median_us\tengine_median_us\tengine/bare")
     for n in (int(x) for x in args.sizes.split(",")):
-        engine = _decoding(Scheduler, n, 512)
-        bare = _decoding(Scheduler, n, 512).scheduler  # same state, driven by hand
-        step_bare = bare_step(bare, BenchHost())
-        step_engine = engine.step
-        for _ in range(50):
-            step_bare()
-            step_engine()
-        a, b = measure_pairs(step_bare, step_engine, args.steps, budget_s=60.0)
-        ma, mb = statistics.median(a) / 1e3, statistics.median(b) / 1e3
+        engine = decoding_engine(Scheduler, n, 512)
+        bare = decoding_engine(Scheduler, n, 512).scheduler  # same state, driven by hand
+        ma, mb = paired_medians_us(bare_step(bare, BenchHost()), engine.step, args.steps)
         print(f"{n}\t{ma:.2f}\t{mb:.2f}\t{mb / ma:.3f}")
     return 0
 

@@ -11,11 +11,10 @@ Run: python bench/inflight_cost.py [--sizes 256,1024] [--steps 4000]
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 from skippy_scheduler import Scheduler, SchedulerConfig, Sequence
-from skippy_scheduler.bench import measure_pairs
+from skippy_scheduler.bench import paired_medians_us
 
 
 def stepper(n: int, depth: int):
@@ -48,12 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     print("N\tdepth1_median_us\tdepth2_median_us\tdepth2/depth1")
     for n in (int(x) for x in args.sizes.split(",")):
-        one, two = stepper(n, 1), stepper(n, 2)
-        for _ in range(50):
-            one()
-            two()
-        a, b = measure_pairs(one, two, args.steps, budget_s=60.0)
-        ma, mb = statistics.median(a) / 1e3, statistics.median(b) / 1e3
+        ma, mb = paired_medians_us(stepper(n, 1), stepper(n, 2), args.steps)
         print(f"{n}\t{ma:.2f}\t{mb:.2f}\t{mb / ma:.3f}")
     return 0
 

@@ -30,15 +30,20 @@ def write_model(path: str) -> str:
     return path
 
 
-def run_once(model: str, depth: int, prompts: str, out: str, threads: int, max_active: int,
-             max_tokens: int) -> dict:
-    cmd = [sys.executable, "-m", "skippy_scheduler.cli", "run", "--model", model,
-           "--prompts", prompts, "--max-tokens", str(max_tokens), "--max-active", str(max_active),
-           "--threads", str(threads), "--inflight", str(depth), "--mixed",
-           "--max-consecutive-prefill", "0", "--json", out]
+def run_summary(run_args: list[str], out: str) -> dict:
+    """`skippy-scheduler run RUN_ARGS --json OUT` in this Python; the summary it wrote."""
+    cmd = [sys.executable, "-m", "skippy_scheduler.cli", "run", *run_args, "--json", out]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     with open(out, encoding="utf-8") as fh:
         return json.load(fh)["summary"]
+
+
+def run_once(model: str, depth: int, prompts: str, out: str, threads: int, max_active: int,
+             max_tokens: int) -> dict:
+    return run_summary(["--model", model, "--prompts", prompts, "--max-tokens", str(max_tokens),
+                        "--max-active", str(max_active), "--threads", str(threads),
+                        "--inflight", str(depth), "--mixed", "--max-consecutive-prefill", "0"],
+                       out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,16 +11,18 @@ token is never sampled, so every request runs to its `max_tokens`.
 
 `build_server(settings, host)` wires the package's own pieces (scheduler, `EngineRunner`,
 `ServeContext`, `create_app`) around a host the way `skippy_scheduler.serve.Server` does around
-llama.cpp, with the scheduler settings of `ServeSettings`; `serve(...)` runs it under uvicorn
-with the HTTP settings `Server` uses.
+llama.cpp, with the scheduler settings and admission policy of `ServeSettings`; `serve(...)`
+runs it under uvicorn with the HTTP settings `Server` uses.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from skippy_scheduler import CacheAwareAdmission, Scheduler, SchedulerConfig
-from skippy_scheduler.engine import CostModelHost
+from skippy_scheduler import ReleaseReason, Scheduler, SchedulerConfig
+from skippy_scheduler.engine import CostModelHost, Plan
+from skippy_scheduler.selection import make_admission
 from skippy_scheduler.serve import ServeSettings
 from skippy_scheduler.serve.app import ServeContext, create_app
 from skippy_scheduler.serve.runner import EngineRunner
@@ -30,16 +32,27 @@ BYTE_BASE = 3  # token of byte 0
 
 
 class InstantHost(CostModelHost):
-    """No model: the fixed `token` for every sampling row, at once (default: the byte "a")."""
+    """No model: the fixed `token` for every sampling row (default: the byte "a").
+
+    `step_s` > 0 makes every plan take that long, asleep (the GIL released, as llama_decode
+    releases it), so that requests get one token per step, as they do on a real model, and each
+    streamed chunk carries one token; at 0 the plan is answered at once.
+    """
 
     def __init__(self, n_seq_max: int = 64, n_ctx_seq: int = 4096,
-                 token: int = BYTE_BASE + ord("a")) -> None:
+                 token: int = BYTE_BASE + ord("a"), step_s: float = 0.0) -> None:
         super().__init__(token)
+        self.step_s = step_s
         self.n_vocab = BYTE_BASE + 256
         self.n_seq_max = n_seq_max
         self.n_ctx_seq = n_ctx_seq
         self.n_ctx = n_seq_max * n_ctx_seq
         self.releases = 0
+
+    def execute(self, plan: Plan) -> None:
+        if self.step_s > 0:
+            time.sleep(self.step_s)
+        super().execute(plan)
 
     def token_bytes(self, token: int) -> bytes:
         return bytes([token - BYTE_BASE]) if BYTE_BASE <= token < self.n_vocab else b""
@@ -50,7 +63,8 @@ class InstantHost(CostModelHost):
     def chat_template(self) -> Optional[str]:
         return None
 
-    def release(self, sequence_id: str) -> None:
+    def release(self, sequence_id: str,
+                reason: ReleaseReason = ReleaseReason.FINISHED) -> None:
         self.releases += 1
 
     def close(self) -> None:
@@ -74,7 +88,7 @@ def build_server(settings: ServeSettings, host: InstantHost) -> InstantServer:
         prefill_chunk_tokens=min(s.prefill_chunk, s.batch_size), mixed_prefill_decode=s.mixed,
         max_consecutive_prefill_iterations=s.max_consecutive_prefill,
         max_inflight_plans=s.inflight, reserved_sequence_ids=0)
-    runner = EngineRunner(Scheduler(config, admission=CacheAwareAdmission()), host)
+    runner = EngineRunner(Scheduler(config, admission=make_admission(s.policy)), host)
     context = ServeContext(runner=runner, host=host, model_name="instant",
                            pieces=token_pieces(host.n_vocab, host.token_bytes),
                            n_ctx_seq=host.n_ctx_seq,

@@ -26,12 +26,11 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 
 # The same model as inflight_tokens.py (a sibling script, importable when run from here).
-from inflight_tokens import write_model
+from inflight_tokens import run_summary, write_model
 
 WAYS = (
     ("fcfs, no reuse", ["--policy", "fcfs"]),
@@ -52,16 +51,13 @@ def prompt_set(groups: int, per_group: int, prefix: int, unique: int, seed: int 
 
 
 def run_once(model: str, prompts: str, out: str, extra: list[str], args) -> dict:
-    cmd = [sys.executable, "-m", "skippy_scheduler.cli", "run", "--model", model,
-           "--prompts", prompts, "--max-tokens", str(args.max_tokens),
-           "--max-active", str(args.max_active), "--threads", str(args.threads),
-           "-b", "512", "--prefill-chunk", "512",
-           # the planning these figures were measured with (run's defaults before serve's)
-           "--no-mixed", "--max-consecutive-prefill", "0",
-           "--json", out, *extra]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    with open(out, encoding="utf-8") as fh:
-        return json.load(fh)["summary"]
+    return run_summary(["--model", model, "--prompts", prompts,
+                        "--max-tokens", str(args.max_tokens),
+                        "--max-active", str(args.max_active), "--threads", str(args.threads),
+                        "-b", "512", "--prefill-chunk", "512",
+                        # the planning these figures were measured with (run's defaults before
+                        # serve's)
+                        "--no-mixed", "--max-consecutive-prefill", "0", *extra], out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -77,7 +77,7 @@ def _start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]
     cmd = [sys.executable, os.path.join(HERE, "serve_overhead.py"), "serve",
            "--max-active", str(args.max_active or args.concurrency),
            "--batch-size", str(args.batch_size), "--prefill-chunk", str(args.prefill_chunk),
-           "--inflight", str(args.inflight)]
+           "--inflight", str(args.inflight), "--step-ms", str(args.step_ms)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()
@@ -182,7 +182,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         return x * 1e6 / n if n else None
 
     return {
-        "label": "instant host", "concurrency": args.concurrency, "clients": args.clients,
+        "label": "instant host", "step_ms": args.step_ms, "concurrency": args.concurrency,
+        "clients": args.clients,
         "requests": args.requests, "completed": sum(r["completed"] for r in results),
         "errors": sorted({e for r in results for e in r["errors"]})[:5],
         "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
@@ -213,11 +214,13 @@ def _serve(argv: list[str]) -> int:
     ap.add_argument("--batch-size", type=int, default=ServeSettings.batch_size)
     ap.add_argument("--prefill-chunk", type=int, default=ServeSettings.prefill_chunk)
     ap.add_argument("--inflight", type=int, default=ServeSettings.inflight)
+    ap.add_argument("--step-ms", type=float, default=0.0)
     a = ap.parse_args(argv)
     settings = ServeSettings(max_active=a.max_active, max_waiting=4096,
                              batch_size=a.batch_size, prefill_chunk=a.prefill_chunk,
                              inflight=a.inflight)
-    server = build_server(settings, InstantHost(n_seq_max=a.max_active))
+    server = build_server(settings, InstantHost(n_seq_max=a.max_active,
+                                                step_s=a.step_ms / 1e3))
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", a.port))
@@ -246,13 +249,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--batch-size", type=int, default=512)
     ap.add_argument("--prefill-chunk", type=int, default=256)
     ap.add_argument("--inflight", type=int, default=1)
+    ap.add_argument("--step-ms", type=float, default=0.0,
+                    help="time every plan takes, asleep (0: none); > 0 gives one token per "
+                         "request per step, so each streamed chunk carries one token")
     ap.add_argument("--timeout", type=float, default=600, help="the whole load, seconds")
     ap.add_argument("--json", help="append the result as one JSON line to this file")
     args = ap.parse_args(argv)
     if not 1 <= args.clients <= args.concurrency <= args.requests:
         ap.error("need 1 <= --clients <= --concurrency <= --requests")
-    if args.prompt_tokens < 2 or args.max_tokens < 1:
-        ap.error("need --prompt-tokens >= 2 and --max-tokens >= 1")
+    if args.prompt_tokens < 2 or args.max_tokens < 1 or not 0 <= args.step_ms < 1e4:
+        ap.error("need --prompt-tokens >= 2, --max-tokens >= 1, 0 <= --step-ms < 10000")
     emit(measure(args), args.json)
     return 0
 

@@ -19,7 +19,8 @@ from .._version import __version__
 from ._common import USAGE_ERROR, CommandError, Parser
 from .interrupt import Interrupted, interruptible
 
-SUBCOMMANDS: tuple[str, ...] = ("lab", "run", "serve", "calibrate", "bench", "config")
+SUBCOMMANDS: tuple[str, ...] = ("lab", "run", "serve", "calibrate", "bench", "config", "split",
+                                 "stage")
 
 __all__ = ["CommandError", "Interrupted", "build_parser", "main"]
 

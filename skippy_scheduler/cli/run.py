@@ -66,6 +66,13 @@ def register(subparsers: Any) -> None:
                         "share cells instead of holding a stream each; default: off)")
     add_flag(p, "json", note="per-request tokens and metrics; after Ctrl-C or SIGTERM, those "
                              "of the requests that finished")
+    p.add_argument("--stages", metavar="DIR",
+                   help="stages of a split model; here the directory of stage-K.gguf files "
+                        "written by split, served by one local stage worker process each "
+                        "(default: no stages)")
+    p.add_argument("--stage-addresses", metavar="ADDR,...",
+                   help="serve on stage workers already running at these pyzmq addresses "
+                        "(`stage --listen`), stage 0 first (default: none)")
     p.set_defaults(func=run)
 
 
@@ -146,15 +153,21 @@ def run(args: argparse.Namespace) -> int:
     with model_path(args) as model:
         n_ctx, lane = _n_ctx(args, prompts, holders)
         n_seq, n_batch = args.max_active, args.max_num_batched_tokens
-        with llama.LlamaHost(
-            model, n_ctx=n_ctx, n_seq_max=n_seq,
-            n_threads=args.threads, n_batch=n_batch, kv_type=args.kv_type,
-            flash_attn=args.flash_attn, prefix_cache_tokens=args.prefix_cache_tokens,
-            kv_unified=args.kv_unified,
-            prefix_holders=max(holders, 1),
-        ) as host:
-            requests, report, settings, summary = serve_prompts(args, host, prompts, n_seq,
-                                                                n_batch, lane)
+        if args.stages or args.stage_addresses:
+            from .stage import run_staged
+
+            requests, report, settings, summary = run_staged(args, prompts, n_seq, n_batch,
+                                                             n_ctx, lane)
+        else:
+            with llama.LlamaHost(
+                model, n_ctx=n_ctx, n_seq_max=n_seq,
+                n_threads=args.threads, n_batch=n_batch, kv_type=args.kv_type,
+                flash_attn=args.flash_attn, prefix_cache_tokens=args.prefix_cache_tokens,
+                kv_unified=args.kv_unified,
+                prefix_holders=max(holders, 1),
+            ) as host:
+                requests, report, settings, summary = serve_prompts(args, host, prompts, n_seq,
+                                                                    n_batch, lane)
     stopped = summary.pop("interrupted", None)
     doc = {
         "model": args.model or f"tiny-random-llama (seed {args.seed}, f32)",

@@ -7,6 +7,7 @@ command runs.
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 from typing import Any
 
@@ -49,8 +50,64 @@ def register(subparsers: Any) -> None:
              note="llama_decode runs on a worker thread")
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"),
                    default=d.log_level, help=f"uvicorn log level (default: {d.log_level})")
+    _add_limit_options(p, d)
     # serve drains and cleans up on SIGINT and SIGTERM itself.
     p.set_defaults(func=run, own_signals=True)
+
+
+def _add_limit_options(p: Any, d: Any) -> None:
+    """What one client may take, and how long shutting down may last (docs/reliability.md)."""
+    g = p.add_argument_group("limits")
+    g.add_argument("--max-body-bytes", type=positive_int, default=d.max_body_bytes, metavar="N",
+                   help=f"largest request body; larger ones get 413 (default: {d.max_body_bytes})")
+    g.add_argument("--header-timeout", type=_seconds, default=d.header_timeout_s, metavar="S",
+                   help="seconds a request's head may take to arrive before the server answers "
+                        f"408 and closes the connection (default: {d.header_timeout_s:g})")
+    g.add_argument("--body-timeout", type=_seconds, default=d.body_timeout_s, metavar="S",
+                   help=f"seconds a request's body may take to arrive (408, closed) "
+                        f"(default: {d.body_timeout_s:g})")
+    g.add_argument("--max-connections", type=positive_int, default=d.max_connections,
+                   metavar="N", help="open connections; fewer when the descriptor limit "
+                                     f"requires (default: {d.max_connections})")
+    g.add_argument("--shutdown-timeout", type=_seconds, default=d.shutdown_timeout_s,
+                   metavar="S", help="on SIGTERM or Ctrl-C, seconds running requests get to "
+                                     "finish before they are ended "
+                                     f"(default: {d.shutdown_timeout_s:g})")
+    g.add_argument("--allowed-hosts", type=_hosts, default=None, metavar="NAMES",
+                   help="Host header names answered, comma-separated ('*' any, '*.example.com' "
+                        "a domain); default: loopback names when --host is a loopback address, "
+                        "any otherwise")
+
+
+def _limit_settings(args: Any) -> dict[str, Any]:
+    return dict(max_body_bytes=args.max_body_bytes, header_timeout_s=args.header_timeout,
+                body_timeout_s=args.body_timeout, max_connections=args.max_connections,
+                shutdown_timeout_s=args.shutdown_timeout,
+                allowed_hosts=args.allowed_hosts)
+
+
+def _seconds(text: str) -> float:
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text}")
+    return value
+
+
+def _hosts(text: str) -> tuple[str, ...]:
+    import argparse
+
+    from ..serve.guard import parse_allowed_hosts
+
+    try:
+        return parse_allowed_hosts(text) or ("*",)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _port(text: str) -> int:
@@ -76,6 +133,24 @@ def _import_serve() -> tuple[Any, Any]:
     return Server, ServeSettings
 
 
+def _check_port(host: str, port: int) -> None:
+    """Refuse an address another process listens on before the model is loaded, so the
+    startup line is printed only for an address that was free (port 0 picks one itself)."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     holders = args.prefix_holders if args.prefix_cache_tokens else 0
     if args.max_active + holders > LLAMA_MAX_SEQUENCES:
@@ -85,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--ctx-size ({args.ctx_size}) must be at least --max-active "
                            f"({args.max_active}): every lane needs KV cells")
     check_model(args)
+    _check_port(args.host, args.port)
     import_llama_host()
     Server, ServeSettings = _import_serve()
     settings = ServeSettings(
@@ -95,11 +171,14 @@ def run(args: argparse.Namespace) -> int:
         max_consecutive_prefill=args.max_consecutive_prefill, inflight=args.inflight,
         policy=args.policy, prefix_cache_tokens=args.prefix_cache_tokens,
         prefix_holders=args.prefix_holders,
-        kv_type=args.kv_type, flash_attn=args.flash_attn, log_level=args.log_level)
+        kv_type=args.kv_type, flash_attn=args.flash_attn, log_level=args.log_level,
+        **_limit_settings(args))
     try:
         server = Server(settings)
     except (OSError, RuntimeError, ValueError) as exc:
         raise CommandError(str(exc)) from None
+    except KeyboardInterrupt:  # SIGINT or SIGTERM while loading: the server cleaned up
+        return 0
     ctx = server.context
     print(f"skippy-scheduler serve: {ctx.model_name} on http://{args.host}:{args.port}/v1 "
           f"({args.max_active} lanes of {ctx.n_ctx_seq} tokens, chat template "
@@ -111,4 +190,6 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
     except KeyboardInterrupt:
         pass
+    print("skippy-scheduler serve: stopped (engine, model and temporary files closed)",
+          file=sys.stderr, flush=True)
     return 0

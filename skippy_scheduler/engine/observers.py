@@ -16,7 +16,6 @@ from .requests import TokenEvent, _InFlight
 
 if TYPE_CHECKING:  # pragma: no cover
     from .contract import Plan
-    from .core import Engine
 
 
 class StepObserver(Protocol):
@@ -65,8 +64,8 @@ class TokenEvents:
 
     wants_samples = True
 
-    def __init__(self, engine: "Engine") -> None:
-        self._engine = engine
+    def __init__(self, emit: Callable[[TokenEvent], None]) -> None:
+        self._emit = emit
 
     def planned(self, flight: _InFlight) -> None:
         return None
@@ -76,7 +75,7 @@ class TokenEvents:
 
     def sampled(self, flight: _InFlight, rows: list[int], tokens: Any, end_us: float) -> None:
         ids = flight.plan.sequence_ids
-        emit = self._engine._emit
+        emit = self._emit
         for r, t in zip(rows, tokens.tolist()):
             if t >= 0:
                 emit(TokenEvent(ids[r], t, end_us))

@@ -81,22 +81,24 @@ _PENDING, _SUBMITTED, _ENDED = 0, 1, 2
 
 
 class _InFlight:
-    """A plan between plan_iteration and complete_iteration, as the engine tracks it."""
+    """A plan between plan_iteration and complete_iteration, as the engine tracks it.
 
-    __slots__ = ("plan", "start", "owners", "token_count", "decode", "measured_us", "handle", "t0",
-                 "entries", "voids")
+    NOTE: only `plan` is set per plan; every other field keeps its class default until a
+    clock, an observer or a pipelined step writes it, so the bare step allocates almost nothing.
+    """
+
+    start: float = 0
+    owners: list[int] = []  # never mutated: a recorder assigns a list of its own
+    token_count = 0
+    decode = 0
+    measured_us = 0.0
+    handle: Optional["ExecutionHandle"] = None
+    t0 = 0
+    entries: Optional[list[Any]] = None  # depth > 1: each row's request, and its
+    voids: list[int] = []                # preemption count when the plan was made
 
     def __init__(self, plan: "Plan") -> None:
         self.plan = plan
-        self.start: float = 0
-        self.owners: list[int] = []
-        self.token_count = 0
-        self.decode = 0
-        self.measured_us = 0.0
-        self.handle: Optional["ExecutionHandle"] = None
-        self.t0 = 0
-        self.entries: Optional[list[Any]] = None  # depth > 1: each row's request, and its
-        self.voids: list[int] = []                # preemption count when the plan was made
 
 
 class _Entry:

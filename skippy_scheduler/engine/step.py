@@ -23,7 +23,7 @@ from .requests import _SUBMITTED, EngineStalled, _InFlight
 
 if TYPE_CHECKING:  # pragma: no cover
     from .clock import Clock
-    from .contract import Host, HostHooks, SchedulerLike
+    from .contract import Host, HostHooks, Plan, SchedulerLike
     from .observers import StepObserver
     from .requests import _Entry
 
@@ -58,9 +58,21 @@ class _Steps:
         self._pending_release: list[tuple[str, ReleaseReason]] = []
         # Plans in flight run on the host's worker; one at a time runs in the caller's thread.
         self._run_async = self.hooks.execute_async if self._depth > 1 else None
+        self._measures = self.hooks.memory_used is not None
 
     def _iterate(self) -> bool:
         """Make, run and complete plans as the depth allows; False when nothing is live."""
+        if not self._observers and self._clock is None and self._depth == 1:
+            # Nothing watches, times or stays in flight: a step is the three calls and the
+            # releases, without the per-plan bookkeeping below (what `bench` times).
+            if not self._outstanding:
+                return False
+            plan = self._plan()
+            if plan is None:
+                raise EngineStalled(self._stalled())
+            self._execute(plan)
+            self._complete(plan, None, 0)
+            return True
         inflight = self._inflight
         if self._outstanding and len(inflight) < self._depth:
             flight = self._make_flight()
@@ -69,10 +81,7 @@ class _Steps:
                 if self._depth > 1:
                     return True
             elif not inflight:
-                raise EngineStalled(
-                    f"the scheduler made an empty plan with {self._outstanding} requests waiting "
-                    f"or running and nothing in flight at {self.now()} µs (a request that can "
-                    "never fit the memory budget?)")
+                raise EngineStalled(self._stalled())
         if not inflight:
             return False
         flight = inflight[0]
@@ -88,13 +97,16 @@ class _Steps:
         self._finish(flight)
         return True
 
-    def _make_flight(self) -> Optional[_InFlight]:
-        """plan_iteration, and what observers note when a plan is made; None (and the empty
-        plan given back) when there is nothing to run until what is in flight lands."""
-        sched = self.scheduler
-        clock = self._clock
+    def _stalled(self) -> str:
+        return (f"the scheduler made an empty plan with {self._outstanding} requests waiting "
+                f"or running and nothing in flight at {self.now()} µs (a request that can "
+                "never fit the memory budget?)")
+
+    def _plan(self) -> Optional["Plan"]:
+        """plan_iteration; None (the empty plan given back) when it has no row."""
         if self.max_iterations is not None and self.iterations >= self.max_iterations:
             raise RuntimeError(f"no completion after {self.iterations} iterations")
+        sched = self.scheduler
         if self.profile:
             t0 = time.perf_counter_ns()
             plan = sched.plan_iteration()
@@ -104,13 +116,28 @@ class _Steps:
         if len(plan) == 0:
             sched.abort_iteration(plan)
             return None
+        return plan
+
+    def _execute(self, plan: "Plan") -> None:
+        try:
+            self.host.execute(plan)
+        except BaseException:
+            self.scheduler.abort_iteration(plan)  # its rows are undone: nothing lost
+            raise
+
+    def _make_flight(self) -> Optional[_InFlight]:
+        """A plan and what observers note when it is made; None when there is nothing to run
+        until what is in flight lands."""
+        plan = self._plan()
+        if plan is None:
+            return None
         flight = _InFlight(plan)
+        clock = self._clock
         observers = self._observers
         if clock is not None:
             flight.start = clock.now()
-        if clock is not None or observers:
-            flight.token_count = plan.token_count
-            flight.decode = decode_row_count(plan.phases)
+        flight.token_count = plan.token_count
+        flight.decode = decode_row_count(plan.phases)
         if observers:
             for o in observers:
                 o.planned(flight)
@@ -135,16 +162,16 @@ class _Steps:
         timed = self._clock is not None
         if timed:
             flight.t0 = time.perf_counter_ns()
-        try:
-            if self._run_async is not None:
+        if self._run_async is not None:
+            try:
                 flight.handle = self._run_async(flight.plan)
-            else:
-                self.host.execute(flight.plan)
-                if timed:
-                    flight.measured_us = (time.perf_counter_ns() - flight.t0) / 1e3
-        except BaseException:
-            self.scheduler.abort_iteration(flight.plan)  # its rows are undone: nothing lost
-            raise
+            except BaseException:
+                self.scheduler.abort_iteration(flight.plan)
+                raise
+        else:
+            self._execute(flight.plan)
+            if timed:
+                flight.measured_us = (time.perf_counter_ns() - flight.t0) / 1e3
         inflight.append(flight)
 
     def _failed_from(self, nth: int) -> None:
@@ -173,21 +200,23 @@ class _Steps:
                 flight.measured_us = (time.perf_counter_ns() - flight.t0) / 1e3
 
     def _finish(self, flight: _InFlight) -> None:
-        """Charge, observe and complete an executed plan; record, stream, release."""
-        sched = self.scheduler
+        """Charge an executed plan on the clock, show it to the observers, complete it."""
         clock = self._clock
-        plan = flight.plan
-        observers = self._observers
         if clock is not None:
             duration = clock.charge(flight.token_count - flight.decode, flight.decode,
                                     flight.measured_us)
             end = clock.now()
         else:
             duration = end = 0
-        if observers:
-            for o in observers:
+        if self._observers:
+            for o in self._observers:
                 o.executed(flight, duration)
             self._report_samples(flight, end)
+        self._complete(flight.plan, flight, duration)
+
+    def _complete(self, plan: "Plan", flight: Optional[_InFlight], duration: float) -> None:
+        """Observe the duration, complete the plan, release what ended, measure memory."""
+        sched = self.scheduler
         if self.observe:
             sched.observe_iteration_duration(plan, duration / 1e6)
         if self.profile:
@@ -200,10 +229,10 @@ class _Steps:
         self.last_telemetry = telemetry
         if telemetry.finished_ids or telemetry.failed_ids:
             self._retire(telemetry)
-        if self.hooks.memory_used is not None:
+        if self._measures:
             self._measure_memory()
-        if observers:
-            for o in observers:
+        if flight is not None and self._observers:
+            for o in self._observers:
                 o.completed(flight, duration, telemetry)
 
     def _report_samples(self, flight: _InFlight, end: float) -> None:

@@ -40,12 +40,13 @@ import math
 import re
 import statistics
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Union, runtime_checkable
 
 import numpy as np
 
 from ..cost_model import RuntimeCostModel, decode_row_count
 from ..engine.clock import CpuClock, WallClock
+from ..engine.contract import attach
 from ..engine.core import Engine, Request
 from ..types import SchedulerConfig
 
@@ -212,6 +213,14 @@ def positions_needed(shapes: list[tuple[int, int]], repeats: int, warmup: int = 
                if decoding else 0)
 
 
+@runtime_checkable
+class BoundedContextHost(Protocol):
+    """A host whose sequences hold at most `n_ctx_seq` KV positions each (a `LlamaHost`): the
+    calibration refuses shapes that would not fit before it runs any."""
+
+    n_ctx_seq: int
+
+
 ClockChoice = Union[str, Callable[[], Any]]
 
 
@@ -304,7 +313,7 @@ def _time_shape(host: Any, prefill: int, decode: int, *, repeats: int, warmup: i
     if len(run.timed) < wanted:
         seen = ", ".join(f"({p}, {d})" for p, d in run.misses) or "none"
         why = f"{name}: the scheduler planned other shapes (prefill tokens, decode rows): {seen}"
-        if prefill and decode and not getattr(scheduler, "mixed_prefill_viable", True):
+        if prefill and decode and not scheduler.mixed_prefill_viable:
             why += (" after it turned mixed planning off, because the prefill slowed a decode "
                     "step by more than its mixed gate allows (docs/behaviour.md §2.6)")
         return None, why
@@ -344,7 +353,8 @@ def calibrate_host(
         if isinstance(value, bool) or not isinstance(value, int) or value < lo:
             raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
     make_clock(clock)
-    if getattr(host, "active_sequences", None):
+    state = attach(host).host_state
+    if state is not None and state().active:
         raise ValueError("calibrate on an idle host: it has active sequences")
     if scheduler_type is None:
         from .. import Scheduler as scheduler_type
@@ -359,8 +369,8 @@ def calibrate_host(
         if p + d > n_batch or d + (1 if p else 0) > n_seq_max or d * context_tokens > n_batch:
             raise ValueError(f"shape ({p}, {d}) does not fit the host (n_batch={n_batch}, "
                              f"n_seq_max={n_seq_max}, context_tokens={context_tokens})")
-    ctx_seq = getattr(host, "n_ctx_seq", None)
-    if ctx_seq is not None:
+    if isinstance(host, BoundedContextHost):
+        ctx_seq = host.n_ctx_seq
         longest = decoder_positions(repeats, warmup, passes, context_tokens)
         if any(d for _, d in shapes) and longest > ctx_seq:
             raise ValueError(f"decoders would reach position {longest} but the host holds "

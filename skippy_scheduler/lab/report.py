@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
+from .driver import LabRun
 from .model import RuntimeCostModel
 from .scenarios import ReplayResult, ScenarioResult
 
@@ -101,7 +102,7 @@ TRACE_UNITS = ("queue wait, TTFT and inter-token gap in ms of virtual time (near
                "real seconds the replay took")
 
 
-def _cell(value, width: int, fmt: str) -> str:
+def _cell(value: Any, width: int, fmt: str) -> str:
     if value is None:
         text = "-"
     elif fmt == "s":
@@ -116,11 +117,11 @@ def format_trace_header() -> str:
                      for _, head, w, fmt in TRACE_COLUMNS)
 
 
-def format_trace_row(figures: dict) -> str:
+def format_trace_row(figures: dict[str, Any]) -> str:
     return "  ".join(_cell(figures.get(name), w, fmt) for name, _, w, fmt in TRACE_COLUMNS)
 
 
-def format_tenant_table(runs) -> str:
+def format_tenant_table(runs: Iterable[LabRun]) -> str:
     """Per-tenant service (tokens computed per second while the trace arrives), one row per
     policy; empty with a single tenant."""
     runs = [r for r in runs if r.figures.get("tenant_service_tokens_per_s")]
@@ -150,6 +151,6 @@ def format_tenant_table(runs) -> str:
     return "\n".join(lines) + "\n"
 
 
-def trace_document(trace_info: dict, runs) -> dict:
+def trace_document(trace_info: dict[str, Any], runs: Iterable[LabRun]) -> dict[str, Any]:
     """`{"trace": {...}, "policies": {name: figures}}` (docs/lab.md lists the fields)."""
     return {"trace": trace_info, "policies": {run.policy: dict(run.figures) for run in runs}}

@@ -13,6 +13,7 @@ from typing import Any, Iterable
 
 from ..cost_model import RuntimeCostModel
 from ..engine import CostModelHost, Engine, EngineStalled, VirtualClock, percentile
+from ..types import IterationPhase
 from .backend import Backend, resolve_backend
 from .model import SimRequest
 
@@ -37,18 +38,18 @@ class RequestMetrics:
     last_token_us: float | None = None
 
     @property
-    def queue_wait_us(self):
+    def queue_wait_us(self) -> float | None:
         return None if self.first_scheduled_us is None else self.first_scheduled_us - self.arrival_us
 
     @property
-    def ttft_us(self):
+    def ttft_us(self) -> float | None:
         return None if self.first_token_us is None else self.first_token_us - self.arrival_us
 
     @property
-    def latency_us(self):
+    def latency_us(self) -> float | None:
         return None if self.completed_us is None else self.completed_us - self.arrival_us
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.update(queue_wait_us=self.queue_wait_us, ttft_us=self.ttft_us,
                    latency_us=self.latency_us)
@@ -70,10 +71,10 @@ class SimulationReport:
     def throughput_rps(self) -> float:
         return len(self.requests) * 1e6 / self.makespan_us if self.makespan_us else 0.0
 
-    def _present(self, attr: str) -> list:
+    def _present(self, attr: str) -> list[float]:
         return [v for v in (getattr(m, attr) for m in self.requests.values()) if v is not None]
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """The model-outcome figures of one §5.6 row, in µs and fractions (unformatted)."""
         gaps = [m.max_inter_token_gap_us or 0 for m in self.requests.values()]
         ttft = self._present("ttft_us")
@@ -94,7 +95,7 @@ class SimulationReport:
             "iterations": self.iterations,
         }
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {**self.summary(),
                 "per_request": {rid: m.as_dict() for rid, m in self.requests.items()}}
 
@@ -120,12 +121,16 @@ def validate_requests(requests: Iterable[SimRequest]) -> list[SimRequest]:
     return out
 
 
-def _phase_name(phase) -> str:
-    # The trace's spelling of a phase: "Prefill", "Recompute", "Decode".
-    return phase.name.capitalize() if hasattr(phase, "name") else str(phase)
+# The trace's phase names (docs/lab.md), by phase value: the format does not follow the enum's
+# member spelling.
+_PHASE_NAMES = {0: "Prefill", 1: "Recompute", 2: "Decode"}
 
 
-def _fmt(value) -> str:
+def _phase_name(phase: IterationPhase) -> str:
+    return _PHASE_NAMES[phase.value]
+
+
+def _fmt(value: object) -> str:
     """A trace value: plain integer µs, `None` when it never happened. Fractional values (a
     cost model with non-integer constants) print with at most three decimals."""
     if value is None:
@@ -153,8 +158,9 @@ class _TraceWriter:
         self.iteration += 1
 
 
-def simulate(config, cost: RuntimeCostModel | None, requests: Iterable[SimRequest], *,
-             backend: str | Backend | None = "auto", admission=None, preemption=None,
+def simulate(config: Any, cost: RuntimeCostModel | None, requests: Iterable[SimRequest], *,
+             backend: str | Backend | None = "auto", admission: Any = None,
+             preemption: Any = None,
              trace: list[str] | None = None) -> SimulationReport:
     """Run `requests` through a fresh scheduler under `cost` (§5.4). Appends the §5.7 trace
     lines to `trace` when given."""

@@ -34,7 +34,7 @@ import os
 import re
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, TextIO
 
 import numpy as np
 
@@ -43,6 +43,8 @@ from ..types import Sequence
 BLOCK_TOKENS = 512
 TOKEN_MODULUS = (1 << 31) - 1
 FORMATS = ("mooncake", "azure", "burstgpt")
+# A parsed row: (line number, arrival µs, input tokens, output tokens, block ids or None, tenant)
+Row = tuple[int, float, int, int, Any, Optional[str]]
 
 _OFFSETS = np.arange(BLOCK_TOKENS, dtype=np.int64)
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -133,7 +135,7 @@ class TraceStats:
     last_arrival_us: Optional[float] = None
     input_tokens: int = 0
     output_tokens: int = 0
-    tenants: set = field(default_factory=set)
+    tenants: set[str] = field(default_factory=set)
 
     @property
     def span_s(self) -> float:
@@ -141,7 +143,7 @@ class TraceStats:
             return 0.0
         return (self.last_arrival_us - self.first_arrival_us) / 1e6
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         n = self.requests
         return {"rows": self.rows, "requests": n, "skipped_failures": self.skipped_failures,
                 "span_s": self.span_s, "input_tokens": self.input_tokens,
@@ -151,7 +153,7 @@ class TraceStats:
                 "tenants": len(self.tenants)}
 
 
-def _open_text(path: str):
+def _open_text(path: str) -> TextIO:
     # newline="" keeps "\r\n" visible so CRLF files are parsed the same as LF ones.
     return open(path, "r", encoding="utf-8-sig", newline="")
 
@@ -202,7 +204,7 @@ def _int_cell(path: str, line: int, name: str, text: str, minimum: int) -> int:
     return value
 
 
-def _mooncake_rows(path: str) -> Iterator[tuple]:
+def _mooncake_rows(path: str) -> Iterator[Row]:
     """(line, time_us, input, output, blocks, tenant) per row; the other readers likewise."""
     with _open_text(path) as fh:
         for lineno, text in enumerate(fh, 1):
@@ -245,7 +247,7 @@ def _mooncake_rows(path: str) -> Iterator[tuple]:
             yield lineno, ts * 1000.0, n_in, n_out, ids, tenant
 
 
-def _header(path: str, fh, required: tuple) -> dict:
+def _header(path: str, fh: TextIO, required: tuple[str, ...]) -> dict[str, int]:
     first = fh.readline()
     header = [cell.strip() for cell in first.rstrip("\r\n").split(",")]
     missing = [c for c in required if c not in header]
@@ -255,7 +257,7 @@ def _header(path: str, fh, required: tuple) -> dict:
     return {name: k for k, name in enumerate(header)}
 
 
-def _cells(path: str, lineno: int, text: str, width: int) -> list:
+def _cells(path: str, lineno: int, text: str, width: int) -> list[str]:
     cells = text.rstrip("\r\n").split(",")
     if len(cells) != width:
         raise TraceFormatError(path, lineno, "row",
@@ -280,7 +282,7 @@ def _azure_time_ns(path: str, lineno: int, text: str) -> int:
     return ((day * 86400 + h * 3600 + mi * 60 + s) * 1_000_000_000) + int(frac)
 
 
-def _azure_rows(path: str) -> Iterator[tuple]:
+def _azure_rows(path: str) -> Iterator[Row]:
     with _open_text(path) as fh:
         col = _header(path, fh, _AZURE_COLUMNS)
         width = len(col)
@@ -297,7 +299,7 @@ def _azure_rows(path: str) -> Iterator[tuple]:
             yield lineno, (ns - t0) / 1000.0, n_in, n_out, None, None
 
 
-def _burstgpt_rows(path: str, stats: TraceStats) -> Iterator[tuple]:
+def _burstgpt_rows(path: str, stats: TraceStats) -> Iterator[Row]:
     with _open_text(path) as fh:
         col = _header(path, fh, _BURST_COLUMNS)
         width = len(col)
@@ -368,7 +370,7 @@ class Trace:
         self.tenants = tenants
         self.stats = TraceStats()
 
-    def _rows(self, stats: TraceStats) -> Iterator[tuple]:
+    def _rows(self, stats: TraceStats) -> Iterator[Row]:
         if self.format == "mooncake":
             return _mooncake_rows(self.path)
         if self.format == "azure":

@@ -5,10 +5,14 @@
 * `server`: `ServeSettings` and `Server` (model, host, scheduler, engine thread, uvicorn);
 * `runner`: the engine on its own thread, one event subscription per request;
 * `app`: FastAPI routes, request translation, SSE streaming, disconnect handling;
+* `body`: reading a body within its size and time limits, JSON that later steps can trust;
+* `guard`: the ASGI middleware refusing foreign `Host` names and ambiguous framing;
+* `connections`: the h11 protocol's head deadline and connection cap, the shutdown deadline;
 * `protocol`: OpenAI request bodies to generation requests (400s that name the field);
 * `text`: incremental UTF-8-safe detokenisation and stop strings;
 * `chat`: chat templates through llama.cpp; `metrics`: Prometheus; `errors`: error bodies.
 """
-from .server import POLICIES, Server, ServeSettings
+from ..selection import POLICIES
+from .server import Server, ServeSettings
 
 __all__ = ["POLICIES", "Server", "ServeSettings"]

@@ -1,11 +1,15 @@
 """The HTTP face: FastAPI routes, request translation, SSE streaming.
 
 `POST /v1/completions` and `POST /v1/chat/completions` (streamed or not), `GET /v1/models`,
-`GET /health`, `GET /metrics`. A handler validates the body (`protocol`), tokenizes the prompt,
-checks that it can ever run in one lane's context, hands the request to the engine thread
-(`EngineRunner.open`) and waits for the scheduler's verdict: queued (200, then tokens), or
-refused because the waiting queue is full (503 with Retry-After). Only then does it answer,
-so a client learns about overload from the status code, streamed or not.
+`GET /health`, `GET /metrics`. A handler reads the body within its limits (`body`), decodes
+and validates it (`protocol`) and tokenizes the prompt on a worker thread (after a bound on its
+length in bytes that needs no tokenizer: a prompt longer than `max_piece_bytes` per token of
+context can never fit), checks that it can ever run in one lane's context, refuses it with a 503
+when `capacity` requests are already open, hands it to the engine thread (`EngineRunner.open`)
+and waits for the scheduler's verdict: queued (200, then tokens), or refused (503 with
+Retry-After). Only then does it answer, so a client learns about overload from the status code,
+streamed or not. Everything before the verdict is done before any stream starts: a bad body is
+a 400, never a cut stream.
 
 A request whose client goes away (a closed stream, or a dropped connection while a
 non-streamed request runs) is cancelled at once: the engine frees its lane and KV at the start
@@ -19,21 +23,34 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Optional
 
 from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from ..engine import FinishEvent, Request as EngineRequest, TokenEvent
+from .body import decode_json, read_body
 from .chat import ChatTemplate
-from .errors import RequestError, internal, queue_full, unavailable
+from .errors import ClientGone, RequestError, internal, queue_full, unavailable
+from .guard import HttpGuard
 from .metrics import CONTENT_TYPE, ServeMetrics
 from .protocol import GenerationRequest, parse_chat, parse_completion
 from .runner import EngineRunner, EngineUnavailable, Subscription
 from .text import Detokenizer, StopMatcher
 
 log = logging.getLogger("skippy_scheduler.serve")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may take (the server's settings; defaults for an app built alone)."""
+
+    capacity: int = 1 << 30  # requests open at once (running + waiting) before a 503
+    max_body_bytes: int = 8 << 20
+    body_timeout_s: float = 30.0
+    max_piece_bytes: int = 1 << 30  # bytes of text one token may stand for (the length bound)
 
 
 @dataclass
@@ -45,16 +62,16 @@ class ServeContext:
     model_name: str
     pieces: list[bytes]  # bytes of every token
     n_ctx_seq: int  # tokens one request may hold (prompt + generated)
-    memory_components: list = field(default_factory=list)
-    metrics: Optional[ServeMetrics] = None
-    chat: Optional[ChatTemplate] = None
+    memory_components: list[Any] = field(default_factory=list)
+    limits: Limits = field(default_factory=Limits)
     created: int = field(default_factory=lambda: int(time.time()))
+    shutting_down: bool = False  # set before the engine is stopped for good
+    metrics: ServeMetrics = field(init=False)
+    chat: ChatTemplate = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.metrics is None:
-            self.metrics = ServeMetrics(lambda: self.runner.stats)
-        if self.chat is None:
-            self.chat = ChatTemplate(self.host.chat_template())
+        self.metrics = ServeMetrics(lambda: self.runner.stats)
+        self.chat = ChatTemplate(self.host.chat_template())
 
     @property
     def n_vocab(self) -> int:
@@ -72,15 +89,33 @@ def _error_response(err: RequestError, metrics: Optional[ServeMetrics]) -> Respo
                     media_type="application/json")
 
 
-async def _read_json(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RequestError(f"We could not parse the JSON body of your request ({exc}).") from None
+async def _read_request(request: Request, limits: Limits, parse: Any, n_vocab: int) -> Any:
+    """The body read within `limits`, then decoded and parsed on a worker thread."""
+    raw = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
+    return await asyncio.to_thread(lambda: parse(decode_json(raw), n_vocab))
 
 
-async def _wait_disconnect(receive) -> None:
+def _tokenize(ctx: ServeContext, text: str, prompt_field: str) -> list[int]:
+    """`text`'s tokens, after the length bound (on a worker thread: both take time)."""
+    _bound_length(ctx, text, prompt_field)
+    tokens: list[int] = ctx.host.tokenize(text, special=True)
+    return tokens
+
+
+def _bound_length(ctx: ServeContext, text: str, prompt_field: str) -> None:
+    """A 400 for a prompt too long to fit whatever it tokenizes to (no tokenizer needed)."""
+    limit = ctx.n_ctx_seq
+    most = limit * ctx.limits.max_piece_bytes
+    if 4 * len(text) <= most:  # UTF-8 takes at most 4 bytes a character
+        return
+    if len(text) > most or len(text.encode("utf-8")) > most:
+        raise RequestError(
+            f"This model's maximum context length is {limit} tokens, but the prompt is longer "
+            f"than {limit} tokens of at most {ctx.limits.max_piece_bytes} bytes each can hold.",
+            param=prompt_field, code="context_length_exceeded")
+
+
+async def _wait_disconnect(receive: Receive) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -144,7 +179,7 @@ class _Generation:
         m.e2e.observe(max(t_us - self.sub.arrival_us, 0.0) / 1e6)
         m.request_success.labels(reason).inc()
 
-    def usage(self) -> dict:
+    def usage(self) -> dict[str, int]:
         n = len(self.tokens)
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n,
                 "total_tokens": self.prompt_tokens + n}
@@ -154,13 +189,13 @@ class _EventStream(StreamingResponse):
     """Server-sent events from an async iterator of byte chunks, cancelled when the client
     disconnects (watched directly, whatever the ASGI server's spec version)."""
 
-    def __init__(self, chunks: AsyncIterator[bytes], on_close) -> None:
+    def __init__(self, chunks: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
         super().__init__(chunks, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._chunks = chunks
         self._on_close = on_close
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
 
         async def produce() -> None:
@@ -181,61 +216,81 @@ class _EventStream(StreamingResponse):
             self._on_close()
 
 
-def create_app(ctx: ServeContext) -> FastAPI:
+def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = None) -> FastAPI:
+    """The routes, behind `guard.HttpGuard` (`allowed_hosts` None: any `Host`)."""
     app = FastAPI(title="skippy-scheduler", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     runner = ctx.runner
+    errors = ctx.metrics.request_errors
+    app.add_middleware(HttpGuard, allowed_hosts=allowed_hosts,
+                       on_error=lambda status: errors.labels(str(status)).inc())
 
     @app.exception_handler(RequestError)
-    async def _request_error(request: Request, exc: RequestError):
+    async def _request_error(request: Request, exc: RequestError) -> Response:
         return _error_response(exc, ctx.metrics)
 
+    @app.exception_handler(ClientGone)
+    async def _client_gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=400)  # nobody reads it: the connection is gone
+
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException):
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return _error_response(RequestError(str(exc.detail), status=exc.status_code, type=kind),
-                               ctx.metrics)
+        response = _error_response(RequestError(str(exc.detail), status=exc.status_code,
+                                                type=kind), ctx.metrics)
+        response.headers.update(exc.headers or {})  # Allow on a 405
+        return response
 
     @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception):
+    async def _unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unexpected error answering %s", request.url.path)
         return _error_response(internal(f"{type(exc).__name__}: {exc}"), ctx.metrics)
 
     @app.get("/health")
-    async def health():
+    async def health() -> dict[str, str]:
         if not runner.running:
             raise unavailable("the engine is not running")
         return {"status": "ok"}
 
     @app.get("/v1/models")
-    async def models():
+    async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{
             "id": ctx.model_name, "object": "model", "created": ctx.created,
             "owned_by": "skippy-scheduler", "max_model_len": ctx.n_ctx_seq,
             "chat_template": ctx.chat.source}]}
 
     @app.get("/metrics")
-    async def metrics():
+    async def metrics() -> Response:
         return Response(ctx.metrics.render(), media_type=CONTENT_TYPE)
 
     @app.post("/v1/completions")
-    async def completions(request: Request):
-        gen = parse_completion(await _read_json(request), ctx.n_vocab)
+    async def completions(request: Request) -> Response:
+        gen = await _read_request(request, ctx.limits, parse_completion, ctx.n_vocab)
         if isinstance(gen.prompt, str):
-            tokens = ctx.host.tokenize(gen.prompt, special=True)
+            tokens = await asyncio.to_thread(_tokenize, ctx, gen.prompt, "prompt")
         else:
             tokens = gen.prompt
         return await _generate(request, gen, tokens, "prompt")
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        gen = parse_chat(await _read_json(request), ctx.n_vocab)
-        tokens = ctx.host.tokenize(ctx.chat.render(gen.messages), special=True)
+    async def chat_completions(request: Request) -> Response:
+        gen = await _read_request(request, ctx.limits, parse_chat, ctx.n_vocab)
+
+        def render_and_tokenize() -> list[int]:
+            _bound_length(ctx, "".join(text for _, text in gen.messages), "messages")
+            return _tokenize(ctx, ctx.chat.render(gen.messages), "messages")
+
+        tokens = await asyncio.to_thread(render_and_tokenize)
         return await _generate(request, gen, tokens, "messages")
 
     async def _generate(request: Request, gen: GenerationRequest, tokens: list[int],
-                        prompt_field: str):
+                        prompt_field: str) -> Response:
         max_tokens = _check_fit(ctx, gen, len(tokens), prompt_field)
+        if runner.open_subscriptions >= ctx.limits.capacity:
+            # Every lane and waiting place is taken (the engine's own queue is sized to hold a
+            # whole burst, so this is where the server's capacity is kept).
+            raise queue_full("The server is busy: every lane and waiting place is taken; "
+                             "retry later.")
         prefix = "cmpl" if gen.kind == "completion" else "chatcmpl"
         rid = f"{prefix}-{uuid.uuid4().hex}"
         loop = asyncio.get_running_loop()
@@ -263,7 +318,7 @@ def create_app(ctx: ServeContext) -> FastAPI:
         finally:
             _close(out)
         if out.finish == "error":
-            raise internal(out.error or "the request failed")
+            raise _failure(out)
         text = "".join(out.text)
         if gen.kind == "completion":
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": out.finish}
@@ -277,6 +332,11 @@ def create_app(ctx: ServeContext) -> FastAPI:
         body["choices"] = [choice]
         body["usage"] = out.usage()
         return Response(_dumps(body), media_type="application/json")
+
+    def _failure(out: _Generation) -> RequestError:
+        if ctx.shutting_down:  # the engine stopped under it: the server's state, not the request's
+            return unavailable(out.error or "the engine stopped")
+        return internal(out.error or "the request failed")
 
     def _close(out: _Generation) -> None:
         if out.finish is None or out.finish == "stop":
@@ -301,7 +361,7 @@ def create_app(ctx: ServeContext) -> FastAPI:
         finally:
             watcher.cancel()
 
-    async def _sse(out: _Generation, head: dict) -> AsyncIterator[bytes]:
+    async def _sse(out: _Generation, head: dict[str, Any]) -> AsyncIterator[bytes]:
         gen = out.request
         chat = gen.kind == "chat"
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -311,12 +371,12 @@ def create_app(ctx: ServeContext) -> FastAPI:
         def chunk(text: Optional[str], ids: Optional[list[int]], finish: Optional[str],
                   role: bool = False) -> bytes:
             if chat:
-                delta: dict = {}
+                delta: dict[str, Any] = {}
                 if role:
                     delta["role"] = "assistant"
                 if text is not None:
                     delta["content"] = text
-                choice: dict = {"index": 0, "delta": delta, "logprobs": None,
+                choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
                                 "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": text or "", "logprobs": None,
@@ -335,8 +395,7 @@ def create_app(ctx: ServeContext) -> FastAPI:
             if text or (ids and gen.return_token_ids):
                 yield chunk(text, ids, None)
         if out.finish == "error":
-            err = internal(out.error or "the request failed")
-            yield b"data: " + _dumps(err.body()) + b"\n\n"
+            yield b"data: " + _dumps(_failure(out).body()) + b"\n\n"
         else:
             yield chunk(None if chat else "", [], out.finish)
             if gen.include_usage:

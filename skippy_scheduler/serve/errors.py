@@ -4,7 +4,9 @@
 
 400 `invalid_request_error` names the offending field in `param`; 503 (waiting queue full, or
 the engine not running) carries `Retry-After`. Every other failure is a 500 with the same
-shape: the server answers every request and keeps serving.
+shape: the server answers every request and keeps serving. An error that leaves the request's
+framing in doubt (a body too large or too slow to read, a request both chunked and
+length-delimited) closes the connection after its answer (`Connection: close`).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ class RequestError(Exception):
 
     def __init__(self, message: str, *, param: Optional[str] = None, status: int = 400,
                  type: str = "invalid_request_error", code: Optional[str] = None,
-                 retry_after: Optional[int] = None) -> None:
+                 retry_after: Optional[int] = None, close: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
@@ -26,13 +28,22 @@ class RequestError(Exception):
         self.type = type
         self.code = code
         self.retry_after = retry_after
+        self.close = close  # answer with Connection: close (the rest of the body is not read)
 
-    def body(self) -> dict:
+    def body(self) -> dict[str, dict[str, Optional[str]]]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}
 
     def headers(self) -> dict[str, str]:
-        return {} if self.retry_after is None else {"Retry-After": str(self.retry_after)}
+        out = {} if self.retry_after is None else {"Retry-After": str(self.retry_after)}
+        if self.close:
+            out["Connection"] = "close"
+        return out
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its request was read: nobody is left to answer,
+    and it is not a server error (neither logged nor counted)."""
 
 
 def queue_full(message: str) -> RequestError:

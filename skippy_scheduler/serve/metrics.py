@@ -11,10 +11,10 @@ tokens of a request; end-to-end latency runs to the request's end.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from .runner import EngineStats
 
@@ -32,7 +32,7 @@ class _EngineCollector:
     def __init__(self, stats: Callable[[], EngineStats]) -> None:
         self._stats = stats
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         s = self._stats()
         yield GaugeMetricFamily("skippy:num_requests_running",
                                 "Requests in the scheduler's active set.", value=s.running)

@@ -4,7 +4,9 @@ this server cannot honour.
 Every field of the completions and chat completions APIs is either used, accepted in its
 neutral form only (`n: 1`, `echo: false`, `logprobs: null`, ...: anything else names the field
 as unsupported), or ignored because it does not change the output (`user`). Fields nobody
-defined are refused too: a typo must not silently change nothing.
+defined are refused too: a typo must not silently change nothing. The body arrives here already
+checked as text (no lone surrogate anywhere) and bounded in depth (`body.decode_json`); a chat
+message's content must not hold NUL (see `_no_nul`).
 
 Extensions (as vLLM has them): `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
 `return_token_ids` (token ids in every choice and chunk), `priority` (higher runs first under
@@ -23,7 +25,7 @@ _U64 = (1 << 64) - 1
 MAX_STOP_STRINGS = 16
 
 # Accepted only with these values (None means "absent" too).
-_NEUTRAL_COMMON: dict[str, tuple] = {
+_NEUTRAL_COMMON: dict[str, tuple[Any, ...]] = {
     "n": (None, 1),
     "logprobs": (None, False, 0),
     "top_logprobs": (None, 0),
@@ -67,11 +69,12 @@ class GenerationRequest:
 # -- field checks: each raises RequestError(param=name) -------------------------------------
 
 
-def _present(body: dict, name: str) -> bool:
+def _present(body: dict[str, Any], name: str) -> bool:
     return body.get(name) is not None
 
 
-def _number(body: dict, name: str, lo: float, hi: float, *, lo_open: bool = False) -> Optional[float]:
+def _number(body: dict[str, Any], name: str, lo: float, hi: float, *,
+            lo_open: bool = False) -> Optional[float]:
     value = body.get(name)
     if value is None:
         return None
@@ -86,7 +89,7 @@ def _number(body: dict, name: str, lo: float, hi: float, *, lo_open: bool = Fals
     return value
 
 
-def _integer(body: dict, name: str, lo: int, hi: int) -> Optional[int]:
+def _integer(body: dict[str, Any], name: str, lo: int, hi: int) -> Optional[int]:
     value = body.get(name)
     if value is None:
         return None
@@ -99,7 +102,7 @@ def _integer(body: dict, name: str, lo: int, hi: int) -> Optional[int]:
     return value
 
 
-def _boolean(body: dict, name: str) -> bool:
+def _boolean(body: dict[str, Any], name: str) -> bool:
     value = body.get(name)
     if value is None:
         return False
@@ -128,7 +131,7 @@ def _json_type(value: Any) -> str:
     return type(value).__name__
 
 
-def _check_fields(body: dict, allowed: set[str], neutral: dict[str, tuple]) -> None:
+def _check_fields(body: dict[str, Any], allowed: set[str], neutral: dict[str, tuple[Any, ...]]) -> None:
     for name in body:
         if name not in allowed:
             raise RequestError(f"Unrecognized request argument supplied: {name}", param=name)
@@ -140,12 +143,12 @@ def _check_fields(body: dict, allowed: set[str], neutral: dict[str, tuple]) -> N
                                f"(only {_neutral_text(values)})", param=name)
 
 
-def _neutral_text(values: tuple) -> str:
+def _neutral_text(values: tuple[Any, ...]) -> str:
     shown = [v for v in values if v is not None]
     return " or ".join(repr(v) for v in shown) if shown else "null"
 
 
-def _stop(body: dict) -> list[str]:
+def _stop(body: dict[str, Any]) -> list[str]:
     value = body.get("stop")
     if value is None:
         return []
@@ -159,7 +162,7 @@ def _stop(body: dict) -> list[str]:
     return list(dict.fromkeys(stops))
 
 
-def _logit_bias(body: dict, n_vocab: int) -> dict[int, float]:
+def _logit_bias(body: dict[str, Any], n_vocab: int) -> dict[int, float]:
     value = body.get("logit_bias")
     if value is None:
         return {}
@@ -183,7 +186,7 @@ def _logit_bias(body: dict, n_vocab: int) -> dict[int, float]:
     return out
 
 
-def _sampling(body: dict, n_vocab: int) -> Optional[SamplingParams]:
+def _sampling(body: dict[str, Any], n_vocab: int) -> Optional[SamplingParams]:
     temperature = _number(body, "temperature", 0, 2)
     top_p = _number(body, "top_p", 0, 1, lo_open=True)
     top_k = _integer(body, "top_k", -1, n_vocab)
@@ -316,7 +319,7 @@ def _content(value: Any, role: str, where: str) -> str:
             return ""
         raise RequestError(f"'{where}' is required", param=where)
     if isinstance(value, str):
-        return value
+        return _no_nul(value, where)
     if isinstance(value, list):
         parts = []
         for j, part in enumerate(value):
@@ -325,6 +328,16 @@ def _content(value: Any, role: str, where: str) -> str:
                 raise RequestError(f"'{where}[{j}]' must be a text part "
                                    "({'type': 'text', 'text': ...}); other parts are not "
                                    "supported", param=f"{where}[{j}]")
-            parts.append(part["text"])
+            parts.append(_no_nul(part["text"], f"{where}[{j}].text"))
         return "".join(parts)
     raise RequestError(f"'{where}' must be a string or an array of text parts", param=where)
+
+
+def _no_nul(text: str, where: str) -> str:
+    # NOTE: llama.cpp's chat template reads message contents as C strings, so a NUL would
+    # silently end the message there; refusing it is the only answer that loses nothing. (A
+    # completions prompt may hold NUL: the tokenizer takes a length.)
+    if "\x00" in text:
+        raise RequestError(f"'{where}' holds a NUL character (U+0000), which a chat message "
+                           "cannot carry to the model's chat template", param=where)
+    return text

@@ -12,19 +12,44 @@ Lanes: `max_active` requests run at once, each in its own llama.cpp sequence wit
 `max_tokens` must fit one lane. Plans are bounded by `batch_size` tokens, prompts are prefilled
 in chunks of `prefill_chunk` tokens, and with `mixed` decode rows ride along with prefill
 chunks, so running streams keep their pace while new prompts are prefilled.
+
+Capacity: `max_active + max_waiting` requests may be open at once (running or queued); the
+app refuses the next with a 503 before it reaches the engine, and the scheduler's own waiting
+limit is set to that sum, because a burst reaches the scheduler's waiting queue whole before
+the next plan moves any of it into a lane.
+
+Limits and shutdown (docs/reliability.md, "The server"): bodies above `max_body_bytes` are a
+413, a request head must arrive within `header_timeout_s` and a body within `body_timeout_s`,
+at most `max_connections` connections are open (kept below the descriptor limit), and
+`serve()` turns SIGINT and SIGTERM into a drain of at most `shutdown_timeout_s` after which the
+engine, llama.cpp and the temporary model directory are closed and `serve()` returns; a second
+signal skips the drain but not the closing.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import signal
 import socket
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Iterator, Optional
 
 from ..selection import DEFAULT_POLICY, POLICIES, make_admission
+
+# NOTE: asyncio accepts up to `backlog` connections per wake-up of the listening socket, and a
+# connection's protocol sees it (and can turn it away) only two loop turns later, a third turn
+# before an evicted one's descriptor is freed: about four batches are in flight in a flood. Those
+# descriptors are kept free, on top of a margin for everything else (model, engine, logs, the
+# event loop's own). The kernel's queue of connections not yet accepted is set apart, larger.
+ACCEPT_BATCH = 16
+LISTEN_BACKLOG = 1024
+FD_RESERVE = 4 * ACCEPT_BATCH + 32
+
+log = logging.getLogger("skippy_scheduler.serve")
 
 
 @dataclass
@@ -50,22 +75,46 @@ class ServeSettings:
     kv_type: str = "f32"
     flash_attn: bool = False
     log_level: str = "warning"
+    max_body_bytes: int = 8 << 20  # larger request bodies are a 413
+    header_timeout_s: float = 10.0  # a request head must arrive within this (408, closed)
+    body_timeout_s: float = 30.0  # a request body must arrive within this (408, closed)
+    max_connections: int = 1024  # open connections (kept below the descriptor limit)
+    shutdown_timeout_s: float = 5.0  # on SIGTERM / SIGINT, running requests get this long
+    allowed_hosts: Optional[tuple[str, ...]] = None  # Host names answered; None: loopback
+    #   names when bound to a loopback address, any otherwise; "*" in it: any
 
 
 class Server:
     def __init__(self, settings: ServeSettings) -> None:
-        from .. import Scheduler, SchedulerConfig
         from ..hosts.llama import LlamaHost
-        from .app import ServeContext, create_app
-        from .runner import EngineRunner
-        from .text import token_pieces
 
         s = settings
         if s.ctx_size < s.max_active:
             raise ValueError(f"ctx_size ({s.ctx_size}) must give every one of the "
                              f"{s.max_active} lanes at least one KV cell")
+        for name in ("max_body_bytes", "max_connections", "header_timeout_s", "body_timeout_s"):
+            if not getattr(s, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(s, name)}")
+        if not s.shutdown_timeout_s >= 0:
+            raise ValueError(f"shutdown_timeout_s must be >= 0, got {s.shutdown_timeout_s}")
         self.settings = s
-        self._tmp: Optional[tempfile.TemporaryDirectory] = None
+        self._tmp: Optional[tempfile.TemporaryDirectory[str]] = None
+        self.host: Any = None
+        with _signals_interrupt():
+            try:
+                self._load(s, LlamaHost)
+            except BaseException:  # an error, or a signal while loading: leave nothing behind
+                if self.host is not None:
+                    self.host.close()
+                if self._tmp is not None:
+                    self._tmp.cleanup()
+                raise
+        self._uvicorn: Any = None
+        self._sock: Optional[socket.socket] = None
+        self._thread: Optional[threading.Thread] = None
+        self.url: Optional[str] = None
+
+    def _load(self, s: ServeSettings, host_class: Any) -> None:
         model = s.model
         if model is None:
             from ..hosts.tiny_model import write_tiny_llama
@@ -79,17 +128,22 @@ class Server:
         # ctx_size / max_active, as without reuse).
         reuse = s.prefix_cache_tokens > 0
         n_ctx = s.ctx_size + (s.prefix_holders * (s.ctx_size // s.max_active) if reuse else 0)
-        try:
-            self.host = LlamaHost(model, n_ctx=n_ctx, n_seq_max=s.max_active,
-                                  n_threads=s.threads, n_batch=s.batch_size, kv_type=s.kv_type,
-                                  flash_attn=s.flash_attn, prefix_cache_tokens=s.prefix_cache_tokens,
-                                  prefix_holders=s.prefix_holders)
-        except BaseException:
-            if self._tmp is not None:
-                self._tmp.cleanup()
-            raise
+        self.host = host_class(model, n_ctx=n_ctx, n_seq_max=s.max_active, n_threads=s.threads,
+                               n_batch=s.batch_size, kv_type=s.kv_type, flash_attn=s.flash_attn,
+                               prefix_cache_tokens=s.prefix_cache_tokens,
+                               prefix_holders=s.prefix_holders)
+        self._build(s, name, reuse)
+
+    def _build(self, s: ServeSettings, name: str, reuse: bool) -> None:
+        from .. import Scheduler, SchedulerConfig
+        from .app import Limits, ServeContext, create_app
+        from .guard import default_allowed_hosts
+        from .runner import EngineRunner
+        from .text import token_pieces
+
+        # Waiting room for a whole burst: see "Capacity" in the module docstring.
         config = SchedulerConfig(
-            max_active_sequences=s.max_active, max_waiting_sequences=s.max_waiting,
+            max_active_sequences=s.max_active, max_waiting_sequences=s.max_waiting + s.max_active,
             # The batch the context got (llama.cpp caps it at the context size), not the one
             # asked for: a plan above it would abort the process inside llama_decode.
             max_tokens_per_iteration=self.host.n_batch,
@@ -105,24 +159,44 @@ class Server:
             pieces=token_pieces(self.host.n_vocab, self.host.token_bytes),
             n_ctx_seq=(s.ctx_size // s.max_active if reuse
                        else min(self.host.n_ctx_seq, self.host.n_ctx)),
-            memory_components=list(config.memory_components))
-        self.app = create_app(self.context)
-        self._uvicorn = None
-        self._sock: Optional[socket.socket] = None
-        self._thread: Optional[threading.Thread] = None
-        self.url: Optional[str] = None
+            memory_components=list(config.memory_components),
+            limits=Limits(capacity=s.max_active + s.max_waiting, max_body_bytes=s.max_body_bytes,
+                          body_timeout_s=s.body_timeout_s,
+                          max_piece_bytes=max_piece_bytes(self.host)))
+        hosts = s.allowed_hosts
+        if hosts is None:
+            hosts = default_allowed_hosts(s.host)
+        elif "*" in hosts:
+            hosts = None
+        self.allowed_hosts = hosts
+        self.app = create_app(self.context, allowed_hosts=hosts)
 
     # -- running ------------------------------------------------------------------------------
 
-    def _uvicorn_server(self, sock: socket.socket):
+    def _uvicorn_server(self, sock: socket.socket) -> Any:
         import uvicorn
 
-        config = uvicorn.Config(self.app, log_level=self.settings.log_level, http="h11",
-                                loop="asyncio", lifespan="off", timeout_keep_alive=30)
-        server = uvicorn.Server(config)
+        from .connections import DeadlineServer, protocol_class
+
+        s = self.settings
+        limit = connection_budget(s.max_connections)
+        if limit < s.max_connections:
+            log.warning("serving at most %d connections (the descriptor limit leaves no room "
+                        "for --max-connections %d)", limit, s.max_connections)
+        self.max_connections = limit
+        config = uvicorn.Config(self.app, log_level=s.log_level,
+                                http=protocol_class(s.header_timeout_s, limit),
+                                loop="asyncio", lifespan="off", timeout_keep_alive=30,
+                                backlog=ACCEPT_BATCH)
+        server = DeadlineServer(config, shutdown_timeout_s=s.shutdown_timeout_s,
+                                stop_engine=self._stop_engine, listen_backlog=LISTEN_BACKLOG)
         host, port = sock.getsockname()[:2]
-        self.url = f"http://{host}:{port}"
+        self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
         return server
+
+    def _stop_engine(self) -> None:
+        self.context.shutting_down = True
+        self.runner.stop()
 
     def _bind(self, port: Optional[int] = None) -> socket.socket:
         host = self.settings.host
@@ -130,28 +204,31 @@ class Server:
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, self.settings.port if port is None else port))
-        sock.listen(2048)
+        sock.listen(LISTEN_BACKLOG)
         sock.setblocking(False)
         return sock
 
     def serve(self) -> None:
-        """Serve until interrupted (Ctrl-C), then stop the engine and free the model."""
-        sock = self._bind()
-        self.runner.start()
-        server = self._uvicorn_server(sock)
-        self._uvicorn = server
-        try:
-            server.run(sockets=[sock])
-        finally:
-            sock.close()
-            self.close()
+        """Serve until SIGINT or SIGTERM, then drain (see the module docstring) and close."""
+        with _exit_on_signals() as server_box:
+            try:
+                sock = self._bind()
+                try:
+                    self.runner.start()
+                    server = self._uvicorn_server(sock)
+                    self._uvicorn = server
+                    server_box.append(server)
+                    server.run(sockets=[sock])
+                finally:
+                    sock.close()
+            finally:
+                self.close()
 
     def start_in_thread(self, port: int = 0, timeout_s: float = 20.0) -> str:
         """Start the engine and uvicorn on background threads; return the base URL."""
         sock = self._bind(port)
         self.runner.start()
         server = self._uvicorn_server(sock)
-        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._uvicorn = server
         self._thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
                                         name="skippy-http", daemon=True)
@@ -176,9 +253,85 @@ class Server:
         self.close()
 
     def close(self) -> None:
-        if self.runner.running or self.runner._thread is not None:
-            self.runner.stop()
-        self.host.close()
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
+        """Stop the engine, free llama.cpp and remove the temporary model (each step runs even
+        when an earlier one fails)."""
+        try:
+            if self.runner.running or self.runner._thread is not None:
+                self.runner.stop()
+        finally:
+            try:
+                self.host.close()
+            finally:
+                if self._tmp is not None:
+                    self._tmp.cleanup()
+                    self._tmp = None
+
+
+def max_piece_bytes(host: Any) -> int:
+    """The most bytes of text one token can stand for (control tokens by their text), at least
+    8: a prompt longer than this many bytes per token of context can never fit."""
+    longest = max((len(host.token_bytes(t, special=True)) for t in range(host.n_vocab)),
+                  default=0)
+    return max(longest, 8)
+
+
+def connection_budget(wanted: int) -> int:
+    """`wanted`, or fewer so that connections never take the process's last descriptors."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
+        return wanted
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    try:
+        used = len(os.listdir("/proc/self/fd"))
+    except OSError:  # pragma: no cover - no procfs
+        used = 64
+    return max(1, min(wanted, soft - used - FD_RESERVE))
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM interrupts the block as Ctrl-C does (on the main thread), so loading can clean
+    up after either."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _exit_on_signals() -> Iterator[list[Any]]:
+    """SIGINT and SIGTERM ask the uvicorn server put in the yielded list to exit (a second one
+    skips the drain); before it exists, they interrupt start-up. The handlers stay until the
+    block, closing included, is done, so a late Ctrl-C cannot cut the closing short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield []
+        return
+    box: list[Any] = []
+    seen: list[int] = []
+
+    def handle(sig: int, frame: Any) -> None:
+        seen.append(sig)
+        if not box:
+            raise KeyboardInterrupt
+        server = box[0]
+        if len(seen) == 1:
+            log.warning("stopping (signal %d): draining for up to %.0f s", sig,
+                        server.shutdown_timeout_s)
+            server.should_exit = True
+        else:
+            server.force_exit = True
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield box
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -45,15 +45,18 @@ def test_instant_host_streams_its_fixed_token_through_the_app():
     assert server.host.releases == 1  # the finished request's state was released
 
 
-def test_overhead_smoke(tmp_path):
+@pytest.mark.parametrize("step_ms", ["0", "1"])
+def test_overhead_smoke(tmp_path, step_ms):
     out = tmp_path / "overhead.jsonl"
     assert serve_overhead.main(["--concurrency", "4", "--requests", "8", "--max-tokens", "8",
-                                "--prompt-tokens", "8", "--json", str(out)]) == 0
+                                "--prompt-tokens", "8", "--step-ms", step_ms,
+                                "--json", str(out)]) == 0
     doc = json.loads(out.read_text().splitlines()[-1])
-    assert doc["completed"] == 8 and doc["errors"] == []
+    assert doc["completed"] == 8 and doc["errors"] == [] and doc["step_ms"] == float(step_ms)
     # The warm-up requests ran before the window: the server counted exactly the load's tokens.
     assert doc["output_tokens"] == doc["server_tokens"] == 64
-    assert doc["output_tokens_per_s"] > 0 and doc["steps"] >= 8
+    # 4 lanes, one token per request per step: at least 64 / 4 steps.
+    assert doc["output_tokens_per_s"] > 0 and doc["steps"] >= 16
     assert 1 <= doc["tokens_per_step"] <= 4
     assert doc["server_cpu_us_per_token"] == pytest.approx(
         doc["server_http_cpu_us_per_token"] + doc["server_engine_cpu_us_per_token"])

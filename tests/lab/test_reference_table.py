@@ -92,14 +92,3 @@ def test_decoder_max_gap(backend, scenario_results, name, gap):
     decoder = scenario_results(backend)[name].report.requests["decoder"]
     assert decoder.max_inter_token_gap_us == gap
     assert decoder.generated == 64
-
-
-def test_native_and_twin_give_identical_reports_and_traces(scenario_results):
-    from .conftest import BACKENDS
-
-    if BACKENDS != ["twin", "native"]:
-        pytest.skip("needs both scheduler implementations")
-    twin, native = scenario_results("twin"), scenario_results("native")
-    for name in SCENARIO_NAMES:
-        assert twin[name].report.as_dict() == native[name].report.as_dict(), name
-        assert twin[name].trace == native[name].trace, name

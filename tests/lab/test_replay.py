@@ -2,71 +2,13 @@
 affinity refreshes, preemption with restores, fairness across tenants, backend parity."""
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from skippy_scheduler.lab.replay import ReplayOptions, jain_index, run_replay
 from skippy_scheduler.policies import AdmissionKind
 from skippy_scheduler.lab.traces import BLOCK_TOKENS, blocks_for, open_trace
-
-REPO = Path(__file__).resolve().parents[2]
-TRACES = Path(os.environ.get("SKIPPY_TRACES_DIR") or REPO.parent / "shared" / "traces")
-MOONCAKE_CONV = TRACES / "mooncake-fast25-conversation_trace.jsonl"
-
-
-def mooncake_file(tmp_path, rows, name="t.jsonl") -> str:
-    """rows: (timestamp ms, blocks, output tokens[, tenant]); input = 512 per block, except a
-    last block given as (id, tokens)."""
-    lines = []
-    for row in rows:
-        ts, blocks, out = row[:3]
-        ids, n = [], 0
-        for b in blocks:
-            if isinstance(b, tuple):
-                ids.append(b[0])
-                n += b[1]
-            else:
-                ids.append(b)
-                n += BLOCK_TOKENS
-        record = {"timestamp": ts, "input_length": n, "output_length": out, "hash_ids": ids}
-        if len(row) > 3:
-            record["tenant"] = row[3]
-        lines.append(json.dumps(record))
-    path = tmp_path / name
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
-
-
-def conversation_rows(n=120, seed=3):
-    """Sessions that grow turn by turn (each turn extends the previous prompt), several at
-    once, with shared first blocks and some whole-prompt repeats."""
-    rng = np.random.default_rng(seed)
-    sessions: list[list] = []
-    rows = []
-    next_id = 1000
-    for k in range(n):
-        if not sessions or rng.random() < 0.3:
-            sessions.append([0])  # every prompt starts with block 0
-        s = sessions[int(rng.integers(len(sessions)))]
-        if rng.random() < 0.15:
-            blocks = list(s)  # the same prompt again
-        else:
-            for _ in range(int(rng.integers(1, 4))):
-                s.append(next_id)
-                next_id += 1
-            blocks = list(s)
-        if rng.random() < 0.3:
-            # A partial last block: its id covers fewer tokens, so it is never reused as a
-            # full block (as in the Mooncake traces: an id always covers the same tokens).
-            blocks = blocks + [(next_id, int(rng.integers(1, BLOCK_TOKENS)))]
-            next_id += 1
-        rows.append((k * 7, blocks, int(rng.integers(1, 40))))
-    return rows
-
+from lab_support import MOONCAKE_CONV, TRACES, conversation_rows, mooncake_file
 
 def check_served_blocks(trace, backend, options, policy="fcfs"):
     """Replay with an unbounded cache and compare every request's restore at admission with a
@@ -145,7 +87,7 @@ def test_bounded_cache_stays_within_capacity_and_never_evicts_a_pinned_block(tmp
     stores = []
 
     def hook(host):
-        stores.append(host.store)
+        stores.append(host.prefix.store)
 
         def on_evict(entry):
             # Pinned while a request runs: the deepest block it has fed (the host's pin) and
@@ -154,7 +96,7 @@ def test_bounded_cache_stays_within_capacity_and_never_evicts_a_pinned_block(tmp
                       if live.progress is not None}
             victims.append((id(entry) in pinned, entry.children))
 
-        host.store.backend.on_evict = on_evict
+        host.prefix.store.backend.on_evict = on_evict
 
     def on_plan(plan, start, duration):
         assert stores[0].used_tokens <= cap
@@ -231,19 +173,6 @@ def test_a_prompt_larger_than_memory_is_a_clear_error(tmp_path):
                    progress=False)
 
 
-def test_backends_agree_and_runs_repeat(tmp_path):
-    trace = open_trace(mooncake_file(tmp_path, conversation_rows(60, seed=2)), time_scale=0.1)
-    options = ReplayOptions(max_active=3, prefix_cache_tokens=8 * BLOCK_TOKENS)
-    figures = []
-    for backend in ("twin", "native", "native"):
-        f = dict(run_replay(trace, "cache-aware-aging", options=options, backend=backend,
-                            progress=False).figures)
-        f.pop("wall_s")
-        figures.append(f)
-    assert figures[0] == figures[1] == figures[2]
-    assert figures[0]["stale_refreshes"] > 0 and figures[0]["evictions"] > 0
-
-
 def test_figures_are_consistent(tmp_path, backend):
     trace = open_trace(mooncake_file(tmp_path, conversation_rows(50, seed=8)), time_scale=0.5)
     run = run_replay(trace, "fcfs", options=ReplayOptions(max_active=4), backend=backend,
@@ -287,11 +216,11 @@ def test_fair_share_evens_out_service_between_heavy_and_light_tenants(tmp_path, 
     # The scheduler ran fair share natively and charged every tenant itself; the host charged
     # nothing.
     host = hosts["fair-share"]
-    assert host.fair_share.native_kind is AdmissionKind.FAIR_SHARE
+    assert host.tenants.fair_share.native_kind is AdmissionKind.FAIR_SHARE
     counters = host.scheduler.tenant_counters()
     assert set(counters) == {None, "heavy", "light0", "light1", "light2", "light3"}
     assert all(counters[t] > 0 for t in counters if t is not None)
-    assert host.fair_share.counters.counters == {}
+    assert host.tenants.fair_share.counters.counters == {}
     assert fcfs["tenants"] == fair["tenants"] == 5
     assert fair["utilisation"] > 0.9  # saturated: policies decide who is served
     assert fair["jain_index"] > fcfs["jain_index"] + 0.15

@@ -130,19 +130,6 @@ def test_policies_and_modes_on_one_trace(backend):
     assert len(table) == 9 and all(len(l.split("\t")) == len(SUITE_COLUMNS) for l in table)
 
 
-def test_twin_and_native_agree():
-    from .conftest import BACKENDS
-
-    if BACKENDS != ["twin", "native"]:
-        pytest.skip("needs both scheduler implementations")
-    w = generate(SMALL)
-    options = replace(OPTIONS, kv_capacity_tokens=6_000)
-    for policy in POLICIES:
-        twin = run_policy(w, policy, "mixed", options, backend="twin")
-        native = run_policy(w, policy, "mixed", options, backend="native")
-        assert _figures_without_wall(twin) == _figures_without_wall(native)
-
-
 def test_suite_cli(tmp_path, capsys, backend):
     import json
 

@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from lab_support import TRACES
 from skippy_scheduler.lab.traces import (BLOCK_TOKENS, TOKEN_MODULUS, Trace, TraceError,
                                          TraceFormatError, detect_format, open_trace,
                                          synthesize_prompt, tenant_of_id)
 
-REPO = Path(__file__).resolve().parents[2]
-TRACES = Path(os.environ.get("SKIPPY_TRACES_DIR") or REPO.parent / "shared" / "traces")
 MOONCAKE_CONV = "mooncake-fast25-conversation_trace.jsonl"
 MOONCAKE_SYNTH = "mooncake-fast25-synthetic_trace.jsonl"
 AZURE_CODE = "AzureLLMInferenceTrace_code.csv"
@@ -66,6 +63,20 @@ def leading_seen(requests):
     return np.array(out), len(seen)
 
 
+def check_reuse(reqs, n_in, blocks, *, distinct, block_pct, token_pct, whole, histogram):
+    """The published prefix-reuse figures of a Mooncake trace: distinct block ids, the share of
+    blocks (and prompt tokens) in a leading run already seen, requests seen whole, and the
+    histogram of leading-run lengths."""
+    L, seen = leading_seen(reqs)
+    assert seen == distinct
+    assert 100 * L.sum() / blocks.sum() == pytest.approx(block_pct, abs=0.005)
+    hit = np.minimum(BLOCK_TOKENS * L, n_in)
+    assert 100 * hit.sum() / n_in.sum() == pytest.approx(token_pct, abs=0.005)
+    assert int((L == blocks).sum()) == whole
+    assert np.histogram(L, [0, 1, 2, 4, 8, 16, 32, 64, 128, 10**6])[0].tolist() == histogram
+    return L
+
+
 # -- the published figures (shared/traces/README.md) ---------------------------------------------
 
 
@@ -89,14 +100,8 @@ def test_mooncake_conversation_figures():
     # The importer refuses any other count; checked here on every row all the same.
     assert np.array_equal(blocks, [math.ceil(n / BLOCK_TOKENS) for n in n_in])
     assert blocks.sum() == 288_500
-    L, distinct = leading_seen(reqs)
-    assert distinct == 182_790
-    assert 100 * L.sum() / blocks.sum() == pytest.approx(36.64, abs=0.005)
-    hit = np.minimum(BLOCK_TOKENS * L, n_in)
-    assert 100 * hit.sum() / n_in.sum() == pytest.approx(37.36, abs=0.005)
-    assert int((L == blocks).sum()) == 118
-    assert np.histogram(L, [0, 1, 2, 4, 8, 16, 32, 64, 128, 10**6])[0].tolist() == \
-        [1, 7_372, 896, 791, 1_104, 953, 651, 178, 85]
+    check_reuse(reqs, n_in, blocks, distinct=182_790, block_pct=36.64, token_pct=37.36,
+                whole=118, histogram=[1, 7_372, 896, 791, 1_104, 953, 651, 178, 85])
 
 
 def test_mooncake_synthetic_figures():
@@ -118,15 +123,9 @@ def test_mooncake_synthetic_figures():
     blocks = np.array([len(r.blocks) for r in reqs])
     assert np.array_equal(blocks, [math.ceil(n / BLOCK_TOKENS) for n in n_in])
     assert blocks.sum() == 121_877 and np.median(blocks) == 23 and blocks.max() == 374
-    L, distinct = leading_seen(reqs)
-    assert distinct == 43_924
+    L = check_reuse(reqs, n_in, blocks, distinct=43_924, block_pct=63.96, token_pct=65.12,
+                    whole=213, histogram=[2_211, 34, 3, 217, 237, 269, 542, 443, 37])
     assert int((L > 0).sum()) == 1_782  # first id seen in an earlier row
-    assert 100 * L.sum() / blocks.sum() == pytest.approx(63.96, abs=0.005)
-    hit = np.minimum(BLOCK_TOKENS * L, n_in)
-    assert 100 * hit.sum() / n_in.sum() == pytest.approx(65.12, abs=0.005)
-    assert int((L == blocks).sum()) == 213
-    assert np.histogram(L, [0, 1, 2, 4, 8, 16, 32, 64, 128, 10**6])[0].tolist() == \
-        [2_211, 34, 3, 217, 237, 269, 542, 443, 37]
 
 
 def test_azure_code_figures():

@@ -60,7 +60,7 @@ def test_ranking_reranks_a_constant_queue_behind_a_full_active_set(impl):
 
 
 def test_fake_host_writes_one_output_per_sampling_row():
-    s = B._decoding(Scheduler, 5, 16).scheduler
+    s = B.decoding_engine(Scheduler, 5, 16).scheduler
     plan = s.plan_iteration()
     assert B.write_outputs(plan, token=3) == 5
     out = plan.outputs
@@ -70,11 +70,19 @@ def test_fake_host_writes_one_output_per_sampling_row():
     assert _phases(plan) == [IterationPhase.DECODE.value] * 5
 
 
-def test_bench_is_a_cli_subcommand_and_the_c_driver_is_installed():
-    args = build_parser().parse_args(["bench", "--quick", "--no-twin"])
-    assert args.func is bench_cli.run and args.quick and args.no_twin and not args.no_c
+def test_bench_is_a_cli_subcommand_and_finds_the_c_driver_in_the_source_tree(monkeypatch,
+                                                                            tmp_path):
+    """c_overhead.c is not installed: SKIPPY_BENCH_C or the checkout provides it."""
+    args = build_parser().parse_args(["bench", "--quick", "--scheduler", "native"])
+    assert args.func is bench_cli.run and args.quick and args.scheduler == ["native"]
+    assert not args.no_c
+    checkout = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "c_overhead.c")
+    monkeypatch.setenv("SKIPPY_BENCH_C", checkout)
     src = B.c_source()
-    assert src is not None and os.path.basename(src) == "c_overhead.c"
+    assert src is not None and os.path.samefile(src, checkout)
+    # Not shipped in the package: without a checkout the report says where it is.
+    exe, message = B.build_c(str(tmp_path), source=str(tmp_path / "absent.c"))
+    assert exe is None and "bench/c_overhead.c" in message
 
 
 @pytest.mark.parametrize("impl", IMPLS)

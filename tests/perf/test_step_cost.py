@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from skippy_scheduler import Scheduler, TwinScheduler
-from skippy_scheduler.bench import _decoding, write_outputs
+from skippy_scheduler.bench import decoding_engine, write_outputs
 
 
 def _steady(impl, n, prompt, steps=3):
-    s = _decoding(impl, n, prompt).scheduler
+    s = decoding_engine(impl, n, prompt).scheduler
     for _ in range(steps):
         plan = s.plan_iteration()
         write_outputs(plan, token=9)

@@ -1,9 +1,6 @@
 """A real server (uvicorn on a loopback port, engine thread, llama.cpp) on the tiny model."""
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
 pytest.importorskip("llama_cpp")
@@ -12,10 +9,8 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("openai")
 pytest.importorskip("prometheus_client")
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 import openai  # noqa: E402
-from serve_support import LANE_CTX, start_server  # noqa: E402
+from serve_support import LANE_CTX, start_server  # noqa: E402  (tests/support)
 
 from skippy_scheduler.hosts.llama import LlamaHost  # noqa: E402
 from skippy_scheduler.hosts.tiny_model import write_tiny_llama  # noqa: E402

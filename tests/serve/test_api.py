@@ -357,7 +357,7 @@ def test_a_dropped_connection_cancels_a_non_streamed_request(long_server):
     host, port = srv.url.split("//")[1].rsplit(":", 1)
     body = b'{"prompt": "drop", "max_tokens": 4000, "ignore_eos": true, "temperature": 0}'
     sock = socket.create_connection((host, int(port)))
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
                  b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
     t0 = time.monotonic()
     while metrics(srv.url)["skippy:num_lanes_in_use"] == 0:

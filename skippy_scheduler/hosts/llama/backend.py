@@ -62,9 +62,11 @@ def load_model(path: str) -> Any:
 
 
 def create_context(model: Any, *, n_ctx: int, n_batch: int, n_ubatch: int, sequence_ids: int,
-                   n_threads: int, kv_type: str, flash_attn: bool, unified: bool) -> Any:
+                   n_threads: int, kv_type: str, flash_attn: bool, unified: bool,
+                   cb_eval: Any = None) -> Any:
     """A context as asked (NULL when llama.cpp cannot make one); it may get less than asked,
-    so read its sizes back (`llama_n_batch`, `llama_n_ctx`, ...)."""
+    so read its sizes back (`llama_n_batch`, `llama_n_ctx`, ...). `cb_eval`: a graph
+    evaluation callback (`ggml_backend_sched_eval_callback`; the caller keeps it alive)."""
     # Fields are set by name: the struct layout changes between llama.cpp versions.
     cparams = _ll.llama_context_default_params()
     cparams.n_ctx = n_ctx
@@ -85,6 +87,9 @@ def create_context(model: Any, *, n_ctx: int, n_batch: int, n_ubatch: int, seque
     cparams.kv_unified = unified
     cparams.embeddings = False
     cparams.no_perf = True
+    if cb_eval is not None:
+        cparams.cb_eval = cb_eval
+        cparams.cb_eval_user_data = None
     return _ll.llama_init_from_model(model, cparams)
 
 

@@ -1,0 +1,115 @@
+"""`skippy-scheduler stage`: serve one stage file as a stage worker (docs/stages.md).
+
+The worker listens on a pyzmq address (`tcp://HOST:PORT` or `ipc://PATH`) until the driver
+(`run --stage-addresses ...`) configures it and sends plans; it runs until it is sent `stop` or
+killed.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import signal
+import sys
+
+from ._common import CommandError, check_gguf, positive_int
+from .vocabulary import add_flag
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "stage", help="serve one stage of a split model (a stage worker)",
+        usage="%(prog)s -m STAGE.gguf --listen ADDR [-t N]",
+        description="Run one stage file (from `split`) as a worker that takes plans and "
+                    "activations over pyzmq and passes its own on.")
+    add_flag(p, "model", note="a stage-K.gguf file written by split", required=True)
+    p.add_argument("--listen", metavar="ADDR", required=True,
+                   help="pyzmq address to bind, e.g. tcp://127.0.0.1:5601 or ipc:///tmp/s0")
+    add_flag(p, "threads", type=positive_int, default_text="what the driver asks")
+    p.set_defaults(func=run)
+
+
+def require_stage_packages(command: str, *modules: str) -> None:
+    """Import the optional packages a stage command needs, or say how to install them."""
+    import importlib
+
+    for name in modules or ("gguf", "zmq", "llama_cpp"):
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise CommandError(f"{command} needs {name} ({exc}); install it with: "
+                               "pip install 'skippy-scheduler[llama]'") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    check_gguf("--model", args.model)
+    require_stage_packages("stage")
+    import zmq
+
+    from ..stages.split import SplitError
+    from ..stages.worker import StageWorker
+
+    try:
+        worker = StageWorker(args.model, args.listen, n_threads=args.threads)
+    except SplitError as exc:
+        raise CommandError(str(exc)) from None
+    except zmq.ZMQError as exc:
+        raise CommandError(f"--listen: cannot bind {args.listen}: {exc}") from None
+    # SIGTERM ends the loop like Ctrl-C does.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    print(f"stage {worker.info.index} of {worker.info.count} (layers {worker.info.layer_start}-"
+          f"{worker.info.layer_end - 1}) listening on {worker.address}", file=sys.stderr,
+          flush=True)
+    try:
+        worker.serve()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        worker.close()
+    return 0
+
+
+def run_staged(args: argparse.Namespace, prompts: list[Any], n_seq: int, n_batch: int,
+               n_ctx: int, lane: int) -> Any:
+    """`run --stages DIR` / `run --stage-addresses ...`: the same run on stage workers.
+
+    Local workers are started (and stopped) here; the model given with --model, if any, must be
+    the one the stages were cut from.
+    """
+    from .run import serve_prompts
+
+    if args.stages and args.stage_addresses:
+        raise CommandError("give --stages or --stage-addresses, not both")
+    require_stage_packages("run --stages")
+    from ..stages.host import StageFailure, StageHost
+    from ..stages.local import LocalStages
+    from ..stages.split import SplitError, file_identity
+
+    host_args = dict(n_ctx=n_ctx, n_seq_max=n_seq, n_batch=n_batch, n_threads=args.threads,
+                     kv_type=args.kv_type, flash_attn=args.flash_attn,
+                     prefix_cache_tokens=args.prefix_cache_tokens,
+                     prefix_holders=args.prefix_holders)
+    try:
+        if args.stages:
+            with LocalStages(args.stages, n_threads=args.threads,
+                             source_model=args.model) as local:
+                with local.host(**host_args) as host:
+                    return _with_failure(host, serve_prompts(args, host, prompts, n_seq,
+                                                             n_batch, lane))
+        if not args.model:
+            raise CommandError("--stage-addresses needs --model: the model the stages were cut "
+                               "from (its vocabulary tokenizes the prompts)")
+        addresses = [a.strip() for a in args.stage_addresses.split(",") if a.strip()]
+        source = file_identity(args.model) if args.model else None
+        with StageHost(addresses, source_id=source, vocab_model=args.model,
+                       **host_args) as host:
+            return _with_failure(host, serve_prompts(args, host, prompts, n_seq, n_batch,
+                                                     lane))
+    except (SplitError, StageFailure) as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _with_failure(host: Any, result: Any) -> Any:
+    """The run's result with, in its summary, why the stages broke (None if they did not)."""
+    result[3]["stage_failure"] = host.broken
+    return result

@@ -1,0 +1,89 @@
+"""Settings of a lab run: the scheduler it builds, its runtime models and its goodput targets.
+
+`RunOptions` holds what the workload suite and the trace replay share (the scheduler's size and
+chunking, the KV-cell memory model); `SuiteOptions` and `ReplayOptions` add what only one of
+them has and their own goodput targets. The field order is the order of the `options` object
+in the lab's JSON documents, so new fields go at the end of a class.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable, Mapping, Optional
+
+from ..types import MemoryComponent, SchedulerConfig
+
+MODES = ("phase", "mixed")
+DEFAULT_PREFIX_CACHE_TOKENS = 8 << 20
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The scheduler a lab run builds and its KV-cell memory model (docs/lab.md)."""
+
+    max_active: int = 32
+    max_tokens: int = 2_048
+    chunk: int = 512
+    kv_capacity_tokens: int = 0  # 0 = no memory component
+    reserve_output_tokens: int = 32  # admission reserves prompt + min(output, this) cells
+
+    @property
+    def reserve(self) -> Optional[int]:
+        """Output tokens an admission reserves cells for; None without the memory model."""
+        return self.reserve_output_tokens if self.kv_capacity_tokens > 0 else None
+
+    def config(self, mode: str) -> SchedulerConfig:
+        """The scheduler configuration of a run in planning mode `mode` ("phase" or "mixed")."""
+        if mode not in MODES:
+            raise ValueError(f"unknown planning mode {mode!r} (choose from {', '.join(MODES)})")
+        components = []
+        if self.kv_capacity_tokens:
+            components = [MemoryComponent("kv-cells", self.kv_capacity_tokens, 0, 1, 0)]
+        return SchedulerConfig(
+            max_active_sequences=self.max_active,
+            sequence_id_limit=max(256, self.max_active + 16),
+            max_waiting_sequences=(1 << 62),
+            max_tokens_per_iteration=self.max_tokens,
+            prefill_chunk_tokens=self.chunk,
+            max_consecutive_prefill_iterations=1 if mode == "mixed" else None,
+            mixed_prefill_decode=(mode == "mixed"),
+            memory_components=components,
+        )
+
+    def _check_common(self, ttft_target_ms: float, itl_target_ms: float) -> None:
+        for name in ("max_active", "max_tokens", "chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 1")
+        if self.kv_capacity_tokens < 0 or self.reserve_output_tokens < 0:
+            raise ValueError("memory options must be >= 0")
+        if ttft_target_ms < 0 or itl_target_ms < 0:
+            raise ValueError("goodput targets must be >= 0")
+
+
+@dataclass(frozen=True)
+class SuiteOptions(RunOptions):
+    """A workload-suite run: goodput targets in the cost model's virtual time."""
+
+    ttft_target_ms: float = 50.0
+    itl_target_ms: float = 1.5
+    record_series: bool = False
+
+    def validate(self) -> "SuiteOptions":
+        self._check_common(self.ttft_target_ms, self.itl_target_ms)
+        return self
+
+
+@dataclass(frozen=True)
+class ReplayOptions(RunOptions):
+    """A trace replay: the bounded block prefix cache, goodput targets, fair-share weights."""
+
+    prefix_cache_tokens: Optional[int] = DEFAULT_PREFIX_CACHE_TOKENS  # None = unbounded, 0 = off
+    ttft_target_ms: float = 1_000.0
+    itl_target_ms: float = 5.0
+    tenant_weights: Optional[Mapping[Hashable, float]] = None  # fair-share weights (default 1)
+    record_series: bool = False
+
+    def validate(self) -> "ReplayOptions":
+        self._check_common(self.ttft_target_ms, self.itl_target_ms)
+        if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 0:
+            raise ValueError("prefix-cache-tokens must be >= 0")
+        return self

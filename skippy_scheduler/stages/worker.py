@@ -1,0 +1,196 @@
+"""A stage worker: one stage's layers behind a pyzmq socket (docs/stages.md "Workers").
+
+The worker binds a PULL socket at its listen address and answers what arrives there:
+
+* `conf` (JSON): its place in the chain (index, the next stage's address, the driver's reply
+  address) and the context settings; the worker (re)creates its llama.cpp context and answers
+  `ready` with what its stage file says about itself.
+* `plan` (a plan frame, then for a later stage an activation header and data): the worker frees
+  the plan's released lanes, runs its rows, and sends the same plan frame (the received zmq frame
+  itself, not a copy) with its activations to the next stage; the last stage sends the sampled
+  (work index, token) pairs to the driver instead.
+* `undo` (JSON lanes, starts, releases): the plan did not complete somewhere; rewind its rows.
+* `release` (JSON lanes), `held` (what lanes hold KV), `stop`.
+
+Any failure is reported to the driver as `err` with the stage index and the step; the worker
+keeps serving.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+import numpy as np
+
+from .runner import OP_COPY, OP_REMOVE, StageRunner
+from .split import read_stage_info
+from .wire import WireError, decode_activations, decode_plan, encode_activations, encode_outputs
+
+
+def _json(obj: Any) -> bytes:
+    return json.dumps(obj).encode()
+
+
+class StageWorker:
+    """The loop of one stage process (see the module docstring)."""
+
+    def __init__(self, model_path: str, listen: str, *, n_threads: Optional[int] = None) -> None:
+        import zmq
+
+        self.info = read_stage_info(model_path)  # fail before binding anything
+        self.model_path = model_path
+        self.n_threads = n_threads
+        self._zmq = zmq
+        self._ctx = zmq.Context()
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        self._pull.bind(listen)
+        self.address = self._pull.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._next: Any = None
+        self._reply: Any = None
+        self._runner: Any = None
+        self.index = self.info.index
+
+    def _connect(self, which: str, address: Optional[str]) -> Any:
+        old = getattr(self, which)
+        if old is not None:
+            old.close(linger=1000)
+        if address is None:
+            return None
+        sock = self._ctx.socket(self._zmq.PUSH)
+        sock.setsockopt(self._zmq.LINGER, 1000)
+        sock.connect(address)
+        return sock
+
+    def _configure(self, conf: dict[str, Any]) -> None:
+        self._reply = self._connect("_reply", conf["reply"])
+        self._next = self._connect("_next", conf.get("next"))
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+        threads = self.n_threads or int(conf.get("n_threads", 2))
+        self._runner = StageRunner(self.model_path, n_ctx=int(conf["n_ctx"]),
+                                   n_seq_max=int(conf["n_seq_max"]),
+                                   n_batch=int(conf["n_batch"]), n_threads=threads,
+                                   kv_type=str(conf.get("kv_type", "f32")),
+                                   flash_attn=bool(conf.get("flash_attn", False)))
+        r = self._runner
+        i = self.info
+        # Replies name the worker by its place in the chain; its file says which stage it is.
+        self.index = int(conf["index"])
+        self._reply.send_multipart([b"ready", _json({
+            "index": self.index, "tag": conf.get("tag"), "stage_index": i.index,
+            "count": i.count, "layer_start": i.layer_start,
+            "layer_end": i.layer_end, "source_layers": i.source_layers,
+            "source_id": i.source_id, "source_name": i.source_name, "path": i.path,
+            "n_embd": r.n_embd, "n_vocab": r.n_vocab, "n_ctx": r.n_ctx,
+            "n_batch": r.n_batch})])
+
+    def _plan(self, parts: list[Any]) -> None:
+        runner = self._runner
+        view = decode_plan(parts[1].buffer)
+        for lane in view.release_lanes.tolist():
+            runner.release(lane)
+        lanes = view.row_lanes
+        offsets = view.row_offsets.astype(np.int64)
+        n = int(offsets[-1])
+        # A new row starts on an empty lane, from position 0 or from a holder's prefix: all of it
+        # is checked before the lane is touched.
+        ops: list[list[int]] = []
+        for r in view.new_rows.tolist():
+            lane, start = int(lanes[r]), int(view.positions[offsets[r]])
+            holder = int(view.row_restore[r])
+            ops.append([OP_REMOVE, lane, -1, -1, 0])
+            if holder >= 0:
+                if not 0 <= holder < runner.n_seq_max or runner.held(holder) < start:
+                    raise ValueError(f"new row {r} restores {start} positions from holder "
+                                    f"{holder}, which holds "
+                                    f"{runner.held(holder) if 0 <= holder < runner.n_seq_max else 0}")
+                ops.append([OP_COPY, holder, lane, 0, start])
+            elif start != 0:
+                raise ValueError(f"new row {r} starts at {start} without a restore")
+        runner.check_ops(ops)
+        runner.apply_ops(ops)
+        runner.check_rows(lanes, view.positions[offsets[:-1]])
+        embd = None
+        if not runner.first:
+            if len(parts) != 4:
+                raise WireError("a later stage's plan message carries activations")
+            embd = decode_activations(parts[2].buffer, parts[3].buffer, view.step, n,
+                                      runner.n_embd)
+        out = runner.run(lanes, offsets, view.positions, view.sample_rows,
+                         tokens=view.tokens if runner.first else None, embd=embd)
+        if runner.last:
+            self._reply.send_multipart([b"out", encode_outputs(view.step, view.sample_rows,
+                                                               out)])
+        else:
+            head, rows = encode_activations(view.step, out)
+            # The plan frame goes on as received; the activations are copied into the message
+            # because the capture buffer is rewritten by the next decode.
+            self._next.send_multipart([b"plan", parts[1], head, rows], copy=True)
+
+    def _undo(self, body: dict[str, Any]) -> None:
+        runner = self._runner
+        for lane in body.get("release", []):
+            runner.release(int(lane))
+        for lane, start in zip(body.get("lanes", []), body.get("starts", [])):
+            if start == 0:
+                runner.release(int(lane))
+            else:
+                runner.rewind(int(lane), int(start))
+        self._reply.send_multipart([b"undone", _json({"index": self.index,
+                                                       "tag": body.get("tag")})])
+
+    def serve(self) -> None:
+        """Answer messages until `stop`."""
+        while True:
+            parts = self._pull.recv_multipart(copy=False)
+            kind = parts[0].bytes
+            if kind == b"stop":
+                break
+            step, tag = -1, None
+            try:
+                if kind == b"plan":
+                    if len(parts) >= 2 and len(parts[1]) >= 24:
+                        step = int(np.frombuffer(parts[1].buffer, np.uint64, 1, 16)[0])
+                    if self._runner is not None:
+                        self._plan(parts)
+                    continue
+                body = json.loads(parts[1].bytes) if len(parts) > 1 else {}
+                tag = body.get("tag")
+                if kind == b"conf":
+                    self._configure(body)
+                    continue
+                if self._runner is None or self._reply is None:
+                    continue  # nothing to answer to before a conf
+                if kind == b"undo":
+                    self._undo(body)
+                elif kind == b"mem":
+                    self._runner.apply_ops(body["ops"])
+                    self._reply.send_multipart([b"mem-done", _json({"index": self.index,
+                                                                    "tag": tag})])
+                elif kind == b"release":
+                    for lane in body["lanes"]:
+                        self._runner.release(int(lane))
+                    self._reply.send_multipart([b"released", _json({"index": self.index,
+                                                                    "tag": tag})])
+                elif kind == b"held":
+                    self._reply.send_multipart([b"held", _json({
+                        "index": self.index, "tag": tag,
+                        "lanes": {str(k): self._runner.held(k)
+                                  for k in self._runner.held_lanes()}})])
+            except Exception as exc:
+                if self._reply is not None:
+                    self._reply.send_multipart([b"err", _json({
+                        "index": self.index, "step": step, "tag": tag,
+                        "kind": kind.decode("ascii", "replace"),
+                        "message": f"{type(exc).__name__}: {exc}"})])
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+        for sock in (self._next, self._reply, self._pull):
+            if sock is not None:
+                sock.close(linger=0)
+        self._ctx.term()
