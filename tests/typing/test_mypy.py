@@ -138,7 +138,6 @@ def test_the_stubs_give_the_api_its_real_types(workdir):
         assert_type(out.count, int)
         assert_type(plan.requests, FFI.CData)
         assert_type(scheduler.complete_iteration(plan), IterationTelemetry)
-        assert_type(scheduler.complete_iteration(plan, predictions=None), IterationTelemetry)
         assert_type(scheduler.metrics(), SchedulerMetrics)
         assert_type(scheduler.snapshot(), SchedulerSnapshot)
         assert_type(scheduler.sequence("a"), Sequence | None)
