@@ -89,8 +89,7 @@ ROWS = [
      lambda s, p, i: complete(s, p, [IterationPrediction(1, 1)])),
     ("complete: outputs block naming a bad row", MalformedOutputs, lambda s, p, i: outputs(s, p, [(1, 5)])),
     ("complete: outputs count above the rows", ValueError, lambda s, p, i: outputs(s, p, [(0, 5)], count=3)),
-    # (complete_iteration takes no predictions argument any more: the host writes the block)
-    ("complete: predictions not IterationPrediction", TypeError,
+    ("complete: an argument besides the plan (outputs go in `plan.outputs`)", TypeError,
      lambda s, p, i: s.complete_iteration(p, [(0, 1)])),
     ("observe: duration not a number", TypeError, lambda s, p, i: s.observe_iteration_duration(p, "10ms")),
     ("preempt: byte count negative or above 2^64-1", ValueError,
