@@ -51,7 +51,6 @@ from .types import (
     EmptyPrompt,
     FinishReason,
     IterationPhase,
-    IterationPrediction,
     IterationTelemetry,
     IterationWork,
     MalformedOutputs,
@@ -398,11 +397,11 @@ cdef class Scheduler:
         if skippy_scheduler_abort(self._s, (<IterationPlan>plan).serial, NULL) != SKIPPY_STATUS_OK:
             self._raise_last()
 
-    def complete_iteration(self, plan, predictions=None):
-        """Apply the sampled outputs of `plan` (its `outputs` block, or `predictions`); plans
-        complete in the order they were made (PlanInFlight otherwise)."""
+    def complete_iteration(self, plan):
+        """Apply the sampled outputs the host wrote into `plan.outputs`; plans complete in the
+        order they were made (PlanInFlight otherwise)."""
         cdef skippy_iteration_telemetry t
-        cdef size_t n_before, n_after, i, k
+        cdef size_t n_before, n_after, i
         cdef const skippy_retired *ret
         cdef skippy_plan *p
         cdef uint64_t oldest
@@ -412,23 +411,6 @@ cdef class Scheduler:
         if (<IterationPlan>plan).serial != oldest:
             raise PlanInFlight(f"plan step {(<IterationPlan>plan).step} completed before an "
                                "older live plan: complete plans in the order they were made")
-        if predictions is not None:
-            preds = list(predictions)
-            for pr in preds:
-                if not isinstance(pr, IterationPrediction):
-                    raise TypeError(f"predictions must be IterationPrediction values, got {type(pr).__name__}")
-            if len(preds) > p.request_count:
-                raise MalformedOutputs(f"{len(preds)} predictions for a plan of {p.request_count} rows")
-            for pr in preds:
-                if pr.work_index >= p.request_count:
-                    raise MalformedOutputs(f"prediction names work index {pr.work_index} outside "
-                                           f"the plan ({p.request_count} rows)")
-            k = 0
-            for pr in preds:
-                p.outputs.sampled_request_indexes[k] = pr.work_index
-                p.outputs.predicted_tokens[k] = pr.token
-                k += 1
-            p.outputs.count = k
         skippy_scheduler_retired(self._s, &n_before)
         if skippy_scheduler_complete(self._s, (<IterationPlan>plan).serial, &t, NULL) != SKIPPY_STATUS_OK:
             self._raise_last()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Optional, Protocol, runtime_checkable
+from typing import Optional, Protocol, Union, runtime_checkable
 
 from ..cost_model import RuntimeCostModel
 
@@ -119,3 +119,21 @@ class CpuClock:
         now = self.now()
         if t_us > now:
             self._skipped_us += t_us - now
+
+
+ClockArg = Union[Clock, str, None]
+
+
+def make_clock(clock: ClockArg) -> Optional[Clock]:
+    if clock is None:
+        return None
+    if clock == "wall":
+        return WallClock()
+    if clock == "virtual":
+        return VirtualClock()
+    if isinstance(clock, str):
+        raise ValueError(f"clock must be 'wall', 'virtual', a Clock or None, got {clock!r}")
+    if not isinstance(clock, Clock):
+        raise TypeError(f"clock needs start(), now(), charge() and wait_until(): "
+                        f"{type(clock).__name__}")
+    return clock

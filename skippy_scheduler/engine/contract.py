@@ -263,3 +263,21 @@ def check_scheduler(scheduler: object) -> SchedulerLike:
 def _missing(obj: object, names: tuple[str, ...]) -> str:
     have = set(dir(obj))
     return ", ".join(n for n in names if n not in have)
+
+
+def attach_store(scheduler: SchedulerLike, store: Any, config: SchedulerConfig) -> None:
+    """A host that keeps resident prefixes hands its store to the scheduler, which then reads
+    restores from it (§2.12). Its holder ids must be the scheduler's reserved sequence ids."""
+    if scheduler.prefix_store is store:
+        return
+    holders = store.holder_slots
+    if holders:
+        limit = config.sequence_id_limit
+        reserved = config.reserved_sequence_ids
+        first = store.first_holder_id
+        if holders > reserved or first != limit - reserved or first + holders > limit:
+            raise ValueError(
+                f"the host's prefix holders are sequence ids [{first}, {first + holders}) but the "
+                f"scheduler reserves [{limit - reserved}, {limit}): configure the scheduler with "
+                "the host's sequence_id_settings")
+    scheduler.attach_prefix_store(store)

@@ -18,12 +18,13 @@ import itertools
 import queue
 import threading
 from collections import deque
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence as _Seq, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence as _Seq
 
 from ..types import (AdmissionError, DuplicateSequence, QueueFull, RejectReason, ReleaseReason,
-                     SchedulerConfig, Sequence)
-from .clock import Clock, VirtualClock, WallClock
-from .contract import Host, HostHooks, RequestLike, SchedulerLike, attach, check_scheduler
+                     Sequence)
+from .clock import Clock, ClockArg, make_clock
+from .contract import (Host, HostHooks, RequestLike, SchedulerLike, attach, attach_store,
+                       check_scheduler)
 from .observers import OnPlan as _OnPlan, PlanHook, Recording, StepObserver, TokenEvents, replace_hook
 from .record import EngineReport, Recorder
 from .requests import (_ENDED, _PENDING, _SUBMITTED, AcceptEvent, EngineStalled, Event,
@@ -34,24 +35,6 @@ _INF = float("inf")
 
 __all__ = ["AcceptEvent", "Engine", "EngineStalled", "Event", "FinishEvent", "Request",
            "TokenEvent"]
-
-
-ClockArg = Union[Clock, str, None]
-
-
-def _make_clock(clock: ClockArg) -> Optional[Clock]:
-    if clock is None:
-        return None
-    if clock == "wall":
-        return WallClock()
-    if clock == "virtual":
-        return VirtualClock()
-    if isinstance(clock, str):
-        raise ValueError(f"clock must be 'wall', 'virtual', a Clock or None, got {clock!r}")
-    if not isinstance(clock, Clock):
-        raise TypeError(f"clock needs start(), now(), charge() and wait_until(): "
-                        f"{type(clock).__name__}")
-    return clock
 
 
 class Engine(_Steps):
@@ -80,7 +63,7 @@ class Engine(_Steps):
         self.scheduler = check_scheduler(scheduler)
         self.hooks: HostHooks = attach(host)
         self.host = host
-        self._clock = _make_clock(clock)
+        self._clock = make_clock(clock)
         self.observe = bool(observe) and self._clock is not None
         self.before_step = before_step
         self.on_reject = on_reject
@@ -91,7 +74,7 @@ class Engine(_Steps):
         config = scheduler.config
         store = self.hooks.prefix_store
         if store is not None:
-            _attach_host_store(scheduler, store, config)
+            attach_store(scheduler, store, config)
         self._depth = int(config.max_inflight_plans or 1)
         self.recorder: Optional[Recorder] = Recorder() if record else None
         self.iterations = 0
@@ -130,7 +113,7 @@ class Engine(_Steps):
 
     @clock.setter
     def clock(self, clock: ClockArg) -> None:
-        self._clock = _make_clock(clock)
+        self._clock = make_clock(clock)
 
     @property
     def on_plan(self) -> Optional[PlanHook]:
@@ -505,21 +488,3 @@ class Engine(_Steps):
         if used is not None:
             sched = self.scheduler
             self._release_victims(list(sched.preempt_for_component_pressure(list(used))))
-
-
-def _attach_host_store(scheduler: SchedulerLike, store: Any, config: SchedulerConfig) -> None:
-    """A host that keeps resident prefixes hands its store to the scheduler, which then reads
-    restores from it (§2.12). Its holder ids must be the scheduler's reserved sequence ids."""
-    if scheduler.prefix_store is store:
-        return
-    holders = store.holder_slots
-    if holders:
-        limit = config.sequence_id_limit
-        reserved = config.reserved_sequence_ids
-        first = store.first_holder_id
-        if holders > reserved or first != limit - reserved or first + holders > limit:
-            raise ValueError(
-                f"the host's prefix holders are sequence ids [{first}, {first + holders}) but the "
-                f"scheduler reserves [{limit - reserved}, {limit}): configure the scheduler with "
-                "the host's sequence_id_settings")
-    scheduler.attach_prefix_store(store)

@@ -2,17 +2,17 @@
 
 Owns `TwinPlan` and `TwinOutputs`, the same surface as the native `IterationPlan` and
 `PlanOutputs` (row views as numpy arrays, an outputs block written in place), the reading of
-a completion's predictions against a plan (behaviour.md §0.4e), and what plans in flight keep
+a completion's outputs block against a plan (behaviour.md §0.4e), and what plans in flight keep
 per sequence and per row (`Flight`, `RowUndo`, §2.11).
 """
 from __future__ import annotations
 
-from typing import Hashable, Iterable, Iterator, Optional
+from typing import Hashable, Iterator, Optional
 
 import numpy as np
 
 from .._validate import check_uint
-from ..types import IterationPhase, IterationPrediction, IterationWork, MalformedOutputs, Sequence
+from ..types import IterationPhase, IterationWork, MalformedOutputs, Sequence
 
 PLACEHOLDER = -1  # a generated token whose sampling row is still in flight (§2.11)
 
@@ -79,7 +79,10 @@ class TwinOutputs:
 
     @count.setter
     def count(self, value: int) -> None:
-        self._count = check_uint("outputs.count", value)
+        count = check_uint("outputs.count", value)
+        if count > self.capacity:  # (as the native block refuses it)
+            raise ValueError(f"count must be in [0, {self.capacity}]")
+        self._count = count
 
 
 class TwinPlan:
@@ -145,35 +148,25 @@ class TwinPlan:
         return f"TwinPlan(token_count={self.token_count}, admitted={self.admitted}, rows=[{rows}])"
 
 
-def read_predictions(plan: TwinPlan, predictions: Iterable[IterationPrediction] | None) -> dict[int, int]:
-    """Work index -> token, from a prediction list or (None) the plan's outputs block.
+def read_outputs(plan: TwinPlan) -> dict[int, int]:
+    """Work index -> token, from the plan's outputs block.
 
-    Raises MalformedOutputs for an index outside the plan, a repeated index or a row that does
-    not sample (§0.4e); nothing has changed at that point.
+    Raises MalformedOutputs for a count above the rows, an index outside the plan, a repeated
+    index or a row that does not sample (§0.4e); nothing has changed at that point.
     """
     rows = len(plan._rows)
-    pairs: list[tuple[int, int]] = []
-    if predictions is None:
-        outputs = plan.outputs
-        count = outputs.count
-        if count > rows:
-            raise MalformedOutputs(f"outputs.count {count} exceeds the plan's {rows} rows")
-        indexes = outputs.request_indexes[:count].tolist()
-        tokens = outputs.predicted_tokens[:count].tolist()
-        pairs = list(zip(indexes, tokens))
-    else:
-        if isinstance(predictions, (str, bytes)) or not hasattr(predictions, "__iter__"):
-            raise TypeError("predictions must be a list of IterationPrediction")
-        for p in predictions:
-            if not isinstance(p, IterationPrediction):
-                raise TypeError(f"predictions must hold IterationPrediction values, got {type(p).__name__}")
-            pairs.append((p.work_index, p.token))
+    outputs = plan.outputs
+    count = outputs.count
+    if count > rows:
+        raise MalformedOutputs(f"outputs.count {count} exceeds the plan's {rows} rows")
+    indexes = outputs.request_indexes[:count].tolist()
+    tokens = outputs.predicted_tokens[:count].tolist()
     slots: dict[int, int] = {}
-    for index, token in pairs:
+    for index, token in zip(indexes, tokens):
         if index >= rows:
-            raise MalformedOutputs(f"prediction names work index {index}, the plan has {rows} rows")
+            raise MalformedOutputs(f"output names work index {index}, the plan has {rows} rows")
         if index in slots:
-            raise MalformedOutputs(f"work index {index} has more than one prediction")
+            raise MalformedOutputs(f"work index {index} has more than one output")
         if not plan._rows[index].sample_last:
             raise MalformedOutputs(f"work index {index} does not sample")
         slots[index] = token

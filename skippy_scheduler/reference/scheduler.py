@@ -14,7 +14,7 @@ from typing import Hashable, Iterable, Optional
 from .._validate import check_id, check_uint, sat, sat_sub
 from .admission import AdmissionOrder
 from .memory import MemoryLedger
-from .plan import PLACEHOLDER, Flight, RowUndo, TwinPlan, read_predictions
+from .plan import PLACEHOLDER, Flight, RowUndo, TwinPlan, read_outputs
 from .planning import RowPlanner
 from .store_link import StoreLink
 from ..policies import (
@@ -29,7 +29,6 @@ from ..types import (
     EmptyPrompt,
     FinishReason,
     IterationPhase,
-    IterationPrediction,
     IterationTelemetry,
     PlanInFlight,
     QueueFull,
@@ -312,15 +311,13 @@ class TwinScheduler:
             raise TypeError(f"elapsed_seconds must be a number, got {type(elapsed_seconds).__name__}")
         self._planner.observe(plan._rows, float(elapsed_seconds) * 1e6)
 
-    def complete_iteration(
-        self, plan: TwinPlan, predictions: Iterable[IterationPrediction] | None = None
-    ) -> IterationTelemetry:
+    def complete_iteration(self, plan: TwinPlan) -> IterationTelemetry:
         self._check_live(plan)
         if plan is not self._live_plans[0]:
             raise PlanInFlight(f"plan {plan.step} completed before plan "
                                f"{self._live_plans[0].step}: complete plans in the order they "
                                "were made")
-        slots = read_predictions(plan, predictions)
+        slots = read_outputs(plan)
         if self._admission.fair:
             self._charge(plan)
         counts = {IterationPhase.PREFILL: 0, IterationPhase.RECOMPUTE: 0, IterationPhase.DECODE: 0}

@@ -161,6 +161,11 @@ class EngineRunner:
     def running(self) -> bool:
         return self._running
 
+    @property
+    def started(self) -> bool:
+        """Whether `start` made the engine thread (it may have stopped since)."""
+        return self._thread is not None
+
     def _main(self) -> None:
         while not self._stopping:
             try:

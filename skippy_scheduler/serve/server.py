@@ -268,7 +268,7 @@ class Server:
         """Stop the engine, free llama.cpp and remove the temporary model (each step runs even
         when an earlier one fails)."""
         try:
-            if self.runner.running or self.runner._thread is not None:
+            if self.runner.running or self.runner.started:
                 self.runner.stop()
         finally:
             try:

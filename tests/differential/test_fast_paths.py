@@ -19,6 +19,7 @@ from skippy_scheduler import (
     Sequence,
     TwinScheduler,
 )
+from sched_helpers import complete
 
 
 def _config(rng, mixed):
@@ -103,7 +104,7 @@ def test_native_matches_twin_on_random_workloads(seed):
             mode = rng.choice(["order", "order", "shuffle", "gap", "finish", "preds"])
             if mode == "preds":
                 preds = [IterationPrediction(int(r), rng.randrange(0, 50)) for r in pn.sample_rows]
-                tn, tt = native.complete_iteration(pn, preds), twin.complete_iteration(pt, preds)
+                tn, tt = complete(native, pn, preds), complete(twin, pt, preds)
             else:
                 state = rng.getstate()
                 _write(pn, rng, mode)

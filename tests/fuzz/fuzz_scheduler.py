@@ -13,6 +13,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scheduler"))
 
 from _bytes import ByteReader  # noqa: E402
 
@@ -138,9 +139,11 @@ def run(data: bytes) -> None:
                 pairs.append((i, -1 if c == 1 else c * 5))
             if r.below(6) == 0 and plans[1].work:
                 pairs.append((r.below(len(plans[1].work) + 2), 1))  # maybe malformed
+            from sched_helpers import complete  # (imports the package: after instrumentation)
+
             preds = [sk.IterationPrediction(i, t) for i, t in pairs]
-            a = call(lambda: native.complete_iteration(plans[0], preds))
-            b = call(lambda: twin.complete_iteration(plans[1], preds))
+            a = call(lambda: complete(native, plans[0], preds))
+            b = call(lambda: complete(twin, plans[1], preds))
             assert a == b, (a, b)
             if a[0] and live and live[0] is plans:
                 live.pop(0)

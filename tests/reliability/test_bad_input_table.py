@@ -22,6 +22,7 @@ from skippy_scheduler import (
     StalePlanError,
     TwinScheduler,
 )
+from sched_helpers import complete
 
 DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")
 
@@ -78,17 +79,18 @@ ROWS = [
     ("submit: field of the wrong type", TypeError, lambda s, p, i: s.submit(seq_with(priority=1.5))),
     ("submit: negative or oversized count", ValueError, lambda s, p, i: s.submit(seq_with(max_tokens=1 << 32))),
     ("complete/observe: plan completed or replaced", StalePlanError, None),
-    ("complete/observe: not a plan", TypeError, lambda s, p, i: s.complete_iteration("plan", [])),
-    ("complete/observe: another scheduler's plan", ValueError, lambda s, p, i: s.complete_iteration(other_plan(i), [])),
+    ("complete/observe: not a plan", TypeError, lambda s, p, i: complete(s, "plan", [])),
+    ("complete/observe: another scheduler's plan", ValueError, lambda s, p, i: complete(s, other_plan(i), [])),
     ("complete: prediction outside the plan", MalformedOutputs,
-     lambda s, p, i: s.complete_iteration(p, [IterationPrediction(2, 1)])),
+     lambda s, p, i: complete(s, p, [IterationPrediction(2, 1)])),
     ("complete: same row predicted twice", MalformedOutputs,
-     lambda s, p, i: s.complete_iteration(p, [IterationPrediction(0, 1), IterationPrediction(0, 2)])),
+     lambda s, p, i: complete(s, p, [IterationPrediction(0, 1), IterationPrediction(0, 2)])),
     ("complete: prediction for a non-sampling row", MalformedOutputs,
-     lambda s, p, i: s.complete_iteration(p, [IterationPrediction(1, 1)])),
+     lambda s, p, i: complete(s, p, [IterationPrediction(1, 1)])),
     ("complete: outputs block naming a bad row", MalformedOutputs, lambda s, p, i: outputs(s, p, [(1, 5)])),
     ("complete: outputs count above the rows", ValueError, lambda s, p, i: outputs(s, p, [(0, 5)], count=3)),
-    ("complete: predictions not IterationPrediction", TypeError, lambda s, p, i: s.complete_iteration(p, [(0, 1)])),
+    ("complete: an argument besides the plan (outputs go in `plan.outputs`)", TypeError,
+     lambda s, p, i: s.complete_iteration(p, [(0, 1)])),
     ("observe: duration not a number", TypeError, lambda s, p, i: s.observe_iteration_duration(p, "10ms")),
     ("preempt: byte count negative or above 2^64-1", ValueError,
      lambda s, p, i: s.preempt_for_component_pressure([-1])),
@@ -119,10 +121,10 @@ NO_OP_ROWS = [
 def test_bad_input_raises_and_changes_nothing(impl, label, error, action):
     s, plan = busy(impl)
     if action is None:  # stale: complete the plan, then use it again
-        s.complete_iteration(plan, [IterationPrediction(0, 1)])
+        complete(s, plan, [IterationPrediction(0, 1)])
         before = state(s)
         with pytest.raises(error):
-            s.complete_iteration(plan, [IterationPrediction(0, 1)])
+            complete(s, plan, [IterationPrediction(0, 1)])
         with pytest.raises(error):
             s.observe_iteration_duration(plan, 0.01)
         assert state(s) == before
@@ -138,7 +140,7 @@ def test_bad_input_raises_and_changes_nothing(impl, label, error, action):
         after[1].rejected_overload -= 1
     assert after == before
     # The live plan survives every refused call and completes normally.
-    telemetry = s.complete_iteration(plan, [IterationPrediction(0, 5)])
+    telemetry = complete(s, plan, [IterationPrediction(0, 5)])
     assert telemetry.failed_ids == [] and list(s.sequence("a").generated_tokens) == [5]
 
 

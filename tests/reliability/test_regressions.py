@@ -10,6 +10,7 @@ from skippy_scheduler import (
     SchedulerConfig,
     Sequence,
 )
+from sched_helpers import complete
 
 
 class NewestFirst(AdmissionPolicy):
@@ -34,7 +35,7 @@ def test_user_written_policies_run_on_the_native_scheduler():
         s.submit(Sequence(sequence_id, list(range(length)), 1))
     plan = s.plan_iteration()
     assert [w.sequence_id for w in plan.work] == ["c", "b"]
-    telemetry = s.complete_iteration(plan, [IterationPrediction(0, 5), IterationPrediction(1, 6)])
+    telemetry = complete(s, plan, [IterationPrediction(0, 5), IterationPrediction(1, 6)])
     assert telemetry.finished_ids == ["c", "b"]
     s.submit(Sequence("d", [1, 2, 3, 4, 5], 4))
     s.submit(Sequence("e", [1], 4))

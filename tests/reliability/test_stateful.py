@@ -45,6 +45,7 @@ from skippy_scheduler import (
     StageCacheAffinity,
     StalePlanError,
 )
+from sched_helpers import complete
 
 U64_MAX = (1 << 64) - 1
 IDS = ["s0", "s1", "s2", "s3", "s4", "s5", "s6"]
@@ -332,7 +333,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             plan.outputs.count = len(pairs)
             telemetry = self.s.complete_iteration(plan)
         else:
-            telemetry = self.s.complete_iteration(plan, [IterationPrediction(r, t) for r, t in pairs])
+            telemetry = complete(self.s, plan, [IterationPrediction(r, t) for r, t in pairs])
         assert telemetry.finished_ids == finished and telemetry.failed_ids == failed
         if finished or failed:
             event("retired by completion")
@@ -472,11 +473,12 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert self.state() == before and plan.live
             return
         else:
+            # (no predictions argument: the host writes the outputs block)
             self.expect_unchanged(lambda: self.s.complete_iteration(plan, [(0, 1)]), TypeError)
             return
+        if len(pairs) > len(work):
+            return  # (more entries than the block holds: the count itself is refused)
         if via_outputs:
-            if len(pairs) > len(work):
-                return
             for k, (r, t) in enumerate(pairs):
                 plan.outputs.request_indexes[k] = r
                 plan.outputs.predicted_tokens[k] = t
@@ -484,7 +486,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.expect_unchanged(lambda: self.s.complete_iteration(plan), MalformedOutputs)
         else:
             preds = [IterationPrediction(r, t) for r, t in pairs]
-            self.expect_unchanged(lambda: self.s.complete_iteration(plan, preds), MalformedOutputs)
+            self.expect_unchanged(lambda: complete(self.s, plan, preds), MalformedOutputs)
         assert plan.live  # a malformed completion leaves the plan live (§0.7)
 
     @precondition(lambda self: bool(self.dead_plans))
@@ -492,7 +494,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def stale_plan(self, complete):
         old = self.dead_plans[-1]
         if complete:
-            self.expect_unchanged(lambda: self.s.complete_iteration(old, []), StalePlanError)
+            self.expect_unchanged(lambda: self.s.complete_iteration(old), StalePlanError)
         else:
             self.expect_unchanged(lambda: self.s.observe_iteration_duration(old, 0.01), StalePlanError)
 

@@ -1,6 +1,6 @@
 """behaviour.md §6.1: the engine conformance cases, on every scheduler implementation."""
 import pytest
-from sched_helpers import affinity, make_scheduler, pred, row_ids, seq
+from sched_helpers import affinity, complete, make_scheduler, pred, row_ids, seq
 
 from skippy_scheduler import (
     IterationPhase,
@@ -21,11 +21,11 @@ def calibrated_decoder(s, sequence_id, prompt_len, max_tokens, prefill_seconds=N
     assert row_ids(plan) == [sequence_id] and plan.work[0].sample_last
     if prefill_seconds is not None:
         s.observe_iteration_duration(plan, prefill_seconds)
-    s.complete_iteration(plan, [pred(0, 42)])
+    complete(s, plan, [pred(0, 42)])
     plan = s.plan_iteration()
     assert [w.phase for w in plan.work] == [Decode]
     s.observe_iteration_duration(plan, 0.010)
-    s.complete_iteration(plan, [pred(0, 43)])
+    complete(s, plan, [pred(0, 43)])
 
 
 def test_01_iteration_separates_prefill_and_decode_without_replaying_final_prompt_token(impl):
@@ -33,7 +33,7 @@ def test_01_iteration_separates_prefill_and_decode_without_replaying_final_promp
     s.submit(seq("decode", 2, 4))
     plan = s.plan_iteration()
     assert row_ids(plan) == ["decode"] and plan.work[0].sample_last
-    s.complete_iteration(plan, [pred(0, 42)])
+    complete(s, plan, [pred(0, 42)])
     s.submit(seq("prefill", 8, 4))
 
     plan = s.plan_iteration()
@@ -41,14 +41,14 @@ def test_01_iteration_separates_prefill_and_decode_without_replaying_final_promp
     row = plan.work[0]
     assert (row.sequence_id, row.phase, row.sample_last) == ("prefill", Prefill, False)
     assert list(row.tokens) == [0, 1, 2, 3]
-    s.complete_iteration(plan, [])
+    complete(s, plan, [])
 
     plan = s.plan_iteration()
     assert len(plan) == 1
     row = plan.work[0]
     assert (row.sequence_id, row.phase, row.sample_last) == ("prefill", Prefill, True)
     assert list(row.tokens) == [4, 5, 6, 7]
-    s.complete_iteration(plan, [pred(0, 100)])
+    complete(s, plan, [pred(0, 100)])
 
     plan = s.plan_iteration()
     assert all(w.phase is Decode for w in plan.work)
@@ -70,14 +70,14 @@ def test_02_prefilled_generation_resumes_at_the_next_decode_position(impl):
 def test_03_bounded_prefill_iterations_allow_live_decode_progress(impl):
     s = make_scheduler(impl, max_tokens_per_iteration=8, prefill_chunk_tokens=4, max_consecutive_prefill_iterations=1)
     s.submit(seq("decode", 2, 4))
-    s.complete_iteration(s.plan_iteration(), [pred(0, 42)])
+    complete(s, s.plan_iteration(), [pred(0, 42)])
     s.submit(seq("prefill", 8, 4))
     plan = s.plan_iteration()
     assert [(w.sequence_id, w.phase) for w in plan.work] == [("prefill", Prefill)]
-    s.complete_iteration(plan, [])
+    complete(s, plan, [])
     plan = s.plan_iteration()
     assert [(w.sequence_id, w.phase) for w in plan.work] == [("decode", Decode)]
-    s.complete_iteration(plan, [pred(0, 43)])
+    complete(s, plan, [pred(0, 43)])
     plan = s.plan_iteration()
     assert [(w.sequence_id, w.phase) for w in plan.work] == [("prefill", Prefill)]
 
@@ -100,7 +100,7 @@ def test_05_mixed_decode_budget_rotates_across_all_live_sequences(impl):
     plan = s.plan_iteration()
     assert row_ids(plan) == ["a", "b"] and all(w.phase is Decode for w in plan.work)
     s.observe_iteration_duration(plan, 0.001)
-    s.complete_iteration(plan, [pred(0, 43), pred(1, 44)])
+    complete(s, plan, [pred(0, 43), pred(1, 44)])
     assert completed_rows(s, 3) == [["a", "b"], ["c", "a"], ["b", "c"]]
 
 
@@ -111,7 +111,7 @@ def completed_rows(s, n):
     for _ in range(n):
         plan = s.plan_iteration()
         observed.append(row_ids(plan))
-        s.complete_iteration(plan, [pred(i, 50) for i in plan.sample_rows.tolist()])
+        complete(s, plan, [pred(i, 50) for i in plan.sample_rows.tolist()])
     return observed
 
 
@@ -122,7 +122,7 @@ def test_05b_mixed_decode_cursor_advances_by_sequences_examined(impl):
         s.submit(Sequence(x, [1], 10, None, 1).with_prefilled_generation([42]))
     plan = s.plan_iteration()
     s.observe_iteration_duration(plan, 0.001)
-    s.complete_iteration(plan, [pred(0, 43), pred(1, 44)])
+    complete(s, plan, [pred(0, 43), pred(1, 44)])
     s.submit(Sequence("d", [5, 6, 7, 8, 9, 10], 10, None, 1))
     assert completed_rows(s, 4) == [["a", "b"], ["c", "a"], ["b", "c"], ["a", "b"]]
 
@@ -135,7 +135,7 @@ def test_06_duration_aware_mixed_admission_caps_slow_prompt_work(impl):
     assert [w.phase for w in plan.work] == [Decode, Prefill]
     assert len(plan.work[1].tokens) == 127
     s.observe_iteration_duration(plan, 0.170)
-    s.complete_iteration(plan, [pred(0, 44)])
+    complete(s, plan, [pred(0, 44)])
     plan = s.plan_iteration()
     assert len(plan) == 1 and plan.work[0].phase is Prefill
     assert len(plan.work[0].tokens) == 128 and plan.token_count == 128
@@ -152,7 +152,7 @@ def test_07_mixed_admission_waits_for_the_matching_decode_row_baseline(impl):
         ("d1", Decode, 1, True),
         ("d2", Prefill, 2, True),
     ]
-    s.complete_iteration(plan, [pred(0, 44), pred(1, 50)])
+    complete(s, plan, [pred(0, 44), pred(1, 50)])
     s.submit(seq("prefill", 256, 4))
     plan = s.plan_iteration()
     assert [(w.sequence_id, w.phase, len(w.tokens)) for w in plan.work] == [("prefill", Prefill, 128)]
@@ -165,7 +165,7 @@ def test_08_duration_aware_mixed_admission_keeps_cheap_prompt_work(impl):
     plan = s.plan_iteration()
     assert [w.phase for w in plan.work] == [Decode, Prefill]
     s.observe_iteration_duration(plan, 0.018)  # extra exactly 8 000 µs: not above the allowance
-    s.complete_iteration(plan, [pred(0, 44)])
+    complete(s, plan, [pred(0, 44)])
     plan = s.plan_iteration()
     assert [(w.sequence_id, w.phase) for w in plan.work] == [("decode", Decode), ("prefill", Prefill)]
 
@@ -184,7 +184,7 @@ def test_09_sparse_iteration_predictions_map_to_their_explicit_work_rows(impl):
         ("c-final", Prefill, 2, True),
     ]
     assert plan.token_count == 7
-    s.complete_iteration(plan, [pred(0, 44), pred(2, 99)])
+    complete(s, plan, [pred(0, 44), pred(2, 99)])
     assert list(s.sequence("a-decode").generated_tokens) == [42, 43, 44]
     assert list(s.sequence("c-final").generated_tokens) == [99]
     assert s.sequence("b-prefill") is not None
@@ -225,7 +225,7 @@ def test_12_prefill_sequence_limit_serializes_recurrent_prefills(impl):
     s.submit(seq("b", 2, 1))
     plan = s.plan_iteration()
     assert row_ids(plan) == ["a"]
-    telemetry = s.complete_iteration(plan, [pred(0, 10)])
+    telemetry = complete(s, plan, [pred(0, 10)])
     assert telemetry.finished_ids == ["a"]
     assert row_ids(s.plan_iteration()) == ["b"]
 
@@ -264,7 +264,7 @@ def test_16_missing_sample_prediction_fails_instead_of_finishing_sequence(impl, 
     s = make_scheduler(impl)
     s.submit(seq("a", 2, 4))
     plan = s.plan_iteration()
-    telemetry = s.complete_iteration(plan) if via_outputs else s.complete_iteration(plan, [])
+    telemetry = s.complete_iteration(plan) if via_outputs else complete(s, plan, [])
     assert s.sequence("a") is None
     assert s.snapshot().active_ids == []
     m = s.metrics()
@@ -327,17 +327,17 @@ def test_18_repeated_component_preemption_preserves_aging_credit(impl):
 def test_19_mixed_viability_constants(impl, observations, mixed_ms, still_mixed):
     s = make_scheduler(impl, max_tokens_per_iteration=128, prefill_chunk_tokens=128, mixed_prefill_decode=True)
     s.submit(seq("d", 2, 100))
-    s.complete_iteration(s.plan_iteration(), [pred(0, 5)])
+    complete(s, s.plan_iteration(), [pred(0, 5)])
     for seconds in observations:
         plan = s.plan_iteration()
         assert [w.phase for w in plan.work] == [Decode]
         s.observe_iteration_duration(plan, seconds)
-        s.complete_iteration(plan, [pred(0, 5)])
+        complete(s, plan, [pred(0, 5)])
     s.submit(seq("p", 1000, 4))
     plan = s.plan_iteration()
     assert [(w.sequence_id, w.phase) for w in plan.work] == [("d", Decode), ("p", Prefill)]
     s.observe_iteration_duration(plan, mixed_ms / 1000.0)
-    s.complete_iteration(plan, [pred(0, 5)])
+    complete(s, plan, [pred(0, 5)])
     plan = s.plan_iteration()
     expected = [("d", Decode), ("p", Prefill)] if still_mixed else [("p", Prefill)]
     assert [(w.sequence_id, w.phase) for w in plan.work] == expected

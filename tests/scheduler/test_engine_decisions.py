@@ -1,7 +1,7 @@
 """The deliberate choices of docs/behaviour.md §0.4 (a–f) and other scheduler details (§2, §7)."""
 import numpy as np
 import pytest
-from sched_helpers import affinity, make_scheduler, pred, row_ids, seq
+from sched_helpers import affinity, complete, make_scheduler, pred, row_ids, seq
 
 from skippy_scheduler import (
     IterationPhase,
@@ -31,13 +31,13 @@ def test_a_readmitted_sequence_walks_last(impl):
         s.submit(seq(sequence_id, 2, 2))
     plan = s.plan_iteration()
     assert row_ids(plan) == ["a", "b", "c"]
-    s.complete_iteration(plan, [pred(0, 5), pred(1, 5), pred(2, 5)])
+    complete(s, plan, [pred(0, 5), pred(1, 5), pred(2, 5)])
     # Equal priorities: the newest admission ("c") is the victim; it comes back after "b".
     assert s.preempt_for_component_pressure([1000 + 4]) == ["c"]
     s.preempt_for_component_pressure([8])
     plan = s.plan_iteration()
     assert row_ids(plan) == ["c"] and plan.work[0].phase is Recompute
-    s.complete_iteration(plan, [])
+    complete(s, plan, [])
     plan = s.plan_iteration()
     assert row_ids(plan) == ["a", "b", "c"] and all(w.phase is Decode for w in plan.work)
 
@@ -112,9 +112,9 @@ def test_e_malformed_predictions_raise_and_leave_the_plan_live(impl, predictions
     s, plan = planned(impl)
     before = (s.snapshot(), s.metrics(), s.sequence("a"), s.sequence("b"))
     with pytest.raises(MalformedOutputs):
-        s.complete_iteration(plan, predictions)
+        complete(s, plan, predictions)
     assert (s.snapshot(), s.metrics(), s.sequence("a"), s.sequence("b")) == before
-    telemetry = s.complete_iteration(plan, [pred(0, 11)])
+    telemetry = complete(s, plan, [pred(0, 11)])
     assert telemetry.iteration == 1 and telemetry.prefill_tokens == 6
     assert list(s.sequence("a").generated_tokens) == [11]
 
@@ -142,7 +142,7 @@ def test_missing_prediction_still_fails_only_its_sequence(impl):
     s.submit(seq("a", 2, 4))
     s.submit(seq("b", 2, 4))
     plan = s.plan_iteration()
-    telemetry = s.complete_iteration(plan, [pred(1, 3)])
+    telemetry = complete(s, plan, [pred(1, 3)])
     assert telemetry.failed_ids == ["a"] and s.snapshot().active_ids == ["b"]
 
 
@@ -151,26 +151,26 @@ def test_max_tokens_zero_still_yields_one_token(impl):
     s.submit(seq("a", 2, 0))
     plan = s.plan_iteration()
     assert plan.work[0].sample_last
-    telemetry = s.complete_iteration(plan, [pred(0, 7)])
+    telemetry = complete(s, plan, [pred(0, 7)])
     assert telemetry.finished_ids == ["a"] and s.metrics().finished == 1
 
 
 def test_negative_prediction_finishes_without_appending(impl):
     s = make_scheduler(impl)
     s.submit(seq("a", 2, 4))
-    s.complete_iteration(s.plan_iteration(), [pred(0, 5)])
+    complete(s, s.plan_iteration(), [pred(0, 5)])
     plan = s.plan_iteration()
-    telemetry = s.complete_iteration(plan, [pred(0, -1)])
+    telemetry = complete(s, plan, [pred(0, -1)])
     assert telemetry.finished_ids == ["a"] and telemetry.decode_tokens == 1
 
 
 def test_preemption_round_trip_replays_then_resumes_decode(impl):
     s = make_scheduler(impl, memory_components=[MemoryComponent("kv", 100, 0, 1, 0)])
     s.submit(seq("a", 4, 8))
-    s.complete_iteration(s.plan_iteration(), [pred(0, 10)])
+    complete(s, s.plan_iteration(), [pred(0, 10)])
     plan = s.plan_iteration()
     assert [(list(w.tokens), list(w.positions), w.phase) for w in plan.work] == [([10], [4], Decode)]
-    s.complete_iteration(plan, [pred(0, 11)])
+    complete(s, plan, [pred(0, 11)])
     assert s.snapshot().component_used_bytes == [("kv", 12)]
     assert s.preempt_for_component_pressure([101]) == ["a"]
     assert s.snapshot().component_used_bytes == [("kv", 89)]
@@ -186,13 +186,13 @@ def test_preemption_round_trip_replays_then_resumes_decode(impl):
     assert [(list(w.tokens), list(w.positions), w.phase, w.sample_last) for w in plan.work] == [
         ([0, 1, 2, 3, 10], [0, 1, 2, 3, 4], Recompute, False)
     ]
-    telemetry = s.complete_iteration(plan, [])
+    telemetry = complete(s, plan, [])
     assert telemetry.recompute_tokens == 5 and telemetry.failed_ids == []
     plan = s.plan_iteration()
     assert [(list(w.tokens), list(w.positions), w.phase, w.sample_last) for w in plan.work] == [
         ([11], [5], Decode, True)
     ]
-    s.complete_iteration(plan, [pred(0, 12)])
+    complete(s, plan, [pred(0, 12)])
     assert list(s.sequence("a").generated_tokens) == [10, 11, 12]
     m = s.metrics()
     assert (m.prefill_tokens, m.recompute_tokens, m.decode_tokens, m.admitted) == (4, 5, 2, 2)
@@ -241,7 +241,7 @@ def test_telemetry_fields(impl):
     s.submit(seq("a", 3, 1).with_prefix_restore(PrefixRestore("p", 1)))
     s.submit(seq("b", 2, 4))
     plan = s.plan_iteration()
-    t = s.complete_iteration(plan, [pred(0, 1), pred(1, 2)])
+    t = complete(s, plan, [pred(0, 1), pred(1, 2)])
     assert (t.iteration, t.admitted, t.preempted, t.prefill_tokens, t.decode_tokens) == (1, 2, 0, 4, 0)
     assert (t.active_sequences, t.waiting_sequences, t.finished, t.failed) == (1, 0, 1, 0)
     assert (t.prefix_hits, t.prefix_misses, t.cancelled, t.rejected_overload) == (1, 1, 0, 0)
@@ -256,7 +256,7 @@ def test_prediction_for_a_cancelled_sequence_is_ignored(impl):
     s.submit(seq("b", 2, 4))
     plan = s.plan_iteration()
     assert s.cancel("a")
-    t = s.complete_iteration(plan, [pred(0, 3), pred(1, 4)])
+    t = complete(s, plan, [pred(0, 3), pred(1, 4)])
     assert t.prefill_tokens == 4 and t.finished_ids == [] and t.failed_ids == []
     assert list(s.sequence("b").generated_tokens) == [4]
 
@@ -272,13 +272,13 @@ def test_f_a_new_plan_at_depth_one_aborts_the_live_one(impl):
     # Its admission stays (metrics count completed plans only, §7.18): nothing to admit now.
     assert list(second.work[0].tokens) == [0, 1, 2, 3] and second.admitted == 0
     with pytest.raises(ValueError):
-        s.complete_iteration(first, [])
-    s.complete_iteration(second, [])
+        complete(s, first, [])
+    complete(s, second, [])
     third = s.plan_iteration()
     assert list(third.work[0].tokens) == [4, 5, 6, 7] and third.work[0].sample_last
     fourth = s.plan_iteration()  # the final chunk's sample never came: it is planned again
     assert list(fourth.work[0].tokens) == [4, 5, 6, 7] and fourth.work[0].sample_last
-    s.complete_iteration(fourth, [pred(0, 1)])
+    complete(s, fourth, [pred(0, 1)])
     m = s.metrics()
     assert m.iterations == 2 and m.prefill_tokens == 8 and m.admitted == 0
     assert m.aborted_plans == 2 and list(s.sequence("a").generated_tokens) == [1]

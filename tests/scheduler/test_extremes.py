@@ -1,5 +1,5 @@
 """Saturating arithmetic at the type limits (§1.0, §7.15): nothing wraps, nothing raises."""
-from sched_helpers import affinity, make_scheduler, pred, row_ids
+from sched_helpers import affinity, complete, make_scheduler, pred, row_ids
 
 from skippy_scheduler import MemoryComponent, PrefixRestore, Sequence
 
@@ -15,7 +15,7 @@ def test_reservations_saturate_instead_of_wrapping(impl):
     # U64_MAX + U64_MAX saturates to U64_MAX, which still fits the available U64_MAX.
     assert plan.admitted == 2
     assert s.snapshot().component_used_bytes == [("huge", U64_MAX)]
-    telemetry = s.complete_iteration(plan, [pred(0, 5), pred(1, 6)])
+    telemetry = complete(s, plan, [pred(0, 5), pred(1, 6)])
     assert telemetry.finished_ids == ["a", "b"]
     assert telemetry.component_used_bytes == [("huge", 0)]
     assert telemetry.component_available_bytes == [("huge", U64_MAX)]
@@ -42,7 +42,7 @@ def test_huge_restore_and_max_tokens(impl):
     s.submit(Sequence("a", [1, 2, 3], U32_MAX, None, 1).with_prefix_restore(PrefixRestore("p", U64_MAX)))
     plan = s.plan_iteration()
     assert [(list(w.tokens), list(w.positions)) for w in plan.work] == [([3], [2])]
-    s.complete_iteration(plan, [pred(0, (1 << 31) - 1)])
+    complete(s, plan, [pred(0, (1 << 31) - 1)])
     plan = s.plan_iteration()
     assert [(list(w.tokens), list(w.positions)) for w in plan.work] == [([(1 << 31) - 1], [3])]
 

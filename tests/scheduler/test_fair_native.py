@@ -27,6 +27,7 @@ from skippy_scheduler import (
 )
 from skippy_scheduler._abi import ffi, lib
 from skippy_scheduler.policies import AdmissionKind, FairShareAdmission, VirtualTokenCounters
+from sched_helpers import complete
 
 
 def config(active=1, chunk=64, **more):
@@ -48,7 +49,7 @@ def step(s, token=5):
     """Plan, sample `token` on every sampling row, complete; the plan's sequence ids."""
     plan = s.plan_iteration()
     ids = list(plan.sequence_ids)
-    s.complete_iteration(plan, [IterationPrediction(i, token) for i, w in enumerate(plan.work)
+    complete(s, plan, [IterationPrediction(i, token) for i, w in enumerate(plan.work)
                                 if w.sample_last])
     return ids
 
@@ -365,10 +366,10 @@ def run_script(impl, setup, script):
                 result = [describe_plan(plan)]
                 while kind == "step" and live:  # complete everything live, oldest first
                     done = live.pop(0)
-                    result.append(vars(s.complete_iteration(done, predictions(done, op[1]))))
+                    result.append(vars(complete(s, done, predictions(done, op[1]))))
             elif kind == "complete" and live:
                 plan = live.pop(0)
-                result = vars(s.complete_iteration(plan, predictions(plan, op[1])))
+                result = vars(complete(s, plan, predictions(plan, op[1])))
             elif kind == "abort" and live:
                 s.abort_iteration(live[-1])
                 live.pop()

@@ -18,6 +18,7 @@ from skippy_scheduler import (
     SchedulerConfig,
     Sequence,
 )
+from sched_helpers import complete
 
 
 def _new(plan):
@@ -34,7 +35,7 @@ def _complete(s, plan, tokens):
     """Complete `plan` with `tokens[row]` for each sampling row (None: no output)."""
     preds = [IterationPrediction(r, tokens[r]) for r in plan.sample_rows.tolist()
              if tokens.get(r) is not None]
-    return s.complete_iteration(plan, preds)
+    return complete(s, plan, preds)
 
 
 def _tokens(plan, value=5):

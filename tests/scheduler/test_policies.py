@@ -1,6 +1,6 @@
 """Admission and preemption policy objects (§0.3), built-in and user-written."""
 import pytest
-from sched_helpers import affinity, make_scheduler, pred, row_ids, seq
+from sched_helpers import affinity, complete, make_scheduler, pred, row_ids, seq
 
 from skippy_scheduler import (
     AdmissionPolicy,
@@ -71,7 +71,7 @@ def admit_one_of_three(impl, policy):
     for _ in range(3):
         plan = s.plan_iteration()
         order.append(row_ids(plan)[0])
-        s.complete_iteration(plan, [pred(0, 1)])
+        complete(s, plan, [pred(0, 1)])
     return order, s
 
 

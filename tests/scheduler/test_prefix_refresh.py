@@ -30,6 +30,7 @@ from skippy_scheduler import (
 from skippy_scheduler.policies import FairShareAdmission
 from skippy_scheduler.prefix_store import PrefixStore
 from skippy_scheduler.reference import PrefixStoreTwin
+from sched_helpers import complete as complete_plan
 
 PAIRS = [pytest.param((Scheduler, PrefixStore), id="native"),
          pytest.param((TwinScheduler, PrefixStoreTwin), id="twin")]
@@ -94,7 +95,7 @@ def complete(sched, plan, tokens=None):
     tokens = tokens or {}
     preds = [IterationPrediction(i, tokens.get(w.sequence_id, 7))
              for i, w in enumerate(plan.work) if w.sample_last]
-    return sched.complete_iteration(plan, preds)
+    return complete_plan(sched, plan, preds)
 
 
 # -- (a) an entry evicted while its request waits ------------------------------------------------
@@ -461,7 +462,7 @@ def _run_differential(seed, steps):
             work = sides[1].plans[0].work
             preds = [IterationPrediction(i, -1 if rng.random() < 0.15 else rng.randrange(20))
                      for i, w in enumerate(work) if w.sample_last]
-            both(lambda side: side.sched.complete_iteration(side.plans.pop(0), preds))
+            both(lambda side: complete_plan(side.sched, side.plans.pop(0), preds))
         elif op == "cancel":
             sid = rng.choice(IDS)
             both(lambda side: side.sched.cancel(sid))
@@ -477,7 +478,7 @@ def _run_differential(seed, steps):
     # Every sequence gone: no pin is left behind.
     for side in sides:
         while side.plans:
-            side.sched.complete_iteration(side.plans.pop(0), [])
+            complete_plan(side.sched, side.plans.pop(0), [])
         for sid in IDS:
             side.sched.cancel(sid)
         side.sched.plan_iteration()

@@ -2,6 +2,7 @@
 import pytest
 
 from skippy_scheduler import IterationPrediction, SchedulerConfig, Sequence, SequenceStatus
+from sched_helpers import complete
 
 
 def _step(s, tokens):
@@ -9,7 +10,7 @@ def _step(s, tokens):
     plan = s.plan_iteration()
     preds = [IterationPrediction(i, tokens[i]) for i in plan.sample_rows.tolist()
              if tokens[i] is not None]
-    return plan, s.complete_iteration(plan, preds)
+    return plan, complete(s, plan, preds)
 
 
 def test_finished_failed_and_cancelled_sequences_are_readable_until_the_next_plan(impl):

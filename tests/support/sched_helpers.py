@@ -44,3 +44,18 @@ def state(scheduler):
     ids = list(snap.active_ids) + list(snap.waiting_ids)
     sequences = {i: scheduler.sequence(i) for i in ids}
     return snap, scheduler.metrics(), sequences
+
+
+def complete(scheduler, plan, predictions=()):
+    """Complete `plan` the way a host does: write `predictions` (IterationPrediction values or
+    (work index, token) pairs) into its outputs block, then `complete_iteration(plan)`. A plan
+    that is not live (or not a plan) is completed as it is, so the scheduler's error shows."""
+    pairs = [(p.work_index, p.token) if isinstance(p, IterationPrediction) else tuple(p)
+             for p in predictions]
+    if getattr(plan, "live", False):
+        out = plan.outputs
+        for k, (index, token) in enumerate(pairs[: out.capacity]):
+            out.request_indexes[k] = index
+            out.predicted_tokens[k] = token
+        out.count = len(pairs)
+    return scheduler.complete_iteration(plan)

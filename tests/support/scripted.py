@@ -25,6 +25,7 @@ from skippy_scheduler import (
     SequenceStatus,
     StageCacheAffinity,
 )
+from sched_helpers import complete as complete_plan
 
 IDS = [f"s{i}" for i in range(8)] + ["B", "aa", "zz", "", "a\x00b", "ñé"]
 
@@ -199,7 +200,7 @@ def complete(scheduler, plan, seed, use_outputs):
             plan.outputs.count = len(entries)
             telemetry = scheduler.complete_iteration(plan)
         else:
-            telemetry = scheduler.complete_iteration(plan, [IterationPrediction(i, t) for i, t in entries])
+            telemetry = complete_plan(scheduler, plan, [IterationPrediction(i, t) for i, t in entries])
         return vars(telemetry).copy()
     except ValueError as exc:
         return type(exc).__name__

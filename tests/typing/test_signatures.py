@@ -12,7 +12,7 @@ from skippy_scheduler import Scheduler, _boundary, _core, _radix, _rank
 def test_scheduler_methods_have_their_signatures():
     assert str(inspect.signature(Scheduler.plan_iteration)) == "(self)"
     assert str(inspect.signature(Scheduler.submit)) == "(self, seq, *, session=None)"
-    assert str(inspect.signature(Scheduler.complete_iteration)) == "(self, plan, predictions=None)"
+    assert str(inspect.signature(Scheduler.complete_iteration)) == "(self, plan)"
     assert str(inspect.signature(Scheduler.preempt_for_component_pressure)) == "(self, used_bytes)"
     assert str(inspect.signature(Scheduler.sequence)) == "(self, sequence_id)"
     assert str(inspect.signature(Scheduler().metrics)) == "()"  # bound: self is taken
@@ -21,7 +21,7 @@ def test_scheduler_methods_have_their_signatures():
 def test_help_shows_the_signatures():
     text = pydoc.render_doc(Scheduler, renderer=pydoc.plaintext)
     for line in ("submit(self, seq, *, session=None)",
-                 "complete_iteration(self, plan, predictions=None)",
+                 "complete_iteration(self, plan)",
                  "observe_iteration_duration(self, plan, elapsed)", "plan_iteration(self)"):
         assert line in text, line
 

@@ -28,6 +28,7 @@ from skippy_scheduler import (
     TwinScheduler,
 )
 from skippy_scheduler.sampling import SamplingParams
+from sched_helpers import complete as complete_plan
 
 GREEDY = SamplingParams(temperature=0.0, seed=0)
 
@@ -253,7 +254,7 @@ def run_op(pair, op):
                 return s.complete_iteration(plan)
         else:
             def complete(s, i):
-                return s.complete_iteration(pair.plans[i], [IterationPrediction(x, y) for x, y in pairs])
+                return complete_plan(s, pair.plans[i], [IterationPrediction(x, y) for x, y in pairs])
         a, b = pair.both(complete)
         if a[0] == "ok":
             assert a[1] == b[1]
@@ -270,7 +271,7 @@ def run_op(pair, op):
     elif kind == "stale":
         if pair.old[0] is not None:
             if op[1]:
-                pair.both(lambda s, i: s.complete_iteration(pair.old[i], []))
+                pair.both(lambda s, i: complete_plan(s, pair.old[i], []))
             else:
                 pair.both(lambda s, i: s.observe_iteration_duration(pair.old[i], 0.002))
     elif kind == "preempt":
