@@ -75,7 +75,7 @@ class ServeSettings:
     prefix_holders: int = 16  # sequence ids holding resident prefixes (with reuse)
     kv_type: str = "f32"
     flash_attn: bool = False
-    log_level: str = "warning"
+    log_level: str = "info"  # uvicorn logs one line per request at info, as llama-server and vLLM do
     max_body_bytes: int = 8 << 20  # larger request bodies are a 413
     header_timeout_s: float = 10.0  # a request head must arrive within this (408, closed)
     body_timeout_s: float = 30.0  # a request body must arrive within this (408, closed)
