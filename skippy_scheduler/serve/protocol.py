@@ -343,7 +343,10 @@ def _prompt(value: Any, n_vocab: int) -> Any:
                                "per request", param="prompt")
         return _prompt(value[0], n_vocab)
     if not value:
-        raise RequestError("'prompt' must not be empty", param="prompt")
+        # "" is accepted: it tokenizes to the model's BOS token, as in llama-server; a token
+        # list is used as given, so an empty one would leave nothing to run.
+        raise RequestError("'prompt' as token ids must hold at least one id (an empty string "
+                           "is accepted: it is the BOS token alone)", param="prompt")
     for i, t in enumerate(value):
         if isinstance(t, bool) or not isinstance(t, int):
             raise RequestError(f"'prompt[{i}]' must be a token id, got {_json_type(t)}",
