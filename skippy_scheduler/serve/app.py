@@ -31,6 +31,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..engine import FinishEvent, Request as EngineRequest, TokenEvent
+from .access import AccessGuard, AccessSettings, served_model
 from .body import decode_json, read_body
 from .chat import ChatTemplate
 from .errors import ClientGone, RequestError, internal, queue_full, unavailable
@@ -64,6 +65,7 @@ class ServeContext:
     n_ctx_seq: int  # tokens one request may hold (prompt + generated)
     memory_components: list[Any] = field(default_factory=list)
     limits: Limits = field(default_factory=Limits)
+    model_aliases: tuple[str, ...] = ()  # further names requests may use (docs: access)
     created: int = field(default_factory=lambda: int(time.time()))
     shutting_down: bool = False  # set before the engine is stopped for good
     metrics: ServeMetrics = field(init=False)
@@ -76,6 +78,10 @@ class ServeContext:
     @property
     def n_vocab(self) -> int:
         return len(self.pieces)
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return (self.model_name,) + tuple(n for n in self.model_aliases if n != self.model_name)
 
 
 def _dumps(obj: Any) -> bytes:
@@ -216,12 +222,16 @@ class _EventStream(StreamingResponse):
             self._on_close()
 
 
-def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = None) -> FastAPI:
-    """The routes, behind `guard.HttpGuard` (`allowed_hosts` None: any `Host`)."""
+def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = None,
+               access: AccessSettings = AccessSettings()) -> FastAPI:
+    """The routes, behind `access.AccessGuard` (key, CORS) inside `guard.HttpGuard`
+    (`allowed_hosts` None: any `Host`)."""
     app = FastAPI(title="skippy-scheduler", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     runner = ctx.runner
     errors = ctx.metrics.request_errors
+    app.add_middleware(AccessGuard, settings=access,
+                       on_error=lambda status: errors.labels(str(status)).inc())
     app.add_middleware(HttpGuard, allowed_hosts=allowed_hosts,
                        on_error=lambda status: errors.labels(str(status)).inc())
 
@@ -255,9 +265,9 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{
-            "id": ctx.model_name, "object": "model", "created": ctx.created,
+            "id": name, "object": "model", "created": ctx.created,
             "owned_by": "skippy-scheduler", "max_model_len": ctx.n_ctx_seq,
-            "chat_template": ctx.chat.source}]}
+            "chat_template": ctx.chat.source} for name in ctx.model_names]}
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -266,6 +276,7 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         gen = await _read_request(request, ctx.limits, parse_completion, ctx.n_vocab)
+        gen.model = served_model(ctx.model_names, gen.model)
         if isinstance(gen.prompt, str):
             tokens = await asyncio.to_thread(_tokenize, ctx, gen.prompt, "prompt")
         else:
@@ -275,6 +286,7 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         gen = await _read_request(request, ctx.limits, parse_chat, ctx.n_vocab)
+        gen.model = served_model(ctx.model_names, gen.model)
 
         def render_and_tokenize() -> list[int]:
             _bound_length(ctx, "".join(text for _, text in gen.messages), "messages")
