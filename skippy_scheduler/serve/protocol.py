@@ -23,6 +23,7 @@ from .errors import RequestError
 
 _U64 = (1 << 64) - 1
 MAX_STOP_STRINGS = 16
+MAX_PROMPTS = 64  # prompts in one completions request
 
 # Accepted only with these values (None means "absent" too).
 _NEUTRAL_COMMON: dict[str, tuple[Any, ...]] = {
@@ -55,7 +56,8 @@ class GenerationRequest:
 
     kind: str  # "completion" or "chat"
     model: Optional[str]
-    prompt: Any = None  # completions: str or list[int]
+    prompt: Any = None  # completions: str or list[int] (the first of `prompts`)
+    prompts: list[Any] = field(default_factory=list)  # completions: one choice each
     messages: list[tuple[str, str]] = field(default_factory=list)  # chat: (role, text)
     max_tokens: Optional[int] = None  # None: the API's default
     sampling: Optional[SamplingParams] = None  # None: greedy
@@ -242,8 +244,19 @@ def parse_completion(body: Any, n_vocab: int) -> GenerationRequest:
     req.max_tokens = _integer(body, "max_tokens", 1, (1 << 32) - 1)
     if "prompt" not in body or body["prompt"] is None:
         raise RequestError("'prompt' is required", param="prompt")
-    req.prompt = _prompt(body["prompt"], n_vocab)
+    req.prompts = _prompts(body["prompt"], n_vocab)
+    req.prompt = req.prompts[0]
     return req
+
+
+def _prompts(value: Any, n_vocab: int) -> list[Any]:
+    """One prompt, or several (an array of strings or of token-id arrays): one choice each."""
+    if isinstance(value, list) and value and all(isinstance(v, (str, list)) for v in value):
+        if len(value) > MAX_PROMPTS:
+            raise RequestError(f"'prompt' may hold at most {MAX_PROMPTS} prompts, got "
+                               f"{len(value)}", param="prompt")
+        return [_prompt(v, n_vocab) for v in value]
+    return [_prompt(value, n_vocab)]
 
 
 def _prompt(value: Any, n_vocab: int) -> Any:
@@ -251,12 +264,7 @@ def _prompt(value: Any, n_vocab: int) -> Any:
         return value
     if not isinstance(value, list):
         raise RequestError("'prompt' must be a string, an array of token ids, or an array "
-                           "holding one of those", param="prompt")
-    if value and all(isinstance(v, (str, list)) for v in value):
-        if len(value) != 1:
-            raise RequestError("'prompt' holds several prompts; this server takes one prompt "
-                               "per request", param="prompt")
-        return _prompt(value[0], n_vocab)
+                           "of those (one choice each)", param="prompt")
     if not value:
         raise RequestError("'prompt' must not be empty", param="prompt")
     for i, t in enumerate(value):

@@ -144,7 +144,8 @@ def test_the_server_serves_what_the_context_got(model_path, flags, prompt_tokens
         assert limit >= prompt_tokens + 4
 
         def complete(i: int):
-            return client.completions.create(model=served.id, prompt=_prompt(prompt_tokens + i),
+            return client.completions.create(model=served.id,
+                                             prompt=_prompt(prompt_tokens + i),
                                              max_tokens=4, temperature=0)
 
         with ThreadPoolExecutor(requests) as pool:
