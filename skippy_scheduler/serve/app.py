@@ -36,7 +36,7 @@ from ..engine import FinishEvent, Request as EngineRequest, TokenEvent
 from .access import AccessGuard, AccessSettings, served_model
 from .body import decode_json, read_body
 from .chat import ChatTemplate
-from .choices import batches as _batches, usage as _usage
+from .choices import batches as _batches, choice_sampling, usage as _usage
 from .errors import ClientGone, RequestError, internal, queue_full, unavailable
 from .guard import HttpGuard
 from .metrics import CONTENT_TYPE, ServeMetrics
@@ -316,7 +316,10 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
 
     async def _generate(request: Request, gen: GenerationRequest, prompts: list[list[int]],
                         prompt_field: str) -> Response:
-        """One choice per prompt (index in order), all admitted or none."""
+        """`n` choices per prompt (index in order: prompt by prompt), all admitted or none."""
+        n = gen.n
+        samplings = [choice_sampling(gen.sampling, j) for _ in prompts for j in range(n)]
+        prompts = [tokens for tokens in prompts for _ in range(n)]
         budgets = [_check_fit(ctx, gen, len(tokens), prompt_field) for tokens in prompts]
         if runner.open_subscriptions + len(prompts) > ctx.limits.capacity:
             # Every lane and waiting place is taken (the engine's own queue is sized to hold a
@@ -325,10 +328,11 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
                              "retry later.")
         prefix = "cmpl" if gen.kind == "completion" else "chatcmpl"
         rid = f"{prefix}-{uuid.uuid4().hex}"
-        subs = await _open_all(rid, gen, prompts, budgets)
+        subs = await _open_all(rid, gen, prompts, budgets, samplings)
         for tokens in prompts:
             ctx.metrics.prompt_tokens.inc(len(tokens))
-        outs = [_Generation(ctx, sub, gen, len(tokens), index=i)
+        # Usage counts each prompt once, as OpenAI does with n > 1.
+        outs = [_Generation(ctx, sub, gen, len(tokens) if i % n == 0 else 0, index=i)
                 for i, (sub, tokens) in enumerate(zip(subs, prompts))]
         head = {"id": rid, "created": int(time.time()), "model": gen.model or ctx.model_name}
         if gen.return_token_ids and len(prompts) == 1:
@@ -361,16 +365,17 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         return Response(_dumps(body), media_type="application/json")
 
     async def _open_all(rid: str, gen: GenerationRequest, prompts: list[list[int]],
-                        budgets: list[int]) -> list[Subscription]:
+                        budgets: list[int], samplings: list[Any]) -> list[Subscription]:
         """Every prompt's subscription once the scheduler queued them all; if it refused one,
         the others are cancelled and closed before the error is raised."""
         loop = asyncio.get_running_loop()
         subs: list[Subscription] = []
         try:
-            for i, (tokens, max_tokens) in enumerate(zip(prompts, budgets)):
+            for i, (tokens, max_tokens, sampling) in enumerate(zip(prompts, budgets,
+                                                                   samplings)):
                 name = rid if len(prompts) == 1 else f"{rid}-{i}"
                 subs.append(runner.open(EngineRequest(name, tokens, max_tokens,
-                                                      sampling=gen.sampling,
+                                                      sampling=sampling,
                                                       priority=gen.priority), loop))
         except EngineUnavailable as exc:
             _abandon(subs)

@@ -1,5 +1,9 @@
 """Several choices in one answer: one engine request per choice (a completions request's
-prompts), their events merged as they arrive, usage summed.
+prompts, times `n`), their events merged as they arrive, usage summed.
+
+With `n` > 1 choice j of a prompt samples with seed `seed + j` (mod 2**64): choice 0 is the
+request itself, choice j the same request sent alone with `seed + j`. (An unseeded request drew
+its seed when parsed, so its choices differ as well.) A greedy request's choices are equal.
 
 A choice is the app's `_Generation`: it has `sub` (the engine subscription), `finish` (None
 while running), `index` and `usage()`.
@@ -7,7 +11,19 @@ while running), `index` and `usage()`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any, AsyncGenerator, Optional, Sequence
+
+from ..sampling import SamplingParams
+
+_U64 = (1 << 64) - 1
+
+
+def choice_sampling(sampling: Optional[SamplingParams], j: int) -> Optional[SamplingParams]:
+    """The sampling of choice `j` of a prompt: its own seed stream, `seed + j`."""
+    if sampling is None or j == 0 or sampling.seed is None:
+        return sampling
+    return dataclasses.replace(sampling, seed=(sampling.seed + j) & _U64)
 
 
 def usage(outs: Sequence[Any]) -> dict[str, int]:

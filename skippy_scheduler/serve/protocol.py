@@ -2,7 +2,7 @@
 this server cannot honour.
 
 Every field of the completions and chat completions APIs is either used, accepted in its
-neutral form only (`n: 1`, `echo: false`, `logprobs: null`, ...: anything else names the field
+neutral form only (`echo: false`, `logprobs: null`, ...: anything else names the field
 as unsupported), or ignored because it does not change the output (`user`). Fields nobody
 defined are refused too: a typo must not silently change nothing. The body arrives here already
 checked as text (no lone surrogate anywhere) and bounded in depth (`body.decode_json`); a chat
@@ -32,10 +32,10 @@ log = logging.getLogger("skippy_scheduler.serve")
 _U64 = (1 << 64) - 1
 MAX_STOP_STRINGS = 16
 MAX_PROMPTS = 64  # prompts in one completions request
+MAX_N = 16  # choices per prompt
 
 # Accepted only with these values (None means "absent" too).
 _NEUTRAL_COMMON: dict[str, tuple[Any, ...]] = {
-    "n": (None, 1),
     "logprobs": (None, False, 0),
     "top_logprobs": (None, 0),
 }
@@ -49,7 +49,7 @@ _NEUTRAL_CHAT = dict(_NEUTRAL_COMMON, tools=(None, []), tool_choice=(None, "none
                      store=(None, False), metadata=(None, {}), service_tier=(None, "auto",
                                                                            "default"))
 _IGNORED = {"user"}
-_SHARED = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
+_SHARED = {"model", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
            "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "stop",
            "stream", "stream_options", "ignore_eos", "return_token_ids", "priority"}
 _COMPLETION_FIELDS = _SHARED | {"prompt"} | set(_NEUTRAL_COMPLETION) | _IGNORED
@@ -74,6 +74,7 @@ class GenerationRequest:
     include_usage: bool = False
     return_token_ids: bool = False
     priority: int = 0
+    n: int = 1  # choices per prompt (serve/choices.py: choice j samples with seed + j)
     stop_token_ids: frozenset[int] = frozenset()  # generation ends after any of these
     include_stop_str_in_output: bool = False  # the matched stop string ends the text
 
@@ -310,7 +311,8 @@ def _common(body: Any, kind: str, n_vocab: int) -> GenerationRequest:
         kind=kind, model=model, sampling=_sampling(body, n_vocab), stop=_stop(body),
         stream=stream, include_usage=include_usage,
         return_token_ids=_boolean(body, "return_token_ids"),
-        priority=_integer(body, "priority", 0, (1 << 63) - 1) or 0)
+        priority=_integer(body, "priority", 0, (1 << 63) - 1) or 0,
+        n=_integer(body, "n", 1, MAX_N) or 1)
 
 
 def parse_completion(body: Any, n_vocab: int, strict: bool = False) -> GenerationRequest:
@@ -325,6 +327,9 @@ def parse_completion(body: Any, n_vocab: int, strict: bool = False) -> Generatio
     if "prompt" not in body or body["prompt"] is None:
         raise RequestError("'prompt' is required", param="prompt")
     req.prompts = _prompts(body["prompt"], n_vocab)
+    if len(req.prompts) * req.n > MAX_PROMPTS:
+        raise RequestError(f"'n' times the prompts may be at most {MAX_PROMPTS} choices, got "
+                           f"{len(req.prompts) * req.n}", param="n")
     req.prompt = req.prompts[0]
     return req
 
