@@ -224,7 +224,7 @@ BAD_INPUTS = [
     ("/v1/completions", None, b"[1, 2]", None),
     # An unknown field is ignored with a warning unless the server is strict:
     # tests/fleet/test_request_fields.py.
-    ("/v1/completions", {"prompt": "x", "n": 2}, None, "n"),
+    ("/v1/completions", {"prompt": "x", "n": 17}, None, "n"),
     ("/v1/completions", {"prompt": "x", "best_of": 3}, None, "best_of"),
     ("/v1/completions", {"prompt": "x", "echo": True}, None, "echo"),
     ("/v1/completions", {"prompt": "x", "logprobs": 2}, None, "logprobs"),
@@ -281,8 +281,8 @@ def test_each_bad_input_is_a_400_naming_the_field_and_the_server_keeps_serving(s
     ok = client.completions.create(model="tiny-f32", prompt="still here", max_tokens=3, **GREEDY)
     assert ok.choices[0].finish_reason in ("length", "stop")
     with pytest.raises(openai.BadRequestError) as info:
-        client.completions.create(model="tiny-f32", prompt="x", n=2)
-    assert info.value.body["param"] == "n"
+        client.completions.create(model="tiny-f32", prompt="x", best_of=2)
+    assert info.value.body["param"] == "best_of"
     assert is_idle(wait_idle(server), server.host.n_seq_max)
 
 
