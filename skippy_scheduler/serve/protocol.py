@@ -2,7 +2,7 @@
 this server cannot honour.
 
 Every field of the completions and chat completions APIs is either used, accepted in its
-neutral form only (`n: 1`, `echo: false`, `logprobs: null`, ...: anything else names the field
+neutral form only (`echo: false`, `logprobs: null`, ...: anything else names the field
 as unsupported), or ignored because it does not change the output (`user`). Fields nobody
 defined are refused too: a typo must not silently change nothing. The body arrives here already
 checked as text (no lone surrogate anywhere) and bounded in depth (`body.decode_json`); a chat
@@ -31,10 +31,11 @@ log = logging.getLogger("skippy_scheduler.serve")
 
 _U64 = (1 << 64) - 1
 MAX_STOP_STRINGS = 16
+MAX_PROMPTS = 64  # prompts in one completions request
+MAX_N = 16  # choices per prompt
 
 # Accepted only with these values (None means "absent" too).
 _NEUTRAL_COMMON: dict[str, tuple[Any, ...]] = {
-    "n": (None, 1),
     "logprobs": (None, False, 0),
     "top_logprobs": (None, 0),
 }
@@ -48,7 +49,7 @@ _NEUTRAL_CHAT = dict(_NEUTRAL_COMMON, tools=(None, []), tool_choice=(None, "none
                      store=(None, False), metadata=(None, {}), service_tier=(None, "auto",
                                                                            "default"))
 _IGNORED = {"user"}
-_SHARED = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
+_SHARED = {"model", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
            "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "stop",
            "stream", "stream_options", "ignore_eos", "return_token_ids", "priority"}
 _COMPLETION_FIELDS = _SHARED | {"prompt"} | set(_NEUTRAL_COMPLETION) | _IGNORED
@@ -63,7 +64,8 @@ class GenerationRequest:
 
     kind: str  # "completion" or "chat"
     model: Optional[str]
-    prompt: Any = None  # completions: str or list[int]
+    prompt: Any = None  # completions: str or list[int] (the first of `prompts`)
+    prompts: list[Any] = field(default_factory=list)  # completions: one choice each
     messages: list[tuple[str, str]] = field(default_factory=list)  # chat: (role, text)
     max_tokens: Optional[int] = None  # None: the API's default
     sampling: Optional[SamplingParams] = None  # None: greedy
@@ -72,6 +74,7 @@ class GenerationRequest:
     include_usage: bool = False
     return_token_ids: bool = False
     priority: int = 0
+    n: int = 1  # choices per prompt (serve/choices.py: choice j samples with seed + j)
     stop_token_ids: frozenset[int] = frozenset()  # generation ends after any of these
     include_stop_str_in_output: bool = False  # the matched stop string ends the text
 
@@ -308,7 +311,8 @@ def _common(body: Any, kind: str, n_vocab: int) -> GenerationRequest:
         kind=kind, model=model, sampling=_sampling(body, n_vocab), stop=_stop(body),
         stream=stream, include_usage=include_usage,
         return_token_ids=_boolean(body, "return_token_ids"),
-        priority=_integer(body, "priority", 0, (1 << 63) - 1) or 0)
+        priority=_integer(body, "priority", 0, (1 << 63) - 1) or 0,
+        n=_integer(body, "n", 1, MAX_N) or 1)
 
 
 def parse_completion(body: Any, n_vocab: int, strict: bool = False) -> GenerationRequest:
@@ -322,8 +326,22 @@ def parse_completion(body: Any, n_vocab: int, strict: bool = False) -> Generatio
     req.max_tokens = _integer(body, "max_tokens", 1, (1 << 32) - 1)
     if "prompt" not in body or body["prompt"] is None:
         raise RequestError("'prompt' is required", param="prompt")
-    req.prompt = _prompt(body["prompt"], n_vocab)
+    req.prompts = _prompts(body["prompt"], n_vocab)
+    if len(req.prompts) * req.n > MAX_PROMPTS:
+        raise RequestError(f"'n' times the prompts may be at most {MAX_PROMPTS} choices, got "
+                           f"{len(req.prompts) * req.n}", param="n")
+    req.prompt = req.prompts[0]
     return req
+
+
+def _prompts(value: Any, n_vocab: int) -> list[Any]:
+    """One prompt, or several (an array of strings or of token-id arrays): one choice each."""
+    if isinstance(value, list) and value and all(isinstance(v, (str, list)) for v in value):
+        if len(value) > MAX_PROMPTS:
+            raise RequestError(f"'prompt' may hold at most {MAX_PROMPTS} prompts, got "
+                               f"{len(value)}", param="prompt")
+        return [_prompt(v, n_vocab) for v in value]
+    return [_prompt(value, n_vocab)]
 
 
 def _honour_foreign(req: GenerationRequest, raw: dict[str, Any], n_vocab: int) -> None:
@@ -336,12 +354,7 @@ def _prompt(value: Any, n_vocab: int) -> Any:
         return value
     if not isinstance(value, list):
         raise RequestError("'prompt' must be a string, an array of token ids, or an array "
-                           "holding one of those", param="prompt")
-    if value and all(isinstance(v, (str, list)) for v in value):
-        if len(value) != 1:
-            raise RequestError("'prompt' holds several prompts; this server takes one prompt "
-                               "per request", param="prompt")
-        return _prompt(value[0], n_vocab)
+                           "of those (one choice each)", param="prompt")
     if not value:
         # "" is accepted: it tokenizes to the model's BOS token, as in llama-server; a token
         # list is used as given, so an empty one would leave nothing to run.

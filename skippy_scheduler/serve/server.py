@@ -57,6 +57,10 @@ log = logging.getLogger("skippy_scheduler.serve")
 class ServeSettings:
     model: Optional[str] = None  # None: the tiny random-weight model, written to a temp dir
     model_name: Optional[str] = None  # the id /v1/models reports (default: the file's stem)
+    model_aliases: tuple[str, ...] = ()  # further names requests may give (serve/access.py)
+    api_key: Optional[str] = None  # needed as a Bearer token on all but open_paths
+    open_paths: tuple[str, ...] = ("/health", "/metrics")  # answered without the key
+    allowed_origins: tuple[str, ...] = ()  # CORS origins ("*": any); empty: no CORS
     seed: int = 0  # of the tiny model
     host: str = "127.0.0.1"
     port: int = 8000
@@ -144,6 +148,7 @@ class Server:
 
     def _build(self, s: ServeSettings, name: str, reuse: bool) -> None:
         from .. import Scheduler, SchedulerConfig
+        from .access import AccessSettings
         from .app import Limits, ServeContext, create_app
         from .guard import default_allowed_hosts
         from . import vllm_compat
@@ -164,7 +169,7 @@ class Server:
         self.scheduler = Scheduler(config, admission=make_admission(s.policy))
         self.runner = EngineRunner(self.scheduler, self.host)
         self.context = ServeContext(
-            runner=self.runner, host=self.host, model_name=name,
+            runner=self.runner, host=self.host, model_name=name, model_aliases=s.model_aliases,
             pieces=token_pieces(self.host.n_vocab, self.host.token_bytes),
             n_ctx_seq=(s.ctx_size // s.max_active if reuse
                        else min(self.host.n_ctx_seq, self.host.n_ctx)),
@@ -179,7 +184,8 @@ class Server:
         elif "*" in hosts:
             hosts = None
         self.allowed_hosts = hosts
-        self.app = create_app(self.context, allowed_hosts=hosts)
+        self.app = create_app(self.context, allowed_hosts=hosts, access=AccessSettings(
+            api_key=s.api_key, open_paths=s.open_paths, allowed_origins=s.allowed_origins))
         vllm_compat.install(self.app, self.context)
         self.kv_events = kv_events.start(s, self.host)  # last: nothing after it can fail
 

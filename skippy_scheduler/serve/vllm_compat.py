@@ -119,10 +119,16 @@ def install(app: FastAPI, ctx: Any) -> None:
     ctx.metrics.registry.register(_VllmCollector(ctx))
     _body = _reader(ctx)
 
-    def completion_tokens(gen: GenerationRequest) -> list[int]:
-        if isinstance(gen.prompt, str):
-            return list(ctx.host.tokenize(gen.prompt, special=True))
-        return list(gen.prompt)
+    def completion_tokens(prompt: Any) -> list[int]:
+        if isinstance(prompt, str):
+            return list(ctx.host.tokenize(prompt, special=True))
+        return list(prompt)
+
+    def one_choice(gen: GenerationRequest) -> GenerationRequest:
+        if gen.n != 1:  # a rendered request is one sequence per prompt
+            raise RequestError("'n' must be 1 on a render route (one sequence per prompt)",
+                               param="n")
+        return gen
 
     def chat_tokens(gen: GenerationRequest) -> list[int]:
         return list(ctx.host.tokenize(ctx.chat.render(gen.messages), special=True))
@@ -135,13 +141,15 @@ def install(app: FastAPI, ctx: Any) -> None:
 
     @app.post("/v1/completions/render")
     async def render_completion(request: Request) -> Response:
-        gen = parse_completion(await _body(request), ctx.n_vocab, ctx.strict_request_fields)
-        tokens = await asyncio.to_thread(completion_tokens, gen)
-        return _json([generate_request(gen, tokens, "cmpl")])
+        gen = one_choice(parse_completion(await _body(request), ctx.n_vocab,
+                                          ctx.strict_request_fields))
+        prompts = [await asyncio.to_thread(completion_tokens, p) for p in gen.prompts]
+        return _json([generate_request(gen, tokens, "cmpl") for tokens in prompts])
 
     @app.post("/v1/chat/completions/render")
     async def render_chat(request: Request) -> Response:
-        gen = parse_chat(await _body(request), ctx.n_vocab, ctx.strict_request_fields)
+        gen = one_choice(parse_chat(await _body(request), ctx.n_vocab,
+                                    ctx.strict_request_fields))
         tokens = await asyncio.to_thread(chat_tokens, gen)
         return _json(generate_request(gen, tokens, "chatcmpl"))
 
@@ -179,9 +187,9 @@ def install(app: FastAPI, ctx: Any) -> None:
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> Response:
-        if model_id != ctx.model_name:
+        if model_id not in ctx.model_names:
             raise RequestError(f"The model `{model_id}` does not exist.", status=404,
                                type="NotFoundError", param="model")
-        return _json({"id": ctx.model_name, "object": "model", "created": ctx.created,
+        return _json({"id": model_id, "object": "model", "created": ctx.created,
                       "owned_by": "skippy-scheduler", "root": ctx.model_name, "parent": None,
                       "max_model_len": ctx.n_ctx_seq})

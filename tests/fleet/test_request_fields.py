@@ -52,7 +52,7 @@ def test_an_unknown_field_is_ignored_with_a_warning_and_refused_by_a_strict_serv
 
 
 @pytest.mark.parametrize("path, extra, param", [
-    ("/v1/completions", {"n": 2}, "n"),
+    ("/v1/completions", {"best_of": 2}, "best_of"),
     ("/v1/completions", {"echo": True}, "echo"),
     ("/v1/chat/completions", {"echo": True}, "echo"),
     ("/v1/completions", {"no_stop_trim": True}, "no_stop_trim"),

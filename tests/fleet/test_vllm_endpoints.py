@@ -19,13 +19,14 @@ def _post(url, path, body):
 
 def test_render_answers_the_token_ids_the_prompt_runs_with(replica):
     server, _ = replica
-    body = {"model": "m", "prompt": "render me", "max_tokens": 3, **GREEDY}
+    name = server.context.model_name
+    body = {"model": name, "prompt": "render me", "max_tokens": 3, **GREEDY}
     rendered = _post(server.url, "/v1/completions/render", body)
     assert isinstance(rendered, list) and len(rendered) == 1
     req = rendered[0]
     ran = _post(server.url, "/v1/completions", dict(body, return_token_ids=True))
     assert req["token_ids"] == ran["prompt_token_ids"]
-    assert req["request_id"].startswith("cmpl-") and req["model"] == "m"
+    assert req["request_id"].startswith("cmpl-") and req["model"] == name
     assert req["sampling_params"]["temperature"] == 0 and \
         req["sampling_params"]["max_tokens"] == 3
     chat = {"messages": [{"role": "user", "content": "render a chat"}], "max_tokens": 2}
