@@ -26,6 +26,7 @@ from ..selection import DEFAULT_IMPLEMENTATION
 from ._common import CommandError, check_output_file, int_in, non_negative_int, positive_int
 from .interrupt import Interrupted, saving
 from .lab_runs import run_suite_command, run_trace_command
+from .lab_stages import STAGED_ONLY, add_arguments as add_staged_arguments, run_staged_command
 from .vocabulary import add_flag, add_old
 
 # Options that only some runs read: given to another, they are a mistake.
@@ -146,6 +147,7 @@ def register(subparsers: Any) -> None:
     t.add_argument("--tenants", type=positive_int, default=None, metavar="K",
                    help="spread requests over K tenants by a stable hash of their id, "
                         "replacing a tenant field of the trace (default: the trace's own)")
+    add_staged_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -231,6 +233,14 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(SCENARIO_NAMES))
         return 0
     backend = resolve_backend(args.scheduler)
+    if args.pipeline_stages is not None:
+        if args.trace or args.suite:
+            raise CommandError("--pipeline-stages is a run of its own: give it without "
+                               "--suite or --trace")
+        _given(args, {**_SCENARIO_ONLY, **_SUITE_OR_TRACE, **_WORKLOAD_ONLY, **_TRACE_ONLY},
+               "does not apply to the staged pipeline (--pipeline-stages)")
+        return run_staged_command(args, cost_model(args.cost_model), backend)
+    _given(args, STAGED_ONLY, "needs --pipeline-stages")
     if args.trace:
         if args.suite:
             raise CommandError("--trace and --suite are two different runs: give one")
