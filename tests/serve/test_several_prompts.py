@@ -65,7 +65,7 @@ def test_streamed_choices_interleave_and_each_equals_its_prompt_alone(client, re
 
 
 @pytest.mark.parametrize("prompt,what", [
-    (["fine", []], "must not be empty"),
+    (["fine", []], "at least one id"),
     ([[1, 2], [1, "x"]], "must be a token id"),
     (["fine", [1, 10 ** 9]], "is not a token id"),
     (["x"] * 65, "at most 64 prompts"),
