@@ -78,9 +78,11 @@ class Result:
 
 
 async def one(client: httpx.AsyncClient, prompt: str, args) -> Result:
-    body = {"model": args.model, "prompt": prompt, "max_tokens": args.max_tokens,
+    body = {"prompt": prompt, "max_tokens": args.max_tokens,
             "temperature": 0, "stream": True, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
+    if args.model is not None:
+        body["model"] = args.model
     if args.token_ids:
         body["return_token_ids"] = True
     body.update(args.extra)
@@ -201,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="run the load against a server")
     r.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     r.add_argument("--label", default="", help="name of the server in the output")
-    r.add_argument("--model", default="bench", help="model field sent with each request")
+    r.add_argument("--model", default=None,
+                   help="model field sent with each request (default: none, the served one)")
     r.add_argument("--concurrency", type=int, default=16)
     r.add_argument("--requests", type=int, default=64)
     r.add_argument("--prompt-tokens", type=int, default=512)

@@ -278,7 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     ap.add_argument("--trace", required=True, help="a trace file (Mooncake JSONL, Azure CSV)")
     ap.add_argument("--label", default="", help="name of the server in the output")
-    ap.add_argument("--model", default="bench", help="model field sent with each request")
+    ap.add_argument("--model", default=None,
+                    help="model field sent with each request (default: none, the served one)")
     ap.add_argument("--start-s", type=float, default=0.0,
                     help="where the slice starts, in trace seconds")
     ap.add_argument("--duration-s", type=float, default=None,

@@ -28,7 +28,9 @@ def register(subparsers: Any) -> None:
                     "/v1/models, /health and /metrics, batching requests through the "
                     "scheduler on a llama.cpp model.")
     add_model_options(p)
-    add_flag(p, "served-model-name", default_text="the model file's name")
+    add_flag(p, "served-model-name", type=_names, default_text="the model file's name",
+             note="several names separated by commas: the first is the one reported, a "
+                  "request may give any (another is a 404)")
     p.add_argument("--host", default=d.host, help=f"address to listen on (default: {d.host})")
     p.add_argument("--port", type=_port, default=d.port, help=f"port (default: {d.port})")
     add_flag(p, "max-active", type=positive_int, default=d.max_active)
@@ -48,9 +50,25 @@ def register(subparsers: Any) -> None:
     add_flag(p, "prefix-holders", type=positive_int, default=d.prefix_holders)
     add_flag(p, "inflight", type=positive_int, default=d.inflight,
              note="llama_decode runs on a worker thread")
+    p.add_argument("--strict-request-fields", action="store_true",
+                   help="refuse request fields nobody defined with a 400 (default: ignore "
+                        "them with a logged warning, as vLLM does)")
+    p.add_argument("--kv-events-endpoint", metavar="ADDR",
+                   help="publish the prefix store's blocks as vLLM-format KV cache events on "
+                        "a ZeroMQ PUB socket bound here, e.g. tcp://127.0.0.1:5557 (needs "
+                        "--prefix-cache-tokens; docs/fleet.md)")
+    p.add_argument("--kv-events-replay-endpoint", metavar="ADDR",
+                   help="ZeroMQ ROUTER address answering KV event replay requests")
+    p.add_argument("--kv-block-size", type=positive_int, default=d.kv_block_size, metavar="N",
+                   help=f"tokens per KV event block; a router's --kv-event-block-size "
+                        f"(default: {d.kv_block_size})")
+    p.add_argument("--kv-hash-seed", default=d.kv_hash_seed, metavar="SEED",
+                   help="seed of the block hash chain, as vLLM's PYTHONHASHSEED "
+                        f"(default: {d.kv_hash_seed!r})")
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"),
                    default=d.log_level, help=f"uvicorn log level (default: {d.log_level})")
     _add_limit_options(p, d)
+    _add_access_options(p, d)
     # serve drains and cleans up on SIGINT and SIGTERM itself.
     p.set_defaults(func=run, own_signals=True)
 
@@ -77,6 +95,60 @@ def _add_limit_options(p: Any, d: Any) -> None:
                    help="Host header names answered, comma-separated ('*' any, '*.example.com' "
                         "a domain); default: loopback names when --host is a loopback address, "
                         "any otherwise")
+
+
+def _add_access_options(p: Any, d: Any) -> None:
+    """Who may call the server (skippy_scheduler/serve/access.py)."""
+    from ..serve.access import API_KEY_ENV
+
+    g = p.add_argument_group("access")
+    g.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every request but those to "
+                        f"--open-paths (401 otherwise); default: the {API_KEY_ENV} "
+                        "environment variable, else no key")
+    g.add_argument("--open-paths", type=_open_paths, default=d.open_paths, metavar="PATHS",
+                   help="paths answered without the key, comma-separated, '' for none "
+                        f"(default: {','.join(d.open_paths)})")
+    g.add_argument("--allowed-origins", type=_origins, default=d.allowed_origins,
+                   metavar="ORIGINS",
+                   help="origins (https://host[:port]) whose browser requests may read the "
+                        "answers (CORS), comma-separated, '*' any; default: none")
+
+
+def _access_settings(args: Any) -> dict[str, Any]:
+    import os
+
+    from ..serve.access import API_KEY_ENV
+
+    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    names = args.served_model_name or ()
+    return dict(model_name=names[0] if names else None, model_aliases=tuple(names[1:]),
+                api_key=key, open_paths=args.open_paths, allowed_origins=args.allowed_origins)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names:
+        raise argparse.ArgumentTypeError("expected model names separated by commas")
+    return names
+
+
+def _open_paths(text: str) -> tuple[str, ...]:
+    from ..serve.access import parse_paths
+
+    try:
+        return parse_paths(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _origins(text: str) -> tuple[str, ...]:
+    from ..serve.access import parse_origins
+
+    try:
+        return parse_origins(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _limit_settings(args: Any) -> dict[str, Any]:
@@ -164,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
     import_llama_host()
     Server, ServeSettings = _import_serve()
     settings = ServeSettings(
-        model=args.model, model_name=args.served_model_name, seed=args.seed, host=args.host,
+        model=args.model, seed=args.seed, host=args.host,
         port=args.port, max_active=args.max_active, max_waiting=args.max_waiting,
         ctx_size=args.ctx_size, threads=args.threads, batch_size=args.max_num_batched_tokens,
         prefill_chunk=args.prefill_chunk, mixed=args.mixed,
@@ -172,7 +244,11 @@ def run(args: argparse.Namespace) -> int:
         policy=args.policy, prefix_cache_tokens=args.prefix_cache_tokens,
         prefix_holders=args.prefix_holders,
         kv_type=args.kv_type, flash_attn=args.flash_attn, log_level=args.log_level,
-        **_limit_settings(args))
+        strict_request_fields=args.strict_request_fields,
+        kv_events_endpoint=args.kv_events_endpoint,
+        kv_events_replay_endpoint=args.kv_events_replay_endpoint,
+        kv_block_size=args.kv_block_size, kv_hash_seed=args.kv_hash_seed,
+        **_limit_settings(args), **_access_settings(args))
     try:
         server = Server(settings)
     except (OSError, RuntimeError, ValueError) as exc:

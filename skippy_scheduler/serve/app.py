@@ -22,7 +22,9 @@ import json
 import logging
 import time
 import uuid
+from contextlib import aclosing
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, AsyncGenerator, AsyncIterator, Callable, Optional
 
 from fastapi import FastAPI, Request
@@ -31,8 +33,10 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..engine import FinishEvent, Request as EngineRequest, TokenEvent
+from .access import AccessGuard, AccessSettings, served_model
 from .body import decode_json, read_body
 from .chat import ChatTemplate
+from .choices import batches as _batches, choice_sampling, usage as _usage
 from .errors import ClientGone, RequestError, internal, queue_full, unavailable
 from .guard import HttpGuard
 from .metrics import CONTENT_TYPE, ServeMetrics
@@ -64,6 +68,8 @@ class ServeContext:
     n_ctx_seq: int  # tokens one request may hold (prompt + generated)
     memory_components: list[Any] = field(default_factory=list)
     limits: Limits = field(default_factory=Limits)
+    model_aliases: tuple[str, ...] = ()  # further names requests may use (docs: access)
+    strict_request_fields: bool = False  # refuse fields nobody defined instead of ignoring them
     created: int = field(default_factory=lambda: int(time.time()))
     shutting_down: bool = False  # set before the engine is stopped for good
     metrics: ServeMetrics = field(init=False)
@@ -76,6 +82,10 @@ class ServeContext:
     @property
     def n_vocab(self) -> int:
         return len(self.pieces)
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return (self.model_name,) + tuple(n for n in self.model_aliases if n != self.model_name)
 
 
 def _dumps(obj: Any) -> bytes:
@@ -126,8 +136,9 @@ class _Generation:
     """One request's output so far: detokenised, cut at stop strings, timed."""
 
     def __init__(self, ctx: ServeContext, sub: Subscription, gen: GenerationRequest,
-                 prompt_tokens: int) -> None:
+                 prompt_tokens: int, index: int = 0) -> None:
         self.ctx = ctx
+        self.index = index  # the choice's index in the answer
         self.sub = sub
         self.request = gen
         self.prompt_tokens = prompt_tokens
@@ -156,7 +167,14 @@ class _Generation:
                 self._last_us = t
                 self.tokens.append(event.token)
                 ids.append(event.token)
+                if event.token in self.request.stop_token_ids:
+                    parts.append(self._stop_token(event.token))
+                    self._end("stop", t)
+                    self.ctx.runner.cancel(self.sub.request_id)
+                    continue
                 text, stopped = self.stop.push(self.detok.add(event.token))
+                if stopped and self.request.include_stop_str_in_output:
+                    text += self.stop.matched
                 parts.append(text)
                 if stopped:
                     self._end("stop", t)
@@ -172,6 +190,13 @@ class _Generation:
                 self._end("stop" if stopped else event.reason, event.time_us)
         m.generation_tokens.inc(len(ids))
         return "".join(parts), ids
+
+    def _stop_token(self, token: int) -> str:
+        """The text still owed when a stop token ends the generation (with the token's own
+        text only under include_stop_str_in_output)."""
+        piece = self.detok.add(token) if self.request.include_stop_str_in_output else ""
+        text, stopped = self.stop.push(piece + self.detok.flush())
+        return text if stopped else text + self.stop.flush()
 
     def _end(self, reason: str, t_us: float) -> None:
         self.finish = reason
@@ -216,12 +241,16 @@ class _EventStream(StreamingResponse):
             self._on_close()
 
 
-def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = None) -> FastAPI:
-    """The routes, behind `guard.HttpGuard` (`allowed_hosts` None: any `Host`)."""
+def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = None,
+               access: AccessSettings = AccessSettings()) -> FastAPI:
+    """The routes, behind `access.AccessGuard` (key, CORS) inside `guard.HttpGuard`
+    (`allowed_hosts` None: any `Host`)."""
     app = FastAPI(title="skippy-scheduler", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     runner = ctx.runner
     errors = ctx.metrics.request_errors
+    app.add_middleware(AccessGuard, settings=access,
+                       on_error=lambda status: errors.labels(str(status)).inc())
     app.add_middleware(HttpGuard, allowed_hosts=allowed_hosts,
                        on_error=lambda status: errors.labels(str(status)).inc())
 
@@ -255,9 +284,9 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{
-            "id": ctx.model_name, "object": "model", "created": ctx.created,
+            "id": name, "object": "model", "created": ctx.created,
             "owned_by": "skippy-scheduler", "max_model_len": ctx.n_ctx_seq,
-            "chat_template": ctx.chat.source}]}
+            "chat_template": ctx.chat.source} for name in ctx.model_names]}
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -265,121 +294,150 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        gen = await _read_request(request, ctx.limits, parse_completion, ctx.n_vocab)
-        if isinstance(gen.prompt, str):
-            tokens = await asyncio.to_thread(_tokenize, ctx, gen.prompt, "prompt")
-        else:
-            tokens = gen.prompt
-        return await _generate(request, gen, tokens, "prompt")
+        gen = await _read_request(request, ctx.limits, partial(
+            parse_completion, strict=ctx.strict_request_fields), ctx.n_vocab)
+        gen.model = served_model(ctx.model_names, gen.model)
+        prompts = [await asyncio.to_thread(_tokenize, ctx, p, "prompt") if isinstance(p, str)
+                   else p for p in gen.prompts]
+        return await _generate(request, gen, prompts, "prompt")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        gen = await _read_request(request, ctx.limits, parse_chat, ctx.n_vocab)
+        gen = await _read_request(request, ctx.limits, partial(
+            parse_chat, strict=ctx.strict_request_fields), ctx.n_vocab)
+        gen.model = served_model(ctx.model_names, gen.model)
 
         def render_and_tokenize() -> list[int]:
             _bound_length(ctx, "".join(text for _, text in gen.messages), "messages")
             return _tokenize(ctx, ctx.chat.render(gen.messages), "messages")
 
         tokens = await asyncio.to_thread(render_and_tokenize)
-        return await _generate(request, gen, tokens, "messages")
+        return await _generate(request, gen, [tokens], "messages")
 
-    async def _generate(request: Request, gen: GenerationRequest, tokens: list[int],
+    async def _generate(request: Request, gen: GenerationRequest, prompts: list[list[int]],
                         prompt_field: str) -> Response:
-        max_tokens = _check_fit(ctx, gen, len(tokens), prompt_field)
-        if runner.open_subscriptions >= ctx.limits.capacity:
+        """`n` choices per prompt (index in order: prompt by prompt), all admitted or none."""
+        n = gen.n
+        samplings = [choice_sampling(gen.sampling, j) for _ in prompts for j in range(n)]
+        prompts = [tokens for tokens in prompts for _ in range(n)]
+        budgets = [_check_fit(ctx, gen, len(tokens), prompt_field) for tokens in prompts]
+        if runner.open_subscriptions + len(prompts) > ctx.limits.capacity:
             # Every lane and waiting place is taken (the engine's own queue is sized to hold a
             # whole burst, so this is where the server's capacity is kept).
             raise queue_full("The server is busy: every lane and waiting place is taken; "
                              "retry later.")
         prefix = "cmpl" if gen.kind == "completion" else "chatcmpl"
         rid = f"{prefix}-{uuid.uuid4().hex}"
-        loop = asyncio.get_running_loop()
+        subs = await _open_all(rid, gen, prompts, budgets, samplings)
+        for tokens in prompts:
+            ctx.metrics.prompt_tokens.inc(len(tokens))
+        # Usage counts each prompt once, as OpenAI does with n > 1.
+        outs = [_Generation(ctx, sub, gen, len(tokens) if i % n == 0 else 0, index=i)
+                for i, (sub, tokens) in enumerate(zip(subs, prompts))]
+        head = {"id": rid, "created": int(time.time()), "model": gen.model or ctx.model_name}
+        if gen.return_token_ids and len(prompts) == 1:
+            head["prompt_token_ids"] = list(prompts[0])
+        if gen.stream:
+            return _EventStream(_sse(outs, head), lambda: _close_all(outs))
         try:
-            sub = runner.open(EngineRequest(rid, tokens, max_tokens, sampling=gen.sampling,
-                                            priority=gen.priority), loop)
+            await _collect(request, outs)
+        finally:
+            _close_all(outs)
+        for out in outs:
+            if out.finish == "error":
+                raise _failure(out)
+        choices = []
+        for out, tokens in zip(outs, prompts):
+            text = "".join(out.text)
+            if gen.kind == "completion":
+                choice: dict[str, Any] = {"index": out.index, "text": text, "logprobs": None,
+                                          "finish_reason": out.finish}
+            else:
+                choice = {"index": out.index, "message": {"role": "assistant", "content": text},
+                          "logprobs": None, "finish_reason": out.finish}
+            if gen.return_token_ids:
+                choice["token_ids"] = list(out.tokens)
+                if len(prompts) > 1:
+                    choice["prompt_token_ids"] = list(tokens)
+            choices.append(choice)
+        obj = "text_completion" if gen.kind == "completion" else "chat.completion"
+        body = {"id": rid, "object": obj, **head, "choices": choices, "usage": _usage(outs)}
+        return Response(_dumps(body), media_type="application/json")
+
+    async def _open_all(rid: str, gen: GenerationRequest, prompts: list[list[int]],
+                        budgets: list[int], samplings: list[Any]) -> list[Subscription]:
+        """Every prompt's subscription once the scheduler queued them all; if it refused one,
+        the others are cancelled and closed before the error is raised."""
+        loop = asyncio.get_running_loop()
+        subs: list[Subscription] = []
+        try:
+            for i, (tokens, max_tokens, sampling) in enumerate(zip(prompts, budgets,
+                                                                   samplings)):
+                name = rid if len(prompts) == 1 else f"{rid}-{i}"
+                subs.append(runner.open(EngineRequest(name, tokens, max_tokens,
+                                                      sampling=sampling,
+                                                      priority=gen.priority), loop))
         except EngineUnavailable as exc:
+            _abandon(subs)
             raise unavailable(str(exc)) from None
-        rejection = await sub.verdict
-        if rejection is not None:
-            runner.close(sub)
-            message = rejection.error or "the request was refused"
+        rejections = [await sub.verdict for sub in subs]
+        refused = [r for r in rejections if r is not None]
+        if refused:
+            _abandon(subs)
+            message = refused[0].error or "the request was refused"
             if message.startswith("QueueFull"):
                 raise queue_full("The server is busy: its waiting queue is full; retry later.")
             raise RequestError(message)
-        ctx.metrics.prompt_tokens.inc(len(tokens))
-        out = _Generation(ctx, sub, gen, len(tokens))
-        head = {"id": rid, "created": int(time.time()), "model": gen.model or ctx.model_name}
-        if gen.return_token_ids:
-            head["prompt_token_ids"] = list(tokens)
-        if gen.stream:
-            return _EventStream(_sse(out, head), lambda: _close(out))
-        try:
-            await _collect(request, out)
-        finally:
-            _close(out)
-        if out.finish == "error":
-            raise _failure(out)
-        text = "".join(out.text)
-        if gen.kind == "completion":
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": out.finish}
-            body = {"id": rid, "object": "text_completion", **head}
-        else:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": out.finish}
-            body = {"id": rid, "object": "chat.completion", **head}
-        if gen.return_token_ids:
-            choice["token_ids"] = list(out.tokens)
-        body["choices"] = [choice]
-        body["usage"] = out.usage()
-        return Response(_dumps(body), media_type="application/json")
+        return subs
+
+    def _abandon(subs: list[Subscription]) -> None:
+        for sub in subs:
+            runner.cancel(sub.request_id)
+            runner.close(sub)
 
     def _failure(out: _Generation) -> RequestError:
         if ctx.shutting_down:  # the engine stopped under it: the server's state, not the request's
             return unavailable(out.error or "the engine stopped")
         return internal(out.error or "the request failed")
 
-    def _close(out: _Generation) -> None:
-        if out.finish is None or out.finish == "stop":
-            # Gone before the end, or stopped on a string: the engine may still be running it.
-            runner.cancel(out.sub.request_id)
-        if out.finish is None:
-            ctx.metrics.request_success.labels("abort").inc()
-        runner.close(out.sub)
+    def _close_all(outs: list[_Generation]) -> None:
+        for out in outs:
+            if out.finish is None or out.finish == "stop":
+                # Gone before the end, or stopped on a string: the engine may still run it.
+                runner.cancel(out.sub.request_id)
+            if out.finish is None:
+                ctx.metrics.request_success.labels("abort").inc()
+            runner.close(out.sub)
 
-    async def _collect(request: Request, out: _Generation) -> None:
+    async def _collect(request: Request, outs: list[_Generation]) -> None:
         watcher = asyncio.ensure_future(_wait_disconnect(request.receive))
         try:
-            while out.finish is None:
-                batch = asyncio.ensure_future(out.sub.next_batch())
-                done, _ = await asyncio.wait({batch, watcher},
-                                             return_when=asyncio.FIRST_COMPLETED)
-                if batch not in done:
-                    batch.cancel()
-                    return  # the client left; _close cancels the request
-                text, _ = out.feed(batch.result())
-                out.text.append(text)
+            async with aclosing(_batches(outs, watcher)) as batches:
+                async for out, events in batches:
+                    text, _ = out.feed(events)
+                    out.text.append(text)
         finally:
             watcher.cancel()
 
-    async def _sse(out: _Generation, head: dict[str, Any]) -> AsyncIterator[bytes]:
-        gen = out.request
+    async def _sse(outs: list[_Generation], head: dict[str, Any]) -> AsyncIterator[bytes]:
+        gen = outs[0].request
         chat = gen.kind == "chat"
         obj = "chat.completion.chunk" if chat else "text_completion"
         base = {"id": head["id"], "object": obj, "created": head["created"],
                 "model": head["model"]}
 
         def chunk(text: Optional[str], ids: Optional[list[int]], finish: Optional[str],
-                  role: bool = False) -> bytes:
+                  role: bool = False, index: int = 0) -> bytes:
             if chat:
                 delta: dict[str, Any] = {}
                 if role:
                     delta["role"] = "assistant"
                 if text is not None:
                     delta["content"] = text
-                choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
-                                "finish_reason": finish}
+                choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None,
+                                          "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": text or "", "logprobs": None,
+                choice = {"index": index, "text": text or "", "logprobs": None,
                           "finish_reason": finish}
             if gen.return_token_ids:
                 choice["token_ids"] = ids or []
@@ -389,17 +447,21 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
             return b"data: " + _dumps(body) + b"\n\n"
 
         if chat:
-            yield chunk("", [], None, role=True)
-        while out.finish is None:
-            text, ids = out.feed(await out.sub.next_batch())
-            if text or (ids and gen.return_token_ids):
-                yield chunk(text, ids, None)
-        if out.finish == "error":
-            yield b"data: " + _dumps(_failure(out).body()) + b"\n\n"
-        else:
-            yield chunk(None if chat else "", [], out.finish)
-            if gen.include_usage:
-                yield b"data: " + _dumps(dict(base, choices=[], usage=out.usage())) + b"\n\n"
+            for out in outs:
+                yield chunk("", [], None, role=True, index=out.index)
+        async with aclosing(_batches(outs)) as batches:
+            async for out, events in batches:
+                text, ids = out.feed(events)
+                if out.finish == "error":
+                    yield b"data: " + _dumps(_failure(out).body()) + b"\n\n"
+                    yield b"data: [DONE]\n\n"
+                    return  # the others are cancelled when the stream closes
+                if text or (ids and gen.return_token_ids):
+                    yield chunk(text, ids, None, index=out.index)
+                if out.finish is not None:
+                    yield chunk(None if chat else "", [], out.finish, index=out.index)
+        if gen.include_usage:
+            yield b"data: " + _dumps(dict(base, choices=[], usage=_usage(outs))) + b"\n\n"
         yield b"data: [DONE]\n\n"
 
     return app

@@ -106,9 +106,16 @@ class HttpGuard:
 
     async def _refuse(self, err: RequestError, send: Any) -> None:
         self.on_error(err.status)
-        body = json.dumps(err.body()).encode("utf-8")
-        headers = [(b"content-type", b"application/json"),
-                   (b"content-length", str(len(body)).encode())]
-        headers += [(k.lower().encode(), v.encode()) for k, v in err.headers().items()]
-        await send({"type": "http.response.start", "status": err.status, "headers": headers})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        await send_error(err, send)
+
+
+async def send_error(err: RequestError, send: Any,
+                     extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    """Answer `err` in the OpenAI error shape straight from a middleware."""
+    body = json.dumps(err.body()).encode("utf-8")
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in err.headers().items()]
+    headers += list(extra)
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -139,11 +139,13 @@ def test_the_server_serves_what_the_context_got(model_path, flags, prompt_tokens
     proc, port = _serve(model_path, *flags)
     try:
         client = _client(proc, port)
-        limit = client.models.list().data[0].model_extra["max_model_len"]
+        served = client.models.list().data[0]
+        limit = served.model_extra["max_model_len"]
         assert limit >= prompt_tokens + 4
 
         def complete(i: int):
-            return client.completions.create(model="m", prompt=_prompt(prompt_tokens + i),
+            return client.completions.create(model=served.id,
+                                             prompt=_prompt(prompt_tokens + i),
                                              max_tokens=4, temperature=0)
 
         with ThreadPoolExecutor(requests) as pool:

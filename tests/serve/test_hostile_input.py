@@ -198,8 +198,9 @@ def test_nul_in_chat_content_is_a_400_and_a_completion_prompt_keeps_it(srv):
     r = httpx.post(srv.url + "/v1/chat/completions", json=parts, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content[1].text"
     with openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=30) as c:
-        whole = c.completions.create(model="m", prompt="hello\x00 and then more", max_tokens=1)
-        cut = c.completions.create(model="m", prompt="hello", max_tokens=1)
+        whole = c.completions.create(model="tiny-random-llama",
+                                     prompt="hello\x00 and then more", max_tokens=1)
+        cut = c.completions.create(model="tiny-random-llama", prompt="hello", max_tokens=1)
     assert whole.usage.prompt_tokens > cut.usage.prompt_tokens + 2
 
 

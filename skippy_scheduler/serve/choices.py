@@ -1,0 +1,59 @@
+"""Several choices in one answer: one engine request per choice (a completions request's
+prompts, times `n`), their events merged as they arrive, usage summed.
+
+With `n` > 1 choice j of a prompt samples with seed `seed + j` (mod 2**64): choice 0 is the
+request itself, choice j the same request sent alone with `seed + j`. (An unseeded request drew
+its seed when parsed, so its choices differ as well.) A greedy request's choices are equal.
+
+A choice is the app's `_Generation`: it has `sub` (the engine subscription), `finish` (None
+while running), `index` and `usage()`.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any, AsyncGenerator, Optional, Sequence
+
+from ..sampling import SamplingParams
+
+_U64 = (1 << 64) - 1
+
+
+def choice_sampling(sampling: Optional[SamplingParams], j: int) -> Optional[SamplingParams]:
+    """The sampling of choice `j` of a prompt: its own seed stream, `seed + j`."""
+    if sampling is None or j == 0 or sampling.seed is None:
+        return sampling
+    return dataclasses.replace(sampling, seed=(sampling.seed + j) & _U64)
+
+
+def usage(outs: Sequence[Any]) -> dict[str, int]:
+    """Usage summed over the choices."""
+    total = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    for out in outs:
+        for key, value in out.usage().items():
+            total[key] += value
+    return total
+
+
+async def batches(outs: Sequence[Any], stop: Optional[asyncio.Future[None]] = None,
+                  ) -> AsyncGenerator[tuple[Any, list[Any]], None]:
+    """Each choice's event batches as they arrive, until every choice has finished (or `stop`
+    is done: the client left, and the caller cancels the rest)."""
+    waiting = {asyncio.ensure_future(out.sub.next_batch()): out for out in outs
+               if out.finish is None}
+    try:
+        while waiting:
+            watch: set[asyncio.Future[Any]] = set(waiting)
+            if stop is not None:
+                watch.add(stop)
+            done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
+            if stop is not None and stop in done:
+                return
+            for task in sorted(done, key=lambda t: waiting[t].index):
+                out = waiting.pop(task)
+                yield out, task.result()
+                if out.finish is None:
+                    waiting[asyncio.ensure_future(out.sub.next_batch())] = out
+    finally:
+        for task in waiting:
+            task.cancel()
