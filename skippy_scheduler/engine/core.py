@@ -288,16 +288,7 @@ class Engine(_Steps):
         finally:
             self._thread = None
 
-    def step(self) -> bool:
-        """One step: inbox, due arrivals, hook, and one iteration if anything is live.
-        Returns False when there was nothing to run."""
-        if self._inbox:
-            self._drain()
-        if self._next_due != _INF and self._next_due <= self.now():
-            self._submit_due()
-        if self.before_step is not None:
-            self.before_step(self)
-        return self._iterate()
+    # `step()` (engine/step.py): inbox, due arrivals, hook, one iteration.
 
     # -- internals ----------------------------------------------------------------------------
 

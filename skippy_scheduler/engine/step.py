@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..cost_model import decode_row_count
 from ..inflight import resolve_deferred
@@ -26,6 +26,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .contract import Host, HostHooks, Plan, SchedulerLike
     from .observers import StepObserver
     from .requests import _Entry
+
+_INF = float("inf")
 
 
 class _Steps:
@@ -47,8 +49,14 @@ class _Steps:
     _outstanding: int
     _live: dict[str, "_Entry"]
 
+    before_step: Optional[Callable[[Any], None]]
+    _inbox: deque[tuple[str, Any]]
+    _next_due: float
+
     if TYPE_CHECKING:  # provided by Engine
         def now(self) -> float: ...
+        def _drain(self) -> None: ...
+        def _submit_due(self) -> None: ...
         def _end(self, entry: "_Entry", reason: str, error: Optional[str] = None,
                  emit: bool = True) -> None: ...
         def _measure_memory(self) -> None: ...
@@ -60,8 +68,16 @@ class _Steps:
         self._run_async = self.hooks.execute_async if self._depth > 1 else None
         self._measures = self.hooks.memory_used is not None
 
-    def _iterate(self) -> bool:
-        """Make, run and complete plans as the depth allows; False when nothing is live."""
+    def step(self) -> bool:
+        """One step: inbox, due arrivals, hook, and one iteration if anything is live (make,
+        run and complete plans as the depth allows). Returns False when there was nothing to
+        run."""
+        if self._inbox:
+            self._drain()
+        if self._next_due != _INF and self._next_due <= self.now():
+            self._submit_due()
+        if self.before_step is not None:
+            self.before_step(self)
         if not self._observers and self._clock is None and self._depth == 1:
             # Nothing watches, times or stays in flight: a step is the three calls and the
             # releases, without the per-plan bookkeeping below (what `bench` times).
@@ -70,7 +86,11 @@ class _Steps:
             plan = self._plan()
             if plan is None:
                 raise EngineStalled(self._stalled())
-            self._execute(plan)
+            try:  # _execute, inline: one call less per step
+                self.host.execute(plan)
+            except BaseException:
+                self.scheduler.abort_iteration(plan)
+                raise
             self._complete(plan, None, 0)
             return True
         inflight = self._inflight
