@@ -69,6 +69,12 @@ typedef struct skippy_scheduler_config {
     double fair_prefill_cost;                    /* default 1.0: FAIR_SHARE charge per prefill or
                                                     recompute token (finite, >= 0) */
     double fair_decode_cost;                     /* default 2.0: FAIR_SHARE charge per decode token */
+    bool priority_preemption;                    /* default false: a waiting sequence of strictly
+                                                    higher priority that cannot be admitted
+                                                    preempts lower-priority running ones (§2.8a) */
+    size_t priority_preemption_guard_steps;      /* default 8: plans during which a sequence
+                                                    preempted for priority is not again */
+    size_t max_priority_preemptions_per_step;    /* default 4: priority victims per plan */
 } skippy_scheduler_config;
 
 /* What submit copies from the caller (nothing is borrowed after the call). */
@@ -139,6 +145,8 @@ typedef struct skippy_scheduler_metrics {
     uint64_t aborted_plans;    /* plans undone by skippy_scheduler_abort (or replaced at depth 1) */
     uint64_t restored_tokens;  /* prompt tokens admitted as prefix restores (attached store) */
     uint64_t stale_refreshes;  /* waiting affinities re-scored from the attached store (§2.12) */
+    uint64_t preempted_priority; /* of `preempted`, those made for priority (§2.8a); the rest
+                                    were made for memory */
 } skippy_scheduler_metrics;
 
 /* Per-completion figures (component arrays: see skippy_scheduler_component_used). */

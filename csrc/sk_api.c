@@ -29,6 +29,9 @@ void skippy_scheduler_config_default(skippy_scheduler_config *c)
     c->max_inflight_plans = 1;
     c->fair_prefill_cost = 1.0;
     c->fair_decode_cost = 2.0;
+    c->priority_preemption = false;
+    c->priority_preemption_guard_steps = 8;
+    c->max_priority_preemptions_per_step = 4;
 }
 
 static size_t clamp_sz(size_t v, size_t lo, size_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
@@ -81,6 +84,7 @@ void skippy_scheduler_free(skippy_scheduler *s)
     free(s->active);
     free(s->retired);
     free(s->victims);
+    free(s->prio_victims);
     free(s->ewma);
     for (size_t k = 0; s->plans && k < s->cfg.max_inflight_plans; k++) {
         sk_plan_slot *slot = &s->plans[k];

@@ -516,7 +516,8 @@ cdef class Scheduler:
             m.iterations, m.admitted, m.preempted, m.finished, m.failed, m.cancelled,
             m.rejected_overload, m.prefill_tokens, m.recompute_tokens, m.decode_tokens,
             m.prefix_hits, m.prefix_misses, m.active_sequences, m.waiting_sequences,
-            m.discarded_rows, m.aborted_plans, m.restored_tokens, m.stale_refreshes)
+            m.discarded_rows, m.aborted_plans, m.restored_tokens, m.stale_refreshes,
+            m.preempted_priority)
 
     @property
     def waiting_turn(self):

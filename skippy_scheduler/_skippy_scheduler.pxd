@@ -68,6 +68,9 @@ cdef extern from "skippy_scheduler.h" nogil:
         size_t max_inflight_plans
         double fair_prefill_cost
         double fair_decode_cost
+        bint priority_preemption
+        size_t priority_preemption_guard_steps
+        size_t max_priority_preemptions_per_step
 
     ctypedef struct skippy_sequence_desc:
         const char *id
@@ -131,6 +134,7 @@ cdef extern from "skippy_scheduler.h" nogil:
         uint64_t aborted_plans
         uint64_t restored_tokens
         uint64_t stale_refreshes
+        uint64_t preempted_priority
 
     ctypedef struct skippy_iteration_telemetry:
         uint64_t iteration
