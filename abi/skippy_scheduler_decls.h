@@ -231,6 +231,10 @@ skippy_status skippy_scheduler_preempt(skippy_scheduler *scheduler, const uint64
                                        size_t used_count, size_t *out_preempted,
                                        skippy_error **out_error);
 const uint32_t *skippy_scheduler_preempted_slots(const skippy_scheduler *scheduler);
+/* The slots the last plan's admission preempted for priority (§2.8a), in the order chosen; the
+ * count goes to *out_count (valid until the next plan). */
+const uint32_t *skippy_scheduler_priority_victims(const skippy_scheduler *scheduler,
+                                                  size_t *out_count);
 bool skippy_scheduler_cancel(skippy_scheduler *scheduler, const char *id, size_t id_len);
 
 uint32_t skippy_scheduler_find(const skippy_scheduler *scheduler, const char *id, size_t id_len);

@@ -257,5 +257,11 @@ const skippy_retired *skippy_scheduler_retired(const skippy_scheduler *s, size_t
 }
 
 const uint32_t *skippy_scheduler_preempted_slots(const skippy_scheduler *s) { return s->victims; }
+
+const uint32_t *skippy_scheduler_priority_victims(const skippy_scheduler *s, size_t *out_count)
+{
+    if (out_count) *out_count = s->prio_victim_len;
+    return s->prio_victims;
+}
 uint64_t skippy_scheduler_waiting_turn(const skippy_scheduler *s) { return s->waiting_turn; }
 bool skippy_scheduler_mixed_viable(const skippy_scheduler *s) { return s->mixed_viable; }

@@ -449,6 +449,13 @@ cdef class Scheduler:
         cdef const uint32_t *v_slots = skippy_scheduler_preempted_slots(self._s)
         return [_carried(self._objects, v_slots[i]).sequence_id for i in range(out)]
 
+    def last_priority_victims(self):
+        """Ids the last `plan_iteration` preempted for priority (§2.8a), in the order chosen;
+        the host releases their runtime state before running the plan."""
+        cdef size_t n = 0
+        cdef const uint32_t *v_slots = skippy_scheduler_priority_victims(self._s, &n)
+        return [_carried(self._objects, v_slots[i]).sequence_id for i in range(n)]
+
     def cancel(self, sequence_id):
         """Remove a waiting or active sequence; False when the id is unknown."""
         if not isinstance(sequence_id, str):

@@ -204,6 +204,8 @@ cdef extern from "skippy_scheduler.h" nogil:
                                            size_t used_count, size_t *out_preempted,
                                            skippy_error **out_error)
     const uint32_t *skippy_scheduler_preempted_slots(const skippy_scheduler *scheduler)
+    const uint32_t *skippy_scheduler_priority_victims(const skippy_scheduler *scheduler,
+                                                      size_t *out_count)
     cbool skippy_scheduler_cancel(skippy_scheduler *scheduler, const char *id, size_t id_len)
     uint32_t skippy_scheduler_find(const skippy_scheduler *scheduler, const char *id, size_t id_len)
     cbool skippy_scheduler_sequence(const skippy_scheduler *scheduler, uint32_t slot,

@@ -81,5 +81,5 @@ def preempt_for_priority(sched: "TwinScheduler", step: int) -> int:
         admitted += 1
     # Victims first (the last one at the front), then the sequences still waiting.
     sched._waiting = victims[::-1] + kept
-    sched._priority_victims = taken
+    sched._priority_victims = [v.id for v in victims]
     return admitted

@@ -75,7 +75,7 @@ class TwinScheduler:
         self._next_order = 0
         self._dirty = False
         self._admission_counter = 0
-        self._priority_victims = 0  # preempted for priority by the last admission (§2.8a)
+        self._priority_victims: list[str] = []  # ids the last admission preempted for priority
         self._live_plans: list[TwinPlan] = []  # oldest first
         self._steps = 0
         self._flights: dict[str, Flight] = {}
@@ -193,7 +193,7 @@ class TwinScheduler:
             self._admit_one(s)
             admitted += 1
         self._waiting = deferred
-        self._priority_victims = 0
+        self._priority_victims = []
         if self._config.priority_preemption:
             admitted += preempt_for_priority(self, self._steps)
         self._refresh_counts()
@@ -263,7 +263,7 @@ class TwinScheduler:
                 fl.source = (step, r)
             undo.append(RowUndo(s, fl.epoch, before, w.sample_last, previous, w.new_row))
         plan = TwinPlan(work, sum(len(w.tokens) for w in work), admitted, step, deferred)
-        plan.preempted = self._priority_victims
+        plan.preempted = len(self._priority_victims)
         plan._undo = undo
         plan._counters = counters
         plan._live_list = self._live_plans
@@ -465,6 +465,10 @@ class TwinScheduler:
             self._waiting.insert(0, s)
         self._refresh_counts()
         return [s.id for s in victims]
+
+    def last_priority_victims(self) -> list[str]:
+        """Ids the last `plan_iteration` preempted for priority (§2.8a), in the order chosen."""
+        return list(self._priority_victims)
 
     def _requeue_victim(self, s: Sequence) -> None:
         """`s` leaves the active set as a preempted sequence; the caller queues it."""

@@ -64,7 +64,7 @@ def test_memory_victims_are_no_more_than_needed(impl):
     # 50 bytes needed, 20 free: two victims (60 free) suffice, the newest two.
     s.submit(Sequence("h", [3], 5, None, 1).with_admission_tokens(5))
     plan = step(s)
-    assert plan.preempted == 2
+    assert plan.preempted == 2 and s.last_priority_victims() == ["d", "c"]
     assert s.snapshot().waiting_ids == ["c", "d"]  # the last victim (c) ends up first
     assert sorted(s.snapshot().active_ids) == ["a", "b", "h"]
 
@@ -75,7 +75,7 @@ def test_no_victim_is_taken_when_victims_cannot_make_room(impl):
     running(s, ("low", 0), ("high", 5))
     s.submit(Sequence("h", [3], 5, None, 1).with_admission_tokens(9))  # needs 90: only 20 eligible
     plan = s.plan_iteration()
-    assert plan.preempted == 0 and plan.admitted == 0
+    assert plan.preempted == 0 and plan.admitted == 0 and s.last_priority_victims() == []
     assert s.snapshot().waiting_ids == ["h"] and sorted(s.snapshot().active_ids) == ["high", "low"]
     assert s.metrics().preempted == 0
 
