@@ -56,7 +56,27 @@ def store_affinity(matched: int, prefill_cost_per_token: int, restore_cost_per_t
     return PrefixRestore(STORE_PAGE, matched), CacheAffinity.from_stage(stage)
 
 
-class StoreEntry:
+class SegmentEntry:
+    """What every store entry says of its segment: its full key and where its own part starts
+    (the native entry and the twin's share these views)."""
+
+    __slots__ = ()
+    key: np.ndarray
+    start: int
+    length: int
+
+    @property
+    def tokens(self) -> int:
+        """Capacity this entry takes: the tokens of its own segment."""
+        return self.length - self.start
+
+    @property
+    def segment(self) -> np.ndarray:
+        """The tokens this entry adds after its parent."""
+        return self.key[self.start:]
+
+
+class StoreEntry(SegmentEntry):
     """One resident segment. Read-only for callers; `value` is theirs to use."""
 
     __slots__ = ("_native", "id", "parent", "key", "start", "length", "serial", "holder",
@@ -91,16 +111,6 @@ class StoreEntry:
     @property
     def last_used(self) -> int:
         return int(self._info()[6])
-
-    @property
-    def tokens(self) -> int:
-        """Capacity this entry takes: the tokens of its own segment."""
-        return self.length - self.start
-
-    @property
-    def segment(self) -> np.ndarray:
-        """The tokens this entry adds after its parent."""
-        return self.key[self.start:]
 
     def __repr__(self) -> str:
         state = "resident" if self.alive else "evicted"

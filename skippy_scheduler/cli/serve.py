@@ -48,6 +48,21 @@ def register(subparsers: Any) -> None:
     add_flag(p, "prefix-holders", type=positive_int, default=d.prefix_holders)
     add_flag(p, "inflight", type=positive_int, default=d.inflight,
              note="llama_decode runs on a worker thread")
+    p.add_argument("--strict-request-fields", action="store_true",
+                   help="refuse request fields nobody defined with a 400 (default: ignore "
+                        "them with a logged warning, as vLLM does)")
+    p.add_argument("--kv-events-endpoint", metavar="ADDR",
+                   help="publish the prefix store's blocks as vLLM-format KV cache events on "
+                        "a ZeroMQ PUB socket bound here, e.g. tcp://127.0.0.1:5557 (needs "
+                        "--prefix-cache-tokens; docs/fleet.md)")
+    p.add_argument("--kv-events-replay-endpoint", metavar="ADDR",
+                   help="ZeroMQ ROUTER address answering KV event replay requests")
+    p.add_argument("--kv-block-size", type=positive_int, default=d.kv_block_size, metavar="N",
+                   help=f"tokens per KV event block; a router's --kv-event-block-size "
+                        f"(default: {d.kv_block_size})")
+    p.add_argument("--kv-hash-seed", default=d.kv_hash_seed, metavar="SEED",
+                   help="seed of the block hash chain, as vLLM's PYTHONHASHSEED "
+                        f"(default: {d.kv_hash_seed!r})")
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"),
                    default=d.log_level, help=f"uvicorn log level (default: {d.log_level})")
     _add_limit_options(p, d)
@@ -172,6 +187,10 @@ def run(args: argparse.Namespace) -> int:
         policy=args.policy, prefix_cache_tokens=args.prefix_cache_tokens,
         prefix_holders=args.prefix_holders,
         kv_type=args.kv_type, flash_attn=args.flash_attn, log_level=args.log_level,
+        strict_request_fields=args.strict_request_fields,
+        kv_events_endpoint=args.kv_events_endpoint,
+        kv_events_replay_endpoint=args.kv_events_replay_endpoint,
+        kv_block_size=args.kv_block_size, kv_hash_seed=args.kv_hash_seed,
         **_limit_settings(args))
     try:
         server = Server(settings)

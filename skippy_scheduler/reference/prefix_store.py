@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..prefix_store import StoreBackend, StoreMatch, VirtualBackend, _tokens
+from ..prefix_store import SegmentEntry, StoreBackend, StoreMatch, VirtualBackend, _tokens
 from .radix import RadixTwin
 
 __all__ = ["PrefixStoreTwin", "TwinEntry"]
@@ -35,7 +35,7 @@ __all__ = ["PrefixStoreTwin", "TwinEntry"]
 _HOLDER_LIMIT = (1 << 32) - 2  # the largest holder id + 1 the native store can hand out
 
 
-class TwinEntry:
+class TwinEntry(SegmentEntry):
     """One resident segment. Read-only for callers; `value` is theirs to use."""
 
     __slots__ = ("parent", "key", "start", "length", "children", "pins", "last_used", "serial",
@@ -54,16 +54,6 @@ class TwinEntry:
         self.alive = True
         self.value = value
         self.holder: Optional[int] = None
-
-    @property
-    def tokens(self) -> int:
-        """Capacity this entry takes: the tokens of its own segment."""
-        return self.length - self.start
-
-    @property
-    def segment(self) -> np.ndarray:
-        """The tokens this entry adds after its parent."""
-        return self.key[self.start:]
 
     def __repr__(self) -> str:
         state = "resident" if self.alive else "evicted"

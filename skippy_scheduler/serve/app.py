@@ -23,6 +23,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, AsyncGenerator, AsyncIterator, Callable, Optional
 
 from fastapi import FastAPI, Request
@@ -64,6 +65,7 @@ class ServeContext:
     n_ctx_seq: int  # tokens one request may hold (prompt + generated)
     memory_components: list[Any] = field(default_factory=list)
     limits: Limits = field(default_factory=Limits)
+    strict_request_fields: bool = False  # refuse fields nobody defined instead of ignoring them
     created: int = field(default_factory=lambda: int(time.time()))
     shutting_down: bool = False  # set before the engine is stopped for good
     metrics: ServeMetrics = field(init=False)
@@ -156,7 +158,14 @@ class _Generation:
                 self._last_us = t
                 self.tokens.append(event.token)
                 ids.append(event.token)
+                if event.token in self.request.stop_token_ids:
+                    parts.append(self._stop_token(event.token))
+                    self._end("stop", t)
+                    self.ctx.runner.cancel(self.sub.request_id)
+                    continue
                 text, stopped = self.stop.push(self.detok.add(event.token))
+                if stopped and self.request.include_stop_str_in_output:
+                    text += self.stop.matched
                 parts.append(text)
                 if stopped:
                     self._end("stop", t)
@@ -172,6 +181,13 @@ class _Generation:
                 self._end("stop" if stopped else event.reason, event.time_us)
         m.generation_tokens.inc(len(ids))
         return "".join(parts), ids
+
+    def _stop_token(self, token: int) -> str:
+        """The text still owed when a stop token ends the generation (with the token's own
+        text only under include_stop_str_in_output)."""
+        piece = self.detok.add(token) if self.request.include_stop_str_in_output else ""
+        text, stopped = self.stop.push(piece + self.detok.flush())
+        return text if stopped else text + self.stop.flush()
 
     def _end(self, reason: str, t_us: float) -> None:
         self.finish = reason
@@ -265,7 +281,8 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        gen = await _read_request(request, ctx.limits, parse_completion, ctx.n_vocab)
+        gen = await _read_request(request, ctx.limits, partial(
+            parse_completion, strict=ctx.strict_request_fields), ctx.n_vocab)
         if isinstance(gen.prompt, str):
             tokens = await asyncio.to_thread(_tokenize, ctx, gen.prompt, "prompt")
         else:
@@ -274,7 +291,8 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        gen = await _read_request(request, ctx.limits, parse_chat, ctx.n_vocab)
+        gen = await _read_request(request, ctx.limits, partial(
+            parse_chat, strict=ctx.strict_request_fields), ctx.n_vocab)
 
         def render_and_tokenize() -> list[int]:
             _bound_length(ctx, "".join(text for _, text in gen.messages), "messages")

@@ -10,16 +10,24 @@ message's content must not hold NUL (see `_no_nul`).
 
 Extensions (as vLLM has them): `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
 `return_token_ids` (token ids in every choice and chunk), `priority` (higher runs first under
-the priority policy).
+the priority policy), `stop_token_ids`, `include_stop_str_in_output`.
+
+Fields of other servers' APIs (the block "fields other servers define" below): vLLM's and
+llama-server's names are aliases, neutral-only or ignored; a field nobody defined is ignored
+with a logged warning, as vLLM does, unless the server is strict (`strict_request_fields`),
+which refuses it as before.
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..sampling import SamplingParams
 from .errors import RequestError
+
+log = logging.getLogger("skippy_scheduler.serve")
 
 _U64 = (1 << 64) - 1
 MAX_STOP_STRINGS = 16
@@ -64,6 +72,75 @@ class GenerationRequest:
     include_usage: bool = False
     return_token_ids: bool = False
     priority: int = 0
+    stop_token_ids: frozenset[int] = frozenset()  # generation ends after any of these
+    include_stop_str_in_output: bool = False  # the matched stop string ends the text
+
+
+# -- fields other servers define ---------------------------------------------------------------
+# Routers forward bodies with fields of their own (vllm-router adds `no_stop_trim`,
+# `skip_special_tokens`, `return_hidden_states`, `echo: false`, `ignore_eos`), and clients
+# written for vLLM or llama-server send theirs. Each known one is an alias of a field this
+# server honours, accepted in its neutral value only (anything else is a 400 naming it: this
+# server cannot honour it), or ignored because it cannot change the output here.
+_ALIASES = {"n_predict": "max_tokens", "repeat_penalty": "repetition_penalty"}
+_NEUTRAL_FOREIGN: dict[str, tuple[Any, ...]] = {
+    "echo": (None, False), "best_of": (None, 1),
+    "no_stop_trim": (None, False), "return_hidden_states": (None, False),
+    "skip_special_tokens": (None, True),  # control tokens have no text here
+    "spaces_between_special_tokens": (None, True), "add_special_tokens": (None, True),
+    "use_beam_search": (None, False), "length_penalty": (None, 1, 1.0),
+    "min_tokens": (None, 0), "prompt_logprobs": (None,), "return_tokens_as_token_ids": (
+        None, False), "allowed_token_ids": (None,), "bad_words": (None, []),
+    "truncate_prompt_tokens": (None,), "logits_processors": (None,),
+    "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,),
+    "guided_grammar": (None,), "guided_decoding_backend": (None,),
+    "structured_outputs": (None,), "grammar": (None, ""), "json_schema": (None,),
+    "typical_p": (None, 1, 1.0), "mirostat": (None, 0), "n_probs": (None, 0),
+    "dynatemp_range": (None, 0, 0.0), "prompt_embeds": (None,),
+}
+# No effect on the tokens: cache and transfer hints, ids, routing metadata.
+_IGNORED_FOREIGN = {"cache_prompt", "cache_salt", "request_id", "vllm_xargs",
+                    "kv_transfer_params", "id_slot", "n_keep", "t_max_predict_ms",
+                    "timings_per_token", "return_tokens", "chat_template_kwargs",
+                    "add_generation_prompt", "continue_final_message", "documents"}
+_FOREIGN = set(_ALIASES) | set(_NEUTRAL_FOREIGN) | _IGNORED_FOREIGN | {
+    "stop_token_ids", "include_stop_str_in_output"}
+
+
+def _foreign(body: dict[str, Any], allowed: set[str], strict: bool) -> dict[str, Any]:
+    """`body` with other servers' fields resolved: aliases renamed, neutral ones checked,
+    ignored ones dropped, unknown ones dropped with a warning (refused when `strict`)."""
+    out = {}
+    unknown = []
+    for name, value in body.items():
+        if name in allowed:
+            out[name] = value
+        elif name not in _FOREIGN:
+            if strict:
+                raise RequestError(f"Unrecognized request argument supplied: {name}",
+                                   param=name)
+            unknown.append(name)
+    for alias, name in _ALIASES.items():
+        if body.get(alias) is None:
+            continue
+        if body.get(name) is not None and body[name] != body[alias]:
+            raise RequestError(f"'{alias}' and '{name}' disagree", param=alias)
+        out[name] = body[alias]
+    _check_fields(body, set(body), _NEUTRAL_FOREIGN)
+    if unknown:
+        log.warning("ignoring unrecognized request fields: %s", ", ".join(sorted(unknown)))
+    return out
+
+
+def _stop_token_ids(body: dict[str, Any], n_vocab: int) -> frozenset[int]:
+    value = body.get("stop_token_ids")
+    if value is None:
+        return frozenset()
+    if not isinstance(value, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < n_vocab for t in value):
+        raise RequestError(f"'stop_token_ids' must be an array of token ids in [0, {n_vocab})",
+                           param="stop_token_ids")
+    return frozenset(value)
 
 
 # -- field checks: each raises RequestError(param=name) -------------------------------------
@@ -234,16 +311,24 @@ def _common(body: Any, kind: str, n_vocab: int) -> GenerationRequest:
         priority=_integer(body, "priority", 0, (1 << 63) - 1) or 0)
 
 
-def parse_completion(body: Any, n_vocab: int) -> GenerationRequest:
+def parse_completion(body: Any, n_vocab: int, strict: bool = False) -> GenerationRequest:
     """A `/v1/completions` body (already JSON-decoded)."""
+    raw: Any = body
     if isinstance(body, dict):
+        body = _foreign(body, _COMPLETION_FIELDS, strict)
         _check_fields(body, _COMPLETION_FIELDS, _NEUTRAL_COMPLETION)
     req = _common(body, "completion", n_vocab)
+    _honour_foreign(req, raw, n_vocab)
     req.max_tokens = _integer(body, "max_tokens", 1, (1 << 32) - 1)
     if "prompt" not in body or body["prompt"] is None:
         raise RequestError("'prompt' is required", param="prompt")
     req.prompt = _prompt(body["prompt"], n_vocab)
     return req
+
+
+def _honour_foreign(req: GenerationRequest, raw: dict[str, Any], n_vocab: int) -> None:
+    req.stop_token_ids = _stop_token_ids(raw, n_vocab)
+    req.include_stop_str_in_output = _boolean(raw, "include_stop_str_in_output")
 
 
 def _prompt(value: Any, n_vocab: int) -> Any:
@@ -258,7 +343,10 @@ def _prompt(value: Any, n_vocab: int) -> Any:
                                "per request", param="prompt")
         return _prompt(value[0], n_vocab)
     if not value:
-        raise RequestError("'prompt' must not be empty", param="prompt")
+        # "" is accepted: it tokenizes to the model's BOS token, as in llama-server; a token
+        # list is used as given, so an empty one would leave nothing to run.
+        raise RequestError("'prompt' as token ids must hold at least one id (an empty string "
+                           "is accepted: it is the BOS token alone)", param="prompt")
     for i, t in enumerate(value):
         if isinstance(t, bool) or not isinstance(t, int):
             raise RequestError(f"'prompt[{i}]' must be a token id, got {_json_type(t)}",
@@ -269,15 +357,18 @@ def _prompt(value: Any, n_vocab: int) -> Any:
     return list(value)
 
 
-def parse_chat(body: Any, n_vocab: int) -> GenerationRequest:
+def parse_chat(body: Any, n_vocab: int, strict: bool = False) -> GenerationRequest:
     """A `/v1/chat/completions` body (already JSON-decoded)."""
+    raw: Any = body
     if isinstance(body, dict):
+        body = _foreign(body, _CHAT_FIELDS, strict)
         _check_fields(body, _CHAT_FIELDS, _NEUTRAL_CHAT)
         fmt = body.get("response_format")
         if fmt is not None and fmt != {"type": "text"}:
             raise RequestError("'response_format' is not supported by this server (only "
                                "{'type': 'text'})", param="response_format")
     req = _common(body, "chat", n_vocab)
+    _honour_foreign(req, raw, n_vocab)
     a = _integer(body, "max_tokens", 1, (1 << 32) - 1)
     b = _integer(body, "max_completion_tokens", 1, (1 << 32) - 1)
     if a is not None and b is not None and a != b:

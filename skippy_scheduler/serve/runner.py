@@ -43,6 +43,8 @@ class EngineStats:
     kv_tokens: int = 0
     kv_capacity: int = 0
     iterations: int = 0
+    prefill_tokens: int = 0  # prompt tokens prefilled (completed plans)
+    restored_tokens: int = 0  # prompt tokens admitted as prefix restores
     published_s: float = 0.0
 
 
@@ -280,7 +282,8 @@ class EngineRunner:
             running=m.active_sequences, waiting=m.waiting_sequences, preemptions=m.preempted,
             prefix_hits=m.prefix_hits, prefix_misses=m.prefix_misses,
             lanes_in_use=len(h.active), lanes=h.lanes, kv_tokens=h.kv_tokens,
-            kv_capacity=h.kv_capacity, iterations=m.iterations, published_s=time.monotonic())
+            kv_capacity=h.kv_capacity, iterations=m.iterations, prefill_tokens=m.prefill_tokens,
+            restored_tokens=m.restored_tokens, published_s=time.monotonic())
 
     def host_state(self, detail: bool = False) -> HostState:
         """The host's figures (engine thread only); zeros for a host that reports none."""

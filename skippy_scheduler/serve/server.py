@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 from ..selection import DEFAULT_POLICY, POLICIES, make_admission
+from . import kv_events
 
 # NOTE: asyncio accepts up to `backlog` connections per wake-up of the listening socket, and a
 # connection's protocol sees it (and can turn it away) only two loop turns later, a third turn
@@ -74,7 +75,7 @@ class ServeSettings:
     prefix_holders: int = 16  # sequence ids holding resident prefixes (with reuse)
     kv_type: str = "f32"
     flash_attn: bool = False
-    log_level: str = "warning"
+    log_level: str = "info"  # uvicorn logs one line per request at info, as llama-server and vLLM do
     max_body_bytes: int = 8 << 20  # larger request bodies are a 413
     header_timeout_s: float = 10.0  # a request head must arrive within this (408, closed)
     body_timeout_s: float = 30.0  # a request body must arrive within this (408, closed)
@@ -82,6 +83,11 @@ class ServeSettings:
     shutdown_timeout_s: float = 5.0  # on SIGTERM / SIGINT, running requests get this long
     allowed_hosts: Optional[tuple[str, ...]] = None  # Host names answered; None: loopback
     #   names when bound to a loopback address, any otherwise; "*" in it: any
+    strict_request_fields: bool = False  # refuse fields nobody defined (default: warn, ignore)
+    kv_events_endpoint: Optional[str] = None  # ZeroMQ PUB address of vLLM-format KV events
+    kv_events_replay_endpoint: Optional[str] = None  # ROUTER address answering replays
+    kv_block_size: int = 16  # tokens per announced block
+    kv_hash_seed: str = "0"  # vLLM's PYTHONHASHSEED: the first block's parent hash
 
 
 class Server:
@@ -97,9 +103,11 @@ class Server:
                 raise ValueError(f"{name} must be positive, got {getattr(s, name)}")
         if not s.shutdown_timeout_s >= 0:
             raise ValueError(f"shutdown_timeout_s must be >= 0, got {s.shutdown_timeout_s}")
+        kv_events.check(s)  # before the model loads
         self.settings = s
         self._tmp: Optional[tempfile.TemporaryDirectory[str]] = None
         self.host: Any = None
+        self.kv_events: Optional[kv_events.KvEventPublisher] = None
         with _signals_interrupt():
             try:
                 self._load(s, LlamaHost)
@@ -138,6 +146,7 @@ class Server:
         from .. import Scheduler, SchedulerConfig
         from .app import Limits, ServeContext, create_app
         from .guard import default_allowed_hosts
+        from . import vllm_compat
         from .runner import EngineRunner
         from .text import token_pieces
 
@@ -162,7 +171,8 @@ class Server:
             memory_components=list(config.memory_components),
             limits=Limits(capacity=s.max_active + s.max_waiting, max_body_bytes=s.max_body_bytes,
                           body_timeout_s=s.body_timeout_s,
-                          max_piece_bytes=max_piece_bytes(self.host)))
+                          max_piece_bytes=max_piece_bytes(self.host)),
+            strict_request_fields=s.strict_request_fields)
         hosts = s.allowed_hosts
         if hosts is None:
             hosts = default_allowed_hosts(s.host)
@@ -170,6 +180,8 @@ class Server:
             hosts = None
         self.allowed_hosts = hosts
         self.app = create_app(self.context, allowed_hosts=hosts)
+        vllm_compat.install(self.app, self.context)
+        self.kv_events = kv_events.start(s, self.host)  # last: nothing after it can fail
 
     # -- running ------------------------------------------------------------------------------
 
@@ -260,6 +272,9 @@ class Server:
                 self.runner.stop()
         finally:
             try:
+                if self.kv_events is not None:
+                    self.kv_events.close()
+                    self.kv_events = None
                 self.host.close()
             finally:
                 if self._tmp is not None:

@@ -42,7 +42,7 @@ class StopMatcher:
     strings present then begins, the rest is dropped, and `stopped` stays True.
     """
 
-    __slots__ = ("stops", "_pending", "stopped")
+    __slots__ = ("stops", "_pending", "stopped", "matched")
 
     def __init__(self, stops: Sequence[str]) -> None:
         if any(not s for s in stops):
@@ -50,6 +50,7 @@ class StopMatcher:
         self.stops = tuple(stops)
         self._pending = ""
         self.stopped = False
+        self.matched = ""  # the stop string generation stopped on
 
     def push(self, text: str) -> tuple[str, bool]:
         if self.stopped:
@@ -61,7 +62,7 @@ class StopMatcher:
         for stop in self.stops:
             i = pending.find(stop)
             if i != -1 and (cut == -1 or i < cut):
-                cut = i
+                cut, self.matched = i, stop
         if cut != -1:
             self._pending = ""
             self.stopped = True

@@ -1,0 +1,264 @@
+"""A fleet of `skippy-scheduler serve` replicas behind vLLM's router, one routing policy at a
+time: what cache-aware routing buys on a multi-prefix load.
+
+    python bench/serve_load.py write-model bench-58m.gguf
+    python bench/fleet.py --model bench-58m.gguf --json fleet.json
+
+For each `--policies` entry (round_robin, cache_aware, kv_aware) the script starts
+`--replicas` fresh replicas (one llama.cpp thread each, prefix reuse on, each publishing KV
+events and answering replays), starts `vllm-router` with that policy in front of them (for
+kv_aware with every replica's event and replay endpoints), runs the load, reads the replicas'
+metrics, and stops everything; the next policy starts from empty caches.
+
+The load: `--groups` prefix groups of `--prefix-tokens` tokens (single-letter words, one token
+each with the bench model's vocabulary), every request a group's prefix then `--suffix-tokens`
+of its own, groups drawn uniformly at random (seeded), `--concurrency` clients each sending its
+next request when the previous one ends, streamed, greedy, `--max-tokens` tokens with
+`ignore_eos`. Each replica keeps `--prefix-holders` resident prefixes of at most
+`--prefix-cache-tokens` tokens in all, so with the defaults one replica holds half of the
+groups: a policy that spreads every group over all replicas evicts, one that keeps a group on
+one replica hits.
+
+Reported per policy: the aggregate prefix hit rate (prompt tokens restored from a replica's
+prefix store / prompt tokens of admitted requests, summed over the replicas' `vllm:` counters),
+the prompt tokens prefilled (computed, not restored), TTFT p50/p99 seen by the clients
+(through the router), output tokens/s over the run, and how the requests were spread over the
+replicas. `--markdown` prints the table BENCHMARKS.md carries.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import socket
+import string
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_load import one, percentile  # noqa: E402
+
+POLICIES = ("round_robin", "cache_aware", "kv_aware")
+MODEL_NAME = "bench"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} (see its log)")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} not ready after {timeout_s} s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(15)
+
+
+def make_prompts(args) -> list[str]:
+    rng = random.Random(args.seed)
+
+    def words(n: int) -> list[str]:
+        return [rng.choice(string.ascii_lowercase) for _ in range(n)]
+
+    prefixes = [words(args.prefix_tokens - 1) for _ in range(args.groups)]  # BOS is one
+    return [" ".join(rng.choice(prefixes) + words(args.suffix_tokens))
+            for _ in range(args.requests)]
+
+
+class Replica:
+    def __init__(self, args, index: int, logs: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.events = f"tcp://127.0.0.1:{free_port()}"
+        self.replay = f"tcp://127.0.0.1:{free_port()}"
+        cmd = [sys.executable, "-m", "skippy_scheduler.cli", "serve",
+               "--served-model-name", MODEL_NAME, "--host", "127.0.0.1",
+               "--port", str(self.port), "--threads", "1",
+               "--max-active", str(args.max_active), "--ctx-size", str(args.ctx_size),
+               "--prefix-cache-tokens", str(args.prefix_cache_tokens),
+               "--prefix-holders", str(args.prefix_holders),
+               "--kv-events-endpoint", self.events, "--kv-events-replay-endpoint", self.replay,
+               "--kv-block-size", str(args.block_size)]
+        if args.model:
+            cmd += ["--model", args.model]
+        self.log = open(os.path.join(logs, f"replica-{index}.log"), "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        wait_ready(self.url + "/health", self.proc, args.start_timeout)
+
+    def counters(self) -> dict[str, float]:
+        out = {}
+        for line in httpx.get(self.url + "/metrics", timeout=10).text.splitlines():
+            for name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+                         "skippy:e2e_request_latency_seconds_count"):
+                if line.startswith(name):
+                    out[name] = float(line.split()[-1])
+        return out
+
+    def close(self) -> None:
+        stop(self.proc)
+        self.log.close()
+
+
+def start_router(args, policy: str, replicas: list[Replica], logs: str) -> tuple:
+    binary = shutil.which("vllm-router") or os.path.join(os.path.dirname(sys.executable),
+                                                         "vllm-router")
+    port = free_port()
+    cmd = [binary, "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
+           "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+           "--worker-urls", *[r.url for r in replicas]]
+    if policy == "kv_aware":
+        for r in replicas:
+            cmd += ["--kv-event-source", f"{r.url}={r.events}",
+                    "--kv-event-replay-source", f"{r.url}={r.replay}"]
+        cmd += ["--kv-event-block-size", str(args.block_size), "--kv-event-model", MODEL_NAME]
+    cmd += args.router_arg
+    log = open(os.path.join(logs, f"router-{policy}.log"), "ab")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/health", proc, args.start_timeout)
+    except BaseException:
+        stop(proc)
+        log.close()
+        raise
+    return f"http://127.0.0.1:{port}", proc, log
+
+
+async def drive(url: str, prompts: list[str], args) -> tuple[list, float]:
+    queue: asyncio.Queue = asyncio.Queue()
+    for p in prompts:
+        queue.put_nowait(p)
+    results = []
+    req = argparse.Namespace(model=MODEL_NAME, max_tokens=args.max_tokens, token_ids=False,
+                             extra={})
+    limits = httpx.Limits(max_connections=args.concurrency,
+                          max_keepalive_connections=args.concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=args.timeout, limits=limits) as c:
+        async def worker() -> None:
+            while not queue.empty():
+                results.append(await one(c, queue.get_nowait(), req))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+        wall = time.perf_counter() - t0
+    return results, wall
+
+
+def run_policy(args, policy: str, prompts: list[str], logs: str) -> dict:
+    replicas: list[Replica] = []
+    router = None
+    try:
+        for i in range(args.replicas):
+            replicas.append(Replica(args, i, logs))
+        url, proc, log = start_router(args, policy, replicas, logs)
+        router = (proc, log)
+        time.sleep(args.settle)  # subscribers connected before the first event
+        results, wall = asyncio.run(drive(url, prompts, args))
+        counters = [r.counters() for r in replicas]
+    finally:
+        if router is not None:
+            stop(router[0])
+            router[1].close()
+        for r in replicas:
+            r.close()
+    good = [r for r in results if r.ok]
+    queries = sum(c.get("vllm:prefix_cache_queries_total", 0) for c in counters)
+    hits = sum(c.get("vllm:prefix_cache_hits_total", 0) for c in counters)
+    ttft = [r.first - r.sent for r in good]
+    tokens = sum(r.tokens for r in good)
+    return {
+        "policy": policy, "replicas": args.replicas, "requests": len(prompts),
+        "completed": len(good),
+        "errors": sorted({f"{r.status} {r.error}" for r in results if not r.ok})[:5],
+        "prefix_hit_rate": hits / queries if queries else 0.0,
+        "prompt_tokens": queries, "restored_tokens": hits, "prefilled_tokens": queries - hits,
+        "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+        "output_tokens_per_s": tokens / wall if wall else 0.0, "wall_s": wall,
+        "per_replica_requests": [c.get("skippy:e2e_request_latency_seconds_count", 0)
+                                 for c in counters],
+    }
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| policy | prefix hit rate | prefilled tokens | TTFT p50 (s) | TTFT p99 (s) | "
+             "output tok/s | requests per replica |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['policy']} | {r['prefix_hit_rate']:.3f} | "
+                     f"{r['prefilled_tokens']:.0f} | {r['ttft_p50_s']:.3f} | "
+                     f"{r['ttft_p99_s']:.3f} | {r['output_tokens_per_s']:.1f} | "
+                     f"{' / '.join(f'{n:.0f}' for n in r['per_replica_requests'])} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", help="GGUF of the replicas (default: serve's tiny model)")
+    ap.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--groups", type=int, default=8, help="prefix groups")
+    ap.add_argument("--prefix-tokens", type=int, default=384)
+    ap.add_argument("--suffix-tokens", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=96)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--max-active", type=int, default=2, help="lanes per replica")
+    ap.add_argument("--ctx-size", type=int, default=2048, help="KV cells per replica's lanes")
+    ap.add_argument("--prefix-cache-tokens", type=int, default=4096)
+    ap.add_argument("--prefix-holders", type=int, default=4)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--settle", type=float, default=1.0, help="seconds between router start "
+                    "and load")
+    ap.add_argument("--start-timeout", type=float, default=120)
+    ap.add_argument("--timeout", type=float, default=600, help="per request")
+    ap.add_argument("--router-arg", action="append", default=[], metavar="ARG",
+                    help="extra vllm-router argument (repeatable)")
+    ap.add_argument("--logs", help="directory for the replicas' and routers' logs")
+    ap.add_argument("--json", help="append one JSON line per policy to this file")
+    ap.add_argument("--markdown", action="store_true", help="print the table at the end")
+    args = ap.parse_args(argv)
+    prompts = make_prompts(args)
+    logs = args.logs or tempfile.mkdtemp(prefix="skippy-fleet-")
+    os.makedirs(logs, exist_ok=True)
+    rows = []
+    for policy in args.policies:
+        row = run_policy(args, policy, prompts, logs)
+        rows.append(row)
+        line = json.dumps(row)
+        print(line, flush=True)
+        if args.json:
+            with open(args.json, "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+    if args.markdown:
+        print(markdown(rows))
+    print(f"logs: {logs}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
