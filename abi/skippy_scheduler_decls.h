@@ -69,6 +69,12 @@ typedef struct skippy_scheduler_config {
     double fair_prefill_cost;                    /* default 1.0: FAIR_SHARE charge per prefill or
                                                     recompute token (finite, >= 0) */
     double fair_decode_cost;                     /* default 2.0: FAIR_SHARE charge per decode token */
+    bool priority_preemption;                    /* default false: a waiting sequence of strictly
+                                                    higher priority that cannot be admitted
+                                                    preempts lower-priority running ones (§2.8a) */
+    size_t priority_preemption_guard_steps;      /* default 8: plans during which a sequence
+                                                    preempted for priority is not again */
+    size_t max_priority_preemptions_per_step;    /* default 4: priority victims per plan */
 } skippy_scheduler_config;
 
 /* What submit copies from the caller (nothing is borrowed after the call). */
@@ -139,6 +145,8 @@ typedef struct skippy_scheduler_metrics {
     uint64_t aborted_plans;    /* plans undone by skippy_scheduler_abort (or replaced at depth 1) */
     uint64_t restored_tokens;  /* prompt tokens admitted as prefix restores (attached store) */
     uint64_t stale_refreshes;  /* waiting affinities re-scored from the attached store (§2.12) */
+    uint64_t preempted_priority; /* of `preempted`, those made for priority (§2.8a); the rest
+                                    were made for memory */
 } skippy_scheduler_metrics;
 
 /* Per-completion figures (component arrays: see skippy_scheduler_component_used). */
@@ -223,6 +231,10 @@ skippy_status skippy_scheduler_preempt(skippy_scheduler *scheduler, const uint64
                                        size_t used_count, size_t *out_preempted,
                                        skippy_error **out_error);
 const uint32_t *skippy_scheduler_preempted_slots(const skippy_scheduler *scheduler);
+/* The slots the last plan's admission preempted for priority (§2.8a), in the order chosen; the
+ * count goes to *out_count (valid until the next plan). */
+const uint32_t *skippy_scheduler_priority_victims(const skippy_scheduler *scheduler,
+                                                  size_t *out_count);
 bool skippy_scheduler_cancel(skippy_scheduler *scheduler, const char *id, size_t id_len);
 
 uint32_t skippy_scheduler_find(const skippy_scheduler *scheduler, const char *id, size_t id_len);

@@ -29,6 +29,9 @@ void skippy_scheduler_config_default(skippy_scheduler_config *c)
     c->max_inflight_plans = 1;
     c->fair_prefill_cost = 1.0;
     c->fair_decode_cost = 2.0;
+    c->priority_preemption = false;
+    c->priority_preemption_guard_steps = 8;
+    c->max_priority_preemptions_per_step = 4;
 }
 
 static size_t clamp_sz(size_t v, size_t lo, size_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
@@ -81,6 +84,7 @@ void skippy_scheduler_free(skippy_scheduler *s)
     free(s->active);
     free(s->retired);
     free(s->victims);
+    free(s->prio_victims);
     free(s->ewma);
     for (size_t k = 0; s->plans && k < s->cfg.max_inflight_plans; k++) {
         sk_plan_slot *slot = &s->plans[k];
@@ -253,5 +257,11 @@ const skippy_retired *skippy_scheduler_retired(const skippy_scheduler *s, size_t
 }
 
 const uint32_t *skippy_scheduler_preempted_slots(const skippy_scheduler *s) { return s->victims; }
+
+const uint32_t *skippy_scheduler_priority_victims(const skippy_scheduler *s, size_t *out_count)
+{
+    if (out_count) *out_count = s->prio_victim_len;
+    return s->prio_victims;
+}
 uint64_t skippy_scheduler_waiting_turn(const skippy_scheduler *s) { return s->waiting_turn; }
 bool skippy_scheduler_mixed_viable(const skippy_scheduler *s) { return s->mixed_viable; }

@@ -76,6 +76,7 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     uint32_t probe_round;     /* refresh dedup stamp */
     uint32_t tenant;          /* as submitted; fair share keeps its own per-slot state (sk_fair.c) */
     bool fresh;               /* active with no row planned since its admission (new_rows) */
+    uint64_t prio_preempted_at; /* plan step + 1 of its last preemption for priority, 0 = none */
 } sk_seq;
 
 /*
@@ -134,6 +135,9 @@ struct skippy_scheduler {
     uint32_t *victims;
     size_t victim_len;
     size_t victim_cap;
+    uint32_t *prio_victims;               /* this plan's victims of preemption for priority */
+    size_t prio_victim_cap;
+    size_t prio_victim_len;               /* of the last admission pass (the plan's preempted) */
 
     skippy_scheduler_metrics m;
     size_t consecutive_prefill;
@@ -223,6 +227,29 @@ int sk_admit_waiting(skippy_scheduler *s, size_t *out_admitted);
 /* sk_plan.c: SKIPPY_SCHED_STALE_PLAN unless `serial` names a live plan; with `oldest`,
  * SKIPPY_SCHED_PLAN_IN_FLIGHT unless it is the oldest one */
 int sk_check_live(skippy_scheduler *s, uint64_t serial, bool oldest, sk_plan_slot **out_slot);
+
+/* Admission (sk_sched.c) and preemption for priority (sk_priority.c, §2.8a). */
+void sk_admit_one(skippy_scheduler *s, uint32_t slot);      /* reserved by the caller */
+void sk_requeue_victim(skippy_scheduler *s, uint32_t slot); /* out of the active set */
+int sk_priority_reserve(skippy_scheduler *s); /* before the admission pass */
+void sk_priority_preempt(skippy_scheduler *s, size_t *admitted);
+int sk_reserve_waiting(skippy_scheduler *s, size_t need); /* waiting array and scratch */
+
+static inline uint64_t sk_reservation(const skippy_memory_component *component, size_t tokens)
+{
+    return sk_sat_add(component->bytes_per_sequence,
+                      sk_sat_mul(component->bytes_per_token, tokens));
+}
+
+/* Whether seq's reservation fits on top of `used`. */
+static inline bool sk_fits_on(const skippy_scheduler *s, const uint64_t *used, const sk_seq *seq)
+{
+    for (size_t i = 0; i < s->cfg.memory_component_count; i++) {
+        uint64_t need = sk_sat_add(used[i], sk_reservation(&s->comps[i], seq->admission_tokens));
+        if (need > s->available[i]) return false;
+    }
+    return true;
+}
 
 static inline void sk_refresh_counts(skippy_scheduler *s)
 {

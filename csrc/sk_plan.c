@@ -400,7 +400,7 @@ static int make_plan(skippy_scheduler *s, skippy_plan **out_plan)
     slot->new_count = 0;
     plan->row_offsets[0] = 0;
     plan->admitted = admitted;
-    plan->preempted = 0;
+    plan->preempted = s->prio_victim_len; /* for priority at this admission (§2.8a) */
     plan->outputs.count = 0;
     slot->consecutive_before = s->consecutive_prefill;
     slot->mixed_before = s->mixed_cursor;

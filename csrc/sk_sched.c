@@ -13,18 +13,10 @@
 
 static uint64_t reservation(const skippy_memory_component *component, size_t tokens)
 {
-    return sk_sat_add(component->bytes_per_sequence,
-                      sk_sat_mul(component->bytes_per_token, tokens));
+    return sk_reservation(component, tokens);
 }
 
-static bool fits(const skippy_scheduler *s, const sk_seq *seq)
-{
-    for (size_t i = 0; i < s->cfg.memory_component_count; i++) {
-        uint64_t need = sk_sat_add(s->used[i], reservation(&s->comps[i], seq->admission_tokens));
-        if (need > s->available[i]) return false;
-    }
-    return true;
-}
+static bool fits(const skippy_scheduler *s, const sk_seq *seq) { return sk_fits_on(s, s->used, seq); }
 
 static void reserve(skippy_scheduler *s, const sk_seq *seq)
 {
@@ -47,6 +39,8 @@ static int reserve_waiting(skippy_scheduler *s, size_t need)
     s->waiting_cap = cap;
     return 0;
 }
+
+int sk_reserve_waiting(skippy_scheduler *s, size_t need) { return reserve_waiting(s, need); }
 
 /* ---------------------------------------------------------------- submit (§2.1) */
 
@@ -129,6 +123,7 @@ static int submit(skippy_scheduler *s, const skippy_sequence_desc *desc, uint32_
     seq->cache_epoch = 0;
     seq->where = SK_WHERE_FREE;
     seq->fresh = false;
+    seq->prio_preempted_at = 0;
     sk_affinity_read(s, seq); /* with a store: its restore and saved cost, before ranking */
     if (sk_fair_submit(s, slot, desc->tenant)) goto oom;
     if (sk_waiting_add(s, slot, seq->enqueue_order)) goto oom;
@@ -170,34 +165,48 @@ int sk_admit_waiting(skippy_scheduler *s, size_t *out_admitted)
         s->dirty = false;
     }
     size_t waiting_count = s->waiting_len;
-    if (waiting_count == 0 || s->active_len >= s->cfg.max_active_sequences) return 0;
-    size_t room = s->cfg.max_active_sequences - s->active_len;
-    size_t admissible = room < waiting_count ? room : waiting_count;
-    if (sk_grow((void **)&s->active, &s->active_cap, s->active_len + admissible, sizeof(uint32_t)))
-        return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory admitting sequences");
-    size_t kept = 0, admitted = 0;
-    for (size_t i = 0; i < waiting_count; i++) {
-        uint32_t slot = s->waiting[i];
-        sk_seq *seq = &s->seqs[slot];
-        if (s->active_len >= s->cfg.max_active_sequences || !fits(s, seq)) {
-            s->waiting[kept++] = slot; /* deferred, relative order kept */
-            continue;
+    s->prio_victim_len = 0;
+    if (waiting_count == 0) return 0;
+    /* Everything preemption for priority may need is allocated before anything changes. */
+    if (s->cfg.priority_preemption && sk_priority_reserve(s))
+        return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory preempting for priority");
+    if (s->active_len < s->cfg.max_active_sequences) {
+        size_t room = s->cfg.max_active_sequences - s->active_len;
+        size_t admissible = room < waiting_count ? room : waiting_count;
+        if (sk_grow((void **)&s->active, &s->active_cap, s->active_len + admissible,
+                    sizeof(uint32_t)))
+            return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory admitting sequences");
+        size_t kept = 0, admitted = 0;
+        for (size_t i = 0; i < waiting_count; i++) {
+            uint32_t slot = s->waiting[i];
+            if (s->active_len >= s->cfg.max_active_sequences || !fits(s, &s->seqs[slot])) {
+                s->waiting[kept++] = slot; /* deferred, relative order kept */
+                continue;
+            }
+            sk_admit_one(s, slot);
+            admitted++;
         }
-        sk_waiting_remove(s, slot);
-        reserve(s, seq);
-        sk_affinity_pin(s, seq);
-        seq->status = SKIPPY_SEQ_RUNNING;
-        seq->admitted_at = ++s->admit_counter;
-        seq->where = SK_WHERE_ACTIVE;
-        seq->fresh = true;
-        s->fresh_count++;
-        s->n_class[sk_class(seq)]++;
-        s->active[s->active_len++] = slot;
-        admitted++;
+        s->waiting_len = kept;
+        *out_admitted = admitted;
     }
-    s->waiting_len = kept;
-    *out_admitted = admitted;
+    if (s->cfg.priority_preemption) sk_priority_preempt(s, out_admitted);
     return 0;
+}
+
+/* Moves a waiting sequence that fits into the active set (room in s->active is the caller's). */
+void sk_admit_one(skippy_scheduler *s, uint32_t slot)
+{
+    sk_seq *seq = &s->seqs[slot];
+    sk_waiting_remove(s, slot);
+    reserve(s, seq);
+    sk_affinity_pin(s, seq);
+    seq->status = SKIPPY_SEQ_RUNNING;
+    seq->admitted_at = ++s->admit_counter;
+    seq->where = SK_WHERE_ACTIVE;
+    seq->fresh = true;
+    s->fresh_count++;
+    s->n_class[sk_class(seq)]++;
+    s->active[s->active_len++] = slot;
 }
 
 /* ---------------------------------------------------------------- completion (§2.7, §0.4e) */
@@ -442,6 +451,25 @@ static bool over_budget(const skippy_scheduler *s, const uint64_t *used)
 }
 
 /*
+ * A victim (no longer in the active set, already in the ranked set with order next_order)
+ * becomes a preempted waiting sequence; the caller puts it in the waiting array.
+ */
+void sk_requeue_victim(skippy_scheduler *s, uint32_t slot)
+{
+    sk_seq *seq = &s->seqs[slot];
+    seq->where = SK_WHERE_WAITING;
+    s->n_class[sk_class(seq)]--; /* left the active set */
+    sk_affinity_unpin(s, seq);
+    sk_unfresh(s, seq);
+    reset_for_recompute(seq);
+    sk_affinity_read(s, seq); /* with a store: what is resident now */
+    seq->enqueue_order = s->next_order++;
+    s->void_count++;
+    s->dirty = true;
+    s->m.preempted = sk_sat_add(s->m.preempted, 1);
+}
+
+/*
  * Victims are all chosen first, on a copy of the usage, so a failing policy callback leaves the
  * scheduler untouched; then the measured usage is applied and the victims move to the front of
  * the waiting queue (the last victim ends up first).
@@ -498,20 +526,11 @@ static int preempt(skippy_scheduler *s, const uint64_t *used, size_t used_count,
             if (s->seqs[s->active[i]].where == SK_WHERE_ACTIVE) s->active[kept++] = s->active[i];
         s->active_len = kept;
         memmove(s->waiting + victim_count, s->waiting, s->waiting_len * sizeof(uint32_t));
-        for (size_t nth = 0; nth < victim_count; nth++) {
-            sk_seq *seq = &s->seqs[s->victims[nth]];
-            s->n_class[sk_class(seq)]--; /* left the active set */
-            sk_affinity_unpin(s, seq);
-            sk_unfresh(s, seq);
-            reset_for_recompute(seq);
-            sk_affinity_read(s, seq); /* with a store: what is resident now */
-            seq->enqueue_order = s->next_order++;
+        for (size_t nth = 0; nth < victim_count; nth++)
+            sk_requeue_victim(s, s->victims[nth]);
+        for (size_t nth = 0; nth < victim_count; nth++)
             s->waiting[victim_count - 1 - nth] = s->victims[nth];
-        }
         s->waiting_len += victim_count;
-        s->void_count++;
-        s->dirty = true;
-        s->m.preempted = sk_sat_add(s->m.preempted, victim_count);
     }
     s->victim_len = victim_count;
     sk_refresh_counts(s);

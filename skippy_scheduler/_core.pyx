@@ -449,6 +449,13 @@ cdef class Scheduler:
         cdef const uint32_t *v_slots = skippy_scheduler_preempted_slots(self._s)
         return [_carried(self._objects, v_slots[i]).sequence_id for i in range(out)]
 
+    def last_priority_victims(self):
+        """Ids the last `plan_iteration` preempted for priority (§2.8a), in the order chosen;
+        the host releases their runtime state before running the plan."""
+        cdef size_t n = 0
+        cdef const uint32_t *v_slots = skippy_scheduler_priority_victims(self._s, &n)
+        return [_carried(self._objects, v_slots[i]).sequence_id for i in range(n)]
+
     def cancel(self, sequence_id):
         """Remove a waiting or active sequence; False when the id is unknown."""
         if not isinstance(sequence_id, str):
@@ -516,7 +523,8 @@ cdef class Scheduler:
             m.iterations, m.admitted, m.preempted, m.finished, m.failed, m.cancelled,
             m.rejected_overload, m.prefill_tokens, m.recompute_tokens, m.decode_tokens,
             m.prefix_hits, m.prefix_misses, m.active_sequences, m.waiting_sequences,
-            m.discarded_rows, m.aborted_plans, m.restored_tokens, m.stale_refreshes)
+            m.discarded_rows, m.aborted_plans, m.restored_tokens, m.stale_refreshes,
+            m.preempted_priority)
 
     @property
     def waiting_turn(self):

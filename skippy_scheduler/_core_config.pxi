@@ -50,4 +50,7 @@ cdef bint _native_config(skippy_scheduler_config *c, object cfg, object admissio
     c.memory_components = <const skippy_memory_component *><size_t>int(_ffi.cast("uintptr_t", raw))
     c.memory_component_count = len(comps)
     c.max_inflight_plans = cfg.max_inflight_plans
+    c.priority_preemption = cfg.priority_preemption
+    c.priority_preemption_guard_steps = cfg.priority_preemption_guard_steps
+    c.max_priority_preemptions_per_step = cfg.max_priority_preemptions_per_step
     return fair

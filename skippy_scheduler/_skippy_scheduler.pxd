@@ -68,6 +68,9 @@ cdef extern from "skippy_scheduler.h" nogil:
         size_t max_inflight_plans
         double fair_prefill_cost
         double fair_decode_cost
+        bint priority_preemption
+        size_t priority_preemption_guard_steps
+        size_t max_priority_preemptions_per_step
 
     ctypedef struct skippy_sequence_desc:
         const char *id
@@ -131,6 +134,7 @@ cdef extern from "skippy_scheduler.h" nogil:
         uint64_t aborted_plans
         uint64_t restored_tokens
         uint64_t stale_refreshes
+        uint64_t preempted_priority
 
     ctypedef struct skippy_iteration_telemetry:
         uint64_t iteration
@@ -200,6 +204,8 @@ cdef extern from "skippy_scheduler.h" nogil:
                                            size_t used_count, size_t *out_preempted,
                                            skippy_error **out_error)
     const uint32_t *skippy_scheduler_preempted_slots(const skippy_scheduler *scheduler)
+    const uint32_t *skippy_scheduler_priority_victims(const skippy_scheduler *scheduler,
+                                                      size_t *out_count)
     cbool skippy_scheduler_cancel(skippy_scheduler *scheduler, const char *id, size_t id_len)
     uint32_t skippy_scheduler_find(const skippy_scheduler *scheduler, const char *id, size_t id_len)
     cbool skippy_scheduler_sequence(const skippy_scheduler *scheduler, uint32_t slot,

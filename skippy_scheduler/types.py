@@ -186,6 +186,9 @@ _CONFIG_CHECKS = {
     "cache_aging_cost_per_iteration": lambda n, v: check_uint(n, v, U64_MAX),
     "group_waiting_prefixes": check_bool,
     "max_inflight_plans": lambda n, v: check_uint(n, v, USIZE_MAX),
+    "priority_preemption": check_bool,
+    "priority_preemption_guard_steps": lambda n, v: check_uint(n, v, USIZE_MAX),
+    "max_priority_preemptions_per_step": lambda n, v: check_uint(n, v, USIZE_MAX),
     "iteration_interval": _check_interval,
     "memory_components": _check_components,
 }
@@ -214,6 +217,14 @@ class SchedulerConfig:
     # Plans that may be live at once (made, not yet completed or aborted): D (§2.11). At 1,
     # making a plan while one is live aborts the live one first.
     max_inflight_plans: int = 1
+    # Preemption for priority (§2.8a), off by default: a waiting sequence of strictly higher
+    # priority that cannot be admitted takes lanes and memory from lower-priority running ones.
+    # A sequence so preempted is not preempted for priority again during the next
+    # `priority_preemption_guard_steps` plans, and one plan preempts at most
+    # `max_priority_preemptions_per_step` sequences for priority (0: none).
+    priority_preemption: bool = False
+    priority_preemption_guard_steps: int = 8
+    max_priority_preemptions_per_step: int = 4
     iteration_interval: float = 0.002
     memory_components: list[MemoryComponent] = field(default_factory=list)
 
@@ -356,6 +367,8 @@ class SchedulerMetrics:
         (a re-admission after preemption counts again).
     stale_refreshes: with an attached prefix store, waiting sequences whose restore or saved
         cost changed when re-read before a selection (§2.12).
+    preempted_priority: of `preempted`, the preemptions made for priority (§2.8a); the others
+        were made for memory pressure.
 
     With an attached prefix store, prefix_hits / prefix_misses count admissions with and without
     a restore instead of submits.
@@ -379,6 +392,7 @@ class SchedulerMetrics:
     aborted_plans: int = 0
     restored_tokens: int = 0
     stale_refreshes: int = 0
+    preempted_priority: int = 0
 
     def copy(self) -> "SchedulerMetrics":
         return _dc_replace(self)

@@ -24,7 +24,7 @@ class Flight:
     Fair share: `request` names the submission for the lift rule (it survives preemption) and
     `tenant` is whose service it is."""
 
-    __slots__ = ("epoch", "pending", "source", "request", "tenant")
+    __slots__ = ("epoch", "pending", "source", "request", "tenant", "priority_preempted_at")
 
     def __init__(self, epoch: int, tenant: Hashable = None) -> None:
         self.epoch = epoch
@@ -32,6 +32,8 @@ class Flight:
         self.source: Optional[tuple[int, int]] = None
         self.request = epoch
         self.tenant = tenant
+        # The plan step of its last preemption for priority (§2.8a), None if none.
+        self.priority_preempted_at: Optional[int] = None
 
 
 class RowUndo:

@@ -16,6 +16,7 @@ from .admission import AdmissionOrder
 from .memory import MemoryLedger
 from .plan import PLACEHOLDER, Flight, RowUndo, TwinPlan, read_outputs
 from .planning import RowPlanner
+from .priority import preempt_for_priority
 from .store_link import StoreLink
 from ..policies import (
     AdmissionPolicy,
@@ -74,6 +75,7 @@ class TwinScheduler:
         self._next_order = 0
         self._dirty = False
         self._admission_counter = 0
+        self._priority_victims: list[str] = []  # ids the last admission preempted for priority
         self._live_plans: list[TwinPlan] = []  # oldest first
         self._steps = 0
         self._flights: dict[str, Flight] = {}
@@ -176,7 +178,8 @@ class TwinScheduler:
                                     [f.request for f in flights])
 
     def _admit_waiting(self) -> int:
-        """Admit front to back; a request that does not fit is skipped, not waited on (§2.3)."""
+        """Admit front to back; a request that does not fit is skipped, not waited on (§2.3);
+        then, when enabled, preemption for priority (§2.8a)."""
         admitted = 0
         deferred: list[Sequence] = []
         for s in self._waiting:
@@ -187,24 +190,31 @@ class TwinScheduler:
             if not self._memory.fits(reservation):
                 deferred.append(s)
                 continue
-            self._memory.reserve(reservation)
-            if self._link.store is not None:
-                m = self._metrics
-                if s.prefix_restore is not None:
-                    m.prefix_hits = sat(m.prefix_hits + 1)
-                    m.restored_tokens = sat(m.restored_tokens + s.prefix_restore.token_count)
-                else:
-                    m.prefix_misses = sat(m.prefix_misses + 1)
-                self._link.pin(s)
-            s.status = SequenceStatus.RUNNING
-            self._admission_counter = sat(self._admission_counter + 1)
-            s.admitted_at = self._admission_counter
-            self._active[s.id] = s
-            self._fresh.add(s.id)
+            self._admit_one(s)
             admitted += 1
         self._waiting = deferred
+        self._priority_victims = []
+        if self._config.priority_preemption:
+            admitted += preempt_for_priority(self, self._steps)
         self._refresh_counts()
         return admitted
+
+    def _admit_one(self, s: Sequence) -> None:
+        """`s` (taken out of the queue by the caller) joins the active set."""
+        self._memory.reserve(self._memory.reservation(s))
+        if self._link.store is not None:
+            m = self._metrics
+            if s.prefix_restore is not None:
+                m.prefix_hits = sat(m.prefix_hits + 1)
+                m.restored_tokens = sat(m.restored_tokens + s.prefix_restore.token_count)
+            else:
+                m.prefix_misses = sat(m.prefix_misses + 1)
+            self._link.pin(s)
+        s.status = SequenceStatus.RUNNING
+        self._admission_counter = sat(self._admission_counter + 1)
+        s.admitted_at = self._admission_counter
+        self._active[s.id] = s
+        self._fresh.add(s.id)
 
     # -- planning -------------------------------------------------------------------------------
 
@@ -253,6 +263,7 @@ class TwinScheduler:
                 fl.source = (step, r)
             undo.append(RowUndo(s, fl.epoch, before, w.sample_last, previous, w.new_row))
         plan = TwinPlan(work, sum(len(w.tokens) for w in work), admitted, step, deferred)
+        plan.preempted = len(self._priority_victims)
         plan._undo = undo
         plan._counters = counters
         plan._live_list = self._live_plans
@@ -450,21 +461,29 @@ class TwinScheduler:
             victims.append(victim)
         self._memory.used = used
         for s in victims:
-            del self._active[s.id]
-            self._fresh.discard(s.id)
-            self._drop_placeholders(s)  # its in-flight rows are void: the KV they build is gone
-            self._flights[s.id].epoch = next(self._epochs)
-            self._link.unpin(s)
-            self._reset_for_recompute(s)
-            if self._link.store is not None:
-                self._link.read(s)
-            s.enqueue_order = self._next_order
-            self._next_order = sat(self._next_order + 1)
+            self._requeue_victim(s)
             self._waiting.insert(0, s)
-            self._dirty = True
-            self._metrics.preempted = sat(self._metrics.preempted + 1)
         self._refresh_counts()
         return [s.id for s in victims]
+
+    def last_priority_victims(self) -> list[str]:
+        """Ids the last `plan_iteration` preempted for priority (§2.8a), in the order chosen."""
+        return list(self._priority_victims)
+
+    def _requeue_victim(self, s: Sequence) -> None:
+        """`s` leaves the active set as a preempted sequence; the caller queues it."""
+        del self._active[s.id]
+        self._fresh.discard(s.id)
+        self._drop_placeholders(s)  # its in-flight rows are void: the KV they build is gone
+        self._flights[s.id].epoch = next(self._epochs)
+        self._link.unpin(s)
+        self._reset_for_recompute(s)
+        if self._link.store is not None:
+            self._link.read(s)
+        s.enqueue_order = self._next_order
+        self._next_order = sat(self._next_order + 1)
+        self._dirty = True
+        self._metrics.preempted = sat(self._metrics.preempted + 1)
 
     @staticmethod
     def _reset_for_recompute(s: Sequence) -> None:

@@ -87,6 +87,9 @@ configs = st.builds(
     cache_aging_cost_per_iteration=st.integers(0, 5000),
     group_waiting_prefixes=st.booleans(),
     memory_components=components,
+    priority_preemption=st.booleans(),
+    priority_preemption_guard_steps=st.integers(0, 4),
+    max_priority_preemptions_per_step=st.integers(0, 3),
 )
 
 submit_op = st.tuples(
@@ -225,6 +228,10 @@ def run_op(pair, op):
             assert pn.work == pt.work
             assert (pn.token_count, pn.admitted, pn.preempted, len(pn)) == (
                 pt.token_count, pt.admitted, pt.preempted, len(pt))
+            assert pair.native.last_priority_victims() == pair.twin.last_priority_victims()
+            assert len(pair.twin.last_priority_victims()) == pt.preempted
+            if pn.preempted:
+                event("preempted for priority")
             assert pn.tokens.tolist() == pt.tokens.tolist()
             assert pn.positions.tolist() == pt.positions.tolist()
             assert pn.sample_last.astype(bool).tolist() == pt.sample_last.tolist()
@@ -308,8 +315,9 @@ def test_native_and_twin_agree(config, admission, preemption, first, operations)
 
 
 @_settings()
-@given(first=st.lists(submit_op, min_size=1, max_size=5), operations=ops, mixed=st.booleans() | st.just(True))
-def test_native_and_twin_agree_on_a_busy_default_config(first, operations, mixed):
+@given(first=st.lists(submit_op, min_size=1, max_size=5), operations=ops, mixed=st.booleans() | st.just(True),
+       by_priority=st.booleans())
+def test_native_and_twin_agree_on_a_busy_default_config(first, operations, mixed, by_priority):
     """Defaults except small limits, so queues fill and budgets bind often."""
     config = SchedulerConfig(
         max_active_sequences=3,
@@ -318,6 +326,8 @@ def test_native_and_twin_agree_on_a_busy_default_config(first, operations, mixed
         prefill_chunk_tokens=3,
         mixed_prefill_decode=mixed,
         memory_components=[MemoryComponent("kv", 120, 0, 4, 8), MemoryComponent("rec", 64, 0, 0, 16)],
+        priority_preemption=by_priority,
+        priority_preemption_guard_steps=2,
     )
     pair = Pair(config, lambda: None, lambda: None)
     for op in first + operations:
