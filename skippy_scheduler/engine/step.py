@@ -60,6 +60,7 @@ class _Steps:
         def _end(self, entry: "_Entry", reason: str, error: Optional[str] = None,
                  emit: bool = True) -> None: ...
         def _measure_memory(self) -> None: ...
+        def _release_victims(self, victims: list[str]) -> None: ...
 
     def _init_steps(self) -> None:
         self._inflight: deque[_InFlight] = deque()
@@ -133,6 +134,10 @@ class _Steps:
             self.last_plan_ns = time.perf_counter_ns() - t0
         else:
             plan = sched.plan_iteration()
+        if plan.preempted:
+            # Preemption for priority (docs/behaviour.md §2.8a): the victims' lanes are handed
+            # to this plan's new rows, so the host lets them go before it runs the plan.
+            self._release_victims(sched.last_priority_victims())
         if len(plan) == 0:
             sched.abort_iteration(plan)
             return None
