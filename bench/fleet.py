@@ -105,9 +105,10 @@ class Replica:
                "--kv-events-endpoint", self.events, "--kv-events-replay-endpoint", self.replay,
                "--kv-block-size", str(args.block_size)]
         if args.model:
-            cmd += ["--model", args.model]
+            cmd += ["--model", os.path.abspath(args.model)]
         self.log = open(os.path.join(logs, f"replica-{index}.log"), "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        # From the logs folder, not a checkout (`python -m` would import its sources).
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=logs)
         wait_ready(self.url + "/health", self.proc, args.start_timeout)
 
     def counters(self) -> dict[str, float]:

@@ -30,10 +30,14 @@ class LocalStages:
         self.logs = [os.path.join(self._dir, f"stage-{k}.log") for k in range(len(self.paths))]
         for path, addr, log in zip(self.paths, self.addresses, self.logs):
             with open(log, "wb") as err:  # a file, not a pipe nobody reads
+                # NOTE: run from the socket directory, not the caller's: `python -m` puts the
+                # working directory first on sys.path, and in a source checkout that would
+                # import its uncompiled sources instead of the installed package.
                 self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "skippy_scheduler.cli", "stage", "--model", path,
-                     "--listen", addr, "--threads", str(n_threads)],
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err))
+                    [sys.executable, "-m", "skippy_scheduler.cli", "stage", "--model",
+                     os.path.abspath(path), "--listen", addr, "--threads", str(n_threads)],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                    cwd=self._dir))
 
     def host(self, **kwargs: Any) -> StageHost:
         """A `StageHost` on these workers (StageHost's keywords)."""

@@ -5,6 +5,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import tempfile
 import sys
 
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "fleet.py")
@@ -58,7 +59,8 @@ def router_binary():
 def spawn(args, log, health_url: str, timeout_s: float = 60.0):
     """Start a process writing to `log`; return it once `health_url` answers 200 (stopped
     again, and the error raised, when it does not)."""
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    # Not from the checkout: `python -m` would import its uncompiled sources.
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
     try:
         fleet_bench.wait_ready(health_url, proc, timeout_s)
     except BaseException:

@@ -206,7 +206,7 @@ def test_bad_settings_are_refused_before_anything_binds(endpoint):
         publisher.close()
 
 
-def test_serve_refuses_kv_events_it_cannot_publish_before_loading_a_model():
+def test_serve_refuses_kv_events_it_cannot_publish_before_loading_a_model(tmp_path):
     import subprocess
     import sys
 
@@ -217,5 +217,6 @@ def test_serve_refuses_kv_events_it_cannot_publish_before_loading_a_model():
                "--kv-block-size", "0"], "--kv-block-size")]
     for extra, message in cases:
         r = subprocess.run([sys.executable, "-m", "skippy_scheduler.cli", "serve", "--port",
-                            "0", *extra], capture_output=True, text=True, timeout=60)
+                            "0", *extra], capture_output=True, text=True, timeout=60,
+                           cwd=tmp_path)  # not the checkout: `-m` would import its sources
         assert r.returncode == 2 and message in r.stderr, (extra, r.stderr)

@@ -317,7 +317,8 @@ def test_workers_on_tcp_loopback(tmp_path, model4, splits, alone):
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "skippy_scheduler.cli", "stage", "-m", path,
                      "--listen", "tcp://127.0.0.1:*", "-t", "1"],
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err))
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                    cwd=tmp_path))
             logs.append(log)
         for log in logs:
             deadline = time.monotonic() + 60
