@@ -150,7 +150,7 @@ def encode_batch(events: Iterable[Event], ts: float, rank: int = 0) -> bytes:
     """The msgpack payload of one batch (vLLM's KVEventBatch layout)."""
     import msgspec
 
-    return msgspec.msgpack.encode([ts, [e.wire() for e in events], rank])
+    return bytes(msgspec.msgpack.encode([ts, [e.wire() for e in events], rank]))
 
 
 # -- which blocks the store holds -------------------------------------------------------------

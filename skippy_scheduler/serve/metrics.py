@@ -81,4 +81,4 @@ class ServeMetrics:
         reg.register(_EngineCollector(stats))
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return bytes(generate_latest(self.registry))

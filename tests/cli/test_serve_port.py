@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from skippy_scheduler.cli import main, serve
+
+pytest.importorskip("gguf")  # the default tiny model is written with it (the llama extra)
 
 
 def test_a_taken_port_is_refused_before_the_model_loads(capsys, monkeypatch):

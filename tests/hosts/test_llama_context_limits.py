@@ -66,7 +66,8 @@ def test_a_batch_smaller_than_the_lanes_serves_every_lane(model_path, n_seq_max,
          "LlamaHost(sys.argv[1], n_ctx=int(sys.argv[2]), n_seq_max=int(sys.argv[3]), "
          "n_batch=int(sys.argv[4]), n_threads=1).close()",
          str(model_path), str(n_seq_max * 256), str(n_seq_max), str(n_batch)],
-        capture_output=True, text=True, timeout=120)
+        capture_output=True, text=True, timeout=120,
+        cwd=os.path.dirname(sys.executable))  # not the checkout: it would import its sources
     assert child.returncode == 0, child.stderr[-2000:]
     prompts = [_prompt(5 + 3 * i) for i in range(n_seq_max)]
     with LlamaHost(model_path, n_ctx=n_seq_max * 256, n_seq_max=n_seq_max, n_batch=n_batch,
