@@ -75,6 +75,8 @@ typedef struct skippy_scheduler_config {
     size_t priority_preemption_guard_steps;      /* default 8: plans during which a sequence
                                                     preempted for priority is not again */
     size_t max_priority_preemptions_per_step;    /* default 4: priority victims per plan */
+    bool disjoint_inflight_plans;                /* default false: a sequence with a row in a
+                                                    live plan gets none in the next (§2.11a) */
 } skippy_scheduler_config;
 
 /* What submit copies from the caller (nothing is borrowed after the call). */

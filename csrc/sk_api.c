@@ -32,6 +32,7 @@ void skippy_scheduler_config_default(skippy_scheduler_config *c)
     c->priority_preemption = false;
     c->priority_preemption_guard_steps = 8;
     c->max_priority_preemptions_per_step = 4;
+    c->disjoint_inflight_plans = false;
 }
 
 static size_t clamp_sz(size_t v, size_t lo, size_t hi) { return v < lo ? lo : (v > hi ? hi : v); }

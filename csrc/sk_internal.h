@@ -77,6 +77,9 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     uint32_t tenant;          /* as submitted; fair share keeps its own per-slot state (sk_fair.c) */
     bool fresh;               /* active with no row planned since its admission (new_rows) */
     uint64_t prio_preempted_at; /* plan step + 1 of its last preemption for priority, 0 = none */
+    /* disjoint_inflight_plans (sk_plan.c): serial of the last plan with a row of it (0 = none);
+     * while that plan is live the sequence is in flight. */
+    uint64_t flight_serial;
 } sk_seq;
 
 /*

@@ -53,4 +53,5 @@ cdef bint _native_config(skippy_scheduler_config *c, object cfg, object admissio
     c.priority_preemption = cfg.priority_preemption
     c.priority_preemption_guard_steps = cfg.priority_preemption_guard_steps
     c.max_priority_preemptions_per_step = cfg.max_priority_preemptions_per_step
+    c.disjoint_inflight_plans = cfg.disjoint_inflight_plans
     return fair

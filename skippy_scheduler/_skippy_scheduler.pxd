@@ -71,6 +71,7 @@ cdef extern from "skippy_scheduler.h" nogil:
         bint priority_preemption
         size_t priority_preemption_guard_steps
         size_t max_priority_preemptions_per_step
+        bint disjoint_inflight_plans
 
     ctypedef struct skippy_sequence_desc:
         const char *id

@@ -24,7 +24,8 @@ class Flight:
     Fair share: `request` names the submission for the lift rule (it survives preemption) and
     `tenant` is whose service it is."""
 
-    __slots__ = ("epoch", "pending", "source", "request", "tenant", "priority_preempted_at")
+    __slots__ = ("epoch", "pending", "source", "request", "tenant", "priority_preempted_at",
+                 "planned")
 
     def __init__(self, epoch: int, tenant: Hashable = None) -> None:
         self.epoch = epoch
@@ -32,6 +33,8 @@ class Flight:
         self.source: Optional[tuple[int, int]] = None
         self.request = epoch
         self.tenant = tenant
+        # Disjoint plans in flight (§2.11a): the step of the last plan with a row of it.
+        self.planned: Optional[int] = None
         # The plan step of its last preemption for priority (§2.8a), None if none.
         self.priority_preempted_at: Optional[int] = None
 

@@ -29,14 +29,30 @@ class RowPlanner:
 
     `live_decode(s)` says whether a sequence has a pending token to feed now, `take_new(s)`
     whether the row being written is its first since admission (and makes later ones not new),
-    `holder(s)` the restore holder every row of it names.
+    `holder(s)` the restore holder every row of it names, `in_flight(s)` (disjoint plans in
+    flight, §2.11a) whether it has a row in a live plan, which leaves it out of this one; a
+    plan then takes at most ceil(active / max_inflight_plans) decode rows (its share).
     """
 
     def __init__(self, config: SchedulerConfig, live_decode: Callable[[Sequence], bool],
                  take_new: Callable[[Sequence], bool],
-                 holder: Callable[[Sequence], Optional[int]]) -> None:
+                 holder: Callable[[Sequence], Optional[int]],
+                 in_flight: Optional[Callable[[Sequence], bool]] = None) -> None:
         self._config = config
-        self._live_decode = live_decode
+        self._disjoint = in_flight is not None
+        self._decode_share = 0  # §2.11a: decode rows the plan being written may still take
+        if in_flight is not None:
+            def plannable_decode(s: Sequence) -> bool:
+                return live_decode(s) and self._decode_share > 0 and not in_flight(s)
+
+            def plannable_prefill(s: Sequence) -> bool:
+                return prefill_pending(s) and not in_flight(s)
+
+            self._live_decode: Callable[[Sequence], bool] = plannable_decode
+            self._prefill_pending: Callable[[Sequence], bool] = plannable_prefill
+        else:
+            self._live_decode = live_decode
+            self._prefill_pending = prefill_pending
         self._take_new = take_new
         self._holder = holder
         self.consecutive_prefill = 0
@@ -55,7 +71,12 @@ class RowPlanner:
         self.consecutive_prefill, self.mixed_cursor = counters
 
     def rows(self, active: list[Sequence]) -> list[IterationWork]:
+        if self._disjoint:
+            depth = self._config.max_inflight_plans
+            self._decode_share = -(-len(active) // depth)
         live = sum(1 for s in active if self._live_decode(s))
+        if self._disjoint:
+            live = min(live, self._decode_share)
         decode_rows = min(live, self._config.max_tokens_per_iteration)
         self.cursors_before = []
         if (self._config.mixed_prefill_decode and self.mixed_viable and decode_rows > 0
@@ -92,6 +113,7 @@ class RowPlanner:
         new = self._take_new(s)
         self.cursors_before.append((s, before))
         s.prefill_cursor = sat(position + 1)  # the fed token is never replayed
+        self._decode_share -= 1
         return IterationWork(
             sequence_id=s.id,
             tokens=(s.generated_tokens[-1],),
@@ -109,7 +131,7 @@ class RowPlanner:
         return USIZE_MAX if limit is None else limit
 
     def _homogeneous(self, active: list[Sequence]) -> list[IterationWork]:
-        has_prefill = any(prefill_pending(s) for s in active)
+        has_prefill = any(self._prefill_pending(s) for s in active)
         has_live_decode = any(self._live_decode(s) for s in active)
         max_consecutive = self._config.max_consecutive_prefill_iterations
         run_prefill = has_prefill and (
@@ -122,7 +144,7 @@ class RowPlanner:
         for s in active:
             if budget == 0:
                 break
-            if prefill_pending(s):
+            if self._prefill_pending(s):
                 if not run_prefill or prefill_rows >= prefill_limit:
                     continue
                 row = self._prefill_row(s, budget)
@@ -159,7 +181,7 @@ class RowPlanner:
         for s in active:
             if budget == 0 or prefill_rows >= prefill_limit:
                 break
-            if not prefill_pending(s):
+            if not self._prefill_pending(s):
                 continue
             row = self._prefill_row(s, budget)
             prefill_rows += 1
