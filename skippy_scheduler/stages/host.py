@@ -109,6 +109,7 @@ class StageHost:
             self._out.append(sock)
         self.broken: Optional[str] = None
         self.live: set[int] = set(range(len(self.addresses)))
+        self.on_close: list[Any] = []  # called after close (e.g. stopping local workers)
         self._vocab: Any = None
         self._tag = 0
         try:
@@ -118,6 +119,7 @@ class StageHost:
             self.close()
             raise
         self.n_vocab = self._vocab.n_vocab
+        self.n_ctx_seq = n_ctx // n_seq_max  # a lane's share of the cells (the server's bound)
         self.settings = {
             "stages": len(self.stages), "stage_addresses": self.addresses,
             "stage_layers": [[s.layer_start, s.layer_end] for s in self.stages],
@@ -419,11 +421,33 @@ class StageHost:
             pass  # a stage that does not answer now is not live any more
 
     # ------------------------------------------------------------------ vocabulary
-    def tokenize(self, text: str) -> list[int]:
-        return list(self._vocab.tokenize(text))
+    # (a vocabulary-only model: safe from any thread while the engine runs plans)
+    def tokenize(self, text: str, *, add_bos: Optional[bool] = None,
+                 special: bool = False) -> list[int]:
+        return list(self._vocab.tokenize(text, add_bos=add_bos, special=special))
 
     def is_eog(self, token: int) -> bool:
         return bool(self._vocab.is_eog(token))
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        return bytes(self._vocab.token_bytes(token, special=special))
+
+    def chat_template(self) -> Optional[str]:
+        template: Optional[str] = self._vocab.chat_template()
+        return template
+
+    @property
+    def holders(self) -> Optional[PrefixHolders]:
+        """The prefix holders every stage keeps (None without reuse)."""
+        return self._holders
+
+    def prepare_sequence(self, sequence: Any) -> Any:
+        """Refuse at submit, before anything is queued, what the stages cannot serve."""
+        if getattr(sequence, "sampling", None) is not None:
+            raise ValueError("staged serving samples greedily only: this model's stages have "
+                             "no per-request samplers (use temperature 0 and no penalties, "
+                             "bias or ignore_eos)")
+        return sequence
 
     # ------------------------------------------------------------------ inspection
     def sync(self) -> None:
@@ -443,6 +467,11 @@ class StageHost:
         top = self.n_seq_max + (self.prefix_holders if holders else 0)
         return [{int(k): v for k, v in r["lanes"].items() if int(k) < top}
                 for r in self._collect(b"held", "asking what is held")]
+
+    @property
+    def processes(self) -> list[Any]:
+        """The local worker processes this host watches (empty for remote workers)."""
+        return list(self._procs)
 
     @property
     def active_sequences(self) -> list[str]:
@@ -488,6 +517,9 @@ class StageHost:
         if self._reply_dir is not None:
             shutil.rmtree(self._reply_dir, ignore_errors=True)
             self._reply_dir = None
+        callbacks, self.on_close = getattr(self, "on_close", []), []
+        for callback in callbacks:
+            callback()
 
     def __enter__(self) -> "StageHost":
         return self

@@ -18,6 +18,7 @@ keeps serving.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Optional
 
 import numpy as np
@@ -27,6 +28,9 @@ from .split import read_stage_info
 from .wire import WireError, decode_activations, decode_plan, encode_activations, encode_outputs
 
 
+PARENT_CHECK_MS = 500
+
+
 def _json(obj: Any) -> bytes:
     return json.dumps(obj).encode()
 
@@ -34,7 +38,8 @@ def _json(obj: Any) -> bytes:
 class StageWorker:
     """The loop of one stage process (see the module docstring)."""
 
-    def __init__(self, model_path: str, listen: str, *, n_threads: Optional[int] = None) -> None:
+    def __init__(self, model_path: str, listen: str, *, n_threads: Optional[int] = None,
+                 parent_pid: Optional[int] = None) -> None:
         import zmq
 
         self.info = read_stage_info(model_path)  # fail before binding anything
@@ -50,6 +55,7 @@ class StageWorker:
         self._reply: Any = None
         self._runner: Any = None
         self.index = self.info.index
+        self.parent_pid = parent_pid  # stop when this process is no longer the parent
 
     def _connect(self, which: str, address: Optional[str]) -> Any:
         old = getattr(self, which)
@@ -144,6 +150,12 @@ class StageWorker:
     def serve(self) -> None:
         """Answer messages until `stop`."""
         while True:
+            if self.parent_pid is not None:
+                # A worker started for a driver goes away with it, even when the driver was
+                # killed and could not stop it (it is then no longer this process's parent).
+                while not self._pull.poll(PARENT_CHECK_MS):
+                    if os.getppid() != self.parent_pid:
+                        return
             parts = self._pull.recv_multipart(copy=False)
             kind = parts[0].bytes
             if kind == b"stop":
