@@ -9,6 +9,8 @@ The worker binds a PULL socket at its listen address and answers what arrives th
   the plan's released lanes, runs its rows, and sends the same plan frame (the received zmq frame
   itself, not a copy) with its activations to the next stage; the last stage sends the sampled
   (work index, token) pairs to the driver instead.
+* `mem` (JSON memory operations, from the driver to stage 0 and on down the chain): run them,
+  pass them on; the last stage answers `mem-done`.
 * `undo` (JSON lanes, starts, releases): the plan did not complete somewhere; rewind its rows.
 * `release` (JSON lanes), `held` (what lanes hold KV), `stop`.
 
@@ -178,9 +180,14 @@ class StageWorker:
                 if kind == b"undo":
                     self._undo(body)
                 elif kind == b"mem":
+                    # Memory operations travel down the chain as plans do: each stage runs
+                    # them in order with the plans, the last one answers.
                     self._runner.apply_ops(body["ops"])
-                    self._reply.send_multipart([b"mem-done", _json({"index": self.index,
-                                                                    "tag": tag})])
+                    if self._next is not None:
+                        self._next.send_multipart([b"mem", parts[1]], copy=True)
+                    else:
+                        self._reply.send_multipart([b"mem-done", _json({"index": self.index,
+                                                                        "tag": tag})])
                 elif kind == b"release":
                     for lane in body["lanes"]:
                         self._runner.release(int(lane))
