@@ -92,7 +92,7 @@ def run_staged(args: argparse.Namespace, prompts: list[Any], n_seq: int, n_batch
     host_args = dict(n_ctx=n_ctx, n_seq_max=n_seq, n_batch=n_batch, n_threads=args.threads,
                      kv_type=args.kv_type, flash_attn=args.flash_attn,
                      prefix_cache_tokens=args.prefix_cache_tokens,
-                     prefix_holders=args.prefix_holders)
+                     prefix_holders=args.prefix_holders, pipeline_depth=args.inflight)
     try:
         if args.stages:
             with LocalStages(args.stages, n_threads=args.threads,

@@ -158,10 +158,11 @@ class Server:
         self.host = open_stage_host(s)
         name = s.model_name or (os.path.splitext(os.path.basename(s.model))[0] if s.model
                                 else self.host.stages[0].source_name)
-        self._build(s, name, s.prefix_cache_tokens > 0, StagedEngineRunner)
+        self._build(s, name, s.prefix_cache_tokens > 0, StagedEngineRunner,
+                    disjoint=s.inflight > 1)
 
     def _build(self, s: ServeSettings, name: str, reuse: bool,
-               runner_class: Optional[type] = None) -> None:
+               runner_class: Optional[type] = None, disjoint: bool = False) -> None:
         from .. import Scheduler, SchedulerConfig
         from .access import AccessSettings
         from .app import Limits, ServeContext, create_app
@@ -179,7 +180,7 @@ class Server:
             prefill_chunk_tokens=min(s.prefill_chunk, self.host.n_batch),
             mixed_prefill_decode=s.mixed,
             max_consecutive_prefill_iterations=s.max_consecutive_prefill,
-            max_inflight_plans=s.inflight,
+            max_inflight_plans=s.inflight, disjoint_inflight_plans=disjoint,
             **(self.host.sequence_id_settings if reuse else {"reserved_sequence_ids": 0}))
         self.scheduler = Scheduler(config, admission=make_admission(s.policy))
         self.runner = (runner_class or EngineRunner)(self.scheduler, self.host)

@@ -100,6 +100,7 @@ class StageHost(StageChannel):
         self._pending_release: list[int] = []
         self._flights: deque[Flight] = deque()  # sent, not yet answered, oldest first
         self.steps = 0
+        self.most_in_flight = 0  # the most plans that were in the chain at once
 
     # ------------------------------------------------------------------ setup
     def _configure(self, n_ctx: int, n_threads: int, kv_type: str, flash_attn: bool,
@@ -240,6 +241,7 @@ class StageHost(StageChannel):
                         fresh, released, [self._next_pos[x] for x in lane_list],
                         np.asarray(plan.sample_rows, dtype=np.int64))
         self._flights.append(flight)
+        self.most_in_flight = max(self.most_in_flight, len(self._flights))
         self.awaited.add(step)
         # What every stage holds once it has run the plan (they run plans in the order sent).
         for lane, end in zip(lane_list, (positions[offsets[1:] - 1] + 1).tolist()):
