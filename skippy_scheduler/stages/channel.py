@@ -121,10 +121,10 @@ class StageChannel:
             self.mem_pending.discard(body.get("tag"))
             return True
         if kind == b"err" and body.get("kind") == "plan":
-            step = body.get("step")
-            if step in self.awaited and step not in self.terminal:
-                self.terminal[step] = ("err", f"stage {body.get('index')} failed on step "
-                                              f"{step}: {body.get('message')}")
+            failed = body.get("step")
+            if failed in self.awaited and failed not in self.terminal:
+                self.terminal[failed] = ("err", f"stage {body.get('index')} failed on step "
+                                                f"{failed}: {body.get('message')}")
             return True
         if kind == b"err" and body.get("kind") == "mem":
             self.mem_pending.discard(body.get("tag"))
