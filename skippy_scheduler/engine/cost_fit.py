@@ -5,7 +5,7 @@ four coefficients of `StepCost` by least squares pulled gently toward the previo
 window that never varies one term, e.g. only decode-only steps of one size, keeps that term's
 last value instead of making one up), then drops the steps whose residual is more than
 `clip` × the median absolute residual (a step stalled by something else on the machine) and
-fits again; coefficients stay >= 0. `SlackFeed` is the engine observer that feeds it: after
+fits again, a few rounds; coefficients stay >= 0. `SlackFeed` is the engine observer that feeds it: after
 each step ran it sets the scheduler's clock (before the completion stamps last-token times and
 before the next plan reads them) and records the step; every `refit_every` steps it refits
 and hands the model to the scheduler. The engine adds it only when the scheduler runs the
@@ -24,7 +24,9 @@ from ..types import IterationTelemetry
 if TYPE_CHECKING:  # pragma: no cover
     from .requests import _InFlight
 
-_PRIOR_WEIGHT = 1e-3  # of the window's own scale: only decides directions the data leaves open
+_PRIOR_WEIGHT = 1e-6  # of the window's own scale: only decides directions the data leaves open
+_CLIP_ROUNDS = 4  # refits, each without the steps far off the previous one
+_RESIDUAL_FLOOR = 0.01  # of the median step: residuals below this are kept whatever the spread
 
 
 class StepCostFitter:
@@ -57,13 +59,17 @@ class StepCostFitter:
         y = data[:, 2]
         prior = np.array([self.cost.base_us, self.cost.per_prefill_token_us,
                           self.cost.decode_base_us, self.cost.per_decode_row_us])
+        keep = np.ones(len(y), dtype=bool)
         beta = self._solve(x, y, prior)
-        residual = np.abs(x @ beta - y)
-        spread = float(np.median(residual))
-        if spread > 0:
-            keep = residual <= self._clip * spread
-            if keep.sum() >= 4 and not keep.all():
-                beta = self._solve(x[keep], y[keep], prior)
+        floor = _RESIDUAL_FLOOR * float(np.median(y))  # never an outlier: timer noise
+        for _ in range(_CLIP_ROUNDS):
+            residual = np.abs(x @ beta - y)
+            spread = float(np.median(residual[keep]))
+            trimmed = residual <= max(self._clip * spread, floor)
+            if trimmed.sum() < 4 or np.array_equal(trimmed, keep):
+                break
+            keep = trimmed
+            beta = self._solve(x[keep], y[keep], prior)
         beta = np.maximum(beta, 0.0)
         self.cost = StepCost(base_us=float(beta[0]), per_prefill_token_us=float(beta[1]),
                              decode_base_us=float(beta[2]), per_decode_row_us=float(beta[3]))
@@ -71,9 +77,22 @@ class StepCostFitter:
 
     @staticmethod
     def _solve(x: Any, y: Any, prior: Any) -> Any:
-        scale = np.maximum((x * x).sum(axis=0), 1.0) * _PRIOR_WEIGHT
-        gram = x.T @ x + np.diag(scale)
-        return np.linalg.solve(gram, x.T @ y + scale * prior)
+        """Ridge toward `prior`, with every coefficient >= 0: one that comes out negative is
+        held at 0 and the others solved again (so the prediction stays a fit of the data)."""
+        free = np.ones(x.shape[1], dtype=bool)
+        beta = np.zeros(x.shape[1])
+        for _ in range(x.shape[1]):
+            xf = x[:, free]
+            scale = np.maximum((xf * xf).sum(axis=0), 1.0) * _PRIOR_WEIGHT
+            gram = xf.T @ xf + np.diag(scale)
+            beta = np.zeros(x.shape[1])
+            beta[free] = np.linalg.solve(gram, xf.T @ y + scale * prior[free])
+            negative = beta < 0
+            if not negative.any():
+                break
+            free &= ~negative
+            beta[negative] = 0.0
+        return beta
 
 
 class SlackFeed:
