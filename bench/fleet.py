@@ -15,15 +15,19 @@ each with the bench model's vocabulary), every request a group's prefix then `--
 of its own, groups drawn uniformly at random (seeded), `--concurrency` clients each sending its
 next request when the previous one ends, streamed, greedy, `--max-tokens` tokens with
 `ignore_eos`. Each replica keeps `--prefix-holders` resident prefixes of at most
-`--prefix-cache-tokens` tokens in all, so with the defaults one replica holds half of the
-groups: a policy that spreads every group over all replicas evicts, one that keeps a group on
-one replica hits.
+`--prefix-cache-tokens` tokens in all, so with the defaults one replica holds at most half of
+the groups (fewer: every finished request is kept as a holder of its own, its whole key, so
+requests of one group occupy several holders): a policy that spreads every group over all
+replicas evicts, one that keeps a group on one replica hits.
 
 Reported per policy: the aggregate prefix hit rate (prompt tokens restored from a replica's
 prefix store / prompt tokens of admitted requests, summed over the replicas' `vllm:` counters),
 the prompt tokens prefilled (computed, not restored), TTFT p50/p99 seen by the clients
 (through the router), output tokens/s over the run, and how the requests were spread over the
-replicas. `--markdown` prints the table BENCHMARKS.md carries.
+replicas. `--markdown` prints the table BENCHMARKS.md carries. `--trace` adds, per policy,
+counts read from the replicas' KV events (bench/fleet_trace.py): where each request's prefix
+was resident when it was sent, how sticky the routing kept groups, how many groups each
+replica held.
 """
 from __future__ import annotations
 

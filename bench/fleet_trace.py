@@ -15,14 +15,19 @@ moment and reports, counts only (no timings):
   most of them went to (1.0: every group kept to one replica, a partition of the groups);
 * how many distinct groups each replica held, averaged over the requests' send times, against
   its holder count: every finished request is kept as a holder of its own (its whole key), so
-  requests of one group occupy several holders and a replica holds fewer groups than holders.
+  requests of one group occupy several holders and a replica holds fewer groups than holders;
+* what share of requests could hit at best, by a model of those holders (least recently used
+  out, one holder per finished request, requests one at a time) replayed on the same request
+  sequence, for round robin and for a partition of the groups over the replicas (each group
+  always on one replica: what a perfectly sticky prefix-aware router does).
 """
 from __future__ import annotations
 
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from collections import OrderedDict
+from typing import Any, Callable, Optional
 
 from skippy_scheduler.serve.kv_events import chain, wire_hash
 
@@ -102,6 +107,7 @@ def analyse(recorder: EventRecorder, tokens: list[list[int]], groups: list[int],
     """The counts described in the module docstring; `tokens[i]`, `groups[i]`, `sent[i]` are
     request i's prompt token ids, group and send time (None: never sent)."""
     seed = "0"
+    n = len(recorder.replicas)
     last_prefix = prefix_tokens // block - 1  # the last full block inside the shared prefix
     stored = [r.stored() for r in recorder.replicas]
     served: list[Optional[int]] = []
@@ -138,6 +144,9 @@ def analyse(recorder: EventRecorder, tokens: list[list[int]], groups: list[int],
         "prefix_at_send": where,
         "groups_resident_mean": [sum(d) / len(d) if d else 0.0 for d in distinct],
         "holders_per_replica": holders,
+        "modelled_hit_share": {
+            "round_robin": store_model(groups, holders, lambda i, g: i % n),
+            "partition": store_model(groups, holders, lambda i, g: g % n)},
     }
 
 
@@ -150,3 +159,21 @@ def stickiness(served: list[Optional[int]], groups: list[int]) -> float:
     placed = sum(len(v) for v in by_group.values())
     top = sum(max(v.count(r) for r in set(v)) for v in by_group.values())
     return top / placed if placed else 0.0
+
+
+def store_model(groups: list[int], holders: int, assign: Callable[[int, int], int]) -> float:
+    """The share of requests that find their group resident on the replica `assign(i, group)`
+    sends them to, when each replica keeps its last `holders` finished requests (a hit
+    refreshes the holder it used)."""
+    stores: dict[int, OrderedDict[int, int]] = {}
+    hits = 0
+    for i, g in enumerate(groups):
+        kept = stores.setdefault(assign(i, g), OrderedDict())
+        same = [k for k, v in kept.items() if v == g]
+        if same:
+            hits += 1
+            kept.move_to_end(same[-1])
+        kept[i] = g
+        while len(kept) > holders:
+            kept.popitem(last=False)
+    return hits / len(groups) if groups else 0.0

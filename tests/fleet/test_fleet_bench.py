@@ -55,3 +55,14 @@ def test_the_trace_rebuilds_residency_and_stickiness_from_events():
     assert rep.stored() == {1, 2, 5}
     # group 0: replicas 0, 0, 1; group 1: replica 1 twice; one request not placed
     assert stickiness([0, 0, 1, 1, 1, None], [0, 0, 0, 1, 1, 1]) == 4 / 5
+
+
+def test_the_store_model_counts_hits_of_the_last_holders():
+    from fleet_trace import store_model
+
+    # one replica, two holders: a b a (hit; now two holders of a, b out) c (one a out) b (miss,
+    # the other a out) a (miss): the repeated group filled both holders
+    groups = [0, 1, 0, 2, 1, 0]
+    assert store_model(groups, 2, lambda i, g: 0) == 1 / 6
+    # two replicas by group: every repeat hits
+    assert store_model(groups, 2, lambda i, g: g % 2) == 3 / 6
