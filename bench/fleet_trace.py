@@ -9,8 +9,9 @@ moment and reports, counts only (no timings):
   suffix blocks when its holder was kept (each request's suffix is its own, so that block is
   announced by the replica that ran it and by no other);
 * for each request, where its group's prefix was resident when it was sent: on the replica
-  that served it (a hit is possible), only on another (the policy sent it elsewhere), or on
-  none (no routing could have made it hit);
+  that served it (a hit is possible), only on another (the policy sent it elsewhere; "fresh"
+  when that replica's announcement was under 0.1 s old, so the router may not have seen it),
+  or on none (no routing could have made it hit);
 * how sticky the routing was: the share of each group's requests that went to the replica
   most of them went to (1.0: every group kept to one replica, a partition of the groups);
 * how many distinct groups each replica held, averaged over the requests' send times, against
@@ -32,23 +33,28 @@ from typing import Any, Callable, Optional
 from skippy_scheduler.serve.kv_events import chain, wire_hash
 
 
+FRESH_S = 0.1  # an announcement younger than this may not have reached the router
+
+
 @dataclass
 class ReplicaEvents:
     """The batches one replica published: (perf_counter at arrival, events)."""
 
     batches: list[tuple[float, list[dict[str, Any]]]] = field(default_factory=list)
 
-    def resident_at(self, t: float) -> set[int]:
-        blocks: set[int] = set()
+    def resident_at(self, t: float) -> dict[int, float]:
+        """The blocks resident at time `t`, each with the time its BlockStored arrived."""
+        blocks: dict[int, float] = {}
         for at, events in self.batches:
             if at > t:
                 break
             for e in events:
                 kind = e.get("type")
                 if kind == "BlockStored":
-                    blocks.update(e["block_hashes"])
+                    blocks.update((h, at) for h in e["block_hashes"] if h not in blocks)
                 elif kind == "BlockRemoved":
-                    blocks.difference_update(e["block_hashes"])
+                    for h in e["block_hashes"]:
+                        blocks.pop(h, None)
                 elif kind == "AllBlocksCleared":
                     blocks.clear()
         return blocks
@@ -111,7 +117,8 @@ def analyse(recorder: EventRecorder, tokens: list[list[int]], groups: list[int],
     last_prefix = prefix_tokens // block - 1  # the last full block inside the shared prefix
     stored = [r.stored() for r in recorder.replicas]
     served: list[Optional[int]] = []
-    where = {"on_served": 0, "only_elsewhere": 0, "nowhere": 0, "unknown": 0}
+    where = {"on_served": 0, "only_elsewhere": 0, "only_elsewhere_fresh": 0, "nowhere": 0,
+             "unknown": 0}
     distinct: list[list[int]] = [[] for _ in recorder.replicas]
     group_last = {}  # group -> the hash of its prefix's last full block
     for ids, g in zip(tokens, groups):
@@ -134,6 +141,9 @@ def analyse(recorder: EventRecorder, tokens: list[list[int]], groups: list[int],
             where["on_served"] += 1
         elif holding:
             where["only_elsewhere"] += 1
+            # Announced less than FRESH_S before the send: the router may not have had it yet.
+            if min(t - resident[r][hashes[last_prefix]] for r in holding) < FRESH_S:
+                where["only_elsewhere_fresh"] += 1
         else:
             where["nowhere"] += 1
         for r, blocks in enumerate(resident):

@@ -48,10 +48,10 @@ def test_the_trace_rebuilds_residency_and_stickiness_from_events():
                          (2.0, [{"type": "BlockRemoved", "block_hashes": [2]}]),
                          (3.0, [{"type": "AllBlocksCleared"},
                                 {"type": "BlockStored", "block_hashes": [5]}])])
-    assert rep.resident_at(0.5) == set()
-    assert rep.resident_at(1.5) == {1, 2}
-    assert rep.resident_at(2.5) == {1}
-    assert rep.resident_at(9.0) == {5}
+    assert rep.resident_at(0.5) == {}
+    assert rep.resident_at(1.5) == {1: 1.0, 2: 1.0}
+    assert rep.resident_at(2.5) == {1: 1.0}
+    assert rep.resident_at(9.0) == {5: 3.0}
     assert rep.stored() == {1, 2, 5}
     # group 0: replicas 0, 0, 1; group 1: replica 1 twice; one request not placed
     assert stickiness([0, 0, 1, 1, 1, None], [0, 0, 0, 1, 1, 1]) == 4 / 5
