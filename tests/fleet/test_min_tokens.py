@@ -151,3 +151,26 @@ def test_render_carries_min_tokens(replica):
                    json={"prompt": PROMPT, "max_tokens": MAX, "min_tokens": 5})
     assert r.status_code == 200, r.text
     assert r.json()[0]["sampling_params"]["min_tokens"] == 5
+
+
+def test_the_stop_matcher_skips_matches_that_end_in_held_text():
+    from skippy_scheduler.serve.text import StopMatcher
+
+    def run(pieces, held, stops):
+        m = StopMatcher(stops)
+        out = []
+        for piece, h in zip(pieces, held):
+            text, stopped = m.push(piece, held=h)
+            out.append(text)
+            if stopped:
+                return "".join(out), m.matched
+        return "".join(out) + m.flush(), None
+
+    # "ab" wholly inside the held text: not a stop; the later one is
+    assert run(["xab", "c", "ab"], [True, False, False], ["ab"]) == ("xabc", "ab")
+    # begins in held text, ends after it: a stop (the text before it is what is sent)
+    assert run(["xa", "b", "zz"], [True, False, False], ["ab"]) == ("x", "ab")
+    # a shorter stop inside a held-back longer one's prefix stays held
+    assert run(["yx", "q"], [True, False], ["x", "yxz"]) == ("yxq", None)
+    # nothing held: the first match stops, as before
+    assert run(["xab", "c"], [False, False], ["ab"]) == ("x", "ab")
