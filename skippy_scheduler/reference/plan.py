@@ -25,7 +25,7 @@ class Flight:
     `tenant` is whose service it is."""
 
     __slots__ = ("epoch", "pending", "source", "request", "tenant", "priority_preempted_at",
-                 "planned")
+                 "last_token_us", "planned")
 
     def __init__(self, epoch: int, tenant: Hashable = None) -> None:
         self.epoch = epoch
@@ -37,6 +37,8 @@ class Flight:
         self.planned: Optional[int] = None
         # The plan step of its last preemption for priority (§2.8a), None if none.
         self.priority_preempted_at: Optional[int] = None
+        # The scheduler clock (µs) at its last token, or at its admission (§2.13).
+        self.last_token_us = 0.0
 
 
 class RowUndo:
@@ -128,7 +130,7 @@ class TwinPlan:
         self.deferred_source_indexes = np.array([d[2] for d in table], dtype=np.uintp)
         # Scheduler-private: how to undo each row, and the planner counters before this plan.
         self._undo: list[RowUndo] = []
-        self._counters: tuple[int, int] = (0, 0)
+        self._counters: tuple[int, int, int] = (0, 0, 0)
         self._live_list: list[TwinPlan] | None = None  # the scheduler's live plans, when made
 
     @property
