@@ -40,9 +40,10 @@ def _server(model4, stage_dir, **kw) -> Server:
     return srv
 
 
-@pytest.fixture(scope="module")
-def server(model4, splits):
-    srv = _server(model4, splits[2])
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-plan", "pipelined"])
+def server(request, model4, splits):
+    """Two stages; one plan in flight, or two on disjoint groups (`--inflight 2`)."""
+    srv = _server(model4, splits[2], inflight=request.param)
     yield srv
     srv.shutdown()
 
@@ -88,6 +89,8 @@ def test_greedy_completions_on_two_stages_equal_the_prompt_run_alone(server, uns
             model="tiny4-f32", max_tokens=8, **GREEDY,
             messages=[{"role": "user", "content": "hello"}])
         assert chat.choices[0].finish_reason in ("length", "stop")
+    if server.settings.inflight > 1:
+        assert server.host.most_in_flight == 2  # both stages had a plan at once
     state = wait_idle(server)
     assert is_idle(state, server.host.n_seq_max), state
     server.host.sync()
