@@ -11,9 +11,8 @@ behind `skippy-scheduler serve`, the transport's cost per plan, and the closed f
   its P workers (one llama.cpp thread each, `--threads`), and bench/serve_load.py's closed-loop
   client sends `--requests` streamed greedy completions from `--concurrency` clients. With
   `--pipeline` (default both: `on,off`) the server keeps P plans in flight on disjoint groups
-  of sequences (`--inflight P`), or one (`--inflight 1`: the stages take turns). Staged
-  serving samples greedily only, so requests do not send `ignore_eos` and may end early
-  (`short_outputs` counts them; tokens/s counts what was generated).
+  of sequences (`--inflight P`), or one (`--inflight 1`: the stages take turns). Requests are
+  greedy with `ignore_eos`, as in serve_load's comparison (the last stage samples).
 - **transport**: a plan frame, its activation header and `rows x n_embd` float32 activations,
   encoded, sent over a pyzmq PUSH/PULL pair on ipc and on tcp loopback, received and decoded
   (the stage worker's path without the model), `--transport-iters` times per size: µs per
@@ -112,7 +111,7 @@ def load_runs(args: argparse.Namespace, work: str) -> list[dict]:
                     concurrency=args.concurrency, requests=args.requests,
                     prompt_tokens=args.prompt_tokens, shared_prefix=args.prompt_tokens // 2,
                     shared_fraction=0.0, max_tokens=args.max_tokens, seed=args.seed,
-                    timeout=args.timeout, token_ids=True, extra={"ignore_eos": False},
+                    timeout=args.timeout, token_ids=True, extra={},
                     warmup=True)
                 result = asyncio.run(run_load(load))
             finally:

@@ -126,10 +126,10 @@ class StageChannel:
                 self.terminal[failed] = ("err", f"stage {body.get('index')} failed on step "
                                                 f"{failed}: {body.get('message')}")
             return True
-        if kind == b"err" and body.get("kind") == "mem":
+        if kind == b"err" and body.get("kind") in ("mem", "samp"):
             self.mem_pending.discard(body.get("tag"))
-            self.chain_errors.append(f"stage {body.get('index')} failed running memory "
-                                   f"operations: {body.get('message')}")
+            self.chain_errors.append(f"stage {body.get('index')} failed on a {body['kind']} "
+                                     f"message: {body.get('message')}")
             return True
         return False
 

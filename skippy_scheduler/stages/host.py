@@ -23,12 +23,14 @@ so the engine aborts those plans and the scheduler undoes their rows too.
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import json
 from collections import defaultdict, deque
 from typing import Any, Optional, Sequence as _Seq
 
 from ..engine.contract import HostState
+from ..hosts.llama.samplers import Samplers
 from ..types import ReleaseReason
 
 import numpy as np
@@ -73,6 +75,9 @@ class StageHost(StageChannel):
             self.close()
             raise
         self.n_vocab = self._vocab.n_vocab
+        # Sampling parameters are checked here and sent to the last stage, which samples.
+        self._resolver = Samplers(self.n_vocab, self._vocab.eog, self._vocab.eog_ids)
+        self.stage_samplers: list[int] = []  # sampler chains per stage, as last asked (held)
         self.n_ctx_seq = n_ctx // n_seq_max  # a lane's share of the cells (the server's bound)
         self.settings = {
             "stages": len(self.stages), "stage_addresses": self.addresses,
@@ -190,10 +195,6 @@ class StageHost(StageChannel):
         ids = list(plan.sequence_ids)
         if len(set(ids)) != len(ids):
             raise ValueError("a sequence appears in more than one row of the plan")
-        for w in getattr(plan, "work", None) or []:
-            if getattr(w, "sampling", None) is not None:
-                raise ValueError("staged serving samples greedily only (Sequence.sampling must "
-                                 "be None)")
         starts = positions[offsets[:-1]].tolist()
         flagged = getattr(plan, "new_rows", None)
         new = [r for r, i in enumerate(ids)
@@ -202,6 +203,7 @@ class StageHost(StageChannel):
             raise RuntimeError(f"{len(new)} new sequences but {len(self._free)} free lanes "
                                f"(n_seq_max={self.n_seq_max})")
         restore = self._restores(plan, new)
+        sampling = self._sampling(plan, new)
         for r, (seq, start) in enumerate(zip(ids, starts)):
             if r in restore:
                 have = self._holders.length(restore[r]) if self._holders is not None else 0
@@ -235,6 +237,9 @@ class StageHost(StageChannel):
                 heapq.heappush(self._free, self._slot.pop(ids[r]))
             raise
         released, self._pending_release = self._pending_release, []
+        if sampling:  # every new row's sampling, ahead of the plan (the last stage keeps it)
+            self._send_chain(b"samp", {"step": step, "lanes": {
+                str(int(lanes[r])): sampling.get(r) for r in new}})
         self._out[0].send_multipart([b"plan", frame], copy=False)
         lane_list = lanes.tolist()
         flight = Flight(plan, step, ids, lanes, [self._gen[x] for x in lane_list], starts, new,
@@ -336,6 +341,18 @@ class StageHost(StageChannel):
         return {r: int(work[r].restore_holder) for r in new
                 if getattr(work[r], "restore_holder", None) is not None}
 
+    def _sampling(self, plan: Any, new: list[int]) -> dict[int, dict[str, Any]]:
+        """Row -> sampling parameters of every new row that does not sample plain greedy."""
+        if not new:
+            return {}
+        work = plan.work
+        out = {}
+        for r in new:
+            params = self._resolver.resolve(getattr(work[r], "sampling", None))
+            if params is not None:
+                out[r] = dataclasses.asdict(params)
+        return out
+
     def _undo(self, f: Flight, stages: bool) -> None:
         """Put the driver (and, with `stages`, every stage) back where `f` found them."""
         new_set, fresh = set(f.new), set(f.fresh)
@@ -390,11 +407,9 @@ class StageHost(StageChannel):
         return self._holders
 
     def prepare_sequence(self, sequence: Any) -> Any:
-        """Refuse at submit, before anything is queued, what the stages cannot serve."""
-        if getattr(sequence, "sampling", None) is not None:
-            raise ValueError("staged serving samples greedily only: this model's stages have "
-                             "no per-request samplers (use temperature 0 and no penalties, "
-                             "bias or ignore_eos)")
+        """Refuse at submit, before anything is queued, sampling the model cannot do (a bias
+        on a token outside the vocabulary)."""
+        self._resolver.resolve(getattr(sequence, "sampling", None))
         return sequence
 
     # ------------------------------------------------------------------ inspection
@@ -420,8 +435,9 @@ class StageHost(StageChannel):
             self._quiesce("waiting for the plans in flight")
         self._broadcast(b"held", {})
         top = self.n_seq_max + (self.prefix_holders if holders else 0)
-        return [{int(k): v for k, v in r["lanes"].items() if int(k) < top}
-                for r in self._collect(b"held", "asking what is held")]
+        replies = self._collect(b"held", "asking what is held")
+        self.stage_samplers = [int(r.get("samplers", 0)) for r in replies]
+        return [{int(k): v for k, v in r["lanes"].items() if int(k) < top} for r in replies]
 
     @property
     def active_sequences(self) -> list[str]:
@@ -449,7 +465,8 @@ class StageHost(StageChannel):
         return HostState(
             lanes=self.n_seq_max, free_lanes=len(self._free), active=tuple(self._slot),
             kv_tokens=sum(self._next_pos[lane] for lane in self._slot.values()),
-            kv_capacity=self.n_ctx, lane_positions=positions)
+            kv_capacity=self.n_ctx, lane_positions=positions,
+            samplers=sum(self.stage_samplers) if detail else 0)
 
     def close(self) -> None:
         self.close_channel()

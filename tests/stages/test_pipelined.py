@@ -133,3 +133,54 @@ def test_pipelined_prefix_reuse_gives_the_unsplit_tokens(splits, model4, alone):
             assert host.most_in_flight == 2
             kept = host.held(holders=True)
             assert kept == [kept[0]] * 2  # both stages hold the same prefixes
+
+
+@pytest.mark.parametrize("impl", [Scheduler, TwinScheduler], ids=["native", "twin"])
+def test_sampled_sequences_on_pipelined_stages_equal_their_alone_runs(impl, piped, unsplit):
+    """Seeded sampling on the last stage (temperature, top-k/p, penalties, ignore_eos), with
+    preemption and recompute and P plans in flight: every request's tokens are the unsplit
+    model's alone run with the same sampling."""
+    import random
+
+    from skippy_scheduler.sampling import SamplingParams
+
+    rng = random.Random(7)
+    preempted = 0
+    for trial in range(3):
+        requests = []
+        for i in range(6):
+            prompt = [1] + [rng.randrange(3, 384) for _ in range(rng.randrange(2, 40))]
+            params = rng.choice([
+                SamplingParams(temperature=rng.uniform(0.6, 1.3), seed=rng.randrange(1 << 32)),
+                SamplingParams(temperature=0.8, top_k=12, top_p=0.9, seed=rng.randrange(100),
+                               presence_penalty=0.4, repetition_penalty=1.1),
+                SamplingParams(temperature=0.0, ignore_eos=True),
+                None])
+            requests.append(Request(f"t{trial}-{i}", prompt, rng.randrange(2, MAX_GEN + 1),
+                                    sampling=params, arrival_us=i * 400.0))
+        scheduler = impl(SchedulerConfig(max_active_sequences=4, max_tokens_per_iteration=32,
+                                         prefill_chunk_tokens=8, mixed_prefill_decode=True,
+                                         memory_components=[MemoryComponent("kv", 10**9, 0, 1,
+                                                                            0)],
+                                         **_pipelined(piped)))
+
+        def pressure(engine):
+            nonlocal preempted
+            if rng.random() < 0.1:
+                preempted += len(engine.preempt([10**9 + 1]))
+                engine.preempt([0])
+
+        engine = Engine(scheduler, piped, clock=VirtualClock(CostModel()), before_step=pressure,
+                        max_iterations=3000)
+        engine.add_requests(requests)
+        report = engine.run()
+        for req, rec in zip(requests, report.records):
+            want = unsplit.generate_alone(list(req.prompt_tokens), req.max_tokens, req.sampling)
+            if rec.finish_reason == "stop":
+                assert unsplit.is_eog(want[-1]), (req.id, want)
+                want = want[:-1]
+            else:
+                assert rec.finish_reason == "length", (req.id, rec.finish_reason)
+            assert rec.tokens == want, (req.id, req.sampling)
+        assert piped.host_state(detail=True).samplers == 0  # every chain went with its request
+    assert preempted > 0

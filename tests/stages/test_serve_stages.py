@@ -25,6 +25,7 @@ import httpx  # noqa: E402
 import openai  # noqa: E402
 from serve_support import Spawned, alone, wait_idle, is_idle  # noqa: E402  (tests/support)
 
+from skippy_scheduler.sampling import SamplingParams  # noqa: E402
 from skippy_scheduler.serve import Server, ServeSettings  # noqa: E402
 
 LANES = 4
@@ -98,14 +99,35 @@ def test_greedy_completions_on_two_stages_equal_the_prompt_run_alone(server, uns
     assert httpx.get(server.url + "/health").status_code == 200
 
 
-def test_a_sampled_request_is_refused_before_it_is_queued(server):
+def test_sampled_requests_on_stages_equal_their_alone_runs(server, unsplit):
+    """The last stage samples with the request's own chain: a seeded request (temperature,
+    top_k, a penalty, a bias) and `ignore_eos` give the unsplit model's alone tokens with the
+    same sampling; a bias on a token outside the vocabulary is a 400 before it is queued."""
+    cases = [
+        ({"temperature": 0.9, "seed": 11}, SamplingParams(temperature=0.9, seed=11)),
+        ({"temperature": 0.7, "seed": 5, "top_k": 20, "frequency_penalty": 0.5,
+          "logit_bias": {"7": 3.0}},
+         SamplingParams(temperature=0.7, seed=5, top_k=20, frequency_penalty=0.5,
+                        logit_bias={7: 3.0})),
+        ({"temperature": 0, "ignore_eos": True}, SamplingParams(temperature=0.0, ignore_eos=True)),
+    ]
+    prompts = _prompts(len(cases) * 2, seed=21)
     with _client(server) as client:
-        with pytest.raises(openai.BadRequestError, match="greedily"):
+        def one(job):
+            (body, _), prompt = job
+            r = client.completions.create(model="tiny4-f32", prompt=prompt, max_tokens=20,
+                                          extra_body={"return_token_ids": True, **body})
+            return _ids(r.choices[0])
+        jobs = [(cases[i % len(cases)], p) for i, p in enumerate(prompts)]
+        with ThreadPoolExecutor(len(jobs)) as pool:  # batched together on the stages
+            got = list(pool.map(one, jobs))
+        for ((_, params), prompt), ids in zip(jobs, got):
+            assert ids == alone(unsplit, prompt, 20, params), (params, prompt)
+        with pytest.raises(openai.BadRequestError, match="logit_bias"):
             client.completions.create(model="tiny4-f32", prompt=[1, 5, 6], max_tokens=4,
-                                      temperature=0.8)
-        r = client.completions.create(model="tiny4-f32", prompt=[1, 5, 6], max_tokens=4, **GREEDY)
-        assert r.choices[0].finish_reason in ("length", "stop")
-    assert is_idle(wait_idle(server), server.host.n_seq_max)
+                                      temperature=0.8, logit_bias={"99999": 1.0})
+    state = wait_idle(server)
+    assert is_idle(state, server.host.n_seq_max), state  # no sampler chain is left either
 
 
 def test_a_killed_stage_fails_the_open_requests_and_later_ones_get_503(model4, splits,
