@@ -37,7 +37,8 @@ _SUITE_OR_TRACE = {"policy": "--policy", "plot": "--plot",
                    "--max-num-batched-tokens", "prefill_chunk": "--prefill-chunk",
                    "kv_capacity_tokens": "--kv-capacity-tokens",
                    "reserve_output_tokens": "--reserve-output-tokens",
-                   "ttft_target_ms": "--ttft-target-ms", "itl_target_ms": "--itl-target-ms"}
+                   "ttft_target_ms": "--ttft-target-ms", "itl_target_ms": "--itl-target-ms",
+                   "slack": "--slack", "tails": "--tails"}
 _WORKLOAD_ONLY = {"requests": "--requests", "seed": "--seed", "rate": "--rate",
                   "families": "--families", "family_share": "--family-share",
                   "priority_share": "--priority-share", "priority_scenario": "--priority-scenario"}
@@ -134,6 +135,15 @@ def register(subparsers: Any) -> None:
             ("--itl-target-ms", float, "MS", "goodput target for a request's mean inter-token "
              f"gap (default: {d.itl_target_ms:g} " + both.format(f"{r.itl_target_ms:g}"))):
         o.add_argument(flag, type=kind, default=None, metavar=metavar, help=text)
+    o.add_argument("--slack", action="store_true", default=None,
+                   help="run the slack-sized planning rule (docs/behaviour.md §2.13; its "
+                        "inter-token target is --itl-target-ms): with --suite as a third mode "
+                        "beside phase and mixed, with --trace instead of the mixed rule; "
+                        "implies --tails")
+    o.add_argument("--tails", action="store_true", default=None,
+                   help="after the table, print the tails: max inter-token gap and stalls "
+                        "(gaps above --itl-target-ms) per request and per tenant (--trace) or "
+                        "priority class (--suite); --json then holds them too")
     o.add_argument("--plot", metavar="DIR",
                    help="write PNG plots of the suite or replay into DIR (needs matplotlib)")
 
@@ -229,9 +239,10 @@ def _modes(args: argparse.Namespace) -> list[str] | None:
         raise CommandError("--mode is the old spelling of --mixed/--no-mixed: give one")
     if old is not None:
         return list(old)
+    slack = bool(getattr(args, "slack", None))
     if args.mixed is None:
-        return None
-    return ["mixed" if args.mixed else "phase"]
+        return ["slack"] if slack and args.trace else None
+    return ["mixed" if args.mixed else "phase"] + (["slack"] if slack else [])
 
 
 def run(args: argparse.Namespace) -> int:

@@ -116,6 +116,7 @@ class LabHost(CostModelHost):
         self._records = 0
         # Per-request figures in submission order.
         self.output_len: list[int] = []
+        self.tenant_of: list[int] = []  # each request's tenant index, by submission
         self.restored: list[int] = []  # tokens restored at first admission
         self.admit_time: list[float] = []
         self.admit_restore: list[int] = []
@@ -142,6 +143,7 @@ class LabHost(CostModelHost):
         self._records += 1
         self.live[live.id] = live
         self.output_len.append(live.out)
+        self.tenant_of.append(live.tenant)
         self.restored.append(0)
         if tenants.fair_share is not None:
             seq.with_tenant(tenants.names[live.tenant])
