@@ -233,6 +233,13 @@ class LlamaHost(DirectRows):
         self._require_open()
         return self.tokenizer.token_bytes(token, special=special)
 
+    def check_grammar(self, grammar: str) -> None:
+        """ValueError unless llama.cpp's grammar sampler parses `grammar` (GBNF, root rule
+        `root`); reads only the vocabulary: safe from any thread."""
+        self._require_open()
+        assert self._samplers is not None
+        self._samplers.check_grammar(grammar)
+
     def chat_template(self) -> str | None:
         self._require_open()
         return self.tokenizer.chat_template()
