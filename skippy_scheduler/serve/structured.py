@@ -66,14 +66,41 @@ def grammar_of(value: Any) -> Optional[str]:
     return convert(schema)
 
 
+# Keywords the converter passes over without enforcing them: an output could break them, so a
+# schema that uses one is refused (naming where) rather than answered with invalid output.
+UNENFORCED = frozenset({
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+    "minProperties", "maxProperties", "uniqueItems", "not", "contains", "minContains",
+    "maxContains", "patternProperties", "propertyNames", "dependentRequired",
+    "dependentSchemas", "dependencies", "if", "then", "else", "unevaluatedProperties",
+    "unevaluatedItems"})
+
+
 def convert(schema: dict[str, Any]) -> str:
-    """`schema` as GBNF, or a 400 naming the part the converter fails on."""
+    """`schema` as GBNF, or a 400 naming the part the converter fails on or would not
+    enforce."""
+    _check_enforced(schema, ())
     failure = _failure(schema)
     if failure is None:
         return _convert(schema)
     path, message = _deepest(schema, (), failure)
-    where = _SCHEMA_PATH + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
+    where = _where(path)
     raise RequestError(f"'{where}' cannot be turned into a grammar: {message}", param=where)
+
+
+def _where(path: tuple[Any, ...]) -> str:
+    return _SCHEMA_PATH + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
+
+
+def _check_enforced(schema: Any, path: tuple[Any, ...]) -> None:
+    if not isinstance(schema, dict):
+        return
+    for key in sorted(UNENFORCED & set(schema)):
+        where = _where(path + (key,))
+        raise RequestError(f"'{where}': the grammar cannot enforce '{key}', so an output could "
+                           "break it; leave it out of the schema", param=where)
+    for sub_path, sub in _children(schema):
+        _check_enforced(sub, path + sub_path)
 
 
 def _convert(schema: dict[str, Any]) -> str:

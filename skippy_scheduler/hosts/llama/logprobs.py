@@ -59,7 +59,10 @@ class PromptLogprobs:
 
     def wants(self, start: int, stop: int) -> bool:
         """Whether a row over positions [start, stop) needs its entries' logits."""
-        return not self.done and start < self.end - 1 and stop > start
+        if self.done or stop <= start:
+            return False
+        waiting = self.pending is not None and self.pending[0] + 1 == start
+        return start < self.end - 1 or (waiting and start < self.end)
 
     def restart(self, start: int) -> None:
         """The sequence's row starts at `start` (a new lane, a replay): what was collected past
