@@ -157,7 +157,7 @@ class SamplerChain:
             self.fed = min(self.fed, start)
             return
         else:
-            kept_generated = generated
+            kept_generated = (generated or [])[:max(start - self.prompt_length, 0)]
         kept = self.history[:start] if self.history is not None else None
         self.free()
         self._build()
