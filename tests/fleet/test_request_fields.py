@@ -52,15 +52,15 @@ def test_an_unknown_field_is_ignored_with_a_warning_and_refused_by_a_strict_serv
 
 
 @pytest.mark.parametrize("path, extra, param", [
-    ("/v1/completions", {"best_of": 2}, "best_of"),
-    ("/v1/completions", {"echo": True}, "echo"),
+    ("/v1/completions", {"best_of": 2, "stream": True}, "best_of"),
+    ("/v1/completions", {"echo": "yes"}, "echo"),
     ("/v1/chat/completions", {"echo": True}, "echo"),
     ("/v1/completions", {"no_stop_trim": True}, "no_stop_trim"),
     ("/v1/completions", {"return_hidden_states": True}, "return_hidden_states"),
     ("/v1/completions", {"skip_special_tokens": False}, "skip_special_tokens"),
     ("/v1/completions", {"min_tokens": 3}, "min_tokens"),
     ("/v1/completions", {"guided_json": {"type": "object"}}, "guided_json"),
-    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("/v1/chat/completions", {"response_format": {"type": "grammar"}}, "response_format.type"),
     ("/v1/completions", {"n_predict": 3, "max_tokens": 4}, "n_predict"),
     ("/v1/completions", {"stop_token_ids": [-1]}, "stop_token_ids"),
     ("/v1/completions", {"include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),

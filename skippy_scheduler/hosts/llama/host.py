@@ -3,10 +3,11 @@
 Each plan becomes exactly one `llama_decode` call: the plan's flat token/position arena is
 copied into a batch whose buffers are numpy arrays owned by the host, every row's entries carry
 the lane of that row's sequence, and logits are requested only for the last entry of sampling
-rows. Predictions go back into the plan's output block as (work index, token) pairs, the same
-hand-off as the native ABI (docs/hosts.md). The host implements the engine's contract
-(engine/contract.py): `execute`, `release`, `execute_async`, `release_all`, `prefix_store`,
-`host_state`.
+rows (and the prompt rows of a sequence that asks for prompt log-probabilities). Predictions go
+back into the plan's output block as (work index, token) pairs, the same hand-off as the native
+ABI (docs/hosts.md). The host implements the engine's contract (engine/contract.py): `execute`,
+`release`, `execute_async`, `release_all`, `prefix_store`, `host_state`, `sample_details` (the
+log-probabilities a sequence's `SamplingParams.output` asked for, rows.py).
 
 The plan says where a sequence starts: at a new row (`plan.new_rows`) the host gives the
 sequence a lane, its sampler chain (`work[row].sampling`) and, when the row starts past 0, the
@@ -14,8 +15,9 @@ restored prefix (`work[row].restore_holder`, `plan.restored_tokens[row]`). Every
 continues a lane. Everything is checked before any state changes.
 
 The parts own their state: `Lanes` (which sequence holds which llama sequence id, positions),
-`Samplers` (per-lane sampler chains), `PrefixHolders` (resident prefixes and the store),
-`Tokenizer` (the vocabulary).
+`Samplers` (per-lane sampler chains, grammars, log-probabilities), `PrefixHolders` (resident
+prefixes and the store), `Forks` (choices of one prompt decoded once), `Tokenizer` (the
+vocabulary).
 
 Defaults favour exactness: f32 weights (the tiny model), f32 KV cache and flash attention off are
 the settings under which a sequence's greedy tokens do not depend on what it was batched with.
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -43,6 +45,7 @@ from .direct import DirectRows
 from .forks import Forks
 from .holders import PrefixHolders
 from .lanes import KvCells, Lanes, Start
+from .rows import RowDecoding
 from .samplers import Samplers
 from .tokenizer import Tokenizer
 
@@ -52,7 +55,7 @@ IntArray = npt.NDArray[np.integer[Any]]
 _KEPT_DETAILS = 8  # plans whose sample details wait to be taken (more are in flight at most)
 
 
-class LlamaHost(DirectRows):
+class LlamaHost(DirectRows, RowDecoding):
     """One llama.cpp model + context that executes scheduler plans (see module docstring)."""
 
     def __init__(
@@ -382,95 +385,6 @@ class LlamaHost(DirectRows):
         if self.holders is not None:
             self.holders.wrote(np.repeat(row_lanes, np.diff(offsets)), positions, tokens_in)
         return tokens, details
-
-    def _decode_rows(self, row_lanes: IntArray, offsets: IntArray, tokens_in: IntArray,
-                     positions: IntArray, sample_rows: IntArray, starts: list[int],
-                     ends: list[int], new_keys: dict[int, int | None],
-                     ) -> tuple[npt.NDArray[np.int32], dict[int, SampleDetail] | None]:
-        """Stage the rows that decode (a fork's followers do not, forks.py), flag the entries
-        whose logits are read (sampling rows' last, prompt rows' all), decode, sample, report."""
-        decoder = self._decoder
-        samplers = self._samplers
-        assert samplers is not None
-        if samplers.reporting:
-            for r in new_keys:
-                if starts[r] > 0:
-                    self._score_restored(int(row_lanes[r]), starts[r])
-        lens = np.diff(offsets)
-        lead = self._forks.leaders(row_lanes, offsets, tokens_in, starts, new_keys)
-        if lead is None:
-            n = int(offsets[-1])
-            decoder.tok[:n] = tokens_in
-            decoder.pos[:n] = positions
-            entry_lanes = np.repeat(row_lanes, lens)
-            first = offsets[:-1]
-        else:
-            kept = np.flatnonzero(lead == np.arange(len(lead)))
-            idx = np.concatenate([np.arange(offsets[r], offsets[r + 1]) for r in kept.tolist()])
-            n = len(idx)
-            decoder.tok[:n] = tokens_in[idx]
-            decoder.pos[:n] = positions[idx]
-            entry_lanes = np.repeat(row_lanes[kept], lens[kept])
-            first = np.zeros(len(lead), dtype=np.int64)
-            first[kept] = np.concatenate(([0], np.cumsum(lens[kept])[:-1]))
-            first = first[lead]
-        out_rows = first[sample_rows] + lens[sample_rows] - 1
-        flagged = out_rows
-        prompt_rows = []
-        if samplers.reporting:
-            for r, lane in enumerate(row_lanes.tolist()):
-                state = samplers.prompt_state(lane)
-                if state is not None and state.wants(starts[r], ends[r]):
-                    prompt_rows.append((r, state))
-            if prompt_rows:
-                extra = [np.arange(first[r], first[r] + lens[r]) for r, _ in prompt_rows]
-                flagged = np.concatenate([out_rows, *extra])
-        if flagged is not out_rows or lead is not None:
-            flagged = np.unique(flagged)
-        logits = decoder.decode(n, entry_lanes, flagged)
-        self.decoded_tokens += n
-        samplers.feed(row_lanes, offsets, tokens_in, positions)
-        for r, state in prompt_rows:
-            at = np.searchsorted(flagged, np.arange(first[r], first[r] + lens[r]))
-            state.take(starts[r], tokens_in[offsets[r]:offsets[r + 1]], logits[at])
-        if flagged is not out_rows:
-            logits = logits[np.searchsorted(flagged, out_rows)]
-        tokens: npt.NDArray[np.int32] = logits.argmax(axis=1).astype(np.int32)
-        samplers.pick(self._ctx, tokens, logits, row_lanes, sample_rows, out_rows, decoder.pos)
-        details = samplers.report(tokens, logits, row_lanes, sample_rows)
-        if lead is not None:
-            self._forks.copy(row_lanes, lead, starts, ends)
-        return tokens, details
-
-    def _score_restored(self, lane: int, start: int) -> None:
-        """A new sequence that asks for prompt log-probabilities was restored up to `start`: the
-        restored positions are decoded again on its lane (the logits they need were never
-        kept), so its prompt is reported whole; the scheduler still counts them restored."""
-        assert self._samplers is not None and self.holders is not None
-        state = self._samplers.prompt_state(lane)
-        if state is None or not state.wants(0, start):
-            return
-        prefix = self.holders.lane_tokens(lane, start)
-        self._lanes.cut(lane, 0)
-        decoder = self._decoder
-        for a in range(0, start, self.n_batch):
-            b = min(a + self.n_batch, start)
-            m = b - a
-            decoder.tok[:m] = prefix[a:b]
-            decoder.pos[:m] = np.arange(a, b, dtype=np.int32)
-            logits = decoder.decode(m, np.full(m, lane, dtype=np.int32),
-                                    np.arange(m, dtype=np.int64))
-            self.decoded_tokens += m
-            state.take(a, prefix[a:b], logits)
-        self._lanes.advance(lane, start)
-
-    def sample_details(self, plan: Plan) -> Mapping[int, SampleDetail] | None:
-        """What `execute(plan)` reported with its samples (`SampleDetail` by work index), once;
-        None when no sequence of the plan asked for any."""
-        if not self._details:
-            return None
-        kept = self._details.pop(id(plan), None)
-        return kept[1] if kept is not None and kept[0] is plan else None
 
     @property
     def shared_tokens(self) -> int:
