@@ -48,7 +48,8 @@ def _sampling(rng: random.Random, kind: int, prompt_length: int) -> SamplingPara
                           output=OutputOptions(logprobs=1, prompt_length=prompt_length))
 
 
-def test_reporting_and_constrained_sequences_match_alone_runs(host):
+@pytest.mark.parametrize("depth", [1, 2])
+def test_reporting_and_constrained_sequences_match_alone_runs(host, depth):
     preempted = shared = 0
     for seed in range(8):
         rng = random.Random(500 + seed)
@@ -64,7 +65,7 @@ def test_reporting_and_constrained_sequences_match_alone_runs(host):
                 requests.append(Request(f"s{i}.{j}", prompt, 24, arrival_us=0.0, sampling=s))
         scheduler = Scheduler(SchedulerConfig(
             max_active_sequences=N_SEQ, max_tokens_per_iteration=rng.choice([64, 512]),
-            prefill_chunk_tokens=rng.choice([5, 256]),
+            prefill_chunk_tokens=rng.choice([5, 256]), max_inflight_plans=depth,
             memory_components=[MemoryComponent("kv", KV_BYTES, 0, 1, 0)]))
 
         def pressure(engine):

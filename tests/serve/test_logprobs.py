@@ -178,3 +178,23 @@ def test_echo_on_a_restored_prefix_still_reports_the_whole_prompt(model_path, re
             assert is_idle(wait_idle(srv), srv.host.n_seq_max)
     finally:
         srv.shutdown()
+
+
+def test_plans_in_flight_report_the_same_logprobs(model_path, client):
+    """With two plans in flight (decode on the host's worker) every token keeps its own
+    figures: the details travel with the plan that sampled them."""
+    body = dict(model=MODEL, prompt=["in flight", "two plans at once"], max_tokens=8, seed=3,
+                logprobs=2, n=2, extra_body=SAMPLED)
+    want = client.completions.create(**body)
+    srv = start_server(model_path, inflight=2)
+    try:
+        with openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0,
+                           timeout=60) as c:
+            got = c.completions.create(**body)
+            assert is_idle(wait_idle(srv), srv.host.n_seq_max)
+    finally:
+        srv.shutdown()
+    for a, b in zip(want.choices, got.choices):
+        assert a.text == b.text and a.logprobs.tokens == b.logprobs.tokens
+        assert np.allclose(a.logprobs.token_logprobs, b.logprobs.token_logprobs, atol=TOL,
+                           rtol=0)
