@@ -258,7 +258,7 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         prefix = "cmpl" if gen.kind == "completion" else "chatcmpl"
         rid = f"{prefix}-{uuid.uuid4().hex}"
         subs = await _open_all(rid, gen, prompts, budgets, samplings)
-        for tokens in prompts:
+        for tokens in prompts[::n]:  # each prompt once, as usage counts it
             ctx.metrics.prompt_tokens.inc(len(tokens))
         # Usage counts each prompt once, as OpenAI does with n > 1.
         outs = [_Generation(ctx, sub, gen, len(tokens) if i % n == 0 else 0, index=i,

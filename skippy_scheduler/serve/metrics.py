@@ -68,7 +68,8 @@ class ServeMetrics:
         self.e2e = Histogram("skippy:e2e_request_latency_seconds",
                              "Time from arrival to the end of a request.",
                              buckets=_E2E_BUCKETS, registry=reg)
-        self.prompt_tokens = Counter("skippy:prompt_tokens", "Prompt tokens of admitted requests.",
+        self.prompt_tokens = Counter("skippy:prompt_tokens", "Prompt tokens of admitted requests "
+                                     "(once per prompt, whatever n or best_of).",
                                      registry=reg)
         self.generation_tokens = Counter("skippy:generation_tokens",
                                          "Tokens generated for clients.", registry=reg)

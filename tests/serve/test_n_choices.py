@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from serve_support import is_idle, wait_idle
+from serve_support import is_idle, metrics, wait_idle
 
 MODEL = "tiny-f32"
 SAMPLED = {"temperature": 0.9, "top_k": 40}
@@ -73,10 +73,12 @@ def test_n_choices_prefill_their_prompt_once(client, server):
                                            server.host.shared_tokens))
 
     decoded0, shared0 = counters()
+    counted0 = metrics(server.url)["skippy:prompt_tokens_total"]
     r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, n=3, seed=5,
                                   extra_body={"return_token_ids": True, **SAMPLED})
     wait_idle(server)
     decoded1, shared1 = counters()
+    assert metrics(server.url)["skippy:prompt_tokens_total"] - counted0 == len(prompt)
     generated = sum(len(_ids(c)) for c in r.choices)
     # One prefill of the prompt, then each choice's decode rows (its tokens but the last).
     assert shared1 - shared0 == 2 * len(prompt)
