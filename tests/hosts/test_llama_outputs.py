@@ -125,3 +125,18 @@ def test_logprobs_are_the_alone_runs_logits(host):
         assert [t for t, _ in event.detail.logprob.top] == np.argsort(-ref,
                                                                      kind="stable")[:3].tolist()
         seq.append(token)
+
+
+def test_a_grammar_llama_cpp_cannot_parse_fails_the_plan_before_any_state_changes(host):
+    bad = SamplingParams(temperature=0.0, output=OutputOptions(grammar="root ::= (",
+                                                               prompt_length=2))
+    good = SamplingParams(temperature=0.0, output=OutputOptions(logprobs=0, prompt_length=2))
+    with pytest.raises(ValueError, match="grammar"):
+        host.check_grammar("root ::= (")
+    engine = Engine(Scheduler(SchedulerConfig(max_active_sequences=2,
+                                              max_tokens_per_iteration=64)), host)
+    engine.submit(Request("ok", [1, 5], 3, sampling=good))
+    engine.submit(Request("bad", [1, 6], 3, sampling=bad))
+    with pytest.raises(ValueError, match="grammar"):
+        engine.run()
+    assert host.active_sequences == [] and host.host_state().samplers == 0

@@ -223,6 +223,9 @@ class Samplers:
             if token >= self.n_vocab:
                 raise ValueError(f"logit_bias names token {token}, outside [0, {self.n_vocab}) "
                                  "for this model")
+        output = sampling.output
+        if output is not None and output.grammar is not None:
+            self.check_grammar(output.grammar)  # before the plan changes any state
         if sampling.plain_greedy and not sampling.ignore_eos:
             return None
         return sampling
