@@ -43,7 +43,7 @@ from .errors import ClientGone, RequestError, internal, queue_full, unavailable
 from .generation import Generation as _Generation
 from .guard import HttpGuard
 from .metrics import CONTENT_TYPE, ServeMetrics
-from .protocol import GenerationRequest, parse_chat, parse_completion
+from .protocol import GenerationRequest, parse_chat, parse_completion, with_min_tokens
 from .runner import EngineRunner, EngineUnavailable, Subscription
 
 log = logging.getLogger("skippy_scheduler.serve")
@@ -250,6 +250,8 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
                  if gen.outputs.echo else [])
         prompts = [tokens for tokens in prompts for _ in range(n)]
         budgets = [_check_fit(ctx, gen, len(tokens), prompt_field) for tokens in prompts]
+        samplings = [with_min_tokens(gen, s, len(t), b)
+                     for s, t, b in zip(samplings, prompts, budgets)]
         if runner.open_subscriptions + len(prompts) > ctx.limits.capacity:
             # Every lane and waiting place is taken (the engine's own queue is sized to hold a
             # whole burst, so this is where the server's capacity is kept).

@@ -56,13 +56,15 @@ class Generation:
                         continue  # the end signal, sent for its detail
                 t = event.time_us
                 if self._last_us is None:
-                    m.ttft.observe(max(t - self.sub.arrival_us, 0.0) / 1e6)
+                    m.observe_ttft(max(t - self.sub.arrival_us, 0.0) / 1e6,
+                                   self.request.priority)
                 else:
                     m.itl.observe(max(t - self._last_us, 0.0) / 1e6)
                 self._last_us = t
+                held = len(self.tokens) < self.request.min_tokens  # (docs/fleet.md)
                 self.tokens.append(event.token)
                 ids.append(event.token)
-                if event.token in self.request.stop_token_ids:
+                if event.token in self.request.stop_token_ids and not held:
                     parts.append(self._stop_token(event.token))
                     self._end("stop", t)
                     self.ctx.runner.cancel(self.sub.request_id)
@@ -70,7 +72,7 @@ class Generation:
                 piece = self.detok.add(event.token)
                 self.offsets.append(self._chars)
                 self._chars += len(piece)
-                text, stopped = self.stop.push(piece)
+                text, stopped = self.stop.push(piece, held=held)
                 if stopped and self.request.include_stop_str_in_output:
                     text += self.stop.matched
                 parts.append(text)
@@ -83,7 +85,8 @@ class Generation:
                     self.error = self.sub.error or event.error or f"the request {event.reason}"
                     self.finish = "error"
                     continue
-                text, stopped = self.stop.push(self.detok.flush())
+                held = len(self.tokens) <= self.request.min_tokens  # the last token's text
+                text, stopped = self.stop.push(self.detok.flush(), held=held)
                 parts.append(text if stopped else text + self.stop.flush())
                 self._end("stop" if stopped else event.reason, event.time_us)
         m.generation_tokens.inc(len(ids))

@@ -42,8 +42,8 @@ class Forks:
     def leaders(self, row_lanes: IntArray, offsets: IntArray, tokens: IntArray,
                 starts: list[int], new_keys: dict[int, Any]) -> Optional[IntArray]:
         """Per row, the row whose decode stands for it (itself when it decodes); None when
-        every row decodes. `new_keys`: row -> where a new sequence starts from (its restore
-        holder), for the plan's new rows."""
+        every row decodes. `new_keys`: row -> what a new sequence must share with another to
+        follow it (where it starts from, ...), for the plan's new rows."""
         if not self._leader and len(new_keys) < 2:
             return None
         lanes = row_lanes.tolist()

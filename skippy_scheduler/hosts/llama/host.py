@@ -370,7 +370,7 @@ class LlamaHost(DirectRows, RowDecoding):
         """Check the rows, set up new sequences, decode; on failure undo every row. Returns
         the sampled token of every sampling row and the details reported with them."""
         row_lanes = self._assign(ids, starts, starting)
-        new_keys = {r: starting[seq].holder if starts[r] else None
+        new_keys = {r: _fork_key(starting[seq], starts[r])
                     for r, seq in enumerate(ids) if seq in starting}
         ends = (positions[offsets[1:] - 1] + 1).tolist()
         try:
@@ -462,3 +462,11 @@ class LlamaHost(DirectRows, RowDecoding):
         """Copy of the logits of one flagged entry of the last decode (`llama_get_logits_ith`)."""
         self._require_open()
         return self._decoder.logits_of(batch_row)
+
+
+def _fork_key(begin: Start, start: int) -> Any:
+    """What a new sequence must share with another to follow it (forks.py): where its KV comes
+    from, and its held end tokens, which `pick` writes into the logits they would share."""
+    p = begin.params
+    hold = (p.min_end_position, p.min_end_tokens) if p is not None else None
+    return (begin.holder if start else None, hold)

@@ -43,7 +43,7 @@ class RowDecoding:
 
     def _decode_rows(self, row_lanes: IntArray, offsets: IntArray, tokens_in: IntArray,
                      positions: IntArray, sample_rows: IntArray, starts: list[int],
-                     ends: list[int], new_keys: dict[int, int | None],
+                     ends: list[int], new_keys: dict[int, Any],
                      ) -> tuple[npt.NDArray[np.int32], dict[int, SampleDetail] | None]:
         """Stage the rows that decode (a fork's followers do not, forks.py), flag the entries
         whose logits are read (sampling rows' last, prompt rows' all), decode, sample, report."""
@@ -89,13 +89,15 @@ class RowDecoding:
         self.decoded_tokens += n
         samplers.feed(row_lanes, offsets, tokens_in, positions)
         for r, state in prompt_rows:
-            at = np.searchsorted(flagged, np.arange(first[r], first[r] + lens[r]))
-            state.take(starts[r], tokens_in[offsets[r]:offsets[r + 1]], logits[at])
-        if flagged is not out_rows:
-            logits = logits[np.searchsorted(flagged, out_rows)]
-        tokens: npt.NDArray[np.int32] = logits.argmax(axis=1).astype(np.int32)
-        samplers.pick(self._ctx, tokens, logits, row_lanes, sample_rows, out_rows, decoder.pos)
-        details = samplers.report(tokens, logits, row_lanes, sample_rows)
+            entries = np.searchsorted(flagged, np.arange(first[r], first[r] + lens[r]))
+            state.take(starts[r], tokens_in[offsets[r]:offsets[r + 1]], logits[entries])
+        at = np.searchsorted(flagged, out_rows) if flagged is not out_rows else None
+        sampled = logits if at is None else logits[at]
+        tokens: npt.NDArray[np.int32] = sampled.argmax(axis=1).astype(np.int32)
+        raw = samplers.raw_logprobs(logits, at, row_lanes, sample_rows)
+        samplers.pick(self._ctx, tokens, logits, at, row_lanes, sample_rows, out_rows,
+                      decoder.pos)
+        details = samplers.report(tokens, raw, row_lanes, sample_rows)
         if lead is not None:
             self._forks.copy(row_lanes, lead, starts, ends)
         return tokens, details

@@ -39,13 +39,14 @@ class SamplerChain:
     that changes its logits (it is sampled by argmax; it may still report log-probabilities).
     """
 
-    __slots__ = ("params", "chain", "fixed", "history", "fed", "generated", "prompt", "_n_vocab",
-                 "_eog_ids", "_vocab", "_penalty_stage", "_grammar_stage")
+    __slots__ = ("params", "chain", "fixed", "history", "fed", "held", "generated", "prompt",
+                 "_n_vocab", "_eog_ids", "_vocab", "_penalty_stage", "_grammar_stage")
 
     def __init__(self, params: SamplingParams, n_vocab: int, eog_ids: IntArray,
                  vocab: Any = None) -> None:
         self.params = params
         output = params.output
+        self.held = held_tokens(params, eog_ids)
         self.history: list[int] | None = [] if params.penalized else None
         self.fed = 0
         grammar = output.grammar if output is not None else None
@@ -190,6 +191,26 @@ class SamplerChain:
         return token
 
 
+def held_tokens(params: SamplingParams, eog_ids: IntArray) -> IntArray | None:
+    """The tokens `min_end_position` holds off (end-of-generation and `min_end_tokens`), or
+    None when nothing is held."""
+    if not params.min_end_position:
+        return None
+    extra = np.asarray(params.min_end_tokens, dtype=np.int32)
+    return np.union1d(eog_ids, extra).astype(np.int32)
+
+
+def hold_ends(row: npt.NDArray[np.float32], chain: SamplerChain, position: int) -> bool:
+    """vLLM's `min_tokens`: below the sequence's `min_end_position` its end tokens (and stop
+    token ids) cannot be sampled. Their logits in `row`, a view of the decode's own output
+    that the chain samples from, become -inf; True when they did."""
+    held = chain.held
+    if held is None or position >= chain.params.min_end_position:
+        return False
+    row[held] = -np.inf
+    return True
+
+
 class Samplers:
     """The chains of the lanes whose sequences are not plain greedy (verbs: start, drop,
     rewind, feed, pick, report)."""
@@ -226,7 +247,13 @@ class Samplers:
         output = sampling.output
         if output is not None and output.grammar is not None:
             self.check_grammar(output.grammar)  # before the plan changes any state
-        if sampling.plain_greedy and not sampling.ignore_eos:
+        if any(t >= self.n_vocab for t in sampling.min_end_tokens):
+            raise ValueError(f"min_end_tokens names a token outside [0, {self.n_vocab}) for "
+                             "this model")
+        output = sampling.output
+        if output is not None and output.grammar is not None:
+            self.check_grammar(output.grammar)  # before the plan changes any state
+        if sampling.plain_greedy and not sampling.ignore_eos and not sampling.min_end_position:
             return None
         return sampling
 
@@ -278,11 +305,12 @@ class Samplers:
                 a, b = int(offsets[r]), int(offsets[r + 1])
                 chain.feed(tokens[a:b], int(positions[a]))
 
-    def pick(self, ctx: Any, tokens: IntArray, logits: npt.NDArray[np.float32],
-             row_lanes: IntArray, sample_rows: IntArray, out_rows: IntArray,
-             positions: IntArray) -> None:
-        """Overwrite the argmax in `tokens` of every sampling row whose lane has a chain
-        (`logits[j]` and batch entry `out_rows[j]` belong to sampling row j)."""
+    def pick(self, ctx: Any, tokens: IntArray, rows: npt.NDArray[np.float32],
+             at: IntArray | None, row_lanes: IntArray, sample_rows: IntArray,
+             out_rows: IntArray, positions: IntArray) -> None:
+        """Overwrite the argmax in `tokens` of every sampling row whose lane has a chain.
+        Sampling row j's logits are `rows[at[j]]` (`rows[j]` when `at` is None), a view of the
+        decode's own output, which the chain samples from (batch entry `out_rows[j]`)."""
         by_lane = self._by_lane
         if not by_lane:
             return
@@ -292,12 +320,18 @@ class Samplers:
             if chain is None:
                 continue
             batch_row = int(out_rows[j])
-            if chain.chain is not None:
-                tokens[j] = chain.sample(ctx, batch_row, int(positions[batch_row]) + 1)
-            elif chain.params.ignore_eos:  # greedy that never ends on its own
-                row = logits[j].copy()
-                row[self._eog_ids] = -np.inf
-                tokens[j] = int(row.argmax())
+            position = int(positions[batch_row]) + 1
+            logits = rows[int(at[j]) if at is not None else j]
+            held = hold_ends(logits, chain, position)
+            if chain.chain is None:  # greedy that does not end on its own (yet)
+                row = logits
+                if chain.params.ignore_eos:
+                    row = row.copy()
+                    row[self._eog_ids] = -np.inf
+                if held or chain.params.ignore_eos:
+                    tokens[j] = int(row.argmax())
+            else:
+                tokens[j] = chain.sample(ctx, batch_row, position)
 
     # -- reports ------------------------------------------------------------------------------
 
@@ -312,9 +346,27 @@ class Samplers:
     def reporting(self) -> bool:
         return bool(self._reporting)
 
-    def report(self, tokens: IntArray, logits: npt.NDArray[np.float32], row_lanes: IntArray,
+    def raw_logprobs(self, rows: npt.NDArray[np.float32], at: IntArray | None,
+                     row_lanes: IntArray, sample_rows: IntArray) -> dict[int, Any]:
+        """The log-softmax of the raw logits of every sampling row (by j) whose sequence
+        reports its tokens' log-probabilities: taken before `pick` (whose holds change the
+        logits, docs/hosts.md)."""
+        out: dict[int, Any] = {}
+        reporting = self._reporting
+        if not reporting:
+            return out
+        lanes = row_lanes.tolist()
+        for j, r in enumerate(sample_rows.tolist()):
+            chain = reporting.get(lanes[r])
+            if chain is not None and chain.params.output is not None and (
+                    chain.params.output.logprobs is not None):
+                out[j] = log_softmax(rows[int(at[j]) if at is not None else j])
+        return out
+
+    def report(self, tokens: IntArray, raw: dict[int, Any], row_lanes: IntArray,
                sample_rows: IntArray) -> dict[int, SampleDetail] | None:
-        """The detail of every sampling row whose sequence asked for one, by row."""
+        """The detail of every sampling row whose sequence asked for one, by row (`raw`: what
+        `raw_logprobs` gave before the tokens were picked)."""
         reporting = self._reporting
         if not reporting:
             return None
@@ -327,8 +379,8 @@ class Samplers:
             output = chain.params.output
             assert output is not None
             sampled = None
-            if output.logprobs is not None:
-                sampled = token_logprob(log_softmax(logits[j]), int(tokens[j]), output.top)
+            if j in raw:
+                sampled = token_logprob(raw[j], int(tokens[j]), output.top)
             prompt = None
             if chain.prompt is not None and not chain.prompt.done:
                 prompt = chain.prompt.finish()
