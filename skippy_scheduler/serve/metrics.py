@@ -66,6 +66,13 @@ class _EngineCollector:
                                 value=s.kv_tokens / s.kv_capacity if s.kv_capacity else 0.0)
         yield CounterMetricFamily("skippy:iterations", "Iterations the engine has completed.",
                                   value=s.iterations)
+        yield CounterMetricFamily("skippy:decoded_tokens",
+                                  "Batch entries the host decoded (prompt and decode rows).",
+                                  value=s.decoded_tokens)
+        yield CounterMetricFamily(
+            "skippy:shared_prefill_tokens",
+            "Entries the host did not decode: copies of another choice's KV (n > 1, best_of).",
+            value=s.shared_tokens)
 
 
 class ServeMetrics:

@@ -82,6 +82,9 @@ def test_n_choices_prefill_their_prompt_once(client, server):
     generated = sum(len(_ids(c)) for c in r.choices)
     # One prefill of the prompt, then each choice's decode rows (its tokens but the last).
     assert shared1 - shared0 == 2 * len(prompt)
+    shown = metrics(server.url)  # published by the engine thread at its next step
+    assert shown["skippy:shared_prefill_tokens_total"] == shared1
+    assert shown["skippy:decoded_tokens_total"] == decoded1
     assert decoded1 - decoded0 == len(prompt) + generated - 3
     # ... and the choices are still the three separate seeded requests.
     for j, choice in enumerate(r.choices):
