@@ -70,7 +70,8 @@ class PromptLogprobs:
         if self.done:
             return
         self.collected = self.collected[:max(start - 1, 0)]
-        self.pending = None
+        if self.pending is not None and self.pending[0] >= start:
+            self.pending = None  # computed from positions the replay rewrites
 
     def take(self, start: int, tokens: npt.NDArray[Any], logits: npt.NDArray[Any]) -> None:
         """A row's tokens at positions start.. and the logits of each of its entries."""
