@@ -76,7 +76,8 @@ class StageHost(StageChannel):
             raise
         self.n_vocab = self._vocab.n_vocab
         # Sampling parameters are checked here and sent to the last stage, which samples.
-        self._resolver = Samplers(self.n_vocab, self._vocab.eog, self._vocab.eog_ids)
+        self._resolver = Samplers(self.n_vocab, self._vocab.eog, self._vocab.eog_ids,
+                                  self._vocab.vocab)
         self.stage_samplers: list[int] = []  # sampler chains per stage, as last asked (held)
         self.n_ctx_seq = n_ctx // n_seq_max  # a lane's share of the cells (the server's bound)
         self.settings = {
@@ -407,9 +408,12 @@ class StageHost(StageChannel):
         return self._holders
 
     def prepare_sequence(self, sequence: Any) -> Any:
-        """Refuse at submit, before anything is queued, sampling the model cannot do (a bias
-        on a token outside the vocabulary)."""
-        self._resolver.resolve(getattr(sequence, "sampling", None))
+        """Refuse at submit, before anything is queued, sampling the stages cannot do: a bias
+        on a token outside the vocabulary, reports (log-probabilities) or a grammar."""
+        params = self._resolver.resolve(getattr(sequence, "sampling", None))
+        if params is not None and params.output is not None:
+            raise ValueError("staged serving does not report log-probabilities nor constrain "
+                             "the output with a grammar yet (logprobs, echo, response_format)")
         return sequence
 
     # ------------------------------------------------------------------ inspection

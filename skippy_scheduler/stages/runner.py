@@ -103,8 +103,9 @@ class StageRunner:
         self.first = self.info.first
         # The last stage samples: sequences that are not plain greedy get a sampler chain each,
         # the llama host's (docs/stages.md "Sampling").
-        self.samplers: Optional[Samplers] = (Samplers(vocab.n_vocab, vocab.eog, vocab.eog_ids)
-                                             if self.last else None)
+        self.samplers: Optional[Samplers] = (
+            Samplers(vocab.n_vocab, vocab.eog, vocab.eog_ids, _ll.llama_model_get_vocab(model))
+            if self.last else None)
 
         # The capture buffer: every batch row's residual stream after the stage's last layer.
         self._act = np.zeros((n_batch, self.n_embd), dtype=np.float32)
@@ -313,8 +314,8 @@ class StageRunner:
         self.last_logits = logits
         out = logits.argmax(axis=1).astype(np.int32)
         if chains:
-            samplers.pick(self._ctx, out, logits, lanes, sample_rows,  # type: ignore[union-attr]
-                          offsets[sample_rows + 1] - 1, self._pos[:n])
+            samplers.pick(self._ctx, out, logits, None, lanes,  # type: ignore[union-attr]
+                          sample_rows, offsets[sample_rows + 1] - 1, self._pos[:n])
         return np.where(self._eog[out], np.int32(-1), out)
 
     def close(self) -> None:
