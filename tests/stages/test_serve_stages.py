@@ -126,6 +126,9 @@ def test_sampled_requests_on_stages_equal_their_alone_runs(server, unsplit):
         with pytest.raises(openai.BadRequestError, match="logit_bias"):
             client.completions.create(model="tiny4-f32", prompt=[1, 5, 6], max_tokens=4,
                                       temperature=0.8, logit_bias={"99999": 1.0})
+        with pytest.raises(openai.BadRequestError, match="log-probabilities"):
+            client.completions.create(model="tiny4-f32", prompt=[1, 5, 6], max_tokens=4,
+                                      logprobs=2)
     state = wait_idle(server)
     assert is_idle(state, server.host.n_seq_max), state  # no sampler chain is left either
 
