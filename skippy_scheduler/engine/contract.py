@@ -21,6 +21,8 @@ A host has two required verbs (`Host`) and optional capabilities, each a protoco
   from; its holder ids are the scheduler's reserved sequence ids.
 * `ResettableHost.release_all`: drop every sequence at once (recovery after a failure).
 * `StateReportingHost.host_state`: lanes, KV tokens and the other figures a server reports.
+* `DetailReportingHost.sample_details`: what the host reported with an executed plan's samples
+  (log-probabilities), carried to listeners in `TokenEvent.detail`.
 
 `attach(host)` checks all of them once and returns `HostHooks`: the bound methods the engine
 calls, None for what the host lacks. The contract is stable: hosts written against it (the lab's,
@@ -37,7 +39,7 @@ from ..types import (IterationTelemetry, IterationWork, ReleaseReason, Scheduler
                      SchedulerMetrics, SchedulerSnapshot, Sequence)
 
 __all__ = [
-    "AsyncHost", "ExecutionHandle", "Host", "HostHooks", "HostState", "MemoryReportingHost",
+    "AsyncHost", "DetailReportingHost", "ExecutionHandle", "Host", "HostHooks", "HostState", "MemoryReportingHost",
     "Plan", "PlanOutputs", "PrefixHoldingHost", "PrefixRestoringHost", "ReleaseReason",
     "RequestLike", "ResettableHost", "SchedulerLike", "StateReportingHost", "attach",
     "check_scheduler",
@@ -217,6 +219,14 @@ class StateReportingHost(Protocol):
         ...
 
 
+@runtime_checkable
+class DetailReportingHost(Protocol):
+    def sample_details(self, plan: Plan) -> Optional[Mapping[int, Any]]:
+        """What the host reported with `plan`'s samples, by work index (a `SampleDetail`
+        each), or None; taken once, after the plan executed (the host forgets it then)."""
+        ...
+
+
 @dataclass(frozen=True)
 class HostHooks:
     """A host's optional capabilities, resolved once by `attach` (None: not provided). The
@@ -228,6 +238,7 @@ class HostHooks:
     prefix_store: Any = None
     release_all: Any = None
     host_state: Any = None
+    sample_details: Any = None
 
 
 _HOST_VERBS = ("execute", "release")
@@ -248,6 +259,8 @@ def attach(host: object) -> HostHooks:
         prefix_store=host.prefix_store if isinstance(host, PrefixHoldingHost) else None,
         release_all=host.release_all if isinstance(host, ResettableHost) else None,
         host_state=host.host_state if isinstance(host, StateReportingHost) else None,
+        sample_details=(host.sample_details if isinstance(host, DetailReportingHost)
+                        else None),
     )
 
 
