@@ -81,6 +81,9 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     double itl_target_us;     /* 0 = cfg.itl_target_us */
     double ttft_deadline_us;  /* 0 = none */
     double last_token_us;     /* s->now_us at its last token, or at its admission */
+    /* disjoint_inflight_plans (sk_plan.c): serial of the last plan with a row of it (0 = none);
+     * while that plan is live the sequence is in flight. */
+    uint64_t flight_serial;
 } sk_seq;
 
 /*
