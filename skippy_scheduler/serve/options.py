@@ -79,7 +79,7 @@ def parse_outputs(body: dict[str, Any], kind: str, n: int, stream: bool) -> Outp
     else:
         wanted = _flag(body, "logprobs")
         top = _count(body, "top_logprobs", 0, MAX_LOGPROBS)
-        if top is not None and not wanted:
+        if top and not wanted:  # 0 without logprobs asks for nothing
             raise RequestError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
         logprobs = (top or 0) if wanted else None
         echo, best_of = False, None
