@@ -64,7 +64,8 @@ def _flag(body: dict[str, Any], name: str) -> bool:
 def parse_outputs(body: dict[str, Any], kind: str, n: int, stream: bool) -> OutputRequest:
     """The output fields of a completions (`kind` "completion") or chat body."""
     if kind == "completion":
-        logprobs = _count(body, "logprobs", 0, MAX_LOGPROBS)
+        logprobs = (None if body.get("logprobs") is False  # as some clients send "none"
+                    else _count(body, "logprobs", 0, MAX_LOGPROBS))
         echo = _flag(body, "echo")
         best_of = _count(body, "best_of", 1, MAX_BEST_OF)
         if best_of is not None:
