@@ -188,8 +188,9 @@ struct skippy_scheduler {
     uint64_t store_epoch_seen;            /* store epoch the waiting affinities reflect */
     uint32_t probe_round;
     uint32_t *under;                      /* rank_set handles under a changed prefix */
-    size_t waiting_resumers;              /* ranked-set members with generated tokens: their
-                                           * restore reads the replay, past the prompt */
+    uint32_t *resumers;                   /* slots of the ranked set's members with generated
+                                           * tokens (their match reads past the prompt) */
+    size_t resumers_len, resumers_cap;
     size_t under_cap;
 
     skippy_rank_callback rank_cb;

@@ -9,8 +9,10 @@ checked as text (no lone surrogate anywhere) and bounded in depth (`body.decode_
 message's content must not hold NUL (see `_no_nul`).
 
 Extensions (as vLLM has them): `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
-`return_token_ids` (token ids in every choice and chunk), `priority` (higher runs first under
-the priority policy), `stop_token_ids`, `include_stop_str_in_output`, `min_tokens`.
+`return_token_ids` (token ids in every choice and chunk), `priority` (higher runs first, the
+opposite of vLLM's sense, see README "Priority"; it also preempts lower priorities unless the
+server runs with --no-priority-preemption), `stop_token_ids`, `include_stop_str_in_output`,
+`min_tokens`.
 
 Fields of other servers' APIs (the block "fields other servers define" below): vLLM's and
 llama-server's names are aliases, neutral-only or ignored; a field nobody defined is ignored
