@@ -7,6 +7,11 @@ N+1 starts once N has finished (its deferred inputs are N's samples). A host rel
 only while no plan of it executes, so releases that come up meanwhile wait until the running
 plan is done. A failed execution aborts its plan and every later one.
 
+A pipelined host (`pipeline_depth` > 1: a model split over stage processes) runs several
+started plans at once, in order: a plan with no deferred input starts without waiting for the
+ones in flight (the scheduler's `disjoint_inflight_plans` makes every plan so), and releases
+go to the host at once, which applies them after the plans already started.
+
 Observers (engine/observers.py) are called at each point of a step. With none, no clock, one
 plan at a time and neither `max_iterations` nor `profile` set, a step is the bare scheduler
 loop: plan_iteration, execute, complete_iteration, and the releases when something ended (the
@@ -75,6 +80,7 @@ class _Steps:
         self._pending_release: list[tuple[str, ReleaseReason]] = []
         # Plans in flight run on the host's worker; one at a time runs in the caller's thread.
         self._run_async = self.hooks.execute_async if self._depth > 1 else None
+        self._pipelined = self._run_async is not None and self.hooks.pipeline_depth > 1
         self._measures = self.hooks.memory_used is not None
 
     def step(self) -> bool:
@@ -197,7 +203,16 @@ class _Steps:
 
     def _launch(self, flight: _InFlight) -> None:
         inflight = self._inflight
-        if inflight:
+        if inflight and self._pipelined:
+            if flight.plan.deferred_rows.size:  # its inputs are in flight: wait for them all
+                for nth, earlier in enumerate(inflight):
+                    try:
+                        self._wait_executed(earlier)
+                    except BaseException:
+                        self._failed_from(nth)  # the new plan is later: undone too
+                        raise
+                resolve_deferred(flight.plan, [f.plan for f in inflight])
+        elif inflight:
             try:
                 self._wait_executed(inflight[-1])  # the device is free, its samples are known
             except BaseException:
@@ -327,7 +342,7 @@ class _Steps:
         return any(f.handle is not None for f in self._inflight)
 
     def _release(self, sequence_id: str, reason: ReleaseReason) -> None:
-        if self._inflight and self._busy():
+        if self._inflight and not self._pipelined and self._busy():
             self._pending_release.append((sequence_id, reason))
         else:
             self.host.release(sequence_id, reason)
