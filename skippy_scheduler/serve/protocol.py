@@ -51,7 +51,7 @@ _NEUTRAL_CHAT = dict(_NEUTRAL_COMMON, tools=(None, []), tool_choice=(None, "none
 _IGNORED = {"user"}
 _SHARED = {"model", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
            "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "stop",
-           "stream", "stream_options", "ignore_eos", "return_token_ids", "priority"}
+           "stream", "stream_options", "ignore_eos", "return_token_ids", "priority", "skippy"}
 _COMPLETION_FIELDS = _SHARED | {"prompt"} | set(_NEUTRAL_COMPLETION) | _IGNORED
 _CHAT_FIELDS = _SHARED | {"messages", "max_completion_tokens", "response_format"} | set(
     _NEUTRAL_CHAT) | _IGNORED
@@ -77,6 +77,8 @@ class GenerationRequest:
     n: int = 1  # choices per prompt (serve/choices.py: choice j samples with seed + j)
     stop_token_ids: frozenset[int] = frozenset()  # generation ends after any of these
     include_stop_str_in_output: bool = False  # the matched stop string ends the text
+    ttft_ms: Optional[float] = None  # "skippy": {"ttft_ms": ..}: first-token deadline
+    itl_ms: Optional[float] = None  # "skippy": {"itl_ms": ..}: its inter-token target
 
 
 # -- fields other servers define ---------------------------------------------------------------
@@ -147,6 +149,30 @@ def _stop_token_ids(body: dict[str, Any], n_vocab: int) -> frozenset[int]:
 
 
 # -- field checks: each raises RequestError(param=name) -------------------------------------
+
+
+def _deadlines(body: dict[str, Any]) -> tuple[Optional[float], Optional[float]]:
+    """The extension object `"skippy": {"ttft_ms": T, "itl_ms": I}` (both optional, positive
+    finite numbers of milliseconds): the request's first-token deadline from its arrival and its
+    inter-token target (docs/behaviour.md §2.13)."""
+    ext = body.get("skippy")
+    if ext is None:
+        return None, None
+    if not isinstance(ext, dict):
+        raise RequestError(f"'skippy' must be an object, got {_json_type(ext)}", param="skippy")
+    unknown = sorted(set(ext) - {"ttft_ms", "itl_ms"})
+    if unknown:
+        raise RequestError(f"'skippy.{unknown[0]}' is not a known field (ttft_ms, itl_ms)",
+                           param=f"skippy.{unknown[0]}")
+    out = []
+    for name in ("ttft_ms", "itl_ms"):
+        value = ext.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
+            raise RequestError(f"'skippy.{name}' must be a positive number of milliseconds, "
+                               f"got {value!r}", param=f"skippy.{name}")
+        out.append(None if value is None else float(value))
+    return out[0], out[1]
 
 
 def _present(body: dict[str, Any], name: str) -> bool:
@@ -307,8 +333,10 @@ def _common(body: Any, kind: str, n_vocab: int) -> GenerationRequest:
             raise RequestError("'stream_options' must be an object with 'include_usage'",
                                param="stream_options")
         include_usage = _boolean(options, "include_usage")
+    ttft_ms, itl_ms = _deadlines(body)
     return GenerationRequest(
         kind=kind, model=model, sampling=_sampling(body, n_vocab), stop=_stop(body),
+        ttft_ms=ttft_ms, itl_ms=itl_ms,
         stream=stream, include_usage=include_usage,
         return_token_ids=_boolean(body, "return_token_ids"),
         priority=_integer(body, "priority", 0, (1 << 63) - 1) or 0,

@@ -75,3 +75,18 @@ def test_engine_fits_the_model_under_the_slack_rule(impl):
 def test_reference_rule_adds_no_observer():
     engine = Engine(Scheduler(SchedulerConfig()), CostModelHost(), clock=VirtualClock())
     assert not any(isinstance(o, SlackFeed) for o in engine.observers)
+
+
+@pytest.mark.parametrize("impl", [Scheduler, TwinScheduler], ids=["native", "twin"])
+def test_request_deadlines_reach_the_sequence(impl):
+    sched = impl(SchedulerConfig(planning_rule=PlanningRule.SLACK))
+    engine = Engine(sched, CostModelHost(token=1), clock=VirtualClock(RuntimeCostModel()))
+    engine.submit(Request("r", [1, 2, 3], 4, arrival_us=2000.0, ttft_ms=250.0, itl_ms=40.0))
+    engine.submit(Request("plain", [1, 2], 4, arrival_us=2000.0))
+    while engine.now() < 2000.0 or sched.sequence("r") is None:
+        engine.step()
+    seq = sched.sequence("r")
+    assert seq.itl_target == pytest.approx(0.04)
+    assert seq.ttft_deadline == pytest.approx(0.002 + 0.25)
+    plain = sched.sequence("plain")
+    assert (plain.itl_target, plain.ttft_deadline) == (None, None)
