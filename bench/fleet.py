@@ -15,15 +15,19 @@ each with the bench model's vocabulary), every request a group's prefix then `--
 of its own, groups drawn uniformly at random (seeded), `--concurrency` clients each sending its
 next request when the previous one ends, streamed, greedy, `--max-tokens` tokens with
 `ignore_eos`. Each replica keeps `--prefix-holders` resident prefixes of at most
-`--prefix-cache-tokens` tokens in all, so with the defaults one replica holds half of the
-groups: a policy that spreads every group over all replicas evicts, one that keeps a group on
-one replica hits.
+`--prefix-cache-tokens` tokens in all, so with the defaults one replica holds at most half of
+the groups (fewer: every finished request is kept as a holder of its own, its whole key, so
+requests of one group occupy several holders): a policy that spreads every group over all
+replicas evicts, one that keeps a group on one replica hits.
 
 Reported per policy: the aggregate prefix hit rate (prompt tokens restored from a replica's
 prefix store / prompt tokens of admitted requests, summed over the replicas' `vllm:` counters),
 the prompt tokens prefilled (computed, not restored), TTFT p50/p99 seen by the clients
 (through the router), output tokens/s over the run, and how the requests were spread over the
-replicas. `--markdown` prints the table BENCHMARKS.md carries.
+replicas. `--markdown` prints the table BENCHMARKS.md carries. `--trace` adds, per policy,
+counts read from the replicas' KV events (bench/fleet_trace.py): where each request's prefix
+was resident when it was sent, how sticky the routing kept groups, how many groups each
+replica held.
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ import time
 import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fleet_trace import EventRecorder, analyse  # noqa: E402
 from serve_load import one, percentile  # noqa: E402
 
 POLICIES = ("round_robin", "cache_aware", "kv_aware")
@@ -149,11 +154,19 @@ def start_router(args, policy: str, replicas: list[Replica], logs: str) -> tuple
     return f"http://127.0.0.1:{port}", proc, log
 
 
+def prompt_groups(args, prompts: list[str]) -> list[int]:
+    """The prefix group of each prompt (groups numbered in order of first appearance)."""
+    seen: dict[tuple[str, ...], int] = {}
+    return [seen.setdefault(tuple(p.split()[:args.prefix_tokens - 1]), len(seen))
+            for p in prompts]
+
+
 async def drive(url: str, prompts: list[str], args) -> tuple[list, float]:
+    """Every prompt's result (in prompt order) and the wall time of the load."""
     queue: asyncio.Queue = asyncio.Queue()
-    for p in prompts:
-        queue.put_nowait(p)
-    results = []
+    for item in enumerate(prompts):
+        queue.put_nowait(item)
+    results: list = [None] * len(prompts)
     req = argparse.Namespace(model=MODEL_NAME, max_tokens=args.max_tokens, token_ids=False,
                              extra={})
     limits = httpx.Limits(max_connections=args.concurrency,
@@ -161,7 +174,8 @@ async def drive(url: str, prompts: list[str], args) -> tuple[list, float]:
     async with httpx.AsyncClient(base_url=url, timeout=args.timeout, limits=limits) as c:
         async def worker() -> None:
             while not queue.empty():
-                results.append(await one(c, queue.get_nowait(), req))
+                i, prompt = queue.get_nowait()
+                results[i] = await one(c, prompt, req)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(args.concurrency)))
@@ -172,14 +186,23 @@ async def drive(url: str, prompts: list[str], args) -> tuple[list, float]:
 def run_policy(args, policy: str, prompts: list[str], logs: str) -> dict:
     replicas: list[Replica] = []
     router = None
+    trace: dict = {}
     try:
         for i in range(args.replicas):
             replicas.append(Replica(args, i, logs))
         url, proc, log = start_router(args, policy, replicas, logs)
         router = (proc, log)
+        recorder = EventRecorder([r.events for r in replicas]) if args.trace else None
         time.sleep(args.settle)  # subscribers connected before the first event
         results, wall = asyncio.run(drive(url, prompts, args))
         counters = [r.counters() for r in replicas]
+        if recorder is not None:
+            recorder.stop()
+            tokens = [httpx.post(replicas[0].url + "/tokenize", json={"prompt": p},
+                                 timeout=30).json()["tokens"] for p in prompts]
+            trace = analyse(recorder, tokens, prompt_groups(args, prompts),
+                            [r.sent for r in results], args.prefix_tokens, args.block_size,
+                            args.prefix_holders)
     finally:
         if router is not None:
             stop(router[0])
@@ -187,6 +210,7 @@ def run_policy(args, policy: str, prompts: list[str], logs: str) -> dict:
         for r in replicas:
             r.close()
     good = [r for r in results if r.ok]
+    extra = {"trace": trace} if args.trace else {}
     queries = sum(c.get("vllm:prefix_cache_queries_total", 0) for c in counters)
     hits = sum(c.get("vllm:prefix_cache_hits_total", 0) for c in counters)
     ttft = [r.first - r.sent for r in good]
@@ -201,6 +225,7 @@ def run_policy(args, policy: str, prompts: list[str], logs: str) -> dict:
         "output_tokens_per_s": tokens / wall if wall else 0.0, "wall_s": wall,
         "per_replica_requests": [c.get("skippy:e2e_request_latency_seconds_count", 0)
                                  for c in counters],
+        **extra,
     }
 
 
@@ -239,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600, help="per request")
     ap.add_argument("--router-arg", action="append", default=[], metavar="ARG",
                     help="extra vllm-router argument (repeatable)")
+    ap.add_argument("--trace", action="store_true",
+                    help="record the replicas' KV events and report, per policy, where each "
+                    "request's prefix was resident when it was sent (bench/fleet_trace.py)")
     ap.add_argument("--logs", help="directory for the replicas' and routers' logs")
     ap.add_argument("--json", help="append one JSON line per policy to this file")
     ap.add_argument("--markdown", action="store_true", help="print the table at the end")

@@ -241,7 +241,8 @@ bool skippy_scheduler_sequence(const skippy_scheduler *s, uint32_t slot, skippy_
         o->restore_entry = q->pinned_entry;
     } else if (q->where == SK_WHERE_WAITING && s->store && q->has_restore) {
         size_t matched = 0; /* the backing entry now (it may differ from the last read's) */
-        o->restore_entry = skippy_prefix_store_match(s->store, q->tokens, q->prompt_len, &matched);
+        o->restore_entry = skippy_prefix_store_match(s->store, q->tokens,
+                                                     sk_affinity_key_len(q), &matched);
     }
     o->restore_holder = s->store && o->restore_entry != SKIPPY_PREFIX_NONE
                             ? sk_prefix_holder(s->store, o->restore_entry) : SKIPPY_PREFIX_NONE;

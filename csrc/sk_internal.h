@@ -188,6 +188,8 @@ struct skippy_scheduler {
     uint64_t store_epoch_seen;            /* store epoch the waiting affinities reflect */
     uint32_t probe_round;
     uint32_t *under;                      /* rank_set handles under a changed prefix */
+    size_t waiting_resumers;              /* ranked-set members with generated tokens: their
+                                           * restore reads the replay, past the prompt */
     size_t under_cap;
 
     skippy_rank_callback rank_cb;
@@ -281,6 +283,10 @@ static inline uint32_t sk_room(const sk_seq *q)
     size_t r = q->token_cap - q->prompt_len - q->gen_len;
     return r > UINT32_MAX ? UINT32_MAX : (uint32_t)r;
 }
+
+/* The tokens a store match reads (sk_affinity.c): the replay, so a preempted sequence restores
+ * what it had computed, generated tokens included (docs/behaviour.md §2.12). */
+static inline size_t sk_affinity_key_len(const sk_seq *q) { return sk_replay_len(q); }
 
 static inline bool prefill_pending(const sk_seq *q) { return q->cursor < sk_replay_len(q); }
 /* Its in-flight samples already bring it to max_tokens: nothing more to plan until they land. */

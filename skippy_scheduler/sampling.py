@@ -99,6 +99,10 @@ class SamplingParams:
         generated tokens; penalty_last_n 0 turns all three off.
     logit_bias: {token id: bias} added to the logits (a list of pairs works too).
     ignore_eos: never sample an end-of-generation token.
+    min_end_position: no end-of-generation token, nor any of `min_end_tokens`, is sampled for a
+        position below this one (vLLM's `min_tokens`: the server sets it to the prompt's length
+        plus min_tokens); 0 = off.    min_end_tokens: token ids held off with the end tokens
+        (a request's stop token ids).
     """
 
     temperature: float = 1.0
@@ -112,6 +116,8 @@ class SamplingParams:
     penalty_last_n: int = 64
     logit_bias: Any = field(default=())
     ignore_eos: bool = False
+    min_end_position: int = 0
+    min_end_tokens: Any = field(default=())
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -140,6 +146,10 @@ class SamplingParams:
         put(self, "logit_bias", _bias_pairs(self.logit_bias))
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
+        put(self, "min_end_position", _int("min_end_position", self.min_end_position, 0,
+                                           I32_MAX))
+        put(self, "min_end_tokens", tuple(sorted({_int("min_end_tokens", t, 0, I32_MAX)
+                                                  for t in self.min_end_tokens})))
 
     # -- what a host needs to know ------------------------------------------------------------
 
@@ -207,6 +217,8 @@ class SamplingParams:
         """A new cffi `skippy_sampling_config *` with these params (keep it alive while a
         sequence carries it). The seed is stored in its 32-bit field, so a config round trip
         keeps the low 32 bits of a larger seed."""
+        if self.min_end_position:
+            raise ValueError("the native config has no min_end_position (min_tokens)")
         if len(self.logit_bias) > _MAX_NATIVE_BIAS:
             raise ValueError(f"the native config holds {_MAX_NATIVE_BIAS} logit biases, "
                              f"these params have {len(self.logit_bias)}")

@@ -41,7 +41,7 @@ _SUITE_OR_TRACE = {"policy": "--policy", "plot": "--plot",
                    "slack": "--slack", "tails": "--tails"}
 _WORKLOAD_ONLY = {"requests": "--requests", "seed": "--seed", "rate": "--rate",
                   "families": "--families", "family_share": "--family-share",
-                  "priority_share": "--priority-share"}
+                  "priority_share": "--priority-share", "priority_scenario": "--priority-scenario"}
 _TRACE_ONLY = {"format": "--format", "time_scale": "--time-scale", "limit": "--limit",
                "prefix_cache_tokens": "--prefix-cache-tokens", "tenants": "--tenants"}
 _LAB_SIZE = "the lab models a larger accelerator than run and serve drive"
@@ -91,6 +91,12 @@ def register(subparsers: Any) -> None:
 
     s = p.add_argument_group("workload suite (--suite)")
     s.add_argument("--suite", action="store_true", help="run the seeded workload suite")
+    s.add_argument("--priority-scenario", action="store_true",
+                   help="with --suite: the priority scenario instead (a saturating "
+                        "background and a trickle of priority-1 requests, with a prefix store) "
+                        "under admission order, preemption with recompute and preemption with "
+                        "restore; --requests, --seed, --rate, --priority-share and the first "
+                        "--policy apply (docs/lab.md)")
     s.add_argument("--requests", type=int_in(1, MAX_REQUESTS), default=None, metavar="N",
                    help=f"number of requests, 1-{MAX_REQUESTS} (default: {w.requests})")
     add_flag(s, "seed", type=int, note="it draws the workload", default_text=str(w.seed))

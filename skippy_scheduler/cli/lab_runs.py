@@ -84,6 +84,10 @@ def _save(args: argparse.Namespace, document: Any, runs: list[Any], plot: Any,
 
 def run_suite_command(args: argparse.Namespace, modes: Optional[list[str]],
                       cost: RuntimeCostModel, backend: Backend) -> int:
+    if args.priority_scenario:
+        from .lab_priority import run_priority_command
+
+        return run_priority_command(args, modes, cost, backend)
     policies = args.policy or list(SUITE_POLICIES)
     modes = modes or list(MODES) + (["slack"] if getattr(args, "slack", None) else [])
     _check_modes(modes)

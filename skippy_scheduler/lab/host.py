@@ -93,6 +93,10 @@ class PrefixModel(Protocol):
     def release(self, live: Live) -> None:
         """The request's KV is gone (it ended or was preempted)."""
 
+    def preempted(self, live: Live) -> None:
+        """The request is preempted, just before `release`: its cells (`live.fed`, with the
+        memory model) are still there to keep."""
+
 
 class LabHost(CostModelHost):
     """The lab's runtime model (module docstring)."""
@@ -219,6 +223,8 @@ class LabHost(CostModelHost):
         live = self.live.get(sequence_id)
         if live is None:
             return
+        if reason is ReleaseReason.PREEMPTED and self.prefix is not None:
+            self.prefix.preempted(live)
         if self.memory:
             self.usage -= live.fed
             live.fed = 0

@@ -40,7 +40,7 @@ from .choices import batches as _batches, choice_sampling, usage as _usage
 from .errors import ClientGone, RequestError, internal, queue_full, unavailable
 from .guard import HttpGuard
 from .metrics import CONTENT_TYPE, ServeMetrics
-from .protocol import GenerationRequest, parse_chat, parse_completion
+from .protocol import GenerationRequest, parse_chat, parse_completion, with_min_tokens
 from .runner import EngineRunner, EngineUnavailable, Subscription
 from .text import Detokenizer, StopMatcher
 
@@ -161,18 +161,20 @@ class _Generation:
             if isinstance(event, TokenEvent):
                 t = event.time_us
                 if self._last_us is None:
-                    m.ttft.observe(max(t - self.sub.arrival_us, 0.0) / 1e6)
+                    m.observe_ttft(max(t - self.sub.arrival_us, 0.0) / 1e6,
+                                   self.request.priority)
                 else:
                     m.itl.observe(max(t - self._last_us, 0.0) / 1e6)
                 self._last_us = t
+                held = len(self.tokens) < self.request.min_tokens  # (docs/fleet.md)
                 self.tokens.append(event.token)
                 ids.append(event.token)
-                if event.token in self.request.stop_token_ids:
+                if event.token in self.request.stop_token_ids and not held:
                     parts.append(self._stop_token(event.token))
                     self._end("stop", t)
                     self.ctx.runner.cancel(self.sub.request_id)
                     continue
-                text, stopped = self.stop.push(self.detok.add(event.token))
+                text, stopped = self.stop.push(self.detok.add(event.token), held=held)
                 if stopped and self.request.include_stop_str_in_output:
                     text += self.stop.matched
                 parts.append(text)
@@ -185,7 +187,8 @@ class _Generation:
                     self.error = self.sub.error or event.error or f"the request {event.reason}"
                     self.finish = "error"
                     continue
-                text, stopped = self.stop.push(self.detok.flush())
+                held = len(self.tokens) <= self.request.min_tokens  # the last token's text
+                text, stopped = self.stop.push(self.detok.flush(), held=held)
                 parts.append(text if stopped else text + self.stop.flush())
                 self._end("stop" if stopped else event.reason, event.time_us)
         m.generation_tokens.inc(len(ids))
@@ -321,6 +324,8 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         samplings = [choice_sampling(gen.sampling, j) for _ in prompts for j in range(n)]
         prompts = [tokens for tokens in prompts for _ in range(n)]
         budgets = [_check_fit(ctx, gen, len(tokens), prompt_field) for tokens in prompts]
+        samplings = [with_min_tokens(gen, s, len(t), b)
+                     for s, t, b in zip(samplings, prompts, budgets)]
         if runner.open_subscriptions + len(prompts) > ctx.limits.capacity:
             # Every lane and waiting place is taken (the engine's own queue is sized to hold a
             # whole burst, so this is where the server's capacity is kept).

@@ -10,7 +10,8 @@ message's content must not hold NUL (see `_no_nul`).
 
 Extensions (as vLLM has them): `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
 `return_token_ids` (token ids in every choice and chunk), `priority` (higher runs first under
-the priority policy), `stop_token_ids`, `include_stop_str_in_output`.
+the priority policy), `stop_token_ids`, `include_stop_str_in_output`, `min_tokens`, and this
+server's extension object `skippy` (`ttft_ms`, `itl_ms`: the request's deadlines).
 
 Fields of other servers' APIs (the block "fields other servers define" below): vLLM's and
 llama-server's names are aliases, neutral-only or ignored; a field nobody defined is ignored
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from ..sampling import SamplingParams
@@ -77,6 +78,7 @@ class GenerationRequest:
     n: int = 1  # choices per prompt (serve/choices.py: choice j samples with seed + j)
     stop_token_ids: frozenset[int] = frozenset()  # generation ends after any of these
     include_stop_str_in_output: bool = False  # the matched stop string ends the text
+    min_tokens: int = 0  # no end token, stop token or stop string ends it before these many
     ttft_ms: Optional[float] = None  # "skippy": {"ttft_ms": ..}: first-token deadline
     itl_ms: Optional[float] = None  # "skippy": {"itl_ms": ..}: its inter-token target
 
@@ -94,7 +96,7 @@ _NEUTRAL_FOREIGN: dict[str, tuple[Any, ...]] = {
     "skip_special_tokens": (None, True),  # control tokens have no text here
     "spaces_between_special_tokens": (None, True), "add_special_tokens": (None, True),
     "use_beam_search": (None, False), "length_penalty": (None, 1, 1.0),
-    "min_tokens": (None, 0), "prompt_logprobs": (None,), "return_tokens_as_token_ids": (
+    "prompt_logprobs": (None,), "return_tokens_as_token_ids": (
         None, False), "allowed_token_ids": (None,), "bad_words": (None, []),
     "truncate_prompt_tokens": (None,), "logits_processors": (None,),
     "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,),
@@ -102,14 +104,19 @@ _NEUTRAL_FOREIGN: dict[str, tuple[Any, ...]] = {
     "structured_outputs": (None,), "grammar": (None, ""), "json_schema": (None,),
     "typical_p": (None, 1, 1.0), "mirostat": (None, 0), "n_probs": (None, 0),
     "dynatemp_range": (None, 0, 0.0), "prompt_embeds": (None,),
+    # These change the rendered chat prompt: only the template's defaults are run.
+    "add_generation_prompt": (None, True), "continue_final_message": (None, False),
+    "chat_template_kwargs": (None, {}), "documents": (None, []),
 }
-# No effect on the tokens: cache and transfer hints, ids, routing metadata.
-_IGNORED_FOREIGN = {"cache_prompt", "cache_salt", "request_id", "vllm_xargs",
-                    "kv_transfer_params", "id_slot", "n_keep", "t_max_predict_ms",
-                    "timings_per_token", "return_tokens", "chat_template_kwargs",
-                    "add_generation_prompt", "continue_final_message", "documents"}
-_FOREIGN = set(_ALIASES) | set(_NEUTRAL_FOREIGN) | _IGNORED_FOREIGN | {
-    "stop_token_ids", "include_stop_str_in_output"}
+# Cache and transfer hints, ids, slots, timings: not acted on here. A value other than the
+# listed defaults is ignored with a logged warning naming the field (None: any value passes
+# silently, as a request id does).
+_IGNORED_FOREIGN: dict[str, Optional[tuple[Any, ...]]] = {
+    "request_id": None, "cache_prompt": (True,), "cache_salt": (), "vllm_xargs": (),
+    "kv_transfer_params": (), "id_slot": (-1,), "n_keep": (0,), "t_max_predict_ms": (0,),
+    "timings_per_token": (False,), "return_tokens": (False,)}
+_FOREIGN = set(_ALIASES) | set(_NEUTRAL_FOREIGN) | set(_IGNORED_FOREIGN) | {
+    "stop_token_ids", "include_stop_str_in_output", "min_tokens"}
 
 
 def _foreign(body: dict[str, Any], allowed: set[str], strict: bool) -> dict[str, Any]:
@@ -117,6 +124,7 @@ def _foreign(body: dict[str, Any], allowed: set[str], strict: bool) -> dict[str,
     ignored ones dropped, unknown ones dropped with a warning (refused when `strict`)."""
     out = {}
     unknown = []
+    ignored = []
     for name, value in body.items():
         if name in allowed:
             out[name] = value
@@ -125,6 +133,8 @@ def _foreign(body: dict[str, Any], allowed: set[str], strict: bool) -> dict[str,
                 raise RequestError(f"Unrecognized request argument supplied: {name}",
                                    param=name)
             unknown.append(name)
+        elif name in _IGNORED_FOREIGN and _noticed(name, value):
+            ignored.append(name)
     for alias, name in _ALIASES.items():
         if body.get(alias) is None:
             continue
@@ -134,7 +144,17 @@ def _foreign(body: dict[str, Any], allowed: set[str], strict: bool) -> dict[str,
     _check_fields(body, set(body), _NEUTRAL_FOREIGN)
     if unknown:
         log.warning("ignoring unrecognized request fields: %s", ", ".join(sorted(unknown)))
+    if ignored:
+        log.warning("ignoring request fields this server does not act on: %s",
+                    ", ".join(sorted(ignored)))
     return out
+
+
+def _noticed(name: str, value: Any) -> bool:
+    """Whether an ignored field's value is worth a warning (it is not the silent default)."""
+    silent = _IGNORED_FOREIGN[name]
+    return silent is not None and value is not None and not any(
+        value == v and type(value) is type(v) for v in silent)
 
 
 def _stop_token_ids(body: dict[str, Any], n_vocab: int) -> frozenset[int]:
@@ -375,6 +395,29 @@ def _prompts(value: Any, n_vocab: int) -> list[Any]:
 def _honour_foreign(req: GenerationRequest, raw: dict[str, Any], n_vocab: int) -> None:
     req.stop_token_ids = _stop_token_ids(raw, n_vocab)
     req.include_stop_str_in_output = _boolean(raw, "include_stop_str_in_output")
+    req.min_tokens = _integer(raw, "min_tokens", 0, (1 << 32) - 1) or 0
+
+
+# -- min_tokens (vLLM's definition) -----------------------------------------------------------
+# The first `min_tokens` generated tokens can be neither an end-of-generation token nor one of
+# `stop_token_ids` (the host's sampler holds them off: `SamplingParams.min_end_position`), and
+# no stop string that ends within their text stops the generation (the app's StopMatcher is
+# fed their text as held). `max_tokens` below it is a 400.
+
+
+def with_min_tokens(gen: GenerationRequest, sampling: Optional[SamplingParams],
+                    prompt_tokens: int, max_tokens: int) -> Optional[SamplingParams]:
+    """The sampling of one choice whose prompt has `prompt_tokens` tokens and whose budget is
+    `max_tokens`, with the request's min_tokens held (unchanged when it is 0)."""
+    if not gen.min_tokens:
+        return sampling
+    if gen.min_tokens > max_tokens:
+        raise RequestError(f"'min_tokens' must be at most max_tokens={max_tokens}, got "
+                           f"{gen.min_tokens}", param="min_tokens")
+    position, held = prompt_tokens + gen.min_tokens, tuple(gen.stop_token_ids)
+    if sampling is None:
+        return SamplingParams(temperature=0.0, min_end_position=position, min_end_tokens=held)
+    return replace(sampling, min_end_position=position, min_end_tokens=held)
 
 
 def _prompt(value: Any, n_vocab: int) -> Any:

@@ -42,25 +42,30 @@ class StopMatcher:
     strings present then begins, the rest is dropped, and `stopped` stays True.
     """
 
-    __slots__ = ("stops", "_pending", "stopped", "matched")
+    __slots__ = ("stops", "_pending", "_held", "stopped", "matched")
 
     def __init__(self, stops: Sequence[str]) -> None:
         if any(not s for s in stops):
             raise ValueError("stop strings must not be empty")
         self.stops = tuple(stops)
         self._pending = ""
+        self._held = 0  # leading characters of `_pending` no match may end in
         self.stopped = False
         self.matched = ""  # the stop string generation stopped on
 
-    def push(self, text: str) -> tuple[str, bool]:
+    def push(self, text: str, held: bool = False) -> tuple[str, bool]:
+        """`held`: `text` is that of a token below the request's min_tokens; no stop string
+        that ends within it stops the generation (one that ends later may begin in it)."""
         if self.stopped:
             return "", True
         if not self.stops:
             return text, False
         pending = self._pending + text
+        if held:
+            self._held = len(pending)
         cut = -1
-        for stop in self.stops:
-            i = pending.find(stop)
+        for stop in self.stops if not held else ():
+            i = pending.find(stop, max(0, self._held - len(stop) + 1))
             if i != -1 and (cut == -1 or i < cut):
                 cut, self.matched = i, stop
         if cut != -1:
@@ -78,6 +83,7 @@ class StopMatcher:
                     break
         release = len(pending) - hold
         self._pending = pending[release:]
+        self._held = max(0, self._held - release)
         return pending[:release], False
 
     def flush(self) -> str:

@@ -64,7 +64,7 @@ def sampling_params(gen: GenerationRequest) -> dict[str, Any]:
     out: dict[str, Any] = {"n": 1, "max_tokens": gen.max_tokens, "stop": list(gen.stop),
                            "stop_token_ids": sorted(gen.stop_token_ids),
                            "include_stop_str_in_output": gen.include_stop_str_in_output,
-                           "skip_special_tokens": True}
+                           "min_tokens": gen.min_tokens, "skip_special_tokens": True}
     if s is None:
         out.update(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, seed=None,
                    presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0,

@@ -30,3 +30,39 @@ def test_the_table_has_a_row_per_policy():
     table = fleet_bench.markdown([row, dict(row, policy="round_robin")]).splitlines()
     assert len(table) == 4 and table[0].startswith("| policy |")
     assert table[2] == "| kv_aware | 0.500 | 100 | 0.010 | 0.020 | 30.0 | 3 / 5 |"
+
+
+def test_prompt_groups_number_the_prefixes_in_order_of_appearance():
+    args = _args()
+    prompts = fleet_bench.make_prompts(args)
+    groups = fleet_bench.prompt_groups(args, prompts)
+    assert groups[0] == 0 and set(groups) == set(range(max(groups) + 1))
+    for p, q, g, h in zip(prompts, prompts[1:], groups, groups[1:]):
+        assert (p.split()[:8] == q.split()[:8]) == (g == h)
+
+
+def test_the_trace_rebuilds_residency_and_stickiness_from_events():
+    from fleet_trace import ReplicaEvents, stickiness
+
+    rep = ReplicaEvents([(1.0, [{"type": "BlockStored", "block_hashes": [1, 2]}]),
+                         (2.0, [{"type": "BlockRemoved", "block_hashes": [2]}]),
+                         (3.0, [{"type": "AllBlocksCleared"},
+                                {"type": "BlockStored", "block_hashes": [5]}])])
+    assert rep.resident_at(0.5) == {}
+    assert rep.resident_at(1.5) == {1: 1.0, 2: 1.0}
+    assert rep.resident_at(2.5) == {1: 1.0}
+    assert rep.resident_at(9.0) == {5: 3.0}
+    assert rep.stored() == {1, 2, 5}
+    # group 0: replicas 0, 0, 1; group 1: replica 1 twice; one request not placed
+    assert stickiness([0, 0, 1, 1, 1, None], [0, 0, 0, 1, 1, 1]) == 4 / 5
+
+
+def test_the_store_model_counts_hits_of_the_last_holders():
+    from fleet_trace import store_model
+
+    # one replica, two holders: a b a (hit; now two holders of a, b out) c (one a out) b (miss,
+    # the other a out) a (miss): the repeated group filled both holders
+    groups = [0, 1, 0, 2, 1, 0]
+    assert store_model(groups, 2, lambda i, g: 0) == 1 / 6
+    # two replicas by group: every repeat hits
+    assert store_model(groups, 2, lambda i, g: g % 2) == 3 / 6

@@ -58,7 +58,9 @@ def test_an_unknown_field_is_ignored_with_a_warning_and_refused_by_a_strict_serv
     ("/v1/completions", {"no_stop_trim": True}, "no_stop_trim"),
     ("/v1/completions", {"return_hidden_states": True}, "return_hidden_states"),
     ("/v1/completions", {"skip_special_tokens": False}, "skip_special_tokens"),
-    ("/v1/completions", {"min_tokens": 3}, "min_tokens"),
+    ("/v1/chat/completions", {"add_generation_prompt": False}, "add_generation_prompt"),
+    ("/v1/chat/completions", {"chat_template_kwargs": {"enable_thinking": True}},
+     "chat_template_kwargs"),
     ("/v1/completions", {"guided_json": {"type": "object"}}, "guided_json"),
     ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
     ("/v1/completions", {"n_predict": 3, "max_tokens": 4}, "n_predict"),
@@ -73,6 +75,19 @@ def test_a_value_this_server_cannot_honour_is_a_400_naming_the_field(replica, pa
     r = _post(server.url, path, dict(body, **extra))
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_fields_not_acted_on_are_ignored_with_a_warning_unless_at_their_default(
+        replica, caplog):
+    server, _ = replica
+    with caplog.at_level(logging.WARNING, logger="skippy_scheduler.serve"):
+        _complete(server.url, prompt="x", max_tokens=2, cache_prompt=True, id_slot=-1,
+                  request_id="abc")
+        assert not caplog.records
+        _complete(server.url, prompt="x", max_tokens=2, cache_prompt=False,
+                  cache_salt="tenant-1")
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "cache_prompt" in warned and "cache_salt" in warned
 
 
 def test_llama_server_names_are_aliases(replica):

@@ -30,10 +30,11 @@ class SamplerChain:
     `step_seed(seed, position)`, so no RNG state is carried from one token to the next.
     """
 
-    __slots__ = ("params", "chain", "fixed", "history", "fed", "_n_vocab", "_eog_ids")
+    __slots__ = ("params", "chain", "fixed", "history", "fed", "held", "_n_vocab", "_eog_ids")
 
     def __init__(self, params: SamplingParams, n_vocab: int, eog_ids: IntArray) -> None:
         self.params = params
+        self.held = held_tokens(params, eog_ids)
         self.history: list[int] | None = [] if params.penalized else None
         self.fed = 0
         self.chain: Any = None
@@ -128,6 +129,26 @@ class SamplerChain:
         return token
 
 
+def held_tokens(params: SamplingParams, eog_ids: IntArray) -> IntArray | None:
+    """The tokens `min_end_position` holds off (end-of-generation and `min_end_tokens`), or
+    None when nothing is held."""
+    if not params.min_end_position:
+        return None
+    extra = np.asarray(params.min_end_tokens, dtype=np.int32)
+    return np.union1d(eog_ids, extra).astype(np.int32)
+
+
+def hold_ends(row: npt.NDArray[np.float32], chain: SamplerChain, position: int) -> bool:
+    """vLLM's `min_tokens`: below the sequence's `min_end_position` its end tokens (and stop
+    token ids) cannot be sampled. Their logits in `row`, a view of the decode's own output
+    that the chain samples from, become -inf; True when they did."""
+    held = chain.held
+    if held is None or position >= chain.params.min_end_position:
+        return False
+    row[held] = -np.inf
+    return True
+
+
 class Samplers:
     """The chains of the lanes whose sequences are not plain greedy (verbs: start, drop,
     rewind, feed, pick)."""
@@ -158,7 +179,10 @@ class Samplers:
             if token >= self.n_vocab:
                 raise ValueError(f"logit_bias names token {token}, outside [0, {self.n_vocab}) "
                                  "for this model")
-        if sampling.plain_greedy and not sampling.ignore_eos:
+        if any(t >= self.n_vocab for t in sampling.min_end_tokens):
+            raise ValueError(f"min_end_tokens names a token outside [0, {self.n_vocab}) for "
+                             "this model")
+        if sampling.plain_greedy and not sampling.ignore_eos and not sampling.min_end_position:
             return None
         return sampling
 
@@ -210,9 +234,14 @@ class Samplers:
             if chain is None:
                 continue
             batch_row = int(out_rows[j])
-            if chain.chain is None:  # greedy that never ends on its own
-                row = logits[j].copy()
-                row[self._eog_ids] = -np.inf
-                tokens[j] = int(row.argmax())
+            position = int(positions[batch_row]) + 1
+            held = hold_ends(logits[j], chain, position)
+            if chain.chain is None:  # greedy that does not end on its own (yet)
+                row = logits[j]
+                if chain.params.ignore_eos:
+                    row = row.copy()
+                    row[self._eog_ids] = -np.inf
+                if held or chain.params.ignore_eos:
+                    tokens[j] = int(row.argmax())
             else:
-                tokens[j] = chain.sample(ctx, batch_row, int(positions[batch_row]) + 1)
+                tokens[j] = chain.sample(ctx, batch_row, position)
