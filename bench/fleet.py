@@ -241,6 +241,23 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def trace_markdown(rows: list[dict]) -> str:
+    """The `--trace` counts of each policy as a table (requests by where their prefix was)."""
+    lines = ["| policy | group stickiness | prefix on the serving replica / only elsewhere "
+             "(fresh) / nowhere | groups held per replica | modelled best: round robin / "
+             "partition |", "|---|---|---|---|---|"]
+    for r in rows:
+        t = r["trace"]
+        w = t["prefix_at_send"]
+        m = t["modelled_hit_share"]
+        lines.append(f"| {r['policy']} | {t['group_stickiness']:.2f} | {w['on_served']} / "
+                     f"{w['only_elsewhere']} ({w['only_elsewhere_fresh']}) / {w['nowhere']} | "
+                     f"{' / '.join(f'{g:.1f}' for g in t['groups_resident_mean'])} of "
+                     f"{t['holders_per_replica']} | {m['round_robin']:.3f} / "
+                     f"{m['partition']:.3f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="GGUF of the replicas (default: serve's tiny model)")
@@ -285,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                 fh.write(line + "\n")
     if args.markdown:
         print(markdown(rows))
+        if args.trace:
+            print(trace_markdown(rows))
     print(f"logs: {logs}", file=sys.stderr)
     return 0
 

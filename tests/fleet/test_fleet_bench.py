@@ -66,3 +66,13 @@ def test_the_store_model_counts_hits_of_the_last_holders():
     assert store_model(groups, 2, lambda i, g: 0) == 1 / 6
     # two replicas by group: every repeat hits
     assert store_model(groups, 2, lambda i, g: g % 2) == 3 / 6
+
+
+def test_the_trace_table_has_a_row_per_policy():
+    trace = {"group_stickiness": 0.75, "prefix_at_send": {
+        "on_served": 5, "only_elsewhere": 2, "only_elsewhere_fresh": 1, "nowhere": 3},
+        "groups_resident_mean": [2.5, 3.0], "holders_per_replica": 4,
+        "modelled_hit_share": {"round_robin": 0.25, "partition": 0.5}}
+    table = fleet_bench.trace_markdown([dict(policy="kv_aware", trace=trace)]).splitlines()
+    assert len(table) == 3
+    assert table[2] == "| kv_aware | 0.75 | 5 / 2 (1) / 3 | 2.5 / 3.0 of 4 | 0.250 / 0.500 |"
