@@ -48,6 +48,22 @@ typedef struct skippy_memory_component {
     uint64_t bytes_per_sequence;  /* reserved once per sequence */
 } skippy_memory_component;
 
+/* How a plan is filled when prefill and decode both wait (docs/behaviour.md §2.13). */
+typedef enum skippy_planning_rule {
+    SKIPPY_PLANNING_REFERENCE = 0,  /* the reference: homogeneous plans, mixed gate of §2.6 */
+    SKIPPY_PLANNING_SLACK = 1       /* chunks sized from the tightest decode slack (§2.13) */
+} skippy_planning_rule;
+
+/* Predicted step time (µs) = base_us + per_prefill_token_us * prefill and recompute tokens
+ * + [any decode row] (decode_base_us + per_decode_row_us * decode rows): the slack rule's cost
+ * model (§2.13), the shape of the lab's runtime cost model (§5.3). */
+typedef struct skippy_step_cost {
+    double base_us;
+    double per_prefill_token_us;
+    double decode_base_us;
+    double per_decode_row_us;
+} skippy_step_cost;
+
 /* Configuration; skippy_scheduler_config_default fills the defaults. SIZE_MAX = unbounded. */
 typedef struct skippy_scheduler_config {
     size_t max_active_sequences;                 /* default 32 */
@@ -75,6 +91,13 @@ typedef struct skippy_scheduler_config {
     size_t priority_preemption_guard_steps;      /* default 8: plans during which a sequence
                                                     preempted for priority is not again */
     size_t max_priority_preemptions_per_step;    /* default 4: priority victims per plan */
+    uint32_t planning_rule;                      /* skippy_planning_rule: default REFERENCE */
+    double itl_target_us;                        /* default 100000: inter-token target T (SLACK) */
+    double slack_safety;                         /* default 1.2: predicted step time factor */
+    size_t slack_interleave_max;                 /* default 4: decode-only steps in a row while
+                                                    prefill waits (k) */
+    size_t slack_min_chunk_tokens;               /* default 32: the smallest useful chunk */
+    skippy_step_cost step_cost;                  /* initial cost model (skippy_scheduler_set_step_cost) */
 } skippy_scheduler_config;
 
 /* What submit copies from the caller (nothing is borrowed after the call). */
@@ -96,6 +119,9 @@ typedef struct skippy_sequence_desc {
     const skippy_sampling_config *sampling;    /* copied by pointer into each row */
     struct skippy_session *session;            /* copied by pointer into each row */
     uint32_t tenant;                           /* FAIR_SHARE: whose service it is (default 0) */
+    double itl_target_us;                      /* its inter-token target (SLACK); 0 = config's */
+    double ttft_deadline_us;                   /* first-token deadline on the scheduler clock;
+                                                  0 = none (breaks admission ties, §3.3a) */
 } skippy_sequence_desc;
 
 /* Read-only view of one sequence (pointers valid until the next mutating call). */
@@ -123,6 +149,9 @@ typedef struct skippy_sequence_info {
     uint32_t restore_holder;                   /* that entry's holder id (SKIPPY_PREFIX_NONE) */
     uint64_t cache_epoch;                      /* store epoch the affinity was read at */
     uint32_t tenant;
+    double itl_target_us;                      /* as submitted (0 = the config's) */
+    double ttft_deadline_us;                   /* as submitted (0 = none) */
+    double last_token_us;                      /* clock at its last token or admission (SLACK) */
 } skippy_sequence_info;
 
 /* Cumulative counters. */
@@ -249,6 +278,13 @@ const skippy_retired *skippy_scheduler_retired(const skippy_scheduler *scheduler
                                                size_t *out_count);
 uint64_t skippy_scheduler_waiting_turn(const skippy_scheduler *scheduler);
 bool skippy_scheduler_mixed_viable(const skippy_scheduler *scheduler);
+/* The slack rule (§2.13): the time now on the caller's clock (µs), read by the next plan and
+ * stamped on the sequences the next completion gives a token (call it before both); and the
+ * cost model, refitted by the caller (finite values >= 0, else SKIPPY_SCHED_INVALID). */
+void skippy_scheduler_set_clock(skippy_scheduler *scheduler, double now_us);
+skippy_status skippy_scheduler_set_step_cost(skippy_scheduler *scheduler,
+                                             const skippy_step_cost *cost,
+                                             skippy_error **out_error);
 
 /* ---------------------------------------------------------------- prefix store (§8c) */
 

@@ -58,7 +58,10 @@ def _instructions(python: str, side: str, n: int, steps: int) -> int:
         raise SystemExit("valgrind not found")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "cg.out")
-        env = dict(os.environ, PYTHONHASHSEED="0")  # the same dict and set layouts every run
+        # The same dict and set layouts every run; no BLAS worker threads (numpy's OpenBLAS
+        # starts them at import, and their spinning adds counts that vary from run to run).
+        env = dict(os.environ, PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1",
+                   OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         subprocess.run([valgrind, "--tool=callgrind", f"--callgrind-out-file={out}",
                         python, os.path.abspath(__file__), "--child", side, str(n), str(steps)],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)

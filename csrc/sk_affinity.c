@@ -7,8 +7,10 @@
  * waiting sequences whose prompt lies under a prefix the store inserted or evicted since (the
  * store's change journal, looked up in the waiting-prompt tree of sk_rank_set). A re-read that
  * changes a sequence's restore or saved cost is a stale refresh: the sequence is re-ranked and
- * the counter rises. The entry a sequence is admitted with is pinned until the sequence leaves
- * the active set, so the host can copy it at any point while the sequence runs.
+ * the counter rises. A match reads the sequence's replay, not only its prompt: a preempted
+ * sequence whose computed tokens the host kept resident restores them, generated tokens
+ * included, instead of recomputing them. The entry a sequence is admitted with is pinned until
+ * the sequence leaves the active set, so the host can copy it at any point while it runs.
  */
 #include <stdlib.h>
 
@@ -49,7 +51,7 @@ void sk_affinity_read(skippy_scheduler *s, sk_seq *seq)
 {
     if (!s->store) return;
     size_t matched = 0;
-    skippy_prefix_store_match(s->store, seq->tokens, seq->prompt_len, &matched);
+    skippy_prefix_store_match(s->store, seq->tokens, sk_affinity_key_len(seq), &matched);
     set_affinity(s, seq, matched);
 }
 
@@ -69,8 +71,25 @@ static void reread(skippy_scheduler *s, sk_seq *seq, uint32_t round)
     if (seq->probe_round == round) return;
     seq->probe_round = round;
     size_t matched = 0;
-    skippy_prefix_store_match(s->store, seq->tokens, seq->prompt_len, &matched);
+    skippy_prefix_store_match(s->store, seq->tokens, sk_affinity_key_len(seq), &matched);
     reread_as(s, seq, matched);
+}
+
+/*
+ * A waiting sequence with generated tokens (a preempted one) matches its replay, which runs
+ * past its prompt, so the waiting-prompt tree cannot tell which changes concern it. There are
+ * few of them (they are counted as they enter and leave the tree): each is re-read whenever
+ * the store changed, and the walk stops once all have been.
+ */
+static void reread_resumers(skippy_scheduler *s, uint32_t round)
+{
+    size_t left = s->waiting_resumers;
+    for (size_t i = 0; i < s->waiting_len && left; i++) {
+        sk_seq *seq = &s->seqs[s->waiting[i]];
+        if (!seq->gen_len) continue;
+        left--;
+        reread(s, seq, round);
+    }
 }
 
 /*
@@ -162,6 +181,7 @@ int sk_affinity_refresh(skippy_scheduler *s)
                                "out of memory refreshing cache affinity");
             reread_under(s, pool + changes[c].offset, changes[c].length, count, round);
         }
+        reread_resumers(s, round);
     }
     sk_prefix_journal_clear(s->store);
     s->store_epoch_seen = epoch;
@@ -177,8 +197,8 @@ void sk_affinity_pin(skippy_scheduler *s, sk_seq *seq)
          * read. Should it not pin (it cannot fail after a refresh), the sequence runs without
          * the restore rather than with one no host could copy. */
         size_t matched = 0;
-        uint32_t entry = skippy_prefix_store_match(s->store, seq->tokens, seq->prompt_len,
-                                                   &matched);
+        uint32_t entry = skippy_prefix_store_match(s->store, seq->tokens,
+                                                   sk_affinity_key_len(seq), &matched);
         if (entry != SKIPPY_PREFIX_NONE && matched >= seq->restore_tokens &&
             skippy_prefix_store_pin(s->store, entry) == SKIPPY_SCHED_OK) {
             seq->pinned_entry = entry;

@@ -3,6 +3,7 @@
  * (admission, completion, preemption) are in sk_sched.c, planning in sk_plan.c and failure
  * reporting in sk_error.c.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,6 +33,15 @@ void skippy_scheduler_config_default(skippy_scheduler_config *c)
     c->priority_preemption = false;
     c->priority_preemption_guard_steps = 8;
     c->max_priority_preemptions_per_step = 4;
+    c->planning_rule = SKIPPY_PLANNING_REFERENCE;
+    c->itl_target_us = 100000.0;
+    c->slack_safety = 1.2;
+    c->slack_interleave_max = 4;
+    c->slack_min_chunk_tokens = 32;
+    c->step_cost.base_us = 8000.0;
+    c->step_cost.per_prefill_token_us = 600.0;
+    c->step_cost.decode_base_us = 0.0;
+    c->step_cost.per_decode_row_us = 700.0;
 }
 
 static size_t clamp_sz(size_t v, size_t lo, size_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
@@ -50,6 +60,7 @@ void skippy_scheduler_config_normalize(skippy_scheduler_config *c)
     if (c->max_consecutive_prefill_iterations < 1) c->max_consecutive_prefill_iterations = 1;
     /* A sequence counts its in-flight samples in one byte (sk_seq.pending). */
     c->max_inflight_plans = clamp_sz(c->max_inflight_plans, 1, SK_MAX_INFLIGHT_PLANS);
+    c->slack_min_chunk_tokens = clamp_sz(c->slack_min_chunk_tokens, 1, c->max_tokens_per_iteration);
 }
 
 void skippy_sequence_desc_init(skippy_sequence_desc *d, const char *id, size_t id_len,
@@ -144,6 +155,15 @@ skippy_status skippy_scheduler_create(const skippy_scheduler_config *config,
                      "finite numbers >= 0");
         goto fail;
     }
+    if (s->cfg.planning_rule > SKIPPY_PLANNING_SLACK ||
+        !(isfinite(s->cfg.itl_target_us) && s->cfg.itl_target_us > 0.0) ||
+        !(isfinite(s->cfg.slack_safety) && s->cfg.slack_safety > 0.0) ||
+        sk_check_step_cost(&s->cfg.step_cost)) {
+        rc = sk_fail(s, SKIPPY_SCHED_INVALID, "unknown planning rule, or itl_target_us, "
+                     "slack_safety or step_cost out of range (finite; > 0, > 0, >= 0)");
+        goto fail;
+    }
+    s->cost = s->cfg.step_cost;
     s->comps = calloc(nc ? nc : 1, sizeof *s->comps);
     s->used = calloc(nc ? nc : 1, sizeof *s->used);
     s->available = calloc(nc ? nc : 1, sizeof *s->available);
@@ -221,12 +241,16 @@ bool skippy_scheduler_sequence(const skippy_scheduler *s, uint32_t slot, skippy_
         o->restore_entry = q->pinned_entry;
     } else if (q->where == SK_WHERE_WAITING && s->store && q->has_restore) {
         size_t matched = 0; /* the backing entry now (it may differ from the last read's) */
-        o->restore_entry = skippy_prefix_store_match(s->store, q->tokens, q->prompt_len, &matched);
+        o->restore_entry = skippy_prefix_store_match(s->store, q->tokens,
+                                                     sk_affinity_key_len(q), &matched);
     }
     o->restore_holder = s->store && o->restore_entry != SKIPPY_PREFIX_NONE
                             ? sk_prefix_holder(s->store, o->restore_entry) : SKIPPY_PREFIX_NONE;
     o->cache_epoch = q->cache_epoch;
     o->tenant = q->tenant;
+    o->itl_target_us = q->itl_target_us;
+    o->ttft_deadline_us = q->ttft_deadline_us;
+    o->last_token_us = q->last_token_us;
     return true;
 }
 

@@ -77,6 +77,10 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     uint32_t tenant;          /* as submitted; fair share keeps its own per-slot state (sk_fair.c) */
     bool fresh;               /* active with no row planned since its admission (new_rows) */
     uint64_t prio_preempted_at; /* plan step + 1 of its last preemption for priority, 0 = none */
+    /* the slack rule (sk_slack.c, §2.13) and deadlines (§3.3a) */
+    double itl_target_us;     /* 0 = cfg.itl_target_us */
+    double ttft_deadline_us;  /* 0 = none */
+    double last_token_us;     /* s->now_us at its last token, or at its admission */
 } sk_seq;
 
 /*
@@ -99,6 +103,7 @@ typedef struct sk_plan_slot {
     size_t new_count;
     size_t consecutive_before;
     size_t mixed_before;
+    size_t interleaved_before;
     uint64_t void_mark;       /* s->void_count when made: equal at completion = no row is void */
 } sk_plan_slot;
 
@@ -150,6 +155,9 @@ struct skippy_scheduler {
     size_t ewma_cap;
     bool mixed_viable;
     size_t mixed_cursor;
+    double now_us;                        /* skippy_scheduler_set_clock (slack rule, §2.13) */
+    skippy_step_cost cost;                /* skippy_scheduler_set_step_cost */
+    size_t interleaved;                   /* decode-only plans in a row while prefill waited */
 
     size_t n_class[3];                    /* active sequences per SK_CLASS_* (see sk_class) */
     size_t fresh_count;                   /* active sequences with `fresh` set */
@@ -180,6 +188,8 @@ struct skippy_scheduler {
     uint64_t store_epoch_seen;            /* store epoch the waiting affinities reflect */
     uint32_t probe_round;
     uint32_t *under;                      /* rank_set handles under a changed prefix */
+    size_t waiting_resumers;              /* ranked-set members with generated tokens: their
+                                           * restore reads the replay, past the prompt */
     size_t under_cap;
 
     skippy_rank_callback rank_cb;
@@ -274,6 +284,10 @@ static inline uint32_t sk_room(const sk_seq *q)
     return r > UINT32_MAX ? UINT32_MAX : (uint32_t)r;
 }
 
+/* The tokens a store match reads (sk_affinity.c): the replay, so a preempted sequence restores
+ * what it had computed, generated tokens included (docs/behaviour.md §2.12). */
+static inline size_t sk_affinity_key_len(const sk_seq *q) { return sk_replay_len(q); }
+
 static inline bool prefill_pending(const sk_seq *q) { return q->cursor < sk_replay_len(q); }
 /* Its in-flight samples already bring it to max_tokens: nothing more to plan until they land. */
 static inline bool sk_saturated(const sk_seq *q)
@@ -317,5 +331,15 @@ static inline void sk_unfresh(skippy_scheduler *s, sk_seq *seq)
  * plans from the n-th oldest on, newest first (abort) */
 sk_plan_slot *sk_find_live(skippy_scheduler *s, uint64_t serial, size_t *out_nth);
 void sk_abort_from(skippy_scheduler *s, size_t nth);
+
+/* sk_slack.c: what the slack rule runs this step (§2.13) when prefill and live decode both
+ * wait; prefill_budget bounds the step's prefill tokens. Updates s->interleaved. */
+enum { SK_SLACK_DECODE_ONLY = 0, SK_SLACK_MIXED = 1, SK_SLACK_PREFILL_ONLY = 2 };
+typedef struct sk_slack_choice {
+    int kind;
+    size_t prefill_budget;
+} sk_slack_choice;
+sk_slack_choice sk_slack_decide(skippy_scheduler *s, size_t decode_rows);
+int sk_check_step_cost(const skippy_step_cost *cost);
 
 #endif

@@ -302,19 +302,12 @@ static void plan_decode_only(skippy_scheduler *s, sk_writer *out)
     out->tokens_by_phase[SKIPPY_PHASE_DECODE] = row;
 }
 
-static void plan_homogeneous(skippy_scheduler *s, sk_writer *out, bool has_prefill, bool has_live)
+/* Prefill chunks in walk order within `budget` tokens (a homogeneous prefill plan). */
+static void plan_prefill(skippy_scheduler *s, sk_writer *out, size_t budget, bool has_live)
 {
-    bool run_prefill = has_prefill && (!has_live || s->consecutive_prefill <
-                                                        s->cfg.max_consecutive_prefill_iterations);
-    size_t budget = s->cfg.max_tokens_per_iteration, active_count = s->active_len;
+    size_t active_count = s->active_len, prefill_rows = 0;
     const uint32_t *active = s->active;
     sk_seq *seqs = s->seqs;
-    if (!run_prefill) {
-        plan_decode_only(s, out);
-        if (out->row_count) s->consecutive_prefill = 0;
-        return;
-    }
-    size_t prefill_rows = 0;
     for (size_t at = 0; at < active_count && budget > 0; at++) {
         uint32_t slot = active[at];
         if (!prefill_pending(&seqs[slot])) continue;
@@ -325,9 +318,21 @@ static void plan_homogeneous(skippy_scheduler *s, sk_writer *out, bool has_prefi
     if (prefill_rows) s->consecutive_prefill = has_live ? s->consecutive_prefill + 1 : 0;
 }
 
+static void plan_homogeneous(skippy_scheduler *s, sk_writer *out, bool has_prefill, bool has_live)
+{
+    bool run_prefill = has_prefill && (!has_live || s->consecutive_prefill <
+                                                        s->cfg.max_consecutive_prefill_iterations);
+    if (!run_prefill) {
+        plan_decode_only(s, out);
+        if (out->row_count) s->consecutive_prefill = 0;
+        return;
+    }
+    plan_prefill(s, out, s->cfg.max_tokens_per_iteration, has_live);
+}
+
 /* Decode rows first, from a cursor that rotates so a short budget serves everyone in turn;
- * then prefill chunks with what budget is left. */
-static void plan_mixed(skippy_scheduler *s, sk_writer *out)
+ * then prefill chunks with what budget is left, at most `prefill_cap` tokens. */
+static void plan_mixed(skippy_scheduler *s, sk_writer *out, size_t prefill_cap)
 {
     size_t budget = s->cfg.max_tokens_per_iteration, active_count = s->active_len;
     if (active_count > 0) {
@@ -347,6 +352,7 @@ static void plan_mixed(skippy_scheduler *s, sk_writer *out)
         size_t next = start + examined;
         s->mixed_cursor = next % active_count;
     }
+    if (budget > prefill_cap) budget = prefill_cap;
     size_t prefill_rows = 0;
     for (size_t at = 0; at < active_count; at++) {
         if (budget == 0 || prefill_rows >= s->cfg.max_prefill_sequences_per_iteration) break;
@@ -356,6 +362,20 @@ static void plan_mixed(skippy_scheduler *s, sk_writer *out)
         prefill_rows++;
     }
     s->consecutive_prefill = 0;
+}
+
+/* The slack rule (§2.13, sk_slack.c) when prefill and live decode both wait. */
+static void plan_slack(skippy_scheduler *s, sk_writer *out, size_t decode_rows)
+{
+    sk_slack_choice choice = sk_slack_decide(s, decode_rows);
+    if (choice.kind == SK_SLACK_MIXED) {
+        plan_mixed(s, out, choice.prefill_budget);
+    } else if (choice.kind == SK_SLACK_PREFILL_ONLY) {
+        plan_prefill(s, out, choice.prefill_budget, true);
+    } else {
+        plan_decode_only(s, out);
+        s->consecutive_prefill = 0;
+    }
 }
 
 #ifdef SK_CHECK_INVARIANTS
@@ -404,6 +424,7 @@ static int make_plan(skippy_scheduler *s, skippy_plan **out_plan)
     plan->outputs.count = 0;
     slot->consecutive_before = s->consecutive_prefill;
     slot->mixed_before = s->mixed_cursor;
+    slot->interleaved_before = s->interleaved;
 #ifdef SK_CHECK_INVARIANTS
     sk_check_classes(s);
 #endif
@@ -414,10 +435,18 @@ static int make_plan(skippy_scheduler *s, skippy_plan **out_plan)
                              ? live_count : s->cfg.max_tokens_per_iteration;
     sk_writer out;
     writer_open(&out, slot, s->plan_serial, depth > 1);
+    if (s->cfg.planning_rule == SKIPPY_PLANNING_SLACK) {
+        if (has_prefill && live_count > 0) {
+            plan_slack(s, &out, decode_rows);
+        } else {
+            s->interleaved = 0; /* nothing waits on the other phase */
+            plan_homogeneous(s, &out, has_prefill, live_count > 0);
+        }
+    }
     /* Mixed planning needs a decode-only duration for this many decode rows to compare with. */
-    if (s->cfg.mixed_prefill_decode && s->mixed_viable && decode_rows > 0 &&
+    else if (s->cfg.mixed_prefill_decode && s->mixed_viable && decode_rows > 0 &&
         decode_rows < s->ewma_cap && !isnan(s->ewma[decode_rows]))
-        plan_mixed(s, &out);
+        plan_mixed(s, &out, SIZE_MAX);
     else
         plan_homogeneous(s, &out, has_prefill, live_count > 0);
     plan->request_count = out.row_count;
@@ -509,6 +538,7 @@ void sk_abort_from(skippy_scheduler *s, size_t nth)
         if (k == nth) {
             s->consecutive_prefill = slot->consecutive_before;
             s->mixed_cursor = slot->mixed_before;
+            s->interleaved = slot->interleaved_before;
         }
     }
     s->m.aborted_plans = sk_sat_add(s->m.aborted_plans, s->live_count - nth);

@@ -5,6 +5,7 @@
  * Every public entry point validates first and mutates after, so a failing call leaves the
  * scheduler exactly as it was.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,6 +65,10 @@ static int submit(skippy_scheduler *s, const skippy_sequence_desc *desc, uint32_
                      desc->prefill_cursor))
         return sk_fail(s, SKIPPY_SCHED_INVALID, "a prefix store is attached: it decides prefix "
                        "restores and saved costs, so the descriptor must carry none");
+    if (!(isfinite(desc->itl_target_us) && desc->itl_target_us >= 0.0) ||
+        !(isfinite(desc->ttft_deadline_us) && desc->ttft_deadline_us >= 0.0))
+        return sk_fail(s, SKIPPY_SCHED_INVALID, "itl_target_us and ttft_deadline_us must be "
+                       "finite numbers >= 0 (0 = none)");
     uint64_t hash = sk_hash_id(desc->id, desc->id_len);
     if (sk_store_find(s, desc->id, desc->id_len, hash) != SK_NO_SLOT)
         return sk_fail(s, SKIPPY_SCHED_DUPLICATE, "sequence id is already queued or active: %.*s",
@@ -124,6 +129,9 @@ static int submit(skippy_scheduler *s, const skippy_sequence_desc *desc, uint32_
     seq->where = SK_WHERE_FREE;
     seq->fresh = false;
     seq->prio_preempted_at = 0;
+    seq->itl_target_us = desc->itl_target_us;
+    seq->ttft_deadline_us = desc->ttft_deadline_us;
+    seq->last_token_us = 0.0;
     sk_affinity_read(s, seq); /* with a store: its restore and saved cost, before ranking */
     if (sk_fair_submit(s, slot, desc->tenant)) goto oom;
     if (sk_waiting_add(s, slot, seq->enqueue_order)) goto oom;
@@ -202,6 +210,7 @@ void sk_admit_one(skippy_scheduler *s, uint32_t slot)
     sk_affinity_pin(s, seq);
     seq->status = SKIPPY_SEQ_RUNNING;
     seq->admitted_at = ++s->admit_counter;
+    seq->last_token_us = s->now_us; /* its slack counts from here until its first token */
     seq->where = SK_WHERE_ACTIVE;
     seq->fresh = true;
     s->fresh_count++;
@@ -323,6 +332,8 @@ static int complete(skippy_scheduler *s, uint64_t serial, skippy_iteration_telem
     const uint32_t *row_epoch = plan_slot->row_epoch;
     const int32_t *predicted = plan->outputs.predicted_tokens;
     sk_seq *seqs = s->seqs;
+    bool stamp = s->cfg.planning_rule == SKIPPY_PLANNING_SLACK;
+    double now = s->now_us;
     for (size_t entry = 0, sample_count = plan->sample_count; entry < sample_count; entry++) {
         size_t row = sample_rows[entry];
         uint32_t slot = slots[row];
@@ -353,6 +364,7 @@ static int complete(skippy_scheduler *s, uint64_t serial, skippy_iteration_telem
             continue;
         }
         move_class(s, before, seq);
+        if (stamp) seq->last_token_us = now;
         if (seq->gen_len >= seq->max_tokens)
             retire(s, slot, SKIPPY_SEQ_FINISHED, SKIPPY_END_LENGTH);
     }

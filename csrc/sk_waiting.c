@@ -75,12 +75,15 @@ int sk_waiting_add(skippy_scheduler *s, uint32_t slot, uint64_t order)
     if (sk_rank_set_add(s->rank_set, &it, &h)) return -1;
     s->rank_slot[h] = slot;
     q->rank_handle = h;
+    if (q->gen_len) s->waiting_resumers++; /* a waiting sequence's tokens do not change */
     return 0;
 }
 
 void sk_waiting_remove(skippy_scheduler *s, uint32_t slot)
 {
-    if (s->rank_set) sk_rank_set_remove(s->rank_set, s->seqs[slot].rank_handle);
+    if (!s->rank_set) return;
+    sk_rank_set_remove(s->rank_set, s->seqs[slot].rank_handle);
+    if (s->seqs[slot].gen_len) s->waiting_resumers--;
 }
 
 /* Without the prefix tree: the user policy, or the one-shot kernel over the queue. */

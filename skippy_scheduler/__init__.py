@@ -61,6 +61,7 @@ from .types import (  # noqa: E402
     MalformedOutputs,
     MemoryComponent,
     PlanInFlight,
+    PlanningRule,
     PrefixRestore,
     PrefixRestoreKind,
     QueueFull,
@@ -72,6 +73,7 @@ from .types import (  # noqa: E402
     Sequence,
     SequenceStatus,
     StalePlanError,
+    StepCost,
 )
 
 # What a user needs, by layer: the driver loop and the host it runs; the scheduler (native, or
@@ -90,6 +92,8 @@ __all__ = [
     "Scheduler",
     "TwinScheduler",
     "SchedulerConfig",
+    "PlanningRule",
+    "StepCost",
     "MemoryComponent",
     "Sequence",
     "SequenceStatus",

@@ -46,6 +46,7 @@ from .policies import (
     VictimCandidate,
     VirtualTokenCounters,
 )
+from .slack import check_clock, check_step_cost
 from .types import (
     DuplicateSequence,
     EmptyPrompt,
@@ -131,6 +132,7 @@ cdef class Scheduler:
     cdef dict _tenant_ids                  # fair share: tenant object -> the core's uint32 id
     cdef list _tenants                     #   and back, by id
     cdef double _default_weight            #   weight of a tenant first seen at submit
+    cdef object _step_cost                 # the slack rule's cost model (a StepCost)
 
     def __cinit__(self, config=None, admission=None, preemption=None):
         self._s = NULL
@@ -174,6 +176,7 @@ cdef class Scheduler:
         self._tenant_ids = {}
         self._tenants = []
         self._default_weight = 1.0
+        self._step_cost = cfg.step_cost
         if fair:
             counters = admission.counters
             # None is tenant 0, the id a sequence without a tenant gets (as in C).
@@ -299,6 +302,8 @@ cdef class Scheduler:
         d.sampling = <const skippy_sampling_config *>sampling_addr
         d.session = <skippy_session *>session_addr
         d.tenant = 0
+        d.itl_target_us = q.itl_target * 1e6 if q.itl_target is not None else 0.0
+        d.ttft_deadline_us = q.ttft_deadline * 1e6 if q.ttft_deadline is not None else 0.0
         new_tenant = False
         if self._fair:
             tenant = FairShareAdmission.tenant_of_sequence(q)
@@ -513,7 +518,8 @@ cdef class Scheduler:
             prefix_restore=restore, cache_affinity=affinity,
             admitted_at=info.admitted_at if info.admitted_at else None,
             prefill_cursor=info.prefill_cursor, enqueued_turn=info.enqueued_turn,
-            enqueue_order=info.enqueue_order, tenant=o.tenant)
+            enqueue_order=info.enqueue_order, tenant=o.tenant,
+            ttft_deadline=o.ttft_deadline, itl_target=o.itl_target)
 
     def metrics(self):
         """A new `SchedulerMetrics` with the cumulative counters (changing it changes nothing
@@ -530,6 +536,25 @@ cdef class Scheduler:
     def waiting_turn(self):
         """The queue turn new submits are stamped with; each plan advances it (int)."""
         return skippy_scheduler_waiting_turn(self._s)
+
+    # -- the slack rule's inputs (§2.13) -----------------------------------------------------
+
+    def set_clock(self, now):
+        """The time now (seconds, any monotonic origin): read by the next plan, and stamped on
+        the sequences the next completion gives a token. Set it before both."""
+        skippy_scheduler_set_clock(self._s, check_clock(now) * 1e6)
+
+    def set_step_cost(self, cost):
+        """The slack rule's cost model from now on (the engine refits it online)."""
+        cdef skippy_step_cost c
+        _step_cost(&c, check_step_cost("cost", cost))
+        if skippy_scheduler_set_step_cost(self._s, &c, NULL) != SKIPPY_STATUS_OK:
+            self._raise_last()
+        self._step_cost = cost
+
+    @property
+    def step_cost(self):
+        return self._step_cost
 
     @property
     def mixed_prefill_viable(self):

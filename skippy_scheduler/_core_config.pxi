@@ -53,4 +53,17 @@ cdef bint _native_config(skippy_scheduler_config *c, object cfg, object admissio
     c.priority_preemption = cfg.priority_preemption
     c.priority_preemption_guard_steps = cfg.priority_preemption_guard_steps
     c.max_priority_preemptions_per_step = cfg.max_priority_preemptions_per_step
+    c.planning_rule = cfg.planning_rule.value
+    c.itl_target_us = cfg.itl_target * 1e6
+    c.slack_safety = cfg.slack_safety
+    c.slack_interleave_max = cfg.slack_interleave_max
+    c.slack_min_chunk_tokens = cfg.slack_min_chunk_tokens
+    _step_cost(&c.step_cost, cfg.step_cost)
     return fair
+
+
+cdef void _step_cost(skippy_step_cost *out, object cost):
+    out.base_us = cost.base_us
+    out.per_prefill_token_us = cost.per_prefill_token_us
+    out.decode_base_us = cost.decode_base_us
+    out.per_decode_row_us = cost.per_decode_row_us

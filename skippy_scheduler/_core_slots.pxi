@@ -12,6 +12,8 @@ cdef class _SlotObjects:
     cdef object sampling
     cdef object tenant  # the sequence's own `tenant` field, for snapshots and Python policies
     cdef object prompt  # the prompt as a tuple, built the first time a Python policy ranks it
+    cdef object ttft_deadline  # the sequence's own deadlines (seconds), for snapshots
+    cdef object itl_target
 
 
 cdef _SlotObjects _slot_objects(object seq):
@@ -21,6 +23,8 @@ cdef _SlotObjects _slot_objects(object seq):
     o.cache_affinity = seq.cache_affinity
     o.sampling = seq.sampling
     o.tenant = seq.tenant
+    o.ttft_deadline = seq.ttft_deadline
+    o.itl_target = seq.itl_target
     return o
 
 

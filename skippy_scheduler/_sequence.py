@@ -20,6 +20,7 @@ from ._validate import (
 )
 from .cache_policy import CacheAffinity
 from .sampling import check_sampling
+from .slack import check_optional_seconds
 
 
 # Enum classes whose members were once spelled in CamelCase: old spelling -> member name.
@@ -98,6 +99,8 @@ _FIELDS = (
     "enqueued_turn",
     "enqueue_order",
     "tenant",
+    "ttft_deadline",
+    "itl_target",
 )
 
 
@@ -115,7 +118,8 @@ class Sequence:
     `prefill_cursor` counts the replay tokens (prompt + generated[:-1]) already fed to the model;
     `enqueued_turn` and `enqueue_order` are set by `submit`. `tenant` (any hashable, None by
     default) names whose service the request is, for fair-share admission. Builders modify the
-    sequence and return it, so they chain.
+    sequence and return it, so they chain. `ttft_deadline` (seconds on the scheduler's clock)
+    and `itl_target` (seconds) are the request's own deadlines, None by default (§2.13, §3.3a).
     """
 
     __slots__ = _FIELDS
@@ -144,6 +148,8 @@ class Sequence:
         self.enqueued_turn = 0
         self.enqueue_order = 0
         self.tenant = _check_tenant(tenant)
+        self.ttft_deadline: float | None = None
+        self.itl_target: float | None = None
 
     # -- builders -----------------------------------------------------------------------------
 
@@ -168,6 +174,14 @@ class Sequence:
 
     def with_tenant(self, tenant: Hashable) -> "Sequence":
         self.tenant = _check_tenant(tenant)
+        return self
+
+    def with_deadlines(self, *, ttft_deadline: float | None = None,
+                       itl_target: float | None = None) -> "Sequence":
+        """Its first-token deadline (seconds on the scheduler's clock, see `set_clock`) and its
+        inter-token target (seconds); None leaves one unset."""
+        self.ttft_deadline = check_optional_seconds("ttft_deadline", ttft_deadline)
+        self.itl_target = check_optional_seconds("itl_target", itl_target)
         return self
 
     def with_prefilled_generation(self, tokens: Iterable[int]) -> "Sequence":
@@ -245,6 +259,8 @@ class Sequence:
         copy.enqueued_turn = check_uint("enqueued_turn", self.enqueued_turn)
         copy.enqueue_order = check_uint("enqueue_order", self.enqueue_order)
         copy.tenant = _check_tenant(self.tenant)
+        copy.ttft_deadline = check_optional_seconds("ttft_deadline", self.ttft_deadline)
+        copy.itl_target = check_optional_seconds("itl_target", self.itl_target)
         return copy
 
     def _snapshot(self, status: "SequenceStatus | None" = None) -> "Sequence":

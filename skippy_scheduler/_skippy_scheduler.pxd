@@ -49,6 +49,12 @@ cdef extern from "skippy_scheduler.h" nogil:
         uint64_t bytes_per_token
         uint64_t bytes_per_sequence
 
+    ctypedef struct skippy_step_cost:
+        double base_us
+        double per_prefill_token_us
+        double decode_base_us
+        double per_decode_row_us
+
     ctypedef struct skippy_scheduler_config:
         size_t max_active_sequences
         size_t sequence_id_limit
@@ -71,6 +77,12 @@ cdef extern from "skippy_scheduler.h" nogil:
         bint priority_preemption
         size_t priority_preemption_guard_steps
         size_t max_priority_preemptions_per_step
+        uint32_t planning_rule
+        double itl_target_us
+        double slack_safety
+        size_t slack_interleave_max
+        size_t slack_min_chunk_tokens
+        skippy_step_cost step_cost
 
     ctypedef struct skippy_sequence_desc:
         const char *id
@@ -90,6 +102,8 @@ cdef extern from "skippy_scheduler.h" nogil:
         const skippy_sampling_config *sampling
         skippy_session *session
         uint32_t tenant
+        double itl_target_us
+        double ttft_deadline_us
 
     ctypedef struct skippy_sequence_info:
         const char *id
@@ -114,6 +128,9 @@ cdef extern from "skippy_scheduler.h" nogil:
         uint32_t restore_holder
         uint64_t cache_epoch
         uint32_t tenant
+        double itl_target_us
+        double ttft_deadline_us
+        double last_token_us
 
     ctypedef struct skippy_scheduler_metrics:
         uint64_t iterations
@@ -217,6 +234,10 @@ cdef extern from "skippy_scheduler.h" nogil:
     const skippy_retired *skippy_scheduler_retired(const skippy_scheduler *scheduler, size_t *out_count)
     uint64_t skippy_scheduler_waiting_turn(const skippy_scheduler *scheduler)
     cbool skippy_scheduler_mixed_viable(const skippy_scheduler *scheduler)
+    void skippy_scheduler_set_clock(skippy_scheduler *scheduler, double now_us)
+    skippy_status skippy_scheduler_set_step_cost(skippy_scheduler *scheduler,
+                                                 const skippy_step_cost *cost,
+                                                 skippy_error **out_error)
 
     # prefix store (docs/behaviour.md §8c)
     uint32_t SKIPPY_PREFIX_NONE

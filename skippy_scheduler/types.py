@@ -24,6 +24,14 @@ from ._validate import (
     sat_sub,
 )
 from .cache_policy import CacheAffinity, CacheAwareCandidate, StageCacheAffinity
+from .slack import (
+    PlanningRule,
+    StepCost,
+    check_planning_rule,
+    check_positive_seconds,
+    check_safety,
+    check_step_cost,
+)
 from ._sequence import (
     PrefixRestore,
     PrefixRestoreKind,
@@ -47,6 +55,8 @@ __all__ = [
     "PrefixRestoreKind",
     "MemoryComponent",
     "SchedulerConfig",
+    "PlanningRule",
+    "StepCost",
     "PrefixRestore",
     "Sequence",
     "IterationWork",
@@ -191,6 +201,12 @@ _CONFIG_CHECKS = {
     "max_priority_preemptions_per_step": lambda n, v: check_uint(n, v, USIZE_MAX),
     "iteration_interval": _check_interval,
     "memory_components": _check_components,
+    "planning_rule": check_planning_rule,
+    "itl_target": check_positive_seconds,
+    "slack_safety": check_safety,
+    "slack_interleave_max": lambda n, v: check_uint(n, v, USIZE_MAX),
+    "slack_min_chunk_tokens": lambda n, v: check_uint(n, v, USIZE_MAX),
+    "step_cost": check_step_cost,
 }
 
 
@@ -227,6 +243,17 @@ class SchedulerConfig:
     max_priority_preemptions_per_step: int = 4
     iteration_interval: float = 0.002
     memory_components: list[MemoryComponent] = field(default_factory=list)
+    # The slack rule (§2.13), off by default (the reference's rule): when prefill and live decode
+    # both wait, the prefill chunk is sized so the step's predicted time (`step_cost`) times
+    # `slack_safety` fits the tightest decode slack under the inter-token target `itl_target`
+    # (seconds; a sequence's own `itl_target` overrides it); at most `slack_interleave_max`
+    # decode-only steps run in a row before a chunk of `slack_min_chunk_tokens` does.
+    planning_rule: PlanningRule = PlanningRule.REFERENCE
+    itl_target: float = 0.1
+    slack_safety: float = 1.2
+    slack_interleave_max: int = 4
+    slack_min_chunk_tokens: int = 32
+    step_cost: StepCost = field(default_factory=StepCost)
 
     def __setattr__(self, name: str, value: Any) -> None:
         check = _CONFIG_CHECKS.get(name)
@@ -264,6 +291,7 @@ class SchedulerConfig:
             cache_aging_cost_per_iteration=max(self.cache_aging_cost_per_iteration, 1),
             max_inflight_plans=max(self.max_inflight_plans, 1),
             memory_components=list(self.memory_components),
+            slack_min_chunk_tokens=min(max(self.slack_min_chunk_tokens, 1), max_tokens),
         )
 
 

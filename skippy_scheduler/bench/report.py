@@ -13,8 +13,8 @@ from typing import Callable
 from .._core import Scheduler
 from .c_api import build_c, callgrind_per_step, run_c
 from .timing import Result, measure, measure_pairs, measure_ranking, summary
-from .workloads import (IMPLEMENTATIONS, admission_churn, mixed_decode_prefill, steady_decode,
-                        steady_decode_inflight)
+from .workloads import (IMPLEMENTATIONS, SLACK_SAME_PLANS, admission_churn, mixed_decode_prefill,
+                        steady_decode, steady_decode_inflight)
 
 
 def _result(workload: str, impl: str, size: int, unit: str, per: int, samples: list[int],
@@ -23,8 +23,30 @@ def _result(workload: str, impl: str, size: int, unit: str, per: int, samples: l
     return Result(workload, impl, size, unit, per, med, p99, len(samples), note)
 
 
+def slack_pairs(steps: int, budget: float, log: Callable[[str], object]) -> list[Result]:
+    """The slack rule's per-step cost against the reference rule's, paired sample by sample
+    (one run, so load hits both alike), at N = 256 and 1 024: steady decode (the rule only
+    stamps last-token times) and decode + 256-token chunk (it also reads every row's slack)."""
+    results = []
+    for n in (256, 1024):
+        for name, make in (
+                ("decode", lambda cfg: steady_decode(Scheduler, n, **cfg)),
+                ("mixed: decode + 256-token chunk",
+                 lambda cfg: mixed_decode_prefill(Scheduler, n, steps=2 * steps + 80, **cfg))):
+            log(f"{name} N={n}, reference and slack rule ...")
+            ref, slack = measure_pairs(make({}), make(SLACK_SAME_PLANS), steps, budget)
+            ratio = summary(slack)[0] / summary(ref)[0]
+            rows = n + 1 if name.startswith("mixed") else n
+            results.append(_result(f"{name}, reference rule (paired)", "native", n, "row", rows,
+                                   ref))
+            results.append(_result(f"{name}, slack rule (paired)", "native", n, "row", rows,
+                                   slack, note=f"slack / reference = {ratio:.2f}"))
+    return results
+
+
 def collect(quick: bool = False, twin: bool = True, c_api: bool = True, callgrind: bool = False,
-            log: Callable[[str], object] = print) -> tuple[list[Result], list[str]]:
+            log: Callable[[str], object] = print,
+            slack: bool = False) -> tuple[list[Result], list[str]]:
     sizes = (64, 256, 1024)
     steps = 300 if quick else 3000
     budget = 1.0 if quick else 4.0
@@ -88,6 +110,9 @@ def collect(quick: bool = False, twin: bool = True, c_api: bool = True, callgrin
             a, b = measure_pairs(arrive, finish, steps // 2 if impl == "native" else steps // 20, budget)
             results.append(_result("arrival: submit+admit+prefill", impl, n, "row", n, a))
             results.append(_result("decode step with one finish", impl, n, "row", n, b))
+
+    if slack:
+        results.extend(slack_pairs(steps, budget, log))
 
     for w in (1000, 10000):
         for impl in impls:

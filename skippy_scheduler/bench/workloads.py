@@ -15,6 +15,7 @@ from .._core import IterationPlan, Scheduler
 from ..cost_model import RuntimeCostModel
 from ..engine import CostModelHost, Engine, VirtualClock
 from ..reference import TwinPlan, TwinScheduler
+from ..slack import PlanningRule
 from ..types import SchedulerConfig, Sequence
 
 # The two implementations a workload can run on (same API).
@@ -78,9 +79,10 @@ def _calibrated_step(engine: Engine) -> None:
     engine.clock, engine.observe = None, False
 
 
-def steady_decode(cls: SchedulerClass, n: int, prompt: int = 512) -> Callable[[], object]:
+def steady_decode(cls: SchedulerClass, n: int, prompt: int = 512,
+                  **cfg: Any) -> Callable[[], object]:
     """N live decodes; one step = the engine's plan + host outputs + complete."""
-    engine = decoding_engine(cls, n, prompt)
+    engine = decoding_engine(cls, n, prompt, **cfg)
 
     def step() -> object:
         engine.step()
@@ -109,10 +111,11 @@ def steady_decode_inflight(cls: SchedulerClass, n: int, depth: int = 2,
 
 
 def mixed_decode_prefill(cls: SchedulerClass, n: int, prompt: int = 512, chunk: int = 256,
-                         steps: int = 3000) -> Callable[[], object]:
-    """N decode rows plus one `chunk`-token prefill chunk per step (mixed planning, §2.5)."""
+                         steps: int = 3000, **cfg: Any) -> Callable[[], object]:
+    """N decode rows plus one `chunk`-token prefill chunk per step (mixed planning, §2.5;
+    `cfg` adds config fields, e.g. the slack rule's)."""
     engine = decoding_engine(cls, n, prompt, extra_active=1, mixed_prefill_decode=True,
-                             prefill_chunk_tokens=chunk)
+                             prefill_chunk_tokens=chunk, **cfg)
     _calibrated_step(engine)  # decode-only: calibrates the EWMA for exactly n decode rows
     # One long prompt that stays in prefill for `steps` steps, one chunk per step.
     engine.submit(Sequence("long-prefill", [i % 32000 for i in range(chunk * (steps + 64))], 1))
@@ -123,6 +126,11 @@ def mixed_decode_prefill(cls: SchedulerClass, n: int, prompt: int = 512, chunk: 
 
     step()
     return step
+
+
+# The slack rule (§2.13) with a target no step reaches: every step is the same N decode rows plus
+# one full chunk as under the reference gate, so the two time the same plans.
+SLACK_SAME_PLANS: dict[str, Any] = {"planning_rule": PlanningRule.SLACK, "itl_target": 1e6}
 
 
 def admission_churn(cls: SchedulerClass, n: int,

@@ -24,6 +24,10 @@ def register(subparsers: Any) -> None:
              default_text="native and twin")
     add_old(p, "--no-twin", "--scheduler native", "scheduler", const=["native"], flag=True)
     p.add_argument("--no-c", action="store_true", help="skip the C API program (default: off)")
+    p.add_argument("--slack", action="store_true",
+                   help="also time the slack planning rule against the reference rule, paired "
+                        "in one run, at N = 256 and 1 024 (steady decode, and decode + a "
+                        "256-token chunk); default: off")
     p.add_argument("--callgrind", action="store_true",
                    help="also count instructions per C API step with valgrind (stable on noisy "
                         "machines; default: off)")
@@ -36,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
 
     chosen = set(args.scheduler or IMPLEMENTATIONS)
     results, notes = bench.collect(quick=args.quick, twin="twin" in chosen,
-                                   c_api=not args.no_c, callgrind=args.callgrind, log=log)
+                                   c_api=not args.no_c, callgrind=args.callgrind, log=log,
+                                   slack=args.slack)
     print(f"machine: {bench.machine()}")
     print(bench.format_table(results))
     print(bench.context_line(results))
@@ -45,4 +50,7 @@ def run(args: argparse.Namespace) -> int:
               f"{bench.first_plan_token_count(Scheduler, 256, n)} (one pending token per row)")
     for note in notes:
         print(note)
+    for r in results:
+        if r.note and "slack" in r.workload:
+            print(f"{r.workload} N={r.size}: {r.note}")
     return 0

@@ -37,10 +37,11 @@ _SUITE_OR_TRACE = {"policy": "--policy", "plot": "--plot",
                    "--max-num-batched-tokens", "prefill_chunk": "--prefill-chunk",
                    "kv_capacity_tokens": "--kv-capacity-tokens",
                    "reserve_output_tokens": "--reserve-output-tokens",
-                   "ttft_target_ms": "--ttft-target-ms", "itl_target_ms": "--itl-target-ms"}
+                   "ttft_target_ms": "--ttft-target-ms", "itl_target_ms": "--itl-target-ms",
+                   "slack": "--slack", "tails": "--tails"}
 _WORKLOAD_ONLY = {"requests": "--requests", "seed": "--seed", "rate": "--rate",
                   "families": "--families", "family_share": "--family-share",
-                  "priority_share": "--priority-share"}
+                  "priority_share": "--priority-share", "priority_scenario": "--priority-scenario"}
 _TRACE_ONLY = {"format": "--format", "time_scale": "--time-scale", "limit": "--limit",
                "prefix_cache_tokens": "--prefix-cache-tokens", "tenants": "--tenants"}
 _LAB_SIZE = "the lab models a larger accelerator than run and serve drive"
@@ -90,6 +91,12 @@ def register(subparsers: Any) -> None:
 
     s = p.add_argument_group("workload suite (--suite)")
     s.add_argument("--suite", action="store_true", help="run the seeded workload suite")
+    s.add_argument("--priority-scenario", action="store_true",
+                   help="with --suite: the priority scenario instead (a saturating "
+                        "background and a trickle of priority-1 requests, with a prefix store) "
+                        "under admission order, preemption with recompute and preemption with "
+                        "restore; --requests, --seed, --rate, --priority-share and the first "
+                        "--policy apply (docs/lab.md)")
     s.add_argument("--requests", type=int_in(1, MAX_REQUESTS), default=None, metavar="N",
                    help=f"number of requests, 1-{MAX_REQUESTS} (default: {w.requests})")
     add_flag(s, "seed", type=int, note="it draws the workload", default_text=str(w.seed))
@@ -128,6 +135,15 @@ def register(subparsers: Any) -> None:
             ("--itl-target-ms", float, "MS", "goodput target for a request's mean inter-token "
              f"gap (default: {d.itl_target_ms:g} " + both.format(f"{r.itl_target_ms:g}"))):
         o.add_argument(flag, type=kind, default=None, metavar=metavar, help=text)
+    o.add_argument("--slack", action="store_true", default=None,
+                   help="run the slack-sized planning rule (docs/behaviour.md §2.13; its "
+                        "inter-token target is --itl-target-ms): with --suite as a third mode "
+                        "beside phase and mixed, with --trace instead of the mixed rule; "
+                        "implies --tails")
+    o.add_argument("--tails", action="store_true", default=None,
+                   help="after the table, print the tails: max inter-token gap and stalls "
+                        "(gaps above --itl-target-ms) per request and per tenant (--trace) or "
+                        "priority class (--suite); --json then holds them too")
     o.add_argument("--plot", metavar="DIR",
                    help="write PNG plots of the suite or replay into DIR (needs matplotlib)")
 
@@ -223,9 +239,10 @@ def _modes(args: argparse.Namespace) -> list[str] | None:
         raise CommandError("--mode is the old spelling of --mixed/--no-mixed: give one")
     if old is not None:
         return list(old)
+    slack = bool(getattr(args, "slack", None))
     if args.mixed is None:
-        return None
-    return ["mixed" if args.mixed else "phase"]
+        return ["slack"] if slack and args.trace else None
+    return ["mixed" if args.mixed else "phase"] + (["slack"] if slack else [])
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,7 +17,9 @@ from ..lab.model import RuntimeCostModel
 from ..lab.replay import DEFAULT_MODE, DEFAULT_PREFIX_CACHE_TOKENS, ReplayOptions, run_replays
 from ..lab.report import (TRACE_UNITS, format_tenant_table, format_trace_header,
                           format_trace_row, trace_document)
+from ..lab.options import ALL_MODES
 from ..lab.suite import MODES, POLICIES as SUITE_POLICIES, SuiteOptions, format_suite, run_suite
+from ..lab.tails import TAILS_NOTE, format_tails
 from ..lab.traces import Trace, TraceError
 from ..lab.workload import WorkloadSpec, generate
 from ..selection import POLICIES
@@ -40,8 +42,17 @@ def _overrides(args: argparse.Namespace, names: dict[str, str]) -> dict[str, Any
 
 def _check_modes(modes: list[str]) -> None:
     for name in modes:
-        if name not in MODES:
-            raise CommandError(f"unknown mode {name!r} (choose from {', '.join(MODES)})")
+        if name not in ALL_MODES:
+            raise CommandError(f"unknown mode {name!r} (choose from {', '.join(ALL_MODES)})")
+
+
+def _tails(args: argparse.Namespace, runs: list[Any], document: dict[str, Any]) -> None:
+    """--tails (or --slack): the tails table on stdout, and in the JSON document."""
+    if not (getattr(args, "tails", None) or getattr(args, "slack", None)):
+        return
+    sys.stdout.write("# tails: " + TAILS_NOTE + "\n" + format_tails(runs))
+    sys.stdout.flush()
+    document["tails"] = [{"policy": r.policy, "mode": r.mode, **r.tails} for r in runs]
 
 
 def _check_plot(path: Optional[str]) -> None:
@@ -73,8 +84,12 @@ def _save(args: argparse.Namespace, document: Any, runs: list[Any], plot: Any,
 
 def run_suite_command(args: argparse.Namespace, modes: Optional[list[str]],
                       cost: RuntimeCostModel, backend: Backend) -> int:
+    if args.priority_scenario:
+        from .lab_priority import run_priority_command
+
+        return run_priority_command(args, modes, cost, backend)
     policies = args.policy or list(SUITE_POLICIES)
-    modes = modes or list(MODES)
+    modes = modes or list(MODES) + (["slack"] if getattr(args, "slack", None) else [])
     _check_modes(modes)
     check_output_file("--json", args.json)
     _check_plot(args.plot)
@@ -121,7 +136,9 @@ def run_suite_command(args: argparse.Namespace, modes: Optional[list[str]],
             kept = _save(args, document(finished), finished, plot_suite, title=title)
         raise stop.keeping(f"{len(finished)} of {len(policies) * len(modes)} runs printed"
                            + kept) from None
-    _save(args, document(runs), runs, plot_suite, title=title)
+    doc = document(runs)
+    _tails(args, runs, doc)
+    _save(args, doc, runs, plot_suite, title=title)
     return 0
 
 
@@ -215,5 +232,7 @@ def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
     tenants = format_tenant_table(runs)
     if tenants:
         out.write("\n" + tenants)
-    _save(args, trace_document(info, runs), runs, plot_trace, title=title)
+    doc = trace_document(info, runs)
+    _tails(args, runs, doc)
+    _save(args, doc, runs, plot_trace, title=title)
     return 0

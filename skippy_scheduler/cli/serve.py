@@ -45,6 +45,13 @@ def register(subparsers: Any) -> None:
     add_flag(p, "max-consecutive-prefill", type=bound,
              default=d.max_consecutive_prefill)
     add_flag(p, "policy", default=d.policy)
+    p.add_argument("--priority-preemption", action=argparse.BooleanOptionalAction,
+                   default=d.priority_preemption,
+                   help="a waiting request of higher priority preempts running requests of "
+                        "lower priority when no lane or memory is free (their KV is kept as a "
+                        "resident prefix with --prefix-cache-tokens, so they resume without "
+                        "recomputing); --no-priority-preemption: priority only orders "
+                        "admission (default: on)")
     add_flag(p, "prefix-cache-tokens", type=non_negative_int, default=d.prefix_cache_tokens,
              note="each holder gets a KV stream like a lane's")
     add_flag(p, "prefix-holders", type=positive_int, default=d.prefix_holders)
@@ -241,7 +248,8 @@ def run(args: argparse.Namespace) -> int:
         ctx_size=args.ctx_size, threads=args.threads, batch_size=args.max_num_batched_tokens,
         prefill_chunk=args.prefill_chunk, mixed=args.mixed,
         max_consecutive_prefill=args.max_consecutive_prefill, inflight=args.inflight,
-        policy=args.policy, prefix_cache_tokens=args.prefix_cache_tokens,
+        policy=args.policy, priority_preemption=args.priority_preemption,
+        prefix_cache_tokens=args.prefix_cache_tokens,
         prefix_holders=args.prefix_holders,
         kv_type=args.kv_type, flash_attn=args.flash_attn, log_level=args.log_level,
         strict_request_fields=args.strict_request_fields,

@@ -22,7 +22,9 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence as _Seq
 
 from ..types import (AdmissionError, DuplicateSequence, QueueFull, RejectReason, ReleaseReason,
                      Sequence)
+from ..slack import PlanningRule
 from .clock import Clock, ClockArg, make_clock
+from .cost_fit import SlackFeed
 from .contract import (Host, HostHooks, RequestLike, SchedulerLike, attach, attach_store,
                        check_scheduler)
 from .observers import OnPlan as _OnPlan, PlanHook, Recording, StepObserver, TokenEvents, replace_hook
@@ -103,6 +105,9 @@ class Engine(_Steps):
         if self.recorder is not None:
             self._observers.append(Recording(self.recorder, self._record_of))
         replace_hook(self._observers, on_plan)
+        if getattr(config, "planning_rule", None) is PlanningRule.SLACK and self._clock is not None:
+            # The slack rule reads the clock and a cost model fitted from these steps (§2.13).
+            self._observers.append(SlackFeed(scheduler, self.now))
         self._init_steps()
 
     # -- settings that may change between steps -----------------------------------------------

@@ -57,6 +57,7 @@ class LabRun:
     series: Optional[dict[str, Any]] = None  # per-iteration (and per-admission) plot arrays
     ttft_us: Optional[np.ndarray] = None
     per_request: Optional[dict[str, np.ndarray]] = None  # arrays by submission index
+    tails: dict[str, Any] = field(default_factory=dict)  # lab/tails.py (printed on request)
 
 
 def nearest_rank(values: np.ndarray, p: float) -> float:

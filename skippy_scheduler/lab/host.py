@@ -93,6 +93,10 @@ class PrefixModel(Protocol):
     def release(self, live: Live) -> None:
         """The request's KV is gone (it ended or was preempted)."""
 
+    def preempted(self, live: Live) -> None:
+        """The request is preempted, just before `release`: its cells (`live.fed`, with the
+        memory model) are still there to keep."""
+
 
 class LabHost(CostModelHost):
     """The lab's runtime model (module docstring)."""
@@ -112,6 +116,7 @@ class LabHost(CostModelHost):
         self._records = 0
         # Per-request figures in submission order.
         self.output_len: list[int] = []
+        self.tenant_of: list[int] = []  # each request's tenant index, by submission
         self.restored: list[int] = []  # tokens restored at first admission
         self.admit_time: list[float] = []
         self.admit_restore: list[int] = []
@@ -138,6 +143,7 @@ class LabHost(CostModelHost):
         self._records += 1
         self.live[live.id] = live
         self.output_len.append(live.out)
+        self.tenant_of.append(live.tenant)
         self.restored.append(0)
         if tenants.fair_share is not None:
             seq.with_tenant(tenants.names[live.tenant])
@@ -217,6 +223,8 @@ class LabHost(CostModelHost):
         live = self.live.get(sequence_id)
         if live is None:
             return
+        if reason is ReleaseReason.PREEMPTED and self.prefix is not None:
+            self.prefix.preempted(live)
         if self.memory:
             self.usage -= live.fed
             live.fed = 0

@@ -10,9 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Hashable, Mapping, Optional
 
+from ..cost_model import RuntimeCostModel
+from ..slack import PlanningRule, StepCost
 from ..types import MemoryComponent, SchedulerConfig
 
-MODES = ("phase", "mixed")
+MODES = ("phase", "mixed")  # what runs by default
+# "slack": the slack-sized planning rule (docs/behaviour.md §2.13), its inter-token target the
+# run's goodput target and its cost model the run's (the engine refits it from the steps).
+ALL_MODES = MODES + ("slack",)
 DEFAULT_PREFIX_CACHE_TOKENS = 8 << 20
 
 
@@ -31,10 +36,12 @@ class RunOptions:
         """Output tokens an admission reserves cells for; None without the memory model."""
         return self.reserve_output_tokens if self.kv_capacity_tokens > 0 else None
 
-    def config(self, mode: str) -> SchedulerConfig:
-        """The scheduler configuration of a run in planning mode `mode` ("phase" or "mixed")."""
-        if mode not in MODES:
-            raise ValueError(f"unknown planning mode {mode!r} (choose from {', '.join(MODES)})")
+    def config(self, mode: str, cost: Optional[RuntimeCostModel] = None) -> SchedulerConfig:
+        """The scheduler configuration of a run in planning mode `mode` ("phase", "mixed" or
+        "slack"; `cost` is the slack rule's starting cost model)."""
+        if mode not in ALL_MODES:
+            raise ValueError(f"unknown planning mode {mode!r} (choose from "
+                             f"{', '.join(ALL_MODES)})")
         components = []
         if self.kv_capacity_tokens:
             components = [MemoryComponent("kv-cells", self.kv_capacity_tokens, 0, 1, 0)]
@@ -47,7 +54,13 @@ class RunOptions:
             max_consecutive_prefill_iterations=1 if mode == "mixed" else None,
             mixed_prefill_decode=(mode == "mixed"),
             memory_components=components,
+            **(self._slack(cost) if mode == "slack" else {}),
         )
+
+    def _slack(self, cost: Optional[RuntimeCostModel]) -> dict[str, object]:
+        target_ms = float(getattr(self, "itl_target_ms", 0.0)) or 100.0
+        return {"planning_rule": PlanningRule.SLACK, "itl_target": target_ms / 1e3,
+                "step_cost": StepCost.from_runtime_cost_model(cost or RuntimeCostModel())}
 
     def _check_common(self, ttft_target_ms: float, itl_target_ms: float) -> None:
         for name in ("max_active", "max_tokens", "chunk"):

@@ -83,6 +83,9 @@ class FamilyPrefixCache:
     def release(self, live: Live) -> None:
         return None
 
+    def preempted(self, live: Live) -> None:
+        return None
+
 
 class BlockPrefixCache:
     """The replay's bounded block prefix cache (module docstring)."""
@@ -152,6 +155,9 @@ class BlockPrefixCache:
                 store.unpin(live.progress)
             live.progress = entry
             live.done = k + 1
+
+    def preempted(self, live: Live) -> None:
+        return None  # the victim's prompt blocks stay resident; the rest of its KV goes
 
     def release(self, live: Live) -> None:
         if live.progress is not None:

@@ -29,6 +29,7 @@ from .backend import Backend, resolve_backend
 from .driver import LabRun, Latency, drive, nearest_rank
 from .host import LabHost
 from .options import DEFAULT_PREFIX_CACHE_TOKENS, MODES, ReplayOptions
+from .tails import tail_figures
 from .prefix import BlockPrefixCache
 from .tenants import TenantService, jain_index
 from .traces import Trace, TraceRequest
@@ -83,7 +84,7 @@ def run_replay(trace: Trace, policy: str, mode: str = DEFAULT_MODE,
     every plan after the host ran it. host_hook(host): called once before the run (tests)."""
     options = (options or ReplayOptions()).validate()
     cost = cost or RuntimeCostModel()
-    config = options.config(mode)
+    config = options.config(mode, cost)
     admission = make_admission(policy, options.tenant_weights)
     sched = resolve_backend(backend).make(config, admission=admission)
     # A Python-run policy's resolved copy in the scheduler shares these counters (the host
@@ -182,7 +183,12 @@ def _figures(policy: str, mode: str, options: ReplayOptions, config: SchedulerCo
                    "first_token_us": timeline.first_token_us,
                    "completed_us": timeline.last_token_us, "generated": gen,
                    "restored_tokens": np.asarray(host.restored, dtype=np.int64)}
-    return ReplayRun(policy, mode, figures, series, lat.ttft, per_request)
+    run = ReplayRun(policy, mode, figures, series, lat.ttft, per_request)
+    names = host.tenants.names
+    run.tails = tail_figures(timeline, options.itl_target_ms,
+                             [names[t] if t < len(names) else t for t in host.tenant_of],
+                             "tenant")
+    return run
 
 
 def run_replays(trace: Trace, policies: Iterable[str] = POLICIES, mode: str = DEFAULT_MODE,

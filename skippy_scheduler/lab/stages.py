@@ -18,6 +18,12 @@ Time is virtual: a plan costs stage k `costs[k].duration_us(prefill tokens, deco
 sampled token is timed when its plan leaves the last stage (plus the hop back). With P = 1 and
 G = 1 (no hop, no overhead) this is the lab's `simulate` run step for step.
 
+Each group runs on an `Engine` of its own (the same step path as every other driver) with the
+lab's `CostModelHost`: the group's clock charges a plan its trip through the stages shared by
+all groups (waiting for a busy stage included), and an observer times the samples, the plans
+and the ends. The driver only picks whose turn it is (the group whose last plan came back
+first) and hands each group its requests as their arrival comes.
+
 The closed form for a steady decode of b rows per group: a group's round trip is
 C = sum_k s_k + H*hop + overhead (s_k = stage k's cost of b decode rows, H = P hops for P > 1,
 none for P = 1), and the slowest stage must serve G plans per round, so the inter-token gap is
@@ -26,11 +32,13 @@ max(C, G * max_k s_k) and the output rate G*b / that gap.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence as Seq
+from typing import Any, Iterable, NoReturn, Optional, Sequence as Seq
 
-from ..cost_model import RuntimeCostModel, decode_row_count
-from ..engine import CostModelHost, percentile
+from ..cost_model import RuntimeCostModel
+from ..engine import CostModelHost, Engine, EngineStalled, percentile
+from ..types import IterationTelemetry
 from .backend import Backend, resolve_backend
 from .model import SimRequest
 from .simulate import SimulationError, validate_requests
@@ -118,82 +126,156 @@ class StagedReport:
                 "p99_gap_us": float(percentile(gaps, 99)), "plans": self.plans}
 
 
-class _Group:
-    __slots__ = ("scheduler", "pending", "ready", "outstanding")
+class _StageLine:
+    """The P stages every group's plans go through: when each stage is next free."""
 
-    def __init__(self, scheduler: Any) -> None:
-        self.scheduler = scheduler
-        self.pending: list[SimRequest] = []  # not submitted yet, by arrival
-        self.ready = 0.0  # when it can make its next plan
-        self.outstanding = 0
+    __slots__ = ("costs", "hop_us", "back_us", "free")
+
+    def __init__(self, pipeline: StagedPipeline) -> None:
+        self.costs = pipeline.costs
+        self.hop_us = pipeline.hop_us
+        self.back_us = pipeline.hop_us if pipeline.stages > 1 else 0.0  # last stage -> driver
+        self.free = [0.0] * pipeline.stages
+
+    def run(self, t: float, prefill: int, decode: int) -> float:
+        """A plan that leaves the driver at `t`: when its samples are back at the driver."""
+        free = self.free
+        for k, cost in enumerate(self.costs):
+            if k:
+                t += self.hop_us
+            start = max(t, free[k])
+            t = free[k] = start + cost.duration_us(prefill, decode)
+        return t + self.back_us
+
+
+class _GroupClock:
+    """One group's engine clock (an `engine.Clock`). The driver moves it to the group's turn
+    (`turn`); a plan is charged its trip through the shared stages, waits for busy ones
+    included, so `now()` after a step is when its samples came back."""
+
+    def __init__(self, line: _StageLine) -> None:
+        self._line = line
+        self._now = 0.0
+
+    def turn(self, t: float) -> None:
+        self._now = t
+
+    def start(self) -> None:
+        return None  # time is the driver's: the group's first turn sets it
+
+    def now(self) -> float:
+        return self._now
+
+    def charge(self, prompt_tokens: int, decode_rows: int, measured_us: float) -> float:
+        start = self._now
+        self._now = self._line.run(start, prompt_tokens, decode_rows)
+        return self._now - start
+
+    def wait_until(self, t_us: float, wake: Any = None) -> None:
+        self._now = max(self._now, t_us)
+
+
+class _StageTimes:
+    """An engine observer writing the report: each sample's time, each plan, each end."""
+
+    wants_samples = True
+
+    def __init__(self, report: StagedReport, clock: _GroupClock) -> None:
+        self._report = report
+        self._clock = clock
+
+    def planned(self, flight: Any) -> None:
+        return None
+
+    def executed(self, flight: Any, duration_us: float) -> None:
+        return None
+
+    def sampled(self, flight: Any, rows: list[int], tokens: Any, end_us: float) -> None:
+        times = self._report.token_times
+        ids = flight.plan.sequence_ids
+        for row in rows:
+            times[ids[row]].append(end_us)
+
+    def completed(self, flight: Any, duration_us: float, telemetry: IterationTelemetry) -> None:
+        report, t = self._report, self._clock.now()
+        report.plans += 1
+        for rid in list(telemetry.finished_ids) + list(telemetry.failed_ids):
+            report.completed_us[rid] = t
+        report.makespan_us = max(report.makespan_us, t)
+
+
+def _refuse(request: Any, exc: BaseException) -> NoReturn:
+    raise exc  # a refused submit ends the run (run_staged names the request)
+
+
+class _Group:
+    """One sequence group: an engine on its own scheduler, its clock, its requests to come."""
+
+    __slots__ = ("engine", "clock", "pending")
+
+    def __init__(self, scheduler: Any, line: _StageLine, report: StagedReport) -> None:
+        self.clock = _GroupClock(line)
+        # The model's durations include waiting for busy stages: not what the scheduler's
+        # calibration measures, so nothing is observed (observe=False).
+        self.engine = Engine(scheduler, CostModelHost(token=1), clock=self.clock, record=False,
+                             observe=False, on_reject=_refuse)
+        self.engine.observers.append(_StageTimes(report, self.clock))
+        self.pending: deque[SimRequest] = deque()  # not submitted yet, by arrival
+
+    def next_arrival(self) -> float:
+        return float(self.pending[0].arrival_us)
 
 
 def run_staged(config: Any, pipeline: StagedPipeline, groups: int,
                requests: Iterable[SimRequest], *,
                backend: str | Backend | None = "auto") -> StagedReport:
-    """Run `requests` through a P-stage pipeline with `groups` groups (module docstring)."""
+    """Run `requests` through a P-stage pipeline with `groups` groups (module docstring).
+
+    Each group runs on an `Engine` of its own, one plan at a time (the groups are the plans in
+    flight), so `config.max_inflight_plans` must be 1."""
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
         raise ValueError(f"groups must be an int >= 1, got {groups!r}")
     reqs = sorted(validate_requests(requests), key=lambda r: (r.arrival_us, r.id))
     config = config.normalized()
+    if config.max_inflight_plans != 1:
+        raise ValueError("the staged model runs one plan per group at a time (the groups are "
+                         "its plans in flight): max_inflight_plans must be 1, got "
+                         f"{config.max_inflight_plans}")
     make = resolve_backend(backend).make
-    host = CostModelHost(token=1)
-    team = [_Group(make(config)) for _ in range(min(groups, len(reqs)))]
+    report = StagedReport(pipeline.stages, groups)
+    line = _StageLine(pipeline)
+    team = [_Group(make(config), line, report) for _ in range(min(groups, len(reqs)))]
     for i, r in enumerate(reqs):
         team[i % len(team)].pending.append(r)
-    report = StagedReport(pipeline.stages, groups)
     for r in sorted(reqs, key=lambda r: r.id):
         report.token_times[r.id] = []
         report.arrival_us[r.id] = float(r.arrival_us)
-    for g in team:
-        g.ready = float(g.pending[0].arrival_us)
-    free = [0.0] * pipeline.stages
-    back = pipeline.hop_us if pipeline.stages > 1 else 0.0
-    heap = [(g.ready, i) for i, g in enumerate(team)]
+    heap = [(g.next_arrival(), i) for i, g in enumerate(team)]
     heapq.heapify(heap)
     while heap:
         now, gi = heapq.heappop(heap)
         g = team[gi]
+        engine = g.engine
+        g.clock.turn(now)
         while g.pending and g.pending[0].arrival_us <= now:
-            r = g.pending.pop(0)
+            r = g.pending.popleft()
             try:
-                g.scheduler.submit(r.to_sequence())
+                engine.submit(r)
             except Exception as exc:
                 raise SimulationError(f"submit of {r.id} failed: {exc}") from exc
-            g.outstanding += 1
-        if not g.outstanding:
+        if not engine.outstanding:
             if g.pending:
-                heapq.heappush(heap, (float(g.pending[0].arrival_us), gi))
+                heapq.heappush(heap, (g.next_arrival(), gi))
             continue
-        plan = g.scheduler.plan_iteration()
-        if len(plan) == 0:
-            g.scheduler.abort_iteration(plan)
+        try:
+            engine.step()  # plan, the trip through the stages, complete
+        except EngineStalled as exc:
             raise SimulationError(f"group {gi} made an empty plan at {now} µs with "
-                                  f"{g.outstanding} requests live")
-        decode = decode_row_count(plan.phases)
-        prefill = int(plan.token_count) - decode
-        t = now
-        for k, cost in enumerate(pipeline.costs):
-            if k:
-                t += pipeline.hop_us
-            start = max(t, free[k])
-            t = free[k] = start + cost.duration_us(prefill, decode)
-        t += back
-        host.execute(plan)
-        out = plan.outputs
-        ids = plan.sequence_ids
-        for row in out.request_indexes[:out.count].tolist():
-            report.token_times[ids[row]].append(t)
-        telemetry = g.scheduler.complete_iteration(plan)
-        report.plans += 1
-        for rid in list(telemetry.finished_ids) + list(telemetry.failed_ids):
-            report.completed_us[rid] = t
-            g.outstanding -= 1
-        report.makespan_us = max(report.makespan_us, t)
-        if g.outstanding or g.pending:
-            nxt = t + pipeline.overhead_us
-            if not g.outstanding:
-                nxt = max(nxt, float(g.pending[0].arrival_us))
+                                  f"{engine.outstanding} requests live") from exc
+        if engine.outstanding or g.pending:
+            nxt = g.clock.now() + pipeline.overhead_us
+            if not engine.outstanding:
+                nxt = max(nxt, g.next_arrival())
             heapq.heappush(heap, (nxt, gi))
     return report
 

@@ -22,6 +22,7 @@ from .backend import Backend, resolve_backend
 from .driver import LabRun, Latency, drive, nearest_rank
 from .host import LabHost
 from .options import MODES, SuiteOptions
+from .tails import tail_figures
 from .prefix import FamilyPrefixCache
 from .progress import Progress
 from .workload import Workload
@@ -82,7 +83,7 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
     """Replay `workload` under one admission policy and planning mode."""
     options = options or SuiteOptions()
     cost = cost or RuntimeCostModel()
-    config = options.config(mode)
+    config = options.config(mode, cost)
     sched = resolve_backend(backend).make(config, admission=make_admission(policy))
     n = workload.n
     cache = FamilyPrefixCache(workload, max(0, round(cost.prefill_token_us)))
@@ -139,7 +140,10 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
                    "completed_us": timeline.last_token_us, "generated": gen_all,
                    "max_inter_token_gap_us": timeline.max_gap_us,
                    "prefix_restore": cache.has_restore}
-    return SuiteRun(policy, mode, figures, series, lat.ttft, per_request)
+    run = SuiteRun(policy, mode, figures, series, lat.ttft, per_request)
+    run.tails = tail_figures(timeline, options.itl_target_ms,
+                             [f"priority{p}" for p in workload.priority.tolist()], "priority")
+    return run
 
 
 SUITE_COLUMNS = ("policy", "mode", "p50_queue_ms", "p90_queue_ms", "p99_queue_ms",

@@ -24,7 +24,8 @@ class Flight:
     Fair share: `request` names the submission for the lift rule (it survives preemption) and
     `tenant` is whose service it is."""
 
-    __slots__ = ("epoch", "pending", "source", "request", "tenant", "priority_preempted_at")
+    __slots__ = ("epoch", "pending", "source", "request", "tenant", "priority_preempted_at",
+                 "last_token_us")
 
     def __init__(self, epoch: int, tenant: Hashable = None) -> None:
         self.epoch = epoch
@@ -34,6 +35,8 @@ class Flight:
         self.tenant = tenant
         # The plan step of its last preemption for priority (§2.8a), None if none.
         self.priority_preempted_at: Optional[int] = None
+        # The scheduler clock (µs) at its last token, or at its admission (§2.13).
+        self.last_token_us = 0.0
 
 
 class RowUndo:
@@ -125,7 +128,7 @@ class TwinPlan:
         self.deferred_source_indexes = np.array([d[2] for d in table], dtype=np.uintp)
         # Scheduler-private: how to undo each row, and the planner counters before this plan.
         self._undo: list[RowUndo] = []
-        self._counters: tuple[int, int] = (0, 0)
+        self._counters: tuple[int, int, int] = (0, 0, 0)
         self._live_list: list[TwinPlan] | None = None  # the scheduler's live plans, when made
 
     @property

@@ -12,7 +12,9 @@ import math
 from typing import Callable, Optional
 
 from .._validate import I32_MAX, USIZE_MAX, sat
+from ..slack import PlanningRule
 from ..types import IterationPhase, IterationWork, SchedulerConfig, Sequence
+from .slack import SlackRule, SlackStep
 
 EWMA_ALPHA = 0.25
 MIXED_SLOWDOWN_FRACTION = 0.20
@@ -29,16 +31,20 @@ class RowPlanner:
 
     `live_decode(s)` says whether a sequence has a pending token to feed now, `take_new(s)`
     whether the row being written is its first since admission (and makes later ones not new),
-    `holder(s)` the restore holder every row of it names.
+    `holder(s)` the restore holder every row of it names, `last_token_us(s)` the clock at its
+    last token or admission (the slack rule, §2.13).
     """
 
     def __init__(self, config: SchedulerConfig, live_decode: Callable[[Sequence], bool],
                  take_new: Callable[[Sequence], bool],
-                 holder: Callable[[Sequence], Optional[int]]) -> None:
+                 holder: Callable[[Sequence], Optional[int]],
+                 last_token_us: Callable[[Sequence], float]) -> None:
         self._config = config
         self._live_decode = live_decode
         self._take_new = take_new
         self._holder = holder
+        self._last_token_us = last_token_us
+        self.slack = SlackRule(config)
         self.consecutive_prefill = 0
         self.mixed_cursor = 0
         self._decode_us_ewma: dict[int, float] = {}
@@ -47,21 +53,40 @@ class RowPlanner:
         self.cursors_before: list[tuple[Sequence, int]] = []
 
     @property
-    def counters(self) -> tuple[int, int]:
-        """What aborting a plan puts back: (consecutive prefill plans, mixed cursor)."""
-        return self.consecutive_prefill, self.mixed_cursor
+    def counters(self) -> tuple[int, int, int]:
+        """What aborting a plan puts back: (consecutive prefill plans, mixed cursor, decode-only
+        plans in a row while prefill waited)."""
+        return self.consecutive_prefill, self.mixed_cursor, self.slack.interleaved
 
-    def restore(self, counters: tuple[int, int]) -> None:
-        self.consecutive_prefill, self.mixed_cursor = counters
+    def restore(self, counters: tuple[int, int, int]) -> None:
+        self.consecutive_prefill, self.mixed_cursor, self.slack.interleaved = counters
 
     def rows(self, active: list[Sequence]) -> list[IterationWork]:
         live = sum(1 for s in active if self._live_decode(s))
         decode_rows = min(live, self._config.max_tokens_per_iteration)
         self.cursors_before = []
+        if self._config.planning_rule is PlanningRule.SLACK:
+            if live and any(prefill_pending(s) for s in active):
+                return self._slack(active, decode_rows)
+            self.slack.interleaved = 0  # nothing waits on the other phase
+            return self._homogeneous(active)
         if (self._config.mixed_prefill_decode and self.mixed_viable and decode_rows > 0
                 and decode_rows in self._decode_us_ewma):
             return self._mixed(active)
         return self._homogeneous(active)
+
+    def _slack(self, active: list[Sequence], decode_rows: int) -> list[IterationWork]:
+        """The slack rule (§2.13) when prefill and live decode both wait."""
+        least = self.slack.min_slack_us((self._last_token_us(s), s.itl_target)
+                                        for s in active if self._live_decode(s))
+        kind, budget = self.slack.decide(least, decode_rows)
+        if kind is SlackStep.MIXED:
+            return self._mixed(active, budget)
+        if kind is SlackStep.PREFILL_ONLY:
+            return self._homogeneous(active, prefill_budget=budget, force_prefill=True)
+        work = self._homogeneous(active, decode_only=True)
+        self.consecutive_prefill = 0
+        return work
 
     # -- rows -------------------------------------------------------------------------------
 
@@ -108,14 +133,21 @@ class RowPlanner:
         limit = self._config.max_prefill_sequences_per_iteration
         return USIZE_MAX if limit is None else limit
 
-    def _homogeneous(self, active: list[Sequence]) -> list[IterationWork]:
+    def _homogeneous(self, active: list[Sequence], prefill_budget: int | None = None,
+                     force_prefill: bool = False, decode_only: bool = False) -> list[IterationWork]:
+        """A prefill plan or a decode-only plan (§2.4); the slack rule forces one or the other
+        and may bound the prefill tokens."""
         has_prefill = any(prefill_pending(s) for s in active)
         has_live_decode = any(self._live_decode(s) for s in active)
         max_consecutive = self._config.max_consecutive_prefill_iterations
         run_prefill = has_prefill and (
             not has_live_decode or max_consecutive is None
             or self.consecutive_prefill < max_consecutive)
+        if force_prefill or decode_only:
+            run_prefill = force_prefill
         budget = self._config.max_tokens_per_iteration
+        if prefill_budget is not None:
+            budget = min(budget, prefill_budget)
         prefill_limit = self._prefill_limit()
         prefill_rows = 0
         work: list[IterationWork] = []
@@ -138,7 +170,7 @@ class RowPlanner:
             self.consecutive_prefill = 0
         return work
 
-    def _mixed(self, active: list[Sequence]) -> list[IterationWork]:
+    def _mixed(self, active: list[Sequence], prefill_cap: int = USIZE_MAX) -> list[IterationWork]:
         n = len(active)
         budget = self._config.max_tokens_per_iteration
         work: list[IterationWork] = []
@@ -154,6 +186,7 @@ class RowPlanner:
                 budget -= 1
         if n:
             self.mixed_cursor = (start + examined) % n
+        budget = min(budget, prefill_cap)
         prefill_limit = self._prefill_limit()
         prefill_rows = 0
         for s in active:

@@ -18,6 +18,7 @@ from .plan import PLACEHOLDER, Flight, RowUndo, TwinPlan, read_outputs
 from .planning import RowPlanner
 from .priority import preempt_for_priority
 from .store_link import StoreLink
+from ..slack import PlanningRule, StepCost, check_clock, check_step_cost
 from ..policies import (
     AdmissionPolicy,
     CacheAwareAdmission,
@@ -82,7 +83,22 @@ class TwinScheduler:
         self._epochs = itertools.count(1)
         self._link = StoreLink()  # the attached prefix store (§2.12)
         self._planner = RowPlanner(self._config, self._live_decode, self._take_new,
-                                   self._link.holder)
+                                   self._link.holder, lambda s: self._flights[s.id].last_token_us)
+
+    # -- the slack rule's inputs (§2.13) ----------------------------------------------------------
+
+    def set_clock(self, now: float) -> None:
+        """The time now (seconds, any monotonic origin): read by the next plan, and stamped on
+        the sequences the next completion gives a token. Set it before both."""
+        self._planner.slack.now_us = check_clock(now) * 1e6
+
+    def set_step_cost(self, cost: StepCost) -> None:
+        """The slack rule's cost model from now on (the engine refits it online)."""
+        self._planner.slack.cost = check_step_cost("cost", cost)
+
+    @property
+    def step_cost(self) -> StepCost:
+        return self._planner.slack.cost
 
     # -- prefix store (§2.12) -------------------------------------------------------------------
 
@@ -215,6 +231,7 @@ class TwinScheduler:
         s.admitted_at = self._admission_counter
         self._active[s.id] = s
         self._fresh.add(s.id)
+        self._flights[s.id].last_token_us = self._planner.slack.now_us
 
     # -- planning -------------------------------------------------------------------------------
 
@@ -334,6 +351,7 @@ class TwinScheduler:
         counts = {IterationPhase.PREFILL: 0, IterationPhase.RECOMPUTE: 0, IterationPhase.DECODE: 0}
         terminal: list[tuple[str, FinishReason]] = []
         m = self._metrics
+        stamp = self._config.planning_rule is PlanningRule.SLACK
         for index, row in enumerate(plan._rows):
             counts[row.phase] += len(row.tokens)
             if not row.sample_last:
@@ -355,6 +373,8 @@ class TwinScheduler:
                 terminal.append((s.id, FinishReason.FAILED if token is None else FinishReason.STOP))
             else:
                 s.generated_tokens[at] = token
+                if stamp:
+                    fl.last_token_us = self._planner.slack.now_us
                 if at + 1 >= s.max_tokens:
                     s.status = SequenceStatus.FINISHED
                     terminal.append((s.id, FinishReason.LENGTH))

@@ -59,7 +59,9 @@ class StoreLink:
         changed (with `keep_epoch`, an unchanged affinity keeps the epoch it was read at)."""
         store = self.store
         assert store is not None
-        hit = store.match(s.prompt_tokens)
+        # The replay, not only the prompt: a preempted sequence restores the generated tokens
+        # its KV held too (behaviour.md §2.12).
+        hit = store.match(s.recompute_tokens() if s.generated_tokens else s.prompt_tokens)
         before = (s.prefix_restore.token_count if s.prefix_restore is not None else 0,
                   s.cache_affinity.estimated_saved_cost())
         restore, affinity = store_affinity(hit.matched_tokens, *self._costs, store.epoch)

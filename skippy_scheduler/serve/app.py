@@ -161,7 +161,8 @@ class _Generation:
             if isinstance(event, TokenEvent):
                 t = event.time_us
                 if self._last_us is None:
-                    m.ttft.observe(max(t - self.sub.arrival_us, 0.0) / 1e6)
+                    m.observe_ttft(max(t - self.sub.arrival_us, 0.0) / 1e6,
+                                   self.request.priority)
                 else:
                     m.itl.observe(max(t - self._last_us, 0.0) / 1e6)
                 self._last_us = t

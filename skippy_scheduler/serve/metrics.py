@@ -8,10 +8,18 @@ scrape time, so the engine thread never calls into prometheus_client.
 Times are on the engine's clock: TTFT is from the moment the server received the request to the
 end of the iteration that sampled the first token; inter-token latency is between consecutive
 tokens of a request; end-to-end latency runs to the request's end.
+
+Preemptions are counted by reason (`reason="memory"`: the measured memory did not fit;
+`reason="priority"`: a waiting request of higher priority took the lane, docs/behaviour.md
+§2.8a), and TTFT is observed a second time per request priority
+(`skippy:time_to_first_token_by_priority_seconds{priority="N"}`), so a dashboard sees what
+urgent requests wait. At most `PRIORITY_LABELS` distinct priorities get a label of their own;
+requests of further priorities are observed under `priority="other"`, so a client cannot grow
+the metrics without bound.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -19,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from .runner import EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PRIORITY_LABELS = 16
 
 _TTFT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
                  0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -38,9 +47,14 @@ class _EngineCollector:
                                 "Requests in the scheduler's active set.", value=s.running)
         yield GaugeMetricFamily("skippy:num_requests_waiting",
                                 "Requests in the scheduler's waiting queue.", value=s.waiting)
-        yield CounterMetricFamily("skippy:num_preemptions",
-                                  "Sequences preempted (they recompute when re-admitted).",
-                                  value=s.preemptions)
+        preemptions = CounterMetricFamily(
+            "skippy:num_preemptions",
+            "Sequences preempted, by reason (memory pressure, or a waiting request of higher "
+            "priority); they resume from their kept KV or recompute.", labels=["reason"])
+        priority = min(s.preemptions_priority, s.preemptions)
+        preemptions.add_metric(["memory"], s.preemptions - priority)
+        preemptions.add_metric(["priority"], priority)
+        yield preemptions
         lookups = s.prefix_hits + s.prefix_misses
         yield GaugeMetricFamily("skippy:prefix_cache_hit_rate",
                                 "Share of admitted requests that carried a cached prefix.",
@@ -62,6 +76,11 @@ class ServeMetrics:
         self.registry = reg
         self.ttft = Histogram("skippy:time_to_first_token_seconds",
                               "Time to first token.", buckets=_TTFT_BUCKETS, registry=reg)
+        self.ttft_by_priority = Histogram(
+            "skippy:time_to_first_token_by_priority_seconds",
+            "Time to first token, by request priority (higher runs first).", ["priority"],
+            buckets=_TTFT_BUCKETS, registry=reg)
+        self._priority_labels: dict[int, Any] = {}
         self.itl = Histogram("skippy:inter_token_latency_seconds",
                              "Time between consecutive tokens of a request.",
                              buckets=_ITL_BUCKETS, registry=reg)
@@ -79,6 +98,17 @@ class ServeMetrics:
                                       "Requests answered with an error, by HTTP status.",
                                       ["status"], registry=reg)
         reg.register(_EngineCollector(stats))
+
+    def observe_ttft(self, seconds: float, priority: int) -> None:
+        """A request's first token came `seconds` after it arrived."""
+        self.ttft.observe(seconds)
+        child = self._priority_labels.get(priority)
+        if child is None:
+            known = len(self._priority_labels) < PRIORITY_LABELS
+            child = self.ttft_by_priority.labels(str(priority) if known else "other")
+            if known:
+                self._priority_labels[priority] = child
+        child.observe(seconds)
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))

@@ -36,6 +36,7 @@ class EngineStats:
     running: int = 0
     waiting: int = 0
     preemptions: int = 0
+    preemptions_priority: int = 0  # those made for priority (the rest: memory pressure)
     prefix_hits: int = 0
     prefix_misses: int = 0
     lanes_in_use: int = 0
@@ -280,6 +281,7 @@ class EngineRunner:
         h = self.host_state()
         self.stats = EngineStats(
             running=m.active_sequences, waiting=m.waiting_sequences, preemptions=m.preempted,
+            preemptions_priority=m.preempted_priority,
             prefix_hits=m.prefix_hits, prefix_misses=m.prefix_misses,
             lanes_in_use=len(h.active), lanes=h.lanes, kv_tokens=h.kv_tokens,
             kv_capacity=h.kv_capacity, iterations=m.iterations, prefill_tokens=m.prefill_tokens,

@@ -74,6 +74,8 @@ class ServeSettings:
     max_consecutive_prefill: Optional[int] = 1
     inflight: int = 1  # plans in flight (max_inflight_plans): 2 overlaps scheduling with decode
     policy: str = DEFAULT_POLICY  # a name of skippy_scheduler.selection.POLICIES
+    priority_preemption: bool = True  # a waiting request of higher priority takes a lane from
+    #   lower-priority running ones (docs/behaviour.md §2.8a); False: priority orders admission
     prefix_cache_tokens: int = 0  # tokens the prefix store keeps for reuse (0: off); each holder
     #   gets a KV stream of ctx_size / max_active cells on top of ctx_size
     prefix_holders: int = 16  # sequence ids holding resident prefixes (with reuse)
@@ -165,6 +167,7 @@ class Server:
             mixed_prefill_decode=s.mixed,
             max_consecutive_prefill_iterations=s.max_consecutive_prefill,
             max_inflight_plans=s.inflight,
+            priority_preemption=s.priority_preemption,
             **(self.host.sequence_id_settings if reuse else {"reserved_sequence_ids": 0}))
         self.scheduler = Scheduler(config, admission=make_admission(s.policy))
         self.runner = EngineRunner(self.scheduler, self.host)

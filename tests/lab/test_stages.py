@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from skippy_scheduler import SchedulerConfig
+from skippy_scheduler import QueueFull, SchedulerConfig
 from skippy_scheduler.cli import main
 from skippy_scheduler.lab.model import RuntimeCostModel, SimRequest, burst_requests
-from skippy_scheduler.lab.simulate import simulate
+from skippy_scheduler.lab.simulate import SimulationError, simulate
 from skippy_scheduler.lab.stages import (StagedPipeline, closed_form, run_staged,
                                          staged_table)
 
@@ -105,6 +105,19 @@ def test_bad_pipelines_and_groups_are_refused() -> None:
         run_staged(SchedulerConfig(), StagedPipeline((COST,)), 0, burst_requests(1, 4, 4))
     with pytest.raises(ValueError, match="at least one request"):
         run_staged(SchedulerConfig(), StagedPipeline((COST,)), 1, [])
+
+
+def test_a_refused_submit_or_several_plans_in_flight_end_the_run(backend: str) -> None:
+    # A full waiting queue refuses the third request of the burst: the run stops and says which.
+    with pytest.raises(SimulationError, match="submit of request-2 failed: .*queue is full") \
+            as caught:
+        run_staged(SchedulerConfig(max_waiting_sequences=2, max_active_sequences=1),
+                   StagedPipeline((COST,)), 1, burst_requests(4, 8, 4), backend=backend)
+    assert isinstance(caught.value.__cause__, QueueFull)
+    # Each group keeps one plan at a time (the groups are the plans in flight).
+    with pytest.raises(ValueError, match="max_inflight_plans must be 1, got 2"):
+        run_staged(SchedulerConfig(max_inflight_plans=2), StagedPipeline((COST,)), 1,
+                   burst_requests(2, 8, 4), backend=backend)
 
 
 def test_cli_prints_and_writes_the_table(tmp_path, capsys) -> None:

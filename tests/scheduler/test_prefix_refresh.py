@@ -404,6 +404,12 @@ def _plan_view(plan):
             for w in plan.work], plan.admitted, plan.token_count
 
 
+# The operations of the differential and their weights ("keep": a replay made resident, as a
+# host's release does; test_resume_restore.py runs a differential centred on it).
+WEIGHTS = {"submit": 14, "insert": 12, "evict": 6, "touch": 3, "plan": 16, "complete": 16,
+           "cancel": 3, "preempt": 5, "keep": 4}
+
+
 def _run_differential(seed, steps):
     rng = random.Random(seed)
     aging = rng.choice([1, 50, 4096])
@@ -436,8 +442,7 @@ def _run_differential(seed, steps):
         return a
 
     for step in range(steps):
-        op = rng.choices(["submit", "insert", "evict", "touch", "plan", "complete", "cancel",
-                          "preempt"], weights=[14, 12, 6, 3, 16, 16, 3, 5])[0]
+        op = rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
         if op == "submit":
             sid, prompt = rng.choice(IDS), rng.choice(PROMPTS)
             max_tokens, priority = rng.randint(1, 4), rng.randint(0, 2)
@@ -446,6 +451,17 @@ def _run_differential(seed, steps):
             prompt = rng.choice(PROMPTS)
             length = rng.randint(1, len(prompt))
             both(lambda side: side.insert(prompt, length))
+        elif op == "keep":
+            # What a host keeps of a sequence it lets go: part of its replay, generated tokens
+            # included, which a preempted sequence then restores (§2.12).
+            views = [v for v in map(sides[0].sched.sequence, IDS)
+                     if v is not None and len(v.generated_tokens) >= 2]
+            if not views:
+                continue
+            view = rng.choice(views)
+            key = list(view.prompt_tokens) + list(view.generated_tokens[:-1])
+            length = rng.randint(len(view.prompt_tokens) + 1, len(key))
+            both(lambda side: side.insert(key, length))
         elif op == "evict":
             both(lambda side: _kt(side.store.evict_one()))
         elif op == "touch":

@@ -37,7 +37,8 @@ def test_models_health_and_metrics(server, client):
     for name in ("skippy:num_requests_running", "skippy:num_requests_waiting",
                  "skippy:time_to_first_token_seconds_count", "skippy:prompt_tokens_total",
                  "skippy:generation_tokens_total", "skippy:prefix_cache_hit_rate",
-                 "skippy:num_preemptions_total", "skippy:inter_token_latency_seconds_count",
+                 'skippy:num_preemptions_total{reason="memory"}',
+                 "skippy:inter_token_latency_seconds_count",
                  "skippy:e2e_request_latency_seconds_count"):
         assert name in m, name
     missing = httpx.get(server.url + "/v1/nothing")

@@ -1,0 +1,337 @@
+"""Priority under load: a saturating low-priority background plus a trickle of urgent requests.
+
+    python bench/serve_load.py write-model /work/bench-58m.gguf
+    python bench/priority_load.py compare --model /work/bench-58m.gguf --json priority.jsonl
+    python bench/priority_load.py run --url http://127.0.0.1:8000 --label mine
+    python bench/priority_load.py resume-cost --model /work/bench-58m.gguf
+
+`run` drives one server: `--background` closed-loop clients (each sends its next streaming
+request when the previous one ends; more clients than the server has lanes, so its queue never
+empties) of `--background-tokens` tokens at priority 0, and, once they are all running,
+`--urgent` requests of `--urgent-tokens` tokens at priority `--urgent-priority` (this server's
+convention: higher runs first), one every `--urgent-interval` seconds. Reported: the urgent
+requests' TTFT p50/p99 (sent → first token), the background's output tokens/s over the window
+from the first urgent request to the last one's end, and the background's own TTFT. Prompts
+and token counting are serve_load.py's. `--priority-field none` sends no priority (a server
+without the field, e.g. llama-server: every request then waits its turn).
+
+`compare` starts `skippy-scheduler serve` on `--model` twice, with preemption for priority (the
+default, with `--prefix-cache-tokens` so victims resume from their kept KV) and with
+`--no-priority-preemption` (admission order only), runs `run` against each, and, when
+`--llama-server PATH` is given (or /work/llama-server/bin/llama-server exists), against
+llama-server with the same lanes and context. One JSON line per server, then the ratios.
+
+`resume-cost` times, in process on one LlamaHost, the resume of a sequence preempted after
+`--prompt-tokens` + `--generated` tokens: from its KV kept under a holder (the copy plus one
+decode row) and recomputed (the replay prefilled again in chunks of the batch, then the decode
+row), in ms per resume (median of `--repeat`).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fleet import free_port, stop, wait_ready  # noqa: E402
+from serve_load import Result, emit, make_prompts, one, percentile  # noqa: E402
+
+LLAMA_SERVER = "/work/llama-server/bin/llama-server"
+
+
+def _request_args(args, max_tokens: int, priority: int | None) -> argparse.Namespace:
+    extra = dict(args.extra)
+    if priority is not None and args.priority_field != "none":
+        extra[args.priority_field] = priority
+    return argparse.Namespace(max_tokens=max_tokens, model=args.model_name,
+                              token_ids=args.token_ids, extra=extra)
+
+
+async def run_load(args) -> dict:
+    bg_prompts = make_prompts(4096, args.prompt_tokens, 0, 0.0, args.seed)
+    urgent_prompts = make_prompts(args.urgent, args.urgent_prompt_tokens, 0, 0.0, args.seed + 1)
+    bg_args = _request_args(args, args.background_tokens, 0)
+    urgent_args = _request_args(args, args.urgent_tokens, args.urgent_priority)
+    background: list[tuple[float, Result]] = []
+    urgent: list[Result] = []
+    done = asyncio.Event()
+    started = [asyncio.Event() for _ in range(args.background)]
+    limits = httpx.Limits(max_connections=args.background + args.urgent + 4,
+                          max_keepalive_connections=args.background + 4)
+    async with httpx.AsyncClient(base_url=args.url, timeout=args.timeout, limits=limits) as c:
+        if args.warmup:
+            await one(c, urgent_prompts[0], _request_args(args, 4, None))
+
+        async def background_client(k: int) -> None:
+            i = k
+            while not done.is_set():
+                started[k].set()
+                res = await one(c, bg_prompts[i % len(bg_prompts)], bg_args)
+                background.append((time.perf_counter(), res))
+                i += args.background
+
+        async def trickle() -> None:
+            for ev in started:
+                await ev.wait()
+            await asyncio.sleep(args.settle)
+            tasks = []
+            for p in urgent_prompts:
+                tasks.append(asyncio.ensure_future(one(c, p, urgent_args)))
+                await asyncio.sleep(args.urgent_interval)
+            urgent.extend(await asyncio.gather(*tasks))
+            done.set()
+
+        clients = [asyncio.ensure_future(background_client(k)) for k in range(args.background)]
+        t0 = time.perf_counter()
+        await trickle()
+        t1 = time.perf_counter()
+        await asyncio.gather(*clients)
+    window = (t0 + args.settle, t1)
+    # Background tokens inside the window: each finished request's tokens spread over its life.
+    tokens = 0.0
+    for end, r in background:
+        if not r.ok or r.end <= r.sent:
+            continue
+        overlap = max(0.0, min(r.end, window[1]) - max(r.first, window[0]))
+        life = max(r.end - r.first, 1e-9)
+        tokens += r.tokens * overlap / life
+    good_urgent = [r for r in urgent if r.ok]
+    ttft = [r.first - r.sent for r in good_urgent]
+    bg_ttft = [r.first - r.sent for _, r in background if r.ok]
+    span = window[1] - window[0]
+    return {
+        "label": args.label, "url": args.url, "background": args.background,
+        "background_tokens": args.background_tokens, "urgent": args.urgent,
+        "urgent_completed": len(good_urgent), "urgent_tokens": args.urgent_tokens,
+        "errors": sorted({f"{r.status} {r.error}" for _, r in background if not r.ok}
+                         | {f"{r.status} {r.error}" for r in urgent if not r.ok})[:5],
+        "window_s": span,
+        "urgent_ttft_p50_s": percentile(ttft, 50), "urgent_ttft_p99_s": percentile(ttft, 99),
+        "background_tokens_per_s": tokens / span if span > 0 else float("nan"),
+        "background_ttft_p50_s": percentile(bg_ttft, 50),
+        "background_ttft_p99_s": percentile(bg_ttft, 99),
+    }
+
+
+# -- compare: the servers ---------------------------------------------------------------------
+
+
+class Served:
+    """A server process on a free loopback port, logging into `logs`."""
+
+    def __init__(self, cmd: list[str], logs: str, name: str, timeout_s: float) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(os.path.join(logs, f"{name}.log"), "ab")
+        # From the logs folder, not a checkout (`python -m` would import its sources).
+        self.proc = subprocess.Popen(cmd + ["--port", str(self.port)], stdout=self.log,
+                                     stderr=subprocess.STDOUT, cwd=logs)
+        try:
+            wait_ready(self.url + "/health", self.proc, timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        stop(self.proc)
+        self.log.close()
+
+
+def skippy_cmd(args, preemption: bool) -> list[str]:
+    cmd = [sys.executable, "-m", "skippy_scheduler.cli", "serve", "--model",
+           os.path.abspath(args.model), "--host", "127.0.0.1", "--threads", str(args.threads),
+           "--max-active", str(args.lanes), "--ctx-size", str(args.ctx_size),
+           "--served-model-name", "bench", "--log-level", "warning"]
+    if preemption:
+        cmd += ["--prefix-cache-tokens", str(args.prefix_cache_tokens),
+                "--prefix-holders", str(args.prefix_holders)]
+    else:
+        cmd.append("--no-priority-preemption")
+    return cmd
+
+
+def llama_server_cmd(args, path: str) -> list[str]:
+    return [path, "-m", os.path.abspath(args.model), "--host", "127.0.0.1",
+            "-t", str(args.threads), "-np", str(args.lanes), "-c", str(args.ctx_size),
+            "--alias", "bench"]
+
+
+def compare(args) -> list[dict]:
+    runs = [("skippy-preempt", skippy_cmd(args, True), {}),
+            ("skippy-admission-order", skippy_cmd(args, False), {})]
+    server = args.llama_server or (LLAMA_SERVER if os.path.exists(LLAMA_SERVER) else None)
+    if server:
+        runs.append(("llama-server", llama_server_cmd(args, server),
+                     {"priority_field": "none", "token_ids": False}))
+    results = []
+    with tempfile.TemporaryDirectory(prefix="priority-load-") as logs:
+        for label, cmd, overrides in runs:
+            print(f"# {label}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+            served = Served(cmd, logs, label, args.start_timeout)
+            try:
+                run_args = argparse.Namespace(**{**vars(args), "url": served.url,
+                                                 "label": label, "model_name": "bench",
+                                                 **overrides})
+                result = asyncio.run(run_load(run_args))
+            finally:
+                served.close()
+            emit(result, args.json)
+            results.append(result)
+    on, off = results[0], results[1]
+    emit({"label": "ratios (preempt / admission order)",
+          "urgent_ttft_p99": on["urgent_ttft_p99_s"] / off["urgent_ttft_p99_s"],
+          "urgent_ttft_p50": on["urgent_ttft_p50_s"] / off["urgent_ttft_p50_s"],
+          "background_tokens_per_s": on["background_tokens_per_s"]
+          / off["background_tokens_per_s"]}, args.json)
+    return results
+
+
+# -- resume-cost ------------------------------------------------------------------------------
+
+
+def resume_cost(args) -> dict:
+    from skippy_scheduler import Scheduler, SchedulerConfig
+    from skippy_scheduler.engine import Engine, Request
+    from skippy_scheduler.hosts.llama import LlamaHost
+
+    length = args.prompt_tokens + args.generated
+    lane_cells = max(256, -(-(length + 16) // 256) * 256)
+    out: dict[str, list[float]] = {"restore": [], "recompute": []}
+    recomputed: dict[str, int] = {"restore": 0, "recompute": 0}  # replay tokens fed again
+    for kind in ("restore", "recompute"):
+        reuse = kind == "restore"
+        holders = 2 if reuse else 0
+        with LlamaHost(args.model, n_ctx=(1 + holders) * lane_cells, n_seq_max=1,
+                       n_threads=args.threads, n_batch=args.batch,
+                       prefix_cache_tokens=2 * lane_cells if reuse else 0,
+                       prefix_holders=max(holders, 1)) as host:
+            timed = _TimedResume(host)
+            for rep in range(args.repeat):
+                config = SchedulerConfig(max_active_sequences=1, max_tokens_per_iteration=host.n_batch,
+                                         prefill_chunk_tokens=host.n_batch,
+                                         priority_preemption=True,
+                                         **(host.sequence_id_settings if reuse
+                                            else {"reserved_sequence_ids": 0}))
+                sched = Scheduler(config)
+                engine = Engine(sched, host)
+                prompt = [1] + [3 + (rep * 7919 + i * 104729) % 30000
+                                for i in range(args.prompt_tokens - 1)]
+                engine.submit(Request("victim", prompt, args.generated + 2, sampling=None))
+                while len(sched.sequence("victim").generated_tokens) < args.generated:
+                    engine.step()
+                engine.submit(Request("urgent", [1, 5, 6, 7], 1, priority=1))
+                engine.step()  # the urgent one is queued and preempts the victim
+                assert sched.metrics().preempted_priority == 1, "the victim was not preempted"
+                while engine.outstanding > 1:  # the urgent one runs and ends
+                    engine.step()
+                timed.begin()
+                while len(sched.sequence("victim").generated_tokens) == args.generated:
+                    engine.step()
+                out[kind].append(timed.end())
+                recomputed[kind] += sched.metrics().recompute_tokens
+                while engine.outstanding:
+                    engine.step()
+                sched.attach_prefix_store(None)
+    return {"label": "resume-cost", "prompt_tokens": args.prompt_tokens,
+            "generated": args.generated, "repeat": args.repeat,
+            "restore_ms": statistics.median(out["restore"]),
+            "recompute_ms": statistics.median(out["recompute"]),
+            "restore_recomputed_tokens": recomputed["restore"],
+            "recompute_recomputed_tokens": recomputed["recompute"]}
+
+
+class _TimedResume:
+    """Wall time of the host's executions between `begin` and `end` (ms)."""
+
+    def __init__(self, host) -> None:
+        self.host = host
+        self._execute = host.execute
+        self.total = 0.0
+        self.on = False
+        host.execute = self._timed
+
+    def _timed(self, plan):
+        t0 = time.perf_counter()
+        try:
+            return self._execute(plan)
+        finally:
+            if self.on:
+                self.total += time.perf_counter() - t0
+
+    def begin(self) -> None:
+        self.total, self.on = 0.0, True
+
+    def end(self) -> float:
+        self.on = False
+        return self.total * 1e3
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def load_options(p) -> None:
+        p.add_argument("--background", type=int, default=16,
+                       help="closed-loop low-priority clients (default 16: twice 8 lanes)")
+        p.add_argument("--background-tokens", type=int, default=256)
+        p.add_argument("--prompt-tokens", type=int, default=256)
+        p.add_argument("--urgent", type=int, default=20)
+        p.add_argument("--urgent-tokens", type=int, default=16)
+        p.add_argument("--urgent-prompt-tokens", type=int, default=64)
+        p.add_argument("--urgent-priority", type=int, default=10)
+        p.add_argument("--urgent-interval", type=float, default=1.0, metavar="S")
+        p.add_argument("--settle", type=float, default=2.0, metavar="S",
+                       help="seconds of background alone before the first urgent request")
+        p.add_argument("--priority-field", default="priority",
+                       help="request field carrying the priority; 'none' sends none")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--timeout", type=float, default=600)
+        p.set_defaults(token_ids=True)  # this server's token_ids count exactly
+        p.add_argument("--extra", type=json.loads, default={}, metavar="JSON")
+        p.add_argument("--no-warmup", dest="warmup", action="store_false")
+        p.add_argument("--json", help="append each result as one JSON line to this file")
+
+    r = sub.add_parser("run", help="run the load against a server")
+    r.add_argument("--url", required=True)
+    r.add_argument("--label", default="")
+    r.add_argument("--model-name", default=None, help="model field sent (default: none)")
+    load_options(r)
+    c = sub.add_parser("compare", help="this server with and without preemption "
+                                       "(and llama-server)")
+    c.add_argument("--model", required=True)
+    c.add_argument("--lanes", type=int, default=8)
+    c.add_argument("--ctx-size", type=int, default=8 * 1024)
+    c.add_argument("--threads", type=int, default=2)
+    c.add_argument("--prefix-cache-tokens", type=int, default=8 * 1024)
+    c.add_argument("--prefix-holders", type=int, default=8)
+    c.add_argument("--llama-server", default=None, metavar="PATH")
+    c.add_argument("--start-timeout", type=float, default=120)
+    load_options(c)
+    rc = sub.add_parser("resume-cost", help="restore vs recompute of one resume, in process")
+    rc.add_argument("--model", required=True)
+    rc.add_argument("--prompt-tokens", type=int, default=256)
+    rc.add_argument("--generated", type=int, default=128)
+    rc.add_argument("--repeat", type=int, default=5)
+    rc.add_argument("--threads", type=int, default=2)
+    rc.add_argument("--batch", type=int, default=512)
+    rc.add_argument("--json")
+    args = ap.parse_args(argv)
+    if args.cmd == "run":
+        emit(asyncio.run(run_load(args)), args.json)
+    elif args.cmd == "compare":
+        compare(args)
+    else:
+        emit(resume_cost(args), args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+/*
+ * The slack-sized planning rule (docs/behaviour.md §2.13), a departure from the reference's
+ * mixed-plan gate: when prefill and live decode both wait, each step sizes its prefill chunk
+ * from the tightest decode slack and a linear cost model the caller keeps fitted.
+ *
+ * Slack of a live decode row = (clock at its previous token) + (its inter-token target) − now.
+ * Predicted step time = base + per prefill token × chunk + (decode base + per decode row ×
+ * rows when it has decode rows); a step fits
+ * when its predicted time × safety is within the minimum slack. A mixed step carries the
+ * decode rows and the chunk; when mixing is not predicted cheaper than the decode step plus
+ * the chunk run alone, the chunk runs alone and must leave room for the decode step after it.
+ * When not even slack_min_chunk_tokens fit, up to slack_interleave_max decode-only steps run in
+ * a row, then a prefill step of the smallest useful chunk does, so the oldest admitted prefill
+ * never waits more than k steps between two of its chunks. Nothing is latched: every step
+ * decides anew.
+ *
+ * NOTE: built with -ffp-contract=off; the reference twin (reference/slack.py) evaluates the
+ * same expressions in the same order, so both make the same choice bit for bit.
+ */
+#include <math.h>
+
+#include "sk_internal.h"
+
+int sk_check_step_cost(const skippy_step_cost *c)
+{
+    return !(isfinite(c->base_us) && c->base_us >= 0.0 && isfinite(c->per_prefill_token_us) &&
+             c->per_prefill_token_us >= 0.0 && isfinite(c->decode_base_us) &&
+             c->decode_base_us >= 0.0 && isfinite(c->per_decode_row_us) &&
+             c->per_decode_row_us >= 0.0);
+}
+
+/* Largest chunk whose prefill time (per_token each) fits in `spare` µs, at most `room`. */
+static size_t largest_chunk(double spare, double per_token, size_t room)
+{
+    if (!(spare >= 0.0)) return 0;
+    if (per_token <= 0.0) return room;
+    double chunk = floor(spare / per_token);
+    if (chunk >= (double)room) return room;
+    return (size_t)chunk;
+}
+
+sk_slack_choice sk_slack_decide(skippy_scheduler *s, size_t decode_rows)
+{
+    const skippy_scheduler_config *cfg = &s->cfg;
+    const uint32_t *active = s->active;
+    const sk_seq *seqs = s->seqs;
+    double now = s->now_us, target = cfg->itl_target_us, min_slack = INFINITY;
+    for (size_t at = 0, n = s->active_len; at < n; at++) {
+        const sk_seq *seq = &seqs[active[at]];
+        if (!live_decode(seq)) continue;
+        double own = seq->itl_target_us > 0.0 ? seq->itl_target_us : target;
+        double slack = seq->last_token_us + own - now;
+        if (slack < min_slack) min_slack = slack;
+    }
+    double base = s->cost.base_us, per_token = s->cost.per_prefill_token_us;
+    double decode_part = s->cost.decode_base_us + s->cost.per_decode_row_us * (double)decode_rows;
+    double decode_us = base + decode_part;
+    double avail = min_slack / cfg->slack_safety;
+    size_t min_chunk = cfg->slack_min_chunk_tokens, max_tokens = cfg->max_tokens_per_iteration;
+    size_t mixed_room = max_tokens - decode_rows;
+    double probe = (double)min_chunk;
+    bool mix = mixed_room >= min_chunk &&
+               base + per_token * probe + decode_part < decode_us + (base + per_token * probe);
+    size_t chunk = mix ? largest_chunk(avail - decode_us, per_token, mixed_room)
+                       : largest_chunk(avail - decode_us - base, per_token, max_tokens);
+    sk_slack_choice choice;
+    choice.kind = mix ? SK_SLACK_MIXED : SK_SLACK_PREFILL_ONLY;
+    choice.prefill_budget = chunk;
+    if (chunk < min_chunk) {
+        if (s->interleaved < cfg->slack_interleave_max) {
+            s->interleaved++;
+            choice.kind = SK_SLACK_DECODE_ONLY;
+            choice.prefill_budget = 0;
+            return choice;
+        }
+        choice.prefill_budget = min_chunk; /* the starvation bound: a prefill step now */
+    }
+    s->interleaved = 0;
+    return choice;
+}
+
+void skippy_scheduler_set_clock(skippy_scheduler *s, double now_us) { s->now_us = now_us; }
+
+static int set_step_cost(skippy_scheduler *s, const skippy_step_cost *cost)
+{
+    if (!cost || sk_check_step_cost(cost))
+        return sk_fail(s, SKIPPY_SCHED_INVALID, "step cost coefficients must be finite numbers "
+                       ">= 0");
+    s->cost = *cost;
+    return 0;
+}
+
+skippy_status skippy_scheduler_set_step_cost(skippy_scheduler *s, const skippy_step_cost *cost,
+                                             skippy_error **out_error)
+{
+    return sk_result(s, set_step_cost(s, cost), out_error);
+}

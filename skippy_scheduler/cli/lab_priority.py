@@ -1,0 +1,68 @@
+"""`skippy-scheduler lab --suite --priority-scenario`: the priority scenario's three rules
+(skippy_scheduler/lab/priority.py, docs/lab.md), one table row per rule as it finishes."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from typing import Any, Optional
+
+from ..lab.backend import Backend
+from ..lab.model import RuntimeCostModel
+from ..lab.priority import (PriorityScenario, RULES, format_priority_table,
+                            run_priority_scenario)
+from ..lab.suite import SuiteOptions
+from ._common import CommandError, check_output_file
+
+_SCENARIO = {"requests": "requests", "seed": "seed", "rate": "rate",
+             "priority_share": "urgent_share"}
+_OPTIONS = {"max_active": "max_active", "max_num_batched_tokens": "max_tokens",
+            "prefill_chunk": "chunk"}
+
+
+def _set(args: argparse.Namespace, names: dict[str, str]) -> dict[str, Any]:
+    return {field: getattr(args, arg) for arg, field in names.items()
+            if getattr(args, arg, None) is not None}
+
+
+def run_priority_command(args: argparse.Namespace, modes: Optional[list[str]],
+                         cost: RuntimeCostModel, backend: Backend) -> int:
+    if modes is not None and len(modes) > 1:
+        raise CommandError("--priority-scenario runs one planning mode (--mixed or --no-mixed)")
+    for flag, dest in (("--families", "families"), ("--family-share", "family_share"),
+                       ("--kv-capacity-tokens", "kv_capacity_tokens"), ("--plot", "plot"),
+                       ("--reserve-output-tokens", "reserve_output_tokens")):
+        if getattr(args, dest, None) is not None:
+            raise CommandError(f"{flag} does not apply to --priority-scenario")
+    check_output_file("--json", args.json)
+    fields = _set(args, _SCENARIO)
+    if modes:
+        fields["mode"] = modes[0]
+    if args.policy:
+        fields["policy"] = args.policy[0]
+    try:
+        scenario = replace(PriorityScenario(), **fields)
+        scenario.spec()  # validated before anything runs
+        options = replace(SuiteOptions(), **_set(args, _OPTIONS)).validate()
+    except (ValueError, TypeError) as exc:
+        raise CommandError(str(exc)) from None
+    out = sys.stdout
+    out.write(f"# priority scenario backend={backend.name} "
+              + " ".join(f"{k}={v}" for k, v in scenario.as_dict().items())
+              + f" max_active={options.max_active}\n")
+    out.write(format_priority_table([]))
+    out.flush()
+
+    def emit(run: Any) -> None:
+        out.write(format_priority_table([run], header=False))
+        out.flush()
+
+    runs = run_priority_scenario(scenario, RULES, options, cost, backend=backend, on_run=emit)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"backend": backend.name, "cost_model": cost.as_dict(),
+                       "scenario": scenario.as_dict(), "runs": [r.figures for r in runs]},
+                      fh, indent=2)
+            fh.write("\n")
+    return 0

@@ -1,0 +1,126 @@
+"""The slack rule's cost model, kept fitted online from observed step durations (§2.13).
+
+`StepCostFitter` keeps the last `window` steps (prefill tokens, decode rows, µs) and fits the
+four coefficients of `StepCost` by least squares pulled gently toward the previous fit (so a
+window that never varies one term, e.g. only decode-only steps of one size, keeps that term's
+last value instead of making one up), then drops the steps whose residual is more than
+`clip` × the median absolute residual (a step stalled by something else on the machine) and
+fits again, a few rounds; coefficients stay >= 0. `SlackFeed` is the engine observer that feeds it: after
+each step ran it sets the scheduler's clock (before the completion stamps last-token times and
+before the next plan reads them) and records the step; every `refit_every` steps it refits
+and hands the model to the scheduler. The engine adds it only when the scheduler runs the
+slack rule, so the reference rule's path is unchanged.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import numpy as np
+
+from ..slack import StepCost
+from ..types import IterationTelemetry
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .requests import _InFlight
+
+_PRIOR_WEIGHT = 1e-6  # of the window's own scale: only decides directions the data leaves open
+_CLIP_ROUNDS = 4  # refits, each without the steps far off the previous one
+_RESIDUAL_FLOOR = 0.01  # of the median step: residuals below this are kept whatever the spread
+
+
+class StepCostFitter:
+    """Windowed, outlier-clipped least squares of `StepCost` (module docstring)."""
+
+    def __init__(self, prior: StepCost, window: int = 64, clip: float = 4.0) -> None:
+        if window < 4:
+            raise ValueError(f"window must be at least 4 steps, got {window}")
+        if not clip > 0:
+            raise ValueError(f"clip must be > 0, got {clip}")
+        self.cost = prior
+        self._steps: deque[tuple[float, float, float]] = deque(maxlen=window)
+        self._clip = clip
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def add(self, prefill_tokens: int, decode_rows: int, duration_us: float) -> None:
+        """Record one step; an empty or non-positive one is ignored."""
+        if (prefill_tokens or decode_rows) and duration_us > 0 and np.isfinite(duration_us):
+            self._steps.append((float(prefill_tokens), float(decode_rows), float(duration_us)))
+
+    def fit(self) -> StepCost:
+        """Refit from the window (the previous fit when it holds fewer than 4 steps)."""
+        if len(self._steps) < 4:
+            return self.cost
+        data = np.array(self._steps)
+        rows = data[:, 1]
+        x = np.column_stack([np.ones(len(data)), data[:, 0], (rows > 0).astype(float), rows])
+        y = data[:, 2]
+        prior = np.array([self.cost.base_us, self.cost.per_prefill_token_us,
+                          self.cost.decode_base_us, self.cost.per_decode_row_us])
+        keep = np.ones(len(y), dtype=bool)
+        beta = self._solve(x, y, prior)
+        floor = _RESIDUAL_FLOOR * float(np.median(y))  # never an outlier: timer noise
+        for _ in range(_CLIP_ROUNDS):
+            residual = np.abs(x @ beta - y)
+            spread = float(np.median(residual[keep]))
+            trimmed = residual <= max(self._clip * spread, floor)
+            if trimmed.sum() < 4 or np.array_equal(trimmed, keep):
+                break
+            keep = trimmed
+            beta = self._solve(x[keep], y[keep], prior)
+        beta = np.maximum(beta, 0.0)
+        self.cost = StepCost(base_us=float(beta[0]), per_prefill_token_us=float(beta[1]),
+                             decode_base_us=float(beta[2]), per_decode_row_us=float(beta[3]))
+        return self.cost
+
+    @staticmethod
+    def _solve(x: Any, y: Any, prior: Any) -> Any:
+        """Ridge toward `prior`, with every coefficient >= 0: one that comes out negative is
+        held at 0 and the others solved again (so the prediction stays a fit of the data)."""
+        free = np.ones(x.shape[1], dtype=bool)
+        beta = np.zeros(x.shape[1])
+        for _ in range(x.shape[1]):
+            xf = x[:, free]
+            scale = np.maximum((xf * xf).sum(axis=0), 1.0) * _PRIOR_WEIGHT
+            gram = xf.T @ xf + np.diag(scale)
+            beta = np.zeros(x.shape[1])
+            beta[free] = np.linalg.solve(gram, xf.T @ y + scale * prior[free])
+            negative = beta < 0
+            if not negative.any():
+                break
+            free &= ~negative
+            beta[negative] = 0.0
+        return beta
+
+
+class SlackFeed:
+    """Engine observer: the scheduler's clock and cost model under the slack rule."""
+
+    wants_samples = False
+
+    def __init__(self, scheduler: Any, now_us: Callable[[], float],
+                 fitter: Optional[StepCostFitter] = None, refit_every: int = 8) -> None:
+        self._scheduler = scheduler
+        self._now_us = now_us
+        self.fitter = fitter if fitter is not None else StepCostFitter(scheduler.step_cost)
+        self._refit_every = max(int(refit_every), 1)
+        self._since_fit = 0
+
+    def planned(self, flight: "_InFlight") -> None:
+        return None
+
+    def executed(self, flight: "_InFlight", duration_us: float) -> None:
+        self._scheduler.set_clock(self._now_us() / 1e6)
+        self.fitter.add(flight.token_count - flight.decode, flight.decode, duration_us)
+
+    def sampled(self, flight: "_InFlight", rows: list[int], tokens: Any, end_us: float) -> None:
+        return None
+
+    def completed(self, flight: "_InFlight", duration_us: float,
+                  telemetry: IterationTelemetry) -> None:
+        self._since_fit += 1
+        if self._since_fit >= self._refit_every:
+            self._since_fit = 0
+            self._scheduler.set_step_cost(self.fitter.fit())

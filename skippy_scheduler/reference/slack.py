@@ -1,0 +1,79 @@
+"""The reference form of the slack-sized planning rule (behaviour.md §2.13; C: csrc/sk_slack.c).
+
+`SlackRule.decide` says what one step runs when prefill and live decode both wait: decode
+only, a mixed step, or a prefill step alone, and how many prefill tokens it may carry. It keeps
+the one counter the rule has (decode-only steps in a row while prefill waited). Every
+expression is evaluated in the same order as the C core's, so both choose the same chunk bit
+for bit.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from typing import Iterable
+
+from ..slack import StepCost
+from ..types import SchedulerConfig
+
+
+class SlackStep(enum.Enum):
+    DECODE_ONLY = 0
+    MIXED = 1
+    PREFILL_ONLY = 2
+
+
+def largest_chunk(spare_us: float, per_token_us: float, room: int) -> int:
+    """Largest chunk whose prefill time fits in `spare_us`, at most `room` tokens."""
+    if not spare_us >= 0.0:
+        return 0
+    if per_token_us <= 0.0:
+        return room
+    chunk = math.floor(spare_us / per_token_us)
+    return room if chunk >= room else int(chunk)
+
+
+class SlackRule:
+    """The rule's state: the clock (µs), the cost model and the interleave counter."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self._config = config
+        self.now_us = 0.0
+        self.cost: StepCost = config.step_cost
+        self.interleaved = 0
+
+    def min_slack_us(self, rows: Iterable[tuple[float, float | None]]) -> float:
+        """Minimum over live decode rows of (previous token µs + target µs − now); each row is
+        (its last-token µs, its own target in seconds or None)."""
+        target = self._config.itl_target * 1e6
+        now = self.now_us
+        least = math.inf
+        for last_us, own in rows:
+            slack = last_us + (own * 1e6 if own is not None else target) - now
+            if slack < least:
+                least = slack
+        return least
+
+    def decide(self, min_slack: float, decode_rows: int) -> tuple[SlackStep, int]:
+        cfg = self._config
+        cost = self.cost
+        base, per_token = cost.base_us, cost.per_prefill_token_us
+        decode_part = cost.decode_base_us + cost.per_decode_row_us * float(decode_rows)
+        decode_us = base + decode_part
+        avail = min_slack / cfg.slack_safety
+        min_chunk, max_tokens = cfg.slack_min_chunk_tokens, cfg.max_tokens_per_iteration
+        mixed_room = max_tokens - decode_rows
+        probe = float(min_chunk)
+        mix = (mixed_room >= min_chunk
+               and base + per_token * probe + decode_part < decode_us + (base + per_token * probe))
+        if mix:
+            chunk = largest_chunk(avail - decode_us, per_token, mixed_room)
+        else:
+            chunk = largest_chunk(avail - decode_us - base, per_token, max_tokens)
+        kind = SlackStep.MIXED if mix else SlackStep.PREFILL_ONLY
+        if chunk < min_chunk:
+            if self.interleaved < cfg.slack_interleave_max:
+                self.interleaved += 1
+                return SlackStep.DECODE_ONLY, 0
+            chunk = min_chunk  # the starvation bound: a prefill step now
+        self.interleaved = 0
+        return kind, chunk

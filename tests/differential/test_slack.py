@@ -1,0 +1,291 @@
+"""The slack-sized planning rule (behaviour.md §2.13) on the native core and the twin: both
+must make the same plans, for any clock, cost model and per-sequence targets, on random
+operation sequences; and on both, the interleave bound (at most k decode-only plans in a row
+while prefill waits) and the starvation bound (the oldest admitted prefill gets a row within
+k + 1 plans) hold.
+"""
+import math
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from skippy_scheduler import (
+    IterationPhase,
+    IterationPrediction,
+    MemoryComponent,
+    PlanningRule,
+    Scheduler,
+    SchedulerConfig,
+    Sequence,
+    StepCost,
+    TwinScheduler,
+)
+from sched_helpers import complete
+
+IDS = ["a", "b", "c", "d", "e", "f"]
+
+
+def _settings(examples):
+    profile = settings.get_current_profile_name()
+    if profile != "default":
+        return settings(settings.get_profile(profile), suppress_health_check=list(HealthCheck))
+    return settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+costs = st.builds(StepCost, base_us=st.sampled_from([0.0, 50.0, 2000.0]),
+                  per_prefill_token_us=st.sampled_from([0.0, 1.0, 300.0, 1e4]),
+                  decode_base_us=st.sampled_from([0.0, 100.0, 3000.0]),
+                  per_decode_row_us=st.sampled_from([0.0, 20.0, 700.0]))
+
+configs = st.builds(
+    SchedulerConfig,
+    max_active_sequences=st.integers(1, 5),
+    max_tokens_per_iteration=st.integers(1, 40),
+    prefill_chunk_tokens=st.integers(1, 16),
+    max_prefill_sequences_per_iteration=st.none() | st.integers(1, 2),
+    mixed_prefill_decode=st.booleans(),  # ignored under the slack rule
+    max_inflight_plans=st.sampled_from([1, 1, 2]),
+    memory_components=st.sampled_from([[], [MemoryComponent("kv", 400, 0, 4, 8)]]),
+    planning_rule=st.just(PlanningRule.SLACK),
+    itl_target=st.sampled_from([0.001, 0.01, 0.05, 1.0]),
+    slack_safety=st.sampled_from([0.5, 1.0, 1.2, 3.0]),
+    slack_interleave_max=st.integers(0, 3),
+    slack_min_chunk_tokens=st.integers(0, 12),
+    step_cost=costs,
+)
+
+submit = st.tuples(st.just("submit"), st.integers(0, len(IDS) - 1),
+                   st.integers(1, 40),  # prompt length
+                   st.integers(1, 6),  # max tokens
+                   st.none() | st.sampled_from([0.002, 0.02, 0.5]),  # its own itl target
+                   st.none() | st.sampled_from([0.1, 3.0]))  # its ttft deadline
+step = st.tuples(st.just("step"), st.sampled_from([0.0, 0.0005, 0.003, 0.02, 0.2]),
+                 st.integers(0, 9))
+ops = st.lists(st.one_of(submit, step, step, step, step,
+                         st.tuples(st.just("cost"), costs),
+                         st.tuples(st.just("abort")),
+                         st.tuples(st.just("cancel"), st.integers(0, len(IDS) - 1))),
+               min_size=5, max_size=60)
+
+
+class Pair:
+    def __init__(self, config):
+        self.scheds = (Scheduler(config), TwinScheduler(config))
+        self.now = 0.0
+        self.live = ([], [])
+
+    def both(self, fn):
+        out = []
+        for i, s in enumerate(self.scheds):
+            try:
+                out.append(("ok", fn(s, i)))
+            except Exception as exc:  # noqa: BLE001 - the type is compared
+                out.append(("raised", type(exc)))
+        assert out[0][0] == out[1][0], out
+        if out[0][0] == "raised":
+            assert out[0] == out[1]
+        return out
+
+    def check(self):
+        n, t = self.scheds
+        assert n.snapshot() == t.snapshot()
+        assert n.metrics() == t.metrics()
+        for i in IDS:
+            assert n.sequence(i) == t.sequence(i)
+
+
+def run(pair, op):
+    kind = op[0]
+    if kind == "submit":
+        _, k, prompt, max_tokens, itl, ttft = op
+        seq = Sequence(IDS[k], [(k * 7 + j) % 5 for j in range(prompt)], max_tokens)
+        seq.with_deadlines(ttft_deadline=None if ttft is None else pair.now + ttft,
+                           itl_target=itl)
+        pair.both(lambda s, _: s.submit(seq))
+    elif kind == "cost":
+        pair.both(lambda s, _: s.set_step_cost(op[1]))
+    elif kind == "cancel":
+        pair.both(lambda s, _: s.cancel(IDS[op[1]]))
+    elif kind == "abort":
+        if pair.live[0]:
+            pair.both(lambda s, i: s.abort_iteration(pair.live[i][0]))
+            pair.live = ([], [])
+    elif kind == "step":
+        _, elapsed, token = op
+        pair.both(lambda s, _: s.set_clock(pair.now))
+        plans = pair.both(lambda s, _: s.plan_iteration())
+        if plans[0][0] != "ok":
+            return
+        pn, pt = plans[0][1], plans[1][1]
+        assert pn.work == pt.work
+        phases = {w.phase for w in pt.work}
+        event("plan " + "+".join(sorted(p.name for p in phases)) if phases else "empty plan")
+        pair.live = ([pn] + pair.live[0], [pt] + pair.live[1])
+        depth = pair.scheds[1].config.max_inflight_plans
+        if len(pair.live[0]) >= depth or len(pt) == 0:
+            pair.now += elapsed
+            pair.both(lambda s, _: s.set_clock(pair.now))
+            oldest = (pair.live[0][-1], pair.live[1][-1])
+            def finish(s, i):
+                plan = oldest[i]
+                return complete(s, plan, [IterationPrediction(r, -1 if token == 9 else token)
+                                          for r, w in enumerate(plan.work) if w.sample_last])
+            out = pair.both(finish)
+            if out[0][0] == "ok":
+                assert out[0][1] == out[1][1]
+            pair.live = (pair.live[0][:-1], pair.live[1][:-1])
+    pair.check()
+
+
+@_settings(250)
+@given(config=configs, first=st.lists(submit, min_size=1, max_size=4), operations=ops)
+def test_native_and_twin_agree_under_the_slack_rule(config, first, operations):
+    pair = Pair(config)
+    for op in first + operations:
+        run(pair, op)
+
+
+# -- the bounds, on each implementation --------------------------------------------------------
+
+@pytest.fixture(params=[Scheduler, TwinScheduler], ids=["native", "twin"])
+def impl(request):
+    return request.param
+
+
+def _config(**overrides):
+    base = dict(planning_rule=PlanningRule.SLACK, max_tokens_per_iteration=64,
+                prefill_chunk_tokens=32, slack_min_chunk_tokens=8, slack_interleave_max=3,
+                itl_target=0.001, step_cost=StepCost(base_us=2000, per_prefill_token_us=300,
+                                                     decode_base_us=0, per_decode_row_us=500))
+    base.update(overrides)
+    return SchedulerConfig(**base)
+
+
+def _run_late(impl, k, steps=120):
+    """Three long decodes whose target (1 ms) is far below a step (10 ms): no chunk ever fits
+    the slack. Two 60-token prompts arrive at steps 2 and 3. Per plan: (the prefill-pending
+    ids before it, in walk order; its rows as (id, phase, tokens))."""
+    sched = impl(_config(slack_interleave_max=k))
+    arrivals = {0: [Sequence(f"d{i}", [1, 2], 200) for i in range(3)],
+                2: [Sequence("p1", list(range(60)), 2)], 3: [Sequence("p2", list(range(60)), 2)]}
+    now = 0.0
+    history = []
+    for i in range(steps):
+        for seq in arrivals.get(i, []):
+            sched.submit(seq)
+        sched.set_clock(now)
+        plan = sched.plan_iteration()
+        pending = [sid for sid in sched.snapshot().active_ids
+                   if (q := sched.sequence(sid)).prefill_cursor < q.recompute_token_count()]
+        rows = [(w.sequence_id, w.phase, len(w.tokens)) for w in plan.work]
+        # the ids whose prefill was pending before the plan: pending now, or given a chunk
+        before = [sid for sid, p, _ in rows if p is not IterationPhase.DECODE] + pending
+        history.append((before, rows))
+        now += 0.01
+        sched.set_clock(now)
+        complete(sched, plan, [IterationPrediction(r, 3) for r, w in enumerate(plan.work)
+                               if w.sample_last])
+    return history
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_interleave_and_starvation_bounds(impl, k):
+    history = _run_late(impl, k)
+    run = 0
+    gaps = {"p1": 0, "p2": 0}
+    contended = 0
+    for before, rows in history:
+        decode = [sid for sid, p, _ in rows if p is IterationPhase.DECODE]
+        chunked = {sid: n for sid, p, n in rows if p is not IterationPhase.DECODE}
+        if not before or not decode and not chunked:
+            run = 0
+            continue
+        if before and (decode or any(sid.startswith("d") for sid, _, _ in rows)):
+            contended += 1
+        if chunked:
+            run = 0
+            if decode:  # forced: the smallest useful chunk, to the oldest prefill first
+                assert sum(chunked.values()) == 8
+                assert next(iter(chunked)) == before[0]
+        else:
+            run += 1
+            assert run <= k  # the interleave bound
+        for sid in gaps:
+            if sid in before:
+                gaps[sid] = 0 if sid in chunked else gaps[sid] + 1
+        oldest = before[0]
+        assert gaps.get(oldest, 0) <= k  # the starvation bound on the oldest admitted prefill
+    assert contended > 10
+    # both prompts got through prefill although no chunk ever fit the slack
+    decoded = {sid for _, rows in history for sid, p, _ in rows if p is IterationPhase.DECODE}
+    assert {"p1", "p2"} <= decoded
+
+
+def test_chunk_fills_the_slack(impl):
+    """With a generous target the chunk is the largest whose predicted time × safety fits."""
+    cost = StepCost(base_us=1000, per_prefill_token_us=100, decode_base_us=0,
+                    per_decode_row_us=1000)
+    sched = impl(_config(itl_target=0.05, slack_safety=1.25, step_cost=cost,
+                         max_tokens_per_iteration=1000, prefill_chunk_tokens=1000))
+    sched.set_clock(0.0)
+    sched.submit(Sequence("d", [1, 2], 100))
+    plan = sched.plan_iteration()
+    complete(sched, plan, [IterationPrediction(0, 5)])  # d's first token at t = 0
+    sched.submit(Sequence("p", list(range(900)), 2))
+    sched.set_clock(0.002)  # 2 ms later: slack 48 ms, /1.25 = 38.4 ms
+    plan = sched.plan_iteration()
+    tokens = {w.sequence_id: len(w.tokens) for w in plan.work}
+    # 38 400 µs - (1000 base + 1000 per row) = 36 400 µs of prefill at 100 µs a token
+    assert tokens == {"d": 1, "p": 364}
+
+
+def test_prefill_alone_when_mixing_does_not_pay(impl):
+    """With no per-step base cost a mixed step saves nothing: the chunk runs alone, sized so
+    the decode step after it still fits."""
+    cost = StepCost(base_us=0, per_prefill_token_us=100, decode_base_us=0, per_decode_row_us=1000)
+    sched = impl(_config(itl_target=0.05, slack_safety=1.0, step_cost=cost,
+                         max_tokens_per_iteration=1000, prefill_chunk_tokens=1000))
+    sched.set_clock(0.0)
+    sched.submit(Sequence("d", [1, 2], 100))
+    plan = sched.plan_iteration()
+    complete(sched, plan, [IterationPrediction(0, 5)])
+    sched.submit(Sequence("p", list(range(900)), 2))
+    sched.set_clock(0.0)
+    plan = sched.plan_iteration()
+    assert [(w.sequence_id, len(w.tokens)) for w in plan.work] == [("p", 490)]
+
+
+def test_reference_rule_is_the_default(impl):
+    assert SchedulerConfig().planning_rule is PlanningRule.REFERENCE
+
+
+@pytest.mark.parametrize("bad", [
+    dict(itl_target=0), dict(itl_target=-1.0), dict(itl_target=math.inf),
+    dict(slack_safety=0.0), dict(slack_safety=math.nan), dict(planning_rule=1),
+    dict(step_cost=(1, 2, 3, 4)),
+])
+def test_bad_slack_config_is_refused(bad):
+    with pytest.raises((TypeError, ValueError)):
+        SchedulerConfig(**bad)
+
+
+@pytest.mark.parametrize("bad", [dict(base_us=-1.0), dict(per_prefill_token_us=math.inf),
+                                 dict(per_decode_row_us=math.nan), dict(decode_base_us="1")])
+def test_bad_step_cost_is_refused(bad):
+    with pytest.raises((TypeError, ValueError)):
+        StepCost(**bad)
+
+
+def test_bad_deadlines_are_refused_before_any_change(impl):
+    s = Sequence("x", [1], 3)
+    for kw in (dict(itl_target=0), dict(ttft_deadline=-1.0), dict(itl_target=math.nan)):
+        with pytest.raises(ValueError):
+            s.with_deadlines(**kw)
+    assert (s.itl_target, s.ttft_deadline) == (None, None)
+    sched = impl(_config())
+    with pytest.raises((TypeError, ValueError)):
+        sched.set_clock(math.nan)
+    with pytest.raises(TypeError):
+        sched.set_step_cost((1.0, 2.0))
+    assert sched.step_cost == _config().step_cost

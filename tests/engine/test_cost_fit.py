@@ -1,0 +1,77 @@
+"""The slack rule's online cost model (engine/cost_fit.py): the fitter recovers the
+coefficients of the steps it sees and ignores outliers; an engine whose scheduler runs the
+slack rule feeds it the clock and the fitted model, one that runs the reference rule does not
+add the observer."""
+import numpy as np
+import pytest
+
+from skippy_scheduler import (PlanningRule, Request, Scheduler, SchedulerConfig, StepCost,
+                              TwinScheduler)
+from skippy_scheduler.cost_model import RuntimeCostModel
+from skippy_scheduler.engine import CostModelHost, Engine, VirtualClock
+from skippy_scheduler.engine.cost_fit import SlackFeed, StepCostFitter
+
+TRUE = StepCost(base_us=500.0, per_prefill_token_us=3.0, decode_base_us=200.0,
+                per_decode_row_us=40.0)
+
+
+def _steps(n, rng):
+    for i in range(n):
+        prefill = int(rng.choice([0, 0, 16, 64, 200]))
+        rows = 0 if i % 3 == 0 and prefill else int(rng.integers(1, 20))
+        yield prefill, rows, TRUE.predict_us(prefill, rows)
+
+
+def test_fitter_recovers_the_model_and_clips_outliers():
+    rng = np.random.default_rng(3)
+    fitter = StepCostFitter(StepCost(), window=64)
+    for i, (p, d, us) in enumerate(_steps(64, rng)):
+        fitter.add(p, d, us * (25.0 if i % 16 == 5 else 1.0))  # 4 stalls of 25x
+    cost = fitter.fit()
+    for name in ("base_us", "per_prefill_token_us", "decode_base_us", "per_decode_row_us"):
+        assert getattr(cost, name) == pytest.approx(getattr(TRUE, name), rel=0.02, abs=2.0), name
+
+
+def test_fitter_keeps_what_the_window_cannot_tell():
+    prior = StepCost(base_us=1000.0, per_prefill_token_us=7.0, decode_base_us=0.0,
+                     per_decode_row_us=50.0)
+    fitter = StepCostFitter(prior, window=16)
+    for _ in range(16):  # decode-only steps of one size: prefill cost is not observable
+        fitter.add(0, 8, prior.predict_us(0, 8))
+    cost = fitter.fit()
+    assert cost.per_prefill_token_us == pytest.approx(7.0, rel=1e-3)
+    assert cost.predict_us(0, 8) == pytest.approx(prior.predict_us(0, 8), rel=1e-3)
+
+
+def test_fitter_refuses_bad_settings():
+    with pytest.raises(ValueError):
+        StepCostFitter(StepCost(), window=2)
+    with pytest.raises(ValueError):
+        StepCostFitter(StepCost(), clip=0)
+
+
+@pytest.mark.parametrize("impl", [Scheduler, TwinScheduler], ids=["native", "twin"])
+def test_engine_fits_the_model_under_the_slack_rule(impl):
+    model = RuntimeCostModel(iteration_overhead_us=500, prefill_token_us=3, decode_batch_us=200,
+                             decode_sequence_us=40)
+    config = SchedulerConfig(planning_rule=PlanningRule.SLACK, itl_target=0.002,
+                             prefill_chunk_tokens=64, max_tokens_per_iteration=256)
+    sched = impl(config)
+    engine = Engine(sched, CostModelHost(token=1), clock=VirtualClock(model))
+    feeds = [o for o in engine.observers if isinstance(o, SlackFeed)]
+    assert len(feeds) == 1
+    for i in range(24):
+        engine.submit(Request(f"r{i}", list(range(10 + 37 * (i % 5))), 8 + i % 7,
+                              arrival_us=1500.0 * i))
+    report = engine.run()
+    assert engine.outstanding == 0 and report.iterations > 24
+    fitted = sched.step_cost
+    assert fitted != config.step_cost  # refitted during the run
+    expected = StepCost.from_runtime_cost_model(model)
+    for p, d in ((0, 4), (64, 4), (128, 0), (32, 12)):
+        assert fitted.predict_us(p, d) == pytest.approx(expected.predict_us(p, d), rel=0.02)
+
+
+def test_reference_rule_adds_no_observer():
+    engine = Engine(Scheduler(SchedulerConfig()), CostModelHost(), clock=VirtualClock())
+    assert not any(isinstance(o, SlackFeed) for o in engine.observers)
