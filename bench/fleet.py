@@ -202,7 +202,7 @@ def run_policy(args, policy: str, prompts: list[str], logs: str) -> dict:
                                  timeout=30).json()["tokens"] for p in prompts]
             trace = analyse(recorder, tokens, prompt_groups(args, prompts),
                             [r.sent for r in results], args.prefix_tokens, args.block_size,
-                            args.prefix_holders)
+                            args.prefix_holders, [r.end or r.sent for r in results])
     finally:
         if router is not None:
             stop(router[0])
@@ -244,14 +244,15 @@ def markdown(rows: list[dict]) -> str:
 def trace_markdown(rows: list[dict]) -> str:
     """The `--trace` counts of each policy as a table (requests by where their prefix was)."""
     lines = ["| policy | group stickiness | prefix on the serving replica / only elsewhere "
-             "(fresh) / nowhere | groups held per replica | modelled best: round robin / "
-             "partition |", "|---|---|---|---|---|"]
+             "(fresh) / nowhere (its group running: anywhere, elsewhere) | groups held per "
+             "replica | modelled: round robin / partition |", "|---|---|---|---|---|"]
     for r in rows:
         t = r["trace"]
         w = t["prefix_at_send"]
         m = t["modelled_hit_share"]
         lines.append(f"| {r['policy']} | {t['group_stickiness']:.2f} | {w['on_served']} / "
-                     f"{w['only_elsewhere']} ({w['only_elsewhere_fresh']}) / {w['nowhere']} | "
+                     f"{w['only_elsewhere']} ({w['only_elsewhere_fresh']}) / {w['nowhere']} "
+                     f"({w['nowhere_but_running']}, {w['nowhere_but_running_elsewhere']}) | "
                      f"{' / '.join(f'{g:.1f}' for g in t['groups_resident_mean'])} of "
                      f"{t['holders_per_replica']} | {m['round_robin']:.3f} / "
                      f"{m['partition']:.3f} |")
