@@ -61,6 +61,10 @@ class PrefixHolders:
         """Entry i of a decoded batch put `tokens[i]` at `positions[i]` of `lanes[i]`."""
         self._tokens[lanes, positions] = tokens
 
+    def lane_tokens(self, lane: int, n: int) -> npt.NDArray[np.int32]:
+        """A copy of the tokens at positions [0, n) of `lane` (what its cells stand for)."""
+        return self._tokens[lane, :n].copy()
+
     def length(self, holder: int) -> int:
         """Positions the holder's resident entry holds (0: none)."""
         entry = self._entry.get(holder)
