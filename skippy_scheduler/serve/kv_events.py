@@ -27,8 +27,10 @@ tokens, None]))`` with the first block's parent the seed hash ``sha256(cbor(seed
 `NONE_HASH` when `PYTHONHASHSEED` is the seed); the wire carries the low 64 bits as an
 unsigned integer (vLLM's `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES` default). Holders may share
 leading blocks (each holder keeps its whole key), so blocks are reference-counted: a block is
-stored when its first holder arrives and removed when its last one goes. A server start sends
-`AllBlocksCleared` first, so a router drops whatever the previous run had announced.
+stored when its first holder arrives and removed when its last one goes. A running request's
+prompt counts as one more such key from its first token to its end (`watch_running`), as vLLM
+announces blocks as they fill. A server start sends `AllBlocksCleared` first, so a router drops
+whatever the previous run had announced.
 """
 from __future__ import annotations
 
