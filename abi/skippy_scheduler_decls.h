@@ -98,6 +98,8 @@ typedef struct skippy_scheduler_config {
                                                     prefill waits (k) */
     size_t slack_min_chunk_tokens;               /* default 32: the smallest useful chunk */
     skippy_step_cost step_cost;                  /* initial cost model (skippy_scheduler_set_step_cost) */
+    bool disjoint_inflight_plans;                /* default false: a sequence with a row in a
+                                                    live plan gets none in the next (§2.11a) */
 } skippy_scheduler_config;
 
 /* What submit copies from the caller (nothing is borrowed after the call). */

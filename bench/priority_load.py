@@ -222,7 +222,7 @@ def resume_cost(args) -> dict:
                                             else {"reserved_sequence_ids": 0}))
                 sched = Scheduler(config)
                 engine = Engine(sched, host)
-                prompt = [1] + [3 + (rep * 7919 + i * 104729) % 30000
+                prompt = [1] + [3 + (rep * 7919 + i * 104729) % (host.n_vocab - 3)
                                 for i in range(args.prompt_tokens - 1)]
                 engine.submit(Request("victim", prompt, args.generated + 2, sampling=None))
                 while len(sched.sequence("victim").generated_tokens) < args.generated:

@@ -78,18 +78,12 @@ static void reread(skippy_scheduler *s, sk_seq *seq, uint32_t round)
 /*
  * A waiting sequence with generated tokens (a preempted one) matches its replay, which runs
  * past its prompt, so the waiting-prompt tree cannot tell which changes concern it. There are
- * few of them (they are counted as they enter and leave the tree): each is re-read whenever
- * the store changed, and the walk stops once all have been.
+ * few of them (sk_waiting.c lists them as they enter and leave the tree): each is re-read
+ * whenever the store changed.
  */
 static void reread_resumers(skippy_scheduler *s, uint32_t round)
 {
-    size_t left = s->waiting_resumers;
-    for (size_t i = 0; i < s->waiting_len && left; i++) {
-        sk_seq *seq = &s->seqs[s->waiting[i]];
-        if (!seq->gen_len) continue;
-        left--;
-        reread(s, seq, round);
-    }
+    for (size_t i = 0; i < s->resumers_len; i++) reread(s, &s->seqs[s->resumers[i]], round);
 }
 
 /*

@@ -81,6 +81,9 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     double itl_target_us;     /* 0 = cfg.itl_target_us */
     double ttft_deadline_us;  /* 0 = none */
     double last_token_us;     /* s->now_us at its last token, or at its admission */
+    /* disjoint_inflight_plans (sk_plan.c): serial of the last plan with a row of it (0 = none);
+     * while that plan is live the sequence is in flight. */
+    uint64_t flight_serial;
 } sk_seq;
 
 /*
@@ -188,8 +191,9 @@ struct skippy_scheduler {
     uint64_t store_epoch_seen;            /* store epoch the waiting affinities reflect */
     uint32_t probe_round;
     uint32_t *under;                      /* rank_set handles under a changed prefix */
-    size_t waiting_resumers;              /* ranked-set members with generated tokens: their
-                                           * restore reads the replay, past the prompt */
+    uint32_t *resumers;                   /* slots of the ranked set's members with generated
+                                           * tokens (their match reads past the prompt) */
+    size_t resumers_len, resumers_cap;
     size_t under_cap;
 
     skippy_rank_callback rank_cb;

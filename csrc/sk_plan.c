@@ -112,10 +112,13 @@ typedef struct sk_writer {
     uint64_t *deferred_steps;
     size_t row_count, token_count, sample_count, deferred_count, new_count;
     uint64_t step;
+    bool disjoint;                            /* disjoint_inflight_plans at depth > 1 */
+    size_t decode_share;                      /*   then: decode rows of this plan at most */
     uint64_t tokens_by_phase[3];
 } sk_writer;
 
-static inline void writer_open(sk_writer *out, sk_plan_slot *slot, uint64_t step, bool sources)
+static inline void writer_open(sk_writer *out, sk_plan_slot *slot, uint64_t step, bool sources,
+                               bool disjoint)
 {
     skippy_plan *plan = &slot->plan;
     out->requests = plan->requests;
@@ -139,7 +142,37 @@ static inline void writer_open(sk_writer *out, sk_plan_slot *slot, uint64_t step
     out->deferred_indexes = plan->deferred.source_indexes;
     out->row_count = out->token_count = out->sample_count = out->deferred_count = 0;
     out->step = step;
+    out->disjoint = sources && disjoint;
+    out->decode_share = SIZE_MAX;
     out->tokens_by_phase[0] = out->tokens_by_phase[1] = out->tokens_by_phase[2] = 0;
+}
+
+/*
+ * Disjoint plans in flight (§2.11a, `disjoint_inflight_plans` at depth > 1): a sequence with a
+ * row in a plan that is still live (even a row a preemption made void since) is left out of
+ * the plan being made; its next row comes once that plan has completed. So the
+ * plans in flight hold disjoint sequences and no row is ever deferred: a pipeline of stages
+ * runs them all at once without waiting on a sample still in the pipe. A plan takes at most
+ * ceil(active / depth) decode rows, so the decoding sequences settle into depth groups that
+ * take turns instead of one plan taking them all and the next finding none.
+ */
+static inline bool in_flight(skippy_scheduler *s, const sk_seq *seq)
+{
+    return seq->flight_serial && sk_find_live(s, seq->flight_serial, NULL) != NULL;
+}
+
+/* What the planner may give a row now: everything, unless it is in flight under §2.11a. */
+static inline bool may_plan(skippy_scheduler *s, const sk_writer *out, const sk_seq *seq)
+{
+    return !out->disjoint || !in_flight(s, seq);
+}
+
+/* A live-decode sequence's row, unless §2.11a leaves it out (in flight, or the share is full). */
+static inline bool may_decode(skippy_scheduler *s, const sk_writer *out, const sk_seq *seq)
+{
+    return live_decode(seq) &&
+           (!out->disjoint || (out->tokens_by_phase[SKIPPY_PHASE_DECODE] < out->decode_share &&
+                               !in_flight(s, seq)));
 }
 
 /* Closes the row whose `count` tokens were just written at the end of the token arena. The
@@ -163,6 +196,7 @@ static inline void put_row(sk_writer *out, skippy_scheduler *s, sk_seq *seq, uin
     out->sample_last[row] = sample;
     out->row_cursor[row] = cursor_before;
     out->row_epoch[row] = seq->epoch;
+    if (out->disjoint) seq->flight_serial = out->step + 1; /* the serial this plan gets */
     if (seq->fresh) {
         out->new_rows[row] = 1;
         out->restored_tokens[row] = cursor_before;
@@ -254,7 +288,7 @@ static void plan_decode_only(skippy_scheduler *s, sk_writer *out)
     if (out->row_prev_step || s->fresh_count) {
         for (size_t at = 0; at < active_count && out->row_count < budget; at++) {
             sk_seq *seq = &seqs[active[at]];
-            if (live_decode(seq)) emit_decode(out, s, seq, active[at], sk_replay_len(seq));
+            if (may_decode(s, out, seq)) emit_decode(out, s, seq, active[at], sk_replay_len(seq));
         }
         return;
     }
@@ -310,7 +344,7 @@ static void plan_prefill(skippy_scheduler *s, sk_writer *out, size_t budget, boo
     sk_seq *seqs = s->seqs;
     for (size_t at = 0; at < active_count && budget > 0; at++) {
         uint32_t slot = active[at];
-        if (!prefill_pending(&seqs[slot])) continue;
+        if (!prefill_pending(&seqs[slot]) || !may_plan(s, out, &seqs[slot])) continue;
         if (prefill_rows >= s->cfg.max_prefill_sequences_per_iteration) continue;
         budget -= emit_prefill(out, s, slot, budget);
         prefill_rows++;
@@ -344,7 +378,7 @@ static void plan_mixed(skippy_scheduler *s, sk_writer *out, size_t prefill_cap)
             if (at >= active_count) at -= active_count;
             uint32_t slot = s->active[at];
             sk_seq *seq = &s->seqs[slot];
-            if (live_decode(seq)) {
+            if (may_decode(s, out, seq)) {
                 emit_decode(out, s, seq, slot, sk_replay_len(seq));
                 budget--;
             }
@@ -357,7 +391,7 @@ static void plan_mixed(skippy_scheduler *s, sk_writer *out, size_t prefill_cap)
     for (size_t at = 0; at < active_count; at++) {
         if (budget == 0 || prefill_rows >= s->cfg.max_prefill_sequences_per_iteration) break;
         uint32_t slot = s->active[at];
-        if (!prefill_pending(&s->seqs[slot])) continue;
+        if (!prefill_pending(&s->seqs[slot]) || !may_plan(s, out, &s->seqs[slot])) continue;
         budget -= emit_prefill(out, s, slot, budget);
         prefill_rows++;
     }
@@ -387,6 +421,23 @@ static void sk_check_classes(const skippy_scheduler *s)
     if (memcmp(counted, s->n_class, sizeof counted) != 0) abort();
 }
 #endif
+
+/* §2.11a: the classes counted over the sequences the plan may take (not those in flight), the
+ * decode rows at most its share. */
+static void count_plannable(skippy_scheduler *s, sk_writer *out, bool *has_prefill,
+                            size_t *live_count)
+{
+    size_t depth = s->cfg.max_inflight_plans, prefill = 0, live = 0;
+    out->decode_share = (s->active_len + depth - 1) / depth;
+    for (size_t at = 0; at < s->active_len; at++) {
+        const sk_seq *seq = &s->seqs[s->active[at]];
+        if (!may_plan(s, out, seq)) continue;
+        if (prefill_pending(seq)) prefill++;
+        else if (live_decode(seq)) live++;
+    }
+    *has_prefill = prefill > 0;
+    *live_count = live < out->decode_share ? live : out->decode_share;
+}
 
 static int make_plan(skippy_scheduler *s, skippy_plan **out_plan)
 {
@@ -428,13 +479,14 @@ static int make_plan(skippy_scheduler *s, skippy_plan **out_plan)
 #ifdef SK_CHECK_INVARIANTS
     sk_check_classes(s);
 #endif
+    sk_writer out;
+    writer_open(&out, slot, s->plan_serial, depth > 1, s->cfg.disjoint_inflight_plans);
     /* Class counts are kept up to date by every change of an active sequence (sk_class). */
     bool has_prefill = s->n_class[SK_CLASS_PREFILL] > 0;
     size_t live_count = s->n_class[SK_CLASS_LIVE];
+    if (out.disjoint) count_plannable(s, &out, &has_prefill, &live_count);
     size_t decode_rows = live_count < s->cfg.max_tokens_per_iteration
                              ? live_count : s->cfg.max_tokens_per_iteration;
-    sk_writer out;
-    writer_open(&out, slot, s->plan_serial, depth > 1);
     if (s->cfg.planning_rule == SKIPPY_PLANNING_SLACK) {
         if (has_prefill && live_count > 0) {
             plan_slack(s, &out, decode_rows);

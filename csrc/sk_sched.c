@@ -121,6 +121,7 @@ static int submit(skippy_scheduler *s, const skippy_sequence_desc *desc, uint32_
     seq->tenant = desc->tenant;
     seq->source_step = 0;
     seq->source_row = 0;
+    seq->flight_serial = 0;
     seq->admitted_at = 0;
     seq->enqueued_turn = s->waiting_turn;
     seq->enqueue_order = s->next_order;

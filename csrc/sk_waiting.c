@@ -54,6 +54,7 @@ void sk_waiting_free(skippy_scheduler *s)
 {
     sk_rank_set_free(s->rank_set);
     free(s->rank_slot);
+    free(s->resumers);
     sk_rank_ws_free(s->rank_ws);
     free(s->rank_items);
     free(s->rank_out);
@@ -69,13 +70,18 @@ int sk_waiting_add(skippy_scheduler *s, uint32_t slot, uint64_t order)
                 sizeof(uint32_t)))
         return -1;
     sk_seq *q = &s->seqs[slot];
+    /* A waiting sequence's tokens do not change, so one with generated tokens is listed from
+     * here until it leaves the set (sk_affinity.c re-reads them). */
+    if (q->gen_len && sk_grow((void **)&s->resumers, &s->resumers_cap, s->resumers_len + 1,
+                              sizeof(uint32_t)))
+        return -1;
     sk_rank_item it = {q->priority, q->saved_cost, q->enqueued_turn, order, q->tokens,
                        q->prompt_len};
     uint32_t h;
     if (sk_rank_set_add(s->rank_set, &it, &h)) return -1;
     s->rank_slot[h] = slot;
     q->rank_handle = h;
-    if (q->gen_len) s->waiting_resumers++; /* a waiting sequence's tokens do not change */
+    if (q->gen_len) s->resumers[s->resumers_len++] = slot;
     return 0;
 }
 
@@ -83,7 +89,12 @@ void sk_waiting_remove(skippy_scheduler *s, uint32_t slot)
 {
     if (!s->rank_set) return;
     sk_rank_set_remove(s->rank_set, s->seqs[slot].rank_handle);
-    if (s->seqs[slot].gen_len) s->waiting_resumers--;
+    if (!s->seqs[slot].gen_len) return;
+    for (size_t i = 0; i < s->resumers_len; i++) {
+        if (s->resumers[i] != slot) continue;
+        s->resumers[i] = s->resumers[--s->resumers_len];
+        break;
+    }
 }
 
 /* Without the prefix tree: the user policy, or the one-shot kernel over the queue. */

@@ -59,6 +59,7 @@ cdef bint _native_config(skippy_scheduler_config *c, object cfg, object admissio
     c.slack_interleave_max = cfg.slack_interleave_max
     c.slack_min_chunk_tokens = cfg.slack_min_chunk_tokens
     _step_cost(&c.step_cost, cfg.step_cost)
+    c.disjoint_inflight_plans = cfg.disjoint_inflight_plans
     return fair
 
 

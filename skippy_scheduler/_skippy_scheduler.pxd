@@ -83,6 +83,7 @@ cdef extern from "skippy_scheduler.h" nogil:
         size_t slack_interleave_max
         size_t slack_min_chunk_tokens
         skippy_step_cost step_cost
+        bint disjoint_inflight_plans
 
     ctypedef struct skippy_sequence_desc:
         const char *id

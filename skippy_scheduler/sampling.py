@@ -19,6 +19,14 @@ before p (prompt and generated tokens alike, as llama.cpp counts them), which a 
 from the tokens it is fed again on recompute. `seed=None` draws a seed when the params are
 made, so an unseeded sequence also keeps one stream across preemption (read it back from
 `params.seed`).
+
+What a host reports beyond the token, and what constrains it (`OutputOptions`, carried in
+`SamplingParams.output`): the sampled token's log-probability and the most likely alternatives,
+the prompt tokens' log-probabilities, and a grammar every generated token must follow. A host
+hands the reports back as a `SampleDetail` per sampled token (`TokenEvent.detail`).
+Log-probabilities are those of the model's raw logits (a log-softmax over the whole vocabulary,
+before logit bias, penalties, temperature and the filters), which is vLLM's default
+(`logprobs_mode` "raw_logprobs"): they say what the model thinks, whatever the sampling did.
 """
 from __future__ import annotations
 
@@ -85,6 +93,59 @@ def _bias_pairs(value: object) -> tuple[tuple[int, float], ...]:
 
 
 @dataclass(frozen=True)
+class OutputOptions:
+    """What a sequence asks its host to report or enforce besides sampling (module docstring).
+
+    logprobs: report every sampled token's log-probability and this many most likely tokens
+        (0: the sampled token's own only); None: report nothing.
+    prompt_logprobs: report the log-probability of every prompt token after the first, with
+        this many alternatives each (delivered with the first sampled token); None: not.
+    grammar: a GBNF grammar (root rule `root`) every generated token must follow (llama.cpp's
+        grammar sampler); None: unconstrained.
+    prompt_length: how many of the sequence's tokens are prompt (the grammar reads the tokens
+        from there on, the prompt logprobs end there).
+    """
+
+    logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None
+    grammar: Optional[str] = None
+    prompt_length: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                _int(name, value, 0, I32_MAX)
+        if self.grammar is not None and not isinstance(self.grammar, str):
+            raise TypeError(f"grammar must be a str, got {type(self.grammar).__name__}")
+        _int("prompt_length", self.prompt_length, 0, I32_MAX)
+
+    @property
+    def top(self) -> int:
+        """The alternatives a sampled token's report lists (0 when none is reported)."""
+        return self.logprobs or 0
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One token's log-probability at its position, and the most likely tokens there (token
+    id, log-probability), best first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class SampleDetail:
+    """What a host reports with one sampled token (`OutputOptions`): its log-probability, and
+    with the sequence's first sampled token the prompt's (positions 1 .. prompt_length - 1)."""
+
+    logprob: Optional[TokenLogprob] = None
+    prompt: Optional[tuple[TokenLogprob, ...]] = None
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """Per-sequence sampling, applied by the host in this order: logit bias, penalties,
     temperature, top-k, top-p, min-p, then the draw (or argmax when `temperature` is 0).
@@ -99,6 +160,7 @@ class SamplingParams:
         generated tokens; penalty_last_n 0 turns all three off.
     logit_bias: {token id: bias} added to the logits (a list of pairs works too).
     ignore_eos: never sample an end-of-generation token.
+    output: reports and a grammar (`OutputOptions`); None: the token alone.
     min_end_position: no end-of-generation token, nor any of `min_end_tokens`, is sampled for a
         position below this one (vLLM's `min_tokens`: the server sets it to the prompt's length
         plus min_tokens); 0 = off.    min_end_tokens: token ids held off with the end tokens
@@ -116,6 +178,7 @@ class SamplingParams:
     penalty_last_n: int = 64
     logit_bias: Any = field(default=())
     ignore_eos: bool = False
+    output: Optional[OutputOptions] = None
     min_end_position: int = 0
     min_end_tokens: Any = field(default=())
 
@@ -146,6 +209,8 @@ class SamplingParams:
         put(self, "logit_bias", _bias_pairs(self.logit_bias))
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
+        if self.output is not None and not isinstance(self.output, OutputOptions):
+            raise TypeError(f"output must be an OutputOptions, got {type(self.output).__name__}")
         put(self, "min_end_position", _int("min_end_position", self.min_end_position, 0,
                                            I32_MAX))
         put(self, "min_end_tokens", tuple(sorted({_int("min_end_tokens", t, 0, I32_MAX)
@@ -167,8 +232,9 @@ class SamplingParams:
     @property
     def plain_greedy(self) -> bool:
         """Greedy with nothing that changes the logits: the argmax fast path applies
-        (with `ignore_eos`, over the non-end tokens)."""
-        return self.greedy and not self.penalized and not self.logit_bias
+        (with `ignore_eos`, over the non-end tokens); nothing to report or constrain."""
+        return (self.greedy and not self.penalized and not self.logit_bias
+                and self.output is None)
 
     # -- the runtime ABI's struct -------------------------------------------------------------
 

@@ -199,6 +199,7 @@ _CONFIG_CHECKS = {
     "priority_preemption": check_bool,
     "priority_preemption_guard_steps": lambda n, v: check_uint(n, v, USIZE_MAX),
     "max_priority_preemptions_per_step": lambda n, v: check_uint(n, v, USIZE_MAX),
+    "disjoint_inflight_plans": check_bool,
     "iteration_interval": _check_interval,
     "memory_components": _check_components,
     "planning_rule": check_planning_rule,
@@ -241,6 +242,10 @@ class SchedulerConfig:
     priority_preemption: bool = False
     priority_preemption_guard_steps: int = 8
     max_priority_preemptions_per_step: int = 4
+    # Disjoint plans in flight (§2.11a), off by default: with max_inflight_plans > 1 a sequence
+    # whose row is in a live plan is left out of the next plan (no row is ever deferred), so a
+    # pipeline of stages can run every plan in flight at once.
+    disjoint_inflight_plans: bool = False
     iteration_interval: float = 0.002
     memory_components: list[MemoryComponent] = field(default_factory=list)
     # The slack rule (§2.13), off by default (the reference's rule): when prefill and live decode

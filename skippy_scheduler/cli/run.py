@@ -217,6 +217,8 @@ def serve_prompts(args: argparse.Namespace, host: Any, prompts: list[Any], n_seq
     )
     if args.prefix_cache_tokens:
         config.update(host.sequence_id_settings)
+    if getattr(host, "pipeline_depth", 1) > 1:  # stages: plans in flight on disjoint groups
+        config["disjoint_inflight_plans"] = True
     scheduler = make_scheduler(SchedulerConfig(**config), policy=args.policy,
                                implementation=args.scheduler)
     interval_us = args.arrival_interval_ms * 1e3

@@ -74,6 +74,13 @@ def register(subparsers: Any) -> None:
                         f"(default: {d.kv_hash_seed!r})")
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"),
                    default=d.log_level, help=f"uvicorn log level (default: {d.log_level})")
+    p.add_argument("--stages", metavar="DIR",
+                   help="serve a split model: the directory of stage-K.gguf files written by "
+                        "split, one local stage worker process each; --model, if given, must "
+                        "be the model they were cut from (default: no stages)")
+    p.add_argument("--stage-addresses", type=_addresses, default=(), metavar="ADDR,...",
+                   help="serve on stage workers already running at these pyzmq addresses "
+                        "(`stage --listen`), stage 0 first; needs --model (default: none)")
     _add_limit_options(p, d)
     _add_access_options(p, d)
     # serve drains and cleans up on SIGINT and SIGTERM itself.
@@ -131,6 +138,13 @@ def _access_settings(args: Any) -> dict[str, Any]:
     names = args.served_model_name or ()
     return dict(model_name=names[0] if names else None, model_aliases=tuple(names[1:]),
                 api_key=key, open_paths=args.open_paths, allowed_origins=args.allowed_origins)
+
+
+def _addresses(text: str) -> tuple[str, ...]:
+    addresses = tuple(a.strip() for a in text.split(",") if a.strip())
+    if not addresses:
+        raise argparse.ArgumentTypeError("expected pyzmq addresses separated by commas")
+    return addresses
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -199,6 +213,22 @@ def _port(text: str) -> int:
     return value
 
 
+def _check_stage_args(args: argparse.Namespace) -> None:
+    """`--stages` / `--stage-addresses`: refused before anything starts when they cannot work."""
+    import os
+
+    from .stage import require_stage_packages
+
+    if args.stages and args.stage_addresses:
+        raise CommandError("give --stages or --stage-addresses, not both")
+    if args.stage_addresses and not args.model:
+        raise CommandError("--stage-addresses needs --model: the model the stages were cut "
+                           "from (its vocabulary tokenizes the prompts)")
+    if args.stages and not os.path.isdir(args.stages):
+        raise CommandError(f"--stages: not a directory: {args.stages}")
+    require_stage_packages("serve --stages")
+
+
 def _import_serve() -> tuple[Any, Any]:
     try:
         import fastapi  # noqa: F401
@@ -239,6 +269,8 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--ctx-size ({args.ctx_size}) must be at least --max-active "
                            f"({args.max_active}): every lane needs KV cells")
     check_model(args)
+    if args.stages or args.stage_addresses:
+        _check_stage_args(args)
     _check_port(args.host, args.port)
     import_llama_host()
     Server, ServeSettings = _import_serve()
@@ -256,6 +288,7 @@ def run(args: argparse.Namespace) -> int:
         kv_events_endpoint=args.kv_events_endpoint,
         kv_events_replay_endpoint=args.kv_events_replay_endpoint,
         kv_block_size=args.kv_block_size, kv_hash_seed=args.kv_hash_seed,
+        stages=args.stages, stage_addresses=args.stage_addresses,
         **_limit_settings(args), **_access_settings(args))
     try:
         server = Server(settings)

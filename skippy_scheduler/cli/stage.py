@@ -26,6 +26,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--listen", metavar="ADDR", required=True,
                    help="pyzmq address to bind, e.g. tcp://127.0.0.1:5601 or ipc:///tmp/s0")
     add_flag(p, "threads", type=positive_int, default_text="what the driver asks")
+    p.add_argument("--parent-pid", type=positive_int, metavar="PID",
+                   help="exit when process PID is no longer this worker's parent (what a "
+                        "driver that starts its own workers passes; default: run until told)")
     p.set_defaults(func=run)
 
 
@@ -50,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     from ..stages.worker import StageWorker
 
     try:
-        worker = StageWorker(args.model, args.listen, n_threads=args.threads)
+        worker = StageWorker(args.model, args.listen, n_threads=args.threads,
+                             parent_pid=args.parent_pid)
     except SplitError as exc:
         raise CommandError(str(exc)) from None
     except zmq.ZMQError as exc:
@@ -88,7 +92,7 @@ def run_staged(args: argparse.Namespace, prompts: list[Any], n_seq: int, n_batch
     host_args = dict(n_ctx=n_ctx, n_seq_max=n_seq, n_batch=n_batch, n_threads=args.threads,
                      kv_type=args.kv_type, flash_attn=args.flash_attn,
                      prefix_cache_tokens=args.prefix_cache_tokens,
-                     prefix_holders=args.prefix_holders)
+                     prefix_holders=args.prefix_holders, pipeline_depth=args.inflight)
     try:
         if args.stages:
             with LocalStages(args.stages, n_threads=args.threads,

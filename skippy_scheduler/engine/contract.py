@@ -17,10 +17,13 @@ A host has two required verbs (`Host`) and optional capabilities, each a protoco
 * `PrefixRestoringHost.prepare_sequence`: give a sequence its prefix restore at submit.
 * `MemoryReportingHost.memory_used`: measured bytes per memory component after each step.
 * `AsyncHost.execute_async`: start a plan and return a handle (plans in flight, §2.11).
+* `PipelinedHost.pipeline_depth`: how many started plans it runs at once (a pipeline of stages).
 * `PrefixHoldingHost.prefix_store`: a store of resident prefixes the scheduler reads restores
   from; its holder ids are the scheduler's reserved sequence ids.
 * `ResettableHost.release_all`: drop every sequence at once (recovery after a failure).
 * `StateReportingHost.host_state`: lanes, KV tokens and the other figures a server reports.
+* `DetailReportingHost.sample_details`: what the host reported with an executed plan's samples
+  (log-probabilities), carried to listeners in `TokenEvent.detail`.
 
 `attach(host)` checks all of them once and returns `HostHooks`: the bound methods the engine
 calls, None for what the host lacks. The contract is stable: hosts written against it (the lab's,
@@ -37,8 +40,9 @@ from ..types import (IterationTelemetry, IterationWork, ReleaseReason, Scheduler
                      SchedulerMetrics, SchedulerSnapshot, Sequence)
 
 __all__ = [
-    "AsyncHost", "ExecutionHandle", "Host", "HostHooks", "HostState", "MemoryReportingHost",
-    "Plan", "PlanOutputs", "PrefixHoldingHost", "PrefixRestoringHost", "ReleaseReason",
+    "AsyncHost", "DetailReportingHost", "ExecutionHandle", "Host", "HostHooks", "HostState",
+    "MemoryReportingHost", "PipelinedHost", "Plan", "PlanOutputs", "PrefixHoldingHost",
+    "PrefixRestoringHost", "ReleaseReason",
     "RequestLike", "ResettableHost", "SchedulerLike", "StateReportingHost", "attach",
     "check_scheduler",
 ]
@@ -178,6 +182,18 @@ class AsyncHost(Protocol):
 
 
 @runtime_checkable
+class PipelinedHost(Protocol):
+    @property
+    def pipeline_depth(self) -> int:
+        """Plans the host runs at once, in the order started (a model split over P stage
+        processes runs one plan per stage). Above 1, with `execute_async`, the engine starts a
+        plan without waiting for the ones in flight when it has no deferred input (the
+        scheduler's `disjoint_inflight_plans`), and releases sequences while plans run: the
+        host applies a release after the plans already started."""
+        ...
+
+
+@runtime_checkable
 class PrefixHoldingHost(Protocol):
     @property
     def prefix_store(self) -> Any:
@@ -217,6 +233,14 @@ class StateReportingHost(Protocol):
         ...
 
 
+@runtime_checkable
+class DetailReportingHost(Protocol):
+    def sample_details(self, plan: Plan) -> Optional[Mapping[int, Any]]:
+        """What the host reported with `plan`'s samples, by work index (a `SampleDetail`
+        each), or None; taken once, after the plan executed (the host forgets it then)."""
+        ...
+
+
 @dataclass(frozen=True)
 class HostHooks:
     """A host's optional capabilities, resolved once by `attach` (None: not provided). The
@@ -228,6 +252,8 @@ class HostHooks:
     prefix_store: Any = None
     release_all: Any = None
     host_state: Any = None
+    sample_details: Any = None
+    pipeline_depth: int = 1  # plans it runs at once (PipelinedHost; 1 without execute_async)
 
 
 _HOST_VERBS = ("execute", "release")
@@ -241,13 +267,21 @@ def attach(host: object) -> HostHooks:
     if not isinstance(host, Host):
         raise TypeError(f"{type(host).__name__} is not a host: it lacks "
                         f"{_missing(host, _HOST_VERBS)}")
+    run_async = host.execute_async if isinstance(host, AsyncHost) else None
+    depth = 1
+    if run_async is not None and isinstance(host, PipelinedHost):
+        depth = int(host.pipeline_depth)
+        if depth < 1:
+            raise ValueError(f"{type(host).__name__}.pipeline_depth must be >= 1, got {depth}")
     return HostHooks(
         prepare_sequence=host.prepare_sequence if isinstance(host, PrefixRestoringHost) else None,
         memory_used=host.memory_used if isinstance(host, MemoryReportingHost) else None,
-        execute_async=host.execute_async if isinstance(host, AsyncHost) else None,
+        execute_async=run_async, pipeline_depth=depth,
         prefix_store=host.prefix_store if isinstance(host, PrefixHoldingHost) else None,
         release_all=host.release_all if isinstance(host, ResettableHost) else None,
         host_state=host.host_state if isinstance(host, StateReportingHost) else None,
+        sample_details=(host.sample_details if isinstance(host, DetailReportingHost)
+                        else None),
     )
 
 

@@ -139,7 +139,7 @@ class Engine(_Steps):
 
     def _watch_events(self) -> None:
         if not any(isinstance(o, TokenEvents) for o in self._observers):
-            self._observers.append(TokenEvents(self._emit))
+            self._observers.append(TokenEvents(self._emit, self.hooks.sample_details))
 
     # -- time ---------------------------------------------------------------------------------
 

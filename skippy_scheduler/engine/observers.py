@@ -60,12 +60,16 @@ class Recording:
 
 
 class TokenEvents:
-    """Emits a `TokenEvent` for every kept sample (not the end signal, a negative token)."""
+    """Emits a `TokenEvent` for every kept sample (not the end signal, a negative token, unless
+    the host reported a detail with it). `details(plan)` is the host's `sample_details` (None:
+    it reports none): asked once per plan, so a plan nobody asked details of costs one call."""
 
     wants_samples = True
 
-    def __init__(self, emit: Callable[[TokenEvent], None]) -> None:
+    def __init__(self, emit: Callable[[TokenEvent], None],
+                 details: Optional[Callable[["Plan"], Any]] = None) -> None:
         self._emit = emit
+        self._details = details
 
     def planned(self, flight: _InFlight) -> None:
         return None
@@ -76,6 +80,13 @@ class TokenEvents:
     def sampled(self, flight: _InFlight, rows: list[int], tokens: Any, end_us: float) -> None:
         ids = flight.plan.sequence_ids
         emit = self._emit
+        details = self._details(flight.plan) if self._details is not None else None
+        if details:
+            for r, t in zip(rows, tokens.tolist()):
+                detail = details.get(r)
+                if t >= 0 or detail is not None:
+                    emit(TokenEvent(ids[r], t, end_us, detail))
+            return
         for r, t in zip(rows, tokens.tolist()):
             if t >= 0:
                 emit(TokenEvent(ids[r], t, end_us))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence as _Seq, Union
 
+from ..sampling import SampleDetail
 from ..types import RejectReason, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,11 +44,16 @@ class Request:
 
 @dataclass(frozen=True)
 class TokenEvent:
-    """`request_id` sampled `token` at `time_us` (end of the iteration)."""
+    """`request_id` sampled `token` at `time_us` (end of the iteration).
+
+    `detail` is what the host reported with the sample (`SampleDetail`: log-probabilities),
+    None when the sequence asked for nothing (`SamplingParams.output`). Only an event with a
+    detail may carry a negative token: the end signal, sent to deliver its detail."""
 
     request_id: str
     token: int
     time_us: float
+    detail: Optional[SampleDetail] = None
 
 
 @dataclass(frozen=True)

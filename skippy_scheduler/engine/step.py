@@ -7,8 +7,16 @@ N+1 starts once N has finished (its deferred inputs are N's samples). A host rel
 only while no plan of it executes, so releases that come up meanwhile wait until the running
 plan is done. A failed execution aborts its plan and every later one.
 
-Observers (engine/observers.py) are called at each point of a step; with none, and no clock,
-a step is the bare scheduler loop.
+A pipelined host (`pipeline_depth` > 1: a model split over stage processes) runs several
+started plans at once, in order: a plan with no deferred input starts without waiting for the
+ones in flight (the scheduler's `disjoint_inflight_plans` makes every plan so), and releases
+go to the host at once, which applies them after the plans already started.
+
+Observers (engine/observers.py) are called at each point of a step. With none, no clock, one
+plan at a time and neither `max_iterations` nor `profile` set, a step is the bare scheduler
+loop: plan_iteration, execute, complete_iteration, and the releases when something ended (the
+branch at the top of `step`, which checks those conditions on every step, so no setter has to
+keep a flag right). Everything else takes the path below it.
 """
 from __future__ import annotations
 
@@ -67,6 +75,7 @@ class _Steps:
         self._pending_release: list[tuple[str, ReleaseReason]] = []
         # Plans in flight run on the host's worker; one at a time runs in the caller's thread.
         self._run_async = self.hooks.execute_async if self._depth > 1 else None
+        self._pipelined = self._run_async is not None and self.hooks.pipeline_depth > 1
         self._measures = self.hooks.memory_used is not None
 
     def step(self) -> bool:
@@ -79,20 +88,25 @@ class _Steps:
             self._submit_due()
         if self.before_step is not None:
             self.before_step(self)
-        if not self._observers and self._clock is None and self._depth == 1:
-            # Nothing watches, times or stays in flight: a step is the three calls and the
-            # releases, without the per-plan bookkeeping below (what `bench` times).
+        if (not self._observers and self._clock is None and self._depth == 1
+                and self.max_iterations is None and not self.profile):
+            # Nothing watches, times, guards or stays in flight: a step is the three calls
+            # and the releases, without the per-plan bookkeeping below (what `bench` times).
             if not self._outstanding:
                 return False
-            plan = self._plan()
-            if plan is None:
+            sched = self.scheduler
+            plan = sched.plan_iteration()
+            if (plan.preempted or not len(plan)) and self._admit(plan) is None:
                 raise EngineStalled(self._stalled())
             try:  # _execute, inline: one call less per step
                 self.host.execute(plan)
             except BaseException:
-                self.scheduler.abort_iteration(plan)
+                sched.abort_iteration(plan)
                 raise
-            self._complete(plan, None, 0)
+            telemetry = self.last_telemetry = sched.complete_iteration(plan)
+            self.iterations += 1
+            if telemetry.finished_ids or telemetry.failed_ids or self._measures:
+                self._after_completion(telemetry)
             return True
         inflight = self._inflight
         if self._outstanding and len(inflight) < self._depth:
@@ -134,12 +148,17 @@ class _Steps:
             self.last_plan_ns = time.perf_counter_ns() - t0
         else:
             plan = sched.plan_iteration()
+        return self._admit(plan)
+
+    def _admit(self, plan: "Plan") -> Optional["Plan"]:
+        """`plan` once the sequences it preempted are released; None (the empty plan given
+        back) when it has no row."""
         if plan.preempted:
             # Preemption for priority (docs/behaviour.md §2.8a): the victims' lanes are handed
             # to this plan's new rows, so the host lets them go before it runs the plan.
-            self._release_victims(sched.last_priority_victims())
+            self._release_victims(self.scheduler.last_priority_victims())
         if len(plan) == 0:
-            sched.abort_iteration(plan)
+            self.scheduler.abort_iteration(plan)
             return None
         return plan
 
@@ -174,7 +193,16 @@ class _Steps:
 
     def _launch(self, flight: _InFlight) -> None:
         inflight = self._inflight
-        if inflight:
+        if inflight and self._pipelined:
+            if flight.plan.deferred_rows.size:  # its inputs are in flight: wait for them all
+                for nth, earlier in enumerate(inflight):
+                    try:
+                        self._wait_executed(earlier)
+                    except BaseException:
+                        self._failed_from(nth)  # the new plan is later: undone too
+                        raise
+                resolve_deferred(flight.plan, [f.plan for f in inflight])
+        elif inflight:
             try:
                 self._wait_executed(inflight[-1])  # the device is free, its samples are known
             except BaseException:
@@ -237,10 +265,11 @@ class _Steps:
             for o in self._observers:
                 o.executed(flight, duration)
             self._report_samples(flight, end)
-        self._complete(flight.plan, flight, duration)
+        self._complete(flight, duration)
 
-    def _complete(self, plan: "Plan", flight: Optional[_InFlight], duration: float) -> None:
+    def _complete(self, flight: _InFlight, duration: float) -> None:
         """Observe the duration, complete the plan, release what ended, measure memory."""
+        plan = flight.plan
         sched = self.scheduler
         if self.observe:
             sched.observe_iteration_duration(plan, duration / 1e6)
@@ -250,15 +279,19 @@ class _Steps:
             self.last_complete_ns = time.perf_counter_ns() - t0
         else:
             telemetry = sched.complete_iteration(plan)
-        self.iterations += 1
         self.last_telemetry = telemetry
+        self.iterations += 1
+        if telemetry.finished_ids or telemetry.failed_ids or self._measures:
+            self._after_completion(telemetry)
+        for o in self._observers:
+            o.completed(flight, duration, telemetry)
+
+    def _after_completion(self, telemetry: Any) -> None:
+        """Release what ended, then measure memory (when the host measures it)."""
         if telemetry.finished_ids or telemetry.failed_ids:
             self._retire(telemetry)
         if self._measures:
             self._measure_memory()
-        if flight is not None and self._observers:
-            for o in self._observers:
-                o.completed(flight, duration, telemetry)
 
     def _report_samples(self, flight: _InFlight, end: float) -> None:
         watchers = [o for o in self._observers if o.wants_samples]
@@ -299,7 +332,7 @@ class _Steps:
         return any(f.handle is not None for f in self._inflight)
 
     def _release(self, sequence_id: str, reason: ReleaseReason) -> None:
-        if self._inflight and self._busy():
+        if self._inflight and not self._pipelined and self._busy():
             self._pending_release.append((sequence_id, reason))
         else:
             self.host.release(sequence_id, reason)

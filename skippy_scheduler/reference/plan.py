@@ -25,7 +25,7 @@ class Flight:
     `tenant` is whose service it is."""
 
     __slots__ = ("epoch", "pending", "source", "request", "tenant", "priority_preempted_at",
-                 "last_token_us")
+                 "last_token_us", "planned")
 
     def __init__(self, epoch: int, tenant: Hashable = None) -> None:
         self.epoch = epoch
@@ -33,6 +33,8 @@ class Flight:
         self.source: Optional[tuple[int, int]] = None
         self.request = epoch
         self.tenant = tenant
+        # Disjoint plans in flight (§2.11a): the step of the last plan with a row of it.
+        self.planned: Optional[int] = None
         # The plan step of its last preemption for priority (§2.8a), None if none.
         self.priority_preempted_at: Optional[int] = None
         # The scheduler clock (µs) at its last token, or at its admission (§2.13).

@@ -32,15 +32,32 @@ class RowPlanner:
     `live_decode(s)` says whether a sequence has a pending token to feed now, `take_new(s)`
     whether the row being written is its first since admission (and makes later ones not new),
     `holder(s)` the restore holder every row of it names, `last_token_us(s)` the clock at its
-    last token or admission (the slack rule, §2.13).
+    last token or admission (the slack rule, §2.13), `in_flight(s)` (disjoint plans in
+    flight, §2.11a) whether it has a row in a live plan, which leaves it out of this one; a
+    plan then takes at most ceil(active / max_inflight_plans) decode rows (its share).
     """
 
     def __init__(self, config: SchedulerConfig, live_decode: Callable[[Sequence], bool],
                  take_new: Callable[[Sequence], bool],
                  holder: Callable[[Sequence], Optional[int]],
-                 last_token_us: Callable[[Sequence], float]) -> None:
+                 last_token_us: Callable[[Sequence], float],
+                 in_flight: Optional[Callable[[Sequence], bool]] = None) -> None:
         self._config = config
-        self._live_decode = live_decode
+        self._any_live_decode = live_decode  # the slack rule's view: in flight or not
+        self._disjoint = in_flight is not None
+        self._decode_share = 0  # §2.11a: decode rows the plan being written may still take
+        if in_flight is not None:
+            def plannable_decode(s: Sequence) -> bool:
+                return live_decode(s) and self._decode_share > 0 and not in_flight(s)
+
+            def plannable_prefill(s: Sequence) -> bool:
+                return prefill_pending(s) and not in_flight(s)
+
+            self._live_decode: Callable[[Sequence], bool] = plannable_decode
+            self._prefill_pending: Callable[[Sequence], bool] = plannable_prefill
+        else:
+            self._live_decode = live_decode
+            self._prefill_pending = prefill_pending
         self._take_new = take_new
         self._holder = holder
         self._last_token_us = last_token_us
@@ -62,11 +79,16 @@ class RowPlanner:
         self.consecutive_prefill, self.mixed_cursor, self.slack.interleaved = counters
 
     def rows(self, active: list[Sequence]) -> list[IterationWork]:
+        if self._disjoint:
+            depth = self._config.max_inflight_plans
+            self._decode_share = -(-len(active) // depth)
         live = sum(1 for s in active if self._live_decode(s))
+        if self._disjoint:
+            live = min(live, self._decode_share)
         decode_rows = min(live, self._config.max_tokens_per_iteration)
         self.cursors_before = []
         if self._config.planning_rule is PlanningRule.SLACK:
-            if live and any(prefill_pending(s) for s in active):
+            if live and any(self._prefill_pending(s) for s in active):
                 return self._slack(active, decode_rows)
             self.slack.interleaved = 0  # nothing waits on the other phase
             return self._homogeneous(active)
@@ -78,7 +100,7 @@ class RowPlanner:
     def _slack(self, active: list[Sequence], decode_rows: int) -> list[IterationWork]:
         """The slack rule (§2.13) when prefill and live decode both wait."""
         least = self.slack.min_slack_us((self._last_token_us(s), s.itl_target)
-                                        for s in active if self._live_decode(s))
+                                        for s in active if self._any_live_decode(s))
         kind, budget = self.slack.decide(least, decode_rows)
         if kind is SlackStep.MIXED:
             return self._mixed(active, budget)
@@ -117,6 +139,7 @@ class RowPlanner:
         new = self._take_new(s)
         self.cursors_before.append((s, before))
         s.prefill_cursor = sat(position + 1)  # the fed token is never replayed
+        self._decode_share -= 1
         return IterationWork(
             sequence_id=s.id,
             tokens=(s.generated_tokens[-1],),
@@ -137,7 +160,7 @@ class RowPlanner:
                      force_prefill: bool = False, decode_only: bool = False) -> list[IterationWork]:
         """A prefill plan or a decode-only plan (§2.4); the slack rule forces one or the other
         and may bound the prefill tokens."""
-        has_prefill = any(prefill_pending(s) for s in active)
+        has_prefill = any(self._prefill_pending(s) for s in active)
         has_live_decode = any(self._live_decode(s) for s in active)
         max_consecutive = self._config.max_consecutive_prefill_iterations
         run_prefill = has_prefill and (
@@ -154,7 +177,7 @@ class RowPlanner:
         for s in active:
             if budget == 0:
                 break
-            if prefill_pending(s):
+            if self._prefill_pending(s):
                 if not run_prefill or prefill_rows >= prefill_limit:
                     continue
                 row = self._prefill_row(s, budget)
@@ -192,7 +215,7 @@ class RowPlanner:
         for s in active:
             if budget == 0 or prefill_rows >= prefill_limit:
                 break
-            if not prefill_pending(s):
+            if not self._prefill_pending(s):
                 continue
             row = self._prefill_row(s, budget)
             prefill_rows += 1

@@ -82,8 +82,12 @@ class TwinScheduler:
         self._flights: dict[str, Flight] = {}
         self._epochs = itertools.count(1)
         self._link = StoreLink()  # the attached prefix store (§2.12)
+        # Disjoint plans in flight (§2.11a): only with plans in flight to be disjoint from.
+        self._disjoint = (self._config.disjoint_inflight_plans
+                          and self._config.max_inflight_plans > 1)
         self._planner = RowPlanner(self._config, self._live_decode, self._take_new,
-                                   self._link.holder, lambda s: self._flights[s.id].last_token_us)
+                                   self._link.holder, lambda s: self._flights[s.id].last_token_us,
+                                   self._in_flight if self._disjoint else None)
 
     # -- the slack rule's inputs (§2.13) ----------------------------------------------------------
 
@@ -175,6 +179,11 @@ class TwinScheduler:
             return False
         fl = self._flights[s.id]
         return not (fl.pending and len(s.generated_tokens) >= s.max_tokens)
+
+    def _in_flight(self, s: Sequence) -> bool:
+        """§2.11a: a row of this incarnation is in a plan that is still live (void or not)."""
+        planned = self._flights[s.id].planned
+        return planned is not None and any(p.step == planned for p in self._live_plans)
 
     def _confirmed(self, s: Sequence) -> list[int]:
         fl = self._flights.get(s.id)
@@ -271,6 +280,8 @@ class TwinScheduler:
         for r, (w, (s, before)) in enumerate(zip(work, self._planner.cursors_before)):
             fl = self._flights[s.id]
             previous = fl.source
+            if self._disjoint:
+                fl.planned = step
             if w.phase is IterationPhase.DECODE and fl.pending:
                 assert previous is not None
                 deferred.append((r, previous[0], previous[1]))  # its input is still in flight

@@ -32,17 +32,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from ..engine import FinishEvent, Request as EngineRequest, TokenEvent
+from ..engine import Request as EngineRequest
 from .access import AccessGuard, AccessSettings, served_model
 from .body import decode_json, read_body
 from .chat import ChatTemplate
 from .choices import batches as _batches, choice_sampling, usage as _usage
+from .answer import (best_of as _best_of, echo_text, logprobs_of, prompt_logprobs_of,
+                     sampling_of)
 from .errors import ClientGone, RequestError, internal, queue_full, unavailable
+from .generation import Generation as _Generation
 from .guard import HttpGuard
 from .metrics import CONTENT_TYPE, ServeMetrics
 from .protocol import GenerationRequest, parse_chat, parse_completion, with_min_tokens
 from .runner import EngineRunner, EngineUnavailable, Subscription
-from .text import Detokenizer, StopMatcher
 
 log = logging.getLogger("skippy_scheduler.serve")
 
@@ -130,87 +132,6 @@ async def _wait_disconnect(receive: Receive) -> None:
         message = await receive()
         if message["type"] == "http.disconnect":
             return
-
-
-class _Generation:
-    """One request's output so far: detokenised, cut at stop strings, timed."""
-
-    def __init__(self, ctx: ServeContext, sub: Subscription, gen: GenerationRequest,
-                 prompt_tokens: int, index: int = 0) -> None:
-        self.ctx = ctx
-        self.index = index  # the choice's index in the answer
-        self.sub = sub
-        self.request = gen
-        self.prompt_tokens = prompt_tokens
-        self.detok = Detokenizer(ctx.pieces)
-        self.stop = StopMatcher(gen.stop)
-        self.tokens: list[int] = []
-        self.text: list[str] = []  # what a non-streamed answer collects
-        self.finish: Optional[str] = None
-        self.error: Optional[str] = None
-        self._last_us: Optional[float] = None
-
-    def feed(self, events: list[Any]) -> tuple[str, list[int]]:
-        """New text and token ids from `events`; sets `finish` (or `error`) at the end."""
-        m = self.ctx.metrics
-        parts: list[str] = []
-        ids: list[int] = []
-        for event in events:
-            if self.finish is not None:
-                break  # tokens that raced a stop-string cancel are not the client's
-            if isinstance(event, TokenEvent):
-                t = event.time_us
-                if self._last_us is None:
-                    m.observe_ttft(max(t - self.sub.arrival_us, 0.0) / 1e6,
-                                   self.request.priority)
-                else:
-                    m.itl.observe(max(t - self._last_us, 0.0) / 1e6)
-                self._last_us = t
-                held = len(self.tokens) < self.request.min_tokens  # (docs/fleet.md)
-                self.tokens.append(event.token)
-                ids.append(event.token)
-                if event.token in self.request.stop_token_ids and not held:
-                    parts.append(self._stop_token(event.token))
-                    self._end("stop", t)
-                    self.ctx.runner.cancel(self.sub.request_id)
-                    continue
-                text, stopped = self.stop.push(self.detok.add(event.token), held=held)
-                if stopped and self.request.include_stop_str_in_output:
-                    text += self.stop.matched
-                parts.append(text)
-                if stopped:
-                    self._end("stop", t)
-                    self.ctx.runner.cancel(self.sub.request_id)
-            elif isinstance(event, FinishEvent):
-                if self.sub.error is not None or event.reason in ("failed", "cancelled",
-                                                                  "rejected"):
-                    self.error = self.sub.error or event.error or f"the request {event.reason}"
-                    self.finish = "error"
-                    continue
-                held = len(self.tokens) <= self.request.min_tokens  # the last token's text
-                text, stopped = self.stop.push(self.detok.flush(), held=held)
-                parts.append(text if stopped else text + self.stop.flush())
-                self._end("stop" if stopped else event.reason, event.time_us)
-        m.generation_tokens.inc(len(ids))
-        return "".join(parts), ids
-
-    def _stop_token(self, token: int) -> str:
-        """The text still owed when a stop token ends the generation (with the token's own
-        text only under include_stop_str_in_output)."""
-        piece = self.detok.add(token) if self.request.include_stop_str_in_output else ""
-        text, stopped = self.stop.push(piece + self.detok.flush())
-        return text if stopped else text + self.stop.flush()
-
-    def _end(self, reason: str, t_us: float) -> None:
-        self.finish = reason
-        m = self.ctx.metrics
-        m.e2e.observe(max(t_us - self.sub.arrival_us, 0.0) / 1e6)
-        m.request_success.labels(reason).inc()
-
-    def usage(self) -> dict[str, int]:
-        n = len(self.tokens)
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n,
-                "total_tokens": self.prompt_tokens + n}
 
 
 class _EventStream(StreamingResponse):
@@ -320,8 +241,13 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
     async def _generate(request: Request, gen: GenerationRequest, prompts: list[list[int]],
                         prompt_field: str) -> Response:
         """`n` choices per prompt (index in order: prompt by prompt), all admitted or none."""
-        n = gen.n
-        samplings = [choice_sampling(gen.sampling, j) for _ in prompts for j in range(n)]
+        n = gen.outputs.best_of or gen.n  # engine requests per prompt
+        if gen.outputs.grammar is not None:
+            await asyncio.to_thread(_check_grammar, ctx, gen.outputs.grammar)
+        samplings = [choice_sampling(sampling_of(gen, len(tokens)), j) for tokens in prompts
+                     for j in range(n)]
+        texts = ([echo_text(p, tokens, ctx.pieces) for p, tokens in zip(gen.prompts, prompts)]
+                 if gen.outputs.echo else [])
         prompts = [tokens for tokens in prompts for _ in range(n)]
         budgets = [_check_fit(ctx, gen, len(tokens), prompt_field) for tokens in prompts]
         samplings = [with_min_tokens(gen, s, len(t), b)
@@ -334,10 +260,11 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         prefix = "cmpl" if gen.kind == "completion" else "chatcmpl"
         rid = f"{prefix}-{uuid.uuid4().hex}"
         subs = await _open_all(rid, gen, prompts, budgets, samplings)
-        for tokens in prompts:
+        for tokens in prompts[::n]:  # each prompt once, as usage counts it
             ctx.metrics.prompt_tokens.inc(len(tokens))
         # Usage counts each prompt once, as OpenAI does with n > 1.
-        outs = [_Generation(ctx, sub, gen, len(tokens) if i % n == 0 else 0, index=i)
+        outs = [_Generation(ctx, sub, gen, len(tokens) if i % n == 0 else 0, index=i,
+                            prompt=tokens, echo=texts[i // n] if texts else None)
                 for i, (sub, tokens) in enumerate(zip(subs, prompts))]
         head = {"id": rid, "created": int(time.time()), "model": gen.model or ctx.model_name}
         if gen.return_token_ids and len(prompts) == 1:
@@ -351,22 +278,25 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         for out in outs:
             if out.finish == "error":
                 raise _failure(out)
+        usage = _usage(outs)
+        chosen = _best_of(outs, n, gen.n) if gen.outputs.best_of else outs
         choices = []
-        for out, tokens in zip(outs, prompts):
-            text = "".join(out.text)
+        for out in chosen:
+            text = (out.echo or "") + "".join(out.text)
+            logprobs = logprobs_of(out, ctx.pieces)
             if gen.kind == "completion":
-                choice: dict[str, Any] = {"index": out.index, "text": text, "logprobs": None,
-                                          "finish_reason": out.finish}
+                choice: dict[str, Any] = {"index": out.index, "text": text,
+                                          "logprobs": logprobs, "finish_reason": out.finish}
             else:
                 choice = {"index": out.index, "message": {"role": "assistant", "content": text},
-                          "logprobs": None, "finish_reason": out.finish}
+                          "logprobs": logprobs, "finish_reason": out.finish}
             if gen.return_token_ids:
                 choice["token_ids"] = list(out.tokens)
                 if len(prompts) > 1:
-                    choice["prompt_token_ids"] = list(tokens)
+                    choice["prompt_token_ids"] = list(out.prompt)
             choices.append(choice)
         obj = "text_completion" if gen.kind == "completion" else "chat.completion"
-        body = {"id": rid, "object": obj, **head, "choices": choices, "usage": _usage(outs)}
+        body = {"id": rid, "object": obj, **head, "choices": choices, "usage": usage}
         return Response(_dumps(body), media_type="application/json")
 
     async def _open_all(rid: str, gen: GenerationRequest, prompts: list[list[int]],
@@ -430,19 +360,20 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         obj = "chat.completion.chunk" if chat else "text_completion"
         base = {"id": head["id"], "object": obj, "created": head["created"],
                 "model": head["model"]}
+        reports = gen.outputs.logprobs is not None
 
         def chunk(text: Optional[str], ids: Optional[list[int]], finish: Optional[str],
-                  role: bool = False, index: int = 0) -> bytes:
+                  role: bool = False, index: int = 0, logprobs: Any = None) -> bytes:
             if chat:
                 delta: dict[str, Any] = {}
                 if role:
                     delta["role"] = "assistant"
                 if text is not None:
                     delta["content"] = text
-                choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None,
+                choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs,
                                           "finish_reason": finish}
             else:
-                choice = {"index": index, "text": text or "", "logprobs": None,
+                choice = {"index": index, "text": text or "", "logprobs": logprobs,
                           "finish_reason": finish}
             if gen.return_token_ids:
                 choice["token_ids"] = ids or []
@@ -454,15 +385,23 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         if chat:
             for out in outs:
                 yield chunk("", [], None, role=True, index=out.index)
+        echoed: set[int] = set()
         async with aclosing(_batches(outs)) as batches:
             async for out, events in batches:
+                seen = len(out.tokens)
                 text, ids = out.feed(events)
                 if out.finish == "error":
                     yield b"data: " + _dumps(_failure(out).body()) + b"\n\n"
                     yield b"data: [DONE]\n\n"
                     return  # the others are cancelled when the stream closes
-                if text or (ids and gen.return_token_ids):
-                    yield chunk(text, ids, None, index=out.index)
+                if out.echo is not None and out.index not in echoed:
+                    echoed.add(out.index)
+                    yield chunk(out.echo, [], None, index=out.index,
+                                logprobs=prompt_logprobs_of(out, ctx.pieces))
+                if text or (ids and (gen.return_token_ids or reports)):
+                    yield chunk(text, ids, None, index=out.index,
+                                logprobs=logprobs_of(out, ctx.pieces, prompt=False,
+                                                     since=seen))
                 if out.finish is not None:
                     yield chunk(None if chat else "", [], out.finish, index=out.index)
         if gen.include_usage:
@@ -470,6 +409,15 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         yield b"data: [DONE]\n\n"
 
     return app
+
+
+def _check_grammar(ctx: ServeContext, grammar: str) -> None:
+    """A 400 unless the host's grammar sampler parses `grammar` (serve/structured.py)."""
+    try:
+        ctx.host.check_grammar(grammar)
+    except ValueError as exc:
+        raise RequestError(f"'response_format' gives a grammar llama.cpp cannot use: {exc}",
+                           param="response_format") from None
 
 
 def _check_fit(ctx: ServeContext, gen: GenerationRequest, prompt: int, prompt_field: str) -> int:

@@ -66,6 +66,13 @@ class _EngineCollector:
                                 value=s.kv_tokens / s.kv_capacity if s.kv_capacity else 0.0)
         yield CounterMetricFamily("skippy:iterations", "Iterations the engine has completed.",
                                   value=s.iterations)
+        yield CounterMetricFamily("skippy:decoded_tokens",
+                                  "Batch entries the host decoded (prompt and decode rows).",
+                                  value=s.decoded_tokens)
+        yield CounterMetricFamily(
+            "skippy:shared_prefill_tokens",
+            "Entries the host did not decode: copies of another choice's KV (n > 1, best_of).",
+            value=s.shared_tokens)
 
 
 class ServeMetrics:
@@ -87,7 +94,8 @@ class ServeMetrics:
         self.e2e = Histogram("skippy:e2e_request_latency_seconds",
                              "Time from arrival to the end of a request.",
                              buckets=_E2E_BUCKETS, registry=reg)
-        self.prompt_tokens = Counter("skippy:prompt_tokens", "Prompt tokens of admitted requests.",
+        self.prompt_tokens = Counter("skippy:prompt_tokens", "Prompt tokens of admitted requests "
+                                     "(once per prompt, whatever n or best_of).",
                                      registry=reg)
         self.generation_tokens = Counter("skippy:generation_tokens",
                                          "Tokens generated for clients.", registry=reg)

@@ -2,15 +2,17 @@
 this server cannot honour.
 
 Every field of the completions and chat completions APIs is either used, accepted in its
-neutral form only (`echo: false`, `logprobs: null`, ...: anything else names the field
+neutral form only (`suffix: ""`, `tools: []`, ...: anything else names the field
 as unsupported), or ignored because it does not change the output (`user`). Fields nobody
 defined are refused too: a typo must not silently change nothing. The body arrives here already
 checked as text (no lone surrogate anywhere) and bounded in depth (`body.decode_json`); a chat
 message's content must not hold NUL (see `_no_nul`).
 
 Extensions (as vLLM has them): `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
-`return_token_ids` (token ids in every choice and chunk), `priority` (higher runs first under
-the priority policy), `stop_token_ids`, `include_stop_str_in_output`, `min_tokens`.
+`return_token_ids` (token ids in every choice and chunk), `priority` (higher runs first, the
+opposite of vLLM's sense, see README "Priority"; it also preempts lower priorities unless the
+server runs with --no-priority-preemption), `stop_token_ids`, `include_stop_str_in_output`,
+`min_tokens`.
 
 Fields of other servers' APIs (the block "fields other servers define" below): vLLM's and
 llama-server's names are aliases, neutral-only or ignored; a field nobody defined is ignored
@@ -26,6 +28,7 @@ from typing import Any, Optional
 
 from ..sampling import SamplingParams
 from .errors import RequestError
+from .options import OutputRequest, parse_outputs
 
 log = logging.getLogger("skippy_scheduler.serve")
 
@@ -35,12 +38,8 @@ MAX_PROMPTS = 64  # prompts in one completions request
 MAX_N = 16  # choices per prompt
 
 # Accepted only with these values (None means "absent" too).
-_NEUTRAL_COMMON: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
-}
-_NEUTRAL_COMPLETION = dict(_NEUTRAL_COMMON, best_of=(None, 1), echo=(None, False),
-                           suffix=(None, ""))
+_NEUTRAL_COMMON: dict[str, tuple[Any, ...]] = {}
+_NEUTRAL_COMPLETION = dict(_NEUTRAL_COMMON, suffix=(None, ""))
 _NEUTRAL_CHAT = dict(_NEUTRAL_COMMON, tools=(None, []), tool_choice=(None, "none"),
                      functions=(None, []), function_call=(None, "none"),
                      parallel_tool_calls=(None, True, False), audio=(None,),
@@ -52,9 +51,12 @@ _IGNORED = {"user"}
 _SHARED = {"model", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
            "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "stop",
            "stream", "stream_options", "ignore_eos", "return_token_ids", "priority"}
-_COMPLETION_FIELDS = _SHARED | {"prompt"} | set(_NEUTRAL_COMPLETION) | _IGNORED
-_CHAT_FIELDS = _SHARED | {"messages", "max_completion_tokens", "response_format"} | set(
-    _NEUTRAL_CHAT) | _IGNORED
+# serve/options.py parses these
+_OUTPUT_COMPLETION = {"logprobs", "echo", "best_of", "response_format"}
+_OUTPUT_CHAT = {"logprobs", "top_logprobs", "response_format"}
+_COMPLETION_FIELDS = _SHARED | {"prompt"} | set(_NEUTRAL_COMPLETION) | _IGNORED | _OUTPUT_COMPLETION
+_CHAT_FIELDS = _SHARED | {"messages", "max_completion_tokens"} | set(
+    _NEUTRAL_CHAT) | _IGNORED | _OUTPUT_CHAT
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
@@ -77,6 +79,7 @@ class GenerationRequest:
     n: int = 1  # choices per prompt (serve/choices.py: choice j samples with seed + j)
     stop_token_ids: frozenset[int] = frozenset()  # generation ends after any of these
     include_stop_str_in_output: bool = False  # the matched stop string ends the text
+    outputs: OutputRequest = field(default_factory=OutputRequest)  # serve/options.py
     min_tokens: int = 0  # no end token, stop token or stop string ends it before these many
 
 
@@ -138,7 +141,8 @@ def _foreign(body: dict[str, Any], allowed: set[str], strict: bool) -> dict[str,
         if body.get(name) is not None and body[name] != body[alias]:
             raise RequestError(f"'{alias}' and '{name}' disagree", param=alias)
         out[name] = body[alias]
-    _check_fields(body, set(body), _NEUTRAL_FOREIGN)
+    _check_fields(body, set(body), {k: v for k, v in _NEUTRAL_FOREIGN.items()
+                                    if k not in allowed})
     if unknown:
         log.warning("ignoring unrecognized request fields: %s", ", ".join(sorted(unknown)))
     if ignored:
@@ -350,6 +354,11 @@ def parse_completion(body: Any, n_vocab: int, strict: bool = False) -> Generatio
         raise RequestError(f"'n' times the prompts may be at most {MAX_PROMPTS} choices, got "
                            f"{len(req.prompts) * req.n}", param="n")
     req.prompt = req.prompts[0]
+    req.outputs = parse_outputs(body, "completion", req.n, req.stream)
+    runs = len(req.prompts) * (req.outputs.best_of or req.n)
+    if runs > MAX_PROMPTS:
+        raise RequestError(f"'best_of' times the prompts may be at most {MAX_PROMPTS} "
+                           f"completions, got {runs}", param="best_of")
     return req
 
 
@@ -418,10 +427,6 @@ def parse_chat(body: Any, n_vocab: int, strict: bool = False) -> GenerationReque
     if isinstance(body, dict):
         body = _foreign(body, _CHAT_FIELDS, strict)
         _check_fields(body, _CHAT_FIELDS, _NEUTRAL_CHAT)
-        fmt = body.get("response_format")
-        if fmt is not None and fmt != {"type": "text"}:
-            raise RequestError("'response_format' is not supported by this server (only "
-                               "{'type': 'text'})", param="response_format")
     req = _common(body, "chat", n_vocab)
     _honour_foreign(req, raw, n_vocab)
     a = _integer(body, "max_tokens", 1, (1 << 32) - 1)
@@ -431,6 +436,7 @@ def parse_chat(body: Any, n_vocab: int, strict: bool = False) -> GenerationReque
                            param="max_completion_tokens")
     req.max_tokens = b if b is not None else a
     req.messages = _messages(body.get("messages"))
+    req.outputs = parse_outputs(body, "chat", req.n, req.stream)
     return req
 
 

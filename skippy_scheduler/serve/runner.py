@@ -46,6 +46,8 @@ class EngineStats:
     iterations: int = 0
     prefill_tokens: int = 0  # prompt tokens prefilled (completed plans)
     restored_tokens: int = 0  # prompt tokens admitted as prefix restores
+    decoded_tokens: int = 0  # batch entries the host decoded (LlamaHost)
+    shared_tokens: int = 0  # entries a fork's KV copy replaced (choices of one prompt)
     published_s: float = 0.0
 
 
@@ -285,7 +287,10 @@ class EngineRunner:
             prefix_hits=m.prefix_hits, prefix_misses=m.prefix_misses,
             lanes_in_use=len(h.active), lanes=h.lanes, kv_tokens=h.kv_tokens,
             kv_capacity=h.kv_capacity, iterations=m.iterations, prefill_tokens=m.prefill_tokens,
-            restored_tokens=m.restored_tokens, published_s=time.monotonic())
+            restored_tokens=m.restored_tokens,
+            decoded_tokens=int(getattr(self.host, "decoded_tokens", 0)),
+            shared_tokens=int(getattr(self.host, "shared_tokens", 0)),
+            published_s=time.monotonic())
 
     def host_state(self, detail: bool = False) -> HostState:
         """The host's figures (engine thread only); zeros for a host that reports none."""

@@ -94,6 +94,8 @@ class ServeSettings:
     kv_events_replay_endpoint: Optional[str] = None  # ROUTER address answering replays
     kv_block_size: int = 16  # tokens per announced block
     kv_hash_seed: str = "0"  # vLLM's PYTHONHASHSEED: the first block's parent hash
+    stages: Optional[str] = None  # a split model's stage directory: local stage workers
+    stage_addresses: tuple[str, ...] = ()  # or stage workers already running (docs/stages.md)
 
 
 class Server:
@@ -116,7 +118,10 @@ class Server:
         self.kv_events: Optional[kv_events.KvEventPublisher] = None
         with _signals_interrupt():
             try:
-                self._load(s, LlamaHost)
+                if s.stages or s.stage_addresses:
+                    self._load_stages(s)
+                else:
+                    self._load(s, LlamaHost)
             except BaseException:  # an error, or a signal while loading: leave nothing behind
                 if self.host is not None:
                     self.host.close()
@@ -148,7 +153,18 @@ class Server:
                                prefix_holders=s.prefix_holders)
         self._build(s, name, reuse)
 
-    def _build(self, s: ServeSettings, name: str, reuse: bool) -> None:
+    def _load_stages(self, s: ServeSettings) -> None:
+        """A model split across stage workers (docs/stages.md "Serving")."""
+        from ..stages.serving import StagedEngineRunner, open_stage_host
+
+        self.host = open_stage_host(s)
+        name = s.model_name or (os.path.splitext(os.path.basename(s.model))[0] if s.model
+                                else self.host.stages[0].source_name)
+        self._build(s, name, s.prefix_cache_tokens > 0, StagedEngineRunner,
+                    disjoint=s.inflight > 1)
+
+    def _build(self, s: ServeSettings, name: str, reuse: bool,
+               runner_class: Optional[type] = None, disjoint: bool = False) -> None:
         from .. import Scheduler, SchedulerConfig
         from .access import AccessSettings
         from .app import Limits, ServeContext, create_app
@@ -166,11 +182,11 @@ class Server:
             prefill_chunk_tokens=min(s.prefill_chunk, self.host.n_batch),
             mixed_prefill_decode=s.mixed,
             max_consecutive_prefill_iterations=s.max_consecutive_prefill,
-            max_inflight_plans=s.inflight,
+            max_inflight_plans=s.inflight, disjoint_inflight_plans=disjoint,
             priority_preemption=s.priority_preemption,
             **(self.host.sequence_id_settings if reuse else {"reserved_sequence_ids": 0}))
         self.scheduler = Scheduler(config, admission=make_admission(s.policy))
-        self.runner = EngineRunner(self.scheduler, self.host)
+        self.runner = (runner_class or EngineRunner)(self.scheduler, self.host)
         self.context = ServeContext(
             runner=self.runner, host=self.host, model_name=name, model_aliases=s.model_aliases,
             pieces=token_pieces(self.host.n_vocab, self.host.token_bytes),

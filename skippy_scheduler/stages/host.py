@@ -1,68 +1,51 @@
 """The stage host: drives P stage workers with one shared plan per step (docs/stages.md).
 
-`StageHost` is a host for the `Engine` (`execute` and `release`). It lives in the scheduler's
-process, maps each scheduler sequence to a lane (a llama sequence id every stage uses for it),
-encodes each plan once into a plan frame and sends it to stage 0; the frame travels down the
-chain with each stage's activations, and the last stage sends the sampled (work index, token)
-pairs straight back here. Released lanes travel in the next plan's release table, so every stage
-frees them before it runs the rows that may reuse them.
+`StageHost` is a host for the `Engine` (`execute`, `execute_async` and `release`). It lives in
+the scheduler's process, maps each scheduler sequence to a lane (a llama sequence id every stage
+uses for it), encodes each plan once into a plan frame and sends it to stage 0; the frame
+travels down the chain with each stage's activations, and the last stage sends the sampled
+(work index, token) pairs straight back here. Released lanes travel in the next plan's release
+table and memory operations (prefix holders) down the chain, so every stage applies them after
+the plans sent before them and before the plans sent after.
 
-A plan that fails in any stage (an error report, a timeout, a worker that died) is undone on
-every stage that still answers: the released lanes are freed, the rows' lanes rewound to where
-the plan found them (lanes the plan brought in are freed), and the error is raised, so the
-engine aborts the plan and the scheduler undoes its rows too.
+Pipelining (`pipeline_depth` P > 1, docs/stages.md "Pipelined plans"): up to P plans are in
+the chain at once, plan k in stage 0 while plan k-1 is in stage 1. The driver's view of every
+lane is updated when a plan is sent (the stages run plans in order), and every plan's answer
+is taken in order.
+
+A plan that fails in any stage (an error report, a timeout, a worker that died) is undone with
+every plan sent after it: the driver waits until each of them has ended somewhere, then every
+stage that still answers frees the released lanes and rewinds the rows' lanes to where the
+first failed plan found them (lanes the plans brought in are freed), and the error is raised,
+so the engine aborts those plans and the scheduler undoes their rows too.
 
 `LocalStages` (stages/local.py) starts the workers of a stage directory on this machine.
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import json
-import shutil
-import tempfile
-import time
+from collections import defaultdict, deque
 from typing import Any, Optional, Sequence as _Seq
 
 from ..engine.contract import HostState
+from ..hosts.llama.samplers import Samplers
 from ..types import ReleaseReason
 
 import numpy as np
 
+from .channel import StageChannel, StageFailure, StageTimeout
+from .flight import Flight, FlightHandle, check_int, plan_arrays
 from .holders import PrefixHolders, RemoteCells, restored
 from .split import StageInfo, check_stage_set
 from .vocab import Vocabulary
-from .wire import decode_outputs, encode_plan
+from .wire import encode_plan
+
+__all__ = ["StageFailure", "StageHost", "StageTimeout"]
 
 
-class StageFailure(RuntimeError):
-    """A stage reported an error, timed out or died while running a plan."""
-
-
-class StageTimeout(StageFailure):
-    """No answer in time (the stages not heard from are taken for dead)."""
-
-
-def _check_int(name: str, value: object, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
-    return value
-
-
-def _local_address_towards(address: str) -> str:
-    """This machine's IP address on the route to a `tcp://HOST:PORT` worker (loopback for a
-    loopback worker): where the workers can reach the driver's reply socket."""
-    import socket
-
-    host, _, port = address[len("tcp://"):].rpartition(":")
-    host = host.strip("[]")
-    if host in ("127.0.0.1", "localhost", "::1"):
-        return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((socket.gethostbyname(host), int(port or 1)))  # no packet is sent
-        return str(probe.getsockname()[0])
-
-
-class StageHost:
+class StageHost(StageChannel):
     """Runs plans on a chain of stage workers (see the module docstring)."""
 
     def __init__(self, addresses: _Seq[str], *, n_ctx: int = 4096, n_seq_max: int = 8,
@@ -70,47 +53,21 @@ class StageHost:
                  flash_attn: bool = False, reply_address: Optional[str] = None,
                  timeout_s: float = 60.0, source_id: Optional[str] = None,
                  vocab_model: Optional[str] = None, procs: _Seq[Any] = (),
-                 prefix_cache_tokens: int = 0, prefix_holders: int = 16) -> None:
-        import zmq
-
-        if not addresses:
-            raise ValueError("a stage host needs at least one stage address")
-        self.n_seq_max = _check_int("n_seq_max", n_seq_max, 1)
-        self.n_ctx = _check_int("n_ctx", n_ctx, 1)
-        self.n_batch = _check_int("n_batch", n_batch, 1)
-        prefix_cache_tokens = _check_int("prefix_cache_tokens", prefix_cache_tokens, 0)
-        self.prefix_holders = (_check_int("prefix_holders", prefix_holders, 1)
+                 prefix_cache_tokens: int = 0, prefix_holders: int = 16,
+                 pipeline_depth: int = 1) -> None:
+        self.n_seq_max = check_int("n_seq_max", n_seq_max, 1)
+        self.n_ctx = check_int("n_ctx", n_ctx, 1)
+        self.n_batch = check_int("n_batch", n_batch, 1)
+        self.pipeline_depth = check_int("pipeline_depth", pipeline_depth, 1)
+        prefix_cache_tokens = check_int("prefix_cache_tokens", prefix_cache_tokens, 0)
+        self.prefix_holders = (check_int("prefix_holders", prefix_holders, 1)
                                if prefix_cache_tokens else 0)
         if self.n_seq_max + self.prefix_holders > 256:
             raise ValueError("lanes and prefix holders must be <= 256 sequence ids together")
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        self.timeout_ms = int(timeout_s * 1e3)
-        self.addresses = list(addresses)
-        self._procs = list(procs)
-        self._zmq = zmq
-        self._ctx: Any = zmq.Context()
-        self._reply: Any = self._ctx.socket(zmq.PULL)
-        self._reply.setsockopt(zmq.LINGER, 0)
-        self._reply_dir: Optional[str] = None
-        tcp = [a for a in addresses if a.startswith("tcp://")]
-        if reply_address is None and tcp:
-            reply_address = f"tcp://{_local_address_towards(tcp[0])}:*"
-        elif reply_address is None:
-            self._reply_dir = tempfile.mkdtemp(prefix="skippy-reply-")
-            reply_address = f"ipc://{self._reply_dir}/reply"
-        self._reply.bind(reply_address)
-        self.reply_address = self._reply.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._out = []
-        for a in self.addresses:
-            sock = self._ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(a)
-            self._out.append(sock)
-        self.broken: Optional[str] = None
-        self.live: set[int] = set(range(len(self.addresses)))
         self._vocab: Any = None
-        self._tag = 0
+        self.on_close: list[Any] = []  # called after close (e.g. stopping local workers)
+        StageChannel.__init__(self, addresses, reply_address, timeout_s, procs)
+        self.broken: Optional[str] = None
         try:
             self.stages = self._configure(n_ctx, n_threads, kv_type, flash_attn, source_id)
             self._vocab = Vocabulary(vocab_model or self.stages[0].path)
@@ -118,13 +75,18 @@ class StageHost:
             self.close()
             raise
         self.n_vocab = self._vocab.n_vocab
+        # Sampling parameters are checked here and sent to the last stage, which samples.
+        self._resolver = Samplers(self.n_vocab, self._vocab.eog, self._vocab.eog_ids,
+                                  self._vocab.vocab)
+        self.stage_samplers: list[int] = []  # sampler chains per stage, as last asked (held)
+        self.n_ctx_seq = n_ctx // n_seq_max  # a lane's share of the cells (the server's bound)
         self.settings = {
             "stages": len(self.stages), "stage_addresses": self.addresses,
             "stage_layers": [[s.layer_start, s.layer_end] for s in self.stages],
             "n_ctx": n_ctx, "n_seq_max": n_seq_max, "n_batch": n_batch,
             "n_threads": n_threads, "kv_type": kv_type, "flash_attn": bool(flash_attn),
             "kv_unified": True, "prefix_cache_tokens": prefix_cache_tokens,
-            "prefix_holders": self.prefix_holders,
+            "prefix_holders": self.prefix_holders, "pipeline_depth": self.pipeline_depth,
         }
         # Prefix reuse: one store for all stages, its decisions queued as memory operations.
         self._cells = RemoteCells()
@@ -137,9 +99,14 @@ class StageHost:
             self.prefix_store = self._holders.store
         self._free: list[int] = list(range(n_seq_max))
         self._slot: dict[str, int] = {}
-        self._next_pos = [0] * n_seq_max
+        # Per lane: what the stages hold once the plans sent have run, and a generation that
+        # changes with the lane's owner (what the plans in flight did to it is then stale).
+        self._next_pos: defaultdict[int, int] = defaultdict(int)
+        self._gen: defaultdict[int, int] = defaultdict(int)
         self._pending_release: list[int] = []
+        self._flights: deque[Flight] = deque()  # sent, not yet answered, oldest first
         self.steps = 0
+        self.most_in_flight = 0  # the most plans that were in the chain at once
 
     # ------------------------------------------------------------------ setup
     def _configure(self, n_ctx: int, n_threads: int, kv_type: str, flash_attn: bool,
@@ -167,59 +134,6 @@ class StageHost:
         self.n_batch = min([self.n_batch] + [int(r["n_batch"]) for r in ready])
         return infos
 
-    def _recv(self, what: str, waiting: Optional[set[int]] = None) -> list[bytes]:
-        """One reply; `StageFailure` on a timeout or when a stage waited for (all live ones by
-        default) runs as a local process that exited (it is then no longer live)."""
-        deadline = time.monotonic() + self.timeout_ms / 1e3
-        watch = self.live if waiting is None else waiting
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise StageTimeout(f"no answer from the stages within "
-                                   f"{self.timeout_ms / 1e3:g} s while {what}")
-            if self._reply.poll(min(200, max(1, int(left * 1e3)))):
-                return list(self._reply.recv_multipart())
-            for k, proc in enumerate(self._procs):
-                if k in watch and proc.poll() is not None:
-                    self.live.discard(k)
-                    raise StageFailure(f"stage {k} exited with status {proc.returncode} "
-                                       f"while {what}")
-
-    def _broadcast(self, kind: bytes, body: dict[str, Any]) -> int:
-        """Send a control message to every live stage; its tag (replies echo it)."""
-        self._tag += 1
-        msg = [kind, json.dumps(dict(body, tag=self._tag)).encode()]
-        for k in sorted(self.live):
-            try:
-                self._out[k].send_multipart(msg, flags=self._zmq.NOBLOCK)
-            except self._zmq.Again:  # its queue is full: it has not read for a long time
-                self.live.discard(k)
-        return self._tag
-
-    def _collect(self, kind: bytes, what: str) -> list[dict[str, Any]]:
-        """The replies of `kind` to the last control message from every live stage, by stage
-        index; replies to earlier messages (a stage answering late) are dropped. A stage that
-        does not answer in time is no longer live."""
-        got: dict[int, dict[str, Any]] = {}
-        waiting = set(self.live)
-        while waiting - set(got):
-            try:
-                parts = self._recv(what, waiting - set(got))
-            except StageTimeout:
-                self.live -= waiting - set(got)
-                raise
-            if parts[0] == b"out":
-                continue
-            body = json.loads(parts[1]) if len(parts) > 1 else {}
-            if body.get("tag") != self._tag:
-                continue
-            if parts[0] == b"err":
-                raise StageFailure(f"stage {body.get('index')} failed while {what}: "
-                                   f"{body.get('message')}")
-            if parts[0] == kind:
-                got[int(body["index"])] = body
-        return [got[k] for k in sorted(got)]
-
     # ------------------------------------------------------------------ Host verbs
     @property
     def sequence_id_settings(self) -> dict[str, int]:
@@ -229,14 +143,17 @@ class StageHost:
                 "reserved_sequence_ids": self.prefix_holders}
 
     def release(self, sequence_id: str, reason: Optional[ReleaseReason] = None) -> bool:
-        """Free the sequence's lane; the stages free its KV before the next plan's rows. With
-        prefix reuse its positions are first offered to the store (not for a failed one)."""
+        """Free the sequence's lane; the stages free its KV after the plans already sent. With
+        prefix reuse its positions are first offered to the store (not for a failed one, nor
+        for one with a row still in the chain)."""
         lane = self._slot.pop(sequence_id, None)
         if lane is None:
             return False
+        busy = any(lane in f.lane_set for f in self._flights)
+        self._gen[lane] += 1
         if self._holders is not None and self.broken is None:
             # Memory operations keep their order: the holders copy the lane before it empties.
-            if self._next_pos[lane] and reason is not ReleaseReason.FAILED:
+            if self._next_pos[lane] and reason is not ReleaseReason.FAILED and not busy:
                 self._holders.keep(lane, self._next_pos[lane])
             self._cells.remove(lane)
         else:
@@ -246,38 +163,39 @@ class StageHost:
         return True
 
     def _flush_ops(self) -> None:
-        """Run the queued memory operations on every stage (before a plan that may rely on
-        them); a stage that cannot breaks the chain, as the stages no longer agree."""
+        """Send the queued memory operations down the chain: every stage runs them after the
+        plans sent before and before the next plan (its answer is taken when it comes)."""
         ops = self._cells.take()
-        if not ops or self.broken is not None:
-            return
-        try:
-            self._broadcast(b"mem", {"ops": ops})
-            self._collect(b"mem-done", "running memory operations")
-        except StageFailure as exc:
-            self.broken = str(exc)
+        if ops and self.broken is None:
+            self.mem_pending.add(self._send_chain(b"mem", {"ops": ops}))
+
+    def _settle(self) -> None:
+        """A chain message that failed on a stage leaves the stages disagreeing: broken."""
+        if self.chain_errors and self.broken is None:
+            self.broken = self.chain_errors[0]
             self._free_survivors()
 
     def execute(self, plan: Any) -> int:
         """Run `plan` on every stage and fill `plan.outputs`; return the output count."""
+        return self.execute_async(plan).result()
+
+    def execute_async(self, plan: Any) -> FlightHandle:
+        """Send `plan` down the chain and return at once; `result()` takes its answer (plans
+        are answered in the order sent) and fills `plan.outputs`."""
+        self._settle()
+        return FlightHandle(self, self._send(plan), plan)
+
+    def _send(self, plan: Any) -> Optional[Flight]:
         rows = len(plan)
         if rows == 0 or self.broken is not None:
             # Broken stages run nothing: every sampling row is left without an output, which
             # fails its sequence (docs/stages.md "When a stage fails").
-            plan.outputs.count = 0
-            return 0
-        offsets, tokens, positions = self._plan_arrays(plan)
+            return None
+        offsets, tokens, positions = plan_arrays(plan, self.n_batch, self.n_vocab)
         self._flush_ops()
-        if self.broken is not None:
-            plan.outputs.count = 0
-            return 0
         ids = list(plan.sequence_ids)
         if len(set(ids)) != len(ids):
             raise ValueError("a sequence appears in more than one row of the plan")
-        for w in getattr(plan, "work", None) or []:
-            if getattr(w, "sampling", None) is not None:
-                raise ValueError("staged serving samples greedily only (Sequence.sampling must "
-                                 "be None)")
         starts = positions[offsets[:-1]].tolist()
         flagged = getattr(plan, "new_rows", None)
         new = [r for r, i in enumerate(ids)
@@ -286,6 +204,7 @@ class StageHost:
             raise RuntimeError(f"{len(new)} new sequences but {len(self._free)} free lanes "
                                f"(n_seq_max={self.n_seq_max})")
         restore = self._restores(plan, new)
+        sampling = self._sampling(plan, new)
         for r, (seq, start) in enumerate(zip(ids, starts)):
             if r in restore:
                 have = self._holders.length(restore[r]) if self._holders is not None else 0
@@ -303,7 +222,6 @@ class StageHost:
             if lane is None:
                 lane = self._slot[seq] = heapq.heappop(self._free)
             lanes[r] = lane
-        sample_rows = np.asarray(plan.sample_rows, dtype=np.int64)
         step = int(plan.step)
         try:
             frame = encode_plan(
@@ -319,68 +237,102 @@ class StageHost:
             for r in fresh:  # nothing was sent: the new sequences give their lanes back
                 heapq.heappush(self._free, self._slot.pop(ids[r]))
             raise
-        released = self._pending_release
-        self._pending_release = []
-        try:
-            self._out[0].send_multipart([b"plan", frame], copy=False)
-            got_step, out_rows, out_tokens = self._await_outputs(step)
-            if got_step != step or not np.array_equal(out_rows, sample_rows):
-                raise StageFailure(f"the last stage answered step {got_step} rows "
-                                   f"{out_rows.tolist()} for step {step} rows "
-                                   f"{sample_rows.tolist()}")
-        except StageFailure as exc:
-            self._undo(ids, lanes, starts, new, fresh, released)
-            if self.broken is None and len(self.live) == len(self._out):
-                raise  # every stage is back where the plan found it: the engine aborts it
-            self.broken = str(exc) if self.broken is None else f"{exc}; then {self.broken}"
-            self._free_survivors()
-            plan.outputs.count = 0
-            return 0
-        ends = positions[offsets[1:] - 1] + 1
-        for lane, end in zip(lanes.tolist(), ends.tolist()):
+        released, self._pending_release = self._pending_release, []
+        if sampling:  # every new row's sampling, ahead of the plan (the last stage keeps it)
+            self._send_chain(b"samp", {"step": step, "lanes": {
+                str(int(lanes[r])): sampling.get(r) for r in new}})
+        self._out[0].send_multipart([b"plan", frame], copy=False)
+        lane_list = lanes.tolist()
+        flight = Flight(plan, step, ids, lanes, [self._gen[x] for x in lane_list], starts, new,
+                        fresh, released, [self._next_pos[x] for x in lane_list],
+                        np.asarray(plan.sample_rows, dtype=np.int64))
+        self._flights.append(flight)
+        self.most_in_flight = max(self.most_in_flight, len(self._flights))
+        self.awaited.add(step)
+        # What every stage holds once it has run the plan (they run plans in the order sent).
+        for lane, end in zip(lane_list, (positions[offsets[1:] - 1] + 1).tolist()):
             self._next_pos[lane] = end
         if self._holders is not None:
             for r, holder in restore.items():
                 restored(self._holders, self._cells, int(lanes[r]), holder, starts[r])
             self._holders.wrote(np.repeat(lanes, np.diff(offsets)), positions, tokens)
-        k = len(sample_rows)
-        outputs = plan.outputs
-        outputs.request_indexes[:k] = sample_rows
+        return flight
+
+    def _resolve(self, flight: Flight) -> int:
+        """The answer of `flight` (the plans sent before it are answered first)."""
+        while flight.state == "sent":
+            self._answer_oldest()
+        if flight.error is not None:
+            raise flight.error
+        return flight.count
+
+    def _answer_oldest(self) -> None:
+        f = self._flights[0]
+        try:
+            while f.step not in self.terminal and self.broken is None and not self.chain_errors:
+                self._pump(f"running step {f.step}")
+            if self.broken is not None or self.chain_errors:
+                raise StageFailure(self.broken or self.chain_errors[0])
+            answer = self.terminal.pop(f.step)
+            if answer[0] == "err":
+                raise StageFailure(answer[1])
+            _, out_rows, out_tokens = answer
+            if not np.array_equal(out_rows, f.sample_rows):
+                raise StageFailure(f"the last stage answered step {f.step} rows "
+                                   f"{out_rows.tolist()} for rows {f.sample_rows.tolist()}")
+        except StageFailure as exc:
+            self._fail_from(exc)
+            return
+        self._flights.popleft()
+        self.awaited.discard(f.step)
+        k = len(f.sample_rows)
+        outputs = f.plan.outputs
+        outputs.request_indexes[:k] = f.sample_rows
         outputs.predicted_tokens[:k] = out_tokens
         outputs.count = k
+        f.finish(k)
         self.steps += 1
-        return k
 
-    def _plan_arrays(self, plan: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The plan's row offsets, tokens and positions, checked against the stages' limits."""
-        offsets = np.asarray(plan.row_offsets, dtype=np.int64)
-        n = int(offsets[-1])
-        tokens = np.asarray(plan.tokens)[:n]
-        positions = np.asarray(plan.positions)[:n]
-        if n > self.n_batch:
-            raise ValueError(f"a plan of {n} tokens does not fit the stages' batch of "
-                             f"{self.n_batch} (keep max_tokens_per_iteration <= n_batch)")
-        if len(tokens) != n or len(positions) != n:
-            raise ValueError(f"the plan's rows end at {n} but it has {len(tokens)} tokens and "
-                             f"{len(positions)} positions")
-        if n and (int(tokens.min()) < 0 or int(tokens.max()) >= self.n_vocab):
-            raise ValueError(f"plan tokens must be in [0, {self.n_vocab}) for this model")
-        return offsets, tokens, positions
+    def _fail_from(self, exc: StageFailure) -> None:
+        """The oldest plan in flight failed: it and every later one are undone (module
+        docstring), or, with a stage gone, the chain is broken and they all end empty."""
+        flights = list(self._flights)
+        self.awaited.discard(flights[0].step)  # its answer came, or never will
+        if (not isinstance(exc, StageTimeout) and self.broken is None
+                and len(self.live) == len(self._out)):
+            try:  # every later plan and memory message ends somewhere first
+                self._quiesce("waiting for the plans in flight after a failure")
+            except StageFailure:
+                pass  # a stage is gone too: the chain breaks below
+        undo_stages = (self.broken is None and not self.chain_errors
+                       and len(self.live) == len(self._out))
+        for f in reversed(flights):
+            try:
+                self._undo(f, undo_stages)
+            except StageFailure as more:
+                self.broken = str(more)  # a stage cannot be put back: nothing more runs on it
+                undo_stages = False
+        self._flights.clear()
+        self.awaited.clear()
+        self.terminal.clear()
+        if self.broken is None and undo_stages:
+            flights[0].fail(exc)
+            for f in flights[1:]:
+                f.fail(StageFailure(f"step {f.step} was undone: an earlier plan failed ({exc})"))
+            return
+        if self.broken is None:
+            self.broken = str(exc)
+        elif str(exc) not in self.broken:
+            self.broken = f"{exc}; then {self.broken}"
+        self._free_survivors()
+        for f in flights:
+            f.plan.outputs.count = 0
+            f.finish(0)
 
-    def _await_outputs(self, step: int) -> tuple[int, Any, Any]:
-        while True:
-            parts = self._recv(f"running step {step}")
-            if parts[0] == b"out":
-                got = decode_outputs(parts[1])
-                if got[0] == step:
-                    return got
-                continue  # a late answer to a plan that was given up
-            if parts[0] == b"err":
-                body = json.loads(parts[1])
-                if body.get("step") != step:
-                    continue
-                raise StageFailure(f"stage {body.get('index')} failed on step {step}: "
-                                   f"{body.get('message')}")
+    def _quiesce(self, what: str) -> None:
+        """Wait until every plan and memory message sent has been answered."""
+        while (self.awaited - self.terminal.keys() or self.mem_pending) and not self.chain_errors:
+            self._pump(what)
 
     def _restores(self, plan: Any, new: list[int]) -> dict[int, int]:
         """Row -> holder of every new row that restores a resident prefix."""
@@ -390,27 +342,43 @@ class StageHost:
         return {r: int(work[r].restore_holder) for r in new
                 if getattr(work[r], "restore_holder", None) is not None}
 
-    def _undo(self, ids: list[str], lanes: np.ndarray, starts: list[int], new: list[int],
-              fresh: list[int], released: list[int]) -> None:
-        """Put every stage back where the failed plan found it (module docstring)."""
-        new_set = set(new)
-        body = {"release": released, "lanes": lanes.tolist(),
-                "starts": [0 if r in new_set else s for r, s in enumerate(starts)]}
-        for r in fresh:
-            lane = self._slot.pop(ids[r])
-            heapq.heappush(self._free, lane)
-        try:
-            self._broadcast(b"undo", body)
+    def _sampling(self, plan: Any, new: list[int]) -> dict[int, dict[str, Any]]:
+        """Row -> sampling parameters of every new row that does not sample plain greedy."""
+        if not new:
+            return {}
+        work = plan.work
+        out = {}
+        for r in new:
+            params = self._resolver.resolve(getattr(work[r], "sampling", None))
+            if params is not None:
+                out[r] = dataclasses.asdict(params)
+        return out
+
+    def _undo(self, f: Flight, stages: bool) -> None:
+        """Put the driver (and, with `stages`, every stage) back where `f` found them."""
+        new_set, fresh = set(f.new), set(f.fresh)
+        for r, lane in enumerate(f.lanes.tolist()):
+            if self._gen[lane] != f.gens[r]:
+                continue  # released since: its lane is another sequence's business now
+            if r in fresh and self._slot.get(f.ids[r]) == lane:
+                del self._slot[f.ids[r]]
+                self._gen[lane] += 1
+                self._next_pos[lane] = 0
+                heapq.heappush(self._free, lane)
+            else:
+                self._next_pos[lane] = f.prev_pos[r]
+        if stages:
+            self._broadcast(b"undo", {
+                "release": f.released, "lanes": f.lanes.tolist(),
+                "starts": [0 if r in new_set else s for r, s in enumerate(f.starts)]})
             self._collect(b"undone", "undoing a failed plan")
-        except StageFailure as exc:
-            self.broken = str(exc)  # a stage cannot be put back: nothing more runs on it
 
     def _free_survivors(self) -> None:
         """With the chain broken: every live stage frees every lane (best effort), and the
         driver forgets its lanes' positions; sequences keep their lanes until released."""
         self._pending_release = []
         self._cells.take()
-        self._next_pos = [0] * self.n_seq_max
+        self._next_pos.clear()
         try:
             self._broadcast(b"release",
                             {"lanes": list(range(self.n_seq_max + self.prefix_holders))})
@@ -419,19 +387,47 @@ class StageHost:
             pass  # a stage that does not answer now is not live any more
 
     # ------------------------------------------------------------------ vocabulary
-    def tokenize(self, text: str) -> list[int]:
-        return list(self._vocab.tokenize(text))
+    # (a vocabulary-only model: safe from any thread while the engine runs plans)
+    def tokenize(self, text: str, *, add_bos: Optional[bool] = None,
+                 special: bool = False) -> list[int]:
+        return list(self._vocab.tokenize(text, add_bos=add_bos, special=special))
 
     def is_eog(self, token: int) -> bool:
         return bool(self._vocab.is_eog(token))
 
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        return bytes(self._vocab.token_bytes(token, special=special))
+
+    def chat_template(self) -> Optional[str]:
+        template: Optional[str] = self._vocab.chat_template()
+        return template
+
+    @property
+    def holders(self) -> Optional[PrefixHolders]:
+        """The prefix holders every stage keeps (None without reuse)."""
+        return self._holders
+
+    def prepare_sequence(self, sequence: Any) -> Any:
+        """Refuse at submit, before anything is queued, sampling the stages cannot do: a bias
+        on a token outside the vocabulary, reports (log-probabilities) or a grammar."""
+        params = self._resolver.resolve(getattr(sequence, "sampling", None))
+        if params is not None and params.output is not None:
+            raise ValueError("staged serving does not report log-probabilities nor constrain "
+                             "the output with a grammar yet (logprobs, echo, response_format)")
+        return sequence
+
     # ------------------------------------------------------------------ inspection
     def sync(self) -> None:
-        """Send pending releases to every stage now (they otherwise ride on the next plan)."""
+        """Let every plan in flight reach every stage, then send pending releases now (they
+        otherwise ride on the next plan)."""
+        self._settle()
         if self.broken is not None:
             self._pending_release = []  # the live stages were freed when the chain broke
+            return
         self._flush_ops()
-        if self._pending_release:
+        self._quiesce("waiting for the plans in flight")
+        self._settle()
+        if self._pending_release and self.broken is None:
             self._broadcast(b"release", {"lanes": self._pending_release})
             self._collect(b"released", "releasing lanes")
             self._pending_release = []
@@ -439,10 +435,13 @@ class StageHost:
     def held(self, holders: bool = False) -> list[dict[int, int]]:
         """Per live stage: positions held by every lane with KV (after `sync`); with `holders`
         the prefix holders' too."""
+        if self.broken is None:
+            self._quiesce("waiting for the plans in flight")
         self._broadcast(b"held", {})
         top = self.n_seq_max + (self.prefix_holders if holders else 0)
-        return [{int(k): v for k, v in r["lanes"].items() if int(k) < top}
-                for r in self._collect(b"held", "asking what is held")]
+        replies = self._collect(b"held", "asking what is held")
+        self.stage_samplers = [int(r.get("samplers", 0)) for r in replies]
+        return [{int(k): v for k, v in r["lanes"].items() if int(k) < top} for r in replies]
 
     @property
     def active_sequences(self) -> list[str]:
@@ -470,24 +469,17 @@ class StageHost:
         return HostState(
             lanes=self.n_seq_max, free_lanes=len(self._free), active=tuple(self._slot),
             kv_tokens=sum(self._next_pos[lane] for lane in self._slot.values()),
-            kv_capacity=self.n_ctx, lane_positions=positions)
+            kv_capacity=self.n_ctx, lane_positions=positions,
+            samplers=sum(self.stage_samplers) if detail else 0)
 
     def close(self) -> None:
-        for sock in getattr(self, "_out", []):
-            sock.close(linger=0)
-        self._out = []
-        if getattr(self, "_reply", None) is not None:
-            self._reply.close(linger=0)
-            self._reply = None
-        if getattr(self, "_ctx", None) is not None:
-            self._ctx.term()
-            self._ctx = None
+        self.close_channel()
         if self._vocab is not None:
             self._vocab.close()
             self._vocab = None
-        if self._reply_dir is not None:
-            shutil.rmtree(self._reply_dir, ignore_errors=True)
-            self._reply_dir = None
+        callbacks, self.on_close = self.on_close, []
+        for callback in callbacks:
+            callback()
 
     def __enter__(self) -> "StageHost":
         return self

@@ -2,7 +2,8 @@
 
 `LocalStages(DIR)` starts `skippy-scheduler stage` for every `DIR/stage-K.gguf` (its stderr
 goes to a log file beside the sockets, never to a pipe nobody reads), `host()` makes a
-`StageHost` on them, and `close()` stops them and removes the temporary directory.
+`StageHost` on them, and `close()` stops them and removes the temporary directory. A worker
+also exits by itself when this process goes away without closing it (`--parent-pid`).
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ class LocalStages:
                 # import its uncompiled sources instead of the installed package.
                 self.procs.append(subprocess.Popen(
                     [sys.executable, "-m", "skippy_scheduler.cli", "stage", "--model",
-                     os.path.abspath(path), "--listen", addr, "--threads", str(n_threads)],
+                     os.path.abspath(path), "--listen", addr, "--threads", str(n_threads),
+                     "--parent-pid", str(os.getpid())],
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                     cwd=self._dir))
 

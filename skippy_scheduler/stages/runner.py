@@ -28,7 +28,9 @@ import numpy as np
 import llama_cpp as _ll
 
 from ..hosts.llama.backend import KV_TYPES, create_context, init_backend, load_model, recent_log
+from ..hosts.llama.samplers import Samplers
 from ..hosts.llama.tokenizer import Tokenizer
+from ..sampling import SamplingParams
 from .split import StageInfo, read_stage_info
 
 
@@ -99,6 +101,11 @@ class StageRunner:
         self.n_seq_max = n_seq_max
         self.last = self.info.last
         self.first = self.info.first
+        # The last stage samples: sequences that are not plain greedy get a sampler chain each,
+        # the llama host's (docs/stages.md "Sampling").
+        self.samplers: Optional[Samplers] = (
+            Samplers(vocab.n_vocab, vocab.eog, vocab.eog_ids, _ll.llama_model_get_vocab(model))
+            if self.last else None)
 
         # The capture buffer: every batch row's residual stream after the stage's last layer.
         self._act = np.zeros((n_batch, self.n_embd), dtype=np.float32)
@@ -185,9 +192,13 @@ class StageRunner:
         if self._ctx:
             _ll.llama_memory_seq_rm(self._mem, lane, -1, -1)
         self._next_pos[lane] = 0
+        if self.samplers is not None:
+            self.samplers.drop(lane)
 
     def rewind(self, lane: int, start: int) -> None:
         """Drop `lane`'s cells from `start` on (the row replays from there)."""
+        if self.samplers is not None:
+            self.samplers.rewind(lane, start)
         if 0 <= lane < self.n_seq_max and start < self._next_pos[lane]:
             _ll.llama_memory_seq_rm(self._mem, lane, start, -1)
             self._next_pos[lane] = start
@@ -215,9 +226,16 @@ class StageRunner:
             if kind == OP_REMOVE:
                 _ll.llama_memory_seq_rm(self._mem, a, b, -1)
                 nxt[a] = 0 if b <= 0 else min(nxt[a], b)
+                if b <= 0 and self.samplers is not None:
+                    self.samplers.drop(a)  # an emptied lane's sequence is gone
             else:
                 _ll.llama_memory_seq_cp(self._mem, a, b, c, d)
                 nxt[b] = max(nxt[b], nxt[a] if d < 0 else min(d, nxt[a]))
+
+    def start_sampling(self, lane: int, params: Optional[SamplingParams]) -> None:
+        """A sequence begins on `lane` (the last stage): its sampler chain (None: greedy)."""
+        if self.samplers is not None:
+            self.samplers.start(lane, params)
 
     def held(self, lane: int) -> int:
         """Positions of `lane` in this stage's KV cache."""
@@ -229,9 +247,11 @@ class StageRunner:
     # ------------------------------------------------------------------ execution
     def run(self, lanes: np.ndarray, offsets: np.ndarray, positions: np.ndarray,
             sample_rows: np.ndarray, tokens: Optional[np.ndarray] = None,
-            embd: Optional[np.ndarray] = None) -> np.ndarray:
+            embd: Optional[np.ndarray] = None,
+            feed_tokens: Optional[np.ndarray] = None) -> np.ndarray:
         """Decode one flat batch of rows (lane per row, row offsets, a position per token);
-        tokens for a first stage, `embd` (n, n_embd) float32 for a later one.
+        tokens for a first stage, `embd` (n, n_embd) float32 for a later one; the last stage
+        feeds `feed_tokens` (the rows' input tokens) to its sampler chains.
 
         Returns the residual stream (n, n_embd) float32, a view valid until the next call, for a
         stage that is not the last; the greedy token of each sampling row (end-of-generation as
@@ -283,16 +303,25 @@ class StageRunner:
             self._next_pos[lane] = end
         if not self.last:
             return self._act[:n]
+        samplers = self.samplers
+        chains = samplers is not None and len(samplers) > 0
+        if chains and feed_tokens is not None:
+            samplers.feed(lanes, offsets, feed_tokens, positions)  # type: ignore[union-attr]
         k = len(sample_rows)
         if k == 0:
             return np.zeros(0, dtype=np.int32)
         logits = np.ctypeslib.as_array(_ll.llama_get_logits(self._ctx), shape=(k, self.n_vocab))
         self.last_logits = logits
         out = logits.argmax(axis=1).astype(np.int32)
+        if chains:
+            samplers.pick(self._ctx, out, logits, None, lanes,  # type: ignore[union-attr]
+                          sample_rows, offsets[sample_rows + 1] - 1, self._pos[:n])
         return np.where(self._eog[out], np.int32(-1), out)
 
     def close(self) -> None:
         """Free the context, then the model (idempotent)."""
+        if getattr(self, "samplers", None) is not None:
+            self.samplers.close()  # type: ignore[union-attr]
         ctx, self._ctx = self._ctx, None
         if ctx:
             _ll.llama_free(ctx)

@@ -28,6 +28,11 @@ class Vocabulary(Tokenizer):
                                f"{recent_log()}")
         super().__init__(model)
 
+    @property
+    def vocab(self) -> Any:
+        """The llama.cpp vocabulary handle (a grammar sampler needs it)."""
+        return self._vocab
+
     def close(self) -> None:
         if self._model:
             self._ll.llama_model_free(self._model)

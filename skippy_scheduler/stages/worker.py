@@ -9,6 +9,10 @@ The worker binds a PULL socket at its listen address and answers what arrives th
   the plan's released lanes, runs its rows, and sends the same plan frame (the received zmq frame
   itself, not a copy) with its activations to the next stage; the last stage sends the sampled
   (work index, token) pairs to the driver instead.
+* `mem` (JSON memory operations, from the driver to stage 0 and on down the chain): run them,
+  pass them on; the last stage answers `mem-done`.
+* `samp` (JSON, down the chain like `mem`): the sampling parameters of the new rows of the plan
+  of a step; the last stage starts their sampler chains when that plan's new rows arrive.
 * `undo` (JSON lanes, starts, releases): the plan did not complete somewhere; rewind its rows.
 * `release` (JSON lanes), `held` (what lanes hold KV), `stop`.
 
@@ -18,13 +22,18 @@ keeps serving.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Optional
 
 import numpy as np
 
+from ..sampling import SamplingParams
 from .runner import OP_COPY, OP_REMOVE, StageRunner
 from .split import read_stage_info
 from .wire import WireError, decode_activations, decode_plan, encode_activations, encode_outputs
+
+
+PARENT_CHECK_MS = 500
 
 
 def _json(obj: Any) -> bytes:
@@ -34,7 +43,8 @@ def _json(obj: Any) -> bytes:
 class StageWorker:
     """The loop of one stage process (see the module docstring)."""
 
-    def __init__(self, model_path: str, listen: str, *, n_threads: Optional[int] = None) -> None:
+    def __init__(self, model_path: str, listen: str, *, n_threads: Optional[int] = None,
+                 parent_pid: Optional[int] = None) -> None:
         import zmq
 
         self.info = read_stage_info(model_path)  # fail before binding anything
@@ -49,7 +59,10 @@ class StageWorker:
         self._next: Any = None
         self._reply: Any = None
         self._runner: Any = None
+        # The last stage: sampling of the new rows of a coming plan, lane -> (step, params).
+        self._sampling: dict[int, tuple[int, Optional[SamplingParams]]] = {}
         self.index = self.info.index
+        self.parent_pid = parent_pid  # stop when this process is no longer the parent
 
     def _connect(self, which: str, address: Optional[str]) -> Any:
         old = getattr(self, which)
@@ -111,6 +124,11 @@ class StageWorker:
                 raise ValueError(f"new row {r} starts at {start} without a restore")
         runner.check_ops(ops)
         runner.apply_ops(ops)
+        if runner.last:  # every new row's sequence starts its sampler (none: greedy)
+            for r in view.new_rows.tolist():
+                lane = int(lanes[r])
+                step, params = self._sampling.pop(lane, (-1, None))
+                runner.start_sampling(lane, params if step == view.step else None)
         runner.check_rows(lanes, view.positions[offsets[:-1]])
         embd = None
         if not runner.first:
@@ -119,7 +137,8 @@ class StageWorker:
             embd = decode_activations(parts[2].buffer, parts[3].buffer, view.step, n,
                                       runner.n_embd)
         out = runner.run(lanes, offsets, view.positions, view.sample_rows,
-                         tokens=view.tokens if runner.first else None, embd=embd)
+                         tokens=view.tokens if runner.first else None, embd=embd,
+                         feed_tokens=view.tokens if runner.last else None)
         if runner.last:
             self._reply.send_multipart([b"out", encode_outputs(view.step, view.sample_rows,
                                                                out)])
@@ -144,6 +163,12 @@ class StageWorker:
     def serve(self) -> None:
         """Answer messages until `stop`."""
         while True:
+            if self.parent_pid is not None:
+                # A worker started for a driver goes away with it, even when the driver was
+                # killed and could not stop it (it is then no longer this process's parent).
+                while not self._pull.poll(PARENT_CHECK_MS):
+                    if os.getppid() != self.parent_pid:
+                        return
             parts = self._pull.recv_multipart(copy=False)
             kind = parts[0].bytes
             if kind == b"stop":
@@ -165,10 +190,25 @@ class StageWorker:
                     continue  # nothing to answer to before a conf
                 if kind == b"undo":
                     self._undo(body)
+                elif kind == b"samp":
+                    # The sampling of a coming plan's new rows travels down the chain before
+                    # it; the last stage keeps it for the plan of that step.
+                    if self._next is not None:
+                        self._next.send_multipart([b"samp", parts[1]], copy=True)
+                    else:
+                        step = int(body["step"])
+                        for lane, params in body["lanes"].items():
+                            self._sampling[int(lane)] = (
+                                step, None if params is None else SamplingParams(**params))
                 elif kind == b"mem":
+                    # Memory operations travel down the chain as plans do: each stage runs
+                    # them in order with the plans, the last one answers.
                     self._runner.apply_ops(body["ops"])
-                    self._reply.send_multipart([b"mem-done", _json({"index": self.index,
-                                                                    "tag": tag})])
+                    if self._next is not None:
+                        self._next.send_multipart([b"mem", parts[1]], copy=True)
+                    else:
+                        self._reply.send_multipart([b"mem-done", _json({"index": self.index,
+                                                                        "tag": tag})])
                 elif kind == b"release":
                     for lane in body["lanes"]:
                         self._runner.release(int(lane))
@@ -177,6 +217,7 @@ class StageWorker:
                 elif kind == b"held":
                     self._reply.send_multipart([b"held", _json({
                         "index": self.index, "tag": tag,
+                        "samplers": len(self._runner.samplers or ()),
                         "lanes": {str(k): self._runner.held(k)
                                   for k in self._runner.held_lanes()}})])
             except Exception as exc:

@@ -52,8 +52,8 @@ def test_an_unknown_field_is_ignored_with_a_warning_and_refused_by_a_strict_serv
 
 
 @pytest.mark.parametrize("path, extra, param", [
-    ("/v1/completions", {"best_of": 2}, "best_of"),
-    ("/v1/completions", {"echo": True}, "echo"),
+    ("/v1/completions", {"best_of": 2, "stream": True}, "best_of"),
+    ("/v1/completions", {"echo": "yes"}, "echo"),
     ("/v1/chat/completions", {"echo": True}, "echo"),
     ("/v1/completions", {"no_stop_trim": True}, "no_stop_trim"),
     ("/v1/completions", {"return_hidden_states": True}, "return_hidden_states"),
@@ -62,7 +62,7 @@ def test_an_unknown_field_is_ignored_with_a_warning_and_refused_by_a_strict_serv
     ("/v1/chat/completions", {"chat_template_kwargs": {"enable_thinking": True}},
      "chat_template_kwargs"),
     ("/v1/completions", {"guided_json": {"type": "object"}}, "guided_json"),
-    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("/v1/chat/completions", {"response_format": {"type": "grammar"}}, "response_format.type"),
     ("/v1/completions", {"n_predict": 3, "max_tokens": 4}, "n_predict"),
     ("/v1/completions", {"stop_token_ids": [-1]}, "stop_token_ids"),
     ("/v1/completions", {"include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),

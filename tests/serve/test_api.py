@@ -226,9 +226,12 @@ BAD_INPUTS = [
     # An unknown field is ignored with a warning unless the server is strict:
     # tests/fleet/test_request_fields.py.
     ("/v1/completions", {"prompt": "x", "n": 17}, None, "n"),
-    ("/v1/completions", {"prompt": "x", "best_of": 3}, None, "best_of"),
-    ("/v1/completions", {"prompt": "x", "echo": True}, None, "echo"),
-    ("/v1/completions", {"prompt": "x", "logprobs": 2}, None, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "best_of": 17}, None, "best_of"),
+    ("/v1/completions", {"prompt": "x", "n": 3, "best_of": 2}, None, "best_of"),
+    ("/v1/completions", {"prompt": "x", "best_of": 2, "stream": True}, None, "best_of"),
+    ("/v1/completions", {"prompt": "x", "echo": "yes"}, None, "echo"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 21}, None, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "suffix": "tail"}, None, "suffix"),
     ("/v1/completions", {"prompt": "x", "temperature": "hot"}, None, "temperature"),
     ("/v1/completions", {"prompt": "x", "temperature": 3}, None, "temperature"),
     ("/v1/completions", {"prompt": "x", "top_p": 1.5}, None, "top_p"),
@@ -251,8 +254,12 @@ BAD_INPUTS = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                               "tools": [{"type": "function"}]}, None, "tools"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
-                              "response_format": {"type": "json_object"}}, None,
-     "response_format"),
+                              "response_format": {"type": "yaml"}}, None,
+     "response_format.type"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "top_logprobs": 2}, None, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "echo": True}, None, "echo"),
     ("/v1/chat/completions", {}, None, "messages"),
     ("/v1/chat/completions", {"messages": []}, None, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, None,
@@ -282,7 +289,7 @@ def test_each_bad_input_is_a_400_naming_the_field_and_the_server_keeps_serving(s
     ok = client.completions.create(model="tiny-f32", prompt="still here", max_tokens=3, **GREEDY)
     assert ok.choices[0].finish_reason in ("length", "stop")
     with pytest.raises(openai.BadRequestError) as info:
-        client.completions.create(model="tiny-f32", prompt="x", best_of=2)
+        client.completions.create(model="tiny-f32", prompt="x", best_of=2, stream=True)
     assert info.value.body["param"] == "best_of"
     assert is_idle(wait_idle(server), server.host.n_seq_max)
 

@@ -1,10 +1,11 @@
 """`n` > 1: n choices of one prompt, choice j sampling with seed + j, each equal to a separate
-request with that seed; streamed and not; greedy choices are equal; prefill is counted."""
+request with that seed; streamed and not; greedy choices are equal; the prompt is prefilled
+once (counted); `best_of` keeps the completions of highest cumulative log-probability."""
 from __future__ import annotations
 
 import openai
 import pytest
-from serve_support import is_idle, wait_idle
+from serve_support import is_idle, metrics, wait_idle
 
 MODEL = "tiny-f32"
 SAMPLED = {"temperature": 0.9, "top_k": 40}
@@ -61,20 +62,51 @@ def test_n_greedy_choices_are_equal_and_several_prompts_times_n_are_ordered(clie
     assert r.choices[0].text == r.choices[1].text and r.choices[2].text == r.choices[3].text
 
 
-def test_each_choice_prefills_its_prompt(client, server):
-    """What n = 3 costs in prompt prefill today: every choice's prompt tokens are prefilled
-    or restored from the prefix store (this server keeps no prefixes: all prefilled)."""
+def test_n_choices_prefill_their_prompt_once(client, server):
+    """n = 3 of one prompt: the scheduler plans each choice's prompt rows (it knows no model),
+    the host decodes them once and copies the KV to the two other choices (forks.py)."""
     prompt = [1] + list(range(3, 60))
     wait_idle(server)
-    before = server.runner.stats
-    client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, n=3, seed=5,
-                              extra_body=SAMPLED)
+
+    def counters():
+        return server.runner.call(lambda: (server.host.decoded_tokens,
+                                           server.host.shared_tokens))
+
+    decoded0, shared0 = counters()
+    counted0 = metrics(server.url)["skippy:prompt_tokens_total"]
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, n=3, seed=5,
+                                  extra_body={"return_token_ids": True, **SAMPLED})
     wait_idle(server)
-    after = server.runner.stats
-    prefilled = after.prefill_tokens - before.prefill_tokens
-    restored = after.restored_tokens - before.restored_tokens
-    assert prefilled + restored == 3 * len(prompt)
-    assert restored == 0
+    decoded1, shared1 = counters()
+    assert metrics(server.url)["skippy:prompt_tokens_total"] - counted0 == len(prompt)
+    generated = sum(len(_ids(c)) for c in r.choices)
+    # One prefill of the prompt, then each choice's decode rows (its tokens but the last).
+    assert shared1 - shared0 == 2 * len(prompt)
+    shown = metrics(server.url)  # published by the engine thread at its next step
+    assert shown["skippy:shared_prefill_tokens_total"] == shared1
+    assert shown["skippy:decoded_tokens_total"] == decoded1
+    assert decoded1 - decoded0 == len(prompt) + generated - 3
+    # ... and the choices are still the three separate seeded requests.
+    for j, choice in enumerate(r.choices):
+        alone = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, seed=5 + j,
+                                          extra_body={"return_token_ids": True, **SAMPLED})
+        assert _ids(choice) == _ids(alone.choices[0])
+
+
+def test_best_of_returns_the_completion_with_the_highest_cumulative_logprob(client):
+    prompt, seed = "pick the best", 77
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, best_of=4, n=2,
+                                  seed=seed, logprobs=0, extra_body=SAMPLED)
+    runs = [client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, seed=seed + j,
+                                      logprobs=0, extra_body=SAMPLED).choices[0]
+            for j in range(4)]
+    ranked = sorted(range(4), key=lambda j: (-sum(runs[j].logprobs.token_logprobs), j))
+    assert [c.index for c in r.choices] == [0, 1]
+    assert [c.text for c in r.choices] == [runs[j].text for j in ranked[:2]]
+    assert r.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in runs)
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, best_of=4,
+                                      seed=seed, extra_body=SAMPLED)
+    assert plain.choices[0].text == runs[ranked[0]].text and plain.choices[0].logprobs is None
 
 
 @pytest.mark.parametrize("body,what", [({"n": 0}, "'n' must be in [1, 16]"),

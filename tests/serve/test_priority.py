@@ -14,7 +14,7 @@ from serve_support import alone, metrics, start_server, wait_idle, is_idle
 from skippy_scheduler.cli import build_parser
 from skippy_scheduler.sampling import SamplingParams
 
-LOW_TOKENS = 300
+LOW_TOKENS = 480  # a lane holds 512 positions
 LOW_PROMPTS = [[1, 40, 41, 42, 43, 44, 45], [1, 50, 51, 52, 53]]
 HIGH_PROMPT = [1, 60, 61, 62]
 
@@ -37,6 +37,9 @@ def _scenario(server, reference):
     """Two lanes busy with low streams, then one high request; every output checked against
     its alone run. Returns, per stream, whether it was still running when the high one ended."""
     url = server.url
+    # The urgent request's client is made first: making one takes long enough, on a busy
+    # machine, for the streams to end meanwhile.
+    urgent = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
     outs = [{} for _ in LOW_PROMPTS]
     firsts = [threading.Event() for _ in LOW_PROMPTS]
     threads = [threading.Thread(target=_stream_low, args=(url, p, f, o))
@@ -45,7 +48,7 @@ def _scenario(server, reference):
         t.start()
     for f in firsts:
         assert f.wait(60), "a low-priority stream produced no token"
-    with openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120) as c:
+    with urgent as c:
         r = c.completions.create(model="tiny-f32", prompt=HIGH_PROMPT, max_tokens=4,
                                  temperature=0, extra_body={"priority": 7,
                                                             "return_token_ids": True})

@@ -32,7 +32,7 @@ def staged(request, splits, model4):
             yield host
 
 
-def _trial(impl, host, alone, seed: int, counters: dict) -> None:
+def _trial(impl, host, alone, seed: int, counters: dict, **extra) -> None:
     rng = random.Random(seed)
     n = rng.randrange(3, 10)
     requests = []
@@ -50,6 +50,7 @@ def _trial(impl, host, alone, seed: int, counters: dict) -> None:
         prefill_chunk_tokens=rng.choice([1, 3, 8, 32, 256]),
         mixed_prefill_decode=rng.random() < 0.8,
         memory_components=[MemoryComponent("kv", KV_BYTES, 0, 1, 0)],
+        **extra,
     )
     if host.prefix_store is not None:
         config.update(host.sequence_id_settings)
@@ -77,6 +78,10 @@ def _trial(impl, host, alone, seed: int, counters: dict) -> None:
         want = alone(req.prompt_tokens, req.max_tokens)
         if got.finish_reason == "cancelled":  # what it had so far is a prefix of its tokens
             want = want[: len(got.tokens)]
+        elif got.finish_reason == "stop":  # the alone run ends at the same end-of-generation
+            assert want and host.is_eog(want[-1]), (seed, req.id, want)
+            want = want[:-1]
+            counters["completed"] += 1
         else:
             assert got.finish_reason == "length", (seed, req.id, got.finish_reason)
             counters["completed"] += 1

@@ -1,9 +1,8 @@
 """One `llama_decode` call per plan: the batch, staged from numpy buffers the host owns.
 
 The llama_batch struct only points into the buffers, which are sized once from the batch the
-context got. Logits are requested only for the last entry of sampling rows; the sampled token of
-each is the argmax of its logits (one vectorised call), overwritten for the lanes that keep a
-sampler chain.
+context got. Logits are requested only for the entries the host flags: the last entry of
+sampling rows, and every entry of the rows whose sequence asks for prompt log-probabilities.
 """
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ import numpy.typing as npt
 import llama_cpp as _ll
 
 from .backend import recent_log
-from .samplers import Samplers
 
 IntArray = npt.NDArray[np.integer[Any]]
 
@@ -24,10 +22,10 @@ IntArray = npt.NDArray[np.integer[Any]]
 class Decoder:
     """Stage rows into the batch (`tok`, `pos`), `decode` them, read one row's logits."""
 
-    def __init__(self, ctx: Any, n: int, n_vocab: int, samplers: Samplers) -> None:
+    def __init__(self, ctx: Any, n: int, n_vocab: int) -> None:
         self._ctx = ctx
         self._n_vocab = n_vocab
-        self._samplers = samplers
+        self.size = n
         self.tok = np.zeros(n, dtype=np.int32)
         self.pos = np.zeros(n, dtype=np.int32)
         self._nsid = np.ones(n, dtype=np.int32)
@@ -47,29 +45,25 @@ class Decoder:
         b.logits = self._flag.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
         self._batch = b
 
-    def decode(self, n: int, row_lanes: IntArray, offsets: IntArray,
-               sample_rows: IntArray) -> npt.NDArray[np.int32]:
-        """Decode the first `n` staged entries; return the sampled token of each sampling row.
-        RuntimeError (with llama.cpp's last log lines) when the decode fails."""
-        self._sid[:n] = np.repeat(row_lanes, np.diff(offsets))
+    def decode(self, n: int, entry_lanes: IntArray, flagged: IntArray) -> npt.NDArray[np.float32]:
+        """Decode the first `n` staged entries (`tok`, `pos`; entry i in lane `entry_lanes[i]`)
+        with logits for the `flagged` entries (ascending); returns those logits, one row per
+        flagged entry (a view of llama.cpp's buffer, valid until the next decode). RuntimeError
+        (with llama.cpp's last log lines) when the decode fails."""
+        self._sid[:n] = entry_lanes
         self._flag[:n] = 0
-        out_rows = offsets[sample_rows + 1] - 1
-        self._flag[out_rows] = 1
+        self._flag[flagged] = 1
         self._batch.n_tokens = n
         rc = _ll.llama_decode(self._ctx, self._batch)
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}: {recent_log()}")
-        samplers = self._samplers
-        samplers.feed(row_lanes, offsets, self.tok, self.pos)
-        k = len(sample_rows)
+        k = len(flagged)
         if k == 0:
-            return np.zeros(0, dtype=np.int32)
+            return np.zeros((0, self._n_vocab), dtype=np.float32)
         # Output logits are contiguous, one row per flagged entry in batch order.
         ptr = _ll.llama_get_logits(self._ctx)
-        logits = np.ctypeslib.as_array(ptr, shape=(k, self._n_vocab))
-        tokens: npt.NDArray[np.int32] = logits.argmax(axis=1).astype(np.int32)
-        samplers.pick(self._ctx, tokens, logits, row_lanes, sample_rows, out_rows, self.pos)
-        return tokens
+        logits: npt.NDArray[np.float32] = np.ctypeslib.as_array(ptr, shape=(k, self._n_vocab))
+        return logits
 
     def logits_of(self, batch_row: int) -> npt.NDArray[np.float32]:
         """Copy of the logits of one flagged entry of the last decode."""

@@ -62,8 +62,8 @@ class PrefixHolders:
         self._tokens[lanes, positions] = tokens
 
     def lane_tokens(self, lane: int, n: int) -> npt.NDArray[np.int32]:
-        """A copy of the tokens at positions [0, n) of `lane` (what its cells stand for)."""
-        return self._tokens[lane, :n].copy()
+        """The tokens the lane's first `n` positions stand for."""
+        return self._tokens[lane, :n]
 
     def length(self, holder: int) -> int:
         """Positions the holder's resident entry holds (0: none)."""

@@ -3,10 +3,11 @@
 Each plan becomes exactly one `llama_decode` call: the plan's flat token/position arena is
 copied into a batch whose buffers are numpy arrays owned by the host, every row's entries carry
 the lane of that row's sequence, and logits are requested only for the last entry of sampling
-rows. Predictions go back into the plan's output block as (work index, token) pairs, the same
-hand-off as the native ABI (docs/hosts.md). The host implements the engine's contract
-(engine/contract.py): `execute`, `release`, `execute_async`, `release_all`, `prefix_store`,
-`host_state`.
+rows (and the prompt rows of a sequence that asks for prompt log-probabilities). Predictions go
+back into the plan's output block as (work index, token) pairs, the same hand-off as the native
+ABI (docs/hosts.md). The host implements the engine's contract (engine/contract.py): `execute`,
+`release`, `execute_async`, `release_all`, `prefix_store`, `host_state`, `sample_details` (the
+log-probabilities a sequence's `SamplingParams.output` asked for, rows.py).
 
 The plan says where a sequence starts: at a new row (`plan.new_rows`) the host gives the
 sequence a lane, its sampler chain (`work[row].sampling`) and, when the row starts past 0, the
@@ -14,8 +15,9 @@ restored prefix (`work[row].restore_holder`, `plan.restored_tokens[row]`). Every
 continues a lane. Everything is checked before any state changes.
 
 The parts own their state: `Lanes` (which sequence holds which llama sequence id, positions),
-`Samplers` (per-lane sampler chains), `PrefixHolders` (resident prefixes and the store),
-`Tokenizer` (the vocabulary).
+`Samplers` (per-lane sampler chains, grammars, log-probabilities), `PrefixHolders` (resident
+prefixes and the store), `Forks` (choices of one prompt decoded once), `Tokenizer` (the
+vocabulary).
 
 Defaults favour exactness: f32 weights (the tiny model), f32 KV cache and flash attention off are
 the settings under which a sequence's greedy tokens do not depend on what it was batched with.
@@ -26,8 +28,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Iterable, Sequence as _Seq
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -36,27 +37,25 @@ import llama_cpp as _ll
 
 from ...engine.contract import HostState, Plan
 from ...prefix_store import PrefixStore
-from ...sampling import SamplingParams
+from ...sampling import SampleDetail
 from ...types import ReleaseReason
 from .backend import KV_TYPES, check_int, create_context, init_backend, load_model, recent_log
 from .decode import Decoder
+from .direct import DirectRows
+from .forks import Forks
 from .holders import PrefixHolders
-from .lanes import KvCells, Lanes
+from .lanes import KvCells, Lanes, Start
+from .rows import RowDecoding
 from .samplers import Samplers
 from .tokenizer import Tokenizer
 
 IntArray = npt.NDArray[np.integer[Any]]
 
 
-@dataclass(frozen=True)
-class _Start:
-    """How a sequence without a lane starts: its sampling, the holder its prefix comes from."""
-
-    params: SamplingParams | None
-    holder: int | None
+_KEPT_DETAILS = 8  # plans whose sample details wait to be taken (more are in flight at most)
 
 
-class LlamaHost:
+class LlamaHost(DirectRows, RowDecoding):
     """One llama.cpp model + context that executes scheduler plans (see module docstring)."""
 
     def __init__(
@@ -134,8 +133,12 @@ class LlamaHost:
             "prefix_cache_tokens": prefix_cache_tokens, "prefix_holders": holders,
         }
         self._lanes = Lanes(n_seq_max, cells)
-        self._samplers = Samplers(tok.n_vocab, tok.eog, tok.eog_ids)
-        self._decoder = Decoder(ctx, self.n_batch, tok.n_vocab, self._samplers)
+        self._samplers = Samplers(tok.n_vocab, tok.eog, tok.eog_ids,
+                                  _ll.llama_model_get_vocab(self._model))
+        self._decoder = Decoder(ctx, self.n_batch, tok.n_vocab)
+        self._forks = Forks(cells, unified)
+        self._details: dict[int, tuple[Plan, dict[int, SampleDetail]]] = {}
+        self.decoded_tokens = 0  # batch entries decoded (a fork's copied rows not included)
         self.prefix_holders = holders
         self.holders: PrefixHolders | None = None
         if prefix_cache_tokens:
@@ -233,6 +236,13 @@ class LlamaHost:
         self._require_open()
         return self.tokenizer.token_bytes(token, special=special)
 
+    def check_grammar(self, grammar: str) -> None:
+        """ValueError unless llama.cpp's grammar sampler parses `grammar` (GBNF, root rule
+        `root`); reads only the vocabulary: safe from any thread."""
+        self._require_open()
+        assert self._samplers is not None
+        self._samplers.check_grammar(grammar)
+
     def chat_template(self) -> str | None:
         self._require_open()
         return self.tokenizer.chat_template()
@@ -269,6 +279,7 @@ class LlamaHost:
             return False
         assert self._samplers is not None
         self._samplers.drop(lane)
+        self._forks.forget(lane)
         try:
             end = self._lanes.end(lane)
             if self.holders is not None and end > 0 and self._ctx:
@@ -287,6 +298,7 @@ class LlamaHost:
         if lane is not None:
             assert self._samplers is not None
             self._samplers.drop(lane)
+            self._forks.forget(lane)
             self._lanes.give_back(sequence_id, lane)
 
     # ------------------------------------------------------------------ plan execution
@@ -320,14 +332,20 @@ class LlamaHost:
         starts = positions[offsets[:-1]].tolist()
         starting = self._starting(plan, ids, starts)
         sample_rows = np.asarray(plan.sample_rows, dtype=np.int64)
-        tokens = self._run(ids, starts, starting, offsets, tokens_in, positions, sample_rows)
+        tokens, details = self._run(ids, starts, starting, offsets, tokens_in, positions,
+                                    sample_rows)
+        if details:
+            kept = self._details
+            kept[id(plan)] = (plan, details)
+            while len(kept) > _KEPT_DETAILS:
+                del kept[next(iter(kept))]
         k = len(sample_rows)
         outputs.request_indexes[:k] = sample_rows
         outputs.predicted_tokens[:k] = np.where(self.tokenizer.eog[tokens], -1, tokens)
         outputs.count = k
         return k
 
-    def _starting(self, plan: Plan, ids: list[str], starts: list[int]) -> dict[str, _Start]:
+    def _starting(self, plan: Plan, ids: list[str], starts: list[int]) -> dict[str, Start]:
         """How the sequences of the plan's new rows start (read from the plan, not guessed)."""
         new = np.flatnonzero(plan.new_rows).tolist()
         if not new:
@@ -343,33 +361,38 @@ class LlamaHost:
                 raise ValueError(f"the new row of {ids[r]!r} starts at position {starts[r]} but "
                                  f"the plan says it restored {int(restored[r])} tokens")
             holder = w.restore_holder if self.holders is not None else None
-            out[ids[r]] = _Start(samplers.resolve(w.sampling), holder)
+            out[ids[r]] = Start(samplers.resolve(w.sampling), holder)
         return out
 
-    def _run(self, ids: list[str], starts: list[int], starting: dict[str, _Start],
-             offsets: IntArray, tokens_in: IntArray, positions: IntArray,
-             sample_rows: IntArray) -> npt.NDArray[np.int32]:
-        """Check the rows, set up new sequences, decode; on failure undo every row."""
+    def _run(self, ids: list[str], starts: list[int], starting: dict[str, Start],
+             offsets: IntArray, tokens_in: IntArray, positions: IntArray, sample_rows: IntArray,
+             ) -> tuple[npt.NDArray[np.int32], dict[int, SampleDetail] | None]:
+        """Check the rows, set up new sequences, decode; on failure undo every row. Returns
+        the sampled token of every sampling row and the details reported with them."""
         row_lanes = self._assign(ids, starts, starting)
-        n = int(offsets[-1])
-        decoder = self._decoder
-        decoder.tok[:n] = tokens_in
-        decoder.pos[:n] = positions
+        new_keys = {r: _fork_key(starting[seq], starts[r])
+                    for r, seq in enumerate(ids) if seq in starting}
+        ends = (positions[offsets[1:] - 1] + 1).tolist()
         try:
-            tokens = decoder.decode(n, row_lanes, offsets, sample_rows)
+            tokens, details = self._decode_rows(row_lanes, offsets, tokens_in, positions,
+                                                sample_rows, starts, ends, new_keys)
         except RuntimeError:
             self._undo(ids, row_lanes, starts, starting)
             raise
         lanes = self._lanes
-        ends = (positions[offsets[1:] - 1] + 1).tolist()
         for lane, end in zip(row_lanes.tolist(), ends):
             lanes.advance(lane, end)
         if self.holders is not None:
             self.holders.wrote(np.repeat(row_lanes, np.diff(offsets)), positions, tokens_in)
-        return tokens
+        return tokens, details
+
+    @property
+    def shared_tokens(self) -> int:
+        """Entries a fork's copy replaced instead of a decode (forks.py)."""
+        return self._forks.shared_tokens
 
     def _assign(self, ids: list[str], starts: list[int],
-                starting: dict[str, _Start]) -> npt.NDArray[np.int32]:
+                starting: dict[str, Start]) -> npt.NDArray[np.int32]:
         lanes = self._lanes
         if len(set(ids)) != len(ids):
             raise ValueError("a sequence appears in more than one row of the plan")
@@ -420,14 +443,16 @@ class LlamaHost:
                     # Replaying from an earlier position: drop the cells the replay rewrites.
                     lanes.cut(lane, start)
                     samplers.rewind(lane, start)
+                    self._forks.forget(lane)
             row_lanes[i] = lane
         return row_lanes
 
     def _undo(self, ids: list[str], row_lanes: IntArray, starts: list[int],
-              starting: dict[str, _Start]) -> None:
+              starting: dict[str, Start]) -> None:
         # A failed decode leaves each row's sequence as it was before the call: a new one holds
         # nothing (its next row is new again), a running one is cut back to the row's start.
         for seq, lane, start in zip(ids, row_lanes.tolist(), starts):
+            self._forks.forget(lane)
             if seq in starting:
                 self._drop(seq)
             else:
@@ -438,74 +463,10 @@ class LlamaHost:
         self._require_open()
         return self._decoder.logits_of(batch_row)
 
-    # ------------------------------------------------------------------ direct rows
-    def run_rows(self, rows: Iterable[tuple[str, _Seq[int], int, bool]],
-                 sampling: dict[str, object] | None = None) -> dict[str, int]:
-        """Decode explicit rows (sequence id, tokens, start position, sample_last) in one call.
 
-        Returns the raw sampled token of every sampling row by sequence id (end-of-generation
-        tokens as they are). A sequence without a lane starts at its row (at position 0: there
-        is no restore here); `sampling` gives the `Sequence.sampling` of those (default greedy).
-        Used by `generate_alone` and calibration; plans go through `execute`.
-        """
-        self._require_open()
-        rows = list(rows)
-        if not rows:
-            return {}
-        ids = [r[0] for r in rows]
-        arrays = [np.asarray(r[1], dtype=np.int32) for r in rows]
-        if any(a.ndim != 1 or len(a) == 0 for a in arrays):
-            raise ValueError("every row needs at least one token")
-        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-        offsets[1:] = np.cumsum([len(a) for a in arrays])
-        n = int(offsets[-1])
-        if n > self.n_batch:
-            raise ValueError(f"{n} tokens exceed the batch size {self.n_batch}")
-        starts = [int(r[2]) for r in rows]
-        samplers = self._samplers
-        assert samplers is not None
-        given = sampling or {}
-        starting = {i: _Start(samplers.resolve(given.get(i)), None) for i in ids
-                    if not self._lanes.holds(i)}
-        positions = np.concatenate(
-            [np.arange(s, s + len(a), dtype=np.int32) for s, a in zip(starts, arrays)])
-        sample_rows = np.array([i for i, r in enumerate(rows) if r[3]], dtype=np.int64)
-        tokens = self._run(ids, starts, starting, offsets, np.concatenate(arrays), positions,
-                           sample_rows)
-        return {ids[i]: int(t) for i, t in zip(sample_rows.tolist(), tokens.tolist())}
-
-    def generate_alone(self, prompt: _Seq[int], max_tokens: int,
-                       sampling: object = None) -> list[int]:
-        """Tokens of `prompt` run as the only sequence: the reference for equality tests
-        (greedy, or with `sampling` as a `Sequence.sampling`).
-
-        Stops after `max_tokens` tokens or at the first end-of-generation token (included).
-        Uses a free lane and releases it afterwards.
-        """
-        max_tokens = check_int("max_tokens", max_tokens, 1)
-        prompt = [int(t) for t in prompt]
-        if not prompt:
-            raise ValueError("prompt must contain at least one token")
-        if any(t < 0 or t >= self.n_vocab for t in prompt):
-            raise ValueError(f"prompt tokens must be in [0, {self.n_vocab})")
-        if not self._lanes.free:
-            raise RuntimeError("no free llama sequence id for an alone run")
-        key = object().__repr__()  # a key no scheduler sequence can have
-        eog = self.tokenizer.eog
-        try:
-            pos = 0
-            token = -1
-            while pos < len(prompt):
-                chunk = prompt[pos : pos + self.n_batch]
-                last = pos + len(chunk) == len(prompt)
-                token = self.run_rows([(key, chunk, pos, last)],
-                                      {key: sampling} if pos == 0 else None).get(key, -1)
-                pos += len(chunk)
-            generated = [token]
-            while len(generated) < max_tokens and not eog[token]:
-                token = self.run_rows([(key, [token], pos, True)])[key]
-                pos += 1
-                generated.append(token)
-            return generated
-        finally:
-            self.release(key)
+def _fork_key(begin: Start, start: int) -> Any:
+    """What a new sequence must share with another to follow it (forks.py): where its KV comes
+    from, and its held end tokens, which `pick` writes into the logits they would share."""
+    p = begin.params
+    hold = (p.min_end_position, p.min_end_tokens) if p is not None else None
+    return (begin.holder if start else None, hold)

@@ -8,9 +8,20 @@ are [0, `end(lane)`), and a replay from an earlier position cuts the tail first.
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 from typing import Any
 
 import llama_cpp as _ll
+
+from ...sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class Start:
+    """How a sequence without a lane starts: its sampling, the holder its prefix comes from."""
+
+    params: SamplingParams | None
+    holder: int | None
 
 
 class KvCells:

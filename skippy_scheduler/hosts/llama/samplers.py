@@ -6,6 +6,12 @@ chain's state is a function of the sequence's tokens (the penalty window is refi
 rows it is fed, so a recompute after preemption rebuilds it) and of the predicted position
 (each draw is seeded from the sequence's seed and that position), so a seeded sequence samples
 the same tokens alone, batched or preempted.
+
+A grammar (`OutputOptions.grammar`, llama.cpp's grammar sampler) is a stage of the chain after
+the logit bias and the penalties, before temperature and the filters, so every filter keeps only
+tokens the grammar allows. The grammar sees generated tokens only: a prompt token fed to the
+chain goes to the penalty stage alone, a replayed generated token (after preemption) to both.
+Log-probabilities (`logprobs.py`) are read from the raw logits, whatever the chain does.
 """
 from __future__ import annotations
 
@@ -16,7 +22,8 @@ import numpy.typing as npt
 
 import llama_cpp as _ll
 
-from ...sampling import SamplingParams, is_native_config, step_seed
+from ...sampling import SampleDetail, SamplingParams, is_native_config, step_seed
+from .logprobs import PromptLogprobs, log_softmax, token_logprob
 
 IntArray = npt.NDArray[np.integer[Any]]
 
@@ -25,24 +32,42 @@ class SamplerChain:
     """The llama.cpp sampler chain of one sequence and what it has been fed.
 
     `history` holds every token of the sequence before position `fed` (only when a penalty is
-    active: the penalty window is the chain's one piece of token-dependent state). Random draws
-    are made by a `dist` sampler appended for one sample and removed again, seeded by
-    `step_seed(seed, position)`, so no RNG state is carried from one token to the next.
+    active: the penalty window is the chain's one piece of token-dependent state besides the
+    grammar's, which `generated` replays). Random draws are made by a `dist` sampler appended
+    for one sample and removed again, seeded by `step_seed(seed, position)`, so no RNG state is
+    carried from one token to the next. `chain` is None for a greedy sequence with nothing
+    that changes its logits (it is sampled by argmax; it may still report log-probabilities).
     """
 
-    __slots__ = ("params", "chain", "fixed", "history", "fed", "held", "_n_vocab", "_eog_ids")
+    __slots__ = ("params", "chain", "fixed", "history", "fed", "held", "generated", "prompt",
+                 "_n_vocab", "_eog_ids", "_vocab", "_penalty_stage", "_grammar_stage")
 
-    def __init__(self, params: SamplingParams, n_vocab: int, eog_ids: IntArray) -> None:
+    def __init__(self, params: SamplingParams, n_vocab: int, eog_ids: IntArray,
+                 vocab: Any = None) -> None:
         self.params = params
+        output = params.output
         self.held = held_tokens(params, eog_ids)
         self.history: list[int] | None = [] if params.penalized else None
         self.fed = 0
+        grammar = output.grammar if output is not None else None
+        self.generated: list[int] | None = [] if grammar is not None else None
+        self.prompt = (PromptLogprobs(output) if output is not None
+                       and output.prompt_logprobs is not None else None)
         self.chain: Any = None
         self.fixed = 0
         self._n_vocab = n_vocab
         self._eog_ids = eog_ids
-        if not params.plain_greedy:
+        self._vocab = vocab
+        self._penalty_stage = -1
+        self._grammar_stage = -1
+        if not (params.greedy and not params.penalized and not params.logit_bias
+                and grammar is None):
             self._build()
+
+    @property
+    def prompt_length(self) -> int:
+        output = self.params.output
+        return output.prompt_length if output is not None else 0
 
     def _build(self) -> None:
         p = self.params
@@ -65,9 +90,21 @@ class SamplerChain:
                 arr[i].bias = b
             stages.append(_ll.llama_sampler_init_logit_bias(n_vocab, len(bias), arr))
         if p.penalized:
+            self._penalty_stage = len(stages)
             stages.append(_ll.llama_sampler_init_penalties(
                 n_vocab, p.penalty_last_n, p.repetition_penalty, p.frequency_penalty,
                 p.presence_penalty))
+        grammar = p.output.grammar if p.output is not None else None
+        if grammar is not None:
+            stage = _ll.llama_sampler_init_grammar(self._vocab, grammar.encode("utf-8"),
+                                                   b"root")
+            if not stage:
+                for made in stages:
+                    _ll.llama_sampler_free(made)
+                self.free()
+                raise ValueError("llama.cpp could not parse the grammar")
+            self._grammar_stage = len(stages)
+            stages.append(stage)
         if p.greedy:
             stages.append(_ll.llama_sampler_init_greedy())
         else:
@@ -90,27 +127,50 @@ class SamplerChain:
 
     def feed(self, tokens: IntArray, start: int) -> None:
         """The row's tokens at positions start, start + 1, ...: the ones not yet seen go into
-        the penalty window (a decode row's input is the token the chain sampled itself)."""
+        the penalty window, and the generated ones among them to the grammar (a decode row's
+        input is the token the chain sampled itself)."""
         end = start + len(tokens)
+        if self.generated is not None:
+            seen = self.prompt_length + len(self.generated)
+            if end > seen:
+                stage = _ll.llama_sampler_chain_get(self.chain, self._grammar_stage)
+                for t in tokens[max(seen - start, 0):].tolist():
+                    _ll.llama_sampler_accept(stage, t)
+                    self.generated.append(t)
         if self.history is None or end <= self.fed:
             return
         new = tokens[self.fed - start:] if self.fed > start else tokens
         self.history.extend(new.tolist())
         # Only the last penalty_last_n tokens can still be in the window.
+        stage = _ll.llama_sampler_chain_get(self.chain, self._penalty_stage)
         for t in new[-self.params.penalty_last_n:].tolist():
-            _ll.llama_sampler_accept(self.chain, t)
+            _ll.llama_sampler_accept(stage, t)
         self.fed = end
 
     def rewind(self, start: int) -> None:
         """Forget positions >= start (the sequence replays from there)."""
-        if self.history is None or start >= self.fed:
+        if self.prompt is not None:
+            self.prompt.restart(start)
+        generated = self.generated
+        if generated is not None and self.prompt_length + len(generated) > start:
+            kept_generated = generated[:max(start - self.prompt_length, 0)]
+        elif self.history is None or start >= self.fed:
             self.fed = min(self.fed, start)
             return
-        kept = self.history[:start]
+        else:
+            kept_generated = (generated or [])[:max(start - self.prompt_length, 0)]
+        kept = self.history[:start] if self.history is not None else None
         self.free()
         self._build()
-        self.history, self.fed = [], 0
-        self.feed(np.asarray(kept, dtype=np.int32), 0)
+        if self.history is not None:
+            self.history, self.fed = [], 0
+        if generated is not None:
+            self.generated = []
+        if kept is not None:
+            self.feed(np.asarray(kept, dtype=np.int32), 0)
+        if kept_generated:
+            assert self.generated is not None
+            self.feed(np.asarray(kept_generated, dtype=np.int32), self.prompt_length)
 
     def sample(self, ctx: Any, batch_row: int, position: int) -> int:
         """Sample the token at `position` from the logits of `batch_row` of the last decode."""
@@ -126,6 +186,8 @@ class SamplerChain:
         if self.history is not None:
             self.history.append(token)
             self.fed = position + 1
+        if self.generated is not None:
+            self.generated.append(token)
         return token
 
 
@@ -151,13 +213,16 @@ def hold_ends(row: npt.NDArray[np.float32], chain: SamplerChain, position: int) 
 
 class Samplers:
     """The chains of the lanes whose sequences are not plain greedy (verbs: start, drop,
-    rewind, feed, pick)."""
+    rewind, feed, pick, report)."""
 
-    def __init__(self, n_vocab: int, eog: npt.NDArray[np.bool_], eog_ids: IntArray) -> None:
+    def __init__(self, n_vocab: int, eog: npt.NDArray[np.bool_], eog_ids: IntArray,
+                 vocab: Any = None) -> None:
         self.n_vocab = n_vocab
         self._eog = eog
         self._eog_ids = eog_ids
+        self._vocab = vocab
         self._by_lane: dict[int, SamplerChain] = {}
+        self._reporting: dict[int, SamplerChain] = {}  # the lanes whose chain reports anything
 
     def __len__(self) -> int:
         return len(self._by_lane)
@@ -179,23 +244,40 @@ class Samplers:
             if token >= self.n_vocab:
                 raise ValueError(f"logit_bias names token {token}, outside [0, {self.n_vocab}) "
                                  "for this model")
+        output = sampling.output
+        if output is not None and output.grammar is not None:
+            self.check_grammar(output.grammar)  # before the plan changes any state
         if any(t >= self.n_vocab for t in sampling.min_end_tokens):
             raise ValueError(f"min_end_tokens names a token outside [0, {self.n_vocab}) for "
                              "this model")
+        output = sampling.output
+        if output is not None and output.grammar is not None:
+            self.check_grammar(output.grammar)  # before the plan changes any state
         if sampling.plain_greedy and not sampling.ignore_eos and not sampling.min_end_position:
             return None
         return sampling
+
+    def check_grammar(self, grammar: str) -> None:
+        """ValueError unless llama.cpp's grammar sampler parses `grammar` (root rule `root`)."""
+        stage = _ll.llama_sampler_init_grammar(self._vocab, grammar.encode("utf-8"), b"root")
+        if not stage:
+            raise ValueError("llama.cpp could not parse the grammar")
+        _ll.llama_sampler_free(stage)
 
     def start(self, lane: int, params: SamplingParams | None) -> SamplerChain | None:
         """A lane's sequence begins: its chain (None for plain greedy)."""
         self.drop(lane)
         if params is None:
             return None
-        chain = self._by_lane[lane] = SamplerChain(params, self.n_vocab, self._eog_ids)
+        chain = SamplerChain(params, self.n_vocab, self._eog_ids, self._vocab)
+        self._by_lane[lane] = chain
+        if params.output is not None:
+            self._reporting[lane] = chain
         return chain
 
     def drop(self, lane: int) -> None:
         chain = self._by_lane.pop(lane, None)
+        self._reporting.pop(lane, None)
         if chain is not None:
             chain.free()
 
@@ -208,23 +290,27 @@ class Samplers:
         for chain in self._by_lane.values():
             chain.free()
         self._by_lane.clear()
+        self._reporting.clear()
 
     def feed(self, row_lanes: IntArray, offsets: IntArray, tokens: IntArray,
              positions: IntArray) -> None:
-        """The decoded rows' tokens into the penalty windows of the lanes that keep one."""
+        """The decoded rows' tokens into the penalty windows and grammars of the lanes that
+        keep one."""
         by_lane = self._by_lane
         if not by_lane:
             return
         for r, lane in enumerate(row_lanes.tolist()):
             chain = by_lane.get(lane)
-            if chain is not None and chain.history is not None:
+            if chain is not None and (chain.history is not None or chain.generated is not None):
                 a, b = int(offsets[r]), int(offsets[r + 1])
                 chain.feed(tokens[a:b], int(positions[a]))
 
-    def pick(self, ctx: Any, tokens: IntArray, logits: npt.NDArray[np.float32],
-             row_lanes: IntArray, sample_rows: IntArray, out_rows: IntArray,
-             positions: IntArray) -> None:
-        """Overwrite the argmax in `tokens` of every sampling row whose lane has a chain."""
+    def pick(self, ctx: Any, tokens: IntArray, rows: npt.NDArray[np.float32],
+             at: IntArray | None, row_lanes: IntArray, sample_rows: IntArray,
+             out_rows: IntArray, positions: IntArray) -> None:
+        """Overwrite the argmax in `tokens` of every sampling row whose lane has a chain.
+        Sampling row j's logits are `rows[at[j]]` (`rows[j]` when `at` is None), a view of the
+        decode's own output, which the chain samples from (batch entry `out_rows[j]`)."""
         by_lane = self._by_lane
         if not by_lane:
             return
@@ -235,9 +321,10 @@ class Samplers:
                 continue
             batch_row = int(out_rows[j])
             position = int(positions[batch_row]) + 1
-            held = hold_ends(logits[j], chain, position)
+            logits = rows[int(at[j]) if at is not None else j]
+            held = hold_ends(logits, chain, position)
             if chain.chain is None:  # greedy that does not end on its own (yet)
-                row = logits[j]
+                row = logits
                 if chain.params.ignore_eos:
                     row = row.copy()
                     row[self._eog_ids] = -np.inf
@@ -245,3 +332,58 @@ class Samplers:
                     tokens[j] = int(row.argmax())
             else:
                 tokens[j] = chain.sample(ctx, batch_row, position)
+
+    # -- reports ------------------------------------------------------------------------------
+
+    def prompt_state(self, lane: int) -> PromptLogprobs | None:
+        """The prompt log-probabilities the lane's sequence still collects (None: none)."""
+        chain = self._reporting.get(lane)
+        if chain is None or chain.prompt is None or chain.prompt.done:
+            return None
+        return chain.prompt
+
+    @property
+    def reporting(self) -> bool:
+        return bool(self._reporting)
+
+    def raw_logprobs(self, rows: npt.NDArray[np.float32], at: IntArray | None,
+                     row_lanes: IntArray, sample_rows: IntArray) -> dict[int, Any]:
+        """The log-softmax of the raw logits of every sampling row (by j) whose sequence
+        reports its tokens' log-probabilities: taken before `pick` (whose holds change the
+        logits, docs/hosts.md)."""
+        out: dict[int, Any] = {}
+        reporting = self._reporting
+        if not reporting:
+            return out
+        lanes = row_lanes.tolist()
+        for j, r in enumerate(sample_rows.tolist()):
+            chain = reporting.get(lanes[r])
+            if chain is not None and chain.params.output is not None and (
+                    chain.params.output.logprobs is not None):
+                out[j] = log_softmax(rows[int(at[j]) if at is not None else j])
+        return out
+
+    def report(self, tokens: IntArray, raw: dict[int, Any], row_lanes: IntArray,
+               sample_rows: IntArray) -> dict[int, SampleDetail] | None:
+        """The detail of every sampling row whose sequence asked for one, by row (`raw`: what
+        `raw_logprobs` gave before the tokens were picked)."""
+        reporting = self._reporting
+        if not reporting:
+            return None
+        out: dict[int, SampleDetail] = {}
+        lanes = row_lanes.tolist()
+        for j, r in enumerate(sample_rows.tolist()):
+            chain = reporting.get(lanes[r])
+            if chain is None:
+                continue
+            output = chain.params.output
+            assert output is not None
+            sampled = None
+            if j in raw:
+                sampled = token_logprob(raw[j], int(tokens[j]), output.top)
+            prompt = None
+            if chain.prompt is not None and not chain.prompt.done:
+                prompt = chain.prompt.finish()
+            if sampled is not None or prompt is not None:
+                out[r] = SampleDetail(sampled, prompt)
+        return out or None

@@ -1,0 +1,108 @@
+"""Rows outside plans: `run_rows` and `generate_alone` (the reference runs of equality tests,
+calibration), mixed into `LlamaHost`."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Sequence as _Seq
+
+import numpy as np
+import numpy.typing as npt
+
+from ...types import ReleaseReason
+from .backend import check_int
+from .lanes import Start
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .lanes import Lanes
+    from .samplers import Samplers
+    from .tokenizer import Tokenizer
+
+IntArray = npt.NDArray[np.integer[Any]]
+
+
+class DirectRows:
+    """Mixed into `LlamaHost` (which provides the attributes below)."""
+
+    if TYPE_CHECKING:
+        n_batch: int
+        n_vocab: int
+        tokenizer: Tokenizer
+        _lanes: Lanes
+        _samplers: Samplers | None
+
+        def _require_open(self) -> None: ...
+        def _run(self, ids: list[str], starts: list[int], starting: dict[str, Any],
+                 offsets: IntArray, tokens_in: IntArray, positions: IntArray,
+                 sample_rows: IntArray) -> tuple[npt.NDArray[np.int32], Any]: ...
+        def release(self, sequence_id: str,
+                    reason: ReleaseReason = ReleaseReason.FINISHED) -> bool: ...
+
+    def run_rows(self, rows: Iterable[tuple[str, _Seq[int], int, bool]],
+                 sampling: dict[str, object] | None = None) -> dict[str, int]:
+        """Decode explicit rows (sequence id, tokens, start position, sample_last) in one call.
+
+        Returns the raw sampled token of every sampling row by sequence id (end-of-generation
+        tokens as they are). A sequence without a lane starts at its row (at position 0: there
+        is no restore here); `sampling` gives the `Sequence.sampling` of those (default greedy).
+        Used by `generate_alone` and calibration; plans go through `execute`.
+        """
+        self._require_open()
+        rows = list(rows)
+        if not rows:
+            return {}
+        ids = [r[0] for r in rows]
+        arrays = [np.asarray(r[1], dtype=np.int32) for r in rows]
+        if any(a.ndim != 1 or len(a) == 0 for a in arrays):
+            raise ValueError("every row needs at least one token")
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum([len(a) for a in arrays])
+        n = int(offsets[-1])
+        if n > self.n_batch:
+            raise ValueError(f"{n} tokens exceed the batch size {self.n_batch}")
+        starts = [int(r[2]) for r in rows]
+        samplers = self._samplers
+        assert samplers is not None
+        given = sampling or {}
+        starting = {i: Start(samplers.resolve(given.get(i)), None) for i in ids
+                    if not self._lanes.holds(i)}
+        positions = np.concatenate(
+            [np.arange(s, s + len(a), dtype=np.int32) for s, a in zip(starts, arrays)])
+        sample_rows = np.array([i for i, r in enumerate(rows) if r[3]], dtype=np.int64)
+        tokens, _ = self._run(ids, starts, starting, offsets, np.concatenate(arrays), positions,
+                              sample_rows)
+        return {ids[i]: int(t) for i, t in zip(sample_rows.tolist(), tokens.tolist())}
+
+    def generate_alone(self, prompt: _Seq[int], max_tokens: int,
+                       sampling: object = None) -> list[int]:
+        """Tokens of `prompt` run as the only sequence: the reference for equality tests
+        (greedy, or with `sampling` as a `Sequence.sampling`).
+
+        Stops after `max_tokens` tokens or at the first end-of-generation token (included).
+        Uses a free lane and releases it afterwards.
+        """
+        max_tokens = check_int("max_tokens", max_tokens, 1)
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise ValueError("prompt must contain at least one token")
+        if any(t < 0 or t >= self.n_vocab for t in prompt):
+            raise ValueError(f"prompt tokens must be in [0, {self.n_vocab})")
+        if not self._lanes.free:
+            raise RuntimeError("no free llama sequence id for an alone run")
+        key = object().__repr__()  # a key no scheduler sequence can have
+        eog = self.tokenizer.eog
+        try:
+            pos = 0
+            token = -1
+            while pos < len(prompt):
+                chunk = prompt[pos : pos + self.n_batch]
+                last = pos + len(chunk) == len(prompt)
+                token = self.run_rows([(key, chunk, pos, last)],
+                                      {key: sampling} if pos == 0 else None).get(key, -1)
+                pos += len(chunk)
+            generated = [token]
+            while len(generated) < max_tokens and not eog[token]:
+                token = self.run_rows([(key, [token], pos, True)])[key]
+                pos += 1
+                generated.append(token)
+            return generated
+        finally:
+            self.release(key)

@@ -1,0 +1,119 @@
+"""One choice's output as it arrives: detokenised, cut at stop strings, timed, with the
+log-probabilities the host reported (`TokenEvent.detail`)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+from ..engine import FinishEvent, TokenEvent
+from ..sampling import TokenLogprob
+from .text import Detokenizer, StopMatcher
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .app import ServeContext
+    from .protocol import GenerationRequest
+    from .runner import Subscription
+
+
+class Generation:
+    """One engine request's output so far (a choice of the answer)."""
+
+    def __init__(self, ctx: "ServeContext", sub: "Subscription", gen: "GenerationRequest",
+                 prompt_tokens: int, index: int = 0, prompt: Sequence[int] = (),
+                 echo: Optional[str] = None) -> None:
+        self.ctx = ctx
+        self.prompt = prompt  # the prompt's tokens
+        self.echo = echo  # the text an echo puts before the completion (None: no echo)
+        self.index = index  # the choice's index in the answer
+        self.sub = sub
+        self.request = gen
+        self.prompt_tokens = prompt_tokens
+        self.detok = Detokenizer(ctx.pieces)
+        self.stop = StopMatcher(gen.stop)
+        self.tokens: list[int] = []
+        self.text: list[str] = []  # what a non-streamed answer collects
+        self.finish: Optional[str] = None
+        self.error: Optional[str] = None
+        self._last_us: Optional[float] = None
+        # Reports (only when the request asked for log-probabilities):
+        self.logprobs: list[TokenLogprob] = []  # one per token of `tokens`
+        self.offsets: list[int] = []  # each token's first character in the generated text
+        self.prompt_logprobs: Optional[tuple[TokenLogprob, ...]] = None
+        self.cumulative_logprob = 0.0
+        self._chars = 0
+
+    def feed(self, events: list[Any]) -> tuple[str, list[int]]:
+        """New text and token ids from `events`; sets `finish` (or `error`) at the end."""
+        m = self.ctx.metrics
+        parts: list[str] = []
+        ids: list[int] = []
+        for event in events:
+            if self.finish is not None:
+                break  # tokens that raced a stop-string cancel are not the client's
+            if isinstance(event, TokenEvent):
+                if event.detail is not None:
+                    self._report(event.detail, event.token >= 0)
+                    if event.token < 0:
+                        continue  # the end signal, sent for its detail
+                t = event.time_us
+                if self._last_us is None:
+                    m.observe_ttft(max(t - self.sub.arrival_us, 0.0) / 1e6,
+                                   self.request.priority)
+                else:
+                    m.itl.observe(max(t - self._last_us, 0.0) / 1e6)
+                self._last_us = t
+                held = len(self.tokens) < self.request.min_tokens  # (docs/fleet.md)
+                self.tokens.append(event.token)
+                ids.append(event.token)
+                if event.token in self.request.stop_token_ids and not held:
+                    parts.append(self._stop_token(event.token))
+                    self._end("stop", t)
+                    self.ctx.runner.cancel(self.sub.request_id)
+                    continue
+                piece = self.detok.add(event.token)
+                self.offsets.append(self._chars)
+                self._chars += len(piece)
+                text, stopped = self.stop.push(piece, held=held)
+                if stopped and self.request.include_stop_str_in_output:
+                    text += self.stop.matched
+                parts.append(text)
+                if stopped:
+                    self._end("stop", t)
+                    self.ctx.runner.cancel(self.sub.request_id)
+            elif isinstance(event, FinishEvent):
+                if self.sub.error is not None or event.reason in ("failed", "cancelled",
+                                                                  "rejected"):
+                    self.error = self.sub.error or event.error or f"the request {event.reason}"
+                    self.finish = "error"
+                    continue
+                held = len(self.tokens) <= self.request.min_tokens  # the last token's text
+                text, stopped = self.stop.push(self.detok.flush(), held=held)
+                parts.append(text if stopped else text + self.stop.flush())
+                self._end("stop" if stopped else event.reason, event.time_us)
+        m.generation_tokens.inc(len(ids))
+        return "".join(parts), ids
+
+    def _report(self, detail: Any, kept: bool) -> None:
+        if detail.prompt is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = detail.prompt  # a replay after preemption reports it again
+        if detail.logprob is not None and kept:  # not the end token's: it has no text
+            self.logprobs.append(detail.logprob)
+            self.cumulative_logprob += detail.logprob.logprob
+
+    def _stop_token(self, token: int) -> str:
+        """The text still owed when a stop token ends the generation (with the token's own
+        text only under include_stop_str_in_output)."""
+        self.offsets.append(self._chars)
+        piece = self.detok.add(token) if self.request.include_stop_str_in_output else ""
+        text, stopped = self.stop.push(piece + self.detok.flush())
+        return text if stopped else text + self.stop.flush()
+
+    def _end(self, reason: str, t_us: float) -> None:
+        self.finish = reason
+        m = self.ctx.metrics
+        m.e2e.observe(max(t_us - self.sub.arrival_us, 0.0) / 1e6)
+        m.request_success.labels(reason).inc()
+
+    def usage(self) -> dict[str, int]:
+        n = len(self.tokens)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n,
+                "total_tokens": self.prompt_tokens + n}

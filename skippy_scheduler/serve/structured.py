@@ -1,0 +1,155 @@
+"""`response_format` to a GBNF grammar for llama.cpp's grammar sampler.
+
+`{"type": "text"}` (or none) constrains nothing. `{"type": "json_object"}` is llama.cpp's JSON
+grammar (an object at the top, as OpenAI's JSON mode promises). `{"type": "json_schema",
+"json_schema": {"name": ..., "schema": {...}, "strict": ...}}` converts the schema with the
+converter llama-cpp-python ships (`llama_cpp.llama_grammar.json_schema_to_gbnf`, a translation
+of llama.cpp's own `json_schema_to_grammar`). A schema the converter cannot handle is a 400
+naming the deepest part of it that fails on its own (`response_format.json_schema.schema.
+properties.when`, say), with the converter's complaint; remote `$ref`s are not fetched.
+
+The grammar is checked once more by the host's grammar sampler before the request is queued
+(`LlamaHost.check_grammar`), so nothing the sampler cannot parse reaches a sampler chain.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator, Optional
+
+from .errors import RequestError
+
+_WHERE = "response_format"
+_SCHEMA_PATH = "response_format.json_schema.schema"
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+
+def grammar_of(value: Any) -> Optional[str]:
+    """The GBNF grammar `response_format` asks for (None: unconstrained text)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise RequestError("'response_format' must be an object with a 'type'", param=_WHERE)
+    kind = value["type"]
+    extra = set(value) - {"type", "json_schema"}
+    if extra:
+        key = sorted(extra)[0]
+        raise RequestError(f"'response_format.{key}' is not a field of response_format",
+                           param=f"{_WHERE}.{key}")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        from llama_cpp.llama_grammar import JSON_GBNF
+
+        grammar: str = JSON_GBNF
+        return grammar
+    if kind != "json_schema":
+        raise RequestError("'response_format.type' must be 'text', 'json_object' or "
+                           f"'json_schema', got {kind!r}", param=f"{_WHERE}.type")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise RequestError("'response_format.json_schema' must be an object with a 'schema'",
+                           param=f"{_WHERE}.json_schema")
+    unknown = set(spec) - {"name", "description", "schema", "strict"}
+    if unknown:
+        key = sorted(unknown)[0]
+        raise RequestError(f"'response_format.json_schema.{key}' is not a field of json_schema",
+                           param=f"{_WHERE}.json_schema.{key}")
+    name = spec.get("name")
+    if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 64
+                             or not set(name) <= _NAME_CHARS):
+        raise RequestError("'response_format.json_schema.name' must be 1 to 64 letters, digits, "
+                           "'_' or '-'", param=f"{_WHERE}.json_schema.name")
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise RequestError("'response_format.json_schema.schema' must be a JSON schema object",
+                           param=_SCHEMA_PATH)
+    return convert(schema)
+
+
+# Keywords the converter passes over without enforcing them: an output could break them, so a
+# schema that uses one is refused (naming where) rather than answered with invalid output.
+UNENFORCED = frozenset({
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+    "minProperties", "maxProperties", "uniqueItems", "not", "contains", "minContains",
+    "maxContains", "patternProperties", "propertyNames", "dependentRequired",
+    "dependentSchemas", "dependencies", "if", "then", "else", "unevaluatedProperties",
+    "unevaluatedItems"})
+
+
+def convert(schema: dict[str, Any]) -> str:
+    """`schema` as GBNF, or a 400 naming the part the converter fails on or would not
+    enforce."""
+    _check_enforced(schema, ())
+    failure = _failure(schema)
+    if failure is None:
+        return _convert(schema)
+    path, message = _deepest(schema, (), failure)
+    where = _where(path)
+    raise RequestError(f"'{where}' cannot be turned into a grammar: {message}", param=where)
+
+
+def _where(path: tuple[Any, ...]) -> str:
+    return _SCHEMA_PATH + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
+
+
+def _check_enforced(schema: Any, path: tuple[Any, ...]) -> None:
+    if not isinstance(schema, dict):
+        return
+    for key in sorted(UNENFORCED & set(schema)):
+        where = _where(path + (key,))
+        raise RequestError(f"'{where}': the grammar cannot enforce '{key}', so an output could "
+                           "break it; leave it out of the schema", param=where)
+    for sub_path, sub in _children(schema):
+        _check_enforced(sub, path + sub_path)
+
+
+def _convert(schema: dict[str, Any]) -> str:
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    grammar: str = json_schema_to_gbnf(json.dumps(schema))
+    return grammar
+
+
+def _failure(schema: Any) -> Optional[str]:
+    """The converter's complaint about `schema` taken alone, or None when it converts."""
+    try:
+        _convert(schema)
+    except RecursionError:
+        return "it nests too deeply"
+    except Exception as exc:  # the converter asserts, raises KeyError, ValueError, TypeError...
+        text = str(exc) or type(exc).__name__
+        return text if len(text) <= 200 else text[:200] + "..."
+    return None
+
+
+def _deepest(schema: Any, path: tuple[Any, ...], message: str) -> tuple[tuple[Any, ...], str]:
+    """The deepest sub-schema under `schema` that fails alone (its path, its complaint)."""
+    for sub_path, sub in _children(schema):
+        if not isinstance(sub, dict) or _refers(sub):
+            continue  # a $ref only resolves against the whole schema
+        failure = _failure(sub)
+        if failure is not None:
+            return _deepest(sub, path + sub_path, failure)
+    return path, message
+
+
+def _children(schema: Any) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    if not isinstance(schema, dict):
+        return
+    for key in ("properties", "patternProperties", "$defs", "definitions"):
+        value = schema.get(key)
+        if isinstance(value, dict):
+            for name, sub in value.items():
+                yield (key, name), sub
+    for key in ("items", "additionalProperties", "not", "contains"):
+        if isinstance(schema.get(key), dict):
+            yield (key,), schema[key]
+    for key in ("prefixItems", "anyOf", "oneOf", "allOf", "items"):
+        value = schema.get(key)
+        if isinstance(value, list):
+            for i, sub in enumerate(value):
+                yield (key, i), sub
+
+
+def _refers(schema: Any) -> bool:
+    return "$ref" in json.dumps(schema)

@@ -1,0 +1,194 @@
+"""The driver's sockets to a chain of stage workers (docs/stages.md "Workers").
+
+`StageChannel` owns the pyzmq context, one PUSH socket per stage and the PULL socket every
+stage replies to. Everything a stage sends back arrives on that one socket, so one receive path
+files it: *chain answers* (a plan's outputs or error, the last stage's `mem-done` for a memory
+message that travelled down the chain) go to `terminal` and `chain_errors`, by step and tag, for
+whoever waits on them, and the rest are answers to control messages (`_collect`). A worker
+process that exits, or no answer within the timeout, is a `StageFailure`.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from typing import Any, Optional, Sequence as _Seq
+
+from .wire import WireError, decode_outputs
+
+
+class StageFailure(RuntimeError):
+    """A stage reported an error, timed out or died while running a plan."""
+
+
+class StageTimeout(StageFailure):
+    """No answer in time (the stages not heard from are taken for dead)."""
+
+
+def _local_address_towards(address: str) -> str:
+    """This machine's IP address on the route to a `tcp://HOST:PORT` worker (loopback for a
+    loopback worker): where the workers can reach the driver's reply socket."""
+    import socket
+
+    host, _, port = address[len("tcp://"):].rpartition(":")
+    host = host.strip("[]")
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((socket.gethostbyname(host), int(port or 1)))  # no packet is sent
+        return str(probe.getsockname()[0])
+
+
+class StageChannel:
+    """Sockets to the stages and the one receive path (see the module docstring)."""
+
+    def __init__(self, addresses: _Seq[str], reply_address: Optional[str], timeout_s: float,
+                 procs: _Seq[Any]) -> None:
+        import zmq
+
+        if not addresses:
+            raise ValueError("a stage host needs at least one stage address")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.timeout_ms = int(timeout_s * 1e3)
+        self.addresses = list(addresses)
+        self._procs = list(procs)
+        self._zmq = zmq
+        self._ctx: Any = zmq.Context()
+        self._reply: Any = self._ctx.socket(zmq.PULL)
+        self._reply.setsockopt(zmq.LINGER, 0)
+        self._reply_dir: Optional[str] = None
+        tcp = [a for a in addresses if a.startswith("tcp://")]
+        if reply_address is None and tcp:
+            reply_address = f"tcp://{_local_address_towards(tcp[0])}:*"
+        elif reply_address is None:
+            self._reply_dir = tempfile.mkdtemp(prefix="skippy-reply-")
+            reply_address = f"ipc://{self._reply_dir}/reply"
+        self._reply.bind(reply_address)
+        self.reply_address = self._reply.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._out: list[Any] = []
+        for a in self.addresses:
+            sock = self._ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(a)
+            self._out.append(sock)
+        self.live: set[int] = set(range(len(self.addresses)))
+        self._tag = 0
+        # Chain answers by plan step: ("out", rows, tokens) or ("err", message).
+        self.terminal: dict[int, tuple[Any, ...]] = {}
+        self.awaited: set[int] = set()  # steps whose answers are kept (the plans in flight)
+        self.mem_pending: set[int] = set()  # tags of memory messages still in the chain
+        self.chain_errors: list[str] = []
+
+    @property
+    def processes(self) -> list[Any]:
+        """The local worker processes this host watches (empty for remote workers)."""
+        return list(self._procs)
+
+    def _recv(self, what: str, waiting: Optional[set[int]] = None) -> list[bytes]:
+        """One reply; `StageFailure` on a timeout or when a stage waited for (all live ones by
+        default) runs as a local process that exited (it is then no longer live)."""
+        deadline = time.monotonic() + self.timeout_ms / 1e3
+        watch = self.live if waiting is None else waiting
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StageTimeout(f"no answer from the stages within "
+                                   f"{self.timeout_ms / 1e3:g} s while {what}")
+            if self._reply.poll(min(200, max(1, int(left * 1e3)))):
+                return list(self._reply.recv_multipart())
+            for k, proc in enumerate(self._procs):
+                if k in watch and proc.poll() is not None:
+                    self.live.discard(k)
+                    raise StageFailure(f"stage {k} exited with status {proc.returncode} "
+                                       f"while {what}")
+
+    def _file(self, parts: list[bytes]) -> bool:
+        """File a chain answer (True), or leave a control answer to the caller (False)."""
+        kind = parts[0]
+        if kind == b"out":
+            try:
+                step, rows, tokens = decode_outputs(parts[1])
+            except WireError as exc:
+                self.chain_errors.append(f"the last stage sent a bad output frame: {exc}")
+                return True
+            if step in self.awaited:
+                self.terminal[step] = ("out", rows, tokens)
+            return True
+        body = json.loads(parts[1]) if len(parts) > 1 else {}
+        if kind == b"mem-done":
+            self.mem_pending.discard(body.get("tag"))
+            return True
+        if kind == b"err" and body.get("kind") == "plan":
+            failed = body.get("step")
+            if failed in self.awaited and failed not in self.terminal:
+                self.terminal[failed] = ("err", f"stage {body.get('index')} failed on step "
+                                                f"{failed}: {body.get('message')}")
+            return True
+        if kind == b"err" and body.get("kind") in ("mem", "samp"):
+            self.mem_pending.discard(body.get("tag"))
+            self.chain_errors.append(f"stage {body.get('index')} failed on a {body['kind']} "
+                                     f"message: {body.get('message')}")
+            return True
+        return False
+
+    def _pump(self, what: str) -> None:
+        """Receive one message and file it (late control answers are dropped)."""
+        self._file(self._recv(what))
+
+    def _broadcast(self, kind: bytes, body: dict[str, Any]) -> int:
+        """Send a control message to every live stage; its tag (replies echo it)."""
+        self._tag += 1
+        msg = [kind, json.dumps(dict(body, tag=self._tag)).encode()]
+        for k in sorted(self.live):
+            try:
+                self._out[k].send_multipart(msg, flags=self._zmq.NOBLOCK)
+            except self._zmq.Again:  # its queue is full: it has not read for a long time
+                self.live.discard(k)
+        return self._tag
+
+    def _send_chain(self, kind: bytes, body: dict[str, Any]) -> int:
+        """Send a message down the chain (to stage 0, which passes it on): it reaches every
+        stage after the plans sent before it. Its tag."""
+        self._tag += 1
+        self._out[0].send_multipart([kind, json.dumps(dict(body, tag=self._tag)).encode()])
+        return self._tag
+
+    def _collect(self, kind: bytes, what: str) -> list[dict[str, Any]]:
+        """The replies of `kind` to the last control message from every live stage, by stage
+        index; replies to earlier messages (a stage answering late) are dropped, chain answers
+        filed. A stage that does not answer in time is no longer live."""
+        got: dict[int, dict[str, Any]] = {}
+        waiting = set(self.live)
+        while waiting - set(got):
+            try:
+                parts = self._recv(what, waiting - set(got))
+            except StageTimeout:
+                self.live -= waiting - set(got)
+                raise
+            if self._file(parts):
+                continue
+            body = json.loads(parts[1]) if len(parts) > 1 else {}
+            if body.get("tag") != self._tag:
+                continue
+            if parts[0] == b"err":
+                raise StageFailure(f"stage {body.get('index')} failed while {what}: "
+                                   f"{body.get('message')}")
+            if parts[0] == kind:
+                got[int(body["index"])] = body
+        return [got[k] for k in sorted(got)]
+
+    def close_channel(self) -> None:
+        for sock in getattr(self, "_out", []):
+            sock.close(linger=0)
+        self._out = []
+        if getattr(self, "_reply", None) is not None:
+            self._reply.close(linger=0)
+            self._reply = None
+        if getattr(self, "_ctx", None) is not None:
+            self._ctx.term()
+            self._ctx = None
+        if getattr(self, "_reply_dir", None) is not None:
+            shutil.rmtree(self._reply_dir, ignore_errors=True)  # type: ignore[arg-type]
+            self._reply_dir = None
