@@ -14,16 +14,12 @@ from ..lab.priority import (PriorityScenario, RULES, format_priority_table,
                             run_priority_scenario)
 from ..lab.suite import SuiteOptions
 from ._common import CommandError, check_output_file
+from .lab_runs import _overrides
 
 _SCENARIO = {"requests": "requests", "seed": "seed", "rate": "rate",
              "priority_share": "urgent_share"}
 _OPTIONS = {"max_active": "max_active", "max_num_batched_tokens": "max_tokens",
             "prefill_chunk": "chunk"}
-
-
-def _set(args: argparse.Namespace, names: dict[str, str]) -> dict[str, Any]:
-    return {field: getattr(args, arg) for arg, field in names.items()
-            if getattr(args, arg, None) is not None}
 
 
 def run_priority_command(args: argparse.Namespace, modes: Optional[list[str]],
@@ -36,7 +32,7 @@ def run_priority_command(args: argparse.Namespace, modes: Optional[list[str]],
         if getattr(args, dest, None) is not None:
             raise CommandError(f"{flag} does not apply to --priority-scenario")
     check_output_file("--json", args.json)
-    fields = _set(args, _SCENARIO)
+    fields = _overrides(args, _SCENARIO)
     if modes:
         fields["mode"] = modes[0]
     if args.policy:
@@ -44,7 +40,7 @@ def run_priority_command(args: argparse.Namespace, modes: Optional[list[str]],
     try:
         scenario = replace(PriorityScenario(), **fields)
         scenario.spec()  # validated before anything runs
-        options = replace(SuiteOptions(), **_set(args, _OPTIONS)).validate()
+        options = replace(SuiteOptions(), **_overrides(args, _OPTIONS)).validate()
     except (ValueError, TypeError) as exc:
         raise CommandError(str(exc)) from None
     out = sys.stdout

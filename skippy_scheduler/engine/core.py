@@ -53,8 +53,15 @@ class Engine(_Steps):
     max_iterations: raise RuntimeError beyond this many iterations (a guard for tests).
 
     The host is checked against the contract once, here (`contract.attach`); `hooks` holds what
-    it provides.
+    it provides. An engine's fields are fixed (slots): a subclass may add its own.
     """
+
+    # The step path's fields and `_Steps`' own are slots (engine/step.py says why).
+    __slots__ = ("scheduler", "hooks", "host", "_clock", "observe", "before_step", "on_reject",
+                 "max_iterations", "profile", "_depth", "recorder", "_live", "_record_of",
+                 "_pending", "_seq", "_source", "_source_next", "_last_source_arrival",
+                 "_next_due", "_inbox", "_wake", "_lock", "_thread", "_started", "_stop",
+                 "_listeners", "_streams", "_observers")
 
     def __init__(self, scheduler: SchedulerLike, host: Host, *, clock: ClockArg = "wall",
                  record: bool = True, observe: bool = True,
@@ -399,6 +406,10 @@ class Engine(_Steps):
         entry.request = None  # the scheduler keeps its own copy from here on
         try:
             seq = request.to_sequence()
+            ttft_ms = getattr(request, "ttft_ms", None)
+            if ttft_ms is not None and seq.ttft_deadline is None:  # from its arrival: now
+                seq.with_deadlines(ttft_deadline=self.now() / 1e6 + ttft_ms / 1e3,
+                                   itl_target=seq.itl_target)
             prepare = self.hooks.prepare_sequence
             if prepare is not None:
                 seq = prepare(seq)

@@ -64,7 +64,8 @@ def _flag(body: dict[str, Any], name: str) -> bool:
 def parse_outputs(body: dict[str, Any], kind: str, n: int, stream: bool) -> OutputRequest:
     """The output fields of a completions (`kind` "completion") or chat body."""
     if kind == "completion":
-        logprobs = _count(body, "logprobs", 0, MAX_LOGPROBS)
+        logprobs = (None if body.get("logprobs") is False  # as some clients send "none"
+                    else _count(body, "logprobs", 0, MAX_LOGPROBS))
         echo = _flag(body, "echo")
         best_of = _count(body, "best_of", 1, MAX_BEST_OF)
         if best_of is not None:
@@ -79,7 +80,7 @@ def parse_outputs(body: dict[str, Any], kind: str, n: int, stream: bool) -> Outp
     else:
         wanted = _flag(body, "logprobs")
         top = _count(body, "top_logprobs", 0, MAX_LOGPROBS)
-        if top is not None and not wanted:
+        if top and not wanted:  # 0 without logprobs asks for nothing
             raise RequestError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
         logprobs = (top or 0) if wanted else None
         echo, best_of = False, None

@@ -208,7 +208,8 @@ class Server:
         self.app = create_app(self.context, allowed_hosts=hosts, access=AccessSettings(
             api_key=s.api_key, open_paths=s.open_paths, allowed_origins=s.allowed_origins))
         vllm_compat.install(self.app, self.context)
-        self.kv_events = kv_events.start(s, self.host)  # last: nothing after it can fail
+        # last: nothing after it can fail
+        self.kv_events = kv_events.start(s, self.host, self.runner.engine)
 
     # -- running ------------------------------------------------------------------------------
 

@@ -67,10 +67,12 @@ class Watched(LlamaHost):
         return super().release(sequence_id, reason)
 
 
-def _host(model_path, capacity: int, holders: int) -> Watched:
-    # A KV stream per lane and per holder (the default layout), 256 cells each.
-    return Watched(model_path, n_ctx=(LANES + holders) * 256, n_seq_max=LANES, n_batch=256,
-                   n_threads=1, prefix_cache_tokens=capacity, prefix_holders=holders)
+def _host(model_path, capacity: int, holders: int, unified: bool = False) -> Watched:
+    """A KV stream per lane and per holder (the default layout), 256 cells each; or one unified
+    cache of the lanes' cells plus the capacity, shared by lanes and holders."""
+    n_ctx = LANES * 256 + capacity if unified else (LANES + holders) * 256
+    return Watched(model_path, n_ctx=n_ctx, n_seq_max=LANES, n_batch=256, n_threads=1,
+                   prefix_cache_tokens=capacity, prefix_holders=holders, kv_unified=unified)
 
 
 def _sampling(rng: random.Random, i: int):
@@ -123,9 +125,11 @@ def _check_tokens(requests, records, alone):
 
 
 @pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("layout", ["streams", "unified"])
 def test_priority_victims_resume_from_their_kept_kv_with_their_alone_tokens(impl, model_path,
-                                                                          alone, depth):
-    with _host(model_path, capacity=4096, holders=8) as host:
+                                                                          alone, depth, layout):
+    capacity = 4096 if layout == "streams" else 1024
+    with _host(model_path, capacity, holders=8, unified=layout == "unified") as host:
         victims = resumed = 0
         for seed in range(3):
             host.released_at.clear()

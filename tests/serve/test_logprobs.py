@@ -198,3 +198,16 @@ def test_plans_in_flight_report_the_same_logprobs(model_path, client):
         assert a.text == b.text and a.logprobs.tokens == b.logprobs.tokens
         assert np.allclose(a.logprobs.token_logprobs, b.logprobs.token_logprobs, atol=TOL,
                            rtol=0)
+
+
+def test_neutral_values_ask_for_nothing(server):
+    import httpx
+
+    for path, body in [("/v1/completions", {"prompt": "x", "logprobs": False}),
+                       ("/v1/completions", {"prompt": "x", "echo": False, "best_of": 1}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                 "logprobs": False, "top_logprobs": 0})]:
+        r = httpx.post(server.url + path, json=dict(body, model=MODEL, max_tokens=2,
+                                                    temperature=0), timeout=30)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["logprobs"] is None
