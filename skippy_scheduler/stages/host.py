@@ -60,6 +60,7 @@ class StageHost(StageChannel):
         self.n_batch = check_int("n_batch", n_batch, 1)
         self.pipeline_depth = check_int("pipeline_depth", pipeline_depth, 1)
         prefix_cache_tokens = check_int("prefix_cache_tokens", prefix_cache_tokens, 0)
+        self.prefix_cache_tokens = prefix_cache_tokens
         self.prefix_holders = (check_int("prefix_holders", prefix_holders, 1)
                                if prefix_cache_tokens else 0)
         if self.n_seq_max + self.prefix_holders > 256:
@@ -143,7 +144,7 @@ class StageHost(StageChannel):
         its layers; the cells the prefix holders may keep are resident), for the scheduler's
         `memory_components`: admission then keeps every admitted sequence's prompt and
         `max_tokens` within every stage's KV cache (docs/stages.md "KV memory per stage")."""
-        kept = self.settings["prefix_cache_tokens"]
+        kept = self.prefix_cache_tokens
         return [MemoryComponent(f"kv-stage-{k}", capacity_bytes=cells * per_token,
                                 resident_bytes=min(cells, kept) * per_token,
                                 bytes_per_token=per_token, bytes_per_sequence=0)
