@@ -39,13 +39,13 @@ from .channel import StageChannel, StageFailure, StageTimeout
 from .flight import Flight, FlightHandle, check_int, plan_arrays
 from .holders import PrefixHolders, RemoteCells, restored
 from .split import StageInfo, check_stage_set
-from .vocab import Vocabulary
+from .vocab import Vocabulary, VocabularyVerbs
 from .wire import encode_plan
 
 __all__ = ["StageFailure", "StageHost", "StageTimeout"]
 
 
-class StageHost(StageChannel):
+class StageHost(VocabularyVerbs, StageChannel):
     """Runs plans on a chain of stage workers (see the module docstring)."""
 
     def __init__(self, addresses: _Seq[str], *, n_ctx: int = 4096, n_seq_max: int = 8,
@@ -402,22 +402,7 @@ class StageHost(StageChannel):
         except StageFailure:
             pass  # a stage that does not answer now is not live any more
 
-    # ------------------------------------------------------------------ vocabulary
-    # (a vocabulary-only model: safe from any thread while the engine runs plans)
-    def tokenize(self, text: str, *, add_bos: Optional[bool] = None,
-                 special: bool = False) -> list[int]:
-        return list(self._vocab.tokenize(text, add_bos=add_bos, special=special))
-
-    def is_eog(self, token: int) -> bool:
-        return bool(self._vocab.is_eog(token))
-
-    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
-        return bytes(self._vocab.token_bytes(token, special=special))
-
-    def chat_template(self) -> Optional[str]:
-        template: Optional[str] = self._vocab.chat_template()
-        return template
-
+    # ------------------------------------------------------------------ vocabulary, sampling
     @property
     def holders(self) -> Optional[PrefixHolders]:
         """The prefix holders every stage keeps (None without reuse)."""
