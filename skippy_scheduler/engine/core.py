@@ -53,8 +53,15 @@ class Engine(_Steps):
     max_iterations: raise RuntimeError beyond this many iterations (a guard for tests).
 
     The host is checked against the contract once, here (`contract.attach`); `hooks` holds what
-    it provides.
+    it provides. An engine's fields are fixed (slots): a subclass may add its own.
     """
+
+    # The step path's fields and `_Steps`' own are slots (engine/step.py says why).
+    __slots__ = ("scheduler", "hooks", "host", "_clock", "observe", "before_step", "on_reject",
+                 "max_iterations", "profile", "_depth", "recorder", "_live", "_record_of",
+                 "_pending", "_seq", "_source", "_source_next", "_last_source_arrival",
+                 "_next_due", "_inbox", "_wake", "_lock", "_thread", "_started", "_stop",
+                 "_listeners", "_streams", "_observers")
 
     def __init__(self, scheduler: SchedulerLike, host: Host, *, clock: ClockArg = "wall",
                  record: bool = True, observe: bool = True,

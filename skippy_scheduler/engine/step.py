@@ -41,6 +41,11 @@ _INF = float("inf")
 class _Steps:
     """Mixed into `Engine`: the step path and the release queue it needs."""
 
+    # Slots, not a per-instance dict: every attribute the step path reads is a fixed offset
+    # (the engine has more fields than a dict shares its keys for, which slows each read).
+    __slots__ = ("_inflight", "_pending_release", "_run_async", "_measures", "iterations",
+                 "last_plan_ns", "last_complete_ns", "last_telemetry", "_outstanding")
+
     scheduler: "SchedulerLike"
     host: "Host"
     hooks: "HostHooks"
@@ -88,26 +93,31 @@ class _Steps:
             self._submit_due()
         if self.before_step is not None:
             self.before_step(self)
-        if (not self._observers and self._clock is None and self._depth == 1
-                and self.max_iterations is None and not self.profile):
-            # Nothing watches, times, guards or stays in flight: a step is the three calls
-            # and the releases, without the per-plan bookkeeping below (what `bench` times).
-            if not self._outstanding:
-                return False
-            sched = self.scheduler
-            plan = sched.plan_iteration()
-            if (plan.preempted or not len(plan)) and self._admit(plan) is None:
-                raise EngineStalled(self._stalled())
-            try:  # _execute, inline: one call less per step
-                self.host.execute(plan)
-            except BaseException:
-                sched.abort_iteration(plan)
-                raise
-            telemetry = self.last_telemetry = sched.complete_iteration(plan)
-            self.iterations += 1
-            if telemetry.finished_ids or telemetry.failed_ids or self._measures:
-                self._after_completion(telemetry)
-            return True
+        if (self._observers or self._clock is not None or self._depth != 1
+                or self.max_iterations is not None or self.profile):
+            return self._step_flights()
+        # Nothing watches, times, guards or stays in flight: a step is the three calls and the
+        # releases, without the per-plan bookkeeping of _step_flights (what `bench` times).
+        if not self._outstanding:
+            return False
+        sched = self.scheduler
+        plan = sched.plan_iteration()
+        if (plan.preempted or not len(plan)) and self._admit(plan) is None:
+            raise EngineStalled(self._stalled())
+        try:  # _execute, inline: one call less per step
+            self.host.execute(plan)
+        except BaseException:
+            sched.abort_iteration(plan)
+            raise
+        telemetry = self.last_telemetry = sched.complete_iteration(plan)
+        self.iterations += 1
+        if telemetry.finished_ids or telemetry.failed_ids or self._measures:
+            self._after_completion(telemetry)
+        return True
+
+    def _step_flights(self) -> bool:
+        """The iteration of a step that something watches, times, guards or pipelines: plans
+        as `_InFlight` records, observers called at each point."""
         inflight = self._inflight
         if self._outstanding and len(inflight) < self._depth:
             flight = self._make_flight()
