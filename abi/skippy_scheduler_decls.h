@@ -123,7 +123,8 @@ typedef struct skippy_sequence_desc {
     uint32_t tenant;                           /* FAIR_SHARE: whose service it is (default 0) */
     double itl_target_us;                      /* its inter-token target (SLACK); 0 = config's */
     double ttft_deadline_us;                   /* first-token deadline on the scheduler clock;
-                                                  0 = none (breaks admission ties, §3.3a) */
+                                                  0 = none (carried; admission does not read it
+                                                  yet) */
 } skippy_sequence_desc;
 
 /* Read-only view of one sequence (pointers valid until the next mutating call). */

@@ -202,7 +202,7 @@ def run_policy(args, policy: str, prompts: list[str], logs: str) -> dict:
                                  timeout=30).json()["tokens"] for p in prompts]
             trace = analyse(recorder, tokens, prompt_groups(args, prompts),
                             [r.sent for r in results], args.prefix_tokens, args.block_size,
-                            args.prefix_holders)
+                            args.prefix_holders, [r.end or r.sent for r in results])
     finally:
         if router is not None:
             stop(router[0])
@@ -238,6 +238,24 @@ def markdown(rows: list[dict]) -> str:
                      f"{r['prefilled_tokens']:.0f} | {r['ttft_p50_s']:.3f} | "
                      f"{r['ttft_p99_s']:.3f} | {r['output_tokens_per_s']:.1f} | "
                      f"{' / '.join(f'{n:.0f}' for n in r['per_replica_requests'])} |")
+    return "\n".join(lines)
+
+
+def trace_markdown(rows: list[dict]) -> str:
+    """The `--trace` counts of each policy as a table (requests by where their prefix was)."""
+    lines = ["| policy | group stickiness | prefix on the serving replica / only elsewhere "
+             "(fresh) / nowhere (its group running: anywhere, elsewhere) | groups held per "
+             "replica | modelled: round robin / partition |", "|---|---|---|---|---|"]
+    for r in rows:
+        t = r["trace"]
+        w = t["prefix_at_send"]
+        m = t["modelled_hit_share"]
+        lines.append(f"| {r['policy']} | {t['group_stickiness']:.2f} | {w['on_served']} / "
+                     f"{w['only_elsewhere']} ({w['only_elsewhere_fresh']}) / {w['nowhere']} "
+                     f"({w['nowhere_but_running']}, {w['nowhere_but_running_elsewhere']}) | "
+                     f"{' / '.join(f'{g:.1f}' for g in t['groups_resident_mean'])} of "
+                     f"{t['holders_per_replica']} | {m['round_robin']:.3f} / "
+                     f"{m['partition']:.3f} |")
     return "\n".join(lines)
 
 
@@ -285,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
                 fh.write(line + "\n")
     if args.markdown:
         print(markdown(rows))
+        if args.trace:
+            print(trace_markdown(rows))
     print(f"logs: {logs}", file=sys.stderr)
     return 0
 

@@ -11,7 +11,9 @@ moment and reports, counts only (no timings):
 * for each request, where its group's prefix was resident when it was sent: on the replica
   that served it (a hit is possible), only on another (the policy sent it elsewhere; "fresh"
   when that replica's announcement was under 0.1 s old, so the router may not have seen it),
-  or on none (no routing could have made it hit);
+  or on none (no routing could have made it hit then), and of those, how many were sent while
+  a request of the same group was running (its blocks exist in a lane but are announced only
+  when it ends) and how many of them went to another replica than that one;
 * how sticky the routing was: the share of each group's requests that went to the replica
   most of them went to (1.0: every group kept to one replica, a partition of the groups);
 * how many distinct groups each replica held, averaged over the requests' send times, against
@@ -109,35 +111,37 @@ class EventRecorder:
 
 def analyse(recorder: EventRecorder, tokens: list[list[int]], groups: list[int],
             sent: list[Optional[float]], prefix_tokens: int, block: int,
-            holders: int) -> dict[str, Any]:
+            holders: int, ended: Optional[list[float]] = None) -> dict[str, Any]:
     """The counts described in the module docstring; `tokens[i]`, `groups[i]`, `sent[i]` are
-    request i's prompt token ids, group and send time (None: never sent)."""
+    request i's prompt token ids, group and send time (None: never sent), `ended[i]` the time
+    its answer ended."""
     seed = "0"
     n = len(recorder.replicas)
     last_prefix = prefix_tokens // block - 1  # the last full block inside the shared prefix
     stored = [r.stored() for r in recorder.replicas]
     served: list[Optional[int]] = []
     where = {"on_served": 0, "only_elsewhere": 0, "only_elsewhere_fresh": 0, "nowhere": 0,
-             "unknown": 0}
+             "nowhere_but_running": 0, "nowhere_but_running_elsewhere": 0, "unknown": 0}
     distinct: list[list[int]] = [[] for _ in recorder.replicas]
     group_last = {}  # group -> the hash of its prefix's last full block
     for ids, g in zip(tokens, groups):
         h = chain(ids[:prefix_tokens], block, seed)
         if h:
             group_last[g] = wire_hash(h[-1])
-    for i, ids in enumerate(tokens):
-        hashes = [wire_hash(h) for h in chain(ids, block, seed)]
+    chains = [[wire_hash(h) for h in chain(ids, block, seed)] for ids in tokens]
+    for hashes in chains:
         own = hashes[last_prefix + 1] if len(hashes) > last_prefix + 1 else None
         by = [r for r, s in enumerate(stored) if own is not None and own in s]
         served.append(by[0] if len(by) == 1 else None)
+    for i, hashes in enumerate(chains):
         t = sent[i]
         if t is None or last_prefix < 0:
             continue
         resident = [rep.resident_at(t) for rep in recorder.replicas]
         holding = [r for r, blocks in enumerate(resident) if hashes[last_prefix] in blocks]
-        if served[-1] is None:
+        if served[i] is None:
             where["unknown"] += 1
-        elif served[-1] in holding:
+        elif served[i] in holding:
             where["on_served"] += 1
         elif holding:
             where["only_elsewhere"] += 1
@@ -146,6 +150,15 @@ def analyse(recorder: EventRecorder, tokens: list[list[int]], groups: list[int],
                 where["only_elsewhere_fresh"] += 1
         else:
             where["nowhere"] += 1
+            # A request of the same group running then: its blocks exist, in a lane, and are
+            # announced only when it ends and its holder is kept.
+            running = [served[j] for j in range(len(tokens)) if ended is not None
+                       and j != i and groups[j] == groups[i] and sent[j] is not None
+                       and sent[j] < t < ended[j]]
+            if running:
+                where["nowhere_but_running"] += 1
+                if served[i] not in running:
+                    where["nowhere_but_running_elsewhere"] += 1
         for r, blocks in enumerate(resident):
             distinct[r].append(sum(1 for h in group_last.values() if h in blocks))
     return {

@@ -77,7 +77,7 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     uint32_t tenant;          /* as submitted; fair share keeps its own per-slot state (sk_fair.c) */
     bool fresh;               /* active with no row planned since its admission (new_rows) */
     uint64_t prio_preempted_at; /* plan step + 1 of its last preemption for priority, 0 = none */
-    /* the slack rule (sk_slack.c, §2.13) and deadlines (§3.3a) */
+    /* the slack rule (sk_slack.c, §2.13) and the first-token deadline (carried only) */
     double itl_target_us;     /* 0 = cfg.itl_target_us */
     double ttft_deadline_us;  /* 0 = none */
     double last_token_us;     /* s->now_us at its last token, or at its admission */

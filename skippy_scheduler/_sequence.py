@@ -119,7 +119,8 @@ class Sequence:
     `enqueued_turn` and `enqueue_order` are set by `submit`. `tenant` (any hashable, None by
     default) names whose service the request is, for fair-share admission. Builders modify the
     sequence and return it, so they chain. `ttft_deadline` (seconds on the scheduler's clock)
-    and `itl_target` (seconds) are the request's own deadlines, None by default (§2.13, §3.3a).
+    and `itl_target` (seconds) are the request's own deadlines, None by default: the slack rule
+    reads `itl_target` (§2.13); `ttft_deadline` is carried (admission does not read it yet).
     """
 
     __slots__ = _FIELDS

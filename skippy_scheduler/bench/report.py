@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from typing import Callable
+from typing import Any, Callable
 
 from .._core import Scheduler
 from .c_api import build_c, callgrind_per_step, run_c
@@ -29,10 +29,13 @@ def slack_pairs(steps: int, budget: float, log: Callable[[str], object]) -> list
     stamps last-token times) and decode + 256-token chunk (it also reads every row's slack)."""
     results = []
     for n in (256, 1024):
-        for name, make in (
-                ("decode", lambda cfg: steady_decode(Scheduler, n, **cfg)),
-                ("mixed: decode + 256-token chunk",
-                 lambda cfg: mixed_decode_prefill(Scheduler, n, steps=2 * steps + 80, **cfg))):
+        def decode(cfg: dict[str, Any], n: int = n) -> Callable[[], object]:
+            return steady_decode(Scheduler, n, **cfg)
+
+        def mixed(cfg: dict[str, Any], n: int = n) -> Callable[[], object]:
+            return mixed_decode_prefill(Scheduler, n, steps=2 * steps + 80, **cfg)
+
+        for name, make in (("decode", decode), ("mixed: decode + 256-token chunk", mixed)):
             log(f"{name} N={n}, reference and slack rule ...")
             ref, slack = measure_pairs(make({}), make(SLACK_SAME_PLANS), steps, budget)
             ratio = summary(slack)[0] / summary(ref)[0]

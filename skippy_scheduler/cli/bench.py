@@ -24,7 +24,7 @@ def register(subparsers: Any) -> None:
              default_text="native and twin")
     add_old(p, "--no-twin", "--scheduler native", "scheduler", const=["native"], flag=True)
     p.add_argument("--no-c", action="store_true", help="skip the C API program (default: off)")
-    p.add_argument("--slack", action="store_true",
+    p.add_argument("--compare-slack", action="store_true",
                    help="also time the slack planning rule against the reference rule, paired "
                         "in one run, at N = 256 and 1 024 (steady decode, and decode + a "
                         "256-token chunk); default: off")
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     chosen = set(args.scheduler or IMPLEMENTATIONS)
     results, notes = bench.collect(quick=args.quick, twin="twin" in chosen,
                                    c_api=not args.no_c, callgrind=args.callgrind, log=log,
-                                   slack=args.slack)
+                                   slack=args.compare_slack)
     print(f"machine: {bench.machine()}")
     print(bench.format_table(results))
     print(bench.context_line(results))

@@ -406,6 +406,10 @@ class Engine(_Steps):
         entry.request = None  # the scheduler keeps its own copy from here on
         try:
             seq = request.to_sequence()
+            ttft_ms = getattr(request, "ttft_ms", None)
+            if ttft_ms is not None and seq.ttft_deadline is None:  # from its arrival: now
+                seq.with_deadlines(ttft_deadline=self.now() / 1e6 + ttft_ms / 1e3,
+                                   itl_target=seq.itl_target)
             prepare = self.hooks.prepare_sequence
             if prepare is not None:
                 seq = prepare(seq)

@@ -5,7 +5,8 @@ four coefficients of `StepCost` by least squares pulled gently toward the previo
 window that never varies one term, e.g. only decode-only steps of one size, keeps that term's
 last value instead of making one up), then drops the steps whose residual is more than
 `clip` × the median absolute residual (a step stalled by something else on the machine) and
-fits again, a few rounds; coefficients stay >= 0. `SlackFeed` is the engine observer that feeds it: after
+fits again, a few rounds; coefficients stay >= 0. A window the current model already explains
+(median residual within 1 % of the median step) keeps it without solving anything. `SlackFeed` is the engine observer that feeds it: after
 each step ran it sets the scheduler's clock (before the completion stamps last-token times and
 before the next plan reads them) and records the step; every `refit_every` steps it refits
 and hands the model to the scheduler. The engine adds it only when the scheduler runs the
@@ -59,9 +60,11 @@ class StepCostFitter:
         y = data[:, 2]
         prior = np.array([self.cost.base_us, self.cost.per_prefill_token_us,
                           self.cost.decode_base_us, self.cost.per_decode_row_us])
+        floor = _RESIDUAL_FLOOR * float(np.median(y))  # never an outlier: timer noise
+        if float(np.median(np.abs(x @ prior - y))) <= floor:
+            return self.cost  # the model still explains the window: nothing to refit
         keep = np.ones(len(y), dtype=bool)
         beta = self._solve(x, y, prior)
-        floor = _RESIDUAL_FLOOR * float(np.median(y))  # never an outlier: timer noise
         for _ in range(_CLIP_ROUNDS):
             residual = np.abs(x @ beta - y)
             spread = float(np.median(residual[keep]))

@@ -28,6 +28,8 @@ class Request:
 
     `arrival_us` is on the engine's clock; None means "when submitted". Any object with `id`,
     `arrival_us` and `to_sequence()` works the same (the lab's workloads build theirs lazily).
+    `ttft_ms` (a first-token deadline, from the arrival) and `itl_ms` (an inter-token target)
+    are the request's own deadlines (docs/behaviour.md §2.13), None for none.
     """
 
     id: str
@@ -36,10 +38,15 @@ class Request:
     arrival_us: Optional[float] = None
     priority: int = 0
     sampling: Any = None
+    ttft_ms: Optional[float] = None
+    itl_ms: Optional[float] = None
 
     def to_sequence(self) -> Sequence:
-        return Sequence(self.id, self.prompt_tokens, self.max_tokens, self.sampling,
-                        self.priority)
+        seq = Sequence(self.id, self.prompt_tokens, self.max_tokens, self.sampling,
+                       self.priority)
+        if self.itl_ms is not None:
+            seq.with_deadlines(itl_target=self.itl_ms / 1e3)
+        return seq
 
 
 @dataclass(frozen=True)

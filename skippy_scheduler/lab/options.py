@@ -8,7 +8,7 @@ in the lab's JSON documents, so new fields go at the end of a class.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Hashable, Mapping, Optional
+from typing import Any, Hashable, Mapping, Optional
 
 from ..cost_model import RuntimeCostModel
 from ..slack import PlanningRule, StepCost
@@ -57,7 +57,7 @@ class RunOptions:
             **(self._slack(cost) if mode == "slack" else {}),
         )
 
-    def _slack(self, cost: Optional[RuntimeCostModel]) -> dict[str, object]:
+    def _slack(self, cost: Optional[RuntimeCostModel]) -> dict[str, Any]:
         target_ms = float(getattr(self, "itl_target_ms", 0.0)) or 100.0
         return {"planning_rule": PlanningRule.SLACK, "itl_target": target_ms / 1e3,
                 "step_cost": StepCost.from_runtime_cost_model(cost or RuntimeCostModel())}

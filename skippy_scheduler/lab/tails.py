@@ -29,7 +29,8 @@ def stalls_per_request(timeline: Any, target_us: float) -> np.ndarray:
         raise RuntimeError("the timeline's gaps do not match its token counts")
     above = np.r_[0, np.cumsum(np.asarray(timeline.gaps_us) > target_us)]
     ends = np.cumsum(counts)
-    return above[ends] - above[ends - counts]
+    per: np.ndarray = above[ends] - above[ends - counts]
+    return per
 
 
 def tail_figures(timeline: Any, target_ms: float, groups: Optional[Sequence[Any]] = None,

@@ -311,7 +311,9 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
                 name = rid if len(prompts) == 1 else f"{rid}-{i}"
                 subs.append(runner.open(EngineRequest(name, tokens, max_tokens,
                                                       sampling=sampling,
-                                                      priority=gen.priority), loop))
+                                                      priority=gen.priority,
+                                                      ttft_ms=gen.ttft_ms,
+                                                      itl_ms=gen.itl_ms), loop))
         except EngineUnavailable as exc:
             _abandon(subs)
             raise unavailable(str(exc)) from None

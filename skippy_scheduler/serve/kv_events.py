@@ -27,8 +27,10 @@ tokens, None]))`` with the first block's parent the seed hash ``sha256(cbor(seed
 `NONE_HASH` when `PYTHONHASHSEED` is the seed); the wire carries the low 64 bits as an
 unsigned integer (vLLM's `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES` default). Holders may share
 leading blocks (each holder keeps its whole key), so blocks are reference-counted: a block is
-stored when its first holder arrives and removed when its last one goes. A server start sends
-`AllBlocksCleared` first, so a router drops whatever the previous run had announced.
+stored when its first holder arrives and removed when its last one goes. A running request's
+prompt counts as one more such key from its first token to its end (`watch_running`), as vLLM
+announces blocks as they fill. A server start sends `AllBlocksCleared` first, so a router drops
+whatever the previous run had announced.
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Hashable, Iterable, Optional, Sequence, Union
 
 log = logging.getLogger("skippy_scheduler.serve.kv_events")
 
@@ -162,12 +164,13 @@ class BlockLedger:
 
     `stored(entry_id, key)` returns the event announcing the blocks that became resident (None
     when every block was resident already or the key is shorter than a block);
-    `removed(entry_id)` the event withdrawing the blocks no holder has any more."""
+    `removed(entry_id)` the event withdrawing the blocks no holder has any more. An entry id is
+    a store entry's id, or ("running", request id) for a running request's prompt."""
 
     block_size: int
     seed: str = "0"
     _refs: dict[bytes, int] = field(default_factory=dict)
-    _entries: dict[int, list[bytes]] = field(default_factory=dict)
+    _entries: dict[Hashable, list[bytes]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) \
@@ -179,7 +182,7 @@ class BlockLedger:
         """Distinct blocks resident."""
         return len(self._refs)
 
-    def stored(self, entry_id: int, key: Sequence[int]) -> Optional[BlockStored]:
+    def stored(self, entry_id: Hashable, key: Sequence[int]) -> Optional[BlockStored]:
         if entry_id in self._entries:
             raise ValueError(f"entry {entry_id} is already resident")
         hashes = chain(key, self.block_size, self.seed)
@@ -199,7 +202,7 @@ class BlockLedger:
         return BlockStored([wire_hash(h) for h in hashes[first_new:]], parent,
                            [int(t) for t in key[first_new * b:len(hashes) * b]], b)
 
-    def removed(self, entry_id: int) -> Optional[BlockRemoved]:
+    def removed(self, entry_id: Hashable) -> Optional[BlockRemoved]:
         hashes = self._entries.pop(entry_id, None)
         if hashes is None:
             return None
@@ -377,6 +380,20 @@ class StoreEvents:
         else:
             raise ValueError(f"unknown residency change {kind!r}")
 
+    def running(self, request_id: str, prompt: Sequence[int]) -> None:
+        """A request's prompt is in its lane's cells (its first token was sampled): its blocks
+        are announced, as vLLM announces blocks as they fill."""
+        stored = self.ledger.stored(("running", request_id), prompt)
+        if stored is not None:
+            self.publisher.publish([stored])
+
+    def ended(self, request_id: str) -> None:
+        """The request let go of its lane (its holder, if the store kept one, is announced
+        already): the blocks nothing else holds are withdrawn."""
+        removed = self.ledger.removed(("running", request_id))
+        if removed is not None:
+            self.publisher.publish([removed])
+
     def inserted(self, entry: Any) -> None:
         self.inner.inserted(entry)
         self.changed("inserted", entry)
@@ -399,9 +416,37 @@ def check(settings: Any) -> None:
     BlockLedger(settings.kv_block_size)
 
 
-def start(settings: Any, host: Any) -> Optional[KvEventPublisher]:
+def watch_running(engine: Any, host: Any, hook: StoreEvents) -> None:
+    """Announce each request's prompt blocks when its first token is sampled and withdraw them
+    when it finishes (an engine listener: on the engine thread, as the holders' watcher).
+    Without this a router learns of a prompt only when its request ends and is kept, so the
+    next request of the same prefix, sent while the first still runs, is routed as if no
+    replica had it."""
+    from ..engine import FinishEvent, TokenEvent
+
+    seen: set[str] = set()
+
+    def on_event(event: Any) -> None:
+        rid = event.request_id
+        if isinstance(event, TokenEvent):
+            if rid in seen:
+                return
+            lane = host.seq_id_of(rid)
+            if lane is None:
+                return
+            seen.add(rid)
+            hook.running(rid, host.holders.lane_tokens(lane, host.kv_tokens(rid)).tolist())
+        elif isinstance(event, FinishEvent) and rid in seen:
+            seen.discard(rid)
+            hook.ended(rid)
+
+    engine.add_listener(on_event)
+
+
+def start(settings: Any, host: Any, engine: Any = None) -> Optional[KvEventPublisher]:
     """The publisher a server's settings ask for, watching its llama host's prefix holders
-    (None when `kv_events_endpoint` is unset)."""
+    and, given the `engine`, its running requests (None when `kv_events_endpoint` is
+    unset)."""
     check(settings)
     if settings.kv_events_endpoint is None:
         return None
@@ -411,8 +456,10 @@ def start(settings: Any, host: Any) -> Optional[KvEventPublisher]:
     publisher = KvEventPublisher(settings.kv_events_endpoint,
                                  settings.kv_events_replay_endpoint)
     try:
-        StoreEvents.attach(holders.store, publisher, settings.kv_block_size,
-                           settings.kv_hash_seed, watch=holders.watch)
+        hook = StoreEvents.attach(holders.store, publisher, settings.kv_block_size,
+                                  settings.kv_hash_seed, watch=holders.watch)
+        if engine is not None:
+            watch_running(engine, host, hook)
     except BaseException:
         publisher.close()
         raise

@@ -12,7 +12,8 @@ Extensions (as vLLM has them): `top_k`, `min_p`, `repetition_penalty`, `ignore_e
 `return_token_ids` (token ids in every choice and chunk), `priority` (higher runs first, the
 opposite of vLLM's sense, see README "Priority"; it also preempts lower priorities unless the
 server runs with --no-priority-preemption), `stop_token_ids`, `include_stop_str_in_output`,
-`min_tokens`.
+`min_tokens`, and this server's extension object `skippy` (`ttft_ms`, `itl_ms`: the request's
+deadlines).
 
 Fields of other servers' APIs (the block "fields other servers define" below): vLLM's and
 llama-server's names are aliases, neutral-only or ignored; a field nobody defined is ignored
@@ -50,7 +51,7 @@ _NEUTRAL_CHAT = dict(_NEUTRAL_COMMON, tools=(None, []), tool_choice=(None, "none
 _IGNORED = {"user"}
 _SHARED = {"model", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
            "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "stop",
-           "stream", "stream_options", "ignore_eos", "return_token_ids", "priority"}
+           "stream", "stream_options", "ignore_eos", "return_token_ids", "priority", "skippy"}
 # serve/options.py parses these
 _OUTPUT_COMPLETION = {"logprobs", "echo", "best_of", "response_format"}
 _OUTPUT_CHAT = {"logprobs", "top_logprobs", "response_format"}
@@ -81,6 +82,8 @@ class GenerationRequest:
     include_stop_str_in_output: bool = False  # the matched stop string ends the text
     outputs: OutputRequest = field(default_factory=OutputRequest)  # serve/options.py
     min_tokens: int = 0  # no end token, stop token or stop string ends it before these many
+    ttft_ms: Optional[float] = None  # "skippy": {"ttft_ms": ..}: first-token deadline
+    itl_ms: Optional[float] = None  # "skippy": {"itl_ms": ..}: its inter-token target
 
 
 # -- fields other servers define ---------------------------------------------------------------
@@ -170,6 +173,30 @@ def _stop_token_ids(body: dict[str, Any], n_vocab: int) -> frozenset[int]:
 
 
 # -- field checks: each raises RequestError(param=name) -------------------------------------
+
+
+def _deadlines(body: dict[str, Any]) -> tuple[Optional[float], Optional[float]]:
+    """The extension object `"skippy": {"ttft_ms": T, "itl_ms": I}` (both optional, positive
+    finite numbers of milliseconds): the request's first-token deadline from its arrival and its
+    inter-token target (docs/behaviour.md §2.13)."""
+    ext = body.get("skippy")
+    if ext is None:
+        return None, None
+    if not isinstance(ext, dict):
+        raise RequestError(f"'skippy' must be an object, got {_json_type(ext)}", param="skippy")
+    unknown = sorted(set(ext) - {"ttft_ms", "itl_ms"})
+    if unknown:
+        raise RequestError(f"'skippy.{unknown[0]}' is not a known field (ttft_ms, itl_ms)",
+                           param=f"skippy.{unknown[0]}")
+    out = []
+    for name in ("ttft_ms", "itl_ms"):
+        value = ext.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
+            raise RequestError(f"'skippy.{name}' must be a positive number of milliseconds, "
+                               f"got {value!r}", param=f"skippy.{name}")
+        out.append(None if value is None else float(value))
+    return out[0], out[1]
 
 
 def _present(body: dict[str, Any], name: str) -> bool:
@@ -330,8 +357,10 @@ def _common(body: Any, kind: str, n_vocab: int) -> GenerationRequest:
             raise RequestError("'stream_options' must be an object with 'include_usage'",
                                param="stream_options")
         include_usage = _boolean(options, "include_usage")
+    ttft_ms, itl_ms = _deadlines(body)
     return GenerationRequest(
         kind=kind, model=model, sampling=_sampling(body, n_vocab), stop=_stop(body),
+        ttft_ms=ttft_ms, itl_ms=itl_ms,
         stream=stream, include_usage=include_usage,
         return_token_ids=_boolean(body, "return_token_ids"),
         priority=_integer(body, "priority", 0, (1 << 63) - 1) or 0,

@@ -161,10 +161,11 @@ class Server:
         name = s.model_name or (os.path.splitext(os.path.basename(s.model))[0] if s.model
                                 else self.host.stages[0].source_name)
         self._build(s, name, s.prefix_cache_tokens > 0, StagedEngineRunner,
-                    disjoint=s.inflight > 1)
+                    disjoint=s.inflight > 1, components=self.host.memory_components)
 
     def _build(self, s: ServeSettings, name: str, reuse: bool,
-               runner_class: Optional[type] = None, disjoint: bool = False) -> None:
+               runner_class: Optional[type] = None, disjoint: bool = False,
+               components: Optional[list[Any]] = None) -> None:
         from .. import Scheduler, SchedulerConfig
         from .access import AccessSettings
         from .app import Limits, ServeContext, create_app
@@ -183,6 +184,7 @@ class Server:
             mixed_prefill_decode=s.mixed,
             max_consecutive_prefill_iterations=s.max_consecutive_prefill,
             max_inflight_plans=s.inflight, disjoint_inflight_plans=disjoint,
+            memory_components=list(components or ()),
             priority_preemption=s.priority_preemption,
             **(self.host.sequence_id_settings if reuse else {"reserved_sequence_ids": 0}))
         self.scheduler = Scheduler(config, admission=make_admission(s.policy))
@@ -206,7 +208,8 @@ class Server:
         self.app = create_app(self.context, allowed_hosts=hosts, access=AccessSettings(
             api_key=s.api_key, open_paths=s.open_paths, allowed_origins=s.allowed_origins))
         vllm_compat.install(self.app, self.context)
-        self.kv_events = kv_events.start(s, self.host)  # last: nothing after it can fail
+        # last: nothing after it can fail
+        self.kv_events = kv_events.start(s, self.host, self.runner.engine)
 
     # -- running ------------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from typing import Any, Optional, Sequence as _Seq
 
 from ..engine.contract import HostState
 from ..hosts.llama.samplers import Samplers
-from ..types import ReleaseReason
+from ..types import MemoryComponent, ReleaseReason
 
 import numpy as np
 
@@ -132,9 +132,24 @@ class StageHost(StageChannel):
         self.n_embd = dims.pop()
         # A stage whose context got a smaller batch than asked sizes every plan.
         self.n_batch = min([self.n_batch] + [int(r["n_batch"]) for r in ready])
+        self.stage_cells = [int(r["n_ctx"]) for r in ready]
+        self.stage_kv_bytes = [int(r.get("kv_bytes_per_token", 0)) for r in ready]
         return infos
 
     # ------------------------------------------------------------------ Host verbs
+    @property
+    def memory_components(self) -> list[MemoryComponent]:
+        """One KV memory component per stage (its cells times the bytes a position takes in
+        its layers; the cells the prefix holders may keep are resident), for the scheduler's
+        `memory_components`: admission then keeps every admitted sequence's prompt and
+        `max_tokens` within every stage's KV cache (docs/stages.md "KV memory per stage")."""
+        kept = self.settings["prefix_cache_tokens"]
+        return [MemoryComponent(f"kv-stage-{k}", capacity_bytes=cells * per_token,
+                                resident_bytes=min(cells, kept) * per_token,
+                                bytes_per_token=per_token, bytes_per_sequence=0)
+                for k, (cells, per_token) in enumerate(zip(self.stage_cells,
+                                                           self.stage_kv_bytes))]
+
     @property
     def sequence_id_settings(self) -> dict[str, int]:
         """The scheduler config fields that match the stages' sequence ids: the lanes, then

@@ -93,6 +93,10 @@ class StageRunner:
         model = self._model
         self.n_embd = int(_ll.llama_model_n_embd(model))
         self.n_layer = int(_ll.llama_model_n_layer(model))
+        # KV bytes one position takes in this stage's cache: K and V of every layer it holds.
+        head = self.n_embd // max(1, int(_ll.llama_model_n_head(model)))
+        self.kv_bytes_per_token = (self.n_layer * 2 * int(_ll.llama_model_n_head_kv(model))
+                                   * head * (4 if kv_type == "f32" else 2))
         self._target = f"l_out-{self.n_layer - 1}".encode()
         vocab = Tokenizer(model)
         self.n_vocab = vocab.n_vocab

@@ -75,3 +75,26 @@ def test_engine_fits_the_model_under_the_slack_rule(impl):
 def test_reference_rule_adds_no_observer():
     engine = Engine(Scheduler(SchedulerConfig()), CostModelHost(), clock=VirtualClock())
     assert not any(isinstance(o, SlackFeed) for o in engine.observers)
+
+
+@pytest.mark.parametrize("impl", [Scheduler, TwinScheduler], ids=["native", "twin"])
+def test_request_deadlines_reach_the_sequence(impl):
+    sched = impl(SchedulerConfig(planning_rule=PlanningRule.SLACK))
+    seen = {}
+
+    def look(engine):
+        for rid in ("r", "plain"):
+            seq = sched.sequence(rid)
+            if seq is not None and rid not in seen:
+                seen[rid] = (seq.itl_target, seq.ttft_deadline, engine.now())
+
+    engine = Engine(sched, CostModelHost(token=1), clock=VirtualClock(RuntimeCostModel()),
+                    before_step=look)
+    engine.submit(Request("r", [1, 2, 3], 4, arrival_us=2000.0, ttft_ms=250.0, itl_ms=40.0))
+    engine.submit(Request("plain", [1, 2], 4, arrival_us=2000.0))
+    engine.run()
+    itl, deadline, at_us = seen["r"]
+    assert itl == pytest.approx(0.04)
+    assert at_us >= 2000.0
+    assert deadline == pytest.approx(0.002 + 0.25)  # from its arrival, on the engine's clock
+    assert seen["plain"][:2] == (None, None)

@@ -66,3 +66,40 @@ def test_the_store_model_counts_hits_of_the_last_holders():
     assert store_model(groups, 2, lambda i, g: 0) == 1 / 6
     # two replicas by group: every repeat hits
     assert store_model(groups, 2, lambda i, g: g % 2) == 3 / 6
+
+
+def test_the_trace_table_has_a_row_per_policy():
+    trace = {"group_stickiness": 0.75, "prefix_at_send": {
+        "on_served": 5, "only_elsewhere": 2, "only_elsewhere_fresh": 1, "nowhere": 3,
+        "nowhere_but_running": 2, "nowhere_but_running_elsewhere": 1},
+        "groups_resident_mean": [2.5, 3.0], "holders_per_replica": 4,
+        "modelled_hit_share": {"round_robin": 0.25, "partition": 0.5}}
+    table = fleet_bench.trace_markdown([dict(policy="kv_aware", trace=trace)]).splitlines()
+    assert len(table) == 3
+    assert table[2] == "| kv_aware | 0.75 | 5 / 2 (1) / 3 (2, 1) | 2.5 / 3.0 of 4 | 0.250 / 0.500 |"
+
+
+def test_the_trace_places_requests_by_their_own_blocks():
+    from fleet_trace import ReplicaEvents, analyse
+    from skippy_scheduler.serve.kv_events import chain, wire_hash
+
+    block = 2
+    prefix = [1, 9, 9, 9]  # two blocks shared by the group
+    a, b, c = prefix + [5, 6], prefix + [7, 8], prefix + [3, 4]
+
+    def stored(key, at):
+        return (at, [{"type": "BlockStored",
+                      "block_hashes": [wire_hash(h) for h in chain(key, block, "0")]}])
+
+    class Recorder:
+        # replica 0 ran a (ended at 2) then c; replica 1 ran b, sent at 1.5 while a ran
+        replicas = [ReplicaEvents([stored(a, 2.0), stored(c, 5.0)]),
+                    ReplicaEvents([stored(b, 4.0)])]
+
+    out = analyse(Recorder(), [a, b, c], [0, 0, 0], [1.0, 1.5, 3.0], 4, block, 4,
+                  ended=[2.0, 4.0, 5.0])
+    assert out["requests_by_replica"] == [2, 1]
+    w = out["prefix_at_send"]
+    assert (w["on_served"], w["nowhere"], w["nowhere_but_running"],
+            w["nowhere_but_running_elsewhere"]) == (1, 2, 1, 1)
+    assert out["group_stickiness"] == 2 / 3

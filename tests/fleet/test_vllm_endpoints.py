@@ -6,7 +6,7 @@ import re
 
 import httpx
 from fleet_support import BLOCK
-from vllm_schema import BlockStored, Subscriber, vllm_hashes
+from vllm_schema import BlockRemoved, BlockStored, Subscriber, vllm_hashes
 
 GREEDY = {"temperature": 0}
 
@@ -122,5 +122,40 @@ def test_a_finished_request_publishes_its_blocks_and_a_restore_only_the_new_ones
         assert shared >= 1
         assert ev2.block_hashes == chain2[shared:]
         assert ev2.parent_block_hash == chain2[shared - 1]
+    finally:
+        sub.close()
+
+
+def test_a_running_requests_prompt_blocks_are_announced_before_it_ends(replica):
+    server, events = replica
+    sub = Subscriber(events)
+    try:
+        prompt = "a prompt whose blocks the router should learn of while it still runs. " * 2
+        ids = _post(server.url, "/tokenize", {"prompt": prompt})["tokens"]
+        want = vllm_hashes(ids, BLOCK)
+        assert len(want) >= 2
+        body = {"prompt": prompt, "max_tokens": 200, "ignore_eos": True, "stream": True,
+                **GREEDY}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body,
+                          timeout=60) as r:
+            lines = r.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            assert "[DONE]" not in first
+            got = sub.events_until(lambda g: any(
+                isinstance(e, BlockStored) and set(want) <= set(e.block_hashes)
+                for _, e in g))
+            stored = [e for _, e in got if isinstance(e, BlockStored)
+                      and set(want) <= set(e.block_hashes)][0]
+            assert stored.block_hashes == want  # the prompt's full blocks, no more yet
+            assert stored.token_ids == ids[:len(want) * BLOCK]
+            rest = list(lines)
+        assert rest[-1] == "data: [DONE]" or "data: [DONE]" in rest
+        # It ended and its holder was kept: its blocks past the prompt are announced, and
+        # none of the prompt's is withdrawn.
+        got = sub.events_until(lambda g: any(isinstance(e, BlockStored) for _, e in g))
+        later = [e for _, e in got if isinstance(e, BlockStored)][-1]
+        assert later.parent_block_hash == want[-1]
+        assert not any(isinstance(e, BlockRemoved) and set(want) & set(e.block_hashes)
+                       for _, e in got)
     finally:
         sub.close()

@@ -184,3 +184,34 @@ def test_sampled_sequences_on_pipelined_stages_equal_their_alone_runs(impl, pipe
             assert rec.tokens == want, (req.id, req.sampling)
         assert piped.host_state(detail=True).samplers == 0  # every chain went with its request
     assert preempted > 0
+
+
+def test_kv_memory_per_stage_bounds_admission(splits, model4, alone):
+    """Each stage's KV cache is a memory component (its cells x the bytes a position takes in
+    its layers): with 512 cells per stage and requests reserving 180 positions, at most two run
+    at once, pipelined, and every request gets its alone tokens."""
+    with LocalStages(splits[3], source_model=model4) as local:
+        with local.host(n_ctx=512, n_seq_max=N_SEQ, n_batch=512, n_threads=1,
+                        pipeline_depth=3) as host:
+            components = host.memory_components
+            assert [c.name for c in components] == ["kv-stage-0", "kv-stage-1", "kv-stage-2"]
+            layers = [s.layer_end - s.layer_start for s in host.stages]
+            per_layer = {c.bytes_per_token // n for c, n in zip(components, layers)}
+            assert len(per_layer) == 1 and per_layer.pop() > 0  # the same layers, by count
+            scheduler = Scheduler(SchedulerConfig(
+                max_active_sequences=N_SEQ, max_tokens_per_iteration=64,
+                memory_components=components, **_pipelined(host)))
+            most = []
+
+            def watch(engine):
+                most.append(len(scheduler.snapshot().active_ids))
+
+            requests = [Request(f"m{i}", [1] + list(range(30 + i, 200 + i)), MAX_GEN)
+                        for i in range(5)]
+            engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), before_step=watch,
+                            max_iterations=3000)
+            report = engine.run(requests)
+            assert max(most) == 2
+            for req, rec in zip(requests, report.records):
+                want = alone(req.prompt_tokens, req.max_tokens)
+                assert rec.tokens == (want[:-1] if rec.finish_reason == "stop" else want)

@@ -155,6 +155,14 @@ def test_run_with_stages_prints_the_same_json_as_run(tmp_path, capsys, model4, s
         assert a.keys() == b.keys()
         assert a["prompt_tokens"] == b["prompt_tokens"]
         assert a["generated_tokens"] == b["generated_tokens"] == alone(a["prompt_tokens"], 6)
+    # Pipelined: three plans in flight on disjoint groups, the same tokens.
+    assert _cli("run", *common, "--stages", splits[3], "--inflight", 3,
+                "--json", tmp_path / "piped.json") == 0
+    piped = json.loads((tmp_path / "piped.json").read_text())
+    assert piped["settings"]["pipeline_depth"] == 3
+    assert piped["settings"]["disjoint_inflight_plans"] is True
+    for a, b in zip(plain["requests"], piped["requests"]):
+        assert a["generated_tokens"] == b["generated_tokens"]
 
 
 def test_run_on_running_workers_and_refusals(tmp_path, capsys, model4, splits):
