@@ -44,8 +44,8 @@ class _Steps:
     # Slots, not a per-instance dict: every attribute the step path reads is a fixed offset
     # (the engine has more fields than a dict shares its keys for, which slows each read).
     __slots__ = ("_inflight", "_pending_release", "_run_async", "_pipelined", "_measures",
-                 "iterations",
-                 "last_plan_ns", "last_complete_ns", "last_telemetry", "_outstanding")
+                 "iterations", "last_plan_ns", "last_complete_ns", "last_telemetry",
+                 "_outstanding")
 
     scheduler: "SchedulerLike"
     host: "Host"
