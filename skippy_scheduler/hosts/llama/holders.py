@@ -13,9 +13,10 @@ store decides what is resident, this object moves the cells.
 * `evicted`: the holder's cells are dropped.
 
 **Replacement** (streams of their own, `replace_share` set): a released key that shares at
-least `replace_share` of an unpinned resident holder's key (the longest match, as a restore
-from it would copy) supersedes that holder instead of taking another one, as llama-server
-reuses a slot: the holder's entry is evicted and the new key inserted in one `keep`. With
+least `replace_share` of an unpinned resident holder's key (of several, the one it shares the
+most tokens with: in practice the holder it restored from) supersedes that holder instead of
+taking another one, as llama-server reuses a slot: the holder's entry is evicted and the new
+key inserted in one `keep`. With
 `match` tokens shared and the holder's key of `L` tokens, the holder's last `L - match`
 positions are lost (none when its key is a prefix of the new one); a rule on the share of the
 holder's key bounds that loss. Watchers hear the insert before the evictions of the same `keep`,
@@ -122,7 +123,7 @@ class PrefixHolders:
             return
         matched = hit.matched_tokens
         parent = None
-        replacing = self._supersedes(hit.entry, matched, n)
+        replacing = self._supersedes(key)
         if replacing is not None:
             store.evict(replacing)
         elif self.shared_cells:
@@ -143,18 +144,23 @@ class PrefixHolders:
             if replacing is not None:
                 self.replaced += 1
 
-    def _supersedes(self, entry: Optional[StoreEntry], matched: int,
-                    n: int) -> Optional[StoreEntry]:
-        """The holder a key of `n` tokens sharing `matched` with `entry` replaces, or None."""
+    def _supersedes(self, key: npt.NDArray[np.int32]) -> Optional[StoreEntry]:
+        """The holder `key` replaces: of the evictable entries sharing at least `replace_share`
+        of their key with it, the one sharing the most tokens (the least recently used on a
+        tie); None."""
         share = self.replace_share
-        if share is None or entry is None or self.shared_cells or matched <= 0:
+        store = self.store
+        if share is None or self.shared_cells:
             return None
-        if matched < share * entry.length or not self.store.evictable(entry):
-            return None  # too little of it shared, or in use (pinned by a running restore)
-        cap = self.store.capacity_tokens
-        if cap is not None and n > cap:
+        cap = store.capacity_tokens
+        if cap is not None and len(key) > cap:
             return None  # the new key would be refused: keep the old one
-        return entry
+        best, best_shared = None, 0
+        for entry in store.lru_order():  # evictable: unpinned, no resident child
+            shared = _common_prefix(key, entry.key)
+            if shared > best_shared and shared >= share * entry.length:
+                best, best_shared = entry, shared
+        return best
 
     def restore(self, lane: int, holder: int, start: int) -> npt.NDArray[np.int32]:
         """Give `lane` the holder's first `start` positions; returns the tokens they stand for.
@@ -210,3 +216,10 @@ class PrefixHolders:
     def _tell(self, kind: str, entry: StoreEntry) -> None:
         for watcher in self._watchers:
             watcher(kind, entry)
+
+
+def _common_prefix(a: npt.NDArray[np.int32], b: npt.NDArray[np.int32]) -> int:
+    """Leading tokens `a` and `b` share."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
