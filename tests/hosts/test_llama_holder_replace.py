@@ -129,3 +129,22 @@ def test_the_replace_share_is_checked(model_path):
     for bad in (0, 1.5, -0.1, True, "half"):
         with pytest.raises(ValueError, match="prefix_replace_share"):
             _host(model_path, share=bad)
+
+
+def test_the_store_evicts_exactly_the_entry_asked_and_leaves_the_others_as_they_were():
+    from skippy_scheduler.prefix_store import PrefixStore
+
+    gone = []
+    store = PrefixStore(capacity_tokens=100, holder_slots=4)
+    store.backend.on_evict = gone.append
+    a, b, c = (store.insert([k] * 5) for k in (1, 2, 3))
+    child = store.insert([1] * 5 + [9], a)
+    store.pin(b)
+    order, epoch = store.lru_order(), store.epoch
+    assert not store.evict(b) and not store.evict(a)  # pinned; has a resident child
+    assert store.epoch == epoch and gone == []
+    assert store.evict(c)
+    assert gone == [c] and not c.alive and store.epoch == epoch + 1 and store.evictions == 1
+    assert store.lru_order() == [e for e in order if e is not c]
+    assert b.pins == 1 and child.pins == 0 and a.pins == 0
+    assert not store.evict(c)  # evicted already
