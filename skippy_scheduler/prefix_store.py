@@ -333,6 +333,25 @@ class PrefixStore:
         gone = self._drain_evictions()
         return gone[0] if victim >= 0 and gone else None
 
+    def evict(self, entry: StoreEntry) -> bool:
+        """Evict exactly `entry` (a holder superseded by a new key, hosts/llama/holders.py);
+        False, and nothing changes, when it is not evictable (evicted already, pinned, or with
+        a resident child). The native store evicts only its least recently used entry, so every
+        other evictable entry is pinned for the length of the call: pins change no recency and
+        no epoch, and the eviction counts and journals as any other."""
+        if not self.evictable(entry):
+            return False
+        others = [e for e in self.lru_order() if e is not entry]
+        for other in others:
+            self._native.pin(other.id)
+        try:
+            gone = self.evict_one()
+        finally:
+            for other in others:
+                self._native.unpin(other.id)
+        assert gone is entry  # the only evictable entry
+        return True
+
     def entry_by_id(self, entry_id: int) -> Optional[StoreEntry]:
         """The resident entry with this native id (as `Scheduler.sequence` reports it)."""
         return self._objects.get(entry_id)

@@ -165,7 +165,8 @@ class BlockLedger:
     `stored(entry_id, key)` returns the event announcing the blocks that became resident (None
     when every block was resident already or the key is shorter than a block);
     `removed(entry_id)` the event withdrawing the blocks no holder has any more. An entry id is
-    a store entry's id, or ("running", request id) for a running request's prompt."""
+    ("entry", a store entry's insert serial) or ("running", request id) for a running
+    request's prompt."""
 
     block_size: int
     seed: str = "0"
@@ -357,7 +358,7 @@ class StoreEvents:
                    BlockLedger(block_size, seed))
         events: list[Event] = [AllBlocksCleared()]
         for entry in store.resident():
-            stored = hook.ledger.stored(entry.id, entry.key)
+            stored = hook.ledger.stored(_ledger_id(entry), entry.key)
             if stored is not None:
                 events.append(stored)
         publisher.publish(events)
@@ -370,11 +371,11 @@ class StoreEvents:
     def changed(self, kind: str, entry: Any) -> None:
         """A watcher's call: `kind` is "inserted" or "evicted"."""
         if kind == "inserted":
-            stored = self.ledger.stored(entry.id, entry.key)
+            stored = self.ledger.stored(_ledger_id(entry), entry.key)
             if stored is not None:
                 self.publisher.publish([stored])
         elif kind == "evicted":
-            removed = self.ledger.removed(entry.id)
+            removed = self.ledger.removed(_ledger_id(entry))
             if removed is not None:
                 self.publisher.publish([removed])
         else:
@@ -401,6 +402,12 @@ class StoreEvents:
     def evicted(self, entry: Any) -> None:
         self.inner.evicted(entry)
         self.changed("evicted", entry)
+
+
+def _ledger_id(entry: Any) -> Hashable:
+    """An entry's name in the ledger: its insert serial, unique for the store's life (entry ids
+    are reused, and a replacement's insert may be told before the eviction that freed its id)."""
+    return ("entry", entry.serial)
 
 
 def check(settings: Any) -> None:

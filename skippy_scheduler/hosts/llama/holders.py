@@ -12,6 +12,16 @@ store decides what is resident, this object moves the cells.
   gets the holder's first `start` positions, so only the suffix is prefilled.
 * `evicted`: the holder's cells are dropped.
 
+**Replacement** (streams of their own, `replace_share` set): a released key that shares at
+least `replace_share` of an unpinned resident holder's key (of several, the one it shares the
+most tokens with: in practice the holder it restored from) supersedes that holder instead of
+taking another one, as llama-server reuses a slot: the holder's entry is evicted and the new
+key inserted in one `keep`. With
+`match` tokens shared and the holder's key of `L` tokens, the holder's last `L - match`
+positions are lost (none when its key is a prefix of the new one); a rule on the share of the
+holder's key bounds that loss. Watchers hear the insert before the evictions of the same `keep`,
+so blocks both keys hold are never withdrawn and announced again (docs/hosts.md).
+
 Two layouts: by default every lane and holder has a KV stream of its own and a copy moves a
 whole stream (trimmed to the prefix afterwards); with `shared_cells` (kv_unified) all share one
 cache and a copy shares cells without moving them, but then every token's attention spans the
@@ -21,7 +31,7 @@ Other parts of a server (an event publisher) watch inserts and evictions through
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 import numpy.typing as npt
@@ -32,17 +42,36 @@ from .lanes import KvCells
 # A shared part shorter than this is not worth a holder sequence of its own.
 _MIN_SPLIT_TOKENS = 16
 
+# A key sharing at least this share of a holder's key replaces it by default (llama-server's
+# default --slot-prompt-similarity is the same half).
+DEFAULT_REPLACE_SHARE = 0.5
+
 Watcher = Callable[[str, StoreEntry], None]
+
+
+def check_replace_share(share: Optional[float]) -> Optional[float]:
+    """`share` when it is None (replacement off) or a number in (0, 1]; ValueError otherwise."""
+    if share is None:
+        return None
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+        raise ValueError(f"prefix_replace_share must be None or a number in (0, 1], got "
+                         f"{share!r}")
+    return float(share)
 
 
 class PrefixHolders:
     """The holder sequence ids, the store that decides their contents, each lane's tokens."""
 
     def __init__(self, capacity_tokens: int, count: int, first_id: int, lanes: int, n_ctx: int,
-                 cells: KvCells, shared_cells: bool) -> None:
+                 cells: KvCells, shared_cells: bool,
+                 replace_share: Optional[float] = DEFAULT_REPLACE_SHARE) -> None:
         self.count = count
         self.shared_cells = shared_cells
+        self.replace_share = check_replace_share(replace_share)
         self.kept = 0  # prefixes made resident
+        self.replaced = 0  # of those, how many superseded a holder they shared most of
+        # Watcher calls of the `keep` under way (None: none is), told once it is done.
+        self._pending: Optional[list[tuple[str, StoreEntry]]] = None
         self._cells = cells
         self._entry: dict[int, StoreEntry] = {}
         self._watchers: list[Watcher] = []
@@ -74,6 +103,17 @@ class PrefixHolders:
 
     def keep(self, lane: int, n: int) -> None:
         """Offer the lane's first `n` positions to the store as the prefix they stand for."""
+        self._pending = []
+        try:
+            self._keep(lane, n)
+        finally:
+            pending, self._pending = self._pending, None
+            # Inserts first: a block the new key shares with an evicted one stays announced.
+            pending.sort(key=lambda change: change[0] != "inserted")
+            for kind, entry in pending:
+                self._tell(kind, entry)
+
+    def _keep(self, lane: int, n: int) -> None:
         store = self.store
         key = self._tokens[lane, :n].copy()
         hit = store.match(key)
@@ -83,7 +123,10 @@ class PrefixHolders:
             return
         matched = hit.matched_tokens
         parent = None
-        if self.shared_cells:
+        replacing = self._supersedes(key)
+        if replacing is not None:
+            store.evict(replacing)
+        elif self.shared_cells:
             # The parent is the deepest resident entry whose whole key is a prefix of this one:
             # its cells are shared, so the store counts them once. (With a stream per holder
             # every entry holds its whole key and is counted so, with no parent.)
@@ -98,6 +141,26 @@ class PrefixHolders:
                     parent = split
         if store.insert(key, parent, value=lane) is not None:
             self.kept += 1
+            if replacing is not None:
+                self.replaced += 1
+
+    def _supersedes(self, key: npt.NDArray[np.int32]) -> Optional[StoreEntry]:
+        """The holder `key` replaces: of the evictable entries sharing at least `replace_share`
+        of their key with it, the one sharing the most tokens (the least recently used on a
+        tie); None."""
+        share = self.replace_share
+        store = self.store
+        if share is None or self.shared_cells:
+            return None
+        cap = store.capacity_tokens
+        if cap is not None and len(key) > cap:
+            return None  # the new key would be refused: keep the old one
+        best, best_shared = None, 0
+        for entry in store.lru_order():  # evictable: unpinned, no resident child
+            shared = _common_prefix(key, entry.key)
+            if shared > best_shared and shared >= share * entry.length:
+                best, best_shared = entry, shared
+        return best
 
     def restore(self, lane: int, holder: int, start: int) -> npt.NDArray[np.int32]:
         """Give `lane` the holder's first `start` positions; returns the tokens they stand for.
@@ -137,11 +200,26 @@ class PrefixHolders:
                 cells.copy(entry.parent.holder, holder, 0, start)
             cells.copy(lane, holder, start, entry.length)
         self._entry[holder] = entry
-        for watcher in self._watchers:
-            watcher("inserted", entry)
+        self._changed("inserted", entry)
 
     def evicted(self, entry: Any) -> None:
         self._entry.pop(entry.holder, None)
         self._cells.remove(entry.holder)
+        self._changed("evicted", entry)
+
+    def _changed(self, kind: str, entry: StoreEntry) -> None:
+        if self._pending is not None:
+            self._pending.append((kind, entry))
+        else:
+            self._tell(kind, entry)
+
+    def _tell(self, kind: str, entry: StoreEntry) -> None:
         for watcher in self._watchers:
-            watcher("evicted", entry)
+            watcher(kind, entry)
+
+
+def _common_prefix(a: npt.NDArray[np.int32], b: npt.NDArray[np.int32]) -> int:
+    """Leading tokens `a` and `b` share."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n

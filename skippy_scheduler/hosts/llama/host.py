@@ -43,7 +43,7 @@ from .backend import KV_TYPES, check_int, create_context, init_backend, load_mod
 from .decode import Decoder
 from .direct import DirectRows
 from .forks import Forks
-from .holders import PrefixHolders
+from .holders import DEFAULT_REPLACE_SHARE, PrefixHolders, check_replace_share
 from .lanes import KvCells, Lanes, Start
 from .rows import RowDecoding
 from .samplers import Samplers
@@ -72,12 +72,14 @@ class LlamaHost(DirectRows, RowDecoding):
         kv_unified: bool | None = None,
         prefix_cache_tokens: int = 0,
         prefix_holders: int = 16,
+        prefix_replace_share: float | None = DEFAULT_REPLACE_SHARE,
     ) -> None:
         n_seq_max = check_int("n_seq_max", n_seq_max, 1, 256)
         prefix_cache_tokens = check_int("prefix_cache_tokens", prefix_cache_tokens, 0)
         holders = 0
         if prefix_cache_tokens:
             holders = check_int("prefix_holders", prefix_holders, 1, 256 - n_seq_max)
+        replace_share = check_replace_share(prefix_replace_share)  # (holders.py)
         # With reuse and kv_unified left unset, every lane and holder has a KV stream of its own
         # (n_ctx is split evenly over them) and prefixes move by whole-stream copies; with
         # kv_unified=True they share cells of one cache (holders.py).
@@ -131,6 +133,7 @@ class LlamaHost(DirectRows, RowDecoding):
             "n_batch": self.n_batch, "n_ubatch": n_ubatch, "n_threads": n_threads,
             "kv_type": kv_type, "flash_attn": bool(flash_attn), "kv_unified": unified,
             "prefix_cache_tokens": prefix_cache_tokens, "prefix_holders": holders,
+            "prefix_replace_share": replace_share,
         }
         self._lanes = Lanes(n_seq_max, cells)
         self._samplers = Samplers(tok.n_vocab, tok.eog, tok.eog_ids,
@@ -143,7 +146,7 @@ class LlamaHost(DirectRows, RowDecoding):
         self.holders: PrefixHolders | None = None
         if prefix_cache_tokens:
             self.holders = PrefixHolders(prefix_cache_tokens, holders, n_seq_max, n_seq_max,
-                                         self.n_ctx, cells, unified)
+                                         self.n_ctx, cells, unified, replace_share)
 
     # ------------------------------------------------------------------ the contract's extras
     @property
