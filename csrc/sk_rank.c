@@ -18,8 +18,9 @@
  * Prompts with identical token vectors always end together at one node, where they form a
  * contiguous block; the reference compares them as equal at the DFS key, so that block is
  * ordered by (effective score desc, order asc, position asc) right away. The DFS output is
- * then already sorted by every key below the score, and a final stable sort by
- * (priority desc, grouping score desc) finishes the job.
+ * then already sorted by every key below the score, and stable sorts by the TTFT deadline
+ * (§3.3a), then (priority desc, grouping score desc) finish the job. Without deadlines the
+ * deadline key is UINT64_MAX everywhere, no byte of it varies and its pass reads the keys once.
  */
 #include "sk_rank_impl.h"
 
@@ -77,6 +78,14 @@ static int ws_reserve(sk_rank_ws *ws, size_t n)
         return SK_RANK_NO_MEMORY;
     ws->cap = want;
     return SK_RANK_OK;
+}
+
+uint64_t sk_rank_deadline_key(double deadline_us)
+{
+    uint64_t bits;
+    if (!(deadline_us > 0.0)) return UINT64_MAX;
+    memcpy(&bits, &deadline_us, sizeof bits);
+    return bits;
 }
 
 /* Stable sort by key; the result ends in a. tmp must hold n records. Only the key bytes that
@@ -245,7 +254,7 @@ static void fill_scores(sk_rank_ws *ws, const sk_rank_item *items, size_t n, uin
     for (i = 0; i < n; i++) sk_rank_scores(&items[i], turn, aging, &ws->eff[i], &ws->grp[i]);
 }
 
-enum { KEY_ORDER, KEY_PRIORITY, KEY_EFF, KEY_GROUP };
+enum { KEY_ORDER, KEY_PRIORITY, KEY_EFF, KEY_GROUP, KEY_DEADLINE };
 
 /* One stable pass over kv_a by the given key of each record's position. */
 static void sort_by(sk_rank_ws *ws, const sk_rank_item *items, size_t n, int which)
@@ -258,6 +267,7 @@ static void sort_by(sk_rank_ws *ws, const sk_rank_item *items, size_t n, int whi
         case KEY_ORDER: kv[i].key = items[p].order; break;
         case KEY_PRIORITY: kv[i].key = ~items[p].priority; break;
         case KEY_EFF: kv[i].key = ~ws->eff[p]; break;
+        case KEY_DEADLINE: kv[i].key = items[p].deadline; break;
         default: kv[i].key = ~ws->grp[p]; break;
         }
     }
@@ -281,11 +291,15 @@ int sk_rank_order(sk_rank_ws *ws, const sk_rank_item *items, size_t n, uint64_t 
         for (i = 0; i < n; i++) ws->pos[i] = (uint32_t)i;
         dfs_order(ws, items, n);
         for (i = 0; i < n; i++) ws->kv_a[i].idx = ws->pos[i];
+        sort_by(ws, items, n, KEY_DEADLINE);
         sort_by(ws, items, n, KEY_GROUP);
     } else {
         for (i = 0; i < n; i++) ws->kv_a[i].idx = (uint32_t)i;
         sort_by(ws, items, n, KEY_ORDER);
-        if (mode == SK_RANK_CACHE_AWARE) sort_by(ws, items, n, KEY_EFF);
+        if (mode == SK_RANK_CACHE_AWARE) {
+            sort_by(ws, items, n, KEY_DEADLINE);
+            sort_by(ws, items, n, KEY_EFF);
+        }
     }
     if (mode != SK_RANK_FCFS) sort_by(ws, items, n, KEY_PRIORITY);
     for (i = 0; i < n; i++) out[i] = ws->kv_a[i].idx;

@@ -16,10 +16,16 @@ typedef struct sk_rank_item {
     uint64_t order;          /* enqueue order: FIFO tie-break */
     const int32_t *tokens;   /* prompt tokens (for the waiting-prefix radix) */
     size_t token_count;
+    uint64_t deadline;       /* TTFT deadline key, nearer first (sk_rank_deadline_key);
+                              * UINT64_MAX = none. Cache-aware mode only (behaviour.md §3.3a) */
 } sk_rank_item;
 
+/* The deadline key of a TTFT deadline in microseconds: the bits of the double, which order
+ * as the values do for positive doubles; 0 (none), negatives and NaN give UINT64_MAX. */
+uint64_t sk_rank_deadline_key(double deadline_us);
+
 typedef enum sk_rank_mode {
-    SK_RANK_CACHE_AWARE = 0, /* §3.3: priority, score (+band/DFS when grouping), order */
+    SK_RANK_CACHE_AWARE = 0, /* §3.3: priority, score (+band/DFS when grouping), deadline, order */
     SK_RANK_FCFS = 1,        /* order only */
     SK_RANK_PRIORITY = 2     /* priority, then order */
 } sk_rank_mode;

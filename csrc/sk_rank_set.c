@@ -465,7 +465,7 @@ int sk_rank_set_update(sk_rank_set *s, uint32_t h, uint64_t priority, uint64_t s
 
 /* ---- order ---- */
 
-enum { BY_SEQ, BY_ORDER, BY_PRIORITY, BY_EFF, BY_GROUP };
+enum { BY_SEQ, BY_ORDER, BY_PRIORITY, BY_EFF, BY_GROUP, BY_DEADLINE };
 
 static void sort_range(sk_rank_set *s, sk_kv *kv, size_t n, int by)
 {
@@ -477,6 +477,7 @@ static void sort_range(sk_rank_set *s, sk_kv *kv, size_t n, int by)
         case BY_ORDER: kv[i].key = sl->item.order; break;
         case BY_PRIORITY: kv[i].key = ~sl->item.priority; break;
         case BY_EFF: kv[i].key = ~s->eff[kv[i].idx]; break;
+        case BY_DEADLINE: kv[i].key = sl->item.deadline; break;
         default: kv[i].key = ~s->grp[kv[i].idx]; break;
         }
     }
@@ -503,8 +504,8 @@ int sk_rank_set_order(sk_rank_set *s, uint64_t current_turn, uint64_t aging_cost
 {
     size_t n = s->live, w = 0, top = 0, i, cap;
     uint32_t h;
-    uint64_t grp0 = 0, prio0 = 0;
-    int seen = 0, mixed_grp = 0, mixed_prio = 0;
+    uint64_t grp0 = 0, prio0 = 0, dl0 = 0;
+    int seen = 0, mixed_grp = 0, mixed_prio = 0, mixed_dl = 0;
     if (mode < SK_RANK_CACHE_AWARE || mode > SK_RANK_PRIORITY) return SK_RANK_INVALID;
     if (n == 0) return SK_RANK_OK;
     cap = s->kv_cap;
@@ -532,6 +533,8 @@ int sk_rank_set_order(sk_rank_set *s, uint64_t current_turn, uint64_t aging_cost
             sk_rank_scores(&sl->item, current_turn, aging_cost_per_turn, &s->eff[h], &s->grp[h]);
             if (!seen) grp0 = s->grp[h];
             mixed_grp |= s->grp[h] != grp0;
+            if (!seen) dl0 = sl->item.deadline;
+            mixed_dl |= sl->item.deadline != dl0;
         }
         if (!seen) prio0 = sl->item.priority;
         mixed_prio |= sl->item.priority != prio0;
@@ -553,13 +556,17 @@ int sk_rank_set_order(sk_rank_set *s, uint64_t current_turn, uint64_t aging_cost
             if (nd->nterm) s->stack[top++] = e | EMIT;
             for (k = nd->nkids; k-- > 0;) s->stack[top++] = nd->kids[k];
         }
+        if (mixed_dl) sort_range(s, s->kv_a, n, BY_DEADLINE); /* §3.3a */
         if (mixed_grp) sort_range(s, s->kv_a, n, BY_GROUP);
     } else {
         for (h = 0; h < s->nslots; h++)
             if (s->slots[h].node != NIL) s->kv_a[w++].idx = h;
         sort_range(s, s->kv_a, n, BY_SEQ);
         sort_range(s, s->kv_a, n, BY_ORDER);
-        if (mode == SK_RANK_CACHE_AWARE) sort_range(s, s->kv_a, n, BY_EFF);
+        if (mode == SK_RANK_CACHE_AWARE) {
+            if (mixed_dl) sort_range(s, s->kv_a, n, BY_DEADLINE);
+            sort_range(s, s->kv_a, n, BY_EFF);
+        }
     }
     if (mode != SK_RANK_FCFS && mixed_prio) sort_range(s, s->kv_a, n, BY_PRIORITY);
     for (i = 0; i < n; i++) out[i] = s->kv_a[i].idx;

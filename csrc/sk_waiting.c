@@ -76,7 +76,7 @@ int sk_waiting_add(skippy_scheduler *s, uint32_t slot, uint64_t order)
                               sizeof(uint32_t)))
         return -1;
     sk_rank_item it = {q->priority, q->saved_cost, q->enqueued_turn, order, q->tokens,
-                       q->prompt_len};
+                       q->prompt_len, sk_rank_deadline_key(q->ttft_deadline_us)};
     uint32_t h;
     if (sk_rank_set_add(s->rank_set, &it, &h)) return -1;
     s->rank_slot[h] = slot;
@@ -117,7 +117,8 @@ static int rank_whole_queue(skippy_scheduler *s)
         for (size_t i = 0; i < n; i++) {
             const sk_seq *q = &s->seqs[s->waiting[i]];
             sk_rank_item it = {q->priority, q->saved_cost, q->enqueued_turn, q->enqueue_order,
-                               q->tokens, q->prompt_len};
+                               q->tokens, q->prompt_len,
+                               sk_rank_deadline_key(q->ttft_deadline_us)};
             items[i] = it;
         }
         if (sk_rank_order(s->rank_ws, items, n, s->waiting_turn,

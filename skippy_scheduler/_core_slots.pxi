@@ -61,7 +61,7 @@ cdef int _rank_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t *
             candidates.append(CacheAwareCandidate(
                 index=i, priority=info.priority, affinity=affinity,
                 prompt_tokens=o.prompt, enqueued_turn=info.enqueued_turn,
-                order=info.enqueue_order, tenant=o.tenant))
+                order=info.enqueue_order, tenant=o.tenant, ttft_deadline=o.ttft_deadline))
         order = self.admission.order(candidates, turn)
         try:
             order = [int(k) for k in order]

@@ -56,6 +56,12 @@ cdef Py_ssize_t _fill_tokens(object tokens, int32_t *dst, Py_ssize_t room) excep
     return view.shape[0]
 
 
+cdef uint64_t _deadline_key(object ttft_deadline) except? 0:
+    """The kernel's key of a TTFT deadline in seconds (None = none; docs/behaviour.md §3.3a)."""
+    from .cache_policy import ttft_deadline_key
+    return ttft_deadline_key(ttft_deadline)
+
+
 cdef int _check_kernel(int rc) except -1:
     """Errors of the one-shot kernel (sk_rank_order)."""
     if rc == _RANK_NO_MEMORY:
@@ -86,7 +92,8 @@ cdef class PackedCandidates:
         cdef Py_ssize_t n = len(cands), i, total = 0, at = 0, got
         cdef list prompts = []
         cdef list indices = []
-        from .cache_policy import CacheAffinity
+        cdef list deadlines = []
+        from .cache_policy import CacheAffinity, ttft_deadline_key
         if self.items != NULL:
             raise RuntimeError("PackedCandidates is already initialised")
         for c in cands:
@@ -100,6 +107,7 @@ cdef class PackedCandidates:
             if isinstance(p, (str, bytes)) or not hasattr(p, "__len__"):
                 raise TypeError("prompt_tokens must be a sequence of ints")
             prompts.append(p)
+            deadlines.append(ttft_deadline_key(getattr(c, "ttft_deadline", None)))
             total += len(p)
         self.items = <sk_rank_item *>PyMem_Malloc((n if n else 1) * sizeof(sk_rank_item))
         self.arena = <int32_t *>PyMem_Malloc((total if total else 1) * sizeof(int32_t))
@@ -118,6 +126,7 @@ cdef class PackedCandidates:
             self.items[i].order = c.order
             self.items[i].tokens = self.arena + at
             self.items[i].token_count = got
+            self.items[i].deadline = deadlines[i]
             at += got
         self.n = n
         self.indices = indices
@@ -212,8 +221,10 @@ cdef class RankSlots:
             raise MemoryError()
         return 0
 
-    def append(self, priority, saved_cost, enqueued_turn, order, prompt_tokens):
+    def append(self, priority, saved_cost, enqueued_turn, order, prompt_tokens,
+               ttft_deadline=None):
         """Validates everything, then appends one item at the end."""
+        cdef uint64_t dl = _deadline_key(ttft_deadline)
         cdef uint64_t pr = check_u64("priority", priority)
         cdef uint64_t sv = check_u64("saved_cost", saved_cost)
         cdef uint64_t tu = check_u64("enqueued_turn", enqueued_turn)
@@ -238,6 +249,7 @@ cdef class RankSlots:
         self.items[self.n].order = od
         self.items[self.n].tokens = buf
         self.items[self.n].token_count = <size_t>length
+        self.items[self.n].deadline = dl
         self.n += 1
 
     def set_saved_cost(self, Py_ssize_t i, saved_cost):
@@ -326,10 +338,11 @@ cdef class RankSet:
     def __len__(self):
         return sk_rank_set_size(self.s)
 
-    def add(self, priority, saved_cost, enqueued_turn, order, prompt_tokens):
+    def add(self, priority, saved_cost, enqueued_turn, order, prompt_tokens, ttft_deadline=None):
         cdef sk_rank_item item
         cdef uint32_t handle
         cdef int rc
+        item.deadline = _deadline_key(ttft_deadline)
         item.priority = check_u64("priority", priority)
         item.saved_cost = check_u64("saved_cost", saved_cost)
         item.enqueued_turn = check_u64("enqueued_turn", enqueued_turn)

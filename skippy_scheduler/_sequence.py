@@ -120,7 +120,8 @@ class Sequence:
     default) names whose service the request is, for fair-share admission. Builders modify the
     sequence and return it, so they chain. `ttft_deadline` (seconds on the scheduler's clock)
     and `itl_target` (seconds) are the request's own deadlines, None by default: the slack rule
-    reads `itl_target` (§2.13); `ttft_deadline` is carried (admission does not read it yet).
+    reads `itl_target` (§2.13); cache-aware admission reads `ttft_deadline`, nearer first
+    among waiting sequences of equal priority and score (§3.3a).
     """
 
     __slots__ = _FIELDS

@@ -9,6 +9,9 @@ cdef extern from "sk_rank.h" nogil:
         uint64_t order
         const int32_t *tokens
         size_t token_count
+        uint64_t deadline
+
+    uint64_t sk_rank_deadline_key(double deadline_us)
 
     ctypedef enum sk_rank_mode:
         SK_RANK_CACHE_AWARE

@@ -5,6 +5,7 @@ its value is the prefill work a hit saves minus the cost of restoring it.
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Hashable, Iterable, Sequence as _Seq
 
@@ -80,6 +81,27 @@ class CacheAwareCandidate:
     enqueued_turn: int = 0
     order: int = 0
     tenant: Hashable = None  # the sequence's `Sequence.tenant` (fair-share admission)
+    # The sequence's `Sequence.ttft_deadline` (seconds on the scheduler's clock, None = none):
+    # nearer first among equal priority and score (docs/behaviour.md §3.3a).
+    ttft_deadline: float | None = None
+
+
+def ttft_deadline_key(ttft_deadline: object) -> int:
+    """The u64 ranking key of a TTFT deadline in seconds (docs/behaviour.md §3.3a).
+
+    The deadline in microseconds as the core holds it (`seconds * 1e6`), as the bits of the
+    double, which order as the values do for positive doubles; None gives U64_MAX (last).
+    TypeError / ValueError unless None or a finite number > 0.
+    """
+    from .slack import check_optional_seconds
+
+    seconds = check_optional_seconds("ttft_deadline", ttft_deadline)
+    if seconds is None:
+        return U64_MAX
+    micros = seconds * 1e6
+    if not micros > 0.0:  # the core reads 0 as "no deadline"
+        return U64_MAX
+    return int.from_bytes(struct.pack("<d", micros), "little")
 
 
 def _check_candidates(candidates: object) -> list[CacheAwareCandidate]:
@@ -104,9 +126,9 @@ def order_cache_aware_candidates(
 ) -> list[int]:
     """The candidates' `index` values, best first (§3.3), ranked by the native kernel.
 
-    Keys: priority desc; grouping score (or effective score without grouping) desc; the
-    waiting-prefix DFS rank when grouping and the prompts differ; effective score desc; order
-    asc; then input position. Raises TypeError / ValueError for malformed input (prompt tokens
+    Keys: priority desc; grouping score (or effective score without grouping) desc; TTFT
+    deadline asc (none last, §3.3a); the waiting-prefix DFS rank when grouping and the prompts
+    differ; effective score desc; order asc; then input position. Raises TypeError / ValueError for malformed input (prompt tokens
     must be ints in the i32 range, every other field a u64).
     """
     from ._rank import order_candidates

@@ -49,6 +49,7 @@ class AdmissionOrder:
                 enqueued_turn=s.enqueued_turn,
                 order=s.enqueue_order,
                 tenant=s.tenant,
+                ttft_deadline=s.ttft_deadline,
             )
             for i, s in enumerate(waiting)
         ]

@@ -1,7 +1,8 @@
 """Reference cache-aware ordering of waiting requests (behaviour.md §3).
 
 Owns the pure-Python form of the §3.3 order: priority, then the cache score (saved cost minus
-restore cost, plus aging credit), then the waiting-prefix grouping of §3.2. It is the only
+restore cost, plus aging credit), then the nearest TTFT deadline (§3.3a), then the
+waiting-prefix grouping of §3.2. It is the only
 implementation besides the native ranking kernel (`skippy_scheduler._rank`, the one the public
 `skippy_scheduler.order_cache_aware_candidates` calls); `reference_order` takes the same
 arguments and returns the same order, the tests check the two against each other, and the
@@ -16,7 +17,7 @@ from __future__ import annotations
 from typing import Sequence as _Seq
 
 from .._validate import U64_MAX, check_bool, check_uint, sat, sat_sub
-from ..cache_policy import CacheAwareCandidate
+from ..cache_policy import CacheAwareCandidate, ttft_deadline_key
 
 # Ages inside one band of this many turns tie on the grouping score.
 PREFIX_GROUPING_SCORE_BAND_TURNS = 4
@@ -99,16 +100,17 @@ def reference_order(
         if not isinstance(candidate, CacheAwareCandidate):
             raise TypeError(f"candidates must be CacheAwareCandidate values, got {type(candidate).__name__}")
     scores = [_scores(c, current_turn, aging) for c in candidates]
+    deadlines = [ttft_deadline_key(c.ttft_deadline) for c in candidates]
     if grouping:
         ranks = _prefix_group_ranks([c.prompt_tokens for c in candidates], [c.order for c in candidates])
 
         def key(i: int) -> tuple[int, ...]:
             c = candidates[i]
-            return (-c.priority, -scores[i][1], ranks[i], -scores[i][0], c.order)
+            return (-c.priority, -scores[i][1], deadlines[i], ranks[i], -scores[i][0], c.order)
     else:
 
         def key(i: int) -> tuple[int, ...]:
             c = candidates[i]
-            return (-c.priority, -scores[i][0], c.order)
+            return (-c.priority, -scores[i][0], deadlines[i], c.order)
 
     return [candidates[i].index for i in sorted(range(len(candidates)), key=key)]

@@ -153,7 +153,8 @@ static void remember_queue(const skippy_scheduler *s)
     for (i = 0; i < before_n; i++) {
         const sk_seq *q = &s->seqs[w[i]];
         sk_rank_item it = {q->priority, q->saved_cost, q->enqueued_turn, q->enqueue_order,
-                           q->tokens, q->prompt_len};
+                           q->tokens, q->prompt_len,
+                           sk_rank_deadline_key(q->ttft_deadline_us)};
         items[i] = it;
     }
 }
