@@ -104,6 +104,8 @@ submit_op = st.tuples(
     st.none() | st.tuples(st.integers(0, 8), st.integers(0, 50), st.integers(0, 100)),  # affinity
     st.none() | st.lists(st.integers(0, 9), min_size=1, max_size=3),  # prefilled generation
     st.sampled_from([None, GREEDY]),  # sampling (carried only)
+    # TTFT deadline (seconds): ties and none now and then, so §3.3a's key decides often
+    st.none() | st.sampled_from([0.5, 1.0, 1.0, 2.0, 1e-3, 1e9]),
 )
 complete_op = st.tuples(
     st.just("complete"),
@@ -136,8 +138,11 @@ ops = st.lists(
 
 
 def build_sequence(op):
-    _, idx, prompt, max_tokens, priority, admission, restore, affinity, generated, sampling = op
+    _, idx, prompt, max_tokens, priority, admission, restore, affinity, generated, sampling, \
+        deadline = op
     s = Sequence(IDS[idx], prompt, max_tokens, sampling, priority)
+    if deadline is not None:
+        s.with_deadlines(ttft_deadline=deadline)
     if admission is not None:
         s.with_admission_tokens(admission)
     if generated is not None:
