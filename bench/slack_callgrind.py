@@ -61,7 +61,7 @@ def _instructions(kind: str, rule: str, n: int, steps: int) -> int:
         annotate = shutil.which("callgrind_annotate")
         if annotate is None:
             raise SystemExit("callgrind_annotate not found")
-        text = subprocess.run([annotate, "--inclusive=yes", out], check=True,
+        text = subprocess.run([annotate, "--inclusive=yes", "--threshold=100", out], check=True,
                               capture_output=True, text=True).stdout
     total = 0
     for line in text.splitlines():

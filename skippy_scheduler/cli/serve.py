@@ -75,9 +75,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"),
                    default=d.log_level, help=f"uvicorn log level (default: {d.log_level})")
     p.add_argument("--stages", metavar="DIR",
-                   help="serve a split model: the directory of stage-K.gguf files written by "
-                        "split, one local stage worker process each; --model, if given, must "
-                        "be the model they were cut from (default: no stages)")
+                   help="stages of a split model; here the directory of stage-K.gguf files "
+                        "written by split, served by one local stage worker process each; "
+                        "--model, if given, must be the model they were cut from (default: no "
+                        "stages)")
     p.add_argument("--stage-addresses", type=_addresses, default=(), metavar="ADDR,...",
                    help="serve on stage workers already running at these pyzmq addresses "
                         "(`stage --listen`), stage 0 first; needs --model (default: none)")

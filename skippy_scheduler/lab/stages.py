@@ -6,11 +6,10 @@ the driver when P > 1) a plan pays a hop latency. A stage works on one plan at a
 come first served, so with several plans in flight the stages work at once.
 
 A sequence's decode row needs the token its previous plan sampled, so a plan's sequences cannot
-be in the next plan until it has left the last stage. The core does not split its sequences
-into disjoint groups (with `max_inflight_plans > 1` it puts the same decode rows in the next
-plan as deferred rows, which a pipeline would have to stall on), so the groups are modelled
-here: the requests are dealt to G groups in arrival order (request i to group i mod G), each
-group is a real scheduler (native or twin) with the whole configuration (the step budget is per
+be in the next plan until it has left the last stage. Real staged serving forms such groups in
+one scheduler (`disjoint_inflight_plans`, docs/behaviour.md §2.11a); here the groups are
+modelled apart: the requests are dealt to G groups in arrival order (request i to group
+i mod G), each group is a real scheduler (native or twin) with the whole configuration (the step budget is per
 group), and a group makes its next plan when its previous one has come back, plus the driver's
 overhead. Up to G plans are in flight; the pipeline fills when G >= P.
 

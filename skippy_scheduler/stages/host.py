@@ -39,13 +39,13 @@ from .channel import StageChannel, StageFailure, StageTimeout
 from .flight import Flight, FlightHandle, check_int, plan_arrays
 from .holders import PrefixHolders, RemoteCells, restored
 from .split import StageInfo, check_stage_set
-from .vocab import Vocabulary
+from .vocab import Vocabulary, VocabularyVerbs
 from .wire import encode_plan
 
 __all__ = ["StageFailure", "StageHost", "StageTimeout"]
 
 
-class StageHost(StageChannel):
+class StageHost(VocabularyVerbs, StageChannel):
     """Runs plans on a chain of stage workers (see the module docstring)."""
 
     def __init__(self, addresses: _Seq[str], *, n_ctx: int = 4096, n_seq_max: int = 8,
@@ -60,6 +60,7 @@ class StageHost(StageChannel):
         self.n_batch = check_int("n_batch", n_batch, 1)
         self.pipeline_depth = check_int("pipeline_depth", pipeline_depth, 1)
         prefix_cache_tokens = check_int("prefix_cache_tokens", prefix_cache_tokens, 0)
+        self.prefix_cache_tokens = prefix_cache_tokens
         self.prefix_holders = (check_int("prefix_holders", prefix_holders, 1)
                                if prefix_cache_tokens else 0)
         if self.n_seq_max + self.prefix_holders > 256:
@@ -143,7 +144,7 @@ class StageHost(StageChannel):
         its layers; the cells the prefix holders may keep are resident), for the scheduler's
         `memory_components`: admission then keeps every admitted sequence's prompt and
         `max_tokens` within every stage's KV cache (docs/stages.md "KV memory per stage")."""
-        kept = self.settings["prefix_cache_tokens"]
+        kept = self.prefix_cache_tokens
         return [MemoryComponent(f"kv-stage-{k}", capacity_bytes=cells * per_token,
                                 resident_bytes=min(cells, kept) * per_token,
                                 bytes_per_token=per_token, bytes_per_sequence=0)
@@ -401,22 +402,7 @@ class StageHost(StageChannel):
         except StageFailure:
             pass  # a stage that does not answer now is not live any more
 
-    # ------------------------------------------------------------------ vocabulary
-    # (a vocabulary-only model: safe from any thread while the engine runs plans)
-    def tokenize(self, text: str, *, add_bos: Optional[bool] = None,
-                 special: bool = False) -> list[int]:
-        return list(self._vocab.tokenize(text, add_bos=add_bos, special=special))
-
-    def is_eog(self, token: int) -> bool:
-        return bool(self._vocab.is_eog(token))
-
-    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
-        return bytes(self._vocab.token_bytes(token, special=special))
-
-    def chat_template(self) -> Optional[str]:
-        template: Optional[str] = self._vocab.chat_template()
-        return template
-
+    # ------------------------------------------------------------------ vocabulary, sampling
     @property
     def holders(self) -> Optional[PrefixHolders]:
         """The prefix holders every stage keeps (None without reuse)."""

@@ -5,7 +5,7 @@ the llama host's `Tokenizer`.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from ..hosts.llama.tokenizer import Tokenizer
 
@@ -37,3 +37,24 @@ class Vocabulary(Tokenizer):
         if self._model:
             self._ll.llama_model_free(self._model)
             self._model = None
+
+
+class VocabularyVerbs:
+    """The vocabulary verbs of a host whose `_vocab` is a `Vocabulary` (a vocabulary-only
+    model: safe from any thread while the engine runs plans)."""
+
+    _vocab: Any
+
+    def tokenize(self, text: str, *, add_bos: Optional[bool] = None,
+                 special: bool = False) -> list[int]:
+        return list(self._vocab.tokenize(text, add_bos=add_bos, special=special))
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._vocab.is_eog(token))
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        return bytes(self._vocab.token_bytes(token, special=special))
+
+    def chat_template(self) -> Optional[str]:
+        template: Optional[str] = self._vocab.chat_template()
+        return template
