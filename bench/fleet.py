@@ -16,9 +16,9 @@ of its own, groups drawn uniformly at random (seeded), `--concurrency` clients e
 next request when the previous one ends, streamed, greedy, `--max-tokens` tokens with
 `ignore_eos`. Each replica keeps `--prefix-holders` resident prefixes of at most
 `--prefix-cache-tokens` tokens in all, so with the defaults one replica holds at most half of
-the groups (fewer: every finished request is kept as a holder of its own, its whole key, so
-requests of one group occupy several holders): a policy that spreads every group over all
-replicas evicts, one that keeps a group on one replica hits.
+the groups (a finished request replaces the holder it shares most of its key with, so a group
+mostly keeps one holder; docs/fleet.md): a policy that spreads every group over all replicas
+evicts, one that keeps a group on one replica hits.
 
 Reported per policy: the aggregate prefix hit rate (prompt tokens restored from a replica's
 prefix store / prompt tokens of admitted requests, summed over the replicas' `vllm:` counters),

@@ -146,6 +146,7 @@ def _trial(impl, host, alone, seed: int, counters: dict) -> None:
 
     store = host.prefix_store
     evictions_before = store.evictions
+    replaced_before = host.holders.replaced
     engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), before_step=pressure,
                     max_iterations=5000)
     for req in requests:
@@ -168,6 +169,7 @@ def _trial(impl, host, alone, seed: int, counters: dict) -> None:
     counters["prefilled"] += m.prefill_tokens
     counters["stale"] += m.stale_refreshes
     counters["evictions"] += store.evictions - evictions_before
+    counters["replaced"] += host.holders.replaced - replaced_before
     # Nothing left behind: every lane is free and no entry is still pinned.
     assert host.active_sequences == [] and host.free_slots == N_SEQ
     assert all(e.pins == 0 for e in store.resident())
@@ -177,7 +179,7 @@ def _trial(impl, host, alone, seed: int, counters: dict) -> None:
 
 def _counters():
     return dict(completed=0, preempted=0, cancelled=0, restored=0, prefilled=0, stale=0,
-                evictions=0)
+                evictions=0, replaced=0)
 
 
 def test_random_schedules_with_prefix_reuse_match_alone_runs(impl, roomy, alone):
@@ -187,6 +189,9 @@ def test_random_schedules_with_prefix_reuse_match_alone_runs(impl, roomy, alone)
     assert counters["completed"] > 80
     assert counters["restored"] > counters["prefilled"] // 4 > 0
     assert counters["preempted"] > 3 and counters["cancelled"] > 0
+    # With a stream per holder, finished keys replaced holders they shared most of (and the
+    # outputs above still equal the alone runs); a unified cache never replaces.
+    assert (counters["replaced"] > 0) == (not roomy.settings["kv_unified"])
 
 
 def test_random_schedules_under_a_tight_prefix_capacity_evict_and_still_match(impl, tight,
@@ -196,6 +201,7 @@ def test_random_schedules_under_a_tight_prefix_capacity_evict_and_still_match(im
         _trial(impl, tight, alone, seed, counters)
     assert counters["completed"] > 80
     assert counters["restored"] > 0 and counters["evictions"] > 0
+    assert (counters["replaced"] > 0) == (not tight.settings["kv_unified"])
 
 
 def test_reuse_settings_are_checked(model_path):
