@@ -19,8 +19,8 @@
  * contiguous block; the reference compares them as equal at the DFS key, so that block is
  * ordered by (effective score desc, order asc, position asc) right away. The DFS output is
  * then already sorted by every key below the score, and stable sorts by the TTFT deadline
- * (§3.3a), then (priority desc, grouping score desc) finish the job. Without deadlines the
- * deadline key is UINT64_MAX everywhere, no byte of it varies and its pass reads the keys once.
+ * (§3.3a), then (priority desc, grouping score desc) finish the job. A deadline key shared by
+ * the whole queue (no deadlines: UINT64_MAX everywhere) gets no pass at all.
  */
 #include "sk_rank_impl.h"
 
@@ -247,11 +247,17 @@ static void dfs_order(sk_rank_ws *ws, const sk_rank_item *items, size_t n)
     }
 }
 
-static void fill_scores(sk_rank_ws *ws, const sk_rank_item *items, size_t n, uint64_t turn,
-                        uint64_t aging)
+/* Fills the scores; returns whether the deadline keys differ anywhere (else no pass). */
+static int fill_scores(sk_rank_ws *ws, const sk_rank_item *items, size_t n, uint64_t turn,
+                       uint64_t aging)
 {
     size_t i;
-    for (i = 0; i < n; i++) sk_rank_scores(&items[i], turn, aging, &ws->eff[i], &ws->grp[i]);
+    uint64_t dl_diff = 0;
+    for (i = 0; i < n; i++) {
+        sk_rank_scores(&items[i], turn, aging, &ws->eff[i], &ws->grp[i]);
+        dl_diff |= items[i].deadline ^ items[0].deadline;
+    }
+    return dl_diff != 0;
 }
 
 enum { KEY_ORDER, KEY_PRIORITY, KEY_EFF, KEY_GROUP, KEY_DEADLINE };
@@ -279,25 +285,26 @@ int sk_rank_order(sk_rank_ws *ws, const sk_rank_item *items, size_t n, uint64_t 
                   size_t *out)
 {
     size_t i;
-    int rc, grouping = group_waiting_prefixes != 0;
+    int rc, grouping = group_waiting_prefixes != 0, mixed_dl = 0;
     if (n == 0) return SK_RANK_OK;
     if (n > UINT32_MAX || mode < SK_RANK_CACHE_AWARE || mode > SK_RANK_PRIORITY)
         return SK_RANK_INVALID;
     rc = ws_reserve(ws, n);
     if (rc != SK_RANK_OK) return rc;
 
-    if (mode == SK_RANK_CACHE_AWARE) fill_scores(ws, items, n, current_turn, aging_cost_per_turn);
+    if (mode == SK_RANK_CACHE_AWARE)
+        mixed_dl = fill_scores(ws, items, n, current_turn, aging_cost_per_turn);
     if (mode == SK_RANK_CACHE_AWARE && grouping) {
         for (i = 0; i < n; i++) ws->pos[i] = (uint32_t)i;
         dfs_order(ws, items, n);
         for (i = 0; i < n; i++) ws->kv_a[i].idx = ws->pos[i];
-        sort_by(ws, items, n, KEY_DEADLINE);
+        if (mixed_dl) sort_by(ws, items, n, KEY_DEADLINE);
         sort_by(ws, items, n, KEY_GROUP);
     } else {
         for (i = 0; i < n; i++) ws->kv_a[i].idx = (uint32_t)i;
         sort_by(ws, items, n, KEY_ORDER);
         if (mode == SK_RANK_CACHE_AWARE) {
-            sort_by(ws, items, n, KEY_DEADLINE);
+            if (mixed_dl) sort_by(ws, items, n, KEY_DEADLINE);
             sort_by(ws, items, n, KEY_EFF);
         }
     }

@@ -58,6 +58,7 @@ struct sk_rank_set {
     sk_slot *slots;
     uint32_t nslots, slot_cap, free_slot;
     size_t live;
+    size_t with_deadline; /* live items with a deadline: 0 (the norm) skips the key entirely */
     uint64_t next_seq;
     sk_node *nodes;
     uint32_t nnodes, node_cap, free_node;
@@ -387,6 +388,7 @@ int sk_rank_set_add(sk_rank_set *s, const sk_rank_item *item, uint32_t *out_hand
         if (x != 0) kid_insert(s, &s->nodes[n->parent], x);
     }
     s->live++;
+    s->with_deadline += item->deadline != UINT64_MAX;
     *out_handle = h;
     return SK_RANK_OK;
 }
@@ -446,6 +448,7 @@ int sk_rank_set_remove(sk_rank_set *s, uint32_t h)
             kid_insert(s, &s->nodes[next], x);
         }
     }
+    s->with_deadline -= s->slots[h].item.deadline != UINT64_MAX;
     s->slots[h].node = NIL;
     s->slots[h].next_free = s->free_slot;
     s->free_slot = h;
@@ -533,12 +536,22 @@ int sk_rank_set_order(sk_rank_set *s, uint64_t current_turn, uint64_t aging_cost
             sk_rank_scores(&sl->item, current_turn, aging_cost_per_turn, &s->eff[h], &s->grp[h]);
             if (!seen) grp0 = s->grp[h];
             mixed_grp |= s->grp[h] != grp0;
-            if (!seen) dl0 = sl->item.deadline;
-            mixed_dl |= sl->item.deadline != dl0;
         }
         if (!seen) prio0 = sl->item.priority;
         mixed_prio |= sl->item.priority != prio0;
         seen = 1;
+    }
+    /* Deadlines (cache-aware mode only, §3.3a) get a pass only when they differ somewhere. */
+    if (mode == SK_RANK_CACHE_AWARE && s->with_deadline == n) {
+        int first = 1;
+        for (h = 0; h < s->nslots && !mixed_dl; h++) {
+            if (s->slots[h].node == NIL) continue;
+            if (first) dl0 = s->slots[h].item.deadline;
+            mixed_dl = s->slots[h].item.deadline != dl0;
+            first = 0;
+        }
+    } else if (mode == SK_RANK_CACHE_AWARE) {
+        mixed_dl = s->with_deadline > 0;
     }
 
     if (mode == SK_RANK_CACHE_AWARE && group_waiting_prefixes) {

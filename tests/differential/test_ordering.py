@@ -124,6 +124,14 @@ def test_ranked_set_and_slots_match_the_one_shot_kernel(q, mode):
         slots.append(*args, ttft_deadline=c.ttft_deadline)
     assert [handles.index(h) for h in rank_set.order(turn, aging, grouping, mode)] == want
     assert slots.order(turn, aging, grouping, mode) == want
+    # departures keep the set's own count of deadlines right (it skips the key at zero)
+    kept = [i for i in range(len(cands)) if i % 3 != 1]
+    for i in range(len(cands)):
+        if i % 3 == 1:
+            rank_set.remove(handles[i])
+    want = [kept[p] for p in
+            PackedCandidates([cands[i] for i in kept]).positions(turn, aging, grouping, mode)]
+    assert [handles.index(h) for h in rank_set.order(turn, aging, grouping, mode)] == want
 
 
 @pytest.mark.parametrize("grouping", [True, False])
