@@ -112,7 +112,7 @@ class Engine(_Steps):
         if self.recorder is not None:
             self._observers.append(Recording(self.recorder, self._record_of))
         replace_hook(self._observers, on_plan)
-        if getattr(config, "planning_rule", None) is PlanningRule.SLACK and self._clock is not None:
+        if config.planning_rule is PlanningRule.SLACK and self._clock is not None:
             # The slack rule reads the clock and a cost model fitted from these steps (§2.13).
             self._observers.append(SlackFeed(scheduler, self.now))
         self._init_steps()
@@ -406,7 +406,7 @@ class Engine(_Steps):
         entry.request = None  # the scheduler keeps its own copy from here on
         try:
             seq = request.to_sequence()
-            ttft_ms = getattr(request, "ttft_ms", None)
+            ttft_ms = request.ttft_ms if isinstance(request, Request) else None
             if ttft_ms is not None and seq.ttft_deadline is None:  # from its arrival: now
                 seq.with_deadlines(ttft_deadline=self.now() / 1e6 + ttft_ms / 1e3,
                                    itl_target=seq.itl_target)
