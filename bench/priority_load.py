@@ -15,9 +15,10 @@ from the first urgent request to the last one's end, and the background's own TT
 and token counting are serve_load.py's. `--priority-field none` sends no priority (a server
 without the field, e.g. llama-server: every request then waits its turn).
 
-`compare` starts `skippy-scheduler serve` on `--model` twice, with preemption for priority (the
-default, with `--prefix-cache-tokens` so victims resume from their kept KV) and with
-`--no-priority-preemption` (admission order only), runs `run` against each, and, when
+`compare` starts `skippy-scheduler serve` on `--model` three times, with preemption for priority
+(the default, with `--prefix-cache-tokens` so victims resume from their kept KV), with
+`--no-priority-preemption` (admission order only), and with `--no-priority-preemption` and the
+same prefix store (so the store's own cost is on both sides), runs `run` against each, and, when
 `--llama-server PATH` is given (or /work/llama-server/bin/llama-server exists), against
 llama-server with the same lanes and context. One JSON line per server, then the ratios.
 
@@ -145,15 +146,16 @@ class Served:
         self.log.close()
 
 
-def skippy_cmd(args, preemption: bool) -> list[str]:
+def skippy_cmd(args, preemption: bool, reuse: bool) -> list[str]:
+    """The server's command: preemption for priority on or off, the prefix store on or off."""
     cmd = [sys.executable, "-m", "skippy_scheduler.cli", "serve", "--model",
            os.path.abspath(args.model), "--host", "127.0.0.1", "--threads", str(args.threads),
            "--max-active", str(args.lanes), "--ctx-size", str(args.ctx_size),
            "--served-model-name", "bench", "--log-level", "warning"]
-    if preemption:
+    if reuse:
         cmd += ["--prefix-cache-tokens", str(args.prefix_cache_tokens),
                 "--prefix-holders", str(args.prefix_holders)]
-    else:
+    if not preemption:
         cmd.append("--no-priority-preemption")
     return cmd
 
@@ -165,8 +167,11 @@ def llama_server_cmd(args, path: str) -> list[str]:
 
 
 def compare(args) -> list[dict]:
-    runs = [("skippy-preempt", skippy_cmd(args, True), {}),
-            ("skippy-admission-order", skippy_cmd(args, False), {})]
+    # Admission order is run twice: without a prefix store (the plain server) and with the
+    # same store as the preempting server, so the last ratio isolates preemption itself.
+    runs = [("skippy-preempt", skippy_cmd(args, True, True), {}),
+            ("skippy-admission-order", skippy_cmd(args, False, False), {}),
+            ("skippy-admission-order-reuse", skippy_cmd(args, False, True), {})]
     server = args.llama_server or (LLAMA_SERVER if os.path.exists(LLAMA_SERVER) else None)
     if server:
         runs.append(("llama-server", llama_server_cmd(args, server),
@@ -185,12 +190,13 @@ def compare(args) -> list[dict]:
                 served.close()
             emit(result, args.json)
             results.append(result)
-    on, off = results[0], results[1]
-    emit({"label": "ratios (preempt / admission order)",
-          "urgent_ttft_p99": on["urgent_ttft_p99_s"] / off["urgent_ttft_p99_s"],
-          "urgent_ttft_p50": on["urgent_ttft_p50_s"] / off["urgent_ttft_p50_s"],
-          "background_tokens_per_s": on["background_tokens_per_s"]
-          / off["background_tokens_per_s"]}, args.json)
+    on = results[0]
+    for off in results[1:3]:
+        emit({"label": f"ratios (preempt / {off['label'].removeprefix('skippy-')})",
+              "urgent_ttft_p99": on["urgent_ttft_p99_s"] / off["urgent_ttft_p99_s"],
+              "urgent_ttft_p50": on["urgent_ttft_p50_s"] / off["urgent_ttft_p50_s"],
+              "background_tokens_per_s": on["background_tokens_per_s"]
+              / off["background_tokens_per_s"]}, args.json)
     return results
 
 
