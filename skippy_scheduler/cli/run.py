@@ -12,6 +12,7 @@ import json
 import sys
 from typing import Any, Optional
 
+from ..engine.contract import PipelinedHost
 from ..selection import DEFAULT_IMPLEMENTATION, DEFAULT_POLICY, make_scheduler
 from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, bound,
                       check_model,
@@ -217,7 +218,7 @@ def serve_prompts(args: argparse.Namespace, host: Any, prompts: list[Any], n_seq
     )
     if args.prefix_cache_tokens:
         config.update(host.sequence_id_settings)
-    if getattr(host, "pipeline_depth", 1) > 1:  # stages: plans in flight on disjoint groups
+    if isinstance(host, PipelinedHost) and host.pipeline_depth > 1:  # stages: disjoint groups
         config["disjoint_inflight_plans"] = True
     scheduler = make_scheduler(SchedulerConfig(**config), policy=args.policy,
                                implementation=args.scheduler)

@@ -220,6 +220,8 @@ class HostState:
     kv_tokens: int = 0  # KV positions the active sequences hold
     kv_capacity: int = 0  # KV cells in total (lanes, and prefix holders if any)
     samplers: int = 0  # per-sequence sampler states alive
+    decoded_tokens: int = 0  # batch entries decoded so far (a fork's copied rows not included)
+    shared_tokens: int = 0  # batch entries a fork's KV copy replaced instead of a decode
     # Highest KV position held per runtime sequence id that holds any (lanes only): must be
     # empty when no sequence is active.
     lane_positions: Mapping[int, int] = field(default_factory=dict)

@@ -288,8 +288,7 @@ class EngineRunner:
             lanes_in_use=len(h.active), lanes=h.lanes, kv_tokens=h.kv_tokens,
             kv_capacity=h.kv_capacity, iterations=m.iterations, prefill_tokens=m.prefill_tokens,
             restored_tokens=m.restored_tokens,
-            decoded_tokens=int(getattr(self.host, "decoded_tokens", 0)),
-            shared_tokens=int(getattr(self.host, "shared_tokens", 0)),
+            decoded_tokens=h.decoded_tokens, shared_tokens=h.shared_tokens,
             published_s=time.monotonic())
 
     def host_state(self, detail: bool = False) -> HostState:
