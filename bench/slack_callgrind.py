@@ -27,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 
+from step_callgrind import callgrind  # the same counted run (bench/ is the script's path)
+
 
 def _workload(kind: str, rule: str, n: int, steps: int) -> None:
     """The measured child: build the steady state, warm up, then run `steps` steps."""
@@ -48,16 +50,9 @@ def _workload(kind: str, rule: str, n: int, steps: int) -> None:
 
 
 def _instructions(kind: str, rule: str, n: int, steps: int) -> int:
-    valgrind = shutil.which("valgrind")
-    if valgrind is None:
-        raise SystemExit("valgrind not found")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "cg.out")
-        env = dict(os.environ, PYTHONHASHSEED="0")
-        subprocess.run([valgrind, "--tool=callgrind", f"--callgrind-out-file={out}",
-                        sys.executable, os.path.abspath(__file__), "--child", kind, rule, str(n),
-                        str(steps)], check=True, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, env=env, cwd=tmp)
+        callgrind(sys.executable, __file__, [kind, rule, str(n), str(steps)], out)
         annotate = shutil.which("callgrind_annotate")
         if annotate is None:
             raise SystemExit("callgrind_annotate not found")

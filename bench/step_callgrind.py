@@ -52,19 +52,25 @@ def _workload(side: str, n: int, steps: int) -> None:
         step()
 
 
-def _instructions(python: str, side: str, n: int, steps: int) -> int:
+def callgrind(python: str, script: str, child_args: list[str], out: str) -> None:
+    """Run `python script --child ARGS` under callgrind, writing its counts to `out`."""
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         raise SystemExit("valgrind not found")
+    # The same dict and set layouts every run; no BLAS worker threads (numpy's OpenBLAS
+    # starts them at import, and their spinning adds counts that vary from run to run).
+    env = dict(os.environ, PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1",
+               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    subprocess.run([valgrind, "--tool=callgrind", f"--callgrind-out-file={out}", python,
+                    os.path.abspath(script), "--child", *child_args], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                   cwd=os.path.dirname(out))
+
+
+def _instructions(python: str, side: str, n: int, steps: int) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "cg.out")
-        # The same dict and set layouts every run; no BLAS worker threads (numpy's OpenBLAS
-        # starts them at import, and their spinning adds counts that vary from run to run).
-        env = dict(os.environ, PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1",
-                   OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        subprocess.run([valgrind, "--tool=callgrind", f"--callgrind-out-file={out}",
-                        python, os.path.abspath(__file__), "--child", side, str(n), str(steps)],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        callgrind(python, __file__, [side, str(n), str(steps)], out)
         with open(out) as f:
             for line in f:
                 if line.startswith("summary:") or line.startswith("totals:"):
