@@ -101,13 +101,16 @@ def _workload(seed: int) -> list[Request]:
     return out
 
 
-def _run(impl, host: Watched, requests: list[Request], depth: int):
+def _run(impl, host: Watched, requests: list[Request], depth: int, mixed: bool = False):
     config = SchedulerConfig(max_active_sequences=LANES, max_tokens_per_iteration=host.n_batch,
                              prefill_chunk_tokens=32, max_inflight_plans=depth,
                              priority_preemption=True, priority_preemption_guard_steps=4,
-                             **host.sequence_id_settings)
+                             mixed_prefill_decode=mixed, **host.sequence_id_settings)
     scheduler = impl(config)
-    engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), max_iterations=4000)
+    # Mixed: prompt tokens so dear that the first mixed plan switches §2.6's gate off; from
+    # then on only the preempting plans mix (§2.8a point 6).
+    cost = CostModel(prefill_token_us=5000) if mixed else CostModel()
+    engine = Engine(scheduler, host, clock=VirtualClock(cost), max_iterations=4000)
     report = engine.run(requests)
     scheduler.attach_prefix_store(None)  # the host's store serves the next run's scheduler
     return scheduler.metrics(), {r.id: r for r in report.records}
@@ -187,3 +190,13 @@ def test_without_preemption_high_priority_waits_for_a_lane(impl, model_path, alo
         # The first high-priority request started only when a low stream ended.
         first_end = min(records[f"low{i}"].finished_us for i in range(LANES))
         assert records["high0"].first_scheduled_us >= first_end
+
+
+def test_preempting_plans_that_mix_keep_every_sequence_s_alone_tokens(impl, model_path, alone):
+    with _host(model_path, 4096, holders=8) as host:
+        for seed in range(3):
+            requests = _workload(seed)
+            m, records = _run(impl, host, requests, depth=1, mixed=True)
+            _check_tokens(requests, records, alone)
+            assert m.preempted_priority > 0 and m.recompute_tokens == 0
+        assert host.active_sequences == [] and host.free_slots == LANES
