@@ -79,6 +79,8 @@ class ServeSettings:
     prefix_cache_tokens: int = 0  # tokens the prefix store keeps for reuse (0: off); each holder
     #   gets a KV stream of ctx_size / max_active cells on top of ctx_size
     prefix_holders: int = 16  # sequence ids holding resident prefixes (with reuse)
+    cold_prefix_hold: bool = True  # with reuse: a request sharing a running one's cold prompt
+    #   waits until that prompt is resident, then restores it (docs/behaviour.md §2.3a)
     kv_type: str = "f32"
     flash_attn: bool = False
     log_level: str = "info"  # uvicorn logs one line per request at info, as llama-server and vLLM do
@@ -96,6 +98,11 @@ class ServeSettings:
     kv_hash_seed: str = "0"  # vLLM's PYTHONHASHSEED: the first block's parent hash
     stages: Optional[str] = None  # a split model's stage directory: local stage workers
     stage_addresses: tuple[str, ...] = ()  # or stage workers already running (docs/stages.md)
+
+
+# The cold prefix hold's minimum shared length: four of the KV event blocks (a shorter shared
+# part costs less to prefill twice than to wait for).
+COLD_PREFIX_HOLD_TOKENS = 64
 
 
 class Server:
@@ -167,6 +174,7 @@ class Server:
                runner_class: Optional[type] = None, disjoint: bool = False,
                components: Optional[list[Any]] = None) -> None:
         from .. import Scheduler, SchedulerConfig
+        from ..engine.contract import PromptKeepingHost
         from .access import AccessSettings
         from .app import Limits, ServeContext, create_app
         from .guard import default_allowed_hosts
@@ -186,6 +194,8 @@ class Server:
             max_inflight_plans=s.inflight, disjoint_inflight_plans=disjoint,
             memory_components=list(components or ()),
             priority_preemption=s.priority_preemption,
+            cold_prefix_hold_tokens=(COLD_PREFIX_HOLD_TOKENS if s.cold_prefix_hold and reuse
+                                     and isinstance(self.host, PromptKeepingHost) else 0),
             **(self.host.sequence_id_settings if reuse else {"reserved_sequence_ids": 0}))
         self.scheduler = Scheduler(config, admission=make_admission(s.policy))
         self.runner = (runner_class or EngineRunner)(self.scheduler, self.host)
