@@ -208,9 +208,9 @@ _CONFIG_CHECKS = {
     "slack_safety": check_safety,
     "slack_interleave_max": lambda n, v: check_uint(n, v, USIZE_MAX),
     "slack_min_chunk_tokens": lambda n, v: check_uint(n, v, USIZE_MAX),
-    "step_cost": check_step_cost,
     "cold_prefix_hold_tokens": lambda n, v: check_uint(n, v, USIZE_MAX),
     "cold_prefix_hold_max_steps": lambda n, v: check_uint(n, v, U32_MAX),
+    "step_cost": check_step_cost,
 }
 
 
