@@ -4,7 +4,9 @@
  * With a prefix store attached and cfg.cold_prefix_hold_tokens = H > 0, the admission walk
  * holds a waiting sequence W (defers it, as if it did not fit) when some active sequence A, its
  * *leader*, has the same first restore(W) + H prompt tokens and is still computing its prompt
- * (no confirmed generated token yet) or was already held on. W's own restore is what the store
+ * (no confirmed generated token yet), or has just got it after W's peers were held on it (for
+ * the max_inflight_plans - 1 plans made before the engine can apply the keep below). W's own
+ * restore is what the store
  * backs of it, so a hold means: at least H more tokens of W's prompt are being computed right
  * now by A. Once A's prompt is complete the host keeps it as a resident prefix
  * (skippy_scheduler_take_prompt_keeps says which), the store's epoch moves, the refresh before
@@ -12,7 +14,8 @@
  * them instead of prefilling them a second time.
  *
  * Bounds: a hold needs an active leader, so it ends when the leader leaves the active set
- * (finish, failure, cancel, preemption), and a sequence is held in at most
+ * (finish, failure, cancel, preemption) or its prompt is complete (plus that window, whether
+ * or not the store took the prompt), and a sequence is held in at most
  * cfg.cold_prefix_hold_max_steps plans; a leader is active, so it has rows to run and a hold
  * never leaves the engine with nothing to do. The walk compares W's first restore + H tokens
  * with each eligible leader's (one memcmp each): leaders are active sequences, at most
@@ -29,9 +32,15 @@ bool sk_hold(skippy_scheduler *s, sk_seq *w)
     size_t need = sk_sat_add(w->has_restore ? w->restore_tokens : 0, hold);
     if (need > w->prompt_len) return false;
     const int32_t *prefix = w->tokens;
+    /* A leader with a token leads while its kept prompt may not have reached the store yet:
+     * the plans made before the engine could apply the keep (depth - 1 of them). */
+    size_t window = s->cfg.max_inflight_plans - 1;
     for (size_t i = 0; i < s->active_len; i++) {
         sk_seq *a = &s->seqs[s->active[i]];
-        if ((a->gen_len && a->lead == SK_LEAD_NONE) || a->prompt_len < need) continue;
+        if (a->gen_len && (a->lead == SK_LEAD_NONE ||
+                           sk_sat_add(a->lead_turn, window) < s->waiting_turn))
+            continue;
+        if (a->prompt_len < need) continue;
         if (a->tokens[0] != prefix[0] || memcmp(a->tokens, prefix, need * sizeof(int32_t)))
             continue;
         if (a->lead == SK_LEAD_NONE) a->lead = SK_LEAD_HELD_ON;

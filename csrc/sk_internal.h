@@ -87,6 +87,7 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     /* cold prefix hold (sk_hold.c, §2.3a) */
     uint32_t held_steps;      /* plans it was held while waiting (since submit or preemption) */
     uint8_t lead;             /* SK_LEAD_*: held on while active (reset at admission) */
+    uint64_t lead_turn;       /* waiting_turn at a held-on leader's first token */
 } sk_seq;
 
 /* A leader's state under the cold prefix hold (sk_hold.c). */
@@ -249,6 +250,7 @@ static inline void sk_hold_first_token(skippy_scheduler *s, sk_seq *seq)
 {
     if (seq->lead == SK_LEAD_HELD_ON) {
         seq->lead = SK_LEAD_READY;
+        seq->lead_turn = s->waiting_turn;
         s->keeps_ready++;
     }
 }

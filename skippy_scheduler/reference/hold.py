@@ -2,8 +2,8 @@
 
 Owns `ColdPrefixHold`: with a prefix store attached and `cold_prefix_hold_tokens` = H > 0, the
 admission walk holds a waiting sequence W when an active sequence (its leader) has the same
-first restore(W) + H prompt tokens and has no confirmed generated token yet, or was held on
-before; W is held in at most `cold_prefix_hold_max_steps` plans. A leader's first token makes
+first restore(W) + H prompt tokens and has no confirmed generated token yet (or, held on, got
+its first one within the last max_inflight_plans - 1 plans); W is held in at most `cold_prefix_hold_max_steps` plans. A leader's first token makes
 its prompt a keep to report (`take`), once, while it is active.
 """
 from __future__ import annotations
@@ -23,12 +23,13 @@ class ColdPrefixHold:
     def __init__(self, config: SchedulerConfig, flight: Callable[[Sequence], Flight]) -> None:
         self.tokens = config.cold_prefix_hold_tokens
         self.max_steps = config.cold_prefix_hold_max_steps
+        self.window = config.max_inflight_plans - 1
         self._flight = flight
         self._ready = 0
 
-    def holds(self, w: Sequence, active: Iterable[Sequence]) -> bool:
-        """Whether the walk defers `w` now (it counts as one more plan held, and marks the
-        leader). Only called with a store attached and H > 0."""
+    def holds(self, w: Sequence, active: Iterable[Sequence], turn: int) -> bool:
+        """Whether the walk of the plan at waiting `turn` defers `w` now (it counts as one more
+        plan held, and marks the leader). Only called with a store attached and H > 0."""
         fw = self._flight(w)
         if fw.held_steps >= self.max_steps:
             return False
@@ -40,7 +41,10 @@ class ColdPrefixHold:
         for a in active:
             fa = self._flight(a)
             confirmed = len(a.generated_tokens) - fa.pending
-            if (confirmed and fa.lead == LEAD_NONE) or len(a.prompt_tokens) < need:
+            # with a token, it leads for the plans made before its keep can be applied
+            if confirmed and (fa.lead == LEAD_NONE or sat(fa.lead_turn + self.window) < turn):
+                continue
+            if len(a.prompt_tokens) < need:
                 continue
             if a.prompt_tokens[:need] != prefix:
                 continue
@@ -50,10 +54,11 @@ class ColdPrefixHold:
             return True
         return False
 
-    def first_token(self, fl: Flight) -> None:
-        """A token of the sequence of `fl` was confirmed."""
+    def first_token(self, fl: Flight, turn: int) -> None:
+        """A token of the sequence of `fl` was confirmed; the last plan made had `turn`."""
         if fl.lead == LEAD_HELD_ON:
             fl.lead = LEAD_READY
+            fl.lead_turn = turn
             self._ready += 1
 
     def take(self, active: Iterable[Sequence]) -> list[tuple[str, int]]:

@@ -216,7 +216,8 @@ class TwinScheduler:
                 continue
             reservation = self._memory.reservation(s)
             if not self._memory.fits(reservation) or (
-                    hold is not None and hold.holds(s, self._active.values())):
+                    hold is not None and hold.holds(s, self._active.values(),
+                                                    self._waiting_turn)):
                 deferred.append(s)
                 continue
             self._admit_one(s)
@@ -390,7 +391,7 @@ class TwinScheduler:
                 terminal.append((s.id, FinishReason.FAILED if token is None else FinishReason.STOP))
             else:
                 s.generated_tokens[at] = token
-                self._hold.first_token(fl)
+                self._hold.first_token(fl, self._waiting_turn)
                 if stamp:
                     fl.last_token_us = self._planner.slack.now_us
                 if at + 1 >= s.max_tokens:

@@ -89,14 +89,17 @@ def _run(impl, host, requests, hold: int, **config):
             host.holders.prompt_keeps - keeps)
 
 
-def test_a_burst_prefills_its_shared_prefix_once(impl, host, alone):
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_burst_prefills_its_shared_prefix_once(impl, host, alone, depth):
     rng = random.Random(3)
     head, tail = 96, 8
     prompts = _burst(rng, 1, N_SEQ, head, tail)
     requests = [Request(f"r{i}", p, 4) for i, p in enumerate(prompts)]
-    _, without, decoded_without, _ = _run(impl, host, requests, 0, prefill_chunk_tokens=256)
+    _, without, decoded_without, _ = _run(impl, host, requests, 0, prefill_chunk_tokens=256,
+                                          max_inflight_plans=depth)
     report, with_hold, decoded_with, keeps = _run(impl, host, requests, 16,
-                                                  prefill_chunk_tokens=256)
+                                                  prefill_chunk_tokens=256,
+                                                  max_inflight_plans=depth)
     # Without the hold every request of the burst is admitted at once and prefills all of it.
     assert without.prefill_tokens == N_SEQ * (head + tail)
     # With it the leader prefills its prompt, its prompt is kept while it runs, and its peers

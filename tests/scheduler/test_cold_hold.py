@@ -143,3 +143,34 @@ def test_the_settings_are_checked(value, error):
         SchedulerConfig(cold_prefix_hold_tokens=value)
     with pytest.raises(error):
         SchedulerConfig(cold_prefix_hold_max_steps=value)
+
+
+def test_a_prompt_the_store_never_gets_holds_its_peers_no_longer_than_the_leaders_prefill(pair):
+    """The leader leads until its first token; at depth 1 the keep would be applied before the
+    next plan, so if the prefix is still not resident then, its peers are admitted as they are."""
+    sched, _ = make(pair)
+    burst(sched, n=2)
+    plans = []
+    while sched.snapshot().waiting_ids:
+        rows, keeps = step(sched)  # the reported prompt is never inserted
+        plans.append((rows, keeps))
+    assert len(plans) == 5 and plans[3][1] == [("s0", 14)]  # 4 chunks, then s1 at plan 5
+    s1 = sched.sequence("s1")
+    assert s1.prefix_restore is None and s1.prefill_cursor == 4  # first chunk, unrestored
+
+
+def test_at_depth_two_the_leader_leads_one_plan_more(pair):
+    sched, _ = make(pair, max_inflight_plans=2)
+    burst(sched, n=2)
+    live = []
+    made = 0
+    while sched.snapshot().waiting_ids:
+        live.append(sched.plan_iteration())
+        made += 1
+        if len(live) == 2:
+            plan = live.pop(0)
+            complete_plan(sched, plan, [IterationPrediction(i, 7)
+                                        for i, w in enumerate(plan.work) if w.sample_last])
+    # s0's 4 chunks are plans 1-4; plan 5 is made before plan 4 completes, plan 6 before its
+    # keep could be applied, so s1 is admitted by plan 7
+    assert made == 7
