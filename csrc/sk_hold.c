@@ -6,9 +6,8 @@
  * *leader*, has the same first restore(W) + H prompt tokens and is still computing its prompt
  * (no confirmed generated token yet), or has just got it after W's peers were held on it (for
  * the max_inflight_plans - 1 plans made before the engine can apply the keep below). W's own
- * restore is what the store
- * backs of it, so a hold means: at least H more tokens of W's prompt are being computed right
- * now by A. Once A's prompt is complete the host keeps it as a resident prefix
+ * restore is what the store backs of it, so a hold means: at least H more tokens of W's prompt
+ * are being computed right now by A. Once A's prompt is complete the host keeps it as a resident prefix
  * (skippy_scheduler_take_prompt_keeps says which), the store's epoch moves, the refresh before
  * the next selection extends W's restore over the shared tokens, and W is admitted restoring
  * them instead of prefilling them a second time.
