@@ -4,8 +4,9 @@
  * With a prefix store attached and cfg.cold_prefix_hold_tokens = H > 0, the admission walk
  * holds a waiting sequence W (defers it, as if it did not fit) when some active sequence A, its
  * *leader*, has the same first restore(W) + H prompt tokens and is still computing its prompt
- * (no confirmed generated token yet), or has just got it after W's peers were held on it (for
- * the max_inflight_plans - 1 plans made before the engine can apply the keep below). W's own
+ * (no confirmed generated token yet), or was held on and has fewer confirmed tokens than
+ * max_inflight_plans (with plans in flight, the plans made before the engine can apply the
+ * keep below). W's own
  * restore is what the store backs of it, so a hold means: at least H more tokens of W's prompt
  * are being computed right now by A. Once A's prompt is complete the host keeps it as a resident prefix
  * (skippy_scheduler_take_prompt_keeps says which), the store's epoch moves, the refresh before
@@ -31,37 +32,45 @@ bool sk_hold(skippy_scheduler *s, sk_seq *w)
     size_t need = sk_sat_add(w->has_restore ? w->restore_tokens : 0, hold);
     if (need > w->prompt_len) return false;
     const int32_t *prefix = w->tokens;
-    /* A leader with a token leads while its kept prompt may not have reached the store yet:
-     * the plans made before the engine could apply the keep (depth - 1 of them). */
-    size_t window = s->cfg.max_inflight_plans - 1;
+    /* A leader with tokens leads while its kept prompt may not have reached the store yet: the
+     * plans made before the engine could apply the keep, about one per token at depth > 1. */
+    size_t depth = s->cfg.max_inflight_plans;
     for (size_t i = 0; i < s->active_len; i++) {
         sk_seq *a = &s->seqs[s->active[i]];
-        if (a->gen_len && (a->lead == SK_LEAD_NONE ||
-                           sk_sat_add(a->lead_turn, window) < s->waiting_turn))
-            continue;
+        if (a->gen_len && (a->lead == SK_LEAD_NONE || a->gen_len >= depth)) continue;
         if (a->prompt_len < need) continue;
         if (a->tokens[0] != prefix[0] || memcmp(a->tokens, prefix, need * sizeof(int32_t)))
             continue;
-        if (a->lead == SK_LEAD_NONE) a->lead = SK_LEAD_HELD_ON;
+        if (a->lead == SK_LEAD_NONE) {
+            a->lead = SK_LEAD_HELD_ON;
+            s->leaders++;
+        }
         w->held_steps++;
         return true;
     }
     return false;
 }
 
+/*
+ * The leaders held on whose prompt is complete (a confirmed token) are reported once, in walk
+ * order. Nothing in completion watches for that: this walk runs only while some leader is
+ * marked and unreported, and recounts them (leaders that left the active set drop out: their
+ * release offered their whole key already).
+ */
 size_t skippy_scheduler_take_prompt_keeps(skippy_scheduler *s, uint32_t *out, size_t cap)
 {
-    if (!s->keeps_ready) return 0;
-    size_t n = 0;
-    for (size_t i = 0; i < s->active_len && n < cap; i++) {
+    if (!s->leaders) return 0;
+    size_t n = 0, waiting_leaders = 0;
+    for (size_t i = 0; i < s->active_len; i++) {
         sk_seq *a = &s->seqs[s->active[i]];
-        if (a->lead != SK_LEAD_READY) continue;
-        a->lead = SK_LEAD_REPORTED;
-        out[n++] = s->active[i];
+        if (a->lead != SK_LEAD_HELD_ON) continue;
+        if (a->gen_len && n < cap) {
+            a->lead = SK_LEAD_REPORTED;
+            out[n++] = s->active[i];
+        } else {
+            waiting_leaders++;
+        }
     }
-    /* Ready leaders that have left the active set since are not reported: their release
-     * offered their whole key already. */
-    if (n < cap) s->keeps_ready = 0;
-    else s->keeps_ready = s->keeps_ready > n ? s->keeps_ready - n : 0;
+    s->leaders = waiting_leaders;
     return n;
 }

@@ -339,7 +339,6 @@ static int complete(skippy_scheduler *s, uint64_t serial, skippy_iteration_telem
     const int32_t *predicted = plan->outputs.predicted_tokens;
     sk_seq *seqs = s->seqs;
     bool stamp = s->cfg.planning_rule == SKIPPY_PLANNING_SLACK;
-    bool leads = s->keeps_ready || s->cfg.cold_prefix_hold_tokens; /* §2.3a */
     double now = s->now_us;
     for (size_t entry = 0, sample_count = plan->sample_count; entry < sample_count; entry++) {
         size_t row = sample_rows[entry];
@@ -371,7 +370,6 @@ static int complete(skippy_scheduler *s, uint64_t serial, skippy_iteration_telem
             continue;
         }
         move_class(s, before, seq);
-        if (leads) sk_hold_first_token(s, seq);
         if (stamp) seq->last_token_us = now;
         if (seq->gen_len >= seq->max_tokens)
             retire(s, slot, SKIPPY_SEQ_FINISHED, SKIPPY_END_LENGTH);

@@ -25,7 +25,7 @@ class Flight:
     `tenant` is whose service it is."""
 
     __slots__ = ("epoch", "pending", "source", "request", "tenant", "priority_preempted_at",
-                 "last_token_us", "planned", "held_steps", "lead", "lead_turn")
+                 "last_token_us", "planned", "held_steps", "lead")
 
     def __init__(self, epoch: int, tenant: Hashable = None) -> None:
         self.epoch = epoch
@@ -42,7 +42,6 @@ class Flight:
         # Cold prefix hold (§2.3a, hold.py): plans it was held while waiting, its leader state.
         self.held_steps = 0
         self.lead = 0
-        self.lead_turn = 0
 
 
 class RowUndo:

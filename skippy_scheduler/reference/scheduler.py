@@ -216,8 +216,7 @@ class TwinScheduler:
                 continue
             reservation = self._memory.reservation(s)
             if not self._memory.fits(reservation) or (
-                    hold is not None and hold.holds(s, self._active.values(),
-                                                    self._waiting_turn)):
+                    hold is not None and hold.holds(s, self._active.values())):
                 deferred.append(s)
                 continue
             self._admit_one(s)
@@ -391,7 +390,6 @@ class TwinScheduler:
                 terminal.append((s.id, FinishReason.FAILED if token is None else FinishReason.STOP))
             else:
                 s.generated_tokens[at] = token
-                self._hold.first_token(fl, self._waiting_turn)
                 if stamp:
                     fl.last_token_us = self._planner.slack.now_us
                 if at + 1 >= s.max_tokens:
