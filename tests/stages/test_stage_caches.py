@@ -1,0 +1,144 @@
+"""Prefix holders with a capacity per stage: the scheduler restores only what every stage holds,
+a prefix one stage alone let go is recomputed (and the affinity read before it was evicted is
+refreshed), and tokens stay the unsplit model's alone runs. Real stage processes over pyzmq."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+pytest.importorskip("zmq")
+
+from skippy_scheduler import SchedulerConfig, Scheduler  # noqa: E402
+from skippy_scheduler.engine import Engine, Request, VirtualClock  # noqa: E402
+from skippy_scheduler.hosts.calibrate import CostModel  # noqa: E402
+from skippy_scheduler.stages.holders import StageHolders, check_stage_capacities  # noqa: E402
+from skippy_scheduler.stages.local import LocalStages  # noqa: E402
+
+from stages_common import MAX_GEN, N_SEQ  # noqa: E402
+
+CAP = 300
+
+
+def _host(local: LocalStages, caps):
+    return local.host(n_ctx=(N_SEQ + 6) * 512, n_seq_max=N_SEQ, n_batch=512, n_threads=1,
+                      prefix_cache_tokens=CAP, prefix_holders=6, stage_prefix_cache_tokens=caps)
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["P2", "P3"])
+def uneven(request, splits, model4):
+    """The last stage keeps at most 120 tokens of prefixes, the others 300."""
+    p = request.param
+    with LocalStages(splits[p], source_model=model4) as local:
+        with _host(local, [CAP] * (p - 1) + [120]) as host:
+            yield host
+
+
+def _run(host, requests, max_active=1):
+    scheduler = Scheduler(SchedulerConfig(
+        max_active_sequences=max_active, max_tokens_per_iteration=64, prefill_chunk_tokens=16,
+        mixed_prefill_decode=True, **host.sequence_id_settings))
+    engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), max_iterations=3000)
+    engine.add_requests(requests)
+    try:
+        report = engine.run()
+    finally:
+        scheduler.attach_prefix_store(None)  # the store serves the next run's scheduler
+    return report, scheduler.metrics()
+
+
+def _check_stages_agree(host) -> None:
+    """Every stage holds the same holders, the scheduler's store holds only entries every
+    stage's own store holds, and no stage's store is over its capacity."""
+    host.sync()
+    assert host.held() == [{}] * len(host.stages)  # lanes empty
+    kept = host.held(holders=True)
+    assert kept == [kept[0]] * len(host.stages)
+    holders = host.holders
+    assert isinstance(holders, StageHolders)
+    for k, shadow in enumerate(holders.stage_stores):
+        assert shadow.used_tokens <= holders.stage_capacities[k]
+        mine = {tuple(e.key) for e in shadow.resident()}
+        assert {tuple(e.key) for e in host.prefix_store.resident()} == mine, k
+    # What the driver thinks every holder keeps is what the stages report.
+    want = {e.holder: e.length for e in host.prefix_store.resident()}
+    assert {h: n for h, n in kept[0].items() if h >= host.n_seq_max} == want
+
+
+def test_unequal_capacities_give_the_unsplit_tokens(uneven, alone):
+    """Shared stems, repeats, several sequences at once: the small stage evicts (and so the
+    scheduler's store with it), the others alone never would; tokens are the alone runs'."""
+    host = uneven
+    restored = 0
+    for seed in range(5):
+        rng = random.Random(2000 + seed)
+        stems = [[1] + [rng.randrange(3, 384) for _ in range(rng.randrange(16, 60))]
+                 for _ in range(3)]
+        requests = []
+        for i in range(8):
+            prompt = list(rng.choice(stems))
+            if rng.random() < 0.7:
+                prompt += [rng.randrange(3, 384) for _ in range(rng.randrange(1, 20))]
+            requests.append(Request(f"u{i}", prompt, rng.randrange(1, MAX_GEN + 1),
+                                    arrival_us=i * 800.0))
+        report, metrics = _run(host, requests, max_active=rng.randrange(1, 4))
+        for req, rec in zip(requests, report.records):
+            want = alone(req.prompt_tokens, req.max_tokens)
+            if rec.finish_reason == "stop":  # the alone run ends at the same end token
+                assert want and host.is_eog(want[-1]), (seed, req.id, want)
+                want = want[:-1]
+            else:
+                assert rec.finish_reason == "length"
+            assert rec.tokens == want, (seed, req.id)
+        restored += metrics.restored_tokens
+        _check_stages_agree(host)
+    holders = host.holders
+    assert restored > 100
+    assert holders.stage_evictions[-1] > 0  # the small stage let prefixes go by itself
+    assert holders.stage_evictions[:-1] == [0] * (len(host.stages) - 1)
+    assert host.memory_components[-1].resident_bytes < host.memory_components[0].resident_bytes
+
+
+def _evicted_in_one_stage(host, alone):
+    """A, then B and C waiting (B first, by priority); C repeats A's prompt. B's release
+    makes room for B's prefix; C's affinity was read while A's prefix was resident."""
+    rng = random.Random(7)
+    a = [1] + [rng.randrange(3, 384) for _ in range(59)]
+    b = [1] + [rng.randrange(3, 384) for _ in range(59)]
+    _run(host, [Request("a", a, 4, arrival_us=0.0)])
+    report, metrics = _run(host, [Request("b", b, 4, arrival_us=0.0, priority=1),
+                                  Request("c", a, 4, arrival_us=0.0)])
+    by_id = {r.id: r for r in report.records}
+    assert by_id["b"].first_token_us < by_id["c"].first_token_us  # B ran first
+    assert by_id["c"].tokens == alone(a, 4) and by_id["b"].tokens == alone(b, 4)
+    return metrics.restored_tokens
+
+
+def test_a_prefix_one_stage_evicted_is_recomputed(splits, model4, alone):
+    """With room for one 63-token prefix on stage 1 only, B's prefix pushes A's out of stage
+    1 (stage 0 keeps room for both): C, which repeats A's prompt and had A's prefix as its
+    affinity when it arrived, restores nothing of it and recomputes, with A's tokens. With
+    the same capacity on both stages C restores A's prefix."""
+    with LocalStages(splits[2], source_model=model4) as local:
+        with _host(local, [CAP, 80]) as host:
+            restored = _evicted_in_one_stage(host, alone)
+            # A's prefix went for B's, then B's for C's (A's again), on stage 1 only.
+            assert host.holders.stage_evictions == [0, 2]
+            _check_stages_agree(host)
+        assert restored <= 2  # B and C: at most the BOS every prompt starts with, each
+        with _host(local, [CAP, CAP]) as host:
+            assert _evicted_in_one_stage(host, alone) >= 59
+
+
+def test_per_stage_capacities_are_checked_before_anything_starts():
+    assert check_stage_capacities(None, 64, 3) == [64, 64, 64]
+    assert check_stage_capacities([64, 8], 64, 2) == [64, 8]
+    with pytest.raises(ValueError, match="for 3 stages"):
+        check_stage_capacities([64, 8], 64, 3)
+    with pytest.raises(ValueError, match="from 1 to prefix_cache_tokens"):
+        check_stage_capacities([65, 8], 64, 2)
+    with pytest.raises(ValueError, match="from 1 to prefix_cache_tokens"):
+        check_stage_capacities([0, 8], 64, 2)
+    with pytest.raises(ValueError, match="need prefix_cache_tokens"):
+        check_stage_capacities([8, 8], 0, 2)
