@@ -96,6 +96,7 @@ class ServeSettings:
     kv_hash_seed: str = "0"  # vLLM's PYTHONHASHSEED: the first block's parent hash
     stages: Optional[str] = None  # a split model's stage directory: local stage workers
     stage_addresses: tuple[str, ...] = ()  # or stage workers already running (docs/stages.md)
+    stage_prefix_cache_tokens: tuple[int, ...] = ()  # per stage; () = prefix_cache_tokens each
 
 
 class Server:

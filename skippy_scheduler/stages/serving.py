@@ -39,7 +39,8 @@ def open_stage_host(settings: Any) -> StageHost:
         n_ctx=stage_context_cells(s.ctx_size, s.prefix_cache_tokens), n_seq_max=s.max_active,
         n_batch=s.batch_size, n_threads=s.threads, kv_type=s.kv_type, flash_attn=s.flash_attn,
         prefix_cache_tokens=s.prefix_cache_tokens, prefix_holders=s.prefix_holders,
-        pipeline_depth=s.inflight)
+        pipeline_depth=s.inflight,
+        stage_prefix_cache_tokens=tuple(s.stage_prefix_cache_tokens) or None)
     if s.stages:
         local = LocalStages(s.stages, n_threads=s.threads, source_model=s.model)
         try:

@@ -142,3 +142,28 @@ def test_per_stage_capacities_are_checked_before_anything_starts():
         check_stage_capacities([0, 8], 64, 2)
     with pytest.raises(ValueError, match="need prefix_cache_tokens"):
         check_stage_capacities([8, 8], 0, 2)
+
+
+def test_run_with_a_capacity_per_stage(tmp_path, capsys, model4, splits, alone):
+    """`run --stages DIR --stage-prefix-cache-tokens A,B`: the unsplit tokens, the capacities
+    in the settings; a count that does not match the stages is refused with the reason."""
+    import json
+
+    from skippy_scheduler import cli
+
+    stem = [1] + list(range(10, 70))
+    prompts = [stem + [5], [1] + list(range(100, 160)), stem + [6, 7], stem + [8]]
+    (tmp_path / "p.json").write_text(json.dumps(prompts))
+    common = ["run", "--model", model4, "--prompts", tmp_path / "p.json", "--max-tokens", 4,
+              "--threads", 1, "--max-active", 1, "--prefix-cache-tokens", 200,
+              "--stages", splits[2]]
+    assert cli.main([str(a) for a in common + ["--stage-prefix-cache-tokens", "200,70",
+                                               "--json", tmp_path / "o.json"]]) == 0
+    doc = json.loads((tmp_path / "o.json").read_text())
+    assert doc["settings"]["stage_prefix_cache_tokens"] == [200, 70]
+    for r in doc["requests"]:
+        assert r["generated_tokens"] == alone(r["prompt_tokens"], 4)
+    assert cli.main([str(a) for a in common + ["--stage-prefix-cache-tokens", "200,70,70"]]) == 2
+    assert "3 per-stage prefix cache capacities for 2 stages" in capsys.readouterr().err
+    assert cli.main([str(a) for a in common + ["--stage-prefix-cache-tokens", "201,70"]]) == 2
+    assert "at most --prefix-cache-tokens (200)" in capsys.readouterr().err
