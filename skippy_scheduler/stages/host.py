@@ -40,13 +40,14 @@ from .flight import Flight, FlightHandle, check_int, plan_arrays
 from .holders import (PrefixHolders, RemoteCells, StageHolders, check_stage_capacities,
                       restored)
 from .split import StageInfo, check_stage_set
+from .usage import UsageVerbs
 from .vocab import Vocabulary, VocabularyVerbs
 from .wire import encode_plan
 
 __all__ = ["StageFailure", "StageHost", "StageTimeout"]
 
 
-class StageHost(VocabularyVerbs, StageChannel):
+class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
     """Runs plans on a chain of stage workers (see the module docstring)."""
 
     def __init__(self, addresses: _Seq[str], *, n_ctx: int = 4096, n_seq_max: int = 8,

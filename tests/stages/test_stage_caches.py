@@ -167,3 +167,52 @@ def test_run_with_a_capacity_per_stage(tmp_path, capsys, model4, splits, alone):
     assert "3 per-stage prefix cache capacities for 2 stages" in capsys.readouterr().err
     assert cli.main([str(a) for a in common + ["--stage-prefix-cache-tokens", "201,70"]]) == 2
     assert "at most --prefix-cache-tokens (200)" in capsys.readouterr().err
+
+
+def test_each_stage_measures_what_the_scheduler_budgets(uneven):
+    """Mid-run, every stage reports the KV cells and bytes llama.cpp holds for each sequence:
+    the lanes' cells are the positions the driver counts, and the bytes per position (the
+    measured slope between lanes of different lengths) are the stage's memory component's
+    `bytes_per_token`, by the stage's own layer count. After the run the holders' cells are
+    the entries of the store, within the stage's capacity."""
+    host = uneven
+    rng = random.Random(11)
+    requests = [Request(f"m{i}", [1] + [rng.randrange(3, 384) for _ in range(20 + 17 * i)], 8,
+                        arrival_us=0.0) for i in range(3)]
+    scheduler = Scheduler(SchedulerConfig(
+        max_active_sequences=3, max_tokens_per_iteration=512, prefill_chunk_tokens=256,
+        mixed_prefill_decode=True, **host.sequence_id_settings))
+    engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), max_iterations=100)
+    engine.add_requests(requests)
+    try:
+        for _ in range(4):  # prefill, then a few decode steps: every lane holds KV
+            engine.step()
+        usage = host.stage_usage()
+        state = host.host_state()
+        components = host.memory_components
+        assert len(usage) == len(components) == len(host.stages)
+        layers = [s.layer_end - s.layer_start for s in host.stages]
+        per_layer = components[0].bytes_per_token // layers[0]
+        for k, (u, comp) in enumerate(zip(usage, components)):
+            assert u.index == k
+            assert comp.bytes_per_token == u.kv_bytes_per_token == per_layer * layers[k]
+            assert u.lane_cells == state.kv_tokens > 0  # llama.cpp's cells, the driver's count
+            lanes = sorted((v for s, v in u.seqs.items() if s < host.n_seq_max), key=lambda v: v[0])
+            assert len(lanes) == 3 and lanes[0][0] < lanes[-1][0]
+            (c0, b0), (c1, b1) = lanes[0], lanes[-1]
+            slope = (b1 - b0) / (c1 - c0)  # bytes one more position takes, as llama.cpp counts
+            assert comp.bytes_per_token <= slope <= comp.bytes_per_token + 16, (k, slope)
+            predicted = comp.bytes_per_token * u.lane_cells
+            assert predicted <= u.lane_bytes <= predicted * 1.05 + 512 * len(lanes)
+        engine.run()
+    finally:
+        scheduler.attach_prefix_store(None)
+    host.sync()
+    after = host.stage_usage()
+    entries = {e.holder: e.length for e in host.prefix_store.resident()}
+    assert entries
+    for k, u in enumerate(after):
+        assert u.lane_cells == 0
+        assert {s: c for s, (c, _) in u.seqs.items()} == entries  # every holder, every stage
+        assert host.holders.stage_stores[k].used_tokens <= host.stage_prefix_cache_tokens[k]
+        assert u.holder_bytes >= u.kv_bytes_per_token * u.holder_cells
