@@ -82,7 +82,8 @@ def check_placement(log_text: str, ports: list[int], model: str,
                                    f"layers {list(ranges[k])} take {w:.2f} MiB: the split did "
                                    f"not land as planned")
     return {"model_mib": got["model"], "kv_mib": got["KV"], "want_model_mib": want_model,
-            "want_kv_mib": want_kv}
+            "want_kv_mib": want_kv,
+            "pipeline_parallel": "pipeline parallelism enabled" in log_text}
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float, log: str) -> None:

@@ -121,7 +121,8 @@ def run_staged(args: argparse.Namespace, prompts: list[Any], n_seq: int, n_batch
     require_stage_packages("run --stages")
     from ..stages.host import StageFailure, StageHost
     from ..stages.local import LocalStages
-    from ..stages.split import SplitError, file_identity
+    from ..stages.holders import check_stage_capacities
+    from ..stages.split import SplitError, file_identity, stage_paths
 
     host_args = dict(n_ctx=n_ctx, n_seq_max=n_seq, n_batch=n_batch, n_threads=args.threads,
                      kv_type=args.kv_type, flash_attn=args.flash_attn,
@@ -130,6 +131,9 @@ def run_staged(args: argparse.Namespace, prompts: list[Any], n_seq: int, n_batch
                      stage_prefix_cache_tokens=args.stage_prefix_cache_tokens or None)
     try:
         if args.stages:
+            # Refused before a worker starts: one capacity per stage file.
+            check_stage_capacities(args.stage_prefix_cache_tokens or None,
+                                   args.prefix_cache_tokens, len(stage_paths(args.stages)))
             with LocalStages(args.stages, n_threads=args.threads,
                              source_model=args.model) as local:
                 with local.host(**host_args) as host:

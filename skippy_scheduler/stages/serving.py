@@ -30,7 +30,8 @@ def stage_context_cells(ctx_size: int, prefix_cache_tokens: int) -> int:
 
 def open_stage_host(settings: Any) -> StageHost:
     """The stage host of a server's settings (`stages` or `stage_addresses`)."""
-    from .split import file_identity
+    from .holders import check_stage_capacities
+    from .split import file_identity, stage_paths
 
     s = settings
     if s.stages and s.stage_addresses:
@@ -42,6 +43,9 @@ def open_stage_host(settings: Any) -> StageHost:
         pipeline_depth=s.inflight,
         stage_prefix_cache_tokens=tuple(s.stage_prefix_cache_tokens) or None)
     if s.stages:
+        # Refused before a worker starts: one capacity per stage file.
+        check_stage_capacities(host_args["stage_prefix_cache_tokens"], s.prefix_cache_tokens,
+                               len(stage_paths(s.stages)))
         local = LocalStages(s.stages, n_threads=s.threads, source_model=s.model)
         try:
             host = local.host(**host_args)

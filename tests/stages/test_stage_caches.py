@@ -216,3 +216,26 @@ def test_each_stage_measures_what_the_scheduler_budgets(uneven):
         assert {s: c for s, (c, _) in u.seqs.items()} == entries  # every holder, every stage
         assert host.holders.stage_stores[k].used_tokens <= host.stage_prefix_cache_tokens[k]
         assert u.holder_bytes >= u.kv_bytes_per_token * u.holder_cells
+
+
+def test_serve_settings_carry_the_capacities(splits, model4):
+    """`serve --stage-prefix-cache-tokens` reaches the stage host through the server's
+    settings: each stage's memory component counts its own capacity as resident."""
+    from skippy_scheduler.serve.server import ServeSettings
+    from skippy_scheduler.stages.serving import open_stage_host
+
+    settings = ServeSettings(model=model4, stages=splits[2], max_active=4, ctx_size=1024,
+                             threads=1, prefix_cache_tokens=256, prefix_holders=4,
+                             stage_prefix_cache_tokens=(256, 64))
+    host = open_stage_host(settings)
+    try:
+        assert host.stage_prefix_cache_tokens == [256, 64]
+        assert isinstance(host.holders, StageHolders)
+        resident = [c.resident_bytes // c.bytes_per_token for c in host.memory_components]
+        assert resident == [256, 64]
+    finally:
+        host.close()
+    with pytest.raises(ValueError, match="3 per-stage prefix cache capacities for 2 stages"):
+        open_stage_host(ServeSettings(model=model4, stages=splits[2], max_active=4,
+                                      ctx_size=1024, threads=1, prefix_cache_tokens=256,
+                                      stage_prefix_cache_tokens=(256, 64, 64)))
