@@ -154,7 +154,8 @@ class RpcSplit:
                "--port", str(port), "-c", str(args.concurrency * args.lane_tokens),
                "-np", str(args.concurrency), "-cb", "-t", str(args.threads), "-tb",
                str(args.threads), "-b", "512", "-ub", "512", "-ctk", "f32", "-ctv", "f32",
-               "-fa", "off", "-kvu", "--no-webui"]
+               "-fa", "off", "-kvu", "--no-webui",
+               "-lv", "4"]  # the buffer lines the placement check reads (a few lines a request)
         n_layer = read_layer_count(args.model)
         ranges = even_ranges(n_layer, p)
         if p > 1:
@@ -179,9 +180,9 @@ class RpcSplit:
             time.sleep(0.2)
         self.command = cmd
         if p > 1:
+            cells = -(-args.concurrency * args.lane_tokens // 256) * 256  # llama.cpp pads it
             self.placement = check_placement(open(log).read(), ports, args.model, ranges,
-                                             kv_layer_bytes(args.model, args.concurrency
-                                                            * args.lane_tokens))
+                                             kv_layer_bytes(args.model, cells))
         self.placement["ranges"] = [list(r) for r in ranges]
 
 

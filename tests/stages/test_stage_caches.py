@@ -10,13 +10,13 @@ import pytest
 pytest.importorskip("llama_cpp")
 pytest.importorskip("zmq")
 
-from skippy_scheduler import SchedulerConfig, Scheduler  # noqa: E402
+from skippy_scheduler import SchedulerConfig, Scheduler, TwinScheduler  # noqa: E402
 from skippy_scheduler.engine import Engine, Request, VirtualClock  # noqa: E402
 from skippy_scheduler.hosts.calibrate import CostModel  # noqa: E402
 from skippy_scheduler.stages.holders import StageHolders, check_stage_capacities  # noqa: E402
 from skippy_scheduler.stages.local import LocalStages  # noqa: E402
 
-from stages_common import MAX_GEN, N_SEQ  # noqa: E402
+from stages_common import MAX_GEN, N_SEQ, random_trial  # noqa: E402
 
 CAP = 300
 
@@ -239,3 +239,17 @@ def test_serve_settings_carry_the_capacities(splits, model4):
         open_stage_host(ServeSettings(model=model4, stages=splits[2], max_active=4,
                                       ctx_size=1024, threads=1, prefix_cache_tokens=256,
                                       stage_prefix_cache_tokens=(256, 64, 64)))
+
+
+@pytest.mark.parametrize("impl", [Scheduler, TwinScheduler], ids=["native", "twin"])
+def test_random_schedules_with_unequal_capacities(impl, uneven, alone):
+    """The random schedules (arrivals, chunked prefill, mixed rows, preemption with recompute,
+    cancellation, full-prompt duplicates) with the last stage keeping far fewer prefixes."""
+    counters = dict(completed=0, preempted=0, cancelled=0, mixed=0, recompute=0)
+    before = list(uneven.holders.stage_evictions)
+    for seed in range(400, 408):
+        random_trial(impl, uneven, alone, seed, counters)
+        _check_stages_agree(uneven)
+    assert counters["completed"] > 25 and counters["preempted"] > 1
+    assert counters["restored"] > 20
+    assert uneven.holders.stage_evictions[-1] > before[-1]
