@@ -86,13 +86,18 @@ def check_placement(log_text: str, ports: list[int], model: str,
             "pipeline_parallel": "pipeline parallelism enabled" in log_text}
 
 
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return fh.read()
+
+
 def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float, log: str) -> None:
     import socket
 
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc.poll() is not None:
-            raise RuntimeError(f"rpc-server exited: {open(log).read()[-2000:]}")
+            raise RuntimeError(f"rpc-server exited: {_read(log)[-2000:]}")
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
@@ -169,7 +174,7 @@ class RpcSplit:
         end = time.monotonic() + args.start_timeout
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited: {open(log).read()[-3000:]}")
+                raise RuntimeError(f"llama-server exited: {_read(log)[-3000:]}")
             try:
                 if httpx.get(self.url + "/health", timeout=1).status_code == 200:
                     break
@@ -181,7 +186,7 @@ class RpcSplit:
         self.command = cmd
         if p > 1:
             cells = -(-args.concurrency * args.lane_tokens // 256) * 256  # llama.cpp pads it
-            self.placement = check_placement(open(log).read(), ports, args.model, ranges,
+            self.placement = check_placement(_read(log), ports, args.model, ranges,
                                              kv_layer_bytes(args.model, cells))
         self.placement["ranges"] = [list(r) for r in ranges]
 
