@@ -87,8 +87,8 @@ class StageHolders(PrefixHolders):
     """Prefix holders with a capacity per stage (docs/stages.md "Prefix holders on every
     stage").
 
-    The store the scheduler reads (`store`, the largest capacity) holds what *every* stage
-    holds: each stage's own capacity is kept by a store of its own (`stage_stores[k]`, no
+    The store the scheduler reads (`store`, of `capacity_tokens`, at least every stage's)
+    holds what *every* stage holds: each stage's own capacity is kept by a store of its own (`stage_stores[k]`, no
     backend) that mirrors every insert and touch of `store`. When a stage's store evicts an
     entry to stay within its capacity, or cannot take one at all, the entry is no longer
     restorable anywhere (a restore needs every stage's cells), so it is evicted from `store`
