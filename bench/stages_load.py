@@ -3,6 +3,8 @@ behind `skippy-scheduler serve`, the transport's cost per plan, and the closed f
 
     python bench/serve_load.py write-model /work/bench-58m.gguf
     python bench/stages_load.py --model /work/bench-58m.gguf --json stages.json --markdown
+    python bench/stages_load.py --model bench-58m.gguf --parts rpc --json stages.json \
+        --rpc-server BUILD/bin/ggml-rpc-server --rpc-llama-server BUILD/bin/llama-server
 
 `serve` (the three parts below, `--parts` picks some):
 

@@ -21,9 +21,10 @@ from stages_common import MAX_GEN, N_SEQ, random_trial  # noqa: E402
 CAP = 300
 
 
-def _host(local: LocalStages, caps):
+def _host(local: LocalStages, caps, **kw):
     return local.host(n_ctx=(N_SEQ + 6) * 512, n_seq_max=N_SEQ, n_batch=512, n_threads=1,
-                      prefix_cache_tokens=CAP, prefix_holders=6, stage_prefix_cache_tokens=caps)
+                      prefix_cache_tokens=CAP, prefix_holders=6, stage_prefix_cache_tokens=caps,
+                      **kw)
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["P2", "P3"])
@@ -253,3 +254,19 @@ def test_random_schedules_with_unequal_capacities(impl, uneven, alone):
     assert counters["completed"] > 25 and counters["preempted"] > 1
     assert counters["restored"] > 20
     assert uneven.holders.stage_evictions[-1] > before[-1]
+
+
+def test_pipelined_schedules_with_unequal_capacities(splits, model4, alone):
+    """Two plans in flight on disjoint groups, the second stage keeping far fewer prefixes: a
+    release with a row still in the chain is not offered, evictions on stage 1 alone still
+    reach the scheduler's store before its next selection; tokens are the alone runs'."""
+    with LocalStages(splits[2], source_model=model4) as local:
+        with _host(local, [CAP, 100], pipeline_depth=2) as host:
+            counters = dict(completed=0, preempted=0, cancelled=0, mixed=0, recompute=0)
+            for seed in range(500, 508):
+                random_trial(Scheduler, host, alone, seed, counters,
+                             max_inflight_plans=2, disjoint_inflight_plans=True)
+                _check_stages_agree(host)
+            assert counters["completed"] > 15 and counters["restored"] > 10
+            assert host.most_in_flight == 2
+            assert host.holders.stage_evictions[1] > 0
