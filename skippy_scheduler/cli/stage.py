@@ -128,7 +128,11 @@ def run_staged(args: argparse.Namespace, prompts: list[Any], n_seq: int, n_batch
                      kv_type=args.kv_type, flash_attn=args.flash_attn,
                      prefix_cache_tokens=args.prefix_cache_tokens,
                      prefix_holders=args.prefix_holders, pipeline_depth=args.inflight,
-                     stage_prefix_cache_tokens=args.stage_prefix_cache_tokens or None)
+                     stage_prefix_cache_tokens=args.stage_prefix_cache_tokens or None,
+                     # A stage keeping fewer prefixes gets only the cells its capacity needs
+                     # (stage contexts hold every lane and holder in one cache).
+                     stage_n_ctx=[n_seq * lane + -(-c // 256) * 256
+                                  for c in args.stage_prefix_cache_tokens] or None)
     try:
         if args.stages:
             # Refused before a worker starts: one capacity per stage file.

@@ -47,6 +47,9 @@ def open_stage_host(settings: Any) -> StageHost:
         raise ValueError("give stages or stage_addresses, not both")
     host_args: dict[str, Any] = dict(
         n_ctx=stage_context_cells(s.ctx_size, s.prefix_cache_tokens), n_seq_max=s.max_active,
+        # A stage keeping fewer prefixes gets only the cells its own capacity needs.
+        stage_n_ctx=[stage_context_cells(s.ctx_size, c) for c in s.stage_prefix_cache_tokens]
+        or None,
         n_batch=s.batch_size, n_threads=s.threads, kv_type=s.kv_type, flash_attn=s.flash_attn,
         prefix_cache_tokens=s.prefix_cache_tokens, prefix_holders=s.prefix_holders,
         pipeline_depth=s.inflight,

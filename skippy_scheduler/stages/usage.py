@@ -11,9 +11,23 @@ two against each other.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional, Sequence
 
-__all__ = ["StageUsage", "UsageVerbs"]
+from ..types import MemoryComponent
+from .flight import check_int
+
+__all__ = ["StageUsage", "UsageVerbs", "check_stage_cells"]
+
+
+def check_stage_cells(n_ctx: int, stage_n_ctx: Optional[Sequence[int]],
+                      stages: int) -> list[int]:
+    """The cells of each stage's context: `stage_n_ctx` (one per stage; serve and run give a
+    stage that keeps fewer prefixes only the cells its own capacity needs), else `n_ctx` for
+    every stage. ValueError otherwise."""
+    cells = [n_ctx] * stages if stage_n_ctx is None else list(stage_n_ctx)
+    if len(cells) != stages:
+        raise ValueError(f"{len(cells)} context sizes for {stages} stages")
+    return [check_int("stage_n_ctx", c, 1) for c in cells]
 
 
 @dataclass(frozen=True)
@@ -32,10 +46,26 @@ class StageUsage:
 
 
 class UsageVerbs:
-    """`stage_usage` for `StageHost` (its channel and lane count)."""
+    """`memory_components` and `stage_usage` for `StageHost` (its stages' cells and bytes per
+    position, as their `ready` answers said, its channel and lane count)."""
 
     n_seq_max: int
     broken: Any
+    stage_cells: list[int]
+    stage_kv_bytes: list[int]
+    stage_prefix_cache_tokens: list[int]
+
+    @property
+    def memory_components(self) -> list[MemoryComponent]:
+        """One KV memory component per stage (its cells times the bytes a position takes in
+        its layers; the cells the prefix holders may keep are resident), for the scheduler's
+        `memory_components`: admission then keeps every admitted sequence's prompt and
+        `max_tokens` within every stage's KV cache (docs/stages.md "KV memory per stage")."""
+        return [MemoryComponent(f"kv-stage-{k}", capacity_bytes=cells * per_token,
+                                resident_bytes=min(cells, kept) * per_token,
+                                bytes_per_token=per_token, bytes_per_sequence=0)
+                for k, (cells, per_token, kept) in enumerate(zip(
+                    self.stage_cells, self.stage_kv_bytes, self.stage_prefix_cache_tokens))]
 
     def stage_usage(self) -> list[StageUsage]:
         """Every live stage's measured KV use (after the plans sent so far have run)."""

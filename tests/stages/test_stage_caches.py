@@ -162,6 +162,17 @@ def test_run_with_a_capacity_per_stage(tmp_path, capsys, model4, splits, alone):
                                                "--json", tmp_path / "o.json"]]) == 0
     doc = json.loads((tmp_path / "o.json").read_text())
     assert doc["settings"]["stage_prefix_cache_tokens"] == [200, 70]
+    lanes = 256  # one lane of 256 cells (the longest prompt and 4 tokens, padded)
+    # Each context: the lane's cells and its own holders' (one cache holds both, so they
+    # share cells), whatever the holders' streams would take in one llama.cpp context.
+    assert doc["settings"]["stage_cells"] == [lanes + 256, lanes + 256]
+    for r in doc["requests"]:
+        assert r["generated_tokens"] == alone(r["prompt_tokens"], 4)
+    assert cli.main([str(a) for a in common + ["--stage-prefix-cache-tokens", "300,70",
+                                               "--prefix-cache-tokens", 300,
+                                               "--json", tmp_path / "o2.json"]]) == 0
+    doc = json.loads((tmp_path / "o2.json").read_text())
+    assert doc["settings"]["stage_cells"] == [lanes + 512, lanes + 256]
     for r in doc["requests"]:
         assert r["generated_tokens"] == alone(r["prompt_tokens"], 4)
     assert cli.main([str(a) for a in common + ["--stage-prefix-cache-tokens", "200,70,70"]]) == 2
@@ -226,14 +237,18 @@ def test_serve_settings_carry_the_capacities(splits, model4):
     from skippy_scheduler.stages.serving import open_stage_host
 
     settings = ServeSettings(model=model4, stages=splits[2], max_active=4, ctx_size=1024,
-                             threads=1, prefix_cache_tokens=256, prefix_holders=4,
-                             stage_prefix_cache_tokens=(256, 64))
+                             threads=1, prefix_cache_tokens=512, prefix_holders=4,
+                             stage_prefix_cache_tokens=(512, 64))
     host = open_stage_host(settings)
     try:
-        assert host.stage_prefix_cache_tokens == [256, 64]
+        assert host.stage_prefix_cache_tokens == [512, 64]
         assert isinstance(host.holders, StageHolders)
         resident = [c.resident_bytes // c.bytes_per_token for c in host.memory_components]
-        assert resident == [256, 64]
+        assert resident == [512, 64]
+        # Each context: the lanes' cells and its own capacity's (padded to 256 cells).
+        assert host.stage_cells == host.settings["stage_cells"] == [1024 + 512, 1024 + 256]
+        capacity = [c.capacity_bytes // c.bytes_per_token for c in host.memory_components]
+        assert capacity == host.stage_cells
     finally:
         host.close()
     with pytest.raises(ValueError, match="3 per-stage prefix cache capacities for 2 stages"):
