@@ -16,6 +16,7 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
+from alone_checks import check_records, disturbances  # noqa: E402  (tests/support)
 from skippy_scheduler import MemoryComponent, SchedulerConfig  # noqa: E402
 from skippy_scheduler.engine import Engine, Request, VirtualClock  # noqa: E402
 from skippy_scheduler.hosts.calibrate import CostModel  # noqa: E402
@@ -154,19 +155,8 @@ def test_random_bursts_with_the_hold_match_alone_runs(impl, host, alone, depth):
             cold_prefix_hold_tokens=rng.choice([1, 16]),
             cold_prefix_hold_max_steps=rng.choice([3, 64]), **host.sequence_id_settings))
         reserved = {r.id: len(r.prompt_tokens) + r.max_tokens for r in requests}
-        p_preempt, p_cancel = rng.uniform(0, 0.1), rng.uniform(0, 0.04)
-
-        def pressure(engine):
-            if rng.random() < p_preempt:
-                victims = engine.preempt([KV_BYTES + 1])
-                active = scheduler.snapshot().active_ids
-                engine.preempt([sum(reserved[a] for a in active)])
-                counters["preempted"] += len(victims)
-            if rng.random() < p_cancel:
-                open_ids = engine.open_ids()
-                if open_ids and engine.cancel(rng.choice(open_ids)):
-                    counters["cancelled"] += 1
-
+        pressure = disturbances(rng, scheduler, reserved, KV_BYTES, rng.uniform(0, 0.1),
+                                rng.uniform(0, 0.04), counters)
         keeps = host.holders.prompt_keeps
         engine = Engine(scheduler, host, clock=VirtualClock(CostModel()),
                         before_step=pressure, max_iterations=5000)
@@ -176,17 +166,7 @@ def test_random_bursts_with_the_hold_match_alone_runs(impl, host, alone, depth):
         scheduler.attach_prefix_store(None)
         counters["keeps"] += host.holders.prompt_keeps - keeps
         counters["restored"] += scheduler.metrics().restored_tokens
-        for req, res in zip(requests, report.records):
-            expected = alone(req.prompt_tokens, req.max_tokens, req.sampling)
-            if res.finish_reason == "cancelled":
-                assert res.tokens == expected[:len(res.tokens)], (seed, req.id)
-            elif res.finish_reason == "stop":
-                assert res.tokens + expected[len(res.tokens):][:1] == expected, (seed, req.id)
-                counters["completed"] += 1
-            else:
-                assert res.finish_reason == "length", (seed, req.id, res.finish_reason)
-                assert res.tokens == expected, (seed, req.id)
-                counters["completed"] += 1
+        check_records(requests, report.records, alone, counters, seed)
         store = host.prefix_store
         assert host.active_sequences == [] and host.free_slots == N_SEQ
         assert all(e.pins == 0 for e in store.resident())
