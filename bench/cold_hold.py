@@ -7,7 +7,7 @@ configures it (16 holders, a KV stream per lane and holder, chunk 256, batch 512
 one prefill plan in a row while decoding). The engine runs on a virtual clock: what is
 reported are counts, which do not depend on the machine's load, so this runs anywhere:
 
-    python bench/cold_hold.py [--model bench-58m.gguf] [--requests 16] [--json FILE]
+    python bench/cold_hold.py [--model bench-58m.gguf] [--requests 16] [--inflight 2] [--json FILE]
 
 Per way (hold off, hold on): prompt tokens prefilled (the scheduler's prefill + recompute
 tokens), restored, batch entries the host decoded, prompts kept early (`keep_prompt`), and the
@@ -26,7 +26,7 @@ import random
 import sys
 import tempfile
 
-from skippy_scheduler import SchedulerConfig
+from skippy_scheduler import Scheduler, SchedulerConfig
 from skippy_scheduler.engine import Engine, Request, VirtualClock
 from skippy_scheduler.hosts.calibrate import CostModel
 from skippy_scheduler.hosts.llama import LlamaHost
@@ -61,14 +61,13 @@ def p99(values: list[float]) -> float:
 
 
 def run_way(host: LlamaHost, prompts: list[list[int]], hold: int, max_tokens: int,
-            lanes: int) -> dict:
+            lanes: int, inflight: int) -> dict:
     config = SchedulerConfig(
         max_active_sequences=lanes, max_waiting_sequences=256 + lanes,
         max_tokens_per_iteration=host.n_batch, prefill_chunk_tokens=min(256, host.n_batch),
         mixed_prefill_decode=True, max_consecutive_prefill_iterations=1,
-        cold_prefix_hold_tokens=hold, **host.sequence_id_settings)
-    from skippy_scheduler import Scheduler
-
+        cold_prefix_hold_tokens=hold, max_inflight_plans=inflight,
+        **host.sequence_id_settings)
     scheduler = Scheduler(config)
     decoded, keeps = host.decoded_tokens, host.holders.prompt_keeps
     engine = Engine(scheduler, host, clock=VirtualClock(MEDIUM), max_iterations=100000)
@@ -100,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx-size", type=int, default=16384)
     ap.add_argument("--prefix-cache-tokens", type=int, default=8192)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--inflight", type=int, default=1, help="plans in flight (serve --inflight)")
     ap.add_argument("--json", help="append the result as one JSON line to this file")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
@@ -111,9 +111,9 @@ def main(argv: list[str] | None = None) -> int:
                        prefix_holders=args.lanes) as host:
             prompts = burst(args.requests, args.prompt_tokens, args.shared_prefix,
                             args.shared_fraction, host.n_vocab, seed=0)
-            ways = {"hold off": run_way(host, prompts, 0, args.max_tokens, args.lanes),
-                    "hold on": run_way(host, prompts, COLD_PREFIX_HOLD_TOKENS, args.max_tokens,
-                                       args.lanes)}
+            ways = {name: run_way(host, prompts, hold, args.max_tokens, args.lanes,
+                                  args.inflight)
+                    for name, hold in (("hold off", 0), ("hold on", COLD_PREFIX_HOLD_TOKENS))}
     same = ways["hold off"]["tokens"] == ways["hold on"]["tokens"]
     print(f"burst: {args.requests} requests x {args.prompt_tokens} prompt tokens, "
           f"{args.shared_fraction:.0%} sharing {args.shared_prefix}; outputs identical: {same}")
