@@ -13,12 +13,12 @@ from typing import Any
 
 from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, bound,
                       check_model,
-                      import_llama_host, non_negative_int, positive_int)
+                      import_llama_host, non_negative_int, positive_int, positive_ms)
 from .vocabulary import add_flag
 
 
 def register(subparsers: Any) -> None:
-    from ..serve.server import ServeSettings
+    from ..serve.server import PLANNING_RULES, ServeSettings
 
     d = ServeSettings()
     p = subparsers.add_parser(
@@ -44,6 +44,10 @@ def register(subparsers: Any) -> None:
     add_flag(p, "mixed", default=d.mixed)
     add_flag(p, "max-consecutive-prefill", type=bound,
              default=d.max_consecutive_prefill)
+    add_flag(p, "planning-rule", default=d.planning_rule, choices=PLANNING_RULES)
+    add_flag(p, "itl-target", type=positive_ms, default=d.itl_target_ms,
+             note="the slack rule's; a request's \"skippy\": {\"itl_ms\": ...} overrides "
+                  "it for that request")
     add_flag(p, "policy", default=d.policy)
     p.add_argument("--priority-preemption", action=argparse.BooleanOptionalAction,
                    default=d.priority_preemption,
@@ -53,8 +57,12 @@ def register(subparsers: Any) -> None:
                         "recomputing); --no-priority-preemption: priority only orders "
                         "admission (default: on)")
     add_flag(p, "prefix-cache-tokens", type=non_negative_int, default=d.prefix_cache_tokens,
-             note="each holder gets a KV stream like a lane's")
-    add_flag(p, "prefix-holders", type=positive_int, default=d.prefix_holders)
+             note="each holder gets a KV stream like a lane's",
+             default_text="sized from the KV cache: a lane's tokens (--ctx-size / --max-active) "
+                          "per holder")
+    add_flag(p, "prefix-holders", type=positive_int, default=d.prefix_holders,
+             default_text="one per lane (--max-active), as many as llama.cpp's 256 sequence "
+                          "ids leave")
     add_flag(p, "inflight", type=positive_int, default=d.inflight,
              note="llama_decode runs on a worker thread")
     p.add_argument("--strict-request-fields", action="store_true",
@@ -261,8 +269,21 @@ def _check_port(host: str, port: int) -> None:
             raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
+def _reuse(args: argparse.Namespace) -> tuple[int, int]:
+    """(prefix cache tokens, holders) as the server will size them (serve/server.py)."""
+    from ..serve.server import default_reuse
+
+    tokens, holders = default_reuse(args.max_active, args.ctx_size)
+    if args.prefix_cache_tokens is not None:
+        tokens = args.prefix_cache_tokens
+    if args.prefix_holders is not None:
+        holders = args.prefix_holders
+    return tokens, holders
+
+
 def run(args: argparse.Namespace) -> int:
-    holders = args.prefix_holders if args.prefix_cache_tokens else 0
+    tokens, holders = _reuse(args)
+    holders = holders if tokens else 0
     if args.max_active + holders > LLAMA_MAX_SEQUENCES:
         raise CommandError(f"--max-active (+ --prefix-holders with reuse) must be <= "
                            f"{LLAMA_MAX_SEQUENCES} (llama.cpp's sequence ids)")
@@ -281,6 +302,7 @@ def run(args: argparse.Namespace) -> int:
         ctx_size=args.ctx_size, threads=args.threads, batch_size=args.max_num_batched_tokens,
         prefill_chunk=args.prefill_chunk, mixed=args.mixed,
         max_consecutive_prefill=args.max_consecutive_prefill, inflight=args.inflight,
+        planning_rule=args.planning_rule, itl_target_ms=args.itl_target_ms,
         policy=args.policy, priority_preemption=args.priority_preemption,
         prefix_cache_tokens=args.prefix_cache_tokens,
         prefix_holders=args.prefix_holders,
