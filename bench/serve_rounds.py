@@ -25,7 +25,7 @@ warning says when llama-server met the trace's SLO for a third of its requests o
 load is then lighter than the comparison names: lower `--time-scale` (the arrival gaps'
 factor) and run again.
 
-`--rounds 1 --requests 8 --concurrency 2 --max-requests 10` is a smoke run of a minute or two.
+`--rounds 1 --requests 8 --concurrency 2 --max-requests 10` is a smoke run of a few minutes.
 """
 from __future__ import annotations
 
@@ -70,7 +70,8 @@ def theirs_cmd(args: argparse.Namespace, path: str) -> list[str]:
 def closed_args(args: argparse.Namespace, url: str, label: str, c: int) -> argparse.Namespace:
     return argparse.Namespace(
         url=url, label=label, model="bench", concurrency=c, requests=args.requests,
-        prompt_tokens=512, shared_prefix=384, shared_fraction=0.5, max_tokens=64,
+        prompt_tokens=args.prompt_tokens, shared_prefix=args.shared_prefix,
+        shared_fraction=0.5, max_tokens=args.max_tokens,
         seed=args.seed, timeout=args.timeout, token_ids=False, extra={}, warmup=True,
         outputs=True, json=None)
 
@@ -168,6 +169,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
                     default=[1, 4, 16], metavar="C,...")
     ap.add_argument("--requests", type=int, default=64, help="per closed-loop run")
+    ap.add_argument("--prompt-tokens", type=int, default=512, help="closed loop: per prompt")
+    ap.add_argument("--shared-prefix", type=int, default=384,
+                    help="closed loop: tokens half the prompts share")
+    ap.add_argument("--max-tokens", type=int, default=64, help="closed loop: per request")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lanes", type=int, default=16)
     ap.add_argument("--ctx-size", type=int, default=16384)
