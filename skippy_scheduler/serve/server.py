@@ -149,6 +149,13 @@ def resolve_settings(settings: ServeSettings) -> ServeSettings:
         prefix_holders=holders if s.prefix_holders is None else s.prefix_holders)
 
 
+def _reuse_of(s: ServeSettings) -> tuple[int, int]:
+    """(prefix_cache_tokens, prefix_holders) of resolved settings (resolve_settings)."""
+    if s.prefix_cache_tokens is None or s.prefix_holders is None:
+        raise ValueError("settings not resolved: prefix reuse is still left to the server")
+    return s.prefix_cache_tokens, s.prefix_holders
+
+
 class Server:
     def __init__(self, settings: ServeSettings) -> None:
         from ..hosts.llama import LlamaHost
@@ -196,8 +203,9 @@ class Server:
                                 else os.path.splitext(os.path.basename(model))[0])
         # With reuse every holder gets a KV stream like a lane's (each request keeps to
         # ctx_size / max_active, as without reuse).
-        reuse = s.prefix_cache_tokens > 0
-        n_ctx = s.ctx_size + (s.prefix_holders * (s.ctx_size // s.max_active) if reuse else 0)
+        tokens, holders = _reuse_of(s)
+        reuse = tokens > 0
+        n_ctx = s.ctx_size + (holders * (s.ctx_size // s.max_active) if reuse else 0)
         self.host = host_class(model, n_ctx=n_ctx, n_seq_max=s.max_active, n_threads=s.threads,
                                n_batch=s.batch_size, kv_type=s.kv_type, flash_attn=s.flash_attn,
                                prefix_cache_tokens=s.prefix_cache_tokens,
@@ -211,7 +219,7 @@ class Server:
         self.host = open_stage_host(s)
         name = s.model_name or (os.path.splitext(os.path.basename(s.model))[0] if s.model
                                 else self.host.stages[0].source_name)
-        self._build(s, name, s.prefix_cache_tokens > 0, StagedEngineRunner,
+        self._build(s, name, _reuse_of(s)[0] > 0, StagedEngineRunner,
                     disjoint=s.inflight > 1, components=self.host.memory_components)
 
     def _build(self, s: ServeSettings, name: str, reuse: bool,
