@@ -243,7 +243,8 @@ def serve_prompts(args: argparse.Namespace, host: Any, prompts: list[Any], n_seq
     except Interrupted as stop:
         stopped, report = stop, engine.report()
     settings = dict(host.settings, scheduler=args.scheduler, max_tokens=args.max_tokens,
-                    arrival_interval_ms=args.arrival_interval_ms, policy=args.policy, **config)
+                    arrival_interval_ms=args.arrival_interval_ms, policy=args.policy,
+                    **{**config, "planning_rule": args.planning_rule})
     summary = report.summary()
     summary.update(_reuse_summary(scheduler.metrics(), host.prefix_store))
     if stopped is not None:
