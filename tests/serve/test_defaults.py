@@ -29,6 +29,8 @@ def test_resolved_settings_keep_what_was_given():
     assert (s.planning_rule, s.itl_target_ms) == ("slack", 100.0)
     s = resolve_settings(ServeSettings(max_active=4, ctx_size=2048, prefix_cache_tokens=0))
     assert s.prefix_cache_tokens == 0
+    for stages in (dict(stages="dir"), dict(stage_addresses=("tcp://127.0.0.1:1",))):
+        assert resolve_settings(ServeSettings(**stages)).prefix_cache_tokens == 0  # off there
     s = resolve_settings(ServeSettings(max_active=4, ctx_size=2048, prefix_cache_tokens=300,
                                        prefix_holders=2))
     assert (s.prefix_cache_tokens, s.prefix_holders) == (300, 2)
