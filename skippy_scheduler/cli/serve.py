@@ -319,10 +319,14 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     except KeyboardInterrupt:  # SIGINT or SIGTERM while loading: the server cleaned up
         return 0
-    ctx = server.context
+    ctx, s = server.context, server.settings
+    rule = (f"slack rule at {s.itl_target_ms:g} ms" if s.planning_rule == "slack"
+            else "reference planning")
+    reuse = (f"prefix reuse of {s.prefix_cache_tokens} tokens in {s.prefix_holders} holders"
+             if s.prefix_cache_tokens else "no prefix reuse")
     print(f"skippy-scheduler serve: {ctx.model_name} on http://{args.host}:{args.port}/v1 "
-          f"({args.max_active} lanes of {ctx.n_ctx_seq} tokens, chat template "
-          f"{ctx.chat.source}); Ctrl-C stops", file=sys.stderr, flush=True)
+          f"({args.max_active} lanes of {ctx.n_ctx_seq} tokens, {rule}, {reuse}, chat "
+          f"template {ctx.chat.source}); Ctrl-C stops", file=sys.stderr, flush=True)
     try:
         server.serve()
     except OSError as exc:  # e.g. the port is taken
