@@ -25,7 +25,9 @@ warning says when llama-server met the trace's SLO for a third of its requests o
 load is then lighter than the comparison names: lower `--time-scale` (the arrival gaps'
 factor) and run again.
 
-`--rounds 1 --requests 8 --concurrency 2 --max-requests 10` is a smoke run of a few minutes.
+`--servers theirs --only-trace --rounds 1` replays the trace on llama-server alone, to choose
+`--time-scale` first. `--rounds 1 --requests 8 --concurrency 2 --max-requests 10` is a smoke
+run of a few minutes.
 """
 from __future__ import annotations
 
@@ -94,7 +96,8 @@ def run_trace(targs: argparse.Namespace) -> dict[str, Any]:
 
 
 def loads(args: argparse.Namespace) -> list[str]:
-    return [f"closed c={c}" for c in args.concurrency] + (["trace"] if args.trace else [])
+    closed = [] if args.only_trace else [f"closed c={c}" for c in args.concurrency]
+    return closed + (["trace"] if args.trace else [])
 
 
 def measure(args: argparse.Namespace, cmd: list[str], label: str, load: str,
@@ -192,6 +195,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--servers", choices=("both", "ours", "theirs"), default="both",
                     help="theirs: only llama-server, to find a trace load where it meets the SLO "
                          "for under a third of the requests before the comparison")
+    ap.add_argument("--only-trace", action="store_true",
+                    help="skip the closed loop (with --servers theirs: finding the trace load)")
     ap.add_argument("--json", help="append every result and the medians as JSON lines here")
     ap.add_argument("--markdown", help="write the table of medians here")
     args = ap.parse_args(argv)
@@ -200,6 +205,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     theirs = args.llama_server or (LLAMA_SERVER if os.path.exists(LLAMA_SERVER) else None)
     if args.servers == "theirs" and not theirs:
         ap.error("--servers theirs needs --llama-server")
+    if args.only_trace and not args.trace:
+        ap.error("--only-trace needs --trace")
     servers = ([(OURS, ours_cmd(args))] if args.servers != "theirs" else []) + (
         [(THEIRS, theirs_cmd(args, theirs))] if theirs and args.servers != "ours" else [])
     for label, cmd in servers:
