@@ -25,7 +25,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
-from ..engine import AcceptEvent, Engine, FinishEvent, Host, HostState, Request, SchedulerLike
+from ..engine import (AcceptEvent, Engine, FinishEvent, Host, HostState, Request,
+                      SchedulerLike, TokenEvent)
 
 log = logging.getLogger("skippy_scheduler.serve")
 
@@ -139,7 +140,7 @@ class EngineRunner:
         self.host = host
         self.engine = Engine(scheduler, host, clock="wall", record=False,
                              before_step=self._before_step)
-        self.engine.add_listener(self._on_event)
+        self.engine.add_listener(self._deliver)
         self.engine.observers.append(_StepEnd(self._flush))
         self._idle_wait_s = idle_wait_s
         self._subs: dict[str, Subscription] = {}
@@ -148,8 +149,7 @@ class EngineRunner:
         self._gate = threading.Lock()  # held around submissions; taken when the loop restarts
         self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         # What the loop must be told at the end of the step (wake-ups and verdicts):
-        self._touched: list[tuple[asyncio.AbstractEventLoop, Any]] = []
-        self._touch_lock = threading.Lock()
+        self._touched: deque[tuple[asyncio.AbstractEventLoop, Any]] = deque()
         self._engine_tid: Optional[int] = None
         self._thread: Optional[threading.Thread] = None
         self._started = threading.Event()
@@ -275,15 +275,14 @@ class EngineRunner:
 
     # -- engine thread ------------------------------------------------------------------------
 
-    def _on_event(self, event: Any) -> None:
-        self._deliver(event)
-
     def _deliver(self, event: Any) -> None:
         rid = event.request_id
         sub = self._subs.get(rid)
         if sub is None:
             return
-        if isinstance(event, AcceptEvent):
+        if type(event) is TokenEvent:
+            pass
+        elif isinstance(event, AcceptEvent):
             with self._lock:
                 undecided = self._undecided.pop(rid, None) is not None
             if undecided:
@@ -307,8 +306,7 @@ class EngineRunner:
         self._touch(sub.inbox.loop, sub)
 
     def _touch(self, loop: asyncio.AbstractEventLoop, item: Any) -> None:
-        with self._touch_lock:
-            self._touched.append((loop, item))
+        self._touched.append((loop, item))
         if threading.get_ident() != self._engine_tid:
             # Delivered off the engine thread (a cancel while the loop restarts, a stop):
             # no step end will come to hand it over.
@@ -317,12 +315,15 @@ class EngineRunner:
     def _flush(self) -> None:
         """Hand the loop(s) what this step decided: one callback per loop, which resolves the
         verdicts and wakes every consumer waiting for a subscription that got events."""
-        if not self._touched:
+        touched = self._touched
+        if not touched:
             return
-        with self._touch_lock:
-            touched, self._touched = self._touched, []
         calls: dict[asyncio.AbstractEventLoop, list[Any]] = {}
-        for loop, item in touched:
+        while True:  # popleft: atomic against a deliverer on another thread
+            try:
+                loop, item = touched.popleft()
+            except IndexError:
+                break
             if isinstance(item, Inbox):
                 item._queued = False
                 if not item._armed:
