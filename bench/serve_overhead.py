@@ -119,7 +119,7 @@ def _client(url: str, concurrency: int, requests: int, seed: int, args: argparse
         url=url, label=f"instant-{seed}", model="instant", concurrency=concurrency,
         requests=requests, prompt_tokens=args.prompt_tokens, shared_prefix=1,
         shared_fraction=0.0, max_tokens=args.max_tokens, seed=seed, timeout=600,
-        token_ids=False, extra={}, warmup=False)
+        token_ids=False, extra={}, warmup=False, drain=True)
     barrier.wait(60)
     cpu = time.process_time()
     out = asyncio.run(run_load(load))

@@ -96,10 +96,23 @@ def _error_response(err: RequestError, metrics: Optional[ServeMetrics]) -> Respo
                     media_type="application/json")
 
 
+# Work this small is done on the event loop: a worker thread's round trip costs more than it
+# (docs/measuring.md, "The server's own cost"); anything larger goes to a worker thread.
+INLINE_BODY_BYTES = 8 << 10  # a request body decoded and parsed at once
+INLINE_TEXT_CHARS = 2 << 10  # a prompt (or all of a chat's message text) tokenized at once
+
+
+async def _off_loop(small: bool, fn: Callable[[], Any]) -> Any:
+    """`fn()`: at once when `small`, else on a worker thread."""
+    return fn() if small else await asyncio.to_thread(fn)
+
+
 async def _read_request(request: Request, limits: Limits, parse: Any, n_vocab: int) -> Any:
-    """The body read within `limits`, then decoded and parsed on a worker thread."""
+    """The body read within `limits`, then decoded and parsed (on a worker thread unless
+    small)."""
     raw = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
-    return await asyncio.to_thread(lambda: parse(decode_json(raw), n_vocab))
+    return await _off_loop(len(raw) <= INLINE_BODY_BYTES,
+                           lambda: parse(decode_json(raw), n_vocab))
 
 
 def _tokenize(ctx: ServeContext, text: str, prompt_field: str) -> list[int]:
@@ -216,8 +229,9 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         gen = await _read_request(request, ctx.limits, partial(
             parse_completion, strict=ctx.strict_request_fields), ctx.n_vocab)
         gen.model = served_model(ctx.model_names, gen.model)
-        prompts = [await asyncio.to_thread(_tokenize, ctx, p, "prompt") if isinstance(p, str)
-                   else p for p in gen.prompts]
+        prompts = [await _off_loop(len(p) <= INLINE_TEXT_CHARS,
+                                   partial(_tokenize, ctx, p, "prompt"))
+                   if isinstance(p, str) else p for p in gen.prompts]
         return await _generate(request, gen, prompts, "prompt")
 
     @app.post("/v1/chat/completions")
@@ -230,7 +244,8 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
             _bound_length(ctx, "".join(text for _, text in gen.messages), "messages")
             return _tokenize(ctx, ctx.chat.render(gen.messages), "messages")
 
-        tokens = await asyncio.to_thread(render_and_tokenize)
+        small = sum(len(text) for _, text in gen.messages) <= INLINE_TEXT_CHARS
+        tokens = await _off_loop(small, render_and_tokenize)
         return await _generate(request, gen, [tokens], "messages")
 
     async def _generate(request: Request, gen: GenerationRequest, prompts: list[list[int]],
