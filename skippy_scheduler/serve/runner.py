@@ -2,8 +2,10 @@
 
 The event loop never touches the scheduler or the host. It hands requests and cancellations to
 the engine's inbox (`Engine.submit` / `Engine.cancel` from another thread) and reads each
-request's events from a `Subscription`, which the engine thread fills from an engine listener
-and which wakes the loop at most once per burst.
+request's events from a `Subscription`, which the engine thread fills from an engine listener.
+At the end of each step the engine thread hands the loop that step's verdicts and wake-ups in
+one callback (docs/measuring.md, "Where a streamed token's time goes"); the subscriptions of
+one answer share one `Inbox`, so its consumer waits for all of them at once.
 
 Whether the scheduler took a request or refused it is an engine event: an `AcceptEvent` when
 the scheduler holds it, a `FinishEvent("rejected")` whose `rejection` says why (QUEUE_FULL: a
