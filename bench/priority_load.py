@@ -9,18 +9,40 @@
 request when the previous one ends; more clients than the server has lanes, so its queue never
 empties) of `--background-tokens` tokens at priority 0, and, once they are all running,
 `--urgent` requests of `--urgent-tokens` tokens at priority `--urgent-priority` (this server's
-convention: higher runs first), one every `--urgent-interval` seconds. Reported: the urgent
-requests' TTFT p50/p99 (sent → first token), the background's output tokens/s over the window
-from the first urgent request to the last one's end, and the background's own TTFT. Prompts
-and token counting are serve_load.py's. `--priority-field none` sends no priority (a server
-without the field, e.g. llama-server: every request then waits its turn).
+convention: higher runs first), one every `--urgent-interval` seconds. Prompts and token
+counting are serve_load.py's. `--priority-field none` sends no priority (a server without the
+field, e.g. llama-server: every request then waits its turn).
+
+**The window.** Throughput is taken over one fixed interval, the same for every server:
+[first urgent request sent, + `--urgent` x `--urgent-interval` + `--drain-s`]. The background
+keeps its closed loop running until the window and the urgent work are both over, so the
+offered load inside the window is the same everywhere. `--drain-s` is chosen so that every
+server's urgent requests end inside it; the JSON says whether they did (`window_holds_urgent`,
+`urgent_outside_window`) and `compare`'s ratios say `comparable: false` when one did not. Why
+fixed: the urgent work is the same on every server, so with all of it inside the window the
+background's tokens are what the server had left for the background over the same time, and
+the comparison is one of capacity. The earlier window, from the first urgent request to the
+last one's end, is shorter on a server that serves the urgent requests sooner while holding
+the same urgent work, which lowers that server's background figure by construction (and it
+ends at different times on different servers); it is still reported
+(`background_tokens_per_s_to_last_urgent`, `window_to_last_urgent_s`) so both can be shown.
+Tokens count where they reached the client: each streamed chunk's arrival time inside the
+window (one token per chunk on these servers), so a preempted stream's pause counts as the
+pause it was. Also reported: `total_tokens_per_s` (background and urgent tokens over the
+window), the urgent requests' TTFT p50/p99 (sent → first token), the background's own TTFT,
+and `server_deltas`: every `skippy:` counter of /metrics scraped at the window's two ends
+(preemptions by reason, iterations, decoded entries, prefilled / recomputed / restored
+tokens, KV copies into holders and back, prompt and generated tokens; None for a server
+without them).
 
 `compare` starts `skippy-scheduler serve` on `--model` three times, with preemption for priority
 (the default, with `--prefix-cache-tokens` so victims resume from their kept KV), with
 `--no-priority-preemption` (admission order only), and with `--no-priority-preemption` and the
 same prefix store (so the store's own cost is on both sides), runs `run` against each, and, when
 `--llama-server PATH` is given (or /work/llama-server/bin/llama-server exists), against
-llama-server with the same lanes and context. One JSON line per server, then the ratios.
+llama-server with the same lanes and context, and the kernels and options of BENCHMARKS.md's
+"Serving against llama-server" (f32 KV, flash attention off, a KV stream per slot). One JSON
+line per server, then the ratios of the preempting server over each other one.
 
 `resume-cost` times, in process on one LlamaHost, the resume of a sequence preempted after
 `--prompt-tokens` + `--generated` tokens: from its KV kept under a holder (the copy plus one
@@ -31,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import statistics
@@ -56,15 +79,59 @@ def _request_args(args, max_tokens: int, priority: int | None) -> argparse.Names
                               token_ids=args.token_ids, extra=extra)
 
 
+def _chunk_times(r: Result) -> list[float]:
+    """When each streamed chunk of `r` arrived (the first, then the gaps after it)."""
+    return [r.first, *(r.first + g for g in itertools.accumulate(r.gaps))] if r.ok else []
+
+
+def _tokens_in(results: list[Result], lo: float, hi: float) -> float:
+    """Output tokens of `results` that reached the client in [lo, hi): each chunk's arrival
+    counts its share of the request's tokens (one token per chunk on these servers)."""
+    total = 0.0
+    for r in results:
+        times = _chunk_times(r)
+        if times:
+            total += r.tokens / len(times) * sum(1 for t in times if lo <= t < hi)
+    return total
+
+
+async def _scrape(c: httpx.AsyncClient) -> dict[str, float] | None:
+    """The server's `skippy:` counters and gauges from /metrics (None: it has none)."""
+    try:
+        r = await c.get("/metrics")
+    except httpx.HTTPError:
+        return None
+    if r.status_code != 200:
+        return None
+    out: dict[str, float] = {}
+    for line in r.text.splitlines():
+        if line.startswith("skippy:") and " " in line:
+            name, value = line.rsplit(" ", 1)
+            if "_bucket{" not in name and not name.endswith("_created"):
+                out[name] = float(value)
+    return out or None
+
+
+def _deltas(before: dict[str, float] | None,
+            after: dict[str, float] | None) -> dict[str, float] | None:
+    if before is None or after is None:
+        return None
+    return {k: after[k] - before.get(k, 0.0) for k in sorted(after)
+            if k.split("{", 1)[0].endswith("_total")}
+
+
 async def run_load(args) -> dict:
     bg_prompts = make_prompts(4096, args.prompt_tokens, 0, 0.0, args.seed)
     urgent_prompts = make_prompts(args.urgent, args.urgent_prompt_tokens, 0, 0.0, args.seed + 1)
     bg_args = _request_args(args, args.background_tokens, 0)
     urgent_args = _request_args(args, args.urgent_tokens, args.urgent_priority)
-    background: list[tuple[float, Result]] = []
+    background: list[Result] = []
     urgent: list[Result] = []
     done = asyncio.Event()
     started = [asyncio.Event() for _ in range(args.background)]
+    span = args.urgent * args.urgent_interval + args.drain_s  # the fixed window's length
+    window: list[float] = []
+    scraped: list[dict[str, float] | None] = []
     limits = httpx.Limits(max_connections=args.background + args.urgent + 4,
                           max_keepalive_connections=args.background + 4)
     async with httpx.AsyncClient(base_url=args.url, timeout=args.timeout, limits=limits) as c:
@@ -75,50 +142,57 @@ async def run_load(args) -> dict:
             i = k
             while not done.is_set():
                 started[k].set()
-                res = await one(c, bg_prompts[i % len(bg_prompts)], bg_args)
-                background.append((time.perf_counter(), res))
+                background.append(await one(c, bg_prompts[i % len(bg_prompts)], bg_args))
                 i += args.background
 
         async def trickle() -> None:
             for ev in started:
                 await ev.wait()
             await asyncio.sleep(args.settle)
+            scraped.append(await _scrape(c))
+            t0 = time.perf_counter()
+            window.extend((t0, t0 + span))
             tasks = []
             for p in urgent_prompts:
                 tasks.append(asyncio.ensure_future(one(c, p, urgent_args)))
                 await asyncio.sleep(args.urgent_interval)
+            await asyncio.sleep(max(0.0, window[1] - time.perf_counter()))
+            scraped.append(await _scrape(c))
             urgent.extend(await asyncio.gather(*tasks))
-            done.set()
+            done.set()  # the background runs until the window and the urgent work are over
 
         clients = [asyncio.ensure_future(background_client(k)) for k in range(args.background)]
-        t0 = time.perf_counter()
         await trickle()
-        t1 = time.perf_counter()
         await asyncio.gather(*clients)
-    window = (t0 + args.settle, t1)
-    # Background tokens inside the window: each finished request's tokens spread over its life.
-    tokens = 0.0
-    for end, r in background:
-        if not r.ok or r.end <= r.sent:
-            continue
-        overlap = max(0.0, min(r.end, window[1]) - max(r.first, window[0]))
-        life = max(r.end - r.first, 1e-9)
-        tokens += r.tokens * overlap / life
+    lo, hi = window
     good_urgent = [r for r in urgent if r.ok]
     ttft = [r.first - r.sent for r in good_urgent]
-    bg_ttft = [r.first - r.sent for _, r in background if r.ok]
-    span = window[1] - window[0]
+    bg_ttft = [r.first - r.sent for r in background if r.ok]
+    last_urgent = max((r.end for r in good_urgent), default=hi)
+    outside = sum(1 for r in urgent if not r.ok or r.end > hi)
+    bg_tokens = _tokens_in(background, lo, hi)
+    urgent_tokens = _tokens_in(good_urgent, lo, hi)
+    old_span = last_urgent - lo
     return {
         "label": args.label, "url": args.url, "background": args.background,
         "background_tokens": args.background_tokens, "urgent": args.urgent,
         "urgent_completed": len(good_urgent), "urgent_tokens": args.urgent_tokens,
-        "errors": sorted({f"{r.status} {r.error}" for _, r in background if not r.ok}
-                         | {f"{r.status} {r.error}" for r in urgent if not r.ok})[:5],
+        "errors": sorted({f"{r.status} {r.error}" for r in background + urgent
+                          if not r.ok})[:5],
         "window_s": span,
+        # False: some urgent work is not inside the window, so the background's figure is
+        # not comparable with a server whose urgent work all is (widen --drain-s).
+        "window_holds_urgent": outside == 0, "urgent_outside_window": outside,
         "urgent_ttft_p50_s": percentile(ttft, 50), "urgent_ttft_p99_s": percentile(ttft, 99),
-        "background_tokens_per_s": tokens / span if span > 0 else float("nan"),
+        "background_tokens_per_s": bg_tokens / span,
+        "total_tokens_per_s": (bg_tokens + urgent_tokens) / span,
+        # The earlier definition: the window ends with the last urgent request.
+        "window_to_last_urgent_s": old_span,
+        "background_tokens_per_s_to_last_urgent":
+            _tokens_in(background, lo, last_urgent) / old_span if old_span > 0 else None,
         "background_ttft_p50_s": percentile(bg_ttft, 50),
         "background_ttft_p99_s": percentile(bg_ttft, 99),
+        "server_deltas": _deltas(*scraped) if len(scraped) == 2 else None,
     }
 
 
@@ -161,9 +235,13 @@ def skippy_cmd(args, preemption: bool, reuse: bool) -> list[str]:
 
 
 def llama_server_cmd(args, path: str) -> list[str]:
+    """llama-server with the kernels and options of BENCHMARKS.md "Serving against
+    llama-server" (f32 KV, flash attention off, a KV stream per slot, continuous batching, the
+    same batch), so it is the same-kernels reference; it has no priority field."""
     return [path, "-m", os.path.abspath(args.model), "--host", "127.0.0.1",
-            "-t", str(args.threads), "-np", str(args.lanes), "-c", str(args.ctx_size),
-            "--alias", "bench"]
+            "-t", str(args.threads), "-tb", str(args.threads), "-np", str(args.lanes),
+            "-c", str(args.ctx_size), "-b", "512", "-ub", "512", "-ctk", "f32", "-ctv", "f32",
+            "-fa", "off", "-no-kvu", "-cb", "--no-webui", "--alias", "bench"]
 
 
 def compare(args) -> list[dict]:
@@ -191,13 +269,23 @@ def compare(args) -> list[dict]:
             emit(result, args.json)
             results.append(result)
     on = results[0]
-    for off in results[1:3]:
-        emit({"label": f"ratios (preempt / {off['label'].removeprefix('skippy-')})",
-              "urgent_ttft_p99": on["urgent_ttft_p99_s"] / off["urgent_ttft_p99_s"],
-              "urgent_ttft_p50": on["urgent_ttft_p50_s"] / off["urgent_ttft_p50_s"],
-              "background_tokens_per_s": on["background_tokens_per_s"]
-              / off["background_tokens_per_s"]}, args.json)
+    for off in results[1:]:
+        emit(_ratios(on, off), args.json)
     return results
+
+
+def _ratios(on: dict, off: dict) -> dict:
+    """Preemption's figures over another server's; `comparable` is False when either's urgent
+    work was not all inside the window."""
+    def ratio(key: str) -> float | None:
+        a, b = on.get(key), off.get(key)
+        return a / b if a is not None and b else None
+
+    return {"label": f"ratios (preempt / {off['label'].removeprefix('skippy-')})",
+            "comparable": on["window_holds_urgent"] and off["window_holds_urgent"],
+            **{k: ratio(k + "_s") for k in ("urgent_ttft_p99", "urgent_ttft_p50")},
+            **{k: ratio(k) for k in ("background_tokens_per_s", "total_tokens_per_s",
+                                      "background_tokens_per_s_to_last_urgent")}}
 
 
 # -- resume-cost ------------------------------------------------------------------------------
@@ -296,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--urgent-interval", type=float, default=1.0, metavar="S")
         p.add_argument("--settle", type=float, default=2.0, metavar="S",
                        help="seconds of background alone before the first urgent request")
+        p.add_argument("--drain-s", type=float, default=4.0, metavar="S",
+                       help="the window's tail after the last urgent arrival (long enough "
+                            "for every server's urgent work to end inside it: checked)")
         p.add_argument("--priority-field", default="priority",
                        help="request field carrying the priority; 'none' sends none")
         p.add_argument("--seed", type=int, default=0)

@@ -495,9 +495,12 @@ static int make_plan(skippy_scheduler *s, skippy_plan **out_plan)
             plan_homogeneous(s, &out, has_prefill, live_count > 0);
         }
     }
-    /* Mixed planning needs a decode-only duration for this many decode rows to compare with. */
-    else if (s->cfg.mixed_prefill_decode && s->mixed_viable && decode_rows > 0 &&
-        decode_rows < s->ewma_cap && !isnan(s->ewma[decode_rows]))
+    /* Mixed planning needs a decode-only duration for this many decode rows to compare with;
+     * a plan whose admission preempted for priority is mixed whatever the gate says (§2.8a
+     * point 6: the running streams keep decoding beside the beneficiary's prefill). */
+    else if (s->cfg.mixed_prefill_decode && decode_rows > 0 &&
+             (s->prio_victim_len > 0 ||
+              (s->mixed_viable && decode_rows < s->ewma_cap && !isnan(s->ewma[decode_rows]))))
         plan_mixed(s, &out, SIZE_MAX);
     else
         plan_homogeneous(s, &out, has_prefill, live_count > 0);

@@ -19,6 +19,7 @@ from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, boun
                       check_output_file, import_llama_host, model_path, non_negative_float,
                       non_negative_int, positive_int)
 from .interrupt import Interrupted, saving
+from .stage import add_stage_cache_flag, check_stage_cache_flag
 from .vocabulary import add_flag
 
 # Prompts used when --prompts is not given: strings (tokenized by the model) and raw ids.
@@ -74,6 +75,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--stage-addresses", metavar="ADDR,...",
                    help="serve on stage workers already running at these pyzmq addresses "
                         "(`stage --listen`), stage 0 first (default: none)")
+    add_stage_cache_flag(p)
     p.set_defaults(func=run)
 
 
@@ -148,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
                            f"({args.max_active}): every lane needs KV cells")
     check_output_file("--json", args.json)
     check_model(args)
+    check_stage_cache_flag(args)
     prompts = load_prompts(args.prompts)
     llama = import_llama_host()
 

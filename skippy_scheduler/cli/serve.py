@@ -14,6 +14,7 @@ from typing import Any
 from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, bound,
                       check_model,
                       import_llama_host, non_negative_int, positive_int)
+from .stage import add_stage_cache_flag, check_stage_cache_flag
 from .vocabulary import add_flag
 
 
@@ -82,6 +83,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--stage-addresses", type=_addresses, default=(), metavar="ADDR,...",
                    help="serve on stage workers already running at these pyzmq addresses "
                         "(`stage --listen`), stage 0 first; needs --model (default: none)")
+    add_stage_cache_flag(p)
     _add_limit_options(p, d)
     _add_access_options(p, d)
     # serve drains and cleans up on SIGINT and SIGTERM itself.
@@ -270,6 +272,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--ctx-size ({args.ctx_size}) must be at least --max-active "
                            f"({args.max_active}): every lane needs KV cells")
     check_model(args)
+    check_stage_cache_flag(args)
     if args.stages or args.stage_addresses:
         _check_stage_args(args)
     _check_port(args.host, args.port)
@@ -290,6 +293,7 @@ def run(args: argparse.Namespace) -> int:
         kv_events_replay_endpoint=args.kv_events_replay_endpoint,
         kv_block_size=args.kv_block_size, kv_hash_seed=args.kv_hash_seed,
         stages=args.stages, stage_addresses=args.stage_addresses,
+        stage_prefix_cache_tokens=args.stage_prefix_cache_tokens,
         **_limit_settings(args), **_access_settings(args))
     try:
         server = Server(settings)

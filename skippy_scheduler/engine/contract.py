@@ -222,6 +222,7 @@ class HostState:
     samplers: int = 0  # per-sequence sampler states alive
     decoded_tokens: int = 0  # batch entries decoded so far (a fork's copied rows not included)
     shared_tokens: int = 0  # batch entries a fork's KV copy replaced instead of a decode
+    kv_copies: int = 0  # KV copies between runtime sequence ids so far (prefix keeps, restores)
     # Highest KV position held per runtime sequence id that holds any (lanes only): must be
     # empty when no sequence is active.
     lane_positions: Mapping[int, int] = field(default_factory=dict)

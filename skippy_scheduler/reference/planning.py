@@ -78,7 +78,9 @@ class RowPlanner:
     def restore(self, counters: tuple[int, int, int]) -> None:
         self.consecutive_prefill, self.mixed_cursor, self.slack.interleaved = counters
 
-    def rows(self, active: list[Sequence]) -> list[IterationWork]:
+    def rows(self, active: list[Sequence], preempted: bool = False) -> list[IterationWork]:
+        """The plan's rows; `preempted`: its admission preempted for priority (§2.8a point 6:
+        then the plan is mixed whatever §2.6's gate says)."""
         if self._disjoint:
             depth = self._config.max_inflight_plans
             self._decode_share = -(-len(active) // depth)
@@ -92,8 +94,8 @@ class RowPlanner:
                 return self._slack(active, decode_rows)
             self.slack.interleaved = 0  # nothing waits on the other phase
             return self._homogeneous(active)
-        if (self._config.mixed_prefill_decode and self.mixed_viable and decode_rows > 0
-                and decode_rows in self._decode_us_ewma):
+        if self._config.mixed_prefill_decode and decode_rows > 0 and (
+                preempted or (self.mixed_viable and decode_rows in self._decode_us_ewma)):
             return self._mixed(active)
         return self._homogeneous(active)
 

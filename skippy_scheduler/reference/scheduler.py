@@ -272,7 +272,7 @@ class TwinScheduler:
             # admission policy leaves the live plan as it was.
             self._abort_from(0)
         counters = self._planner.counters
-        work = self._planner.rows(list(self._active.values()))
+        work = self._planner.rows(list(self._active.values()), bool(self._priority_victims))
         step = self._steps
         self._steps += 1
         undo: list[RowUndo] = []

@@ -69,6 +69,23 @@ class _EngineCollector:
         yield CounterMetricFamily("skippy:decoded_tokens",
                                   "Batch entries the host decoded (prompt and decode rows).",
                                   value=s.decoded_tokens)
+        # Where the work of preemption goes (bench/priority_load.py takes their deltas).
+        yield CounterMetricFamily("skippy:prefill_computed_tokens",
+                                  "Prompt tokens prefilled (restored prefixes not included).",
+                                  value=s.prefill_tokens)
+        yield CounterMetricFamily(
+            "skippy:recomputed_tokens",
+            "Replay tokens prefilled again to resume preempted sequences.",
+            value=s.recompute_tokens)
+        yield CounterMetricFamily(
+            "skippy:prefix_restored_tokens",
+            "Tokens admitted as prefix restores (a resume from kept KV restores its replay).",
+            value=s.restored_tokens)
+        yield CounterMetricFamily(
+            "skippy:kv_copies",
+            "KV copies between llama.cpp sequence ids (into prefix holders and back, forks of "
+            "n > 1); with a KV stream per sequence each moves a whole stream.",
+            value=s.kv_copies)
         yield CounterMetricFamily(
             "skippy:shared_prefill_tokens",
             "Entries the host did not decode: copies of another choice's KV (n > 1, best_of).",

@@ -49,8 +49,10 @@ class EngineStats:
     iterations: int = 0
     prefill_tokens: int = 0  # prompt tokens prefilled (completed plans)
     restored_tokens: int = 0  # prompt tokens admitted as prefix restores
+    recompute_tokens: int = 0  # replay tokens prefilled again (preempted sequences' resumes)
     decoded_tokens: int = 0  # batch entries the host decoded (LlamaHost)
     shared_tokens: int = 0  # entries a fork's KV copy replaced (choices of one prompt)
+    kv_copies: int = 0  # the host's KV copies between sequence ids (prefix keeps, restores)
     published_s: float = 0.0
 
 
@@ -361,8 +363,9 @@ class EngineRunner:
             prefix_hits=m.prefix_hits, prefix_misses=m.prefix_misses,
             lanes_in_use=len(h.active), lanes=h.lanes, kv_tokens=h.kv_tokens,
             kv_capacity=h.kv_capacity, iterations=m.iterations, prefill_tokens=m.prefill_tokens,
-            restored_tokens=m.restored_tokens,
+            restored_tokens=m.restored_tokens, recompute_tokens=m.recompute_tokens,
             decoded_tokens=h.decoded_tokens, shared_tokens=h.shared_tokens,
+            kv_copies=h.kv_copies,
             published_s=time.monotonic())
 
     def host_state(self, detail: bool = False) -> HostState:

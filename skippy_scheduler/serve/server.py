@@ -96,6 +96,7 @@ class ServeSettings:
     kv_hash_seed: str = "0"  # vLLM's PYTHONHASHSEED: the first block's parent hash
     stages: Optional[str] = None  # a split model's stage directory: local stage workers
     stage_addresses: tuple[str, ...] = ()  # or stage workers already running (docs/stages.md)
+    stage_prefix_cache_tokens: tuple[int, ...] = ()  # per stage; () = prefix_cache_tokens each
 
 
 class Server:
@@ -155,13 +156,14 @@ class Server:
 
     def _load_stages(self, s: ServeSettings) -> None:
         """A model split across stage workers (docs/stages.md "Serving")."""
-        from ..stages.serving import StagedEngineRunner, open_stage_host
+        from ..stages.serving import StageMetrics, StagedEngineRunner, open_stage_host
 
         self.host = open_stage_host(s)
         name = s.model_name or (os.path.splitext(os.path.basename(s.model))[0] if s.model
                                 else self.host.stages[0].source_name)
         self._build(s, name, s.prefix_cache_tokens > 0, StagedEngineRunner,
                     disjoint=s.inflight > 1, components=self.host.memory_components)
+        self.context.metrics.registry.register(StageMetrics(self.runner))
 
     def _build(self, s: ServeSettings, name: str, reuse: bool,
                runner_class: Optional[type] = None, disjoint: bool = False,

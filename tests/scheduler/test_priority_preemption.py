@@ -2,7 +2,7 @@
 per-plan budget, the guard against thrashing, and that it is off by default."""
 from sched_helpers import complete, make_scheduler, pred, row_ids
 
-from skippy_scheduler import MemoryComponent, Sequence, SequenceStatus
+from skippy_scheduler import IterationPhase, MemoryComponent, Sequence, SequenceStatus
 
 
 def running(s, *specs):
@@ -128,3 +128,43 @@ def test_a_victim_resumes_by_recompute_with_its_tokens(impl):
     # The replay is the prompt and the confirmed tokens but the last, which is decoded next.
     assert list(row.tokens) == [1, 2, 7] and list(row.positions) == [0, 1, 2]
     assert list(s.sequence("a").generated_tokens) == [7, 7]
+
+
+def _mixing_allowed(impl, lanes):
+    """Mixing on, no decode-only duration observed yet: the reference gate (§2.6) would plan a
+    waiting prompt's prefill alone."""
+    return preempting(impl, max_active_sequences=lanes, mixed_prefill_decode=True,
+                      max_consecutive_prefill_iterations=1)
+
+
+def test_the_preempting_plan_runs_the_decode_rows_beside_the_prefill(impl):
+    s = _mixing_allowed(impl, 2)
+    running(s, ("a", 0), ("b", 0))
+    step(s)  # both decode
+    s.submit(Sequence("h", [3, 4, 5], 5, None, 9))
+    plan = step(s)
+    assert plan.preempted == 1 and s.last_priority_victims() == ["b"]
+    # §2.8a point 6: a mixed plan, so `a` does not pause for h's prompt.
+    assert {w.sequence_id: w.phase for w in plan.work} == {
+        "a": IterationPhase.DECODE, "h": IterationPhase.PREFILL}
+    assert s.mixed_prefill_viable  # the gate is neither read nor changed
+
+
+def test_an_admission_that_preempts_nothing_keeps_the_reference_gate(impl):
+    s = _mixing_allowed(impl, 3)
+    running(s, ("a", 0), ("b", 0))
+    step(s)
+    s.submit(Sequence("c", [3, 4, 5], 5, None, 9))  # a free lane: admitted, nobody preempted
+    plan = step(s)
+    assert plan.preempted == 0
+    assert {w.sequence_id: w.phase for w in plan.work} == {"c": IterationPhase.PREFILL}
+
+
+def test_without_mixing_the_preempting_plan_is_prefill_only(impl):
+    s = preempting(impl, max_active_sequences=2, max_consecutive_prefill_iterations=1)
+    running(s, ("a", 0), ("b", 0))
+    step(s)
+    s.submit(Sequence("h", [3, 4, 5], 5, None, 9))
+    plan = step(s)
+    assert plan.preempted == 1
+    assert {w.sequence_id: w.phase for w in plan.work} == {"h": IterationPhase.PREFILL}

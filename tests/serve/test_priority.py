@@ -79,6 +79,16 @@ def test_a_high_priority_request_preempts_running_streams_by_default(model_path,
         sm = server.runner.call(server.scheduler.metrics)
         assert sm.preempted_priority >= 1 and sm.restored_tokens > 0 and sm.recompute_tokens == 0
         assert is_idle(wait_idle(server), 2)
+        # /metrics says where the work went: the same figures as the scheduler's and host's.
+        m = metrics(server.url)  # published by the engine thread at its last step
+        sm, hs = server.runner.call(
+            lambda: (server.scheduler.metrics(), server.runner.host_state()))
+        assert m["skippy:prefix_restored_tokens_total"] == sm.restored_tokens > 0
+        assert m["skippy:recomputed_tokens_total"] == 0
+        assert m["skippy:prefill_computed_tokens_total"] == sm.prefill_tokens > 0
+        # Each victim's KV went into a holder and came back; every finished request's too.
+        assert m["skippy:kv_copies_total"] == hs.kv_copies
+        assert hs.kv_copies >= 2 * sm.preempted_priority + 3
     finally:
         server.shutdown()
 

@@ -178,6 +178,7 @@ class LlamaHost(DirectRows, RowDecoding):
             lanes=self.n_seq_max, free_lanes=lanes.free, active=tuple(active), kv_tokens=kv,
             kv_capacity=self.n_ctx, samplers=len(self._samplers) if self._samplers else 0,
             decoded_tokens=self.decoded_tokens, shared_tokens=self.shared_tokens,
+            kv_copies=self._cells.copies if self._cells is not None else 0,
             lane_positions=lanes.positions_held() if detail and self._ctx else {})
 
     def execute_async(self, plan: Plan) -> "Future[int]":

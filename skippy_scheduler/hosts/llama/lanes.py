@@ -29,6 +29,9 @@ class KvCells:
 
     def __init__(self, ctx: Any) -> None:
         self._mem: Any = _ll.llama_get_memory(ctx)
+        # Copies asked of llama.cpp (prefix keeps and restores, forks); with a KV stream per
+        # sequence each one moves a whole stream at the next decode (host_state reports it).
+        self.copies = 0
 
     def close(self) -> None:
         """The context is freed: removals become no-ops (a store may still evict)."""
@@ -43,6 +46,7 @@ class KvCells:
         """Give `dst` `src`'s cells at positions [start, end) (-1: open end; with a KV stream per
         sequence llama.cpp copies whole streams only)."""
         _ll.llama_memory_seq_cp(self._mem, src, dst, start, end)
+        self.copies += 1
 
     def highest(self, seq: int) -> int:
         """The highest position `seq` holds, -1 for none."""
