@@ -103,6 +103,8 @@ async def one(client: httpx.AsyncClient, prompt: str, args) -> Result:
                     continue
                 data = line[6:]
                 if data == "[DONE]":
+                    if getattr(args, "drain", False):
+                        continue  # read to the end of the body: the connection is kept alive
                     break
                 chunk = json.loads(data)
                 if chunk.get("usage"):
