@@ -12,7 +12,8 @@ token is never sampled, so every request runs to its `max_tokens`.
 `build_server(settings, host)` wires the package's own pieces (scheduler, `EngineRunner`,
 `ServeContext`, `create_app`) around a host the way `skippy_scheduler.serve.Server` does around
 llama.cpp, with the scheduler settings and admission policy of `ServeSettings`; `serve(...)`
-runs it under uvicorn with the HTTP settings `Server` uses.
+runs it under uvicorn with the HTTP protocol `Server` uses (h11 with the connection guard of
+`serve/connections.py`).
 """
 from __future__ import annotations
 
@@ -100,8 +101,12 @@ def serve(server: InstantServer, sock: Any, log_level: str = "warning") -> None:
     """Serve on the bound, listening socket `sock` until interrupted, then stop the engine."""
     import uvicorn
 
-    config = uvicorn.Config(server.app, log_level=log_level, http="h11", loop="asyncio",
-                            lifespan="off", timeout_keep_alive=30)
+    from skippy_scheduler.serve.connections import protocol_class
+
+    s = ServeSettings()  # the HTTP protocol `Server` runs (h11, with its connection guard)
+    config = uvicorn.Config(server.app, log_level=log_level,
+                            http=protocol_class(s.header_timeout_s, s.max_connections),
+                            loop="asyncio", lifespan="off", timeout_keep_alive=30)
     server.runner.start()
     try:
         uvicorn.Server(config).run(sockets=[sock])

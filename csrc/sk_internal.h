@@ -347,14 +347,22 @@ static inline void sk_unfresh(skippy_scheduler *s, sk_seq *seq)
 sk_plan_slot *sk_find_live(skippy_scheduler *s, uint64_t serial, size_t *out_nth);
 void sk_abort_from(skippy_scheduler *s, size_t nth);
 
+/* §2.11a: a sequence with a row in a plan that is still live (even a voided row). */
+static inline bool sk_in_flight(skippy_scheduler *s, const sk_seq *seq)
+{
+    return seq->flight_serial && sk_find_live(s, seq->flight_serial, NULL) != NULL;
+}
+
 /* sk_slack.c: what the slack rule runs this step (§2.13) when prefill and live decode both
- * wait; prefill_budget bounds the step's prefill tokens. Updates s->interleaved. */
+ * wait; prefill_budget bounds the step's prefill tokens. Updates s->interleaved. With
+ * skip_in_flight (disjoint plans, §2.11a) the least slack leaves out the sequences in flight,
+ * which this plan cannot give a row. */
 enum { SK_SLACK_DECODE_ONLY = 0, SK_SLACK_MIXED = 1, SK_SLACK_PREFILL_ONLY = 2 };
 typedef struct sk_slack_choice {
     int kind;
     size_t prefill_budget;
 } sk_slack_choice;
-sk_slack_choice sk_slack_decide(skippy_scheduler *s, size_t decode_rows);
+sk_slack_choice sk_slack_decide(skippy_scheduler *s, size_t decode_rows, bool skip_in_flight);
 int sk_check_step_cost(const skippy_step_cost *cost);
 
 #endif

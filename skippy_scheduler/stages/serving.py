@@ -19,7 +19,7 @@ from concurrent.futures import Future
 from typing import Any, Iterator, Optional
 
 from ..engine import FinishEvent
-from ..serve.runner import EngineRunner, EngineUnavailable, Subscription
+from ..serve.runner import EngineRunner, EngineUnavailable, Inbox, Subscription
 from .channel import StageFailure
 from .host import StageHost
 from .local import LocalStages
@@ -101,11 +101,11 @@ class StagedEngineRunner(EngineRunner):
     def running(self) -> bool:
         return super().running and self.host.broken is None
 
-    def open(self, request: Any, loop: Any) -> Subscription:
+    def open(self, request: Any, loop: Any, inbox: Optional[Inbox] = None) -> Subscription:
         broken: Optional[str] = self.host.broken
         if broken is not None:
             raise EngineUnavailable(f"a stage of the model failed: {broken}")
-        return super().open(request, loop)
+        return super().open(request, loop, inbox)
 
     def _deliver(self, event: Any) -> None:
         if isinstance(event, FinishEvent) and event.reason == "failed":
