@@ -2,9 +2,10 @@
 
 The first burst of `serve_load.py run --concurrency 16`: 16 requests arriving at once, 512
 prompt tokens each, half of them sharing a 384-token prefix nobody has computed yet, on a
-LlamaHost configured as `skippy-scheduler serve -np 16 -c 16384 --prefix-cache-tokens 8192`
-configures it (16 holders, a KV stream per lane and holder, chunk 256, batch 512, mixed plans,
-one prefill plan in a row while decoding). The engine runs on a virtual clock: what is
+LlamaHost configured as `skippy-scheduler serve -np 16 -c 16384` configures it with its
+defaults (reuse sized from the KV cache: 16 holders of 1 024 tokens, a KV stream per lane and
+holder; chunk 256, batch 512; the slack rule at a 100 ms target, `--planning-rule reference`
+for the reference's gate with mixed plans and one prefill plan in a row while decoding). The engine runs on a virtual clock: what is
 reported are counts, which do not depend on the machine's load, so this runs anywhere:
 
     python bench/cold_hold.py [--model bench-58m.gguf] [--requests 16] [--inflight 2] [--json FILE]
@@ -26,13 +27,13 @@ import random
 import sys
 import tempfile
 
-from skippy_scheduler import Scheduler, SchedulerConfig
+from skippy_scheduler import PlanningRule, Scheduler, SchedulerConfig
 from skippy_scheduler.engine import Engine, Request, VirtualClock
 from skippy_scheduler.hosts.calibrate import CostModel
 from skippy_scheduler.hosts.llama import LlamaHost
 from skippy_scheduler.hosts.tiny_model import write_tiny_llama
 from skippy_scheduler.sampling import SamplingParams
-from skippy_scheduler.serve.server import COLD_PREFIX_HOLD_TOKENS
+from skippy_scheduler.serve.server import COLD_PREFIX_HOLD_TOKENS, default_reuse
 
 
 # The 58.5 M-parameter model on this 2-core CPU, roughly (issue 20: about 0.57 ms per prompt
@@ -61,11 +62,13 @@ def p99(values: list[float]) -> float:
 
 
 def run_way(host: LlamaHost, prompts: list[list[int]], hold: int, max_tokens: int,
-            lanes: int, inflight: int) -> dict:
+            lanes: int, inflight: int, rule: str) -> dict:
     config = SchedulerConfig(
         max_active_sequences=lanes, max_waiting_sequences=256 + lanes,
         max_tokens_per_iteration=host.n_batch, prefill_chunk_tokens=min(256, host.n_batch),
         mixed_prefill_decode=True, max_consecutive_prefill_iterations=1,
+        planning_rule=PlanningRule.SLACK if rule == "slack" else PlanningRule.REFERENCE,
+        itl_target=0.1,
         cold_prefix_hold_tokens=hold, max_inflight_plans=inflight,
         **host.sequence_id_settings)
     scheduler = Scheduler(config)
@@ -97,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--lanes", type=int, default=16)
     ap.add_argument("--ctx-size", type=int, default=16384)
-    ap.add_argument("--prefix-cache-tokens", type=int, default=8192)
+    ap.add_argument("--prefix-cache-tokens", type=int, default=None,
+                    help="default: serve's, sized from the KV cache")
+    ap.add_argument("--planning-rule", choices=("slack", "reference"), default="slack")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--inflight", type=int, default=1, help="plans in flight (serve --inflight)")
     ap.add_argument("--json", help="append the result as one JSON line to this file")
@@ -105,14 +110,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or write_tiny_llama(os.path.join(tmp, "tiny.gguf"), seed=3)
         lane = args.ctx_size // args.lanes
-        with LlamaHost(model, n_ctx=args.ctx_size + args.lanes * lane, n_seq_max=args.lanes,
-                       n_threads=args.threads, n_batch=512,
-                       prefix_cache_tokens=args.prefix_cache_tokens,
-                       prefix_holders=args.lanes) as host:
+        cache, holders = default_reuse(args.lanes, args.ctx_size)
+        if args.prefix_cache_tokens is not None:
+            cache = args.prefix_cache_tokens
+        with LlamaHost(model, n_ctx=args.ctx_size + holders * lane, n_seq_max=args.lanes,
+                       n_threads=args.threads, n_batch=512, prefix_cache_tokens=cache,
+                       prefix_holders=holders) as host:
             prompts = burst(args.requests, args.prompt_tokens, args.shared_prefix,
                             args.shared_fraction, host.n_vocab, seed=0)
             ways = {name: run_way(host, prompts, hold, args.max_tokens, args.lanes,
-                                  args.inflight)
+                                  args.inflight, args.planning_rule)
                     for name, hold in (("hold off", 0), ("hold on", COLD_PREFIX_HOLD_TOKENS))}
     same = ways["hold off"]["tokens"] == ways["hold on"]["tokens"]
     print(f"burst: {args.requests} requests x {args.prompt_tokens} prompt tokens, "
