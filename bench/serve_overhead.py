@@ -78,7 +78,8 @@ def _start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]
     cmd = [sys.executable, os.path.join(HERE, "serve_overhead.py"), "serve",
            "--max-active", str(args.max_active or args.concurrency),
            "--batch-size", str(args.batch_size), "--prefill-chunk", str(args.prefill_chunk),
-           "--inflight", str(args.inflight), "--step-ms", str(args.step_ms)]
+           "--inflight", str(args.inflight), "--step-ms", str(args.step_ms),
+           "--planning-rule", args.planning_rule]
     if args.profile:
         cmd += ["--profile", args.profile]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
@@ -185,7 +186,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         return x * 1e6 / n if n else None
 
     return {
-        "label": "instant host", "step_ms": args.step_ms, "concurrency": args.concurrency,
+        "label": "instant host", "step_ms": args.step_ms, "planning_rule": args.planning_rule,
+        "concurrency": args.concurrency,
         "clients": args.clients,
         "requests": args.requests, "completed": sum(r["completed"] for r in results),
         "errors": sorted({e for r in results for e in r["errors"]})[:5],
@@ -218,11 +220,12 @@ def _serve(argv: list[str]) -> int:
     ap.add_argument("--prefill-chunk", type=int, default=ServeSettings.prefill_chunk)
     ap.add_argument("--inflight", type=int, default=ServeSettings.inflight)
     ap.add_argument("--step-ms", type=float, default=0.0)
+    ap.add_argument("--planning-rule", default=ServeSettings.planning_rule)
     ap.add_argument("--profile", default=None)
     a = ap.parse_args(argv)
     settings = ServeSettings(max_active=a.max_active, max_waiting=4096,
                              batch_size=a.batch_size, prefill_chunk=a.prefill_chunk,
-                             inflight=a.inflight)
+                             inflight=a.inflight, planning_rule=a.planning_rule)
     server = build_server(settings, InstantHost(n_seq_max=a.max_active,
                                                 step_s=a.step_ms / 1e3))
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -272,6 +275,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--step-ms", type=float, default=0.0,
                     help="time every plan takes, asleep (0: none); > 0 gives one token per "
                          "request per step, so each streamed chunk carries one token")
+    ap.add_argument("--planning-rule", choices=("slack", "reference"), default="slack",
+                    help="the scheduler's planning rule (docs/behaviour.md §2.13; the server's "
+                         "default: slack)")
     ap.add_argument("--timeout", type=float, default=600, help="the whole load, seconds")
     ap.add_argument("--profile", metavar="FILE",
                     help="profile the server's event loop and engine thread (cProfile: FILE.loop "

@@ -51,7 +51,8 @@ def _hits(url: str) -> float:
 
 def _complete(url: str, prompt: list[int], **extra) -> dict:
     r = httpx.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 4,
-                                                  "temperature": 0, **extra}, timeout=60)
+                                                  "temperature": 0, "ignore_eos": True,
+                                                  **extra}, timeout=60)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -73,6 +74,11 @@ def test_defaults_reuse_prefixes_under_the_slack_rule(model_path):
         again = _complete(server.url, PROMPT, skippy={"itl_ms": 20})  # its own target too
         assert again["choices"][0]["text"] == first["choices"][0]["text"]
         assert _hits(server.url) >= len(PROMPT) - 16
+        # The engine times the steps and refits the rule's cost model (every 8 steps).
+        prior = server.runner.call(lambda: server.scheduler.step_cost)
+        _complete(server.url, [1, 9, 8, 7], max_tokens=24)
+        wait_idle(server)
+        assert server.runner.call(lambda: server.scheduler.step_cost) != prior
     finally:
         server.shutdown()
 
