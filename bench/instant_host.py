@@ -11,8 +11,10 @@ token is never sampled, so every request runs to its `max_tokens`.
 
 `build_server(settings, host)` wires the package's own pieces (scheduler, `EngineRunner`,
 `ServeContext`, `create_app`) around a host the way `skippy_scheduler.serve.Server` does around
-llama.cpp, with the scheduler settings and admission policy of `ServeSettings`; `serve(...)`
-runs it under uvicorn with the HTTP settings `Server` uses.
+llama.cpp, with the scheduler settings (the planning rule included) and admission policy of
+`ServeSettings` (no prefix reuse: the host keeps no KV); `serve(...)`
+runs it under uvicorn with the HTTP protocol `Server` uses (h11 with the connection guard of
+`serve/connections.py`).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from skippy_scheduler import ReleaseReason, Scheduler, SchedulerConfig
+from skippy_scheduler import PlanningRule, ReleaseReason, Scheduler, SchedulerConfig
 from skippy_scheduler.engine import CostModelHost, Plan
 from skippy_scheduler.selection import make_admission
 from skippy_scheduler.serve import ServeSettings
@@ -87,7 +89,10 @@ def build_server(settings: ServeSettings, host: InstantHost) -> InstantServer:
         max_tokens_per_iteration=s.batch_size,
         prefill_chunk_tokens=min(s.prefill_chunk, s.batch_size), mixed_prefill_decode=s.mixed,
         max_consecutive_prefill_iterations=s.max_consecutive_prefill,
-        max_inflight_plans=s.inflight, reserved_sequence_ids=0)
+        max_inflight_plans=s.inflight,
+        planning_rule=PlanningRule.SLACK if s.planning_rule == "slack" else PlanningRule.REFERENCE,
+        itl_target=s.itl_target_ms / 1e3, priority_preemption=s.priority_preemption,
+        reserved_sequence_ids=0)
     runner = EngineRunner(Scheduler(config, admission=make_admission(s.policy)), host)
     context = ServeContext(runner=runner, host=host, model_name="instant",
                            pieces=token_pieces(host.n_vocab, host.token_bytes),
@@ -100,8 +105,12 @@ def serve(server: InstantServer, sock: Any, log_level: str = "warning") -> None:
     """Serve on the bound, listening socket `sock` until interrupted, then stop the engine."""
     import uvicorn
 
-    config = uvicorn.Config(server.app, log_level=log_level, http="h11", loop="asyncio",
-                            lifespan="off", timeout_keep_alive=30)
+    from skippy_scheduler.serve.connections import protocol_class
+
+    s = ServeSettings()  # the HTTP protocol `Server` runs (h11, with its connection guard)
+    config = uvicorn.Config(server.app, log_level=log_level,
+                            http=protocol_class(s.header_timeout_s, s.max_connections),
+                            loop="asyncio", lifespan="off", timeout_keep_alive=30)
     server.runner.start()
     try:
         uvicorn.Server(config).run(sockets=[sock])

@@ -75,6 +75,7 @@ class Result:
     tokens: int = 0
     gaps: list[float] = field(default_factory=list)
     error: str = ""
+    text: str = ""  # the generated text, the chunks' in order
 
 
 async def one(client: httpx.AsyncClient, prompt: str, args) -> Result:
@@ -102,6 +103,8 @@ async def one(client: httpx.AsyncClient, prompt: str, args) -> Result:
                     continue
                 data = line[6:]
                 if data == "[DONE]":
+                    if getattr(args, "drain", False):
+                        continue  # read to the end of the body: the connection is kept alive
                     break
                 chunk = json.loads(data)
                 if chunk.get("usage"):
@@ -112,6 +115,7 @@ async def one(client: httpx.AsyncClient, prompt: str, args) -> Result:
                 c = choices[0]
                 if c.get("finish_reason"):
                     finish = c["finish_reason"]
+                res.text += c.get("text") or ""
                 n = len(c["token_ids"]) if "token_ids" in c else (1 if c.get("text") else 0)
                 if n == 0:
                     continue
@@ -142,9 +146,10 @@ async def run_load(args) -> dict:
     prompts = make_prompts(args.requests, args.prompt_tokens, args.shared_prefix,
                            args.shared_fraction, args.seed)
     queue: asyncio.Queue = asyncio.Queue()
-    for p in prompts:
-        queue.put_nowait(p)
+    for i, p in enumerate(prompts):
+        queue.put_nowait((i, p))
     results: list[Result] = []
+    by_prompt: list[Result | None] = [None] * len(prompts)
     limits = httpx.Limits(max_connections=args.concurrency,
                           max_keepalive_connections=args.concurrency)
     async with httpx.AsyncClient(base_url=args.url, timeout=args.timeout, limits=limits) as c:
@@ -154,7 +159,9 @@ async def run_load(args) -> dict:
 
         async def worker() -> None:
             while not queue.empty():
-                results.append(await one(c, queue.get_nowait(), args))
+                i, prompt = queue.get_nowait()
+                results.append(r := await one(c, prompt, args))
+                by_prompt[i] = r
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(args.concurrency)))
@@ -163,7 +170,10 @@ async def run_load(args) -> dict:
     tokens = sum(r.tokens for r in good)
     ttft = [r.first - r.sent for r in good]
     gaps = [g for r in good for g in r.gaps]
+    outputs = ({"outputs": [r.text if r is not None and r.ok else None for r in by_prompt]}
+               if getattr(args, "outputs", False) else {})
     return {
+        **outputs,
         "label": args.label, "url": args.url, "concurrency": args.concurrency,
         "requests": args.requests, "completed": len(good),
         "errors": sorted({f"{r.status} {r.error}" for r in results if not r.ok})[:5],
@@ -219,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="fields merged into every request body, e.g. "
                         "'{\"logit_bias\": {\"2\": -100}}' for a server without ignore_eos")
     r.add_argument("--no-warmup", dest="warmup", action="store_false")
+    r.add_argument("--outputs", action="store_true",
+                   help="add each request's generated text, in prompt order, to the result")
     r.add_argument("--json", help="append the result as one JSON line to this file")
     args = ap.parse_args(argv)
     if args.cmd == "write-model":

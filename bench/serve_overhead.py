@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import multiprocessing
 import os
 import queue
@@ -77,7 +78,10 @@ def _start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]
     cmd = [sys.executable, os.path.join(HERE, "serve_overhead.py"), "serve",
            "--max-active", str(args.max_active or args.concurrency),
            "--batch-size", str(args.batch_size), "--prefill-chunk", str(args.prefill_chunk),
-           "--inflight", str(args.inflight), "--step-ms", str(args.step_ms)]
+           "--inflight", str(args.inflight), "--step-ms", str(args.step_ms),
+           "--planning-rule", args.planning_rule]
+    if args.profile:
+        cmd += ["--profile", args.profile]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()
@@ -116,7 +120,7 @@ def _client(url: str, concurrency: int, requests: int, seed: int, args: argparse
         url=url, label=f"instant-{seed}", model="instant", concurrency=concurrency,
         requests=requests, prompt_tokens=args.prompt_tokens, shared_prefix=1,
         shared_fraction=0.0, max_tokens=args.max_tokens, seed=seed, timeout=600,
-        token_ids=False, extra={}, warmup=False)
+        token_ids=False, extra={}, warmup=False, drain=True)
     barrier.wait(60)
     cpu = time.process_time()
     out = asyncio.run(run_load(load))
@@ -182,7 +186,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         return x * 1e6 / n if n else None
 
     return {
-        "label": "instant host", "step_ms": args.step_ms, "concurrency": args.concurrency,
+        "label": "instant host", "step_ms": args.step_ms, "planning_rule": args.planning_rule,
+        "concurrency": args.concurrency,
         "clients": args.clients,
         "requests": args.requests, "completed": sum(r["completed"] for r in results),
         "errors": sorted({e for r in results for e in r["errors"]})[:5],
@@ -215,10 +220,12 @@ def _serve(argv: list[str]) -> int:
     ap.add_argument("--prefill-chunk", type=int, default=ServeSettings.prefill_chunk)
     ap.add_argument("--inflight", type=int, default=ServeSettings.inflight)
     ap.add_argument("--step-ms", type=float, default=0.0)
+    ap.add_argument("--planning-rule", default=ServeSettings.planning_rule)
+    ap.add_argument("--profile", default=None)
     a = ap.parse_args(argv)
     settings = ServeSettings(max_active=a.max_active, max_waiting=4096,
                              batch_size=a.batch_size, prefill_chunk=a.prefill_chunk,
-                             inflight=a.inflight)
+                             inflight=a.inflight, planning_rule=a.planning_rule)
     server = build_server(settings, InstantHost(n_seq_max=a.max_active,
                                                 step_s=a.step_ms / 1e3))
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -226,11 +233,27 @@ def _serve(argv: list[str]) -> int:
     sock.bind(("127.0.0.1", a.port))
     sock.listen(2048)
     print(f"http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+    profiles = _profile_engine(server.runner) if a.profile else []
     try:
-        serve(server, sock)  # until the parent's SIGINT
+        if a.profile:
+            profiles.append(cProfile.Profile())
+            profiles[-1].runcall(serve, server, sock)
+        else:
+            serve(server, sock)  # until the parent's SIGINT
     except KeyboardInterrupt:
         pass
+    for name, prof in zip(("engine", "loop"), profiles):
+        prof.dump_stats(f"{a.profile}.{name}")
     return 0
+
+
+def _profile_engine(runner: Any) -> list[cProfile.Profile]:
+    """A profiler around the engine thread's loop (`--profile`: written as FILE.engine and
+    FILE.loop, the event loop's, for `python -m pstats`)."""
+    prof = cProfile.Profile()
+    main = runner._main
+    runner._main = lambda: prof.runcall(main)
+    return [prof]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -252,7 +275,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--step-ms", type=float, default=0.0,
                     help="time every plan takes, asleep (0: none); > 0 gives one token per "
                          "request per step, so each streamed chunk carries one token")
+    ap.add_argument("--planning-rule", choices=("slack", "reference"), default="slack",
+                    help="the scheduler's planning rule (docs/behaviour.md §2.13; the server's "
+                         "default: slack)")
     ap.add_argument("--timeout", type=float, default=600, help="the whole load, seconds")
+    ap.add_argument("--profile", metavar="FILE",
+                    help="profile the server's event loop and engine thread (cProfile: FILE.loop "
+                         "and FILE.engine; the figures then include the profiler's cost)")
     ap.add_argument("--json", help="append the result as one JSON line to this file")
     args = ap.parse_args(argv)
     if not 1 <= args.clients <= args.concurrency <= args.requests:

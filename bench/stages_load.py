@@ -3,6 +3,8 @@ behind `skippy-scheduler serve`, the transport's cost per plan, and the closed f
 
     python bench/serve_load.py write-model /work/bench-58m.gguf
     python bench/stages_load.py --model /work/bench-58m.gguf --json stages.json --markdown
+    python bench/stages_load.py --model bench-58m.gguf --parts rpc --json stages.json \
+        --rpc-server BUILD/bin/ggml-rpc-server --rpc-llama-server BUILD/bin/llama-server
 
 `serve` (the three parts below, `--parts` picks some):
 
@@ -23,6 +25,12 @@ behind `skippy-scheduler serve`, the transport's cost per plan, and the closed f
   and its rows (linear, no fixed cost per plan: an optimistic bound): P groups of b/P rows, a
   stage's cost of a group s = g1 / P x (b/P) / b, round trip C = P x s + P x h, gap =
   max(C, P x s), tokens/s = b / gap; with one plan in flight the gap is g1 + P x h.
+
+`rpc` (with `--rpc-server PATH --rpc-llama-server PATH`, bench/stages_rpc.py): llama.cpp's
+own split beside ours, for each P: P `ggml-rpc-server` processes on loopback (`--threads`
+each) and `llama-server --rpc ...` with every layer offloaded, device k holding stage k's layers
+(checked in its log), the same context, lanes, KV type and the same closed-loop load; P = 1 is
+plain llama-server with the same options.
 
 Output: one JSON line per run (appended to `--json`); `--markdown` prints the tables.
 One machine's cores are shared by all the stage processes, the server and the client: see
@@ -93,6 +101,16 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+def load_args(args: argparse.Namespace, url: str, label: str, model: str | None = None,
+              token_ids: bool = True) -> argparse.Namespace:
+    """bench/serve_load.py's closed loop as every part of this benchmark runs it."""
+    return argparse.Namespace(
+        url=url, label=label, model=model, concurrency=args.concurrency,
+        requests=args.requests, prompt_tokens=args.prompt_tokens,
+        shared_prefix=args.prompt_tokens // 2, shared_fraction=0.0, max_tokens=args.max_tokens,
+        seed=args.seed, timeout=args.timeout, token_ids=token_ids, extra={}, warmup=True)
+
+
 def load_runs(args: argparse.Namespace, work: str) -> list[dict]:
     from skippy_scheduler.stages.split import split_model
 
@@ -106,19 +124,29 @@ def load_runs(args: argparse.Namespace, work: str) -> list[dict]:
             inflight = p if pipelined else 1
             proc, url = start_server(args, stage_dir, inflight, os.path.join(work, f"serve-{p}.log"))
             try:
-                load = argparse.Namespace(
-                    url=url, label=f"P={p}" + (" pipelined" if pipelined else ""), model=None,
-                    concurrency=args.concurrency, requests=args.requests,
-                    prompt_tokens=args.prompt_tokens, shared_prefix=args.prompt_tokens // 2,
-                    shared_fraction=0.0, max_tokens=args.max_tokens, seed=args.seed,
-                    timeout=args.timeout, token_ids=True, extra={},
-                    warmup=True)
-                result = asyncio.run(run_load(load))
+                label = f"P={p}" + (" pipelined" if pipelined else "")
+                result = asyncio.run(run_load(load_args(args, url, label)))
             finally:
                 stop_server(proc)
             result.update(part="load", stages=p, inflight=inflight, threads=args.threads)
             emit(result, args.json)
             out.append(result)
+    return out
+
+
+def rpc_runs(args: argparse.Namespace, work: str) -> list[dict]:
+    """The same load on llama.cpp's RPC split at every P (bench/stages_rpc.py)."""
+    from stages_rpc import RpcSplit
+
+    out = []
+    for p in args.stages:
+        with RpcSplit(args, p, work, free_port) as split:
+            result = asyncio.run(run_load(load_args(args, split.url, f"llama.cpp RPC P={p}",
+                                                    model="bench", token_ids=False)))
+        result.update(part="rpc", stages=p, threads=args.threads, placement=split.placement,
+                      command=" ".join(split.command))
+        emit(result, args.json)
+        out.append(result)
     return out
 
 
@@ -211,6 +239,17 @@ def markdown(results: list[dict]) -> str:
         lines.append(f"| {r['stages']} | {r['inflight']} | {r['output_tokens_per_s']:.1f} | "
                      f"{r['ttft_p99_s']:.2f} | {r['itl_p50_s'] * 1e3:.1f} | "
                      f"{r['itl_p99_s'] * 1e3:.1f} | {r['short_outputs']} |")
+    rpc = [r for r in results if r["part"] == "rpc"]
+    if rpc:
+        lines += ["", "| llama.cpp RPC split: stages | output tok/s | p99 TTFT (s) | "
+                      "p50 ITL (ms) | p99 ITL (ms) | short outputs | layers per device |",
+                  "|---:|---:|---:|---:|---:|---:|---|"]
+        for r in rpc:
+            layers = " ".join(f"{lo}-{hi - 1}" for lo, hi in r["placement"]["ranges"])
+            lines.append(f"| {r['stages']} | {r['output_tokens_per_s']:.1f} | "
+                         f"{r['ttft_p99_s']:.2f} | {r['itl_p50_s'] * 1e3:.1f} | "
+                         f"{r['itl_p99_s'] * 1e3:.1f} | {r['short_outputs']} | "
+                         f"{layers if r['stages'] > 1 else 'all on one CPU'} |")
     lines += ["", "| transport | rows | activations (MB) | µs per plan (p50) | µs per MB |",
               "|---|---:|---:|---:|---:|"]
     for r in (r for r in results if r["part"] == "transport"):
@@ -239,8 +278,11 @@ def _ints(text: str) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="the GGUF to split (bench/serve_load.py write-model)")
-    ap.add_argument("--parts", default="load,transport",
-                    help="comma-separated: load, transport (the closed form follows from both)")
+    ap.add_argument("--parts", default=None,
+                    help="comma-separated: load, transport (the closed form follows from both), "
+                         "rpc (default: load,transport, and rpc with the two paths below)")
+    ap.add_argument("--rpc-server", help="llama.cpp's ggml-rpc-server binary (the rpc part)")
+    ap.add_argument("--rpc-llama-server", help="a llama-server built with -DGGML_RPC=ON")
     ap.add_argument("--stages", type=_ints, default=[1, 2, 3])
     ap.add_argument("--pipeline", type=lambda t: [x.strip() == "on" for x in t.split(",")],
                     default=[True, False], help="on, off or on,off (default)")
@@ -259,9 +301,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="append every result as one JSON line to this file")
     ap.add_argument("--markdown", action="store_true", help="print the BENCHMARKS.md tables")
     args = ap.parse_args(argv)
-    parts = {p.strip() for p in args.parts.split(",")}
-    if "load" in parts and not args.model:
-        ap.error("the load part needs --model")
+    with_rpc = bool(args.rpc_server or args.rpc_llama_server)
+    parts = {p.strip() for p in (args.parts or "load,transport" + (",rpc" if with_rpc else ""))
+             .split(",")}
+    if parts & {"load", "rpc"} and not args.model:
+        ap.error("the load and rpc parts need --model")
+    if "rpc" in parts and not (args.rpc_server and args.rpc_llama_server):
+        ap.error("the rpc part needs --rpc-server and --rpc-llama-server")
     work = tempfile.mkdtemp(prefix="skippy-stages-bench-")
     try:
         results: list[dict] = []
@@ -274,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
             for f in forms:
                 emit(f, args.json)
             results += forms
+        if "rpc" in parts:
+            results += rpc_runs(args, work)
         if args.markdown:
             print(markdown(results))
     finally:

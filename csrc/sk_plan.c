@@ -154,17 +154,14 @@ static inline void writer_open(sk_writer *out, sk_plan_slot *slot, uint64_t step
  * plans in flight hold disjoint sequences and no row is ever deferred: a pipeline of stages
  * runs them all at once without waiting on a sample still in the pipe. A plan takes at most
  * ceil(active / depth) decode rows, so the decoding sequences settle into depth groups that
- * take turns instead of one plan taking them all and the next finding none.
+ * take turns instead of one plan taking them all and the next finding none (sk_in_flight,
+ * sk_internal.h).
  */
-static inline bool in_flight(skippy_scheduler *s, const sk_seq *seq)
-{
-    return seq->flight_serial && sk_find_live(s, seq->flight_serial, NULL) != NULL;
-}
 
 /* What the planner may give a row now: everything, unless it is in flight under §2.11a. */
 static inline bool may_plan(skippy_scheduler *s, const sk_writer *out, const sk_seq *seq)
 {
-    return !out->disjoint || !in_flight(s, seq);
+    return !out->disjoint || !sk_in_flight(s, seq);
 }
 
 /* A live-decode sequence's row, unless §2.11a leaves it out (in flight, or the share is full). */
@@ -172,7 +169,7 @@ static inline bool may_decode(skippy_scheduler *s, const sk_writer *out, const s
 {
     return live_decode(seq) &&
            (!out->disjoint || (out->tokens_by_phase[SKIPPY_PHASE_DECODE] < out->decode_share &&
-                               !in_flight(s, seq)));
+                               !sk_in_flight(s, seq)));
 }
 
 /* Closes the row whose `count` tokens were just written at the end of the token arena. The
@@ -401,7 +398,7 @@ static void plan_mixed(skippy_scheduler *s, sk_writer *out, size_t prefill_cap)
 /* The slack rule (§2.13, sk_slack.c) when prefill and live decode both wait. */
 static void plan_slack(skippy_scheduler *s, sk_writer *out, size_t decode_rows)
 {
-    sk_slack_choice choice = sk_slack_decide(s, decode_rows);
+    sk_slack_choice choice = sk_slack_decide(s, decode_rows, out->disjoint);
     if (choice.kind == SK_SLACK_MIXED) {
         plan_mixed(s, out, choice.prefill_budget);
     } else if (choice.kind == SK_SLACK_PREFILL_ONLY) {

@@ -12,7 +12,9 @@
  * When not even slack_min_chunk_tokens fit, up to slack_interleave_max decode-only steps run in
  * a row, then a prefill step of the smallest useful chunk does, so the oldest admitted prefill
  * never waits more than k steps between two of its chunks. Nothing is latched: every step
- * decides anew.
+ * decides anew. Under disjoint plans in flight (§2.11a) the sequences in flight are not in
+ * the minimum: this plan cannot give them a row, and their last-token stamps wait for the
+ * plan that carries their next token, so they would only make every slack look spent.
  *
  * NOTE: built with -ffp-contract=off; the reference twin (reference/slack.py) evaluates the
  * same expressions in the same order, so both make the same choice bit for bit.
@@ -39,7 +41,7 @@ static size_t largest_chunk(double spare, double per_token, size_t room)
     return (size_t)chunk;
 }
 
-sk_slack_choice sk_slack_decide(skippy_scheduler *s, size_t decode_rows)
+sk_slack_choice sk_slack_decide(skippy_scheduler *s, size_t decode_rows, bool skip_in_flight)
 {
     const skippy_scheduler_config *cfg = &s->cfg;
     const uint32_t *active = s->active;
@@ -47,7 +49,7 @@ sk_slack_choice sk_slack_decide(skippy_scheduler *s, size_t decode_rows)
     double now = s->now_us, target = cfg->itl_target_us, min_slack = INFINITY;
     for (size_t at = 0, n = s->active_len; at < n; at++) {
         const sk_seq *seq = &seqs[active[at]];
-        if (!live_decode(seq)) continue;
+        if (!live_decode(seq) || (skip_in_flight && sk_in_flight(s, seq))) continue;
         double own = seq->itl_target_us > 0.0 ? seq->itl_target_us : target;
         double slack = seq->last_token_us + own - now;
         if (slack < min_slack) min_slack = slack;

@@ -102,6 +102,14 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def positive_ms(text: str) -> float:
+    """A finite number of milliseconds > 0 (a target such as --itl-target-ms)."""
+    value = _number(text, float)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number of ms > 0, got {text}")
+    return value
+
+
 # -- paths ----------------------------------------------------------------------------------
 
 

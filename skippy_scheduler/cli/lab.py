@@ -132,8 +132,8 @@ def register(subparsers: Any) -> None:
              f"admission when memory is modelled (default: {d.reserve_output_tokens})"),
             ("--ttft-target-ms", float, "MS", "goodput target for the time to first token "
              f"(default: {d.ttft_target_ms:g} " + both.format(f"{r.ttft_target_ms:g}")),
-            ("--itl-target-ms", float, "MS", "goodput target for a request's mean inter-token "
-             f"gap (default: {d.itl_target_ms:g} " + both.format(f"{r.itl_target_ms:g}"))):
+            ("--itl-target-ms", float, "MS", "inter-token target in ms; the goodput bound on "
+             f"a request's mean inter-token gap (default: {d.itl_target_ms:g} " + both.format(f"{r.itl_target_ms:g}"))):
         o.add_argument(flag, type=kind, default=None, metavar=metavar, help=text)
     o.add_argument("--slack", action="store_true", default=None,
                    help="run the slack-sized planning rule (docs/behaviour.md §2.13; its "

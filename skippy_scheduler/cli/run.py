@@ -17,8 +17,9 @@ from ..selection import DEFAULT_IMPLEMENTATION, DEFAULT_POLICY, make_scheduler
 from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, bound,
                       check_model,
                       check_output_file, import_llama_host, model_path, non_negative_float,
-                      non_negative_int, positive_int)
+                      non_negative_int, positive_int, positive_ms)
 from .interrupt import Interrupted, saving
+from .stage import add_stage_cache_flag, check_stage_cache_flag
 from .vocabulary import add_flag
 
 # Prompts used when --prompts is not given: strings (tokenized by the model) and raw ids.
@@ -34,6 +35,8 @@ CELLS_PER_LANE_STEP = 256  # llama.cpp pads each sequence's KV stream to a multi
 
 
 def register(subparsers: Any) -> None:
+    from ..serve.server import PLANNING_RULES, ServeSettings
+
     p = subparsers.add_parser(
         "run", help="serve prompts through the scheduler on a llama.cpp model",
         usage="%(prog)s [-m GGUF] [--prompts FILE] [--json FILE] [OPTIONS]",
@@ -52,6 +55,9 @@ def register(subparsers: Any) -> None:
     add_flag(p, "prefill-chunk", type=positive_int, default=256)
     add_flag(p, "mixed", default=True)
     add_flag(p, "max-consecutive-prefill", type=bound, default=1)
+    add_flag(p, "planning-rule", default=ServeSettings.planning_rule, choices=PLANNING_RULES)
+    add_flag(p, "itl-target", type=positive_ms, default=ServeSettings.itl_target_ms,
+             note="the slack rule's")
     add_flag(p, "policy", default=DEFAULT_POLICY)
     add_flag(p, "scheduler", default=DEFAULT_IMPLEMENTATION)
     add_flag(p, "inflight", type=positive_int, default=1,
@@ -59,9 +65,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--arrival-interval-ms", type=non_negative_float, default=0.0, metavar="MS",
                    help="request i arrives at i x this interval (default: 0, all at once)")
     add_flag(p, "prefix-cache-tokens", type=non_negative_int, default=0,
-             note="each holder gets a KV stream like a lane's unless --kv-unified")
+             note="each holder gets a KV stream like a lane's unless --kv-unified; off unless "
+                  "asked for, unlike serve, so a run's figures are of prefill as given")
     add_flag(p, "prefix-holders", type=positive_int, default=16,
-             note="the scheduler reserves them")
+             note="the scheduler reserves them; unlike serve, a fixed count, as run's reuse is "
+                  "asked for explicitly")
     p.add_argument("--kv-unified", action="store_true",
                    help="one KV cache shared by all sequences (with prefix reuse: holders "
                         "share cells instead of holding a stream each; default: off)")
@@ -74,6 +82,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--stage-addresses", metavar="ADDR,...",
                    help="serve on stage workers already running at these pyzmq addresses "
                         "(`stage --listen`), stage 0 first (default: none)")
+    add_stage_cache_flag(p)
     p.set_defaults(func=run)
 
 
@@ -148,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
                            f"({args.max_active}): every lane needs KV cells")
     check_output_file("--json", args.json)
     check_model(args)
+    check_stage_cache_flag(args)
     prompts = load_prompts(args.prompts)
     llama = import_llama_host()
 
@@ -199,7 +209,7 @@ def serve_prompts(args: argparse.Namespace, host: Any, prompts: list[Any], n_seq
     the run. Interrupted by SIGINT or SIGTERM, the run stops and the summary holds the
     `Interrupted` under "interrupted" (the report covers what happened until then).
     """
-    from .. import SchedulerConfig
+    from .. import PlanningRule, SchedulerConfig
     from ..engine import Engine, Request
 
     token_prompts = _tokenize_prompts(host, prompts)
@@ -215,6 +225,8 @@ def serve_prompts(args: argparse.Namespace, host: Any, prompts: list[Any], n_seq
         mixed_prefill_decode=args.mixed,
         max_consecutive_prefill_iterations=args.max_consecutive_prefill,
         max_inflight_plans=args.inflight,
+        planning_rule=PlanningRule.SLACK if args.planning_rule == "slack"
+        else PlanningRule.REFERENCE, itl_target=args.itl_target_ms / 1e3,
     )
     if args.prefix_cache_tokens:
         config.update(host.sequence_id_settings)
@@ -234,7 +246,8 @@ def serve_prompts(args: argparse.Namespace, host: Any, prompts: list[Any], n_seq
     except Interrupted as stop:
         stopped, report = stop, engine.report()
     settings = dict(host.settings, scheduler=args.scheduler, max_tokens=args.max_tokens,
-                    arrival_interval_ms=args.arrival_interval_ms, policy=args.policy, **config)
+                    arrival_interval_ms=args.arrival_interval_ms, policy=args.policy,
+                    **{**config, "planning_rule": args.planning_rule})
     summary = report.summary()
     summary.update(_reuse_summary(scheduler.metrics(), host.prefix_store))
     if stopped is not None:

@@ -13,12 +13,13 @@ from typing import Any
 
 from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, bound,
                       check_model,
-                      import_llama_host, non_negative_int, positive_int)
+                      import_llama_host, non_negative_int, positive_int, positive_ms)
+from .stage import add_stage_cache_flag, check_stage_cache_flag
 from .vocabulary import add_flag
 
 
 def register(subparsers: Any) -> None:
-    from ..serve.server import ServeSettings
+    from ..serve.server import PLANNING_RULES, ServeSettings
 
     d = ServeSettings()
     p = subparsers.add_parser(
@@ -44,6 +45,10 @@ def register(subparsers: Any) -> None:
     add_flag(p, "mixed", default=d.mixed)
     add_flag(p, "max-consecutive-prefill", type=bound,
              default=d.max_consecutive_prefill)
+    add_flag(p, "planning-rule", default=d.planning_rule, choices=PLANNING_RULES)
+    add_flag(p, "itl-target", type=positive_ms, default=d.itl_target_ms,
+             note="the slack rule's; a request's \"skippy\": {\"itl_ms\": ...} overrides "
+                  "it for that request")
     add_flag(p, "policy", default=d.policy)
     p.add_argument("--priority-preemption", action=argparse.BooleanOptionalAction,
                    default=d.priority_preemption,
@@ -53,8 +58,18 @@ def register(subparsers: Any) -> None:
                         "recomputing); --no-priority-preemption: priority only orders "
                         "admission (default: on)")
     add_flag(p, "prefix-cache-tokens", type=non_negative_int, default=d.prefix_cache_tokens,
-             note="each holder gets a KV stream like a lane's")
-    add_flag(p, "prefix-holders", type=positive_int, default=d.prefix_holders)
+             note="each holder gets a KV stream like a lane's",
+             default_text="sized from the KV cache: a lane's tokens (--ctx-size / --max-active) "
+                          "per holder")
+    add_flag(p, "prefix-holders", type=positive_int, default=d.prefix_holders,
+             default_text="one per lane (--max-active), as many as llama.cpp's 256 sequence "
+                          "ids leave")
+    p.add_argument("--cold-prefix-hold", action=argparse.BooleanOptionalAction,
+                   default=d.cold_prefix_hold,
+                   help="with prefix reuse, a request sharing at least 64 prompt tokens with "
+                        "a running request's uncached prompt waits until that prompt is "
+                        "resident and restores it, so a burst prefills a shared prefix once "
+                        "(default: on)")
     add_flag(p, "inflight", type=positive_int, default=d.inflight,
              note="llama_decode runs on a worker thread")
     p.add_argument("--strict-request-fields", action="store_true",
@@ -82,6 +97,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--stage-addresses", type=_addresses, default=(), metavar="ADDR,...",
                    help="serve on stage workers already running at these pyzmq addresses "
                         "(`stage --listen`), stage 0 first; needs --model (default: none)")
+    add_stage_cache_flag(p)
     _add_limit_options(p, d)
     _add_access_options(p, d)
     # serve drains and cleans up on SIGINT and SIGTERM itself.
@@ -261,8 +277,21 @@ def _check_port(host: str, port: int) -> None:
             raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
+def _reuse(args: argparse.Namespace) -> tuple[int, int]:
+    """(prefix cache tokens, holders) as the server will size them (serve/server.py)."""
+    from ..serve.server import default_reuse
+
+    tokens, holders = default_reuse(args.max_active, args.ctx_size)
+    if args.prefix_cache_tokens is not None:
+        tokens = args.prefix_cache_tokens
+    if args.prefix_holders is not None:
+        holders = args.prefix_holders
+    return tokens, holders
+
+
 def run(args: argparse.Namespace) -> int:
-    holders = args.prefix_holders if args.prefix_cache_tokens else 0
+    tokens, holders = _reuse(args)
+    holders = holders if tokens else 0
     if args.max_active + holders > LLAMA_MAX_SEQUENCES:
         raise CommandError(f"--max-active (+ --prefix-holders with reuse) must be <= "
                            f"{LLAMA_MAX_SEQUENCES} (llama.cpp's sequence ids)")
@@ -270,6 +299,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--ctx-size ({args.ctx_size}) must be at least --max-active "
                            f"({args.max_active}): every lane needs KV cells")
     check_model(args)
+    check_stage_cache_flag(args)
     if args.stages or args.stage_addresses:
         _check_stage_args(args)
     _check_port(args.host, args.port)
@@ -281,15 +311,17 @@ def run(args: argparse.Namespace) -> int:
         ctx_size=args.ctx_size, threads=args.threads, batch_size=args.max_num_batched_tokens,
         prefill_chunk=args.prefill_chunk, mixed=args.mixed,
         max_consecutive_prefill=args.max_consecutive_prefill, inflight=args.inflight,
+        planning_rule=args.planning_rule, itl_target_ms=args.itl_target_ms,
         policy=args.policy, priority_preemption=args.priority_preemption,
         prefix_cache_tokens=args.prefix_cache_tokens,
-        prefix_holders=args.prefix_holders,
+        prefix_holders=args.prefix_holders, cold_prefix_hold=args.cold_prefix_hold,
         kv_type=args.kv_type, flash_attn=args.flash_attn, log_level=args.log_level,
         strict_request_fields=args.strict_request_fields,
         kv_events_endpoint=args.kv_events_endpoint,
         kv_events_replay_endpoint=args.kv_events_replay_endpoint,
         kv_block_size=args.kv_block_size, kv_hash_seed=args.kv_hash_seed,
         stages=args.stages, stage_addresses=args.stage_addresses,
+        stage_prefix_cache_tokens=args.stage_prefix_cache_tokens,
         **_limit_settings(args), **_access_settings(args))
     try:
         server = Server(settings)
@@ -297,10 +329,14 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     except KeyboardInterrupt:  # SIGINT or SIGTERM while loading: the server cleaned up
         return 0
-    ctx = server.context
+    ctx, s = server.context, server.settings
+    rule = (f"slack rule at {s.itl_target_ms:g} ms" if s.planning_rule == "slack"
+            else "reference planning")
+    reuse = (f"prefix reuse of {s.prefix_cache_tokens} tokens in {s.prefix_holders} holders"
+             if s.prefix_cache_tokens else "no prefix reuse")
     print(f"skippy-scheduler serve: {ctx.model_name} on http://{args.host}:{args.port}/v1 "
-          f"({args.max_active} lanes of {ctx.n_ctx_seq} tokens, chat template "
-          f"{ctx.chat.source}); Ctrl-C stops", file=sys.stderr, flush=True)
+          f"({args.max_active} lanes of {ctx.n_ctx_seq} tokens, {rule}, {reuse}, chat "
+          f"template {ctx.chat.source}); Ctrl-C stops", file=sys.stderr, flush=True)
     try:
         server.serve()
     except OSError as exc:  # e.g. the port is taken

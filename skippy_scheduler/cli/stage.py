@@ -32,6 +32,40 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+def add_stage_cache_flag(p: Any) -> None:
+    """`--stage-prefix-cache-tokens N,N,...` of `run` and `serve` with stages."""
+    p.add_argument("--stage-prefix-cache-tokens", type=_capacities, default=(),
+                   metavar="N,N,...",
+                   help="with stages: the tokens of prefixes each stage keeps, stage 0 first, "
+                        "each at most --prefix-cache-tokens; only what every stage keeps is "
+                        "restored (default: --prefix-cache-tokens on every stage)")
+
+
+def check_stage_cache_flag(args: argparse.Namespace) -> None:
+    """`--stage-prefix-cache-tokens` only with stages and prefix reuse (before anything starts;
+    the host checks the count against the stages)."""
+    caps = args.stage_prefix_cache_tokens
+    if not caps:
+        return
+    if not (args.stages or args.stage_addresses):
+        raise CommandError("--stage-prefix-cache-tokens needs --stages or --stage-addresses")
+    if not args.prefix_cache_tokens or max(caps) > args.prefix_cache_tokens:
+        raise CommandError(f"--stage-prefix-cache-tokens: each stage keeps at most "
+                           f"--prefix-cache-tokens ({args.prefix_cache_tokens}), which sizes "
+                           f"every stage's context")
+
+
+def _capacities(text: str) -> tuple[int, ...]:
+    try:
+        caps = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        caps = ()
+    if not caps or min(caps) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive token counts separated by "
+                                         f"commas, got {text!r}")
+    return caps
+
+
 def require_stage_packages(command: str, *modules: str) -> None:
     """Import the optional packages a stage command needs, or say how to install them."""
     import importlib
@@ -87,14 +121,23 @@ def run_staged(args: argparse.Namespace, prompts: list[Any], n_seq: int, n_batch
     require_stage_packages("run --stages")
     from ..stages.host import StageFailure, StageHost
     from ..stages.local import LocalStages
-    from ..stages.split import SplitError, file_identity
+    from ..stages.holders import check_stage_capacities
+    from ..stages.split import SplitError, file_identity, stage_paths
 
     host_args = dict(n_ctx=n_ctx, n_seq_max=n_seq, n_batch=n_batch, n_threads=args.threads,
                      kv_type=args.kv_type, flash_attn=args.flash_attn,
                      prefix_cache_tokens=args.prefix_cache_tokens,
-                     prefix_holders=args.prefix_holders, pipeline_depth=args.inflight)
+                     prefix_holders=args.prefix_holders, pipeline_depth=args.inflight,
+                     stage_prefix_cache_tokens=args.stage_prefix_cache_tokens or None,
+                     # A stage keeping fewer prefixes gets only the cells its capacity needs
+                     # (stage contexts hold every lane and holder in one cache).
+                     stage_n_ctx=[n_seq * lane + -(-c // 256) * 256
+                                  for c in args.stage_prefix_cache_tokens] or None)
     try:
         if args.stages:
+            # Refused before a worker starts: one capacity per stage file.
+            check_stage_capacities(args.stage_prefix_cache_tokens or None,
+                                   args.prefix_cache_tokens, len(stage_paths(args.stages)))
             with LocalStages(args.stages, n_threads=args.threads,
                              source_model=args.model) as local:
                 with local.host(**host_args) as host:
@@ -111,6 +154,10 @@ def run_staged(args: argparse.Namespace, prompts: list[Any], n_seq: int, n_batch
                                                      lane))
     except (SplitError, StageFailure) as exc:
         raise CommandError(str(exc)) from None
+    except ValueError as exc:
+        if "prefix cache capacit" not in str(exc):
+            raise
+        raise CommandError(f"--stage-prefix-cache-tokens: {exc}") from None
 
 
 def _with_failure(host: Any, result: Any) -> Any:

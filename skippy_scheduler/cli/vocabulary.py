@@ -77,6 +77,12 @@ _FLAGS = (
          "tokens of finished requests' KV kept as reusable prefixes (0: no reuse)", "N"),
     Flag("prefix-holders", ("--prefix-holders",),
          "sequence ids that hold resident prefixes, with reuse", "K"),
+    Flag("planning-rule", ("--planning-rule",),
+         "how a step is filled when prefill and decode both wait: slack (each step's prefill "
+         "chunk sized to the tightest running stream's inter-token target, docs/behaviour.md "
+         "§2.13) or reference (the reference's mixed-plan gate; --mixed and "
+         "--max-consecutive-prefill apply to it only)", "{slack,reference}"),
+    Flag("itl-target", ("--itl-target-ms",), "inter-token target in ms", "MS"),
     Flag("inflight", ("--inflight",),
          "plans in flight: with 2, the next plan is made while the model runs the current one",
          "D"),

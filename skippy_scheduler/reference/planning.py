@@ -43,10 +43,15 @@ class RowPlanner:
                  last_token_us: Callable[[Sequence], float],
                  in_flight: Optional[Callable[[Sequence], bool]] = None) -> None:
         self._config = config
-        self._any_live_decode = live_decode  # the slack rule's view: in flight or not
+        # Whose slack counts (§2.13): the live decodes, but under disjoint plans (§2.11a) not
+        # those in flight, which this plan cannot give a row; the share bounds rows only.
+        self._slack_decode = live_decode
         self._disjoint = in_flight is not None
         self._decode_share = 0  # §2.11a: decode rows the plan being written may still take
         if in_flight is not None:
+            def slack_decode(s: Sequence) -> bool:
+                return live_decode(s) and not in_flight(s)
+
             def plannable_decode(s: Sequence) -> bool:
                 return live_decode(s) and self._decode_share > 0 and not in_flight(s)
 
@@ -55,6 +60,7 @@ class RowPlanner:
 
             self._live_decode: Callable[[Sequence], bool] = plannable_decode
             self._prefill_pending: Callable[[Sequence], bool] = plannable_prefill
+            self._slack_decode = slack_decode
         else:
             self._live_decode = live_decode
             self._prefill_pending = prefill_pending
@@ -102,7 +108,7 @@ class RowPlanner:
     def _slack(self, active: list[Sequence], decode_rows: int) -> list[IterationWork]:
         """The slack rule (§2.13) when prefill and live decode both wait."""
         least = self.slack.min_slack_us((self._last_token_us(s), s.itl_target)
-                                        for s in active if self._any_live_decode(s))
+                                        for s in active if self._slack_decode(s))
         kind, budget = self.slack.decide(least, decode_rows)
         if kind is SlackStep.MIXED:
             return self._mixed(active, budget)

@@ -18,14 +18,13 @@ of its next step.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, AsyncGenerator, AsyncIterator, Callable, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -37,14 +36,14 @@ from .access import AccessGuard, AccessSettings, served_model
 from .body import decode_json, read_body
 from .chat import ChatTemplate
 from .choices import batches as _batches, choice_sampling, usage as _usage
-from .answer import (best_of as _best_of, echo_text, logprobs_of, prompt_logprobs_of,
-                     sampling_of)
+from .answer import best_of as _best_of, echo_text, logprobs_of, sampling_of
 from .errors import ClientGone, RequestError, internal, queue_full, unavailable
 from .generation import Generation as _Generation
 from .guard import HttpGuard
 from .metrics import CONTENT_TYPE, ServeMetrics
 from .protocol import GenerationRequest, parse_chat, parse_completion, with_min_tokens
-from .runner import EngineRunner, EngineUnavailable, Subscription
+from .runner import EngineRunner, EngineUnavailable, Inbox, Subscription
+from .stream import dumps as _dumps, sse
 
 log = logging.getLogger("skippy_scheduler.serve")
 
@@ -90,10 +89,6 @@ class ServeContext:
         return (self.model_name,) + tuple(n for n in self.model_aliases if n != self.model_name)
 
 
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-
-
 def _error_response(err: RequestError, metrics: Optional[ServeMetrics]) -> Response:
     if metrics is not None:
         metrics.request_errors.labels(str(err.status)).inc()
@@ -101,10 +96,23 @@ def _error_response(err: RequestError, metrics: Optional[ServeMetrics]) -> Respo
                     media_type="application/json")
 
 
+# Work this small is done on the event loop: a worker thread's round trip costs more than it
+# (docs/measuring.md, "The server's own cost"); anything larger goes to a worker thread.
+INLINE_BODY_BYTES = 8 << 10  # a request body decoded and parsed at once
+INLINE_TEXT_CHARS = 2 << 10  # a prompt (or all of a chat's message text) tokenized at once
+
+
+async def _off_loop(small: bool, fn: Callable[[], Any]) -> Any:
+    """`fn()`: at once when `small`, else on a worker thread."""
+    return fn() if small else await asyncio.to_thread(fn)
+
+
 async def _read_request(request: Request, limits: Limits, parse: Any, n_vocab: int) -> Any:
-    """The body read within `limits`, then decoded and parsed on a worker thread."""
+    """The body read within `limits`, then decoded and parsed (on a worker thread unless
+    small)."""
     raw = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
-    return await asyncio.to_thread(lambda: parse(decode_json(raw), n_vocab))
+    return await _off_loop(len(raw) <= INLINE_BODY_BYTES,
+                           lambda: parse(decode_json(raw), n_vocab))
 
 
 def _tokenize(ctx: ServeContext, text: str, prompt_field: str) -> list[int]:
@@ -221,8 +229,9 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         gen = await _read_request(request, ctx.limits, partial(
             parse_completion, strict=ctx.strict_request_fields), ctx.n_vocab)
         gen.model = served_model(ctx.model_names, gen.model)
-        prompts = [await asyncio.to_thread(_tokenize, ctx, p, "prompt") if isinstance(p, str)
-                   else p for p in gen.prompts]
+        prompts = [await _off_loop(len(p) <= INLINE_TEXT_CHARS,
+                                   partial(_tokenize, ctx, p, "prompt"))
+                   if isinstance(p, str) else p for p in gen.prompts]
         return await _generate(request, gen, prompts, "prompt")
 
     @app.post("/v1/chat/completions")
@@ -235,7 +244,8 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
             _bound_length(ctx, "".join(text for _, text in gen.messages), "messages")
             return _tokenize(ctx, ctx.chat.render(gen.messages), "messages")
 
-        tokens = await asyncio.to_thread(render_and_tokenize)
+        small = sum(len(text) for _, text in gen.messages) <= INLINE_TEXT_CHARS
+        tokens = await _off_loop(small, render_and_tokenize)
         return await _generate(request, gen, [tokens], "messages")
 
     async def _generate(request: Request, gen: GenerationRequest, prompts: list[list[int]],
@@ -270,7 +280,7 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         if gen.return_token_ids and len(prompts) == 1:
             head["prompt_token_ids"] = list(prompts[0])
         if gen.stream:
-            return _EventStream(_sse(outs, head), lambda: _close_all(outs))
+            return _EventStream(sse(outs, head, ctx.pieces, _failure), lambda: _close_all(outs))
         try:
             await _collect(request, outs)
         finally:
@@ -304,6 +314,7 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         """Every prompt's subscription once the scheduler queued them all; if it refused one,
         the others are cancelled and closed before the error is raised."""
         loop = asyncio.get_running_loop()
+        inbox = Inbox(loop)  # the choices are waited for together
         subs: list[Subscription] = []
         try:
             for i, (tokens, max_tokens, sampling) in enumerate(zip(prompts, budgets,
@@ -313,7 +324,7 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
                                                       sampling=sampling,
                                                       priority=gen.priority,
                                                       ttft_ms=gen.ttft_ms,
-                                                      itl_ms=gen.itl_ms), loop))
+                                                      itl_ms=gen.itl_ms), loop, inbox))
         except EngineUnavailable as exc:
             _abandon(subs)
             raise unavailable(str(exc)) from None
@@ -349,66 +360,13 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
     async def _collect(request: Request, outs: list[_Generation]) -> None:
         watcher = asyncio.ensure_future(_wait_disconnect(request.receive))
         try:
-            async with aclosing(_batches(outs, watcher)) as batches:
-                async for out, events in batches:
-                    text, _ = out.feed(events)
-                    out.text.append(text)
+            async with aclosing(_batches(outs, watcher)) as wakeups:
+                async for got in wakeups:
+                    for out, events in got:
+                        text, _ = out.feed(events)
+                        out.text.append(text)
         finally:
             watcher.cancel()
-
-    async def _sse(outs: list[_Generation], head: dict[str, Any]) -> AsyncIterator[bytes]:
-        gen = outs[0].request
-        chat = gen.kind == "chat"
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        base = {"id": head["id"], "object": obj, "created": head["created"],
-                "model": head["model"]}
-        reports = gen.outputs.logprobs is not None
-
-        def chunk(text: Optional[str], ids: Optional[list[int]], finish: Optional[str],
-                  role: bool = False, index: int = 0, logprobs: Any = None) -> bytes:
-            if chat:
-                delta: dict[str, Any] = {}
-                if role:
-                    delta["role"] = "assistant"
-                if text is not None:
-                    delta["content"] = text
-                choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs,
-                                          "finish_reason": finish}
-            else:
-                choice = {"index": index, "text": text or "", "logprobs": logprobs,
-                          "finish_reason": finish}
-            if gen.return_token_ids:
-                choice["token_ids"] = ids or []
-            body = dict(base, choices=[choice])
-            if role and "prompt_token_ids" in head:
-                body["prompt_token_ids"] = head["prompt_token_ids"]
-            return b"data: " + _dumps(body) + b"\n\n"
-
-        if chat:
-            for out in outs:
-                yield chunk("", [], None, role=True, index=out.index)
-        echoed: set[int] = set()
-        async with aclosing(_batches(outs)) as batches:
-            async for out, events in batches:
-                seen = len(out.tokens)
-                text, ids = out.feed(events)
-                if out.finish == "error":
-                    yield b"data: " + _dumps(_failure(out).body()) + b"\n\n"
-                    yield b"data: [DONE]\n\n"
-                    return  # the others are cancelled when the stream closes
-                if out.echo is not None and out.index not in echoed:
-                    echoed.add(out.index)
-                    yield chunk(out.echo, [], None, index=out.index,
-                                logprobs=prompt_logprobs_of(out, ctx.pieces))
-                if text or (ids and (gen.return_token_ids or reports)):
-                    yield chunk(text, ids, None, index=out.index,
-                                logprobs=logprobs_of(out, ctx.pieces, prompt=False,
-                                                     since=seen))
-                if out.finish is not None:
-                    yield chunk(None if chat else "", [], out.finish, index=out.index)
-        if gen.include_usage:
-            yield b"data: " + _dumps(dict(base, choices=[], usage=_usage(outs))) + b"\n\n"
-        yield b"data: [DONE]\n\n"
 
     return app
 

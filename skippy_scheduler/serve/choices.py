@@ -36,24 +36,24 @@ def usage(outs: Sequence[Any]) -> dict[str, int]:
 
 
 async def batches(outs: Sequence[Any], stop: Optional[asyncio.Future[None]] = None,
-                  ) -> AsyncGenerator[tuple[Any, list[Any]], None]:
-    """Each choice's event batches as they arrive, until every choice has finished (or `stop`
-    is done: the client left, and the caller cancels the rest)."""
-    waiting = {asyncio.ensure_future(out.sub.next_batch()): out for out in outs
-               if out.finish is None}
-    try:
-        while waiting:
-            watch: set[asyncio.Future[Any]] = set(waiting)
-            if stop is not None:
-                watch.add(stop)
-            done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
-            if stop is not None and stop in done:
-                return
-            for task in sorted(done, key=lambda t: waiting[t].index):
-                out = waiting.pop(task)
-                yield out, task.result()
-                if out.finish is None:
-                    waiting[asyncio.ensure_future(out.sub.next_batch())] = out
-    finally:
-        for task in waiting:
-            task.cancel()
+                  ) -> AsyncGenerator[list[tuple[Any, list[Any]]], None]:
+    """At each wake-up, the new events of every choice that got some, in index order, until
+    every choice has finished (or `stop` is done: the client left, and the caller cancels the
+    rest). The choices' subscriptions share one inbox (`EngineRunner.open`), so one wait covers
+    them all, however many there are."""
+    inbox = outs[0].sub.inbox
+    if stop is not None:
+        stop.add_done_callback(lambda _: inbox._fire())
+    live = [out for out in outs if out.finish is None]
+    while live:
+        await inbox.wait([out.sub for out in live])
+        if stop is not None and stop.done():
+            return
+        got = []
+        for out in live:
+            events = out.sub.take()
+            if events:
+                got.append((out, events))
+        if got:
+            yield got  # the consumer feeds them: a choice that ended has its finish set
+            live = [out for out in live if out.finish is None]

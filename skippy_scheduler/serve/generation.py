@@ -40,15 +40,36 @@ class Generation:
         self.prompt_logprobs: Optional[tuple[TokenLogprob, ...]] = None
         self.cumulative_logprob = 0.0
         self._chars = 0
+        # A token of this request is only text: no stop strings or ids, no min_tokens.
+        self._plain = not gen.stop and not gen.stop_token_ids and gen.min_tokens == 0
 
     def feed(self, events: list[Any]) -> tuple[str, list[int]]:
         """New text and token ids from `events`; sets `finish` (or `error`) at the end."""
         m = self.ctx.metrics
         parts: list[str] = []
         ids: list[int] = []
+        plain = self._plain
         for event in events:
             if self.finish is not None:
                 break  # tokens that raced a stop-string cancel are not the client's
+            if plain and type(event) is TokenEvent and event.detail is None:
+                # The common token: nothing but its text (the full path below, minus what
+                # this request does not use: details, min_tokens, stop ids and strings).
+                t = event.time_us
+                last = self._last_us
+                if last is None:
+                    m.observe_ttft(max(t - self.sub.arrival_us, 0.0) / 1e6,
+                                   self.request.priority)
+                else:
+                    m.itl.observe(max(t - last, 0.0) / 1e6)
+                self._last_us = t
+                self.tokens.append(event.token)
+                ids.append(event.token)
+                piece = self.detok.add(event.token)
+                self.offsets.append(self._chars)
+                self._chars += len(piece)
+                parts.append(piece)
+                continue
             if isinstance(event, TokenEvent):
                 if event.detail is not None:
                     self._report(event.detail, event.token >= 0)

@@ -2,8 +2,10 @@
 
 The event loop never touches the scheduler or the host. It hands requests and cancellations to
 the engine's inbox (`Engine.submit` / `Engine.cancel` from another thread) and reads each
-request's events from a `Subscription`, which the engine thread fills from an engine listener
-and which wakes the loop at most once per burst.
+request's events from a `Subscription`, which the engine thread fills from an engine listener.
+At the end of each step the engine thread hands the loop that step's verdicts and wake-ups in
+one callback (docs/measuring.md, "Where a streamed token's time goes"); the subscriptions of
+one answer share one `Inbox`, so its consumer waits for all of them at once.
 
 Whether the scheduler took a request or refused it is an engine event: an `AcceptEvent` when
 the scheduler holds it, a `FinishEvent("rejected")` whose `rejection` says why (QUEUE_FULL: a
@@ -23,9 +25,10 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
-from ..engine import AcceptEvent, Engine, FinishEvent, Host, HostState, Request, SchedulerLike
+from ..engine import (AcceptEvent, Engine, FinishEvent, Host, HostState, Request,
+                      SchedulerLike, TokenEvent)
 
 log = logging.getLogger("skippy_scheduler.serve")
 
@@ -53,60 +56,83 @@ class EngineStats:
     published_s: float = 0.0
 
 
+class Inbox:
+    """The wake-up of one consumer on `loop`: the subscriptions of one answer (its choices)
+    share it, so the consumer waits for all of them at once, without a task per choice.
+
+    Lock-free under the GIL: the consumer arms the inbox before it looks at its subscriptions'
+    items, and the engine thread appends items before it reads the flag (at the end of a step),
+    so an item is either seen by the consumer's look or followed by a wake-up. A wake-up that
+    finds nothing new (it raced a look that saw the items) only makes the consumer look again.
+    """
+
+    __slots__ = ("loop", "_waiter", "_armed", "_queued")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._waiter: Optional[asyncio.Future[None]] = None
+        self._armed = False
+        self._queued = False  # in the engine thread's list of this step's wake-ups
+
+    async def wait(self, subs: Iterable["Subscription"]) -> None:
+        """Return when any of `subs` has events to take, or at the next wake-up (which may
+        find none: the caller looks and waits again)."""
+        self._armed = True
+        for sub in subs:
+            if sub._items:
+                self._armed = False
+                return
+        waiter = self._waiter = self.loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    def _fire(self) -> None:  # on the loop, from the engine thread's hand-over
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
 class Subscription:
     """Events of one request, delivered to an asyncio consumer on `loop`.
 
     `verdict` resolves to None once the scheduler holds the request, or to the rejecting
-    `FinishEvent`. `error` is set when the engine failed underneath the request.
+    `FinishEvent`. `error` is set when the engine failed underneath the request. The engine
+    thread appends events as they happen and hands the loop the step's wake-ups at its end
+    (`EngineRunner._flush`): one loop callback per step, whatever the number of tokens.
     """
 
-    __slots__ = ("request_id", "_loop", "_items", "_lock", "_waiting", "_event", "verdict",
+    __slots__ = ("request_id", "inbox", "_items", "_rejection", "verdict",
                  "error", "finished", "arrival_us")
 
-    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, arrival_us: float) -> None:
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, arrival_us: float,
+                 inbox: Optional[Inbox] = None) -> None:
         self.request_id = request_id
-        self._loop = loop
+        self.inbox = inbox if inbox is not None else Inbox(loop)
         self._items: deque[Any] = deque()
-        self._lock = threading.Lock()
-        self._waiting = False
-        self._event = asyncio.Event()
+        self._rejection: Optional[FinishEvent] = None
         self.verdict: asyncio.Future[Optional[FinishEvent]] = loop.create_future()
         self.error: Optional[str] = None
         self.finished = False
         self.arrival_us = arrival_us
 
-    # -- engine thread ------------------------------------------------------------------------
-
-    def _push(self, event: Any) -> None:
-        self._items.append(event)
-        with self._lock:
-            if self._waiting:
-                self._waiting = False
-                self._loop.call_soon_threadsafe(self._event.set)
-
-    def _decide(self, rejection: Optional[FinishEvent]) -> None:
-        self._loop.call_soon_threadsafe(self._set_verdict, rejection)
-
-    def _set_verdict(self, rejection: Optional[FinishEvent]) -> None:
+    def _fire(self) -> None:  # on the loop: the verdict the engine thread decided
         if not self.verdict.done():
-            self.verdict.set_result(rejection)
+            self.verdict.set_result(self._rejection)
 
     # -- event loop ---------------------------------------------------------------------------
 
+    def take(self) -> list[Any]:
+        """The events that arrived since the last take (maybe none)."""
+        items = self._items
+        return [items.popleft() for _ in range(len(items))]
+
     async def next_batch(self) -> list[Any]:
         """The events that arrived since the last call (waits for at least one)."""
-        while True:
-            if self._items:
-                out = []
-                while self._items:
-                    out.append(self._items.popleft())
-                return out
-            with self._lock:
-                if self._items:
-                    continue
-                self._event.clear()
-                self._waiting = True
-            await self._event.wait()
+        while not self._items:
+            await self.inbox.wait((self,))
+        return self.take()
 
 
 class EngineRunner:
@@ -118,13 +144,17 @@ class EngineRunner:
         self.host = host
         self.engine = Engine(scheduler, host, clock="wall", record=False,
                              before_step=self._before_step)
-        self.engine.add_listener(self._on_event)
+        self.engine.add_listener(self._deliver)
+        self.engine.observers.append(_StepEnd(self._flush))
         self._idle_wait_s = idle_wait_s
         self._subs: dict[str, Subscription] = {}
         self._undecided: dict[str, Subscription] = {}
         self._lock = threading.Lock()
         self._gate = threading.Lock()  # held around submissions; taken when the loop restarts
         self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
+        # What the loop must be told at the end of the step (wake-ups and verdicts):
+        self._touched: deque[tuple[asyncio.AbstractEventLoop, Any]] = deque()
+        self._engine_tid: Optional[int] = None
         self._thread: Optional[threading.Thread] = None
         self._started = threading.Event()
         self._running = False
@@ -158,6 +188,7 @@ class EngineRunner:
         # The loop has returned: the engine runs on this thread now.
         for rid in self.engine.open_ids():
             self._fail(rid, "the server is shutting down")
+        self._flush()
         while self._calls:
             _, fut = self._calls.popleft()
             fut.set_exception(RuntimeError("the engine stopped"))
@@ -172,6 +203,7 @@ class EngineRunner:
         return self._thread is not None
 
     def _main(self) -> None:
+        self._engine_tid = threading.get_ident()
         while not self._stopping:
             try:
                 self.engine.run_forever(self._idle_wait_s)
@@ -188,6 +220,7 @@ class EngineRunner:
     def _recover(self, message: str) -> None:
         for rid in self.engine.open_ids():
             self._fail(rid, f"the engine failed: {message}")
+        self._flush()
         release_all = self.engine.hooks.release_all
         if release_all is not None:
             release_all()
@@ -205,9 +238,11 @@ class EngineRunner:
     def now_us(self) -> float:
         return self.engine.now()
 
-    def open(self, request: Request, loop: asyncio.AbstractEventLoop) -> Subscription:
-        """Subscribe to `request` and hand it to the engine; await `sub.verdict` next."""
-        sub = Subscription(request.id, loop, self.engine.now())
+    def open(self, request: Request, loop: asyncio.AbstractEventLoop,
+             inbox: Optional[Inbox] = None) -> Subscription:
+        """Subscribe to `request` and hand it to the engine; await `sub.verdict` next.
+        Subscriptions given the same `inbox` (on `loop`) are waited for together."""
+        sub = Subscription(request.id, loop, self.engine.now(), inbox)
         with self._lock:
             self._subs[request.id] = sub
             self._undecided[request.id] = sub
@@ -244,19 +279,18 @@ class EngineRunner:
 
     # -- engine thread ------------------------------------------------------------------------
 
-    def _on_event(self, event: Any) -> None:
-        self._deliver(event)
-
     def _deliver(self, event: Any) -> None:
         rid = event.request_id
         sub = self._subs.get(rid)
         if sub is None:
             return
-        if isinstance(event, AcceptEvent):
+        if type(event) is TokenEvent:
+            pass
+        elif isinstance(event, AcceptEvent):
             with self._lock:
                 undecided = self._undecided.pop(rid, None) is not None
             if undecided:
-                sub._decide(None)
+                self._decide(sub, None)
             return
         if isinstance(event, FinishEvent):
             sub.finished = True
@@ -264,14 +298,54 @@ class EngineRunner:
                 undecided = self._undecided.pop(rid, None) is not None
                 self._subs.pop(rid, None)
             if undecided:
-                sub._decide(event if event.reason == "rejected" else None)
-        sub._push(event)
+                self._decide(sub, event if event.reason == "rejected" else None)
+        sub._items.append(event)
+        inbox = sub.inbox
+        if not inbox._queued:
+            inbox._queued = True
+            self._touch(inbox.loop, inbox)
+
+    def _decide(self, sub: Subscription, rejection: Optional[FinishEvent]) -> None:
+        sub._rejection = rejection
+        self._touch(sub.inbox.loop, sub)
+
+    def _touch(self, loop: asyncio.AbstractEventLoop, item: Any) -> None:
+        self._touched.append((loop, item))
+        if threading.get_ident() != self._engine_tid:
+            # Delivered off the engine thread (a cancel while the loop restarts, a stop):
+            # no step end will come to hand it over.
+            self._flush()
+
+    def _flush(self) -> None:
+        """Hand the loop(s) what this step decided: one callback per loop, which resolves the
+        verdicts and wakes every consumer waiting for a subscription that got events."""
+        touched = self._touched
+        if not touched:
+            return
+        calls: dict[asyncio.AbstractEventLoop, list[Any]] = {}
+        while True:  # popleft: atomic against a deliverer on another thread
+            try:
+                loop, item = touched.popleft()
+            except IndexError:
+                break
+            if isinstance(item, Inbox):
+                item._queued = False
+                if not item._armed:
+                    continue  # its consumer looks at the items before it waits again
+                item._armed = False
+            calls.setdefault(loop, []).append(item)
+        for loop, items in calls.items():
+            try:
+                loop.call_soon_threadsafe(_fire_all, items)
+            except RuntimeError:  # the loop is closed: nobody is left to tell
+                pass
 
     def _before_step(self, engine: Engine) -> None:
         if not self._running:
             with self._gate:
                 self._running = not self._stopping
             self._started.set()
+        self._flush()  # what the inbox's submissions and cancellations decided
         self._publish()
         while self._calls:
             fn, fut = self._calls.popleft()
@@ -322,6 +396,33 @@ class EngineRunner:
 
         result: dict[str, Any] = self.call(take)
         return result
+
+
+def _fire_all(items: list[Any]) -> None:
+    for item in items:
+        item._fire()
+
+
+class _StepEnd:
+    """The last observer of a step: calls `flush` once the step's events are all out (its
+    samples, then the ends its completion decided)."""
+
+    wants_samples = False
+
+    def __init__(self, flush: Callable[[], None]) -> None:
+        self._flush = flush
+
+    def planned(self, flight: Any) -> None:
+        return None
+
+    def executed(self, flight: Any, duration_us: float) -> None:
+        return None
+
+    def sampled(self, flight: Any, rows: list[int], tokens: Any, end_us: float) -> None:
+        return None
+
+    def completed(self, flight: Any, duration_us: float, telemetry: Any) -> None:
+        self._flush()
 
 
 class EngineUnavailable(RuntimeError):

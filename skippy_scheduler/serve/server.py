@@ -10,8 +10,15 @@
 Lanes: `max_active` requests run at once, each in its own llama.cpp sequence with
 `ctx_size / max_active` KV cells (llama.cpp's per-sequence KV streams); a request's prompt plus
 `max_tokens` must fit one lane. Plans are bounded by `batch_size` tokens, prompts are prefilled
-in chunks of `prefill_chunk` tokens, and with `mixed` decode rows ride along with prefill
-chunks, so running streams keep their pace while new prompts are prefilled.
+in chunks of `prefill_chunk` tokens. Under the slack rule (the default, docs/behaviour.md
+§2.13) each step's prefill chunk is sized so the step fits the tightest running stream's
+inter-token target (`itl_target_ms`), on a cost model fitted from the steps the engine timed;
+under the reference rule, with `mixed` decode rows ride along with prefill chunks within the
+reference's gate.
+
+Defaults (docs/serving.md "Defaults"): prefix reuse is on, sized from the KV cache by
+`default_reuse` (one holder per lane, each keeping a lane's worth of tokens;
+`prefix_cache_tokens=0` turns it off; off on stages unless asked for); one plan in flight.
 
 Capacity: `max_active + max_waiting` requests may be open at once (running or queued); the
 app refuses the next with a 503 before it reaches the engine, and the scheduler's own waiting
@@ -72,13 +79,21 @@ class ServeSettings:
     prefill_chunk: int = 256
     mixed: bool = True
     max_consecutive_prefill: Optional[int] = 1
+    planning_rule: str = "slack"  # a name of PLANNING_RULES (docs/behaviour.md §2.13); under
+    #   "slack", mixed and max_consecutive_prefill are not read
+    itl_target_ms: float = 100.0  # the slack rule's inter-token target ("skippy.itl_ms" of a
+    #   request overrides it for that request)
     inflight: int = 1  # plans in flight (max_inflight_plans): 2 overlaps scheduling with decode
     policy: str = DEFAULT_POLICY  # a name of skippy_scheduler.selection.POLICIES
     priority_preemption: bool = True  # a waiting request of higher priority takes a lane from
     #   lower-priority running ones (docs/behaviour.md §2.8a); False: priority orders admission
-    prefix_cache_tokens: int = 0  # tokens the prefix store keeps for reuse (0: off); each holder
-    #   gets a KV stream of ctx_size / max_active cells on top of ctx_size
-    prefix_holders: int = 16  # sequence ids holding resident prefixes (with reuse)
+    prefix_cache_tokens: Optional[int] = None  # tokens the prefix store keeps for reuse (0: off;
+    #   None: sized from the KV cache, see default_reuse); each holder gets a KV stream of
+    #   ctx_size / max_active cells on top of ctx_size
+    prefix_holders: Optional[int] = None  # sequence ids holding resident prefixes (with reuse;
+    #   None: one per lane, see default_reuse)
+    cold_prefix_hold: bool = True  # with reuse: a request sharing a running one's cold prompt
+    #   waits until that prompt is resident, then restores it (docs/behaviour.md §2.3a)
     kv_type: str = "f32"
     flash_attn: bool = False
     log_level: str = "info"  # uvicorn logs one line per request at info, as llama-server and vLLM do
@@ -96,13 +111,69 @@ class ServeSettings:
     kv_hash_seed: str = "0"  # vLLM's PYTHONHASHSEED: the first block's parent hash
     stages: Optional[str] = None  # a split model's stage directory: local stage workers
     stage_addresses: tuple[str, ...] = ()  # or stage workers already running (docs/stages.md)
+    stage_prefix_cache_tokens: tuple[int, ...] = ()  # per stage; () = prefix_cache_tokens each
+
+
+PLANNING_RULES = ("slack", "reference")
+LLAMA_SEQUENCE_IDS = 256  # llama.cpp's sequence ids: lanes plus prefix holders
+
+
+def default_reuse(max_active: int, ctx_size: int) -> tuple[int, int]:
+    """(prefix_cache_tokens, prefix_holders) when the settings leave them to the server: one
+    holder per lane (as many as llama.cpp's sequence ids leave), each keeping what a lane holds
+    (ctx_size / max_active tokens), so the store keeps as much KV as the lanes have: every
+    finished request's prompt stays resident until as many others have finished. No holder
+    left: (0, 1), reuse off."""
+    holders = min(max_active, LLAMA_SEQUENCE_IDS - max_active)
+    if holders < 1:
+        return 0, 1
+    return holders * (ctx_size // max_active), holders
+
+
+def resolve_settings(settings: ServeSettings) -> ServeSettings:
+    """`settings` with what was left to the server decided (reuse sized from the KV cache) and
+    the planning settings checked (ValueError before anything is loaded)."""
+    import dataclasses
+    import math
+
+    s = settings
+    if s.planning_rule not in PLANNING_RULES:
+        raise ValueError(f"planning_rule must be one of {', '.join(PLANNING_RULES)}, got "
+                         f"{s.planning_rule!r}")
+    if isinstance(s.itl_target_ms, bool) or not isinstance(s.itl_target_ms, (int, float)) or \
+            not (math.isfinite(s.itl_target_ms) and s.itl_target_ms > 0):
+        raise ValueError(f"itl_target_ms must be a finite number of ms > 0, got "
+                         f"{s.itl_target_ms!r}")
+    if s.max_active < 1:
+        raise ValueError(f"max_active must be at least 1, got {s.max_active}")
+    tokens, holders = default_reuse(s.max_active, s.ctx_size)
+    if s.stages or s.stage_addresses:
+        # NOTE: staged serving keeps reuse off unless asked for: a seeded request with a
+        # repetition penalty whose prompt was partly restored does not yet give its alone
+        # tokens on stages (tests/stages/test_serve_stages.py with reuse on).
+        tokens = 0
+    return dataclasses.replace(
+        s, prefix_cache_tokens=tokens if s.prefix_cache_tokens is None else s.prefix_cache_tokens,
+        prefix_holders=holders if s.prefix_holders is None else s.prefix_holders)
+
+
+def _reuse_of(s: ServeSettings) -> tuple[int, int]:
+    """(prefix_cache_tokens, prefix_holders) of resolved settings (resolve_settings)."""
+    if s.prefix_cache_tokens is None or s.prefix_holders is None:
+        raise ValueError("settings not resolved: prefix reuse is still left to the server")
+    return s.prefix_cache_tokens, s.prefix_holders
+
+
+# The cold prefix hold's minimum shared length: four of the KV event blocks (a shorter shared
+# part costs less to prefill twice than to wait for).
+COLD_PREFIX_HOLD_TOKENS = 64
 
 
 class Server:
     def __init__(self, settings: ServeSettings) -> None:
         from ..hosts.llama import LlamaHost
 
-        s = settings
+        s = resolve_settings(settings)
         if s.ctx_size < s.max_active:
             raise ValueError(f"ctx_size ({s.ctx_size}) must give every one of the "
                              f"{s.max_active} lanes at least one KV cell")
@@ -145,8 +216,9 @@ class Server:
                                 else os.path.splitext(os.path.basename(model))[0])
         # With reuse every holder gets a KV stream like a lane's (each request keeps to
         # ctx_size / max_active, as without reuse).
-        reuse = s.prefix_cache_tokens > 0
-        n_ctx = s.ctx_size + (s.prefix_holders * (s.ctx_size // s.max_active) if reuse else 0)
+        tokens, holders = _reuse_of(s)
+        reuse = tokens > 0
+        n_ctx = s.ctx_size + (holders * (s.ctx_size // s.max_active) if reuse else 0)
         self.host = host_class(model, n_ctx=n_ctx, n_seq_max=s.max_active, n_threads=s.threads,
                                n_batch=s.batch_size, kv_type=s.kv_type, flash_attn=s.flash_attn,
                                prefix_cache_tokens=s.prefix_cache_tokens,
@@ -155,18 +227,20 @@ class Server:
 
     def _load_stages(self, s: ServeSettings) -> None:
         """A model split across stage workers (docs/stages.md "Serving")."""
-        from ..stages.serving import StagedEngineRunner, open_stage_host
+        from ..stages.serving import StageMetrics, StagedEngineRunner, open_stage_host
 
         self.host = open_stage_host(s)
         name = s.model_name or (os.path.splitext(os.path.basename(s.model))[0] if s.model
                                 else self.host.stages[0].source_name)
-        self._build(s, name, s.prefix_cache_tokens > 0, StagedEngineRunner,
+        self._build(s, name, _reuse_of(s)[0] > 0, StagedEngineRunner,
                     disjoint=s.inflight > 1, components=self.host.memory_components)
+        self.context.metrics.registry.register(StageMetrics(self.runner))
 
     def _build(self, s: ServeSettings, name: str, reuse: bool,
                runner_class: Optional[type] = None, disjoint: bool = False,
                components: Optional[list[Any]] = None) -> None:
-        from .. import Scheduler, SchedulerConfig
+        from .. import PlanningRule, Scheduler, SchedulerConfig
+        from ..engine.contract import PromptKeepingHost
         from .access import AccessSettings
         from .app import Limits, ServeContext, create_app
         from .guard import default_allowed_hosts
@@ -184,8 +258,12 @@ class Server:
             mixed_prefill_decode=s.mixed,
             max_consecutive_prefill_iterations=s.max_consecutive_prefill,
             max_inflight_plans=s.inflight, disjoint_inflight_plans=disjoint,
+            planning_rule=PlanningRule.SLACK if s.planning_rule == "slack"
+            else PlanningRule.REFERENCE, itl_target=s.itl_target_ms / 1e3,
             memory_components=list(components or ()),
             priority_preemption=s.priority_preemption,
+            cold_prefix_hold_tokens=(COLD_PREFIX_HOLD_TOKENS if s.cold_prefix_hold and reuse
+                                     and isinstance(self.host, PromptKeepingHost) else 0),
             **(self.host.sequence_id_settings if reuse else {"reserved_sequence_ids": 0}))
         self.scheduler = Scheduler(config, admission=make_admission(s.policy))
         self.runner = (runner_class or EngineRunner)(self.scheduler, self.host)

@@ -31,21 +31,23 @@ from typing import Any, Optional, Sequence as _Seq
 
 from ..engine.contract import HostState
 from ..hosts.llama.samplers import Samplers
-from ..types import MemoryComponent, ReleaseReason
+from ..types import ReleaseReason
 
 import numpy as np
 
 from .channel import StageChannel, StageFailure, StageTimeout
 from .flight import Flight, FlightHandle, check_int, plan_arrays
-from .holders import PrefixHolders, RemoteCells, restored
+from .holders import (PrefixHolders, RemoteCells, StageHolders, check_stage_capacities,
+                      restored)
 from .split import StageInfo, check_stage_set
+from .usage import UsageVerbs, check_stage_cells
 from .vocab import Vocabulary, VocabularyVerbs
 from .wire import encode_plan
 
 __all__ = ["StageFailure", "StageHost", "StageTimeout"]
 
 
-class StageHost(VocabularyVerbs, StageChannel):
+class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
     """Runs plans on a chain of stage workers (see the module docstring)."""
 
     def __init__(self, addresses: _Seq[str], *, n_ctx: int = 4096, n_seq_max: int = 8,
@@ -54,7 +56,9 @@ class StageHost(VocabularyVerbs, StageChannel):
                  timeout_s: float = 60.0, source_id: Optional[str] = None,
                  vocab_model: Optional[str] = None, procs: _Seq[Any] = (),
                  prefix_cache_tokens: int = 0, prefix_holders: int = 16,
-                 pipeline_depth: int = 1) -> None:
+                 pipeline_depth: int = 1,
+                 stage_prefix_cache_tokens: Optional[_Seq[int]] = None,
+                 stage_n_ctx: Optional[_Seq[int]] = None) -> None:
         self.n_seq_max = check_int("n_seq_max", n_seq_max, 1)
         self.n_ctx = check_int("n_ctx", n_ctx, 1)
         self.n_batch = check_int("n_batch", n_batch, 1)
@@ -65,6 +69,9 @@ class StageHost(VocabularyVerbs, StageChannel):
                                if prefix_cache_tokens else 0)
         if self.n_seq_max + self.prefix_holders > 256:
             raise ValueError("lanes and prefix holders must be <= 256 sequence ids together")
+        self.stage_prefix_cache_tokens = check_stage_capacities(
+            stage_prefix_cache_tokens, prefix_cache_tokens, len(addresses))
+        self._stage_n_ctx = check_stage_cells(n_ctx, stage_n_ctx, len(addresses))
         self._vocab: Any = None
         self.on_close: list[Any] = []  # called after close (e.g. stopping local workers)
         StageChannel.__init__(self, addresses, reply_address, timeout_s, procs)
@@ -88,15 +95,23 @@ class StageHost(VocabularyVerbs, StageChannel):
             "n_threads": n_threads, "kv_type": kv_type, "flash_attn": bool(flash_attn),
             "kv_unified": True, "prefix_cache_tokens": prefix_cache_tokens,
             "prefix_holders": self.prefix_holders, "pipeline_depth": self.pipeline_depth,
+            "stage_prefix_cache_tokens": self.stage_prefix_cache_tokens,
+            "stage_cells": self.stage_cells,
         }
-        # Prefix reuse: one store for all stages, its decisions queued as memory operations.
+        # Prefix reuse: the store of what every stage holds, its decisions queued as memory
+        # operations (with a capacity per stage, also a store per stage: stages/holders.py).
         self._cells = RemoteCells()
         self._holders: Optional[PrefixHolders] = None
         self.prefix_store: Any = None
-        if prefix_cache_tokens:
+        caps = self.stage_prefix_cache_tokens
+        if prefix_cache_tokens and any(c != prefix_cache_tokens for c in caps):
+            self._holders = StageHolders(prefix_cache_tokens, caps, self.prefix_holders,
+                                         n_seq_max, n_seq_max, n_ctx, self._cells)
+        elif prefix_cache_tokens:
             self._holders = PrefixHolders(prefix_cache_tokens, self.prefix_holders, n_seq_max,
                                           n_seq_max, n_ctx, self._cells,  # type: ignore[arg-type]
                                           shared_cells=True)
+        if self._holders is not None:
             self.prefix_store = self._holders.store
         self._free: list[int] = list(range(n_seq_max))
         self._slot: dict[str, int] = {}
@@ -116,7 +131,8 @@ class StageHost(VocabularyVerbs, StageChannel):
         for k, sock in enumerate(self._out):
             conf = {"index": k, "tag": self._tag + 1, "reply": self.reply_address,
                     "next": self.addresses[k + 1] if k + 1 < p else None,
-                    "n_ctx": n_ctx, "n_seq_max": self.n_seq_max + self.prefix_holders,
+                    "n_ctx": self._stage_n_ctx[k],
+                    "n_seq_max": self.n_seq_max + self.prefix_holders,
                     "n_batch": self.n_batch,
                     "n_threads": n_threads, "kv_type": kv_type, "flash_attn": flash_attn}
             sock.send_multipart([b"conf", json.dumps(conf).encode()])
@@ -138,19 +154,6 @@ class StageHost(VocabularyVerbs, StageChannel):
         return infos
 
     # ------------------------------------------------------------------ Host verbs
-    @property
-    def memory_components(self) -> list[MemoryComponent]:
-        """One KV memory component per stage (its cells times the bytes a position takes in
-        its layers; the cells the prefix holders may keep are resident), for the scheduler's
-        `memory_components`: admission then keeps every admitted sequence's prompt and
-        `max_tokens` within every stage's KV cache (docs/stages.md "KV memory per stage")."""
-        kept = self.prefix_cache_tokens
-        return [MemoryComponent(f"kv-stage-{k}", capacity_bytes=cells * per_token,
-                                resident_bytes=min(cells, kept) * per_token,
-                                bytes_per_token=per_token, bytes_per_sequence=0)
-                for k, (cells, per_token) in enumerate(zip(self.stage_cells,
-                                                           self.stage_kv_bytes))]
-
     @property
     def sequence_id_settings(self) -> dict[str, int]:
         """The scheduler config fields that match the stages' sequence ids: the lanes, then

@@ -248,6 +248,21 @@ class StageRunner:
     def held_lanes(self) -> list[int]:
         return [i for i, n in enumerate(self._next_pos) if n]
 
+    def measure_kv(self) -> dict[int, tuple[int, int]]:
+        """Sequence id -> (cells, bytes) of every sequence with KV in this stage's cache, as
+        llama.cpp counts them: its positions from the cache's lowest to its highest, and the
+        size llama.cpp gives that sequence's KV state (K and V of this stage's layers for each
+        cell, plus a few bytes of cell metadata and headers). Cells a holder shares with a
+        lane count for both."""
+        out = {}
+        for seq in range(self.n_seq_max):
+            hi = int(_ll.llama_memory_seq_pos_max(self._mem, seq))
+            if hi < 0:
+                continue
+            lo = int(_ll.llama_memory_seq_pos_min(self._mem, seq))
+            out[seq] = (hi - lo + 1, int(_ll.llama_state_seq_get_size(self._ctx, seq)))
+        return out
+
     # ------------------------------------------------------------------ execution
     def run(self, lanes: np.ndarray, offsets: np.ndarray, positions: np.ndarray,
             sample_rows: np.ndarray, tokens: Optional[np.ndarray] = None,

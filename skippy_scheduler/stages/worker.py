@@ -14,7 +14,8 @@ The worker binds a PULL socket at its listen address and answers what arrives th
 * `samp` (JSON, down the chain like `mem`): the sampling parameters of the new rows of the plan
   of a step; the last stage starts their sampler chains when that plan's new rows arrive.
 * `undo` (JSON lanes, starts, releases): the plan did not complete somewhere; rewind its rows.
-* `release` (JSON lanes), `held` (what lanes hold KV), `stop`.
+* `release` (JSON lanes), `held` (what lanes hold KV), `usage` (the KV cells and bytes every
+  sequence holds, measured by llama.cpp), `stop`.
 
 Any failure is reported to the driver as `err` with the stage index and the step; the worker
 keeps serving.
@@ -220,6 +221,12 @@ class StageWorker:
                         "samplers": len(self._runner.samplers or ()),
                         "lanes": {str(k): self._runner.held(k)
                                   for k in self._runner.held_lanes()}})])
+                elif kind == b"usage":
+                    self._reply.send_multipart([b"usage", _json({
+                        "index": self.index, "tag": tag,
+                        "kv_bytes_per_token": self._runner.kv_bytes_per_token,
+                        "seqs": {str(k): list(v)
+                                 for k, v in self._runner.measure_kv().items()}})])
             except Exception as exc:
                 if self._reply is not None:
                     self._reply.send_multipart([b"err", _json({

@@ -68,3 +68,26 @@ def test_overhead_refuses_bad_options(capsys):
         serve_overhead.main(["--concurrency", "8", "--requests", "4"])
     assert exc.value.code == 2
     assert "--concurrency" in capsys.readouterr().err
+
+
+def test_overhead_profile_writes_the_loop_and_engine_stats(tmp_path):
+    import pstats
+
+    prof = tmp_path / "prof"
+    assert serve_overhead.main(["--concurrency", "2", "--requests", "2", "--max-tokens", "4",
+                                "--prompt-tokens", "4", "--profile", str(prof)]) == 0
+    loop = pstats.Stats(str(prof) + ".loop")
+    engine = pstats.Stats(str(prof) + ".engine")
+    assert any(name == "feed" for _, _, name in loop.stats)  # the generations ran on the loop
+    assert any(name == "plan_iteration" or name == "_plan" for _, _, name in engine.stats)
+
+
+def test_pieces_times_every_piece(tmp_path):
+    import serve_pieces
+
+    out = tmp_path / "pieces.jsonl"
+    assert serve_pieces.main(["--number", "50", "--repeat", "1", "--rows", "8",
+                              "--json", str(out)]) == 0
+    doc = json.loads(out.read_text().splitlines()[-1])
+    keys = [k for k in doc if k.endswith("_us")]
+    assert len(keys) == 10 and all(doc[k] > 0 for k in keys)

@@ -32,6 +32,8 @@ CONCEPTS = {
     "results file": (("--json",), "write the results as JSON"),
     "prefix reuse": (("--prefix-cache-tokens",), "reusable prefixes"),
     "plans in flight": (("--inflight",), "plans in flight"),
+    "planning rule": (("--planning-rule",), "how a step is filled"),
+    "inter-token target": (("--itl-target-ms",), "inter-token target in ms"),
     "random seed": (("--seed",), "random seed"),
 }
 # Spellings of the same concepts in earlier releases: hidden now, never in a help.
@@ -46,6 +48,8 @@ DEFAULT_REASONS = {
     ("lab", "--policy"): "all but fair-share",
     ("calibrate", "--threads"): "swing by tens of ms",
     ("bench", "--scheduler"): "always timed",
+    ("run", "--prefix-cache-tokens"): "unlike serve",
+    ("run", "--prefix-holders"): "unlike serve",
 }
 
 
@@ -153,8 +157,8 @@ def _default(parser: argparse.ArgumentParser, option: str):
 def test_same_defaults_unless_the_help_says_why():
     parsers = _subparsers()
     shared = ("--max-active", "--max-num-batched-tokens", "--prefill-chunk", "--mixed",
-              "--max-consecutive-prefill", "--threads", "--policy", "--prefix-cache-tokens",
-              "--prefix-holders", "--inflight", "--kv-type", "--seed")
+              "--max-consecutive-prefill", "--threads", "--policy", "--planning-rule",
+              "--itl-target-ms", "--inflight", "--kv-type", "--seed")
     for option in shared:
         assert _default(parsers["run"], option) == _default(parsers["serve"], option), option
     for (name, option), reason in DEFAULT_REASONS.items():

@@ -2,8 +2,10 @@
 must make the same plans, for any clock, cost model and per-sequence targets, on random
 operation sequences; and on both, the interleave bound (at most k decode-only plans in a row
 while prefill waits) and the starvation bound (the oldest admitted prefill gets a row within
-k + 1 plans) hold.
+k + 1 plans) hold. Beside disjoint plans in flight (§2.11a) the same holds, and the least slack
+leaves out the sequences in flight, which the plan being made cannot give a row.
 """
+import dataclasses
 import math
 
 import pytest
@@ -146,6 +148,25 @@ def test_native_and_twin_agree_under_the_slack_rule(config, first, operations):
         run(pair, op)
 
 
+disjoint_configs = st.builds(
+    lambda c, depth: dataclasses.replace(c, max_inflight_plans=depth,
+                                         disjoint_inflight_plans=True),
+    configs, st.sampled_from([2, 3]))
+
+
+@_settings(250)
+@given(config=disjoint_configs, first=st.lists(submit, min_size=1, max_size=4), operations=ops)
+def test_native_and_twin_agree_under_the_slack_rule_with_disjoint_plans(config, first,
+                                                                       operations):
+    pair = Pair(config)
+    for op in first + operations:
+        run(pair, op)
+        for plans in zip(*pair.live):  # §2.11a still holds: live plans hold disjoint sequences
+            assert plans[0].work == plans[1].work
+        ids = [w.sequence_id for plan in pair.live[0] for w in plan.work]
+        assert len(ids) == len(set(ids))
+
+
 # -- the bounds, on each implementation --------------------------------------------------------
 
 @pytest.fixture(params=[Scheduler, TwinScheduler], ids=["native", "twin"])
@@ -254,6 +275,39 @@ def test_prefill_alone_when_mixing_does_not_pay(impl):
     sched.set_clock(0.0)
     plan = sched.plan_iteration()
     assert [(w.sequence_id, len(w.tokens)) for w in plan.work] == [("p", 490)]
+
+
+def _sample_all(sched, plan):
+    return complete(sched, plan, [IterationPrediction(r, 5) for r, w in enumerate(plan.work)
+                                  if w.sample_last])
+
+
+def test_sequences_in_flight_do_not_count_toward_the_least_slack(impl):
+    """Disjoint plans at depth 2: "a" is in flight with its slack long spent; the plan being
+    made cannot give it a row, so a's slack does not decide it: "b" has 10 ms of slack, and
+    the plan mixes b's decode row with the chunk that fits (counting a, it is decode only)."""
+    cost = StepCost(base_us=1000, per_prefill_token_us=100, decode_base_us=0,
+                    per_decode_row_us=1000)
+    sched = impl(_config(itl_target=0.05, slack_safety=1.25, step_cost=cost,
+                         max_tokens_per_iteration=1000, prefill_chunk_tokens=1000,
+                         max_inflight_plans=2, disjoint_inflight_plans=True))
+    sched.set_clock(0.0)
+    sched.submit(Sequence("a", [1, 2], 100))
+    sched.submit(Sequence("b", [3, 4], 100))
+    _sample_all(sched, sched.plan_iteration())  # both prefilled, first tokens at 0
+    first = sched.plan_iteration()  # the share: one decode row a plan
+    sched.set_clock(0.1)
+    second = sched.plan_iteration()
+    assert [[w.sequence_id for w in p.work] for p in (first, second)] == [["a"], ["b"]]
+    _sample_all(sched, first)  # a stamped at 0.1
+    sched.set_clock(0.2)
+    _sample_all(sched, second)  # b stamped at 0.2
+    assert [w.sequence_id for w in sched.plan_iteration().work] == ["a"]  # a in flight
+    sched.set_clock(0.24)  # a: 90 ms past its target; b: 10 ms of slack, / 1.25 = 8 ms
+    sched.submit(Sequence("p", list(range(900)), 2))
+    plan = sched.plan_iteration()
+    # 8 000 µs - (1000 base + 1000 per row) = 6 000 µs of prefill at 100 µs a token
+    assert [(w.sequence_id, len(w.tokens)) for w in plan.work] == [("b", 1), ("p", 60)]
 
 
 def test_reference_rule_is_the_default(impl):

@@ -210,7 +210,8 @@ def test_serve_refuses_kv_events_it_cannot_publish_before_loading_a_model(tmp_pa
     import subprocess
     import sys
 
-    cases = [(["--kv-events-endpoint", "tcp://127.0.0.1:1"], "prefix reuse"),
+    cases = [(["--prefix-cache-tokens", "0", "--kv-events-endpoint", "tcp://127.0.0.1:1"],
+              "prefix reuse"),
              (["--prefix-cache-tokens", "64", "--kv-events-endpoint", "127.0.0.1:1"],
               "ZeroMQ address"),
              (["--prefix-cache-tokens", "64", "--kv-events-endpoint", "tcp://127.0.0.1:1",

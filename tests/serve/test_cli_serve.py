@@ -23,7 +23,8 @@ def _free_port() -> int:
 @pytest.mark.parametrize("argv,message", [
     (["--inflight", "0"], "--inflight"),
     (["--max-active", "300"], "--max-active (+ --prefix-holders with reuse) must be <= 256"),
-    (["--max-active", "250", "--prefix-cache-tokens", "64"], "--prefix-holders with reuse"),
+    (["--max-active", "250", "--prefix-cache-tokens", "64", "--prefix-holders", "16"],
+     "--prefix-holders with reuse"),
     (["--max-active", "8", "--ctx-size", "4"], "--ctx-size (4) must be at least --max-active"),
     (["--model", "/nonexistent.gguf"], "model file not found"),
     (["--port", "70000"], "expected a port in [0, 65535]"),

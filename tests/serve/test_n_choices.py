@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import openai
 import pytest
-from serve_support import is_idle, metrics, wait_idle
+from serve_support import is_idle, metrics, start_server, wait_idle
 
 MODEL = "tiny-f32"
 SAMPLED = {"temperature": 0.9, "top_k": 40}
+
+
+@pytest.fixture(scope="module")
+def server(model_path):
+    """Without prefix reuse (on by default): the prefill counts below are of a prompt computed
+    in full, not partly restored from what an earlier test left resident."""
+    srv = start_server(model_path, prefix_cache_tokens=0)
+    yield srv
+    srv.shutdown()
 
 
 def _ids(choice) -> list[int]:

@@ -1,7 +1,76 @@
-"""Constants the staged-serving tests share (importable: conftest modules are not)."""
+"""Constants and the random schedule trial the staged-serving tests share (importable:
+conftest modules are not)."""
+import random
+
+from skippy_scheduler import MemoryComponent, SchedulerConfig
+from skippy_scheduler.engine import Engine, Request, VirtualClock
+from skippy_scheduler.hosts.calibrate import CostModel
 from skippy_scheduler.hosts.tiny_model import TinyModelShape
 
 N_SEQ = 8
 MAX_GEN = 10
 SHAPE = TinyModelShape(n_layer=4)
 
+KV_BYTES = 10**9
+
+
+def random_trial(impl, host, alone, seed: int, counters: dict, **extra) -> None:
+    rng = random.Random(seed)
+    n = rng.randrange(3, 10)
+    requests = []
+    for i in range(n):
+        if requests and rng.random() < 0.15:  # a full-prompt duplicate of an earlier request
+            prompt = list(rng.choice(requests).prompt_tokens)
+        else:
+            plen = rng.choice([1, 2, rng.randrange(3, 30), rng.randrange(30, 100)])
+            prompt = [1] + [rng.randrange(3, 384) for _ in range(plen - 1)]
+        requests.append(Request(f"r{i}", prompt, rng.randrange(1, MAX_GEN + 1),
+                                arrival_us=rng.choice([0.0, rng.uniform(0, 3000)])))
+    config = dict(
+        max_active_sequences=rng.randrange(1, N_SEQ + 1),
+        max_tokens_per_iteration=rng.choice([8, 16, 64, 512]),
+        prefill_chunk_tokens=rng.choice([1, 3, 8, 32, 256]),
+        mixed_prefill_decode=rng.random() < 0.8,
+        memory_components=[MemoryComponent("kv", KV_BYTES, 0, 1, 0)],
+        **extra,
+    )
+    if host.prefix_store is not None:
+        config.update(host.sequence_id_settings)
+    scheduler = impl(SchedulerConfig(**config))
+    reserved = {r.id: len(r.prompt_tokens) + r.max_tokens for r in requests}
+    p_preempt, p_cancel = rng.uniform(0, 0.15), rng.uniform(0, 0.05)
+
+    def pressure(engine):
+        roll = rng.random()
+        if roll < p_preempt:  # a usage spike evicts a sequence, then the usage is measured again
+            counters["preempted"] += len(engine.preempt([KV_BYTES + 1]))
+            engine.preempt([sum(reserved[a] for a in scheduler.snapshot().active_ids)])
+        elif roll < p_preempt + p_cancel and engine.open_ids():
+            counters["cancelled"] += engine.cancel(rng.choice(engine.open_ids()))
+
+    engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), before_step=pressure,
+                    max_iterations=5000)
+    engine.add_requests(sorted(requests, key=lambda r: r.arrival_us))
+    report = engine.run()
+    counters["mixed"] += report.phase_mix()[2]
+    counters["recompute"] += scheduler.metrics().recompute_tokens
+    by_id = {r.id: r for r in report.records}
+    for req in requests:
+        got = by_id[req.id]
+        want = alone(req.prompt_tokens, req.max_tokens)
+        if got.finish_reason == "cancelled":  # what it had so far is a prefix of its tokens
+            want = want[: len(got.tokens)]
+        elif got.finish_reason == "stop":  # the alone run ends at the same end-of-generation
+            assert want and host.is_eog(want[-1]), (seed, req.id, want)
+            want = want[:-1]
+            counters["completed"] += 1
+        else:
+            assert got.finish_reason == "length", (seed, req.id, got.finish_reason)
+            counters["completed"] += 1
+        assert got.tokens == want, (seed, req.id, config)
+    counters["restored"] = counters.get("restored", 0) + scheduler.metrics().restored_tokens
+    if host.prefix_store is not None:
+        scheduler.attach_prefix_store(None)  # the store serves the next trial's scheduler
+    assert host.active_sequences == []
+    host.sync()
+    assert host.held() == [{}] * len(host.stages), seed  # no stage keeps KV of ended requests

@@ -16,8 +16,7 @@ from skippy_scheduler.hosts.calibrate import CostModel  # noqa: E402
 from skippy_scheduler.stages.host import StageFailure  # noqa: E402
 from skippy_scheduler.stages.local import LocalStages  # noqa: E402
 
-from stages_common import MAX_GEN, N_SEQ  # noqa: E402
-from test_staged_serving import _trial  # noqa: E402
+from stages_common import MAX_GEN, N_SEQ, random_trial  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["P2", "P3"])
@@ -36,7 +35,7 @@ def _pipelined(host) -> dict:
 def test_pipelined_random_schedules_match_the_unsplit_model_alone(impl, piped, alone):
     counters = dict(completed=0, preempted=0, cancelled=0, mixed=0, recompute=0)
     for seed in range(100, 110):
-        _trial(impl, piped, alone, seed, counters, **_pipelined(piped))
+        random_trial(impl, piped, alone, seed, counters, **_pipelined(piped))
     assert counters["completed"] > 30
     assert counters["preempted"] > 1 and counters["recompute"] > 0
     assert counters["cancelled"] >= 1
@@ -128,7 +127,7 @@ def test_pipelined_prefix_reuse_gives_the_unsplit_tokens(splits, model4, alone):
                         prefix_cache_tokens=300, prefix_holders=6, pipeline_depth=2) as host:
             counters = dict(completed=0, preempted=0, cancelled=0, mixed=0, recompute=0)
             for seed in range(400, 406):
-                _trial(Scheduler, host, alone, seed, counters, **_pipelined(host))
+                random_trial(Scheduler, host, alone, seed, counters, **_pipelined(host))
             assert counters["completed"] > 15 and counters["restored"] > 20
             assert host.most_in_flight == 2
             kept = host.held(holders=True)

@@ -233,3 +233,49 @@ def test_the_command_serves_and_its_workers_go_away_with_it(tmp_path, model4, sp
     status = srv.stop(sig)
     assert status == (0 if sig == signal.SIGTERM else -signal.SIGKILL), srv.log()
     assert _gone(workers, 10), "a stage worker outlived its server"
+
+
+def _stage_gauges(url: str) -> dict[tuple[str, str, str], float]:
+    """(metric, stage, holder) -> value of the per-stage KV gauges on /metrics."""
+    out = {}
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith("skippy:stage_kv"):
+            name, value = line.rsplit(" ", 1)
+            metric, _, labels = name.partition("{")
+            fields = dict(f.split("=") for f in labels.rstrip("}").split(",") if f)
+            out[(metric, fields.get("stage", "").strip('"'),
+                 fields.get("holder", "").strip('"'))] = float(value)
+    return out
+
+
+def test_metrics_show_each_stage_s_measured_kv(model4, splits):
+    """`serve --stages` with a prefix capacity per stage: /metrics shows each stage's KV cells
+    and bytes as llama.cpp counts them (measured at a scrape, shown at the next) beside its
+    budget; with the server idle the lanes hold nothing and the holders hold the store's
+    entries, on every stage."""
+    srv = _server(model4, splits[2], prefix_cache_tokens=256, prefix_holders=4,
+                  stage_prefix_cache_tokens=(256, 64))
+    try:
+        with _client(srv) as client:
+            for prompt in _prompts(4, seed=9):
+                client.completions.create(model="tiny4-f32", prompt=prompt, max_tokens=6,
+                                          **GREEDY)
+        wait_idle(srv)
+        first = _stage_gauges(srv.url)
+        assert first[("skippy:stage_kv_measured_age_seconds", "", "")] == -1  # none yet
+        for _ in range(100):  # the engine thread measures between two steps
+            got = _stage_gauges(srv.url)
+            if got[("skippy:stage_kv_measured_age_seconds", "", "")] >= 0:
+                break
+            time.sleep(0.05)
+        entries = sum(e.length for e in srv.host.prefix_store.resident())
+        assert entries > 0
+        for k, comp in enumerate(srv.host.memory_components):
+            assert got[("skippy:stage_kv_budget_bytes", str(k), "")] == comp.capacity_bytes
+            assert got[("skippy:stage_kv_cells", str(k), "lanes")] == 0
+            assert got[("skippy:stage_kv_cells", str(k), "holders")] == entries
+            held = got[("skippy:stage_kv_bytes", str(k), "holders")]
+            assert held >= entries * comp.bytes_per_token
+        assert srv.host.holders.stage_stores[1].used_tokens <= 64
+    finally:
+        srv.shutdown()

@@ -1,0 +1,255 @@
+"""This server with its defaults against llama-server, in alternating rounds (BENCHMARKS.md
+"Serving against llama-server").
+
+    python bench/serve_rounds.py --model /work/bench-58m.gguf \\
+        --llama-server /work/llama-server/bin/llama-server --rounds 3 \\
+        --trace /work/shared/traces/mooncake-fast25-conversation_trace.jsonl \\
+        --json rounds.jsonl --markdown rounds.md
+
+Each round runs this server (`skippy-scheduler serve` with no tuning flags: only the model,
+lanes, context and threads both servers share) and then llama-server (`-ctk f32 -ctv f32 -fa
+off -no-kvu -cb -tb T -b 512 -ub 512 --no-webui`, the same lanes, context and threads), each on
+a fresh process per load, so no load inherits another's prefix cache:
+
+- **the closed loop** of `serve_load.py` at each `--concurrency` (default 1, 4, 16):
+  `--requests` streaming requests of 512 prompt tokens, half sharing a 384-token prefix, 64
+  output tokens, greedy with `ignore_eos`; each server's generated text is kept per request and
+  compared with the other's: the run fails (exit 1) unless they are equal request for request;
+- **the open-loop trace replay** of `trace_load.py` (with `--trace`): a slice of the Mooncake
+  conversation trace at `--time-scale`, its SLO (`--ttft-slo-s`, `--itl-slo-s`, max gap).
+
+Printed at the end (and written with `--markdown` / appended as JSON lines to `--json`): per
+load, the median over the rounds of each server's output tokens/s, p99 TTFT, p99 inter-token
+gap (and for the trace: SLO attainment, goodput, max gap), and ours ÷ llama-server's. A
+warning says when llama-server met the trace's SLO for a third of its requests or more: the
+load is then lighter than the comparison names: lower `--time-scale` (the arrival gaps'
+factor) and run again.
+
+`--servers theirs --only-trace --rounds 1` replays the trace on llama-server alone, to choose
+`--time-scale` first. `--rounds 1 --requests 8 --concurrency 2 --max-requests 10` is a smoke
+run of a few minutes.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+from typing import Any, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serve_load  # noqa: E402
+import trace_load  # noqa: E402
+from priority_load import LLAMA_SERVER, Served  # noqa: E402
+
+OURS, THEIRS = "skippy-scheduler", "llama-server"
+CLOSED = (("output_tokens_per_s", "tok/s", True), ("ttft_p99_s", "p99 TTFT s", False),
+          ("itl_p99_s", "p99 gap s", False))
+OPEN = (("slo_attainment_pct", "SLO %", True), ("goodput_rps", "goodput req/s", True),
+        ("itl_max_s", "max gap s", False), ("ttft_p99_s", "p99 TTFT s", False),
+        ("output_tokens_per_s", "tok/s", True))
+
+
+def ours_cmd(args: argparse.Namespace) -> list[str]:
+    """This server with no tuning flags: what both servers share, and nothing else."""
+    return [sys.executable, "-m", "skippy_scheduler.cli", "serve", "--model",
+            os.path.abspath(args.model), "--host", "127.0.0.1", "--threads", str(args.threads),
+            "--max-active", str(args.lanes), "--ctx-size", str(args.ctx_size),
+            "--served-model-name", "bench", "--log-level", "warning"]
+
+
+def theirs_cmd(args: argparse.Namespace, path: str) -> list[str]:
+    t = str(args.threads)
+    return [path, "-m", os.path.abspath(args.model), "--host", "127.0.0.1", "-a", "bench",
+            "-c", str(args.ctx_size), "-np", str(args.lanes), "-cb", "-t", t, "-tb", t,
+            "-b", "512", "-ub", "512", "-ctk", "f32", "-ctv", "f32", "-fa", "off", "-no-kvu",
+            "--no-webui"]
+
+
+def closed_args(args: argparse.Namespace, url: str, label: str, c: int) -> argparse.Namespace:
+    return argparse.Namespace(
+        url=url, label=label, model="bench", concurrency=c, requests=args.requests,
+        prompt_tokens=args.prompt_tokens, shared_prefix=args.shared_prefix,
+        shared_fraction=0.5, max_tokens=args.max_tokens,
+        seed=args.seed, timeout=args.timeout, token_ids=False, extra={}, warmup=True,
+        outputs=True, json=None)
+
+
+def trace_args(args: argparse.Namespace, url: str, label: str) -> argparse.Namespace:
+    ap = trace_load.build_parser()
+    targs = ap.parse_args([
+        "--url", url, "--label", label, "--model", "bench", "--trace", args.trace,
+        "--start-s", str(args.start_s), "--max-requests", str(args.max_requests),
+        "--time-scale", str(args.time_scale), "--ttft-slo-s", str(args.ttft_slo_s),
+        "--itl-slo-s", str(args.itl_slo_s), "--progress-s", "1e9"])
+    trace_load.check_args(ap, targs)
+    return targs
+
+
+def run_trace(targs: argparse.Namespace) -> dict[str, Any]:
+    plan = trace_load.plan_requests(targs)
+    outcomes, wall = asyncio.run(trace_load.replay(plan, targs))
+    return trace_load.report(plan, outcomes, wall, targs)
+
+
+def loads(args: argparse.Namespace) -> list[str]:
+    closed = [] if args.only_trace else [f"closed c={c}" for c in args.concurrency]
+    return closed + (["trace"] if args.trace else [])
+
+
+def measure(args: argparse.Namespace, cmd: list[str], label: str, load: str,
+            logs: str) -> dict[str, Any]:
+    served = Served(cmd, logs, label, args.start_timeout)
+    try:
+        if load == "trace":
+            result = run_trace(trace_args(args, served.url, label))
+        else:
+            c = int(load.split("=")[1])
+            result = asyncio.run(serve_load.run_load(closed_args(args, served.url, label, c)))
+    finally:
+        served.close()
+    result["load"] = load
+    return result
+
+
+def check_equal(load: str, rnd: int, results: dict[str, dict[str, Any]]) -> Optional[str]:
+    """None when both servers generated the same text for every request, else what differs."""
+    a, b = results[OURS].get("outputs"), results[THEIRS].get("outputs")
+    if a is None or b is None:
+        return None
+    bad = [i for i, (x, y) in enumerate(zip(a, b)) if x is None or y is None or x != y]
+    if len(a) != len(b) or bad:
+        return (f"{load}, round {rnd}: outputs differ for {len(bad)} of {len(a)} requests "
+                f"(first: {bad[:5]})")
+    return None
+
+
+def median(results: list[dict[str, Any]], key: str) -> float:
+    values = [r[key] for r in results if r.get(key) is not None]
+    return statistics.median(values) if values else float("nan")
+
+
+def summarize(args: argparse.Namespace,
+              runs: dict[str, dict[str, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    rows = []
+    for load, by_server in runs.items():
+        fields = OPEN if load == "trace" else CLOSED
+        row: dict[str, Any] = {"label": "medians", "load": load,
+                               "rounds": min(len(v) for v in by_server.values())}
+        for key, _, _ in fields:
+            ours = median(by_server[OURS], key) if OURS in by_server else None
+            theirs = median(by_server[THEIRS], key) if THEIRS in by_server else None
+            row[key] = {OURS: ours, THEIRS: theirs,
+                        "ratio": ours / theirs if ours is not None and theirs else None}
+        rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    out = []
+    for row in rows:
+        fields = OPEN if row["load"] == "trace" else CLOSED
+        out.append(f"\n{row['load']} (medians of {row['rounds']} rounds)\n")
+        out.append("| measure | " + OURS + " | " + THEIRS + " | ours / theirs |")
+        out.append("|---|---:|---:|---:|")
+        for key, name, _ in fields:
+            v = row[key]
+            fmt = (lambda x: "-" if x is None else f"{x:.3g}")
+            out.append(f"| {name} | {fmt(v[OURS])} | {fmt(v[THEIRS])} | {fmt(v['ratio'])} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="GGUF both servers load")
+    ap.add_argument("--llama-server", default=None, metavar="PATH",
+                    help=f"llama-server binary (default: {LLAMA_SERVER} if it exists; without "
+                         "one, only this server runs)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[1, 4, 16], metavar="C,...")
+    ap.add_argument("--requests", type=int, default=64, help="per closed-loop run")
+    ap.add_argument("--prompt-tokens", type=int, default=512, help="closed loop: per prompt")
+    ap.add_argument("--shared-prefix", type=int, default=384,
+                    help="closed loop: tokens half the prompts share")
+    ap.add_argument("--max-tokens", type=int, default=64, help="closed loop: per request")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--lanes", type=int, default=16)
+    ap.add_argument("--ctx-size", type=int, default=16384)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=600, help="per request, seconds")
+    ap.add_argument("--start-timeout", type=float, default=120)
+    t = ap.add_argument_group("trace replay (with --trace)")
+    t.add_argument("--trace", default=None, help="Mooncake conversation trace (JSONL)")
+    t.add_argument("--start-s", type=float, default=0,
+                   help="the slice's start in the trace (default: 0, where bursts reach 16)")
+    t.add_argument("--max-requests", type=int, default=200)
+    t.add_argument("--time-scale", type=float, default=1.0,
+                   help="arrival gaps x this (default: 1: the 200 rows from 0 s span 72 s and "
+                        "offer about 920 prompt tokens/s)")
+    t.add_argument("--ttft-slo-s", type=float, default=2.0)
+    t.add_argument("--itl-slo-s", type=float, default=0.2)
+    ap.add_argument("--servers", choices=("both", "ours", "theirs"), default="both",
+                    help="theirs: only llama-server, to find a trace load where it meets the SLO "
+                         "for under a third of the requests before the comparison")
+    ap.add_argument("--only-trace", action="store_true",
+                    help="skip the closed loop (with --servers theirs: finding the trace load)")
+    ap.add_argument("--json", help="append every result and the medians as JSON lines here")
+    ap.add_argument("--markdown", help="write the table of medians here")
+    args = ap.parse_args(argv)
+    if args.rounds < 1 or args.requests < 1 or min(args.concurrency) < 1:
+        ap.error("--rounds, --requests and every --concurrency must be >= 1")
+    theirs = args.llama_server or (LLAMA_SERVER if os.path.exists(LLAMA_SERVER) else None)
+    if args.servers == "theirs" and not theirs:
+        ap.error("--servers theirs needs --llama-server")
+    if args.only_trace and not args.trace:
+        ap.error("--only-trace needs --trace")
+    servers = ([(OURS, ours_cmd(args))] if args.servers != "theirs" else []) + (
+        [(THEIRS, theirs_cmd(args, theirs))] if theirs and args.servers != "ours" else [])
+    for label, cmd in servers:
+        print(f"# {label}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        load: {label: [] for label, _ in servers} for load in loads(args)}
+    failures = []
+    with tempfile.TemporaryDirectory(prefix="serve-rounds-") as logs:
+        for rnd in range(1, args.rounds + 1):
+            for load in loads(args):
+                this: dict[str, dict[str, Any]] = {}
+                for label, cmd in servers:
+                    print(f"# round {rnd}: {label}, {load}", file=sys.stderr, flush=True)
+                    result = measure(args, cmd, label, load, logs)
+                    result["round"] = rnd
+                    this[label] = result
+                    runs[load][label].append(result)
+                    serve_load.emit({k: v for k, v in result.items() if k != "outputs"},
+                                    args.json)
+                if len(this) == 2 and (why := check_equal(load, rnd, this)):
+                    failures.append(why)
+                    print(f"# {why}", file=sys.stderr, flush=True)
+    rows = summarize(args, runs)
+    for row in rows:
+        serve_load.emit(row, args.json)
+    table = markdown(rows)
+    print(table)
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as fh:
+            fh.write(table)
+    trace = next((r for r in rows if r["load"] == "trace"), None)
+    if trace and (met := trace["slo_attainment_pct"][THEIRS]) is not None and met >= 100 / 3:
+        print(f"# warning: llama-server met the SLO for {met:.1f} % of the trace's requests "
+              "(the comparison asks for a load where it meets it for under a third)",
+              file=sys.stderr)
+    if failures:
+        print("# greedy outputs differ: " + "; ".join(failures), file=sys.stderr)
+        return 1
+    if len(servers) == 2:
+        print("# greedy outputs identical request for request in every closed-loop run",
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

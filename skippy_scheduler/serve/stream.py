@@ -1,0 +1,121 @@
+"""A streamed answer as server-sent events: one write per wake-up (docs/measuring.md, "The
+server's own cost").
+
+Each time the engine hands the event loop new events (once per step, `EngineRunner`), every
+choice's new text becomes its chunks, and all the chunks of that wake-up, with the finish
+chunks, the usage chunk and `[DONE]` when the answer ended in it, go out in one write. The
+common chunk (text only: no log-probabilities, no token ids) is filled into a prebuilt template,
+byte for byte what encoding the whole chunk object would give; every other chunk is encoded
+from its object.
+"""
+from __future__ import annotations
+
+import json
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Optional, Sequence
+
+from .answer import logprobs_of, prompt_logprobs_of
+from .choices import batches, usage
+from .errors import RequestError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .generation import Generation
+
+_DONE = b"data: [DONE]\n\n"
+_quote = json.encoder.encode_basestring  # a str as JSON, as dumps with ensure_ascii=False
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+class Chunks:
+    """The chunk encoder of one streamed answer (`head`: its id, created and model)."""
+
+    def __init__(self, gen: Any, head: dict[str, Any]) -> None:
+        self.gen = gen
+        self.chat = gen.kind == "chat"
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        self.base = {"id": head["id"], "object": obj, "created": head["created"],
+                     "model": head["model"]}
+        self.head = head
+        # `data: {...base,"choices":[{"index":` + i + field + text + rest
+        self._open = "data: " + dumps(self.base)[:-1].decode("utf-8") + ',"choices":[{"index":'
+        self._field = ',"delta":{"content":' if self.chat else ',"text":'
+        self._rest = ('}' if self.chat else '') + ',"logprobs":null,"finish_reason":null}]}\n\n'
+        self.plain = not gen.return_token_ids and gen.outputs.logprobs is None
+
+    def text(self, index: int, text: str) -> bytes:
+        """A chunk with text only (when `plain`)."""
+        return (self._open + str(index) + self._field + _quote(text) + self._rest).encode("utf-8")
+
+    def chunk(self, text: Optional[str], ids: Optional[list[int]], finish: Optional[str],
+              role: bool = False, index: int = 0, logprobs: Any = None) -> bytes:
+        if self.chat:
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs,
+                                      "finish_reason": finish}
+        else:
+            choice = {"index": index, "text": text or "", "logprobs": logprobs,
+                      "finish_reason": finish}
+        if self.gen.return_token_ids:
+            choice["token_ids"] = ids or []
+        body = dict(self.base, choices=[choice])
+        if role and "prompt_token_ids" in self.head:
+            body["prompt_token_ids"] = self.head["prompt_token_ids"]
+        return b"data: " + dumps(body) + b"\n\n"
+
+    def usage(self, outs: Sequence["Generation"]) -> bytes:
+        return b"data: " + dumps(dict(self.base, choices=[], usage=usage(outs))) + b"\n\n"
+
+
+async def sse(outs: Sequence["Generation"], head: dict[str, Any], pieces: Sequence[bytes],
+              failure: Callable[["Generation"], RequestError]) -> AsyncIterator[bytes]:
+    """The answer's events as SSE writes (module docstring); `failure(out)` is the error a
+    failed choice ends the stream with."""
+    gen = outs[0].request
+    enc = Chunks(gen, head)
+    reports = gen.outputs.logprobs is not None
+    if enc.chat:
+        yield b"".join(enc.chunk("", [], None, role=True, index=out.index) for out in outs)
+    echoed: set[int] = set()
+    left = len(outs)
+    async with aclosing(batches(outs)) as wakeups:
+        async for got in wakeups:
+            parts: list[bytes] = []
+            for out, events in got:
+                seen = len(out.tokens)
+                text, ids = out.feed(events)
+                if out.finish == "error":
+                    parts += (b"data: " + dumps(failure(out).body()) + b"\n\n", _DONE)
+                    yield b"".join(parts)
+                    return  # the others are cancelled when the stream closes
+                if out.echo is not None and out.index not in echoed:
+                    echoed.add(out.index)
+                    parts.append(enc.chunk(out.echo, [], None, index=out.index,
+                                           logprobs=prompt_logprobs_of(out, pieces)))
+                if text and enc.plain:
+                    parts.append(enc.text(out.index, text))
+                elif text or (ids and (gen.return_token_ids or reports)):
+                    parts.append(enc.chunk(text, ids, None, index=out.index,
+                                           logprobs=logprobs_of(out, pieces, prompt=False,
+                                                                since=seen)))
+                if out.finish is not None:
+                    parts.append(enc.chunk(None if enc.chat else "", [], out.finish,
+                                           index=out.index))
+                    left -= 1
+            if not left:  # the answer ended in this wake-up: its tail goes in the same write
+                if gen.include_usage:
+                    parts.append(enc.usage(outs))
+                parts.append(_DONE)
+            if parts:
+                yield b"".join(parts)
+            if not left:
+                return
+    if gen.include_usage:
+        yield enc.usage(outs)
+    yield _DONE

@@ -1,0 +1,72 @@
+"""bench/serve_rounds.py, smoked tiny: this server gets no tuning flag, greedy outputs are
+compared request for request (serve_load keeps each request's text in prompt order), and the
+rounds' medians come out per load; on the real tiny model and real server processes."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+import serve_load
+import serve_rounds
+
+from skippy_scheduler.hosts.tiny_model import write_tiny_llama
+
+TUNING = ("--prefix-cache-tokens", "--prefix-holders", "--planning-rule", "--itl-target-ms",
+          "--inflight", "--mixed", "--no-mixed", "--prefill-chunk", "-b",
+          "--max-num-batched-tokens", "--max-consecutive-prefill", "--policy")
+
+
+def test_this_server_runs_with_no_tuning_flag():
+    args = argparse.Namespace(model="m.gguf", threads=2, lanes=16, ctx_size=16384)
+    cmd = serve_rounds.ours_cmd(args)
+    assert not set(cmd) & set(TUNING)
+    theirs = serve_rounds.theirs_cmd(args, "llama-server")
+    for flags in (["-np", "16"], ["-c", "16384"], ["-t", "2"], ["-ctk", "f32"], ["-no-kvu"]):
+        assert any(theirs[i:i + len(flags)] == flags for i in range(len(theirs)))
+
+
+def test_outputs_are_compared_request_for_request():
+    same = {serve_rounds.OURS: {"outputs": ["a", "b"]}, serve_rounds.THEIRS: {"outputs": ["a", "b"]}}
+    assert serve_rounds.check_equal("closed c=1", 1, same) is None
+    differ = {serve_rounds.OURS: {"outputs": ["a", "b", None]},
+              serve_rounds.THEIRS: {"outputs": ["a", "c", "d"]}}
+    assert "2 of 3 requests (first: [1, 2])" in serve_rounds.check_equal("closed c=1", 1, differ)
+
+
+def test_closed_loop_keeps_each_request_text_in_prompt_order(server):
+    def load(c):
+        args = argparse.Namespace(
+            url=server.url, label="tiny", model=None, concurrency=c, requests=5,
+            prompt_tokens=24, shared_prefix=16, shared_fraction=0.5, max_tokens=6, seed=1,
+            timeout=60, token_ids=False, extra={}, warmup=False, outputs=True)
+        return asyncio.run(serve_load.run_load(args))
+
+    one, three = load(1), load(3)
+    assert one["completed"] == 5 and len(one["outputs"]) == 5
+    assert all(isinstance(text, str) for text in one["outputs"])
+    assert one["outputs"] == three["outputs"]  # greedy: the same text whatever the batching
+    assert len(set(one["outputs"])) > 1  # and not one text for every prompt
+
+
+def test_rounds_give_medians_per_load(tmp_path, capsys):
+    model = write_tiny_llama(tmp_path / "tiny.gguf", seed=5)
+    out = tmp_path / "rounds.jsonl"
+    assert serve_rounds.main([
+        "--model", str(model), "--servers", "ours", "--rounds", "2", "--requests", "3",
+        "--concurrency", "1,2", "--prompt-tokens", "24", "--shared-prefix", "16",
+        "--max-tokens", "4", "--lanes", "2", "--ctx-size", "1024", "--threads", "1",
+        "--json", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    runs = [r for r in rows if r["label"] == serve_rounds.OURS]
+    assert sorted((r["load"], r["round"]) for r in runs) == [
+        ("closed c=1", 1), ("closed c=1", 2), ("closed c=2", 1), ("closed c=2", 2)]
+    assert all(r["completed"] == 3 and "outputs" not in r for r in runs)
+    medians = {r["load"]: r for r in rows if r["label"] == "medians"}
+    assert set(medians) == {"closed c=1", "closed c=2"}
+    for load, row in medians.items():
+        values = sorted(r["output_tokens_per_s"] for r in runs if r["load"] == load)
+        assert row["rounds"] == 2
+        assert row["output_tokens_per_s"][serve_rounds.OURS] == sum(values) / 2
+        assert row["output_tokens_per_s"]["ratio"] is None
+    assert "| tok/s |" in capsys.readouterr().out
