@@ -28,7 +28,9 @@ requests' TTFT in steps (p50 / max), and, over the window of `priority_load.py` 
 (`--urgent` x `--urgent-interval` + `--drain-steps` from the first urgent arrival), the
 background's tokens per step and the prefill-only steps (every running stream paused); the old
 window (to the last urgent end) beside it. The extra work of preemption is the difference
-between the first two modes.
+between the first two modes inside the window; the whole run's `steps` also hold the drain of
+the last requests on few lanes, whose length depends on how the lanes' ends line up, not on
+the work.
 """
 from __future__ import annotations
 
