@@ -66,10 +66,11 @@ def restored(holders: PrefixHolders, cells: RemoteCells, lane: int, holder: int,
 
 
 def restored_prefixes(holders: Optional[PrefixHolders], sampling: dict[int, Any],
-                      restore: dict[int, int], lanes: Sequence[int],
+                      restore: dict[int, int], lanes: Any,
                       starts: Sequence[int]) -> dict[str, list[int]]:
     """Lane -> the tokens of the restored prefix of every new row (by row: its sampling
-    parameters, its holder) that restores and keeps a penalty window. The last stage feeds
+    parameters, its holder; `lanes`: the plan's lane per row) that restores and keeps a
+    penalty window. The last stage feeds
     them to the row's sampler chain before the row's own tokens, as the llama host does after
     a restore: no stage decodes them for this sequence, so the chain would not see them
     otherwise (docs/stages.md "Sampling"). Read after `restored` gave the lanes their
