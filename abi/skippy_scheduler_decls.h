@@ -100,6 +100,11 @@ typedef struct skippy_scheduler_config {
     skippy_step_cost step_cost;                  /* initial cost model (skippy_scheduler_set_step_cost) */
     bool disjoint_inflight_plans;                /* default false: a sequence with a row in a
                                                     live plan gets none in the next (§2.11a) */
+    size_t cold_prefix_hold_tokens;              /* default 0 = off: with a prefix store, a
+                                                    waiting sequence sharing this many prompt
+                                                    tokens past its restore with a running
+                                                    leader's cold prompt waits for it (§2.3a) */
+    size_t cold_prefix_hold_max_steps;           /* default 64: plans one sequence is held at most */
 } skippy_scheduler_config;
 
 /* What submit copies from the caller (nothing is borrowed after the call). */
@@ -267,6 +272,11 @@ const uint32_t *skippy_scheduler_preempted_slots(const skippy_scheduler *schedul
  * count goes to *out_count (valid until the next plan). */
 const uint32_t *skippy_scheduler_priority_victims(const skippy_scheduler *scheduler,
                                                   size_t *out_count);
+/* Cold prefix hold (§2.3a): the slots of the leaders whose prompts completed since the last
+ * call (a waiting sequence was held on each): the host keeps each one's prompt as a resident
+ * prefix. Fills at most `cap` slots into `out` and returns how many; each leader once. */
+size_t skippy_scheduler_take_prompt_keeps(skippy_scheduler *scheduler, uint32_t *out,
+                                          size_t cap);
 bool skippy_scheduler_cancel(skippy_scheduler *scheduler, const char *id, size_t id_len);
 
 uint32_t skippy_scheduler_find(const skippy_scheduler *scheduler, const char *id, size_t id_len);

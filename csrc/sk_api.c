@@ -43,6 +43,8 @@ void skippy_scheduler_config_default(skippy_scheduler_config *c)
     c->step_cost.decode_base_us = 0.0;
     c->step_cost.per_decode_row_us = 700.0;
     c->disjoint_inflight_plans = false;
+    c->cold_prefix_hold_tokens = 0;
+    c->cold_prefix_hold_max_steps = 64;
 }
 
 static size_t clamp_sz(size_t v, size_t lo, size_t hi) { return v < lo ? lo : (v > hi ? hi : v); }

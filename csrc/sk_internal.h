@@ -84,7 +84,13 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     /* disjoint_inflight_plans (sk_plan.c): serial of the last plan with a row of it (0 = none);
      * while that plan is live the sequence is in flight. */
     uint64_t flight_serial;
+    /* cold prefix hold (sk_hold.c, §2.3a) */
+    uint32_t held_steps;      /* plans it was held while waiting (since submit or preemption) */
+    uint8_t lead;             /* SK_LEAD_*: held on while active (reset at admission) */
 } sk_seq;
+
+/* A leader's state under the cold prefix hold (sk_hold.c). */
+enum { SK_LEAD_NONE = 0, SK_LEAD_HELD_ON = 1, SK_LEAD_REPORTED = 2 };
 
 /*
  * One of the max_inflight_plans plan buffers. NOTE: its new_rows and restored_tokens arrays are
@@ -161,6 +167,7 @@ struct skippy_scheduler {
     double now_us;                        /* skippy_scheduler_set_clock (slack rule, §2.13) */
     skippy_step_cost cost;                /* skippy_scheduler_set_step_cost */
     size_t interleaved;                   /* decode-only plans in a row while prefill waited */
+    size_t leaders;                       /* leaders marked and not yet reported (sk_hold.c) */
 
     size_t n_class[3];                    /* active sequences per SK_CLASS_* (see sk_class) */
     size_t fresh_count;                   /* active sequences with `fresh` set */
@@ -234,6 +241,10 @@ void sk_affinity_unpin(skippy_scheduler *s, sk_seq *seq);
 void sk_affinity_release_pins(skippy_scheduler *s); /* scheduler free: give every pin back */
 /* The cursor a waiting sequence starts from: its restored length under §0.4b's rule. */
 size_t sk_restore_cursor(const sk_seq *seq);
+
+/* sk_hold.c (§2.3a): whether the admission walk holds this waiting sequence for a running
+ * leader that is computing its cold prefix (marks the leader) */
+bool sk_hold(skippy_scheduler *s, sk_seq *waiting);
 
 /* sk_sched.c: admits what fits from the front of the ranked waiting queue (§2.3) */
 int sk_admit_waiting(skippy_scheduler *s, size_t *out_admitted);

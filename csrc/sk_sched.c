@@ -133,6 +133,8 @@ static int submit(skippy_scheduler *s, const skippy_sequence_desc *desc, uint32_
     seq->itl_target_us = desc->itl_target_us;
     seq->ttft_deadline_us = desc->ttft_deadline_us;
     seq->last_token_us = 0.0;
+    seq->held_steps = 0;
+    seq->lead = SK_LEAD_NONE;
     sk_affinity_read(s, seq); /* with a store: its restore and saved cost, before ranking */
     if (sk_fair_submit(s, slot, desc->tenant)) goto oom;
     if (sk_waiting_add(s, slot, seq->enqueue_order)) goto oom;
@@ -186,9 +188,11 @@ int sk_admit_waiting(skippy_scheduler *s, size_t *out_admitted)
                     sizeof(uint32_t)))
             return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory admitting sequences");
         size_t kept = 0, admitted = 0;
+        bool hold = s->cfg.cold_prefix_hold_tokens && s->store; /* §2.3a */
         for (size_t i = 0; i < waiting_count; i++) {
             uint32_t slot = s->waiting[i];
-            if (s->active_len >= s->cfg.max_active_sequences || !fits(s, &s->seqs[slot])) {
+            if (s->active_len >= s->cfg.max_active_sequences || !fits(s, &s->seqs[slot]) ||
+                (hold && sk_hold(s, &s->seqs[slot]))) {
                 s->waiting[kept++] = slot; /* deferred, relative order kept */
                 continue;
             }
@@ -214,6 +218,7 @@ void sk_admit_one(skippy_scheduler *s, uint32_t slot)
     seq->last_token_us = s->now_us; /* its slack counts from here until its first token */
     seq->where = SK_WHERE_ACTIVE;
     seq->fresh = true;
+    seq->lead = SK_LEAD_NONE;
     s->fresh_count++;
     s->n_class[sk_class(seq)]++;
     s->active[s->active_len++] = slot;
@@ -475,6 +480,7 @@ void sk_requeue_victim(skippy_scheduler *s, uint32_t slot)
     sk_affinity_unpin(s, seq);
     sk_unfresh(s, seq);
     reset_for_recompute(seq);
+    seq->held_steps = 0;
     sk_affinity_read(s, seq); /* with a store: what is resident now */
     seq->enqueue_order = s->next_order++;
     s->void_count++;

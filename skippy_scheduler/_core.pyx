@@ -461,6 +461,22 @@ cdef class Scheduler:
         cdef const uint32_t *v_slots = skippy_scheduler_priority_victims(self._s, &n)
         return [_carried(self._objects, v_slots[i]).sequence_id for i in range(n)]
 
+    def take_prompt_keeps(self):
+        """Cold prefix hold (§2.3a): (id, prompt length) of each leader whose prompt completed
+        since the last call while a waiting sequence was held on it, in walk order, each once;
+        the host keeps that prompt as a resident prefix."""
+        cdef uint32_t buf[64]
+        cdef size_t n, i
+        cdef skippy_sequence_info info
+        out = []
+        while True:
+            n = skippy_scheduler_take_prompt_keeps(self._s, buf, 64)
+            for i in range(n):
+                skippy_scheduler_sequence(self._s, buf[i], &info)
+                out.append((_carried(self._objects, buf[i]).sequence_id, info.prompt_count))
+            if n < 64:
+                return out
+
     def cancel(self, sequence_id):
         """Remove a waiting or active sequence; False when the id is unknown."""
         if not isinstance(sequence_id, str):

@@ -60,6 +60,8 @@ cdef bint _native_config(skippy_scheduler_config *c, object cfg, object admissio
     c.slack_min_chunk_tokens = cfg.slack_min_chunk_tokens
     _step_cost(&c.step_cost, cfg.step_cost)
     c.disjoint_inflight_plans = cfg.disjoint_inflight_plans
+    c.cold_prefix_hold_tokens = cfg.cold_prefix_hold_tokens
+    c.cold_prefix_hold_max_steps = cfg.cold_prefix_hold_max_steps
     return fair
 
 

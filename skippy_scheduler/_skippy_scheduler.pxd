@@ -84,6 +84,8 @@ cdef extern from "skippy_scheduler.h" nogil:
         size_t slack_min_chunk_tokens
         skippy_step_cost step_cost
         bint disjoint_inflight_plans
+        size_t cold_prefix_hold_tokens
+        size_t cold_prefix_hold_max_steps
 
     ctypedef struct skippy_sequence_desc:
         const char *id
@@ -224,6 +226,8 @@ cdef extern from "skippy_scheduler.h" nogil:
     const uint32_t *skippy_scheduler_preempted_slots(const skippy_scheduler *scheduler)
     const uint32_t *skippy_scheduler_priority_victims(const skippy_scheduler *scheduler,
                                                       size_t *out_count)
+    size_t skippy_scheduler_take_prompt_keeps(skippy_scheduler *scheduler, uint32_t *out,
+                                              size_t cap)
     cbool skippy_scheduler_cancel(skippy_scheduler *scheduler, const char *id, size_t id_len)
     uint32_t skippy_scheduler_find(const skippy_scheduler *scheduler, const char *id, size_t id_len)
     cbool skippy_scheduler_sequence(const skippy_scheduler *scheduler, uint32_t slot,

@@ -13,6 +13,7 @@ from typing import Any, Optional
 from ._validate import (
     I32_MAX,
     I32_MIN,
+    U32_MAX,
     U64_MAX,
     USIZE_MAX,
     check_bool,
@@ -207,6 +208,8 @@ _CONFIG_CHECKS = {
     "slack_safety": check_safety,
     "slack_interleave_max": lambda n, v: check_uint(n, v, USIZE_MAX),
     "slack_min_chunk_tokens": lambda n, v: check_uint(n, v, USIZE_MAX),
+    "cold_prefix_hold_tokens": lambda n, v: check_uint(n, v, USIZE_MAX),
+    "cold_prefix_hold_max_steps": lambda n, v: check_uint(n, v, U32_MAX),
     "step_cost": check_step_cost,
 }
 
@@ -259,6 +262,12 @@ class SchedulerConfig:
     slack_interleave_max: int = 4
     slack_min_chunk_tokens: int = 32
     step_cost: StepCost = field(default_factory=StepCost)
+    # Cold prefix hold (§2.3a), off by default (0): with a prefix store attached, a waiting
+    # sequence whose prompt shares at least this many tokens past its restore with a running
+    # sequence still computing its prompt waits (at most `cold_prefix_hold_max_steps` plans)
+    # until that prompt is resident, then restores it instead of prefilling it again.
+    cold_prefix_hold_tokens: int = 0
+    cold_prefix_hold_max_steps: int = 64
 
     def __setattr__(self, name: str, value: Any) -> None:
         check = _CONFIG_CHECKS.get(name)

@@ -64,6 +64,12 @@ def register(subparsers: Any) -> None:
     add_flag(p, "prefix-holders", type=positive_int, default=d.prefix_holders,
              default_text="one per lane (--max-active), as many as llama.cpp's 256 sequence "
                           "ids leave")
+    p.add_argument("--cold-prefix-hold", action=argparse.BooleanOptionalAction,
+                   default=d.cold_prefix_hold,
+                   help="with prefix reuse, a request sharing at least 64 prompt tokens with "
+                        "a running request's uncached prompt waits until that prompt is "
+                        "resident and restores it, so a burst prefills a shared prefix once "
+                        "(default: on)")
     add_flag(p, "inflight", type=positive_int, default=d.inflight,
              note="llama_decode runs on a worker thread")
     p.add_argument("--strict-request-fields", action="store_true",
@@ -308,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
         planning_rule=args.planning_rule, itl_target_ms=args.itl_target_ms,
         policy=args.policy, priority_preemption=args.priority_preemption,
         prefix_cache_tokens=args.prefix_cache_tokens,
-        prefix_holders=args.prefix_holders,
+        prefix_holders=args.prefix_holders, cold_prefix_hold=args.cold_prefix_hold,
         kv_type=args.kv_type, flash_attn=args.flash_attn, log_level=args.log_level,
         strict_request_fields=args.strict_request_fields,
         kv_events_endpoint=args.kv_events_endpoint,

@@ -20,6 +20,8 @@ A host has two required verbs (`Host`) and optional capabilities, each a protoco
 * `PipelinedHost.pipeline_depth`: how many started plans it runs at once (a pipeline of stages).
 * `PrefixHoldingHost.prefix_store`: a store of resident prefixes the scheduler reads restores
   from; its holder ids are the scheduler's reserved sequence ids.
+* `PromptKeepingHost.keep_prompt`: keep a running sequence's computed prompt as a resident
+  prefix now (the scheduler's cold prefix hold says whose, behaviour.md §2.3a).
 * `ResettableHost.release_all`: drop every sequence at once (recovery after a failure).
 * `StateReportingHost.host_state`: lanes, KV tokens and the other figures a server reports.
 * `DetailReportingHost.sample_details`: what the host reported with an executed plan's samples
@@ -42,7 +44,7 @@ from ..types import (IterationTelemetry, IterationWork, ReleaseReason, Scheduler
 __all__ = [
     "AsyncHost", "DetailReportingHost", "ExecutionHandle", "Host", "HostHooks", "HostState",
     "MemoryReportingHost", "PipelinedHost", "Plan", "PlanOutputs", "PrefixHoldingHost",
-    "PrefixRestoringHost", "ReleaseReason",
+    "PrefixRestoringHost", "PromptKeepingHost", "ReleaseReason",
     "RequestLike", "ResettableHost", "SchedulerLike", "StateReportingHost", "attach",
     "check_scheduler",
 ]
@@ -128,6 +130,7 @@ class SchedulerLike(Protocol):
     def complete_iteration(self, plan: Any) -> IterationTelemetry: ...
     def preempt_for_component_pressure(self, used_bytes: Iterable[int]) -> list[str]: ...
     def last_priority_victims(self) -> list[str]: ...
+    def take_prompt_keeps(self) -> list[tuple[str, int]]: ...  # cold prefix hold (§2.3a)
     def metrics(self) -> SchedulerMetrics: ...
     def snapshot(self) -> SchedulerSnapshot: ...
 
@@ -204,6 +207,16 @@ class PrefixHoldingHost(Protocol):
 
 
 @runtime_checkable
+class PromptKeepingHost(Protocol):
+    def keep_prompt(self, sequence_id: str, tokens: int) -> bool:
+        """Offer the first `tokens` positions of the running `sequence_id` (its computed
+        prompt) to the prefix store now, as a release would; False when it holds fewer or none.
+        Called on the engine's thread while no plan executes, when the scheduler's
+        `take_prompt_keeps` names the sequence (a waiting sequence is held for that prompt)."""
+        ...
+
+
+@runtime_checkable
 class ResettableHost(Protocol):
     def release_all(self) -> None:
         """Release every sequence the host holds (after a failure nothing else can undo)."""
@@ -256,6 +269,7 @@ class HostHooks:
     release_all: Any = None
     host_state: Any = None
     sample_details: Any = None
+    keep_prompt: Any = None
     pipeline_depth: int = 1  # plans it runs at once (PipelinedHost; 1 without execute_async)
 
 
@@ -285,6 +299,7 @@ def attach(host: object) -> HostHooks:
         host_state=host.host_state if isinstance(host, StateReportingHost) else None,
         sample_details=(host.sample_details if isinstance(host, DetailReportingHost)
                         else None),
+        keep_prompt=host.keep_prompt if isinstance(host, PromptKeepingHost) else None,
     )
 
 

@@ -44,6 +44,7 @@ class _Steps:
     # Slots, not a per-instance dict: every attribute the step path reads is a fixed offset
     # (the engine has more fields than a dict shares its keys for, which slows each read).
     __slots__ = ("_inflight", "_pending_release", "_run_async", "_pipelined", "_measures",
+                 "_keeps", "_pending_keeps", "_each_completion",
                  "iterations", "last_plan_ns", "last_complete_ns", "last_telemetry",
                  "_outstanding")
 
@@ -83,6 +84,13 @@ class _Steps:
         self._run_async = self.hooks.execute_async if self._depth > 1 else None
         self._pipelined = self._run_async is not None and self.hooks.pipeline_depth > 1
         self._measures = self.hooks.memory_used is not None
+        # Cold prefix hold (docs/behaviour.md §2.3a): the prompts the scheduler names are kept
+        # as resident prefixes after each completion, while no plan executes.
+        hold = (self.scheduler.config.cold_prefix_hold_tokens > 0
+                and self.hooks.prefix_store is not None)
+        self._keeps = self.hooks.keep_prompt if hold else None
+        self._pending_keeps: list[tuple[str, int]] = []
+        self._each_completion = self._measures or self._keeps is not None
 
     def step(self) -> bool:
         """One step: inbox, due arrivals, hook, and one iteration if anything is live (make,
@@ -112,7 +120,7 @@ class _Steps:
             raise
         telemetry = self.last_telemetry = sched.complete_iteration(plan)
         self.iterations += 1
-        if telemetry.finished_ids or telemetry.failed_ids or self._measures:
+        if telemetry.finished_ids or telemetry.failed_ids or self._each_completion:
             self._after_completion(telemetry)
         return True
 
@@ -138,7 +146,7 @@ class _Steps:
                 self._failed_from(0)
                 raise
         inflight.popleft()
-        if self._pending_release:
+        if self._pending_release or self._pending_keeps:
             self._apply_releases()
         self._finish(flight)
         return True
@@ -219,7 +227,7 @@ class _Steps:
             except BaseException:
                 self._failed_from(len(inflight) - 1)  # the new plan is later: undone too
                 raise
-            if self._pending_release:
+            if self._pending_release or self._pending_keeps:
                 self._apply_releases()
             if flight.plan.deferred_rows.size:
                 resolve_deferred(flight.plan, [f.plan for f in inflight])
@@ -292,15 +300,22 @@ class _Steps:
             telemetry = sched.complete_iteration(plan)
         self.last_telemetry = telemetry
         self.iterations += 1
-        if telemetry.finished_ids or telemetry.failed_ids or self._measures:
+        if telemetry.finished_ids or telemetry.failed_ids or self._each_completion:
             self._after_completion(telemetry)
         for o in self._observers:
             o.completed(flight, duration, telemetry)
 
     def _after_completion(self, telemetry: Any) -> None:
-        """Release what ended, then measure memory (when the host measures it)."""
+        """Release what ended, keep the prompts the scheduler names, then measure memory (when
+        the host measures it)."""
         if telemetry.finished_ids or telemetry.failed_ids:
             self._retire(telemetry)
+        if self._keeps is not None:
+            keeps = self.scheduler.take_prompt_keeps()
+            if keeps:
+                self._pending_keeps.extend(keeps)
+                if not (self._inflight and not self._pipelined and self._busy()):
+                    self._apply_keeps()
         if self._measures:
             self._measure_memory()
 
@@ -348,7 +363,16 @@ class _Steps:
         else:
             self.host.release(sequence_id, reason)
 
+    def _apply_keeps(self) -> None:
+        pending, self._pending_keeps = self._pending_keeps, []
+        keep = self._keeps
+        assert keep is not None
+        for rid, tokens in pending:
+            keep(rid, tokens)
+
     def _apply_releases(self) -> None:
+        if self._pending_keeps and not self._busy():
+            self._apply_keeps()  # before releases: a leader's lane is still there
         if self._pending_release and not self._busy():
             pending, self._pending_release = self._pending_release, []
             release = self.host.release

@@ -13,6 +13,7 @@ from typing import Hashable, Iterable, Optional
 
 from .._validate import check_id, check_uint, sat, sat_sub
 from .admission import AdmissionOrder
+from .hold import ColdPrefixHold
 from .memory import MemoryLedger
 from .plan import PLACEHOLDER, Flight, RowUndo, TwinPlan, read_outputs
 from .planning import RowPlanner
@@ -85,6 +86,7 @@ class TwinScheduler:
         # Disjoint plans in flight (§2.11a): only with plans in flight to be disjoint from.
         self._disjoint = (self._config.disjoint_inflight_plans
                           and self._config.max_inflight_plans > 1)
+        self._hold = ColdPrefixHold(self._config, lambda s: self._flights[s.id])
         self._planner = RowPlanner(self._config, self._live_decode, self._take_new,
                                    self._link.holder, lambda s: self._flights[s.id].last_token_us,
                                    self._in_flight if self._disjoint else None)
@@ -207,12 +209,14 @@ class TwinScheduler:
         then, when enabled, preemption for priority (§2.8a)."""
         admitted = 0
         deferred: list[Sequence] = []
+        hold = self._hold if self._hold.tokens and self._link.store is not None else None
         for s in self._waiting:
             if len(self._active) >= self._config.max_active_sequences:
                 deferred.append(s)
                 continue
             reservation = self._memory.reservation(s)
-            if not self._memory.fits(reservation):
+            if not self._memory.fits(reservation) or (
+                    hold is not None and hold.holds(s, self._active.values())):
                 deferred.append(s)
                 continue
             self._admit_one(s)
@@ -240,7 +244,9 @@ class TwinScheduler:
         s.admitted_at = self._admission_counter
         self._active[s.id] = s
         self._fresh.add(s.id)
-        self._flights[s.id].last_token_us = self._planner.slack.now_us
+        fl = self._flights[s.id]
+        fl.last_token_us = self._planner.slack.now_us
+        fl.lead = 0
 
     # -- planning -------------------------------------------------------------------------------
 
@@ -497,6 +503,11 @@ class TwinScheduler:
         self._refresh_counts()
         return [s.id for s in victims]
 
+    def take_prompt_keeps(self) -> list[tuple[str, int]]:
+        """Cold prefix hold (§2.3a): (id, prompt length) of each leader whose prompt completed
+        since the last call while a waiting sequence was held on it, each once."""
+        return self._hold.take(self._active.values())
+
     def last_priority_victims(self) -> list[str]:
         """Ids the last `plan_iteration` preempted for priority (§2.8a), in the order chosen."""
         return list(self._priority_victims)
@@ -507,6 +518,7 @@ class TwinScheduler:
         self._fresh.discard(s.id)
         self._drop_placeholders(s)  # its in-flight rows are void: the KV they build is gone
         self._flights[s.id].epoch = next(self._epochs)
+        self._flights[s.id].held_steps = 0
         self._link.unpin(s)
         self._reset_for_recompute(s)
         if self._link.store is not None:

@@ -92,6 +92,8 @@ class ServeSettings:
     #   ctx_size / max_active cells on top of ctx_size
     prefix_holders: Optional[int] = None  # sequence ids holding resident prefixes (with reuse;
     #   None: one per lane, see default_reuse)
+    cold_prefix_hold: bool = True  # with reuse: a request sharing a running one's cold prompt
+    #   waits until that prompt is resident, then restores it (docs/behaviour.md §2.3a)
     kv_type: str = "f32"
     flash_attn: bool = False
     log_level: str = "info"  # uvicorn logs one line per request at info, as llama-server and vLLM do
@@ -155,6 +157,11 @@ def _reuse_of(s: ServeSettings) -> tuple[int, int]:
     if s.prefix_cache_tokens is None or s.prefix_holders is None:
         raise ValueError("settings not resolved: prefix reuse is still left to the server")
     return s.prefix_cache_tokens, s.prefix_holders
+
+
+# The cold prefix hold's minimum shared length: four of the KV event blocks (a shorter shared
+# part costs less to prefill twice than to wait for).
+COLD_PREFIX_HOLD_TOKENS = 64
 
 
 class Server:
@@ -228,6 +235,7 @@ class Server:
                runner_class: Optional[type] = None, disjoint: bool = False,
                components: Optional[list[Any]] = None) -> None:
         from .. import PlanningRule, Scheduler, SchedulerConfig
+        from ..engine.contract import PromptKeepingHost
         from .access import AccessSettings
         from .app import Limits, ServeContext, create_app
         from .guard import default_allowed_hosts
@@ -249,6 +257,8 @@ class Server:
             else PlanningRule.REFERENCE, itl_target=s.itl_target_ms / 1e3,
             memory_components=list(components or ()),
             priority_preemption=s.priority_preemption,
+            cold_prefix_hold_tokens=(COLD_PREFIX_HOLD_TOKENS if s.cold_prefix_hold and reuse
+                                     and isinstance(self.host, PromptKeepingHost) else 0),
             **(self.host.sequence_id_settings if reuse else {"reserved_sequence_ids": 0}))
         self.scheduler = Scheduler(config, admission=make_admission(s.policy))
         self.runner = (runner_class or EngineRunner)(self.scheduler, self.host)

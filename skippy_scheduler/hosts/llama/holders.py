@@ -8,6 +8,8 @@ store decides what is resident, this object moves the cells.
 * `keep(lane, n)`: a sequence lets go of its lane; its first n positions are offered to the
   store as the prefix they stand for. When the store takes them, the new entry's holder gets
   the cells (`inserted`, with the source lane passed along as the entry's value).
+* `keep_prompt(lane, n)`: the same for a lane that goes on running (a leader's computed prompt
+  that waiting requests are held for, behaviour.md §2.3a).
 * `restore(lane, holder, start)`: a new row starts at `start` from a holder's entry; the lane
   gets the holder's first `start` positions, so only the suffix is prefilled.
 * `evicted`: the holder's cells are dropped.
@@ -70,6 +72,7 @@ class PrefixHolders:
         self.replace_share = check_replace_share(replace_share)
         self.kept = 0  # prefixes made resident
         self.replaced = 0  # of those, how many superseded a holder they shared most of
+        self.prompt_keeps = 0  # keeps of running lanes' prompts (keep_prompt)
         # Watcher calls of the `keep` under way (None: none is), told once it is done.
         self._pending: Optional[list[tuple[str, StoreEntry]]] = None
         self._cells = cells
@@ -112,6 +115,12 @@ class PrefixHolders:
             pending.sort(key=lambda change: change[0] != "inserted")
             for kind, entry in pending:
                 self._tell(kind, entry)
+
+    def keep_prompt(self, lane: int, n: int) -> None:
+        """`keep` for a lane that goes on running: its first `n` positions (a computed prompt
+        a waiting request is held for) become resident now instead of at its release."""
+        self.prompt_keeps += 1
+        self.keep(lane, n)
 
     def _keep(self, lane: int, n: int) -> None:
         store = self.store

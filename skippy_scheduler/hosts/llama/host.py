@@ -293,6 +293,16 @@ class LlamaHost(DirectRows, RowDecoding):
             self._lanes.give_back(sequence_id, lane)  # the lane comes back whatever the store did
         return True
 
+    def keep_prompt(self, sequence_id: str, tokens: int) -> bool:
+        """Offer the running sequence's first `tokens` positions (its computed prompt) to the
+        store now, as a release would (the cold prefix hold, docs/hosts.md); False without
+        reuse, or when it holds fewer positions or no lane."""
+        lane = self._lanes.lane_of(sequence_id)
+        if self.holders is None or lane is None or not 0 < tokens <= self._lanes.end(lane):
+            return False
+        self.holders.keep_prompt(lane, tokens)
+        return True
+
     def release_all(self) -> None:
         for sequence_id in self._lanes.active:
             self.release(sequence_id, ReleaseReason.CANCELLED)

@@ -1,0 +1,76 @@
+/*
+ * Cold prefix hold (docs/behaviour.md §2.3a, a departure from the reference, off by default).
+ *
+ * With a prefix store attached and cfg.cold_prefix_hold_tokens = H > 0, the admission walk
+ * holds a waiting sequence W (defers it, as if it did not fit) when some active sequence A, its
+ * *leader*, has the same first restore(W) + H prompt tokens and is still computing its prompt
+ * (no confirmed generated token yet), or was held on and has fewer confirmed tokens than
+ * max_inflight_plans (with plans in flight, the plans made before the engine can apply the
+ * keep below). W's own
+ * restore is what the store backs of it, so a hold means: at least H more tokens of W's prompt
+ * are being computed right now by A. Once A's prompt is complete the host keeps it as a resident prefix
+ * (skippy_scheduler_take_prompt_keeps says which), the store's epoch moves, the refresh before
+ * the next selection extends W's restore over the shared tokens, and W is admitted restoring
+ * them instead of prefilling them a second time.
+ *
+ * Bounds: a hold needs an active leader, so it ends when the leader leaves the active set
+ * (finish, failure, cancel, preemption) or its prompt is complete (plus that window, whether
+ * or not the store took the prompt), and a sequence is held in at most
+ * cfg.cold_prefix_hold_max_steps plans; a leader is active, so it has rows to run and a hold
+ * never leaves the engine with nothing to do. The walk compares W's first restore + H tokens
+ * with each eligible leader's (one memcmp each): leaders are active sequences, at most
+ * max_active_sequences of them.
+ */
+#include <string.h>
+
+#include "sk_internal.h"
+
+bool sk_hold(skippy_scheduler *s, sk_seq *w)
+{
+    size_t hold = s->cfg.cold_prefix_hold_tokens;
+    if (!hold || !s->store || w->held_steps >= s->cfg.cold_prefix_hold_max_steps) return false;
+    size_t need = sk_sat_add(w->has_restore ? w->restore_tokens : 0, hold);
+    if (need > w->prompt_len) return false;
+    const int32_t *prefix = w->tokens;
+    /* A leader with tokens leads while its kept prompt may not have reached the store yet: the
+     * plans made before the engine could apply the keep, about one per token at depth > 1. */
+    size_t depth = s->cfg.max_inflight_plans;
+    for (size_t i = 0; i < s->active_len; i++) {
+        sk_seq *a = &s->seqs[s->active[i]];
+        if (a->gen_len && (a->lead == SK_LEAD_NONE || a->gen_len >= depth)) continue;
+        if (a->prompt_len < need) continue;
+        if (a->tokens[0] != prefix[0] || memcmp(a->tokens, prefix, need * sizeof(int32_t)))
+            continue;
+        if (a->lead == SK_LEAD_NONE) {
+            a->lead = SK_LEAD_HELD_ON;
+            s->leaders++;
+        }
+        w->held_steps++;
+        return true;
+    }
+    return false;
+}
+
+/*
+ * The leaders held on whose prompt is complete (a confirmed token) are reported once, in walk
+ * order. Nothing in completion watches for that: this walk runs only while some leader is
+ * marked and unreported, and recounts them (leaders that left the active set drop out: their
+ * release offered their whole key already).
+ */
+size_t skippy_scheduler_take_prompt_keeps(skippy_scheduler *s, uint32_t *out, size_t cap)
+{
+    if (!s->leaders) return 0;
+    size_t n = 0, waiting_leaders = 0;
+    for (size_t i = 0; i < s->active_len; i++) {
+        sk_seq *a = &s->seqs[s->active[i]];
+        if (a->lead != SK_LEAD_HELD_ON) continue;
+        if (a->gen_len && n < cap) {
+            a->lead = SK_LEAD_REPORTED;
+            out[n++] = s->active[i];
+        } else {
+            waiting_leaders++;
+        }
+    }
+    s->leaders = waiting_leaders;
+    return n;
+}

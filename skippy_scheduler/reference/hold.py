@@ -1,0 +1,73 @@
+"""The reference scheduler's cold prefix hold (behaviour.md §2.3a; native: csrc/sk_hold.c).
+
+Owns `ColdPrefixHold`: with a prefix store attached and `cold_prefix_hold_tokens` = H > 0, the
+admission walk holds a waiting sequence W when an active sequence (its leader) has the same
+first restore(W) + H prompt tokens and has no confirmed generated token yet (or, held on, has
+fewer than max_inflight_plans); W is held in at most `cold_prefix_hold_max_steps` plans. A
+leader held on whose prompt is complete is a keep `take` reports, once, while it is active.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from .._validate import sat
+from ..types import SchedulerConfig, Sequence
+from .plan import Flight
+
+LEAD_NONE, LEAD_HELD_ON, LEAD_REPORTED = 0, 1, 2
+
+
+class ColdPrefixHold:
+    """The hold rule and the leaders to report."""
+
+    def __init__(self, config: SchedulerConfig, flight: Callable[[Sequence], Flight]) -> None:
+        self.tokens = config.cold_prefix_hold_tokens
+        self.max_steps = config.cold_prefix_hold_max_steps
+        self.depth = config.max_inflight_plans
+        self._flight = flight
+        self._leaders = 0  # marked and not reported
+
+    def holds(self, w: Sequence, active: Iterable[Sequence]) -> bool:
+        """Whether the walk defers `w` now (it counts as one more plan held, and marks the
+        leader). Only called with a store attached and H > 0."""
+        fw = self._flight(w)
+        if fw.held_steps >= self.max_steps:
+            return False
+        restored = w.prefix_restore.token_count if w.prefix_restore is not None else 0
+        need = sat(restored + self.tokens)
+        if need > len(w.prompt_tokens):
+            return False
+        prefix = w.prompt_tokens[:need]
+        for a in active:
+            fa = self._flight(a)
+            confirmed = len(a.generated_tokens) - fa.pending
+            # with tokens, it leads for the plans made before its keep can be applied
+            if confirmed and (fa.lead == LEAD_NONE or confirmed >= self.depth):
+                continue
+            if len(a.prompt_tokens) < need or a.prompt_tokens[:need] != prefix:
+                continue
+            if fa.lead == LEAD_NONE:
+                fa.lead = LEAD_HELD_ON
+                self._leaders += 1
+            fw.held_steps += 1
+            return True
+        return False
+
+    def take(self, active: Iterable[Sequence]) -> list[tuple[str, int]]:
+        """(id, prompt length) of the active leaders held on with a confirmed token, in walk
+        order, each once."""
+        if not self._leaders:
+            return []
+        out = []
+        waiting = 0
+        for a in active:
+            fa = self._flight(a)
+            if fa.lead != LEAD_HELD_ON:
+                continue
+            if len(a.generated_tokens) - fa.pending:
+                fa.lead = LEAD_REPORTED
+                out.append((a.id, len(a.prompt_tokens)))
+            else:
+                waiting += 1
+        self._leaders = waiting
+        return out

@@ -1,0 +1,147 @@
+"""The cold prefix hold (behaviour.md §2.3a) on the native core and the twin: with their own
+prefix stores, both must hold the same waiting sequences, report the same leaders' prompts, and
+make the same plans, on random operation sequences (bursts of shared-prefix prompts, steps
+whose keeps insert the reported prompts, evictions, cancels, memory preemption, aborts, plans
+in flight).
+"""
+import numpy as np
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from skippy_scheduler import (
+    IterationPrediction,
+    MemoryComponent,
+    Scheduler,
+    SchedulerConfig,
+    Sequence,
+    TwinScheduler,
+)
+from skippy_scheduler.prefix_store import PrefixStore
+from skippy_scheduler.reference import PrefixStoreTwin
+from sched_helpers import complete
+
+IDS = [f"s{i}" for i in range(8)]
+HEADS = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 9, 9, 9], [4, 4, 4, 4]]
+
+
+def _settings(examples):
+    profile = settings.get_current_profile_name()
+    if profile != "default":
+        return settings(settings.get_profile(profile), suppress_health_check=list(HealthCheck))
+    return settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+configs = st.builds(
+    SchedulerConfig,
+    max_active_sequences=st.integers(1, 6),
+    max_tokens_per_iteration=st.integers(2, 40),
+    prefill_chunk_tokens=st.integers(1, 12),
+    mixed_prefill_decode=st.booleans(),
+    max_inflight_plans=st.sampled_from([1, 1, 2]),
+    memory_components=st.sampled_from([[], [MemoryComponent("kv", 300, 0, 4, 8)]]),
+    cold_prefix_hold_tokens=st.sampled_from([0, 1, 2, 2, 4, 7]),
+    cold_prefix_hold_max_steps=st.sampled_from([0, 1, 3, 64, 64]),
+    sequence_id_limit=st.just(40), reserved_sequence_ids=st.just(8),
+)
+
+submit = st.tuples(st.just("submit"), st.integers(0, len(IDS) - 1),
+                   st.integers(0, len(HEADS) - 1),  # its head
+                   st.sampled_from([8, 8, 8, 6, 3, 0]),  # head tokens kept
+                   st.integers(0, 4),  # own tail tokens
+                   st.integers(1, 5))  # max tokens
+step = st.tuples(st.just("step"), st.integers(0, 9), st.booleans())  # token, keep reports
+ops = st.lists(st.one_of(submit, submit, step, step, step, step,
+                         st.tuples(st.just("evict")),
+                         st.tuples(st.just("abort")),
+                         st.tuples(st.just("preempt"), st.integers(0, 400)),
+                         st.tuples(st.just("cancel"), st.integers(0, len(IDS) - 1))),
+               min_size=5, max_size=70)
+
+
+class Pair:
+    def __init__(self, config):
+        self.scheds = (Scheduler(config), TwinScheduler(config))
+        self.stores = (PrefixStore(64, 8, first_holder_id=32),
+                       PrefixStoreTwin(64, 8, first_holder_id=32))
+        for s, store in zip(self.scheds, self.stores):
+            s.attach_prefix_store(store, prefill_cost_per_token=10)
+        self.live = ([], [])
+        self.prompts = {}
+
+    def both(self, fn):
+        out = []
+        for i, s in enumerate(self.scheds):
+            try:
+                out.append(("ok", fn(s, i)))
+            except Exception as exc:  # noqa: BLE001 - the type is compared
+                out.append(("raised", type(exc)))
+        assert out[0][0] == out[1][0], out
+        if out[0][0] == "raised":
+            assert out[0] == out[1]
+        return out
+
+    def check(self):
+        n, t = self.scheds
+        assert n.snapshot() == t.snapshot()
+        assert n.metrics() == t.metrics()
+        for i in IDS:
+            assert n.sequence(i) == t.sequence(i)
+
+
+def run(pair, op):
+    kind = op[0]
+    if kind == "submit":
+        _, k, head, kept, tail, max_tokens = op
+        prompt = HEADS[head][:kept] + [10 + k + j for j in range(tail)] or [k + 20]
+        seq = Sequence(IDS[k], prompt, max_tokens)
+        if pair.both(lambda s, _: s.submit(seq))[0][0] == "ok":
+            pair.prompts[IDS[k]] = prompt
+    elif kind == "evict":
+        pair.both(lambda s, i: pair.stores[i].evict_one() is not None)
+    elif kind == "cancel":
+        pair.both(lambda s, _: s.cancel(IDS[op[1]]))
+    elif kind == "preempt":
+        if not pair.live[0]:
+            pair.both(lambda s, _: s.preempt_for_component_pressure([op[1]]))
+    elif kind == "abort":
+        if pair.live[0]:
+            pair.both(lambda s, i: s.abort_iteration(pair.live[i][0]))
+            pair.live = ([], [])
+    elif kind == "step":
+        _, token, keep = op
+        plans = pair.both(lambda s, _: s.plan_iteration())
+        if plans[0][0] != "ok":
+            return
+        pn, pt = plans[0][1], plans[1][1]
+        assert pn.work == pt.work
+        pair.live = ([pn] + pair.live[0], [pt] + pair.live[1])
+        depth = pair.scheds[1].config.max_inflight_plans
+        if len(pair.live[0]) >= depth or len(pt) == 0:
+            oldest = (pair.live[0][-1], pair.live[1][-1])
+
+            def finish(s, i):
+                plan = oldest[i]
+                return complete(s, plan, [IterationPrediction(r, -1 if token == 9 else token)
+                                          for r, w in enumerate(plan.work) if w.sample_last])
+            out = pair.both(finish)
+            if out[0][0] == "ok":
+                assert out[0][1] == out[1][1]
+            pair.live = (pair.live[0][:-1], pair.live[1][:-1])
+            keeps = pair.both(lambda s, _: s.take_prompt_keeps())
+            assert keeps[0] == keeps[1]
+            if keeps[0][1]:
+                event("prompt kept")
+            if keep:
+                for sid, n in keeps[0][1]:
+                    key = np.asarray(pair.prompts[sid][:n], dtype=np.int32)
+                    pair.both(lambda s, i: pair.stores[i].insert(key) is not None)
+    pair.check()
+
+
+@_settings(300)
+@given(config=configs, first=st.lists(submit, min_size=2, max_size=8), operations=ops)
+def test_native_and_twin_agree_under_the_cold_prefix_hold(config, first, operations):
+    pair = Pair(config)
+    # a burst, the random operations, then steps enough to run most of it out
+    for op in first + operations + [("step", 3, True)] * 12:
+        run(pair, op)

@@ -1,0 +1,176 @@
+"""The cold prefix hold (behaviour.md §2.3a) on the native scheduler with the native store and
+on the twin with the twin store: who is held and for how long, what is reported to keep, and
+the bounds (the leader leaving, the step limit, no store, a restore that already covers the
+shared part)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from skippy_scheduler import (
+    IterationPrediction,
+    MemoryComponent,
+    Scheduler,
+    SchedulerConfig,
+    Sequence,
+    TwinScheduler,
+)
+from skippy_scheduler.prefix_store import PrefixStore
+from skippy_scheduler.reference import PrefixStoreTwin
+from sched_helpers import complete as complete_plan
+
+PAIRS = [pytest.param((Scheduler, PrefixStore), id="native"),
+         pytest.param((TwinScheduler, PrefixStoreTwin), id="twin")]
+HEAD = list(range(100, 112))  # 12 shared tokens
+
+
+@pytest.fixture(params=PAIRS)
+def pair(request):
+    return request.param
+
+
+def make(pair, store=True, **config):
+    sched_cls, store_cls = pair
+    config.setdefault("max_active_sequences", 8)
+    config.setdefault("prefill_chunk_tokens", 4)
+    config.setdefault("cold_prefix_hold_tokens", 4)
+    sched = sched_cls(SchedulerConfig(**config))
+    st = store_cls(capacity_tokens=None, holder_slots=8, first_holder_id=240) if store else None
+    if st is not None:
+        sched.attach_prefix_store(st)
+    return sched, st
+
+
+def burst(sched, n=3, tail=2):
+    for i in range(n):
+        sched.submit(Sequence(f"s{i}", HEAD + [i] * tail, 3))
+
+
+def step(sched, store=None, token=7):
+    """One plan, completed; with `store`, the reported prompts are inserted (what the engine
+    has the host do). Returns (rows as (id, first position, tokens), keeps)."""
+    plan = sched.plan_iteration()
+    rows = [(w.sequence_id, w.positions[0], len(w.tokens)) for w in plan.work]
+    complete_plan(sched, plan, [IterationPrediction(i, token) for i, w in enumerate(plan.work)
+                                if w.sample_last])
+    keeps = sched.take_prompt_keeps()
+    if store is not None:
+        for sid, n in keeps:
+            store.insert(np.asarray(PROMPTS[sid][:n], dtype=np.int32))
+    return rows, keeps
+
+
+PROMPTS = {f"s{i}": HEAD + [i] * 2 for i in range(4)}
+
+
+def test_off_by_default_a_burst_is_admitted_at_once(pair):
+    sched, _ = make(pair, cold_prefix_hold_tokens=0)
+    burst(sched)
+    rows, keeps = step(sched)
+    assert [r[0] for r in rows] == ["s0", "s1", "s2"] and keeps == []
+
+
+def test_peers_wait_for_the_leaders_prompt_then_restore_it(pair):
+    sched, store = make(pair)
+    burst(sched)
+    sched.submit(Sequence("u", [5, 6, 7], 2))  # shares nothing: never held
+    rows, keeps = step(sched, store)
+    assert sorted(r[0] for r in rows) == ["s0", "u"]
+    assert sched.snapshot().waiting_ids == ["s1", "s2"]
+    for _ in range(2):  # the rest of s0's 14-token prompt, 4 tokens a plan
+        rows, keeps = step(sched, store)
+        assert "s1" not in [r[0] for r in rows] and keeps == []
+    rows, keeps = step(sched, store)  # its last chunk samples its first token
+    assert keeps == [("s0", 14)]
+    rows, keeps = step(sched, store)
+    first = {sid: (pos, n) for sid, pos, n in rows}
+    assert first["s1"] == (12, 2) and first["s2"] == (12, 2)  # the shared head restored
+    m = sched.metrics()
+    assert m.restored_tokens == 24 and m.stale_refreshes == 2
+    assert sched.take_prompt_keeps() == []  # each leader once
+
+
+def test_a_cancelled_leader_releases_its_peers(pair):
+    sched, store = make(pair)
+    burst(sched)
+    step(sched, store)
+    assert sched.cancel("s0")
+    rows, _ = step(sched, store)
+    # s1 now leads (no restore to wait for) and s2 is held on it
+    assert [r[0] for r in rows] == ["s1"] and sched.snapshot().waiting_ids == ["s2"]
+
+
+def test_a_peer_is_held_for_at_most_the_step_limit(pair):
+    sched, store = make(pair, prefill_chunk_tokens=1, cold_prefix_hold_max_steps=3)
+    burst(sched, n=2)
+    held = 0
+    while sched.snapshot().waiting_ids:
+        step(sched)  # nothing is inserted: the prompt never becomes resident
+        held += 1
+    assert held == 4  # admitted at the fourth plan, unrestored
+
+
+def test_no_hold_without_a_store_or_with_the_shared_part_resident(pair):
+    sched, _ = make(pair, store=False)
+    burst(sched)
+    assert len(step(sched)[0]) == 3
+    sched, store = make(pair)
+    store.insert(np.asarray(HEAD, dtype=np.int32))
+    burst(sched)
+    assert len(step(sched)[0]) == 3  # each restores the head: nothing left to wait for
+    sched, store = make(pair, cold_prefix_hold_tokens=13)  # more than they share
+    burst(sched)
+    assert len(step(sched)[0]) == 3
+
+
+def test_a_preempted_leader_holds_nobody_and_everything_finishes(pair):
+    sched, store = make(pair, memory_components=[MemoryComponent("kv", 10**6, 0, 1, 0)])
+    burst(sched, n=4)
+    step(sched, store)
+    assert sched.preempt_for_component_pressure([10**7]) == ["s0"]
+    assert sched.preempt_for_component_pressure([0]) == []  # the spike is over
+    for _ in range(40):
+        if not (sched.snapshot().waiting_ids or sched.snapshot().active_ids):
+            break
+        step(sched, store)
+    m = sched.metrics()
+    assert m.finished == 4 and m.restored_tokens > 0
+
+
+@pytest.mark.parametrize("value,error", [(-1, ValueError), (True, TypeError), (1.5, TypeError)])
+def test_the_settings_are_checked(value, error):
+    with pytest.raises(error):
+        SchedulerConfig(cold_prefix_hold_tokens=value)
+    with pytest.raises(error):
+        SchedulerConfig(cold_prefix_hold_max_steps=value)
+
+
+def test_a_prompt_the_store_never_gets_holds_its_peers_no_longer_than_the_leaders_prefill(pair):
+    """The leader leads until its first token; at depth 1 the keep would be applied before the
+    next plan, so if the prefix is still not resident then, its peers are admitted as they are."""
+    sched, _ = make(pair)
+    burst(sched, n=2)
+    plans = []
+    while sched.snapshot().waiting_ids:
+        rows, keeps = step(sched)  # the reported prompt is never inserted
+        plans.append((rows, keeps))
+    assert len(plans) == 5 and plans[3][1] == [("s0", 14)]  # 4 chunks, then s1 at plan 5
+    s1 = sched.sequence("s1")
+    assert s1.prefix_restore is None and s1.prefill_cursor == 4  # first chunk, unrestored
+
+
+def test_at_depth_two_the_leader_leads_one_plan_more(pair):
+    sched, _ = make(pair, max_inflight_plans=2)
+    burst(sched, n=2)
+    live = []
+    made = 0
+    while sched.snapshot().waiting_ids:
+        live.append(sched.plan_iteration())
+        made += 1
+        if len(live) == 2:
+            plan = live.pop(0)
+            complete_plan(sched, plan, [IterationPrediction(i, 7)
+                                        for i, w in enumerate(plan.work) if w.sample_last])
+    # s0's 4 chunks are plans 1-4; plan 5 is made before plan 4 completes, plan 6 before its
+    # keep could be applied, so s1 is admitted by plan 7
+    assert made == 7
