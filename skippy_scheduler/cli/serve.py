@@ -299,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--ctx-size ({args.ctx_size}) must be at least --max-active "
                            f"({args.max_active}): every lane needs KV cells")
     check_model(args)
-    check_stage_cache_flag(args)
+    check_stage_cache_flag(args, tokens)
     if args.stages or args.stage_addresses:
         _check_stage_args(args)
     _check_port(args.host, args.port)

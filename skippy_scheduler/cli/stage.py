@@ -7,7 +7,7 @@ killed.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, Optional
 
 import signal
 import sys
@@ -41,18 +41,21 @@ def add_stage_cache_flag(p: Any) -> None:
                         "restored (default: --prefix-cache-tokens on every stage)")
 
 
-def check_stage_cache_flag(args: argparse.Namespace) -> None:
+def check_stage_cache_flag(args: argparse.Namespace,
+                           prefix_cache_tokens: Optional[int] = None) -> None:
     """`--stage-prefix-cache-tokens` only with stages and prefix reuse (before anything starts;
-    the host checks the count against the stages)."""
+    the host checks the count against the stages). `prefix_cache_tokens`: the store's size
+    when the command sized it (serve's default), else `--prefix-cache-tokens`."""
     caps = args.stage_prefix_cache_tokens
     if not caps:
         return
     if not (args.stages or args.stage_addresses):
         raise CommandError("--stage-prefix-cache-tokens needs --stages or --stage-addresses")
-    if not args.prefix_cache_tokens or max(caps) > args.prefix_cache_tokens:
+    tokens = args.prefix_cache_tokens if prefix_cache_tokens is None else prefix_cache_tokens
+    if not tokens or max(caps) > tokens:
         raise CommandError(f"--stage-prefix-cache-tokens: each stage keeps at most "
-                           f"--prefix-cache-tokens ({args.prefix_cache_tokens}), which sizes "
-                           f"every stage's context")
+                           f"--prefix-cache-tokens ({tokens}), which sizes every stage's "
+                           f"context")
 
 
 def _capacities(text: str) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ reference's gate.
 
 Defaults (docs/serving.md "Defaults"): prefix reuse is on, sized from the KV cache by
 `default_reuse` (one holder per lane, each keeping a lane's worth of tokens;
-`prefix_cache_tokens=0` turns it off; off on stages unless asked for); one plan in flight.
+`prefix_cache_tokens=0` turns it off; on stages as on one process); one plan in flight.
 
 Capacity: `max_active + max_waiting` requests may be open at once (running or queued); the
 app refuses the next with a 503 before it reaches the engine, and the scheduler's own waiting
@@ -146,12 +146,7 @@ def resolve_settings(settings: ServeSettings) -> ServeSettings:
                          f"{s.itl_target_ms!r}")
     if s.max_active < 1:
         raise ValueError(f"max_active must be at least 1, got {s.max_active}")
-    tokens, holders = default_reuse(s.max_active, s.ctx_size)
-    if s.stages or s.stage_addresses:
-        # NOTE: staged serving keeps reuse off unless asked for: a seeded request with a
-        # repetition penalty whose prompt was partly restored does not yet give its alone
-        # tokens on stages (tests/stages/test_serve_stages.py with reuse on).
-        tokens = 0
+    tokens, holders = default_reuse(s.max_active, s.ctx_size)  # staged serving too
     return dataclasses.replace(
         s, prefix_cache_tokens=tokens if s.prefix_cache_tokens is None else s.prefix_cache_tokens,
         prefix_holders=holders if s.prefix_holders is None else s.prefix_holders)

@@ -8,7 +8,9 @@ per stage (unified) lets a holder share a lane's cells instead of copying them.
 
 A new row with a restore names its holder in the plan frame and every stage gives the lane the
 holder's first positions itself, so the driver's own restore only records what the lane now
-stands for (`restored`, with the cell copy held back).
+stands for (`restored`, with the cell copy held back). The last stage's sampler chains do not
+see a restored prefix's tokens in any plan, so the driver sends them with the sampling
+(`restored_prefixes`).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from ..prefix_store import PrefixStore, StoreEntry, VirtualBackend
 from .runner import OP_COPY, OP_REMOVE
 
 __all__ = ["PrefixHolders", "RemoteCells", "StageHolders", "check_stage_capacities",
-           "restored"]
+           "restored", "restored_prefixes"]
 
 
 class RemoteCells:
@@ -61,6 +63,28 @@ def restored(holders: PrefixHolders, cells: RemoteCells, lane: int, holder: int,
     """The stages gave `lane` the holder's first `start` positions (a new row's restore)."""
     with cells.held_back():
         holders.restore(lane, holder, start)
+
+
+def restored_prefixes(holders: Optional[PrefixHolders], sampling: dict[int, Any],
+                      restore: dict[int, int], lanes: Any,
+                      starts: Sequence[int]) -> dict[str, list[int]]:
+    """Lane -> the tokens of the restored prefix of every new row (by row: its sampling
+    parameters, its holder; `lanes`: the plan's lane per row) that restores and keeps a
+    penalty window. The last stage feeds
+    them to the row's sampler chain before the row's own tokens, as the llama host does after
+    a restore: no stage decodes them for this sequence, so the chain would not see them
+    otherwise (docs/stages.md "Sampling"). Read after `restored` gave the lanes their
+    prefixes."""
+    out: dict[str, list[int]] = {}
+    if holders is None:
+        return out
+    for r in restore:
+        params = sampling.get(r)
+        if params is None or starts[r] == 0 or not params.penalized:
+            continue
+        lane = int(lanes[r])
+        out[str(lane)] = holders.lane_tokens(lane, int(starts[r])).tolist()
+    return out
 
 
 def check_stage_capacities(caps: Optional[Sequence[int]], prefix_cache_tokens: int,

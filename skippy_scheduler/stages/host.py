@@ -31,6 +31,7 @@ from typing import Any, Optional, Sequence as _Seq
 
 from ..engine.contract import HostState
 from ..hosts.llama.samplers import Samplers
+from ..sampling import SamplingParams
 from ..types import ReleaseReason
 
 import numpy as np
@@ -38,7 +39,7 @@ import numpy as np
 from .channel import StageChannel, StageFailure, StageTimeout
 from .flight import Flight, FlightHandle, check_int, plan_arrays
 from .holders import (PrefixHolders, RemoteCells, StageHolders, check_stage_capacities,
-                      restored)
+                      restored, restored_prefixes)
 from .split import StageInfo, check_stage_set
 from .usage import UsageVerbs, check_stage_cells
 from .vocab import Vocabulary, VocabularyVerbs
@@ -257,9 +258,14 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
                 heapq.heappush(self._free, self._slot.pop(ids[r]))
             raise
         released, self._pending_release = self._pending_release, []
+        if self._holders is not None:  # the lanes restored get the holders' prefixes
+            for r, holder in restore.items():
+                restored(self._holders, self._cells, int(lanes[r]), holder, starts[r])
         if sampling:  # every new row's sampling, ahead of the plan (the last stage keeps it)
             self._send_chain(b"samp", {"step": step, "lanes": {
-                str(int(lanes[r])): sampling.get(r) for r in new}})
+                str(int(lanes[r])): dataclasses.asdict(sampling[r]) if r in sampling else None
+                for r in new},
+                "prefixes": restored_prefixes(self._holders, sampling, restore, lanes, starts)})
         self._out[0].send_multipart([b"plan", frame], copy=False)
         lane_list = lanes.tolist()
         flight = Flight(plan, step, ids, lanes, [self._gen[x] for x in lane_list], starts, new,
@@ -272,8 +278,6 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
         for lane, end in zip(lane_list, (positions[offsets[1:] - 1] + 1).tolist()):
             self._next_pos[lane] = end
         if self._holders is not None:
-            for r, holder in restore.items():
-                restored(self._holders, self._cells, int(lanes[r]), holder, starts[r])
             self._holders.wrote(np.repeat(lanes, np.diff(offsets)), positions, tokens)
         return flight
 
@@ -361,7 +365,7 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
         return {r: int(work[r].restore_holder) for r in new
                 if getattr(work[r], "restore_holder", None) is not None}
 
-    def _sampling(self, plan: Any, new: list[int]) -> dict[int, dict[str, Any]]:
+    def _sampling(self, plan: Any, new: list[int]) -> dict[int, SamplingParams]:
         """Row -> sampling parameters of every new row that does not sample plain greedy."""
         if not new:
             return {}
@@ -370,7 +374,7 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
         for r in new:
             params = self._resolver.resolve(getattr(work[r], "sampling", None))
             if params is not None:
-                out[r] = dataclasses.asdict(params)
+                out[r] = params
         return out
 
     def _undo(self, f: Flight, stages: bool) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -236,10 +236,17 @@ class StageRunner:
                 _ll.llama_memory_seq_cp(self._mem, a, b, c, d)
                 nxt[b] = max(nxt[b], nxt[a] if d < 0 else min(d, nxt[a]))
 
-    def start_sampling(self, lane: int, params: Optional[SamplingParams]) -> None:
-        """A sequence begins on `lane` (the last stage): its sampler chain (None: greedy)."""
-        if self.samplers is not None:
-            self.samplers.start(lane, params)
+    def start_sampling(self, lane: int, params: Optional[SamplingParams],
+                       prefix: Sequence[int] = ()) -> None:
+        """A sequence begins on `lane` (the last stage): its sampler chain (None: greedy).
+        `prefix`: the tokens of the positions it restored from a holder, which no plan
+        decodes for it; the chain's penalty window takes them first, as after a restore on
+        the llama host (the worker checked them against the vocabulary)."""
+        if self.samplers is None:
+            return
+        chain = self.samplers.start(lane, params)
+        if chain is not None and len(prefix):
+            chain.feed(np.asarray(prefix, dtype=np.int32), 0)
 
     def held(self, lane: int) -> int:
         """Positions of `lane` in this stage's KV cache."""

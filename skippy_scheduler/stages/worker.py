@@ -60,8 +60,9 @@ class StageWorker:
         self._next: Any = None
         self._reply: Any = None
         self._runner: Any = None
-        # The last stage: sampling of the new rows of a coming plan, lane -> (step, params).
-        self._sampling: dict[int, tuple[int, Optional[SamplingParams]]] = {}
+        # The last stage: sampling of the new rows of a coming plan, lane -> (step, params,
+        # the tokens of the prefix the row restores when its chain keeps a penalty window).
+        self._sampling: dict[int, tuple[int, Optional[SamplingParams], list[int]]] = {}
         self.index = self.info.index
         self.parent_pid = parent_pid  # stop when this process is no longer the parent
 
@@ -128,8 +129,10 @@ class StageWorker:
         if runner.last:  # every new row's sequence starts its sampler (none: greedy)
             for r in view.new_rows.tolist():
                 lane = int(lanes[r])
-                step, params = self._sampling.pop(lane, (-1, None))
-                runner.start_sampling(lane, params if step == view.step else None)
+                step, params, prefix = self._sampling.pop(lane, (-1, None, []))
+                if step != view.step:
+                    params, prefix = None, []
+                runner.start_sampling(lane, params, prefix)
         runner.check_rows(lanes, view.positions[offsets[:-1]])
         embd = None
         if not runner.first:
@@ -160,6 +163,23 @@ class StageWorker:
                 runner.rewind(int(lane), int(start))
         self._reply.send_multipart([b"undone", _json({"index": self.index,
                                                        "tag": body.get("tag")})])
+
+    def _coming_sampling(self, body: dict[str, Any]) -> dict[
+            int, tuple[int, Optional[SamplingParams], list[int]]]:
+        """A `samp` message, read and checked whole before the last stage keeps any of it:
+        lane -> (step, params, the restored prefix's tokens for the penalty window)."""
+        step = int(body["step"])
+        prefixes = body.get("prefixes", {})
+        n_vocab = self._runner.n_vocab
+        out = {}
+        for lane, params in body["lanes"].items():
+            prefix = [int(t) for t in prefixes.get(lane, ())]
+            if any(not 0 <= t < n_vocab for t in prefix):
+                raise ValueError(f"lane {lane}'s restored prefix has tokens outside "
+                                 f"[0, {n_vocab})")
+            out[int(lane)] = (step, None if params is None else SamplingParams(**params),
+                              prefix)
+        return out
 
     def serve(self) -> None:
         """Answer messages until `stop`."""
@@ -197,10 +217,7 @@ class StageWorker:
                     if self._next is not None:
                         self._next.send_multipart([b"samp", parts[1]], copy=True)
                     else:
-                        step = int(body["step"])
-                        for lane, params in body["lanes"].items():
-                            self._sampling[int(lane)] = (
-                                step, None if params is None else SamplingParams(**params))
+                        self._sampling.update(self._coming_sampling(body))
                 elif kind == b"mem":
                     # Memory operations travel down the chain as plans do: each stage runs
                     # them in order with the plans, the last one answers.

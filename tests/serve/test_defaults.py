@@ -30,7 +30,11 @@ def test_resolved_settings_keep_what_was_given():
     s = resolve_settings(ServeSettings(max_active=4, ctx_size=2048, prefix_cache_tokens=0))
     assert s.prefix_cache_tokens == 0
     for stages in (dict(stages="dir"), dict(stage_addresses=("tcp://127.0.0.1:1",))):
-        assert resolve_settings(ServeSettings(**stages)).prefix_cache_tokens == 0  # off there
+        s = resolve_settings(ServeSettings(max_active=4, ctx_size=2048, **stages))
+        assert (s.prefix_cache_tokens, s.prefix_holders) == (2048, 4)  # the same on stages
+        s = resolve_settings(ServeSettings(max_active=4, ctx_size=2048, prefix_cache_tokens=0,
+                                           **stages))
+        assert s.prefix_cache_tokens == 0
     s = resolve_settings(ServeSettings(max_active=4, ctx_size=2048, prefix_cache_tokens=300,
                                        prefix_holders=2))
     assert (s.prefix_cache_tokens, s.prefix_holders) == (300, 2)

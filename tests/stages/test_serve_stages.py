@@ -23,7 +23,7 @@ pytest.importorskip("prometheus_client")
 
 import httpx  # noqa: E402
 import openai  # noqa: E402
-from serve_support import Spawned, alone, wait_idle, is_idle  # noqa: E402  (tests/support)
+from serve_support import Spawned, alone, is_idle, metrics, wait_idle  # noqa: E402  (tests/support)
 
 from skippy_scheduler.sampling import SamplingParams  # noqa: E402
 from skippy_scheduler.serve import Server, ServeSettings  # noqa: E402
@@ -47,6 +47,12 @@ def server(request, model4, splits):
     srv = _server(model4, splits[2], inflight=request.param)
     yield srv
     srv.shutdown()
+
+
+def _hits(url: str) -> float:
+    """Prompt tokens restored from the prefix holders (vLLM's counter, whatever its labels)."""
+    return sum(v for k, v in metrics(url).items()
+               if k.startswith("vllm:prefix_cache_hits_total"))
 
 
 def _client(srv: Server) -> openai.OpenAI:
@@ -123,6 +129,16 @@ def test_sampled_requests_on_stages_equal_their_alone_runs(server, unsplit):
             got = list(pool.map(one, jobs))
         for ((_, params), prompt), ids in zip(jobs, got):
             assert ids == alone(unsplit, prompt, 20, params), (params, prompt)
+        # Reuse is on by default on stages too: a prompt, then the same prompt extended,
+        # which restores the first one's prefix from the holders: both sample their alone
+        # tokens all the same (the restored prefix is in the penalty window).
+        assert server.settings.prefix_cache_tokens > 0
+        for i, (case, prompt) in enumerate(jobs[:len(cases)]):
+            hits = _hits(server.url)
+            longer = prompt + [40 + i, 41, 42]
+            for p in (prompt, longer):
+                assert one((case, p)) == alone(unsplit, p, 20, case[1]), (case[1], p)
+            assert _hits(server.url) - hits >= len(prompt)
         with pytest.raises(openai.BadRequestError, match="logit_bias"):
             client.completions.create(model="tiny4-f32", prompt=[1, 5, 6], max_tokens=4,
                                       temperature=0.8, logit_bias={"99999": 1.0})

@@ -257,6 +257,21 @@ def test_serve_settings_carry_the_capacities(splits, model4):
                                       stage_prefix_cache_tokens=(256, 64, 64)))
 
 
+def test_serve_checks_stage_capacities_against_the_default_reuse(capsys, model4, splits):
+    """Without `--prefix-cache-tokens`, `serve --stages` sizes reuse as on one process (a
+    lane's tokens per holder: 2 x 512 here) and refuses a stage capacity above that before
+    any worker starts."""
+    from skippy_scheduler import cli
+
+    common = ["serve", "--model", model4, "--stages", splits[2], "-np", 2, "-c", 1024,
+              "--threads", 1, "--port", 0]
+    assert cli.main([str(a) for a in common + ["--stage-prefix-cache-tokens", "1025,64"]]) == 2
+    assert "at most --prefix-cache-tokens (1024)" in capsys.readouterr().err
+    assert cli.main([str(a) for a in common + ["--prefix-cache-tokens", 0,
+                                               "--stage-prefix-cache-tokens", "64,64"]]) == 2
+    assert "at most --prefix-cache-tokens (0)" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("impl", [Scheduler, TwinScheduler], ids=["native", "twin"])
 def test_random_schedules_with_unequal_capacities(impl, uneven, alone):
     """The random schedules (arrivals, chunked prefill, mixed rows, preemption with recompute,
