@@ -37,8 +37,10 @@ without them).
 
 `compare` starts `skippy-scheduler serve` on `--model` three times, with preemption for priority
 (the default, with `--prefix-cache-tokens` so victims resume from their kept KV), with
-`--no-priority-preemption` (admission order only), and with `--no-priority-preemption` and the
-same prefix store (so the store's own cost is on both sides), runs `run` against each, and, when
+`--no-priority-preemption` (admission order only, with the server's default prefix store: on
+the default 8 lanes of 1 024 tokens that is the same 8 x 1 024-token store, so the two
+admission-order runs then repeat one configuration), and with `--no-priority-preemption` and the
+same prefix store given by hand (so the store's own cost is on both sides), runs `run` against each, and, when
 `--llama-server PATH` is given (or /work/llama-server/bin/llama-server exists), against
 llama-server with the same lanes and context, and the kernels and options of BENCHMARKS.md's
 "Serving against llama-server" (f32 KV, flash attention off, a KV stream per slot). One JSON
@@ -221,7 +223,8 @@ class Served:
 
 
 def skippy_cmd(args, preemption: bool, reuse: bool) -> list[str]:
-    """The server's command: preemption for priority on or off, the prefix store on or off."""
+    """The server's command: preemption for priority on or off, the prefix store given by hand
+    or left to the server's default (reuse sized from the context)."""
     cmd = [sys.executable, "-m", "skippy_scheduler.cli", "serve", "--model",
            os.path.abspath(args.model), "--host", "127.0.0.1", "--threads", str(args.threads),
            "--max-active", str(args.lanes), "--ctx-size", str(args.ctx_size),
