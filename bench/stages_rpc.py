@@ -15,7 +15,7 @@ sizes) within 1 %. P = 1 is plain llama-server with the same options and no RPC.
 
 Same model, context, lanes, KV type and batch as the staged `serve` run: `-c` cells, `-np`
 lanes, one KV cache for all lanes (`--kv-unified`, as every stage context), f32 K and V,
-flash attention off, `-b`/`-ub` 512.
+flash attention off, `-b`/`-ub` 512, and `--no-cache-idle-slots` (see the command below).
 """
 from __future__ import annotations
 
@@ -160,6 +160,11 @@ class RpcSplit:
                "-np", str(args.concurrency), "-cb", "-t", str(args.threads), "-tb",
                str(args.threads), "-b", "512", "-ub", "512", "-ctk", "f32", "-ctv", "f32",
                "-fa", "off", "-kvu", "--no-webui",
+               # with one KV cache for all lanes llama-server saves an idle slot's KV to its
+               # host-side prompt cache when the slot takes a new task; over RPC that reads the
+               # state back from every device (decode fell from 0.17 to 3-6 s a token after the
+               # first wave of requests), and the staged runs keep no such copy either
+               "--no-cache-idle-slots",
                "-lv", "4"]  # the buffer lines the placement check reads (a few lines a request)
         n_layer = read_layer_count(args.model)
         ranges = even_ranges(n_layer, p)
