@@ -4,7 +4,7 @@
     python bench/serve_rounds.py --model /work/bench-58m.gguf \\
         --llama-server /work/llama-server/bin/llama-server --rounds 3 \\
         --trace /work/shared/traces/mooncake-fast25-conversation_trace.jsonl \\
-        --json rounds.jsonl --markdown rounds.md
+        --json rounds.jsonl --markdown rounds-table.txt
 
 Each round runs this server (`skippy-scheduler serve` with no tuning flags: only the model,
 lanes, context and threads both servers share) and then llama-server (`-ctk f32 -ctv f32 -fa
