@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
+from alone_checks import check_records, disturbances  # noqa: E402  (tests/support)
 from skippy_scheduler import MemoryComponent, SchedulerConfig  # noqa: E402
 from skippy_scheduler.engine import Engine, Request, VirtualClock  # noqa: E402
 from skippy_scheduler.hosts.calibrate import CostModel  # noqa: E402
@@ -133,17 +134,7 @@ def _trial(impl, host, alone, seed: int, counters: dict) -> None:
     reserved = {r.id: len(r.prompt_tokens) + r.max_tokens for r in requests}
     p_preempt, p_cancel = rng.uniform(0, 0.15), rng.uniform(0, 0.05)
 
-    def pressure(engine):
-        if rng.random() < p_preempt:
-            victims = engine.preempt([KV_BYTES + 1])
-            active = scheduler.snapshot().active_ids
-            engine.preempt([sum(reserved[a] for a in active)])
-            counters["preempted"] += len(victims)
-        if rng.random() < p_cancel:
-            open_ids = engine.open_ids()
-            if open_ids and engine.cancel(rng.choice(open_ids)):
-                counters["cancelled"] += 1
-
+    pressure = disturbances(rng, scheduler, reserved, KV_BYTES, p_preempt, p_cancel, counters)
     store = host.prefix_store
     evictions_before = store.evictions
     replaced_before = host.holders.replaced
@@ -153,17 +144,7 @@ def _trial(impl, host, alone, seed: int, counters: dict) -> None:
         engine.submit(req)
     report = engine.run()
     scheduler.attach_prefix_store(None)  # the host's store serves the next trial's scheduler
-    for req, res in zip(requests, report.records):
-        expected = alone(req.prompt_tokens, req.max_tokens, req.sampling)
-        if res.finish_reason == "cancelled":
-            assert res.tokens == expected[: len(res.tokens)], (seed, req.id)
-        elif res.finish_reason == "stop":
-            assert res.tokens + expected[len(res.tokens):][:1] == expected, (seed, req.id)
-            counters["completed"] += 1
-        else:
-            assert res.finish_reason == "length", (seed, req.id, res.finish_reason)
-            assert res.tokens == expected, (seed, req.id)
-            counters["completed"] += 1
+    check_records(requests, report.records, alone, counters, seed)
     m = scheduler.metrics()
     counters["restored"] += m.restored_tokens
     counters["prefilled"] += m.prefill_tokens
