@@ -18,7 +18,7 @@ from skippy_scheduler import (
 )
 from skippy_scheduler.prefix_store import PrefixStore
 from skippy_scheduler.reference import PrefixStoreTwin
-from sched_helpers import complete
+from sched_helpers import TwinPair, complete
 
 IDS = [f"s{i}" for i in range(8)]
 HEADS = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 9, 9, 9], [4, 4, 4, 4]]
@@ -58,9 +58,9 @@ ops = st.lists(st.one_of(submit, submit, step, step, step, step,
                min_size=5, max_size=70)
 
 
-class Pair:
+class Pair(TwinPair):
     def __init__(self, config):
-        self.scheds = (Scheduler(config), TwinScheduler(config))
+        super().__init__(Scheduler(config), TwinScheduler(config))
         self.stores = (PrefixStore(64, 8, first_holder_id=32),
                        PrefixStoreTwin(64, 8, first_holder_id=32))
         for s, store in zip(self.scheds, self.stores):
@@ -68,24 +68,8 @@ class Pair:
         self.live = ([], [])
         self.prompts = {}
 
-    def both(self, fn):
-        out = []
-        for i, s in enumerate(self.scheds):
-            try:
-                out.append(("ok", fn(s, i)))
-            except Exception as exc:  # noqa: BLE001 - the type is compared
-                out.append(("raised", type(exc)))
-        assert out[0][0] == out[1][0], out
-        if out[0][0] == "raised":
-            assert out[0] == out[1]
-        return out
-
     def check(self):
-        n, t = self.scheds
-        assert n.snapshot() == t.snapshot()
-        assert n.metrics() == t.metrics()
-        for i in IDS:
-            assert n.sequence(i) == t.sequence(i)
+        super().check(IDS)
 
 
 def run(pair, op):

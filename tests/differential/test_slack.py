@@ -23,7 +23,7 @@ from skippy_scheduler import (
     StepCost,
     TwinScheduler,
 )
-from sched_helpers import complete
+from sched_helpers import TwinPair, complete
 
 IDS = ["a", "b", "c", "d", "e", "f"]
 
@@ -71,30 +71,14 @@ ops = st.lists(st.one_of(submit, step, step, step, step,
                min_size=5, max_size=60)
 
 
-class Pair:
+class Pair(TwinPair):
     def __init__(self, config):
-        self.scheds = (Scheduler(config), TwinScheduler(config))
+        super().__init__(Scheduler(config), TwinScheduler(config))
         self.now = 0.0
         self.live = ([], [])
 
-    def both(self, fn):
-        out = []
-        for i, s in enumerate(self.scheds):
-            try:
-                out.append(("ok", fn(s, i)))
-            except Exception as exc:  # noqa: BLE001 - the type is compared
-                out.append(("raised", type(exc)))
-        assert out[0][0] == out[1][0], out
-        if out[0][0] == "raised":
-            assert out[0] == out[1]
-        return out
-
     def check(self):
-        n, t = self.scheds
-        assert n.snapshot() == t.snapshot()
-        assert n.metrics() == t.metrics()
-        for i in IDS:
-            assert n.sequence(i) == t.sequence(i)
+        super().check(IDS)
 
 
 def run(pair, op):

@@ -59,3 +59,31 @@ def complete(scheduler, plan, predictions=()):
             out.predicted_tokens[k] = token
         out.count = len(pairs)
     return scheduler.complete_iteration(plan)
+
+
+class TwinPair:
+    """The native scheduler and its twin driven side by side (`scheds`): `both` runs one call
+    on each (with the index 0 or 1) and requires the same outcome, or the same exception type;
+    `check` requires the same snapshot, metrics and sequences of `ids`."""
+
+    def __init__(self, native, twin):
+        self.scheds = (native, twin)
+
+    def both(self, fn):
+        out = []
+        for i, s in enumerate(self.scheds):
+            try:
+                out.append(("ok", fn(s, i)))
+            except Exception as exc:  # noqa: BLE001 - the type is compared
+                out.append(("raised", type(exc)))
+        assert out[0][0] == out[1][0], out
+        if out[0][0] == "raised":
+            assert out[0] == out[1]
+        return out
+
+    def check(self, ids):
+        n, t = self.scheds
+        assert n.snapshot() == t.snapshot()
+        assert n.metrics() == t.metrics()
+        for i in ids:
+            assert n.sequence(i) == t.sequence(i)
