@@ -81,7 +81,7 @@ class ServeSettings:
     max_consecutive_prefill: Optional[int] = 1
     planning_rule: str = "slack"  # a name of PLANNING_RULES (docs/behaviour.md §2.13); under
     #   "slack", mixed and max_consecutive_prefill are not read
-    itl_target_ms: float = 100.0  # the slack rule's inter-token target ("skippy.itl_ms" of a
+    itl_target_ms: float = 150.0  # the slack rule's inter-token target ("skippy.itl_ms" of a
     #   request overrides it for that request)
     inflight: int = 1  # plans in flight (max_inflight_plans): 2 overlaps scheduling with decode
     policy: str = DEFAULT_POLICY  # a name of skippy_scheduler.selection.POLICIES

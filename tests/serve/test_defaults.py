@@ -1,5 +1,5 @@
 """The server's defaults (README "Serve", docs/serving.md "Defaults"): with no tuning
-settings it runs the slack rule at a 100 ms inter-token target and keeps finished prompts as
+settings it runs the slack rule at a 150 ms inter-token target and keeps finished prompts as
 reusable prefixes, sized from the KV cache; `prefix_cache_tokens=0` and
 `planning_rule="reference"` turn them off; bad planning settings are refused before the model
 loads. On the real tiny model, through the real HTTP server."""
@@ -26,7 +26,7 @@ def test_reuse_is_sized_from_the_kv_cache():
 def test_resolved_settings_keep_what_was_given():
     s = resolve_settings(ServeSettings(max_active=4, ctx_size=2048))
     assert (s.prefix_cache_tokens, s.prefix_holders) == (2048, 4)
-    assert (s.planning_rule, s.itl_target_ms) == ("slack", 100.0)
+    assert (s.planning_rule, s.itl_target_ms) == ("slack", 150.0)
     s = resolve_settings(ServeSettings(max_active=4, ctx_size=2048, prefix_cache_tokens=0))
     assert s.prefix_cache_tokens == 0
     for stages in (dict(stages="dir"), dict(stage_addresses=("tcp://127.0.0.1:1",))):
@@ -69,7 +69,7 @@ def test_defaults_reuse_prefixes_under_the_slack_rule(model_path):
     try:
         config = server.scheduler.config
         assert config.planning_rule is PlanningRule.SLACK
-        assert config.itl_target == pytest.approx(0.1)
+        assert config.itl_target == pytest.approx(0.15)
         assert server.host.prefix_store is not None
         assert server.settings.prefix_holders == LANES
         assert server.settings.prefix_cache_tokens == LANES * LANE_CTX
