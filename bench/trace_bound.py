@@ -1,0 +1,171 @@
+"""The most requests of a trace slice any server could bring within a TTFT bound on this CPU.
+
+    python bench/trace_bound.py --trace ../shared/traces/mooncake-fast25-conversation_trace.jsonl \\
+        --max-requests 200 --time-scale 1.5 --model bench-58m.gguf --ttft 2,3,4,5
+
+The slice and its scaled lengths are `trace_load.py`'s (the same options, so the requests are
+the ones the replay sends). A request can only get its first token after its unshared prompt
+tokens were prefilled, and prefill on one CPU is serial. The bound relaxes everything else in
+the server's favour:
+
+- decoding costs nothing, and neither does a step's fixed cost (a pass over the weights);
+- every token a request shares with an earlier request of the slice is free, even when that
+  request arrived at the same instant and has not run yet;
+- each group of requests that arrive at the same instant (the trace's bursts) is served as if
+  nothing else were on the machine: work left over from earlier arrivals is ignored.
+
+Within one group, all released together under one deadline, serving the shortest prompts first
+brings the most of them within it (any other choice can be exchanged for it without losing one),
+and splitting prompts into chunks or preempting does not help. So the count below is an upper
+bound on what any schedule on this kernel can reach; a real server, which also decodes and pays
+a pass per step, gets fewer. The prefill cost per token is measured on the model with
+llama.cpp (`--model`: the marginal cost between a 256- and a 512-token pass, the fastest of
+three, so the pass's own fixed cost is left out) or given (`--token-ms`).
+
+Prints, for each bound in `--ttft`, the share of the slice's requests that could meet it, and
+appends the same as one JSON object to `--json`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections import defaultdict
+from typing import Any, Sequence
+
+import trace_load
+
+
+def group_bound(unshared: Sequence[int], token_s: float, ttft_s: float) -> int:
+    """How many of a group released together can finish `unshared` prefill tokens each, one
+    at a time at `token_s` a token, within `ttft_s`: the shortest first."""
+    done, clock = 0, 0.0
+    for tokens in sorted(unshared):
+        clock += tokens * token_s
+        if clock > ttft_s:
+            break
+        done += 1
+    return done
+
+
+def attainment_bound(plan: Sequence[trace_load.Planned], token_s: float,
+                     ttft_s: float) -> int:
+    """The upper bound (module docstring) on requests of `plan` within `ttft_s`."""
+    groups: dict[float, list[int]] = defaultdict(list)
+    for p in plan:
+        groups[p.at_s].append(max(p.prompt_tokens - p.shared_tokens, 1))
+    return sum(group_bound(g, token_s, ttft_s) for g in groups.values())
+
+
+def measure_token_ms(model: str, threads: int) -> float:
+    """Marginal prefill cost per token (ms) of `model` on llama.cpp, f32 KV, one sequence."""
+    import ctypes
+
+    import llama_cpp as ll
+
+    @ll.llama_log_callback  # type: ignore[untyped-decorator, unused-ignore]
+    def quiet(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        return None
+
+    ll.llama_log_set(quiet, ctypes.c_void_p(0))
+    ll.llama_backend_init()
+    mparams = ll.llama_model_default_params()
+    mparams.n_gpu_layers = 0
+    m = ll.llama_model_load_from_file(model.encode(), mparams)
+    if not m:
+        raise SystemExit(f"trace_bound: llama.cpp could not load {model}")
+    cparams = ll.llama_context_default_params()
+    cparams.n_ctx, cparams.n_batch, cparams.n_ubatch, cparams.n_seq_max = 1024, 512, 512, 1
+    cparams.n_threads = cparams.n_threads_batch = threads
+    cparams.type_k = cparams.type_v = 0  # f32, as the serving benchmarks run
+    ctx = ll.llama_init_from_model(m, cparams)
+    batch = ll.llama_batch_init(512, 0, 1)
+    n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(m))
+
+    def prefill(n: int) -> float:
+        ll.llama_memory_clear(ll.llama_get_memory(ctx), True)
+        batch.n_tokens = n
+        for i in range(n):
+            batch.token[i] = 3 + (i * 7919) % (n_vocab - 3)
+            batch.pos[i] = i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = i == n - 1
+        t = time.perf_counter()
+        if ll.llama_decode(ctx, batch) != 0:
+            raise SystemExit("trace_bound: llama_decode failed")
+        return time.perf_counter() - t
+
+    try:
+        prefill(64)  # warm up
+        short = min(prefill(256) for _ in range(3))
+        long_ = min(prefill(512) for _ in range(3))
+    finally:
+        ll.llama_batch_free(batch)
+        ll.llama_free(ctx)
+        ll.llama_model_free(m)
+    return max(long_ - short, 1e-9) / 256 * 1e3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = trace_load.build_parser()
+    ap.description = (__doc__ or "").split("\n\n")[0]
+    for action in ap._actions:  # the slice options are trace_load's; no server is asked
+        if action.dest == "url":
+            action.required = False
+    ap.add_argument("--token-ms", type=float, default=None,
+                    help="prefill cost per token in ms (default: measured with --model)")
+    ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads (with --model)")
+    ap.add_argument("--ttft", default="1,2,3,4,5", metavar="S,...",
+                    help="TTFT bounds in seconds")
+    return ap
+
+
+def parse_bounds(ap: argparse.ArgumentParser, text: str) -> list[float]:
+    try:
+        bounds = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--ttft takes seconds separated by commas, got {text!r}")
+    if not bounds or not all(math.isfinite(b) and b > 0 for b in bounds):
+        ap.error(f"--ttft bounds must be finite numbers > 0, got {text!r}")
+    return bounds
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.url is None:
+        args.url = "http://127.0.0.1:9"
+    trace_load.check_args(ap, args)
+    bounds = parse_bounds(ap, args.ttft)
+    if args.token_ms is None and args.model is None:
+        ap.error("give --model GGUF (to measure the prefill cost) or --token-ms")
+    if args.token_ms is not None and not (math.isfinite(args.token_ms) and args.token_ms > 0):
+        ap.error(f"--token-ms must be a finite number > 0, got {args.token_ms}")
+    if args.threads < 1:
+        ap.error(f"--threads must be >= 1, got {args.threads}")
+    plan = trace_load.plan_requests(args)
+    token_ms = args.token_ms if args.token_ms is not None else measure_token_ms(args.model,
+                                                                                args.threads)
+    groups = len({p.at_s for p in plan})
+    biggest = max(sum(1 for q in plan if q.at_s == p.at_s) for p in plan)
+    print(f"{len(plan)} requests in {groups} arrival groups (largest {biggest}), prefill "
+          f"{token_ms:.3f} ms a token" + (" (measured)" if args.token_ms is None else ""))
+    rows: list[dict[str, Any]] = []
+    for b in bounds:
+        n = attainment_bound(plan, token_ms / 1e3, b)
+        rows.append({"ttft_s": b, "within": n, "pct": 100.0 * n / len(plan)})
+        print(f"  TTFT <= {b:g} s: at most {n} of {len(plan)} ({100.0 * n / len(plan):.1f} %)")
+    if args.json:
+        with open(args.json, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"trace": args.trace, "start_s": args.start_s,
+                                 "max_requests": args.max_requests,
+                                 "time_scale": args.time_scale, "requests": len(plan),
+                                 "token_ms": token_ms, "bounds": rows}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""bench/trace_bound.py: the per-burst shortest-first bound on TTFT attainment, and its CLI."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import trace_bound
+import trace_load
+
+from skippy_scheduler.hosts.tiny_model import write_tiny_llama
+
+# (timestamp ms, input tokens, output tokens, hash_ids): two requests at 0 ms (a burst), one
+# sharing the other's first block, and a lone request later.
+ROWS = [
+    (0, 2048, 8, [0, 1, 2, 3]),
+    (0, 1024, 8, [0, 4]),
+    (0, 512, 8, [5]),
+    (3000, 2048, 8, [6, 7, 8, 9]),
+]
+
+
+@pytest.fixture
+def trace_file(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": t, "input_length": n, "output_length": o,
+                                        "hash_ids": h}) + "\n" for t, n, o, h in ROWS))
+    return str(path)
+
+
+def test_group_bound_takes_the_shortest_first():
+    # 1 ms a token, 0.5 s: 100 + 150 + 200 = 450 fit, the 300-token prompt does not.
+    assert trace_bound.group_bound([300, 100, 200, 150], 1e-3, 0.5) == 3
+    assert trace_bound.group_bound([300, 100, 200, 150], 1e-3, 0.09) == 0
+    assert trace_bound.group_bound([], 1e-3, 1.0) == 0
+
+
+def test_bound_counts_each_burst_alone_with_shared_tokens_free(trace_file):
+    ap = trace_load.build_parser()
+    args = ap.parse_args(["--url", "http://127.0.0.1:9", "--trace", trace_file])
+    trace_load.check_args(ap, args)
+    plan = trace_load.plan_requests(args)
+    # 1/32 of the prompts: 64, 32 (16 shared with the first), 16 and 64 tokens.
+    assert [(p.prompt_tokens, p.shared_tokens) for p in plan] == [
+        (64, 0), (32, 16), (16, 0), (64, 0)]
+    # At 10 ms a token the burst's two 16-token prompts take 0.32 s, its third 0.96 s; the lone
+    # request 0.64 s.
+    assert trace_bound.attainment_bound(plan, 1e-2, 0.3) == 1  # one 16-token prompt
+    assert trace_bound.attainment_bound(plan, 1e-2, 0.5) == 2  # both of them
+    assert trace_bound.attainment_bound(plan, 1e-2, 0.7) == 3  # and the lone request
+    assert trace_bound.attainment_bound(plan, 1e-2, 1.0) == 4
+
+
+def test_cli_prints_and_appends_json(trace_file, tmp_path, capsys):
+    out = tmp_path / "bound.jsonl"
+    assert trace_bound.main(["--trace", trace_file, "--token-ms", "10", "--ttft", "0.3,0.5",
+                             "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "4 requests in 2 arrival groups (largest 3)" in text
+    assert "TTFT <= 0.5 s: at most 2 of 4 (50.0 %)" in text
+    doc = json.loads(out.read_text())
+    assert [(r["ttft_s"], r["within"]) for r in doc["bounds"]] == [(0.3, 1), (0.5, 2)]
+
+
+def test_bad_options_are_refused(trace_file, capsys):
+    for bad in (["--token-ms", "0"], ["--ttft", "2,x"], ["--ttft", "-1"], [],
+                ["--token-ms", "1", "--threads", "0"]):
+        with pytest.raises(SystemExit) as exc:
+            trace_bound.main(["--trace", trace_file, *bad])
+        assert exc.value.code == 2
+    assert "--token-ms" in capsys.readouterr().err
+
+
+def test_measures_the_prefill_cost_on_a_model(tmp_path):
+    model = write_tiny_llama(tmp_path / "tiny.gguf", seed=3)
+    ms = trace_bound.measure_token_ms(str(model), threads=1)
+    assert 0 < ms < 1000
