@@ -364,5 +364,6 @@ typedef struct sk_slack_choice {
 } sk_slack_choice;
 sk_slack_choice sk_slack_decide(skippy_scheduler *s, size_t decode_rows, bool skip_in_flight);
 int sk_check_step_cost(const skippy_step_cost *cost);
+size_t sk_slack_toll(const skippy_scheduler *s);
 
 #endif

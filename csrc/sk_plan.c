@@ -333,8 +333,20 @@ static void plan_decode_only(skippy_scheduler *s, sk_writer *out)
     out->tokens_by_phase[SKIPPY_PHASE_DECODE] = row;
 }
 
+/* The slack rule's toll (§2.13): a prefill row after the first costs `toll` tokens of the
+ * budget (its own llama.cpp pass) and starts only when at least slack_min_chunk_tokens are
+ * left after it. False: no further prefill row fits. Toll 0 (the reference rule) always fits. */
+static bool pay_toll(const skippy_scheduler *s, size_t *budget, size_t prefill_rows, size_t toll)
+{
+    if (toll == 0 || prefill_rows == 0) return true;
+    if (*budget <= toll || *budget - toll < s->cfg.slack_min_chunk_tokens) return false;
+    *budget -= toll;
+    return true;
+}
+
 /* Prefill chunks in walk order within `budget` tokens (a homogeneous prefill plan). */
-static void plan_prefill(skippy_scheduler *s, sk_writer *out, size_t budget, bool has_live)
+static void plan_prefill(skippy_scheduler *s, sk_writer *out, size_t budget, bool has_live,
+                         size_t toll)
 {
     size_t active_count = s->active_len, prefill_rows = 0;
     const uint32_t *active = s->active;
@@ -343,6 +355,7 @@ static void plan_prefill(skippy_scheduler *s, sk_writer *out, size_t budget, boo
         uint32_t slot = active[at];
         if (!prefill_pending(&seqs[slot]) || !may_plan(s, out, &seqs[slot])) continue;
         if (prefill_rows >= s->cfg.max_prefill_sequences_per_iteration) continue;
+        if (!pay_toll(s, &budget, prefill_rows, toll)) break;
         budget -= emit_prefill(out, s, slot, budget);
         prefill_rows++;
     }
@@ -358,12 +371,13 @@ static void plan_homogeneous(skippy_scheduler *s, sk_writer *out, bool has_prefi
         if (out->row_count) s->consecutive_prefill = 0;
         return;
     }
-    plan_prefill(s, out, s->cfg.max_tokens_per_iteration, has_live);
+    plan_prefill(s, out, s->cfg.max_tokens_per_iteration, has_live, 0);
 }
 
 /* Decode rows first, from a cursor that rotates so a short budget serves everyone in turn;
- * then prefill chunks with what budget is left, at most `prefill_cap` tokens. */
-static void plan_mixed(skippy_scheduler *s, sk_writer *out, size_t prefill_cap)
+ * then prefill chunks with what budget is left, at most `prefill_cap` tokens, each row after
+ * the first paying `toll` (pay_toll). */
+static void plan_mixed(skippy_scheduler *s, sk_writer *out, size_t prefill_cap, size_t toll)
 {
     size_t budget = s->cfg.max_tokens_per_iteration, active_count = s->active_len;
     if (active_count > 0) {
@@ -389,6 +403,7 @@ static void plan_mixed(skippy_scheduler *s, sk_writer *out, size_t prefill_cap)
         if (budget == 0 || prefill_rows >= s->cfg.max_prefill_sequences_per_iteration) break;
         uint32_t slot = s->active[at];
         if (!prefill_pending(&s->seqs[slot]) || !may_plan(s, out, &s->seqs[slot])) continue;
+        if (!pay_toll(s, &budget, prefill_rows, toll)) break;
         budget -= emit_prefill(out, s, slot, budget);
         prefill_rows++;
     }
@@ -400,9 +415,9 @@ static void plan_slack(skippy_scheduler *s, sk_writer *out, size_t decode_rows)
 {
     sk_slack_choice choice = sk_slack_decide(s, decode_rows, out->disjoint);
     if (choice.kind == SK_SLACK_MIXED) {
-        plan_mixed(s, out, choice.prefill_budget);
+        plan_mixed(s, out, choice.prefill_budget, sk_slack_toll(s));
     } else if (choice.kind == SK_SLACK_PREFILL_ONLY) {
-        plan_prefill(s, out, choice.prefill_budget, true);
+        plan_prefill(s, out, choice.prefill_budget, true, sk_slack_toll(s));
     } else {
         plan_decode_only(s, out);
         s->consecutive_prefill = 0;
@@ -498,7 +513,7 @@ static int make_plan(skippy_scheduler *s, skippy_plan **out_plan)
     else if (s->cfg.mixed_prefill_decode && decode_rows > 0 &&
              (s->prio_victim_len > 0 ||
               (s->mixed_viable && decode_rows < s->ewma_cap && !isnan(s->ewma[decode_rows]))))
-        plan_mixed(s, &out, SIZE_MAX);
+        plan_mixed(s, &out, SIZE_MAX, 0);
     else
         plan_homogeneous(s, &out, has_prefill, live_count > 0);
     plan->request_count = out.row_count;

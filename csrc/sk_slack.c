@@ -4,14 +4,16 @@
  * from the tightest decode slack and a linear cost model the caller keeps fitted.
  *
  * Slack of a live decode row = (clock at its previous token) + (its inter-token target) − now.
- * Predicted step time = base + per prefill token × chunk + (decode base + per decode row ×
- * rows when it has decode rows); a step fits
+ * Predicted step time = base + per prefill token × chunk + per prefill row × (prefill rows
+ * − 1) + (decode base + per decode row × rows when it has decode rows); a step fits
  * when its predicted time × safety is within the minimum slack. A mixed step carries the
  * decode rows and the chunk; when mixing is not predicted cheaper than the decode step plus
  * the chunk run alone, the chunk runs alone and must leave room for the decode step after it.
  * When not even slack_min_chunk_tokens fit, up to slack_interleave_max decode-only steps run in
  * a row, then a prefill step of the smallest useful chunk does, so the oldest admitted prefill
- * never waits more than k steps between two of its chunks. Nothing is latched: every step
+ * never waits more than k steps between two of its chunks. The chunk is sized for one
+ * prefill row; when the plan spreads it over more (sk_plan.c), each row after the first pays
+ * sk_slack_toll tokens of it for the pass llama.cpp runs for it. Nothing is latched: every step
  * decides anew. Under disjoint plans in flight (§2.11a) the sequences in flight are not in
  * the minimum: this plan cannot give them a row, and their last-token stamps wait for the
  * plan that carries their next token, so they would only make every slack look spent.
@@ -28,7 +30,22 @@ int sk_check_step_cost(const skippy_step_cost *c)
     return !(isfinite(c->base_us) && c->base_us >= 0.0 && isfinite(c->per_prefill_token_us) &&
              c->per_prefill_token_us >= 0.0 && isfinite(c->decode_base_us) &&
              c->decode_base_us >= 0.0 && isfinite(c->per_decode_row_us) &&
-             c->per_decode_row_us >= 0.0);
+             c->per_decode_row_us >= 0.0 && isfinite(c->per_prefill_row_us) &&
+             c->per_prefill_row_us >= 0.0);
+}
+
+/* Tokens of the prefill budget each prefill row after the first pays for its own pass:
+ * ceil(per_prefill_row_us / per_prefill_token_us), at most max_tokens_per_iteration (which no
+ * budget exceeds, so a toll that large admits no second row, as does a zero per-token cost
+ * beside a positive per-row one). */
+size_t sk_slack_toll(const skippy_scheduler *s)
+{
+    double row = s->cost.per_prefill_row_us, per_token = s->cost.per_prefill_token_us;
+    size_t cap = s->cfg.max_tokens_per_iteration;
+    if (!(row > 0.0)) return 0;
+    if (!(per_token > 0.0)) return cap;
+    double toll = ceil(row / per_token);
+    return toll >= (double)cap ? cap : (size_t)toll;
 }
 
 /* Largest chunk whose prefill time (per_token each) fits in `spare` µs, at most `room`. */

@@ -8,8 +8,9 @@ def _layout():
     cdef skippy_plan_outputs o
     cdef skippy_deferred_inputs d
     cdef skippy_retired t
+    cdef skippy_step_cost c
     cdef size_t rb = <size_t>&r, pb = <size_t>&p, ob = <size_t>&o, db = <size_t>&d
-    cdef size_t tb = <size_t>&t
+    cdef size_t tb = <size_t>&t, cb = <size_t>&c
     return {
         "skippy_iteration_request": (sizeof(skippy_iteration_request), {
             "session": <size_t>&r.session - rb, "token_ids": <size_t>&r.token_ids - rb,
@@ -45,6 +46,12 @@ def _layout():
             "source_indexes": <size_t>&d.source_indexes - db, "count": <size_t>&d.count - db,
             "capacity": <size_t>&d.capacity - db}),
         "skippy_sampling_config": (sizeof(skippy_sampling_config), {}),
+        "skippy_step_cost": (sizeof(skippy_step_cost), {
+            "base_us": <size_t>&c.base_us - cb,
+            "per_prefill_token_us": <size_t>&c.per_prefill_token_us - cb,
+            "decode_base_us": <size_t>&c.decode_base_us - cb,
+            "per_decode_row_us": <size_t>&c.per_decode_row_us - cb,
+            "per_prefill_row_us": <size_t>&c.per_prefill_row_us - cb}),
     }
 
 

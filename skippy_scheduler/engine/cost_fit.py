@@ -1,9 +1,9 @@
 """The slack rule's cost model, kept fitted online from observed step durations (§2.13).
 
-`StepCostFitter` keeps the last `window` steps (prefill tokens, decode rows, µs) and fits the
-four coefficients of `StepCost` by least squares pulled gently toward the previous fit (so a
-window that never varies one term, e.g. only decode-only steps of one size, keeps that term's
-last value instead of making one up), then drops the steps whose residual is more than
+`StepCostFitter` keeps the last `window` steps (prefill tokens, decode rows, prefill rows, µs)
+and fits the five coefficients of `StepCost` by least squares pulled gently toward the previous
+fit (so a window that never varies one term, e.g. only decode-only steps of one size or no step
+with two prefill sequences, keeps that term's last value instead of making one up), then drops the steps whose residual is more than
 `clip` × the median absolute residual (a step stalled by something else on the machine) and
 fits again, a few rounds; coefficients stay >= 0. A window the current model already explains
 (median residual within 1 % of the median step) keeps it without solving anything. `SlackFeed` is the engine observer that feeds it: after
@@ -39,16 +39,20 @@ class StepCostFitter:
         if not clip > 0:
             raise ValueError(f"clip must be > 0, got {clip}")
         self.cost = prior
-        self._steps: deque[tuple[float, float, float]] = deque(maxlen=window)
+        self._steps: deque[tuple[float, float, float, float]] = deque(maxlen=window)
         self._clip = clip
 
     def __len__(self) -> int:
         return len(self._steps)
 
-    def add(self, prefill_tokens: int, decode_rows: int, duration_us: float) -> None:
-        """Record one step; an empty or non-positive one is ignored."""
+    def add(self, prefill_tokens: int, decode_rows: int, duration_us: float,
+            prefill_rows: int = 1) -> None:
+        """Record one step (`prefill_rows`: its rows with prefill or recompute tokens); an
+        empty or non-positive one is ignored."""
         if (prefill_tokens or decode_rows) and duration_us > 0 and np.isfinite(duration_us):
-            self._steps.append((float(prefill_tokens), float(decode_rows), float(duration_us)))
+            extra = float(prefill_rows - 1) if prefill_rows > 1 else 0.0
+            self._steps.append((float(prefill_tokens), float(decode_rows), extra,
+                                float(duration_us)))
 
     def fit(self) -> StepCost:
         """Refit from the window (the previous fit when it holds fewer than 4 steps)."""
@@ -56,10 +60,12 @@ class StepCostFitter:
             return self.cost
         data = np.array(self._steps)
         rows = data[:, 1]
-        x = np.column_stack([np.ones(len(data)), data[:, 0], (rows > 0).astype(float), rows])
-        y = data[:, 2]
+        x = np.column_stack([np.ones(len(data)), data[:, 0], (rows > 0).astype(float), rows,
+                             data[:, 2]])
+        y = data[:, 3]
         prior = np.array([self.cost.base_us, self.cost.per_prefill_token_us,
-                          self.cost.decode_base_us, self.cost.per_decode_row_us])
+                          self.cost.decode_base_us, self.cost.per_decode_row_us,
+                          self.cost.per_prefill_row_us])
         floor = _RESIDUAL_FLOOR * float(np.median(y))  # never an outlier: timer noise
         if float(np.median(np.abs(x @ prior - y))) <= floor:
             return self.cost  # the model still explains the window: nothing to refit
@@ -75,7 +81,8 @@ class StepCostFitter:
             beta = self._solve(x[keep], y[keep], prior)
         beta = np.maximum(beta, 0.0)
         self.cost = StepCost(base_us=float(beta[0]), per_prefill_token_us=float(beta[1]),
-                             decode_base_us=float(beta[2]), per_decode_row_us=float(beta[3]))
+                             decode_base_us=float(beta[2]), per_decode_row_us=float(beta[3]),
+                             per_prefill_row_us=float(beta[4]))
         return self.cost
 
     @staticmethod
@@ -116,7 +123,9 @@ class SlackFeed:
 
     def executed(self, flight: "_InFlight", duration_us: float) -> None:
         self._scheduler.set_clock(self._now_us() / 1e6)
-        self.fitter.add(flight.token_count - flight.decode, flight.decode, duration_us)
+        decode = flight.decode  # rows that are not decode are prefill or recompute rows
+        self.fitter.add(flight.token_count - decode, decode, duration_us,
+                        len(flight.plan) - decode)
 
     def sampled(self, flight: "_InFlight", rows: list[int], tokens: Any, end_us: float) -> None:
         return None

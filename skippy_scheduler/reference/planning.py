@@ -111,9 +111,10 @@ class RowPlanner:
                                         for s in active if self._slack_decode(s))
         kind, budget = self.slack.decide(least, decode_rows)
         if kind is SlackStep.MIXED:
-            return self._mixed(active, budget)
+            return self._mixed(active, budget, toll=self.slack.toll())
         if kind is SlackStep.PREFILL_ONLY:
-            return self._homogeneous(active, prefill_budget=budget, force_prefill=True)
+            return self._homogeneous(active, prefill_budget=budget, force_prefill=True,
+                                     toll=self.slack.toll())
         work = self._homogeneous(active, decode_only=True)
         self.consecutive_prefill = 0
         return work
@@ -164,10 +165,20 @@ class RowPlanner:
         limit = self._config.max_prefill_sequences_per_iteration
         return USIZE_MAX if limit is None else limit
 
+    def _pay_toll(self, budget: int, prefill_rows: int, toll: int) -> int | None:
+        """The slack rule's toll (§2.13; C: pay_toll): the budget left once a prefill row after
+        the first paid `toll` tokens, None when it would leave less than the minimum chunk."""
+        if toll == 0 or prefill_rows == 0:
+            return budget
+        if budget <= toll or budget - toll < self._config.slack_min_chunk_tokens:
+            return None
+        return budget - toll
+
     def _homogeneous(self, active: list[Sequence], prefill_budget: int | None = None,
-                     force_prefill: bool = False, decode_only: bool = False) -> list[IterationWork]:
+                     force_prefill: bool = False, decode_only: bool = False,
+                     toll: int = 0) -> list[IterationWork]:
         """A prefill plan or a decode-only plan (§2.4); the slack rule forces one or the other
-        and may bound the prefill tokens."""
+        and may bound the prefill tokens and charge each prefill row after the first a toll."""
         has_prefill = any(self._prefill_pending(s) for s in active)
         has_live_decode = any(self._live_decode(s) for s in active)
         max_consecutive = self._config.max_consecutive_prefill_iterations
@@ -188,7 +199,11 @@ class RowPlanner:
             if self._prefill_pending(s):
                 if not run_prefill or prefill_rows >= prefill_limit:
                     continue
-                row = self._prefill_row(s, budget)
+                left = self._pay_toll(budget, prefill_rows, toll)
+                if left is None:
+                    break
+                row = self._prefill_row(s, left)
+                budget = left
                 prefill_rows += 1
                 budget -= len(row.tokens)
                 work.append(row)
@@ -201,7 +216,8 @@ class RowPlanner:
             self.consecutive_prefill = 0
         return work
 
-    def _mixed(self, active: list[Sequence], prefill_cap: int = USIZE_MAX) -> list[IterationWork]:
+    def _mixed(self, active: list[Sequence], prefill_cap: int = USIZE_MAX,
+               toll: int = 0) -> list[IterationWork]:
         n = len(active)
         budget = self._config.max_tokens_per_iteration
         work: list[IterationWork] = []
@@ -225,7 +241,11 @@ class RowPlanner:
                 break
             if not self._prefill_pending(s):
                 continue
-            row = self._prefill_row(s, budget)
+            left = self._pay_toll(budget, prefill_rows, toll)
+            if left is None:
+                break
+            row = self._prefill_row(s, left)
+            budget = left
             prefill_rows += 1
             budget -= len(row.tokens)
             work.append(row)

@@ -32,6 +32,19 @@ def largest_chunk(spare_us: float, per_token_us: float, room: int) -> int:
     return room if chunk >= room else int(chunk)
 
 
+def toll_tokens(cost: StepCost, max_tokens: int) -> int:
+    """Tokens of the prefill budget each prefill row after the first pays for its own pass
+    (C: sk_slack_toll): ceil(per_prefill_row_us / per_prefill_token_us), at most `max_tokens`
+    (which no budget exceeds, so no second row), and `max_tokens` when only the row costs."""
+    row, per_token = cost.per_prefill_row_us, cost.per_prefill_token_us
+    if not row > 0.0:
+        return 0
+    if not per_token > 0.0:
+        return max_tokens
+    toll = math.ceil(row / per_token)
+    return max_tokens if float(toll) >= float(max_tokens) else toll
+
+
 class SlackRule:
     """The rule's state: the clock (µs), the cost model and the interleave counter."""
 
@@ -77,3 +90,7 @@ class SlackRule:
             chunk = min_chunk  # the starvation bound: a prefill step now
         self.interleaved = 0
         return kind, chunk
+
+    def toll(self) -> int:
+        """This step's per-row toll (`toll_tokens` of the current cost model)."""
+        return toll_tokens(self.cost, self._config.max_tokens_per_iteration)

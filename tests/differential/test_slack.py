@@ -38,7 +38,8 @@ def _settings(examples):
 costs = st.builds(StepCost, base_us=st.sampled_from([0.0, 50.0, 2000.0]),
                   per_prefill_token_us=st.sampled_from([0.0, 1.0, 300.0, 1e4]),
                   decode_base_us=st.sampled_from([0.0, 100.0, 3000.0]),
-                  per_decode_row_us=st.sampled_from([0.0, 20.0, 700.0]))
+                  per_decode_row_us=st.sampled_from([0.0, 20.0, 700.0]),
+                  per_prefill_row_us=st.sampled_from([0.0, 0.0, 1.0, 650.0, 3000.0, 1e6]))
 
 configs = st.builds(
     SchedulerConfig,
@@ -303,6 +304,74 @@ def test_sequences_in_flight_do_not_count_toward_the_least_slack(impl):
     assert [(w.sequence_id, len(w.tokens)) for w in plan.work] == [("b", 1), ("p", 60)]
 
 
+def _two_pending(impl, per_row_us, base_us=1000.0, per_token_us=100.0):
+    """A live decode "d" and two 20-token prompts pending; a generous target: the chunk budget
+    (the whole 60-token room) covers both prompts. The plan's rows as (id, tokens)."""
+    cost = StepCost(base_us=base_us, per_prefill_token_us=per_token_us, decode_base_us=0,
+                    per_decode_row_us=1000, per_prefill_row_us=per_row_us)
+    sched = impl(_config(itl_target=1.0, slack_safety=1.0, step_cost=cost,
+                         max_tokens_per_iteration=61, prefill_chunk_tokens=60))
+    sched.set_clock(0.0)
+    sched.submit(Sequence("d", [1, 2], 100))
+    _sample_all(sched, sched.plan_iteration())
+    sched.submit(Sequence("p1", list(range(20)), 2))
+    sched.submit(Sequence("p2", list(range(20)), 2))
+    plan = sched.plan_iteration()
+    return [(w.sequence_id, len(w.tokens)) for w in plan.work]
+
+
+def test_each_further_prefill_row_pays_the_toll(impl):
+    """§2.13: a prefill row after the first costs ceil(per_prefill_row_us /
+    per_prefill_token_us) tokens of the budget and starts only with the minimum chunk left."""
+    both = [("d", 1), ("p1", 20), ("p2", 20)]
+    assert _two_pending(impl, 0.0) == both  # no toll: as the rule always planned
+    assert _two_pending(impl, 1500.0) == both  # toll 15: 60 - 20 - 15 = 25 left for p2
+    # toll 33 (ceil 32.01): 40 - 33 = 7 left, under the 8-token minimum chunk: p2 waits
+    assert _two_pending(impl, 3201.0) == [("d", 1), ("p1", 20)]
+    # toll 32: exactly the minimum chunk left for p2
+    assert _two_pending(impl, 3200.0) == [("d", 1), ("p1", 20), ("p2", 8)]
+    assert _two_pending(impl, 1e9) == [("d", 1), ("p1", 20)]  # only the first
+
+
+def test_toll_applies_to_prefill_only_steps(impl):
+    """No base cost: mixing saves nothing, the chunk runs alone; the toll still applies."""
+    assert _two_pending(impl, 0.0, base_us=0.0) == [("p1", 20), ("p2", 20)]
+    assert _two_pending(impl, 1500.0, base_us=0.0) == [("p1", 20), ("p2", 20)]
+    assert _two_pending(impl, 1e6, base_us=0.0) == [("p1", 20)]
+
+
+def test_a_row_cost_with_free_tokens_admits_one_prefill_row(impl):
+    assert _two_pending(impl, 0.0, per_token_us=0.0) == [("d", 1), ("p1", 20), ("p2", 20)]
+    assert _two_pending(impl, 1.0, per_token_us=0.0) == [("d", 1), ("p1", 20)]
+
+
+def test_reference_rule_ignores_the_row_cost(impl):
+    """The reference rule's plans never pay the toll (the lab's outputs stay as they were)."""
+    cost = StepCost(per_prefill_row_us=1e9)
+    sched = impl(SchedulerConfig(max_tokens_per_iteration=64, prefill_chunk_tokens=32,
+                                 step_cost=cost))
+    sched.submit(Sequence("p1", list(range(20)), 2))
+    sched.submit(Sequence("p2", list(range(20)), 2))
+    assert [(w.sequence_id, len(w.tokens)) for w in sched.plan_iteration().work] == [
+        ("p1", 20), ("p2", 20)]
+
+
+def test_set_step_cost_carries_the_row_cost(impl):
+    sched = impl(_config())
+    cost = StepCost(base_us=1000, per_prefill_token_us=100, per_prefill_row_us=1e9)
+    sched.set_step_cost(cost)
+    assert sched.step_cost == cost
+    assert sched.step_cost.per_prefill_row_us == 1e9
+
+
+def test_predict_charges_each_further_prefill_row():
+    cost = StepCost(base_us=1000, per_prefill_token_us=10, decode_base_us=200,
+                    per_decode_row_us=50, per_prefill_row_us=7000)
+    assert cost.predict_us(30, 0) == cost.predict_us(30, 0, prefill_rows=1) == 1300
+    assert cost.predict_us(30, 0, prefill_rows=0) == 1300
+    assert cost.predict_us(30, 4, prefill_rows=3) == 1000 + 300 + 14000 + 200 + 200
+
+
 def test_reference_rule_is_the_default(impl):
     assert SchedulerConfig().planning_rule is PlanningRule.REFERENCE
 
@@ -318,7 +387,9 @@ def test_bad_slack_config_is_refused(bad):
 
 
 @pytest.mark.parametrize("bad", [dict(base_us=-1.0), dict(per_prefill_token_us=math.inf),
-                                 dict(per_decode_row_us=math.nan), dict(decode_base_us="1")])
+                                 dict(per_decode_row_us=math.nan), dict(decode_base_us="1"),
+                                 dict(per_prefill_row_us=-1.0), dict(per_prefill_row_us=math.inf),
+                                 dict(per_prefill_row_us=math.nan)])
 def test_bad_step_cost_is_refused(bad):
     with pytest.raises((TypeError, ValueError)):
         StepCost(**bad)

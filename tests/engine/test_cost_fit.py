@@ -43,6 +43,72 @@ def test_fitter_keeps_what_the_window_cannot_tell():
     assert cost.predict_us(0, 8) == pytest.approx(prior.predict_us(0, 8), rel=1e-3)
 
 
+ROWS = StepCost(base_us=500.0, per_prefill_token_us=3.0, decode_base_us=200.0,
+                per_decode_row_us=40.0, per_prefill_row_us=12000.0)
+
+
+def test_fitter_recovers_the_per_prefill_row_cost():
+    """Steps of 1-4 prefill sequences: the fifth coefficient (each prefill row after the
+    first, llama.cpp's pass per sequence, §2.13) comes out of the fit with the other four."""
+    rng = np.random.default_rng(5)
+    prior = StepCost(base_us=800.0, per_prefill_token_us=5.0, decode_base_us=100.0,
+                     per_decode_row_us=60.0)
+    fitter = StepCostFitter(prior, window=64)
+    for i in range(64):
+        prefill_rows = int(rng.integers(0, 5))
+        prefill = prefill_rows * int(rng.choice([8, 32, 100]))
+        rows = 0 if i % 4 == 0 and prefill else int(rng.integers(1, 20))
+        fitter.add(prefill, rows, ROWS.predict_us(prefill, rows, prefill_rows), prefill_rows)
+    cost = fitter.fit()
+    for name in ("base_us", "per_prefill_token_us", "decode_base_us", "per_decode_row_us",
+                 "per_prefill_row_us"):
+        assert getattr(cost, name) == pytest.approx(getattr(ROWS, name), rel=0.02, abs=2.0), name
+
+
+def test_fitter_keeps_the_row_cost_without_multi_sequence_steps():
+    """No step of the window has two prefill rows: the row cost is not observable and stays
+    the prior's, while the other coefficients are refitted."""
+    prior = StepCost(base_us=800.0, per_prefill_token_us=5.0, decode_base_us=100.0,
+                     per_decode_row_us=60.0, per_prefill_row_us=9000.0)
+    fitter = StepCostFitter(prior, window=32)
+    rng = np.random.default_rng(7)
+    for i in range(32):
+        prefill_rows = i % 2  # at most one prefill sequence a step
+        prefill = prefill_rows * int(rng.choice([16, 64, 200]))
+        rows = int(rng.integers(1, 20))
+        fitter.add(prefill, rows, TRUE.predict_us(prefill, rows), prefill_rows)
+    cost = fitter.fit()
+    assert cost.per_prefill_row_us == pytest.approx(9000.0, rel=1e-6)
+    assert cost.per_prefill_token_us == pytest.approx(TRUE.per_prefill_token_us, rel=0.02)
+    assert cost.base_us + cost.decode_base_us == pytest.approx(
+        TRUE.base_us + TRUE.decode_base_us, rel=0.02)
+
+
+@pytest.mark.parametrize("impl", [Scheduler, TwinScheduler], ids=["native", "twin"])
+def test_feed_counts_the_prefill_rows_of_each_step(impl):
+    """SlackFeed records each step's prefill rows: steps carrying several prompts show up as
+    such in the fitter's window (rows that are not decode rows)."""
+    config = SchedulerConfig(planning_rule=PlanningRule.SLACK, itl_target=1.0,
+                             prefill_chunk_tokens=64, max_tokens_per_iteration=256)
+    sched = impl(config)
+    engine = Engine(sched, CostModelHost(token=1), clock=VirtualClock(RuntimeCostModel()))
+    feed = next(o for o in engine.observers if isinstance(o, SlackFeed))
+    seen = []
+    add = feed.fitter.add
+
+    def record(prefill_tokens, decode_rows, duration_us, prefill_rows=1):
+        seen.append((prefill_tokens, decode_rows, prefill_rows))
+        add(prefill_tokens, decode_rows, duration_us, prefill_rows)
+
+    feed.fitter.add = record
+    for i in range(3):
+        engine.submit(Request(f"r{i}", list(range(10 + i)), 3, arrival_us=0.0))
+    engine.run()
+    assert seen[0] == (10 + 11 + 12, 0, 3)  # the three prompts in one step
+    assert all(rows == 0 for p, _, rows in seen if p == 0)  # decode-only steps: none
+    assert len(feed.fitter) == len(seen)
+
+
 def test_fitter_refuses_bad_settings():
     with pytest.raises(ValueError):
         StepCostFitter(StepCost(), window=2)

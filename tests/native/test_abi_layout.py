@@ -81,6 +81,18 @@ def test_sampling_config_has_the_0_1_52_layout():
     assert LAYOUT["skippy_sampling_config"][0] == 2352
 
 
+def test_step_cost_appends_the_row_cost(tmp_path):
+    """skippy_step_cost: the four coefficients where they were, per_prefill_row_us after them."""
+    expected = {"base_us": 0, "per_prefill_token_us": 8, "decode_base_us": 16,
+                "per_decode_row_us": 24, "per_prefill_row_us": 32}
+    assert LAYOUT["skippy_step_cost"] == (40, expected)
+    assert ffi.sizeof("skippy_step_cost") == 40
+    c = _c_layout(tmp_path)
+    assert c[("skippy_step_cost", "__size__")] == 40
+    for name, off in expected.items():
+        assert ffi.offsetof("skippy_step_cost", name) == off == c[("skippy_step_cost", name)]
+
+
 def test_error_and_version_structs():
     assert ffi.sizeof("skippy_error") == 16
     assert ffi.sizeof("skippy_version") == 12
