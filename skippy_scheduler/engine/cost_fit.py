@@ -14,6 +14,7 @@ slack rule, so the reference rule's path is unchanged.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -49,7 +50,8 @@ class StepCostFitter:
             prefill_rows: int = 1) -> None:
         """Record one step (`prefill_rows`: its rows with prefill or recompute tokens); an
         empty or non-positive one is ignored."""
-        if (prefill_tokens or decode_rows) and duration_us > 0 and np.isfinite(duration_us):
+        # NOTE: math.isfinite, not numpy's: this runs every step (a scalar ufunc costs more).
+        if (prefill_tokens or decode_rows) and duration_us > 0 and math.isfinite(duration_us):
             extra = float(prefill_rows - 1) if prefill_rows > 1 else 0.0
             self._steps.append((float(prefill_tokens), float(decode_rows), extra,
                                 float(duration_us)))
