@@ -80,13 +80,42 @@ def closed_args(args: argparse.Namespace, url: str, label: str, c: int) -> argpa
         outputs=True, json=None)
 
 
+_LOG_SINKS: list[Any] = []  # llama.cpp keeps the log callback's pointer: keep it alive
+
+
+def byte_token_ids(model: str) -> list[int]:
+    """The ids of `model`'s byte tokens (llama.cpp's BYTE attribute: <0x00>..<0xFF> of an SPM
+    vocabulary), read from its vocabulary alone."""
+    import ctypes
+
+    import llama_cpp as ll
+
+    if not _LOG_SINKS:
+        _LOG_SINKS.append(ll.llama_log_callback(lambda level, text, user_data: None))
+    ll.llama_log_set(_LOG_SINKS[0], ctypes.c_void_p(0))
+    ll.llama_backend_init()
+    params = ll.llama_model_default_params()
+    params.vocab_only = True
+    m = ll.llama_model_load_from_file(os.path.abspath(model).encode(), params)
+    if not m:
+        raise SystemExit(f"serve_rounds: llama.cpp could not read the vocabulary of {model}")
+    try:
+        vocab = ll.llama_model_get_vocab(m)
+        return [t for t in range(ll.llama_vocab_n_tokens(vocab))
+                if ll.llama_vocab_get_attr(vocab, t) & ll.LLAMA_TOKEN_ATTR_BYTE]
+    finally:
+        ll.llama_model_free(m)
+
+
 def trace_args(args: argparse.Namespace, url: str, label: str) -> argparse.Namespace:
     ap = trace_load.build_parser()
+    extra = ([] if not getattr(args, "byte_bias", None) else
+             ["--extra", json.dumps({"logit_bias": args.byte_bias})])
     targs = ap.parse_args([
         "--url", url, "--label", label, "--model", "bench", "--trace", args.trace,
         "--start-s", str(args.start_s), "--max-requests", str(args.max_requests),
         "--time-scale", str(args.time_scale), "--ttft-slo-s", str(args.ttft_slo_s),
-        "--itl-slo-s", str(args.itl_slo_s), "--progress-s", "1e9"])
+        "--itl-slo-s", str(args.itl_slo_s), "--progress-s", "1e9", *extra])
     trace_load.check_args(ap, targs)
     return targs
 
@@ -204,6 +233,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                         "offer about 920 prompt tokens/s)")
     t.add_argument("--ttft-slo-s", type=float, default=2.0)
     t.add_argument("--itl-slo-s", type=float, default=0.2)
+    t.add_argument("--no-byte-tokens", action="store_true",
+                   help="the replay's requests carry a logit bias of -100 on the model's byte "
+                        "tokens, for both servers (BENCHMARKS.md: a byte that starts a UTF-8 "
+                        "character streams no text until the next token)")
     t.add_argument("--also-ttft-slo-s", type=float, default=None, metavar="S",
                    help="also report the share within the SLO with this TTFT bound instead "
                         "(the same replay)")
@@ -223,6 +256,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.also_ttft_slo_s is not None and not (math.isfinite(args.also_ttft_slo_s)
                                                  and args.also_ttft_slo_s > 0):
         ap.error(f"--also-ttft-slo-s must be a finite number > 0, got {args.also_ttft_slo_s}")
+    args.byte_bias = None
+    if args.no_byte_tokens:
+        if not args.trace:
+            ap.error("--no-byte-tokens needs --trace")
+        args.byte_bias = {str(t): -100 for t in byte_token_ids(args.model)}
     if args.only_trace and not args.trace:
         ap.error("--only-trace needs --trace")
     servers = ([(OURS, ours_cmd(args))] if args.servers != "theirs" else []) + (

@@ -99,3 +99,15 @@ def test_a_bad_second_ttft_bound_is_refused(tmp_path, capsys):
         serve_rounds.main(["--model", "x.gguf", "--trace", "t.jsonl", "--also-ttft-slo-s", "0"])
     assert exc.value.code == 2
     assert "--also-ttft-slo-s" in capsys.readouterr().err
+
+
+def test_no_byte_tokens_biases_the_models_byte_tokens_in_the_replay(tmp_path):
+    model = write_tiny_llama(tmp_path / "tiny.gguf", seed=5)
+    ids = serve_rounds.byte_token_ids(str(model))
+    assert ids == list(range(3, 259))  # <0x00>..<0xFF> of the tiny SPM vocabulary
+    args = argparse.Namespace(trace="t.jsonl", start_s=0.0, max_requests=3, time_scale=1.0,
+                              ttft_slo_s=2.0, itl_slo_s=0.2, byte_bias={str(t): -100 for t in ids})
+    targs = serve_rounds.trace_args(args, "http://127.0.0.1:9", "ours")
+    assert targs.extra == {"logit_bias": {str(t): -100 for t in ids}}
+    args.byte_bias = None
+    assert serve_rounds.trace_args(args, "http://127.0.0.1:9", "ours").extra == {}
