@@ -22,7 +22,6 @@ the per-row cost grows with the context. These figures are what the slack rule's
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import statistics
 import sys
@@ -71,15 +70,10 @@ class Context:
     def __init__(self, args: argparse.Namespace) -> None:
         import llama_cpp as ll
 
+        from skippy_scheduler.hosts.llama.backend import init_backend
+
         self.ll = ll
-
-        @ll.llama_log_callback  # type: ignore[untyped-decorator, unused-ignore]
-        def quiet(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-            return None
-
-        self._quiet = quiet
-        ll.llama_log_set(quiet, ctypes.c_void_p(0))
-        ll.llama_backend_init()
+        init_backend()  # the package's log sink: llama.cpp's INFO lines are dropped
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = 0
         self.model = ll.llama_model_load_from_file(args.model.encode(), mparams)

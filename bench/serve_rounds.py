@@ -80,20 +80,14 @@ def closed_args(args: argparse.Namespace, url: str, label: str, c: int) -> argpa
         outputs=True, json=None)
 
 
-_LOG_SINKS: list[Any] = []  # llama.cpp keeps the log callback's pointer: keep it alive
-
-
 def byte_token_ids(model: str) -> list[int]:
     """The ids of `model`'s byte tokens (llama.cpp's BYTE attribute: <0x00>..<0xFF> of an SPM
     vocabulary), read from its vocabulary alone."""
-    import ctypes
-
     import llama_cpp as ll
 
-    if not _LOG_SINKS:
-        _LOG_SINKS.append(ll.llama_log_callback(lambda level, text, user_data: None))
-    ll.llama_log_set(_LOG_SINKS[0], ctypes.c_void_p(0))
-    ll.llama_backend_init()
+    from skippy_scheduler.hosts.llama.backend import init_backend
+
+    init_backend()  # the package's log sink: llama.cpp's INFO lines are dropped
     params = ll.llama_model_default_params()
     params.vocab_only = True
     m = ll.llama_model_load_from_file(os.path.abspath(model).encode(), params)

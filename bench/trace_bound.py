@@ -61,16 +61,11 @@ def attainment_bound(plan: Sequence[trace_load.Planned], token_s: float,
 
 def measure_token_ms(model: str, threads: int) -> float:
     """Marginal prefill cost per token (ms) of `model` on llama.cpp, f32 KV, one sequence."""
-    import ctypes
-
     import llama_cpp as ll
 
-    @ll.llama_log_callback  # type: ignore[untyped-decorator, unused-ignore]
-    def quiet(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-        return None
+    from skippy_scheduler.hosts.llama.backend import init_backend
 
-    ll.llama_log_set(quiet, ctypes.c_void_p(0))
-    ll.llama_backend_init()
+    init_backend()  # the package's log sink: llama.cpp's INFO lines are dropped
     mparams = ll.llama_model_default_params()
     mparams.n_gpu_layers = 0
     m = ll.llama_model_load_from_file(model.encode(), mparams)
