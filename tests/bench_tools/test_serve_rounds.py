@@ -10,6 +10,7 @@ import pytest
 
 import serve_load
 import serve_rounds
+from lab_support import mooncake_file
 
 from skippy_scheduler.hosts.tiny_model import write_tiny_llama
 
@@ -75,14 +76,12 @@ def test_rounds_give_medians_per_load(tmp_path, capsys):
 
 def test_trace_rounds_report_a_second_ttft_bound_from_the_same_replay(tmp_path):
     model = write_tiny_llama(tmp_path / "tiny.gguf", seed=5)
-    trace = tmp_path / "trace.jsonl"
-    trace.write_text("".join(json.dumps({"timestamp": t, "input_length": 640, "output_length": 24,
-                                         "hash_ids": [t, t + 1]}) + "\n" for t in (0, 0, 50)))
+    trace = mooncake_file(tmp_path, [(t, [t, (t + 1, 128)], 24) for t in (0, 0, 50)])
     out = tmp_path / "rounds.jsonl"
     # A TTFT bound nobody meets, and a second one everybody does (gaps bounded generously).
     assert serve_rounds.main([
         "--model", str(model), "--servers", "ours", "--rounds", "1", "--only-trace",
-        "--trace", str(trace), "--max-requests", "3", "--ttft-slo-s", "1e-9",
+        "--trace", trace, "--max-requests", "3", "--ttft-slo-s", "1e-9",
         "--also-ttft-slo-s", "600", "--itl-slo-s", "600", "--lanes", "2", "--ctx-size", "1024",
         "--threads", "1", "--json", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]

@@ -6,25 +6,23 @@ import json
 import pytest
 import trace_bound
 import trace_load
+from lab_support import mooncake_file
 
 from skippy_scheduler.hosts.tiny_model import write_tiny_llama
 
-# (timestamp ms, input tokens, output tokens, hash_ids): two requests at 0 ms (a burst), one
-# sharing the other's first block, and a lone request later.
+# (timestamp ms, trace blocks of 512 tokens, output tokens): two requests at 0 ms sharing their
+# first block, one more at 0 ms (a burst), and a lone request later.
 ROWS = [
-    (0, 2048, 8, [0, 1, 2, 3]),
-    (0, 1024, 8, [0, 4]),
-    (0, 512, 8, [5]),
-    (3000, 2048, 8, [6, 7, 8, 9]),
+    (0, [0, 1, 2, 3], 8),
+    (0, [0, 4], 8),
+    (0, [5], 8),
+    (3000, [6, 7, 8, 9], 8),
 ]
 
 
 @pytest.fixture
 def trace_file(tmp_path):
-    path = tmp_path / "trace.jsonl"
-    path.write_text("".join(json.dumps({"timestamp": t, "input_length": n, "output_length": o,
-                                        "hash_ids": h}) + "\n" for t, n, o, h in ROWS))
-    return str(path)
+    return mooncake_file(tmp_path, ROWS, "trace.jsonl")
 
 
 def test_group_bound_takes_the_shortest_first():
