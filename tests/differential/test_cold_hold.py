@@ -9,7 +9,6 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from skippy_scheduler import (
-    IterationPrediction,
     MemoryComponent,
     Scheduler,
     SchedulerConfig,
@@ -18,7 +17,7 @@ from skippy_scheduler import (
 )
 from skippy_scheduler.prefix_store import PrefixStore
 from skippy_scheduler.reference import PrefixStoreTwin
-from sched_helpers import TwinPair, complete
+from sched_helpers import TwinPair
 
 IDS = [f"s{i}" for i in range(8)]
 HEADS = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 9, 9, 9], [4, 4, 4, 4]]
@@ -65,7 +64,6 @@ class Pair(TwinPair):
                        PrefixStoreTwin(64, 8, first_holder_id=32))
         for s, store in zip(self.scheds, self.stores):
             s.attach_prefix_store(store, prefill_cost_per_token=10)
-        self.live = ([], [])
         self.prompts = {}
 
     def check(self):
@@ -101,16 +99,7 @@ def run(pair, op):
         pair.live = ([pn] + pair.live[0], [pt] + pair.live[1])
         depth = pair.scheds[1].config.max_inflight_plans
         if len(pair.live[0]) >= depth or len(pt) == 0:
-            oldest = (pair.live[0][-1], pair.live[1][-1])
-
-            def finish(s, i):
-                plan = oldest[i]
-                return complete(s, plan, [IterationPrediction(r, -1 if token == 9 else token)
-                                          for r, w in enumerate(plan.work) if w.sample_last])
-            out = pair.both(finish)
-            if out[0][0] == "ok":
-                assert out[0][1] == out[1][1]
-            pair.live = (pair.live[0][:-1], pair.live[1][:-1])
+            pair.finish_oldest(token)
             keeps = pair.both(lambda s, _: s.take_prompt_keeps())
             assert keeps[0] == keeps[1]
             if keeps[0][1]:

@@ -76,7 +76,6 @@ class Pair(TwinPair):
     def __init__(self, config):
         super().__init__(Scheduler(config), TwinScheduler(config))
         self.now = 0.0
-        self.live = ([], [])
 
     def check(self):
         super().check(IDS)
@@ -113,15 +112,7 @@ def run(pair, op):
         if len(pair.live[0]) >= depth or len(pt) == 0:
             pair.now += elapsed
             pair.both(lambda s, _: s.set_clock(pair.now))
-            oldest = (pair.live[0][-1], pair.live[1][-1])
-            def finish(s, i):
-                plan = oldest[i]
-                return complete(s, plan, [IterationPrediction(r, -1 if token == 9 else token)
-                                          for r, w in enumerate(plan.work) if w.sample_last])
-            out = pair.both(finish)
-            if out[0][0] == "ok":
-                assert out[0][1] == out[1][1]
-            pair.live = (pair.live[0][:-1], pair.live[1][:-1])
+            pair.finish_oldest(token)
     pair.check()
 
 

@@ -68,6 +68,21 @@ class TwinPair:
 
     def __init__(self, native, twin):
         self.scheds = (native, twin)
+        self.live = ([], [])  # each side's plans in flight, newest first
+
+    def finish_oldest(self, token):
+        """Complete the oldest plan in flight on both, every sampling row given `token` (9: the
+        end signal, -1), require the same outcome, and drop it from `live`."""
+        oldest = (self.live[0][-1], self.live[1][-1])
+
+        def finish(s, i):
+            plan = oldest[i]
+            return complete(s, plan, [IterationPrediction(r, -1 if token == 9 else token)
+                                      for r, w in enumerate(plan.work) if w.sample_last])
+        out = self.both(finish)
+        if out[0][0] == "ok":
+            assert out[0][1] == out[1][1]
+        self.live = (self.live[0][:-1], self.live[1][:-1])
 
     def both(self, fn):
         out = []
