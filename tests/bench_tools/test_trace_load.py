@@ -82,7 +82,9 @@ def test_equal_block_ids_give_equal_token_prefixes(trace_file, server):
 
 def test_replay_against_the_server(trace_file, server, tmp_path):
     out = tmp_path / "load.jsonl"
-    common = ["--time-scale", "0.5", "--token-ids", "--max-input", "200"]
+    # The trace's own output lengths (8 to 64 tokens): the server writes what a wake-up of its
+    # stream finds in one chunk, and on a busy machine a short answer may come whole.
+    common = ["--time-scale", "0.5", "--token-ids", "--max-input", "200", "--output-scale", "1"]
     assert trace_load.main(["--url", server.url, "--trace", trace_file, "--label", "t",
                             "--progress-s", "0", "--ttft-slo-s", "60", "--itl-slo-s", "60",
                             "--json", str(out), "--requests-out", str(tmp_path / "rq.jsonl"),
@@ -96,7 +98,7 @@ def test_replay_against_the_server(trace_file, server, tmp_path):
     assert max(r["itl_max_s"] for r in rows) == doc["itl_max_s"]
     assert doc["requests"] == doc["sent"] == doc["completed"] == len(ROWS)
     assert doc["failed"] == doc["cut_off"] == 0 and doc["errors"] == []
-    expect_tokens = sum(p.max_tokens for p in trace_load.plan_requests(_args(trace_file)))
+    expect_tokens = sum(o for _, _, o, _ in ROWS)
     assert doc["output_tokens"] == expect_tokens and doc["short_outputs"] == 0
     assert doc["slo_met"] == len(ROWS) and doc["slo_attainment_pct"] == 100.0
     assert doc["goodput_rps"] == pytest.approx(len(ROWS) / doc["wall_s"])
@@ -108,15 +110,17 @@ def test_replay_against_the_server(trace_file, server, tmp_path):
     assert doc["max_burst"] == 2 and doc["client_lag_max_s"] >= 0
     assert 0 < doc["prefix_shared_pct"] < 100
 
-    # The same outcomes under an SLO no gap can meet: every gap is a stall, only the answers
-    # that came in one chunk (the one-token ones, and any the server sent at once) are within.
+    # Under an SLO no gap can meet, every gap is a stall and only answers that came in one
+    # chunk are within.
     args = _args(trace_file, *common, "--ttft-slo-s", "60", "--itl-slo-s", "1e-9",
                  url=server.url)
     plan = trace_load.plan_requests(args)
+    assert [p.max_tokens for p in plan] == [o for _, _, o, _ in ROWS]
     outcomes, wall = asyncio.run(trace_load.replay(plan, args))
     strict = trace_load.report(plan, outcomes, wall, args)
+    assert strict["completed"] == len(ROWS) and strict["short_outputs"] == 0
     gaps = sum(len(o.result.gaps) for o in outcomes)
     assert strict["stalls"] == gaps > 0
     one_chunk = sum(not o.result.gaps for o in outcomes)
-    assert strict["slo_met"] == one_chunk >= sum(p.max_tokens == 1 for p in plan) == 2
+    assert strict["slo_met"] == one_chunk < len(ROWS)
     assert strict["requests_with_stalls"] == len(ROWS) - one_chunk
