@@ -46,6 +46,7 @@ void skippy_scheduler_config_default(skippy_scheduler_config *c)
     c->disjoint_inflight_plans = false;
     c->cold_prefix_hold_tokens = 0;
     c->cold_prefix_hold_max_steps = 64;
+    c->slack_prefill_age_max_us = 2000000.0;
 }
 
 static size_t clamp_sz(size_t v, size_t lo, size_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
@@ -101,6 +102,7 @@ void skippy_scheduler_free(skippy_scheduler *s)
     free(s->victims);
     free(s->prio_victims);
     free(s->ewma);
+    free(s->prefill_keys);
     for (size_t k = 0; s->plans && k < s->cfg.max_inflight_plans; k++) {
         sk_plan_slot *slot = &s->plans[k];
         skippy_plan *plan = &slot->plan;
@@ -165,6 +167,11 @@ skippy_status skippy_scheduler_create(const skippy_scheduler_config *config,
         sk_check_step_cost(&s->cfg.step_cost)) {
         rc = sk_fail(s, SKIPPY_SCHED_INVALID, "unknown planning rule, or itl_target_us, "
                      "slack_safety or step_cost out of range (finite; > 0, > 0, >= 0)");
+        goto fail;
+    }
+    if (!(isfinite(s->cfg.slack_prefill_age_max_us) && s->cfg.slack_prefill_age_max_us >= 0.0)) {
+        rc = sk_fail(s, SKIPPY_SCHED_INVALID, "slack_prefill_age_max_us must be a finite number "
+                     ">= 0 (µs)");
         goto fail;
     }
     s->cost = s->cfg.step_cost;

@@ -81,6 +81,7 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     double itl_target_us;     /* 0 = cfg.itl_target_us */
     double ttft_deadline_us;  /* 0 = none */
     double last_token_us;     /* s->now_us at its last token, or at its admission */
+    double submitted_us;      /* s->now_us at its submit, kept across preemption (§2.13) */
     /* disjoint_inflight_plans (sk_plan.c): serial of the last plan with a row of it (0 = none);
      * while that plan is live the sequence is in flight. */
     uint64_t flight_serial;
@@ -167,6 +168,9 @@ struct skippy_scheduler {
     double now_us;                        /* skippy_scheduler_set_clock (slack rule, §2.13) */
     skippy_step_cost cost;                /* skippy_scheduler_set_step_cost */
     size_t interleaved;                   /* decode-only plans in a row while prefill waited */
+    struct sk_prefill_key *prefill_keys;  /* the slack rule's prefill order (sk_prefill_order.c) */
+    size_t prefill_keys_cap;
+    size_t prefill_keys_len;
     size_t leaders;                       /* leaders marked and not yet reported (sk_hold.c) */
 
     size_t n_class[3];                    /* active sequences per SK_CLASS_* (see sk_class) */
@@ -364,6 +368,18 @@ typedef struct sk_slack_choice {
 } sk_slack_choice;
 sk_slack_choice sk_slack_decide(skippy_scheduler *s, size_t decode_rows, bool skip_in_flight);
 int sk_check_step_cost(const skippy_step_cost *cost);
+
+/* sk_prefill_order.c: the order the slack rule's prefill walks visit the prefill-pending
+ * sequences (§2.13). reserve sizes the scratch array for the active set (before planning, -1 on
+ * out of memory); collect fills it with the candidates (those with `disjoint` in flight left
+ * out); next takes the best one left (SK_NO_SLOT when none is). */
+typedef struct sk_prefill_key {
+    uint32_t slot;
+    size_t key;               /* 0 = overdue, else remaining prefill tokens; SIZE_MAX = taken */
+} sk_prefill_key;
+int sk_prefill_order_reserve(skippy_scheduler *s);
+void sk_prefill_order_collect(skippy_scheduler *s, bool disjoint);
+uint32_t sk_prefill_order_next(skippy_scheduler *s);
 size_t sk_slack_toll(const skippy_scheduler *s);
 
 #endif

@@ -74,6 +74,7 @@ static int ensure_plan_capacity(skippy_scheduler *s, sk_plan_slot *slot)
         plan->request_capacity = cap;
         if (sources) plan->deferred.capacity = cap;
     }
+    if (s->cfg.planning_rule == SKIPPY_PLANNING_SLACK && sk_prefill_order_reserve(s)) return -1;
     uint64_t tokens_needed =
         sk_sat_mul(s->active_len ? s->active_len : 1, s->cfg.prefill_chunk_tokens);
     if (tokens_needed > max_tokens) tokens_needed = max_tokens;
@@ -344,22 +345,57 @@ static bool pay_toll(const skippy_scheduler *s, size_t *budget, size_t prefill_r
     return true;
 }
 
-/* Prefill chunks in walk order within `budget` tokens (a homogeneous prefill plan). */
-static void plan_prefill(skippy_scheduler *s, sk_writer *out, size_t budget, bool has_live,
-                         size_t toll)
+/* The next prefill-pending sequence the plan may take (SK_NO_SLOT: none is left): in walk
+ * order, or under the slack rule with an age bound and several candidates in the order of
+ * sk_prefill_order.c (§2.13). With a single candidate both orders are the same, so the key pass
+ * is skipped. */
+typedef struct prefill_walk {
+    bool ordered;
+    size_t at;
+} prefill_walk;
+
+static prefill_walk prefill_walk_begin(skippy_scheduler *s, const sk_writer *out)
 {
-    size_t active_count = s->active_len, prefill_rows = 0;
-    const uint32_t *active = s->active;
-    sk_seq *seqs = s->seqs;
-    for (size_t at = 0; at < active_count && budget > 0; at++) {
-        uint32_t slot = active[at];
-        if (!prefill_pending(&seqs[slot]) || !may_plan(s, out, &seqs[slot])) continue;
-        if (prefill_rows >= s->cfg.max_prefill_sequences_per_iteration) continue;
-        if (!pay_toll(s, &budget, prefill_rows, toll)) break;
+    prefill_walk walk = {false, 0};
+    if (s->cfg.planning_rule == SKIPPY_PLANNING_SLACK && s->cfg.slack_prefill_age_max_us > 0.0 &&
+        s->n_class[SK_CLASS_PREFILL] > 1) {
+        sk_prefill_order_collect(s, out->disjoint);
+        walk.ordered = true;
+    }
+    return walk;
+}
+
+static uint32_t prefill_walk_next(skippy_scheduler *s, const sk_writer *out, prefill_walk *walk)
+{
+    if (walk->ordered) return sk_prefill_order_next(s);
+    while (walk->at < s->active_len) {
+        uint32_t slot = s->active[walk->at++];
+        if (prefill_pending(&s->seqs[slot]) && may_plan(s, out, &s->seqs[slot])) return slot;
+    }
+    return SK_NO_SLOT;
+}
+
+/* Prefill chunks within `budget` tokens, each row after the first paying `toll` (pay_toll);
+ * returns the prefill rows written. */
+static size_t fill_prefill(skippy_scheduler *s, sk_writer *out, size_t budget, size_t toll)
+{
+    size_t prefill_rows = 0;
+    prefill_walk walk = prefill_walk_begin(s, out);
+    while (budget > 0 && prefill_rows < s->cfg.max_prefill_sequences_per_iteration) {
+        uint32_t slot = prefill_walk_next(s, out, &walk);
+        if (slot == SK_NO_SLOT || !pay_toll(s, &budget, prefill_rows, toll)) break;
         budget -= emit_prefill(out, s, slot, budget);
         prefill_rows++;
     }
-    if (prefill_rows) s->consecutive_prefill = has_live ? s->consecutive_prefill + 1 : 0;
+    return prefill_rows;
+}
+
+/* A homogeneous prefill plan within `budget` tokens. */
+static void plan_prefill(skippy_scheduler *s, sk_writer *out, size_t budget, bool has_live,
+                         size_t toll)
+{
+    if (fill_prefill(s, out, budget, toll))
+        s->consecutive_prefill = has_live ? s->consecutive_prefill + 1 : 0;
 }
 
 static void plan_homogeneous(skippy_scheduler *s, sk_writer *out, bool has_prefill, bool has_live)
@@ -398,15 +434,7 @@ static void plan_mixed(skippy_scheduler *s, sk_writer *out, size_t prefill_cap, 
         s->mixed_cursor = next % active_count;
     }
     if (budget > prefill_cap) budget = prefill_cap;
-    size_t prefill_rows = 0;
-    for (size_t at = 0; at < active_count; at++) {
-        if (budget == 0 || prefill_rows >= s->cfg.max_prefill_sequences_per_iteration) break;
-        uint32_t slot = s->active[at];
-        if (!prefill_pending(&s->seqs[slot]) || !may_plan(s, out, &s->seqs[slot])) continue;
-        if (!pay_toll(s, &budget, prefill_rows, toll)) break;
-        budget -= emit_prefill(out, s, slot, budget);
-        prefill_rows++;
-    }
+    fill_prefill(s, out, budget, toll);
     s->consecutive_prefill = 0;
 }
 

@@ -133,6 +133,7 @@ static int submit(skippy_scheduler *s, const skippy_sequence_desc *desc, uint32_
     seq->itl_target_us = desc->itl_target_us;
     seq->ttft_deadline_us = desc->ttft_deadline_us;
     seq->last_token_us = 0.0;
+    seq->submitted_us = s->now_us; /* its age under the slack rule's prefill order (§2.13) */
     seq->held_steps = 0;
     seq->lead = SK_LEAD_NONE;
     sk_affinity_read(s, seq); /* with a store: its restore and saved cost, before ranking */

@@ -62,6 +62,7 @@ cdef bint _native_config(skippy_scheduler_config *c, object cfg, object admissio
     c.disjoint_inflight_plans = cfg.disjoint_inflight_plans
     c.cold_prefix_hold_tokens = cfg.cold_prefix_hold_tokens
     c.cold_prefix_hold_max_steps = cfg.cold_prefix_hold_max_steps
+    c.slack_prefill_age_max_us = cfg.slack_prefill_age_max * 1e6
     return fair
 
 

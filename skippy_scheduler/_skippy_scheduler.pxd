@@ -87,6 +87,7 @@ cdef extern from "skippy_scheduler.h" nogil:
         bint disjoint_inflight_plans
         size_t cold_prefix_hold_tokens
         size_t cold_prefix_hold_max_steps
+        double slack_prefill_age_max_us
 
     ctypedef struct skippy_sequence_desc:
         const char *id

@@ -29,6 +29,7 @@ from .slack import (
     PlanningRule,
     StepCost,
     check_planning_rule,
+    check_nonnegative_seconds,
     check_positive_seconds,
     check_safety,
     check_step_cost,
@@ -210,6 +211,7 @@ _CONFIG_CHECKS = {
     "slack_min_chunk_tokens": lambda n, v: check_uint(n, v, USIZE_MAX),
     "cold_prefix_hold_tokens": lambda n, v: check_uint(n, v, USIZE_MAX),
     "cold_prefix_hold_max_steps": lambda n, v: check_uint(n, v, U32_MAX),
+    "slack_prefill_age_max": check_nonnegative_seconds,
     "step_cost": check_step_cost,
 }
 
@@ -268,6 +270,10 @@ class SchedulerConfig:
     # until that prompt is resident, then restores it instead of prefilling it again.
     cold_prefix_hold_tokens: int = 0
     cold_prefix_hold_max_steps: int = 64
+    # The slack rule's prefill order (§2.13): its prefill walks visit the sequences submitted at
+    # least `slack_prefill_age_max` seconds ago (on the clock of `set_clock`) first, in walk
+    # order, then the others by fewest prefill tokens left; 0 = walk order, as the reference.
+    slack_prefill_age_max: float = 2.0
 
     def __setattr__(self, name: str, value: Any) -> None:
         check = _CONFIG_CHECKS.get(name)

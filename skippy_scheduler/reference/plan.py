@@ -25,9 +25,9 @@ class Flight:
     `tenant` is whose service it is."""
 
     __slots__ = ("epoch", "pending", "source", "request", "tenant", "priority_preempted_at",
-                 "last_token_us", "planned", "held_steps", "lead")
+                 "last_token_us", "submitted_us", "planned", "held_steps", "lead")
 
-    def __init__(self, epoch: int, tenant: Hashable = None) -> None:
+    def __init__(self, epoch: int, tenant: Hashable = None, submitted_us: float = 0.0) -> None:
         self.epoch = epoch
         self.pending = 0
         self.source: Optional[tuple[int, int]] = None
@@ -39,6 +39,9 @@ class Flight:
         self.priority_preempted_at: Optional[int] = None
         # The scheduler clock (µs) at its last token, or at its admission (§2.13).
         self.last_token_us = 0.0
+        # The scheduler clock (µs) at its submit, kept across preemption: its age in the slack
+        # rule's prefill order (§2.13).
+        self.submitted_us = submitted_us
         # Cold prefix hold (§2.3a, hold.py): plans it was held while waiting, its leader state.
         self.held_steps = 0
         self.lead = 0

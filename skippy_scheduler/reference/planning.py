@@ -35,14 +35,17 @@ class RowPlanner:
     last token or admission (the slack rule, §2.13), `in_flight(s)` (disjoint plans in
     flight, §2.11a) whether it has a row in a live plan, which leaves it out of this one; a
     plan then takes at most ceil(active / max_inflight_plans) decode rows (its share).
+    `submitted_us(s)` is the clock at its submit, its age in the slack rule's prefill order.
     """
 
     def __init__(self, config: SchedulerConfig, live_decode: Callable[[Sequence], bool],
                  take_new: Callable[[Sequence], bool],
                  holder: Callable[[Sequence], Optional[int]],
                  last_token_us: Callable[[Sequence], float],
-                 in_flight: Optional[Callable[[Sequence], bool]] = None) -> None:
+                 in_flight: Optional[Callable[[Sequence], bool]] = None,
+                 submitted_us: Optional[Callable[[Sequence], float]] = None) -> None:
         self._config = config
+        self._submitted_us = submitted_us if submitted_us is not None else lambda s: 0.0
         # Whose slack counts (§2.13): the live decodes, but under disjoint plans (§2.11a) not
         # those in flight, which this plan cannot give a row; the share bounds rows only.
         self._slack_decode = live_decode
@@ -174,6 +177,41 @@ class RowPlanner:
             return None
         return budget - toll
 
+    def _prefill_order(self, active: list[Sequence]) -> list[Sequence]:
+        """The prefill-pending sequences in the order a prefill walk visits them (§2.13; C:
+        sk_prefill_order.c): walk order, but under the slack rule with an age bound > 0 first
+        those submitted at least that long ago (walk order), then the others by fewest prefill
+        tokens left (ties in walk order)."""
+        pending = [s for s in active if self._prefill_pending(s)]
+        age_max_us = self._config.slack_prefill_age_max * 1e6
+        if self._config.planning_rule is not PlanningRule.SLACK or not age_max_us > 0.0:
+            return pending
+        now = self.slack.now_us
+
+        def key(s: Sequence) -> int:
+            if now - self._submitted_us(s) >= age_max_us:
+                return 0
+            return s.recompute_token_count() - s.prefill_cursor
+
+        return sorted(pending, key=key)  # stable: ties keep walk order
+
+    def _fill_prefill(self, active: list[Sequence], budget: int,
+                      toll: int) -> list[IterationWork]:
+        """Prefill rows within `budget` tokens in `_prefill_order`, each row after the first
+        paying `toll` (C: fill_prefill)."""
+        prefill_limit = self._prefill_limit()
+        work: list[IterationWork] = []
+        for s in self._prefill_order(active):
+            if budget == 0 or len(work) >= prefill_limit:
+                break
+            left = self._pay_toll(budget, len(work), toll)
+            if left is None:
+                break
+            row = self._prefill_row(s, left)
+            budget = left - len(row.tokens)
+            work.append(row)
+        return work
+
     def _homogeneous(self, active: list[Sequence], prefill_budget: int | None = None,
                      force_prefill: bool = False, decode_only: bool = False,
                      toll: int = 0) -> list[IterationWork]:
@@ -190,26 +228,16 @@ class RowPlanner:
         budget = self._config.max_tokens_per_iteration
         if prefill_budget is not None:
             budget = min(budget, prefill_budget)
-        prefill_limit = self._prefill_limit()
-        prefill_rows = 0
         work: list[IterationWork] = []
-        for s in active:
-            if budget == 0:
-                break
-            if self._prefill_pending(s):
-                if not run_prefill or prefill_rows >= prefill_limit:
-                    continue
-                left = self._pay_toll(budget, prefill_rows, toll)
-                if left is None:
+        if run_prefill:
+            work = self._fill_prefill(active, budget, toll)
+        else:
+            for s in active:
+                if budget == 0:
                     break
-                row = self._prefill_row(s, left)
-                budget = left
-                prefill_rows += 1
-                budget -= len(row.tokens)
-                work.append(row)
-            elif not run_prefill and self._live_decode(s):
-                work.append(self._decode_row(s))
-                budget -= 1
+                if not self._prefill_pending(s) and self._live_decode(s):
+                    work.append(self._decode_row(s))
+                    budget -= 1
         if any(w.phase is not IterationPhase.DECODE for w in work):
             self.consecutive_prefill = sat(self.consecutive_prefill + 1) if has_live_decode else 0
         elif work:
@@ -233,22 +261,7 @@ class RowPlanner:
                 budget -= 1
         if n:
             self.mixed_cursor = (start + examined) % n
-        budget = min(budget, prefill_cap)
-        prefill_limit = self._prefill_limit()
-        prefill_rows = 0
-        for s in active:
-            if budget == 0 or prefill_rows >= prefill_limit:
-                break
-            if not self._prefill_pending(s):
-                continue
-            left = self._pay_toll(budget, prefill_rows, toll)
-            if left is None:
-                break
-            row = self._prefill_row(s, left)
-            budget = left
-            prefill_rows += 1
-            budget -= len(row.tokens)
-            work.append(row)
+        work.extend(self._fill_prefill(active, min(budget, prefill_cap), toll))
         self.consecutive_prefill = 0
         return work
 

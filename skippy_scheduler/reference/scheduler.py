@@ -89,7 +89,8 @@ class TwinScheduler:
         self._hold = ColdPrefixHold(self._config, lambda s: self._flights[s.id])
         self._planner = RowPlanner(self._config, self._live_decode, self._take_new,
                                    self._link.holder, lambda s: self._flights[s.id].last_token_us,
-                                   self._in_flight if self._disjoint else None)
+                                   self._in_flight if self._disjoint else None,
+                                   submitted_us=lambda s: self._flights[s.id].submitted_us)
 
     # -- the slack rule's inputs (§2.13) ----------------------------------------------------------
 
@@ -171,7 +172,8 @@ class TwinScheduler:
         s.enqueue_order = self._next_order
         self._next_order = sat(self._next_order + 1)
         self._waiting.append(s)
-        self._flights[s.id] = Flight(next(self._epochs), self._admission.tenant_of(s))
+        self._flights[s.id] = Flight(next(self._epochs), self._admission.tenant_of(s),
+                                     self._planner.slack.now_us)
         self._dirty = True
         self._refresh_counts()
 

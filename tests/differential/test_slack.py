@@ -56,6 +56,8 @@ configs = st.builds(
     slack_interleave_max=st.integers(0, 3),
     slack_min_chunk_tokens=st.integers(0, 12),
     step_cost=costs,
+    # the prefill order's age bound: 0 = walk order, then small, the default, huge (pure SRPT)
+    slack_prefill_age_max=st.sampled_from([0.0, 0.0005, 0.003, 0.05, 2.0, 1e9]),
 )
 
 submit = st.tuples(st.just("submit"), st.integers(0, len(IDS) - 1),
