@@ -9,6 +9,8 @@ def _layout():
     cdef skippy_deferred_inputs d
     cdef skippy_retired t
     cdef skippy_step_cost c
+    cdef skippy_scheduler_config g
+    cdef size_t gb = <size_t>&g
     cdef size_t rb = <size_t>&r, pb = <size_t>&p, ob = <size_t>&o, db = <size_t>&d
     cdef size_t tb = <size_t>&t, cb = <size_t>&c
     return {
@@ -52,6 +54,14 @@ def _layout():
             "decode_base_us": <size_t>&c.decode_base_us - cb,
             "per_decode_row_us": <size_t>&c.per_decode_row_us - cb,
             "per_prefill_row_us": <size_t>&c.per_prefill_row_us - cb}),
+        # the fields appended last (the rest keep the layout they had)
+        "skippy_scheduler_config": (sizeof(skippy_scheduler_config), {
+            "planning_rule": <size_t>&g.planning_rule - gb,
+            "step_cost": <size_t>&g.step_cost - gb,
+            "disjoint_inflight_plans": <size_t>&g.disjoint_inflight_plans - gb,
+            "cold_prefix_hold_tokens": <size_t>&g.cold_prefix_hold_tokens - gb,
+            "cold_prefix_hold_max_steps": <size_t>&g.cold_prefix_hold_max_steps - gb,
+            "slack_prefill_age_max_us": <size_t>&g.slack_prefill_age_max_us - gb}),
     }
 
 

@@ -1,4 +1,5 @@
 """The shared structs have one layout in C, cffi and Cython, and the runtime's 72-byte request-row layout."""
+import math
 import os
 import re
 import shutil
@@ -93,6 +94,21 @@ def test_step_cost_appends_the_row_cost(tmp_path):
         assert ffi.offsetof("skippy_step_cost", name) == off == c[("skippy_step_cost", name)]
 
 
+def test_scheduler_config_appends_the_prefill_age_bound(tmp_path):
+    """skippy_scheduler_config: slack_prefill_age_max_us is the last field, after the cold
+    prefix hold's, and the C default is 2 s."""
+    size, fields = LAYOUT["skippy_scheduler_config"]
+    age = fields["slack_prefill_age_max_us"]
+    assert age == fields["cold_prefix_hold_max_steps"] + 8
+    assert size == age + 8 == ffi.sizeof("skippy_scheduler_config")
+    c = _c_layout(tmp_path)
+    assert c[("skippy_scheduler_config", "slack_prefill_age_max_us")] == age
+    assert c[("skippy_scheduler_config", "__size__")] == size
+    config = ffi.new("skippy_scheduler_config *")
+    lib.skippy_scheduler_config_default(config)
+    assert config.slack_prefill_age_max_us == 2_000_000.0
+
+
 def test_error_and_version_structs():
     assert ffi.sizeof("skippy_error") == 16
     assert ffi.sizeof("skippy_version") == 12
@@ -150,3 +166,17 @@ def test_policy_kinds_mirror_the_c_header(tmp_path, kind, prefix):
     assert _header_enum(prefix) == mirror  # same members, same values
     assert _compiled_constants(tmp_path, list(mirror)) == mirror
     assert {name: getattr(lib, name) for name in mirror} == mirror
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf])
+def test_c_refuses_a_bad_prefill_age_bound(bad):
+    """The core checks the bound itself (finite, >= 0), with a message naming it."""
+    config = ffi.new("skippy_scheduler_config *")
+    lib.skippy_scheduler_config_default(config)
+    config.slack_prefill_age_max_us = bad
+    out = ffi.new("skippy_scheduler **")
+    error = ffi.new("skippy_error **")
+    assert lib.skippy_scheduler_create(config, out, error) == lib.SKIPPY_STATUS_INVALID_ARGUMENT
+    assert out[0] == ffi.NULL
+    assert b"slack_prefill_age_max_us" in ffi.string(error[0].message)
+    lib.skippy_error_free(error[0])
