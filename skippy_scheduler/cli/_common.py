@@ -110,6 +110,14 @@ def positive_ms(text: str) -> float:
     return value
 
 
+def non_negative_ms(text: str) -> float:
+    """A finite number of milliseconds >= 0 (a bound such as --prefill-age-max-ms)."""
+    value = _number(text, float)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number of ms >= 0, got {text}")
+    return value
+
+
 # -- paths ----------------------------------------------------------------------------------
 
 

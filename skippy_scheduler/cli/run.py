@@ -17,7 +17,7 @@ from ..selection import DEFAULT_IMPLEMENTATION, DEFAULT_POLICY, make_scheduler
 from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, bound,
                       check_model,
                       check_output_file, import_llama_host, model_path, non_negative_float,
-                      non_negative_int, positive_int, positive_ms)
+                      non_negative_int, non_negative_ms, positive_int, positive_ms)
 from .interrupt import Interrupted, saving
 from .stage import add_stage_cache_flag, check_stage_cache_flag
 from .vocabulary import add_flag
@@ -58,6 +58,8 @@ def register(subparsers: Any) -> None:
     add_flag(p, "planning-rule", default=ServeSettings.planning_rule, choices=PLANNING_RULES)
     add_flag(p, "itl-target", type=positive_ms, default=ServeSettings.itl_target_ms,
              note="the slack rule's")
+    add_flag(p, "prefill-age-max", type=non_negative_ms,
+             default=ServeSettings.prefill_age_max_ms)
     add_flag(p, "policy", default=DEFAULT_POLICY)
     add_flag(p, "scheduler", default=DEFAULT_IMPLEMENTATION)
     add_flag(p, "inflight", type=positive_int, default=1,
@@ -227,6 +229,7 @@ def serve_prompts(args: argparse.Namespace, host: Any, prompts: list[Any], n_seq
         max_inflight_plans=args.inflight,
         planning_rule=PlanningRule.SLACK if args.planning_rule == "slack"
         else PlanningRule.REFERENCE, itl_target=args.itl_target_ms / 1e3,
+        slack_prefill_age_max=args.prefill_age_max_ms / 1e3,
     )
     if args.prefix_cache_tokens:
         config.update(host.sequence_id_settings)

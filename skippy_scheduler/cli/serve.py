@@ -13,7 +13,8 @@ from typing import Any
 
 from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, bound,
                       check_model,
-                      import_llama_host, non_negative_int, positive_int, positive_ms)
+                      import_llama_host, non_negative_int, non_negative_ms, positive_int,
+                      positive_ms)
 from .stage import add_stage_cache_flag, check_stage_cache_flag
 from .vocabulary import add_flag
 
@@ -49,6 +50,7 @@ def register(subparsers: Any) -> None:
     add_flag(p, "itl-target", type=positive_ms, default=d.itl_target_ms,
              note="the slack rule's; a request's \"skippy\": {\"itl_ms\": ...} overrides "
                   "it for that request")
+    add_flag(p, "prefill-age-max", type=non_negative_ms, default=d.prefill_age_max_ms)
     add_flag(p, "policy", default=d.policy)
     p.add_argument("--priority-preemption", action=argparse.BooleanOptionalAction,
                    default=d.priority_preemption,
@@ -312,6 +314,7 @@ def run(args: argparse.Namespace) -> int:
         prefill_chunk=args.prefill_chunk, mixed=args.mixed,
         max_consecutive_prefill=args.max_consecutive_prefill, inflight=args.inflight,
         planning_rule=args.planning_rule, itl_target_ms=args.itl_target_ms,
+        prefill_age_max_ms=args.prefill_age_max_ms,
         policy=args.policy, priority_preemption=args.priority_preemption,
         prefix_cache_tokens=args.prefix_cache_tokens,
         prefix_holders=args.prefix_holders, cold_prefix_hold=args.cold_prefix_hold,

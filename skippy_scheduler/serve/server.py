@@ -83,6 +83,8 @@ class ServeSettings:
     #   "slack", mixed and max_consecutive_prefill are not read
     itl_target_ms: float = 150.0  # the slack rule's inter-token target ("skippy.itl_ms" of a
     #   request overrides it for that request)
+    prefill_age_max_ms: float = 2000.0  # the slack rule prefills the shortest prompt first,
+    #   but one that arrived this long ago first of all (0: arrival order; §2.13)
     inflight: int = 1  # plans in flight (max_inflight_plans): 2 overlaps scheduling with decode
     policy: str = DEFAULT_POLICY  # a name of skippy_scheduler.selection.POLICIES
     priority_preemption: bool = True  # a waiting request of higher priority takes a lane from
@@ -144,6 +146,11 @@ def resolve_settings(settings: ServeSettings) -> ServeSettings:
             not (math.isfinite(s.itl_target_ms) and s.itl_target_ms > 0):
         raise ValueError(f"itl_target_ms must be a finite number of ms > 0, got "
                          f"{s.itl_target_ms!r}")
+    if isinstance(s.prefill_age_max_ms, bool) or \
+            not isinstance(s.prefill_age_max_ms, (int, float)) or \
+            not (math.isfinite(s.prefill_age_max_ms) and s.prefill_age_max_ms >= 0):
+        raise ValueError(f"prefill_age_max_ms must be a finite number of ms >= 0, got "
+                         f"{s.prefill_age_max_ms!r}")
     if s.max_active < 1:
         raise ValueError(f"max_active must be at least 1, got {s.max_active}")
     tokens, holders = default_reuse(s.max_active, s.ctx_size)  # staged serving too
@@ -255,6 +262,7 @@ class Server:
             max_inflight_plans=s.inflight, disjoint_inflight_plans=disjoint,
             planning_rule=PlanningRule.SLACK if s.planning_rule == "slack"
             else PlanningRule.REFERENCE, itl_target=s.itl_target_ms / 1e3,
+            slack_prefill_age_max=s.prefill_age_max_ms / 1e3,
             memory_components=list(components or ()),
             priority_preemption=s.priority_preemption,
             cold_prefix_hold_tokens=(COLD_PREFIX_HOLD_TOKENS if s.cold_prefix_hold and reuse

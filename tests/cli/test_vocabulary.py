@@ -34,6 +34,7 @@ CONCEPTS = {
     "plans in flight": (("--inflight",), "plans in flight"),
     "planning rule": (("--planning-rule",), "how a step is filled"),
     "inter-token target": (("--itl-target-ms",), "inter-token target in ms"),
+    "prefill age bound": (("--prefill-age-max-ms",), "prefilled shortest first"),
     "random seed": (("--seed",), "random seed"),
 }
 # Spellings of the same concepts in earlier releases: hidden now, never in a help.
@@ -158,7 +159,7 @@ def test_same_defaults_unless_the_help_says_why():
     parsers = _subparsers()
     shared = ("--max-active", "--max-num-batched-tokens", "--prefill-chunk", "--mixed",
               "--max-consecutive-prefill", "--threads", "--policy", "--planning-rule",
-              "--itl-target-ms", "--inflight", "--kv-type", "--seed")
+              "--itl-target-ms", "--prefill-age-max-ms", "--inflight", "--kv-type", "--seed")
     for option in shared:
         assert _default(parsers["run"], option) == _default(parsers["serve"], option), option
     for (name, option), reason in DEFAULT_REASONS.items():

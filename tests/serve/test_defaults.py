@@ -27,6 +27,8 @@ def test_resolved_settings_keep_what_was_given():
     s = resolve_settings(ServeSettings(max_active=4, ctx_size=2048))
     assert (s.prefix_cache_tokens, s.prefix_holders) == (2048, 4)
     assert (s.planning_rule, s.itl_target_ms) == ("slack", 150.0)
+    assert s.prefill_age_max_ms == 2000.0
+    assert resolve_settings(ServeSettings(prefill_age_max_ms=0)).prefill_age_max_ms == 0
     s = resolve_settings(ServeSettings(max_active=4, ctx_size=2048, prefix_cache_tokens=0))
     assert s.prefix_cache_tokens == 0
     for stages in (dict(stages="dir"), dict(stage_addresses=("tcp://127.0.0.1:1",))):
@@ -42,9 +44,12 @@ def test_resolved_settings_keep_what_was_given():
 
 @pytest.mark.parametrize("bad", [dict(planning_rule="fast"), dict(itl_target_ms=0),
                                  dict(itl_target_ms=-5.0), dict(itl_target_ms=math.nan),
-                                 dict(itl_target_ms=True)])
+                                 dict(itl_target_ms=True), dict(prefill_age_max_ms=-1.0),
+                                 dict(prefill_age_max_ms=math.inf),
+                                 dict(prefill_age_max_ms=math.nan),
+                                 dict(prefill_age_max_ms="2000")])
 def test_bad_planning_settings_are_refused_before_loading(bad):
-    with pytest.raises(ValueError, match="planning_rule|itl_target_ms"):
+    with pytest.raises(ValueError, match="planning_rule|itl_target_ms|prefill_age_max_ms"):
         Server(ServeSettings(model="/nonexistent.gguf", **bad))
 
 
@@ -70,6 +75,7 @@ def test_defaults_reuse_prefixes_under_the_slack_rule(model_path):
         config = server.scheduler.config
         assert config.planning_rule is PlanningRule.SLACK
         assert config.itl_target == pytest.approx(0.15)
+        assert config.slack_prefill_age_max == pytest.approx(2.0)
         assert server.host.prefix_store is not None
         assert server.settings.prefix_holders == LANES
         assert server.settings.prefix_cache_tokens == LANES * LANE_CTX
