@@ -61,7 +61,7 @@ class Engine(_Steps):
                  "max_iterations", "profile", "_depth", "recorder", "_live", "_record_of",
                  "_pending", "_seq", "_source", "_source_next", "_last_source_arrival",
                  "_next_due", "_inbox", "_wake", "_lock", "_thread", "_started", "_stop",
-                 "_listeners", "_streams", "_observers", "_clock_at_submit")
+                 "_listeners", "_streams", "_observers", "_slack_feed")
 
     def __init__(self, scheduler: SchedulerLike, host: Host, *, clock: ClockArg = "wall",
                  record: bool = True, observe: bool = True,
@@ -114,10 +114,10 @@ class Engine(_Steps):
         replace_hook(self._observers, on_plan)
         # The slack rule reads the clock and a cost model fitted from these steps (§2.13); its
         # prefill order reads each request's age from the clock at its submit.
-        self._clock_at_submit = config.planning_rule is PlanningRule.SLACK and \
-            self._clock is not None
-        if self._clock_at_submit:
-            self._observers.append(SlackFeed(scheduler, self.now))
+        self._slack_feed: Optional[SlackFeed] = None
+        if config.planning_rule is PlanningRule.SLACK and self._clock is not None:
+            self._slack_feed = SlackFeed(scheduler, self.now)
+            self._observers.append(self._slack_feed)
         self._init_steps()
 
     # -- settings that may change between steps -----------------------------------------------
@@ -420,8 +420,8 @@ class Engine(_Steps):
             prepare = self.hooks.prepare_sequence
             if prepare is not None:
                 seq = prepare(seq)
-            if self._clock_at_submit and self._clock is not None:
-                self.scheduler.set_clock(self.now() / 1e6)
+            if self._slack_feed is not None and self._clock is not None:
+                self._slack_feed.tick()
             self.scheduler.submit(seq)
         except (AdmissionError, TypeError, ValueError) as exc:
             why = exc.reason if isinstance(exc, AdmissionError) else None

@@ -123,8 +123,13 @@ class SlackFeed:
     def planned(self, flight: "_InFlight") -> None:
         return None
 
-    def executed(self, flight: "_InFlight", duration_us: float) -> None:
+    def tick(self) -> None:
+        """The scheduler's clock to now: after each step, and before each submit (a request's
+        age in the prefill order counts from the clock at its submit, §2.13)."""
         self._scheduler.set_clock(self._now_us() / 1e6)
+
+    def executed(self, flight: "_InFlight", duration_us: float) -> None:
+        self.tick()
         decode = flight.decode  # rows that are not decode are prefill or recompute rows
         self.fitter.add(flight.token_count - decode, decode, duration_us,
                         len(flight.plan) - decode)
