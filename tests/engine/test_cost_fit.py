@@ -164,3 +164,24 @@ def test_request_deadlines_reach_the_sequence(impl):
     assert at_us >= 2000.0
     assert deadline == pytest.approx(0.002 + 0.25)  # from its arrival, on the engine's clock
     assert seen["plain"][:2] == (None, None)
+
+
+@pytest.mark.parametrize("impl", [Scheduler, TwinScheduler], ids=["native", "twin"])
+def test_a_request_ages_from_its_arrival_under_the_slack_rule(impl):
+    """The engine sets the scheduler's clock before each submit, so the prefill order's age
+    bound (§2.13) counts from each request's arrival, not from the last step before it: after
+    a long idle gap a burst's short prompt still goes before the long one that came with it."""
+    model = RuntimeCostModel(iteration_overhead_us=1000, prefill_token_us=100, decode_batch_us=0,
+                             decode_sequence_us=100)
+    config = SchedulerConfig(planning_rule=PlanningRule.SLACK, itl_target=1.0,
+                             prefill_chunk_tokens=16, max_tokens_per_iteration=16,
+                             slack_prefill_age_max=0.5)
+    engine = Engine(impl(config), CostModelHost(token=1), clock=VirtualClock(model))
+    engine.submit(Request("early", [1, 2, 3], 1, arrival_us=0.0))
+    engine.submit(Request("long", list(range(200)), 1, arrival_us=10e6))  # 10 s idle first
+    engine.submit(Request("short", list(range(40)), 1, arrival_us=10e6))
+    records = engine.run().by_id()
+    assert records["short"].first_token_us < records["long"].first_token_us
+    # 40 tokens in 16-token chunks: done by its third step, long's 200 tokens wait behind it
+    steps_us = 3 * (1000 + 16 * 100)
+    assert records["short"].first_token_us <= 10e6 + steps_us + 1
