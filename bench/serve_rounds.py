@@ -37,6 +37,7 @@ import asyncio
 import json
 import os
 import statistics
+import shlex
 import sys
 import tempfile
 from typing import Any, Optional
@@ -56,11 +57,13 @@ OPEN = (("slo_attainment_pct", "SLO %", True), ("slo_also_pct", "SLO % at --also
 
 
 def ours_cmd(args: argparse.Namespace) -> list[str]:
-    """This server with no tuning flags: what both servers share, and nothing else."""
+    """This server with no tuning flags: what both servers share, and nothing else (unless
+    --ours-args gives some, to compare a setting against the defaults)."""
     return [sys.executable, "-m", "skippy_scheduler.cli", "serve", "--model",
             os.path.abspath(args.model), "--host", "127.0.0.1", "--threads", str(args.threads),
             "--max-active", str(args.lanes), "--ctx-size", str(args.ctx_size),
-            "--served-model-name", "bench", "--log-level", "warning"]
+            "--served-model-name", "bench", "--log-level", "warning",
+            *shlex.split(getattr(args, "ours_args", "") or "")]
 
 
 def theirs_cmd(args: argparse.Namespace, path: str) -> list[str]:
@@ -239,6 +242,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "for under a third of the requests before the comparison")
     ap.add_argument("--only-trace", action="store_true",
                     help="skip the closed loop (with --servers theirs: finding the trace load)")
+    ap.add_argument("--ours-args", default="", metavar="FLAGS",
+                    help="extra flags for this server (one string, shell-quoted), to measure a "
+                         "setting; the comparison with llama-server runs without")
     ap.add_argument("--json", help="append every result and the medians as JSON lines here")
     ap.add_argument("--markdown", help="write the table of medians here")
     args = ap.parse_args(argv)

@@ -23,6 +23,9 @@ def test_this_server_runs_with_no_tuning_flag():
     args = argparse.Namespace(model="m.gguf", threads=2, lanes=16, ctx_size=16384)
     cmd = serve_rounds.ours_cmd(args)
     assert not set(cmd) & set(TUNING)
+    args.ours_args = "--itl-target-ms 120 --served-model-name 'a b'"
+    assert serve_rounds.ours_cmd(args)[-4:] == ["--itl-target-ms", "120", "--served-model-name",
+                                                "a b"]
     theirs = serve_rounds.theirs_cmd(args, "llama-server")
     for flags in (["-np", "16"], ["-c", "16384"], ["-t", "2"], ["-ctk", "f32"], ["-no-kvu"]):
         assert any(theirs[i:i + len(flags)] == flags for i in range(len(theirs)))
