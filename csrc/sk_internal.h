@@ -369,17 +369,23 @@ typedef struct sk_slack_choice {
 sk_slack_choice sk_slack_decide(skippy_scheduler *s, size_t decode_rows, bool skip_in_flight);
 int sk_check_step_cost(const skippy_step_cost *cost);
 
-/* sk_prefill_order.c: the order the slack rule's prefill walks visit the prefill-pending
- * sequences (§2.13). reserve sizes the scratch array for the active set (before planning, -1 on
- * out of memory); collect fills it with the candidates (those with `disjoint` in flight left
- * out); next takes the best one left (SK_NO_SLOT when none is). */
+/* sk_prefill_order.c: the order a prefill walk visits the prefill-pending sequences the plan
+ * may take (under `disjoint`, §2.11a, not those in flight): walk order, or under the slack rule
+ * with an age bound and several candidates its shortest-first order (§2.13). reserve sizes the
+ * scratch array for the active set (before planning; -1 on out of memory); next gives the next
+ * sequence's slot, SK_NO_SLOT when none is left. */
 typedef struct sk_prefill_key {
     uint32_t slot;
     size_t key;               /* 0 = overdue, else remaining prefill tokens; SIZE_MAX = taken */
 } sk_prefill_key;
+typedef struct sk_prefill_walk {
+    bool ordered;             /* the keys of s->prefill_keys, else walk order from `at` */
+    bool disjoint;
+    size_t at;
+} sk_prefill_walk;
 int sk_prefill_order_reserve(skippy_scheduler *s);
-void sk_prefill_order_collect(skippy_scheduler *s, bool disjoint);
-uint32_t sk_prefill_order_next(skippy_scheduler *s);
+sk_prefill_walk sk_prefill_walk_begin(skippy_scheduler *s, bool disjoint);
+uint32_t sk_prefill_walk_next(skippy_scheduler *s, sk_prefill_walk *walk);
 size_t sk_slack_toll(const skippy_scheduler *s);
 
 #endif

@@ -345,44 +345,14 @@ static bool pay_toll(const skippy_scheduler *s, size_t *budget, size_t prefill_r
     return true;
 }
 
-/* The next prefill-pending sequence the plan may take (SK_NO_SLOT: none is left): in walk
- * order, or under the slack rule with an age bound and several candidates in the order of
- * sk_prefill_order.c (§2.13). With a single candidate both orders are the same, so the key pass
- * is skipped. */
-typedef struct prefill_walk {
-    bool ordered;
-    size_t at;
-} prefill_walk;
-
-static prefill_walk prefill_walk_begin(skippy_scheduler *s, const sk_writer *out)
-{
-    prefill_walk walk = {false, 0};
-    if (s->cfg.planning_rule == SKIPPY_PLANNING_SLACK && s->cfg.slack_prefill_age_max_us > 0.0 &&
-        s->n_class[SK_CLASS_PREFILL] > 1) {
-        sk_prefill_order_collect(s, out->disjoint);
-        walk.ordered = true;
-    }
-    return walk;
-}
-
-static uint32_t prefill_walk_next(skippy_scheduler *s, const sk_writer *out, prefill_walk *walk)
-{
-    if (walk->ordered) return sk_prefill_order_next(s);
-    while (walk->at < s->active_len) {
-        uint32_t slot = s->active[walk->at++];
-        if (prefill_pending(&s->seqs[slot]) && may_plan(s, out, &s->seqs[slot])) return slot;
-    }
-    return SK_NO_SLOT;
-}
-
-/* Prefill chunks within `budget` tokens, each row after the first paying `toll` (pay_toll);
- * returns the prefill rows written. */
+/* Prefill chunks within `budget` tokens in the order of sk_prefill_walk (sk_prefill_order.c),
+ * each row after the first paying `toll` (pay_toll); returns the prefill rows written. */
 static size_t fill_prefill(skippy_scheduler *s, sk_writer *out, size_t budget, size_t toll)
 {
     size_t prefill_rows = 0;
-    prefill_walk walk = prefill_walk_begin(s, out);
+    sk_prefill_walk walk = sk_prefill_walk_begin(s, out->disjoint);
     while (budget > 0 && prefill_rows < s->cfg.max_prefill_sequences_per_iteration) {
-        uint32_t slot = prefill_walk_next(s, out, &walk);
+        uint32_t slot = sk_prefill_walk_next(s, &walk);
         if (slot == SK_NO_SLOT || !pay_toll(s, &budget, prefill_rows, toll)) break;
         budget -= emit_prefill(out, s, slot, budget);
         prefill_rows++;

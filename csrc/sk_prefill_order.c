@@ -1,8 +1,9 @@
 /*
- * The slack rule's prefill order (docs/behaviour.md §2.13): which prefill-pending sequence a
- * prefill walk of the slack rule visits next. First the overdue ones (submitted at least
- * slack_prefill_age_max_us ago on the scheduler's clock) in walk order, then the others by
- * fewest remaining prefill tokens (replay length - cursor), ties in walk order.
+ * The prefill walk's order (docs/behaviour.md §2.13): which prefill-pending sequence a prefill
+ * walk of a plan (sk_plan.c) visits next. Walk order, except under the slack rule with an age
+ * bound > 0: first the overdue ones (submitted at least slack_prefill_age_max_us ago on the
+ * scheduler's clock) in walk order, then the others by fewest remaining prefill tokens (replay
+ * length - cursor), ties in walk order.
  *
  * One pass over the active set writes each candidate's key into a scratch array the scheduler
  * owns (sized with the active set before planning, so a step allocates nothing); each row then
@@ -30,7 +31,7 @@ int sk_prefill_order_reserve(skippy_scheduler *s)
     return 0;
 }
 
-void sk_prefill_order_collect(skippy_scheduler *s, bool disjoint)
+static void collect(skippy_scheduler *s, bool disjoint)
 {
     const uint32_t *active = s->active;
     const sk_seq *seqs = s->seqs;
@@ -47,7 +48,20 @@ void sk_prefill_order_collect(skippy_scheduler *s, bool disjoint)
     s->prefill_keys_len = len;
 }
 
-uint32_t sk_prefill_order_next(skippy_scheduler *s)
+/* With a single candidate both orders are the same, so the key pass is skipped; age bound 0
+ * is the walk order by definition (every sequence is overdue at once). */
+sk_prefill_walk sk_prefill_walk_begin(skippy_scheduler *s, bool disjoint)
+{
+    sk_prefill_walk walk = {false, disjoint, 0};
+    if (s->cfg.planning_rule == SKIPPY_PLANNING_SLACK && s->cfg.slack_prefill_age_max_us > 0.0 &&
+        s->n_class[SK_CLASS_PREFILL] > 1) {
+        collect(s, disjoint);
+        walk.ordered = true;
+    }
+    return walk;
+}
+
+static uint32_t next_by_key(skippy_scheduler *s)
 {
     sk_prefill_key *keys = s->prefill_keys;
     size_t best = SIZE_MAX, best_key = SIZE_MAX;
@@ -61,4 +75,15 @@ uint32_t sk_prefill_order_next(skippy_scheduler *s)
     if (best == SIZE_MAX) return SK_NO_SLOT;
     keys[best].key = SIZE_MAX;
     return keys[best].slot;
+}
+
+uint32_t sk_prefill_walk_next(skippy_scheduler *s, sk_prefill_walk *walk)
+{
+    if (walk->ordered) return next_by_key(s);
+    while (walk->at < s->active_len) {
+        uint32_t slot = s->active[walk->at++];
+        const sk_seq *seq = &s->seqs[slot];
+        if (prefill_pending(seq) && !(walk->disjoint && sk_in_flight(s, seq))) return slot;
+    }
+    return SK_NO_SLOT;
 }
