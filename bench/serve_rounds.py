@@ -243,8 +243,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--only-trace", action="store_true",
                     help="skip the closed loop (with --servers theirs: finding the trace load)")
     ap.add_argument("--ours-args", default="", metavar="FLAGS",
-                    help="extra flags for this server (one string, shell-quoted), to measure a "
-                         "setting; the comparison with llama-server runs without")
+                    help="extra flags for this server (one string, shell-quoted; give it as "
+                         "--ours-args='--flag V'), to measure a setting; the comparison with "
+                         "llama-server runs without")
     ap.add_argument("--json", help="append every result and the medians as JSON lines here")
     ap.add_argument("--markdown", help="write the table of medians here")
     args = ap.parse_args(argv)

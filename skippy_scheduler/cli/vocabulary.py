@@ -84,8 +84,9 @@ _FLAGS = (
          "--max-consecutive-prefill apply to it only)", "{slack,reference}"),
     Flag("itl-target", ("--itl-target-ms",), "inter-token target in ms", "MS"),
     Flag("prefill-age-max", ("--prefill-age-max-ms",),
-         "under the slack rule, prompts are prefilled shortest first, but one waiting this "
-         "long since its arrival goes first (0: in arrival order; docs/behaviour.md §2.13)",
+         "under the slack rule, > 0: prompts are prefilled shortest first, but one waiting "
+         "this long since its arrival goes first; 0 (serve's default): in arrival order "
+         "(docs/behaviour.md §2.13, docs/serving.md)",
          "MS"),
     Flag("inflight", ("--inflight",),
          "plans in flight: with 2, the next plan is made while the model runs the current one",
