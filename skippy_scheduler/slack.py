@@ -79,16 +79,6 @@ def check_positive_seconds(name: str, value: object) -> float:
     return seconds
 
 
-def check_nonnegative_seconds(name: str, value: object) -> float:
-    """A finite number of seconds >= 0 (0 is meaningful: the slack rule's prefill age bound)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
-    return seconds
-
-
 def check_optional_seconds(name: str, value: object) -> float | None:
     """None, or a finite number of seconds > 0 (a per-request target or deadline)."""
     return None if value is None else check_positive_seconds(name, value)

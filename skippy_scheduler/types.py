@@ -29,7 +29,6 @@ from .slack import (
     PlanningRule,
     StepCost,
     check_planning_rule,
-    check_nonnegative_seconds,
     check_positive_seconds,
     check_safety,
     check_step_cost,
@@ -211,7 +210,7 @@ _CONFIG_CHECKS = {
     "slack_min_chunk_tokens": lambda n, v: check_uint(n, v, USIZE_MAX),
     "cold_prefix_hold_tokens": lambda n, v: check_uint(n, v, USIZE_MAX),
     "cold_prefix_hold_max_steps": lambda n, v: check_uint(n, v, U32_MAX),
-    "slack_prefill_age_max": check_nonnegative_seconds,
+    "slack_prefill_age_max": _check_interval,  # 0 is meaningful: the walk order (§2.13)
     "step_cost": check_step_cost,
 }
 

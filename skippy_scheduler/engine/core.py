@@ -420,7 +420,7 @@ class Engine(_Steps):
             prepare = self.hooks.prepare_sequence
             if prepare is not None:
                 seq = prepare(seq)
-            if self._slack_feed is not None and self._clock is not None:
+            if self._slack_feed is not None:  # set only with a clock
                 self._slack_feed.tick()
             self.scheduler.submit(seq)
         except (AdmissionError, TypeError, ValueError) as exc:
