@@ -10,7 +10,10 @@ First `--rows-max` sequences get a `--context`-token prompt; then, each shape th
 
 - decode: 1, 4, 8, ... rows (one token each, a sequence per row, at that context);
 - prefill: a chunk of 32 ... 448 tokens of a fresh sequence (from position 0);
-- mixed: a chunk beside `--rows-max` decode rows, in one `llama_decode` call.
+- mixed: a chunk beside `--rows-max` decode rows, in one `llama_decode` call;
+- order: `--rows-max` decode rows with their sequence ids ascending in the batch, rotated
+  (the second half first) and reversed: llama.cpp takes a micro-batch of consecutive ids in
+  batch order, a pass over the weights each (docs/hosts.md, "Batch order").
 
 On a context with a KV stream per sequence llama.cpp splits a batch into sub-batches in which
 every sequence has the same number of tokens, so a mixed step is the decode rows' pass plus the
@@ -30,7 +33,7 @@ from typing import Any, Sequence
 
 
 CHUNKS = (32, 64, 128, 256, 448)  # with up to 64 decode rows beside them, within one 512 batch
-SHAPE_STEPS = (1, 4, 8, 12) + CHUNKS  # calls that advance the decode rows, per repeat
+SHAPE_STEPS = (1, 4, 8, 12) + CHUNKS + (1, 1, 1)  # calls that advance decode rows, per repeat
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -136,6 +139,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 pos[s] += 1
             return took
 
+        def decode_order(order: Sequence[int]) -> float:
+            took = c.decode([(s, pos[s], 1) for s in order])
+            for s in order:
+                pos[s] += 1
+            return took
+
         def chunk(n: int, rows: int = 0) -> float:
             c.clear(chunk_seq)
             took = c.decode([(s, pos[s], 1) for s in range(rows)] + [(chunk_seq, 0, n)])
@@ -151,11 +160,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         decode = {r: median_ms(decode_rows, r) for r in sizes}
         prefill = {n: median_ms(chunk, n) for n in chunks}
         mixed = {n: median_ms(chunk, n, rows_max) for n in chunks}
+        half = rows_max // 2
+        orders = {"ascending": list(range(rows_max)),
+                  "rotated": list(range(half, rows_max)) + list(range(half)),
+                  "reversed": list(range(rows_max - 1, -1, -1))}
+        by_order = {name: statistics.median(decode_order(o) for _ in range(args.repeats)) * 1e3
+                    for name, o in orders.items()}
     finally:
         c.close()
     return {"model": args.model, "threads": args.threads, "lanes": args.lanes,
             "context": args.context, "rows_max": rows_max, "repeats": args.repeats,
-            "decode_ms": decode, "prefill_ms": prefill, "mixed_ms": mixed}
+            "decode_ms": decode, "prefill_ms": prefill, "mixed_ms": mixed,
+            "decode_order_ms": by_order}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -172,6 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         mixed = doc["mixed_ms"][n]
         print(f"  prefill {n:3d} tokens {ms:7.1f} ms; mixed with {doc['rows_max']} rows "
               f"{mixed:7.1f} ms (mixed - (decode + prefill) {mixed - rows_ms - ms:+6.1f} ms)")
+    print(f"  {doc['rows_max']} decode rows by the order of their sequence ids in the batch:")
+    for name, ms in doc["decode_order_ms"].items():
+        print(f"    {name:10s} {ms:7.1f} ms")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, indent=1)

@@ -19,9 +19,11 @@ def test_times_every_shape(tmp_path, capsys):
     assert sorted(doc["decode_ms"], key=int) == ["1", "3"]
     assert sorted(doc["prefill_ms"], key=int) == [str(n) for n in llama_step_shapes.CHUNKS]
     assert doc["mixed_ms"].keys() == doc["prefill_ms"].keys()
-    assert all(v > 0 for part in ("decode_ms", "prefill_ms", "mixed_ms")
+    assert list(doc["decode_order_ms"]) == ["ascending", "rotated", "reversed"]
+    assert all(v > 0 for part in ("decode_ms", "prefill_ms", "mixed_ms", "decode_order_ms")
                for v in doc[part].values())
-    assert "mixed with 3 rows" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "mixed with 3 rows" in printed and "reversed" in printed
 
 
 def test_bad_options_are_refused(tmp_path, capsys):

@@ -189,6 +189,29 @@ def test_one_plan_is_one_decode_with_compact_outputs(impl, host, alone):
     assert host.free_slots == N_SEQ
 
 
+def test_batch_holds_rows_in_lane_order_whatever_the_plan_order(host, alone):
+    """With a KV stream per sequence llama.cpp cuts a batch into runs of consecutive sequence
+    ids in batch order, a weight pass each: the host stages rows by lane, each row's entries
+    together, and every row still gets its own tokens."""
+    prompts = {"a": [1, 300, 301, 302], "b": [1, 310, 311], "c": [1, 320, 321, 322, 323],
+               "d": [1, 330, 331, 332, 333, 334]}
+    first = host.run_rows([(k, prompts[k], 0, True) for k in "abc"])
+    assert [host.seq_id_of(k) for k in "abc"] == [0, 1, 2]
+    assert host.release("a")  # lane 0 is free again: "d" takes it below
+    # Plan order b, c (decode rows), d (its whole prompt): lanes 1, 2, 0.
+    got = host.run_rows([("b", [first["b"]], 3, True), ("c", [first["c"]], 5, True),
+                         ("d", prompts["d"], 0, True)])
+    assert host.seq_id_of("d") == 0
+    staged = host._decoder._sid[:8].tolist()
+    assert staged == [0] * 6 + [1, 2]
+    assert host._decoder.pos[:8].tolist() == [0, 1, 2, 3, 4, 5, 3, 5]
+    assert [first["b"], got["b"]] == alone(prompts["b"], 2)
+    assert [first["c"], got["c"]] == alone(prompts["c"], 2)
+    assert got["d"] == alone(prompts["d"], 1)[0]
+    for k in "bcd":
+        assert host.release(k)
+
+
 class _Outputs:
     def __init__(self, n):
         self.request_indexes = np.zeros(n, dtype=np.uint64)

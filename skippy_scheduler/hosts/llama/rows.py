@@ -56,22 +56,36 @@ class RowDecoding:
                     self._score_restored(int(row_lanes[r]), starts[r])
         lens = np.diff(offsets)
         lead = self._forks.leaders(row_lanes, offsets, tokens_in, starts, new_keys)
-        if lead is None:
+        kept = None if lead is None else np.flatnonzero(lead == np.arange(len(lead)))
+        lanes_kept = row_lanes if kept is None else row_lanes[kept]
+        reordered = len(lanes_kept) > 1 and bool(np.any(np.diff(lanes_kept) < 0))
+        if kept is None and not reordered:
             n = int(offsets[-1])
             decoder.tok[:n] = tokens_in
             decoder.pos[:n] = positions
             entry_lanes = np.repeat(row_lanes, lens)
             first = offsets[:-1]
         else:
-            kept = np.flatnonzero(lead == np.arange(len(lead)))
-            idx = np.concatenate([np.arange(offsets[r], offsets[r + 1]) for r in kept.tolist()])
-            n = len(idx)
+            # The batch holds the decoding rows in ascending lane order, each row's entries
+            # together: with a KV stream per sequence llama.cpp cuts a batch into micro-batches
+            # of consecutive sequence ids taken in batch order, and each micro-batch is a pass
+            # over the weights, so rows in plan order (admission order, prefill order) cost
+            # passes that lane order does not (docs/hosts.md, "Batch order").
+            stage = np.arange(len(row_lanes)) if kept is None else kept
+            if reordered:
+                stage = stage[np.argsort(lanes_kept, kind="stable")]
+            stage_lens = lens[stage]
+            begins = np.zeros(len(stage), dtype=np.int64)
+            np.cumsum(stage_lens[:-1], out=begins[1:])
+            n = int(stage_lens.sum())
+            idx = np.repeat(offsets[stage] - begins, stage_lens) + np.arange(n)
             decoder.tok[:n] = tokens_in[idx]
             decoder.pos[:n] = positions[idx]
-            entry_lanes = np.repeat(row_lanes[kept], lens[kept])
-            first = np.zeros(len(lead), dtype=np.int64)
-            first[kept] = np.concatenate(([0], np.cumsum(lens[kept])[:-1]))
-            first = first[lead]
+            entry_lanes = np.repeat(row_lanes[stage], stage_lens)
+            first = np.zeros(len(row_lanes), dtype=np.int64)
+            first[stage] = begins
+            if lead is not None:
+                first = first[lead]
         out_rows = first[sample_rows] + lens[sample_rows] - 1
         flagged = out_rows
         prompt_rows = []
@@ -83,7 +97,7 @@ class RowDecoding:
             if prompt_rows:
                 extra = [np.arange(first[r], first[r] + lens[r]) for r, _ in prompt_rows]
                 flagged = np.concatenate([out_rows, *extra])
-        if flagged is not out_rows or lead is not None:
+        if flagged is not out_rows or lead is not None or reordered:
             flagged = np.unique(flagged)
         logits = decoder.decode(n, entry_lanes, flagged)
         self.decoded_tokens += n
