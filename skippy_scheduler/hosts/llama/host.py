@@ -140,6 +140,7 @@ class LlamaHost(DirectRows, RowDecoding):
                                   _ll.llama_model_get_vocab(self._model))
         self._decoder = Decoder(ctx, self.n_batch, tok.n_vocab)
         self._forks = Forks(cells, unified)
+        self._stage_by_lane = not unified  # rows.py: a KV stream per sequence
         self._details: dict[int, tuple[Plan, dict[int, SampleDetail]]] = {}
         self.decoded_tokens = 0  # batch entries decoded (a fork's copied rows not included)
         self.prefix_holders = holders

@@ -37,6 +37,7 @@ class RowDecoding:
         _ctx: Any
         _decoder: Decoder
         _forks: Forks
+        _stage_by_lane: bool
         _lanes: Lanes
         _samplers: Samplers | None
         _details: dict[int, tuple[Plan, dict[int, SampleDetail]]]
@@ -58,7 +59,8 @@ class RowDecoding:
         lead = self._forks.leaders(row_lanes, offsets, tokens_in, starts, new_keys)
         kept = None if lead is None else np.flatnonzero(lead == np.arange(len(lead)))
         lanes_kept = row_lanes if kept is None else row_lanes[kept]
-        reordered = len(lanes_kept) > 1 and bool(np.any(np.diff(lanes_kept) < 0))
+        reordered = (self._stage_by_lane and len(lanes_kept) > 1
+                     and bool(np.any(np.diff(lanes_kept) < 0)))
         if kept is None and not reordered:
             n = int(offsets[-1])
             decoder.tok[:n] = tokens_in
@@ -70,7 +72,8 @@ class RowDecoding:
             # together: with a KV stream per sequence llama.cpp cuts a batch into micro-batches
             # of consecutive sequence ids taken in batch order, and each micro-batch is a pass
             # over the weights, so rows in plan order (admission order, prefill order) cost
-            # passes that lane order does not (docs/hosts.md, "Batch order").
+            # passes that lane order does not (docs/hosts.md, "Batch order"). With one shared
+            # stream (kv_unified) llama.cpp cuts a batch by size alone: plan order is kept.
             stage = np.arange(len(row_lanes)) if kept is None else kept
             if reordered:
                 stage = stage[np.argsort(lanes_kept, kind="stable")]
