@@ -13,7 +13,9 @@ First `--rows-max` sequences get a `--context`-token prompt; then, each shape th
 - mixed: a chunk beside `--rows-max` decode rows, in one `llama_decode` call;
 - order: `--rows-max` decode rows with their sequence ids ascending in the batch, rotated
   (the second half first) and reversed: llama.cpp takes a micro-batch of consecutive ids in
-  batch order, a pass over the weights each (docs/hosts.md, "Batch order").
+  batch order, a pass over the weights each (docs/hosts.md, "Batch order"); then the rows but
+  the middle one ("gap": the ids break around it), and the same with a filler entry on the
+  middle sequence whose cell is dropped after the call ("gap filled": the host's gap fill).
 
 On a context with a KV stream per sequence llama.cpp splits a batch into sub-batches in which
 every sequence has the same number of tokens, so a mixed step is the decode rows' pass plus the
@@ -33,7 +35,7 @@ from typing import Any, Sequence
 
 
 CHUNKS = (32, 64, 128, 256, 448)  # with up to 64 decode rows beside them, within one 512 batch
-SHAPE_STEPS = (1, 4, 8, 12) + CHUNKS + (1, 1, 1)  # calls that advance decode rows, per repeat
+SHAPE_STEPS = (1, 4, 8, 12) + CHUNKS + (1, 1, 1, 1, 1)  # calls that advance decode rows, per repeat
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,8 +117,9 @@ class Context:
             raise SystemExit(f"llama_step_shapes: llama_decode returned {rc}")
         return elapsed
 
-    def clear(self, seq: int) -> None:
-        self.ll.llama_memory_seq_rm(self.ll.llama_get_memory(self.ctx), seq, -1, -1)
+    def clear(self, seq: int, start: int = -1) -> None:
+        """Drop `seq`'s cells from position `start` on (-1: all of them)."""
+        self.ll.llama_memory_seq_rm(self.ll.llama_get_memory(self.ctx), seq, start, -1)
 
     def close(self) -> None:
         self.ll.llama_batch_free(self.batch)
@@ -139,8 +142,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 pos[s] += 1
             return took
 
-        def decode_order(order: Sequence[int]) -> float:
-            took = c.decode([(s, pos[s], 1) for s in order])
+        def decode_order(order: Sequence[int], filler: int = -1) -> float:
+            items = [(s, pos[s], 1) for s in order]
+            if filler >= 0:
+                items.insert(filler, (filler, pos[filler], 1))
+            took = c.decode(items)
+            if filler >= 0:
+                c.clear(filler, pos[filler])
             for s in order:
                 pos[s] += 1
             return took
@@ -166,6 +174,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                   "reversed": list(range(rows_max - 1, -1, -1))}
         by_order = {name: statistics.median(decode_order(o) for _ in range(args.repeats)) * 1e3
                     for name, o in orders.items()}
+        around = [s for s in range(rows_max) if s != half]
+        by_order["gap"] = statistics.median(
+            decode_order(around) for _ in range(args.repeats)) * 1e3
+        by_order["gap filled"] = statistics.median(
+            decode_order(around, half) for _ in range(args.repeats)) * 1e3
     finally:
         c.close()
     return {"model": args.model, "threads": args.threads, "lanes": args.lanes,

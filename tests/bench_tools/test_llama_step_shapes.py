@@ -19,7 +19,8 @@ def test_times_every_shape(tmp_path, capsys):
     assert sorted(doc["decode_ms"], key=int) == ["1", "3"]
     assert sorted(doc["prefill_ms"], key=int) == [str(n) for n in llama_step_shapes.CHUNKS]
     assert doc["mixed_ms"].keys() == doc["prefill_ms"].keys()
-    assert list(doc["decode_order_ms"]) == ["ascending", "rotated", "reversed"]
+    assert list(doc["decode_order_ms"]) == ["ascending", "rotated", "reversed", "gap",
+                                          "gap filled"]
     assert all(v > 0 for part in ("decode_ms", "prefill_ms", "mixed_ms", "decode_order_ms")
                for v in doc[part].values())
     printed = capsys.readouterr().out

@@ -212,6 +212,44 @@ def test_batch_holds_rows_in_lane_order_whatever_the_plan_order(host, alone):
         assert host.release(k)
 
 
+def test_gap_fill_closes_a_break_in_the_run_of_lanes_and_leaves_no_cell(host, alone):
+    """A lane between two decoding lanes without a row of its own (a prompt waiting for its next
+    chunk) would split the batch into two passes: the host decodes a filler entry on it, reads
+    no logits for it and drops its cell, and every sequence's tokens stay what they are alone."""
+    prompts = {"a": [1, 340, 341], "b": [1, 350, 351, 352], "c": [1, 360, 361, 362, 363]}
+    first = host.run_rows([(k, prompts[k], 0, True) for k in "abc"])
+    assert [host.seq_id_of(k) for k in "abc"] == [0, 1, 2]
+    filled = host.gap_fill_rows
+    got = host.run_rows([("a", [first["a"]], 3, True), ("c", [first["c"]], 5, True)])
+    assert host.gap_fill_rows == filled + 1
+    assert host._decoder._sid[:3].tolist() == [0, 1, 2]
+    assert host._decoder.pos[:3].tolist() == [3, 4, 5]  # b's filler at its next position
+    assert host.kv_tokens("b") == 4
+    assert host.host_state(detail=True).lane_positions[1] == 3  # the filler's cell is gone
+    assert [first["a"], got["a"]] == alone(prompts["a"], 2)
+    assert [first["c"], got["c"]] == alone(prompts["c"], 2)
+    # b goes on from where it was, as if no filler had been there
+    got_b = host.run_rows([("b", [first["b"]], 4, True)])
+    assert [first["b"], got_b["b"]] == alone(prompts["b"], 2)
+    # with the fill off (or a gap wider than the limit) the break stays
+    host.gap_fill_max = 0
+    try:
+        host.run_rows([("a", [got["a"]], 4, True), ("c", [got["c"]], 6, True)])
+        assert host.gap_fill_rows == filled + 1
+        assert host._decoder._sid[:2].tolist() == [0, 2]
+    finally:
+        host.gap_fill_max = 2
+    for k in "abc":
+        assert host.release(k)
+
+
+def test_gap_fill_max_is_checked(model_path):
+    with pytest.raises(ValueError, match="gap_fill_max"):
+        LlamaHost(model_path, n_ctx=512, n_seq_max=2, gap_fill_max=-1)
+    with pytest.raises(TypeError, match="gap_fill_max"):
+        LlamaHost(model_path, n_ctx=512, n_seq_max=2, gap_fill_max=1.5)
+
+
 class _Outputs:
     def __init__(self, n):
         self.request_indexes = np.zeros(n, dtype=np.uint64)

@@ -52,6 +52,10 @@ from .tokenizer import Tokenizer
 IntArray = npt.NDArray[np.integer[Any]]
 
 
+# Gaps of up to this many lanes get filler rows (rows.py `_gap_fill`): a filler costs about a
+# decode row, a break in the run of lanes a pass over the weights (docs/hosts.md "Batch order").
+DEFAULT_GAP_FILL = 2
+
 _KEPT_DETAILS = 8  # plans whose sample details wait to be taken (more are in flight at most)
 
 
@@ -73,6 +77,7 @@ class LlamaHost(DirectRows, RowDecoding):
         prefix_cache_tokens: int = 0,
         prefix_holders: int = 16,
         prefix_replace_share: float | None = DEFAULT_REPLACE_SHARE,
+        gap_fill_max: int = DEFAULT_GAP_FILL,
     ) -> None:
         n_seq_max = check_int("n_seq_max", n_seq_max, 1, 256)
         prefix_cache_tokens = check_int("prefix_cache_tokens", prefix_cache_tokens, 0)
@@ -80,6 +85,7 @@ class LlamaHost(DirectRows, RowDecoding):
         if prefix_cache_tokens:
             holders = check_int("prefix_holders", prefix_holders, 1, 256 - n_seq_max)
         replace_share = check_replace_share(prefix_replace_share)  # (holders.py)
+        gap_fill_max = check_int("gap_fill_max", gap_fill_max, 0, 256)
         # With reuse and kv_unified left unset, every lane and holder has a KV stream of its own
         # (n_ctx is split evenly over them) and prefixes move by whole-stream copies; with
         # kv_unified=True they share cells of one cache (holders.py).
@@ -133,7 +139,7 @@ class LlamaHost(DirectRows, RowDecoding):
             "n_batch": self.n_batch, "n_ubatch": n_ubatch, "n_threads": n_threads,
             "kv_type": kv_type, "flash_attn": bool(flash_attn), "kv_unified": unified,
             "prefix_cache_tokens": prefix_cache_tokens, "prefix_holders": holders,
-            "prefix_replace_share": replace_share,
+            "prefix_replace_share": replace_share, "gap_fill_max": gap_fill_max,
         }
         self._lanes = Lanes(n_seq_max, cells)
         self._samplers = Samplers(tok.n_vocab, tok.eog, tok.eog_ids,
@@ -141,6 +147,10 @@ class LlamaHost(DirectRows, RowDecoding):
         self._decoder = Decoder(ctx, self.n_batch, tok.n_vocab)
         self._forks = Forks(cells, unified)
         self._stage_by_lane = not unified  # rows.py: a KV stream per sequence
+        # rows.py: filler rows close gaps of at most this many lanes in a batch's run of
+        # decoding lanes (0: off); with one shared stream there are no runs to close.
+        self.gap_fill_max = gap_fill_max
+        self.gap_fill_rows = 0  # filler entries decoded (not in decoded_tokens)
         self._details: dict[int, tuple[Plan, dict[int, SampleDetail]]] = {}
         self.decoded_tokens = 0  # batch entries decoded (a fork's copied rows not included)
         self.prefix_holders = holders

@@ -39,6 +39,9 @@ class RowDecoding:
         _forks: Forks
         _stage_by_lane: bool
         _lanes: Lanes
+        n_ctx_seq: int
+        gap_fill_max: int
+        gap_fill_rows: int
         _samplers: Samplers | None
         _details: dict[int, tuple[Plan, dict[int, SampleDetail]]]
 
@@ -61,7 +64,8 @@ class RowDecoding:
         lanes_kept = row_lanes if kept is None else row_lanes[kept]
         reordered = (self._stage_by_lane and len(lanes_kept) > 1
                      and bool(np.any(np.diff(lanes_kept) < 0)))
-        if kept is None and not reordered:
+        fill = self._gap_fill(lanes_kept, row_lanes) if self._stage_by_lane else None
+        if kept is None and not reordered and fill is None:
             n = int(offsets[-1])
             decoder.tok[:n] = tokens_in
             decoder.pos[:n] = positions
@@ -74,19 +78,36 @@ class RowDecoding:
             # over the weights, so rows in plan order (admission order, prefill order) cost
             # passes that lane order does not (docs/hosts.md, "Batch order"). With one shared
             # stream (kv_unified) llama.cpp cuts a batch by size alone: plan order is kept.
+            # Gap fill: a lane between two decoding lanes that has no row in the plan (a prompt
+            # waiting for its next chunk, a free lane) would split the run of consecutive ids
+            # into two passes; a one-entry filler row on it (decoded, no logits, its cell
+            # dropped after the decode, `_gap_fill`) costs a row instead of a pass.
             stage = np.arange(len(row_lanes)) if kept is None else kept
-            if reordered:
-                stage = stage[np.argsort(lanes_kept, kind="stable")]
-            stage_lens = lens[stage]
-            begins = np.zeros(len(stage), dtype=np.int64)
-            np.cumsum(stage_lens[:-1], out=begins[1:])
-            n = int(stage_lens.sum())
-            idx = np.repeat(offsets[stage] - begins, stage_lens) + np.arange(n)
-            decoder.tok[:n] = tokens_in[idx]
-            decoder.pos[:n] = positions[idx]
-            entry_lanes = np.repeat(row_lanes[stage], stage_lens)
+            seg_lanes = row_lanes[stage]
+            seg_lens = lens[stage]
+            seg_src = offsets[:-1][stage]
+            toks, poss = tokens_in, positions
+            if fill is not None:
+                fill_lanes, fill_pos = fill
+                k = len(fill_lanes)
+                seg_lanes = np.concatenate([seg_lanes, fill_lanes])
+                seg_lens = np.concatenate([seg_lens, np.ones(k, dtype=seg_lens.dtype)])
+                seg_src = np.concatenate([seg_src, offsets[-1] + np.arange(k)])
+                toks = np.concatenate([tokens_in, np.zeros(k, dtype=tokens_in.dtype)])
+                poss = np.concatenate([positions, fill_pos.astype(positions.dtype)])
+            order = (np.argsort(seg_lanes, kind="stable") if reordered or fill is not None
+                     else np.arange(len(seg_lanes)))
+            seg_lens = seg_lens[order]
+            begins = np.zeros(len(order), dtype=np.int64)
+            np.cumsum(seg_lens[:-1], out=begins[1:])
+            n = int(seg_lens.sum())
+            idx = np.repeat(seg_src[order] - begins, seg_lens) + np.arange(n)
+            decoder.tok[:n] = toks[idx]
+            decoder.pos[:n] = poss[idx]
+            entry_lanes = np.repeat(seg_lanes[order], seg_lens)
+            real = order < len(stage)  # the plan's rows (the rest are fillers)
             first = np.zeros(len(row_lanes), dtype=np.int64)
-            first[stage] = begins
+            first[stage[order[real]]] = begins[real]
             if lead is not None:
                 first = first[lead]
         out_rows = first[sample_rows] + lens[sample_rows] - 1
@@ -102,7 +123,15 @@ class RowDecoding:
                 flagged = np.concatenate([out_rows, *extra])
         if flagged is not out_rows or lead is not None or reordered:
             flagged = np.unique(flagged)
-        logits = decoder.decode(n, entry_lanes, flagged)
+        try:
+            logits = decoder.decode(n, entry_lanes, flagged)
+        finally:
+            if fill is not None:
+                for lane, pos in zip(fill[0].tolist(), fill[1].tolist()):
+                    self._lanes.cut(lane, pos)  # the filler's cell; the lane's end is pos
+        if fill is not None:
+            self.gap_fill_rows += len(fill[0])
+            n -= len(fill[0])
         self.decoded_tokens += n
         samplers.feed(row_lanes, offsets, tokens_in, positions)
         for r, state in prompt_rows:
@@ -118,6 +147,35 @@ class RowDecoding:
         if lead is not None:
             self._forks.copy(row_lanes, lead, starts, ends)
         return tokens, details
+
+    def _gap_fill(self, lanes_kept: IntArray, row_lanes: IntArray,
+                  ) -> tuple[IntArray, IntArray] | None:
+        """The filler rows for the lanes that break the batch's run of decoding lanes: each gap
+        of at most `gap_fill_max` lanes between two decoding lanes whose lanes have no row in the
+        plan and room for one more cell gets one entry per lane, at the lane's next position
+        (lanes, positions; None when there is nothing to fill). A filler costs about a decode
+        row (its lane's context read once), the break it closes a pass over the weights."""
+        limit = self.gap_fill_max
+        if limit <= 0 or len(lanes_kept) < 2:
+            return None
+        present = np.unique(lanes_kept)
+        steps = np.diff(present)
+        at = np.flatnonzero((steps > 1) & (steps <= limit + 1))
+        if len(at) == 0:
+            return None
+        lanes: list[int] = []
+        busy = set(row_lanes.tolist())
+        room = self.n_ctx_seq
+        for i in at.tolist():
+            gap = range(int(present[i]) + 1, int(present[i + 1]))
+            if any(g in busy or self._lanes.end(g) >= room for g in gap):
+                continue  # a fork's follower, or a full lane: the break stays
+            lanes.extend(gap)
+        if not lanes:
+            return None
+        fill_lanes = np.array(lanes, dtype=np.int64)
+        fill_pos = np.array([self._lanes.end(g) for g in lanes], dtype=np.int64)
+        return fill_lanes, fill_pos
 
     def _score_restored(self, lane: int, start: int) -> None:
         """A new sequence that asks for prompt log-probabilities was restored up to `start`: the
