@@ -83,8 +83,8 @@ class ServeSettings:
     #   "slack", mixed and max_consecutive_prefill are not read
     itl_target_ms: float = 150.0  # the slack rule's inter-token target ("skippy.itl_ms" of a
     #   request overrides it for that request)
-    prefill_age_max_ms: float = 0.0  # > 0: the slack rule prefills the shortest prompt first,
-    #   but one that arrived this long ago first of all; 0: arrival order (§2.13,
+    prefill_age_max_ms: float = 2000.0  # > 0: the slack rule prefills the shortest prompt
+    #   first, but one that arrived this long ago first of all; 0: arrival order (§2.13,
     #   docs/serving.md "The prefill order")
     inflight: int = 1  # plans in flight (max_inflight_plans): 2 overlaps scheduling with decode
     policy: str = DEFAULT_POLICY  # a name of skippy_scheduler.selection.POLICIES

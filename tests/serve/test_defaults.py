@@ -27,8 +27,8 @@ def test_resolved_settings_keep_what_was_given():
     s = resolve_settings(ServeSettings(max_active=4, ctx_size=2048))
     assert (s.prefix_cache_tokens, s.prefix_holders) == (2048, 4)
     assert (s.planning_rule, s.itl_target_ms) == ("slack", 150.0)
-    assert s.prefill_age_max_ms == 0.0
-    assert resolve_settings(ServeSettings(prefill_age_max_ms=2000)).prefill_age_max_ms == 2000
+    assert s.prefill_age_max_ms == 2000.0
+    assert resolve_settings(ServeSettings(prefill_age_max_ms=0)).prefill_age_max_ms == 0
     s = resolve_settings(ServeSettings(max_active=4, ctx_size=2048, prefix_cache_tokens=0))
     assert s.prefix_cache_tokens == 0
     for stages in (dict(stages="dir"), dict(stage_addresses=("tcp://127.0.0.1:1",))):
@@ -75,7 +75,7 @@ def test_defaults_reuse_prefixes_under_the_slack_rule(model_path):
         config = server.scheduler.config
         assert config.planning_rule is PlanningRule.SLACK
         assert config.itl_target == pytest.approx(0.15)
-        assert config.slack_prefill_age_max == 0.0  # arrival order (docs/serving.md)
+        assert config.slack_prefill_age_max == 2.0  # shortest first (docs/serving.md)
         assert server.host.prefix_store is not None
         assert server.settings.prefix_holders == LANES
         assert server.settings.prefix_cache_tokens == LANES * LANE_CTX
