@@ -243,6 +243,24 @@ def test_gap_fill_closes_a_break_in_the_run_of_lanes_and_leaves_no_cell(host, al
         assert host.release(k)
 
 
+def test_gap_fill_never_takes_the_batch_past_its_size(model_path):
+    """A plan that fills the batch leaves its gaps alone: a filler past the batch size would
+    make the decode fail (found in a trace replay, where a full prefill step beside decode rows
+    had a waiting lane between them)."""
+    with LlamaHost(model_path, n_ctx=4 * 64, n_seq_max=4, n_batch=16, n_threads=1) as h:
+        first = h.run_rows([(k, [1, 300 + i], 0, True) for i, k in enumerate("abc")])
+        filled = h.gap_fill_rows
+        # a on lane 0 decodes, b (lane 1) has no row, c (lane 2) feeds 15 tokens: 16 in all
+        got = h.run_rows([("a", [first["a"]], 2, True),
+                          ("c", [first["c"]] + list(range(310, 324)), 2, True)])
+        assert h.gap_fill_rows == filled
+        assert h._decoder._sid[:16].tolist() == [0] + [2] * 15
+        # one entry less and the filler fits
+        h.run_rows([("a", [got["a"]], 3, True), ("c", list(range(330, 343)), 17, True)])
+        assert h.gap_fill_rows == filled + 1
+        assert h._decoder._sid[:15].tolist() == [0, 1] + [2] * 13
+
+
 def test_gap_fill_max_is_checked(model_path):
     with pytest.raises(ValueError, match="gap_fill_max"):
         LlamaHost(model_path, n_ctx=512, n_seq_max=2, gap_fill_max=-1)

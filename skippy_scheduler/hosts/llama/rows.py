@@ -64,7 +64,10 @@ class RowDecoding:
         lanes_kept = row_lanes if kept is None else row_lanes[kept]
         reordered = (self._stage_by_lane and len(lanes_kept) > 1
                      and bool(np.any(np.diff(lanes_kept) < 0)))
-        fill = self._gap_fill(lanes_kept, row_lanes) if self._stage_by_lane else None
+        fill = None
+        if self._stage_by_lane:
+            staged = int(lens.sum()) if kept is None else int(lens[kept].sum())
+            fill = self._gap_fill(lanes_kept, row_lanes, self.n_batch - staged)
         if kept is None and not reordered and fill is None:
             n = int(offsets[-1])
             decoder.tok[:n] = tokens_in
@@ -148,15 +151,16 @@ class RowDecoding:
             self._forks.copy(row_lanes, lead, starts, ends)
         return tokens, details
 
-    def _gap_fill(self, lanes_kept: IntArray, row_lanes: IntArray,
+    def _gap_fill(self, lanes_kept: IntArray, row_lanes: IntArray, spare: int,
                   ) -> tuple[IntArray, IntArray] | None:
         """The filler rows for the lanes that break the batch's run of decoding lanes: each gap
         of at most `gap_fill_max` lanes between two decoding lanes whose lanes have no row in the
-        plan and room for one more cell gets one entry per lane, at the lane's next position
-        (lanes, positions; None when there is nothing to fill). A filler costs about a decode
-        row (its lane's context read once), the break it closes a pass over the weights."""
+        plan and room for one more cell gets one entry per lane, at the lane's next position,
+        while the batch has `spare` entries left beyond the plan's (lanes, positions; None when
+        there is nothing to fill). A filler costs about a decode row (its lane's context read
+        once), the break it closes a pass over the weights."""
         limit = self.gap_fill_max
-        if limit <= 0 or len(lanes_kept) < 2:
+        if limit <= 0 or len(lanes_kept) < 2 or spare <= 0:
             return None
         present = np.unique(lanes_kept)
         steps = np.diff(present)
@@ -168,8 +172,9 @@ class RowDecoding:
         room = self.n_ctx_seq
         for i in at.tolist():
             gap = range(int(present[i]) + 1, int(present[i + 1]))
-            if any(g in busy or self._lanes.end(g) >= room for g in gap):
-                continue  # a fork's follower, or a full lane: the break stays
+            if len(lanes) + len(gap) > spare or any(
+                    g in busy or self._lanes.end(g) >= room for g in gap):
+                continue  # no room in the batch, a fork's follower, a full lane: it stays
             lanes.extend(gap)
         if not lanes:
             return None
