@@ -1,12 +1,22 @@
 """The slack rule's cost model, kept fitted online from observed step durations (§2.13).
 
 `StepCostFitter` keeps the last `window` steps (prefill tokens, decode rows, prefill rows, µs)
-and fits the five coefficients of `StepCost` by least squares pulled gently toward the previous
-fit (so a window that never varies one term, e.g. only decode-only steps of one size or no step
-with two prefill sequences, keeps that term's last value instead of making one up), then drops the steps whose residual is more than
-`clip` × the median absolute residual (a step stalled by something else on the machine) and
-fits again, a few rounds; coefficients stay >= 0. A window the current model already explains
-(median residual within 1 % of the median step) keeps it without solving anything. `SlackFeed` is the engine observer that feeds it: after
+and fits the five coefficients of `StepCost` by least squares on the *relative* error (each
+step weighted by 1 / its duration), pulled gently toward the previous fit (so a window that
+never varies one term, e.g. only decode-only steps of one size or no step with two prefill
+sequences, keeps that term's last value instead of making one up), then drops the steps whose
+relative residual is more than `clip` × the median relative residual (a step stalled by
+something else on the machine) and fits again, a few rounds; coefficients stay >= 0. A window
+the current model already explains (median relative residual within 1 %) keeps it without
+solving anything.
+
+Why relative: a window is mostly short decode steps, fitted to a millisecond, and a few long
+prefill steps whose errors are tens of milliseconds though just as small a share of their
+duration. On absolute residuals the long steps were the "outliers": trimmed, they left the
+per-token cost to a few short chunks where the fixed cost dominates, and in a trace replay one
+refit put it at a tenth of its value (steps predicted at 28-32 ms ran 167-206 ms, and every
+stream stalled past its target for seven steps). The slack rule needs each step predicted to a
+share of itself, whatever its length, which is what the relative error weighs. `SlackFeed` is the engine observer that feeds it: after
 each step ran it sets the scheduler's clock (before the completion stamps last-token times and
 before the next plan reads them) and records the step; every `refit_every` steps it refits
 and hands the model to the scheduler. The engine adds it only when the scheduler runs the
@@ -28,7 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _PRIOR_WEIGHT = 1e-6  # of the window's own scale: only decides directions the data leaves open
 _CLIP_ROUNDS = 4  # refits, each without the steps far off the previous one
-_RESIDUAL_FLOOR = 0.01  # of the median step: residuals below this are kept whatever the spread
+_RESIDUAL_FLOOR = 0.01  # relative residuals below this are kept whatever the spread
 
 
 class StepCostFitter:
@@ -68,19 +78,21 @@ class StepCostFitter:
         prior = np.array([self.cost.base_us, self.cost.per_prefill_token_us,
                           self.cost.decode_base_us, self.cost.per_decode_row_us,
                           self.cost.per_prefill_row_us])
-        floor = _RESIDUAL_FLOOR * float(np.median(y))  # never an outlier: timer noise
-        if float(np.median(np.abs(x @ prior - y))) <= floor:
+        inv = 1.0 / y  # relative error: each step weighs by its own length (module docstring)
+        if float(np.median(np.abs(x @ prior - y) * inv)) <= _RESIDUAL_FLOOR:
             return self.cost  # the model still explains the window: nothing to refit
+        xw = x * inv[:, None]
+        ones = np.ones(len(y))
         keep = np.ones(len(y), dtype=bool)
-        beta = self._solve(x, y, prior)
+        beta = self._solve(xw, ones, prior)
         for _ in range(_CLIP_ROUNDS):
-            residual = np.abs(x @ beta - y)
+            residual = np.abs(x @ beta - y) * inv
             spread = float(np.median(residual[keep]))
-            trimmed = residual <= max(self._clip * spread, floor)
+            trimmed = residual <= max(self._clip * spread, _RESIDUAL_FLOOR)
             if trimmed.sum() < 4 or np.array_equal(trimmed, keep):
                 break
             keep = trimmed
-            beta = self._solve(x[keep], y[keep], prior)
+            beta = self._solve(xw[keep], ones[keep], prior)
         beta = np.maximum(beta, 0.0)
         self.cost = StepCost(base_us=float(beta[0]), per_prefill_token_us=float(beta[1]),
                              decode_base_us=float(beta[2]), per_decode_row_us=float(beta[3]),
@@ -95,7 +107,8 @@ class StepCostFitter:
         beta = np.zeros(x.shape[1])
         for _ in range(x.shape[1]):
             xf = x[:, free]
-            scale = np.maximum((xf * xf).sum(axis=0), 1.0) * _PRIOR_WEIGHT
+            norms = (xf * xf).sum(axis=0)  # a column all zero still gets a pull to its prior
+            scale = np.maximum(norms, norms.max() * 1e-9 + 1e-300) * _PRIOR_WEIGHT
             gram = xf.T @ xf + np.diag(scale)
             beta = np.zeros(x.shape[1])
             beta[free] = np.linalg.solve(gram, xf.T @ y + scale * prior[free])
