@@ -16,11 +16,13 @@ duration. On absolute residuals the long steps were the "outliers": trimmed, the
 per-token cost to a few short chunks where the fixed cost dominates, and in a trace replay one
 refit put it at a tenth of its value (steps predicted at 28-32 ms ran 167-206 ms, and every
 stream stalled past its target for seven steps). The slack rule needs each step predicted to a
-share of itself, whatever its length, which is what the relative error weighs. `SlackFeed` is the engine observer that feeds it: after
-each step ran it sets the scheduler's clock (before the completion stamps last-token times and
-before the next plan reads them) and records the step; every `refit_every` steps it refits
-and hands the model to the scheduler. The engine adds it only when the scheduler runs the
-slack rule, so the reference rule's path is unchanged.
+share of itself, whatever its length, which is what the relative error weighs.
+
+`SlackFeed` is the engine observer that feeds it: after each step ran it sets the scheduler's
+clock (before the completion stamps last-token times and before the next plan reads them) and
+records the step; every `refit_every` steps it refits and hands the model to the scheduler.
+The engine adds it only when the scheduler runs the slack rule, so the reference rule's path
+is unchanged.
 """
 from __future__ import annotations
 
