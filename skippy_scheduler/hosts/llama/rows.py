@@ -66,7 +66,7 @@ class RowDecoding:
                      and bool(np.any(np.diff(lanes_kept) < 0)))
         fill = None
         if self._stage_by_lane:
-            staged = int(lens.sum()) if kept is None else int(lens[kept].sum())
+            staged = int(offsets[-1]) if kept is None else int(lens[kept].sum())
             fill = self._gap_fill(lanes_kept, row_lanes, self.n_batch - staged)
         if kept is None and not reordered and fill is None:
             n = int(offsets[-1])
@@ -162,25 +162,29 @@ class RowDecoding:
         limit = self.gap_fill_max
         if limit <= 0 or len(lanes_kept) < 2 or spare <= 0:
             return None
-        present = np.unique(lanes_kept)
+        # A plan's lanes are distinct: they are one run exactly when they span their count (the
+        # usual case, checked without sorting).
+        if int(lanes_kept.max()) - int(lanes_kept.min()) + 1 == len(lanes_kept):
+            return None
+        present = np.sort(lanes_kept)
         steps = np.diff(present)
         at = np.flatnonzero((steps > 1) & (steps <= limit + 1))
         if len(at) == 0:
             return None
         lanes: list[int] = []
+        ends: list[int] = []
         busy = set(row_lanes.tolist())
         room = self.n_ctx_seq
         for i in at.tolist():
             gap = range(int(present[i]) + 1, int(present[i + 1]))
-            if len(lanes) + len(gap) > spare or any(
-                    g in busy or self._lanes.end(g) >= room for g in gap):
+            at_end = [self._lanes.end(g) for g in gap]
+            if len(lanes) + len(gap) > spare or any(g in busy for g in gap) or max(at_end) >= room:
                 continue  # no room in the batch, a fork's follower, a full lane: it stays
             lanes.extend(gap)
+            ends.extend(at_end)
         if not lanes:
             return None
-        fill_lanes = np.array(lanes, dtype=np.int64)
-        fill_pos = np.array([self._lanes.end(g) for g in lanes], dtype=np.int64)
-        return fill_lanes, fill_pos
+        return np.array(lanes, dtype=np.int64), np.array(ends, dtype=np.int64)
 
     def _score_restored(self, lane: int, start: int) -> None:
         """A new sequence that asks for prompt log-probabilities was restored up to `start`: the
