@@ -55,15 +55,18 @@ typedef enum skippy_planning_rule {
 } skippy_planning_rule;
 
 /* Predicted step time (µs) = base_us + per_prefill_token_us * prefill and recompute tokens
- * + per_prefill_row_us * max(prefill rows - 1, 0) + [any decode row] (decode_base_us +
+ * + per_prefill_row_us * max(prefill rows - 1, 0) + per_prefill_position_us * (sum of the
+ * prefill and recompute tokens' positions) / 1000 + [any decode row] (decode_base_us +
  * per_decode_row_us * decode rows): the slack rule's cost model (§2.13), the shape of the
- * lab's runtime cost model (§5.3) plus a pass per extra prefill sequence. */
+ * lab's runtime cost model (§5.3) plus a pass per extra prefill sequence and the attention
+ * each prefill token pays for the context before it. */
 typedef struct skippy_step_cost {
     double base_us;
     double per_prefill_token_us;
     double decode_base_us;
     double per_decode_row_us;
     double per_prefill_row_us; /* each prefill or recompute row after the first */
+    double per_prefill_position_us; /* per prefill token per 1000 positions before it */
 } skippy_step_cost;
 
 /* Configuration; skippy_scheduler_config_default fills the defaults. SIZE_MAX = unbounded. */

@@ -43,6 +43,7 @@ void skippy_scheduler_config_default(skippy_scheduler_config *c)
     c->step_cost.decode_base_us = 0.0;
     c->step_cost.per_decode_row_us = 700.0;
     c->step_cost.per_prefill_row_us = 0.0;
+    c->step_cost.per_prefill_position_us = 0.0;
     c->disjoint_inflight_plans = false;
     c->cold_prefix_hold_tokens = 0;
     c->cold_prefix_hold_max_steps = 64;

@@ -366,8 +366,12 @@ typedef struct sk_slack_choice {
     int kind;
     size_t prefill_budget;
 } sk_slack_choice;
-sk_slack_choice sk_slack_decide(skippy_scheduler *s, size_t decode_rows, bool skip_in_flight);
+sk_slack_choice sk_slack_decide(skippy_scheduler *s, size_t decode_rows, bool skip_in_flight,
+                                double ratio, size_t first_start);
 int sk_check_step_cost(const skippy_step_cost *cost);
+double sk_slack_position_ratio(const skippy_scheduler *s);
+size_t sk_slack_position_chunk(size_t start, size_t budget, double ratio);
+size_t sk_slack_position_charge(size_t start, size_t count, double ratio, size_t cap);
 
 /* sk_prefill_order.c: the order a prefill walk visits the prefill-pending sequences the plan
  * may take (under `disjoint`, §2.11a, not those in flight): walk order, or under the slack rule

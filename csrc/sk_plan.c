@@ -346,15 +346,37 @@ static bool pay_toll(const skippy_scheduler *s, size_t *budget, size_t prefill_r
 }
 
 /* Prefill chunks within `budget` tokens in the order of sk_prefill_walk (sk_prefill_order.c),
- * each row after the first paying `toll` (pay_toll); returns the prefill rows written. */
-static size_t fill_prefill(skippy_scheduler *s, sk_writer *out, size_t budget, size_t toll)
+ * each row after the first paying `toll` (pay_toll); returns the prefill rows written. Under a
+ * position cost (`ratio` > 0, sk_slack.c) the budget is in token equivalents: each row's chunk
+ * is the longest whose equivalents fit (the first row at least one token), and pays them (at
+ * most what is left). `walk`, when not NULL, was begun for this
+ * plan and has already given `first`, the first row's sequence. */
+static size_t fill_prefill(skippy_scheduler *s, sk_writer *out, size_t budget, size_t toll,
+                           double ratio, sk_prefill_walk *walk, uint32_t first)
 {
     size_t prefill_rows = 0;
-    sk_prefill_walk walk = sk_prefill_walk_begin(s, out->disjoint);
+    bool peeked = walk != NULL;
+    sk_prefill_walk own;
+    if (!walk) {
+        own = sk_prefill_walk_begin(s, out->disjoint);
+        walk = &own;
+    }
     while (budget > 0 && prefill_rows < s->cfg.max_prefill_sequences_per_iteration) {
-        uint32_t slot = sk_prefill_walk_next(s, &walk);
+        uint32_t slot = peeked ? first : sk_prefill_walk_next(s, walk);
+        peeked = false;
         if (slot == SK_NO_SLOT || !pay_toll(s, &budget, prefill_rows, toll)) break;
-        budget -= emit_prefill(out, s, slot, budget);
+        if (ratio > 0.0) {
+            size_t start = s->seqs[slot].cursor;
+            size_t chunk = sk_slack_position_chunk(start, budget, ratio);
+            if (chunk == 0) {
+                if (prefill_rows > 0) break;
+                chunk = 1; /* a step that prefills makes progress, whatever one token costs */
+            }
+            size_t count = emit_prefill(out, s, slot, chunk);
+            budget -= sk_slack_position_charge(start, count, ratio, budget);
+        } else {
+            budget -= emit_prefill(out, s, slot, budget);
+        }
         prefill_rows++;
     }
     return prefill_rows;
@@ -362,9 +384,9 @@ static size_t fill_prefill(skippy_scheduler *s, sk_writer *out, size_t budget, s
 
 /* A homogeneous prefill plan within `budget` tokens. */
 static void plan_prefill(skippy_scheduler *s, sk_writer *out, size_t budget, bool has_live,
-                         size_t toll)
+                         size_t toll, double ratio, sk_prefill_walk *walk, uint32_t first)
 {
-    if (fill_prefill(s, out, budget, toll))
+    if (fill_prefill(s, out, budget, toll, ratio, walk, first))
         s->consecutive_prefill = has_live ? s->consecutive_prefill + 1 : 0;
 }
 
@@ -377,13 +399,14 @@ static void plan_homogeneous(skippy_scheduler *s, sk_writer *out, bool has_prefi
         if (out->row_count) s->consecutive_prefill = 0;
         return;
     }
-    plan_prefill(s, out, s->cfg.max_tokens_per_iteration, has_live, 0);
+    plan_prefill(s, out, s->cfg.max_tokens_per_iteration, has_live, 0, 0.0, NULL, SK_NO_SLOT);
 }
 
 /* Decode rows first, from a cursor that rotates so a short budget serves everyone in turn;
  * then prefill chunks with what budget is left, at most `prefill_cap` tokens, each row after
  * the first paying `toll` (pay_toll). */
-static void plan_mixed(skippy_scheduler *s, sk_writer *out, size_t prefill_cap, size_t toll)
+static void plan_mixed(skippy_scheduler *s, sk_writer *out, size_t prefill_cap, size_t toll,
+                       double ratio, sk_prefill_walk *walk, uint32_t first)
 {
     size_t budget = s->cfg.max_tokens_per_iteration, active_count = s->active_len;
     if (active_count > 0) {
@@ -404,18 +427,30 @@ static void plan_mixed(skippy_scheduler *s, sk_writer *out, size_t prefill_cap, 
         s->mixed_cursor = next % active_count;
     }
     if (budget > prefill_cap) budget = prefill_cap;
-    fill_prefill(s, out, budget, toll);
+    fill_prefill(s, out, budget, toll, ratio, walk, first);
     s->consecutive_prefill = 0;
 }
 
-/* The slack rule (§2.13, sk_slack.c) when prefill and live decode both wait. */
+/* The slack rule (§2.13, sk_slack.c) when prefill and live decode both wait. Under a position
+ * cost the prefill walk begins here: the rule sizes the smallest useful chunk from the start
+ * position of the first row it gives, and the plan goes on from that walk. */
 static void plan_slack(skippy_scheduler *s, sk_writer *out, size_t decode_rows)
 {
-    sk_slack_choice choice = sk_slack_decide(s, decode_rows, out->disjoint);
+    double ratio = sk_slack_position_ratio(s);
+    sk_prefill_walk walk, *begun = NULL;
+    uint32_t first = SK_NO_SLOT;
+    size_t first_start = 0;
+    if (ratio > 0.0) {
+        walk = sk_prefill_walk_begin(s, out->disjoint);
+        begun = &walk;
+        first = sk_prefill_walk_next(s, begun);
+        if (first != SK_NO_SLOT) first_start = s->seqs[first].cursor;
+    }
+    sk_slack_choice choice = sk_slack_decide(s, decode_rows, out->disjoint, ratio, first_start);
     if (choice.kind == SK_SLACK_MIXED) {
-        plan_mixed(s, out, choice.prefill_budget, sk_slack_toll(s));
+        plan_mixed(s, out, choice.prefill_budget, sk_slack_toll(s), ratio, begun, first);
     } else if (choice.kind == SK_SLACK_PREFILL_ONLY) {
-        plan_prefill(s, out, choice.prefill_budget, true, sk_slack_toll(s));
+        plan_prefill(s, out, choice.prefill_budget, true, sk_slack_toll(s), ratio, begun, first);
     } else {
         plan_decode_only(s, out);
         s->consecutive_prefill = 0;
@@ -511,7 +546,7 @@ static int make_plan(skippy_scheduler *s, skippy_plan **out_plan)
     else if (s->cfg.mixed_prefill_decode && decode_rows > 0 &&
              (s->prio_victim_len > 0 ||
               (s->mixed_viable && decode_rows < s->ewma_cap && !isnan(s->ewma[decode_rows]))))
-        plan_mixed(s, &out, SIZE_MAX, 0);
+        plan_mixed(s, &out, SIZE_MAX, 0, 0.0, NULL, SK_NO_SLOT);
     else
         plan_homogeneous(s, &out, has_prefill, live_count > 0);
     plan->request_count = out.row_count;

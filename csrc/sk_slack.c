@@ -13,14 +13,20 @@
  * a row, then a prefill step of the smallest useful chunk does, so the oldest admitted prefill
  * never waits more than k steps between two of its chunks. The chunk is sized for one
  * prefill row; when the plan spreads it over more (sk_plan.c), each row after the first pays
- * sk_slack_toll tokens of it for the pass llama.cpp runs for it. Nothing is latched: every step
- * decides anew. Under disjoint plans in flight (§2.11a) the sequences in flight are not in
+ * sk_slack_toll tokens of it for the pass llama.cpp runs for it. Under a position cost
+ * (per_prefill_position_us > 0) the budget is in token equivalents: a chunk of c tokens from
+ * position p costs c + ratio × (c·p + c(c−1)/2) of it, ratio = per_prefill_position_us /
+ * (1000 × per_prefill_token_us), so a chunk deep in a long prompt is shorter than one at its
+ * start, and the smallest useful chunk is counted in tokens of the first row the plan takes.
+ * With no position cost every choice is the one made without the term. Nothing is latched:
+ * every step decides anew. Under disjoint plans in flight (§2.11a) the sequences in flight are not in
  * the minimum: this plan cannot give them a row, and their last-token stamps wait for the
  * plan that carries their next token, so they would only make every slack look spent.
  *
  * NOTE: built with -ffp-contract=off; the reference twin (reference/slack.py) evaluates the
  * same expressions in the same order, so both make the same choice bit for bit.
  */
+#include <float.h>
 #include <math.h>
 
 #include "sk_internal.h"
@@ -31,7 +37,8 @@ int sk_check_step_cost(const skippy_step_cost *c)
              c->per_prefill_token_us >= 0.0 && isfinite(c->decode_base_us) &&
              c->decode_base_us >= 0.0 && isfinite(c->per_decode_row_us) &&
              c->per_decode_row_us >= 0.0 && isfinite(c->per_prefill_row_us) &&
-             c->per_prefill_row_us >= 0.0);
+             c->per_prefill_row_us >= 0.0 && isfinite(c->per_prefill_position_us) &&
+             c->per_prefill_position_us >= 0.0);
 }
 
 /* Tokens of the prefill budget each prefill row after the first pays for its own pass:
@@ -58,7 +65,46 @@ static size_t largest_chunk(double spare, double per_token, size_t room)
     return (size_t)chunk;
 }
 
-sk_slack_choice sk_slack_decide(skippy_scheduler *s, size_t decode_rows, bool skip_in_flight)
+/* Token equivalents each prefill token pays per position before it (module comment): 0 when
+ * there is no position cost, or no per-token cost to measure it in. */
+double sk_slack_position_ratio(const skippy_scheduler *s)
+{
+    double q = s->cost.per_prefill_position_us, per_token = s->cost.per_prefill_token_us;
+    if (!(q > 0.0) || !(per_token > 0.0)) return 0.0;
+    double ratio = q / (1000.0 * per_token);
+    return ratio <= DBL_MAX ? ratio : DBL_MAX; /* finite: ratio × 0 positions stays 0 */
+}
+
+/* Token equivalents of `count` tokens from position `start`: c + ratio × (c·start + c(c−1)/2). */
+static double position_equivalents(size_t start, size_t count, double ratio)
+{
+    double positions = (double)count * (double)start + (double)(count * (count - 1) / 2);
+    return (double)count + ratio * positions;
+}
+
+/* The longest chunk from `start` whose token equivalents fit in `budget` (ratio > 0): the root
+ * of the quadratic, in the form without cancellation, then checked one token either way. */
+size_t sk_slack_position_chunk(size_t start, size_t budget, double ratio)
+{
+    if (budget == 0) return 0;
+    double b = (double)budget, lin = 1.0 + ratio * ((double)start - 0.5);
+    double root = 2.0 * b / (lin + sqrt(lin * lin + 2.0 * ratio * b));
+    size_t chunk = root >= b ? budget : root >= 0.0 ? (size_t)floor(root) : 0;
+    while (chunk < budget && position_equivalents(start, chunk + 1, ratio) <= b) chunk++;
+    while (chunk > 0 && position_equivalents(start, chunk, ratio) > b) chunk--;
+    return chunk;
+}
+
+/* What `count` tokens from `start` take from the budget: their equivalents rounded up, at most
+ * `cap`. */
+size_t sk_slack_position_charge(size_t start, size_t count, double ratio, size_t cap)
+{
+    double charge = position_equivalents(start, count, ratio);
+    return charge >= (double)cap ? cap : (size_t)ceil(charge);
+}
+
+sk_slack_choice sk_slack_decide(skippy_scheduler *s, size_t decode_rows, bool skip_in_flight,
+                                double ratio, size_t first_start)
 {
     const skippy_scheduler_config *cfg = &s->cfg;
     const uint32_t *active = s->active;
@@ -85,14 +131,19 @@ sk_slack_choice sk_slack_decide(skippy_scheduler *s, size_t decode_rows, bool sk
     sk_slack_choice choice;
     choice.kind = mix ? SK_SLACK_MIXED : SK_SLACK_PREFILL_ONLY;
     choice.prefill_budget = chunk;
-    if (chunk < min_chunk) {
+    size_t usable = ratio > 0.0 ? sk_slack_position_chunk(first_start, chunk, ratio) : chunk;
+    if (usable < min_chunk) {
         if (s->interleaved < cfg->slack_interleave_max) {
             s->interleaved++;
             choice.kind = SK_SLACK_DECODE_ONLY;
             choice.prefill_budget = 0;
             return choice;
         }
-        choice.prefill_budget = min_chunk; /* the starvation bound: a prefill step now */
+        /* the starvation bound: a prefill step now, of min_chunk tokens of its first row */
+        choice.prefill_budget = min_chunk;
+        if (ratio > 0.0)
+            choice.prefill_budget = sk_slack_position_charge(first_start, min_chunk, ratio,
+                                                             max_tokens);
     }
     s->interleaved = 0;
     return choice;

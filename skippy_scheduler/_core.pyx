@@ -15,6 +15,7 @@ from libc.stdint cimport SIZE_MAX
 from ._boundary cimport check_u64, token_array
 from ._skippy_abi cimport (
     SKIPPY_PLAN_ABI_VERSION,
+    SKIPPY_PHASE_DECODE,
     SKIPPY_STATUS_OK,
     skippy_error,
     skippy_iteration_request,

@@ -72,3 +72,4 @@ cdef void _step_cost(skippy_step_cost *out, object cost):
     out.decode_base_us = cost.decode_base_us
     out.per_decode_row_us = cost.per_decode_row_us
     out.per_prefill_row_us = cost.per_prefill_row_us
+    out.per_prefill_position_us = cost.per_prefill_position_us

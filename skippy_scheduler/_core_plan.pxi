@@ -219,6 +219,25 @@ cdef class IterationPlan:
         return self._b.slice(_A_SLOT, self._rows)
 
     @property
+    def prefill_positions(self):
+        """Sum of the positions of the prefill and recompute tokens (int): the context their
+        attention reads, the term of `StepCost.per_prefill_position_us` (§2.13)."""
+        cdef skippy_plan *p
+        cdef size_t r, n, a
+        cdef unsigned long long total = 0
+        self._check()
+        p = self._p
+        for r in range(self._rows):
+            if p.phases[r] == SKIPPY_PHASE_DECODE:
+                continue
+            a = p.row_offsets[r]
+            n = p.row_offsets[r + 1] - a
+            if n:
+                total += <unsigned long long>n * <unsigned long long>p.positions[a] + \
+                    <unsigned long long>(n * (n - 1) // 2)
+        return total
+
+    @property
     def sample_rows(self):
         """uintp array of the work indexes of the sampling rows (those with `sample_last` set),
         ascending: one output entry is expected for each."""

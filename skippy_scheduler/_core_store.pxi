@@ -53,7 +53,8 @@ def _layout():
             "per_prefill_token_us": <size_t>&c.per_prefill_token_us - cb,
             "decode_base_us": <size_t>&c.decode_base_us - cb,
             "per_decode_row_us": <size_t>&c.per_decode_row_us - cb,
-            "per_prefill_row_us": <size_t>&c.per_prefill_row_us - cb}),
+            "per_prefill_row_us": <size_t>&c.per_prefill_row_us - cb,
+            "per_prefill_position_us": <size_t>&c.per_prefill_position_us - cb}),
         # the fields appended last (the rest keep the layout they had)
         "skippy_scheduler_config": (sizeof(skippy_scheduler_config), {
             "planning_rule": <size_t>&g.planning_rule - gb,

@@ -48,6 +48,7 @@ cdef extern from "skippy_abi.h" nogil:
         size_t capacity
 
     enum: SKIPPY_DEFERRED_TOKEN
+    enum: SKIPPY_PHASE_DECODE
 
     ctypedef struct skippy_plan:
         uint64_t serial

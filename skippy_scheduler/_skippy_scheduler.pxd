@@ -55,6 +55,7 @@ cdef extern from "skippy_scheduler.h" nogil:
         double decode_base_us
         double per_decode_row_us
         double per_prefill_row_us
+        double per_prefill_position_us
 
     ctypedef struct skippy_scheduler_config:
         size_t max_active_sequences

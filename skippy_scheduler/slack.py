@@ -34,26 +34,32 @@ def _check_us(name: str, value: object) -> float:
 class StepCost:
     """Predicted time of one step, in µs: `base_us` + `per_prefill_token_us` × prefill and
     recompute tokens + `per_prefill_row_us` × (prefill rows − 1, when there are several: the
-    pass llama.cpp runs for each further prefill sequence, §2.13) + (when the step has decode
-    rows) `decode_base_us` + `per_decode_row_us` × decode rows. Every coefficient is a finite
-    number >= 0."""
+    pass llama.cpp runs for each further prefill sequence, §2.13) + `per_prefill_position_us` ×
+    (the sum of the prefill and recompute tokens' positions) / 1000 (each prefill token
+    attends to the context before it) + (when the step has decode rows) `decode_base_us` +
+    `per_decode_row_us` × decode rows. Every coefficient is a finite number >= 0."""
 
     base_us: float = 8000.0
     per_prefill_token_us: float = 600.0
     decode_base_us: float = 0.0
     per_decode_row_us: float = 700.0
     per_prefill_row_us: float = 0.0
+    per_prefill_position_us: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
             object.__setattr__(self, f.name, _check_us(f.name, getattr(self, f.name)))
 
-    def predict_us(self, prefill_tokens: int, decode_rows: int, prefill_rows: int = 1) -> float:
+    def predict_us(self, prefill_tokens: int, decode_rows: int, prefill_rows: int = 1,
+                   prefill_positions: int = 0) -> float:
+        """The step's predicted µs; `prefill_positions` is the sum of its prefill and
+        recompute tokens' positions (`IterationPlan.prefill_positions`)."""
         decode = (self.decode_base_us + self.per_decode_row_us * decode_rows
                   if decode_rows else 0.0)
         extra_rows = max(prefill_rows - 1, 0)
         return (self.base_us + self.per_prefill_token_us * prefill_tokens
-                + self.per_prefill_row_us * extra_rows + decode)
+                + self.per_prefill_row_us * extra_rows
+                + self.per_prefill_position_us * (prefill_positions / 1000.0) + decode)
 
     @classmethod
     def from_runtime_cost_model(cls, model: Any) -> "StepCost":

@@ -1,10 +1,11 @@
 """The slack rule's cost model, kept fitted online from observed step durations (§2.13).
 
-`StepCostFitter` keeps the last `window` steps (prefill tokens, decode rows, prefill rows, µs)
-and fits the five coefficients of `StepCost` by least squares on the *relative* error (each
-step weighted by 1 / its duration), pulled gently toward the previous fit (so a window that
-never varies one term, e.g. only decode-only steps of one size or no step with two prefill
-sequences, keeps that term's last value instead of making one up), then drops the steps whose
+`StepCostFitter` keeps the last `window` steps (prefill tokens, decode rows, prefill rows, the
+prefill tokens' summed positions, µs) and fits the six coefficients of `StepCost` by least
+squares on the *relative* error (each step weighted by 1 / its duration), pulled gently toward
+the previous fit (so a window that never varies one term, e.g. only decode-only steps of one
+size or no step with two prefill sequences, keeps that term's last value instead of making one
+up), then drops the steps whose
 relative residual is more than `clip` × the median relative residual (a step stalled by
 something else on the machine) and fits again, a few rounds; coefficients stay >= 0. A window
 the current model already explains (median relative residual within 1 %) keeps it without
@@ -52,21 +53,22 @@ class StepCostFitter:
         if not clip > 0:
             raise ValueError(f"clip must be > 0, got {clip}")
         self.cost = prior
-        self._steps: deque[tuple[float, float, float, float]] = deque(maxlen=window)
+        self._steps: deque[tuple[float, float, float, float, float]] = deque(maxlen=window)
         self._clip = clip
 
     def __len__(self) -> int:
         return len(self._steps)
 
     def add(self, prefill_tokens: int, decode_rows: int, duration_us: float,
-            prefill_rows: int = 1) -> None:
-        """Record one step (`prefill_rows`: its rows with prefill or recompute tokens); an
-        empty or non-positive one is ignored."""
+            prefill_rows: int = 1, prefill_positions: int = 0) -> None:
+        """Record one step (`prefill_rows`: its rows with prefill or recompute tokens;
+        `prefill_positions`: those tokens' positions summed, `IterationPlan.prefill_positions`);
+        an empty or non-positive one is ignored."""
         # NOTE: math.isfinite, not numpy's: this runs every step (a scalar ufunc costs more).
         if (prefill_tokens or decode_rows) and duration_us > 0 and math.isfinite(duration_us):
             extra = float(prefill_rows - 1) if prefill_rows > 1 else 0.0
             self._steps.append((float(prefill_tokens), float(decode_rows), extra,
-                                float(duration_us)))
+                                prefill_positions / 1000.0, float(duration_us)))
 
     def fit(self) -> StepCost:
         """Refit from the window (the previous fit when it holds fewer than 4 steps)."""
@@ -75,11 +77,11 @@ class StepCostFitter:
         data = np.array(self._steps)
         rows = data[:, 1]
         x = np.column_stack([np.ones(len(data)), data[:, 0], (rows > 0).astype(float), rows,
-                             data[:, 2]])
-        y = data[:, 3]
+                             data[:, 2], data[:, 3]])
+        y = data[:, 4]
         prior = np.array([self.cost.base_us, self.cost.per_prefill_token_us,
                           self.cost.decode_base_us, self.cost.per_decode_row_us,
-                          self.cost.per_prefill_row_us])
+                          self.cost.per_prefill_row_us, self.cost.per_prefill_position_us])
         inv = 1.0 / y  # relative error: each step weighs by its own length (module docstring)
         if float(np.median(np.abs(x @ prior - y) * inv)) <= _RESIDUAL_FLOOR:
             return self.cost  # the model still explains the window: nothing to refit
@@ -98,7 +100,8 @@ class StepCostFitter:
         beta = np.maximum(beta, 0.0)
         self.cost = StepCost(base_us=float(beta[0]), per_prefill_token_us=float(beta[1]),
                              decode_base_us=float(beta[2]), per_decode_row_us=float(beta[3]),
-                             per_prefill_row_us=float(beta[4]))
+                             per_prefill_row_us=float(beta[4]),
+                             per_prefill_position_us=float(beta[5]))
         return self.cost
 
     @staticmethod
@@ -146,8 +149,10 @@ class SlackFeed:
     def executed(self, flight: "_InFlight", duration_us: float) -> None:
         self.tick()
         decode = flight.decode  # rows that are not decode are prefill or recompute rows
-        self.fitter.add(flight.token_count - decode, decode, duration_us,
-                        len(flight.plan) - decode)
+        plan = flight.plan
+        prefill_rows = len(plan) - decode
+        self.fitter.add(flight.token_count - decode, decode, duration_us, prefill_rows,
+                        plan.prefill_positions if prefill_rows else 0)
 
     def sampled(self, flight: "_InFlight", rows: list[int], tokens: Any, end_us: float) -> None:
         return None

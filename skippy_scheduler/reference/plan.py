@@ -156,6 +156,11 @@ class TwinPlan:
     def decode_rows(self) -> int:
         return sum(1 for w in self.work if w.phase is IterationPhase.DECODE)
 
+    @property
+    def prefill_positions(self) -> int:
+        """Sum of the positions of the prefill and recompute tokens (`StepCost`, §2.13)."""
+        return sum(sum(w.positions) for w in self.work if w.phase is not IterationPhase.DECODE)
+
     def __repr__(self) -> str:
         rows = ", ".join(f"{w.sequence_id}:{w.phase.name}x{len(w.tokens)}" for w in self.work)
         return f"TwinPlan(token_count={self.token_count}, admitted={self.admitted}, rows=[{rows}])"

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 from .._validate import I32_MAX, USIZE_MAX, sat
 from ..slack import PlanningRule
 from ..types import IterationPhase, IterationWork, SchedulerConfig, Sequence
-from .slack import SlackRule, SlackStep
+from .slack import SlackRule, SlackStep, position_charge, position_chunk
 
 EWMA_ALPHA = 0.25
 MIXED_SLOWDOWN_FRACTION = 0.20
@@ -112,12 +112,17 @@ class RowPlanner:
         """The slack rule (§2.13) when prefill and live decode both wait."""
         least = self.slack.min_slack_us((self._last_token_us(s), s.itl_target)
                                         for s in active if self._slack_decode(s))
-        kind, budget = self.slack.decide(least, decode_rows)
+        ratio = self.slack.position_ratio()
+        first_start = 0
+        if ratio > 0.0:
+            order = self._prefill_order(active)
+            first_start = order[0].prefill_cursor if order else 0
+        kind, budget = self.slack.decide(least, decode_rows, ratio, first_start)
         if kind is SlackStep.MIXED:
-            return self._mixed(active, budget, toll=self.slack.toll())
+            return self._mixed(active, budget, toll=self.slack.toll(), ratio=ratio)
         if kind is SlackStep.PREFILL_ONLY:
             return self._homogeneous(active, prefill_budget=budget, force_prefill=True,
-                                     toll=self.slack.toll())
+                                     toll=self.slack.toll(), ratio=ratio)
         work = self._homogeneous(active, decode_only=True)
         self.consecutive_prefill = 0
         return work
@@ -195,10 +200,12 @@ class RowPlanner:
 
         return sorted(pending, key=key)  # stable: ties keep walk order
 
-    def _fill_prefill(self, active: list[Sequence], budget: int,
-                      toll: int) -> list[IterationWork]:
+    def _fill_prefill(self, active: list[Sequence], budget: int, toll: int,
+                      ratio: float = 0.0) -> list[IterationWork]:
         """Prefill rows within `budget` tokens in `_prefill_order`, each row after the first
-        paying `toll` (C: fill_prefill)."""
+        paying `toll` (C: fill_prefill); under a position cost (`ratio` > 0) the budget is in
+        token equivalents, and each row's chunk the longest whose equivalents fit (the first
+        row at least one token), paying them (at most what is left)."""
         prefill_limit = self._prefill_limit()
         work: list[IterationWork] = []
         for s in self._prefill_order(active):
@@ -207,14 +214,24 @@ class RowPlanner:
             left = self._pay_toll(budget, len(work), toll)
             if left is None:
                 break
-            row = self._prefill_row(s, left)
-            budget = left - len(row.tokens)
+            if ratio > 0.0:
+                start = s.prefill_cursor
+                chunk = position_chunk(start, left, ratio)
+                if chunk == 0:
+                    if work:
+                        break
+                    chunk = 1  # a step that prefills makes progress, whatever one token costs
+                row = self._prefill_row(s, chunk)
+                budget = left - position_charge(start, len(row.tokens), ratio, left)
+            else:
+                row = self._prefill_row(s, left)
+                budget = left - len(row.tokens)
             work.append(row)
         return work
 
     def _homogeneous(self, active: list[Sequence], prefill_budget: int | None = None,
                      force_prefill: bool = False, decode_only: bool = False,
-                     toll: int = 0) -> list[IterationWork]:
+                     toll: int = 0, ratio: float = 0.0) -> list[IterationWork]:
         """A prefill plan or a decode-only plan (§2.4); the slack rule forces one or the other
         and may bound the prefill tokens and charge each prefill row after the first a toll."""
         has_prefill = any(self._prefill_pending(s) for s in active)
@@ -230,7 +247,7 @@ class RowPlanner:
             budget = min(budget, prefill_budget)
         work: list[IterationWork] = []
         if run_prefill:
-            work = self._fill_prefill(active, budget, toll)
+            work = self._fill_prefill(active, budget, toll, ratio)
         else:
             for s in active:
                 if budget == 0:
@@ -245,7 +262,7 @@ class RowPlanner:
         return work
 
     def _mixed(self, active: list[Sequence], prefill_cap: int = USIZE_MAX,
-               toll: int = 0) -> list[IterationWork]:
+               toll: int = 0, ratio: float = 0.0) -> list[IterationWork]:
         n = len(active)
         budget = self._config.max_tokens_per_iteration
         work: list[IterationWork] = []
@@ -261,7 +278,7 @@ class RowPlanner:
                 budget -= 1
         if n:
             self.mixed_cursor = (start + examined) % n
-        work.extend(self._fill_prefill(active, min(budget, prefill_cap), toll))
+        work.extend(self._fill_prefill(active, min(budget, prefill_cap), toll, ratio))
         self.consecutive_prefill = 0
         return work
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
+import sys
 from typing import Iterable
 
 from ..slack import StepCost
@@ -28,8 +29,8 @@ def largest_chunk(spare_us: float, per_token_us: float, room: int) -> int:
         return 0
     if per_token_us <= 0.0:
         return room
-    chunk = math.floor(spare_us / per_token_us)
-    return room if chunk >= room else int(chunk)
+    chunk = spare_us / per_token_us  # C: floor first; the same, and an infinite one fits
+    return room if chunk >= room else int(math.floor(chunk))
 
 
 def toll_tokens(cost: StepCost, max_tokens: int) -> int:
@@ -41,8 +42,48 @@ def toll_tokens(cost: StepCost, max_tokens: int) -> int:
         return 0
     if not per_token > 0.0:
         return max_tokens
-    toll = math.ceil(row / per_token)
-    return max_tokens if float(toll) >= float(max_tokens) else toll
+    toll = row / per_token  # C: ceil first; the same, and no overflow of an infinite ratio
+    return max_tokens if toll >= float(max_tokens) else math.ceil(toll)
+
+
+def position_ratio(cost: StepCost) -> float:
+    """Token equivalents each prefill token pays per position before it (C:
+    sk_slack_position_ratio): per_prefill_position_us / (1000 × per_prefill_token_us), 0 when
+    either is 0."""
+    q, per_token = cost.per_prefill_position_us, cost.per_prefill_token_us
+    if not q > 0.0 or not per_token > 0.0:
+        return 0.0
+    ratio = q / (1000.0 * per_token)
+    return ratio if ratio <= sys.float_info.max else sys.float_info.max  # finite: × 0 stays 0
+
+
+def position_equivalents(start: int, count: int, ratio: float) -> float:
+    """Token equivalents of `count` tokens from position `start`."""
+    positions = float(count) * float(start) + float(count * (count - 1) // 2)
+    return float(count) + ratio * positions
+
+
+def position_chunk(start: int, budget: int, ratio: float) -> int:
+    """Longest chunk from `start` whose token equivalents fit in `budget` (C:
+    sk_slack_position_chunk): the quadratic's root, then checked one token either way."""
+    if budget == 0:
+        return 0
+    b = float(budget)
+    lin = 1.0 + ratio * (float(start) - 0.5)
+    root = 2.0 * b / (lin + math.sqrt(lin * lin + 2.0 * ratio * b))
+    chunk = budget if root >= b else int(math.floor(root)) if root >= 0.0 else 0
+    while chunk < budget and position_equivalents(start, chunk + 1, ratio) <= b:
+        chunk += 1
+    while chunk > 0 and position_equivalents(start, chunk, ratio) > b:
+        chunk -= 1
+    return chunk
+
+
+def position_charge(start: int, count: int, ratio: float, cap: int) -> int:
+    """What `count` tokens from `start` take from the budget: their equivalents rounded up, at
+    most `cap` (C: sk_slack_position_charge)."""
+    charge = position_equivalents(start, count, ratio)
+    return cap if charge >= float(cap) else math.ceil(charge)
 
 
 class SlackRule:
@@ -66,7 +107,11 @@ class SlackRule:
                 least = slack
         return least
 
-    def decide(self, min_slack: float, decode_rows: int) -> tuple[SlackStep, int]:
+    def decide(self, min_slack: float, decode_rows: int, ratio: float = 0.0,
+               first_start: int = 0) -> tuple[SlackStep, int]:
+        """What the step runs and its prefill budget; under a position cost (`ratio` > 0) the
+        budget is in token equivalents and the smallest useful chunk is counted in tokens of the
+        first row, which starts at `first_start`."""
         cfg = self._config
         cost = self.cost
         base, per_token = cost.base_us, cost.per_prefill_token_us
@@ -83,13 +128,21 @@ class SlackRule:
         else:
             chunk = largest_chunk(avail - decode_us - base, per_token, max_tokens)
         kind = SlackStep.MIXED if mix else SlackStep.PREFILL_ONLY
-        if chunk < min_chunk:
+        usable = position_chunk(first_start, chunk, ratio) if ratio > 0.0 else chunk
+        if usable < min_chunk:
             if self.interleaved < cfg.slack_interleave_max:
                 self.interleaved += 1
                 return SlackStep.DECODE_ONLY, 0
-            chunk = min_chunk  # the starvation bound: a prefill step now
+            # the starvation bound: a prefill step now, of min_chunk tokens of its first row
+            chunk = min_chunk
+            if ratio > 0.0:
+                chunk = position_charge(first_start, min_chunk, ratio, max_tokens)
         self.interleaved = 0
         return kind, chunk
+
+    def position_ratio(self) -> float:
+        """This step's `position_ratio` of the current cost model."""
+        return position_ratio(self.cost)
 
     def toll(self) -> int:
         """This step's per-row toll (`toll_tokens` of the current cost model)."""

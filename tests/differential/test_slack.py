@@ -36,10 +36,11 @@ def _settings(examples):
 
 
 costs = st.builds(StepCost, base_us=st.sampled_from([0.0, 50.0, 2000.0]),
-                  per_prefill_token_us=st.sampled_from([0.0, 1.0, 300.0, 1e4]),
+                  per_prefill_token_us=st.sampled_from([0.0, 1.0, 300.0, 1e4, 5e-324]),
                   decode_base_us=st.sampled_from([0.0, 100.0, 3000.0]),
                   per_decode_row_us=st.sampled_from([0.0, 20.0, 700.0]),
-                  per_prefill_row_us=st.sampled_from([0.0, 0.0, 1.0, 650.0, 3000.0, 1e6]))
+                  per_prefill_row_us=st.sampled_from([0.0, 0.0, 1.0, 650.0, 3000.0, 1e6]),
+                  per_prefill_position_us=st.sampled_from([0.0, 0.0, 5.0, 400.0, 3e4, 1e9]))
 
 configs = st.builds(
     SchedulerConfig,
@@ -365,6 +366,90 @@ def test_predict_charges_each_further_prefill_row():
     assert cost.predict_us(30, 4, prefill_rows=3) == 1000 + 300 + 14000 + 200 + 200
 
 
+def _deep_prefill(impl, per_position_us, prompt=900, chunk_tokens=1000):
+    """A live decode "d" (its token at t = 0) and a long prompt "p"; at t = 2 ms each step has
+    38.4 ms of slack (target 50 ms, safety 1.25). Returns (scheduler, cost, the plans' rows as
+    (id, tokens, first position) step by step, each plan's prefill positions)."""
+    cost = StepCost(base_us=1000, per_prefill_token_us=100, decode_base_us=0,
+                    per_decode_row_us=1000, per_prefill_position_us=per_position_us)
+    sched = impl(_config(itl_target=0.05, slack_safety=1.25, step_cost=cost,
+                         max_tokens_per_iteration=1000, prefill_chunk_tokens=chunk_tokens))
+    sched.set_clock(0.0)
+    sched.submit(Sequence("d", [1, 2], 100))
+    complete(sched, sched.plan_iteration(), [IterationPrediction(0, 5)])
+    sched.submit(Sequence("p", list(range(prompt)), 2))
+    steps = []
+    for _ in range(3):
+        sched.set_clock(0.002)
+        plan = sched.plan_iteration()
+        steps.append(([(w.sequence_id, len(w.tokens), w.positions[0]) for w in plan.work],
+                      plan.prefill_positions))
+        sched.set_clock(0.0)  # d's next token stamped at 0 again: the same slack next step
+        _sample_all(sched, plan)
+    return sched, cost, steps
+
+
+def test_position_cost_shortens_chunks_deep_in_a_prompt(impl):
+    """§2.13: with a cost per prefill token per thousand positions before it, each chunk is
+    the longest whose predicted step (the model's own prediction, positions included) fits
+    the slack, so chunks further into the prompt are shorter."""
+    _, cost, steps = _deep_prefill(impl, 200.0)
+    avail = 38400.0
+    starts, chunks = [], []
+    for rows, positions in steps:
+        (did, dn, _), (pid, n, start) = rows
+        assert (did, dn, pid) == ("d", 1, "p")
+        assert positions == n * start + n * (n - 1) // 2
+        assert cost.predict_us(n, 1, 1, positions) <= avail
+        longer = (n + 1) * start + (n + 1) * n // 2
+        assert cost.predict_us(n + 1, 1, 1, longer) > avail  # one more token would not fit
+        starts.append(start)
+        chunks.append(n)
+    assert starts == [0, chunks[0], chunks[0] + chunks[1]]
+    assert chunks[0] < 364  # without the term: 364 (test_chunk_fills_the_slack)
+    assert chunks[0] > chunks[1] > chunks[2]
+    _, _, flat = _deep_prefill(impl, 0.0)
+    assert [rows[1][1] for rows, _ in flat] == [364, 364, 172]
+
+
+def test_position_cost_never_stalls_a_prompt(impl):
+    """Even when one token past the prompt's start costs more than the whole budget (here 10^4
+    tokens' worth per position), the prompt keeps its starvation bound: at most k = 3
+    decode-only steps in a row, then a prefill step that gives it at least one token."""
+    sched, _, steps = _deep_prefill(impl, 1e9, prompt=12)
+    given = [sum(n for sid, n, _ in rows if sid == "p") for rows, _ in steps]
+    for _ in range(60):
+        if sched.sequence("p").prefill_cursor == 12:
+            break
+        sched.set_clock(0.002)
+        plan = sched.plan_iteration()
+        given.append(sum(len(w.tokens) for w in plan.work if w.sequence_id == "p"))
+        sched.set_clock(0.0)
+        _sample_all(sched, plan)
+    assert sched.sequence("p").prefill_cursor == 12
+    run = 0
+    for n in given:
+        run = run + 1 if n == 0 else 0
+        assert run <= 3
+    assert given.count(1) >= 11  # one token a step once past position 0
+
+
+def test_prefill_positions_of_a_plan(impl):
+    """The plan's prefill positions: its prefill and recompute tokens' positions summed; the
+    decode rows do not count."""
+    _, _, steps = _deep_prefill(impl, 0.0, chunk_tokens=100)
+    for rows, positions in steps:
+        assert positions == sum(n * start + n * (n - 1) // 2 for sid, n, start in rows
+                                if sid == "p")
+    assert steps[1][1] == sum(range(100, 200))
+
+
+def test_predict_charges_prefill_positions():
+    cost = StepCost(base_us=1000, per_prefill_token_us=10, per_prefill_position_us=500)
+    assert cost.predict_us(30, 0) == 1300  # positions default to none
+    assert cost.predict_us(30, 0, 1, 4000) == 1000 + 300 + 2000
+
+
 def test_reference_rule_is_the_default(impl):
     assert SchedulerConfig().planning_rule is PlanningRule.REFERENCE
 
@@ -382,7 +467,11 @@ def test_bad_slack_config_is_refused(bad):
 @pytest.mark.parametrize("bad", [dict(base_us=-1.0), dict(per_prefill_token_us=math.inf),
                                  dict(per_decode_row_us=math.nan), dict(decode_base_us="1"),
                                  dict(per_prefill_row_us=-1.0), dict(per_prefill_row_us=math.inf),
-                                 dict(per_prefill_row_us=math.nan)])
+                                 dict(per_prefill_row_us=math.nan),
+                                 dict(per_prefill_position_us=-1.0),
+                                 dict(per_prefill_position_us=math.inf),
+                                 dict(per_prefill_position_us=math.nan),
+                                 dict(per_prefill_position_us=True)])
 def test_bad_step_cost_is_refused(bad):
     with pytest.raises((TypeError, ValueError)):
         StepCost(**bad)

@@ -101,6 +101,47 @@ def test_fitter_recovers_the_per_prefill_row_cost():
         assert getattr(cost, name) == pytest.approx(getattr(ROWS, name), rel=0.02, abs=2.0), name
 
 
+POSITIONS = StepCost(base_us=3000.0, per_prefill_token_us=556.0, decode_base_us=380.0,
+                     per_decode_row_us=4600.0, per_prefill_row_us=16500.0,
+                     per_prefill_position_us=414.0)
+
+
+def _chunk_positions(chunks):
+    return sum(n * start + n * (n - 1) // 2 for start, n in chunks)
+
+
+def test_fitter_recovers_the_position_cost():
+    """Chunks at varied depths into their prompts (the bench model's fit, 414 µs per prefill
+    token per thousand positions before it): the sixth coefficient comes out of the fit, and a
+    chunk deep in a prompt is predicted longer than the same chunk at its start."""
+    rng = np.random.default_rng(11)
+    fitter = StepCostFitter(StepCost(base_us=2000.0, per_prefill_token_us=650.0,
+                                     decode_base_us=500.0, per_decode_row_us=4000.0,
+                                     per_prefill_row_us=15000.0), window=64)
+    for i in range(64):
+        chunks = [(int(rng.integers(0, 800)), int(rng.choice([16, 64, 200])))
+                  for _ in range(int(rng.integers(0, 3)))]
+        tokens = sum(n for _, n in chunks)
+        rows = int(rng.integers(1, 12)) if i % 3 or not chunks else 0
+        positions = _chunk_positions(chunks)
+        fitter.add(tokens, rows, POSITIONS.predict_us(tokens, rows, len(chunks), positions),
+                   len(chunks), positions)
+    cost = fitter.fit()
+    for name in ("base_us", "per_prefill_token_us", "per_decode_row_us", "per_prefill_row_us",
+                 "per_prefill_position_us"):
+        assert getattr(cost, name) == pytest.approx(getattr(POSITIONS, name), rel=0.02), name
+    deep, shallow = _chunk_positions([(700, 64)]), _chunk_positions([(0, 64)])
+    assert cost.predict_us(64, 4, 1, deep) > cost.predict_us(64, 4, 1, shallow) + 15000
+
+
+def test_fitter_keeps_the_position_cost_without_prefill_steps():
+    """A window of decode-only steps says nothing about prefill: the position cost stays."""
+    fitter = StepCostFitter(POSITIONS, window=16)
+    for rows in range(1, 17):
+        fitter.add(0, rows, 1.1 * POSITIONS.predict_us(0, rows))
+    assert fitter.fit().per_prefill_position_us == pytest.approx(414.0, rel=1e-6)
+
+
 def test_fitter_keeps_the_row_cost_without_multi_sequence_steps():
     """No step of the window has two prefill rows: the row cost is not observable and stays
     the prior's, while the other coefficients are refitted."""
@@ -129,19 +170,22 @@ def test_feed_counts_the_prefill_rows_of_each_step(impl):
     sched = impl(config)
     engine = Engine(sched, CostModelHost(token=1), clock=VirtualClock(RuntimeCostModel()))
     feed = next(o for o in engine.observers if isinstance(o, SlackFeed))
-    seen = []
+    seen, positions = [], []
     add = feed.fitter.add
 
-    def record(prefill_tokens, decode_rows, duration_us, prefill_rows=1):
+    def record(prefill_tokens, decode_rows, duration_us, prefill_rows=1, prefill_positions=0):
         seen.append((prefill_tokens, decode_rows, prefill_rows))
-        add(prefill_tokens, decode_rows, duration_us, prefill_rows)
+        positions.append(prefill_positions)
+        add(prefill_tokens, decode_rows, duration_us, prefill_rows, prefill_positions)
 
     feed.fitter.add = record
     for i in range(3):
         engine.submit(Request(f"r{i}", list(range(10 + i)), 3, arrival_us=0.0))
     engine.run()
     assert seen[0] == (10 + 11 + 12, 0, 3)  # the three prompts in one step
+    assert positions[0] == sum(range(10)) + sum(range(11)) + sum(range(12))
     assert all(rows == 0 for p, _, rows in seen if p == 0)  # decode-only steps: none
+    assert all(pos == 0 for (p, _, _), pos in zip(seen, positions) if p == 0)
     assert len(feed.fitter) == len(seen)
 
 

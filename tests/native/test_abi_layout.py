@@ -82,14 +82,15 @@ def test_sampling_config_has_the_0_1_52_layout():
     assert LAYOUT["skippy_sampling_config"][0] == 2352
 
 
-def test_step_cost_appends_the_row_cost(tmp_path):
-    """skippy_step_cost: the four coefficients where they were, per_prefill_row_us after them."""
+def test_step_cost_appends_the_row_and_position_costs(tmp_path):
+    """skippy_step_cost: the four coefficients where they were, per_prefill_row_us after them,
+    then per_prefill_position_us."""
     expected = {"base_us": 0, "per_prefill_token_us": 8, "decode_base_us": 16,
-                "per_decode_row_us": 24, "per_prefill_row_us": 32}
-    assert LAYOUT["skippy_step_cost"] == (40, expected)
-    assert ffi.sizeof("skippy_step_cost") == 40
+                "per_decode_row_us": 24, "per_prefill_row_us": 32, "per_prefill_position_us": 40}
+    assert LAYOUT["skippy_step_cost"] == (48, expected)
+    assert ffi.sizeof("skippy_step_cost") == 48
     c = _c_layout(tmp_path)
-    assert c[("skippy_step_cost", "__size__")] == 40
+    assert c[("skippy_step_cost", "__size__")] == 48
     for name, off in expected.items():
         assert ffi.offsetof("skippy_step_cost", name) == off == c[("skippy_step_cost", name)]
 
