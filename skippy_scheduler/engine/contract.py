@@ -70,6 +70,8 @@ class Plan(Protocol):
     @property
     def token_count(self) -> int: ...
     @property
+    def prefill_positions(self) -> int: ...  # prefill and recompute tokens' positions, summed
+    @property
     def admitted(self) -> int: ...
     @property
     def preempted(self) -> int: ...         # sequences this plan's admission preempted for
