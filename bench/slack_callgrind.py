@@ -14,6 +14,11 @@ is out of reach, so both rules make the same plans).
 
     python bench/slack_callgrind.py                     # N = 256,1024, both workloads
     python bench/slack_callgrind.py --sizes 256 --steps 200 --workloads mixed
+    python bench/slack_callgrind.py --workloads mixed --position-us 0.001   # position term on
+
+`--position-us Q` gives the slack rule's cost model a position term (`per_prefill_position_us`,
+§2.13 step 5a), so each prefill row's chunk is sized by the quadratic in token equivalents;
+a small Q keeps the chunk within a token of the reference rule's, the same work per step.
 
 Needs valgrind.
 """
@@ -30,13 +35,15 @@ import tempfile
 from step_callgrind import callgrind  # the same counted run (bench/ is the script's path)
 
 
-def _workload(kind: str, rule: str, n: int, steps: int) -> None:
+def _workload(kind: str, rule: str, n: int, steps: int, position_us: float) -> None:
     """The measured child: build the steady state, warm up, then run `steps` steps."""
-    from skippy_scheduler import Scheduler
+    from skippy_scheduler import Scheduler, StepCost
     from skippy_scheduler.bench.workloads import (SLACK_SAME_PLANS, mixed_decode_prefill,
                                                   steady_decode)
 
-    cfg = SLACK_SAME_PLANS if rule == "slack" else {}
+    cfg = dict(SLACK_SAME_PLANS) if rule == "slack" else {}
+    if rule == "slack" and position_us > 0:
+        cfg["step_cost"] = StepCost(per_prefill_position_us=position_us)
     if kind == "mixed":
         step = mixed_decode_prefill(Scheduler, n, steps=2 * steps + 100, **cfg)
     else:
@@ -49,10 +56,11 @@ def _workload(kind: str, rule: str, n: int, steps: int) -> None:
         step()
 
 
-def _instructions(kind: str, rule: str, n: int, steps: int) -> int:
+def _instructions(kind: str, rule: str, n: int, steps: int, position_us: float) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "cg.out")
-        callgrind(sys.executable, __file__, [kind, rule, str(n), str(steps)], out)
+        callgrind(sys.executable, __file__, [kind, rule, str(n), str(steps), repr(position_us)],
+                  out)
         annotate = shutil.which("callgrind_annotate")
         if annotate is None:
             raise SystemExit("callgrind_annotate not found")
@@ -71,8 +79,9 @@ def _instructions(kind: str, rule: str, n: int, steps: int) -> int:
 CORE = ("skippy_scheduler_plan", "skippy_scheduler_complete")
 
 
-def per_step(kind: str, rule: str, n: int, k: int) -> float:
-    return (_instructions(kind, rule, n, 2 * k) - _instructions(kind, rule, n, k)) / k
+def per_step(kind: str, rule: str, n: int, k: int, position_us: float = 0.0) -> float:
+    return (_instructions(kind, rule, n, 2 * k, position_us)
+            - _instructions(kind, rule, n, k, position_us)) / k
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,18 +89,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="256,1024")
     ap.add_argument("--steps", type=int, default=500, help="k: measured steps of the short run")
     ap.add_argument("--workloads", default="decode,mixed")
-    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--position-us", type=float, default=0.0,
+                    help="the slack rule's per_prefill_position_us (default 0: no position term)")
+    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if not (args.position_us >= 0 and args.position_us < float("inf")):
+        ap.error(f"--position-us must be a finite number >= 0, got {args.position_us}")
     if args.child:
-        kind, rule, n, steps = args.child
-        _workload(kind, rule, int(n), int(steps))
+        kind, rule, n, steps, position_us = args.child
+        _workload(kind, rule, int(n), int(steps), float(position_us))
         return 0
     print("N\tworkload\treference core Ir/step\tslack core Ir/step\tslack/reference",
           flush=True)
     for n in (int(x) for x in args.sizes.split(",")):
         for kind in args.workloads.split(","):
             ref = per_step(kind, "reference", n, args.steps)
-            slack = per_step(kind, "slack", n, args.steps)
+            slack = per_step(kind, "slack", n, args.steps, args.position_us)
             print(f"{n}\t{kind}\t{ref:.0f}\t{slack:.0f}\t{slack / ref:.4f}", flush=True)
     return 0
 
