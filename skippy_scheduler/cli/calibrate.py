@@ -17,6 +17,7 @@ import json
 import sys
 from typing import Any
 
+from .offload import print_placement, resolve_for
 from ._common import (CommandError, add_model_options, check_model, check_output_file,
                       import_llama_host, model_path, non_negative_int, positive_int)
 from .interrupt import Interrupted
@@ -102,9 +103,12 @@ def run(args: argparse.Namespace) -> int:
               "use --clock wall to time several threads")
     try:
         with model_path(args) as model:
+            fit = resolve_for(args, model, n_ctx=LANES * lane, lanes=LANES, n_batch=BATCH)
+            print_placement("calibrate", fit)
             with llama.LlamaHost(
                 model, n_ctx=LANES * lane, n_seq_max=LANES, n_threads=args.threads,
-                n_batch=BATCH, kv_type=args.kv_type, flash_attn=args.flash_attn,
+                n_batch=BATCH, n_ubatch=fit.n_ubatch, kv_type=fit.kv_type,
+                flash_attn=fit.flash_attn, placement=fit.placement,
             ) as host:
                 result = calibrate_host(host, repeats=args.repeats, warmup=args.warmup,
                                         clock=clock)

@@ -14,7 +14,8 @@ from typing import Any, Optional
 
 from ..engine.contract import PipelinedHost
 from ..selection import DEFAULT_IMPLEMENTATION, DEFAULT_POLICY, make_scheduler
-from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, bound,
+from .offload import print_placement, resolve_for
+from ._common import (DEFAULT_THREADS, LLAMA_MAX_SEQUENCES, CommandError, add_model_options, bound,
                       check_model,
                       check_output_file, import_llama_host, model_path, non_negative_float,
                       non_negative_int, non_negative_ms, positive_int, positive_ms)
@@ -43,7 +44,7 @@ def register(subparsers: Any) -> None:
         description="Serve prompts through the scheduler on a llama.cpp model and measure "
                     "queue wait, time to first token and inter-token gaps. The scheduler "
                     "settings and their defaults are serve's.")
-    add_model_options(p)
+    add_model_options(p, stages=True)
     p.add_argument("--prompts", metavar="FILE",
                    help="JSON list of prompts: token-id lists or strings (default: a built-in "
                         "set of six)")
@@ -72,7 +73,7 @@ def register(subparsers: Any) -> None:
     add_flag(p, "prefix-holders", type=positive_int, default=16,
              note="the scheduler reserves them; unlike serve, a fixed count, as run's reuse is "
                   "asked for explicitly")
-    p.add_argument("--kv-unified", action="store_true",
+    p.add_argument("-kvu", "--kv-unified", action="store_true",
                    help="one KV cache shared by all sequences (with prefix reuse: holders "
                         "share cells instead of holding a stream each; default: off)")
     add_flag(p, "json", note="per-request tokens and metrics; after Ctrl-C or SIGTERM, those "
@@ -172,10 +173,16 @@ def run(args: argparse.Namespace) -> int:
             requests, report, settings, summary = run_staged(args, prompts, n_seq, n_batch,
                                                              n_ctx, lane)
         else:
+            fit = resolve_for(args, model, n_ctx=n_ctx, lanes=n_seq,
+                              holders=holders if args.prefix_cache_tokens else 0,
+                              unified=bool(args.kv_unified), n_batch=n_batch)
+            print_placement("run", fit)
             with llama.LlamaHost(
                 model, n_ctx=n_ctx, n_seq_max=n_seq,
-                n_threads=args.threads, n_batch=n_batch, kv_type=args.kv_type,
-                flash_attn=args.flash_attn, prefix_cache_tokens=args.prefix_cache_tokens,
+                n_threads=args.threads or DEFAULT_THREADS, n_batch=n_batch,
+                n_ubatch=fit.n_ubatch,
+                kv_type=fit.kv_type, placement=fit.placement,
+                flash_attn=fit.flash_attn, prefix_cache_tokens=args.prefix_cache_tokens,
                 kv_unified=args.kv_unified,
                 prefix_holders=max(holders, 1),
             ) as host:

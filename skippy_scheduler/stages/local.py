@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from .host import StageHost
 from .split import file_identity, stage_paths
@@ -20,16 +20,24 @@ from .split import file_identity, stage_paths
 class LocalStages:
     """Worker processes for every `stage-K.gguf` of a directory, on ipc sockets."""
 
-    def __init__(self, directory: str, *, n_threads: int = 1, start_timeout_s: float = 60.0,
-                 source_model: Optional[str] = None) -> None:
+    def __init__(self, directory: str, *, n_threads: Optional[int] = None,
+                 start_timeout_s: float = 60.0, source_model: Optional[str] = None,
+                 stage_args: Sequence[Sequence[str]] = ()) -> None:
+        """`n_threads`: each worker's compute threads (None: the cores divided among the
+        stages, at least one). `stage_args`: further `stage` flags per stage (the offload
+        flags, a device each: `stage_device_args`)."""
         self.paths = stage_paths(directory)
+        if n_threads is None:
+            n_threads = max(1, (os.cpu_count() or 1) // len(self.paths))
+        self.n_threads = n_threads
         self.source_id = file_identity(source_model) if source_model else None
         self._dir = tempfile.mkdtemp(prefix="skippy-stages-")
         self.addresses = [f"ipc://{self._dir}/stage-{k}" for k in range(len(self.paths))]
         self.start_timeout_s = start_timeout_s
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs = [os.path.join(self._dir, f"stage-{k}.log") for k in range(len(self.paths))]
-        for path, addr, log in zip(self.paths, self.addresses, self.logs):
+        extra = list(stage_args) + [[]] * (len(self.paths) - len(stage_args))
+        for path, addr, log, more in zip(self.paths, self.addresses, self.logs, extra):
             with open(log, "wb") as err:  # a file, not a pipe nobody reads
                 # NOTE: run from the socket directory, not the caller's: `python -m` puts the
                 # working directory first on sys.path, and in a source checkout that would
@@ -37,7 +45,7 @@ class LocalStages:
                 self.procs.append(subprocess.Popen(
                     [sys.executable, "-m", "skippy_scheduler.cli", "stage", "--model",
                      os.path.abspath(path), "--listen", addr, "--threads", str(n_threads),
-                     "--parent-pid", str(os.getpid())],
+                     "--parent-pid", str(os.getpid()), *more],
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                     cwd=self._dir))
 

@@ -70,7 +70,8 @@ class StageRunner:
 
     def __init__(self, model_path: str | os.PathLike[str], *, n_ctx: int = 4096,
                  n_seq_max: int = 8, n_batch: int = 512, n_threads: int = 2,
-                 kv_type: str = "f32", flash_attn: bool = False) -> None:
+                 kv_type: str = "f32", flash_attn: bool = False,
+                 offload: Optional[Any] = None) -> None:
         global _GGML
         if kv_type not in KV_TYPES:
             raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
@@ -86,8 +87,22 @@ class StageRunner:
         init_backend()
         if _GGML is None:
             _GGML = _ggml_base()
+        # `offload` (hosts.offload.OffloadSpec): this stage's layers on its devices; the one
+        # KV cache of the stage is unified (one stream).
+        self.placement: Any = None
         try:
-            self._model = load_model(self.info.path)
+            if offload is not None:
+                from ..hosts.llama.backend import list_devices
+                from ..hosts.offload import FitError, ModelFileError, footprint_from_gguf, place
+
+                try:
+                    self.placement = place(
+                        footprint_from_gguf(self.info.path), list_devices(), offload,
+                        n_ctx=n_ctx, streams=n_seq_max, unified=True, kv_type=kv_type,
+                        n_ubatch=n_batch, flash_attn=bool(flash_attn))
+                except (FitError, ModelFileError) as exc:
+                    raise StageError(f"stage {self.info.index}: {exc}") from None
+            self._model = load_model(self.info.path, self.placement)
         except RuntimeError as exc:
             raise StageError(str(exc)) from None
         model = self._model

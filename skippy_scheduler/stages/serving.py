@@ -50,7 +50,8 @@ def open_stage_host(settings: Any) -> StageHost:
         # A stage keeping fewer prefixes gets only the cells its own capacity needs.
         stage_n_ctx=[stage_context_cells(s.ctx_size, c) for c in s.stage_prefix_cache_tokens]
         or None,
-        n_batch=s.batch_size, n_threads=s.threads, kv_type=s.kv_type, flash_attn=s.flash_attn,
+        n_batch=s.batch_size, n_threads=s.threads or 2, kv_type=s.kv_type,
+        flash_attn=s.flash_attn in (True, "on"),
         prefix_cache_tokens=s.prefix_cache_tokens, prefix_holders=s.prefix_holders,
         pipeline_depth=s.inflight,
         stage_prefix_cache_tokens=tuple(s.stage_prefix_cache_tokens) or None)
@@ -58,7 +59,8 @@ def open_stage_host(settings: Any) -> StageHost:
         # Refused before a worker starts: one capacity per stage file.
         check_stage_capacities(host_args["stage_prefix_cache_tokens"], s.prefix_cache_tokens,
                                len(stage_paths(s.stages)))
-        local = LocalStages(s.stages, n_threads=s.threads, source_model=s.model)
+        local = LocalStages(s.stages, n_threads=s.threads, source_model=s.model,
+                            stage_args=getattr(s, "stage_worker_args", ()))
         try:
             host = local.host(**host_args)
         except BaseException:

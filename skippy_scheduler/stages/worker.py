@@ -45,12 +45,13 @@ class StageWorker:
     """The loop of one stage process (see the module docstring)."""
 
     def __init__(self, model_path: str, listen: str, *, n_threads: Optional[int] = None,
-                 parent_pid: Optional[int] = None) -> None:
+                 parent_pid: Optional[int] = None, offload: Optional[Any] = None) -> None:
         import zmq
 
         self.info = read_stage_info(model_path)  # fail before binding anything
         self.model_path = model_path
         self.n_threads = n_threads
+        self.offload = offload  # hosts.offload.OffloadSpec: where this stage's layers go
         self._zmq = zmq
         self._ctx = zmq.Context()
         self._pull = self._ctx.socket(zmq.PULL)
@@ -88,7 +89,8 @@ class StageWorker:
                                    n_seq_max=int(conf["n_seq_max"]),
                                    n_batch=int(conf["n_batch"]), n_threads=threads,
                                    kv_type=str(conf.get("kv_type", "f32")),
-                                   flash_attn=bool(conf.get("flash_attn", False)))
+                                   flash_attn=bool(conf.get("flash_attn", False)),
+                                   offload=self.offload)
         r = self._runner
         i = self.info
         # Replies name the worker by its place in the chain; its file says which stage it is.

@@ -1,68 +1,140 @@
-"""llama.cpp's process-wide setup (the backend, the log sink), loading, contexts, checks.
+"""llama.cpp's process-wide setup (the backend, the log sink, the devices), loading, contexts.
 
-llama.cpp logs through one process-wide callback. The sink keeps warnings and errors (and their
-continuation lines) in a short ring, so an error message can say what llama.cpp complained
-about; the INFO metadata dump a model load prints would drown a terminal and is dropped.
+llama.cpp and ggml log through one process-wide callback, from whatever thread logs (a GPU
+backend's initialisation and its workers included). The sink is C (`_llama_log`): it keeps
+warnings and errors (and their continuation lines) in a short ring, so an error message can say
+what llama.cpp complained about, and runs no Python, so no llama.cpp thread ever needs the
+interpreter. `SKIPPY_LLAMA_LOG=info` (or `debug`, `warn`, `error`) also echoes llama.cpp's log to
+stderr from that level up.
 """
 from __future__ import annotations
 
-import collections
 import ctypes
+import os
 from typing import Any
 
 import numpy as np
 
 import llama_cpp as _ll
 
-# ggml log levels as llama.cpp emits them: DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (the
-# Python binding's own constants are off by one).
-_LOG_WARN, _LOG_ERROR, _LOG_CONT = 3, 4, 5
-_recent_log: collections.deque[str] = collections.deque(maxlen=64)
-_log_keep_continuation = False
+from ... import _llama_log
+from ..offload import Device, Placement
 
 KV_TYPES = {"f32": 0, "f16": 1}  # ggml_type values of GGML_TYPE_F32 / GGML_TYPE_F16
+_SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}
+# llama_flash_attn_type: AUTO -1, DISABLED 0, ENABLED 1.
+_FLASH_ATTN_TYPES = {"auto": -1, "off": 0, "on": 1}
+FLASH_ATTN_NAMES = {v: k for k, v in _FLASH_ATTN_TYPES.items()}
 
 
-@_ll.llama_log_callback  # type: ignore[untyped-decorator, unused-ignore]
-def _log_sink(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    global _log_keep_continuation
-    if level == _LOG_CONT:
-        keep = _log_keep_continuation
-    else:
-        keep = level in (_LOG_WARN, _LOG_ERROR)
-        _log_keep_continuation = keep
-    if keep:
-        _recent_log.append(text.decode("utf-8", "replace"))
+def flash_attn_type(value: bool | str) -> int:
+    """True/False or on/off/auto as llama.cpp's flash_attn_type."""
+    if isinstance(value, bool):
+        return 1 if value else 0
+    if value in _FLASH_ATTN_TYPES:
+        return _FLASH_ATTN_TYPES[value]
+    raise ValueError(f"flash_attn must be on, off or auto, got {value!r}")
+_DEVICE_KINDS = ("cpu", "gpu", "igpu", "accel", "meta")  # enum ggml_backend_dev_type
+_ECHO_LEVELS = {"debug": 1, "info": 2, "warn": 3, "warning": 3, "error": 4}
 
-
+# The C sink as a llama_log_callback pointer (kept for the life of the process).
+_sink = _ll.llama_log_callback(_llama_log.sink_address())
 _backend_ready = False
 
 
 def init_backend() -> None:
     global _backend_ready
     if not _backend_ready:
-        _ll.llama_log_set(_log_sink, ctypes.c_void_p(0))
+        echo = os.environ.get("SKIPPY_LLAMA_LOG", "").strip().lower()
+        _llama_log.set_echo(_ECHO_LEVELS.get(echo, 0))
+        _ll.llama_log_set(_sink, ctypes.c_void_p(0))
         _ll.llama_backend_init()
         _backend_ready = True
 
 
 def recent_log(n: int = 8) -> str:
     """The last `n` warning/error lines llama.cpp logged (for diagnostics)."""
-    return "".join(list(_recent_log)[-n:]).strip()
+    return "".join(_llama_log.recent(n)).strip()
 
 
-def load_model(path: str) -> Any:
-    """The model at `path`, on the CPU; RuntimeError with llama.cpp's complaint otherwise."""
+# -- devices ---------------------------------------------------------------------------------
+
+_ggml: Any = None
+
+
+def _ggml_lib() -> Any:
+    """libggml (the device registry), as llama-cpp-python loads it, with the calls typed."""
+    global _ggml
+    if _ggml is None:
+        from llama_cpp import _ggml as ggml_module
+
+        lib = ggml_module.libggml
+        vp, sz = ctypes.c_void_p, ctypes.c_size_t
+        lib.ggml_backend_dev_count.argtypes, lib.ggml_backend_dev_count.restype = [], sz
+        lib.ggml_backend_dev_get.argtypes, lib.ggml_backend_dev_get.restype = [sz], vp
+        for name in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
+            getattr(lib, name).argtypes = [vp]
+            getattr(lib, name).restype = ctypes.c_char_p
+        lib.ggml_backend_dev_memory.argtypes = [vp, ctypes.POINTER(sz), ctypes.POINTER(sz)]
+        lib.ggml_backend_dev_memory.restype = None
+        lib.ggml_backend_dev_type.argtypes, lib.ggml_backend_dev_type.restype = [vp], ctypes.c_int
+        _ggml = lib
+    return _ggml
+
+
+def _device_handles() -> list[int]:
+    lib = _ggml_lib()
+    return [int(lib.ggml_backend_dev_get(i) or 0) for i in range(lib.ggml_backend_dev_count())]
+
+
+def list_devices() -> list[Device]:
+    """The devices llama.cpp sees, with their free and total memory (bytes)."""
+    init_backend()
+    lib = _ggml_lib()
+    out = []
+    for i, handle in enumerate(_device_handles()):
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(handle, ctypes.byref(free), ctypes.byref(total))
+        kind = int(lib.ggml_backend_dev_type(handle))
+        out.append(Device(
+            index=i, name=(lib.ggml_backend_dev_name(handle) or b"?").decode(),
+            description=(lib.ggml_backend_dev_description(handle) or b"").decode(),
+            kind=_DEVICE_KINDS[kind] if 0 <= kind < len(_DEVICE_KINDS) else str(kind),
+            free=int(free.value), total=int(total.value)))
+    return out
+
+
+def load_model(path: str, placement: Placement | None = None) -> Any:
+    """The model at `path`, its layers where `placement` says (None: all on the CPU);
+    RuntimeError with llama.cpp's complaint otherwise."""
     mparams = _ll.llama_model_default_params()
-    mparams.n_gpu_layers = 0
+    keep: list[Any] = []  # arrays llama.cpp reads during the load
+    if placement is None or not placement.on_gpu:
+        mparams.n_gpu_layers = 0
+    else:
+        mparams.n_gpu_layers = placement.n_gpu_layers
+        mparams.split_mode = _SPLIT_MODES[placement.split_mode]
+        by_name = {d.name: h for d, h in zip(list_devices(), _device_handles())}
+        chosen = [by_name[name] for name in placement.gpus]
+        devices = (ctypes.c_void_p * (len(chosen) + 1))(*chosen, None)
+        keep.append(devices)
+        mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
+        # With the device list given, the main GPU is an index into it: the one kept.
+        mparams.main_gpu = 0 if placement.split_mode == "none" else placement.main_gpu
+        if placement.tensor_split:
+            n = int(_ll.llama_max_devices())
+            split = (ctypes.c_float * n)(*placement.tensor_split[:n])
+            keep.append(split)
+            mparams.tensor_split = split
     model = _ll.llama_model_load_from_file(path.encode(), mparams)
+    del keep
     if not model:
         raise RuntimeError(f"llama.cpp could not load {path}: {recent_log()}")
     return model
 
 
 def create_context(model: Any, *, n_ctx: int, n_batch: int, n_ubatch: int, sequence_ids: int,
-                   n_threads: int, kv_type: str, flash_attn: bool, unified: bool,
+                   n_threads: int, kv_type: str, flash_attn: bool | int, unified: bool,
                    cb_eval: Any = None) -> Any:
     """A context as asked (NULL when llama.cpp cannot make one); it may get less than asked,
     so read its sizes back (`llama_n_batch`, `llama_n_ctx`, ...). `cb_eval`: a graph
@@ -81,7 +153,9 @@ def create_context(model: Any, *, n_ctx: int, n_batch: int, n_ubatch: int, seque
     cparams.n_outputs_max = max(n_batch, sequence_ids)
     cparams.n_threads = n_threads
     cparams.n_threads_batch = n_threads
-    cparams.flash_attn_type = 1 if flash_attn else 0
+    # flash_attn: a bool, or llama_flash_attn_type (-1 auto, 0 off, 1 on)
+    cparams.flash_attn_type = int(flash_attn) if not isinstance(flash_attn, bool) \
+        else (1 if flash_attn else 0)
     cparams.type_k = KV_TYPES[kv_type]
     cparams.type_v = KV_TYPES[kv_type]
     cparams.kv_unified = unified

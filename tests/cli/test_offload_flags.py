@@ -1,0 +1,96 @@
+"""The offload flags, spelled as llama-server spells them, on every command that loads a model;
+`--list-devices`; the startup line saying where the layers went."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from skippy_scheduler.cli import build_parser
+
+FLAGS = ["-ngl", "auto", "-sm", "layer", "-ts", "3,1", "-mg", "0", "-dev", "CUDA0,CUDA1",
+         "-fa", "auto", "--kv-type", "f16"]
+LONG = ["--n-gpu-layers", "all", "--split-mode", "row", "--tensor-split", "1/1",
+        "--main-gpu", "1", "--device", "none", "--flash-attn", "off"]
+
+
+@pytest.mark.parametrize("command,required", [
+    ("serve", []), ("run", []), ("calibrate", []),
+    ("stage", ["-m", "s.gguf", "--listen", "ipc:///tmp/x"]),
+])
+@pytest.mark.parametrize("flags", [FLAGS, LONG], ids=["short", "long"])
+def test_every_model_command_takes_the_offload_flags(command, required, flags):
+    if command == "stage":  # the driver tells a stage worker its KV type and flash attention
+        flags = [f for i, f in enumerate(flags) if f not in ("-fa", "--kv-type", "--flash-attn")
+                 and (i == 0 or flags[i - 1] not in ("-fa", "--kv-type", "--flash-attn"))]
+    args = build_parser().parse_args([command, *required, *flags])
+    if "-ngl" in flags:
+        assert args.n_gpu_layers == "auto" and args.split_mode == "layer"
+        assert args.tensor_split == (3.0, 1.0) and args.device == ("CUDA0", "CUDA1")
+    else:
+        assert args.n_gpu_layers == "all" and args.split_mode == "row"
+        assert args.main_gpu == 1 and args.device == ("none",)
+
+
+def test_the_defaults_leave_the_device_to_decide():
+    args = build_parser().parse_args(["serve"])
+    assert args.n_gpu_layers == "auto" and args.kv_type is None and args.flash_attn is None
+    assert args.ctx_size is None and args.max_num_batched_tokens is None
+    assert build_parser().parse_args(["serve", "--flash-attn"]).flash_attn == "on"
+    assert build_parser().parse_args(["run", "-ngl", "-1"]).n_gpu_layers == "all"
+    assert build_parser().parse_args(["serve", "--stages", "d", "--stage-devices",
+                                      "CUDA0,CUDA1"]).stage_devices == ("CUDA0", "CUDA1")
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["-ngl", "lots"], "expected a layer count, auto or all"),
+    (["-sm", "diagonal"], "invalid choice"),
+    (["-ts", "0,0"], "not all 0"),
+    (["-mg", "-1"], "GPU index >= 0"),
+    (["-fa", "maybe"], "invalid choice"),
+])
+def test_bad_offload_values_are_one_line_errors(flags, message):
+    proc = subprocess.run([sys.executable, "-m", "skippy_scheduler.cli", "serve", *flags],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert message in proc.stderr.splitlines()[-1]
+
+
+def test_stage_devices_give_each_local_stage_its_device():
+    from skippy_scheduler.cli._common import CommandError, stage_worker_args
+
+    args = build_parser().parse_args(["serve", "--stages", "d", "-ngl", "8", "-dev", "CUDA0",
+                                      "--stage-devices", "CUDA0,CUDA1"])
+    per_stage = stage_worker_args(args, 2)
+    assert [a[a.index("-dev") + 1] for a in per_stage] == ["CUDA0", "CUDA1"]
+    assert all(a.count("-dev") == 1 and a[a.index("-ngl") + 1] == "8" for a in per_stage)
+    with pytest.raises(CommandError, match="2 device"):
+        stage_worker_args(args, 3)
+
+
+def test_list_devices_answers():
+    pytest.importorskip("llama_cpp")
+    for command in ("serve", "run", "stage"):
+        proc = subprocess.run([sys.executable, "-m", "skippy_scheduler.cli", command,
+                               "--list-devices"], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert lines[0] == "Available devices:"
+        assert any(line.strip().startswith("CPU:") and "GiB free of" in line for line in lines)
+
+
+def test_run_says_where_the_layers_went():
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("gguf")
+    proc = subprocess.run([sys.executable, "-m", "skippy_scheduler.cli", "run", "-ngl", "auto",
+                           "--max-tokens", "2", "--threads", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    gpu = subprocess.run([sys.executable, "-c", "import llama_cpp; print(llama_cpp."
+                          "llama_supports_gpu_offload())"], capture_output=True, text=True)
+    if gpu.stdout.strip() == "False":
+        assert "skippy-scheduler run: 0 layers on a GPU: this llama.cpp has no GPU backend" \
+            in proc.stderr
+    else:
+        assert "layers on" in proc.stderr

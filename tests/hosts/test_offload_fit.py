@@ -1,0 +1,133 @@
+"""The offload arithmetic (hosts/offload.py) with made-up devices: fits, partly fits, refused."""
+from __future__ import annotations
+
+import pytest
+
+from skippy_scheduler.hosts.offload import (GiB, MiB, Device, FitError, ModelFootprint,
+                                            OffloadSpec, assign, kv_cells, parse_layers,
+                                            parse_tensor_split, place)
+
+CPU = Device(0, "CPU", "host", "cpu", free=64 * GiB, total=64 * GiB)
+
+
+def gpu(i: int, free_gib: float, total_gib: float = 80.0) -> Device:
+    return Device(i + 1, f"CUDA{i}", "test GPU", "gpu", free=int(free_gib * GiB),
+                  total=int(total_gib * GiB))
+
+
+# A 16-layer model of 100 MiB per layer, a 250 MiB output layer, 250 MiB of embeddings, 2048
+# K+V values per cell per layer (8 KV heads of 128, K and V).
+FP = ModelFootprint(n_layer=16, n_ctx_train=32768, layer_bytes=(100 * MiB,) * 16,
+                    output_bytes=250 * MiB, input_bytes=250 * MiB, kv_values=(2048,) * 16,
+                    n_embd=2048, n_head=32, n_vocab=32000)
+
+
+def fit(devices, spec=OffloadSpec(), n_ctx=8192, **kw):
+    args = dict(streams=8, unified=False, kv_type="f16", n_ubatch=512, flash_attn=True,
+                host=CPU)
+    args.update(kw)
+    return place(FP, [CPU, *devices], spec, n_ctx=n_ctx, **args)
+
+
+def test_kv_cells_pad_every_stream_to_256():
+    assert kv_cells(4096, 8, False) == 4096
+    assert kv_cells(4000, 8, False) == 8 * 512
+    assert kv_cells(16, 8, False) == 8 * 256
+    assert kv_cells(1000, 1, False) == 1024
+    assert kv_cells(1000, 8, True) == 1024
+
+
+def test_everything_fits_on_one_big_gpu():
+    p = fit([gpu(0, 80)])
+    assert p.n_gpu_layers == 17 and p.offloadable == 17
+    # 8192 cells x 16 layers x 2048 values x 2 bytes = 512 MiB of KV, all on the GPU
+    assert p.kv == {"CUDA0": 512 * MiB}
+    assert p.weights == {"CPU": 250 * MiB, "CUDA0": 16 * 100 * MiB + 250 * MiB}
+    assert p.line() == "17/17 layers on CUDA0, KV 0.5 GiB on CUDA0"
+    assert p.note == ""
+
+
+def test_a_small_gpu_gets_the_most_layers_that_fit_output_layer_first():
+    # 1 GiB kept free: 1.8 GiB leaves 0.8 GiB for compute, output and layers with their KV.
+    p = fit([gpu(0, 1.8)])
+    assert 0 < p.n_gpu_layers < 17
+    layers = assign(FP, [gpu(0, 1.8)], p.n_gpu_layers, ())
+    assert layers[-1] == 0  # the output layer goes first
+    assert layers[:17 - p.n_gpu_layers] == [-1] * (17 - p.n_gpu_layers)
+    assert "does not fit" in p.note
+    # one more layer would not fit
+    bigger = fit([gpu(0, 1.8)], OffloadSpec(n_gpu_layers=p.n_gpu_layers + 1))
+    assert bigger.n_gpu_layers == p.n_gpu_layers + 1  # explicit counts are taken as asked...
+    with pytest.raises(FitError, match="CUDA0 needs"):
+        fit([gpu(0, 0.5)], OffloadSpec(n_gpu_layers="all"))  # ...unless the GPU lacks them
+
+
+def test_auto_lowers_a_default_context_before_it_drops_layers():
+    # The model's 32768-token context costs 2 GiB of KV; with 3.6 GiB free and 1 GiB kept,
+    # the context comes down (to a multiple of 256 x 8 lanes) and every layer stays.
+    p = fit([gpu(0, 3.6)], n_ctx=None, ctx_quantum=2048)
+    assert p.n_gpu_layers == 17
+    assert 4096 <= p.n_ctx < 32768 and p.n_ctx % 2048 == 0
+    assert fit([gpu(0, 80)], n_ctx=None, ctx_quantum=2048).n_ctx == 32768
+
+
+def test_a_context_that_fits_nowhere_is_refused_with_the_numbers():
+    small_host = Device(0, "CPU", "host", "cpu", free=3 * GiB, total=4 * GiB)
+    with pytest.raises(FitError, match=r"context of 1048576 tokens .*the host needs"):
+        place(FP, [small_host], OffloadSpec(), n_ctx=1 << 20, streams=8, unified=False,
+              kv_type="f16", n_ubatch=512, flash_attn=True, host=small_host)
+
+
+def test_no_gpu_backend_keeps_everything_on_the_cpu():
+    p = fit([])
+    assert p.n_gpu_layers == 0
+    assert p.line() == "0 layers on a GPU: this llama.cpp has no GPU backend"
+    assert fit([gpu(0, 80)], OffloadSpec(devices=("none",))).line().endswith("-dev none")
+    assert fit([gpu(0, 80)], OffloadSpec(n_gpu_layers=0)).n_gpu_layers == 0
+
+
+def test_two_gpus_split_by_free_memory_or_by_the_tensor_split():
+    p = fit([gpu(0, 40), gpu(1, 40)])
+    assert p.n_gpu_layers == 17 and set(p.kv) == {"CUDA0", "CUDA1"}
+    # equal free memory: layers 0-8 on CUDA0, 9-15 and the output layer on CUDA1
+    assert 7 * p.kv["CUDA0"] == 9 * p.kv["CUDA1"]
+    q = fit([gpu(0, 40), gpu(1, 40)], OffloadSpec(tensor_split=(3, 1)))
+    # split points at 3/4 of the 17 offloaded layers: 13 repeating layers on CUDA0, the last
+    # 3 and the output layer on CUDA1 (llama.cpp's upper_bound over the normalised split)
+    assert 3 * q.kv["CUDA0"] == 13 * q.kv["CUDA1"]
+    one = fit([gpu(0, 40), gpu(1, 40)], OffloadSpec(split_mode="none", main_gpu=1))
+    assert one.gpus == ("CUDA1",) and set(one.kv) == {"CUDA1"}
+    with pytest.raises(FitError, match="-mg 2"):
+        fit([gpu(0, 40), gpu(1, 40)], OffloadSpec(split_mode="none", main_gpu=2))
+    with pytest.raises(FitError, match="no device named CUDA7"):
+        fit([gpu(0, 40)], OffloadSpec(devices=("CUDA7",)))
+
+
+def test_flag_values_parse_as_llama_server_takes_them():
+    assert parse_layers("auto") == "auto" and parse_layers("ALL") == "all"
+    assert parse_layers("-1") == "all" and parse_layers("99") == 99
+    with pytest.raises(ValueError):
+        parse_layers("many")
+    assert parse_tensor_split("3,1") == (3.0, 1.0) == parse_tensor_split("3/1")
+    for bad in ("", "0,0", "a,b", "-1,2"):
+        with pytest.raises(ValueError):
+            parse_tensor_split(bad)
+
+
+def test_the_footprint_of_a_gguf_matches_its_tensors(tmp_path):
+    pytest.importorskip("gguf")
+    from skippy_scheduler.hosts.offload import ModelFileError, footprint_from_gguf
+    from skippy_scheduler.hosts.tiny_model import write_tiny_llama
+
+    import pathlib
+
+    path = pathlib.Path(write_tiny_llama(str(tmp_path / "tiny.gguf"), seed=0))
+    fp = footprint_from_gguf(path)
+    assert fp.n_layer == 2 and fp.offloadable == 3
+    size = path.stat().st_size
+    assert 0 < fp.weight_bytes <= size
+    assert fp.kv_values[0] > 0 and fp.n_vocab > 0
+    data = path.read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[: len(data) * 2 // 3])
+    with pytest.raises(ModelFileError, match="not a whole GGUF model"):
+        footprint_from_gguf(tmp_path / "cut.gguf")
