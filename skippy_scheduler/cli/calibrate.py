@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         with model_path(args) as model:
             fit = resolve_for(args, model, n_ctx=LANES * lane, lanes=LANES, n_batch=BATCH)
-            print_placement("calibrate", fit)
+            print_placement("calibrate", fit, always=False)
             with llama.LlamaHost(
                 model, n_ctx=LANES * lane, n_seq_max=LANES, n_threads=args.threads,
                 n_batch=BATCH, n_ubatch=fit.n_ubatch, kv_type=fit.kv_type,

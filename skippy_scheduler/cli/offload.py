@@ -137,7 +137,10 @@ def resolve_for(args: argparse.Namespace, model: str, *, n_ctx: Optional[int], l
         raise CommandError(str(exc)) from None
 
 
-def print_placement(command: str, resolved: Any) -> None:
-    """The startup line's placement part, on stderr."""
+def print_placement(command: str, resolved: Any, always: bool = True) -> None:
+    """The startup line's placement part, on stderr (`always=False`: only when layers went to
+    a GPU, for commands whose stderr is otherwise quiet)."""
+    if not always and not resolved.placement.on_gpu:
+        return
     print(f"skippy-scheduler {command}: {resolved.placement.line()}", file=sys.stderr,
           flush=True)

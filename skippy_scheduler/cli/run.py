@@ -52,7 +52,9 @@ def register(subparsers: Any) -> None:
     add_flag(p, "max-active", type=positive_int, default=8)
     add_flag(p, "ctx-size", type=positive_int,
              default_text="each lane sized for the longest prompt plus --max-tokens")
-    add_flag(p, "batch-tokens", type=positive_int, default=512)
+    add_flag(p, "batch-tokens", type=positive_int, default=None,
+             default_text="512 on the CPU, 2048 with layers on a GPU (llama-server's)",
+             note="it follows the device where the layers go")
     add_flag(p, "prefill-chunk", type=positive_int, default=256)
     add_flag(p, "mixed", default=True)
     add_flag(p, "max-consecutive-prefill", type=bound, default=1)
@@ -170,13 +172,14 @@ def run(args: argparse.Namespace) -> int:
         if args.stages or args.stage_addresses:
             from .stage import run_staged
 
-            requests, report, settings, summary = run_staged(args, prompts, n_seq, n_batch,
-                                                             n_ctx, lane)
+            requests, report, settings, summary = run_staged(args, prompts, n_seq,
+                                                             n_batch or 512, n_ctx, lane)
         else:
             fit = resolve_for(args, model, n_ctx=n_ctx, lanes=n_seq,
                               holders=holders if args.prefix_cache_tokens else 0,
                               unified=bool(args.kv_unified), n_batch=n_batch)
-            print_placement("run", fit)
+            print_placement("run", fit, always=False)
+            n_batch = fit.n_batch
             with llama.LlamaHost(
                 model, n_ctx=n_ctx, n_seq_max=n_seq,
                 n_threads=args.threads or DEFAULT_THREADS, n_batch=n_batch,

@@ -10,7 +10,7 @@ from typing import Any
 
 import os
 
-from ._common import CommandError, check_gguf, check_output_dir, positive_int
+from ._common import CommandError, check_gguf, check_model_file, check_output_dir, positive_int
 from .stage import require_stage_packages
 from .vocabulary import add_flag
 
@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     check_gguf("--model", args.model)
     check_output_dir("--out", args.out)
     require_stage_packages("split", "gguf")
+    check_model_file("--model", args.model)
     from ..stages.split import SplitError, parse_ranges, read_layer_count, split_model
 
     try:

@@ -92,6 +92,26 @@ class _EngineCollector:
             value=s.shared_tokens)
 
 
+class DeviceMemory:
+    """`skippy:device_memory_bytes{device, kind}`: the weights and the KV cache of the model
+    per device, as placed at load (hosts/offload.py `Placement`)."""
+
+    def __init__(self, placement: Any) -> None:
+        self._placement = placement
+
+    def collect(self) -> Iterator[Metric]:
+        g = GaugeMetricFamily("skippy:device_memory_bytes",
+                              "Bytes of the model's weights and KV cache per device, as placed "
+                              "at load.", labels=["device", "kind"])
+        p = self._placement
+        for kind, per in (("weights", p.weights), ("kv", p.kv)):
+            for device, size in sorted(per.items()):
+                g.add_metric([device, kind], float(size))
+        yield g
+        yield GaugeMetricFamily("skippy:gpu_layers", "Layers on GPUs (llama.cpp's count, the "
+                                "output layer included).", value=p.n_gpu_layers)
+
+
 class ServeMetrics:
     """One registry per server (several servers can live in one process, as in tests)."""
 

@@ -80,17 +80,41 @@ def test_list_devices_answers():
         assert any(line.strip().startswith("CPU:") and "GiB free of" in line for line in lines)
 
 
-def test_run_says_where_the_layers_went():
+def test_serve_says_where_the_layers_went_and_reports_device_memory(tmp_path):
     pytest.importorskip("llama_cpp")
-    pytest.importorskip("gguf")
-    proc = subprocess.run([sys.executable, "-m", "skippy_scheduler.cli", "run", "-ngl", "auto",
-                           "--max-tokens", "2", "--threads", "1"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    gpu = subprocess.run([sys.executable, "-c", "import llama_cpp; print(llama_cpp."
-                          "llama_supports_gpu_offload())"], capture_output=True, text=True)
-    if gpu.stdout.strip() == "False":
-        assert "skippy-scheduler run: 0 layers on a GPU: this llama.cpp has no GPU backend" \
-            in proc.stderr
+    pytest.importorskip("fastapi")
+    import httpx
+    import llama_cpp
+    from serve_support import Spawned
+
+    srv = Spawned(tmp_path, "-ngl", "auto")
+    try:
+        body = httpx.get(srv.url + "/metrics", timeout=10).text
+        assert 'skippy:device_memory_bytes{device="CPU",kind="weights"}' in body
+    finally:
+        assert srv.stop() == 0
+    if not llama_cpp.llama_supports_gpu_offload():
+        assert "skippy-scheduler serve: 0 layers on a GPU: this llama.cpp has no GPU backend" \
+            in srv.log()
+        assert "skippy:gpu_layers 0.0" in body
     else:
-        assert "layers on" in proc.stderr
+        assert " layers on " in srv.log()
+
+
+@pytest.mark.parametrize("command", ["run", "calibrate", "split", "stage", "serve"])
+def test_a_truncated_model_is_one_line_in_every_command(tmp_path, command):
+    pytest.importorskip("gguf")
+    from skippy_scheduler.hosts.tiny_model import write_tiny_llama
+
+    import pathlib
+
+    data = pathlib.Path(write_tiny_llama(str(tmp_path / "tiny.gguf"), seed=0)).read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: len(data) // 2])
+    extra = {"split": ["--stages", "2", "--out", str(tmp_path / "out")],
+             "stage": ["--listen", f"ipc://{tmp_path}/s0"]}.get(command, [])
+    proc = subprocess.run([sys.executable, "-m", "skippy_scheduler.cli", command, "-m", str(cut),
+                           *extra], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "not a whole GGUF model" in proc.stderr.splitlines()[-1]

@@ -39,11 +39,13 @@ from ...engine.contract import HostState, Plan
 from ...prefix_store import PrefixStore
 from ...sampling import SampleDetail
 from ...types import ReleaseReason
-from .backend import KV_TYPES, check_int, create_context, init_backend, load_model, recent_log
+from ..offload import Placement
+from .backend import (FLASH_ATTN_NAMES, KV_TYPES, check_int, create_context, flash_attn_type,
+                      init_backend, load_model, recent_log)
 from .decode import Decoder
 from .direct import DirectRows
 from .forks import Forks
-from .holders import DEFAULT_REPLACE_SHARE, PrefixHolders, check_replace_share
+from .holders import DEFAULT_REPLACE_SHARE, PrefixHolders, Watcher, check_replace_share
 from .lanes import KvCells, Lanes, Start
 from .rows import RowDecoding
 from .samplers import Samplers
@@ -72,12 +74,13 @@ class LlamaHost(DirectRows, RowDecoding):
         n_batch: int = 512,
         n_ubatch: int | None = None,
         kv_type: str = "f32",
-        flash_attn: bool = False,
+        flash_attn: bool | str = False,
         kv_unified: bool | None = None,
         prefix_cache_tokens: int = 0,
         prefix_holders: int = 16,
         prefix_replace_share: float | None = DEFAULT_REPLACE_SHARE,
         gap_fill_max: int = DEFAULT_GAP_FILL,
+        placement: Placement | None = None,
     ) -> None:
         n_seq_max = check_int("n_seq_max", n_seq_max, 1, 256)
         prefix_cache_tokens = check_int("prefix_cache_tokens", prefix_cache_tokens, 0)
@@ -96,6 +99,7 @@ class LlamaHost(DirectRows, RowDecoding):
         n_ubatch = n_batch if n_ubatch is None else check_int("n_ubatch", n_ubatch, 1, n_batch)
         if kv_type not in KV_TYPES:
             raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
+        flash = flash_attn_type(flash_attn)
         path = os.fspath(model_path)
         if not os.path.isfile(path):
             raise FileNotFoundError(path)
@@ -107,14 +111,18 @@ class LlamaHost(DirectRows, RowDecoding):
         self._samplers: Samplers | None = None
         init_backend()
 
-        self._model = load_model(path)
+        self._model = load_model(path, placement)
+        self.placement = placement
         ids = n_seq_max + holders
         ctx = create_context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                              sequence_ids=ids, n_threads=n_threads, kv_type=kv_type,
-                             flash_attn=bool(flash_attn), unified=unified)
+                             flash_attn=flash, unified=unified)
         if not ctx:
             self.close()
-            raise RuntimeError(f"llama.cpp could not create a context: {recent_log()}")
+            where = f" ({placement.line()})" if placement is not None and placement.on_gpu \
+                else ""
+            raise RuntimeError(f"llama.cpp could not create a context of {n_ctx} tokens"
+                               f"{where}: {recent_log()}")
         self._ctx = ctx
         self._cells = cells = KvCells(ctx)
         self.tokenizer = tok = Tokenizer(self._model)
@@ -137,7 +145,10 @@ class LlamaHost(DirectRows, RowDecoding):
         self.settings = {
             "n_ctx": self.n_ctx, "n_ctx_seq": self.n_ctx_seq, "n_seq_max": n_seq_max,
             "n_batch": self.n_batch, "n_ubatch": n_ubatch, "n_threads": n_threads,
-            "kv_type": kv_type, "flash_attn": bool(flash_attn), "kv_unified": unified,
+            "kv_type": kv_type, "flash_attn": {1: True, 0: False}.get(flash, FLASH_ATTN_NAMES[flash]), "kv_unified": unified,
+            "n_gpu_layers": placement.n_gpu_layers if placement is not None else 0,
+            "devices": list(placement.gpus) if placement is not None and placement.on_gpu
+            else [],
             "prefix_cache_tokens": prefix_cache_tokens, "prefix_holders": holders,
             "prefix_replace_share": replace_share, "gap_fill_max": gap_fill_max,
         }
@@ -284,6 +295,22 @@ class LlamaHost(DirectRows, RowDecoding):
         """Positions of `sequence_id` held in the KV cache (0 when it has no lane)."""
         lane = self._lanes.lane_of(sequence_id)
         return 0 if lane is None else self._lanes.end(lane)
+
+    # ------------------------------------------------------------------ prefix events
+    def watch_prefixes(self, watcher: Watcher) -> None:
+        """Call `watcher("inserted" | "evicted", entry)` after every change of the prefix
+        store's residency (the serving seam's `PrefixEventsHost`; nothing without reuse)."""
+        if self.holders is not None:
+            self.holders.watch(watcher)
+
+    def held_tokens(self, sequence_id: str) -> list[int] | None:
+        """The tokens the KV of running `sequence_id` stands for, position 0 first; None when
+        it holds no lane, or without reuse (only the prefix holders record a lane's tokens)."""
+        lane = self._lanes.lane_of(sequence_id)
+        if lane is None or self.holders is None:
+            return None
+        tokens: list[int] = self.holders.lane_tokens(lane, self._lanes.end(lane)).tolist()
+        return tokens
 
     def release(self, sequence_id: str,
                 reason: ReleaseReason = ReleaseReason.FINISHED) -> bool:
