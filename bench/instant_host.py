@@ -7,7 +7,9 @@ server, the engine and the scheduler spend on it: HTTP, SSE, detokenisation, eve
 
 Its vocabulary is bytes: token 0 is unknown, 1 the start token (BOS), 2 the end token, and token
 3 + b is the byte b. A prompt is BOS followed by one token per UTF-8 byte of its text; the end
-token is never sampled, so every request runs to its `max_tokens`.
+token is never sampled, so every request runs to its `max_tokens`. It is a `ServingHost` (the
+serving seam, engine/contract.py): no chat template (chats are ChatML) and no grammar check, so
+it serves without llama-cpp-python.
 
 `build_server(settings, host)` wires the package's own pieces (scheduler, `EngineRunner`,
 `ServeContext`, `create_app`) around a host the way `skippy_scheduler.serve.Server` does around
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from skippy_scheduler import PlanningRule, ReleaseReason, Scheduler, SchedulerConfig
 from skippy_scheduler.engine import CostModelHost, Plan
@@ -49,6 +51,7 @@ class InstantHost(CostModelHost):
         self.n_seq_max = n_seq_max
         self.n_ctx_seq = n_ctx_seq
         self.n_ctx = n_seq_max * n_ctx_seq
+        self.n_batch = self.n_ctx  # decodes nothing: a plan may hold the whole context
         self.releases = 0
 
     def execute(self, plan: Plan) -> None:
@@ -56,11 +59,18 @@ class InstantHost(CostModelHost):
             time.sleep(self.step_s)
         super().execute(plan)
 
-    def token_bytes(self, token: int) -> bytes:
+    @property
+    def sequence_id_settings(self) -> Mapping[str, int]:
+        """One sequence id per lane, none reserved (it keeps no prefixes)."""
+        return {"sequence_id_limit": self.n_seq_max, "reserved_sequence_ids": 0}
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
         return bytes([token - BYTE_BASE]) if BYTE_BASE <= token < self.n_vocab else b""
 
-    def tokenize(self, text: str, special: bool = True) -> list[int]:
-        return [1] + [BYTE_BASE + b for b in text.encode("utf-8")]
+    def tokenize(self, text: str, *, add_bos: Optional[bool] = None,
+                 special: bool = True) -> list[int]:
+        start = [] if add_bos is False else [1]  # BOS unless told otherwise
+        return start + [BYTE_BASE + b for b in text.encode("utf-8")]
 
     def chat_template(self) -> Optional[str]:
         return None
@@ -84,10 +94,11 @@ class InstantServer:
 
 def build_server(settings: ServeSettings, host: InstantHost) -> InstantServer:
     s = settings
+    batch = s.batch_size if s.batch_size is not None else 512  # the server's CPU default
     config = SchedulerConfig(
         max_active_sequences=s.max_active, max_waiting_sequences=s.max_waiting,
-        max_tokens_per_iteration=s.batch_size,
-        prefill_chunk_tokens=min(s.prefill_chunk, s.batch_size), mixed_prefill_decode=s.mixed,
+        max_tokens_per_iteration=batch,
+        prefill_chunk_tokens=min(s.prefill_chunk, batch), mixed_prefill_decode=s.mixed,
         max_consecutive_prefill_iterations=s.max_consecutive_prefill,
         max_inflight_plans=s.inflight,
         planning_rule=PlanningRule.SLACK if s.planning_rule == "slack" else PlanningRule.REFERENCE,

@@ -30,16 +30,43 @@ A host has two required verbs (`Host`) and optional capabilities, each a protoco
 `attach(host)` checks all of them once and returns `HostHooks`: the bound methods the engine
 calls, None for what the host lacks. The contract is stable: hosts written against it (the lab's,
 a stage host, a replica) keep working as the engine changes.
+
+**The serving seam.** A fourth party, the HTTP server (serve/), asks a host for more than plans:
+the model's vocabulary, its chat template, its limits. That is declared here too, by concern, so
+the server never reads a host's internals and needs nothing of llama.cpp itself:
+
+* `VocabularyHost`: `n_vocab`, `tokenize`, `token_bytes` (prompts in, text out);
+* `ChatTemplateHost`: `chat_template`, the model's own template (or None);
+* `ContextLimitsHost`: `n_batch`, `n_ctx`, `n_ctx_seq`, `sequence_id_settings` (what the
+  server sizes its scheduler and its requests' bounds from);
+* `ClosingHost`: `close`, once the server is done with it;
+* `RoutesHost`: vocabulary and chat template, what the HTTP routes use (`ServeContext.host`);
+* `ServingHost`: all of the above plus `Host`, what a `Server` runs on.
+
+Optional capabilities of a served host, a protocol each:
+
+* `GrammarCheckingHost.check_grammar`: refuse a grammar its sampler cannot parse before the
+  request is queued (without it, the host's `prepare_sequence` is the only judge);
+* `MemoryComponentsHost.memory_components`: the memory pools admission reserves bytes in;
+* `PrefixEventsHost`: `prefix_store`, `watch_prefixes` and `held_tokens`, what the server's KV
+  event publisher (serve/kv_events.py) announces the host's resident and running prefixes from.
+
+`LlamaHost`, `StageHost` and the benchmarks' `InstantHost` are `ServingHost`s
+(tests/typing/test_serving_seam.py checks them).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Optional, Protocol, Sequence as _Seq, runtime_checkable
+from typing import (TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Protocol,
+                    Sequence as _Seq, runtime_checkable)
 
 import numpy.typing as npt
 
-from ..types import (IterationTelemetry, IterationWork, ReleaseReason, SchedulerConfig,
-                     SchedulerMetrics, SchedulerSnapshot, Sequence)
+from ..types import (IterationTelemetry, IterationWork, MemoryComponent, ReleaseReason,
+                     SchedulerConfig, SchedulerMetrics, SchedulerSnapshot, Sequence)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..prefix_store import PrefixStore, StoreEntry
 
 __all__ = [
     "AsyncHost", "DetailReportingHost", "ExecutionHandle", "Host", "HostHooks", "HostState",
@@ -47,6 +74,10 @@ __all__ = [
     "PrefixRestoringHost", "PromptKeepingHost", "ReleaseReason",
     "RequestLike", "ResettableHost", "SchedulerLike", "StateReportingHost", "attach",
     "check_scheduler",
+    # the serving seam
+    "ChatTemplateHost", "ClosingHost", "ContextLimitsHost", "GrammarCheckingHost",
+    "MemoryComponentsHost", "PrefixEventsHost", "PrefixWatcher", "RoutesHost", "ServingHost",
+    "VocabularyHost",
 ]
 
 Array = npt.NDArray[Any]
@@ -339,3 +370,114 @@ def attach_store(scheduler: SchedulerLike, store: Any, config: SchedulerConfig) 
                 f"scheduler reserves [{limit - reserved}, {limit}): configure the scheduler with "
                 "the host's sequence_id_settings")
     scheduler.attach_prefix_store(store)
+
+
+# -- the serving seam: what the HTTP server asks of a host ----------------------------------------
+
+
+@runtime_checkable
+class VocabularyHost(Protocol):
+    """The model's vocabulary. Every verb reads only the vocabulary, so the server calls them
+    from its event loop and worker threads while the engine runs plans on its own."""
+
+    @property
+    def n_vocab(self) -> int: ...  # token ids are [0, n_vocab)
+
+    def tokenize(self, text: str, *, add_bos: Optional[bool] = None,
+                 special: bool = False) -> list[int]:
+        """`text`'s tokens; a start token as the model asks for one (`add_bos` None) or as
+        `add_bos` says. `special` reads control-token text (a chat template's markers) as
+        those tokens."""
+        ...
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        """The bytes `token` stands for (a piece may end inside a UTF-8 character); a
+        control token's are empty unless `special`."""
+        ...
+
+
+@runtime_checkable
+class ChatTemplateHost(Protocol):
+    def chat_template(self) -> Optional[str]:
+        """The model's own chat template (a GGUF's `tokenizer.chat_template`), or None: the
+        server then renders chats as ChatML (serve/chat.py)."""
+        ...
+
+
+@runtime_checkable
+class ContextLimitsHost(Protocol):
+    """What the server sizes its scheduler and its requests' bounds from."""
+
+    @property
+    def n_batch(self) -> int: ...  # the most tokens one plan may hold (what the context got)
+    @property
+    def n_ctx(self) -> int: ...  # KV cells in all
+    @property
+    def n_ctx_seq(self) -> int: ...  # KV cells one sequence may hold
+
+    @property
+    def sequence_id_settings(self) -> Mapping[str, int]:
+        """The `SchedulerConfig` fields that match the host's runtime sequence ids
+        (`sequence_id_limit`, `reserved_sequence_ids`: the prefix holders' ids), which a
+        scheduler reading restores from the host's `prefix_store` must be given."""
+        ...
+
+
+@runtime_checkable
+class ClosingHost(Protocol):
+    def close(self) -> None:
+        """Free what the host holds (a model, a context, workers); the last call it gets."""
+        ...
+
+
+@runtime_checkable
+class RoutesHost(VocabularyHost, ChatTemplateHost, Protocol):
+    """What the HTTP routes ask of a host (`serve.app.ServeContext.host`)."""
+
+
+@runtime_checkable
+class ServingHost(Host, RoutesHost, ContextLimitsHost, ClosingHost, Protocol):
+    """What a server runs on: the engine's two verbs, the routes' vocabulary and template, the
+    limits it is sized from, and `close`."""
+
+
+@runtime_checkable
+class GrammarCheckingHost(Protocol):
+    def check_grammar(self, grammar: str) -> None:
+        """ValueError unless the host's grammar sampler parses `grammar` (GBNF, root rule
+        `root`); reads only the vocabulary (any thread). Without this capability a request's
+        grammar is judged by the host's `prepare_sequence` alone."""
+        ...
+
+
+@runtime_checkable
+class MemoryComponentsHost(Protocol):
+    @property
+    def memory_components(self) -> list[MemoryComponent]:
+        """The memory pools admission reserves bytes in (config order): the server gives them
+        to its scheduler (`SchedulerConfig.memory_components`) and refuses a request that
+        could never fit one."""
+        ...
+
+
+PrefixWatcher = Callable[[str, "StoreEntry"], None]
+
+
+@runtime_checkable
+class PrefixEventsHost(Protocol):
+    """What a server's KV event publisher (serve/kv_events.py) needs: the resident prefixes,
+    word of every change to them, and what a running sequence's KV holds. Called on the
+    engine's thread (or before the engine starts)."""
+
+    @property
+    def prefix_store(self) -> Optional["PrefixStore"]: ...  # None: the host keeps no prefixes
+
+    def watch_prefixes(self, watcher: PrefixWatcher) -> None:
+        """Call `watcher("inserted" | "evicted", entry)` after every change of the prefix
+        store's residency (nothing happens without a store)."""
+        ...
+
+    def held_tokens(self, sequence_id: str) -> Optional[list[int]]:
+        """The tokens the KV of running `sequence_id` stands for, position 0 first; None when
+        it holds no lane (or the host keeps no record of its tokens: no prefix store)."""
+        ...

@@ -10,7 +10,11 @@
 * `connections`: the h11 protocol's head deadline and connection cap, the shutdown deadline;
 * `protocol`: OpenAI request bodies to generation requests (400s that name the field);
 * `text`: incremental UTF-8-safe detokenisation and stop strings;
-* `chat`: chat templates through llama.cpp; `metrics`: Prometheus; `errors`: error bodies.
+* `chat`: chat templates (ChatML here, a model's own through llama.cpp); `metrics`: Prometheus;
+  `errors`: error bodies.
+
+What the server asks of its host is the serving seam of engine/contract.py (`ServingHost` and
+its optional capabilities); the HTTP app itself imports nothing of llama-cpp-python.
 """
 from ..selection import POLICIES
 from .server import Server, ServeSettings

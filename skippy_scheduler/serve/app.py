@@ -32,6 +32,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..engine import Request as EngineRequest
+from ..engine.contract import GrammarCheckingHost, RoutesHost
+from ..types import MemoryComponent, RejectReason
 from .access import AccessGuard, AccessSettings, served_model
 from .body import decode_json, read_body
 from .chat import ChatTemplate
@@ -60,14 +62,18 @@ class Limits:
 
 @dataclass
 class ServeContext:
-    """What the routes need: the engine thread, the model's vocabulary and limits."""
+    """What the routes need: the engine thread, the model's vocabulary and limits.
+
+    The host is used from the event loop and its worker threads for what reads only the
+    vocabulary (engine/contract.py, "the serving seam"): tokenizing, its chat template and, when
+    it is a `GrammarCheckingHost`, checking a grammar."""
 
     runner: EngineRunner
-    host: Any  # a LlamaHost; only its vocabulary is used from the event loop
+    host: RoutesHost
     model_name: str
     pieces: list[bytes]  # bytes of every token
     n_ctx_seq: int  # tokens one request may hold (prompt + generated)
-    memory_components: list[Any] = field(default_factory=list)
+    memory_components: list[MemoryComponent] = field(default_factory=list)
     limits: Limits = field(default_factory=Limits)
     model_aliases: tuple[str, ...] = ()  # further names requests may use (docs: access)
     strict_request_fields: bool = False  # refuse fields nobody defined instead of ignoring them
@@ -75,10 +81,15 @@ class ServeContext:
     shutting_down: bool = False  # set before the engine is stopped for good
     metrics: ServeMetrics = field(init=False)
     chat: ChatTemplate = field(init=False)
+    # The host's grammar check (None: it has none, its prepare_sequence judges alone).
+    check_grammar: Optional[Callable[[str], None]] = field(init=False)
 
     def __post_init__(self) -> None:
         self.metrics = ServeMetrics(lambda: self.runner.stats)
         self.chat = ChatTemplate(self.host.chat_template())
+        host = self.host
+        self.check_grammar = (host.check_grammar if isinstance(host, GrammarCheckingHost)
+                              else None)
 
     @property
     def n_vocab(self) -> int:
@@ -252,8 +263,8 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
                         prompt_field: str) -> Response:
         """`n` choices per prompt (index in order: prompt by prompt), all admitted or none."""
         n = gen.outputs.best_of or gen.n  # engine requests per prompt
-        if gen.outputs.grammar is not None:
-            await asyncio.to_thread(_check_grammar, ctx, gen.outputs.grammar)
+        if gen.outputs.grammar is not None and ctx.check_grammar is not None:
+            await asyncio.to_thread(_check_grammar, ctx.check_grammar, gen.outputs.grammar)
         samplings = [choice_sampling(sampling_of(gen, len(tokens)), j) for tokens in prompts
                      for j in range(n)]
         texts = ([echo_text(p, tokens, ctx.pieces) for p, tokens in zip(gen.prompts, prompts)]
@@ -332,10 +343,9 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         refused = [r for r in rejections if r is not None]
         if refused:
             _abandon(subs)
-            message = refused[0].error or "the request was refused"
-            if message.startswith("QueueFull"):
+            if refused[0].rejection is RejectReason.QUEUE_FULL:
                 raise queue_full("The server is busy: its waiting queue is full; retry later.")
-            raise RequestError(message)
+            raise RequestError(refused[0].error or "the request was refused")
         return subs
 
     def _abandon(subs: list[Subscription]) -> None:
@@ -371,10 +381,10 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
     return app
 
 
-def _check_grammar(ctx: ServeContext, grammar: str) -> None:
+def _check_grammar(check: Callable[[str], None], grammar: str) -> None:
     """A 400 unless the host's grammar sampler parses `grammar` (serve/structured.py)."""
     try:
-        ctx.host.check_grammar(grammar)
+        check(grammar)
     except ValueError as exc:
         raise RequestError(f"'response_format' gives a grammar llama.cpp cannot use: {exc}",
                            param="response_format") from None

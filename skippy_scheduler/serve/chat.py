@@ -12,19 +12,29 @@ falls back to:
     <|im_start|>assistant
 
 `/v1/models` reports which template is in use (`chat_template`: "model" or "chatml").
+
+ChatML is rendered here, exactly as llama.cpp renders it; llama.cpp (`llama_cpp`, imported when
+first needed) is only asked to render a template a model carries, so a host without one (a
+model-free host) serves chats without llama-cpp-python.
 """
 from __future__ import annotations
 
 import ctypes
 from typing import Optional, Sequence
 
-import llama_cpp as _ll
-
 FALLBACK = "chatml"
+
+
+def chatml(messages: Sequence[tuple[str, str]]) -> str:
+    """`messages` as ChatML, ending with the assistant's turn opened (llama.cpp's "chatml")."""
+    turns = "".join(f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in messages)
+    return turns + "<|im_start|>assistant\n"
 
 
 def _apply(template: bytes, messages: Sequence[tuple[str, str]]) -> Optional[str]:
     """The rendered prompt, or None when llama.cpp does not know the template."""
+    import llama_cpp as _ll
+
     arr = (_ll.llama_chat_message * len(messages))()
     keep = []  # the byte strings must outlive the call
     for i, (role, content) in enumerate(messages):
@@ -49,7 +59,7 @@ class ChatTemplate:
 
     def __init__(self, model_template: Optional[str]) -> None:
         self.source = FALLBACK
-        self._template = FALLBACK.encode()
+        self._template: Optional[bytes] = None  # the model's, when llama.cpp knows it
         if model_template:
             raw = model_template.encode("utf-8")
             if _apply(raw, [("user", "probe")]) is not None:
@@ -57,8 +67,9 @@ class ChatTemplate:
                 self.source = "model"
 
     def render(self, messages: Sequence[tuple[str, str]]) -> str:
-        text = _apply(self._template, messages)
-        if text is None:  # a recognised template refused these messages (e.g. roles)
-            text = _apply(FALLBACK.encode(), messages)
-        assert text is not None
-        return text
+        if self._template is not None:
+            text = _apply(self._template, messages)
+            if text is not None:
+                return text
+            # a recognised template refused these messages (e.g. roles): ChatML
+        return chatml(messages)

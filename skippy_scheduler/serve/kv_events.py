@@ -42,7 +42,12 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Iterable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Optional, Sequence, Union
+
+from ..engine.contract import PrefixEventsHost, ServingHost
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..engine import Engine
 
 log = logging.getLogger("skippy_scheduler.serve.kv_events")
 
@@ -336,12 +341,13 @@ def _check_endpoint(endpoint: str, name: str) -> None:
 class StoreEvents:
     """Publishes the blocks that change when a prefix store's residency changes.
 
-        events = StoreEvents.attach(store, publisher, block_size=16, watch=holders.watch)
+        events = StoreEvents.attach(store, publisher, block_size=16, watch=host.watch_prefixes)
 
-    With `watch` (a llama host's `PrefixHolders.watch`: it calls `watcher(kind, entry)` after
-    every insert and eviction) the hook is a watcher; without, it wraps the store's backend
-    and forwards every call to it first. Either way it runs on the thread that changes the
-    store (the engine's), the only one that touches the ledger."""
+    With `watch` (a host's `watch_prefixes`, `PrefixEventsHost` in engine/contract.py: it
+    calls `watcher(kind, entry)` after every insert and eviction) the hook is a watcher;
+    without, it wraps the store's backend and forwards every call to it first. Either way it
+    runs on the thread that changes the store (the engine's), the only one that touches the
+    ledger."""
 
     def __init__(self, inner: Any, publisher: Any, ledger: BlockLedger) -> None:
         self.inner = inner  # the wrapped backend (None when attached as a watcher)
@@ -423,7 +429,7 @@ def check(settings: Any) -> None:
     BlockLedger(settings.kv_block_size)
 
 
-def watch_running(engine: Any, host: Any, hook: StoreEvents) -> None:
+def watch_running(engine: "Engine", host: PrefixEventsHost, hook: StoreEvents) -> None:
     """Announce each request's prompt blocks when its first token is sampled and withdraw them
     when it finishes (an engine listener: on the engine thread, as the holders' watcher).
     Without this a router learns of a prompt only when its request ends and is kept, so the
@@ -438,11 +444,11 @@ def watch_running(engine: Any, host: Any, hook: StoreEvents) -> None:
         if isinstance(event, TokenEvent):
             if rid in seen:
                 return
-            lane = host.seq_id_of(rid)
-            if lane is None:
+            tokens = host.held_tokens(rid)
+            if tokens is None:
                 return
             seen.add(rid)
-            hook.running(rid, host.holders.lane_tokens(lane, host.kv_tokens(rid)).tolist())
+            hook.running(rid, tokens)
         elif isinstance(event, FinishEvent) and rid in seen:
             seen.discard(rid)
             hook.ended(rid)
@@ -450,21 +456,22 @@ def watch_running(engine: Any, host: Any, hook: StoreEvents) -> None:
     engine.add_listener(on_event)
 
 
-def start(settings: Any, host: Any, engine: Any = None) -> Optional[KvEventPublisher]:
-    """The publisher a server's settings ask for, watching its llama host's prefix holders
-    and, given the `engine`, its running requests (None when `kv_events_endpoint` is
-    unset)."""
+def start(settings: Any, host: ServingHost, engine: Optional["Engine"] = None
+          ) -> Optional[KvEventPublisher]:
+    """The publisher a server's settings ask for, watching its host's prefix store and, given
+    the `engine`, its running requests (None when `kv_events_endpoint` is unset). The host
+    must be a `PrefixEventsHost` with a store."""
     check(settings)
     if settings.kv_events_endpoint is None:
         return None
-    holders = host.holders
-    if holders is None:
+    if not isinstance(host, PrefixEventsHost) or host.prefix_store is None:
         raise ValueError("the host keeps no prefixes: KV events need prefix reuse")
+    store = host.prefix_store
     publisher = KvEventPublisher(settings.kv_events_endpoint,
                                  settings.kv_events_replay_endpoint)
     try:
-        hook = StoreEvents.attach(holders.store, publisher, settings.kv_block_size,
-                                  settings.kv_hash_seed, watch=holders.watch)
+        hook = StoreEvents.attach(store, publisher, settings.kv_block_size,
+                                  settings.kv_hash_seed, watch=host.watch_prefixes)
         if engine is not None:
             watch_running(engine, host, hook)
     except BaseException:

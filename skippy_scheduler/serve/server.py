@@ -43,10 +43,16 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 
-from ..selection import DEFAULT_POLICY, POLICIES, make_admission
+from ..engine.contract import MemoryComponentsHost, ServingHost, VocabularyHost
+from ..hosts.offload import CTX_FLOOR, OffloadSpec
+from ..selection import DEFAULT_IMPLEMENTATION, DEFAULT_POLICY, POLICIES, make_scheduler
+from ..types import DEFAULT_SEQUENCE_ID_LIMIT
 from . import kv_events
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .runner import EngineRunner
 
 # NOTE: asyncio accepts up to `backlog` connections per wake-up of the listening socket, and a
 # connection's protocol sees it (and can turn it away) only two loop turns later, a third turn
@@ -73,9 +79,12 @@ class ServeSettings:
     port: int = 8000
     max_active: int = 8
     max_waiting: int = 256
-    ctx_size: int = 4096
-    threads: int = 2
-    batch_size: int = 512
+    ctx_size: Optional[int] = None  # KV cells the lanes share; None: from the model (its
+    #   training context, at least 4096, capped by what fits the devices: hosts/offload.py)
+    threads: Optional[int] = None  # None: 2; with stages, the cores divided among them
+    stage_worker_args: tuple[tuple[str, ...], ...] = ()  # per local stage: its offload flags
+    batch_size: Optional[int] = None  # None: 512 on the CPU, 2048 with layers on a GPU
+    ubatch_size: Optional[int] = None  # None: the batch on the CPU, 512 with layers on a GPU
     prefill_chunk: int = 256
     mixed: bool = True
     max_consecutive_prefill: Optional[int] = 1
@@ -88,6 +97,7 @@ class ServeSettings:
     #   docs/serving.md "The prefill order")
     inflight: int = 1  # plans in flight (max_inflight_plans): 2 overlaps scheduling with decode
     policy: str = DEFAULT_POLICY  # a name of skippy_scheduler.selection.POLICIES
+    scheduler: str = DEFAULT_IMPLEMENTATION  # native (the C core) or twin (the Python twin)
     priority_preemption: bool = True  # a waiting request of higher priority takes a lane from
     #   lower-priority running ones (docs/behaviour.md §2.8a); False: priority orders admission
     prefix_cache_tokens: Optional[int] = None  # tokens the prefix store keeps for reuse (0: off;
@@ -97,8 +107,9 @@ class ServeSettings:
     #   None: one per lane, see default_reuse)
     cold_prefix_hold: bool = True  # with reuse: a request sharing a running one's cold prompt
     #   waits until that prompt is resident, then restores it (docs/behaviour.md §2.3a)
-    kv_type: str = "f32"
-    flash_attn: bool = False
+    kv_type: Optional[str] = None  # None: f32 on the CPU, f16 with layers on a GPU
+    flash_attn: Union[bool, str, None] = None  # on/off/auto; None: off on the CPU, auto on a GPU
+    offload: OffloadSpec = OffloadSpec()  # -ngl, -sm, -ts, -mg, -dev (docs/gpu.md)
     log_level: str = "info"  # uvicorn logs one line per request at info, as llama-server and vLLM do
     max_body_bytes: int = 8 << 20  # larger request bodies are a 413
     header_timeout_s: float = 10.0  # a request head must arrive within this (408, closed)
@@ -118,6 +129,7 @@ class ServeSettings:
 
 
 PLANNING_RULES = ("slack", "reference")
+MIN_LANE_TOKENS = 256  # a lane smaller than llama.cpp's KV padding serves next to nothing
 LLAMA_SEQUENCE_IDS = 256  # llama.cpp's sequence ids: lanes plus prefix holders
 
 
@@ -154,10 +166,17 @@ def resolve_settings(settings: ServeSettings) -> ServeSettings:
                          f"{s.prefill_age_max_ms!r}")
     if s.max_active < 1:
         raise ValueError(f"max_active must be at least 1, got {s.max_active}")
-    tokens, holders = default_reuse(s.max_active, s.ctx_size)  # staged serving too
+    tokens, holders = default_reuse(s.max_active, context_of(s))  # staged serving too
     return dataclasses.replace(
         s, prefix_cache_tokens=tokens if s.prefix_cache_tokens is None else s.prefix_cache_tokens,
         prefix_holders=holders if s.prefix_holders is None else s.prefix_holders)
+
+
+def context_of(s: ServeSettings) -> int:
+    """The lanes' context of settings whose context was decided (`Server` fits it to the model
+    and the devices first; a `ServeSettings` built by hand with ctx_size=None counts as the
+    floor the fit starts from)."""
+    return s.ctx_size if s.ctx_size is not None else CTX_FLOOR
 
 
 def _reuse_of(s: ServeSettings) -> tuple[int, int]:
@@ -176,10 +195,25 @@ class Server:
     def __init__(self, settings: ServeSettings) -> None:
         from ..hosts.llama import LlamaHost
 
+        self._tmp: Optional[tempfile.TemporaryDirectory[str]] = None
+        self.fitted: Any = None  # hosts.llama.fit.Resolved: where the layers went
+        resolve_settings(settings)  # the planning settings are checked before the model is read
+        try:
+            settings = self._fit(settings)
+        except BaseException:
+            if self._tmp is not None:
+                self._tmp.cleanup()
+            raise
         s = resolve_settings(settings)
-        if s.ctx_size < s.max_active:
+        ctx_size = context_of(s)
+        if ctx_size < s.max_active:
             raise ValueError(f"ctx_size ({s.ctx_size}) must give every one of the "
                              f"{s.max_active} lanes at least one KV cell")
+        if ctx_size // s.max_active < MIN_LANE_TOKENS:
+            raise ValueError(f"a context of {ctx_size} tokens over {s.max_active} lanes gives "
+                             f"each lane {ctx_size // s.max_active} tokens; a lane needs at "
+                             f"least {MIN_LANE_TOKENS} (give -c {MIN_LANE_TOKENS * s.max_active}"
+                             " or more, or fewer lanes with -np)")
         for name in ("max_body_bytes", "max_connections", "header_timeout_s", "body_timeout_s"):
             if not getattr(s, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(s, name)}")
@@ -187,8 +221,7 @@ class Server:
             raise ValueError(f"shutdown_timeout_s must be >= 0, got {s.shutdown_timeout_s}")
         kv_events.check(s)  # before the model loads
         self.settings = s
-        self._tmp: Optional[tempfile.TemporaryDirectory[str]] = None
-        self.host: Any = None
+        self.host: ServingHost  # set by _load or _load_stages (the serving seam's protocol)
         self.kv_events: Optional[kv_events.KvEventPublisher] = None
         with _signals_interrupt():
             try:
@@ -197,8 +230,9 @@ class Server:
                 else:
                     self._load(s, LlamaHost)
             except BaseException:  # an error, or a signal while loading: leave nothing behind
-                if self.host is not None:
-                    self.host.close()
+                loaded: Optional[ServingHost] = vars(self).get("host")
+                if loaded is not None:
+                    loaded.close()
                 if self._tmp is not None:
                     self._tmp.cleanup()
                 raise
@@ -207,42 +241,76 @@ class Server:
         self._thread: Optional[threading.Thread] = None
         self.url: Optional[str] = None
 
-    def _load(self, s: ServeSettings, host_class: Any) -> None:
-        model = s.model
-        if model is None:
+    def _model_file(self, s: ServeSettings) -> str:
+        """The model's path; the tiny model is written (once) to a temporary directory."""
+        if s.model is not None:
+            return s.model
+        if self._tmp is None:
             from ..hosts.tiny_model import write_tiny_llama
 
             self._tmp = tempfile.TemporaryDirectory(prefix="skippy-serve-")
-            model = write_tiny_llama(os.path.join(self._tmp.name, "tiny-llama-f32.gguf"),
-                                     seed=s.seed)
+            write_tiny_llama(os.path.join(self._tmp.name, "tiny-llama-f32.gguf"), seed=s.seed)
+        return os.path.join(self._tmp.name, "tiny-llama-f32.gguf")
+
+    def _fit(self, s: ServeSettings) -> ServeSettings:
+        """The settings left to the device decided: where the layers go, the context, the KV
+        type, flash attention and the batch (hosts/llama/fit.py; FitError and ModelFileError
+        are ValueErrors, raised before anything is loaded)."""
+        import dataclasses
+
+        if s.stages or s.stage_addresses:  # each stage worker places its own layers
+            return dataclasses.replace(
+                s, ctx_size=s.ctx_size or 4096, batch_size=s.batch_size or 512,
+                kv_type=s.kv_type or "f32",
+                flash_attn=s.flash_attn if s.flash_attn is not None else False)
+        s = dataclasses.replace(s, threads=s.threads or 2)
+        from ..hosts.llama.fit import resolve
+
+        reuse = s.prefix_cache_tokens != 0
+        holders = (s.prefix_holders if s.prefix_holders is not None
+                   else default_reuse(s.max_active, max(s.ctx_size or 0, s.max_active))[1])
+        r = resolve(self._model_file(s), s.offload, n_ctx=s.ctx_size, lanes=s.max_active,
+                    holders=holders if reuse else 0, share_ctx=True, kv_type=s.kv_type,
+                    flash_attn=s.flash_attn, n_batch=s.batch_size, n_ubatch=s.ubatch_size)
+        self.fitted = r
+        return dataclasses.replace(s, ctx_size=r.n_ctx, batch_size=r.n_batch,
+                                   ubatch_size=r.n_ubatch, kv_type=r.kv_type,
+                                   flash_attn=r.flash_attn)
+
+    def _load(self, s: ServeSettings, host_class: Callable[..., ServingHost]) -> None:
+        model = self._model_file(s)
         name = s.model_name or ("tiny-random-llama" if s.model is None
                                 else os.path.splitext(os.path.basename(model))[0])
         # With reuse every holder gets a KV stream like a lane's (each request keeps to
         # ctx_size / max_active, as without reuse).
         tokens, holders = _reuse_of(s)
         reuse = tokens > 0
-        n_ctx = s.ctx_size + (holders * (s.ctx_size // s.max_active) if reuse else 0)
+        ctx_size = context_of(s)
+        n_ctx = ctx_size + (holders * (ctx_size // s.max_active) if reuse else 0)
         self.host = host_class(model, n_ctx=n_ctx, n_seq_max=s.max_active, n_threads=s.threads,
-                               n_batch=s.batch_size, kv_type=s.kv_type, flash_attn=s.flash_attn,
+                               n_batch=s.batch_size, n_ubatch=s.ubatch_size,
+                               kv_type=s.kv_type, flash_attn=s.flash_attn,
                                prefix_cache_tokens=s.prefix_cache_tokens,
-                               prefix_holders=s.prefix_holders)
+                               prefix_holders=s.prefix_holders,
+                               placement=self.fitted.placement if self.fitted else None)
         self._build(s, name, reuse)
 
     def _load_stages(self, s: ServeSettings) -> None:
         """A model split across stage workers (docs/stages.md "Serving")."""
         from ..stages.serving import StageMetrics, StagedEngineRunner, open_stage_host
 
-        self.host = open_stage_host(s)
+        host = self.host = open_stage_host(s)
         name = s.model_name or (os.path.splitext(os.path.basename(s.model))[0] if s.model
-                                else self.host.stages[0].source_name)
-        self._build(s, name, _reuse_of(s)[0] > 0, StagedEngineRunner,
-                    disjoint=s.inflight > 1, components=self.host.memory_components)
-        self.context.metrics.registry.register(StageMetrics(self.runner))
+                                else host.stages[0].source_name)
+        self._build(s, name, _reuse_of(s)[0] > 0, StagedEngineRunner, disjoint=s.inflight > 1)
+        runner = self.runner
+        assert isinstance(runner, StagedEngineRunner)
+        self.context.metrics.registry.register(StageMetrics(runner))
 
     def _build(self, s: ServeSettings, name: str, reuse: bool,
-               runner_class: Optional[type] = None, disjoint: bool = False,
-               components: Optional[list[Any]] = None) -> None:
-        from .. import PlanningRule, Scheduler, SchedulerConfig
+               runner_class: "Optional[type[EngineRunner]]" = None,
+               disjoint: bool = False) -> None:
+        from .. import PlanningRule, SchedulerConfig
         from ..engine.contract import PromptKeepingHost
         from .access import AccessSettings
         from .app import Limits, ServeContext, create_app
@@ -251,36 +319,46 @@ class Server:
         from .runner import EngineRunner
         from .text import token_pieces
 
+        host = self.host
+        # The host's memory pools (a staged model's KV per stage), if it reports any.
+        components = host.memory_components if isinstance(host, MemoryComponentsHost) else []
+        # With reuse the holders' sequence ids are the scheduler's reserved ids.
+        ids = host.sequence_id_settings if reuse else {}
         # Waiting room for a whole burst: see "Capacity" in the module docstring.
         config = SchedulerConfig(
             max_active_sequences=s.max_active, max_waiting_sequences=s.max_waiting + s.max_active,
             # The batch the context got (llama.cpp caps it at the context size), not the one
             # asked for: a plan above it would abort the process inside llama_decode.
-            max_tokens_per_iteration=self.host.n_batch,
-            prefill_chunk_tokens=min(s.prefill_chunk, self.host.n_batch),
+            max_tokens_per_iteration=host.n_batch,
+            prefill_chunk_tokens=min(s.prefill_chunk, host.n_batch),
             mixed_prefill_decode=s.mixed,
             max_consecutive_prefill_iterations=s.max_consecutive_prefill,
             max_inflight_plans=s.inflight, disjoint_inflight_plans=disjoint,
             planning_rule=PlanningRule.SLACK if s.planning_rule == "slack"
             else PlanningRule.REFERENCE, itl_target=s.itl_target_ms / 1e3,
             slack_prefill_age_max=s.prefill_age_max_ms / 1e3,
-            memory_components=list(components or ()),
+            memory_components=list(components),
             priority_preemption=s.priority_preemption,
             cold_prefix_hold_tokens=(COLD_PREFIX_HOLD_TOKENS if s.cold_prefix_hold and reuse
-                                     and isinstance(self.host, PromptKeepingHost) else 0),
-            **(self.host.sequence_id_settings if reuse else {"reserved_sequence_ids": 0}))
-        self.scheduler = Scheduler(config, admission=make_admission(s.policy))
-        self.runner = (runner_class or EngineRunner)(self.scheduler, self.host)
+                                     and isinstance(host, PromptKeepingHost) else 0),
+            sequence_id_limit=ids.get("sequence_id_limit", DEFAULT_SEQUENCE_ID_LIMIT),
+            reserved_sequence_ids=ids.get("reserved_sequence_ids", 0))
+        self.scheduler = make_scheduler(config, policy=s.policy, implementation=s.scheduler)
+        self.runner = (runner_class or EngineRunner)(self.scheduler, host)
         self.context = ServeContext(
-            runner=self.runner, host=self.host, model_name=name, model_aliases=s.model_aliases,
-            pieces=token_pieces(self.host.n_vocab, self.host.token_bytes),
-            n_ctx_seq=(s.ctx_size // s.max_active if reuse
-                       else min(self.host.n_ctx_seq, self.host.n_ctx)),
+            runner=self.runner, host=host, model_name=name, model_aliases=s.model_aliases,
+            pieces=token_pieces(host.n_vocab, host.token_bytes),
+            n_ctx_seq=(context_of(s) // s.max_active if reuse
+                       else min(host.n_ctx_seq, host.n_ctx)),
             memory_components=list(config.memory_components),
             limits=Limits(capacity=s.max_active + s.max_waiting, max_body_bytes=s.max_body_bytes,
                           body_timeout_s=s.body_timeout_s,
-                          max_piece_bytes=max_piece_bytes(self.host)),
+                          max_piece_bytes=max_piece_bytes(host)),
             strict_request_fields=s.strict_request_fields)
+        if self.fitted is not None:
+            from .metrics import DeviceMemory
+
+            self.context.metrics.registry.register(DeviceMemory(self.fitted.placement))
         hosts = s.allowed_hosts
         if hosts is None:
             hosts = default_allowed_hosts(s.host)
@@ -291,7 +369,7 @@ class Server:
             api_key=s.api_key, open_paths=s.open_paths, allowed_origins=s.allowed_origins))
         vllm_compat.install(self.app, self.context)
         # last: nothing after it can fail
-        self.kv_events = kv_events.start(s, self.host, self.runner.engine)
+        self.kv_events = kv_events.start(s, host, self.runner.engine)
 
     # -- running ------------------------------------------------------------------------------
 
@@ -392,7 +470,7 @@ class Server:
                     self._tmp = None
 
 
-def max_piece_bytes(host: Any) -> int:
+def max_piece_bytes(host: VocabularyHost) -> int:
     """The most bytes of text one token can stand for (control tokens by their text), at least
     8: a prompt longer than this many bytes per token of context can never fit."""
     longest = max((len(host.token_bytes(t, special=True)) for t in range(host.n_vocab)),

@@ -9,7 +9,9 @@ naming the deepest part of it that fails on its own (`response_format.json_schem
 properties.when`, say), with the converter's complaint; remote `$ref`s are not fetched.
 
 The grammar is checked once more by the host's grammar sampler before the request is queued
-(`LlamaHost.check_grammar`), so nothing the sampler cannot parse reaches a sampler chain.
+(a `GrammarCheckingHost`'s `check_grammar`, such as `LlamaHost`'s), so nothing the sampler cannot
+parse reaches a sampler chain; a host without the check judges the request in its
+`prepare_sequence`. The converter is imported when a request first asks for a grammar.
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -34,6 +34,9 @@ from starlette.responses import Response
 from .body import decode_json, read_body
 from .errors import RequestError
 from .protocol import GenerationRequest, parse_chat, parse_completion
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .app import ServeContext
 
 __all__ = ["install", "sampling_params"]
 
@@ -46,7 +49,7 @@ def _json(obj: Any) -> Response:
     return Response(_dumps(obj), media_type="application/json")
 
 
-def _reader(ctx: Any) -> Any:
+def _reader(ctx: "ServeContext") -> Any:
     """Bodies read as the server's own routes read them: within its size and time limits,
     decoded on a worker thread with its checks (depth, lone surrogates)."""
 
@@ -82,7 +85,7 @@ def sampling_params(gen: GenerationRequest) -> dict[str, Any]:
 class _VllmCollector:
     """The engine's figures under vLLM's metric names."""
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: "ServeContext") -> None:
         self._ctx = ctx
 
     def collect(self):  # type: ignore[no-untyped-def]
@@ -114,7 +117,7 @@ class _VllmCollector:
         yield counter("vllm:num_preemptions", "Preemptions.", s.preemptions)
 
 
-def install(app: FastAPI, ctx: Any) -> None:
+def install(app: FastAPI, ctx: "ServeContext") -> None:
     """Add the routes and metrics above to the server's `app` (whose context is `ctx`)."""
     ctx.metrics.registry.register(_VllmCollector(ctx))
     _body = _reader(ctx)

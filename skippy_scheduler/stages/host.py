@@ -30,6 +30,7 @@ from collections import defaultdict, deque
 from typing import Any, Optional, Sequence as _Seq
 
 from ..engine.contract import HostState
+from ..hosts.llama.holders import Watcher
 from ..hosts.llama.samplers import Samplers
 from ..sampling import SamplingParams
 from ..types import ReleaseReason
@@ -414,6 +415,21 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
     def holders(self) -> Optional[PrefixHolders]:
         """The prefix holders every stage keeps (None without reuse)."""
         return self._holders
+
+    def watch_prefixes(self, watcher: Watcher) -> None:
+        """Call `watcher("inserted" | "evicted", entry)` after every change of the prefix
+        store's residency (the serving seam's `PrefixEventsHost`; nothing without reuse)."""
+        if self._holders is not None:
+            self._holders.watch(watcher)
+
+    def held_tokens(self, sequence_id: str) -> Optional[list[int]]:
+        """The tokens the stages hold for running `sequence_id` once the plans sent have run,
+        position 0 first; None when it holds no lane, or without reuse."""
+        lane = self._slot.get(sequence_id)
+        if lane is None or self._holders is None:
+            return None
+        tokens: list[int] = self._holders.lane_tokens(lane, self._next_pos[lane]).tolist()
+        return tokens
 
     def prepare_sequence(self, sequence: Any) -> Any:
         """Refuse at submit, before anything is queued, sampling the stages cannot do: a bias

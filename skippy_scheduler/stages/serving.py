@@ -39,6 +39,7 @@ def stage_context_cells(ctx_size: int, prefix_cache_tokens: int) -> int:
 
 def open_stage_host(settings: Any) -> StageHost:
     """The stage host of a server's settings (`stages` or `stage_addresses`)."""
+    from ..serve.server import context_of
     from .holders import check_stage_capacities
     from .split import file_identity, stage_paths
 
@@ -46,11 +47,11 @@ def open_stage_host(settings: Any) -> StageHost:
     if s.stages and s.stage_addresses:
         raise ValueError("give stages or stage_addresses, not both")
     host_args: dict[str, Any] = dict(
-        n_ctx=stage_context_cells(s.ctx_size, s.prefix_cache_tokens), n_seq_max=s.max_active,
+        n_ctx=stage_context_cells(context_of(s), s.prefix_cache_tokens), n_seq_max=s.max_active,
         # A stage keeping fewer prefixes gets only the cells its own capacity needs.
-        stage_n_ctx=[stage_context_cells(s.ctx_size, c) for c in s.stage_prefix_cache_tokens]
+        stage_n_ctx=[stage_context_cells(context_of(s), c) for c in s.stage_prefix_cache_tokens]
         or None,
-        n_batch=s.batch_size, n_threads=s.threads or 2, kv_type=s.kv_type,
+        n_batch=s.batch_size or 512, n_threads=s.threads or 2, kv_type=s.kv_type or "f32",
         flash_attn=s.flash_attn in (True, "on"),
         prefix_cache_tokens=s.prefix_cache_tokens, prefix_holders=s.prefix_holders,
         pipeline_depth=s.inflight,

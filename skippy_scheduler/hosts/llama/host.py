@@ -38,7 +38,7 @@ import llama_cpp as _ll
 from ...engine.contract import HostState, Plan
 from ...prefix_store import PrefixStore
 from ...sampling import SampleDetail
-from ...types import ReleaseReason
+from ...types import MemoryComponent, ReleaseReason
 from ..offload import Placement
 from .backend import (FLASH_ATTN_NAMES, KV_TYPES, check_int, create_context, flash_attn_type,
                       init_backend, load_model, recent_log)
@@ -175,6 +175,27 @@ class LlamaHost(DirectRows, RowDecoding):
     def prefix_store(self) -> PrefixStore | None:
         """The store of resident prefixes (None: reuse off); the engine attaches it."""
         return self.holders.store if self.holders is not None else None
+
+    @property
+    def memory_components(self) -> list[MemoryComponent]:
+        """One KV memory component per device that holds KV cells (`kv-CUDA0`, `kv-CPU`),
+        sized from the bytes the placement put there (hosts/offload.py), so admission reserves
+        in the device's memory. The holders' streams are resident; what is left is the lanes'
+        cells, which a request's lane bounds already, so the components never refuse what a
+        lane would take. Empty when the host was built without a placement."""
+        p = self.placement
+        if p is None or not p.kv or not p.kv_cells:
+            return []
+        streams = self.n_seq_max + self.prefix_holders
+        out = []
+        for device, size in p.kv.items():
+            per_token = size // p.kv_cells
+            held = 0 if self.settings["kv_unified"] else \
+                self.prefix_holders * (p.kv_cells // streams)
+            out.append(MemoryComponent(f"kv-{device}", capacity_bytes=per_token * p.kv_cells,
+                                       resident_bytes=held * per_token,
+                                       bytes_per_token=per_token, bytes_per_sequence=0))
+        return out
 
     @property
     def kept_prefixes(self) -> int:
