@@ -1,8 +1,8 @@
 """What the API's output fields cost on a running server: `n` choices sharing one prefill, and
 log-probabilities per token.
 
-    python bench/serve_load.py write-model /work/bench-58m.gguf
-    skippy-scheduler serve -m /work/bench-58m.gguf -np 8 -c 16384 --port 8000 &
+    python bench/serve_load.py write-model bench-58m.gguf
+    skippy-scheduler serve -m bench-58m.gguf -np 8 -c 16384 --port 8000 &
     python bench/api_outputs.py --url http://127.0.0.1:8000 --json api_outputs.json
 
 Two comparisons, each over `--rounds` rounds run one after the other (nothing else should load
@@ -140,7 +140,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--url", default="http://127.0.0.1:8000")
     p.add_argument("--n", type=int, default=4, help="choices per request (default 4)")
     p.add_argument("--prompt-tokens", type=int, default=1024)

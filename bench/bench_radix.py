@@ -89,7 +89,7 @@ def timed(fn, arg, repeat: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     ap.add_argument("--entries", type=int, default=1000)
     ap.add_argument("--prompt", type=int, default=4096)
     ap.add_argument("--repeat", type=int, default=5000)

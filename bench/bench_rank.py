@@ -65,7 +65,7 @@ def summary(samples: list[float]) -> tuple[float, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
     args = ap.parse_args()
     turn, aging = 12, 4096

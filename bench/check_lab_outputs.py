@@ -24,6 +24,10 @@ from typing import Callable, Optional
 
 MOONCAKE = "mooncake-fast25-conversation_trace.jsonl"
 AZURE = "AzureLLMInferenceTrace_conv.csv"
+# Where the tests look for the public traces (tests/support/lab_support.py).
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_TRACES = (os.environ.get("SKIPPY_TRACES_DIR")
+                  or os.path.join(os.path.dirname(REPO), "shared", "traces"))
 
 # name -> (lab arguments, {output file: stdout or a file the command writes})
 # "{trace}" is replaced with the traces folder.
@@ -114,11 +118,13 @@ def first_difference(a: str, b: str) -> Optional[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("baseline", help="folder of baseline outputs")
     parser.add_argument("--write", action="store_true", help="write the baseline instead")
-    parser.add_argument("--traces", default="/work/shared/traces",
-                        help="folder holding the Mooncake and Azure trace files")
+    parser.add_argument("--traces", default=DEFAULT_TRACES,
+                        help="folder holding the Mooncake and Azure trace files (default: "
+                             "$SKIPPY_TRACES_DIR, else shared/traces beside the repository, "
+                             "as the tests look them up)")
     parser.add_argument("--only", action="append", choices=sorted(RUNS),
                         help="run only these outputs (repeatable)")
     args = parser.parse_args(argv)

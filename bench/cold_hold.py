@@ -91,7 +91,7 @@ def run_way(host: LlamaHost, prompts: list[list[int]], hold: int, max_tokens: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--model", help="a GGUF (default: a tiny random model)")
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--prompt-tokens", type=int, default=512)

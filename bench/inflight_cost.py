@@ -41,7 +41,7 @@ def stepper(n: int, depth: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--sizes", default="256,1024")
     ap.add_argument("--steps", type=int, default=4000)
     args = ap.parse_args(argv)

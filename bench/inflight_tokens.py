@@ -47,7 +47,7 @@ def run_once(model: str, depth: int, prompts: str, out: str, threads: int, max_a
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--model", default=os.path.join(tempfile.gettempdir(), "skippy-29m-f32.gguf"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)

@@ -14,7 +14,7 @@ from skippy_scheduler.lab.workload import WorkloadSpec, generate
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rate", type=float, default=WorkloadSpec.rate)

@@ -39,7 +39,7 @@ SHAPE_STEPS = (1, 4, 8, 12) + CHUNKS + (1, 1, 1, 1, 1)  # calls that advance dec
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--model", required=True, help="GGUF file")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lanes", type=int, default=16, help="sequences (serve's --max-active)")

@@ -61,7 +61,7 @@ def run_once(model: str, prompts: str, out: str, extra: list[str], args) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--model", default=os.path.join(tempfile.gettempdir(), "skippy-29m-f32.gguf"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=1, help="runs of each way (medians shown)")

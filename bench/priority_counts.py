@@ -1,7 +1,7 @@
 """Where preemption for priority spends work: counts, not times, on one schedule.
 
     python bench/priority_counts.py                      # the tiny model (seconds)
-    python bench/priority_counts.py --model /work/bench-58m.gguf --json counts.jsonl
+    python bench/priority_counts.py --model bench-58m.gguf --json counts.jsonl
 
 In process, on one `LlamaHost` configured as `skippy-scheduler serve` configures it (lanes,
 a KV stream of `--lane-cells` per lane and per holder, the serve defaults for chunking and
@@ -178,7 +178,7 @@ def run_mode(args, model: str, preemption: bool, reuse: bool) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--model", default=None, help="GGUF (default: the tiny random model)")
     ap.add_argument("--lanes", type=int, default=8)
     ap.add_argument("--lane-cells", type=int, default=1024)

@@ -1,9 +1,9 @@
 """Priority under load: a saturating low-priority background plus a trickle of urgent requests.
 
-    python bench/serve_load.py write-model /work/bench-58m.gguf
-    python bench/priority_load.py compare --model /work/bench-58m.gguf --json priority.jsonl
+    python bench/serve_load.py write-model bench-58m.gguf
+    python bench/priority_load.py compare --model bench-58m.gguf --json priority.jsonl
     python bench/priority_load.py run --url http://127.0.0.1:8000 --label mine
-    python bench/priority_load.py resume-cost --model /work/bench-58m.gguf
+    python bench/priority_load.py resume-cost --model bench-58m.gguf
 
 `run` drives one server: `--background` closed-loop clients (each sends its next streaming
 request when the previous one ends; more clients than the server has lanes, so its queue never
@@ -41,7 +41,7 @@ without them).
 the default 8 lanes of 1 024 tokens that is the same 8 x 1 024-token store, so the two
 admission-order runs then repeat one configuration), and with `--no-priority-preemption` and the
 same prefix store given by hand (so the store's own cost is on both sides), runs `run` against each, and, when
-`--llama-server PATH` is given (or /work/llama-server/bin/llama-server exists), against
+llama-server is found (`--llama-server PATH`, else `$LLAMA_SERVER`, else on PATH), against
 llama-server with the same lanes and context, and the kernels and options of BENCHMARKS.md's
 "Serving against llama-server" (f32 KV, flash attention off, a KV stream per slot). One JSON
 line per server, then the ratios of the preempting server over each other one.
@@ -58,6 +58,7 @@ import asyncio
 import itertools
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -70,7 +71,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fleet import free_port, stop, wait_ready  # noqa: E402
 from serve_load import Result, emit, make_prompts, one, percentile  # noqa: E402
 
-LLAMA_SERVER = "/work/llama-server/bin/llama-server"
+
+def find_llama_server(given: str | None) -> str | None:
+    """--llama-server PATH, else $LLAMA_SERVER, else llama-server on PATH (None: none found)."""
+    if given:
+        return given
+    for candidate in (os.environ.get("LLAMA_SERVER"), "llama-server"):
+        if candidate and (found := shutil.which(candidate)):
+            return found
+    return None
 
 
 def _request_args(args, max_tokens: int, priority: int | None) -> argparse.Namespace:
@@ -253,7 +262,7 @@ def compare(args) -> list[dict]:
     runs = [("skippy-preempt", skippy_cmd(args, True, True), {}),
             ("skippy-admission-order", skippy_cmd(args, False, False), {}),
             ("skippy-admission-order-reuse", skippy_cmd(args, False, True), {})]
-    server = args.llama_server or (LLAMA_SERVER if os.path.exists(LLAMA_SERVER) else None)
+    server = find_llama_server(args.llama_server)
     if server:
         runs.append(("llama-server", llama_server_cmd(args, server),
                      {"priority_field": "none", "token_ids": False}))
@@ -372,7 +381,7 @@ class _TimedResume:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     def load_options(p) -> None:
@@ -399,23 +408,26 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--no-warmup", dest="warmup", action="store_false")
         p.add_argument("--json", help="append each result as one JSON line to this file")
 
-    r = sub.add_parser("run", help="run the load against a server")
+    r = sub.add_parser("run", help="run the load against a server", allow_abbrev=False)
     r.add_argument("--url", required=True)
     r.add_argument("--label", default="")
     r.add_argument("--model-name", default=None, help="model field sent (default: none)")
     load_options(r)
     c = sub.add_parser("compare", help="this server with and without preemption "
-                                       "(and llama-server)")
+                                       "(and llama-server)", allow_abbrev=False)
     c.add_argument("--model", required=True)
     c.add_argument("--lanes", type=int, default=8)
     c.add_argument("--ctx-size", type=int, default=8 * 1024)
     c.add_argument("--threads", type=int, default=2)
     c.add_argument("--prefix-cache-tokens", type=int, default=8 * 1024)
     c.add_argument("--prefix-holders", type=int, default=8)
-    c.add_argument("--llama-server", default=None, metavar="PATH")
+    c.add_argument("--llama-server", default=None, metavar="PATH",
+                   help="llama-server binary (default: $LLAMA_SERVER, else llama-server on "
+                        "PATH; without one, llama-server is not run)")
     c.add_argument("--start-timeout", type=float, default=120)
     load_options(c)
-    rc = sub.add_parser("resume-cost", help="restore vs recompute of one resume, in process")
+    rc = sub.add_parser("resume-cost", help="restore vs recompute of one resume, in process",
+                        allow_abbrev=False)
     rc.add_argument("--model", required=True)
     rc.add_argument("--prompt-tokens", type=int, default=256)
     rc.add_argument("--generated", type=int, default=128)

@@ -209,7 +209,7 @@ def run_store(w: int, arrivals: int) -> dict[str, dict[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-twin", action="store_true")
     ap.add_argument("--no-store", action="store_true", help="skip the prefix-store rows")

@@ -205,12 +205,12 @@ def write_model(path: str, seed: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    w = sub.add_parser("write-model", help="write the bench model")
+    w = sub.add_parser("write-model", help="write the bench model", allow_abbrev=False)
     w.add_argument("path")
     w.add_argument("--seed", type=int, default=0)
-    r = sub.add_parser("run", help="run the load against a server")
+    r = sub.add_parser("run", help="run the load against a server", allow_abbrev=False)
     r.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     r.add_argument("--label", default="", help="name of the server in the output")
     r.add_argument("--model", default=None,

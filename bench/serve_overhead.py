@@ -213,7 +213,7 @@ def _serve(argv: list[str]) -> int:
     from instant_host import InstantHost, build_server, serve
     from skippy_scheduler.serve import ServeSettings
 
-    ap = argparse.ArgumentParser(prog="serve_overhead.py serve")
+    ap = argparse.ArgumentParser(prog="serve_overhead.py serve", allow_abbrev=False)
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--max-active", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=ServeSettings.batch_size)
@@ -260,7 +260,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:
         return _serve(argv[1:])
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--clients", type=int, default=1, help="client processes")
     ap.add_argument("--requests", type=int, default=640)

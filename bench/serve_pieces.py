@@ -125,7 +125,7 @@ def measure(number: int, repeat: int, rows: int) -> dict[str, Any]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--number", type=int, default=20000, help="calls per round")
     ap.add_argument("--repeat", type=int, default=5, help="rounds (the best is reported)")
     ap.add_argument("--rows", type=int, default=64, help="requests in a step")

@@ -1,10 +1,13 @@
 """This server with its defaults against llama-server, in alternating rounds (BENCHMARKS.md
 "Serving against llama-server").
 
-    python bench/serve_rounds.py --model /work/bench-58m.gguf \\
-        --llama-server /work/llama-server/bin/llama-server --rounds 3 \\
-        --trace /work/shared/traces/mooncake-fast25-conversation_trace.jsonl \\
+    python bench/serve_rounds.py --model bench-58m.gguf --rounds 3 \\
+        --trace $TRACES/mooncake-fast25-conversation_trace.jsonl \\
         --json rounds.jsonl --markdown rounds-table.txt
+
+(`bench-58m.gguf` from `python bench/serve_load.py write-model bench-58m.gguf`; llama-server
+from `--llama-server PATH`, else `$LLAMA_SERVER`, else PATH; `$TRACES` the folder holding the
+public Mooncake trace.)
 
 Each round runs this server (`skippy-scheduler serve` with no tuning flags: only the model,
 lanes, context and threads both servers share) and then llama-server (`-ctk f32 -ctv f32 -fa
@@ -45,7 +48,7 @@ from typing import Any, Optional
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import serve_load  # noqa: E402
 import trace_load  # noqa: E402
-from priority_load import LLAMA_SERVER, Served  # noqa: E402
+from priority_load import Served, find_llama_server  # noqa: E402
 
 OURS, THEIRS = "skippy-scheduler", "llama-server"
 CLOSED = (("output_tokens_per_s", "tok/s", True), ("ttft_p99_s", "p99 TTFT s", False),
@@ -201,11 +204,11 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--model", required=True, help="GGUF both servers load")
     ap.add_argument("--llama-server", default=None, metavar="PATH",
-                    help=f"llama-server binary (default: {LLAMA_SERVER} if it exists; without "
-                         "one, only this server runs)")
+                    help="llama-server binary (default: $LLAMA_SERVER, else llama-server on "
+                         "PATH; without one, only this server runs)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
                     default=[1, 4, 16], metavar="C,...")
@@ -251,9 +254,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.requests < 1 or min(args.concurrency) < 1:
         ap.error("--rounds, --requests and every --concurrency must be >= 1")
-    theirs = args.llama_server or (LLAMA_SERVER if os.path.exists(LLAMA_SERVER) else None)
+    theirs = find_llama_server(args.llama_server)
     if args.servers == "theirs" and not theirs:
-        ap.error("--servers theirs needs --llama-server")
+        ap.error("--servers theirs needs llama-server: --llama-server PATH, $LLAMA_SERVER or "
+                 "llama-server on PATH")
     if args.also_ttft_slo_s is not None and not (math.isfinite(args.also_ttft_slo_s)
                                                  and args.also_ttft_slo_s > 0):
         ap.error(f"--also-ttft-slo-s must be a finite number > 0, got {args.also_ttft_slo_s}")

@@ -85,7 +85,7 @@ def per_step(kind: str, rule: str, n: int, k: int, position_us: float = 0.0) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--sizes", default="256,1024")
     ap.add_argument("--steps", type=int, default=500, help="k: measured steps of the short run")
     ap.add_argument("--workloads", default="decode,mixed")

@@ -55,7 +55,7 @@ class SoakHost:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--iterations", type=int, default=1_000_000)
     ap.add_argument("--warmup", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=7)

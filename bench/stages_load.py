@@ -1,8 +1,8 @@
 """Staged serving under load: the medium model split into P = 1, 2, 3 local stage processes
 behind `skippy-scheduler serve`, the transport's cost per plan, and the closed form.
 
-    python bench/serve_load.py write-model /work/bench-58m.gguf
-    python bench/stages_load.py --model /work/bench-58m.gguf --json stages.json --markdown
+    python bench/serve_load.py write-model bench-58m.gguf
+    python bench/stages_load.py --model bench-58m.gguf --json stages.json --markdown
     python bench/stages_load.py --model bench-58m.gguf --parts rpc --json stages.json \
         --rpc-server BUILD/bin/ggml-rpc-server --rpc-llama-server BUILD/bin/llama-server
 
@@ -276,7 +276,7 @@ def _ints(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--model", help="the GGUF to split (bench/serve_load.py write-model)")
     ap.add_argument("--parts", default=None,
                     help="comma-separated: load, transport (the closed form follows from both), "

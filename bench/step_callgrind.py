@@ -83,7 +83,7 @@ def per_step(python: str, side: str, n: int, k: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--sizes", default="256,1024")
     ap.add_argument("--steps", type=int, default=1000, help="k: measured steps of the short run")
     ap.add_argument("--sides", default="engine,bare")

@@ -1,7 +1,9 @@
 """The most requests of a trace slice any server could bring within a TTFT bound on this CPU.
 
-    python bench/trace_bound.py --trace ../shared/traces/mooncake-fast25-conversation_trace.jsonl \\
+    python bench/trace_bound.py --trace $TRACES/mooncake-fast25-conversation_trace.jsonl \\
         --max-requests 200 --time-scale 1.5 --model bench-58m.gguf --ttft 2,3,4,5
+
+(`$TRACES`: the folder holding the public Mooncake conversation trace, docs/measuring.md.)
 
 The slice and its scaled lengths are `trace_load.py`'s (the same options, so the requests are
 the ones the replay sends). A request can only get its first token after its unshared prompt

@@ -1,9 +1,10 @@
 """Open-loop trace load for OpenAI-compatible completion servers (this one, llama-server, vLLM).
 
     python bench/trace_load.py --url http://127.0.0.1:8301 \\
-        --trace ../shared/traces/mooncake-fast25-conversation_trace.jsonl \\
+        --trace $TRACES/mooncake-fast25-conversation_trace.jsonl \\
         --start-s 600 --time-scale 4 --max-requests 200 --json trace.jsonl
 
+(`$TRACES`: the folder holding the public Mooncake conversation trace, docs/measuring.md.)
 Requests arrive when the trace says, whether or not earlier ones have finished (open loop):
 the trace is read with the package's importer (`skippy_scheduler.lab.traces`), the rows from
 `--start-s` seconds into the trace (for `--duration-s`, at most `--max-requests`) are replayed
@@ -274,7 +275,7 @@ def request_rows(outcomes: list[Outcome], args: argparse.Namespace) -> list[dict
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     ap.add_argument("--trace", required=True, help="a trace file (Mooncake JSONL, Azure CSV)")
     ap.add_argument("--label", default="", help="name of the server in the output")

@@ -18,9 +18,12 @@ import sys
 from .._version import __version__
 from ._common import USAGE_ERROR, CommandError, Parser
 from .interrupt import Interrupted, interruptible
+from .vocabulary import unrecognized
 
+# Module names; a module registers its subcommand under its own name (write_tiny_model:
+# write-tiny-model).
 SUBCOMMANDS: tuple[str, ...] = ("lab", "run", "serve", "calibrate", "bench", "config", "split",
-                                 "stage")
+                                 "stage", "write_tiny_model")
 
 __all__ = ["CommandError", "Interrupted", "build_parser", "main"]
 
@@ -47,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else USAGE_ERROR
     command = parser.commands[args.command]
     if extras:
-        return command.fail(f"unrecognized arguments: {' '.join(extras)}")
+        return command.fail(unrecognized(extras))
     try:
         if getattr(args, "own_signals", False):
             return int(args.func(args) or 0)

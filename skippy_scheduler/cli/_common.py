@@ -13,7 +13,7 @@ import os
 import sys
 import tempfile
 from types import ModuleType
-from typing import Callable, Iterator, NoReturn, TypeVar
+from typing import Any, Callable, Iterator, NoReturn, TypeVar
 
 from .vocabulary import add_flag
 
@@ -32,10 +32,25 @@ def _one_line(message: str) -> str:
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are the usage line plus one `prog: error: ...` line."""
+    """An ArgumentParser whose errors are the usage line plus one `prog: error: ...` line, and
+    which reads an option only as it is spelled in full, as llama.cpp does: no prefixes
+    (`--max-tokens` is not `--max-tokens-per-iteration`, `-n` is not `-np`) and no value glued
+    to a short option (`-ctk` is not `-c tk`)."""
 
     # The top-level parser's subcommand parsers, by name (set by build_parser).
     commands: dict[str, "Parser"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def _get_option_tuples(self, option_string: str) -> list[Any]:
+        # argparse's guesses at what a string that is no option meant. allow_abbrev=False
+        # stops them for `--` options only (Python < 3.12 still matches `-n` to `-np`), and no
+        # version stops `-ctk` meaning `-c tk`: an unknown string stays unknown here.
+        if not self.allow_abbrev:
+            return []
+        return super()._get_option_tuples(option_string)
 
     def fail(self, message: str) -> int:
         """Print a user error the way argparse does (usage, then the message); return 2."""
@@ -217,21 +232,80 @@ def check_gguf(option: str, path: str) -> None:
                            f"(it does not start with the GGUF magic)")
 
 
+def check_model_file(option: str, path: str) -> None:
+    """Refuse a GGUF file that is not a whole model (truncated, damaged) with one line: its
+    header and its tensors' extent are read, no weights (needs gguf; without it llama.cpp's own
+    load says what is wrong)."""
+    check_gguf(option, path)
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        return
+    from ..hosts.offload import ModelFileError, footprint_from_gguf
+
+    try:
+        footprint_from_gguf(path)
+    except ModelFileError as exc:
+        raise CommandError(f"{option}: {exc}") from None
+
+
 # -- the llama.cpp model (run, calibrate) ---------------------------------------------------
 
 
-def add_model_options(p: argparse.ArgumentParser, *, threads: int = DEFAULT_THREADS,
-                      threads_note: str | None = None) -> None:
-    """The llama.cpp model options every model command takes (run, serve, calibrate)."""
+def add_model_options(p: argparse.ArgumentParser, *, threads: int | None = DEFAULT_THREADS,
+                      threads_note: str | None = None, stages: bool = False) -> None:
+    """The llama.cpp model options every model command takes (run, serve, calibrate).
+    `stages`: the command also runs local stage workers, whose threads default to the cores
+    divided among them (`threads` is then None: `model_threads` resolves it)."""
     add_flag(p, "model", default_text="a tiny random-weight model written to a temporary "
                                       "directory")
     add_flag(p, "seed", type=int, default=0, note="it draws the tiny default model's weights")
-    add_flag(p, "threads", type=positive_int, default=threads, note=threads_note)
-    p.add_argument("--kv-type", choices=("f32", "f16"), default="f32",
-                   help="KV cache type; f32 keeps batched and alone runs identical (default: f32)")
-    p.add_argument("--flash-attn", action="store_true",
-                   help="enable flash attention (faster, gives up batch-invariant tokens; "
-                        "default: off)")
+    if stages:
+        add_flag(p, "threads", type=positive_int, default=None,
+                 default_text=f"{DEFAULT_THREADS}; with --stages, each local stage worker gets "
+                              "the cores divided among the stages", note=threads_note)
+    else:
+        add_flag(p, "threads", type=positive_int, default=threads, note=threads_note)
+    if stages:
+        p.add_argument("--stage-devices", type=_device_list, default=(), metavar="DEV,DEV,...",
+                       help="with --stages: the device of each local stage worker, stage 0 "
+                            "first, e.g. CUDA0,CUDA1 (each worker gets -dev DEV; default: the "
+                            "offload flags as given, for every stage)")
+    p.add_argument("--kv-type", choices=("f32", "f16"), default=None,
+                   help="KV cache type; f32 keeps batched and alone runs identical (default: "
+                        "f32 on the CPU, f16 with layers on a GPU)")
+    p.add_argument("-fa", "--flash-attn", nargs="?", const="on", choices=("on", "off", "auto"),
+                   default=None,
+                   help="flash attention: faster, gives up batch-invariant tokens; the flag "
+                        "alone means on (default: off on the CPU, auto with layers on a GPU)")
+    from .offload import add_offload_options
+
+    add_offload_options(p)
+
+
+def _device_list(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("expected device names such as CUDA0,CUDA1")
+    return names
+
+
+def stage_worker_args(args: argparse.Namespace, stages: int) -> list[list[str]]:
+    """The offload flags of each local stage worker: the command's own, with
+    `--stage-devices` giving each its device."""
+    from .offload import offload_argv
+
+    base = offload_argv(args)
+    devices = tuple(getattr(args, "stage_devices", ()) or ())
+    if devices and len(devices) != stages:
+        raise CommandError(f"--stage-devices names {len(devices)} device(s) for {stages} "
+                           "stages")
+    if not devices:
+        return [base] * stages
+    if "-dev" in base:
+        i = base.index("-dev")
+        base = base[:i] + base[i + 2:]
+    return [base + ["-dev", d] for d in devices]
 
 
 def import_llama_host() -> ModuleType:
@@ -241,7 +315,7 @@ def import_llama_host() -> ModuleType:
     except ImportError as exc:
         raise CommandError(
             f"llama.cpp is not available ({exc}); "
-            "install it with: pip install 'skippy-scheduler[llama]'") from None
+            "install it from the checkout with: pip install '.[llama]'") from None
     return llama
 
 
@@ -255,7 +329,7 @@ def check_model(args: argparse.Namespace) -> None:
     except ImportError as exc:
         raise CommandError(
             f"the default tiny model needs the gguf package ({exc}); pass --model or "
-            "install it with: pip install 'skippy-scheduler[llama]'") from None
+            "install it from the checkout with: pip install '.[llama]'") from None
 
 
 @contextlib.contextmanager

@@ -11,10 +11,12 @@ import socket
 import sys
 from typing import Any
 
+from ..selection import DEFAULT_IMPLEMENTATION
 from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, bound,
                       check_model,
                       import_llama_host, non_negative_int, non_negative_ms, positive_int,
                       positive_ms)
+from .offload import offload_spec
 from .stage import add_stage_cache_flag, check_stage_cache_flag
 from .vocabulary import add_flag
 
@@ -29,7 +31,7 @@ def register(subparsers: Any) -> None:
         description="Serve /v1/completions and /v1/chat/completions (streamed or not), "
                     "/v1/models, /health and /metrics, batching requests through the "
                     "scheduler on a llama.cpp model.")
-    add_model_options(p)
+    add_model_options(p, stages=True)
     add_flag(p, "served-model-name", type=_names, default_text="the model file's name",
              note="several names separated by commas: the first is the one reported, a "
                   "request may give any (another is a 404)")
@@ -40,8 +42,12 @@ def register(subparsers: Any) -> None:
                    help=f"waiting-queue size; beyond it requests get 503 "
                         f"(default: {d.max_waiting})")
     add_flag(p, "ctx-size", type=positive_int, default=d.ctx_size,
-             note="a request's prompt plus max_tokens must fit its lane")
-    add_flag(p, "batch-tokens", type=positive_int, default=d.batch_size)
+             default_text="the model's training context, at least 4096, capped by what fits "
+                          "the devices",
+             note="a request's prompt plus max_tokens must fit its lane; a lane needs 256")
+    add_flag(p, "batch-tokens", type=positive_int, default=d.batch_size,
+             default_text="512 on the CPU, 2048 with layers on a GPU (llama-server's)",
+             note="it follows the device where the layers go")
     add_flag(p, "prefill-chunk", type=positive_int, default=d.prefill_chunk)
     add_flag(p, "mixed", default=d.mixed)
     add_flag(p, "max-consecutive-prefill", type=bound,
@@ -52,6 +58,7 @@ def register(subparsers: Any) -> None:
                   "it for that request")
     add_flag(p, "prefill-age-max", type=non_negative_ms, default=d.prefill_age_max_ms)
     add_flag(p, "policy", default=d.policy)
+    add_flag(p, "scheduler", default=DEFAULT_IMPLEMENTATION)
     p.add_argument("--priority-preemption", action=argparse.BooleanOptionalAction,
                    default=d.priority_preemption,
                    help="a waiting request of higher priority preempts running requests of "
@@ -254,8 +261,8 @@ def _import_serve() -> tuple[Any, Any]:
         import prometheus_client  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as exc:
-        raise CommandError(f"the server's packages are missing ({exc}); install them with: "
-                           "pip install 'skippy-scheduler[serve,llama]'") from None
+        raise CommandError(f"the server's packages are missing ({exc}); install them from "
+                           "the checkout with: pip install '.[serve,llama]'") from None
     from ..serve.server import Server, ServeSettings
 
     return Server, ServeSettings
@@ -279,11 +286,23 @@ def _check_port(host: str, port: int) -> None:
             raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
+def _stage_worker_args(args: argparse.Namespace) -> tuple[tuple[str, ...], ...]:
+    """The offload flags of each local stage worker (`--stages`), --stage-devices applied."""
+    if not args.stages:
+        if args.stage_devices:
+            raise CommandError("--stage-devices needs --stages (local stage workers)")
+        return ()
+    from ..stages.split import stage_paths
+    from ._common import stage_worker_args
+
+    return tuple(tuple(a) for a in stage_worker_args(args, len(stage_paths(args.stages))))
+
+
 def _reuse(args: argparse.Namespace) -> tuple[int, int]:
     """(prefix cache tokens, holders) as the server will size them (serve/server.py)."""
     from ..serve.server import default_reuse
 
-    tokens, holders = default_reuse(args.max_active, args.ctx_size)
+    tokens, holders = default_reuse(args.max_active, args.ctx_size or 4096)
     if args.prefix_cache_tokens is not None:
         tokens = args.prefix_cache_tokens
     if args.prefix_holders is not None:
@@ -297,9 +316,14 @@ def run(args: argparse.Namespace) -> int:
     if args.max_active + holders > LLAMA_MAX_SEQUENCES:
         raise CommandError(f"--max-active (+ --prefix-holders with reuse) must be <= "
                            f"{LLAMA_MAX_SEQUENCES} (llama.cpp's sequence ids)")
-    if args.ctx_size < args.max_active:
+    if args.ctx_size is not None and args.ctx_size < args.max_active:
         raise CommandError(f"--ctx-size ({args.ctx_size}) must be at least --max-active "
                            f"({args.max_active}): every lane needs KV cells")
+    if args.ctx_size is not None and args.ctx_size // args.max_active < 256:
+        raise CommandError(f"--ctx-size {args.ctx_size} over --max-active {args.max_active} "
+                           f"lanes gives each lane {args.ctx_size // args.max_active} tokens; a "
+                           f"lane needs at least 256 (give -c {256 * args.max_active} or more, "
+                           "or fewer lanes with -np)")
     check_model(args)
     check_stage_cache_flag(args, tokens)
     if args.stages or args.stage_addresses:
@@ -315,10 +339,12 @@ def run(args: argparse.Namespace) -> int:
         max_consecutive_prefill=args.max_consecutive_prefill, inflight=args.inflight,
         planning_rule=args.planning_rule, itl_target_ms=args.itl_target_ms,
         prefill_age_max_ms=args.prefill_age_max_ms,
-        policy=args.policy, priority_preemption=args.priority_preemption,
+        policy=args.policy, scheduler=args.scheduler,
+        priority_preemption=args.priority_preemption,
         prefix_cache_tokens=args.prefix_cache_tokens,
         prefix_holders=args.prefix_holders, cold_prefix_hold=args.cold_prefix_hold,
         kv_type=args.kv_type, flash_attn=args.flash_attn, log_level=args.log_level,
+        offload=offload_spec(args), stage_worker_args=_stage_worker_args(args),
         strict_request_fields=args.strict_request_fields,
         kv_events_endpoint=args.kv_events_endpoint,
         kv_events_replay_endpoint=args.kv_events_replay_endpoint,
@@ -337,8 +363,10 @@ def run(args: argparse.Namespace) -> int:
             else "reference planning")
     reuse = (f"prefix reuse of {s.prefix_cache_tokens} tokens in {s.prefix_holders} holders"
              if s.prefix_cache_tokens else "no prefix reuse")
+    where = (f"{server.fitted.placement.line()}, " if server.fitted is not None
+             else "layers on each stage's devices, ")
     print(f"skippy-scheduler serve: {ctx.model_name} on http://{args.host}:{args.port}/v1 "
-          f"({args.max_active} lanes of {ctx.n_ctx_seq} tokens, {rule}, {reuse}, chat "
+          f"({where}{args.max_active} lanes of {ctx.n_ctx_seq} tokens, {rule}, {reuse}, chat "
           f"template {ctx.chat.source}); Ctrl-C stops", file=sys.stderr, flush=True)
     try:
         server.serve()

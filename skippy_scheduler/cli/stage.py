@@ -12,7 +12,7 @@ from typing import Any, Optional
 import signal
 import sys
 
-from ._common import CommandError, check_gguf, positive_int
+from ._common import CommandError, check_gguf, check_model_file, positive_int
 from .vocabulary import add_flag
 
 
@@ -26,6 +26,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--listen", metavar="ADDR", required=True,
                    help="pyzmq address to bind, e.g. tcp://127.0.0.1:5601 or ipc:///tmp/s0")
     add_flag(p, "threads", type=positive_int, default_text="what the driver asks")
+    from .offload import add_offload_options
+
+    add_offload_options(p)
     p.add_argument("--parent-pid", type=positive_int, metavar="PID",
                    help="exit when process PID is no longer this worker's parent (what a "
                         "driver that starts its own workers passes; default: run until told)")
@@ -77,21 +80,24 @@ def require_stage_packages(command: str, *modules: str) -> None:
         try:
             importlib.import_module(name)
         except ImportError as exc:
-            raise CommandError(f"{command} needs {name} ({exc}); install it with: "
-                               "pip install 'skippy-scheduler[llama]'") from None
+            raise CommandError(f"{command} needs {name} ({exc}); install it from the "
+                               "checkout with: pip install '.[llama]'") from None
 
 
 def run(args: argparse.Namespace) -> int:
     check_gguf("--model", args.model)
     require_stage_packages("stage")
+    check_model_file("--model", args.model)
     import zmq
 
     from ..stages.split import SplitError
     from ..stages.worker import StageWorker
 
     try:
+        from .offload import offload_spec
+
         worker = StageWorker(args.model, args.listen, n_threads=args.threads,
-                             parent_pid=args.parent_pid)
+                             parent_pid=args.parent_pid, offload=offload_spec(args))
     except SplitError as exc:
         raise CommandError(str(exc)) from None
     except zmq.ZMQError as exc:
@@ -127,8 +133,11 @@ def run_staged(args: argparse.Namespace, prompts: list[Any], n_seq: int, n_batch
     from ..stages.holders import check_stage_capacities
     from ..stages.split import SplitError, file_identity, stage_paths
 
-    host_args = dict(n_ctx=n_ctx, n_seq_max=n_seq, n_batch=n_batch, n_threads=args.threads,
-                     kv_type=args.kv_type, flash_attn=args.flash_attn,
+    from ._common import DEFAULT_THREADS, stage_worker_args
+
+    host_args = dict(n_ctx=n_ctx, n_seq_max=n_seq, n_batch=n_batch,
+                     n_threads=args.threads or DEFAULT_THREADS,
+                     kv_type=args.kv_type or "f32", flash_attn=args.flash_attn == "on",
                      prefix_cache_tokens=args.prefix_cache_tokens,
                      prefix_holders=args.prefix_holders, pipeline_depth=args.inflight,
                      stage_prefix_cache_tokens=args.stage_prefix_cache_tokens or None,
@@ -141,8 +150,9 @@ def run_staged(args: argparse.Namespace, prompts: list[Any], n_seq: int, n_batch
             # Refused before a worker starts: one capacity per stage file.
             check_stage_capacities(args.stage_prefix_cache_tokens or None,
                                    args.prefix_cache_tokens, len(stage_paths(args.stages)))
-            with LocalStages(args.stages, n_threads=args.threads,
-                             source_model=args.model) as local:
+            with LocalStages(args.stages, n_threads=args.threads, source_model=args.model,
+                             stage_args=stage_worker_args(
+                                 args, len(stage_paths(args.stages)))) as local:
                 with local.host(**host_args) as host:
                     return _with_failure(host, serve_prompts(args, host, prompts, n_seq,
                                                              n_batch, lane))

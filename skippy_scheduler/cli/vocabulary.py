@@ -11,7 +11,9 @@ needs another default passes it, with the reason as `note` (it is printed in the
     add_flag(p, "batch-tokens", default=2048, note="the lab models a larger accelerator")
 
 Spellings of earlier releases (`Flag.old`) still parse, hidden from the help, and print one
-deprecation line on stderr; they go in the next release. `tests/cli/test_vocabulary.py` walks
+deprecation line on stderr; they go in the next release. An option is read only as spelled in
+full (`_common.Parser`), and a llama-server flag that a subcommand does not take is refused with
+the reason (`LLAMA_SERVER_FLAGS`). `tests/cli/test_vocabulary.py` walks
 every subcommand's help against its own table of concepts.
 """
 from __future__ import annotations
@@ -51,7 +53,7 @@ _FLAGS = (
          "rounds each one's share up to a multiple of 256 cells)", "N"),
     Flag("max-active", ("-np", "--max-active"),
          "sequences running at once (on a model, one llama.cpp sequence each)", "N"),
-    Flag("max-tokens", ("--max-tokens",), "tokens generated per request at most", "N"),
+    Flag("max-tokens", ("-n", "--max-tokens"), "tokens generated per request at most", "N"),
     Flag("batch-tokens", ("-b", "--max-num-batched-tokens"),
          "token budget of one step: prefill chunks and decode rows together (on a model, the "
          "llama.cpp batch size)", "N", old=("--batch-size", "--max-tokens-per-iteration")),
@@ -68,7 +70,7 @@ _FLAGS = (
     Flag("scheduler", ("--scheduler",),
          "scheduler implementation: native (the C core) or twin (the pure-Python twin, "
          "same plans)", "{" + ",".join(IMPLEMENTATIONS) + "}"),
-    Flag("served-model-name", ("--served-model-name", "--alias"),
+    Flag("served-model-name", ("-a", "--served-model-name", "--alias"),
          "model id that /v1/models reports", "NAME", old=("--model-name",)),
     Flag("seed", ("--seed",), "random seed", "N"),
     Flag("json", ("--json",),
@@ -93,6 +95,59 @@ _FLAGS = (
          "D"),
 )
 FLAGS: dict[str, Flag] = {f.concept: f for f in _FLAGS}
+
+# llama-server's flags that a subcommand does not take, and why: a user who types one gets the
+# reason and what to type here instead, not "unrecognized arguments". (Those that mean here what
+# they mean there are options of the commands that take them: -m, -t, -c, -np, -b, -n, -a above,
+# -fa, -kvu on run, and the offload flags of offload.py.)
+_PREDICT = ("is llama-server's tokens to generate: run takes it (-n/--max-tokens); serve "
+            "generates what each request's max_tokens (or n_predict) asks, with no server-wide "
+            "setting; the lab's requests carry their own")
+LLAMA_SERVER_FLAGS: dict[str, str] = {
+    "-n": _PREDICT,
+    "--predict": _PREDICT,
+    "--n-predict": _PREDICT,
+    "--max-tokens": "is the tokens generated per request, which run takes (-n/--max-tokens); "
+                    "serve generates what each request's max_tokens asks, with no server-wide "
+                    "setting",
+    "-s": "is llama-server's sampling seed: here each request's seed field seeds its sampling, "
+          "and --seed draws the tiny default model's weights",
+    "-fa": "is llama-server's flash attention, which run, serve and calibrate take "
+           "(-fa/--flash-attn on|off|auto)",
+    "-ctk": "is llama-server's K cache type: here --kv-type f32|f16 sets K and V together",
+    "-ctv": "is llama-server's V cache type: here --kv-type f32|f16 sets K and V together",
+    "--cache-type-k": "is llama-server's K cache type: here --kv-type f32|f16 sets K and V "
+                      "together",
+    "--cache-type-v": "is llama-server's V cache type: here --kv-type f32|f16 sets K and V "
+                      "together",
+    "-ub": "is llama-server's physical batch, which follows the device here: the logical "
+           "batch (-b/--max-num-batched-tokens) on the CPU, 512 with layers on a GPU",
+    "-tb": "is llama-server's batch threads: here -t/--threads sets both",
+    "-cb": "is llama-server's continuous batching, which is always on here",
+    "-nocb": "turns off llama-server's continuous batching, which is always on here",
+    "-kvu": "is llama-server's unified KV cache: run takes it as --kv-unified; serve gives each "
+            "lane and prefix holder a KV stream of its own",
+    "-no-kvu": "is llama-server's KV stream per slot, which serve always uses (run: without "
+               "--kv-unified)",
+    "--parallel": "is llama-server's slot count: here -np/--max-active",
+    "-to": "is llama-server's read/write timeout: serve takes --header-timeout and "
+           "--body-timeout",
+    "-hf": "downloads a model from Hugging Face in llama-server: here -m/--model takes a local "
+           "GGUF file",
+    "-v": "is llama-server's verbose log: serve takes --log-level debug",
+    "-lv": "is llama-server's log verbosity: serve takes --log-level",
+    "--no-webui": "turns off llama-server's web UI: serve has none",
+}
+
+
+def unrecognized(extras: Sequence[str]) -> str:
+    """The error for arguments a subcommand did not take: the reason for the first llama-server
+    flag among them (LLAMA_SERVER_FLAGS), else argparse's "unrecognized arguments"."""
+    for text in extras:
+        flag = text.split("=", 1)[0]
+        if flag in LLAMA_SERVER_FLAGS:
+            return f"{flag} {LLAMA_SERVER_FLAGS[flag]}"
+    return f"unrecognized arguments: {' '.join(extras)}"
 
 
 def warn_old(prog: str, old: str, new: str) -> None:
@@ -192,4 +247,5 @@ class _OldAppend(argparse.Action):
         setattr(namespace, self.dest, list(getattr(namespace, self.dest, None) or []) + [values])
 
 
-__all__ = ["FLAGS", "Flag", "add_flag", "add_old", "policy_arg", "warn_old"]
+__all__ = ["FLAGS", "Flag", "LLAMA_SERVER_FLAGS", "add_flag", "add_old", "policy_arg",
+           "unrecognized", "warn_old"]

@@ -1,5 +1,5 @@
 """Optional PNG plots of a suite or a trace replay (needs matplotlib:
-`pip install 'skippy-scheduler[plot]'`).
+`pip install '.[plot]'` in the checkout).
 
 Every panel shows one metric with labelled axes and units, and a legend that names each line,
 placed beside the panel so that it never hides a peak. Every figure's title names the run: the
@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-INSTALL_HINT = "plotting needs matplotlib: pip install 'skippy-scheduler[plot]'"
+INSTALL_HINT = "plotting needs matplotlib: pip install '.[plot]' (in the checkout)"
 SERIES_KEY = "skippy-series"
 _MAX_BINS = 200
 _STYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)))

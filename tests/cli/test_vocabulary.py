@@ -8,12 +8,15 @@ subcommand's `--help`, so a new subcommand is checked as soon as it is registere
 from __future__ import annotations
 
 import argparse
+import ast
+import pathlib
 import re
 
 import pytest
 
 from skippy_scheduler import selection
 from skippy_scheduler.cli import build_parser, main
+from skippy_scheduler.cli.vocabulary import LLAMA_SERVER_FLAGS
 
 # concept -> (option strings, phrase of its meaning)
 CONCEPTS = {
@@ -21,14 +24,14 @@ CONCEPTS = {
     "compute threads": (("-t", "--threads"), "llama.cpp compute threads"),
     "context size": (("-c", "--ctx-size"), "KV cells in total"),
     "sequences at once": (("-np", "--max-active"), "sequences running at once"),
-    "tokens per request": (("--max-tokens",), "tokens generated per request"),
+    "tokens per request": (("-n", "--max-tokens"), "tokens generated per request"),
     "step token budget": (("-b", "--max-num-batched-tokens"), "token budget of one step"),
     "prefill chunk": (("--prefill-chunk",), "prompt tokens of one sequence per step"),
     "mixed planning": (("--mixed", "--no-mixed"), "mixed planning"),
     "prefill streak": (("--max-consecutive-prefill",), "prefill-only steps in a row"),
     "admission policy": (("--policy",), "admission order of waiting requests"),
     "implementation": (("--scheduler",), "scheduler implementation"),
-    "served model name": (("--served-model-name", "--alias"), "/v1/models"),
+    "served model name": (("-a", "--served-model-name", "--alias"), "/v1/models"),
     "results file": (("--json",), "write the results as JSON"),
     "prefix reuse": (("--prefix-cache-tokens",), "reusable prefixes"),
     "plans in flight": (("--inflight",), "plans in flight"),
@@ -114,7 +117,7 @@ def test_each_concept_has_one_spelling_and_one_meaning(helps):
     # The table is not vacuous: the shared concepts are shared.
     assert {"lab", "run", "serve"} <= seen["sequences at once"]
     assert {"run", "serve", "calibrate"} <= seen["model file"] & seen["compute threads"]
-    assert {"lab", "run", "serve", "bench"} <= seen["implementation"] | {"serve"}
+    assert {"lab", "run", "serve", "bench"} <= seen["implementation"]
     assert {"lab", "run", "serve"} <= seen["admission policy"]
     assert {"lab", "run", "serve"} <= seen["step token budget"] & seen["prefill chunk"]
 
@@ -135,7 +138,7 @@ def test_choices_are_one_vocabulary():
         action = next(a for a in parsers[name]._actions if "--policy" in a.option_strings)
         for policy in selection.POLICIES:
             assert action.type(policy) == policy
-    for name in ("lab", "run", "bench"):
+    for name in ("lab", "run", "serve", "bench"):
         action = next(a for a in parsers[name]._actions if "--scheduler" in a.option_strings)
         assert tuple(action.choices) == selection.IMPLEMENTATIONS
 
@@ -159,7 +162,8 @@ def test_same_defaults_unless_the_help_says_why():
     parsers = _subparsers()
     shared = ("--max-active", "--max-num-batched-tokens", "--prefill-chunk", "--mixed",
               "--max-consecutive-prefill", "--threads", "--policy", "--planning-rule",
-              "--itl-target-ms", "--prefill-age-max-ms", "--inflight", "--kv-type", "--seed")
+              "--itl-target-ms", "--prefill-age-max-ms", "--inflight", "--kv-type", "--seed",
+              "--scheduler")
     for option in shared:
         assert _default(parsers["run"], option) == _default(parsers["serve"], option), option
     for (name, option), reason in DEFAULT_REASONS.items():
@@ -227,3 +231,85 @@ def test_a_trace_replays_one_planning_mode(tmp_path, capsys):
     assert main(["lab", "--trace", str(trace), "--mode", "phase", "--mixed"]) == 2
     assert "--mode is the old spelling of --mixed/--no-mixed: give one" in \
         capsys.readouterr().err
+
+
+# -- an option is read as typed in full; llama-server's flags mean the same here or say why -----
+
+
+def test_every_parser_reads_options_only_in_full():
+    parser = build_parser()
+    assert parser.allow_abbrev is False
+    for name, sub in parser.commands.items():
+        assert sub.allow_abbrev is False, name
+
+
+def test_bench_scripts_read_options_only_in_full():
+    bench = pathlib.Path(__file__).resolve().parents[2] / "bench"
+    parsers = 0
+    for path in sorted(bench.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call):
+                continue
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else \
+                getattr(node.func, "id", None)
+            if called in ("ArgumentParser", "add_parser"):  # a subparser does not inherit it
+                parsers += 1
+                given = {k.arg: k.value for k in node.keywords}
+                flag = given.get("allow_abbrev")
+                assert isinstance(flag, ast.Constant) and flag.value is False, \
+                    f"{path.name}:{node.lineno}: {called} without allow_abbrev=False"
+    assert parsers > 20
+
+
+# (arguments, what the error must say): each was once read as another flag by its prefix.
+GUESSES = [
+    (["serve", "--max-tokens", "5"], "--max-tokens is the tokens generated per request"),
+    (["serve", "-n", "64"], "-n is llama-server's tokens to generate"),
+    (["lab", "-n", "64"], "-n is llama-server's tokens to generate"),
+    (["lab", "--suite", "--req", "5"], "unrecognized arguments: --req 5"),
+    (["run", "--max-tok", "5"], "unrecognized arguments: --max-tok 5"),
+    (["serve", "-ctk", "f16"], "-ctk is llama-server's K cache type"),
+    (["run", "-c4096"], "unrecognized arguments: -c4096"),
+    (["calibrate", "-nocb"], "continuous batching, which is always on here"),
+]
+
+
+@pytest.mark.parametrize("argv, message", GUESSES, ids=[" ".join(g[0]) for g in GUESSES])
+def test_no_option_is_guessed_from_a_prefix(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "deprecated" not in err, err
+    assert len(err.splitlines()) == 2  # the usage line and the reason
+
+
+def test_run_reads_n_as_llama_server_does():
+    parser = build_parser()
+    assert parser.parse_args(["run", "-n", "5"]).max_tokens == 5
+    assert parser.parse_args(["run", "-kvu"]).kv_unified is True
+    assert parser.parse_args(["serve", "-a", "x,y"]).served_model_name == ("x", "y")
+
+
+def _takes_no_required_argument(parser: argparse.ArgumentParser) -> bool:
+    return not any(a.required for a in parser._actions)
+
+
+def test_llama_server_flags_are_taken_or_refused_with_the_reason(capsys):
+    walked = set()
+    for name, parser in _subparsers().items():
+        if not _takes_no_required_argument(parser):
+            continue  # argparse names the missing arguments first
+        walked.add(name)
+        for flag, reason in LLAMA_SERVER_FLAGS.items():
+            if flag in parser._option_string_actions:
+                continue  # an option here: CONCEPTS checks that it means what it means there
+            assert main([name, flag, "1"]) == 2, (name, flag)
+            err = capsys.readouterr().err
+            assert f"error: {flag} {reason}" in err, (name, flag, err)
+    assert {"lab", "run", "serve", "calibrate"} <= walked
+
+
+def test_docs_list_every_refused_llama_server_flag():
+    text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    section = text.split("**llama-server's flags.**", 1)[1]
+    for flag in LLAMA_SERVER_FLAGS:
+        assert f"`{flag}`" in section, flag

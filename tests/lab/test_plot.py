@@ -88,7 +88,7 @@ def test_plot_option_without_matplotlib_explains_the_install(monkeypatch, capsys
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     assert main(["lab", "--suite", "--requests", "100", "--plot", "out"]) == 2
-    assert "pip install 'skippy-scheduler[plot]'" in capsys.readouterr().err
+    assert "pip install '.[plot]'" in capsys.readouterr().err
 
 
 def test_progress_bar_only_on_a_terminal_after_the_delay():

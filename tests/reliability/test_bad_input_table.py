@@ -1,4 +1,4 @@
-"""Every row of the bad-input table in the README, checked on both schedulers: the
+"""Every row of the bad-input table in docs/reliability.md, checked on both schedulers: the
 named exception is raised and snapshot, sequence views and metrics stay as they were (for a
 full queue only `rejected_overload` moves, as §2.1 says); a refused completion leaves the plan
 live. The table in the document must list exactly these rows."""
@@ -24,7 +24,8 @@ from skippy_scheduler import (
 )
 from sched_helpers import complete
 
-DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")
+DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs",
+                   "reliability.md")
 
 
 def busy(impl):

@@ -52,13 +52,12 @@ def write(workdir, name, source):
 
 
 def readme_tour():
-    """The first python block of the README's "A tour of the API" section."""
+    """The README's python example (its first python block: "Embedding the scheduler")."""
     text = README.read_text()
-    heading = re.search(r"^## A tour of the API\n", text, re.M)
-    assert heading, "README.md has no '## A tour of the API' section"
-    section = re.split(r"^## ", text[heading.end():], maxsplit=1, flags=re.M)[0]
-    block = re.search(r"```python\n(.*?)```", section, re.S)
-    assert block, "the README's API tour has no python block"
+    heading = re.search(r"^### Embedding the scheduler", text, re.M)
+    assert heading, "README.md has no '### Embedding the scheduler' section"
+    block = re.search(r"```python\n(.*?)```", text[heading.end():], re.S)
+    assert block, "the README's embedding section has no python block"
     return block.group(1)
 
 
