@@ -1,0 +1,55 @@
+#!/bin/bash
+# On the GPU machine, from the project's root, with the kit of bench/gpu/make_kit.sh in .gpu/:
+# builds llama.cpp with CUDA (libraries + llama-server, about 5 minutes on 16 cores for one
+# architecture), and installs llama-cpp-python's package on those libraries, the kit's wheels
+# and the project into $GPU_WORK (default /tmp/gw, outside the checkout, so a second run finds
+# the build there and skips it). Skips what is already there. Then:
+#   source /tmp/gw/env.sh     # PYTHONPATH, LD_LIBRARY_PATH, LLAMA_SERVER
+# Environment: GPU_WORK, CUDA_ARCH (90 = H100/H200), CUDA (OFF: a CPU build, to try the kit on
+# a machine without a GPU), BUILD_S (build time limit in seconds, default 480; a build cut short
+# resumes where it stopped), PROJECT_SRC (a folder to install instead of .gpu/project.tgz, e.g.
+# "." for the checkout itself, uncommitted changes included).
+set -u
+K=$(pwd)/.gpu
+W=${GPU_WORK:-/tmp/gw}; mkdir -p "$W"
+T0=$SECONDS
+say() { echo "[$((SECONDS - T0))s] $*"; }
+site=$W/site
+if [[ ! -f $W/.wheels ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$K"/whl/*.whl \
+    > "$W/pip.log" 2>&1 || { say "wheels failed: $(tail -3 "$W/pip.log")"; exit 1; }
+  tar xzf "$K/llama_cpp_py.tgz" -C "$site" && touch "$W/.wheels"
+fi
+export PYTHONPATH=$site
+src=${PROJECT_SRC:-}
+if [[ -z $src ]]; then rm -rf "$W/proj"; mkdir -p "$W/proj"; tar xzf "$K/project.tgz" -C "$W/proj"; src=$W/proj; fi
+rm -rf "$W/projsite"
+# The project installs (compiles its C core) while llama.cpp builds.
+( python3 -m pip install -q --no-build-isolation --no-deps --no-compile --target "$W/projsite" "$src" \
+    > "$W/proj-install.log" 2>&1; echo $? > "$W/proj.rc" ) &
+pj=$!
+if [[ ! -x $W/b/bin/llama-server ]]; then
+  [[ -d $W/src/llama.cpp ]] || { mkdir -p "$W/src" && tar xzf "$K/llama.cpp.tgz" -C "$W/src"; }
+  say "configure"
+  cmake -S "$W/src/llama.cpp" -B "$W/b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=${CUDA:-ON} \
+    -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} -DGGML_CUDA_NCCL=OFF -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=ON \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+    -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF > "$W/cmake.log" 2>&1 || { say "configure failed"; tail -20 "$W/cmake.log"; exit 1; }
+  say "build (resumes where a timed-out one stopped)"
+  timeout "${BUILD_S:-480}" cmake --build "$W/b" -j "$(nproc)" --target llama-server llama > "$W/build.log" 2>&1 \
+    || { say "build failed or timed out"; grep -m3 -A6 -E "error|FAILED" "$W/build.log"; tail -2 "$W/build.log"; exit 1; }
+  say "built"
+fi
+# llama-cpp-python loads the libraries from its package's lib/ folder: the same build as llama-server.
+mkdir -p "$site/llama_cpp/lib" && cp -a "$W"/b/bin/*.so* "$site/llama_cpp/lib/"
+wait $pj
+[[ $(cat "$W/proj.rc") == 0 ]] || { say "project install failed"; tail -15 "$W/proj-install.log"; exit 1; }
+cat > "$W/env.sh" <<ENV
+export PYTHONPATH=$W/projsite:$site LD_LIBRARY_PATH=$W/b/bin LLAMA_SERVER=$W/b/bin/llama-server
+ENV
+. "$W/env.sh"
+# From $W: in the project's root, python3 -c would import the source tree (no compiled modules).
+(cd "$W" && python3 -c "import llama_cpp, skippy_scheduler; print('ready: llama-cpp-python', llama_cpp.__version__, 'GPU offload', llama_cpp.llama_supports_gpu_offload())") \
+  || { say "the installed packages do not import"; exit 1; }
+say "done"

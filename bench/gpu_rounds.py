@@ -1,0 +1,412 @@
+"""This server against llama-server on a GPU: the same GGUF model and the same llama.cpp build,
+in alternating rounds at concurrency 1, 16 and 64 (bench/gpu/README.md says how to get both
+onto a GPU machine).
+
+    python bench/gpu_rounds.py --write-model bench-0.85b-f16.gguf
+    python bench/gpu_rounds.py --model bench-0.85b-f16.gguf --rounds 3 \\
+        --ours-args='-fa off --kv-type f16' --markdown gpu-rounds.md --json gpu-rounds.jsonl
+
+`--write-model PATH` writes the model of the GPU table and exits: a random-weight llama (vocab
+32000, n_embd 2048, 16 layers, 32 heads, 8 KV heads, n_ff 5632, f16 matrices: 0.85 B
+parameters, 1.7 GB), with `skippy_scheduler.hosts.tiny_model.write_tiny_llama`.
+
+The workload is serve_load.py's closed loop: at each `--concurrency` (default 1, 16, 64),
+`--requests` streaming requests (default 4 x the concurrency, at least 8) of
+`--prompt-tokens` (512) tokens, half of them sharing a `--shared-prefix` (384) of tokens,
+`--max-tokens` (64) output tokens each, greedy with `ignore_eos`. Each round runs every level
+on this server and then on llama-server, each load on a fresh server process (no load inherits
+another's prefix cache), `--rounds` times:
+
+- this server: `python -m skippy_scheduler.cli serve -m MODEL --host 127.0.0.1 -np LANES
+  -c CTX --served-model-name bench -ngl all` (`-ngl` only when its `serve --help` lists
+  `--n-gpu-layers`; `--ngl` sets the value) and whatever `--ours-args` adds (without any,
+  its own GPU defaults, flash attention `auto` among them: `--ours-args='-fa off --kv-type
+  f16'` gives it llama-server's kernels);
+- llama-server: `-m MODEL --host 127.0.0.1 -np LANES -c CTX -ngl 99 -cb -b 2048 -ub 512
+  -fa off -ctk f16 -ctv f16 --no-webui -a bench`, then `--theirs-args` (a repeated flag
+  overrides the default one: both servers take the last occurrence).
+
+`--threads N` gives both servers N threads (default: their own). Each load reports output
+tokens/s, TTFT p50/p99 and the inter-token gap p50/p99, and, where `nvidia-smi` exists, the
+GPU's utilisation (mean and max of samples every 0.5 s during the load) and its memory used
+(max). Greedy outputs are compared request for request: on a GPU they may differ (llama.cpp's
+kernels are not batch-invariant with an f16 KV cache), so the count of equal requests is
+reported, and only `--require-equal` makes a difference fail the run (exit 1).
+
+Printed at the end, written with `--markdown FILE` and appended as JSON lines to `--json FILE`
+(with every load's figures, both command lines, `llama-server --version`, the GPU's name and
+the date): per concurrency, the median over the rounds of each server's figures and ours ÷
+theirs. Progress goes to stderr. Requests time out after `--timeout` s without data, a load
+after `--load-timeout` s, a server start after `--start-timeout` s.
+
+A CPU smoke run (the test's): `--model tiny.gguf --servers ours --concurrency 1,2
+--requests 3 --prompt-tokens 24 --shared-prefix 16 --max-tokens 4 --lanes 2 --ctx-size 1024`.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Any, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serve_load  # noqa: E402
+import serve_rounds  # noqa: E402
+from fleet import stop  # noqa: E402
+from priority_load import Served, find_llama_server  # noqa: E402
+
+OURS, THEIRS = serve_rounds.OURS, serve_rounds.THEIRS
+# (key in a load's result, name in the table, scale for the table)
+MEASURES = (("output_tokens_per_s", "output tok/s", 1), ("ttft_p50_s", "TTFT p50 ms", 1e3),
+            ("ttft_p99_s", "TTFT p99 ms", 1e3), ("itl_p50_s", "gap p50 ms", 1e3),
+            ("itl_p99_s", "gap p99 ms", 1e3), ("gpu_util_mean_pct", "GPU util mean %", 1),
+            ("gpu_util_max_pct", "GPU util max %", 1), ("gpu_mem_max_mib", "GPU memory max MiB", 1))
+SMI_QUERY = ["--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits",
+             "-lms", "500"]
+
+
+def gpu_model_shape():
+    """The GPU table's model: 0.85 B parameters in the tiny model's layout."""
+    from skippy_scheduler.hosts.tiny_model import TinyModelShape
+
+    return TinyModelShape(n_vocab=32000, n_embd=2048, n_layer=16, n_head=32, n_head_kv=8,
+                          n_ff=5632, context_length=65536, rope_dimension=64)
+
+
+def write_model(path: str, seed: int) -> None:
+    from skippy_scheduler.hosts.tiny_model import parameter_count, write_tiny_llama
+
+    shape = gpu_model_shape()
+    write_tiny_llama(path, seed=seed, dtype="f16", shape=shape)
+    print(f"{path}: {parameter_count(shape) / 1e9:.2f} B parameters, f16", file=sys.stderr)
+
+
+def serve_has_ngl() -> bool:
+    """Whether this server's `serve --help` lists --n-gpu-layers (run outside the checkout,
+    where `python -m` imports the installed package)."""
+    try:
+        out = subprocess.run([sys.executable, "-m", "skippy_scheduler.cli", "serve", "--help"],
+                             capture_output=True, text=True, timeout=120,
+                             cwd=tempfile.gettempdir())
+    except subprocess.TimeoutExpired:
+        return False
+    return "--n-gpu-layers" in out.stdout
+
+
+def ours_cmd(args: argparse.Namespace) -> list[str]:
+    cmd = [sys.executable, "-m", "skippy_scheduler.cli", "serve", "-m",
+           os.path.abspath(args.model), "--host", "127.0.0.1", "-np", str(args.lanes),
+           "-c", str(args.ctx_size), "--served-model-name", "bench", "--log-level", "warning"]
+    if args.threads is not None:
+        cmd += ["-t", str(args.threads)]
+    if args.ours_ngl is not None:
+        cmd += ["-ngl", str(args.ours_ngl)]
+    return cmd + shlex.split(args.ours_args or "")
+
+
+def theirs_cmd(args: argparse.Namespace, path: str) -> list[str]:
+    cmd = [path, "-m", os.path.abspath(args.model), "--host", "127.0.0.1",
+           "-np", str(args.lanes), "-c", str(args.ctx_size), "-ngl", str(args.theirs_ngl),
+           "-cb", "-b", "2048", "-ub", "512", "-fa", "off", "-ctk", "f16", "-ctv", "f16",
+           "--no-webui", "-a", "bench"]
+    if args.threads is not None:
+        cmd += ["-t", str(args.threads), "-tb", str(args.threads)]
+    return cmd + shlex.split(args.theirs_args or "")
+
+
+def requests_at(args: argparse.Namespace, c: int) -> int:
+    return args.requests if args.requests is not None else max(8, 4 * c)
+
+
+def parse_smi(text: str) -> dict[str, Any]:
+    """Mean and max utilisation and max memory of nvidia-smi's `util, mem` lines (None when
+    there is none)."""
+    util, mem = [], []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            u, m = float(parts[0]), float(parts[1])
+        except (ValueError, IndexError):
+            continue  # "[N/A]", a line cut short by the stop
+        util.append(u)
+        mem.append(m)
+    return {"gpu_samples": len(util),
+            "gpu_util_mean_pct": sum(util) / len(util) if util else None,
+            "gpu_util_max_pct": max(util) if util else None,
+            "gpu_mem_max_mib": max(mem) if mem else None}
+
+
+class GpuSampler:
+    """nvidia-smi sampling the GPU every 0.5 s in the background (nothing without it)."""
+
+    def __init__(self, smi: Optional[str]) -> None:
+        self.proc: Optional[subprocess.Popen] = None
+        if smi:
+            self.out = tempfile.TemporaryFile()
+            self.proc = subprocess.Popen([smi, *SMI_QUERY], stdout=self.out,
+                                         stderr=subprocess.DEVNULL)
+
+    def stop(self) -> dict[str, Any]:
+        if self.proc is None:
+            return parse_smi("")
+        stop(self.proc)
+        self.out.seek(0)
+        text = self.out.read().decode("utf-8", "replace")
+        self.out.close()
+        return parse_smi(text)
+
+
+def command_output(cmd: list[str]) -> Optional[str]:
+    """stdout and stderr of `cmd`, stripped (None when it cannot run)."""
+    try:
+        out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def log_tail(logs: str, label: str, n: int = 3000) -> str:
+    try:
+        with open(os.path.join(logs, f"{label}.log"), "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - n))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def measure(args: argparse.Namespace, cmd: list[str], label: str, c: int, logs: str,
+            smi: Optional[str]) -> dict[str, Any]:
+    """One load on a fresh server: serve_load's closed loop, the GPU sampled meanwhile."""
+    try:
+        served = Served(cmd, logs, label, args.start_timeout)
+    except RuntimeError as exc:
+        raise SystemExit(f"gpu_rounds: {label} did not start: {exc}\n"
+                         f"--- the end of its log ---\n{log_tail(logs, label)}") from None
+    sampler = None
+    try:
+        load = argparse.Namespace(**{**vars(args), "requests": requests_at(args, c)})
+        sampler = GpuSampler(smi)
+        result = asyncio.run(asyncio.wait_for(
+            serve_load.run_load(serve_rounds.closed_args(load, served.url, label, c)),
+            args.load_timeout))
+    except asyncio.TimeoutError:
+        raise SystemExit(f"gpu_rounds: {label} at concurrency {c} took over "
+                         f"--load-timeout {args.load_timeout} s") from None
+    finally:
+        gpu = sampler.stop() if sampler else {}
+        served.close()
+    return {**result, **gpu, "load": f"closed c={c}"}
+
+
+def count_equal(a: Optional[list], b: Optional[list]) -> tuple[int, int]:
+    """(requests whose greedy text is the same on both servers, requests compared)."""
+    if a is None or b is None:
+        return 0, 0
+    return sum(1 for x, y in zip(a, b) if x is not None and x == y), max(len(a), len(b))
+
+
+def finite(x: Any) -> Any:
+    """None for NaN (no value: JSON and the table show it as missing)."""
+    return None if isinstance(x, float) and math.isnan(x) else x
+
+
+def summarize(runs: dict[int, dict[str, list[dict[str, Any]]]],
+              equal: dict[int, list[int]], meta: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for c, by_server in runs.items():
+        row: dict[str, Any] = {"label": "medians", "load": f"closed c={c}", "concurrency": c,
+                               "requests": next(r["requests"] for v in by_server.values()
+                                                for r in v),
+                               "rounds": min(len(v) for v in by_server.values())}
+        for key, _, _ in MEASURES:
+            ours = (finite(serve_rounds.median(by_server[OURS], key))
+                    if OURS in by_server else None)
+            theirs = (finite(serve_rounds.median(by_server[THEIRS], key))
+                      if THEIRS in by_server else None)
+            row[key] = {OURS: ours, THEIRS: theirs,
+                        "ratio": ours / theirs if ours is not None and theirs else None}
+        if len(by_server) == 2:
+            row["equal_outputs"], row["compared_outputs"] = equal[c]
+        rows.append({**row, **meta})
+    return rows
+
+
+def shown(cmd: list[str], args: argparse.Namespace) -> str:
+    """A command line as the table shows it: the model as given, no interpreter path."""
+    model = os.path.abspath(args.model)
+    words = ["python" if w == sys.executable else args.model if w == model else w for w in cmd]
+    if words and os.path.isabs(words[0]):
+        words[0] = os.path.basename(words[0])
+    return shlex.join(words)
+
+
+def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], args: argparse.Namespace,
+             servers: list[tuple[str, list[str]]]) -> str:
+    def fmt(x: Any) -> str:
+        return "n/a" if x is None else f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+    version = meta.get("llama_server_version") or ""
+    version = next((ln for ln in version.splitlines() if ln.startswith("version")),
+                   version.splitlines()[0] if version else "n/a")
+    out = [f"{OURS} against {THEIRS}, {meta['date']}", "",
+           f"- model: {os.path.basename(args.model)}; GPU: {meta.get('gpu_name') or 'n/a'}; "
+           f"llama-server {version}",
+           f"- {args.prompt_tokens}-token prompts, half sharing a {args.shared_prefix}-token "
+           f"prefix, {args.max_tokens} output tokens, greedy, streamed; medians of "
+           f"{rows[0]['rounds'] if rows else 0} alternating rounds, a fresh server per load"]
+    out += [f"- {label}: `{shown(cmd, args)}`" for label, cmd in servers]
+    out += ["", f"| concurrency | requests | measure | {OURS} | {THEIRS} | ours ÷ theirs |",
+            "|---:|---:|---|---:|---:|---:|"]
+    for row in rows:
+        lead = f"| {row['concurrency']} | {row['requests']} |"
+        for key, name, scale in MEASURES:
+            v = row[key]
+            vals = [None if v[s] is None else v[s] * scale for s in (OURS, THEIRS)]
+            out.append(f"{lead} {name} | {fmt(vals[0])} | {fmt(vals[1])} | {fmt(v['ratio'])} |")
+        if "equal_outputs" in row:
+            out.append(f"{lead} equal greedy outputs | {row['equal_outputs']} of "
+                       f"{row['compared_outputs']} | | |")
+    return "\n".join(out) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    ap.add_argument("--model", help="GGUF both servers load (required unless --write-model)")
+    ap.add_argument("--write-model", metavar="PATH",
+                    help="write the GPU table's 0.85 B f16 random-weight llama here and exit")
+    ap.add_argument("--llama-server", default=None, metavar="PATH",
+                    help="llama-server binary (default: $LLAMA_SERVER, else llama-server on "
+                         "PATH)")
+    ap.add_argument("--servers", choices=("both", "ours", "theirs"), default="both")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[1, 16, 64], metavar="C,...")
+    ap.add_argument("--requests", type=int, default=None,
+                    help="per load (default: 4 x the concurrency, at least 8)")
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--shared-prefix", type=int, default=384,
+                    help="tokens half of the prompts share")
+    ap.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
+    ap.add_argument("--lanes", type=int, default=64, help="sequences at once, both servers")
+    ap.add_argument("--ctx-size", type=int, default=65536, help="KV cells in all, both servers")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="threads for both servers (default: each server's own)")
+    ap.add_argument("--ngl", default=None, metavar="N|auto|all",
+                    help="layers offloaded, both servers (default: all for this server when its "
+                         "serve has --n-gpu-layers, else not passed; 99 for llama-server)")
+    ap.add_argument("--ours-args", default="", metavar="FLAGS",
+                    help="extra flags for this server, one shell-quoted string "
+                         "(--ours-args='--flag V')")
+    ap.add_argument("--theirs-args", default="", metavar="FLAGS",
+                    help="extra flags for llama-server, after (so overriding) the defaults")
+    ap.add_argument("--seed", type=int, default=0, help="of the prompts and of --write-model")
+    ap.add_argument("--timeout", type=float, default=600, help="per request without data, s")
+    ap.add_argument("--load-timeout", type=float, default=3600, help="per load, s")
+    ap.add_argument("--start-timeout", type=float, default=300, help="per server start, s")
+    ap.add_argument("--require-equal", action="store_true",
+                    help="exit 1 when the servers' greedy outputs differ for any request")
+    ap.add_argument("--logs", default=None, metavar="DIR",
+                    help="keep the servers' logs here (default: a temporary folder)")
+    ap.add_argument("--json", help="append every load, the medians and the run as JSON lines")
+    ap.add_argument("--markdown", help="write the table here")
+    return ap
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.write_model:
+        write_model(args.write_model, args.seed)
+        return 0
+    if not args.model:
+        ap.error("--model is required (or --write-model PATH to write one)")
+    if (args.rounds < 1 or min(args.concurrency) < 1 or (args.requests or 1) < 1
+            or args.max_tokens < 1 or not 0 < args.shared_prefix < args.prompt_tokens):
+        ap.error("--rounds, --requests, --max-tokens and every --concurrency must be >= 1, "
+                 "and 0 < --shared-prefix < --prompt-tokens")
+    theirs = find_llama_server(args.llama_server) if args.servers != "ours" else None
+    theirs = shutil.which(theirs) if theirs else None  # a given path too must be a program
+    if args.servers != "ours" and not theirs:
+        ap.error(f"no llama-server: not --llama-server ({args.llama_server or 'not given'}), "
+                 f"not $LLAMA_SERVER ({os.environ.get('LLAMA_SERVER') or 'unset'}), not on PATH "
+                 "(or --servers ours)")
+    args.theirs_ngl = args.ngl if args.ngl is not None else "99"
+    args.ours_ngl = args.ngl
+    if args.servers != "theirs" and args.ngl is None and serve_has_ngl():
+        args.ours_ngl = "all"
+    servers = ([(OURS, ours_cmd(args))] if args.servers != "theirs" else []) + (
+        [(THEIRS, theirs_cmd(args, theirs))] if theirs else [])
+    smi = shutil.which("nvidia-smi")
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "argv": ["python", "bench/gpu_rounds.py",
+                     *(argv if argv is not None else sys.argv[1:])],
+            "commands": {label: cmd for label, cmd in servers},
+            "llama_server_version": command_output([theirs, "--version"]) if theirs else None,
+            "gpu_name": command_output([smi, "--query-gpu=name", "--format=csv,noheader"])
+            if smi else None}
+    serve_load.emit({"label": "run", **meta}, args.json)
+    for label, cmd in servers:
+        print(f"# {label}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    print(f"# GPU: {meta['gpu_name'] or 'n/a (no nvidia-smi)'}", file=sys.stderr, flush=True)
+    runs: dict[int, dict[str, list[dict[str, Any]]]] = {
+        c: {label: [] for label, _ in servers} for c in args.concurrency}
+    equal = {c: [0, 0] for c in args.concurrency}
+    logs_dir = args.logs or tempfile.mkdtemp(prefix="gpu-rounds-")
+    os.makedirs(logs_dir, exist_ok=True)
+    try:
+        for rnd in range(1, args.rounds + 1):
+            for c in args.concurrency:
+                this: dict[str, dict[str, Any]] = {}
+                for label, cmd in servers:
+                    print(f"# round {rnd}/{args.rounds}: {label}, concurrency {c}, "
+                          f"{requests_at(args, c)} requests", file=sys.stderr, flush=True)
+                    result = measure(args, cmd, label, c, logs_dir, smi)
+                    result["round"] = rnd
+                    this[label] = result
+                    runs[c][label].append(result)
+                    serve_load.emit({k: finite(v) for k, v in result.items() if k != "outputs"},
+                                    args.json)
+                    util = result["gpu_util_mean_pct"]
+                    print(f"#   {result['completed']}/{result['requests']} done, "
+                          f"{result['output_tokens_per_s']:.1f} tok/s, TTFT p50 "
+                          f"{result['ttft_p50_s'] * 1e3:.0f} ms, gap p50 "
+                          f"{result['itl_p50_s'] * 1e3:.1f} ms, GPU "
+                          f"{'n/a' if util is None else f'{util:.0f} %'}"
+                          + (f", errors: {result['errors']}" if result["errors"] else ""),
+                          file=sys.stderr, flush=True)
+                if len(this) == 2:
+                    same, n = count_equal(this[OURS].get("outputs"), this[THEIRS].get("outputs"))
+                    equal[c][0] += same
+                    equal[c][1] += n
+                    print(f"#   greedy outputs equal for {same} of {n} requests",
+                          file=sys.stderr, flush=True)
+    finally:
+        if not args.logs:
+            shutil.rmtree(logs_dir, ignore_errors=True)
+    rows = summarize(runs, equal, meta)
+    for row in rows:
+        serve_load.emit(row, args.json)
+    table = markdown(rows, meta, args, servers)
+    print(table)
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as fh:
+            fh.write(table)
+    differ = [c for c in args.concurrency if equal[c][0] < equal[c][1]]
+    if differ and args.require_equal:
+        print(f"# greedy outputs differ at concurrency {differ} (--require-equal)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

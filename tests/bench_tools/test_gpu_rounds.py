@@ -1,0 +1,119 @@
+"""bench/gpu_rounds.py, smoked on the CPU: the tiny model at small sizes, this server alone
+unless a llama-server is found, nvidia-smi replaced by a script that prints samples; the table
+and the JSON lines come out well-formed. Its commands and the GPU model's size without
+processes."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import stat
+
+import gpu_rounds
+import pytest
+
+from skippy_scheduler.hosts.tiny_model import parameter_count, write_tiny_llama
+
+FAKE_SMI = """#!/bin/sh
+case "$1" in
+  --query-gpu=name) echo "Fake GPU 141GB" ;;
+  *) while true; do echo "40, 1000"; echo "80, 3000"; echo "[N/A], [N/A]"; sleep 0.1; done ;;
+esac
+"""
+
+
+def namespace(**kw) -> argparse.Namespace:
+    args = gpu_rounds.build_parser().parse_args(["--model", "m.gguf", *kw.pop("argv", [])])
+    args.ours_ngl, args.theirs_ngl = kw.pop("ours_ngl", None), kw.pop("theirs_ngl", "99")
+    return args
+
+
+def test_commands_carry_the_workload_flags():
+    args = namespace()
+    ours = gpu_rounds.ours_cmd(args)
+    assert "-ngl" not in ours  # no value: not passed
+    for flags in (["-np", "64"], ["-c", "65536"], ["--served-model-name", "bench"]):
+        assert any(ours[i:i + len(flags)] == flags for i in range(len(ours)))
+    assert gpu_rounds.ours_cmd(namespace(ours_ngl="all"))[-2:] == ["-ngl", "all"]
+    theirs = gpu_rounds.theirs_cmd(namespace(argv=["--theirs-args", "-fa on"]), "llama-server")
+    for flags in (["-ngl", "99"], ["-b", "2048"], ["-ub", "512"], ["-ctk", "f16"],
+                  ["-ctv", "f16"], ["-a", "bench"], ["-cb"], ["--no-webui"]):
+        assert any(theirs[i:i + len(flags)] == flags for i in range(len(theirs)))
+    assert theirs[-2:] == ["-fa", "on"]  # after the default, so it wins
+    assert [gpu_rounds.requests_at(args, c) for c in (1, 16, 64)] == [8, 64, 256]
+
+
+def test_a_missing_llama_server_is_named(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("LLAMA_SERVER", raising=False)
+    with pytest.raises(SystemExit) as exc:
+        gpu_rounds.main(["--model", "m.gguf"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--llama-server" in err and "$LLAMA_SERVER" in err
+
+
+def test_gpu_samples_and_their_absence():
+    assert gpu_rounds.parse_smi("10, 500\n30, 700\n[N/A], [N/A]\n5") == {
+        "gpu_samples": 2, "gpu_util_mean_pct": 20.0, "gpu_util_max_pct": 30.0,
+        "gpu_mem_max_mib": 700.0}
+    none = gpu_rounds.GpuSampler(None).stop()
+    assert none["gpu_samples"] == 0 and none["gpu_util_mean_pct"] is None
+
+
+def test_the_gpu_model_has_085_b_parameters():
+    assert round(parameter_count(gpu_rounds.gpu_model_shape()) / 1e9, 2) == 0.85
+
+
+def test_smoke_run_writes_the_table_and_json_lines(tmp_path, monkeypatch, capsys):
+    write_tiny_llama(tmp_path / "tiny.gguf", seed=5)
+    monkeypatch.chdir(tmp_path)  # the model given relative, as the table shows it
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text(FAKE_SMI)
+    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
+    both = gpu_rounds.find_llama_server(None) is not None
+    md, out = tmp_path / "table.md", tmp_path / "rounds.jsonl"
+    assert gpu_rounds.main([
+        "--model", "tiny.gguf", "--servers", "both" if both else "ours", "--rounds", "2",
+        "--concurrency", "1,2", "--requests", "3", "--prompt-tokens", "24",
+        "--shared-prefix", "16", "--max-tokens", "4", "--lanes", "2", "--ctx-size", "1024",
+        "--threads", "1", "--start-timeout", "120", "--load-timeout", "300",
+        "--markdown", str(md), "--json", str(out)]) == 0
+    servers = [gpu_rounds.OURS] + ([gpu_rounds.THEIRS] if both else [])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    run = rows[0]
+    assert run["label"] == "run" and run["gpu_name"] == "Fake GPU 141GB"
+    assert set(run["commands"]) == set(servers) and run["date"]
+    # -ngl all where this serve has --n-gpu-layers, nothing where it has not
+    assert ("-ngl" in run["commands"][gpu_rounds.OURS]) == gpu_rounds.serve_has_ngl()
+    loads = [r for r in rows if r["label"] in servers]
+    assert sorted((r["label"], r["concurrency"], r["round"]) for r in loads) == sorted(
+        (s, c, n) for s in servers for c in (1, 2) for n in (1, 2))
+    for r in loads:
+        assert r["completed"] == 3 and "outputs" not in r and r["output_tokens"] == 12
+        assert r["gpu_samples"] >= 1 and r["gpu_util_max_pct"] == 80.0
+    medians = {r["concurrency"]: r for r in rows if r["label"] == "medians"}
+    assert set(medians) == {1, 2}
+    for c, row in medians.items():
+        assert row["rounds"] == 2 and row["requests"] == 3
+        values = sorted(r["output_tokens_per_s"] for r in loads
+                        if r["concurrency"] == c and r["label"] == gpu_rounds.OURS)
+        assert row["output_tokens_per_s"][gpu_rounds.OURS] == sum(values) / 2
+        assert row["gpu_util_max_pct"][gpu_rounds.OURS] == 80.0
+        assert row["llama_server_version"] == run["llama_server_version"]
+        if both:
+            assert row["compared_outputs"] == 6 and 0 <= row["equal_outputs"] <= 6
+        else:
+            assert row["output_tokens_per_s"]["ratio"] is None and "equal_outputs" not in row
+    table = md.read_text()
+    assert table in capsys.readouterr().out
+    lines = table.splitlines()
+    assert "GPU: Fake GPU 141GB" in table and "serve -m tiny.gguf" in table
+    assert str(tmp_path) not in table and os.sep + "python" not in table
+    head = lines.index(next(ln for ln in lines if ln.startswith("| concurrency |")))
+    body = [ln for ln in lines[head + 2:] if ln.startswith("|")]
+    assert len(body) == 2 * (len(gpu_rounds.MEASURES) + both)
+    assert all(ln.count("|") == 7 for ln in lines[head:head + 2] + body)
+    assert any(ln.startswith("| 2 | 3 | GPU util max % | 80 |") for ln in body)
