@@ -73,7 +73,7 @@ __all__ = [
     "MemoryReportingHost", "PipelinedHost", "Plan", "PlanOutputs", "PrefixHoldingHost",
     "PrefixRestoringHost", "PromptKeepingHost", "ReleaseReason",
     "RequestLike", "ResettableHost", "SchedulerLike", "StateReportingHost", "attach",
-    "check_scheduler",
+    "check_scheduler", "HostOutOfMemory",
     # the serving seam
     "ChatTemplateHost", "ClosingHost", "ContextLimitsHost", "GrammarCheckingHost",
     "MemoryComponentsHost", "PrefixEventsHost", "PrefixWatcher", "RoutesHost", "ServingHost",
@@ -254,6 +254,13 @@ class ResettableHost(Protocol):
     def release_all(self) -> None:
         """Release every sequence the host holds (after a failure nothing else can undo)."""
         ...
+
+
+class HostOutOfMemory(RuntimeError):
+    """What a host raises when a step could not get the device memory it needs (llama.cpp's
+    allocation failure). The step's work is lost like any failed step's (the engine releases
+    every sequence), but the server answers the open requests 503 with Retry-After, not 500:
+    the request was fine, the device was full, and the server stays up."""
 
 
 @dataclass(frozen=True)

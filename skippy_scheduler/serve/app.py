@@ -354,6 +354,8 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
             runner.close(sub)
 
     def _failure(out: _Generation) -> RequestError:
+        if out.sub.out_of_memory:  # the device was full, not the request wrong: retry later
+            return unavailable(out.error or "the device ran out of memory")
         if ctx.shutting_down:  # the engine stopped under it: the server's state, not the request's
             return unavailable(out.error or "the engine stopped")
         return internal(out.error or "the request failed")

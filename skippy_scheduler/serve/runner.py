@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from ..engine import (AcceptEvent, Engine, FinishEvent, Host, HostState, Request,
                       SchedulerLike, TokenEvent)
+from ..engine.contract import HostOutOfMemory
 
 log = logging.getLogger("skippy_scheduler.serve")
 
@@ -104,7 +105,7 @@ class Subscription:
     """
 
     __slots__ = ("request_id", "inbox", "_items", "_rejection", "verdict",
-                 "error", "finished", "arrival_us")
+                 "error", "out_of_memory", "finished", "arrival_us")
 
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, arrival_us: float,
                  inbox: Optional[Inbox] = None) -> None:
@@ -114,6 +115,7 @@ class Subscription:
         self._rejection: Optional[FinishEvent] = None
         self.verdict: asyncio.Future[Optional[FinishEvent]] = loop.create_future()
         self.error: Optional[str] = None
+        self.out_of_memory = False  # failed by a step that ran out of device memory (a 503)
         self.finished = False
         self.arrival_us = arrival_us
 
@@ -215,10 +217,13 @@ class EngineRunner:
                 self.last_crash = f"{type(exc).__name__}: {exc}"
                 log.exception("engine iteration failed; failing %d open requests",
                               len(self.engine.open_ids()))
-                self._recover(self.last_crash)
+                self._recover(self.last_crash, out_of_memory=isinstance(exc, HostOutOfMemory))
 
-    def _recover(self, message: str) -> None:
+    def _recover(self, message: str, out_of_memory: bool = False) -> None:
         for rid in self.engine.open_ids():
+            sub = self._subs.get(rid)
+            if sub is not None and out_of_memory:
+                sub.out_of_memory = True
             self._fail(rid, f"the engine failed: {message}")
         self._flush()
         release_all = self.engine.hooks.release_all

@@ -94,8 +94,9 @@ def test_serve_says_where_the_layers_went_and_reports_device_memory(tmp_path):
     finally:
         assert srv.stop() == 0
     if not llama_cpp.llama_supports_gpu_offload():
-        assert "skippy-scheduler serve: 0 layers on a GPU: this llama.cpp has no GPU backend" \
-            in srv.log()
+        banner = srv.log().splitlines()[0]
+        assert banner.startswith("skippy-scheduler serve: tiny-random-llama on http")
+        assert "(0 layers on a GPU: this llama.cpp has no GPU backend, " in banner
         assert "skippy:gpu_layers 0.0" in body
     else:
         assert " layers on " in srv.log()

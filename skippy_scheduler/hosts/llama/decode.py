@@ -14,6 +14,7 @@ import numpy.typing as npt
 
 import llama_cpp as _ll
 
+from ...engine.contract import HostOutOfMemory
 from .backend import recent_log
 
 IntArray = npt.NDArray[np.integer[Any]]
@@ -55,6 +56,9 @@ class Decoder:
         self._flag[flagged] = 1
         self._batch.n_tokens = n
         rc = _ll.llama_decode(self._ctx, self._batch)
+        if rc == -2:  # llama.cpp could not allocate: the device's memory, or the host's
+            raise HostOutOfMemory(f"out of memory for a batch of {int(self._batch.n_tokens)} "
+                                  f"tokens (llama_decode returned -2): {recent_log()}")
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}: {recent_log()}")
         k = len(flagged)
