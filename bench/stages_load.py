@@ -8,13 +8,14 @@ behind `skippy-scheduler serve`, the transport's cost per plan, and the closed f
 
 `serve` (the three parts below, `--parts` picks some):
 
-- **load**: for each `--stages` entry P the model is split (`skippy_scheduler.stages.split`,
-  P = 1 is the unsplit model on plain `serve`), `skippy-scheduler serve --stages DIR` starts
-  its P workers (one llama.cpp thread each, `--threads`), and bench/serve_load.py's closed-loop
-  client sends `--requests` streamed greedy completions from `--concurrency` clients. With
-  `--pipeline` (default both: `on,off`) the server keeps P plans in flight on disjoint groups
-  of sequences (`--inflight P`), or one (`--inflight 1`: the stages take turns). Requests are
-  greedy with `ignore_eos`, as in serve_load's comparison (the last stage samples).
+- **load**: for each `--stages` entry P the model is split
+  (`skippy_scheduler.hosts.stages.split`, P = 1 is the unsplit model on plain `serve`),
+  `skippy-scheduler serve --stages DIR` starts its P workers (one llama.cpp thread each,
+  `--threads`), and bench/serve_load.py's closed-loop client sends `--requests` streamed
+  greedy completions from `--concurrency` clients. With `--pipeline` (default both: `on,off`)
+  the server keeps P plans in flight on disjoint groups of sequences (`--inflight P`), or one
+  (`--inflight 1`: the stages take turns). Requests are greedy with `ignore_eos`, as in
+  serve_load's comparison (the last stage samples).
 - **transport**: a plan frame, its activation header and `rows x n_embd` float32 activations,
   encoded, sent over a pyzmq PUSH/PULL pair on ipc and on tcp loopback, received and decoded
   (the stage worker's path without the model), `--transport-iters` times per size: µs per
@@ -112,7 +113,7 @@ def load_args(args: argparse.Namespace, url: str, label: str, model: str | None 
 
 
 def load_runs(args: argparse.Namespace, work: str) -> list[dict]:
-    from skippy_scheduler.stages.split import split_model
+    from skippy_scheduler.hosts.stages.split import split_model
 
     out = []
     for p in args.stages:
@@ -153,8 +154,8 @@ def rpc_runs(args: argparse.Namespace, work: str) -> list[dict]:
 def transport_runs(args: argparse.Namespace, work: str) -> list[dict]:
     import zmq
 
-    from skippy_scheduler.stages.wire import (decode_activations, decode_plan,
-                                              encode_activations, encode_plan)
+    from skippy_scheduler.hosts.stages.wire import (decode_activations, decode_plan,
+                                                    encode_activations, encode_plan)
 
     n_embd = args.n_embd
     out = []

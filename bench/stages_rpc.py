@@ -4,10 +4,11 @@ Used by bench/stages_load.py (`--rpc-server PATH --rpc-llama-server PATH`, part 
 each P > 1 it starts P rpc-servers on loopback ports (CPU backend, `--threads` threads each,
 as our stage workers), then `llama-server --rpc 127.0.0.1:p1,...` with every layer and the
 output head offloaded (`-ngl 99`) and `--tensor-split` set so that RPC device k holds exactly
-the layers of our stage k (`skippy_scheduler.stages.split.even_ranges`; the head counts as one
-more layer on the last device: llama.cpp places layer i, and the head as layer n_layer, on the
-device whose cumulative share first exceeds i / (n_layer + 1)). The token embedding stays on
-llama-server's CPU, as llama.cpp always keeps the input layer there (our stage 0 holds it).
+the layers of our stage k (`skippy_scheduler.hosts.stages.split.even_ranges`; the head counts
+as one more layer on the last device: llama.cpp places layer i, and the head as layer n_layer,
+on the device whose cumulative share first exceeds i / (n_layer + 1)). The token embedding
+stays on llama-server's CPU, as llama.cpp always keeps the input layer there (our stage 0
+holds it).
 
 The placement is checked, not assumed: llama-server's log names each device's model and KV
 buffer sizes, which must match what the layers assigned to it take (from the GGUF's tensor
@@ -138,7 +139,7 @@ class RpcSplit:
         self.procs = []
 
     def _start(self) -> None:
-        from skippy_scheduler.stages.split import even_ranges, read_layer_count
+        from skippy_scheduler.hosts.stages.split import even_ranges, read_layer_count
 
         args, p = self.args, self.p
         env = {**os.environ, "GGML_RPC_NO_RDMA": "1"}

@@ -292,7 +292,7 @@ def _stage_worker_args(args: argparse.Namespace) -> tuple[tuple[str, ...], ...]:
         if args.stage_devices:
             raise CommandError("--stage-devices needs --stages (local stage workers)")
         return ()
-    from ..stages.split import stage_paths
+    from ..hosts.stages.split import stage_paths
     from ._common import stage_worker_args
 
     return tuple(tuple(a) for a in stage_worker_args(args, len(stage_paths(args.stages))))

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir("--out", args.out)
     require_stage_packages("split", "gguf")
     check_model_file("--model", args.model)
-    from ..stages.split import SplitError, parse_ranges, read_layer_count, split_model
+    from ..hosts.stages.split import SplitError, parse_ranges, read_layer_count, split_model
 
     try:
         if args.layers is not None:
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
             paths = split_model(args.model, args.out, args.stages)
     except SplitError as exc:
         raise CommandError(str(exc)) from None
-    from ..stages.split import read_stage_info
+    from ..hosts.stages.split import read_stage_info
 
     for path in paths:
         info = read_stage_info(path)

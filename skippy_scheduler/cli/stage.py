@@ -90,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
     check_model_file("--model", args.model)
     import zmq
 
-    from ..stages.split import SplitError
-    from ..stages.worker import StageWorker
+    from ..hosts.stages.split import SplitError
+    from ..hosts.stages.worker import StageWorker
 
     try:
         from .offload import offload_spec
@@ -128,10 +128,10 @@ def run_staged(args: argparse.Namespace, prompts: list[Any], n_seq: int, n_batch
     if args.stages and args.stage_addresses:
         raise CommandError("give --stages or --stage-addresses, not both")
     require_stage_packages("run --stages")
-    from ..stages.host import StageFailure, StageHost
-    from ..stages.local import LocalStages
-    from ..stages.holders import check_stage_capacities
-    from ..stages.split import SplitError, file_identity, stage_paths
+    from ..hosts.stages.host import StageFailure, StageHost
+    from ..hosts.stages.local import LocalStages
+    from ..hosts.stages.holders import check_stage_capacities
+    from ..hosts.stages.split import SplitError, file_identity, stage_paths
 
     from ._common import DEFAULT_THREADS, stage_worker_args
 

@@ -11,7 +11,7 @@ Whether the scheduler took a request or refused it is an engine event: an `Accep
 the scheduler holds it, a `FinishEvent("rejected")` whose `rejection` says why (QUEUE_FULL: a
 503) when it did not. The `before_step` hook publishes the figures `/metrics` shows
 (`EngineStats`, from the host's `host_state`) and runs the calls other threads queued with
-`call` (state snapshots for tests and diagnostics).
+`call` or `post` (state snapshots for tests and diagnostics, a staged model's measurements).
 
 An exception out of the engine (a host failure) fails every open request with that message,
 releases the host's state and restarts the loop: one bad iteration never takes the server down.
@@ -273,10 +273,19 @@ class EngineRunner:
 
     def call(self, fn: Callable[[], Any], timeout_s: float = 10.0) -> Any:
         """Run `fn()` on the engine thread between two steps and return its result."""
+        return self.post(fn).result(timeout_s)
+
+    def post(self, fn: Callable[[], Any]) -> "Future[Any]":
+        """Have the engine thread run `fn()` between two steps, without waiting: the future
+        gets its result (or the engine's stop, as a RuntimeError)."""
         fut: Future[Any] = Future()
         self._calls.append((fn, fut))
         self.engine.wake()
-        return fut.result(timeout_s)
+        return fut
+
+    def subscription(self, request_id: str) -> Optional[Subscription]:
+        """The open subscription of `request_id` (None once its end was delivered)."""
+        return self._subs.get(request_id)
 
     @property
     def open_subscriptions(self) -> int:

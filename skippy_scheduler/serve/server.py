@@ -297,9 +297,9 @@ class Server:
 
     def _load_stages(self, s: ServeSettings) -> None:
         """A model split across stage workers (docs/stages.md "Serving")."""
-        from ..stages.serving import StageMetrics, StagedEngineRunner, open_stage_host
+        from .staged import StageMetrics, StagedEngineRunner, stage_host
 
-        host = self.host = open_stage_host(s)
+        host = self.host = stage_host(s)
         name = s.model_name or (os.path.splitext(os.path.basename(s.model))[0] if s.model
                                 else host.stages[0].source_name)
         self._build(s, name, _reuse_of(s)[0] > 0, StagedEngineRunner, disjoint=s.inflight > 1)

@@ -14,7 +14,7 @@ import pytest
 import stages_rpc
 
 from skippy_scheduler.hosts.tiny_model import TinyModelShape, write_tiny_llama
-from skippy_scheduler.stages.split import even_ranges
+from skippy_scheduler.hosts.stages.split import even_ranges
 
 
 def _llama_device(layer: int, shares: list[int], n_layer: int) -> int:

@@ -23,7 +23,7 @@ def model4(tmp_path_factory):
 @pytest.fixture(scope="session")
 def splits(model4, tmp_path_factory):
     """Stage directories of the model: P = 2 (even) and P = 3 (layers 0 | 1-2 | 3)."""
-    from skippy_scheduler.stages.split import split_model
+    from skippy_scheduler.hosts.stages.split import split_model
 
     out = {}
     d2 = tmp_path_factory.mktemp("p2")

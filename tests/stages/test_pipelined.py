@@ -13,8 +13,8 @@ pytest.importorskip("zmq")
 from skippy_scheduler import MemoryComponent, SchedulerConfig, Scheduler, TwinScheduler  # noqa: E402
 from skippy_scheduler.engine import Engine, Request, VirtualClock  # noqa: E402
 from skippy_scheduler.hosts.calibrate import CostModel  # noqa: E402
-from skippy_scheduler.stages.host import StageFailure  # noqa: E402
-from skippy_scheduler.stages.local import LocalStages  # noqa: E402
+from skippy_scheduler.hosts.stages.host import StageFailure  # noqa: E402
+from skippy_scheduler.hosts.stages.local import LocalStages  # noqa: E402
 
 from stages_common import MAX_GEN, N_SEQ, random_trial  # noqa: E402
 

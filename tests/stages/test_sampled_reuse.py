@@ -15,7 +15,7 @@ from skippy_scheduler import MemoryComponent, SchedulerConfig, Scheduler  # noqa
 from skippy_scheduler.engine import Engine, Request, VirtualClock  # noqa: E402
 from skippy_scheduler.hosts.calibrate import CostModel  # noqa: E402
 from skippy_scheduler.sampling import SamplingParams  # noqa: E402
-from skippy_scheduler.stages.local import LocalStages  # noqa: E402
+from skippy_scheduler.hosts.stages.local import LocalStages  # noqa: E402
 
 from stages_common import N_SEQ  # noqa: E402
 

@@ -11,10 +11,10 @@ import pytest
 pytest.importorskip("llama_cpp")
 gguf = pytest.importorskip("gguf")
 
-from skippy_scheduler.stages.split import (  # noqa: E402
+from skippy_scheduler.hosts.stages.split import (  # noqa: E402
     SplitError, check_stage_set, even_ranges, file_identity, parse_ranges, read_stage_info,
     split_model, stage_paths)
-from skippy_scheduler.stages.runner import StageRunner  # noqa: E402
+from skippy_scheduler.hosts.stages.runner import StageRunner  # noqa: E402
 
 from stages_common import SHAPE  # noqa: E402
 
@@ -185,7 +185,7 @@ def test_a_prefix_kept_in_a_holder_restores_exactly_on_every_stage(model4, split
     """Lane 0 prefills a prompt; its cells are shared into holder 3 and the lane is freed; lane 1
     then starts from the holder's first 20 positions and prefills only the rest: its logits are
     those of the full prompt prefilled from scratch."""
-    from skippy_scheduler.stages.runner import OP_COPY, OP_REMOVE
+    from skippy_scheduler.hosts.stages.runner import OP_COPY, OP_REMOVE
 
     rng = np.random.default_rng(9)
     prompt = [1] + rng.integers(3, 384, 29).tolist()

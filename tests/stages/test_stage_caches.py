@@ -13,8 +13,9 @@ pytest.importorskip("zmq")
 from skippy_scheduler import SchedulerConfig, Scheduler, TwinScheduler  # noqa: E402
 from skippy_scheduler.engine import Engine, Request, VirtualClock  # noqa: E402
 from skippy_scheduler.hosts.calibrate import CostModel  # noqa: E402
-from skippy_scheduler.stages.holders import StageHolders, check_stage_capacities  # noqa: E402
-from skippy_scheduler.stages.local import LocalStages  # noqa: E402
+from skippy_scheduler.hosts.stages.holders import (  # noqa: E402
+    StageHolders, check_stage_capacities)
+from skippy_scheduler.hosts.stages.local import LocalStages  # noqa: E402
 
 from stages_common import MAX_GEN, N_SEQ, random_trial  # noqa: E402
 
@@ -233,13 +234,13 @@ def test_each_stage_measures_what_the_scheduler_budgets(uneven):
 def test_serve_settings_carry_the_capacities(splits, model4):
     """`serve --stage-prefix-cache-tokens` reaches the stage host through the server's
     settings: each stage's memory component counts its own capacity as resident."""
-    from skippy_scheduler.serve.server import ServeSettings
-    from skippy_scheduler.stages.serving import open_stage_host
+    from skippy_scheduler.serve.server import ServeSettings, resolve_settings
+    from skippy_scheduler.serve.staged import stage_host
 
     settings = ServeSettings(model=model4, stages=splits[2], max_active=4, ctx_size=1024,
                              threads=1, prefix_cache_tokens=512, prefix_holders=4,
                              stage_prefix_cache_tokens=(512, 64))
-    host = open_stage_host(settings)
+    host = stage_host(settings)
     try:
         assert host.stage_prefix_cache_tokens == [512, 64]
         assert isinstance(host.holders, StageHolders)
@@ -252,9 +253,9 @@ def test_serve_settings_carry_the_capacities(splits, model4):
     finally:
         host.close()
     with pytest.raises(ValueError, match="3 per-stage prefix cache capacities for 2 stages"):
-        open_stage_host(ServeSettings(model=model4, stages=splits[2], max_active=4,
-                                      ctx_size=1024, threads=1, prefix_cache_tokens=256,
-                                      stage_prefix_cache_tokens=(256, 64, 64)))
+        stage_host(resolve_settings(ServeSettings(
+            model=model4, stages=splits[2], max_active=4, ctx_size=1024, threads=1,
+            prefix_cache_tokens=256, stage_prefix_cache_tokens=(256, 64, 64))))
 
 
 def test_serve_checks_stage_capacities_against_the_default_reuse(capsys, model4, splits):

@@ -16,9 +16,9 @@ pytest.importorskip("zmq")
 from skippy_scheduler import SchedulerConfig, Scheduler, TwinScheduler  # noqa: E402
 from skippy_scheduler.engine import Engine, Request, VirtualClock  # noqa: E402
 from skippy_scheduler.hosts.calibrate import CostModel  # noqa: E402
-from skippy_scheduler.stages.host import StageFailure  # noqa: E402
-from skippy_scheduler.stages.local import LocalStages  # noqa: E402
-from skippy_scheduler.stages.split import file_identity  # noqa: E402
+from skippy_scheduler.hosts.stages.host import StageFailure  # noqa: E402
+from skippy_scheduler.hosts.stages.local import LocalStages  # noqa: E402
+from skippy_scheduler.hosts.stages.split import file_identity  # noqa: E402
 
 from stages_common import MAX_GEN, N_SEQ, random_trial  # noqa: E402
 
@@ -134,7 +134,7 @@ def test_split_command(tmp_path, capsys, model4):
 
 
 def test_a_malformed_frame_is_refused_by_a_worker_and_changes_nothing(staged):
-    from skippy_scheduler.stages.wire import encode_plan
+    from skippy_scheduler.hosts.stages.wire import encode_plan
 
     scheduler = Scheduler(SchedulerConfig(max_active_sequences=2, max_tokens_per_iteration=64))
     engine = Engine(scheduler, staged, clock=VirtualClock(CostModel()))
@@ -255,7 +255,7 @@ def test_workers_on_tcp_loopback(tmp_path, model4, splits, alone):
     import sys
     import time
 
-    from skippy_scheduler.stages.split import stage_paths
+    from skippy_scheduler.hosts.stages.split import stage_paths
 
     procs, logs, addresses = [], [], []
     try:

@@ -10,7 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from skippy_scheduler.stages import wire
+from skippy_scheduler.hosts.stages import wire
 
 from harness_build import BASE_FLAGS, ROOT, SANITIZE
 

@@ -83,7 +83,7 @@ def test_the_hosts_satisfy_the_protocols_under_mypy_strict(tmp_path):
             GrammarCheckingHost, MemoryComponentsHost, PrefixEventsHost, RoutesHost,
             ServingHost)
         from skippy_scheduler.hosts.llama import LlamaHost
-        from skippy_scheduler.stages.host import StageHost
+        from skippy_scheduler.hosts.stages.host import StageHost
 
 
         def llama(host: LlamaHost) -> None:

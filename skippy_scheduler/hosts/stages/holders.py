@@ -17,8 +17,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from ..hosts.llama.holders import PrefixHolders
-from ..prefix_store import PrefixStore, StoreEntry, VirtualBackend
+from ..llama.holders import PrefixHolders
+from ...prefix_store import PrefixStore, StoreEntry, VirtualBackend
 from .runner import OP_COPY, OP_REMOVE
 
 __all__ = ["PrefixHolders", "RemoteCells", "StageHolders", "check_stage_capacities",

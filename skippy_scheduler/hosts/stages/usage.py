@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from ..types import MemoryComponent
+from ...types import MemoryComponent
 from .flight import check_int
 
 __all__ = ["StageUsage", "UsageVerbs", "check_stage_cells"]

@@ -27,10 +27,10 @@ import numpy as np
 
 import llama_cpp as _ll
 
-from ..hosts.llama.backend import KV_TYPES, create_context, init_backend, load_model, recent_log
-from ..hosts.llama.samplers import Samplers
-from ..hosts.llama.tokenizer import Tokenizer
-from ..sampling import SamplingParams
+from ..llama.backend import KV_TYPES, create_context, init_backend, load_model, recent_log
+from ..llama.samplers import Samplers
+from ..llama.tokenizer import Tokenizer
+from ...sampling import SamplingParams
 from .split import StageInfo, read_stage_info
 
 
@@ -92,8 +92,8 @@ class StageRunner:
         self.placement: Any = None
         try:
             if offload is not None:
-                from ..hosts.llama.backend import list_devices
-                from ..hosts.offload import FitError, ModelFileError, footprint_from_gguf, place
+                from ..llama.backend import list_devices
+                from ..offload import FitError, ModelFileError, footprint_from_gguf, place
 
                 try:
                     self.placement = place(

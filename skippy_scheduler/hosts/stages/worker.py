@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..sampling import SamplingParams
+from ...sampling import SamplingParams
 from .runner import OP_COPY, OP_REMOVE, StageRunner
 from .split import read_stage_info
 from .wire import WireError, decode_activations, decode_plan, encode_activations, encode_outputs

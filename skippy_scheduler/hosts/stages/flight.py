@@ -1,4 +1,4 @@
-"""A plan in the stage chain, as the driver remembers it until its answer (stages/host.py).
+"""A plan in the stage chain, as the driver remembers it until its answer (host.py).
 
 `Flight` keeps what undoing the plan needs: its rows' lanes (and each lane's owner generation
 when sent, so that a lane released and reused since is left alone), where each row started,

@@ -19,7 +19,7 @@ stage that still answers frees the released lanes and rewinds the rows' lanes to
 first failed plan found them (lanes the plans brought in are freed), and the error is raised,
 so the engine aborts those plans and the scheduler undoes their rows too.
 
-`LocalStages` (stages/local.py) starts the workers of a stage directory on this machine.
+`LocalStages` (local.py) starts the workers of a stage directory on this machine.
 """
 from __future__ import annotations
 
@@ -29,11 +29,11 @@ import json
 from collections import defaultdict, deque
 from typing import Any, Optional, Sequence as _Seq
 
-from ..engine.contract import HostState
-from ..hosts.llama.holders import Watcher
-from ..hosts.llama.samplers import Samplers
-from ..sampling import SamplingParams
-from ..types import ReleaseReason
+from ...engine.contract import HostState
+from ..llama.holders import Watcher
+from ..llama.samplers import Samplers
+from ...sampling import SamplingParams
+from ...types import ReleaseReason
 
 import numpy as np
 
@@ -101,7 +101,7 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
             "stage_cells": self.stage_cells,
         }
         # Prefix reuse: the store of what every stage holds, its decisions queued as memory
-        # operations (with a capacity per stage, also a store per stage: stages/holders.py).
+        # operations (with a capacity per stage, also a store per stage: holders.py).
         self._cells = RemoteCells()
         self._holders: Optional[PrefixHolders] = None
         self.prefix_store: Any = None

@@ -1,11 +1,11 @@
 """The OpenAI server on a staged model (`serve --stages DIR` / `--stage-addresses`).
 
-`open_stage_host(settings)` makes the `StageHost` a `Server` runs on: local workers for a
-stage directory (stopped when the host closes) or workers already running at the given
-addresses. `StagedEngineRunner` is the server's engine runner for it: once the chain of
-stages is broken (a worker died or stopped answering, docs/stages.md "When a stage fails")
-the open requests end with the reason, and new requests and `/health` get a 503 instead of
-being queued on a pipeline that can no longer run them.
+`stage_host(settings)` makes the `StageHost` a `Server` runs on from its settings
+(hosts/stages/opening.py: local workers for a stage directory, stopped when the host closes,
+or workers already running at the given addresses). `StagedEngineRunner` is the server's
+engine runner for it: once the chain of stages is broken (a worker died or stopped answering,
+docs/stages.md "When a stage fails") the open requests end with the reason, and new requests
+and `/health` get a 503 instead of being queued on a pipeline that can no longer run them.
 
 `StageMetrics` puts each stage's measured KV use on `/metrics` (docs/stages.md "KV memory per
 stage"): a scrape asks the engine thread to measure (`StageHost.stage_usage`, between two
@@ -14,66 +14,32 @@ stages held at the previous one, and an unscraped server never pays for a measur
 """
 from __future__ import annotations
 
+import asyncio
 import time
-from concurrent.futures import Future
 from typing import Any, Iterator, Optional
 
-from ..engine import FinishEvent
-from ..serve.runner import EngineRunner, EngineUnavailable, Inbox, Subscription
-from .channel import StageFailure
-from .host import StageHost
-from .local import LocalStages
-from .usage import StageUsage
+from ..engine import FinishEvent, Request
+from ..hosts.stages.channel import StageFailure
+from ..hosts.stages.host import StageHost
+from ..hosts.stages.opening import open_stage_host
+from ..hosts.stages.usage import StageUsage
+from .runner import EngineRunner, EngineUnavailable, Inbox, Subscription
+from .server import ServeSettings, _reuse_of, context_of
 
-__all__ = ["StageMetrics", "StagedEngineRunner", "open_stage_host", "stage_context_cells"]
-
-CELLS_STEP = 256  # llama.cpp pads a context to a multiple of this
-
-
-def stage_context_cells(ctx_size: int, prefix_cache_tokens: int) -> int:
-    """KV cells of every stage context: the lanes' `ctx_size`, plus the cells the prefix
-    holders keep (one unified cache per stage, so holders share cells with the lanes)."""
-    extra = -(-prefix_cache_tokens // CELLS_STEP) * CELLS_STEP if prefix_cache_tokens else 0
-    return ctx_size + extra
+__all__ = ["StageMetrics", "StagedEngineRunner", "stage_host"]
 
 
-def open_stage_host(settings: Any) -> StageHost:
-    """The stage host of a server's settings (`stages` or `stage_addresses`)."""
-    from ..serve.server import context_of
-    from .holders import check_stage_capacities
-    from .split import file_identity, stage_paths
-
+def stage_host(settings: ServeSettings) -> StageHost:
+    """The stage host of a server's resolved settings (`stages` or `stage_addresses`)."""
     s = settings
-    if s.stages and s.stage_addresses:
-        raise ValueError("give stages or stage_addresses, not both")
-    host_args: dict[str, Any] = dict(
-        n_ctx=stage_context_cells(context_of(s), s.prefix_cache_tokens), n_seq_max=s.max_active,
-        # A stage keeping fewer prefixes gets only the cells its own capacity needs.
-        stage_n_ctx=[stage_context_cells(context_of(s), c) for c in s.stage_prefix_cache_tokens]
-        or None,
-        n_batch=s.batch_size or 512, n_threads=s.threads or 2, kv_type=s.kv_type or "f32",
-        flash_attn=s.flash_attn in (True, "on"),
-        prefix_cache_tokens=s.prefix_cache_tokens, prefix_holders=s.prefix_holders,
-        pipeline_depth=s.inflight,
-        stage_prefix_cache_tokens=tuple(s.stage_prefix_cache_tokens) or None)
-    if s.stages:
-        # Refused before a worker starts: one capacity per stage file.
-        check_stage_capacities(host_args["stage_prefix_cache_tokens"], s.prefix_cache_tokens,
-                               len(stage_paths(s.stages)))
-        local = LocalStages(s.stages, n_threads=s.threads, source_model=s.model,
-                            stage_args=getattr(s, "stage_worker_args", ()))
-        try:
-            host = local.host(**host_args)
-        except BaseException:
-            local.close()
-            raise
-        host.on_close.append(local.close)
-        return host
-    if not s.model:
-        raise ValueError("stage_addresses needs model: the model the stages were cut from "
-                         "(its vocabulary tokenizes the prompts)")
-    return StageHost(list(s.stage_addresses), source_id=file_identity(s.model),
-                     vocab_model=s.model, **host_args)
+    tokens, holders = _reuse_of(s)
+    return open_stage_host(
+        stages=s.stages, stage_addresses=s.stage_addresses, model=s.model,
+        ctx_size=context_of(s), n_seq_max=s.max_active, n_batch=s.batch_size or 512,
+        n_threads=s.threads, kv_type=s.kv_type or "f32", flash_attn=s.flash_attn in (True, "on"),
+        prefix_cache_tokens=tokens, prefix_holders=holders, pipeline_depth=s.inflight,
+        stage_prefix_cache_tokens=s.stage_prefix_cache_tokens,
+        stage_args=s.stage_worker_args)
 
 
 class StagedEngineRunner(EngineRunner):
@@ -97,14 +63,14 @@ class StagedEngineRunner(EngineRunner):
                 pass  # the chain broke: the open requests say why
             finally:
                 self._measuring = False
-        self._calls.append((measure, Future()))
-        self.engine.wake()
+        self.post(measure)
 
     @property
     def running(self) -> bool:
         return super().running and self.host.broken is None
 
-    def open(self, request: Any, loop: Any, inbox: Optional[Inbox] = None) -> Subscription:
+    def open(self, request: Request, loop: asyncio.AbstractEventLoop,
+             inbox: Optional[Inbox] = None) -> Subscription:
         broken: Optional[str] = self.host.broken
         if broken is not None:
             raise EngineUnavailable(f"a stage of the model failed: {broken}")
@@ -113,7 +79,7 @@ class StagedEngineRunner(EngineRunner):
     def _deliver(self, event: Any) -> None:
         if isinstance(event, FinishEvent) and event.reason == "failed":
             broken = self.host.broken
-            sub = self._subs.get(event.request_id)
+            sub = self.subscription(event.request_id)
             if broken is not None and sub is not None and sub.error is None:
                 sub.error = f"a stage of the model failed: {broken}"
         super()._deliver(event)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..hosts.llama.tokenizer import Tokenizer
+from ..llama.tokenizer import Tokenizer
 
 
 class Vocabulary(Tokenizer):
@@ -16,7 +16,7 @@ class Vocabulary(Tokenizer):
     def __init__(self, path: str) -> None:
         import llama_cpp as ll
 
-        from ..hosts.llama.backend import init_backend, recent_log
+        from ..llama.backend import init_backend, recent_log
 
         init_backend()
         self._ll: Any = ll
