@@ -93,14 +93,14 @@ cdef object _SAMPLING_CTYPE = _ffi.typeof("skippy_sampling_config *")
 cdef uint64_t _U64_MAX = 0xFFFFFFFFFFFFFFFF
 
 cdef object _telemetry(const skippy_iteration_telemetry *t, list used, list available,
-                       list finished, list failed, dict reasons):
+                       list finished, list failed, dict reasons, tuple keeps):
     # NOTE: positional, in IterationTelemetry's field order (test_telemetry_fields_follow_the_core
     # fails when a field is added to one side only).
     return IterationTelemetry(
         t.iteration, t.active_sequences, t.waiting_sequences, t.admitted, t.preempted,
         t.prefill_tokens, t.recompute_tokens, t.decode_tokens, used, available,
         t.prefix_hits, t.prefix_misses, t.finished, t.failed, t.cancelled,
-        t.rejected_overload, finished, failed, t.stale_refreshes, reasons)
+        t.rejected_overload, finished, failed, t.stale_refreshes, reasons, keeps)
 
 
 include "_core_plan.pxi"
@@ -354,6 +354,8 @@ cdef class Scheduler:
         plan.token_count = p.token_count
         plan.admitted = p.admitted
         plan.preempted = p.preempted
+        # The victims' ids, read now: the core keeps them only until the next plan.
+        plan.priority_victims = self._priority_victims() if p.preempted else ()
         plan._rows = p.request_count
         plan._samples = p.sample_count
         self._last_serial = p.serial
@@ -432,7 +434,8 @@ cdef class Scheduler:
                 finished.append(sid)
             reasons[sid] = _END_REASONS[ret[i].reason]
         return _telemetry(&t, self._used_list(), list(self._available), finished, failed,
-                          reasons)
+                          reasons, self._prompt_keeps())
+
     cdef list _used_list(self):
         cdef size_t n, i
         cdef const uint64_t *u = skippy_scheduler_component_used(self._s, &n)
@@ -455,28 +458,31 @@ cdef class Scheduler:
         cdef const uint32_t *v_slots = skippy_scheduler_preempted_slots(self._s)
         return [_carried(self._objects, v_slots[i]).sequence_id for i in range(out)]
 
-    def last_priority_victims(self):
-        """Ids the last `plan_iteration` preempted for priority (§2.8a), in the order chosen;
-        the host releases their runtime state before running the plan."""
-        cdef size_t n = 0
+    cdef tuple _priority_victims(self):
+        """Ids the plan just made preempted for priority (§2.8a), in the order chosen (the
+        plan's `priority_victims`)."""
+        cdef size_t n = 0, i
         cdef const uint32_t *v_slots = skippy_scheduler_priority_victims(self._s, &n)
-        return [_carried(self._objects, v_slots[i]).sequence_id for i in range(n)]
+        return tuple([_carried(self._objects, v_slots[i]).sequence_id for i in range(n)])
 
-    def take_prompt_keeps(self):
-        """Cold prefix hold (§2.3a): (id, prompt length) of each leader whose prompt completed
-        since the last call while a waiting sequence was held on it, in walk order, each once;
-        the host keeps that prompt as a resident prefix."""
+    cdef tuple _prompt_keeps(self):
+        """Cold prefix hold (§2.3a): (id, prompt length) of each leader held on whose prompt
+        is complete, in walk order, each once (the telemetry's `prompt_keeps`); the core walks
+        nothing unless a leader is marked and not yet reported."""
         cdef uint32_t buf[64]
         cdef size_t n, i
         cdef skippy_sequence_info info
+        n = skippy_scheduler_take_prompt_keeps(self._s, buf, 64)
+        if n == 0:
+            return ()
         out = []
         while True:
-            n = skippy_scheduler_take_prompt_keeps(self._s, buf, 64)
             for i in range(n):
                 skippy_scheduler_sequence(self._s, buf[i], &info)
                 out.append((_carried(self._objects, buf[i]).sequence_id, info.prompt_count))
             if n < 64:
-                return out
+                return tuple(out)
+            n = skippy_scheduler_take_prompt_keeps(self._s, buf, 64)
 
     def cancel(self, sequence_id):
         """Remove a waiting or active sequence; False when the id is unknown."""

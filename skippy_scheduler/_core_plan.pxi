@@ -143,8 +143,12 @@ cdef class IterationPlan:
 
     Arrays are views of the scheduler's native plan memory: valid until this plan is completed
     or aborted (at depth 1, making the next plan aborts a live one). `token_count`, `admitted`,
-    `preempted`, `step` and `len()` stay readable afterwards; `work` and `sequence_ids` too once
-    they have been built.
+    `preempted`, `priority_victims`, `step` and `len()` stay readable afterwards; `work` and
+    `sequence_ids` too once they have been built.
+
+    `priority_victims` is the tuple of ids this plan's admission preempted for priority
+    (§2.8a), in the order chosen (`preempted` of them): the host releases their runtime state
+    before it runs the plan.
     """
     cdef Scheduler _s
     cdef skippy_plan *_p
@@ -156,6 +160,7 @@ cdef class IterationPlan:
     cdef readonly size_t token_count
     cdef readonly size_t admitted
     cdef readonly size_t preempted
+    cdef readonly tuple priority_victims
     cdef size_t _rows
     cdef size_t _samples
     cdef object _work

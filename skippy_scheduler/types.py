@@ -105,6 +105,18 @@ class FinishReason(enum.Enum):
     CANCELLED = "cancelled"
 
 
+# How a request the engine took ended (`FinishEvent.reason`, `RequestRecord.finish_reason`): a
+# `FinishReason` value, or REJECTED when `submit` refused it before the scheduler held it.
+REJECTED = "rejected"
+# The ends that complete a request: it stopped, or generated all it was allowed to.
+COMPLETED_REASONS: tuple[str, ...] = (FinishReason.LENGTH.value, FinishReason.STOP.value)
+# The ends that do not (a server answers them with an error).
+UNCOMPLETED_REASONS: tuple[str, ...] = (FinishReason.FAILED.value, FinishReason.CANCELLED.value,
+                                        REJECTED)
+# Every end, in the order the engine's summary counts them.
+FINISH_REASONS = COMPLETED_REASONS + UNCOMPLETED_REASONS
+
+
 class ReleaseReason(enum.Enum):
     """Why a host is told to let go of a sequence's runtime state (`Host.release`).
 
@@ -389,6 +401,10 @@ class IterationTelemetry:
     # Every sequence that ended in this completion (those of finished_ids and failed_ids), in
     # plan order, with why: STOP, LENGTH or FAILED.
     finish_reasons: dict[str, FinishReason] = field(default_factory=dict)
+    # Cold prefix hold (behaviour.md §2.3a): (id, prompt length) of each active leader a waiting
+    # sequence was held on whose prompt is complete as of this completion, in walk order, each
+    # once: the host keeps that prompt as a resident prefix now.
+    prompt_keeps: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass

@@ -15,11 +15,11 @@ from .contract import (AsyncHost, ExecutionHandle, Host, HostHooks, HostState,
                        StateReportingHost, attach)
 from .core import AcceptEvent, Engine, EngineStalled, Event, FinishEvent, Request, TokenEvent
 from .host import CostModelHost
-from .observers import StepObserver
+from .observers import BaseObserver, StepObserver
 from .record import FINISH_REASONS, EngineReport, Recorder, RequestRecord, TokenTimeline, percentile
 
 __all__ = [
-    "AcceptEvent", "AsyncHost", "Clock", "CostModelHost", "Engine", "EngineReport",
+    "AcceptEvent", "AsyncHost", "BaseObserver", "Clock", "CostModelHost", "Engine", "EngineReport",
     "EngineStalled", "Event", "ExecutionHandle", "FINISH_REASONS", "FinishEvent", "Host",
     "HostHooks", "HostState", "MemoryReportingHost", "Plan", "PlanOutputs", "PrefixHoldingHost",
     "PrefixRestoringHost", "Recorder", "ReleaseReason", "Request", "RequestLike",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Optional, Protocol, Union, runtime_checkable
+from typing import Callable, Optional, Protocol, Union, runtime_checkable
 
 from ..cost_model import RuntimeCostModel
 
@@ -123,16 +123,23 @@ class CpuClock:
 
 ClockArg = Union[Clock, str, None]
 
+#: The clocks a name asks for: a fresh one each time.
+NAMED_CLOCKS: dict[str, Callable[[], Clock]] = {
+    "wall": WallClock, "virtual": VirtualClock, "cpu": CpuClock}
+#: The names an engine takes (`Engine(clock=...)`).
+ENGINE_CLOCKS = ("wall", "virtual")
 
-def make_clock(clock: ClockArg) -> Optional[Clock]:
+
+def make_clock(clock: ClockArg, names: tuple[str, ...] = ENGINE_CLOCKS) -> Optional[Clock]:
+    """The clock `clock` asks for: None (no clock), a `Clock` as it is, or a fresh clock of
+    one of `names` (a virtual one without a cost model)."""
     if clock is None:
         return None
-    if clock == "wall":
-        return WallClock()
-    if clock == "virtual":
-        return VirtualClock()
     if isinstance(clock, str):
-        raise ValueError(f"clock must be 'wall', 'virtual', a Clock or None, got {clock!r}")
+        if clock in names:
+            return NAMED_CLOCKS[clock]()
+        raise ValueError(f"clock must be {', '.join(map(repr, names))}, a Clock or None, "
+                         f"got {clock!r}")
     if not isinstance(clock, Clock):
         raise TypeError(f"clock needs start(), now(), charge() and wait_until(): "
                         f"{type(clock).__name__}")

@@ -31,6 +31,13 @@ A host has two required verbs (`Host`) and optional capabilities, each a protoco
 calls, None for what the host lacks. The contract is stable: hosts written against it (the lab's,
 a stage host, a replica) keep working as the engine changes.
 
+A scheduler (`SchedulerLike`) says what happened in what it returns, not in lists the engine
+asks for afterwards: a plan names the sequences its admission preempted for priority
+(`Plan.priority_victims`), a completion's `IterationTelemetry` the prompts the cold prefix hold
+wants kept (`prompt_keeps`). Its one optional capability is `SlackRuleScheduler` (`set_clock`,
+`step_cost`, `set_step_cost`: the slack rule's inputs), checked by `check_slack_scheduler` when
+the engine runs that rule.
+
 **The serving seam.** A fourth party, the HTTP server (serve/), asks a host for more than plans:
 the model's vocabulary, its chat template, its limits. That is declared here too, by concern, so
 the server never reads a host's internals and needs nothing of llama.cpp itself:
@@ -62,6 +69,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, P
 
 import numpy.typing as npt
 
+from ..slack import StepCost
 from ..types import (IterationTelemetry, IterationWork, MemoryComponent, ReleaseReason,
                      SchedulerConfig, SchedulerMetrics, SchedulerSnapshot, Sequence)
 
@@ -72,8 +80,8 @@ __all__ = [
     "AsyncHost", "DetailReportingHost", "ExecutionHandle", "Host", "HostHooks", "HostState",
     "MemoryReportingHost", "PipelinedHost", "Plan", "PlanOutputs", "PrefixHoldingHost",
     "PrefixRestoringHost", "PromptKeepingHost", "ReleaseReason",
-    "RequestLike", "ResettableHost", "SchedulerLike", "StateReportingHost", "attach",
-    "check_scheduler", "HostOutOfMemory",
+    "RequestLike", "ResettableHost", "SchedulerLike", "SlackRuleScheduler", "StateReportingHost",
+    "attach", "check_scheduler", "check_slack_scheduler", "HostOutOfMemory",
     # the serving seam
     "ChatTemplateHost", "ClosingHost", "ContextLimitsHost", "GrammarCheckingHost",
     "MemoryComponentsHost", "PrefixEventsHost", "PrefixWatcher", "RoutesHost", "ServingHost",
@@ -106,7 +114,10 @@ class Plan(Protocol):
     def admitted(self) -> int: ...
     @property
     def preempted(self) -> int: ...         # sequences this plan's admission preempted for
-                                            # priority (last_priority_victims names them)
+                                            # priority (§2.8a)
+    @property
+    def priority_victims(self) -> tuple[str, ...]: ...  # their ids, in the order chosen: the
+    #                                         engine releases them before the plan runs
     @property
     def tokens(self) -> Array: ...          # int32, the arena of every row's input tokens
     @property
@@ -162,10 +173,23 @@ class SchedulerLike(Protocol):
     def abort_iteration(self, plan: Any) -> None: ...
     def complete_iteration(self, plan: Any) -> IterationTelemetry: ...
     def preempt_for_component_pressure(self, used_bytes: Iterable[int]) -> list[str]: ...
-    def last_priority_victims(self) -> list[str]: ...
-    def take_prompt_keeps(self) -> list[tuple[str, int]]: ...  # cold prefix hold (§2.3a)
     def metrics(self) -> SchedulerMetrics: ...
     def snapshot(self) -> SchedulerSnapshot: ...
+
+
+@runtime_checkable
+class SlackRuleScheduler(Protocol):
+    """A scheduler's optional capability: the slack rule's inputs (docs/behaviour.md §2.13).
+
+    Under `PlanningRule.SLACK` with a clock, the engine sets the scheduler's clock after each
+    step and before each submit, and refits its cost model from the steps' durations
+    (engine/cost_fit.py, `SlackFeed`); `check_slack_scheduler` checks it once, when the engine
+    is built. `Scheduler` and `TwinScheduler` both have it."""
+
+    def set_clock(self, now: float) -> None: ...  # seconds, any monotonic origin
+    @property
+    def step_cost(self) -> StepCost: ...  # the cost model the rule predicts steps with
+    def set_step_cost(self, cost: StepCost) -> None: ...
 
 
 @runtime_checkable
@@ -244,8 +268,8 @@ class PromptKeepingHost(Protocol):
     def keep_prompt(self, sequence_id: str, tokens: int) -> bool:
         """Offer the first `tokens` positions of the running `sequence_id` (its computed
         prompt) to the prefix store now, as a release would; False when it holds fewer or none.
-        Called on the engine's thread while no plan executes, when the scheduler's
-        `take_prompt_keeps` names the sequence (a waiting sequence is held for that prompt)."""
+        Called on the engine's thread while no plan executes, when a completion's telemetry
+        names the sequence in `prompt_keeps` (a waiting sequence is held for that prompt)."""
         ...
 
 
@@ -353,6 +377,18 @@ def check_scheduler(scheduler: object) -> SchedulerLike:
     if not isinstance(scheduler, _SchedulerCheck):
         raise TypeError(f"{type(scheduler).__name__} is not a scheduler: it lacks "
                         f"{_missing(scheduler, _SCHEDULER_VERBS)}")
+    return scheduler
+
+
+_SLACK_VERBS = ("set_clock", "step_cost", "set_step_cost")
+
+
+def check_slack_scheduler(scheduler: object) -> SlackRuleScheduler:
+    """`scheduler` itself; TypeError unless it takes the slack rule's inputs
+    (`SlackRuleScheduler`)."""
+    if not isinstance(scheduler, SlackRuleScheduler):
+        raise TypeError(f"{type(scheduler).__name__} cannot run the slack rule: it lacks "
+                        f"{_missing(scheduler, _SLACK_VERBS)}")
     return scheduler
 
 

@@ -20,13 +20,13 @@ import threading
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence as _Seq
 
-from ..types import (AdmissionError, DuplicateSequence, QueueFull, RejectReason, ReleaseReason,
-                     Sequence)
+from ..types import (REJECTED, AdmissionError, DuplicateSequence, FinishReason, QueueFull,
+                     RejectReason, ReleaseReason, Sequence)
 from ..slack import PlanningRule
 from .clock import Clock, ClockArg, make_clock
 from .cost_fit import SlackFeed
 from .contract import (Host, HostHooks, RequestLike, SchedulerLike, attach, attach_store,
-                       check_scheduler)
+                       check_scheduler, check_slack_scheduler)
 from .observers import OnPlan as _OnPlan, PlanHook, Recording, StepObserver, TokenEvents, replace_hook
 from .record import EngineReport, Recorder
 from .requests import (_ENDED, _PENDING, _SUBMITTED, AcceptEvent, EngineStalled, Event,
@@ -116,7 +116,7 @@ class Engine(_Steps):
         # prefill order reads each request's age from the clock at its submit.
         self._slack_feed: Optional[SlackFeed] = None
         if config.planning_rule is PlanningRule.SLACK and self._clock is not None:
-            self._slack_feed = SlackFeed(scheduler, self.now)
+            self._slack_feed = SlackFeed(check_slack_scheduler(scheduler), self.now)
             self._observers.append(self._slack_feed)
         self._init_steps()
 
@@ -426,13 +426,13 @@ class Engine(_Steps):
         except (AdmissionError, TypeError, ValueError) as exc:
             why = exc.reason if isinstance(exc, AdmissionError) else None
             if self.on_reject is not None:
-                self._end(entry, "rejected", error=str(exc), rejection=why)
+                self._end(entry, REJECTED, error=str(exc), rejection=why)
                 self.on_reject(request, exc)
                 return
             if raise_errors and not isinstance(exc, QueueFull):
-                self._end(entry, "rejected", error=str(exc), emit=False)
+                self._end(entry, REJECTED, error=str(exc), emit=False)
                 raise
-            self._end(entry, "rejected", error=f"{type(exc).__name__}: {exc}", rejection=why)
+            self._end(entry, REJECTED, error=f"{type(exc).__name__}: {exc}", rejection=why)
             return
         entry.state = _SUBMITTED
         self._outstanding += 1
@@ -447,7 +447,7 @@ class Engine(_Steps):
                     self._accept(item, raise_errors=False)
                 except DuplicateSequence as exc:
                     if self._listeners or self._streams:
-                        self._emit(FinishEvent(item.id, "rejected", self.now(), str(exc),
+                        self._emit(FinishEvent(item.id, REJECTED, self.now(), str(exc),
                                                exc.reason))
             else:
                 self._cancel(item)
@@ -461,7 +461,7 @@ class Engine(_Steps):
                 return False
             self._outstanding -= 1
             self._release(request_id, ReleaseReason.CANCELLED)
-        self._end(entry, "cancelled")
+        self._end(entry, FinishReason.CANCELLED.value)
         return True
 
     def _end(self, entry: _Entry, reason: str, error: Optional[str] = None,
@@ -489,7 +489,7 @@ class Engine(_Steps):
             if q is not None:
                 q.put(event)
 
-    def _release_victims(self, victims: list[str]) -> None:
+    def _release_victims(self, victims: Iterable[str]) -> None:
         rec = self.recorder
         live = self._live
         for rid in victims:

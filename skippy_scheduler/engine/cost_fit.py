@@ -35,8 +35,10 @@ import numpy as np
 
 from ..slack import StepCost
 from ..types import IterationTelemetry
+from .observers import BaseObserver
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .contract import SlackRuleScheduler
     from .requests import _InFlight
 
 _PRIOR_WEIGHT = 1e-6  # of the window's own scale: only decides directions the data leaves open
@@ -125,21 +127,17 @@ class StepCostFitter:
         return beta
 
 
-class SlackFeed:
-    """Engine observer: the scheduler's clock and cost model under the slack rule."""
+class SlackFeed(BaseObserver):
+    """Engine observer: the scheduler's clock and cost model under the slack rule (the
+    scheduler's `SlackRuleScheduler` capability, engine/contract.py)."""
 
-    wants_samples = False
-
-    def __init__(self, scheduler: Any, now_us: Callable[[], float],
+    def __init__(self, scheduler: "SlackRuleScheduler", now_us: Callable[[], float],
                  fitter: Optional[StepCostFitter] = None, refit_every: int = 8) -> None:
         self._scheduler = scheduler
         self._now_us = now_us
         self.fitter = fitter if fitter is not None else StepCostFitter(scheduler.step_cost)
         self._refit_every = max(int(refit_every), 1)
         self._since_fit = 0
-
-    def planned(self, flight: "_InFlight") -> None:
-        return None
 
     def tick(self) -> None:
         """The scheduler's clock to now: after each step, and before each submit (a request's
@@ -153,9 +151,6 @@ class SlackFeed:
         prefill_rows = len(plan) - decode
         self.fitter.add(flight.token_count - decode, decode, duration_us, prefill_rows,
                         plan.prefill_positions if prefill_rows else 0)
-
-    def sampled(self, flight: "_InFlight", rows: list[int], tokens: Any, end_us: float) -> None:
-        return None
 
     def completed(self, flight: "_InFlight", duration_us: float,
                   telemetry: IterationTelemetry) -> None:

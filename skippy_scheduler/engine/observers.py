@@ -4,7 +4,8 @@ The engine keeps its observers in a list and calls each at three points of a ste
 is made (`planned`), after it ran (`executed`, the plan still live), and once its samples are
 known (`sampled`, rows whose request ended or was preempted meanwhile already left out) and it
 is completed (`completed`). An engine with an empty list does plan + execute + complete and
-nothing else: the lean path is the same code with nothing to call.
+nothing else: the lean path is the same code with nothing to call. `BaseObserver` does nothing at
+every point: an observer subclasses it and overrides the points it uses.
 """
 from __future__ import annotations
 
@@ -31,7 +32,27 @@ class StepObserver(Protocol):
                   telemetry: IterationTelemetry) -> None: ...
 
 
-class Recording:
+class BaseObserver:
+    """A `StepObserver` that does nothing at any point: subclass it and override the points
+    you use (and set `wants_samples` when `sampled` is one of them)."""
+
+    wants_samples = False
+
+    def planned(self, flight: _InFlight) -> None:
+        return None
+
+    def executed(self, flight: _InFlight, duration_us: float) -> None:
+        return None
+
+    def sampled(self, flight: _InFlight, rows: list[int], tokens: Any, end_us: float) -> None:
+        return None
+
+    def completed(self, flight: _InFlight, duration_us: float,
+                  telemetry: IterationTelemetry) -> None:
+        return None
+
+
+class Recording(BaseObserver):
     """Writes the `Recorder`: who was scheduled when, every sample, every iteration."""
 
     wants_samples = True
@@ -45,9 +66,6 @@ class Recording:
         flight.owners = [record_of[i] for i in flight.plan.sequence_ids]
         self.recorder.scheduled(flight.owners, flight.start)
 
-    def executed(self, flight: _InFlight, duration_us: float) -> None:
-        return None
-
     def sampled(self, flight: _InFlight, rows: list[int], tokens: Any, end_us: float) -> None:
         owners = flight.owners
         self.recorder.sampled(end_us, [owners[r] for r in rows], tokens)
@@ -59,7 +77,7 @@ class Recording:
                                 flight.token_count, plan.admitted, telemetry.waiting_sequences)
 
 
-class TokenEvents:
+class TokenEvents(BaseObserver):
     """Emits a `TokenEvent` for every kept sample (not the end signal, a negative token, unless
     the host reported a detail with it). `details(plan)` is the host's `sample_details` (None:
     it reports none): asked once per plan, so a plan nobody asked details of costs one call."""
@@ -70,12 +88,6 @@ class TokenEvents:
                  details: Optional[Callable[["Plan"], Any]] = None) -> None:
         self._emit = emit
         self._details = details
-
-    def planned(self, flight: _InFlight) -> None:
-        return None
-
-    def executed(self, flight: _InFlight, duration_us: float) -> None:
-        return None
 
     def sampled(self, flight: _InFlight, rows: list[int], tokens: Any, end_us: float) -> None:
         ids = flight.plan.sequence_ids
@@ -91,34 +103,18 @@ class TokenEvents:
             if t >= 0:
                 emit(TokenEvent(ids[r], t, end_us))
 
-    def completed(self, flight: _InFlight, duration_us: float,
-                  telemetry: IterationTelemetry) -> None:
-        return None
-
 
 PlanHook = Callable[["Plan", float, float], None]
 
 
-class OnPlan:
+class OnPlan(BaseObserver):
     """Calls `hook(plan, start_us, duration_us)` while the plan is live, after it ran."""
-
-    wants_samples = False
 
     def __init__(self, hook: PlanHook) -> None:
         self.hook = hook
 
-    def planned(self, flight: _InFlight) -> None:
-        return None
-
     def executed(self, flight: _InFlight, duration_us: float) -> None:
         self.hook(flight.plan, flight.start, duration_us)
-
-    def sampled(self, flight: _InFlight, rows: list[int], tokens: Any, end_us: float) -> None:
-        return None
-
-    def completed(self, flight: _InFlight, duration_us: float,
-                  telemetry: IterationTelemetry) -> None:
-        return None
 
 
 def replace_hook(observers: list[StepObserver], hook: Optional[PlanHook]) -> None:

@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence as _Seq
 
 import numpy as np
 
-FINISH_REASONS = ("length", "stop", "failed", "cancelled", "rejected")
+from ..types import COMPLETED_REASONS, FINISH_REASONS as FINISH_REASONS
 
 NAN = float("nan")
 
@@ -272,7 +272,7 @@ class EngineReport:
         latency = [r.latency_us for r in records if r.latency_us is not None]
         itl = [g for r in records for g in r.itl_us]
         generated = sum(len(r.tokens) for r in records)
-        done = reasons["length"] + reasons["stop"]
+        done = sum(reasons[r] for r in COMPLETED_REASONS)
         span_s = self.makespan_us / 1e6
         prefill, decode, mixed = self.phase_mix()
         its = self.iterations

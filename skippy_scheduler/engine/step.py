@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 from ..cost_model import decode_row_count
 from ..inflight import resolve_deferred
-from ..types import ReleaseReason
+from ..types import FinishReason, ReleaseReason
 from .requests import _SUBMITTED, EngineStalled, _InFlight
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -75,7 +75,7 @@ class _Steps:
         def _end(self, entry: "_Entry", reason: str, error: Optional[str] = None,
                  emit: bool = True) -> None: ...
         def _measure_memory(self) -> None: ...
-        def _release_victims(self, victims: list[str]) -> None: ...
+        def _release_victims(self, victims: Iterable[str]) -> None: ...
 
     def _init_steps(self) -> None:
         self._inflight: deque[_InFlight] = deque()
@@ -84,8 +84,8 @@ class _Steps:
         self._run_async = self.hooks.execute_async if self._depth > 1 else None
         self._pipelined = self._run_async is not None and self.hooks.pipeline_depth > 1
         self._measures = self.hooks.memory_used is not None
-        # Cold prefix hold (docs/behaviour.md §2.3a): the prompts the scheduler names are kept
-        # as resident prefixes after each completion, while no plan executes.
+        # Cold prefix hold (docs/behaviour.md §2.3a): the prompts a completion's telemetry
+        # names (`prompt_keeps`) are kept as resident prefixes, while no plan executes.
         hold = (self.scheduler.config.cold_prefix_hold_tokens > 0
                 and self.hooks.prefix_store is not None)
         self._keeps = self.hooks.keep_prompt if hold else None
@@ -175,7 +175,7 @@ class _Steps:
         if plan.preempted:
             # Preemption for priority (docs/behaviour.md §2.8a): the victims' lanes are handed
             # to this plan's new rows, so the host lets them go before it runs the plan.
-            self._release_victims(self.scheduler.last_priority_victims())
+            self._release_victims(plan.priority_victims)
         if len(plan) == 0:
             self.scheduler.abort_iteration(plan)
             return None
@@ -306,12 +306,12 @@ class _Steps:
             o.completed(flight, duration, telemetry)
 
     def _after_completion(self, telemetry: Any) -> None:
-        """Release what ended, keep the prompts the scheduler names, then measure memory (when
+        """Release what ended, keep the prompts the telemetry names, then measure memory (when
         the host measures it)."""
         if telemetry.finished_ids or telemetry.failed_ids:
             self._retire(telemetry)
         if self._keeps is not None:
-            keeps = self.scheduler.take_prompt_keeps()
+            keeps = telemetry.prompt_keeps
             if keeps:
                 self._pending_keeps.extend(keeps)
                 if not (self._inflight and not self._pipelined and self._busy()):
@@ -350,7 +350,7 @@ class _Steps:
         for rid in telemetry.failed_ids:
             release(rid, ReleaseReason.FAILED)
             self._outstanding -= 1
-            self._end(live[rid], "failed")
+            self._end(live[rid], FinishReason.FAILED.value)
 
     # -- releases -----------------------------------------------------------------------------
 

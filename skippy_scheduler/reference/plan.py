@@ -114,6 +114,7 @@ class TwinPlan:
         self.token_count = token_count
         self.admitted = admitted
         self.preempted = 0
+        self.priority_victims: tuple[str, ...] = ()  # ids its admission preempted (§2.8a)
         rows = len(work)
         lengths = np.fromiter((len(w.tokens) for w in work), dtype=np.intp, count=rows)
         self.row_offsets = np.zeros(rows + 1, dtype=np.intp)

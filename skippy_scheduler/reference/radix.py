@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from .._radix import RadixEntry, RadixMatch
+from .._validate import U64_MAX
 
 RESIDENT, RECURRENT = 0, 1
-U64_MAX = (1 << 64) - 1
 EMPTY_KEY_MESSAGE = "radix cache key must contain at least one token"
 
 

@@ -300,6 +300,7 @@ class TwinScheduler:
             undo.append(RowUndo(s, fl.epoch, before, w.sample_last, previous, w.new_row))
         plan = TwinPlan(work, sum(len(w.tokens) for w in work), admitted, step, deferred)
         plan.preempted = len(self._priority_victims)
+        plan.priority_victims = tuple(self._priority_victims)
         plan._undo = undo
         plan._counters = counters
         plan._live_list = self._live_plans
@@ -439,6 +440,7 @@ class TwinScheduler:
             failed_ids=failed_ids,
             stale_refreshes=m.stale_refreshes,
             finish_reasons=dict(terminal),
+            prompt_keeps=tuple(self._hold.take(self._active.values())),
         )
 
     def _planned_for(self, plan: TwinPlan, index: int) -> bool:
@@ -504,15 +506,6 @@ class TwinScheduler:
             self._waiting.insert(0, s)
         self._refresh_counts()
         return [s.id for s in victims]
-
-    def take_prompt_keeps(self) -> list[tuple[str, int]]:
-        """Cold prefix hold (§2.3a): (id, prompt length) of each leader whose prompt completed
-        since the last call while a waiting sequence was held on it, each once."""
-        return self._hold.take(self._active.values())
-
-    def last_priority_victims(self) -> list[str]:
-        """Ids the last `plan_iteration` preempted for priority (§2.8a), in the order chosen."""
-        return list(self._priority_victims)
 
     def _requeue_victim(self, s: Sequence) -> None:
         """`s` leaves the active set as a preempted sequence; the caller queues it."""

@@ -233,8 +233,8 @@ def run_op(pair, op):
             assert pn.work == pt.work
             assert (pn.token_count, pn.admitted, pn.preempted, len(pn)) == (
                 pt.token_count, pt.admitted, pt.preempted, len(pt))
-            assert pair.native.last_priority_victims() == pair.twin.last_priority_victims()
-            assert len(pair.twin.last_priority_victims()) == pt.preempted
+            assert pn.priority_victims == pt.priority_victims
+            assert len(pt.priority_victims) == pt.preempted
             if pn.preempted:
                 event("preempted for priority")
             assert pn.tokens.tolist() == pt.tokens.tolist()

@@ -223,6 +223,45 @@ def test_reference_rule_adds_no_observer():
     assert not any(isinstance(o, SlackFeed) for o in engine.observers)
 
 
+_SLACK_VERBS = ("set_clock", "step_cost", "set_step_cost")
+
+
+class _NoSlackInputs:
+    """A scheduler without the slack rule's inputs: everything else delegated."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        if name in _SLACK_VERBS:
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+    config = property(lambda self: self._inner.config)
+    prefix_store = property(lambda self: self._inner.prefix_store)
+
+    def __dir__(self):
+        return [n for n in dir(self._inner) if n not in _SLACK_VERBS]
+
+
+@pytest.mark.parametrize("impl", [Scheduler, TwinScheduler], ids=["native", "twin"])
+def test_the_slack_inputs_are_a_capability_checked_once(impl):
+    """Both schedulers take the slack rule's inputs (`SlackRuleScheduler`); an engine told to
+    run the rule on a scheduler that lacks them refuses it when built, naming what it lacks."""
+    from skippy_scheduler.engine.contract import (SchedulerLike, SlackRuleScheduler,
+                                                  check_scheduler, check_slack_scheduler)
+
+    sched = impl(SchedulerConfig(planning_rule=PlanningRule.SLACK))
+    assert isinstance(sched, SlackRuleScheduler) and check_slack_scheduler(sched) is sched
+    assert not set(_SLACK_VERBS) & set(vars(SchedulerLike))
+    bare = _NoSlackInputs(sched)
+    assert check_scheduler(bare) is bare  # a scheduler all the same
+    with pytest.raises(TypeError, match="cannot run the slack rule: it lacks set_clock, "
+                                        "step_cost, set_step_cost"):
+        Engine(bare, CostModelHost(), clock=VirtualClock())
+    Engine(bare, CostModelHost(), clock=None)  # without a clock the rule's inputs are not set
+
+
 @pytest.mark.parametrize("impl", [Scheduler, TwinScheduler], ids=["native", "twin"])
 def test_request_deadlines_reach_the_sequence(impl):
     sched = impl(SchedulerConfig(planning_rule=PlanningRule.SLACK))

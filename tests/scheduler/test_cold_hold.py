@@ -51,9 +51,9 @@ def step(sched, store=None, token=7):
     has the host do). Returns (rows as (id, first position, tokens), keeps)."""
     plan = sched.plan_iteration()
     rows = [(w.sequence_id, w.positions[0], len(w.tokens)) for w in plan.work]
-    complete_plan(sched, plan, [IterationPrediction(i, token) for i, w in enumerate(plan.work)
-                                if w.sample_last])
-    keeps = sched.take_prompt_keeps()
+    telemetry = complete_plan(sched, plan, [IterationPrediction(i, token)
+                                            for i, w in enumerate(plan.work) if w.sample_last])
+    keeps = telemetry.prompt_keeps
     if store is not None:
         for sid, n in keeps:
             store.insert(np.asarray(PROMPTS[sid][:n], dtype=np.int32))
@@ -67,7 +67,7 @@ def test_off_by_default_a_burst_is_admitted_at_once(pair):
     sched, _ = make(pair, cold_prefix_hold_tokens=0)
     burst(sched)
     rows, keeps = step(sched)
-    assert [r[0] for r in rows] == ["s0", "s1", "s2"] and keeps == []
+    assert [r[0] for r in rows] == ["s0", "s1", "s2"] and keeps == ()
 
 
 def test_peers_wait_for_the_leaders_prompt_then_restore_it(pair):
@@ -79,15 +79,15 @@ def test_peers_wait_for_the_leaders_prompt_then_restore_it(pair):
     assert sched.snapshot().waiting_ids == ["s1", "s2"]
     for _ in range(2):  # the rest of s0's 14-token prompt, 4 tokens a plan
         rows, keeps = step(sched, store)
-        assert "s1" not in [r[0] for r in rows] and keeps == []
+        assert "s1" not in [r[0] for r in rows] and keeps == ()
     rows, keeps = step(sched, store)  # its last chunk samples its first token
-    assert keeps == [("s0", 14)]
+    assert keeps == (("s0", 14),)
     rows, keeps = step(sched, store)
+    assert keeps == ()  # each leader once
     first = {sid: (pos, n) for sid, pos, n in rows}
     assert first["s1"] == (12, 2) and first["s2"] == (12, 2)  # the shared head restored
     m = sched.metrics()
     assert m.restored_tokens == 24 and m.stale_refreshes == 2
-    assert sched.take_prompt_keeps() == []  # each leader once
 
 
 def test_a_cancelled_leader_releases_its_peers(pair):
@@ -154,7 +154,7 @@ def test_a_prompt_the_store_never_gets_holds_its_peers_no_longer_than_the_leader
     while sched.snapshot().waiting_ids:
         rows, keeps = step(sched)  # the reported prompt is never inserted
         plans.append((rows, keeps))
-    assert len(plans) == 5 and plans[3][1] == [("s0", 14)]  # 4 chunks, then s1 at plan 5
+    assert len(plans) == 5 and plans[3][1] == (("s0", 14),)  # 4 chunks, then s1 at plan 5
     s1 = sched.sequence("s1")
     assert s1.prefix_restore is None and s1.prefill_cursor == 4  # first chunk, unrestored
 

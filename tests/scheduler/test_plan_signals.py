@@ -184,5 +184,7 @@ def test_telemetry_fields_follow_the_core():
     unset = [f.name for f in fields(IterationTelemetry)
              if getattr(native, f.name) == getattr(defaults, f.name)]
     # preempted is always 0 from a plan, a first plan has neither recompute nor decode rows,
-    # and no store is attached; a new field must be given a value here (and in both cores).
-    assert unset == ["preempted", "recompute_tokens", "decode_tokens", "stale_refreshes"]
+    # and no store is attached (no refresh, no prompt to keep); a new field must be given a
+    # value here (and in both cores).
+    assert unset == ["preempted", "recompute_tokens", "decode_tokens", "stale_refreshes",
+                     "prompt_keeps"]

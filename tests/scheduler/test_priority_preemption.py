@@ -64,7 +64,7 @@ def test_memory_victims_are_no_more_than_needed(impl):
     # 50 bytes needed, 20 free: two victims (60 free) suffice, the newest two.
     s.submit(Sequence("h", [3], 5, None, 1).with_admission_tokens(5))
     plan = step(s)
-    assert plan.preempted == 2 and s.last_priority_victims() == ["d", "c"]
+    assert plan.preempted == 2 and plan.priority_victims == ("d", "c")
     assert s.snapshot().waiting_ids == ["c", "d"]  # the last victim (c) ends up first
     assert sorted(s.snapshot().active_ids) == ["a", "b", "h"]
 
@@ -75,7 +75,7 @@ def test_no_victim_is_taken_when_victims_cannot_make_room(impl):
     running(s, ("low", 0), ("high", 5))
     s.submit(Sequence("h", [3], 5, None, 1).with_admission_tokens(9))  # needs 90: only 20 eligible
     plan = s.plan_iteration()
-    assert plan.preempted == 0 and plan.admitted == 0 and s.last_priority_victims() == []
+    assert plan.preempted == 0 and plan.admitted == 0 and plan.priority_victims == ()
     assert s.snapshot().waiting_ids == ["h"] and sorted(s.snapshot().active_ids) == ["high", "low"]
     assert s.metrics().preempted == 0
 
@@ -143,7 +143,7 @@ def test_the_preempting_plan_runs_the_decode_rows_beside_the_prefill(impl):
     step(s)  # both decode
     s.submit(Sequence("h", [3, 4, 5], 5, None, 9))
     plan = step(s)
-    assert plan.preempted == 1 and s.last_priority_victims() == ["b"]
+    assert plan.preempted == 1 and plan.priority_victims == ("b",)
     # §2.8a point 6: a mixed plan, so `a` does not pause for h's prompt.
     assert {w.sequence_id: w.phase for w in plan.work} == {
         "a": IterationPhase.DECODE, "h": IterationPhase.PREFILL}

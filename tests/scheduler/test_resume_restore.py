@@ -63,7 +63,7 @@ def preempted_low(pair, **kw):
     assert len(low.generated_tokens) == 4
     sched.submit(Sequence("high", [9, 9], 5, None, 5))
     plan = sched.plan_iteration()
-    assert sched.last_priority_victims() == ["low"]
+    assert plan.priority_victims == ("low",)
     return sched, store, plan
 
 
@@ -221,7 +221,7 @@ def _run_resumes(seed, steps=240):
             def plan(s, st, pl):
                 p = s.plan_iteration()
                 pl[:] = [p] if depth == 1 else pl + [p]
-                return _plan_view(p), s.last_priority_victims()
+                return _plan_view(p), p.priority_victims
 
             _, (view, victims) = both(plan)
             rows, new, restored = view[0], view[3], view[4]
