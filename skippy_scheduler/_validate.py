@@ -37,10 +37,36 @@ def as_int(name: str, value: object) -> int:
         raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
 
 
-def check_uint(name: str, value: object, limit: int = U64_MAX) -> int:
-    number = as_int(name, value)
+def _exact_int(name: str, value: object) -> int:
+    """Only a Python int (numpy integers and bools rejected), returned as it is."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    return value
+
+
+def _range_error(name: str, number: int, lo: int, hi: int | None) -> ValueError:
+    bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+    return ValueError(f"{name} must be {bound}, got {number}")
+
+
+def check_int(name: str, value: object, lo: int, hi: int | None = None, *,
+              exact: bool = False) -> int:
+    """An int in [lo, hi] (no upper bound when `hi` is None).
+
+    Python and numpy integers are accepted and returned as a Python int (`as_int`); with
+    `exact`, only a Python int, returned as it is. Bools are rejected either way.
+    """
+    number = _exact_int(name, value) if exact else as_int(name, value)
+    if number < lo or (hi is not None and number > hi):
+        raise _range_error(name, number, lo, hi)
+    return number
+
+
+def check_uint(name: str, value: object, limit: int = U64_MAX, *, exact: bool = False) -> int:
+    """`check_int(name, value, 0, limit)`, without the extra call (it is on every `Sequence`)."""
+    number = _exact_int(name, value) if exact else as_int(name, value)
     if number < 0 or number > limit:
-        raise ValueError(f"{name} must be in [0, {limit}], got {number}")
+        raise _range_error(name, number, 0, limit)
     return number
 
 

@@ -9,20 +9,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Hashable, Iterable, Sequence as _Seq
 
-U64_MAX = (1 << 64) - 1
-
-
-def _sat(value: int) -> int:
-    """Clamp a non-negative Python int to u64 (scores saturate instead of wrapping, docs/behaviour.md §3.1)."""
-    return value if value <= U64_MAX else U64_MAX
-
-
-def _check_uint(name: str, value: object, limit: int = U64_MAX) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 0 or value > limit:
-        raise ValueError(f"{name} must be in [0, {limit}], got {value}")
-    return value
+from ._validate import U32_MAX, U64_MAX, check_bool, check_uint, sat
 
 
 @dataclass(frozen=True)
@@ -36,14 +23,15 @@ class StageCacheAffinity:
     cache_epoch: int = 0  # cache epoch the observation was taken at (carried only)
 
     def __post_init__(self) -> None:
-        _check_uint("stage_index", self.stage_index, (1 << 32) - 1)
-        _check_uint("matched_tokens", self.matched_tokens)
-        _check_uint("prefill_cost_per_token", self.prefill_cost_per_token)
-        _check_uint("restore_cost", self.restore_cost)
-        _check_uint("cache_epoch", self.cache_epoch)
+        # Python ints only: the fields are kept as given, and the scores multiply them.
+        check_uint("stage_index", self.stage_index, U32_MAX, exact=True)
+        check_uint("matched_tokens", self.matched_tokens, exact=True)
+        check_uint("prefill_cost_per_token", self.prefill_cost_per_token, exact=True)
+        check_uint("restore_cost", self.restore_cost, exact=True)
+        check_uint("cache_epoch", self.cache_epoch, exact=True)
 
     def estimated_saved_cost(self) -> int:
-        return max(0, _sat(self.matched_tokens * self.prefill_cost_per_token) - self.restore_cost)
+        return max(0, sat(self.matched_tokens * self.prefill_cost_per_token) - self.restore_cost)
 
 
 @dataclass(frozen=True)
@@ -64,10 +52,10 @@ class CacheAffinity:
         return cls((stage,))
 
     def estimated_saved_cost(self) -> int:
-        return _sat(sum(s.estimated_saved_cost() for s in self.stages))
+        return sat(sum(s.estimated_saved_cost() for s in self.stages))
 
     def matched_tokens(self) -> int:
-        return _sat(sum(s.matched_tokens for s in self.stages))
+        return sat(sum(s.matched_tokens for s in self.stages))
 
 
 @dataclass(frozen=True)
@@ -132,7 +120,6 @@ def order_cache_aware_candidates(
     must be ints in the i32 range, every other field a u64).
     """
     from ._rank import order_candidates
-    from ._validate import check_bool, check_uint
 
     items = _check_candidates(candidates)
     turn = check_uint("current_turn", current_turn)

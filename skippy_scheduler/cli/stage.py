@@ -130,7 +130,7 @@ def run_staged(args: argparse.Namespace, prompts: list[Any], n_seq: int, n_batch
     require_stage_packages("run --stages")
     from ..hosts.stages.host import StageFailure, StageHost
     from ..hosts.stages.local import LocalStages
-    from ..hosts.stages.holders import check_stage_capacities
+    from ..hosts.stages.holders import StageCapacityError, check_stage_capacities
     from ..hosts.stages.split import SplitError, file_identity, stage_paths
 
     from ._common import DEFAULT_THREADS, stage_worker_args
@@ -167,9 +167,7 @@ def run_staged(args: argparse.Namespace, prompts: list[Any], n_seq: int, n_batch
                                                      lane))
     except (SplitError, StageFailure) as exc:
         raise CommandError(str(exc)) from None
-    except ValueError as exc:
-        if "prefix cache capacit" not in str(exc):
-            raise
+    except StageCapacityError as exc:
         raise CommandError(f"--stage-prefix-cache-tokens: {exc}") from None
 
 

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Union, runt
 import numpy as np
 
 from ..cost_model import RuntimeCostModel, decode_row_count
-from ..engine.clock import CpuClock, WallClock
+from ..engine.clock import make_clock
 from ..engine.contract import attach
 from ..engine.core import Engine, Request
 from ..types import SchedulerConfig
@@ -224,13 +224,11 @@ class BoundedContextHost(Protocol):
 ClockChoice = Union[str, Callable[[], Any]]
 
 
-def make_clock(clock: ClockChoice) -> Any:
+def fresh_clock(clock: ClockChoice) -> Any:
     """A fresh engine clock: "cpu" (`CpuClock`), "wall" (`WallClock`), or what a factory makes
     (such as `lambda: VirtualClock(cost)`, which prices every plan by a known model)."""
-    if clock == "cpu":
-        return CpuClock()
-    if clock == "wall":
-        return WallClock()
+    if isinstance(clock, str) and clock in CLOCKS:
+        return make_clock(clock, CLOCKS)
     if callable(clock):
         return clock()
     raise ValueError(f"clock must be one of {', '.join(CLOCKS)} or a clock factory, "
@@ -303,7 +301,7 @@ def _time_shape(host: Any, prefill: int, decode: int, *, repeats: int, warmup: i
     # Decoders are cancelled once enough iterations are timed; their budget only bounds a run
     # that goes wrong (one prefill, one decode-only iteration, the timed ones, the misses).
     decode_budget = 2 + wanted + _MAX_MISSES
-    engine = Engine(scheduler, host, clock=make_clock(clock), on_plan=run.on_plan,
+    engine = Engine(scheduler, host, clock=fresh_clock(clock), on_plan=run.on_plan,
                     before_step=run.before_step, max_iterations=4 * decode_budget + 16)
     run.engine = engine
     for i in range(decode):
@@ -352,7 +350,7 @@ def calibrate_host(
                             ("passes", passes, 1), ("context_tokens", context_tokens, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < lo:
             raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
-    make_clock(clock)
+    fresh_clock(clock)
     state = attach(host).host_state
     if state is not None and state().active:
         raise ValueError("calibrate on an idle host: it has active sequences")

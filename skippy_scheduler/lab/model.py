@@ -9,23 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
+from .._validate import I32_MAX, I32_MIN, U32_MAX, check_int, check_uint
 from ..cache_policy import CacheAffinity, StageCacheAffinity
 from ..types import PrefixRestore, PrefixRestoreKind, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..radix import UnifiedRadixCache
 from ..cost_model import RuntimeCostModel as RuntimeCostModel  # re-exported: the lab's cost model
-
-I32_MAX = (1 << 31) - 1
-U32_MAX = (1 << 32) - 1
-
-
-def _check_int(name: str, value: object, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not lo <= value <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
-    return value
 
 
 @dataclass
@@ -44,22 +34,22 @@ class SimRequest:
     def __post_init__(self) -> None:
         if not isinstance(self.id, str):
             raise TypeError("SimRequest.id must be a str")
-        _check_int("arrival_us", self.arrival_us, 0, (1 << 64) - 1)
-        _check_int("prompt_tokens", self.prompt_tokens, 0, (1 << 64) - 1)
-        _check_int("output_tokens", self.output_tokens, 0, U32_MAX)
-        _check_int("prefix_tokens", self.prefix_tokens, 0, (1 << 64) - 1)
-        _check_int("priority", self.priority, 0, (1 << 64) - 1)
-        _check_int("token_offset", self.token_offset, -(1 << 31), I32_MAX)
+        check_uint("arrival_us", self.arrival_us, exact=True)
+        check_uint("prompt_tokens", self.prompt_tokens, exact=True)
+        check_uint("output_tokens", self.output_tokens, U32_MAX, exact=True)
+        check_uint("prefix_tokens", self.prefix_tokens, exact=True)
+        check_uint("priority", self.priority, exact=True)
+        check_int("token_offset", self.token_offset, I32_MIN, I32_MAX, exact=True)
         if not isinstance(self.cache_affinity, CacheAffinity):
             raise TypeError("SimRequest.cache_affinity must be a CacheAffinity")
 
     def with_prefix_tokens(self, prefix_tokens: int) -> "SimRequest":
-        self.prefix_tokens = min(_check_int("prefix_tokens", prefix_tokens, 0, (1 << 64) - 1),
+        self.prefix_tokens = min(check_uint("prefix_tokens", prefix_tokens, exact=True),
                                  self.prompt_tokens)
         return self
 
     def with_token_offset(self, token_offset: int) -> "SimRequest":
-        self.token_offset = _check_int("token_offset", token_offset, -(1 << 31), I32_MAX)
+        self.token_offset = check_int("token_offset", token_offset, I32_MIN, I32_MAX, exact=True)
         return self
 
     def with_cache_affinity(self, affinity: CacheAffinity) -> "SimRequest":
@@ -69,7 +59,7 @@ class SimRequest:
         return self
 
     def with_priority(self, priority: int) -> "SimRequest":
-        self.priority = _check_int("priority", priority, 0, (1 << 64) - 1)
+        self.priority = check_uint("priority", priority, exact=True)
         return self
 
     def to_sequence(self) -> Sequence:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, NoReturn, Optional, Sequence as Seq
 
 from ..cost_model import RuntimeCostModel
-from ..engine import CostModelHost, Engine, EngineStalled, percentile
+from ..engine import BaseObserver, CostModelHost, Engine, EngineStalled, percentile
 from ..types import IterationTelemetry
 from .backend import Backend, resolve_backend
 from .model import SimRequest
@@ -174,7 +174,7 @@ class _GroupClock:
         self._now = max(self._now, t_us)
 
 
-class _StageTimes:
+class _StageTimes(BaseObserver):
     """An engine observer writing the report: each sample's time, each plan, each end."""
 
     wants_samples = True
@@ -182,12 +182,6 @@ class _StageTimes:
     def __init__(self, report: StagedReport, clock: _GroupClock) -> None:
         self._report = report
         self._clock = clock
-
-    def planned(self, flight: Any) -> None:
-        return None
-
-    def executed(self, flight: Any, duration_us: float) -> None:
-        return None
 
     def sampled(self, flight: Any, rows: list[int], tokens: Any, end_us: float) -> None:
         times = self._report.token_times

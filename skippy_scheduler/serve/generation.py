@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ..engine import FinishEvent, TokenEvent
 from ..sampling import TokenLogprob
+from ..types import UNCOMPLETED_REASONS
 from .text import Detokenizer, StopMatcher
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -101,8 +102,7 @@ class Generation:
                     self._end("stop", t)
                     self.ctx.runner.cancel(self.sub.request_id)
             elif isinstance(event, FinishEvent):
-                if self.sub.error is not None or event.reason in ("failed", "cancelled",
-                                                                  "rejected"):
+                if self.sub.error is not None or event.reason in UNCOMPLETED_REASONS:
                     self.error = self.sub.error or event.error or f"the request {event.reason}"
                     self.finish = "error"
                     continue

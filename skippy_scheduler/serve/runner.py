@@ -30,6 +30,8 @@ from typing import Any, Callable, Iterable, Optional
 from ..engine import (AcceptEvent, Engine, FinishEvent, Host, HostState, Request,
                       SchedulerLike, TokenEvent)
 from ..engine.contract import HostOutOfMemory
+from ..engine.observers import BaseObserver
+from ..types import REJECTED, FinishReason
 
 log = logging.getLogger("skippy_scheduler.serve")
 
@@ -236,7 +238,7 @@ class EngineRunner:
             sub.error = message
         if not self.engine.cancel(rid):
             # The scheduler no longer knows it; the subscription still gets its end.
-            self._deliver(FinishEvent(rid, "failed", self.engine.now(), message))
+            self._deliver(FinishEvent(rid, FinishReason.FAILED.value, self.engine.now(), message))
 
     # -- requests (event loop) ----------------------------------------------------------------
 
@@ -312,7 +314,7 @@ class EngineRunner:
                 undecided = self._undecided.pop(rid, None) is not None
                 self._subs.pop(rid, None)
             if undecided:
-                self._decide(sub, event if event.reason == "rejected" else None)
+                self._decide(sub, event if event.reason == REJECTED else None)
         sub._items.append(event)
         inbox = sub.inbox
         if not inbox._queued:
@@ -417,23 +419,12 @@ def _fire_all(items: list[Any]) -> None:
         item._fire()
 
 
-class _StepEnd:
+class _StepEnd(BaseObserver):
     """The last observer of a step: calls `flush` once the step's events are all out (its
     samples, then the ends its completion decided)."""
 
-    wants_samples = False
-
     def __init__(self, flush: Callable[[], None]) -> None:
         self._flush = flush
-
-    def planned(self, flight: Any) -> None:
-        return None
-
-    def executed(self, flight: Any, duration_us: float) -> None:
-        return None
-
-    def sampled(self, flight: Any, rows: list[int], tokens: Any, end_us: float) -> None:
-        return None
 
     def completed(self, flight: Any, duration_us: float, telemetry: Any) -> None:
         self._flush()

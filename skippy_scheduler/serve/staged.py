@@ -19,6 +19,7 @@ import time
 from typing import Any, Iterator, Optional
 
 from ..engine import FinishEvent, Request
+from ..types import FinishReason
 from ..hosts.stages.channel import StageFailure
 from ..hosts.stages.host import StageHost
 from ..hosts.stages.opening import open_stage_host
@@ -77,7 +78,7 @@ class StagedEngineRunner(EngineRunner):
         return super().open(request, loop, inbox)
 
     def _deliver(self, event: Any) -> None:
-        if isinstance(event, FinishEvent) and event.reason == "failed":
+        if isinstance(event, FinishEvent) and event.reason == FinishReason.FAILED.value:
             broken = self.host.broken
             sub = self.subscription(event.request_id)
             if broken is not None and sub is not None and sub.error is None:

@@ -5,7 +5,9 @@ backend's initialisation and its workers included). The sink is C (`_llama_log`)
 warnings and errors (and their continuation lines) in a short ring, so an error message can say
 what llama.cpp complained about, and runs no Python, so no llama.cpp thread ever needs the
 interpreter. `SKIPPY_LLAMA_LOG=info` (or `debug`, `warn`, `error`) also echoes llama.cpp's log to
-stderr from that level up.
+stderr from that level up; `SKIPPY_LLAMA_LOG=raw` installs no sink at all (llama.cpp's own
+logger writes everything to stderr, and error messages carry no log lines): a way to tell a
+problem of the sink from one of llama.cpp.
 """
 from __future__ import annotations
 
@@ -13,11 +15,10 @@ import ctypes
 import os
 from typing import Any
 
-import numpy as np
-
 import llama_cpp as _ll
 
 from ... import _llama_log
+from ..._validate import check_int as check_int  # the hosts' argument check (host.py, direct.py)
 from ..offload import Device, Placement
 
 KV_TYPES = {"f32": 0, "f16": 1}  # ggml_type values of GGML_TYPE_F32 / GGML_TYPE_F16
@@ -39,6 +40,7 @@ _ECHO_LEVELS = {"debug": 1, "info": 2, "warn": 3, "warning": 3, "error": 4}
 
 # The C sink as a llama_log_callback pointer (kept for the life of the process).
 _sink = _ll.llama_log_callback(_llama_log.sink_address())
+_RAW = _ll.llama_log_callback(0)
 _backend_ready = False
 
 
@@ -47,7 +49,8 @@ def init_backend() -> None:
     if not _backend_ready:
         echo = os.environ.get("SKIPPY_LLAMA_LOG", "").strip().lower()
         _llama_log.set_echo(_ECHO_LEVELS.get(echo, 0))
-        _ll.llama_log_set(_sink, ctypes.c_void_p(0))
+        # NULL: llama.cpp's default logger (fputs to stderr), no Python and no sink.
+        _ll.llama_log_set(_RAW if echo == "raw" else _sink, ctypes.c_void_p(0))
         _ll.llama_backend_init()
         _backend_ready = True
 
@@ -165,13 +168,3 @@ def create_context(model: Any, *, n_ctx: int, n_batch: int, n_ubatch: int, seque
         cparams.cb_eval = cb_eval
         cparams.cb_eval_user_data = None
     return _ll.llama_init_from_model(model, cparams)
-
-
-def check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    value = int(value)
-    if value < lo or (hi is not None and value > hi):
-        bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise ValueError(f"{name} must be {bound}, got {value}")
-    return value

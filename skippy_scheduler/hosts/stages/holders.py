@@ -87,6 +87,10 @@ def restored_prefixes(holders: Optional[PrefixHolders], sampling: dict[int, Any]
     return out
 
 
+class StageCapacityError(ValueError):
+    """Per-stage prefix cache capacities that do not fit the stages or the store."""
+
+
 def check_stage_capacities(caps: Optional[Sequence[int]], prefix_cache_tokens: int,
                            stages: int) -> list[int]:
     """Each stage's prefix-holder capacity in tokens: `caps` (one per stage, each from 1 to
@@ -96,14 +100,16 @@ def check_stage_capacities(caps: Optional[Sequence[int]], prefix_cache_tokens: i
         return [prefix_cache_tokens] * stages
     caps = list(caps)
     if not prefix_cache_tokens:
-        raise ValueError("per-stage prefix cache capacities need prefix_cache_tokens (the "
-                         "largest a stage may keep)")
+        raise StageCapacityError("per-stage prefix cache capacities need prefix_cache_tokens "
+                                 "(the largest a stage may keep)")
     if len(caps) != stages:
-        raise ValueError(f"{len(caps)} per-stage prefix cache capacities for {stages} stages")
+        raise StageCapacityError(f"{len(caps)} per-stage prefix cache capacities for {stages} "
+                                 "stages")
     for k, c in enumerate(caps):
         if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= prefix_cache_tokens:
-            raise ValueError(f"stage {k}'s prefix cache capacity must be an int from 1 to "
-                             f"prefix_cache_tokens ({prefix_cache_tokens}), got {c!r}")
+            raise StageCapacityError(f"stage {k}'s prefix cache capacity must be an int from 1 "
+                                     f"to prefix_cache_tokens ({prefix_cache_tokens}), got "
+                                     f"{c!r}")
     return caps
 
 
