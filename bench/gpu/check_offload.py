@@ -1,0 +1,147 @@
+"""The GPU checks of the offload work, on a machine with a GPU build of llama.cpp:
+
+    python3 bench/gpu/check_offload.py --model bench-0.85b-f16.gguf --json offload-check.json
+
+1. `skippy-scheduler serve -m MODEL` with no offload flag: the startup line must say every
+   layer is on a GPU ("N/N layers on ..."), and the openai client must get a chat answer;
+2. the same server with the exact settings (`--kv-type f32 -fa off`): `--prompts` greedy
+   completions run alone, one after another, then all at once; the tokens of each are compared
+   (llama.cpp's kernels may not be batch-invariant on a GPU: the count of equal requests is
+   reported, and `--require-equal` makes a difference fail the run).
+
+Exit status 0 when check 1 passed (and check 2 with --require-equal); the JSON has the startup
+lines, the answers and the comparison. Each server runs in its own process and is stopped after
+its check; every wait is bounded (`--timeout`).
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Optional
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """`skippy-scheduler serve` in a subprocess; its first stderr line is the startup line."""
+
+    def __init__(self, model: str, extra: list[str], timeout_s: float) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        cmd = [sys.executable, "-m", "skippy_scheduler.cli", "serve", "-m", model,
+               "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", "bench",
+               "--log-level", "warning", *extra]
+        self.cmd = cmd
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     text=True)
+        self.banner = ""
+        end = time.monotonic() + timeout_s
+        assert self.proc.stderr is not None
+        while time.monotonic() < end:
+            line = self.proc.stderr.readline()
+            if not line:
+                break
+            if line.startswith("skippy-scheduler serve:"):
+                self.banner = line.strip()
+                break
+        if not self.banner:
+            self.stop()
+            raise SystemExit(f"the server did not start: {' '.join(cmd)}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def _client(url: str, timeout_s: float) -> Any:
+    from openai import OpenAI
+
+    return OpenAI(base_url=url, api_key="none", timeout=timeout_s, max_retries=0)
+
+
+def _tokens(client: Any, prompt: str, max_tokens: int) -> list[int]:
+    r = client.completions.create(model="bench", prompt=prompt, max_tokens=max_tokens,
+                                  temperature=0, extra_body={"ignore_eos": True,
+                                                             "return_token_ids": True})
+    choice = r.choices[0]
+    ids = getattr(choice, "token_ids", None) or (choice.model_extra or {}).get("token_ids")
+    return list(ids) if ids else [ord(c) for c in choice.text]
+
+
+def check_offload(args: argparse.Namespace) -> dict[str, Any]:
+    srv = Server(args.model, [], args.timeout)
+    try:
+        m = re.search(r"(\d+)/(\d+) layers on ([^,)]+)", srv.banner)
+        all_on_gpu = bool(m and m.group(1) == m.group(2))
+        chat = _client(srv.url, args.timeout).chat.completions.create(
+            model="bench", max_tokens=16, temperature=0,
+            messages=[{"role": "user", "content": "Hello"}])
+        answered = chat.choices[0].finish_reason in ("stop", "length")
+    finally:
+        srv.stop()
+    return {"command": srv.cmd, "startup_line": srv.banner, "all_layers_on_gpu": all_on_gpu,
+            "chat_answered": answered}
+
+
+def check_batch_invariance(args: argparse.Namespace) -> dict[str, Any]:
+    srv = Server(args.model, ["--kv-type", "f32", "-fa", "off", "-np", str(args.prompts)],
+                 args.timeout)
+    prompts = [" ".join(f"w{i}x{k}" for k in range(args.prompt_words)) for i in
+               range(args.prompts)]
+    try:
+        client = _client(srv.url, args.timeout)
+        alone = [_tokens(client, p, args.max_tokens) for p in prompts]
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            batched = list(pool.map(lambda p: _tokens(client, p, args.max_tokens), prompts))
+    finally:
+        srv.stop()
+    equal = sum(a == b for a, b in zip(alone, batched))
+    return {"command": srv.cmd, "startup_line": srv.banner, "requests": len(prompts),
+            "equal": equal}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    ap.add_argument("--model", required=True, help="GGUF model file")
+    ap.add_argument("--prompts", type=int, default=8, help="requests compared (default: 8)")
+    ap.add_argument("--prompt-words", type=int, default=48, help="words per prompt (default: 48)")
+    ap.add_argument("--max-tokens", type=int, default=32, help="tokens per request (default: 32)")
+    ap.add_argument("--timeout", type=float, default=300.0,
+                    help="seconds any start or request may take (default: 300)")
+    ap.add_argument("--require-equal", action="store_true",
+                    help="fail unless alone and batched greedy tokens are equal")
+    ap.add_argument("--json", metavar="FILE", help="write the results here")
+    args = ap.parse_args(argv)
+    if not os.path.isfile(args.model):
+        ap.error(f"--model: no such file: {args.model}")
+    out = {"offload": check_offload(args), "batch_invariance": check_batch_invariance(args)}
+    print(json.dumps(out, indent=2))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(out, fh, indent=2)
+    ok = out["offload"]["all_layers_on_gpu"] and out["offload"]["chat_answered"]
+    if args.require_equal:
+        inv = out["batch_invariance"]
+        ok = ok and inv["equal"] == inv["requests"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
