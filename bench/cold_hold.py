@@ -20,13 +20,12 @@ Without `--model` a tiny random-weight model is written to a temporary directory
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import random
 import sys
 import tempfile
 
+from skippy_bench.reports import append_line, percentile
 from skippy_scheduler import PlanningRule, Scheduler, SchedulerConfig
 from skippy_scheduler.engine import Engine, Request, VirtualClock
 from skippy_scheduler.hosts.calibrate import CostModel
@@ -56,11 +55,6 @@ def burst(n: int, tokens: int, shared: int, fraction: float, vocab: int,
     return out
 
 
-def p99(values: list[float]) -> float:
-    v = sorted(values)
-    return v[min(max(math.ceil(len(v) * 0.99) - 1, 0), len(v) - 1)]
-
-
 def run_way(host: LlamaHost, prompts: list[list[int]], hold: int, max_tokens: int,
             lanes: int, inflight: int, rule: str) -> dict:
     config = SchedulerConfig(
@@ -87,7 +81,8 @@ def run_way(host: LlamaHost, prompts: list[list[int]], hold: int, max_tokens: in
     return {"prefilled": m.prefill_tokens + m.recompute_tokens, "restored": m.restored_tokens,
             "decoded": host.decoded_tokens - decoded,
             "prompt_keeps": host.holders.prompt_keeps - keeps,
-            "modelled_ttft_p99_s": p99(ttft), "tokens": [r.tokens for r in report.records]}
+            "modelled_ttft_p99_s": percentile(ttft, 99),
+            "tokens": [r.tokens for r in report.records]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,11 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, w in ways.items():
         print(f"{name:10} {w['prefilled']:>10} {w['restored']:>9} {w['decoded']:>8} "
               f"{w['prompt_keeps']:>10} {w['modelled_ttft_p99_s']:>20.2f}")
-    if args.json:
-        with open(args.json, "a") as f:
-            f.write(json.dumps({"args": vars(args), "identical": same,
-                                **{k: {n: v for n, v in w.items() if n != "tokens"}
-                                   for k, w in ways.items()}}) + "\n")
+    append_line({"args": vars(args), "identical": same,
+                 **{k: {n: v for n, v in w.items() if n != "tokens"} for k, w in ways.items()}},
+                args.json)
     return 0 if same else 1
 
 

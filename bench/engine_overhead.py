@@ -11,11 +11,11 @@ Run: python bench/engine_overhead.py [--sizes 256,1024] [--steps 4000]
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
+from skippy_bench.reports import paired_medians_table
 from skippy_scheduler import Scheduler
-from skippy_scheduler.bench import BenchHost, decoding_engine, paired_medians_us
+from skippy_scheduler.bench import BenchHost, decoding_engine
 
 
 def bare_step(scheduler, host: BenchHost):
@@ -27,18 +27,15 @@ def bare_step(scheduler, host: BenchHost):
     return step
 
 
+def sides(n: int):
+    engine = decoding_engine(Scheduler, n, 512)
+    bare = decoding_engine(Scheduler, n, 512).scheduler  # same state, driven by hand
+    return bare_step(bare, BenchHost()), engine.step
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    ap.add_argument("--sizes", default="256,1024")
-    ap.add_argument("--steps", type=int, default=4000)
-    args = ap.parse_args(argv)
-    print("N\tbare_median_us\tengine_median_us\tengine/bare")
-    for n in (int(x) for x in args.sizes.split(",")):
-        engine = decoding_engine(Scheduler, n, 512)
-        bare = decoding_engine(Scheduler, n, 512).scheduler  # same state, driven by hand
-        ma, mb = paired_medians_us(bare_step(bare, BenchHost()), engine.step, args.steps)
-        print(f"{n}\t{ma:.2f}\t{mb:.2f}\t{mb / ma:.3f}")
-    return 0
+    return paired_medians_table(argv, __doc__.splitlines()[0],
+                                ("bare_median_us", "engine_median_us", "engine/bare"), sides)
 
 
 if __name__ == "__main__":

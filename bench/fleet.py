@@ -25,63 +25,31 @@ prefix store / prompt tokens of admitted requests, summed over the replicas' `vl
 the prompt tokens prefilled (computed, not restored), TTFT p50/p99 seen by the clients
 (through the router), output tokens/s over the run, and how the requests were spread over the
 replicas. `--markdown` prints the table BENCHMARKS.md carries. `--trace` adds, per policy,
-counts read from the replicas' KV events (bench/fleet_trace.py): where each request's prefix
-was resident when it was sent, how sticky the routing kept groups, how many groups each
+counts read from the replicas' KV events (skippy_bench/fleet_trace.py): where each request's
+prefix was resident when it was sent, how sticky the routing kept groups, how many groups each
 replica held.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import shutil
-import socket
 import string
-import subprocess
 import sys
 import tempfile
 import time
 
 import httpx
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fleet_trace import EventRecorder, analyse  # noqa: E402
-from serve_load import one, percentile  # noqa: E402
+from skippy_bench.fleet_trace import EventRecorder, analyse
+from skippy_bench.loads import client, closed_loop, errors, request_args
+from skippy_bench.reports import emit, markdown_table, percentile
+from skippy_bench.servers import Served, free_port
 
 POLICIES = ("round_robin", "cache_aware", "kv_aware")
 MODEL_NAME = "bench"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} (see its log)")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} not ready after {timeout_s} s")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(15)
 
 
 def make_prompts(args) -> list[str]:
@@ -95,15 +63,12 @@ def make_prompts(args) -> list[str]:
             for _ in range(args.requests)]
 
 
-class Replica:
+class Replica(Served):
     def __init__(self, args, index: int, logs: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.events = f"tcp://127.0.0.1:{free_port()}"
         self.replay = f"tcp://127.0.0.1:{free_port()}"
         cmd = [sys.executable, "-m", "skippy_scheduler.cli", "serve",
-               "--served-model-name", MODEL_NAME, "--host", "127.0.0.1",
-               "--port", str(self.port), "--threads", "1",
+               "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--threads", "1",
                "--max-active", str(args.max_active), "--ctx-size", str(args.ctx_size),
                "--prefix-cache-tokens", str(args.prefix_cache_tokens),
                "--prefix-holders", str(args.prefix_holders),
@@ -111,10 +76,7 @@ class Replica:
                "--kv-block-size", str(args.block_size)]
         if args.model:
             cmd += ["--model", os.path.abspath(args.model)]
-        self.log = open(os.path.join(logs, f"replica-{index}.log"), "ab")
-        # From the logs folder, not a checkout (`python -m` would import its sources).
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=logs)
-        wait_ready(self.url + "/health", self.proc, args.start_timeout)
+        super().__init__(cmd, logs, f"replica-{index}", args.start_timeout)
 
     def counters(self) -> dict[str, float]:
         out = {}
@@ -125,16 +87,11 @@ class Replica:
                     out[name] = float(line.split()[-1])
         return out
 
-    def close(self) -> None:
-        stop(self.proc)
-        self.log.close()
 
-
-def start_router(args, policy: str, replicas: list[Replica], logs: str) -> tuple:
+def start_router(args, policy: str, replicas: list[Replica], logs: str) -> Served:
     binary = shutil.which("vllm-router") or os.path.join(os.path.dirname(sys.executable),
                                                          "vllm-router")
-    port = free_port()
-    cmd = [binary, "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
+    cmd = [binary, "--host", "127.0.0.1", "--policy", policy,
            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
            "--worker-urls", *[r.url for r in replicas]]
     if policy == "kv_aware":
@@ -142,16 +99,7 @@ def start_router(args, policy: str, replicas: list[Replica], logs: str) -> tuple
             cmd += ["--kv-event-source", f"{r.url}={r.events}",
                     "--kv-event-replay-source", f"{r.url}={r.replay}"]
         cmd += ["--kv-event-block-size", str(args.block_size), "--kv-event-model", MODEL_NAME]
-    cmd += args.router_arg
-    log = open(os.path.join(logs, f"router-{policy}.log"), "ab")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_ready(f"http://127.0.0.1:{port}/health", proc, args.start_timeout)
-    except BaseException:
-        stop(proc)
-        log.close()
-        raise
-    return f"http://127.0.0.1:{port}", proc, log
+    return Served(cmd + args.router_arg, logs, f"router-{policy}", args.start_timeout)
 
 
 def prompt_groups(args, prompts: list[str]) -> list[int]:
@@ -163,24 +111,9 @@ def prompt_groups(args, prompts: list[str]) -> list[int]:
 
 async def drive(url: str, prompts: list[str], args) -> tuple[list, float]:
     """Every prompt's result (in prompt order) and the wall time of the load."""
-    queue: asyncio.Queue = asyncio.Queue()
-    for item in enumerate(prompts):
-        queue.put_nowait(item)
-    results: list = [None] * len(prompts)
-    req = argparse.Namespace(model=MODEL_NAME, max_tokens=args.max_tokens, token_ids=False,
-                             extra={})
-    limits = httpx.Limits(max_connections=args.concurrency,
-                          max_keepalive_connections=args.concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=args.timeout, limits=limits) as c:
-        async def worker() -> None:
-            while not queue.empty():
-                i, prompt = queue.get_nowait()
-                results[i] = await one(c, prompt, req)
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
-        wall = time.perf_counter() - t0
-    return results, wall
+    req = request_args(args.max_tokens, MODEL_NAME)
+    async with client(url, args.timeout, args.concurrency) as c:
+        return await closed_loop(c, prompts, req, args.concurrency)
 
 
 def run_policy(args, policy: str, prompts: list[str], logs: str) -> dict:
@@ -190,11 +123,10 @@ def run_policy(args, policy: str, prompts: list[str], logs: str) -> dict:
     try:
         for i in range(args.replicas):
             replicas.append(Replica(args, i, logs))
-        url, proc, log = start_router(args, policy, replicas, logs)
-        router = (proc, log)
+        router = start_router(args, policy, replicas, logs)
         recorder = EventRecorder([r.events for r in replicas]) if args.trace else None
         time.sleep(args.settle)  # subscribers connected before the first event
-        results, wall = asyncio.run(drive(url, prompts, args))
+        results, wall = asyncio.run(drive(router.url, prompts, args))
         counters = [r.counters() for r in replicas]
         if recorder is not None:
             recorder.stop()
@@ -205,8 +137,7 @@ def run_policy(args, policy: str, prompts: list[str], logs: str) -> dict:
                             args.prefix_holders, [r.end or r.sent for r in results])
     finally:
         if router is not None:
-            stop(router[0])
-            router[1].close()
+            router.close()
         for r in replicas:
             r.close()
     good = [r for r in results if r.ok]
@@ -218,7 +149,7 @@ def run_policy(args, policy: str, prompts: list[str], logs: str) -> dict:
     return {
         "policy": policy, "replicas": args.replicas, "requests": len(prompts),
         "completed": len(good),
-        "errors": sorted({f"{r.status} {r.error}" for r in results if not r.ok})[:5],
+        "errors": errors(results),
         "prefix_hit_rate": hits / queries if queries else 0.0,
         "prompt_tokens": queries, "restored_tokens": hits, "prefilled_tokens": queries - hits,
         "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
@@ -230,33 +161,32 @@ def run_policy(args, policy: str, prompts: list[str], logs: str) -> dict:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| policy | prefix hit rate | prefilled tokens | TTFT p50 (s) | TTFT p99 (s) | "
-             "output tok/s | requests per replica |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['policy']} | {r['prefix_hit_rate']:.3f} | "
-                     f"{r['prefilled_tokens']:.0f} | {r['ttft_p50_s']:.3f} | "
-                     f"{r['ttft_p99_s']:.3f} | {r['output_tokens_per_s']:.1f} | "
-                     f"{' / '.join(f'{n:.0f}' for n in r['per_replica_requests'])} |")
-    return "\n".join(lines)
+    return "\n".join(markdown_table(
+        ["policy", "prefix hit rate", "prefilled tokens", "TTFT p50 (s)", "TTFT p99 (s)",
+         "output tok/s", "requests per replica"], "lllllll",
+        ([r["policy"], f"{r['prefix_hit_rate']:.3f}", f"{r['prefilled_tokens']:.0f}",
+          f"{r['ttft_p50_s']:.3f}", f"{r['ttft_p99_s']:.3f}", f"{r['output_tokens_per_s']:.1f}",
+          " / ".join(f"{n:.0f}" for n in r["per_replica_requests"])] for r in rows)))
 
 
 def trace_markdown(rows: list[dict]) -> str:
     """The `--trace` counts of each policy as a table (requests by where their prefix was)."""
-    lines = ["| policy | group stickiness | prefix on the serving replica / only elsewhere "
-             "(fresh) / nowhere (its group running: anywhere, elsewhere) | groups held per "
-             "replica | modelled: round robin / partition |", "|---|---|---|---|---|"]
-    for r in rows:
+    def cells(r: dict) -> list[str]:
         t = r["trace"]
         w = t["prefix_at_send"]
         m = t["modelled_hit_share"]
-        lines.append(f"| {r['policy']} | {t['group_stickiness']:.2f} | {w['on_served']} / "
-                     f"{w['only_elsewhere']} ({w['only_elsewhere_fresh']}) / {w['nowhere']} "
-                     f"({w['nowhere_but_running']}, {w['nowhere_but_running_elsewhere']}) | "
-                     f"{' / '.join(f'{g:.1f}' for g in t['groups_resident_mean'])} of "
-                     f"{t['holders_per_replica']} | {m['round_robin']:.3f} / "
-                     f"{m['partition']:.3f} |")
-    return "\n".join(lines)
+        return [r["policy"], f"{t['group_stickiness']:.2f}",
+                f"{w['on_served']} / {w['only_elsewhere']} ({w['only_elsewhere_fresh']}) / "
+                f"{w['nowhere']} ({w['nowhere_but_running']}, "
+                f"{w['nowhere_but_running_elsewhere']})",
+                f"{' / '.join(f'{g:.1f}' for g in t['groups_resident_mean'])} of "
+                f"{t['holders_per_replica']}",
+                f"{m['round_robin']:.3f} / {m['partition']:.3f}"]
+
+    return "\n".join(markdown_table(
+        ["policy", "group stickiness", "prefix on the serving replica / only elsewhere (fresh) / "
+         "nowhere (its group running: anywhere, elsewhere)", "groups held per replica",
+         "modelled: round robin / partition"], "lllll", (cells(r) for r in rows)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="extra vllm-router argument (repeatable)")
     ap.add_argument("--trace", action="store_true",
                     help="record the replicas' KV events and report, per policy, where each "
-                    "request's prefix was resident when it was sent (bench/fleet_trace.py)")
+                    "request's prefix was resident when it was sent (skippy_bench/fleet_trace.py)")
     ap.add_argument("--logs", help="directory for the replicas' and routers' logs")
     ap.add_argument("--json", help="append one JSON line per policy to this file")
     ap.add_argument("--markdown", action="store_true", help="print the table at the end")
@@ -296,11 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     for policy in args.policies:
         row = run_policy(args, policy, prompts, logs)
         rows.append(row)
-        line = json.dumps(row)
-        print(line, flush=True)
-        if args.json:
-            with open(args.json, "a", encoding="utf-8") as fh:
-                fh.write(line + "\n")
+        emit(row, args.json)
     if args.markdown:
         print(markdown(rows))
         if args.trace:

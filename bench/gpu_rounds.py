@@ -56,13 +56,10 @@ import sys
 import tempfile
 from typing import Any, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import serve_load  # noqa: E402
-import serve_rounds  # noqa: E402
-from fleet import stop  # noqa: E402
-from priority_load import Served, find_llama_server  # noqa: E402
+from skippy_bench.loads import closed_args, run_load
+from skippy_bench.reports import emit, median
+from skippy_bench.servers import OURS, THEIRS, Served, find_llama_server, stop
 
-OURS, THEIRS = serve_rounds.OURS, serve_rounds.THEIRS
 # (key in a load's result, name in the table, scale for the table)
 MEASURES = (("output_tokens_per_s", "output tok/s", 1), ("ttft_p50_s", "TTFT p50 ms", 1e3),
             ("ttft_p99_s", "TTFT p99 ms", 1e3), ("itl_p50_s", "gap p50 ms", 1e3),
@@ -196,7 +193,7 @@ def measure(args: argparse.Namespace, cmd: list[str], label: str, c: int, logs: 
         load = argparse.Namespace(**{**vars(args), "requests": requests_at(args, c)})
         sampler = GpuSampler(smi)
         result = asyncio.run(asyncio.wait_for(
-            serve_load.run_load(serve_rounds.closed_args(load, served.url, label, c)),
+            run_load(closed_args(load, served.url, label, c)),
             args.load_timeout))
     except asyncio.TimeoutError:
         raise SystemExit(f"gpu_rounds: {label} at concurrency {c} took over "
@@ -228,10 +225,8 @@ def summarize(runs: dict[int, dict[str, list[dict[str, Any]]]],
                                                 for r in v),
                                "rounds": min(len(v) for v in by_server.values())}
         for key, _, _ in MEASURES:
-            ours = (finite(serve_rounds.median(by_server[OURS], key))
-                    if OURS in by_server else None)
-            theirs = (finite(serve_rounds.median(by_server[THEIRS], key))
-                      if THEIRS in by_server else None)
+            ours = finite(median(by_server[OURS], key)) if OURS in by_server else None
+            theirs = finite(median(by_server[THEIRS], key)) if THEIRS in by_server else None
             row[key] = {OURS: ours, THEIRS: theirs,
                         "ratio": ours / theirs if ours is not None and theirs else None}
         if len(by_server) == 2:
@@ -353,7 +348,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             "llama_server_version": command_output([theirs, "--version"]) if theirs else None,
             "gpu_name": command_output([smi, "--query-gpu=name", "--format=csv,noheader"])
             if smi else None}
-    serve_load.emit({"label": "run", **meta}, args.json)
+    emit({"label": "run", **meta}, args.json)
     for label, cmd in servers:
         print(f"# {label}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
     print(f"# GPU: {meta['gpu_name'] or 'n/a (no nvidia-smi)'}", file=sys.stderr, flush=True)
@@ -373,8 +368,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     result["round"] = rnd
                     this[label] = result
                     runs[c][label].append(result)
-                    serve_load.emit({k: finite(v) for k, v in result.items() if k != "outputs"},
-                                    args.json)
+                    emit({k: finite(v) for k, v in result.items() if k != "outputs"}, args.json)
                     util = result["gpu_util_mean_pct"]
                     print(f"#   {result['completed']}/{result['requests']} done, "
                           f"{result['output_tokens_per_s']:.1f} tok/s, TTFT p50 "
@@ -394,7 +388,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             shutil.rmtree(logs_dir, ignore_errors=True)
     rows = summarize(runs, equal, meta)
     for row in rows:
-        serve_load.emit(row, args.json)
+        emit(row, args.json)
     table = markdown(rows, meta, args, servers)
     print(table)
     if args.markdown:

@@ -10,11 +10,10 @@ Run: python bench/inflight_cost.py [--sizes 256,1024] [--steps 4000]
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
+from skippy_bench.reports import paired_medians_table
 from skippy_scheduler import Scheduler, SchedulerConfig, Sequence
-from skippy_scheduler.bench import paired_medians_us
 
 
 def stepper(n: int, depth: int):
@@ -41,15 +40,9 @@ def stepper(n: int, depth: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    ap.add_argument("--sizes", default="256,1024")
-    ap.add_argument("--steps", type=int, default=4000)
-    args = ap.parse_args(argv)
-    print("N\tdepth1_median_us\tdepth2_median_us\tdepth2/depth1")
-    for n in (int(x) for x in args.sizes.split(",")):
-        ma, mb = paired_medians_us(stepper(n, 1), stepper(n, 2), args.steps)
-        print(f"{n}\t{ma:.2f}\t{mb:.2f}\t{mb / ma:.3f}")
-    return 0
+    return paired_medians_table(argv, __doc__.splitlines()[0],
+                                ("depth1_median_us", "depth2_median_us", "depth2/depth1"),
+                                lambda n: (stepper(n, 1), stepper(n, 2)))
 
 
 if __name__ == "__main__":

@@ -14,28 +14,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
-SHAPE = dict(n_vocab=4096, n_embd=512, n_layer=8, n_head=8, n_head_kv=4, n_ff=1536,
-             context_length=4096, rope_dimension=64)
-
-
-def write_model(path: str) -> str:
-    from skippy_scheduler.hosts.tiny_model import TinyModelShape, write_tiny_llama
-
-    if not os.path.exists(path):
-        write_tiny_llama(path, seed=1, shape=TinyModelShape(**SHAPE))
-    return path
-
-
-def run_summary(run_args: list[str], out: str) -> dict:
-    """`skippy-scheduler run RUN_ARGS --json OUT` in this Python; the summary it wrote."""
-    cmd = [sys.executable, "-m", "skippy_scheduler.cli", "run", *run_args, "--json", out]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    with open(out, encoding="utf-8") as fh:
-        return json.load(fh)["summary"]
+from skippy_bench.models import small_model
+from skippy_bench.servers import run_summary
 
 
 def run_once(model: str, depth: int, prompts: str, out: str, threads: int, max_active: int,
@@ -54,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-active", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=48)
     args = ap.parse_args(argv)
-    model = write_model(args.model)
+    model = small_model(args.model)
     with tempfile.TemporaryDirectory() as tmp:
         prompts = os.path.join(tmp, "prompts.json")
         with open(prompts, "w", encoding="utf-8") as fh:

@@ -29,8 +29,8 @@ import statistics
 import sys
 import tempfile
 
-# The same model as inflight_tokens.py (a sibling script, importable when run from here).
-from inflight_tokens import run_summary, write_model
+from skippy_bench.models import small_model  # the same model as inflight_tokens.py
+from skippy_bench.servers import run_summary
 
 WAYS = (
     ("fcfs, no reuse", ["--policy", "fcfs"]),
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--json", metavar="FILE", help="write the figures here")
     args = ap.parse_args(argv)
-    model = write_model(args.model)
+    model = small_model(args.model)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         prompts = os.path.join(tmp, "prompts.json")

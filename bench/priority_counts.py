@@ -35,13 +35,14 @@ the work.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
 import sys
 import tempfile
 from typing import Any
+
+from skippy_bench.reports import emit
 
 MODES = (("preempt", True, True), ("admission-order-reuse", False, True),
          ("admission-order", False, False))
@@ -210,10 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             model = str(write_tiny_llama(os.path.join(tmp, "tiny-f32.gguf"), seed=7))
         for label, preemption, reuse in MODES:
             out = {"label": f"counts {label}", **run_mode(args, model, preemption, reuse)}
-            print(json.dumps(out), flush=True)
-            if args.json:
-                with open(args.json, "a") as f:
-                    f.write(json.dumps(out) + "\n")
+            emit(out, args.json)
     return 0
 
 

@@ -58,36 +58,23 @@ import asyncio
 import itertools
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import httpx
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fleet import free_port, stop, wait_ready  # noqa: E402
-from serve_load import Result, emit, make_prompts, one, percentile  # noqa: E402
-
-
-def find_llama_server(given: str | None) -> str | None:
-    """--llama-server PATH, else $LLAMA_SERVER, else llama-server on PATH (None: none found)."""
-    if given:
-        return given
-    for candidate in (os.environ.get("LLAMA_SERVER"), "llama-server"):
-        if candidate and (found := shutil.which(candidate)):
-            return found
-    return None
+from skippy_bench.loads import Result, client, errors, make_prompts, one, request_args
+from skippy_bench.reports import emit, percentile
+from skippy_bench.servers import Served, find_llama_server
 
 
 def _request_args(args, max_tokens: int, priority: int | None) -> argparse.Namespace:
     extra = dict(args.extra)
     if priority is not None and args.priority_field != "none":
         extra[args.priority_field] = priority
-    return argparse.Namespace(max_tokens=max_tokens, model=args.model_name,
-                              token_ids=args.token_ids, extra=extra)
+    return request_args(max_tokens, args.model_name, args.token_ids, extra)
 
 
 def _chunk_times(r: Result) -> list[float]:
@@ -143,9 +130,8 @@ async def run_load(args) -> dict:
     span = args.urgent * args.urgent_interval + args.drain_s  # the fixed window's length
     window: list[float] = []
     scraped: list[dict[str, float] | None] = []
-    limits = httpx.Limits(max_connections=args.background + args.urgent + 4,
-                          max_keepalive_connections=args.background + 4)
-    async with httpx.AsyncClient(base_url=args.url, timeout=args.timeout, limits=limits) as c:
+    async with client(args.url, args.timeout, args.background + args.urgent + 4,
+                      args.background + 4) as c:
         if args.warmup:
             await one(c, urgent_prompts[0], _request_args(args, 4, None))
 
@@ -188,8 +174,7 @@ async def run_load(args) -> dict:
         "label": args.label, "url": args.url, "background": args.background,
         "background_tokens": args.background_tokens, "urgent": args.urgent,
         "urgent_completed": len(good_urgent), "urgent_tokens": args.urgent_tokens,
-        "errors": sorted({f"{r.status} {r.error}" for r in background + urgent
-                          if not r.ok})[:5],
+        "errors": errors(background + urgent),
         "window_s": span,
         # False: some urgent work is not inside the window, so the background's figure is
         # not comparable with a server whose urgent work all is (widen --drain-s).
@@ -208,27 +193,6 @@ async def run_load(args) -> dict:
 
 
 # -- compare: the servers ---------------------------------------------------------------------
-
-
-class Served:
-    """A server process on a free loopback port, logging into `logs`."""
-
-    def __init__(self, cmd: list[str], logs: str, name: str, timeout_s: float) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(os.path.join(logs, f"{name}.log"), "ab")
-        # From the logs folder, not a checkout (`python -m` would import its sources).
-        self.proc = subprocess.Popen(cmd + ["--port", str(self.port)], stdout=self.log,
-                                     stderr=subprocess.STDOUT, cwd=logs)
-        try:
-            wait_ready(self.url + "/health", self.proc, timeout_s)
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        stop(self.proc)
-        self.log.close()
 
 
 def skippy_cmd(args, preemption: bool, reuse: bool) -> list[str]:

@@ -35,7 +35,9 @@ from typing import Any, Callable, Optional
 
 import httpx
 
-from serve_load import emit, run_load
+from skippy_bench.loads import load_args, run_load
+from skippy_bench.reports import emit
+from skippy_bench.servers import stop
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _SAMPLE = re.compile(r"^(skippy:iterations|skippy:generation_tokens)(?:_total)? (\S+)$", re.M)
@@ -103,24 +105,19 @@ def _start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop(proc, 15, signal.SIGINT)
     if proc.stdout is not None:
         proc.stdout.close()
 
 
 def _client(url: str, concurrency: int, requests: int, seed: int, args: argparse.Namespace,
             barrier: Any, results: Any) -> None:
-    """One client process: `serve_load.run_load`'s closed loop, started with the others."""
-    load = argparse.Namespace(
-        url=url, label=f"instant-{seed}", model="instant", concurrency=concurrency,
-        requests=requests, prompt_tokens=args.prompt_tokens, shared_prefix=1,
-        shared_fraction=0.0, max_tokens=args.max_tokens, seed=seed, timeout=600,
-        token_ids=False, extra={}, warmup=False, drain=True)
+    """One client process: `serve_load.py`'s closed loop (`skippy_bench.loads.run_load`),
+    started with the others."""
+    load = load_args(url, f"instant-{seed}", model="instant", concurrency=concurrency,
+                     requests=requests, prompt_tokens=args.prompt_tokens, shared_prefix=1,
+                     shared_fraction=0.0, max_tokens=args.max_tokens, seed=seed,
+                     warmup=False, drain=True)
     barrier.wait(60)
     cpu = time.process_time()
     out = asyncio.run(run_load(load))

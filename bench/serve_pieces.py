@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import timeit
 from typing import Any, Callable, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from skippy_bench.reports import emit
 
 
 def _best(fn: Callable[[], Any], number: int, repeat: int) -> float:
@@ -40,7 +38,6 @@ def measure(number: int, repeat: int, rows: int) -> dict[str, Any]:
     import h11
 
     from instant_host import InstantHost, build_server
-    from serve_load import emit  # noqa: F401  (same directory; keeps the import path checked)
     from skippy_scheduler import Scheduler, SchedulerConfig, Sequence
     from skippy_scheduler.engine import TokenEvent
     from skippy_scheduler.serve import ServeSettings
@@ -133,8 +130,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     if args.number < 1 or args.repeat < 1 or args.rows < 1:
         ap.error("need --number, --repeat and --rows >= 1")
-    from serve_load import emit
-
     emit(measure(args.number, args.repeat, args.rows), args.json)
     return 0
 

@@ -39,18 +39,16 @@ import math
 import asyncio
 import json
 import os
-import statistics
 import shlex
 import sys
 import tempfile
 from typing import Any, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import serve_load  # noqa: E402
-import trace_load  # noqa: E402
-from priority_load import Served, find_llama_server  # noqa: E402
+from skippy_bench import open_loop
+from skippy_bench.loads import closed_args, run_load
+from skippy_bench.reports import emit, markdown_table, median
+from skippy_bench.servers import OURS, THEIRS, Served, find_llama_server
 
-OURS, THEIRS = "skippy-scheduler", "llama-server"
 CLOSED = (("output_tokens_per_s", "tok/s", True), ("ttft_p99_s", "p99 TTFT s", False),
           ("itl_p99_s", "p99 gap s", False))
 OPEN = (("slo_attainment_pct", "SLO %", True), ("slo_also_pct", "SLO % at --also-ttft-slo-s", True),
@@ -77,15 +75,6 @@ def theirs_cmd(args: argparse.Namespace, path: str) -> list[str]:
             "--no-webui"]
 
 
-def closed_args(args: argparse.Namespace, url: str, label: str, c: int) -> argparse.Namespace:
-    return argparse.Namespace(
-        url=url, label=label, model="bench", concurrency=c, requests=args.requests,
-        prompt_tokens=args.prompt_tokens, shared_prefix=args.shared_prefix,
-        shared_fraction=0.5, max_tokens=args.max_tokens,
-        seed=args.seed, timeout=args.timeout, token_ids=False, extra={}, warmup=True,
-        outputs=True, json=None)
-
-
 def byte_token_ids(model: str) -> list[int]:
     """The ids of `model`'s byte tokens (llama.cpp's BYTE attribute: <0x00>..<0xFF> of an SPM
     vocabulary), read from its vocabulary alone."""
@@ -108,7 +97,7 @@ def byte_token_ids(model: str) -> list[int]:
 
 
 def trace_args(args: argparse.Namespace, url: str, label: str) -> argparse.Namespace:
-    ap = trace_load.build_parser()
+    ap = open_loop.build_parser()
     extra = ([] if not getattr(args, "byte_bias", None) else
              ["--extra", json.dumps({"logit_bias": args.byte_bias})])
     targs = ap.parse_args([
@@ -116,21 +105,21 @@ def trace_args(args: argparse.Namespace, url: str, label: str) -> argparse.Names
         "--start-s", str(args.start_s), "--max-requests", str(args.max_requests),
         "--time-scale", str(args.time_scale), "--ttft-slo-s", str(args.ttft_slo_s),
         "--itl-slo-s", str(args.itl_slo_s), "--progress-s", "1e9", *extra])
-    trace_load.check_args(ap, targs)
+    open_loop.check_args(ap, targs)
     return targs
 
 
 def run_trace(targs: argparse.Namespace, also_ttft_s: Optional[float] = None) -> dict[str, Any]:
     """The replay's report; with `also_ttft_s`, also the share of the requests sent that met
     the SLO with that TTFT bound instead (the same gap bound), from the same replay."""
-    plan = trace_load.plan_requests(targs)
-    outcomes, wall = asyncio.run(trace_load.replay(plan, targs))
-    doc = trace_load.report(plan, outcomes, wall, targs)
+    plan = open_loop.plan_requests(targs)
+    outcomes, wall = asyncio.run(open_loop.replay(plan, targs))
+    doc = open_loop.report(plan, outcomes, wall, targs)
     if also_ttft_s is not None:
         other = argparse.Namespace(**{**vars(targs), "ttft_slo_s": also_ttft_s})
         sent = [o for o in outcomes if o.lag_s >= 0]  # as the report counts them
         met = sum(1 for o in sent if o.result is not None and o.result.end > 0
-                  and trace_load.meets_slo(o.result, other))
+                  and open_loop.meets_slo(o.result, other))
         doc["also_ttft_slo_s"] = also_ttft_s
         doc["slo_also_pct"] = 100 * met / len(sent) if sent else 0.0
     return doc
@@ -149,7 +138,7 @@ def measure(args: argparse.Namespace, cmd: list[str], label: str, load: str,
             result = run_trace(trace_args(args, served.url, label), args.also_ttft_slo_s)
         else:
             c = int(load.split("=")[1])
-            result = asyncio.run(serve_load.run_load(closed_args(args, served.url, label, c)))
+            result = asyncio.run(run_load(closed_args(args, served.url, label, c)))
     finally:
         served.close()
     result["load"] = load
@@ -166,11 +155,6 @@ def check_equal(load: str, rnd: int, results: dict[str, dict[str, Any]]) -> Opti
         return (f"{load}, round {rnd}: outputs differ for {len(bad)} of {len(a)} requests "
                 f"(first: {bad[:5]})")
     return None
-
-
-def median(results: list[dict[str, Any]], key: str) -> float:
-    values = [r[key] for r in results if r.get(key) is not None]
-    return statistics.median(values) if values else float("nan")
 
 
 def summarize(args: argparse.Namespace,
@@ -190,16 +174,17 @@ def summarize(args: argparse.Namespace,
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
+    def fmt(x: Optional[float]) -> str:
+        return "-" if x is None else f"{x:.3g}"
+
     out = []
     for row in rows:
         fields = OPEN if row["load"] == "trace" else CLOSED
         out.append(f"\n{row['load']} (medians of {row['rounds']} rounds)\n")
-        out.append("| measure | " + OURS + " | " + THEIRS + " | ours / theirs |")
-        out.append("|---|---:|---:|---:|")
-        for key, name, _ in fields:
-            v = row[key]
-            fmt = (lambda x: "-" if x is None else f"{x:.3g}")
-            out.append(f"| {name} | {fmt(v[OURS])} | {fmt(v[THEIRS])} | {fmt(v['ratio'])} |")
+        out += markdown_table(
+            ["measure", OURS, THEIRS, "ours / theirs"], "lrrr",
+            ([name, fmt(row[key][OURS]), fmt(row[key][THEIRS]), fmt(row[key]["ratio"])]
+             for key, name, _ in fields))
     return "\n".join(out) + "\n"
 
 
@@ -285,14 +270,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                     result["round"] = rnd
                     this[label] = result
                     runs[load][label].append(result)
-                    serve_load.emit({k: v for k, v in result.items() if k != "outputs"},
-                                    args.json)
+                    emit({k: v for k, v in result.items() if k != "outputs"}, args.json)
                 if len(this) == 2 and (why := check_equal(load, rnd, this)):
                     failures.append(why)
                     print(f"# {why}", file=sys.stderr, flush=True)
     rows = summarize(args, runs)
     for row in rows:
-        serve_load.emit(row, args.json)
+        emit(row, args.json)
     table = markdown(rows)
     print(table)
     if args.markdown:

@@ -25,14 +25,13 @@ Needs valgrind.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 
-from step_callgrind import callgrind  # the same counted run (bench/ is the script's path)
+from skippy_bench.callgrind import callgrind, counted_steps  # step_callgrind.py's counted run
 
 
 def _workload(kind: str, rule: str, n: int, steps: int, position_us: float) -> None:
@@ -48,12 +47,7 @@ def _workload(kind: str, rule: str, n: int, steps: int, position_us: float) -> N
         step = mixed_decode_prefill(Scheduler, n, steps=2 * steps + 100, **cfg)
     else:
         step = steady_decode(Scheduler, n, **cfg)
-    for _ in range(20):
-        step()
-    gc.collect()
-    gc.freeze()
-    for _ in range(steps):
-        step()
+    counted_steps(step, steps)
 
 
 def _instructions(kind: str, rule: str, n: int, steps: int, position_us: float) -> int:

@@ -27,7 +27,7 @@ behind `skippy-scheduler serve`, the transport's cost per plan, and the closed f
   stage's cost of a group s = g1 / P x (b/P) / b, round trip C = P x s + P x h, gap =
   max(C, P x s), tokens/s = b / gap; with one plan in flight the gap is g1 + P x h.
 
-`rpc` (with `--rpc-server PATH --rpc-llama-server PATH`, bench/stages_rpc.py): llama.cpp's
+`rpc` (with `--rpc-server PATH --rpc-llama-server PATH`, skippy_bench/rpc_split.py): llama.cpp's
 own split beside ours, for each P: P `ggml-rpc-server` processes on loopback (`--threads`
 each) and `llama-server --rpc ...` with every layer offloaded, device k holding stage k's layers
 (checked in its log), the same context, lanes, KV type and the same closed-loop load; P = 1 is
@@ -41,75 +41,43 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 
-import httpx
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_load import emit, percentile, run_load  # noqa: E402
+from skippy_bench.loads import load_args as closed_loop_args, run_load
+from skippy_bench.reports import emit, percentile
+from skippy_bench.servers import Served, log_tail
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_server(args: argparse.Namespace, stage_dir: str | None, inflight: int,
-                 log_path: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "skippy_scheduler.cli", "serve", "--model", args.model,
-           "--port", str(port), "--threads", str(args.threads), "-np", str(args.concurrency),
-           "-c", str(args.concurrency * args.lane_tokens), "--inflight", str(inflight),
+def start_server(args: argparse.Namespace, stage_dir: str | None, inflight: int, work: str,
+                 name: str) -> Served:
+    cmd = [sys.executable, "-m", "skippy_scheduler.cli", "serve", "--model",
+           os.path.abspath(args.model), "--threads", str(args.threads),
+           "-np", str(args.concurrency), "-c", str(args.concurrency * args.lane_tokens),
+           "--inflight", str(inflight),
            "--served-model-name", "bench", "--log-level", "warning"]
     if stage_dir is not None:
         cmd += ["--stages", stage_dir]
-    with open(log_path, "wb") as log:
-        # NOTE: outside the checkout: `python -m` would import its uncompiled sources.
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log,
-                                cwd=os.path.dirname(sys.executable))
-    url = f"http://127.0.0.1:{port}"
-    end = time.monotonic() + args.start_timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited: {open(log_path).read()[-2000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("the server did not start in time")
-
-
-def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
     try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        return Served(cmd, work, name, args.start_timeout, stop_timeout_s=60)
+    except RuntimeError as exc:
+        tail = log_tail(os.path.join(work, f"{name}.log"), 2000)
+        raise RuntimeError(f"the server did not start ({exc}): {tail}") from None
 
 
 def load_args(args: argparse.Namespace, url: str, label: str, model: str | None = None,
               token_ids: bool = True) -> argparse.Namespace:
     """bench/serve_load.py's closed loop as every part of this benchmark runs it."""
-    return argparse.Namespace(
-        url=url, label=label, model=model, concurrency=args.concurrency,
-        requests=args.requests, prompt_tokens=args.prompt_tokens,
-        shared_prefix=args.prompt_tokens // 2, shared_fraction=0.0, max_tokens=args.max_tokens,
-        seed=args.seed, timeout=args.timeout, token_ids=token_ids, extra={}, warmup=True)
+    return closed_loop_args(
+        url, label, model=model, concurrency=args.concurrency, requests=args.requests,
+        prompt_tokens=args.prompt_tokens, shared_prefix=args.prompt_tokens // 2,
+        shared_fraction=0.0, max_tokens=args.max_tokens, seed=args.seed, timeout=args.timeout,
+        token_ids=token_ids)
 
 
 def load_runs(args: argparse.Namespace, work: str) -> list[dict]:
@@ -123,12 +91,12 @@ def load_runs(args: argparse.Namespace, work: str) -> list[dict]:
             split_model(args.model, stage_dir, p)
         for pipelined in (args.pipeline if p > 1 else [False]):
             inflight = p if pipelined else 1
-            proc, url = start_server(args, stage_dir, inflight, os.path.join(work, f"serve-{p}.log"))
+            served = start_server(args, stage_dir, inflight, work, f"serve-{p}")
             try:
                 label = f"P={p}" + (" pipelined" if pipelined else "")
-                result = asyncio.run(run_load(load_args(args, url, label)))
+                result = asyncio.run(run_load(load_args(args, served.url, label)))
             finally:
-                stop_server(proc)
+                served.close()
             result.update(part="load", stages=p, inflight=inflight, threads=args.threads)
             emit(result, args.json)
             out.append(result)
@@ -136,14 +104,14 @@ def load_runs(args: argparse.Namespace, work: str) -> list[dict]:
 
 
 def rpc_runs(args: argparse.Namespace, work: str) -> list[dict]:
-    """The same load on llama.cpp's RPC split at every P (bench/stages_rpc.py)."""
-    from stages_rpc import RpcSplit
+    """The same load on llama.cpp's RPC split at every P (skippy_bench/rpc_split.py)."""
+    from skippy_bench.rpc_split import RpcSplit
 
     out = []
     for p in args.stages:
-        with RpcSplit(args, p, work, free_port) as split:
-            result = asyncio.run(run_load(load_args(args, split.url, f"llama.cpp RPC P={p}",
-                                                    model="bench", token_ids=False)))
+        with RpcSplit(args, p, work) as split:
+            result = asyncio.run(run_load(load_args(
+                args, split.url, f"llama.cpp RPC P={p}", model="bench", token_ids=False)))
         result.update(part="rpc", stages=p, threads=args.threads, placement=split.placement,
                       command=" ".join(split.command))
         emit(result, args.json)

@@ -30,14 +30,14 @@ appends the same as one JSON object to `--json`.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
 from collections import defaultdict
 from typing import Any, Sequence
 
-import trace_load
+from skippy_bench import open_loop
+from skippy_bench.reports import append_line
 
 
 def group_bound(unshared: Sequence[int], token_s: float, ttft_s: float) -> int:
@@ -52,7 +52,7 @@ def group_bound(unshared: Sequence[int], token_s: float, ttft_s: float) -> int:
     return done
 
 
-def attainment_bound(plan: Sequence[trace_load.Planned], token_s: float,
+def attainment_bound(plan: Sequence[open_loop.Planned], token_s: float,
                      ttft_s: float) -> int:
     """The upper bound (module docstring) on requests of `plan` within `ttft_s`."""
     groups: dict[float, list[int]] = defaultdict(list)
@@ -107,8 +107,7 @@ def measure_token_ms(model: str, threads: int) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = trace_load.build_parser()
-    ap.description = (__doc__ or "").split("\n\n")[0]
+    ap = open_loop.build_parser((__doc__ or "").split("\n\n")[0])
     for action in ap._actions:  # the slice options are trace_load's; no server is asked
         if action.dest == "url":
             action.required = False
@@ -135,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.url is None:
         args.url = "http://127.0.0.1:9"
-    trace_load.check_args(ap, args)
+    open_loop.check_args(ap, args)
     bounds = parse_bounds(ap, args.ttft)
     if args.token_ms is None and args.model is None:
         ap.error("give --model GGUF (to measure the prefill cost) or --token-ms")
@@ -143,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--token-ms must be a finite number > 0, got {args.token_ms}")
     if args.threads < 1:
         ap.error(f"--threads must be >= 1, got {args.threads}")
-    plan = trace_load.plan_requests(args)
+    plan = open_loop.plan_requests(args)
     token_ms = args.token_ms if args.token_ms is not None else measure_token_ms(args.model,
                                                                                 args.threads)
     groups = len({p.at_s for p in plan})
@@ -155,12 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         n = attainment_bound(plan, token_ms / 1e3, b)
         rows.append({"ttft_s": b, "within": n, "pct": 100.0 * n / len(plan)})
         print(f"  TTFT <= {b:g} s: at most {n} of {len(plan)} ({100.0 * n / len(plan):.1f} %)")
-    if args.json:
-        with open(args.json, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"trace": args.trace, "start_s": args.start_s,
-                                 "max_requests": args.max_requests,
-                                 "time_scale": args.time_scale, "requests": len(plan),
-                                 "token_ms": token_ms, "bounds": rows}) + "\n")
+    append_line({"trace": args.trace, "start_s": args.start_s, "max_requests": args.max_requests,
+                 "time_scale": args.time_scale, "requests": len(plan), "token_ms": token_ms,
+                 "bounds": rows}, args.json)
     return 0
 
 

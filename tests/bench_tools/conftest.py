@@ -1,32 +1,51 @@
-"""Fixtures of the measurement-tool tests: the bench scripts importable, and a real server on the
-tiny model (started by the server tests' helper), whose llama.cpp host also tokenizes for the
-tests, as the server's routes do."""
+"""Fixtures of the measurement-tool tests: bench/ importable (the scripts and their library,
+`skippy_bench`, as when a script runs from bench/), and a real server on the tiny model
+(started by the server tests' helper), whose llama.cpp host also tokenizes for the tests, as
+the server's routes do.
+
+Most of these tests need the server's stack (llama.cpp, fastapi, uvicorn, prometheus_client);
+without it the modules not in STACK_FREE are skipped whole, before they are imported."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
 import pytest
 
-pytest.importorskip("llama_cpp")
-pytest.importorskip("fastapi")
-pytest.importorskip("uvicorn")
-pytest.importorskip("prometheus_client")
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-# The bench scripts import their siblings by name, as they do when run from bench/.
 for path in (os.path.join(ROOT, "bench"), os.path.join(ROOT, "tests", "serve")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from serve_support import start_server  # noqa: E402
+STACK = ("llama_cpp", "fastapi", "uvicorn", "prometheus_client")
+STACK_FREE = {"test_fleet.py", "test_library.py", "test_rank_scheduler.py"}
+MISSING = [name for name in STACK if importlib.util.find_spec(name) is None]
 
-from skippy_scheduler.hosts.tiny_model import write_tiny_llama  # noqa: E402
+
+class _NeedsTheStack(pytest.File):
+    def collect(self):
+        pytest.skip(f"needs {', '.join(MISSING)}")
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    if MISSING and module_path.name not in STACK_FREE:
+        return _NeedsTheStack.from_parent(parent, path=module_path)
+    return None
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = start_server(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny.gguf", seed=7))
+def model_path(tmp_path_factory):
+    from skippy_scheduler.hosts.tiny_model import write_tiny_llama
+
+    return write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny.gguf", seed=7)
+
+
+@pytest.fixture(scope="module")
+def server(model_path):
+    from serve_support import start_server
+
+    srv = start_server(model_path)
     yield srv
     srv.shutdown()

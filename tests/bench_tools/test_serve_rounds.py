@@ -8,8 +8,8 @@ import asyncio
 import json
 import pytest
 
-import serve_load
 import serve_rounds
+from skippy_bench import loads
 from lab_support import mooncake_file
 
 from skippy_scheduler.hosts.tiny_model import write_tiny_llama
@@ -41,11 +41,10 @@ def test_outputs_are_compared_request_for_request():
 
 def test_closed_loop_keeps_each_request_text_in_prompt_order(server):
     def load(c):
-        args = argparse.Namespace(
-            url=server.url, label="tiny", model=None, concurrency=c, requests=5,
-            prompt_tokens=24, shared_prefix=16, shared_fraction=0.5, max_tokens=6, seed=1,
-            timeout=60, token_ids=False, extra={}, warmup=False, outputs=True)
-        return asyncio.run(serve_load.run_load(args))
+        args = loads.load_args(server.url, "tiny", concurrency=c, requests=5, prompt_tokens=24,
+                               shared_prefix=16, max_tokens=6, seed=1, timeout=60,
+                               warmup=False, outputs=True)
+        return asyncio.run(loads.run_load(args))
 
     one, three = load(1), load(3)
     assert one["completed"] == 5 and len(one["outputs"]) == 5

@@ -6,6 +6,7 @@ import json
 import pytest
 import trace_bound
 import trace_load
+from skippy_bench import open_loop
 from lab_support import mooncake_file
 
 from skippy_scheduler.hosts.tiny_model import write_tiny_llama
@@ -35,8 +36,8 @@ def test_group_bound_takes_the_shortest_first():
 def test_bound_counts_each_burst_alone_with_shared_tokens_free(trace_file):
     ap = trace_load.build_parser()
     args = ap.parse_args(["--url", "http://127.0.0.1:9", "--trace", trace_file])
-    trace_load.check_args(ap, args)
-    plan = trace_load.plan_requests(args)
+    open_loop.check_args(ap, args)
+    plan = open_loop.plan_requests(args)
     # 1/32 of the prompts: 64, 32 (16 shared with the first), 16 and 64 tokens.
     assert [(p.prompt_tokens, p.shared_tokens) for p in plan] == [
         (64, 0), (32, 16), (16, 0), (64, 0)]

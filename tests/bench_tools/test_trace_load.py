@@ -1,4 +1,5 @@
-"""bench/trace_load.py: the trace slice, the prompts' shared prefixes, a replay on a real server."""
+"""bench/trace_load.py and its replay (skippy_bench.open_loop): the trace slice, the prompts'
+shared prefixes, a replay on a real server."""
 from __future__ import annotations
 
 import asyncio
@@ -6,6 +7,7 @@ import json
 
 import pytest
 import trace_load
+from skippy_bench import open_loop
 
 # (timestamp ms, input tokens, output tokens, hash_ids): 512-token blocks, ids are prefix hashes.
 ROWS = [
@@ -30,13 +32,13 @@ def trace_file(tmp_path):
 def _args(trace, *extra, url="http://127.0.0.1:9"):
     ap = trace_load.build_parser()
     args = ap.parse_args(["--url", url, "--trace", trace, "--progress-s", "0", *extra])
-    trace_load.check_args(ap, args)
+    open_loop.check_args(ap, args)
     return args
 
 
 def test_slice_times_and_lengths(trace_file):
     args = _args(trace_file, "--start-s", "0.3", "--duration-s", "1.2", "--time-scale", "2")
-    plan = trace_load.plan_requests(args)
+    plan = open_loop.plan_requests(args)
     # Rows from 0.3 s to 1.5 s of trace time, gaps doubled, times from the slice's first row.
     assert [p.id for p in plan] == ["r2", "r3", "r4", "r5"]
     assert [p.at_s for p in plan] == pytest.approx([0.0, 1.0, 1.0, 2.2])
@@ -44,7 +46,7 @@ def test_slice_times_and_lengths(trace_file):
     assert [p.prompt_tokens for p in plan] == [64, 64, 22, 48]
     assert [p.max_tokens for p in plan] == [2, 8, 1, 3]
     assert args.block_tokens == 16
-    capped = trace_load.plan_requests(_args(trace_file, "--max-input", "20", "--max-output", "4",
+    capped = open_loop.plan_requests(_args(trace_file, "--max-input", "20", "--max-output", "4",
                                             "--max-requests", "2"))
     assert [(p.prompt_tokens, p.max_tokens) for p in capped] == [(20, 4), (20, 4)]
 
@@ -57,11 +59,11 @@ def test_bad_options_are_refused(trace_file, capsys):
         assert exc.value.code == 2
     assert "must be" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="no request"):
-        trace_load.plan_requests(_args(trace_file, "--start-s", "100"))
+        open_loop.plan_requests(_args(trace_file, "--start-s", "100"))
 
 
 def test_equal_block_ids_give_equal_token_prefixes(trace_file, server):
-    plan = trace_load.plan_requests(_args(trace_file))
+    plan = open_loop.plan_requests(_args(trace_file))
     bt = 16
     ids = [server.host.tokenize(p.prompt, special=True) for p in plan]  # as the routes do
     assert [len(t) for t in ids] == [p.prompt_tokens for p in plan]  # one token per word
@@ -114,10 +116,10 @@ def test_replay_against_the_server(trace_file, server, tmp_path):
     # chunk are within.
     args = _args(trace_file, *common, "--ttft-slo-s", "60", "--itl-slo-s", "1e-9",
                  url=server.url)
-    plan = trace_load.plan_requests(args)
+    plan = open_loop.plan_requests(args)
     assert [p.max_tokens for p in plan] == [o for _, _, o, _ in ROWS]
-    outcomes, wall = asyncio.run(trace_load.replay(plan, args))
-    strict = trace_load.report(plan, outcomes, wall, args)
+    outcomes, wall = asyncio.run(open_loop.replay(plan, args))
+    strict = open_loop.report(plan, outcomes, wall, args)
     assert strict["completed"] == len(ROWS) and strict["short_outputs"] == 0
     gaps = sum(len(o.result.gaps) for o in outcomes)
     assert strict["stalls"] == gaps > 0

@@ -1,27 +1,17 @@
-"""Helpers of the fleet tests; the process helpers are bench/fleet.py's."""
+"""Helpers of the fleet tests; the process helpers are the benchmarks' (bench/skippy_bench)."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
 import tempfile
 import sys
 
-BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "fleet.py")
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
 
-
-def _bench():
-    sys.path.insert(0, os.path.dirname(BENCH))  # it imports serve_load beside it
-    spec = importlib.util.spec_from_file_location("fleet_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fleet_bench"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fleet_bench = _bench()
-free_port = fleet_bench.free_port
+from skippy_bench.servers import free_port, stop, wait_ready  # noqa: E402
 
 
 LANES = 2
@@ -62,9 +52,9 @@ def spawn(args, log, health_url: str, timeout_s: float = 60.0):
     # Not from the checkout: `python -m` would import its uncompiled sources.
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
     try:
-        fleet_bench.wait_ready(health_url, proc, timeout_s)
+        wait_ready(health_url, proc, timeout_s)
     except BaseException:
-        fleet_bench.stop(proc)
+        stop(proc)
         raise
     return proc
 
@@ -99,7 +89,7 @@ class Replica:
 
     def stop(self) -> None:
         if self.proc is not None:
-            fleet_bench.stop(self.proc)
+            stop(self.proc)
 
     def kill(self) -> None:
         self.proc.kill()
@@ -153,5 +143,5 @@ class Router:
             raise
 
     def close(self) -> None:
-        fleet_bench.stop(self.proc)
+        stop(self.proc)
         self.log.close()

@@ -2,25 +2,15 @@
 (no timing is checked)."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 
 import numpy as np
-
-BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "rank_scheduler.py")
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("rank_scheduler", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+import rank_scheduler
 
 
 def test_quick_run_reports_every_row(tmp_path, capsys):
     out = tmp_path / "rank.json"
-    assert _bench().main(["--quick", "--no-twin", "--sizes", "200", "--json", str(out)]) == 0
+    assert rank_scheduler.main(["--quick", "--no-twin", "--sizes", "200", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert set(doc["native 200"]) == {"full re-rank (first plan after W submits)", "submit one",
                                       "plan after one arrival"}
@@ -35,11 +25,10 @@ def test_quick_run_reports_every_row(tmp_path, capsys):
 
 
 def test_churn_cycles_one_insert_and_one_eviction():
-    bench = _bench()
-    heads, _ = bench.workload(8)
-    churn = bench.Churn(heads)
-    assert churn.store.entries == bench.GROUPS - 1
-    for _ in range(bench.GROUPS + 2):
+    heads, _ = rank_scheduler.workload(8)
+    churn = rank_scheduler.Churn(heads)
+    assert churn.store.entries == rank_scheduler.GROUPS - 1
+    for _ in range(rank_scheduler.GROUPS + 2):
         missing = churn.missing
         inserts, evictions = churn.store.inserts, churn.store.evictions
         churn.change()
@@ -49,12 +38,11 @@ def test_churn_cycles_one_insert_and_one_eviction():
 
 
 def test_common_first_token_workload_shares_it_across_the_shared_half():
-    bench = _bench()
-    heads, prompts = bench.workload(64, common_first=True)
+    heads, prompts = rank_scheduler.workload(64, common_first=True)
     assert len({h[0] for h in heads}) == 1
     shared = np.asarray(prompts[0::2])
     assert (shared[:, 0] == heads[0][0]).all()
-    assert {tuple(p[:bench.SHARED]) for p in shared.tolist()} <= {tuple(h) for h in heads}
-    plain_heads, plain = bench.workload(64)
+    assert {tuple(p[:rank_scheduler.SHARED]) for p in shared.tolist()} <= {tuple(h) for h in heads}
+    plain_heads, plain = rank_scheduler.workload(64)
     assert np.array_equal(np.asarray(plain)[1::2], np.asarray(prompts)[1::2])
     assert [h[1:] for h in plain_heads] == [h[1:] for h in heads]

@@ -23,12 +23,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
 import subprocess
 import time
 from typing import Any
 
-import httpx
+from .servers import free_port, log_tail, stop, wait_ready
 
 _BUFFER = re.compile(r"(?P<what>model|KV) buffer size = +(?P<mib>[0-9.]+) MiB")
 _DEVICE = re.compile(r"RPC\d+\[127\.0\.0\.1:(?P<port>\d+)\]")
@@ -87,18 +86,13 @@ def check_placement(log_text: str, ports: list[int], model: str,
             "pipeline_parallel": "pipeline parallelism enabled" in log_text}
 
 
-def _read(path: str) -> str:
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        return fh.read()
-
-
 def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float, log: str) -> None:
     import socket
 
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc.poll() is not None:
-            raise RuntimeError(f"rpc-server exited: {_read(log)[-2000:]}")
+            raise RuntimeError(f"rpc-server exited: {log_tail(log, 2000)}")
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
@@ -106,21 +100,11 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float, log: st
     raise RuntimeError(f"rpc-server on port {port} did not start in time")
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 class RpcSplit:
     """P rpc-servers and the llama-server that drives them (a context manager); `url`."""
 
-    def __init__(self, args: argparse.Namespace, p: int, work: str, free_port: Any) -> None:
-        self.args, self.p, self.work, self.free_port = args, p, work, free_port
+    def __init__(self, args: argparse.Namespace, p: int, work: str) -> None:
+        self.args, self.p, self.work = args, p, work
         self.procs: list[subprocess.Popen[bytes]] = []
         self.url = ""
         self.placement: dict[str, Any] = {}
@@ -135,7 +119,7 @@ class RpcSplit:
 
     def __exit__(self, *exc: object) -> None:
         for proc in reversed(self.procs):  # llama-server first, then its devices
-            _stop(proc)
+            stop(proc, 30)
         self.procs = []
 
     def _start(self) -> None:
@@ -146,7 +130,7 @@ class RpcSplit:
         ports = []
         if p > 1:
             for k in range(p):
-                port = self.free_port()
+                port = free_port()
                 log = os.path.join(self.work, f"rpc-server-{p}-{k}.log")
                 with open(log, "wb") as fh:
                     proc = subprocess.Popen(
@@ -155,7 +139,7 @@ class RpcSplit:
                 self.procs.append(proc)
                 _wait_port(port, proc, args.start_timeout, log)
                 ports.append(port)
-        port = self.free_port()
+        port = free_port()
         cmd = [args.rpc_llama_server, "-m", args.model, "-a", "bench", "--host", "127.0.0.1",
                "--port", str(port), "-c", str(args.concurrency * args.lane_tokens),
                "-np", str(args.concurrency), "-cb", "-t", str(args.threads), "-tb",
@@ -177,22 +161,16 @@ class RpcSplit:
             proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
         self.procs.append(proc)
         self.url = f"http://127.0.0.1:{port}"
-        end = time.monotonic() + args.start_timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited: {_read(log)[-3000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > end:
-                raise RuntimeError("llama-server did not start in time")
-            time.sleep(0.2)
+        try:
+            wait_ready(self.url + "/health", proc, args.start_timeout)
+        except RuntimeError as exc:
+            raise RuntimeError(f"llama-server: {exc}: {log_tail(log)}") from None
         self.command = cmd
         if p > 1:
             cells = -(-args.concurrency * args.lane_tokens // 256) * 256  # llama.cpp pads it
-            self.placement = check_placement(_read(log), ports, args.model, ranges,
+            with open(log, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+            self.placement = check_placement(text, ports, args.model, ranges,
                                              kv_layer_bytes(args.model, cells))
         self.placement["ranges"] = [list(r) for r in ranges]
 

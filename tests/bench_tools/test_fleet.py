@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from fleet_support import fleet_bench
+import fleet
+from skippy_bench.fleet_trace import ReplicaEvents, analyse, stickiness, store_model
 
 
 def _args(**kw):
@@ -13,37 +14,35 @@ def _args(**kw):
 
 
 def test_requests_are_a_groups_prefix_then_words_of_their_own():
-    prompts = fleet_bench.make_prompts(_args())
+    prompts = fleet.make_prompts(_args())
     assert len(prompts) == 30
     words = [p.split() for p in prompts]
     assert all(len(w) == 8 + 4 for w in words)  # BOS is the prefix's first token
     prefixes = {tuple(w[:8]) for w in words}
     assert 1 < len(prefixes) <= 3
-    assert fleet_bench.make_prompts(_args()) == prompts  # seeded
-    assert fleet_bench.make_prompts(_args(seed=2)) != prompts
+    assert fleet.make_prompts(_args()) == prompts  # seeded
+    assert fleet.make_prompts(_args(seed=2)) != prompts
 
 
 def test_the_table_has_a_row_per_policy():
     row = dict(policy="kv_aware", prefix_hit_rate=0.5, prefilled_tokens=100.0,
                ttft_p50_s=0.01, ttft_p99_s=0.02, output_tokens_per_s=30.0,
                per_replica_requests=[3.0, 5.0])
-    table = fleet_bench.markdown([row, dict(row, policy="round_robin")]).splitlines()
+    table = fleet.markdown([row, dict(row, policy="round_robin")]).splitlines()
     assert len(table) == 4 and table[0].startswith("| policy |")
     assert table[2] == "| kv_aware | 0.500 | 100 | 0.010 | 0.020 | 30.0 | 3 / 5 |"
 
 
 def test_prompt_groups_number_the_prefixes_in_order_of_appearance():
     args = _args()
-    prompts = fleet_bench.make_prompts(args)
-    groups = fleet_bench.prompt_groups(args, prompts)
+    prompts = fleet.make_prompts(args)
+    groups = fleet.prompt_groups(args, prompts)
     assert groups[0] == 0 and set(groups) == set(range(max(groups) + 1))
     for p, q, g, h in zip(prompts, prompts[1:], groups, groups[1:]):
         assert (p.split()[:8] == q.split()[:8]) == (g == h)
 
 
 def test_the_trace_rebuilds_residency_and_stickiness_from_events():
-    from fleet_trace import ReplicaEvents, stickiness
-
     rep = ReplicaEvents([(1.0, [{"type": "BlockStored", "block_hashes": [1, 2]}]),
                          (2.0, [{"type": "BlockRemoved", "block_hashes": [2]}]),
                          (3.0, [{"type": "AllBlocksCleared"},
@@ -58,8 +57,6 @@ def test_the_trace_rebuilds_residency_and_stickiness_from_events():
 
 
 def test_the_store_model_counts_hits_of_the_last_holders():
-    from fleet_trace import store_model
-
     # one replica, two holders: a b a (hit; now two holders of a, b out) c (one a out) b (miss,
     # the other a out) a (miss): the repeated group filled both holders
     groups = [0, 1, 0, 2, 1, 0]
@@ -74,13 +71,12 @@ def test_the_trace_table_has_a_row_per_policy():
         "nowhere_but_running": 2, "nowhere_but_running_elsewhere": 1},
         "groups_resident_mean": [2.5, 3.0], "holders_per_replica": 4,
         "modelled_hit_share": {"round_robin": 0.25, "partition": 0.5}}
-    table = fleet_bench.trace_markdown([dict(policy="kv_aware", trace=trace)]).splitlines()
+    table = fleet.trace_markdown([dict(policy="kv_aware", trace=trace)]).splitlines()
     assert len(table) == 3
     assert table[2] == "| kv_aware | 0.75 | 5 / 2 (1) / 3 (2, 1) | 2.5 / 3.0 of 4 | 0.250 / 0.500 |"
 
 
 def test_the_trace_places_requests_by_their_own_blocks():
-    from fleet_trace import ReplicaEvents, analyse
     from skippy_scheduler.serve.kv_events import chain, wire_hash
 
     block = 2

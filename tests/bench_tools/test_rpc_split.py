@@ -1,17 +1,17 @@
-"""bench/stages_rpc.py: the tensor split that gives llama.cpp's RPC devices our stages' layers,
-and, when a llama.cpp build with RPC is at hand (SKIPPY_LLAMA_RPC_BIN: the directory holding
-ggml-rpc-server and llama-server), that split really running on the tiny model."""
+"""skippy_bench.rpc_split (stages_load.py's `rpc` part): the tensor split that gives llama.cpp's
+RPC devices our stages' layers, and, when a llama.cpp build with RPC is at hand
+(SKIPPY_LLAMA_RPC_BIN: the directory holding ggml-rpc-server and llama-server), that split
+really running on the tiny model."""
 from __future__ import annotations
 
 import argparse
 import bisect
 import os
-import socket
 
 import httpx
 import numpy as np
 import pytest
-import stages_rpc
+from skippy_bench import rpc_split
 
 from skippy_scheduler.hosts.tiny_model import TinyModelShape, write_tiny_llama
 from skippy_scheduler.hosts.stages.split import even_ranges
@@ -28,7 +28,7 @@ def _llama_device(layer: int, shares: list[int], n_layer: int) -> int:
 @pytest.mark.parametrize("n_layer,p", [(8, 2), (8, 3), (4, 3), (7, 2), (12, 5)])
 def test_the_split_puts_each_stage_s_layers_and_the_head_on_its_device(n_layer, p):
     ranges = even_ranges(n_layer, p)
-    shares = stages_rpc.tensor_split(ranges)
+    shares = rpc_split.tensor_split(ranges)
     for k, (lo, hi) in enumerate(ranges):
         assert [_llama_device(i, shares, n_layer) for i in range(lo, hi)] == [k] * (hi - lo)
     assert _llama_device(n_layer, shares, n_layer) == p - 1  # the output head
@@ -37,13 +37,13 @@ def test_the_split_puts_each_stage_s_layers_and_the_head_on_its_device(n_layer, 
 def test_expected_bytes_and_the_placement_check(tmp_path):
     model = str(write_tiny_llama(tmp_path / "m.gguf", seed=3, shape=TinyModelShape(n_layer=4)))
     ranges = even_ranges(4, 2)
-    want = stages_rpc.expected_bytes(model, ranges)
+    want = rpc_split.expected_bytes(model, ranges)
     from gguf import GGUFReader
 
     sizes = {t.name: int(t.n_bytes) for t in GGUFReader(model).tensors}
     assert sum(want) == sum(n for name, n in sizes.items() if name != "token_embd.weight")
     assert want[1] - want[0] == sizes["output.weight"] + sizes["output_norm.weight"]
-    kv = stages_rpc.kv_layer_bytes(model, 256)
+    kv = rpc_split.kv_layer_bytes(model, 256)
     assert kv == 2 * 256 * 16 * 2 * 4  # K and V, head 16 wide, 2 KV heads, f32
     ports = [5001, 5002]
 
@@ -54,17 +54,11 @@ def test_expected_bytes_and_the_placement_check(tmp_path):
             for port, m, v in zip(ports, model_mib, kv_mib))
 
     right = log([w / 2**20 for w in want], [2 * kv / 2**20] * 2)
-    got = stages_rpc.check_placement(right, ports, model, ranges, kv)
+    got = rpc_split.check_placement(right, ports, model, ranges, kv)
     assert got["model_mib"] == pytest.approx([w / 2**20 for w in want], abs=0.01)
     swapped = log([w / 2**20 for w in reversed(want)], [2 * kv / 2**20] * 2)
     with pytest.raises(RuntimeError, match="did not land as planned"):
-        stages_rpc.check_placement(swapped, ports, model, ranges, kv)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        rpc_split.check_placement(swapped, ports, model, ranges, kv)
 
 
 @pytest.mark.skipif(not os.environ.get("SKIPPY_LLAMA_RPC_BIN"),
@@ -76,7 +70,7 @@ def test_the_rpc_split_runs_the_load_on_the_tiny_model(tmp_path):
         rpc_server=os.path.join(bin_dir, "ggml-rpc-server"),
         rpc_llama_server=os.path.join(bin_dir, "llama-server"), model=model, threads=1,
         concurrency=2, lane_tokens=128, start_timeout=120)
-    with stages_rpc.RpcSplit(args, 2, str(tmp_path), _free_port) as split:
+    with rpc_split.RpcSplit(args, 2, str(tmp_path)) as split:
         assert split.placement["ranges"] == [[0, 2], [2, 4]]
         assert all(m > 0 for m in split.placement["model_mib"])
         # (Direct requests: the tiny model's tokens often carry no text of their own, which

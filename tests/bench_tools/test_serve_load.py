@@ -2,25 +2,25 @@
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
-import os
-import sys
 
-BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "serve_load.py")
+import pytest
+import serve_load
+from serve_support import LANE_CTX
+from skippy_bench.loads import make_prompts
+
+from skippy_scheduler.hosts.llama import LlamaHost
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("serve_load", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["serve_load"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(scope="module")
+def reference(model_path):
+    """The server's model in a host of its own, to tokenize with."""
+    with LlamaHost(model_path, n_ctx=LANE_CTX, n_seq_max=1, n_threads=1) as host:
+        yield host
 
 
 def test_prompts_have_the_asked_length_and_shared_prefix(reference):
-    bench = _bench()
-    prompts = bench.make_prompts(8, 40, 24, 0.5, seed=1)
+    prompts = make_prompts(8, 40, 24, 0.5, seed=1)
     ids = [reference.tokenize(p, special=True) for p in prompts]
     assert all(len(t) == 40 for t in ids)
     heads = collections.Counter(tuple(t[:24]) for t in ids)
@@ -28,9 +28,8 @@ def test_prompts_have_the_asked_length_and_shared_prefix(reference):
 
 
 def test_load_run_reports_tokens_and_latencies(server, tmp_path):
-    bench = _bench()
     out = tmp_path / "load.jsonl"
-    assert bench.main(["run", "--url", server.url, "--label", "t", "--concurrency", "3",
+    assert serve_load.main(["run", "--url", server.url, "--label", "t", "--concurrency", "3",
                        "--requests", "6", "--prompt-tokens", "48", "--shared-prefix", "32",
                        "--max-tokens", "8", "--token-ids", "--json", str(out)]) == 0
     doc = json.loads(out.read_text().splitlines()[-1])
