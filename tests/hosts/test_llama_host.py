@@ -202,7 +202,7 @@ def test_batch_holds_rows_in_lane_order_whatever_the_plan_order(host, alone):
     got = host.run_rows([("b", [first["b"]], 3, True), ("c", [first["c"]], 5, True),
                          ("d", prompts["d"], 0, True)])
     assert host.seq_id_of("d") == 0
-    staged = host._decoder._sid[:8].tolist()
+    staged = host._decoder.batch.seq_ids[:8].tolist()
     assert staged == [0] * 6 + [1, 2]
     assert host._decoder.pos[:8].tolist() == [0, 1, 2, 3, 4, 5, 3, 5]
     assert [first["b"], got["b"]] == alone(prompts["b"], 2)
@@ -222,7 +222,7 @@ def test_gap_fill_closes_a_break_in_the_run_of_lanes_and_leaves_no_cell(host, al
     filled = host.gap_fill_rows
     got = host.run_rows([("a", [first["a"]], 3, True), ("c", [first["c"]], 5, True)])
     assert host.gap_fill_rows == filled + 1
-    assert host._decoder._sid[:3].tolist() == [0, 1, 2]
+    assert host._decoder.batch.seq_ids[:3].tolist() == [0, 1, 2]
     assert host._decoder.pos[:3].tolist() == [3, 4, 5]  # b's filler at its next position
     assert host.kv_tokens("b") == 4
     assert host.host_state(detail=True).lane_positions[1] == 3  # the filler's cell is gone
@@ -236,7 +236,7 @@ def test_gap_fill_closes_a_break_in_the_run_of_lanes_and_leaves_no_cell(host, al
     try:
         host.run_rows([("a", [got["a"]], 4, True), ("c", [got["c"]], 6, True)])
         assert host.gap_fill_rows == filled + 1
-        assert host._decoder._sid[:2].tolist() == [0, 2]
+        assert host._decoder.batch.seq_ids[:2].tolist() == [0, 2]
     finally:
         host.gap_fill_max = 2
     for k in "abc":
@@ -254,11 +254,11 @@ def test_gap_fill_never_takes_the_batch_past_its_size(model_path):
         got = h.run_rows([("a", [first["a"]], 2, True),
                           ("c", [first["c"]] + list(range(310, 324)), 2, True)])
         assert h.gap_fill_rows == filled
-        assert h._decoder._sid[:16].tolist() == [0] + [2] * 15
+        assert h._decoder.batch.seq_ids[:16].tolist() == [0] + [2] * 15
         # one entry less and the filler fits
         h.run_rows([("a", [got["a"]], 3, True), ("c", list(range(330, 343)), 17, True)])
         assert h.gap_fill_rows == filled + 1
-        assert h._decoder._sid[:15].tolist() == [0, 1] + [2] * 13
+        assert h._decoder.batch.seq_ids[:15].tolist() == [0, 1] + [2] * 13
 
 
 def test_gap_fill_max_is_checked(model_path):

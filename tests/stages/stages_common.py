@@ -1,6 +1,10 @@
 """Constants and the random schedule trial the staged-serving tests share (importable:
 conftest modules are not)."""
+import contextlib
 import random
+from unittest import mock
+
+import numpy as np
 
 from skippy_scheduler import MemoryComponent, SchedulerConfig
 from skippy_scheduler.engine import Engine, Request, VirtualClock
@@ -12,6 +16,24 @@ MAX_GEN = 10
 SHAPE = TinyModelShape(n_layer=4)
 
 KV_BYTES = 10**9
+
+
+@contextlib.contextmanager
+def lane_outside_the_stages(host):
+    """Meanwhile every plan frame names the lane the host hands out next as one outside every
+    stage's context (N_SEQ + 3): the first stage refuses the rows of the sequence it admits."""
+    from skippy_scheduler.hosts.stages import host as host_module
+
+    held = {host._lanes.lane_of(s) for s in host.active_sequences}
+    lane = min(set(range(host.n_seq_max)) - held)
+    encode_plan = host_module.encode_plan
+
+    def encode(**frame):
+        frame["row_lanes"] = np.where(frame["row_lanes"] == lane, N_SEQ + 3, frame["row_lanes"])
+        return encode_plan(**frame)
+
+    with mock.patch.object(host_module, "encode_plan", encode):
+        yield
 
 
 def random_trial(impl, host, alone, seed: int, counters: dict, **extra) -> None:

@@ -16,7 +16,7 @@ from skippy_scheduler.hosts.calibrate import CostModel  # noqa: E402
 from skippy_scheduler.hosts.stages.host import StageFailure  # noqa: E402
 from skippy_scheduler.hosts.stages.local import LocalStages  # noqa: E402
 
-from stages_common import MAX_GEN, N_SEQ, random_trial  # noqa: E402
+from stages_common import MAX_GEN, N_SEQ, lane_outside_the_stages, random_trial  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["P2", "P3"])
@@ -65,17 +65,14 @@ def test_a_stage_error_undoes_every_plan_in_flight_and_serving_goes_on(piped, al
     assert host.most_in_flight >= 2
     late = Request("late", [1, 7, 8, 9], 3)
     engine.submit(late)
-    lane = host._free[0]
-    host._free[0] = N_SEQ + 3  # the late request's lane is outside every stage's context
-    try:
+    with lane_outside_the_stages(host):  # the late request's lane is outside every stage's
         with pytest.raises(StageFailure, match=r"stage 0 failed.*outside \[0, 8\)"):
             for _ in range(4 * p):
                 engine.step()
-    finally:  # the lane list (a heap) gets its real lane back
-        host._free = sorted(set(host._free) - {N_SEQ + 3} | {lane})
     state = host.host_state(detail=True)  # every stage agrees with the driver
-    want = {host._slot[i]: host._next_pos[host._slot[i]] - 1 for i in host.active_sequences
-            if host._next_pos[host._slot[i]]}
+    lanes = host._lanes
+    held = [lanes.lane_of(i) for i in host.active_sequences]
+    want = {lane: lanes.end(lane) - 1 for lane in held if lanes.end(lane)}
     assert dict(state.lane_positions) == want
     for _ in range(2000):
         if not engine.step() and not engine.outstanding:

@@ -20,7 +20,7 @@ from skippy_scheduler.hosts.stages.host import StageFailure  # noqa: E402
 from skippy_scheduler.hosts.stages.local import LocalStages  # noqa: E402
 from skippy_scheduler.hosts.stages.split import file_identity  # noqa: E402
 
-from stages_common import MAX_GEN, N_SEQ, random_trial  # noqa: E402
+from stages_common import MAX_GEN, N_SEQ, lane_outside_the_stages, random_trial  # noqa: E402
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["P2", "P3"])
 def staged(request, splits, model4):
@@ -49,14 +49,10 @@ def test_a_stage_error_undoes_the_plan_on_every_stage(staged, alone):
     prompt = [1, 50, 60, 70]
     engine.submit(Request("ok", prompt, 3))
     # Make the host hand out a lane the stages do not have: the first stage refuses the row.
-    lane = staged._free[0]
-    staged._free[0] = N_SEQ + 3
-    try:
+    with lane_outside_the_stages(staged):
         with pytest.raises(StageFailure, match=r"stage 0 failed.*outside \[0, 8\)"):
             engine.step()
         assert staged.active_sequences == []
-    finally:
-        staged._free[0] = lane
     staged.sync()
     assert staged.held() == [{}] * len(staged.stages)
     report = engine.run()

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence as _Seq
 import numpy as np
 import numpy.typing as npt
 
+from ..kit import IntArray
 from ...types import ReleaseReason
 from .backend import check_int
 from .lanes import Start
@@ -16,7 +17,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .samplers import Samplers
     from .tokenizer import Tokenizer
 
-IntArray = npt.NDArray[np.integer[Any]]
 
 
 class DirectRows:

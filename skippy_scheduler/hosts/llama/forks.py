@@ -18,11 +18,10 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import numpy as np
-import numpy.typing as npt
 
+from ..kit import IntArray
 from .lanes import KvCells
 
-IntArray = npt.NDArray[np.integer[Any]]
 
 
 class Forks:

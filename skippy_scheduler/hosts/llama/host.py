@@ -39,6 +39,7 @@ from ...engine.contract import HostState, Plan
 from ...prefix_store import PrefixStore
 from ...sampling import SampleDetail
 from ...types import MemoryComponent, ReleaseReason
+from ..kit import IntArray, check_lanes, read_plan
 from ..offload import Placement
 from .backend import (FLASH_ATTN_NAMES, KV_TYPES, check_int, create_context, flash_attn_type,
                       init_backend, load_model, recent_log)
@@ -51,7 +52,6 @@ from .rows import RowDecoding
 from .samplers import Samplers
 from .tokenizer import Tokenizer
 
-IntArray = npt.NDArray[np.integer[Any]]
 
 
 # Gaps of up to this many lanes get filler rows (rows.py `_gap_fill`): a filler costs about a
@@ -212,17 +212,15 @@ class LlamaHost(DirectRows, RowDecoding):
         """Lanes, KV tokens, samplers; with `detail`, the positions llama.cpp itself holds per
         lane (one call per lane: for leak checks, not every step)."""
         lanes = self._lanes
-        active = lanes.active
-        kv = 0
-        for s in active:
-            lane = lanes.lane_of(s)
-            kv += lanes.end(lane) if lane is not None else 0
+        cells = self._cells
         return HostState(
-            lanes=self.n_seq_max, free_lanes=lanes.free, active=tuple(active), kv_tokens=kv,
-            kv_capacity=self.n_ctx, samplers=len(self._samplers) if self._samplers else 0,
+            lanes=self.n_seq_max, free_lanes=lanes.free, active=tuple(lanes.active),
+            kv_tokens=lanes.kv_tokens, kv_capacity=self.n_ctx,
+            samplers=len(self._samplers) if self._samplers else 0,
             decoded_tokens=self.decoded_tokens, shared_tokens=self.shared_tokens,
-            kv_copies=self._cells.copies if self._cells is not None else 0,
-            lane_positions=lanes.positions_held() if detail and self._ctx else {})
+            kv_copies=cells.copies if cells is not None else 0,
+            lane_positions=(cells.positions_held(self.n_seq_max)
+                            if detail and self._ctx and cells is not None else {}))
 
     def execute_async(self, plan: Plan) -> "Future[int]":
         """`execute` on the host's worker thread (one: the context runs one decode at a time);
@@ -349,7 +347,7 @@ class LlamaHost(DirectRows, RowDecoding):
             if self.holders is not None and end > 0 and self._ctx:
                 self.holders.keep(lane, end)
         finally:
-            self._lanes.give_back(sequence_id, lane)  # the lane comes back whatever the store did
+            self._lanes.give_back(sequence_id)  # the lane comes back whatever the store did
         return True
 
     def keep_prompt(self, sequence_id: str, tokens: int) -> bool:
@@ -373,7 +371,7 @@ class LlamaHost(DirectRows, RowDecoding):
             assert self._samplers is not None
             self._samplers.drop(lane)
             self._forks.forget(lane)
-            self._lanes.give_back(sequence_id, lane)
+            self._lanes.give_back(sequence_id)
 
     # ------------------------------------------------------------------ plan execution
     def execute(self, plan: Plan) -> int:
@@ -387,27 +385,17 @@ class LlamaHost(DirectRows, RowDecoding):
         if len(plan) == 0:
             outputs.count = 0
             return 0
-        offsets = np.asarray(plan.row_offsets, dtype=np.int64)
-        n = int(offsets[-1])
-        if n > self.n_batch:
-            raise ValueError(
-                f"plan has {n} tokens but the host's batch holds {self.n_batch}; "
-                "keep max_tokens_per_iteration <= n_batch"
-            )
-        tokens_in = np.asarray(plan.tokens)[:n]
-        positions = np.asarray(plan.positions)[:n]
-        if len(tokens_in) != n or len(positions) != n or n != plan.token_count:
-            raise ValueError(
-                f"plan arrays disagree: row_offsets end at {n}, token_count is "
-                f"{plan.token_count}, {len(tokens_in)} tokens and {len(positions)} positions")
-        if n and (int(tokens_in.min()) < 0 or int(tokens_in.max()) >= self.n_vocab):
-            raise ValueError(f"plan tokens must be in [0, {self.n_vocab}) for this model")
-        ids = list(plan.sequence_ids)
-        starts = positions[offsets[:-1]].tolist()
-        starting = self._starting(plan, ids, starts)
-        sample_rows = np.asarray(plan.sample_rows, dtype=np.int64)
-        tokens, details = self._run(ids, starts, starting, offsets, tokens_in, positions,
-                                    sample_rows)
+        rows = read_plan(plan, self.n_batch, self.n_vocab)
+        samplers = self._samplers
+        assert samplers is not None
+        holders = self.holders
+        # How the sequences of the plan's new rows start (read from the plan, not guessed).
+        starting = {n.sequence_id: Start(samplers.resolve(n.sampling),
+                                         n.holder if holders is not None else None)
+                    for n in rows.new}
+        sample_rows = rows.sample_rows
+        tokens, details = self._run(rows.ids, rows.starts, starting, rows.offsets, rows.tokens,
+                                    rows.positions, sample_rows)
         if details:
             kept = self._details
             kept[id(plan)] = (plan, details)
@@ -418,25 +406,6 @@ class LlamaHost(DirectRows, RowDecoding):
         outputs.predicted_tokens[:k] = np.where(self.tokenizer.eog[tokens], -1, tokens)
         outputs.count = k
         return k
-
-    def _starting(self, plan: Plan, ids: list[str], starts: list[int]) -> dict[str, Start]:
-        """How the sequences of the plan's new rows start (read from the plan, not guessed)."""
-        new = np.flatnonzero(plan.new_rows).tolist()
-        if not new:
-            return {}
-        work = plan.work
-        restored = plan.restored_tokens
-        samplers = self._samplers
-        assert samplers is not None
-        out = {}
-        for r in new:
-            w = work[r]
-            if int(restored[r]) != starts[r]:
-                raise ValueError(f"the new row of {ids[r]!r} starts at position {starts[r]} but "
-                                 f"the plan says it restored {int(restored[r])} tokens")
-            holder = w.restore_holder if self.holders is not None else None
-            out[ids[r]] = Start(samplers.resolve(w.sampling), holder)
-        return out
 
     def _run(self, ids: list[str], starts: list[int], starting: dict[str, Start],
              offsets: IntArray, tokens_in: IntArray, positions: IntArray, sample_rows: IntArray,
@@ -468,33 +437,9 @@ class LlamaHost(DirectRows, RowDecoding):
     def _assign(self, ids: list[str], starts: list[int],
                 starting: dict[str, Start]) -> npt.NDArray[np.int32]:
         lanes = self._lanes
-        if len(set(ids)) != len(ids):
-            raise ValueError("a sequence appears in more than one row of the plan")
-        if len(starting) > lanes.free:
-            raise RuntimeError(
-                f"{len(starting)} new sequences but only {lanes.free} free llama sequence ids "
-                f"(n_seq_max={self.n_seq_max}); keep max_active_sequences <= n_seq_max"
-            )
         holders = self.holders
-        for seq, start in zip(ids, starts):
-            begin = starting.get(seq)
-            lane = lanes.lane_of(seq)
-            if begin is not None:
-                if lane is not None:
-                    raise ValueError(f"a new row of {seq!r}, but the host still holds it "
-                                     "(release it first)")
-                have = (holders.length(begin.holder)
-                        if holders is not None and begin.holder is not None else 0)
-            elif lane is None:
-                raise ValueError(f"row of {seq!r} is not a new row but the host holds nothing "
-                                 "for it")
-            else:
-                have = lanes.end(lane)
-            if start > have:
-                raise ValueError(
-                    f"row of {seq!r} starts at position {start} but the host holds {have} "
-                    "positions for it (no resident prefix restores them)"
-                )
+        check_lanes(ids, starts, {seq: begin.holder for seq, begin in starting.items()},
+                    lanes, holders, "the host")
         samplers = self._samplers
         assert samplers is not None
         row_lanes = np.empty(len(ids), dtype=np.int32)

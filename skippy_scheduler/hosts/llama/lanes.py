@@ -3,17 +3,18 @@
 A *lane* is a llama.cpp sequence id below the lane count; each running scheduler sequence holds
 one while it runs. Lanes are handed out lowest first, so batches use consecutive ids (llama.cpp
 splits a non-unified batch into fewer micro-batches then). Positions never move: a lane's cells
-are [0, `end(lane)`), and a replay from an earlier position cuts the tail first.
+are [0, `end(lane)`), and a replay from an earlier position cuts the tail first. `Lanes` is the
+hosts' lane table (hosts/kit.py) over the context's cells.
 """
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 from typing import Any
 
 import llama_cpp as _ll
 
 from ...sampling import SamplingParams
+from ..kit import LaneTable
 
 
 @dataclass(frozen=True)
@@ -52,63 +53,15 @@ class KvCells:
         """The highest position `seq` holds, -1 for none."""
         return int(_ll.llama_memory_seq_pos_max(self._mem, seq))
 
-
-class Lanes:
-    """Which sequence holds which lane and how many positions each lane holds."""
-
-    def __init__(self, count: int, cells: KvCells) -> None:
-        self.count = count
-        self._cells = cells
-        self._free: list[int] = list(range(count))
-        self._lane: dict[str, int] = {}
-        self._end = [0] * count
-
-    @property
-    def active(self) -> list[str]:
-        return list(self._lane)
-
-    @property
-    def free(self) -> int:
-        return len(self._free)
-
-    def lane_of(self, sequence_id: str) -> int | None:
-        return self._lane.get(sequence_id)
-
-    def holds(self, sequence_id: str) -> bool:
-        return sequence_id in self._lane
-
-    def end(self, lane: int) -> int:
-        """Positions [0, end) of `lane` are in its cells."""
-        return self._end[lane]
-
-    def advance(self, lane: int, end: int) -> None:
-        self._end[lane] = end
-
-    def take(self, sequence_id: str) -> int:
-        """The lowest free lane, empty, now held by `sequence_id`."""
-        lane = heapq.heappop(self._free)
-        self._lane[sequence_id] = lane
-        self._cells.remove(lane)
-        self._end[lane] = 0
-        return lane
-
-    def cut(self, lane: int, start: int) -> None:
-        """Drop the lane's positions >= start (a replay rewrites them)."""
-        self._cells.remove(lane, start, -1)
-        self._end[lane] = start
-
-    def give_back(self, sequence_id: str, lane: int) -> None:
-        """`sequence_id` lets go of `lane`: its cells are dropped and the lane is free."""
-        del self._lane[sequence_id]
-        self._cells.remove(lane)
-        self._end[lane] = 0
-        heapq.heappush(self._free, lane)
-
-    def positions_held(self) -> dict[int, int]:
-        """Highest position llama.cpp holds per lane, for the lanes holding any (leak checks)."""
+    def positions_held(self, count: int) -> dict[int, int]:
+        """Highest position held per sequence id below `count`, for those holding any (leak
+        checks)."""
         out = {}
-        for lane in range(self.count):
-            pos = self._cells.highest(lane)
+        for seq in range(count):
+            pos = self.highest(seq)
             if pos >= 0:
-                out[lane] = pos
+                out[seq] = pos
         return out
+
+
+Lanes = LaneTable  # over `KvCells`: a lane's cells go when it is taken, cut or given back

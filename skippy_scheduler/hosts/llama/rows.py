@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 import numpy.typing as npt
 
+from ..kit import IntArray
 from ...engine.contract import Plan
 from ...sampling import SampleDetail
 
@@ -24,7 +25,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .lanes import Lanes
     from .samplers import Samplers
 
-IntArray = npt.NDArray[np.integer[Any]]
 
 
 class RowDecoding:

@@ -22,10 +22,10 @@ import numpy.typing as npt
 
 import llama_cpp as _ll
 
+from ..kit import IntArray
 from ...sampling import SampleDetail, SamplingParams, is_native_config, step_seed
 from .logprobs import PromptLogprobs, log_softmax, token_logprob
 
-IntArray = npt.NDArray[np.integer[Any]]
 
 
 class SamplerChain:

@@ -24,12 +24,13 @@ so the engine aborts those plans and the scheduler undoes their rows too.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import json
-from collections import defaultdict, deque
+from collections import deque
 from typing import Any, Optional, Sequence as _Seq
 
+from ..._validate import check_int
 from ...engine.contract import HostState
+from ..kit import LaneTable, check_lanes, read_plan
 from ..llama.holders import Watcher
 from ..llama.samplers import Samplers
 from ...sampling import SamplingParams
@@ -38,7 +39,7 @@ from ...types import ReleaseReason
 import numpy as np
 
 from .channel import StageChannel, StageFailure, StageTimeout
-from .flight import Flight, FlightHandle, check_int, plan_arrays
+from .flight import Flight, FlightHandle
 from .holders import (PrefixHolders, RemoteCells, StageHolders, check_stage_capacities,
                       restored, restored_prefixes)
 from .split import StageInfo, check_stage_set
@@ -115,12 +116,11 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
                                           shared_cells=True)
         if self._holders is not None:
             self.prefix_store = self._holders.store
-        self._free: list[int] = list(range(n_seq_max))
-        self._slot: dict[str, int] = {}
-        # Per lane: what the stages hold once the plans sent have run, and a generation that
-        # changes with the lane's owner (what the plans in flight did to it is then stale).
-        self._next_pos: defaultdict[int, int] = defaultdict(int)
-        self._gen: defaultdict[int, int] = defaultdict(int)
+        # Per lane: its sequence, what the stages hold once the plans sent have run, and a
+        # generation that changes with the lane's owner (what the plans in flight did to it is
+        # then stale). The stages drop a lane's cells with the release table or the holders'
+        # memory operations, so the table has no cells of its own.
+        self._lanes = LaneTable(n_seq_max)
         self._pending_release: list[int] = []
         self._flights: deque[Flight] = deque()  # sent, not yet answered, oldest first
         self.steps = 0
@@ -167,20 +167,19 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
         """Free the sequence's lane; the stages free its KV after the plans already sent. With
         prefix reuse its positions are first offered to the store (not for a failed one, nor
         for one with a row still in the chain)."""
-        lane = self._slot.pop(sequence_id, None)
+        lane = self._lanes.lane_of(sequence_id)
         if lane is None:
             return False
         busy = any(lane in f.lane_set for f in self._flights)
-        self._gen[lane] += 1
+        end = self._lanes.end(lane)
+        self._lanes.give_back(sequence_id)
         if self._holders is not None and self.broken is None:
             # Memory operations keep their order: the holders copy the lane before it empties.
-            if self._next_pos[lane] and reason is not ReleaseReason.FAILED and not busy:
-                self._holders.keep(lane, self._next_pos[lane])
+            if end and reason is not ReleaseReason.FAILED and not busy:
+                self._holders.keep(lane, end)
             self._cells.remove(lane)
         else:
             self._pending_release.append(lane)
-        self._next_pos[lane] = 0
-        heapq.heappush(self._free, lane)
         return True
 
     def _flush_ops(self) -> None:
@@ -212,37 +211,23 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
             # Broken stages run nothing: every sampling row is left without an output, which
             # fails its sequence (docs/stages.md "When a stage fails").
             return None
-        offsets, tokens, positions = plan_arrays(plan, self.n_batch, self.n_vocab)
+        plan_rows = read_plan(plan, self.n_batch, self.n_vocab)
+        offsets, tokens, positions = plan_rows.offsets, plan_rows.tokens, plan_rows.positions
+        ids, starts, new = plan_rows.ids, plan_rows.starts, plan_rows.new_rows
         self._flush_ops()
-        ids = list(plan.sequence_ids)
-        if len(set(ids)) != len(ids):
-            raise ValueError("a sequence appears in more than one row of the plan")
-        starts = positions[offsets[:-1]].tolist()
-        flagged = getattr(plan, "new_rows", None)
-        new = [r for r, i in enumerate(ids)
-               if i not in self._slot or (flagged is not None and flagged[r])]
-        if sum(1 for r in new if ids[r] not in self._slot) > len(self._free):
-            raise RuntimeError(f"{len(new)} new sequences but {len(self._free)} free lanes "
-                               f"(n_seq_max={self.n_seq_max})")
-        restore = self._restores(plan, new)
-        sampling = self._sampling(plan, new)
-        for r, (seq, start) in enumerate(zip(ids, starts)):
-            if r in restore:
-                have = self._holders.length(restore[r]) if self._holders is not None else 0
-            elif seq in self._slot and r not in new:
-                have = self._next_pos[self._slot[seq]]
-            else:
-                have = 0
-            if start > have:
-                raise ValueError(f"row of {seq!r} starts at position {start} but the stages "
-                                 f"hold {have} positions for it")
+        holders = self._holders
+        # Row -> holder of every new row that restores a resident prefix, and row -> sampling
+        # of every new row that does not sample plain greedy.
+        restore = {n.row: n.holder for n in plan_rows.new
+                   if holders is not None and n.holder is not None}
+        sampling = {n.row: params for n in plan_rows.new
+                    if (params := self._resolver.resolve(n.sampling)) is not None}
+        check_lanes(ids, starts, {n.sequence_id: n.holder for n in plan_rows.new}, self._lanes,
+                    holders, "the stages")
         lanes = np.empty(rows, dtype=np.int32)
-        fresh = [r for r in new if ids[r] not in self._slot]  # rows that take a lane now
         for r, seq in enumerate(ids):
-            lane = self._slot.get(seq)
-            if lane is None:
-                lane = self._slot[seq] = heapq.heappop(self._free)
-            lanes[r] = lane
+            lane = self._lanes.lane_of(seq)
+            lanes[r] = self._lanes.take(seq) if lane is None else lane
         step = int(plan.step)
         try:
             frame = encode_plan(
@@ -255,8 +240,8 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
                 deferred=(plan.deferred_rows, plan.deferred_source_steps,
                           plan.deferred_source_indexes) if len(plan.deferred_rows) else None)
         except BaseException:
-            for r in fresh:  # nothing was sent: the new sequences give their lanes back
-                heapq.heappush(self._free, self._slot.pop(ids[r]))
+            for r in new:  # nothing was sent: the new sequences give their lanes back
+                self._lanes.give_back(ids[r])
             raise
         released, self._pending_release = self._pending_release, []
         if self._holders is not None:  # the lanes restored get the holders' prefixes
@@ -269,15 +254,15 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
                 "prefixes": restored_prefixes(self._holders, sampling, restore, lanes, starts)})
         self._out[0].send_multipart([b"plan", frame], copy=False)
         lane_list = lanes.tolist()
-        flight = Flight(plan, step, ids, lanes, [self._gen[x] for x in lane_list], starts, new,
-                        fresh, released, [self._next_pos[x] for x in lane_list],
-                        np.asarray(plan.sample_rows, dtype=np.int64))
+        flight = Flight(plan, step, ids, lanes, [self._lanes.generation(x) for x in lane_list],
+                        starts, new, released, [self._lanes.end(x) for x in lane_list],
+                        plan_rows.sample_rows)
         self._flights.append(flight)
         self.most_in_flight = max(self.most_in_flight, len(self._flights))
         self.awaited.add(step)
         # What every stage holds once it has run the plan (they run plans in the order sent).
-        for lane, end in zip(lane_list, (positions[offsets[1:] - 1] + 1).tolist()):
-            self._next_pos[lane] = end
+        for lane, end in zip(lane_list, plan_rows.ends):
+            self._lanes.advance(lane, end)
         if self._holders is not None:
             self._holders.wrote(np.repeat(lanes, np.diff(offsets)), positions, tokens)
         return flight
@@ -358,39 +343,17 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
         while (self.awaited - self.terminal.keys() or self.mem_pending) and not self.chain_errors:
             self._pump(what)
 
-    def _restores(self, plan: Any, new: list[int]) -> dict[int, int]:
-        """Row -> holder of every new row that restores a resident prefix."""
-        if self._holders is None or not new:
-            return {}
-        work = plan.work
-        return {r: int(work[r].restore_holder) for r in new
-                if getattr(work[r], "restore_holder", None) is not None}
-
-    def _sampling(self, plan: Any, new: list[int]) -> dict[int, SamplingParams]:
-        """Row -> sampling parameters of every new row that does not sample plain greedy."""
-        if not new:
-            return {}
-        work = plan.work
-        out = {}
-        for r in new:
-            params = self._resolver.resolve(getattr(work[r], "sampling", None))
-            if params is not None:
-                out[r] = params
-        return out
-
     def _undo(self, f: Flight, stages: bool) -> None:
         """Put the driver (and, with `stages`, every stage) back where `f` found them."""
-        new_set, fresh = set(f.new), set(f.fresh)
+        new_set = set(f.new)
+        lanes = self._lanes
         for r, lane in enumerate(f.lanes.tolist()):
-            if self._gen[lane] != f.gens[r]:
+            if lanes.generation(lane) != f.gens[r]:
                 continue  # released since: its lane is another sequence's business now
-            if r in fresh and self._slot.get(f.ids[r]) == lane:
-                del self._slot[f.ids[r]]
-                self._gen[lane] += 1
-                self._next_pos[lane] = 0
-                heapq.heappush(self._free, lane)
+            if r in new_set and lanes.lane_of(f.ids[r]) == lane:
+                lanes.give_back(f.ids[r])
             else:
-                self._next_pos[lane] = f.prev_pos[r]
+                lanes.advance(lane, f.prev_pos[r])
         if stages:
             self._broadcast(b"undo", {
                 "release": f.released, "lanes": f.lanes.tolist(),
@@ -402,7 +365,7 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
         driver forgets its lanes' positions; sequences keep their lanes until released."""
         self._pending_release = []
         self._cells.take()
-        self._next_pos.clear()
+        self._lanes.forget_positions()
         try:
             self._broadcast(b"release",
                             {"lanes": list(range(self.n_seq_max + self.prefix_holders))})
@@ -425,10 +388,10 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
     def held_tokens(self, sequence_id: str) -> Optional[list[int]]:
         """The tokens the stages hold for running `sequence_id` once the plans sent have run,
         position 0 first; None when it holds no lane, or without reuse."""
-        lane = self._slot.get(sequence_id)
+        lane = self._lanes.lane_of(sequence_id)
         if lane is None or self._holders is None:
             return None
-        tokens: list[int] = self._holders.lane_tokens(lane, self._next_pos[lane]).tolist()
+        tokens: list[int] = self._holders.lane_tokens(lane, self._lanes.end(lane)).tolist()
         return tokens
 
     def prepare_sequence(self, sequence: Any) -> Any:
@@ -469,12 +432,12 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
 
     @property
     def active_sequences(self) -> list[str]:
-        return list(self._slot)
+        return self._lanes.active
 
     def release_all(self) -> None:
         """Release every sequence (recovery after a failure), then free the lanes on the
         stages at once."""
-        for sequence_id in list(self._slot):
+        for sequence_id in self._lanes.active:
             self.release(sequence_id, ReleaseReason.FAILED)
         if self.broken is None:
             self.sync()
@@ -491,8 +454,8 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
                 raise StageFailure(f"the stages disagree on what their lanes hold: {per_stage}")
             positions = {lane: n - 1 for lane, n in per_stage[0].items()}
         return HostState(
-            lanes=self.n_seq_max, free_lanes=len(self._free), active=tuple(self._slot),
-            kv_tokens=sum(self._next_pos[lane] for lane in self._slot.values()),
+            lanes=self.n_seq_max, free_lanes=self._lanes.free, active=tuple(self._lanes.active),
+            kv_tokens=self._lanes.kv_tokens,
             kv_capacity=self.n_ctx, lane_positions=positions,
             samplers=sum(self.stage_samplers) if detail else 0)
 

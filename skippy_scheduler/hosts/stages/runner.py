@@ -27,7 +27,9 @@ import numpy as np
 
 import llama_cpp as _ll
 
+from ..kit import LaneTable, LlamaBatch
 from ..llama.backend import KV_TYPES, create_context, init_backend, load_model, recent_log
+from ..llama.lanes import KvCells
 from ..llama.samplers import Samplers
 from ..llama.tokenizer import Tokenizer
 from ...sampling import SamplingParams
@@ -144,29 +146,10 @@ class StageRunner:
         # llama.cpp may give a smaller batch than asked (at most the context): plans are sized
         # from what the context got.
         self.n_batch = min(n_batch, int(_ll.llama_n_batch(ctx)))
-        self._next_pos = [0] * n_seq_max
-
-        self._tok = np.zeros(n_batch, dtype=np.int32)
-        self._embd = np.zeros((n_batch, self.n_embd), dtype=np.float32)
-        self._pos = np.zeros(n_batch, dtype=np.int32)
-        self._nsid = np.ones(n_batch, dtype=np.int32)
-        self._sid = np.zeros(n_batch, dtype=np.int32)
-        self._flag = np.zeros(n_batch, dtype=np.int8)
-        self._sid_ptrs = np.uint64(self._sid.ctypes.data) + np.uint64(4) * np.arange(
-            n_batch, dtype=np.uint64)
-        batch: Any = _ll.llama_batch()  # ctypes fields set from pointers
-        if self.first:
-            batch.token = self._tok.ctypes.data_as(ctypes.POINTER(_ll.llama_token))
-            batch.embd = ctypes.POINTER(ctypes.c_float)()
-        else:
-            batch.token = ctypes.POINTER(_ll.llama_token)()
-            batch.embd = self._embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-        batch.pos = self._pos.ctypes.data_as(ctypes.POINTER(_ll.llama_pos))
-        batch.n_seq_id = self._nsid.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
-        batch.seq_id = ctypes.cast(self._sid_ptrs.ctypes.data,
-                                   ctypes.POINTER(ctypes.POINTER(_ll.llama_seq_id)))
-        batch.logits = self._flag.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
-        self._batch = batch
+        # Every sequence id's positions (lanes and holders alike); the driver assigns lanes.
+        self._cells = KvCells(ctx)
+        self._lanes = LaneTable(n_seq_max, self._cells)
+        self._batch = LlamaBatch(n_batch, 0 if self.first else self.n_embd)
 
     # ------------------------------------------------------------------ capture
     def _on_eval(self, tensor: int, ask: bool, _user: Any) -> bool:
@@ -198,19 +181,17 @@ class StageRunner:
             raise ValueError(f"lanes must be in [0, {self.n_seq_max})")
         if len(np.unique(lanes)) != len(lanes):
             raise ValueError("a lane appears in more than one row")
-        nxt = self._next_pos
+        held = self._lanes.end
         for lane, start in zip(lanes.tolist(), starts.tolist()):
-            if start > nxt[lane]:
+            if start > held(lane):
                 raise ValueError(f"a row of lane {lane} starts at position {start} but the "
-                                 f"stage holds {nxt[lane]} positions for it")
+                                 f"stage holds {held(lane)} positions for it")
 
     def release(self, lane: int) -> None:
         """Drop every KV cell of `lane` (a lane outside the context holds nothing)."""
         if not 0 <= lane < self.n_seq_max:
             return
-        if self._ctx:
-            _ll.llama_memory_seq_rm(self._mem, lane, -1, -1)
-        self._next_pos[lane] = 0
+        self._lanes.cut(lane, 0)  # (no cells once the context is freed)
         if self.samplers is not None:
             self.samplers.drop(lane)
 
@@ -218,9 +199,8 @@ class StageRunner:
         """Drop `lane`'s cells from `start` on (the row replays from there)."""
         if self.samplers is not None:
             self.samplers.rewind(lane, start)
-        if 0 <= lane < self.n_seq_max and start < self._next_pos[lane]:
-            _ll.llama_memory_seq_rm(self._mem, lane, start, -1)
-            self._next_pos[lane] = start
+        if 0 <= lane < self.n_seq_max and start < self._lanes.end(lane):
+            self._lanes.cut(lane, start)
 
     def check_ops(self, ops: list[list[int]]) -> None:
         """Refuse memory operations (see `apply_ops`) that name an unknown kind or sequence id,
@@ -240,16 +220,17 @@ class StageRunner:
         from p0 on (p0 = -1: all); [OP_COPY, src, dst, p0, p1] gives dst src's cells at
         positions [p0, p1) (-1: open end; one KV cache for all, so the cells are shared)."""
         self.check_ops(ops)
-        nxt = self._next_pos
+        lanes = self._lanes
         for kind, a, b, c, d in ops:
             if kind == OP_REMOVE:
-                _ll.llama_memory_seq_rm(self._mem, a, b, -1)
-                nxt[a] = 0 if b <= 0 else min(nxt[a], b)
+                self._cells.remove(a, b, -1)
+                lanes.advance(a, 0 if b <= 0 else min(lanes.end(a), b))
                 if b <= 0 and self.samplers is not None:
                     self.samplers.drop(a)  # an emptied lane's sequence is gone
             else:
-                _ll.llama_memory_seq_cp(self._mem, a, b, c, d)
-                nxt[b] = max(nxt[b], nxt[a] if d < 0 else min(d, nxt[a]))
+                self._cells.copy(a, b, c, d)
+                held = lanes.end(a) if d < 0 else min(d, lanes.end(a))
+                lanes.advance(b, max(lanes.end(b), held))
 
     def start_sampling(self, lane: int, params: Optional[SamplingParams],
                        prefix: Sequence[int] = ()) -> None:
@@ -265,10 +246,10 @@ class StageRunner:
 
     def held(self, lane: int) -> int:
         """Positions of `lane` in this stage's KV cache."""
-        return self._next_pos[lane]
+        return self._lanes.end(lane)
 
     def held_lanes(self) -> list[int]:
-        return [i for i, n in enumerate(self._next_pos) if n]
+        return self._lanes.held_lanes()
 
     def measure_kv(self) -> dict[int, tuple[int, int]]:
         """Sequence id -> (cells, bytes) of every sequence with KV in this stage's cache, as
@@ -306,42 +287,37 @@ class StageRunner:
                              f" got {n} tokens and {len(positions)} positions")
         starts = positions[offsets[:-1]]
         self.check_rows(lanes, starts)
+        batch = self._batch
         if self.first:
             if tokens is None or len(tokens) != n:
                 raise ValueError("the first stage takes one token per position")
             if int(tokens.min()) < 0 or int(tokens.max()) >= self.n_vocab:
                 raise ValueError(f"tokens must be in [0, {self.n_vocab})")
-            self._tok[:n] = tokens
+            batch.tok[:n] = tokens
         else:
             if embd is None or embd.shape != (n, self.n_embd) or embd.dtype != np.float32:
                 raise ValueError(f"this stage takes ({n}, {self.n_embd}) float32 activations")
-            self._embd[:n] = embd
-        before = [(lane, self._next_pos[lane]) for lane in lanes.tolist()]
+            assert batch.embd is not None
+            batch.embd[:n] = embd
         for lane, start in zip(lanes.tolist(), starts.tolist()):
             self.rewind(lane, start)
-        self._pos[:n] = positions
-        self._sid[:n] = np.repeat(lanes.astype(np.int32), np.diff(offsets).astype(np.int64))
-        if self.last:
-            self._flag[:n] = 0
-            self._flag[offsets[sample_rows + 1] - 1] = 1
-        else:
-            self._flag[:n] = 1
-        self._batch.n_tokens = n
+        batch.pos[:n] = positions
         self._act_rows = 0
         self._capture_error = None
-        rc = _ll.llama_decode(self._ctx, self._batch)
+        rc = batch.decode(self._ctx, n, np.repeat(lanes.astype(np.int32),
+                                                  np.diff(offsets).astype(np.int64)),
+                          offsets[sample_rows + 1] - 1 if self.last else None)
         error = f"llama_decode returned {rc}: {recent_log()}" if rc != 0 else None
         if error is None and not self.last and (self._capture_error or self._act_rows != n):
             error = (f"captured {self._act_rows} of {n} rows of {self._target.decode()}"
                      f"{': ' + self._capture_error if self._capture_error else ''}")
         if error is not None:
-            for (lane, _), start in zip(before, starts.tolist()):
-                _ll.llama_memory_seq_rm(self._mem, lane, start, -1)
-                self._next_pos[lane] = start
+            for lane, start in zip(lanes.tolist(), starts.tolist()):
+                self._lanes.cut(lane, start)
             raise StageError(error)
         ends = positions[offsets[1:] - 1] + 1
         for lane, end in zip(lanes.tolist(), ends.tolist()):
-            self._next_pos[lane] = end
+            self._lanes.advance(lane, end)
         if not self.last:
             return self._act[:n]
         samplers = self.samplers
@@ -356,13 +332,15 @@ class StageRunner:
         out = logits.argmax(axis=1).astype(np.int32)
         if chains:
             samplers.pick(self._ctx, out, logits, None, lanes,  # type: ignore[union-attr]
-                          sample_rows, offsets[sample_rows + 1] - 1, self._pos[:n])
+                          sample_rows, offsets[sample_rows + 1] - 1, batch.pos[:n])
         return np.where(self._eog[out], np.int32(-1), out)
 
     def close(self) -> None:
         """Free the context, then the model (idempotent)."""
         if getattr(self, "samplers", None) is not None:
             self.samplers.close()  # type: ignore[union-attr]
+        if getattr(self, "_cells", None) is not None:
+            self._cells.close()
         ctx, self._ctx = self._ctx, None
         if ctx:
             _ll.llama_free(ctx)

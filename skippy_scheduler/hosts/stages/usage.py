@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from ...types import MemoryComponent
-from .flight import check_int
+from ..._validate import check_int
 
 __all__ = ["StageUsage", "UsageVerbs", "check_stage_cells"]
 
