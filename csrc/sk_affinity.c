@@ -232,7 +232,7 @@ void sk_affinity_detach_store(skippy_scheduler *s)
     for (uint32_t i = 0; i < s->seq_cap; i++) {
         s->seqs[i].pinned_entry = SKIPPY_PREFIX_NONE;
     }
-    sk_prefix_set_owner(s->store, NULL);
+    sk_prefix_set_owner(s->store, NULL, NULL);
     s->store = NULL;
 }
 
@@ -256,7 +256,7 @@ static int set_store(skippy_scheduler *s, skippy_prefix_store *store, uint64_t p
     s->aff_prefill_cost = prefill_cost;
     s->aff_restore_cost = restore_cost;
     if (store) {
-        sk_prefix_set_owner(store, s);
+        sk_prefix_set_owner(store, s, sk_affinity_detach_store);
         s->store_epoch_seen = sk_prefix_epoch(store);
     }
     return 0;

@@ -1,7 +1,7 @@
 /*
- * Lifecycle, configuration and read-only accessors of the scheduler. The decisions
- * (admission, completion, preemption) are in sk_sched.c, planning in sk_plan.c and failure
- * reporting in sk_error.c.
+ * Lifecycle, configuration and read-only accessors of the scheduler. The decisions are
+ * elsewhere: admission in sk_admit.c, completion, preemption and cancel in sk_sched.c, planning
+ * in sk_plan.c (plans in flight and abort in sk_live.c), and failure reporting in sk_error.c.
  */
 #include <math.h>
 #include <stdlib.h>

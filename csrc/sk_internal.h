@@ -82,8 +82,8 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     double ttft_deadline_us;  /* 0 = none */
     double last_token_us;     /* s->now_us at its last token, or at its admission */
     double submitted_us;      /* s->now_us at its submit, kept across preemption (§2.13) */
-    /* disjoint_inflight_plans (sk_plan.c): serial of the last plan with a row of it (0 = none);
-     * while that plan is live the sequence is in flight. */
+    /* disjoint_inflight_plans (sk_plan.c, sk_live.c): serial of the last plan with a row of it
+     * (0 = none); while that plan is live the sequence is in flight. */
     uint64_t flight_serial;
     /* cold prefix hold (sk_hold.c, §2.3a) */
     uint32_t held_steps;      /* plans it was held while waiting (since submit or preemption) */
@@ -243,6 +243,8 @@ int sk_affinity_refresh(skippy_scheduler *s);
 void sk_affinity_pin(skippy_scheduler *s, sk_seq *seq);
 void sk_affinity_unpin(skippy_scheduler *s, sk_seq *seq);
 void sk_affinity_release_pins(skippy_scheduler *s); /* scheduler free: give every pin back */
+/* Detaches the attached store (no-op without one); the store calls it when freed first. */
+void sk_affinity_detach_store(skippy_scheduler *s);
 /* The cursor a waiting sequence starts from: its restored length under §0.4b's rule. */
 size_t sk_restore_cursor(const sk_seq *seq);
 
@@ -250,19 +252,20 @@ size_t sk_restore_cursor(const sk_seq *seq);
  * leader that is computing its cold prefix (marks the leader) */
 bool sk_hold(skippy_scheduler *s, sk_seq *waiting);
 
-/* sk_sched.c: admits what fits from the front of the ranked waiting queue (§2.3) */
-int sk_admit_waiting(skippy_scheduler *s, size_t *out_admitted);
-
-/* sk_plan.c: SKIPPY_SCHED_STALE_PLAN unless `serial` names a live plan; with `oldest`,
- * SKIPPY_SCHED_PLAN_IN_FLIGHT unless it is the oldest one */
-int sk_check_live(skippy_scheduler *s, uint64_t serial, bool oldest, sk_plan_slot **out_slot);
-
-/* Admission (sk_sched.c) and preemption for priority (sk_priority.c, §2.8a). */
-void sk_admit_one(skippy_scheduler *s, uint32_t slot);      /* reserved by the caller */
+/* sk_move.c: one sequence's moves between the waiting queue and the active set (the callers
+ * choose who moves and keep the arrays' order), and room in the waiting array and scratch. */
+void sk_admit_one(skippy_scheduler *s, uint32_t slot);      /* room in s->active is the caller's */
 void sk_requeue_victim(skippy_scheduler *s, uint32_t slot); /* out of the active set */
-int sk_priority_reserve(skippy_scheduler *s); /* before the admission pass */
+int sk_reserve_waiting(skippy_scheduler *s, size_t need);
+
+/* sk_priority.c: preemption for priority (§2.8a), after the admission pass; reserve allocates
+ * everything it may need before the pass changes anything. */
+int sk_priority_reserve(skippy_scheduler *s);
 void sk_priority_preempt(skippy_scheduler *s, size_t *admitted);
-int sk_reserve_waiting(skippy_scheduler *s, size_t need); /* waiting array and scratch */
+
+/* sk_admit.c: admits what fits from the front of the ranked waiting queue (§2.3), then
+ * preempts for priority when that is on; the planner runs it before every plan */
+int sk_admit_waiting(skippy_scheduler *s, size_t *out_admitted);
 
 static inline uint64_t sk_reservation(const skippy_memory_component *component, size_t tokens)
 {
@@ -346,9 +349,12 @@ static inline void sk_unfresh(skippy_scheduler *s, sk_seq *seq)
     }
 }
 
-/* sk_plan.c: the live plan with this serial (NULL when there is none), and undo of the live
- * plans from the n-th oldest on, newest first (abort) */
+/* sk_live.c: the live plan with this serial (NULL when there is none); the same as an error
+ * (SKIPPY_SCHED_STALE_PLAN unless `serial` names a live plan; with `oldest`,
+ * SKIPPY_SCHED_PLAN_IN_FLIGHT unless it is the oldest one); undo of the live plans from the
+ * n-th oldest on, newest first (abort) */
 sk_plan_slot *sk_find_live(skippy_scheduler *s, uint64_t serial, size_t *out_nth);
+int sk_check_live(skippy_scheduler *s, uint64_t serial, bool oldest, sk_plan_slot **out_slot);
 void sk_abort_from(skippy_scheduler *s, size_t nth);
 
 /* §2.11a: a sequence with a row in a plan that is still live (even a voided row). */

@@ -69,6 +69,7 @@ struct skippy_prefix_store {
     skippy_prefix_store_stats st;
     /* journal (only while a scheduler is attached) */
     skippy_scheduler *owner;
+    sk_prefix_detach_fn detach; /* the owner's, called when the store is freed */
     sk_prefix_change *changes;
     size_t n_changes, changes_cap;
     int32_t *jtok;
@@ -128,7 +129,7 @@ oom:
 void skippy_prefix_store_free(skippy_prefix_store *p)
 {
     if (!p) return;
-    if (p->owner) sk_affinity_detach_store(p->owner);
+    if (p->owner) p->detach(p->owner);
     sk_radix_free(p->radix);
     for (size_t i = 0; i < p->e_cap; i++) free(p->e[i].seg); /* slots past e_len too */
     free(p->e);
@@ -306,9 +307,11 @@ void sk_prefix_journal_clear(skippy_prefix_store *p)
 uint64_t sk_prefix_epoch(const skippy_prefix_store *p) { return p->epoch; }
 skippy_scheduler *sk_prefix_owner(const skippy_prefix_store *p) { return p->owner; }
 
-void sk_prefix_set_owner(skippy_prefix_store *p, skippy_scheduler *owner)
+void sk_prefix_set_owner(skippy_prefix_store *p, skippy_scheduler *owner,
+                         sk_prefix_detach_fn detach)
 {
     p->owner = owner;
+    p->detach = owner ? detach : NULL;
     sk_prefix_journal_clear(p);
 }
 

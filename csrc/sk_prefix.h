@@ -29,14 +29,15 @@ const sk_prefix_change *sk_prefix_journal(const skippy_prefix_store *store, size
 void sk_prefix_journal_clear(skippy_prefix_store *store);
 uint64_t sk_prefix_epoch(const skippy_prefix_store *store);
 
-/* Attachment bookkeeping (one scheduler per store). */
+/* Attachment bookkeeping (one scheduler per store). The store calls nothing of the scheduler's
+ * but `detach`, which the scheduler gives it with itself as `owner` (sk_affinity.c): a store
+ * freed while attached calls detach(owner) first. */
+typedef void (*sk_prefix_detach_fn)(skippy_scheduler *owner);
 skippy_scheduler *sk_prefix_owner(const skippy_prefix_store *store);
-void sk_prefix_set_owner(skippy_prefix_store *store, skippy_scheduler *owner);
+void sk_prefix_set_owner(skippy_prefix_store *store, skippy_scheduler *owner,
+                         sk_prefix_detach_fn detach);
 
 /* Holder id of a resident entry (SKIPPY_PREFIX_NONE when it has none or is not resident). */
 uint32_t sk_prefix_holder(const skippy_prefix_store *store, uint32_t entry);
-
-/* sk_affinity.c: the scheduler side of the attachment. */
-void sk_affinity_detach_store(skippy_scheduler *scheduler);
 
 #endif

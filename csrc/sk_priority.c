@@ -9,6 +9,9 @@
  * priority_preemption_guard_steps plans, and one plan makes at most
  * max_priority_preemptions_per_step such preemptions. Victims go back to waiting with the
  * recompute semantics of a memory preemption (§2.8), at the queue's front, last victim first.
+ *
+ * Admission (sk_admit.c) runs it after its pass; the moves of the victims and of the sequences
+ * they make room for are sk_move.c's.
  */
 #include <string.h>
 

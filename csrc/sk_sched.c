@@ -1,6 +1,8 @@
 /*
- * The scheduler's decisions (docs/behaviour.md §2) other than planning (sk_plan.c): submit,
- * admission, completion from compact sampled outputs, preemption and cancel.
+ * The scheduler's entry points besides planning (docs/behaviour.md §2): submit, completion from
+ * compact sampled outputs, preemption for memory and cancel. Admission is sk_admit.c's (the
+ * planner runs it); the moves of a sequence between the waiting queue and the active set are
+ * sk_move.c's.
  *
  * Every public entry point validates first and mutates after, so a failing call leaves the
  * scheduler exactly as it was.
@@ -17,31 +19,11 @@ static uint64_t reservation(const skippy_memory_component *component, size_t tok
     return sk_reservation(component, tokens);
 }
 
-static bool fits(const skippy_scheduler *s, const sk_seq *seq) { return sk_fits_on(s, s->used, seq); }
-
-static void reserve(skippy_scheduler *s, const sk_seq *seq)
-{
-    for (size_t i = 0; i < s->cfg.memory_component_count; i++)
-        s->used[i] = sk_sat_add(s->used[i], reservation(&s->comps[i], seq->admission_tokens));
-}
-
 static void release(skippy_scheduler *s, const sk_seq *seq)
 {
     for (size_t i = 0; i < s->cfg.memory_component_count; i++)
         s->used[i] = sk_sat_sub(s->used[i], reservation(&s->comps[i], seq->admission_tokens));
 }
-
-/* Waiting queue and scratch grow together so permutations always have room. */
-static int reserve_waiting(skippy_scheduler *s, size_t need)
-{
-    size_t cap = s->waiting_cap, scratch_cap = s->waiting_cap;
-    if (sk_grow((void **)&s->waiting, &cap, need, sizeof(uint32_t))) return -1;
-    if (sk_grow((void **)&s->scratch, &scratch_cap, cap, sizeof(uint32_t))) return -1;
-    s->waiting_cap = cap;
-    return 0;
-}
-
-int sk_reserve_waiting(skippy_scheduler *s, size_t need) { return reserve_waiting(s, need); }
 
 /* ---------------------------------------------------------------- submit (§2.1) */
 
@@ -84,7 +66,7 @@ static int submit(skippy_scheduler *s, const skippy_sequence_desc *desc, uint32_
     /* Room for the whole generation up front (bounded), so decode appends do not allocate. */
     size_t want = token_count + (desc->max_tokens > 4096 ? 4096 : desc->max_tokens) + 1;
     if (want < token_count) want = token_count;
-    if (sk_store_reserve(s) || reserve_waiting(s, s->waiting_len + 1)) goto oom;
+    if (sk_store_reserve(s) || sk_reserve_waiting(s, s->waiting_len + 1)) goto oom;
     uint32_t slot = s->free_slots[s->free_len - 1];
     sk_seq *seq = &s->seqs[slot];
     if (sk_grow((void **)&seq->tokens, &seq->token_cap, want, sizeof(int32_t)) ||
@@ -161,68 +143,6 @@ skippy_status skippy_scheduler_submit(skippy_scheduler *s, const skippy_sequence
                                       uint32_t *out_slot, skippy_error **out_error)
 {
     return sk_result(s, submit(s, desc, out_slot), out_error);
-}
-
-/* ---------------------------------------------------------------- admission (§2.3) */
-
-int sk_admit_waiting(skippy_scheduler *s, size_t *out_admitted)
-{
-    *out_admitted = 0;
-    /* Affinity read from the store now, so selection sees what is resident (§2.12). */
-    int refreshed = sk_affinity_refresh(s);
-    if (refreshed) return refreshed;
-    if (s->dirty) {
-        int rc = sk_waiting_rank(s);
-        if (rc) return rc;
-        s->dirty = false;
-    }
-    size_t waiting_count = s->waiting_len;
-    s->prio_victim_len = 0;
-    if (waiting_count == 0) return 0;
-    /* Everything preemption for priority may need is allocated before anything changes. */
-    if (s->cfg.priority_preemption && sk_priority_reserve(s))
-        return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory preempting for priority");
-    if (s->active_len < s->cfg.max_active_sequences) {
-        size_t room = s->cfg.max_active_sequences - s->active_len;
-        size_t admissible = room < waiting_count ? room : waiting_count;
-        if (sk_grow((void **)&s->active, &s->active_cap, s->active_len + admissible,
-                    sizeof(uint32_t)))
-            return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory admitting sequences");
-        size_t kept = 0, admitted = 0;
-        bool hold = s->cfg.cold_prefix_hold_tokens && s->store; /* §2.3a */
-        for (size_t i = 0; i < waiting_count; i++) {
-            uint32_t slot = s->waiting[i];
-            if (s->active_len >= s->cfg.max_active_sequences || !fits(s, &s->seqs[slot]) ||
-                (hold && sk_hold(s, &s->seqs[slot]))) {
-                s->waiting[kept++] = slot; /* deferred, relative order kept */
-                continue;
-            }
-            sk_admit_one(s, slot);
-            admitted++;
-        }
-        s->waiting_len = kept;
-        *out_admitted = admitted;
-    }
-    if (s->cfg.priority_preemption) sk_priority_preempt(s, out_admitted);
-    return 0;
-}
-
-/* Moves a waiting sequence that fits into the active set (room in s->active is the caller's). */
-void sk_admit_one(skippy_scheduler *s, uint32_t slot)
-{
-    sk_seq *seq = &s->seqs[slot];
-    sk_waiting_remove(s, slot);
-    reserve(s, seq);
-    sk_affinity_pin(s, seq);
-    seq->status = SKIPPY_SEQ_RUNNING;
-    seq->admitted_at = ++s->admit_counter;
-    seq->last_token_us = s->now_us; /* its slack counts from here until its first token */
-    seq->where = SK_WHERE_ACTIVE;
-    seq->fresh = true;
-    seq->lead = SK_LEAD_NONE;
-    s->fresh_count++;
-    s->n_class[sk_class(seq)]++;
-    s->active[s->active_len++] = slot;
 }
 
 /* ---------------------------------------------------------------- completion (§2.7, §0.4e) */
@@ -453,40 +373,11 @@ static size_t pick_victim_builtin(const skippy_scheduler *s, const uint32_t *can
     return best;
 }
 
-static void reset_for_recompute(sk_seq *seq)
-{
-    seq->pending = 0; /* its in-flight rows are void: the KV they would build is gone */
-    seq->epoch++;
-    seq->cursor = sk_restore_cursor(seq); /* the restored length, with §0.4b's rule */
-    seq->status = SKIPPY_SEQ_PREEMPTED;
-    seq->admitted_at = 0;
-}
-
 static bool over_budget(const skippy_scheduler *s, const uint64_t *used)
 {
     for (size_t i = 0; i < s->cfg.memory_component_count; i++)
         if (used[i] > s->available[i]) return true;
     return false;
-}
-
-/*
- * A victim (no longer in the active set, already in the ranked set with order next_order)
- * becomes a preempted waiting sequence; the caller puts it in the waiting array.
- */
-void sk_requeue_victim(skippy_scheduler *s, uint32_t slot)
-{
-    sk_seq *seq = &s->seqs[slot];
-    seq->where = SK_WHERE_WAITING;
-    s->n_class[sk_class(seq)]--; /* left the active set */
-    sk_affinity_unpin(s, seq);
-    sk_unfresh(s, seq);
-    reset_for_recompute(seq);
-    seq->held_steps = 0;
-    sk_affinity_read(s, seq); /* with a store: what is resident now */
-    seq->enqueue_order = s->next_order++;
-    s->void_count++;
-    s->dirty = true;
-    s->m.preempted = sk_sat_add(s->m.preempted, 1);
 }
 
 /*
@@ -501,7 +392,7 @@ static int preempt(skippy_scheduler *s, const uint64_t *used, size_t used_count,
     size_t active_count = s->active_len, component_count = s->cfg.memory_component_count;
     if (sk_grow((void **)&s->victims, &s->victim_cap, active_count ? active_count : 1,
                 sizeof(uint32_t)) ||
-        reserve_waiting(s, s->waiting_len + active_count))
+        sk_reserve_waiting(s, s->waiting_len + active_count))
         return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory preempting");
     uint64_t *trial_used = s->used_scratch;
     memcpy(trial_used, s->used, component_count * sizeof(uint64_t));
