@@ -2,12 +2,17 @@
 `--list-devices`; the startup line saying where the layers went."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 
 from skippy_scheduler.cli import build_parser
+
+# Outside the checkout: `python -m` puts the working directory first on sys.path, and the
+# checkout's uncompiled sources would shadow the installed package.
+CWD = os.path.dirname(sys.executable)
 
 FLAGS = ["-ngl", "auto", "-sm", "layer", "-ts", "3,1", "-mg", "0", "-dev", "CUDA0,CUDA1",
          "-fa", "auto", "--kv-type", "f16"]
@@ -52,7 +57,7 @@ def test_the_defaults_leave_the_device_to_decide():
 ])
 def test_bad_offload_values_are_one_line_errors(flags, message):
     proc = subprocess.run([sys.executable, "-m", "skippy_scheduler.cli", "serve", *flags],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, cwd=CWD)
     assert proc.returncode == 2
     assert message in proc.stderr.splitlines()[-1]
 
@@ -73,7 +78,8 @@ def test_list_devices_answers():
     pytest.importorskip("llama_cpp")
     for command in ("serve", "run", "stage"):
         proc = subprocess.run([sys.executable, "-m", "skippy_scheduler.cli", command,
-                               "--list-devices"], capture_output=True, text=True, timeout=60)
+                               "--list-devices"], capture_output=True, text=True, timeout=60,
+                              cwd=CWD)
         assert proc.returncode == 0, proc.stderr
         lines = proc.stdout.splitlines()
         assert lines[0] == "Available devices:"
@@ -115,7 +121,7 @@ def test_a_truncated_model_is_one_line_in_every_command(tmp_path, command):
     extra = {"split": ["--stages", "2", "--out", str(tmp_path / "out")],
              "stage": ["--listen", f"ipc://{tmp_path}/s0"]}.get(command, [])
     proc = subprocess.run([sys.executable, "-m", "skippy_scheduler.cli", command, "-m", str(cut),
-                           *extra], capture_output=True, text=True, timeout=120)
+                           *extra], capture_output=True, text=True, timeout=120, cwd=CWD)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "not a whole GGUF model" in proc.stderr.splitlines()[-1]
