@@ -2,7 +2,8 @@
 
 `LlamaHost` (host.py) executes plans; it is made of small parts that own their state:
 `Lanes` and `KvCells` (lanes.py), `Samplers` (samplers.py), `PrefixHolders` (holders.py),
-`Tokenizer` (tokenizer.py). backend.py holds llama.cpp's process-wide setup and log.
+`Tokenizer` (tokenizer.py); `RowRunner` (rows.py) and `DirectRows` (direct.py) run rows over
+them. backend.py holds llama.cpp's process-wide setup and log.
 """
 from .backend import recent_log
 from .holders import PrefixHolders

@@ -7,7 +7,7 @@ rows (and the prompt rows of a sequence that asks for prompt log-probabilities).
 back into the plan's output block as (work index, token) pairs, the same hand-off as the native
 ABI (docs/hosts.md). The host implements the engine's contract (engine/contract.py): `execute`,
 `release`, `execute_async`, `release_all`, `prefix_store`, `host_state`, `sample_details` (the
-log-probabilities a sequence's `SamplingParams.output` asked for, rows.py).
+log-probabilities a sequence's `SamplingParams.output` asked for, samplers.py).
 
 The plan says where a sequence starts: at a new row (`plan.new_rows`) the host gives the
 sequence a lane, its sampler chain (`work[row].sampling`) and, when the row starts past 0, the
@@ -17,7 +17,11 @@ continues a lane. Everything is checked before any state changes.
 The parts own their state: `Lanes` (which sequence holds which llama sequence id, positions),
 `Samplers` (per-lane sampler chains, grammars, log-probabilities), `PrefixHolders` (resident
 prefixes and the store), `Forks` (choices of one prompt decoded once), `Tokenizer` (the
-vocabulary).
+vocabulary), `Decoder` (the batch). Two objects run rows over them, each given the parts it
+uses when the host builds it: `RowRunner` (rows.py: checks, lane set-up, staging, decode,
+sampling, undo; it counts the entries decoded) and `DirectRows` (direct.py: `run_rows` and
+`generate_alone`, through the `RowRunner`). The host reads plans, keeps the details reported
+with them, and owns the context's lifecycle.
 
 Defaults favour exactness: f32 weights (the tiny model), f32 KV cache and flash attention off are
 the settings under which a sequence's greedy tokens do not depend on what it was batched with.
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Iterable, Mapping, Sequence as _Seq
 
 import numpy as np
 import numpy.typing as npt
@@ -39,7 +43,7 @@ from ...engine.contract import HostState, Plan
 from ...prefix_store import PrefixStore
 from ...sampling import SampleDetail
 from ...types import MemoryComponent, ReleaseReason
-from ..kit import IntArray, check_lanes, read_plan
+from ..kit import read_plan
 from ..offload import Placement
 from .backend import (FLASH_ATTN_NAMES, KV_TYPES, check_int, create_context, flash_attn_type,
                       init_backend, load_model, recent_log)
@@ -48,20 +52,21 @@ from .direct import DirectRows
 from .forks import Forks
 from .holders import DEFAULT_REPLACE_SHARE, PrefixHolders, Watcher, check_replace_share
 from .lanes import KvCells, Lanes, Start
-from .rows import RowDecoding
+from .rows import RowRunner
 from .samplers import Samplers
 from .tokenizer import Tokenizer
 
 
 
-# Gaps of up to this many lanes get filler rows (rows.py `_gap_fill`): a filler costs about a
-# decode row, a break in the run of lanes a pass over the weights (docs/hosts.md "Batch order").
+# Gaps of up to this many lanes get filler rows (rows.py `RowRunner._gap_fill`): a filler costs
+# about a decode row, a break in the run of lanes a pass over the weights (docs/hosts.md "Batch
+# order").
 DEFAULT_GAP_FILL = 2
 
 _KEPT_DETAILS = 8  # plans whose sample details wait to be taken (more are in flight at most)
 
 
-class LlamaHost(DirectRows, RowDecoding):
+class LlamaHost:
     """One llama.cpp model + context that executes scheduler plans (see module docstring)."""
 
     def __init__(
@@ -152,23 +157,25 @@ class LlamaHost(DirectRows, RowDecoding):
             "prefix_cache_tokens": prefix_cache_tokens, "prefix_holders": holders,
             "prefix_replace_share": replace_share, "gap_fill_max": gap_fill_max,
         }
-        self._lanes = Lanes(n_seq_max, cells)
-        self._samplers = Samplers(tok.n_vocab, tok.eog, tok.eog_ids,
-                                  _ll.llama_model_get_vocab(self._model))
+        self._lanes = lanes = Lanes(n_seq_max, cells)
+        self._samplers = samplers = Samplers(tok.n_vocab, tok.eog, tok.eog_ids,
+                                             _ll.llama_model_get_vocab(self._model))
         self._decoder = Decoder(ctx, self.n_batch, tok.n_vocab)
         self._forks = Forks(cells, unified)
-        self._stage_by_lane = not unified  # rows.py: a KV stream per sequence
-        # rows.py: filler rows close gaps of at most this many lanes in a batch's run of
-        # decoding lanes (0: off); with one shared stream there are no runs to close.
-        self.gap_fill_max = gap_fill_max
-        self.gap_fill_rows = 0  # filler entries decoded (not in decoded_tokens)
         self._details: dict[int, tuple[Plan, dict[int, SampleDetail]]] = {}
-        self.decoded_tokens = 0  # batch entries decoded (a fork's copied rows not included)
         self.prefix_holders = holders
         self.holders: PrefixHolders | None = None
         if prefix_cache_tokens:
             self.holders = PrefixHolders(prefix_cache_tokens, holders, n_seq_max, n_seq_max,
                                          self.n_ctx, cells, unified, replace_share)
+        # Rows stage in lane order with a KV stream per sequence; with one shared stream there
+        # are no runs of lanes to keep or close (rows.py).
+        self._rows = rows = RowRunner(ctx, self._decoder, lanes, samplers, self._forks,
+                                      self.holders, n_batch=self.n_batch,
+                                      n_ctx_seq=self.n_ctx_seq, stage_by_lane=not unified,
+                                      gap_fill_max=gap_fill_max)
+        self._direct = DirectRows(rows, lanes, samplers, tok.eog, n_batch=self.n_batch,
+                                  n_vocab=tok.n_vocab)
 
     # ------------------------------------------------------------------ the contract's extras
     @property
@@ -364,15 +371,6 @@ class LlamaHost(DirectRows, RowDecoding):
         for sequence_id in self._lanes.active:
             self.release(sequence_id, ReleaseReason.CANCELLED)
 
-    def _drop(self, sequence_id: str) -> None:
-        """Free a lane without offering its cells (they were never completed)."""
-        lane = self._lanes.lane_of(sequence_id)
-        if lane is not None:
-            assert self._samplers is not None
-            self._samplers.drop(lane)
-            self._forks.forget(lane)
-            self._lanes.give_back(sequence_id)
-
     # ------------------------------------------------------------------ plan execution
     def execute(self, plan: Plan) -> int:
         """Run one plan as one `llama_decode`; fill `plan.outputs`; return the output count.
@@ -394,8 +392,8 @@ class LlamaHost(DirectRows, RowDecoding):
                                          n.holder if holders is not None else None)
                     for n in rows.new}
         sample_rows = rows.sample_rows
-        tokens, details = self._run(rows.ids, rows.starts, starting, rows.offsets, rows.tokens,
-                                    rows.positions, sample_rows)
+        tokens, details = self._rows.run(rows.ids, rows.starts, starting, rows.offsets,
+                                         rows.tokens, rows.positions, sample_rows)
         if details:
             kept = self._details
             kept[id(plan)] = (plan, details)
@@ -407,85 +405,56 @@ class LlamaHost(DirectRows, RowDecoding):
         outputs.count = k
         return k
 
-    def _run(self, ids: list[str], starts: list[int], starting: dict[str, Start],
-             offsets: IntArray, tokens_in: IntArray, positions: IntArray, sample_rows: IntArray,
-             ) -> tuple[npt.NDArray[np.int32], dict[int, SampleDetail] | None]:
-        """Check the rows, set up new sequences, decode; on failure undo every row. Returns
-        the sampled token of every sampling row and the details reported with them."""
-        row_lanes = self._assign(ids, starts, starting)
-        new_keys = {r: _fork_key(starting[seq], starts[r])
-                    for r, seq in enumerate(ids) if seq in starting}
-        ends = (positions[offsets[1:] - 1] + 1).tolist()
-        try:
-            tokens, details = self._decode_rows(row_lanes, offsets, tokens_in, positions,
-                                                sample_rows, starts, ends, new_keys)
-        except RuntimeError:
-            self._undo(ids, row_lanes, starts, starting)
-            raise
-        lanes = self._lanes
-        for lane, end in zip(row_lanes.tolist(), ends):
-            lanes.advance(lane, end)
-        if self.holders is not None:
-            self.holders.wrote(np.repeat(row_lanes, np.diff(offsets)), positions, tokens_in)
-        return tokens, details
-
     @property
     def shared_tokens(self) -> int:
         """Entries a fork's copy replaced instead of a decode (forks.py)."""
         return self._forks.shared_tokens
 
-    def _assign(self, ids: list[str], starts: list[int],
-                starting: dict[str, Start]) -> npt.NDArray[np.int32]:
-        lanes = self._lanes
-        holders = self.holders
-        check_lanes(ids, starts, {seq: begin.holder for seq, begin in starting.items()},
-                    lanes, holders, "the host")
-        samplers = self._samplers
-        assert samplers is not None
-        row_lanes = np.empty(len(ids), dtype=np.int32)
-        for i, (seq, start) in enumerate(zip(ids, starts)):
-            begin = starting.get(seq)
-            if begin is not None:
-                lane = lanes.take(seq)
-                chain = samplers.start(lane, begin.params)
-                if start > 0:
-                    assert holders is not None and begin.holder is not None  # checked above
-                    prefix = holders.restore(lane, begin.holder, start)
-                    lanes.advance(lane, start)
-                    if chain is not None:
-                        chain.feed(prefix, 0)  # the penalty window sees the prefix too
-            else:
-                held = lanes.lane_of(seq)
-                assert held is not None
-                lane = held
-                if start < lanes.end(lane):
-                    # Replaying from an earlier position: drop the cells the replay rewrites.
-                    lanes.cut(lane, start)
-                    samplers.rewind(lane, start)
-                    self._forks.forget(lane)
-            row_lanes[i] = lane
-        return row_lanes
+    @property
+    def decoded_tokens(self) -> int:
+        """Batch entries decoded (a fork's copied rows and filler rows not included)."""
+        return self._rows.decoded_tokens
 
-    def _undo(self, ids: list[str], row_lanes: IntArray, starts: list[int],
-              starting: dict[str, Start]) -> None:
-        # A failed decode leaves each row's sequence as it was before the call: a new one holds
-        # nothing (its next row is new again), a running one is cut back to the row's start.
-        for seq, lane, start in zip(ids, row_lanes.tolist(), starts):
-            self._forks.forget(lane)
-            if seq in starting:
-                self._drop(seq)
-            else:
-                self._lanes.cut(lane, start)
+    @property
+    def gap_fill_rows(self) -> int:
+        """Filler entries decoded (rows.py `RowRunner._gap_fill`)."""
+        return self._rows.gap_fill_rows
+
+    @property
+    def gap_fill_max(self) -> int:
+        """Filler rows close gaps of at most this many lanes in a batch's run of decoding
+        lanes (0: off); settable."""
+        return self._rows.gap_fill_max
+
+    @gap_fill_max.setter
+    def gap_fill_max(self, value: int) -> None:
+        self._rows.gap_fill_max = value
 
     def logits_of_batch_row(self, batch_row: int) -> npt.NDArray[np.float32]:
         """Copy of the logits of one flagged entry of the last decode (`llama_get_logits_ith`)."""
         self._require_open()
         return self._decoder.logits_of(batch_row)
 
+    def sample_details(self, plan: Plan) -> Mapping[int, SampleDetail] | None:
+        """What `execute(plan)` reported with its samples (`SampleDetail` by work index), once;
+        None when no sequence of the plan asked for any."""
+        if not self._details:
+            return None
+        kept = self._details.pop(id(plan), None)
+        return kept[1] if kept is not None and kept[0] is plan else None
 
-def _fork_key(begin: Start, start: int) -> Any:
-    """What a new sequence must share with another to follow it (forks.py): where its KV comes
-    from, and its held end tokens, which `pick` writes into the logits they would share."""
-    p = begin.params
-    hold = (p.min_end_position, p.min_end_tokens) if p is not None else None
-    return (begin.holder if start else None, hold)
+    # ------------------------------------------------------------------ rows outside plans
+    def run_rows(self, rows: Iterable[tuple[str, _Seq[int], int, bool]],
+                 sampling: dict[str, object] | None = None) -> dict[str, int]:
+        """Decode explicit rows (sequence id, tokens, start position, sample_last) in one call;
+        the raw sampled token of every sampling row by sequence id (direct.py)."""
+        self._require_open()
+        return self._direct.run_rows(rows, sampling)
+
+    def generate_alone(self, prompt: _Seq[int], max_tokens: int,
+                       sampling: object = None) -> list[int]:
+        """Tokens of `prompt` run as the only sequence, up to `max_tokens` or the first
+        end-of-generation token (included): the reference for equality tests (direct.py)."""
+        self._require_open()
+        return self._direct.generate_alone(prompt, max_tokens, sampling, self.release)
+

@@ -1,49 +1,130 @@
-"""One plan's rows through one `llama_decode`: staging, the logits read, sampling, reports.
+"""One call's rows through one `llama_decode`: checks, lanes, staging, logits, sampling, undo.
 
-Mixed into `LlamaHost` (host.py checks and assigns the rows first). The rows a fork's followers
+`RowRunner` runs the rows of a plan (`LlamaHost.execute`) or of a direct call (direct.py) on the
+host's parts, which the host hands it when it is built. It checks the rows against the lanes and
+sets up the sequences that start (host.py reads them from the plan); the rows a fork's followers
 run are left out of the batch (forks.py); logits are flagged for each sampling row's last entry
 and, for a sequence that asks for prompt log-probabilities, every entry of its prompt rows
 (logprobs.py); the sampled tokens are the argmax of each sampling row's logits, overwritten for
-the lanes with a sampler chain (samplers.py), and the details the chains report are kept for the
-engine until it takes them (`sample_details`).
+the lanes with a sampler chain (samplers.py), which also report the details asked for. A failed
+decode leaves every row's sequence as it was.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ..kit import IntArray
-from ...engine.contract import Plan
+from ..kit import IntArray, check_lanes
 from ...sampling import SampleDetail
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .decode import Decoder
-    from .forks import Forks
-    from .holders import PrefixHolders
-    from .lanes import Lanes
-    from .samplers import Samplers
+from .decode import Decoder
+from .forks import Forks
+from .holders import PrefixHolders
+from .lanes import Lanes, Start
+from .samplers import Samplers
 
 
 
-class RowDecoding:
-    """Mixed into `LlamaHost` (which provides the attributes below)."""
+class RowRunner:
+    """Runs rows on the host's context and parts; counts what it decodes.
 
-    if TYPE_CHECKING:
-        n_batch: int
-        decoded_tokens: int
-        holders: PrefixHolders | None
-        _ctx: Any
-        _decoder: Decoder
-        _forks: Forks
-        _stage_by_lane: bool
-        _lanes: Lanes
-        n_ctx_seq: int
-        gap_fill_max: int
-        gap_fill_rows: int
-        _samplers: Samplers | None
-        _details: dict[int, tuple[Plan, dict[int, SampleDetail]]]
+    `gap_fill_max`: filler rows close gaps of at most this many lanes in a batch's run of
+    decoding lanes (0: off; `_gap_fill`). `decoded_tokens`: batch entries decoded (a fork's
+    copied rows not included); `gap_fill_rows`: filler entries decoded (not in
+    `decoded_tokens`).
+    """
+
+    def __init__(self, ctx: Any, decoder: Decoder, lanes: Lanes, samplers: Samplers,
+                 forks: Forks, holders: PrefixHolders | None, *, n_batch: int, n_ctx_seq: int,
+                 stage_by_lane: bool, gap_fill_max: int) -> None:
+        self._ctx = ctx
+        self._decoder = decoder
+        self._lanes = lanes
+        self._samplers = samplers
+        self._forks = forks
+        self._holders = holders
+        self._n_batch = n_batch
+        self._n_ctx_seq = n_ctx_seq
+        self._stage_by_lane = stage_by_lane  # a KV stream per sequence: stage in lane order
+        self.gap_fill_max = gap_fill_max
+        self.gap_fill_rows = 0
+        self.decoded_tokens = 0
+
+    def run(self, ids: list[str], starts: list[int], starting: dict[str, Start],
+            offsets: IntArray, tokens_in: IntArray, positions: IntArray, sample_rows: IntArray,
+            ) -> tuple[npt.NDArray[np.int32], dict[int, SampleDetail] | None]:
+        """Check the rows, set up new sequences, decode; on failure undo every row. Returns
+        the sampled token of every sampling row and the details reported with them."""
+        row_lanes = self._assign(ids, starts, starting)
+        new_keys = {r: _fork_key(starting[seq], starts[r])
+                    for r, seq in enumerate(ids) if seq in starting}
+        ends = (positions[offsets[1:] - 1] + 1).tolist()
+        try:
+            tokens, details = self._decode_rows(row_lanes, offsets, tokens_in, positions,
+                                                sample_rows, starts, ends, new_keys)
+        except RuntimeError:
+            self._undo(ids, row_lanes, starts, starting)
+            raise
+        lanes = self._lanes
+        for lane, end in zip(row_lanes.tolist(), ends):
+            lanes.advance(lane, end)
+        if self._holders is not None:
+            self._holders.wrote(np.repeat(row_lanes, np.diff(offsets)), positions, tokens_in)
+        return tokens, details
+
+    def _assign(self, ids: list[str], starts: list[int],
+                starting: dict[str, Start]) -> npt.NDArray[np.int32]:
+        lanes = self._lanes
+        holders = self._holders
+        check_lanes(ids, starts, {seq: begin.holder for seq, begin in starting.items()},
+                    lanes, holders, "the host")
+        samplers = self._samplers
+        forks = self._forks
+        row_lanes = np.empty(len(ids), dtype=np.int32)
+        for i, (seq, start) in enumerate(zip(ids, starts)):
+            begin = starting.get(seq)
+            if begin is not None:
+                lane = lanes.take(seq)
+                chain = samplers.start(lane, begin.params)
+                if start > 0:
+                    assert holders is not None and begin.holder is not None  # checked above
+                    prefix = holders.restore(lane, begin.holder, start)
+                    lanes.advance(lane, start)
+                    if chain is not None:
+                        chain.feed(prefix, 0)  # the penalty window sees the prefix too
+            else:
+                held = lanes.lane_of(seq)
+                assert held is not None
+                lane = held
+                if start < lanes.end(lane):
+                    # Replaying from an earlier position: drop the cells the replay rewrites.
+                    lanes.cut(lane, start)
+                    samplers.rewind(lane, start)
+                    forks.forget(lane)
+            row_lanes[i] = lane
+        return row_lanes
+
+    def _undo(self, ids: list[str], row_lanes: IntArray, starts: list[int],
+              starting: dict[str, Start]) -> None:
+        # A failed decode leaves each row's sequence as it was before the call: a new one holds
+        # nothing (its next row is new again), a running one is cut back to the row's start.
+        lanes = self._lanes
+        forks = self._forks
+        for seq, lane, start in zip(ids, row_lanes.tolist(), starts):
+            forks.forget(lane)
+            if seq in starting:
+                self._drop(seq)
+            else:
+                lanes.cut(lane, start)
+
+    def _drop(self, sequence_id: str) -> None:
+        """Free a lane without offering its cells (they were never completed)."""
+        lane = self._lanes.lane_of(sequence_id)
+        if lane is not None:
+            self._samplers.drop(lane)
+            self._forks.forget(lane)
+            self._lanes.give_back(sequence_id)
 
     def _decode_rows(self, row_lanes: IntArray, offsets: IntArray, tokens_in: IntArray,
                      positions: IntArray, sample_rows: IntArray, starts: list[int],
@@ -53,7 +134,7 @@ class RowDecoding:
         whose logits are read (sampling rows' last, prompt rows' all), decode, sample, report."""
         decoder = self._decoder
         samplers = self._samplers
-        assert samplers is not None
+        lanes = self._lanes
         if samplers.reporting:
             for r in new_keys:
                 if starts[r] > 0:
@@ -67,7 +148,7 @@ class RowDecoding:
         fill = None
         if self._stage_by_lane:
             staged = int(offsets[-1]) if kept is None else int(lens[kept].sum())
-            fill = self._gap_fill(lanes_kept, row_lanes, self.n_batch - staged)
+            fill = self._gap_fill(lanes_kept, row_lanes, self._n_batch - staged)
         if kept is None and not reordered and fill is None:
             n = int(offsets[-1])
             decoder.tok[:n] = tokens_in
@@ -131,7 +212,7 @@ class RowDecoding:
         finally:
             if fill is not None:
                 for lane, pos in zip(fill[0].tolist(), fill[1].tolist()):
-                    self._lanes.cut(lane, pos)  # the filler's cell; the lane's end is pos
+                    lanes.cut(lane, pos)  # the filler's cell; the lane's end is pos
         if fill is not None:
             self.gap_fill_rows += len(fill[0])
             n -= len(fill[0])
@@ -174,10 +255,11 @@ class RowDecoding:
         lanes: list[int] = []
         ends: list[int] = []
         busy = set(row_lanes.tolist())
-        room = self.n_ctx_seq
+        room = self._n_ctx_seq
+        end_of = self._lanes.end
         for i in at.tolist():
             gap = range(int(present[i]) + 1, int(present[i + 1]))
-            at_end = [self._lanes.end(g) for g in gap]
+            at_end = [end_of(g) for g in gap]
             if len(lanes) + len(gap) > spare or any(g in busy for g in gap) or max(at_end) >= room:
                 continue  # no room in the batch, a fork's follower, a full lane: it stays
             lanes.extend(gap)
@@ -190,15 +272,15 @@ class RowDecoding:
         """A new sequence that asks for prompt log-probabilities was restored up to `start`: the
         restored positions are decoded again on its lane (the logits they need were never
         kept), so its prompt is reported whole; the scheduler still counts them restored."""
-        assert self._samplers is not None and self.holders is not None
+        assert self._holders is not None  # a restore had a holder
         state = self._samplers.prompt_state(lane)
         if state is None or not state.wants(0, start):
             return
-        prefix = self.holders.lane_tokens(lane, start)
+        prefix = self._holders.lane_tokens(lane, start)
         self._lanes.cut(lane, 0)
         decoder = self._decoder
-        for a in range(0, start, self.n_batch):
-            b = min(a + self.n_batch, start)
+        for a in range(0, start, self._n_batch):
+            b = min(a + self._n_batch, start)
             m = b - a
             decoder.tok[:m] = prefix[a:b]
             decoder.pos[:m] = np.arange(a, b, dtype=np.int32)
@@ -208,10 +290,10 @@ class RowDecoding:
             state.take(a, prefix[a:b], logits)
         self._lanes.advance(lane, start)
 
-    def sample_details(self, plan: Plan) -> Mapping[int, SampleDetail] | None:
-        """What `execute(plan)` reported with its samples (`SampleDetail` by work index), once;
-        None when no sequence of the plan asked for any."""
-        if not self._details:
-            return None
-        kept = self._details.pop(id(plan), None)
-        return kept[1] if kept is not None and kept[0] is plan else None
+
+def _fork_key(begin: Start, start: int) -> Any:
+    """What a new sequence must share with another to follow it (forks.py): where its KV comes
+    from, and its held end tokens, which `pick` writes into the logits they would share."""
+    p = begin.params
+    hold = (p.min_end_position, p.min_end_tokens) if p is not None else None
+    return (begin.holder if start else None, hold)
