@@ -5,8 +5,12 @@ otherwise: a browser's cross-origin "simple" POST is `text/plain` or form-encode
 drive the API); a declared `Content-Length` above the cap is a 413 before a byte is read, and a
 chunked body is cut with a 413 as soon as it passes the cap, so a request never holds more than
 `max_body_bytes` of memory; the whole body must arrive within `body_timeout_s` of the handler's
-first read (408). The three close the connection after their answer, since the rest of the body
-is never read. A client that leaves mid-upload raises `ClientGone`: no answer, no error count.
+first read (408). The three close the connection after their answer. Before that the connection
+reads and throws away the rest of a body answered early (connections.py), so that a client that
+sends its whole body before reading gets the answer rather than a reset: `read_body` leaves how
+much and until when in the request's scope (`DRAIN`): up to `DRAIN_FACTOR` times the cap,
+within the same `body_timeout_s` (a 408 is closed at once). A client that leaves mid-upload
+raises `ClientGone`: no answer, no error count.
 
 Decoding (`decode_json`, on a worker thread: a few megabytes of JSON take tens of milliseconds):
 the body must be UTF-8 (RFC 8259); a string or a field name holding a lone surrogate (the escape
@@ -19,13 +23,15 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Any, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 from starlette.requests import ClientDisconnect, Request
 
 from .errors import ClientGone, RequestError
 
 MAX_DEPTH = 64  # arrays and objects inside one another; OpenAI bodies need fewer than ten
+DRAIN_FACTOR = 8  # a body answered early is read on (and thrown away) up to this times the cap
+DRAIN = "skippy.drain"  # the scope key of a request's `Drain` (set by `read_body`)
 JSON_TYPES = ("application/json",)
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
@@ -34,6 +40,13 @@ _STRUCTURE = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 _COLON = re.compile(r"\s*:")
 
 Path = tuple[Union[str, int], ...]
+
+
+class Drain(NamedTuple):
+    """How much of a body answered early the connection may still read to close cleanly."""
+
+    deadline: float  # the event loop's time by which the whole body must have arrived
+    max_bytes: int  # the most bytes of it to read after the answer
 
 
 def check_content_type(value: Optional[str]) -> None:
@@ -52,6 +65,8 @@ def _too_large(limit: int) -> RequestError:
 
 async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
     """The whole body of a JSON request, or a RequestError / ClientGone (see the docstring)."""
+    request.scope[DRAIN] = Drain(asyncio.get_running_loop().time() + timeout_s,
+                                 DRAIN_FACTOR * max_bytes)
     check_content_type(request.headers.get("content-type"))
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:

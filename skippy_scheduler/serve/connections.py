@@ -12,10 +12,20 @@ Here:
   client about to use it must not read a 408 as the answer to its request);
 * at most `max_connections` are open (`Server` keeps it below the descriptor limit): one more
   evicts the oldest connection that is not in the middle of a request (idle, or still sending
-  its head), and when every connection is busy the newcomer gets a 503 and is closed, so the
-  server keeps accepting whatever the clients do;
-* a response sent before its request's body has arrived closes the connection (the rest of the
-  body is never read, so it cannot be taken for a next request);
+  its head; one draining a body already answered goes first), and when every connection is
+  busy the newcomer gets a 503 and is closed, so the server keeps accepting whatever the
+  clients do;
+* a response sent before its request's body has arrived (a 413, a 404, ...) ends the
+  connection, but in a "lingering close": the server shuts its sending side (the client reads
+  the answer, then the end of the stream) and reads and throws away the rest of the body before
+  closing. Closing with unread bytes makes the kernel send a reset, which destroys the answer
+  before a client that writes its whole body first has read it. The drain is bounded by the
+  request's `body.Drain` (set by the app's first read: up to 8 × `--max-body-bytes` by the
+  deadline of `--body-timeout`, which the drain counts against), or by `drain_bytes` and
+  `body_timeout_s` from the head for a request answered without reading (404, 401, ...): a body
+  declared longer, a chunked one still arriving past the bound, or one unfinished at the deadline
+  is closed at once (its client may then see a reset). Nothing after the body is read as a
+  request;
 * at shutdown, connections that are idle, sending a head or sending a body are closed at once
   (an upload in progress reads as a client that left), running requests get up to
   `shutdown_timeout_s` to finish, then `stop_engine` runs (it ends every request still open
@@ -29,15 +39,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from .body import DRAIN, Drain
+
 log = logging.getLogger("skippy_scheduler.serve")
 
 _FLUSH_S = 1.0  # after the deadline: how long ended requests get to send their last bytes
+DRAIN_BYTES = 64 << 20  # a drain's bound when the app set none (8 × the default body cap)
 
 
 def _raw_response(status: int, reason: str, message: str, code: str) -> bytes:
@@ -48,28 +61,55 @@ def _raw_response(status: int, reason: str, message: str, code: str) -> bytes:
             f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n{body}").encode()
 
 
+class _LingeringTransport:
+    """The socket's transport as uvicorn sees it: `close()` after an early answer starts the
+    protocol's drain instead, and the transport then reads as closing."""
+
+    def __init__(self, inner: Any, protocol: "GuardedH11Protocol") -> None:
+        self.inner = inner
+        self._protocol = protocol
+
+    def close(self) -> None:
+        if not self._protocol._linger():
+            self.inner.close()
+
+    def is_closing(self) -> bool:
+        return self._protocol._draining or self.inner.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with the limits above (set on a subclass by `protocol_class`)."""
 
     header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0  # a drain's deadline when the app set none (after the head)
+    drain_bytes: int = DRAIN_BYTES
     max_connections: int = 1024
 
     _head_timer: Optional[asyncio.TimerHandle] = None
+    _drain_timer: Optional[asyncio.TimerHandle] = None
     _opened: float = 0.0
+    _head_done: float = 0.0  # when the current request's head was complete
     _silent = True  # not a byte received yet
+    _draining = False  # answered early; reading the rest of the body to close cleanly
+    _drain_left = 0  # bytes the drain may still read
+    _lost = False
 
     def connection_made(self, transport: Any) -> None:
-        super().connection_made(transport)
+        self._socket = transport
+        super().connection_made(cast(asyncio.Transport, _LingeringTransport(transport, self)))
         self._opened = self.loop.time()
         self._arm_head()
         if len(self.connections) > self.max_connections:
             # Closed ones stay in the set until their connection_lost, a loop turn later.
-            live = [c for c in self.connections if not c.transport.is_closing()]
+            live = [c for c in self.connections if not _closed(c)]
             if len(live) <= self.max_connections:
                 return
-            victim = min((c for c in live
-                          if isinstance(c, GuardedH11Protocol) and c is not self and c.idle),
-                         key=lambda c: c._opened, default=None)
+            victim = min((c for c in live if isinstance(c, GuardedH11Protocol)
+                          and c is not self and (c.idle or c._draining)),
+                         key=lambda c: (not c._draining, c._opened), default=None)
             if victim is not None:
                 victim._close()
             else:
@@ -77,20 +117,31 @@ class GuardedH11Protocol(H11Protocol):
                              "as it can hold; retry later", "too_many_connections")
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._lost = True
+        self._draining = False
         self._disarm_head()
+        self._disarm_drain()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         self._silent = False
+        if self._draining:
+            self._drain(data)
+            return
+        was_idle = self.conn.their_state is h11.IDLE
         super().data_received(data)
         if self.conn.their_state is h11.IDLE:
             self._arm_head()  # a head has begun (no-op when its timer already runs)
         else:
+            if was_idle:
+                self._head_done = self.loop.time()
             self._disarm_head()
 
     def on_response_complete(self) -> None:
         if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
-            self._close()  # answered before the body arrived (e.g. 404): never read it
+            # Answered before the body arrived (e.g. 404): never take it for a next request.
+            if not self._linger():
+                self._close()
             return
         super().on_response_complete()
 
@@ -117,6 +168,55 @@ class GuardedH11Protocol(H11Protocol):
             self._head_timer.cancel()
             self._head_timer = None
 
+    def _disarm_drain(self) -> None:
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+            self._drain_timer = None
+
+    def _linger(self) -> bool:
+        """Start draining the unread body of a request already answered, if it is worth it
+        and allowed (see the module's docstring); False when the connection should close now."""
+        if self._draining:
+            return True
+        cycle = self.cycle
+        if (self._lost or self._socket.is_closing() or cycle is None
+                or not cycle.response_complete or self.conn.their_state is not h11.SEND_BODY):
+            return False
+        drain = cycle.scope.get(DRAIN)
+        if not isinstance(drain, Drain):
+            drain = Drain(self._head_done + self.body_timeout_s, self.drain_bytes)
+        length = next((v for k, v in cycle.scope["headers"] if k == b"content-length"), b"")
+        if drain.deadline <= self.loop.time() or (length.isdigit()
+                                                   and int(length) > drain.max_bytes):
+            return False  # draining would not spare the client a reset
+        self._draining = True
+        self._drain_left = drain.max_bytes
+        self._drain_timer = self.loop.call_at(drain.deadline, self._close)
+        if self._socket.can_write_eof():
+            self._socket.write_eof()  # the answer is whole: the client may stop sending
+        cycle.body = bytearray()  # what uvicorn buffered for the app, which is done with it
+        self.flow.resume_reading()
+        self._drain(b"")  # what h11 holds already
+        return True
+
+    def _drain(self, data: bytes) -> None:
+        self._drain_left -= len(data)
+        if self._drain_left < 0:
+            self._close()
+            return
+        try:
+            if data:  # (h11 reads b"" as the end of the stream)
+                self.conn.receive_data(data)
+            while self._draining:
+                event = self.conn.next_event()
+                if event is h11.NEED_DATA:
+                    return
+                if not isinstance(event, h11.Data):
+                    break  # the end of the body (or of the connection): nothing left unread
+        except h11.RemoteProtocolError:
+            pass  # a malformed body: stop reading it
+        self._close()
+
     def _head_expired(self) -> None:
         self._head_timer = None
         if self._silent:
@@ -131,14 +231,26 @@ class GuardedH11Protocol(H11Protocol):
         self._close()
 
     def _close(self) -> None:
+        self._draining = False
         self._disarm_head()
-        if not self.transport.is_closing():
-            self.transport.close()
+        self._disarm_drain()
+        if not self._socket.is_closing():
+            self._socket.close()
 
 
-def protocol_class(header_timeout_s: float, max_connections: int) -> type[GuardedH11Protocol]:
+def _closed(connection: Any) -> bool:
+    """Closed for good (a draining connection still holds its descriptor)."""
+    if isinstance(connection, GuardedH11Protocol):
+        return bool(connection._socket.is_closing())
+    return bool(connection.transport.is_closing())
+
+
+def protocol_class(header_timeout_s: float, max_connections: int, *,
+                   body_timeout_s: float = GuardedH11Protocol.body_timeout_s,
+                   drain_bytes: int = DRAIN_BYTES) -> type[GuardedH11Protocol]:
     return type("SkippyH11Protocol", (GuardedH11Protocol,),
-                {"header_timeout_s": header_timeout_s, "max_connections": max_connections})
+                {"header_timeout_s": header_timeout_s, "max_connections": max_connections,
+                 "body_timeout_s": body_timeout_s, "drain_bytes": drain_bytes})
 
 
 class DeadlineServer(uvicorn.Server):

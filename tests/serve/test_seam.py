@@ -43,8 +43,12 @@ BLOCK_LLAMA = textwrap.dedent("""\
 
 
 def run_without_llama(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", BLOCK_LLAMA + textwrap.dedent(code)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    # Run outside the checkout: `python -c` puts the working directory first on sys.path, and
+    # the checkout's sources would shadow the installed package (compiled modules and all).
+    prelude = BLOCK_LLAMA + f"BENCH_DIR = {str(BENCH)!r}\n"
+    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)],
+                          cwd=pathlib.Path(sys.executable).parent, capture_output=True,
+                          text=True, timeout=300)
 
 
 def test_the_blocker_blocks():
@@ -74,7 +78,7 @@ def test_a_model_free_host_serves_chats_without_llama_cpp():
         import json
         import sys
 
-        sys.path.insert(0, "bench")
+        sys.path.insert(0, BENCH_DIR)
         from starlette.testclient import TestClient
 
         from instant_host import InstantHost, build_server
