@@ -96,6 +96,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--kv-hash-seed", default=d.kv_hash_seed, metavar="SEED",
                    help="seed of the block hash chain, as vLLM's PYTHONHASHSEED "
                         f"(default: {d.kv_hash_seed!r})")
+    p.add_argument("--step-log", metavar="FILE",
+                   help="write one JSON line per engine iteration to FILE: its wall time, the "
+                        "time in planning, in the host's execution, waiting on it, in events "
+                        "and in completing, and the plan's shape (docs/measuring.md; default: "
+                        "none)")
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"),
                    default=d.log_level, help=f"uvicorn log level (default: {d.log_level})")
     p.add_argument("--stages", metavar="DIR",
@@ -350,7 +355,7 @@ def run(args: argparse.Namespace) -> int:
         kv_events_replay_endpoint=args.kv_events_replay_endpoint,
         kv_block_size=args.kv_block_size, kv_hash_seed=args.kv_hash_seed,
         stages=args.stages, stage_addresses=args.stage_addresses,
-        stage_prefix_cache_tokens=args.stage_prefix_cache_tokens,
+        stage_prefix_cache_tokens=args.stage_prefix_cache_tokens, step_log=args.step_log,
         **_limit_settings(args), **_access_settings(args))
     try:
         server = Server(settings)

@@ -16,13 +16,23 @@ Preemptions are counted by reason (`reason="memory"`: the measured memory did no
 urgent requests wait. At most `PRIORITY_LABELS` distinct priorities get a label of their own;
 requests of further priorities are observed under `priority="other"`, so a client cannot grow
 the metrics without bound.
+
+Where an iteration's time goes (docs/measuring.md, "Where an iteration's time goes"):
+`skippy:step_seconds{part}` is a histogram per part of the engine's iterations
+(`part` one of engine/step_timing.py's `PARTS`: wall, before, plan, execute, wait, events,
+complete), and `skippy:host_busy_ratio` the share of wall time the host spent executing over
+the last 64 iterations. The engine thread keeps the bucket counts itself (a few additions per
+iteration); they are read at scrape time.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily, Metric)
+
+from ..engine.step_timing import BUCKETS_S, BUSY_WINDOW, PARTS
 
 from .runner import EngineStats
 
@@ -92,6 +102,37 @@ class _EngineCollector:
             value=s.shared_tokens)
 
 
+_PART_HELP = (
+    "Engine iterations' time by part (wall: the iteration's share of elapsed time; before: the "
+    "server's before-step work; plan: plan_iteration; execute: the host's execution; wait: the "
+    "engine thread blocked on an asynchronous execution; events: token events and the "
+    "hand-over to the event loop; complete: complete_iteration and releases).")
+
+
+class _StepCollector:
+    """`skippy:step_seconds{part}` and `skippy:host_busy_ratio`, from the engine's
+    `StepTiming` (the one the last `EngineStats` names)."""
+
+    def __init__(self, stats: Callable[[], EngineStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        timing = self._stats().steps
+        h = HistogramMetricFamily("skippy:step_seconds", _PART_HELP, labels=["part"])
+        les = [f"{b:g}" for b in BUCKETS_S] + ["+Inf"]
+        for part in PARTS:
+            if timing is None:
+                counts, total = [0] * len(les), 0.0
+            else:
+                counts, total = timing.histogram(part)
+            h.add_metric([part], list(zip(les, map(float, counts))), total)
+        yield h
+        yield GaugeMetricFamily(
+            "skippy:host_busy_ratio", "Share of wall time the host spent executing plans over "
+            f"the last {BUSY_WINDOW} iterations (0-1).",
+            value=timing.busy_ratio() if timing is not None else 0.0)
+
+
 class DeviceMemory:
     """`skippy:device_memory_bytes{device, kind}`: the weights and the KV cache of the model
     per device, as placed at load (hosts/offload.py `Placement`)."""
@@ -143,6 +184,7 @@ class ServeMetrics:
                                       "Requests answered with an error, by HTTP status.",
                                       ["status"], registry=reg)
         reg.register(_EngineCollector(stats))
+        reg.register(_StepCollector(stats))
 
     def observe_ttft(self, seconds: float, priority: int) -> None:
         """A request's first token came `seconds` after it arrived."""

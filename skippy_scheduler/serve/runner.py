@@ -13,6 +13,10 @@ the scheduler holds it, a `FinishEvent("rejected")` whose `rejection` says why (
 (`EngineStats`, from the host's `host_state`) and runs the calls other threads queued with
 `call` or `post` (state snapshots for tests and diagnostics, a staged model's measurements).
 
+Every iteration is timed by a `StepTiming` (engine/step_timing.py; `step_timing`): the hook's
+own work, the plan, the host's execution, the events and the completion, folded into the
+histograms `/metrics` shows and, with `step_timing.step_log(path)`, one JSON line each.
+
 An exception out of the engine (a host failure) fails every open request with that message,
 releases the host's state and restarts the loop: one bad iteration never takes the server down.
 """
@@ -31,6 +35,7 @@ from ..engine import (AcceptEvent, Engine, FinishEvent, Host, HostState, Request
                       SchedulerLike, TokenEvent)
 from ..engine.contract import HostOutOfMemory
 from ..engine.observers import BaseObserver
+from ..engine.step_timing import StepTiming
 from ..types import REJECTED, FinishReason
 
 log = logging.getLogger("skippy_scheduler.serve")
@@ -57,6 +62,7 @@ class EngineStats:
     shared_tokens: int = 0  # entries a fork's KV copy replaced (choices of one prompt)
     kv_copies: int = 0  # the host's KV copies between sequence ids (prefix keeps, restores)
     published_s: float = 0.0
+    steps: Optional[StepTiming] = None  # the iterations' times (live, not a snapshot)
 
 
 class Inbox:
@@ -149,7 +155,10 @@ class EngineRunner:
         self.engine = Engine(scheduler, host, clock="wall", record=False,
                              before_step=self._before_step)
         self.engine.add_listener(self._deliver)
-        self.engine.observers.append(_StepEnd(self._flush))
+        # After the token events, before the hand-over to the loop (which it times as events);
+        # it times the before-step hook too.
+        self.step_timing = StepTiming(ends_step=False).attach(self.engine)
+        self.engine.observers.append(_StepEnd(self._flush, self.step_timing.step_ended))
         self._idle_wait_s = idle_wait_s
         self._subs: dict[str, Subscription] = {}
         self._undecided: dict[str, Subscription] = {}
@@ -189,6 +198,7 @@ class EngineRunner:
                 # Still inside an iteration: touching the scheduler from here would race it.
                 log.error("the engine thread did not stop within %.0f s", timeout_s)
                 return
+        self.step_timing.close()
         # The loop has returned: the engine runs on this thread now.
         for rid in self.engine.open_ids():
             self._fail(rid, "the server is shutting down")
@@ -222,6 +232,7 @@ class EngineRunner:
                 self._recover(self.last_crash, out_of_memory=isinstance(exc, HostOutOfMemory))
 
     def _recover(self, message: str, out_of_memory: bool = False) -> None:
+        self.step_timing.forget_flights()
         for rid in self.engine.open_ids():
             sub = self._subs.get(rid)
             if sub is not None and out_of_memory:
@@ -382,7 +393,7 @@ class EngineRunner:
             restored_tokens=m.restored_tokens, recompute_tokens=m.recompute_tokens,
             decoded_tokens=h.decoded_tokens, shared_tokens=h.shared_tokens,
             kv_copies=h.kv_copies,
-            published_s=time.monotonic())
+            published_s=time.monotonic(), steps=self.step_timing)
 
     def host_state(self, detail: bool = False) -> HostState:
         """The host's figures (engine thread only); zeros for a host that reports none."""
@@ -421,13 +432,15 @@ def _fire_all(items: list[Any]) -> None:
 
 class _StepEnd(BaseObserver):
     """The last observer of a step: calls `flush` once the step's events are all out (its
-    samples, then the ends its completion decided)."""
+    samples, then the ends its completion decided), then `end` (the step timing's end)."""
 
-    def __init__(self, flush: Callable[[], None]) -> None:
+    def __init__(self, flush: Callable[[], None], end: Callable[[], None]) -> None:
         self._flush = flush
+        self._end = end
 
     def completed(self, flight: Any, duration_us: float, telemetry: Any) -> None:
         self._flush()
+        self._end()
 
 
 class EngineUnavailable(RuntimeError):

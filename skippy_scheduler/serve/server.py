@@ -126,6 +126,8 @@ class ServeSettings:
     stages: Optional[str] = None  # a split model's stage directory: local stage workers
     stage_addresses: tuple[str, ...] = ()  # or stage workers already running (docs/stages.md)
     stage_prefix_cache_tokens: tuple[int, ...] = ()  # per stage; () = prefix_cache_tokens each
+    step_log: Optional[str] = None  # a file of one JSON line per engine iteration (its times;
+    #   docs/measuring.md "Where an iteration's time goes"); None: no log
 
 
 PLANNING_RULES = ("slack", "reference")
@@ -345,6 +347,8 @@ class Server:
             reserved_sequence_ids=ids.get("reserved_sequence_ids", 0))
         self.scheduler = make_scheduler(config, policy=s.policy, implementation=s.scheduler)
         self.runner = (runner_class or EngineRunner)(self.scheduler, host)
+        if s.step_log:
+            self.runner.step_timing.step_log(s.step_log)
         self.context = ServeContext(
             runner=self.runner, host=host, model_name=name, model_aliases=s.model_aliases,
             pieces=token_pieces(host.n_vocab, host.token_bytes),
@@ -385,7 +389,8 @@ class Server:
                         "for --max-connections %d)", limit, s.max_connections)
         self.max_connections = limit
         config = uvicorn.Config(self.app, log_level=s.log_level,
-                                http=protocol_class(s.header_timeout_s, limit),
+                                http=protocol_class(s.header_timeout_s, limit,
+                                                    body_timeout_s=s.body_timeout_s),
                                 loop="asyncio", lifespan="off", timeout_keep_alive=30,
                                 backlog=ACCEPT_BATCH)
         server = DeadlineServer(config, shutdown_timeout_s=s.shutdown_timeout_s,
