@@ -367,14 +367,23 @@ def _common(body: Any, kind: str, n_vocab: int) -> GenerationRequest:
         n=_integer(body, "n", 1, MAX_N) or 1)
 
 
-def parse_completion(body: Any, n_vocab: int, strict: bool = False) -> GenerationRequest:
-    """A `/v1/completions` body (already JSON-decoded)."""
+def _parse_head(body: Any, kind: str, known: Any, neutral: Any, n_vocab: int,
+                strict: bool) -> tuple[Any, GenerationRequest]:
+    """What both endpoints read first: the fields checked against the endpoint's (`known`,
+    `neutral`), the common fields, the honoured foreign ones; (the body as checked, request)."""
     raw: Any = body
     if isinstance(body, dict):
-        body = _foreign(body, _COMPLETION_FIELDS, strict)
-        _check_fields(body, _COMPLETION_FIELDS, _NEUTRAL_COMPLETION)
-    req = _common(body, "completion", n_vocab)
+        body = _foreign(body, known, strict)
+        _check_fields(body, known, neutral)
+    req = _common(body, kind, n_vocab)
     _honour_foreign(req, raw, n_vocab)
+    return body, req
+
+
+def parse_completion(body: Any, n_vocab: int, strict: bool = False) -> GenerationRequest:
+    """A `/v1/completions` body (already JSON-decoded)."""
+    body, req = _parse_head(body, "completion", _COMPLETION_FIELDS, _NEUTRAL_COMPLETION,
+                            n_vocab, strict)
     req.max_tokens = _integer(body, "max_tokens", 1, (1 << 32) - 1)
     if "prompt" not in body or body["prompt"] is None:
         raise RequestError("'prompt' is required", param="prompt")
@@ -452,12 +461,7 @@ def _prompt(value: Any, n_vocab: int) -> Any:
 
 def parse_chat(body: Any, n_vocab: int, strict: bool = False) -> GenerationRequest:
     """A `/v1/chat/completions` body (already JSON-decoded)."""
-    raw: Any = body
-    if isinstance(body, dict):
-        body = _foreign(body, _CHAT_FIELDS, strict)
-        _check_fields(body, _CHAT_FIELDS, _NEUTRAL_CHAT)
-    req = _common(body, "chat", n_vocab)
-    _honour_foreign(req, raw, n_vocab)
+    body, req = _parse_head(body, "chat", _CHAT_FIELDS, _NEUTRAL_CHAT, n_vocab, strict)
     a = _integer(body, "max_tokens", 1, (1 << 32) - 1)
     b = _integer(body, "max_completion_tokens", 1, (1 << 32) - 1)
     if a is not None and b is not None and a != b:
