@@ -81,7 +81,7 @@ __all__ = [
     "MemoryReportingHost", "PipelinedHost", "Plan", "PlanOutputs", "PrefixHoldingHost",
     "PrefixRestoringHost", "PromptKeepingHost", "ReleaseReason",
     "RequestLike", "ResettableHost", "SchedulerLike", "SlackRuleScheduler", "StateReportingHost",
-    "attach", "check_scheduler", "check_slack_scheduler", "HostOutOfMemory",
+    "attach", "check_scheduler", "check_slack_scheduler", "DecodeTimingHost", "HostOutOfMemory",
     # the serving seam
     "ChatTemplateHost", "ClosingHost", "ContextLimitsHost", "GrammarCheckingHost",
     "MemoryComponentsHost", "PrefixEventsHost", "PrefixWatcher", "RoutesHost", "ServingHost",
@@ -310,6 +310,15 @@ class StateReportingHost(Protocol):
     def host_state(self, detail: bool = False) -> HostState:
         """The host's figures now (called on the engine's thread, between steps); `detail`
         asks for the figures that cost more to read (`lane_positions`), for leak checks."""
+        ...
+
+
+@runtime_checkable
+class DecodeTimingHost(Protocol):
+    @property
+    def decode_ns(self) -> int:
+        """Nanoseconds the host has spent inside the model's forward pass so far (a running
+        total: a step's share is the difference), for the step timer (engine/step_timing.py)."""
         ...
 
 

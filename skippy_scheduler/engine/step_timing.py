@@ -35,6 +35,11 @@ different steps and `execute` overlaps the others, so they do not add up to `wal
 
 The busy share is Σ execute / Σ wall over the last `window` iterations (at most 1).
 
+A host that reports its time inside the model's forward pass (`DecodeTimingHost.decode_ns`, the
+llama host: the llama_decode calls) gives the log a `decode_ns` per iteration: the growth of
+that total since the previous iteration ended (null for other hosts). `execute` minus `decode`
+is then the host's own work around the decode (staging the batch, reading logits, sampling).
+
 `step_log(path)` writes one JSON line per iteration (`LOG_FIELDS`) to a buffered file: the
 engine thread's cost is the formatting and a buffered write; the buffer goes to disk when it
 fills, when the engine next finds nothing to run, and on `close`.
@@ -47,6 +52,7 @@ from collections import deque
 from typing import IO, TYPE_CHECKING, Any, Callable, Optional
 
 from ..types import IterationTelemetry
+from .contract import DecodeTimingHost
 from .observers import BaseObserver
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,7 +68,8 @@ _BOUNDS_NS = tuple(int(round(b * 1e9)) for b in BUCKETS_S)
 BUSY_WINDOW = 64
 #: The fields of a step log line.
 LOG_FIELDS = ("i", "end_ns", "wall_ns", "before_ns", "plan_ns", "execute_ns", "wait_ns",
-              "events_ns", "complete_ns", "prefill_tokens", "decode_rows", "rows", "busy")
+              "events_ns", "complete_ns", "decode_ns", "prefill_tokens", "decode_rows", "rows",
+              "busy")
 
 # A record's slots (a list per plan in flight).
 _FLIGHT, _PLANNED, _PLAN, _DONE, _WAIT = range(5)
@@ -104,6 +111,9 @@ class StepTiming(BaseObserver):
         self._log: Optional[IO[str]] = None
         self._log_dirty = False
         self._t0 = clock()
+        # The host's running total of forward-pass time (DecodeTimingHost), when it has one.
+        self._decode_total: Optional[Callable[[], int]] = None
+        self._decode_seen = 0
 
     # -- wiring -------------------------------------------------------------------------------
 
@@ -123,6 +133,10 @@ class StepTiming(BaseObserver):
             done()
 
         engine.before_step = before_step
+        host = getattr(engine, "host", None)
+        if isinstance(host, DecodeTimingHost):
+            self._decode_total = lambda: host.decode_ns
+            self._decode_seen = host.decode_ns
         run_async = engine._run_async
         if run_async is not None:
             engine._run_async = self._timed_async(run_async)
@@ -252,10 +266,16 @@ class StepTiming(BaseObserver):
     def _write(self, parts: tuple[int, ...], flight: Any, now: int) -> None:
         decode = flight.decode
         assert self._log is not None
+        forward = "null"
+        if self._decode_total is not None:
+            total = self._decode_total()
+            forward = str(total - self._decode_seen)
+            self._decode_seen = total
         self._log.write(
             f'{{"i": {self.iterations}, "end_ns": {now - self._t0}, "wall_ns": {parts[0]}, '
             f'"before_ns": {parts[1]}, "plan_ns": {parts[2]}, "execute_ns": {parts[3]}, '
             f'"wait_ns": {parts[4]}, "events_ns": {parts[5]}, "complete_ns": {parts[6]}, '
+            f'"decode_ns": {forward}, '
             f'"prefill_tokens": {flight.token_count - decode}, "decode_rows": {decode}, '
             f'"rows": {len(flight.plan)}, "busy": {self.busy_ratio():.4f}}}\n')
         self._log_dirty = True

@@ -174,6 +174,7 @@ def test_step_log_lines(tmp_path):
     assert tuple(line) == LOG_FIELDS
     assert line["wall_ns"] == 5_700 and line["execute_ns"] == 5_000
     assert (line["prefill_tokens"], line["decode_rows"], line["rows"]) == (100, 3, 5)
+    assert line["decode_ns"] is None  # not attached to a host that reports its forward pass
     timing.close()
 
 

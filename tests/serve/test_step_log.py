@@ -50,4 +50,6 @@ def test_step_log_and_step_metrics(logged):
     for line in lines:
         assert line["execute_ns"] > 0 and line["wall_ns"] >= line["execute_ns"]
         assert line["wait_ns"] == 0  # one plan in flight: the host runs on the engine thread
+        # the llama host reports its time inside llama_decode: a part of its execute
+        assert 0 < line["decode_ns"] <= line["execute_ns"]
         assert line["rows"] >= line["decode_rows"] + (line["prefill_tokens"] > 0)

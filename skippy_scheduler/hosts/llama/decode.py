@@ -6,6 +6,7 @@ of the rows whose sequence asks for prompt log-probabilities.
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -29,13 +30,16 @@ class Decoder:
         self.batch = LlamaBatch(n)
         self.tok = self.batch.tok
         self.pos = self.batch.pos
+        self.decode_ns = 0  # time spent inside llama_decode so far (perf_counter_ns)
 
     def decode(self, n: int, entry_lanes: IntArray, flagged: IntArray) -> npt.NDArray[np.float32]:
         """Decode the first `n` staged entries (`tok`, `pos`; entry i in lane `entry_lanes[i]`)
         with logits for the `flagged` entries (ascending); returns those logits, one row per
         flagged entry (a view of llama.cpp's buffer, valid until the next decode). RuntimeError
         (with llama.cpp's last log lines) when the decode fails."""
+        t = time.perf_counter_ns()
         rc = self.batch.decode(self._ctx, n, entry_lanes, flagged)
+        self.decode_ns += time.perf_counter_ns() - t
         if rc == -2:  # llama.cpp could not allocate: the device's memory, or the host's
             raise HostOutOfMemory(f"out of memory for a batch of {n} tokens (llama_decode "
                                   f"returned -2): {recent_log()}")

@@ -179,6 +179,11 @@ class LlamaHost:
 
     # ------------------------------------------------------------------ the contract's extras
     @property
+    def decode_ns(self) -> int:
+        """Nanoseconds spent inside llama_decode so far (`DecodeTimingHost`)."""
+        return self._decoder.decode_ns
+
+    @property
     def prefix_store(self) -> PrefixStore | None:
         """The store of resident prefixes (None: reuse off); the engine attaches it."""
         return self.holders.store if self.holders is not None else None
