@@ -41,6 +41,8 @@ def test_the_serving_protocols_are_in_the_contract():
 
 
 def test_the_instant_host_is_a_serving_host():
+    pytest.importorskip("prometheus_client")  # bench/instant_host.py builds a server too
+    pytest.importorskip("fastapi")
     host = _instant_host()(n_seq_max=2)
     assert isinstance(host, ServingHost)
     assert isinstance(host, RoutesHost)
