@@ -9,7 +9,6 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from skippy_scheduler import (
-    IterationPrediction,
     MemoryComponent,
     Scheduler,
     SchedulerConfig,
@@ -18,7 +17,7 @@ from skippy_scheduler import (
 )
 from skippy_scheduler.prefix_store import PrefixStore
 from skippy_scheduler.reference import PrefixStoreTwin
-from sched_helpers import TwinPair, complete
+from sched_helpers import TwinPair
 
 IDS = [f"s{i}" for i in range(8)]
 HEADS = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 9, 9, 9], [4, 4, 4, 4]]
@@ -70,21 +69,6 @@ class Pair(TwinPair):
     def check(self):
         super().check(IDS)
 
-    def finish_oldest_telemetry(self, token):
-        """`finish_oldest`, returning both sides' outcomes: the telemetry (the same on both,
-        its `prompt_keeps` included) when the completion went through."""
-        oldest = (self.live[0][-1], self.live[1][-1])
-
-        def finish(s, i):
-            plan = oldest[i]
-            return complete(s, plan, [IterationPrediction(r, -1 if token == 9 else token)
-                                      for r, w in enumerate(plan.work) if w.sample_last])
-        out = self.both(finish)
-        if out[0][0] == "ok":
-            assert out[0][1] == out[1][1]
-        self.live = (self.live[0][:-1], self.live[1][:-1])
-        return out
-
 
 def run(pair, op):
     kind = op[0]
@@ -115,7 +99,7 @@ def run(pair, op):
         pair.live = ([pn] + pair.live[0], [pt] + pair.live[1])
         depth = pair.scheds[1].config.max_inflight_plans
         if len(pair.live[0]) >= depth or len(pt) == 0:
-            done = pair.finish_oldest_telemetry(token)
+            done = pair.finish_oldest(token)
             keeps = done[0][1].prompt_keeps if done[0][0] == "ok" else ()
             if keeps:
                 event("prompt kept")

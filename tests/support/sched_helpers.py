@@ -72,7 +72,8 @@ class TwinPair:
 
     def finish_oldest(self, token):
         """Complete the oldest plan in flight on both, every sampling row given `token` (9: the
-        end signal, -1), require the same outcome, and drop it from `live`."""
+        end signal, -1), require the same outcome (the telemetry included), drop it from
+        `live`, and return both sides' outcomes."""
         oldest = (self.live[0][-1], self.live[1][-1])
 
         def finish(s, i):
@@ -83,6 +84,7 @@ class TwinPair:
         if out[0][0] == "ok":
             assert out[0][1] == out[1][1]
         self.live = (self.live[0][:-1], self.live[1][:-1])
+        return out
 
     def both(self, fn):
         out = []
