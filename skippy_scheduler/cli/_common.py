@@ -256,7 +256,9 @@ def add_model_options(p: argparse.ArgumentParser, *, threads: int | None = DEFAU
                       threads_note: str | None = None, stages: bool = False) -> None:
     """The llama.cpp model options every model command takes (run, serve, calibrate).
     `stages`: the command also runs local stage workers, whose threads default to the cores
-    divided among them (`threads` is then None: `model_threads` resolves it)."""
+    divided among them (the flag's default is then None: the command decides)."""
+    from .offload import add_offload_options, device_names
+
     add_flag(p, "model", default_text="a tiny random-weight model written to a temporary "
                                       "directory")
     add_flag(p, "seed", type=int, default=0, note="it draws the tiny default model's weights")
@@ -264,13 +266,12 @@ def add_model_options(p: argparse.ArgumentParser, *, threads: int | None = DEFAU
         add_flag(p, "threads", type=positive_int, default=None,
                  default_text=f"{DEFAULT_THREADS}; with --stages, each local stage worker gets "
                               "the cores divided among the stages", note=threads_note)
-    else:
-        add_flag(p, "threads", type=positive_int, default=threads, note=threads_note)
-    if stages:
-        p.add_argument("--stage-devices", type=_device_list, default=(), metavar="DEV,DEV,...",
+        p.add_argument("--stage-devices", type=device_names, default=(), metavar="DEV,DEV,...",
                        help="with --stages: the device of each local stage worker, stage 0 "
                             "first, e.g. CUDA0,CUDA1 (each worker gets -dev DEV; default: the "
                             "offload flags as given, for every stage)")
+    else:
+        add_flag(p, "threads", type=positive_int, default=threads, note=threads_note)
     p.add_argument("--kv-type", choices=("f32", "f16"), default=None,
                    help="KV cache type; f32 keeps batched and alone runs identical (default: "
                         "f32 on the CPU, f16 with layers on a GPU)")
@@ -278,16 +279,7 @@ def add_model_options(p: argparse.ArgumentParser, *, threads: int | None = DEFAU
                    default=None,
                    help="flash attention: faster, gives up batch-invariant tokens; the flag "
                         "alone means on (default: off on the CPU, auto with layers on a GPU)")
-    from .offload import add_offload_options
-
     add_offload_options(p)
-
-
-def _device_list(text: str) -> tuple[str, ...]:
-    names = tuple(n.strip() for n in text.split(",") if n.strip())
-    if not names:
-        raise argparse.ArgumentTypeError("expected device names such as CUDA0,CUDA1")
-    return names
 
 
 def stage_worker_args(args: argparse.Namespace, stages: int) -> list[list[str]]:

@@ -31,7 +31,7 @@ def _split(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _devices(text: str) -> tuple[str, ...]:
+def device_names(text: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     if not names:
         raise argparse.ArgumentTypeError("expected device names such as CUDA0,CUDA1 or none")
@@ -97,7 +97,7 @@ def add_offload_options(p: argparse.ArgumentParser) -> None:
                         "proportion to each GPU's free memory)")
     g.add_argument("-mg", "--main-gpu", type=_main_gpu, default=0, metavar="I",
                    help="the GPU used with --split-mode none (default: 0)")
-    g.add_argument("-dev", "--device", dest="device", type=_devices, default=(),
+    g.add_argument("-dev", "--device", dest="device", type=device_names, default=(),
                    metavar="DEV[,DEV...]",
                    help="the GPUs to use, by the names --list-devices prints, or none for the "
                         "CPU only (default: every GPU)")
