@@ -389,11 +389,7 @@ def footprint_from_gguf(path: str | os.PathLike[str]) -> ModelFootprint:
 
     def value(key: str) -> object:
         f = fields.get(key)
-        if f is None:
-            return None
-        if len(f.data) == 1:
-            return f.contents()
-        return f.contents()
+        return None if f is None else f.contents()
 
     arch = value("general.architecture")
     if not isinstance(arch, str):

@@ -60,9 +60,9 @@ def resolve(model_path: Union[str, os.PathLike[str]], spec: OffloadSpec, *, n_ct
     batch = n_batch or (GPU_BATCH if gpus_possible else cpu_batch)
     ubatch = n_ubatch if n_ubatch is not None else (min(GPU_UBATCH, batch) if gpus_possible
                                                     else None)
-    fa_for_fit = (fa or ("auto" if gpus_possible else "off")) != "off"
     placement = place(fp, devs, spec, n_ctx=n_ctx, streams=lanes + holders, unified=unified,
-                      kv_type=kv, n_ubatch=ubatch or batch, flash_attn=fa_for_fit,
+                      kv_type=kv, n_ubatch=ubatch or batch,
+                      flash_attn=(fa or ("auto" if gpus_possible else "off")) != "off",
                       lanes=lanes if share_ctx else 0, host=host,
                       ctx_quantum=256 * lanes if share_ctx and not unified else 256)
     if not placement.on_gpu and gpus_possible:
@@ -70,7 +70,6 @@ def resolve(model_path: Union[str, os.PathLike[str]], spec: OffloadSpec, *, n_ct
         kv = kv_type or "f32"
         batch = n_batch or cpu_batch
         ubatch = n_ubatch
-        fa_for_fit = (fa or "off") != "off"
     mode = fa or ("auto" if placement.on_gpu else "off")
     return Resolved(placement=placement, n_ctx=placement.n_ctx, kv_type=kv, flash_attn=mode,
                     n_batch=batch, n_ubatch=ubatch)
