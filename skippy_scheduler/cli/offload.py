@@ -13,7 +13,8 @@ import argparse
 import sys
 from typing import Any, Optional, Sequence
 
-from ..hosts.offload import (GiB, OffloadSpec, SPLIT_MODES, parse_layers, parse_tensor_split)
+from ..hosts.offload import (CPU_BATCH, GiB, OffloadSpec, SPLIT_MODES, parse_layers,
+                             parse_tensor_split)
 from ._common import CommandError
 
 
@@ -124,7 +125,7 @@ def offload_argv(args: argparse.Namespace) -> list[str]:
 
 def resolve_for(args: argparse.Namespace, model: str, *, n_ctx: Optional[int], lanes: int,
                 holders: int = 0, unified: bool = False, share_ctx: bool = False,
-                n_batch: Optional[int] = None, cpu_batch: int = 512) -> Any:
+                n_batch: Optional[int] = None, cpu_batch: int = CPU_BATCH) -> Any:
     """`hosts.llama.fit.resolve` with the command's flags; its refusals as CommandError."""
     from ..hosts.llama.fit import resolve
     from ..hosts.offload import FitError, ModelFileError

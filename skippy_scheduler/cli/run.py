@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from ..engine.contract import PipelinedHost
 from ..selection import DEFAULT_IMPLEMENTATION, DEFAULT_POLICY, make_scheduler
+from ..hosts.offload import CPU_BATCH
 from .offload import print_placement, resolve_for
 from ._common import (DEFAULT_THREADS, LLAMA_MAX_SEQUENCES, CommandError, add_model_options, bound,
                       check_model,
@@ -173,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
             from .stage import run_staged
 
             requests, report, settings, summary = run_staged(args, prompts, n_seq,
-                                                             n_batch or 512, n_ctx, lane)
+                                                             n_batch or CPU_BATCH, n_ctx, lane)
         else:
             fit = resolve_for(args, model, n_ctx=n_ctx, lanes=n_seq,
                               holders=holders if args.prefix_cache_tokens else 0,

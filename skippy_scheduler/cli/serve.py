@@ -16,6 +16,7 @@ from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, boun
                       check_model,
                       import_llama_host, non_negative_int, non_negative_ms, positive_int,
                       positive_ms)
+from ..hosts.offload import CTX_FLOOR
 from .offload import offload_spec
 from .stage import add_stage_cache_flag, check_stage_cache_flag
 from .vocabulary import add_flag
@@ -307,7 +308,7 @@ def _reuse(args: argparse.Namespace) -> tuple[int, int]:
     """(prefix cache tokens, holders) as the server will size them (serve/server.py)."""
     from ..serve.server import default_reuse
 
-    tokens, holders = default_reuse(args.max_active, args.ctx_size or 4096)
+    tokens, holders = default_reuse(args.max_active, args.ctx_size or CTX_FLOOR)
     if args.prefix_cache_tokens is not None:
         tokens = args.prefix_cache_tokens
     if args.prefix_holders is not None:

@@ -34,6 +34,7 @@ MiB = 1 << 20
 DEFAULT_MARGIN = 1 * GiB     # per GPU, like llama-server's fit target
 HOST_MARGIN = 2 * GiB        # left to the rest of the machine when the host holds weights/KV
 CTX_FLOOR = 4096             # auto never lowers a default context below this
+CPU_BATCH = 512              # the batch on the CPU (with layers on a GPU: llama-server's 2048)
 CELL_PAD = 256               # llama.cpp pads each KV stream to a multiple of this
 
 KV_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 
 from ..engine.contract import MemoryComponentsHost, ServingHost, VocabularyHost
-from ..hosts.offload import CTX_FLOOR, OffloadSpec
+from ..hosts.offload import CPU_BATCH, CTX_FLOOR, OffloadSpec
 from ..selection import DEFAULT_IMPLEMENTATION, DEFAULT_POLICY, POLICIES, make_scheduler
 from ..types import DEFAULT_SEQUENCE_ID_LIMIT
 from . import kv_events
@@ -262,7 +262,7 @@ class Server:
 
         if s.stages or s.stage_addresses:  # each stage worker places its own layers
             return dataclasses.replace(
-                s, ctx_size=s.ctx_size or 4096, batch_size=s.batch_size or 512,
+                s, ctx_size=context_of(s), batch_size=s.batch_size or CPU_BATCH,
                 kv_type=s.kv_type or "f32",
                 flash_attn=s.flash_attn if s.flash_attn is not None else False)
         s = dataclasses.replace(s, threads=s.threads or 2)

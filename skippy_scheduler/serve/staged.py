@@ -20,6 +20,7 @@ from typing import Any, Iterator, Optional
 
 from ..engine import FinishEvent, Request
 from ..types import FinishReason
+from ..hosts.offload import CPU_BATCH
 from ..hosts.stages.channel import StageFailure
 from ..hosts.stages.host import StageHost
 from ..hosts.stages.opening import open_stage_host
@@ -36,7 +37,7 @@ def stage_host(settings: ServeSettings) -> StageHost:
     tokens, holders = _reuse_of(s)
     return open_stage_host(
         stages=s.stages, stage_addresses=s.stage_addresses, model=s.model,
-        ctx_size=context_of(s), n_seq_max=s.max_active, n_batch=s.batch_size or 512,
+        ctx_size=context_of(s), n_seq_max=s.max_active, n_batch=s.batch_size or CPU_BATCH,
         n_threads=s.threads, kv_type=s.kv_type or "f32", flash_attn=s.flash_attn in (True, "on"),
         prefix_cache_tokens=tokens, prefix_holders=holders, pipeline_depth=s.inflight,
         stage_prefix_cache_tokens=s.stage_prefix_cache_tokens,

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from ..offload import Device, OffloadSpec, Placement, footprint_from_gguf, place
+from ..offload import CPU_BATCH, Device, OffloadSpec, Placement, footprint_from_gguf, place
 from .backend import list_devices
 
 GPU_BATCH, GPU_UBATCH = 2048, 512
@@ -45,7 +45,7 @@ def resolve(model_path: Union[str, os.PathLike[str]], spec: OffloadSpec, *, n_ct
             lanes: int, holders: int = 0, unified: bool = False, share_ctx: bool = True,
             kv_type: Optional[str] = None, flash_attn: Union[bool, str, None] = None,
             n_batch: Optional[int] = None, n_ubatch: Optional[int] = None,
-            cpu_batch: int = 512, devices: Optional[list[Device]] = None) -> Resolved:
+            cpu_batch: int = CPU_BATCH, devices: Optional[list[Device]] = None) -> Resolved:
     """The placement and the defaults for `model_path` (FitError, ModelFileError: refused with
     the numbers, before anything is loaded). `n_ctx=None`: from the model. `share_ctx`: the
     lanes share `n_ctx` and each holder gets a lane's share on top (serve); otherwise `n_ctx`
