@@ -113,10 +113,29 @@ def register(subparsers: Any) -> None:
                    help="serve on stage workers already running at these pyzmq addresses "
                         "(`stage --listen`), stage 0 first; needs --model (default: none)")
     add_stage_cache_flag(p)
+    _add_slo_options(p, d)
     _add_limit_options(p, d)
     _add_access_options(p, d)
     # serve drains and cleans up on SIGINT and SIGTERM itself.
     p.set_defaults(func=run, own_signals=True)
+
+
+def _add_slo_options(p: Any, d: Any) -> None:
+    """The SLO the server is told (skippy_scheduler/serve/slo.py, docs/serving.md)."""
+    g = p.add_argument_group("SLO")
+    g.add_argument("--slo-ttft-ms", type=positive_ms, default=d.slo_ttft_ms, metavar="MS",
+                   help="time-to-first-token budget of every request, from its arrival: its "
+                        "first-token deadline in the scheduler; a request's \"skippy\": "
+                        "{\"ttft_ms\": ...} overrides it (default: none)")
+    g.add_argument("--slo-itl-ms", type=positive_ms, default=d.slo_itl_ms, metavar="MS",
+                   help="inter-token budget of every request (every gap): the slack rule "
+                        "plans each request to it instead of --itl-target-ms; a request's "
+                        "\"skippy\": {\"itl_ms\": ...} overrides it (default: none)")
+    g.add_argument("--slo-shed", action="store_true", default=d.slo_shed,
+                   help="answer 503 with Retry-After, before any work, to a request whose "
+                        "first token the fitted cost model predicts past its TTFT budget "
+                        "(--slo-ttft-ms or its own skippy.ttft_ms; the slack rule only; "
+                        "default: off)")
 
 
 def _add_limit_options(p: Any, d: Any) -> None:
@@ -330,6 +349,9 @@ def run(args: argparse.Namespace) -> int:
                            f"lanes gives each lane {args.ctx_size // args.max_active} tokens; a "
                            f"lane needs at least 256 (give -c {256 * args.max_active} or more, "
                            "or fewer lanes with -np)")
+    if args.slo_shed and args.planning_rule != "slack":
+        raise CommandError("--slo-shed needs --planning-rule slack: the slack rule's fitted "
+                           "step cost model predicts each request's first token")
     check_model(args)
     check_stage_cache_flag(args, tokens)
     if args.stages or args.stage_addresses:
@@ -344,6 +366,7 @@ def run(args: argparse.Namespace) -> int:
         prefill_chunk=args.prefill_chunk, mixed=args.mixed,
         max_consecutive_prefill=args.max_consecutive_prefill, inflight=args.inflight,
         planning_rule=args.planning_rule, itl_target_ms=args.itl_target_ms,
+        slo_ttft_ms=args.slo_ttft_ms, slo_itl_ms=args.slo_itl_ms, slo_shed=args.slo_shed,
         prefill_age_max_ms=args.prefill_age_max_ms,
         policy=args.policy, scheduler=args.scheduler,
         priority_preemption=args.priority_preemption,
@@ -365,8 +388,16 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # SIGINT or SIGTERM while loading: the server cleaned up
         return 0
     ctx, s = server.context, server.settings
-    rule = (f"slack rule at {s.itl_target_ms:g} ms" if s.planning_rule == "slack"
+    target = s.slo_itl_ms if s.slo_itl_ms is not None else s.itl_target_ms
+    rule = (f"slack rule at {target:g} ms" if s.planning_rule == "slack"
             else "reference planning")
+    slo = [f"{name} {value:g} ms" for name, value in (("TTFT", s.slo_ttft_ms),
+                                                      ("gaps", s.slo_itl_ms))
+           if value is not None]
+    if slo:
+        rule += f", SLO {' and '.join(slo)}"
+    if s.slo_shed:
+        rule += ", shedding"
     reuse = (f"prefix reuse of {s.prefix_cache_tokens} tokens in {s.prefix_holders} holders"
              if s.prefix_cache_tokens else "no prefix reuse")
     where = (f"{server.fitted.placement.line()}, " if server.fitted is not None

@@ -5,7 +5,8 @@
 and validates it (`protocol`) and tokenizes the prompt on a worker thread (after a bound on its
 length in bytes that needs no tokenizer: a prompt longer than `max_piece_bytes` per token of
 context can never fit), checks that it can ever run in one lane's context, refuses it with a 503
-when `capacity` requests are already open, hands it to the engine thread (`EngineRunner.open`)
+when `capacity` requests are already open or (with `--slo-shed`) when the cost model predicts
+its first token cannot make its TTFT budget (`slo`), hands it to the engine thread (`EngineRunner.open`)
 and waits for the scheduler's verdict: queued (200, then tokens), or refused (503 with
 Retry-After). Only then does it answer, so a client learns about overload from the status code,
 streamed or not. Everything before the verdict is done before any stream starts: a bad body is
@@ -45,6 +46,7 @@ from .guard import HttpGuard
 from .metrics import CONTENT_TYPE, ServeMetrics
 from .protocol import GenerationRequest, parse_chat, parse_completion, with_min_tokens
 from .runner import EngineRunner, EngineUnavailable, Inbox, Subscription
+from .slo import Slo
 from .stream import dumps as _dumps, sse
 
 log = logging.getLogger("skippy_scheduler.serve")
@@ -77,6 +79,7 @@ class ServeContext:
     limits: Limits = field(default_factory=Limits)
     model_aliases: tuple[str, ...] = ()  # further names requests may use (docs: access)
     strict_request_fields: bool = False  # refuse fields nobody defined instead of ignoring them
+    slo: Slo = field(default_factory=Slo)  # the SLO the server was told (serve/slo.py)
     created: int = field(default_factory=lambda: int(time.time()))
     shutting_down: bool = False  # set before the engine is stopped for good
     metrics: ServeMetrics = field(init=False)
@@ -86,6 +89,7 @@ class ServeContext:
 
     def __post_init__(self) -> None:
         self.metrics = ServeMetrics(lambda: self.runner.stats)
+        self.slo.metrics = self.metrics
         self.chat = ChatTemplate(self.host.chat_template())
         host = self.host
         self.check_grammar = (host.check_grammar if isinstance(host, GrammarCheckingHost)
@@ -278,15 +282,31 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
             # whole burst, so this is where the server's capacity is kept).
             raise queue_full("The server is busy: every lane and waiting place is taken; "
                              "retry later.")
+        # Its SLO: its own budgets, else the server's; shed (503) when the cost model predicts
+        # its first token cannot make its budget, before anything reaches the engine. Its
+        # prompts count as waiting for prefill from here (no await in between) until their
+        # first token (serve/slo.py).
+        slo = ctx.slo
+        gen.ttft_ms, gen.itl_ms = slo.budgets(gen.ttft_ms, gen.itl_ms)
+        own = sum(len(tokens) for tokens in prompts[::n])
+        slo.admit(own, gen.ttft_ms)
+        held = slo.hold(own)
         prefix = "cmpl" if gen.kind == "completion" else "chatcmpl"
         rid = f"{prefix}-{uuid.uuid4().hex}"
-        subs = await _open_all(rid, gen, prompts, budgets, samplings)
+        try:
+            subs = await _open_all(rid, gen, prompts, budgets, samplings)
+        except BaseException:
+            slo.release(held)
+            raise
         for tokens in prompts[::n]:  # each prompt once, as usage counts it
             ctx.metrics.prompt_tokens.inc(len(tokens))
         # Usage counts each prompt once, as OpenAI does with n > 1.
         outs = [_Generation(ctx, sub, gen, len(tokens) if i % n == 0 else 0, index=i,
                             prompt=tokens, echo=texts[i // n] if texts else None)
                 for i, (sub, tokens) in enumerate(zip(subs, prompts))]
+        if held:
+            for out in outs[::n]:
+                out.held = len(out.prompt)
         head = {"id": rid, "created": int(time.time()), "model": gen.model or ctx.model_name}
         if gen.return_token_ids and len(prompts) == 1:
             head["prompt_token_ids"] = list(prompts[0])
@@ -362,6 +382,8 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
 
     def _close_all(outs: list[_Generation]) -> None:
         for out in outs:
+            if out.held:  # ended (or gone) before its first token
+                out.release_hold()
             if out.finish is None or out.finish == "stop":
                 # Gone before the end, or stopped on a string: the engine may still run it.
                 runner.cancel(out.sub.request_id)

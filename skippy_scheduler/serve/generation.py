@@ -35,6 +35,11 @@ class Generation:
         self.finish: Optional[str] = None
         self.error: Optional[str] = None
         self._last_us: Optional[float] = None
+        # The SLO's inputs (serve/slo.py): TTFT and the largest gap so far, in µs; and the
+        # prompt tokens counted as waiting for prefill until the first token (0: none).
+        self._ttft_us: Optional[float] = None
+        self._max_gap_us = 0.0
+        self.held = 0
         # Reports (only when the request asked for log-probabilities):
         self.logprobs: list[TokenLogprob] = []  # one per token of `tokens`
         self.offsets: list[int] = []  # each token's first character in the generated text
@@ -59,10 +64,12 @@ class Generation:
                 t = event.time_us
                 last = self._last_us
                 if last is None:
-                    m.observe_ttft(max(t - self.sub.arrival_us, 0.0) / 1e6,
-                                   self.request.priority)
+                    self._first(t)
                 else:
-                    m.itl.observe(max(t - last, 0.0) / 1e6)
+                    gap = t - last if t > last else 0.0
+                    m.itl.observe(gap / 1e6)
+                    if gap > self._max_gap_us:
+                        self._max_gap_us = gap
                 self._last_us = t
                 self.tokens.append(event.token)
                 ids.append(event.token)
@@ -78,10 +85,12 @@ class Generation:
                         continue  # the end signal, sent for its detail
                 t = event.time_us
                 if self._last_us is None:
-                    m.observe_ttft(max(t - self.sub.arrival_us, 0.0) / 1e6,
-                                   self.request.priority)
+                    self._first(t)
                 else:
-                    m.itl.observe(max(t - self._last_us, 0.0) / 1e6)
+                    gap = max(t - self._last_us, 0.0)
+                    m.itl.observe(gap / 1e6)
+                    if gap > self._max_gap_us:
+                        self._max_gap_us = gap
                 self._last_us = t
                 held = len(self.tokens) < self.request.min_tokens  # (docs/fleet.md)
                 self.tokens.append(event.token)
@@ -113,6 +122,21 @@ class Generation:
         m.generation_tokens.inc(len(ids))
         return "".join(parts), ids
 
+    def _first(self, t_us: float) -> None:
+        """The first token came at `t_us`: TTFT observed, its prompt no longer waiting."""
+        ttft = max(t_us - self.sub.arrival_us, 0.0)
+        self._ttft_us = ttft
+        self.ctx.metrics.observe_ttft(ttft / 1e6, self.request.priority)
+        if self.held:
+            self.release_hold()
+
+    def release_hold(self) -> None:
+        """Its prompt tokens no longer count as waiting for prefill (at its first token, or
+        when the answer closes)."""
+        held, self.held = self.held, 0
+        if held:
+            self.ctx.slo.release(held)
+
     def _report(self, detail: Any, kept: bool) -> None:
         if detail.prompt is not None and self.prompt_logprobs is None:
             self.prompt_logprobs = detail.prompt  # a replay after preemption reports it again
@@ -133,6 +157,11 @@ class Generation:
         m = self.ctx.metrics
         m.e2e.observe(max(t_us - self.sub.arrival_us, 0.0) / 1e6)
         m.request_success.labels(reason).inc()
+        r = self.request
+        if r.ttft_ms is not None or r.itl_ms is not None:  # its SLO's verdict (serve/slo.py)
+            self.ctx.slo.judge(self.sub.request_id, r.ttft_ms, r.itl_ms,
+                               None if self._ttft_us is None else self._ttft_us / 1e3,
+                               self._max_gap_us / 1e3)
 
     def usage(self) -> dict[str, int]:
         n = len(self.tokens)

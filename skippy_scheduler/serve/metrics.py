@@ -23,6 +23,12 @@ Where an iteration's time goes (docs/measuring.md, "Where an iteration's time go
 complete), and `skippy:host_busy_ratio` the share of wall time the host spent executing over
 the last 64 iterations. The engine thread keeps the bucket counts itself (a few additions per
 iteration); they are read at scrape time.
+
+The SLO (serve/slo.py): `skippy:slo_met_total{part}` and `skippy:slo_missed_total{part}`
+(`part` ttft, itl or both) count finished requests that carried a budget, once each;
+`skippy:slo_shed_total` the requests `--slo-shed` answered with a 503, and
+`skippy:slo_relegated_total` the requests the prefill order relegated behind the others for a
+first-token deadline they could no longer meet (the scheduler's `slo_relegated`).
 """
 from __future__ import annotations
 
@@ -100,6 +106,11 @@ class _EngineCollector:
             "skippy:shared_prefill_tokens",
             "Entries the host did not decode: copies of another choice's KV (n > 1, best_of).",
             value=s.shared_tokens)
+        yield CounterMetricFamily(
+            "skippy:slo_relegated",
+            "Requests the slack rule's prefill order put behind the others because their "
+            "first-token deadline could no longer be met (each counted once).",
+            value=s.slo_relegated)
 
 
 _PART_HELP = (
@@ -183,6 +194,22 @@ class ServeMetrics:
         self.request_errors = Counter("skippy:request_errors",
                                       "Requests answered with an error, by HTTP status.",
                                       ["status"], registry=reg)
+        # The SLO's verdicts and sheds (serve/slo.py; docs/serving.md "An SLO").
+        self.slo_met = Counter("skippy:slo_met",
+                               "Finished requests within their SLO, by part (ttft: TTFT within "
+                               "its budget; itl: every gap within its budget; both: requests "
+                               "carrying both budgets, within both).", ["part"], registry=reg)
+        self.slo_missed = Counter("skippy:slo_missed",
+                                  "Finished requests outside their SLO, by part (ttft, itl; "
+                                  "both: requests carrying both budgets, outside either).",
+                                  ["part"], registry=reg)
+        for part in ("ttft", "itl", "both"):
+            self.slo_met.labels(part)
+            self.slo_missed.labels(part)
+        self.slo_shed = Counter("skippy:slo_shed",
+                                "Requests answered 503 at arrival because the cost model "
+                                "predicted they could not meet their TTFT budget (--slo-shed).",
+                                registry=reg)
         reg.register(_EngineCollector(stats))
         reg.register(_StepCollector(stats))
 

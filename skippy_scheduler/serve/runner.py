@@ -61,6 +61,7 @@ class EngineStats:
     decoded_tokens: int = 0  # batch entries the host decoded (LlamaHost)
     shared_tokens: int = 0  # entries a fork's KV copy replaced (choices of one prompt)
     kv_copies: int = 0  # the host's KV copies between sequence ids (prefix keeps, restores)
+    slo_relegated: int = 0  # sequences the prefill order put behind for a missed TTFT deadline
     published_s: float = 0.0
     steps: Optional[StepTiming] = None  # the iterations' times (live, not a snapshot)
 
@@ -392,7 +393,7 @@ class EngineRunner:
             kv_capacity=h.kv_capacity, iterations=m.iterations, prefill_tokens=m.prefill_tokens,
             restored_tokens=m.restored_tokens, recompute_tokens=m.recompute_tokens,
             decoded_tokens=h.decoded_tokens, shared_tokens=h.shared_tokens,
-            kv_copies=h.kv_copies,
+            kv_copies=h.kv_copies, slo_relegated=getattr(m, "slo_relegated", 0),
             published_s=time.monotonic(), steps=self.step_timing)
 
     def host_state(self, detail: bool = False) -> HostState:

@@ -16,6 +16,12 @@ inter-token target (`itl_target_ms`), on a cost model fitted from the steps the 
 under the reference rule, with `mixed` decode rows ride along with prefill chunks within the
 reference's gate.
 
+An SLO (docs/serving.md "An SLO: goodput and shedding", serve/slo.py): `slo_ttft_ms` gives every
+request without a `"skippy.ttft_ms"` of its own that first-token deadline, `slo_itl_ms` makes
+its gap the inter-token target the slack rule plans each request to (in place of
+`itl_target_ms`), and `slo_shed` answers 503 to a request whose first token the fitted cost
+model predicts past its budget. Without them, nothing changes.
+
 Defaults (docs/serving.md "Defaults"): prefix reuse is on, sized from the KV cache by
 `default_reuse` (one holder per lane, each keeping a lane's worth of tokens;
 `prefix_cache_tokens=0` turns it off; on stages as on one process); one plan in flight.
@@ -52,6 +58,7 @@ from ..types import DEFAULT_SEQUENCE_ID_LIMIT
 from . import kv_events
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..slack import StepCost
     from .runner import EngineRunner
 
 # NOTE: asyncio accepts up to `backlog` connections per wake-up of the listening socket, and a
@@ -92,6 +99,12 @@ class ServeSettings:
     #   "slack", mixed and max_consecutive_prefill are not read
     itl_target_ms: float = 150.0  # the slack rule's inter-token target ("skippy.itl_ms" of a
     #   request overrides it for that request)
+    slo_ttft_ms: Optional[float] = None  # the server-wide SLO (serve/slo.py): each request's
+    #   first-token deadline from its arrival ("skippy.ttft_ms" of a request overrides it)
+    slo_itl_ms: Optional[float] = None  # and its inter-token budget: the target the slack
+    #   rule plans it to, instead of itl_target_ms ("skippy.itl_ms" overrides it)
+    slo_shed: bool = False  # a 503 for a request the cost model predicts cannot make its TTFT
+    #   budget (the slack rule's fitted model; serve/slo.py)
     prefill_age_max_ms: float = 2000.0  # > 0: the slack rule prefills the shortest prompt
     #   first, but one that arrived this long ago first of all; 0: arrival order (§2.13,
     #   docs/serving.md "The prefill order")
@@ -166,6 +179,13 @@ def resolve_settings(settings: ServeSettings) -> ServeSettings:
             not (math.isfinite(s.prefill_age_max_ms) and s.prefill_age_max_ms >= 0):
         raise ValueError(f"prefill_age_max_ms must be a finite number of ms >= 0, got "
                          f"{s.prefill_age_max_ms!r}")
+    from .slo import check_budget
+
+    check_budget("slo_ttft_ms", s.slo_ttft_ms)
+    check_budget("slo_itl_ms", s.slo_itl_ms)
+    if s.slo_shed and s.planning_rule != "slack":
+        raise ValueError("slo_shed needs the slack planning rule: its fitted step cost model "
+                         "predicts the first token")
     if s.max_active < 1:
         raise ValueError(f"max_active must be at least 1, got {s.max_active}")
     tokens, holders = default_reuse(s.max_active, context_of(s))  # staged serving too
@@ -317,6 +337,7 @@ class Server:
         from .access import AccessSettings
         from .app import Limits, ServeContext, create_app
         from .guard import default_allowed_hosts
+        from .slo import Slo, SloSettings
         from . import vllm_compat
         from .runner import EngineRunner
         from .text import token_pieces
@@ -337,7 +358,8 @@ class Server:
             max_consecutive_prefill_iterations=s.max_consecutive_prefill,
             max_inflight_plans=s.inflight, disjoint_inflight_plans=disjoint,
             planning_rule=PlanningRule.SLACK if s.planning_rule == "slack"
-            else PlanningRule.REFERENCE, itl_target=s.itl_target_ms / 1e3,
+            else PlanningRule.REFERENCE,
+            itl_target=(s.slo_itl_ms if s.slo_itl_ms is not None else s.itl_target_ms) / 1e3,
             slack_prefill_age_max=s.prefill_age_max_ms / 1e3,
             memory_components=list(components),
             priority_preemption=s.priority_preemption,
@@ -358,7 +380,10 @@ class Server:
             limits=Limits(capacity=s.max_active + s.max_waiting, max_body_bytes=s.max_body_bytes,
                           body_timeout_s=s.body_timeout_s,
                           max_piece_bytes=max_piece_bytes(host)),
-            strict_request_fields=s.strict_request_fields)
+            strict_request_fields=s.strict_request_fields,
+            slo=Slo(SloSettings(s.slo_ttft_ms, s.slo_itl_ms, s.slo_shed),
+                    cost=_fitted_cost(self.scheduler, config.step_cost),
+                    batch_tokens=config.max_tokens_per_iteration))
         if self.fitted is not None:
             from .metrics import DeviceMemory
 
@@ -473,6 +498,21 @@ class Server:
                 if self._tmp is not None:
                     self._tmp.cleanup()
                     self._tmp = None
+
+
+def _fitted_cost(scheduler: Any, prior: "StepCost") -> "Callable[[], Optional[StepCost]]":
+    """The slack rule's step cost model once the engine has refit it (None before: the
+    config's prior is a guess), read whole from the event loop (serve/slo.py)."""
+    from ..engine.contract import SlackRuleScheduler
+
+    if not isinstance(scheduler, SlackRuleScheduler):
+        return lambda: None
+
+    def cost() -> "Optional[StepCost]":
+        c = scheduler.step_cost
+        return None if c is prior else c
+
+    return cost
 
 
 def max_piece_bytes(host: VocabularyHost) -> int:

@@ -1,0 +1,281 @@
+"""The SLO the server is told (serve/slo.py, docs/serving.md "An SLO: goodput and shedding"),
+through a real server on loopback and the `openai` client: the flags are taken or refused, each
+request gets the server's budgets unless it gives its own, finished requests are counted in
+`skippy:slo_met_total` / `skippy:slo_missed_total`, and `--slo-shed` answers 503 with
+Retry-After to a request the cost model cannot serve, before the scheduler sees it. Budgets are
+chosen far from any timing (a minute, or a microsecond), so no assertion depends on speed."""
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from serve_support import Spawned, is_idle, metrics, start_server, wait_idle
+
+from skippy_scheduler import cli
+from skippy_scheduler.serve import Server, ServeSettings
+from skippy_scheduler.slack import StepCost
+
+LONG_MS = 600_000.0  # a budget nothing misses
+TINY_MS = 0.001  # a budget nothing meets (1 µs)
+PARTS = ("ttft", "itl", "both")
+
+
+def _counts(url: str) -> dict[str, float]:
+    m = metrics(url)
+    out = {f"{kind}.{part}": m[f'skippy:slo_{kind}_total{{part="{part}"}}']
+           for kind in ("met", "missed") for part in PARTS}
+    out["shed"] = m["skippy:slo_shed_total"]
+    return out
+
+
+def _ask(client, extra=None, max_tokens=4, prompt=(1, 17, 33, 90, 5)):
+    return client.completions.create(model="tiny-f32", prompt=list(prompt),
+                                     max_tokens=max_tokens, temperature=0,
+                                     extra_body={"ignore_eos": True, **(extra or {})})
+
+
+def _capture_requests(server: Server) -> list:
+    """The engine requests the app opens from now on."""
+    seen: list = []
+    runner = server.runner
+    original = runner.open
+
+    def open_(request, loop, inbox=None):
+        seen.append(request)
+        return original(request, loop, inbox)
+
+    runner.open = open_  # type: ignore[method-assign]
+    return seen
+
+
+def _client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
+                         timeout=60)
+
+
+# -- flags ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--slo-ttft-ms", "0"], "--slo-ttft-ms"),
+    (["--slo-ttft-ms", "-5"], "expected a finite number of ms > 0"),
+    (["--slo-itl-ms", "nan"], "--slo-itl-ms"),
+    (["--slo-itl-ms", "inf"], "expected a finite number of ms > 0"),
+    (["--slo-itl-ms", "fast"], "--slo-itl-ms"),
+    (["--slo-shed", "--planning-rule", "reference"], "--slo-shed needs --planning-rule slack"),
+])
+def test_bad_slo_flags_are_one_line_errors(argv, message, capsys):
+    assert cli.main(["serve", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("field,value", [
+    ("slo_ttft_ms", 0), ("slo_itl_ms", -1.0), ("slo_ttft_ms", math.inf),
+    ("slo_itl_ms", True), ("slo_ttft_ms", "5"),
+])
+def test_bad_slo_settings_are_refused_before_the_model_loads(field, value):
+    with pytest.raises(ValueError, match=field):
+        Server(ServeSettings(model="/nonexistent.gguf", **{field: value}))
+
+
+def test_shedding_needs_the_slack_rule():
+    with pytest.raises(ValueError, match="slo_shed needs the slack planning rule"):
+        Server(ServeSettings(model="/nonexistent.gguf", slo_shed=True,
+                             planning_rule="reference"))
+
+
+def test_serve_takes_the_slo_flags_and_counts_a_request(tmp_path):
+    served = Spawned(tmp_path, "--slo-ttft-ms", str(LONG_MS), "--slo-itl-ms", str(LONG_MS),
+                     "--slo-shed")
+    try:
+        assert "SLO TTFT 600000 ms and gaps 600000 ms, shedding" in served.log()
+        with openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0,
+                           timeout=60) as c:
+            out = c.chat.completions.create(model="tiny-random-llama", max_tokens=4,
+                                            messages=[{"role": "user", "content": "Hi"}])
+        assert out.choices[0].finish_reason in ("length", "stop")
+        counts = _counts(served.url)
+        assert counts["met.both"] == counts["met.ttft"] == counts["met.itl"] == 1
+        assert counts["missed.both"] == counts["shed"] == 0
+    finally:
+        assert served.stop() == 0
+
+
+# -- budgets and verdicts ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def slo_server(model_path):
+    srv = start_server(model_path, slo_ttft_ms=LONG_MS, slo_itl_ms=LONG_MS)
+    yield srv
+    srv.shutdown()
+
+
+def test_the_server_budgets_apply_unless_a_request_gives_its_own(slo_server):
+    seen = _capture_requests(slo_server)
+    before = _counts(slo_server.url)
+    with _client(slo_server) as c:
+        _ask(c)  # the server's budgets: met
+        _ask(c, {"skippy": {"ttft_ms": TINY_MS}})  # its own TTFT budget: missed
+        _ask(c, {"skippy": {"itl_ms": TINY_MS}})  # its own gap budget: missed
+        _ask(c, {"skippy": {"itl_ms": TINY_MS}}, max_tokens=1)  # one token: no gap to miss
+    assert [(r.ttft_ms, r.itl_ms) for r in seen] == [
+        (LONG_MS, LONG_MS), (TINY_MS, LONG_MS), (LONG_MS, TINY_MS), (LONG_MS, TINY_MS)]
+    after = _counts(slo_server.url)
+    delta = {k: after[k] - before[k] for k in after}
+    assert delta == {"met.ttft": 3, "met.itl": 3, "met.both": 2,
+                     "missed.ttft": 1, "missed.itl": 1, "missed.both": 2, "shed": 0}
+    # The slack rule plans to the SLO's gap.
+    assert slo_server.scheduler.config.itl_target == LONG_MS / 1e3
+    assert is_idle(wait_idle(slo_server), slo_server.host.n_seq_max)
+
+
+def test_each_choice_of_a_request_is_judged(slo_server):
+    before = _counts(slo_server.url)
+    with _client(slo_server) as c:
+        out = c.completions.create(model="tiny-f32", prompt=[1, 5, 9], max_tokens=3, n=2,
+                                   extra_body={"ignore_eos": True})
+    assert len(out.choices) == 2
+    after = _counts(slo_server.url)
+    assert after["met.both"] - before["met.both"] == 2
+
+
+def test_streamed_requests_are_judged(slo_server):
+    before = _counts(slo_server.url)
+    with _client(slo_server) as c:
+        chunks = list(c.completions.create(model="tiny-f32", prompt=[1, 8, 9], max_tokens=5,
+                                           stream=True, extra_body={
+                                               "ignore_eos": True,
+                                               "skippy": {"ttft_ms": TINY_MS}}))
+    assert chunks[-1].choices[0].finish_reason == "length"
+    after = _counts(slo_server.url)
+    assert after["missed.ttft"] - before["missed.ttft"] == 1
+    assert after["met.itl"] - before["met.itl"] == 1
+
+
+def test_without_the_flags_nothing_changes_and_only_own_budgets_count(server, client):
+    seen = _capture_requests(server)
+    before = _counts(server.url)
+    _ask(client)  # no SLO: counted nowhere
+    _ask(client, {"skippy": {"ttft_ms": LONG_MS}})  # its own TTFT budget only
+    assert [(r.ttft_ms, r.itl_ms) for r in seen] == [(None, None), (LONG_MS, None)]
+    after = _counts(server.url)
+    delta = {k: after[k] - before[k] for k in after}
+    assert delta == {"met.ttft": 1, "met.itl": 0, "met.both": 0, "missed.ttft": 0,
+                     "missed.itl": 0, "missed.both": 0, "shed": 0}
+    assert server.scheduler.config.itl_target == 0.15  # the 150 ms default
+    assert not server.context.slo.shedding
+
+
+# -- shedding ---------------------------------------------------------------------------------
+
+
+def _shed_server(model_path, **overrides):
+    return start_server(model_path, max_active=2, ctx_size=1024, slo_shed=True, **overrides)
+
+
+def test_a_burst_beyond_the_cost_model_is_shed_before_any_work(model_path):
+    """Prefill forced to 10 ms a token and a TTFT budget of 1 s: two 40-token prompts fit
+    (0.4 s, then 0.8 s of prefill ahead of a first token), the third would be 1.2 s. The
+    engine thread is held while the burst arrives, so none reaches a first token early."""
+    server = _shed_server(model_path, slo_ttft_ms=1000.0)
+    slo = server.context.slo
+    slo.cost = lambda: StepCost(base_us=0.0, per_prefill_token_us=10_000.0)
+    planned: set[str] = set()
+    gate, held = threading.Event(), threading.Event()
+    answers: dict[str, object] = {}
+
+    def on_plan(plan, *_times) -> None:
+        planned.update(plan.sequence_ids[row] for row in range(len(plan)))
+
+    def hold() -> None:
+        held.set()
+        gate.wait(60)
+
+    def ask(name: str) -> None:
+        with _client(server) as c:
+            answers[name] = _ask(c, prompt=[1] + [7 + i for i in range(39)], max_tokens=4)
+
+    prompt = [1] + [7 + i for i in range(39)]
+    try:
+        server.runner.call(lambda: setattr(server.runner.engine, "on_plan", on_plan))
+        holder = threading.Thread(target=lambda: server.runner.call(hold, timeout_s=90))
+        holder.start()
+        assert held.wait(30)
+        threads = []
+        for name in ("a", "b"):
+            threads.append(threading.Thread(target=ask, args=(name,)))
+            threads[-1].start()
+            end = time.monotonic() + 30
+            while server.runner.open_subscriptions < len(threads):
+                assert time.monotonic() < end, "the server did not take the request"
+                time.sleep(0.01)
+        assert slo.waiting_prefill_tokens == 80
+        r = httpx.post(server.url + "/v1/completions", timeout=30,
+                       json={"prompt": prompt, "max_tokens": 4})
+        assert r.status_code == 503, r.text
+        assert int(r.headers["retry-after"]) >= 1
+        error = r.json()["error"]
+        assert error["code"] == "slo_unattainable" and error["type"] == "server_error"
+        assert "1200 ms" in error["message"] and "1000 ms" in error["message"]
+        with _client(server) as c:  # streamed: refused before any stream starts
+            with pytest.raises(openai.InternalServerError) as info:
+                c.completions.create(model="tiny-f32", prompt=prompt, max_tokens=4,
+                                     stream=True)
+        assert info.value.status_code == 503
+        # Its own, larger budget is served.
+        p = slo.predict(len(prompt), 60_000.0)
+        assert p is not None and p.ttft_ms == 1200.0
+        assert server.runner.open_subscriptions == 2  # nothing of the shed ones was opened
+        assert slo.waiting_prefill_tokens == 80
+        gate.set()
+        holder.join(90)
+        for t in threads:
+            t.join(90)
+        assert sorted(answers) == ["a", "b"]
+        assert len(planned) == 2  # the scheduler only ever saw the two admitted requests
+        m = metrics(server.url)
+        assert m["skippy:slo_shed_total"] == 2
+        assert m['skippy:request_errors_total{status="503"}'] == 2
+        assert m['skippy:request_success_total{finished_reason="length"}'] == 2
+        assert slo.waiting_prefill_tokens == 0
+        assert is_idle(wait_idle(server), server.host.n_seq_max)
+        with _client(server) as c:  # with the work gone, the same request is served
+            out = _ask(c, prompt=prompt)
+        assert out.choices[0].finish_reason == "length"
+    finally:
+        gate.set()
+        server.shutdown()
+
+
+def test_shedding_reads_a_request_s_own_budget_and_only_a_fitted_model(model_path):
+    """Before the engine fits its cost model nothing is shed; then a request whose own budget
+    the model predicts it misses is; one without a budget never is."""
+    server = _shed_server(model_path)
+    slo = server.context.slo
+    try:
+        assert slo.cost() is None  # the prior, not a fit
+        with _client(server) as c:
+            tiny = {"skippy": {"ttft_ms": TINY_MS}}
+            _ask(c, tiny, max_tokens=24)  # admitted: no fitted model yet
+            end = time.monotonic() + 30
+            while slo.cost() is None:  # refit every 8 steps
+                assert time.monotonic() < end, "the engine did not fit its cost model"
+                _ask(c, max_tokens=8)
+            prompt = [1] + list(range(20, 120))
+            p = slo.predict(len(prompt), TINY_MS)
+            assert p is not None
+            if p.ttft_ms > TINY_MS:
+                with pytest.raises(openai.InternalServerError) as info:
+                    _ask(c, tiny, prompt=prompt)
+                assert info.value.status_code == 503
+            _ask(c, prompt=prompt)  # no budget: never shed
+        assert slo.waiting_prefill_tokens == 0
+        assert is_idle(wait_idle(server), server.host.n_seq_max)
+    finally:
+        server.shutdown()
