@@ -194,6 +194,8 @@ typedef struct skippy_scheduler_metrics {
     uint64_t stale_refreshes;  /* waiting affinities re-scored from the attached store (§2.12) */
     uint64_t preempted_priority; /* of `preempted`, those made for priority (§2.8a); the rest
                                     were made for memory */
+    uint64_t slo_relegated;    /* sequences a slack-rule prefill order put behind because their
+                                  first-token deadline could no longer be met (§2.13), once each */
 } skippy_scheduler_metrics;
 
 /* Per-completion figures (component arrays: see skippy_scheduler_component_used). */

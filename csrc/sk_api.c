@@ -104,6 +104,7 @@ void skippy_scheduler_free(skippy_scheduler *s)
     free(s->prio_victims);
     free(s->ewma);
     free(s->prefill_keys);
+    free(s->prefill_edf);
     for (size_t k = 0; s->plans && k < s->cfg.max_inflight_plans; k++) {
         sk_plan_slot *slot = &s->plans[k];
         skippy_plan *plan = &slot->plan;

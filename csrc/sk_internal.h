@@ -88,6 +88,7 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     /* cold prefix hold (sk_hold.c, §2.3a) */
     uint32_t held_steps;      /* plans it was held while waiting (since submit or preemption) */
     uint8_t lead;             /* SK_LEAD_*: held on while active (reset at admission) */
+    bool slo_relegated;       /* a prefill order put it behind for its deadline (§2.13, counted once) */
 } sk_seq;
 
 /* A leader's state under the cold prefix hold (sk_hold.c). */
@@ -169,6 +170,7 @@ struct skippy_scheduler {
     skippy_step_cost cost;                /* skippy_scheduler_set_step_cost */
     size_t interleaved;                   /* decode-only plans in a row while prefill waited */
     struct sk_prefill_key *prefill_keys;  /* the slack rule's prefill order (sk_prefill_order.c) */
+    uint32_t *prefill_edf;                /* of prefill_keys_cap: the deadline pass's order */
     size_t prefill_keys_cap;
     size_t prefill_keys_len;
     size_t leaders;                       /* leaders marked and not yet reported (sk_hold.c) */
@@ -384,9 +386,18 @@ size_t sk_slack_position_charge(size_t start, size_t count, double ratio, size_t
  * with an age bound and several candidates its shortest-first order (§2.13). reserve sizes the
  * scratch array for the active set (before planning; -1 on out of memory); next gives the next
  * sequence's slot, SK_NO_SLOT when none is left. */
+enum {
+    SK_PF_OVERDUE = 0,        /* submitted at least the age bound ago: walk order */
+    SK_PF_DEADLINE = 1,       /* a first-token deadline it can still meet: nearest first */
+    SK_PF_FREE = 2,           /* no first-token deadline: fewest tokens left first */
+    SK_PF_RELEGATED = 3,      /* a deadline it cannot meet in this order: fewest tokens left */
+    SK_PF_TAKEN = 4           /* given its row in this plan */
+};
 typedef struct sk_prefill_key {
     uint32_t slot;
-    size_t key;               /* 0 = overdue, else remaining prefill tokens; SIZE_MAX = taken */
+    uint8_t cls;              /* SK_PF_*: classes go in this order */
+    size_t left;              /* remaining prefill tokens (replay length - cursor) */
+    double deadline_us;       /* SK_PF_DEADLINE: its first-token deadline */
 } sk_prefill_key;
 typedef struct sk_prefill_walk {
     bool ordered;             /* the keys of s->prefill_keys, else walk order from `at` */

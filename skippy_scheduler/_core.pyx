@@ -553,7 +553,7 @@ cdef class Scheduler:
             m.rejected_overload, m.prefill_tokens, m.recompute_tokens, m.decode_tokens,
             m.prefix_hits, m.prefix_misses, m.active_sequences, m.waiting_sequences,
             m.discarded_rows, m.aborted_plans, m.restored_tokens, m.stale_refreshes,
-            m.preempted_priority)
+            m.preempted_priority, m.slo_relegated)
 
     @property
     def waiting_turn(self):

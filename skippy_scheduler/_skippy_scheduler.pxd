@@ -158,6 +158,7 @@ cdef extern from "skippy_scheduler.h" nogil:
         uint64_t restored_tokens
         uint64_t stale_refreshes
         uint64_t preempted_priority
+        uint64_t slo_relegated
 
     ctypedef struct skippy_iteration_telemetry:
         uint64_t iteration

@@ -432,6 +432,8 @@ class SchedulerMetrics:
         cost changed when re-read before a selection (§2.12).
     preempted_priority: of `preempted`, the preemptions made for priority (§2.8a); the others
         were made for memory pressure.
+    slo_relegated: sequences a slack-rule prefill order put behind the others because their
+        first-token deadline could no longer be met (§2.13), each counted once.
 
     With an attached prefix store, prefix_hits / prefix_misses count admissions with and without
     a restore instead of submits.
@@ -456,6 +458,7 @@ class SchedulerMetrics:
     restored_tokens: int = 0
     stale_refreshes: int = 0
     preempted_priority: int = 0
+    slo_relegated: int = 0
 
     def copy(self) -> "SchedulerMetrics":
         return _dc_replace(self)

@@ -25,7 +25,7 @@ class Flight:
     `tenant` is whose service it is."""
 
     __slots__ = ("epoch", "pending", "source", "request", "tenant", "priority_preempted_at",
-                 "last_token_us", "submitted_us", "planned", "held_steps", "lead")
+                 "last_token_us", "submitted_us", "planned", "held_steps", "lead", "slo_relegated")
 
     def __init__(self, epoch: int, tenant: Hashable = None, submitted_us: float = 0.0) -> None:
         self.epoch = epoch
@@ -45,6 +45,8 @@ class Flight:
         # Cold prefix hold (§2.3a, hold.py): plans it was held while waiting, its leader state.
         self.held_steps = 0
         self.lead = 0
+        # Put behind by the prefill order for its first-token deadline (§2.13), counted once.
+        self.slo_relegated = False
 
 
 class RowUndo:

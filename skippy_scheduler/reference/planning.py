@@ -22,6 +22,21 @@ MIXED_MIN_EXTRA_US = 8_000.0
 MIXED_MAX_EXTRA_US = 20_000.0
 
 
+# The classes of the slack rule's prefill order (§2.13; C: SK_PF_*), in the order they go.
+_OVERDUE, _DEADLINE, _FREE, _RELEGATED = 0, 1, 2, 3
+
+
+def _left(s: Sequence) -> int:
+    """Prefill tokens it still has to feed (replay length − cursor)."""
+    return s.recompute_token_count() - s.prefill_cursor
+
+
+def _deadline_us(s: Sequence) -> float:
+    """Its first-token deadline in µs, as the core holds it."""
+    assert s.ttft_deadline is not None
+    return s.ttft_deadline * 1e6
+
+
 def prefill_pending(s: Sequence) -> bool:
     return s.prefill_cursor < s.recompute_token_count()
 
@@ -35,7 +50,8 @@ class RowPlanner:
     last token or admission (the slack rule, §2.13), `in_flight(s)` (disjoint plans in
     flight, §2.11a) whether it has a row in a live plan, which leaves it out of this one; a
     plan then takes at most ceil(active / max_inflight_plans) decode rows (its share).
-    `submitted_us(s)` is the clock at its submit, its age in the slack rule's prefill order.
+    `submitted_us(s)` is the clock at its submit, its age in the slack rule's prefill order;
+    `on_relegate(s)` is told each time that order relegates a sequence for its deadline.
     """
 
     def __init__(self, config: SchedulerConfig, live_decode: Callable[[Sequence], bool],
@@ -43,9 +59,11 @@ class RowPlanner:
                  holder: Callable[[Sequence], Optional[int]],
                  last_token_us: Callable[[Sequence], float],
                  in_flight: Optional[Callable[[Sequence], bool]] = None,
-                 submitted_us: Optional[Callable[[Sequence], float]] = None) -> None:
+                 submitted_us: Optional[Callable[[Sequence], float]] = None,
+                 on_relegate: Optional[Callable[[Sequence], None]] = None) -> None:
         self._config = config
         self._submitted_us = submitted_us if submitted_us is not None else lambda s: 0.0
+        self._on_relegate = on_relegate if on_relegate is not None else lambda s: None
         # Whose slack counts (§2.13): the live decodes, but under disjoint plans (§2.11a) not
         # those in flight, which this plan cannot give a row; the share bounds rows only.
         self._slack_decode = live_decode
@@ -184,21 +202,63 @@ class RowPlanner:
 
     def _prefill_order(self, active: list[Sequence]) -> list[Sequence]:
         """The prefill-pending sequences in the order a prefill walk visits them (§2.13; C:
-        sk_prefill_order.c): walk order, but under the slack rule with an age bound > 0 first
-        those submitted at least that long ago (walk order), then the others by fewest prefill
-        tokens left (ties in walk order)."""
+        sk_prefill_order.c): walk order, but under the slack rule with an age bound > 0 in four
+        classes, ties in walk order: those submitted at least that long ago (walk order); those
+        with a first-token deadline still to meet that they can meet (nearest first); those
+        without one (fewest prefill tokens left first); those relegated because theirs cannot
+        be met in this order (fewest tokens left first)."""
         pending = [s for s in active if self._prefill_pending(s)]
         age_max_us = self._config.slack_prefill_age_max * 1e6
         if self._config.planning_rule is not PlanningRule.SLACK or not age_max_us > 0.0:
             return pending
         now = self.slack.now_us
-
-        def key(s: Sequence) -> int:
+        per_token = self.slack.cost.per_prefill_token_us
+        ahead = 0.0
+        classes: list[int] = []
+        for s in pending:
             if now - self._submitted_us(s) >= age_max_us:
-                return 0
-            return s.recompute_token_count() - s.prefill_cursor
+                classes.append(_OVERDUE)
+                ahead += per_token * float(_left(s))
+            elif s.ttft_deadline is not None and not s.generated_tokens:
+                classes.append(_DEADLINE)
+            else:
+                classes.append(_FREE)
+        if len(pending) > 1 and _DEADLINE in classes:  # one alone goes first anyway
+            self._relegate(pending, classes, ahead)
 
-        return sorted(pending, key=key)  # stable: ties keep walk order
+        def key(i: int) -> tuple[int, float]:
+            cls = classes[i]
+            if cls == _OVERDUE:
+                return (cls, 0.0)
+            if cls == _DEADLINE:
+                return (cls, _deadline_us(pending[i]))
+            return (cls, float(_left(pending[i])))
+
+        # stable: ties keep walk order
+        return [pending[i] for i in sorted(range(len(pending)), key=key)]
+
+    def _relegate(self, pending: list[Sequence], classes: list[int], ahead: float) -> None:
+        """Moore and Hodgson's rule over the deadline class (C: relegate): in deadline order
+        each one's prefill is predicted to end at now + base + per-token cost × (the overdue
+        ones' tokens, the kept ones' before it and its own); one that would end after its
+        deadline relegates the kept one with the most tokens left (the first of equals)."""
+        order = sorted((i for i, c in enumerate(classes) if c == _DEADLINE),
+                       key=lambda i: _deadline_us(pending[i]))
+        per_token = self.slack.cost.per_prefill_token_us
+        end = self.slack.now_us + self.slack.cost.base_us + ahead
+        for k, i in enumerate(order):
+            end += per_token * float(_left(pending[i]))
+            if not end > _deadline_us(pending[i]):
+                continue
+            longest: Optional[int] = None
+            for j in order[:k + 1]:
+                if classes[j] == _DEADLINE and (
+                        longest is None or _left(pending[j]) > _left(pending[longest])):
+                    longest = j
+            assert longest is not None  # i itself is still in the class
+            classes[longest] = _RELEGATED
+            end -= per_token * float(_left(pending[longest]))
+            self._on_relegate(pending[longest])
 
     def _fill_prefill(self, active: list[Sequence], budget: int, toll: int,
                       ratio: float = 0.0) -> list[IterationWork]:

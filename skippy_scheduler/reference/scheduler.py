@@ -90,9 +90,18 @@ class TwinScheduler:
         self._planner = RowPlanner(self._config, self._live_decode, self._take_new,
                                    self._link.holder, lambda s: self._flights[s.id].last_token_us,
                                    self._in_flight if self._disjoint else None,
-                                   submitted_us=lambda s: self._flights[s.id].submitted_us)
+                                   submitted_us=lambda s: self._flights[s.id].submitted_us,
+                                   on_relegate=self._relegated)
 
     # -- the slack rule's inputs (§2.13) ----------------------------------------------------------
+
+    def _relegated(self, s: Sequence) -> None:
+        """The prefill order put it behind for its first-token deadline (§2.13): counted once
+        per submit (C: sk_seq.slo_relegated)."""
+        fl = self._flights[s.id]
+        if not fl.slo_relegated:
+            fl.slo_relegated = True
+            self._metrics.slo_relegated = sat(self._metrics.slo_relegated + 1)
 
     def set_clock(self, now: float) -> None:
         """The time now (seconds, any monotonic origin): read by the next plan, and stamped on

@@ -65,7 +65,7 @@ submit = st.tuples(st.just("submit"), st.integers(0, len(IDS) - 1),
                    st.integers(1, 40),  # prompt length
                    st.integers(1, 6),  # max tokens
                    st.none() | st.sampled_from([0.002, 0.02, 0.5]),  # its own itl target
-                   st.none() | st.sampled_from([0.1, 3.0]))  # its ttft deadline
+                   st.none() | st.sampled_from([0.001, 0.01, 0.1, 3.0]))  # its ttft deadline
 step = st.tuples(st.just("step"), st.sampled_from([0.0, 0.0005, 0.003, 0.02, 0.2]),
                  st.integers(0, 9))
 ops = st.lists(st.one_of(submit, step, step, step, step,
@@ -117,6 +117,8 @@ def run(pair, op):
             pair.both(lambda s, _: s.set_clock(pair.now))
             pair.finish_oldest(token)
     pair.check()
+    if pair.scheds[0].metrics().slo_relegated:
+        event("a deadline relegated")
 
 
 @_settings(250)
