@@ -23,7 +23,7 @@ from .vocabulary import unrecognized
 # Module names; a module registers its subcommand under its own name (write_tiny_model:
 # write-tiny-model).
 SUBCOMMANDS: tuple[str, ...] = ("lab", "run", "serve", "calibrate", "bench", "config", "split",
-                                 "stage", "write_tiny_model")
+                                 "stage", "write_tiny_model", "export_hf_tokenizer", "dynamo_worker")
 
 __all__ = ["CommandError", "Interrupted", "build_parser", "main"]
 

@@ -1,0 +1,152 @@
+"""`skippy-scheduler dynamo-worker`: serve a GGUF as an NVIDIA Dynamo backend.
+
+The engine runs in this process (skippy_scheduler/dynamo/worker.py): Dynamo's frontend
+(`python -m dynamo.frontend`) finds it through Dynamo's discovery, sends it token-id requests
+and routes on its KV events. Without `--model-path` the Hugging Face folder Dynamo's frontend
+tokenizes with is exported from the GGUF into a temporary directory first, and the worker
+refuses to start when that tokenizer differs from llama.cpp's (export-hf-tokenizer). Needs the
+`serve`, `llama` and `dynamo` extras (docs/fleet.md, "Dynamo", for the install).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import tempfile
+from typing import Any
+
+from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, check_model,
+                      import_llama_host, non_negative_int, positive_int)
+from .offload import offload_spec
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "dynamo-worker", help="serve a llama.cpp model as an NVIDIA Dynamo backend",
+        usage="%(prog)s [-m GGUF] [--model-path DIR] [--served-model-name NAME] [OPTIONS]",
+        description="Run the scheduler and llama.cpp in this process as a Dynamo worker: it "
+                    "registers the model with Dynamo's discovery (file-based by default: no "
+                    "etcd or NATS), takes token-id requests from Dynamo's frontend, streams "
+                    "token ids back, publishes the prefix store's KV events for Dynamo's KV "
+                    "router and reports its load. Start `python -m dynamo.frontend "
+                    "--discovery-backend file` beside it (docs/fleet.md).")
+    add_model_options(p)
+    p.add_argument("--model-path", metavar="DIR", default=None,
+                   help="the Hugging Face folder Dynamo's frontend tokenizes with (default: "
+                        "exported from the GGUF into a temporary directory and checked against "
+                        "llama.cpp's tokenizer, as export-hf-tokenizer does)")
+    p.add_argument("--served-model-name", metavar="NAME", default=None,
+                   help="the model name clients give (default: the GGUF file's stem)")
+    g = p.add_argument_group("dynamo")
+    g.add_argument("--namespace", default=os.environ.get("DYN_NAMESPACE", "dynamo"),
+                   help="Dynamo namespace (default: $DYN_NAMESPACE or dynamo)")
+    g.add_argument("--component", default="backend", help="component name (default: backend)")
+    g.add_argument("--endpoint", default="generate", help="endpoint name (default: generate)")
+    g.add_argument("--discovery-backend", choices=("file", "etcd", "kubernetes", "mem"),
+                   default=os.environ.get("DYN_DISCOVERY_BACKEND", "file"),
+                   help="Dynamo discovery; file keeps it in $DYN_FILE_KV (default: "
+                        "$DYN_DISCOVERY_BACKEND or file)")
+    g.add_argument("--request-plane", choices=("tcp", "nats"),
+                   default=os.environ.get("DYN_REQUEST_PLANE", "tcp"),
+                   help="(default: $DYN_REQUEST_PLANE or tcp)")
+    g.add_argument("--event-plane", choices=("zmq", "nats"),
+                   default=os.environ.get("DYN_EVENT_PLANE", "zmq"),
+                   help="where KV events and load go (default: $DYN_EVENT_PLANE or zmq)")
+    g.add_argument("--no-add-bos", action="store_true",
+                   help="pass Dynamo's token ids as they come (default: put the model's BOS in "
+                        "front of a prompt that lacks it when the model adds one, as serve's "
+                        "tokenizer does)")
+    e = p.add_argument_group("engine")
+    e.add_argument("--max-active", type=positive_int, default=8, metavar="N",
+                   help="requests running at once (lanes; default: 8)")
+    e.add_argument("--max-waiting", type=positive_int, default=256, metavar="N",
+                   help="requests waiting beyond the lanes (default: 256)")
+    e.add_argument("-c", "--ctx-size", type=positive_int, default=None, metavar="N",
+                   help="KV cells the lanes share (default: the model's training context, at "
+                        "least 4096, capped by what fits)")
+    e.add_argument("--prefix-cache-tokens", type=non_negative_int, default=None, metavar="N",
+                   help="tokens the prefix store keeps for reuse (default: sized from the KV "
+                        "cache, as serve's)")
+    e.add_argument("--kv-block-size", type=positive_int, default=16, metavar="N",
+                   help="tokens per KV event block, registered with Dynamo as the KV block "
+                        "size (default: 16)")
+    e.add_argument("--kv-events-endpoint", metavar="ADDR", default=None,
+                   help="the ZeroMQ PUB address the KV events go out on, which Dynamo's relay "
+                        "subscribes to (default: a free loopback TCP port)")
+    p.set_defaults(func=run, own_signals=True)
+
+
+def _free_endpoint() -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _import_dynamo() -> Any:
+    try:
+        from ..dynamo import worker
+    except ImportError as exc:
+        raise CommandError(f"Dynamo is not available ({exc}); install it as docs/fleet.md "
+                           "says (ai-dynamo and ai-dynamo-runtime 1.6.1, then "
+                           "pip install '.[dynamo,serve,llama]')") from None
+    return worker
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.max_active * 2 > LLAMA_MAX_SEQUENCES:
+        raise CommandError(f"--max-active must be <= {LLAMA_MAX_SEQUENCES // 2}")
+    if args.ctx_size is not None and args.ctx_size // args.max_active < 256:
+        raise CommandError(f"--ctx-size {args.ctx_size} over --max-active {args.max_active} "
+                           "lanes leaves a lane fewer than 256 tokens")
+    if args.prefix_cache_tokens == 0:
+        raise CommandError("--prefix-cache-tokens 0 turns off the prefix store, whose KV "
+                           "events Dynamo's KV router reads; give a size, or leave it out")
+    check_model(args)
+    import_llama_host()
+    worker = _import_dynamo()
+    from ..serve.server import ServeSettings
+
+    tmp = tempfile.TemporaryDirectory(prefix="skippy-dynamo-")
+    try:
+        model = args.model
+        if model is None:
+            from ..hosts.tiny_model import write_tiny_llama
+
+            model = write_tiny_llama(os.path.join(tmp.name, "tiny-random-llama.gguf"),
+                                     seed=args.seed)
+        name = args.served_model_name or os.path.splitext(os.path.basename(model))[0]
+        folder = args.model_path
+        if folder is None:
+            from ..dynamo.hf_export import ExportMismatch, UnsupportedTokenizer, export_folder
+
+            folder = os.path.join(tmp.name, "hf")
+            try:
+                exported = export_folder(model, folder)
+            except (ExportMismatch, UnsupportedTokenizer) as exc:
+                raise CommandError(f"{exc}; give a Hugging Face folder with --model-path"
+                                   ) from None
+            print(f"skippy-scheduler dynamo-worker: tokenizer folder {folder} "
+                  f"({exported.check.line()})", file=sys.stderr, flush=True)
+        elif not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+            raise CommandError(f"--model-path: {folder} has no tokenizer.json")
+        endpoint = args.kv_events_endpoint or _free_endpoint()
+        serve_settings = ServeSettings(
+            model=model, model_name=name, seed=args.seed, max_active=args.max_active,
+            max_waiting=args.max_waiting, ctx_size=args.ctx_size, threads=args.threads,
+            kv_type=args.kv_type, flash_attn=args.flash_attn, offload=offload_spec(args),
+            prefix_cache_tokens=args.prefix_cache_tokens, kv_events_endpoint=endpoint,
+            kv_block_size=args.kv_block_size, log_level="warning")
+        settings = worker.WorkerSettings(
+            hf_folder=folder, served_model_name=name, namespace=args.namespace,
+            component=args.component, endpoint=args.endpoint,
+            discovery_backend=args.discovery_backend, request_plane=args.request_plane,
+            event_plane=args.event_plane, add_bos=not args.no_add_bos)
+        print(f"skippy-scheduler dynamo-worker: {name} as {args.namespace}.{args.component}."
+              f"{args.endpoint} ({args.discovery_backend} discovery, {args.request_plane} "
+              f"requests, KV events on {endpoint}); Ctrl-C stops",
+              file=sys.stderr, flush=True)
+        worker.run_worker(serve_settings, settings)
+    finally:
+        tmp.cleanup()
+    return 0
