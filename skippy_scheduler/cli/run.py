@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
             from .stage import run_staged
 
             requests, report, settings, summary = run_staged(args, prompts, n_seq,
-                                                             n_batch or CPU_BATCH, n_ctx, lane)
+                                                             n_batch or CPU_BATCH, lane)
         else:
             fit = resolve_for(args, model, n_ctx=n_ctx, lanes=n_seq,
                               holders=holders if args.prefix_cache_tokens else 0,

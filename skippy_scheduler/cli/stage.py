@@ -117,8 +117,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_staged(args: argparse.Namespace, prompts: list[Any], n_seq: int, n_batch: int,
-               n_ctx: int, lane: int) -> Any:
-    """`run --stages DIR` / `run --stage-addresses ...`: the same run on stage workers.
+               lane: int) -> Any:
+    """`run --stages DIR` / `run --stage-addresses ...`: the same run on stage workers, on the
+    stage host `serve` opens too (hosts/stages/opening.py: every stage context holds the
+    lanes' `n_seq` x `lane` cells plus the prefix holders' cells).
 
     Local workers are started (and stopped) here; the model given with --model, if any, must be
     the one the stages were cut from.
@@ -127,42 +129,30 @@ def run_staged(args: argparse.Namespace, prompts: list[Any], n_seq: int, n_batch
 
     if args.stages and args.stage_addresses:
         raise CommandError("give --stages or --stage-addresses, not both")
+    if not args.stages and not args.model:
+        raise CommandError("--stage-addresses needs --model: the model the stages were cut "
+                           "from (its vocabulary tokenizes the prompts)")
     require_stage_packages("run --stages")
-    from ..hosts.stages.host import StageFailure, StageHost
-    from ..hosts.stages.local import LocalStages
-    from ..hosts.stages.holders import StageCapacityError, check_stage_capacities
-    from ..hosts.stages.split import SplitError, file_identity, stage_paths
+    from ..hosts.stages.host import StageFailure
+    from ..hosts.stages.holders import StageCapacityError
+    from ..hosts.stages.opening import open_stage_host
+    from ..hosts.stages.split import SplitError, stage_paths
 
-    from ._common import DEFAULT_THREADS, stage_worker_args
+    from ._common import stage_worker_args
 
-    host_args = dict(n_ctx=n_ctx, n_seq_max=n_seq, n_batch=n_batch,
-                     n_threads=args.threads or DEFAULT_THREADS,
-                     kv_type=args.kv_type or "f32", flash_attn=args.flash_attn == "on",
-                     prefix_cache_tokens=args.prefix_cache_tokens,
-                     prefix_holders=args.prefix_holders, pipeline_depth=args.inflight,
-                     stage_prefix_cache_tokens=args.stage_prefix_cache_tokens or None,
-                     # A stage keeping fewer prefixes gets only the cells its capacity needs
-                     # (stage contexts hold every lane and holder in one cache).
-                     stage_n_ctx=[n_seq * lane + -(-c // 256) * 256
-                                  for c in args.stage_prefix_cache_tokens] or None)
+    addresses = [a.strip() for a in (args.stage_addresses or "").split(",") if a.strip()]
     try:
-        if args.stages:
-            # Refused before a worker starts: one capacity per stage file.
-            check_stage_capacities(args.stage_prefix_cache_tokens or None,
-                                   args.prefix_cache_tokens, len(stage_paths(args.stages)))
-            with LocalStages(args.stages, n_threads=args.threads, source_model=args.model,
-                             stage_args=stage_worker_args(
-                                 args, len(stage_paths(args.stages)))) as local:
-                with local.host(**host_args) as host:
-                    return _with_failure(host, serve_prompts(args, host, prompts, n_seq,
-                                                             n_batch, lane))
-        if not args.model:
-            raise CommandError("--stage-addresses needs --model: the model the stages were cut "
-                               "from (its vocabulary tokenizes the prompts)")
-        addresses = [a.strip() for a in args.stage_addresses.split(",") if a.strip()]
-        source = file_identity(args.model) if args.model else None
-        with StageHost(addresses, source_id=source, vocab_model=args.model,
-                       **host_args) as host:
+        stage_args = (stage_worker_args(args, len(stage_paths(args.stages)))
+                      if args.stages else ())
+        host = open_stage_host(
+            stages=args.stages, stage_addresses=addresses, model=args.model,
+            ctx_size=n_seq * lane, n_seq_max=n_seq, n_batch=n_batch,
+            n_threads=args.threads, kv_type=args.kv_type or "f32",
+            flash_attn=args.flash_attn == "on", prefix_cache_tokens=args.prefix_cache_tokens,
+            prefix_holders=args.prefix_holders, pipeline_depth=args.inflight,
+            stage_prefix_cache_tokens=args.stage_prefix_cache_tokens or (),
+            stage_args=stage_args)
+        with host:
             return _with_failure(host, serve_prompts(args, host, prompts, n_seq, n_batch,
                                                      lane))
     except (SplitError, StageFailure) as exc:
