@@ -20,10 +20,13 @@ a fresh process per load, so no load inherits another's prefix cache:
   compared with the other's: the run fails (exit 1) unless they are equal request for request;
 - **the open-loop trace replay** of `trace_load.py` (with `--trace`): a slice of the Mooncake
   conversation trace at `--time-scale`, its SLO (`--ttft-slo-s`, `--itl-slo-s`, max gap).
+  With `--slo-ttft-ms` / `--slo-itl-ms` the SLO is also told to this server (its `serve`
+  flags of the same names; llama-server runs as it is), and the replay measures against it.
 
 Printed at the end (and written with `--markdown` / appended as JSON lines to `--json`): per
 load, the median over the rounds of each server's output tokens/s, p99 TTFT, p99 inter-token
-gap (and for the trace: SLO attainment, goodput, max gap), and ours ÷ llama-server's. A
+gap (and for the trace: SLO attainment, goodput, the misses by reason, max gap), and ours ÷
+llama-server's. A
 warning says when llama-server met the trace's SLO for a third of its requests or more: the
 load is then lighter than the comparison names: lower `--time-scale` (the arrival gaps'
 factor) and run again.
@@ -53,18 +56,44 @@ CLOSED = (("output_tokens_per_s", "tok/s", True), ("ttft_p99_s", "p99 TTFT s", F
           ("itl_p99_s", "p99 gap s", False))
 OPEN = (("slo_attainment_pct", "SLO %", True), ("slo_also_pct", "SLO % at --also-ttft-slo-s", True),
         ("goodput_rps", "goodput req/s", True),
+        ("slo_missed_ttft", "missed: TTFT only", False),
+        ("slo_missed_gaps", "missed: gaps only", False),
+        ("slo_missed_both", "missed: both", False),
+        ("slo_missed_unserved", "missed: unserved", False),
         ("itl_max_s", "max gap s", False), ("ttft_p99_s", "p99 TTFT s", False),
         ("output_tokens_per_s", "tok/s", True))
 
 
 def ours_cmd(args: argparse.Namespace) -> list[str]:
-    """This server with no tuning flags: what both servers share, and nothing else (unless
-    --ours-args gives some, to compare a setting against the defaults)."""
+    """This server with no tuning flags: what both servers share, and nothing else but the SLO
+    it is told (--slo-ttft-ms, --slo-itl-ms; the load's objective, not a tuning) unless
+    --ours-args gives some, to compare a setting against the defaults."""
     return [sys.executable, "-m", "skippy_scheduler.cli", "serve", "--model",
             os.path.abspath(args.model), "--host", "127.0.0.1", "--threads", str(args.threads),
             "--max-active", str(args.lanes), "--ctx-size", str(args.ctx_size),
             "--served-model-name", "bench", "--log-level", "warning",
-            *shlex.split(getattr(args, "ours_args", "") or "")]
+            *told_slo(args), *shlex.split(getattr(args, "ours_args", "") or "")]
+
+
+def told_slo(args: argparse.Namespace) -> list[str]:
+    """The SLO this server is told (`--slo-ttft-ms`, `--slo-itl-ms` of the rounds); none
+    without them."""
+    out = []
+    for flag in ("slo_ttft_ms", "slo_itl_ms"):
+        value = getattr(args, flag, None)
+        if value is not None:
+            out += ["--" + flag.replace("_", "-"), f"{value:g}"]
+    return out
+
+
+def _positive_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of ms, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number of ms > 0, got {text}")
+    return value
 
 
 def theirs_cmd(args: argparse.Namespace, path: str) -> list[str]:
@@ -216,8 +245,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     t.add_argument("--time-scale", type=float, default=1.0,
                    help="arrival gaps x this (default: 1: the 200 rows from 0 s span 72 s and "
                         "offer about 920 prompt tokens/s)")
-    t.add_argument("--ttft-slo-s", type=float, default=2.0)
-    t.add_argument("--itl-slo-s", type=float, default=0.2)
+    t.add_argument("--ttft-slo-s", type=float, default=2.0,
+                   help="the SLO's first-token bound, measured only (default: 2)")
+    t.add_argument("--itl-slo-s", type=float, default=0.2,
+                   help="the SLO's bound on every gap, measured only (default: 0.2)")
+    t.add_argument("--slo-ttft-ms", type=_positive_ms, default=None, metavar="MS",
+                   help="the SLO's first-token bound, measured and told to this server "
+                        "(`serve --slo-ttft-ms`); llama-server runs as it is; replaces "
+                        "--ttft-slo-s (default: not told)")
+    t.add_argument("--slo-itl-ms", type=_positive_ms, default=None, metavar="MS",
+                   help="the SLO's bound on every gap, measured and told to this server "
+                        "(`serve --slo-itl-ms`); replaces --itl-slo-s (default: not told)")
     t.add_argument("--no-byte-tokens", action="store_true",
                    help="the replay's requests carry a logit bias of -100 on the model's byte "
                         "tokens, for both servers (BENCHMARKS.md: a byte that starts a UTF-8 "
@@ -237,6 +275,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--json", help="append every result and the medians as JSON lines here")
     ap.add_argument("--markdown", help="write the table of medians here")
     args = ap.parse_args(argv)
+    if args.slo_ttft_ms is not None:
+        args.ttft_slo_s = args.slo_ttft_ms / 1e3
+    if args.slo_itl_ms is not None:
+        args.itl_slo_s = args.slo_itl_ms / 1e3
+    if (args.slo_ttft_ms is not None or args.slo_itl_ms is not None) and not args.trace:
+        ap.error("--slo-ttft-ms and --slo-itl-ms need --trace")
     if args.rounds < 1 or args.requests < 1 or min(args.concurrency) < 1:
         ap.error("--rounds, --requests and every --concurrency must be >= 1")
     theirs = find_llama_server(args.llama_server)

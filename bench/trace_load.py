@@ -21,9 +21,12 @@ sees the same token ids. Requests stream, greedy, with `ignore_eos` (a server wi
 `--extra '{"logit_bias": {"2": -100}}'`).
 
 Reported (one JSON object, appended to `--json`): the SLO (a request meets it when its TTFT is
-at most `--ttft-slo-s` and its `--itl-stat` inter-token gap at most `--itl-slo-s`), requests
-within it (attainment % of those sent), goodput (requests and output tokens per second of
-requests within it), p50/p99 TTFT and inter-token gap, max gap, stalls (gaps above the ITL
+at most `--ttft-slo-s` and its `--itl-stat` inter-token gap at most `--itl-slo-s`; in ms, as
+`serve` is told it, `--slo-ttft-ms` and `--slo-itl-ms`), requests within it (attainment % of
+those sent), goodput (requests and output tokens per second of the replay's wall time, of
+requests within it), the misses by reason (`slo_missed_ttft`: only the first token late,
+`slo_missed_gaps`: only a gap over, `slo_missed_both`, `slo_missed_unserved`: failed, a 503
+of a server that sheds included, or cut off), p50/p99 TTFT and inter-token gap, max gap, stalls (gaps above the ITL
 target) per request, output tokens/s, offered vs achieved load, and how late the client sent
 (a generator that cannot keep up shows here, not in the server's figures). `serve_load.py`
 defines the measures of one request (`skippy_bench.loads.one` sends each request here; the

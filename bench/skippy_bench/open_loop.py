@@ -124,6 +124,21 @@ def meets_slo(r: Optional[Result], args: argparse.Namespace) -> bool:
             and itl_value(r.gaps, args.itl_stat) <= args.itl_slo_s)
 
 
+MISS_REASONS = ("ttft", "gaps", "both", "unserved")
+
+
+def slo_miss(o: Outcome, args: argparse.Namespace) -> Optional[str]:
+    """Why a request sent is outside the SLO (None: within): "ttft" (only its first token was
+    late), "gaps" (only its `--itl-stat` gap was over), "both", or "unserved" (it failed, a
+    503 included, or was cut off)."""
+    r = o.result
+    if r is None or r.end <= 0 or not r.ok:
+        return "unserved"
+    late = r.first - r.sent > args.ttft_slo_s
+    gappy = itl_value(r.gaps, args.itl_stat) > args.itl_slo_s
+    return "both" if late and gappy else "ttft" if late else "gaps" if gappy else None
+
+
 def _request_args(max_tokens: int, args: argparse.Namespace) -> argparse.Namespace:
     return request_args(max_tokens, args.model, args.token_ids, args.extra)
 
@@ -193,6 +208,7 @@ def report(plan: list[Planned], outcomes: list[Outcome], wall: float,
     for p in plan:
         arrivals[p.at_s] = arrivals.get(p.at_s, 0) + 1
     n = len(sent)
+    misses = [slo_miss(o, args) for o in sent]
 
     def rate(x: float, t: float) -> Optional[float]:
         return x / t if t > 0 else None
@@ -213,6 +229,9 @@ def report(plan: list[Planned], outcomes: list[Outcome], wall: float,
         "max_burst": max(arrivals.values()),
         "slo_met": len(within), "slo_attainment_pct": 100 * len(within) / n if n else 0.0,
         "goodput_rps": rate(len(within), wall),
+        # Misses by reason (ttft, gaps, both, unserved; `slo_miss`): with slo_met, every request
+        # sent.
+        **{f"slo_missed_{why}": misses.count(why) for why in MISS_REASONS},
         "goodput_tokens_per_s": rate(sum(r.tokens for r in within), wall),
         "offered_rps": rate(len(plan), span),
         "offered_output_tokens_per_s": rate(sum(p.max_tokens for p in plan), span),
@@ -243,7 +262,8 @@ def request_rows(outcomes: list[Outcome], args: argparse.Namespace) -> list[dict
             "shared_tokens": p.shared_tokens, "max_tokens": p.max_tokens,
             "state": ("not sent" if o.lag_s < 0 else "cut off" if not ended
                       else "completed" if r is not None and r.ok else "failed"),
-            "lag_s": max(o.lag_s, 0.0), "within_slo": meets_slo(r, args) if ended else False}
+            "lag_s": max(o.lag_s, 0.0), "within_slo": meets_slo(r, args) if ended else False,
+            "slo_miss": slo_miss(o, args) if o.lag_s >= 0 else "unserved"}
         if r is not None and ended:
             row.update(status=r.status, error=r.error, tokens=r.tokens,
                        ttft_s=r.first - r.sent if r.ok else None, e2e_s=r.end - r.sent,
@@ -276,8 +296,17 @@ def build_parser(description: Optional[str] = None) -> argparse.ArgumentParser:
     ap.add_argument("--max-output", type=int, default=128)
     ap.add_argument("--block-tokens", type=int, default=None,
                     help="words per trace block (default: 512 x input scale)")
-    ap.add_argument("--ttft-slo-s", type=float, default=2.0)
-    ap.add_argument("--itl-slo-s", type=float, default=0.2)
+    ap.add_argument("--ttft-slo-s", type=float, default=2.0,
+                    help="the SLO's first-token bound, seconds (default: 2)")
+    ap.add_argument("--itl-slo-s", type=float, default=0.2,
+                    help="the SLO's bound on the --itl-stat gap, seconds (default: 0.2)")
+    ap.add_argument("--slo-ttft-ms", dest="ttft_slo_s", type=_ms_as_s,
+                    default=argparse.SUPPRESS, metavar="MS",
+                    help="--ttft-slo-s in ms, spelled as `serve --slo-ttft-ms` (the server is "
+                         "told the SLO by its own flags; this only measures)")
+    ap.add_argument("--slo-itl-ms", dest="itl_slo_s", type=_ms_as_s,
+                    default=argparse.SUPPRESS, metavar="MS",
+                    help="--itl-slo-s in ms, spelled as `serve --slo-itl-ms`")
     ap.add_argument("--itl-stat", choices=ITL_STATS, default="max",
                     help="which of a request's gaps must stay under --itl-slo-s")
     ap.add_argument("--seed", type=int, default=0, help="of the words standing for blocks")
@@ -297,6 +326,17 @@ def build_parser(description: Optional[str] = None) -> argparse.ArgumentParser:
     ap.add_argument("--requests-out", metavar="FILE",
                     help="write one JSON line per request (times, tokens, stalls) to this file")
     return ap
+
+
+def _ms_as_s(text: str) -> float:
+    """A finite number of ms > 0, in seconds."""
+    try:
+        ms = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of ms, got {text!r}") from None
+    if not (math.isfinite(ms) and ms > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number of ms > 0, got {text}")
+    return ms / 1e3
 
 
 def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -95,6 +95,39 @@ def test_trace_rounds_report_a_second_ttft_bound_from_the_same_replay(tmp_path):
     assert medians["slo_also_pct"][serve_rounds.OURS] == 100.0
 
 
+def test_this_server_is_told_the_slo_and_llama_server_is_not():
+    args = argparse.Namespace(model="m.gguf", threads=2, lanes=16, ctx_size=16384,
+                              slo_ttft_ms=3000.0, slo_itl_ms=500.0)
+    cmd = serve_rounds.ours_cmd(args)
+    assert cmd[-4:] == ["--slo-ttft-ms", "3000", "--slo-itl-ms", "500"]
+    assert not set(cmd) & set(TUNING)
+    assert not any("slo" in a for a in serve_rounds.theirs_cmd(args, "llama-server"))
+    args.slo_itl_ms = None
+    assert serve_rounds.ours_cmd(args)[-2:] == ["--slo-ttft-ms", "3000"]
+
+
+def test_trace_rounds_tell_the_slo_and_count_misses_by_reason(tmp_path, capsys):
+    model = write_tiny_llama(tmp_path / "tiny.gguf", seed=5)
+    trace = mooncake_file(tmp_path, [(t, [t, (t + 1, 128)], 24) for t in (0, 0, 50)])
+    out = tmp_path / "rounds.jsonl"
+    assert serve_rounds.main([
+        "--model", str(model), "--servers", "ours", "--rounds", "1", "--only-trace",
+        "--trace", trace, "--max-requests", "3", "--slo-ttft-ms", "600000",
+        "--slo-itl-ms", "600000", "--lanes", "2", "--ctx-size", "1024", "--threads", "1",
+        "--json", str(out)]) == 0
+    assert "--slo-ttft-ms 600000 --slo-itl-ms 600000" in capsys.readouterr().err
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    run = next(r for r in rows if r["label"] == serve_rounds.OURS)
+    assert (run["ttft_slo_s"], run["itl_slo_s"]) == (600, 600)
+    assert run["slo_attainment_pct"] == 100.0
+    assert [run[f"slo_missed_{why}"] for why in ("ttft", "gaps", "both", "unserved")] == [0] * 4
+    medians = next(r for r in rows if r["label"] == "medians")
+    assert medians["slo_missed_ttft"][serve_rounds.OURS] == 0
+    with pytest.raises(SystemExit) as exc:
+        serve_rounds.main(["--model", "x.gguf", "--slo-ttft-ms", "3000"])
+    assert exc.value.code == 2
+
+
 def test_a_bad_second_ttft_bound_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         serve_rounds.main(["--model", "x.gguf", "--trace", "t.jsonl", "--also-ttft-slo-s", "0"])

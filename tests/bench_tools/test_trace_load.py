@@ -7,7 +7,7 @@ import json
 
 import pytest
 import trace_load
-from skippy_bench import open_loop
+from skippy_bench import loads, open_loop
 
 # (timestamp ms, input tokens, output tokens, hash_ids): 512-token blocks, ids are prefix hashes.
 ROWS = [
@@ -126,3 +126,33 @@ def test_replay_against_the_server(trace_file, server, tmp_path):
     one_chunk = sum(not o.result.gaps for o in outcomes)
     assert strict["slo_met"] == one_chunk < len(ROWS)
     assert strict["requests_with_stalls"] == len(ROWS) - one_chunk
+    # Every miss is the gaps' alone.
+    assert (strict["slo_missed_gaps"], strict["slo_missed_ttft"], strict["slo_missed_both"],
+            strict["slo_missed_unserved"]) == (len(ROWS) - one_chunk, 0, 0, 0)
+    assert doc["slo_missed_gaps"] == doc["slo_missed_ttft"] == doc["slo_missed_both"] == 0
+    assert all(r["slo_miss"] is None for r in rows)
+
+
+def test_slo_in_ms_and_misses_by_reason(trace_file):
+    args = _args(trace_file, "--slo-ttft-ms", "3000", "--slo-itl-ms", "500")
+    assert (args.ttft_slo_s, args.itl_slo_s) == (3.0, 0.5)
+    assert _args(trace_file).ttft_slo_s == 2.0  # the default stays
+    for bad in (["--slo-ttft-ms", "0"], ["--slo-itl-ms", "nan"], ["--slo-itl-ms", "x"]):
+        with pytest.raises(SystemExit):
+            _args(trace_file, *bad)
+    plan = open_loop.plan_requests(args)
+
+    def outcome(first, gaps, ok=True, end=10.0, sent=True):
+        o = open_loop.Outcome(plan[0], lag_s=0.0 if sent else -1.0)
+        o.result = loads.Result(ok=ok, status=200 if ok else 503, sent=1.0, first=1.0 + first,
+                                end=end, gaps=list(gaps))
+        return o
+
+    cases = [(outcome(1.0, [0.1, 0.4]), None), (outcome(3.5, [0.1]), "ttft"),
+             (outcome(0.5, [0.1, 0.6]), "gaps"), (outcome(4.0, [0.7]), "both"),
+             (outcome(0.5, [], ok=False), "unserved"), (outcome(0.5, [], end=0.0), "unserved")]
+    assert [open_loop.slo_miss(o, args) for o, _ in cases] == [why for _, why in cases]
+    doc = open_loop.report(plan, [o for o, _ in cases], 2.0, args)
+    assert (doc["slo_met"], doc["slo_missed_ttft"], doc["slo_missed_gaps"],
+            doc["slo_missed_both"], doc["slo_missed_unserved"]) == (1, 1, 1, 1, 2)
+    assert doc["goodput_rps"] == 0.5 and doc["slo_attainment_pct"] == pytest.approx(100 / 6)
