@@ -170,6 +170,7 @@ def test_without_the_flags_nothing_changes_and_only_own_budgets_count(server, cl
                      "missed.itl": 0, "missed.both": 0, "shed": 0}
     assert server.scheduler.config.itl_target == 0.15  # the 150 ms default
     assert not server.context.slo.shedding
+    assert metrics(server.url)["skippy:slo_relegated_total"] == 0  # no deadline was missed
 
 
 # -- shedding ---------------------------------------------------------------------------------
