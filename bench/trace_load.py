@@ -26,8 +26,9 @@ at most `--ttft-slo-s` and its `--itl-stat` inter-token gap at most `--itl-slo-s
 those sent), goodput (requests and output tokens per second of the replay's wall time, of
 requests within it), the misses by reason (`slo_missed_ttft`: only the first token late,
 `slo_missed_gaps`: only a gap over, `slo_missed_both`, `slo_missed_unserved`: failed, a 503
-of a server that sheds included, or cut off), p50/p99 TTFT and inter-token gap, max gap, stalls (gaps above the ITL
-target) per request, output tokens/s, offered vs achieved load, and how late the client sent
+of a server that sheds included, or cut off), the requests refused with a 503
+(`refused_503`), p50/p99 TTFT and inter-token gap, max gap, stalls (gaps above the ITL target)
+per request, output tokens/s, offered vs achieved load, and how late the client sent
 (a generator that cannot keep up shows here, not in the server's figures). `serve_load.py`
 defines the measures of one request (`skippy_bench.loads.one` sends each request here; the
 replay itself is `skippy_bench.open_loop`).

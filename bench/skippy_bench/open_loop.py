@@ -163,7 +163,10 @@ async def replay(plan: list[Planned], args: argparse.Namespace) -> tuple[list[Ou
 
         async def send(o: Outcome) -> None:
             o.result = Result(sent=time.perf_counter())  # what stays if it is cut off
-            o.result = await one(c, o.planned.prompt, _request_args(o.planned.max_tokens, args))
+            r = o.result = await one(c, o.planned.prompt,
+                                     _request_args(o.planned.max_tokens, args))
+            if r.end <= 0 and r.status:  # answered with an error (a shedding server's 503):
+                r.end = time.perf_counter()  # it ended, failed, rather than being cut off
 
         t0 = time.perf_counter()
         deadline = t0 + args.run_timeout
@@ -222,6 +225,7 @@ def report(plan: list[Planned], outcomes: list[Outcome], wall: float,
         "ttft_slo_s": args.ttft_slo_s, "itl_slo_s": args.itl_slo_s, "itl_stat": args.itl_stat,
         "requests": len(plan), "sent": n, "completed": len(good),
         "failed": len(ended) - len(good), "cut_off": n - len(ended),
+        "refused_503": sum(r.status == 503 for r in ended),  # overload, or a server shedding
         "errors": errors(ended),
         "prompt_tokens_mean": sum(p.prompt_tokens for p in plan) / len(plan),
         "prefix_shared_pct": 100 * sum(p.shared_tokens for p in plan)
