@@ -156,3 +156,26 @@ def test_slo_in_ms_and_misses_by_reason(trace_file):
     assert (doc["slo_met"], doc["slo_missed_ttft"], doc["slo_missed_gaps"],
             doc["slo_missed_both"], doc["slo_missed_unserved"]) == (1, 1, 1, 1, 2)
     assert doc["goodput_rps"] == 0.5 and doc["slo_attainment_pct"] == pytest.approx(100 / 6)
+
+
+def test_a_shedding_server_s_503s_are_failures_not_cut_offs(trace_file, model_path):
+    """Every request shed (a forced cost no budget meets): each ends with a 503, counted as
+    failed, refused and unserved."""
+    from serve_support import start_server
+
+    from skippy_scheduler.slack import StepCost
+
+    srv = start_server(model_path, slo_ttft_ms=1.0, slo_shed=True)
+    try:
+        srv.context.slo.cost = lambda: StepCost(base_us=1e6, per_prefill_token_us=1e6)
+        args = _args(trace_file, "--time-scale", "0.1", "--max-input", "200", "--no-warmup",
+                     url=srv.url)
+        plan = open_loop.plan_requests(args)
+        outcomes, wall = asyncio.run(open_loop.replay(plan, args))
+        doc = open_loop.report(plan, outcomes, wall, args)
+    finally:
+        srv.shutdown()
+    n = len(ROWS)
+    assert (doc["failed"], doc["refused_503"], doc["cut_off"], doc["completed"]) == (n, n, 0, 0)
+    assert doc["slo_missed_unserved"] == n and doc["slo_met"] == 0
+    assert "over its TTFT budget of 1 ms" in doc["errors"][0]
