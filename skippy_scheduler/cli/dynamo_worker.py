@@ -83,6 +83,39 @@ def _free_endpoint() -> str:
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
+def cache_root() -> str:
+    """Where exported folders are kept: $SKIPPY_SCHEDULER_CACHE, else the user's cache."""
+    root = os.environ.get("SKIPPY_SCHEDULER_CACHE")
+    if not root:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                                ".cache")
+        root = os.path.join(base, "skippy-scheduler")
+    return os.path.join(root, "dynamo-hf")
+
+
+def _shared_folder(written: str, name: str) -> str:
+    """The exported folder moved to a path named by its contents, so every replica of one
+    model registers the same path (Dynamo refuses a replica whose model card differs from the
+    first one's, and the card holds the folder's path)."""
+    import hashlib
+    import shutil
+
+    digest = hashlib.sha256()
+    for entry in sorted(os.listdir(written)):
+        with open(os.path.join(written, entry), "rb") as f:
+            digest.update(entry.encode() + b"\0" + f.read())
+    target = os.path.join(cache_root(), f"{name}-{digest.hexdigest()[:16]}")
+    if not os.path.isdir(target):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        try:
+            os.replace(written, target)
+        except OSError:  # another replica put it there first
+            if not os.path.isdir(target):
+                raise
+    shutil.rmtree(written, ignore_errors=True)
+    return target
+
+
 def _import_dynamo() -> Any:
     try:
         from ..dynamo import worker
@@ -120,12 +153,12 @@ def run(args: argparse.Namespace) -> int:
         if folder is None:
             from ..dynamo.hf_export import ExportMismatch, UnsupportedTokenizer, export_folder
 
-            folder = os.path.join(tmp.name, "hf")
             try:
-                exported = export_folder(model, folder)
+                exported = export_folder(model, os.path.join(tmp.name, "hf"))
             except (ExportMismatch, UnsupportedTokenizer) as exc:
                 raise CommandError(f"{exc}; give a Hugging Face folder with --model-path"
                                    ) from None
+            folder = _shared_folder(exported.folder, name)
             print(f"skippy-scheduler dynamo-worker: tokenizer folder {folder} "
                   f"({exported.check.line()})", file=sys.stderr, flush=True)
         elif not os.path.isfile(os.path.join(folder, "tokenizer.json")):

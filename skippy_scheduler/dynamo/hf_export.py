@@ -207,7 +207,7 @@ def _spm_merges(v: GgufVocab) -> list[list[str]]:
 def tokenizer_json(v: GgufVocab) -> dict[str, Any]:
     """The `tokenizers` library's serialization of the GGUF's tokenizer (UnsupportedTokenizer
     where there is no conversion)."""
-    vocab = {}
+    vocab: dict[str, int] = {}
     for i, t in enumerate(v.tokens):
         vocab.setdefault(t, i)
     base: dict[str, Any] = {"version": "1.0", "truncation": None, "padding": None,
@@ -294,6 +294,12 @@ def eog_ids(v: GgufVocab) -> list[int]:
     return list(dict.fromkeys([t for t in (v.eot, v.eos) if t is not None] + list(v.eog)))
 
 
+def _eos_field(v: GgufVocab) -> Any:
+    """transformers' eos_token_id: one id, or a list of them (None when there is none)."""
+    eog = eog_ids(v)
+    return eog if len(eog) > 1 else (eog[0] if eog else None)
+
+
 def model_config(v: GgufVocab, max_length: int) -> dict[str, Any]:
     """config.json: what Dynamo's model card reads (context length, vocabulary, special ids)
     and the shape, in transformers' names."""
@@ -303,8 +309,7 @@ def model_config(v: GgufVocab, max_length: int) -> dict[str, Any]:
                           else f"{v.architecture.capitalize()}ForCausalLM"],
         "model_type": v.architecture, "vocab_size": len(v.tokens),
         "max_position_embeddings": max_length, "bos_token_id": v.bos,
-        "eos_token_id": (eog_ids(v) if len(eog_ids(v)) > 1
-                         else (eog_ids(v) or [None])[0]),
+        "eos_token_id": _eos_field(v),
         "torch_dtype": "float16", "skippy_gguf_name": v.name}
     for ours, theirs in (("embedding_length", "hidden_size"),
                          ("block_count", "num_hidden_layers"),
@@ -447,14 +452,11 @@ def _export(llama: _LlamaVocab, v: GgufVocab, gguf_path: str, folder: str,
         max_length = int(v.hparams.get("context_length") or 4096)
     template, source = chat_template_of(v)
     os.makedirs(folder, exist_ok=True)
-    eog = eog_ids(v)
     contents: dict[str, Any] = {
         "tokenizer.json": tok,
         "tokenizer_config.json": tokenizer_config(v, template, max_length),
         "config.json": model_config(v, max_length),
-        "generation_config.json": {"bos_token_id": v.bos,
-                                   "eos_token_id": eog if len(eog) > 1 else
-                                   (eog or [None])[0]},
+        "generation_config.json": {"bos_token_id": v.bos, "eos_token_id": _eos_field(v)},
     }
     for name, obj in contents.items():
         tmp = os.path.join(folder, f".{name}.tmp")

@@ -1,0 +1,63 @@
+"""Dynamo's request dicts as the engine's requests (skippy_scheduler/dynamo/adapter.py): what
+maps, what is refused with a reason, and BOS lined up with direct traffic. No Dynamo needed."""
+from __future__ import annotations
+
+import pytest
+
+from skippy_scheduler.dynamo.adapter import Unsupported, Vocabulary, map_request
+
+VOCAB = Vocabulary(n_vocab=100, n_ctx_seq=64, bos=1)
+
+
+def test_greedy_request_maps_to_the_fast_path_with_bos_in_front():
+    m = map_request({"token_ids": [5, 6, 7], "sampling_options": {"temperature": 0},
+                     "stop_conditions": {"max_tokens": 4}}, VOCAB)
+    assert (m.prompt, m.max_tokens, m.sampling, m.bos_added) == ([1, 5, 6, 7], 4, None, True)
+
+
+def test_bos_is_not_doubled_and_can_be_left_out():
+    assert map_request({"token_ids": [1, 5]}, VOCAB).prompt == [1, 5]
+    assert map_request({"token_ids": [5]}, VOCAB, add_bos=False).prompt == [5]
+    assert map_request({"token_ids": [5]}, Vocabulary(100, 64, None)).prompt == [5]
+
+
+def test_max_tokens_defaults_to_what_the_lane_leaves():
+    assert map_request({"token_ids": [5, 6]}, VOCAB).max_tokens == 64 - 3
+
+
+def test_sampling_and_stop_conditions_map():
+    m = map_request({"token_ids": [5], "sampling_options": {
+        "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 7,
+        "presence_penalty": 0.5, "frequency_penalty": 0.25, "repetition_penalty": 1.1,
+        "n": 1, "include_stop_str_in_output": False},
+        "stop_conditions": {"max_tokens": 8, "min_tokens": 2, "ignore_eos": True,
+                            "stop_token_ids_hidden": [2, 9], "stop": ["x"]}}, VOCAB)
+    s = m.sampling
+    assert s is not None
+    assert (s.temperature, s.top_p, s.top_k, s.min_p, s.seed) == (0.7, 0.9, 40, 0.05, 7)
+    assert (s.presence_penalty, s.frequency_penalty, s.repetition_penalty) == (0.5, 0.25, 1.1)
+    assert s.ignore_eos and s.min_end_position == 2 + 2 and tuple(s.min_end_tokens) == (2, 9)
+    assert m.stop_ids == {2, 9} and m.min_tokens == 2
+
+
+@pytest.mark.parametrize("request_, reason", [
+    ({"sampling_options": {"n": 2}}, "several choices"),
+    ({"sampling_options": {"best_of": 3}}, "best_of"),
+    ({"sampling_options": {"use_beam_search": True}}, "beam search"),
+    ({"sampling_options": {"guided_decoding": {"json": {}}}}, "guided decoding"),
+    ({"output_options": {"logprobs": 1}}, "log-probabilities"),
+    ({"stop_conditions": {"max_thinking_tokens": 10}}, "thinking budget"),
+    ({"stop_conditions": {"max_tokens": 100}}, "exceed"),
+    ({"sampling_options": {"temperature": 3}}, "temperature"),
+])
+def test_what_has_no_counterpart_is_refused_with_the_reason(request_, reason):
+    with pytest.raises(Unsupported, match=reason):
+        map_request({"token_ids": [5, 6], **request_}, VOCAB)
+
+
+def test_bad_prompts_are_refused():
+    for tokens in ([], [100], [True], None):
+        with pytest.raises(Unsupported):
+            map_request({"token_ids": tokens}, VOCAB)
+    with pytest.raises(Unsupported, match="no room"):
+        map_request({"token_ids": list(range(2, 66))}, VOCAB)
