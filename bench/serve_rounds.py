@@ -138,12 +138,22 @@ def trace_args(args: argparse.Namespace, url: str, label: str) -> argparse.Names
     return targs
 
 
-def run_trace(targs: argparse.Namespace, also_ttft_s: Optional[float] = None) -> dict[str, Any]:
+def run_trace(targs: argparse.Namespace, also_ttft_s: Optional[float] = None,
+              grid: tuple[tuple[float, float], ...] = ()) -> dict[str, Any]:
     """The replay's report; with `also_ttft_s`, also the share of the requests sent that met
-    the SLO with that TTFT bound instead (the same gap bound), from the same replay."""
+    the SLO with that TTFT bound instead (the same gap bound), from the same replay; with
+    `grid` ((TTFT s, gap s), ...), the report under each of those SLOs, from the same replay
+    (`by_slo`, keyed by `slo_key`), and every request's text (`outputs`)."""
     plan = open_loop.plan_requests(targs)
     outcomes, wall = asyncio.run(open_loop.replay(plan, targs))
     doc = open_loop.report(plan, outcomes, wall, targs)
+    if grid:
+        doc["by_slo"] = {
+            slo_key(ttft, itl): open_loop.report(plan, outcomes, wall, argparse.Namespace(
+                **{**vars(targs), "ttft_slo_s": ttft, "itl_slo_s": itl}))
+            for ttft, itl in grid}
+        doc["outputs"] = [o.result.text if o.result is not None and o.result.ok
+                          and o.result.end > 0 else None for o in outcomes]
     if also_ttft_s is not None:
         other = argparse.Namespace(**{**vars(targs), "ttft_slo_s": also_ttft_s})
         sent = [o for o in outcomes if o.lag_s >= 0]  # as the report counts them
@@ -152,6 +162,116 @@ def run_trace(targs: argparse.Namespace, also_ttft_s: Optional[float] = None) ->
         doc["also_ttft_slo_s"] = also_ttft_s
         doc["slo_also_pct"] = 100 * met / len(sent) if sent else 0.0
     return doc
+
+
+def slo_key(ttft_s: float, itl_s: float) -> str:
+    """An SLO's name in the grid's results: "TTFT ms/gap ms"."""
+    return f"{ttft_s * 1e3:g}/{itl_s * 1e3:g}"
+
+
+def _grid(text: str) -> tuple[tuple[float, float], ...]:
+    """`--slo-grid`: TTFTxGAP pairs in ms, comma-separated ("2000x200,3000x500")."""
+    pairs = []
+    for part in text.split(","):
+        ttft, sep, itl = part.strip().partition("x")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"{part!r} is not TTFTxGAP (ms), e.g. 3000x500")
+        pairs.append((_positive_ms(ttft) / 1e3, _positive_ms(itl) / 1e3))
+    if not pairs:
+        raise argparse.ArgumentTypeError("no SLO given")
+    return tuple(pairs)
+
+
+def run_grid(args: argparse.Namespace, theirs: Optional[str]) -> int:
+    """`--slo-grid`: per round, llama-server replays the trace once (it takes no SLO: that one
+    replay is scored under every SLO of the grid), and this server once per SLO, told it
+    (`--slo-ttft-ms`, `--slo-itl-ms`). Medians over the rounds per SLO; greedy outputs compared
+    request for request between each of our runs and llama-server's of the same round (where
+    both completed the request)."""
+    grid = args.slo_grid
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        slo_key(*slo): {OURS: [], THEIRS: []} for slo in grid}
+    failures = []
+    with tempfile.TemporaryDirectory(prefix="slo-grid-") as logs:
+        for rnd in range(1, args.rounds + 1):
+            theirs_doc = None
+            if theirs:
+                print(f"# round {rnd}: {THEIRS}, trace", file=sys.stderr, flush=True)
+                served = Served(theirs_cmd(args, theirs), logs, THEIRS, args.start_timeout)
+                try:
+                    theirs_doc = run_trace(trace_args(args, served.url, THEIRS), grid=grid)
+                finally:
+                    served.close()
+                for key, doc in theirs_doc["by_slo"].items():
+                    doc.update(round=rnd, load="trace", slo=key)
+                    runs[key][THEIRS].append(doc)
+                    emit(doc, args.json)
+            for ttft, itl in grid:
+                key = slo_key(ttft, itl)
+                told = argparse.Namespace(**{**vars(args), "slo_ttft_ms": ttft * 1e3,
+                                             "slo_itl_ms": itl * 1e3, "ttft_slo_s": ttft,
+                                             "itl_slo_s": itl})
+                print(f"# round {rnd}: {OURS}, trace, SLO {key} ms", file=sys.stderr,
+                      flush=True)
+                served = Served(ours_cmd(told), logs, OURS, args.start_timeout)
+                try:
+                    doc = run_trace(trace_args(told, served.url, OURS), grid=((ttft, itl),))
+                finally:
+                    served.close()
+                outputs = doc.pop("outputs")
+                doc.pop("by_slo")
+                doc.update(round=rnd, load="trace", slo=key)
+                runs[key][OURS].append(doc)
+                if theirs_doc is not None:
+                    pairs = [(a, b) for a, b in zip(outputs, theirs_doc["outputs"])
+                             if a is not None and b is not None]
+                    bad = sum(a != b for a, b in pairs)
+                    doc["outputs_compared"], doc["outputs_differing"] = len(pairs), bad
+                    if bad:
+                        failures.append(f"SLO {key}, round {rnd}: {bad} of {len(pairs)} "
+                                        "outputs differ")
+                emit(doc, args.json)
+    rows = []
+    for key, by_server in runs.items():
+        row: dict[str, Any] = {"label": "medians", "load": "trace", "slo": key,
+                               "rounds": args.rounds}
+        for field, _, _ in OPEN:
+            ours = median(by_server[OURS], field) if by_server[OURS] else None
+            mine = median(by_server[THEIRS], field) if by_server[THEIRS] else None
+            row[field] = {OURS: ours, THEIRS: mine,
+                          "ratio": ours / mine if ours is not None and mine else None}
+        rows.append(row)
+        emit(row, args.json)
+    table = grid_markdown(rows)
+    print(table)
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as fh:
+            fh.write(table)
+    if failures:
+        print("# greedy outputs differ: " + "; ".join(failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+def grid_markdown(rows: list[dict[str, Any]]) -> str:
+    """One line per SLO: within the SLO (ours, theirs), goodput and its ratio, the misses by
+    reason, the largest gap."""
+    def fmt(x: Optional[float], spec: str = ".3g") -> str:
+        return "-" if x is None else format(x, spec)
+
+    lines = markdown_table(
+        ["SLO (TTFT / gap ms)", "within: ours %", "theirs %", "goodput ours / theirs req/s",
+         "ratio", "ours missed: TTFT / gaps / both / unserved", "max gap s: ours / theirs"],
+        "lrrrrrr",
+        ([r["slo"], fmt(r["slo_attainment_pct"][OURS], ".1f"),
+          fmt(r["slo_attainment_pct"][THEIRS], ".1f"),
+          f"{fmt(r['goodput_rps'][OURS])} / {fmt(r['goodput_rps'][THEIRS])}",
+          fmt(r["goodput_rps"]["ratio"], ".2f"),
+          " / ".join(fmt(r[f"slo_missed_{w}"][OURS], "g")
+                     for w in ("ttft", "gaps", "both", "unserved")),
+          f"{fmt(r['itl_max_s'][OURS])} / {fmt(r['itl_max_s'][THEIRS])}"] for r in rows))
+    return f"\nSLO grid (medians of {rows[0]['rounds'] if rows else 0} rounds)\n\n" + \
+        "\n".join(lines) + "\n"
 
 
 def loads(args: argparse.Namespace) -> list[str]:
@@ -256,6 +376,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     t.add_argument("--slo-itl-ms", type=_positive_ms, default=None, metavar="MS",
                    help="the SLO's bound on every gap, measured and told to this server "
                         "(`serve --slo-itl-ms`); replaces --itl-slo-s (default: not told)")
+    t.add_argument("--slo-grid", type=_grid, default=None, metavar="TTFTxGAP,...",
+                   help="SLOs in ms (e.g. 2000x200,3000x500): per round llama-server replays "
+                        "the trace once, scored under each, and this server once per SLO, told "
+                        "it; the closed loop is skipped")
     t.add_argument("--no-byte-tokens", action="store_true",
                    help="the replay's requests carry a logit bias of -100 on the model's byte "
                         "tokens, for both servers (BENCHMARKS.md: a byte that starts a UTF-8 "
@@ -297,6 +421,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.byte_bias = {str(t): -100 for t in byte_token_ids(args.model)}
     if args.only_trace and not args.trace:
         ap.error("--only-trace needs --trace")
+    if args.slo_grid is not None:
+        if not args.trace:
+            ap.error("--slo-grid needs --trace")
+        if args.slo_ttft_ms is not None or args.slo_itl_ms is not None:
+            ap.error("--slo-grid gives the SLOs: not with --slo-ttft-ms / --slo-itl-ms")
+        return run_grid(args, theirs if args.servers != "ours" else None)
     servers = ([(OURS, ours_cmd(args))] if args.servers != "theirs" else []) + (
         [(THEIRS, theirs_cmd(args, theirs))] if theirs and args.servers != "ours" else [])
     for label, cmd in servers:

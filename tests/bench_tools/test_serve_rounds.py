@@ -145,3 +145,28 @@ def test_no_byte_tokens_biases_the_models_byte_tokens_in_the_replay(tmp_path):
     assert targs.extra == {"logit_bias": {str(t): -100 for t in ids}}
     args.byte_bias = None
     assert serve_rounds.trace_args(args, "http://127.0.0.1:9", "ours").extra == {}
+
+
+def test_slo_grid_tells_this_server_each_slo_in_turn(tmp_path, capsys):
+    """--slo-grid: one run of this server per SLO, each told its SLO and scored under it; the
+    medians come out per SLO, and a grid is refused without a trace or beside --slo-ttft-ms."""
+    model = write_tiny_llama(tmp_path / "tiny.gguf", seed=5)
+    trace = mooncake_file(tmp_path, [(t, [t, (t + 1, 128)], 24) for t in (0, 0, 50)])
+    out = tmp_path / "grid.jsonl"
+    assert serve_rounds.main([
+        "--model", str(model), "--servers", "ours", "--rounds", "1", "--trace", trace,
+        "--max-requests", "3", "--slo-grid", "600000x600000,700000x500000", "--lanes", "2",
+        "--ctx-size", "1024", "--threads", "1", "--json", str(out)]) == 0
+    assert "SLO grid (medians of 1 rounds)" in capsys.readouterr().out
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    runs = [r for r in rows if r["label"] == serve_rounds.OURS]
+    assert [(r["slo"], r["ttft_slo_s"], r["itl_slo_s"]) for r in runs] == [
+        ("600000/600000", 600, 600), ("700000/500000", 700, 500)]
+    assert all(r["slo_attainment_pct"] == 100.0 for r in runs)
+    medians = [r for r in rows if r["label"] == "medians"]
+    assert [m["slo"] for m in medians] == ["600000/600000", "700000/500000"]
+    for bad in (["--slo-grid", "3000x500"], ["--trace", trace, "--slo-grid", "3000"],
+                ["--trace", trace, "--slo-grid", "3000x500", "--slo-ttft-ms", "3000"]):
+        with pytest.raises(SystemExit) as exc:
+            serve_rounds.main(["--model", "x.gguf", *bad])
+        assert exc.value.code == 2
