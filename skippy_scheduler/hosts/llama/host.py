@@ -23,6 +23,11 @@ sampling, undo; it counts the entries decoded) and `DirectRows` (direct.py: `run
 `generate_alone`, through the `RowRunner`). The host reads plans, keeps the details reported
 with them, and owns the context's lifecycle.
 
+Sampling on the device (`backend_sampling`: on, off, or auto, which is on when layers run on a
+GPU): the lanes whose sampling llama.cpp's backend samplers cover get a chain in the decode's
+graph and their tokens come back from the decode; the others keep the host chains
+(backend_sampling.py).
+
 Defaults favour exactness: f32 weights (the tiny model), f32 KV cache and flash attention off are
 the settings under which a sequence's greedy tokens do not depend on what it was batched with.
 llama.cpp may give the context less than asked (it caps the batch at the context size): the
@@ -45,6 +50,7 @@ from ...sampling import SampleDetail
 from ...types import MemoryComponent, ReleaseReason
 from ..kit import read_plan
 from ..offload import Placement
+from .backend_sampling import DeviceChains, backend_sampling_mode, resolve_backend_sampling
 from .backend import (FLASH_ATTN_NAMES, KV_TYPES, check_int, create_context, flash_attn_type,
                       init_backend, load_model, recent_log)
 from .decode import Decoder
@@ -86,7 +92,9 @@ class LlamaHost:
         prefix_replace_share: float | None = DEFAULT_REPLACE_SHARE,
         gap_fill_max: int = DEFAULT_GAP_FILL,
         placement: Placement | None = None,
+        backend_sampling: bool | str | None = "auto",
     ) -> None:
+        sampling_mode = backend_sampling_mode(backend_sampling)  # refused before the load
         n_seq_max = check_int("n_seq_max", n_seq_max, 1, 256)
         prefix_cache_tokens = check_int("prefix_cache_tokens", prefix_cache_tokens, 0)
         holders = 0
@@ -157,9 +165,13 @@ class LlamaHost:
             "prefix_cache_tokens": prefix_cache_tokens, "prefix_holders": holders,
             "prefix_replace_share": replace_share, "gap_fill_max": gap_fill_max,
         }
+        on_device = resolve_backend_sampling(
+            sampling_mode, placement is not None and placement.on_gpu)
+        self.settings["backend_sampling"] = on_device
         self._lanes = lanes = Lanes(n_seq_max, cells)
-        self._samplers = samplers = Samplers(tok.n_vocab, tok.eog, tok.eog_ids,
-                                             _ll.llama_model_get_vocab(self._model))
+        self._samplers = samplers = Samplers(
+            tok.n_vocab, tok.eog, tok.eog_ids, _ll.llama_model_get_vocab(self._model),
+            DeviceChains(ctx, tok.n_vocab, tok.eog_ids) if on_device else None)
         self._decoder = Decoder(ctx, self.n_batch, tok.n_vocab)
         self._forks = Forks(cells, unified)
         self._details: dict[int, tuple[Plan, dict[int, SampleDetail]]] = {}
@@ -419,6 +431,13 @@ class LlamaHost:
     def decoded_tokens(self) -> int:
         """Batch entries decoded (a fork's copied rows and filler rows not included)."""
         return self._rows.decoded_tokens
+
+    @property
+    def backend_chain_attaches(self) -> int:
+        """Sampler chains attached to the context so far (backend sampling; each makes
+        llama.cpp reserve its graphs again at the next decode)."""
+        device = self._samplers.device if self._samplers is not None else None
+        return device.attaches if device is not None else 0
 
     @property
     def gap_fill_rows(self) -> int:

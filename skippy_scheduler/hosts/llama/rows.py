@@ -57,7 +57,11 @@ class RowRunner:
         """Check the rows, set up new sequences, decode; on failure undo every row. Returns
         the sampled token of every sampling row and the details reported with them."""
         row_lanes = self._assign(ids, starts, starting)
-        new_keys = {r: _fork_key(starting[seq], starts[r])
+        # A sequence that samples on the device decodes its own rows: a follower has no
+        # output of its own to sample (backend_sampling.py), so its key matches no other.
+        on_device = self._samplers.on_device
+        new_keys = {r: ("device", r) if on_device(int(row_lanes[r]))
+                    else _fork_key(starting[seq], starts[r])
                     for r, seq in enumerate(ids) if seq in starting}
         ends = (positions[offsets[1:] - 1] + 1).tolist()
         try:
@@ -111,12 +115,15 @@ class RowRunner:
         # nothing (its next row is new again), a running one is cut back to the row's start.
         lanes = self._lanes
         forks = self._forks
+        device = self._samplers.device
         for seq, lane, start in zip(ids, row_lanes.tolist(), starts):
             forks.forget(lane)
             if seq in starting:
                 self._drop(seq)
             else:
                 lanes.cut(lane, start)
+                if device is not None:
+                    device.rewind(lane, start)  # its window took the row before the decode
 
     def _drop(self, sequence_id: str) -> None:
         """Free a lane without offering its cells (they were never completed)."""
@@ -207,6 +214,14 @@ class RowRunner:
                 flagged = np.concatenate([out_rows, *extra])
         if flagged is not out_rows or lead is not None or reordered:
             flagged = np.unique(flagged)
+        device = samplers.device
+        device_rows: list[int] = []
+        if device is not None and len(device):
+            # The device samples inside the decode: its penalty windows take the rows' tokens
+            # first (undone with the rows if the decode fails), its draws are reseeded.
+            device.feed(row_lanes, offsets, tokens_in, positions)
+            device_rows = device.rows(row_lanes, sample_rows)
+            device.prepare(row_lanes, sample_rows, device_rows, out_rows, decoder.pos)
         try:
             logits = decoder.decode(n, entry_lanes, flagged)
         finally:
@@ -222,8 +237,21 @@ class RowRunner:
             entries = np.searchsorted(flagged, np.arange(first[r], first[r] + lens[r]))
             state.take(starts[r], tokens_in[offsets[r]:offsets[r + 1]], logits[entries])
         at = np.searchsorted(flagged, out_rows) if flagged is not out_rows else None
-        sampled = logits if at is None else logits[at]
-        tokens: npt.NDArray[np.int32] = sampled.argmax(axis=1).astype(np.int32)
+        tokens: npt.NDArray[np.int32]
+        if not device_rows:
+            sampled = logits if at is None else logits[at]
+            tokens = sampled.argmax(axis=1).astype(np.int32)
+        else:
+            # The device sampled these rows (their raw logits may not have crossed): the
+            # host's argmax covers only the others.
+            assert device is not None
+            tokens = np.zeros(len(sample_rows), dtype=np.int32)
+            host = np.ones(len(sample_rows), dtype=np.bool_)
+            host[device_rows] = False
+            if host.any():
+                js = np.flatnonzero(host)
+                tokens[js] = logits[js if at is None else at[js]].argmax(axis=1)
+            device.read(tokens, row_lanes, sample_rows, device_rows, out_rows, decoder.pos)
         raw = samplers.raw_logprobs(logits, at, row_lanes, sample_rows)
         samplers.pick(self._ctx, tokens, logits, at, row_lanes, sample_rows, out_rows,
                       decoder.pos)

@@ -24,6 +24,7 @@ import llama_cpp as _ll
 
 from ..kit import IntArray
 from ...sampling import SampleDetail, SamplingParams, is_native_config, step_seed
+from .backend_sampling import DeviceChain, DeviceChains
 from .logprobs import PromptLogprobs, log_softmax, token_logprob
 
 
@@ -216,16 +217,18 @@ class Samplers:
     rewind, feed, pick, report)."""
 
     def __init__(self, n_vocab: int, eog: npt.NDArray[np.bool_], eog_ids: IntArray,
-                 vocab: Any = None) -> None:
+                 vocab: Any = None, device: DeviceChains | None = None) -> None:
         self.n_vocab = n_vocab
         self._eog = eog
         self._eog_ids = eog_ids
         self._vocab = vocab
         self._by_lane: dict[int, SamplerChain] = {}
         self._reporting: dict[int, SamplerChain] = {}  # the lanes whose chain reports anything
+        # The lanes that sample on the device (backend_sampling.py); None: the host path only.
+        self.device = device
 
     def __len__(self) -> int:
-        return len(self._by_lane)
+        return len(self._by_lane) + (len(self.device) if self.device is not None else 0)
 
     def resolve(self, sampling: object) -> SamplingParams | None:
         """The params a `Sequence.sampling` stands for on this model; None for plain greedy."""
@@ -250,9 +253,6 @@ class Samplers:
         if any(t >= self.n_vocab for t in sampling.min_end_tokens):
             raise ValueError(f"min_end_tokens names a token outside [0, {self.n_vocab}) for "
                              "this model")
-        output = sampling.output
-        if output is not None and output.grammar is not None:
-            self.check_grammar(output.grammar)  # before the plan changes any state
         if sampling.plain_greedy and not sampling.ignore_eos and not sampling.min_end_position:
             return None
         return sampling
@@ -264,9 +264,18 @@ class Samplers:
             raise ValueError("llama.cpp could not parse the grammar")
         _ll.llama_sampler_free(stage)
 
-    def start(self, lane: int, params: SamplingParams | None) -> SamplerChain | None:
-        """A lane's sequence begins: its chain (None for plain greedy)."""
+    def start(self, lane: int, params: SamplingParams | None,
+              ) -> SamplerChain | DeviceChain | None:
+        """A lane's sequence begins: its chain (None for plain greedy on the host), on the
+        device when there is a device table that takes its params."""
         self.drop(lane)
+        device = self.device
+        if device is not None:
+            if device.takes(params):
+                on_device = device.start(lane, params)
+                if on_device is not None:
+                    return on_device
+            device.detach(lane)  # the host path: the lane's chain comes off the context
         if params is None:
             return None
         chain = SamplerChain(params, self.n_vocab, self._eog_ids, self._vocab)
@@ -280,22 +289,32 @@ class Samplers:
         self._reporting.pop(lane, None)
         if chain is not None:
             chain.free()
+        if self.device is not None:
+            self.device.stop(lane)
 
     def rewind(self, lane: int, start: int) -> None:
         chain = self._by_lane.get(lane)
         if chain is not None:
             chain.rewind(start)
+        elif self.device is not None:
+            self.device.rewind(lane, start)
+
+    def on_device(self, lane: int) -> bool:
+        """Whether the lane's sequence samples on the device."""
+        return self.device is not None and lane in self.device
 
     def close(self) -> None:
         for chain in self._by_lane.values():
             chain.free()
         self._by_lane.clear()
         self._reporting.clear()
+        if self.device is not None:
+            self.device.close()
 
     def feed(self, row_lanes: IntArray, offsets: IntArray, tokens: IntArray,
              positions: IntArray) -> None:
-        """The decoded rows' tokens into the penalty windows and grammars of the lanes that
-        keep one."""
+        """The decoded rows' tokens into the penalty windows and grammars of the host chains
+        that keep one (a device chain is fed before the decode, which samples with it)."""
         by_lane = self._by_lane
         if not by_lane:
             return

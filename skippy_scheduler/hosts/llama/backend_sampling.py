@@ -1,0 +1,301 @@
+"""Sampling on the device: llama.cpp's backend samplers, one chain per lane (`--backend-sampling`).
+
+llama.cpp (EXPERIMENTAL API) can run a sequence's sampler chain inside the decode's own graph
+(`llama_set_sampler(ctx, seq_id, chain)`): the chain's stages become graph nodes after the
+output layer, on the device that holds it, and the decode hands back the sampled token
+(`llama_get_sampled_token_ith`). A decode whose every output row belongs to a sequence with such
+a chain copies no raw logits to the host, and the host does no argmax or softmax over them.
+
+`DeviceChains` is the host's table of those chains, one per lane. A sequence's chain is on the
+device when its sampling has only stages llama.cpp runs there: logit bias (and `ignore_eos`,
+which is a bias of -inf on the end tokens), the penalties, temperature, top-k, top-p, min-p,
+greedy or a seeded draw. Everything else keeps the host chain (samplers.py): log-probabilities
+(the raw logits must cross), a grammar (llama.cpp has no backend grammar), `min_end_position`
+(a position-dependent hold on the end tokens). A lane's chain is attached for its sequence and
+stays attached when the sequence ends: attaching or detaching one makes llama.cpp reserve its
+graphs again at the next decode, so the next sequence on the lane with the same settings (all
+but the seed) reuses the chain, reset, and only a change of settings swaps it.
+
+Tokens. Greedy: the device's argmax is the host's (first maximum), so greedy tokens are the host
+path's. Seeded draws: before each decode the chain's `dist` stage is reseeded with the host
+chain's seed for that position (`step_seed(seed, position)`, copied in with
+`llama_sampler_copy`), so a sequence draws the same uniform at the same position alone, batched
+or after a preemption, and so its tokens do not depend on its batch. They are not always the
+host chain's tokens: the backend draws over the candidates in the order its filters leave them
+(`ggml_top_k` returns the k best unsorted) with a float32 softmax and cumulative sum, the host
+over its own order in double precision; with temperature alone both walk the vocabulary in order
+and pick the same token unless the uniform falls within rounding of a boundary.
+
+Not on the device: choices of one prompt forked from one decode (forks.py) need each follower
+sampled from its leader's logits, so a sequence with a device chain never forks (it decodes its
+own prompt).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import llama_cpp as _ll
+
+from ..kit import IntArray
+from ...sampling import SamplingParams, step_seed
+
+MODES = ("on", "off", "auto")
+
+
+def backend_sampling_mode(value: bool | str | None) -> str:
+    """True/False/None or on/off/auto as a mode name; ValueError otherwise."""
+    if value is None:
+        return "auto"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, str) and value.strip().lower() in MODES:
+        return value.strip().lower()
+    raise ValueError(f"backend_sampling must be one of {', '.join(MODES)}, got {value!r}")
+
+
+def resolve_backend_sampling(value: bool | str | None, on_gpu: bool) -> bool:
+    """Whether sequences sample on the device: `auto` means on when layers run on a GPU."""
+    mode = backend_sampling_mode(value)
+    return on_gpu if mode == "auto" else mode == "on"
+
+
+def device_capable(params: SamplingParams | None) -> bool:
+    """Whether llama.cpp's backend samplers cover `params` (None: plain greedy)."""
+    return params is None or (params.output is None and not params.min_end_position)
+
+
+def _settings(params: SamplingParams | None, eog: tuple[int, ...]) -> tuple[Any, ...]:
+    """What a chain is built from: everything but the seed (a reused chain is reseeded)."""
+    if params is None:
+        return ("greedy",)
+    p = params
+    bias = dict(p.logit_bias)
+    if p.ignore_eos:
+        for t in eog:
+            bias[t] = -float("inf")
+    penalties = ((p.penalty_last_n, p.repetition_penalty, p.frequency_penalty,
+                  p.presence_penalty) if p.penalized else None)
+    if p.greedy:
+        return (tuple(sorted(bias.items())), penalties, "greedy")
+    return (tuple(sorted(bias.items())), penalties, p.temperature, p.top_k, p.top_p, p.min_p)
+
+
+class DeviceChain:
+    """One lane's backend chain and the penalty window it has been fed (`history`, the
+    sequence's tokens before position `fed`, kept only with a penalty)."""
+
+    __slots__ = ("settings", "params", "chain", "history", "fed", "_penalty", "_dist")
+
+    def __init__(self, settings: tuple[Any, ...], n_vocab: int) -> None:
+        self.settings = settings
+        self.params: SamplingParams | None = None
+        self.history: list[int] | None = None
+        self.fed = 0
+        self._penalty: Any = None
+        self._dist: Any = None
+        cparams = _ll.llama_sampler_chain_default_params()
+        cparams.no_perf = True
+        chain = _ll.llama_sampler_chain_init(cparams)
+        if not chain:
+            raise RuntimeError("llama.cpp could not create a sampler chain")
+        self.chain: Any = chain
+        stages = []
+        if settings == ("greedy",):
+            stages.append(_ll.llama_sampler_init_greedy())
+        else:
+            bias, penalties, *rest = settings
+            if bias:
+                arr = (_ll.llama_logit_bias * len(bias))()
+                for i, (t, b) in enumerate(bias):
+                    arr[i].token = t
+                    arr[i].bias = b
+                stages.append(_ll.llama_sampler_init_logit_bias(n_vocab, len(bias), arr))
+            if penalties is not None:
+                self._penalty = _ll.llama_sampler_init_penalties(n_vocab, *penalties)
+                stages.append(self._penalty)
+            if rest == ["greedy"]:
+                stages.append(_ll.llama_sampler_init_greedy())
+            else:
+                temperature, top_k, top_p, min_p = rest
+                if temperature != 1.0:
+                    stages.append(_ll.llama_sampler_init_temp(temperature))
+                if top_k > 0:
+                    stages.append(_ll.llama_sampler_init_top_k(top_k))
+                if top_p < 1.0:
+                    stages.append(_ll.llama_sampler_init_top_p(top_p, 1))
+                if min_p > 0.0:
+                    stages.append(_ll.llama_sampler_init_min_p(min_p, 1))
+                self._dist = _ll.llama_sampler_init_dist(1)  # reseeded before every draw
+                stages.append(self._dist)
+        for stage in stages:
+            _ll.llama_sampler_chain_add(chain, stage)  # the chain owns its stages
+
+    def begin(self, params: SamplingParams | None) -> None:
+        """A sequence starts on the chain: no state from the one before."""
+        self.params = params
+        _ll.llama_sampler_reset(self.chain)
+        self.history = [] if self._penalty is not None else None
+        self.fed = 0
+
+    def free(self) -> None:
+        if self.chain:
+            _ll.llama_sampler_free(self.chain)
+            self.chain = None
+
+    def feed(self, tokens: IntArray, start: int) -> None:
+        """The tokens at positions start, start + 1, ...: those not yet seen go into the
+        penalty window (as the host chain's `feed`)."""
+        history = self.history
+        end = start + len(tokens)
+        if history is None or end <= self.fed:
+            return
+        new = tokens[self.fed - start:] if self.fed > start else tokens
+        history.extend(new.tolist())
+        assert self.params is not None  # a penalty needs params
+        for t in new[-self.params.penalty_last_n:].tolist():
+            _ll.llama_sampler_accept(self._penalty, t)
+        self.fed = end
+
+    def rewind(self, start: int) -> None:
+        """Forget positions >= start: the window is refilled from what is kept."""
+        if self.history is None or start >= self.fed:
+            self.fed = min(self.fed, start)
+            return
+        kept = self.history[:start]
+        _ll.llama_sampler_reset(self._penalty)
+        self.history, self.fed = [], 0
+        self.feed(np.asarray(kept, dtype=np.int32), 0)
+
+    def reseed(self, position: int) -> None:
+        """The draw for the token at `position` uses the host chain's seed for it."""
+        if self._dist is None:
+            return
+        assert self.params is not None and self.params.seed is not None
+        fresh = _ll.llama_sampler_init_dist(step_seed(self.params.seed, position))
+        _ll.llama_sampler_copy(fresh, self._dist)
+        _ll.llama_sampler_free(fresh)
+
+    def took(self, token: int, position: int, accepted: bool = False) -> None:
+        """The device sampled `token` at `position`: the penalty window takes it (`accepted`:
+        the chain has taken it already)."""
+        if self.history is not None:
+            if not accepted:
+                _ll.llama_sampler_accept(self._penalty, token)
+            self.history.append(token)
+            self.fed = position + 1
+
+
+class DeviceChains:
+    """The lanes' backend chains (verbs: takes, start, stop, drop, feed, rewind, prepare,
+    read). A lane is *on the device* from `start` to `stop`; its chain stays attached to the
+    context after `stop` until another sequence on the lane needs different settings (or the
+    host path), so steady traffic attaches nothing."""
+
+    def __init__(self, ctx: Any, n_vocab: int, eog_ids: IntArray) -> None:
+        self._ctx = ctx
+        self._n_vocab = n_vocab
+        self._eog = tuple(int(t) for t in eog_ids.tolist())
+        self._attached: dict[int, DeviceChain] = {}  # lane -> chain attached to the context
+        self._active: dict[int, DeviceChain] = {}    # lane -> chain of its running sequence
+        self.attaches = 0  # chains attached to the context so far (each costs a graph reserve)
+        self.refused = False  # llama.cpp refused a chain (a tensor split): the host path only
+
+    def __len__(self) -> int:
+        return len(self._active)
+
+    def __contains__(self, lane: object) -> bool:
+        return lane in self._active
+
+    def takes(self, params: SamplingParams | None) -> bool:
+        return not self.refused and device_capable(params)
+
+    def start(self, lane: int, params: SamplingParams | None) -> DeviceChain | None:
+        """The lane's sequence samples on the device with `params` (`takes(params)`); None
+        when llama.cpp refuses the chain (from then on every sequence keeps the host path)."""
+        settings = _settings(params, self._eog)
+        chain = self._attached.get(lane)
+        if chain is None or chain.settings != settings:
+            self.detach(lane)
+            chain = DeviceChain(settings, self._n_vocab)
+            if not _ll.llama_set_sampler(self._ctx, lane, chain.chain):
+                # A tensor split (llama.cpp logs why): its chains stay on the host.
+                chain.free()
+                self.refused = True
+                return None
+            self._attached[lane] = chain
+            self.attaches += 1
+        chain.begin(params)
+        self._active[lane] = chain
+        return chain
+
+    def stop(self, lane: int) -> None:
+        """The lane's sequence is gone; its chain stays attached for the next one."""
+        self._active.pop(lane, None)
+
+    def detach(self, lane: int) -> None:
+        """Take the lane's chain off the context (a host-sampled sequence takes the lane)."""
+        self._active.pop(lane, None)
+        chain = self._attached.pop(lane, None)
+        if chain is not None:
+            _ll.llama_set_sampler(self._ctx, lane, None)
+            chain.free()
+
+    def close(self) -> None:
+        for lane in list(self._attached):
+            self.detach(lane)
+
+    def feed(self, row_lanes: IntArray, offsets: IntArray, tokens: IntArray,
+             positions: IntArray) -> None:
+        """The rows' tokens into the penalty windows of the device lanes keeping one, before
+        the decode that samples with them (the host chains take theirs after it)."""
+        active = self._active
+        for r, lane in enumerate(row_lanes.tolist()):
+            chain = active.get(lane)
+            if chain is not None and chain.history is not None:
+                a, b = int(offsets[r]), int(offsets[r + 1])
+                chain.feed(tokens[a:b], int(positions[a]))
+
+    def rewind(self, lane: int, start: int) -> None:
+        chain = self._active.get(lane)
+        if chain is not None:
+            chain.rewind(start)
+
+    def rows(self, row_lanes: IntArray, sample_rows: IntArray) -> list[int]:
+        """The sampling rows (by j) whose lane samples on the device."""
+        active = self._active
+        if not active:
+            return []
+        lanes = row_lanes.tolist()
+        return [j for j, r in enumerate(sample_rows.tolist()) if lanes[r] in active]
+
+    def prepare(self, row_lanes: IntArray, sample_rows: IntArray, device_rows: list[int],
+                out_rows: IntArray, positions: IntArray) -> None:
+        """Before the decode: the draws of the device rows reseeded for the positions they
+        sample (`positions[out_rows[j]] + 1`)."""
+        active = self._active
+        for j in device_rows:
+            chain = active[int(row_lanes[int(sample_rows[j])])]
+            if chain._dist is not None:
+                chain.reseed(int(positions[int(out_rows[j])]) + 1)
+
+    def read(self, tokens: IntArray, row_lanes: IntArray, sample_rows: IntArray,
+             device_rows: list[int], out_rows: IntArray, positions: IntArray) -> None:
+        """After the decode: the device's token for every device row (into `tokens[j]`),
+        taken into its chain's penalty window."""
+        active = self._active
+        ctx = self._ctx
+        for j in device_rows:
+            batch_row = int(out_rows[j])
+            chain = active[int(row_lanes[int(sample_rows[j])])]
+            token = int(_ll.llama_get_sampled_token_ith(ctx, batch_row))
+            accepted = False
+            if token < 0:
+                # A stage the device could not run (its ops missing there): llama.cpp ran the
+                # chain up to it and left the rest to the host, which finishes it here from
+                # what the device produced (and accepts the token into the whole chain).
+                token = int(_ll.llama_sampler_sample(chain.chain, ctx, batch_row))
+                accepted = True
+            tokens[j] = token
+            chain.took(token, int(positions[batch_row]) + 1, accepted)
