@@ -279,6 +279,13 @@ def add_model_options(p: argparse.ArgumentParser, *, threads: int | None = DEFAU
                    default=None,
                    help="flash attention: faster, gives up batch-invariant tokens; the flag "
                         "alone means on (default: off on the CPU, auto with layers on a GPU)")
+    p.add_argument("-bs", "--backend-sampling", nargs="?", const="on",
+                   choices=("on", "off", "auto"), default="auto",
+                   help="sample on the device (llama.cpp's backend samplers, experimental): "
+                        "greedy, temperature, top-k/p, min-p, seeds, penalties and logit bias "
+                        "run inside the decode and only sampled tokens cross to the host; "
+                        "requests with log-probabilities or a grammar keep the host path; the "
+                        "flag alone means on (default: auto, on with layers on a GPU)")
     add_offload_options(p)
 
 

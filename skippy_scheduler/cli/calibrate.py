@@ -109,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
                 model, n_ctx=LANES * lane, n_seq_max=LANES, n_threads=args.threads,
                 n_batch=BATCH, n_ubatch=fit.n_ubatch, kv_type=fit.kv_type,
                 flash_attn=fit.flash_attn, placement=fit.placement,
+                backend_sampling=args.backend_sampling,
             ) as host:
                 result = calibrate_host(host, repeats=args.repeats, warmup=args.warmup,
                                         clock=clock)

@@ -189,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
                 flash_attn=fit.flash_attn, prefix_cache_tokens=args.prefix_cache_tokens,
                 kv_unified=args.kv_unified,
                 prefix_holders=max(holders, 1),
+                backend_sampling=args.backend_sampling,
             ) as host:
                 requests, report, settings, summary = serve_prompts(args, host, prompts, n_seq,
                                                                     n_batch, lane)
