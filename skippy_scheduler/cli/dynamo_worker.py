@@ -19,6 +19,7 @@ from typing import Any
 from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, check_model,
                       import_llama_host, non_negative_int, positive_int)
 from .offload import offload_spec
+from .vocabulary import add_flag
 
 
 def register(subparsers: Any) -> None:
@@ -36,8 +37,7 @@ def register(subparsers: Any) -> None:
                    help="the Hugging Face folder Dynamo's frontend tokenizes with (default: "
                         "exported from the GGUF into a temporary directory and checked against "
                         "llama.cpp's tokenizer, as export-hf-tokenizer does)")
-    p.add_argument("--served-model-name", metavar="NAME", default=None,
-                   help="the model name clients give (default: the GGUF file's stem)")
+    add_flag(p, "served-model-name", default_text="the model file's name")
     g = p.add_argument_group("dynamo")
     g.add_argument("--namespace", default=os.environ.get("DYN_NAMESPACE", "dynamo"),
                    help="Dynamo namespace (default: $DYN_NAMESPACE or dynamo)")
@@ -58,22 +58,21 @@ def register(subparsers: Any) -> None:
                         "front of a prompt that lacks it when the model adds one, as serve's "
                         "tokenizer does)")
     e = p.add_argument_group("engine")
-    e.add_argument("--max-active", type=positive_int, default=8, metavar="N",
-                   help="requests running at once (lanes; default: 8)")
+    add_flag(e, "max-active", type=positive_int, default=8)
     e.add_argument("--max-waiting", type=positive_int, default=256, metavar="N",
-                   help="requests waiting beyond the lanes (default: 256)")
-    e.add_argument("-c", "--ctx-size", type=positive_int, default=None, metavar="N",
-                   help="KV cells the lanes share (default: the model's training context, at "
-                        "least 4096, capped by what fits)")
-    e.add_argument("--prefix-cache-tokens", type=non_negative_int, default=None, metavar="N",
-                   help="tokens the prefix store keeps for reuse (default: sized from the KV "
-                        "cache, as serve's)")
+                   help="waiting-queue size; beyond it Dynamo gets an error (default: 256)")
+    add_flag(e, "ctx-size", type=positive_int, default=None,
+             default_text="the model's training context, at least 4096, capped by what fits")
+    add_flag(e, "prefix-cache-tokens", type=non_negative_int, default=None,
+             default_text="sized from the KV cache, as serve's")
     e.add_argument("--kv-block-size", type=positive_int, default=16, metavar="N",
-                   help="tokens per KV event block, registered with Dynamo as the KV block "
+                   help="tokens per KV event block; registered with Dynamo as the KV block "
                         "size (default: 16)")
     e.add_argument("--kv-events-endpoint", metavar="ADDR", default=None,
-                   help="the ZeroMQ PUB address the KV events go out on, which Dynamo's relay "
-                        "subscribes to (default: a free loopback TCP port)")
+                   help="publish the prefix store's blocks as vLLM-format KV cache events on "
+                        "a ZeroMQ PUB socket bound here, e.g. tcp://127.0.0.1:5557 (needs "
+                        "--prefix-cache-tokens; docs/fleet.md) (default: a free loopback TCP "
+                        "port; Dynamo's relay subscribes to it)")
     p.set_defaults(func=run, own_signals=True)
 
 
@@ -148,7 +147,10 @@ def run(args: argparse.Namespace) -> int:
 
             model = write_tiny_llama(os.path.join(tmp.name, "tiny-random-llama.gguf"),
                                      seed=args.seed)
-        name = args.served_model_name or os.path.splitext(os.path.basename(model))[0]
+        names = args.served_model_name
+        if isinstance(names, str):
+            names = tuple(n.strip() for n in names.split(",") if n.strip())
+        name = names[0] if names else os.path.splitext(os.path.basename(model))[0]
         folder = args.model_path
         if folder is None:
             from ..dynamo.hf_export import ExportMismatch, UnsupportedTokenizer, export_folder
