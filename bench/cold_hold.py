@@ -26,9 +26,8 @@ import sys
 import tempfile
 
 from skippy_bench.reports import append_line, percentile
-from skippy_scheduler import PlanningRule, Scheduler, SchedulerConfig
+from skippy_scheduler import PlanningRule, Scheduler, SchedulerConfig, StepCost
 from skippy_scheduler.engine import Engine, Request, VirtualClock
-from skippy_scheduler.hosts.calibrate import CostModel
 from skippy_scheduler.hosts.llama import LlamaHost
 from skippy_scheduler.hosts.tiny_model import write_tiny_llama
 from skippy_scheduler.sampling import SamplingParams
@@ -37,8 +36,8 @@ from skippy_scheduler.serve.server import COLD_PREFIX_HOLD_TOKENS, default_reuse
 
 # The 58.5 M-parameter model on this 2-core CPU, roughly (issue 20: about 0.57 ms per prompt
 # token, 8.5-19 ms per decode step): the virtual clock's step times, for the modelled TTFT.
-MEDIUM = CostModel(iteration_overhead_us=2000, prefill_token_us=570, decode_batch_us=6000,
-                   decode_sequence_us=700)
+MEDIUM = StepCost(base_us=2000, per_prefill_token_us=570, decode_base_us=6000,
+                  per_decode_row_us=700)
 
 
 def burst(n: int, tokens: int, shared: int, fraction: float, vocab: int,

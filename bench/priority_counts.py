@@ -51,7 +51,7 @@ MODES = (("preempt", True, True), ("admission-order-reuse", False, True),
 def run_mode(args, model: str, preemption: bool, reuse: bool) -> dict[str, Any]:
     from skippy_scheduler import Scheduler, SchedulerConfig
     from skippy_scheduler.engine import Engine, FinishEvent, Request, TokenEvent, VirtualClock
-    from skippy_scheduler.hosts.calibrate import CostModel
+    from skippy_scheduler.cost_model import LAB_COST
     from skippy_scheduler.hosts.llama import LlamaHost
     from skippy_scheduler.sampling import SamplingParams
 
@@ -71,7 +71,7 @@ def run_mode(args, model: str, preemption: bool, reuse: bool) -> dict[str, Any]:
         # is prefill-only or decode-only, as in `serve` once a mixed plan with a long prefill
         # has slowed decoding past its margin (docs/behaviour.md §2.6) -- this load's case. With
         # `--mixed` a virtual clock charges the cost model's durations, under which mixing stays.
-        clock = VirtualClock(CostModel()) if args.mixed else None
+        clock = VirtualClock(LAB_COST) if args.mixed else None
         engine = Engine(sched, host, clock=clock, record=False)
 
         def prompt(n: int, key: int) -> list[int]:  # BOS, then random tokens of the vocabulary

@@ -11,7 +11,7 @@ on every machine. Run: python examples/engine_host.py
 from __future__ import annotations
 
 from skippy_scheduler import Scheduler, SchedulerConfig
-from skippy_scheduler.cost_model import RuntimeCostModel
+from skippy_scheduler.cost_model import LAB_COST
 from skippy_scheduler.engine import (Engine, Event, Plan, ReleaseReason, Request, TokenEvent,
                                      VirtualClock)
 
@@ -41,7 +41,7 @@ def main() -> None:
     config = SchedulerConfig(max_active_sequences=2, max_tokens_per_iteration=64,
                              prefill_chunk_tokens=16)
     host = CountingHost()
-    engine = Engine(Scheduler(config), host, clock=VirtualClock(RuntimeCostModel()))
+    engine = Engine(Scheduler(config), host, clock=VirtualClock(LAB_COST))
     streamed: list[int] = []
 
     def on_event(event: Event) -> None:

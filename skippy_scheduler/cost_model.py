@@ -1,12 +1,21 @@
-"""The linear iteration cost model: what one plan costs a runtime, in microseconds.
+"""The step-cost model: what one plan costs a runtime, in µs.
 
-    duration = iteration_overhead + prefill_token × (Prefill and Recompute tokens)
-               + [any Decode row] × (decode_batch + decode_sequence × Decode rows)
+    predicted µs = base_us + per_prefill_token_us × (Prefill and Recompute tokens)
+                   + per_prefill_row_us × (prefill rows − 1, when there are several)
+                   + per_prefill_position_us × (those tokens' positions, summed) / 1000
+                   + [any Decode row] × (decode_base_us + per_decode_row_us × Decode rows)
 
-(docs/behaviour.md §5.3). The lab's virtual clock charges it per plan, `calibrate` fits it to a
-real runtime, and a `CostModelHost` uses it to stand in for a model. Prefix restores cost
-nothing here: a restored prefix is simply not in the plan. It lives on its own so that hosts
-and the engine need nothing from the lab.
+(docs/behaviour.md §2.13, §5.3). `StepCost` is the only cost model: the slack rule predicts
+steps with it (native core and twin), the engine refits it online (`engine.cost_fit`), the lab's
+virtual clock charges each plan by it, `calibrate` fits it to a real runtime, and a
+`CostModelHost` runs under it.
+
+The lab and calibrate price only the first four terms and have their own names for them, which
+`parse`, `from_mapping` and `str()` still use: iteration_overhead_us (base_us), prefill_token_us
+(per_prefill_token_us), decode_batch_us (decode_base_us) and decode_sequence_us
+(per_decode_row_us). `LAB_COST` is the lab's default model. Prefix restores cost nothing here: a
+restored prefix is simply not in the plan. This module imports nothing else of the package, so
+that the scheduler's types, the hosts and the engine can all use it.
 """
 from __future__ import annotations
 
@@ -14,11 +23,19 @@ import json
 import math
 import os
 from dataclasses import dataclass, fields, replace
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
-from .types import IterationPhase
+# `IterationPhase.DECODE.value` (types.py) and the C `SKIPPY_PHASE_DECODE`: types.py imports
+# this module (through slack.py), so it cannot be imported here. tests/engine/test_cost_model.py
+# checks that the three agree.
+DECODE_PHASE = 2
 
-DECODE_PHASE = IterationPhase.DECODE.value
+#: The terms of `StepCost`, in the order of its fields and of the C `skippy_step_cost`.
+TERMS = ("base_us", "per_prefill_token_us", "decode_base_us", "per_decode_row_us",
+         "per_prefill_row_us", "per_prefill_position_us")
+#: The lab's names of the four terms it prices (the first four of `TERMS`).
+LAB_NAMES = {"iteration_overhead_us": "base_us", "prefill_token_us": "per_prefill_token_us",
+             "decode_batch_us": "decode_base_us", "decode_sequence_us": "per_decode_row_us"}
 
 
 def decode_row_count(phases: Any) -> int:
@@ -27,52 +44,109 @@ def decode_row_count(phases: Any) -> int:
     return bytes(phases).count(DECODE_PHASE)
 
 
-@dataclass(frozen=True)
-class RuntimeCostModel:
-    """Virtual time of one iteration, in µs (§5.3). Prefix restores are free."""
+def _check_us(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of µs, got {type(value).__name__}")
+    us = float(value)
+    if not math.isfinite(us) or us < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    # An int stays an int: integer coefficients price integer plans in integer µs, which is what
+    # the lab's virtual clock prints (the native core reads every term as a double all the same).
+    return int(value) if isinstance(value, int) else us
 
-    iteration_overhead_us: float = 50
-    prefill_token_us: float = 2
-    decode_batch_us: float = 100
-    decode_sequence_us: float = 20
+
+@dataclass(frozen=True)
+class StepCost:
+    """Predicted time of one step, in µs: `base_us` + `per_prefill_token_us` × prefill and
+    recompute tokens + `per_prefill_row_us` × (prefill rows − 1, when there are several: the
+    pass llama.cpp runs for each further prefill sequence, §2.13) + `per_prefill_position_us` ×
+    (the sum of the prefill and recompute tokens' positions) / 1000 (each prefill token
+    attends to the context before it) + (when the step has decode rows) `decode_base_us` +
+    `per_decode_row_us` × decode rows. Every coefficient is a finite number >= 0 (an int is
+    kept as an int, any other number becomes a float).
+
+    The defaults are the slack rule's starting point for a CPU model; `LAB_COST` is the lab's."""
+
+    base_us: float = 8000.0
+    per_prefill_token_us: float = 600.0
+    decode_base_us: float = 0.0
+    per_decode_row_us: float = 700.0
+    per_prefill_row_us: float = 0.0
+    per_prefill_position_us: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{f.name} must be a number, got {type(value).__name__}")
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"{f.name} must be a finite number >= 0, got {value}")
+            object.__setattr__(self, f.name, _check_us(f.name, getattr(self, f.name)))
 
-    def duration_us(self, prompt_tokens: int, decode_rows: int) -> float:
-        """Cost of an iteration with `prompt_tokens` Prefill/Recompute tokens and `decode_rows`
-        Decode rows: overhead + per-token prefill + (batch + per-row) decode; at least 1 µs."""
-        d = self.iteration_overhead_us + self.prefill_token_us * prompt_tokens
+    def predict_us(self, prefill_tokens: int, decode_rows: int, prefill_rows: int = 1,
+                   prefill_positions: int = 0) -> float:
+        """The step's predicted µs; `prefill_positions` is the sum of its prefill and
+        recompute tokens' positions (`IterationPlan.prefill_positions`)."""
+        # A term whose count is 0 is left out rather than added as 0.0, so that integer
+        # coefficients give an integer (the float sums are the same either way).
+        us = self.base_us + self.per_prefill_token_us * prefill_tokens
+        if prefill_rows > 1:
+            us += self.per_prefill_row_us * (prefill_rows - 1)
+        if prefill_positions:
+            us += self.per_prefill_position_us * (prefill_positions / 1000.0)
         if decode_rows:
-            d += self.decode_batch_us + self.decode_sequence_us * decode_rows
-        return d if d >= 1 else 1
+            us += self.decode_base_us + self.per_decode_row_us * decode_rows
+        return us
+
+    def duration_us(self, prefill_tokens: int, decode_rows: int, prefill_rows: int = 1,
+                    prefill_positions: int = 0) -> float:
+        """What a virtual clock charges for the step: `predict_us`, at least 1 µs."""
+        us = self.predict_us(prefill_tokens, decode_rows, prefill_rows, prefill_positions)
+        return us if us >= 1 else 1
 
     def plan_duration_us(self, plan: Any) -> float:
-        """`duration_us` of a live plan, read from its arrays (phases and token count)."""
-        decode_rows = decode_row_count(plan.phases)
-        return self.duration_us(int(plan.token_count) - decode_rows, decode_rows)
+        """`duration_us` of a live plan, read from its arrays (phases, token count, rows and
+        the prefill positions)."""
+        decode = decode_row_count(plan.phases)
+        prefill_rows = len(plan) - decode
+        positions = int(plan.prefill_positions) if prefill_rows else 0
+        return self.duration_us(int(plan.token_count) - decode, decode, prefill_rows, positions)
+
+    @property
+    def lab_terms_only(self) -> bool:
+        """Whether the model prices only what the lab's four terms price (no per-row and no
+        position term): all a clock, told a plan's prefill tokens and decode rows, can charge."""
+        return not (self.per_prefill_row_us or self.per_prefill_position_us)
+
+    def terms(self) -> tuple[float, ...]:
+        """The coefficients in the order of `TERMS`."""
+        return tuple(getattr(self, name) for name in TERMS)
 
     def as_dict(self) -> dict[str, float]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The six terms under their field names."""
+        return dict(zip(TERMS, self.terms()))
+
+    def lab_dict(self) -> dict[str, float]:
+        """The four terms under the lab's names, as the lab's JSON documents print the model;
+        ValueError for a model with a per-row or position term, which that form cannot hold."""
+        if not self.lab_terms_only:
+            raise ValueError(f"{self!s} has a per-row or position term, which the lab's four "
+                             f"terms cannot hold")
+        return {lab: getattr(self, name) for lab, name in LAB_NAMES.items()}
 
     def __str__(self) -> str:
-        """The `name=value,...` form that `parse` and the lab's --cost-model accept."""
-        return ",".join(f"{f.name}={_fmt_number(getattr(self, f.name))}" for f in fields(self))
+        """The `name=value,...` form that `parse` reads back (to the thousandth of a µs): the
+        lab's four names for a model of the lab's four terms (the form the lab's --cost-model
+        and `calibrate` have always written), the six field names otherwise."""
+        items = self.lab_dict() if self.lab_terms_only else self.as_dict()
+        return ",".join(f"{name}={_fmt_number(value)}" for name, value in items.items())
 
     @classmethod
-    def parse(cls, spec: str) -> "RuntimeCostModel":
-        """Build from `name=value,...` overrides or from the path of a JSON object file."""
+    def parse(cls, spec: str, base: Optional["StepCost"] = None) -> "StepCost":
+        """Build from `name=value,...` overrides or from the path of a JSON object file (the
+        names of `from_mapping`); a term not named keeps its value in `base` (by default the
+        class defaults)."""
         if os.path.exists(spec):
             with open(spec, encoding="utf-8") as fh:
                 data = json.load(fh)
             if not isinstance(data, Mapping):
                 raise ValueError(f"{spec}: the cost model file must hold a JSON object")
-            return cls.from_mapping(data)
+            return cls.from_mapping(data, base)
         values: dict[str, object] = {}
         for part in spec.split(","):
             part = part.strip()
@@ -89,17 +163,48 @@ class RuntimeCostModel:
                 except ValueError:
                     raise ValueError(f"cost model value {text!r} for {name} is not a number") from None
             values[name.strip()] = number
-        return cls.from_mapping(values)
+        return cls.from_mapping(values, base)
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, object]) -> "RuntimeCostModel":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
+    def from_mapping(cls, values: Mapping[str, object],
+                     base: Optional["StepCost"] = None) -> "StepCost":
+        """`base` (by default the class defaults) with the terms of `values` replaced; a term
+        is named by its field name or by its name in the lab (`LAB_NAMES`), not both."""
+        given: dict[str, object] = {}
+        unknown = []
+        for name, value in values.items():
+            term = LAB_NAMES.get(name, name)
+            if term not in TERMS:
+                unknown.append(name)
+            elif term in given:
+                raise ValueError(f"cost model term {term} is given twice, under its own name "
+                                 f"and under the lab's")
+            else:
+                given[term] = value
         if unknown:
-            raise ValueError(f"unknown cost model field(s): {', '.join(unknown)} "
-                             f"(known: {', '.join(sorted(known))})")
+            raise ValueError(f"unknown cost model field(s): {', '.join(sorted(unknown))} "
+                             f"(known: {', '.join(TERMS)}; the lab's names "
+                             f"{', '.join(LAB_NAMES)})")
         # __post_init__ checks every value.
-        return replace(cls(), **values)  # type: ignore[arg-type]
+        return replace(base if base is not None else cls(), **given)  # type: ignore[arg-type]
+
+
+#: The lab's default model: 50 µs a step, 2 µs a prefill token, 100 µs for a step's decode
+#: batch and 20 µs a decode row (§5.3).
+LAB_COST = StepCost(base_us=50, per_prefill_token_us=2, decode_base_us=100, per_decode_row_us=20)
+
+
+def check_clock_cost(name: str, value: object) -> StepCost:
+    """`value` as a clock charges it: a `StepCost` of the lab's four terms. A clock is told a
+    plan's prefill tokens and decode rows only, so it could not charge a per-row or position
+    term, and refuses a model that has one rather than leave it out."""
+    if not isinstance(value, StepCost):
+        raise TypeError(f"{name} must be a StepCost, got {type(value).__name__}")
+    if not value.lab_terms_only:
+        raise ValueError(f"{name} has a per-row or position term (per_prefill_row_us, "
+                         f"per_prefill_position_us), which a clock cannot charge: it is told "
+                         f"a plan's prefill tokens and decode rows only")
+    return value
 
 
 def _fmt_number(value: float) -> str:

@@ -12,7 +12,7 @@ from typing import Any, Callable, TypeAlias
 import numpy as np
 
 from .._core import IterationPlan, Scheduler
-from ..cost_model import RuntimeCostModel
+from ..cost_model import StepCost
 from ..engine import CostModelHost, Engine, VirtualClock
 from ..reference import TwinPlan, TwinScheduler
 from ..slack import PlanningRule
@@ -74,7 +74,7 @@ def decoding_engine(cls: SchedulerClass, n: int, prompt: int, *, extra_active: i
 
 def _calibrated_step(engine: Engine) -> None:
     """One step that reports a 10 ms duration, so mixed planning knows this decode width."""
-    engine.clock, engine.observe = VirtualClock(RuntimeCostModel(10_000, 0, 0, 0)), True
+    engine.clock, engine.observe = VirtualClock(StepCost(10_000, 0, 0, 0)), True
     engine.step()
     engine.clock, engine.observe = None, False
 

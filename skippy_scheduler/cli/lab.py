@@ -13,8 +13,9 @@ import os
 import sys
 from typing import Any
 
+from ..cost_model import check_clock_cost
 from ..lab.backend import BACKENDS, Backend, resolve_backend
-from ..lab.model import RuntimeCostModel
+from ..lab.model import LAB_COST, StepCost
 from ..lab.progress import Progress
 from ..lab.replay import DEFAULT_PREFIX_CACHE_TOKENS, ReplayOptions
 from ..lab.report import dump_json, format_replay, format_table, lab_document
@@ -77,9 +78,10 @@ def register(subparsers: Any) -> None:
     add_flag(p, "json", note="after Ctrl-C or SIGTERM, the runs that finished")
     p.add_argument("--cost-model", metavar="SPEC",
                    help="cost constants: name=value,... (iteration_overhead_us, "
-                        "prefill_token_us, decode_batch_us, decode_sequence_us), a JSON file "
-                        "holding an object of them, or the --json file of `skippy-scheduler "
-                        "calibrate` (default: 50,2,100,20 µs)")
+                        "prefill_token_us, decode_batch_us, decode_sequence_us, or StepCost's "
+                        "names for them: base_us, per_prefill_token_us, decode_base_us, "
+                        "per_decode_row_us), a JSON file holding an object of them, or the "
+                        "--json file of `skippy-scheduler calibrate` (default: 50,2,100,20 µs)")
     p.add_argument("--bench-reps", type=non_negative_int, default=200, metavar="N",
                    help="extra runs per scenario used only to time the simulator (default: 200)")
     p.add_argument("--replay", action="store_true",
@@ -183,8 +185,8 @@ def _cache_tokens(text: str) -> int | str:
     return non_negative_int(text)
 
 
-def _cost_document(spec: str) -> RuntimeCostModel:
-    """A JSON file: an object of the four fields, or `calibrate --json`'s document."""
+def _cost_document(spec: str) -> StepCost:
+    """A JSON file: an object of cost model terms, or `calibrate --json`'s document."""
     with open(spec, encoding="utf-8") as fh:
         data = json.load(fh)
     if isinstance(data, dict) and "cost_model" in data and "shapes" in data:
@@ -193,27 +195,27 @@ def _cost_document(spec: str) -> RuntimeCostModel:
             print(f"skippy-scheduler lab: warning: {spec}: the calibration reported problems "
                   f"({'; '.join(map(str, data['problems']))})", file=sys.stderr)
         if isinstance(model, str):
-            return RuntimeCostModel.parse(model)
+            return StepCost.parse(model, LAB_COST)
         if isinstance(model, dict):
-            return RuntimeCostModel.from_mapping(model)
+            return StepCost.from_mapping(model, LAB_COST)
         raise ValueError(f"{spec}: cost_model must be name=value,... or an object")
     if not isinstance(data, dict):
         raise ValueError(f"{spec}: the cost model file must hold a JSON object")
-    return RuntimeCostModel.from_mapping(data)
+    return StepCost.from_mapping(data, LAB_COST)
 
 
-def cost_model(spec: str | None) -> RuntimeCostModel:
+def cost_model(spec: str | None) -> StepCost:
+    """The lab's cost model: `LAB_COST` with the terms `spec` names (see --cost-model)."""
     if spec is None:
-        return RuntimeCostModel()
+        return LAB_COST
     looks_like_path = "=" not in spec and (os.sep in spec or spec.endswith(".json"))
     if looks_like_path and not os.path.exists(spec):
         raise CommandError(f"--cost-model: file not found: {spec}")
     if os.path.isdir(spec):
         raise CommandError(f"--cost-model: {spec} is a directory")
     try:
-        if os.path.exists(spec):
-            return _cost_document(spec)
-        return RuntimeCostModel.parse(spec)
+        cost = _cost_document(spec) if os.path.exists(spec) else StepCost.parse(spec, LAB_COST)
+        return check_clock_cost("the cost model", cost)
     except json.JSONDecodeError as exc:
         raise CommandError(f"--cost-model: {spec} is not valid JSON ({exc})") from None
     except UnicodeDecodeError:
@@ -279,7 +281,7 @@ def _write(path: str, text: str) -> None:
         fh.write(text)
 
 
-def _run_scenarios(args: argparse.Namespace, cost: RuntimeCostModel, backend: Backend) -> int:
+def _run_scenarios(args: argparse.Namespace, cost: StepCost, backend: Backend) -> int:
     try:
         scenarios = [get_scenario(name) for name in (args.scenario or SCENARIO_NAMES)]
     except ValueError as exc:
@@ -310,7 +312,7 @@ def _run_scenarios(args: argparse.Namespace, cost: RuntimeCostModel, backend: Ba
 
 
 def _save_scenarios(args: argparse.Namespace, results: list[Any], replay: list[Any],
-                    cost: RuntimeCostModel, backend: Backend) -> str:
+                    cost: StepCost, backend: Backend) -> str:
     sys.stdout.write(format_table(results))
     if args.replay and replay:
         sys.stdout.write("\n" + format_replay(replay))

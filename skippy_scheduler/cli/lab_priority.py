@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from ..lab.backend import Backend
-from ..lab.model import RuntimeCostModel
+from ..lab.model import StepCost
 from ..lab.priority import (PriorityScenario, RULES, format_priority_table,
                             run_priority_scenario)
 from ..lab.suite import SuiteOptions
@@ -23,7 +23,7 @@ _OPTIONS = {"max_active": "max_active", "max_num_batched_tokens": "max_tokens",
 
 
 def run_priority_command(args: argparse.Namespace, modes: Optional[list[str]],
-                         cost: RuntimeCostModel, backend: Backend) -> int:
+                         cost: StepCost, backend: Backend) -> int:
     if modes is not None and len(modes) > 1:
         raise CommandError("--priority-scenario runs one planning mode (--mixed or --no-mixed)")
     for flag, dest in (("--families", "families"), ("--family-share", "family_share"),
@@ -57,7 +57,7 @@ def run_priority_command(args: argparse.Namespace, modes: Optional[list[str]],
     runs = run_priority_scenario(scenario, RULES, options, cost, backend=backend, on_run=emit)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"backend": backend.name, "cost_model": cost.as_dict(),
+            json.dump({"backend": backend.name, "cost_model": cost.lab_dict(),
                        "scenario": scenario.as_dict(), "runs": [r.figures for r in runs]},
                       fh, indent=2)
             fh.write("\n")

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from ..lab.backend import Backend
-from ..lab.model import RuntimeCostModel
+from ..lab.model import StepCost
 from ..lab.replay import DEFAULT_MODE, DEFAULT_PREFIX_CACHE_TOKENS, ReplayOptions, run_replays
 from ..lab.report import (TRACE_UNITS, format_tenant_table, format_trace_header,
                           format_trace_row, trace_document)
@@ -83,7 +83,7 @@ def _save(args: argparse.Namespace, document: Any, runs: list[Any], plot: Any,
 
 
 def run_suite_command(args: argparse.Namespace, modes: Optional[list[str]],
-                      cost: RuntimeCostModel, backend: Backend) -> int:
+                      cost: StepCost, backend: Backend) -> int:
     if args.priority_scenario:
         from .lab_priority import run_priority_command
 
@@ -118,7 +118,7 @@ def run_suite_command(args: argparse.Namespace, modes: Optional[list[str]],
         out.flush()
 
     def document(runs: list[Any]) -> dict[str, Any]:
-        return {"backend": backend.name, "cost_model": cost.as_dict(),
+        return {"backend": backend.name, "cost_model": cost.lab_dict(),
                 "workload": {**spec.as_dict(), **workload.summary()},
                 "options": {k: v for k, v in options.__dict__.items()},
                 "runs": [run.figures for run in runs]}
@@ -167,7 +167,7 @@ def _open_trace(args: argparse.Namespace) -> Trace:
 
 
 def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
-                      cost: RuntimeCostModel, backend: Backend) -> int:
+                      cost: StepCost, backend: Backend) -> int:
     policies = args.policy or list(POLICIES)
     modes = modes or [DEFAULT_MODE]
     _check_modes(modes)
@@ -191,7 +191,7 @@ def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
     out = sys.stdout
     info = {"path": args.trace, "format": trace.format, "time_scale": trace.time_scale,
             "limit": trace.limit, **stats.as_dict(), "mode": mode, "backend": backend.name,
-            "cost_model": cost.as_dict(),
+            "cost_model": cost.lab_dict(),
             "options": {k: v for k, v in options.__dict__.items() if k != "record_series"}}
     out.write(f"# trace {args.trace} format={trace.format} requests={stats.requests} "
               f"skipped_failures={stats.skipped_failures} span_s={stats.span_s:.1f} "

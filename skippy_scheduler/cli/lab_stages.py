@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from ..lab.backend import Backend
-from ..lab.model import RuntimeCostModel, burst_requests
+from ..lab.model import StepCost, burst_requests
 from ..lab.stages import MAX_STAGES, format_staged, staged_table
 from ..types import SchedulerConfig
 from ._common import CommandError, check_output_file, int_in
@@ -60,7 +60,7 @@ STAGED_ONLY = {"hop_us": "--hop-us", "driver_overhead_us": "--driver-overhead-us
                "pipeline_requests": "--pipeline-requests"}
 
 
-def run_staged_command(args: argparse.Namespace, cost: RuntimeCostModel,
+def run_staged_command(args: argparse.Namespace, cost: StepCost,
                        backend: Backend) -> int:
     check_output_file("--json", args.json)
     hop = 100.0 if args.hop_us is None else args.hop_us
@@ -74,14 +74,14 @@ def run_staged_command(args: argparse.Namespace, cost: RuntimeCostModel,
         raise CommandError(str(exc)) from None
     header = [f"staged pipeline: {n} requests at 0 µs, {PROMPT_TOKENS} prompt tokens, "
               f"{OUTPUT_TOKENS} output tokens; scheduler {backend.name}",
-              f"each of P stages: iteration overhead {cost.iteration_overhead_us:g} µs, the "
+              f"each of P stages: iteration overhead {cost.base_us:g} µs, the "
               f"other terms of {cost} divided by P; hop {hop:g} µs; driver overhead "
               f"{overhead:g} µs",
               "form: gap = max(sum of stages + hops + overhead, groups x slowest stage), "
               "tokens/s = groups x rows per group / gap"]
     sys.stdout.write(format_staged(rows, header))
     if args.json:
-        doc: dict[str, Any] = {"cost_model": cost.as_dict(), "hop_us": hop,
+        doc: dict[str, Any] = {"cost_model": cost.lab_dict(), "hop_us": hop,
                                "driver_overhead_us": overhead, "requests": n,
                                "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
                                "scheduler": backend.name, "rows": rows}

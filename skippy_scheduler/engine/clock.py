@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Callable, Optional, Protocol, Union, runtime_checkable
 
-from ..cost_model import RuntimeCostModel
+from ..cost_model import StepCost, check_clock_cost
 
 
 @runtime_checkable
@@ -62,12 +62,11 @@ class WallClock:
 
 
 class VirtualClock:
-    """Deterministic time charged by `cost` (a `RuntimeCostModel`), starting at 0."""
+    """Deterministic time charged by `cost` (a `StepCost` of the lab's four terms: see
+    `check_clock_cost`), starting at 0."""
 
-    def __init__(self, cost: Optional[RuntimeCostModel] = None) -> None:
-        if cost is not None and not isinstance(cost, RuntimeCostModel):
-            raise TypeError(f"cost must be a RuntimeCostModel, got {type(cost).__name__}")
-        self.cost = cost
+    def __init__(self, cost: Optional[StepCost] = None) -> None:
+        self.cost = None if cost is None else check_clock_cost("cost", cost)
         self._now: float = 0
 
     def start(self) -> None:

@@ -9,7 +9,9 @@ a prefill mixed into a decode batch), reads each iteration's prefill tokens, dec
 charged duration from the engine's recorder, and fits the four coefficients by non-negative
 least squares over the fastest timed iteration of each shape. So a calibration times exactly
 what the engine charges for a plan: the host's `execute` (staging the batch, one
-`llama_decode`, greedy sampling), nothing of the scheduler's own work.
+`llama_decode`, greedy sampling), nothing of the scheduler's own work. The model is a
+`StepCost` of the lab's four terms (its per-row and position terms 0), and its str() is the
+lab's --cost-model form.
 
 Why the fastest: on a shared machine every disturbance (another process on the core, a cache
 it evicts, a thread descheduled) only adds time, so the fastest of a shape's iterations is the
@@ -44,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Union, runt
 
 import numpy as np
 
-from ..cost_model import RuntimeCostModel, decode_row_count
+from ..cost_model import LAB_NAMES, StepCost, decode_row_count
 from ..engine.clock import make_clock
 from ..engine.contract import attach
 from ..engine.core import Engine, Request
@@ -53,13 +55,12 @@ from ..types import SchedulerConfig
 if TYPE_CHECKING:  # pragma: no cover
     from .llama import LlamaHost
 
-# The lab's cost model is the one fitted here; its str() is the --cost-model form.
-CostModel = RuntimeCostModel
-
 COST_MODEL_RE = re.compile(
     r"^iteration_overhead_us=[0-9.]+,prefill_token_us=[0-9.]+,"
     r"decode_batch_us=[0-9.]+,decode_sequence_us=[0-9.]+$"
 )
+
+_LAB = {name: lab for lab, name in LAB_NAMES.items()}  # the lab's name of each of its terms
 
 CLOCKS = ("cpu", "wall")
 DEFAULT_CLOCK = "cpu"
@@ -101,7 +102,7 @@ class ShapeTiming:
 
 @dataclass
 class Calibration:
-    model: CostModel
+    model: StepCost
     samples: list[tuple[int, int, float]]  # (prefill tokens, decode rows, fastest µs)
     residual_us: float  # root-mean-square error of the fit over the shapes
     clock: str = DEFAULT_CLOCK
@@ -137,7 +138,7 @@ class Calibration:
         }
 
 
-def relative_residual(model: CostModel, samples: list[tuple[int, int, float]]) -> float:
+def relative_residual(model: StepCost, samples: list[tuple[int, int, float]]) -> float:
     """Root-mean-square of (model − measured) / measured over the samples."""
     if not samples:
         raise ValueError("no samples")
@@ -146,7 +147,7 @@ def relative_residual(model: CostModel, samples: list[tuple[int, int, float]]) -
     return math.sqrt(sum(e * e for e in errors) / len(errors))
 
 
-def check_fit(model: CostModel, samples: list[tuple[int, int, float]]) -> list[str]:
+def check_fit(model: StepCost, samples: list[tuple[int, int, float]]) -> list[str]:
     """Plausibility of a fitted model, as sentences (empty when it is plausible).
 
     The fit must explain the timings (relative residual at most `MAX_RELATIVE_RESIDUAL`), and
@@ -165,9 +166,9 @@ def check_fit(model: CostModel, samples: list[tuple[int, int, float]]) -> list[s
             f"{MAX_RELATIVE_RESIDUAL:.0%} is not plausible), so the timings vary more than the "
             "plans they time")
     for what, coef, name, family in (
-        ("prefill tokens", model.prefill_token_us, "prefill_token_us",
+        ("prefill tokens", model.per_prefill_token_us, _LAB["per_prefill_token_us"],
          [(p, us) for p, d, us in samples if p and not d]),
-        ("decode rows", model.decode_sequence_us, "decode_sequence_us",
+        ("decode rows", model.per_decode_row_us, _LAB["per_decode_row_us"],
          [(d, us) for p, d, us in samples if d and not p]),
     ):
         sizes = sorted({n for n, _ in family})
@@ -406,7 +407,7 @@ def calibrate_host(
     return Calibration(model, samples, residual, label, timings, list(skipped.values()))
 
 
-def fit_cost_model(samples: list[tuple[int, int, float]]) -> tuple[CostModel, float]:
+def fit_cost_model(samples: list[tuple[int, int, float]]) -> tuple[StepCost, float]:
     """Non-negative least squares of the four coefficients over (prefill, decode rows, µs);
     returns the model and its root-mean-square residual in µs.
 
@@ -438,4 +439,4 @@ def fit_cost_model(samples: list[tuple[int, int, float]]) -> tuple[CostModel, fl
         best = (float(np.sum(yw**2)), np.zeros(4))
     coef = np.round(best[1], 3)
     residual = float(np.sqrt(np.mean((a @ coef - y) ** 2)))
-    return CostModel(*(float(c) for c in coef)), residual
+    return StepCost(*(float(c) for c in coef)), residual

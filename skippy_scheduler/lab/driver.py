@@ -15,14 +15,14 @@ from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
-from ..cost_model import RuntimeCostModel
+from ..cost_model import StepCost
 from ..engine import Engine, EngineReport, EngineStalled, VirtualClock, percentile
 from .host import LabHost, LabRequest
 
 ProgressHook = Callable[[int], None]  # called with the number of requests that have ended
 
 
-def drive(scheduler: Any, host: LabHost, requests: Iterable[LabRequest], cost: RuntimeCostModel,
+def drive(scheduler: Any, host: LabHost, requests: Iterable[LabRequest], cost: StepCost,
           *, label: str, stalled_hint: str = "", progress: Optional[ProgressHook] = None,
           every: int = 1024,
           on_plan: Optional[Callable[[Any, float, float], None]] = None

@@ -1,8 +1,9 @@
 """Simulated requests, the virtual cost model and the reference request generators (§5.2-§5.4).
 
 The lab never runs a model: a request is a prompt length, an output length and an arrival time,
-and the time an iteration takes comes from `RuntimeCostModel`. Prompt token ids are synthetic
-(`token_offset + i`), so two requests share a prompt prefix exactly when their offsets are equal.
+and the time an iteration takes comes from a `StepCost` (by default `LAB_COST`). Prompt token ids
+are synthetic (`token_offset + i`), so two requests share a prompt prefix exactly when their
+offsets are equal.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from ..types import PrefixRestore, PrefixRestoreKind, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..radix import UnifiedRadixCache
-from ..cost_model import RuntimeCostModel as RuntimeCostModel  # re-exported: the lab's cost model
+from ..cost_model import LAB_COST as LAB_COST  # re-exported: the lab's cost model
+from ..cost_model import StepCost as StepCost
 
 
 @dataclass

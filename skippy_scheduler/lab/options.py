@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Hashable, Mapping, Optional
 
-from ..cost_model import RuntimeCostModel
-from ..slack import PlanningRule, StepCost
+from ..cost_model import LAB_COST, StepCost
+from ..slack import PlanningRule
 from ..types import MemoryComponent, SchedulerConfig
 
 MODES = ("phase", "mixed")  # what runs by default
@@ -36,7 +36,7 @@ class RunOptions:
         """Output tokens an admission reserves cells for; None without the memory model."""
         return self.reserve_output_tokens if self.kv_capacity_tokens > 0 else None
 
-    def config(self, mode: str, cost: Optional[RuntimeCostModel] = None) -> SchedulerConfig:
+    def config(self, mode: str, cost: Optional[StepCost] = None) -> SchedulerConfig:
         """The scheduler configuration of a run in planning mode `mode` ("phase", "mixed" or
         "slack"; `cost` is the slack rule's starting cost model)."""
         if mode not in ALL_MODES:
@@ -57,10 +57,10 @@ class RunOptions:
             **(self._slack(cost) if mode == "slack" else {}),
         )
 
-    def _slack(self, cost: Optional[RuntimeCostModel]) -> dict[str, Any]:
+    def _slack(self, cost: Optional[StepCost]) -> dict[str, Any]:
         target_ms = float(getattr(self, "itl_target_ms", 0.0)) or 100.0
         return {"planning_rule": PlanningRule.SLACK, "itl_target": target_ms / 1e3,
-                "step_cost": StepCost.from_runtime_cost_model(cost or RuntimeCostModel())}
+                "step_cost": cost or LAB_COST}
 
     def _check_common(self, ttft_target_ms: float, itl_target_ms: float) -> None:
         for name in ("max_active", "max_tokens", "chunk"):

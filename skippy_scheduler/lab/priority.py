@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
-from ..cost_model import RuntimeCostModel
+from ..cost_model import LAB_COST, StepCost
 from ..selection import make_admission
 from .backend import Backend, resolve_backend
 from .driver import LabRun, Latency, drive, nearest_rank
@@ -105,19 +105,19 @@ class KeepingBlockCache(BlockPrefixCache):
 
 
 def run_rule(workload: Workload, scenario: PriorityScenario, rule: str,
-             options: Optional[SuiteOptions] = None, cost: Optional[RuntimeCostModel] = None,
+             options: Optional[SuiteOptions] = None, cost: Optional[StepCost] = None,
              *, backend: str | Backend | None = "auto") -> LabRun:
     """Replay the scenario's workload under one rule (`RULES`)."""
     if rule not in RULES:
         raise ValueError(f"unknown rule {rule!r} (choose from {', '.join(RULES)})")
     base = options or SuiteOptions()
-    cost = cost or RuntimeCostModel()
+    cost = cost or LAB_COST
     opts = SuiteOptions(**{**base.__dict__, "kv_capacity_tokens": UNREACHED_KV_TOKENS})
     config = opts.config(scenario.mode)
     config.priority_preemption = rule != "admission-order"
     sched = resolve_backend(backend).make(config, admission=make_admission(scenario.policy))
     cache = KeepingBlockCache(sched, scenario.prefix_cache_tokens,
-                              max(0, round(cost.prefill_token_us)),
+                              max(0, round(cost.per_prefill_token_us)),
                               keep_victims=rule == "preempt-restore")
     host = LabHost(sched, prefix=cache, memory=True, reserve=opts.reserve)
     arrivals = workload.arrival_us.tolist()
@@ -162,7 +162,7 @@ def _figures(workload: Workload, rule: str, options: SuiteOptions, host: LabHost
 
 def run_priority_scenario(scenario: PriorityScenario, rules: Iterable[str] = RULES,
                           options: Optional[SuiteOptions] = None,
-                          cost: Optional[RuntimeCostModel] = None, *,
+                          cost: Optional[StepCost] = None, *,
                           backend: str | Backend | None = "auto",
                           on_run: Optional[Callable[[LabRun], None]] = None) -> list[LabRun]:
     workload = generate(scenario.spec())

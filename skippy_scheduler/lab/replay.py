@@ -21,7 +21,7 @@ from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Optiona
 
 import numpy as np
 
-from ..cost_model import RuntimeCostModel
+from ..cost_model import LAB_COST, StepCost
 from ..policies import FairShareAdmission
 from ..selection import POLICIES, make_admission as _by_name
 from ..types import SchedulerConfig
@@ -61,18 +61,18 @@ def _progress_bar(total: Optional[int], label: str, enabled: Optional[bool]) -> 
                 file=sys.stderr)
 
 
-def replay_host(sched: Any, options: ReplayOptions, cost: RuntimeCostModel,
+def replay_host(sched: Any, options: ReplayOptions, cost: StepCost,
                 fair_share: Optional[FairShareAdmission] = None) -> LabHost:
     """The lab host of a replay: the block prefix cache (unless `prefix_cache_tokens` is 0),
     the memory model and tenant service."""
     cap = options.prefix_cache_tokens
-    prefix = None if cap == 0 else BlockPrefixCache(sched, cap, max(0, round(cost.prefill_token_us)))
+    prefix = None if cap == 0 else BlockPrefixCache(sched, cap, max(0, round(cost.per_prefill_token_us)))
     return LabHost(sched, prefix=prefix, memory=options.kv_capacity_tokens > 0,
                    reserve=options.reserve, tenants=TenantService(fair_share))
 
 
 def run_replay(trace: Trace, policy: str, mode: str = DEFAULT_MODE,
-               options: Optional[ReplayOptions] = None, cost: Optional[RuntimeCostModel] = None,
+               options: Optional[ReplayOptions] = None, cost: Optional[StepCost] = None,
                *, backend: str | Backend | None = "auto", progress: Optional[bool] = None,
                on_plan: Optional[Callable[[Any, float, float], None]] = None,
                host_hook: Optional[Callable[[LabHost], None]] = None,
@@ -83,7 +83,7 @@ def run_replay(trace: Trace, policy: str, mode: str = DEFAULT_MODE,
     number of requests (default: the file's row count). on_plan: the engine's hook, called with
     every plan after the host ran it. host_hook(host): called once before the run (tests)."""
     options = (options or ReplayOptions()).validate()
-    cost = cost or RuntimeCostModel()
+    cost = cost or LAB_COST
     config = options.config(mode, cost)
     admission = make_admission(policy, options.tenant_weights)
     sched = resolve_backend(backend).make(config, admission=admission)
@@ -192,7 +192,7 @@ def _figures(policy: str, mode: str, options: ReplayOptions, config: SchedulerCo
 
 
 def run_replays(trace: Trace, policies: Iterable[str] = POLICIES, mode: str = DEFAULT_MODE,
-                options: Optional[ReplayOptions] = None, cost: Optional[RuntimeCostModel] = None,
+                options: Optional[ReplayOptions] = None, cost: Optional[StepCost] = None,
                 *, backend: str | Backend | None = "auto", progress: Optional[bool] = None,
                 on_run: Optional[Callable[[ReplayRun], None]] = None,
                 total: Optional[int] = None) -> list[ReplayRun]:

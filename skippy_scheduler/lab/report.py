@@ -5,7 +5,7 @@ import json
 from typing import Any, Iterable
 
 from .driver import LabRun
-from .model import RuntimeCostModel
+from .model import StepCost
 from .scenarios import ReplayResult, ScenarioResult
 
 COLUMNS = ("scenario", "requests", "makespan_ms", "request_s", "p95_queue_ms", "p50_ttft_ms",
@@ -44,11 +44,11 @@ def format_replay(results: Iterable[ReplayResult]) -> str:
 
 
 def lab_document(results: list[ScenarioResult], replay: list[ReplayResult],
-                 cost: RuntimeCostModel, backend: str) -> dict[str, Any]:
+                 cost: StepCost, backend: str) -> dict[str, Any]:
     """Everything the lab computed. Wall-clock figures live only under `bench_us_per_run`."""
     return {
         "backend": backend,
-        "cost_model": cost.as_dict(),
+        "cost_model": cost.lab_dict(),
         "scenarios": [{
             "scenario": r.scenario.name,
             "config_overrides": dict(r.scenario.overrides),

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..cache_policy import CacheAffinity
 from ..types import SchedulerConfig
 from .backend import Backend, resolve_backend
-from .model import (RuntimeCostModel, SimRequest, apply_resident_radix_affinity, burst_requests,
-                    staggered_prefill_requests)
+from .model import (LAB_COST, SimRequest, StepCost, apply_resident_radix_affinity,
+                    burst_requests, staggered_prefill_requests)
 from .simulate import SimulationReport, simulate
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,11 +38,11 @@ def radix_fixture(prefix_tokens: int = RADIX_PREFIX_TOKENS) -> UnifiedRadixCache
     return cache
 
 
-def _affinity_cost(cost: RuntimeCostModel) -> int:
-    return max(0, round(cost.prefill_token_us))
+def _affinity_cost(cost: StepCost) -> int:
+    return max(0, round(cost.per_prefill_token_us))
 
 
-def radix_requests(cost: RuntimeCostModel, *, cache_aware: bool) -> list[SimRequest]:
+def radix_requests(cost: StepCost, *, cache_aware: bool) -> list[SimRequest]:
     """a-cold, b-cold (disjoint prompts) and c-hot (hits the fixture), 4 096/16 each, probed
     against the radix fixture; FCFS keeps the prefix restore but drops the affinity."""
     requests = [SimRequest("a-cold", 0, 4_096, 16, token_offset=10_000),
@@ -65,7 +65,7 @@ def waiting_prefix_requests() -> list[SimRequest]:
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    build: Callable[[RuntimeCostModel], list[SimRequest]]
+    build: Callable[[StepCost], list[SimRequest]]
     overrides: dict[str, Any] = field(default_factory=dict)
 
     def config(self) -> SchedulerConfig:
@@ -110,13 +110,13 @@ class ScenarioResult:
     trace: list[str] | None = None
 
 
-def run_scenario(scenario: Scenario | str, cost: RuntimeCostModel | None = None, *,
+def run_scenario(scenario: Scenario | str, cost: StepCost | None = None, *,
                  backend: str | Backend | None = "auto", bench_reps: int = 0,
                  trace: bool = False) -> ScenarioResult:
     """Simulate one scenario, then `bench_reps` more times only to time the simulator."""
     if isinstance(scenario, str):
         scenario = get_scenario(scenario)
-    cost = cost or RuntimeCostModel()
+    cost = cost or LAB_COST
     backend = resolve_backend(backend)
     config = scenario.config()
     lines: list[str] | None = [f"### scenario {scenario.name}"] if trace else None
@@ -155,7 +155,7 @@ def replay_requests(family_order: list[int], prompt_tokens: int) -> list[SimRequ
             for i, family in enumerate(family_order)]
 
 
-def replay_profile(profile: str, mode: str, cost: RuntimeCostModel | None = None, *,
+def replay_profile(profile: str, mode: str, cost: StepCost | None = None, *,
                    backend: str | Backend | None = "auto") -> ReplayResult:
     if profile not in REPLAY_PROFILES:
         raise ValueError(f"unknown replay profile {profile!r}")
@@ -171,7 +171,7 @@ def replay_profile(profile: str, mode: str, cost: RuntimeCostModel | None = None
     return ReplayResult(profile, mode, order, switches, spec["expected"][mode])
 
 
-def replay_all(cost: RuntimeCostModel | None = None, *,
+def replay_all(cost: StepCost | None = None, *,
                backend: str | Backend | None = "auto") -> list[ReplayResult]:
     return [replay_profile(p, m, cost, backend=backend)
             for p in REPLAY_PROFILES for m in ("fcfs", "dfs")]

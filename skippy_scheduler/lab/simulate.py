@@ -2,7 +2,7 @@
 
 `simulate` drives any scheduler with the public API (native or twin, see `backend.py`) through
 the `Engine`, with a `CostModelHost` that samples the token 1 for every sampling row and a
-`VirtualClock` that charges each plan its `RuntimeCostModel` cost, and returns a
+`VirtualClock` that charges each plan its `StepCost` cost, and returns a
 `SimulationReport` of per-request timings. Time only moves by the cost model, so two runs of
 the same inputs give identical reports (and byte-identical traces, §5.7).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from ..cost_model import RuntimeCostModel
+from ..cost_model import LAB_COST, StepCost
 from ..engine import CostModelHost, Engine, EngineStalled, VirtualClock, percentile
 from ..types import IterationPhase
 from .backend import Backend, resolve_backend
@@ -158,13 +158,13 @@ class _TraceWriter:
         self.iteration += 1
 
 
-def simulate(config: Any, cost: RuntimeCostModel | None, requests: Iterable[SimRequest], *,
+def simulate(config: Any, cost: StepCost | None, requests: Iterable[SimRequest], *,
              backend: str | Backend | None = "auto", admission: Any = None,
              preemption: Any = None,
              trace: list[str] | None = None) -> SimulationReport:
     """Run `requests` through a fresh scheduler under `cost` (§5.4). Appends the §5.7 trace
     lines to `trace` when given."""
-    cost = cost or RuntimeCostModel()
+    cost = cost or LAB_COST
     reqs = sorted(validate_requests(requests), key=lambda r: (r.arrival_us, r.id))
     config = config.normalized()
     scheduler = resolve_backend(backend).make(config, admission=admission, preemption=preemption)

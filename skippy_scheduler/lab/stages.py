@@ -35,7 +35,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable, NoReturn, Optional, Sequence as Seq
 
-from ..cost_model import RuntimeCostModel
+from ..cost_model import StepCost, check_clock_cost
 from ..engine import BaseObserver, CostModelHost, Engine, EngineStalled, percentile
 from ..types import IterationTelemetry
 from .backend import Backend, resolve_backend
@@ -51,7 +51,7 @@ MAX_STAGES = 64
 class StagedPipeline:
     """P stages (one cost model each), the hop latency (µs) and the driver's overhead per plan."""
 
-    costs: tuple[RuntimeCostModel, ...]
+    costs: tuple[StepCost, ...]
     hop_us: float = 0.0
     overhead_us: float = 0.0
 
@@ -59,15 +59,14 @@ class StagedPipeline:
         if not isinstance(self.costs, tuple) or not 1 <= len(self.costs) <= MAX_STAGES:
             raise ValueError(f"a pipeline needs a tuple of 1-{MAX_STAGES} stage cost models")
         for c in self.costs:
-            if not isinstance(c, RuntimeCostModel):
-                raise TypeError(f"a stage cost must be a RuntimeCostModel, got {type(c).__name__}")
+            check_clock_cost("a stage cost", c)
         for name in ("hop_us", "overhead_us"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
 
     @classmethod
-    def uniform(cls, stages: int, cost: RuntimeCostModel, hop_us: float = 0.0,
+    def uniform(cls, stages: int, cost: StepCost, hop_us: float = 0.0,
                 overhead_us: float = 0.0) -> "StagedPipeline":
         """`stages` stages of one cost each (the whole model's cost split evenly is the
         caller's choice: this does not divide it)."""
@@ -273,7 +272,7 @@ def run_staged(config: Any, pipeline: StagedPipeline, groups: int,
     return report
 
 
-def staged_table(config: Any, cost: RuntimeCostModel, requests: Seq[SimRequest],
+def staged_table(config: Any, cost: StepCost, requests: Seq[SimRequest],
                  stages: Seq[int] = (1, 2, 3, 4), hop_us: float = 0.0,
                  overhead_us: float = 0.0, split: bool = True,
                  backend: str | Backend | None = "auto") -> list[dict[str, Any]]:
@@ -295,11 +294,10 @@ def staged_table(config: Any, cost: RuntimeCostModel, requests: Seq[SimRequest],
     return rows
 
 
-def _split_cost(cost: RuntimeCostModel, p: int) -> RuntimeCostModel:
-    return RuntimeCostModel(iteration_overhead_us=cost.iteration_overhead_us,
-                            prefill_token_us=cost.prefill_token_us / p,
-                            decode_batch_us=cost.decode_batch_us / p,
-                            decode_sequence_us=cost.decode_sequence_us / p)
+def _split_cost(cost: StepCost, p: int) -> StepCost:
+    return StepCost(base_us=cost.base_us, per_prefill_token_us=cost.per_prefill_token_us / p,
+                    decode_base_us=cost.decode_base_us / p,
+                    per_decode_row_us=cost.per_decode_row_us / p)
 
 
 def format_staged(rows: Seq[dict[str, Any]], header: Optional[list[str]] = None) -> str:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
-from ..cost_model import RuntimeCostModel
+from ..cost_model import LAB_COST, StepCost
 from ..selection import make_admission as by_name
 from ..types import Sequence
 from .backend import Backend, resolve_backend
@@ -78,15 +78,15 @@ class SuiteRequest:
 
 
 def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions | None = None,
-               cost: RuntimeCostModel | None = None, *, backend: str | Backend | None = "auto",
+               cost: StepCost | None = None, *, backend: str | Backend | None = "auto",
                progress: bool | None = None) -> SuiteRun:
     """Replay `workload` under one admission policy and planning mode."""
     options = options or SuiteOptions()
-    cost = cost or RuntimeCostModel()
+    cost = cost or LAB_COST
     config = options.config(mode, cost)
     sched = resolve_backend(backend).make(config, admission=make_admission(policy))
     n = workload.n
-    cache = FamilyPrefixCache(workload, max(0, round(cost.prefill_token_us)))
+    cache = FamilyPrefixCache(workload, max(0, round(cost.per_prefill_token_us)))
     host = LabHost(sched, prefix=cache, memory=options.kv_capacity_tokens > 0,
                    reserve=options.reserve)
     arrivals = workload.arrival_us.tolist()
@@ -173,7 +173,7 @@ def format_suite(runs: list[SuiteRun]) -> str:
 
 def run_suite(workload: Workload, policies: Iterable[str] = POLICIES,
               modes: Iterable[str] = MODES, options: SuiteOptions | None = None,
-              cost: RuntimeCostModel | None = None, *, backend: str | Backend | None = "auto",
+              cost: StepCost | None = None, *, backend: str | Backend | None = "auto",
               progress: bool | None = None,
               on_run: Optional[Callable[[SuiteRun], None]] = None) -> list[SuiteRun]:
     runs = []

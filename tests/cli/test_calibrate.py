@@ -30,12 +30,12 @@ def test_calibrate_json_round_trips_into_the_lab(tmp_path, capsys):
     assert main(["lab", "--cost-model", printed, "--scenario", "cold-burst-n1",
                  "--bench-reps", "0", "--json", str(typed)]) == 0
     capsys.readouterr()
-    from skippy_scheduler.lab.model import RuntimeCostModel
+    from skippy_scheduler.lab.model import LAB_COST, StepCost
 
     from_file = json.loads(lab_json.read_text())["cost_model"]
     assert from_file == json.loads(typed.read_text())["cost_model"]
-    assert from_file == RuntimeCostModel.parse(printed).as_dict()
-    assert from_file != RuntimeCostModel().as_dict()  # not the lab's default model
+    assert from_file == StepCost.parse(printed).lab_dict()
+    assert from_file != LAB_COST.lab_dict()  # not the lab's default model
 
 
 def test_many_repeats_get_a_context_that_holds_them(tmp_path):

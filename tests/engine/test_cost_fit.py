@@ -7,7 +7,7 @@ import pytest
 
 from skippy_scheduler import (PlanningRule, Request, Scheduler, SchedulerConfig, StepCost,
                               TwinScheduler)
-from skippy_scheduler.cost_model import RuntimeCostModel
+from skippy_scheduler.cost_model import LAB_COST
 from skippy_scheduler.engine import CostModelHost, Engine, VirtualClock
 from skippy_scheduler.engine.cost_fit import SlackFeed, StepCostFitter
 
@@ -168,7 +168,7 @@ def test_feed_counts_the_prefill_rows_of_each_step(impl):
     config = SchedulerConfig(planning_rule=PlanningRule.SLACK, itl_target=1.0,
                              prefill_chunk_tokens=64, max_tokens_per_iteration=256)
     sched = impl(config)
-    engine = Engine(sched, CostModelHost(token=1), clock=VirtualClock(RuntimeCostModel()))
+    engine = Engine(sched, CostModelHost(token=1), clock=VirtualClock(LAB_COST))
     feed = next(o for o in engine.observers if isinstance(o, SlackFeed))
     seen, positions = [], []
     add = feed.fitter.add
@@ -198,8 +198,7 @@ def test_fitter_refuses_bad_settings():
 
 @pytest.mark.parametrize("impl", [Scheduler, TwinScheduler], ids=["native", "twin"])
 def test_engine_fits_the_model_under_the_slack_rule(impl):
-    model = RuntimeCostModel(iteration_overhead_us=500, prefill_token_us=3, decode_batch_us=200,
-                             decode_sequence_us=40)
+    model = StepCost(base_us=500, per_prefill_token_us=3, decode_base_us=200, per_decode_row_us=40)
     config = SchedulerConfig(planning_rule=PlanningRule.SLACK, itl_target=0.002,
                              prefill_chunk_tokens=64, max_tokens_per_iteration=256)
     sched = impl(config)
@@ -213,9 +212,8 @@ def test_engine_fits_the_model_under_the_slack_rule(impl):
     assert engine.outstanding == 0 and report.iterations > 24
     fitted = sched.step_cost
     assert fitted != config.step_cost  # refitted during the run
-    expected = StepCost.from_runtime_cost_model(model)
     for p, d in ((0, 4), (64, 4), (128, 0), (32, 12)):
-        assert fitted.predict_us(p, d) == pytest.approx(expected.predict_us(p, d), rel=0.02)
+        assert fitted.predict_us(p, d) == pytest.approx(model.predict_us(p, d), rel=0.02)
 
 
 def test_reference_rule_adds_no_observer():
@@ -273,7 +271,7 @@ def test_request_deadlines_reach_the_sequence(impl):
             if seq is not None and rid not in seen:
                 seen[rid] = (seq.itl_target, seq.ttft_deadline, engine.now())
 
-    engine = Engine(sched, CostModelHost(token=1), clock=VirtualClock(RuntimeCostModel()),
+    engine = Engine(sched, CostModelHost(token=1), clock=VirtualClock(LAB_COST),
                     before_step=look)
     engine.submit(Request("r", [1, 2, 3], 4, arrival_us=2000.0, ttft_ms=250.0, itl_ms=40.0))
     engine.submit(Request("plain", [1, 2], 4, arrival_us=2000.0))
@@ -290,8 +288,8 @@ def test_a_request_ages_from_its_arrival_under_the_slack_rule(impl):
     """The engine sets the scheduler's clock before each submit, so the prefill order's age
     bound (§2.13) counts from each request's arrival, not from the last step before it: after
     a long idle gap a burst's short prompt still goes before the long one that came with it."""
-    model = RuntimeCostModel(iteration_overhead_us=1000, prefill_token_us=100, decode_batch_us=0,
-                             decode_sequence_us=100)
+    model = StepCost(base_us=1000, per_prefill_token_us=100, decode_base_us=0,
+                     per_decode_row_us=100)
     config = SchedulerConfig(planning_rule=PlanningRule.SLACK, itl_target=1.0,
                              prefill_chunk_tokens=16, max_tokens_per_iteration=16,
                              slack_prefill_age_max=0.5)

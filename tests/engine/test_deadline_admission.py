@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from skippy_scheduler import SchedulerConfig
-from skippy_scheduler.cost_model import RuntimeCostModel
+from skippy_scheduler.cost_model import LAB_COST
 from skippy_scheduler.engine import CostModelHost, Engine, Request, VirtualClock
 
 
@@ -29,7 +29,7 @@ def _admitted(impl, deadlines: dict[str, float]) -> list[str]:
     config = SchedulerConfig(max_active_sequences=1, max_tokens_per_iteration=64,
                              prefill_chunk_tokens=16)
     host = LaneLog()
-    engine = Engine(impl(config), host, clock=VirtualClock(RuntimeCostModel()))
+    engine = Engine(impl(config), host, clock=VirtualClock(LAB_COST))
     waiting = [Request(name, [40 + k, 41 + k, 42 + k], 2, arrival_us=500,
                        ttft_ms=deadlines.get(name))
                for k, name in enumerate(["a", "b", "c", "d"])]

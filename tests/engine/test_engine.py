@@ -11,7 +11,7 @@ import pytest
 
 from skippy_scheduler import (DuplicateSequence, EmptyPrompt, MemoryComponent, SchedulerConfig,
                               Sequence)
-from skippy_scheduler.cost_model import RuntimeCostModel
+from skippy_scheduler.cost_model import LAB_COST
 from skippy_scheduler.engine import (AcceptEvent, CostModelHost, Engine, EngineStalled, FinishEvent, Request,
                                      TokenEvent, VirtualClock, percentile)
 
@@ -65,7 +65,7 @@ def _requests():
 def test_virtual_runs_are_deterministic_and_complete(impl):
     def once():
         host = CountingHost()
-        engine = Engine(impl(_config()), host, clock=VirtualClock(RuntimeCostModel()))
+        engine = Engine(impl(_config()), host, clock=VirtualClock(LAB_COST))
         report = engine.run(_requests())
         assert host.holding == set()
         assert sorted(host.released) == ["a", "b", "c"]

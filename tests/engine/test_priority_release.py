@@ -5,7 +5,7 @@ the scheduler allows, and both requests still get their own tokens."""
 from __future__ import annotations
 
 from skippy_scheduler import ReleaseReason, SchedulerConfig
-from skippy_scheduler.cost_model import RuntimeCostModel
+from skippy_scheduler.cost_model import LAB_COST
 from skippy_scheduler.engine import CostModelHost, Engine, Request, VirtualClock
 
 
@@ -36,7 +36,7 @@ def _run(impl, preemption: bool):
     config = SchedulerConfig(max_active_sequences=1, max_tokens_per_iteration=64,
                              prefill_chunk_tokens=16, priority_preemption=preemption)
     host = LaneHost(lanes=1)
-    engine = Engine(impl(config), host, clock=VirtualClock(RuntimeCostModel()))
+    engine = Engine(impl(config), host, clock=VirtualClock(LAB_COST))
     report = engine.run([Request("low", list(range(10, 30)), 40, arrival_us=0),
                          Request("high", [7, 8, 9], 3, arrival_us=500, priority=5)])
     return host, {r.id: r for r in report.records}

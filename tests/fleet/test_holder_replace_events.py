@@ -12,8 +12,8 @@ from vllm_schema import AllBlocksCleared, BlockRemoved, BlockStored, Subscriber,
 pytest.importorskip("llama_cpp")
 
 from skippy_scheduler import SchedulerConfig  # noqa: E402
+from skippy_scheduler.cost_model import LAB_COST  # noqa: E402
 from skippy_scheduler.engine import Engine, Request, VirtualClock  # noqa: E402
-from skippy_scheduler.hosts.calibrate import CostModel  # noqa: E402
 from skippy_scheduler.hosts.llama import LlamaHost  # noqa: E402
 from skippy_scheduler.serve.kv_events import KvEventPublisher, StoreEvents  # noqa: E402
 
@@ -30,7 +30,7 @@ def _run(impl, host: LlamaHost, prompt: list[int], alone: list[int]) -> list[int
     """Runs `prompt` to its end; returns the key its holder keeps."""
     scheduler = impl(SchedulerConfig(max_active_sequences=N_SEQ, max_tokens_per_iteration=256,
                                      prefill_chunk_tokens=256, **host.sequence_id_settings))
-    engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), max_iterations=500)
+    engine = Engine(scheduler, host, clock=VirtualClock(LAB_COST), max_iterations=500)
     engine.submit(Request("r", prompt, len(alone)))
     (rec,) = engine.run().records
     scheduler.attach_prefix_store(None)

@@ -18,8 +18,8 @@ pytest.importorskip("llama_cpp")
 
 from alone_checks import check_records, disturbances  # noqa: E402  (tests/support)
 from skippy_scheduler import MemoryComponent, SchedulerConfig  # noqa: E402
+from skippy_scheduler.cost_model import LAB_COST  # noqa: E402
 from skippy_scheduler.engine import Engine, Request, VirtualClock  # noqa: E402
-from skippy_scheduler.hosts.calibrate import CostModel  # noqa: E402
 from skippy_scheduler.hosts.llama import LlamaHost  # noqa: E402
 from skippy_scheduler.hosts.tiny_model import write_tiny_llama  # noqa: E402
 from skippy_scheduler.sampling import SamplingParams  # noqa: E402
@@ -79,7 +79,7 @@ def _run(impl, host, requests, hold: int, **config):
         cold_prefix_hold_tokens=hold, **config, **host.sequence_id_settings))
     decoded = host.decoded_tokens
     keeps = host.holders.prompt_keeps
-    engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), max_iterations=5000)
+    engine = Engine(scheduler, host, clock=VirtualClock(LAB_COST), max_iterations=5000)
     for req in requests:
         engine.submit(req)
     report = engine.run()
@@ -158,7 +158,7 @@ def test_random_bursts_with_the_hold_match_alone_runs(impl, host, alone, depth):
         pressure = disturbances(rng, scheduler, reserved, KV_BYTES, rng.uniform(0, 0.1),
                                 rng.uniform(0, 0.04), counters)
         keeps = host.holders.prompt_keeps
-        engine = Engine(scheduler, host, clock=VirtualClock(CostModel()),
+        engine = Engine(scheduler, host, clock=VirtualClock(LAB_COST),
                         before_step=pressure, max_iterations=5000)
         for req in requests:
             engine.submit(req)

@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from skippy_scheduler import SchedulerConfig  # noqa: E402
+from skippy_scheduler.cost_model import LAB_COST  # noqa: E402
 from skippy_scheduler.engine import Engine, Request, VirtualClock  # noqa: E402
-from skippy_scheduler.hosts.calibrate import CostModel  # noqa: E402
 from skippy_scheduler.hosts.llama import LlamaHost  # noqa: E402
 from skippy_scheduler.hosts.tiny_model import write_tiny_llama  # noqa: E402
 
@@ -60,7 +60,7 @@ def _run_one_by_one(impl, host: LlamaHost, prompts: list[list[int]], alone) -> N
     """Each prompt arrives after the one before it has finished; outputs equal alone runs."""
     scheduler = impl(SchedulerConfig(max_active_sequences=N_SEQ, max_tokens_per_iteration=256,
                                      prefill_chunk_tokens=256, **host.sequence_id_settings))
-    engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), max_iterations=2000)
+    engine = Engine(scheduler, host, clock=VirtualClock(LAB_COST), max_iterations=2000)
     requests = [Request(f"r{i}", p, MAX_GEN, arrival_us=i * 1e9) for i, p in enumerate(prompts)]
     for req in requests:
         engine.submit(req)

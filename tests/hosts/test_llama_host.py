@@ -25,9 +25,9 @@ from skippy_scheduler import cli  # noqa: E402
 from skippy_scheduler.cli import run as cli_run  # noqa: E402
 from skippy_scheduler.engine.clock import CpuClock, VirtualClock  # noqa: E402
 from skippy_scheduler.engine.host import CostModelHost  # noqa: E402
+from skippy_scheduler.cost_model import LAB_COST, StepCost  # noqa: E402
 from skippy_scheduler.hosts.calibrate import (  # noqa: E402
-    COST_MODEL_RE, Calibration, CostModel, calibrate_host, check_fit, default_shapes,
-    fit_cost_model)
+    COST_MODEL_RE, Calibration, calibrate_host, check_fit, default_shapes, fit_cost_model)
 from skippy_scheduler.hosts.llama import LlamaHost  # noqa: E402
 from skippy_scheduler.engine import Engine, Request, VirtualClock  # noqa: E402
 from skippy_scheduler.hosts.tiny_model import parameter_count, write_tiny_llama  # noqa: E402
@@ -381,7 +381,7 @@ def _random_trial(impl, host, alone, seed: int, counters: dict, depth: int = 1) 
             if open_ids and engine.cancel(rng.choice(open_ids)):
                 counters["cancelled"] += 1
 
-    engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), before_step=pressure,
+    engine = Engine(scheduler, host, clock=VirtualClock(LAB_COST), before_step=pressure,
                     max_iterations=5000)
     for req in requests:
         engine.submit(req)
@@ -512,7 +512,7 @@ def test_calibrate_prints_a_cost_model_the_lab_accepts(capsys, tmp_path):
     captured = capsys.readouterr()
     line = captured.out.strip().splitlines()[-1]
     assert COST_MODEL_RE.match(line), line
-    model = CostModel.parse(line)
+    model = StepCost.parse(line)
     assert str(model) == line
     doc = json.loads(out.read_text())
     # One thread timed by CPU clock unless asked otherwise: the settings that give a stable fit.
@@ -544,7 +544,7 @@ def test_calibration_times_exactly_the_shapes_the_engine_ran(impl, token):
     # Priced by a known model on a virtual clock, every timed iteration costs exactly what its
     # shape does, so the fit recovers the model only if each iteration had its intended shape;
     # a model that only ever predicts end-of-generation must not shrink the decode batches.
-    truth = CostModel(30.0, 1.5, 80.0, 12.0)
+    truth = StepCost(30.0, 1.5, 80.0, 12.0)
     host = _PricedHost(token=token)
     calib = calibrate_host(host, repeats=3, warmup=1, clock=lambda: VirtualClock(truth),
                            scheduler_type=impl)
@@ -561,7 +561,7 @@ def test_calibration_says_when_the_scheduler_will_not_mix(impl):
     # A 64-token prefill that slows a decode step by 64 ms makes the scheduler turn mixed
     # planning off (docs/behaviour.md §2.6): the mixed shapes are reported as not timed and the
     # other shapes still determine the model.
-    truth = CostModel(30.0, 1000.0, 80.0, 12.0)
+    truth = StepCost(30.0, 1000.0, 80.0, 12.0)
     # Each of the two passes needs two mixed iterations; the scheduler plans one, then stops.
     calib = calibrate_host(_PricedHost(), repeats=4, warmup=0, clock=lambda: VirtualClock(truth),
                            scheduler_type=impl)
@@ -579,7 +579,7 @@ def test_real_calibration_on_the_tiny_model(host):
     assert all(v >= 0 for v in coefficients.values()), coefficients
     # A shared CI machine can be busy; one thread on the CPU clock still fits to about 5%.
     assert calib.relative_residual < 0.5, calib.to_json()
-    assert calib.model.prefill_token_us > 0 and calib.model.decode_sequence_us > 0
+    assert calib.model.per_prefill_token_us > 0 and calib.model.per_decode_row_us > 0
     assert [(t.prefill_tokens, t.decode_rows) for t in calib.timings] == \
         default_shapes(N_SEQ, 512)
     assert all(len(t.durations_us) == 3 for t in calib.timings)
@@ -623,22 +623,22 @@ def test_cpu_clock_charges_compute_not_sleep():
 
 
 def test_cost_model_fit_recovers_known_costs():
-    truth = CostModel(30.0, 1.5, 80.0, 12.0)
+    truth = StepCost(30.0, 1.5, 80.0, 12.0)
     shapes = [(p, d) for p in (0, 16, 64, 256) for d in (0, 1, 4) if p or d]
     fitted, residual = fit_cost_model([(p, d, truth.duration_us(p, d)) for p, d in shapes])
     assert fitted == truth and residual < 1e-6
     # A fit that would go negative is constrained to zero instead of clipped afterwards.
     no_overhead = [(p, d, 2.0 * p + (5.0 + 3.0 * d if d else 0.0) - 4.0) for p, d in shapes]
     fitted, _ = fit_cost_model(no_overhead)
-    assert fitted.iteration_overhead_us == 0.0
-    assert min(fitted.prefill_token_us, fitted.decode_batch_us, fitted.decode_sequence_us) >= 0
+    assert fitted.base_us == 0.0
+    assert min(fitted.per_prefill_token_us, fitted.decode_base_us, fitted.per_decode_row_us) >= 0
 
 
 def test_cost_model_fit_keeps_short_shapes_as_close_as_long_ones():
     # Real prefill times bend a little (a few % off a line); fitting errors relative to each
     # shape's time keeps that from moving the decode steps, which an unweighted fit would get
     # wrong by 60% for one row to buy a few µs on the 6 ms prefill.
-    truth = CostModel(60.0, 24.0, 0.0, 30.0)
+    truth = StepCost(60.0, 24.0, 0.0, 30.0)
     bend = {(128, 0): 1.04, (256, 0): 0.97, (64, 1): 1.05, (64, 2): 1.05}
     samples = [(p, d, truth.duration_us(p, d) * bend.get((p, d), 1.0))
                for p, d in default_shapes(N_SEQ, 512)]
@@ -706,7 +706,7 @@ def test_calibrate_exits_0_on_a_plausible_fit_and_flags_cpu_time_of_threads(monk
                                                                            capsys):
     from skippy_scheduler.hosts import calibrate as calibration
 
-    truth = CostModel(60.0, 24.0, 0.0, 30.0)
+    truth = StepCost(60.0, 24.0, 0.0, 30.0)
     good = _fixed_calibration([(p, d, truth.duration_us(p, d))
                                for p, d in default_shapes(N_SEQ, 512)])
     seen = {}
@@ -727,14 +727,14 @@ def test_calibrate_exits_0_on_a_plausible_fit_and_flags_cpu_time_of_threads(monk
 
 
 def test_cost_model_round_trip_and_errors():
-    m = CostModel.parse("iteration_overhead_us=50,prefill_token_us=2.5")
-    assert m == CostModel(50, 2.5, 100, 20)
+    m = StepCost.parse("iteration_overhead_us=50,prefill_token_us=2.5", LAB_COST)
+    assert m == StepCost(50, 2.5, 100, 20)
     assert str(m) == "iteration_overhead_us=50,prefill_token_us=2.5,decode_batch_us=100,decode_sequence_us=20"
     assert m.duration_us(256, 0) == 50 + 2.5 * 256 and m.duration_us(0, 2) == 50 + 100 + 40
     with pytest.raises(ValueError):
-        CostModel.parse("overhead=3")
+        StepCost.parse("overhead=3")
     with pytest.raises(ValueError):
-        CostModel(-1.0)
+        StepCost(-1.0)
 
 
 def test_console_script_has_run_and_calibrate():
@@ -794,7 +794,7 @@ def test_seeded_sampling_is_the_same_alone_batched_and_preempted(impl, host):
                 active = scheduler.snapshot().active_ids
                 engine.preempt([sum(reserved[a] for a in active)])
 
-        engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), before_step=pressure,
+        engine = Engine(scheduler, host, clock=VirtualClock(LAB_COST), before_step=pressure,
                         max_iterations=5000)
         for req in requests:
             engine.submit(req)

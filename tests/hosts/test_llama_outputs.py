@@ -15,8 +15,8 @@ pytest.importorskip("llama_cpp")
 from llama_cpp.llama_grammar import json_schema_to_gbnf  # noqa: E402
 
 from skippy_scheduler import MemoryComponent, Scheduler, SchedulerConfig  # noqa: E402
+from skippy_scheduler.cost_model import LAB_COST  # noqa: E402
 from skippy_scheduler.engine import Engine, Request, TokenEvent, VirtualClock  # noqa: E402
-from skippy_scheduler.hosts.calibrate import CostModel  # noqa: E402
 from skippy_scheduler.hosts.llama import LlamaHost  # noqa: E402
 from skippy_scheduler.hosts.tiny_model import write_tiny_llama  # noqa: E402
 from skippy_scheduler.sampling import OutputOptions, SamplingParams  # noqa: E402
@@ -74,7 +74,7 @@ def test_reporting_and_constrained_sequences_match_alone_runs(host, depth):
                 preempted += len(engine.preempt([KV_BYTES + 1]))
                 engine.preempt([0])
 
-        engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), before_step=pressure,
+        engine = Engine(scheduler, host, clock=VirtualClock(LAB_COST), before_step=pressure,
                         max_iterations=5000)
         events: dict[str, list[TokenEvent]] = {}
         engine.add_listener(lambda e: events.setdefault(e.request_id, []).append(e)

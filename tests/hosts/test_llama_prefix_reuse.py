@@ -17,8 +17,8 @@ pytest.importorskip("llama_cpp")
 
 from alone_checks import check_records, disturbances  # noqa: E402  (tests/support)
 from skippy_scheduler import MemoryComponent, SchedulerConfig  # noqa: E402
+from skippy_scheduler.cost_model import LAB_COST  # noqa: E402
 from skippy_scheduler.engine import Engine, Request, VirtualClock  # noqa: E402
-from skippy_scheduler.hosts.calibrate import CostModel  # noqa: E402
 from skippy_scheduler.hosts.llama import LlamaHost  # noqa: E402
 from skippy_scheduler.hosts.tiny_model import write_tiny_llama  # noqa: E402
 from skippy_scheduler.sampling import SamplingParams  # noqa: E402
@@ -138,7 +138,7 @@ def _trial(impl, host, alone, seed: int, counters: dict) -> None:
     store = host.prefix_store
     evictions_before = store.evictions
     replaced_before = host.holders.replaced
-    engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), before_step=pressure,
+    engine = Engine(scheduler, host, clock=VirtualClock(LAB_COST), before_step=pressure,
                     max_iterations=5000)
     for req in requests:
         engine.submit(req)
@@ -216,7 +216,7 @@ def test_resident_prefixes_hold_no_more_cells_than_the_store_counts(impl, model_
             children = sum(e.parent is not None for e in host.prefix_store.resident())
             seen["children"] = max(seen["children"], children)
 
-        engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), max_iterations=2000,
+        engine = Engine(scheduler, host, clock=VirtualClock(LAB_COST), max_iterations=2000,
                         on_plan=watch)
         requests = [Request(f"a{i}", p, 4) for i, p in enumerate(first)]
         requests += [Request(f"b{i}", p, 4, arrival_us=1e9) for i, p in enumerate(second)]

@@ -11,14 +11,15 @@ fall back to recomputing, with the same tokens.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
 pytest.importorskip("llama_cpp")
 
 from skippy_scheduler import ReleaseReason, SchedulerConfig  # noqa: E402
+from skippy_scheduler.cost_model import LAB_COST  # noqa: E402
 from skippy_scheduler.engine import Engine, Request, VirtualClock  # noqa: E402
-from skippy_scheduler.hosts.calibrate import CostModel  # noqa: E402
 from skippy_scheduler.hosts.llama import LlamaHost  # noqa: E402
 from skippy_scheduler.hosts.tiny_model import write_tiny_llama  # noqa: E402
 from skippy_scheduler.sampling import SamplingParams  # noqa: E402
@@ -109,7 +110,7 @@ def _run(impl, host: Watched, requests: list[Request], depth: int, mixed: bool =
     scheduler = impl(config)
     # Mixed: prompt tokens so dear that the first mixed plan switches §2.6's gate off; from
     # then on only the preempting plans mix (§2.8a point 6).
-    cost = CostModel(prefill_token_us=5000) if mixed else CostModel()
+    cost = replace(LAB_COST, per_prefill_token_us=5000) if mixed else LAB_COST
     engine = Engine(scheduler, host, clock=VirtualClock(cost), max_iterations=4000)
     report = engine.run(requests)
     scheduler.attach_prefix_store(None)  # the host's store serves the next run's scheduler
@@ -182,7 +183,7 @@ def test_without_preemption_high_priority_waits_for_a_lane(impl, model_path, alo
         config = SchedulerConfig(max_active_sequences=LANES, max_tokens_per_iteration=host.n_batch,
                                  prefill_chunk_tokens=32, **host.sequence_id_settings)
         scheduler = impl(config)
-        report = Engine(scheduler, host, clock=VirtualClock(CostModel())).run(requests)
+        report = Engine(scheduler, host, clock=VirtualClock(LAB_COST)).run(requests)
         scheduler.attach_prefix_store(None)
         records = {r.id: r for r in report.records}
         _check_tokens(requests, records, alone)

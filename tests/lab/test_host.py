@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lab_support import conversation_rows, mooncake_file
-from skippy_scheduler.cost_model import RuntimeCostModel
+from skippy_scheduler.cost_model import LAB_COST
 from skippy_scheduler.lab.backend import resolve_backend
 from skippy_scheduler.lab.driver import drive
 from skippy_scheduler.lab.host import LabHost
@@ -22,7 +22,7 @@ def test_a_suite_run_gives_back_every_cell_and_record(backend, capacity):
     w = generate(WorkloadSpec(requests=200, seed=3, rate=600.0, families=6))
     options = SuiteOptions(max_active=16, max_tokens=1_024, chunk=256,
                            kv_capacity_tokens=capacity)
-    cost = RuntimeCostModel()
+    cost = LAB_COST
     sched = resolve_backend(backend).make(options.config("mixed"),
                                           admission=make_admission("cache-aware-aging"))
     cache = FamilyPrefixCache(w, 2)

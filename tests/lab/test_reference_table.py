@@ -63,15 +63,15 @@ def test_radix_per_request_timelines(backend, scenario_results):
 
 def test_radix_fixture_probe(scenario_results, backend):
     from skippy_scheduler.cache_policy import CacheAffinity
-    from skippy_scheduler.lab.model import RuntimeCostModel
+    from skippy_scheduler.lab.model import LAB_COST
     from skippy_scheduler.lab.scenarios import radix_requests
 
-    aware = {r.id: r for r in radix_requests(RuntimeCostModel(), cache_aware=True)}
+    aware = {r.id: r for r in radix_requests(LAB_COST, cache_aware=True)}
     assert aware["c-hot"].prefix_tokens == 3_072
     assert aware["c-hot"].cache_affinity.estimated_saved_cost() == 6_144
     assert aware["c-hot"].cache_affinity.stages[0].cache_epoch == 1
     assert aware["a-cold"].prefix_tokens == 0 and aware["b-cold"].prefix_tokens == 0
-    fcfs = {r.id: r for r in radix_requests(RuntimeCostModel(), cache_aware=False)}
+    fcfs = {r.id: r for r in radix_requests(LAB_COST, cache_aware=False)}
     assert fcfs["c-hot"].prefix_tokens == 3_072
     assert all(r.cache_affinity == CacheAffinity() for r in fcfs.values())
 

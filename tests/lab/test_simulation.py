@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 
 from skippy_scheduler.cache_policy import CacheAffinity
-from skippy_scheduler.lab import (RuntimeCostModel, SimRequest, SimulationError,
+from skippy_scheduler.lab import (LAB_COST, SimRequest, SimulationError, StepCost,
                                   apply_resident_radix_affinity, burst_requests, simulate,
                                   staggered_prefill_requests)
 from skippy_scheduler.lab.scenarios import make_config, radix_fixture, replay_all, replay_profile
 
-COST = RuntimeCostModel()
+COST = LAB_COST
 
 
 def test_cost_model_examples():
@@ -18,7 +18,7 @@ def test_cost_model_examples():
     assert COST.duration_us(0, 2) == 190
     assert COST.duration_us(0, 4) == 230
     assert COST.duration_us(256, 1) == 682
-    assert RuntimeCostModel(0, 0, 0, 0).duration_us(0, 0) == 1  # at least 1 µs
+    assert StepCost(0, 0, 0, 0).duration_us(0, 0) == 1  # at least 1 µs
 
 
 def test_1_simulation_is_deterministic(backend):

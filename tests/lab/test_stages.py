@@ -12,12 +12,12 @@ import pytest
 
 from skippy_scheduler import QueueFull, SchedulerConfig
 from skippy_scheduler.cli import main
-from skippy_scheduler.lab.model import RuntimeCostModel, SimRequest, burst_requests
+from skippy_scheduler.lab.model import LAB_COST, SimRequest, StepCost, burst_requests
 from skippy_scheduler.lab.simulate import SimulationError, simulate
 from skippy_scheduler.lab.stages import (StagedPipeline, closed_form, run_staged,
                                          staged_table)
 
-COST = RuntimeCostModel()  # 50, 2, 100, 20 µs
+COST = LAB_COST  # 50, 2, 100, 20 µs
 GAP_TOLERANCE = 0.02  # mean gap: the groups' staggered prefills shift a few gaps only
 RATE_TOLERANCE = 0.05  # decode rate: its span also holds the groups' staggered starts
 
@@ -69,8 +69,7 @@ def test_uniform_table_matches_closed_form(backend: str, hop: float) -> None:
 
 
 def test_full_pipeline_is_bound_by_the_slowest_stage(backend: str) -> None:
-    slow = RuntimeCostModel(iteration_overhead_us=50, prefill_token_us=2, decode_batch_us=400,
-                            decode_sequence_us=20)
+    slow = StepCost(base_us=50, per_prefill_token_us=2, decode_base_us=400, per_decode_row_us=20)
     pipe = StagedPipeline((COST, slow, COST), hop_us=10.0, overhead_us=5.0)
     requests = burst_requests(12, 16, 40)
     for groups in (1, 2, 3):
@@ -97,7 +96,7 @@ def test_every_request_finishes_with_its_tokens(backend: str) -> None:
 def test_bad_pipelines_and_groups_are_refused() -> None:
     with pytest.raises(ValueError, match="tuple of 1-64"):
         StagedPipeline(())
-    with pytest.raises(TypeError, match="RuntimeCostModel"):
+    with pytest.raises(TypeError, match="StepCost"):
         StagedPipeline((COST, "fast"))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="hop_us"):
         StagedPipeline((COST,), hop_us=-1.0)

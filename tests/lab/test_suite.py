@@ -6,7 +6,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from skippy_scheduler.lab import RuntimeCostModel, SimRequest, simulate
+from skippy_scheduler.lab import LAB_COST, SimRequest, simulate
 from skippy_scheduler.lab.suite import (POLICIES, SUITE_COLUMNS, SuiteOptions, format_suite,
                                         run_policy, run_suite)
 from skippy_scheduler.lab.workload import MARKER_BASE, WorkloadSpec, generate
@@ -67,7 +67,7 @@ def test_suite_loop_matches_the_reference_loop(backend):
     run = run_policy(w, "cache-aware-aging", "mixed", OPTIONS, backend=backend)
     requests = [SimRequest(w.request_id(r), int(w.arrival_us[r]), int(w.prompt_len[r]),
                            int(w.output_len[r]), token_offset=r * 10_000) for r in range(w.n)]
-    report = simulate(OPTIONS.config("mixed"), RuntimeCostModel(), requests, backend=backend)
+    report = simulate(OPTIONS.config("mixed"), LAB_COST, requests, backend=backend)
     per = run.per_request
     for r in range(w.n):
         m = report.requests[w.request_id(r)]

@@ -54,11 +54,11 @@ def test_staggered_prefill_mixed_pattern(backend, scenario_results):
 
 
 def test_single_token_request_prints_none_gap(backend):
-    from skippy_scheduler.lab import RuntimeCostModel, SimRequest, simulate
+    from skippy_scheduler.lab import LAB_COST, SimRequest, simulate
     from skippy_scheduler.lab.scenarios import make_config
 
     trace: list[str] = []
-    simulate(make_config(), RuntimeCostModel(), [SimRequest("solo", 0, 8, 1)], backend=backend,
+    simulate(make_config(), LAB_COST, [SimRequest("solo", 0, 8, 1)], backend=backend,
              trace=trace)
     assert trace == ["it=0 t=0 dur=66 admitted=1 tokens=8 | solo:Prefill:8@0*",
                      "req solo: arrival=0 first_sched=0 first_tok=66 done=66 gen=1 max_gap=None"]
@@ -70,11 +70,11 @@ def test_radix_cache_aware_trace_starts_with_the_restored_suffix(backend, scenar
 
 
 def test_fractional_cost_model_trace_values(backend):
-    from skippy_scheduler.lab import RuntimeCostModel, SimRequest, simulate
+    from skippy_scheduler.lab import SimRequest, StepCost, simulate
     from skippy_scheduler.lab.scenarios import make_config
 
     trace: list[str] = []
-    cost = RuntimeCostModel(12.5, 0.75, 30.25, 4.1)
+    cost = StepCost(12.5, 0.75, 30.25, 4.1)
     simulate(make_config(), cost, [SimRequest("solo", 0, 8, 2)], backend=backend, trace=trace)
     assert trace == ["it=0 t=0 dur=18.5 admitted=1 tokens=8 | solo:Prefill:8@0*",
                      "it=1 t=18.5 dur=46.85 admitted=0 tokens=1 | solo:Decode:1@8*",

@@ -7,8 +7,8 @@ from unittest import mock
 import numpy as np
 
 from skippy_scheduler import MemoryComponent, SchedulerConfig
+from skippy_scheduler.cost_model import LAB_COST
 from skippy_scheduler.engine import Engine, Request, VirtualClock
-from skippy_scheduler.hosts.calibrate import CostModel
 from skippy_scheduler.hosts.tiny_model import TinyModelShape
 
 N_SEQ = 8
@@ -70,7 +70,7 @@ def random_trial(impl, host, alone, seed: int, counters: dict, **extra) -> None:
         elif roll < p_preempt + p_cancel and engine.open_ids():
             counters["cancelled"] += engine.cancel(rng.choice(engine.open_ids()))
 
-    engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), before_step=pressure,
+    engine = Engine(scheduler, host, clock=VirtualClock(LAB_COST), before_step=pressure,
                     max_iterations=5000)
     engine.add_requests(sorted(requests, key=lambda r: r.arrival_us))
     report = engine.run()

@@ -11,8 +11,8 @@ pytest.importorskip("llama_cpp")
 pytest.importorskip("zmq")
 
 from skippy_scheduler import MemoryComponent, SchedulerConfig, Scheduler, TwinScheduler  # noqa: E402
+from skippy_scheduler.cost_model import LAB_COST  # noqa: E402
 from skippy_scheduler.engine import Engine, Request, VirtualClock  # noqa: E402
-from skippy_scheduler.hosts.calibrate import CostModel  # noqa: E402
 from skippy_scheduler.hosts.stages.host import StageFailure  # noqa: E402
 from skippy_scheduler.hosts.stages.local import LocalStages  # noqa: E402
 
@@ -56,7 +56,7 @@ def test_a_stage_error_undoes_every_plan_in_flight_and_serving_goes_on(piped, al
     p = len(host.stages)
     scheduler = Scheduler(SchedulerConfig(max_active_sequences=N_SEQ, max_tokens_per_iteration=64,
                                           **_pipelined(host)))
-    engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), max_iterations=2000)
+    engine = Engine(scheduler, host, clock=VirtualClock(LAB_COST), max_iterations=2000)
     requests = _requests(6)
     for r in requests:
         engine.submit(r)
@@ -100,7 +100,7 @@ def test_killing_a_stage_with_plans_in_flight_ends_every_request(splits, model4,
                 if engine.iterations == 14:
                     local.kill(1)
 
-            engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), before_step=kill,
+            engine = Engine(scheduler, host, clock=VirtualClock(LAB_COST), before_step=kill,
                             max_iterations=2000)
             engine.add_requests(requests)
             report = engine.run()
@@ -166,7 +166,7 @@ def test_sampled_sequences_on_pipelined_stages_equal_their_alone_runs(impl, pipe
                 preempted += len(engine.preempt([10**9 + 1]))
                 engine.preempt([0])
 
-        engine = Engine(scheduler, piped, clock=VirtualClock(CostModel()), before_step=pressure,
+        engine = Engine(scheduler, piped, clock=VirtualClock(LAB_COST), before_step=pressure,
                         max_iterations=3000)
         engine.add_requests(requests)
         report = engine.run()
@@ -204,7 +204,7 @@ def test_kv_memory_per_stage_bounds_admission(splits, model4, alone):
 
             requests = [Request(f"m{i}", [1] + list(range(30 + i, 200 + i)), MAX_GEN)
                         for i in range(5)]
-            engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), before_step=watch,
+            engine = Engine(scheduler, host, clock=VirtualClock(LAB_COST), before_step=watch,
                             max_iterations=3000)
             report = engine.run(requests)
             assert max(most) == 2

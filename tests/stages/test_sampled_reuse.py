@@ -12,8 +12,8 @@ pytest.importorskip("llama_cpp")
 pytest.importorskip("zmq")
 
 from skippy_scheduler import MemoryComponent, SchedulerConfig, Scheduler  # noqa: E402
+from skippy_scheduler.cost_model import LAB_COST  # noqa: E402
 from skippy_scheduler.engine import Engine, Request, VirtualClock  # noqa: E402
-from skippy_scheduler.hosts.calibrate import CostModel  # noqa: E402
 from skippy_scheduler.sampling import SamplingParams  # noqa: E402
 from skippy_scheduler.hosts.stages.local import LocalStages  # noqa: E402
 
@@ -48,7 +48,7 @@ def _run(host, requests, preempt_rng=None):
             preempted += len(engine.preempt([10**9 + 1]))
             engine.preempt([0])
 
-    engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), before_step=pressure,
+    engine = Engine(scheduler, host, clock=VirtualClock(LAB_COST), before_step=pressure,
                     max_iterations=3000)
     engine.add_requests(requests)
     report = engine.run()

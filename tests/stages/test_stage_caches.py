@@ -11,8 +11,8 @@ pytest.importorskip("llama_cpp")
 pytest.importorskip("zmq")
 
 from skippy_scheduler import SchedulerConfig, Scheduler, TwinScheduler  # noqa: E402
+from skippy_scheduler.cost_model import LAB_COST  # noqa: E402
 from skippy_scheduler.engine import Engine, Request, VirtualClock  # noqa: E402
-from skippy_scheduler.hosts.calibrate import CostModel  # noqa: E402
 from skippy_scheduler.hosts.stages.holders import (  # noqa: E402
     StageHolders, check_stage_capacities)
 from skippy_scheduler.hosts.stages.local import LocalStages  # noqa: E402
@@ -41,7 +41,7 @@ def _run(host, requests, max_active=1):
     scheduler = Scheduler(SchedulerConfig(
         max_active_sequences=max_active, max_tokens_per_iteration=64, prefill_chunk_tokens=16,
         mixed_prefill_decode=True, **host.sequence_id_settings))
-    engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), max_iterations=3000)
+    engine = Engine(scheduler, host, clock=VirtualClock(LAB_COST), max_iterations=3000)
     engine.add_requests(requests)
     try:
         report = engine.run()
@@ -195,7 +195,7 @@ def test_each_stage_measures_what_the_scheduler_budgets(uneven):
     scheduler = Scheduler(SchedulerConfig(
         max_active_sequences=3, max_tokens_per_iteration=512, prefill_chunk_tokens=256,
         mixed_prefill_decode=True, **host.sequence_id_settings))
-    engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), max_iterations=100)
+    engine = Engine(scheduler, host, clock=VirtualClock(LAB_COST), max_iterations=100)
     engine.add_requests(requests)
     try:
         for _ in range(4):  # prefill, then a few decode steps: every lane holds KV

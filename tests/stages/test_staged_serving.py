@@ -14,8 +14,8 @@ pytest.importorskip("llama_cpp")
 pytest.importorskip("zmq")
 
 from skippy_scheduler import SchedulerConfig, Scheduler, TwinScheduler  # noqa: E402
+from skippy_scheduler.cost_model import LAB_COST  # noqa: E402
 from skippy_scheduler.engine import Engine, Request, VirtualClock  # noqa: E402
-from skippy_scheduler.hosts.calibrate import CostModel  # noqa: E402
 from skippy_scheduler.hosts.stages.host import StageFailure  # noqa: E402
 from skippy_scheduler.hosts.stages.local import LocalStages  # noqa: E402
 from skippy_scheduler.hosts.stages.split import file_identity  # noqa: E402
@@ -45,7 +45,7 @@ def test_a_stage_error_undoes_the_plan_on_every_stage(staged, alone):
     """A plan a stage refuses (a lane outside its context) fails with the stage's reason; the
     engine aborts it, the other stages are put back, and serving goes on."""
     scheduler = Scheduler(SchedulerConfig(max_active_sequences=2, max_tokens_per_iteration=64))
-    engine = Engine(scheduler, staged, clock=VirtualClock(CostModel()))
+    engine = Engine(scheduler, staged, clock=VirtualClock(LAB_COST))
     prompt = [1, 50, 60, 70]
     engine.submit(Request("ok", prompt, 3))
     # Make the host hand out a lane the stages do not have: the first stage refuses the row.
@@ -133,7 +133,7 @@ def test_a_malformed_frame_is_refused_by_a_worker_and_changes_nothing(staged):
     from skippy_scheduler.hosts.stages.wire import encode_plan
 
     scheduler = Scheduler(SchedulerConfig(max_active_sequences=2, max_tokens_per_iteration=64))
-    engine = Engine(scheduler, staged, clock=VirtualClock(CostModel()))
+    engine = Engine(scheduler, staged, clock=VirtualClock(LAB_COST))
     engine.submit(Request("keep", [1, 40, 41, 42, 43], 8))
     engine.step()
     staged.sync()
@@ -168,7 +168,7 @@ def test_killing_a_stage_mid_run_ends_every_request(splits, model4, alone):
                 if engine.iterations == 12:
                     local.kill(1)
 
-            engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), before_step=kill,
+            engine = Engine(scheduler, host, clock=VirtualClock(LAB_COST), before_step=kill,
                             max_iterations=2000)
             engine.add_requests(requests)
             report = engine.run()
@@ -216,7 +216,7 @@ def test_prefix_reuse_on_stages_gives_the_unsplit_tokens(staged_reuse, alone):
                                  max_tokens_per_iteration=64, prefill_chunk_tokens=16,
                                  mixed_prefill_decode=True, **host.sequence_id_settings)
         scheduler = Scheduler(config)
-        engine = Engine(scheduler, host, clock=VirtualClock(CostModel()), max_iterations=3000)
+        engine = Engine(scheduler, host, clock=VirtualClock(LAB_COST), max_iterations=3000)
         engine.add_requests(requests)
         report = engine.run()
         for req, rec in zip(requests, report.records):
