@@ -1,4 +1,4 @@
-"""The step-cost model: what one plan costs a runtime, in µs.
+"""The step-cost model, what one plan costs a runtime in µs, and the one routine that fits it.
 
     predicted µs = base_us + per_prefill_token_us × (Prefill and Recompute tokens)
                    + per_prefill_row_us × (prefill rows − 1, when there are several)
@@ -8,7 +8,7 @@
 (docs/behaviour.md §2.13, §5.3). `StepCost` is the only cost model: the slack rule predicts
 steps with it (native core and twin), the engine refits it online (`engine.cost_fit`), the lab's
 virtual clock charges each plan by it, `calibrate` fits it to a real runtime, and a
-`CostModelHost` runs under it.
+`CostModelHost` runs under it. Both fits go through `fit_coefficients`.
 
 The lab and calibrate price only the first four terms and have their own names for them, which
 `parse`, `from_mapping` and `str()` still use: iteration_overhead_us (base_us), prefill_token_us
@@ -24,6 +24,8 @@ import math
 import os
 from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping, Optional
+
+import numpy as np
 
 # `IterationPhase.DECODE.value` (types.py) and the C `SKIPPY_PHASE_DECODE`: types.py imports
 # this module (through slack.py), so it cannot be imported here. tests/engine/test_cost_model.py
@@ -210,3 +212,113 @@ def check_clock_cost(name: str, value: object) -> StepCost:
 def _fmt_number(value: float) -> str:
     text = f"{value:.3f}".rstrip("0").rstrip(".")
     return text or "0"
+
+
+# -- fitting --------------------------------------------------------------------------------------
+
+_TIE = 1e-12  # a later subset of terms replaces the best one only when it fits better by more
+
+
+def step_terms(prefill_tokens: Any, decode_rows: Any, prefill_rows: Any = None,
+               prefill_positions: Any = None) -> Any:
+    """The design matrix of steps given as arrays: one row per step, one column per term of
+    `TERMS`, holding what multiplies that coefficient in `StepCost.predict_us` (1, prefill
+    tokens, [decode rows > 0], decode rows, max(prefill rows − 1, 0), prefill positions / 1000).
+    Without `prefill_rows` every step has one; without `prefill_positions`, none."""
+    p = np.asarray(prefill_tokens, dtype=float)
+    d = np.asarray(decode_rows, dtype=float)
+    rows = np.ones(len(p)) if prefill_rows is None else np.asarray(prefill_rows, dtype=float)
+    positions = (np.zeros(len(p)) if prefill_positions is None
+                 else np.asarray(prefill_positions, dtype=float))
+    return np.column_stack([np.ones(len(p)), p, (d > 0).astype(float), d,
+                            np.maximum(rows - 1.0, 0.0), positions / 1000.0])
+
+
+def fit_coefficients(x: Any, y: Any, prior: Any = None, prior_weight: float = 0.0) -> Any:
+    """Least-squares coefficients b >= 0 of y ≈ x · b: x one row per step and one column per
+    fitted term (columns of `step_terms`), y the steps' µs. `calibrate` fits the lab's four terms
+    with it, the engine's online fitter all six.
+
+    Each step's error counts relative to its duration (its row and µs are divided by
+    max(µs, 1)): steps span a sub-millisecond decode step to a prefill hundreds of times longer,
+    and on absolute errors a fit buys a percent on the long steps by getting the short ones,
+    most of a run's steps, wrong by half or more.
+
+    `prior` with `prior_weight` > 0 pulls b toward `prior`, each term by `prior_weight` × its
+    column's sum of squares (a column all zero still gets a pull), so that a term the steps
+    leave undetermined (a window without a multi-sequence step) keeps its prior value instead
+    of an arbitrary one.
+
+    Costs cannot be negative, and clipping a negative coefficient would not leave a
+    least-squares fit; the answer is the best fit with every coefficient >= 0:
+
+    * with a prior the best fit is unique. The terms that come out negative are held at 0 and
+      the others solved again until none is negative (a step or two, usually); when that point
+      is optimal (no term held at 0 would lower the error by growing) it is the answer,
+      otherwise every subset of the terms is solved, as below;
+    * without one a term no step varies leaves many least-squares fits, so every subset of the
+      terms is solved with the others held at 0 (4 terms: 15 small solves) and the best fit
+      without a negative coefficient wins, the first subset (counting in binary over the
+      terms) of any that fit within 1e-12 alike: a term no step varies comes out 0. Zeros when
+      nothing fits (every µs <= 0).
+    """
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    n = x.shape[1]
+    inv = 1.0 / np.maximum(y, 1.0)
+    xw = x * inv[:, None]
+    yw = np.minimum(y, 1.0)  # y × inv, exactly
+    if prior is None or not prior_weight > 0:
+        def solve(cols: list[int]) -> Any:
+            sol, *_ = np.linalg.lstsq(xw[:, cols], yw, rcond=None)  # the minimum-norm one
+            return sol
+
+        def error(coef: Any) -> float:
+            return float(np.sum((xw @ coef - yw) ** 2))
+
+        return _best_subset(n, solve, error)
+    norms = (xw * xw).sum(axis=0)
+    scale = np.maximum(norms, norms.max() * 1e-9 + 1e-300) * prior_weight
+    # The normal equations of the fit and the pull: minimise b·G·b − 2 h·b.
+    gram = xw.T @ xw + np.diag(scale)
+    h = xw.T @ yw + scale * np.asarray(prior, dtype=float)
+    coef = _hold_negatives_at_zero(gram, h)
+    gradient = gram @ coef - h  # half the objective's; >= 0 where a term is held at 0
+    tol = 1e-9 * (np.abs(gram).max() * np.abs(coef).max() + np.abs(h).max())
+    if (gradient[coef == 0] >= -tol).all():
+        return coef
+    return _best_subset(n, lambda cols: np.linalg.solve(gram[np.ix_(cols, cols)], h[cols]),
+                        lambda coef: float(coef @ gram @ coef - 2 * h @ coef))
+
+
+def _hold_negatives_at_zero(gram: Any, h: Any) -> Any:
+    """Solve gram · b = h over the terms not yet held at 0, hold at 0 those that come out
+    negative, again, until none does."""
+    free = np.ones(len(h), dtype=bool)
+    coef = np.zeros(len(h))
+    while free.any():
+        coef = np.zeros(len(h))
+        coef[free] = np.linalg.solve(gram[np.ix_(free, free)], h[free])
+        negative = coef < 0
+        if not negative.any():
+            break
+        free &= ~negative
+        coef[negative] = 0.0
+    return coef
+
+
+def _best_subset(n: int, solve: Any, error: Any) -> Any:
+    """The best of the non-negative solutions over every subset of the `n` terms (the others
+    held at 0): `solve(cols)` solves the subset, `error(coef)` scores a solution."""
+    best: Optional[tuple[float, Any]] = None
+    for mask in range(1, 1 << n):
+        cols = [j for j in range(n) if mask >> j & 1]
+        sol = solve(cols)
+        if (sol < 0).any():
+            continue
+        coef = np.zeros(n)
+        coef[cols] = sol
+        err = error(coef)
+        if best is None or err < best[0] - _TIE:
+            best = (err, coef)
+    return np.zeros(n) if best is None else best[1]

@@ -5,11 +5,11 @@ prefill tokens' summed positions, µs) and fits the six coefficients of `StepCos
 squares on the *relative* error (each step weighted by 1 / its duration), pulled gently toward
 the previous fit (so a window that never varies one term, e.g. only decode-only steps of one
 size or no step with two prefill sequences, keeps that term's last value instead of making one
-up), then drops the steps whose
-relative residual is more than `clip` × the median relative residual (a step stalled by
-something else on the machine) and fits again, a few rounds; coefficients stay >= 0. A window
-the current model already explains (median relative residual within 1 %) keeps it without
-solving anything.
+up), then drops the steps whose relative residual is more than `clip` × the median relative
+residual (a step stalled by something else on the machine) and fits again, a few rounds;
+coefficients stay >= 0. Each solve is `cost_model.fit_coefficients`, the routine `calibrate`
+fits the lab's four terms with. A window the current model already explains (median relative
+residual within 1 %) keeps it without solving anything.
 
 Why relative: a window is mostly short decode steps, fitted to a millisecond, and a few long
 prefill steps whose errors are tens of milliseconds though just as small a share of their
@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 
-from ..slack import StepCost
+from ..cost_model import StepCost, fit_coefficients, step_terms
 from ..types import IterationTelemetry
 from .observers import BaseObserver
 
@@ -55,7 +55,8 @@ class StepCostFitter:
         if not clip > 0:
             raise ValueError(f"clip must be > 0, got {clip}")
         self.cost = prior
-        self._steps: deque[tuple[float, float, float, float, float]] = deque(maxlen=window)
+        # (prefill tokens, decode rows, prefill rows, prefill positions, µs)
+        self._steps: deque[tuple[int, int, int, int, float]] = deque(maxlen=window)
         self._clip = clip
 
     def __len__(self) -> int:
@@ -68,29 +69,22 @@ class StepCostFitter:
         an empty or non-positive one is ignored."""
         # NOTE: math.isfinite, not numpy's: this runs every step (a scalar ufunc costs more).
         if (prefill_tokens or decode_rows) and duration_us > 0 and math.isfinite(duration_us):
-            extra = float(prefill_rows - 1) if prefill_rows > 1 else 0.0
-            self._steps.append((float(prefill_tokens), float(decode_rows), extra,
-                                prefill_positions / 1000.0, float(duration_us)))
+            self._steps.append((prefill_tokens, decode_rows, prefill_rows, prefill_positions,
+                                float(duration_us)))
 
     def fit(self) -> StepCost:
         """Refit from the window (the previous fit when it holds fewer than 4 steps)."""
         if len(self._steps) < 4:
             return self.cost
-        data = np.array(self._steps)
-        rows = data[:, 1]
-        x = np.column_stack([np.ones(len(data)), data[:, 0], (rows > 0).astype(float), rows,
-                             data[:, 2], data[:, 3]])
+        data = np.array(self._steps, dtype=float)
+        x = step_terms(data[:, 0], data[:, 1], data[:, 2], data[:, 3])
         y = data[:, 4]
-        prior = np.array([self.cost.base_us, self.cost.per_prefill_token_us,
-                          self.cost.decode_base_us, self.cost.per_decode_row_us,
-                          self.cost.per_prefill_row_us, self.cost.per_prefill_position_us])
+        prior = np.array(self.cost.terms(), dtype=float)
         inv = 1.0 / y  # relative error: each step weighs by its own length (module docstring)
         if float(np.median(np.abs(x @ prior - y) * inv)) <= _RESIDUAL_FLOOR:
             return self.cost  # the model still explains the window: nothing to refit
-        xw = x * inv[:, None]
-        ones = np.ones(len(y))
         keep = np.ones(len(y), dtype=bool)
-        beta = self._solve(xw, ones, prior)
+        beta = fit_coefficients(x, y, prior, _PRIOR_WEIGHT)
         for _ in range(_CLIP_ROUNDS):
             residual = np.abs(x @ beta - y) * inv
             spread = float(np.median(residual[keep]))
@@ -98,33 +92,9 @@ class StepCostFitter:
             if trimmed.sum() < 4 or np.array_equal(trimmed, keep):
                 break
             keep = trimmed
-            beta = self._solve(xw[keep], ones[keep], prior)
-        beta = np.maximum(beta, 0.0)
-        self.cost = StepCost(base_us=float(beta[0]), per_prefill_token_us=float(beta[1]),
-                             decode_base_us=float(beta[2]), per_decode_row_us=float(beta[3]),
-                             per_prefill_row_us=float(beta[4]),
-                             per_prefill_position_us=float(beta[5]))
+            beta = fit_coefficients(x[keep], y[keep], prior, _PRIOR_WEIGHT)
+        self.cost = StepCost(*(float(b) for b in np.maximum(beta, 0.0)))
         return self.cost
-
-    @staticmethod
-    def _solve(x: Any, y: Any, prior: Any) -> Any:
-        """Ridge toward `prior`, with every coefficient >= 0: one that comes out negative is
-        held at 0 and the others solved again (so the prediction stays a fit of the data)."""
-        free = np.ones(x.shape[1], dtype=bool)
-        beta = np.zeros(x.shape[1])
-        for _ in range(x.shape[1]):
-            xf = x[:, free]
-            norms = (xf * xf).sum(axis=0)  # a column all zero still gets a pull to its prior
-            scale = np.maximum(norms, norms.max() * 1e-9 + 1e-300) * _PRIOR_WEIGHT
-            gram = xf.T @ xf + np.diag(scale)
-            beta = np.zeros(x.shape[1])
-            beta[free] = np.linalg.solve(gram, xf.T @ y + scale * prior[free])
-            negative = beta < 0
-            if not negative.any():
-                break
-            free &= ~negative
-            beta[negative] = 0.0
-        return beta
 
 
 class SlackFeed(BaseObserver):

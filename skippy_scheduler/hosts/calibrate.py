@@ -7,7 +7,8 @@ The cost model prices an iteration as
 `Scheduler` on the `Engine` (prefill-only of several lengths, decode-only of several widths, and
 a prefill mixed into a decode batch), reads each iteration's prefill tokens, decode rows and
 charged duration from the engine's recorder, and fits the four coefficients by non-negative
-least squares over the fastest timed iteration of each shape. So a calibration times exactly
+least squares over the fastest timed iteration of each shape (`cost_model.fit_coefficients`,
+the routine that keeps the slack rule's model fitted online). So a calibration times exactly
 what the engine charges for a plan: the host's `execute` (staging the batch, one
 `llama_decode`, greedy sampling), nothing of the scheduler's own work. The model is a
 `StepCost` of the lab's four terms (its per-row and position terms 0), and its str() is the
@@ -46,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Union, runt
 
 import numpy as np
 
-from ..cost_model import LAB_NAMES, StepCost, decode_row_count
+from ..cost_model import LAB_NAMES, StepCost, decode_row_count, fit_coefficients, step_terms
 from ..engine.clock import make_clock
 from ..engine.contract import attach
 from ..engine.core import Engine, Request
@@ -408,35 +409,14 @@ def calibrate_host(
 
 
 def fit_cost_model(samples: list[tuple[int, int, float]]) -> tuple[StepCost, float]:
-    """Non-negative least squares of the four coefficients over (prefill, decode rows, µs);
-    returns the model and its root-mean-square residual in µs.
-
-    Each shape's error counts relative to its time: shapes span a 100 µs decode step to a
-    several-ms prefill, and an unweighted fit buys 1% on the long shapes by getting the short
-    ones (the decode steps a run has most of) wrong by half or more. Costs cannot be negative,
-    so when the unconstrained fit has a negative coefficient every subset of coefficients is
-    tried (4 unknowns: 16 small solves) and the best non-negative fit wins; clipping the
-    unconstrained solution would not be a least-squares fit.
-    """
+    """Non-negative least squares of the lab's four terms over (prefill, decode rows, µs), each
+    shape's error relative to its time (`cost_model.fit_coefficients`, which says why), the
+    coefficients rounded to the thousandth of a µs; returns the model and its root-mean-square
+    residual in µs."""
     if not samples:
         raise ValueError("no samples to fit")
-    a = np.array([[1.0, p, 1.0 if d else 0.0, d] for p, d, _ in samples])
+    x = step_terms([p for p, _, _ in samples], [d for _, d, _ in samples])[:, :len(LAB_NAMES)]
     y = np.array([us for _, _, us in samples], dtype=float)
-    w = 1.0 / np.maximum(y, 1.0)
-    aw, yw = a * w[:, None], y * w
-    best: tuple[float, np.ndarray] | None = None
-    for mask in range(1, 16):
-        cols = [j for j in range(4) if mask >> j & 1]
-        sol, *_ = np.linalg.lstsq(aw[:, cols], yw, rcond=None)
-        if (sol < 0).any():
-            continue
-        coef = np.zeros(4)
-        coef[cols] = sol
-        err = float(np.sum((aw @ coef - yw) ** 2))
-        if best is None or err < best[0] - 1e-12:
-            best = (err, coef)
-    if best is None:  # only when every sample is <= 0
-        best = (float(np.sum(yw**2)), np.zeros(4))
-    coef = np.round(best[1], 3)
-    residual = float(np.sqrt(np.mean((a @ coef - y) ** 2)))
+    coef = np.round(fit_coefficients(x, y), 3)
+    residual = float(np.sqrt(np.mean((x @ coef - y) ** 2)))
     return StepCost(*(float(c) for c in coef)), residual
