@@ -253,10 +253,13 @@ def check_model_file(option: str, path: str) -> None:
 
 
 def add_model_options(p: argparse.ArgumentParser, *, threads: int | None = DEFAULT_THREADS,
-                      threads_note: str | None = None, stages: bool = False) -> None:
+                      threads_note: str | None = None, stages: bool = False,
+                      backend_sampling: bool = False) -> None:
     """The llama.cpp model options every model command takes (run, serve, calibrate).
     `stages`: the command also runs local stage workers, whose threads default to the cores
-    divided among them (the flag's default is then None: the command decides)."""
+    divided among them (the flag's default is then None: the command decides).
+    `backend_sampling`: the command passes -bs/--backend-sampling to its `LlamaHost` (a command
+    that would ignore it does not take it)."""
     from .offload import add_offload_options, device_names
 
     add_flag(p, "model", default_text="a tiny random-weight model written to a temporary "
@@ -279,14 +282,20 @@ def add_model_options(p: argparse.ArgumentParser, *, threads: int | None = DEFAU
                    default=None,
                    help="flash attention: faster, gives up batch-invariant tokens; the flag "
                         "alone means on (default: off on the CPU, auto with layers on a GPU)")
+    if backend_sampling:
+        add_backend_sampling_option(p)
+    add_offload_options(p)
+
+
+def add_backend_sampling_option(p: argparse.ArgumentParser) -> None:
+    """-bs/--backend-sampling [on|off|auto] (llama-server's flag): `LlamaHost(backend_sampling=
+    args.backend_sampling)`."""
     p.add_argument("-bs", "--backend-sampling", nargs="?", const="on",
                    choices=("on", "off", "auto"), default="auto",
                    help="sample on the device (llama.cpp's backend samplers, experimental): "
                         "greedy, temperature, top-k/p, min-p, seeds, penalties and logit bias "
-                        "run inside the decode and only sampled tokens cross to the host; "
-                        "requests with log-probabilities or a grammar keep the host path; the "
+                        "run inside the decode, which hands back the tokens; requests with log-probabilities or a grammar keep the host path; the "
                         "flag alone means on (default: auto, on with layers on a GPU)")
-    add_offload_options(p)
 
 
 def stage_worker_args(args: argparse.Namespace, stages: int) -> list[list[str]]:

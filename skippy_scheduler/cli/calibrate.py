@@ -44,7 +44,7 @@ def register(subparsers: Any) -> None:
                     "--json file is accepted there too. When the fit does not explain the "
                     "timings it says so on stderr and exits with status 1 (the model is still "
                     "printed).")
-    add_model_options(p, threads=DEFAULT_THREADS,
+    add_model_options(p, threads=DEFAULT_THREADS, backend_sampling=True,
                       threads_note="1 here because with more, timings on a busy machine swing "
                                    "by tens of ms")
     add_flag(p, "ctx-size", type=positive_int,

@@ -45,7 +45,7 @@ def register(subparsers: Any) -> None:
         description="Serve prompts through the scheduler on a llama.cpp model and measure "
                     "queue wait, time to first token and inter-token gaps. The scheduler "
                     "settings and their defaults are serve's.")
-    add_model_options(p, stages=True)
+    add_model_options(p, stages=True, backend_sampling=True)
     p.add_argument("--prompts", metavar="FILE",
                    help="JSON list of prompts: token-id lists or strings (default: a built-in "
                         "set of six)")
