@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import tempfile
 from typing import Any
@@ -69,17 +68,15 @@ def register(subparsers: Any) -> None:
                    help="tokens per KV event block; registered with Dynamo as the KV block "
                         "size (default: 16)")
     e.add_argument("--kv-events-endpoint", metavar="ADDR", default=None,
-                   help="publish the prefix store's blocks as vLLM-format KV cache events on "
-                        "a ZeroMQ PUB socket bound here, e.g. tcp://127.0.0.1:5557 (needs "
-                        "--prefix-cache-tokens; docs/fleet.md) (default: a free loopback TCP "
-                        "port; Dynamo's relay subscribes to it)")
+                   help="also publish the prefix store's blocks as serve does (vLLM-format KV "
+                        "cache events, BOS included) on a ZeroMQ PUB socket bound here, e.g. "
+                        "tcp://127.0.0.1:5557, for routers other than Dynamo's (default: none; "
+                        "Dynamo's relay reads a stream of its own on a free loopback port, "
+                        "the blocks as its frontend counts them)")
+    e.add_argument("--routing-events-endpoint", metavar="ADDR", default=None,
+                   help="where the stream Dynamo's relay reads is bound (default: a free "
+                        "loopback TCP port)")
     p.set_defaults(func=run, own_signals=True)
-
-
-def _free_endpoint() -> str:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 def cache_root() -> str:
@@ -165,21 +162,24 @@ def run(args: argparse.Namespace) -> int:
                   f"({exported.check.line()})", file=sys.stderr, flush=True)
         elif not os.path.isfile(os.path.join(folder, "tokenizer.json")):
             raise CommandError(f"--model-path: {folder} has no tokenizer.json")
-        endpoint = args.kv_events_endpoint or _free_endpoint()
         serve_settings = ServeSettings(
             model=model, model_name=name, seed=args.seed, max_active=args.max_active,
             max_waiting=args.max_waiting, ctx_size=args.ctx_size, threads=args.threads,
             kv_type=args.kv_type, flash_attn=args.flash_attn, offload=offload_spec(args),
-            prefix_cache_tokens=args.prefix_cache_tokens, kv_events_endpoint=endpoint,
+            prefix_cache_tokens=args.prefix_cache_tokens,
+            kv_events_endpoint=args.kv_events_endpoint,
             kv_block_size=args.kv_block_size, log_level="warning")
         settings = worker.WorkerSettings(
             hf_folder=folder, served_model_name=name, namespace=args.namespace,
             component=args.component, endpoint=args.endpoint,
             discovery_backend=args.discovery_backend, request_plane=args.request_plane,
-            event_plane=args.event_plane, add_bos=not args.no_add_bos)
+            event_plane=args.event_plane, add_bos=not args.no_add_bos,
+            routing_events_endpoint=args.routing_events_endpoint)
+        extra = (f", serve's KV events on {args.kv_events_endpoint}"
+                 if args.kv_events_endpoint else "")
         print(f"skippy-scheduler dynamo-worker: {name} as {args.namespace}.{args.component}."
               f"{args.endpoint} ({args.discovery_backend} discovery, {args.request_plane} "
-              f"requests, KV events on {endpoint}); Ctrl-C stops",
+              f"requests{extra}); Ctrl-C stops",
               file=sys.stderr, flush=True)
         worker.run_worker(serve_settings, settings)
     finally:

@@ -13,8 +13,9 @@ KV events and load snapshots to the router, and on SIGINT/SIGTERM unregisters, d
   prefix store's vLLM-format KV event publisher) whose HTTP side is never started;
 * `generate`: `EngineAdapter.stream` (adapter.py), Dynamo's token-id request in, token ids and
   the finish reason out; what has no counterpart here is refused with `InvalidArgument`;
-* KV events: the server's ZeroMQ PUB socket as a `ZmqSource`, which Dynamo's relay subscribes
-  to (the vLLM wire format it reads from vLLM and SGLang);
+* KV events: the prefix store's blocks as Dynamo's router counts them (the leading BOS the
+  engine adds left out, routing_events.py) on a ZeroMQ PUB socket of their own, handed to
+  Dynamo's relay as a `ZmqSource` (the vLLM wire format it reads from vLLM and SGLang);
 * load: a `ComponentSnapshot` every `SNAPSHOT_S` (KV blocks used and in all, the prefix hit
   rate), which sets Dynamo's worker gauges and feeds its router's load signal.
 """
@@ -53,6 +54,7 @@ class WorkerSettings:
     request_plane: str = "tcp"
     event_plane: Optional[str] = "zmq"
     add_bos: bool = True
+    routing_events_endpoint: Optional[str] = None  # the router's KV events (None: a free port)
 
 
 class SkippyEngine(LLMEngine):  # type: ignore[misc]
@@ -66,6 +68,8 @@ class SkippyEngine(LLMEngine):  # type: ignore[misc]
         self._snapshots: Optional[threading.Thread] = None
         self._stop = threading.Event()
         self._publisher: Any = None
+        self.routing_events: Any = None  # the KV event publisher Dynamo's relay reads
+        self.routing_endpoint: Optional[str] = None
 
     @classmethod
     async def from_args(cls, argv: Optional[list[str]] = None) -> Any:
@@ -87,16 +91,26 @@ class SkippyEngine(LLMEngine):  # type: ignore[misc]
 
         self.server = await asyncio.to_thread(Server, self.serve_settings)
         server = self.server
-        server.runner.start()
         bos_probe = server.host.tokenize("", add_bos=True)
+        # the model's BOS when llama.cpp puts one in front by default
         bos = bos_probe[0] if bos_probe and server.host.tokenize("") else None
         self.adapter = EngineAdapter(server.runner, Vocabulary(
             n_vocab=server.host.n_vocab, n_ctx_seq=server.context.n_ctx_seq, bos=bos),
             add_bos=self.settings.add_bos)
+        from . import routing_events
+
+        self.routing_endpoint = self.settings.routing_events_endpoint or _free_endpoint()
+        self.routing_events = routing_events.start(
+            server.host, server.runner.engine, self.routing_endpoint,
+            server.settings.kv_block_size, server.settings.kv_hash_seed,
+            bos=bos if self.settings.add_bos else None)
+        server.runner.start()
         s = server.settings
         lanes = s.max_active
-        log.info("skippy engine started: %s, %d lanes of %d tokens, KV events on %s",
-                 server.context.model_name, lanes, server.context.n_ctx_seq,
+        log.info("skippy engine started: %s, %d lanes of %d tokens, Dynamo's KV events on %s "
+                 "(BOS %s), the server's on %s", server.context.model_name, lanes,
+                 server.context.n_ctx_seq, self.routing_endpoint,
+                 "left out" if bos is not None and self.settings.add_bos else "none",
                  s.kv_events_endpoint)
         capacity = max(1, server.runner.host_state().kv_capacity)
         return EngineConfig(
@@ -107,7 +121,7 @@ class SkippyEngine(LLMEngine):  # type: ignore[misc]
                 max_num_batched_tokens=server.host.n_batch))
 
     async def kv_event_sources(self) -> list[Any]:
-        endpoint = self.serve_settings.kv_events_endpoint
+        endpoint = self.routing_endpoint
         return [ZmqSource(endpoint=endpoint)] if endpoint else []
 
     def component_metrics_dp_ranks(self) -> list[int]:
@@ -165,6 +179,17 @@ class SkippyEngine(LLMEngine):  # type: ignore[misc]
             import asyncio
 
             await asyncio.to_thread(server.close)
+        routing, self.routing_events = self.routing_events, None
+        if routing is not None:
+            routing.close()
+
+
+def _free_endpoint() -> str:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{sock.getsockname()[1]}"
 
 
 def _request_id(context: Any) -> str:

@@ -1,8 +1,10 @@
 """Two `dynamo-worker` replicas behind Dynamo's frontend (KV router, file discovery, TCP
 requests, ZeroMQ events) on loopback answer the openai client with the same greedy tokens as
-a replica asked directly. Skipped unless Dynamo (ai-dynamo 1.6) imports; about 30 s."""
+a replica asked directly, and the KV router sends a request to the replica that holds its
+prefix. Skipped unless Dynamo (ai-dynamo 1.6) imports; about 40 s."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -20,6 +22,8 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 PROMPT = "hello there the"
+# Two long prefixes (about 190 tokens, 11 blocks of 16, on the tiny model) for the routing test.
+PREFIXES = (" ".join(["alpha beta gamma delta"] * 10), " ".join(["one two three four"] * 10))
 MESSAGES = [{"role": "user", "content": "hi there"}]
 
 
@@ -68,7 +72,7 @@ def fleet(tmp_path_factory):
                                  for n in ("worker0.log", "worker1.log", "frontend.log"))
                 pytest.fail(f"the Dynamo fleet did not come up:\n{logs}")
             time.sleep(0.5)
-        yield base, direct.url
+        yield base, direct.url, root
     finally:
         direct.shutdown()
         for p in procs:
@@ -81,7 +85,7 @@ def fleet(tmp_path_factory):
 
 
 def test_greedy_tokens_match_a_replica_asked_directly(fleet):
-    dynamo_url, direct_url = fleet
+    dynamo_url, direct_url, _ = fleet
     with openai.OpenAI(base_url=f"{dynamo_url}/v1", api_key="none") as via, \
             openai.OpenAI(base_url=f"{direct_url}/v1", api_key="none") as alone:
         _compare(via, alone)
@@ -110,3 +114,38 @@ def test_what_has_no_counterpart_is_a_400_with_the_reason(fleet):
     with openai.OpenAI(base_url=f"{fleet[0]}/v1", api_key="none") as via, \
             pytest.raises(openai.BadRequestError, match="several choices"):
         via.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, n=2)
+
+
+def _instances(root) -> list[int]:
+    """The replicas' Dynamo instance ids, from the file discovery's records."""
+    ids = []
+    for path in (root / "kv" / "v1" / "instances").iterdir():
+        if "generate" in path.name:
+            ids.append(int(json.loads(path.read_text())["instance_id"]))
+    return sorted(ids)
+
+
+def _routed(client, prompt: str, pin=None) -> int:
+    nvext = {"extra_fields": ["worker_id"]}
+    if pin is not None:
+        nvext["backend_instance_id"] = pin
+    r = client.completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0,
+                                  extra_body={"nvext": nvext})
+    return int(r.model_extra["nvext"]["worker_id"]["decode_worker_id"])
+
+
+def test_kv_router_sends_a_prefix_to_the_replica_that_holds_it(fleet):
+    """Each replica warms one long prefix (pinned there); then requests extending either
+    prefix, interleaved, each go to the replica that holds it: the router's block hashes of
+    the frontend's ids (no BOS) match the blocks the workers announce (BOS left out)."""
+    dynamo_url, _, root = fleet
+    replicas = _instances(root)
+    assert len(replicas) == 2
+    with openai.OpenAI(base_url=f"{dynamo_url}/v1", api_key="none") as via:
+        for prefix, replica in zip(PREFIXES, replicas):
+            assert _routed(via, prefix, pin=replica) == replica
+        time.sleep(1.0)  # the stored blocks reach the router
+        for i in range(3):
+            for prefix, replica in zip(PREFIXES, replicas):
+                assert _routed(via, f"{prefix} and then {i}") == replica, \
+                    f"a request extending prefix {PREFIXES.index(prefix)} went elsewhere"
