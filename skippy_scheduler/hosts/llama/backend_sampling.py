@@ -188,8 +188,8 @@ class DeviceChain:
 
 
 class DeviceChains:
-    """The lanes' backend chains (verbs: takes, start, stop, drop, feed, rewind, prepare,
-    read). A lane is *on the device* from `start` to `stop`; its chain stays attached to the
+    """The lanes' backend chains (verbs: takes, start, stop, detach, feed, rewind, rows,
+    prepare, read, close). A lane is *on the device* from `start` to `stop`; its chain stays attached to the
     context after `stop` until another sequence on the lane needs different settings (or the
     host path), so steady traffic attaches nothing."""
 
@@ -276,9 +276,8 @@ class DeviceChains:
         sample (`positions[out_rows[j]] + 1`)."""
         active = self._active
         for j in device_rows:
-            chain = active[int(row_lanes[int(sample_rows[j])])]
-            if chain._dist is not None:
-                chain.reseed(int(positions[int(out_rows[j])]) + 1)
+            active[int(row_lanes[int(sample_rows[j])])].reseed(
+                int(positions[int(out_rows[j])]) + 1)
 
     def read(self, tokens: IntArray, row_lanes: IntArray, sample_rows: IntArray,
              device_rows: list[int], out_rows: IntArray, positions: IntArray) -> None:
