@@ -64,6 +64,9 @@ def register(subparsers: Any) -> None:
              default_text="the model's training context, at least 4096, capped by what fits")
     add_flag(e, "prefix-cache-tokens", type=non_negative_int, default=None,
              default_text="sized from the KV cache, as serve's")
+    e.add_argument("--prefix-holders", type=positive_int, default=None, metavar="N",
+                   help="resident prefixes the store keeps (sequence ids; default: one per "
+                        "lane, as serve's)")
     e.add_argument("--kv-block-size", type=positive_int, default=16, metavar="N",
                    help="tokens per KV event block; registered with Dynamo as the KV block "
                         "size (default: 16)")
@@ -76,6 +79,10 @@ def register(subparsers: Any) -> None:
     e.add_argument("--routing-events-endpoint", metavar="ADDR", default=None,
                    help="where the stream Dynamo's relay reads is bound (default: a free "
                         "loopback TCP port)")
+    e.add_argument("--stats-file", metavar="PATH", default=None,
+                   help="rewrite the engine's counters (prompt tokens restored from the prefix "
+                        "store and prefilled, requests) as JSON here every 0.5 s and at exit "
+                        "(bench/dynamo_fleet.py reads it)")
     p.set_defaults(func=run, own_signals=True)
 
 
@@ -123,8 +130,9 @@ def _import_dynamo() -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.max_active * 2 > LLAMA_MAX_SEQUENCES:
-        raise CommandError(f"--max-active must be <= {LLAMA_MAX_SEQUENCES // 2}")
+    holders = args.max_active if args.prefix_holders is None else args.prefix_holders
+    if args.max_active + holders > LLAMA_MAX_SEQUENCES:
+        raise CommandError(f"--max-active + --prefix-holders must be <= {LLAMA_MAX_SEQUENCES}")
     if args.ctx_size is not None and args.ctx_size // args.max_active < 256:
         raise CommandError(f"--ctx-size {args.ctx_size} over --max-active {args.max_active} "
                            "lanes leaves a lane fewer than 256 tokens")
@@ -166,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
             model=model, model_name=name, seed=args.seed, max_active=args.max_active,
             max_waiting=args.max_waiting, ctx_size=args.ctx_size, threads=args.threads,
             kv_type=args.kv_type, flash_attn=args.flash_attn, offload=offload_spec(args),
-            prefix_cache_tokens=args.prefix_cache_tokens,
+            prefix_cache_tokens=args.prefix_cache_tokens, prefix_holders=args.prefix_holders,
             kv_events_endpoint=args.kv_events_endpoint,
             kv_block_size=args.kv_block_size, log_level="warning")
         settings = worker.WorkerSettings(
@@ -174,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
             component=args.component, endpoint=args.endpoint,
             discovery_backend=args.discovery_backend, request_plane=args.request_plane,
             event_plane=args.event_plane, add_bos=not args.no_add_bos,
-            routing_events_endpoint=args.routing_events_endpoint)
+            routing_events_endpoint=args.routing_events_endpoint, stats_file=args.stats_file)
         extra = (f", serve's KV events on {args.kv_events_endpoint}"
                  if args.kv_events_endpoint else "")
         print(f"skippy-scheduler dynamo-worker: {name} as {args.namespace}.{args.component}."

@@ -221,6 +221,7 @@ class EngineAdapter:
         self.vocab = vocab
         self.add_bos = add_bos
         self._open: dict[str, str] = {}  # Dynamo's request id -> the engine's
+        self.requests = 0  # requests handed to the engine
 
     def cancel(self, request_id: str) -> None:
         rid = self._open.get(request_id)
@@ -244,6 +245,7 @@ class EngineAdapter:
         except EngineUnavailable as exc:
             raise EngineRefused(str(exc), busy=True) from None
         self._open[request_id] = rid
+        self.requests += 1
         prompt = len(mapped.prompt)
         produced = 0
         finished = False

@@ -55,6 +55,7 @@ class WorkerSettings:
     event_plane: Optional[str] = "zmq"
     add_bos: bool = True
     routing_events_endpoint: Optional[str] = None  # the router's KV events (None: a free port)
+    stats_file: Optional[str] = None  # the engine's counters as JSON, rewritten every 0.5 s
 
 
 class SkippyEngine(LLMEngine):  # type: ignore[misc]
@@ -133,11 +134,36 @@ class SkippyEngine(LLMEngine):  # type: ignore[misc]
                                            name="skippy-dynamo-load")
         self._snapshots.start()
 
+    def write_stats(self) -> None:
+        """The engine's counters as JSON in `stats_file` (what `serve`'s /metrics carries for
+        the prefix hit rate: prompt tokens restored and prefilled), replaced atomically."""
+        path, server = self.settings.stats_file, self.server
+        if not path or server is None:
+            return
+        import json
+        import os
+
+        st = server.runner.stats
+        adapter = self.adapter
+        data = {"restored_tokens": st.restored_tokens, "prefill_tokens": st.prefill_tokens,
+                "prefix_hits": st.prefix_hits, "prefix_misses": st.prefix_misses,
+                "requests": adapter.requests if adapter is not None else 0}
+        try:
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                json.dump(data, f)
+            os.replace(path + ".tmp", path)
+        except OSError:
+            log.debug("stats not written", exc_info=True)
+
     def _publish_snapshots(self) -> None:
+        ticks = 0
         while not self._stop.wait(SNAPSHOT_S):
             server = self.server
             if server is None:
                 continue
+            ticks += 1
+            if ticks % 5 == 0:
+                self.write_stats()
             st = server.runner.stats
             block = server.settings.kv_block_size
             total = max(1, st.kv_capacity // block)
@@ -174,6 +200,7 @@ class SkippyEngine(LLMEngine):  # type: ignore[misc]
         if self._snapshots is not None:
             self._snapshots.join(timeout=1.0)
             self._snapshots = None
+        self.write_stats()
         server, self.server = self.server, None
         if server is not None:
             import asyncio
