@@ -32,7 +32,7 @@ def register(subparsers: Any) -> None:
         description="Serve /v1/completions and /v1/chat/completions (streamed or not), "
                     "/v1/models, /health and /metrics, batching requests through the "
                     "scheduler on a llama.cpp model.")
-    add_model_options(p, stages=True)
+    add_model_options(p, stages=True, backend_sampling=True)
     add_flag(p, "served-model-name", type=_names, default_text="the model file's name",
              note="several names separated by commas: the first is the one reported, a "
                   "request may give any (another is a 404)")
@@ -87,8 +87,8 @@ def register(subparsers: Any) -> None:
                         "them with a logged warning, as vLLM does)")
     p.add_argument("--kv-events-endpoint", metavar="ADDR",
                    help="publish the prefix store's blocks as vLLM-format KV cache events on "
-                        "a ZeroMQ PUB socket bound here, e.g. tcp://127.0.0.1:5557 (needs "
-                        "--prefix-cache-tokens; docs/fleet.md)")
+                        "a ZeroMQ PUB socket bound here, e.g. tcp://127.0.0.1:5557; needs "
+                        "--prefix-cache-tokens (docs/fleet.md)")
     p.add_argument("--kv-events-replay-endpoint", metavar="ADDR",
                    help="ZeroMQ ROUTER address answering KV event replay requests")
     p.add_argument("--kv-block-size", type=positive_int, default=d.kv_block_size, metavar="N",
@@ -373,6 +373,7 @@ def run(args: argparse.Namespace) -> int:
         prefix_cache_tokens=args.prefix_cache_tokens,
         prefix_holders=args.prefix_holders, cold_prefix_hold=args.cold_prefix_hold,
         kv_type=args.kv_type, flash_attn=args.flash_attn, log_level=args.log_level,
+        backend_sampling=args.backend_sampling,
         offload=offload_spec(args), stage_worker_args=_stage_worker_args(args),
         strict_request_fields=args.strict_request_fields,
         kv_events_endpoint=args.kv_events_endpoint,

@@ -122,6 +122,7 @@ class ServeSettings:
     #   waits until that prompt is resident, then restores it (docs/behaviour.md §2.3a)
     kv_type: Optional[str] = None  # None: f32 on the CPU, f16 with layers on a GPU
     flash_attn: Union[bool, str, None] = None  # on/off/auto; None: off on the CPU, auto on a GPU
+    backend_sampling: str = "auto"  # on/off/auto: sampling on the device (backend_sampling.py)
     offload: OffloadSpec = OffloadSpec()  # -ngl, -sm, -ts, -mg, -dev (docs/gpu.md)
     log_level: str = "info"  # uvicorn logs one line per request at info, as llama-server and vLLM do
     max_body_bytes: int = 8 << 20  # larger request bodies are a 413
@@ -314,7 +315,8 @@ class Server:
                                kv_type=s.kv_type, flash_attn=s.flash_attn,
                                prefix_cache_tokens=s.prefix_cache_tokens,
                                prefix_holders=s.prefix_holders,
-                               placement=self.fitted.placement if self.fitted else None)
+                               placement=self.fitted.placement if self.fitted else None,
+                               backend_sampling=s.backend_sampling)
         self._build(s, name, reuse)
 
     def _load_stages(self, s: ServeSettings) -> None:
