@@ -64,16 +64,15 @@ def register(subparsers: Any) -> None:
              default_text="the model's training context, at least 4096, capped by what fits")
     add_flag(e, "prefix-cache-tokens", type=non_negative_int, default=None,
              default_text="sized from the KV cache, as serve's")
-    e.add_argument("--prefix-holders", type=positive_int, default=None, metavar="N",
-                   help="resident prefixes the store keeps (sequence ids; default: one per "
-                        "lane, as serve's)")
+    add_flag(e, "prefix-holders", type=positive_int, default=None,
+             default_text="one per lane, as serve's")
     e.add_argument("--kv-block-size", type=positive_int, default=16, metavar="N",
                    help="tokens per KV event block; registered with Dynamo as the KV block "
                         "size (default: 16)")
     e.add_argument("--kv-events-endpoint", metavar="ADDR", default=None,
-                   help="also publish the prefix store's blocks as serve does (vLLM-format KV "
-                        "cache events, BOS included) on a ZeroMQ PUB socket bound here, e.g. "
-                        "tcp://127.0.0.1:5557, for routers other than Dynamo's (default: none; "
+                   help="publish the prefix store's blocks as vLLM-format KV cache events on "
+                        "a ZeroMQ PUB socket bound here, e.g. tcp://127.0.0.1:5557; as serve "
+                        "does, BOS included, for routers other than Dynamo's (default: none; "
                         "Dynamo's relay reads a stream of its own on a free loopback port, "
                         "the blocks as its frontend counts them)")
     e.add_argument("--routing-events-endpoint", metavar="ADDR", default=None,
