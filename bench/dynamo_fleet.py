@@ -8,7 +8,8 @@ mode at a time: what Dynamo's KV routing buys over round robin on bench/fleet.py
 Needs Dynamo (ai-dynamo 1.6, docs/fleet.md "Dynamo") in this Python. For each `--modes` entry
 (`kv`, `round-robin`, `random`) the script starts `--replicas` fresh workers (one llama.cpp
 thread each, prefix reuse on, file discovery in a fresh folder, TCP requests, ZeroMQ events),
-then `python -m dynamo.frontend --router-mode MODE`, waits until every replica has registered,
+then `python -m dynamo.frontend --router-mode MODE` (kv with `--router-prefill-load-scale 4`:
+`--prefill-load-scale`), waits until every replica has registered,
 runs the load of bench/fleet.py (`--groups` prefix groups of `--prefix-tokens` tokens, each
 request a group's prefix then `--suffix-tokens` of its own, `--concurrency` closed-loop
 clients, streamed, greedy, `--max-tokens` with `ignore_eos`) through the frontend, reads each
@@ -48,6 +49,15 @@ MODES = ("kv", "round-robin", "random")
 MODEL_NAME = "bench"
 
 
+def router_flags(args, mode: str) -> list[str]:
+    """The KV router's cost settings (docs/fleet.md, "Dynamo", the router's cost): the prefill
+    term scaled by `--prefill-load-scale` so a resident prefix outweighs the active-block load
+    of a request or two in flight (at Dynamo's default of 1 it does not)."""
+    if mode != "kv" or args.prefill_load_scale is None:
+        return []
+    return ["--router-prefill-load-scale", str(args.prefill_load_scale)]
+
+
 class Fleet:
     """Workers and a frontend for one router mode, logs in `logs`/<mode>-*.log."""
 
@@ -73,7 +83,7 @@ class Fleet:
                          "--stats-file", self.stats[i]], f"{mode}-worker{i}.log", logs)
         self._spawn(["dynamo.frontend", "--discovery-backend", "file", "--request-plane", "tcp",
                      "--event-plane", "zmq", "--router-mode", mode, "--http-host", "127.0.0.1",
-                     "--http-port", str(self.port), *args.frontend_arg],
+                     "--http-port", str(self.port), *router_flags(args, mode), *args.frontend_arg],
                     f"{mode}-frontend.log", logs)
         self._wait(args)
 
@@ -208,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600, help="per request")
     ap.add_argument("--kill-after", type=float, default=None, metavar="S",
                     help="kill the first replica S seconds into the load")
+    ap.add_argument("--prefill-load-scale", type=float, default=4.0,
+                    help="kv mode: the frontend's --router-prefill-load-scale (default 4; "
+                         "Dynamo's own default is 1)")
     ap.add_argument("--frontend-arg", action="append", default=[], metavar="ARG",
                     help="extra dynamo.frontend argument (repeatable)")
     ap.add_argument("--dyn-log", default="warn", help="DYN_LOG of the fleet (default: warn)")
