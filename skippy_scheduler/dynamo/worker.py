@@ -26,13 +26,13 @@ import threading
 from dataclasses import dataclass
 from typing import Any, AsyncGenerator, Optional
 
-from dynamo._core import Context  # type: ignore[import-not-found]
-from dynamo.common.backend import (  # type: ignore[import-not-found]
+from dynamo._core import Context  # type: ignore[import-not-found, unused-ignore]
+from dynamo.common.backend import (  # type: ignore[import-not-found, unused-ignore]
     EngineConfig, LLMEngine, LlmRegistration, WorkerConfig)
-from dynamo.common.backend.publisher import (  # type: ignore[import-not-found]
+from dynamo.common.backend.publisher import (  # type: ignore[import-not-found, unused-ignore]
     ComponentSnapshot, ZmqSource)
-from dynamo.llm import ModelInput  # type: ignore[import-not-found]
-from dynamo.llm.exceptions import InvalidArgument  # type: ignore[import-not-found]
+from dynamo.llm import ModelInput  # type: ignore[import-not-found, unused-ignore]
+from dynamo.llm.exceptions import InvalidArgument  # type: ignore[import-not-found, unused-ignore]
 
 from .adapter import EngineAdapter, EngineRefused, Unsupported, Vocabulary
 
@@ -226,7 +226,7 @@ def _request_id(context: Any) -> str:
 
 def run_worker(serve_settings: Any, settings: WorkerSettings) -> None:
     """Serve until SIGINT or SIGTERM (Dynamo's Worker owns the signals and the drain)."""
-    from dynamo.common.backend.run import run  # type: ignore[import-not-found]
+    from dynamo.common.backend.run import run  # type: ignore[import-not-found, unused-ignore]
 
     engine = SkippyEngine(serve_settings, settings)
 
