@@ -44,6 +44,7 @@ _WORKLOAD_ONLY = {"requests": "--requests", "seed": "--seed", "rate": "--rate",
                   "families": "--families", "family_share": "--family-share",
                   "priority_share": "--priority-share", "priority_scenario": "--priority-scenario"}
 _TRACE_ONLY = {"format": "--format", "time_scale": "--time-scale", "limit": "--limit",
+               "slo": "--slo",
                "prefix_cache_tokens": "--prefix-cache-tokens", "tenants": "--tenants"}
 _LAB_SIZE = "the lab models a larger accelerator than run and serve drive"
 
@@ -162,6 +163,12 @@ def register(subparsers: Any) -> None:
     add_flag(t, "prefix-cache-tokens", type=_cache_tokens,
              note="of the modelled prefix cache; 'unlimited' for no bound",
              default_text=str(DEFAULT_PREFIX_CACHE_TOKENS))
+    t.add_argument("--slo", action="store_true", default=None,
+                   help="tell the scheduler the goodput targets as every request's SLO: a "
+                        "first-token deadline --ttft-target-ms after its arrival and an "
+                        "inter-token target of --itl-target-ms (needs --slack, which plans to "
+                        "it and orders prefill by the deadlines); the share within the SLO "
+                        "is printed per policy")
     t.add_argument("--tenants", type=positive_int, default=None, metavar="K",
                    help="spread requests over K tenants by a stable hash of their id, "
                         "replacing a tenant field of the trace (default: the trace's own)")

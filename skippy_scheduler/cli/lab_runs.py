@@ -166,6 +166,19 @@ def _open_trace(args: argparse.Namespace) -> Trace:
     return trace
 
 
+def format_slo_lines(runs: list[Any], options: ReplayOptions) -> str:
+    """Per policy, the replay against the SLO told (--slo): the share within it, goodput,
+    the misses by reason."""
+    lines = [f"# SLO told: first token within {options.ttft_target_ms:g} ms, every gap within "
+             f"{options.itl_target_ms:g} ms"]
+    for run in runs:
+        f = run.figures
+        lines.append(f"{run.policy}: {100 * f['slo_fraction']:.1f} % within, "
+                     f"{f['slo_goodput_rps']:.3g} req/s; missed: TTFT {f['slo_missed_ttft']}, "
+                     f"gaps {f['slo_missed_gaps']}, both {f['slo_missed_both']}")
+    return "\n".join(lines) + "\n"
+
+
 def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
                       cost: StepCost, backend: Backend) -> int:
     policies = args.policy or list(POLICIES)
@@ -182,10 +195,12 @@ def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
                                                                else cache)
     try:
         options = replace(ReplayOptions(), prefix_cache_tokens=cache,
-                          record_series=bool(args.plot),
+                          record_series=bool(args.plot), slo_told=bool(args.slo),
                           **_overrides(args, _RUN_OPTIONS)).validate()
     except (ValueError, TypeError) as exc:
         raise CommandError(str(exc)) from None
+    if options.slo_told and mode != "slack":
+        raise CommandError("--slo tells the slack rule the SLO: give --slack too")
     trace = _open_trace(args)
     stats = trace.stats
     out = sys.stdout
@@ -232,6 +247,8 @@ def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
     tenants = format_tenant_table(runs)
     if tenants:
         out.write("\n" + tenants)
+    if options.slo_told:
+        out.write("\n" + format_slo_lines(runs, options))
     doc = trace_document(info, runs)
     _tails(args, runs, doc)
     _save(args, doc, runs, plot_trace, title=title)

@@ -110,6 +110,9 @@ class LabHost(CostModelHost):
         self.memory = memory
         self.reserve = reserve  # cells an admission reserves for output (None: no reservation)
         self.tenants = tenants if tenants is not None else TenantService()
+        # (TTFT s, gap s): the SLO each request is told (its first-token deadline from its
+        # arrival, its inter-token target), None: none (ReplayOptions.slo_told).
+        self.slo: Optional[tuple[float, float]] = None
         self.clock: Any = None  # the engine's clock (for time stamps)
         self.live: dict[str, Live] = {}
         self._arrived: dict[str, LabRequest] = {}
@@ -149,6 +152,10 @@ class LabHost(CostModelHost):
             seq.with_tenant(tenants.names[live.tenant])
         if self.reserve is not None:
             seq.with_admission_tokens(live.n + min(live.out, self.reserve))
+        if self.slo is not None:
+            ttft_s, itl_s = self.slo
+            seq.with_deadlines(ttft_deadline=request.arrival_us / 1e6 + ttft_s,
+                               itl_target=itl_s)
         if self.prefix is not None:
             seq = self.prefix.prepare(live, seq)
         request.drop_prompt()

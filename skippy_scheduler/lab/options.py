@@ -94,9 +94,16 @@ class ReplayOptions(RunOptions):
     itl_target_ms: float = 5.0
     tenant_weights: Optional[Mapping[Hashable, float]] = None  # fair-share weights (default 1)
     record_series: bool = False
+    # Tell the scheduler the goodput targets as every request's SLO: a first-token deadline
+    # ttft_target_ms after its arrival and an inter-token target of itl_target_ms (the slack
+    # mode plans to it; its prefill order ranks by the deadlines, behaviour.md §2.13).
+    slo_told: bool = False
 
     def validate(self) -> "ReplayOptions":
         self._check_common(self.ttft_target_ms, self.itl_target_ms)
+        if self.slo_told and not (self.ttft_target_ms > 0 and self.itl_target_ms > 0):
+            raise ValueError("an SLO told to the scheduler needs ttft-target-ms and "
+                             "itl-target-ms > 0")
         if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 0:
             raise ValueError("prefix-cache-tokens must be >= 0")
         return self

@@ -91,6 +91,8 @@ def run_replay(trace: Trace, policy: str, mode: str = DEFAULT_MODE,
     # charges them); the native kind keeps its own (the host: tenants only).
     fair = admission if isinstance(admission, FairShareAdmission) else None
     host = replay_host(sched, options, cost, fair)
+    if options.slo_told:
+        host.slo = (options.ttft_target_ms / 1e3, options.itl_target_ms / 1e3)
     if host_hook is not None:
         host_hook(host)
     if total is None and progress is not False:
@@ -164,6 +166,7 @@ def _figures(policy: str, mode: str, options: ReplayOptions, config: SchedulerCo
         "preemptions": preemptions,
         "recomputed_tokens": int(sched.metrics().recompute_tokens),
         "p99_max_itl_ms": nearest_rank(timeline.max_gap_us, 99) / 1e3,
+        **slo_figures(lat, options, makespan_s),
     }
     lat.add_percentiles(figures)
     (figures["tenants"], figures["tenant_service_tokens_per_s"],
@@ -189,6 +192,22 @@ def _figures(policy: str, mode: str, options: ReplayOptions, config: SchedulerCo
                              [names[t] if t < len(names) else t for t in host.tenant_of],
                              "tenant")
     return run
+
+
+def slo_figures(lat: Latency, options: ReplayOptions, makespan_s: float) -> dict[str, Any]:
+    """The run against the SLO its targets make (first token within ttft_target_ms, every
+    gap within itl_target_ms: the largest, not the mean the goodput above bounds): the share
+    within it, those per second, and the misses by reason (only the first token late, only a
+    gap over, both)."""
+    late = lat.ttft > options.ttft_target_ms * 1e3
+    gappy = lat.timeline.max_gap_us > options.itl_target_ms * 1e3
+    n = len(late)
+    within = int(np.count_nonzero(~late & ~gappy))
+    return {"slo_fraction": within / n if n else 0.0,
+            "slo_goodput_rps": within / makespan_s if makespan_s else 0.0,
+            "slo_missed_ttft": int(np.count_nonzero(late & ~gappy)),
+            "slo_missed_gaps": int(np.count_nonzero(gappy & ~late)),
+            "slo_missed_both": int(np.count_nonzero(late & gappy))}
 
 
 def run_replays(trace: Trace, policies: Iterable[str] = POLICIES, mode: str = DEFAULT_MODE,

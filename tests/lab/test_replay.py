@@ -231,3 +231,40 @@ def test_fair_share_evens_out_service_between_heavy_and_light_tenants(tmp_path, 
     # Every light tenant gets more service under fair share than under FCFS.
     for t in ("light0", "light1", "light2", "light3"):
         assert fair["tenant_service_tokens_per_s"][t] > fcfs["tenant_service_tokens_per_s"][t]
+
+
+def test_the_slo_figures_split_every_request_and_an_slo_told_reaches_the_scheduler(tmp_path,
+                                                                                  backend):
+    """Every request is within the SLO or missed for one reason; with slo_told each sequence
+    carries a first-token deadline ttft_target_ms after its arrival and the inter-token target
+    (seen on the scheduler's active set), and an SLO with a zero target is refused."""
+    trace = open_trace(mooncake_file(tmp_path, conversation_rows(40, seed=3)), time_scale=0.2)
+    seen: dict = {}
+    sched: list = []
+
+    def on_plan(plan, start, duration):
+        for rid in sched[0].snapshot().active_ids:
+            s = sched[0].sequence(rid)
+            seen.setdefault(rid, (s.ttft_deadline, s.itl_target))
+
+    for told in (False, True):
+        seen.clear()
+        sched.clear()
+        options = ReplayOptions(max_active=4, ttft_target_ms=40.0, itl_target_ms=2.0,
+                                slo_told=told)
+        run = run_replay(trace, "fcfs", "slack", options=options, backend=backend,
+                         progress=False, on_plan=on_plan,
+                         host_hook=lambda host: sched.append(host.scheduler))
+        f = run.figures
+        missed = f["slo_missed_ttft"] + f["slo_missed_gaps"] + f["slo_missed_both"]
+        assert round(f["slo_fraction"] * f["requests"]) + missed == f["requests"] == 40
+        assert f["slo_goodput_rps"] == pytest.approx(
+            f["slo_fraction"] * f["requests"] / f["makespan_s"])
+        arrival = {r.id: r.arrival_us for r in trace}
+        if told:
+            assert seen and all(d == pytest.approx(arrival[rid] / 1e6 + 0.040) and i == 0.002
+                                for rid, (d, i) in seen.items())
+        else:
+            assert seen and all(v == (None, None) for v in seen.values())
+    with pytest.raises(ValueError, match="itl-target-ms > 0"):
+        ReplayOptions(ttft_target_ms=40.0, itl_target_ms=0.0, slo_told=True).validate()

@@ -151,3 +151,20 @@ def test_progress_bar_on_a_terminal(tmp_path, trace_file, monkeypatch, capsys):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
     run_replay(open_trace(trace_file), "fcfs")
     assert capsys.readouterr().err == ""
+
+
+def test_an_slo_told_prints_the_share_within_it_per_policy(tmp_path, capsys, trace_file):
+    out_json = tmp_path / "slo.json"
+    code, out, err = lab(capsys, "--trace", trace_file, "--slack", "--slo", "--policy", "fcfs",
+                         "--ttft-target-ms", "100", "--itl-target-ms", "2", "--json",
+                         str(out_json))
+    assert code == 0, err
+    assert "# SLO told: first token within 100 ms, every gap within 2 ms" in out
+    assert any(line.startswith("fcfs: ") and "% within" in line for line in out.splitlines())
+    doc = json.loads(out_json.read_text())
+    assert doc["trace"]["options"]["slo_told"] is True
+    assert {"slo_fraction", "slo_goodput_rps", "slo_missed_ttft"} <= set(doc["policies"]["fcfs"])
+    code, out, err = lab(capsys, "--trace", trace_file, "--slo", "--policy", "fcfs")
+    assert code != 0 and "--slo tells the slack rule the SLO: give --slack too" in err
+    code, out, err = lab(capsys, "--suite", "--slo")
+    assert code != 0 and "--slo" in err
