@@ -47,8 +47,10 @@ def fleet(tmp_path_factory):
 
     def spawn(args: list[str], log: str) -> subprocess.Popen:
         with open(root / log, "wb") as out:
+            # Not from the checkout's root: the installed package, not its source tree.
             return subprocess.Popen([sys.executable, "-m", *args], env=env,
-                                    stdout=subprocess.DEVNULL, stderr=out)
+                                    stdout=subprocess.DEVNULL, stderr=out,
+                                    cwd=os.path.dirname(sys.executable))
 
     procs = [spawn(["skippy_scheduler.cli", "dynamo-worker", "-m", model, "--served-model-name",
                     "tiny", "--max-active", "2", "-c", "1024", "-t", "1"], f"worker{i}.log")
