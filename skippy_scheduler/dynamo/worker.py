@@ -58,7 +58,7 @@ class WorkerSettings:
     stats_file: Optional[str] = None  # the engine's counters as JSON, rewritten every 0.5 s
 
 
-class SkippyEngine(LLMEngine):  # type: ignore[misc]
+class SkippyEngine(LLMEngine):  # type: ignore[misc, unused-ignore]
     """The Dynamo engine around a `Server` (see the module docstring)."""
 
     def __init__(self, serve_settings: Any, settings: WorkerSettings) -> None:
@@ -177,8 +177,9 @@ class SkippyEngine(LLMEngine):  # type: ignore[misc]
             except Exception:  # the runtime is shutting down
                 log.debug("load snapshot not published", exc_info=True)
 
-    async def generate(self, request: dict[str, Any], context: Any,
-                       ) -> AsyncGenerator[dict[str, Any], None]:
+    # Dynamo's own request and chunk types where it is installed (TypedDicts of these shapes).
+    async def generate(  # type: ignore[override, unused-ignore]
+            self, request: dict[str, Any], context: Any) -> AsyncGenerator[dict[str, Any], None]:
         adapter = self.adapter
         if adapter is None:
             raise RuntimeError("the engine is not started")
