@@ -206,7 +206,7 @@ def run_grid(args: argparse.Namespace, theirs: Optional[str]) -> int:
                     doc.update(round=rnd, load="trace", slo=key)
                     runs[key][THEIRS].append(doc)
                     emit(doc, args.json)
-            for ttft, itl in grid:
+            for ttft, itl in grid if args.servers != "theirs" else ():
                 key = slo_key(ttft, itl)
                 told = argparse.Namespace(**{**vars(args), "slo_ttft_ms": ttft * 1e3,
                                              "slo_itl_ms": itl * 1e3, "ttft_slo_s": ttft,

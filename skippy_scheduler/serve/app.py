@@ -46,7 +46,7 @@ from .guard import HttpGuard
 from .metrics import CONTENT_TYPE, ServeMetrics
 from .protocol import GenerationRequest, parse_chat, parse_completion, with_min_tokens
 from .runner import EngineRunner, EngineUnavailable, Inbox, Subscription
-from .slo import Slo
+from .slo import Slo, planned_gap_ms
 from .stream import dumps as _dumps, sse
 
 log = logging.getLogger("skippy_scheduler.serve")
@@ -355,7 +355,8 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
                                                       sampling=sampling,
                                                       priority=gen.priority,
                                                       ttft_ms=gen.ttft_ms,
-                                                      itl_ms=gen.itl_ms), loop, inbox))
+                                                      itl_ms=planned_gap_ms(gen.itl_ms)),
+                                        loop, inbox))
         except EngineUnavailable as exc:
             _abandon(subs)
             raise unavailable(str(exc)) from None

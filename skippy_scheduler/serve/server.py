@@ -339,7 +339,7 @@ class Server:
         from .access import AccessSettings
         from .app import Limits, ServeContext, create_app
         from .guard import default_allowed_hosts
-        from .slo import Slo, SloSettings
+        from .slo import GAP_PLAN_SHARE, Slo, SloSettings
         from . import vllm_compat
         from .runner import EngineRunner
         from .text import token_pieces
@@ -361,7 +361,8 @@ class Server:
             max_inflight_plans=s.inflight, disjoint_inflight_plans=disjoint,
             planning_rule=PlanningRule.SLACK if s.planning_rule == "slack"
             else PlanningRule.REFERENCE,
-            itl_target=(s.slo_itl_ms if s.slo_itl_ms is not None else s.itl_target_ms) / 1e3,
+            itl_target=(s.slo_itl_ms * GAP_PLAN_SHARE if s.slo_itl_ms is not None
+                        else s.itl_target_ms) / 1e3,
             slack_prefill_age_max=s.prefill_age_max_ms / 1e3,
             memory_components=list(components),
             priority_preemption=s.priority_preemption,

@@ -18,6 +18,7 @@ from serve_support import Spawned, is_idle, metrics, start_server, wait_idle
 from skippy_scheduler import cli
 from skippy_scheduler.serve import Server, ServeSettings
 from skippy_scheduler.slack import StepCost
+from skippy_scheduler.serve.slo import GAP_PLAN_SHARE
 
 LONG_MS = 600_000.0  # a budget nothing misses
 TINY_MS = 0.001  # a budget nothing meets (1 µs)
@@ -124,14 +125,17 @@ def test_the_server_budgets_apply_unless_a_request_gives_its_own(slo_server):
         _ask(c, {"skippy": {"ttft_ms": TINY_MS}})  # its own TTFT budget: missed
         _ask(c, {"skippy": {"itl_ms": TINY_MS}})  # its own gap budget: missed
         _ask(c, {"skippy": {"itl_ms": TINY_MS}}, max_tokens=1)  # one token: no gap to miss
+    # The engine gets each TTFT budget whole and 3/4 of each gap budget as its target.
+    plan = GAP_PLAN_SHARE
     assert [(r.ttft_ms, r.itl_ms) for r in seen] == [
-        (LONG_MS, LONG_MS), (TINY_MS, LONG_MS), (LONG_MS, TINY_MS), (LONG_MS, TINY_MS)]
+        (LONG_MS, LONG_MS * plan), (TINY_MS, LONG_MS * plan), (LONG_MS, TINY_MS * plan),
+        (LONG_MS, TINY_MS * plan)]
     after = _counts(slo_server.url)
     delta = {k: after[k] - before[k] for k in after}
     assert delta == {"met.ttft": 3, "met.itl": 3, "met.both": 2,
                      "missed.ttft": 1, "missed.itl": 1, "missed.both": 2, "shed": 0}
-    # The slack rule plans to the SLO's gap.
-    assert slo_server.scheduler.config.itl_target == LONG_MS / 1e3
+    # The slack rule plans to 3/4 of the SLO's gap: the rest absorbs the cost model's error.
+    assert slo_server.scheduler.config.itl_target == LONG_MS * GAP_PLAN_SHARE / 1e3
     assert is_idle(wait_idle(slo_server), slo_server.host.n_seq_max)
 
 
