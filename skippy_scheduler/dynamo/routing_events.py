@@ -28,8 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Hashable, Optional, Sequence
 
-from ..serve.kv_events import (AllBlocksCleared, BlockLedger, BlockStored, KvEventPublisher,
-                               StoreEvents, watch_running)
+from ..engine.contract import PrefixEventsHost
+from ..serve.kv_events import (BlockLedger, BlockStored, KvEventPublisher, StoreEvents,
+                               watch_running)
 
 
 @dataclass
@@ -46,20 +47,15 @@ class RoutingLedger(BlockLedger):
 
 def attach(host: Any, engine: Any, publisher: Any, block_size: int, seed: str = "0",
            bos: Optional[int] = None) -> StoreEvents:
-    """Announce `host`'s prefix store (and, given the `engine`, its running prompts) on
-    `publisher` in the router's blocks; call before the engine thread starts. The first batch
-    clears what a previous run announced."""
-    store = getattr(host, "prefix_store", None)
-    if store is None:
+    """Announce `host`'s prefix store (a `PrefixEventsHost`, engine/contract.py) and, given
+    the `engine`, its running prompts on `publisher` in the router's blocks, as the server's
+    own stream does (`StoreEvents`, `watch_running`) but through a `RoutingLedger`; call before
+    the engine thread starts."""
+    if not isinstance(host, PrefixEventsHost) or host.prefix_store is None:
         raise ValueError("the host keeps no prefixes: Dynamo's KV routing needs prefix reuse")
-    hook = StoreEvents(None, publisher, RoutingLedger(block_size, seed, bos=bos))
-    events: list[Any] = [AllBlocksCleared()]
-    for entry in store.resident():
-        stored = hook.ledger.stored(("entry", entry.serial), entry.key)
-        if stored is not None:
-            events.append(stored)
-    publisher.publish(events)
-    host.watch_prefixes(hook.changed)
+    hook = StoreEvents.attach(host.prefix_store, publisher, block_size, seed,
+                              watch=host.watch_prefixes,
+                              ledger=RoutingLedger(block_size, seed, bos=bos))
     if engine is not None:
         watch_running(engine, host, hook)
     return hook

@@ -356,12 +356,13 @@ class StoreEvents:
 
     @classmethod
     def attach(cls, store: Any, publisher: Any, block_size: int, seed: str = "0",
-               watch: Optional[Callable[[Callable[[str, Any], None]], None]] = None
-               ) -> "StoreEvents":
+               watch: Optional[Callable[[Callable[[str, Any], None]], None]] = None,
+               ledger: Optional[BlockLedger] = None) -> "StoreEvents":
         """Hook `store`; the first batch clears whatever a previous run announced, and the
-        entries already resident are announced after it."""
+        entries already resident are announced after it. `ledger`: how keys become blocks
+        (default: `BlockLedger(block_size, seed)`)."""
         hook = cls(None if watch is not None else store.backend, publisher,
-                   BlockLedger(block_size, seed))
+                   ledger if ledger is not None else BlockLedger(block_size, seed))
         events: list[Event] = [AllBlocksCleared()]
         for entry in store.resident():
             stored = hook.ledger.stored(_ledger_id(entry), entry.key)

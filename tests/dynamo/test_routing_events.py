@@ -51,7 +51,7 @@ def test_attach_clears_announces_the_resident_and_follows_the_store():
     entry = SimpleNamespace(serial=1, key=[BOS, *IDS])
     watchers = []
     host = SimpleNamespace(prefix_store=SimpleNamespace(resident=lambda: [entry]),
-                           watch_prefixes=watchers.append)
+                           watch_prefixes=watchers.append, held_tokens=lambda rid: None)
     pub = _Publisher()
     attach(host, None, pub, 16, bos=BOS)
     first = pub.batches[0]
