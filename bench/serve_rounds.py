@@ -52,6 +52,8 @@ from skippy_bench.loads import closed_args, run_load
 from skippy_bench.reports import emit, markdown_table, median
 from skippy_bench.servers import OURS, THEIRS, Served, find_llama_server
 
+from skippy_scheduler.cli._common import positive_ms
+
 CLOSED = (("output_tokens_per_s", "tok/s", True), ("ttft_p99_s", "p99 TTFT s", False),
           ("itl_p99_s", "p99 gap s", False))
 OPEN = (("slo_attainment_pct", "SLO %", True), ("slo_also_pct", "SLO % at --also-ttft-slo-s", True),
@@ -84,16 +86,6 @@ def told_slo(args: argparse.Namespace) -> list[str]:
         if value is not None:
             out += ["--" + flag.replace("_", "-"), f"{value:g}"]
     return out
-
-
-def _positive_ms(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of ms, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number of ms > 0, got {text}")
-    return value
 
 
 def theirs_cmd(args: argparse.Namespace, path: str) -> list[str]:
@@ -176,7 +168,7 @@ def _grid(text: str) -> tuple[tuple[float, float], ...]:
         ttft, sep, itl = part.strip().partition("x")
         if not sep:
             raise argparse.ArgumentTypeError(f"{part!r} is not TTFTxGAP (ms), e.g. 3000x500")
-        pairs.append((_positive_ms(ttft) / 1e3, _positive_ms(itl) / 1e3))
+        pairs.append((positive_ms(ttft) / 1e3, positive_ms(itl) / 1e3))
     if not pairs:
         raise argparse.ArgumentTypeError("no SLO given")
     return tuple(pairs)
@@ -242,15 +234,19 @@ def run_grid(args: argparse.Namespace, theirs: Optional[str]) -> int:
                           "ratio": ours / mine if ours is not None and mine else None}
         rows.append(row)
         emit(row, args.json)
-    table = grid_markdown(rows)
-    print(table)
-    if args.markdown:
-        with open(args.markdown, "w", encoding="utf-8") as fh:
-            fh.write(table)
+    show(grid_markdown(rows), args.markdown)
     if failures:
         print("# greedy outputs differ: " + "; ".join(failures), file=sys.stderr)
         return 1
     return 0
+
+
+def show(table: str, path: Optional[str]) -> None:
+    """Print the table of medians, and write it to `path` (--markdown) when given."""
+    print(table)
+    if path:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(table)
 
 
 def grid_markdown(rows: list[dict[str, Any]]) -> str:
@@ -369,11 +365,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="the SLO's first-token bound, measured only (default: 2)")
     t.add_argument("--itl-slo-s", type=float, default=0.2,
                    help="the SLO's bound on every gap, measured only (default: 0.2)")
-    t.add_argument("--slo-ttft-ms", type=_positive_ms, default=None, metavar="MS",
+    t.add_argument("--slo-ttft-ms", type=positive_ms, default=None, metavar="MS",
                    help="the SLO's first-token bound, measured and told to this server "
                         "(`serve --slo-ttft-ms`); llama-server runs as it is; replaces "
                         "--ttft-slo-s (default: not told)")
-    t.add_argument("--slo-itl-ms", type=_positive_ms, default=None, metavar="MS",
+    t.add_argument("--slo-itl-ms", type=positive_ms, default=None, metavar="MS",
                    help="the SLO's bound on every gap, measured and told to this server "
                         "(`serve --slo-itl-ms`); replaces --itl-slo-s (default: not told)")
     t.add_argument("--slo-grid", type=_grid, default=None, metavar="TTFTxGAP,...",
@@ -451,11 +447,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows = summarize(args, runs)
     for row in rows:
         emit(row, args.json)
-    table = markdown(rows)
-    print(table)
-    if args.markdown:
-        with open(args.markdown, "w", encoding="utf-8") as fh:
-            fh.write(table)
+    show(markdown(rows), args.markdown)
     trace = next((r for r in rows if r["load"] == "trace"), None)
     if trace and (met := trace["slo_attainment_pct"][THEIRS]) is not None and met >= 100 / 3:
         print(f"# warning: llama-server met the SLO for {met:.1f} % of the trace's requests "

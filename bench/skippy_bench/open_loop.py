@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from skippy_scheduler.cli._common import positive_ms
 from skippy_scheduler.lab.traces import BLOCK_TOKENS, open_trace
 
 from .loads import Result, client, errors, one, request_args
@@ -334,13 +335,7 @@ def build_parser(description: Optional[str] = None) -> argparse.ArgumentParser:
 
 def _ms_as_s(text: str) -> float:
     """A finite number of ms > 0, in seconds."""
-    try:
-        ms = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of ms, got {text!r}") from None
-    if not (math.isfinite(ms) and ms > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number of ms > 0, got {text}")
-    return ms / 1e3
+    return positive_ms(text) / 1e3
 
 
 def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:

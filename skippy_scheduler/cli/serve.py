@@ -129,7 +129,7 @@ def _add_slo_options(p: Any, d: Any) -> None:
                         "{\"ttft_ms\": ...} overrides it (default: none)")
     g.add_argument("--slo-itl-ms", type=positive_ms, default=d.slo_itl_ms, metavar="MS",
                    help="inter-token budget of every request (every gap): the slack rule "
-                        "plans each request to it instead of --itl-target-ms; a request's "
+                        "plans each request to 3/4 of it instead of --itl-target-ms; a request's "
                         "\"skippy\": {\"itl_ms\": ...} overrides it (default: none)")
     g.add_argument("--slo-shed", action="store_true", default=d.slo_shed,
                    help="answer 503 with Retry-After, before any work, to a request whose "
