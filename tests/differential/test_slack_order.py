@@ -14,10 +14,9 @@ from skippy_scheduler import (
     Scheduler,
     SchedulerConfig,
     Sequence,
-    StepCost,
     TwinScheduler,
 )
-from sched_helpers import complete
+from sched_helpers import complete, row_sizes, seeded_prompt, slack_order_config
 
 
 @pytest.fixture(params=[Scheduler, TwinScheduler], ids=["native", "twin"])
@@ -25,31 +24,14 @@ def impl(request):
     return request.param
 
 
-def _config(**overrides):
-    base = dict(planning_rule=PlanningRule.SLACK, max_tokens_per_iteration=10,
-                prefill_chunk_tokens=10, slack_min_chunk_tokens=4, itl_target=1.0,
-                slack_safety=1.0, step_cost=StepCost(base_us=1000, per_prefill_token_us=100,
-                                                     decode_base_us=0, per_decode_row_us=1000))
-    base.update(overrides)
-    return SchedulerConfig(**base)
-
-
-def _prompt(n, seed):
-    return [(seed * 7 + j) % 11 for j in range(n)]
-
-
-def _rows(plan):
-    return [(w.sequence_id, len(w.tokens)) for w in plan.work]
-
-
 def _three_pending(impl, **overrides):
     """Three prompts of 30, 12 and 20 tokens pending, nothing decoding, a 10-token budget:
     the first plan's rows."""
-    sched = impl(_config(**overrides))
+    sched = impl(slack_order_config(**overrides))
     sched.set_clock(0.0)
     for k, n in enumerate([30, 12, 20]):
-        sched.submit(Sequence(f"p{k}", _prompt(n, k), 2))
-    return _rows(sched.plan_iteration())
+        sched.submit(Sequence(f"p{k}", seeded_prompt(n, k), 2))
+    return row_sizes(sched.plan_iteration())
 
 
 def test_the_shortest_remaining_prefill_goes_first(impl):
@@ -73,63 +55,63 @@ def test_the_budget_flows_on_in_the_same_order(impl):
 
 def test_remaining_counts_what_is_left_to_feed(impl):
     """After p1 got 10 of its 12 tokens, its 2 left go before p2's 20 and p0's 30; then p2."""
-    sched = impl(_config())
+    sched = impl(slack_order_config())
     sched.set_clock(0.0)
     for k, n in enumerate([30, 12, 20]):
-        sched.submit(Sequence(f"p{k}", _prompt(n, k), 2))
+        sched.submit(Sequence(f"p{k}", seeded_prompt(n, k), 2))
     plan = sched.plan_iteration()
-    assert _rows(plan) == [("p1", 10)]
+    assert row_sizes(plan) == [("p1", 10)]
     complete(sched, plan)
     plan = sched.plan_iteration()
-    assert _rows(plan) == [("p1", 2), ("p2", 8)]
+    assert row_sizes(plan) == [("p1", 2), ("p2", 8)]
 
 
 def test_an_overdue_prefill_goes_first_whatever_its_length(impl):
     """p0 (30 tokens) was submitted at 0, the short ones at 0.5 s: with a bound of 0.25 s p0 is
     overdue and goes first; with 1 s nobody is and the shortest does."""
     for bound, first in ((0.25, "p0"), (1.0, "p1")):
-        sched = impl(_config(slack_prefill_age_max=bound))
+        sched = impl(slack_order_config(slack_prefill_age_max=bound))
         sched.set_clock(0.0)
-        sched.submit(Sequence("p0", _prompt(30, 0), 2))
+        sched.submit(Sequence("p0", seeded_prompt(30, 0), 2))
         sched.set_clock(0.5)
-        sched.submit(Sequence("p1", _prompt(12, 1), 2))
-        sched.submit(Sequence("p2", _prompt(20, 2), 2))
-        assert _rows(sched.plan_iteration()) == [(first, 10)]
+        sched.submit(Sequence("p1", seeded_prompt(12, 1), 2))
+        sched.submit(Sequence("p2", seeded_prompt(20, 2), 2))
+        assert row_sizes(sched.plan_iteration()) == [(first, 10)]
 
 
 def test_overdue_ones_keep_the_walk_order_among_them(impl):
     """All three overdue: walk order (p0 first), though p1 is the shortest."""
-    sched = impl(_config(slack_prefill_age_max=0.25))
+    sched = impl(slack_order_config(slack_prefill_age_max=0.25))
     sched.set_clock(0.0)
     for k, n in enumerate([30, 12, 20]):
-        sched.submit(Sequence(f"p{k}", _prompt(n, k), 2))
+        sched.submit(Sequence(f"p{k}", seeded_prompt(n, k), 2))
     sched.set_clock(0.25)
-    assert _rows(sched.plan_iteration()) == [("p0", 10)]
+    assert row_sizes(sched.plan_iteration()) == [("p0", 10)]
 
 
 def test_mixed_steps_take_the_same_order(impl):
     """A live decode "d" beside the three prompts: the mixed step's chunk goes to p1."""
-    sched = impl(_config(max_tokens_per_iteration=11))
+    sched = impl(slack_order_config(max_tokens_per_iteration=11))
     sched.set_clock(0.0)
     sched.submit(Sequence("d", [1, 2], 100))
     plan = sched.plan_iteration()
     complete(sched, plan, [IterationPrediction(0, 5)])
     for k, n in enumerate([30, 12, 20]):
-        sched.submit(Sequence(f"p{k}", _prompt(n, k), 2))
-    assert _rows(sched.plan_iteration()) == [("d", 1), ("p1", 10)]
+        sched.submit(Sequence(f"p{k}", seeded_prompt(n, k), 2))
+    assert row_sizes(sched.plan_iteration()) == [("d", 1), ("p1", 10)]
 
 
 def _long_behind_shorts(impl, bound, steps=24):
     """A 100-token prompt "long" at t = 0, then an 8-token prompt each step (one step = 0.125
     s, budget 8 tokens): the step indexes at which long got a row."""
-    sched = impl(_config(max_tokens_per_iteration=8, prefill_chunk_tokens=8,
+    sched = impl(slack_order_config(max_tokens_per_iteration=8, prefill_chunk_tokens=8,
                          slack_prefill_age_max=bound, max_active_sequences=64))
     served = []
     for i in range(steps):
         sched.set_clock(i * 0.125)
         if i == 0:
-            sched.submit(Sequence("long", _prompt(100, 0), 1))
-        sched.submit(Sequence(f"s{i}", _prompt(8, i + 1), 1))
+            sched.submit(Sequence("long", seeded_prompt(100, 0), 1))
+        sched.submit(Sequence(f"s{i}", seeded_prompt(8, i + 1), 1))
         plan = sched.plan_iteration()
         if "long" in [w.sequence_id for w in plan.work]:
             served.append(i)
@@ -149,18 +131,18 @@ def _preempted_then_young(impl, bound):
     """"old" (30 tokens) submitted at 0 and prefilled, preempted at 1 s, back in the active set
     beside "young" (5 tokens, submitted at 1 s): the rows of the plan that readmits it."""
     kv = MemoryComponent("kv", 60, 0, 1, 0)
-    sched = impl(_config(slack_prefill_age_max=bound, memory_components=[kv],
+    sched = impl(slack_order_config(slack_prefill_age_max=bound, memory_components=[kv],
                          max_tokens_per_iteration=40, prefill_chunk_tokens=40))
     sched.set_clock(0.0)
-    sched.submit(Sequence("old", _prompt(30, 0), 20))
+    sched.submit(Sequence("old", seeded_prompt(30, 0), 20))
     plan = sched.plan_iteration()
-    assert _rows(plan) == [("old", 30)]
+    assert row_sizes(plan) == [("old", 30)]
     complete(sched, plan, [IterationPrediction(0, 3)])
     sched.set_clock(1.0)
     assert sched.preempt_for_component_pressure([61]) == ["old"]
     assert sched.preempt_for_component_pressure([0]) == []  # the pressure is gone
-    sched.submit(Sequence("young", _prompt(5, 1), 2))
-    return _rows(sched.plan_iteration())
+    sched.submit(Sequence("young", seeded_prompt(5, 1), 2))
+    return row_sizes(sched.plan_iteration())
 
 
 def test_the_age_survives_preemption(impl):

@@ -10,14 +10,11 @@ import pytest
 
 from skippy_scheduler import (
     IterationPrediction,
-    PlanningRule,
     Scheduler,
-    SchedulerConfig,
     Sequence,
-    StepCost,
     TwinScheduler,
 )
-from sched_helpers import complete
+from sched_helpers import complete, row_sizes, seeded_prompt, slack_order_config
 
 
 @pytest.fixture(params=[Scheduler, TwinScheduler], ids=["native", "twin"])
@@ -26,21 +23,9 @@ def impl(request):
 
 
 def _config(**overrides):
-    """1 ms a step plus 0.1 ms a prompt token; a 40-token budget, so a plan shows the order."""
-    base = dict(planning_rule=PlanningRule.SLACK, max_tokens_per_iteration=40,
-                prefill_chunk_tokens=40, slack_min_chunk_tokens=4, itl_target=1.0,
-                slack_safety=1.0, step_cost=StepCost(base_us=1000, per_prefill_token_us=100,
-                                                     decode_base_us=0, per_decode_row_us=1000))
-    base.update(overrides)
-    return SchedulerConfig(**base)
-
-
-def _prompt(n, seed):
-    return [(seed * 7 + j) % 11 for j in range(n)]
-
-
-def _rows(plan):
-    return [(w.sequence_id, len(w.tokens)) for w in plan.work]
+    """slack_order_config with a 40-token budget, so a plan shows the order."""
+    return slack_order_config(**{"max_tokens_per_iteration": 40, "prefill_chunk_tokens": 40,
+                                 **overrides})
 
 
 def _first_plan(impl, deadlines, lengths=(30, 12, 20), **overrides):
@@ -49,8 +34,8 @@ def _first_plan(impl, deadlines, lengths=(30, 12, 20), **overrides):
     sched = impl(_config(**overrides))
     sched.set_clock(0.0)
     for k, (n, ttft) in enumerate(zip(lengths, deadlines)):
-        sched.submit(Sequence(f"p{k}", _prompt(n, k), 2).with_deadlines(ttft_deadline=ttft))
-    return sched, _rows(sched.plan_iteration())
+        sched.submit(Sequence(f"p{k}", seeded_prompt(n, k), 2).with_deadlines(ttft_deadline=ttft))
+    return sched, row_sizes(sched.plan_iteration())
 
 
 def test_without_deadlines_the_shortest_goes_first(impl):
@@ -77,7 +62,7 @@ def test_a_deadline_that_cannot_be_met_is_relegated_behind_the_others(impl):
     plan = sched.plan_iteration()  # a second plan in flight (depth 1 replaces it)
     complete(sched, plan, [IterationPrediction(r, 3) for r, w in enumerate(plan.work)
                            if w.sample_last])
-    _rows(sched.plan_iteration())
+    row_sizes(sched.plan_iteration())
     assert sched.metrics().slo_relegated == 1
 
 
@@ -100,14 +85,14 @@ def test_a_relegated_sequence_is_served_once_overdue(impl):
     sched = impl(_config(slack_prefill_age_max=1.0, max_tokens_per_iteration=10,
                          prefill_chunk_tokens=10))
     sched.set_clock(0.0)
-    sched.submit(Sequence("p0", _prompt(30, 0), 2).with_deadlines(ttft_deadline=0.002))
-    sched.submit(Sequence("q", _prompt(12, 3), 2).with_deadlines(ttft_deadline=1.0))
-    assert _rows(sched.plan_iteration()) == [("q", 10)]
+    sched.submit(Sequence("p0", seeded_prompt(30, 0), 2).with_deadlines(ttft_deadline=0.002))
+    sched.submit(Sequence("q", seeded_prompt(12, 3), 2).with_deadlines(ttft_deadline=1.0))
+    assert row_sizes(sched.plan_iteration()) == [("q", 10)]
     assert sched.metrics().slo_relegated == 1
     sched.set_clock(1.5)
-    sched.submit(Sequence("p1", _prompt(12, 1), 2).with_deadlines(ttft_deadline=1.6))
-    sched.submit(Sequence("p2", _prompt(20, 2), 2).with_deadlines(ttft_deadline=1.7))
-    assert _rows(sched.plan_iteration())[0] == ("p0", 10)
+    sched.submit(Sequence("p1", seeded_prompt(12, 1), 2).with_deadlines(ttft_deadline=1.6))
+    sched.submit(Sequence("p2", seeded_prompt(20, 2), 2).with_deadlines(ttft_deadline=1.7))
+    assert row_sizes(sched.plan_iteration())[0] == ("p0", 10)
 
 
 def test_overdue_prefill_counts_against_the_deadlines_behind_it(impl):
@@ -115,10 +100,10 @@ def test_overdue_prefill_counts_against_the_deadlines_behind_it(impl):
     1 + 3 + 2 = 6 ms, after its 5 ms deadline: q is relegated behind p1 (no deadline)."""
     sched = impl(_config(slack_prefill_age_max=0.25))
     sched.set_clock(0.0)
-    sched.submit(Sequence("p0", _prompt(30, 0), 2))
+    sched.submit(Sequence("p0", seeded_prompt(30, 0), 2))
     sched.set_clock(0.5)
-    sched.submit(Sequence("q", _prompt(20, 3), 2).with_deadlines(ttft_deadline=0.505))
-    sched.submit(Sequence("p1", _prompt(12, 1), 2))
-    assert _rows(sched.plan_iteration()) == [("p0", 30), ("p1", 10)]
+    sched.submit(Sequence("q", seeded_prompt(20, 3), 2).with_deadlines(ttft_deadline=0.505))
+    sched.submit(Sequence("p1", seeded_prompt(12, 1), 2))
+    assert row_sizes(sched.plan_iteration()) == [("p0", 30), ("p1", 10)]
     assert sched.metrics().slo_relegated == 1
 

@@ -2,9 +2,11 @@
 from skippy_scheduler import (
     CacheAffinity,
     IterationPrediction,
+    PlanningRule,
     SchedulerConfig,
     Sequence,
     StageCacheAffinity,
+    StepCost,
 )
 
 
@@ -29,6 +31,27 @@ def pred(index, token):
 
 def row_ids(plan):
     return [w.sequence_id for w in plan.work]
+
+
+def row_sizes(plan):
+    """(sequence id, tokens) of every row of `plan`."""
+    return [(w.sequence_id, len(w.tokens)) for w in plan.work]
+
+
+def seeded_prompt(n, seed):
+    """n tokens that differ from seed to seed (no prefix shared between them)."""
+    return [(seed * 7 + j) % 11 for j in range(n)]
+
+
+def slack_order_config(**overrides):
+    """The slack rule with a 10-token budget, 1 ms a step, 0.1 ms a prompt token, 1 ms a decode
+    row, a 1 s target and no safety margin: the prefill order tests' scheduler."""
+    base = dict(planning_rule=PlanningRule.SLACK, max_tokens_per_iteration=10,
+                prefill_chunk_tokens=10, slack_min_chunk_tokens=4, itl_target=1.0,
+                slack_safety=1.0, step_cost=StepCost(base_us=1000, per_prefill_token_us=100,
+                                                     decode_base_us=0, per_decode_row_us=1000))
+    base.update(overrides)
+    return SchedulerConfig(**base)
 
 
 def affinity(saved_per_token, matched=1):
