@@ -151,3 +151,36 @@ def test_a_signal_drains_closes_everything_and_exits_0(tmp_path, signals):
     lines = [x for x in out if isinstance(x, str) and x]
     assert lines[-1] == "data: [DONE]", out[-3:]
     assert '"error"' in lines[-2] and "engine_unavailable" in lines[-2], lines[-2]
+
+
+def test_accepted_connections_send_without_nagles_delay():
+    """The listener says it is TCP, so asyncio turns Nagle's algorithm off on each connection
+    it accepts (with Nagle on, a stream's small writes on a reused keep-alive connection wait
+    for the client's delayed ACK)."""
+    import asyncio
+
+    from skippy_scheduler.serve.server import listen_socket
+
+    async def accept_one() -> int:
+        seen: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        class Probe(asyncio.Protocol):
+            def connection_made(self, transport) -> None:  # type: ignore[override]
+                sock = transport.get_extra_info("socket")
+                seen.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                transport.close()
+
+        listener = listen_socket("127.0.0.1", 0)
+        server = await asyncio.get_running_loop().create_server(Probe, sock=listener)
+        try:
+            port = listener.getsockname()[1]
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                return await asyncio.wait_for(seen, 10)
+            finally:
+                writer.close()
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    assert asyncio.run(accept_one()) != 0
