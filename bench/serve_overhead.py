@@ -4,10 +4,18 @@
 
 Starts the real app (`skippy_scheduler.serve`'s routes, engine thread, scheduler) on
 `InstantHost` (`instant_host.py`: every sampling row gets a fixed token at once) in a child
-process on loopback, then drives it with `serve_load.py`'s closed loop (`run_load`) from
-`--clients` processes sharing `--concurrency` streaming clients, started together. What remains
-of a request's cost is the server's: HTTP and SSE, detokenisation, events, engine bookkeeping,
+process on loopback, then drives it with a closed loop of streaming requests from
+`--clients` processes sharing `--concurrency` streams, started together. What remains of a
+request's cost is the server's: HTTP and SSE, detokenisation, events, engine bookkeeping,
 planning.
+
+`--client` picks the load client. `lean` (the default) is `skippy_bench.lean_client.run_load`:
+raw asyncio, one keep-alive connection per stream, token chunks counted by a byte search and
+only the last events parsed, so the client spends a fraction of the server's CPU per token and
+the server is the bottleneck. `httpx` is `serve_load.py`'s closed loop
+(`skippy_bench.loads.run_load`, httpx, every chunk parsed), the client that the figures before
+`--client` existed were measured with; on two cores it spends more CPU per token than the
+server and caps the rate.
 
 Reported: output tokens/s received through HTTP streaming (the sum over clients: tokens /
 longest client wall time); the server process's CPU time (on-CPU time per thread, from /proc)
@@ -35,6 +43,7 @@ from typing import Any, Callable, Optional
 
 import httpx
 
+from skippy_bench import lean_client
 from skippy_bench.loads import load_args, run_load
 from skippy_bench.reports import emit
 from skippy_bench.servers import stop
@@ -112,15 +121,16 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 def _client(url: str, concurrency: int, requests: int, seed: int, args: argparse.Namespace,
             barrier: Any, results: Any) -> None:
-    """One client process: `serve_load.py`'s closed loop (`skippy_bench.loads.run_load`),
-    started with the others."""
+    """One client process: the closed loop of `args.client` (`lean`:
+    `skippy_bench.lean_client.run_load`; `httpx`: `serve_load.py`'s,
+    `skippy_bench.loads.run_load`), started with the others."""
     load = load_args(url, f"instant-{seed}", model="instant", concurrency=concurrency,
                      requests=requests, prompt_tokens=args.prompt_tokens, shared_prefix=1,
                      shared_fraction=0.0, max_tokens=args.max_tokens, seed=seed,
                      warmup=False, drain=True)
     barrier.wait(60)
     cpu = time.process_time()
-    out = asyncio.run(run_load(load))
+    out = asyncio.run(lean_client.run_load(load) if args.client == "lean" else run_load(load))
     out["cpu_s"] = time.process_time() - cpu
     results.put(out)
 
@@ -185,7 +195,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "label": "instant host", "step_ms": args.step_ms, "planning_rule": args.planning_rule,
         "concurrency": args.concurrency,
-        "clients": args.clients,
+        "clients": args.clients, "client": args.client,
         "requests": args.requests, "completed": sum(r["completed"] for r in results),
         "errors": sorted({e for r in results for e in r["errors"]})[:5],
         "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
@@ -209,6 +219,7 @@ def _serve(argv: list[str]) -> int:
     """The child: the app on an instant host, on a loopback port; prints its URL first."""
     from instant_host import InstantHost, build_server, serve
     from skippy_scheduler.serve import ServeSettings
+    from skippy_scheduler.serve.server import listen_socket
 
     ap = argparse.ArgumentParser(prog="serve_overhead.py serve", allow_abbrev=False)
     ap.add_argument("--port", type=int, default=0)
@@ -225,10 +236,7 @@ def _serve(argv: list[str]) -> int:
                              inflight=a.inflight, planning_rule=a.planning_rule)
     server = build_server(settings, InstantHost(n_seq_max=a.max_active,
                                                 step_s=a.step_ms / 1e3))
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", a.port))
-    sock.listen(2048)
+    sock = listen_socket("127.0.0.1", a.port, backlog=2048)  # the server's own listener
     print(f"http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
     profiles = _profile_engine(server.runner) if a.profile else []
     try:
@@ -260,6 +268,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--clients", type=int, default=1, help="client processes")
+    ap.add_argument("--client", choices=("lean", "httpx"), default="lean",
+                    help="the load client: lean (default; raw asyncio, a keep-alive connection "
+                         "per stream, token chunks counted, not parsed: the server is the "
+                         "bottleneck) or httpx (serve_load.py's closed loop, every chunk "
+                         "parsed: the client earlier figures were measured with)")
     ap.add_argument("--requests", type=int, default=640)
     ap.add_argument("--prompt-tokens", type=int, default=32,
                     help="words of each prompt (serve_load.py's prompts)")
