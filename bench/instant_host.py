@@ -21,6 +21,7 @@ runs it under uvicorn with the HTTP protocol `Server` uses (h11 with the connect
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -40,7 +41,9 @@ class InstantHost(CostModelHost):
 
     `step_s` > 0 makes every plan take that long, asleep (the GIL released, as llama_decode
     releases it), so that requests get one token per step, as they do on a real model, and each
-    streamed chunk carries one token; at 0 the plan is answered at once.
+    streamed chunk carries one token; at 0 the plan is answered at once. `execute_async` runs a
+    plan on one worker thread, as the llama.cpp host runs its decodes, so with plans in flight
+    (`--inflight 2`) the engine completes and plans while a plan "runs".
     """
 
     def __init__(self, n_seq_max: int = 64, n_ctx_seq: int = 4096,
@@ -53,11 +56,18 @@ class InstantHost(CostModelHost):
         self.n_ctx = n_seq_max * n_ctx_seq
         self.n_batch = self.n_ctx  # decodes nothing: a plan may hold the whole context
         self.releases = 0
+        self._worker: Optional[ThreadPoolExecutor] = None
 
     def execute(self, plan: Plan) -> None:
         if self.step_s > 0:
             time.sleep(self.step_s)
         super().execute(plan)
+
+    def execute_async(self, plan: Plan) -> "Future[None]":
+        """`execute` on the host's one worker thread."""
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="instant-step")
+        return self._worker.submit(self.execute, plan)
 
     @property
     def sequence_id_settings(self) -> Mapping[str, int]:
@@ -80,7 +90,9 @@ class InstantHost(CostModelHost):
         self.releases += 1
 
     def close(self) -> None:
-        return None
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
 
 
 @dataclass

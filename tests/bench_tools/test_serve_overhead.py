@@ -45,14 +45,17 @@ def test_instant_host_streams_its_fixed_token_through_the_app():
     assert server.host.releases == 1  # the finished request's state was released
 
 
-@pytest.mark.parametrize("step_ms", ["0", "1"])
-def test_overhead_smoke(tmp_path, step_ms):
+@pytest.mark.parametrize("step_ms, inflight, client", [
+    ("0", "1", "lean"), ("1", "1", "httpx"), ("1", "2", "lean")])
+def test_overhead_smoke(tmp_path, step_ms, inflight, client):
     out = tmp_path / "overhead.jsonl"
     assert serve_overhead.main(["--concurrency", "4", "--requests", "8", "--max-tokens", "8",
                                 "--prompt-tokens", "8", "--step-ms", step_ms,
+                                "--inflight", inflight, "--client", client,
                                 "--json", str(out)]) == 0
     doc = json.loads(out.read_text().splitlines()[-1])
     assert doc["completed"] == 8 and doc["errors"] == [] and doc["step_ms"] == float(step_ms)
+    assert doc["client"] == client
     # The warm-up requests ran before the window: the server counted exactly the load's tokens.
     assert doc["output_tokens"] == doc["server_tokens"] == 64
     # 4 lanes, one token per request per step: at least 64 / 4 steps.
