@@ -4,6 +4,7 @@ mode at a time: what Dynamo's KV routing buys over round robin on bench/fleet.py
     python bench/dynamo_fleet.py --markdown                       # tiny model, kv and round-robin
     python bench/dynamo_fleet.py --model bench-58m.gguf --json dynamo-fleet.json
     python bench/dynamo_fleet.py --modes kv --kill-after 5        # a replica killed mid-run
+    python bench/dynamo_fleet.py --modes kv --kill-after 2 --restart-after 5 --requests 400
 
 Needs Dynamo (ai-dynamo 1.6, docs/fleet.md "Dynamo") in this Python. For each `--modes` entry
 (`kv`, `round-robin`, `random`) the script starts `--replicas` fresh workers (one llama.cpp
@@ -24,7 +25,9 @@ run, requests per replica. Prompt token counts include the BOS the worker puts i
 `--kill-after S`: S seconds into the load the first replica is killed (SIGKILL); the row then
 counts the requests that ended with an error (those it was running or was sent before the
 frontend saw it go) and the ones completed, and the requests per replica show where the rest
-went.
+went. With `--restart-after R` as well, the killed replica is started again R seconds after
+the kill (a fresh process, empty caches, a new Dynamo instance) and the row adds the requests
+it served after it rejoined (`rejoined_requests`).
 """
 from __future__ import annotations
 
@@ -72,15 +75,17 @@ class Fleet:
         self.stats = [os.path.join(self.root, f"stats{i}.json") for i in range(args.replicas)]
         self.procs: list[subprocess.Popen] = []
         self.logs = []
+        self.mode, self.logs_dir = mode, logs
         model = ["-m", os.path.abspath(args.model)] if args.model else []
+        self.worker_args = ["skippy_scheduler.cli", "dynamo-worker", *model,
+                            "--served-model-name", MODEL_NAME, "-t", "1",
+                            "--max-active", str(args.max_active), "-c", str(args.ctx_size),
+                            "--prefix-cache-tokens", str(args.prefix_cache_tokens),
+                            "--prefix-holders", str(args.prefix_holders),
+                            "--kv-block-size", str(args.block_size)]
         for i in range(args.replicas):
-            self._spawn(["skippy_scheduler.cli", "dynamo-worker", *model,
-                         "--served-model-name", MODEL_NAME, "-t", "1",
-                         "--max-active", str(args.max_active), "-c", str(args.ctx_size),
-                         "--prefix-cache-tokens", str(args.prefix_cache_tokens),
-                         "--prefix-holders", str(args.prefix_holders),
-                         "--kv-block-size", str(args.block_size),
-                         "--stats-file", self.stats[i]], f"{mode}-worker{i}.log", logs)
+            self._spawn([*self.worker_args, "--stats-file", self.stats[i]],
+                        f"{mode}-worker{i}.log", logs)
         self._spawn(["dynamo.frontend", "--discovery-backend", "file", "--request-plane", "tcp",
                      "--event-plane", "zmq", "--router-mode", mode, "--http-host", "127.0.0.1",
                      "--http-port", str(self.port), *router_flags(args, mode), *args.frontend_arg],
@@ -118,6 +123,13 @@ class Fleet:
     def kill(self, i: int) -> None:
         self.procs[i].send_signal(signal.SIGKILL)
 
+    def restart(self, i: int) -> None:
+        """Start replica `i` again (after `kill`): a new process with its own stats file,
+        appended to `stats` (its old file keeps what the killed process last wrote)."""
+        self.stats.append(os.path.join(self.root, f"stats{i}-restarted.json"))
+        self._spawn([*self.worker_args, "--stats-file", self.stats[-1]],
+                    f"{self.mode}-worker{i}-restarted.log", self.logs_dir)
+
     def counters(self) -> list[dict]:
         out = []
         for path in self.stats:
@@ -148,6 +160,9 @@ async def drive(url: str, prompts: list[str], args, fleet: Fleet) -> tuple[list,
     async def killer() -> None:
         await asyncio.sleep(args.kill_after)
         fleet.kill(0)
+        if args.restart_after is not None:
+            await asyncio.sleep(args.restart_after)
+            fleet.restart(0)
 
     async with client(url, args.timeout, args.concurrency) as c:
         task = asyncio.ensure_future(killer()) if args.kill_after is not None else None
@@ -175,13 +190,16 @@ def run_mode(args, mode: str, prompts: list[str], logs: str) -> dict:
     return {
         "router_mode": mode, "replicas": args.replicas, "requests": len(prompts),
         "completed": len(good), "failed": len(results) - len(good), "errors": errors(results),
-        "killed_after_s": args.kill_after,
+        "killed_after_s": args.kill_after, "restarted_after_s": args.restart_after,
+        "rejoined_requests": (counters[-1].get("requests", 0)
+                              if args.restart_after is not None and len(counters) > args.replicas
+                              else None),
         "prefix_hit_rate": restored / (restored + prefilled) if restored + prefilled else 0.0,
         "prompt_tokens": restored + prefilled, "restored_tokens": restored,
         "prefilled_tokens": prefilled,
         "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
         "output_tokens_per_s": tokens / wall if wall else 0.0, "wall_s": wall,
-        "per_replica_requests": [c.get("requests", 0) for c in counters],
+        "per_replica_requests": [c.get("requests", 0) for c in counters],  # a restarted one last
     }
 
 
@@ -218,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600, help="per request")
     ap.add_argument("--kill-after", type=float, default=None, metavar="S",
                     help="kill the first replica S seconds into the load")
+    ap.add_argument("--restart-after", type=float, default=None, metavar="R",
+                    help="with --kill-after: start the killed replica again R seconds after the "
+                         "kill")
     ap.add_argument("--prefill-load-scale", type=float, default=4.0,
                     help="kv mode: the frontend's --router-prefill-load-scale (default 4; "
                          "Dynamo's own default is 1)")
@@ -229,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="append one JSON line per mode to this file")
     ap.add_argument("--markdown", action="store_true", help="print the table at the end")
     args = ap.parse_args(argv)
+    if args.restart_after is not None and args.kill_after is None:
+        ap.error("--restart-after needs --kill-after")
     prompts = make_prompts(args)
     logs = os.path.abspath(args.logs or tempfile.mkdtemp(prefix="skippy-dynamo-fleet-"))
     os.makedirs(logs, exist_ok=True)
