@@ -112,7 +112,7 @@ def build_server(settings: ServeSettings, host: InstantHost) -> InstantServer:
         max_tokens_per_iteration=batch,
         prefill_chunk_tokens=min(s.prefill_chunk, batch), mixed_prefill_decode=s.mixed,
         max_consecutive_prefill_iterations=s.max_consecutive_prefill,
-        max_inflight_plans=s.inflight,
+        max_inflight_plans=s.inflight or 1,
         planning_rule=PlanningRule.SLACK if s.planning_rule == "slack" else PlanningRule.REFERENCE,
         itl_target=s.itl_target_ms / 1e3, priority_preemption=s.priority_preemption,
         reserved_sequence_ids=0)

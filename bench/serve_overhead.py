@@ -226,7 +226,7 @@ def _serve(argv: list[str]) -> int:
     ap.add_argument("--max-active", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=ServeSettings.batch_size)
     ap.add_argument("--prefill-chunk", type=int, default=ServeSettings.prefill_chunk)
-    ap.add_argument("--inflight", type=int, default=ServeSettings.inflight)
+    ap.add_argument("--inflight", type=int, default=1)
     ap.add_argument("--step-ms", type=float, default=0.0)
     ap.add_argument("--planning-rule", default=ServeSettings.planning_rule)
     ap.add_argument("--profile", default=None)

@@ -81,7 +81,8 @@ def register(subparsers: Any) -> None:
                         "resident and restores it, so a burst prefills a shared prefix once "
                         "(default: on)")
     add_flag(p, "inflight", type=positive_int, default=d.inflight,
-             note="llama_decode runs on a worker thread")
+             note="llama_decode runs on a worker thread",
+             default_text="2 with layers on a GPU, 1 on the CPU")
     p.add_argument("--strict-request-fields", action="store_true",
                    help="refuse request fields nobody defined with a 400 (default: ignore "
                         "them with a logged warning, as vLLM does)")

@@ -108,7 +108,8 @@ class ServeSettings:
     prefill_age_max_ms: float = 2000.0  # > 0: the slack rule prefills the shortest prompt
     #   first, but one that arrived this long ago first of all; 0: arrival order (§2.13,
     #   docs/serving.md "The prefill order")
-    inflight: int = 1  # plans in flight (max_inflight_plans): 2 overlaps scheduling with decode
+    inflight: Optional[int] = None  # plans in flight (max_inflight_plans): 2 overlaps
+    #   scheduling with decode; None: 2 with layers on a GPU, 1 otherwise (`plans_in_flight`)
     policy: str = DEFAULT_POLICY  # a name of skippy_scheduler.selection.POLICIES
     scheduler: str = DEFAULT_IMPLEMENTATION  # native (the C core) or twin (the Python twin)
     priority_preemption: bool = True  # a waiting request of higher priority takes a lane from
@@ -189,10 +190,24 @@ def resolve_settings(settings: ServeSettings) -> ServeSettings:
                          "predicts the first token")
     if s.max_active < 1:
         raise ValueError(f"max_active must be at least 1, got {s.max_active}")
+    if s.inflight is not None and (isinstance(s.inflight, bool) or
+                                   not isinstance(s.inflight, int) or s.inflight < 1):
+        raise ValueError(f"inflight must be None or an integer >= 1, got {s.inflight!r}")
     tokens, holders = default_reuse(s.max_active, context_of(s))  # staged serving too
     return dataclasses.replace(
         s, prefix_cache_tokens=tokens if s.prefix_cache_tokens is None else s.prefix_cache_tokens,
         prefix_holders=holders if s.prefix_holders is None else s.prefix_holders)
+
+
+def plans_in_flight(inflight: Optional[int], on_gpu: bool) -> int:
+    """The plans in flight: `inflight` when given; else 2 when the model's layers run on a GPU
+    (llama_decode then runs on the host's worker thread while the engine completes the previous
+    step and plans the next, so a millisecond-long device step does not wait for the host), and
+    1 on the CPU, where the decode and the host's work share the same cores and overlapping them
+    pays nothing."""
+    if inflight is not None:
+        return inflight
+    return 2 if on_gpu else 1
 
 
 def context_of(s: ServeSettings) -> int:
@@ -305,7 +320,8 @@ class Server:
             return dataclasses.replace(
                 s, ctx_size=context_of(s), batch_size=s.batch_size or CPU_BATCH,
                 kv_type=s.kv_type or "f32",
-                flash_attn=s.flash_attn if s.flash_attn is not None else False)
+                flash_attn=s.flash_attn if s.flash_attn is not None else False,
+                inflight=s.inflight or 1)  # the pipeline depth: one stage's work at a time
         s = dataclasses.replace(s, threads=s.threads or 2)
         from ..hosts.llama.fit import resolve
 
@@ -318,7 +334,8 @@ class Server:
         self.fitted = r
         return dataclasses.replace(s, ctx_size=r.n_ctx, batch_size=r.n_batch,
                                    ubatch_size=r.n_ubatch, kv_type=r.kv_type,
-                                   flash_attn=r.flash_attn)
+                                   flash_attn=r.flash_attn,
+                                   inflight=plans_in_flight(s.inflight, r.placement.on_gpu))
 
     def _load(self, s: ServeSettings, host_class: Callable[..., ServingHost]) -> None:
         model = self._model_file(s)

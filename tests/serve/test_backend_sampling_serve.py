@@ -37,6 +37,21 @@ def test_serve_samples_on_the_device_when_told_with_the_same_greedy_tokens(model
     assert all(len(ids) == 8 for ids in answers["on"])
 
 
+def test_the_gpu_defaults_give_the_tokens_of_depth_one_host_sampling(model_path):
+    """With layers on a GPU the server samples on the device and keeps two plans in flight;
+    the same pair on llama.cpp's CPU backend answers greedy requests with the tokens of one
+    plan in flight sampled on the host."""
+    answers = {}
+    for depth, mode in ((1, "off"), (2, "on")):
+        server = start_server(model_path, backend_sampling=mode, inflight=depth)
+        try:
+            assert server.scheduler.config.max_inflight_plans == depth
+            answers[depth] = _greedy(server)
+        finally:
+            server.shutdown()
+    assert answers[2] == answers[1]
+
+
 def test_serve_refuses_a_bad_backend_sampling_value(model_path):
     with pytest.raises(ValueError, match="backend_sampling"):
         start_server(model_path, backend_sampling="maybe")

@@ -13,7 +13,8 @@ from serve_support import LANE_CTX, LANES, metrics, start_server, wait_idle
 
 from skippy_scheduler import PlanningRule
 from skippy_scheduler.serve import ServeSettings
-from skippy_scheduler.serve.server import Server, default_reuse, resolve_settings
+from skippy_scheduler.serve.server import (Server, default_reuse, plans_in_flight,
+                                           resolve_settings)
 
 
 def test_reuse_is_sized_from_the_kv_cache():
@@ -47,10 +48,19 @@ def test_resolved_settings_keep_what_was_given():
                                  dict(itl_target_ms=True), dict(prefill_age_max_ms=-1.0),
                                  dict(prefill_age_max_ms=math.inf),
                                  dict(prefill_age_max_ms=math.nan),
-                                 dict(prefill_age_max_ms="2000")])
+                                 dict(prefill_age_max_ms="2000"), dict(inflight=0),
+                                 dict(inflight=True), dict(inflight=1.5)])
 def test_bad_planning_settings_are_refused_before_loading(bad):
-    with pytest.raises(ValueError, match="planning_rule|itl_target_ms|prefill_age_max_ms"):
+    with pytest.raises(ValueError,
+                       match="planning_rule|itl_target_ms|prefill_age_max_ms|inflight"):
         Server(ServeSettings(model="/nonexistent.gguf", **bad))
+
+
+def test_plans_in_flight_default_to_two_with_layers_on_a_gpu():
+    assert plans_in_flight(None, on_gpu=True) == 2
+    assert plans_in_flight(None, on_gpu=False) == 1
+    assert plans_in_flight(1, on_gpu=True) == 1  # what was given stays
+    assert plans_in_flight(3, on_gpu=False) == 3
 
 
 def _hits(url: str) -> float:
@@ -76,6 +86,8 @@ def test_defaults_reuse_prefixes_under_the_slack_rule(model_path):
         assert config.planning_rule is PlanningRule.SLACK
         assert config.itl_target == pytest.approx(0.15)
         assert config.slack_prefill_age_max == 2.0  # shortest first (docs/serving.md)
+        # No layer on a GPU (this llama.cpp runs on the CPU): one plan in flight.
+        assert server.settings.inflight == 1 and config.max_inflight_plans == 1
         assert server.host.prefix_store is not None
         assert server.settings.prefix_holders == LANES
         assert server.settings.prefix_cache_tokens == LANES * LANE_CTX
