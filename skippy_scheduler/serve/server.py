@@ -363,7 +363,7 @@ class Server:
         host = self.host = stage_host(s)
         name = s.model_name or (os.path.splitext(os.path.basename(s.model))[0] if s.model
                                 else host.stages[0].source_name)
-        self._build(s, name, _reuse_of(s)[0] > 0, StagedEngineRunner, disjoint=s.inflight > 1)
+        self._build(s, name, _reuse_of(s)[0] > 0, StagedEngineRunner, disjoint=(s.inflight or 1) > 1)
         runner = self.runner
         assert isinstance(runner, StagedEngineRunner)
         self.context.metrics.registry.register(StageMetrics(runner))
@@ -395,7 +395,8 @@ class Server:
             prefill_chunk_tokens=min(s.prefill_chunk, host.n_batch),
             mixed_prefill_decode=s.mixed,
             max_consecutive_prefill_iterations=s.max_consecutive_prefill,
-            max_inflight_plans=s.inflight, disjoint_inflight_plans=disjoint,
+            max_inflight_plans=s.inflight or 1,  # decided by _fit; 1 for a hand-built one
+            disjoint_inflight_plans=disjoint,
             planning_rule=PlanningRule.SLACK if s.planning_rule == "slack"
             else PlanningRule.REFERENCE,
             itl_target=(s.slo_itl_ms * GAP_PLAN_SHARE if s.slo_itl_ms is not None

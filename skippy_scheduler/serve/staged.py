@@ -39,7 +39,7 @@ def stage_host(settings: ServeSettings) -> StageHost:
         stages=s.stages, stage_addresses=s.stage_addresses, model=s.model,
         ctx_size=context_of(s), n_seq_max=s.max_active, n_batch=s.batch_size or CPU_BATCH,
         n_threads=s.threads, kv_type=s.kv_type or "f32", flash_attn=s.flash_attn in (True, "on"),
-        prefix_cache_tokens=tokens, prefix_holders=holders, pipeline_depth=s.inflight,
+        prefix_cache_tokens=tokens, prefix_holders=holders, pipeline_depth=s.inflight or 1,
         stage_prefix_cache_tokens=s.stage_prefix_cache_tokens,
         stage_args=s.stage_worker_args)
 
