@@ -66,8 +66,9 @@ def register(subparsers: Any) -> None:
              default=ServeSettings.prefill_age_max_ms)
     add_flag(p, "policy", default=DEFAULT_POLICY)
     add_flag(p, "scheduler", default=DEFAULT_IMPLEMENTATION)
-    add_flag(p, "inflight", type=positive_int, default=1,
-             note="llama_decode runs on a worker thread")
+    add_flag(p, "inflight", type=positive_int, default=ServeSettings.inflight,
+             note="llama_decode runs on a worker thread",
+             default_text="2 with layers on a GPU, 1 on the CPU")
     p.add_argument("--arrival-interval-ms", type=non_negative_float, default=0.0, metavar="MS",
                    help="request i arrives at i x this interval (default: 0, all at once)")
     add_flag(p, "prefix-cache-tokens", type=non_negative_int, default=0,
@@ -173,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
         if args.stages or args.stage_addresses:
             from .stage import run_staged
 
+            args.inflight = args.inflight or 1  # the pipeline depth: one stage's work at a time
             requests, report, settings, summary = run_staged(args, prompts, n_seq,
                                                              n_batch or CPU_BATCH, lane)
         else:
@@ -181,6 +183,9 @@ def run(args: argparse.Namespace) -> int:
                               unified=bool(args.kv_unified), n_batch=n_batch)
             print_placement("run", fit, always=False)
             n_batch = fit.n_batch
+            from ..serve.server import plans_in_flight
+
+            args.inflight = plans_in_flight(args.inflight, fit.placement.on_gpu)
             with llama.LlamaHost(
                 model, n_ctx=n_ctx, n_seq_max=n_seq,
                 n_threads=args.threads or DEFAULT_THREADS, n_batch=n_batch,
@@ -238,7 +243,7 @@ def serve_prompts(args: argparse.Namespace, host: Any, prompts: list[Any], n_seq
         prefill_chunk_tokens=min(args.prefill_chunk, n_batch),
         mixed_prefill_decode=args.mixed,
         max_consecutive_prefill_iterations=args.max_consecutive_prefill,
-        max_inflight_plans=args.inflight,
+        max_inflight_plans=args.inflight or 1,
         planning_rule=PlanningRule.SLACK if args.planning_rule == "slack"
         else PlanningRule.REFERENCE, itl_target=args.itl_target_ms / 1e3,
         slack_prefill_age_max=args.prefill_age_max_ms / 1e3,
