@@ -5,14 +5,14 @@
  *   1. overdue (submitted at least slack_prefill_age_max_us ago on the scheduler's clock), in
  *      walk order;
  *   2. those with a first-token deadline still to meet (no token planned yet) that can meet
- *      it, nearest deadline first;
+ *      it, nearest deadline first, fewest remaining prefill tokens first among equal ones;
  *   3. those without one, fewest remaining prefill tokens (replay length - cursor) first;
  *   4. those whose deadline cannot be met in this order (relegated), fewest tokens left first;
  * ties in walk order. Without deadlines classes 2 and 4 are empty and the order is the
  * overdue-then-shortest order it always was.
  *
  * Which deadlines can be met is Moore and Hodgson's rule for the most jobs on time on one
- * machine: in deadline order, each candidate's prefill is predicted to end at now + base_us +
+ * machine: in that order (deadline, then tokens left), each candidate's prefill is predicted to end at now + base_us +
  * per_prefill_token_us x (the tokens left of the overdue ones, of those kept before it and its
  * own); when one would end after its deadline, the kept one with the most tokens left (the
  * first of equals) is relegated and its tokens no longer count. Sums are taken in that order
@@ -45,6 +45,14 @@ int sk_prefill_order_reserve(skippy_scheduler *s)
     return 0;
 }
 
+/* a goes before b in the deadline class: nearer deadline, then fewer tokens left (among equal
+ * deadlines the shortest first brings the most of them within it); the rest in walk order. */
+static inline bool edf_before(const sk_prefill_key *a, const sk_prefill_key *b)
+{
+    if (a->deadline_us != b->deadline_us) return a->deadline_us < b->deadline_us;
+    return a->left < b->left;
+}
+
 /* Moore-Hodgson over the deadline class (file comment): `ahead` is the overdue candidates'
  * predicted prefill time, summed in walk order. */
 static void relegate(skippy_scheduler *s, double ahead)
@@ -55,7 +63,7 @@ static void relegate(skippy_scheduler *s, double ahead)
     for (size_t i = 0, len = s->prefill_keys_len; i < len; i++) {
         if (keys[i].cls != SK_PF_DEADLINE) continue;
         size_t at = n++;
-        while (at > 0 && keys[order[at - 1]].deadline_us > keys[i].deadline_us) {
+        while (at > 0 && edf_before(&keys[i], &keys[order[at - 1]])) {
             order[at] = order[at - 1];
             at--;
         }
@@ -132,7 +140,7 @@ sk_prefill_walk sk_prefill_walk_begin(skippy_scheduler *s, bool disjoint)
 static inline bool goes_before(const sk_prefill_key *a, const sk_prefill_key *b)
 {
     if (a->cls != b->cls) return a->cls < b->cls;
-    if (a->cls == SK_PF_DEADLINE) return a->deadline_us < b->deadline_us;
+    if (a->cls == SK_PF_DEADLINE) return edf_before(a, b);
     return a->left < b->left;
 }
 

@@ -204,7 +204,8 @@ class RowPlanner:
         """The prefill-pending sequences in the order a prefill walk visits them (§2.13; C:
         sk_prefill_order.c): walk order, but under the slack rule with an age bound > 0 in four
         classes, ties in walk order: those submitted at least that long ago (walk order); those
-        with a first-token deadline still to meet that they can meet (nearest first); those
+        with a first-token deadline still to meet that they can meet (nearest first, the
+        shortest first among equal deadlines); those
         without one (fewest prefill tokens left first); those relegated because theirs cannot
         be met in this order (fewest tokens left first)."""
         pending = [s for s in active if self._prefill_pending(s)]
@@ -226,24 +227,24 @@ class RowPlanner:
         if len(pending) > 1 and _DEADLINE in classes:  # one alone goes first anyway
             self._relegate(pending, classes, ahead)
 
-        def key(i: int) -> tuple[int, float]:
+        def key(i: int) -> tuple[int, float, float]:
             cls = classes[i]
             if cls == _OVERDUE:
-                return (cls, 0.0)
+                return (cls, 0.0, 0.0)
             if cls == _DEADLINE:
-                return (cls, _deadline_us(pending[i]))
-            return (cls, float(_left(pending[i])))
+                return (cls, _deadline_us(pending[i]), float(_left(pending[i])))
+            return (cls, float(_left(pending[i])), 0.0)
 
         # stable: ties keep walk order
         return [pending[i] for i in sorted(range(len(pending)), key=key)]
 
     def _relegate(self, pending: list[Sequence], classes: list[int], ahead: float) -> None:
         """Moore and Hodgson's rule over the deadline class (C: relegate): in deadline order
-        each one's prefill is predicted to end at now + base + per-token cost × (the overdue
+        (fewest tokens left first among equal deadlines) each one's prefill is predicted to end at now + base + per-token cost × (the overdue
         ones' tokens, the kept ones' before it and its own); one that would end after its
         deadline relegates the kept one with the most tokens left (the first of equals)."""
         order = sorted((i for i, c in enumerate(classes) if c == _DEADLINE),
-                       key=lambda i: _deadline_us(pending[i]))
+                       key=lambda i: (_deadline_us(pending[i]), _left(pending[i])))
         per_token = self.slack.cost.per_prefill_token_us
         end = self.slack.now_us + self.slack.cost.base_us + ahead
         for k, i in enumerate(order):

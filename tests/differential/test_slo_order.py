@@ -1,6 +1,7 @@
 """The slack rule's prefill order with first-token deadlines (behaviour.md §2.13, step 6), on
 the native core and on the twin: among the sequences that are not overdue, those with a
-deadline they can still meet go first, nearest deadline first; then those without one (fewest
+deadline they can still meet go first, nearest deadline first (the shortest first among equal
+deadlines); then those without one (fewest
 tokens left first); then those relegated because theirs cannot be met (Moore and Hodgson's
 rule: the longest of the ones kept so far gives way), which the overdue bound still serves in
 time. `slo_relegated` counts each relegated sequence once. (That both implementations plan
@@ -75,8 +76,23 @@ def test_the_longest_kept_gives_way_when_two_cannot_both_be_met(impl):
     assert sched.metrics().slo_relegated == 1
 
 
-def test_equal_deadlines_keep_the_walk_order(impl):
-    assert _first_plan(impl, (1.0, 1.0, 1.0))[1] == [("p0", 30), ("p1", 10)]
+def test_equal_deadlines_go_shortest_first(impl):
+    """A burst under one SLO: the shortest first brings the most of them within it."""
+    assert _first_plan(impl, (1.0, 1.0, 1.0))[1] == [("p1", 12), ("p2", 20), ("p0", 8)]
+
+
+def test_equal_deadlines_and_lengths_keep_the_walk_order(impl):
+    assert _first_plan(impl, (1.0, 1.0, 1.0), lengths=(20, 20, 20))[1] == [("p0", 20),
+                                                                          ("p1", 20)]
+
+
+def test_among_equal_deadlines_the_shortest_are_kept(impl):
+    """p0 (30), p1 (12) and p2 (20) share a deadline 4.5 ms away (1 ms + 0.1 ms a token): in
+    that order, shortest first, p1 ends at 2.2 ms and p2 at 4.2 ms, p0 would end at 7.2 ms
+    and gives way; the two short ones keep theirs."""
+    sched, rows = _first_plan(impl, (0.0045, 0.0045, 0.0045))
+    assert rows == [("p1", 12), ("p2", 20), ("p0", 8)]
+    assert sched.metrics().slo_relegated == 1
 
 
 def test_a_relegated_sequence_is_served_once_overdue(impl):
