@@ -34,8 +34,7 @@ import time
 from typing import Any, Optional, Sequence
 from urllib.parse import urlsplit
 
-from .loads import Result, errors, make_prompts
-from .reports import percentile
+from .loads import Result, load_figures, make_prompts
 
 _MAX_HEAD = 65536  # bytes of status line and headers (or of one chunk-size or trailer line)
 _TOKEN_MARK = b'"finish_reason":null'
@@ -459,18 +458,4 @@ async def run_load(args: argparse.Namespace) -> dict[str, Any]:
         await closed_loop(args.url, [prompts[0][: len(prompts[0]) // 8]], warm, 1,
                           args.timeout)
     results, wall = await closed_loop(args.url, prompts, args, args.concurrency, args.timeout)
-    good = [r for r in results if r.ok]
-    tokens = sum(r.tokens for r in good)
-    ttft = [r.first - r.sent for r in good]
-    gaps = [g for r in good for g in r.gaps]
-    return {
-        "label": args.label, "url": args.url, "concurrency": args.concurrency,
-        "requests": args.requests, "completed": len(good),
-        "errors": errors(results),
-        "prompt_tokens": args.prompt_tokens, "shared_prefix": args.shared_prefix,
-        "shared_fraction": args.shared_fraction, "max_tokens": args.max_tokens,
-        "output_tokens": tokens, "short_outputs": sum(r.tokens < args.max_tokens for r in good),
-        "wall_s": wall, "output_tokens_per_s": tokens / wall,
-        "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
-        "itl_p50_s": percentile(gaps, 50), "itl_p99_s": percentile(gaps, 99),
-    }
+    return load_figures(args, results, wall)

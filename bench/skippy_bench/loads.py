@@ -181,14 +181,19 @@ async def run_load(args) -> dict:
             await one(c, prompts[0][: len(prompts[0]) // 8], argparse.Namespace(
                 **{**vars(args), "max_tokens": 4}))
         results, wall = await closed_loop(c, prompts, args, args.concurrency)
+    outputs = ({"outputs": [r.text if r.ok else None for r in results]}
+               if getattr(args, "outputs", False) else {})
+    return {**outputs, **load_figures(args, results, wall)}
+
+
+def load_figures(args, results: Sequence[Result], wall: float) -> dict:
+    """A closed loop's figures (`run_load`'s keys but the outputs): what `args` asked and what
+    the `results` of its requests measured over `wall` seconds."""
     good = [r for r in results if r.ok]
     tokens = sum(r.tokens for r in good)
     ttft = [r.first - r.sent for r in good]
     gaps = [g for r in good for g in r.gaps]
-    outputs = ({"outputs": [r.text if r.ok else None for r in results]}
-               if getattr(args, "outputs", False) else {})
     return {
-        **outputs,
         "label": args.label, "url": args.url, "concurrency": args.concurrency,
         "requests": args.requests, "completed": len(good),
         "errors": errors(results),
