@@ -12,11 +12,11 @@
  * overdue-then-shortest order it always was.
  *
  * Which deadlines can be met is Moore and Hodgson's rule for the most jobs on time on one
- * machine: in that order (deadline, then tokens left), each candidate's prefill is predicted to end at now + base_us +
- * per_prefill_token_us x (the tokens left of the overdue ones, of those kept before it and its
- * own); when one would end after its deadline, the kept one with the most tokens left (the
- * first of equals) is relegated and its tokens no longer count. Sums are taken in that order
- * in core and twin alike.
+ * machine: in that order (deadline, then tokens left), each candidate's prefill is predicted
+ * to end at now + base_us + per_prefill_token_us x (the tokens left of the overdue ones, of
+ * those kept before it and its own); when one would end after its deadline, the kept one with
+ * the most tokens left (the first of equals) is relegated and its tokens no longer count. Sums
+ * are taken in that order in core and twin alike.
  *
  * One pass over the active set writes each candidate's class into a scratch array the
  * scheduler owns (sized with the active set before planning, so a step allocates nothing);

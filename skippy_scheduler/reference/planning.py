@@ -205,9 +205,9 @@ class RowPlanner:
         sk_prefill_order.c): walk order, but under the slack rule with an age bound > 0 in four
         classes, ties in walk order: those submitted at least that long ago (walk order); those
         with a first-token deadline still to meet that they can meet (nearest first, the
-        shortest first among equal deadlines); those
-        without one (fewest prefill tokens left first); those relegated because theirs cannot
-        be met in this order (fewest tokens left first)."""
+        shortest first among equal deadlines); those without one (fewest prefill tokens left
+        first); those relegated because theirs cannot be met in this order (fewest tokens left
+        first)."""
         pending = [s for s in active if self._prefill_pending(s)]
         age_max_us = self._config.slack_prefill_age_max * 1e6
         if self._config.planning_rule is not PlanningRule.SLACK or not age_max_us > 0.0:
@@ -240,9 +240,10 @@ class RowPlanner:
 
     def _relegate(self, pending: list[Sequence], classes: list[int], ahead: float) -> None:
         """Moore and Hodgson's rule over the deadline class (C: relegate): in deadline order
-        (fewest tokens left first among equal deadlines) each one's prefill is predicted to end at now + base + per-token cost × (the overdue
-        ones' tokens, the kept ones' before it and its own); one that would end after its
-        deadline relegates the kept one with the most tokens left (the first of equals)."""
+        (fewest tokens left first among equal deadlines) each one's prefill is predicted to end
+        at now + base + per-token cost × (the overdue ones' tokens, the kept ones' before it and
+        its own); one that would end after its deadline relegates the kept one with the most
+        tokens left (the first of equals)."""
         order = sorted((i for i, c in enumerate(classes) if c == _DEADLINE),
                        key=lambda i: (_deadline_us(pending[i]), _left(pending[i])))
         per_token = self.slack.cost.per_prefill_token_us

@@ -229,7 +229,6 @@ def _reuse_of(s: ServeSettings) -> tuple[int, int]:
 COLD_PREFIX_HOLD_TOKENS = 64
 
 
-
 def listen_socket(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> socket.socket:
     """The server's listening TCP socket on (`host`, `port`), non-blocking.
 
@@ -248,6 +247,7 @@ def listen_socket(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> socket
         sock.close()
         raise
     return sock
+
 
 class Server:
     def __init__(self, settings: ServeSettings) -> None:
@@ -363,7 +363,8 @@ class Server:
         host = self.host = stage_host(s)
         name = s.model_name or (os.path.splitext(os.path.basename(s.model))[0] if s.model
                                 else host.stages[0].source_name)
-        self._build(s, name, _reuse_of(s)[0] > 0, StagedEngineRunner, disjoint=(s.inflight or 1) > 1)
+        self._build(s, name, _reuse_of(s)[0] > 0, StagedEngineRunner,
+                    disjoint=(s.inflight or 1) > 1)
         runner = self.runner
         assert isinstance(runner, StagedEngineRunner)
         self.context.metrics.registry.register(StageMetrics(runner))
