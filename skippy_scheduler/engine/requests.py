@@ -7,6 +7,7 @@ engine's own records.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence as _Seq, Union
 
@@ -107,11 +108,17 @@ class _InFlight:
     measured_us = 0.0
     handle: Optional["ExecutionHandle"] = None
     t0 = 0
+    done_ns = 0  # when the host's worker finished it (a handle's done callback), 0: not seen
     entries: Optional[list[Any]] = None  # depth > 1: each row's request, and its
     voids: list[int] = []                # preemption count when the plan was made
 
     def __init__(self, plan: "Plan") -> None:
         self.plan = plan
+
+    def stamp_done(self, _handle: Any) -> None:
+        """A handle's done callback (on the host's worker thread): the execution's end."""
+        if not self.done_ns:
+            self.done_ns = time.perf_counter_ns()
 
 
 class _Entry:

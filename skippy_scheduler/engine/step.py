@@ -46,7 +46,7 @@ class _Steps:
     __slots__ = ("_inflight", "_pending_release", "_run_async", "_pipelined", "_measures",
                  "_keeps", "_pending_keeps", "_each_completion",
                  "iterations", "last_plan_ns", "last_complete_ns", "last_telemetry",
-                 "_outstanding")
+                 "_outstanding", "_ran_until")
 
     scheduler: "SchedulerLike"
     host: "Host"
@@ -79,6 +79,7 @@ class _Steps:
 
     def _init_steps(self) -> None:
         self._inflight: deque[_InFlight] = deque()
+        self._ran_until = 0  # perf_counter ns: the end of the last execution waited for
         self._pending_release: list[tuple[str, ReleaseReason]] = []
         # Plans in flight run on the host's worker; one at a time runs in the caller's thread.
         self._run_async = self.hooks.execute_async if self._depth > 1 else None
@@ -236,10 +237,14 @@ class _Steps:
             flight.t0 = time.perf_counter_ns()
         if self._run_async is not None:
             try:
-                flight.handle = self._run_async(flight.plan)
+                flight.handle = handle = self._run_async(flight.plan)
             except BaseException:
                 self.scheduler.abort_iteration(flight.plan)
                 raise
+            if timed and not self._pipelined:
+                done = getattr(handle, "add_done_callback", None)
+                if done is not None:
+                    done(flight.stamp_done)
         else:
             self._execute(flight.plan)
             if timed:
@@ -269,7 +274,22 @@ class _Steps:
             handle.result()
         finally:
             if self._clock is not None:
-                flight.measured_us = (time.perf_counter_ns() - flight.t0) / 1e3
+                flight.measured_us = self._execution_us(flight)
+
+    def _execution_us(self, flight: _InFlight) -> float:
+        """How long an asynchronous execution ran: to its end (the worker's, from the handle's
+        done callback, else now) from its start. A host that runs one plan at a time starts a
+        plan when it was launched or when the plan before it ended, whichever is later (with
+        plans in flight the next is launched while one runs: it waits in the host's queue, and
+        that wait is not the step's cost the slack rule fits). A pipelined host runs its plans
+        at once: from the launch."""
+        end = flight.done_ns or time.perf_counter_ns()
+        start = flight.t0
+        if not self._pipelined:
+            if self._ran_until > start:
+                start = self._ran_until
+            self._ran_until = end
+        return (end - start) / 1e3 if end > start else 0.0
 
     def _finish(self, flight: _InFlight) -> None:
         """Charge an executed plan on the clock, show it to the observers, complete it."""

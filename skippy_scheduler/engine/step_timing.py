@@ -311,6 +311,11 @@ class _TimedHandle:
         self._rec = rec
         self._clock = clock
 
+    @property
+    def add_done_callback(self) -> Callable[[Callable[[Any], None]], None]:
+        """The wrapped handle's (AttributeError when it has none, as for the handle itself)."""
+        return self._handle.add_done_callback  # type: ignore[no-any-return]
+
     def result(self) -> object:
         clock = self._clock
         t = clock()

@@ -3,13 +3,16 @@ the busy share over its window, the step log; and on a real engine, in and out o
 from __future__ import annotations
 
 import json
+import time
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 
 from skippy_scheduler import Scheduler, SchedulerConfig
 from skippy_scheduler.engine import CostModelHost, Engine, Request
+from skippy_scheduler.engine.observers import BaseObserver
 from skippy_scheduler.engine.step_timing import BUCKETS_S, LOG_FIELDS, PARTS, StepTiming
 
 
@@ -231,3 +234,72 @@ def test_records_of_aborted_plans_are_dropped():
     timing.executed(stray, 1.0)  # type: ignore[arg-type]
     timing.completed(stray, 1.0, None)  # type: ignore[arg-type]
     assert timing.iterations == 1
+
+
+class SleepingHost(CostModelHost):
+    """Every plan takes `step_s` on one worker thread (a device's step)."""
+
+    def __init__(self, step_s: float) -> None:
+        super().__init__(token=1)
+        self.step_s = step_s
+        self.pool = ThreadPoolExecutor(max_workers=1)
+
+    def execute(self, plan):
+        time.sleep(self.step_s)
+        super().execute(plan)
+
+    def execute_async(self, plan):
+        return self.pool.submit(self.execute, plan)
+
+
+class _SlowCompletion(BaseObserver):
+    """Records the durations the engine charges; each completion takes `pause_s` (an engine
+    slower than its device)."""
+
+    def __init__(self, pause_s: float) -> None:
+        self.pause_s = pause_s
+        self.durations: list[float] = []
+
+    def executed(self, flight, duration_us: float) -> None:
+        self.durations.append(duration_us)
+
+    def completed(self, flight, duration_us, telemetry) -> None:
+        time.sleep(self.pause_s)
+
+
+@pytest.mark.parametrize("timed", [False, True], ids=["bare", "step-timing"])
+def test_plans_in_flight_are_charged_their_execution_not_the_engine_lateness(timed):
+    # Device steps of 10 ms, an engine that takes 40 ms to complete each: from launch to the
+    # moment the engine looks, a plan seems to take ~40 ms; it ran 10 (the worker's finish).
+    host = SleepingHost(0.010)
+    engine = Engine(Scheduler(SchedulerConfig(max_inflight_plans=2)), host, record=False)
+    if timed:
+        StepTiming().attach(engine)  # (wraps the handles: the done callback still reaches)
+    slow = _SlowCompletion(0.040)
+    engine.observers.append(slow)
+    for i in range(2):
+        engine.submit(Request(f"r{i}", [1, 2, 3], 6, arrival_us=0.0))
+    engine.run()
+    host.pool.shutdown()
+    assert len(slow.durations) == engine.iterations >= 6
+    assert all(d >= 10_000 * 0.9 for d in slow.durations)
+    assert sorted(slow.durations)[len(slow.durations) // 2] < 25_000
+
+
+def test_a_queued_plan_is_charged_from_the_end_of_the_one_before():
+    # A host that queues: both plans launched at once on one worker, 20 ms each. The second
+    # ran from the first's end, not from its launch.
+    host = SleepingHost(0.020)
+    engine = Engine(Scheduler(SchedulerConfig(max_inflight_plans=2)), host, record=False)
+    t0 = time.perf_counter_ns()
+    flights = [SimpleNamespace(t0=t0, done_ns=0) for _ in range(2)]
+    futures = []
+    for f in flights:
+        fut = host.pool.submit(time.sleep, 0.020)
+        fut.add_done_callback(lambda _, f=f: setattr(f, "done_ns", time.perf_counter_ns()))
+        futures.append(fut)
+    for fut in futures:
+        fut.result()
+    spans = [engine._execution_us(f) / 1e3 for f in flights]  # type: ignore[arg-type]
+    host.pool.shutdown()
+    assert spans[0] >= 18 and 18 <= spans[1] < 35, spans
