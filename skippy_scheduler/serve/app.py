@@ -47,7 +47,7 @@ from .metrics import CONTENT_TYPE, ServeMetrics
 from .protocol import GenerationRequest, parse_chat, parse_completion, with_min_tokens
 from .runner import EngineRunner, EngineUnavailable, Inbox, Subscription
 from .slo import Slo, planned_gap_ms
-from .stream import dumps as _dumps, sse
+from .stream import BODY_WRITER, Direct, dumps as _dumps, sse
 
 log = logging.getLogger("skippy_scheduler.serve")
 
@@ -161,18 +161,28 @@ class _EventStream(StreamingResponse):
     """Server-sent events from an async iterator of byte chunks, cancelled when the client
     disconnects (watched directly, whatever the ASGI server's spec version)."""
 
-    def __init__(self, chunks: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+    def __init__(self, chunks: AsyncIterator[bytes], on_close: Callable[[], None],
+                 direct: Optional[Direct] = None) -> None:
         super().__init__(chunks, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._chunks = chunks
         self._on_close = on_close
+        self._direct = direct
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        # The server's direct writer (connections.BodyWriter), when it has one: the chunks
+        # then skip the send chain whenever it can write at once.
+        writer = scope.get("extensions", {}).get(BODY_WRITER)
+        if self._direct is not None:
+            self._direct.writer = writer
 
         async def produce() -> None:
             async for chunk in self._chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if writer is not None and writer.ready():
+                    writer.write(chunk)
+                else:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
         producer = asyncio.ensure_future(produce())
@@ -311,7 +321,9 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         if gen.return_token_ids and len(prompts) == 1:
             head["prompt_token_ids"] = list(prompts[0])
         if gen.stream:
-            return _EventStream(sse(outs, head, ctx.pieces, _failure), lambda: _close_all(outs))
+            direct = Direct()
+            return _EventStream(sse(outs, head, ctx.pieces, _failure, direct),
+                                lambda: _close_all(outs), direct)
         try:
             await _collect(request, outs)
         finally:

@@ -33,6 +33,9 @@ Here:
   cancelled.
 
 The body's own deadline is the app's (`body.read_body`), since only the app reads a body.
+
+Each request's scope also carries a `BodyWriter` (extension `stream.BODY_WRITER`), through
+which a streamed answer writes its chunks straight to the connection.
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .body import DRAIN, Drain
+from .stream import BODY_WRITER
 
 log = logging.getLogger("skippy_scheduler.serve")
 
@@ -78,6 +82,54 @@ class _LingeringTransport:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+class BodyWriter:
+    """Body chunks of a started response written straight to the connection, past the ASGI
+    send chain (the app's middleware wrappers, uvicorn's `send`, h11's event processing): a
+    streamed answer writes one chunk per token, and the chain costs more than the write.
+
+    It writes exactly what uvicorn's `send` would for a body message with more to come:
+    h11 frames the first chunk (a `Data` event, which changes no state in the middle of a
+    body), and the framing it chose is read back from its output: chunked (size line, data,
+    CRLF) or raw (a close-delimited HTTP/1.0 body); anything else keeps every chunk going
+    through h11. The end of the body still goes through the app's `send` (h11's last chunk
+    and end of message). `ready()` is False whenever `send` would not write at once (response
+    not started or complete, client gone, writes paused by flow control, transport closing,
+    a HEAD request): the caller then awaits `send`, which waits for the drain."""
+
+    __slots__ = ("_cycle", "_transport", "_framing")
+
+    _H11, _CHUNKED, _RAW = range(3)
+
+    def __init__(self, cycle: Any, transport: Any) -> None:
+        self._cycle = cycle
+        self._transport = transport  # the socket's own (the cycle's is the lingering wrapper)
+        self._framing: Optional[int] = None  # learnt from the first chunk
+
+    def ready(self) -> bool:
+        cycle = self._cycle
+        return bool(cycle.response_started and not cycle.response_complete
+                    and not cycle.disconnected and not cycle.flow.write_paused
+                    and not cycle.transport.is_closing() and cycle.scope["method"] != "HEAD")
+
+    def write(self, data: bytes) -> None:
+        """One chunk of the body, more to follow (call only when `ready()`)."""
+        if not data:
+            return  # (an empty Data writes nothing either)
+        framing = self._framing
+        if framing == BodyWriter._CHUNKED:
+            self._transport.write(b"%x\r\n" % len(data) + data + b"\r\n")
+        elif framing == BodyWriter._RAW:
+            self._transport.write(data)
+        else:
+            out = self._cycle.conn.send(h11.Data(data=data))
+            if framing is None:
+                self._framing = (BodyWriter._CHUNKED if out == b"%x\r\n" % len(data) + data
+                                 + b"\r\n" else BodyWriter._RAW if out == data
+                                 else BodyWriter._H11)
+            if out:
+                self._transport.write(out)
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -150,6 +202,14 @@ class GuardedH11Protocol(H11Protocol):
             self._close()  # idle, mid-head or mid-upload: nothing to finish
         else:
             super().shutdown()
+
+    def handle_events(self) -> None:
+        cycle = self.cycle
+        super().handle_events()
+        new = self.cycle
+        if new is not None and new is not cycle:  # a request began: its app runs later
+            extensions: dict[str, Any] = new.scope.setdefault("extensions", {})
+            extensions[BODY_WRITER] = BodyWriter(new, self._socket)
 
     @property
     def idle(self) -> bool:

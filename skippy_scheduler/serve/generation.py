@@ -49,6 +49,12 @@ class Generation:
         # A token of this request is only text: no stop strings or ids, no min_tokens.
         self._plain = not gen.stop and not gen.stop_token_ids and gen.min_tokens == 0
 
+    @property
+    def text_only(self) -> bool:
+        """Its tokens are only text: a token event without a detail can end nothing (no stop
+        strings or ids, no min_tokens), so `feed` takes it on its short path."""
+        return self._plain
+
     def feed(self, events: list[Any]) -> tuple[str, list[int]]:
         """New text and token ids from `events`; sets `finish` (or `error`) at the end."""
         m = self.ctx.metrics

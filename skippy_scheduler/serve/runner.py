@@ -74,15 +74,26 @@ class Inbox:
     items, and the engine thread appends items before it reads the flag (at the end of a step),
     so an item is either seen by the consumer's look or followed by a wake-up. A wake-up that
     finds nothing new (it raced a look that saw the items) only makes the consumer look again.
+
+    A consumer may also set `pump`: at a wake-up that finds the consumer waiting, the pump runs
+    first, on the loop, and when it returns True it has taken the new events itself (and armed
+    the inbox again, as `wait` does) and the consumer sleeps on; when False the consumer
+    wakes. A streamed answer's pump writes the step's tokens without waking its task
+    (`stream.sse`).
     """
 
-    __slots__ = ("loop", "_waiter", "_armed", "_queued")
+    __slots__ = ("loop", "_waiter", "_armed", "_queued", "pump")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._waiter: Optional[asyncio.Future[None]] = None
         self._armed = False
         self._queued = False  # in the engine thread's list of this step's wake-ups
+        self.pump: Optional[Callable[[], bool]] = None
+
+    def arm(self) -> None:
+        """Say the consumer looks at its items next (before it looks: see the class)."""
+        self._armed = True
 
     async def wait(self, subs: Iterable["Subscription"]) -> None:
         """Return when any of `subs` has events to take, or at the next wake-up (which may
@@ -101,6 +112,9 @@ class Inbox:
     def _fire(self) -> None:  # on the loop, from the engine thread's hand-over
         waiter = self._waiter
         if waiter is not None and not waiter.done():
+            pump = self.pump
+            if pump is not None and pump():
+                return
             waiter.set_result(None)
 
 

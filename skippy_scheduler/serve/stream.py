@@ -7,12 +7,18 @@ chunks, the usage chunk and `[DONE]` when the answer ended in it, go out in one 
 common chunk (text only: no log-probabilities, no token ids) is filled into a prebuilt template,
 byte for byte what encoding the whole chunk object would give; every other chunk is encoded
 from its object.
+
+A text-only answer's token chunks go out from the wake-up itself, its task asleep (`_pump`,
+the direct lane: docs/measuring.md), when the server's protocol gave the answer a
+`DirectWriter`.
 """
 from __future__ import annotations
 
 import json
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Optional, Protocol, Sequence
+
+from ..engine import TokenEvent
 
 from .answer import logprobs_of, prompt_logprobs_of
 from .choices import batches, usage
@@ -23,6 +29,29 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _DONE = b"data: [DONE]\n\n"
 _quote = json.encoder.encode_basestring  # a str as JSON, as dumps with ensure_ascii=False
+
+
+#: The ASGI scope extension under which the server puts a request's `DirectWriter`.
+BODY_WRITER = "skippy.body_writer"
+
+
+class DirectWriter(Protocol):
+    """Writes body chunks of a started response straight to its connection
+    (`connections.BodyWriter`)."""
+
+    def ready(self) -> bool: ...
+
+    def write(self, data: bytes) -> None: ...
+
+
+class Direct:
+    """The direct writer of one streamed answer: set by the response once it has started
+    (None: every chunk goes through the ASGI `send`)."""
+
+    __slots__ = ("writer",)
+
+    def __init__(self) -> None:
+        self.writer: Optional[DirectWriter] = None
 
 
 def dumps(obj: Any) -> bytes:
@@ -73,49 +102,104 @@ class Chunks:
         return b"data: " + dumps(dict(self.base, choices=[], usage=usage(outs))) + b"\n\n"
 
 
+def _pump(outs: Sequence["Generation"], enc: Chunks, direct: Direct) -> Callable[[], bool]:
+    """The inbox pump of a text-only answer (`runner.Inbox`): at a step's wake-up, on the loop,
+    it feeds each choice's token events and writes their text chunks straight to the
+    connection in one write, the task that runs `sse` asleep meanwhile. A wake-up with
+    anything but plain tokens (an end, an error, a detail) is put back whole and the task
+    wakes to take it the usual way (so an answer's last tokens, finish, usage and [DONE]
+    still go out in one write); so does one the writer cannot write at once (flow control,
+    a client gone), before anything is taken."""
+    inbox = outs[0].sub.inbox
+
+    def pump() -> bool:
+        writer = direct.writer
+        if writer is None or not writer.ready():
+            return False
+        inbox.arm()  # before the look, as `Inbox.wait` does
+        taken: list[tuple["Generation", list[Any]]] = []
+        plain = True
+        for out in outs:
+            if out.finish is not None:
+                continue
+            items = out.sub._items
+            n = len(items)
+            if n:
+                events = [items.popleft() for _ in range(n)]  # (atomic against the engine)
+                taken.append((out, events))
+                if plain:
+                    for event in events:
+                        if type(event) is not TokenEvent or event.detail is not None:
+                            plain = False
+                            break
+        if not plain:
+            for out, events in taken:
+                out.sub._items.extendleft(reversed(events))  # ahead of any newer ones
+            return False
+        parts: list[bytes] = []
+        for out, events in taken:
+            text, _ = out.feed(events)
+            if text:
+                parts.append(enc.text(out.index, text))
+        if parts:
+            writer.write(b"".join(parts))
+        return True
+
+    return pump
+
+
 async def sse(outs: Sequence["Generation"], head: dict[str, Any], pieces: Sequence[bytes],
-              failure: Callable[["Generation"], RequestError]) -> AsyncIterator[bytes]:
+              failure: Callable[["Generation"], RequestError],
+              direct: Optional[Direct] = None) -> AsyncIterator[bytes]:
     """The answer's events as SSE writes (module docstring); `failure(out)` is the error a
-    failed choice ends the stream with."""
+    failed choice ends the stream with. With `direct`, a text-only answer's token chunks go
+    out from the step's wake-up itself (`_pump`) while this generator waits."""
     gen = outs[0].request
     enc = Chunks(gen, head)
     reports = gen.outputs.logprobs is not None
     if enc.chat:
         yield b"".join(enc.chunk("", [], None, role=True, index=out.index) for out in outs)
+    inbox = outs[0].sub.inbox
+    if direct is not None and enc.plain and all(out.text_only and out.echo is None
+                                                   for out in outs):
+        inbox.pump = _pump(outs, enc, direct)  # only now: after the role chunk went out
     echoed: set[int] = set()
     left = len(outs)
-    async with aclosing(batches(outs)) as wakeups:
-        async for got in wakeups:
-            parts: list[bytes] = []
-            for out, events in got:
-                seen = len(out.tokens)
-                text, ids = out.feed(events)
-                if out.finish == "error":
-                    parts += (b"data: " + dumps(failure(out).body()) + b"\n\n", _DONE)
+    try:
+        async with aclosing(batches(outs)) as wakeups:
+            async for got in wakeups:
+                parts: list[bytes] = []
+                for out, events in got:
+                    seen = len(out.tokens)
+                    text, ids = out.feed(events)
+                    if out.finish == "error":
+                        parts += (b"data: " + dumps(failure(out).body()) + b"\n\n", _DONE)
+                        yield b"".join(parts)
+                        return  # the others are cancelled when the stream closes
+                    if out.echo is not None and out.index not in echoed:
+                        echoed.add(out.index)
+                        parts.append(enc.chunk(out.echo, [], None, index=out.index,
+                                               logprobs=prompt_logprobs_of(out, pieces)))
+                    if text and enc.plain:
+                        parts.append(enc.text(out.index, text))
+                    elif text or (ids and (gen.return_token_ids or reports)):
+                        parts.append(enc.chunk(text, ids, None, index=out.index,
+                                               logprobs=logprobs_of(out, pieces, prompt=False,
+                                                                    since=seen)))
+                    if out.finish is not None:
+                        parts.append(enc.chunk(None if enc.chat else "", [], out.finish,
+                                               index=out.index))
+                        left -= 1
+                if not left:  # the answer ended in this wake-up: its tail goes in the same write
+                    if gen.include_usage:
+                        parts.append(enc.usage(outs))
+                    parts.append(_DONE)
+                if parts:
                     yield b"".join(parts)
-                    return  # the others are cancelled when the stream closes
-                if out.echo is not None and out.index not in echoed:
-                    echoed.add(out.index)
-                    parts.append(enc.chunk(out.echo, [], None, index=out.index,
-                                           logprobs=prompt_logprobs_of(out, pieces)))
-                if text and enc.plain:
-                    parts.append(enc.text(out.index, text))
-                elif text or (ids and (gen.return_token_ids or reports)):
-                    parts.append(enc.chunk(text, ids, None, index=out.index,
-                                           logprobs=logprobs_of(out, pieces, prompt=False,
-                                                                since=seen)))
-                if out.finish is not None:
-                    parts.append(enc.chunk(None if enc.chat else "", [], out.finish,
-                                           index=out.index))
-                    left -= 1
-            if not left:  # the answer ended in this wake-up: its tail goes in the same write
-                if gen.include_usage:
-                    parts.append(enc.usage(outs))
-                parts.append(_DONE)
-            if parts:
-                yield b"".join(parts)
-            if not left:
-                return
-    if gen.include_usage:
-        yield enc.usage(outs)
-    yield _DONE
+                if not left:
+                    return
+        if gen.include_usage:
+            yield enc.usage(outs)
+        yield _DONE
+    finally:
+        inbox.pump = None

@@ -5,6 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from types import SimpleNamespace
+
+import h11
+import httpx
+import pytest
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,6 +17,7 @@ from hypothesis import strategies as st
 from skippy_scheduler import Scheduler, SchedulerConfig
 from skippy_scheduler.engine import CostModelHost, FinishEvent, Request, TokenEvent
 from skippy_scheduler.serve.protocol import parse_chat, parse_completion
+from skippy_scheduler.serve.connections import BodyWriter
 from skippy_scheduler.serve.runner import EngineRunner, Inbox
 from skippy_scheduler.serve.stream import Chunks
 
@@ -128,3 +134,139 @@ def test_the_last_token_finish_usage_and_done_go_out_in_one_write(server):
     texts = [e["choices"][0]["text"] for f in events for e in f
              if e != "[DONE]" and e["choices"] and e["choices"][0]["finish_reason"] is None]
     assert len(frames) <= len(texts) + 1  # no write of its own for the tail
+
+
+# -- the direct lane: chunks written past the send chain (connections.BodyWriter, stream._pump)
+
+
+def _h11_response(http_version: bytes) -> h11.Connection:
+    """A server-side h11 connection that has sent a streamed response's head."""
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(b"POST /v1/completions HTTP/" + http_version + b"\r\nHost: x\r\n"
+                      b"Content-Length: 0\r\n\r\n")
+    assert isinstance(conn.next_event(), h11.Request)
+    conn.next_event()  # EndOfMessage
+    conn.send(h11.Response(status_code=200, headers=[(b"content-type", b"text/event-stream")]))
+    return conn
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.out = b""
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.out += data
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+
+def _cycle(conn: h11.Connection, transport: _Transport, method: str = "POST") -> SimpleNamespace:
+    """What BodyWriter reads of uvicorn's request cycle."""
+    return SimpleNamespace(conn=conn, transport=transport, scope={"method": method},
+                           response_started=True, response_complete=False, disconnected=False,
+                           flow=SimpleNamespace(write_paused=False))
+
+
+@pytest.mark.parametrize("version", [b"1.1", b"1.0"])
+def test_the_body_writer_writes_what_h11_writes(version):
+    chunks = [b"data: {\"x\":1}\n\n", b"", "data: \u00e9\n\n".encode(), b"y" * 70000]
+    expected_conn, conn = _h11_response(version), _h11_response(version)
+    expected = b"".join(expected_conn.send(h11.Data(data=c)) or b"" for c in chunks)
+    transport = _Transport()
+    writer = BodyWriter(_cycle(conn, transport), transport)
+    for c in chunks:
+        assert writer.ready()
+        writer.write(c)
+    assert transport.out == expected
+    assert (b"\r\n" in expected) == (version == b"1.1")  # chunked / close-delimited
+    # h11 still ends the body (the end goes through send): its state was never disturbed.
+    assert conn.send(h11.EndOfMessage()) == expected_conn.send(h11.EndOfMessage())
+
+
+@pytest.mark.parametrize("change", [
+    {"response_started": False}, {"response_complete": True}, {"disconnected": True},
+    {"flow": SimpleNamespace(write_paused=True)}, {"scope": {"method": "HEAD"}},
+    {"closing": True}])
+def test_the_body_writer_is_not_ready_where_send_would_not_write_at_once(change):
+    transport = _Transport()
+    cycle = _cycle(_h11_response(b"1.1"), transport)
+    if "closing" in change:
+        transport.closing = True
+    else:
+        for key, value in change.items():
+            setattr(cycle, key, value)
+    assert not BodyWriter(cycle, transport).ready()
+
+
+def test_an_inbox_pump_that_takes_the_events_leaves_its_consumer_asleep():
+    loop = asyncio.new_event_loop()
+    try:
+        inbox = Inbox(loop)
+        answers = iter([True, False])
+        inbox.pump = lambda: next(answers)
+
+        async def main() -> list[bool]:
+            waiting = asyncio.ensure_future(inbox.wait([]))
+            await asyncio.sleep(0)
+            inbox._fire()  # the pump took it: still asleep
+            await asyncio.sleep(0)
+            first = waiting.done()
+            inbox._fire()  # the pump handed it over
+            await asyncio.wait_for(waiting, 5)
+            return [first, waiting.done()]
+
+        assert loop.run_until_complete(main()) == [False, True]
+    finally:
+        loop.close()
+
+
+def _read_all(url: str, request: bytes) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(request)
+        data = b""
+        while True:
+            more = sock.recv(65536)
+            if not more:
+                return data
+            data += more
+
+
+def _events_of(body: bytes) -> list:
+    return [json.loads(e[len(b"data: "):]) if e != b"data: [DONE]" else "[DONE]"
+            for e in body.split(b"\n\n") if e]
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
+def test_streamed_choices_written_straight_to_the_socket_are_the_answer(server, version):
+    # Text-only choices: their tokens go out from the step's wake-up (the pump), the end
+    # through the task. Each HTTP chunk holds whole events, and the text is the answer's.
+    body = {"model": "tiny-f32", "prompt": "Once upon", "max_tokens": 24, "n": 2,
+            "temperature": 0, "ignore_eos": True}
+    whole = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+    payload = json.dumps(dict(body, stream=True)).encode()
+    raw = _read_all(server.url, b"POST /v1/completions HTTP/%b\r\nHost: 127.0.0.1\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: %d\r\n"
+                    b"Connection: close\r\n\r\n%b" % (version.encode(), len(payload), payload))
+    head, rest = raw.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200")
+    if version == "1.1":
+        assert b"transfer-encoding: chunked" in head.lower()
+        frames = []
+        while True:
+            size, rest = rest.split(b"\r\n", 1)
+            if not int(size, 16):
+                break
+            frames.append(rest[:int(size, 16)])
+            rest = rest[int(size, 16) + 2:]
+        assert all(f.endswith(b"\n\n") for f in frames)
+        rest = b"".join(frames)
+    events = _events_of(rest)
+    assert events[-1] == "[DONE]"
+    texts = ["", ""]
+    for e in events[:-1]:
+        for c in e["choices"]:
+            texts[c["index"]] += c["text"]
+    assert texts == [c["text"] for c in sorted(whole["choices"], key=lambda c: c["index"])]
