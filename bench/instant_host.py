@@ -21,12 +21,13 @@ runs it under uvicorn with the HTTP protocol `Server` uses (h11 with the connect
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from skippy_scheduler import PlanningRule, ReleaseReason, Scheduler, SchedulerConfig
 from skippy_scheduler.engine import CostModelHost, Plan
+from skippy_scheduler.inflight import HostWorker
 from skippy_scheduler.selection import make_admission
 from skippy_scheduler.serve import ServeSettings
 from skippy_scheduler.serve.app import ServeContext, create_app
@@ -43,7 +44,8 @@ class InstantHost(CostModelHost):
     releases it), so that requests get one token per step, as they do on a real model, and each
     streamed chunk carries one token; at 0 the plan is answered at once. `execute_async` runs a
     plan on one worker thread, as the llama.cpp host runs its decodes, so with plans in flight
-    (`--inflight 2`) the engine completes and plans while a plan "runs".
+    (`--inflight 2`) the engine completes and plans while a plan "runs"; `execute_after` queues
+    the next plan behind it, as the llama.cpp host does.
     """
 
     def __init__(self, n_seq_max: int = 64, n_ctx_seq: int = 4096,
@@ -56,7 +58,7 @@ class InstantHost(CostModelHost):
         self.n_ctx = n_seq_max * n_ctx_seq
         self.n_batch = self.n_ctx  # decodes nothing: a plan may hold the whole context
         self.releases = 0
-        self._worker: Optional[ThreadPoolExecutor] = None
+        self._worker = HostWorker(self.execute, "instant-step")
 
     def execute(self, plan: Plan) -> None:
         if self.step_s > 0:
@@ -65,9 +67,11 @@ class InstantHost(CostModelHost):
 
     def execute_async(self, plan: Plan) -> "Future[None]":
         """`execute` on the host's one worker thread."""
-        if self._worker is None:
-            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="instant-step")
-        return self._worker.submit(self.execute, plan)
+        return self._worker.start(plan)
+
+    def execute_after(self, plan: Plan, earlier: list[Plan]) -> "Future[None]":
+        """`execute` on the worker behind the plans started, deferred inputs filled there."""
+        return self._worker.after(plan, earlier)
 
     @property
     def sequence_id_settings(self) -> Mapping[str, int]:
@@ -90,9 +94,7 @@ class InstantHost(CostModelHost):
         self.releases += 1
 
     def close(self) -> None:
-        if self._worker is not None:
-            self._worker.shutdown(wait=True)
-            self._worker = None
+        self._worker.close()
 
 
 @dataclass

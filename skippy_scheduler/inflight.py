@@ -9,7 +9,10 @@ runs this one.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+import threading
+from collections import deque
+from concurrent.futures import Future
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -51,4 +54,114 @@ def resolve_deferred(plan: Any, earlier_plans: Iterable[Any]) -> int:
     return n
 
 
-__all__ = ["resolve_deferred"]
+class HostWorker:
+    """A host's one worker thread, running its plans one at a time in the order started: the
+    `execute_async` (`start`) and `execute_after` (`after`) of a host whose `execute` must not
+    run twice at once (a llama.cpp context).
+
+    `after(plan, earlier)` queues the plan behind those already started, its deferred inputs
+    to be filled from `earlier` (`resolve_deferred`), so the engine may start step N+1 while
+    N runs and the device does not wait for the engine in between. The inputs are filled
+    while the plans they come from are still live (the engine completes a plan only once its
+    handle is done): by the worker, when the plan just before this one ends and before its
+    handle says so, or at once by the caller when nothing is queued or running. When the plan
+    a deferred input comes from failed, the plan is not run and its handle raises.
+    """
+
+    def __init__(self, execute: Callable[[Any], Any], name: str) -> None:
+        self._execute = execute
+        self._name = name
+        self._cv = threading.Condition()
+        self._queue: deque[_Job] = deque()
+        self._busy = False
+        self._closing = False
+        self._thread: Optional[threading.Thread] = None
+        self._failed_step: Optional[int] = None  # the last plan whose execution raised
+
+    def start(self, plan: Any) -> "Future[Any]":
+        return self._enqueue(_Job(plan, None))
+
+    def after(self, plan: Any, earlier: Sequence[Any]) -> "Future[Any]":
+        return self._enqueue(_Job(plan, list(earlier)))
+
+    def close(self) -> None:
+        """Run what was started, then end the thread (a later start makes a new one)."""
+        with self._cv:
+            thread, self._thread = self._thread, None
+            self._closing = True
+            self._cv.notify()
+        if thread is not None:
+            thread.join()
+        with self._cv:
+            self._closing = False
+
+    def _enqueue(self, job: "_Job") -> "Future[Any]":
+        with self._cv:
+            if job.earlier is not None and not self._queue and not self._busy:
+                self._fill(job)  # the plans it reads from have all run
+            self._queue.append(job)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name,
+                                                daemon=True)
+                self._thread.start()
+            self._cv.notify()
+        return job.future
+
+    def _fill(self, job: "_Job") -> None:
+        """Fill `job`'s deferred inputs, or mark it failed (under the lock)."""
+        plan, earlier = job.plan, job.earlier
+        failed = self._failed_step
+        if failed is not None and earlier and any(int(p.step) == failed for p in earlier):
+            job.error = RuntimeError(f"plan step {int(plan.step)} was not run: plan step "
+                                     f"{failed}, whose samples are its inputs, failed")
+            return
+        job.filled = True
+        if earlier and plan.deferred_rows.size:
+            try:
+                resolve_deferred(plan, earlier)
+            except BaseException as exc:
+                job.error = exc
+
+    def _loop(self) -> None:
+        cv = self._cv
+        while True:
+            with cv:
+                while not self._queue and not self._closing:
+                    cv.wait()
+                if not self._queue:
+                    return
+                job = self._queue.popleft()
+                self._busy = True
+            result: Any = None
+            error = job.error
+            if error is None:
+                try:
+                    result = self._execute(job.plan)
+                except BaseException as exc:
+                    error = exc
+            with cv:
+                self._busy = False
+                if error is not None:
+                    self._failed_step = int(job.plan.step)
+                nxt = self._queue[0] if self._queue else None
+                if nxt is not None and nxt.earlier is not None and not nxt.filled \
+                        and nxt.error is None:
+                    self._fill(nxt)  # before this plan is seen done: its outputs are live
+            if error is not None:
+                job.future.set_exception(error)
+            else:
+                job.future.set_result(result)
+
+
+class _Job:
+    __slots__ = ("plan", "earlier", "future", "filled", "error")
+
+    def __init__(self, plan: Any, earlier: Optional[list[Any]]) -> None:
+        self.plan = plan
+        self.earlier = earlier
+        self.future: Future[Any] = Future()
+        self.filled = False
+        self.error: Optional[BaseException] = None
+
+
+__all__ = ["HostWorker", "resolve_deferred"]

@@ -17,6 +17,8 @@ A host has two required verbs (`Host`) and optional capabilities, each a protoco
 * `PrefixRestoringHost.prepare_sequence`: give a sequence its prefix restore at submit.
 * `MemoryReportingHost.memory_used`: measured bytes per memory component after each step.
 * `AsyncHost.execute_async`: start a plan and return a handle (plans in flight, §2.11).
+* `ChainingHost.execute_after`: start a plan behind those started, its deferred inputs filled
+  on the host's worker (plans in flight back to back).
 * `PipelinedHost.pipeline_depth`: how many started plans it runs at once (a pipeline of stages).
 * `PrefixHoldingHost.prefix_store`: a store of resident prefixes the scheduler reads restores
   from; its holder ids are the scheduler's reserved sequence ids.
@@ -242,6 +244,19 @@ class AsyncHost(Protocol):
 
 
 @runtime_checkable
+class ChainingHost(Protocol):
+    def execute_after(self, plan: Plan, earlier: "list[Plan]") -> ExecutionHandle:
+        """Start `plan` behind the plans already started (`execute_async`'s order: one at a
+        time) and return at once; on its worker, once those have run, fill the plan's deferred
+        inputs from `earlier` (the plans started before it and not yet completed by the
+        engine: `inflight.resolve_deferred`) and run it. When an earlier plan's execution
+        failed, raise without running it. With it the engine starts plan N+1 while N runs,
+        so the device never waits for the engine between two steps (except where the engine
+        must release or keep a sequence with the device idle)."""
+        ...
+
+
+@runtime_checkable
 class PipelinedHost(Protocol):
     @property
     def pipeline_depth(self) -> int:
@@ -344,6 +359,7 @@ class HostHooks:
     sample_details: Any = None
     keep_prompt: Any = None
     pipeline_depth: int = 1  # plans it runs at once (PipelinedHost; 1 without execute_async)
+    execute_after: Any = None  # ChainingHost (only with execute_async and depth 1)
 
 
 _HOST_VERBS = ("execute", "release")
@@ -363,7 +379,10 @@ def attach(host: object) -> HostHooks:
         depth = int(host.pipeline_depth)
         if depth < 1:
             raise ValueError(f"{type(host).__name__}.pipeline_depth must be >= 1, got {depth}")
+    chain = (host.execute_after if run_async is not None and depth == 1
+             and isinstance(host, ChainingHost) else None)
     return HostHooks(
+        execute_after=chain,
         prepare_sequence=host.prepare_sequence if isinstance(host, PrefixRestoringHost) else None,
         memory_used=host.memory_used if isinstance(host, MemoryReportingHost) else None,
         execute_async=run_async, pipeline_depth=depth,

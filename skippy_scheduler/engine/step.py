@@ -43,7 +43,8 @@ class _Steps:
 
     # Slots, not a per-instance dict: every attribute the step path reads is a fixed offset
     # (the engine has more fields than a dict shares its keys for, which slows each read).
-    __slots__ = ("_inflight", "_pending_release", "_run_async", "_pipelined", "_measures",
+    __slots__ = ("_inflight", "_pending_release", "_run_async", "_run_after", "_pipelined",
+                 "_measures",
                  "_keeps", "_pending_keeps", "_each_completion",
                  "iterations", "last_plan_ns", "last_complete_ns", "last_telemetry",
                  "_outstanding", "_ran_until")
@@ -84,6 +85,11 @@ class _Steps:
         # Plans in flight run on the host's worker; one at a time runs in the caller's thread.
         self._run_async = self.hooks.execute_async if self._depth > 1 else None
         self._pipelined = self._run_async is not None and self.hooks.pipeline_depth > 1
+        # A chaining host takes plan N+1 while N runs (its deferred inputs filled on its
+        # worker); at depth 2 only, where N+1's inputs come from N alone, which the engine
+        # completes only once it is done (deeper, a source could be completed first).
+        self._run_after = (self.hooks.execute_after
+                           if self._run_async is not None and self._depth == 2 else None)
         self._measures = self.hooks.memory_used is not None
         # Cold prefix hold (docs/behaviour.md §2.3a): the prompts a completion's telemetry
         # names (`prompt_keeps`) are kept as resident prefixes, while no plan executes.
@@ -213,6 +219,7 @@ class _Steps:
 
     def _launch(self, flight: _InFlight) -> None:
         inflight = self._inflight
+        chained: Optional[list[Plan]] = None
         if inflight and self._pipelined:
             if flight.plan.deferred_rows.size:  # its inputs are in flight: wait for them all
                 for nth, earlier in enumerate(inflight):
@@ -222,7 +229,8 @@ class _Steps:
                         self._failed_from(nth)  # the new plan is later: undone too
                         raise
                 resolve_deferred(flight.plan, [f.plan for f in inflight])
-        elif inflight:
+        elif inflight and (self._run_after is None or self._pending_release
+                           or self._pending_keeps):
             try:
                 self._wait_executed(inflight[-1])  # the device is free, its samples are known
             except BaseException:
@@ -232,12 +240,18 @@ class _Steps:
                 self._apply_releases()
             if flight.plan.deferred_rows.size:
                 resolve_deferred(flight.plan, [f.plan for f in inflight])
+        elif inflight:
+            chained = [f.plan for f in inflight]  # behind them, on the host's worker
         timed = self._clock is not None
         if timed:
             flight.t0 = time.perf_counter_ns()
         if self._run_async is not None:
             try:
-                flight.handle = handle = self._run_async(flight.plan)
+                run_after = self._run_after
+                if chained is not None and run_after is not None:
+                    flight.handle = handle = run_after(flight.plan, chained)
+                else:
+                    flight.handle = handle = self._run_async(flight.plan)
             except BaseException:
                 self.scheduler.abort_iteration(flight.plan)
                 raise

@@ -18,8 +18,9 @@ The parts, each in ns (`PARTS`):
   sequences it preempted, the engine's bookkeeping of the plan.
 * `execute`: the host's execution: `host.execute` from call to return (a synchronous host:
   staging the batch, the decode, reading the logits and sampling are all in it), or, for an
-  asynchronous host (plans in flight), from the start to the worker's finish (the handle's
-  done callback, when it has one; else when the engine saw the result).
+  asynchronous host (plans in flight), from its start (its launch, or the end of the plan
+  before it when it was queued behind that one) to the worker's finish (the handle's done
+  callback, when it has one; else when the engine saw the result): the engine's measure.
 * `wait`: the time the engine thread spent blocked on an asynchronous execution's result (0
   for a synchronous host, whose execute is the engine thread's own time).
 * `events`: handing the iteration's samples to the event listeners (`TokenEvents`: the server's
@@ -140,14 +141,17 @@ class StepTiming(BaseObserver):
         run_async = engine._run_async
         if run_async is not None:
             engine._run_async = self._timed_async(run_async)
+        run_after = engine._run_after
+        if run_after is not None:
+            engine._run_after = self._timed_async(run_after)
         return self
 
-    def _timed_async(self, run_async: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def _timed_async(self, run_async: Callable[..., Any]) -> Callable[..., Any]:
         flights = self._flights
         clock = self._clock
 
-        def start(plan: Any) -> Any:
-            handle = run_async(plan)
+        def start(plan: Any, *rest: Any) -> Any:
+            handle = run_async(plan, *rest)
             rec = flights[-1] if flights else None
             if rec is None or rec[_FLIGHT].plan is not plan:
                 return handle
@@ -238,10 +242,12 @@ class StepTiming(BaseObserver):
         start = self._last_end or rec[1]
         self._last_end = now
         done = rec[_DONE]
-        if done:  # asynchronous: to the worker's finish
+        if flight.measured_us:  # the engine's own measure (engine/step.py `_execution_us`)
+            execute = int(flight.measured_us * 1e3)
+        elif done:  # asynchronous, no engine clock: to the worker's finish
             execute = max(done - flight.t0, 0)
         else:
-            execute = int(flight.measured_us * 1e3)
+            execute = 0
         wall = now - start
         before, self._before = self._before, 0
         events = self._sampled - self._executed + now - self._completed

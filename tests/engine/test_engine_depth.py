@@ -13,6 +13,7 @@ from token_model import VOCAB, alone_tokens, run_rows
 
 from skippy_scheduler import MemoryComponent, Scheduler, SchedulerConfig, TwinScheduler
 from skippy_scheduler.engine import Engine, Request, VirtualClock
+from skippy_scheduler.inflight import HostWorker
 
 class ThreadedModelHost:
     """KV per sequence as lists; `execute_async` runs on one worker thread, like a device."""
@@ -41,6 +42,36 @@ class ThreadedModelHost:
         self.released.append(sequence_id)
 
 
+class ChainedModelHost(ThreadedModelHost):
+    """The same, with `execute_after`: plan N+1 queued on the worker behind N, its deferred
+    inputs filled there (`inflight.HostWorker`), as the llama.cpp host does."""
+
+    def __init__(self) -> None:
+        super().__init__(True)
+        self.pool.shutdown()
+        self.pool = None
+        self.worker = HostWorker(self.execute, "chained-model")
+        self.chained = 0
+
+    def execute_async(self, plan):
+        return self.worker.start(plan)
+
+    def execute_after(self, plan, earlier):
+        self.chained += 1
+        return self.worker.after(plan, earlier)
+
+
+def _host(kind):
+    return ChainedModelHost() if kind == "chained" else ThreadedModelHost(kind == "threaded")
+
+
+def _close(host):
+    if isinstance(host, ChainedModelHost):
+        host.worker.close()
+    elif host.pool is not None:
+        host.pool.shutdown()
+
+
 def _requests(rng, n):
     return [Request(f"q{i}", [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 20))],
                     rng.randrange(1, 12), arrival_us=0) for i in range(n)]
@@ -48,8 +79,8 @@ def _requests(rng, n):
 
 @pytest.mark.parametrize("impl", [Scheduler, TwinScheduler], ids=["native", "twin"])
 @pytest.mark.parametrize("depth", [1, 2, 3])
-@pytest.mark.parametrize("threaded", [False, True])
-def test_depth_runs_give_alone_tokens_with_cancels_and_preemption(impl, depth, threaded):
+@pytest.mark.parametrize("kind", ["inline", "threaded", "chained"])
+def test_depth_runs_give_alone_tokens_with_cancels_and_preemption(impl, depth, kind):
     for seed in range(6):
         rng = random.Random(seed)
         requests = _requests(rng, 8)
@@ -57,7 +88,7 @@ def test_depth_runs_give_alone_tokens_with_cancels_and_preemption(impl, depth, t
                                  prefill_chunk_tokens=8, max_inflight_plans=depth,
                                  mixed_prefill_decode=seed % 2 == 1,
                                  memory_components=[MemoryComponent("kv", 10**6, 0, 1, 0)])
-        host = ThreadedModelHost(threaded)
+        host = _host(kind)
         scheduler = impl(config)
         cancelled = set()
 
@@ -82,16 +113,18 @@ def test_depth_runs_give_alone_tokens_with_cancels_and_preemption(impl, depth, t
                 assert rec.finish_reason == ("length" if len(want) == req.max_tokens else "stop")
         assert scheduler.live_plans == 0 and engine.outstanding == 0
         assert host.kv == {}, "every sequence's state was released"
-        if host.pool is not None:
-            host.pool.shutdown()
+        if kind == "chained":  # queued behind the plan running, at depth 2 only
+            assert (host.chained > 0) == (depth == 2)
+        _close(host)
 
 
-def test_depth_two_really_overlaps_and_defers():
+@pytest.mark.parametrize("kind", ["threaded", "chained"])
+def test_depth_two_really_overlaps_and_defers(kind):
     rng = random.Random(3)
     requests = _requests(rng, 6)
     config = SchedulerConfig(max_active_sequences=6, max_tokens_per_iteration=64,
                              max_inflight_plans=2)
-    host = ThreadedModelHost(True)
+    host = _host(kind)
     deferred = []
     engine = Engine(Scheduler(config), host, clock="wall",
                     on_plan=lambda plan, start, duration: deferred.append(len(plan.deferred_rows)))
@@ -99,7 +132,7 @@ def test_depth_two_really_overlaps_and_defers():
     assert sum(deferred) > 10  # decode rows fed from the previous plan's samples
     for req, rec in zip(requests, report.records):
         assert rec.tokens == alone_tokens(req.prompt_tokens, req.max_tokens)
-    host.pool.shutdown()
+    _close(host)
 
 
 class FailingHost(ThreadedModelHost):
@@ -115,13 +148,29 @@ class FailingHost(ThreadedModelHost):
         super().execute(plan)
 
 
+class ChainedFailingHost(ChainedModelHost):
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.calls = 0
+        self.fail_at = fail_at
+
+    def execute(self, plan) -> None:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("device lost")
+        super().execute(plan)
+
+
 @pytest.mark.parametrize("impl", [Scheduler, TwinScheduler], ids=["native", "twin"])
-def test_a_failed_execution_aborts_its_plans_and_nothing_is_lost(impl):
+@pytest.mark.parametrize("chained", [False, True], ids=["threaded", "chained"])
+def test_a_failed_execution_aborts_its_plans_and_nothing_is_lost(impl, chained):
+    # Chained, the plan queued behind the failed one is not run (its inputs would come from
+    # the failed plan): running it would write wrong state, and the tokens would differ.
     rng = random.Random(9)
     requests = _requests(rng, 5)
     config = SchedulerConfig(max_active_sequences=5, max_tokens_per_iteration=32,
                              max_inflight_plans=2)
-    host = FailingHost(fail_at=4)
+    host = ChainedFailingHost(fail_at=4) if chained else FailingHost(fail_at=4)
     scheduler = impl(config)
     engine = Engine(scheduler, host, clock=VirtualClock())
     with pytest.raises(RuntimeError, match="device lost"):
@@ -130,4 +179,4 @@ def test_a_failed_execution_aborts_its_plans_and_nothing_is_lost(impl):
     report = engine.run()  # the host recovered: the lost work is planned again
     for req, rec in zip(requests, report.records):
         assert rec.tokens == alone_tokens(req.prompt_tokens, req.max_tokens), req.id
-    host.pool.shutdown()
+    _close(host)

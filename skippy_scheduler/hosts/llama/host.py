@@ -36,7 +36,7 @@ host sizes everything from what the context got (`n_batch`, `n_ctx`, `n_ctx_seq`
 from __future__ import annotations
 
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, Iterable, Mapping, Sequence as _Seq
 
 import numpy as np
@@ -45,6 +45,7 @@ import numpy.typing as npt
 import llama_cpp as _ll
 
 from ...engine.contract import HostState, Plan
+from ...inflight import HostWorker
 from ...prefix_store import PrefixStore
 from ...sampling import SampleDetail
 from ...types import MemoryComponent, ReleaseReason
@@ -120,7 +121,7 @@ class LlamaHost:
         self._model: Any = None
         self._ctx: Any = None
         self._cells: KvCells | None = None
-        self._worker: ThreadPoolExecutor | None = None
+        self._worker = HostWorker(self.execute, "llama-decode")
         self._samplers: Samplers | None = None
         init_backend()
 
@@ -251,15 +252,18 @@ class LlamaHost:
         the engine plans the next step and completes the previous one meanwhile. The ctypes
         call to `llama_decode` releases the GIL for the length of the decode."""
         self._require_open()
-        if self._worker is None:
-            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama-decode")
-        return self._worker.submit(self.execute, plan)
+        return self._worker.start(plan)
+
+    def execute_after(self, plan: Plan, earlier: list[Plan]) -> "Future[int]":
+        """`execute` on the worker behind the plans already started, its deferred inputs
+        filled there from `earlier` once they have run (`inflight.HostWorker`): the next
+        decode starts as soon as the one before ends, without waiting for the engine."""
+        self._require_open()
+        return self._worker.after(plan, earlier)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
-        if self._worker is not None:
-            self._worker.shutdown(wait=True)
-            self._worker = None
+        self._worker.close()
         if self._samplers is not None:
             self._samplers.close()
         if self._cells is not None:
