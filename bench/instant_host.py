@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from skippy_scheduler import PlanningRule, ReleaseReason, Scheduler, SchedulerConfig
 from skippy_scheduler.engine import CostModelHost, Plan
@@ -72,6 +72,10 @@ class InstantHost(CostModelHost):
     def execute_after(self, plan: Plan, earlier: list[Plan]) -> "Future[None]":
         """`execute` on the worker behind the plans started, deferred inputs filled there."""
         return self._worker.after(plan, earlier)
+
+    def call_after(self, fn: Callable[[], object]) -> "Future[object]":
+        """`fn()` on the worker behind the plans started (the engine's releases)."""
+        return self._worker.call(fn)
 
     @property
     def sequence_id_settings(self) -> Mapping[str, int]:

@@ -84,6 +84,13 @@ class HostWorker:
     def after(self, plan: Any, earlier: Sequence[Any]) -> "Future[Any]":
         return self._enqueue(_Job(plan, list(earlier)))
 
+    def call(self, fn: Callable[[], Any]) -> "Future[Any]":
+        """Run `fn()` on the worker behind the plans started (what must happen with the
+        device idle, between two of them: the engine's releases)."""
+        job = _Job(None, None)
+        job.fn = fn
+        return self._enqueue(job)
+
     def close(self) -> None:
         """Run what was started, then end the thread (a later start makes a new one)."""
         with self._cv:
@@ -136,12 +143,12 @@ class HostWorker:
             error = job.error
             if error is None:
                 try:
-                    result = self._execute(job.plan)
+                    result = self._execute(job.plan) if job.fn is None else job.fn()
                 except BaseException as exc:
                     error = exc
             with cv:
                 self._busy = False
-                if error is not None:
+                if error is not None and job.plan is not None:
                     self._failed_step = int(job.plan.step)
                 nxt = self._queue[0] if self._queue else None
                 if nxt is not None and nxt.earlier is not None and not nxt.filled \
@@ -154,11 +161,12 @@ class HostWorker:
 
 
 class _Job:
-    __slots__ = ("plan", "earlier", "future", "filled", "error")
+    __slots__ = ("plan", "earlier", "future", "filled", "error", "fn")
 
     def __init__(self, plan: Any, earlier: Optional[list[Any]]) -> None:
         self.plan = plan
         self.earlier = earlier
+        self.fn: Optional[Callable[[], Any]] = None  # a call, not a plan
         self.future: Future[Any] = Future()
         self.filled = False
         self.error: Optional[BaseException] = None

@@ -251,8 +251,13 @@ class ChainingHost(Protocol):
         inputs from `earlier` (the plans started before it and not yet completed by the
         engine: `inflight.resolve_deferred`) and run it. When an earlier plan's execution
         failed, raise without running it. With it the engine starts plan N+1 while N runs,
-        so the device never waits for the engine between two steps (except where the engine
-        must release or keep a sequence with the device idle)."""
+        so the device never waits for the engine between two steps."""
+        ...
+
+    def call_after(self, fn: Callable[[], object]) -> ExecutionHandle:
+        """Run `fn()` on the worker behind the plans started and return at once: what needs
+        the device idle between two plans (the engine's releases and prompt keeps, which it
+        waits for, touching nothing else meanwhile)."""
         ...
 
 
@@ -360,6 +365,7 @@ class HostHooks:
     keep_prompt: Any = None
     pipeline_depth: int = 1  # plans it runs at once (PipelinedHost; 1 without execute_async)
     execute_after: Any = None  # ChainingHost (only with execute_async and depth 1)
+    call_after: Any = None  # ChainingHost, with execute_after
 
 
 _HOST_VERBS = ("execute", "release")
@@ -379,10 +385,11 @@ def attach(host: object) -> HostHooks:
         depth = int(host.pipeline_depth)
         if depth < 1:
             raise ValueError(f"{type(host).__name__}.pipeline_depth must be >= 1, got {depth}")
-    chain = (host.execute_after if run_async is not None and depth == 1
-             and isinstance(host, ChainingHost) else None)
+    chain = host if run_async is not None and depth == 1 and isinstance(host, ChainingHost) \
+        else None
     return HostHooks(
-        execute_after=chain,
+        execute_after=chain.execute_after if chain is not None else None,
+        call_after=chain.call_after if chain is not None else None,
         prepare_sequence=host.prepare_sequence if isinstance(host, PrefixRestoringHost) else None,
         memory_used=host.memory_used if isinstance(host, MemoryReportingHost) else None,
         execute_async=run_async, pipeline_depth=depth,

@@ -229,8 +229,7 @@ class _Steps:
                         self._failed_from(nth)  # the new plan is later: undone too
                         raise
                 resolve_deferred(flight.plan, [f.plan for f in inflight])
-        elif inflight and (self._run_after is None or self._pending_release
-                           or self._pending_keeps):
+        elif inflight and self._run_after is None:
             try:
                 self._wait_executed(inflight[-1])  # the device is free, its samples are known
             except BaseException:
@@ -241,6 +240,11 @@ class _Steps:
             if flight.plan.deferred_rows.size:
                 resolve_deferred(flight.plan, [f.plan for f in inflight])
         elif inflight:
+            if self._pending_release or self._pending_keeps:
+                # On the worker between the plan running and this one, the engine waiting
+                # (the scheduler and the store untouched meanwhile): the device goes on to
+                # this plan without waiting for the engine to wake.
+                self.hooks.call_after(self._apply_pending).result()
             chained = [f.plan for f in inflight]  # behind them, on the host's worker
         timed = self._clock is not None
         if timed:
@@ -403,6 +407,16 @@ class _Steps:
         assert keep is not None
         for rid, tokens in pending:
             keep(rid, tokens)
+
+    def _apply_pending(self) -> None:
+        """The releases and keeps waiting for the device, on a chaining host's worker between
+        two plans (the device idle there whatever the engine's flights say)."""
+        if self._pending_keeps:
+            self._apply_keeps()
+        pending, self._pending_release = self._pending_release, []
+        release = self.host.release
+        for rid, reason in pending:
+            release(rid, reason)
 
     def _apply_releases(self) -> None:
         if self._pending_keeps and not self._busy():

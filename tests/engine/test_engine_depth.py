@@ -52,6 +52,7 @@ class ChainedModelHost(ThreadedModelHost):
         self.pool = None
         self.worker = HostWorker(self.execute, "chained-model")
         self.chained = 0
+        self.calls_after = 0  # the engine's releases, between two plans on the worker
 
     def execute_async(self, plan):
         return self.worker.start(plan)
@@ -59,6 +60,10 @@ class ChainedModelHost(ThreadedModelHost):
     def execute_after(self, plan, earlier):
         self.chained += 1
         return self.worker.after(plan, earlier)
+
+    def call_after(self, fn):
+        self.calls_after += 1
+        return self.worker.call(fn)
 
 
 def _host(kind):
@@ -115,6 +120,7 @@ def test_depth_runs_give_alone_tokens_with_cancels_and_preemption(impl, depth, k
         assert host.kv == {}, "every sequence's state was released"
         if kind == "chained":  # queued behind the plan running, at depth 2 only
             assert (host.chained > 0) == (depth == 2)
+            assert (host.calls_after > 0) == (depth == 2)
         _close(host)
 
 

@@ -106,3 +106,22 @@ def test_close_runs_what_was_started_and_a_later_start_gets_a_new_thread():
     assert one.done() and one.result() == 1
     assert worker.start(_plan(2)).result(10) == 2
     worker.close()
+
+
+def test_a_call_runs_between_the_plans_around_it_and_the_next_plan_is_filled_after_it(
+        monkeypatch):
+    order: list[str] = []
+    monkeypatch.setattr(inflight, "resolve_deferred",
+                        lambda plan, earlier: order.append(f"fill {plan.step}"))
+    device = _Device(gates=[1])
+    worker = HostWorker(lambda plan: order.append(f"run {device(plan)}"), "test-worker")
+    try:
+        worker.start(_plan(1))
+        released = worker.call(lambda: order.append("release"))
+        last = worker.after(_plan(2, deferred=1), [_plan(1)])
+        device.gates[1].set()
+        released.result(10)
+        last.result(10)
+        assert order == ["run 1", "release", "fill 2", "run 2"]
+    finally:
+        worker.close()

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import Future
-from typing import Any, Iterable, Mapping, Sequence as _Seq
+from typing import Any, Callable, Iterable, Mapping, Sequence as _Seq
 
 import numpy as np
 import numpy.typing as npt
@@ -260,6 +260,10 @@ class LlamaHost:
         decode starts as soon as the one before ends, without waiting for the engine."""
         self._require_open()
         return self._worker.after(plan, earlier)
+
+    def call_after(self, fn: Callable[[], object]) -> "Future[object]":
+        """`fn()` on the worker behind the plans started (the engine's releases)."""
+        return self._worker.call(fn)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
