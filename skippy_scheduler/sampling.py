@@ -31,12 +31,18 @@ before logit bias, penalties, temperature and the filters), which is vLLM's defa
 from __future__ import annotations
 
 import math
-import secrets
+import os
+import random
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Union
 
 from ._abi import ffi as _ffi
 from ._validate import I32_MAX, U64_MAX, as_int
+
+# Seeds of unseeded requests: a generator seeded from the OS once per process (again in a
+# forked child), not a system call per request.
+_SEEDS = random.Random(os.urandom(16))
+os.register_at_fork(after_in_child=lambda: _SEEDS.seed(os.urandom(16)))
 
 _NATIVE_TYPE = _ffi.typeof("skippy_sampling_config *")
 _FLAG_ENABLED = 1
@@ -197,7 +203,8 @@ class SamplingParams:
         if not 0 <= min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {min_p}")
         put(self, "min_p", min_p)
-        seed = secrets.randbits(64) if self.seed is None else _int("seed", self.seed, 0, U64_MAX)
+        seed = _SEEDS.getrandbits(64) if self.seed is None else _int("seed", self.seed, 0,
+                                                                       U64_MAX)
         put(self, "seed", seed)
         put(self, "presence_penalty", _float("presence_penalty", self.presence_penalty))
         put(self, "frequency_penalty", _float("frequency_penalty", self.frequency_penalty))
