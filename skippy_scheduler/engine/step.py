@@ -220,6 +220,7 @@ class _Steps:
     def _launch(self, flight: _InFlight) -> None:
         inflight = self._inflight
         chained: Optional[list[Plan]] = None
+        releasing: Any = None  # the releases queued on a chaining host's worker
         if inflight and self._pipelined:
             if flight.plan.deferred_rows.size:  # its inputs are in flight: wait for them all
                 for nth, earlier in enumerate(inflight):
@@ -241,10 +242,10 @@ class _Steps:
                 resolve_deferred(flight.plan, [f.plan for f in inflight])
         elif inflight:
             if self._pending_release or self._pending_keeps:
-                # On the worker between the plan running and this one, the engine waiting
-                # (the scheduler and the store untouched meanwhile): the device goes on to
-                # this plan without waiting for the engine to wake.
-                self.hooks.call_after(self._apply_pending).result()
+                # On the worker between the plan running and this one (queued right behind
+                # them below), the engine waiting for them and touching nothing meanwhile: the
+                # device goes on to this plan without waiting for the engine to wake.
+                releasing = self.hooks.call_after(self._apply_pending)
             chained = [f.plan for f in inflight]  # behind them, on the host's worker
         timed = self._clock is not None
         if timed:
@@ -263,6 +264,16 @@ class _Steps:
                 done = getattr(handle, "add_done_callback", None)
                 if done is not None:
                     done(flight.stamp_done)
+            if releasing is not None:
+                try:
+                    releasing.result()
+                except BaseException:
+                    try:
+                        handle.result()  # queued behind the releases: let it end, then undo it
+                    except BaseException:
+                        pass
+                    self.scheduler.abort_iteration(flight.plan)
+                    raise
         else:
             self._execute(flight.plan)
             if timed:
