@@ -258,6 +258,11 @@ class _Steps:
                 else:
                     flight.handle = handle = self._run_async(flight.plan)
             except BaseException:
+                if releasing is not None:  # they touch the engine's lists: let them end first
+                    try:
+                        releasing.result()
+                    except BaseException:
+                        pass
                 self.scheduler.abort_iteration(flight.plan)
                 raise
             if timed and not self._pipelined:
