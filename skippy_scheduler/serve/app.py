@@ -112,8 +112,6 @@ def _error_response(err: RequestError, metrics: Optional[ServeMetrics]) -> Respo
                     media_type="application/json")
 
 
-# Work this small is done on the event loop: a worker thread's round trip costs more than it
-# (docs/measuring.md, "The server's own cost"); anything larger goes to a worker thread.
 class _RequestIds:
     """Request ids of this process: 64 random bits drawn at start (again in a forked child)
     then a counter, 32 hex digits as a uuid4's (which costs a system call per request)."""
@@ -132,6 +130,8 @@ class _RequestIds:
 
 _request_id = _RequestIds()
 
+# Work this small is done on the event loop: a worker thread's round trip costs more than it
+# (docs/measuring.md, "The server's own cost"); anything larger goes to a worker thread.
 INLINE_BODY_BYTES = 8 << 10  # a request body decoded and parsed at once
 INLINE_TEXT_CHARS = 2 << 10  # a prompt (or all of a chat's message text) tokenized at once
 
