@@ -288,7 +288,11 @@ def fit_coefficients(x: Any, y: Any, prior: Any = None, prior_weight: float = 0.
     tol = 1e-9 * (np.abs(gram).max() * np.abs(coef).max() + np.abs(h).max())
     if (gradient[coef == 0] >= -tol).all():
         return coef
-    return _active_set(gram, h, tol)
+    coef = _active_set(gram, h, tol)
+    if coef is not None and np.isfinite(coef).all():
+        return coef
+    return _best_subset(n, lambda cols: np.linalg.solve(gram[np.ix_(cols, cols)], h[cols]),
+                        lambda coef: float(coef @ gram @ coef - 2 * h @ coef))
 
 
 def _hold_negatives_at_zero(gram: Any, h: Any) -> Any:
@@ -311,33 +315,40 @@ def _active_set(gram: Any, h: Any, tol: float) -> Any:
     """The minimum of b·G·b − 2 h·b over b >= 0, G positive definite (Lawson and Hanson's
     active set, on the normal equations): terms are freed one at a time, the one whose
     growth lowers the objective most first, and a solve that would make a free term negative
-    stops at the boundary and holds it at 0. The minimum is unique, so it is the one the
-    search over every subset of terms finds, in a handful of solves instead of 2^n − 1."""
+    stops at the boundary and holds the first term to reach 0 there. The minimum is unique,
+    so it is the one the search over every subset of terms finds, in a handful of solves
+    instead of 2^n − 1. Every loop is bounded (each inner pass holds one more term at 0); None
+    when the outer passes run out (rounding can make a freed term fall back at once, again
+    and again), and the caller searches every subset instead."""
     n = len(h)
     free = np.zeros(n, dtype=bool)
     coef = np.zeros(n)
-    for _ in range(4 * n):  # each pass frees a term; holds only ever undo earlier frees
+    for _ in range(4 * n):
         descent = h - gram @ coef  # minus half the gradient
         descent[free] = -np.inf
         j = int(np.argmax(descent))
         if not descent[j] > tol:
-            break
+            return coef
         free[j] = True
-        while True:
+        for _ in range(n):
             trial = np.zeros(n)
             trial[free] = np.linalg.solve(gram[np.ix_(free, free)], h[free])
-            blocked = free & (trial <= 0)
-            if not blocked.any():
+            blocked = np.flatnonzero(free & (trial <= 0))
+            if not blocked.size:
                 coef = trial
                 break
-            # Move toward the trial until the first free term reaches 0; hold it there.
-            step = float(np.min(coef[blocked] / (coef[blocked] - trial[blocked])))
-            coef = coef + step * (trial - coef)
+            # Move toward the trial until the first free term reaches 0; hold it there (a
+            # term already at 0 stops the move at once).
+            gap = coef[blocked] - trial[blocked]
+            ratios = np.divide(coef[blocked], gap, out=np.zeros(len(blocked)), where=gap > 0)
+            k = int(np.argmin(ratios))
+            coef = coef + ratios[k] * (trial - coef)
+            free[blocked[k]] = False
             free &= coef > 0
             coef[~free] = 0.0
             if not free.any():
                 break
-    return coef
+    return None
 
 
 def _best_subset(n: int, solve: Any, error: Any) -> Any:

@@ -253,3 +253,70 @@ def test_the_active_set_finds_the_minimum_the_search_over_every_subset_finds():
         assert objective(got) <= objective(want) + 1e-7 * scale, (n, got, want)
         checked += int((want == 0).any() and (want > 0).any())
     assert checked > 50  # problems where some terms are held at 0 and others are not
+
+
+# A problem (found by a random search over degenerate ones) on which a first version of the
+# active set never finished: rounding left the term that reached 0 a hair above it, so the
+# inner loop moved by 0 forever. Every loop is now bounded.
+_STUCK_GRAM = np.array([
+    [6.424053926966848e-05, -3.818770659271932e-06, -0.001094226858985837,
+     -1.4877001291142552e-05, -4.331292817007979e-08, 1.24299920317118e-07],
+    [-3.818770659271932e-06, 2.310405419006227e-06, -3.290081069565808e-05,
+     1.9229937628990917e-06, 1.5698613735334593e-09, -3.8020607663304107e-08],
+    [-0.001094226858985837, -3.290081069565808e-05, 0.07664560059482627, 0.00016969438054940096,
+     -6.957670283798752e-07, 6.004908094782691e-06],
+    [-1.4877001291142552e-05, 1.9229937628990917e-06, 0.00016969438054940096,
+     3.985834030747091e-06, 1.0496768142125338e-08, -4.842094553602608e-08],
+    [-4.331292817007979e-08, 1.5698613735334593e-09, -6.957670283798752e-07,
+     1.0496768142125338e-08, 7.074728146376807e-11, -2.543161148019946e-10],
+    [1.24299920317118e-07, -3.8020607663304107e-08, 6.004908094782691e-06,
+     -4.842094553602608e-08, -2.543161148019946e-10, 1.5269814458809682e-09],
+])
+_STUCK_H = np.array(
+    [0.010628724550071534, 0.024619873523506582, 0.033125335747609924, 0.0001178383462400518,
+     -0.009475711454853692, 0.006969339505406978])
+_STUCK_TOL = 1.097709363424362e-10
+
+
+def test_the_active_set_ends_on_a_problem_that_once_made_it_loop_forever():
+    got = cost_model._active_set(_STUCK_GRAM, _STUCK_H, _STUCK_TOL)
+    assert got is not None and (got >= 0).all()
+
+    def objective(c):
+        return float(c @ _STUCK_GRAM @ c - 2 * _STUCK_H @ c)
+
+    want = cost_model._best_subset(
+        6, lambda cols: np.linalg.solve(_STUCK_GRAM[np.ix_(cols, cols)], _STUCK_H[cols]),
+        objective)
+    assert objective(got) == pytest.approx(objective(want), rel=1e-9)
+
+
+def test_the_active_set_ends_on_degenerate_problems_and_the_fit_stays_the_best():
+    """Collinear and zero columns, scales 1e-6 to 1e6, as the pulled fit builds them: the
+    active set always returns (or gives up, and the fit searches every subset), and the fit is
+    never worse than the subset search."""
+    rng = np.random.default_rng(1)
+    for _ in range(1500):
+        n = 6
+        a = rng.normal(0, 1, (int(rng.integers(1, 12)), n))
+        if rng.random() < 0.5:
+            a[:, int(rng.integers(n))] = a[:, int(rng.integers(n))]
+        if rng.random() < 0.3:
+            a[:, int(rng.integers(n))] = 0
+        a *= 10 ** rng.uniform(-6, 6, n)
+        gram = a.T @ a
+        norms = np.diag(gram).copy()
+        gram += np.diag(np.maximum(norms, norms.max() * 1e-9 + 1e-300) * 1e-6)
+        h = rng.normal(0, 1, n) * np.abs(gram).max() * 10 ** rng.uniform(-3, 0)
+        tol = 1e-9 * (np.abs(gram).max() + np.abs(h).max())
+        got = cost_model._active_set(gram, h, tol)
+        if got is None:
+            continue
+
+        def objective(c):
+            return float(c @ gram @ c - 2 * h @ c)
+
+        want = cost_model._best_subset(
+            n, lambda cols: np.linalg.solve(gram[np.ix_(cols, cols)], h[cols]), objective)
+        assert (got >= 0).all()
+        assert objective(got) <= objective(want) + 1e-6 * (abs(objective(want)) + 1e-300)
