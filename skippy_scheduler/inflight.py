@@ -104,6 +104,8 @@ class HostWorker:
 
     def _enqueue(self, job: "_Job") -> "Future[Any]":
         with self._cv:
+            if self._closing:  # a second thread would run plans beside the closing one's
+                raise RuntimeError("the host's worker is closing")
             if job.earlier is not None and not self._queue and not self._busy:
                 self._fill(job)  # the plans it reads from have all run
             self._queue.append(job)

@@ -125,3 +125,22 @@ def test_a_call_runs_between_the_plans_around_it_and_the_next_plan_is_filled_aft
         assert order == ["run 1", "release", "fill 2", "run 2"]
     finally:
         worker.close()
+
+
+def test_nothing_is_started_while_the_worker_closes():
+    device = _Device(gates=[1])
+    worker = HostWorker(device, "test-worker")
+    worker.start(_plan(1))
+    closing = threading.Thread(target=worker.close)
+    closing.start()
+    for _ in range(1000):  # until close() has begun
+        if worker._closing:
+            break
+        threading.Event().wait(0.001)
+    with pytest.raises(RuntimeError, match="closing"):
+        worker.start(_plan(2))
+    device.gates[1].set()
+    closing.join(10)
+    assert device.ran == [1]
+    assert worker.start(_plan(3)).result(10) == 3  # closed: a later start runs again
+    worker.close()
