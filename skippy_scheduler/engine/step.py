@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 from ..cost_model import decode_row_count
@@ -245,7 +246,7 @@ class _Steps:
                 # On the worker between the plan running and this one (queued right behind
                 # them below), the engine waiting for them and touching nothing meanwhile: the
                 # device goes on to this plan without waiting for the engine to wake.
-                releasing = self.hooks.call_after(self._apply_pending)
+                releasing = self.hooks.call_after(partial(self._apply_releases, True))
             chained = [f.plan for f in inflight]  # behind them, on the host's worker
         timed = self._clock is not None
         if timed:
@@ -424,20 +425,15 @@ class _Steps:
         for rid, tokens in pending:
             keep(rid, tokens)
 
-    def _apply_pending(self) -> None:
-        """The releases and keeps waiting for the device, on a chaining host's worker between
-        two plans (the device idle there whatever the engine's flights say)."""
+    def _apply_releases(self, device_idle: bool = False) -> None:
+        """The releases and keeps waiting for the device, when no plan executes (or, with
+        `device_idle`, on a chaining host's worker between two plans, idle there whatever the
+        engine's flights say)."""
+        if not device_idle and self._busy():
+            return
         if self._pending_keeps:
-            self._apply_keeps()
-        pending, self._pending_release = self._pending_release, []
-        release = self.host.release
-        for rid, reason in pending:
-            release(rid, reason)
-
-    def _apply_releases(self) -> None:
-        if self._pending_keeps and not self._busy():
             self._apply_keeps()  # before releases: a leader's lane is still there
-        if self._pending_release and not self._busy():
+        if self._pending_release:
             pending, self._pending_release = self._pending_release, []
             release = self.host.release
             for rid, reason in pending:
