@@ -266,10 +266,9 @@ class _Steps:
                         pass
                 self.scheduler.abort_iteration(flight.plan)
                 raise
-            if timed and not self._pipelined:
-                done = getattr(handle, "add_done_callback", None)
-                if done is not None:
-                    done(flight.stamp_done)
+            done = getattr(handle, "add_done_callback", None)
+            if done is not None:  # the worker's finish, for the measure and the step timing
+                done(flight.stamp_done)
             if releasing is not None:
                 try:
                     releasing.result()

@@ -155,10 +155,7 @@ class StepTiming(BaseObserver):
             rec = flights[-1] if flights else None
             if rec is None or rec[_FLIGHT].plan is not plan:
                 return handle
-            done = getattr(handle, "add_done_callback", None)
-            if done is not None:
-                done(lambda _: rec.__setitem__(_DONE, rec[_DONE] or clock()))
-            return _TimedHandle(handle, rec, clock)
+            return _TimedHandle(handle, rec, clock)  # (the worker's finish: `flight.done_ns`)
 
         return start
 
@@ -241,7 +238,7 @@ class StepTiming(BaseObserver):
         flight = rec[_FLIGHT]
         start = self._last_end or rec[1]
         self._last_end = now
-        done = rec[_DONE]
+        done = flight.done_ns or rec[_DONE]  # the engine's done stamp, else when it looked
         if flight.measured_us:  # the engine's own measure (engine/step.py `_execution_us`)
             execute = int(flight.measured_us * 1e3)
         elif done:  # asynchronous, no engine clock: to the worker's finish

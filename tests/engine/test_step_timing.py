@@ -41,6 +41,7 @@ class Flight:
         self.decode = decode
         self.t0 = 0
         self.measured_us = 0.0
+        self.done_ns = 0
 
 
 def run_iteration(timing: StepTiming, clock: FakeClock, flight: Flight, *, before: int,
@@ -153,6 +154,9 @@ def test_async_execution_wait_and_finish(engine_clock):
     timing.planned(flight)  # type: ignore[arg-type]
     flight.t0 = clock.t
     handle = engine._run_async(flight.plan)
+    # What the engine does with the handle (through the step timing's wrapper): stamp the
+    # worker's finish on the flight.
+    handle.add_done_callback(lambda _: setattr(flight, "done_ns", clock.t))
     clock.t += 3_000  # the worker finishes while the engine does other work
     for fn in engine.handle.callbacks:
         fn(None)
