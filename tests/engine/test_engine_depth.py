@@ -141,30 +141,29 @@ def test_depth_two_really_overlaps_and_defers(kind):
     _close(host)
 
 
-class FailingHost(ThreadedModelHost):
+class _FailsAt:
+    """Mixed into a model host: its `fail_at`-th execution raises (the device is lost)."""
+
+    fail_at = 0
+    calls = 0
+
+    def execute(self, plan) -> None:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("device lost")
+        super().execute(plan)
+
+
+class FailingHost(_FailsAt, ThreadedModelHost):
     def __init__(self, fail_at: int) -> None:
         super().__init__(True)
-        self.calls = 0
         self.fail_at = fail_at
 
-    def execute(self, plan) -> None:
-        self.calls += 1
-        if self.calls == self.fail_at:
-            raise RuntimeError("device lost")
-        super().execute(plan)
 
-
-class ChainedFailingHost(ChainedModelHost):
+class ChainedFailingHost(_FailsAt, ChainedModelHost):
     def __init__(self, fail_at: int) -> None:
         super().__init__()
-        self.calls = 0
         self.fail_at = fail_at
-
-    def execute(self, plan) -> None:
-        self.calls += 1
-        if self.calls == self.fail_at:
-            raise RuntimeError("device lost")
-        super().execute(plan)
 
 
 @pytest.mark.parametrize("impl", [Scheduler, TwinScheduler], ids=["native", "twin"])

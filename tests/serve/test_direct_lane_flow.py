@@ -24,6 +24,7 @@ from skippy_scheduler.serve.server import listen_socket  # noqa: E402
 
 sys.path.insert(0, "bench")
 from instant_host import InstantHost, build_server  # noqa: E402
+from http_wire import chunked_frames, sse_events  # noqa: E402
 
 
 def _small_buffers(base: type) -> type:
@@ -89,21 +90,14 @@ def test_a_stalled_reader_pauses_the_direct_lane_and_gets_every_event_in_order(m
     assert paused, "the writes never paused: the test did not reach the drain"
     head, rest = data.split(b"\r\n\r\n", 1)
     assert head.startswith(b"HTTP/1.1 200"), head
-    frames = []
-    while True:
-        size, rest = rest.split(b"\r\n", 1)
-        if not int(size, 16):
-            break
-        frames.append(rest[:int(size, 16)])
-        rest = rest[int(size, 16) + 2:]
+    frames = chunked_frames(rest)
     assert all(f.endswith(b"\n\n") for f in frames)  # whole events in every write
-    events = [e for f in frames for e in f.split(b"\n\n") if e]
-    assert events[-1] == b"data: [DONE]"
+    events = sse_events(b"".join(frames))
+    assert events[-1] == "[DONE]"
     texts = [""] * n
     finished = [False] * n
     usage = None
-    for raw in events[:-1]:
-        event = json.loads(raw[len(b"data: "):])
+    for event in events[:-1]:
         if not event["choices"]:
             usage = event["usage"]
             continue

@@ -15,6 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from http_wire import choice_texts, chunked_frames, sse_events
+
 from skippy_scheduler import Scheduler, SchedulerConfig
 from skippy_scheduler.engine import CostModelHost, FinishEvent, Request, TokenEvent
 from skippy_scheduler.serve.protocol import parse_chat, parse_completion
@@ -112,13 +114,7 @@ def _raw_stream(url: str, body: dict) -> list[bytes]:
             data += more
     head, rest = data.split(b"\r\n\r\n", 1)
     assert b"transfer-encoding: chunked" in head.lower(), head
-    frames = []
-    while True:
-        size, rest = rest.split(b"\r\n", 1)
-        if int(size, 16) == 0:
-            return frames
-        frames.append(rest[:int(size, 16)])
-        rest = rest[int(size, 16) + 2:]
+    return chunked_frames(rest)
 
 
 def test_the_last_token_finish_usage_and_done_go_out_in_one_write(server):
@@ -235,11 +231,6 @@ def _read_all(url: str, request: bytes) -> bytes:
             data += more
 
 
-def _events_of(body: bytes) -> list:
-    return [json.loads(e[len(b"data: "):]) if e != b"data: [DONE]" else "[DONE]"
-            for e in body.split(b"\n\n") if e]
-
-
 @pytest.mark.parametrize("version", ["1.1", "1.0"])
 def test_streamed_choices_written_straight_to_the_socket_are_the_answer(server, version):
     # Text-only choices: their tokens go out from the step's wake-up (the pump), the end
@@ -255,22 +246,12 @@ def test_streamed_choices_written_straight_to_the_socket_are_the_answer(server, 
     assert head.startswith(b"HTTP/1.1 200")
     if version == "1.1":
         assert b"transfer-encoding: chunked" in head.lower()
-        frames = []
-        while True:
-            size, rest = rest.split(b"\r\n", 1)
-            if not int(size, 16):
-                break
-            frames.append(rest[:int(size, 16)])
-            rest = rest[int(size, 16) + 2:]
+        frames = chunked_frames(rest)
         assert all(f.endswith(b"\n\n") for f in frames)
         rest = b"".join(frames)
-    events = _events_of(rest)
+    events = sse_events(rest)
     assert events[-1] == "[DONE]"
-    texts = ["", ""]
-    for e in events[:-1]:
-        for c in e["choices"]:
-            texts[c["index"]] += c["text"]
-    assert texts == [c["text"] for c in sorted(whole["choices"], key=lambda c: c["index"])]
+    assert choice_texts(events, 2) == [c["text"] for c in sorted(whole["choices"], key=lambda c: c["index"])]
 
 
 def test_a_client_that_reads_slowly_gets_the_whole_stream_in_order(server):
@@ -298,17 +279,6 @@ def test_a_client_that_reads_slowly_gets_the_whole_stream_in_order(server):
                 break
             data += more
     head, rest = data.split(b"\r\n\r\n", 1)
-    frames = []
-    while True:
-        size, rest = rest.split(b"\r\n", 1)
-        if not int(size, 16):
-            break
-        frames.append(rest[:int(size, 16)])
-        rest = rest[int(size, 16) + 2:]
-    events = _events_of(b"".join(frames))
+    events = sse_events(b"".join(chunked_frames(rest)))
     assert events[-1] == "[DONE]"
-    texts = [""] * 4
-    for e in events[:-1]:
-        for c in e["choices"]:
-            texts[c["index"]] += c["text"]
-    assert texts == [c["text"] for c in sorted(whole["choices"], key=lambda c: c["index"])]
+    assert choice_texts(events, 4) == [c["text"] for c in sorted(whole["choices"], key=lambda c: c["index"])]
