@@ -112,9 +112,11 @@ typedef struct skippy_scheduler_config {
     size_t cold_prefix_hold_max_steps;           /* default 64: plans one sequence is held at most */
     double slack_prefill_age_max_us;             /* default 2000000: under the slack rule, prefill
                                                     runs fewest remaining tokens first, but a
-                                                    sequence submitted this long ago (clock µs)
-                                                    goes first in walk order; 0 = walk order
-                                                    (§2.13; finite, >= 0) */
+                                                    sequence submitted this long ago (clock µs;
+                                                    with a first-token deadline still to meet,
+                                                    this long past the deadline) goes first in
+                                                    walk order; 0 = walk order (§2.13; finite,
+                                                    >= 0) */
 } skippy_scheduler_config;
 
 /* What submit copies from the caller (nothing is borrowed after the call). */

@@ -387,8 +387,8 @@ size_t sk_slack_position_charge(size_t start, size_t count, double ratio, size_t
  * scratch array for the active set (before planning; -1 on out of memory); next gives the next
  * sequence's slot, SK_NO_SLOT when none is left. */
 enum {
-    SK_PF_OVERDUE = 0,        /* submitted at least the age bound ago: walk order */
-    SK_PF_DEADLINE = 1,       /* a first-token deadline it can still meet: nearest first */
+    SK_PF_OVERDUE = 0,        /* submitted (or past its deadline) at least the age bound ago */
+    SK_PF_DEADLINE = 1,       /* a first-token deadline it can still meet: by `rank` */
     SK_PF_FREE = 2,           /* no first-token deadline: fewest tokens left first */
     SK_PF_RELEGATED = 3,      /* a deadline it cannot meet in this order: fewest tokens left */
     SK_PF_TAKEN = 4           /* given its row in this plan */
@@ -398,6 +398,7 @@ typedef struct sk_prefill_key {
     uint8_t cls;              /* SK_PF_*: classes go in this order */
     size_t left;              /* remaining prefill tokens (replay length - cursor) */
     double deadline_us;       /* SK_PF_DEADLINE: its first-token deadline */
+    uint32_t rank;            /* SK_PF_DEADLINE: its place in the deadline class's order */
 } sk_prefill_key;
 typedef struct sk_prefill_walk {
     bool ordered;             /* the keys of s->prefill_keys, else walk order from `at` */

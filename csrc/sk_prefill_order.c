@@ -2,10 +2,11 @@
  * The prefill walk's order (docs/behaviour.md §2.13): which prefill-pending sequence a prefill
  * walk of a plan (sk_plan.c) visits next. Walk order, except under the slack rule with an age
  * bound > 0, where the candidates go in four classes:
- *   1. overdue (submitted at least slack_prefill_age_max_us ago on the scheduler's clock), in
- *      walk order;
+ *   1. overdue (submitted at least slack_prefill_age_max_us ago on the scheduler's clock, or
+ *      for a first-token deadline still to meet, that long past the deadline), in walk order;
  *   2. those with a first-token deadline still to meet (no token planned yet) that can meet
- *      it, nearest deadline first, fewest remaining prefill tokens first among equal ones;
+ *      it, in the order that meets all of them with the least total time to first token
+ *      (Smith's rule, below; among equal deadlines that is fewest tokens left first);
  *   3. those without one, fewest remaining prefill tokens (replay length - cursor) first;
  *   4. those whose deadline cannot be met in this order (relegated), fewest tokens left first;
  * ties in walk order. Without deadlines classes 2 and 4 are empty and the order is the
@@ -15,8 +16,14 @@
  * machine: in that order (deadline, then tokens left), each candidate's prefill is predicted
  * to end at now + base_us + per_prefill_token_us x (the tokens left of the overdue ones, of
  * those kept before it and its own); when one would end after its deadline, the kept one with
- * the most tokens left (the first of equals) is relegated and its tokens no longer count. Sums
- * are taken in that order in core and twin alike.
+ * the most tokens left (the first of equals) is relegated and its tokens no longer count. The
+ * ones kept are then ordered by Smith's backward rule (W. E. Smith, Naval Research Logistics
+ * Quarterly 3, 1956: least total completion time subject to every deadline): starting from the
+ * predicted end of them all, the last place goes to the one with the most tokens left among
+ * those whose deadline is not before that end (the latest in deadline order among equals; the
+ * latest in deadline order outright if rounding left none), the end moves back by its
+ * prediction, and so on to the first place. Sums are taken in these orders in core and twin
+ * alike.
  *
  * One pass over the active set writes each candidate's class into a scratch array the
  * scheduler owns (sized with the active set before planning, so a step allocates nothing);
@@ -51,6 +58,32 @@ static inline bool edf_before(const sk_prefill_key *a, const sk_prefill_key *b)
 {
     if (a->deadline_us != b->deadline_us) return a->deadline_us < b->deadline_us;
     return a->left < b->left;
+}
+
+/* Smith's backward rule over the kept members of order[0..n) (file comment): ranks them, 0
+ * first; `end` is the predicted end of them all. */
+static void smith_order(sk_prefill_key *keys, const uint32_t *order, size_t n, double end,
+                        double per_token)
+{
+    uint32_t kept = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (keys[order[k]].cls != SK_PF_DEADLINE) continue;
+        keys[order[k]].rank = UINT32_MAX; /* not placed yet */
+        kept++;
+    }
+    for (uint32_t place = kept; place-- > 0;) {
+        size_t pick = SIZE_MAX, latest = SIZE_MAX;
+        for (size_t k = 0; k < n; k++) {
+            const sk_prefill_key *key = &keys[order[k]];
+            if (key->cls != SK_PF_DEADLINE || key->rank != UINT32_MAX) continue;
+            latest = k;
+            if (key->deadline_us >= end && (pick == SIZE_MAX || key->left >= keys[order[pick]].left))
+                pick = k;
+        }
+        sk_prefill_key *last = &keys[order[pick != SIZE_MAX ? pick : latest]];
+        last->rank = place;
+        end -= per_token * (double)last->left;
+    }
 }
 
 /* Moore-Hodgson over the deadline class (file comment): `ahead` is the overdue candidates'
@@ -91,6 +124,7 @@ static void relegate(skippy_scheduler *s, double ahead)
             s->m.slo_relegated = sk_sat_add(s->m.slo_relegated, 1);
         }
     }
+    smith_order(keys, order, n, end, per_token);
 }
 
 static void collect(skippy_scheduler *s, bool disjoint)
@@ -108,10 +142,15 @@ static void collect(skippy_scheduler *s, bool disjoint)
         key->slot = active[at];
         key->left = sk_replay_len(seq) - seq->cursor;
         key->deadline_us = 0.0;
-        if (now - seq->submitted_us >= age_max) {
+        key->rank = 0;
+        /* a first-token deadline still to meet: the age bound counts from the deadline */
+        bool first = seq->ttft_deadline_us > 0.0 && sk_planned_gen(seq) == 0;
+        double since = first && seq->ttft_deadline_us > seq->submitted_us ? seq->ttft_deadline_us
+                                                                           : seq->submitted_us;
+        if (now - since >= age_max) {
             key->cls = SK_PF_OVERDUE;
             ahead += per_token * (double)key->left;
-        } else if (seq->ttft_deadline_us > 0.0 && sk_planned_gen(seq) == 0) {
+        } else if (first) {
             key->cls = SK_PF_DEADLINE;
             key->deadline_us = seq->ttft_deadline_us;
             n_deadline++;
@@ -140,7 +179,7 @@ sk_prefill_walk sk_prefill_walk_begin(skippy_scheduler *s, bool disjoint)
 static inline bool goes_before(const sk_prefill_key *a, const sk_prefill_key *b)
 {
     if (a->cls != b->cls) return a->cls < b->cls;
-    if (a->cls == SK_PF_DEADLINE) return edf_before(a, b);
+    if (a->cls == SK_PF_DEADLINE) return a->rank < b->rank;
     return a->left < b->left;
 }
 

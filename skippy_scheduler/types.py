@@ -282,8 +282,10 @@ class SchedulerConfig:
     cold_prefix_hold_tokens: int = 0
     cold_prefix_hold_max_steps: int = 64
     # The slack rule's prefill order (§2.13): its prefill walks visit the sequences submitted at
-    # least `slack_prefill_age_max` seconds ago (on the clock of `set_clock`) first, in walk
-    # order, then the others by fewest prefill tokens left; 0 = walk order, as the reference.
+    # least `slack_prefill_age_max` seconds ago (on the clock of `set_clock`; with a first-token
+    # deadline still to meet, that long past the deadline) first, in walk order, then the
+    # deadlines that can be met, then the others by fewest prefill tokens left; 0 = walk order,
+    # as the reference.
     slack_prefill_age_max: float = 2.0
 
     def __setattr__(self, name: str, value: Any) -> None:

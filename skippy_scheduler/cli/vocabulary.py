@@ -87,7 +87,8 @@ _FLAGS = (
     Flag("itl-target", ("--itl-target-ms",), "inter-token target in ms", "MS"),
     Flag("prefill-age-max", ("--prefill-age-max-ms",),
          "under the slack rule, > 0: prompts are prefilled shortest first, but one waiting "
-         "this long since its arrival goes first (serve's default: 2000); 0: in arrival order "
+         "this long since its arrival (with a first-token deadline: since the deadline) goes "
+         "first (serve's default: 2000); 0: in arrival order "
          "(docs/behaviour.md §2.13, docs/serving.md)",
          "MS"),
     Flag("inflight", ("--inflight",),

@@ -37,6 +37,31 @@ def _deadline_us(s: Sequence) -> float:
     return s.ttft_deadline * 1e6
 
 
+def _smith_order(pending: list[Sequence], kept: list[int], end: float,
+                 per_token: float) -> dict[int, int]:
+    """Smith's backward rule (C: smith_order): `kept` in deadline order, `end` the predicted end
+    of them all; from the last place to the first, the place goes to the one with the most
+    tokens left among those not placed whose deadline is not before `end` (the latest in
+    deadline order among equals; the latest in deadline order outright when none is), and
+    `end` moves back by its prediction. Returns each one's place, 0 first."""
+    rank: dict[int, int] = {}
+    for place in range(len(kept) - 1, -1, -1):
+        pick: Optional[int] = None
+        latest: Optional[int] = None
+        for i in kept:
+            if i in rank:
+                continue
+            latest = i
+            if _deadline_us(pending[i]) >= end and (
+                    pick is None or _left(pending[i]) >= _left(pending[pick])):
+                pick = i
+        chosen = pick if pick is not None else latest
+        assert chosen is not None  # a place is left, so one is not placed
+        rank[chosen] = place
+        end -= per_token * float(_left(pending[chosen]))
+    return rank
+
+
 def prefill_pending(s: Sequence) -> bool:
     return s.prefill_cursor < s.recompute_token_count()
 
@@ -203,9 +228,11 @@ class RowPlanner:
     def _prefill_order(self, active: list[Sequence]) -> list[Sequence]:
         """The prefill-pending sequences in the order a prefill walk visits them (§2.13; C:
         sk_prefill_order.c): walk order, but under the slack rule with an age bound > 0 in four
-        classes, ties in walk order: those submitted at least that long ago (walk order); those
-        with a first-token deadline still to meet that they can meet (nearest first, the
-        shortest first among equal deadlines); those without one (fewest prefill tokens left
+        classes, ties in walk order: those submitted at least that long ago, or that long past
+        a first-token deadline still to meet (walk order); those
+        with a first-token deadline still to meet that they can meet (Smith's order: all of
+        them on time with the least total time to first token; the shortest first among equal
+        deadlines); those without one (fewest prefill tokens left
         first); those relegated because theirs cannot be met in this order (fewest tokens left
         first)."""
         pending = [s for s in active if self._prefill_pending(s)]
@@ -217,33 +244,41 @@ class RowPlanner:
         ahead = 0.0
         classes: list[int] = []
         for s in pending:
-            if now - self._submitted_us(s) >= age_max_us:
+            # a first-token deadline still to meet: the age bound counts from the deadline
+            first = s.ttft_deadline is not None and not s.generated_tokens
+            since = self._submitted_us(s)
+            if first and _deadline_us(s) > since:
+                since = _deadline_us(s)
+            if now - since >= age_max_us:
                 classes.append(_OVERDUE)
                 ahead += per_token * float(_left(s))
-            elif s.ttft_deadline is not None and not s.generated_tokens:
+            elif first:
                 classes.append(_DEADLINE)
             else:
                 classes.append(_FREE)
+        rank: dict[int, int] = {}
         if len(pending) > 1 and _DEADLINE in classes:  # one alone goes first anyway
-            self._relegate(pending, classes, ahead)
+            rank = self._relegate(pending, classes, ahead)
 
-        def key(i: int) -> tuple[int, float, float]:
+        def key(i: int) -> tuple[int, float]:
             cls = classes[i]
             if cls == _OVERDUE:
-                return (cls, 0.0, 0.0)
+                return (cls, 0.0)
             if cls == _DEADLINE:
-                return (cls, _deadline_us(pending[i]), float(_left(pending[i])))
-            return (cls, float(_left(pending[i])), 0.0)
+                return (cls, float(rank.get(i, 0)))
+            return (cls, float(_left(pending[i])))
 
         # stable: ties keep walk order
         return [pending[i] for i in sorted(range(len(pending)), key=key)]
 
-    def _relegate(self, pending: list[Sequence], classes: list[int], ahead: float) -> None:
+    def _relegate(self, pending: list[Sequence], classes: list[int],
+                  ahead: float) -> dict[int, int]:
         """Moore and Hodgson's rule over the deadline class (C: relegate): in deadline order
         (fewest tokens left first among equal deadlines) each one's prefill is predicted to end
         at now + base + per-token cost × (the overdue ones' tokens, the kept ones' before it and
         its own); one that would end after its deadline relegates the kept one with the most
-        tokens left (the first of equals)."""
+        tokens left (the first of equals). Returns the kept ones' places in Smith's order
+        (`_smith_order`), by index into `pending`."""
         order = sorted((i for i, c in enumerate(classes) if c == _DEADLINE),
                        key=lambda i: (_deadline_us(pending[i]), _left(pending[i])))
         per_token = self.slack.cost.per_prefill_token_us
@@ -261,6 +296,8 @@ class RowPlanner:
             classes[longest] = _RELEGATED
             end -= per_token * float(_left(pending[longest]))
             self._on_relegate(pending[longest])
+        return _smith_order(pending, [i for i in order if classes[i] == _DEADLINE], end,
+                            per_token)
 
     def _fill_prefill(self, active: list[Sequence], budget: int, toll: int,
                       ratio: float = 0.0) -> list[IterationWork]:

@@ -1,7 +1,8 @@
 """The slack rule's prefill order with first-token deadlines (behaviour.md §2.13, step 6), on
 the native core and on the twin: among the sequences that are not overdue, those with a
-deadline they can still meet go first, nearest deadline first (the shortest first among equal
-deadlines); then those without one (fewest
+deadline they can still meet go first, in the order that meets them all with the least total
+time to first token (Smith's rule; the shortest first among equal deadlines); then those
+without one (fewest
 tokens left first); then those relegated because theirs cannot be met (Moore and Hodgson's
 rule: the longest of the ones kept so far gives way), which the overdue bound still serves in
 time. `slo_relegated` counts each relegated sequence once. (That both implementations plan
@@ -43,9 +44,29 @@ def test_without_deadlines_the_shortest_goes_first(impl):
     assert _first_plan(impl, (None, None, None))[1] == [("p1", 12), ("p2", 20), ("p0", 8)]
 
 
-def test_the_nearest_deadline_goes_first_whatever_its_length(impl):
+def test_deadlines_every_order_meets_go_shortest_first(impl):
+    """Deadlines 0.5-0.9 s away, prefill in milliseconds: any order meets them all, so the
+    one with the least total time to first token, shortest first, is taken."""
     sched, rows = _first_plan(impl, (0.5, 0.9, 0.7))
-    assert rows == [("p0", 30), ("p2", 10)]
+    assert rows == [("p1", 12), ("p2", 20), ("p0", 8)]
+    assert sched.metrics().slo_relegated == 0
+
+
+def test_a_deadline_shortest_first_would_miss_goes_first_whatever_its_length(impl):
+    """p0 (30 tokens) must end by 4.5 ms; shortest first it would end at 1 + 6.2 = 7.2 ms.
+    Smith's rule: p2 (20, deadline 1 s) takes the last place, then p1 (12), and p0 (4.5 ms
+    >= the 4 ms left) the first: all three meet theirs."""
+    sched, rows = _first_plan(impl, (0.0045, 1.0, 1.0))
+    assert rows == [("p0", 30), ("p1", 10)]
+    assert sched.metrics().slo_relegated == 0
+
+
+def test_the_nearest_deadline_first_when_the_shortest_does_not_fit_before_it(impl):
+    """Deadlines 4.1, 6.5 and 7.2 ms: the total ends at 7.2 ms, where only p2 (20) may stand
+    last; then 5.2 ms, where p1 (12, 6.5 ms) may; p0 (30, 4.1 ms) first, ending at 4 ms.
+    Shortest first would miss p0's."""
+    sched, rows = _first_plan(impl, (0.0041, 0.0065, 0.0072))
+    assert rows == [("p0", 30), ("p1", 10)]
     assert sched.metrics().slo_relegated == 0
 
 
@@ -123,3 +144,76 @@ def test_overdue_prefill_counts_against_the_deadlines_behind_it(impl):
     assert row_sizes(sched.plan_iteration()) == [("p0", 30), ("p1", 10)]
     assert sched.metrics().slo_relegated == 1
 
+
+
+def test_a_deadline_still_ahead_keeps_its_order_past_the_age_bound(impl):
+    """A burst under one SLO, its deadline 3 s away and the age bound 1 s: at 1.5 s its
+    prompts are still ordered by the deadline, shortest first, not overdue in walk order
+    (which would serve the 30-token p0 first); the age bound counts from the deadline."""
+    sched = impl(_config(slack_prefill_age_max=1.0))
+    sched.set_clock(0.0)
+    for k, n in enumerate((30, 12, 20)):
+        sched.submit(Sequence(f"p{k}", seeded_prompt(n, k), 2).with_deadlines(ttft_deadline=3.0))
+    sched.set_clock(1.5)
+    assert row_sizes(sched.plan_iteration()) == [("p1", 12), ("p2", 20), ("p0", 8)]
+
+
+def test_a_missed_deadline_is_overdue_the_age_bound_after_it(impl):
+    """p0 (deadline 2 ms, relegated at 0) becomes overdue 1 s after its deadline, not 1 s
+    after its submit: at 1.0015 s it still goes behind p1 and p2 (deadlines they meet) and q
+    (relegated, fewer tokens left), at 1.0025 s first."""
+    sched = impl(_config(slack_prefill_age_max=1.0, max_tokens_per_iteration=10,
+                         prefill_chunk_tokens=10))
+    sched.set_clock(0.0)
+    sched.submit(Sequence("p0", seeded_prompt(30, 0), 2).with_deadlines(ttft_deadline=0.002))
+    sched.submit(Sequence("q", seeded_prompt(12, 3), 2).with_deadlines(ttft_deadline=1.0))
+    assert row_sizes(sched.plan_iteration()) == [("q", 10)]
+    sched.set_clock(1.0015)
+    sched.submit(Sequence("p1", seeded_prompt(12, 1), 2).with_deadlines(ttft_deadline=1.6))
+    sched.submit(Sequence("p2", seeded_prompt(20, 2), 2).with_deadlines(ttft_deadline=1.7))
+    plan = sched.plan_iteration()
+    assert row_sizes(plan) == [("p1", 10)]
+    sched.set_clock(1.0025)
+    assert row_sizes(sched.plan_iteration())[0] == ("p0", 10)
+
+
+def test_smiths_order_meets_every_deadline_with_the_least_total_time_to_first_token():
+    """The twin's placement (the core's is the same, test_slack.py) on 3 000 random sets of
+    up to 6 prompts whose nearest-first order meets every deadline: its order meets them all
+    too, and no order that does has a smaller sum of prefill end times (all orders tried).
+    Integer costs keep every sum exact."""
+    import itertools
+    import random
+
+    from skippy_scheduler.reference.planning import _smith_order
+
+    rng = random.Random(7)
+    checked = 0
+    while checked < 3000:
+        n = rng.randint(1, 6)
+        lengths = [rng.randint(1, 50) for _ in range(n)]
+        per_token, start = float(rng.randint(1, 20)), float(rng.randint(0, 100))
+        total = start + per_token * sum(lengths)
+        deadlines = [float(rng.randint(int(start), int(total * 1.5) + 1)) for _ in range(n)]
+        pending = [Sequence(f"s{i}", seeded_prompt(lengths[i], i), 2)
+                   .with_deadlines(ttft_deadline=deadlines[i] / 1e6) for i in range(n)]
+        edf = sorted(range(n), key=lambda i: (pending[i].ttft_deadline * 1e6, lengths[i]))
+
+        def ends(order):
+            t, out = start, []
+            for i in order:
+                t += per_token * lengths[i]
+                out.append(t)
+            return out
+
+        def meets(order):
+            return all(e <= pending[i].ttft_deadline * 1e6 for i, e in zip(order, ends(order)))
+
+        if not meets(edf):
+            continue
+        rank = _smith_order(pending, edf, ends(edf)[-1], per_token)
+        smith = sorted(range(n), key=lambda i: rank[i])
+        assert meets(smith), (lengths, deadlines, smith)
+        best = min(sum(ends(p)) for p in itertools.permutations(range(n)) if meets(p))
+        assert sum(ends(smith)) == best, (lengths, deadlines, smith)
+        checked += 1
