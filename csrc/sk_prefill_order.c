@@ -77,7 +77,8 @@ static void smith_order(sk_prefill_key *keys, const uint32_t *order, size_t n, d
             const sk_prefill_key *key = &keys[order[k]];
             if (key->cls != SK_PF_DEADLINE || key->rank != UINT32_MAX) continue;
             latest = k;
-            if (key->deadline_us >= end && (pick == SIZE_MAX || key->left >= keys[order[pick]].left))
+            if (key->deadline_us >= end &&
+                (pick == SIZE_MAX || key->left >= keys[order[pick]].left))
                 pick = k;
         }
         sk_prefill_key *last = &keys[order[pick != SIZE_MAX ? pick : latest]];
