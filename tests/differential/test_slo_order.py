@@ -116,9 +116,9 @@ def test_among_equal_deadlines_the_shortest_are_kept(impl):
     assert sched.metrics().slo_relegated == 1
 
 
-def test_a_relegated_sequence_is_served_once_overdue(impl):
-    """The starvation bound: p0 was relegated at 0; p1 and p2 (deadlines they meet) arrive at
-    1.5 s; with a 1 s age bound p0 is overdue by then and goes first."""
+def _relegated_p0(impl):
+    """p0 (30 tokens, deadline 2 ms) relegated at 0 behind q (12, deadline 1 s), a 1 s age
+    bound and a 10-token budget: the scheduler after that first plan."""
     sched = impl(_config(slack_prefill_age_max=1.0, max_tokens_per_iteration=10,
                          prefill_chunk_tokens=10))
     sched.set_clock(0.0)
@@ -126,10 +126,22 @@ def test_a_relegated_sequence_is_served_once_overdue(impl):
     sched.submit(Sequence("q", seeded_prompt(12, 3), 2).with_deadlines(ttft_deadline=1.0))
     assert row_sizes(sched.plan_iteration()) == [("q", 10)]
     assert sched.metrics().slo_relegated == 1
-    sched.set_clock(1.5)
+    return sched
+
+
+def _p1_p2_at(sched, now):
+    """p1 and p2 (deadlines 1.6 and 1.7 s, which they meet) arrive at `now`: the next plan's
+    rows."""
+    sched.set_clock(now)
     sched.submit(Sequence("p1", seeded_prompt(12, 1), 2).with_deadlines(ttft_deadline=1.6))
     sched.submit(Sequence("p2", seeded_prompt(20, 2), 2).with_deadlines(ttft_deadline=1.7))
-    assert row_sizes(sched.plan_iteration())[0] == ("p0", 10)
+    return row_sizes(sched.plan_iteration())
+
+
+def test_a_relegated_sequence_is_served_once_overdue(impl):
+    """The starvation bound: p0 was relegated at 0; p1 and p2 (deadlines they meet) arrive at
+    1.5 s; with a 1 s age bound p0 is overdue by then and goes first."""
+    assert _p1_p2_at(_relegated_p0(impl), 1.5)[0] == ("p0", 10)
 
 
 def test_overdue_prefill_counts_against_the_deadlines_behind_it(impl):
@@ -143,7 +155,6 @@ def test_overdue_prefill_counts_against_the_deadlines_behind_it(impl):
     sched.submit(Sequence("p1", seeded_prompt(12, 1), 2))
     assert row_sizes(sched.plan_iteration()) == [("p0", 30), ("p1", 10)]
     assert sched.metrics().slo_relegated == 1
-
 
 
 def test_a_deadline_still_ahead_keeps_its_order_past_the_age_bound(impl):
@@ -162,17 +173,8 @@ def test_a_missed_deadline_is_overdue_the_age_bound_after_it(impl):
     """p0 (deadline 2 ms, relegated at 0) becomes overdue 1 s after its deadline, not 1 s
     after its submit: at 1.0015 s it still goes behind p1 and p2 (deadlines they meet) and q
     (relegated, fewer tokens left), at 1.0025 s first."""
-    sched = impl(_config(slack_prefill_age_max=1.0, max_tokens_per_iteration=10,
-                         prefill_chunk_tokens=10))
-    sched.set_clock(0.0)
-    sched.submit(Sequence("p0", seeded_prompt(30, 0), 2).with_deadlines(ttft_deadline=0.002))
-    sched.submit(Sequence("q", seeded_prompt(12, 3), 2).with_deadlines(ttft_deadline=1.0))
-    assert row_sizes(sched.plan_iteration()) == [("q", 10)]
-    sched.set_clock(1.0015)
-    sched.submit(Sequence("p1", seeded_prompt(12, 1), 2).with_deadlines(ttft_deadline=1.6))
-    sched.submit(Sequence("p2", seeded_prompt(20, 2), 2).with_deadlines(ttft_deadline=1.7))
-    plan = sched.plan_iteration()
-    assert row_sizes(plan) == [("p1", 10)]
+    sched = _relegated_p0(impl)
+    assert _p1_p2_at(sched, 1.0015) == [("p1", 10)]
     sched.set_clock(1.0025)
     assert row_sizes(sched.plan_iteration())[0] == ("p0", 10)
 

@@ -24,7 +24,7 @@ from skippy_scheduler.serve.server import listen_socket  # noqa: E402
 
 sys.path.insert(0, "bench")
 from instant_host import InstantHost, build_server  # noqa: E402
-from http_wire import chunked_frames, sse_events  # noqa: E402
+from http_wire import chunked_frames, post_completion, sse_events  # noqa: E402
 
 
 def _small_buffers(base: type) -> type:
@@ -68,20 +68,8 @@ def test_a_stalled_reader_pauses_the_direct_lane_and_gets_every_event_in_order(m
         payload = json.dumps({"model": "instant", "prompt": "hi", "max_tokens": max_tokens,
                               "n": n, "stream": True,
                               "stream_options": {"include_usage": True}}).encode()
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as client:
-            client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
-            client.settimeout(60)
-            client.connect(("127.0.0.1", port))
-            client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
-                           b"application/json\r\nContent-Length: %d\r\nConnection: close\r\n"
-                           b"\r\n%b" % (len(payload), payload))
-            time.sleep(1.0)  # not reading: the server's writes back up and pause
-            data = b""
-            while True:
-                more = client.recv(4096)
-                if not more:
-                    break
-                data += more
+        # not reading for a second: the server's writes back up and pause
+        data = post_completion("127.0.0.1", port, payload, rcvbuf=2048, read_after_s=1.0)
     finally:
         http.should_exit = True
         thread.join(10)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import time
 from types import SimpleNamespace
 
 import h11
@@ -15,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from http_wire import choice_texts, chunked_frames, sse_events
+from http_wire import choice_texts, chunked_frames, post_completion, sse_events
 
 from skippy_scheduler import Scheduler, SchedulerConfig
 from skippy_scheduler.engine import CostModelHost, FinishEvent, Request, TokenEvent
@@ -219,18 +218,6 @@ def test_an_inbox_pump_that_takes_the_events_leaves_its_consumer_asleep():
         loop.close()
 
 
-def _read_all(url: str, request: bytes) -> bytes:
-    host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=60) as sock:
-        sock.sendall(request)
-        data = b""
-        while True:
-            more = sock.recv(65536)
-            if not more:
-                return data
-            data += more
-
-
 @pytest.mark.parametrize("version", ["1.1", "1.0"])
 def test_streamed_choices_written_straight_to_the_socket_are_the_answer(server, version):
     # Text-only choices: their tokens go out from the step's wake-up (the pump), the end
@@ -239,9 +226,8 @@ def test_streamed_choices_written_straight_to_the_socket_are_the_answer(server, 
             "temperature": 0, "ignore_eos": True}
     whole = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
     payload = json.dumps(dict(body, stream=True)).encode()
-    raw = _read_all(server.url, b"POST /v1/completions HTTP/%b\r\nHost: 127.0.0.1\r\n"
-                    b"Content-Type: application/json\r\nContent-Length: %d\r\n"
-                    b"Connection: close\r\n\r\n%b" % (version.encode(), len(payload), payload))
+    host, port = server.url.removeprefix("http://").split(":")
+    raw = post_completion(host, int(port), payload, version=version)
     head, rest = raw.split(b"\r\n\r\n", 1)
     assert head.startswith(b"HTTP/1.1 200")
     if version == "1.1":
@@ -264,20 +250,8 @@ def test_a_client_that_reads_slowly_gets_the_whole_stream_in_order(server):
     whole = httpx.post(server.url + "/v1/completions", json=body, timeout=120).json()
     payload = json.dumps(dict(body, stream=True)).encode()
     host, port = server.url.removeprefix("http://").split(":")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
-        sock.settimeout(120)
-        sock.connect((host, int(port)))
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
-                     b"application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%b"
-                     % (len(payload), payload))
-        time.sleep(1.5)  # the answer is being written meanwhile
-        data = b""
-        while True:
-            more = sock.recv(1024)
-            if not more:
-                break
-            data += more
+    # the answer is being written while the client waits
+    data = post_completion(host, int(port), payload, rcvbuf=2048, read_after_s=1.5, timeout=120)
     head, rest = data.split(b"\r\n\r\n", 1)
     events = sse_events(b"".join(chunked_frames(rest)))
     assert events[-1] == "[DONE]"

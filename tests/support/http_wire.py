@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+import socket
+import time
+from typing import Any, Optional
 
 
 def chunked_frames(body: bytes) -> list[bytes]:
@@ -33,3 +35,27 @@ def choice_texts(events: list[Any], n: int) -> list[str]:
         for choice in event["choices"]:
             texts[choice["index"]] += choice["text"]
     return texts
+
+
+def post_completion(host: str, port: int, payload: bytes, *, version: str = "1.1",
+                    rcvbuf: Optional[int] = None, read_after_s: float = 0.0,
+                    timeout: float = 60) -> bytes:
+    """POST `payload` to /v1/completions over a raw socket (`Connection: close`) and return
+    everything the server sent until it closed, head included. `rcvbuf` shrinks the client's
+    receive window and `read_after_s` waits before the first read: a late reader, whose
+    server's writes back up meanwhile."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        if rcvbuf is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        sock.settimeout(timeout)
+        sock.connect((host, port))
+        sock.sendall(b"POST /v1/completions HTTP/%b\r\nHost: 127.0.0.1\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%b"
+                     % (version.encode(), len(payload), payload))
+        time.sleep(read_after_s)
+        data = b""
+        while True:
+            more = sock.recv(65536)
+            if not more:
+                return data
+            data += more
