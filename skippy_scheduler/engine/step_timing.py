@@ -43,7 +43,11 @@ is then the host's own work around the decode (staging the batch, reading logits
 
 `step_log(path)` writes one JSON line per iteration (`LOG_FIELDS`) to a buffered file: the
 engine thread's cost is the formatting and a buffered write; the buffer goes to disk when it
-fills, when the engine next finds nothing to run, and on `close`.
+fills, when the engine next finds nothing to run, and on `close`. Beside the times, a line
+says what the step held (prefill tokens, decode rows, rows, the prefill tokens' positions
+summed) and, under the slack rule, `predicted_us`: what the scheduler's cost model, as it
+stood when the plan was made, predicted the step's execute would take (§2.13; null under the
+reference rule), so that a step that overran its prediction can be found and explained.
 """
 from __future__ import annotations
 
@@ -70,10 +74,10 @@ BUSY_WINDOW = 64
 #: The fields of a step log line.
 LOG_FIELDS = ("i", "end_ns", "wall_ns", "before_ns", "plan_ns", "execute_ns", "wait_ns",
               "events_ns", "complete_ns", "decode_ns", "prefill_tokens", "decode_rows", "rows",
-              "busy")
+              "prefill_positions", "predicted_us", "busy")
 
 # A record's slots (a list per plan in flight).
-_FLIGHT, _PLANNED, _PLAN, _DONE, _WAIT = range(5)
+_FLIGHT, _PLANNED, _PLAN, _DONE, _WAIT, _SHAPE = range(6)
 
 
 class StepTiming(BaseObserver):
@@ -115,6 +119,8 @@ class StepTiming(BaseObserver):
         # The host's running total of forward-pass time (DecodeTimingHost), when it has one.
         self._decode_total: Optional[Callable[[], int]] = None
         self._decode_seen = 0
+        # The slack rule's prediction of a step's execute in µs from its terms (attach).
+        self._predict: Optional[Callable[..., float]] = None
 
     # -- wiring -------------------------------------------------------------------------------
 
@@ -134,6 +140,9 @@ class StepTiming(BaseObserver):
             done()
 
         engine.before_step = before_step
+        if getattr(engine, "_slack_feed", None) is not None:
+            scheduler = engine.scheduler
+            self._predict = lambda *terms: float(scheduler.step_cost.predict_us(*terms))
         host = getattr(engine, "host", None)
         if isinstance(host, DecodeTimingHost):
             self._decode_total = lambda: host.decode_ns
@@ -201,8 +210,17 @@ class StepTiming(BaseObserver):
     def planned(self, flight: "_InFlight") -> None:
         now = self._clock()
         self._worked = True
-        # [flight, step start, plan ns, async done, async wait]
-        self._flights.append([flight, self._step_at, now - self._plan_from, 0, 0])
+        # [flight, step start, plan ns, async done, async wait, (positions, predicted µs)]
+        shape = None
+        if self._log is not None:  # read while the plan is live, with the model of its making
+            plan = flight.plan
+            decode = flight.decode
+            prefill_rows = len(plan) - decode
+            positions = plan.prefill_positions if prefill_rows else 0
+            predicted = None if self._predict is None else self._predict(
+                flight.token_count - decode, decode, prefill_rows, positions)
+            shape = (positions, predicted)
+        self._flights.append([flight, self._step_at, now - self._plan_from, 0, 0, shape])
 
     def executed(self, flight: "_InFlight", duration_us: float) -> None:
         self._sampled = self._executed = self._clock()
@@ -264,10 +282,12 @@ class StepTiming(BaseObserver):
         self._ring_at = at + 1 if at + 1 < self._window else 0
         self.iterations += 1
         if self._log is not None:
-            self._write(parts, flight, now)
+            self._write(parts, flight, now, rec[_SHAPE])
 
-    def _write(self, parts: tuple[int, ...], flight: Any, now: int) -> None:
+    def _write(self, parts: tuple[int, ...], flight: Any, now: int,
+               shape: Optional[tuple[int, Optional[float]]]) -> None:
         decode = flight.decode
+        positions, predicted = shape if shape is not None else (0, None)
         assert self._log is not None
         forward = "null"
         if self._decode_total is not None:
@@ -280,7 +300,10 @@ class StepTiming(BaseObserver):
             f'"wait_ns": {parts[4]}, "events_ns": {parts[5]}, "complete_ns": {parts[6]}, '
             f'"decode_ns": {forward}, '
             f'"prefill_tokens": {flight.token_count - decode}, "decode_rows": {decode}, '
-            f'"rows": {len(flight.plan)}, "busy": {self.busy_ratio():.4f}}}\n')
+            f'"rows": {len(flight.plan)}, '
+            f'"prefill_positions": {positions}, '
+            f'"predicted_us": {"null" if predicted is None else f"{predicted:.1f}"}, '
+            f'"busy": {self.busy_ratio():.4f}}}\n')
         self._log_dirty = True
 
     # -- summaries (any thread: plain reads) --------------------------------------------------
