@@ -135,8 +135,9 @@ def _add_slo_options(p: Any, d: Any) -> None:
     g.add_argument("--slo-shed", action="store_true", default=d.slo_shed,
                    help="answer 503 with Retry-After, before any work, to a request whose "
                         "first token the fitted cost model predicts past its TTFT budget "
-                        "(--slo-ttft-ms or its own skippy.ttft_ms; the slack rule only; "
-                        "default: off)")
+                        "(--slo-ttft-ms or its own skippy.ttft_ms) in the slack rule's "
+                        "prefill order, or that would push an admitted request past a "
+                        "deadline the order keeps (the slack rule only; default: off)")
 
 
 def _add_limit_options(p: Any, d: Any) -> None:

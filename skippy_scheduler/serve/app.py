@@ -322,15 +322,16 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         # first token (serve/slo.py).
         slo = ctx.slo
         gen.ttft_ms, gen.itl_ms = slo.budgets(gen.ttft_ms, gen.itl_ms)
-        own = sum(len(tokens) for tokens in prompts[::n])
-        slo.admit(own, gen.ttft_ms)
-        held = slo.hold(own)
+        own = [len(tokens) for tokens in prompts[::n]]
+        slo.admit(sum(own), gen.ttft_ms)
+        held = slo.hold(own, gen.ttft_ms)
         prefix = "cmpl" if gen.kind == "completion" else "chatcmpl"
         rid = f"{prefix}-{_request_id()}"
         try:
             subs = await _open_all(rid, gen, prompts, budgets, samplings)
         except BaseException:
-            slo.release(held)
+            for key in held:
+                slo.release(key)
             raise
         for tokens in prompts[::n]:  # each prompt once, as usage counts it
             ctx.metrics.prompt_tokens.inc(len(tokens))
@@ -338,9 +339,8 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         outs = [_Generation(ctx, sub, gen, len(tokens) if i % n == 0 else 0, index=i,
                             prompt=tokens, echo=texts[i // n] if texts else None)
                 for i, (sub, tokens) in enumerate(zip(subs, prompts))]
-        if held:
-            for out in outs[::n]:
-                out.held = len(out.prompt)
+        for out, key in zip(outs[::n], held):
+            out.held = key
         head = {"id": rid, "created": int(time.time()), "model": gen.model or ctx.model_name}
         if gen.return_token_ids and len(prompts) == 1:
             head["prompt_token_ids"] = list(prompts[0])

@@ -36,7 +36,8 @@ class Generation:
         self.error: Optional[str] = None
         self._last_us: Optional[float] = None
         # The SLO's inputs (serve/slo.py): TTFT and the largest gap so far, in µs; and the
-        # prompt tokens counted as waiting for prefill until the first token (0: none).
+        # key of its prompt's entry among those waiting for prefill until the first token
+        # (`Slo.hold`; 0: none).
         self._ttft_us: Optional[float] = None
         self._max_gap_us = 0.0
         self.held = 0
@@ -137,8 +138,8 @@ class Generation:
             self.release_hold()
 
     def release_hold(self) -> None:
-        """Its prompt tokens no longer count as waiting for prefill (at its first token, or
-        when the answer closes)."""
+        """Its prompt no longer counts as waiting for prefill (at its first token, or when the
+        answer closes)."""
         held, self.held = self.held, 0
         if held:
             self.ctx.slo.release(held)

@@ -425,7 +425,8 @@ class Server:
             strict_request_fields=s.strict_request_fields,
             slo=Slo(SloSettings(s.slo_ttft_ms, s.slo_itl_ms, s.slo_shed),
                     cost=_fitted_cost(self.scheduler, config.step_cost),
-                    batch_tokens=config.max_tokens_per_iteration))
+                    batch_tokens=config.max_tokens_per_iteration,
+                    age_max_ms=s.prefill_age_max_ms))
         if self.fitted is not None:
             from .metrics import DeviceMemory
 

@@ -9,18 +9,36 @@ deadline in the scheduler; the slack rule plans it to GAP_PLAN_SHARE (3/4) of it
 Without either flag a request carries only what it gives itself, as before.
 
 **Shedding** (`--slo-shed`, off by default). When a request that carries a TTFT budget
-arrives, the server predicts its first token from the step cost model the engine fitted
-(`scheduler.step_cost`) and the prefill work it can count:
+arrives, the server predicts, from the step cost model the engine fitted (`scheduler.step_cost`),
+whether the slack rule's prefill order (docs/behaviour.md §2.13 step 6) can give it its first
+token within its budget without making an admitted request miss one it would have met. The
+prefill work it counts is the prompts this server admitted that have not had their first token
+yet (each prompt whole, once per prompt whatever n), each with its deadline (its arrival plus
+its TTFT budget) or none. A run of w prompt tokens, from now, is predicted to take
 
-    tokens    = W + P     W: prompt tokens of the requests this server admitted that have not
-                             had their first token yet (each prompt once, whatever n)
-                          P: the request's own prompt tokens (each of its prompts once)
-    steps     = ceil(tokens / B)                  B: the step token budget (--batch-tokens)
-    predicted = tokens × per_prefill_token_us + steps × base_us
+    time(w) = w × per_prefill_token_us + ceil(w / B) × base_us      B: the step token budget
 
-and answers 503 with `Retry-After` (whole seconds, at least 1: the predicted excess) when
-`predicted` exceeds the budget, before anything reaches the engine. W counts prompts whole:
-what a prefix restore or a partly prefilled prompt saves is not subtracted, and the decode rows
+and the prediction follows the rule's classes:
+
+1. *ahead of it*: the admitted prompts without a TTFT budget (counted ahead although the rule
+   serves them after the deadlines: it may have admitted them long ago, past the age bound),
+   and those whose deadline is already out of reach and that turn overdue (their deadline plus
+   the age bound A, `--prefill-age-max-ms`) before the new request's deadline;
+2. *the deadlines the rule keeps*: Moore and Hodgson's rule over the admitted deadlines, in
+   deadline order after class 1, as the scheduler decides them (the longest so far gives way
+   when one would end past its deadline); the ones given up (relegated) go behind the new
+   request until they turn overdue;
+3. the new request is admitted when the kept deadlines and its own can all be met: in deadline
+   order (which meets a set of deadlines whenever any order does), each one's `time(w)`, w
+   summed from class 1 to it, ends within its deadline. Then the rule keeps them all (Moore and
+   Hodgson give up none of a set that can be met, and Smith's order among them meets every
+   one as predicted).
+
+Otherwise the server answers 503 with `Retry-After` (whole seconds, at least 1: the largest
+predicted lateness) before anything reaches the engine: either its own first token is
+predicted late, or it would push an admitted request past a deadline the rule was keeping. With
+A = 0 (the walk order) no deadline reorders anything, and every admitted prompt counts ahead.
+What a prefix restore or a partly prefilled prompt saves is not subtracted, and the decode rows
 that share the steps are not added. Until the engine has fitted its cost model (its first
 refit, after 8 timed steps) nothing is shed: the prior is a guess, not a measurement.
 
@@ -39,10 +57,13 @@ immutable object read whole.
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import math
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from ..slack import StepCost
 from .errors import RequestError
@@ -86,26 +107,43 @@ def check_budget(name: str, value: object) -> Optional[float]:
 
 @dataclass(frozen=True)
 class Prediction:
-    """What the shedding rule predicted for one arriving request."""
+    """What the shedding rule predicted for one arriving request (module docstring)."""
 
     tokens: int  # prefill tokens ahead of its first token, its own included
     steps: int
     ttft_ms: float  # the predicted time to its first token
     budget_ms: float
+    #: Admitted requests whose kept deadline it would push past (0: none).
+    displaced: int = 0
+    #: The largest predicted lateness, its own or an admitted request's, in ms (0: none).
+    late_ms: float = 0.0
+
+    @property
+    def met(self) -> bool:
+        """Whether it can be admitted: its first token and every kept deadline in time."""
+        return self.ttft_ms <= self.budget_ms and self.displaced == 0
 
     @property
     def retry_after_s(self) -> int:
-        """Whole seconds until the predicted excess has been worked off (at least 1)."""
-        return max(1, math.ceil((self.ttft_ms - self.budget_ms) / 1e3))
+        """Whole seconds until the predicted lateness has been worked off (at least 1)."""
+        late = max(self.late_ms, self.ttft_ms - self.budget_ms)
+        return max(1, math.ceil(late / 1e3))
 
 
 def slo_shed_error(p: Prediction) -> RequestError:
     """The 503 of a shed request (Retry-After: `p.retry_after_s`)."""
+    if p.ttft_ms > p.budget_ms:
+        why = (f"The server predicts this request's first token in {p.ttft_ms:.0f} ms "
+               f"({p.tokens} prompt tokens to prefill ahead of it, its own included), over its "
+               f"TTFT budget of {p.budget_ms:g} ms")
+    else:
+        why = (f"The server predicts this request's first token in {p.ttft_ms:.0f} ms, within "
+               f"its TTFT budget of {p.budget_ms:g} ms, but serving it would make "
+               f"{p.displaced} admitted request{'s' if p.displaced != 1 else ''} miss "
+               f"{'their' if p.displaced != 1 else 'its'} own")
     return RequestError(
-        f"The server predicts this request's first token in {p.ttft_ms:.0f} ms ({p.tokens} "
-        f"prompt tokens to prefill ahead of it, its own included), over its TTFT budget of "
-        f"{p.budget_ms:g} ms; it was not started. Retry later, or with a larger "
-        f"'skippy.ttft_ms'.", status=503, type="server_error", code="slo_unattainable",
+        f"{why}; it was not started. Retry later, or with a larger 'skippy.ttft_ms'.",
+        status=503, type="server_error", code="slo_unattainable",
         retry_after=p.retry_after_s)
 
 
@@ -113,17 +151,26 @@ class Slo:
     """The server's SLO, its shedding bookkeeping and its verdicts (event loop only).
 
     `cost()` is the fitted step cost model, or None while the engine has not fitted one (then
-    nothing is shed); a test may replace it. `waiting_prefill_tokens` is W above, kept by
-    `hold` (at admission) and `release` (at a first token, or when the request ends)."""
+    nothing is shed); a test may replace it. The prompts waiting for their first token are
+    kept by `hold` (at admission: one entry per prompt, with the request's deadline) and
+    `release` (at its first token, or when the request ends); `waiting_prefill_tokens` is their
+    sum. `age_max_ms` is the slack rule's age bound A, `clock` the event loop's ms clock."""
 
     def __init__(self, settings: SloSettings = SloSettings(),
                  cost: Callable[[], Optional[StepCost]] = lambda: None,
-                 batch_tokens: int = 512, metrics: "Optional[ServeMetrics]" = None) -> None:
+                 batch_tokens: int = 512, metrics: "Optional[ServeMetrics]" = None,
+                 age_max_ms: float = 2000.0,
+                 clock: Callable[[], float] = lambda: time.monotonic() * 1e3) -> None:
         self.settings = settings
         self.cost = cost
         self.batch_tokens = max(int(batch_tokens), 1)
         self.metrics = metrics
+        self.age_max_ms = float(age_max_ms)
+        self.clock = clock
         self.waiting_prefill_tokens = 0
+        # key -> (deadline on `clock` in ms, or None: no TTFT budget; prompt tokens)
+        self._held: dict[int, tuple[Optional[float], int]] = {}
+        self._keys = itertools.count(1)
 
     @property
     def shedding(self) -> bool:
@@ -139,36 +186,88 @@ class Slo:
     # -- shedding ---------------------------------------------------------------------------
 
     def predict(self, own_tokens: int, budget_ms: float) -> Optional[Prediction]:
-        """The prediction for a request of `own_tokens` prompt tokens (None: no fitted model)."""
+        """The prediction for a request of `own_tokens` prompt tokens arriving now with a TTFT
+        budget of `budget_ms` (None: no fitted model), as the module docstring lays out."""
         cost = self.cost()
         if cost is None:
             return None
-        tokens = self.waiting_prefill_tokens + own_tokens
-        steps = -(-tokens // self.batch_tokens)
-        us = tokens * cost.per_prefill_token_us + steps * cost.base_us
-        return Prediction(tokens=tokens, steps=steps, ttft_ms=us / 1e3, budget_ms=budget_ms)
+        per_token, base, batch = cost.per_prefill_token_us, cost.base_us, self.batch_tokens
+
+        def time_ms(tokens: int) -> float:
+            return (tokens * per_token + -(-tokens // batch) * base) / 1e3
+
+        now = self.clock()
+        deadline = now + budget_ms
+        ahead = 0  # class 1
+        timed: list[tuple[float, int]] = []
+        for d, w in self._held.values():
+            if d is None or self.age_max_ms <= 0:
+                ahead += w
+            else:
+                timed.append((d, w))
+        # Moore and Hodgson over the admitted deadlines: which the rule keeps (class 2).
+        timed.sort()
+        kept: list[tuple[int, float, int]] = []  # a max-heap on tokens: (-w, d, arrival)
+        relegated: list[tuple[float, int]] = []
+        total = ahead
+        for order, (d, w) in enumerate(timed):
+            total += w
+            heapq.heappush(kept, (-w, d, order))
+            if now + time_ms(total) > d:
+                neg, dd, _ = heapq.heappop(kept)
+                total += neg
+                relegated.append((dd, -neg))
+        for d, w in relegated:  # overdue before its deadline: ahead of it
+            if d + self.age_max_ms <= deadline:
+                ahead += w
+        # Its own deadline among the kept ones, in deadline order (ties: the admitted first).
+        schedule = sorted([(d, 0, -neg) for neg, d, _ in kept] + [(deadline, 1, own_tokens)])
+        cum, tokens, mine, displaced, late = ahead, own_tokens, 0.0, 0, 0.0
+        for d, is_new, w in schedule:
+            cum += w
+            end = now + time_ms(cum)
+            if is_new:
+                mine, tokens = end - now, cum
+            elif end > d:
+                displaced += 1
+                late = max(late, end - d)
+        return Prediction(tokens=tokens, steps=-(-tokens // batch), ttft_ms=mine,
+                          budget_ms=budget_ms, displaced=displaced,
+                          late_ms=max(late, mine - budget_ms, 0.0))
 
     def admit(self, own_tokens: int, ttft_ms: Optional[float]) -> None:
-        """Raise the 503 when shedding is on and the request's TTFT budget cannot be met;
-        nothing is changed either way (the caller holds its tokens once it is queued)."""
+        """Raise the 503 when shedding is on and the request's TTFT budget cannot be met, or
+        meeting it would make an admitted request miss its own; nothing is changed either way
+        (the caller holds its prompts once it is queued)."""
         if not self.settings.shed or ttft_ms is None:
             return
         p = self.predict(own_tokens, ttft_ms)
-        if p is not None and p.ttft_ms > p.budget_ms:
+        if p is not None and not p.met:
             if self.metrics is not None:
                 self.metrics.slo_shed.inc()
             raise slo_shed_error(p)
 
-    def hold(self, tokens: int) -> int:
-        """Count `tokens` as waiting for prefill; returns what to `release` later (0 when not
-        shedding: nothing is counted)."""
-        if not self.settings.shed or tokens <= 0:
-            return 0
-        self.waiting_prefill_tokens += tokens
-        return tokens
+    def hold(self, prompts: Sequence[int], ttft_ms: Optional[float]) -> list[int]:
+        """Count each prompt of `prompts` (their token counts) as waiting for prefill, with
+        the deadline `ttft_ms` from now (None: no budget); returns one key per prompt to
+        `release` later (none when not shedding: nothing is counted)."""
+        if not self.settings.shed:
+            return []
+        deadline = None if ttft_ms is None else self.clock() + ttft_ms
+        keys = []
+        for tokens in prompts:
+            key = next(self._keys)
+            self._held[key] = (deadline, max(int(tokens), 0))
+            self.waiting_prefill_tokens += max(int(tokens), 0)
+            keys.append(key)
+        return keys
 
-    def release(self, tokens: int) -> None:
-        self.waiting_prefill_tokens = max(self.waiting_prefill_tokens - tokens, 0)
+    def release(self, key: int) -> None:
+        """The prompt `key` (from `hold`) no longer waits for prefill; a key released already
+        is ignored."""
+        held = self._held.pop(key, None)
+        if held is not None:
+            self.waiting_prefill_tokens -= held[1]
 
     # -- verdicts ---------------------------------------------------------------------------
 

@@ -1,0 +1,129 @@
+"""The shedding rule follows the slack rule's prefill order (serve/slo.py): a request is shed
+only when its deadline and the admitted ones the rule keeps cannot all be met, in whatever order
+the prompts are prefilled; no server needed (10 ms a prompt token, no fixed cost)."""
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from skippy_scheduler.serve.errors import RequestError
+from skippy_scheduler.serve.slo import Slo, SloSettings
+from skippy_scheduler.slack import StepCost
+
+MS_PER_TOKEN = 10.0
+
+
+def _slo(age_max_ms: float = 2000.0, shed: bool = True) -> tuple[Slo, list[float]]:
+    now = [0.0]
+    slo = Slo(SloSettings(ttft_ms=1000.0, shed=shed),
+              cost=lambda: StepCost(base_us=0.0, per_prefill_token_us=MS_PER_TOKEN * 1e3),
+              batch_tokens=512, age_max_ms=age_max_ms, clock=lambda: now[0])
+    return slo, now
+
+
+def test_a_short_request_goes_ahead_of_long_ones_with_later_deadlines():
+    slo, _ = _slo()
+    slo.hold([200, 200], 5000.0)  # 2 s and 4 s of prefill, both within 5 s
+    p = slo.predict(20, 1000.0)  # placed first: 0.2 s; the two then end at 2.2 and 4.2 s
+    assert p is not None and p.met
+    assert (p.ttft_ms, p.tokens, p.displaced) == (200.0, 20, 0)
+    slo.admit(20, 1000.0)  # not shed
+    # Counted in arrival order, as the order before deadlines did, it would be 4.2 s late.
+    walk, _ = _slo(age_max_ms=0.0)
+    walk.hold([200, 200], 5000.0)
+    p = walk.predict(20, 1000.0)
+    assert p is not None and not p.met and p.ttft_ms == 4200.0
+    with pytest.raises(RequestError) as info:
+        walk.admit(20, 1000.0)
+    assert info.value.status == 503 and info.value.retry_after == 4
+    assert "4200 ms" in str(info.value) and "420 prompt tokens" in str(info.value)
+
+
+def test_a_request_that_would_make_an_admitted_one_miss_is_shed():
+    slo, now = _slo()
+    slo.hold([200], 2500.0)  # 2 s of prefill, within 2.5 s
+    p = slo.predict(100, 1500.0)  # its own in 1 s, but the admitted one would end at 3 s
+    assert p is not None and not p.met
+    assert (p.ttft_ms, p.displaced, p.late_ms, p.retry_after_s) == (1000.0, 1, 500.0, 1)
+    with pytest.raises(RequestError) as info:
+        slo.admit(100, 1500.0)
+    message = str(info.value)
+    assert "1000 ms, within its TTFT budget of 1500 ms" in message
+    assert "1 admitted request miss its own" in message
+    assert slo.waiting_prefill_tokens == 200  # nothing held for the shed one
+    now[0] = 1000.0  # later, 1 s of the admitted one's budget spent: 1.5 s left, 2 s of work
+    p = slo.predict(10, 500.0)  # the admitted one is past saving: it no longer counts
+    assert p is not None and p.met and p.ttft_ms == 100.0
+
+
+def test_requests_past_saving_count_ahead_once_they_turn_overdue():
+    slo, _ = _slo(age_max_ms=2000.0)
+    slo.hold([300], 1000.0)  # 3 s of work for a 1 s budget: relegated; overdue at 3 s
+    p = slo.predict(50, 1000.0)  # its deadline (1 s) comes before that: goes first
+    assert p is not None and p.met and p.ttft_ms == 500.0
+    p = slo.predict(50, 4000.0)  # by its deadline the relegated one is overdue, ahead of it
+    assert p is not None and p.met and p.ttft_ms == 3500.0 and p.tokens == 350
+
+
+def test_prompts_without_a_budget_count_ahead():
+    slo, _ = _slo()
+    slo.hold([100], None)
+    p = slo.predict(50, 1000.0)
+    assert p is not None and not p.met and p.ttft_ms == 1500.0
+
+
+def test_hold_and_release_keep_one_entry_per_prompt():
+    slo, _ = _slo()
+    keys = slo.hold([40, 60], 1000.0)
+    assert len(keys) == 2 and slo.waiting_prefill_tokens == 100
+    slo.release(keys[0])
+    slo.release(keys[0])  # released already: ignored
+    assert slo.waiting_prefill_tokens == 60
+    slo.release(keys[1])
+    assert slo.waiting_prefill_tokens == 0
+    off, _ = _slo(shed=False)
+    assert off.hold([40], 1000.0) == [] and off.waiting_prefill_tokens == 0
+    off.admit(10_000, 1.0)  # shedding off: never raises
+
+
+def _most_on_time(jobs: list[tuple[float, int]]) -> int:
+    """The most of `jobs` (deadline ms, tokens) any prefill order serves by their deadlines."""
+    best = 0
+    for r in range(len(jobs), 0, -1):
+        for subset in itertools.combinations(jobs, r):
+            # a set can be met in some order exactly when deadline order meets it
+            end, ok = 0.0, True
+            for d, w in sorted(subset):
+                end += w * MS_PER_TOKEN
+                ok = ok and end <= d
+            if ok:
+                return r
+    return best
+
+
+def test_admitting_never_costs_an_on_time_request_brute_force():
+    """On random sets: whenever the rule admits, the most requests any order can bring in
+    time, the new one included, is one more than without it (no admitted deadline the order
+    could meet is given up); and when every admitted deadline can be met, it admits exactly
+    when all of them and the new one can be."""
+    rng = random.Random(7)
+    admitted = checked = 0
+    for _ in range(1500):
+        slo, _ = _slo(age_max_ms=1e9)  # nothing turns overdue within these deadlines
+        held = [(float(rng.randrange(100, 3000)), rng.randrange(1, 120))
+                for _ in range(rng.randrange(0, 6))]
+        for d, w in held:
+            slo.hold([w], d)
+        new = (float(rng.randrange(100, 3000)), rng.randrange(1, 120))
+        p = slo.predict(new[1], new[0])
+        assert p is not None
+        before = _most_on_time(held)
+        if p.met:
+            admitted += 1
+            assert _most_on_time(held + [new]) == before + 1
+        if before == len(held):
+            checked += 1
+            assert p.met == (_most_on_time(held + [new]) == len(held) + 1)
+    assert admitted > 200 and checked > 200  # both sides of the rule were exercised
