@@ -220,15 +220,17 @@ class Slo:
         for d, w in relegated:  # overdue before its deadline: ahead of it
             if d + self.age_max_ms <= deadline:
                 ahead += w
-        # Its own deadline among the kept ones, in deadline order (ties: the admitted first).
+        # Its own deadline among the kept ones, in deadline order (ties: the admitted first);
+        # a kept one is displaced when it ends in time without the new request, late with it.
         schedule = sorted([(d, 0, -neg) for neg, d, _ in kept] + [(deadline, 1, own_tokens)])
         cum, tokens, mine, displaced, late = ahead, own_tokens, 0.0, 0, 0.0
+        placed = False
         for d, is_new, w in schedule:
             cum += w
             end = now + time_ms(cum)
             if is_new:
-                mine, tokens = end - now, cum
-            elif end > d:
+                mine, tokens, placed = end - now, cum, True
+            elif placed and end > d and now + time_ms(cum - own_tokens) <= d:
                 displaced += 1
                 late = max(late, end - d)
         return Prediction(tokens=tokens, steps=-(-tokens // batch), ttft_ms=mine,

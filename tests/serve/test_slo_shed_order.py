@@ -67,6 +67,17 @@ def test_requests_past_saving_count_ahead_once_they_turn_overdue():
     assert p is not None and p.met and p.ttft_ms == 3500.0 and p.tokens == 350
 
 
+def test_an_admitted_request_late_whatever_it_does_is_not_held_against_it():
+    slo, _ = _slo(age_max_ms=1000.0)
+    slo.hold([300], 1000.0)  # past saving: relegated, overdue at 2 s
+    slo.hold([100], 3500.0)  # kept (1 s of work), but ends at 4 s once the overdue one is ahead
+    p = slo.predict(10, 5000.0)  # after both: 4.1 s, within 5 s; the kept one's lateness is
+    assert p is not None and p.met  # the overdue one's doing, not this request's
+    assert (p.ttft_ms, p.displaced) == (4100.0, 0)
+    p = slo.predict(10, 3000.0)  # before the kept one now: pushes it from 4.0 to 4.1 s, late
+    assert p is not None and p.ttft_ms == 3100.0 and not p.met  # either way; itself late too
+
+
 def test_prompts_without_a_budget_count_ahead():
     slo, _ = _slo()
     slo.hold([100], None)
