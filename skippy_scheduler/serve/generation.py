@@ -135,14 +135,14 @@ class Generation:
         self._ttft_us = ttft
         self.ctx.metrics.observe_ttft(ttft / 1e6, self.request.priority)
         if self.held:
-            self.release_hold()
+            self.release_hold(first_token=True)
 
-    def release_hold(self) -> None:
+    def release_hold(self, first_token: bool = False) -> None:
         """Its prompt no longer counts as waiting for prefill (at its first token, or when the
-        answer closes)."""
+        answer closes before one)."""
         held, self.held = self.held, 0
         if held:
-            self.ctx.slo.release(held)
+            self.ctx.slo.release(held, first_token)
 
     def _report(self, detail: Any, kept: bool) -> None:
         if detail.prompt is not None and self.prompt_logprobs is None:

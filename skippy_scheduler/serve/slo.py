@@ -18,7 +18,15 @@ its TTFT budget) or none. A run of w prompt tokens, from now, is predicted to ta
 
     time(w) = w × per_prefill_token_us + ceil(w / B) × base_us      B: the step token budget
 
-and the prediction follows the rule's classes:
+where the per-token time is the larger of the cost model's (`per_prefill_token_us`) and the
+one this server has been achieving: the prompt tokens that reached their first token per
+millisecond during which prompts were waiting for one, over the last `RATE_WINDOW_MS` of such
+time (`Slo.drain_rate`; at least `RATE_MIN_TOKENS` tokens and `RATE_MIN_MS` of waiting
+measured, else the model alone). Under load a step's prefill shares it with the decode rows,
+the prompt's attention to its own context and whatever else the machine runs, which the
+model's per-token cost leaves out: on the bench model's trace replay the cost model's 0.5 ms a
+token against some 0.9 ms achieved in a burst, so that requests predicted within their
+budget still missed it by a second. The prediction follows the rule's classes:
 
 1. *ahead of it*: the admitted prompts without a TTFT budget (counted ahead although the rule
    serves them after the deadlines: it may have admitted them long ago, past the age bound),
@@ -38,9 +46,9 @@ Otherwise the server answers 503 with `Retry-After` (whole seconds, at least 1: 
 predicted lateness) before anything reaches the engine: either its own first token is
 predicted late, or it would push an admitted request past a deadline the rule was keeping. With
 A = 0 (the walk order) no deadline reorders anything, and every admitted prompt counts ahead.
-What a prefix restore or a partly prefilled prompt saves is not subtracted, and the decode rows
-that share the steps are not added. Until the engine has fitted its cost model (its first
-refit, after 8 timed steps) nothing is shed: the prior is a guess, not a measurement.
+What a prefix restore or a partly prefilled prompt saves is not subtracted. Until the engine
+has fitted its cost model (its first refit, after 8 timed steps) nothing is shed: the prior is
+a guess, not a measurement.
 
 **Verdicts.** Each request that carried a budget and ended with its answer complete (finish
 reason `length` or `stop`; an error or a client gone counts nowhere) is judged once per choice:
@@ -62,6 +70,7 @@ import itertools
 import logging
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
@@ -74,6 +83,11 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("skippy_scheduler.serve")
 
 PARTS = ("ttft", "itl", "both")
+#: The drain rate is measured over this much of the most recent time with prompts waiting.
+RATE_WINDOW_MS = 30_000.0
+#: ... and only read once it covers at least this many prompt tokens and this much time.
+RATE_MIN_TOKENS = 256
+RATE_MIN_MS = 200.0
 # The share of a request's gap budget the slack rule plans its steps to; the rest absorbs what
 # the fitted cost model gets wrong. On the trace replay (BENCHMARKS.md, "Goodput under a
 # declared SLO") the largest gap ran 1.32x the target at a 150 ms target and 1.2x-2x it when
@@ -171,6 +185,13 @@ class Slo:
         # key -> (deadline on `clock` in ms, or None: no TTFT budget; prompt tokens)
         self._held: dict[int, tuple[Optional[float], int]] = {}
         self._keys = itertools.count(1)
+        # The drain rate: the ms with prompts waiting (counted up to `_mark`) and the prompt
+        # tokens that got their first token, in all; and those two totals after each first
+        # token of the last RATE_WINDOW_MS of waiting time (the first: at or before its start).
+        self._waiting_ms = 0.0
+        self._drained = 0
+        self._mark = 0.0
+        self._samples: deque[tuple[float, int]] = deque([(0.0, 0)])
 
     @property
     def shedding(self) -> bool:
@@ -192,6 +213,9 @@ class Slo:
         if cost is None:
             return None
         per_token, base, batch = cost.per_prefill_token_us, cost.base_us, self.batch_tokens
+        rate = self.drain_rate()  # tokens a ms
+        if rate is not None:
+            per_token = max(per_token, 1e3 / rate)
 
         def time_ms(tokens: int) -> float:
             return (tokens * per_token + -(-tokens // batch) * base) / 1e3
@@ -255,7 +279,9 @@ class Slo:
         `release` later (none when not shedding: nothing is counted)."""
         if not self.settings.shed:
             return []
-        deadline = None if ttft_ms is None else self.clock() + ttft_ms
+        now = self.clock()
+        deadline = None if ttft_ms is None else now + ttft_ms
+        self._tick(now)
         keys = []
         for tokens in prompts:
             key = next(self._keys)
@@ -264,12 +290,38 @@ class Slo:
             keys.append(key)
         return keys
 
-    def release(self, key: int) -> None:
-        """The prompt `key` (from `hold`) no longer waits for prefill; a key released already
-        is ignored."""
-        held = self._held.pop(key, None)
-        if held is not None:
-            self.waiting_prefill_tokens -= held[1]
+    def release(self, key: int, first_token: bool = False) -> None:
+        """The prompt `key` (from `hold`) no longer waits for prefill: `first_token`, it got
+        its first token (its tokens count toward the drain rate), else it ended or failed
+        before one. A key released already is ignored."""
+        if key not in self._held:
+            return
+        self._tick(self.clock())  # (while it still counts as waiting)
+        held = self._held.pop(key)
+        self.waiting_prefill_tokens -= held[1]
+        if first_token:
+            self._drained += held[1]
+            samples = self._samples
+            samples.append((self._waiting_ms, self._drained))
+            while len(samples) > 1 and samples[1][0] <= self._waiting_ms - RATE_WINDOW_MS:
+                samples.popleft()
+
+    def _tick(self, now: float) -> None:
+        """Count the time since the last mark as waiting time when prompts were waiting."""
+        if self._held:
+            self._waiting_ms += max(now - self._mark, 0.0)
+        self._mark = now
+
+    def drain_rate(self) -> Optional[float]:
+        """Prompt tokens that got their first token per ms of waiting time, over the last
+        `RATE_WINDOW_MS` of it (None: too little measured yet)."""
+        self._tick(self.clock())
+        start_ms, start_tokens = self._samples[0]  # the last sample at the window's start
+        span = self._waiting_ms - start_ms
+        tokens = self._drained - start_tokens
+        if tokens < RATE_MIN_TOKENS or span < RATE_MIN_MS:
+            return None
+        return tokens / span
 
     # -- verdicts ---------------------------------------------------------------------------
 

@@ -138,3 +138,47 @@ def test_admitting_never_costs_an_on_time_request_brute_force():
             checked += 1
             assert p.met == (_most_on_time(held + [new]) == len(held) + 1)
     assert admitted > 200 and checked > 200  # both sides of the rule were exercised
+
+
+def test_the_prediction_takes_the_drain_rate_the_server_achieved_when_slower():
+    """Prompts that took 20 ms a token to reach their first token (not the model's 10) make
+    the prediction 20 ms a token; the rate counts only time with prompts waiting, only
+    prompts that got a first token, and only once enough was measured."""
+    slo, now = _slo()
+    assert slo.drain_rate() is None
+    keys = slo.hold([100, 100], 10_000.0)
+    now[0] = 2000.0
+    slo.release(keys[0], first_token=True)  # 100 tokens in 2 s: too few to read yet
+    assert slo.drain_rate() is None
+    now[0] = 4000.0
+    slo.release(keys[1], first_token=True)  # 200 tokens in 4 s, still under 256
+    assert slo.drain_rate() is None
+    now[0] = 100_000.0  # idle time (nothing waiting) does not count
+    (key,) = slo.hold([200], 10_000.0)
+    gone = slo.hold([1000], 10_000.0)  # ended before a first token: not drained
+    now[0] = 104_000.0
+    slo.release(gone[0])
+    slo.release(key, first_token=True)  # 400 tokens in 8 s of waiting: 0.05 a ms
+    assert slo.drain_rate() == pytest.approx(0.05)
+    p = slo.predict(10, 1000.0)
+    assert p is not None and p.ttft_ms == pytest.approx(200.0) and p.met  # 20 ms a token
+    # Faster than the model: the model's cost stays the floor.
+    fast, now2 = _slo()
+    k = fast.hold([1000], 10_000.0)
+    now2[0] = 1000.0
+    fast.release(k[0], first_token=True)  # 1 token a ms
+    assert fast.drain_rate() == pytest.approx(1.0)
+    p = fast.predict(10, 1000.0)
+    assert p is not None and p.ttft_ms == pytest.approx(100.0)
+
+
+def test_the_drain_rate_forgets_what_is_older_than_its_window():
+    slo, now = _slo()
+    (k,) = slo.hold([400], 100_000.0)
+    now[0] = 40_000.0
+    slo.release(k, first_token=True)  # 0.01 a ms, 40 s of waiting ago
+    for i in range(31):
+        (k,) = slo.hold([1000], 100_000.0)
+        now[0] += 1000.0
+        slo.release(k, first_token=True)  # then 1 token a ms for 31 s
+    assert slo.drain_rate() == pytest.approx(1.0)  # the last 30 s of waiting alone
