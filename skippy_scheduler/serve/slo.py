@@ -19,10 +19,11 @@ its TTFT budget) or none. A run of w prompt tokens, from now, is predicted to ta
     time(w) = w × per_prefill_token_us + ceil(w / B) × base_us      B: the step token budget
 
 where the per-token time is the larger of the cost model's (`per_prefill_token_us`) and the
-one this server has been achieving: the prompt tokens that reached their first token per
-millisecond during which prompts were waiting for one, over the last `RATE_WINDOW_MS` of such
-time (`Slo.drain_rate`; at least `RATE_MIN_TOKENS` tokens and `RATE_MIN_MS` of waiting
-measured, else the model alone). Under load a step's prefill shares it with the decode rows,
+one this server has been achieving with a backlog: the prompt tokens that reached their first
+token per millisecond during which at least B prompt tokens were waiting for one (a step's
+worth: the server was prefill-bound, not waiting for work or for a step boundary), over the
+last `RATE_WINDOW_MS` of such time (`Slo.drain_rate`; at least `RATE_MIN_TOKENS` tokens and
+`RATE_MIN_MS` of backlog measured, else the model alone). Under load a step's prefill shares it with the decode rows,
 the prompt's attention to its own context and whatever else the machine runs, which the
 model's per-token cost leaves out: on the bench model's trace replay the cost model's 0.5 ms a
 token against some 0.9 ms achieved in a burst, so that requests predicted within their
@@ -185,10 +186,11 @@ class Slo:
         # key -> (deadline on `clock` in ms, or None: no TTFT budget; prompt tokens)
         self._held: dict[int, tuple[Optional[float], int]] = {}
         self._keys = itertools.count(1)
-        # The drain rate: the ms with prompts waiting (counted up to `_mark`) and the prompt
-        # tokens that got their first token, in all; and those two totals after each first
-        # token of the last RATE_WINDOW_MS of waiting time (the first: at or before its start).
-        self._waiting_ms = 0.0
+        # The drain rate: the ms with a backlog (counted up to `_mark`) and the prompt tokens
+        # that got their first token out of one, in all; and those two totals after each such
+        # first token of the last RATE_WINDOW_MS of backlog time (the first: at or before its
+        # start).
+        self._backlog_ms = 0.0
         self._drained = 0
         self._mark = 0.0
         self._samples: deque[tuple[float, int]] = deque([(0.0, 0)])
@@ -298,26 +300,29 @@ class Slo:
             return
         self._tick(self.clock())  # (while it still counts as waiting)
         held = self._held.pop(key)
+        backlog = self.waiting_prefill_tokens >= self.batch_tokens
         self.waiting_prefill_tokens -= held[1]
-        if first_token:
+        if first_token and backlog:
             self._drained += held[1]
             samples = self._samples
-            samples.append((self._waiting_ms, self._drained))
-            while len(samples) > 1 and samples[1][0] <= self._waiting_ms - RATE_WINDOW_MS:
+            samples.append((self._backlog_ms, self._drained))
+            while len(samples) > 1 and samples[1][0] <= self._backlog_ms - RATE_WINDOW_MS:
                 samples.popleft()
 
     def _tick(self, now: float) -> None:
-        """Count the time since the last mark as waiting time when prompts were waiting."""
-        if self._held:
-            self._waiting_ms += max(now - self._mark, 0.0)
+        """Count the time since the last mark as backlog time when at least a step's worth
+        of prompt tokens was waiting."""
+        if self.waiting_prefill_tokens >= self.batch_tokens:
+            self._backlog_ms += max(now - self._mark, 0.0)
         self._mark = now
 
     def drain_rate(self) -> Optional[float]:
-        """Prompt tokens that got their first token per ms of waiting time, over the last
-        `RATE_WINDOW_MS` of it (None: too little measured yet)."""
+        """Prompt tokens that got their first token per ms of backlog time (at least a step's
+        token budget of prompts waiting), over the last `RATE_WINDOW_MS` of it (None: too
+        little measured yet)."""
         self._tick(self.clock())
         start_ms, start_tokens = self._samples[0]  # the last sample at the window's start
-        span = self._waiting_ms - start_ms
+        span = self._backlog_ms - start_ms
         tokens = self._drained - start_tokens
         if tokens < RATE_MIN_TOKENS or span < RATE_MIN_MS:
             return None

@@ -15,11 +15,12 @@ from skippy_scheduler.slack import StepCost
 MS_PER_TOKEN = 10.0
 
 
-def _slo(age_max_ms: float = 2000.0, shed: bool = True) -> tuple[Slo, list[float]]:
+def _slo(age_max_ms: float = 2000.0, shed: bool = True,
+         batch_tokens: int = 512) -> tuple[Slo, list[float]]:
     now = [0.0]
     slo = Slo(SloSettings(ttft_ms=1000.0, shed=shed),
               cost=lambda: StepCost(base_us=0.0, per_prefill_token_us=MS_PER_TOKEN * 1e3),
-              batch_tokens=512, age_max_ms=age_max_ms, clock=lambda: now[0])
+              batch_tokens=batch_tokens, age_max_ms=age_max_ms, clock=lambda: now[0])
     return slo, now
 
 
@@ -142,9 +143,10 @@ def test_admitting_never_costs_an_on_time_request_brute_force():
 
 def test_the_prediction_takes_the_drain_rate_the_server_achieved_when_slower():
     """Prompts that took 20 ms a token to reach their first token (not the model's 10) make
-    the prediction 20 ms a token; the rate counts only time with prompts waiting, only
-    prompts that got a first token, and only once enough was measured."""
-    slo, now = _slo()
+    the prediction 20 ms a token; the rate counts only time with a backlog (at least a step's
+    100 tokens waiting), only prompts that got a first token, and only once enough was
+    measured."""
+    slo, now = _slo(batch_tokens=100)
     assert slo.drain_rate() is None
     keys = slo.hold([100, 100], 10_000.0)
     now[0] = 2000.0
@@ -172,8 +174,22 @@ def test_the_prediction_takes_the_drain_rate_the_server_achieved_when_slower():
     assert p is not None and p.ttft_ms == pytest.approx(100.0)
 
 
+def test_the_drain_rate_counts_only_time_with_a_backlog():
+    slo, now = _slo(batch_tokens=512)
+    for _ in range(5):  # a lone 300-token prompt at a time, 10 s each: the server is not
+        (k,) = slo.hold([300], 100_000.0)  # prefill-bound, so its wait says nothing of its
+        now[0] += 10_000.0  # throughput
+        slo.release(k, first_token=True)
+    assert slo.drain_rate() is None
+    ks = slo.hold([300, 300], 100_000.0)  # 600 waiting: a backlog, drained at 0.1 a ms
+    now[0] += 3000.0
+    slo.release(ks[0], first_token=True)
+    slo.release(ks[1], first_token=True)  # (released from under the backlog: not counted)
+    assert slo.drain_rate() == pytest.approx(0.1)
+
+
 def test_the_drain_rate_forgets_what_is_older_than_its_window():
-    slo, now = _slo()
+    slo, now = _slo(batch_tokens=100)
     (k,) = slo.hold([400], 100_000.0)
     now[0] = 40_000.0
     slo.release(k, first_token=True)  # 0.01 a ms, 40 s of waiting ago
