@@ -189,7 +189,6 @@ class _EventStream(StreamingResponse):
         self._direct = direct
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         # The server's direct writer (connections.BodyWriter), when it has one: the chunks
         # then skip the send chain whenever it can write at once.
         writer = scope.get("extensions", {}).get(BODY_WRITER)
@@ -204,15 +203,18 @@ class _EventStream(StreamingResponse):
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-        producer = asyncio.ensure_future(produce())
-        watcher = asyncio.ensure_future(_wait_disconnect(receive))
-        try:
-            await asyncio.wait({producer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        tasks: list[asyncio.Future[None]] = []
+        try:  # (the head's send too: a client gone before it must still close the answer)
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": self.raw_headers})
+            tasks = [asyncio.ensure_future(produce()),
+                     asyncio.ensure_future(_wait_disconnect(receive))]
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (producer, watcher):
+            for task in tasks:
                 if not task.done():
                     task.cancel()
-            await asyncio.gather(producer, watcher, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self._chunks.aclose()  # type: ignore[attr-defined]
             self._on_close()
 

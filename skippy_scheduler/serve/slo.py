@@ -9,47 +9,47 @@ deadline in the scheduler; the slack rule plans it to GAP_PLAN_SHARE (3/4) of it
 Without either flag a request carries only what it gives itself, as before.
 
 **Shedding** (`--slo-shed`, off by default). When a request that carries a TTFT budget
-arrives, the server predicts, from the step cost model the engine fitted (`scheduler.step_cost`),
-whether the slack rule's prefill order (docs/behaviour.md §2.13 step 6) can give it its first
-token within its budget without making an admitted request miss one it would have met. The
-prefill work it counts is the prompts this server admitted that have not had their first token
-yet (each prompt whole, once per prompt whatever n), each with its deadline (its arrival plus
-its TTFT budget) or none. A run of w prompt tokens, from now, is predicted to take
+arrives, the server predicts whether the slack rule's prefill order (docs/behaviour.md §2.13
+step 6) can give it its first token within its budget without making an admitted request miss
+a deadline the rule keeps. The work it counts is the prompts this server admitted that have
+not had their first token yet (each prompt whole, once per prompt whatever n), each with its
+deadline (its arrival plus its TTFT budget) or none, and when it was admitted. With A the age
+bound (`--prefill-age-max-ms`) and p, b the per-token and fixed cost of the step cost model
+the engine fitted (`scheduler.step_cost`):
 
-    time(w) = w × per_prefill_token_us + ceil(w / B) × base_us      B: the step token budget
+1. *The deadlines the rule keeps*, decided as the scheduler decides them, with its terms:
+   Moore and Hodgson's rule over the admitted deadlines in deadline order, `end` starting at
+   now + b + p × the tokens of the prompts overdue now (no budget, admitted at least A ago),
+   `end` += p × each one's tokens, and when `end` passes a deadline the longest so far gives
+   way (the first of equals).
+2. *The timing*: a run of w prompt tokens from now takes
 
-where the per-token time is the larger of the cost model's (`per_prefill_token_us`) and the
-one this server has been achieving with a backlog: the prompt tokens that reached their first
-token per millisecond during which at least B prompt tokens were waiting for one (a step's
-worth: the server was prefill-bound, not waiting for work or for a step boundary), over the
-last `RATE_WINDOW_MS` of such time (`Slo.drain_rate`; at least `RATE_MIN_TOKENS` tokens and
-`RATE_MIN_MS` of backlog measured, else the model alone). Under load a step's prefill shares it with the decode rows,
-the prompt's attention to its own context and whatever else the machine runs, which the
-model's per-token cost leaves out: on the bench model's trace replay the cost model's 0.5 ms a
-token against some 0.9 ms achieved in a burst, so that requests predicted within their
-budget still missed it by a second. The prediction follows the rule's classes:
+       time(w) = w × t + ceil(w / B) × b          B: the step token budget
 
-1. *ahead of it*: the admitted prompts without a TTFT budget (counted ahead although the rule
-   serves them after the deadlines: it may have admitted them long ago, past the age bound),
-   and those whose deadline is already out of reach and that turn overdue (their deadline plus
-   the age bound A, `--prefill-age-max-ms`) before the new request's deadline;
-2. *the deadlines the rule keeps*: Moore and Hodgson's rule over the admitted deadlines, in
-   deadline order after class 1, as the scheduler decides them (the longest so far gives way
-   when one would end past its deadline); the ones given up (relegated) go behind the new
-   request until they turn overdue;
-3. the new request is admitted when the kept deadlines and its own can all be met: in deadline
-   order (which meets a set of deadlines whenever any order does), each one's `time(w)`, w
-   summed from class 1 to it, ends within its deadline. Then the rule keeps them all (Moore and
-   Hodgson give up none of a set that can be met, and Smith's order among them meets every
-   one as predicted).
+   where t is the larger of p and the time a token has been taking with a backlog: prompt
+   tokens that reached their first token per ms during which at least B prompt tokens were
+   waiting (a step's worth: the server was prefill-bound, not waiting for work or for a step
+   boundary), over the last `RATE_WINDOW_MS` of such time (`Slo.drain_rate`; read once it
+   covers `RATE_MIN_TOKENS` tokens and `RATE_MIN_MS`, else p). Under load a step's time also
+   goes to its decode rows, to the prompts' attention to their own context and to whatever
+   else the machine runs, which p does not count: on a trace replay of the bench model the
+   model said 0.5 ms a token while a burst took about 0.9 ms, and requests predicted within
+   their budget missed it by a second.
+3. *The order*: first the prompts that turn overdue before the new request's deadline (no
+   budget: admitted + A; a deadline given up: deadline + A), then the kept deadlines and the
+   new one in deadline order (ties: the admitted first), each ending at now + time(the tokens
+   up to and including it). The rule serves the ones without a budget, and the ones given up
+   until they turn overdue, after these.
 
-Otherwise the server answers 503 with `Retry-After` (whole seconds, at least 1: the largest
-predicted lateness) before anything reaches the engine: either its own first token is
-predicted late, or it would push an admitted request past a deadline the rule was keeping. With
-A = 0 (the walk order) no deadline reorders anything, and every admitted prompt counts ahead.
-What a prefix restore or a partly prefilled prompt saves is not subtracted. Until the engine
-has fitted its cost model (its first refit, after 8 timed steps) nothing is shed: the prior is
-a guess, not a measurement.
+The request is admitted when its own first token ends within its budget and no kept deadline
+after it, met without it, ends late with it (one late whatever it does is not held against
+it). Deadline order meets a set of deadlines whenever any order does, and of a set that can be
+met Moore and Hodgson give up none and Smith's order meets every one as predicted. Otherwise
+the server answers 503 with `Retry-After` (whole seconds, at least 1: the largest predicted
+lateness) before anything reaches the engine. With A = 0 (the walk order) no deadline reorders
+anything, and every admitted prompt counts ahead. What a prefix restore or a partly prefilled
+prompt saves is not subtracted. Until the engine has fitted its cost model (its first refit,
+after 8 timed steps) nothing is shed: the prior is a guess, not a measurement.
 
 **Verdicts.** Each request that carried a budget and ended with its answer complete (finish
 reason `length` or `stop`; an error or a client gone counts nowhere) is judged once per choice:
@@ -89,6 +89,9 @@ RATE_WINDOW_MS = 30_000.0
 #: ... and only read once it covers at least this many prompt tokens and this much time.
 RATE_MIN_TOKENS = 256
 RATE_MIN_MS = 200.0
+#: A first token this soon after a backlog ended still counts as drained out of it (the other
+#: prompts of the step that ended it).
+RELEASE_GRACE_MS = 5.0
 # The share of a request's gap budget the slack rule plans its steps to; the rest absorbs what
 # the fitted cost model gets wrong. On the trace replay (BENCHMARKS.md, "Goodput under a
 # declared SLO") the largest gap ran 1.32x the target at a 150 ms target and 1.2x-2x it when
@@ -183,14 +186,15 @@ class Slo:
         self.age_max_ms = float(age_max_ms)
         self.clock = clock
         self.waiting_prefill_tokens = 0
-        # key -> (deadline on `clock` in ms, or None: no TTFT budget; prompt tokens)
-        self._held: dict[int, tuple[Optional[float], int]] = {}
+        # key -> (deadline on `clock` in ms, or None: no TTFT budget; prompt tokens; admitted at)
+        self._held: dict[int, tuple[Optional[float], int, float]] = {}
         self._keys = itertools.count(1)
         # The drain rate: the ms with a backlog (counted up to `_mark`) and the prompt tokens
         # that got their first token out of one, in all; and those two totals after each such
         # first token of the last RATE_WINDOW_MS of backlog time (the first: at or before its
         # start).
         self._backlog_ms = 0.0
+        self._backlog_at = -math.inf  # the clock when a backlog last held
         self._drained = 0
         self._mark = 0.0
         self._samples: deque[tuple[float, int]] = deque([(0.0, 0)])
@@ -214,38 +218,46 @@ class Slo:
         cost = self.cost()
         if cost is None:
             return None
-        per_token, base, batch = cost.per_prefill_token_us, cost.base_us, self.batch_tokens
+        p, base, batch, age = (cost.per_prefill_token_us, cost.base_us, self.batch_tokens,
+                               self.age_max_ms)
         rate = self.drain_rate()  # tokens a ms
-        if rate is not None:
-            per_token = max(per_token, 1e3 / rate)
+        t = p if rate is None else max(p, 1e3 / rate)
 
         def time_ms(tokens: int) -> float:
-            return (tokens * per_token + -(-tokens // batch) * base) / 1e3
+            return (tokens * t + -(-tokens // batch) * base) / 1e3
 
         now = self.clock()
         deadline = now + budget_ms
-        ahead = 0  # class 1
+        if age <= 0:  # the walk order: everything admitted is ahead
+            tokens = self.waiting_prefill_tokens + own_tokens
+            mine = time_ms(tokens)
+            return Prediction(tokens=tokens, steps=-(-tokens // batch), ttft_ms=mine,
+                              budget_ms=budget_ms, late_ms=max(mine - budget_ms, 0.0))
+        ahead = 0  # turn overdue before its deadline (step 3)
+        overdue_now = 0  # the scheduler's starting point (step 1)
         timed: list[tuple[float, int]] = []
-        for d, w in self._held.values():
-            if d is None or self.age_max_ms <= 0:
-                ahead += w
-            else:
+        for d, w, at in self._held.values():
+            turns = at + age if d is None else d + age  # when it turns overdue
+            if turns <= now:
+                overdue_now += w
+            if turns <= deadline:
+                if d is None or turns <= now:
+                    ahead += w
+                    continue
+            if d is not None:
                 timed.append((d, w))
-        # Moore and Hodgson over the admitted deadlines: which the rule keeps (class 2).
+        # Moore and Hodgson over the admitted deadlines, with the scheduler's terms (step 1).
         timed.sort()
-        kept: list[tuple[int, float, int]] = []  # a max-heap on tokens: (-w, d, arrival)
-        relegated: list[tuple[float, int]] = []
-        total = ahead
+        kept: list[tuple[int, float, int]] = []  # a max-heap on tokens: (-w, d, order)
+        end_us = now * 1e3 + base + p * overdue_now
         for order, (d, w) in enumerate(timed):
-            total += w
+            end_us += p * w
             heapq.heappush(kept, (-w, d, order))
-            if now + time_ms(total) > d:
-                neg, dd, _ = heapq.heappop(kept)
-                total += neg
-                relegated.append((dd, -neg))
-        for d, w in relegated:  # overdue before its deadline: ahead of it
-            if d + self.age_max_ms <= deadline:
-                ahead += w
+            if end_us > d * 1e3:
+                neg, given_up, _ = heapq.heappop(kept)
+                end_us += p * neg
+                if given_up + age <= deadline:  # overdue before its deadline: ahead of it
+                    ahead -= neg
         # Its own deadline among the kept ones, in deadline order (ties: the admitted first);
         # a kept one is displaced when it ends in time without the new request, late with it.
         schedule = sorted([(d, 0, -neg) for neg, d, _ in kept] + [(deadline, 1, own_tokens)])
@@ -255,7 +267,7 @@ class Slo:
             cum += w
             end = now + time_ms(cum)
             if is_new:
-                mine, tokens, placed = end - now, cum, True
+                mine, tokens, placed = time_ms(cum), cum, True
             elif placed and end > d and now + time_ms(cum - own_tokens) <= d:
                 displaced += 1
                 late = max(late, end - d)
@@ -287,7 +299,7 @@ class Slo:
         keys = []
         for tokens in prompts:
             key = next(self._keys)
-            self._held[key] = (deadline, max(int(tokens), 0))
+            self._held[key] = (deadline, max(int(tokens), 0), now)
             self.waiting_prefill_tokens += max(int(tokens), 0)
             keys.append(key)
         return keys
@@ -300,27 +312,34 @@ class Slo:
             return
         self._tick(self.clock())  # (while it still counts as waiting)
         held = self._held.pop(key)
-        backlog = self.waiting_prefill_tokens >= self.batch_tokens
         self.waiting_prefill_tokens -= held[1]
-        if first_token and backlog:
+        # Out of a backlog: one that held until now, or until a moment ago (the other
+        # prompts whose first token came in the same step, released just before this one).
+        if first_token and self._mark - self._backlog_at <= RELEASE_GRACE_MS:
             self._drained += held[1]
-            samples = self._samples
-            samples.append((self._backlog_ms, self._drained))
-            while len(samples) > 1 and samples[1][0] <= self._backlog_ms - RATE_WINDOW_MS:
-                samples.popleft()
+            self._samples.append((self._backlog_ms, self._drained))
+            self._trim()
 
     def _tick(self, now: float) -> None:
         """Count the time since the last mark as backlog time when at least a step's worth
         of prompt tokens was waiting."""
         if self.waiting_prefill_tokens >= self.batch_tokens:
             self._backlog_ms += max(now - self._mark, 0.0)
+            self._backlog_at = now
         self._mark = now
+
+    def _trim(self) -> None:
+        """Keep one sample at or before the start of the last RATE_WINDOW_MS of backlog."""
+        samples = self._samples
+        while len(samples) > 1 and samples[1][0] <= self._backlog_ms - RATE_WINDOW_MS:
+            samples.popleft()
 
     def drain_rate(self) -> Optional[float]:
         """Prompt tokens that got their first token per ms of backlog time (at least a step's
         token budget of prompts waiting), over the last `RATE_WINDOW_MS` of it (None: too
         little measured yet)."""
         self._tick(self.clock())
+        self._trim()
         start_ms, start_tokens = self._samples[0]  # the last sample at the window's start
         span = self._backlog_ms - start_ms
         tokens = self._drained - start_tokens

@@ -77,13 +77,21 @@ def test_an_admitted_request_late_whatever_it_does_is_not_held_against_it():
     assert (p.ttft_ms, p.displaced) == (4100.0, 0)
     p = slo.predict(10, 3000.0)  # before the kept one now: pushes it from 4.0 to 4.1 s, late
     assert p is not None and p.ttft_ms == 3100.0 and not p.met  # either way; itself late too
+    assert p.displaced == 0
 
 
-def test_prompts_without_a_budget_count_ahead():
-    slo, _ = _slo()
-    slo.hold([100], None)
+def test_prompts_without_a_budget_count_ahead_once_they_turn_overdue():
+    """The rule serves a prompt without a budget after the deadlines, until it has waited the
+    age bound (2 s here): then it is overdue and goes first."""
+    slo, now = _slo()
+    slo.hold([250], None)
+    p = slo.predict(50, 1000.0)  # its deadline comes first: the other goes after it
+    assert p is not None and p.met and p.ttft_ms == 500.0
+    p = slo.predict(50, 2900.0)  # the other turns overdue at 2 s, before 2.9 s: ahead of it
+    assert p is not None and not p.met and p.ttft_ms == 3000.0
+    now[0] = 2000.0  # overdue now: ahead of any deadline
     p = slo.predict(50, 1000.0)
-    assert p is not None and not p.met and p.ttft_ms == 1500.0
+    assert p is not None and not p.met and p.ttft_ms == 3000.0
 
 
 def test_hold_and_release_keep_one_entry_per_prompt():
@@ -181,11 +189,16 @@ def test_the_drain_rate_counts_only_time_with_a_backlog():
         now[0] += 10_000.0  # throughput
         slo.release(k, first_token=True)
     assert slo.drain_rate() is None
-    ks = slo.hold([300, 300], 100_000.0)  # 600 waiting: a backlog, drained at 0.1 a ms
+    ks = slo.hold([300, 300], 100_000.0)  # 600 waiting: a backlog, drained at 0.2 a ms
     now[0] += 3000.0
     slo.release(ks[0], first_token=True)
-    slo.release(ks[1], first_token=True)  # (released from under the backlog: not counted)
-    assert slo.drain_rate() == pytest.approx(0.1)
+    now[0] += 1.0  # the same step's other first token: the backlog ended a moment ago
+    slo.release(ks[1], first_token=True)
+    assert slo.drain_rate() == pytest.approx(0.2)
+    (k,) = slo.hold([300], 100_000.0)  # a lone one again, long after the backlog
+    now[0] += 10_000.0
+    slo.release(k, first_token=True)
+    assert slo.drain_rate() == pytest.approx(0.2)
 
 
 def test_the_drain_rate_forgets_what_is_older_than_its_window():

@@ -53,7 +53,8 @@ def test_step_log_and_step_metrics(logged):
         # the llama host reports its time inside llama_decode: a part of its execute
         assert 0 < line["decode_ns"] <= line["execute_ns"]
         assert line["rows"] >= line["decode_rows"] + (line["prefill_tokens"] > 0)
-        # positions 0.. of a prompt's first chunk sum to at least the triangle below its count
+        # this test's prompts go one at a time, each from position 0 in one chunk: their
+        # positions sum to at least the triangle below the count
         n = line["prefill_tokens"]
         assert line["prefill_positions"] >= n * (n - 1) // 2 if n else \
             line["prefill_positions"] == 0
