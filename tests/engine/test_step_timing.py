@@ -27,16 +27,17 @@ class FakeClock:
 
 
 class Plan:
-    def __init__(self, rows: int) -> None:
+    def __init__(self, rows: int, prefill_positions: int = 0) -> None:
         self.rows = rows
+        self.prefill_positions = prefill_positions
 
     def __len__(self) -> int:
         return self.rows
 
 
 class Flight:
-    def __init__(self, prefill: int, decode: int, rows: int) -> None:
-        self.plan = Plan(rows)
+    def __init__(self, prefill: int, decode: int, rows: int, positions: int = 0) -> None:
+        self.plan = Plan(rows, positions)
         self.token_count = prefill + decode
         self.decode = decode
         self.t0 = 0
@@ -73,8 +74,8 @@ def part(timing: StepTiming, name: str) -> int:
 def test_parts_of_back_to_back_iterations_and_the_idle_gap():
     clock = FakeClock()
     timing = StepTiming(window=4, clock=clock, ends_step=False)
-    run_iteration(timing, clock, Flight(100, 3, 5), before=10, plan=200, execute=5_000,
-                  tokens=30, complete=400, handover=60)
+    run_iteration(timing, clock, Flight(100, 3, 5, positions=4_950), before=10, plan=200,
+                  execute=5_000, tokens=30, complete=400, handover=60)
     # The first iteration after idle: from its step's start.
     assert part(timing, "wall") == 10 + 200 + 5_000 + 30 + 400 + 60
     assert [part(timing, p) for p in PARTS[1:]] == [10, 200, 5_000, 0, 30 + 60, 400]
@@ -176,8 +177,8 @@ def test_step_log_lines(tmp_path):
     timing = StepTiming(clock=clock, ends_step=False)
     path = tmp_path / "steps.jsonl"
     timing.step_log(str(path))
-    run_iteration(timing, clock, Flight(100, 3, 5), before=10, plan=200, execute=5_000,
-                  tokens=30, complete=400, handover=60)
+    run_iteration(timing, clock, Flight(100, 3, 5, positions=4_950), before=10, plan=200,
+                  execute=5_000, tokens=30, complete=400, handover=60)
     timing.step_started()  # a step that found nothing to run: the log is flushed
     timing.before_done()
     timing.step_started()
@@ -185,7 +186,9 @@ def test_step_log_lines(tmp_path):
     assert tuple(line) == LOG_FIELDS
     assert line["wall_ns"] == 5_700 and line["execute_ns"] == 5_000
     assert (line["prefill_tokens"], line["decode_rows"], line["rows"]) == (100, 3, 5)
+    assert line["prefill_positions"] == 4_950  # read from the plan while it was live
     assert line["decode_ns"] is None  # not attached to a host that reports its forward pass
+    assert line["predicted_us"] is None  # nor to an engine planning by the slack rule
     timing.close()
 
 
