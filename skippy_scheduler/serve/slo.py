@@ -84,7 +84,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("skippy_scheduler.serve")
 
 PARTS = ("ttft", "itl", "both")
-#: The drain rate is measured over this much of the most recent time with prompts waiting.
+#: The drain rate is measured over this much of the most recent backlog time.
 RATE_WINDOW_MS = 30_000.0
 #: ... and only read once it covers at least this many prompt tokens and this much time.
 RATE_MIN_TOKENS = 256
@@ -240,11 +240,10 @@ class Slo:
             turns = at + age if d is None else d + age  # when it turns overdue
             if turns <= now:
                 overdue_now += w
-            if turns <= deadline:
-                if d is None or turns <= now:
+            if d is None or turns <= now:  # no deadline to order by (now <= its deadline)
+                if turns <= deadline:
                     ahead += w
-                    continue
-            if d is not None:
+            else:
                 timed.append((d, w))
         # Moore and Hodgson over the admitted deadlines, with the scheduler's terms (step 1).
         timed.sort()
@@ -299,8 +298,9 @@ class Slo:
         keys = []
         for tokens in prompts:
             key = next(self._keys)
-            self._held[key] = (deadline, max(int(tokens), 0), now)
-            self.waiting_prefill_tokens += max(int(tokens), 0)
+            w = max(int(tokens), 0)
+            self._held[key] = (deadline, w, now)
+            self.waiting_prefill_tokens += w
             keys.append(key)
         return keys
 
