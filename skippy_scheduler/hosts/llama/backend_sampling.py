@@ -26,6 +26,13 @@ host chain's tokens: the backend draws over the candidates in the order its filt
 over its own order in double precision; with temperature alone both walk the vocabulary in order
 and pick the same token unless the uniform falls within rounding of a boundary.
 
+Per-row calls. The device's token of every row is read, and the draws of a step's rows are
+reseeded, in one C loop each with the GIL released once (`_llama_calls`), not with ctypes calls
+per row: each ctypes call gives the GIL up and must win it back from the event loop, which is
+busy writing the last step's tokens just when the next step's are read. The per-row Python left
+runs only for the lanes that need it: a penalty window to extend, a stage the device could not
+run.
+
 Not on the device: choices of one prompt forked from one decode (forks.py) need each follower
 sampled from its leader's logits, so a sequence with a device chain never forks (it decodes its
 own prompt).
@@ -34,12 +41,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import ctypes
+
 import numpy as np
 
 import llama_cpp as _ll
 
+from ... import _llama_calls
+
 from ..kit import IntArray
-from ...sampling import SamplingParams, step_seed
+from ...sampling import SamplingParams
 
 MODES = ("on", "off", "auto")
 
@@ -168,14 +179,21 @@ class DeviceChain:
         self.history, self.fed = [], 0
         self.feed(np.asarray(kept, dtype=np.int32), 0)
 
-    def reseed(self, position: int) -> None:
-        """The draw for the token at `position` uses the host chain's seed for it."""
-        if self._dist is None:
-            return
+    @property
+    def draws(self) -> bool:
+        """Whether the chain ends in a seeded draw (reseeded before every decode)."""
+        return self._dist is not None
+
+    @property
+    def draw_address(self) -> int:
+        """The address of the chain's `dist` stage (0 without one)."""
+        return _address(self._dist) if self._dist is not None else 0
+
+    @property
+    def seed(self) -> int:
+        """The seed of the sequence's draws."""
         assert self.params is not None and self.params.seed is not None
-        fresh = _ll.llama_sampler_init_dist(step_seed(self.params.seed, position))
-        _ll.llama_sampler_copy(fresh, self._dist)
-        _ll.llama_sampler_free(fresh)
+        return self.params.seed
 
     def took(self, token: int, position: int, accepted: bool = False) -> None:
         """The device sampled `token` at `position`: the penalty window takes it (`accepted`:
@@ -199,6 +217,11 @@ class DeviceChains:
         self._eog = tuple(int(t) for t in eog_ids.tolist())
         self._attached: dict[int, DeviceChain] = {}  # lane -> chain attached to the context
         self._active: dict[int, DeviceChain] = {}    # lane -> chain of its running sequence
+        # Active lanes whose chain keeps a penalty window (fed each token) or draws (reseeded
+        # before each decode): the only lanes the per-row Python visits.
+        self._windowed: set[int] = set()
+        self._drawing: set[int] = set()
+        self._read_fn = _function_address(_ll.llama_get_sampled_token_ith)
         self.attaches = 0  # chains attached to the context so far (each costs a graph reserve)
         self.refused = False  # llama.cpp refused a chain (a tensor split): the host path only
 
@@ -228,15 +251,25 @@ class DeviceChains:
             self.attaches += 1
         chain.begin(params)
         self._active[lane] = chain
+        if chain.history is not None:
+            self._windowed.add(lane)
+        else:
+            self._windowed.discard(lane)
+        if chain.draws:
+            self._drawing.add(lane)
+        else:
+            self._drawing.discard(lane)
         return chain
 
     def stop(self, lane: int) -> None:
         """The lane's sequence is gone; its chain stays attached for the next one."""
         self._active.pop(lane, None)
+        self._windowed.discard(lane)
+        self._drawing.discard(lane)
 
     def detach(self, lane: int) -> None:
         """Take the lane's chain off the context (a host-sampled sequence takes the lane)."""
-        self._active.pop(lane, None)
+        self.stop(lane)
         chain = self._attached.pop(lane, None)
         if chain is not None:
             _ll.llama_set_sampler(self._ctx, lane, None)
@@ -250,10 +283,13 @@ class DeviceChains:
              positions: IntArray) -> None:
         """The rows' tokens into the penalty windows of the device lanes keeping one, before
         the decode that samples with them (the host chains take theirs after it)."""
+        windowed = self._windowed
+        if not windowed:
+            return
         active = self._active
         for r, lane in enumerate(row_lanes.tolist()):
-            chain = active.get(lane)
-            if chain is not None and chain.history is not None:
+            if lane in windowed:
+                chain = active[lane]
                 a, b = int(offsets[r]), int(offsets[r + 1])
                 chain.feed(tokens[a:b], int(positions[a]))
 
@@ -274,27 +310,72 @@ class DeviceChains:
                 out_rows: IntArray, positions: IntArray) -> None:
         """Before the decode: the draws of the device rows reseeded for the positions they
         sample (`positions[out_rows[j]] + 1`)."""
+        drawing = self._drawing
+        if not drawing:
+            return
         active = self._active
+        draws: list[int] = []
+        seeds: list[int] = []
+        at: list[int] = []
         for j in device_rows:
-            active[int(row_lanes[int(sample_rows[j])])].reseed(
-                int(positions[int(out_rows[j])]) + 1)
+            lane = int(row_lanes[int(sample_rows[j])])
+            if lane in drawing:
+                chain = active[lane]
+                draws.append(chain.draw_address)
+                seeds.append(chain.seed & _M64)
+                at.append(int(positions[int(out_rows[j])]) + 1)
+        if draws:
+            _llama_calls.reseed_draws(
+                _RESEED[0], _RESEED[1], _RESEED[2], np.array(draws, dtype=np.uint64),
+                np.array(seeds, dtype=np.uint64), np.array(at, dtype=np.int64))
 
     def read(self, tokens: IntArray, row_lanes: IntArray, sample_rows: IntArray,
              device_rows: list[int], out_rows: IntArray, positions: IntArray) -> None:
         """After the decode: the device's token for every device row (into `tokens[j]`),
         taken into its chain's penalty window."""
-        active = self._active
+        if not device_rows:
+            return
+        rows = np.ascontiguousarray(out_rows if len(device_rows) == len(sample_rows)
+                                    else out_rows[device_rows], dtype=np.int64)
+        got = np.empty(len(rows), dtype=np.int32)
         ctx = self._ctx
-        for j in device_rows:
-            batch_row = int(out_rows[j])
-            chain = active[int(row_lanes[int(sample_rows[j])])]
-            token = int(_ll.llama_get_sampled_token_ith(ctx, batch_row))
+        missing = _llama_calls.sampled_tokens(self._read_fn, _address(ctx), rows, got)
+        tokens[device_rows] = got
+        windowed = self._windowed
+        if not missing and not windowed:
+            return
+        active = self._active
+        for i, j in enumerate(device_rows):
+            token = int(got[i])
+            lane = int(row_lanes[int(sample_rows[j])])
+            if token >= 0 and lane not in windowed:
+                continue
+            batch_row = int(rows[i])
+            chain = active[lane]
             accepted = False
             if token < 0:
                 # A stage the device could not run (its ops missing there): llama.cpp ran the
                 # chain up to it and left the rest to the host, which finishes it here from
                 # what the device produced (and accepts the token into the whole chain).
                 token = int(_ll.llama_sampler_sample(chain.chain, ctx, batch_row))
+                tokens[j] = token
                 accepted = True
-            tokens[j] = token
             chain.took(token, int(positions[batch_row]) + 1, accepted)
+
+
+def _address(pointer: Any) -> int:
+    """A pointer llama.cpp handed back as an integer (ctypes gives an int or a c_void_p)."""
+    if isinstance(pointer, int):
+        return pointer
+    return ctypes.cast(pointer, ctypes.c_void_p).value or 0
+
+
+def _function_address(fn: Any) -> int:
+    return ctypes.cast(fn, ctypes.c_void_p).value or 0
+
+
+_M64 = (1 << 64) - 1
+# What a draw's reseed calls (DeviceChain.reseed's three calls, made in C for a step's rows).
+_RESEED = (_function_address(_ll.llama_sampler_init_dist),
+           _function_address(_ll.llama_sampler_copy),
+           _function_address(_ll.llama_sampler_free))

@@ -1,0 +1,9 @@
+# Types of the compiled per-row llama.cpp calls (_llama_calls.pyx).
+import numpy as np
+import numpy.typing as npt
+
+def sampled_tokens(fn: int, ctx: int, rows: npt.NDArray[np.int64],
+                   out: npt.NDArray[np.int32]) -> int: ...
+def step_seed(seed: int, position: int) -> int: ...
+def reseed_draws(init: int, copy: int, free: int, draws: npt.NDArray[np.uint64],
+                 seeds: npt.NDArray[np.uint64], positions: npt.NDArray[np.int64]) -> None: ...

@@ -1,0 +1,92 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Per-row llama.cpp calls made in one pass, without the GIL.
+
+A llama.cpp function called through ctypes releases the GIL before the call and takes it back
+after. When another thread runs Python meanwhile (the server's event loop, writing a step's
+tokens), taking it back waits until that thread lets go: at the next blocking call it makes, or
+after the interpreter's switch interval (5 ms by default). One such wait a step is the price of
+`llama_decode`; one per row (the device's sampled token of each row read through ctypes) puts
+that wait on the step's critical path once for every row. Here the loop over the rows runs in
+C: the GIL is released once for all of them and taken back once.
+
+The functions are llama-cpp-python's own bindings, called at their addresses (the library is
+the one those bindings loaded; nothing here links against it).
+"""
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
+
+ctypedef int32_t (*sampled_token_fn)(void *ctx, int32_t i) noexcept nogil
+
+
+def sampled_tokens(uintptr_t fn, uintptr_t ctx, const int64_t[::1] rows,
+                   int32_t[::1] out) -> int:
+    """`out[j] = fn(ctx, rows[j])` for every j (`fn`: the address of
+    `llama_get_sampled_token_ith`), with the GIL released once; returns how many are negative
+    (rows whose chain the device did not finish)."""
+    cdef Py_ssize_t n = rows.shape[0], j
+    cdef int missing = 0
+    cdef int32_t t
+    cdef sampled_token_fn call = <sampled_token_fn> fn
+    if out.shape[0] < n:
+        raise ValueError(f"out holds {out.shape[0]} tokens, {n} rows to read")
+    if fn == 0 or ctx == 0:
+        raise ValueError("a null function or context")
+    with nogil:
+        for j in range(n):
+            t = call(<void *> ctx, <int32_t> rows[j])
+            out[j] = t
+            if t < 0:
+                missing += 1
+    return missing
+
+
+ctypedef void *(*init_dist_fn)(uint32_t seed) noexcept nogil
+ctypedef void (*copy_fn)(void *src, void *dst) noexcept nogil
+ctypedef void (*free_fn)(void *smpl) noexcept nogil
+
+
+cdef inline uint32_t _step_seed(uint64_t seed, int64_t position) noexcept nogil:
+    # splitmix64 of the seed and the position, as sampling.step_seed computes it
+    cdef uint64_t x = seed + <uint64_t> (position + 1) * 0x9E3779B97F4A7C15ULL
+    cdef uint32_t s
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL
+    x ^= x >> 31
+    s = <uint32_t> (x >> 32)
+    return s if s != 0xFFFFFFFFU else 0xFFFFFFFEU
+
+
+def step_seed(uint64_t seed, int64_t position) -> int:
+    """`sampling.step_seed` computed here (the seed taken modulo 2**64)."""
+    return _step_seed(seed, position)
+
+
+def reseed_draws(uintptr_t init, uintptr_t copy, uintptr_t free,
+                 const uint64_t[::1] draws, const uint64_t[::1] seeds,
+                 const int64_t[::1] positions) -> None:
+    """For every i: the `dist` sampler at address `draws[i]` takes the state of a fresh one
+    seeded `step_seed(seeds[i], positions[i])` (`init`, `copy`, `free`: the addresses of
+    `llama_sampler_init_dist`, `llama_sampler_copy` and `llama_sampler_free`), with the GIL
+    released once."""
+    cdef Py_ssize_t n = draws.shape[0], i
+    cdef init_dist_fn make = <init_dist_fn> init
+    cdef copy_fn take = <copy_fn> copy
+    cdef free_fn drop = <free_fn> free
+    cdef void *fresh
+    cdef int failed = 0
+    if seeds.shape[0] != n or positions.shape[0] != n:
+        raise ValueError(f"{n} draws, {seeds.shape[0]} seeds, {positions.shape[0]} positions")
+    if init == 0 or copy == 0 or free == 0:
+        raise ValueError("a null function")
+    for i in range(n):
+        if draws[i] == 0:
+            raise ValueError(f"draw {i} is a null sampler")
+    with nogil:
+        for i in range(n):
+            fresh = make(_step_seed(seeds[i], positions[i]))
+            if fresh == NULL:
+                failed = 1
+                break
+            take(fresh, <void *> <uintptr_t> draws[i])
+            drop(fresh)
+    if failed:
+        raise MemoryError("llama.cpp could not make a dist sampler")

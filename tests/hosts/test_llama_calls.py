@@ -1,0 +1,99 @@
+"""The per-row llama.cpp calls made in C (`_llama_calls`): they call what they are given, row by
+row, in order, check their arguments before calling anything, and seed as `step_seed` does.
+The functions here are ctypes callbacks standing where llama.cpp's would be; the backend
+sampling tests run the same loops against llama.cpp itself."""
+from __future__ import annotations
+
+import ctypes
+import random
+
+import numpy as np
+import pytest
+
+from skippy_scheduler import _llama_calls
+from skippy_scheduler.sampling import step_seed
+
+_READ = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32)
+_INIT = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_uint32)
+_COPY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+_FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+def _address(fn: object) -> int:
+    return ctypes.cast(fn, ctypes.c_void_p).value or 0
+
+
+def test_sampled_tokens_reads_every_row_in_order_and_counts_the_missing():
+    calls: list[tuple[int, int]] = []
+
+    def read(ctx: int, i: int) -> int:
+        calls.append((ctx, i))
+        return -1 if i % 5 == 4 else 3 * i
+
+    fn = _READ(read)
+    rows = np.array([7, 0, 4, 9, 2, 14], dtype=np.int64)
+    out = np.full(8, 99, dtype=np.int32)
+    missing = _llama_calls.sampled_tokens(_address(fn), 0x1234, rows, out)
+    assert calls == [(0x1234, int(r)) for r in rows]
+    assert out.tolist() == [21, 0, -1, -1, 6, -1, 99, 99]
+    assert missing == 3
+
+
+def test_sampled_tokens_refuses_before_calling_anything():
+    calls: list[int] = []
+    fn = _READ(lambda ctx, i: calls.append(i) or 0)
+    rows = np.arange(4, dtype=np.int64)
+    with pytest.raises(ValueError, match="out holds 3 tokens, 4 rows"):
+        _llama_calls.sampled_tokens(_address(fn), 1, rows, np.zeros(3, dtype=np.int32))
+    with pytest.raises(ValueError, match="null"):
+        _llama_calls.sampled_tokens(_address(fn), 0, rows, np.zeros(4, dtype=np.int32))
+    with pytest.raises(ValueError, match="null"):
+        _llama_calls.sampled_tokens(0, 1, rows, np.zeros(4, dtype=np.int32))
+    assert calls == []
+
+
+def test_the_c_step_seed_is_the_python_one():
+    rng = random.Random(5)
+    cases = [(0, 0), (0, -1), ((1 << 64) - 1, 7), (123, 1 << 40)]
+    cases += [(rng.randrange(1 << 64), rng.randrange(-1, 1 << 31)) for _ in range(5000)]
+    for seed, position in cases:
+        assert _llama_calls.step_seed(seed, position) == step_seed(seed, position), \
+            (seed, position)
+
+
+def test_reseed_draws_copies_a_fresh_draw_into_each_sampler_and_frees_it():
+    made: list[int] = []
+    copied: list[tuple[int, int]] = []
+    freed: list[int] = []
+
+    def init(seed: int) -> int:
+        made.append(seed)
+        return 0x10000 + len(made)  # a distinct fake sampler each time
+
+    def copy(src: int, dst: int) -> None:
+        copied.append((src, dst))
+
+    fns = (_INIT(init), _COPY(copy), _FREE(freed.append))
+    draws = np.array([0xA0, 0xB0, 0xC0], dtype=np.uint64)
+    seeds = np.array([1, 2, (1 << 64) - 3], dtype=np.uint64)
+    positions = np.array([5, 0, 300], dtype=np.int64)
+    _llama_calls.reseed_draws(*map(_address, fns), draws, seeds, positions)
+    assert made == [step_seed(1, 5), step_seed(2, 0), step_seed((1 << 64) - 3, 300)]
+    assert copied == [(0x10001, 0xA0), (0x10002, 0xB0), (0x10003, 0xC0)]
+    assert freed == [0x10001, 0x10002, 0x10003]
+
+
+def test_reseed_draws_refuses_mismatched_or_null_arguments_before_calling_anything():
+    made: list[int] = []
+    fns = tuple(map(_address, (_INIT(lambda s: made.append(s) or 1), _COPY(lambda a, b: None),
+                               _FREE(lambda a: None))))
+    one = np.ones(1, dtype=np.uint64)
+    with pytest.raises(ValueError, match="2 draws, 1 seeds"):
+        _llama_calls.reseed_draws(*fns, np.ones(2, dtype=np.uint64), one,
+                                  np.zeros(1, dtype=np.int64))
+    with pytest.raises(ValueError, match="null sampler"):
+        _llama_calls.reseed_draws(*fns, np.array([1, 0], dtype=np.uint64),
+                                  np.ones(2, dtype=np.uint64), np.zeros(2, dtype=np.int64))
+    with pytest.raises(ValueError, match="null function"):
+        _llama_calls.reseed_draws(0, fns[1], fns[2], one, one, np.zeros(1, dtype=np.int64))
+    assert made == []
