@@ -144,6 +144,24 @@ def test_temperature_alone_draws_what_the_host_chain_draws(device, on_host):
             on_host.generate_alone(prompt, 16, params)
 
 
+def test_the_per_row_ctypes_path_samples_what_the_c_loops_sample(device):
+    """Where llama.cpp's function addresses cannot be found the device's tokens are read and
+    its draws reseeded one ctypes call a row: the same tokens as the C loops."""
+    chains = device._samplers.device
+    rng = random.Random(31)
+    requests = [Request(f"c{i}", p, 16, arrival_us=0.0,
+                        sampling=_seeded(rng, i) if i % 3 else None)
+                for i, p in enumerate(_prompts(310, 9))]
+    in_c, _ = _run(device, requests, seed=2, depth=2)
+    saved = chains._read_fn, chains._reseed_fns
+    try:
+        chains._read_fn, chains._reseed_fns = 0, (0, 0, 0)
+        per_row, _ = _run(device, requests, seed=2, depth=2)
+    finally:
+        chains._read_fn, chains._reseed_fns = saved
+    assert {k: r.tokens for k, r in per_row.items()} == {k: r.tokens for k, r in in_c.items()}
+
+
 def _host_only(rng: random.Random, i: int, prompt_length: int) -> SamplingParams:
     if i % 3 == 0:
         return SamplingParams(temperature=0.0, output=OutputOptions(

@@ -50,7 +50,7 @@ import llama_cpp as _ll
 from ... import _llama_calls
 
 from ..kit import IntArray
-from ...sampling import SamplingParams
+from ...sampling import SamplingParams, step_seed
 
 MODES = ("on", "off", "auto")
 
@@ -195,6 +195,15 @@ class DeviceChain:
         assert self.params is not None and self.params.seed is not None
         return self.params.seed
 
+    def reseed(self, position: int) -> None:
+        """The draw for the token at `position` uses the host chain's seed for it (one lane's
+        reseed through ctypes: `DeviceChains.prepare` makes a step's in C when it can)."""
+        if self._dist is None:
+            return
+        fresh = _ll.llama_sampler_init_dist(step_seed(self.seed, position))
+        _ll.llama_sampler_copy(fresh, self._dist)
+        _ll.llama_sampler_free(fresh)
+
     def took(self, token: int, position: int, accepted: bool = False) -> None:
         """The device sampled `token` at `position`: the penalty window takes it (`accepted`:
         the chain has taken it already)."""
@@ -221,7 +230,11 @@ class DeviceChains:
         # before each decode): the only lanes the per-row Python visits.
         self._windowed: set[int] = set()
         self._drawing: set[int] = set()
-        self._read_fn = _function_address(_ll.llama_get_sampled_token_ith)
+        # llama.cpp's functions that the C loops call (0 where one cannot be found: then the
+        # per-row ctypes calls instead, the same tokens).
+        self._read_fn = _function_address("llama_get_sampled_token_ith")
+        self._reseed_fns = tuple(_function_address(name) for name in (
+            "llama_sampler_init_dist", "llama_sampler_copy", "llama_sampler_free"))
         self.attaches = 0  # chains attached to the context so far (each costs a graph reserve)
         self.refused = False  # llama.cpp refused a chain (a tensor split): the host path only
 
@@ -317,17 +330,23 @@ class DeviceChains:
         draws: list[int] = []
         seeds: list[int] = []
         at: list[int] = []
+        fns = self._reseed_fns
+        in_c = all(fns)
         for j in device_rows:
             lane = int(row_lanes[int(sample_rows[j])])
             if lane in drawing:
                 chain = active[lane]
+                position = int(positions[int(out_rows[j])]) + 1
+                if not in_c:
+                    chain.reseed(position)
+                    continue
                 draws.append(chain.draw_address)
                 seeds.append(chain.seed & _M64)
-                at.append(int(positions[int(out_rows[j])]) + 1)
+                at.append(position)
         if draws:
-            _llama_calls.reseed_draws(
-                _RESEED[0], _RESEED[1], _RESEED[2], np.array(draws, dtype=np.uint64),
-                np.array(seeds, dtype=np.uint64), np.array(at, dtype=np.int64))
+            _llama_calls.reseed_draws(fns[0], fns[1], fns[2], np.array(draws, dtype=np.uint64),
+                                      np.array(seeds, dtype=np.uint64),
+                                      np.array(at, dtype=np.int64))
 
     def read(self, tokens: IntArray, row_lanes: IntArray, sample_rows: IntArray,
              device_rows: list[int], out_rows: IntArray, positions: IntArray) -> None:
@@ -339,7 +358,12 @@ class DeviceChains:
                                     else out_rows[device_rows], dtype=np.int64)
         got = np.empty(len(rows), dtype=np.int32)
         ctx = self._ctx
-        missing = _llama_calls.sampled_tokens(self._read_fn, _address(ctx), rows, got)
+        if self._read_fn:
+            missing = _llama_calls.sampled_tokens(self._read_fn, _address(ctx), rows, got)
+        else:
+            for i, batch_row in enumerate(rows.tolist()):
+                got[i] = _ll.llama_get_sampled_token_ith(ctx, batch_row)
+            missing = int((got < 0).sum())
         tokens[device_rows] = got
         windowed = self._windowed
         if not missing and not windowed:
@@ -370,12 +394,26 @@ def _address(pointer: Any) -> int:
     return ctypes.cast(pointer, ctypes.c_void_p).value or 0
 
 
-def _function_address(fn: Any) -> int:
-    return ctypes.cast(fn, ctypes.c_void_p).value or 0
+def _function_address(name: str) -> int:
+    """The address of llama.cpp's function `name` in the library llama-cpp-python loaded, or of
+    its binding; 0 when neither gives one."""
+    lib = getattr(getattr(_ll, "llama_cpp", None), "_lib", None)
+    candidates: list[Any] = []
+    try:
+        candidates.append(lib[name] if lib is not None else None)
+    except (AttributeError, KeyError, TypeError):
+        pass
+    candidates.append(getattr(_ll, name, None))
+    for fn in candidates:
+        if fn is None:
+            continue
+        try:
+            address = ctypes.cast(fn, ctypes.c_void_p).value
+        except (ctypes.ArgumentError, TypeError):
+            continue
+        if address:
+            return int(address)
+    return 0
 
 
 _M64 = (1 << 64) - 1
-# What a draw's reseed calls (DeviceChain.reseed's three calls, made in C for a step's rows).
-_RESEED = (_function_address(_ll.llama_sampler_init_dist),
-           _function_address(_ll.llama_sampler_copy),
-           _function_address(_ll.llama_sampler_free))
