@@ -341,8 +341,9 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         outs = [_Generation(ctx, sub, gen, len(tokens) if i % n == 0 else 0, index=i,
                             prompt=tokens, echo=texts[i // n] if texts else None)
                 for i, (sub, tokens) in enumerate(zip(subs, prompts))]
-        for out, key in zip(outs[::n], held):
+        for out, key, sub in zip(outs[::n], held, subs[::n]):
             out.held = key
+            slo.track(key, sub.request_id)
         head = {"id": rid, "created": int(time.time()), "model": gen.model or ctx.model_name}
         if gen.return_token_ids and len(prompts) == 1:
             head["prompt_token_ids"] = list(prompts[0])

@@ -36,7 +36,7 @@ from ..engine import (AcceptEvent, Engine, FinishEvent, Host, HostState, Request
 from ..engine.contract import HostOutOfMemory
 from ..engine.observers import BaseObserver
 from ..engine.step_timing import StepTiming
-from ..types import REJECTED, FinishReason
+from ..types import REJECTED, FinishReason, IterationPhase
 
 log = logging.getLogger("skippy_scheduler.serve")
 
@@ -188,6 +188,7 @@ class EngineRunner:
         self._running = False
         self._stopping = False
         self.stats = EngineStats()
+        self.prefill_progress: Optional[PrefillProgress] = None
         self.crashes = 0
         self.last_crash: Optional[str] = None
 
@@ -325,6 +326,8 @@ class EngineRunner:
         rid = event.request_id
         sub = self._subs.get(rid)
         if sub is None:
+            if self.prefill_progress is not None and isinstance(event, FinishEvent):
+                self.prefill_progress.done.pop(rid, None)  # (its client closed it first)
             return
         if type(event) is TokenEvent:
             pass
@@ -336,6 +339,9 @@ class EngineRunner:
             return
         if isinstance(event, FinishEvent):
             sub.finished = True
+            progress = self.prefill_progress
+            if progress is not None:
+                progress.done.pop(rid, None)
             with self._lock:
                 undecided = self._undecided.pop(rid, None) is not None
                 self._subs.pop(rid, None)
@@ -410,6 +416,14 @@ class EngineRunner:
             kv_copies=h.kv_copies, slo_relegated=getattr(m, "slo_relegated", 0),
             published_s=time.monotonic(), steps=self.step_timing)
 
+    def track_prefill(self) -> "PrefillProgress":
+        """From now on, keep how far each prompt waiting for its first token has been
+        prefilled (`PrefillProgress`; before the runner starts)."""
+        if self.prefill_progress is None:
+            self.prefill_progress = PrefillProgress()
+            self.engine.observers.insert(0, self.prefill_progress)
+        return self.prefill_progress
+
     def host_state(self, detail: bool = False) -> HostState:
         """The host's figures (engine thread only); zeros for a host that reports none."""
         report = self.engine.hooks.host_state
@@ -443,6 +457,37 @@ class EngineRunner:
 def _fire_all(items: list[Any]) -> None:
     for item in items:
         item._fire()
+
+
+class PrefillProgress(BaseObserver):
+    """How far each prompt still waiting for its first token has been prefilled: `done` maps
+    its sequence id to the prompt positions its KV covers after the last completed plan that
+    prefilled it (a restored prefix included), from its first chunk until the chunk that
+    samples its first token (or its end). The engine thread writes it once per executed plan
+    that carries prompt rows, before the plan's tokens go out; the event loop reads it (`Slo`, for shedding). A prompt preempted
+    mid-prefill keeps its count until its recompute passes it."""
+
+    def __init__(self) -> None:
+        self.done: dict[str, int] = {}
+
+    def executed(self, flight: Any, duration_us: float) -> None:
+        plan = flight.plan  # (live until its completion, which comes next)
+        phases = plan.phases
+        if len(phases) == 0 or not (phases != _DECODE).any():
+            return
+        ids = plan.sequence_ids
+        ends = plan.row_offsets[1:]
+        positions = plan.positions
+        sampled = set(plan.sample_rows.tolist())
+        done = self.done
+        for r in (phases != _DECODE).nonzero()[0].tolist():
+            if r in sampled:
+                done.pop(ids[r], None)  # its first token: no longer waiting
+            else:
+                done[ids[r]] = int(positions[int(ends[r]) - 1]) + 1
+
+
+_DECODE = IterationPhase.DECODE.value
 
 
 class _StepEnd(BaseObserver):

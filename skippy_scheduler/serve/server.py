@@ -426,7 +426,8 @@ class Server:
             slo=Slo(SloSettings(s.slo_ttft_ms, s.slo_itl_ms, s.slo_shed),
                     cost=_fitted_cost(self.scheduler, config.step_cost),
                     batch_tokens=config.max_tokens_per_iteration,
-                    age_max_ms=s.prefill_age_max_ms))
+                    age_max_ms=s.prefill_age_max_ms,
+                    prefilled=self.runner.track_prefill().done if s.slo_shed else None))
         if self.fitted is not None:
             from .metrics import DeviceMemory
 

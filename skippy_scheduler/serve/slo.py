@@ -12,8 +12,11 @@ Without either flag a request carries only what it gives itself, as before.
 arrives, the server predicts whether the slack rule's prefill order (docs/behaviour.md §2.13
 step 6) can give it its first token within its budget without making an admitted request miss
 a deadline the rule keeps. The work it counts is the prompts this server admitted that have
-not had their first token yet (each prompt whole, once per prompt whatever n), each with its
-deadline (its arrival plus its TTFT budget) or none, and when it was admitted. With A the age
+not had their first token yet (once per prompt whatever n), each with its deadline (its arrival
+plus its TTFT budget) or none, when it was admitted, and its tokens not yet prefilled: the
+engine reports after every completed step how far each prompt it prefilled has got
+(`runner.PrefillProgress`; a restored prefix counts as done from the prompt's first chunk), and
+a prompt counts whole until its first chunk has run. With A the age
 bound (`--prefill-age-max-ms`) and p, b the per-token and fixed cost of the step cost model
 the engine fitted (`scheduler.step_cost`):
 
@@ -47,8 +50,7 @@ it). Deadline order meets a set of deadlines whenever any order does, and of a s
 met Moore and Hodgson give up none and Smith's order meets every one as predicted. Otherwise
 the server answers 503 with `Retry-After` (whole seconds, at least 1: the largest predicted
 lateness) before anything reaches the engine. With A = 0 (the walk order) no deadline reorders
-anything, and every admitted prompt counts ahead. What a prefix restore or a partly prefilled
-prompt saves is not subtracted. Until the engine has fitted its cost model (its first refit,
+anything, and every admitted prompt counts ahead. Until the engine has fitted its cost model (its first refit,
 after 8 timed steps) nothing is shed: the prior is a guess, not a measurement.
 
 **Verdicts.** Each request that carried a budget and ended with its answer complete (finish
@@ -73,7 +75,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
 
 from ..slack import StepCost
 from .errors import RequestError
@@ -172,13 +174,16 @@ class Slo:
     nothing is shed); a test may replace it. The prompts waiting for their first token are
     kept by `hold` (at admission: one entry per prompt, with the request's deadline) and
     `release` (at its first token, or when the request ends); `waiting_prefill_tokens` is their
-    sum. `age_max_ms` is the slack rule's age bound A, `clock` the event loop's ms clock."""
+    sum, whole (what decides whether a backlog holds). `track` ties a held prompt to its engine
+    sequence; `prefilled` (sequence id -> prompt positions done, written by the engine thread)
+    says how much of it is done. `age_max_ms` is the slack rule's age bound A, `clock` the event loop's ms clock."""
 
     def __init__(self, settings: SloSettings = SloSettings(),
                  cost: Callable[[], Optional[StepCost]] = lambda: None,
                  batch_tokens: int = 512, metrics: "Optional[ServeMetrics]" = None,
                  age_max_ms: float = 2000.0,
-                 clock: Callable[[], float] = lambda: time.monotonic() * 1e3) -> None:
+                 clock: Callable[[], float] = lambda: time.monotonic() * 1e3,
+                 prefilled: Optional[Mapping[str, int]] = None) -> None:
         self.settings = settings
         self.cost = cost
         self.batch_tokens = max(int(batch_tokens), 1)
@@ -189,6 +194,9 @@ class Slo:
         # key -> (deadline on `clock` in ms, or None: no TTFT budget; prompt tokens; admitted at)
         self._held: dict[int, tuple[Optional[float], int, float]] = {}
         self._keys = itertools.count(1)
+        # key -> the engine sequence id whose prefill `prefilled` reports (`track`)
+        self._ids: dict[int, str] = {}
+        self.prefilled: Mapping[str, int] = prefilled if prefilled is not None else {}
         # The drain rate: the ms with a backlog (counted up to `_mark`) and the prompt tokens
         # that got their first token out of one, in all; and those two totals after each such
         # first token of the last RATE_WINDOW_MS of backlog time (the first: at or before its
@@ -228,15 +236,17 @@ class Slo:
 
         now = self.clock()
         deadline = now + budget_ms
+        left = self._left
         if age <= 0:  # the walk order: everything admitted is ahead
-            tokens = self.waiting_prefill_tokens + own_tokens
+            tokens = sum(left(key, w) for key, (_, w, _) in self._held.items()) + own_tokens
             mine = time_ms(tokens)
             return Prediction(tokens=tokens, steps=-(-tokens // batch), ttft_ms=mine,
                               budget_ms=budget_ms, late_ms=max(mine - budget_ms, 0.0))
         ahead = 0  # turn overdue before its deadline (step 3)
         overdue_now = 0  # the scheduler's starting point (step 1)
         timed: list[tuple[float, int]] = []
-        for d, w, at in self._held.values():
+        for key, (d, w, at) in self._held.items():
+            w = left(key, w)
             turns = at + age if d is None else d + age  # when it turns overdue
             if turns <= now:
                 overdue_now += w
@@ -304,6 +314,19 @@ class Slo:
             keys.append(key)
         return keys
 
+    def track(self, key: int, sequence_id: str) -> None:
+        """The prompt `key` (from `hold`) is prefilled as the engine sequence `sequence_id`:
+        from now on it counts only the tokens `prefilled` does not yet report as done."""
+        if key in self._held:
+            self._ids[key] = sequence_id
+
+    def _left(self, key: int, tokens: int) -> int:
+        """What of a held prompt of `tokens` tokens is still to be prefilled."""
+        sid = self._ids.get(key)
+        if sid is None:
+            return tokens
+        return max(tokens - self.prefilled.get(sid, 0), 0)
+
     def release(self, key: int, first_token: bool = False) -> None:
         """The prompt `key` (from `hold`) no longer waits for prefill: `first_token`, it got
         its first token (its tokens count toward the drain rate), else it ended or failed
@@ -312,6 +335,7 @@ class Slo:
             return
         self._tick(self.clock())  # (while it still counts as waiting)
         held = self._held.pop(key)
+        self._ids.pop(key, None)
         self.waiting_prefill_tokens -= held[1]
         # Out of a backlog: one that held until now, or until a moment ago (the other
         # prompts whose first token came in the same step, released just before this one).

@@ -284,3 +284,82 @@ def test_shedding_reads_a_request_s_own_budget_and_only_a_fitted_model(model_pat
         assert is_idle(wait_idle(server), server.host.n_seq_max)
     finally:
         server.shutdown()
+
+
+def test_shedding_counts_only_what_is_left_of_a_prompt_being_prefilled(model_path):
+    """A 90-token prompt prefilled 32 tokens a step: once its first chunk has run, the engine
+    reports it and a new request's prediction counts the 58 tokens left, not 90; at its first
+    token and at its end nothing is left of it in the report."""
+    server = _shed_server(model_path, prefill_chunk=32, batch_size=32)
+    slo = server.context.slo
+    slo.cost = lambda: StepCost(base_us=0.0, per_prefill_token_us=10_000.0)
+    progress = server.runner.prefill_progress
+    assert progress is not None and slo.prefilled is progress.done
+    gate, held = threading.Event(), threading.Event()
+    prompt = [1] + [7 + i for i in range(89)]
+    seen: list[str] = []
+
+    def on_plan(plan, *_times) -> None:
+        starts = [int(plan.positions[int(plan.row_offsets[r])]) for r in range(len(plan))]
+        if not held.is_set() and any(s > 0 for s in starts):  # its second chunk: hold
+            seen.extend(plan.sequence_ids)
+            held.set()
+            gate.wait(60)
+
+    answer: dict[str, object] = {}
+
+    def ask() -> None:
+        with _client(server) as c:  # 900 ms of prefill at 10 ms a token: within 1 s
+            answer["a"] = _ask(c, {"skippy": {"ttft_ms": 1000.0}}, prompt=prompt)
+
+    try:
+        server.runner.call(lambda: setattr(server.runner.engine, "on_plan", on_plan))
+        thread = threading.Thread(target=ask)
+        thread.start()
+        assert held.wait(30), "the prompt's second chunk was not planned"
+        rid = seen[0]
+        done = progress.done.get(rid)  # its first chunk (the hook runs before the report)
+        assert done == 32, progress.done
+        p = slo.predict(40, 1000.0)  # behind it: what is left of it, then its own 40
+        assert p is not None and p.tokens == 40 + 90 - done
+        assert p.met  # 980 ms; counted whole (1 300 ms) it would have been shed
+        gate.set()
+        thread.join(60)
+        assert answer["a"].choices[0].finish_reason == "length"  # type: ignore[attr-defined]
+        assert progress.done == {} and slo.waiting_prefill_tokens == 0
+        assert is_idle(wait_idle(server), server.host.n_seq_max)
+    finally:
+        gate.set()
+        server.shutdown()
+
+
+def test_a_prompt_that_ends_before_its_first_token_leaves_no_progress_behind(model_path):
+    """A request cancelled mid-prefill (its client gone): its entry in the engine's report goes
+    with it."""
+    server = _shed_server(model_path, prefill_chunk=16, batch_size=16)
+    progress = server.runner.prefill_progress
+    assert progress is not None
+    gate, held = threading.Event(), threading.Event()
+
+    def on_plan(plan, *_times) -> None:
+        starts = [int(plan.positions[int(plan.row_offsets[r])]) for r in range(len(plan))]
+        if not held.is_set() and any(s > 0 for s in starts):
+            held.set()
+            gate.wait(60)
+
+    try:
+        server.runner.call(lambda: setattr(server.runner.engine, "on_plan", on_plan))
+        with httpx.Client(timeout=30) as c:
+            with c.stream("POST", server.url + "/v1/completions",
+                          json={"prompt": [1] + list(range(10, 90)), "max_tokens": 8,
+                                "stream": True}) as r:
+                assert r.status_code == 200
+                assert held.wait(30)
+                assert len(progress.done) == 1 and list(progress.done.values()) == [16]
+        # the client left mid-prefill; the engine runs on and ends the request
+        gate.set()
+        assert is_idle(wait_idle(server), server.host.n_seq_max)
+        assert progress.done == {}
+    finally:
+        gate.set()
+        server.shutdown()

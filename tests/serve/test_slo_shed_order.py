@@ -123,6 +123,38 @@ def _most_on_time(jobs: list[tuple[float, int]]) -> int:
     return best
 
 
+def test_only_what_is_left_of_a_tracked_prompt_counts():
+    """The engine's report of how far each prompt got (`prefilled`) is subtracted from the
+    prompts tied to its sequences (`track`); untracked ones count whole, and a released key's
+    tie goes with it."""
+    done: dict[str, int] = {}
+    slo, _ = _slo()
+    slo.prefilled = done
+    a, b = slo.hold([200, 200], 5000.0)
+    slo.track(a, "seq-a")
+    walk, _ = _slo(age_max_ms=0.0)
+    walk.prefilled = done
+    (w,) = walk.hold([300], 5000.0)
+    walk.track(w, "seq-w")
+    p = slo.predict(20, 6000.0)  # behind both: 400 + 20 tokens
+    assert p is not None and (p.tokens, p.ttft_ms) == (420, 4200.0)
+    done["seq-a"] = 150  # 50 of a left
+    done["seq-b"] = 150  # b was never tracked as seq-b: it counts whole
+    p = slo.predict(20, 6000.0)
+    assert p is not None and (p.tokens, p.ttft_ms) == (270, 2700.0)
+    done["seq-w"] = 280
+    p = walk.predict(20, 1000.0)  # the walk order: everything ahead, what is left of it
+    assert p is not None and p.tokens == 40
+    done["seq-a"] = 500  # more than it holds (a restore counted in): nothing left, not less
+    p = slo.predict(20, 6000.0)
+    assert p is not None and p.tokens == 220
+    slo.release(a, first_token=True)
+    slo.track(a, "seq-a")  # released: tying it again does nothing
+    assert slo._ids == {} and slo.waiting_prefill_tokens == 200
+    slo.release(b)
+    assert slo.waiting_prefill_tokens == 0
+
+
 def test_admitting_never_costs_an_on_time_request_brute_force():
     """On random sets: whenever the rule admits, the most requests any order can bring in
     time, the new one included, is one more than without it (no admitted deadline the order
