@@ -24,7 +24,6 @@ installed one is imported) to compare them.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import socket

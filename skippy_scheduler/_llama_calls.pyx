@@ -56,7 +56,8 @@ cdef inline uint32_t _step_seed(uint64_t seed, int64_t position) noexcept nogil:
 
 
 def step_seed(uint64_t seed, int64_t position) -> int:
-    """`sampling.step_seed` computed here (the seed taken modulo 2**64)."""
+    """`sampling.step_seed` computed here, for a seed in [0, 2**64) (mask a larger or negative
+    one with `& (2**64 - 1)` first: `step_seed` takes it modulo 2**64)."""
     return _step_seed(seed, position)
 
 

@@ -492,6 +492,12 @@ class Engine(_Steps):
     def _release_victims(self, victims: Iterable[str]) -> None:
         rec = self.recorder
         live = self._live
+        if self._observers:
+            victims = list(victims)
+            for o in self._observers:
+                told = getattr(o, "preempted", None)  # optional (observers.py)
+                if told is not None and victims:
+                    told(victims)
         for rid in victims:
             self._release(rid, ReleaseReason.PREEMPTED)
             live[rid].voids += 1

@@ -5,7 +5,10 @@ is made (`planned`), after it ran (`executed`, the plan still live), and once it
 known (`sampled`, rows whose request ended or was preempted meanwhile already left out) and it
 is completed (`completed`). An engine with an empty list does plan + execute + complete and
 nothing else: the lean path is the same code with nothing to call. `BaseObserver` does nothing at
-every point: an observer subclasses it and overrides the points it uses.
+every point: an observer subclasses it and overrides the points it uses. One more point is
+optional (the engine calls it where an observer has it, as `BaseObserver` does):
+`preempted(ids)`, when requests lose their KV to a preemption (at a plan's admission, under
+memory pressure, or by `Engine.preempt`), before anything else happens to them.
 """
 from __future__ import annotations
 
@@ -49,6 +52,9 @@ class BaseObserver:
 
     def completed(self, flight: _InFlight, duration_us: float,
                   telemetry: IterationTelemetry) -> None:
+        return None
+
+    def preempted(self, ids: list[str]) -> None:
         return None
 
 

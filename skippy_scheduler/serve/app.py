@@ -130,6 +130,12 @@ class _RequestIds:
 
 _request_id = _RequestIds()
 
+
+def _engine_id(rid: str, i: int, count: int) -> str:
+    """The engine request id of the i-th of a request's `count` engine requests (one per
+    choice of each prompt)."""
+    return rid if count == 1 else f"{rid}-{i}"
+
 # Work this small is done on the event loop: a worker thread's round trip costs more than it
 # (docs/measuring.md, "The server's own cost"); anything larger goes to a worker thread.
 INLINE_BODY_BYTES = 8 << 10  # a request body decoded and parsed at once
@@ -329,6 +335,8 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         held = slo.hold(own, gen.ttft_ms)
         prefix = "cmpl" if gen.kind == "completion" else "chatcmpl"
         rid = f"{prefix}-{_request_id()}"
+        for key, i in zip(held, range(0, len(prompts), n)):  # each prompt's first choice
+            slo.track(key, _engine_id(rid, i, len(prompts)))
         try:
             subs = await _open_all(rid, gen, prompts, budgets, samplings)
         except BaseException:
@@ -341,9 +349,8 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         outs = [_Generation(ctx, sub, gen, len(tokens) if i % n == 0 else 0, index=i,
                             prompt=tokens, echo=texts[i // n] if texts else None)
                 for i, (sub, tokens) in enumerate(zip(subs, prompts))]
-        for out, key, sub in zip(outs[::n], held, subs[::n]):
+        for out, key in zip(outs[::n], held):
             out.held = key
-            slo.track(key, sub.request_id)
         head = {"id": rid, "created": int(time.time()), "model": gen.model or ctx.model_name}
         if gen.return_token_ids and len(prompts) == 1:
             head["prompt_token_ids"] = list(prompts[0])
@@ -389,8 +396,8 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         try:
             for i, (tokens, max_tokens, sampling) in enumerate(zip(prompts, budgets,
                                                                    samplings)):
-                name = rid if len(prompts) == 1 else f"{rid}-{i}"
-                subs.append(runner.open(EngineRequest(name, tokens, max_tokens,
+                subs.append(runner.open(EngineRequest(_engine_id(rid, i, len(prompts)),
+                                                      tokens, max_tokens,
                                                       sampling=sampling,
                                                       priority=gen.priority,
                                                       ttft_ms=gen.ttft_ms,

@@ -35,6 +35,7 @@ from ..engine import (AcceptEvent, Engine, FinishEvent, Host, HostState, Request
                       SchedulerLike, TokenEvent)
 from ..engine.contract import HostOutOfMemory
 from ..engine.observers import BaseObserver
+from ..engine.requests import _SUBMITTED
 from ..engine.step_timing import StepTiming
 from ..types import REJECTED, FinishReason, IterationPhase
 
@@ -460,12 +461,13 @@ def _fire_all(items: list[Any]) -> None:
 
 
 class PrefillProgress(BaseObserver):
-    """How far each prompt still waiting for its first token has been prefilled: `done` maps
-    its sequence id to the prompt positions its KV covers after the last completed plan that
-    prefilled it (a restored prefix included), from its first chunk until the chunk that
-    samples its first token (or its end). The engine thread writes it once per executed plan
-    that carries prompt rows, before the plan's tokens go out; the event loop reads it (`Slo`, for shedding). A prompt preempted
-    mid-prefill keeps its count until its recompute passes it."""
+    """How far each request's prompt has been prefilled: `done` maps its sequence id to the
+    prompt positions its KV covers (a restored prefix included) after the last executed plan
+    that prefilled it, from its first chunk; at its first token, the whole prompt. The engine
+    thread writes it once per executed plan that carries prompt rows (before the plan's tokens
+    go out), drops a request's entry when it is preempted (its KV is gone) and when it ends;
+    the event loop only reads single entries (`Slo`, for shedding). Rows of a plan made before
+    their request ended or was preempted are left out, as the engine leaves out their samples."""
 
     def __init__(self) -> None:
         self.done: dict[str, int] = {}
@@ -478,13 +480,18 @@ class PrefillProgress(BaseObserver):
         ids = plan.sequence_ids
         ends = plan.row_offsets[1:]
         positions = plan.positions
-        sampled = set(plan.sample_rows.tolist())
+        entries = flight.entries  # (with plans in flight: what each row's request is now)
+        voids = flight.voids
         done = self.done
         for r in (phases != _DECODE).nonzero()[0].tolist():
-            if r in sampled:
-                done.pop(ids[r], None)  # its first token: no longer waiting
-            else:
-                done[ids[r]] = int(positions[int(ends[r]) - 1]) + 1
+            if entries is not None and (entries[r].state != _SUBMITTED
+                                        or entries[r].voids != voids[r]):
+                continue  # ended or preempted since the plan was made
+            done[ids[r]] = int(positions[int(ends[r]) - 1]) + 1
+
+    def preempted(self, ids: list[str]) -> None:
+        for sid in ids:
+            self.done.pop(sid, None)
 
 
 _DECODE = IterationPhase.DECODE.value

@@ -14,10 +14,11 @@ step 6) can give it its first token within its budget without making an admitted
 a deadline the rule keeps. The work it counts is the prompts this server admitted that have
 not had their first token yet (once per prompt whatever n), each with its deadline (its arrival
 plus its TTFT budget) or none, when it was admitted, and its tokens not yet prefilled: the
-engine reports after every completed step how far each prompt it prefilled has got
+engine reports after every step it executes how far each prompt it prefilled has got
 (`runner.PrefillProgress`; a restored prefix counts as done from the prompt's first chunk), and
-a prompt counts whole until its first chunk has run. With A the age
-bound (`--prefill-age-max-ms`) and p, b the per-token and fixed cost of the step cost model
+a prompt counts whole until its first chunk has run or after a preemption took its KV. With A
+the age bound (`--prefill-age-max-ms`) and p, b the per-token and fixed cost of the step cost
+model
 the engine fitted (`scheduler.step_cost`):
 
 1. *The deadlines the rule keeps*, decided as the scheduler decides them, with its terms:
@@ -50,8 +51,8 @@ it). Deadline order meets a set of deadlines whenever any order does, and of a s
 met Moore and Hodgson give up none and Smith's order meets every one as predicted. Otherwise
 the server answers 503 with `Retry-After` (whole seconds, at least 1: the largest predicted
 lateness) before anything reaches the engine. With A = 0 (the walk order) no deadline reorders
-anything, and every admitted prompt counts ahead. Until the engine has fitted its cost model (its first refit,
-after 8 timed steps) nothing is shed: the prior is a guess, not a measurement.
+anything, and every admitted prompt counts ahead. Until the engine has fitted its cost model
+(its first refit, after 8 timed steps) nothing is shed: the prior is a guess, not a measurement.
 
 **Verdicts.** Each request that carried a budget and ended with its answer complete (finish
 reason `length` or `stop`; an error or a client gone counts nowhere) is judged once per choice:
@@ -64,7 +65,8 @@ requests judged on it. `skippy:slo_shed_total` counts the requests shed. Each ve
 logged at debug level on the `skippy_scheduler.serve` logger.
 
 Everything here runs on the event loop; the engine thread only swaps the cost model, an
-immutable object read whole.
+immutable object read whole, and writes single entries of the prefill report, read one at a
+time.
 """
 from __future__ import annotations
 
@@ -176,7 +178,8 @@ class Slo:
     `release` (at its first token, or when the request ends); `waiting_prefill_tokens` is their
     sum, whole (what decides whether a backlog holds). `track` ties a held prompt to its engine
     sequence; `prefilled` (sequence id -> prompt positions done, written by the engine thread)
-    says how much of it is done. `age_max_ms` is the slack rule's age bound A, `clock` the event loop's ms clock."""
+    says how much of it is done. `age_max_ms` is the slack rule's age bound A, `clock` the event
+    loop's ms clock."""
 
     def __init__(self, settings: SloSettings = SloSettings(),
                  cost: Callable[[], Optional[StepCost]] = lambda: None,

@@ -148,6 +148,7 @@ def test_the_per_row_ctypes_path_samples_what_the_c_loops_sample(device):
     """Where llama.cpp's function addresses cannot be found the device's tokens are read and
     its draws reseeded one ctypes call a row: the same tokens as the C loops."""
     chains = device._samplers.device
+    assert chains._read_fn and all(chains._reseed_fns)  # the C loops run against llama.cpp
     rng = random.Random(31)
     requests = [Request(f"c{i}", p, 16, arrival_us=0.0,
                         sampling=_seeded(rng, i) if i % 3 else None)

@@ -39,9 +39,8 @@ own prompt).
 """
 from __future__ import annotations
 
-from typing import Any
-
 import ctypes
+from typing import Any
 
 import numpy as np
 
@@ -97,13 +96,15 @@ class DeviceChain:
     """One lane's backend chain and the penalty window it has been fed (`history`, the
     sequence's tokens before position `fed`, kept only with a penalty)."""
 
-    __slots__ = ("settings", "params", "chain", "history", "fed", "_penalty", "_dist")
+    __slots__ = ("settings", "params", "chain", "history", "fed", "_penalty", "_dist",
+                 "draw_address")
 
     def __init__(self, settings: tuple[Any, ...], n_vocab: int) -> None:
         self.settings = settings
         self.params: SamplingParams | None = None
         self.history: list[int] | None = None
         self.fed = 0
+        self.draw_address = 0  # the address of its `dist` stage (0 without one)
         self._penalty: Any = None
         self._dist: Any = None
         cparams = _ll.llama_sampler_chain_default_params()
@@ -142,6 +143,7 @@ class DeviceChain:
                 stages.append(self._dist)
         for stage in stages:
             _ll.llama_sampler_chain_add(chain, stage)  # the chain owns its stages
+        self.draw_address = _address(self._dist) if self._dist is not None else 0
 
     def begin(self, params: SamplingParams | None) -> None:
         """A sequence starts on the chain: no state from the one before."""
@@ -185,11 +187,6 @@ class DeviceChain:
         return self._dist is not None
 
     @property
-    def draw_address(self) -> int:
-        """The address of the chain's `dist` stage (0 without one)."""
-        return _address(self._dist) if self._dist is not None else 0
-
-    @property
     def seed(self) -> int:
         """The seed of the sequence's draws."""
         assert self.params is not None and self.params.seed is not None
@@ -216,9 +213,9 @@ class DeviceChain:
 
 class DeviceChains:
     """The lanes' backend chains (verbs: takes, start, stop, detach, feed, rewind, rows,
-    prepare, read, close). A lane is *on the device* from `start` to `stop`; its chain stays attached to the
-    context after `stop` until another sequence on the lane needs different settings (or the
-    host path), so steady traffic attaches nothing."""
+    prepare, read, close). A lane is *on the device* from `start` to `stop`; its chain stays
+    attached to the context after `stop` until another sequence on the lane needs different
+    settings (or the host path), so steady traffic attaches nothing."""
 
     def __init__(self, ctx: Any, n_vocab: int, eog_ids: IntArray) -> None:
         self._ctx = ctx
@@ -232,6 +229,7 @@ class DeviceChains:
         self._drawing: set[int] = set()
         # llama.cpp's functions that the C loops call (0 where one cannot be found: then the
         # per-row ctypes calls instead, the same tokens).
+        self._ctx_address = _address(ctx)
         self._read_fn = _function_address("llama_get_sampled_token_ith")
         self._reseed_fns = tuple(_function_address(name) for name in (
             "llama_sampler_init_dist", "llama_sampler_copy", "llama_sampler_free"))
@@ -359,7 +357,7 @@ class DeviceChains:
         got = np.empty(len(rows), dtype=np.int32)
         ctx = self._ctx
         if self._read_fn:
-            missing = _llama_calls.sampled_tokens(self._read_fn, _address(ctx), rows, got)
+            missing = _llama_calls.sampled_tokens(self._read_fn, self._ctx_address, rows, got)
         else:
             for i, batch_row in enumerate(rows.tolist()):
                 got[i] = _ll.llama_get_sampled_token_ith(ctx, batch_row)
