@@ -19,9 +19,12 @@
  * (1000 × per_prefill_token_us), so a chunk deep in a long prompt is shorter than one at its
  * start, and the smallest useful chunk is counted in tokens of the first row the plan takes.
  * With no position cost every choice is the one made without the term. Nothing is latched:
- * every step decides anew. Under disjoint plans in flight (§2.11a) the sequences in flight are not in
- * the minimum: this plan cannot give them a row, and their last-token stamps wait for the
- * plan that carries their next token, so they would only make every slack look spent.
+ * every step decides anew. Under disjoint plans in flight (§2.11a) the sequences in flight are not
+ * in the minimum: this plan cannot give them a row, and their last-token stamps wait for the
+ * plan that carries their next token, so they would only make every slack look spent. With
+ * plans in flight a sequence whose first token is still in flight counts its slack from now:
+ * its stamp is still its admission, and no gap has begun (its first token lands at the end of
+ * a plan in flight, no earlier than now).
  *
  * NOTE: built with -ffp-contract=off; the reference twin (reference/slack.py) evaluates the
  * same expressions in the same order, so both make the same choice bit for bit.
@@ -114,7 +117,10 @@ sk_slack_choice sk_slack_decide(skippy_scheduler *s, size_t decode_rows, bool sk
         const sk_seq *seq = &seqs[active[at]];
         if (!live_decode(seq) || (skip_in_flight && sk_in_flight(s, seq))) continue;
         double own = seq->itl_target_us > 0.0 ? seq->itl_target_us : target;
-        double slack = seq->last_token_us + own - now;
+        /* Its first token still in flight (plans in flight): no gap has begun; the first lands
+         * no earlier than now, and its stamp is still its admission. */
+        double last = seq->gen_len == 0 && seq->last_token_us < now ? now : seq->last_token_us;
+        double slack = last + own - now;
         if (slack < min_slack) min_slack = slack;
     }
     double base = s->cost.base_us, per_token = s->cost.per_prefill_token_us;

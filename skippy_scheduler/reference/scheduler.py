@@ -88,12 +88,21 @@ class TwinScheduler:
                           and self._config.max_inflight_plans > 1)
         self._hold = ColdPrefixHold(self._config, lambda s: self._flights[s.id])
         self._planner = RowPlanner(self._config, self._live_decode, self._take_new,
-                                   self._link.holder, lambda s: self._flights[s.id].last_token_us,
+                                   self._link.holder, self._slack_stamp_us,
                                    self._in_flight if self._disjoint else None,
                                    submitted_us=lambda s: self._flights[s.id].submitted_us,
                                    on_relegate=self._relegated)
 
     # -- the slack rule's inputs (§2.13) ----------------------------------------------------------
+
+    def _slack_stamp_us(self, s: Sequence) -> float:
+        """Where a live decode's slack counts from: its last token, but now while its first
+        token is still in flight (its stamp is then its admission, and no gap has begun)."""
+        fl = self._flights[s.id]
+        now = self._planner.slack.now_us
+        if len(s.generated_tokens) == fl.pending and fl.last_token_us < now:
+            return now
+        return fl.last_token_us
 
     def _relegated(self, s: Sequence) -> None:
         """The prefill order put it behind for its first-token deadline (§2.13): counted once

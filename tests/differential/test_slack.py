@@ -300,6 +300,33 @@ def test_sequences_in_flight_do_not_count_toward_the_least_slack(impl):
     assert [(w.sequence_id, len(w.tokens)) for w in plan.work] == [("b", 1), ("p", 60)]
 
 
+def test_a_first_token_in_flight_does_not_spend_the_slack(impl):
+    """Plans in flight (depth 2): "p" is admitted at 0 and its 2 000-token prompt takes two
+    plans; the second, which samples its first token, is still in flight at 0.3 s when the next
+    plan is made. p's stamp is still its admission (300 ms ago against a 50 ms target), but its
+    gap has not begun: the plan mixes p's decode row with the chunk of "q" that p's whole target
+    leaves (counting the admission stamp, the slack is spent and the plan is p's row alone)."""
+    cost = StepCost(base_us=1000, per_prefill_token_us=100, decode_base_us=0,
+                    per_decode_row_us=1000)
+    sched = impl(_config(itl_target=0.05, slack_safety=1.25, step_cost=cost,
+                         max_tokens_per_iteration=1000, prefill_chunk_tokens=1000,
+                         max_inflight_plans=2))
+    sched.set_clock(0.0)
+    sched.submit(Sequence("p", list(range(1, 2001)), 10))
+    first = sched.plan_iteration()
+    second = sched.plan_iteration()
+    sched.submit(Sequence("q", list(range(900)), 2))
+    assert [(w.sequence_id, len(w.tokens)) for w in first.work] == [("p", 1000)]
+    assert [(w.sequence_id, len(w.tokens), w.sample_last) for w in second.work] == \
+        [("p", 1000, True)]
+    sched.set_clock(0.3)
+    _sample_all(sched, first)
+    third = sched.plan_iteration()  # p's first token still in flight (the second plan)
+    # 50 ms / 1.25 = 40 ms; 40 000 - (1000 base + 1000 for p's row) = 38 000 µs of prefill at
+    # 100 µs a token
+    assert [(w.sequence_id, len(w.tokens)) for w in third.work] == [("p", 1), ("q", 380)]
+
+
 def _two_pending(impl, per_row_us, base_us=1000.0, per_token_us=100.0):
     """A live decode "d" and two 20-token prompts pending; a generous target: the chunk budget
     (the whole 60-token room) covers both prompts. The plan's rows as (id, tokens)."""
