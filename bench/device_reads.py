@@ -52,7 +52,7 @@ def _busy(mode: str, stop: threading.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--model", default=None, help="GGUF (default: the tiny model)")
     ap.add_argument("--rows", type=int, default=64, help="lanes, one sampling row each")
     ap.add_argument("--reads", type=int, default=400)
