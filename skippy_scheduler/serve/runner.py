@@ -418,8 +418,8 @@ class EngineRunner:
             published_s=time.monotonic(), steps=self.step_timing)
 
     def track_prefill(self) -> "PrefillProgress":
-        """From now on, keep how far each prompt waiting for its first token has been
-        prefilled (`PrefillProgress`; before the runner starts)."""
+        """From now on, keep how far each request's prompt has been prefilled
+        (`PrefillProgress`; before the runner starts)."""
         if self.prefill_progress is None:
             self.prefill_progress = PrefillProgress()
             self.engine.observers.insert(0, self.prefill_progress)
