@@ -332,11 +332,11 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         gen.ttft_ms, gen.itl_ms = slo.budgets(gen.ttft_ms, gen.itl_ms)
         own = [len(tokens) for tokens in prompts[::n]]
         slo.admit(sum(own), gen.ttft_ms)
-        held = slo.hold(own, gen.ttft_ms)
         prefix = "cmpl" if gen.kind == "completion" else "chatcmpl"
         rid = f"{prefix}-{_request_id()}"
-        for key, i in zip(held, range(0, len(prompts), n)):  # each prompt's first choice
-            slo.track(key, _engine_id(rid, i, len(prompts)))
+        held = slo.hold(own, gen.ttft_ms, [_engine_id(rid, i, len(prompts)) for i in
+                                           range(0, len(prompts), n)]  # each first choice
+                        if slo.shedding else None)
         try:
             subs = await _open_all(rid, gen, prompts, budgets, samplings)
         except BaseException:

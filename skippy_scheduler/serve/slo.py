@@ -18,8 +18,7 @@ engine reports after every step it executes how far each prompt it prefilled has
 (`runner.PrefillProgress`; a restored prefix counts as done from the prompt's first chunk), and
 a prompt counts whole until its first chunk has run or after a preemption took its KV. With A
 the age bound (`--prefill-age-max-ms`) and p, b the per-token and fixed cost of the step cost
-model
-the engine fitted (`scheduler.step_cost`):
+model the engine fitted (`scheduler.step_cost`):
 
 1. *The deadlines the rule keeps*, decided as the scheduler decides them, with its terms:
    Moore and Hodgson's rule over the admitted deadlines in deadline order, `end` starting at
@@ -174,11 +173,11 @@ class Slo:
 
     `cost()` is the fitted step cost model, or None while the engine has not fitted one (then
     nothing is shed); a test may replace it. The prompts waiting for their first token are
-    kept by `hold` (at admission: one entry per prompt, with the request's deadline) and
-    `release` (at its first token, or when the request ends); `waiting_prefill_tokens` is their
-    sum, whole (what decides whether a backlog holds). `track` ties a held prompt to its engine
-    sequence; `prefilled` (sequence id -> prompt positions done, written by the engine thread)
-    says how much of it is done. `age_max_ms` is the slack rule's age bound A, `clock` the event
+    kept by `hold` (at admission: one entry per prompt, with the request's deadline and the
+    engine sequence that prefills it) and `release` (at its first token, or when the request
+    ends); `waiting_prefill_tokens` is their sum, whole (what decides whether a backlog holds).
+    `prefilled` (sequence id -> prompt positions done, written by the engine thread) says how
+    much of each is done. `age_max_ms` is the slack rule's age bound A, `clock` the event
     loop's ms clock."""
 
     def __init__(self, settings: SloSettings = SloSettings(),
@@ -194,11 +193,10 @@ class Slo:
         self.age_max_ms = float(age_max_ms)
         self.clock = clock
         self.waiting_prefill_tokens = 0
-        # key -> (deadline on `clock` in ms, or None: no TTFT budget; prompt tokens; admitted at)
-        self._held: dict[int, tuple[Optional[float], int, float]] = {}
+        # key -> (deadline on `clock` in ms, or None: no TTFT budget; prompt tokens; admitted
+        # at; the engine sequence id whose prefill `prefilled` reports, or None)
+        self._held: dict[int, tuple[Optional[float], int, float, Optional[str]]] = {}
         self._keys = itertools.count(1)
-        # key -> the engine sequence id whose prefill `prefilled` reports (`track`)
-        self._ids: dict[int, str] = {}
         self.prefilled: Mapping[str, int] = prefilled if prefilled is not None else {}
         # The drain rate: the ms with a backlog (counted up to `_mark`) and the prompt tokens
         # that got their first token out of one, in all; and those two totals after each such
@@ -241,15 +239,15 @@ class Slo:
         deadline = now + budget_ms
         left = self._left
         if age <= 0:  # the walk order: everything admitted is ahead
-            tokens = sum(left(key, w) for key, (_, w, _) in self._held.items()) + own_tokens
+            tokens = sum(left(w, sid) for _, w, _, sid in self._held.values()) + own_tokens
             mine = time_ms(tokens)
             return Prediction(tokens=tokens, steps=-(-tokens // batch), ttft_ms=mine,
                               budget_ms=budget_ms, late_ms=max(mine - budget_ms, 0.0))
         ahead = 0  # turn overdue before its deadline (step 3)
         overdue_now = 0  # the scheduler's starting point (step 1)
         timed: list[tuple[float, int]] = []
-        for key, (d, w, at) in self._held.items():
-            w = left(key, w)
+        for d, w, at, sid in self._held.values():
+            w = left(w, sid)
             turns = at + age if d is None else d + age  # when it turns overdue
             if turns <= now:
                 overdue_now += w
@@ -299,36 +297,31 @@ class Slo:
                 self.metrics.slo_shed.inc()
             raise slo_shed_error(p)
 
-    def hold(self, prompts: Sequence[int], ttft_ms: Optional[float]) -> list[int]:
+    def hold(self, prompts: Sequence[int], ttft_ms: Optional[float],
+             ids: Optional[Sequence[Optional[str]]] = None) -> list[int]:
         """Count each prompt of `prompts` (their token counts) as waiting for prefill, with
-        the deadline `ttft_ms` from now (None: no budget); returns one key per prompt to
-        `release` later (none when not shedding: nothing is counted)."""
+        the deadline `ttft_ms` from now (None: no budget), prefilled as the engine sequence of
+        the same place in `ids` (None: not reported; it counts whole); returns one key per
+        prompt to `release` later (none when not shedding: nothing is counted)."""
         if not self.settings.shed:
             return []
         now = self.clock()
         deadline = None if ttft_ms is None else now + ttft_ms
         self._tick(now)
         keys = []
-        for tokens in prompts:
+        for i, tokens in enumerate(prompts):
             key = next(self._keys)
             w = max(int(tokens), 0)
-            self._held[key] = (deadline, w, now)
+            self._held[key] = (deadline, w, now, ids[i] if ids is not None else None)
             self.waiting_prefill_tokens += w
             keys.append(key)
         return keys
 
-    def track(self, key: int, sequence_id: str) -> None:
-        """The prompt `key` (from `hold`) is prefilled as the engine sequence `sequence_id`:
-        from now on it counts only the tokens `prefilled` does not yet report as done."""
-        if key in self._held:
-            self._ids[key] = sequence_id
-
-    def _left(self, key: int, tokens: int) -> int:
+    def _left(self, tokens: int, sequence_id: Optional[str]) -> int:
         """What of a held prompt of `tokens` tokens is still to be prefilled."""
-        sid = self._ids.get(key)
-        if sid is None:
+        if sequence_id is None:
             return tokens
-        return max(tokens - self.prefilled.get(sid, 0), 0)
+        return max(tokens - self.prefilled.get(sequence_id, 0), 0)
 
     def release(self, key: int, first_token: bool = False) -> None:
         """The prompt `key` (from `hold`) no longer waits for prefill: `first_token`, it got
@@ -338,7 +331,6 @@ class Slo:
             return
         self._tick(self.clock())  # (while it still counts as waiting)
         held = self._held.pop(key)
-        self._ids.pop(key, None)
         self.waiting_prefill_tokens -= held[1]
         # Out of a backlog: one that held until now, or until a moment ago (the other
         # prompts whose first token came in the same step, released just before this one).

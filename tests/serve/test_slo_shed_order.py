@@ -125,21 +125,19 @@ def _most_on_time(jobs: list[tuple[float, int]]) -> int:
 
 def test_only_what_is_left_of_a_tracked_prompt_counts():
     """The engine's report of how far each prompt got (`prefilled`) is subtracted from the
-    prompts tied to its sequences (`track`); untracked ones count whole, and a released key's
-    tie goes with it."""
+    prompts held with its sequence ids; those held without one count whole, and a released
+    prompt counts no more whatever the report says."""
     done: dict[str, int] = {}
     slo, _ = _slo()
     slo.prefilled = done
-    a, b = slo.hold([200, 200], 5000.0)
-    slo.track(a, "seq-a")
+    a, b = slo.hold([200, 200], 5000.0, ["seq-a", None])
     walk, _ = _slo(age_max_ms=0.0)
     walk.prefilled = done
-    (w,) = walk.hold([300], 5000.0)
-    walk.track(w, "seq-w")
+    (w,) = walk.hold([300], 5000.0, ["seq-w"])
     p = slo.predict(20, 6000.0)  # behind both: 400 + 20 tokens
     assert p is not None and (p.tokens, p.ttft_ms) == (420, 4200.0)
     done["seq-a"] = 150  # 50 of a left
-    done["seq-b"] = 150  # b was never tracked as seq-b: it counts whole
+    done["seq-b"] = 150  # b was held without an id: it counts whole
     p = slo.predict(20, 6000.0)
     assert p is not None and (p.tokens, p.ttft_ms) == (270, 2700.0)
     done["seq-w"] = 280
@@ -149,8 +147,9 @@ def test_only_what_is_left_of_a_tracked_prompt_counts():
     p = slo.predict(20, 6000.0)
     assert p is not None and p.tokens == 220
     slo.release(a, first_token=True)
-    slo.track(a, "seq-a")  # released: tying it again does nothing
-    assert slo._ids == {} and slo.waiting_prefill_tokens == 200
+    done["seq-a"] = 0  # released: the report no longer concerns it
+    p = slo.predict(20, 6000.0)
+    assert p is not None and p.tokens == 220 and slo.waiting_prefill_tokens == 200
     slo.release(b)
     assert slo.waiting_prefill_tokens == 0
 
