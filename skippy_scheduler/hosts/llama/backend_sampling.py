@@ -182,11 +182,6 @@ class DeviceChain:
         self.feed(np.asarray(kept, dtype=np.int32), 0)
 
     @property
-    def draws(self) -> bool:
-        """Whether the chain ends in a seeded draw (reseeded before every decode)."""
-        return self._dist is not None
-
-    @property
     def seed(self) -> int:
         """The seed of the sequence's draws."""
         assert self.params is not None and self.params.seed is not None
@@ -266,7 +261,7 @@ class DeviceChains:
             self._windowed.add(lane)
         else:
             self._windowed.discard(lane)
-        if chain.draws:
+        if chain.draw_address:  # a seeded draw, reseeded before every decode
             self._drawing.add(lane)
         else:
             self._drawing.discard(lane)
@@ -330,8 +325,8 @@ class DeviceChains:
         at: list[int] = []
         fns = self._reseed_fns
         in_c = all(fns)
-        for j in device_rows:
-            lane = int(row_lanes[int(sample_rows[j])])
+        lanes = row_lanes[sample_rows[device_rows]].tolist()
+        for j, lane in zip(device_rows, lanes):
             if lane in drawing:
                 chain = active[lane]
                 position = int(positions[int(out_rows[j])]) + 1
@@ -367,9 +362,9 @@ class DeviceChains:
         if not missing and not windowed:
             return
         active = self._active
-        for i, j in enumerate(device_rows):
+        lanes = row_lanes[sample_rows[device_rows]].tolist()
+        for i, (j, lane) in enumerate(zip(device_rows, lanes)):
             token = int(got[i])
-            lane = int(row_lanes[int(sample_rows[j])])
             if token >= 0 and lane not in windowed:
                 continue
             batch_row = int(rows[i])
