@@ -474,8 +474,8 @@ class PrefillProgress(BaseObserver):
 
     def executed(self, flight: Any, duration_us: float) -> None:
         plan = flight.plan  # (live until its completion, which comes next)
-        phases = plan.phases
-        if len(phases) == 0 or not (phases != _DECODE).any():
+        prompt_rows = (plan.phases != _DECODE).nonzero()[0]
+        if not len(prompt_rows):
             return
         ids = plan.sequence_ids
         ends = plan.row_offsets[1:]
@@ -483,7 +483,7 @@ class PrefillProgress(BaseObserver):
         entries = flight.entries  # (with plans in flight: what each row's request is now)
         voids = flight.voids
         done = self.done
-        for r in (phases != _DECODE).nonzero()[0].tolist():
+        for r in prompt_rows.tolist():
             if entries is not None and (entries[r].state != _SUBMITTED
                                         or entries[r].voids != voids[r]):
                 continue  # ended or preempted since the plan was made
