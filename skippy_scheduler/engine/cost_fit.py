@@ -7,7 +7,14 @@ the previous fit (so a window that never varies one term, e.g. only decode-only 
 size or no step with two prefill sequences, keeps that term's last value instead of making one
 up), then drops the steps whose relative residual is more than `clip` × the median relative
 residual (a step stalled by something else on the machine) and fits again, a few rounds;
-coefficients stay >= 0. Each solve is `cost_model.fit_coefficients`, the routine `calibrate`
+coefficients stay >= 0. Beside the window it keeps the last `window` steps that had prefill
+tokens and fits them too, those older than the window included: a stretch of decode-only steps
+would otherwise push the prefill steps out of it, and a window left with one or two of them
+cannot tell the prefill terms apart (per token, per row, per position: any split explains two
+steps). In a trace replay one such refit, its window holding two prefill steps among 62
+decode-only ones, put the per-token cost at 0 and the position cost at several times its value, and
+the three chunks after it, predicted at 74-156 ms, ran 272-343 ms, each past every stream's
+gap budget. Each solve is `cost_model.fit_coefficients`, the routine `calibrate`
 fits the lab's four terms with. A window the current model already explains (median relative
 residual within 1 %) keeps it without solving anything.
 
@@ -57,9 +64,15 @@ class StepCostFitter:
         self.cost = prior
         # (prefill tokens, decode rows, prefill rows, prefill positions, µs)
         self._steps: deque[tuple[int, int, int, int, float]] = deque(maxlen=window)
+        # The last `window` steps with prefill tokens, each with its number in `_added`, so
+        # that a fit takes those older than the window from here and the rest from `_steps`.
+        self._prefill: deque[tuple[int, tuple[int, int, int, int, float]]] = \
+            deque(maxlen=window)
+        self._added = 0
         self._clip = clip
 
     def __len__(self) -> int:
+        """Steps in the window (the prefill steps kept from before it not counted)."""
         return len(self._steps)
 
     def add(self, prefill_tokens: int, decode_rows: int, duration_us: float,
@@ -69,14 +82,20 @@ class StepCostFitter:
         an empty or non-positive one is ignored."""
         # NOTE: math.isfinite, not numpy's: this runs every step (a scalar ufunc costs more).
         if (prefill_tokens or decode_rows) and duration_us > 0 and math.isfinite(duration_us):
-            self._steps.append((prefill_tokens, decode_rows, prefill_rows, prefill_positions,
-                                float(duration_us)))
+            step = (prefill_tokens, decode_rows, prefill_rows, prefill_positions,
+                    float(duration_us))
+            self._steps.append(step)
+            self._added += 1
+            if prefill_tokens:
+                self._prefill.append((self._added, step))
 
     def fit(self) -> StepCost:
         """Refit from the window (the previous fit when it holds fewer than 4 steps)."""
         if len(self._steps) < 4:
             return self.cost
-        data = np.array(self._steps, dtype=float)
+        first = self._added - len(self._steps)  # the numbers of the window's steps are above
+        older = [step for number, step in self._prefill if number <= first]
+        data = np.array(older + list(self._steps), dtype=float)
         x = step_terms(data[:, 0], data[:, 1], data[:, 2], data[:, 3])
         y = data[:, 4]
         prior = np.array(self.cost.terms(), dtype=float)

@@ -161,6 +161,65 @@ def test_fitter_keeps_the_row_cost_without_multi_sequence_steps():
         TRUE.base_us + TRUE.decode_base_us, rel=0.02)
 
 
+# 128 steps of a trace replay's per-step log on the bench model (prefill tokens, decode rows,
+# prefill rows, prefill positions, ms): 12 with prefill among the first 66, then 62 decode-only
+# ones; and the model in force before them.
+_STRETCH = [
+    (0, 5, 0, 0, 19.6), (0, 5, 0, 0, 19.2), (0, 5, 0, 0, 18.7), (0, 5, 0, 0, 18.9),
+    (0, 5, 0, 0, 19.0), (0, 5, 0, 0, 18.7), (0, 5, 0, 0, 18.6), (0, 5, 0, 0, 18.9),
+    (0, 4, 0, 0, 18.9), (0, 4, 0, 0, 15.6), (0, 4, 0, 0, 15.5), (0, 4, 0, 0, 15.7),
+    (0, 4, 0, 0, 15.4), (0, 4, 0, 0, 15.6), (0, 4, 0, 0, 16.0), (0, 4, 0, 0, 15.7),
+    (0, 4, 0, 0, 15.6), (0, 4, 0, 0, 16.0), (0, 4, 0, 0, 16.4), (0, 4, 0, 0, 16.7),
+    (0, 4, 0, 0, 15.7), (0, 4, 0, 0, 16.4), (0, 4, 0, 0, 16.1), (0, 4, 0, 0, 18.0),
+    (0, 4, 0, 0, 16.6), (0, 4, 0, 0, 17.0), (0, 4, 0, 0, 15.9), (0, 4, 0, 0, 16.3),
+    (0, 4, 0, 0, 16.3), (0, 4, 0, 0, 17.5), (0, 4, 0, 0, 19.8), (0, 3, 0, 0, 24.1),
+    (0, 3, 0, 0, 15.5), (0, 3, 0, 0, 15.1), (0, 3, 0, 0, 15.0), (0, 2, 0, 0, 17.2),
+    (0, 2, 0, 0, 14.0), (0, 2, 0, 0, 14.4), (0, 2, 0, 0, 14.0), (0, 2, 0, 0, 13.9),
+    (0, 2, 0, 0, 13.6), (0, 2, 0, 0, 13.8), (0, 2, 0, 0, 13.7), (0, 1, 0, 0, 9.8),
+    (0, 1, 0, 0, 5.5), (0, 1, 0, 0, 8.6), (0, 1, 0, 0, 5.4), (0, 1, 0, 0, 5.4), (0, 1, 0, 0, 5.3),
+    (0, 1, 0, 0, 5.7), (0, 1, 0, 0, 5.4), (0, 1, 0, 0, 5.2), (0, 1, 0, 0, 5.3), (0, 1, 0, 0, 5.4),
+    (512, 0, 2, 74240, 347.7), (512, 0, 4, 145962, 321.2), (179, 2, 1, 110622, 113.5),
+    (179, 2, 2, 65313, 104.2), (173, 3, 1, 55879, 101.5), (173, 3, 1, 85808, 116.9),
+    (173, 3, 1, 115737, 119.8), (173, 3, 2, 24755, 114.3), (173, 3, 1, 45672, 119.0),
+    (173, 3, 1, 75601, 122.8), (186, 3, 1, 114669, 125.3), (58, 3, 1, 42833, 58.8),
+    (0, 4, 0, 0, 22.5), (0, 4, 0, 0, 21.9), (0, 4, 0, 0, 21.5), (0, 4, 0, 0, 20.2),
+    (0, 4, 0, 0, 20.2), (0, 4, 0, 0, 21.4), (0, 4, 0, 0, 20.3), (0, 4, 0, 0, 20.2),
+    (0, 4, 0, 0, 20.6), (0, 4, 0, 0, 20.1), (0, 4, 0, 0, 20.2), (0, 4, 0, 0, 20.7),
+    (0, 4, 0, 0, 20.0), (0, 4, 0, 0, 20.8), (0, 4, 0, 0, 20.0), (0, 4, 0, 0, 20.1),
+    (0, 4, 0, 0, 19.7), (0, 4, 0, 0, 19.9), (0, 4, 0, 0, 20.4), (0, 3, 0, 0, 22.2),
+    (0, 3, 0, 0, 17.8), (0, 3, 0, 0, 17.5), (0, 3, 0, 0, 17.4), (0, 3, 0, 0, 19.5),
+    (0, 3, 0, 0, 17.8), (0, 3, 0, 0, 18.3), (0, 3, 0, 0, 17.3), (0, 3, 0, 0, 17.3),
+    (0, 3, 0, 0, 17.7), (0, 3, 0, 0, 17.5), (0, 3, 0, 0, 17.6), (0, 2, 0, 0, 18.3),
+    (0, 1, 0, 0, 10.6), (0, 1, 0, 0, 7.6), (0, 1, 0, 0, 7.7), (0, 1, 0, 0, 7.6),
+    (0, 1, 0, 0, 7.8), (0, 1, 0, 0, 7.8), (0, 1, 0, 0, 8.1), (0, 1, 0, 0, 8.3), (0, 1, 0, 0, 7.5),
+    (0, 1, 0, 0, 7.7), (0, 1, 0, 0, 7.5), (0, 1, 0, 0, 7.5), (0, 1, 0, 0, 7.5), (0, 1, 0, 0, 7.6),
+    (0, 1, 0, 0, 7.4), (0, 1, 0, 0, 7.7), (0, 1, 0, 0, 8.0), (0, 1, 0, 0, 8.3), (0, 1, 0, 0, 7.6),
+    (0, 1, 0, 0, 7.6), (0, 1, 0, 0, 7.8), (0, 1, 0, 0, 8.1), (0, 1, 0, 0, 7.6), (0, 1, 0, 0, 8.0),
+    (0, 1, 0, 0, 7.7), (0, 1, 0, 0, 7.7), (0, 1, 0, 0, 8.4), (0, 1, 0, 0, 7.8), (0, 1, 0, 0, 7.9),
+    (0, 1, 0, 0, 7.7),
+]
+_STRETCH_BEFORE = StepCost(base_us=2983.212, per_prefill_token_us=607.781, decode_base_us=0.0,
+                           per_decode_row_us=4321.63, per_prefill_row_us=39913.547,
+                           per_prefill_position_us=287.971)
+
+
+def test_fitter_keeps_the_prefill_steps_a_decode_stretch_pushes_out_of_its_window():
+    """Refitted every 8 steps as the engine does, the window of 64 ends up holding 2 prefill
+    steps among 62 decode-only ones, which cannot tell the prefill terms apart. Fitted on the
+    window alone, the per-token cost came out 0 and the next chunk (511 tokens in four rows,
+    which ran 272 ms) was predicted at 74 ms; with the prefill steps kept from before the
+    window it is predicted within a fifth of its time."""
+    fitter = StepCostFitter(_STRETCH_BEFORE, window=64)
+    for n, (tokens, rows, prefill_rows, positions, ms) in enumerate(_STRETCH, start=1):
+        fitter.add(tokens, rows, ms * 1e3, prefill_rows, positions)
+        if n % 8 == 0:
+            cost = fitter.fit()
+    assert len(fitter) == 64
+    assert cost.per_prefill_token_us > 300
+    assert cost.predict_us(511, 1, 4, 68950) == pytest.approx(272e3, rel=0.2)
+    assert cost.predict_us(0, 1) == pytest.approx(8e3, rel=0.2)  # a one-row decode: 7-8 ms
+
+
 @pytest.mark.parametrize("impl", [Scheduler, TwinScheduler], ids=["native", "twin"])
 def test_feed_counts_the_prefill_rows_of_each_step(impl):
     """SlackFeed records each step's prefill rows: steps carrying several prompts show up as
