@@ -1,5 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Per-row llama.cpp calls made in one pass, without the GIL.
+"""llama.cpp calls made from C: a step's per-row calls in one pass, and the GIL given up once
+a step.
 
 A llama.cpp function called through ctypes releases the GIL before the call and takes it back
 after. When another thread runs Python meanwhile (the server's event loop, writing a step's
@@ -7,36 +8,93 @@ tokens), taking it back waits until that thread lets go: at the next blocking ca
 after the interpreter's switch interval (5 ms by default). One such wait a step is the price of
 `llama_decode`; one per row (the device's sampled token of each row read through ctypes) puts
 that wait on the step's critical path once for every row. Here the loop over the rows runs in
-C: the GIL is released once for all of them and taken back once.
+C: the GIL is released once for all of them and taken back once. And since `llama_decode`
+returns before a GPU has finished (the first read of an output waits for it), `decode_synced`
+runs the decode and `llama_synchronize` under one release: after it every read of the step's
+outputs is a lookup, made here without giving the GIL up at all (`sampled_tokens` with
+`release=False`, `pointer_of`).
 
 The functions are llama-cpp-python's own bindings, called at their addresses (the library is
 the one those bindings loaded; nothing here links against it).
 """
-from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 
 ctypedef int32_t (*sampled_token_fn)(void *ctx, int32_t i) noexcept nogil
 
 
-def sampled_tokens(uintptr_t fn, uintptr_t ctx, const int64_t[::1] rows,
-                   int32_t[::1] out) -> int:
-    """`out[j] = fn(ctx, rows[j])` for every j (`fn`: the address of
-    `llama_get_sampled_token_ith`), with the GIL released once; returns how many are negative
-    (rows whose chain the device did not finish)."""
-    cdef Py_ssize_t n = rows.shape[0], j
+cdef inline int _read_rows(sampled_token_fn call, void *ctx, const int64_t[::1] rows,
+                           int32_t[::1] out) noexcept nogil:
+    cdef Py_ssize_t j
     cdef int missing = 0
     cdef int32_t t
+    for j in range(rows.shape[0]):
+        t = call(ctx, <int32_t> rows[j])
+        out[j] = t
+        if t < 0:
+            missing += 1
+    return missing
+
+
+def sampled_tokens(uintptr_t fn, uintptr_t ctx, const int64_t[::1] rows,
+                   int32_t[::1] out, bint release=True) -> int:
+    """`out[j] = fn(ctx, rows[j])` for every j (`fn`: the address of
+    `llama_get_sampled_token_ith`), with the GIL released once, or (`release=False`, for
+    outputs already synchronized, where each call is a lookup) not at all; returns how many
+    are negative (rows whose chain the device did not finish)."""
+    cdef Py_ssize_t n = rows.shape[0]
+    cdef int missing
     cdef sampled_token_fn call = <sampled_token_fn> fn
     if out.shape[0] < n:
         raise ValueError(f"out holds {out.shape[0]} tokens, {n} rows to read")
     if fn == 0 or ctx == 0:
         raise ValueError("a null function or context")
-    with nogil:
-        for j in range(n):
-            t = call(<void *> ctx, <int32_t> rows[j])
-            out[j] = t
-            if t < 0:
-                missing += 1
+    if release:
+        with nogil:
+            missing = _read_rows(call, <void *> ctx, rows, out)
+    else:
+        missing = _read_rows(call, <void *> ctx, rows, out)
     return missing
+
+
+ctypedef struct llama_batch_t:  # llama.h's llama_batch, passed by value
+    int32_t n_tokens
+    int32_t *token
+    float *embd
+    int32_t *pos
+    int32_t *n_seq_id
+    int32_t **seq_id
+    int8_t *logits
+
+ctypedef int32_t (*decode_fn)(void *ctx, llama_batch_t batch) noexcept nogil
+ctypedef void (*ctx_fn)(void *ctx) noexcept nogil
+ctypedef void *(*pointer_fn)(void *ctx) noexcept nogil
+
+
+def decode_synced(uintptr_t decode, uintptr_t synchronize, uintptr_t ctx,
+                  uintptr_t batch) -> int:
+    """`decode(ctx, *batch)` (`llama_decode`, `batch` the address of a `llama_batch`) and,
+    when it returned 0, `synchronize(ctx)` (`llama_synchronize`): the step's outputs are ready
+    when this returns. The GIL is released once for both. Returns the decode's code."""
+    cdef decode_fn run = <decode_fn> decode
+    cdef ctx_fn wait = <ctx_fn> synchronize
+    cdef llama_batch_t *b = <llama_batch_t *> batch
+    cdef int32_t rc
+    if decode == 0 or synchronize == 0 or ctx == 0 or batch == 0:
+        raise ValueError("a null function, context or batch")
+    with nogil:
+        rc = run(<void *> ctx, b[0])
+        if rc == 0:
+            wait(<void *> ctx)
+    return rc
+
+
+def pointer_of(uintptr_t fn, uintptr_t ctx) -> int:
+    """`fn(ctx)` for a function returning a pointer (`llama_get_logits`), called without giving
+    the GIL up: for a lookup made after `decode_synced`. The pointer as an int (0 for NULL)."""
+    cdef pointer_fn call = <pointer_fn> fn
+    if fn == 0 or ctx == 0:
+        raise ValueError("a null function or context")
+    return <uintptr_t> call(<void *> ctx)
 
 
 ctypedef void *(*init_dist_fn)(uint32_t seed) noexcept nogil

@@ -9,7 +9,10 @@
   `check_lanes`: every row fits the lanes (a new row brings a sequence without a lane, any other
   row continues one, and no row starts past what is held for it), before anything changes.
 * `LlamaBatch`: a `llama_batch` over numpy buffers sized once (token or embedding input), each
-  entry with one sequence id, logits for the entries flagged.
+  entry with one sequence id, logits for the entries flagged; `decode(..., synchronize=True)`
+  returns with the outputs ready, the GIL given up once (`_llama_calls.decode_synced`).
+* `function_address`, `pointer_address`: llama.cpp's functions and objects as addresses, for
+  the calls `_llama_calls` makes.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import numpy.typing as npt
 
 import llama_cpp as _ll
 
+from .. import _llama_calls
 from ..engine.contract import Plan
 
 IntArray = npt.NDArray[np.integer[Any]]
@@ -221,6 +225,47 @@ def check_lanes(ids: list[str], starts: list[int], new: Mapping[str, Optional[in
 
 
 # ------------------------------------------------------------------------------------- batch
+def pointer_address(pointer: Any) -> int:
+    """A pointer llama.cpp handed back as an integer (ctypes gives an int or a c_void_p)."""
+    if isinstance(pointer, int):
+        return pointer
+    return ctypes.cast(pointer, ctypes.c_void_p).value or 0
+
+
+def function_address(name: str) -> int:
+    """The address of llama.cpp's function `name` in the library llama-cpp-python loaded, or of
+    its binding; 0 when neither gives one."""
+    lib = getattr(getattr(_ll, "llama_cpp", None), "_lib", None)
+    candidates: list[Any] = []
+    try:
+        candidates.append(lib[name] if lib is not None else None)
+    except (AttributeError, KeyError, TypeError):
+        pass
+    candidates.append(getattr(_ll, name, None))
+    for fn in candidates:
+        if fn is None:
+            continue
+        try:
+            address = ctypes.cast(fn, ctypes.c_void_p).value
+        except (ctypes.ArgumentError, TypeError):
+            continue
+        if address:
+            return int(address)
+    return 0
+
+
+_synced: Optional[tuple[int, int]] = None  # llama_decode's and llama_synchronize's addresses
+
+
+def _synced_calls() -> tuple[int, int]:
+    """The addresses `decode_synced` calls, found once ((0, 0) when either is missing)."""
+    global _synced
+    if _synced is None:
+        found = (function_address("llama_decode"), function_address("llama_synchronize"))
+        _synced = found if all(found) else (0, 0)
+    return _synced
+
+
 class LlamaBatch:
     """A `llama_batch` whose struct points into numpy buffers of `size` entries: `tok` (or
     `embd`, (size, n_embd) float32, when `n_embd` is given) and `pos`, staged by the caller;
@@ -253,9 +298,15 @@ class LlamaBatch:
         self._batch = b
 
     def decode(self, ctx: Any, n: int, entry_lanes: IntArray,
-               flagged: Optional[IntArray]) -> int:
+               flagged: Optional[IntArray], *, synchronize: bool = False) -> int:
         """`llama_decode` of the first `n` staged entries, entry i in lane `entry_lanes[i]`,
-        with logits for the `flagged` entries (None: every entry); llama.cpp's return code."""
+        with logits for the `flagged` entries (None: every entry); llama.cpp's return code.
+
+        `synchronize`: also wait for the outputs (`llama_synchronize` after a decode that
+        returned 0; on a GPU `llama_decode` returns before the device is done, and the first
+        read of an output would wait), both in one C call that gives the GIL up once
+        (`_llama_calls.decode_synced`; two ctypes calls where llama.cpp's functions cannot be
+        found by name). The reads after it are lookups."""
         self.seq_ids[:n] = entry_lanes
         if flagged is None:
             self._flag[:n] = 1
@@ -263,4 +314,13 @@ class LlamaBatch:
             self._flag[:n] = 0
             self._flag[flagged] = 1
         self._batch.n_tokens = n
-        return int(_ll.llama_decode(ctx, self._batch))
+        if not synchronize:
+            return int(_ll.llama_decode(ctx, self._batch))
+        run, wait = _synced_calls()
+        if run:
+            return int(_llama_calls.decode_synced(run, wait, pointer_address(ctx),
+                                                  ctypes.addressof(self._batch)))
+        rc = int(_ll.llama_decode(ctx, self._batch))
+        if rc == 0:
+            _ll.llama_synchronize(ctx)
+        return rc

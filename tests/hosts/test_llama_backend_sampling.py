@@ -5,6 +5,7 @@ end tokens) keep the host path in the same plans and get the host path's tokens;
 chains stay attached between sequences with the same settings; a bad mode is refused."""
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 
@@ -17,6 +18,7 @@ from llama_cpp.llama_grammar import json_schema_to_gbnf  # noqa: E402
 from skippy_scheduler import MemoryComponent, Scheduler, SchedulerConfig  # noqa: E402
 from skippy_scheduler.cost_model import LAB_COST  # noqa: E402
 from skippy_scheduler.engine import Engine, Request, TokenEvent, VirtualClock  # noqa: E402
+from skippy_scheduler.hosts import kit  # noqa: E402
 from skippy_scheduler.hosts.llama import LlamaHost  # noqa: E402
 from skippy_scheduler.hosts.llama.backend_sampling import (  # noqa: E402
     backend_sampling_mode, device_capable, resolve_backend_sampling)
@@ -144,23 +146,56 @@ def test_temperature_alone_draws_what_the_host_chain_draws(device, on_host):
             on_host.generate_alone(prompt, 16, params)
 
 
+@contextlib.contextmanager
+def _through_ctypes(host):
+    """The host with every `_llama_calls` call it makes replaced by ctypes calls (as where
+    llama.cpp's function addresses cannot be found): the decode and its wait for the outputs,
+    the logits pointer, the device's reads and reseeds."""
+    decoder = host._decoder
+    chains = host._samplers.device
+    saved = kit._synced, decoder._logits_fn
+    assert all(kit._synced_calls()) and decoder._logits_fn  # the C calls run against llama.cpp
+    if chains is not None:
+        assert chains._read_fn and all(chains._reseed_fns)
+        saved_chains = chains._read_fn, chains._reseed_fns
+        chains._read_fn, chains._reseed_fns = 0, (0, 0, 0)
+    kit._synced, decoder._logits_fn = (0, 0), 0
+    try:
+        yield
+    finally:
+        kit._synced, decoder._logits_fn = saved
+        if chains is not None:
+            chains._read_fn, chains._reseed_fns = saved_chains
+
+
 def test_the_per_row_ctypes_path_samples_what_the_c_loops_sample(device):
-    """Where llama.cpp's function addresses cannot be found the device's tokens are read and
-    its draws reseeded one ctypes call a row: the same tokens as the C loops."""
-    chains = device._samplers.device
-    assert chains._read_fn and all(chains._reseed_fns)  # the C loops run against llama.cpp
+    """Where llama.cpp's function addresses cannot be found the decode and its wait are two
+    ctypes calls, and the device's tokens are read and its draws reseeded one ctypes call a
+    row: the same tokens as the C calls."""
     rng = random.Random(31)
     requests = [Request(f"c{i}", p, 16, arrival_us=0.0,
                         sampling=_seeded(rng, i) if i % 3 else None)
                 for i, p in enumerate(_prompts(310, 9))]
     in_c, _ = _run(device, requests, seed=2, depth=2)
-    saved = chains._read_fn, chains._reseed_fns
-    try:
-        chains._read_fn, chains._reseed_fns = 0, (0, 0, 0)
+    with _through_ctypes(device):
         per_row, _ = _run(device, requests, seed=2, depth=2)
-    finally:
-        chains._read_fn, chains._reseed_fns = saved
     assert {k: r.tokens for k, r in per_row.items()} == {k: r.tokens for k, r in in_c.items()}
+
+
+def test_the_host_path_reads_the_same_logits_through_ctypes(on_host):
+    """Sampling on the host reads the logits pointer without giving the GIL up, after a decode
+    that waited for its outputs: the same tokens and log-probabilities as through ctypes."""
+    rng = random.Random(37)
+    requests = [Request(f"h{i}", p, 12, arrival_us=0.0,
+                        sampling=_host_only(rng, i, len(p)) if i % 2 else _seeded(rng, i))
+                for i, p in enumerate(_prompts(370, 8))]
+    events_c: dict = {}
+    events_py: dict = {}
+    in_c, _ = _run(on_host, requests, seed=3, depth=2, events=events_c)
+    with _through_ctypes(on_host):
+        through, _ = _run(on_host, requests, seed=3, depth=2, events=events_py)
+    assert {k: r.tokens for k, r in through.items()} == {k: r.tokens for k, r in in_c.items()}
+    assert events_py == events_c
 
 
 def _host_only(rng: random.Random, i: int, prompt_length: int) -> SamplingParams:

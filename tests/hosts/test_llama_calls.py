@@ -97,3 +97,63 @@ def test_reseed_draws_refuses_mismatched_or_null_arguments_before_calling_anythi
     with pytest.raises(ValueError, match="null function"):
         _llama_calls.reseed_draws(0, fns[1], fns[2], one, one, np.zeros(1, dtype=np.int64))
     assert made == []
+
+
+def test_sampled_tokens_reads_the_same_without_releasing_the_gil():
+    fn = _READ(lambda ctx, i: 2 * i - 3)
+    rows = np.array([0, 5, 1, 9], dtype=np.int64)
+    released, held = np.zeros(4, dtype=np.int32), np.zeros(4, dtype=np.int32)
+    assert _llama_calls.sampled_tokens(_address(fn), 7, rows, released) == 2
+    assert _llama_calls.sampled_tokens(_address(fn), 7, rows, held, release=False) == 2
+    assert held.tolist() == released.tolist() == [-3, 7, -1, 15]
+
+
+class _Batch(ctypes.Structure):  # llama.h's llama_batch
+    _fields_ = [("n_tokens", ctypes.c_int32), ("token", ctypes.POINTER(ctypes.c_int32)),
+                ("embd", ctypes.POINTER(ctypes.c_float)), ("pos", ctypes.POINTER(ctypes.c_int32)),
+                ("n_seq_id", ctypes.POINTER(ctypes.c_int32)),
+                ("seq_id", ctypes.POINTER(ctypes.POINTER(ctypes.c_int32))),
+                ("logits", ctypes.POINTER(ctypes.c_int8))]
+
+
+_DECODE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, _Batch)
+_SYNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_POINTER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
+
+
+@pytest.mark.parametrize("rc", [0, 1, -2])
+def test_decode_synced_passes_the_batch_and_waits_only_after_a_decode_that_worked(rc):
+    calls: list[tuple] = []
+    tokens = (ctypes.c_int32 * 3)(11, 12, 13)
+
+    def decode(ctx: int, batch: _Batch) -> int:
+        calls.append(("decode", ctx, batch.n_tokens, [batch.token[i] for i in range(3)]))
+        return rc
+
+    fns = (_DECODE(decode), _SYNC(lambda ctx: calls.append(("sync", ctx))))
+    batch = _Batch(n_tokens=3, token=tokens)
+    got = _llama_calls.decode_synced(_address(fns[0]), _address(fns[1]), 0x55,
+                                     ctypes.addressof(batch))
+    assert got == rc
+    expected = [("decode", 0x55, 3, [11, 12, 13])] + ([("sync", 0x55)] if rc == 0 else [])
+    assert calls == expected
+
+
+def test_decode_synced_and_pointer_of_refuse_nulls_before_calling_anything():
+    calls: list[int] = []
+    decode = _DECODE(lambda ctx, batch: calls.append(1) or 0)
+    sync = _SYNC(lambda ctx: calls.append(2))
+    batch = _Batch()
+    for args in [(0, _address(sync), 1, ctypes.addressof(batch)),
+                 (_address(decode), 0, 1, ctypes.addressof(batch)),
+                 (_address(decode), _address(sync), 0, ctypes.addressof(batch)),
+                 (_address(decode), _address(sync), 1, 0)]:
+        with pytest.raises(ValueError, match="null"):
+            _llama_calls.decode_synced(*args)
+    pointer = _POINTER(lambda ctx: calls.append(3) or 0xBEEF)
+    for args in [(0, 1), (_address(pointer), 0)]:
+        with pytest.raises(ValueError, match="null"):
+            _llama_calls.pointer_of(*args)
+    assert calls == []
+    assert _llama_calls.pointer_of(_address(pointer), 9) == 0xBEEF
+    assert calls == [3]

@@ -39,7 +39,6 @@ own prompt).
 """
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 import numpy as np
@@ -48,7 +47,7 @@ import llama_cpp as _ll
 
 from ... import _llama_calls
 
-from ..kit import IntArray
+from ..kit import IntArray, function_address as _function_address, pointer_address as _address
 from ...sampling import SamplingParams, step_seed
 
 MODES = ("on", "off", "auto")
@@ -342,9 +341,13 @@ class DeviceChains:
                                       np.array(at, dtype=np.int64))
 
     def read(self, tokens: IntArray, row_lanes: IntArray, sample_rows: IntArray,
-             device_rows: list[int], out_rows: IntArray, positions: IntArray) -> None:
+             device_rows: list[int], out_rows: IntArray, positions: IntArray, *,
+             synchronized: bool = False) -> None:
         """After the decode: the device's token for every device row (into `tokens[j]`),
-        taken into its chain's penalty window."""
+        taken into its chain's penalty window. `synchronized`: the decode waited for its
+        outputs (`LlamaBatch.decode(synchronize=True)`), so each read is a lookup, made
+        without giving the GIL up; otherwise the first read waits for the device, with the
+        GIL released."""
         if not device_rows:
             return
         rows = np.ascontiguousarray(out_rows if len(device_rows) == len(sample_rows)
@@ -352,7 +355,8 @@ class DeviceChains:
         got = np.empty(len(rows), dtype=np.int32)
         ctx = self._ctx
         if self._read_fn:
-            missing = _llama_calls.sampled_tokens(self._read_fn, self._ctx_address, rows, got)
+            missing = _llama_calls.sampled_tokens(self._read_fn, self._ctx_address, rows, got,
+                                                  release=not synchronized)
         else:
             for i, batch_row in enumerate(rows.tolist()):
                 got[i] = _ll.llama_get_sampled_token_ith(ctx, batch_row)
@@ -378,35 +382,6 @@ class DeviceChains:
                 tokens[j] = token
                 accepted = True
             chain.took(token, int(positions[batch_row]) + 1, accepted)
-
-
-def _address(pointer: Any) -> int:
-    """A pointer llama.cpp handed back as an integer (ctypes gives an int or a c_void_p)."""
-    if isinstance(pointer, int):
-        return pointer
-    return ctypes.cast(pointer, ctypes.c_void_p).value or 0
-
-
-def _function_address(name: str) -> int:
-    """The address of llama.cpp's function `name` in the library llama-cpp-python loaded, or of
-    its binding; 0 when neither gives one."""
-    lib = getattr(getattr(_ll, "llama_cpp", None), "_lib", None)
-    candidates: list[Any] = []
-    try:
-        candidates.append(lib[name] if lib is not None else None)
-    except (AttributeError, KeyError, TypeError):
-        pass
-    candidates.append(getattr(_ll, name, None))
-    for fn in candidates:
-        if fn is None:
-            continue
-        try:
-            address = ctypes.cast(fn, ctypes.c_void_p).value
-        except (ctypes.ArgumentError, TypeError):
-            continue
-        if address:
-            return int(address)
-    return 0
 
 
 _M64 = (1 << 64) - 1

@@ -3,19 +3,28 @@
 The batch (`LlamaBatch`, hosts/kit.py) is sized once from the batch the context got. Logits are
 requested only for the entries the host flags: the last entry of sampling rows, and every entry
 of the rows whose sequence asks for prompt log-probabilities.
+
+The decode waits for its outputs before it returns (`llama_synchronize`, in the same C call as
+`llama_decode`, the GIL given up once): on a GPU `llama_decode` returns once the work is queued,
+so `decode_ns` is the device's whole step, and the reads after it (the logits, the device's
+sampled tokens) are lookups made without giving the GIL up, each of which would otherwise wait
+to take it back from the event loop.
 """
 from __future__ import annotations
 
 import time
 from typing import Any
 
+import ctypes
+
 import numpy as np
 import numpy.typing as npt
 
 import llama_cpp as _ll
 
+from ... import _llama_calls
 from ...engine.contract import HostOutOfMemory
-from ..kit import IntArray, LlamaBatch
+from ..kit import IntArray, LlamaBatch, function_address, pointer_address
 from .backend import recent_log
 
 
@@ -30,7 +39,9 @@ class Decoder:
         self.batch = LlamaBatch(n)
         self.tok = self.batch.tok
         self.pos = self.batch.pos
-        self.decode_ns = 0  # time spent inside llama_decode so far (perf_counter_ns)
+        self.decode_ns = 0  # time spent decoding so far, the wait for the outputs included (ns)
+        self._ctx_address = pointer_address(ctx)
+        self._logits_fn = function_address("llama_get_logits")  # 0: through ctypes
 
     def decode(self, n: int, entry_lanes: IntArray, flagged: IntArray) -> npt.NDArray[np.float32]:
         """Decode the first `n` staged entries (`tok`, `pos`; entry i in lane `entry_lanes[i]`)
@@ -38,7 +49,7 @@ class Decoder:
         flagged entry (a view of llama.cpp's buffer, valid until the next decode). RuntimeError
         (with llama.cpp's last log lines) when the decode fails."""
         t = time.perf_counter_ns()
-        rc = self.batch.decode(self._ctx, n, entry_lanes, flagged)
+        rc = self.batch.decode(self._ctx, n, entry_lanes, flagged, synchronize=True)
         self.decode_ns += time.perf_counter_ns() - t
         if rc == -2:  # llama.cpp could not allocate: the device's memory, or the host's
             raise HostOutOfMemory(f"out of memory for a batch of {n} tokens (llama_decode "
@@ -48,8 +59,15 @@ class Decoder:
         k = len(flagged)
         if k == 0:
             return np.zeros((0, self._n_vocab), dtype=np.float32)
-        # Output logits are contiguous, one row per flagged entry in batch order.
-        ptr = _ll.llama_get_logits(self._ctx)
+        # Output logits are contiguous, one row per flagged entry in batch order. The decode
+        # waited for them, so the call is a lookup: made without giving the GIL up.
+        if self._logits_fn:
+            ptr = ctypes.cast(_llama_calls.pointer_of(self._logits_fn, self._ctx_address),
+                              ctypes.POINTER(ctypes.c_float))
+        else:
+            ptr = _ll.llama_get_logits(self._ctx)
+        if not ptr:
+            raise RuntimeError("llama.cpp gave no logits for the decode's flagged entries")
         logits: npt.NDArray[np.float32] = np.ctypeslib.as_array(ptr, shape=(k, self._n_vocab))
         return logits
 

@@ -193,7 +193,8 @@ class LlamaHost:
     # ------------------------------------------------------------------ the contract's extras
     @property
     def decode_ns(self) -> int:
-        """Nanoseconds spent inside llama_decode so far (`DecodeTimingHost`)."""
+        """Nanoseconds spent decoding so far: `llama_decode` and the wait for its outputs
+        (`DecodeTimingHost`)."""
         return self._decoder.decode_ns
 
     @property

@@ -251,7 +251,8 @@ class RowRunner:
             if host.any():
                 js = np.flatnonzero(host)
                 tokens[js] = logits[js if at is None else at[js]].argmax(axis=1)
-            device.read(tokens, row_lanes, sample_rows, device_rows, out_rows, decoder.pos)
+            device.read(tokens, row_lanes, sample_rows, device_rows, out_rows, decoder.pos,
+                        synchronized=True)
         raw = samplers.raw_logprobs(logits, at, row_lanes, sample_rows)
         samplers.pick(self._ctx, tokens, logits, at, row_lanes, sample_rows, out_rows,
                       decoder.pos)
