@@ -17,7 +17,7 @@ outputs is a lookup, made here without giving the GIL up at all (`sampled_tokens
 The functions are llama-cpp-python's own bindings, called at their addresses (the library is
 the one those bindings loaded; nothing here links against it).
 """
-from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
 
 ctypedef int32_t (*sampled_token_fn)(void *ctx, int32_t i) noexcept nogil
 
@@ -86,6 +86,27 @@ def decode_synced(uintptr_t decode, uintptr_t synchronize, uintptr_t ctx,
         if rc == 0:
             wait(<void *> ctx)
     return rc
+
+
+ctypedef uint8_t (*seq_rm_fn)(void *mem, int32_t seq, int32_t p0, int32_t p1) noexcept nogil
+
+
+def remove_cells(uintptr_t fn, uintptr_t mem, const int32_t[::1] seqs,
+                 const int32_t[::1] starts) -> int:
+    """`fn(mem, seqs[i], starts[i], -1)` for every i (`llama_memory_seq_rm`: sequence
+    `seqs[i]`'s cells from position `starts[i]` on), in order, without giving the GIL up (each
+    call only marks cells free); returns how many calls answered false."""
+    cdef Py_ssize_t n = seqs.shape[0], i
+    cdef int refused = 0
+    cdef seq_rm_fn call = <seq_rm_fn> fn
+    if starts.shape[0] != n:
+        raise ValueError(f"{n} sequences, {starts.shape[0]} start positions")
+    if fn == 0 or mem == 0:
+        raise ValueError("a null function or memory")
+    for i in range(n):
+        if not call(<void *> mem, seqs[i], starts[i], -1):
+            refused += 1
+    return refused
 
 
 def pointer_of(uintptr_t fn, uintptr_t ctx) -> int:

@@ -150,20 +150,22 @@ def test_temperature_alone_draws_what_the_host_chain_draws(device, on_host):
 def _through_ctypes(host):
     """The host with every `_llama_calls` call it makes replaced by ctypes calls (as where
     llama.cpp's function addresses cannot be found): the decode and its wait for the outputs,
-    the logits pointer, the device's reads and reseeds."""
+    the logits pointer, the fillers' cell removals, the device's reads and reseeds."""
     decoder = host._decoder
+    cells = host._lanes._cells
     chains = host._samplers.device
-    saved = kit._synced, decoder._logits_fn
-    assert all(kit._synced_calls()) and decoder._logits_fn  # the C calls run against llama.cpp
+    saved = kit._synced, decoder._logits_fn, cells._remove_fn
+    # the C calls run against llama.cpp
+    assert all(kit._synced_calls()) and decoder._logits_fn and cells._remove_fn
     if chains is not None:
         assert chains._read_fn and all(chains._reseed_fns)
         saved_chains = chains._read_fn, chains._reseed_fns
         chains._read_fn, chains._reseed_fns = 0, (0, 0, 0)
-    kit._synced, decoder._logits_fn = (0, 0), 0
+    kit._synced, decoder._logits_fn, cells._remove_fn = (0, 0), 0, 0
     try:
         yield
     finally:
-        kit._synced, decoder._logits_fn = saved
+        kit._synced, decoder._logits_fn, cells._remove_fn = saved
         if chains is not None:
             chains._read_fn, chains._reseed_fns = saved_chains
 
@@ -191,9 +193,13 @@ def test_the_host_path_reads_the_same_logits_through_ctypes(on_host):
                 for i, p in enumerate(_prompts(370, 8))]
     events_c: dict = {}
     events_py: dict = {}
+    filled = on_host.gap_fill_rows
     in_c, _ = _run(on_host, requests, seed=3, depth=2, events=events_c)
+    fillers = on_host.gap_fill_rows - filled
+    assert fillers > 0  # the fillers' cells were removed in C too
     with _through_ctypes(on_host):
         through, _ = _run(on_host, requests, seed=3, depth=2, events=events_py)
+    assert on_host.gap_fill_rows - filled == 2 * fillers
     assert {k: r.tokens for k, r in through.items()} == {k: r.tokens for k, r in in_c.items()}
     assert events_py == events_c
 

@@ -11,10 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 import llama_cpp as _ll
 
+from ... import _llama_calls
 from ...sampling import SamplingParams
-from ..kit import LaneTable
+from ..kit import LaneTable, function_address, pointer_address
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,8 @@ class KvCells:
 
     def __init__(self, ctx: Any) -> None:
         self._mem: Any = _ll.llama_get_memory(ctx)
+        self._mem_address = pointer_address(self._mem)
+        self._remove_fn = function_address("llama_memory_seq_rm")  # 0: through ctypes
         # Copies asked of llama.cpp (prefix keeps and restores, forks); with a KV stream per
         # sequence each one moves a whole stream at the next decode (host_state reports it).
         self.copies = 0
@@ -42,6 +47,20 @@ class KvCells:
         """Drop `seq`'s cells at positions [start, end) (-1: open end)."""
         if self._mem is not None:
             _ll.llama_memory_seq_rm(self._mem, seq, start, end)
+
+    def remove_each(self, seqs: list[int], starts: list[int]) -> None:
+        """`remove(seqs[i], starts[i])` for every i: one C call that keeps the GIL (a removal
+        only marks cells free), where a ctypes call each would give it up and wait to take it
+        back (the gap fill's fillers, right after the decode)."""
+        if self._mem is None:
+            return
+        if not self._remove_fn:
+            for seq, start in zip(seqs, starts):
+                _ll.llama_memory_seq_rm(self._mem, seq, start, -1)
+            return
+        _llama_calls.remove_cells(self._remove_fn, self._mem_address,
+                                  np.asarray(seqs, dtype=np.int32),
+                                  np.asarray(starts, dtype=np.int32))
 
     def copy(self, src: int, dst: int, start: int = -1, end: int = -1) -> None:
         """Give `dst` `src`'s cells at positions [start, end) (-1: open end; with a KV stream per
