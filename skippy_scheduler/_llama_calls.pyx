@@ -109,6 +109,28 @@ def remove_cells(uintptr_t fn, uintptr_t mem, const int32_t[::1] seqs,
     return refused
 
 
+def remove_range(uintptr_t fn, uintptr_t mem, int32_t seq, int32_t p0, int32_t p1) -> bool:
+    """`fn(mem, seq, p0, p1)` (`llama_memory_seq_rm`) without giving the GIL up; its answer."""
+    cdef seq_rm_fn call = <seq_rm_fn> fn
+    if fn == 0 or mem == 0:
+        raise ValueError("a null function or memory")
+    return call(<void *> mem, seq, p0, p1) != 0
+
+
+ctypedef void (*seq_cp_fn)(void *mem, int32_t src, int32_t dst, int32_t p0,
+                           int32_t p1) noexcept nogil
+
+
+def copy_range(uintptr_t fn, uintptr_t mem, int32_t src, int32_t dst, int32_t p0,
+               int32_t p1) -> None:
+    """`fn(mem, src, dst, p0, p1)` (`llama_memory_seq_cp`: it only marks the cells; a copy of
+    a KV stream happens at the next decode) without giving the GIL up."""
+    cdef seq_cp_fn call = <seq_cp_fn> fn
+    if fn == 0 or mem == 0:
+        raise ValueError("a null function or memory")
+    call(<void *> mem, src, dst, p0, p1)
+
+
 def pointer_of(uintptr_t fn, uintptr_t ctx) -> int:
     """`fn(ctx)` for a function returning a pointer (`llama_get_logits`), called without giving
     the GIL up: for a lookup made after `decode_synced`. The pointer as an int (0 for NULL)."""

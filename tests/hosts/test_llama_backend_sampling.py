@@ -150,22 +150,23 @@ def test_temperature_alone_draws_what_the_host_chain_draws(device, on_host):
 def _through_ctypes(host):
     """The host with every `_llama_calls` call it makes replaced by ctypes calls (as where
     llama.cpp's function addresses cannot be found): the decode and its wait for the outputs,
-    the logits pointer, the fillers' cell removals, the device's reads and reseeds."""
+    the logits pointer, the cells' removals and copies, the device's reads and reseeds."""
     decoder = host._decoder
     cells = host._lanes._cells
     chains = host._samplers.device
-    saved = kit._synced, decoder._logits_fn, cells._remove_fn
+    saved = kit._synced, decoder._logits_fn, cells._remove_fn, cells._copy_fn
     # the C calls run against llama.cpp
-    assert all(kit._synced_calls()) and decoder._logits_fn and cells._remove_fn
+    assert all(kit._synced_calls()) and decoder._logits_fn and cells._remove_fn and \
+        cells._copy_fn
     if chains is not None:
         assert chains._read_fn and all(chains._reseed_fns)
         saved_chains = chains._read_fn, chains._reseed_fns
         chains._read_fn, chains._reseed_fns = 0, (0, 0, 0)
-    kit._synced, decoder._logits_fn, cells._remove_fn = (0, 0), 0, 0
+    kit._synced, decoder._logits_fn, cells._remove_fn, cells._copy_fn = (0, 0), 0, 0, 0
     try:
         yield
     finally:
-        kit._synced, decoder._logits_fn, cells._remove_fn = saved
+        kit._synced, decoder._logits_fn, cells._remove_fn, cells._copy_fn = saved
         if chains is not None:
             chains._read_fn, chains._reseed_fns = saved_chains
 

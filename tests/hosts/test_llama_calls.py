@@ -182,3 +182,24 @@ def test_remove_cells_removes_each_sequence_from_its_start_in_order():
     with pytest.raises(ValueError, match="null"):
         _llama_calls.remove_cells(0, 0x77, seqs, starts)
     assert len(calls) == 3
+
+
+_SEQ_CP = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                           ctypes.c_int32)
+
+
+def test_remove_range_and_copy_range_call_through_with_their_arguments():
+    calls: list[tuple] = []
+    rm = _SEQ_RM(lambda mem, seq, p0, p1: calls.append(("rm", mem, seq, p0, p1)) or seq > 0)
+    cp = _SEQ_CP(lambda mem, src, dst, p0, p1: calls.append(("cp", mem, src, dst, p0, p1)))
+    assert _llama_calls.remove_range(_address(rm), 0x9, 2, -1, -1) is True
+    assert _llama_calls.remove_range(_address(rm), 0x9, 0, 5, 9) is False
+    _llama_calls.copy_range(_address(cp), 0x9, 3, 7, 0, 128)
+    assert calls == [("rm", 0x9, 2, -1, -1), ("rm", 0x9, 0, 5, 9), ("cp", 0x9, 3, 7, 0, 128)]
+    for call in (lambda: _llama_calls.remove_range(0, 0x9, 1, 0, 1),
+                 lambda: _llama_calls.remove_range(_address(rm), 0, 1, 0, 1),
+                 lambda: _llama_calls.copy_range(0, 0x9, 1, 2, 0, 1),
+                 lambda: _llama_calls.copy_range(_address(cp), 0, 1, 2, 0, 1)):
+        with pytest.raises(ValueError, match="null"):
+            call()
+    assert len(calls) == 3

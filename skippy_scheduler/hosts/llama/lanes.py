@@ -33,8 +33,12 @@ class KvCells:
 
     def __init__(self, ctx: Any) -> None:
         self._mem: Any = _ll.llama_get_memory(ctx)
+        # The verbs are called from C without giving the GIL up (each only marks cells; a
+        # ctypes call would give it up and wait to take it back), through ctypes where
+        # llama.cpp's functions cannot be found (0).
         self._mem_address = pointer_address(self._mem)
-        self._remove_fn = function_address("llama_memory_seq_rm")  # 0: through ctypes
+        self._remove_fn = function_address("llama_memory_seq_rm")
+        self._copy_fn = function_address("llama_memory_seq_cp")
         # Copies asked of llama.cpp (prefix keeps and restores, forks); with a KV stream per
         # sequence each one moves a whole stream at the next decode (host_state reports it).
         self.copies = 0
@@ -45,13 +49,16 @@ class KvCells:
 
     def remove(self, seq: int, start: int = -1, end: int = -1) -> None:
         """Drop `seq`'s cells at positions [start, end) (-1: open end)."""
-        if self._mem is not None:
+        if self._mem is None:
+            return
+        if self._remove_fn:
+            _llama_calls.remove_range(self._remove_fn, self._mem_address, seq, start, end)
+        else:
             _ll.llama_memory_seq_rm(self._mem, seq, start, end)
 
     def remove_each(self, seqs: list[int], starts: list[int]) -> None:
-        """`remove(seqs[i], starts[i])` for every i: one C call that keeps the GIL (a removal
-        only marks cells free), where a ctypes call each would give it up and wait to take it
-        back (the gap fill's fillers, right after the decode)."""
+        """`remove(seqs[i], starts[i])` for every i, in one C call (the gap fill's fillers,
+        right after the decode)."""
         if self._mem is None:
             return
         if not self._remove_fn:
@@ -65,7 +72,12 @@ class KvCells:
     def copy(self, src: int, dst: int, start: int = -1, end: int = -1) -> None:
         """Give `dst` `src`'s cells at positions [start, end) (-1: open end; with a KV stream per
         sequence llama.cpp copies whole streams only)."""
-        _ll.llama_memory_seq_cp(self._mem, src, dst, start, end)
+        if self._mem is None:
+            raise RuntimeError("the context is freed: no cells to copy")
+        if self._copy_fn:
+            _llama_calls.copy_range(self._copy_fn, self._mem_address, src, dst, start, end)
+        else:
+            _ll.llama_memory_seq_cp(self._mem, src, dst, start, end)
         self.copies += 1
 
     def highest(self, seq: int) -> int:
