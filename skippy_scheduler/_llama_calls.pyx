@@ -9,10 +9,10 @@ after the interpreter's switch interval (5 ms by default). One such wait a step 
 `llama_decode`; one per row (the device's sampled token of each row read through ctypes) puts
 that wait on the step's critical path once for every row. Here the loop over the rows runs in
 C: the GIL is released once for all of them and taken back once. And since `llama_decode`
-returns before a GPU has finished (the first read of an output waits for it), `decode_synced`
-runs the decode and `llama_synchronize` under one release: after it every read of the step's
-outputs is a lookup, made here without giving the GIL up at all (`sampled_tokens` with
-`release=False`, `pointer_of`).
+returns before a GPU has finished (the first read of an output waits for it, and puts the
+outputs in batch order), `decode_synced` runs the decode and that first read
+(`llama_get_logits`) under one release: after it every read of the step's outputs is a lookup,
+made here without giving the GIL up at all (`sampled_tokens` with `release=False`).
 
 The functions are llama-cpp-python's own bindings, called at their addresses (the library is
 the one those bindings loaded; nothing here links against it).
@@ -66,26 +66,28 @@ ctypedef struct llama_batch_t:  # llama.h's llama_batch, passed by value
     int8_t *logits
 
 ctypedef int32_t (*decode_fn)(void *ctx, llama_batch_t batch) noexcept nogil
-ctypedef void (*ctx_fn)(void *ctx) noexcept nogil
 ctypedef void *(*pointer_fn)(void *ctx) noexcept nogil
 
 
-def decode_synced(uintptr_t decode, uintptr_t synchronize, uintptr_t ctx,
-                  uintptr_t batch) -> int:
+def decode_synced(uintptr_t decode, uintptr_t outputs, uintptr_t ctx,
+                  uintptr_t batch) -> tuple:
     """`decode(ctx, *batch)` (`llama_decode`, `batch` the address of a `llama_batch`) and,
-    when it returned 0, `synchronize(ctx)` (`llama_synchronize`): the step's outputs are ready
-    when this returns. The GIL is released once for both. Returns the decode's code."""
+    when it returned 0, `outputs(ctx)` (`llama_get_logits`: it waits for the device and puts
+    the outputs in batch order), with the GIL released once for both: the step's outputs are
+    ready, in order, when this returns. Returns (the decode's code, the logits' address: 0
+    when the decode failed or llama.cpp keeps no logits)."""
     cdef decode_fn run = <decode_fn> decode
-    cdef ctx_fn wait = <ctx_fn> synchronize
+    cdef pointer_fn ready = <pointer_fn> outputs
     cdef llama_batch_t *b = <llama_batch_t *> batch
     cdef int32_t rc
-    if decode == 0 or synchronize == 0 or ctx == 0 or batch == 0:
+    cdef void *logits = NULL
+    if decode == 0 or outputs == 0 or ctx == 0 or batch == 0:
         raise ValueError("a null function, context or batch")
     with nogil:
         rc = run(<void *> ctx, b[0])
         if rc == 0:
-            wait(<void *> ctx)
-    return rc
+            logits = ready(<void *> ctx)
+    return rc, <uintptr_t> logits
 
 
 ctypedef uint8_t (*seq_rm_fn)(void *mem, int32_t seq, int32_t p0, int32_t p1) noexcept nogil
@@ -129,15 +131,6 @@ def copy_range(uintptr_t fn, uintptr_t mem, int32_t src, int32_t dst, int32_t p0
     if fn == 0 or mem == 0:
         raise ValueError("a null function or memory")
     call(<void *> mem, src, dst, p0, p1)
-
-
-def pointer_of(uintptr_t fn, uintptr_t ctx) -> int:
-    """`fn(ctx)` for a function returning a pointer (`llama_get_logits`), called without giving
-    the GIL up: for a lookup made after `decode_synced`. The pointer as an int (0 for NULL)."""
-    cdef pointer_fn call = <pointer_fn> fn
-    if fn == 0 or ctx == 0:
-        raise ValueError("a null function or context")
-    return <uintptr_t> call(<void *> ctx)
 
 
 ctypedef void *(*init_dist_fn)(uint32_t seed) noexcept nogil

@@ -10,7 +10,8 @@
   row continues one, and no row starts past what is held for it), before anything changes.
 * `LlamaBatch`: a `llama_batch` over numpy buffers sized once (token or embedding input), each
   entry with one sequence id, logits for the entries flagged; `decode(..., synchronize=True)`
-  returns with the outputs ready, the GIL given up once (`_llama_calls.decode_synced`).
+  returns with the outputs ready and in batch order, the GIL given up once
+  (`_llama_calls.decode_synced`).
 * `function_address`, `pointer_address`: llama.cpp's functions and objects as addresses, for
   the calls `_llama_calls` makes.
 """
@@ -268,14 +269,14 @@ def function_address(name: str) -> int:
     return 0
 
 
-_synced: Optional[tuple[int, int]] = None  # llama_decode's and llama_synchronize's addresses
+_synced: Optional[tuple[int, int]] = None  # llama_decode's and llama_get_logits's addresses
 
 
 def _synced_calls() -> tuple[int, int]:
     """The addresses `decode_synced` calls, found once ((0, 0) when either is missing)."""
     global _synced
     if _synced is None:
-        found = (function_address("llama_decode"), function_address("llama_synchronize"))
+        found = (function_address("llama_decode"), function_address("llama_get_logits"))
         _synced = found if all(found) else (0, 0)
     return _synced
 
@@ -310,15 +311,17 @@ class LlamaBatch:
                                ctypes.POINTER(ctypes.POINTER(_ll.llama_seq_id)))
         b.logits = self._flag.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
         self._batch = b
+        self.logits_address = 0  # after a decode with synchronize: its logits (0: none)
 
     def decode(self, ctx: Any, n: int, entry_lanes: IntArray,
                flagged: Optional[IntArray], *, synchronize: bool = False) -> int:
         """`llama_decode` of the first `n` staged entries, entry i in lane `entry_lanes[i]`,
         with logits for the `flagged` entries (None: every entry); llama.cpp's return code.
 
-        `synchronize`: also wait for the outputs (`llama_synchronize` after a decode that
-        returned 0; on a GPU `llama_decode` returns before the device is done, and the first
-        read of an output would wait), both in one C call that gives the GIL up once
+        `synchronize`: also wait for the outputs and put them in batch order (after a decode
+        that returned 0, `llama_get_logits`, whose address is kept as `logits_address`: on a
+        GPU `llama_decode` returns before the device is done, and the first read of an output
+        waits and reorders), both in one C call that gives the GIL up once
         (`_llama_calls.decode_synced`; two ctypes calls where llama.cpp's functions cannot be
         found by name). The reads after it are lookups."""
         self.seq_ids[:n] = entry_lanes
@@ -328,13 +331,15 @@ class LlamaBatch:
             self._flag[:n] = 0
             self._flag[flagged] = 1
         self._batch.n_tokens = n
+        self.logits_address = 0
         if not synchronize:
             return int(_ll.llama_decode(ctx, self._batch))
-        run, wait = _synced_calls()
+        run, outputs = _synced_calls()
         if run:
-            return int(_llama_calls.decode_synced(run, wait, pointer_address(ctx),
-                                                  ctypes.addressof(self._batch)))
+            rc, self.logits_address = _llama_calls.decode_synced(
+                run, outputs, pointer_address(ctx), ctypes.addressof(self._batch))
+            return int(rc)
         rc = int(_ll.llama_decode(ctx, self._batch))
         if rc == 0:
-            _ll.llama_synchronize(ctx)
+            self.logits_address = pointer_address(_ll.llama_get_logits(ctx))
         return rc

@@ -149,24 +149,23 @@ def test_temperature_alone_draws_what_the_host_chain_draws(device, on_host):
 @contextlib.contextmanager
 def _through_ctypes(host):
     """The host with every `_llama_calls` call it makes replaced by ctypes calls (as where
-    llama.cpp's function addresses cannot be found): the decode and its wait for the outputs,
-    the logits pointer, the cells' removals and copies, the device's reads and reseeds."""
-    decoder = host._decoder
+    llama.cpp's function addresses cannot be found): the decode and its wait for the outputs
+    (the logits read),
+    the cells' removals and copies, the device's reads and reseeds."""
     cells = host._lanes._cells
     chains = host._samplers.device
-    saved = kit._synced, decoder._logits_fn, cells._remove_fn, cells._copy_fn
+    saved = kit._synced, cells._remove_fn, cells._copy_fn
     # the C calls run against llama.cpp
-    assert all(kit._synced_calls()) and decoder._logits_fn and cells._remove_fn and \
-        cells._copy_fn
+    assert all(kit._synced_calls()) and cells._remove_fn and cells._copy_fn
     if chains is not None:
         assert chains._read_fn and all(chains._reseed_fns)
         saved_chains = chains._read_fn, chains._reseed_fns
         chains._read_fn, chains._reseed_fns = 0, (0, 0, 0)
-    kit._synced, decoder._logits_fn, cells._remove_fn, cells._copy_fn = (0, 0), 0, 0, 0
+    kit._synced, cells._remove_fn, cells._copy_fn = (0, 0), 0, 0
     try:
         yield
     finally:
-        kit._synced, decoder._logits_fn, cells._remove_fn, cells._copy_fn = saved
+        kit._synced, cells._remove_fn, cells._copy_fn = saved
         if chains is not None:
             chains._read_fn, chains._reseed_fns = saved_chains
 
@@ -186,8 +185,8 @@ def test_the_per_row_ctypes_path_samples_what_the_c_loops_sample(device):
 
 
 def test_the_host_path_reads_the_same_logits_through_ctypes(on_host):
-    """Sampling on the host reads the logits pointer without giving the GIL up, after a decode
-    that waited for its outputs: the same tokens and log-probabilities as through ctypes."""
+    """Sampling on the host reads the logits the decode's one C call found: the same tokens
+    and log-probabilities as through ctypes."""
     rng = random.Random(37)
     requests = [Request(f"h{i}", p, 12, arrival_us=0.0,
                         sampling=_host_only(rng, i, len(p)) if i % 2 else _seeded(rng, i))

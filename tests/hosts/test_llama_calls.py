@@ -117,12 +117,11 @@ class _Batch(ctypes.Structure):  # llama.h's llama_batch
 
 
 _DECODE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, _Batch)
-_SYNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _POINTER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
 
 
 @pytest.mark.parametrize("rc", [0, 1, -2])
-def test_decode_synced_passes_the_batch_and_waits_only_after_a_decode_that_worked(rc):
+def test_decode_synced_passes_the_batch_and_reads_the_outputs_only_after_a_decode_that_worked(rc):
     calls: list[tuple] = []
     tokens = (ctypes.c_int32 * 3)(11, 12, 13)
 
@@ -130,33 +129,27 @@ def test_decode_synced_passes_the_batch_and_waits_only_after_a_decode_that_worke
         calls.append(("decode", ctx, batch.n_tokens, [batch.token[i] for i in range(3)]))
         return rc
 
-    fns = (_DECODE(decode), _SYNC(lambda ctx: calls.append(("sync", ctx))))
+    fns = (_DECODE(decode), _POINTER(lambda ctx: calls.append(("outputs", ctx)) or 0xF00D))
     batch = _Batch(n_tokens=3, token=tokens)
     got = _llama_calls.decode_synced(_address(fns[0]), _address(fns[1]), 0x55,
                                      ctypes.addressof(batch))
-    assert got == rc
-    expected = [("decode", 0x55, 3, [11, 12, 13])] + ([("sync", 0x55)] if rc == 0 else [])
+    assert got == (rc, 0xF00D if rc == 0 else 0)
+    expected = [("decode", 0x55, 3, [11, 12, 13])] + ([("outputs", 0x55)] if rc == 0 else [])
     assert calls == expected
 
 
-def test_decode_synced_and_pointer_of_refuse_nulls_before_calling_anything():
+def test_decode_synced_refuses_nulls_before_calling_anything():
     calls: list[int] = []
     decode = _DECODE(lambda ctx, batch: calls.append(1) or 0)
-    sync = _SYNC(lambda ctx: calls.append(2))
+    outputs = _POINTER(lambda ctx: calls.append(2) or 0)
     batch = _Batch()
-    for args in [(0, _address(sync), 1, ctypes.addressof(batch)),
+    for args in [(0, _address(outputs), 1, ctypes.addressof(batch)),
                  (_address(decode), 0, 1, ctypes.addressof(batch)),
-                 (_address(decode), _address(sync), 0, ctypes.addressof(batch)),
-                 (_address(decode), _address(sync), 1, 0)]:
+                 (_address(decode), _address(outputs), 0, ctypes.addressof(batch)),
+                 (_address(decode), _address(outputs), 1, 0)]:
         with pytest.raises(ValueError, match="null"):
             _llama_calls.decode_synced(*args)
-    pointer = _POINTER(lambda ctx: calls.append(3) or 0xBEEF)
-    for args in [(0, 1), (_address(pointer), 0)]:
-        with pytest.raises(ValueError, match="null"):
-            _llama_calls.pointer_of(*args)
     assert calls == []
-    assert _llama_calls.pointer_of(_address(pointer), 9) == 0xBEEF
-    assert calls == [3]
 
 
 _SEQ_RM = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,

@@ -4,11 +4,12 @@ The batch (`LlamaBatch`, hosts/kit.py) is sized once from the batch the context 
 requested only for the entries the host flags: the last entry of sampling rows, and every entry
 of the rows whose sequence asks for prompt log-probabilities.
 
-The decode waits for its outputs before it returns (`llama_synchronize`, in the same C call as
-`llama_decode`, the GIL given up once): on a GPU `llama_decode` returns once the work is queued,
-so `decode_ns` is the device's whole step, and the reads after it (the logits, the device's
-sampled tokens) are lookups made without giving the GIL up, each of which would otherwise wait
-to take it back from the event loop.
+The decode waits for its outputs before it returns (`llama_get_logits`, which waits for the
+device and puts the outputs in batch order, in the same C call as `llama_decode`, the GIL given
+up once): on a GPU `llama_decode` returns once the work is queued, so `decode_ns` is the
+device's whole step, and the reads after it (the device's sampled tokens) are lookups made
+without giving the GIL up, each of which would otherwise wait to take it back from the event
+loop.
 """
 from __future__ import annotations
 
@@ -22,9 +23,8 @@ import numpy.typing as npt
 
 import llama_cpp as _ll
 
-from ... import _llama_calls
 from ...engine.contract import HostOutOfMemory
-from ..kit import IntArray, LlamaBatch, function_address, pointer_address
+from ..kit import IntArray, LlamaBatch
 from .backend import recent_log
 
 
@@ -40,8 +40,6 @@ class Decoder:
         self.tok = self.batch.tok
         self.pos = self.batch.pos
         self.decode_ns = 0  # time spent decoding so far, the wait for the outputs included (ns)
-        self._ctx_address = pointer_address(ctx)
-        self._logits_fn = function_address("llama_get_logits")  # 0: through ctypes
 
     def decode(self, n: int, entry_lanes: IntArray, flagged: IntArray) -> npt.NDArray[np.float32]:
         """Decode the first `n` staged entries (`tok`, `pos`; entry i in lane `entry_lanes[i]`)
@@ -59,15 +57,12 @@ class Decoder:
         k = len(flagged)
         if k == 0:
             return np.zeros((0, self._n_vocab), dtype=np.float32)
-        # Output logits are contiguous, one row per flagged entry in batch order. The decode
-        # waited for them, so the call is a lookup: made without giving the GIL up.
-        if self._logits_fn:
-            ptr = ctypes.cast(_llama_calls.pointer_of(self._logits_fn, self._ctx_address),
-                              ctypes.POINTER(ctypes.c_float))
-        else:
-            ptr = _ll.llama_get_logits(self._ctx)
-        if not ptr:
+        # Output logits are contiguous, one row per flagged entry in batch order (the decode
+        # waited for them and read where they are).
+        address = self.batch.logits_address
+        if not address:
             raise RuntimeError("llama.cpp gave no logits for the decode's flagged entries")
+        ptr = ctypes.cast(address, ctypes.POINTER(ctypes.c_float))
         logits: npt.NDArray[np.float32] = np.ctypeslib.as_array(ptr, shape=(k, self._n_vocab))
         return logits
 
