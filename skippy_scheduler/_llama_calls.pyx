@@ -97,7 +97,8 @@ def remove_cells(uintptr_t fn, uintptr_t mem, const int32_t[::1] seqs,
                  const int32_t[::1] starts) -> int:
     """`fn(mem, seqs[i], starts[i], -1)` for every i (`llama_memory_seq_rm`: sequence
     `seqs[i]`'s cells from position `starts[i]` on), in order, without giving the GIL up (each
-    call only marks cells free); returns how many calls answered false."""
+    call walks the sequence's cells on the host, no device work); returns how many calls
+    answered false."""
     cdef Py_ssize_t n = seqs.shape[0], i
     cdef int refused = 0
     cdef seq_rm_fn call = <seq_rm_fn> fn
@@ -125,8 +126,8 @@ ctypedef void (*seq_cp_fn)(void *mem, int32_t src, int32_t dst, int32_t p0,
 
 def copy_range(uintptr_t fn, uintptr_t mem, int32_t src, int32_t dst, int32_t p0,
                int32_t p1) -> None:
-    """`fn(mem, src, dst, p0, p1)` (`llama_memory_seq_cp`: it only marks the cells; a copy of
-    a KV stream happens at the next decode) without giving the GIL up."""
+    """`fn(mem, src, dst, p0, p1)` (`llama_memory_seq_cp`: it walks the cells on the host; a
+    copy of a KV stream happens at the next decode) without giving the GIL up."""
     cdef seq_cp_fn call = <seq_cp_fn> fn
     if fn == 0 or mem == 0:
         raise ValueError("a null function or memory")

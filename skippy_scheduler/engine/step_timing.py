@@ -37,9 +37,10 @@ different steps and `execute` overlaps the others, so they do not add up to `wal
 The busy share is Σ execute / Σ wall over the last `window` iterations (at most 1).
 
 A host that reports its time inside the model's forward pass (`DecodeTimingHost.decode_ns`, the
-llama host: the llama_decode calls and the wait for their outputs) gives the log a `decode_ns` per iteration: the growth of
-that total since the previous iteration ended (null for other hosts). `execute` minus `decode`
-is then the host's own work around the decode (staging the batch, reading logits, sampling).
+llama host: the llama_decode calls and the wait for their outputs) gives the log a `decode_ns`
+per iteration: the growth of that total since the previous iteration ended (null for other
+hosts). `execute` minus `decode` is then the host's own work around the decode (staging the
+batch, sampling).
 
 `step_log(path)` writes one JSON line per iteration (`LOG_FIELDS`) to a buffered file: the
 engine thread's cost is the formatting and a buffered write; the buffer goes to disk when it

@@ -4,19 +4,18 @@ The batch (`LlamaBatch`, hosts/kit.py) is sized once from the batch the context 
 requested only for the entries the host flags: the last entry of sampling rows, and every entry
 of the rows whose sequence asks for prompt log-probabilities.
 
-The decode waits for its outputs before it returns (`llama_get_logits`, which waits for the
-device and puts the outputs in batch order, in the same C call as `llama_decode`, the GIL given
-up once): on a GPU `llama_decode` returns once the work is queued, so `decode_ns` is the
-device's whole step, and the reads after it (the device's sampled tokens) are lookups made
-without giving the GIL up, each of which would otherwise wait to take it back from the event
-loop.
+A decode with outputs waits for them before it returns (`llama_get_logits`, which waits for
+the device and puts the outputs in batch order, in the same C call as `llama_decode`, the GIL
+given up once): on a GPU `llama_decode` returns once the work is queued, so `decode_ns` is the
+device's whole step (for a step without outputs, the time to queue it), and the reads after it
+(the device's sampled tokens) are lookups made without giving the GIL up, each of which would
+otherwise wait to take it back from the event loop.
 """
 from __future__ import annotations
 
+import ctypes
 import time
 from typing import Any
-
-import ctypes
 
 import numpy as np
 import numpy.typing as npt
@@ -46,8 +45,10 @@ class Decoder:
         with logits for the `flagged` entries (ascending); returns those logits, one row per
         flagged entry (a view of llama.cpp's buffer, valid until the next decode). RuntimeError
         (with llama.cpp's last log lines) when the decode fails."""
+        # A step without outputs (a prompt's middle chunk alone) is not waited for: the device
+        # runs it while the host stages the next one.
         t = time.perf_counter_ns()
-        rc = self.batch.decode(self._ctx, n, entry_lanes, flagged, synchronize=True)
+        rc = self.batch.decode(self._ctx, n, entry_lanes, flagged, synchronize=len(flagged) > 0)
         self.decode_ns += time.perf_counter_ns() - t
         if rc == -2:  # llama.cpp could not allocate: the device's memory, or the host's
             raise HostOutOfMemory(f"out of memory for a batch of {n} tokens (llama_decode "

@@ -33,9 +33,9 @@ class KvCells:
 
     def __init__(self, ctx: Any) -> None:
         self._mem: Any = _ll.llama_get_memory(ctx)
-        # The verbs are called from C without giving the GIL up (each only marks cells; a
-        # ctypes call would give it up and wait to take it back), through ctypes where
-        # llama.cpp's functions cannot be found (0).
+        # The verbs are called from C without giving the GIL up (each walks the sequence's
+        # cells on the host, no device work; a ctypes call would give the GIL up and wait to
+        # take it back), through ctypes where llama.cpp's functions cannot be found (0).
         self._mem_address = pointer_address(self._mem)
         self._remove_fn = function_address("llama_memory_seq_rm")
         self._copy_fn = function_address("llama_memory_seq_cp")
@@ -44,7 +44,8 @@ class KvCells:
         self.copies = 0
 
     def close(self) -> None:
-        """The context is freed: removals become no-ops (a store may still evict)."""
+        """The context is freed: removals and copies become no-ops (a store may still
+        evict)."""
         self._mem = None
 
     def remove(self, seq: int, start: int = -1, end: int = -1) -> None:
@@ -73,7 +74,7 @@ class KvCells:
         """Give `dst` `src`'s cells at positions [start, end) (-1: open end; with a KV stream per
         sequence llama.cpp copies whole streams only)."""
         if self._mem is None:
-            raise RuntimeError("the context is freed: no cells to copy")
+            return
         if self._copy_fn:
             _llama_calls.copy_range(self._copy_fn, self._mem_address, src, dst, start, end)
         else:
