@@ -93,25 +93,6 @@ def decode_synced(uintptr_t decode, uintptr_t outputs, uintptr_t ctx,
 ctypedef uint8_t (*seq_rm_fn)(void *mem, int32_t seq, int32_t p0, int32_t p1) noexcept nogil
 
 
-def remove_cells(uintptr_t fn, uintptr_t mem, const int32_t[::1] seqs,
-                 const int32_t[::1] starts) -> int:
-    """`fn(mem, seqs[i], starts[i], -1)` for every i (`llama_memory_seq_rm`: sequence
-    `seqs[i]`'s cells from position `starts[i]` on), in order, without giving the GIL up (each
-    call walks the sequence's cells on the host, no device work); returns how many calls
-    answered false."""
-    cdef Py_ssize_t n = seqs.shape[0], i
-    cdef int refused = 0
-    cdef seq_rm_fn call = <seq_rm_fn> fn
-    if starts.shape[0] != n:
-        raise ValueError(f"{n} sequences, {starts.shape[0]} start positions")
-    if fn == 0 or mem == 0:
-        raise ValueError("a null function or memory")
-    for i in range(n):
-        if not call(<void *> mem, seqs[i], starts[i], -1):
-            refused += 1
-    return refused
-
-
 def remove_range(uintptr_t fn, uintptr_t mem, int32_t seq, int32_t p0, int32_t p1) -> bool:
     """`fn(mem, seq, p0, p1)` (`llama_memory_seq_rm`) without giving the GIL up; its answer."""
     cdef seq_rm_fn call = <seq_rm_fn> fn

@@ -104,20 +104,6 @@ class LaneTable:
             self._cells.remove(lane, start, -1)
         self._end[lane] = start
 
-    def cut_each(self, lanes: list[int], starts: list[int]) -> None:
-        """`cut(lanes[i], starts[i])` for every i, in one call to the cells where they take
-        one (`remove_each`)."""
-        cells = self._cells
-        if cells is not None:
-            each = getattr(cells, "remove_each", None)
-            if each is not None:
-                each(lanes, starts)
-            else:
-                for lane, start in zip(lanes, starts):
-                    cells.remove(lane, start, -1)
-        for lane, start in zip(lanes, starts):
-            self._end[lane] = start
-
     def give_back(self, sequence_id: str) -> int:
         """`sequence_id` lets go of its lane (returned): emptied, a new generation, free."""
         lane = self._lane.pop(sequence_id)

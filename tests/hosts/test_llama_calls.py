@@ -156,27 +156,6 @@ _SEQ_RM = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p, ctypes.c_int32, ctype
                            ctypes.c_int32)
 
 
-def test_remove_cells_removes_each_sequence_from_its_start_in_order():
-    calls: list[tuple[int, int, int, int]] = []
-
-    def seq_rm(mem: int, seq: int, p0: int, p1: int) -> bool:
-        calls.append((mem, seq, p0, p1))
-        return seq != 4
-
-    fn = _SEQ_RM(seq_rm)
-    seqs = np.array([3, 4, 0], dtype=np.int32)
-    starts = np.array([17, 2, 0], dtype=np.int32)
-    assert _llama_calls.remove_cells(_address(fn), 0x77, seqs, starts) == 1
-    assert calls == [(0x77, 3, 17, -1), (0x77, 4, 2, -1), (0x77, 0, 0, -1)]
-    with pytest.raises(ValueError, match="3 sequences, 2 start"):
-        _llama_calls.remove_cells(_address(fn), 0x77, seqs, starts[:2])
-    with pytest.raises(ValueError, match="null"):
-        _llama_calls.remove_cells(_address(fn), 0, seqs, starts)
-    with pytest.raises(ValueError, match="null"):
-        _llama_calls.remove_cells(0, 0x77, seqs, starts)
-    assert len(calls) == 3
-
-
 _SEQ_CP = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
                            ctypes.c_int32)
 

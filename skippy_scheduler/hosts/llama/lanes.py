@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 import llama_cpp as _ll
 
 from ... import _llama_calls
@@ -56,19 +54,6 @@ class KvCells:
             _llama_calls.remove_range(self._remove_fn, self._mem_address, seq, start, end)
         else:
             _ll.llama_memory_seq_rm(self._mem, seq, start, end)
-
-    def remove_each(self, seqs: list[int], starts: list[int]) -> None:
-        """`remove(seqs[i], starts[i])` for every i, in one C call (the gap fill's fillers,
-        right after the decode)."""
-        if self._mem is None:
-            return
-        if not self._remove_fn:
-            for seq, start in zip(seqs, starts):
-                _ll.llama_memory_seq_rm(self._mem, seq, start, -1)
-            return
-        _llama_calls.remove_cells(self._remove_fn, self._mem_address,
-                                  np.asarray(seqs, dtype=np.int32),
-                                  np.asarray(starts, dtype=np.int32))
 
     def copy(self, src: int, dst: int, start: int = -1, end: int = -1) -> None:
         """Give `dst` `src`'s cells at positions [start, end) (-1: open end; with a KV stream per

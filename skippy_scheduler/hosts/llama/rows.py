@@ -225,8 +225,9 @@ class RowRunner:
         try:
             logits = decoder.decode(n, entry_lanes, flagged)
         finally:
-            if fill is not None:  # the fillers' cells; each lane's end is its filler's position
-                lanes.cut_each(fill[0].tolist(), fill[1].tolist())
+            if fill is not None:
+                for lane, pos in zip(fill[0].tolist(), fill[1].tolist()):
+                    lanes.cut(lane, pos)  # the filler's cell; the lane's end is pos
         if fill is not None:
             self.gap_fill_rows += len(fill[0])
             n -= len(fill[0])
