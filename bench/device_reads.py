@@ -30,6 +30,7 @@ packages (the installed one is imported) to compare them.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import socket
@@ -120,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
 
     decoder = Decoder(ctx, n, tok.n_vocab)
     # The package's own read after its own decode (an older one's read takes no keyword).
-    import inspect
     after_decode = ({"synchronized": True}
                     if "synchronized" in inspect.signature(chains.read).parameters else {})
     memory = ll.llama_get_memory(ctx)

@@ -47,7 +47,7 @@ import llama_cpp as _ll
 
 from ... import _llama_calls
 
-from ..kit import IntArray, function_address as _function_address, pointer_address as _address
+from ..kit import IntArray, function_address, pointer_address
 from ...sampling import SamplingParams, step_seed
 
 MODES = ("on", "off", "auto")
@@ -142,7 +142,7 @@ class DeviceChain:
                 stages.append(self._dist)
         for stage in stages:
             _ll.llama_sampler_chain_add(chain, stage)  # the chain owns its stages
-        self.draw_address = _address(self._dist) if self._dist is not None else 0
+        self.draw_address = pointer_address(self._dist) if self._dist is not None else 0
 
     def begin(self, params: SamplingParams | None) -> None:
         """A sequence starts on the chain: no state from the one before."""
@@ -223,9 +223,9 @@ class DeviceChains:
         self._drawing: set[int] = set()
         # llama.cpp's functions that the C loops call (0 where one cannot be found: then the
         # per-row ctypes calls instead, the same tokens).
-        self._ctx_address = _address(ctx)
-        self._read_fn = _function_address("llama_get_sampled_token_ith")
-        self._reseed_fns = tuple(_function_address(name) for name in (
+        self._ctx_address = pointer_address(ctx)
+        self._read_fn = function_address("llama_get_sampled_token_ith")
+        self._reseed_fns = tuple(function_address(name) for name in (
             "llama_sampler_init_dist", "llama_sampler_copy", "llama_sampler_free"))
         self.attaches = 0  # chains attached to the context so far (each costs a graph reserve)
         self.refused = False  # llama.cpp refused a chain (a tensor split): the host path only
