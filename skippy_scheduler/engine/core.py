@@ -24,7 +24,7 @@ from ..types import (REJECTED, AdmissionError, DuplicateSequence, FinishReason, 
                      RejectReason, ReleaseReason, Sequence)
 from ..slack import PlanningRule
 from .clock import Clock, ClockArg, make_clock
-from .cost_fit import SlackFeed
+from .cost_fit import SlackFeed, StepCostFitter
 from .contract import (Host, HostHooks, RequestLike, SchedulerLike, attach, attach_store,
                        check_scheduler, check_slack_scheduler)
 from .observers import OnPlan as _OnPlan, PlanHook, Recording, StepObserver, TokenEvents, replace_hook
@@ -121,6 +121,23 @@ class Engine(_Steps):
         self._init_steps()
 
     # -- settings that may change between steps -----------------------------------------------
+
+    @property
+    def cost_fitter(self) -> Optional[StepCostFitter]:
+        """The slack rule's cost fitter (engine/cost_fit.py), None when the scheduler does not
+        run the slack rule or the engine has no clock. Set it, before the first step, to start
+        from steps timed elsewhere (engine/warmup.py); the scheduler takes its model at once."""
+        return self._slack_feed.fitter if self._slack_feed is not None else None
+
+    @cost_fitter.setter
+    def cost_fitter(self, fitter: StepCostFitter) -> None:
+        if self._slack_feed is None:
+            raise ValueError("this engine fits no cost model: its scheduler does not run the "
+                             "slack rule, or it has no clock")
+        if not isinstance(fitter, StepCostFitter):
+            raise TypeError(f"cost_fitter must be a StepCostFitter, got {type(fitter).__name__}")
+        self._slack_feed.fitter = fitter
+        self._slack_feed.scheduler.set_step_cost(fitter.cost)
 
     @property
     def clock(self) -> Optional[Clock]:

@@ -128,6 +128,10 @@ class SlackFeed(BaseObserver):
         self._refit_every = max(int(refit_every), 1)
         self._since_fit = 0
 
+    @property
+    def scheduler(self) -> "SlackRuleScheduler":
+        return self._scheduler
+
     def tick(self) -> None:
         """The scheduler's clock to now: after each step, and before each submit (a request's
         age in the prefill order counts from the clock at its submit, §2.13)."""

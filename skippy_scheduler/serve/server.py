@@ -58,7 +58,9 @@ from ..types import DEFAULT_SEQUENCE_ID_LIMIT
 from . import kv_events
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..engine.warmup import WarmUp
     from ..slack import StepCost
+    from ..types import SchedulerConfig
     from .runner import EngineRunner
 
 # NOTE: asyncio accepts up to `backlog` connections per wake-up of the listening socket, and a
@@ -143,6 +145,8 @@ class ServeSettings:
     stage_prefix_cache_tokens: tuple[int, ...] = ()  # per stage; () = prefix_cache_tokens each
     step_log: Optional[str] = None  # a file of one JSON line per engine iteration (its times;
     #   docs/measuring.md "Where an iteration's time goes"); None: no log
+    warmup: bool = True  # under the slack rule, time a synthetic burst before serving and start
+    #   from the cost model fitted to it (engine/warmup.py); staged serving does not warm up
 
 
 PLANNING_RULES = ("slack", "reference")
@@ -410,14 +414,21 @@ class Server:
             sequence_id_limit=ids.get("sequence_id_limit", DEFAULT_SEQUENCE_ID_LIMIT),
             reserved_sequence_ids=ids.get("reserved_sequence_ids", 0))
         self.scheduler = make_scheduler(config, policy=s.policy, implementation=s.scheduler)
+        lane_tokens = (context_of(s) // s.max_active if reuse
+                       else min(host.n_ctx_seq, host.n_ctx))
+        # Before the runner: its step timer reads the host's running totals from its start.
+        self.warmup: Optional[WarmUp] = None
+        if s.warmup and s.planning_rule == "slack" and runner_class is None:
+            self.warmup = self._warm_up(s, config, lane_tokens)
         self.runner = (runner_class or EngineRunner)(self.scheduler, host)
+        if self.warmup is not None:
+            self.runner.engine.cost_fitter = self.warmup.fitter
         if s.step_log:
             self.runner.step_timing.step_log(s.step_log)
         self.context = ServeContext(
             runner=self.runner, host=host, model_name=name, model_aliases=s.model_aliases,
             pieces=token_pieces(host.n_vocab, host.token_bytes),
-            n_ctx_seq=(context_of(s) // s.max_active if reuse
-                       else min(host.n_ctx_seq, host.n_ctx)),
+            n_ctx_seq=lane_tokens,
             memory_components=list(config.memory_components),
             limits=Limits(capacity=s.max_active + s.max_waiting, max_body_bytes=s.max_body_bytes,
                           body_timeout_s=s.body_timeout_s,
@@ -443,6 +454,25 @@ class Server:
         vllm_compat.install(self.app, self.context)
         # last: nothing after it can fail
         self.kv_events = kv_events.start(s, host, self.runner.engine)
+
+    def _warm_up(self, s: ServeSettings, config: "SchedulerConfig",
+                 lane_tokens: int) -> "WarmUp":
+        """The slack rule's cost model fitted to a synthetic burst on the host, for the engine
+        to start from (engine/warmup.py)."""
+        import dataclasses
+
+        from ..engine.warmup import warm_cost_model
+
+        def scheduler(c: "SchedulerConfig") -> Any:
+            return make_scheduler(c, policy=s.policy, implementation=s.scheduler)
+
+        # One plan at a time: the warm-up's engine sees only the host's execute and release.
+        warm = warm_cost_model(self.host, scheduler,
+                               dataclasses.replace(config, max_inflight_plans=1,
+                                                   disjoint_inflight_plans=False),
+                               n_vocab=self.host.n_vocab, lane_tokens=lane_tokens)
+        log.info("%s", warm.describe())
+        return warm
 
     # -- running ------------------------------------------------------------------------------
 

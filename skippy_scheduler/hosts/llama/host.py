@@ -365,10 +365,11 @@ class LlamaHost:
         return tokens
 
     def release(self, sequence_id: str,
-                reason: ReleaseReason = ReleaseReason.FINISHED) -> bool:
+                reason: ReleaseReason = ReleaseReason.FINISHED, *, keep: bool = True) -> bool:
         """Free a sequence's lane and its KV cells. With prefix reuse the cells first become a
         resident prefix when the store takes them, whatever the reason: they hold what the
-        positions say (a preempted sequence then restores its own prefix when re-admitted)."""
+        positions say (a preempted sequence then restores its own prefix when re-admitted).
+        `keep=False` frees them without offering them (the server's warm-up, engine/warmup.py)."""
         lane = self._lanes.lane_of(sequence_id)
         if lane is None:
             return False
@@ -377,7 +378,7 @@ class LlamaHost:
         self._forks.forget(lane)
         try:
             end = self._lanes.end(lane)
-            if self.holders is not None and end > 0 and self._ctx:
+            if keep and self.holders is not None and end > 0 and self._ctx:
                 self.holders.keep(lane, end)
         finally:
             self._lanes.give_back(sequence_id)  # the lane comes back whatever the store did
