@@ -6,7 +6,8 @@ the prior knows no cost per prefill row or per context position and prices a dec
 guess, and the first refits, from 8 and 16 steps, cannot yet tell the terms apart. When the
 first burst of traffic arrives at once, those are the steps that break its streams' gaps.
 
-`warm_cost_model` runs a short synthetic burst through the host before the server takes
+`warm_cost_model` runs, on a thread of its own that exits when it is done (`_on_own_thread`
+says why), a short synthetic burst through the host before the server takes
 requests, on an engine and scheduler of its own with the server's settings: `lanes` prompts of
 lengths spread from a few tokens to `longest`, all arriving at once, each generating a few
 tokens, so the steps it times have what real bursts have (several prompts' chunks, beside
@@ -21,9 +22,10 @@ nothing it runs is kept as a resident prefix, announced as a KV event, or left i
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -90,6 +92,38 @@ class _BareHost:
         return self._host.release(sequence_id, reason)
 
 
+def _on_own_thread(work: Callable[[], object], cancel: Callable[[], object]) -> None:
+    """Run `work` on a new thread and wait for it (its exception raised here). llama.cpp's CPU
+    backend computes with an OpenMP team per calling thread, kept while that thread lives: a
+    warm-up run on the caller's thread would leave a team there beside the engine thread's, and
+    the two contend for the cores (a one-row decode of the bench model took 13.7 ms a step
+    instead of 8.0 ms through a whole trace replay). A thread that exits takes its team with it.
+    Interrupted while waiting (Ctrl-C at startup), it calls `cancel` and waits for the thread
+    to return before raising, so the caller never closes the model under a running decode."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:  # handed to the caller
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="skippy-warmup", daemon=True)
+    thread.start()
+    try:
+        thread.join()
+    except BaseException:
+        cancel()
+        while thread.is_alive():
+            try:
+                thread.join()
+            except BaseException:  # a second signal: still wait, the decode is running
+                continue
+        raise
+    if failure:
+        raise failure[0]
+
+
 def burst_lengths(lanes: int, longest: int, shortest: int = WARMUP_SHORTEST) -> list[int]:
     """`lanes` prompt lengths spread evenly over [shortest, longest], interleaved (long and
     short alternate in arrival order, as a real burst's do)."""
@@ -134,7 +168,8 @@ def warm_cost_model(host: Any, scheduler_factory: Any, config: SchedulerConfig, 
     store = host.prefix_store if isinstance(host, PrefixHoldingHost) else None
     entries = store.entries if store is not None else 0
     start = time.perf_counter()
-    engine.run(requests)
+    _on_own_thread(lambda: engine.run(requests),
+                   lambda: [engine.cancel(r.id) for r in requests])
     seconds = time.perf_counter() - start
     if store is not None and store.entries != entries:
         raise RuntimeError(f"the warm-up changed the host's resident prefixes ({entries} "

@@ -2,6 +2,7 @@
 host on an engine of its own, nothing left behind, the fitter handed to the serving engine."""
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -26,9 +27,11 @@ class TimedHost:
         self.holding: set[str] = set()
         self.reasons: list[ReleaseReason] = []
         self.plans = 0
+        self.threads: set[threading.Thread] = set()
 
     def execute(self, plan) -> None:
         self.plans += 1
+        self.threads.add(threading.current_thread())
         ids = plan.sequence_ids
         self.holding.update(ids)
         counts = (plan.row_offsets[1:] - plan.row_offsets[:-1]).tolist()
@@ -69,6 +72,22 @@ def test_warm_up_times_a_burst_and_leaves_nothing(implementation):
     assert warm.cost != StepCost()
     assert warm.cost.per_decode_row_us < StepCost().per_decode_row_us
     assert "cost model warmed up" in warm.describe()
+    # On a thread of its own, gone once it returns (llama.cpp's CPU backend keeps a compute
+    # team per thread that has decoded: the caller's thread must not become one).
+    (thread,) = host.threads
+    assert thread is not threading.current_thread() and not thread.is_alive()
+
+
+class FailingHost(TimedHost):
+    def execute(self, plan) -> None:
+        if self.plans == 3:
+            raise MemoryError("the device is full")
+        super().execute(plan)
+
+
+def test_a_failure_on_the_warm_up_thread_reaches_the_caller():
+    with pytest.raises(MemoryError, match="the device is full"):
+        warm_cost_model(FailingHost(), make_scheduler, _config(), n_vocab=256, lane_tokens=512)
 
 
 def test_the_serving_engine_takes_the_fitter_and_its_model():
