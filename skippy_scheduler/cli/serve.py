@@ -103,13 +103,11 @@ def register(subparsers: Any) -> None:
                         "time in planning, in the host's execution, waiting on it, in events "
                         "and in completing, and the plan's shape (docs/measuring.md; default: "
                         "none)")
-    p.add_argument("--no-warmup", dest="warmup", action="store_false",
-                   help="start the slack rule's cost model from its generic guess; by default "
-                        "the server first runs a burst of random prompts through the model (one "
-                        "per lane, up to 16, of 16 to 768 tokens, 16 tokens out each) and starts "
-                        "from the model fitted to those steps, so a burst at startup is planned "
-                        "with a fitted model (llama-server's --no-warmup skips its own warm-up "
-                        "run; staged serving does not warm up)")
+    p.add_argument("--cost-warmup", action="store_true",
+                   help="before listening, run a burst of random prompts through the model (one "
+                        "per lane, up to 16, of 16 to 768 tokens, 16 tokens out each) and start "
+                        "the slack rule's cost model from those steps instead of its generic "
+                        "guess (docs/serving.md; staged serving does not warm up; default: off)")
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"),
                    default=d.log_level, help=f"uvicorn log level (default: {d.log_level})")
     p.add_argument("--stages", metavar="DIR",
@@ -390,7 +388,7 @@ def run(args: argparse.Namespace) -> int:
         kv_block_size=args.kv_block_size, kv_hash_seed=args.kv_hash_seed,
         stages=args.stages, stage_addresses=args.stage_addresses,
         stage_prefix_cache_tokens=args.stage_prefix_cache_tokens, step_log=args.step_log,
-        warmup=args.warmup,
+        cost_warmup=args.cost_warmup,
         **_limit_settings(args), **_access_settings(args))
     try:
         server = Server(settings)

@@ -6,6 +6,8 @@ the prior knows no cost per prefill row or per context position and prices a dec
 guess, and the first refits, from 8 and 16 steps, cannot yet tell the terms apart. When the
 first burst of traffic arrives at once, those are the steps that break its streams' gaps.
 
+The server runs it when told to (`serve --cost-warmup`, off by default: BENCHMARKS.md, "A fitted
+model from the first step", measured no gain in the share within an SLO).
 `warm_cost_model` runs, on a thread of its own that exits when it is done (`_on_own_thread`
 says why), a short synthetic burst through the host before the server takes
 requests, on an engine and scheduler of its own with the server's settings: `lanes` prompts of

@@ -145,8 +145,8 @@ class ServeSettings:
     stage_prefix_cache_tokens: tuple[int, ...] = ()  # per stage; () = prefix_cache_tokens each
     step_log: Optional[str] = None  # a file of one JSON line per engine iteration (its times;
     #   docs/measuring.md "Where an iteration's time goes"); None: no log
-    warmup: bool = True  # under the slack rule, time a synthetic burst before serving and start
-    #   from the cost model fitted to it (engine/warmup.py); staged serving does not warm up
+    cost_warmup: bool = False  # under the slack rule, time a synthetic burst before serving and
+    #   start from the cost model fitted to it (engine/warmup.py); staged serving does not
 
 
 PLANNING_RULES = ("slack", "reference")
@@ -418,7 +418,7 @@ class Server:
                        else min(host.n_ctx_seq, host.n_ctx))
         # Before the runner: its step timer reads the host's running totals from its start.
         self.warmup: Optional[WarmUp] = None
-        if s.warmup and s.planning_rule == "slack" and runner_class is None:
+        if s.cost_warmup and s.planning_rule == "slack" and runner_class is None:
             self.warmup = self._warm_up(s, config, lane_tokens)
         self.runner = (runner_class or EngineRunner)(self.scheduler, host)
         if self.warmup is not None:

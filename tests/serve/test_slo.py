@@ -259,10 +259,9 @@ def test_a_burst_beyond_the_cost_model_is_shed_before_any_work(model_path):
 
 
 def test_shedding_reads_a_request_s_own_budget_and_only_a_fitted_model(model_path):
-    """Before the engine fits its cost model nothing is shed (a server started without the
-    warm-up, which would fit it before the first request); then a request whose own budget the
-    model predicts it misses is; one without a budget never is."""
-    server = _shed_server(model_path, warmup=False)
+    """Before the engine fits its cost model nothing is shed; then a request whose own budget
+    the model predicts it misses is; one without a budget never is."""
+    server = _shed_server(model_path)
     slo = server.context.slo
     try:
         assert slo.cost() is None  # the prior, not a fit

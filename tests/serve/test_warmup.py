@@ -10,7 +10,7 @@ from skippy_scheduler.cost_model import StepCost
 
 
 def test_the_server_starts_from_the_warmed_model_and_keeps_nothing_of_it(model_path, reference):
-    server = start_server(model_path)
+    server = start_server(model_path, cost_warmup=True)
     try:
         warm = server.warmup
         assert warm is not None and warm.prompts == LANES and warm.steps > 0
@@ -37,8 +37,8 @@ def test_the_server_starts_from_the_warmed_model_and_keeps_nothing_of_it(model_p
         server.shutdown()
 
 
-def test_no_warmup_starts_from_the_generic_model(model_path):
-    server = start_server(model_path, warmup=False)
+def test_by_default_the_server_starts_from_the_generic_model(model_path):
+    server = start_server(model_path)
     try:
         assert server.warmup is None
         fitter = server.runner.engine.cost_fitter
