@@ -4,7 +4,7 @@ tokens served after it are each prompt's alone tokens."""
 from __future__ import annotations
 
 import httpx
-from serve_support import LANES, alone, metrics, start_server, wait_idle
+from serve_support import LANES, Spawned, alone, metrics, start_server, wait_idle
 
 from skippy_scheduler.cost_model import StepCost
 
@@ -46,3 +46,17 @@ def test_by_default_the_server_starts_from_the_generic_model(model_path):
         assert server.scheduler.step_cost == StepCost()
     finally:
         server.shutdown()
+
+
+def test_the_command_line_warms_up_when_asked_and_says_what_it_took(tmp_path):
+    srv = Spawned(tmp_path, "--cost-warmup")
+    try:
+        r = httpx.post(srv.url + "/v1/completions", timeout=60, json={
+            "model": "tiny-random-llama", "prompt": "the cat", "max_tokens": 4})
+        assert r.status_code == 200, r.text
+    finally:
+        assert srv.stop() == 0
+    lines = srv.log().splitlines()
+    assert lines[0].startswith("skippy-scheduler serve: tiny-random-llama on http")
+    assert lines[1].startswith("skippy-scheduler serve: cost model warmed up: ")
+    assert " steps of 8 prompts " in lines[1]
