@@ -66,8 +66,7 @@ class WarmUp:
                 f"{c.base_us / 1e3:.2f} ms + {c.per_prefill_token_us:.0f} µs a prompt token + "
                 f"{c.per_prefill_row_us / 1e3:.2f} ms a further prompt + "
                 f"{c.per_prefill_position_us / 1e3:.3f} µs a prompt token per position before "
-                f"it + "
-                f"(with decode rows) {c.decode_base_us / 1e3:.2f} ms + "
+                f"it + (with decode rows) {c.decode_base_us / 1e3:.2f} ms + "
                 f"{c.per_decode_row_us:.0f} µs a decode row")
 
 
@@ -158,8 +157,10 @@ def warm_cost_model(host: Any, scheduler_factory: Any, config: SchedulerConfig, 
     top = min(WARMUP_LONGEST, (lane_tokens - output_tokens) // 2) if longest is None else longest
     if n < 1 or top < 1:
         raise ValueError(f"no warm-up burst fits {n} lanes of {lane_tokens} tokens")
-    # Its own scheduler: no prefix store, no cold prompt held, the rest as the server's.
-    scheduler = scheduler_factory(replace(config, cold_prefix_hold_tokens=0))
+    # Its own scheduler: no prefix store, no cold prompt held, one plan at a time (the bare
+    # host runs plans only as they are made), the rest as the server's.
+    scheduler = scheduler_factory(replace(config, cold_prefix_hold_tokens=0,
+                                          max_inflight_plans=1, disjoint_inflight_plans=False))
     engine = Engine(scheduler, _BareHost(host), clock="wall", record=False)
     fitter = engine.cost_fitter
     assert fitter is not None  # the slack rule with a clock always has one

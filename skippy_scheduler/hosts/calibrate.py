@@ -51,6 +51,7 @@ from ..cost_model import LAB_NAMES, StepCost, decode_row_count, fit_coefficients
 from ..engine.clock import make_clock
 from ..engine.contract import attach
 from ..engine.core import Engine, Request
+from ..engine.warmup import FIRST_TOKEN  # the random prompts of both
 from ..types import SchedulerConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -80,7 +81,6 @@ DEFAULT_CONTEXT_TOKENS = 32  # prompt tokens of each decoder
 MAX_RELATIVE_RESIDUAL = 0.15
 # Iterations of a shape's run that may miss the shape before the shape is given up.
 _MAX_MISSES = 3
-_FIRST_TOKEN = 3  # prompts avoid the low ids where vocabularies keep their special tokens
 
 
 @dataclass(frozen=True)
@@ -382,7 +382,7 @@ def calibrate_host(
     rng = np.random.default_rng(seed)
 
     def tokens(n: int) -> list[int]:
-        drawn: list[int] = rng.integers(_FIRST_TOKEN, n_vocab, size=n).tolist()
+        drawn: list[int] = rng.integers(FIRST_TOKEN, n_vocab, size=n).tolist()
         return drawn
 
     durations: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
@@ -393,7 +393,7 @@ def calibrate_host(
                 continue
             got, why = _time_shape(host, p, d, repeats=count, warmup=warmup, clock=clock,
                                    context_tokens=context_tokens, tokens=tokens,
-                                   filler=_FIRST_TOKEN, scheduler_type=scheduler_type)
+                                   filler=FIRST_TOKEN, scheduler_type=scheduler_type)
             if got is None:
                 skipped[(p, d)] = why
             else:

@@ -146,7 +146,7 @@ class ServeSettings:
     step_log: Optional[str] = None  # a file of one JSON line per engine iteration (its times;
     #   docs/measuring.md "Where an iteration's time goes"); None: no log
     cost_warmup: bool = False  # under the slack rule, time a synthetic burst before serving and
-    #   start from the cost model fitted to it (engine/warmup.py); staged serving does not
+    #   start from the cost model fitted to it (engine/warmup.py); staged serving does not warm up
 
 
 PLANNING_RULES = ("slack", "reference")
@@ -459,18 +459,13 @@ class Server:
                  lane_tokens: int) -> "WarmUp":
         """The slack rule's cost model fitted to a synthetic burst on the host, for the engine
         to start from (engine/warmup.py)."""
-        import dataclasses
-
         from ..engine.warmup import warm_cost_model
 
         def scheduler(c: "SchedulerConfig") -> Any:
             return make_scheduler(c, policy=s.policy, implementation=s.scheduler)
 
-        # One plan at a time: the warm-up's engine sees only the host's execute and release.
-        warm = warm_cost_model(self.host, scheduler,
-                               dataclasses.replace(config, max_inflight_plans=1,
-                                                   disjoint_inflight_plans=False),
-                               n_vocab=self.host.n_vocab, lane_tokens=lane_tokens)
+        warm = warm_cost_model(self.host, scheduler, config, n_vocab=self.host.n_vocab,
+                               lane_tokens=lane_tokens)
         log.info("%s", warm.describe())
         return warm
 

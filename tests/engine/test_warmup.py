@@ -85,6 +85,14 @@ class FailingHost(TimedHost):
         super().execute(plan)
 
 
+def test_a_server_config_with_plans_in_flight_warms_up_one_plan_at_a_time():
+    host = TimedHost()  # runs plans only as they are made (no execute_async)
+    warm = warm_cost_model(host, make_scheduler,
+                           _config(max_inflight_plans=2, disjoint_inflight_plans=True),
+                           n_vocab=256, lane_tokens=512)
+    assert warm.steps == host.plans >= 8 and not host.holding
+
+
 def test_a_failure_on_the_warm_up_thread_reaches_the_caller():
     with pytest.raises(MemoryError, match="the device is full"):
         warm_cost_model(FailingHost(), make_scheduler, _config(), n_vocab=256, lane_tokens=512)
