@@ -18,12 +18,14 @@ the server is the bottleneck. `httpx` is `serve_load.py`'s closed loop
 server and caps the rate.
 
 Reported: output tokens/s received through HTTP streaming (the sum over clients: tokens /
-longest client wall time); the server process's CPU time (on-CPU time per thread, from /proc)
-per output token and per engine step over the load, split into the main thread (uvicorn's
-event loop: HTTP, SSE, detokenisation) and the others (the engine thread: scheduler, plans,
-events); steps and tokens per step (`/metrics`); the clients' CPU time per token (when it
-approaches the wall time per token, the clients are the bottleneck: add `--clients`); the load
-average at the start. On a shared machine the figures are indicative only.
+longest client wall time); the streamed chunks that carried tokens and tokens per chunk (1.0:
+every token went out in a chunk of its own); the server process's CPU time (on-CPU time per
+thread, from /proc) per output token and per engine step over the load, split into the main
+thread (uvicorn's event loop: HTTP, SSE, detokenisation) and the others (the engine thread:
+scheduler, plans, events); steps and tokens per step (`/metrics`); the clients' CPU time per
+token (when it approaches the wall time per token, the clients are the bottleneck: add
+`--clients`); the load average at the start. On a shared machine the figures are indicative
+only.
 """
 from __future__ import annotations
 
@@ -183,6 +185,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         _stop(proc)
     c0, cpu0 = marks
     tokens = sum(r["output_tokens"] for r in results)
+    chunks = sum(r["token_chunks"] for r in results)
     wall = max(r["wall_s"] for r in results)
     steps = c1["skippy:iterations"] - c0["skippy:iterations"]
     served = c1["skippy:generation_tokens"] - c0["skippy:generation_tokens"]
@@ -199,7 +202,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "requests": args.requests, "completed": sum(r["completed"] for r in results),
         "errors": sorted({e for r in results for e in r["errors"]})[:5],
         "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
-        "output_tokens": tokens, "wall_s": wall, "output_tokens_per_s": tokens / wall,
+        "output_tokens": tokens, "token_chunks": chunks,
+        "tokens_per_chunk": tokens / chunks if chunks else None, "wall_s": wall, "output_tokens_per_s": tokens / wall,
         "ttft_p99_s": max(r["ttft_p99_s"] for r in results),
         "itl_p99_s": max(r["itl_p99_s"] for r in results),
         "server_tokens": served, "steps": steps,

@@ -193,6 +193,7 @@ def load_figures(args, results: Sequence[Result], wall: float) -> dict:
     tokens = sum(r.tokens for r in good)
     ttft = [r.first - r.sent for r in good]
     gaps = [g for r in good for g in r.gaps]
+    chunks = sum(len(r.gaps) + 1 for r in good if r.first)  # the streamed chunks with tokens
     return {
         "label": args.label, "url": args.url, "concurrency": args.concurrency,
         "requests": args.requests, "completed": len(good),
@@ -200,6 +201,7 @@ def load_figures(args, results: Sequence[Result], wall: float) -> dict:
         "prompt_tokens": args.prompt_tokens, "shared_prefix": args.shared_prefix,
         "shared_fraction": args.shared_fraction, "max_tokens": args.max_tokens,
         "output_tokens": tokens, "short_outputs": sum(r.tokens < args.max_tokens for r in good),
+        "token_chunks": chunks, "tokens_per_chunk": tokens / chunks if chunks else None,
         "wall_s": wall, "output_tokens_per_s": tokens / wall,
         "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
         "itl_p50_s": percentile(gaps, 50), "itl_p99_s": percentile(gaps, 99),

@@ -61,6 +61,9 @@ def test_overhead_smoke(tmp_path, step_ms, inflight, client):
     # 4 lanes, one token per request per step: at least 64 / 4 steps.
     assert doc["output_tokens_per_s"] > 0 and doc["steps"] >= 16
     assert 1 <= doc["tokens_per_step"] <= 4
+    # Every token streamed in some chunk, and no chunk without one.
+    assert 8 <= doc["token_chunks"] <= 64
+    assert doc["tokens_per_chunk"] == pytest.approx(64 / doc["token_chunks"])
     assert doc["server_cpu_us_per_token"] == pytest.approx(
         doc["server_http_cpu_us_per_token"] + doc["server_engine_cpu_us_per_token"])
     assert doc["server_cpu_s"] > 0 and doc["server_cpu_us_per_step"] > 0
