@@ -1,0 +1,124 @@
+#!/bin/bash
+# Every GPU check in one command, within a time budget, for a few minutes on a GPU machine:
+# the kit's setup (bench/gpu/device_setup.sh, from .gpu/), the 0.85 B model written while
+# llama.cpp builds, the offload checks (check_offload.py), then rounds of gpu_rounds.py (this
+# server beside llama-server at concurrency 1, 16, 64) while time is left. Run it from the
+# project's root with the kit in .gpu/ (bench/gpu/make_kit.sh):
+#
+#   bash bench/gpu/device_run.sh [OUT_DIR]        # default: $OUT, else ./gpu-out
+#
+# A second run on the same machine finds the build and the model in $GPU_WORK and goes straight
+# to the checks, so a first call can set up and a second measure. Everything it learns is in
+# OUT_DIR as soon as it is known: progress.log (each phase with its second), gpu.txt
+# (nvidia-smi), setup.log, devices.txt (serve --list-devices), offload-check.json/.log,
+# gpu-rounds.md/.jsonl/.log and the servers' logs under logs/.
+# Environment: BUDGET_S (seconds this run may take, default 570: a phase that cannot finish in
+# what is left is skipped and says so), GPU_WORK (/tmp/gw), MODEL (default
+# $GPU_WORK/bench-0.85b-f16.gguf, written when missing), CHECKS (0: skip the offload checks),
+# ROUNDS (gpu_rounds.py's rounds, default 1; 0 skips them), CONCURRENCY (default 1,16,64),
+# OURS_ARGS (default '-fa off --kv-type f16': llama-server's kernels), SETUP (0: no kit setup;
+# the packages are already importable and LLAMA_SERVER is set), PYTHON (default python3),
+# plus device_setup.sh's own (CUDA_ARCH, CUDA, PROJECT_SRC).
+set -u
+OUT_DIR=${1:-${OUT:-./gpu-out}}
+mkdir -p "$OUT_DIR"
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+ROOT=$(pwd)
+BUDGET=${BUDGET_S:-570}
+W=${GPU_WORK:-/tmp/gw}
+export GPU_WORK=$W
+MODEL=${MODEL:-$W/bench-0.85b-f16.gguf}
+PY=${PYTHON:-python3}
+[[ $PY == */* ]] && PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")
+mkdir -p "$W"
+T0=$SECONDS
+left() { echo $((BUDGET - (SECONDS - T0))); }
+say() { echo "[$((SECONDS - T0))s] $*" | tee -a "$OUT_DIR/progress.log" >&2; }
+
+say "start: budget ${BUDGET}s, work folder $W, output $OUT_DIR"
+if command -v nvidia-smi > /dev/null; then
+  nvidia-smi --query-gpu=name,memory.total,memory.free,driver_version --format=csv \
+    > "$OUT_DIR/gpu.txt" 2>&1
+  say "GPU: $(tail -n +2 "$OUT_DIR/gpu.txt" | head -3 | tr '\n' ';')"
+else
+  say "no nvidia-smi on this machine"
+fi
+
+# 1. The kit's setup in the background; the model is written as soon as the project is
+#    installed (it needs the compiled core, not llama.cpp), while llama.cpp still builds.
+write_model() {
+  say "writing the model $MODEL"
+  mkdir -p "$(dirname "$MODEL")"
+  (cd "$W" && "$PY" "$ROOT/bench/gpu_rounds.py" --write-model "$MODEL.part" \
+    > "$OUT_DIR/model.log" 2>&1 && mv "$MODEL.part" "$MODEL")
+}
+model_pid=
+if [[ ${SETUP:-1} != 0 ]]; then
+  [[ -d .gpu ]] || { say "no .gpu/ here: run bench/gpu/make_kit.sh first and carry .gpu"; exit 1; }
+  rm -f "$W/proj.rc"
+  BUILD_S=$(( $(left) - 60 )) bash .gpu/device_setup.sh > "$OUT_DIR/setup.log" 2>&1 &
+  setup_pid=$!
+  if [[ ! -f $MODEL ]]; then
+    while kill -0 "$setup_pid" 2> /dev/null && [[ ! -f $W/proj.rc ]]; do sleep 2; done
+    if [[ -f $W/proj.rc && $(cat "$W/proj.rc") == 0 ]]; then
+      ( export PYTHONPATH=$W/projsite:$W/site; write_model ) &
+      model_pid=$!
+    fi
+  fi
+  wait "$setup_pid"; rc=$?
+  say "setup ended ($rc): $(tail -1 "$OUT_DIR/setup.log")"
+  if [[ $rc != 0 ]]; then
+    [[ -n $model_pid ]] && kill "$model_pid" 2> /dev/null
+    for f in cmake.log build.log pip.log proj-install.log; do
+      [[ -f $W/$f ]] && tail -40 "$W/$f" > "$OUT_DIR/setup-$f"
+    done
+    exit 1
+  fi
+  . "$W/env.sh"
+fi
+if [[ -n $model_pid ]]; then
+  wait "$model_pid" || { say "model write failed: $(tail -3 "$OUT_DIR/model.log")"; exit 1; }
+elif [[ ! -f $MODEL ]]; then
+  write_model || { say "model write failed: $(tail -3 "$OUT_DIR/model.log")"; exit 1; }
+fi
+say "model ready: $(du -h "$MODEL" | cut -f1)"
+cd "$W" || exit 1  # outside the checkout: python -m imports the installed package
+
+# 2. What llama.cpp sees.
+timeout -k 5 120 "$PY" -m skippy_scheduler.cli serve --list-devices > "$OUT_DIR/devices.txt" 2>&1
+say "devices: $(tr '\n' ';' < "$OUT_DIR/devices.txt" | head -c 300)"
+
+# 3. The offload checks (every layer on the GPU with no flag, the openai client, greedy tokens
+#    alone against batched with the exact settings).
+if [[ ${CHECKS:-1} != 0 ]]; then
+  if (( $(left) > 120 )); then
+    say "offload checks"
+    timeout -s INT -k 15 $(( $(left) - 20 )) "$PY" "$ROOT/bench/gpu/check_offload.py" --model "$MODEL" \
+      --timeout 240 --json "$OUT_DIR/offload-check.json" > "$OUT_DIR/offload-check.log" 2>&1
+    rc=$?
+    say "offload checks ended ($rc): $("$PY" -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+o, b = d.get("offload", {}), d.get("batch_invariance", {})
+print("all layers on a GPU:", o.get("all_layers_on_gpu"), "| chat answered:", o.get("chat_answered"),
+      "| greedy alone = batched:", b.get("equal"), "of", b.get("requests"),
+      "|", o.get("startup_line"))' "$OUT_DIR/offload-check.json" 2>&1 | tail -1)"
+  else
+    say "offload checks skipped: $(left)s left"
+  fi
+fi
+
+# 4. The table: this server beside llama-server, as many rounds as asked while time is left.
+if [[ ${ROUNDS:-1} != 0 ]]; then
+  if (( $(left) > 150 )); then
+    say "gpu_rounds: ${ROUNDS:-1} round(s) at concurrency ${CONCURRENCY:-1,16,64}"
+    timeout -s INT -k 15 $(( $(left) - 25 )) "$PY" "$ROOT/bench/gpu_rounds.py" --model "$MODEL" \
+      --rounds "${ROUNDS:-1}" --concurrency "${CONCURRENCY:-1,16,64}" \
+      --ours-args="${OURS_ARGS:--fa off --kv-type f16}" --markdown "$OUT_DIR/gpu-rounds.md" \
+      --json "$OUT_DIR/gpu-rounds.jsonl" --logs "$OUT_DIR/logs" > "$OUT_DIR/gpu-rounds.log" 2>&1
+    say "gpu_rounds ended ($?)"
+  else
+    say "gpu_rounds skipped: $(left)s left"
+  fi
+fi
+say "done"

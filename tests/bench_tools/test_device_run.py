@@ -1,0 +1,55 @@
+"""bench/gpu/device_run.sh on the CPU (SETUP=0: the packages of this environment): the
+offload checks run against the tiny model and their summary reaches progress.log; a budget too
+short for a phase skips it and says so; a missing kit is named."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "bench", "gpu", "device_run.sh")
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
+                                reason="needs bash and coreutils' timeout")
+
+
+def run(tmp_path, cwd: str = ROOT, **env: str) -> tuple[subprocess.CompletedProcess, str]:
+    out = tmp_path / "out"
+    full = {**os.environ, "PYTHON": sys.executable, "GPU_WORK": str(tmp_path / "work"), **env}
+    proc = subprocess.run(["bash", SCRIPT, str(out)], cwd=cwd, env=full, capture_output=True,
+                          text=True, timeout=400)
+    return proc, (out / "progress.log").read_text()
+
+
+def test_the_checks_run_and_are_summarised(tmp_path, model_path):
+    proc, progress = run(tmp_path, SETUP="0", MODEL=str(model_path), ROUNDS="0",
+                         BUDGET_S="300")
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "out"
+    assert "no GPU" in (out / "devices.txt").read_text()  # --list-devices answered
+    check = json.loads((out / "offload-check.json").read_text())
+    assert check["offload"]["chat_answered"] is True
+    # The CPU build puts no layer on a GPU: check 1 fails, and the summary says why.
+    assert check["offload"]["all_layers_on_gpu"] is False
+    assert "offload checks ended (1): all layers on a GPU: False | chat answered: True" in progress
+    assert "0 layers on a GPU" in progress
+    assert progress.rstrip().endswith("done")
+    assert "gpu_rounds" not in progress  # ROUNDS=0
+
+
+def test_a_short_budget_skips_what_cannot_finish(tmp_path, model_path):
+    proc, progress = run(tmp_path, SETUP="0", MODEL=str(model_path), BUDGET_S="100")
+    assert proc.returncode == 0, proc.stderr
+    assert "offload checks skipped" in progress and "gpu_rounds skipped" in progress
+    assert not (tmp_path / "out" / "offload-check.json").exists()
+
+
+def test_without_the_kit_it_says_what_to_run(tmp_path):
+    proc, progress = run(tmp_path, cwd=str(tmp_path), MODEL=str(tmp_path / "m.gguf"))
+    assert proc.returncode == 1
+    assert "make_kit.sh" in progress and not (tmp_path / "m.gguf").exists()
