@@ -7,9 +7,13 @@
 2. the same server with the exact settings (`--kv-type f32 -fa off`): `--prompts` greedy
    completions run alone, one after another, then all at once; the tokens of each are compared
    (llama.cpp's kernels may not be batch-invariant on a GPU: the count of equal requests is
-   reported, and `--require-equal` makes a difference fail the run).
+   reported, and `--require-equal` makes a difference fail the run);
+3. with the same exact settings, the GPU path (`--inflight 2 -bs on`: two plans in flight,
+   sampling on the device) against one plan at a time sampled on the host (`--inflight 1 -bs
+   off`), the `--prompts` requests all at once on each: the tokens compared request for request
+   (`--require-equal` fails the run on a difference here too).
 
-Exit status 0 when check 1 passed (and check 2 with --require-equal); the JSON has the startup
+Exit status 0 when check 1 passed (and checks 2 and 3 with --require-equal); the JSON has the startup
 lines, the answers and the comparison. Each server runs in its own process and is stopped after
 its check; every wait is bounded (`--timeout`).
 """
@@ -100,11 +104,15 @@ def check_offload(args: argparse.Namespace) -> dict[str, Any]:
             "chat_answered": answered}
 
 
+def _prompts(args: argparse.Namespace) -> list[str]:
+    return [" ".join(f"w{i}x{k}" for k in range(args.prompt_words))
+            for i in range(args.prompts)]
+
+
 def check_batch_invariance(args: argparse.Namespace) -> dict[str, Any]:
     srv = Server(args.model, ["--kv-type", "f32", "-fa", "off", "-np", str(args.prompts)],
                  args.timeout)
-    prompts = [" ".join(f"w{i}x{k}" for k in range(args.prompt_words)) for i in
-               range(args.prompts)]
+    prompts = _prompts(args)
     try:
         client = _client(srv.url, args.timeout)
         alone = [_tokens(client, p, args.max_tokens) for p in prompts]
@@ -117,6 +125,29 @@ def check_batch_invariance(args: argparse.Namespace) -> dict[str, Any]:
             "equal": equal}
 
 
+def _batched(args: argparse.Namespace, extra: list[str]) -> tuple[Server, list[list[int]]]:
+    """The greedy tokens of the check prompts, all sent at once to a server started with the
+    exact settings and `extra`."""
+    srv = Server(args.model, ["--kv-type", "f32", "-fa", "off", "-np", str(args.prompts),
+                              *extra], args.timeout)
+    try:
+        client = _client(srv.url, args.timeout)
+        with concurrent.futures.ThreadPoolExecutor(args.prompts) as pool:
+            return srv, list(pool.map(lambda p: _tokens(client, p, args.max_tokens),
+                                      _prompts(args)))
+    finally:
+        srv.stop()
+
+
+def check_in_flight(args: argparse.Namespace) -> dict[str, Any]:
+    """The GPU path (two plans in flight, sampling on the device) against one plan at a time
+    with the host's sampling, the same requests at once: the tokens request for request."""
+    fast, got = _batched(args, ["--inflight", "2", "-bs", "on"])
+    plain, want = _batched(args, ["--inflight", "1", "-bs", "off"])
+    return {"commands": [fast.cmd, plain.cmd], "requests": len(got),
+            "equal": sum(a == b for a, b in zip(got, want))}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--model", required=True, help="GGUF model file")
@@ -126,20 +157,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--timeout", type=float, default=300.0,
                     help="seconds any start or request may take (default: 300)")
     ap.add_argument("--require-equal", action="store_true",
-                    help="fail unless alone and batched greedy tokens are equal")
+                    help="fail unless alone and batched greedy tokens are equal, and the "
+                    "GPU path's equal one plan at a time sampled on the host")
     ap.add_argument("--json", metavar="FILE", help="write the results here")
     args = ap.parse_args(argv)
     if not os.path.isfile(args.model):
         ap.error(f"--model: no such file: {args.model}")
-    out = {"offload": check_offload(args), "batch_invariance": check_batch_invariance(args)}
+    out = {"offload": check_offload(args), "batch_invariance": check_batch_invariance(args),
+           "in_flight": check_in_flight(args)}
     print(json.dumps(out, indent=2))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(out, fh, indent=2)
     ok = out["offload"]["all_layers_on_gpu"] and out["offload"]["chat_answered"]
     if args.require_equal:
-        inv = out["batch_invariance"]
-        ok = ok and inv["equal"] == inv["requests"]
+        ok = ok and all(out[k]["equal"] == out[k]["requests"]
+                        for k in ("batch_invariance", "in_flight"))
     return 0 if ok else 1
 
 

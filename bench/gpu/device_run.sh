@@ -99,9 +99,10 @@ if [[ ${CHECKS:-1} != 0 ]]; then
     say "offload checks ended ($rc): $("$PY" -c '
 import json, sys
 d = json.load(open(sys.argv[1]))
-o, b = d.get("offload", {}), d.get("batch_invariance", {})
+o, b, f = d.get("offload", {}), d.get("batch_invariance", {}), d.get("in_flight", {})
 print("all layers on a GPU:", o.get("all_layers_on_gpu"), "| chat answered:", o.get("chat_answered"),
       "| greedy alone = batched:", b.get("equal"), "of", b.get("requests"),
+      "| depth 2 + device sampling = depth 1 + host:", f.get("equal"), "of", f.get("requests"),
       "|", o.get("startup_line"))' "$OUT_DIR/offload-check.json" 2>&1 | tail -1)"
   else
     say "offload checks skipped: $(left)s left"

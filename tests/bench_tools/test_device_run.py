@@ -38,6 +38,12 @@ def test_the_checks_run_and_are_summarised(tmp_path, model_path):
     assert check["offload"]["all_layers_on_gpu"] is False
     assert "offload checks ended (1): all layers on a GPU: False | chat answered: True" in progress
     assert "0 layers on a GPU" in progress
+    # The GPU path's tokens against one plan at a time sampled on the host, all at once: on
+    # llama.cpp's CPU backend they are equal.
+    flight = check["in_flight"]
+    assert flight["requests"] == 8 and flight["equal"] == 8
+    assert ["--inflight", "2", "-bs", "on"] == flight["commands"][0][-4:]
+    assert "depth 2 + device sampling = depth 1 + host: 8 of 8" in progress
     assert progress.rstrip().endswith("done")
     assert "gpu_rounds" not in progress  # ROUNDS=0
 
