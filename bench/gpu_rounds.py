@@ -29,7 +29,10 @@ another's prefix cache), `--rounds` times:
 `--threads N` gives both servers N threads (default: their own). Each load reports output
 tokens/s, TTFT p50/p99 and the inter-token gap p50/p99, and, where `nvidia-smi` exists, the
 GPU's utilisation (mean and max of samples every 0.5 s during the load) and its memory used
-(max). Greedy outputs are compared request for request: on a GPU they may differ (llama.cpp's
+(max); for this server also, per engine iteration over the load and its warm-up request
+(`skippy:step_seconds` in `/metrics`), the wall time, the time in the model (the host's
+execution: on a GPU the device's step), the engine thread's own work (before, plan, events,
+complete), its waits on the model, and the model's busy share of the wall time. Greedy outputs are compared request for request: on a GPU they may differ (llama.cpp's
 kernels are not batch-invariant with an f16 KV cache), so the count of equal requests is
 reported, and only `--require-equal` makes a difference fail the run (exit 1).
 
@@ -49,11 +52,13 @@ import asyncio
 import datetime
 import math
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from typing import Any, Optional
 
 from skippy_bench.loads import closed_args, run_load
@@ -64,7 +69,13 @@ from skippy_bench.servers import OURS, THEIRS, Served, find_llama_server, stop
 MEASURES = (("output_tokens_per_s", "output tok/s", 1), ("ttft_p50_s", "TTFT p50 ms", 1e3),
             ("ttft_p99_s", "TTFT p99 ms", 1e3), ("itl_p50_s", "gap p50 ms", 1e3),
             ("itl_p99_s", "gap p99 ms", 1e3), ("gpu_util_mean_pct", "GPU util mean %", 1),
-            ("gpu_util_max_pct", "GPU util max %", 1), ("gpu_mem_max_mib", "GPU memory max MiB", 1))
+            ("gpu_util_max_pct", "GPU util max %", 1), ("gpu_mem_max_mib", "GPU memory max MiB", 1),
+            ("step_wall_ms", "step ms (wall)", 1), ("step_execute_ms", "step ms in the model", 1),
+            ("step_engine_ms", "step ms of engine work", 1), ("step_wait_ms", "step ms waited", 1),
+            ("host_busy_pct", "model busy % of wall", 1))
+#: The step histogram's parts that are the engine thread's own work (serve/metrics.py).
+ENGINE_PARTS = ("before", "plan", "events", "complete")
+_STEP = re.compile(r'^skippy:step_seconds_(sum|count)\{part="(\w+)"\} (\S+)$', re.M)
 SMI_QUERY = ["--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits",
              "-lms", "500"]
 
@@ -180,6 +191,42 @@ def log_tail(logs: str, label: str, n: int = 3000) -> str:
         return ""
 
 
+def step_sums(url: str) -> dict[str, tuple[float, float]]:
+    """(seconds, iterations) per part of this server's `skippy:step_seconds` (empty where the
+    server has none: llama-server)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+            text = r.read().decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return {}
+    got: dict[str, list[float]] = {}
+    for kind, part, value in _STEP.findall(text):
+        got.setdefault(part, [0.0, 0.0])[kind == "count"] = float(value)
+    return {part: (v[0], v[1]) for part, v in got.items()}
+
+
+def step_figures(before: dict[str, tuple[float, float]],
+                 after: dict[str, tuple[float, float]]) -> dict[str, Optional[float]]:
+    """Per engine iteration over a load (the histograms' growth): its wall time, the time in the
+    model (the host's execution: on a GPU the device's step), the engine thread's own work, its
+    waits on the model, and the model's busy share of the wall time."""
+    def grew(part: str) -> tuple[float, float]:
+        s1, n1 = after.get(part, (0.0, 0.0))
+        s0, n0 = before.get(part, (0.0, 0.0))
+        return s1 - s0, n1 - n0
+
+    wall, steps = grew("wall")
+    if not after or steps <= 0:
+        return {k: None for k in ("steps", "step_wall_ms", "step_execute_ms", "step_engine_ms",
+                                  "step_wait_ms", "host_busy_pct")}
+    per = lambda x: x * 1e3 / steps  # noqa: E731
+    execute = grew("execute")[0]
+    return {"steps": steps, "step_wall_ms": per(wall), "step_execute_ms": per(execute),
+            "step_engine_ms": per(sum(grew(p)[0] for p in ENGINE_PARTS)),
+            "step_wait_ms": per(grew("wait")[0]),
+            "host_busy_pct": 100 * execute / wall if wall > 0 else None}
+
+
 def measure(args: argparse.Namespace, cmd: list[str], label: str, c: int, logs: str,
             smi: Optional[str]) -> dict[str, Any]:
     """One load on a fresh server: serve_load's closed loop, the GPU sampled meanwhile."""
@@ -192,16 +239,18 @@ def measure(args: argparse.Namespace, cmd: list[str], label: str, c: int, logs: 
     try:
         load = argparse.Namespace(**{**vars(args), "requests": requests_at(args, c)})
         sampler = GpuSampler(smi)
+        before = step_sums(served.url)
         result = asyncio.run(asyncio.wait_for(
             run_load(closed_args(load, served.url, label, c)),
             args.load_timeout))
+        steps = step_figures(before, step_sums(served.url))
     except asyncio.TimeoutError:
         raise SystemExit(f"gpu_rounds: {label} at concurrency {c} took over "
                          f"--load-timeout {args.load_timeout} s") from None
     finally:
         gpu = sampler.stop() if sampler else {}
         served.close()
-    return {**result, **gpu, "load": f"closed c={c}"}
+    return {**result, **gpu, **steps, "load": f"closed c={c}"}
 
 
 def count_equal(a: Optional[list], b: Optional[list]) -> tuple[int, int]:

@@ -94,6 +94,13 @@ def test_smoke_run_writes_the_table_and_json_lines(tmp_path, monkeypatch, capsys
     for r in loads:
         assert r["completed"] == 3 and "outputs" not in r and r["output_tokens"] == 12
         assert r["gpu_samples"] >= 1 and r["gpu_util_max_pct"] == 80.0
+        if r["label"] == gpu_rounds.OURS:  # its step histogram over the load
+            assert r["steps"] >= 4 and r["step_wall_ms"] > 0 and r["step_execute_ms"] > 0
+            assert r["step_engine_ms"] > 0 and r["step_wait_ms"] >= 0
+            assert r["step_execute_ms"] + r["step_engine_ms"] <= r["step_wall_ms"] * 1.05
+            assert 0 < r["host_busy_pct"] <= 100
+        else:  # llama-server has none
+            assert r["steps"] is None and r["host_busy_pct"] is None
     medians = {r["concurrency"]: r for r in rows if r["label"] == "medians"}
     assert set(medians) == {1, 2}
     for c, row in medians.items():
@@ -115,5 +122,6 @@ def test_smoke_run_writes_the_table_and_json_lines(tmp_path, monkeypatch, capsys
     head = lines.index(next(ln for ln in lines if ln.startswith("| concurrency |")))
     body = [ln for ln in lines[head + 2:] if ln.startswith("|")]
     assert len(body) == 2 * (len(gpu_rounds.MEASURES) + both)
+    assert any(ln.startswith("| 1 | 3 | step ms in the model |") for ln in body)
     assert all(ln.count("|") == 7 for ln in lines[head:head + 2] + body)
     assert any(ln.startswith("| 2 | 3 | GPU util max % | 80 |") for ln in body)
