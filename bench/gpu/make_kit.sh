@@ -6,7 +6,7 @@
 #   llama_cpp_py.tgz llama-cpp-python 0.3.36's Python package (no libraries: built there)
 #   project.tgz      the project at the checkout's HEAD
 #   whl/             wheels (CPython 3.12, manylinux) for what the serve extra and the
-#                    benchmark client (httpx) need
+#                    benchmark clients (httpx, openai) need
 #   device_setup.sh  the setup to run there (a copy of the one beside this script)
 # Usage: bench/gpu/make_kit.sh [SDIST_DIR]   (an unpacked llama-cpp-python 0.3.36 sdist; default:
 # downloads and unpacks it)
@@ -33,14 +33,16 @@ tar czf "$K/llama.cpp.tgz" -C "$t" llama.cpp
 tar czf "$K/llama_cpp_py.tgz" -C "$S" --exclude='llama_cpp/server' --exclude='llama_cpp/lib' llama_cpp
 git -C "$P" archive --format=tar.gz -o "$K/project.tgz" HEAD
 plat="--platform manylinux_2_28_x86_64 --platform manylinux_2_26_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any"
-# The closure of the serve extra, gguf and httpx (the load client of bench/serve_load.py) for
-# CPython 3.12, less numpy and prometheus_client, which that machine has (fastapi 0.165 does not
-# import without opentelemetry-api, annotated-doc and anyio; uvicorn needs click).
+# The closure of the serve extra, gguf, httpx (the load client of bench/serve_load.py) and
+# openai (the client of bench/gpu/check_offload.py) for CPython 3.12, less numpy and
+# prometheus_client, which that machine has (fastapi 0.165 does not import without
+# opentelemetry-api, annotated-doc and anyio; uvicorn needs click).
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $plat -d "$K/whl" \
   cffi==2.1.1 pycparser==3.12 fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic_core==2.50.5 \
   typing-inspection==0.4.5 annotated-types==0.8.0 uvicorn==0.55.0 msgspec==0.23.0 pyzmq==27.3.0 gguf==0.19.0 diskcache==5.6.3 \
   opentelemetry-api importlib-metadata zipp lazy-importer annotated-doc==0.0.7 anyio==4.16.0 \
   typing-extensions==4.16.0 click==8.5.1 httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 certifi idna \
-  pyyaml==6.0.4 tqdm==4.70.1 requests==2.34.2 urllib3==2.8.0 charset-normalizer==3.5.3
+  pyyaml==6.0.4 tqdm==4.70.1 requests==2.34.2 urllib3==2.8.0 charset-normalizer==3.5.3 \
+  openai==3.63.0 jiter==0.19.0 sniffio==1.3.1 httpx2==2.17.0 httpcore2==2.17.0 truststore==0.10.5
 cp "$(dirname "$0")/device_setup.sh" "$K/"
 rm -rf "$t"; du -sh "$K" "$K"/*
