@@ -131,14 +131,20 @@ def trace_args(args: argparse.Namespace, url: str, label: str) -> argparse.Names
 
 
 def run_trace(targs: argparse.Namespace, also_ttft_s: Optional[float] = None,
-              grid: tuple[tuple[float, float], ...] = ()) -> dict[str, Any]:
+              grid: tuple[tuple[float, float], ...] = (),
+              rows_to: Optional[str] = None) -> dict[str, Any]:
     """The replay's report; with `also_ttft_s`, also the share of the requests sent that met
     the SLO with that TTFT bound instead (the same gap bound), from the same replay; with
     `grid` ((TTFT s, gap s), ...), the report under each of those SLOs, from the same replay
-    (`by_slo`, keyed by `slo_key`), and every request's text (`outputs`)."""
+    (`by_slo`, keyed by `slo_key`), and every request's text (`outputs`); with `rows_to`, one
+    JSON line per request written there (trace_load.py's `--requests-out`)."""
     plan = open_loop.plan_requests(targs)
     outcomes, wall = asyncio.run(open_loop.replay(plan, targs))
     doc = open_loop.report(plan, outcomes, wall, targs)
+    if rows_to:
+        with open(rows_to, "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(row) + "\n"
+                          for row in open_loop.request_rows(outcomes, targs))
     if grid:
         doc["by_slo"] = {
             slo_key(ttft, itl): open_loop.report(plan, outcomes, wall, argparse.Namespace(
@@ -154,6 +160,15 @@ def run_trace(targs: argparse.Namespace, also_ttft_s: Optional[float] = None,
         doc["also_ttft_slo_s"] = also_ttft_s
         doc["slo_also_pct"] = 100 * met / len(sent) if sent else 0.0
     return doc
+
+
+def rows_path(args: argparse.Namespace, label: str, rnd: int, load: str) -> Optional[str]:
+    """Where `--requests-out DIR` keeps one replay's request rows (None without it)."""
+    if not args.requests_out:
+        return None
+    os.makedirs(args.requests_out, exist_ok=True)
+    name = f"{label}-r{rnd}-{load}".replace("/", "x").replace(" ", "-").replace("=", "")
+    return os.path.join(args.requests_out, name + ".jsonl")
 
 
 def slo_key(ttft_s: float, itl_s: float) -> str:
@@ -191,7 +206,8 @@ def run_grid(args: argparse.Namespace, theirs: Optional[str]) -> int:
                 print(f"# round {rnd}: {THEIRS}, trace", file=sys.stderr, flush=True)
                 served = Served(theirs_cmd(args, theirs), logs, THEIRS, args.start_timeout)
                 try:
-                    theirs_doc = run_trace(trace_args(args, served.url, THEIRS), grid=grid)
+                    theirs_doc = run_trace(trace_args(args, served.url, THEIRS), grid=grid,
+                                           rows_to=rows_path(args, THEIRS, rnd, "trace"))
                 finally:
                     served.close()
                 for key, doc in theirs_doc["by_slo"].items():
@@ -207,7 +223,8 @@ def run_grid(args: argparse.Namespace, theirs: Optional[str]) -> int:
                       flush=True)
                 served = Served(ours_cmd(told), logs, OURS, args.start_timeout)
                 try:
-                    doc = run_trace(trace_args(told, served.url, OURS), grid=((ttft, itl),))
+                    doc = run_trace(trace_args(told, served.url, OURS), grid=((ttft, itl),),
+                                    rows_to=rows_path(args, OURS, rnd, f"trace {key}"))
                 finally:
                     served.close()
                 outputs = doc.pop("outputs")
@@ -276,11 +293,12 @@ def loads(args: argparse.Namespace) -> list[str]:
 
 
 def measure(args: argparse.Namespace, cmd: list[str], label: str, load: str,
-            logs: str) -> dict[str, Any]:
+            logs: str, rnd: int = 1) -> dict[str, Any]:
     served = Served(cmd, logs, label, args.start_timeout)
     try:
         if load == "trace":
-            result = run_trace(trace_args(args, served.url, label), args.also_ttft_slo_s)
+            result = run_trace(trace_args(args, served.url, label), args.also_ttft_slo_s,
+                               rows_to=rows_path(args, label, rnd, load))
         else:
             c = int(load.split("=")[1])
             result = asyncio.run(run_load(closed_args(args, served.url, label, c)))
@@ -393,6 +411,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "--ours-args='--flag V'), to measure a setting; the comparison with "
                          "llama-server runs without")
     ap.add_argument("--json", help="append every result and the medians as JSON lines here")
+    ap.add_argument("--requests-out", metavar="DIR",
+                    help="keep every trace replay's requests here, one JSON line each (times, "
+                         "tokens, the SLO's verdict: trace_load.py's --requests-out), a file per "
+                         "server, round and SLO")
     ap.add_argument("--markdown", help="write the table of medians here")
     args = ap.parse_args(argv)
     if args.slo_ttft_ms is not None:
@@ -436,7 +458,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 this: dict[str, dict[str, Any]] = {}
                 for label, cmd in servers:
                     print(f"# round {rnd}: {label}, {load}", file=sys.stderr, flush=True)
-                    result = measure(args, cmd, label, load, logs)
+                    result = measure(args, cmd, label, load, logs, rnd)
                     result["round"] = rnd
                     this[label] = result
                     runs[load][label].append(result)

@@ -85,10 +85,12 @@ def test_trace_rounds_report_a_second_ttft_bound_from_the_same_replay(tmp_path):
         "--model", str(model), "--servers", "ours", "--rounds", "1", "--only-trace",
         "--trace", trace, "--max-requests", "3", "--ttft-slo-s", "1e-9",
         "--also-ttft-slo-s", "600", "--itl-slo-s", "600", "--lanes", "2", "--ctx-size", "1024",
-        "--threads", "1", "--json", str(out)]) == 0
+        "--threads", "1", "--json", str(out), "--requests-out", str(tmp_path / "req")]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     run = next(r for r in rows if r["label"] == serve_rounds.OURS)
     assert run["completed"] == 3
+    reqs = (tmp_path / "req" / f"{serve_rounds.OURS}-r1-trace.jsonl").read_text().splitlines()
+    assert len(reqs) == 3
     assert (run["slo_attainment_pct"], run["slo_also_pct"], run["also_ttft_slo_s"]) == (
         0.0, 100.0, 600)
     medians = next(r for r in rows if r["label"] == "medians")
@@ -156,8 +158,16 @@ def test_slo_grid_tells_this_server_each_slo_in_turn(tmp_path, capsys):
     assert serve_rounds.main([
         "--model", str(model), "--servers", "ours", "--rounds", "1", "--trace", trace,
         "--max-requests", "3", "--slo-grid", "600000x600000,700000x500000", "--lanes", "2",
-        "--ctx-size", "1024", "--threads", "1", "--json", str(out)]) == 0
+        "--ctx-size", "1024", "--threads", "1", "--json", str(out),
+        "--requests-out", str(tmp_path / "req")]) == 0
     assert "SLO grid (medians of 1 rounds)" in capsys.readouterr().out
+    # One file of request rows per replay, named by server, round and SLO.
+    names = sorted(p.name for p in (tmp_path / "req").iterdir())
+    assert names == [f"{serve_rounds.OURS}-r1-trace-600000x600000.jsonl",
+                     f"{serve_rounds.OURS}-r1-trace-700000x500000.jsonl"]
+    for name in names:
+        reqs = [json.loads(line) for line in (tmp_path / "req" / name).read_text().splitlines()]
+        assert len(reqs) == 3
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     runs = [r for r in rows if r["label"] == serve_rounds.OURS]
     assert [(r["slo"], r["ttft_slo_s"], r["itl_slo_s"]) for r in runs] == [
