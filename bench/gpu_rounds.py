@@ -32,9 +32,10 @@ GPU's utilisation (mean and max of samples every 0.5 s during the load) and its 
 (max); for this server also, per engine iteration over the load and its warm-up request
 (`skippy:step_seconds` in `/metrics`), the wall time, the time in the model (the host's
 execution: on a GPU the device's step), the engine thread's own work (before, plan, events,
-complete), its waits on the model, and the model's busy share of the wall time. Greedy outputs are compared request for request: on a GPU they may differ (llama.cpp's
-kernels are not batch-invariant with an f16 KV cache), so the count of equal requests is
-reported, and only `--require-equal` makes a difference fail the run (exit 1).
+complete), its waits on the model, and the model's busy share of the wall time. Greedy outputs
+are compared request for request: on a GPU they may differ (llama.cpp's kernels are not
+batch-invariant with an f16 KV cache), so the count of equal requests is reported, and only
+`--require-equal` makes a difference fail the run (exit 1).
 
 Printed at the end, written with `--markdown FILE` and appended as JSON lines to `--json FILE`
 (with every load's figures, both command lines, `llama-server --version`, the GPU's name and
@@ -219,7 +220,9 @@ def step_figures(before: dict[str, tuple[float, float]],
     if not after or steps <= 0:
         return {k: None for k in ("steps", "step_wall_ms", "step_execute_ms", "step_engine_ms",
                                   "step_wait_ms", "host_busy_pct")}
-    per = lambda x: x * 1e3 / steps  # noqa: E731
+    def per(seconds: float) -> float:
+        return seconds * 1e3 / steps
+
     execute = grew("execute")[0]
     return {"steps": steps, "step_wall_ms": per(wall), "step_execute_ms": per(execute),
             "step_engine_ms": per(sum(grew(p)[0] for p in ENGINE_PARTS)),

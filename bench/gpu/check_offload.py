@@ -13,9 +13,9 @@
    off`), the `--prompts` requests all at once on each: the tokens compared request for request
    (`--require-equal` fails the run on a difference here too).
 
-Exit status 0 when check 1 passed (and checks 2 and 3 with --require-equal); the JSON has the startup
-lines, the answers and the comparison. Each server runs in its own process and is stopped after
-its check; every wait is bounded (`--timeout`).
+Exit status 0 when check 1 passed (and checks 2 and 3 with --require-equal); the JSON has the
+startup lines, the answers and the comparison. Each server runs in its own process and is
+stopped after its check; every wait is bounded (`--timeout`).
 """
 from __future__ import annotations
 
