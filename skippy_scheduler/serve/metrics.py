@@ -32,11 +32,14 @@ first-token deadline they could no longer meet (the scheduler's `slo_relegated`)
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from bisect import bisect_left
+from itertools import accumulate
+from typing import Any, Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily, Metric)
+from prometheus_client.utils import floatToGoString
 
 from ..engine.step_timing import BUCKETS_S, BUSY_WINDOW, PARTS
 
@@ -51,6 +54,36 @@ _ITL_BUCKETS = (0.0002, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 
                 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 _E2E_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0,
                 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)
+
+
+class LoopHistogram:
+    """A histogram observed on one thread only, the event loop's (a gap per streamed token), and
+    read on it (`/metrics` is served there): its bucket counts and sum are plain numbers, with
+    no lock and no per-bucket objects, and a scrape shows them as prometheus_client's
+    `Histogram` shows its own (the same series, `le` labels and cumulative counts)."""
+
+    __slots__ = ("name", "documentation", "bounds", "counts", "sum")
+
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float]) -> None:
+        bounds = tuple(float(b) for b in buckets)
+        if not bounds or any(b >= c for b, c in zip(bounds, bounds[1:])):
+            raise ValueError(f"{name}: bucket bounds must be given in increasing order")
+        self.name = name
+        self.documentation = documentation
+        self.bounds = bounds  # the upper bounds; the last bucket, +Inf, is implied
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        """One observation: into the first bucket whose upper bound is at least `value`."""
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def collect(self) -> Iterator[Metric]:
+        h = HistogramMetricFamily(self.name, self.documentation)
+        les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
+        h.add_metric([], list(zip(les, map(float, accumulate(self.counts)))), self.sum)
+        yield h
 
 
 class _EngineCollector:
@@ -177,9 +210,10 @@ class ServeMetrics:
             "Time to first token, by request priority (higher runs first).", ["priority"],
             buckets=_TTFT_BUCKETS, registry=reg)
         self._priority_labels: dict[int, Any] = {}
-        self.itl = Histogram("skippy:inter_token_latency_seconds",
-                             "Time between consecutive tokens of a request.",
-                             buckets=_ITL_BUCKETS, registry=reg)
+        # Observed once per streamed token, on the event loop: a histogram without locks.
+        self.itl = LoopHistogram("skippy:inter_token_latency_seconds",
+                                 "Time between consecutive tokens of a request.", _ITL_BUCKETS)
+        reg.register(self.itl)
         self.e2e = Histogram("skippy:e2e_request_latency_seconds",
                              "Time from arrival to the end of a request.",
                              buckets=_E2E_BUCKETS, registry=reg)
