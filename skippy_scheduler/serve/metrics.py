@@ -34,12 +34,14 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from itertools import accumulate
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, cast
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily, Metric)
 from prometheus_client.utils import floatToGoString
+
+_le_label = cast(Callable[[float], str], floatToGoString)  # a bound as the exposition writes it
 
 from ..engine.step_timing import BUCKETS_S, BUSY_WINDOW, PARTS
 
@@ -62,7 +64,7 @@ class LoopHistogram:
     no lock and no per-bucket objects, and a scrape shows them as prometheus_client's
     `Histogram` shows its own (the same series, `le` labels and cumulative counts)."""
 
-    __slots__ = ("name", "documentation", "bounds", "counts", "sum")
+    __slots__ = ("name", "documentation", "bounds", "les", "counts", "sum")
 
     def __init__(self, name: str, documentation: str, buckets: Sequence[float]) -> None:
         bounds = tuple(float(b) for b in buckets)
@@ -71,6 +73,7 @@ class LoopHistogram:
         self.name = name
         self.documentation = documentation
         self.bounds = bounds  # the upper bounds; the last bucket, +Inf, is implied
+        self.les = [_le_label(b) for b in bounds] + ["+Inf"]
         self.counts = [0] * (len(bounds) + 1)
         self.sum = 0.0
 
@@ -81,8 +84,7 @@ class LoopHistogram:
 
     def collect(self) -> Iterator[Metric]:
         h = HistogramMetricFamily(self.name, self.documentation)
-        les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
-        h.add_metric([], list(zip(les, map(float, accumulate(self.counts)))), self.sum)
+        h.add_metric([], list(zip(self.les, map(float, accumulate(self.counts)))), self.sum)
         yield h
 
 
