@@ -22,10 +22,10 @@ longest client wall time); the streamed chunks that carried tokens and tokens pe
 every token went out in a chunk of its own); the server process's CPU time (on-CPU time per
 thread, from /proc) per output token and per engine step over the load, split into the main
 thread (uvicorn's event loop: HTTP, SSE, detokenisation) and the others (the engine thread:
-scheduler, plans, events); steps and tokens per step (`/metrics`); the clients' CPU time per
-token (when it approaches the wall time per token, the clients are the bottleneck: add
-`--clients`); the load average at the start. On a shared machine the figures are indicative
-only.
+scheduler, plans, events); steps and tokens per step (`/metrics`), and with `--step-ms` the
+plans' share of the wall time (`plan_busy_pct`); the clients' CPU time per token (when it
+approaches the wall time per token, the clients are the bottleneck: add `--clients`); the load
+average at the start. On a shared machine the figures are indicative only.
 """
 from __future__ import annotations
 
@@ -208,6 +208,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "itl_p99_s": max(r["itl_p99_s"] for r in results),
         "server_tokens": served, "steps": steps,
         "tokens_per_step": served / steps if steps else None,
+        # With --step-ms T: the plans' sleep as a share of the load's wall time, what a device
+        # whose step takes T ms would be kept busy.
+        "plan_busy_pct": (100 * steps * args.step_ms / (wall * 1e3)
+                          if args.step_ms > 0 and wall > 0 else None),
         "server_cpu_s": main_s + engine_s,
         "server_cpu_us_per_token": per(main_s + engine_s, served),
         "server_http_cpu_us_per_token": per(main_s, served),

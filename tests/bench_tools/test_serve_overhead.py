@@ -64,6 +64,10 @@ def test_overhead_smoke(tmp_path, step_ms, inflight, client):
     # Every token streamed in some chunk, and no chunk without one.
     assert 8 <= doc["token_chunks"] <= 64
     assert doc["tokens_per_chunk"] == pytest.approx(64 / doc["token_chunks"])
+    if step_ms == "0":
+        assert doc["plan_busy_pct"] is None
+    else:  # the plans' sleep fits in the load's wall time
+        assert 0 < doc["plan_busy_pct"] <= 101
     assert doc["server_cpu_us_per_token"] == pytest.approx(
         doc["server_http_cpu_us_per_token"] + doc["server_engine_cpu_us_per_token"])
     assert doc["server_cpu_s"] > 0 and doc["server_cpu_us_per_step"] > 0
