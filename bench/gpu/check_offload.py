@@ -109,32 +109,36 @@ def _prompts(args: argparse.Namespace) -> list[str]:
             for i in range(args.prompts)]
 
 
+def _exact(args: argparse.Namespace, *extra: str) -> Server:
+    """A server with the exact settings (f32 KV, flash attention off), a lane per prompt."""
+    return Server(args.model, ["--kv-type", "f32", "-fa", "off", "-np", str(args.prompts),
+                               *extra], args.timeout)
+
+
+def _all_at_once(client: Any, args: argparse.Namespace) -> list[list[int]]:
+    """The greedy tokens of the check prompts, all sent at once."""
+    with concurrent.futures.ThreadPoolExecutor(args.prompts) as pool:
+        return list(pool.map(lambda p: _tokens(client, p, args.max_tokens), _prompts(args)))
+
+
 def check_batch_invariance(args: argparse.Namespace) -> dict[str, Any]:
-    srv = Server(args.model, ["--kv-type", "f32", "-fa", "off", "-np", str(args.prompts)],
-                 args.timeout)
-    prompts = _prompts(args)
+    srv = _exact(args)
     try:
         client = _client(srv.url, args.timeout)
-        alone = [_tokens(client, p, args.max_tokens) for p in prompts]
-        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
-            batched = list(pool.map(lambda p: _tokens(client, p, args.max_tokens), prompts))
+        alone = [_tokens(client, p, args.max_tokens) for p in _prompts(args)]
+        batched = _all_at_once(client, args)
     finally:
         srv.stop()
     equal = sum(a == b for a, b in zip(alone, batched))
-    return {"command": srv.cmd, "startup_line": srv.banner, "requests": len(prompts),
+    return {"command": srv.cmd, "startup_line": srv.banner, "requests": len(alone),
             "equal": equal}
 
 
-def _batched(args: argparse.Namespace, extra: list[str]) -> tuple[Server, list[list[int]]]:
-    """The greedy tokens of the check prompts, all sent at once to a server started with the
-    exact settings and `extra`."""
-    srv = Server(args.model, ["--kv-type", "f32", "-fa", "off", "-np", str(args.prompts),
-                              *extra], args.timeout)
+def _batched(args: argparse.Namespace, *extra: str) -> tuple[Server, list[list[int]]]:
+    """The tokens of `_all_at_once` on a server of its own, `_exact` with `extra`."""
+    srv = _exact(args, *extra)
     try:
-        client = _client(srv.url, args.timeout)
-        with concurrent.futures.ThreadPoolExecutor(args.prompts) as pool:
-            return srv, list(pool.map(lambda p: _tokens(client, p, args.max_tokens),
-                                      _prompts(args)))
+        return srv, _all_at_once(_client(srv.url, args.timeout), args)
     finally:
         srv.stop()
 
@@ -142,8 +146,8 @@ def _batched(args: argparse.Namespace, extra: list[str]) -> tuple[Server, list[l
 def check_in_flight(args: argparse.Namespace) -> dict[str, Any]:
     """The GPU path (two plans in flight, sampling on the device) against one plan at a time
     with the host's sampling, the same requests at once: the tokens request for request."""
-    fast, got = _batched(args, ["--inflight", "2", "-bs", "on"])
-    plain, want = _batched(args, ["--inflight", "1", "-bs", "off"])
+    fast, got = _batched(args, "--inflight", "2", "-bs", "on")
+    plain, want = _batched(args, "--inflight", "1", "-bs", "off")
     return {"commands": [fast.cmd, plain.cmd], "requests": len(got),
             "equal": sum(a == b for a, b in zip(got, want))}
 

@@ -41,11 +41,11 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily, Metric)
 from prometheus_client.utils import floatToGoString
 
-_le_label = cast(Callable[[float], str], floatToGoString)  # a bound as the exposition writes it
-
 from ..engine.step_timing import BUCKETS_S, BUSY_WINDOW, PARTS
 
 from .runner import EngineStats
+
+_le_label = cast(Callable[[float], str], floatToGoString)  # a bound as the exposition writes it
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PRIORITY_LABELS = 16
