@@ -431,8 +431,10 @@ class Engine(_Steps):
         try:
             seq = request.to_sequence()
             ttft_ms = request.ttft_ms if isinstance(request, Request) else None
-            if ttft_ms is not None and seq.ttft_deadline is None:  # from its arrival: now
-                seq.with_deadlines(ttft_deadline=self.now() / 1e6 + ttft_ms / 1e3,
+            if ttft_ms is not None and seq.ttft_deadline is None:  # from its arrival
+                arrival = request.arrival_us
+                since = self.now() if arrival is None else arrival
+                seq.with_deadlines(ttft_deadline=since / 1e6 + ttft_ms / 1e3,
                                    itl_target=seq.itl_target)
             prepare = self.hooks.prepare_sequence
             if prepare is not None:

@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Optional
 
 from ..engine import (AcceptEvent, Engine, FinishEvent, Host, HostState, Request,
@@ -276,8 +276,13 @@ class EngineRunner:
     def open(self, request: Request, loop: asyncio.AbstractEventLoop,
              inbox: Optional[Inbox] = None) -> Subscription:
         """Subscribe to `request` and hand it to the engine; await `sub.verdict` next.
-        Subscriptions given the same `inbox` (on `loop`) are waited for together."""
-        sub = Subscription(request.id, loop, self.engine.now(), inbox)
+        Subscriptions given the same `inbox` (on `loop`) are waited for together. A request
+        without an arrival time arrives now: its first-token deadline counts from here, not
+        from the end of the step the engine is in when it takes the request."""
+        now = self.engine.now()
+        if request.arrival_us is None:
+            request = replace(request, arrival_us=now)
+        sub = Subscription(request.id, loop, now, inbox)
         with self._lock:
             self._subs[request.id] = sub
             self._undecided[request.id] = sub

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 from types import SimpleNamespace
 
 import h11
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 from http_wire import choice_texts, chunked_frames, post_completion, sse_events
 
-from skippy_scheduler import Scheduler, SchedulerConfig
+from skippy_scheduler import Scheduler, SchedulerConfig, TwinScheduler
 from skippy_scheduler.engine import CostModelHost, FinishEvent, Request, TokenEvent
 from skippy_scheduler.serve.protocol import parse_chat, parse_completion
 from skippy_scheduler.serve.connections import BodyWriter
@@ -256,3 +257,57 @@ def test_a_client_that_reads_slowly_gets_the_whole_stream_in_order(server):
     events = sse_events(b"".join(chunked_frames(rest)))
     assert events[-1] == "[DONE]"
     assert choice_texts(events, 4) == [c["text"] for c in sorted(whole["choices"], key=lambda c: c["index"])]
+
+
+class _HeldHost(CostModelHost):
+    """A host whose first step waits until the test lets it finish."""
+
+    def __init__(self) -> None:
+        super().__init__(7)
+        self.inside = threading.Event()
+        self.go = threading.Event()
+
+    def execute(self, plan):
+        if not self.go.is_set():
+            self.inside.set()
+            assert self.go.wait(30)
+        return super().execute(plan)
+
+
+@pytest.mark.parametrize("impl", [Scheduler, TwinScheduler], ids=["native", "twin"])
+def test_a_first_token_deadline_counts_from_the_arrival_not_from_the_end_of_the_step(impl):
+    """A request that arrives while the engine is inside a step is taken only after it; its
+    first-token deadline still counts from when the server opened it."""
+    config = SchedulerConfig(max_active_sequences=4, max_waiting_sequences=8,
+                             max_tokens_per_iteration=64, prefill_chunk_tokens=64,
+                             reserved_sequence_ids=0)
+    sched = impl(config)
+    host = _HeldHost()
+    runner = EngineRunner(sched, host)
+    loop = asyncio.new_event_loop()
+    runner.start()
+    try:
+        async def main() -> float:
+            first = runner.open(Request("first", [1, 2, 3], 2), loop)
+            assert await first.verdict is None
+            assert await asyncio.to_thread(host.inside.wait, 30)
+            before = runner.engine.now()
+            late = runner.open(Request("late", [4, 5, 6], 100_000, ttft_ms=1000.0), loop)
+            after = runner.engine.now()
+            await asyncio.sleep(0.3)  # the step runs on; the engine has not taken it yet
+            host.go.set()
+            assert await late.verdict is None
+            deadline = runner.call(lambda: sched.sequence("late").ttft_deadline)
+            taken = runner.engine.now()
+            assert taken - after >= 0.3e6
+            assert before / 1e6 + 1.0 <= deadline <= after / 1e6 + 1.0
+            for sub in (first, late):
+                runner.cancel(sub.request_id)
+                runner.close(sub)
+            return deadline
+
+        loop.run_until_complete(asyncio.wait_for(main(), 60))
+    finally:
+        host.go.set()
+        runner.stop()
+        loop.close()
