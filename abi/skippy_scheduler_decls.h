@@ -117,6 +117,12 @@ typedef struct skippy_scheduler_config {
                                                     this long past the deadline) goes first in
                                                     walk order; 0 = walk order (§2.13; finite,
                                                     >= 0) */
+    bool slack_first_token_hold;                 /* default false: under the slack rule, while
+                                                    the prefill that waits is pressed for its
+                                                    first-token deadlines, a prompt far from its
+                                                    own deadline keeps its last token back (no
+                                                    decode rows of its own yet), released near
+                                                    the deadline beside the decode rows (§2.13) */
 } skippy_scheduler_config;
 
 /* What submit copies from the caller (nothing is borrowed after the call). */

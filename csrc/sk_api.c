@@ -48,6 +48,7 @@ void skippy_scheduler_config_default(skippy_scheduler_config *c)
     c->cold_prefix_hold_tokens = 0;
     c->cold_prefix_hold_max_steps = 64;
     c->slack_prefill_age_max_us = 2000000.0;
+    c->slack_first_token_hold = false;
 }
 
 static size_t clamp_sz(size_t v, size_t lo, size_t hi) { return v < lo ? lo : (v > hi ? hi : v); }

@@ -346,6 +346,82 @@ static bool pay_toll(const skippy_scheduler *s, size_t *budget, size_t prefill_r
     return true;
 }
 
+/*
+ * The first-token hold (§2.13; off unless slack_first_token_hold, and only under the slack
+ * rule). A sequence is *first-pending* while it has a first-token deadline and no token
+ * planned. The prefill that may be planned is *pressed* when now + 2 x (base_us +
+ * per_prefill_token_us x its tokens left, summed) is not before the nearest deadline among its
+ * first-pending sequences. While pressed, a first-pending sequence is *held* when its deadline
+ * is later than now + (max_inflight_plans + 2) x (base_us + per_prefill_token_us x
+ * max_tokens_per_iteration) (a few full steps from now) and another sequence of that prefill
+ * has more than one token left: its chunk stops one token short of its prompt, and with one
+ * token left it gets no row. The first-pending sequences with one token left that are not held
+ * (released) go first in every prefill plan, paying no toll (their token rides the decode
+ * rows' pass), and after the decode rows in a decode-only plan of the rule.
+ */
+typedef struct sk_ft_hold {
+    bool on;          /* slack_first_token_hold under the slack rule */
+    bool pressed;
+    double release_us; /* held: a deadline later than this */
+    size_t longer;    /* plannable prefill-pending sequences with more than one token left */
+} sk_ft_hold;
+
+static inline bool first_pending(const sk_seq *seq)
+{
+    return seq->ttft_deadline_us > 0.0 && sk_planned_gen(seq) == 0;
+}
+
+static sk_ft_hold hold_begin(skippy_scheduler *s, const sk_writer *out)
+{
+    sk_ft_hold h = {false, false, 0.0, 0};
+    if (!s->cfg.slack_first_token_hold || s->cfg.planning_rule != SKIPPY_PLANNING_SLACK)
+        return h;
+    h.on = true;
+    uint64_t left_sum = 0;
+    double nearest = INFINITY;
+    for (size_t at = 0, n = s->active_len; at < n; at++) {
+        const sk_seq *seq = &s->seqs[s->active[at]];
+        if (!prefill_pending(seq) || !may_plan(s, out, seq)) continue;
+        size_t left = sk_replay_len(seq) - seq->cursor;
+        left_sum = sk_sat_add(left_sum, left);
+        if (left > 1) h.longer++;
+        if (first_pending(seq) && seq->ttft_deadline_us < nearest) nearest = seq->ttft_deadline_us;
+    }
+    const skippy_step_cost *c = &s->cost;
+    double work = c->base_us + c->per_prefill_token_us * (double)left_sum;
+    if (nearest == INFINITY || s->now_us + 2.0 * work < nearest) return h;
+    h.pressed = true;
+    double full = c->base_us + c->per_prefill_token_us * (double)s->cfg.max_tokens_per_iteration;
+    h.release_us = s->now_us + ((double)s->cfg.max_inflight_plans + 2.0) * full;
+    return h;
+}
+
+static inline bool held(const sk_ft_hold *h, const sk_seq *seq, size_t left)
+{
+    return h->pressed && first_pending(seq) && seq->ttft_deadline_us > h->release_us &&
+           h->longer > (left > 1 ? 1u : 0u);
+}
+
+/* The released last tokens (above): one-token rows of the first-pending sequences with one
+ * token left that are not held, in walk order, while `*budget` and `rows` < `limit` allow.
+ * Returns the rows written. */
+static size_t emit_released(skippy_scheduler *s, sk_writer *out, const sk_ft_hold *h,
+                            size_t *budget, size_t limit)
+{
+    size_t rows = 0;
+    if (!h->on) return 0;
+    for (size_t at = 0; at < s->active_len && *budget > 0 && rows < limit; at++) {
+        uint32_t slot = s->active[at];
+        const sk_seq *seq = &s->seqs[slot];
+        if (!prefill_pending(seq) || !may_plan(s, out, seq) || !first_pending(seq) ||
+            sk_replay_len(seq) - seq->cursor != 1 || held(h, seq, 1))
+            continue;
+        *budget -= emit_prefill(out, s, slot, 1);
+        rows++;
+    }
+    return rows;
+}
+
 /* Prefill chunks within `budget` tokens in the order of sk_prefill_walk (sk_prefill_order.c),
  * each row after the first paying `toll` (pay_toll); returns the prefill rows written. Under a
  * position cost (`ratio` > 0, sk_slack.c) the budget is in token equivalents: each row's chunk
@@ -355,20 +431,31 @@ static bool pay_toll(const skippy_scheduler *s, size_t *budget, size_t prefill_r
 static size_t fill_prefill(skippy_scheduler *s, sk_writer *out, size_t budget, size_t toll,
                            double ratio, sk_prefill_walk *walk, uint32_t first)
 {
-    size_t prefill_rows = 0;
+    size_t prefill_rows = 0, limit = s->cfg.max_prefill_sequences_per_iteration;
     bool peeked = walk != NULL;
     sk_prefill_walk own;
+    sk_ft_hold hold = hold_begin(s, out);
     if (!walk) {
         own = sk_prefill_walk_begin(s, out->disjoint);
         walk = &own;
     }
-    while (budget > 0 && prefill_rows < s->cfg.max_prefill_sequences_per_iteration) {
+    size_t released = emit_released(s, out, &hold, &budget, limit);
+    while (budget > 0 && released + prefill_rows < limit) {
         uint32_t slot = peeked ? first : sk_prefill_walk_next(s, walk);
         peeked = false;
-        if (slot == SK_NO_SLOT || !pay_toll(s, &budget, prefill_rows, toll)) break;
+        if (slot == SK_NO_SLOT) break;
+        const sk_seq *seq = &s->seqs[slot];
+        size_t left = sk_replay_len(seq) - seq->cursor, cap = SIZE_MAX;
+        if (left == 0) continue; /* released above */
+        if (held(&hold, seq, left)) {
+            if (left == 1) continue;
+            cap = left - 1;
+        }
+        if (!pay_toll(s, &budget, prefill_rows, toll)) break;
+        size_t room = budget < cap ? budget : cap;
         if (ratio > 0.0) {
-            size_t start = s->seqs[slot].cursor;
-            size_t chunk = sk_slack_position_chunk(start, budget, ratio);
+            size_t start = seq->cursor;
+            size_t chunk = sk_slack_position_chunk(start, room, ratio);
             if (chunk == 0) {
                 if (prefill_rows > 0) break;
                 chunk = 1; /* a step that prefills makes progress, whatever one token costs */
@@ -376,11 +463,11 @@ static size_t fill_prefill(skippy_scheduler *s, sk_writer *out, size_t budget, s
             size_t count = emit_prefill(out, s, slot, chunk);
             budget -= sk_slack_position_charge(start, count, ratio, budget);
         } else {
-            budget -= emit_prefill(out, s, slot, budget);
+            budget -= emit_prefill(out, s, slot, room);
         }
         prefill_rows++;
     }
-    return prefill_rows;
+    return released + prefill_rows;
 }
 
 /* A homogeneous prefill plan within `budget` tokens. */
@@ -454,6 +541,9 @@ static void plan_slack(skippy_scheduler *s, sk_writer *out, size_t decode_rows)
         plan_prefill(s, out, choice.prefill_budget, true, sk_slack_toll(s), ratio, begun, first);
     } else {
         plan_decode_only(s, out);
+        sk_ft_hold hold = hold_begin(s, out);
+        size_t budget = s->cfg.max_tokens_per_iteration - out->row_count;
+        emit_released(s, out, &hold, &budget, s->cfg.max_prefill_sequences_per_iteration);
         s->consecutive_prefill = 0;
     }
 }

@@ -63,6 +63,7 @@ cdef bint _native_config(skippy_scheduler_config *c, object cfg, object admissio
     c.cold_prefix_hold_tokens = cfg.cold_prefix_hold_tokens
     c.cold_prefix_hold_max_steps = cfg.cold_prefix_hold_max_steps
     c.slack_prefill_age_max_us = cfg.slack_prefill_age_max * 1e6
+    c.slack_first_token_hold = cfg.slack_first_token_hold
     return fair
 
 

@@ -62,7 +62,8 @@ def _layout():
             "disjoint_inflight_plans": <size_t>&g.disjoint_inflight_plans - gb,
             "cold_prefix_hold_tokens": <size_t>&g.cold_prefix_hold_tokens - gb,
             "cold_prefix_hold_max_steps": <size_t>&g.cold_prefix_hold_max_steps - gb,
-            "slack_prefill_age_max_us": <size_t>&g.slack_prefill_age_max_us - gb}),
+            "slack_prefill_age_max_us": <size_t>&g.slack_prefill_age_max_us - gb,
+            "slack_first_token_hold": <size_t>&g.slack_first_token_hold - gb}),
     }
 
 

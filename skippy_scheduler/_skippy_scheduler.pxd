@@ -89,6 +89,7 @@ cdef extern from "skippy_scheduler.h" nogil:
         size_t cold_prefix_hold_tokens
         size_t cold_prefix_hold_max_steps
         double slack_prefill_age_max_us
+        bint slack_first_token_hold
 
     ctypedef struct skippy_sequence_desc:
         const char *id

@@ -223,6 +223,7 @@ _CONFIG_CHECKS = {
     "cold_prefix_hold_tokens": lambda n, v: check_uint(n, v, USIZE_MAX),
     "cold_prefix_hold_max_steps": lambda n, v: check_uint(n, v, U32_MAX),
     "slack_prefill_age_max": _check_interval,  # 0 is meaningful: the walk order (§2.13)
+    "slack_first_token_hold": check_bool,
     "step_cost": check_step_cost,
 }
 
@@ -287,6 +288,12 @@ class SchedulerConfig:
     # deadlines that can be met, then the others by fewest prefill tokens left; 0 = walk order,
     # as the reference.
     slack_prefill_age_max: float = 2.0
+    # The first-token hold (§2.13), off by default: under the slack rule, while the prefill
+    # that waits would take at least half the time to the nearest first-token deadline among
+    # it, a prompt whose own deadline is further off than a few full steps keeps its last token
+    # back (it starts no decode rows that would slow the others' prefill); the token goes in
+    # beside the decode rows once its deadline comes near or nothing longer waits.
+    slack_first_token_hold: bool = False
 
     def __setattr__(self, name: str, value: Any) -> None:
         check = _CONFIG_CHECKS.get(name)

@@ -80,6 +80,13 @@ def register(subparsers: Any) -> None:
                         "a running request's uncached prompt waits until that prompt is "
                         "resident and restores it, so a burst prefills a shared prefix once "
                         "(default: on)")
+    p.add_argument("--first-token-hold", action=argparse.BooleanOptionalAction,
+                   default=d.first_token_hold,
+                   help="under the slack rule, while the waiting prefill is pressed for its "
+                        "first-token deadlines (an SLO's TTFT, or 'skippy.ttft_ms'), a prompt "
+                        "far from its own deadline keeps its last token back until near it, so "
+                        "its decode rows do not slow the others' prefill (default: on; only "
+                        "requests with a deadline are held)")
     add_flag(p, "inflight", type=positive_int, default=d.inflight,
              note="llama_decode runs on a worker thread",
              default_text="2 with layers on a GPU, 1 on the CPU")
@@ -379,6 +386,7 @@ def run(args: argparse.Namespace) -> int:
         priority_preemption=args.priority_preemption,
         prefix_cache_tokens=args.prefix_cache_tokens,
         prefix_holders=args.prefix_holders, cold_prefix_hold=args.cold_prefix_hold,
+        first_token_hold=args.first_token_hold,
         kv_type=args.kv_type, flash_attn=args.flash_attn, log_level=args.log_level,
         backend_sampling=args.backend_sampling,
         offload=offload_spec(args), stage_worker_args=_stage_worker_args(args),

@@ -66,6 +66,27 @@ def prefill_pending(s: Sequence) -> bool:
     return s.prefill_cursor < s.recompute_token_count()
 
 
+def _first_pending(s: Sequence) -> bool:
+    """It has a first-token deadline and no token planned (C: first_pending)."""
+    return s.ttft_deadline is not None and not s.generated_tokens
+
+
+class _Hold:
+    """The first-token hold of one plan (§2.13; C: sk_hold, hold_begin): `pressed` when the
+    prefill that may be planned would take, at twice its predicted time, until the nearest
+    first-token deadline among it; then a first-pending sequence whose deadline is later than
+    `release_us` (a few full steps from now) is held while another has more than one token
+    left (`longer` counts those)."""
+
+    def __init__(self, on: bool, pressed: bool = False, release_us: float = 0.0,
+                 longer: int = 0) -> None:
+        self.on, self.pressed, self.release_us, self.longer = on, pressed, release_us, longer
+
+    def held(self, s: Sequence, left: int) -> bool:
+        return (self.pressed and _first_pending(s) and _deadline_us(s) > self.release_us
+                and self.longer > (1 if left > 1 else 0))
+
+
 class RowPlanner:
     """Writes one plan's rows from the active set, in walk order.
 
@@ -167,6 +188,8 @@ class RowPlanner:
             return self._homogeneous(active, prefill_budget=budget, force_prefill=True,
                                      toll=self.slack.toll(), ratio=ratio)
         work = self._homogeneous(active, decode_only=True)
+        budget = self._config.max_tokens_per_iteration - len(work)
+        work.extend(self._released(active, self._hold(active), budget, self._prefill_limit()))
         self.consecutive_prefill = 0
         return work
 
@@ -299,33 +322,91 @@ class RowPlanner:
         return _smith_order(pending, [i for i in order if classes[i] == _DEADLINE], end,
                             per_token)
 
+    def _hold(self, active: list[Sequence]) -> _Hold:
+        """This plan's first-token hold (C: hold_begin)."""
+        config = self._config
+        if not config.slack_first_token_hold or config.planning_rule is not PlanningRule.SLACK:
+            return _Hold(False)
+        left_sum = longer = 0
+        nearest = math.inf
+        for s in active:
+            if not self._prefill_pending(s):
+                continue
+            left = _left(s)
+            left_sum += left
+            if left > 1:
+                longer += 1
+            if _first_pending(s) and _deadline_us(s) < nearest:
+                nearest = _deadline_us(s)
+        cost = self.slack.cost
+        now = self.slack.now_us
+        work = cost.base_us + cost.per_prefill_token_us * float(left_sum)
+        if nearest == math.inf or now + 2.0 * work < nearest:
+            return _Hold(True, longer=longer)
+        full = cost.base_us + cost.per_prefill_token_us * float(config.max_tokens_per_iteration)
+        release = now + (float(config.max_inflight_plans) + 2.0) * full
+        return _Hold(True, True, release, longer)
+
+    def _released(self, active: list[Sequence], hold: _Hold, budget: int,
+                  limit: int) -> list[IterationWork]:
+        """The released last tokens (C: emit_released): a one-token row for each first-pending
+        sequence with one token left that is not held, in walk order, within `budget` and
+        `limit` rows."""
+        work: list[IterationWork] = []
+        if not hold.on:
+            return work
+        for s in active:
+            if budget == 0 or len(work) >= limit:
+                break
+            if (self._prefill_pending(s) and _first_pending(s) and _left(s) == 1
+                    and not hold.held(s, 1)):
+                work.append(self._prefill_row(s, 1))
+                budget -= 1
+        return work
+
     def _fill_prefill(self, active: list[Sequence], budget: int, toll: int,
                       ratio: float = 0.0) -> list[IterationWork]:
         """Prefill rows within `budget` tokens in `_prefill_order`, each row after the first
         paying `toll` (C: fill_prefill); under a position cost (`ratio` > 0) the budget is in
         token equivalents, and each row's chunk the longest whose equivalents fit (the first
-        row at least one token), paying them (at most what is left)."""
+        row at least one token), paying them (at most what is left). Under the first-token
+        hold the released last tokens go first, paying nothing, and a held sequence's chunk
+        stops one token short of its prompt."""
         prefill_limit = self._prefill_limit()
-        work: list[IterationWork] = []
-        for s in self._prefill_order(active):
+        hold = self._hold(active)
+        order = self._prefill_order(active)
+        work = self._released(active, hold, budget, prefill_limit)
+        budget -= len(work)
+        rows = 0  # the walk's rows: the toll's count
+        for s in order:
             if budget == 0 or len(work) >= prefill_limit:
                 break
-            left = self._pay_toll(budget, len(work), toll)
+            left_tokens = _left(s)
+            if left_tokens == 0:
+                continue  # released above
+            cap = USIZE_MAX
+            if hold.held(s, left_tokens):
+                if left_tokens == 1:
+                    continue
+                cap = left_tokens - 1
+            left = self._pay_toll(budget, rows, toll)
             if left is None:
                 break
+            room = min(left, cap)
             if ratio > 0.0:
                 start = s.prefill_cursor
-                chunk = position_chunk(start, left, ratio)
+                chunk = position_chunk(start, room, ratio)
                 if chunk == 0:
-                    if work:
+                    if rows:
                         break
                     chunk = 1  # a step that prefills makes progress, whatever one token costs
                 row = self._prefill_row(s, chunk)
                 budget = left - position_charge(start, len(row.tokens), ratio, left)
             else:
-                row = self._prefill_row(s, left)
+                row = self._prefill_row(s, room)
                 budget = left - len(row.tokens)
             work.append(row)
+            rows += 1
         return work
 
     def _homogeneous(self, active: list[Sequence], prefill_budget: int | None = None,

@@ -121,6 +121,9 @@ class ServeSettings:
     #   ctx_size / max_active cells on top of ctx_size
     prefix_holders: Optional[int] = None  # sequence ids holding resident prefixes (with reuse;
     #   None: one per lane, see default_reuse)
+    first_token_hold: bool = True  # the slack rule's first-token hold (§2.13): under a burst
+    #   pressed for its first-token deadlines, a prompt far from its own keeps its last token
+    #   back until near it, so its decode rows do not slow the others' prefill
     cold_prefix_hold: bool = True  # with reuse: a request sharing a running one's cold prompt
     #   waits until that prompt is resident, then restores it (docs/behaviour.md §2.3a)
     kv_type: Optional[str] = None  # None: f32 on the CPU, f16 with layers on a GPU
@@ -407,6 +410,7 @@ class Server:
             itl_target=(s.slo_itl_ms * GAP_PLAN_SHARE if s.slo_itl_ms is not None
                         else s.itl_target_ms) / 1e3,
             slack_prefill_age_max=s.prefill_age_max_ms / 1e3,
+            slack_first_token_hold=s.first_token_hold,
             memory_components=list(components),
             priority_preemption=s.priority_preemption,
             cold_prefix_hold_tokens=(COLD_PREFIX_HOLD_TOKENS if s.cold_prefix_hold and reuse

@@ -59,6 +59,7 @@ configs = st.builds(
     step_cost=costs,
     # the prefill order's age bound: 0 = walk order, then small, the default, huge (pure SRPT)
     slack_prefill_age_max=st.sampled_from([0.0, 0.0005, 0.003, 0.05, 2.0, 1e9]),
+    slack_first_token_hold=st.booleans(),
 )
 
 submit = st.tuples(st.just("submit"), st.integers(0, len(IDS) - 1),
@@ -119,6 +120,10 @@ def run(pair, op):
     pair.check()
     if pair.scheds[0].metrics().slo_relegated:
         event("a deadline relegated")
+    if kind == "step" and pair.scheds[1].config.slack_first_token_hold and any(
+            w.phase is IterationPhase.PREFILL and len(w.tokens) == 1 and w.sample_last
+            for w in pt.work):
+        event("a last prompt token alone")
 
 
 @_settings(250)

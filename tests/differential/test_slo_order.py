@@ -219,3 +219,49 @@ def test_smiths_order_meets_every_deadline_with_the_least_total_time_to_first_to
         best = min(sum(ends(p)) for p in itertools.permutations(range(n)) if meets(p))
         assert sum(ends(smith)) == best, (lengths, deadlines, smith)
         checked += 1
+
+
+# The first-token hold (§2.13, slack_first_token_hold). Under _config a full step is predicted
+# at 1 + 0.1 x 40 = 5 ms, so at depth 1 a deadline more than 15 ms away is far enough to hold.
+HELD = (60, 24, 40)  # 124 tokens: 2 x (1 + 12.4) ms = 26.8 ms, pressed for a 20 ms deadline
+
+
+def test_pressed_prompts_far_from_their_deadline_keep_their_last_token(impl):
+    sched, rows = _first_plan(impl, (0.02, 0.02, 0.02), HELD, slack_first_token_hold=True)
+    assert rows == [("p1", 23), ("p2", 17)]
+    plain = _first_plan(impl, (0.02, 0.02, 0.02), HELD)[1]
+    assert plain == [("p1", 24), ("p2", 16)]
+
+
+def test_a_held_last_token_goes_first_once_its_deadline_is_near(impl):
+    sched = impl(_config(slack_first_token_hold=True))
+    sched.set_clock(0.0)
+    for k, n in enumerate(HELD):
+        sched.submit(Sequence(f"p{k}", seeded_prompt(n, k), 2).with_deadlines(ttft_deadline=0.02))
+    plan = sched.plan_iteration()
+    assert row_sizes(plan) == [("p1", 23), ("p2", 17)]
+    complete(sched, plan)
+    sched.set_clock(0.002)  # 18 ms left: still held, and nothing for it in this plan
+    plan = sched.plan_iteration()
+    assert row_sizes(plan) == [("p2", 22), ("p0", 18)]
+    complete(sched, plan)
+    sched.set_clock(0.006)  # 14 ms left, within three full steps: released, first, toll-free
+    plan = sched.plan_iteration()
+    rows = row_sizes(plan)
+    assert rows[:2] == [("p1", 1), ("p2", 1)] and plan.work[0].sample_last
+    assert rows[2] == ("p0", 38)
+
+
+def test_without_pressure_nothing_is_held(impl):
+    """The same prompts with a 1 s deadline: their prefill takes a few ms, so none is held."""
+    assert _first_plan(impl, (1.0, 1.0, 1.0), HELD, slack_first_token_hold=True)[1] == \
+        [("p1", 24), ("p2", 16)]
+
+
+def test_the_only_prompt_with_more_than_one_token_left_is_not_held(impl):
+    """A one-token prompt is held while a longer one waits beside it; the longer one is not
+    (nothing else with more than one token left would gain from it)."""
+    deadlines, lengths = (0.02, 0.02), (100, 1)  # 2 x (1 + 10.1) ms >= 20 ms: pressed
+    assert _first_plan(impl, deadlines, lengths, slack_first_token_hold=True)[1] == \
+        [("p0", 40)]
+    assert _first_plan(impl, deadlines, lengths)[1] == [("p1", 1), ("p0", 39)]

@@ -95,19 +95,23 @@ def test_step_cost_appends_the_row_and_position_costs(tmp_path):
         assert ffi.offsetof("skippy_step_cost", name) == off == c[("skippy_step_cost", name)]
 
 
-def test_scheduler_config_appends_the_prefill_age_bound(tmp_path):
-    """skippy_scheduler_config: slack_prefill_age_max_us is the last field, after the cold
-    prefix hold's, and the C default is 2 s."""
+def test_scheduler_config_appends_the_prefill_age_bound_and_the_first_token_hold(tmp_path):
+    """skippy_scheduler_config: slack_prefill_age_max_us after the cold prefix hold's fields,
+    then slack_first_token_hold last; the C defaults are 2 s and off."""
     size, fields = LAYOUT["skippy_scheduler_config"]
     age = fields["slack_prefill_age_max_us"]
+    hold = fields["slack_first_token_hold"]
     assert age == fields["cold_prefix_hold_max_steps"] + 8
-    assert size == age + 8 == ffi.sizeof("skippy_scheduler_config")
+    assert hold == age + 8
+    assert size == hold + 8 == ffi.sizeof("skippy_scheduler_config")  # padded to 8
     c = _c_layout(tmp_path)
     assert c[("skippy_scheduler_config", "slack_prefill_age_max_us")] == age
+    assert c[("skippy_scheduler_config", "slack_first_token_hold")] == hold
     assert c[("skippy_scheduler_config", "__size__")] == size
     config = ffi.new("skippy_scheduler_config *")
     lib.skippy_scheduler_config_default(config)
     assert config.slack_prefill_age_max_us == 2_000_000.0
+    assert config.slack_first_token_hold is False
 
 
 def test_error_and_version_structs():
