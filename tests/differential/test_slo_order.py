@@ -11,6 +11,7 @@ alike with deadlines drawn at random is in test_slack.py.)
 import pytest
 
 from skippy_scheduler import (
+    IterationPhase,
     IterationPrediction,
     Scheduler,
     Sequence,
@@ -265,3 +266,20 @@ def test_the_only_prompt_with_more_than_one_token_left_is_not_held(impl):
     assert _first_plan(impl, deadlines, lengths, slack_first_token_hold=True)[1] == \
         [("p0", 40)]
     assert _first_plan(impl, deadlines, lengths)[1] == [("p1", 1), ("p0", 39)]
+
+
+@pytest.mark.parametrize("hold", [True, False])
+def test_a_released_last_token_rides_a_decode_only_plan(impl, hold):
+    """The slack rule leaves no room for a chunk (d's 1 ms target is spent by its own decode
+    step), so the plan is decode-only; with the hold on, a first-pending prompt with one token
+    left and its deadline near goes in beside the decode row."""
+    sched = impl(_config(slack_first_token_hold=hold))
+    sched.set_clock(0.0)
+    sched.submit(Sequence("d", seeded_prompt(5, 1), 4).with_deadlines(itl_target=0.001))
+    plan = sched.plan_iteration()
+    assert row_sizes(plan) == [("d", 5)]
+    complete(sched, plan, [(0, 3)])
+    sched.submit(Sequence("p", [4], 2).with_deadlines(ttft_deadline=0.005))
+    plan = sched.plan_iteration()
+    assert row_sizes(plan) == ([("d", 1), ("p", 1)] if hold else [("d", 1)])
+    assert [w.phase for w in plan.work][:1] == [IterationPhase.DECODE]
