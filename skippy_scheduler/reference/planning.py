@@ -72,7 +72,7 @@ def _first_pending(s: Sequence) -> bool:
 
 
 class _Hold:
-    """The first-token hold of one plan (§2.13; C: sk_hold, hold_begin): `pressed` when the
+    """The first-token hold of one plan (§2.13; C: sk_ft_hold, hold_begin): `pressed` when the
     prefill that may be planned would take, at twice its predicted time, until the nearest
     first-token deadline among it; then a first-pending sequence whose deadline is later than
     `release_us` (a few full steps from now) is held while another has more than one token
