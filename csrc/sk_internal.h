@@ -294,6 +294,12 @@ static inline void sk_refresh_counts(skippy_scheduler *s)
 /* Generated tokens the planner counts: confirmed plus in-flight placeholders. */
 static inline size_t sk_planned_gen(const sk_seq *q) { return q->gen_len + q->pending; }
 
+/* A first-token deadline still to meet: one is set and no token is planned yet (§2.13). */
+static inline bool sk_first_pending(const sk_seq *q)
+{
+    return q->ttft_deadline_us > 0.0 && sk_planned_gen(q) == 0;
+}
+
 /* Replay length R: the prompt plus every planned generated token but the newest (the pending
  * decode input). */
 static inline size_t sk_replay_len(const sk_seq *q)

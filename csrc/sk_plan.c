@@ -366,11 +366,6 @@ typedef struct sk_ft_hold {
     size_t longer;    /* plannable prefill-pending sequences with more than one token left */
 } sk_ft_hold;
 
-static inline bool first_pending(const sk_seq *seq)
-{
-    return seq->ttft_deadline_us > 0.0 && sk_planned_gen(seq) == 0;
-}
-
 static sk_ft_hold hold_begin(skippy_scheduler *s, const sk_writer *out)
 {
     sk_ft_hold h = {false, false, 0.0, 0};
@@ -385,7 +380,8 @@ static sk_ft_hold hold_begin(skippy_scheduler *s, const sk_writer *out)
         size_t left = sk_replay_len(seq) - seq->cursor;
         left_sum = sk_sat_add(left_sum, left);
         if (left > 1) h.longer++;
-        if (first_pending(seq) && seq->ttft_deadline_us < nearest) nearest = seq->ttft_deadline_us;
+        if (sk_first_pending(seq) && seq->ttft_deadline_us < nearest)
+            nearest = seq->ttft_deadline_us;
     }
     const skippy_step_cost *c = &s->cost;
     double work = c->base_us + c->per_prefill_token_us * (double)left_sum;
@@ -398,7 +394,7 @@ static sk_ft_hold hold_begin(skippy_scheduler *s, const sk_writer *out)
 
 static inline bool held(const sk_ft_hold *h, const sk_seq *seq, size_t left)
 {
-    return h->pressed && first_pending(seq) && seq->ttft_deadline_us > h->release_us &&
+    return h->pressed && sk_first_pending(seq) && seq->ttft_deadline_us > h->release_us &&
            h->longer > (left > 1 ? 1u : 0u);
 }
 
@@ -413,7 +409,7 @@ static size_t emit_released(skippy_scheduler *s, sk_writer *out, const sk_ft_hol
     for (size_t at = 0; at < s->active_len && *budget > 0 && rows < limit; at++) {
         uint32_t slot = s->active[at];
         const sk_seq *seq = &s->seqs[slot];
-        if (!prefill_pending(seq) || !may_plan(s, out, seq) || !first_pending(seq) ||
+        if (!prefill_pending(seq) || !may_plan(s, out, seq) || !sk_first_pending(seq) ||
             sk_replay_len(seq) - seq->cursor != 1 || held(h, seq, 1))
             continue;
         *budget -= emit_prefill(out, s, slot, 1);

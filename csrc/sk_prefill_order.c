@@ -145,7 +145,7 @@ static void collect(skippy_scheduler *s, bool disjoint)
         key->deadline_us = 0.0;
         key->rank = 0;
         /* a first-token deadline still to meet: the age bound counts from the deadline */
-        bool first = seq->ttft_deadline_us > 0.0 && sk_planned_gen(seq) == 0;
+        bool first = sk_first_pending(seq);
         double since = first && seq->ttft_deadline_us > seq->submitted_us ? seq->ttft_deadline_us
                                                                            : seq->submitted_us;
         if (now - since >= age_max) {

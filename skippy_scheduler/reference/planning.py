@@ -67,7 +67,7 @@ def prefill_pending(s: Sequence) -> bool:
 
 
 def _first_pending(s: Sequence) -> bool:
-    """It has a first-token deadline and no token planned (C: first_pending)."""
+    """It has a first-token deadline and no token planned (C: sk_first_pending)."""
     return s.ttft_deadline is not None and not s.generated_tokens
 
 
@@ -268,7 +268,7 @@ class RowPlanner:
         classes: list[int] = []
         for s in pending:
             # a first-token deadline still to meet: the age bound counts from the deadline
-            first = s.ttft_deadline is not None and not s.generated_tokens
+            first = _first_pending(s)
             since = self._submitted_us(s)
             if first and _deadline_us(s) > since:
                 since = _deadline_us(s)
