@@ -10,9 +10,12 @@ from `--llama-server PATH`, else `$LLAMA_SERVER`, else PATH; `$TRACES` the folde
 public Mooncake trace.)
 
 Each round runs this server (`skippy-scheduler serve` with no tuning flags: only the model,
-lanes, context and threads both servers share) and then llama-server (`-ctk f32 -ctv f32 -fa
-off -no-kvu -cb -tb T -b 512 -ub 512 --no-webui`, the same lanes, context and threads), each on
-a fresh process per load, so no load inherits another's prefix cache:
+lanes, context, threads and kernels both servers share) and then llama-server (`-fa off -ctk f32
+-ctv f32 -no-kvu -cb -tb T -b 512 -ub 512 --no-webui`, the same lanes, context and threads),
+each on a fresh process per load, so no load inherits another's prefix cache. `--flash-attn on
+--kv-type f16` gives both servers llama.cpp's flash attention over an f16 KV cache instead
+(what llama-server does by default on the CPU: `-fa auto` resolves to on there, and its cache
+is f16, one stream per slot when `-np` is given):
 
 - **the closed loop** of `serve_load.py` at each `--concurrency` (default 1, 4, 16):
   `--requests` streaming requests of 512 prompt tokens, half sharing a 384-token prefix, 64
@@ -73,8 +76,18 @@ def ours_cmd(args: argparse.Namespace) -> list[str]:
     return [sys.executable, "-m", "skippy_scheduler.cli", "serve", "--model",
             os.path.abspath(args.model), "--host", "127.0.0.1", "--threads", str(args.threads),
             "--max-active", str(args.lanes), "--ctx-size", str(args.ctx_size),
-            "--served-model-name", "bench", "--log-level", "warning",
+            "--served-model-name", "bench", "--log-level", "warning", *kernel_flags(args, OURS),
             *told_slo(args), *shlex.split(getattr(args, "ours_args", "") or "")]
+
+
+def kernel_flags(args: argparse.Namespace, server: str) -> list[str]:
+    """The attention kernel and KV cache type, the same for both servers (`--flash-attn`,
+    `--kv-type` of the rounds; off and f32 by default, this server's own CPU defaults), each in
+    its server's spelling."""
+    fa, kv = getattr(args, "flash_attn", "off"), getattr(args, "kv_type", "f32")
+    if server == OURS:
+        return ["--flash-attn", fa, "--kv-type", kv]
+    return ["-fa", fa, "-ctk", kv, "-ctv", kv]
 
 
 def told_slo(args: argparse.Namespace) -> list[str]:
@@ -92,8 +105,7 @@ def theirs_cmd(args: argparse.Namespace, path: str) -> list[str]:
     t = str(args.threads)
     return [path, "-m", os.path.abspath(args.model), "--host", "127.0.0.1", "-a", "bench",
             "-c", str(args.ctx_size), "-np", str(args.lanes), "-cb", "-t", t, "-tb", t,
-            "-b", "512", "-ub", "512", "-ctk", "f32", "-ctv", "f32", "-fa", "off", "-no-kvu",
-            "--no-webui"]
+            "-b", "512", "-ub", "512", *kernel_flags(args, THEIRS), "-no-kvu", "--no-webui"]
 
 
 def byte_token_ids(model: str) -> list[int]:
@@ -369,6 +381,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--lanes", type=int, default=16)
     ap.add_argument("--ctx-size", type=int, default=16384)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--flash-attn", choices=("off", "on"), default="off",
+                    help="both servers' attention kernel (this server's --flash-attn, "
+                         "llama-server's -fa; default: off)")
+    ap.add_argument("--kv-type", choices=("f32", "f16"), default="f32",
+                    help="both servers' KV cache type (this server's --kv-type, llama-server's "
+                         "-ctk and -ctv; default: f32)")
     ap.add_argument("--timeout", type=float, default=600, help="per request, seconds")
     ap.add_argument("--start-timeout", type=float, default=120)
     t = ap.add_argument_group("trace replay (with --trace)")

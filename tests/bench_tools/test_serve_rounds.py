@@ -31,6 +31,22 @@ def test_this_server_runs_with_no_tuning_flag():
         assert any(theirs[i:i + len(flags)] == flags for i in range(len(theirs)))
 
 
+def contains(cmd, flags):
+    return any(cmd[i:i + len(flags)] == flags for i in range(len(cmd)))
+
+
+def test_both_servers_get_the_same_kernels():
+    args = argparse.Namespace(model="m.gguf", threads=2, lanes=16, ctx_size=16384)
+    ours, theirs = serve_rounds.ours_cmd(args), serve_rounds.theirs_cmd(args, "llama-server")
+    assert contains(ours, ["--flash-attn", "off", "--kv-type", "f32"])
+    assert contains(theirs, ["-fa", "off", "-ctk", "f32", "-ctv", "f32"])
+    args.flash_attn, args.kv_type = "on", "f16"
+    ours, theirs = serve_rounds.ours_cmd(args), serve_rounds.theirs_cmd(args, "llama-server")
+    assert contains(ours, ["--flash-attn", "on", "--kv-type", "f16"])
+    assert contains(theirs, ["-fa", "on", "-ctk", "f16", "-ctv", "f16"])
+    assert not contains(theirs, ["-fa", "off"]) and not contains(ours, ["--kv-type", "f32"])
+
+
 def test_outputs_are_compared_request_for_request():
     same = {serve_rounds.OURS: {"outputs": ["a", "b"]}, serve_rounds.THEIRS: {"outputs": ["a", "b"]}}
     assert serve_rounds.check_equal("closed c=1", 1, same) is None
