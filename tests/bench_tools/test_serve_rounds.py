@@ -19,6 +19,10 @@ TUNING = ("--prefix-cache-tokens", "--prefix-holders", "--planning-rule", "--itl
           "--max-num-batched-tokens", "--max-consecutive-prefill", "--policy")
 
 
+def contains(cmd, flags):
+    return any(cmd[i:i + len(flags)] == flags for i in range(len(cmd)))
+
+
 def test_this_server_runs_with_no_tuning_flag():
     args = argparse.Namespace(model="m.gguf", threads=2, lanes=16, ctx_size=16384)
     cmd = serve_rounds.ours_cmd(args)
@@ -28,11 +32,7 @@ def test_this_server_runs_with_no_tuning_flag():
                                                 "a b"]
     theirs = serve_rounds.theirs_cmd(args, "llama-server")
     for flags in (["-np", "16"], ["-c", "16384"], ["-t", "2"], ["-ctk", "f32"], ["-no-kvu"]):
-        assert any(theirs[i:i + len(flags)] == flags for i in range(len(theirs)))
-
-
-def contains(cmd, flags):
-    return any(cmd[i:i + len(flags)] == flags for i in range(len(cmd)))
+        assert contains(theirs, flags)
 
 
 def test_both_servers_get_the_same_kernels():
