@@ -16,14 +16,19 @@ the server's favour:
 - each group of requests that arrive at the same instant (the trace's bursts) is served as if
   nothing else were on the machine: work left over from earlier arrivals is ignored.
 
-Within one group, all released together under one deadline, serving the shortest prompts first
+Within one group, all released together under one deadline, serving the cheapest prompts first
 brings the most of them within it (any other choice can be exchanged for it without losing one),
 and splitting prompts into chunks or preempting does not help. So the count below is an upper
 bound on what any schedule on this kernel can reach; a real server, which also decodes and pays
-a pass per step, gets fewer. The prefill cost per token is measured on the model with
-llama.cpp (`--model`: the marginal cost between a 256- and a 512-token pass, the fastest of
-three, so the pass's own fixed cost is left out) or given (`--token-ms`).
+a pass per step, gets fewer.
 
+A prompt token's cost grows with its position (it attends to every earlier token), so the cost
+of a prompt's unshared tokens, at positions `s` to `n - 1`, is `a` a token plus `b` a token per
+earlier position: `a (n - s) + b (s + ... + n - 1)`. Both are measured on the model with
+llama.cpp (`--model`; the fastest of three of each pass: `b` from a 256-token pass at position
+512 against one at position 0, `a` from a 256- against a 128-token pass at position 0, so the
+pass's own fixed cost is left out) or given (`--token-ms` for `a`, `--position-us` for `b`,
+0 unless given).
 Prints, for each bound in `--ttft`, the share of the slice's requests that could meet it, and
 appends the same as one JSON object to `--json`.
 """
@@ -34,35 +39,50 @@ import math
 import sys
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from skippy_bench import open_loop
 from skippy_bench.reports import append_line
 
 
-def group_bound(unshared: Sequence[int], token_s: float, ttft_s: float) -> int:
-    """How many of a group released together can finish `unshared` prefill tokens each, one
-    at a time at `token_s` a token, within `ttft_s`: the shortest first."""
+@dataclass(frozen=True)
+class PrefillCost:
+    """What prefilling a prompt's tokens costs on one machine, without a pass's fixed cost."""
+
+    token_s: float  # each token (`a`)
+    position_s: float = 0.0  # each token, per earlier position it attends to (`b`)
+
+    def prompt_s(self, start: int, end: int) -> float:
+        """Seconds to prefill the tokens at positions `start` .. `end - 1`."""
+        n = end - start
+        return n * self.token_s + self.position_s * (start + end - 1) * n / 2
+
+
+def group_bound(costs: Sequence[float], ttft_s: float) -> int:
+    """How many of a group released together can finish their prefill (`costs`, seconds each),
+    one at a time, within `ttft_s`: the cheapest first."""
     done, clock = 0, 0.0
-    for tokens in sorted(unshared):
-        clock += tokens * token_s
+    for cost in sorted(costs):
+        clock += cost
         if clock > ttft_s:
             break
         done += 1
     return done
 
 
-def attainment_bound(plan: Sequence[open_loop.Planned], token_s: float,
+def attainment_bound(plan: Sequence[open_loop.Planned], cost: PrefillCost,
                      ttft_s: float) -> int:
     """The upper bound (module docstring) on requests of `plan` within `ttft_s`."""
-    groups: dict[float, list[int]] = defaultdict(list)
+    groups: dict[float, list[float]] = defaultdict(list)
     for p in plan:
-        groups[p.at_s].append(max(p.prompt_tokens - p.shared_tokens, 1))
-    return sum(group_bound(g, token_s, ttft_s) for g in groups.values())
+        start = min(p.shared_tokens, p.prompt_tokens - 1)  # at least the last token is prefilled
+        groups[p.at_s].append(cost.prompt_s(start, p.prompt_tokens))
+    return sum(group_bound(g, ttft_s) for g in groups.values())
 
 
-def measure_token_ms(model: str, threads: int) -> float:
-    """Marginal prefill cost per token (ms) of `model` on llama.cpp, f32 KV, one sequence."""
+def measure_prefill_cost(model: str, threads: int) -> PrefillCost:
+    """`a` and `b` (module docstring) of `model` on llama.cpp, f32 KV, one sequence."""
     import llama_cpp as ll
 
     from skippy_scheduler.hosts.llama.backend import init_backend
@@ -81,12 +101,11 @@ def measure_token_ms(model: str, threads: int) -> float:
     batch = ll.llama_batch_init(512, 0, 1)
     n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(m))
 
-    def prefill(n: int) -> float:
-        ll.llama_memory_clear(ll.llama_get_memory(ctx), True)
+    def decode(start: int, n: int) -> float:
         batch.n_tokens = n
         for i in range(n):
-            batch.token[i] = 3 + (i * 7919) % (n_vocab - 3)
-            batch.pos[i] = i
+            batch.token[i] = 3 + ((start + i) * 7919) % (n_vocab - 3)
+            batch.pos[i] = start + i
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = 0
             batch.logits[i] = i == n - 1
@@ -95,15 +114,26 @@ def measure_token_ms(model: str, threads: int) -> float:
             raise SystemExit("trace_bound: llama_decode failed")
         return time.perf_counter() - t
 
+    def prefill(start: int, n: int) -> float:
+        """One pass of `n` tokens at positions `start`.., after the ones before it (untimed)."""
+        ll.llama_memory_clear(ll.llama_get_memory(ctx), True)
+        if start:
+            decode(0, start)
+        return decode(start, n)
+
     try:
-        prefill(64)  # warm up
-        short = min(prefill(256) for _ in range(3))
-        long_ = min(prefill(512) for _ in range(3))
+        prefill(0, 64)  # warm up
+        short = min(prefill(0, 128) for _ in range(3))
+        near = min(prefill(0, 256) for _ in range(3))
+        far = min(prefill(512, 256) for _ in range(3))
     finally:
         ll.llama_batch_free(batch)
         ll.llama_free(ctx)
         ll.llama_model_free(m)
-    return max(long_ - short, 1e-9) / 256 * 1e3
+    # near - short = 128 a + b (128 + ... + 255); far - near = b * 256 * 512
+    b = max(far - near, 0.0) / (256 * 512)
+    a = max(near - short - b * (128 + 255) * 128 / 2, 1e-12) / 128
+    return PrefillCost(a, b)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
             action.required = False
     ap.add_argument("--token-ms", type=float, default=None,
                     help="prefill cost per token in ms (default: measured with --model)")
+    ap.add_argument("--position-us", type=float, default=None,
+                    help="prefill cost per token per earlier position in µs (default: measured "
+                         "with --model; 0 with --token-ms)")
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads (with --model)")
     ap.add_argument("--ttft", default="1,2,3,4,5", metavar="S,...",
                     help="TTFT bounds in seconds")
@@ -140,22 +173,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("give --model GGUF (to measure the prefill cost) or --token-ms")
     if args.token_ms is not None and not (math.isfinite(args.token_ms) and args.token_ms > 0):
         ap.error(f"--token-ms must be a finite number > 0, got {args.token_ms}")
+    if args.position_us is not None:
+        if args.token_ms is None:
+            ap.error("--position-us goes with --token-ms (without them both are measured)")
+        if not (math.isfinite(args.position_us) and args.position_us >= 0):
+            ap.error(f"--position-us must be a finite number >= 0, got {args.position_us}")
     if args.threads < 1:
         ap.error(f"--threads must be >= 1, got {args.threads}")
     plan = open_loop.plan_requests(args)
-    token_ms = args.token_ms if args.token_ms is not None else measure_token_ms(args.model,
-                                                                                args.threads)
+    measured = args.token_ms is None
+    if measured:
+        cost = measure_prefill_cost(args.model, args.threads)
+    else:
+        cost = PrefillCost(args.token_ms / 1e3, (args.position_us or 0.0) / 1e6)
     groups = len({p.at_s for p in plan})
     biggest = max(sum(1 for q in plan if q.at_s == p.at_s) for p in plan)
+    longest = max(p.prompt_tokens for p in plan)
     print(f"{len(plan)} requests in {groups} arrival groups (largest {biggest}), prefill "
-          f"{token_ms:.3f} ms a token" + (" (measured)" if args.token_ms is None else ""))
+          f"{cost.token_s * 1e3:.3f} ms a token + {cost.position_s * 1e6:.3f} µs a token per "
+          f"earlier position" + (" (measured)" if measured else "") +
+          f": a {longest}-token prompt {cost.prompt_s(0, longest):.3f} s")
     rows: list[dict[str, Any]] = []
     for b in bounds:
-        n = attainment_bound(plan, token_ms / 1e3, b)
+        n = attainment_bound(plan, cost, b)
         rows.append({"ttft_s": b, "within": n, "pct": 100.0 * n / len(plan)})
         print(f"  TTFT <= {b:g} s: at most {n} of {len(plan)} ({100.0 * n / len(plan):.1f} %)")
     append_line({"trace": args.trace, "start_s": args.start_s, "max_requests": args.max_requests,
-                 "time_scale": args.time_scale, "requests": len(plan), "token_ms": token_ms,
+                 "time_scale": args.time_scale, "requests": len(plan),
+                 "token_ms": cost.token_s * 1e3, "position_us": cost.position_s * 1e6,
                  "bounds": rows}, args.json)
     return 0
 
