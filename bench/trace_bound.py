@@ -29,6 +29,7 @@ llama.cpp (`--model`; the fastest of three of each pass: `b` from a 256-token pa
 512 against one at position 0, `a` from a 256- against a 128-token pass at position 0, so the
 pass's own fixed cost is left out) or given (`--token-ms` for `a`, `--position-us` for `b`,
 0 unless given).
+
 Prints, for each bound in `--ttft`, the share of the slice's requests that could meet it, and
 appends the same as one JSON object to `--json`.
 """
