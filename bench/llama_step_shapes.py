@@ -30,8 +30,9 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from typing import Any, Sequence
+
+from skippy_bench.llama_context import LlamaContext
 
 
 CHUNKS = (32, 64, 128, 256, 448)  # with up to 64 decode rows beside them, within one 512 batch
@@ -69,66 +70,9 @@ def check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                  f"(--ctx-size / --lanes) with room to decode")
 
 
-class Context:
-    """A llama.cpp context with a KV stream per sequence, and a batch to fill."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        import llama_cpp as ll
-
-        from skippy_scheduler.hosts.llama.backend import init_backend
-
-        self.ll = ll
-        init_backend()  # the package's log sink: llama.cpp's INFO lines are dropped
-        mparams = ll.llama_model_default_params()
-        mparams.n_gpu_layers = 0
-        self.model = ll.llama_model_load_from_file(args.model.encode(), mparams)
-        if not self.model:
-            raise SystemExit(f"llama_step_shapes: llama.cpp could not load {args.model}")
-        cparams = ll.llama_context_default_params()
-        cparams.n_ctx = 2 * args.ctx_size
-        cparams.n_batch = cparams.n_ubatch = 512
-        cparams.n_seq_max = 2 * args.lanes
-        cparams.n_threads = cparams.n_threads_batch = args.threads
-        cparams.type_k = cparams.type_v = 0  # f32
-        cparams.flash_attn_type = 0
-        cparams.kv_unified = False
-        self.ctx = ll.llama_init_from_model(self.model, cparams)
-        if not self.ctx:
-            raise SystemExit("llama_step_shapes: llama.cpp could not create the context")
-        self.batch = ll.llama_batch_init(512, 0, 1)
-        self.n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(self.model))
-
-    def decode(self, items: Sequence[tuple[int, int, int]]) -> float:
-        """One llama_decode of (sequence, first position, tokens) items; its seconds."""
-        b, n = self.batch, 0
-        for seq, pos, count in items:
-            for j in range(count):
-                b.token[n] = 3 + ((pos + j) * 7919 + seq) % (self.n_vocab - 3)
-                b.pos[n] = pos + j
-                b.n_seq_id[n] = 1
-                b.seq_id[n][0] = seq
-                b.logits[n] = j == count - 1
-                n += 1
-        b.n_tokens = n
-        t = time.perf_counter()
-        rc = self.ll.llama_decode(self.ctx, b)
-        elapsed = time.perf_counter() - t
-        if rc != 0:
-            raise SystemExit(f"llama_step_shapes: llama_decode returned {rc}")
-        return elapsed
-
-    def clear(self, seq: int, start: int = -1) -> None:
-        """Drop `seq`'s cells from position `start` on (-1: all of them)."""
-        self.ll.llama_memory_seq_rm(self.ll.llama_get_memory(self.ctx), seq, start, -1)
-
-    def close(self) -> None:
-        self.ll.llama_batch_free(self.batch)
-        self.ll.llama_free(self.ctx)
-        self.ll.llama_model_free(self.model)
-
-
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    c = Context(args)
+    c = LlamaContext(args.model, args.threads, n_seq=2 * args.lanes, n_ctx=2 * args.ctx_size,
+                     name="llama_step_shapes")
     try:
         rows_max, chunk_seq = args.rows_max, args.rows_max
         for s in range(rows_max):

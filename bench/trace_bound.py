@@ -38,12 +38,12 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from skippy_bench import open_loop
+from skippy_bench.llama_context import LlamaContext
 from skippy_bench.reports import append_line
 
 
@@ -84,43 +84,14 @@ def attainment_bound(plan: Sequence[open_loop.Planned], cost: PrefillCost,
 
 def measure_prefill_cost(model: str, threads: int) -> PrefillCost:
     """`a` and `b` (module docstring) of `model` on llama.cpp, f32 KV, one sequence."""
-    import llama_cpp as ll
-
-    from skippy_scheduler.hosts.llama.backend import init_backend
-
-    init_backend()  # the package's log sink: llama.cpp's INFO lines are dropped
-    mparams = ll.llama_model_default_params()
-    mparams.n_gpu_layers = 0
-    m = ll.llama_model_load_from_file(model.encode(), mparams)
-    if not m:
-        raise SystemExit(f"trace_bound: llama.cpp could not load {model}")
-    cparams = ll.llama_context_default_params()
-    cparams.n_ctx, cparams.n_batch, cparams.n_ubatch, cparams.n_seq_max = 1024, 512, 512, 1
-    cparams.n_threads = cparams.n_threads_batch = threads
-    cparams.type_k = cparams.type_v = 0  # f32, as the serving benchmarks run
-    ctx = ll.llama_init_from_model(m, cparams)
-    batch = ll.llama_batch_init(512, 0, 1)
-    n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(m))
-
-    def decode(start: int, n: int) -> float:
-        batch.n_tokens = n
-        for i in range(n):
-            batch.token[i] = 3 + ((start + i) * 7919) % (n_vocab - 3)
-            batch.pos[i] = start + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = i == n - 1
-        t = time.perf_counter()
-        if ll.llama_decode(ctx, batch) != 0:
-            raise SystemExit("trace_bound: llama_decode failed")
-        return time.perf_counter() - t
+    c = LlamaContext(model, threads, n_seq=1, n_ctx=1024, name="trace_bound")
 
     def prefill(start: int, n: int) -> float:
         """One pass of `n` tokens at positions `start`.., after the ones before it (untimed)."""
-        ll.llama_memory_clear(ll.llama_get_memory(ctx), True)
+        c.clear(0)
         if start:
-            decode(0, start)
-        return decode(start, n)
+            c.decode([(0, 0, start)])
+        return c.decode([(0, start, n)])
 
     try:
         prefill(0, 64)  # warm up
@@ -128,9 +99,7 @@ def measure_prefill_cost(model: str, threads: int) -> PrefillCost:
         near = min(prefill(0, 256) for _ in range(3))
         far = min(prefill(512, 256) for _ in range(3))
     finally:
-        ll.llama_batch_free(batch)
-        ll.llama_free(ctx)
-        ll.llama_model_free(m)
+        c.close()
     # near - short = 128 a + b (128 + ... + 255); far - near = b * 256 * 512
     b = max(far - near, 0.0) / (256 * 512)
     a = max(near - short - b * (128 + 255) * 128 / 2, 1e-12) / 128

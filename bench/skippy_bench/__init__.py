@@ -6,6 +6,7 @@
 - `open_loop`: the open-loop load, a slice of a trace replayed at its arrival times;
 - `reports`: nearest-rank percentiles, medians, JSON lines, markdown tables;
 - `models`: the random-weight bench models the comparisons run on;
+- `llama_context`: a bare llama.cpp context for timing `llama_decode` alone;
 - `callgrind`: instruction counts of a child process under valgrind;
 - `fleet_trace`: what each replica of a fleet held, from its KV events;
 - `rpc_split`: llama.cpp's own split (ggml-rpc-server devices under one llama-server).
