@@ -22,6 +22,7 @@ int sk_admit_waiting(skippy_scheduler *s, size_t *out_admitted)
     }
     size_t waiting_count = s->waiting_len;
     s->prio_victim_len = 0;
+    s->admit_walks++;
     if (waiting_count == 0) return 0;
     /* Everything preemption for priority may need is allocated before anything changes. */
     if (s->cfg.priority_preemption && sk_priority_reserve(s))

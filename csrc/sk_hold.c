@@ -46,6 +46,7 @@ bool sk_hold(skippy_scheduler *s, sk_seq *w)
             s->leaders++;
         }
         w->held_steps++;
+        w->held_walk = s->admit_walks;
         return true;
     }
     return false;

@@ -87,6 +87,7 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     uint64_t flight_serial;
     /* cold prefix hold (sk_hold.c, §2.3a) */
     uint32_t held_steps;      /* plans it was held while waiting (since submit or preemption) */
+    uint64_t held_walk;       /* the admission walk (admit_walks) that last held it, 0 = none */
     uint8_t lead;             /* SK_LEAD_*: held on while active (reset at admission) */
     bool slo_relegated;       /* a prefill order put it behind for its deadline (§2.13, counted once) */
 } sk_seq;
@@ -174,6 +175,7 @@ struct skippy_scheduler {
     size_t prefill_keys_cap;
     size_t prefill_keys_len;
     size_t leaders;                       /* leaders marked and not yet reported (sk_hold.c) */
+    uint64_t admit_walks;                 /* admission walks made (sk_admit.c), for held_walk */
 
     size_t n_class[3];                    /* active sequences per SK_CLASS_* (see sk_class) */
     size_t fresh_count;                   /* active sequences with `fresh` set */

@@ -10,6 +10,10 @@
  * max_priority_preemptions_per_step such preemptions. Victims go back to waiting with the
  * recompute semantics of a memory preemption (§2.8), at the queue's front, last victim first.
  *
+ * Under the cold prefix hold (§2.3a) a sequence the walk held stays waiting, and one this pass
+ * would admit, with or without victims, is first put to the hold as the walk does: held, it is
+ * not admitted and takes no victim.
+ *
  * Admission (sk_admit.c) runs it after its pass; the moves of the victims and of the sequences
  * they make room for are sk_move.c's.
  */
@@ -82,12 +86,20 @@ void sk_priority_preempt(skippy_scheduler *s, size_t *admitted)
     uint64_t step = s->plan_serial;
     size_t nc = s->cfg.memory_component_count, taken = 0, kept = 0;
     uint64_t *trial = s->used_scratch;
+    bool hold = s->cfg.cold_prefix_hold_tokens && s->store; /* §2.3a */
     for (size_t w = 0; w < s->waiting_len; w++) {
         uint32_t want_slot = s->waiting[w];
         sk_seq *want = &s->seqs[want_slot];
+        /* Held for a leader by this plan's admission walk: neither admitted nor preempting. */
+        if (hold && want->held_walk == s->admit_walks) {
+            s->waiting[kept++] = want_slot;
+            continue;
+        }
         bool admit = admissible(s, s->used, 0, want);
         size_t first = taken;
-        if (!admit && taken < budget) {
+        if (admit) {
+            admit = !(hold && sk_hold(s, want));
+        } else if (taken < budget) {
             memcpy(trial, s->used, nc * sizeof(uint64_t));
             while (!admissible(s, trial, taken - first, want) && taken < budget) {
                 uint32_t v = pick(s, want, s->prio_victims, first, taken, step);
@@ -97,7 +109,8 @@ void sk_priority_preempt(skippy_scheduler *s, size_t *admitted)
                                                                    s->seqs[v].admission_tokens));
                 s->prio_victims[taken++] = v;
             }
-            admit = admissible(s, trial, taken - first, want);
+            /* What would admit it is checked against the hold as the walk does (§2.3a). */
+            admit = admissible(s, trial, taken - first, want) && !(hold && sk_hold(s, want));
             for (size_t nth = first; admit && nth < taken; nth++) {
                 if (sk_waiting_add(s, s->prio_victims[nth], s->next_order + (nth - first))) {
                     while (nth-- > first) sk_waiting_remove(s, s->prio_victims[nth]);

@@ -117,6 +117,7 @@ static int submit(skippy_scheduler *s, const skippy_sequence_desc *desc, uint32_
     seq->last_token_us = 0.0;
     seq->submitted_us = s->now_us; /* its age under the slack rule's prefill order (§2.13) */
     seq->held_steps = 0;
+    seq->held_walk = 0;
     seq->lead = SK_LEAD_NONE;
     seq->slo_relegated = false;
     sk_affinity_read(s, seq); /* with a store: its restore and saved cost, before ranking */

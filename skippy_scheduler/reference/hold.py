@@ -5,6 +5,8 @@ admission walk holds a waiting sequence W when an active sequence (its leader) h
 first restore(W) + H prompt tokens and has no confirmed generated token yet (or, held on, has
 fewer than max_inflight_plans); W is held in at most `cold_prefix_hold_max_steps` plans. A
 leader held on whose prompt is complete is a keep `take` reports, once, while it is active.
+The pass of preemption for priority (priority.py) leaves what the walk held waiting and puts what
+it would admit to the same rule.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ class ColdPrefixHold:
         self.depth = config.max_inflight_plans
         self._flight = flight
         self._leaders = 0  # marked and not reported
+        self.walks = 0  # admission walks made (the scheduler counts them)
 
     def holds(self, w: Sequence, active: Iterable[Sequence]) -> bool:
         """Whether the walk defers `w` now (it counts as one more plan held, and marks the
@@ -50,6 +53,7 @@ class ColdPrefixHold:
                 fa.lead = LEAD_HELD_ON
                 self._leaders += 1
             fw.held_steps += 1
+            fw.held_walk = self.walks
             return True
         return False
 

@@ -25,7 +25,8 @@ class Flight:
     `tenant` is whose service it is."""
 
     __slots__ = ("epoch", "pending", "source", "request", "tenant", "priority_preempted_at",
-                 "last_token_us", "submitted_us", "planned", "held_steps", "lead", "slo_relegated")
+                 "last_token_us", "submitted_us", "planned", "held_steps", "held_walk", "lead",
+                 "slo_relegated")
 
     def __init__(self, epoch: int, tenant: Hashable = None, submitted_us: float = 0.0) -> None:
         self.epoch = epoch
@@ -42,8 +43,10 @@ class Flight:
         # The scheduler clock (µs) at its submit, kept across preemption: its age in the slack
         # rule's prefill order (§2.13).
         self.submitted_us = submitted_us
-        # Cold prefix hold (§2.3a, hold.py): plans it was held while waiting, its leader state.
+        # Cold prefix hold (§2.3a, hold.py): plans it was held while waiting, the admission
+        # walk that last held it (0: none), its leader state.
         self.held_steps = 0
+        self.held_walk = 0
         self.lead = 0
         # Put behind by the prefill order for its first-token deadline (§2.13), counted once.
         self.slo_relegated = False

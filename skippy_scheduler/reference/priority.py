@@ -6,7 +6,9 @@ that still cannot be admitted takes the lanes and memory it lacks from running s
 strictly lower priority (lowest priority first, then the most recently admitted), no more than
 it needs and none when the eligible victims cannot make it fit; a sequence preempted for
 priority is safe from it for `priority_preemption_guard_steps` plans, and one plan makes at most
-`max_priority_preemptions_per_step` such preemptions.
+`max_priority_preemptions_per_step` such preemptions. Under the cold prefix hold (hold.py) a
+sequence the admission walk held stays waiting, and one this pass would admit is first put to
+the hold: held, it is not admitted and takes no victim.
 """
 from __future__ import annotations
 
@@ -53,10 +55,16 @@ def preempt_for_priority(sched: "TwinScheduler", step: int) -> int:
     admitted, taken = 0, 0
     kept: list[Sequence] = []
     victims: list[Sequence] = []
+    hold = sched._hold if sched._hold.tokens and sched._link.store is not None else None
     for want in sched._waiting:
+        if hold is not None and sched._flights[want.id].held_walk == hold.walks:
+            kept.append(want)  # held by this plan's admission walk: no admission, no victims
+            continue
         admit = _admissible(sched, sched._memory.used, 0, want)
         chosen: list[Sequence] = []
-        if not admit and taken < budget:
+        if admit:
+            admit = not (hold is not None and hold.holds(want, sched._active.values()))
+        elif taken < budget:
             used = list(sched._memory.used)
             while not _admissible(sched, used, len(chosen), want) and taken + len(chosen) < budget:
                 v = _pick(sched, want, chosen, step)
@@ -64,7 +72,9 @@ def preempt_for_priority(sched: "TwinScheduler", step: int) -> int:
                     break
                 used = sched._memory.without(used, v)
                 chosen.append(v)
-            admit = _admissible(sched, used, len(chosen), want)
+            # What would admit it is put to the hold as the walk does (§2.3a).
+            admit = (_admissible(sched, used, len(chosen), want)
+                     and not (hold is not None and hold.holds(want, sched._active.values())))
             if admit and chosen:
                 sched._memory.used = used
                 for v in chosen:

@@ -230,6 +230,7 @@ class TwinScheduler:
         admitted = 0
         deferred: list[Sequence] = []
         hold = self._hold if self._hold.tokens and self._link.store is not None else None
+        self._hold.walks += 1
         for s in self._waiting:
             if len(self._active) >= self._config.max_active_sequences:
                 deferred.append(s)

@@ -1,8 +1,8 @@
 """The cold prefix hold (behaviour.md §2.3a) on the native core and the twin: with their own
 prefix stores, both must hold the same waiting sequences, report the same leaders' prompts, and
-make the same plans, on random operation sequences (bursts of shared-prefix prompts, steps
-whose keeps insert the reported prompts, evictions, cancels, memory preemption, aborts, plans
-in flight).
+make the same plans, on random operation sequences (bursts of shared-prefix prompts of mixed
+priorities, steps whose keeps insert the reported prompts, evictions, cancels, memory
+preemption, aborts, plans in flight), with and without preemption for priority (§2.8a).
 """
 import numpy as np
 from hypothesis import HealthCheck, event, given, settings
@@ -40,6 +40,7 @@ configs = st.builds(
     memory_components=st.sampled_from([[], [MemoryComponent("kv", 300, 0, 4, 8)]]),
     cold_prefix_hold_tokens=st.sampled_from([0, 1, 2, 2, 4, 7]),
     cold_prefix_hold_max_steps=st.sampled_from([0, 1, 3, 64, 64]),
+    priority_preemption=st.booleans(),
     sequence_id_limit=st.just(40), reserved_sequence_ids=st.just(8),
 )
 
@@ -47,7 +48,8 @@ submit = st.tuples(st.just("submit"), st.integers(0, len(IDS) - 1),
                    st.integers(0, len(HEADS) - 1),  # its head
                    st.sampled_from([8, 8, 8, 6, 3, 0]),  # head tokens kept
                    st.integers(0, 4),  # own tail tokens
-                   st.integers(1, 5))  # max tokens
+                   st.integers(1, 5),  # max tokens
+                   st.sampled_from([0, 0, 1, 3]))  # priority
 step = st.tuples(st.just("step"), st.integers(0, 9), st.booleans())  # token, keep reports
 ops = st.lists(st.one_of(submit, submit, step, step, step, step,
                          st.tuples(st.just("evict")),
@@ -73,9 +75,9 @@ class Pair(TwinPair):
 def run(pair, op):
     kind = op[0]
     if kind == "submit":
-        _, k, head, kept, tail, max_tokens = op
+        _, k, head, kept, tail, max_tokens, priority = op
         prompt = HEADS[head][:kept] + [10 + k + j for j in range(tail)] or [k + 20]
-        seq = Sequence(IDS[k], prompt, max_tokens)
+        seq = Sequence(IDS[k], prompt, max_tokens, priority=priority)
         if pair.both(lambda s, _: s.submit(seq))[0][0] == "ok":
             pair.prompts[IDS[k]] = prompt
     elif kind == "evict":

@@ -174,3 +174,34 @@ def test_at_depth_two_the_leader_leads_one_plan_more(pair):
     # s0's 4 chunks are plans 1-4; plan 5 is made before plan 4 completes, plan 6 before its
     # keep could be applied, so s1 is admitted by plan 7
     assert made == 7
+
+
+def test_with_priority_preemption_the_peers_are_still_held(pair):
+    """The priority pass (§2.8a) runs after the walk: what the walk held stays waiting, so the
+    burst restores the head as without that pass."""
+    sched, store = make(pair, priority_preemption=True)
+    burst(sched)
+    rows, _ = step(sched, store)
+    assert [r[0] for r in rows] == ["s0"] and sched.snapshot().waiting_ids == ["s1", "s2"]
+    while sched.snapshot().waiting_ids:
+        step(sched, store)
+    assert sched.metrics().restored_tokens == 24
+
+
+def test_a_held_peer_of_higher_priority_takes_no_victim(pair):
+    """A peer the walk could not admit (no lane), that would preempt a lower-priority sequence,
+    is put to the hold first: while its leader computes the shared head it waits and preempts
+    nobody; once the head is resident it preempts and restores it."""
+    sched, store = make(pair, priority_preemption=True, max_active_sequences=2)
+    sched.submit(Sequence("s0", PROMPTS["s0"], 3))
+    sched.submit(Sequence("u", [5, 6, 7, 8], 20))
+    step(sched, store)  # both admitted; s0 computes its head
+    sched.submit(Sequence("s1", PROMPTS["s1"], 3, priority=5))
+    rows, keeps = step(sched, store)
+    assert "s1" not in [r[0] for r in rows] and sched.snapshot().waiting_ids == ["s1"]
+    assert sched.metrics().preempted_priority == 0
+    while "s1" in sched.snapshot().waiting_ids:
+        step(sched, store)
+    m = sched.metrics()
+    assert m.preempted_priority == 1 and m.restored_tokens == 12
+    assert sched.snapshot().waiting_ids == ["u"]
