@@ -63,6 +63,7 @@ def run_way(host: LlamaHost, prompts: list[list[int]], hold: int, max_tokens: in
         planning_rule=PlanningRule.SLACK if rule == "slack" else PlanningRule.REFERENCE,
         itl_target=0.1,
         cold_prefix_hold_tokens=hold, max_inflight_plans=inflight,
+        priority_preemption=True,  # on in serve; the hold must hold with it
         **host.sequence_id_settings)
     scheduler = Scheduler(config)
     decoded, keeps = host.decoded_tokens, host.holders.prompt_keeps
