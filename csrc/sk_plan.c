@@ -392,10 +392,12 @@ static sk_ft_hold hold_begin(skippy_scheduler *s, const sk_writer *out)
     return h;
 }
 
+/* A leader of the cold prefix hold (sk_hold.c) is never held: its peers wait for its first
+ * token, so holding it would hold their whole prefill back, not one token. */
 static inline bool held(const sk_ft_hold *h, const sk_seq *seq, size_t left)
 {
     return h->pressed && sk_first_pending(seq) && seq->ttft_deadline_us > h->release_us &&
-           h->longer > (left > 1 ? 1u : 0u);
+           h->longer > (left > 1 ? 1u : 0u) && seq->lead != SK_LEAD_HELD_ON;
 }
 
 /* The released last tokens (above): one-token rows of the first-pending sequences with one

@@ -76,15 +76,18 @@ class _Hold:
     prefill that may be planned would take, at twice its predicted time, until the nearest
     first-token deadline among it; then a first-pending sequence whose deadline is later than
     `release_us` (a few full steps from now) is held while another has more than one token
-    left (`longer` counts those)."""
+    left (`longer` counts those). A leader of the cold prefix hold (`leading`) is never held:
+    its peers wait for its first token."""
 
     def __init__(self, on: bool, pressed: bool = False, release_us: float = 0.0,
-                 longer: int = 0) -> None:
+                 longer: int = 0,
+                 leading: Callable[[Sequence], bool] = lambda s: False) -> None:
         self.on, self.pressed, self.release_us, self.longer = on, pressed, release_us, longer
+        self.leading = leading
 
     def held(self, s: Sequence, left: int) -> bool:
         return (self.pressed and _first_pending(s) and _deadline_us(s) > self.release_us
-                and self.longer > (1 if left > 1 else 0))
+                and self.longer > (1 if left > 1 else 0) and not self.leading(s))
 
 
 class RowPlanner:
@@ -97,7 +100,9 @@ class RowPlanner:
     flight, §2.11a) whether it has a row in a live plan, which leaves it out of this one; a
     plan then takes at most ceil(active / max_inflight_plans) decode rows (its share).
     `submitted_us(s)` is the clock at its submit, its age in the slack rule's prefill order;
-    `on_relegate(s)` is told each time that order relegates a sequence for its deadline.
+    `on_relegate(s)` is told each time that order relegates a sequence for its deadline;
+    `leading(s)` says whether it leads a cold prefix hold (peers wait for its prompt), which
+    the first-token hold never holds.
     """
 
     def __init__(self, config: SchedulerConfig, live_decode: Callable[[Sequence], bool],
@@ -106,8 +111,10 @@ class RowPlanner:
                  last_token_us: Callable[[Sequence], float],
                  in_flight: Optional[Callable[[Sequence], bool]] = None,
                  submitted_us: Optional[Callable[[Sequence], float]] = None,
-                 on_relegate: Optional[Callable[[Sequence], None]] = None) -> None:
+                 on_relegate: Optional[Callable[[Sequence], None]] = None,
+                 leading: Optional[Callable[[Sequence], bool]] = None) -> None:
         self._config = config
+        self._leading = leading if leading is not None else lambda s: False
         self._submitted_us = submitted_us if submitted_us is not None else lambda s: 0.0
         self._on_relegate = on_relegate if on_relegate is not None else lambda s: None
         # Whose slack counts (§2.13): the live decodes, but under disjoint plans (§2.11a) not
@@ -345,7 +352,7 @@ class RowPlanner:
             return _Hold(True, longer=longer)
         full = cost.base_us + cost.per_prefill_token_us * float(config.max_tokens_per_iteration)
         release = now + (float(config.max_inflight_plans) + 2.0) * full
-        return _Hold(True, True, release, longer)
+        return _Hold(True, True, release, longer, self._leading)
 
     def _released(self, active: list[Sequence], hold: _Hold, budget: int,
                   limit: int) -> list[IterationWork]:

@@ -13,7 +13,7 @@ from typing import Hashable, Iterable, Optional
 
 from .._validate import check_id, check_uint, sat, sat_sub
 from .admission import AdmissionOrder
-from .hold import ColdPrefixHold
+from .hold import LEAD_HELD_ON, ColdPrefixHold
 from .memory import MemoryLedger
 from .plan import PLACEHOLDER, Flight, RowUndo, TwinPlan, read_outputs
 from .planning import RowPlanner
@@ -91,7 +91,8 @@ class TwinScheduler:
                                    self._link.holder, self._slack_stamp_us,
                                    self._in_flight if self._disjoint else None,
                                    submitted_us=lambda s: self._flights[s.id].submitted_us,
-                                   on_relegate=self._relegated)
+                                   on_relegate=self._relegated,
+                                   leading=lambda s: self._flights[s.id].lead == LEAD_HELD_ON)
 
     # -- the slack rule's inputs (§2.13) ----------------------------------------------------------
 

@@ -3,11 +3,14 @@ must make the same plans, for any clock, cost model and per-sequence targets, on
 operation sequences; and on both, the interleave bound (at most k decode-only plans in a row
 while prefill waits) and the starvation bound (the oldest admitted prefill gets a row within
 k + 1 plans) hold. Beside disjoint plans in flight (§2.11a) the same holds, and the least slack
-leaves out the sequences in flight, which the plan being made cannot give a row.
+leaves out the sequences in flight, which the plan being made cannot give a row. Some examples
+run the cold prefix hold (§2.3a) beside the rule, with a prefix store each that takes the
+leaders' kept prompts (the first-token hold never holds a leader).
 """
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -23,6 +26,8 @@ from skippy_scheduler import (
     StepCost,
     TwinScheduler,
 )
+from skippy_scheduler.prefix_store import PrefixStore
+from skippy_scheduler.reference import PrefixStoreTwin
 from sched_helpers import TwinPair, complete
 
 IDS = ["a", "b", "c", "d", "e", "f"]
@@ -60,6 +65,8 @@ configs = st.builds(
     # the prefill order's age bound: 0 = walk order, then small, the default, huge (pure SRPT)
     slack_prefill_age_max=st.sampled_from([0.0, 0.0005, 0.003, 0.05, 2.0, 1e9]),
     slack_first_token_hold=st.booleans(),
+    cold_prefix_hold_tokens=st.sampled_from([0, 0, 0, 2, 4]),
+    sequence_id_limit=st.just(40), reserved_sequence_ids=st.just(8),
 )
 
 submit = st.tuples(st.just("submit"), st.integers(0, len(IDS) - 1),
@@ -80,6 +87,22 @@ class Pair(TwinPair):
     def __init__(self, config):
         super().__init__(Scheduler(config), TwinScheduler(config))
         self.now = 0.0
+        self.prompts = {}
+        self.stores = None
+        if config.cold_prefix_hold_tokens:
+            self.stores = (PrefixStore(64, 8, first_holder_id=32),
+                           PrefixStoreTwin(64, 8, first_holder_id=32))
+            for s, store in zip(self.scheds, self.stores):
+                s.attach_prefix_store(store, prefill_cost_per_token=10)
+
+    def keep(self, done):
+        """What the engine does with a completion's prompt keeps: each store takes the prompt."""
+        if self.stores is None or done[0][0] != "ok":
+            return
+        for sid, n in done[0][1].prompt_keeps:
+            event("prompt kept")
+            key = np.asarray(self.prompts[sid][:n], dtype=np.int32)
+            self.both(lambda s, i: self.stores[i].insert(key) is not None)
 
     def check(self):
         super().check(IDS)
@@ -89,10 +112,13 @@ def run(pair, op):
     kind = op[0]
     if kind == "submit":
         _, k, prompt, max_tokens, itl, ttft = op
-        seq = Sequence(IDS[k], [(k * 7 + j) % 5 for j in range(prompt)], max_tokens)
+        # under the cold prefix hold, three ids share each prompt pattern (a burst's peers)
+        pattern = k % 2 if pair.stores is not None else k
+        seq = Sequence(IDS[k], [(pattern * 7 + j) % 5 for j in range(prompt)], max_tokens)
         seq.with_deadlines(ttft_deadline=None if ttft is None else pair.now + ttft,
                            itl_target=itl)
-        pair.both(lambda s, _: s.submit(seq))
+        if pair.both(lambda s, _: s.submit(seq))[0][0] == "ok":
+            pair.prompts[IDS[k]] = seq.prompt_tokens
     elif kind == "cost":
         pair.both(lambda s, _: s.set_step_cost(op[1]))
     elif kind == "cancel":
@@ -116,7 +142,7 @@ def run(pair, op):
         if len(pair.live[0]) >= depth or len(pt) == 0:
             pair.now += elapsed
             pair.both(lambda s, _: s.set_clock(pair.now))
-            pair.finish_oldest(token)
+            pair.keep(pair.finish_oldest(token))
     pair.check()
     if pair.scheds[0].metrics().slo_relegated:
         event("a deadline relegated")

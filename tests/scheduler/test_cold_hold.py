@@ -10,9 +10,11 @@ import pytest
 from skippy_scheduler import (
     IterationPrediction,
     MemoryComponent,
+    PlanningRule,
     Scheduler,
     SchedulerConfig,
     Sequence,
+    StepCost,
     TwinScheduler,
 )
 from skippy_scheduler.prefix_store import PrefixStore
@@ -205,3 +207,25 @@ def test_a_held_peer_of_higher_priority_takes_no_victim(pair):
     m = sched.metrics()
     assert m.preempted_priority == 1 and m.restored_tokens == 12
     assert sched.snapshot().waiting_ids == ["u"]
+
+
+def test_the_first_token_hold_never_holds_a_leader(pair):
+    """Under the slack rule's first-token hold (§2.13 step 7, on in `serve`), a pressed burst
+    holds back the last token of prompts with time to spare; a leader's peers wait for its
+    first token, so the leader's last token goes in at once, and its peers follow restoring."""
+    sched, store = make(pair, planning_rule=PlanningRule.SLACK, slack_first_token_hold=True,
+                        step_cost=StepCost(base_us=2000, per_prefill_token_us=50_000),
+                        max_tokens_per_iteration=8, prefill_chunk_tokens=8, itl_target=1.0)
+    sched.set_clock(0.0)
+    for sid, prompt in (("s0", PROMPTS["s0"]), ("s1", PROMPTS["s1"]), ("u", [5] * 40)):
+        sched.submit(Sequence(sid, prompt, 3).with_deadlines(ttft_deadline=3.0))
+    # pressed: the 94 prompt tokens at 50 ms each, twice, run past the 3 s deadlines; each
+    # deadline is later than the release margin (3 full steps of 8 tokens, 1.2 s)
+    rows, keeps = step(sched, store)
+    assert rows == [("s0", 0, 8)] and sched.snapshot().waiting_ids == ["s1"]
+    rows, keeps = step(sched, store)
+    assert rows[0] == ("s0", 8, 6)  # the whole rest of its prompt, last token included
+    assert keeps == (("s0", 14),)
+    rows, keeps = step(sched, store)
+    # s1 restores the shared head; not a leader, its own last token is held like any other
+    assert ("s1", 12, 1) in rows
