@@ -236,6 +236,18 @@ def _reuse_of(s: ServeSettings) -> tuple[int, int]:
 COLD_PREFIX_HOLD_TOKENS = 64
 
 
+def cold_prefix_hold_plans(lane_tokens: int) -> int:
+    """The plans a request may be held for a leader (`cold_prefix_hold_max_steps`): enough for
+    a leader that fills its lane in the slack rule's smallest chunks, one every
+    `slack_interleave_max` + 1 plans, the pace of a rule pressed by decoding streams (with
+    the scheduler's 64, a 1 000-token leader outlasted the hold there, and its peers prefilled
+    the shared part themselves)."""
+    from ..types import SchedulerConfig
+    d = SchedulerConfig()
+    paced = -(-lane_tokens // max(d.slack_min_chunk_tokens, 1)) * (d.slack_interleave_max + 1)
+    return max(d.cold_prefix_hold_max_steps, paced)
+
+
 def listen_socket(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> socket.socket:
     """The server's listening TCP socket on (`host`, `port`), non-blocking.
 
@@ -394,6 +406,8 @@ class Server:
         components = host.memory_components if isinstance(host, MemoryComponentsHost) else []
         # With reuse the holders' sequence ids are the scheduler's reserved ids.
         ids = host.sequence_id_settings if reuse else {}
+        lane_tokens = (context_of(s) // s.max_active if reuse
+                       else min(host.n_ctx_seq, host.n_ctx))
         # Waiting room for a whole burst: see "Capacity" in the module docstring.
         config = SchedulerConfig(
             max_active_sequences=s.max_active, max_waiting_sequences=s.max_waiting + s.max_active,
@@ -415,11 +429,10 @@ class Server:
             priority_preemption=s.priority_preemption,
             cold_prefix_hold_tokens=(COLD_PREFIX_HOLD_TOKENS if s.cold_prefix_hold and reuse
                                      and isinstance(host, PromptKeepingHost) else 0),
+            cold_prefix_hold_max_steps=cold_prefix_hold_plans(lane_tokens),
             sequence_id_limit=ids.get("sequence_id_limit", DEFAULT_SEQUENCE_ID_LIMIT),
             reserved_sequence_ids=ids.get("reserved_sequence_ids", 0))
         self.scheduler = make_scheduler(config, policy=s.policy, implementation=s.scheduler)
-        lane_tokens = (context_of(s) // s.max_active if reuse
-                       else min(host.n_ctx_seq, host.n_ctx))
         # Before the runner: its step timer reads the host's running totals from its start.
         self.warmup: Optional[WarmUp] = None
         if s.cost_warmup and s.planning_rule == "slack" and runner_class is None:

@@ -8,9 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 
-from serve_support import alone, is_idle, start_server, wait_idle
+from serve_support import LANE_CTX, alone, is_idle, start_server, wait_idle
 from skippy_scheduler import cli
-from skippy_scheduler.serve.server import COLD_PREFIX_HOLD_TOKENS
+from skippy_scheduler.serve.server import COLD_PREFIX_HOLD_TOKENS, cold_prefix_hold_plans
 
 GREEDY = {"temperature": 0.0}
 
@@ -19,6 +19,13 @@ def test_the_flag_and_its_default():
     parser = cli.build_parser()
     assert parser.parse_args(["serve"]).cold_prefix_hold is True
     assert parser.parse_args(["serve", "--no-cold-prefix-hold"]).cold_prefix_hold is False
+
+
+def test_the_hold_lasts_as_long_as_a_lane_takes_in_the_smallest_chunks():
+    # a 1 024-token lane in chunks of 32, one every 5 plans (slack_min_chunk_tokens,
+    # slack_interleave_max + 1); never under the scheduler's own 64
+    assert cold_prefix_hold_plans(1024) == 160
+    assert cold_prefix_hold_plans(100) == 64 and cold_prefix_hold_plans(0) == 64
 
 
 def _stream(client, prompt, max_tokens):
@@ -40,6 +47,7 @@ def test_a_burst_sharing_a_cold_prefix_gets_its_alone_tokens(model_path, referen
                        cold_prefix_hold=False)
     try:
         assert srv.scheduler.config.cold_prefix_hold_tokens == COLD_PREFIX_HOLD_TOKENS
+        assert srv.scheduler.config.cold_prefix_hold_max_steps == cold_prefix_hold_plans(LANE_CTX)
         assert off.scheduler.config.cold_prefix_hold_tokens == 0
         with openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0,
                            timeout=60) as c:
