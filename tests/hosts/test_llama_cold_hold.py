@@ -179,3 +179,27 @@ def test_random_bursts_with_the_hold_match_alone_runs(impl, host, alone, depth):
 
 def test_keep_prompt_refuses_what_the_lane_does_not_hold(host):
     assert host.keep_prompt("nobody", 4) is False
+
+
+def test_a_keep_the_store_refuses_is_reported_and_not_counted(model_path):
+    """`keep_prompt` says whether the prompt is resident afterwards: with the only holder's
+    entry pinned (a running restore) the store cannot take another prompt, and the host
+    answers False and counts no keep; an unpinned holder is reused, and the keep counts."""
+    with LlamaHost(model_path, n_ctx=3 * LANE_CELLS, n_seq_max=2, n_batch=512, n_threads=1,
+                   prefix_cache_tokens=LANE_CELLS, prefix_holders=1) as h:
+        h.run_rows([("a", [1] + list(range(100, 120)), 0, True),
+                    ("b", [1] + list(range(200, 220)), 0, True)])
+        keeps = h.holders.prompt_keeps
+        assert h.keep_prompt("a", 21)
+        assert h.holders.prompt_keeps == keeps + 1
+        (entry,) = h.prefix_store.resident()
+        h.prefix_store.pin(entry)
+        assert not h.keep_prompt("b", 21)
+        assert h.holders.prompt_keeps == keeps + 1
+        assert [e.length for e in h.prefix_store.resident()] == [21]
+        h.prefix_store.unpin(entry)
+        assert h.keep_prompt("b", 21)
+        assert h.holders.prompt_keeps == keeps + 2
+        assert h.keep_prompt("b", 21)  # already resident: still True, counted again
+        for k in "ab":
+            assert h.release(k)

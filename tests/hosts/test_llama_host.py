@@ -247,18 +247,42 @@ def test_gap_fill_never_takes_the_batch_past_its_size(model_path):
     """A plan that fills the batch leaves its gaps alone: a filler past the batch size would
     make the decode fail (found in a trace replay, where a full prefill step beside decode rows
     had a waiting lane between them)."""
-    with LlamaHost(model_path, n_ctx=4 * 64, n_seq_max=4, n_batch=16, n_threads=1) as h:
-        first = h.run_rows([(k, [1, 300 + i], 0, True) for i, k in enumerate("abc")])
-        filled = h.gap_fill_rows
-        # a on lane 0 decodes, b (lane 1) has no row, c (lane 2) feeds 15 tokens: 16 in all
-        got = h.run_rows([("a", [first["a"]], 2, True),
-                          ("c", [first["c"]] + list(range(310, 324)), 2, True)])
-        assert h.gap_fill_rows == filled
-        assert h._decoder.batch.seq_ids[:16].tolist() == [0] + [2] * 15
-        # one entry less and the filler fits
-        h.run_rows([("a", [got["a"]], 3, True), ("c", list(range(330, 343)), 17, True)])
-        assert h.gap_fill_rows == filled + 1
-        assert h._decoder.batch.seq_ids[:15].tolist() == [0, 1] + [2] * 13
+    for n_batch, fills in ((2, False), (3, True)):
+        with LlamaHost(model_path, n_ctx=4 * 64, n_seq_max=4, n_batch=n_batch,
+                       n_threads=1) as h:
+            first = {}
+            for i, k in enumerate("abc"):
+                first.update(h.run_rows([(k, [1, 300 + i], 0, True)]))
+            assert [h.seq_id_of(k) for k in "abc"] == [0, 1, 2]
+            filled = h.gap_fill_rows
+            # a and c decode, b (lane 1) has no row: two entries, and one more for its filler
+            h.run_rows([("a", [first["a"]], 2, True), ("c", [first["c"]], 2, True)])
+            assert h.gap_fill_rows == filled + fills
+            assert h._decoder.batch.seq_ids[:2 + fills].tolist() == ([0, 1, 2] if fills
+                                                                     else [0, 2])
+
+
+def test_gap_fill_leaves_a_gap_beside_a_prompt_chunk(host, alone):
+    """A filler closes a break only between one-token rows: beside a longer row llama.cpp
+    runs the rest of that row as passes of its own anyway, so between two chunks a filler would
+    add a pass, and between a chunk and a decode row it would save none."""
+    prompts = {"a": [1, 270, 271], "b": [1, 280, 281], "c": [1, 290, 291]}
+    first = host.run_rows([(k, prompts[k], 0, True) for k in "abc"])
+    assert [host.seq_id_of(k) for k in "abc"] == [0, 1, 2]
+    assert host.release("a") and host.release("c")
+    filled = host.gap_fill_rows
+    # lanes 0 and 2 take new prompts (chunks of 4 and 5 tokens), lane 1 (b) has no row
+    host.run_rows([("d", [1, 200, 201, 202], 0, False), ("e", [1, 210, 211, 212, 213], 0, False)])
+    assert [host.seq_id_of(k) for k in "de"] == [0, 2]
+    assert host.gap_fill_rows == filled
+    # a chunk on lane 0 beside a decode row on lane 2: no filler either
+    host.run_rows([("d", [203, 204], 4, True), ("e", [214], 5, True)])
+    assert host.gap_fill_rows == filled
+    assert host._decoder.batch.seq_ids[:3].tolist() == [0, 0, 2]
+    got = host.run_rows([("b", [first["b"]], 3, True)])
+    assert [first["b"], got["b"]] == alone(prompts["b"], 2)
+    for k in "bde":
+        assert host.release(k)
 
 
 def test_gap_fill_max_is_checked(model_path):

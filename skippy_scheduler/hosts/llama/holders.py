@@ -104,11 +104,12 @@ class PrefixHolders:
 
     # -- the verbs ----------------------------------------------------------------------------
 
-    def keep(self, lane: int, n: int) -> None:
-        """Offer the lane's first `n` positions to the store as the prefix they stand for."""
+    def keep(self, lane: int, n: int) -> bool:
+        """Offer the lane's first `n` positions to the store as the prefix they stand for;
+        whether they are resident now (taken, or there already)."""
         self._pending = []
         try:
-            self._keep(lane, n)
+            return self._keep(lane, n)
         finally:
             pending, self._pending = self._pending, None
             # Inserts first: a block the new key shares with an evicted one stays announced.
@@ -116,20 +117,23 @@ class PrefixHolders:
             for kind, entry in pending:
                 self._tell(kind, entry)
 
-    def keep_prompt(self, lane: int, n: int) -> None:
+    def keep_prompt(self, lane: int, n: int) -> bool:
         """`keep` for a lane that goes on running: its first `n` positions (a computed prompt
-        a waiting request is held for) become resident now instead of at its release."""
-        self.prompt_keeps += 1
-        self.keep(lane, n)
+        a waiting request is held for) become resident now instead of at its release; whether
+        they are (`prompt_keeps` counts those)."""
+        resident = self.keep(lane, n)
+        if resident:
+            self.prompt_keeps += 1
+        return resident
 
-    def _keep(self, lane: int, n: int) -> None:
+    def _keep(self, lane: int, n: int) -> bool:
         store = self.store
         key = self._tokens[lane, :n].copy()
         hit = store.match(key)
         if hit.matched_tokens == n:
             if hit.entry is not None:
                 store.touch(hit.entry)  # all of it is resident already
-            return
+            return True
         matched = hit.matched_tokens
         parent = None
         replacing = self._supersedes(key)
@@ -148,10 +152,12 @@ class PrefixHolders:
                 split = store.insert(key[:matched], parent, value=lane)
                 if split is not None:
                     parent = split
-        if store.insert(key, parent, value=lane) is not None:
-            self.kept += 1
-            if replacing is not None:
-                self.replaced += 1
+        if store.insert(key, parent, value=lane) is None:
+            return False  # refused: no holder free of pins, or no room
+        self.kept += 1
+        if replacing is not None:
+            self.replaced += 1
+        return True
 
     def _supersedes(self, key: npt.NDArray[np.int32]) -> Optional[StoreEntry]:
         """The holder `key` replaces: of the evictable entries sharing at least `replace_share`

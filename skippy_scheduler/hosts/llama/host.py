@@ -386,13 +386,13 @@ class LlamaHost:
 
     def keep_prompt(self, sequence_id: str, tokens: int) -> bool:
         """Offer the running sequence's first `tokens` positions (its computed prompt) to the
-        store now, as a release would (the cold prefix hold, docs/hosts.md); False without
-        reuse, or when it holds fewer positions or no lane."""
+        store now, as a release would (the cold prefix hold, docs/hosts.md); whether they are
+        resident now: False without reuse, when it holds fewer positions or no lane, or when the
+        store refused them (every holder pinned, or no room)."""
         lane = self._lanes.lane_of(sequence_id)
         if self.holders is None or lane is None or not 0 < tokens <= self._lanes.end(lane):
             return False
-        self.holders.keep_prompt(lane, tokens)
-        return True
+        return self.holders.keep_prompt(lane, tokens)
 
     def release_all(self) -> None:
         for sequence_id in self._lanes.active:

@@ -155,7 +155,8 @@ class RowRunner:
         fill = None
         if self._stage_by_lane:
             staged = int(offsets[-1]) if kept is None else int(lens[kept].sum())
-            fill = self._gap_fill(lanes_kept, row_lanes, self._n_batch - staged)
+            single = (lens if kept is None else lens[kept]) == 1
+            fill = self._gap_fill(lanes_kept, single, row_lanes, self._n_batch - staged)
         if kept is None and not reordered and fill is None:
             n = int(offsets[-1])
             decoder.tok[:n] = tokens_in
@@ -261,14 +262,18 @@ class RowRunner:
             self._forks.copy(row_lanes, lead, starts, ends)
         return tokens, details
 
-    def _gap_fill(self, lanes_kept: IntArray, row_lanes: IntArray, spare: int,
-                  ) -> tuple[IntArray, IntArray] | None:
+    def _gap_fill(self, lanes_kept: IntArray, single: npt.NDArray[np.bool_], row_lanes: IntArray,
+                  spare: int) -> tuple[IntArray, IntArray] | None:
         """The filler rows for the lanes that break the batch's run of decoding lanes: each gap
-        of at most `gap_fill_max` lanes between two decoding lanes whose lanes have no row in the
-        plan and room for one more cell gets one entry per lane, at the lane's next position,
+        of at most `gap_fill_max` lanes between two lanes whose rows are one token each (`single`,
+        beside `lanes_kept`: decode rows, a prompt's last token), whose lanes have no row in the
+        plan and room for one more cell, gets one entry per lane, at the lane's next position,
         while the batch has `spare` entries left beyond the plan's (lanes, positions; None when
         there is nothing to fill). A filler costs about a decode row (its lane's context read
-        once), the break it closes a pass over the weights."""
+        once), the break it closes a pass over the weights. Beside a longer row it closes
+        nothing: llama.cpp takes one token of each sequence in the run into the first pass and
+        the rest of the longer row as passes of its own, so a filler between two prompt chunks
+        would add a pass, and one between a chunk and a decode row would save none."""
         limit = self.gap_fill_max
         if limit <= 0 or len(lanes_kept) < 2 or spare <= 0:
             return None
@@ -276,9 +281,11 @@ class RowRunner:
         # usual case, checked without sorting).
         if int(lanes_kept.max()) - int(lanes_kept.min()) + 1 == len(lanes_kept):
             return None
-        present = np.sort(lanes_kept)
+        order = np.argsort(lanes_kept)
+        present = lanes_kept[order]
+        ones = single[order]
         steps = np.diff(present)
-        at = np.flatnonzero((steps > 1) & (steps <= limit + 1))
+        at = np.flatnonzero((steps > 1) & (steps <= limit + 1) & ones[:-1] & ones[1:])
         if len(at) == 0:
             return None
         lanes: list[int] = []

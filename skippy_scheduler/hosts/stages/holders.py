@@ -148,8 +148,8 @@ class StageHolders(PrefixHolders):
                 self._doomed.append(entry)
         return evicted
 
-    def keep(self, lane: int, n: int) -> None:
-        super().keep(lane, n)
+    def keep(self, lane: int, n: int) -> bool:
+        resident = super().keep(lane, n)
         doomed, self._doomed = self._doomed, []
         # Longest first: a child goes before its parent (a parent with a resident child
         # cannot be evicted).
@@ -157,14 +157,17 @@ class StageHolders(PrefixHolders):
             if entry.alive and not self.store.evict(entry):
                 raise RuntimeError(f"a stage dropped the prefix of holder {entry.holder} but "
                                    f"the store cannot evict it (pinned or with a child)")
+        if doomed and resident:  # a stage may have let the new key itself go
+            resident = self.store.match(self.lane_tokens(lane, n)).matched_tokens == n
+        return resident
 
-    def _keep(self, lane: int, n: int) -> None:
+    def _keep(self, lane: int, n: int) -> bool:
         hit = self.store.match(self._tokens[lane, :n])
         if hit.matched_tokens == n and hit.entry is not None:
             for mirror, shadow in zip(self._mirror, self.stage_stores):
                 if hit.entry.id in mirror:
                     shadow.touch(mirror[hit.entry.id])  # the same recency as `store`
-        super()._keep(lane, n)
+        return super()._keep(lane, n)
 
     def inserted(self, entry: Any) -> None:
         super().inserted(entry)
