@@ -287,7 +287,8 @@ class PrefixHoldingHost(Protocol):
 class PromptKeepingHost(Protocol):
     def keep_prompt(self, sequence_id: str, tokens: int) -> bool:
         """Offer the first `tokens` positions of the running `sequence_id` (its computed
-        prompt) to the prefix store now, as a release would; False when it holds fewer or none.
+        prompt) to the prefix store now, as a release would; whether the prompt is resident
+        afterwards (False when it holds fewer positions or none, or the store refused them).
         Called on the engine's thread while no plan executes, when a completion's telemetry
         names the sequence in `prompt_keeps` (a waiting sequence is held for that prompt)."""
         ...
