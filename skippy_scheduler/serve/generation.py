@@ -41,6 +41,10 @@ class Generation:
         self._ttft_us: Optional[float] = None
         self._max_gap_us = 0.0
         self.held = 0
+        # Under best_of its verdict waits for the ranking (`judge_slo`): only the choices
+        # returned are judged.
+        self._verdict: Optional[tuple[Optional[float], Optional[float], Optional[float],
+                                      float]] = None
         # Reports (only when the request asked for log-probabilities):
         self.logprobs: list[TokenLogprob] = []  # one per token of `tokens`
         self.offsets: list[int] = []  # each token's first character in the generated text
@@ -166,9 +170,17 @@ class Generation:
         m.request_success.labels(reason).inc()
         r = self.request
         if r.ttft_ms is not None or r.itl_ms is not None:  # its SLO's verdict (serve/slo.py)
-            self.ctx.slo.judge(self.sub.request_id, r.ttft_ms, r.itl_ms,
-                               None if self._ttft_us is None else self._ttft_us / 1e3,
-                               self._max_gap_us / 1e3)
+            self._verdict = (r.ttft_ms, r.itl_ms,
+                             None if self._ttft_us is None else self._ttft_us / 1e3,
+                             self._max_gap_us / 1e3)
+            if r.outputs.best_of is None:
+                self.judge_slo()
+
+    def judge_slo(self) -> None:
+        """Count its SLO verdict, once (at its end; under best_of, when it is a choice returned)."""
+        verdict, self._verdict = self._verdict, None
+        if verdict is not None:
+            self.ctx.slo.judge(self.sub.request_id, *verdict)
 
     def usage(self) -> dict[str, int]:
         n = len(self.tokens)

@@ -54,7 +54,8 @@ anything, and every admitted prompt counts ahead. Until the engine has fitted it
 (its first refit, after 8 timed steps) nothing is shed: the prior is a guess, not a measurement.
 
 **Verdicts.** Each request that carried a budget and ended with its answer complete (finish
-reason `length` or `stop`; an error or a client gone counts nowhere) is judged once per choice:
+reason `length` or `stop`; an error or a client gone counts nowhere) is judged once per choice
+(under `best_of`, per choice returned: the candidates the ranking drops are not judged):
 its TTFT (as `skippy:time_to_first_token_seconds` observes it) against its TTFT budget, its
 largest inter-token gap against its ITL budget (a one-token answer has no gap and meets it).
 `/metrics` counts `skippy:slo_met_total{part}` and `skippy:slo_missed_total{part}`: `part="ttft"`

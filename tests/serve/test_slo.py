@@ -149,6 +149,18 @@ def test_each_choice_of_a_request_is_judged(slo_server):
     assert after["met.both"] - before["met.both"] == 2
 
 
+def test_under_best_of_only_the_choices_returned_are_judged(slo_server):
+    before = _counts(slo_server.url)
+    with _client(slo_server) as c:
+        out = c.completions.create(model="tiny-f32", prompt=[1, 6, 9], max_tokens=3, n=1,
+                                   extra_body={"ignore_eos": True, "best_of": 3})
+    assert len(out.choices) == 1
+    after = _counts(slo_server.url)
+    assert {k: after[k] - before[k] for k in after} == {
+        "met.ttft": 1, "met.itl": 1, "met.both": 1, "missed.ttft": 0, "missed.itl": 0,
+        "missed.both": 0, "shed": 0}
+
+
 def test_streamed_requests_are_judged(slo_server):
     before = _counts(slo_server.url)
     with _client(slo_server) as c:
