@@ -331,12 +331,12 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         slo = ctx.slo
         gen.ttft_ms, gen.itl_ms = slo.budgets(gen.ttft_ms, gen.itl_ms)
         own = [len(tokens) for tokens in prompts[::n]]
-        slo.admit(sum(own), gen.ttft_ms)
+        slo.admit(sum(own), gen.ttft_ms, gen.priority)
         prefix = "cmpl" if gen.kind == "completion" else "chatcmpl"
         rid = f"{prefix}-{_request_id()}"
         held = slo.hold(own, gen.ttft_ms, [_engine_id(rid, i, len(prompts)) for i in
                                            range(0, len(prompts), n)]  # each first choice
-                        if slo.shedding else None)
+                        if slo.shedding else None, gen.priority)
         try:
             subs = await _open_all(rid, gen, prompts, budgets, samplings)
         except BaseException:

@@ -46,7 +46,8 @@ model the engine fitted (`scheduler.step_cost`):
 
 The request is admitted when its own first token ends within its budget and no kept deadline
 after it, met without it, ends late with it (one late whatever it does is not held against
-it). Deadline order meets a set of deadlines whenever any order does, and of a set that can be
+it, nor one of lower priority than the new request, which the server admits first and preempts
+for, docs/behaviour.md §2.8a). Deadline order meets a set of deadlines whenever any order does, and of a set that can be
 met Moore and Hodgson give up none and Smith's order meets every one as predicted. Otherwise
 the server answers 503 with `Retry-After` (whole seconds, at least 1: the largest predicted
 lateness) before anything reaches the engine. With A = 0 (the walk order) no deadline reorders
@@ -195,8 +196,8 @@ class Slo:
         self.clock = clock
         self.waiting_prefill_tokens = 0
         # key -> (deadline on `clock` in ms, or None: no TTFT budget; prompt tokens; admitted
-        # at; the engine sequence id whose prefill `prefilled` reports, or None)
-        self._held: dict[int, tuple[Optional[float], int, float, Optional[str]]] = {}
+        # at; the engine sequence id whose prefill `prefilled` reports, or None; priority)
+        self._held: dict[int, tuple[Optional[float], int, float, Optional[str], int]] = {}
         self._keys = itertools.count(1)
         self.prefilled: Mapping[str, int] = prefilled if prefilled is not None else {}
         # The drain rate: the ms with a backlog (counted up to `_mark`) and the prompt tokens
@@ -222,9 +223,11 @@ class Slo:
 
     # -- shedding ---------------------------------------------------------------------------
 
-    def predict(self, own_tokens: int, budget_ms: float) -> Optional[Prediction]:
-        """The prediction for a request of `own_tokens` prompt tokens arriving now with a TTFT
-        budget of `budget_ms` (None: no fitted model), as the module docstring lays out."""
+    def predict(self, own_tokens: int, budget_ms: float,
+                priority: int = 0) -> Optional[Prediction]:
+        """The prediction for a request of `own_tokens` prompt tokens and `priority` arriving
+        now with a TTFT budget of `budget_ms` (None: no fitted model), as the module docstring
+        lays out."""
         cost = self.cost()
         if cost is None:
             return None
@@ -240,14 +243,14 @@ class Slo:
         deadline = now + budget_ms
         left = self._left
         if age <= 0:  # the walk order: everything admitted is ahead
-            tokens = sum(left(w, sid) for _, w, _, sid in self._held.values()) + own_tokens
+            tokens = sum(left(w, sid) for _, w, _, sid, _ in self._held.values()) + own_tokens
             mine = time_ms(tokens)
             return Prediction(tokens=tokens, steps=-(-tokens // batch), ttft_ms=mine,
                               budget_ms=budget_ms, late_ms=max(mine - budget_ms, 0.0))
         ahead = 0  # turn overdue before its deadline (step 3)
         overdue_now = 0  # the scheduler's starting point (step 1)
-        timed: list[tuple[float, int]] = []
-        for d, w, at, sid in self._held.values():
+        timed: list[tuple[float, int, int]] = []
+        for d, w, at, sid, prio in self._held.values():
             w = left(w, sid)
             turns = at + age if d is None else d + age  # when it turns overdue
             if turns <= now:
@@ -256,50 +259,54 @@ class Slo:
                 if turns <= deadline:
                     ahead += w
             else:
-                timed.append((d, w))
+                timed.append((d, w, prio))
         # Moore and Hodgson over the admitted deadlines, with the scheduler's terms (step 1).
         timed.sort()
-        kept: list[tuple[int, float, int]] = []  # a max-heap on tokens: (-w, d, order)
+        kept: list[tuple[int, float, int, int]] = []  # a max-heap on tokens: (-w, d, order, prio)
         end_us = now * 1e3 + base + p * overdue_now
-        for order, (d, w) in enumerate(timed):
+        for order, (d, w, prio) in enumerate(timed):
             end_us += p * w
-            heapq.heappush(kept, (-w, d, order))
+            heapq.heappush(kept, (-w, d, order, prio))
             if end_us > d * 1e3:
-                neg, given_up, _ = heapq.heappop(kept)
+                neg, given_up, _, _ = heapq.heappop(kept)
                 end_us += p * neg
                 if given_up + age <= deadline:  # overdue before its deadline: ahead of it
                     ahead -= neg
         # Its own deadline among the kept ones, in deadline order (ties: the admitted first);
-        # a kept one is displaced when it ends in time without the new request, late with it.
-        schedule = sorted([(d, 0, -neg) for neg, d, _ in kept] + [(deadline, 1, own_tokens)])
+        # a kept one is displaced when it ends in time without the new request, late with it,
+        # unless its priority is below the new request's (which the server puts first:
+        # docs/behaviour.md §2.8a).
+        schedule = sorted([(d, 0, -neg, prio) for neg, d, _, prio in kept]
+                          + [(deadline, 1, own_tokens, priority)])
         cum, tokens, mine, displaced, late = ahead, own_tokens, 0.0, 0, 0.0
         placed = False
-        for d, is_new, w in schedule:
+        for d, is_new, w, prio in schedule:
             cum += w
             end = now + time_ms(cum)
             if is_new:
                 mine, tokens, placed = time_ms(cum), cum, True
-            elif placed and end > d and now + time_ms(cum - own_tokens) <= d:
+            elif (placed and prio >= priority and end > d
+                  and now + time_ms(cum - own_tokens) <= d):
                 displaced += 1
                 late = max(late, end - d)
         return Prediction(tokens=tokens, steps=-(-tokens // batch), ttft_ms=mine,
                           budget_ms=budget_ms, displaced=displaced,
                           late_ms=max(late, mine - budget_ms, 0.0))
 
-    def admit(self, own_tokens: int, ttft_ms: Optional[float]) -> None:
+    def admit(self, own_tokens: int, ttft_ms: Optional[float], priority: int = 0) -> None:
         """Raise the 503 when shedding is on and the request's TTFT budget cannot be met, or
         meeting it would make an admitted request miss its own; nothing is changed either way
         (the caller holds its prompts once it is queued)."""
         if not self.settings.shed or ttft_ms is None:
             return
-        p = self.predict(own_tokens, ttft_ms)
+        p = self.predict(own_tokens, ttft_ms, priority)
         if p is not None and not p.met:
             if self.metrics is not None:
                 self.metrics.slo_shed.inc()
             raise slo_shed_error(p)
 
     def hold(self, prompts: Sequence[int], ttft_ms: Optional[float],
-             ids: Optional[Sequence[Optional[str]]] = None) -> list[int]:
+             ids: Optional[Sequence[Optional[str]]] = None, priority: int = 0) -> list[int]:
         """Count each prompt of `prompts` (their token counts) as waiting for prefill, with
         the deadline `ttft_ms` from now (None: no budget), prefilled as the engine sequence of
         the same place in `ids` (None: not reported; it counts whole); returns one key per
@@ -313,7 +320,8 @@ class Slo:
         for i, tokens in enumerate(prompts):
             key = next(self._keys)
             w = max(int(tokens), 0)
-            self._held[key] = (deadline, w, now, ids[i] if ids is not None else None)
+            self._held[key] = (deadline, w, now, ids[i] if ids is not None else None,
+                               priority)
             self.waiting_prefill_tokens += w
             keys.append(key)
         return keys

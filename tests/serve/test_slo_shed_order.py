@@ -242,3 +242,20 @@ def test_the_drain_rate_forgets_what_is_older_than_its_window():
         now[0] += 1000.0
         slo.release(k, first_token=True)  # then 1 token a ms for 31 s
     assert slo.drain_rate() == pytest.approx(1.0)  # the last 30 s of waiting alone
+
+
+def test_an_admitted_request_of_lower_priority_does_not_shed_a_higher_one():
+    """The server puts a request of higher priority first (admission, preemption for priority):
+    making an admitted request of lower priority late does not shed it; one of the same or a
+    higher priority still does."""
+    slo, _ = _slo()
+    slo.hold([200], 2500.0)  # priority 0: 2 s of prefill, within 2.5 s
+    p = slo.predict(100, 1500.0, priority=5)  # its own in 1 s; the admitted one then at 3 s
+    assert p is not None and p.met and (p.ttft_ms, p.displaced) == (1000.0, 0)
+    slo.admit(100, 1500.0, priority=5)  # not shed
+    p = slo.predict(100, 1500.0)  # the same priority as the admitted one: shed, as before
+    assert p is not None and not p.met and p.displaced == 1
+    urgent, _ = _slo()
+    urgent.hold([200], 2500.0, priority=9)  # an admitted request of higher priority
+    p = urgent.predict(100, 1500.0, priority=5)
+    assert p is not None and not p.met and p.displaced == 1
