@@ -47,8 +47,9 @@ model the engine fitted (`scheduler.step_cost`):
 The request is admitted when its own first token ends within its budget and no kept deadline
 after it, met without it, ends late with it (one late whatever it does is not held against
 it, nor one of lower priority than the new request, which the server admits first and preempts
-for, docs/behaviour.md §2.8a). Deadline order meets a set of deadlines whenever any order does, and of a set that can be
-met Moore and Hodgson give up none and Smith's order meets every one as predicted. Otherwise
+for, docs/behaviour.md §2.8a). Deadline order meets a set of deadlines whenever any order
+does, and of a set that can be met Moore and Hodgson give up none and Smith's order meets
+every one as predicted. Otherwise
 the server answers 503 with `Retry-After` (whole seconds, at least 1: the largest predicted
 lateness) before anything reaches the engine. With A = 0 (the walk order) no deadline reorders
 anything, and every admitted prompt counts ahead. Until the engine has fitted its cost model
