@@ -154,9 +154,9 @@ class RowRunner:
                      and bool(np.any(np.diff(lanes_kept) < 0)))
         fill = None
         if self._stage_by_lane:
-            staged = int(offsets[-1]) if kept is None else int(lens[kept].sum())
-            single = (lens if kept is None else lens[kept]) == 1
-            fill = self._gap_fill(lanes_kept, single, row_lanes, self._n_batch - staged)
+            lens_kept = lens if kept is None else lens[kept]
+            staged = int(offsets[-1]) if kept is None else int(lens_kept.sum())
+            fill = self._gap_fill(lanes_kept, lens_kept, row_lanes, self._n_batch - staged)
         if kept is None and not reordered and fill is None:
             n = int(offsets[-1])
             decoder.tok[:n] = tokens_in
@@ -262,14 +262,14 @@ class RowRunner:
             self._forks.copy(row_lanes, lead, starts, ends)
         return tokens, details
 
-    def _gap_fill(self, lanes_kept: IntArray, single: npt.NDArray[np.bool_], row_lanes: IntArray,
+    def _gap_fill(self, lanes_kept: IntArray, lens_kept: IntArray, row_lanes: IntArray,
                   spare: int) -> tuple[IntArray, IntArray] | None:
         """The filler rows for the lanes that break the batch's run of decoding lanes: each gap
-        of at most `gap_fill_max` lanes between two lanes whose rows are one token each (`single`,
-        beside `lanes_kept`: decode rows, a prompt's last token), whose lanes have no row in the
-        plan and room for one more cell, gets one entry per lane, at the lane's next position,
-        while the batch has `spare` entries left beyond the plan's (lanes, positions; None when
-        there is nothing to fill). A filler costs about a decode row (its lane's context read
+        of at most `gap_fill_max` lanes between two lanes whose rows are one token each (the
+        rows' lengths `lens_kept`, beside `lanes_kept`: decode rows, a prompt's last token),
+        whose lanes have no row in the plan and room for one more cell, gets one entry per lane,
+        at the lane's next position, while the batch has `spare` entries left beyond the plan's
+        (lanes, positions; None when there is nothing to fill). A filler costs about a decode row (its lane's context read
         once), the break it closes a pass over the weights. Beside a longer row it closes
         nothing: llama.cpp takes one token of each sequence in the run into the first pass and
         the rest of the longer row as passes of its own, so a filler between two prompt chunks
@@ -283,7 +283,7 @@ class RowRunner:
             return None
         order = np.argsort(lanes_kept)
         present = lanes_kept[order]
-        ones = single[order]
+        ones = lens_kept[order] == 1
         steps = np.diff(present)
         at = np.flatnonzero((steps > 1) & (steps <= limit + 1) & ones[:-1] & ones[1:])
         if len(at) == 0:
