@@ -10,6 +10,10 @@ reported are counts, which do not depend on the machine's load, so this runs any
 
     python bench/cold_hold.py [--model bench-58m.gguf] [--requests 16] [--inflight 2] [--json FILE]
 
+With `--arrival-ms G` the requests arrive G ms apart on the virtual clock instead of at once,
+so that most of a prefix's sharers arrive while an earlier one is decoding (a late leader,
+§2.3a) rather than with it.
+
 Per way (hold off, hold on): prompt tokens prefilled (the scheduler's prefill + recompute
 tokens), restored, batch entries the host decoded, prompts kept early (`keep_prompt`), and the
 burst's p99 time to first token on a virtual clock whose step times model the 58.5 M model on
@@ -55,7 +59,7 @@ def burst(n: int, tokens: int, shared: int, fraction: float, vocab: int,
 
 
 def run_way(host: LlamaHost, prompts: list[list[int]], hold: int, max_tokens: int,
-            lanes: int, inflight: int, rule: str) -> dict:
+            lanes: int, inflight: int, rule: str, arrival_ms: float = 0.0) -> dict:
     config = SchedulerConfig(
         max_active_sequences=lanes, max_waiting_sequences=256 + lanes,
         max_tokens_per_iteration=host.n_batch, prefill_chunk_tokens=min(256, host.n_batch),
@@ -70,7 +74,8 @@ def run_way(host: LlamaHost, prompts: list[list[int]], hold: int, max_tokens: in
     engine = Engine(scheduler, host, clock=VirtualClock(MEDIUM), max_iterations=100000)
     greedy = SamplingParams(temperature=0.0, ignore_eos=True)
     for i, p in enumerate(prompts):
-        engine.submit(Request(f"r{i}", p, max_tokens, sampling=greedy))
+        engine.submit(Request(f"r{i}", p, max_tokens, sampling=greedy,
+                              arrival_us=i * arrival_ms * 1e3))
     report = engine.run()
     scheduler.attach_prefix_store(None)
     store = host.prefix_store
@@ -100,8 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--planning-rule", choices=("slack", "reference"), default="slack")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--inflight", type=int, default=1, help="plans in flight (serve --inflight)")
+    ap.add_argument("--arrival-ms", type=float, default=0.0,
+                    help="ms between arrivals on the virtual clock (default 0: one burst)")
     ap.add_argument("--json", help="append the result as one JSON line to this file")
     args = ap.parse_args(argv)
+    if not (args.arrival_ms >= 0 and args.arrival_ms < float("inf")):
+        ap.error(f"--arrival-ms must be a finite number >= 0, got {args.arrival_ms}")
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or write_tiny_llama(os.path.join(tmp, "tiny.gguf"), seed=3)
         lane = args.ctx_size // args.lanes
@@ -114,10 +123,11 @@ def main(argv: list[str] | None = None) -> int:
             prompts = burst(args.requests, args.prompt_tokens, args.shared_prefix,
                             args.shared_fraction, host.n_vocab, seed=0)
             ways = {name: run_way(host, prompts, hold, args.max_tokens, args.lanes,
-                                  args.inflight, args.planning_rule)
+                                  args.inflight, args.planning_rule, args.arrival_ms)
                     for name, hold in (("hold off", 0), ("hold on", COLD_PREFIX_HOLD_TOKENS))}
     same = ways["hold off"]["tokens"] == ways["hold on"]["tokens"]
-    print(f"burst: {args.requests} requests x {args.prompt_tokens} prompt tokens, "
+    when = f"{args.arrival_ms:g} ms apart" if args.arrival_ms else "at once"
+    print(f"{args.requests} requests x {args.prompt_tokens} prompt tokens arriving {when}, "
           f"{args.shared_fraction:.0%} sharing {args.shared_prefix}; outputs identical: {same}")
     print(f"{'way':10} {'prefilled':>10} {'restored':>9} {'decoded':>8} {'kept early':>10} "
           f"{'modelled p99 TTFT s':>20}")

@@ -4,18 +4,20 @@
  * With a prefix store attached and cfg.cold_prefix_hold_tokens = H > 0, the admission walk
  * holds a waiting sequence W (defers it, as if it did not fit) when some active sequence A, its
  * *leader*, has the same first restore(W) + H prompt tokens and is still computing its prompt
- * (no confirmed generated token yet), or was held on and has fewer confirmed tokens than
- * max_inflight_plans (with plans in flight, the plans made before the engine can apply the
- * keep below). W's own
+ * (no confirmed generated token yet) or has computed it (a *late* leader, running when W
+ * arrived; not a recompute short of its prompt), and, once held on, has fewer than
+ * max_inflight_plans confirmed tokens more than when first held on (with plans in flight, the
+ * plans made before the engine can apply the keep below). W's own
  * restore is what the store backs of it, so a hold means: at least H more tokens of W's prompt
- * are being computed right now by A. Once A's prompt is complete the host keeps it as a resident prefix
+ * are being computed right now by A, or are computed in A's lane. Once A's prompt is complete the host keeps it as a resident prefix
  * (skippy_scheduler_take_prompt_keeps says which), the store's epoch moves, the refresh before
  * the next selection extends W's restore over the shared tokens, and W is admitted restoring
  * them instead of prefilling them a second time.
  *
  * Bounds: a hold needs an active leader, so it ends when the leader leaves the active set
- * (finish, failure, cancel, preemption) or its prompt is complete (plus that window, whether
- * or not the store took the prompt), and a sequence is held in at most
+ * (finish, failure, cancel, preemption) or has confirmed that window's tokens since it was
+ * first held on (after its prompt, for a leader held on while computing it), whether or not
+ * the store took the prompt, and a sequence is held in at most
  * cfg.cold_prefix_hold_max_steps plans; a leader is active, so it has rows to run and a hold
  * never leaves the engine with nothing to do. The walk compares W's first restore + H tokens
  * with each eligible leader's (one memcmp each): leaders are active sequences, at most
@@ -32,17 +34,25 @@ bool sk_hold(skippy_scheduler *s, sk_seq *w)
     size_t need = sk_sat_add(w->has_restore ? w->restore_tokens : 0, hold);
     if (need > w->prompt_len) return false;
     const int32_t *prefix = w->tokens;
-    /* A leader with tokens leads while its kept prompt may not have reached the store yet: the
-     * plans made before the engine could apply the keep, about one per token at depth > 1. */
+    /* A leader held on leads while its kept prompt may not have reached the store yet: the
+     * plans made before the engine could apply the keep, about one per token at depth > 1,
+     * counted from its confirmed tokens when first held on. */
     size_t depth = s->cfg.max_inflight_plans;
     for (size_t i = 0; i < s->active_len; i++) {
         sk_seq *a = &s->seqs[s->active[i]];
-        if (a->gen_len && (a->lead == SK_LEAD_NONE || a->gen_len >= depth)) continue;
+        if (a->lead == SK_LEAD_NONE) {
+            /* computing its prompt, or done with it (a late leader); a recompute short of its
+             * prompt has nothing to keep */
+            if (a->gen_len && a->cursor < a->prompt_len) continue;
+        } else if (a->gen_len >= sk_sat_add(a->lead_base, depth)) {
+            continue;
+        }
         if (a->prompt_len < need) continue;
         if (a->tokens[0] != prefix[0] || memcmp(a->tokens, prefix, need * sizeof(int32_t)))
             continue;
         if (a->lead == SK_LEAD_NONE) {
             a->lead = SK_LEAD_HELD_ON;
+            a->lead_base = a->gen_len;
             s->leaders++;
         }
         w->held_steps++;

@@ -89,6 +89,7 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     uint32_t held_steps;      /* plans it was held while waiting (since submit or preemption) */
     uint64_t held_walk;       /* the admission walk (admit_walks) that last held it, 0 = none */
     uint8_t lead;             /* SK_LEAD_*: held on while active (reset at admission) */
+    size_t lead_base;         /* gen_len when first held on (read while lead != NONE) */
     bool slo_relegated;       /* a prefill order put it behind for its deadline (§2.13, counted once) */
 } sk_seq;
 

@@ -2,8 +2,9 @@
 
 Owns `ColdPrefixHold`: with a prefix store attached and `cold_prefix_hold_tokens` = H > 0, the
 admission walk holds a waiting sequence W when an active sequence (its leader) has the same
-first restore(W) + H prompt tokens and has no confirmed generated token yet (or, held on, has
-fewer than max_inflight_plans); W is held in at most `cold_prefix_hold_max_steps` plans. A
+first restore(W) + H prompt tokens, is computing its prompt or has computed it (not a recompute
+short of it), and, if held on already, has fewer than max_inflight_plans confirmed tokens more
+than when it was first held on; W is held in at most `cold_prefix_hold_max_steps` plans. A
 leader held on whose prompt is complete is a keep `take` reports, once, while it is active.
 The pass of preemption for priority (priority.py) leaves what the walk held waiting and puts what
 it would admit to the same rule.
@@ -44,13 +45,18 @@ class ColdPrefixHold:
         for a in active:
             fa = self._flight(a)
             confirmed = len(a.generated_tokens) - fa.pending
-            # with tokens, it leads for the plans made before its keep can be applied
-            if confirmed and (fa.lead == LEAD_NONE or confirmed >= self.depth):
-                continue
+            if fa.lead == LEAD_NONE:
+                # a prompt being computed, or computed (a late leader: its keep comes at the
+                # next completion); not a recompute still short of its prompt
+                if confirmed and a.prefill_cursor < len(a.prompt_tokens):
+                    continue
+            elif confirmed >= fa.lead_base + self.depth:
+                continue  # led for the plans made before its keep could be applied
             if len(a.prompt_tokens) < need or a.prompt_tokens[:need] != prefix:
                 continue
             if fa.lead == LEAD_NONE:
                 fa.lead = LEAD_HELD_ON
+                fa.lead_base = confirmed
                 self._leaders += 1
             fw.held_steps += 1
             fw.held_walk = self.walks

@@ -26,7 +26,7 @@ class Flight:
 
     __slots__ = ("epoch", "pending", "source", "request", "tenant", "priority_preempted_at",
                  "last_token_us", "submitted_us", "planned", "held_steps", "held_walk", "lead",
-                 "slo_relegated")
+                 "lead_base", "slo_relegated")
 
     def __init__(self, epoch: int, tenant: Hashable = None, submitted_us: float = 0.0) -> None:
         self.epoch = epoch
@@ -44,10 +44,12 @@ class Flight:
         # rule's prefill order (§2.13).
         self.submitted_us = submitted_us
         # Cold prefix hold (§2.3a, hold.py): plans it was held while waiting, the admission
-        # walk that last held it (0: none), its leader state.
+        # walk that last held it (0: none), its leader state and its confirmed tokens when
+        # first held on.
         self.held_steps = 0
         self.held_walk = 0
         self.lead = 0
+        self.lead_base = 0
         # Put behind by the prefill order for its first-token deadline (§2.13), counted once.
         self.slo_relegated = False
 

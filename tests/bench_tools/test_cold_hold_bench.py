@@ -21,3 +21,21 @@ def test_the_burst_counts(tmp_path, capsys):
     assert on["prompt_keeps"] == 1 and on["restored"] == 2 * 80
     assert on["prefilled"] == 6 * 100 - 2 * 80
     assert "hold on" in capsys.readouterr().out
+
+
+def test_spaced_arrivals_restore_from_a_decoding_leader(tmp_path):
+    """Arrivals far enough apart that each sharer comes while the one before it decodes: with
+    the hold the first sharer's prompt is kept from its running lane and the others restore the
+    head; without it each prefills it (nothing is released before the last one arrives)."""
+    out = tmp_path / "late.json"
+    assert cold_hold.main(["--requests", "4", "--prompt-tokens", "100", "--shared-prefix", "80",
+                           "--shared-fraction", "1", "--max-tokens", "40", "--lanes", "4",
+                           "--ctx-size", "1024", "--prefix-cache-tokens", "512",
+                           "--arrival-ms", "100", "--threads", "1",
+                           "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["identical"] is True
+    off, on = result["hold off"], result["hold on"]
+    assert off["prefilled"] == 4 * 100 and off["restored"] == 0
+    assert on["prompt_keeps"] == 1 and on["restored"] == 3 * 80
+    assert on["prefilled"] == 4 * 100 - 3 * 80

@@ -105,6 +105,8 @@ def run(pair, op):
             keeps = done[0][1].prompt_keeps if done[0][0] == "ok" else ()
             if keeps:
                 event("prompt kept")
+                if any(len(pair.scheds[1].sequence(sid).generated_tokens) > 1 for sid, _ in keeps):
+                    event("a decoding leader's prompt kept")
             if keep:
                 for sid, n in keeps:
                     key = np.asarray(pair.prompts[sid][:n], dtype=np.int32)
@@ -118,4 +120,24 @@ def test_native_and_twin_agree_under_the_cold_prefix_hold(config, first, operati
     pair = Pair(config)
     # a burst, the random operations, then steps enough to run most of it out
     for op in first + operations + [("step", 3, True)] * 12:
+        run(pair, op)
+
+
+@_settings(200)
+@given(config=configs.filter(lambda c: c.max_active_sequences > 1 and c.cold_prefix_hold_tokens),
+       head=st.integers(0, len(HEADS) - 1), lead_tokens=st.integers(6, 20),
+       steps=st.integers(1, 10),
+       operations=st.lists(st.one_of(submit, step, step, st.tuples(st.just("evict")),
+                                     st.tuples(st.just("preempt"), st.integers(0, 400))),
+                           min_size=5, max_size=40))
+def test_native_and_twin_agree_when_peers_come_while_the_leader_decodes(config, head,
+                                                                         lead_tokens, steps,
+                                                                         operations):
+    """Late leaders (§2.3a): a long-running request of one head, some steps, then submits of
+    that head (mostly while it decodes) among steps, evictions and memory preemption."""
+    pair = Pair(config)
+    run(pair, ("submit", 7, head, 8, 1, lead_tokens, 0))
+    operations = [(op[0], op[1], head) + op[3:] if op[0] == "submit" else op
+                  for op in operations]
+    for op in [("step", 1, True)] * steps + operations + [("step", 3, True)] * 12:
         run(pair, op)

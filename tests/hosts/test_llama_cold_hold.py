@@ -124,6 +124,48 @@ def test_two_groups_each_prefill_once_and_a_lone_request_is_not_held(impl, host,
         assert rec.tokens == alone(req.prompt_tokens, req.max_tokens), req.id
 
 
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_request_arriving_while_the_leader_decodes_restores_its_prompt(impl, host, alone,
+                                                                          depth):
+    """A late leader (§2.3a): r1 shares r0's 96-token head and arrives once r0 has decoded
+    two tokens. r0's prompt is kept from its running lane (`keep_prompt`), and r1 restores the
+    head instead of prefilling it; without the hold nothing is resident until r0 finishes."""
+    rng = random.Random(5)
+    first, second = _burst(rng, 1, 2, 96, 8)
+    late = Request("r1", second, 4)
+
+    def run(hold):
+        scheduler = impl(SchedulerConfig(
+            max_active_sequences=N_SEQ, max_tokens_per_iteration=512, prefill_chunk_tokens=32,
+            cold_prefix_hold_tokens=hold, max_inflight_plans=depth,
+            **host.sequence_id_settings))
+        sent = []
+
+        def arrive(engine):
+            if not sent and len(scheduler.sequence("r0").generated_tokens) >= 2:
+                engine.submit(late)
+                sent.append(True)
+
+        keeps = host.holders.prompt_keeps
+        engine = Engine(scheduler, host, clock=VirtualClock(LAB_COST), before_step=arrive,
+                        max_iterations=5000)
+        engine.submit(Request("r0", first, MAX_GEN))
+        report = engine.run()
+        scheduler.attach_prefix_store(None)
+        _empty(host.prefix_store)
+        assert sent and host.active_sequences == [] and host.free_slots == N_SEQ
+        for rec, prompt, n in zip(report.records, (first, second), (MAX_GEN, 4)):
+            assert rec.tokens == alone(prompt, n), rec.request_id
+        return scheduler.metrics(), host.holders.prompt_keeps - keeps
+
+    without, keeps = run(0)
+    assert keeps == 0 and without.restored_tokens == 0
+    assert without.prefill_tokens == 2 * 104
+    with_hold, keeps = run(16)
+    assert keeps == 1 and with_hold.restored_tokens == 96
+    assert with_hold.prefill_tokens == 104 + 8
+
+
 def _sampling(rng: random.Random, i: int):
     if i % 3 == 0:
         return SamplingParams(temperature=0.9, seed=rng.randrange(1 << 40), top_k=40,

@@ -229,3 +229,55 @@ def test_the_first_token_hold_never_holds_a_leader(pair):
     rows, keeps = step(sched, store)
     # s1 restores the shared head; not a leader, its own last token is held like any other
     assert ("s1", 12, 1) in rows
+
+
+def test_a_peer_arriving_while_the_leader_decodes_waits_for_its_keep(pair):
+    """A late leader (§2.3a): s0 has its first token when s1, sharing its head, arrives. s1 is
+    held one plan, s0's prompt is reported at that plan's completion, and s1 restores it."""
+    sched, store = make(pair)
+    sched.submit(Sequence("s0", PROMPTS["s0"], 10))
+    for _ in range(4):  # 14 prompt tokens, 4 a plan: the fourth samples the first token
+        rows, keeps = step(sched, store)
+        assert keeps == ()
+    sched.submit(Sequence("s1", PROMPTS["s1"], 3))
+    rows, keeps = step(sched, store)
+    assert [r[0] for r in rows] == ["s0"] and sched.snapshot().waiting_ids == ["s1"]
+    assert keeps == (("s0", 14),)
+    rows, keeps = step(sched, store)
+    assert ("s1", 12, 2) in rows and keeps == ()
+    m = sched.metrics()
+    assert m.restored_tokens == 12 and m.stale_refreshes == 1
+    # a third peer finds the head resident: restored at once, nobody held or kept
+    sched.submit(Sequence("s2", PROMPTS["s2"], 3))
+    rows, keeps = step(sched, store)
+    assert ("s2", 12, 2) in rows and keeps == ()
+
+
+def test_a_late_leader_whose_keep_never_lands_holds_for_one_plan_a_depth(pair):
+    """The store never gets the late leader's prompt: at depth D its peer is held for the D
+    plans made before a keep could be applied, then admitted unrestored; the leader is
+    reported once."""
+    for depth in (1, 2):
+        sched, _ = make(pair, max_inflight_plans=depth)
+        sched.submit(Sequence("s0", PROMPTS["s0"], 20))
+        live = []
+
+        def advance():
+            live.append(sched.plan_iteration())
+            if len(live) == depth:
+                plan = live.pop(0)
+                return complete_plan(sched, plan, [IterationPrediction(i, 7) for i, w
+                                                   in enumerate(plan.work) if w.sample_last])
+            return None
+
+        while not sched.sequence("s0").generated_tokens:  # confirmed tokens only
+            advance()
+        sched.submit(Sequence("s1", PROMPTS["s1"], 3))
+        held, keeps = 0, []
+        while "s1" in sched.snapshot().waiting_ids:
+            telemetry = advance()
+            if telemetry is not None:
+                keeps.extend(telemetry.prompt_keeps)
+            held += 1
+        assert held == depth + 1 and keeps == [("s0", 14)]
+        assert sched.sequence("s1").prefix_restore is None
