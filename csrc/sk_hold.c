@@ -4,12 +4,13 @@
  * With a prefix store attached and cfg.cold_prefix_hold_tokens = H > 0, the admission walk
  * holds a waiting sequence W (defers it, as if it did not fit) when some active sequence A, its
  * *leader*, has the same first restore(W) + H prompt tokens and is still computing its prompt
- * (no confirmed generated token yet) or has computed it (a *late* leader, running when W
- * arrived; not a recompute short of its prompt), and, once held on, has fewer than
+ * (no confirmed generated token yet) or decodes (a *late* leader, running when W arrived; not
+ * a recompute still replaying), and, once held on, has fewer than
  * max_inflight_plans confirmed tokens more than when first held on (with plans in flight, the
  * plans made before the engine can apply the keep below). W's own
  * restore is what the store backs of it, so a hold means: at least H more tokens of W's prompt
- * are being computed right now by A, or are computed in A's lane. Once A's prompt is complete the host keeps it as a resident prefix
+ * are being computed right now by A, or are computed in A's lane. Once A has a token confirmed
+ * since it was held on, the host keeps its prompt as a resident prefix
  * (skippy_scheduler_take_prompt_keeps says which), the store's epoch moves, the refresh before
  * the next selection extends W's restore over the shared tokens, and W is admitted restoring
  * them instead of prefilling them a second time.
@@ -41,9 +42,9 @@ bool sk_hold(skippy_scheduler *s, sk_seq *w)
     for (size_t i = 0; i < s->active_len; i++) {
         sk_seq *a = &s->seqs[s->active[i]];
         if (a->lead == SK_LEAD_NONE) {
-            /* computing its prompt, or done with it (a late leader); a recompute short of its
-             * prompt has nothing to keep */
-            if (a->gen_len && a->cursor < a->prompt_len) continue;
+            /* computing its prompt, or a live decode (a late leader); not a recompute still
+             * replaying */
+            if (a->gen_len && prefill_pending(a)) continue;
         } else if (a->gen_len >= sk_sat_add(a->lead_base, depth)) {
             continue;
         }
@@ -63,8 +64,9 @@ bool sk_hold(skippy_scheduler *s, sk_seq *w)
 }
 
 /*
- * The leaders held on whose prompt is complete (a confirmed token) are reported once, in walk
- * order. Nothing in completion watches for that: this walk runs only while some leader is
+ * The leaders held on with a token confirmed since they were first held on are reported once,
+ * in walk order: completions come in plan order, so every row planned before that token, the
+ * whole prompt (and a recompute's replay) included, has run. Nothing in completion watches for that: this walk runs only while some leader is
  * marked and unreported, and recounts them (leaders that left the active set drop out: their
  * release offered their whole key already).
  */
@@ -75,7 +77,7 @@ size_t skippy_scheduler_take_prompt_keeps(skippy_scheduler *s, uint32_t *out, si
     for (size_t i = 0; i < s->active_len; i++) {
         sk_seq *a = &s->seqs[s->active[i]];
         if (a->lead != SK_LEAD_HELD_ON) continue;
-        if (a->gen_len && n < cap) {
+        if (a->gen_len > a->lead_base && n < cap) {
             a->lead = SK_LEAD_REPORTED;
             out[n++] = s->active[i];
         } else {

@@ -278,8 +278,9 @@ class SchedulerConfig:
     step_cost: StepCost = field(default_factory=StepCost)
     # Cold prefix hold (§2.3a), off by default (0): with a prefix store attached, a waiting
     # sequence whose prompt shares at least this many tokens past its restore with a running
-    # sequence still computing its prompt waits (at most `cold_prefix_hold_max_steps` plans)
-    # until that prompt is resident, then restores it instead of prefilling it again.
+    # sequence's prompt (being computed, or computed and kept at once from the running lane)
+    # waits (at most `cold_prefix_hold_max_steps` plans) until that prompt is resident, then
+    # restores it instead of prefilling it again.
     cold_prefix_hold_tokens: int = 0
     cold_prefix_hold_max_steps: int = 64
     # The slack rule's prefill order (§2.13): its prefill walks visit the sequences submitted at

@@ -2,10 +2,10 @@
 
 Owns `ColdPrefixHold`: with a prefix store attached and `cold_prefix_hold_tokens` = H > 0, the
 admission walk holds a waiting sequence W when an active sequence (its leader) has the same
-first restore(W) + H prompt tokens, is computing its prompt or has computed it (not a recompute
-short of it), and, if held on already, has fewer than max_inflight_plans confirmed tokens more
+first restore(W) + H prompt tokens, is computing its prompt or decoding (not a recompute still
+replaying), and, if held on already, has fewer than max_inflight_plans confirmed tokens more
 than when it was first held on; W is held in at most `cold_prefix_hold_max_steps` plans. A
-leader held on whose prompt is complete is a keep `take` reports, once, while it is active.
+leader held on with a token confirmed since is a keep `take` reports, once, while it is active.
 The pass of preemption for priority (priority.py) leaves what the walk held waiting and puts what
 it would admit to the same rule.
 """
@@ -46,9 +46,9 @@ class ColdPrefixHold:
             fa = self._flight(a)
             confirmed = len(a.generated_tokens) - fa.pending
             if fa.lead == LEAD_NONE:
-                # a prompt being computed, or computed (a late leader: its keep comes at the
-                # next completion); not a recompute still short of its prompt
-                if confirmed and a.prefill_cursor < len(a.prompt_tokens):
+                # a prompt being computed, or a live decode (a late leader: its keep comes
+                # with its next confirmed token); not a recompute still replaying
+                if confirmed and a.prefill_cursor < a.recompute_token_count():
                     continue
             elif confirmed >= fa.lead_base + self.depth:
                 continue  # led for the plans made before its keep could be applied
@@ -64,8 +64,9 @@ class ColdPrefixHold:
         return False
 
     def take(self, active: Iterable[Sequence]) -> list[tuple[str, int]]:
-        """(id, prompt length) of the active leaders held on with a confirmed token, in walk
-        order, each once."""
+        """(id, prompt length) of the active leaders held on with a token confirmed since they
+        were first held on (so every row planned before, the prompt's included, has run), in
+        walk order, each once."""
         if not self._leaders:
             return []
         out = []
@@ -74,7 +75,7 @@ class ColdPrefixHold:
             fa = self._flight(a)
             if fa.lead != LEAD_HELD_ON:
                 continue
-            if len(a.generated_tokens) - fa.pending:
+            if len(a.generated_tokens) - fa.pending > fa.lead_base:
                 fa.lead = LEAD_REPORTED
                 out.append((a.id, len(a.prompt_tokens)))
             else:

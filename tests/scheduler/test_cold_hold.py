@@ -281,3 +281,50 @@ def test_a_late_leader_whose_keep_never_lands_holds_for_one_plan_a_depth(pair):
             held += 1
         assert held == depth + 1 and keeps == [("s0", 14)]
         assert sched.sequence("s1").prefix_restore is None
+
+
+def test_a_sequence_recomputing_after_preemption_leads_nobody_while_it_replays(pair):
+    """s0 decodes, is preempted and readmitted: its replay (prompt and tokens) is recomputed
+    from position 0. A sharer that comes meanwhile is not held on it (its lane holds only part
+    of the prompt); it is admitted at once."""
+    sched, store = make(pair, memory_components=[MemoryComponent("kv", 10**6, 0, 1, 0)])
+    sched.submit(Sequence("s0", PROMPTS["s0"], 20))
+    for _ in range(5):  # 4 chunks of the prompt, then a decode
+        step(sched, store)
+    assert sched.preempt_for_component_pressure([10**7]) == ["s0"]
+    assert sched.preempt_for_component_pressure([0]) == []
+    rows, _ = step(sched, store)
+    assert rows == [("s0", 0, 4)]  # readmitted, replaying from 0
+    sched.submit(Sequence("s1", PROMPTS["s1"], 3))
+    rows, keeps = step(sched, store)
+    assert ("s1", 0, 4) in rows and keeps == ()
+
+
+def test_a_leader_is_reported_only_once_its_rows_before_the_hold_have_run(pair):
+    """Depth 3: s0 recomputes its 14-token prompt after a preemption in three chunks, all
+    planned; a sharer held on it then must not get s0's prompt reported by the completion of
+    the second chunk (the third, which ends the prompt, is still in flight), only by the one
+    that confirms s0's next token (its decode row, planned with the sharer held)."""
+    sched, store = make(pair, max_inflight_plans=3, prefill_chunk_tokens=5,
+                        memory_components=[MemoryComponent("kv", 10**6, 0, 1, 0)])
+    sched.submit(Sequence("s0", PROMPTS["s0"], 20))
+    while not sched.sequence("s0").generated_tokens:
+        step(sched, store)  # one plan at a time
+    assert sched.preempt_for_component_pressure([10**7]) == ["s0"]
+    assert sched.preempt_for_component_pressure([0]) == []
+    live = [sched.plan_iteration() for _ in range(3)]  # the replay: 5 + 5 + 4 tokens
+    assert [[(w.sequence_id, w.positions[0]) for w in p.work] for p in live] == [
+        [("s0", 0)], [("s0", 5)], [("s0", 10)]]
+
+    def finish():
+        plan = live.pop(0)
+        return complete_plan(sched, plan, [IterationPrediction(i, 7)
+                                           for i, w in enumerate(plan.work) if w.sample_last])
+
+    assert finish().prompt_keeps == ()
+    sched.submit(Sequence("s1", PROMPTS["s1"], 3))
+    live.append(sched.plan_iteration())
+    assert sched.snapshot().waiting_ids == ["s1"]  # held on s0, its replay all planned
+    assert finish().prompt_keeps == ()  # the prompt's last chunk has not run
+    assert finish().prompt_keeps == ()  # it has; no new token yet
+    assert finish().prompt_keeps == (("s0", 14),)
