@@ -27,11 +27,35 @@
 #include <string.h>
 
 #include "sk_internal.h"
+#include "sk_prefix.h"
+
+/*
+ * A refused keep (the store took none of the prompts last reported: its epoch has not moved by
+ * the walk they had to land by, the engine applying keeps between plans) means the store can
+ * take no prompt now (every holder pinned, no room). Holding peers then only serialises them:
+ * each admitted peer would lead the next one, whose keep is refused in turn. So the rule is off
+ * until the store's epoch moves (an insert or eviction: the store changed). Returns whether it
+ * is off.
+ */
+static bool hold_off(skippy_scheduler *s)
+{
+    uint64_t epoch = sk_prefix_epoch(s->store);
+    if (s->keep_check_walk && s->admit_walks >= s->keep_check_walk) {
+        if (epoch == s->keep_epoch) {
+            s->hold_off = true;
+            s->hold_off_epoch = epoch;
+        }
+        s->keep_check_walk = 0;
+    }
+    if (s->hold_off && epoch != s->hold_off_epoch) s->hold_off = false;
+    return s->hold_off;
+}
 
 bool sk_hold(skippy_scheduler *s, sk_seq *w)
 {
     size_t hold = s->cfg.cold_prefix_hold_tokens;
-    if (!hold || !s->store || w->held_steps >= s->cfg.cold_prefix_hold_max_steps) return false;
+    if (!hold || !s->store || hold_off(s) || w->held_steps >= s->cfg.cold_prefix_hold_max_steps)
+        return false;
     size_t need = sk_sat_add(w->has_restore ? w->restore_tokens : 0, hold);
     if (need > w->prompt_len) return false;
     const int32_t *prefix = w->tokens;
@@ -85,5 +109,9 @@ size_t skippy_scheduler_take_prompt_keeps(skippy_scheduler *s, uint32_t *out, si
         }
     }
     s->leaders = waiting_leaders;
+    if (n && s->store) { /* hold_off checks that they landed */
+        s->keep_check_walk = sk_sat_add(s->admit_walks, s->cfg.max_inflight_plans);
+        s->keep_epoch = sk_prefix_epoch(s->store);
+    }
     return n;
 }

@@ -177,6 +177,10 @@ struct skippy_scheduler {
     size_t prefill_keys_len;
     size_t leaders;                       /* leaders marked and not yet reported (sk_hold.c) */
     uint64_t admit_walks;                 /* admission walks made (sk_admit.c), for held_walk */
+    uint64_t keep_check_walk;             /* sk_hold.c: the walk by which reported keeps land (0 = none) */
+    uint64_t keep_epoch;                  /*   the store epoch when they were reported */
+    bool hold_off;                        /*   a keep was refused: no holds while the epoch is */
+    uint64_t hold_off_epoch;              /*   still this one */
 
     size_t n_class[3];                    /* active sequences per SK_CLASS_* (see sk_class) */
     size_t fresh_count;                   /* active sequences with `fresh` set */

@@ -11,7 +11,7 @@ it would admit to the same rule.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 from .._validate import sat
 from ..types import SchedulerConfig, Sequence
@@ -23,17 +23,44 @@ LEAD_NONE, LEAD_HELD_ON, LEAD_REPORTED = 0, 1, 2
 class ColdPrefixHold:
     """The hold rule and the leaders to report."""
 
-    def __init__(self, config: SchedulerConfig, flight: Callable[[Sequence], Flight]) -> None:
+    def __init__(self, config: SchedulerConfig, flight: Callable[[Sequence], Flight],
+                 store_epoch: Callable[[], Optional[int]]) -> None:
         self.tokens = config.cold_prefix_hold_tokens
         self.max_steps = config.cold_prefix_hold_max_steps
         self.depth = config.max_inflight_plans
         self._flight = flight
+        self._store_epoch = store_epoch  # the attached store's epoch, None without one
         self._leaders = 0  # marked and not reported
         self.walks = 0  # admission walks made (the scheduler counts them)
+        self.reset_watch()
+
+    def reset_watch(self) -> None:
+        """Forget the watch on reported keeps (a store attached or detached)."""
+        self._check_walk = 0  # the walk by which the keeps last reported land (0: none)
+        self._keep_epoch = 0  # the store's epoch when they were reported
+        self._off = False  # a keep was refused: no holds while the epoch is _off_epoch
+        self._off_epoch = 0
+
+    def _hold_off(self) -> bool:
+        """A refused keep (the store's epoch has not moved by the walk the keeps last reported
+        had to land by) means the store can take no prompt now; holding would only serialise
+        the peers, each admitted one leading the next. The rule is off until the epoch moves."""
+        epoch = self._store_epoch()
+        assert epoch is not None
+        if self._check_walk and self.walks >= self._check_walk:
+            if epoch == self._keep_epoch:
+                self._off = True
+                self._off_epoch = epoch
+            self._check_walk = 0
+        if self._off and epoch != self._off_epoch:
+            self._off = False
+        return self._off
 
     def holds(self, w: Sequence, active: Iterable[Sequence]) -> bool:
         """Whether the walk defers `w` now (it counts as one more plan held, and marks the
         leader). Only called with a store attached and H > 0."""
+        if self._hold_off():
+            return False
         fw = self._flight(w)
         if fw.held_steps >= self.max_steps:
             return False
@@ -81,4 +108,8 @@ class ColdPrefixHold:
             else:
                 waiting += 1
         self._leaders = waiting
+        epoch = self._store_epoch()
+        if out and epoch is not None:  # _hold_off checks that they landed
+            self._check_walk = self.walks + self.depth
+            self._keep_epoch = epoch
         return out

@@ -86,7 +86,8 @@ class TwinScheduler:
         # Disjoint plans in flight (§2.11a): only with plans in flight to be disjoint from.
         self._disjoint = (self._config.disjoint_inflight_plans
                           and self._config.max_inflight_plans > 1)
-        self._hold = ColdPrefixHold(self._config, lambda s: self._flights[s.id])
+        self._hold = ColdPrefixHold(self._config, lambda s: self._flights[s.id],
+                                    self._store_epoch)
         self._planner = RowPlanner(self._config, self._live_decode, self._take_new,
                                    self._link.holder, self._slack_stamp_us,
                                    self._in_flight if self._disjoint else None,
@@ -136,6 +137,11 @@ class TwinScheduler:
             raise ValueError("a prefix store can only be attached or detached while the "
                              "scheduler holds no sequence and no live plan")
         self._link.attach(self, store, prefill, restore)
+        self._hold.reset_watch()
+
+    def _store_epoch(self) -> Optional[int]:
+        store = self._link.store
+        return store.epoch if store is not None else None
 
     @property
     def prefix_store(self) -> Optional[object]:

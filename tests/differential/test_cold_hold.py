@@ -1,8 +1,9 @@
 """The cold prefix hold (behaviour.md §2.3a) on the native core and the twin: with their own
 prefix stores, both must hold the same waiting sequences, report the same leaders' prompts, and
 make the same plans, on random operation sequences (bursts of shared-prefix prompts of mixed
-priorities, steps whose keeps insert the reported prompts, evictions, cancels, memory
-preemption, aborts, plans in flight), with and without preemption for priority (§2.8a).
+priorities, steps whose keeps insert the reported prompts or not, evictions, unrelated
+inserts, cancels, memory preemption, aborts, plans in flight), with and without preemption
+for priority (§2.8a).
 """
 import numpy as np
 from hypothesis import HealthCheck, event, given, settings
@@ -58,6 +59,7 @@ submit = st.tuples(st.just("submit"), st.integers(0, len(IDS) - 1),
 step = st.tuples(st.just("step"), st.integers(0, 9), st.booleans())  # token, keep reports
 ops = st.lists(st.one_of(submit, submit, step, step, step, step,
                          st.tuples(st.just("evict")),
+                         st.tuples(st.just("insert"), st.integers(0, 3)),
                          st.tuples(st.just("abort")),
                          st.tuples(st.just("preempt"), st.integers(0, 400)),
                          st.tuples(st.just("cancel"), st.integers(0, len(IDS) - 1))),
@@ -87,6 +89,9 @@ def run(pair, op):
             pair.prompts[IDS[k]] = prompt
     elif kind == "evict":
         pair.both(lambda s, i: pair.stores[i].evict_one() is not None)
+    elif kind == "insert":  # a key no prompt shares: the store changes (its epoch moves)
+        key = np.asarray([99, 98, 97 + op[1]], dtype=np.int32)
+        pair.both(lambda s, i: pair.stores[i].insert(key) is not None)
     elif kind == "cancel":
         pair.both(lambda s, _: s.cancel(IDS[op[1]]))
     elif kind == "preempt":
@@ -134,6 +139,7 @@ def test_native_and_twin_agree_under_the_cold_prefix_hold(config, first, operati
        head=st.integers(0, len(HEADS) - 1), lead_tokens=st.integers(6, 20),
        steps=st.integers(1, 10),
        operations=st.lists(st.one_of(submit, step, step, st.tuples(st.just("evict")),
+                                     st.tuples(st.just("insert"), st.integers(0, 3)),
                                      st.tuples(st.just("preempt"), st.integers(0, 400))),
                            min_size=5, max_size=40))
 def test_native_and_twin_agree_when_peers_come_while_the_leader_decodes(config, head,

@@ -328,3 +328,44 @@ def test_a_leader_is_reported_only_once_its_rows_before_the_hold_have_run(pair):
     assert finish().prompt_keeps == ()  # the prompt's last chunk has not run
     assert finish().prompt_keeps == ()  # it has; no new token yet
     assert finish().prompt_keeps == (("s0", 14),)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_refused_keep_turns_the_hold_off_until_the_store_changes(pair, depth):
+    """The store takes none of the prompts (the reported one is never inserted, as when every
+    holder is pinned): after the first leader's keep fails to land, its three peers are
+    admitted together, not each held on the one admitted before it. Once the store changes
+    (an insert), a new burst is held again."""
+    sched, store = make(pair, max_inflight_plans=depth, prefill_chunk_tokens=8)
+    burst(sched, n=4)
+    live, admitted_at, made = [], {}, 0
+
+    def advance(insert=False):
+        nonlocal made
+        live.append(sched.plan_iteration())
+        made += 1
+        for w in live[-1].work:
+            admitted_at.setdefault(w.sequence_id, made)
+        if len(live) == depth:
+            plan = live.pop(0)
+            complete_plan(sched, plan, [IterationPrediction(i, 7)
+                                        for i, w in enumerate(plan.work) if w.sample_last])
+
+    while sched.snapshot().waiting_ids:
+        advance()
+    # s0's 14 tokens are 2 plans; its keep is reported when its first token is confirmed (the
+    # completion of plan 2, made at walk 1 + depth) and checked `depth` walks later: the three
+    # peers come in one plan
+    assert admitted_at["s0"] == 1
+    assert admitted_at["s1"] == admitted_at["s2"] == admitted_at["s3"] == 1 + 2 * depth
+    while sched.snapshot().active_ids:
+        advance()
+    for plan in live:  # what is still in flight lands
+        complete_plan(sched, plan, [])
+    live.clear()
+    store.insert(np.asarray([9, 9, 9], dtype=np.int32))  # the store changed
+    for i in range(2):
+        sched.submit(Sequence(f"t{i}", [50 + j for j in range(12)] + [i] * 2, 3))
+    admitted_at.clear()
+    advance()
+    assert "t0" in admitted_at and "t1" not in admitted_at  # held again
