@@ -20,7 +20,8 @@
  * first held on (after its prompt, for a leader held on while computing it), whether or not
  * the store took the prompt, and a sequence is held in at most
  * cfg.cold_prefix_hold_max_steps plans; a leader is active, so it has rows to run and a hold
- * never leaves the engine with nothing to do. The walk compares W's first restore + H tokens
+ * never leaves the engine with nothing to do. While the store takes no prompt (hold_off below)
+ * nothing is held. The walk compares W's first restore + H tokens
  * with each eligible leader's (one memcmp each): leaders are active sequences, at most
  * max_active_sequences of them.
  */
