@@ -293,8 +293,8 @@ const uint32_t *skippy_scheduler_preempted_slots(const skippy_scheduler *schedul
 const uint32_t *skippy_scheduler_priority_victims(const skippy_scheduler *scheduler,
                                                   size_t *out_count);
 /* Cold prefix hold (§2.3a): the slots of the leaders held on (a waiting sequence was held on
- * each) that have confirmed a token since, not yet returned (their prompts are computed): the
- * host keeps each one's prompt as a resident prefix. Fills at most `cap` slots into `out` and returns how many; each leader once. */
+ * each) that have confirmed a token since their admission, not yet returned (their prompts
+ * are computed): the host keeps each one's prompt as a resident prefix. Fills at most `cap` slots into `out` and returns how many; each leader once. */
 size_t skippy_scheduler_take_prompt_keeps(skippy_scheduler *scheduler, uint32_t *out,
                                           size_t cap);
 bool skippy_scheduler_cancel(skippy_scheduler *scheduler, const char *id, size_t id_len);

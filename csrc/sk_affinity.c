@@ -255,8 +255,6 @@ static int set_store(skippy_scheduler *s, skippy_prefix_store *store, uint64_t p
     s->store = store;
     s->aff_prefill_cost = prefill_cost;
     s->aff_restore_cost = restore_cost;
-    s->keep_check_walk = 0; /* the cold hold's watch on keeps is about the store it had */
-    s->hold_off = false;
     if (store) {
         sk_prefix_set_owner(store, s, sk_affinity_detach_store);
         s->store_epoch_seen = sk_prefix_epoch(store);

@@ -7,10 +7,11 @@
  * (no confirmed generated token yet) or decodes (a *late* leader, running when W arrived; not
  * a recompute still replaying), and, once held on, has fewer than
  * max_inflight_plans confirmed tokens more than when first held on (with plans in flight, the
- * plans made before the engine can apply the keep below). W's own
+ * plans made before the engine can apply the keep below), and A was not itself admitted after
+ * a hold that gained it nothing. W's own
  * restore is what the store backs of it, so a hold means: at least H more tokens of W's prompt
  * are being computed right now by A, or are computed in A's lane. Once A has a token confirmed
- * since it was held on, the host keeps its prompt as a resident prefix
+ * since its admission, the host keeps its prompt as a resident prefix
  * (skippy_scheduler_take_prompt_keeps says which), the store's epoch moves, the refresh before
  * the next selection extends W's restore over the shared tokens, and W is admitted restoring
  * them instead of prefilling them a second time.
@@ -20,44 +21,23 @@
  * first held on (after its prompt, for a leader held on while computing it), whether or not
  * the store took the prompt, and a sequence is held in at most
  * cfg.cold_prefix_hold_max_steps plans; a leader is active, so it has rows to run and a hold
- * never leaves the engine with nothing to do. While the store takes no prompt (hold_off below)
- * nothing is held. The walk compares W's first restore + H tokens
+ * never leaves the engine with nothing to do. A sequence admitted after a hold that gained it
+ * nothing while its leader is still active (the leader's keep was refused, or its window or the
+ * step limit ran out) leads nobody: where the store takes no prompt, a burst's peers would
+ * otherwise each wait for the one admitted before them. The walk compares W's first restore + H tokens
  * with each eligible leader's (one memcmp each): leaders are active sequences, at most
  * max_active_sequences of them.
  */
 #include <string.h>
 
 #include "sk_internal.h"
-#include "sk_prefix.h"
-
-/*
- * A refused keep (the store took none of the prompts last reported: its epoch has not moved by
- * the walk they had to land by, the engine applying keeps between plans) means the store can
- * take no prompt now (every holder pinned, no room). Holding peers then only serialises them:
- * each admitted peer would lead the next one, whose keep is refused in turn. So the rule is off
- * until the store's epoch moves (an insert or eviction: the store changed). Returns whether it
- * is off.
- */
-static bool hold_off(skippy_scheduler *s)
-{
-    uint64_t epoch = sk_prefix_epoch(s->store);
-    if (s->keep_check_walk && s->admit_walks >= s->keep_check_walk) {
-        if (epoch == s->keep_epoch) {
-            s->hold_off = true;
-            s->hold_off_epoch = epoch;
-        }
-        s->keep_check_walk = 0;
-    }
-    if (s->hold_off && epoch != s->hold_off_epoch) s->hold_off = false;
-    return s->hold_off;
-}
 
 bool sk_hold(skippy_scheduler *s, sk_seq *w)
 {
     size_t hold = s->cfg.cold_prefix_hold_tokens;
-    if (!hold || !s->store || hold_off(s) || w->held_steps >= s->cfg.cold_prefix_hold_max_steps)
-        return false;
-    size_t need = sk_sat_add(w->has_restore ? w->restore_tokens : 0, hold);
+    if (!hold || !s->store || w->held_steps >= s->cfg.cold_prefix_hold_max_steps) return false;
+    size_t restored = w->has_restore ? w->restore_tokens : 0;
+    size_t need = sk_sat_add(restored, hold);
     if (need > w->prompt_len) return false;
     const int32_t *prefix = w->tokens;
     /* A leader held on leads while its kept prompt may not have reached the store yet: the
@@ -66,6 +46,7 @@ bool sk_hold(skippy_scheduler *s, sk_seq *w)
     size_t depth = s->cfg.max_inflight_plans;
     for (size_t i = 0; i < s->active_len; i++) {
         sk_seq *a = &s->seqs[s->active[i]];
+        if (a->no_lead) continue;
         if (a->lead == SK_LEAD_NONE) {
             /* computing its prompt, or a live decode (a late leader); not a recompute still
              * replaying */
@@ -83,15 +64,18 @@ bool sk_hold(skippy_scheduler *s, sk_seq *w)
         }
         w->held_steps++;
         w->held_walk = s->admit_walks;
+        w->held_restore = restored;
+        w->held_on = s->active[i];
+        w->held_on_admitted = a->admitted_at;
         return true;
     }
     return false;
 }
 
 /*
- * The leaders held on with a token confirmed since they were first held on are reported once,
- * in walk order: completions come in plan order, so every row planned before that token, the
- * whole prompt (and a recompute's replay) included, has run. Nothing in completion watches for that: this walk runs only while some leader is
+ * The leaders held on with a token confirmed since their admission are reported once, in walk
+ * order: completions come in plan order, so every row planned before that token, the whole
+ * prompt (and a recompute's replay) included, has run. Nothing in completion watches for that: this walk runs only while some leader is
  * marked and unreported, and recounts them (leaders that left the active set drop out: their
  * release offered their whole key already).
  */
@@ -102,7 +86,7 @@ size_t skippy_scheduler_take_prompt_keeps(skippy_scheduler *s, uint32_t *out, si
     for (size_t i = 0; i < s->active_len; i++) {
         sk_seq *a = &s->seqs[s->active[i]];
         if (a->lead != SK_LEAD_HELD_ON) continue;
-        if (a->gen_len > a->lead_base && n < cap) {
+        if (a->gen_len > a->admit_gen && n < cap) {
             a->lead = SK_LEAD_REPORTED;
             out[n++] = s->active[i];
         } else {
@@ -110,9 +94,5 @@ size_t skippy_scheduler_take_prompt_keeps(skippy_scheduler *s, uint32_t *out, si
         }
     }
     s->leaders = waiting_leaders;
-    if (n && s->store) { /* hold_off checks that they landed */
-        s->keep_check_walk = sk_sat_add(s->admit_walks, s->cfg.max_inflight_plans);
-        s->keep_epoch = sk_prefix_epoch(s->store);
-    }
     return n;
 }

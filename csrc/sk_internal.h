@@ -89,7 +89,12 @@ typedef struct SK_LINE_ALIGNED sk_seq {
     uint32_t held_steps;      /* plans it was held while waiting (since submit or preemption) */
     uint64_t held_walk;       /* the admission walk (admit_walks) that last held it, 0 = none */
     uint8_t lead;             /* SK_LEAD_*: held on while active (reset at admission) */
+    bool no_lead;             /* admitted after a hold that gained it nothing: leads nobody */
     size_t lead_base;         /* gen_len when first held on (read while lead != NONE) */
+    size_t admit_gen;         /* gen_len at its admission */
+    size_t held_restore;      /* its restore when last held */
+    uint32_t held_on;         /* the slot of its leader when last held, */
+    uint64_t held_on_admitted; /*   and that leader's admitted_at (the slot may be reused) */
     bool slo_relegated;       /* a prefill order put it behind for its deadline (§2.13, counted once) */
 } sk_seq;
 
@@ -177,10 +182,6 @@ struct skippy_scheduler {
     size_t prefill_keys_len;
     size_t leaders;                       /* leaders marked and not yet reported (sk_hold.c) */
     uint64_t admit_walks;                 /* admission walks made (sk_admit.c), for held_walk */
-    uint64_t keep_check_walk;             /* sk_hold.c: the walk by which reported keeps land (0 = none) */
-    uint64_t keep_epoch;                  /*   the store epoch when they were reported */
-    bool hold_off;                        /*   a keep was refused: no holds while the epoch is */
-    uint64_t hold_off_epoch;              /*   still this one */
 
     size_t n_class[3];                    /* active sequences per SK_CLASS_* (see sk_class) */
     size_t fresh_count;                   /* active sequences with `fresh` set */

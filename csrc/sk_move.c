@@ -37,6 +37,14 @@ void sk_admit_one(skippy_scheduler *s, uint32_t slot)
     seq->where = SK_WHERE_ACTIVE;
     seq->fresh = true;
     seq->lead = SK_LEAD_NONE;
+    seq->admit_gen = seq->gen_len;
+    /* Held, its restore no better for it, and its leader still active (the leader's keep was
+     * refused or came too late, not the leader gone): were it to lead, the next peer would wait
+     * for a keep that fails the same way (§2.3a). */
+    const sk_seq *leader = seq->held_steps ? &s->seqs[seq->held_on] : NULL;
+    seq->no_lead = leader && leader->where == SK_WHERE_ACTIVE &&
+                   leader->admitted_at == seq->held_on_admitted &&
+                   (seq->has_restore ? seq->restore_tokens : 0) <= seq->held_restore;
     s->fresh_count++;
     s->n_class[sk_class(seq)]++;
     s->active[s->active_len++] = slot;

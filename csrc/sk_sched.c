@@ -118,7 +118,9 @@ static int submit(skippy_scheduler *s, const skippy_sequence_desc *desc, uint32_
     seq->submitted_us = s->now_us; /* its age under the slack rule's prefill order (§2.13) */
     seq->held_steps = 0;
     seq->held_walk = 0;
+    seq->held_restore = 0;
     seq->lead = SK_LEAD_NONE;
+    seq->no_lead = false;
     seq->slo_relegated = false;
     sk_affinity_read(s, seq); /* with a store: its restore and saved cost, before ranking */
     if (sk_fair_submit(s, slot, desc->tenant)) goto oom;

@@ -466,8 +466,9 @@ cdef class Scheduler:
         return tuple([_carried(self._objects, v_slots[i]).sequence_id for i in range(n)])
 
     cdef tuple _prompt_keeps(self):
-        """Cold prefix hold (§2.3a): (id, prompt length) of each leader held on whose prompt
-        is complete, in walk order, each once (the telemetry's `prompt_keeps`); the core walks
+        """Cold prefix hold (§2.3a): (id, prompt length) of each leader held on that has
+        confirmed a token since its admission (its prompt is computed), in walk order, each once
+        (the telemetry's `prompt_keeps`); the core walks
         nothing unless a leader is marked and not yet reported."""
         cdef uint32_t buf[64]
         cdef size_t n, i

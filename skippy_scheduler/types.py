@@ -278,7 +278,7 @@ class SchedulerConfig:
     step_cost: StepCost = field(default_factory=StepCost)
     # Cold prefix hold (§2.3a), off by default (0): with a prefix store attached, a waiting
     # sequence whose prompt shares at least this many tokens past its restore with a running
-    # sequence's prompt (being computed, or computed and kept at once from the running lane)
+    # sequence's prompt (being computed, or computed and then kept from the running lane)
     # waits (at most `cold_prefix_hold_max_steps` plans) until that prompt is resident, then
     # restores it instead of prefilling it again.
     cold_prefix_hold_tokens: int = 0
@@ -412,8 +412,9 @@ class IterationTelemetry:
     # plan order, with why: STOP, LENGTH or FAILED.
     finish_reasons: dict[str, FinishReason] = field(default_factory=dict)
     # Cold prefix hold (behaviour.md §2.3a): (id, prompt length) of each active leader a waiting
-    # sequence was held on whose prompt is complete as of this completion, in walk order, each
-    # once: the host keeps that prompt as a resident prefix now.
+    # sequence was held on that has confirmed a token since its admission as of this completion
+    # (its prompt is computed), in walk order, each once: the host keeps that prompt as a
+    # resident prefix now.
     prompt_keeps: tuple[tuple[str, int], ...] = ()
 
 

@@ -4,14 +4,16 @@ Owns `ColdPrefixHold`: with a prefix store attached and `cold_prefix_hold_tokens
 admission walk holds a waiting sequence W when an active sequence (its leader) has the same
 first restore(W) + H prompt tokens, is computing its prompt or decoding (not a recompute still
 replaying), and, if held on already, has fewer than max_inflight_plans confirmed tokens more
-than when it was first held on; W is held in at most `cold_prefix_hold_max_steps` plans. A
-leader held on with a token confirmed since is a keep `take` reports, once, while it is active.
+than when it was first held on, and was not itself admitted after a hold that gained it nothing
+while its leader stayed active;
+W is held in at most `cold_prefix_hold_max_steps` plans. A leader held on with a token confirmed
+since its admission is a keep `take` reports, once, while it is active.
 The pass of preemption for priority (priority.py) leaves what the walk held waiting and puts what
 it would admit to the same rule.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable
 
 from .._validate import sat
 from ..types import SchedulerConfig, Sequence
@@ -23,44 +25,17 @@ LEAD_NONE, LEAD_HELD_ON, LEAD_REPORTED = 0, 1, 2
 class ColdPrefixHold:
     """The hold rule and the leaders to report."""
 
-    def __init__(self, config: SchedulerConfig, flight: Callable[[Sequence], Flight],
-                 store_epoch: Callable[[], Optional[int]]) -> None:
+    def __init__(self, config: SchedulerConfig, flight: Callable[[Sequence], Flight]) -> None:
         self.tokens = config.cold_prefix_hold_tokens
         self.max_steps = config.cold_prefix_hold_max_steps
         self.depth = config.max_inflight_plans
         self._flight = flight
-        self._store_epoch = store_epoch  # the attached store's epoch, None without one
         self._leaders = 0  # marked and not reported
         self.walks = 0  # admission walks made (the scheduler counts them)
-        self.reset_watch()
-
-    def reset_watch(self) -> None:
-        """Forget the watch on reported keeps (a store attached or detached)."""
-        self._check_walk = 0  # the walk by which the keeps last reported land (0: none)
-        self._keep_epoch = 0  # the store's epoch when they were reported
-        self._off = False  # a keep was refused: no holds while the epoch is _off_epoch
-        self._off_epoch = 0
-
-    def _hold_off(self) -> bool:
-        """A refused keep (the store's epoch has not moved by the walk the keeps last reported
-        had to land by) means the store can take no prompt now; holding would only serialise
-        the peers, each admitted one leading the next. The rule is off until the epoch moves."""
-        epoch = self._store_epoch()
-        assert epoch is not None
-        if self._check_walk and self.walks >= self._check_walk:
-            if epoch == self._keep_epoch:
-                self._off = True
-                self._off_epoch = epoch
-            self._check_walk = 0
-        if self._off and epoch != self._off_epoch:
-            self._off = False
-        return self._off
 
     def holds(self, w: Sequence, active: Iterable[Sequence]) -> bool:
         """Whether the walk defers `w` now (it counts as one more plan held, and marks the
         leader). Only called with a store attached and H > 0."""
-        if self._hold_off():
-            return False
         fw = self._flight(w)
         if fw.held_steps >= self.max_steps:
             return False
@@ -71,6 +46,8 @@ class ColdPrefixHold:
         prefix = w.prompt_tokens[:need]
         for a in active:
             fa = self._flight(a)
+            if fa.no_lead:
+                continue  # admitted after a hold that gained it nothing
             confirmed = len(a.generated_tokens) - fa.pending
             if fa.lead == LEAD_NONE:
                 # a prompt being computed, or a live decode (a late leader: its keep comes
@@ -87,13 +64,15 @@ class ColdPrefixHold:
                 self._leaders += 1
             fw.held_steps += 1
             fw.held_walk = self.walks
+            fw.held_restore = restored
+            fw.held_on = (a.id, a.admitted_at)
             return True
         return False
 
     def take(self, active: Iterable[Sequence]) -> list[tuple[str, int]]:
-        """(id, prompt length) of the active leaders held on with a token confirmed since they
-        were first held on (so every row planned before, the prompt's included, has run), in
-        walk order, each once."""
+        """(id, prompt length) of the active leaders held on with a token confirmed since their
+        admission (so every row planned before, the prompt's included, has run), in walk order,
+        each once."""
         if not self._leaders:
             return []
         out = []
@@ -102,14 +81,10 @@ class ColdPrefixHold:
             fa = self._flight(a)
             if fa.lead != LEAD_HELD_ON:
                 continue
-            if len(a.generated_tokens) - fa.pending > fa.lead_base:
+            if len(a.generated_tokens) - fa.pending > fa.admit_gen:
                 fa.lead = LEAD_REPORTED
                 out.append((a.id, len(a.prompt_tokens)))
             else:
                 waiting += 1
         self._leaders = waiting
-        epoch = self._store_epoch()
-        if out and epoch is not None:  # _hold_off checks that they landed
-            self._check_walk = self.walks + self.depth
-            self._keep_epoch = epoch
         return out

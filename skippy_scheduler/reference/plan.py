@@ -26,7 +26,7 @@ class Flight:
 
     __slots__ = ("epoch", "pending", "source", "request", "tenant", "priority_preempted_at",
                  "last_token_us", "submitted_us", "planned", "held_steps", "held_walk", "lead",
-                 "lead_base", "slo_relegated")
+                 "lead_base", "admit_gen", "held_restore", "held_on", "no_lead", "slo_relegated")
 
     def __init__(self, epoch: int, tenant: Hashable = None, submitted_us: float = 0.0) -> None:
         self.epoch = epoch
@@ -44,12 +44,17 @@ class Flight:
         # rule's prefill order (§2.13).
         self.submitted_us = submitted_us
         # Cold prefix hold (§2.3a, hold.py): plans it was held while waiting, the admission
-        # walk that last held it (0: none), its leader state and its confirmed tokens when
-        # first held on.
+        # walk that last held it (0: none), its restore and leader then, its leader state, its
+        # confirmed tokens when first held on and at its admission, and whether it may lead (not
+        # when admitted after a hold that gained it nothing, its leader still active).
         self.held_steps = 0
         self.held_walk = 0
+        self.held_restore = 0
+        self.held_on: Optional[tuple[str, Optional[int]]] = None  # its last leader's id, admitted_at
         self.lead = 0
         self.lead_base = 0
+        self.admit_gen = 0
+        self.no_lead = False
         # Put behind by the prefill order for its first-token deadline (§2.13), counted once.
         self.slo_relegated = False
 

@@ -86,8 +86,7 @@ class TwinScheduler:
         # Disjoint plans in flight (§2.11a): only with plans in flight to be disjoint from.
         self._disjoint = (self._config.disjoint_inflight_plans
                           and self._config.max_inflight_plans > 1)
-        self._hold = ColdPrefixHold(self._config, lambda s: self._flights[s.id],
-                                    self._store_epoch)
+        self._hold = ColdPrefixHold(self._config, lambda s: self._flights[s.id])
         self._planner = RowPlanner(self._config, self._live_decode, self._take_new,
                                    self._link.holder, self._slack_stamp_us,
                                    self._in_flight if self._disjoint else None,
@@ -137,11 +136,6 @@ class TwinScheduler:
             raise ValueError("a prefix store can only be attached or detached while the "
                              "scheduler holds no sequence and no live plan")
         self._link.attach(self, store, prefill, restore)
-        self._hold.reset_watch()
-
-    def _store_epoch(self) -> Optional[int]:
-        store = self._link.store
-        return store.epoch if store is not None else None
 
     @property
     def prefix_store(self) -> Optional[object]:
@@ -275,6 +269,15 @@ class TwinScheduler:
         fl = self._flights[s.id]
         fl.last_token_us = self._planner.slack.now_us
         fl.lead = 0
+        fl.admit_gen = len(s.generated_tokens) - fl.pending
+        # held, its restore no better for it, its leader still active: it leads nobody (§2.3a)
+        restored = s.prefix_restore.token_count if s.prefix_restore is not None else 0
+        fl.no_lead = False
+        if fl.held_steps > 0 and fl.held_on is not None:
+            leader_id, leader_admitted = fl.held_on
+            leader = self._active.get(leader_id)
+            fl.no_lead = (leader is not None and leader.admitted_at == leader_admitted
+                          and restored <= fl.held_restore)
 
     # -- planning -------------------------------------------------------------------------------
 

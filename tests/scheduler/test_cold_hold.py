@@ -284,17 +284,19 @@ def test_a_late_leader_whose_keep_never_lands_holds_for_one_plan_a_depth(pair):
 
 
 def test_a_sequence_recomputing_after_preemption_leads_nobody_while_it_replays(pair):
-    """s0 decodes, is preempted and readmitted: its replay (prompt and tokens) is recomputed
-    from position 0. A sharer that comes meanwhile is not held on it (its lane holds only part
-    of the prompt); it is admitted at once."""
+    """s0 has 4 tokens when it is preempted, and is readmitted replaying its 14-token prompt and
+    3 of them (17 tokens, 4 a plan). Past its prompt but not through its replay, it is no late
+    leader yet: a sharer that comes then is admitted at once."""
     sched, store = make(pair, memory_components=[MemoryComponent("kv", 10**6, 0, 1, 0)])
     sched.submit(Sequence("s0", PROMPTS["s0"], 20))
-    for _ in range(5):  # 4 chunks of the prompt, then a decode
+    for _ in range(7):  # 4 chunks of the prompt, then 3 decodes
         step(sched, store)
     assert sched.preempt_for_component_pressure([10**7]) == ["s0"]
     assert sched.preempt_for_component_pressure([0]) == []
-    rows, _ = step(sched, store)
-    assert rows == [("s0", 0, 4)]  # readmitted, replaying from 0
+    for _ in range(4):
+        step(sched, store)
+    s0 = sched.sequence("s0")
+    assert s0.prefill_cursor == 16 and s0.recompute_token_count() == 17
     sched.submit(Sequence("s1", PROMPTS["s1"], 3))
     rows, keeps = step(sched, store)
     assert ("s1", 0, 4) in rows and keeps == ()
@@ -331,11 +333,11 @@ def test_a_leader_is_reported_only_once_its_rows_before_the_hold_have_run(pair):
 
 
 @pytest.mark.parametrize("depth", [1, 2])
-def test_a_refused_keep_turns_the_hold_off_until_the_store_changes(pair, depth):
+def test_a_refused_keep_does_not_make_a_burst_wait_peer_after_peer(pair, depth):
     """The store takes none of the prompts (the reported one is never inserted, as when every
     holder is pinned): after the first leader's keep fails to land, its three peers are
-    admitted together, not each held on the one admitted before it. Once the store changes
-    (an insert), a new burst is held again."""
+    admitted together, not each held on the one admitted before it (a peer admitted after a
+    hold that gained it nothing leads nobody). A new burst is held as usual."""
     sched, store = make(pair, max_inflight_plans=depth, prefill_chunk_tokens=8)
     burst(sched, n=4)
     live, admitted_at, made = [], {}, 0
@@ -353,9 +355,8 @@ def test_a_refused_keep_turns_the_hold_off_until_the_store_changes(pair, depth):
 
     while sched.snapshot().waiting_ids:
         advance()
-    # s0's 14 tokens are 2 plans; its keep is reported when its first token is confirmed (the
-    # completion of plan 2, made at walk 1 + depth) and checked `depth` walks later: the three
-    # peers come in one plan
+    # s0's 14 tokens are 2 plans; its keep is reported when its first token is confirmed and
+    # its window ends `depth` tokens after: the three peers come in one plan
     assert admitted_at["s0"] == 1
     assert admitted_at["s1"] == admitted_at["s2"] == admitted_at["s3"] == 1 + 2 * depth
     while sched.snapshot().active_ids:
@@ -363,9 +364,55 @@ def test_a_refused_keep_turns_the_hold_off_until_the_store_changes(pair, depth):
     for plan in live:  # what is still in flight lands
         complete_plan(sched, plan, [])
     live.clear()
-    store.insert(np.asarray([9, 9, 9], dtype=np.int32))  # the store changed
     for i in range(2):
         sched.submit(Sequence(f"t{i}", [50 + j for j in range(12)] + [i] * 2, 3))
     admitted_at.clear()
     advance()
     assert "t0" in admitted_at and "t1" not in admitted_at  # held again
+
+
+def test_a_late_leader_that_does_not_decode_is_kept_at_once(pair):
+    """A late leader is reported at the next completion whether or not it decodes then: here an
+    unrelated 64-token prompt runs prefill-only plans (the reference's phase rule) while A, whose
+    prompt shares 40 tokens with W's, waits to decode; W restores them at the second plan."""
+    sched, store = make(pair, prefill_chunk_tokens=8, max_tokens_per_iteration=64,
+                        max_consecutive_prefill_iterations=8)
+    head = list(range(100, 140))
+    PROMPTS.update(A=head + [0, 0], W=head + [1, 1], U=list(range(500, 564)))
+    try:
+        sched.submit(Sequence("A", PROMPTS["A"], 100))
+        while not sched.sequence("A").generated_tokens:
+            step(sched, store)
+        step(sched, store)  # A decodes
+        sched.submit(Sequence("U", PROMPTS["U"], 3))
+        sched.submit(Sequence("W", PROMPTS["W"], 3))
+        rows, keeps = step(sched, store)
+        assert "W" not in [r[0] for r in rows] and keeps == (("A", 42),)
+        rows, keeps = step(sched, store)
+        assert ("W", 40, 2) in rows
+    finally:
+        for k in ("A", "W", "U"):
+            del PROMPTS[k]
+
+
+def test_a_refused_keep_in_one_group_leaves_the_others_held(pair):
+    """Group 1's leader has its keep refused, group 2's is taken: group 1's peer is admitted
+    unrestored and leads nobody; group 2's peer still waits for its leader and restores."""
+    sched, store = make(pair, prefill_chunk_tokens=4)
+    g1, g2 = list(range(100, 108)), list(range(200, 230))
+    prompts = {"a1": g1 + [0], "b1": g1 + [1], "a2": g2 + [0], "b2": g2 + [1]}
+    for sid, p in prompts.items():
+        sched.submit(Sequence(sid, p, 50))
+    first = {}
+    for n in range(1, 14):
+        plan = sched.plan_iteration()
+        telemetry = complete_plan(sched, plan, [IterationPrediction(i, 7) for i, w
+                                                in enumerate(plan.work) if w.sample_last])
+        for sid, k in telemetry.prompt_keeps:
+            if sid != "a1":  # a1's keep is refused
+                store.insert(np.asarray(prompts[sid][:k], dtype=np.int32))
+        for w in plan.work:
+            first.setdefault(w.sequence_id, (n, w.positions[0]))
+    assert first["b1"][1] == 0  # unrestored
+    assert first["b2"][1] == 30 and first["b2"][0] > first["b1"][0]  # waited, then restored
+    assert sched.metrics().restored_tokens == 30
