@@ -16,8 +16,8 @@ so that most of a prefix's sharers arrive while an earlier one is decoding (a la
 
 Per way (hold off, hold on): prompt tokens prefilled (the scheduler's prefill + recompute
 tokens), restored, batch entries the host decoded, prompts kept early (`keep_prompt`), and the
-burst's median and p99 time to first token on a virtual clock whose step times model the 58.5 M model on
-this CPU (MEDIUM below: a model, not a measurement). The tokens of every request are checked equal between the two ways.
+burst's median and p99 time to first token on a virtual clock whose step times model the
+58.5 M model on this CPU (MEDIUM below: a model, not a measurement). The tokens of every request are checked equal between the two ways.
 
 Without `--model` a tiny random-weight model is written to a temporary directory.
 """
@@ -31,6 +31,7 @@ import tempfile
 
 from skippy_bench.reports import append_line, percentile
 from skippy_scheduler import PlanningRule, Scheduler, SchedulerConfig, StepCost
+from skippy_scheduler.cli._common import non_negative_ms
 from skippy_scheduler.engine import Engine, Request, VirtualClock
 from skippy_scheduler.hosts.llama import LlamaHost
 from skippy_scheduler.hosts.tiny_model import write_tiny_llama
@@ -106,12 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--planning-rule", choices=("slack", "reference"), default="slack")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--inflight", type=int, default=1, help="plans in flight (serve --inflight)")
-    ap.add_argument("--arrival-ms", type=float, default=0.0,
+    ap.add_argument("--arrival-ms", type=non_negative_ms, default=0.0,
                     help="ms between arrivals on the virtual clock (default 0: one burst)")
     ap.add_argument("--json", help="append the result as one JSON line to this file")
     args = ap.parse_args(argv)
-    if not (args.arrival_ms >= 0 and args.arrival_ms < float("inf")):
-        ap.error(f"--arrival-ms must be a finite number >= 0, got {args.arrival_ms}")
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or write_tiny_llama(os.path.join(tmp, "tiny.gguf"), seed=3)
         lane = args.ctx_size // args.lanes

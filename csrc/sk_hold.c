@@ -24,8 +24,8 @@
  * never leaves the engine with nothing to do. A sequence admitted after a hold that gained it
  * nothing while its leader is still active (the leader's keep was refused, or its window or the
  * step limit ran out) leads nobody: where the store takes no prompt, a burst's peers would
- * otherwise each wait for the one admitted before them. The walk compares W's first restore + H tokens
- * with each eligible leader's (one memcmp each): leaders are active sequences, at most
+ * otherwise each wait for the one admitted before them. The walk compares W's first restore +
+ * H tokens with each eligible leader's (one memcmp each): leaders are active sequences, at most
  * max_active_sequences of them.
  */
 #include <string.h>
@@ -75,9 +75,9 @@ bool sk_hold(skippy_scheduler *s, sk_seq *w)
 /*
  * The leaders held on with a token confirmed since their admission are reported once, in walk
  * order: completions come in plan order, so every row planned before that token, the whole
- * prompt (and a recompute's replay) included, has run. Nothing in completion watches for that: this walk runs only while some leader is
- * marked and unreported, and recounts them (leaders that left the active set drop out: their
- * release offered their whole key already).
+ * prompt (and a recompute's replay) included, has run. Nothing in completion watches for that:
+ * this walk runs only while some leader is marked and unreported, and recounts them (leaders
+ * that left the active set drop out: their release offered their whole key already).
  */
 size_t skippy_scheduler_take_prompt_keeps(skippy_scheduler *s, uint32_t *out, size_t cap)
 {

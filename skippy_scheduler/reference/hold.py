@@ -5,9 +5,9 @@ admission walk holds a waiting sequence W when an active sequence (its leader) h
 first restore(W) + H prompt tokens, is computing its prompt or decoding (not a recompute still
 replaying), and, if held on already, has fewer than max_inflight_plans confirmed tokens more
 than when it was first held on, and was not itself admitted after a hold that gained it nothing
-while its leader stayed active;
-W is held in at most `cold_prefix_hold_max_steps` plans. A leader held on with a token confirmed
-since its admission is a keep `take` reports, once, while it is active.
+while its leader stayed active; W is held in at most `cold_prefix_hold_max_steps` plans. A
+leader held on with a token confirmed since its admission is a keep `take` reports, once, while
+it is active.
 The pass of preemption for priority (priority.py) leaves what the walk held waiting and puts what
 it would admit to the same rule.
 """
@@ -18,6 +18,7 @@ from typing import Callable, Iterable
 from .._validate import sat
 from ..types import SchedulerConfig, Sequence
 from .plan import Flight
+from .planning import prefill_pending
 
 LEAD_NONE, LEAD_HELD_ON, LEAD_REPORTED = 0, 1, 2
 
@@ -52,7 +53,7 @@ class ColdPrefixHold:
             if fa.lead == LEAD_NONE:
                 # a prompt being computed, or a live decode (a late leader: its keep comes
                 # with its next confirmed token); not a recompute still replaying
-                if confirmed and a.prefill_cursor < a.recompute_token_count():
+                if confirmed and prefill_pending(a):
                     continue
             elif confirmed >= fa.lead_base + self.depth:
                 continue  # led for the plans made before its keep could be applied

@@ -50,7 +50,7 @@ class Flight:
         self.held_steps = 0
         self.held_walk = 0
         self.held_restore = 0
-        self.held_on: Optional[tuple[str, Optional[int]]] = None  # its last leader's id, admitted_at
+        self.held_on: Optional[tuple[str, Optional[int]]] = None  # (id, admitted_at)
         self.lead = 0
         self.lead_base = 0
         self.admit_gen = 0
