@@ -1,14 +1,16 @@
 #!/bin/bash
 # On the GPU machine, from the project's root, with the kit of bench/gpu/make_kit.sh in .gpu/:
-# builds llama.cpp with CUDA (libraries + llama-server, about 5 minutes on 16 cores for one
-# architecture), and installs llama-cpp-python's package on those libraries, the kit's wheels
-# and the project into $GPU_WORK (default /tmp/gw, outside the checkout, so a second run finds
-# the build there and skips it). Skips what is already there. Then:
+# takes the kit's prebuilt llama.cpp when it loads here, else builds llama.cpp with CUDA
+# (libraries + llama-server, about 5 minutes on 16 cores for one architecture), and installs
+# llama-cpp-python's package on those libraries, the kit's wheels and the project into
+# $GPU_WORK (default /tmp/gw, outside the checkout, so a second run finds the build there and
+# skips it). Skips what is already there. Then:
 #   source /tmp/gw/env.sh     # PYTHONPATH, LD_LIBRARY_PATH, LLAMA_SERVER
 # Environment: GPU_WORK, CUDA_ARCH (90 = H100/H200), CUDA (OFF: a CPU build, to try the kit on
 # a machine without a GPU), BUILD_S (build time limit in seconds, default 480; a build cut short
 # resumes where it stopped), PROJECT_SRC (a folder to install instead of .gpu/project.tgz, e.g.
-# "." for the checkout itself, uncommitted changes included).
+# "." for the checkout itself, uncommitted changes included), PREBUILT (0: build even when the
+# kit has a prebuilt llama.cpp), CUDA_HOME (where to look first for the CUDA libraries).
 set -u
 K=$(pwd)/.gpu
 W=${GPU_WORK:-/tmp/gw}; mkdir -p "$W"
@@ -28,6 +30,40 @@ rm -rf "$W/projsite"
 ( python3 -m pip install -q --no-build-isolation --no-deps --no-compile --target "$W/projsite" "$src" \
     > "$W/proj-install.log" 2>&1; echo $? > "$W/proj.rc" ) &
 pj=$!
+# A prebuilt llama.cpp in the kit (bench/gpu/prebuild_cuda.sh, on a machine with nvcc) saves the
+# build when it loads here: every library it needs is found (cuBLAS and the CUDA runtime from
+# this machine's toolkit) and llama-server starts. Otherwise, or with PREBUILT=0, build.
+cuda_lib=
+pre=$K/llama-cuda-sm${CUDA_ARCH:-90}.tar.xz
+if [[ ! -x $W/b/bin/llama-server && -f $pre && ${PREBUILT:-1} != 0 && ${CUDA:-ON} != OFF ]]; then
+  rm -rf "$W/pre"; mkdir -p "$W/pre" && tar xJf "$pre" -C "$W/pre"
+  missing=$(ldd "$W"/pre/bin/libggml-cuda.so 2>&1 | awk '/not found/ {print $1}' | sort -u)
+  if [[ -n $missing ]]; then
+    nv=$(command -v nvcc || true); [[ -n $nv ]] && nv=$(dirname "$(readlink -f "$nv")")/..
+    for d in ${CUDA_HOME:+$CUDA_HOME/lib64} ${nv:+$nv/lib64 $nv/targets/x86_64-linux/lib} \
+        /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+        $(python3 -c 'import glob, site; print(" ".join(d for p in site.getsitepackages() for d in glob.glob(p + "/nvidia/*/lib")))' 2> /dev/null); do
+      ok=1; for l in $missing; do [[ -e $d/$l ]] || { ok=0; break; }; done
+      (( ok )) && { cuda_lib=$(cd "$d" && pwd); break; }
+    done
+    [[ -n $cuda_lib ]] && missing=$(LD_LIBRARY_PATH=$cuda_lib ldd "$W"/pre/bin/libggml-cuda.so 2>&1 | awk '/not found/ {print $1}' | sort -u)
+  fi
+  if [[ -n $missing ]]; then
+    say "prebuilt llama.cpp not usable here (not found: $(echo $missing)); building it"; cuda_lib=
+  elif ! LD_LIBRARY_PATH=$W/pre/bin${cuda_lib:+:$cuda_lib} timeout 120 "$W/pre/bin/llama-server" --list-devices > "$W/prebuilt.log" 2>&1; then
+    say "prebuilt llama-server does not start here ($(tail -1 "$W/prebuilt.log")); building it"; cuda_lib=
+  elif command -v nvidia-smi > /dev/null && nvidia-smi -L 2> /dev/null | grep -q '^GPU' \
+      && ! grep -q 'CUDA0' "$W/prebuilt.log"; then
+    say "prebuilt llama.cpp sees no GPU here ($(grep -m1 -i 'cuda' "$W/prebuilt.log")); building it"; cuda_lib=
+  else
+    mkdir -p "$W/b" && rm -rf "$W/b/bin" && mv "$W/pre/bin" "$W/b/bin"
+    say "prebuilt llama.cpp: $(head -2 "$W/b/bin/PREBUILT" | tail -1)${cuda_lib:+, CUDA libraries from $cuda_lib}"
+  fi
+  rm -rf "$W/pre"
+fi
+# The CUDA library folder a prebuilt llama.cpp was found to need (none for one built here).
+if [[ -x $W/b/bin/llama-server && -z $cuda_lib && -f $W/cuda_lib ]]; then cuda_lib=$(cat "$W/cuda_lib"); fi
+echo "$cuda_lib" > "$W/cuda_lib"
 if [[ ! -x $W/b/bin/llama-server ]]; then
   [[ -d $W/src/llama.cpp ]] || { mkdir -p "$W/src" && tar xzf "$K/llama.cpp.tgz" -C "$W/src"; }
   say "configure"
@@ -46,7 +82,7 @@ mkdir -p "$site/llama_cpp/lib" && cp -a "$W"/b/bin/*.so* "$site/llama_cpp/lib/"
 wait $pj
 [[ $(cat "$W/proj.rc") == 0 ]] || { say "project install failed"; tail -15 "$W/proj-install.log"; exit 1; }
 cat > "$W/env.sh" <<ENV
-export PYTHONPATH=$W/projsite:$site LD_LIBRARY_PATH=$W/b/bin LLAMA_SERVER=$W/b/bin/llama-server
+export PYTHONPATH=$W/projsite:$site LD_LIBRARY_PATH=$W/b/bin${cuda_lib:+:$cuda_lib} LLAMA_SERVER=$W/b/bin/llama-server
 ENV
 . "$W/env.sh"
 # From $W: in the project's root, python3 -c would import the source tree (no compiled modules).

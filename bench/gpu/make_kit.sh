@@ -8,6 +8,8 @@
 #   whl/             wheels (CPython 3.12, manylinux) for what the serve extra and the
 #                    benchmark clients (httpx, openai) need
 #   device_setup.sh  the setup to run there (a copy of the one beside this script)
+#   llama-cuda-sm90.tar.xz  where this machine has nvcc: that llama.cpp built with CUDA
+#                    (bench/gpu/prebuild_cuda.sh), which the GPU machine uses when it loads there
 # Usage: bench/gpu/make_kit.sh [SDIST_DIR]   (an unpacked llama-cpp-python 0.3.36 sdist; default:
 # downloads and unpacks it)
 set -eu
@@ -45,4 +47,15 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   pyyaml==6.0.4 tqdm==4.70.1 requests==2.34.2 urllib3==2.8.0 charset-normalizer==3.5.3 \
   openai==3.63.0 jiter==0.19.0 sniffio==1.3.1 httpx2==2.17.0 httpcore2==2.17.0 truststore==0.10.5
 cp "$(dirname "$0")/device_setup.sh" "$K/"
+# With nvcc here, llama.cpp prebuilt with CUDA (about 20 minutes on 2 cores the first time, kept
+# for the next kit), so that the GPU machine need not build it; PREBUILT=0 leaves it out.
+if [[ ${PREBUILT:-1} != 0 ]]; then
+  rc=0; bash "$(dirname "$0")/prebuild_cuda.sh" "$L" "$K/llama-cuda-sm${CUDA_ARCH:-90}.tar.xz" || rc=$?
+  case $rc in
+    0) ;;
+    3) echo "make_kit: no nvcc here: the GPU machine will build llama.cpp (about 5 minutes)" >&2 ;;
+    *) echo "make_kit: the prebuild failed ($rc): the GPU machine will build llama.cpp" >&2
+       rm -f "$K/llama-cuda-sm${CUDA_ARCH:-90}.tar.xz" ;;
+  esac
+fi
 rm -rf "$t"; du -sh "$K" "$K"/*

@@ -13,8 +13,8 @@ import argparse
 import sys
 from typing import Any, Optional, Sequence
 
-from ..hosts.offload import (CPU_BATCH, GiB, OffloadSpec, SPLIT_MODES, parse_layers,
-                             parse_tensor_split)
+from ..hosts.offload import (CPU_BATCH, NO_GPU_BACKEND, GiB, OffloadSpec, SPLIT_MODES,
+                             parse_layers, parse_tensor_split)
 from ._common import CommandError
 
 
@@ -67,7 +67,7 @@ class _ListDevices(argparse.Action):
 def devices_text() -> str:
     """The devices llama.cpp sees, one line each, with their free and total memory."""
     try:
-        from ..hosts.llama.backend import list_devices
+        from ..hosts.llama.backend import list_devices, no_gpu_reason
     except ImportError as exc:
         raise CommandError(f"llama.cpp is not available ({exc}); install it with: "
                            "pip install 'skippy-scheduler[llama]'") from None
@@ -77,8 +77,10 @@ def devices_text() -> str:
         lines.append(f"  {d.name}: {d.description} ({d.kind}, {d.free / GiB:.1f} GiB free of "
                      f"{d.total / GiB:.1f} GiB)")
     if not any(d.is_gpu for d in devices):
-        lines.append("  (no GPU: this llama.cpp has no GPU backend; build llama-cpp-python "
-                     "with CMAKE_ARGS=\"-DGGML_CUDA=on\" for NVIDIA GPUs, docs/gpu.md)")
+        why = no_gpu_reason()
+        hint = ("build llama-cpp-python with CMAKE_ARGS=\"-DGGML_CUDA=on\" for NVIDIA GPUs"
+                if why == NO_GPU_BACKEND else "check the GPU's driver (nvidia-smi)")
+        lines.append(f"  (no GPU: {why}; {hint}, docs/gpu.md)")
     return "\n".join(lines)
 
 

@@ -43,6 +43,11 @@ GPU_KINDS = ("gpu", "igpu")  # devices llama.cpp offloads layers to
 
 LayerCount = Union[int, Literal["auto", "all"]]
 
+NO_GPU_BACKEND = "this llama.cpp has no GPU backend"
+# Backends that hold no GPU whatever they find (a registry of another name with no device is a
+# GPU backend whose driver or devices are missing).
+HOST_BACKENDS = ("CPU", "BLAS", "RPC")
+
 
 class FitError(ValueError):
     """The model and context asked for cannot be placed on the devices (the message has the
@@ -184,8 +189,22 @@ def compute_bytes(fp: ModelFootprint, *, n_ubatch: int, stream_cells: int,
     return logits + acts + scores + 64 * MiB
 
 
-def select_gpus(devices: Sequence[Device], spec: OffloadSpec) -> tuple[list[Device], str]:
-    """The GPUs layers may go to (by -dev, split mode and main GPU), and why none when empty."""
+def describe_no_gpu(backends: Sequence[tuple[str, int]], log: str = "") -> str:
+    """Why llama.cpp offers no GPU, from its backends (name, devices found) and its recent log:
+    a GPU backend that found no device (with its complaint, the last log line naming it), or
+    no GPU backend in this build."""
+    empty = [name for name, n in backends if n == 0 and name.upper() not in HOST_BACKENDS]
+    if not empty:
+        return NO_GPU_BACKEND
+    name = empty[0]
+    said = [line.strip() for line in log.splitlines() if name.lower() in line.lower()]
+    return f"this llama.cpp's {name} backend found no device" + (f" ({said[-1]})" if said else "")
+
+
+def select_gpus(devices: Sequence[Device], spec: OffloadSpec,
+                no_gpu: str = NO_GPU_BACKEND) -> tuple[list[Device], str]:
+    """The GPUs layers may go to (by -dev, split mode and main GPU), and why none when empty
+    (`no_gpu` when llama.cpp sees no GPU at all: `describe_no_gpu`)."""
     gpus = [d for d in devices if d.is_gpu]
     if spec.devices:
         if tuple(n.lower() for n in spec.devices) == ("none",):
@@ -203,7 +222,7 @@ def select_gpus(devices: Sequence[Device], spec: OffloadSpec) -> tuple[list[Devi
                            "(the CPU holds what they do not)")
         gpus = chosen
     if not gpus:
-        return [], "this llama.cpp has no GPU backend"
+        return [], no_gpu
     if spec.split_mode == "none":
         if not 0 <= spec.main_gpu < len(gpus):
             raise FitError(f"-mg {spec.main_gpu}: there are {len(gpus)} GPU(s) "
@@ -265,19 +284,20 @@ def place(fp: ModelFootprint, devices: Sequence[Device], spec: OffloadSpec, *,
           n_ctx: int | None, streams: int, unified: bool, kv_type: str, n_ubatch: int,
           flash_attn: bool, lanes: int = 0, host: Device | None = None,
           margin: int = DEFAULT_MARGIN, ctx_floor: int = CTX_FLOOR,
-          ctx_quantum: int = CELL_PAD) -> Placement:
+          ctx_quantum: int = CELL_PAD, no_gpu: str = NO_GPU_BACKEND) -> Placement:
     """Place the model (see the module docstring). `n_ctx=None`: the context from the model
     (its training context, lowered towards `ctx_floor` when that does not fit, never below
     `max(ctx_floor, ctx_quantum)` unless asked). `host`: the CPU device, whose free memory
     bounds what stays on the CPU; `ctx_quantum`: a default context is a multiple of it (the
     caller passes 256 × lanes so every lane gets whole padded cells). `lanes` > 0: the context
     is the lanes' (`-c`), and each of the other `streams - lanes` sequence ids (prefix holders)
-    gets a lane's share on top, as the server sizes them."""
+    gets a lane's share on top, as the server sizes them. `no_gpu`: why no layer goes to a
+    GPU when the devices hold none (`describe_no_gpu`)."""
     if spec.split_mode not in SPLIT_MODES:
         raise FitError(f"-sm must be one of {', '.join(SPLIT_MODES)}, got {spec.split_mode!r}")
     if kv_type not in KV_BYTES:
         raise FitError(f"unknown KV cache type {kv_type!r}")
-    gpus, why_none = select_gpus(devices, spec)
+    gpus, why_none = select_gpus(devices, spec, no_gpu)
     kvb = KV_BYTES[kv_type]
     split = tuple(spec.tensor_split) if spec.split_mode != "none" else ()
     asked = spec.n_gpu_layers

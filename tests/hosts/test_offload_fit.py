@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from skippy_scheduler.hosts.offload import (GiB, MiB, Device, FitError, ModelFootprint,
-                                            OffloadSpec, assign, kv_cells, parse_layers,
+from skippy_scheduler.hosts.offload import (NO_GPU_BACKEND, GiB, MiB, Device, FitError,
+                                            ModelFootprint, OffloadSpec, assign,
+                                            describe_no_gpu, kv_cells, parse_layers,
                                             parse_tensor_split, place)
 
 CPU = Device(0, "CPU", "host", "cpu", free=64 * GiB, total=64 * GiB)
@@ -84,6 +85,27 @@ def test_no_gpu_backend_keeps_everything_on_the_cpu():
     assert p.line() == "0 layers on a GPU: this llama.cpp has no GPU backend"
     assert fit([gpu(0, 80)], OffloadSpec(devices=("none",))).line().endswith("-dev none")
     assert fit([gpu(0, 80)], OffloadSpec(n_gpu_layers=0)).n_gpu_layers == 0
+
+
+def test_a_gpu_backend_without_a_device_is_told_from_no_gpu_backend():
+    # A CPU-only build, or one whose only other backends hold no GPU anyway.
+    assert describe_no_gpu([("CPU", 1)]) == NO_GPU_BACKEND
+    assert describe_no_gpu([("CPU", 1), ("BLAS", 1), ("RPC", 0)]) == NO_GPU_BACKEND
+    # A CUDA build on a machine whose driver it cannot use: the backend is there, with no device,
+    # and its last complaint in the log says why.
+    log = ("load_backend: loaded CPU backend\n"
+           "ggml_cuda_init: failed to initialize CUDA: CUDA driver version is insufficient for "
+           "CUDA runtime version\n"
+           "some later line")
+    why = describe_no_gpu([("CUDA", 0), ("CPU", 1)], log)
+    assert why == ("this llama.cpp's CUDA backend found no device (ggml_cuda_init: failed to "
+                   "initialize CUDA: CUDA driver version is insufficient for CUDA runtime "
+                   "version)")
+    assert describe_no_gpu([("Vulkan", 0), ("CPU", 1)]) == \
+        "this llama.cpp's Vulkan backend found no device"
+    # The startup line carries it.
+    p = fit([], no_gpu=why)
+    assert p.n_gpu_layers == 0 and p.line() == f"0 layers on a GPU: {why}"
 
 
 def test_two_gpus_split_by_free_memory_or_by_the_tensor_split():

@@ -19,7 +19,7 @@ import llama_cpp as _ll
 
 from ... import _llama_log
 from ..._validate import check_int as check_int  # the hosts' argument check (host.py, direct.py)
-from ..offload import Device, Placement
+from ..offload import Device, Placement, describe_no_gpu
 
 KV_TYPES = {"f32": 0, "f16": 1}  # ggml_type values of GGML_TYPE_F32 / GGML_TYPE_F16
 _SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}
@@ -81,6 +81,12 @@ def _ggml_lib() -> Any:
         lib.ggml_backend_dev_memory.argtypes = [vp, ctypes.POINTER(sz), ctypes.POINTER(sz)]
         lib.ggml_backend_dev_memory.restype = None
         lib.ggml_backend_dev_type.argtypes, lib.ggml_backend_dev_type.restype = [vp], ctypes.c_int
+        lib.ggml_backend_reg_count.argtypes, lib.ggml_backend_reg_count.restype = [], sz
+        lib.ggml_backend_reg_get.argtypes, lib.ggml_backend_reg_get.restype = [sz], vp
+        lib.ggml_backend_reg_name.argtypes = [vp]
+        lib.ggml_backend_reg_name.restype = ctypes.c_char_p
+        lib.ggml_backend_reg_dev_count.argtypes = [vp]
+        lib.ggml_backend_reg_dev_count.restype = sz
         _ggml = lib
     return _ggml
 
@@ -105,6 +111,24 @@ def list_devices() -> list[Device]:
             kind=_DEVICE_KINDS[kind] if 0 <= kind < len(_DEVICE_KINDS) else str(kind),
             free=int(free.value), total=int(total.value)))
     return out
+
+
+def backends() -> list[tuple[str, int]]:
+    """llama.cpp's backends (CPU, CUDA, ...) with the number of devices each found."""
+    init_backend()
+    lib = _ggml_lib()
+    out = []
+    for i in range(lib.ggml_backend_reg_count()):
+        reg = lib.ggml_backend_reg_get(i)
+        out.append(((lib.ggml_backend_reg_name(reg) or b"?").decode(),
+                    int(lib.ggml_backend_reg_dev_count(reg))))
+    return out
+
+
+def no_gpu_reason() -> str:
+    """Why llama.cpp sees no GPU: no GPU backend in this build, or one that found no device
+    (with its complaint from the log, e.g. a driver older than the CUDA runtime)."""
+    return describe_no_gpu(backends(), recent_log(32))
 
 
 def load_model(path: str, placement: Placement | None = None) -> Any:

@@ -13,8 +13,9 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from ..offload import CPU_BATCH, Device, OffloadSpec, Placement, footprint_from_gguf, place
-from .backend import list_devices
+from ..offload import (CPU_BATCH, NO_GPU_BACKEND, Device, OffloadSpec, Placement,
+                       footprint_from_gguf, place)
+from .backend import list_devices, no_gpu_reason
 
 GPU_BATCH, GPU_UBATCH = 2048, 512
 FLASH_ATTN = ("on", "off", "auto")
@@ -52,6 +53,8 @@ def resolve(model_path: Union[str, os.PathLike[str]], spec: OffloadSpec, *, n_ct
     is the llama.cpp context as it is (run, calibrate, stage)."""
     fp = footprint_from_gguf(model_path)
     devs = list_devices() if devices is None else devices
+    no_gpu = no_gpu_reason() if devices is None and not any(d.is_gpu for d in devs) \
+        else NO_GPU_BACKEND
     host = next((d for d in devs if d.kind == "cpu"), None)
     gpus_possible = spec.n_gpu_layers != 0 and any(d.is_gpu for d in devs) and \
         tuple(n.lower() for n in spec.devices) != ("none",)
@@ -64,7 +67,8 @@ def resolve(model_path: Union[str, os.PathLike[str]], spec: OffloadSpec, *, n_ct
                       kv_type=kv, n_ubatch=ubatch or batch,
                       flash_attn=(fa or ("auto" if gpus_possible else "off")) != "off",
                       lanes=lanes if share_ctx else 0, host=host,
-                      ctx_quantum=256 * lanes if share_ctx and not unified else 256)
+                      ctx_quantum=256 * lanes if share_ctx and not unified else 256,
+                      no_gpu=no_gpu)
     if not placement.on_gpu and gpus_possible:
         # Nothing went to a GPU after all: the CPU's defaults for what was left to the device.
         kv = kv_type or "f32"
