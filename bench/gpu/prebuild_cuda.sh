@@ -75,10 +75,11 @@ ln -sf libcuda.so "$stub/libcuda.so.1"
 say "link stub for libcuda: $(grep -c void "$stub/stub.c") calls"
 
 b=$C/build-sm$ARCH
-# A build folder configured otherwise is started afresh (CMake would drop every option given here
-# when the CUDA compiler changes under an existing cache).
+# A build folder configured otherwise, or moved, is started afresh (CMake would drop every option
+# given here when the CUDA compiler changes under an existing cache).
 if [[ -f $b/CMakeCache.txt ]] && ! { grep -qxE "CMAKE_CUDA_COMPILER:[A-Z]+=$NVCC" "$b/CMakeCache.txt" \
-    && grep -qx "GGML_CUDA:BOOL=ON" "$b/CMakeCache.txt"; }; then
+    && grep -qx "GGML_CUDA:BOOL=ON" "$b/CMakeCache.txt" \
+    && grep -qx "CMAKE_CACHEFILE_DIR:INTERNAL=$b" "$b/CMakeCache.txt"; }; then
   rm -rf "$b"
 fi
 say "configure ($b)"
