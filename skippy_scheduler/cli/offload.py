@@ -79,7 +79,8 @@ def devices_text() -> str:
     if not any(d.is_gpu for d in devices):
         why = no_gpu_reason()
         hint = ("build llama-cpp-python with CMAKE_ARGS=\"-DGGML_CUDA=on\" for NVIDIA GPUs"
-                if why == NO_GPU_BACKEND else "check the GPU's driver (nvidia-smi)")
+                if why == NO_GPU_BACKEND
+                else "check the GPU and its driver (nvidia-smi for NVIDIA's)")
         lines.append(f"  (no GPU: {why}; {hint}, docs/gpu.md)")
     return "\n".join(lines)
 
