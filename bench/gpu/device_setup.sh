@@ -36,9 +36,13 @@ pj=$!
 cuda_lib=
 pre=$K/llama-cuda-sm${CUDA_ARCH:-90}.tar.xz
 if [[ ! -x $W/b/bin/llama-server && -f $pre && ${PREBUILT:-1} != 0 && ${CUDA:-ON} != OFF ]]; then
-  rm -rf "$W/pre"; mkdir -p "$W/pre" && tar xJf "$pre" -C "$W/pre"
-  missing=$(ldd "$W"/pre/bin/libggml-cuda.so 2>&1 | awk '/not found/ {print $1}' | sort -u)
-  if [[ -n $missing ]]; then
+  rm -rf "$W/pre"; mkdir -p "$W/pre"
+  if ! tar xJf "$pre" -C "$W/pre" 2> "$W/prebuilt.log"; then
+    missing="(the kit's archive: $(tail -1 "$W/prebuilt.log"))"
+  else
+    missing=$(ldd "$W"/pre/bin/libggml-cuda.so 2>&1 | awk '/not found/ {print $1}' | sort -u)
+  fi
+  if [[ -n $missing && $missing != "(the kit"* ]]; then
     nv=$(command -v nvcc || true); [[ -n $nv ]] && nv=$(dirname "$(readlink -f "$nv")")/..
     for d in ${CUDA_HOME:+$CUDA_HOME/lib64} ${nv:+$nv/lib64 $nv/targets/x86_64-linux/lib} \
         /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
