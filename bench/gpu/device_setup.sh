@@ -37,23 +37,24 @@ cuda_lib=
 pre=$K/llama-cuda-sm${CUDA_ARCH:-90}.tar.xz
 if [[ ! -x $W/b/bin/llama-server && -f $pre && ${PREBUILT:-1} != 0 && ${CUDA:-ON} != OFF ]]; then
   rm -rf "$W/pre"; mkdir -p "$W/pre"
+  why=
   if ! tar xJf "$pre" -C "$W/pre" 2> "$W/prebuilt.log"; then
-    missing="(the kit's archive: $(tail -1 "$W/prebuilt.log"))"
+    why="the kit's archive does not unpack: $(tail -1 "$W/prebuilt.log")"
   else
     missing=$(ldd "$W"/pre/bin/libggml-cuda.so 2>&1 | awk '/not found/ {print $1}' | sort -u)
+    if [[ -n $missing ]]; then
+      nv=$(command -v nvcc || true); [[ -n $nv ]] && nv=$(dirname "$(readlink -f "$nv")")/..
+      for d in ${CUDA_HOME:+$CUDA_HOME/lib64} ${nv:+$nv/lib64 $nv/targets/x86_64-linux/lib} \
+          /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+          $(python3 -c 'import glob, site; print(" ".join(d for p in site.getsitepackages() for d in glob.glob(p + "/nvidia/*/lib")))' 2> /dev/null); do
+        ok=1; for l in $missing; do [[ -e $d/$l ]] || { ok=0; break; }; done
+        (( ok )) && { cuda_lib=$(cd "$d" && pwd); break; }
+      done
+      [[ -z $cuda_lib ]] && why="not found: $(echo $missing)"
+    fi
   fi
-  if [[ -n $missing && $missing != "(the kit"* ]]; then
-    nv=$(command -v nvcc || true); [[ -n $nv ]] && nv=$(dirname "$(readlink -f "$nv")")/..
-    for d in ${CUDA_HOME:+$CUDA_HOME/lib64} ${nv:+$nv/lib64 $nv/targets/x86_64-linux/lib} \
-        /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-        $(python3 -c 'import glob, site; print(" ".join(d for p in site.getsitepackages() for d in glob.glob(p + "/nvidia/*/lib")))' 2> /dev/null); do
-      ok=1; for l in $missing; do [[ -e $d/$l ]] || { ok=0; break; }; done
-      (( ok )) && { cuda_lib=$(cd "$d" && pwd); break; }
-    done
-    [[ -n $cuda_lib ]] && missing=$(LD_LIBRARY_PATH=$cuda_lib ldd "$W"/pre/bin/libggml-cuda.so 2>&1 | awk '/not found/ {print $1}' | sort -u)
-  fi
-  if [[ -n $missing ]]; then
-    say "prebuilt llama.cpp not usable here (not found: $(echo $missing)); building it"; cuda_lib=
+  if [[ -n $why ]]; then
+    say "prebuilt llama.cpp not usable here ($why); building it"
   elif ! LD_LIBRARY_PATH=$W/pre/bin${cuda_lib:+:$cuda_lib} timeout 120 "$W/pre/bin/llama-server" --list-devices > "$W/prebuilt.log" 2>&1; then
     say "prebuilt llama-server does not start here ($(tail -1 "$W/prebuilt.log")); building it"; cuda_lib=
   elif command -v nvidia-smi > /dev/null && nvidia-smi -L 2> /dev/null | grep -q '^GPU' \

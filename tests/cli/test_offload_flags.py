@@ -89,14 +89,14 @@ def test_list_devices_answers():
 def test_the_backends_and_why_no_gpu():
     pytest.importorskip("llama_cpp")
     from skippy_scheduler.hosts.llama.backend import backends, list_devices, no_gpu_reason
-    from skippy_scheduler.hosts.offload import NO_GPU_BACKEND
+    from skippy_scheduler.hosts.offload import HOST_BACKENDS, NO_GPU_BACKEND
 
     found = dict(backends())
     assert found.get("CPU") == 1
     # Every device belongs to a backend, and a GPU is reported as one when a backend finds it.
     assert sum(found.values()) == len(list_devices())
     if not any(d.is_gpu for d in list_devices()):
-        gpu_backends = [n for n in found if n not in ("CPU", "BLAS", "RPC")]
+        gpu_backends = [n for n in found if n not in HOST_BACKENDS]
         why = no_gpu_reason()
         if gpu_backends:
             assert why.startswith(f"this llama.cpp's {gpu_backends[0]} backend found no device")

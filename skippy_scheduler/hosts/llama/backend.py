@@ -126,8 +126,9 @@ def backends() -> list[tuple[str, int]]:
 
 
 def no_gpu_reason() -> str:
-    """Why llama.cpp sees no GPU: no GPU backend in this build, or one that found no device
-    (with its complaint from the log, e.g. a driver older than the CUDA runtime)."""
+    """Why llama.cpp would see no GPU: no GPU backend in this build, or one that found no
+    device (with its complaint from the log, e.g. a driver older than the CUDA runtime).
+    Meaningful only where no device is a GPU."""
     return describe_no_gpu(backends(), recent_log(32))
 
 

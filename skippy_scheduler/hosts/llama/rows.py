@@ -269,11 +269,12 @@ class RowRunner:
         rows' lengths `lens_kept`, beside `lanes_kept`: decode rows, a prompt's last token),
         whose lanes have no row in the plan and room for one more cell, gets one entry per lane,
         at the lane's next position, while the batch has `spare` entries left beyond the plan's
-        (lanes, positions; None when there is nothing to fill). A filler costs about a decode row (its lane's context read
-        once), the break it closes a pass over the weights. Beside a longer row it closes
-        nothing: llama.cpp takes one token of each sequence in the run into the first pass and
-        the rest of the longer row as passes of its own, so a filler between two prompt chunks
-        would add a pass, and one between a chunk and a decode row would save none."""
+        (lanes, positions; None when there is nothing to fill). A filler costs about a decode
+        row (its lane's context read once), the break it closes a pass over the weights. Beside
+        a longer row it closes nothing: llama.cpp takes one token of each sequence in the run
+        into the first pass and the rest of the longer row as passes of its own, so a filler
+        between two prompt chunks would add a pass, and one between a chunk and a decode row
+        would save none."""
         limit = self.gap_fill_max
         if limit <= 0 or len(lanes_kept) < 2 or spare <= 0:
             return None

@@ -95,17 +95,13 @@ class StageRunner:
         try:
             if offload is not None:
                 from ..llama.backend import list_devices, no_gpu_reason
-                from ..offload import (NO_GPU_BACKEND, FitError, ModelFileError,
-                                       footprint_from_gguf, place)
+                from ..offload import FitError, ModelFileError, footprint_from_gguf, place
 
                 try:
-                    devices = list_devices()
                     self.placement = place(
-                        footprint_from_gguf(self.info.path), devices, offload,
+                        footprint_from_gguf(self.info.path), list_devices(), offload,
                         n_ctx=n_ctx, streams=n_seq_max, unified=True, kv_type=kv_type,
-                        n_ubatch=n_batch, flash_attn=bool(flash_attn),
-                        no_gpu=no_gpu_reason() if not any(d.is_gpu for d in devices)
-                        else NO_GPU_BACKEND)
+                        n_ubatch=n_batch, flash_attn=bool(flash_attn), no_gpu=no_gpu_reason())
                 except (FitError, ModelFileError) as exc:
                     raise StageError(f"stage {self.info.index}: {exc}") from None
             self._model = load_model(self.info.path, self.placement)
