@@ -37,11 +37,22 @@ are compared request for request: on a GPU they may differ (llama.cpp's kernels 
 batch-invariant with an f16 KV cache), so the count of equal requests is reported, and only
 `--require-equal` makes a difference fail the run (exit 1).
 
-Printed at the end, written with `--markdown FILE` and appended as JSON lines to `--json FILE`
-(with every load's figures, both command lines, `llama-server --version`, the GPU's name and
-the date): per concurrency, the median over the rounds of each server's figures and ours ÷
-theirs. Progress goes to stderr. Requests time out after `--timeout` s without data, a load
-after `--load-timeout` s, a server start after `--start-timeout` s.
+`--decode-tokens N` adds, to each round, a decode-phase load at the highest concurrency C on
+each server: one wave of C requests of N output tokens (the same prompts), all sent at once.
+From the last request's first token to the first request's end every one of them is decoding
+and nothing else runs: over that stretch, the output rate (streamed token chunks per second)
+and the GPU's mean utilisation (the nvidia-smi samples, each stamped by nvidia-smi itself,
+whose whole period lies in it), the issue's "GPU busy share of the decode phase".
+
+The table: per load, the median over the rounds of each server's figures and ours ÷ theirs;
+written to `--markdown FILE` after every load (so a run cut short leaves the table of what it
+measured), printed at the end, and the medians appended as JSON lines to `--json FILE`, which
+also gets every load's figures as it ends, both command lines, `llama-server --version`, the
+GPU's name and the date. A server that does not start, or a load past its time, is recorded
+as a failed load (its error and the end of the server's log in the JSON line) and the rounds
+go on; SIGINT (Ctrl-C, `timeout -s INT`) stops them, and the table of what was measured is
+still written (exit 130). Progress goes to stderr. Requests time out after `--timeout` s
+without data, a load after `--load-timeout` s, a server start after `--start-timeout` s.
 
 A CPU smoke run (the test's): `--model tiny.gguf --servers ours --concurrency 1,2
 --requests 3 --prompt-tokens 24 --shared-prefix 16 --max-tokens 4 --lanes 2 --ctx-size 1024`.
@@ -59,10 +70,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
-from skippy_bench.loads import closed_args, run_load
+from skippy_bench.loads import chunks_within, closed_args, decode_window, load_result, \
+    load_results
 from skippy_bench.reports import emit, median
 from skippy_bench.servers import OURS, THEIRS, Served, find_llama_server, stop
 
@@ -74,11 +87,22 @@ MEASURES = (("output_tokens_per_s", "output tok/s", 1), ("ttft_p50_s", "TTFT p50
             ("step_wall_ms", "step ms (wall)", 1), ("step_execute_ms", "step ms in the model", 1),
             ("step_engine_ms", "step ms of engine work", 1), ("step_wait_ms", "step ms waited", 1),
             ("host_busy_pct", "model busy % of wall", 1))
+#: The decode-phase load's measures (`--decode-tokens`): over the stretch in which every
+#: request of one wave was decoding, the output rate and the GPU's utilisation; its gaps and
+#: steps over the whole load.
+DECODE_MEASURES = (("decode_tokens_per_s", "decode phase: output tok/s", 1),
+                   ("gpu_util_decode_pct", "decode phase: GPU util mean %", 1),
+                   ("decode_phase_s", "decode phase: seconds", 1),
+                   ("itl_p50_s", "gap p50 ms", 1e3), ("itl_p99_s", "gap p99 ms", 1e3),
+                   ("step_execute_ms", "step ms in the model", 1),
+                   ("step_engine_ms", "step ms of engine work", 1),
+                   ("host_busy_pct", "model busy % of wall", 1))
 #: The step histogram's parts that are the engine thread's own work (serve/metrics.py).
 ENGINE_PARTS = ("before", "plan", "events", "complete")
 _STEP = re.compile(r'^skippy:step_seconds_(sum|count)\{part="(\w+)"\} (\S+)$', re.M)
-SMI_QUERY = ["--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits",
-             "-lms", "500"]
+SMI_PERIOD_S = 0.5
+SMI_QUERY = ["--query-gpu=timestamp,utilization.gpu,memory.used",
+             "--format=csv,noheader,nounits", "-lms", str(int(SMI_PERIOD_S * 1000))]
 
 
 def gpu_model_shape():
@@ -134,42 +158,75 @@ def requests_at(args: argparse.Namespace, c: int) -> int:
     return args.requests if args.requests is not None else max(8, 4 * c)
 
 
-def parse_smi(text: str) -> dict[str, Any]:
-    """Mean and max utilisation and max memory of nvidia-smi's `util, mem` lines (None when
-    there is none)."""
-    util, mem = [], []
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        try:
-            u, m = float(parts[0]), float(parts[1])
-        except (ValueError, IndexError):
-            continue  # "[N/A]", a line cut short by the stop
-        util.append(u)
-        mem.append(m)
-    return {"gpu_samples": len(util),
-            "gpu_util_mean_pct": sum(util) / len(util) if util else None,
-            "gpu_util_max_pct": max(util) if util else None,
-            "gpu_mem_max_mib": max(mem) if mem else None}
+Sample = tuple[Optional[float], float, float]  # (time.perf_counter() or None, util %, MiB)
+
+
+def parse_sample(line: str, clock_offset: float = 0.0) -> Optional[Sample]:
+    """One nvidia-smi line, `[timestamp, ]util, mem`: the sample, its time on
+    `time.perf_counter()`'s clock (the timestamp's epoch seconds less `clock_offset`, that is
+    `time.time() - time.perf_counter()`; None without one), or None for a line without
+    figures ("[N/A]", a line cut short by the stop)."""
+    parts = [p.strip() for p in line.split(",")]
+    at: Optional[float] = None
+    if len(parts) == 3:
+        try:  # nvidia-smi's local time, "2026/12/06 16:30:01.123"
+            at = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp() \
+                - clock_offset
+        except ValueError:
+            return None
+        parts = parts[1:]
+    try:
+        return at, float(parts[0]), float(parts[1])
+    except (ValueError, IndexError):
+        return None
+
+
+def gpu_figures(samples: Sequence[Sample],
+                window: Optional[tuple[float, float]] = None) -> dict[str, Any]:
+    """Mean and max utilisation and max memory of the samples (None when there is none); with
+    a `window` (perf_counter seconds) also the mean utilisation of the samples whose whole
+    period lies in it (nvidia-smi's utilisation is the share of the last period a kernel ran)."""
+    util = [u for _, u, _ in samples]
+    mem = [m for _, _, m in samples]
+    out: dict[str, Any] = {"gpu_samples": len(util),
+                           "gpu_util_mean_pct": sum(util) / len(util) if util else None,
+                           "gpu_util_max_pct": max(util) if util else None,
+                           "gpu_mem_max_mib": max(mem) if mem else None}
+    if window is not None:
+        inside = [u for t, u, _ in samples
+                  if t is not None and window[0] + SMI_PERIOD_S <= t <= window[1]]
+        out["gpu_decode_samples"] = len(inside)
+        out["gpu_util_decode_pct"] = sum(inside) / len(inside) if inside else None
+    return out
+
+
+def parse_smi(text: str, clock_offset: float = 0.0,
+              window: Optional[tuple[float, float]] = None) -> dict[str, Any]:
+    """`gpu_figures` of nvidia-smi's output lines."""
+    samples = [s for s in (parse_sample(ln, clock_offset) for ln in text.splitlines()) if s]
+    return gpu_figures(samples, window)
 
 
 class GpuSampler:
-    """nvidia-smi sampling the GPU every 0.5 s in the background (nothing without it)."""
+    """nvidia-smi sampling the GPU every 0.5 s in the background (nothing without it); each
+    sample carries nvidia-smi's own timestamp, so a pipe's buffering cannot shift it."""
 
     def __init__(self, smi: Optional[str]) -> None:
         self.proc: Optional[subprocess.Popen] = None
+        self.offset = time.time() - time.perf_counter()
         if smi:
             self.out = tempfile.TemporaryFile()
             self.proc = subprocess.Popen([smi, *SMI_QUERY], stdout=self.out,
                                          stderr=subprocess.DEVNULL)
 
-    def stop(self) -> dict[str, Any]:
+    def stop(self, window: Optional[tuple[float, float]] = None) -> dict[str, Any]:
         if self.proc is None:
-            return parse_smi("")
+            return parse_smi("", window=window)
         stop(self.proc)
         self.out.seek(0)
         text = self.out.read().decode("utf-8", "replace")
         self.out.close()
-        return parse_smi(text)
+        return parse_smi(text, self.offset, window)
 
 
 def command_output(cmd: list[str]) -> Optional[str]:
@@ -230,30 +287,49 @@ def step_figures(before: dict[str, tuple[float, float]],
             "host_busy_pct": 100 * execute / wall if wall > 0 else None}
 
 
+def load_name(c: int, decode: bool) -> str:
+    return f"decode c={c}" if decode else f"closed c={c}"
+
+
 def measure(args: argparse.Namespace, cmd: list[str], label: str, c: int, logs: str,
-            smi: Optional[str]) -> dict[str, Any]:
-    """One load on a fresh server: serve_load's closed loop, the GPU sampled meanwhile."""
+            smi: Optional[str], decode: bool = False) -> dict[str, Any]:
+    """One load on a fresh server, the GPU sampled meanwhile: serve_load's closed loop, or with
+    `decode` one wave of `c` requests of `--decode-tokens` output tokens, whose decode phase
+    (every request decoding) gets its own output rate and GPU utilisation. A server that does
+    not start, or a load past `--load-timeout`, is a result with an `error` (the end of the
+    server's log in the message): the rounds go on with the next load."""
+    n = c if decode else requests_at(args, c)
+    base = {"label": label, "load": load_name(c, decode), "concurrency": c, "requests": n,
+            "completed": 0}
     try:
         served = Served(cmd, logs, label, args.start_timeout)
     except RuntimeError as exc:
-        raise SystemExit(f"gpu_rounds: {label} did not start: {exc}\n"
-                         f"--- the end of its log ---\n{log_tail(logs, label)}") from None
-    sampler = None
+        return {**base, "error": f"{label} did not start: {exc}; the end of its log: "
+                                 f"{log_tail(logs, label, 1500)}"}
+    sampler = window = None
     try:
-        load = argparse.Namespace(**{**vars(args), "requests": requests_at(args, c)})
+        load = argparse.Namespace(**{**vars(args), "requests": n})
+        if decode:
+            load.max_tokens = args.decode_tokens
+        load = closed_args(load, served.url, label, c)
         sampler = GpuSampler(smi)
         before = step_sums(served.url)
-        result = asyncio.run(asyncio.wait_for(
-            run_load(closed_args(load, served.url, label, c)),
-            args.load_timeout))
+        results, wall = asyncio.run(asyncio.wait_for(load_results(load), args.load_timeout))
         steps = step_figures(before, step_sums(served.url))
+        result = load_result(load, results, wall)
+        if decode:
+            window = decode_window(results)
+            span = window[1] - window[0] if window else None
+            result["decode_phase_s"] = span
+            result["decode_tokens_per_s"] = (chunks_within(results, *window) / span
+                                             if window and span else None)
     except asyncio.TimeoutError:
-        raise SystemExit(f"gpu_rounds: {label} at concurrency {c} took over "
-                         f"--load-timeout {args.load_timeout} s") from None
+        return {**base, "error": f"{label} at concurrency {c} took over --load-timeout "
+                                 f"{args.load_timeout} s"}
     finally:
-        gpu = sampler.stop() if sampler else {}
+        gpu = sampler.stop(window if decode else None) if sampler else {}
         served.close()
-    return {**result, **gpu, **steps, "load": f"closed c={c}"}
+    return {**result, **gpu, **steps, "load": base["load"]}
 
 
 def count_equal(a: Optional[list], b: Optional[list]) -> tuple[int, int]:
@@ -268,21 +344,29 @@ def finite(x: Any) -> Any:
     return None if isinstance(x, float) and math.isnan(x) else x
 
 
-def summarize(runs: dict[int, dict[str, list[dict[str, Any]]]],
-              equal: dict[int, list[int]], meta: dict[str, Any]) -> list[dict[str, Any]]:
+def summarize(runs: dict[str, dict[str, list[dict[str, Any]]]],
+              equal: dict[str, list[int]], meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per load measured so far (`runs`: load name, server, its results), the medians of each
+    server's figures and ours / theirs (a load that failed counts in `rounds`, not in a
+    median)."""
     rows = []
-    for c, by_server in runs.items():
-        row: dict[str, Any] = {"label": "medians", "load": f"closed c={c}", "concurrency": c,
-                               "requests": next(r["requests"] for v in by_server.values()
-                                                for r in v),
-                               "rounds": min(len(v) for v in by_server.values())}
-        for key, _, _ in MEASURES:
+    for name, by_server in runs.items():
+        done = [r for v in by_server.values() for r in v]
+        if not done:
+            continue
+        decode = name.startswith("decode")
+        row: dict[str, Any] = {"label": "medians", "load": name,
+                               "concurrency": done[0]["concurrency"],
+                               "requests": done[0]["requests"],
+                               "rounds": min(len(v) for v in by_server.values()),
+                               "failed": sum(1 for r in done if r.get("error"))}
+        for key, _, _ in DECODE_MEASURES if decode else MEASURES:
             ours = finite(median(by_server[OURS], key)) if OURS in by_server else None
             theirs = finite(median(by_server[THEIRS], key)) if THEIRS in by_server else None
             row[key] = {OURS: ours, THEIRS: theirs,
                         "ratio": ours / theirs if ours is not None and theirs else None}
         if len(by_server) == 2:
-            row["equal_outputs"], row["compared_outputs"] = equal[c]
+            row["equal_outputs"], row["compared_outputs"] = equal[name]
         rows.append({**row, **meta})
     return rows
 
@@ -309,13 +393,28 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], args: argparse.Na
            f"llama-server {version}",
            f"- {args.prompt_tokens}-token prompts, half sharing a {args.shared_prefix}-token "
            f"prefix, {args.max_tokens} output tokens, greedy, streamed; medians of "
-           f"{rows[0]['rounds'] if rows else 0} alternating rounds, a fresh server per load"]
+           f"{max((r['rounds'] for r in rows), default=0)} alternating rounds, a fresh server "
+           "per load"]
+    if args.decode_tokens:
+        out.append(f"- decode phase: one wave of as many requests as the concurrency, "
+                   f"{args.decode_tokens} output tokens each; its rate and the GPU's "
+                   "utilisation from the last first token to the first end")
     out += [f"- {label}: `{shown(cmd, args)}`" for label, cmd in servers]
+    if len({r["rounds"] for r in rows}) > 1:  # a run cut short: the loads' own counts
+        out.append("- rounds per load: " + ", ".join(f"{r['load']}: {r['rounds']}"
+                                                   for r in rows))
+    failed = sum(r.get("failed", 0) for r in rows)
+    if failed:
+        out.append(f"- {failed} load(s) failed (their errors are in the JSON lines)")
+    if meta.get("interrupted"):
+        out.append("- interrupted: the rounds stopped before their end")
     out += ["", f"| concurrency | requests | measure | {OURS} | {THEIRS} | ours ÷ theirs |",
             "|---:|---:|---|---:|---:|---:|"]
     for row in rows:
-        lead = f"| {row['concurrency']} | {row['requests']} |"
-        for key, name, scale in MEASURES:
+        decode = row["load"].startswith("decode")
+        lead = (f"| {row['concurrency']}{', decode' if decode else ''} | "
+                f"{row['requests']} |")
+        for key, name, scale in DECODE_MEASURES if decode else MEASURES:
             v = row[key]
             vals = [None if v[s] is None else v[s] * scale for s in (OURS, THEIRS)]
             out.append(f"{lead} {name} | {fmt(vals[0])} | {fmt(vals[1])} | {fmt(v['ratio'])} |")
@@ -356,6 +455,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--theirs-args", default="", metavar="FLAGS",
                     help="extra flags for llama-server, after (so overriding) the defaults")
     ap.add_argument("--seed", type=int, default=0, help="of the prompts and of --write-model")
+    ap.add_argument("--decode-tokens", type=int, default=0, metavar="N",
+                    help="after each round's loads, one wave of as many requests as the "
+                         "highest concurrency with N output tokens each, on each server: the "
+                         "decode phase's output rate and GPU utilisation (default 0: none)")
     ap.add_argument("--timeout", type=float, default=600, help="per request without data, s")
     ap.add_argument("--load-timeout", type=float, default=3600, help="per load, s")
     ap.add_argument("--start-timeout", type=float, default=300, help="per server start, s")
@@ -377,9 +480,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not args.model:
         ap.error("--model is required (or --write-model PATH to write one)")
     if (args.rounds < 1 or min(args.concurrency) < 1 or (args.requests or 1) < 1
-            or args.max_tokens < 1 or not 0 < args.shared_prefix < args.prompt_tokens):
+            or args.max_tokens < 1 or not 0 < args.shared_prefix < args.prompt_tokens
+            or args.decode_tokens < 0):
         ap.error("--rounds, --requests, --max-tokens and every --concurrency must be >= 1, "
-                 "and 0 < --shared-prefix < --prompt-tokens")
+                 "--decode-tokens >= 0, and 0 < --shared-prefix < --prompt-tokens")
     theirs = find_llama_server(args.llama_server) if args.servers != "ours" else None
     theirs = shutil.which(theirs) if theirs else None  # a given path too must be a program
     if args.servers != "ours" and not theirs:
@@ -404,24 +508,41 @@ def main(argv: Optional[list[str]] = None) -> int:
     for label, cmd in servers:
         print(f"# {label}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
     print(f"# GPU: {meta['gpu_name'] or 'n/a (no nvidia-smi)'}", file=sys.stderr, flush=True)
-    runs: dict[int, dict[str, list[dict[str, Any]]]] = {
-        c: {label: [] for label, _ in servers} for c in args.concurrency}
-    equal = {c: [0, 0] for c in args.concurrency}
+    loads = [(c, False) for c in args.concurrency]
+    if args.decode_tokens:
+        loads.append((max(args.concurrency), True))
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        load_name(c, d): {label: [] for label, _ in servers} for c, d in loads}
+    equal = {name: [0, 0] for name in runs}
     logs_dir = args.logs or tempfile.mkdtemp(prefix="gpu-rounds-")
     os.makedirs(logs_dir, exist_ok=True)
+
+    def table() -> str:
+        text = markdown(summarize(runs, equal, meta), meta, args, servers)
+        if args.markdown:
+            with open(args.markdown, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        return text
+
     try:
         for rnd in range(1, args.rounds + 1):
-            for c in args.concurrency:
+            for c, decode in loads:
+                name = load_name(c, decode)
                 this: dict[str, dict[str, Any]] = {}
                 for label, cmd in servers:
-                    print(f"# round {rnd}/{args.rounds}: {label}, concurrency {c}, "
-                          f"{requests_at(args, c)} requests", file=sys.stderr, flush=True)
-                    result = measure(args, cmd, label, c, logs_dir, smi)
+                    print(f"# round {rnd}/{args.rounds}: {label}, {name}, "
+                          f"{c if decode else requests_at(args, c)} requests",
+                          file=sys.stderr, flush=True)
+                    result = measure(args, cmd, label, c, logs_dir, smi, decode)
                     result["round"] = rnd
-                    this[label] = result
-                    runs[c][label].append(result)
+                    runs[name][label].append(result)
                     emit({k: finite(v) for k, v in result.items() if k != "outputs"}, args.json)
-                    util = result["gpu_util_mean_pct"]
+                    table()
+                    if result.get("error"):
+                        print(f"#   failed: {result['error']}", file=sys.stderr, flush=True)
+                        continue
+                    this[label] = result
+                    util = result.get("gpu_util_decode_pct" if decode else "gpu_util_mean_pct")
                     print(f"#   {result['completed']}/{result['requests']} done, "
                           f"{result['output_tokens_per_s']:.1f} tok/s, TTFT p50 "
                           f"{result['ttft_p50_s'] * 1e3:.0f} ms, gap p50 "
@@ -431,25 +552,24 @@ def main(argv: Optional[list[str]] = None) -> int:
                           file=sys.stderr, flush=True)
                 if len(this) == 2:
                     same, n = count_equal(this[OURS].get("outputs"), this[THEIRS].get("outputs"))
-                    equal[c][0] += same
-                    equal[c][1] += n
+                    equal[name][0] += same
+                    equal[name][1] += n
                     print(f"#   greedy outputs equal for {same} of {n} requests",
                           file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        meta["interrupted"] = True
+        print("# interrupted: the table of what was measured", file=sys.stderr, flush=True)
     finally:
         if not args.logs:
             shutil.rmtree(logs_dir, ignore_errors=True)
-    rows = summarize(runs, equal, meta)
-    for row in rows:
+    for row in summarize(runs, equal, meta):
         emit(row, args.json)
-    table = markdown(rows, meta, args, servers)
-    print(table)
-    if args.markdown:
-        with open(args.markdown, "w", encoding="utf-8") as fh:
-            fh.write(table)
-    differ = [c for c in args.concurrency if equal[c][0] < equal[c][1]]
+    print(table())
+    if meta.get("interrupted"):
+        return 130
+    differ = [name for name, (same, n) in equal.items() if same < n]
     if differ and args.require_equal:
-        print(f"# greedy outputs differ at concurrency {differ} (--require-equal)",
-              file=sys.stderr)
+        print(f"# greedy outputs differ in {differ} (--require-equal)", file=sys.stderr)
         return 1
     return 0
 

@@ -14,64 +14,60 @@
    (`--require-equal` fails the run on a difference here too).
 
 Exit status 0 when check 1 passed (and checks 2 and 3 with --require-equal); the JSON has the
-startup lines, the answers and the comparison. Each server runs in its own process and is
-stopped after its check; every wait is bounded (`--timeout`).
+startup lines, the answers and the comparison, and is written again after every check, so a
+run cut short keeps what the checks before found. A check that fails (a server that does not
+start, a request that errs) is recorded with its error and the end of the server's log, and
+the next check runs. Each server runs in its own process, its output in `--logs` (default: a
+temporary folder), is ready once `/health` answers, and is stopped after its check; every
+wait is bounded (`--timeout`).
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import itertools
 import json
 import os
 import re
+import shutil
 import signal
-import socket
-import subprocess
 import sys
-import time
-from typing import Any, Optional
+import tempfile
+from typing import Any, Callable, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
+from skippy_bench.servers import Served, log_tail  # noqa: E402
+
+_names = itertools.count(1)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+class CheckFailed(RuntimeError):
+    """A check could not run to its end; the message says why, with the server's log."""
 
 
 class Server:
-    """`skippy-scheduler serve` in a subprocess; its first stderr line is the startup line."""
+    """`skippy-scheduler serve` in a subprocess, its output in `logs`/serve-N.log, ready once
+    `/health` answers; `banner` is its startup line."""
 
-    def __init__(self, model: str, extra: list[str], timeout_s: float) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}/v1"
-        cmd = [sys.executable, "-m", "skippy_scheduler.cli", "serve", "-m", model,
-               "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", "bench",
+    def __init__(self, model: str, extra: list[str], timeout_s: float, logs: str) -> None:
+        cmd = [sys.executable, "-m", "skippy_scheduler.cli", "serve", "-m",
+               os.path.abspath(model), "--host", "127.0.0.1", "--served-model-name", "bench",
                "--log-level", "warning", *extra]
         self.cmd = cmd
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     text=True)
-        self.banner = ""
-        end = time.monotonic() + timeout_s
-        assert self.proc.stderr is not None
-        while time.monotonic() < end:
-            line = self.proc.stderr.readline()
-            if not line:
-                break
-            if line.startswith("skippy-scheduler serve:"):
-                self.banner = line.strip()
-                break
-        if not self.banner:
-            self.stop()
-            raise SystemExit(f"the server did not start: {' '.join(cmd)}")
+        self.log = os.path.join(logs, f"serve-{next(_names)}")
+        try:
+            self.served = Served(cmd, logs, os.path.basename(self.log), timeout_s,
+                                 stop_timeout_s=30)
+        except RuntimeError as exc:
+            raise CheckFailed(f"the server did not start ({exc}): {' '.join(cmd)}; the end "
+                              f"of its log: {log_tail(self.log + '.log', 2000)}") from None
+        self.url = self.served.url + "/v1"
+        with open(self.log + ".log", encoding="utf-8", errors="replace") as fh:
+            self.banner = next((ln.strip() for ln in fh
+                                if ln.startswith("skippy-scheduler serve:")), "")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        self.served.close()
 
 
 def _client(url: str, timeout_s: float) -> Any:
@@ -90,7 +86,7 @@ def _tokens(client: Any, prompt: str, max_tokens: int) -> list[int]:
 
 
 def check_offload(args: argparse.Namespace) -> dict[str, Any]:
-    srv = Server(args.model, [], args.timeout)
+    srv = Server(args.model, [], args.timeout, args.logs)
     try:
         m = re.search(r"(\d+)/(\d+) layers on ([^,)]+)", srv.banner)
         all_on_gpu = bool(m and m.group(1) == m.group(2))
@@ -112,7 +108,7 @@ def _prompts(args: argparse.Namespace) -> list[str]:
 def _exact(args: argparse.Namespace, *extra: str) -> Server:
     """A server with the exact settings (f32 KV, flash attention off), a lane per prompt."""
     return Server(args.model, ["--kv-type", "f32", "-fa", "off", "-np", str(args.prompts),
-                               *extra], args.timeout)
+                               *extra], args.timeout, args.logs)
 
 
 def _all_at_once(client: Any, args: argparse.Namespace) -> list[list[int]]:
@@ -148,8 +144,37 @@ def check_in_flight(args: argparse.Namespace) -> dict[str, Any]:
     with the host's sampling, the same requests at once: the tokens request for request."""
     fast, got = _batched(args, "--inflight", "2", "-bs", "on")
     plain, want = _batched(args, "--inflight", "1", "-bs", "off")
-    return {"commands": [fast.cmd, plain.cmd], "requests": len(got),
-            "equal": sum(a == b for a, b in zip(got, want))}
+    return {"commands": [fast.cmd, plain.cmd], "startup_lines": [fast.banner, plain.banner],
+            "device_sampling": "sampling on the device" in fast.banner,
+            "requests": len(got), "equal": sum(a == b for a, b in zip(got, want))}
+
+
+CHECKS: tuple[tuple[str, Callable[[argparse.Namespace], dict[str, Any]]], ...] = (
+    ("offload", check_offload), ("batch_invariance", check_batch_invariance),
+    ("in_flight", check_in_flight))
+
+
+def run_checks(args: argparse.Namespace) -> dict[str, Any]:
+    """Every check in turn, the JSON (`--json`) written after each; a check that fails is
+    recorded as {"error": ...} and the next one runs. SIGINT stops them: what was found stays."""
+    out: dict[str, Any] = {}
+
+    def write() -> None:
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                json.dump(out, fh, indent=2)
+
+    try:
+        for name, check in CHECKS:
+            try:
+                out[name] = check(args)
+            except Exception as exc:  # a failed check is a finding, not the end of the run
+                out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            write()
+    except KeyboardInterrupt:
+        out["interrupted"] = True
+        write()
+    return out
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -164,19 +189,27 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="fail unless alone and batched greedy tokens are equal, and the "
                     "GPU path's equal one plan at a time sampled on the host")
     ap.add_argument("--json", metavar="FILE", help="write the results here")
+    ap.add_argument("--logs", metavar="DIR", help="keep the servers' output here (default: a "
+                    "temporary folder, removed at the end)")
     args = ap.parse_args(argv)
     if not os.path.isfile(args.model):
         ap.error(f"--model: no such file: {args.model}")
-    out = {"offload": check_offload(args), "batch_invariance": check_batch_invariance(args),
-           "in_flight": check_in_flight(args)}
+    keep = args.logs is not None
+    args.logs = os.path.abspath(args.logs) if keep else tempfile.mkdtemp(prefix="check-offload-")
+    os.makedirs(args.logs, exist_ok=True)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stopped: keep what was found
+    try:
+        out = run_checks(args)
+    finally:
+        if not keep:
+            shutil.rmtree(args.logs, ignore_errors=True)
     print(json.dumps(out, indent=2))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(out, fh, indent=2)
-    ok = out["offload"]["all_layers_on_gpu"] and out["offload"]["chat_answered"]
+    ok = bool(out.get("offload", {}).get("all_layers_on_gpu")
+              and out.get("offload", {}).get("chat_answered"))
     if args.require_equal:
-        ok = ok and all(out[k]["equal"] == out[k]["requests"]
-                        for k in ("batch_invariance", "in_flight"))
+        for k in ("batch_invariance", "in_flight"):
+            got = out.get(k, {})
+            ok = ok and got.get("requests") is not None and got.get("equal") == got["requests"]
     return 0 if ok else 1
 
 

@@ -55,7 +55,7 @@ if [[ ! -x $W/b/bin/llama-server && -f $pre && ${PREBUILT:-1} != 0 && ${CUDA:-ON
   fi
   if [[ -n $why ]]; then
     say "prebuilt llama.cpp not usable here ($why); building it"
-  elif ! LD_LIBRARY_PATH=$W/pre/bin${cuda_lib:+:$cuda_lib} timeout 120 "$W/pre/bin/llama-server" --list-devices > "$W/prebuilt.log" 2>&1; then
+  elif ! LD_LIBRARY_PATH=$W/pre/bin${cuda_lib:+:$cuda_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} timeout 120 "$W/pre/bin/llama-server" --list-devices > "$W/prebuilt.log" 2>&1; then
     say "prebuilt llama-server does not start here ($(tail -1 "$W/prebuilt.log")); building it"; cuda_lib=
   elif command -v nvidia-smi > /dev/null && nvidia-smi -L 2> /dev/null | grep -q '^GPU' \
       && ! grep -q 'CUDA0' "$W/prebuilt.log"; then
@@ -87,7 +87,7 @@ mkdir -p "$site/llama_cpp/lib" && cp -a "$W"/b/bin/*.so* "$site/llama_cpp/lib/"
 wait $pj
 [[ $(cat "$W/proj.rc") == 0 ]] || { say "project install failed"; tail -15 "$W/proj-install.log"; exit 1; }
 cat > "$W/env.sh" <<ENV
-export PYTHONPATH=$W/projsite:$site LD_LIBRARY_PATH=$W/b/bin${cuda_lib:+:$cuda_lib} LLAMA_SERVER=$W/b/bin/llama-server
+export PYTHONPATH=$W/projsite:$site LD_LIBRARY_PATH=$W/b/bin${cuda_lib:+:$cuda_lib}\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH} LLAMA_SERVER=$W/b/bin/llama-server
 ENV
 . "$W/env.sh"
 # From $W: in the project's root, python3 -c would import the source tree (no compiled modules).

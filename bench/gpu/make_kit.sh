@@ -21,7 +21,8 @@ if [[ -z $S ]]; then
   tar xzf "$d"/llama_cpp_python-0.3.36.tar.gz -C "$d"; S=$d/llama_cpp_python-0.3.36
 fi
 K=$(pwd)/.gpu; rm -rf "$K"; mkdir -p "$K/whl"
-grep -qx '/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude
+ex=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$ex")"  # a worktree's too
+grep -qx '/.gpu/' "$ex" 2> /dev/null || echo '/.gpu/' >> "$ex"
 # llama.cpp trimmed to what the libraries and llama-server build from: no other backends, no
 # examples, the web UI's build files without its assets.
 t=$(mktemp -d); L=$S/vendor/llama.cpp; D=$t/llama.cpp; mkdir -p "$D/tools/ui" "$D/scripts"

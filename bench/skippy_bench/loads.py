@@ -174,16 +174,53 @@ async def closed_loop(c: httpx.AsyncClient, prompts: Sequence[str], args,
 async def run_load(args) -> dict:
     """`serve_load.py run`: the closed loop of `args` (the options of LOAD_DEFAULTS, and url)
     against one server; its figures as one result."""
+    results, wall = await load_results(args)
+    return load_result(args, results, wall)
+
+
+async def load_results(args) -> tuple[list[Result], float]:
+    """The closed loop of `args` (after its warm-up request when asked): every request's
+    `Result`, in prompt order, and the loop's wall time."""
     prompts = make_prompts(args.requests, args.prompt_tokens, args.shared_prefix,
                            args.shared_fraction, args.seed)
     async with client(args.url, args.timeout, args.concurrency) as c:
         if args.warmup:
             await one(c, prompts[0][: len(prompts[0]) // 8], argparse.Namespace(
                 **{**vars(args), "max_tokens": 4}))
-        results, wall = await closed_loop(c, prompts, args, args.concurrency)
+        return await closed_loop(c, prompts, args, args.concurrency)
+
+
+def load_result(args, results: Sequence[Result], wall: float) -> dict:
+    """`run_load`'s result: the outputs when `args.outputs`, and `load_figures`."""
     outputs = ({"outputs": [r.text if r.ok else None for r in results]}
                if getattr(args, "outputs", False) else {})
     return {**outputs, **load_figures(args, results, wall)}
+
+
+def decode_window(results: Sequence[Optional[Result]]) -> Optional[tuple[float, float]]:
+    """Of one wave of requests (all sent at once, none sent after): the stretch in which every
+    one of them was decoding, from the last first token to the first end (`time.perf_counter`
+    seconds); None when a request failed or the stretch is empty."""
+    if not results or any(r is None or not r.ok for r in results):
+        return None
+    start = max(r.first for r in results if r is not None)
+    end = min(r.end for r in results if r is not None)
+    return (start, end) if end > start else None
+
+
+def chunks_within(results: Sequence[Optional[Result]], start: float, end: float) -> int:
+    """How many streamed chunks with tokens arrived in (`start`, `end`]: each request's first
+    chunk at `first`, the next ones its gaps after it."""
+    n = 0
+    for r in results:
+        if r is None or not r.ok:
+            continue
+        t = r.first
+        n += start < t <= end
+        for g in r.gaps:
+            t += g
+            n += start < t <= end
+    return n
 
 
 def load_figures(args, results: Sequence[Result], wall: float) -> dict:

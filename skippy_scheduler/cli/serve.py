@@ -419,8 +419,12 @@ def run(args: argparse.Namespace) -> int:
              if s.prefix_cache_tokens else "no prefix reuse")
     where = (f"{server.fitted.placement.line()}, " if server.fitted is not None
              else "layers on each stage's devices, ")
+    host_settings = getattr(server.host, "settings", None)
+    sampling = (", sampling on the device" if isinstance(host_settings, dict)
+                and host_settings.get("backend_sampling") else "")
     print(f"skippy-scheduler serve: {ctx.model_name} on http://{args.host}:{args.port}/v1 "
-          f"({where}{args.max_active} lanes of {ctx.n_ctx_seq} tokens, {rule}, {reuse}, chat "
+          f"({where}{args.max_active} lanes of {ctx.n_ctx_seq} tokens{sampling}, {rule}, "
+          f"{reuse}, chat "
           f"template {ctx.chat.source}); Ctrl-C stops", file=sys.stderr, flush=True)
     if server.warmup is not None:
         print(f"skippy-scheduler serve: {server.warmup.describe()}", file=sys.stderr, flush=True)

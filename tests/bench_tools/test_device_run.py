@@ -1,6 +1,9 @@
 """bench/gpu/device_run.sh on the CPU (SETUP=0: the packages of this environment): the
-offload checks run against the tiny model and their summary reaches progress.log; a budget too
-short for a phase skips it and says so; a missing kit is named."""
+offload checks run against the tiny model and their summary reaches progress.log; what comes
+back is at most six files (a device call brings back eight), the rest packed; a budget too
+short for a phase skips it and says so; a missing kit is named. And check_offload.py alone:
+a check that cannot start its server is recorded with the server's own complaint, and the
+next check runs."""
 from __future__ import annotations
 
 import json
@@ -8,11 +11,13 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "bench", "gpu", "device_run.sh")
+CHECKS = os.path.join(ROOT, "bench", "gpu", "check_offload.py")
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
                                 reason="needs bash and coreutils' timeout")
@@ -44,8 +49,19 @@ def test_the_checks_run_and_are_summarised(tmp_path, model_path):
     assert flight["requests"] == 8 and flight["equal"] == 8
     assert ["--inflight", "2", "-bs", "on"] == flight["commands"][0][-4:]
     assert "depth 2 + device sampling = depth 1 + host: 8 of 8" in progress
+    # -bs on samples with llama.cpp's samplers (on its CPU backend here): the line says so
+    assert flight["device_sampling"] is True and "sampled on the device: True" in progress
+    assert "sampling on the device" in flight["startup_lines"][0]
+    assert "sampling on the device" not in flight["startup_lines"][1]  # -bs off
     assert progress.rstrip().endswith("done")
     assert "gpu_rounds" not in progress  # ROUNDS=0
+    came_back = sorted(os.listdir(out))
+    assert came_back == ["details.tar.gz", "devices.txt", "offload-check.json", "progress.log"]
+    with tarfile.open(out / "details.tar.gz") as tar:
+        names = tar.getnames()
+    assert "./offload-check.log" in names
+    serve_logs = [n for n in names if n.startswith("./logs/checks/serve-")]
+    assert len(serve_logs) == 4  # a server per check, two for the last
 
 
 def test_a_short_budget_skips_what_cannot_finish(tmp_path, model_path):
@@ -59,3 +75,19 @@ def test_without_the_kit_it_says_what_to_run(tmp_path):
     proc, progress = run(tmp_path, cwd=str(tmp_path), MODEL=str(tmp_path / "m.gguf"))
     assert proc.returncode == 1
     assert "make_kit.sh" in progress and not (tmp_path / "m.gguf").exists()
+
+
+def test_a_check_whose_server_does_not_start_is_recorded_and_the_next_runs(tmp_path):
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 40)  # a GGUF cut short
+    out = tmp_path / "check.json"
+    proc = subprocess.run([sys.executable, CHECKS, "--model", str(bad), "--timeout", "60",
+                           "--json", str(out), "--logs", str(tmp_path / "logs")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    got = json.loads(out.read_text())
+    assert set(got) == {"offload", "batch_invariance", "in_flight"}
+    for name, found in got.items():
+        assert "the server did not start" in found["error"], name
+        assert "cut.gguf" in found["error"]  # the server's own line, from its log
+    assert len(list((tmp_path / "logs").glob("serve-*.log"))) == 3

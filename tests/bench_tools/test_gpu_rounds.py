@@ -5,19 +5,26 @@ processes."""
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import stat
+import sys
+import time
 
 import gpu_rounds
 import pytest
+from skippy_bench.loads import Result, chunks_within, decode_window
 
 from skippy_scheduler.hosts.tiny_model import parameter_count, write_tiny_llama
 
 FAKE_SMI = """#!/bin/sh
 case "$1" in
   --query-gpu=name) echo "Fake GPU 141GB" ;;
-  *) while true; do echo "40, 1000"; echo "80, 3000"; echo "[N/A], [N/A]"; sleep 0.1; done ;;
+  *) while true; do
+       t=$(date +"%Y/%m/%d %H:%M:%S.%3N")
+       echo "$t, 40, 1000"; echo "$t, 80, 3000"; echo "$t, [N/A], [N/A]"; sleep 0.1
+     done ;;
 esac
 """
 
@@ -61,6 +68,56 @@ def test_gpu_samples_and_their_absence():
     assert none["gpu_samples"] == 0 and none["gpu_util_mean_pct"] is None
 
 
+def test_samples_in_a_window_count_when_their_whole_period_is_in_it():
+    offset = time.time() - time.perf_counter()
+    now = datetime.datetime.now()
+
+    def line(after_s: float, util: int) -> str:
+        at = now + datetime.timedelta(seconds=after_s)
+        return f"{at.strftime('%Y/%m/%d %H:%M:%S.%f')[:-3]}, {util}, 100"
+
+    text = "\n".join([line(0.0, 10), line(0.5, 20), line(1.0, 90), line(1.5, 70),
+                      line(2.0, 5), "garbage, 1, 2", "1, 2, 3"])
+    t0 = now.timestamp() - offset  # the first sample's time on perf_counter's clock
+    got = gpu_rounds.parse_smi(text, offset, window=(t0 + 0.45, t0 + 1.55))
+    assert got["gpu_samples"] == 5 and got["gpu_util_max_pct"] == 90
+    assert got["gpu_decode_samples"] == 2 and got["gpu_util_decode_pct"] == 80.0
+    empty = gpu_rounds.parse_smi(text, offset, window=(t0 + 0.1, t0 + 0.4))
+    assert empty["gpu_decode_samples"] == 0 and empty["gpu_util_decode_pct"] is None
+    # Without timestamps (an older query) no sample is placed in a window.
+    assert gpu_rounds.parse_smi("10, 1\n20, 2", window=(0, 1e12))["gpu_decode_samples"] == 0
+
+
+def test_the_decode_window_of_one_wave():
+    a = Result(ok=True, sent=0.0, first=1.0, end=4.0, gaps=[1.0, 1.0, 1.0])  # 1, 2, 3, 4
+    b = Result(ok=True, sent=0.0, first=2.5, end=5.0, gaps=[1.0, 1.5])  # 2.5, 3.5, 5
+    assert decode_window([a, b]) == (2.5, 4.0)
+    assert chunks_within([a, b], 2.5, 4.0) == 3  # a at 3 and 4, b at 3.5
+    assert decode_window([a, Result(ok=False)]) is None  # a failed request: no window
+    late = Result(ok=True, sent=0.0, first=4.5, end=6.0)
+    assert decode_window([a, late]) is None  # a finished before the other started
+
+
+def test_a_server_that_does_not_start_is_a_failed_load_and_the_rounds_go_on(tmp_path, capsys):
+    md, out = tmp_path / "t.md", tmp_path / "r.jsonl"
+    broken = [sys.executable, "-c", "import sys; print('no such model', file=sys.stderr); "
+              "sys.exit(3)"]
+    args = namespace(argv=["--start-timeout", "30", "--concurrency", "1,2"])
+    results = [gpu_rounds.measure(args, broken, gpu_rounds.OURS, c, str(tmp_path), None)
+               for c in (1, 2)]
+    for c, r in zip((1, 2), results):
+        assert r["load"] == f"closed c={c}" and r["completed"] == 0
+        assert "did not start" in r["error"] and "no such model" in r["error"]
+    runs = {"closed c=1": {gpu_rounds.OURS: [results[0]]},
+            "closed c=2": {gpu_rounds.OURS: [results[1]]}}
+    rows = gpu_rounds.summarize(runs, {}, {"date": "d"})
+    assert [r["failed"] for r in rows] == [1, 1]
+    assert rows[0]["output_tokens_per_s"][gpu_rounds.OURS] is None
+    args.decode_tokens = 0
+    text = gpu_rounds.markdown(rows, {"date": "d"}, args, [(gpu_rounds.OURS, broken)])
+    assert "2 load(s) failed" in text and "| 1 | 8 | output tok/s | n/a |" in text
+
+
 def test_the_gpu_model_has_085_b_parameters():
     assert round(parameter_count(gpu_rounds.gpu_model_shape()) / 1e9, 2) == 0.85
 
@@ -80,7 +137,7 @@ def test_smoke_run_writes_the_table_and_json_lines(tmp_path, monkeypatch, capsys
         "--concurrency", "1,2", "--requests", "3", "--prompt-tokens", "24",
         "--shared-prefix", "16", "--max-tokens", "4", "--lanes", "2", "--ctx-size", "1024",
         "--threads", "1", "--start-timeout", "120", "--load-timeout", "300",
-        "--markdown", str(md), "--json", str(out)]) == 0
+        "--decode-tokens", "6", "--markdown", str(md), "--json", str(out)]) == 0
     servers = [gpu_rounds.OURS] + ([gpu_rounds.THEIRS] if both else [])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     run = rows[0]
@@ -88,9 +145,16 @@ def test_smoke_run_writes_the_table_and_json_lines(tmp_path, monkeypatch, capsys
     assert set(run["commands"]) == set(servers) and run["date"]
     # -ngl all where this serve has --n-gpu-layers, nothing where it has not
     assert ("-ngl" in run["commands"][gpu_rounds.OURS]) == gpu_rounds.serve_has_ngl()
-    loads = [r for r in rows if r["label"] in servers]
+    decodes = [r for r in rows if r["label"] in servers and r["load"] == "decode c=2"]
+    loads = [r for r in rows if r["label"] in servers and r["load"].startswith("closed")]
     assert sorted((r["label"], r["concurrency"], r["round"]) for r in loads) == sorted(
         (s, c, n) for s in servers for c in (1, 2) for n in (1, 2))
+    assert sorted((r["label"], r["round"]) for r in decodes) == sorted(
+        (s, n) for s in servers for n in (1, 2))
+    for r in decodes:  # one wave of 2 requests of 6 tokens
+        assert r["completed"] == 2 and r["output_tokens"] == 12 and "error" not in r
+        if r["decode_phase_s"] is not None:  # both decoding at once for a while
+            assert r["decode_tokens_per_s"] > 0 and r["gpu_decode_samples"] >= 0
     for r in loads:
         assert r["completed"] == 3 and "outputs" not in r and r["output_tokens"] == 12
         assert r["gpu_samples"] >= 1 and r["gpu_util_max_pct"] == 80.0
@@ -101,8 +165,10 @@ def test_smoke_run_writes_the_table_and_json_lines(tmp_path, monkeypatch, capsys
             assert 0 < r["host_busy_pct"] <= 100
         else:  # llama-server has none
             assert r["steps"] is None and r["host_busy_pct"] is None
-    medians = {r["concurrency"]: r for r in rows if r["label"] == "medians"}
+    medians = {r["concurrency"]: r for r in rows
+               if r["label"] == "medians" and r["load"].startswith("closed")}
     assert set(medians) == {1, 2}
+    assert [r["load"] for r in rows if r["label"] == "medians"][-1] == "decode c=2"
     for c, row in medians.items():
         assert row["rounds"] == 2 and row["requests"] == 3
         values = sorted(r["output_tokens_per_s"] for r in loads
@@ -121,7 +187,9 @@ def test_smoke_run_writes_the_table_and_json_lines(tmp_path, monkeypatch, capsys
     assert str(tmp_path) not in table and os.sep + "python" not in table
     head = lines.index(next(ln for ln in lines if ln.startswith("| concurrency |")))
     body = [ln for ln in lines[head + 2:] if ln.startswith("|")]
-    assert len(body) == 2 * (len(gpu_rounds.MEASURES) + both)
+    assert len(body) == 2 * (len(gpu_rounds.MEASURES) + both) + \
+        len(gpu_rounds.DECODE_MEASURES) + both
+    assert any(ln.startswith("| 2, decode | 2 | decode phase: GPU util mean % |") for ln in body)
     assert any(ln.startswith("| 1 | 3 | step ms in the model |") for ln in body)
     assert all(ln.count("|") == 7 for ln in lines[head:head + 2] + body)
     assert any(ln.startswith("| 2 | 3 | GPU util max % | 80 |") for ln in body)
