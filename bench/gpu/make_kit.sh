@@ -17,7 +17,7 @@ P=$(pwd)
 S=${1:-}
 if [[ -z $S ]]; then
   d=$(mktemp -d)
-  python3 -m pip download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d "$d"  # a minute or two
+  python3 -m pip download -q --no-deps --no-binary llama-cpp-python llama-cpp-python==0.3.36 -d "$d"  # the sdist, not its build tools: those come as wheels
   tar xzf "$d"/llama_cpp_python-0.3.36.tar.gz -C "$d"; S=$d/llama_cpp_python-0.3.36
 fi
 K=$(pwd)/.gpu; rm -rf "$K"; mkdir -p "$K/whl"
