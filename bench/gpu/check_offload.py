@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from skippy_bench.servers import Served, log_tail  # noqa: E402
 
 _names = itertools.count(1)
+_last_log: list[str] = []  # the log of the server started last
 
 
 class CheckFailed(RuntimeError):
@@ -55,6 +56,7 @@ class Server:
                "--log-level", "warning", *extra]
         self.cmd = cmd
         self.log = os.path.join(logs, f"serve-{next(_names)}")
+        _last_log[:] = [self.log + ".log"]
         try:
             self.served = Served(cmd, logs, os.path.basename(self.log), timeout_s,
                                  stop_timeout_s=30)
@@ -168,8 +170,12 @@ def run_checks(args: argparse.Namespace) -> dict[str, Any]:
         for name, check in CHECKS:
             try:
                 out[name] = check(args)
-            except Exception as exc:  # a failed check is a finding, not the end of the run
+            except CheckFailed as exc:  # its message has the server's log
                 out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            except Exception as exc:  # a failed check is a finding, not the end of the run
+                tail = log_tail(_last_log[0], 1500) if _last_log else ""
+                out[name] = {"error": f"{type(exc).__name__}: {exc}"
+                             + (f"; the end of the last server's log: {tail}" if tail else "")}
             write()
     except KeyboardInterrupt:
         out["interrupted"] = True

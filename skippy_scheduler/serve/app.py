@@ -168,11 +168,18 @@ def _bound_length(ctx: ServeContext, text: str, prompt_field: str) -> None:
     most = limit * ctx.limits.max_piece_bytes
     if 4 * len(text) <= most:  # UTF-8 takes at most 4 bytes a character
         return
-    if len(text) > most or len(text.encode("utf-8")) > most:
-        raise RequestError(
-            f"This model's maximum context length is {limit} tokens, but the prompt is longer "
-            f"than {limit} tokens of at most {ctx.limits.max_piece_bytes} bytes each can hold.",
-            param=prompt_field, code="context_length_exceeded")
+    if len(text) > most:  # at least a byte a character: no need to encode it all
+        size = f"at least {len(text)}"
+    else:
+        n = len(text.encode("utf-8"))
+        if n <= most:
+            return
+        size = str(n)
+    raise RequestError(
+        f"This model's maximum context length is {limit} tokens, but the prompt ({size} "
+        f"bytes) is longer than {limit} tokens can hold (at most "
+        f"{ctx.limits.max_piece_bytes} bytes each).",
+        param=prompt_field, code="context_length_exceeded")
 
 
 async def _wait_disconnect(receive: Receive) -> None:

@@ -91,3 +91,17 @@ def test_a_check_whose_server_does_not_start_is_recorded_and_the_next_runs(tmp_p
         assert "the server did not start" in found["error"], name
         assert "cut.gguf" in found["error"]  # the server's own line, from its log
     assert len(list((tmp_path / "logs").glob("serve-*.log"))) == 3
+
+
+def test_a_check_whose_requests_fail_is_recorded_with_the_server_log(tmp_path, model_path):
+    out = tmp_path / "check.json"
+    proc = subprocess.run([sys.executable, CHECKS, "--model", str(model_path), "--timeout", "60",
+                           "--prompts", "2", "--prompt-words", "3000", "--json", str(out),
+                           "--logs", str(tmp_path / "logs")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    got = json.loads(out.read_text())
+    assert got["offload"]["chat_answered"] is True  # its chat is short: it ran
+    for name in ("batch_invariance", "in_flight"):  # prompts past a lane's context: refused
+        assert got[name]["error"].startswith("BadRequestError"), got[name]
+        assert "the end of the last server's log" in got[name]["error"]

@@ -8,6 +8,7 @@ httpx and the `openai` client otherwise.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -135,6 +136,8 @@ def test_a_prompt_too_long_for_a_lane_is_refused_before_tokenizing(srv):
         err = r.json()["error"]
         assert err["code"] == "context_length_exceeded" and err["param"] == "prompt"
         assert "bytes each" in err["message"]  # the length bound's message, not the tokens'
+        assert re.search(r"the prompt \((at least )?\d+ bytes\) is longer than \d+ tokens can "
+                         r"hold", err["message"]), err["message"]
     assert probe.worst < 1.0, probe.worst  # reading and decoding 8 × 0.9 MB takes its time
     assert srv.rss_bytes() - rss0 < 32 << 20, (rss0, srv.rss_bytes())
 
