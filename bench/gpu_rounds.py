@@ -39,10 +39,15 @@ batch-invariant with an f16 KV cache), so the count of equal requests is reporte
 
 `--decode-tokens N` adds, to each round, a decode-phase load at the highest concurrency C on
 each server: one wave of C requests of N output tokens (the same prompts), all sent at once.
-From the last request's first token to the first request's end every one of them is decoding
+From the last request's first token to the earliest last token every one of them is decoding
 and nothing else runs: over that stretch, the output rate (streamed token chunks per second)
 and the GPU's mean utilisation (the nvidia-smi samples, each stamped by nvidia-smi itself,
-whose whole period lies in it), the issue's "GPU busy share of the decode phase".
+taken at least a second into it: the driver averages utilisation over a period of up to a
+second, so an earlier sample would count prefill; their number is in the table), the issue's
+"GPU busy share of the decode phase". Its rate counts streamed chunks (one token each unless a
+server merged some: `tokens_per_chunk` in the JSON lines says). A lane must hold a prompt and
+its output tokens: `--prompt-tokens` plus `--max-tokens` or `--decode-tokens` at most
+`--ctx-size` / `--lanes`, else the run is refused.
 
 The table: per load, the median over the rounds of each server's figures and ours ÷ theirs;
 written to `--markdown FILE` after every load (so a run cut short leaves the table of what it
@@ -92,6 +97,7 @@ MEASURES = (("output_tokens_per_s", "output tok/s", 1), ("ttft_p50_s", "TTFT p50
 #: steps over the whole load.
 DECODE_MEASURES = (("decode_tokens_per_s", "decode phase: output tok/s", 1),
                    ("gpu_util_decode_pct", "decode phase: GPU util mean %", 1),
+                   ("gpu_decode_samples", "decode phase: GPU samples", 1),
                    ("decode_phase_s", "decode phase: seconds", 1),
                    ("itl_p50_s", "gap p50 ms", 1e3), ("itl_p99_s", "gap p99 ms", 1e3),
                    ("step_execute_ms", "step ms in the model", 1),
@@ -101,6 +107,9 @@ DECODE_MEASURES = (("decode_tokens_per_s", "decode phase: output tok/s", 1),
 ENGINE_PARTS = ("before", "plan", "events", "complete")
 _STEP = re.compile(r'^skippy:step_seconds_(sum|count)\{part="(\w+)"\} (\S+)$', re.M)
 SMI_PERIOD_S = 0.5
+#: How far into a window a sample must be taken to count for it: NVML averages a GPU's
+#: utilisation over its own sample period, between 1/6 s and 1 s depending on the product.
+SMI_AVERAGED_S = 1.0
 SMI_QUERY = ["--query-gpu=timestamp,utilization.gpu,memory.used",
              "--format=csv,noheader,nounits", "-lms", str(int(SMI_PERIOD_S * 1000))]
 
@@ -184,8 +193,9 @@ def parse_sample(line: str, clock_offset: float = 0.0) -> Optional[Sample]:
 def gpu_figures(samples: Sequence[Sample],
                 window: Optional[tuple[float, float]] = None) -> dict[str, Any]:
     """Mean and max utilisation and max memory of the samples (None when there is none); with
-    a `window` (perf_counter seconds) also the mean utilisation of the samples whose whole
-    period lies in it (nvidia-smi's utilisation is the share of the last period a kernel ran)."""
+    a `window` (perf_counter seconds) also the mean utilisation of the samples taken at least
+    `SMI_AVERAGED_S` into it (nvidia-smi's utilisation is the share of the driver's last sample
+    period a kernel ran, a period of up to a second)."""
     util = [u for _, u, _ in samples]
     mem = [m for _, _, m in samples]
     out: dict[str, Any] = {"gpu_samples": len(util),
@@ -194,7 +204,7 @@ def gpu_figures(samples: Sequence[Sample],
                            "gpu_mem_max_mib": max(mem) if mem else None}
     if window is not None:
         inside = [u for t, u, _ in samples
-                  if t is not None and window[0] + SMI_PERIOD_S <= t <= window[1]]
+                  if t is not None and window[0] + SMI_AVERAGED_S <= t <= window[1]]
         out["gpu_decode_samples"] = len(inside)
         out["gpu_util_decode_pct"] = sum(inside) / len(inside) if inside else None
     return out
@@ -398,7 +408,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], args: argparse.Na
     if args.decode_tokens:
         out.append(f"- decode phase: one wave of as many requests as the concurrency, "
                    f"{args.decode_tokens} output tokens each; its rate and the GPU's "
-                   "utilisation from the last first token to the first end")
+                   "utilisation from the last first token to the earliest last token")
     out += [f"- {label}: `{shown(cmd, args)}`" for label, cmd in servers]
     if len({r["rounds"] for r in rows}) > 1:  # a run cut short: the loads' own counts
         out.append("- rounds per load: " + ", ".join(f"{r['load']}: {r['rounds']}"
@@ -484,6 +494,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             or args.decode_tokens < 0):
         ap.error("--rounds, --requests, --max-tokens and every --concurrency must be >= 1, "
                  "--decode-tokens >= 0, and 0 < --shared-prefix < --prompt-tokens")
+    lane = args.ctx_size // args.lanes
+    if args.prompt_tokens + max(args.max_tokens, args.decode_tokens) > lane:
+        ap.error(f"a lane holds {lane} tokens (--ctx-size {args.ctx_size} / --lanes "
+                 f"{args.lanes}): --prompt-tokens {args.prompt_tokens} plus --max-tokens "
+                 f"{args.max_tokens} or --decode-tokens {args.decode_tokens} does not fit")
     theirs = find_llama_server(args.llama_server) if args.servers != "ours" else None
     theirs = shutil.which(theirs) if theirs else None  # a given path too must be a program
     if args.servers != "ours" and not theirs:

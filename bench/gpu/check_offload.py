@@ -59,7 +59,7 @@ class Server:
         _last_log[:] = [self.log + ".log"]
         try:
             self.served = Served(cmd, logs, os.path.basename(self.log), timeout_s,
-                                 stop_timeout_s=30)
+                                 stop_timeout_s=10)
         except RuntimeError as exc:
             raise CheckFailed(f"the server did not start ({exc}): {' '.join(cmd)}; the end "
                               f"of its log: {log_tail(self.log + '.log', 2000)}") from None

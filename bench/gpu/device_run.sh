@@ -1,9 +1,10 @@
 #!/bin/bash
 # Every GPU check in one command, within a time budget, for a few minutes on a GPU machine:
-# the kit's setup (bench/gpu/device_setup.sh, from .gpu/), the 0.85 B model written while
-# llama.cpp builds, the offload checks (check_offload.py), then rounds of gpu_rounds.py (this
-# server beside llama-server at concurrency 1, 16, 64) while time is left. Run it from the
-# project's root with the kit in .gpu/ (bench/gpu/make_kit.sh):
+# the setup (this checkout's bench/gpu/device_setup.sh on the kit in .gpu/: llama.cpp prebuilt
+# or built, this checkout installed), the 0.85 B model written while llama.cpp builds, the
+# offload checks (check_offload.py), then rounds of gpu_rounds.py (this server beside
+# llama-server at concurrency 1, 16, 64, and a decode-phase load) while time is left. Run it
+# from the project's root with the kit in .gpu/ (bench/gpu/make_kit.sh):
 #
 #   bash bench/gpu/device_run.sh [OUT_DIR]        # default: $OUT, else ./gpu-out
 #
@@ -19,7 +20,7 @@
 # what is left is skipped and says so), GPU_WORK (/tmp/gw), MODEL (default
 # $GPU_WORK/bench-0.85b-f16.gguf, written when missing), CHECKS (0: skip the offload checks),
 # ROUNDS (gpu_rounds.py's rounds, default 1; 0 skips them), CONCURRENCY (default 1,16,64),
-# DECODE_TOKENS (gpu_rounds.py's --decode-tokens, default 256; 0: no decode-phase load),
+# DECODE_TOKENS (gpu_rounds.py's --decode-tokens, default 384; 0: no decode-phase load),
 # THREADS (both servers' threads, default half the cores), OURS_ARGS (default '-fa off
 # --kv-type f16': llama-server's kernels), SETUP (0: no kit setup; the packages are already
 # importable and LLAMA_SERVER is set), PYTHON (default python3), plus device_setup.sh's own
@@ -44,7 +45,8 @@ rm -rf "$D"; mkdir -p "$D/logs"
 T0=$SECONDS
 left() { echo $((BUDGET - (SECONDS - T0))); }
 say() { echo "[$((SECONDS - T0))s] $*" | tee -a "$OUT_DIR/progress.log" >&2; }
-pack() { tar czf "$OUT_DIR/details.tar.gz.part" -C "$D" . 2> /dev/null \
+# tar's status 1 is "a file changed as it was read" (a log still written): the archive is whole.
+pack() { tar czf "$OUT_DIR/details.tar.gz.part" -C "$D" . 2> /dev/null; (( $? <= 1 )) \
   && mv "$OUT_DIR/details.tar.gz.part" "$OUT_DIR/details.tar.gz"; }
 trap pack EXIT
 
@@ -114,7 +116,7 @@ if [[ ${CHECKS:-1} != 0 ]]; then
   if (( $(left) > 120 )); then
     cap=$(( $(left) - 20 )); (( cap > ${CHECKS_S:-240} )) && cap=${CHECKS_S:-240}
     say "offload checks (at most ${cap}s)"
-    timeout -s INT -k 15 "$cap" "$PY" "$ROOT/bench/gpu/check_offload.py" --model "$MODEL" \
+    timeout -s INT -k 30 "$cap" "$PY" "$ROOT/bench/gpu/check_offload.py" --model "$MODEL" \
       --timeout 90 --json "$OUT_DIR/offload-check.json" --logs "$D/logs/checks" \
       > "$D/offload-check.log" 2>&1
     rc=$?
@@ -126,7 +128,7 @@ print("all layers on a GPU:", o.get("all_layers_on_gpu"), "| chat answered:", o.
       "| greedy alone = batched:", b.get("equal"), "of", b.get("requests"),
       "| depth 2 + device sampling = depth 1 + host:", f.get("equal"), "of", f.get("requests"),
       "| sampled on the device:", f.get("device_sampling"), "|", o.get("startup_line"),
-      *("| %s failed: %s" % (k, v["error"][:300]) for k, v in d.items()
+      *("| %s failed: %s" % (k, " ".join(v["error"][:300].split())) for k, v in d.items()
         if isinstance(v, dict) and v.get("error")),
       "| interrupted" if d.get("interrupted") else "")' "$OUT_DIR/offload-check.json" 2>&1 | tail -1)"
   else
@@ -139,15 +141,16 @@ fi
 if [[ ${ROUNDS:-1} != 0 ]]; then
   if (( $(left) > 150 )); then
     cap=$(( $(left) - 25 )); (( cap > ${ROUNDS_S:-600} )) && cap=${ROUNDS_S:-600}
-    say "gpu_rounds: ${ROUNDS:-1} round(s) at concurrency ${CONCURRENCY:-1,16,64}, decode phase ${DECODE_TOKENS:-256} tokens, $THREADS threads (at most ${cap}s)"
+    say "gpu_rounds: ${ROUNDS:-1} round(s) at concurrency ${CONCURRENCY:-1,16,64}, decode phase ${DECODE_TOKENS:-384} tokens, $THREADS threads (at most ${cap}s)"
     timeout -s INT -k 15 "$cap" "$PY" "$ROOT/bench/gpu_rounds.py" --model "$MODEL" \
       --rounds "${ROUNDS:-1}" --concurrency "${CONCURRENCY:-1,16,64}" \
-      --decode-tokens "${DECODE_TOKENS:-256}" --threads "$THREADS" \
+      --decode-tokens "${DECODE_TOKENS:-384}" --threads "$THREADS" \
       --timeout 60 --start-timeout 150 --load-timeout 240 \
       --ours-args="${OURS_ARGS:--fa off --kv-type f16}" --markdown "$OUT_DIR/gpu-rounds.md" \
       --json "$OUT_DIR/gpu-rounds.jsonl" --logs "$D/logs/rounds" > "$D/gpu-rounds.log" 2>&1
     rc=$?
-    say "gpu_rounds ended ($rc): $(grep -c '"label": "medians"' "$OUT_DIR/gpu-rounds.jsonl" 2> /dev/null || echo 0) load(s) summarised; last: $(grep '^#' "$D/gpu-rounds.log" | tail -2 | tr '\n' ';' | head -c 400)"
+    n=$(grep -c '"label": "medians"' "$OUT_DIR/gpu-rounds.jsonl" 2> /dev/null); : "${n:=0}"
+    say "gpu_rounds ended ($rc): $n load(s) summarised; last: $(grep '^#' "$D/gpu-rounds.log" | tail -2 | tr '\n' ';' | head -c 400)"
   else
     say "gpu_rounds skipped: $(left)s left"
   fi

@@ -199,12 +199,13 @@ def load_result(args, results: Sequence[Result], wall: float) -> dict:
 
 def decode_window(results: Sequence[Optional[Result]]) -> Optional[tuple[float, float]]:
     """Of one wave of requests (all sent at once, none sent after): the stretch in which every
-    one of them was decoding, from the last first token to the first end (`time.perf_counter`
-    seconds); None when a request failed or the stretch is empty."""
+    one of them was decoding, from the last first token to the first last token (each
+    request's chunks arrive at `first` and its gaps after; `time.perf_counter` seconds); None
+    when a request failed or the stretch is empty."""
     if not results or any(r is None or not r.ok for r in results):
         return None
     start = max(r.first for r in results if r is not None)
-    end = min(r.end for r in results if r is not None)
+    end = min(r.first + sum(r.gaps) for r in results if r is not None)
     return (start, end) if end > start else None
 
 

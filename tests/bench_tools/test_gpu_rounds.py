@@ -50,6 +50,13 @@ def test_commands_carry_the_workload_flags():
     assert [gpu_rounds.requests_at(args, c) for c in (1, 16, 64)] == [8, 64, 256]
 
 
+def test_a_lane_must_hold_the_prompt_and_its_output(capsys):
+    with pytest.raises(SystemExit) as exc:  # 65536 / 64 = 1024 < 512 + 600
+        gpu_rounds.main(["--model", "m.gguf", "--servers", "ours", "--decode-tokens", "600"])
+    assert exc.value.code == 2
+    assert "a lane holds 1024 tokens" in capsys.readouterr().err
+
+
 def test_a_missing_llama_server_is_named(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("LLAMA_SERVER", raising=False)
@@ -77,12 +84,13 @@ def test_samples_in_a_window_count_when_their_whole_period_is_in_it():
         return f"{at.strftime('%Y/%m/%d %H:%M:%S.%f')[:-3]}, {util}, 100"
 
     text = "\n".join([line(0.0, 10), line(0.5, 20), line(1.0, 90), line(1.5, 70),
-                      line(2.0, 5), "garbage, 1, 2", "1, 2, 3"])
+                      line(2.0, 50), "garbage, 1, 2", "1, 2, 3"])
     t0 = now.timestamp() - offset  # the first sample's time on perf_counter's clock
-    got = gpu_rounds.parse_smi(text, offset, window=(t0 + 0.45, t0 + 1.55))
+    # Counted: the samples taken at least SMI_AVERAGED_S (1 s) into the window, up to its end.
+    got = gpu_rounds.parse_smi(text, offset, window=(t0 + 0.45, t0 + 2.05))
     assert got["gpu_samples"] == 5 and got["gpu_util_max_pct"] == 90
-    assert got["gpu_decode_samples"] == 2 and got["gpu_util_decode_pct"] == 80.0
-    empty = gpu_rounds.parse_smi(text, offset, window=(t0 + 0.1, t0 + 0.4))
+    assert got["gpu_decode_samples"] == 2 and got["gpu_util_decode_pct"] == 60.0
+    empty = gpu_rounds.parse_smi(text, offset, window=(t0 + 0.1, t0 + 1.0))
     assert empty["gpu_decode_samples"] == 0 and empty["gpu_util_decode_pct"] is None
     # Without timestamps (an older query) no sample is placed in a window.
     assert gpu_rounds.parse_smi("10, 1\n20, 2", window=(0, 1e12))["gpu_decode_samples"] == 0
@@ -96,6 +104,10 @@ def test_the_decode_window_of_one_wave():
     assert decode_window([a, Result(ok=False)]) is None  # a failed request: no window
     late = Result(ok=True, sent=0.0, first=4.5, end=6.0)
     assert decode_window([a, late]) is None  # a finished before the other started
+    # A stream whose last token came before the other's first is not decoding beside it, even
+    # when its end (the stream's close) came later.
+    short = Result(ok=True, sent=0.0, first=1.0, end=3.0, gaps=[0.5])  # tokens at 1, 1.5
+    assert decode_window([short, Result(ok=True, first=2.0, end=4.0, gaps=[1.0])]) is None
 
 
 def test_a_server_that_does_not_start_is_a_failed_load_and_the_rounds_go_on(tmp_path, capsys):
