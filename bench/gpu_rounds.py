@@ -59,6 +59,11 @@ go on; SIGINT (Ctrl-C, `timeout -s INT`) stops them, and the table of what was m
 still written (exit 130). Progress goes to stderr. Requests time out after `--timeout` s
 without data, a load after `--load-timeout` s, a server start after `--start-timeout` s.
 
+`--merge A.jsonl B.jsonl ...` runs nothing: it reads the loads, the output comparisons and
+the run lines that earlier runs wrote with `--json` (say two calls on one lent machine, each
+with the rounds that fit) and writes one table of their medians taken together; runs of
+another workload (model, servers, concurrency, sizes, threads, flags) are refused.
+
 A CPU smoke run (the test's): `--model tiny.gguf --servers ours --concurrency 1,2
 --requests 3 --prompt-tokens 24 --shared-prefix 16 --max-tokens 4 --lanes 2 --ctx-size 1024`.
 """
@@ -67,6 +72,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import json
 import math
 import os
 import re
@@ -376,7 +382,7 @@ def summarize(runs: dict[str, dict[str, list[dict[str, Any]]]],
             row[key] = {OURS: ours, THEIRS: theirs,
                         "ratio": ours / theirs if ours is not None and theirs else None}
         if len(by_server) == 2:
-            row["equal_outputs"], row["compared_outputs"] = equal[name]
+            row["equal_outputs"], row["compared_outputs"] = equal.get(name, (0, 0))
         rows.append({**row, **meta})
     return rows
 
@@ -398,7 +404,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], args: argparse.Na
     version = meta.get("llama_server_version") or ""
     version = next((ln for ln in version.splitlines() if ln.startswith("version")),
                    version.splitlines()[0] if version else "n/a")
-    out = [f"{OURS} against {THEIRS}, {meta['date']}", "",
+    dates = meta.get("merged") or [meta["date"]]
+    out = [f"{OURS} against {THEIRS}, {', '.join(dates)}", "",
            f"- model: {os.path.basename(args.model)}; GPU: {meta.get('gpu_name') or 'n/a'}; "
            f"llama-server {version}",
            f"- {args.prompt_tokens}-token prompts, half sharing a {args.shared_prefix}-token "
@@ -478,7 +485,71 @@ def build_parser() -> argparse.ArgumentParser:
                     help="keep the servers' logs here (default: a temporary folder)")
     ap.add_argument("--json", help="append every load, the medians and the run as JSON lines")
     ap.add_argument("--markdown", help="write the table here")
+    ap.add_argument("--merge", nargs="+", metavar="JSONL",
+                    help="run nothing: the table of the loads recorded in these --json files "
+                         "(earlier runs of the same workload, e.g. two calls on one machine), "
+                         "their medians taken together; --markdown and --json as for a run")
     return ap
+
+
+#: The options that make two runs' loads the same workload (`--merge` refuses others).
+WORKLOAD = ("model", "servers", "concurrency", "requests", "prompt_tokens", "shared_prefix",
+            "max_tokens", "lanes", "ctx_size", "threads", "ngl", "ours_args", "theirs_args",
+            "seed", "decode_tokens")
+
+
+def merge(args: argparse.Namespace) -> int:
+    """`--merge`: the loads, output comparisons and run lines of earlier runs' JSON lines, one
+    table of their medians; runs of another workload (`WORKLOAD`) are refused."""
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    equal: dict[str, list[int]] = {}
+    metas: list[dict[str, Any]] = []
+    for path in args.merge:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+        except OSError as exc:
+            raise SystemExit(f"gpu_rounds --merge: {exc}") from None
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise SystemExit(f"gpu_rounds --merge: {path}:{n} is not JSON ({exc})") from None
+            label = row.get("label")
+            if label == "run":
+                metas.append(row)
+            elif label in (OURS, THEIRS):
+                runs.setdefault(row["load"], {}).setdefault(label, []).append(row)
+            elif label == "equal":
+                got = equal.setdefault(row["load"], [0, 0])
+                got[0] += row["equal"]
+                got[1] += row["compared"]
+    if not metas:
+        raise SystemExit("gpu_rounds --merge: no run line in " + ", ".join(args.merge)
+                         + " (files written by --json)")
+    parsed = [build_parser().parse_args(m["argv"][2:]) for m in metas]
+    for other, m in zip(parsed[1:], metas[1:]):
+        differ = [k for k in WORKLOAD if getattr(other, k) != getattr(parsed[0], k)]
+        if differ:
+            flags = ", ".join("--" + k.replace("_", "-") for k in differ)
+            raise SystemExit(f"gpu_rounds --merge: the run of {m['date']} differs from that of "
+                             f"{metas[0]['date']} in {flags}")
+    servers = list(metas[0]["commands"].items())
+    for by_server in runs.values():
+        for label, _ in servers:
+            by_server.setdefault(label, [])
+    meta = {**metas[0], "merged": [m["date"] for m in metas], "interrupted": None}
+    rows = summarize(runs, equal, meta)
+    for row in rows:
+        emit(row, args.json)
+    text = markdown(rows, meta, parsed[0], servers)
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    return 0
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -487,6 +558,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.write_model:
         write_model(args.write_model, args.seed)
         return 0
+    if args.merge:
+        return merge(args)
     if not args.model:
         ap.error("--model is required (or --write-model PATH to write one)")
     if (args.rounds < 1 or min(args.concurrency) < 1 or (args.requests or 1) < 1
@@ -569,6 +642,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     same, n = count_equal(this[OURS].get("outputs"), this[THEIRS].get("outputs"))
                     equal[name][0] += same
                     equal[name][1] += n
+                    emit({"label": "equal", "load": name, "round": rnd, "equal": same,
+                          "compared": n}, args.json)
+                    table()
                     print(f"#   greedy outputs equal for {same} of {n} requests",
                           file=sys.stderr, flush=True)
     except KeyboardInterrupt:

@@ -130,6 +130,55 @@ def test_a_server_that_does_not_start_is_a_failed_load_and_the_rounds_go_on(tmp_
     assert "2 load(s) failed" in text and "| 1 | 8 | output tok/s | n/a |" in text
 
 
+def _run_line(date: str, *argv: str) -> dict:
+    return {"label": "run", "date": date, "argv": ["python", "bench/gpu_rounds.py",
+                                                   "--model", "m.gguf", *argv],
+            "commands": {gpu_rounds.OURS: ["python", "-m", "skippy_scheduler.cli", "serve"],
+                         gpu_rounds.THEIRS: ["llama-server", "-m", "m.gguf"]},
+            "gpu_name": "Fake GPU", "llama_server_version": "version: 1 (abc)"}
+
+
+def _load(label: str, rate: float, rnd: int) -> dict:
+    return {"label": label, "load": "closed c=1", "concurrency": 1, "requests": 8,
+            "completed": 8, "output_tokens_per_s": rate, "round": rnd}
+
+
+def test_merge_takes_the_medians_of_several_runs(tmp_path, capsys):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    ours, theirs = gpu_rounds.OURS, gpu_rounds.THEIRS
+    a.write_text("\n".join(json.dumps(r) for r in [
+        _run_line("d1", "--concurrency", "1"), _load(ours, 100, 1), _load(theirs, 50, 1),
+        {"label": "equal", "load": "closed c=1", "round": 1, "equal": 8, "compared": 8},
+        _load(ours, 120, 2), _load(theirs, 60, 2),
+        {"label": "equal", "load": "closed c=1", "round": 2, "equal": 7, "compared": 8}]))
+    b.write_text("\n".join(json.dumps(r) for r in [
+        _run_line("d2", "--concurrency", "1", "--rounds", "1"), _load(ours, 200, 1),
+        _load(theirs, 40, 1), {"label": "equal", "load": "closed c=1", "round": 1,
+                               "equal": 8, "compared": 8}]) + "\n")
+    md, out = tmp_path / "t.md", tmp_path / "m.jsonl"
+    assert gpu_rounds.main(["--merge", str(a), str(b), "--markdown", str(md),
+                            "--json", str(out)]) == 0
+    (row,) = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert row["rounds"] == 3 and row["merged"] == ["d1", "d2"]
+    assert row["output_tokens_per_s"] == {ours: 120, theirs: 50, "ratio": 2.4}
+    assert (row["equal_outputs"], row["compared_outputs"]) == (23, 24)
+    table = md.read_text()
+    assert "d1, d2" in table and "medians of 3 alternating rounds" in table
+    assert "| 1 | 8 | output tok/s | 120 | 50 | 2.4 |" in table
+    assert "| 1 | 8 | equal greedy outputs | 23 of 24 | | |" in table
+    # Another workload is refused, naming what differs.
+    c = tmp_path / "c.jsonl"
+    c.write_text(json.dumps(_run_line("d3", "--concurrency", "1", "--max-tokens", "32")))
+    with pytest.raises(SystemExit, match="differs .* in --max-tokens"):
+        gpu_rounds.main(["--merge", str(a), str(c)])
+    loads_only = tmp_path / "d.jsonl"
+    loads_only.write_text(json.dumps(_load(ours, 1, 1)))
+    with pytest.raises(SystemExit, match="no run line"):
+        gpu_rounds.main(["--merge", str(loads_only)])
+    with pytest.raises(SystemExit, match="t.md:1 is not JSON"):
+        gpu_rounds.main(["--merge", str(md)])
+
+
 def test_the_gpu_model_has_085_b_parameters():
     assert round(parameter_count(gpu_rounds.gpu_model_shape()) / 1e9, 2) == 0.85
 
@@ -202,6 +251,10 @@ def test_smoke_run_writes_the_table_and_json_lines(tmp_path, monkeypatch, capsys
     assert len(body) == 2 * (len(gpu_rounds.MEASURES) + both) + \
         len(gpu_rounds.DECODE_MEASURES) + both
     assert any(ln.startswith("| 2, decode | 2 | decode phase: GPU util mean % |") for ln in body)
+    # The run's JSON lines make the same table again (--merge, as for several runs).
+    again = tmp_path / "again.md"
+    assert gpu_rounds.main(["--merge", str(out), "--markdown", str(again)]) == 0
+    assert again.read_text() == table
     assert any(ln.startswith("| 1 | 3 | step ms in the model |") for ln in body)
     assert all(ln.count("|") == 7 for ln in lines[head:head + 2] + body)
     assert any(ln.startswith("| 2 | 3 | GPU util max % | 80 |") for ln in body)
