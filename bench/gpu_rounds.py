@@ -360,6 +360,14 @@ def finite(x: Any) -> Any:
     return None if isinstance(x, float) and math.isnan(x) else x
 
 
+def median_of(results: Sequence[dict[str, Any]], key: str) -> Optional[float]:
+    """The median of `key` over the results that have a value for it, NaN (no value: a load
+    without a gap has no gap percentile) counted as none; None when none has one. The same
+    whether the results are fresh or read back from the JSON lines, where NaN is written as
+    null."""
+    return finite(median([{key: finite(r.get(key))} for r in results], key))
+
+
 def summarize(runs: dict[str, dict[str, list[dict[str, Any]]]],
               equal: dict[str, list[int]], meta: dict[str, Any]) -> list[dict[str, Any]]:
     """Per load measured so far (`runs`: load name, server, its results), the medians of each
@@ -377,8 +385,8 @@ def summarize(runs: dict[str, dict[str, list[dict[str, Any]]]],
                                "rounds": min(len(v) for v in by_server.values()),
                                "failed": sum(1 for r in done if r.get("error"))}
         for key, _, _ in DECODE_MEASURES if decode else MEASURES:
-            ours = finite(median(by_server[OURS], key)) if OURS in by_server else None
-            theirs = finite(median(by_server[THEIRS], key)) if THEIRS in by_server else None
+            ours = median_of(by_server[OURS], key) if OURS in by_server else None
+            theirs = median_of(by_server[THEIRS], key) if THEIRS in by_server else None
             row[key] = {OURS: ours, THEIRS: theirs,
                         "ratio": ours / theirs if ours is not None and theirs else None}
         if len(by_server) == 2:

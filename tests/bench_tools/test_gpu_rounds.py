@@ -179,6 +179,13 @@ def test_merge_takes_the_medians_of_several_runs(tmp_path, capsys):
         gpu_rounds.main(["--merge", str(md)])
 
 
+def test_a_load_without_a_value_does_not_spoil_the_median():
+    nan = float("nan")
+    rows = [{"x": 2.0}, {"x": nan}, {"x": None}, {}, {"x": 4.0}]
+    assert gpu_rounds.median_of(rows, "x") == 3.0
+    assert gpu_rounds.median_of([{"x": nan}], "x") is None
+
+
 def test_the_gpu_model_has_085_b_parameters():
     assert round(parameter_count(gpu_rounds.gpu_model_shape()) / 1e9, 2) == 0.85
 
