@@ -10,8 +10,8 @@
 #
 # A second run on the same machine finds the build and the model in $GPU_WORK and goes straight
 # to the checks, so a first call can set up and a second measure. What it learns is in OUT_DIR
-# as soon as it is known, in at most six files (a device call brings back eight): progress.log
-# (each phase with its second and its outcome), devices.txt (serve --list-devices),
+# as soon as it is known, in at most six files (for runners that bring back only a few):
+# progress.log (each phase with its second and its outcome), devices.txt (serve --list-devices),
 # offload-check.json, gpu-rounds.md (rewritten after every load) and gpu-rounds.jsonl, and
 # details.tar.gz, packed again after every phase, with the rest: gpu.txt (nvidia-smi),
 # setup.log and the setup's own logs where it failed, model.log, offload-check.log,

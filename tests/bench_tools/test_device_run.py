@@ -1,6 +1,6 @@
 """bench/gpu/device_run.sh on the CPU (SETUP=0: the packages of this environment): the
 offload checks run against the tiny model and their summary reaches progress.log; what comes
-back is at most six files (a device call brings back eight), the rest packed; a budget too
+back is at most six files (for runners that bring back only a few), the rest packed; a budget too
 short for a phase skips it and says so; a missing kit is named. And check_offload.py alone:
 a check that cannot start its server is recorded with the server's own complaint, and the
 next check runs."""
