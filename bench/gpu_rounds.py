@@ -78,6 +78,7 @@ import os
 import re
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -87,7 +88,7 @@ from typing import Any, Optional, Sequence
 
 from skippy_bench.loads import chunks_within, closed_args, decode_window, load_result, \
     load_results
-from skippy_bench.reports import emit, median
+from skippy_bench.reports import emit
 from skippy_bench.servers import OURS, THEIRS, Served, find_llama_server, stop
 
 # (key in a load's result, name in the table, scale for the table)
@@ -335,7 +336,7 @@ def measure(args: argparse.Namespace, cmd: list[str], label: str, c: int, logs: 
         result = load_result(load, results, wall)
         if decode:
             window = decode_window(results)
-            span = window[1] - window[0] if window else None
+            span = window[1] - window[0] if window else None  # a window is never empty
             result["decode_phase_s"] = span
             result["decode_tokens_per_s"] = (chunks_within(results, *window) / span
                                              if window and span else None)
@@ -365,7 +366,8 @@ def median_of(results: Sequence[dict[str, Any]], key: str) -> Optional[float]:
     without a gap has no gap percentile) counted as none; None when none has one. The same
     whether the results are fresh or read back from the JSON lines, where NaN is written as
     null."""
-    return finite(median([{key: finite(r.get(key))} for r in results], key))
+    values = [v for r in results if (v := finite(r.get(key))) is not None]
+    return statistics.median(values) if values else None
 
 
 def summarize(runs: dict[str, dict[str, list[dict[str, Any]]]],
@@ -548,7 +550,7 @@ def merge(args: argparse.Namespace) -> int:
     for by_server in runs.values():
         for label, _ in servers:
             by_server.setdefault(label, [])
-    meta = {**metas[0], "merged": [m["date"] for m in metas], "interrupted": None}
+    meta = {**metas[0], "merged": [m["date"] for m in metas]}
     rows = summarize(runs, equal, meta)
     for row in rows:
         emit(row, args.json)

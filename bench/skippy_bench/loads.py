@@ -202,10 +202,11 @@ def decode_window(results: Sequence[Optional[Result]]) -> Optional[tuple[float, 
     one of them was decoding, from the last first token to the first last token (each
     request's chunks arrive at `first` and its gaps after; `time.perf_counter` seconds); None
     when a request failed or the stretch is empty."""
-    if not results or any(r is None or not r.ok for r in results):
+    done = [r for r in results if r is not None and r.ok]
+    if not done or len(done) < len(results):
         return None
-    start = max(r.first for r in results if r is not None)
-    end = min(r.first + sum(r.gaps) for r in results if r is not None)
+    start = max(r.first for r in done)
+    end = min(r.first + sum(r.gaps) for r in done)
     return (start, end) if end > start else None
 
 

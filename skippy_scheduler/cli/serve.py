@@ -424,8 +424,8 @@ def run(args: argparse.Namespace) -> int:
                 and host_settings.get("backend_sampling") else "")
     print(f"skippy-scheduler serve: {ctx.model_name} on http://{args.host}:{args.port}/v1 "
           f"({where}{args.max_active} lanes of {ctx.n_ctx_seq} tokens{sampling}, {rule}, "
-          f"{reuse}, chat "
-          f"template {ctx.chat.source}); Ctrl-C stops", file=sys.stderr, flush=True)
+          f"{reuse}, chat template {ctx.chat.source}); Ctrl-C stops", file=sys.stderr,
+          flush=True)
     if server.warmup is not None:
         print(f"skippy-scheduler serve: {server.warmup.describe()}", file=sys.stderr, flush=True)
     try:

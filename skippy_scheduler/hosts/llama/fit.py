@@ -53,7 +53,9 @@ def resolve(model_path: Union[str, os.PathLike[str]], spec: OffloadSpec, *, n_ct
     is the llama.cpp context as it is (run, calibrate, stage)."""
     fp = footprint_from_gguf(model_path)
     devs = list_devices() if devices is None else devices
-    no_gpu = no_gpu_reason() if devices is None else NO_GPU_BACKEND  # read only without GPUs
+    # Why no GPU, asked of llama.cpp only where it lists none (and devices were not given).
+    no_gpu = (no_gpu_reason() if devices is None and not any(d.is_gpu for d in devs)
+              else NO_GPU_BACKEND)
     host = next((d for d in devs if d.kind == "cpu"), None)
     gpus_possible = spec.n_gpu_layers != 0 and any(d.is_gpu for d in devs) and \
         tuple(n.lower() for n in spec.devices) != ("none",)
