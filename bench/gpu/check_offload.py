@@ -29,6 +29,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -40,6 +41,7 @@ from skippy_bench.servers import Served, log_tail  # noqa: E402
 
 _names = itertools.count(1)
 _last_log: list[str] = []  # the log of the server started last
+_server_args: list[str] = []  # --server-args: given to every server
 
 
 class CheckFailed(RuntimeError):
@@ -53,7 +55,7 @@ class Server:
     def __init__(self, model: str, extra: list[str], timeout_s: float, logs: str) -> None:
         cmd = [sys.executable, "-m", "skippy_scheduler.cli", "serve", "-m",
                os.path.abspath(model), "--host", "127.0.0.1", "--served-model-name", "bench",
-               "--log-level", "warning", *extra]
+               "--log-level", "warning", *_server_args, *extra]
         self.cmd = cmd
         self.log = os.path.join(logs, f"serve-{next(_names)}")
         _last_log[:] = [self.log + ".log"]
@@ -194,7 +196,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--json", metavar="FILE", help="write the results here")
     ap.add_argument("--logs", metavar="DIR", help="keep the servers' output here (default: a "
                     "temporary folder, removed at the end)")
+    ap.add_argument("--server-args", default="", metavar="FLAGS",
+                    help="more flags for every server, e.g. '--rpc 127.0.0.1:50052' (a "
+                         "llama.cpp RPC server as the device, docs/gpu.md)")
     args = ap.parse_args(argv)
+    _server_args[:] = shlex.split(args.server_args)
     if not os.path.isfile(args.model):
         ap.error(f"--model: no such file: {args.model}")
     keep = args.logs is not None

@@ -303,6 +303,10 @@ def stage_worker_args(args: argparse.Namespace, stages: int) -> list[list[str]]:
     `--stage-devices` giving each its device."""
     from .offload import offload_argv
 
+    if getattr(args, "rpc", ()):
+        raise CommandError("--rpc with --stages: an RPC server serves one process at a time and "
+                           "each local stage worker is a process of its own; start the stages "
+                           "with `skippy-scheduler stage ... --rpc HOST:PORT` (docs/gpu.md)")
     base = offload_argv(args)
     devices = tuple(getattr(args, "stage_devices", ()) or ())
     if devices and len(devices) != stages:

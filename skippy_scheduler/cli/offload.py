@@ -2,6 +2,7 @@
 
     -ngl/--n-gpu-layers N|auto|all   -sm/--split-mode none|layer|row   -ts/--tensor-split 3,1
     -mg/--main-gpu I                 -dev/--device CUDA0[,CUDA1]       --list-devices
+    --rpc HOST:PORT[,HOST:PORT]
 
 `auto` (the default) puts every layer on the GPUs when the weights and the KV cache fit their
 free memory with a margin, else the most layers that fit (hosts/offload.py); on a llama.cpp
@@ -13,8 +14,8 @@ import argparse
 import sys
 from typing import Any, Optional, Sequence
 
-from ..hosts.offload import (CPU_BATCH, NO_GPU_BACKEND, GiB, OffloadSpec, SPLIT_MODES,
-                             parse_layers, parse_tensor_split)
+from ..hosts.offload import (CPU_BATCH, NO_GPU_BACKEND, GiB, OffloadSpec, RpcError,
+                             SPLIT_MODES, parse_layers, parse_rpc_servers, parse_tensor_split)
 from ._common import CommandError
 
 
@@ -28,6 +29,13 @@ def _layers(text: str) -> Any:
 def _split(text: str) -> tuple[float, ...]:
     try:
         return parse_tensor_split(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _rpc(text: str) -> tuple[str, ...]:
+    try:
+        return parse_rpc_servers(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -58,19 +66,24 @@ class _ListDevices(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: Optional[str] = None) -> None:
         try:
-            print(devices_text())
+            print(devices_text(getattr(namespace, "rpc", ())))
         except CommandError as exc:
             parser.error(str(exc))
         parser.exit(0)
 
 
-def devices_text() -> str:
-    """The devices llama.cpp sees, one line each, with their free and total memory."""
+def devices_text(rpc: Sequence[str] = ()) -> str:
+    """The devices llama.cpp sees, one line each, with their free and total memory (`rpc`:
+    RPC servers registered first, as `--rpc` given before `--list-devices`)."""
     try:
-        from ..hosts.llama.backend import list_devices, no_gpu_reason
+        from ..hosts.llama.backend import add_rpc_servers, list_devices, no_gpu_reason
     except ImportError as exc:
         raise CommandError(f"llama.cpp is not available ({exc}); install it with: "
                            "pip install 'skippy-scheduler[llama]'") from None
+    try:
+        add_rpc_servers(rpc)
+    except RpcError as exc:
+        raise CommandError(str(exc)) from None
     devices = list_devices()
     lines = ["Available devices:"]
     for d in devices:
@@ -105,6 +118,10 @@ def add_offload_options(p: argparse.ArgumentParser) -> None:
                    metavar="DEV[,DEV...]",
                    help="the GPUs to use, by the names --list-devices prints, or none for the "
                         "CPU only (default: every GPU)")
+    g.add_argument("--rpc", type=_rpc, default=(), metavar="HOST:PORT[,...]",
+                   help="llama.cpp RPC servers whose devices join this process's as RPC0, "
+                        "RPC1, ... (GPUs to llama.cpp); give it before --list-devices "
+                        "(default: none)")
     g.add_argument("--list-devices", action=_ListDevices,
                    help="print the devices llama.cpp sees, with their free and total memory, "
                         "and exit")
@@ -113,7 +130,7 @@ def add_offload_options(p: argparse.ArgumentParser) -> None:
 def offload_spec(args: argparse.Namespace) -> OffloadSpec:
     return OffloadSpec(n_gpu_layers=args.n_gpu_layers, split_mode=args.split_mode,
                        tensor_split=tuple(args.tensor_split), main_gpu=args.main_gpu,
-                       devices=tuple(args.device))
+                       devices=tuple(args.device), rpc=tuple(getattr(args, "rpc", ())))
 
 
 def offload_argv(args: argparse.Namespace) -> list[str]:
@@ -123,6 +140,8 @@ def offload_argv(args: argparse.Namespace) -> list[str]:
         out += ["-ts", ",".join(f"{v:g}" for v in args.tensor_split)]
     if args.device:
         out += ["-dev", ",".join(args.device)]
+    if getattr(args, "rpc", ()):
+        out += ["--rpc", ",".join(args.rpc)]
     return out
 
 
@@ -137,7 +156,7 @@ def resolve_for(args: argparse.Namespace, model: str, *, n_ctx: Optional[int], l
         return resolve(model, offload_spec(args), n_ctx=n_ctx, lanes=lanes, holders=holders,
                        unified=unified, share_ctx=share_ctx, kv_type=args.kv_type,
                        flash_attn=args.flash_attn, n_batch=n_batch, cpu_batch=cpu_batch)
-    except (FitError, ModelFileError) as exc:
+    except (FitError, ModelFileError, RpcError) as exc:
         raise CommandError(str(exc)) from None
 
 

@@ -93,6 +93,14 @@ def run(args: argparse.Namespace) -> int:
     from ..hosts.stages.split import SplitError
     from ..hosts.stages.worker import StageWorker
 
+    if args.rpc:  # refused now, not when the driver first opens the stage
+        from ..hosts.llama.backend import add_rpc_servers
+        from ..hosts.offload import RpcError
+
+        try:
+            add_rpc_servers(args.rpc)
+        except RpcError as exc:
+            raise CommandError(str(exc)) from None
     try:
         from .offload import offload_spec
 

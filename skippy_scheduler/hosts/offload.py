@@ -58,6 +58,11 @@ class ModelFileError(ValueError):
     """A model file that cannot be read as a GGUF model (truncated, foreign, missing keys)."""
 
 
+class RpcError(ValueError):
+    """An RPC server (`--rpc`) that cannot be used: no RPC backend in this llama.cpp, nothing
+    answering at the address, or a server that offers no device."""
+
+
 @dataclass(frozen=True)
 class Device:
     """A device as llama.cpp reports it (`ggml_backend_dev_*`)."""
@@ -106,6 +111,7 @@ class OffloadSpec:
     tensor_split: tuple[float, ...] = ()
     main_gpu: int = 0
     devices: tuple[str, ...] = ()       # -dev: names, or ("none",) for the CPU only
+    rpc: tuple[str, ...] = ()           # --rpc: llama.cpp RPC servers (host:port) as devices
 
 
 @dataclass(frozen=True)
@@ -165,6 +171,19 @@ def parse_tensor_split(text: str) -> tuple[float, ...]:
     if not values or any(not (v >= 0 and math.isfinite(v)) for v in values) or not any(values):
         raise ValueError(f"expected non-negative proportions, not all 0, got {text!r}")
     return values
+
+
+def parse_rpc_servers(text: str) -> tuple[str, ...]:
+    """`--rpc host:port[,host:port...]` as llama-server takes it (llama.cpp's RPC client splits
+    an address at its first colon, so an IPv6 address cannot be given)."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        host, _, port = part.partition(":")
+        if not host or ":" in port or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"expected RPC servers as host:port[,host:port...], got {text!r}")
+        if part not in out:
+            out.append(part)
+    return tuple(out)
 
 
 def kv_cells(n_ctx: int, streams: int, unified: bool) -> int:

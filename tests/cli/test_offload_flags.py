@@ -15,7 +15,7 @@ from skippy_scheduler.cli import build_parser
 CWD = os.path.dirname(sys.executable)
 
 FLAGS = ["-ngl", "auto", "-sm", "layer", "-ts", "3,1", "-mg", "0", "-dev", "CUDA0,CUDA1",
-         "-fa", "auto", "--kv-type", "f16"]
+         "-fa", "auto", "--kv-type", "f16", "--rpc", "127.0.0.1:50052,gpu-box:50053"]
 LONG = ["--n-gpu-layers", "all", "--split-mode", "row", "--tensor-split", "1/1",
         "--main-gpu", "1", "--device", "none", "--flash-attn", "off"]
 
@@ -33,6 +33,7 @@ def test_every_model_command_takes_the_offload_flags(command, required, flags):
     if "-ngl" in flags:
         assert args.n_gpu_layers == "auto" and args.split_mode == "layer"
         assert args.tensor_split == (3.0, 1.0) and args.device == ("CUDA0", "CUDA1")
+        assert args.rpc == ("127.0.0.1:50052", "gpu-box:50053")
     else:
         assert args.n_gpu_layers == "all" and args.split_mode == "row"
         assert args.main_gpu == 1 and args.device == ("none",)
@@ -54,6 +55,10 @@ def test_the_defaults_leave_the_device_to_decide():
     (["-ts", "0,0"], "not all 0"),
     (["-mg", "-1"], "GPU index >= 0"),
     (["-fa", "maybe"], "invalid choice"),
+    (["--rpc", "127.0.0.1"], "expected RPC servers as host:port"),
+    (["--rpc", "host:0"], "expected RPC servers as host:port"),
+    (["--rpc", "::1:50052"], "expected RPC servers as host:port"),
+    (["--rpc", "a:1,"], "expected RPC servers as host:port"),
 ])
 def test_bad_offload_values_are_one_line_errors(flags, message):
     proc = subprocess.run([sys.executable, "-m", "skippy_scheduler.cli", "serve", *flags],
@@ -72,6 +77,37 @@ def test_stage_devices_give_each_local_stage_its_device():
     assert all(a.count("-dev") == 1 and a[a.index("-ngl") + 1] == "8" for a in per_stage)
     with pytest.raises(CommandError, match="2 device"):
         stage_worker_args(args, 3)
+
+
+def test_rpc_servers_go_to_a_stage_worker_started_by_hand_not_to_local_ones():
+    from skippy_scheduler.cli._common import CommandError, stage_worker_args
+    from skippy_scheduler.cli.offload import offload_argv, offload_spec
+
+    args = build_parser().parse_args(["stage", "-m", "s.gguf", "--listen", "ipc:///tmp/x",
+                                      "--rpc", "10.0.0.2:50052"])
+    assert offload_spec(args).rpc == ("10.0.0.2:50052",)
+    assert offload_argv(args)[-2:] == ["--rpc", "10.0.0.2:50052"]
+    # One RPC server serves one process at a time: local stage workers cannot share it.
+    args = build_parser().parse_args(["serve", "--stages", "d", "--rpc", "10.0.0.2:50052"])
+    with pytest.raises(CommandError, match="--rpc with --stages"):
+        stage_worker_args(args, 2)
+
+
+def test_rpc_is_one_line_where_it_cannot_be_used():
+    pytest.importorskip("llama_cpp")
+    from serve_support import free_port
+
+    from skippy_scheduler.hosts.llama.backend import backends
+
+    # A build without the RPC backend says how to get it; with it, nothing listening is named.
+    said = ("no RPC server answers at" if "RPC" in dict(backends())
+            else "this llama.cpp was built without its RPC backend; build llama-cpp-python "
+                 'with CMAKE_ARGS="-DGGML_RPC=on"')
+    proc = subprocess.run([sys.executable, "-m", "skippy_scheduler.cli", "serve", "--rpc",
+                           f"127.0.0.1:{free_port()}", "--list-devices"],
+                          capture_output=True, text=True, timeout=60, cwd=CWD)
+    assert proc.returncode == 2
+    assert f"skippy-scheduler serve: error: --rpc: {said}" in proc.stderr.splitlines()[-1]
 
 
 def test_list_devices_answers():
@@ -108,7 +144,6 @@ def test_serve_says_where_the_layers_went_and_reports_device_memory(tmp_path):
     pytest.importorskip("llama_cpp")
     pytest.importorskip("fastapi")
     import httpx
-    import llama_cpp
     from serve_support import Spawned
 
     srv = Spawned(tmp_path, "-ngl", "auto")
@@ -117,7 +152,9 @@ def test_serve_says_where_the_layers_went_and_reports_device_memory(tmp_path):
         assert 'skippy:device_memory_bytes{device="CPU",kind="weights"}' in body
     finally:
         assert srv.stop() == 0
-    if not llama_cpp.llama_supports_gpu_offload():
+    from skippy_scheduler.hosts.llama.backend import list_devices
+
+    if not any(d.is_gpu for d in list_devices()):  # (an RPC build "supports" offload too)
         banner = srv.log().splitlines()[0]
         assert banner.startswith("skippy-scheduler serve: tiny-random-llama on http")
         assert "(0 layers on a GPU: this llama.cpp has no GPU backend, " in banner

@@ -6,7 +6,7 @@ import pytest
 from skippy_scheduler.hosts.offload import (NO_GPU_BACKEND, GiB, MiB, Device, FitError,
                                             ModelFootprint, OffloadSpec, assign,
                                             describe_no_gpu, kv_cells, parse_layers,
-                                            parse_tensor_split, place)
+                                            parse_rpc_servers, parse_tensor_split, place)
 
 CPU = Device(0, "CPU", "host", "cpu", free=64 * GiB, total=64 * GiB)
 
@@ -134,6 +134,11 @@ def test_flag_values_parse_as_llama_server_takes_them():
     for bad in ("", "0,0", "a,b", "-1,2"):
         with pytest.raises(ValueError):
             parse_tensor_split(bad)
+    assert parse_rpc_servers("10.0.0.2:50052, box:1,10.0.0.2:50052") == ("10.0.0.2:50052",
+                                                                         "box:1")
+    for bad in ("", "box", ":50052", "box:", "box:65536", "box:-1", "box:5x", "::1:50052"):
+        with pytest.raises(ValueError, match="host:port"):
+            parse_rpc_servers(bad)
 
 
 def test_the_footprint_of_a_gguf_matches_its_tensors(tmp_path):

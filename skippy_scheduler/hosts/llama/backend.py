@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Any
+import socket
+from typing import Any, Sequence
 
 import llama_cpp as _ll
 
 from ... import _llama_log
 from ..._validate import check_int as check_int  # the hosts' argument check (host.py, direct.py)
-from ..offload import Device, Placement, describe_no_gpu
+from ..offload import Device, Placement, RpcError, describe_no_gpu
 
 KV_TYPES = {"f32": 0, "f16": 1}  # ggml_type values of GGML_TYPE_F32 / GGML_TYPE_F16
 _SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}
@@ -87,6 +88,11 @@ def _ggml_lib() -> Any:
         lib.ggml_backend_reg_name.restype = ctypes.c_char_p
         lib.ggml_backend_reg_dev_count.argtypes = [vp]
         lib.ggml_backend_reg_dev_count.restype = sz
+        lib.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
+        lib.ggml_backend_reg_by_name.restype = vp
+        lib.ggml_backend_reg_get_proc_address.argtypes = [vp, ctypes.c_char_p]
+        lib.ggml_backend_reg_get_proc_address.restype = vp
+        lib.ggml_backend_register.argtypes, lib.ggml_backend_register.restype = [vp], None
         _ggml = lib
     return _ggml
 
@@ -111,6 +117,40 @@ def list_devices() -> list[Device]:
             kind=_DEVICE_KINDS[kind] if 0 <= kind < len(_DEVICE_KINDS) else str(kind),
             free=int(free.value), total=int(total.value)))
     return out
+
+
+_RPC_ADD_SERVER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)
+_rpc_servers: list[str] = []  # registered in this process, in order (RPC0, RPC1, ...)
+
+
+def add_rpc_servers(endpoints: Sequence[str], timeout: float = 5.0) -> None:
+    """llama.cpp RPC servers (`host:port`, llama-server's `--rpc`) as devices of this process:
+    each server's devices join the list as RPC0, RPC1, ... (GPUs to llama.cpp, whatever the
+    server computes on). Registering one again does nothing. RpcError, before anything is
+    registered for that server, when this llama.cpp has no RPC backend or nothing listens at
+    the address (llama.cpp's client ends the process when it cannot connect)."""
+    init_backend()
+    lib = _ggml_lib()
+    todo = [e for e in endpoints if e not in _rpc_servers]
+    if not todo:
+        return
+    reg = lib.ggml_backend_reg_by_name(b"RPC")
+    add = lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server") \
+        if reg else None
+    if not add:
+        raise RpcError("--rpc: this llama.cpp was built without its RPC backend; build "
+                       "llama-cpp-python with CMAKE_ARGS=\"-DGGML_RPC=on\" (docs/gpu.md)")
+    for endpoint in todo:
+        host, _, port = endpoint.partition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout).close()
+        except (OSError, ValueError) as exc:
+            raise RpcError(f"--rpc: no RPC server answers at {endpoint} ({exc})") from None
+        server = _RPC_ADD_SERVER(add)(endpoint.encode())
+        if not server:
+            raise RpcError(f"--rpc: the RPC server at {endpoint} offers no device")
+        lib.ggml_backend_register(server)
+        _rpc_servers.append(endpoint)
 
 
 def backends() -> list[tuple[str, int]]:

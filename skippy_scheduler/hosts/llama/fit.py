@@ -15,7 +15,7 @@ from typing import Optional, Union
 
 from ..offload import (CPU_BATCH, NO_GPU_BACKEND, Device, OffloadSpec, Placement,
                        footprint_from_gguf, place)
-from .backend import list_devices, no_gpu_reason
+from .backend import add_rpc_servers, list_devices, no_gpu_reason
 
 GPU_BATCH, GPU_UBATCH = 2048, 512
 FLASH_ATTN = ("on", "off", "auto")
@@ -48,10 +48,13 @@ def resolve(model_path: Union[str, os.PathLike[str]], spec: OffloadSpec, *, n_ct
             n_batch: Optional[int] = None, n_ubatch: Optional[int] = None,
             cpu_batch: int = CPU_BATCH, devices: Optional[list[Device]] = None) -> Resolved:
     """The placement and the defaults for `model_path` (FitError, ModelFileError: refused with
-    the numbers, before anything is loaded). `n_ctx=None`: from the model. `share_ctx`: the
+    the numbers, before anything is loaded; RpcError: `spec.rpc` names a server that cannot
+    be used). `n_ctx=None`: from the model. `share_ctx`: the
     lanes share `n_ctx` and each holder gets a lane's share on top (serve); otherwise `n_ctx`
     is the llama.cpp context as it is (run, calibrate, stage)."""
     fp = footprint_from_gguf(model_path)
+    if devices is None and spec.rpc:
+        add_rpc_servers(spec.rpc)
     devs = list_devices() if devices is None else devices
     # Why no GPU, asked of llama.cpp only where it lists none (and devices were not given).
     no_gpu = (no_gpu_reason() if devices is None and not any(d.is_gpu for d in devs)

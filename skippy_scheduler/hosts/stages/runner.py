@@ -94,15 +94,17 @@ class StageRunner:
         self.placement: Any = None
         try:
             if offload is not None:
-                from ..llama.backend import list_devices, no_gpu_reason
-                from ..offload import FitError, ModelFileError, footprint_from_gguf, place
+                from ..llama.backend import add_rpc_servers, list_devices, no_gpu_reason
+                from ..offload import (FitError, ModelFileError, RpcError, footprint_from_gguf,
+                                       place)
 
                 try:
+                    add_rpc_servers(offload.rpc)
                     self.placement = place(
                         footprint_from_gguf(self.info.path), list_devices(), offload,
                         n_ctx=n_ctx, streams=n_seq_max, unified=True, kv_type=kv_type,
                         n_ubatch=n_batch, flash_attn=bool(flash_attn), no_gpu=no_gpu_reason())
-                except (FitError, ModelFileError) as exc:
+                except (FitError, ModelFileError, RpcError) as exc:
                     raise StageError(f"stage {self.info.index}: {exc}") from None
             self._model = load_model(self.info.path, self.placement)
         except RuntimeError as exc:

@@ -1,0 +1,141 @@
+"""A device that is not the host's: a llama.cpp RPC server on this machine's CPU, which llama.cpp
+treats as a GPU (`--rpc`). Layers, KV cache, holders and backend sampling placed there take the
+paths they take on a GPU (device buffers, tokens read back from the device, two plans in
+flight), computed by the same CPU kernels, so the tokens must equal a CPU server's.
+
+These need llama-cpp-python built with `CMAKE_ARGS="-DGGML_RPC=on"` (.ci/run builds it so, and
+sets SKIPPY_REQUIRE_RPC=1 to make a build without it a failure rather than a skip)."""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+pytest.importorskip("fastapi")
+pytest.importorskip("openai")
+
+from serve_support import Spawned, free_port, metrics  # noqa: E402
+
+from skippy_scheduler.hosts.llama.backend import backends  # noqa: E402
+
+CWD = os.path.dirname(sys.executable)  # outside the checkout (see test_offload_flags.py)
+HAS_RPC = any(name == "RPC" for name, _ in backends())
+if not HAS_RPC and os.environ.get("SKIPPY_REQUIRE_RPC") != "1":
+    pytest.skip("llama-cpp-python built without -DGGML_RPC=on", allow_module_level=True)
+
+EXACT = ["--kv-type", "f32", "-fa", "off", "-np", "6"]
+PROMPTS = [" ".join(f"w{i}x{k}" for k in range(24)) for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def rpc_endpoint(tmp_path_factory):
+    """An RPC server on loopback, lending this machine's CPU; stopped after the module."""
+    assert HAS_RPC, "this llama.cpp has no RPC backend (build it with -DGGML_RPC=on)"
+    port = free_port()
+    log = tmp_path_factory.mktemp("rpc") / "rpc.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "skippy_scheduler.hosts.llama.rpc_server",
+                                 "--port", str(port), "-t", "1"], stdout=out, stderr=out,
+                                cwd=CWD)
+    try:
+        end = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, log.read_text(errors="replace")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < end, log.read_text(errors="replace")
+                time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _tokens(url: str, prompt: str, max_tokens: int = 24, **sampling) -> list[int]:
+    from openai import OpenAI
+
+    with OpenAI(base_url=url + "/v1", api_key="none", timeout=60, max_retries=0) as client:
+        r = client.completions.create(model="tiny-random-llama", prompt=prompt,
+                                      max_tokens=max_tokens,
+                                      temperature=sampling.pop("temperature", 0),
+                                      extra_body={"ignore_eos": True, "return_token_ids": True,
+                                                  **sampling})
+    return list(r.choices[0].model_extra["token_ids"])
+
+
+def _at_once(url: str, **sampling) -> list[list[int]]:
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+        return list(pool.map(lambda p: _tokens(url, p, **sampling), PROMPTS))
+
+
+def test_list_devices_shows_the_rpc_server_as_a_gpu(rpc_endpoint):
+    proc = subprocess.run([sys.executable, "-m", "skippy_scheduler.cli", "serve", "--rpc",
+                           rpc_endpoint, "--list-devices"], capture_output=True, text=True,
+                          timeout=60, cwd=CWD)
+    assert proc.returncode == 0, proc.stderr
+    assert any(line.startswith(f"  RPC0: {rpc_endpoint} (gpu, ") and "GiB free of" in line
+               for line in proc.stdout.splitlines()), proc.stdout
+
+
+def test_layers_kv_and_sampling_on_the_device_give_the_cpus_tokens(tmp_path, rpc_endpoint):
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "cpu").mkdir()
+    dev = Spawned(tmp_path / "dev", "--rpc", rpc_endpoint, *EXACT)
+    try:
+        banner = dev.log().splitlines()[0]
+        # Every layer there, and the KV (lanes and holders); the device's defaults: sampling
+        # on the device and (not in the line) two plans in flight.
+        assert "(3/3 layers on RPC0, KV " in banner and " on RPC0, 6 lanes" in banner, banner
+        assert "sampling on the device" in banner, banner
+        got = _at_once(dev.url)
+        alone = [_tokens(dev.url, PROMPTS[0], temperature=0.9, seed=7)]
+        seeded = _at_once(dev.url, temperature=0.9, seed=7)
+        m = metrics(dev.url)
+        assert m['skippy:device_memory_bytes{device="RPC0",kind="kv"}'] > 0
+        assert m['skippy:device_memory_bytes{device="RPC0",kind="weights"}'] > 0
+        assert m["skippy:gpu_layers"] == 3
+    finally:
+        assert dev.stop() == 0
+    # A seeded request draws the same tokens alone and among others on the device.
+    assert seeded[0] == alone[0]
+    cpu = Spawned(tmp_path / "cpu", *EXACT)
+    try:
+        assert "0 layers on a GPU" in cpu.log().splitlines()[0]
+        assert "sampling on the device" not in cpu.log().splitlines()[0]
+        want = _at_once(cpu.url)
+    finally:
+        assert cpu.stop() == 0
+    assert got == want
+
+
+def test_run_places_its_layers_on_the_device(rpc_endpoint):
+    proc = subprocess.run([sys.executable, "-m", "skippy_scheduler.cli", "run", "--rpc",
+                           rpc_endpoint, "-n", "4"],
+                          capture_output=True, text=True, timeout=120, cwd=CWD)
+    assert proc.returncode == 0, proc.stderr
+    assert "skippy-scheduler run: 3/3 layers on RPC0, KV " in proc.stderr
+
+
+@pytest.mark.parametrize("command", ["serve", "run", "calibrate", "stage"])
+def test_nothing_listening_is_one_line_before_anything_loads(tmp_path, command):
+    from skippy_scheduler.hosts.tiny_model import write_tiny_llama
+
+    model = write_tiny_llama(str(tmp_path / "tiny.gguf"), seed=0)
+    extra = {"serve": ["--port", str(free_port())],
+             "stage": ["--listen", f"ipc://{tmp_path}/s0"]}.get(command, [])
+    port = free_port()  # bound and released: nothing listens there
+    proc = subprocess.run([sys.executable, "-m", "skippy_scheduler.cli", command, "-m", model,
+                           "--rpc", f"127.0.0.1:{port}", *extra],
+                          capture_output=True, text=True, timeout=60, cwd=CWD)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith(
+        f"skippy-scheduler {command}: error: --rpc: no RPC server answers at "
+        f"127.0.0.1:{port} ("), proc.stderr
