@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -20,7 +18,7 @@ pytest.importorskip("llama_cpp")
 pytest.importorskip("fastapi")
 pytest.importorskip("openai")
 
-from serve_support import Spawned, free_port, metrics  # noqa: E402
+from serve_support import Spawned, free_port, metrics, start_rpc_server  # noqa: E402
 
 from skippy_scheduler.hosts.llama.backend import backends  # noqa: E402
 
@@ -37,23 +35,9 @@ PROMPTS = [" ".join(f"w{i}x{k}" for k in range(24)) for i in range(6)]
 def rpc_endpoint(tmp_path_factory):
     """An RPC server on loopback, lending this machine's CPU; stopped after the module."""
     assert HAS_RPC, "this llama.cpp has no RPC backend (build it with -DGGML_RPC=on)"
-    port = free_port()
-    log = tmp_path_factory.mktemp("rpc") / "rpc.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "skippy_scheduler.hosts.llama.rpc_server",
-                                 "--port", str(port), "-t", "1"], stdout=out, stderr=out,
-                                cwd=CWD)
+    proc, endpoint = start_rpc_server(tmp_path_factory.mktemp("rpc") / "rpc.log")
     try:
-        end = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, log.read_text(errors="replace")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < end, log.read_text(errors="replace")
-                time.sleep(0.1)
-        yield f"127.0.0.1:{port}"
+        yield endpoint
     finally:
         proc.terminate()
         proc.wait(10)

@@ -377,7 +377,8 @@ def test_a_dropped_connection_cancels_a_non_streamed_request(long_server):
 
 
 def test_a_failing_iteration_fails_its_requests_and_the_server_goes_on(model_path):
-    srv = start_server(model_path)
+    srv = start_server(model_path, inflight=1)  # its step runs `host.execute` (depth 2:
+    # tests/engine/test_engine_depth.py)
     real = srv.host.execute
     failures = []
 

@@ -9,7 +9,7 @@ import math
 
 import httpx
 import pytest
-from serve_support import LANE_CTX, LANES, metrics, start_server, wait_idle
+from serve_support import LANE_CTX, LANES, ON_DEVICE, metrics, start_server, wait_idle
 
 from skippy_scheduler import PlanningRule
 from skippy_scheduler.serve import ServeSettings
@@ -86,8 +86,10 @@ def test_defaults_reuse_prefixes_under_the_slack_rule(model_path):
         assert config.planning_rule is PlanningRule.SLACK
         assert config.itl_target == pytest.approx(0.15)
         assert config.slack_prefill_age_max == 2.0  # shortest first (docs/serving.md)
-        # No layer on a GPU (this llama.cpp runs on the CPU): one plan in flight.
-        assert server.settings.inflight == 1 and config.max_inflight_plans == 1
+        # No layer on a GPU (this llama.cpp runs on the CPU): one plan in flight; two with the
+        # layers on a device (SKIPPY_SERVE_DEVICE, tests/support/serve_support.py).
+        depth = 2 if ON_DEVICE else 1
+        assert server.settings.inflight == depth and config.max_inflight_plans == depth
         assert server.host.prefix_store is not None
         assert server.settings.prefix_holders == LANES
         assert server.settings.prefix_cache_tokens == LANES * LANE_CTX

@@ -7,7 +7,7 @@ import random
 import time
 
 import httpx
-from serve_support import is_idle, metrics, start_server, wait_idle
+from serve_support import ON_DEVICE, is_idle, metrics, start_server, wait_idle
 
 REQUESTS = 300
 CONCURRENCY = 24
@@ -78,7 +78,9 @@ def test_soak_leaves_nothing_behind(model_path):
         counts = asyncio.run(_soak(srv.url, seed=1))
         assert time.monotonic() - t0 < 120
         assert counts["bad"] > 20 and counts["dropped"] > 40 and counts["chat"] > 40, counts
-        assert counts["whole"] > 10 and counts["whole"] + counts["busy"] > 40, counts
+        # (On the RPC device of SKIPPY_SERVE_DEVICE a step is slower: more of them are busy.)
+        assert counts["whole"] > (0 if ON_DEVICE else 10), counts
+        assert counts["whole"] + counts["busy"] > 40, counts
         state = wait_idle(srv, timeout_s=10)
         assert is_idle(state, 4), state
         m = metrics(srv.url)

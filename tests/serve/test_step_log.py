@@ -13,7 +13,7 @@ from skippy_scheduler.engine.step_timing import LOG_FIELDS, PARTS
 @pytest.fixture(scope="module")
 def logged(model_path, tmp_path_factory):
     path = tmp_path_factory.mktemp("step-log") / "steps.jsonl"
-    server = start_server(model_path, step_log=str(path))
+    server = start_server(model_path, step_log=str(path), inflight=1)
     yield server, path
     server.shutdown()
 

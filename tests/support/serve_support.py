@@ -18,10 +18,24 @@ from skippy_scheduler.serve import Server, ServeSettings
 LANES = 4
 LANE_CTX = 512
 
+# SKIPPY_SERVE_DEVICE=rpc: the in-process servers of the serve tests put their layers and KV on
+# a device that is not the host's, a llama.cpp RPC server lending this machine's CPU (started
+# once, `rpc_endpoint`). The GPU's defaults then apply (two plans in flight, sampling on the
+# device) with the exact KV settings (f32, flash attention off), so the tokens stay the CPU's.
+# The servers of other processes (`Spawned`) stay on the CPU: an RPC server serves one process
+# at a time, and this one is held by the test process.
+ON_DEVICE = os.environ.get("SKIPPY_SERVE_DEVICE", "") == "rpc"
+_rpc: list = []  # [process, endpoint] once started
+
 
 def start_server(model_path, **overrides) -> Server:
     settings = dict(model=str(model_path), max_active=LANES, ctx_size=LANES * LANE_CTX,
                     max_waiting=64, threads=1)
+    if ON_DEVICE:
+        from skippy_scheduler.hosts.offload import OffloadSpec
+
+        settings.update(offload=OffloadSpec(rpc=(rpc_endpoint(),)), kv_type="f32",
+                        flash_attn=False)
     settings.update(overrides)
     server = Server(ServeSettings(**settings))
     server.start_in_thread()
@@ -78,6 +92,41 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_rpc_server(log_path, timeout_s: float = 30.0) -> tuple[subprocess.Popen, str]:
+    """A llama.cpp RPC server on a loopback port lending this machine's CPU (one thread), its
+    output in `log_path`; (process, endpoint) once it accepts connections."""
+    port = free_port()
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "skippy_scheduler.hosts.llama.rpc_server",
+                                 "--port", str(port), "-t", "1"], stdout=out, stderr=out,
+                                cwd=os.path.dirname(sys.executable))
+    end = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError("the RPC server exited: " + open(log_path).read())
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, f"127.0.0.1:{port}"
+        except OSError:
+            if time.monotonic() > end:
+                proc.kill()
+                raise AssertionError("the RPC server did not listen: " + open(log_path).read())
+            time.sleep(0.1)
+
+
+def rpc_endpoint() -> str:
+    """The RPC server of `ON_DEVICE` (started on first use, stopped when the tests end)."""
+    if not _rpc:
+        import atexit
+        import tempfile
+
+        log = os.path.join(tempfile.mkdtemp(prefix="skippy-rpc-"), "rpc.log")
+        proc, endpoint = start_rpc_server(log)
+        atexit.register(lambda: (proc.terminate(), proc.wait(10)))
+        _rpc[:] = [proc, endpoint]
+    return _rpc[1]
 
 
 class Spawned:
