@@ -90,6 +90,10 @@ def test_defaults_reuse_prefixes_under_the_slack_rule(model_path):
         # layers on a device (SKIPPY_SERVE_DEVICE, tests/support/serve_support.py).
         depth = 2 if ON_DEVICE else 1
         assert server.settings.inflight == depth and config.max_inflight_plans == depth
+        # Admission reserves in the memory of the device that holds the KV cells.
+        kv = config.memory_components
+        assert [c.name for c in kv] == ["kv-RPC0" if ON_DEVICE else "kv-CPU"]
+        assert kv[0].capacity_bytes == server.fitted.placement.kv[kv[0].name[3:]]
         assert server.host.prefix_store is not None
         assert server.settings.prefix_holders == LANES
         assert server.settings.prefix_cache_tokens == LANES * LANE_CTX
