@@ -298,15 +298,22 @@ def add_backend_sampling_option(p: argparse.ArgumentParser) -> None:
                         "flag alone means on (default: auto, on with layers on a GPU)")
 
 
+def refuse_rpc_with_stages(args: argparse.Namespace) -> None:
+    """--rpc registers RPC servers in this process, which loads no layer with --stages or
+    --stage-addresses (the stage workers do), and an RPC server serves one process at a time."""
+    if getattr(args, "rpc", ()) and (getattr(args, "stages", None)
+                                     or getattr(args, "stage_addresses", None)):
+        flag = "--stages" if getattr(args, "stages", None) else "--stage-addresses"
+        raise CommandError(f"--rpc with {flag}: the stage workers load the layers, and an RPC "
+                           "server serves one process at a time; give each `skippy-scheduler "
+                           "stage` its own --rpc HOST:PORT (docs/gpu.md)")
+
+
 def stage_worker_args(args: argparse.Namespace, stages: int) -> list[list[str]]:
     """The offload flags of each local stage worker: the command's own, with
     `--stage-devices` giving each its device."""
     from .offload import offload_argv
 
-    if getattr(args, "rpc", ()):
-        raise CommandError("--rpc with --stages: an RPC server serves one process at a time and "
-                           "each local stage worker is a process of its own; start the stages "
-                           "with `skippy-scheduler stage ... --rpc HOST:PORT` (docs/gpu.md)")
     base = offload_argv(args)
     devices = tuple(getattr(args, "stage_devices", ()) or ())
     if devices and len(devices) != stages:

@@ -66,7 +66,7 @@ class _ListDevices(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: Optional[str] = None) -> None:
         try:
-            print(devices_text(getattr(namespace, "rpc", ())))
+            print(devices_text(tuple(dict.fromkeys(getattr(namespace, "rpc", ())))))
         except CommandError as exc:
             parser.error(str(exc))
         parser.exit(0)
@@ -118,7 +118,7 @@ def add_offload_options(p: argparse.ArgumentParser) -> None:
                    metavar="DEV[,DEV...]",
                    help="the GPUs to use, by the names --list-devices prints, or none for the "
                         "CPU only (default: every GPU)")
-    g.add_argument("--rpc", type=_rpc, default=(), metavar="HOST:PORT[,...]",
+    g.add_argument("--rpc", type=_rpc, action="extend", default=[], metavar="HOST:PORT[,...]",
                    help="llama.cpp RPC servers whose devices join this process's as RPC0, "
                         "RPC1, ... (GPUs to llama.cpp); give it before --list-devices "
                         "(default: none)")
@@ -130,7 +130,8 @@ def add_offload_options(p: argparse.ArgumentParser) -> None:
 def offload_spec(args: argparse.Namespace) -> OffloadSpec:
     return OffloadSpec(n_gpu_layers=args.n_gpu_layers, split_mode=args.split_mode,
                        tensor_split=tuple(args.tensor_split), main_gpu=args.main_gpu,
-                       devices=tuple(args.device), rpc=tuple(getattr(args, "rpc", ())))
+                       devices=tuple(args.device),
+                       rpc=tuple(dict.fromkeys(getattr(args, "rpc", ()))))
 
 
 def offload_argv(args: argparse.Namespace) -> list[str]:
@@ -140,8 +141,6 @@ def offload_argv(args: argparse.Namespace) -> list[str]:
         out += ["-ts", ",".join(f"{v:g}" for v in args.tensor_split)]
     if args.device:
         out += ["-dev", ",".join(args.device)]
-    if getattr(args, "rpc", ()):
-        out += ["--rpc", ",".join(args.rpc)]
     return out
 
 

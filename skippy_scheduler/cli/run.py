@@ -19,7 +19,8 @@ from .offload import print_placement, resolve_for
 from ._common import (DEFAULT_THREADS, LLAMA_MAX_SEQUENCES, CommandError, add_model_options, bound,
                       check_model,
                       check_output_file, import_llama_host, model_path, non_negative_float,
-                      non_negative_int, non_negative_ms, positive_int, positive_ms)
+                      non_negative_int, non_negative_ms, positive_int, positive_ms,
+                      refuse_rpc_with_stages)
 from .interrupt import Interrupted, saving
 from .stage import add_stage_cache_flag, check_stage_cache_flag
 from .vocabulary import add_flag
@@ -163,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--ctx-size ({args.ctx_size}) must be at least --max-active "
                            f"({args.max_active}): every lane needs KV cells")
     check_output_file("--json", args.json)
+    refuse_rpc_with_stages(args)
     check_model(args)
     check_stage_cache_flag(args)
     prompts = load_prompts(args.prompts)

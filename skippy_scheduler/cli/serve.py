@@ -15,7 +15,7 @@ from ..selection import DEFAULT_IMPLEMENTATION
 from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, bound,
                       check_model,
                       import_llama_host, non_negative_int, non_negative_ms, positive_int,
-                      positive_ms)
+                      positive_ms, refuse_rpc_with_stages)
 from ..hosts.offload import CTX_FLOOR
 from .offload import offload_spec
 from .stage import add_stage_cache_flag, check_stage_cache_flag
@@ -366,6 +366,7 @@ def run(args: argparse.Namespace) -> int:
     if args.slo_shed and args.planning_rule != "slack":
         raise CommandError("--slo-shed needs --planning-rule slack: the slack rule's fitted "
                            "step cost model predicts each request's first token")
+    refuse_rpc_with_stages(args)
     check_model(args)
     check_stage_cache_flag(args, tokens)
     if args.stages or args.stage_addresses:

@@ -33,7 +33,7 @@ def test_every_model_command_takes_the_offload_flags(command, required, flags):
     if "-ngl" in flags:
         assert args.n_gpu_layers == "auto" and args.split_mode == "layer"
         assert args.tensor_split == (3.0, 1.0) and args.device == ("CUDA0", "CUDA1")
-        assert args.rpc == ("127.0.0.1:50052", "gpu-box:50053")
+        assert args.rpc == ["127.0.0.1:50052", "gpu-box:50053"]
     else:
         assert args.n_gpu_layers == "all" and args.split_mode == "row"
         assert args.main_gpu == 1 and args.device == ("none",)
@@ -79,18 +79,21 @@ def test_stage_devices_give_each_local_stage_its_device():
         stage_worker_args(args, 3)
 
 
-def test_rpc_servers_go_to_a_stage_worker_started_by_hand_not_to_local_ones():
-    from skippy_scheduler.cli._common import CommandError, stage_worker_args
-    from skippy_scheduler.cli.offload import offload_argv, offload_spec
+def test_rpc_servers_go_to_a_stage_worker_not_to_the_driver_of_stages():
+    from skippy_scheduler.cli.offload import offload_spec
 
     args = build_parser().parse_args(["stage", "-m", "s.gguf", "--listen", "ipc:///tmp/x",
-                                      "--rpc", "10.0.0.2:50052"])
-    assert offload_spec(args).rpc == ("10.0.0.2:50052",)
-    assert offload_argv(args)[-2:] == ["--rpc", "10.0.0.2:50052"]
-    # One RPC server serves one process at a time: local stage workers cannot share it.
-    args = build_parser().parse_args(["serve", "--stages", "d", "--rpc", "10.0.0.2:50052"])
-    with pytest.raises(CommandError, match="--rpc with --stages"):
-        stage_worker_args(args, 2)
+                                      "--rpc", "10.0.0.2:50052", "--rpc", "b:2,10.0.0.2:50052"])
+    assert offload_spec(args).rpc == ("10.0.0.2:50052", "b:2")  # as llama-server adds them
+    # The driver of stages loads no layer, and one RPC server serves one process at a time.
+    for command in ("serve", "run"):
+        for stages in (["--stages", "d"], ["--stage-addresses", "ipc:///tmp/a", "-m", "m.gguf"]):
+            proc = subprocess.run([sys.executable, "-m", "skippy_scheduler.cli", command,
+                                   *stages, "--rpc", "10.0.0.2:50052"],
+                                  capture_output=True, text=True, timeout=60, cwd=CWD)
+            assert proc.returncode == 2
+            assert f"error: --rpc with {stages[0]}: the stage workers load the layers" in \
+                proc.stderr.splitlines()[-1], proc.stderr
 
 
 def test_rpc_is_one_line_where_it_cannot_be_used():

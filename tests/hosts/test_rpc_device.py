@@ -123,3 +123,25 @@ def test_nothing_listening_is_one_line_before_anything_loads(tmp_path, command):
     assert proc.stderr.splitlines()[-1].startswith(
         f"skippy-scheduler {command}: error: --rpc: no RPC server answers at "
         f"127.0.0.1:{port} ("), proc.stderr
+
+
+def test_a_server_held_by_another_process_is_waited_for_within_a_limit(tmp_path, rpc_endpoint):
+    # llama.cpp's handshake waits for a busy server without a limit; the wait is bounded and
+    # said (the other process here: a server whose model lives on the RPC server).
+    held = Spawned(tmp_path, "--rpc", rpc_endpoint)
+    try:
+        code = ("import sys\n"
+                "from skippy_scheduler.hosts.llama.backend import add_rpc_servers\n"
+                "from skippy_scheduler.hosts.offload import RpcError\n"
+                "try:\n"
+                f"    add_rpc_servers([{rpc_endpoint!r}], timeout=3)\n"
+                "except RpcError as exc:\n"
+                "    sys.exit(str(exc))\n")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=60, cwd=CWD)
+    finally:
+        assert held.stop() == 0
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.splitlines()[-1]
+    assert last.startswith(f"--rpc: the RPC server at {rpc_endpoint} did not ") and last.endswith(
+        " within 3 s (it serves one process at a time: is another process using it?)"), last

@@ -96,12 +96,19 @@ def free_port() -> int:
 
 def start_rpc_server(log_path, timeout_s: float = 30.0) -> tuple[subprocess.Popen, str]:
     """A llama.cpp RPC server on a loopback port lending this machine's CPU (one thread), its
-    output in `log_path`; (process, endpoint) once it accepts connections."""
+    output in `log_path`; (process, endpoint) once it accepts connections. It ends with the
+    test process, however that ends (it would otherwise wait for clients for good)."""
     port = free_port()
+
+    def die_with_parent() -> None:  # in the child, before exec: PR_SET_PDEATHSIG, SIGTERM
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+
     with open(log_path, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "skippy_scheduler.hosts.llama.rpc_server",
                                  "--port", str(port), "-t", "1"], stdout=out, stderr=out,
-                                cwd=os.path.dirname(sys.executable))
+                                cwd=os.path.dirname(sys.executable), preexec_fn=die_with_parent)
     end = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
@@ -120,11 +127,18 @@ def rpc_endpoint() -> str:
     """The RPC server of `ON_DEVICE` (started on first use, stopped when the tests end)."""
     if not _rpc:
         import atexit
+        import shutil
         import tempfile
 
-        log = os.path.join(tempfile.mkdtemp(prefix="skippy-rpc-"), "rpc.log")
-        proc, endpoint = start_rpc_server(log)
-        atexit.register(lambda: (proc.terminate(), proc.wait(10)))
+        folder = tempfile.mkdtemp(prefix="skippy-rpc-")
+        proc, endpoint = start_rpc_server(os.path.join(folder, "rpc.log"))
+
+        def stop() -> None:
+            proc.terminate()
+            proc.wait(10)
+            shutil.rmtree(folder, ignore_errors=True)
+
+        atexit.register(stop)
         _rpc[:] = [proc, endpoint]
     return _rpc[1]
 

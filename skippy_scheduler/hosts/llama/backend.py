@@ -14,7 +14,9 @@ from __future__ import annotations
 import ctypes
 import os
 import socket
-from typing import Any, Sequence
+import sys
+import threading
+from typing import Any, Callable, Optional, Sequence
 
 import llama_cpp as _ll
 
@@ -121,36 +123,79 @@ def list_devices() -> list[Device]:
 
 _RPC_ADD_SERVER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)
 _rpc_servers: list[str] = []  # registered in this process, in order (RPC0, RPC1, ...)
+_rpc_lock = threading.Lock()
+RPC_NOTE_S = 2.0  # a server still silent after this is said to be waited for
 
 
-def add_rpc_servers(endpoints: Sequence[str], timeout: float = 5.0) -> None:
+def add_rpc_servers(endpoints: Sequence[str], timeout: float = 30.0,
+                    note: Optional[Callable[[str], None]] = None) -> None:
     """llama.cpp RPC servers (`host:port`, llama-server's `--rpc`) as devices of this process:
     each server's devices join the list as RPC0, RPC1, ... (GPUs to llama.cpp, whatever the
-    server computes on). Registering one again does nothing. RpcError, before anything is
-    registered for that server, when this llama.cpp has no RPC backend or nothing listens at
-    the address (llama.cpp's client ends the process when it cannot connect)."""
+    server computes on). Registering one again does nothing; servers before one that fails
+    stay registered.
+
+    RpcError, before anything is registered for that server, when this llama.cpp has no RPC
+    backend or nothing listens at the address (llama.cpp's client ends the process when it
+    cannot connect), and when the server does not answer within `timeout` seconds: it serves
+    one process at a time, and llama.cpp's handshake waits for it without a limit, so the
+    handshake runs on a thread of its own (`note` is told, after RPC_NOTE_S, that it waits;
+    default: a line on stderr).
+    An address where something else than an RPC server answers ends the process (llama.cpp's
+    client aborts on the malformed answer)."""
     init_backend()
     lib = _ggml_lib()
-    todo = [e for e in endpoints if e not in _rpc_servers]
-    if not todo:
-        return
-    reg = lib.ggml_backend_reg_by_name(b"RPC")
-    add = lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server") \
-        if reg else None
-    if not add:
-        raise RpcError("--rpc: this llama.cpp was built without its RPC backend; build "
-                       "llama-cpp-python with CMAKE_ARGS=\"-DGGML_RPC=on\" (docs/gpu.md)")
-    for endpoint in todo:
-        host, _, port = endpoint.partition(":")
-        try:
-            socket.create_connection((host, int(port)), timeout=timeout).close()
-        except (OSError, ValueError) as exc:
-            raise RpcError(f"--rpc: no RPC server answers at {endpoint} ({exc})") from None
-        server = _RPC_ADD_SERVER(add)(endpoint.encode())
-        if not server:
-            raise RpcError(f"--rpc: the RPC server at {endpoint} offers no device")
-        lib.ggml_backend_register(server)
-        _rpc_servers.append(endpoint)
+    with _rpc_lock:
+        todo = [e for e in endpoints if e not in _rpc_servers]
+        if not todo:
+            return
+        reg = lib.ggml_backend_reg_by_name(b"RPC")
+        add = lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server") \
+            if reg else None
+        if not add:
+            raise RpcError("--rpc: this llama.cpp was built without its RPC backend; build "
+                           "llama-cpp-python with CMAKE_ARGS=\"-DGGML_RPC=on\" (docs/gpu.md)")
+        for endpoint in todo:
+            host, _, port = endpoint.partition(":")
+            try:  # IPv4, as llama.cpp's client resolves the host
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                    probe.settimeout(min(timeout, 5.0))
+                    probe.connect((host, int(port)))
+            except socket.timeout:
+                raise RpcError(_busy(endpoint, "accept a connection", min(timeout, 5.0))) \
+                    from None
+            except (OSError, ValueError) as exc:
+                raise RpcError(f"--rpc: no RPC server answers at {endpoint} ({exc})") from None
+            server = _handshake(_RPC_ADD_SERVER(add), endpoint, timeout, note)
+            if not server:
+                raise RpcError(f"--rpc: the RPC server at {endpoint} offers no device")
+            lib.ggml_backend_register(server)
+            _rpc_servers.append(endpoint)
+
+
+def _handshake(add: Any, endpoint: str, timeout: float,
+               note: Optional[Callable[[str], None]]) -> int:
+    """`ggml_backend_rpc_add_server(endpoint)` on a thread, waited for at most `timeout` s
+    (a thread left waiting holds llama.cpp's lock of RPC servers until the server answers)."""
+    done: list[int] = []
+    worker = threading.Thread(target=lambda: done.append(int(add(endpoint.encode()) or 0)),
+                              name=f"rpc-hello-{endpoint}", daemon=True)
+    worker.start()
+    worker.join(min(RPC_NOTE_S, timeout))
+    if worker.is_alive():
+        said = f"waiting for the RPC server at {endpoint}: it serves one process at a time"
+        if note is None:
+            print(f"skippy-scheduler: {said}", file=sys.stderr, flush=True)
+        else:
+            note(said)
+    worker.join(max(0.0, timeout - RPC_NOTE_S))
+    if worker.is_alive():
+        raise RpcError(_busy(endpoint, "answer", timeout))
+    return done[0]
+
+
+def _busy(endpoint: str, what: str, seconds: float) -> str:
+    return (f"--rpc: the RPC server at {endpoint} did not {what} within {seconds:g} s (it "
+            "serves one process at a time: is another process using it?)")
 
 
 def backends() -> list[tuple[str, int]]:

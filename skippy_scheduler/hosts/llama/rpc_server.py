@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import signal
+import socket
 import sys
 from typing import Optional, Sequence
 
@@ -65,15 +67,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                 description="Lend this machine's llama.cpp devices to another "
                                             "process (its --rpc HOST:PORT).")
     p.add_argument("-H", "--host", default="127.0.0.1",
-                   help="address to listen on; the protocol has no authentication "
-                        "(default: 127.0.0.1)")
+                   help="IPv4 address to listen on (llama.cpp's server takes no host names); "
+                        "the protocol has no authentication (default: 127.0.0.1)")
     p.add_argument("-p", "--port", type=int, default=50052, help="port (default: 50052)")
-    p.add_argument("-t", "--threads", type=int, default=1,
-                   help="CPU threads of a CPU device (default: 1)")
+    threads = max(1, (os.cpu_count() or 2) // 2)
+    p.add_argument("-t", "--threads", type=int, default=threads,
+                   help="CPU threads of a CPU device (default: half the cores, as llama.cpp's "
+                        f"rpc-server: {threads} here)")
     p.add_argument("-dev", "--device", default="",
                    help="devices to serve, by the names --list-devices prints (default: the "
                         "GPUs, else the CPU)")
     args = p.parse_args(argv)
+    try:
+        socket.inet_aton(args.host)
+    except OSError:
+        p.error(f"--host must be an IPv4 address such as 127.0.0.1 (llama.cpp's RPC server "
+                f"takes no host names), got {args.host!r}")
     if not 0 < args.port < 65536:
         p.error(f"--port must be in 1..65535, got {args.port}")
     if args.threads < 1:
