@@ -82,9 +82,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from skippy_bench.loads import chunks_within, closed_args, decode_window, load_result, \
     load_results
@@ -246,6 +247,45 @@ class GpuSampler:
         return parse_smi(text, self.offset, window)
 
 
+class ProcSampler:
+    """A process standing in for the GPU (`--device-pid`: a llama.cpp RPC server lending a CPU,
+    which computes asynchronously to the server's host work as a GPU does): every 0.25 s the
+    share of the interval its threads ran on a CPU, as a utilisation in percent (over 100 when
+    several ran at once), and its resident MiB, in `gpu_figures`' samples."""
+
+    PERIOD_S = 0.25
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.samples: list[Sample] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="device-pid", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> tuple[float, float]:
+        """CPU seconds (user + system) and resident MiB, from /proc/PID/stat."""
+        with open(f"/proc/{self.pid}/stat", encoding="ascii") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()  # after the command's name
+        ticks = int(fields[11]) + int(fields[12])   # utime, stime (fields 14 and 15)
+        return (ticks / os.sysconf("SC_CLK_TCK"),
+                int(fields[21]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20))  # rss (field 24)
+
+    def _run(self) -> None:
+        try:
+            t0, (c0, _) = time.perf_counter(), self._read()
+            while not self._done.wait(self.PERIOD_S):
+                t, (c, mem) = time.perf_counter(), self._read()
+                self.samples.append((t, 100.0 * (c - c0) / (t - t0), mem))
+                t0, c0 = t, c
+        except (OSError, ValueError, IndexError):
+            pass  # the process is gone: the samples so far
+
+    def stop(self, window: Optional[tuple[float, float]] = None) -> dict[str, Any]:
+        self._done.set()
+        self._thread.join()
+        return gpu_figures(self.samples, window)
+
+
 def command_output(cmd: list[str]) -> Optional[str]:
     """stdout and stderr of `cmd`, stripped (None when it cannot run)."""
     try:
@@ -309,7 +349,7 @@ def load_name(c: int, decode: bool) -> str:
 
 
 def measure(args: argparse.Namespace, cmd: list[str], label: str, c: int, logs: str,
-            smi: Optional[str], decode: bool = False) -> dict[str, Any]:
+            sampler_of: Callable[[], Any], decode: bool = False) -> dict[str, Any]:
     """One load on a fresh server, the GPU sampled meanwhile: serve_load's closed loop, or with
     `decode` one wave of `c` requests of `--decode-tokens` output tokens, whose decode phase
     (every request decoding) gets its own output rate and GPU utilisation. A server that does
@@ -329,7 +369,7 @@ def measure(args: argparse.Namespace, cmd: list[str], label: str, c: int, logs: 
         if decode:
             load.max_tokens = args.decode_tokens
         load = closed_args(load, served.url, label, c)
-        sampler = GpuSampler(smi)
+        sampler = sampler_of()
         before = step_sums(served.url)
         results, wall = asyncio.run(asyncio.wait_for(load_results(load), args.load_timeout))
         steps = step_figures(before, step_sums(served.url))
@@ -493,6 +533,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="exit 1 when the servers' greedy outputs differ for any request")
     ap.add_argument("--logs", default=None, metavar="DIR",
                     help="keep the servers' logs here (default: a temporary folder)")
+    ap.add_argument("--device-pid", type=int, default=None, metavar="PID",
+                    help="a process standing in for the GPU, whose CPU time share is reported "
+                         "as the GPU's utilisation: a llama.cpp RPC server lending a CPU, the "
+                         "servers given its --rpc in --ours-args and --theirs-args "
+                         "(default: nvidia-smi's GPU)")
     ap.add_argument("--json", help="append every load, the medians and the run as JSON lines")
     ap.add_argument("--markdown", help="write the table here")
     ap.add_argument("--merge", nargs="+", metavar="JSONL",
@@ -602,6 +647,17 @@ def main(argv: Optional[list[str]] = None) -> int:
             "llama_server_version": command_output([theirs, "--version"]) if theirs else None,
             "gpu_name": command_output([smi, "--query-gpu=name", "--format=csv,noheader"])
             if smi else None}
+    if args.device_pid is not None:
+        try:
+            with open(f"/proc/{args.device_pid}/cmdline", "rb") as fh:
+                shown_cmd = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            ap.error(f"--device-pid: no process {args.device_pid}")
+        meta["gpu_name"] = (f"process {args.device_pid} ({shown_cmd}), its CPU time share as "
+                            "the utilisation")
+    sampler_of: Callable[[], Any] = ((lambda: ProcSampler(args.device_pid))
+                                     if args.device_pid is not None
+                                     else (lambda: GpuSampler(smi)))
     emit({"label": "run", **meta}, args.json)
     for label, cmd in servers:
         print(f"# {label}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
@@ -631,7 +687,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     print(f"# round {rnd}/{args.rounds}: {label}, {name}, "
                           f"{c if decode else requests_at(args, c)} requests",
                           file=sys.stderr, flush=True)
-                    result = measure(args, cmd, label, c, logs_dir, smi, decode)
+                    result = measure(args, cmd, label, c, logs_dir, sampler_of, decode)
                     result["round"] = rnd
                     runs[name][label].append(result)
                     emit({k: finite(v) for k, v in result.items() if k != "outputs"}, args.json)

@@ -115,8 +115,8 @@ def test_a_server_that_does_not_start_is_a_failed_load_and_the_rounds_go_on(tmp_
     broken = [sys.executable, "-c", "import sys; print('no such model', file=sys.stderr); "
               "sys.exit(3)"]
     args = namespace(argv=["--start-timeout", "30", "--concurrency", "1,2"])
-    results = [gpu_rounds.measure(args, broken, gpu_rounds.OURS, c, str(tmp_path), None)
-               for c in (1, 2)]
+    results = [gpu_rounds.measure(args, broken, gpu_rounds.OURS, c, str(tmp_path),
+                                  lambda: gpu_rounds.GpuSampler(None)) for c in (1, 2)]
     for c, r in zip((1, 2), results):
         assert r["load"] == f"closed c={c}" and r["completed"] == 0
         assert "did not start" in r["error"] and "no such model" in r["error"]
@@ -265,3 +265,30 @@ def test_smoke_run_writes_the_table_and_json_lines(tmp_path, monkeypatch, capsys
     assert any(ln.startswith("| 1 | 3 | step ms in the model |") for ln in body)
     assert all(ln.count("|") == 7 for ln in lines[head:head + 2] + body)
     assert any(ln.startswith("| 2 | 3 | GPU util max % | 80 |") for ln in body)
+
+
+def test_a_process_standing_in_for_the_gpu_reports_its_cpu_share():
+    """--device-pid: a process that computes (an RPC server lending a CPU) is the GPU, its CPU
+    time share the utilisation; one that waits is idle."""
+    import subprocess
+    import time
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        samplers = [gpu_rounds.ProcSampler(p.pid) for p in (busy, idle)]
+        time.sleep(1.6)
+        now = time.perf_counter()
+        hot, cold = (s.stop((now - 1.5, now)) for s in samplers)
+    finally:
+        for p in (busy, idle):
+            p.kill()
+            p.wait()
+    assert hot["gpu_samples"] >= 4 and cold["gpu_samples"] >= 4
+    assert hot["gpu_util_mean_pct"] > 40 > cold["gpu_util_mean_pct"]
+    assert hot["gpu_mem_max_mib"] > 1
+    # The samples at least SMI_AVERAGED_S into the window count for the decode phase.
+    assert hot["gpu_decode_samples"] >= 1
+    # A process that is gone ends the sampling with what was taken.
+    gone = gpu_rounds.ProcSampler(busy.pid)
+    assert gone.stop()["gpu_samples"] == 0
