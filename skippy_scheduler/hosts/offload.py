@@ -135,6 +135,12 @@ class Placement:
     def on_gpu(self) -> bool:
         return self.n_gpu_layers > 0
 
+    @property
+    def over_rpc(self) -> bool:
+        """Every GPU that holds layers is a llama.cpp RPC server's (`--rpc`: RPC0, RPC1, ...)."""
+        held = [name for name in self.gpus if self.weights.get(name)]
+        return self.on_gpu and bool(held) and all(name.startswith("RPC") for name in held)
+
     def line(self) -> str:
         """`17/17 layers on CUDA0, KV 2.0 GiB on CUDA0` or `0 layers on a GPU: <why>`."""
         if not self.on_gpu:

@@ -279,6 +279,9 @@ def test_auto_means_on_with_layers_on_a_gpu():
     assert resolve_backend_sampling("auto", on_gpu=False) is False
     assert resolve_backend_sampling("on", on_gpu=False) is True
     assert resolve_backend_sampling("off", on_gpu=True) is False
+    # An RPC server's device: the host samples unless asked (docs/gpu.md, "Devices over RPC").
+    assert resolve_backend_sampling("auto", on_gpu=True, over_rpc=True) is False
+    assert resolve_backend_sampling("on", on_gpu=True, over_rpc=True) is True
 
 
 def test_default_on_the_cpu_is_the_host_path(model_path):

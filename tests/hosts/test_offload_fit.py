@@ -158,3 +158,14 @@ def test_the_footprint_of_a_gguf_matches_its_tensors(tmp_path):
     (tmp_path / "cut.gguf").write_bytes(data[: len(data) * 2 // 3])
     with pytest.raises(ModelFileError, match="not a whole GGUF model"):
         footprint_from_gguf(tmp_path / "cut.gguf")
+
+
+def test_layers_on_rpc_servers_only_are_over_rpc():
+    rpc = Device(3, "RPC0", "10.0.0.2:50052", "gpu", free=40 * GiB, total=40 * GiB)
+    assert fit([rpc]).over_rpc
+    assert not fit([gpu(0, 40)]).over_rpc and not fit([]).over_rpc
+    # A local GPU and an RPC server: not every layer crosses the network.
+    both = fit([gpu(0, 40), rpc])
+    assert set(both.kv) == {"CUDA0", "RPC0"} and not both.over_rpc
+    # Only the RPC server's share chosen (-dev RPC0): over RPC again.
+    assert fit([gpu(0, 40), rpc], OffloadSpec(devices=("RPC0",))).over_rpc

@@ -72,11 +72,12 @@ def test_list_devices_shows_the_rpc_server_as_a_gpu(rpc_endpoint):
 def test_layers_kv_and_sampling_on_the_device_give_the_cpus_tokens(tmp_path, rpc_endpoint):
     (tmp_path / "dev").mkdir()
     (tmp_path / "cpu").mkdir()
-    dev = Spawned(tmp_path / "dev", "--rpc", rpc_endpoint, *EXACT)
+    # Sampling on the device asked for (on an RPC server's device `auto` leaves it to the host).
+    dev = Spawned(tmp_path / "dev", "--rpc", rpc_endpoint, *EXACT, "-bs", "on")
     try:
         banner = dev.log().splitlines()[0]
-        # Every layer there, and the KV (lanes and holders); the device's defaults: sampling
-        # on the device and (not in the line) two plans in flight.
+        # Every layer there, and the KV (lanes and holders); sampling on the device and (the
+        # device's default, not in the line) two plans in flight.
         assert "(3/3 layers on RPC0, KV " in banner and " on RPC0, 6 lanes" in banner, banner
         assert "sampling on the device" in banner, banner
         got = _at_once(dev.url)
@@ -130,6 +131,9 @@ def test_a_server_held_by_another_process_is_waited_for_within_a_limit(tmp_path,
     # said (the other process here: a server whose model lives on the RPC server).
     held = Spawned(tmp_path, "--rpc", rpc_endpoint)
     try:
+        banner = held.log().splitlines()[0]
+        # With no flag the host samples for an RPC server's device (docs/gpu.md).
+        assert "layers on RPC0" in banner and "sampling on the device" not in banner, banner
         code = ("import sys\n"
                 "from skippy_scheduler.hosts.llama.backend import add_rpc_servers\n"
                 "from skippy_scheduler.hosts.offload import RpcError\n"

@@ -20,8 +20,9 @@ LANE_CTX = 512
 
 # SKIPPY_SERVE_DEVICE=rpc: the in-process servers of the serve tests put their layers and KV on
 # a device that is not the host's, a llama.cpp RPC server lending this machine's CPU (started
-# once, `rpc_endpoint`). The GPU's defaults then apply (two plans in flight, sampling on the
-# device) with the exact KV settings (f32, flash attention off), so the tokens stay the CPU's.
+# once, `rpc_endpoint`). The GPU's defaults then apply (two plans in flight), with sampling on
+# the device (a GPU's default, asked for: on an RPC device the host samples by default) and the
+# exact KV settings (f32, flash attention off), so the tokens stay the CPU's.
 # The servers of other processes (`Spawned`) stay on the CPU: an RPC server serves one process
 # at a time, and this one is held by the test process.
 ON_DEVICE = os.environ.get("SKIPPY_SERVE_DEVICE", "") == "rpc"
@@ -35,7 +36,7 @@ def start_server(model_path, **overrides) -> Server:
         from skippy_scheduler.hosts.offload import OffloadSpec
 
         settings.update(offload=OffloadSpec(rpc=(rpc_endpoint(),)), kv_type="f32",
-                        flash_attn=False)
+                        flash_attn=False, backend_sampling="on")
     settings.update(overrides)
     server = Server(ServeSettings(**settings))
     server.start_in_thread()

@@ -64,10 +64,14 @@ def backend_sampling_mode(value: bool | str | None) -> str:
     raise ValueError(f"backend_sampling must be one of {', '.join(MODES)}, got {value!r}")
 
 
-def resolve_backend_sampling(value: bool | str | None, on_gpu: bool) -> bool:
-    """Whether sequences sample on the device: `auto` means on when layers run on a GPU."""
+def resolve_backend_sampling(value: bool | str | None, on_gpu: bool,
+                             over_rpc: bool = False) -> bool:
+    """Whether sequences sample on the device: `auto` means on when layers run on a GPU, but
+    not on an RPC server's (`over_rpc`): there a step's sampling outputs cross the network
+    besides its logits, and a load ran at about 0.7x the host sampling's output rate
+    (docs/gpu.md, "Devices over RPC")."""
     mode = backend_sampling_mode(value)
-    return on_gpu if mode == "auto" else mode == "on"
+    return (on_gpu and not over_rpc) if mode == "auto" else mode == "on"
 
 
 def device_capable(params: SamplingParams | None) -> bool:

@@ -167,7 +167,8 @@ class LlamaHost:
             "prefix_replace_share": replace_share, "gap_fill_max": gap_fill_max,
         }
         on_device = resolve_backend_sampling(
-            sampling_mode, placement is not None and placement.on_gpu)
+            sampling_mode, placement is not None and placement.on_gpu,
+            placement is not None and placement.over_rpc)
         self.settings["backend_sampling"] = on_device
         self._lanes = lanes = Lanes(n_seq_max, cells)
         self._samplers = samplers = Samplers(
