@@ -130,9 +130,24 @@ def gpu_model_shape():
                           n_ff=5632, context_length=65536, rope_dimension=64)
 
 
-def write_model(path: str, seed: int) -> None:
+def rpc_model_shape():
+    """The RPC table's model (BENCHMARKS.md "On a device that is not the host's"): 4.3 M
+    parameters, the GPU model's vocabulary, a decode step of 64 rows in tens of ms on one CPU
+    core, so that the host's work per step counts as it does beside a GPU."""
+    from skippy_scheduler.hosts.tiny_model import TinyModelShape
+
+    return TinyModelShape(n_vocab=32000, n_embd=64, n_layer=4, n_head=4, n_head_kv=4,
+                          n_ff=192, context_length=4096, rope_dimension=16)
+
+
+def write_model(path: str, seed: int, rpc: bool = False) -> None:
     from skippy_scheduler.hosts.tiny_model import parameter_count, write_tiny_llama
 
+    if rpc:
+        shape = rpc_model_shape()
+        write_tiny_llama(path, seed=seed, shape=shape)
+        print(f"{path}: {parameter_count(shape) / 1e6:.1f} M parameters, f32", file=sys.stderr)
+        return
     shape = gpu_model_shape()
     write_tiny_llama(path, seed=seed, dtype="f16", shape=shape)
     print(f"{path}: {parameter_count(shape) / 1e9:.2f} B parameters, f16", file=sys.stderr)
@@ -496,6 +511,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", help="GGUF both servers load (required unless --write-model)")
     ap.add_argument("--write-model", metavar="PATH",
                     help="write the GPU table's 0.85 B f16 random-weight llama here and exit")
+    ap.add_argument("--write-rpc-model", metavar="PATH",
+                    help="write the model of the RPC table (4.3 M parameters, f32; "
+                         "BENCHMARKS.md) here and exit")
     ap.add_argument("--llama-server", default=None, metavar="PATH",
                     help="llama-server binary (default: $LLAMA_SERVER, else llama-server on "
                          "PATH)")
@@ -610,8 +628,9 @@ def merge(args: argparse.Namespace) -> int:
 def main(argv: Optional[list[str]] = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    if args.write_model:
-        write_model(args.write_model, args.seed)
+    if args.write_model or args.write_rpc_model:
+        write_model(args.write_model or args.write_rpc_model, args.seed,
+                    rpc=bool(args.write_rpc_model))
         return 0
     if args.merge:
         return merge(args)
