@@ -121,6 +121,18 @@ def list_devices() -> list[Device]:
     return out
 
 
+def rpc_function(name: bytes) -> int:
+    """The address of one of llama.cpp's RPC backend functions (`ggml_backend_rpc_add_server`,
+    `..._start_server`); RpcError when this llama.cpp has no RPC backend."""
+    lib = _ggml_lib()
+    reg = lib.ggml_backend_reg_by_name(b"RPC")
+    address = lib.ggml_backend_reg_get_proc_address(reg, name) if reg else None
+    if not address:
+        raise RpcError("this llama.cpp was built without its RPC backend; build "
+                       "llama-cpp-python with CMAKE_ARGS=\"-DGGML_RPC=on\" (docs/gpu.md)")
+    return int(address)
+
+
 _RPC_ADD_SERVER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)
 _rpc_servers: list[str] = []  # registered in this process, in order (RPC0, RPC1, ...)
 _rpc_lock = threading.Lock()
@@ -148,12 +160,10 @@ def add_rpc_servers(endpoints: Sequence[str], timeout: float = 30.0,
         todo = [e for e in endpoints if e not in _rpc_servers]
         if not todo:
             return
-        reg = lib.ggml_backend_reg_by_name(b"RPC")
-        add = lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server") \
-            if reg else None
-        if not add:
-            raise RpcError("--rpc: this llama.cpp was built without its RPC backend; build "
-                           "llama-cpp-python with CMAKE_ARGS=\"-DGGML_RPC=on\" (docs/gpu.md)")
+        try:
+            add = rpc_function(b"ggml_backend_rpc_add_server")
+        except RpcError as exc:
+            raise RpcError(f"--rpc: {exc}") from None
         for endpoint in todo:
             host, _, port = endpoint.partition(":")
             try:  # IPv4, as llama.cpp's client resolves the host

@@ -25,7 +25,7 @@ import sys
 from typing import Optional, Sequence
 
 from ..offload import RpcError
-from .backend import _device_handles, _ggml_lib, init_backend, list_devices
+from .backend import _device_handles, init_backend, list_devices, rpc_function
 
 _START = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
                           ctypes.c_size_t, ctypes.c_void_p)
@@ -36,13 +36,7 @@ def serve_forever(endpoint: str, devices: Sequence[str] = (), threads: int = 1) 
     CPU) at `endpoint` (host:port). Returns only when llama.cpp's server gives up (a port
     already taken, say); RpcError before starting when it cannot."""
     init_backend()
-    lib = _ggml_lib()
-    reg = lib.ggml_backend_reg_by_name(b"RPC")
-    start = lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_start_server") \
-        if reg else None
-    if not start:
-        raise RpcError("this llama.cpp was built without its RPC backend; build "
-                       "llama-cpp-python with CMAKE_ARGS=\"-DGGML_RPC=on\" (docs/gpu.md)")
+    start = rpc_function(b"ggml_backend_rpc_start_server")
     known = list_devices()
     handles = dict(zip((d.name for d in known), _device_handles()))
     if devices:
