@@ -66,7 +66,7 @@ class _ListDevices(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: Optional[str] = None) -> None:
         try:
-            print(devices_text(tuple(dict.fromkeys(getattr(namespace, "rpc", ())))))
+            print(devices_text(getattr(namespace, "rpc", ())))
         except CommandError as exc:
             parser.error(str(exc))
         parser.exit(0)
