@@ -1,0 +1,122 @@
+"""The llama.cpp host's own CPU per step: what its worker thread spends around the decode call.
+
+    python bench/host_cpu.py -- -m rpc-4m.gguf --prompts prompts.json -n 256 -np 64 -t 1 \\
+        --rpc 127.0.0.1:50632 -fa off
+    python bench/host_cpu.py --write-prompts prompts.json --count 64
+
+Everything after `--` is `skippy-scheduler run`'s command line: this runs it in this process
+with `LlamaHost.execute` and `Decoder.decode` (the C call that stages the batch, runs
+`llama_decode` and waits for the outputs) timed on the thread that calls them, both by the
+thread's CPU clock (`time.thread_time_ns`) and by the wall clock. Beside a device (a GPU, or a
+llama.cpp RPC server lending a CPU: `--rpc`) the decode's CPU is the host's share of it (graph
+building, the inputs, copying the outputs), the wall its whole length, and the CPU of
+`execute` outside it is the host's own Python around each step: reading the plan, assigning
+lanes, staging the batch, taking each row's argmax. That part is on the token's critical path:
+with plans in flight the device waits for it between two steps.
+
+Reported (one JSON line with `--json`): the run's summary line, then the medians over the
+steps with as many rows as the busiest step (the decode phase; the first quarter of
+them skipped as warm-up): `execute_cpu_us`, `decode_cpu_us`, `outside_cpu_us` (execute minus
+decode, step by step), `execute_wall_us`, `decode_wall_us`. Alternate two trees' runs on a quiet
+machine to compare them (the CPU clock is steadier than the wall but not immune to the other
+thread of the same core).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+
+def measure(run_argv: list[str]) -> dict[str, Any]:
+    from skippy_scheduler.cli import main
+    from skippy_scheduler.hosts.llama import decode as decode_mod
+    from skippy_scheduler.hosts.llama import host as host_mod
+
+    decodes: list[tuple[int, int]] = []  # (thread CPU ns, wall ns) of each decode call
+    steps: list[tuple[int, int, int, int, int]] = []  # rows, CPU, wall, decode CPU, wall
+    execute, decode = host_mod.LlamaHost.execute, decode_mod.Decoder.decode
+
+    def timed_decode(self: Any, *args: Any, **kwargs: Any) -> Any:
+        c, w = time.thread_time_ns(), time.perf_counter_ns()
+        try:
+            return decode(self, *args, **kwargs)
+        finally:
+            decodes.append((time.thread_time_ns() - c, time.perf_counter_ns() - w))
+
+    def timed_execute(self: Any, plan: Any) -> Any:
+        first = len(decodes)
+        c, w = time.thread_time_ns(), time.perf_counter_ns()
+        try:
+            return execute(self, plan)
+        finally:
+            cpu, wall = time.thread_time_ns() - c, time.perf_counter_ns() - w
+            mine = decodes[first:]  # the decode calls of this plan (one; none when empty)
+            steps.append((len(plan), cpu, wall, sum(d[0] for d in mine),
+                          sum(d[1] for d in mine)))
+
+    decode_mod.Decoder.decode = timed_decode  # type: ignore[method-assign]
+    host_mod.LlamaHost.execute = timed_execute  # type: ignore[method-assign]
+    try:
+        rc = main(["run", *run_argv])
+    finally:
+        decode_mod.Decoder.decode = decode  # type: ignore[method-assign]
+        host_mod.LlamaHost.execute = execute  # type: ignore[method-assign]
+    if rc:
+        raise SystemExit(f"skippy-scheduler run exited {rc}")
+    steps = [s for s in steps if s[0] > 0]
+    if not steps:
+        raise SystemExit("the run executed no plan")
+    busiest = max(s[0] for s in steps)
+    phase = [s for s in steps if s[0] == busiest]
+    phase = phase[len(phase) // 4:] or phase
+
+    def med(values: list[int]) -> float:
+        return round(statistics.median(values) / 1e3, 1)
+
+    return {
+        "steps": len(steps), "decode_phase_steps": len(phase), "rows": busiest,
+        "execute_cpu_us": med([s[1] for s in phase]),
+        "decode_cpu_us": med([s[3] for s in phase]),
+        "outside_cpu_us": med([s[1] - s[3] for s in phase]),
+        "execute_wall_us": med([s[2] for s in phase]),
+        "decode_wall_us": med([s[4] for s in phase]),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    run_argv: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, run_argv = argv[:cut], argv[cut + 1:]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 usage="%(prog)s [--json FILE] -- RUN_ARGS...")
+    ap.add_argument("--json", help="append the result as a JSON line")
+    ap.add_argument("--label", default="", help="a label kept in the JSON line")
+    ap.add_argument("--write-prompts", metavar="PATH",
+                    help="write a prompts file for `run --prompts` (distinct prompts of about "
+                         "40 words) and exit")
+    ap.add_argument("--count", type=int, default=64, help="prompts --write-prompts writes")
+    args = ap.parse_args(argv)
+    if args.write_prompts:
+        if args.count < 1:
+            ap.error("--count must be at least 1")
+        with open(args.write_prompts, "w") as f:
+            json.dump([f"{'word ' * 40}{i}" for i in range(args.count)], f)
+        return 0
+    if not run_argv:
+        ap.error("give skippy-scheduler run's arguments after --")
+    result = {"label": args.label, **measure(run_argv)}
+    print(json.dumps(result))
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(json.dumps({**result, "run_argv": run_argv}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
