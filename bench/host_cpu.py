@@ -15,11 +15,12 @@ lanes, staging the batch, taking each row's argmax. That part is on the token's 
 with plans in flight the device waits for it between two steps.
 
 Reported (one JSON line with `--json`): the run's summary line, then the medians over the
-steps with as many rows as the busiest step (the decode phase; the first quarter of
-them skipped as warm-up): `execute_cpu_us`, `decode_cpu_us`, `outside_cpu_us` (execute minus
-decode, step by step), `execute_wall_us`, `decode_wall_us`. Alternate two trees' runs on a quiet
-machine to compare them (the CPU clock is steadier than the wall but not immune to the other
-thread of the same core).
+steps with as many rows as the busiest step (the decode phase; the first quarter of them
+skipped as warm-up): `execute_cpu_us`, `decode_cpu_us`, `outside_cpu_us` (execute minus decode,
+step by step), `execute_wall_us`, `decode_wall_us` and `outside_wall_us` (the same difference by
+the wall clock: the CPU outside the call and any wait for the GIL or a core there). Alternate
+two trees' runs on a quiet machine to compare them (the thread's CPU clock is steadier than the
+wall, but a core shared with other threads slows what it counts too).
 """
 from __future__ import annotations
 
@@ -84,6 +85,7 @@ def measure(run_argv: list[str]) -> dict[str, Any]:
         "outside_cpu_us": med([s[1] - s[3] for s in phase]),
         "execute_wall_us": med([s[2] for s in phase]),
         "decode_wall_us": med([s[4] for s in phase]),
+        "outside_wall_us": med([s[2] - s[4] for s in phase]),
     }
 
 

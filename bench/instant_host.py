@@ -45,7 +45,8 @@ class InstantHost(CostModelHost):
     streamed chunk carries one token; at 0 the plan is answered at once. `execute_async` runs a
     plan on one worker thread, as the llama.cpp host runs its decodes, so with plans in flight
     (`--inflight 2`) the engine completes and plans while a plan "runs"; `execute_after` queues
-    the next plan behind it, as the llama.cpp host does.
+    the next plan behind it, and a plan's handle is said done as the next one starts, as the
+    llama.cpp host does.
     """
 
     def __init__(self, n_seq_max: int = 64, n_ctx_seq: int = 4096,

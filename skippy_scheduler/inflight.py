@@ -10,6 +10,7 @@ runs this one.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future
 from typing import Any, Callable, Iterable, Optional, Sequence
@@ -66,11 +67,25 @@ class HostWorker:
     handle is done): by the worker, when the plan just before this one ends and before its
     handle says so, or at once by the caller when nothing is queued or running. When the plan
     a deferred input comes from failed, the plan is not run and its handle raises.
+
+    `hold_until_launch`: when a plan ends with the next one already queued, its handle is
+    said done only once the next one's execution calls `launching()` (the host, just before it
+    blocks in the device's call with the GIL given up), or ends without calling it. The
+    engine thread, waiting on that handle, would otherwise wake as the plan ends and complete
+    it and plan the one after in Python while this thread stages the next plan, both wanting
+    the GIL (and, with the cores taken, a core), so the device would wait for the two of them.
+    The handle's `ended_ns` (`time.perf_counter_ns()`) is the plan's own end either way, for the
+    engine's measure. A host that never calls `launching()` must leave it off: its plans'
+    handles would then be said done one plan late.
     """
 
-    def __init__(self, execute: Callable[[Any], Any], name: str) -> None:
+    def __init__(self, execute: Callable[[Any], Any], name: str, *,
+                 hold_until_launch: bool = False) -> None:
         self._execute = execute
         self._name = name
+        self._hold = hold_until_launch
+        self._held: Optional[tuple[_Job, Any]] = None  # a plan's result, until the next launches
+        self._ident: Optional[int] = None  # the worker thread's
         self._cv = threading.Condition()
         self._queue: deque[_Job] = deque()
         self._busy = False
@@ -90,6 +105,14 @@ class HostWorker:
         job = _Job(None, None)
         job.fn = fn
         return self._enqueue(job)
+
+    def launching(self) -> None:
+        """Hand out the plan before the one now executing, if its result is held (called on
+        the worker thread by the host, just before it blocks in the device's call)."""
+        held = self._held
+        if held is not None and threading.get_ident() == self._ident:
+            self._held = None
+            held[0].future.set_result(held[1])
 
     def close(self) -> None:
         """Run what was started, then end the thread (a later start makes a new one)."""
@@ -133,6 +156,7 @@ class HostWorker:
 
     def _loop(self) -> None:
         cv = self._cv
+        self._ident = threading.get_ident()
         while True:
             with cv:
                 while not self._queue and not self._closing:
@@ -148,6 +172,8 @@ class HostWorker:
                     result = self._execute(job.plan) if job.fn is None else job.fn()
                 except BaseException as exc:
                     error = exc
+            self.launching()  # the plan before, if held: this one never launched
+            ended = time.perf_counter_ns()
             with cv:
                 self._busy = False
                 if error is not None and job.plan is not None:
@@ -156,8 +182,13 @@ class HostWorker:
                 if nxt is not None and nxt.earlier is not None and not nxt.filled \
                         and nxt.error is None:
                     self._fill(nxt)  # before this plan is seen done: its outputs are live
+                hold = (self._hold and error is None and job.fn is None and nxt is not None
+                        and nxt.fn is None and nxt.error is None)
+            job.future.ended_ns = ended  # type: ignore[attr-defined]
             if error is not None:
                 job.future.set_exception(error)
+            elif hold:
+                self._held = (job, result)
             else:
                 job.future.set_result(result)
 

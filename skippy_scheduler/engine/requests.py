@@ -118,7 +118,8 @@ class _InFlight:
     def stamp_done(self, _handle: Any) -> None:
         """A handle's done callback (on the host's worker thread): the execution's end."""
         if not self.done_ns:
-            self.done_ns = time.perf_counter_ns()
+            # A worker that holds a handle until the next plan launches stamps the end itself.
+            self.done_ns = getattr(_handle, "ended_ns", 0) or time.perf_counter_ns()
 
 
 class _Entry:

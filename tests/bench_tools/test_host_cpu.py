@@ -24,6 +24,7 @@ def test_host_cpu_times_the_steps_of_a_run(tmp_path, capsys):
     assert 0 < result["decode_cpu_us"] <= result["execute_cpu_us"]
     assert result["outside_cpu_us"] > 0
     assert 0 < result["decode_wall_us"] <= result["execute_wall_us"]
+    assert result["outside_wall_us"] > 0
     assert "6/6 completed" in capsys.readouterr().out
 
 

@@ -144,3 +144,114 @@ def test_nothing_is_started_while_the_worker_closes():
     assert device.ran == [1]
     assert worker.start(_plan(3)).result(10) == 3  # closed: a later start runs again
     worker.close()
+
+
+class _Launching:
+    """An `execute` that says it launches (`worker.launching()`) unless the plan is in
+    `silent`, recording whether the plan before was seen done at that moment; plans in
+    `gates` wait for their event first (before launching), those in `fail` raise there."""
+
+    def __init__(self, gates=(), fail=(), silent=()) -> None:
+        self.worker: HostWorker | None = None
+        self.gates = {step: threading.Event() for step in gates}
+        self.fail, self.silent = set(fail), set(silent)
+        self.futures: dict[int, Future] = {}
+        self.before_done_at_launch: dict[int, bool] = {}
+
+    def __call__(self, plan) -> int:
+        gate = self.gates.get(plan.step)
+        if gate is not None:
+            assert gate.wait(10)
+        if plan.step in self.fail:
+            raise RuntimeError(f"device lost at {plan.step}")
+        before = self.futures.get(plan.step - 1)
+        if before is not None:
+            self.before_done_at_launch[plan.step] = before.done()
+        if plan.step not in self.silent:
+            assert self.worker is not None
+            self.worker.launching()
+            if before is not None:
+                assert before.done()  # said done by the launch, before the device call
+        return plan.step
+
+
+def _held_worker(device: _Launching) -> HostWorker:
+    worker = HostWorker(device, "test-worker", hold_until_launch=True)
+    device.worker = worker
+    return worker
+
+
+def test_a_plan_is_said_done_when_the_next_one_launches_and_keeps_its_own_end():
+    device = _Launching(gates=[1])
+    worker = _held_worker(device)
+    try:
+        device.futures[1] = one = worker.start(_plan(1))
+        device.futures[2] = two = worker.after(_plan(2), [_plan(1)])
+        device.gates[1].set()
+        assert [one.result(10), two.result(10)] == [1, 2]
+        # Plan 2 was queued when 1 ended: 1 was held until 2 launched.
+        assert device.before_done_at_launch == {2: False}
+        assert 0 < one.ended_ns <= two.ended_ns
+    finally:
+        worker.close()
+
+
+def test_a_plan_with_nothing_queued_behind_it_is_said_done_at_its_end():
+    device = _Launching()
+    worker = _held_worker(device)
+    try:
+        device.futures[1] = one = worker.start(_plan(1))
+        assert one.result(10) == 1  # no next plan to launch: not held
+        device.futures[2] = two = worker.after(_plan(2), [_plan(1)])
+        assert two.result(10) == 2 and device.before_done_at_launch == {2: True}
+    finally:
+        worker.close()
+
+
+def test_a_held_plan_is_said_done_when_the_next_one_ends_without_launching_or_fails():
+    for silent, fail in (([2], []), ([], [2])):
+        device = _Launching(gates=[1], fail=fail, silent=silent)
+        worker = _held_worker(device)
+        try:
+            one = worker.start(_plan(1))
+            two = worker.after(_plan(2), [_plan(1)])
+            device.gates[1].set()
+            assert one.result(10) == 1
+            if fail:
+                with pytest.raises(RuntimeError, match="device lost at 2"):
+                    two.result(10)
+            else:
+                assert two.result(10) == 2
+        finally:
+            worker.close()
+
+
+def test_a_call_behind_a_plan_does_not_hold_it_and_launching_elsewhere_does_nothing():
+    device = _Launching(gates=[1])
+    worker = _held_worker(device)
+    try:
+        device.futures[1] = one = worker.start(_plan(1))
+        seen: list[bool] = []
+        released = worker.call(lambda: seen.append(one.done()))
+        device.futures[2] = two = worker.after(_plan(2), [_plan(1)])
+        device.gates[1].set()
+        released.result(10)
+        assert seen == [True]  # a release runs with the plan before it seen done
+        assert two.result(10) == 2
+        worker.launching()  # not the worker's thread, nothing held: no effect
+    finally:
+        worker.close()
+
+
+def test_without_the_hold_a_plan_is_said_done_at_its_end():
+    device = _Launching(gates=[1])
+    worker = HostWorker(device, "test-worker")
+    device.worker = worker
+    try:
+        device.futures[1] = one = worker.start(_plan(1))
+        device.futures[2] = two = worker.after(_plan(2), [_plan(1)])
+        device.gates[1].set()
+        assert [one.result(10), two.result(10)] == [1, 2]
+        assert device.before_done_at_launch == {2: True}
+    finally:
+        worker.close()

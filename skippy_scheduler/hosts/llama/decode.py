@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from typing import Any
+from typing import Any, Callable, Optional
 
 import numpy as np
 import numpy.typing as npt
@@ -39,6 +39,8 @@ class Decoder:
         self.tok = self.batch.tok
         self.pos = self.batch.pos
         self.decode_ns = 0  # time spent decoding so far, the wait for the outputs included (ns)
+        # Called just before each decode's C call (the host's worker: `HostWorker.launching`).
+        self.on_launch: Optional[Callable[[], None]] = None
 
     def decode(self, n: int, entry_lanes: IntArray, flagged: IntArray) -> npt.NDArray[np.float32]:
         """Decode the first `n` staged entries (`tok`, `pos`; entry i in lane `entry_lanes[i]`)
@@ -47,6 +49,8 @@ class Decoder:
         (with llama.cpp's last log lines) when the decode fails."""
         # A step without outputs (a prompt's middle chunk alone) is not waited for: the device
         # runs it while the host stages the next one.
+        if self.on_launch is not None:
+            self.on_launch()
         t = time.perf_counter_ns()
         rc = self.batch.decode(self._ctx, n, entry_lanes, flagged, synchronize=len(flagged) > 0)
         self.decode_ns += time.perf_counter_ns() - t
