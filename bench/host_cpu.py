@@ -18,9 +18,11 @@ Reported (one JSON line with `--json`): the run's summary line, then the medians
 steps with as many rows as the busiest step (the decode phase; the first quarter of them
 skipped as warm-up): `execute_cpu_us`, `decode_cpu_us`, `outside_cpu_us` (execute minus decode,
 step by step), `execute_wall_us`, `decode_wall_us` and `outside_wall_us` (the same difference by
-the wall clock: the CPU outside the call and any wait for the GIL or a core there). Alternate
-two trees' runs on a quiet machine to compare them (the thread's CPU clock is steadier than the
-wall, but a core shared with other threads slows what it counts too).
+the wall clock: the CPU outside the call and any wait for the GIL or a core there), and
+`read_cpu_us` and `read_wall_us` (the reads of the device's sampled tokens after the decode,
+part of the time outside it; 0 with sampling on the host). Alternate two trees' runs on a
+quiet machine to compare them (the thread's CPU clock is steadier than the wall, but a core
+shared with other threads slows what it counts too).
 """
 from __future__ import annotations
 
@@ -34,45 +36,57 @@ from typing import Any
 
 def measure(run_argv: list[str]) -> dict[str, Any]:
     from skippy_scheduler.cli import main
-    from skippy_scheduler.hosts.llama import decode as decode_mod
+    from skippy_scheduler.hosts.llama import backend_sampling, decode as decode_mod
     from skippy_scheduler.hosts.llama import host as host_mod
 
-    decodes: list[tuple[int, int]] = []  # (thread CPU ns, wall ns) of each decode call
-    steps: list[tuple[int, int, int, int, int]] = []  # rows, CPU, wall, decode CPU, wall
-    execute, decode = host_mod.LlamaHost.execute, decode_mod.Decoder.decode
+    # (owner, method, name) of the calls timed inside a step: the decode call, and the reads of
+    # the device's sampled tokens (with sampling on the device).
+    inner = [(decode_mod.Decoder, "decode", "decode"),
+             (backend_sampling.DeviceChains, "read", "read")]
+    calls: list[tuple[str, int, int]] = []  # (name, thread CPU ns, wall ns) of each inner call
+    steps: list[dict[str, int]] = []
+    originals = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in inner]
+    execute = host_mod.LlamaHost.execute
 
-    def timed_decode(self: Any, *args: Any, **kwargs: Any) -> Any:
-        c, w = time.thread_time_ns(), time.perf_counter_ns()
-        try:
-            return decode(self, *args, **kwargs)
-        finally:
-            decodes.append((time.thread_time_ns() - c, time.perf_counter_ns() - w))
+    def timed(fn: Any, name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            c, w = time.thread_time_ns(), time.perf_counter_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                calls.append((name, time.thread_time_ns() - c, time.perf_counter_ns() - w))
+        return call
 
     def timed_execute(self: Any, plan: Any) -> Any:
-        first = len(decodes)
+        first = len(calls)
         c, w = time.thread_time_ns(), time.perf_counter_ns()
         try:
             return execute(self, plan)
         finally:
-            cpu, wall = time.thread_time_ns() - c, time.perf_counter_ns() - w
-            mine = decodes[first:]  # the decode calls of this plan (one; none when empty)
-            steps.append((len(plan), cpu, wall, sum(d[0] for d in mine),
-                          sum(d[1] for d in mine)))
+            step = {"rows": len(plan), "cpu": time.thread_time_ns() - c,
+                    "wall": time.perf_counter_ns() - w}
+            for _, _, name in inner:  # this plan's calls (one decode; none when empty)
+                mine = [x for x in calls[first:] if x[0] == name]
+                step[f"{name}_cpu"] = sum(x[1] for x in mine)
+                step[f"{name}_wall"] = sum(x[2] for x in mine)
+            steps.append(step)
 
-    decode_mod.Decoder.decode = timed_decode  # type: ignore[method-assign]
+    for (owner, attr, name), (_, _, fn) in zip(inner, originals):
+        setattr(owner, attr, timed(fn, name))
     host_mod.LlamaHost.execute = timed_execute  # type: ignore[method-assign]
     try:
         rc = main(["run", *run_argv])
     finally:
-        decode_mod.Decoder.decode = decode  # type: ignore[method-assign]
+        for owner, attr, fn in originals:
+            setattr(owner, attr, fn)
         host_mod.LlamaHost.execute = execute  # type: ignore[method-assign]
     if rc:
         raise SystemExit(f"skippy-scheduler run exited {rc}")
-    steps = [s for s in steps if s[0] > 0]
+    steps = [s for s in steps if s["rows"] > 0]
     if not steps:
         raise SystemExit("the run executed no plan")
-    busiest = max(s[0] for s in steps)
-    phase = [s for s in steps if s[0] == busiest]
+    busiest = max(s["rows"] for s in steps)
+    phase = [s for s in steps if s["rows"] == busiest]
     phase = phase[len(phase) // 4:] or phase
 
     def med(values: list[int]) -> float:
@@ -80,12 +94,14 @@ def measure(run_argv: list[str]) -> dict[str, Any]:
 
     return {
         "steps": len(steps), "decode_phase_steps": len(phase), "rows": busiest,
-        "execute_cpu_us": med([s[1] for s in phase]),
-        "decode_cpu_us": med([s[3] for s in phase]),
-        "outside_cpu_us": med([s[1] - s[3] for s in phase]),
-        "execute_wall_us": med([s[2] for s in phase]),
-        "decode_wall_us": med([s[4] for s in phase]),
-        "outside_wall_us": med([s[2] - s[4] for s in phase]),
+        "execute_cpu_us": med([s["cpu"] for s in phase]),
+        "decode_cpu_us": med([s["decode_cpu"] for s in phase]),
+        "outside_cpu_us": med([s["cpu"] - s["decode_cpu"] for s in phase]),
+        "execute_wall_us": med([s["wall"] for s in phase]),
+        "decode_wall_us": med([s["decode_wall"] for s in phase]),
+        "outside_wall_us": med([s["wall"] - s["decode_wall"] for s in phase]),
+        "read_cpu_us": med([s["read_cpu"] for s in phase]),
+        "read_wall_us": med([s["read_wall"] for s in phase]),
     }
 
 

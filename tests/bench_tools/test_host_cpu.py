@@ -25,7 +25,17 @@ def test_host_cpu_times_the_steps_of_a_run(tmp_path, capsys):
     assert result["outside_cpu_us"] > 0
     assert 0 < result["decode_wall_us"] <= result["execute_wall_us"]
     assert result["outside_wall_us"] > 0
+    assert result["read_cpu_us"] == 0  # sampled on the host
     assert "6/6 completed" in capsys.readouterr().out
+
+
+def test_host_cpu_times_the_device_reads_with_sampling_on_the_device(tmp_path):
+    out = tmp_path / "cpu.jsonl"
+    assert host_cpu.main(["--json", str(out), "--", "-n", "12", "-np", "6", "-t", "1",
+                          "--inflight", "2", "-bs", "on"]) == 0
+    result = json.loads(out.read_text())
+    assert 0 < result["read_cpu_us"] <= result["outside_cpu_us"]
+    assert 0 < result["read_wall_us"] <= result["outside_wall_us"]
 
 
 def test_host_cpu_needs_the_run_arguments():
