@@ -19,6 +19,7 @@
 # Environment: BUDGET_S (seconds this run may take, default 570: a phase that cannot finish in
 # what is left is skipped and says so), GPU_WORK (/tmp/gw), MODEL (default
 # $GPU_WORK/bench-0.85b-f16.gguf, written when missing), CHECKS (0: skip the offload checks),
+# HOST_CPU (1: time the host's work between two decodes, bench/host_cpu.py, before the rounds),
 # ROUNDS (gpu_rounds.py's rounds, default 1; 0 skips them), CONCURRENCY (default 1,16,64),
 # DECODE_TOKENS (gpu_rounds.py's --decode-tokens, default 384; 0: no decode-phase load),
 # THREADS (both servers' threads, default half the cores), OURS_ARGS (default '-fa off
@@ -137,7 +138,28 @@ print("all layers on a GPU:", o.get("all_layers_on_gpu"), "| chat answered:", o.
   pack
 fi
 
-# 4. The table: this server beside llama-server, as many rounds as asked while time is left.
+# 4. With HOST_CPU=1: the host's own time between two decodes (bench/host_cpu.py: `run` with
+#    64 prompts of 256 tokens, this server's settings), sampling on the host, then on the device.
+if [[ ${HOST_CPU:-0} != 0 ]]; then
+  "$PY" "$ROOT/bench/host_cpu.py" --write-prompts "$W/host-cpu-prompts.json" --count 64
+  for bs in off on; do
+    if (( $(left) > 90 )); then
+      say "host_cpu -bs $bs (at most 60s)"
+      # shellcheck disable=SC2086
+      timeout -s INT -k 10 60 "$PY" "$ROOT/bench/host_cpu.py" --label "bs-$bs" \
+        --json "$D/host-cpu.jsonl" -- -m "$MODEL" --prompts "$W/host-cpu-prompts.json" \
+        -n 256 -np 64 -t "$THREADS" ${OURS_ARGS:--fa off --kv-type f16} -bs "$bs" \
+        > "$D/host-cpu-$bs.log" 2>&1
+      rc=$?
+      say "host_cpu -bs $bs ended ($rc): $(tail -1 "$D/host-cpu-$bs.log" | head -c 500)"
+    else
+      say "host_cpu -bs $bs skipped: $(left)s left"
+    fi
+  done
+  pack
+fi
+
+# 5. The table: this server beside llama-server, as many rounds as asked while time is left.
 if [[ ${ROUNDS:-1} != 0 ]]; then
   if (( $(left) > 150 )); then
     cap=$(( $(left) - 25 )); (( cap > ${ROUNDS_S:-600} )) && cap=${ROUNDS_S:-600}
