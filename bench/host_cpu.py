@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, run_argv = argv[:cut], argv[cut + 1:]
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
                                  usage="%(prog)s [--json FILE] -- RUN_ARGS...")
     ap.add_argument("--json", help="append the result as a JSON line")
     ap.add_argument("--label", default="", help="a label kept in the JSON line")
