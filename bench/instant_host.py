@@ -59,9 +59,10 @@ class InstantHost(CostModelHost):
         self.n_ctx = n_seq_max * n_ctx_seq
         self.n_batch = self.n_ctx  # decodes nothing: a plan may hold the whole context
         self.releases = 0
-        self._worker = HostWorker(self.execute, "instant-step")
+        self._worker = HostWorker(self.execute, "instant-step", hold_until_launch=True)
 
     def execute(self, plan: Plan) -> None:
+        self._worker.launching()  # the "device" starts: the plan before is said done now
         if self.step_s > 0:
             time.sleep(self.step_s)
         super().execute(plan)

@@ -172,8 +172,8 @@ class HostWorker:
                     result = self._execute(job.plan) if job.fn is None else job.fn()
                 except BaseException as exc:
                     error = exc
-            self.launching()  # the plan before, if held: this one never launched
             ended = time.perf_counter_ns()
+            self.launching()  # the plan before, if held: this one never launched
             with cv:
                 self._busy = False
                 if error is not None and job.plan is not None:

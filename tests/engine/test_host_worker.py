@@ -148,25 +148,25 @@ def test_nothing_is_started_while_the_worker_closes():
 
 class _Launching:
     """An `execute` that says it launches (`worker.launching()`) unless the plan is in
-    `silent`, recording whether the plan before was seen done at that moment; plans in
-    `gates` wait for their event first (before launching), those in `fail` raise there."""
+    `silent`, recording whether the plan before was seen done when this one started; plans in
+    `gates` then wait for their event (before launching), those in `fail` raise there."""
 
     def __init__(self, gates=(), fail=(), silent=()) -> None:
         self.worker: HostWorker | None = None
         self.gates = {step: threading.Event() for step in gates}
         self.fail, self.silent = set(fail), set(silent)
         self.futures: dict[int, Future] = {}
-        self.before_done_at_launch: dict[int, bool] = {}
+        self.before_done_at_start: dict[int, bool] = {}
 
     def __call__(self, plan) -> int:
+        before = self.futures.get(plan.step - 1)
+        if before is not None:
+            self.before_done_at_start[plan.step] = before.done()
         gate = self.gates.get(plan.step)
         if gate is not None:
             assert gate.wait(10)
         if plan.step in self.fail:
             raise RuntimeError(f"device lost at {plan.step}")
-        before = self.futures.get(plan.step - 1)
-        if before is not None:
-            self.before_done_at_launch[plan.step] = before.done()
         if plan.step not in self.silent:
             assert self.worker is not None
             self.worker.launching()
@@ -190,7 +190,7 @@ def test_a_plan_is_said_done_when_the_next_one_launches_and_keeps_its_own_end():
         device.gates[1].set()
         assert [one.result(10), two.result(10)] == [1, 2]
         # Plan 2 was queued when 1 ended: 1 was held until 2 launched.
-        assert device.before_done_at_launch == {2: False}
+        assert device.before_done_at_start == {2: False}
         assert 0 < one.ended_ns <= two.ended_ns
     finally:
         worker.close()
@@ -203,7 +203,7 @@ def test_a_plan_with_nothing_queued_behind_it_is_said_done_at_its_end():
         device.futures[1] = one = worker.start(_plan(1))
         assert one.result(10) == 1  # no next plan to launch: not held
         device.futures[2] = two = worker.after(_plan(2), [_plan(1)])
-        assert two.result(10) == 2 and device.before_done_at_launch == {2: True}
+        assert two.result(10) == 2 and device.before_done_at_start == {2: True}
     finally:
         worker.close()
 
@@ -213,20 +213,22 @@ def test_a_held_plan_is_said_done_when_the_next_one_ends_without_launching_or_fa
         device = _Launching(gates=[1], fail=fail, silent=silent)
         worker = _held_worker(device)
         try:
-            one = worker.start(_plan(1))
-            two = worker.after(_plan(2), [_plan(1)])
+            device.futures[1] = one = worker.start(_plan(1))
+            device.futures[2] = two = worker.after(_plan(2), [_plan(1)])
             device.gates[1].set()
-            assert one.result(10) == 1
             if fail:
                 with pytest.raises(RuntimeError, match="device lost at 2"):
                     two.result(10)
             else:
                 assert two.result(10) == 2
+            # Held while 2 ran, said done before 2 was (its result or its failure).
+            assert device.before_done_at_start == {2: False}
+            assert one.done() and one.result() == 1
         finally:
             worker.close()
 
 
-def test_a_call_behind_a_plan_does_not_hold_it_and_launching_elsewhere_does_nothing():
+def test_a_call_behind_a_plan_does_not_hold_it():
     device = _Launching(gates=[1])
     worker = _held_worker(device)
     try:
@@ -238,7 +240,26 @@ def test_a_call_behind_a_plan_does_not_hold_it_and_launching_elsewhere_does_noth
         released.result(10)
         assert seen == [True]  # a release runs with the plan before it seen done
         assert two.result(10) == 2
-        worker.launching()  # not the worker's thread, nothing held: no effect
+    finally:
+        worker.close()
+
+
+def test_launching_on_another_thread_does_not_release_a_held_plan():
+    device = _Launching(gates=[1, 2])
+    worker = _held_worker(device)
+    try:
+        device.futures[1] = one = worker.start(_plan(1))
+        device.futures[2] = two = worker.after(_plan(2), [_plan(1)])
+        device.gates[1].set()
+        for _ in range(10000):  # until plan 2 has started (1 is held: it has not launched)
+            if 2 in device.before_done_at_start:
+                break
+            threading.Event().wait(0.001)
+        assert device.before_done_at_start == {2: False}
+        worker.launching()  # the test's thread, not the worker's
+        assert not one.done()
+        device.gates[2].set()
+        assert [one.result(10), two.result(10)] == [1, 2]
     finally:
         worker.close()
 
@@ -252,6 +273,6 @@ def test_without_the_hold_a_plan_is_said_done_at_its_end():
         device.futures[2] = two = worker.after(_plan(2), [_plan(1)])
         device.gates[1].set()
         assert [one.result(10), two.result(10)] == [1, 2]
-        assert device.before_done_at_launch == {2: True}
+        assert device.before_done_at_start == {2: True}
     finally:
         worker.close()
