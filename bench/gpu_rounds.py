@@ -143,14 +143,11 @@ def rpc_model_shape():
 def write_model(path: str, seed: int, rpc: bool = False) -> None:
     from skippy_scheduler.hosts.tiny_model import parameter_count, write_tiny_llama
 
-    if rpc:
-        shape = rpc_model_shape()
-        write_tiny_llama(path, seed=seed, shape=shape)
-        print(f"{path}: {parameter_count(shape) / 1e6:.1f} M parameters, f32", file=sys.stderr)
-        return
-    shape = gpu_model_shape()
-    write_tiny_llama(path, seed=seed, dtype="f16", shape=shape)
-    print(f"{path}: {parameter_count(shape) / 1e9:.2f} B parameters, f16", file=sys.stderr)
+    shape, dtype = (rpc_model_shape(), "f32") if rpc else (gpu_model_shape(), "f16")
+    write_tiny_llama(path, seed=seed, dtype=dtype, shape=shape)
+    n = parameter_count(shape)
+    size = f"{n / 1e6:.1f} M" if n < 1e8 else f"{n / 1e9:.2f} B"
+    print(f"{path}: {size} parameters, {dtype}", file=sys.stderr)
 
 
 def serve_has_ngl() -> bool:

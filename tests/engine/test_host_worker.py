@@ -175,22 +175,24 @@ class _Launching:
         return plan.step
 
 
-def _held_worker(device: _Launching) -> HostWorker:
-    worker = HostWorker(device, "test-worker", hold_until_launch=True)
+def _held_worker(device: _Launching, hold: bool = True) -> HostWorker:
+    worker = HostWorker(device, "test-worker", hold_until_launch=hold)
     device.worker = worker
     return worker
 
 
-def test_a_plan_is_said_done_when_the_next_one_launches_and_keeps_its_own_end():
+@pytest.mark.parametrize("hold", [True, False])
+def test_a_plan_is_said_done_when_the_next_one_launches_and_keeps_its_own_end(hold):
     device = _Launching(gates=[1])
-    worker = _held_worker(device)
+    worker = _held_worker(device, hold)
     try:
         device.futures[1] = one = worker.start(_plan(1))
         device.futures[2] = two = worker.after(_plan(2), [_plan(1)])
         device.gates[1].set()
         assert [one.result(10), two.result(10)] == [1, 2]
-        # Plan 2 was queued when 1 ended: 1 was held until 2 launched.
-        assert device.before_done_at_start == {2: False}
+        # Plan 2 was queued when 1 ended: with the hold, 1 was held until 2 launched; without
+        # it, 1 was said done at its end.
+        assert device.before_done_at_start == {2: not hold}
         assert 0 < one.ended_ns <= two.ended_ns
     finally:
         worker.close()
@@ -263,16 +265,3 @@ def test_launching_on_another_thread_does_not_release_a_held_plan():
     finally:
         worker.close()
 
-
-def test_without_the_hold_a_plan_is_said_done_at_its_end():
-    device = _Launching(gates=[1])
-    worker = HostWorker(device, "test-worker")
-    device.worker = worker
-    try:
-        device.futures[1] = one = worker.start(_plan(1))
-        device.futures[2] = two = worker.after(_plan(2), [_plan(1)])
-        device.gates[1].set()
-        assert [one.result(10), two.result(10)] == [1, 2]
-        assert device.before_done_at_start == {2: True}
-    finally:
-        worker.close()

@@ -157,7 +157,7 @@ def add_rpc_servers(endpoints: Sequence[str], timeout: float = 30.0,
     init_backend()
     lib = _ggml_lib()
     with _rpc_lock:
-        todo = [e for e in endpoints if e not in _rpc_servers]
+        todo = [e for e in dict.fromkeys(endpoints) if e not in _rpc_servers]
         if not todo:
             return
         try:
@@ -165,8 +165,6 @@ def add_rpc_servers(endpoints: Sequence[str], timeout: float = 30.0,
         except RpcError as exc:
             raise RpcError(f"--rpc: {exc}") from None
         for endpoint in todo:
-            if endpoint in _rpc_servers:  # given twice
-                continue
             host, _, port = endpoint.partition(":")
             try:  # IPv4, as llama.cpp's client resolves the host
                 with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
