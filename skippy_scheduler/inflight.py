@@ -114,6 +114,19 @@ class HostWorker:
             self._held = None
             held[0].future.set_result(held[1])
 
+    def next_plan(self) -> Any:
+        """The plan queued to run next on this worker, or None (nothing queued, a call first,
+        or a plan that will not run): for the host to stage it while the device runs the one
+        now executing (called on the worker thread; its deferred inputs may not be filled
+        yet)."""
+        if threading.get_ident() != self._ident:
+            return None
+        with self._cv:
+            job = self._queue[0] if self._queue else None
+            if job is None or job.fn is not None or job.error is not None:
+                return None
+            return job.plan
+
     def close(self) -> None:
         """Run what was started, then end the thread (a later start makes a new one)."""
         with self._cv:

@@ -254,12 +254,12 @@ def check_model_file(option: str, path: str) -> None:
 
 def add_model_options(p: argparse.ArgumentParser, *, threads: int | None = DEFAULT_THREADS,
                       threads_note: str | None = None, stages: bool = False,
-                      backend_sampling: bool = False) -> None:
+                      backend_sampling: bool = False, stage_ahead: bool = False) -> None:
     """The llama.cpp model options every model command takes (run, serve, calibrate).
     `stages`: the command also runs local stage workers, whose threads default to the cores
     divided among them (the flag's default is then None: the command decides).
     `backend_sampling`: the command passes -bs/--backend-sampling to its `LlamaHost` (a command
-    that would ignore it does not take it)."""
+    that would ignore it does not take it). `stage_ahead`: the same for --stage-ahead."""
     from .offload import add_offload_options, device_names
 
     add_flag(p, "model", default_text="a tiny random-weight model written to a temporary "
@@ -284,6 +284,14 @@ def add_model_options(p: argparse.ArgumentParser, *, threads: int | None = DEFAU
                         "alone means on (default: off on the CPU, auto with layers on a GPU)")
     if backend_sampling:
         add_backend_sampling_option(p)
+    if stage_ahead:
+        p.add_argument("--stage-ahead", nargs="?", const="on", choices=("on", "off", "auto"),
+                       default="auto",
+                       help="with plans in flight, stage the next plan's batch while the "
+                            "device runs the current one, so that the device waits only for "
+                            "the sampling between two steps; the flag alone means on "
+                            "(default: auto, on with layers on a GPU, where llama_decode "
+                            "returns before the step is done)")
     add_offload_options(p)
 
 

@@ -46,7 +46,7 @@ def register(subparsers: Any) -> None:
         description="Serve prompts through the scheduler on a llama.cpp model and measure "
                     "queue wait, time to first token and inter-token gaps. The scheduler "
                     "settings and their defaults are serve's.")
-    add_model_options(p, stages=True, backend_sampling=True)
+    add_model_options(p, stages=True, backend_sampling=True, stage_ahead=True)
     p.add_argument("--prompts", metavar="FILE",
                    help="JSON list of prompts: token-id lists or strings (default: a built-in "
                         "set of six)")
@@ -197,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
                 kv_unified=args.kv_unified,
                 prefix_holders=max(holders, 1),
                 backend_sampling=args.backend_sampling,
+                stage_ahead=args.stage_ahead,
             ) as host:
                 requests, report, settings, summary = serve_prompts(args, host, prompts, n_seq,
                                                                     n_batch, lane)

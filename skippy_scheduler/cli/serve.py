@@ -32,7 +32,7 @@ def register(subparsers: Any) -> None:
         description="Serve /v1/completions and /v1/chat/completions (streamed or not), "
                     "/v1/models, /health and /metrics, batching requests through the "
                     "scheduler on a llama.cpp model.")
-    add_model_options(p, stages=True, backend_sampling=True)
+    add_model_options(p, stages=True, backend_sampling=True, stage_ahead=True)
     add_flag(p, "served-model-name", type=_names, default_text="the model file's name",
              note="several names separated by commas: the first is the one reported, a "
                   "request may give any (another is a 404)")
@@ -389,7 +389,7 @@ def run(args: argparse.Namespace) -> int:
         prefix_holders=args.prefix_holders, cold_prefix_hold=args.cold_prefix_hold,
         first_token_hold=args.first_token_hold,
         kv_type=args.kv_type, flash_attn=args.flash_attn, log_level=args.log_level,
-        backend_sampling=args.backend_sampling,
+        backend_sampling=args.backend_sampling, stage_ahead=args.stage_ahead,
         offload=offload_spec(args), stage_worker_args=_stage_worker_args(args),
         strict_request_fields=args.strict_request_fields,
         kv_events_endpoint=args.kv_events_endpoint,

@@ -154,10 +154,19 @@ class PlanRows:
         return [n.row for n in self.new]
 
 
-def read_plan(plan: Plan, n_batch: int, n_vocab: int) -> PlanRows:
+def check_tokens(tokens: IntArray, n_vocab: int) -> None:
+    """ValueError unless every token is in [0, n_vocab)."""
+    if len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= n_vocab):
+        raise ValueError(f"plan tokens must be in [0, {n_vocab}) for this model (a deferred "
+                         "input left unresolved?)")
+
+
+def read_plan(plan: Plan, n_batch: int, n_vocab: int, *, check: bool = True) -> PlanRows:
     """The rows of a non-empty plan, checked: the batch holds them, the arrays agree, every
-    token is in the vocabulary, every new row starts where the plan says it restored to.
-    ValueError otherwise."""
+    token is in the vocabulary (`check=False`: not yet, for a plan whose deferred inputs
+    are filled later, `check_tokens`), every new row starts where the plan says it restored
+    to. ValueError otherwise. The tokens are a view of the plan's, so inputs filled later
+    show through."""
     offsets = np.asarray(plan.row_offsets, dtype=np.int64)
     n = int(offsets[-1])
     if n > n_batch:
@@ -169,9 +178,8 @@ def read_plan(plan: Plan, n_batch: int, n_vocab: int) -> PlanRows:
         raise ValueError(f"plan arrays disagree: row_offsets end at {n}, token_count is "
                          f"{plan.token_count}, {len(tokens)} tokens and {len(positions)} "
                          "positions")
-    if n and (int(tokens.min()) < 0 or int(tokens.max()) >= n_vocab):
-        raise ValueError(f"plan tokens must be in [0, {n_vocab}) for this model (a deferred "
-                         "input left unresolved?)")
+    if check:
+        check_tokens(tokens, n_vocab)
     ids = list(plan.sequence_ids)
     starts: list[int] = positions[offsets[:-1]].tolist()
     new = []
@@ -327,5 +335,10 @@ class LlamaBatch:
             return int(rc)
         rc = int(_ll.llama_decode(ctx, self._batch))
         if rc == 0:
-            self.logits_address = pointer_address(_ll.llama_get_logits(ctx))
+            self.read_outputs(ctx)
         return rc
+
+    def read_outputs(self, ctx: Any) -> None:
+        """After a decode without `synchronize`: wait for its outputs and put them in batch
+        order (`llama_get_logits`, its address kept as `logits_address`)."""
+        self.logits_address = pointer_address(_ll.llama_get_logits(ctx))

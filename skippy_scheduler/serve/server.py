@@ -129,6 +129,8 @@ class ServeSettings:
     kv_type: Optional[str] = None  # None: f32 on the CPU, f16 with layers on a GPU
     flash_attn: Union[bool, str, None] = None  # on/off/auto; None: off on the CPU, auto on a GPU
     backend_sampling: str = "auto"  # on/off/auto: sampling on the device (backend_sampling.py)
+    stage_ahead: str = "auto"  # on/off/auto: stage the next plan while the device runs one
+    #   (LlamaHost's stage_ahead; auto: on with layers on a GPU)
     offload: OffloadSpec = OffloadSpec()  # -ngl, -sm, -ts, -mg, -dev (docs/gpu.md)
     log_level: str = "info"  # uvicorn logs one line per request at info, as llama-server and vLLM do
     max_body_bytes: int = 8 << 20  # larger request bodies are a 413
@@ -197,6 +199,8 @@ def resolve_settings(settings: ServeSettings) -> ServeSettings:
                          "predicts the first token")
     if s.max_active < 1:
         raise ValueError(f"max_active must be at least 1, got {s.max_active}")
+    if s.stage_ahead not in ("on", "off", "auto"):
+        raise ValueError(f"stage_ahead must be on, off or auto, got {s.stage_ahead!r}")
     if s.inflight is not None and (isinstance(s.inflight, bool) or
                                    not isinstance(s.inflight, int) or s.inflight < 1):
         raise ValueError(f"inflight must be None or an integer >= 1, got {s.inflight!r}")
@@ -372,7 +376,8 @@ class Server:
                                prefix_cache_tokens=s.prefix_cache_tokens,
                                prefix_holders=s.prefix_holders,
                                placement=self.fitted.placement if self.fitted else None,
-                               backend_sampling=s.backend_sampling)
+                               backend_sampling=s.backend_sampling,
+                               stage_ahead=s.stage_ahead)
         self._build(s, name, reuse)
 
     def _load_stages(self, s: ServeSettings) -> None:

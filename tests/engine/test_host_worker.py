@@ -265,3 +265,67 @@ def test_launching_on_another_thread_does_not_release_a_held_plan():
     finally:
         worker.close()
 
+
+
+def test_next_plan_is_what_runs_next_and_only_on_the_worker():
+    # What a host may stage while its device runs a plan: the plan queued next, not a call
+    # queued first, not a plan that will not run, and nothing from another thread.
+    seen: dict[int, object] = {}
+    gate = threading.Event()
+    worker: HostWorker
+
+    def execute(plan) -> int:
+        if plan.step in (1, 4):
+            assert gate.wait(10)
+        nxt = worker.next_plan()
+        seen[plan.step] = None if nxt is None else nxt.step
+        return plan.step
+
+    worker = HostWorker(execute, "test-worker")
+    try:
+        p1, p2 = _plan(1), _plan(2)
+        futures = [worker.start(p1), worker.after(p2, [p1]), worker.start(_plan(3))]
+        assert worker.next_plan() is None  # not the worker thread
+        gate.set()
+        assert [f.result(10) for f in futures] == [1, 2, 3]
+        assert seen == {1: 2, 2: 3, 3: None}
+        gate.clear()
+        first = worker.start(_plan(4))
+        call = worker.call(lambda: 0)
+        last = worker.start(_plan(5))
+        gate.set()
+        assert (first.result(10), call.result(10), last.result(10)) == (4, 0, 5)
+        assert seen[4] is None  # a call comes first
+    finally:
+        worker.close()
+
+
+def test_a_plan_seen_next_is_not_run_when_the_plan_before_it_fails():
+    # A host may have staged plan 2 while plan 1 ran; plan 1 then fails, and plan 2, whose
+    # inputs it was to sample, is not run (the host drops what it staged: host.py).
+    seen: list[object] = []
+    ran: list[int] = []
+    gate = threading.Event()
+    worker: HostWorker
+
+    def execute(plan) -> int:
+        ran.append(plan.step)
+        if plan.step == 1:
+            assert gate.wait(10)
+            seen.append(worker.next_plan())
+            raise RuntimeError("device lost")
+        return plan.step
+
+    worker = HostWorker(execute, "test-worker")
+    try:
+        p1 = _plan(1)
+        failed = worker.start(p1)
+        after = worker.after(_plan(2, deferred=1), [p1])
+        gate.set()
+        with pytest.raises(RuntimeError, match="device lost"):
+            failed.result(10)
+        with pytest.raises(RuntimeError, match="plan step 2 was not run"):
+            after.result(10)
+        assert [p.step for p in seen] == [2] and ran == [1]
+    finally:
+        worker.close()

@@ -137,6 +137,33 @@ def test_a_seeded_request_samples_the_same_tokens_alone_batched_and_preempted(de
     assert preempted > 0
 
 
+def test_staged_ahead_the_device_samples_what_it_samples_otherwise(model_path, on_host):
+    """A GPU's defaults together: two plans in flight, each staged while the one before it
+    decodes (`stage_ahead`), sampled on the device. Greedy tokens are the host path's, and a
+    seeded request draws its alone tokens batched and preempted."""
+    with LlamaHost(model_path, n_ctx=N_SEQ * 512, n_seq_max=N_SEQ, n_batch=512, n_threads=1,
+                   backend_sampling="on", stage_ahead=True) as ahead:
+        for seed in range(2):
+            requests = [Request(f"g{i}", p, 20, arrival_us=0.0)
+                        for i, p in enumerate(_prompts(100 + seed, 9))]
+            got, _ = _run(ahead, requests, seed=seed, depth=2)
+            want, _ = _run(on_host, requests, seed=seed, depth=2)
+            assert {k: r.tokens for k, r in got.items()} == \
+                {k: r.tokens for k, r in want.items()}
+        greedy = ahead.staged_ahead
+        preempted = 0
+        for seed in range(3):
+            rng = random.Random(700 + seed)
+            requests = [Request(f"s{i}", p, 24, arrival_us=0.0, sampling=_seeded(rng, i + seed))
+                        for i, p in enumerate(_prompts(200 + seed, 8))]
+            got, n = _run(ahead, requests, seed=seed, depth=2, preempt=0.15)
+            preempted += n
+            for req in requests:
+                _check_alone(ahead, req, got[req.id])
+        assert preempted > 0
+        assert greedy > 20 and ahead.staged_ahead > greedy + 20  # both loads staged ahead
+
+
 def test_temperature_alone_draws_what_the_host_chain_draws(device, on_host):
     """Reseeded per position with the host chain's seed, a temperature-only draw walks the
     vocabulary in the same order on both paths (rounding aside, which these do not meet)."""

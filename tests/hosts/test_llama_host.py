@@ -457,6 +457,25 @@ def test_random_schedules_at_depth_two_match_alone_runs(impl, host, alone):
     assert counters["preempted"] > 3 and counters["cancelled"] > 1
 
 
+@pytest.fixture(scope="module")
+def ahead_host(model_path):
+    with LlamaHost(model_path, n_ctx=N_SEQ * 512, n_seq_max=N_SEQ, n_batch=512, n_threads=1,
+                   stage_ahead=True) as h:
+        yield h
+
+
+def test_random_schedules_staged_ahead_match_alone_runs(impl, ahead_host, alone):
+    """Two plans in flight, each plan staged while the one before it decodes (what a host on a
+    GPU does): its rows' lanes and positions staged into the other batch before the plan's
+    deferred inputs exist, its tokens copied in once they do."""
+    assert ahead_host.settings["stage_ahead"] is True
+    counters = _counters()
+    for seed in range(200, 215):
+        _random_trial(impl, ahead_host, alone, seed, counters, depth=2)
+    assert counters["completed"] > 50 and counters["preempted"] > 1
+    assert ahead_host.staged_ahead > 100  # the path ran, not only the plain one
+
+
 def test_random_schedules_with_early_stops_match_alone_runs(impl, eog_host, eog_alone):
     counters = _counters()
     for seed in range(100, 120):
@@ -508,7 +527,24 @@ def test_run_writes_tokens_and_metrics(tmp_path, capsys, model_path, alone):
             assert len(r["itl_us"]) == len(r["generated_tokens"]) - 1
         assert doc["summary"]["completed"] == 3
         assert doc["settings"]["kv_type"] == "f32" and doc["settings"]["flash_attn"] is False
+        assert doc["settings"]["stage_ahead"] is False  # auto: off on the CPU
     assert "3/3 completed" in capsys.readouterr().out
+
+
+def test_run_stages_ahead_when_asked_with_the_same_tokens(tmp_path, model_path, alone):
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps([[1, 300 + i, 301, 302 + 2 * i] for i in range(5)]))
+    out = tmp_path / "run.json"
+    assert _cli("run", "--model", str(model_path), "--prompts", str(prompts), "-n", "6",
+                "-np", "3", "--inflight", "2", "--stage-ahead", "--threads", "1",
+                "--json", str(out)) == 0
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["stage_ahead"] is True
+    for r in doc["requests"]:
+        assert r["generated_tokens"] == alone(r["prompt_tokens"], 6)
+    assert _cli("run", "--model", str(model_path), "--stage-ahead", "sometimes") == 2
+    with pytest.raises(ValueError, match="stage_ahead must be one of on, off, auto"):
+        LlamaHost(model_path, stage_ahead="sometimes")
 
 
 def test_run_offline_default_model_and_bad_prompts(tmp_path, capsys):

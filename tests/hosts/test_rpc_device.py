@@ -8,6 +8,7 @@ sets SKIPPY_REQUIRE_RPC=1 to make a build without it a failure rather than a ski
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import subprocess
 import sys
@@ -101,12 +102,17 @@ def test_layers_kv_and_sampling_on_the_device_give_the_cpus_tokens(tmp_path, rpc
     assert got == want
 
 
-def test_run_places_its_layers_on_the_device(rpc_endpoint):
+@pytest.mark.parametrize("ahead", [None, "off"])
+def test_run_places_its_layers_on_the_device(tmp_path, rpc_endpoint, ahead):
+    out = tmp_path / "run.json"
+    flag = ["--stage-ahead", ahead] if ahead else []
     proc = subprocess.run([sys.executable, "-m", "skippy_scheduler.cli", "run", "--rpc",
-                           rpc_endpoint, "-n", "4"],
+                           rpc_endpoint, "-n", "4", "--json", str(out), *flag],
                           capture_output=True, text=True, timeout=120, cwd=CWD)
     assert proc.returncode == 0, proc.stderr
     assert "skippy-scheduler run: 3/3 layers on RPC0, KV " in proc.stderr
+    # Beside a device the next plan is staged while one runs, unless turned off.
+    assert json.loads(out.read_text())["settings"]["stage_ahead"] is (ahead is None)
 
 
 @pytest.mark.parametrize("command", ["serve", "run", "calibrate", "stage"])
@@ -149,3 +155,54 @@ def test_a_server_held_by_another_process_is_waited_for_within_a_limit(tmp_path,
     last = proc.stderr.splitlines()[-1]
     assert last.startswith(f"--rpc: the RPC server at {rpc_endpoint} did not ") and last.endswith(
         " within 3 s (it serves one process at a time: is another process using it?)"), last
+
+
+# Run in a process of its own: an RPC server registered with llama.cpp stays a device of the
+# process that registered it, and this module's server is stopped after it.
+_STAGED_AHEAD = """
+import json, sys
+from skippy_scheduler import MemoryComponent, Scheduler, SchedulerConfig
+from skippy_scheduler.cost_model import LAB_COST
+from skippy_scheduler.engine import Engine, Request, VirtualClock
+from skippy_scheduler.hosts.llama import LlamaHost
+from skippy_scheduler.hosts.llama.fit import resolve
+from skippy_scheduler.hosts.offload import OffloadSpec
+
+model, endpoint = sys.argv[1:]
+fit = resolve(model, OffloadSpec(rpc=(endpoint,)), n_ctx=6 * 256, lanes=6, share_ctx=False,
+              kv_type="f32", flash_attn="off", n_batch=256)
+assert fit.placement.on_gpu and fit.placement.over_rpc
+
+def tokens(**placed):
+    with LlamaHost(model, n_ctx=6 * 256, n_seq_max=6, n_batch=256, n_threads=1, kv_type="f32",
+                   **placed) as host:
+        scheduler = Scheduler(SchedulerConfig(
+            max_active_sequences=6, max_tokens_per_iteration=256, prefill_chunk_tokens=16,
+            max_inflight_plans=2, memory_components=[MemoryComponent("kv", 10**9, 0, 1, 0)]))
+        engine = Engine(scheduler, host, clock=VirtualClock(LAB_COST), max_iterations=2000)
+        for i in range(6):
+            engine.submit(Request(f"r{i}", [1] + [3 + 7 * i + k for k in range(5 + 9 * i)],
+                                  16, arrival_us=0.0))
+        report = engine.run()
+        return ({r.id: r.tokens for r in report.records}, host.staged_ahead,
+                host.settings["stage_ahead"])
+
+print(json.dumps([tokens(placement=fit.placement, flash_attn=False), tokens()]))
+"""
+
+
+def test_on_a_device_each_plan_is_staged_while_the_one_before_decodes(tmp_path, rpc_endpoint):
+    """Where llama_decode returns before the device is done (an RPC server's device, as a
+    GPU's), the host stages the next plan in between by default; greedy tokens stay the
+    CPU's at two plans in flight."""
+    from skippy_scheduler.hosts.tiny_model import write_tiny_llama
+
+    model = write_tiny_llama(str(tmp_path / "tiny.gguf"), seed=3)
+    proc = subprocess.run([sys.executable, "-c", _STAGED_AHEAD, model, rpc_endpoint],
+                          capture_output=True, text=True, timeout=120, cwd=CWD)
+    assert proc.returncode == 0, proc.stderr
+    (on_device, staged, ahead), (on_cpu, none, cpu_ahead) = json.loads(
+        proc.stdout.splitlines()[-1])
+    assert ahead is True and cpu_ahead is False  # the default: on beside a device only
+    assert on_device == on_cpu
+    assert staged > 10 and none == 0

@@ -49,10 +49,12 @@ def test_resolved_settings_keep_what_was_given():
                                  dict(prefill_age_max_ms=math.inf),
                                  dict(prefill_age_max_ms=math.nan),
                                  dict(prefill_age_max_ms="2000"), dict(inflight=0),
-                                 dict(inflight=True), dict(inflight=1.5)])
+                                 dict(inflight=True), dict(inflight=1.5),
+                                 dict(stage_ahead="sometimes"), dict(stage_ahead=True)])
 def test_bad_planning_settings_are_refused_before_loading(bad):
     with pytest.raises(ValueError,
-                       match="planning_rule|itl_target_ms|prefill_age_max_ms|inflight"):
+                       match="planning_rule|itl_target_ms|prefill_age_max_ms|inflight|"
+                             "stage_ahead"):
         Server(ServeSettings(model="/nonexistent.gguf", **bad))
 
 

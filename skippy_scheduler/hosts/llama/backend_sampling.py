@@ -53,15 +53,16 @@ from ...sampling import SamplingParams, step_seed
 MODES = ("on", "off", "auto")
 
 
-def backend_sampling_mode(value: bool | str | None) -> str:
-    """True/False/None or on/off/auto as a mode name; ValueError otherwise."""
+def backend_sampling_mode(value: bool | str | None, name: str = "backend_sampling") -> str:
+    """True/False/None or on/off/auto as a mode name; ValueError (naming the setting `name`)
+    otherwise."""
     if value is None:
         return "auto"
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, str) and value.strip().lower() in MODES:
         return value.strip().lower()
-    raise ValueError(f"backend_sampling must be one of {', '.join(MODES)}, got {value!r}")
+    raise ValueError(f"{name} must be one of {', '.join(MODES)}, got {value!r}")
 
 
 def resolve_backend_sampling(value: bool | str | None, on_gpu: bool,

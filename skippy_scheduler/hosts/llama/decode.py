@@ -35,31 +35,72 @@ class Decoder:
         self._ctx = ctx
         self._n_vocab = n_vocab
         self.size = n
-        self.batch = LlamaBatch(n)
-        self.tok = self.batch.tok
-        self.pos = self.batch.pos
+        # Two batches: the next plan is staged into the one the running decode does not use
+        # (`spare`), while the device runs it.
+        self._batches = (LlamaBatch(n), LlamaBatch(n))
+        self.batch = self._batches[0]  # the last decoded (or, before any, the first)
         self.decode_ns = 0  # time spent decoding so far, the wait for the outputs included (ns)
+        self._launched_ns = 0  # when the decode that `wait` waits for started
         # Called just before each decode's C call (the host's worker: `HostWorker.launching`).
         self.on_launch: Optional[Callable[[], None]] = None
 
-    def decode(self, n: int, entry_lanes: IntArray, flagged: IntArray) -> npt.NDArray[np.float32]:
-        """Decode the first `n` staged entries (`tok`, `pos`; entry i in lane `entry_lanes[i]`)
-        with logits for the `flagged` entries (ascending); returns those logits, one row per
-        flagged entry (a view of llama.cpp's buffer, valid until the next decode). RuntimeError
-        (with llama.cpp's last log lines) when the decode fails."""
+    @property
+    def tok(self) -> IntArray:
+        return self.batch.tok
+
+    @property
+    def pos(self) -> IntArray:
+        return self.batch.pos
+
+    def spare(self) -> LlamaBatch:
+        """The batch the last decode did not use."""
+        a, b = self._batches
+        return b if self.batch is a else a
+
+    def decode(self, n: int, entry_lanes: IntArray, flagged: IntArray,
+               batch: LlamaBatch | None = None) -> npt.NDArray[np.float32]:
+        """Decode the first `n` staged entries of `batch` (`tok`, `pos`; default: the last
+        decoded; entry i in lane `entry_lanes[i]`) with logits for the `flagged` entries
+        (ascending), waiting for them; returns those logits, one row per flagged entry (a view
+        of llama.cpp's buffer, valid until the next decode). RuntimeError (with llama.cpp's
+        last log lines) when the decode fails."""
         # A step without outputs (a prompt's middle chunk alone) is not waited for: the device
         # runs it while the host stages the next one.
+        self._start(n, entry_lanes, flagged, batch, synchronize=len(flagged) > 0)
+        self.decode_ns += time.perf_counter_ns() - self._launched_ns
+        return self._logits(len(flagged))
+
+    def launch(self, n: int, entry_lanes: IntArray, flagged: IntArray,
+               batch: LlamaBatch | None = None) -> None:
+        """`decode` without the wait: `llama_decode` returns once the work is queued (on a
+        device; on the CPU, once it is done); `wait` then waits for the outputs."""
+        self._start(n, entry_lanes, flagged, batch, synchronize=False)
+
+    def wait(self, k: int) -> npt.NDArray[np.float32]:
+        """The `k` flagged rows' logits of the decode `launch` started, waited for (in one C
+        call, the GIL given up); `decode_ns` counts from the launch."""
+        if k:
+            self.batch.read_outputs(self._ctx)
+        self.decode_ns += time.perf_counter_ns() - self._launched_ns
+        return self._logits(k)
+
+    def _start(self, n: int, entry_lanes: IntArray, flagged: IntArray,
+               batch: LlamaBatch | None, synchronize: bool) -> None:
+        if batch is not None:
+            self.batch = batch
         if self.on_launch is not None:
             self.on_launch()
-        t = time.perf_counter_ns()
-        rc = self.batch.decode(self._ctx, n, entry_lanes, flagged, synchronize=len(flagged) > 0)
-        self.decode_ns += time.perf_counter_ns() - t
+        t = self._launched_ns = time.perf_counter_ns()
+        rc = self.batch.decode(self._ctx, n, entry_lanes, flagged, synchronize=synchronize)
+        if rc != 0:
+            self.decode_ns += time.perf_counter_ns() - t
         if rc == -2:  # llama.cpp could not allocate: the device's memory, or the host's
             raise HostOutOfMemory(f"out of memory for a batch of {n} tokens (llama_decode "
                                   f"returned -2): {recent_log()}")
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}: {recent_log()}")
-        k = len(flagged)
+
+    def _logits(self, k: int) -> npt.NDArray[np.float32]:
         if k == 0:
             return np.zeros((0, self._n_vocab), dtype=np.float32)
         # Output logits are contiguous, one row per flagged entry in batch order (the decode

@@ -38,6 +38,11 @@ class Forks:
         if self._leader:
             self._leader = {f: m for f, m in self._leader.items() if lane not in (f, m)}
 
+    @property
+    def following(self) -> bool:
+        """Whether some lane follows another's decode (its next rows may share the leader's)."""
+        return bool(self._leader)
+
     def leaders(self, row_lanes: IntArray, offsets: IntArray, tokens: IntArray,
                 starts: list[int], new_keys: dict[int, Any]) -> Optional[IntArray]:
         """Per row, the row whose decode stands for it (itself when it decodes); None when

@@ -49,7 +49,7 @@ from ...inflight import HostWorker
 from ...prefix_store import PrefixStore
 from ...sampling import SampleDetail
 from ...types import MemoryComponent, ReleaseReason
-from ..kit import read_plan
+from ..kit import PlanRows, check_tokens, read_plan
 from ..offload import Placement
 from .backend_sampling import DeviceChains, backend_sampling_mode, resolve_backend_sampling
 from .backend import (FLASH_ATTN_NAMES, KV_TYPES, check_int, create_context, flash_attn_type,
@@ -59,7 +59,7 @@ from .direct import DirectRows
 from .forks import Forks
 from .holders import DEFAULT_REPLACE_SHARE, PrefixHolders, Watcher, check_replace_share
 from .lanes import KvCells, Lanes, Start
-from .rows import RowRunner
+from .rows import RowRunner, Staged
 from .samplers import Samplers
 from .tokenizer import Tokenizer
 
@@ -94,8 +94,10 @@ class LlamaHost:
         gap_fill_max: int = DEFAULT_GAP_FILL,
         placement: Placement | None = None,
         backend_sampling: bool | str | None = "auto",
+        stage_ahead: bool | str | None = None,
     ) -> None:
         sampling_mode = backend_sampling_mode(backend_sampling)  # refused before the load
+        ahead_mode = backend_sampling_mode(stage_ahead, "stage_ahead")  # on/off/auto, a bool
         n_seq_max = check_int("n_seq_max", n_seq_max, 1, 256)
         prefix_cache_tokens = check_int("prefix_cache_tokens", prefix_cache_tokens, 0)
         holders = 0
@@ -173,6 +175,15 @@ class LlamaHost:
             sampling_mode, placement is not None and placement.on_gpu,
             placement is not None and placement.over_rpc)
         self.settings["backend_sampling"] = on_device
+        # Stage the next plan while the device runs this one: where the decode runs on a
+        # device (a GPU, an RPC server) and returns before its outputs are ready; on the CPU
+        # llama_decode returns with the step done, and there is nothing to overlap.
+        self._stage_ahead = (placement is not None and placement.on_gpu
+                             if ahead_mode == "auto" else ahead_mode == "on")
+        self.settings["stage_ahead"] = self._stage_ahead
+        # The next plan, staged ahead (its object: a plan is a new object every step).
+        self._ahead: tuple[Plan, PlanRows, Staged] | None = None
+        self.staged_ahead = 0  # plans staged while the one before ran
         self._lanes = lanes = Lanes(n_seq_max, cells)
         self._samplers = samplers = Samplers(
             tok.n_vocab, tok.eog, tok.eog_ids, _ll.llama_model_get_vocab(self._model),
@@ -409,33 +420,71 @@ class LlamaHost:
 
         End-of-generation tokens are reported as -1 so that the scheduler finishes the
         sequence (the end signal is not one of the sequence's tokens).
+
+        With `stage_ahead`, once this plan's decode is launched and before its outputs are
+        waited for, the plan queued next on the worker is read and staged into the decoder's
+        other batch when that changes no state (rows.py `RowRunner.stage`); its run then only
+        copies its tokens in (its deferred inputs filled from this plan's outputs) and
+        launches it.
         """
         self._require_open()
+        ahead, self._ahead = self._ahead, None
         outputs = plan.outputs
         if len(plan) == 0:
             outputs.count = 0
             return 0
-        rows = read_plan(plan, self.n_batch, self.n_vocab)
-        samplers = self._samplers
-        assert samplers is not None
-        holders = self.holders
-        # How the sequences of the plan's new rows start (read from the plan, not guessed).
-        starting = {n.sequence_id: Start(samplers.resolve(n.sampling),
-                                         n.holder if holders is not None else None)
-                    for n in rows.new}
-        sample_rows = rows.sample_rows
-        tokens, details = self._rows.run(rows.ids, rows.starts, starting, rows.offsets,
-                                         rows.tokens, rows.positions, sample_rows)
+        rows_ = self._rows
+        step: Staged | None
+        if ahead is not None and ahead[0] is plan:
+            rows, step = ahead[1], ahead[2]
+            check_tokens(rows.tokens, self.n_vocab)  # its deferred inputs are filled now
+        else:
+            rows = read_plan(plan, self.n_batch, self.n_vocab)
+            samplers = self._samplers
+            assert samplers is not None
+            holders = self.holders
+            # How the sequences of the plan's new rows start (read from the plan, not guessed).
+            starting = {n.sequence_id: Start(samplers.resolve(n.sampling),
+                                             n.holder if holders is not None else None)
+                        for n in rows.new}
+            step = rows_.stage(rows.ids, rows.starts, starting, rows.offsets, rows.tokens,
+                               rows.positions, rows.sample_rows)
+            assert step is not None
+        ahead_now = self._stage_ahead and len(step.flagged) > 0
+        rows_.launch(step, wait=not ahead_now)
+        try:
+            if ahead_now:
+                self._stage_next()
+            tokens, details = rows_.finish(step)
+        except BaseException:
+            self._ahead = None  # staged against this plan's lanes
+            raise
         if details:
             kept = self._details
             kept[id(plan)] = (plan, details)
             while len(kept) > _KEPT_DETAILS:
                 del kept[next(iter(kept))]
+        sample_rows = rows.sample_rows
         k = len(sample_rows)
         outputs.request_indexes[:k] = sample_rows
         outputs.predicted_tokens[:k] = np.where(self.tokenizer.eog[tokens], -1, tokens)
         outputs.count = k
         return k
+
+    def _stage_next(self) -> None:
+        """Stage the plan queued next on the worker, if it can be staged ahead (`execute`)."""
+        plan = self._worker.next_plan()
+        if plan is None or len(plan) == 0 or bool(np.any(plan.new_rows)):
+            return
+        try:
+            rows = read_plan(plan, self.n_batch, self.n_vocab, check=False)
+            step = self._rows.stage(rows.ids, rows.starts, {}, rows.offsets, rows.tokens,
+                                    rows.positions, rows.sample_rows, ahead=True)
+        except (ValueError, RuntimeError):
+            return  # staged when it runs, which reports what is wrong with it
+        if step is not None:
+            self._ahead = (plan, rows, step)
+            self.staged_ahead += 1
 
     @property
     def shared_tokens(self) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..kit import IntArray, check_lanes
+from ..kit import IntArray, LlamaBatch, check_lanes
 from ...sampling import SampleDetail
 from .decode import Decoder
 from .forks import Forks
@@ -56,25 +56,82 @@ class RowRunner:
             ) -> tuple[npt.NDArray[np.int32], dict[int, SampleDetail] | None]:
         """Check the rows, set up new sequences, decode; on failure undo every row. Returns
         the sampled token of every sampling row and the details reported with them."""
-        row_lanes = self._assign(ids, starts, starting)
-        # A sequence that samples on the device decodes its own rows: a follower has no
-        # output of its own to sample (backend_sampling.py), so its key matches no other.
-        on_device = self._samplers.on_device
-        new_keys = {r: ("device", r) if on_device(int(row_lanes[r]))
-                    else _fork_key(starting[seq], starts[r])
-                    for r, seq in enumerate(ids) if seq in starting}
+        step = self.stage(ids, starts, starting, offsets, tokens_in, positions, sample_rows)
+        assert step is not None
+        self.launch(step)
+        return self.finish(step)
+
+    def stage(self, ids: list[str], starts: list[int], starting: dict[str, Start],
+              offsets: IntArray, tokens_in: IntArray, positions: IntArray,
+              sample_rows: IntArray, *, ahead: bool = False) -> "Staged | None":
+        """Check the rows, set up the sequences that start, and stage the rows' positions,
+        lanes and flags into a batch (the tokens are copied at `launch`).
+
+        `ahead`: stage a plan queued behind one whose decode is still running, into the
+        decoder's other batch, changing no state: None when the plan needs any (a new row, a
+        replay from an earlier position, a fork to follow, prompt log-probabilities to
+        report) or its rows do not match the lanes, so that it is staged when it runs. Its
+        deferred input tokens need not be filled yet."""
+        if ahead:
+            if (self._forks.following or self._samplers.reporting
+                    or not self._lanes_continue(ids, starts)):
+                return None
+            row_lanes = np.fromiter((self._lanes.lane_of(s) for s in ids), dtype=np.int32,
+                                    count=len(ids))
+            new_keys: dict[int, Any] = {}
+        else:
+            row_lanes = self._assign(ids, starts, starting)
+            # A sequence that samples on the device decodes its own rows: a follower has no
+            # output of its own to sample (backend_sampling.py), so its key matches no other.
+            on_device = self._samplers.on_device
+            new_keys = {r: ("device", r) if on_device(int(row_lanes[r]))
+                        else _fork_key(starting[seq], starts[r])
+                        for r, seq in enumerate(ids) if seq in starting}
         ends = (positions[offsets[1:] - 1] + 1).tolist()
+        step = Staged(ids, starts, starting, row_lanes, offsets, tokens_in, positions,
+                      sample_rows, ends)
         try:
-            tokens, details = self._decode_rows(row_lanes, offsets, tokens_in, positions,
-                                                sample_rows, starts, ends, new_keys)
+            self._stage_rows(step, new_keys,
+                             self._decoder.spare() if ahead else self._decoder.batch)
         except RuntimeError:
-            self._undo(ids, row_lanes, starts, starting)
+            if not ahead:
+                self._undo(ids, row_lanes, starts, starting)
+            raise
+        return step
+
+    def _lanes_continue(self, ids: list[str], starts: list[int]) -> bool:
+        """Whether every row continues its sequence's lane where the lane ends."""
+        lanes = self._lanes
+        for seq, start in zip(ids, starts):
+            lane = lanes.lane_of(seq)
+            if lane is None or lanes.end(lane) != start:
+                return False
+        return len(set(ids)) == len(ids)
+
+    def launch(self, step: "Staged", *, wait: bool = True) -> None:
+        """Copy the rows' tokens into the staged batch and start the decode; with `wait`, also
+        wait for its outputs (one C call). The rows' lanes then hold their new ends. On
+        failure every row is undone."""
+        try:
+            self._launch_rows(step, wait)
+        except RuntimeError:
+            self._undo(step.ids, step.row_lanes, step.starts, step.starting)
             raise
         lanes = self._lanes
-        for lane, end in zip(row_lanes.tolist(), ends):
+        for lane, end in zip(step.row_lanes.tolist(), step.ends):
             lanes.advance(lane, end)
+
+    def finish(self, step: "Staged") -> tuple[npt.NDArray[np.int32], dict[int, SampleDetail] | None]:
+        """Wait for the launched decode's outputs (when `launch` did not), sample, report.
+        On failure every row is undone."""
+        try:
+            tokens, details = self._finish_rows(step)
+        except RuntimeError:
+            self._undo(step.ids, step.row_lanes, step.starts, step.starting)
+            raise
         if self._holders is not None:
-            self._holders.wrote(np.repeat(row_lanes, np.diff(offsets)), positions, tokens_in)
+            self._holders.wrote(np.repeat(step.row_lanes, np.diff(step.offsets)),
+                                step.positions, step.tokens_in)
         return tokens, details
 
     def _assign(self, ids: list[str], starts: list[int],
@@ -133,21 +190,20 @@ class RowRunner:
             self._forks.forget(lane)
             self._lanes.give_back(sequence_id)
 
-    def _decode_rows(self, row_lanes: IntArray, offsets: IntArray, tokens_in: IntArray,
-                     positions: IntArray, sample_rows: IntArray, starts: list[int],
-                     ends: list[int], new_keys: dict[int, Any],
-                     ) -> tuple[npt.NDArray[np.int32], dict[int, SampleDetail] | None]:
-        """Stage the rows that decode (a fork's followers do not, forks.py), flag the entries
-        whose logits are read (sampling rows' last, prompt rows' all), decode, sample, report."""
-        decoder = self._decoder
+    def _stage_rows(self, step: "Staged", new_keys: dict[int, Any], batch: LlamaBatch) -> None:
+        """Stage the rows that decode (a fork's followers do not, forks.py) into `batch`:
+        their positions and the order their tokens go in, and flag the entries whose logits
+        are read (sampling rows' last, prompt rows' all)."""
         samplers = self._samplers
-        lanes = self._lanes
+        row_lanes, offsets, positions = step.row_lanes, step.offsets, step.positions
+        starts, ends = step.starts, step.ends
+        sample_rows = step.sample_rows
         if samplers.reporting:
             for r in new_keys:
                 if starts[r] > 0:
                     self._score_restored(int(row_lanes[r]), starts[r])
         lens = np.diff(offsets)
-        lead = self._forks.leaders(row_lanes, offsets, tokens_in, starts, new_keys)
+        lead = self._forks.leaders(row_lanes, offsets, step.tokens_in, starts, new_keys)
         kept = None if lead is None else np.flatnonzero(lead == np.arange(len(lead)))
         lanes_kept = row_lanes if kept is None else row_lanes[kept]
         reordered = (self._stage_by_lane and len(lanes_kept) > 1
@@ -157,10 +213,10 @@ class RowRunner:
             lens_kept = lens if kept is None else lens[kept]
             staged = int(offsets[-1]) if kept is None else int(lens_kept.sum())
             fill = self._gap_fill(lanes_kept, lens_kept, row_lanes, self._n_batch - staged)
+        idx = None
         if kept is None and not reordered and fill is None:
             n = int(offsets[-1])
-            decoder.tok[:n] = tokens_in
-            decoder.pos[:n] = positions
+            batch.pos[:n] = positions
             entry_lanes = np.repeat(row_lanes, lens)
             first = offsets[:-1]
         else:
@@ -178,14 +234,13 @@ class RowRunner:
             seg_lanes = row_lanes[stage]
             seg_lens = lens[stage]
             seg_src = offsets[:-1][stage]
-            toks, poss = tokens_in, positions
+            poss = positions
             if fill is not None:
                 fill_lanes, fill_pos = fill
                 k = len(fill_lanes)
                 seg_lanes = np.concatenate([seg_lanes, fill_lanes])
                 seg_lens = np.concatenate([seg_lens, np.ones(k, dtype=seg_lens.dtype)])
                 seg_src = np.concatenate([seg_src, offsets[-1] + np.arange(k)])
-                toks = np.concatenate([tokens_in, np.zeros(k, dtype=tokens_in.dtype)])
                 poss = np.concatenate([positions, fill_pos.astype(positions.dtype)])
             order = (np.argsort(seg_lanes, kind="stable") if reordered or fill is not None
                      else np.arange(len(seg_lanes)))
@@ -194,8 +249,7 @@ class RowRunner:
             np.cumsum(seg_lens[:-1], out=begins[1:])
             n = int(seg_lens.sum())
             idx = np.repeat(seg_src[order] - begins, seg_lens) + np.arange(n)
-            decoder.tok[:n] = toks[idx]
-            decoder.pos[:n] = poss[idx]
+            batch.pos[:n] = poss[idx]
             entry_lanes = np.repeat(seg_lanes[order], seg_lens)
             real = order < len(stage)  # the plan's rows (the rest are fillers)
             first = np.zeros(len(row_lanes), dtype=np.int64)
@@ -219,30 +273,69 @@ class RowRunner:
             # One entry per row, all distinct: a sort (numpy's unique hashes, about 50 µs a
             # call on the worker against 14 for the sort).
             flagged = np.sort(out_rows)
+        step.batch, step.n, step.idx, step.fill = batch, n, idx, fill
+        step.entry_lanes, step.first, step.lens, step.lead = entry_lanes, first, lens, lead
+        step.out_rows, step.flagged, step.prompt_rows = out_rows, flagged, prompt_rows
+
+    def _launch_rows(self, step: "Staged", wait: bool) -> None:
+        """The rows' tokens into the staged batch (a deferred input is filled by now), the
+        device's chains prepared, the decode started (and with `wait` its outputs waited for);
+        the filler rows' cells dropped after it."""
+        batch, n, idx, fill = step.batch, step.n, step.idx, step.fill
+        tokens_in = step.tokens_in
+        if idx is None:
+            batch.tok[:n] = tokens_in
+        elif fill is None:
+            batch.tok[:n] = tokens_in[idx]
+        else:
+            batch.tok[:n] = np.concatenate(
+                [tokens_in, np.zeros(len(fill[0]), dtype=tokens_in.dtype)])[idx]
+        samplers = self._samplers
         device = samplers.device
         device_rows: list[int] = []
         if device is not None and len(device):
             # The device samples inside the decode: its penalty windows take the rows' tokens
             # first (undone with the rows if the decode fails), its draws are reseeded.
-            device.feed(row_lanes, offsets, tokens_in, positions)
-            device_rows = device.rows(row_lanes, sample_rows)
-            device.prepare(row_lanes, sample_rows, device_rows, out_rows, decoder.pos)
+            device.feed(step.row_lanes, step.offsets, tokens_in, step.positions)
+            device_rows = device.rows(step.row_lanes, step.sample_rows)
+            device.prepare(step.row_lanes, step.sample_rows, device_rows, step.out_rows,
+                           batch.pos)
+        step.device_rows = device_rows
+        decoder = self._decoder
         try:
-            logits = decoder.decode(n, entry_lanes, flagged)
+            if wait or len(step.flagged) == 0:
+                step.logits = decoder.decode(n, step.entry_lanes, step.flagged, batch)
+            else:
+                decoder.launch(n, step.entry_lanes, step.flagged, batch)
         finally:
             if fill is not None:
+                lanes = self._lanes
                 for lane, pos in zip(fill[0].tolist(), fill[1].tolist()):
                     lanes.cut(lane, pos)  # the filler's cell; the lane's end is pos
         if fill is not None:
             self.gap_fill_rows += len(fill[0])
             n -= len(fill[0])
         self.decoded_tokens += n
-        samplers.feed(row_lanes, offsets, tokens_in, positions)
-        for r, state in prompt_rows:
+        samplers.feed(step.row_lanes, step.offsets, tokens_in, step.positions)
+
+    def _finish_rows(self, step: "Staged",
+                     ) -> tuple[npt.NDArray[np.int32], dict[int, SampleDetail] | None]:
+        """The launched decode's outputs (waited for here unless `launch` did), sampled and
+        reported; a fork's followers take their leader's cells."""
+        samplers = self._samplers
+        logits = step.logits
+        if logits is None:
+            logits = step.logits = self._decoder.wait(len(step.flagged))
+        row_lanes, offsets, tokens_in = step.row_lanes, step.offsets, step.tokens_in
+        sample_rows, out_rows, flagged = step.sample_rows, step.out_rows, step.flagged
+        starts, first, lens = step.starts, step.first, step.lens
+        pos = step.batch.pos
+        for r, state in step.prompt_rows:
             entries = np.searchsorted(flagged, np.arange(first[r], first[r] + lens[r]))
             state.take(starts[r], tokens_in[offsets[r]:offsets[r + 1]], logits[entries])
         at = np.searchsorted(flagged, out_rows) if flagged is not out_rows else None
         tokens: npt.NDArray[np.int32]
+        device_rows = step.device_rows
         if not device_rows:
             if at is None:
                 tokens = logits.argmax(axis=1).astype(np.int32)
@@ -256,6 +349,7 @@ class RowRunner:
         else:
             # The device sampled these rows (their raw logits may not have crossed): the
             # host's argmax covers only the others.
+            device = samplers.device
             assert device is not None
             tokens = np.zeros(len(sample_rows), dtype=np.int32)
             host = np.ones(len(sample_rows), dtype=np.bool_)
@@ -263,14 +357,13 @@ class RowRunner:
             if host.any():
                 js = np.flatnonzero(host)
                 tokens[js] = logits[js if at is None else at[js]].argmax(axis=1)
-            device.read(tokens, row_lanes, sample_rows, device_rows, out_rows, decoder.pos,
+            device.read(tokens, row_lanes, sample_rows, device_rows, out_rows, pos,
                         synchronized=True)
         raw = samplers.raw_logprobs(logits, at, row_lanes, sample_rows)
-        samplers.pick(self._ctx, tokens, logits, at, row_lanes, sample_rows, out_rows,
-                      decoder.pos)
+        samplers.pick(self._ctx, tokens, logits, at, row_lanes, sample_rows, out_rows, pos)
         details = samplers.report(tokens, raw, row_lanes, sample_rows)
-        if lead is not None:
-            self._forks.copy(row_lanes, lead, starts, ends)
+        if step.lead is not None:
+            self._forks.copy(row_lanes, step.lead, starts, step.ends)
         return tokens, details
 
     def _gap_fill(self, lanes_kept: IntArray, lens_kept: IntArray, row_lanes: IntArray,
@@ -337,6 +430,42 @@ class RowRunner:
             self.decoded_tokens += m
             state.take(a, prefix[a:b], logits)
         self._lanes.advance(lane, start)
+
+
+class Staged:
+    """One call's rows from staging to their outputs (`RowRunner.stage`, `launch`, `finish`):
+    the rows as read, each row's lane and end, and what staging worked out (the batch, the
+    entries' order and lanes, the flagged entries, the fillers)."""
+
+    __slots__ = ("ids", "starts", "starting", "row_lanes", "offsets", "tokens_in", "positions",
+                 "sample_rows", "ends", "batch", "n", "idx", "fill", "entry_lanes", "first",
+                 "lens", "lead", "out_rows", "flagged", "prompt_rows", "device_rows", "logits")
+
+    def __init__(self, ids: list[str], starts: list[int], starting: dict[str, Start],
+                 row_lanes: IntArray, offsets: IntArray, tokens_in: IntArray,
+                 positions: IntArray, sample_rows: IntArray, ends: list[int]) -> None:
+        self.ids = ids
+        self.starts = starts
+        self.starting = starting
+        self.row_lanes = row_lanes
+        self.offsets = offsets
+        self.tokens_in = tokens_in
+        self.positions = positions
+        self.sample_rows = sample_rows
+        self.ends = ends
+        self.batch: Any = None
+        self.n = 0
+        self.idx: IntArray | None = None  # batch entry i takes the rows' entry idx[i]
+        self.fill: tuple[IntArray, IntArray] | None = None
+        self.entry_lanes: Any = None
+        self.first: Any = None
+        self.lens: Any = None
+        self.lead: IntArray | None = None
+        self.out_rows: Any = None
+        self.flagged: Any = None
+        self.prompt_rows: list[tuple[int, Any]] = []
+        self.device_rows: list[int] = []
+        self.logits: npt.NDArray[np.float32] | None = None
 
 
 def _fork_key(begin: Start, start: int) -> Any:
