@@ -7,6 +7,7 @@ as numpy views over the core's memory (no copies). Python objects that the core 
 (ids, affinities, restores, sampling objects) are kept per slot on this side.
 """
 from cpython.array cimport array, clone
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.buffer cimport PyBUF_WRITE
 from cpython.memoryview cimport PyMemoryView_FromMemory
 from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t, UINT32_MAX

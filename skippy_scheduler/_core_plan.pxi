@@ -312,6 +312,45 @@ cdef class IterationPlan:
         self._check()
         return self._b.slice(_A_DIDX, self._p.deferred.count)
 
+    def fill_deferred(self, IterationPlan source):
+        """Write, in C, every deferred input token of this plan that `source` sampled (the
+        entries whose source step is `source.step`) from `source`'s output block: the token,
+        or 0 where the output is the end signal or missing (that row's output is discarded,
+        as `inflight.resolve_deferred` says). Returns how many entries it wrote."""
+        cdef skippy_plan *p
+        cdef skippy_plan *q
+        cdef size_t j, k, n, rows, written = 0
+        cdef int32_t t
+        cdef int32_t *sampled
+        self._check()
+        source._check()
+        p = self._p
+        q = source._p
+        n = p.deferred.count
+        if n == 0:
+            return 0
+        rows = source._rows
+        sampled = <int32_t *> PyMem_Malloc((rows if rows else 1) * sizeof(int32_t))
+        if sampled == NULL:
+            raise MemoryError()
+        try:
+            for k in range(rows):
+                sampled[k] = 0
+            for k in range(q.outputs.count):
+                j = q.outputs.sampled_request_indexes[k]
+                t = q.outputs.predicted_tokens[k]
+                if j < rows and t > 0:
+                    sampled[j] = t
+            for j in range(n):
+                if p.deferred.source_steps[j] != q.step:
+                    continue
+                k = p.deferred.source_indexes[j]
+                p.tokens[p.row_offsets[p.deferred.rows[j]]] = sampled[k] if k < rows else 0
+                written += 1
+        finally:
+            PyMem_Free(sampled)
+        return written
+
     @property
     def sequence_ids(self):
         """Sequence id of every row (built once, on first use; readable afterwards)."""

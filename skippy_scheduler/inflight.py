@@ -28,6 +28,12 @@ def resolve_deferred(plan: Any, earlier_plans: Iterable[Any]) -> int:
     n = len(rows)
     if n == 0:
         return 0
+    earlier_plans = list(earlier_plans)
+    fill = getattr(plan, "fill_deferred", None)
+    if fill is not None and all(type(p) is type(plan) for p in earlier_plans):
+        # The C core's plans fill them in C, each source plan's entries in one loop.
+        if sum(fill(p) for p in earlier_plans) == n:
+            return n
     sources = {int(p.step): p for p in earlier_plans}
     steps = np.asarray(plan.deferred_source_steps)
     indexes = np.asarray(plan.deferred_source_indexes).astype(np.intp)

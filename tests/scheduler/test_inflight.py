@@ -348,3 +348,63 @@ def test_depth_three_schedules_exercise_every_mechanism(impl):
             got = d.tokens[sid]
             assert got == (want[:len(got)] if d.ended[sid] == "CANCELLED" else want), sid
     assert all(v > 20 for v in totals.values()), totals
+
+
+class _Outputs:
+    def __init__(self, plan) -> None:
+        out = plan.outputs
+        self.count = int(out.count)
+        self.request_indexes = np.array(out.request_indexes)
+        self.predicted_tokens = np.array(out.predicted_tokens)
+
+
+class _SourceCopy:
+    """An earlier plan's step and outputs, as any plan object carries them (not the core's
+    type, so `resolve_deferred` takes its numpy path)."""
+
+    def __init__(self, plan) -> None:
+        self.step = plan.step
+        self.outputs = _Outputs(plan)
+        self._rows = len(plan)
+
+    def __len__(self) -> int:
+        return self._rows
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_cores_plans_fill_deferred_inputs_as_the_numpy_path_does(seed):
+    # Depth 3: a plan's deferred inputs come from the two plans before it; their outputs hold
+    # tokens, end signals (negative) and rows left without an output.
+    rng = np.random.default_rng(seed)
+    s = Scheduler(_config(3, max_active_sequences=5, max_tokens_per_iteration=16))
+    for i in range(12):
+        s.submit(Sequence(f"s{i}", [1, 2, 3 + i], 20))
+    plans = [s.plan_iteration() for _ in range(3)]
+    filled_any = 0
+    missing = 0
+    for _ in range(20):
+        p0, p1, p2 = plans
+        for p in (p0, p1):
+            if p.outputs.count == 0 and len(p.sample_rows):
+                rows = np.asarray(p.sample_rows)
+                keep = rows[rng.random(len(rows)) < 0.8]
+                toks = rng.integers(1, 300, len(keep)).astype(np.int32)
+                toks[rng.random(len(keep)) < 0.05] = -1
+                p.outputs.request_indexes[:len(keep)] = keep
+                p.outputs.predicted_tokens[:len(keep)] = toks
+                p.outputs.count = len(keep)
+        n = len(p2.deferred_rows)
+        targets = np.asarray(p2.row_offsets)[np.asarray(p2.deferred_rows)]
+        want = resolve_deferred(p2, [_SourceCopy(p0), _SourceCopy(p1)])
+        expected = np.asarray(p2.tokens).copy()
+        np.asarray(p2.tokens)[targets] = -1
+        assert resolve_deferred(p2, [p0, p1]) == want == n
+        assert np.asarray(p2.tokens).tolist() == expected.tolist()
+        filled_any += n
+        if int(p0.step) in np.asarray(p2.deferred_source_steps).tolist():
+            with pytest.raises(ValueError, match=f"plan step {int(p0.step)}, which is not"):
+                resolve_deferred(p2, [p1])  # a source left out
+            missing += 1
+        s.complete_iteration(p0)
+        plans = [p1, p2, s.plan_iteration()]
+    assert filled_any > 20 and missing > 0
