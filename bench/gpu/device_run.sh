@@ -139,21 +139,25 @@ print("all layers on a GPU:", o.get("all_layers_on_gpu"), "| chat answered:", o.
 fi
 
 # 4. With HOST_CPU=1: the host's own time between two decodes (bench/host_cpu.py: `run` with
-#    64 prompts of 256 tokens, this server's settings), sampling on the host, then on the device.
+#    64 prompts of 256 tokens, this server's settings), sampling on the host, then on the
+#    device, then on the device without the next plan staged while one runs.
 if [[ ${HOST_CPU:-0} != 0 ]]; then
   "$PY" "$ROOT/bench/host_cpu.py" --write-prompts "$W/host-cpu-prompts.json" --count 64
-  for bs in off on; do
+  for v in off on on-noahead; do
+    bs=${v%%-*}; extra=""; label="bs-$v"
+    [[ $v == on-noahead ]] && extra="--stage-ahead off"
+    what="-bs $bs${extra:+ $extra}"
     if (( $(left) > 90 )); then
-      say "host_cpu -bs $bs (at most 60s)"
+      say "host_cpu $what (at most 60s)"
       # shellcheck disable=SC2086
-      timeout -s INT -k 10 60 "$PY" "$ROOT/bench/host_cpu.py" --label "bs-$bs" \
+      timeout -s INT -k 10 60 "$PY" "$ROOT/bench/host_cpu.py" --label "$label" \
         --json "$D/host-cpu.jsonl" -- -m "$MODEL" --prompts "$W/host-cpu-prompts.json" \
-        -n 256 -np 64 -t "$THREADS" ${OURS_ARGS:--fa off --kv-type f16} -bs "$bs" \
-        > "$D/host-cpu-$bs.log" 2>&1
+        -n 256 -np 64 -t "$THREADS" ${OURS_ARGS:--fa off --kv-type f16} -bs "$bs" $extra \
+        > "$D/host-cpu-$v.log" 2>&1
       rc=$?
-      say "host_cpu -bs $bs ended ($rc): $(tail -1 "$D/host-cpu-$bs.log" | head -c 500)"
+      say "host_cpu $what ended ($rc): $(tail -1 "$D/host-cpu-$v.log" | head -c 600)"
     else
-      say "host_cpu -bs $bs skipped: $(left)s left"
+      say "host_cpu $what skipped: $(left)s left"
     fi
   done
   pack

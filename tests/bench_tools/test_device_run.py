@@ -68,17 +68,19 @@ def test_host_cpu_times_the_host_with_each_sampling_before_the_rounds(tmp_path, 
     proc, progress = run(tmp_path, SETUP="0", MODEL=str(model_path), CHECKS="0", ROUNDS="0",
                          HOST_CPU="1", THREADS="1", BUDGET_S="300")
     assert proc.returncode == 0, proc.stderr
-    for bs in ("off", "on"):
-        line = next(x for x in progress.splitlines() if f"host_cpu -bs {bs} ended" in x)
-        assert f"host_cpu -bs {bs} ended (0): " in line
+    for bs, what in (("off", "off"), ("on", "on"), ("on", "on --stage-ahead off")):
+        line = next(x for x in progress.splitlines() if f"host_cpu -bs {what} ended" in x)
+        assert f"host_cpu -bs {what} ended (0): " in line
         result = json.loads(line.split(": ", 1)[1])
-        assert result["label"] == f"bs-{bs}" and result["rows"] == 64
+        assert result["label"] == "bs-" + what.replace(" --stage-ahead off", "-noahead")
+        assert result["rows"] == 64
         assert (result["read_cpu_us"] > 0) == (bs == "on")  # the device's tokens read
+        assert result["staged_ahead_share"] == 0  # on the CPU `auto` leaves it off
     assert sorted(os.listdir(tmp_path / "out")) == ["details.tar.gz", "devices.txt",
                                                     "progress.log"]
     with tarfile.open(tmp_path / "out" / "details.tar.gz") as tar:
         lines = tar.extractfile("./host-cpu.jsonl").read().decode().splitlines()
-    assert [json.loads(x)["label"] for x in lines] == ["bs-off", "bs-on"]
+    assert [json.loads(x)["label"] for x in lines] == ["bs-off", "bs-on", "bs-on-noahead"]
 
 
 def test_a_short_budget_skips_what_cannot_finish(tmp_path, model_path):

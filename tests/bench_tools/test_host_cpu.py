@@ -38,6 +38,19 @@ def test_host_cpu_times_the_device_reads_with_sampling_on_the_device(tmp_path):
     assert 0 < result["read_wall_us"] <= result["outside_wall_us"]
 
 
+@pytest.mark.parametrize("ahead", ["on", "off"])
+def test_host_cpu_times_the_host_between_two_steps_staged_ahead_or_not(tmp_path, ahead):
+    out = tmp_path / "cpu.jsonl"
+    assert host_cpu.main(["--json", str(out), "--", "-n", "16", "-np", "6", "-t", "1",
+                          "--inflight", "2", "--stage-ahead", ahead]) == 0
+    result = json.loads(out.read_text())
+    # Staged ahead, a step's decode is a launch and a wait, both counted as the decode's.
+    assert result["staged_ahead_share"] == (1.0 if ahead == "on" else 0.0)
+    assert 0 < result["decode_cpu_us"] <= result["execute_cpu_us"]
+    assert 0 < result["decode_wall_us"] <= result["execute_wall_us"]
+    assert 0 < result["between_wall_us"] < result["execute_wall_us"]
+
+
 def test_host_cpu_needs_the_run_arguments():
     with pytest.raises(SystemExit):
         host_cpu.main(["--json", "x.jsonl"])
