@@ -321,6 +321,7 @@ class HostState:
     decoded_tokens: int = 0  # batch entries decoded so far (a fork's copied rows not included)
     shared_tokens: int = 0  # batch entries a fork's KV copy replaced instead of a decode
     kv_copies: int = 0  # KV copies between runtime sequence ids so far (prefix keeps, restores)
+    staged_ahead: int = 0  # plans staged while the plan before them ran on the device so far
     # Highest KV position held per runtime sequence id that holds any (lanes only): must be
     # empty when no sequence is active.
     lane_positions: Mapping[int, int] = field(default_factory=dict)

@@ -120,6 +120,9 @@ class _EngineCollector:
         yield CounterMetricFamily("skippy:decoded_tokens",
                                   "Batch entries the host decoded (prompt and decode rows).",
                                   value=s.decoded_tokens)
+        yield CounterMetricFamily("skippy:plans_staged_ahead",
+                                  "Plans the host staged while the plan before them ran on the "
+                                  "device (--stage-ahead).", value=s.staged_ahead)
         # Where the work of preemption goes (bench/priority_load.py takes their deltas).
         yield CounterMetricFamily("skippy:prefill_computed_tokens",
                                   "Prompt tokens prefilled (restored prefixes not included).",

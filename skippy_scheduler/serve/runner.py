@@ -62,6 +62,7 @@ class EngineStats:
     decoded_tokens: int = 0  # batch entries the host decoded (LlamaHost)
     shared_tokens: int = 0  # entries a fork's KV copy replaced (choices of one prompt)
     kv_copies: int = 0  # the host's KV copies between sequence ids (prefix keeps, restores)
+    staged_ahead: int = 0  # plans the host staged while the one before ran (LlamaHost)
     slo_relegated: int = 0  # sequences the prefill order put behind for a missed TTFT deadline
     published_s: float = 0.0
     steps: Optional[StepTiming] = None  # the iterations' times (live, not a snapshot)
@@ -419,7 +420,8 @@ class EngineRunner:
             kv_capacity=h.kv_capacity, iterations=m.iterations, prefill_tokens=m.prefill_tokens,
             restored_tokens=m.restored_tokens, recompute_tokens=m.recompute_tokens,
             decoded_tokens=h.decoded_tokens, shared_tokens=h.shared_tokens,
-            kv_copies=h.kv_copies, slo_relegated=getattr(m, "slo_relegated", 0),
+            kv_copies=h.kv_copies, staged_ahead=h.staged_ahead,
+            slo_relegated=getattr(m, "slo_relegated", 0),
             published_s=time.monotonic(), steps=self.step_timing)
 
     def track_prefill(self) -> "PrefillProgress":

@@ -88,6 +88,7 @@ def test_layers_kv_and_sampling_on_the_device_give_the_cpus_tokens(tmp_path, rpc
         assert m['skippy:device_memory_bytes{device="RPC0",kind="kv"}'] > 0
         assert m['skippy:device_memory_bytes{device="RPC0",kind="weights"}'] > 0
         assert m["skippy:gpu_layers"] == 3
+        assert m["skippy:plans_staged_ahead_total"] > 0  # the device's default
     finally:
         assert dev.stop() == 0
     # A seeded request draws the same tokens alone and among others on the device.

@@ -261,6 +261,7 @@ class LlamaHost:
             samplers=len(self._samplers) if self._samplers else 0,
             decoded_tokens=self.decoded_tokens, shared_tokens=self.shared_tokens,
             kv_copies=cells.copies if cells is not None else 0,
+            staged_ahead=self.staged_ahead,
             lane_positions=(cells.positions_held(self.n_seq_max)
                             if detail and self._ctx and cells is not None else {}))
 
