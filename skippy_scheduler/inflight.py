@@ -120,18 +120,21 @@ class HostWorker:
             self._held = None
             held[0].future.set_result(held[1])
 
-    def next_plan(self) -> Any:
-        """The plan queued to run next on this worker, or None (nothing queued, a call first,
-        or a plan that will not run): for the host to stage it while the device runs the one
-        now executing (called on the worker thread; its deferred inputs may not be filled
-        yet)."""
+    def next_plan(self) -> Optional[tuple[Any, int]]:
+        """The plan queued to run next on this worker and the number of calls queued before
+        it (they run first), or None (no plan queued, or the next one will not run): for the
+        host to stage it while the device runs the one now executing (called on the worker
+        thread; its deferred inputs may not be filled yet, and the calls before it may change
+        what it was staged against)."""
         if threading.get_ident() != self._ident:
             return None
         with self._cv:
-            job = self._queue[0] if self._queue else None
-            if job is None or job.fn is not None or job.error is not None:
-                return None
-            return job.plan
+            calls = 0
+            for job in self._queue:
+                if job.fn is None:
+                    return None if job.error is not None else (job.plan, calls)
+                calls += 1
+            return None
 
     def close(self) -> None:
         """Run what was started, then end the thread (a later start makes a new one)."""

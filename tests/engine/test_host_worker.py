@@ -268,8 +268,8 @@ def test_launching_on_another_thread_does_not_release_a_held_plan():
 
 
 def test_next_plan_is_what_runs_next_and_only_on_the_worker():
-    # What a host may stage while its device runs a plan: the plan queued next, not a call
-    # queued first, not a plan that will not run, and nothing from another thread.
+    # What a host may stage while its device runs a plan: the plan queued next with the calls
+    # queued before it, not a plan that will not run, and nothing from another thread.
     seen: dict[int, object] = {}
     gate = threading.Event()
     worker: HostWorker
@@ -278,7 +278,7 @@ def test_next_plan_is_what_runs_next_and_only_on_the_worker():
         if plan.step in (1, 4):
             assert gate.wait(10)
         nxt = worker.next_plan()
-        seen[plan.step] = None if nxt is None else nxt.step
+        seen[plan.step] = None if nxt is None else (nxt[0].step, nxt[1])
         return plan.step
 
     worker = HostWorker(execute, "test-worker")
@@ -288,14 +288,15 @@ def test_next_plan_is_what_runs_next_and_only_on_the_worker():
         assert worker.next_plan() is None  # not the worker thread
         gate.set()
         assert [f.result(10) for f in futures] == [1, 2, 3]
-        assert seen == {1: 2, 2: 3, 3: None}
+        assert seen == {1: (2, 0), 2: (3, 0), 3: None}
         gate.clear()
         first = worker.start(_plan(4))
-        call = worker.call(lambda: 0)
+        calls = [worker.call(lambda: 0), worker.call(lambda: 1)]
         last = worker.start(_plan(5))
         gate.set()
-        assert (first.result(10), call.result(10), last.result(10)) == (4, 0, 5)
-        assert seen[4] is None  # a call comes first
+        assert (first.result(10), last.result(10)) == (4, 5)
+        assert [c.result(10) for c in calls] == [0, 1]
+        assert seen[4] == (5, 2)  # two calls run before it
     finally:
         worker.close()
 
@@ -326,6 +327,6 @@ def test_a_plan_seen_next_is_not_run_when_the_plan_before_it_fails():
             failed.result(10)
         with pytest.raises(RuntimeError, match="plan step 2 was not run"):
             after.result(10)
-        assert [p.step for p in seen] == [2] and ran == [1]
+        assert [(p.step, calls) for p, calls in seen] == [(2, 0)] and ran == [1]
     finally:
         worker.close()

@@ -474,6 +474,9 @@ def test_random_schedules_staged_ahead_match_alone_runs(impl, ahead_host, alone)
         _random_trial(impl, ahead_host, alone, seed, counters, depth=2)
     assert counters["completed"] > 50 and counters["preempted"] > 1
     assert ahead_host.staged_ahead > 100  # the path ran, not only the plain one
+    # Some were staged with releases queued before them, and some of those staged again
+    # when they ran (a release changed the lanes they were staged against).
+    assert ahead_host.staged_ahead_past_calls > 5 and ahead_host.staged_again > 0
 
 
 def test_random_schedules_with_early_stops_match_alone_runs(impl, eog_host, eog_alone):

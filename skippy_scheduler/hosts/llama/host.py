@@ -182,8 +182,11 @@ class LlamaHost:
                              if ahead_mode == "auto" else ahead_mode == "on")
         self.settings["stage_ahead"] = self._stage_ahead
         # The next plan, staged ahead (its object: a plan is a new object every step).
-        self._ahead: tuple[Plan, PlanRows, Staged] | None = None
+        # With whether calls (releases, keeps) were queued before it, to run in between.
+        self._ahead: tuple[Plan, PlanRows, Staged, bool] | None = None
         self.staged_ahead = 0  # plans staged while the one before ran
+        self.staged_ahead_past_calls = 0  # of them, with calls queued before them
+        self.staged_again = 0  # of them, staged again when they ran (a call changed the lanes)
         self._lanes = lanes = Lanes(n_seq_max, cells)
         self._samplers = samplers = Samplers(
             tok.n_vocab, tok.eog, tok.eog_ids, _ll.llama_model_get_vocab(self._model),
@@ -436,10 +439,13 @@ class LlamaHost:
             return 0
         rows_ = self._rows
         step: Staged | None
-        if ahead is not None and ahead[0] is plan:
+        if ahead is not None and ahead[0] is plan and (not ahead[3]
+                                                       or rows_.still_staged(ahead[2])):
             rows, step = ahead[1], ahead[2]
             check_tokens(rows.tokens, self.n_vocab)  # its deferred inputs are filled now
         else:
+            if ahead is not None and ahead[0] is plan:
+                self.staged_again += 1
             rows = read_plan(plan, self.n_batch, self.n_vocab)
             samplers = self._samplers
             assert samplers is not None
@@ -474,8 +480,11 @@ class LlamaHost:
 
     def _stage_next(self) -> None:
         """Stage the plan queued next on the worker, if it can be staged ahead (`execute`)."""
-        plan = self._worker.next_plan()
-        if plan is None or len(plan) == 0 or bool(np.any(plan.new_rows)):
+        queued = self._worker.next_plan()
+        if queued is None:
+            return
+        plan, calls = queued
+        if len(plan) == 0 or bool(np.any(plan.new_rows)):
             return
         try:
             rows = read_plan(plan, self.n_batch, self.n_vocab, check=False)
@@ -484,8 +493,11 @@ class LlamaHost:
         except (ValueError, RuntimeError):
             return  # staged when it runs, which reports what is wrong with it
         if step is not None:
-            self._ahead = (plan, rows, step)
+            # Calls before it (the engine's releases and keeps) change lanes it has no row
+            # on; what it was staged against is checked again when it runs.
+            self._ahead = (plan, rows, step, calls > 0)
             self.staged_ahead += 1
+            self.staged_ahead_past_calls += calls > 0
 
     @property
     def shared_tokens(self) -> int:

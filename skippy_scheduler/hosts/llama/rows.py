@@ -99,6 +99,23 @@ class RowRunner:
             raise
         return step
 
+    def still_staged(self, step: "Staged") -> bool:
+        """Whether `step`, staged ahead, still holds after calls that ran since (releases,
+        prompt keeps): every row's sequence on the lane it was staged on, ending where the row
+        starts, and the same filler rows (a freed lane changes them)."""
+        lanes = self._lanes
+        for seq, lane, start in zip(step.ids, step.row_lanes.tolist(), step.starts):
+            if lanes.lane_of(seq) != lane or lanes.end(lane) != start:
+                return False
+        if not self._stage_by_lane:
+            return True
+        fill = self._gap_fill(step.row_lanes, step.lens, step.row_lanes,
+                              self._n_batch - int(step.offsets[-1]))
+        was = step.fill
+        if fill is None or was is None:
+            return fill is None and was is None
+        return bool(np.array_equal(fill[0], was[0]) and np.array_equal(fill[1], was[1]))
+
     def _lanes_continue(self, ids: list[str], starts: list[int]) -> bool:
         """Whether every row continues its sequence's lane where the lane ends."""
         lanes = self._lanes
