@@ -9,7 +9,10 @@ the device and puts the outputs in batch order, in the same C call as `llama_dec
 given up once): on a GPU `llama_decode` returns once the work is queued, so `decode_ns` is the
 device's whole step (for a step without outputs, the time to queue it), and the reads after it
 (the device's sampled tokens) are lookups made without giving the GIL up, each of which would
-otherwise wait to take it back from the event loop.
+otherwise wait to take it back from the event loop. A host that stages the next plan while the
+device runs this one splits the call (`launch`, then `wait`, each giving the GIL up once), and
+the decoder keeps two batches so that the next plan is staged into the one this decode does not
+use (`spare`).
 """
 from __future__ import annotations
 

@@ -8,6 +8,13 @@ and, for a sequence that asks for prompt log-probabilities, every entry of its p
 (logprobs.py); the sampled tokens are the argmax of each sampling row's logits, overwritten for
 the lanes with a sampler chain (samplers.py), which also report the details asked for. A failed
 decode leaves every row's sequence as it was.
+
+A call runs in three parts over a `Staged` record: `stage` (the checks, the sequences that
+start, the batch's positions, lanes and flags), `launch` (the tokens copied in, the decode
+started; the lanes then hold the rows) and `finish` (the outputs waited for, sampled,
+reported). `run` is the three at once. The host stages the next plan between this plan's
+launch and finish when that changes no state (`stage(..., ahead=True)`, into the decoder's
+spare batch; docs/hosts.md, "Staging ahead").
 """
 from __future__ import annotations
 
