@@ -80,11 +80,11 @@ class RowRunner:
         report) or its rows do not match the lanes, so that it is staged when it runs. Its
         deferred input tokens need not be filled yet."""
         if ahead:
-            if (self._forks.following or self._samplers.reporting
-                    or not self._lanes_continue(ids, starts)):
+            held = (None if self._forks.following or self._samplers.reporting
+                    else self._continued_lanes(ids, starts))
+            if held is None:
                 return None
-            row_lanes = np.fromiter((self._lanes.lane_of(s) for s in ids), dtype=np.int32,
-                                    count=len(ids))
+            row_lanes = np.array(held, dtype=np.int32)
             new_keys: dict[int, Any] = {}
         else:
             row_lanes = self._assign(ids, starts, starting)
@@ -123,14 +123,17 @@ class RowRunner:
             return fill is None and was is None
         return bool(np.array_equal(fill[0], was[0]) and np.array_equal(fill[1], was[1]))
 
-    def _lanes_continue(self, ids: list[str], starts: list[int]) -> bool:
-        """Whether every row continues its sequence's lane where the lane ends."""
+    def _continued_lanes(self, ids: list[str], starts: list[int]) -> list[int] | None:
+        """Each row's lane when every row continues its sequence's lane where the lane ends
+        (one row a sequence), else None."""
         lanes = self._lanes
+        held = []
         for seq, start in zip(ids, starts):
             lane = lanes.lane_of(seq)
             if lane is None or lanes.end(lane) != start:
-                return False
-        return len(set(ids)) == len(ids)
+                return None
+            held.append(lane)
+        return held if len(set(ids)) == len(ids) else None
 
     def launch(self, step: "Staged", *, wait: bool = True) -> None:
         """Copy the rows' tokens into the staged batch and start the decode; with `wait`, also
