@@ -9,9 +9,11 @@
    (llama.cpp's kernels may not be batch-invariant on a GPU: the count of equal requests is
    reported, and `--require-equal` makes a difference fail the run);
 3. with the same exact settings, the GPU path (`--inflight 2 -bs on`: two plans in flight,
-   sampling on the device) against one plan at a time sampled on the host (`--inflight 1 -bs
-   off`), the `--prompts` requests all at once on each: the tokens compared request for request
-   (`--require-equal` fails the run on a difference here too).
+   sampling on the device, and by default on a GPU each plan staged while the one before
+   runs) against one plan at a time sampled on the host (`--inflight 1 -bs off`), the
+   `--prompts` requests all at once on each: the tokens compared request for request
+   (`--require-equal` fails the run on a difference here too), and the plans the GPU path
+   staged ahead counted (`skippy:plans_staged_ahead`).
 
 Exit status 0 when check 1 passed (and checks 2 and 3 with --require-equal); the JSON has the
 startup lines, the answers and the comparison, and is written again after every check, so a
@@ -34,6 +36,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import urllib.request
 from typing import Any, Callable, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
@@ -68,6 +71,16 @@ class Server:
         with open(self.log + ".log", encoding="utf-8", errors="replace") as fh:
             self.banner = next((ln.strip() for ln in fh
                                 if ln.startswith("skippy-scheduler serve:")), "")
+
+    def staged_ahead(self) -> Optional[int]:
+        """The plans it staged while the one before ran (`/metrics`; None unreadable)."""
+        try:
+            with urllib.request.urlopen(self.served.url + "/metrics", timeout=10) as r:
+                text = r.read().decode("utf-8", "replace")
+        except (OSError, ValueError):
+            return None
+        m = re.search(r"^skippy:plans_staged_ahead_total (\S+)$", text, re.M)
+        return int(float(m.group(1))) if m else None
 
     def stop(self) -> None:
         self.served.close()
@@ -133,11 +146,14 @@ def check_batch_invariance(args: argparse.Namespace) -> dict[str, Any]:
             "equal": equal}
 
 
-def _batched(args: argparse.Namespace, *extra: str) -> tuple[Server, list[list[int]]]:
-    """The tokens of `_all_at_once` on a server of its own, `_exact` with `extra`."""
+def _batched(args: argparse.Namespace, *extra: str
+             ) -> tuple[Server, list[list[int]], Optional[int]]:
+    """The tokens of `_all_at_once` on a server of its own, `_exact` with `extra`, and the
+    plans it staged ahead."""
     srv = _exact(args, *extra)
     try:
-        return srv, _all_at_once(_client(srv.url, args.timeout), args)
+        got = _all_at_once(_client(srv.url, args.timeout), args)
+        return srv, got, srv.staged_ahead()
     finally:
         srv.stop()
 
@@ -145,10 +161,11 @@ def _batched(args: argparse.Namespace, *extra: str) -> tuple[Server, list[list[i
 def check_in_flight(args: argparse.Namespace) -> dict[str, Any]:
     """The GPU path (two plans in flight, sampling on the device) against one plan at a time
     with the host's sampling, the same requests at once: the tokens request for request."""
-    fast, got = _batched(args, "--inflight", "2", "-bs", "on")
-    plain, want = _batched(args, "--inflight", "1", "-bs", "off")
+    fast, got, staged = _batched(args, "--inflight", "2", "-bs", "on")
+    plain, want, _ = _batched(args, "--inflight", "1", "-bs", "off")
     return {"commands": [fast.cmd, plain.cmd], "startup_lines": [fast.banner, plain.banner],
             "device_sampling": "sampling on the device" in fast.banner,
+            "staged_ahead": staged,
             "requests": len(got), "equal": sum(a == b for a, b in zip(got, want))}
 
 

@@ -128,7 +128,8 @@ o, b, f = d.get("offload", {}), d.get("batch_invariance", {}), d.get("in_flight"
 print("all layers on a GPU:", o.get("all_layers_on_gpu"), "| chat answered:", o.get("chat_answered"),
       "| greedy alone = batched:", b.get("equal"), "of", b.get("requests"),
       "| depth 2 + device sampling = depth 1 + host:", f.get("equal"), "of", f.get("requests"),
-      "| sampled on the device:", f.get("device_sampling"), "|", o.get("startup_line"),
+      "| sampled on the device:", f.get("device_sampling"),
+      "| plans staged ahead:", f.get("staged_ahead"), "|", o.get("startup_line"),
       *("| %s failed: %s" % (k, " ".join(v["error"][:300].split())) for k, v in d.items()
         if isinstance(v, dict) and v.get("error")),
       "| interrupted" if d.get("interrupted") else "")' "$OUT_DIR/offload-check.json" 2>&1 | tail -1)"

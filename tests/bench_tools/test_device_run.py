@@ -51,6 +51,8 @@ def test_the_checks_run_and_are_summarised(tmp_path, model_path):
     assert "depth 2 + device sampling = depth 1 + host: 8 of 8" in progress
     # -bs on samples with llama.cpp's samplers (on its CPU backend here): the line says so
     assert flight["device_sampling"] is True and "sampled on the device: True" in progress
+    # Read from /metrics: none staged ahead on the CPU, where `auto` leaves it off.
+    assert flight["staged_ahead"] == 0 and "plans staged ahead: 0" in progress
     assert "sampling on the device" in flight["startup_lines"][0]
     assert "sampling on the device" not in flight["startup_lines"][1]  # -bs off
     assert progress.rstrip().endswith("done")
