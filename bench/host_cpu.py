@@ -23,8 +23,9 @@ the next is not staged yet.
 Reported (one JSON line with `--json`): the run's summary line, then the medians over the
 steps with as many rows as the busiest step (the decode phase; the first quarter of them
 skipped as warm-up): `between_wall_us` (over pairs of consecutive such steps),
-`staged_ahead_share` (the share of them staged while the step before ran), `execute_cpu_us`,
-`decode_cpu_us` (the decoder's calls), `outside_cpu_us` (execute minus those, step by step),
+`staged_ahead_share` (the share of them that ran as staged while the step before ran:
+`LlamaHost.staged_ahead`), `execute_cpu_us`, `decode_cpu_us` (the decoder's calls),
+`outside_cpu_us` (execute minus those, step by step),
 `execute_wall_us`, `decode_wall_us` and `outside_wall_us` (the same by the wall clock: the CPU
 outside the calls and any wait for the GIL or a core there), and `read_cpu_us` and
 `read_wall_us` (the reads of the device's sampled tokens after the decode, part of the time
@@ -72,6 +73,7 @@ def measure(run_argv: list[str]) -> dict[str, Any]:
 
     def timed_execute(self: Any, plan: Any) -> Any:
         first = len(calls)
+        staged = self.staged_ahead  # plans run from their staging ahead so far
         c, w = time.thread_time_ns(), time.perf_counter_ns()
         try:
             return execute(self, plan)
@@ -85,7 +87,7 @@ def measure(run_argv: list[str]) -> dict[str, Any]:
             device = [x for x in calls[first:] if x[0] in ("decode", "launch", "wait")]
             step["device_cpu"] = sum(x[1] for x in device)
             step["device_wall"] = sum(x[2] for x in device)
-            step["ahead"] = int(any(x[0] == "launch" for x in device))
+            step["ahead"] = self.staged_ahead - staged  # this plan ran as staged ahead
             # When its decode call began, and when its outputs were in hand.
             step["t_launch"] = device[0][3] if device else 0
             step["t_outputs"] = device[-1][4] if device else 0

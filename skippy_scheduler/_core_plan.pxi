@@ -312,7 +312,7 @@ cdef class IterationPlan:
         self._check()
         return self._b.slice(_A_DIDX, self._p.deferred.count)
 
-    def fill_deferred(self, IterationPlan source):
+    def fill_deferred(self, IterationPlan source not None):
         """Write, in C, every deferred input token of this plan that `source` sampled (the
         entries whose source step is `source.step`) from `source`'s output block: the token,
         or 0 where the output is the end signal or missing (that row's output is discarded,
@@ -323,12 +323,15 @@ cdef class IterationPlan:
         cdef int32_t t
         cdef int32_t *sampled
         self._check()
-        source._check()
         p = self._p
-        q = source._p
         n = p.deferred.count
-        if n == 0:
-            return 0
+        for j in range(n):
+            if p.deferred.source_steps[j] == source.step:
+                break
+        else:
+            return 0  # nothing comes from it (it need not be live)
+        source._check()
+        q = source._p
         rows = source._rows
         sampled = <int32_t *> PyMem_Malloc((rows if rows else 1) * sizeof(int32_t))
         if sampled == NULL:

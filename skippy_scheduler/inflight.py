@@ -30,7 +30,8 @@ def resolve_deferred(plan: Any, earlier_plans: Iterable[Any]) -> int:
         return 0
     earlier_plans = list(earlier_plans)
     fill = getattr(plan, "fill_deferred", None)
-    if fill is not None and all(type(p) is type(plan) for p in earlier_plans):
+    if (fill is not None and all(type(p) is type(plan) for p in earlier_plans)
+            and len({int(p.step) for p in earlier_plans}) == len(earlier_plans)):
         # The C core's plans fill them in C, each source plan's entries in one loop.
         if sum(fill(p) for p in earlier_plans) == n:
             return n

@@ -273,6 +273,8 @@ def serve_prompts(args: argparse.Namespace, host: Any, prompts: list[Any], n_seq
                     **{**config, "planning_rule": args.planning_rule})
     summary = report.summary()
     summary.update(_reuse_summary(scheduler.metrics(), host.prefix_store))
+    if getattr(host, "settings", {}).get("stage_ahead"):
+        summary["staged_ahead"] = host.staged_ahead  # plans run as staged while one ran
     if stopped is not None:
         summary["interrupted"] = stopped
     return requests, report, settings, summary

@@ -53,6 +53,7 @@ class LaneTable:
         self._lane: dict[str, int] = {}
         self._end = [0] * count
         self._gen = [0] * count
+        self.changes = 0  # bumped by every change of an owner or an end (a staleness check)
 
     @property
     def active(self) -> list[str]:
@@ -75,6 +76,7 @@ class LaneTable:
     def advance(self, lane: int, end: int) -> None:
         """`lane` holds positions [0, end) now (its cells are left as they are)."""
         self._end[lane] = end
+        self.changes += 1
 
     def generation(self, lane: int) -> int:
         """Changes whenever `lane` is given back: what was recorded of it before is stale."""
@@ -96,6 +98,7 @@ class LaneTable:
         if self._cells is not None:
             self._cells.remove(lane)
         self._end[lane] = 0
+        self.changes += 1
         return lane
 
     def cut(self, lane: int, start: int) -> None:
@@ -103,6 +106,7 @@ class LaneTable:
         if self._cells is not None:
             self._cells.remove(lane, start, -1)
         self._end[lane] = start
+        self.changes += 1
 
     def give_back(self, sequence_id: str) -> int:
         """`sequence_id` lets go of its lane (returned): emptied, a new generation, free."""
@@ -111,12 +115,14 @@ class LaneTable:
             self._cells.remove(lane)
         self._end[lane] = 0
         self._gen[lane] += 1
+        self.changes += 1
         heapq.heappush(self._free, lane)
         return lane
 
     def forget_positions(self) -> None:
         """Every lane holds nothing now (its owner keeps it until given back)."""
         self._end = [0] * self.count
+        self.changes += 1
 
 
 # ------------------------------------------------------------------------------------- plans

@@ -13,6 +13,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -469,14 +470,92 @@ def test_random_schedules_staged_ahead_match_alone_runs(impl, ahead_host, alone)
     GPU does): its rows' lanes and positions staged into the other batch before the plan's
     deferred inputs exist, its tokens copied in once they do."""
     assert ahead_host.settings["stage_ahead"] is True
+    h = ahead_host
+    before = (h.staged_ahead, h.staged_ahead_past_calls, h.staged_again)
     counters = _counters()
     for seed in range(200, 215):
         _random_trial(impl, ahead_host, alone, seed, counters, depth=2)
     assert counters["completed"] > 50 and counters["preempted"] > 1
-    assert ahead_host.staged_ahead > 100  # the path ran, not only the plain one
-    # Some were staged with releases queued before them, and some of those staged again
-    # when they ran (a release changed the lanes they were staged against).
-    assert ahead_host.staged_ahead_past_calls > 5 and ahead_host.staged_again > 0
+    ran, past_calls, again = (a - b for a, b in zip(
+        (h.staged_ahead, h.staged_ahead_past_calls, h.staged_again), before))
+    assert ran > 100  # plans ran as staged ahead, not only the plain way
+    # Some ran as staged with releases queued before them; some were staged again when they
+    # ran (a release changed the lanes they were staged against).
+    assert past_calls > 5 and again > 0
+
+
+def test_a_plan_staged_ahead_is_checked_against_the_lanes_it_was_staged_on(model_path):
+    # Lanes 0, 1, 2 hold a, b, c; a plan of decode rows for a and c only, staged ahead, has a
+    # filler row on b's lane (the gap between them) at b's next position.
+    with LlamaHost(model_path, n_ctx=4 * 256, n_seq_max=4, n_batch=64, n_threads=1) as h:
+        h.run_rows([("a", [1, 5, 6], 0, True), ("b", [1, 7], 0, True), ("c", [1, 8, 9], 0, True)])
+        runner = h._rows
+
+        def stage(ids, starts):
+            n = len(ids)
+            return runner.stage(ids, starts, {}, np.arange(n + 1), np.full(n, 10, np.int32),
+                                np.array(starts, np.int32), np.arange(n), ahead=True)
+
+        step = stage(["a", "c"], [3, 3])
+        assert step is not None and step.fill is not None
+        assert step.fill[0].tolist() == [1] and step.fill[1].tolist() == [2]
+        assert runner.still_staged(step)
+        # Rows that do not continue their lanes where they end are not staged ahead.
+        assert stage(["a", "c"], [2, 3]) is None  # a replay from an earlier position
+        assert stage(["a", "c"], [4, 3]) is None  # past what a's lane holds
+        assert stage(["a", "x"], [3, 0]) is None  # x holds no lane
+        # b's lane freed: the filler would land on an empty lane at b's old end.
+        h.release("b")
+        assert not runner.still_staged(step)
+        again = stage(["a", "c"], [3, 3])
+        assert again is not None and runner.still_staged(again)
+        assert again.fill is not None and again.fill[1].tolist() == [0]
+        # A row's own lane given back.
+        h.release("a")
+        assert not runner.still_staged(again)
+
+
+def test_a_plan_staged_ahead_is_dropped_when_the_plan_before_it_fails(model_path, monkeypatch):
+    from skippy_scheduler import Scheduler
+
+    with LlamaHost(model_path, n_ctx=4 * 256, n_seq_max=4, n_batch=64, n_threads=1,
+                   stage_ahead=True) as h:
+        s = Scheduler(SchedulerConfig(max_active_sequences=4, max_tokens_per_iteration=64,
+                                      max_inflight_plans=2, memory_components=[
+                                          MemoryComponent("kv", KV_BYTES, 0, 1, 0)]))
+        for i in range(3):
+            s.submit(Sequence(f"s{i}", [1, 20 + i, 30 + i], 8))
+        p0 = s.plan_iteration()
+        h.execute(p0)  # the prompts: every sequence holds a lane now
+        s.complete_iteration(p0)
+        p1 = s.plan_iteration()
+        p2 = s.plan_iteration()  # its decode rows' inputs are p1's samples
+        ends = {seq: h.kv_tokens(seq) for seq in ("s0", "s1", "s2")}
+        gate = threading.Event()
+        finish = type(h._rows)._finish_rows
+        failed = []
+
+        def fail_first(runner, step):
+            if not failed:
+                failed.append(h._ahead is not None)  # p2 was staged while p1 ran
+                raise RuntimeError("the device went away")
+            return finish(runner, step)
+
+        monkeypatch.setattr(type(h._rows), "_finish_rows", fail_first)
+        held = h.call_after(lambda: gate.wait(10))  # p1 and p2 queue behind it
+        one, two = h.execute_after(p1, [p0]), h.execute_after(p2, [p1])
+        gate.set()
+        held.result(10)
+        with pytest.raises(RuntimeError, match="the device went away"):
+            one.result(10)
+        with pytest.raises(RuntimeError, match="was not run"):
+            two.result(10)
+        assert failed == [True]
+        assert h._ahead is None and h.staged_ahead == 0
+        # p1's rows undone: every lane holds what it held before p1.
+        assert {seq: h.kv_tokens(seq) for seq in ("s0", "s1", "s2")} == ends
+        s.abort_iteration(p2)
+        s.abort_iteration(p1)
 
 
 def test_random_schedules_with_early_stops_match_alone_runs(impl, eog_host, eog_alone):
@@ -543,6 +622,7 @@ def test_run_stages_ahead_when_asked_with_the_same_tokens(tmp_path, model_path, 
                 "--json", str(out)) == 0
     doc = json.loads(out.read_text())
     assert doc["settings"]["stage_ahead"] is True
+    assert doc["summary"]["staged_ahead"] > 5  # plans ran as staged
     for r in doc["requests"]:
         assert r["generated_tokens"] == alone(r["prompt_tokens"], 6)
     assert _cli("run", "--model", str(model_path), "--stage-ahead", "sometimes") == 2

@@ -398,7 +398,13 @@ def test_the_cores_plans_fill_deferred_inputs_as_the_numpy_path_does(seed):
         want = resolve_deferred(p2, [_SourceCopy(p0), _SourceCopy(p1)])
         expected = np.asarray(p2.tokens).copy()
         np.asarray(p2.tokens)[targets] = -1
-        assert resolve_deferred(p2, [p0, p1]) == want == n
+        assert p2.fill_deferred(p0) + p2.fill_deferred(p1) == want == n  # the C loops
+        assert np.asarray(p2.tokens).tolist() == expected.tolist()
+        np.asarray(p2.tokens)[targets] = -1
+        assert resolve_deferred(p2, [p0, p1]) == n  # through them
+        assert np.asarray(p2.tokens).tolist() == expected.tolist()
+        np.asarray(p2.tokens)[targets] = -1
+        assert resolve_deferred(p2, [p1, p0, p1]) == n  # a plan given twice: the numpy path
         assert np.asarray(p2.tokens).tolist() == expected.tolist()
         filled_any += n
         if int(p0.step) in np.asarray(p2.deferred_source_steps).tolist():
@@ -408,3 +414,5 @@ def test_the_cores_plans_fill_deferred_inputs_as_the_numpy_path_does(seed):
         s.complete_iteration(p0)
         plans = [p1, p2, s.plan_iteration()]
     assert filled_any > 20 and missing > 0
+    with pytest.raises(TypeError):
+        plans[2].fill_deferred(None)

@@ -181,12 +181,13 @@ class LlamaHost:
         self._stage_ahead = (placement is not None and placement.on_gpu
                              if ahead_mode == "auto" else ahead_mode == "on")
         self.settings["stage_ahead"] = self._stage_ahead
-        # The next plan, staged ahead (its object: a plan is a new object every step).
-        # With whether calls (releases, keeps) were queued before it, to run in between.
-        self._ahead: tuple[Plan, PlanRows, Staged, bool] | None = None
-        self.staged_ahead = 0  # plans staged while the one before ran
+        # The next plan, staged ahead (its object: a plan is a new object every step), with
+        # the lanes' change count then and whether calls (releases, keeps) were queued
+        # before it, to run in between.
+        self._ahead: tuple[Plan, PlanRows, Staged, int, bool] | None = None
+        self.staged_ahead = 0  # plans run from their staging while the plan before ran
         self.staged_ahead_past_calls = 0  # of them, with calls queued before them
-        self.staged_again = 0  # of them, staged again when they ran (a call changed the lanes)
+        self.staged_again = 0  # plans staged ahead, then again when they ran (lanes changed)
         self._lanes = lanes = Lanes(n_seq_max, cells)
         self._samplers = samplers = Samplers(
             tok.n_vocab, tok.eog, tok.eog_ids, _ll.llama_model_get_vocab(self._model),
@@ -439,10 +440,12 @@ class LlamaHost:
             return 0
         rows_ = self._rows
         step: Staged | None
-        if ahead is not None and ahead[0] is plan and (not ahead[3]
-                                                       or rows_.still_staged(ahead[2])):
+        if ahead is not None and ahead[0] is plan and (
+                self._lanes.changes == ahead[3] or rows_.still_staged(ahead[2])):
             rows, step = ahead[1], ahead[2]
             check_tokens(rows.tokens, self.n_vocab)  # its deferred inputs are filled now
+            self.staged_ahead += 1
+            self.staged_ahead_past_calls += ahead[4]
         else:
             if ahead is not None and ahead[0] is plan:
                 self.staged_again += 1
@@ -459,9 +462,12 @@ class LlamaHost:
             assert step is not None
         ahead_now = self._stage_ahead and len(step.flagged) > 0
         rows_.launch(step, wait=not ahead_now)
-        try:
-            if ahead_now:
+        if ahead_now:
+            try:
                 self._stage_next()
+            except Exception:  # staging ahead never fails this plan: the next is staged
+                self._ahead = None  # when it runs, which reports what is wrong with it
+        try:
             tokens, details = rows_.finish(step)
         except BaseException:
             self._ahead = None  # staged against this plan's lanes
@@ -479,25 +485,22 @@ class LlamaHost:
         return k
 
     def _stage_next(self) -> None:
-        """Stage the plan queued next on the worker, if it can be staged ahead (`execute`)."""
+        """Stage the plan queued next on the worker, if it can be staged ahead (`execute`).
+        Raises what reading the plan raises (a plan no longer live, a bad plan)."""
         queued = self._worker.next_plan()
         if queued is None:
             return
         plan, calls = queued
         if len(plan) == 0 or bool(np.any(plan.new_rows)):
             return
-        try:
-            rows = read_plan(plan, self.n_batch, self.n_vocab, check=False)
-            step = self._rows.stage(rows.ids, rows.starts, {}, rows.offsets, rows.tokens,
-                                    rows.positions, rows.sample_rows, ahead=True)
-        except (ValueError, RuntimeError):
-            return  # staged when it runs, which reports what is wrong with it
+        rows = read_plan(plan, self.n_batch, self.n_vocab, check=False)
+        step = self._rows.stage(rows.ids, rows.starts, {}, rows.offsets, rows.tokens,
+                                rows.positions, rows.sample_rows, ahead=True)
         if step is not None:
             # Calls before it (the engine's releases and keeps) change lanes it has no row
-            # on; what it was staged against is checked again when it runs.
-            self._ahead = (plan, rows, step, calls > 0)
-            self.staged_ahead += 1
-            self.staged_ahead_past_calls += calls > 0
+            # on, and so would anything else that changes the lanes meanwhile: what it was
+            # staged against is checked again when it runs if the lanes changed.
+            self._ahead = (plan, rows, step, self._lanes.changes, calls > 0)
 
     @property
     def shared_tokens(self) -> int:

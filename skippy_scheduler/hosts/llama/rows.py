@@ -76,13 +76,14 @@ class RowRunner:
 
         `ahead`: stage a plan queued behind one whose decode is still running, into the
         decoder's other batch, changing no state: None when the plan needs any (a new row, a
-        replay from an earlier position, a fork to follow, prompt log-probabilities to
-        report) or its rows do not match the lanes, so that it is staged when it runs. Its
-        deferred input tokens need not be filled yet."""
+        replay from an earlier position, a fork to follow, a prompt whose log-probabilities
+        are being collected) or its rows do not match the lanes, so that it is staged when it
+        runs. Its deferred input tokens need not be filled yet."""
         if ahead:
-            held = (None if self._forks.following or self._samplers.reporting
-                    else self._continued_lanes(ids, starts))
-            if held is None:
+            samplers = self._samplers
+            held = None if self._forks.following else self._continued_lanes(ids, starts)
+            if held is None or (samplers.reporting and any(
+                    samplers.prompt_state(lane) is not None for lane in held)):
                 return None
             row_lanes = np.array(held, dtype=np.int32)
             new_keys: dict[int, Any] = {}
