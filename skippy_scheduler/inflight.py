@@ -99,6 +99,7 @@ class HostWorker:
         self._closing = False
         self._thread: Optional[threading.Thread] = None
         self._failed_step: Optional[int] = None  # the last plan whose execution raised
+        self.released = False  # whether the last `launching()` handed a held plan out
 
     def start(self, plan: Any) -> "Future[Any]":
         return self._enqueue(_Job(plan, None))
@@ -115,27 +116,40 @@ class HostWorker:
 
     def launching(self) -> None:
         """Hand out the plan before the one now executing, if its result is held (called on
-        the worker thread by the host, just before it blocks in the device's call)."""
+        the worker thread by the host, just before it blocks in the device's call).
+        `released` says whether the last call handed one out."""
         held = self._held
+        self.released = False
         if held is not None and threading.get_ident() == self._ident:
             self._held = None
+            self.released = True
             held[0].future.set_result(held[1])
 
-    def next_plan(self) -> Optional[tuple[Any, int]]:
+    def next_plan(self, wait_s: float = 0.0) -> Optional[tuple[Any, int]]:
         """The plan queued to run next on this worker and the number of calls queued before
         it (they run first), or None (no plan queued, or the next one will not run): for the
         host to stage it while the device runs the one now executing (called on the worker
         thread; its deferred inputs may not be filled yet, and the calls before it may change
-        what it was staged against)."""
+        what it was staged against). With no plan queued yet, waits up to `wait_s` seconds
+        for one (the engine, woken by `launching()`, may be making it)."""
         if threading.get_ident() != self._ident:
             return None
+        deadline = None
         with self._cv:
-            calls = 0
-            for job in self._queue:
-                if job.fn is None:
-                    return None if job.error is not None else (job.plan, calls)
-                calls += 1
-            return None
+            while True:
+                calls = 0
+                for job in self._queue:
+                    if job.fn is None:
+                        return None if job.error is not None else (job.plan, calls)
+                    calls += 1
+                if wait_s <= 0 or self._closing:
+                    return None
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + wait_s
+                if now >= deadline:
+                    return None
+                self._cv.wait(deadline - now)
 
     def close(self) -> None:
         """Run what was started, then end the thread (a later start makes a new one)."""

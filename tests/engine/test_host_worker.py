@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future
 from types import SimpleNamespace
 
@@ -328,5 +329,64 @@ def test_a_plan_seen_next_is_not_run_when_the_plan_before_it_fails():
         with pytest.raises(RuntimeError, match="plan step 2 was not run"):
             after.result(10)
         assert [(p.step, calls) for p, calls in seen] == [(2, 0)] and ran == [1]
+    finally:
+        worker.close()
+
+
+def test_next_plan_waits_a_while_for_a_plan_being_made():
+    # The host's launch wakes the engine, which is making the next plan: the worker waits for
+    # it up to the time given, and no longer when nothing comes.
+    seen: list[object] = []
+    waited: list[float] = []
+    worker: HostWorker
+    started = threading.Event()
+
+    def execute(plan) -> int:
+        if plan.step == 1:
+            started.set()
+            t = time.monotonic()
+            seen.append(worker.next_plan(5.0))  # plan 2 arrives while this waits
+            waited.append(time.monotonic() - t)
+            t = time.monotonic()
+        else:
+            t = time.monotonic()
+            seen.append(worker.next_plan(0.05))  # nothing more comes
+            waited.append(time.monotonic() - t)
+        return plan.step
+
+    worker = HostWorker(execute, "test-worker")
+    try:
+        p1 = _plan(1)
+        first = worker.start(p1)
+        assert started.wait(10)
+        time.sleep(0.05)
+        second = worker.after(_plan(2), [p1])
+        assert (first.result(10), second.result(10)) == (1, 2)
+        assert seen[0] is not None and seen[0][0].step == 2 and seen[1] is None
+        assert 0.04 < waited[0] < 4.0  # woken by the plan, not the time limit
+        assert 0.04 < waited[1] < 1.0  # the limit
+    finally:
+        worker.close()
+
+
+def test_released_says_whether_the_launch_handed_a_held_plan_out():
+    flags: dict[int, bool] = {}
+    gate = threading.Event()
+    worker: HostWorker
+
+    def execute(plan) -> int:
+        if plan.step == 1:
+            assert gate.wait(10)
+        worker.launching()
+        flags[plan.step] = worker.released
+        return plan.step
+
+    worker = HostWorker(execute, "test-worker", hold_until_launch=True)
+    try:
+        p1 = _plan(1)
+        futures = [worker.start(p1), worker.after(_plan(2), [p1])]
+        gate.set()
+        assert [f.result(10) for f in futures] == [1, 2]
+        assert flags == {1: False, 2: True}  # plan 1 was held until plan 2 launched
     finally:
         worker.close()

@@ -44,6 +44,7 @@ class Decoder:
         self.batch = self._batches[0]  # the last decoded (or, before any, the first)
         self.decode_ns = 0  # time spent decoding so far, the wait for the outputs included (ns)
         self._launched_ns = 0  # when the decode that `wait` waits for started
+        self.last_wait_ns = 0  # the last `launch` to the end of its `wait` (ns; 0: none yet)
         # Called just before each decode's C call (the host's worker: `HostWorker.launching`).
         self.on_launch: Optional[Callable[[], None]] = None
 
@@ -84,7 +85,8 @@ class Decoder:
         call, the GIL given up); `decode_ns` counts from the launch."""
         if k:
             self.batch.read_outputs(self._ctx)
-        self.decode_ns += time.perf_counter_ns() - self._launched_ns
+        self.last_wait_ns = took = time.perf_counter_ns() - self._launched_ns
+        self.decode_ns += took
         return self._logits(k)
 
     def _start(self, n: int, entry_lanes: IntArray, flagged: IntArray,

@@ -71,6 +71,7 @@ from .tokenizer import Tokenizer
 DEFAULT_GAP_FILL = 2
 
 _KEPT_DETAILS = 8  # plans whose sample details wait to be taken (more are in flight at most)
+_AHEAD_WAIT_S = 0.005  # the longest wait for the next plan to stage ahead (`_stage_next`)
 
 
 class LlamaHost:
@@ -487,7 +488,13 @@ class LlamaHost:
     def _stage_next(self) -> None:
         """Stage the plan queued next on the worker, if it can be staged ahead (`execute`).
         Raises what reading the plan raises (a plan no longer live, a bad plan)."""
-        queued = self._worker.next_plan()
+        # The launch just now woke the engine (it handed the plan before out): it is making
+        # the next plan, so wait for it a while, at most half the last such step (the device
+        # is still running this one) and 5 ms.
+        worker = self._worker
+        last = self._decoder.last_wait_ns
+        wait_s = min(last / 2e9, _AHEAD_WAIT_S) if worker.released and last else 0.0
+        queued = worker.next_plan(wait_s)
         if queued is None:
             return
         plan, calls = queued
