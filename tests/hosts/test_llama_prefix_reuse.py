@@ -70,12 +70,13 @@ def _sampling(rng: random.Random, i: int):
 
 
 def _reuse_host(model_path, capacity: int, holders: int, lane_cells: int = 512,
-                unified: bool = True) -> LlamaHost:
+                unified: bool = True, stage_ahead: bool = False) -> LlamaHost:
     """Unified: the lanes' cells plus the capacity, shared; else one stream per lane and per
     holder (lane_cells each)."""
     n_ctx = N_SEQ * lane_cells + capacity if unified else (N_SEQ + holders) * lane_cells
     return LlamaHost(model_path, n_ctx=n_ctx, n_seq_max=N_SEQ, n_batch=512, n_threads=1,
-                     prefix_cache_tokens=capacity, prefix_holders=holders, kv_unified=unified)
+                     prefix_cache_tokens=capacity, prefix_holders=holders, kv_unified=unified,
+                     stage_ahead=stage_ahead)
 
 
 # Both KV layouts: holders sharing cells of one unified cache, and a stream per lane and holder
@@ -86,6 +87,13 @@ LAYOUTS = pytest.fixture(scope="module", params=["unified", "streams"])
 @LAYOUTS
 def roomy(model_path, request):
     with _reuse_host(model_path, 4096, 12, unified=request.param == "unified") as h:
+        yield h
+
+
+@LAYOUTS
+def roomy_ahead(model_path, request):
+    with _reuse_host(model_path, 4096, 12, unified=request.param == "unified",
+                     stage_ahead=True) as h:
         yield h
 
 
@@ -116,7 +124,7 @@ def _prompts(rng: random.Random, n: int) -> list[list[int]]:
     return out
 
 
-def _trial(impl, host, alone, seed: int, counters: dict) -> None:
+def _trial(impl, host, alone, seed: int, counters: dict, depth: int = 1) -> None:
     rng = random.Random(seed)
     prompts = _prompts(rng, rng.randrange(4, 12))
     requests = [Request(f"r{i}", p, rng.randrange(1, MAX_GEN + 1),
@@ -129,7 +137,7 @@ def _trial(impl, host, alone, seed: int, counters: dict) -> None:
         prefill_chunk_tokens=rng.choice([1, 3, 8, 32, 256]),
         mixed_prefill_decode=rng.random() < 0.5,
         memory_components=[MemoryComponent("kv", KV_BYTES, 0, 1, 0)],
-        **host.sequence_id_settings)
+        max_inflight_plans=depth, **host.sequence_id_settings)
     scheduler = impl(config)
     reserved = {r.id: len(r.prompt_tokens) + r.max_tokens for r in requests}
     p_preempt, p_cancel = rng.uniform(0, 0.15), rng.uniform(0, 0.05)
@@ -173,6 +181,20 @@ def test_random_schedules_with_prefix_reuse_match_alone_runs(impl, roomy, alone)
     # With a stream per holder, finished keys replaced holders they shared most of (and the
     # outputs above still equal the alone runs); a unified cache never replaces.
     assert (counters["replaced"] > 0) == (not roomy.settings["kv_unified"])
+
+
+def test_prefix_reuse_with_plans_staged_ahead_at_depth_two_matches_alone_runs(impl, roomy_ahead,
+                                                                             alone):
+    # Two plans in flight, each staged while the one before decodes: the releases that keep
+    # finished sequences' prefixes run between the two, after the staging.
+    before = (roomy_ahead.staged_ahead, roomy_ahead.staged_ahead_past_calls)
+    counters = _counters()
+    for seed in range(12):
+        _trial(impl, roomy_ahead, alone, seed, counters, depth=2)
+    assert counters["completed"] > 40 and counters["restored"] > 0
+    ran, past_calls = (a - b for a, b in zip(
+        (roomy_ahead.staged_ahead, roomy_ahead.staged_ahead_past_calls), before))
+    assert ran > 20 and past_calls > 0
 
 
 def test_random_schedules_under_a_tight_prefix_capacity_evict_and_still_match(impl, tight,
