@@ -30,9 +30,20 @@ GRAMMAR = json_schema_to_gbnf(json.dumps({
 
 
 @pytest.fixture(scope="module")
-def host(tmp_path_factory):
-    path = write_tiny_llama(tmp_path_factory.mktemp("model") / "tiny-f32.gguf", seed=7)
-    with LlamaHost(path, n_ctx=N_SEQ * 512, n_seq_max=N_SEQ, n_batch=512, n_threads=1) as h:
+def model(tmp_path_factory):
+    return write_tiny_llama(tmp_path_factory.mktemp("model") / "tiny-f32.gguf", seed=7)
+
+
+@pytest.fixture(scope="module")
+def host(model):
+    with LlamaHost(model, n_ctx=N_SEQ * 512, n_seq_max=N_SEQ, n_batch=512, n_threads=1) as h:
+        yield h
+
+
+@pytest.fixture(scope="module")
+def ahead_host(model):
+    with LlamaHost(model, n_ctx=N_SEQ * 512, n_seq_max=N_SEQ, n_batch=512, n_threads=1,
+                   stage_ahead=True) as h:
         yield h
 
 
@@ -48,8 +59,12 @@ def _sampling(rng: random.Random, kind: int, prompt_length: int) -> SamplingPara
                           output=OutputOptions(logprobs=1, prompt_length=prompt_length))
 
 
-@pytest.mark.parametrize("depth", [1, 2])
-def test_reporting_and_constrained_sequences_match_alone_runs(host, depth):
+@pytest.mark.parametrize("depth,ahead", [(1, False), (2, False), (2, True)])
+def test_reporting_and_constrained_sequences_match_alone_runs(request, depth, ahead):
+    # (2, True): each plan staged while the one before decodes where it can be (not while a
+    # fork's followers follow, nor while a prompt's log-probabilities are collected).
+    host = request.getfixturevalue("ahead_host" if ahead else "host")
+    staged = host.staged_ahead
     preempted = shared = 0
     for seed in range(8):
         rng = random.Random(500 + seed)
@@ -101,6 +116,7 @@ def test_reporting_and_constrained_sequences_match_alone_runs(host, depth):
                 assert prompts and len(prompts[0]) == len(req.prompt_tokens) - 1
         assert host.active_sequences == [] and host.host_state().samplers == 0
     assert preempted > 3 and shared > 0
+    assert (host.staged_ahead - staged > 10) == ahead
 
 
 def test_logprobs_are_the_alone_runs_logits(host):
