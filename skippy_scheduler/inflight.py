@@ -62,6 +62,15 @@ def resolve_deferred(plan: Any, earlier_plans: Iterable[Any]) -> int:
     return n
 
 
+class StampedFuture(Future[Any]):
+    """A worker's handle: a `concurrent.futures.Future` that also says when its execution
+    ended (`ended_ns`, `time.perf_counter_ns()`; 0 until then), which can be earlier than
+    when it is said done (`HostWorker(hold_until_launch=True)`). The engine charges a plan to
+    that end (engine/contract.py, `ExecutionHandle`)."""
+
+    ended_ns = 0
+
+
 class HostWorker:
     """A host's one worker thread, running its plans one at a time in the order started: the
     `execute_async` (`start`) and `execute_after` (`after`) of a host whose `execute` must not
@@ -221,7 +230,7 @@ class HostWorker:
                     self._fill(nxt)  # before this plan is seen done: its outputs are live
                 hold = (self._hold and error is None and job.fn is None and nxt is not None
                         and nxt.fn is None and nxt.error is None)
-            job.future.ended_ns = ended  # type: ignore[attr-defined]
+            job.future.ended_ns = ended
             if error is not None:
                 job.future.set_exception(error)
             elif hold:
@@ -237,9 +246,9 @@ class _Job:
         self.plan = plan
         self.earlier = earlier
         self.fn: Optional[Callable[[], Any]] = None  # a call, not a plan
-        self.future: Future[Any] = Future()
+        self.future = StampedFuture()
         self.filled = False
         self.error: Optional[BaseException] = None
 
 
-__all__ = ["HostWorker", "resolve_deferred"]
+__all__ = ["HostWorker", "StampedFuture", "resolve_deferred"]

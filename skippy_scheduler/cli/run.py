@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any, Optional
 
-from ..engine.contract import PipelinedHost
+from ..engine.contract import PipelinedHost, StateReportingHost
 from ..selection import DEFAULT_IMPLEMENTATION, DEFAULT_POLICY, make_scheduler
 from ..hosts.offload import CPU_BATCH
 from .offload import print_placement, resolve_for
@@ -273,8 +273,8 @@ def serve_prompts(args: argparse.Namespace, host: Any, prompts: list[Any], n_seq
                     **{**config, "planning_rule": args.planning_rule})
     summary = report.summary()
     summary.update(_reuse_summary(scheduler.metrics(), host.prefix_store))
-    if getattr(host, "settings", {}).get("stage_ahead"):
-        summary["staged_ahead"] = host.staged_ahead  # plans run as staged while one ran
+    if settings.get("stage_ahead") and isinstance(host, StateReportingHost):
+        summary["staged_ahead"] = host.host_state().staged_ahead  # plans run as staged
     if stopped is not None:
         summary["interrupted"] = stopped
     return requests, report, settings, summary

@@ -230,6 +230,10 @@ class MemoryReportingHost(Protocol):
 
 
 class ExecutionHandle(Protocol):
+    """What `execute_async` and `execute_after` return. A handle that is said done later than
+    its execution ended (a worker holding it until the next plan launches) is an
+    `inflight.StampedFuture`, whose `ended_ns` the engine charges the plan to."""
+
     def result(self) -> object:
         """Wait for the execution; re-raise what it raised."""
         ...

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence as _Seq, Union
 
+from ..inflight import StampedFuture
 from ..sampling import SampleDetail
 from ..types import RejectReason, Sequence
 
@@ -119,7 +120,8 @@ class _InFlight:
         """A handle's done callback (on the host's worker thread): the execution's end."""
         if not self.done_ns:
             # A worker that holds a handle until the next plan launches stamps the end itself.
-            self.done_ns = getattr(_handle, "ended_ns", 0) or time.perf_counter_ns()
+            ended = _handle.ended_ns if isinstance(_handle, StampedFuture) else 0
+            self.done_ns = ended or time.perf_counter_ns()
 
 
 class _Entry:
