@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import Future
-from typing import Any, Callable, Iterable, Mapping, Sequence as _Seq
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence as _Seq
 
 import numpy as np
 import numpy.typing as npt
@@ -72,6 +72,16 @@ DEFAULT_GAP_FILL = 2
 
 _KEPT_DETAILS = 8  # plans whose sample details wait to be taken (more are in flight at most)
 _AHEAD_WAIT_S = 0.005  # the longest wait for the next plan to stage ahead (`_stage_next`)
+
+
+class _Ahead(NamedTuple):
+    """The next plan, staged ahead (`LlamaHost._stage_next`)."""
+
+    plan: Plan  # its object: a plan is a new object every step
+    rows: PlanRows
+    step: Staged
+    lane_changes: int  # the lane table's change count when it was staged
+    past_calls: bool  # calls (releases, keeps) were queued before it, to run in between
 
 
 class LlamaHost:
@@ -182,10 +192,7 @@ class LlamaHost:
         self._stage_ahead = (placement is not None and placement.on_gpu
                              if ahead_mode == "auto" else ahead_mode == "on")
         self.settings["stage_ahead"] = self._stage_ahead
-        # The next plan, staged ahead (its object: a plan is a new object every step), with
-        # the lanes' change count then and whether calls (releases, keeps) were queued
-        # before it, to run in between.
-        self._ahead: tuple[Plan, PlanRows, Staged, int, bool] | None = None
+        self._ahead: _Ahead | None = None  # the next plan, staged ahead
         self.staged_ahead = 0  # plans run from their staging while the plan before ran
         self.staged_ahead_past_calls = 0  # of them, with calls queued before them
         self.staged_again = 0  # plans staged ahead, then again when they ran (lanes changed)
@@ -441,14 +448,16 @@ class LlamaHost:
             return 0
         rows_ = self._rows
         step: Staged | None
-        if ahead is not None and ahead[0] is plan and (
-                self._lanes.changes == ahead[3] or rows_.still_staged(ahead[2])):
-            rows, step = ahead[1], ahead[2]
+        if ahead is not None and ahead.plan is not plan:
+            ahead = None  # staged for a plan that did not run
+        if ahead is not None and (self._lanes.changes == ahead.lane_changes
+                                  or rows_.still_staged(ahead.step)):
+            rows, step = ahead.rows, ahead.step
             check_tokens(rows.tokens, self.n_vocab)  # its deferred inputs are filled now
             self.staged_ahead += 1
-            self.staged_ahead_past_calls += ahead[4]
+            self.staged_ahead_past_calls += ahead.past_calls
         else:
-            if ahead is not None and ahead[0] is plan:
+            if ahead is not None:
                 self.staged_again += 1
             rows = read_plan(plan, self.n_batch, self.n_vocab)
             samplers = self._samplers
@@ -507,7 +516,7 @@ class LlamaHost:
             # Calls before it (the engine's releases and keeps) change lanes it has no row
             # on, and so would anything else that changes the lanes meanwhile: what it was
             # staged against is checked again when it runs if the lanes changed.
-            self._ahead = (plan, rows, step, self._lanes.changes, calls > 0)
+            self._ahead = _Ahead(plan, rows, step, self._lanes.changes, calls > 0)
 
     @property
     def shared_tokens(self) -> int:

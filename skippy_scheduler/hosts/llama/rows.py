@@ -111,10 +111,8 @@ class RowRunner:
         """Whether `step`, staged ahead, still holds after calls that ran since (releases,
         prompt keeps): every row's sequence on the lane it was staged on, ending where the row
         starts, and the same filler rows (a freed lane changes them)."""
-        lanes = self._lanes
-        for seq, lane, start in zip(step.ids, step.row_lanes.tolist(), step.starts):
-            if lanes.lane_of(seq) != lane or lanes.end(lane) != start:
-                return False
+        if self._continued_lanes(step.ids, step.starts) != step.row_lanes.tolist():
+            return False
         if not self._stage_by_lane:
             return True
         fill = self._gap_fill(step.row_lanes, step.lens, step.row_lanes,
