@@ -44,8 +44,13 @@ def test_host_cpu_times_the_host_between_two_steps_staged_ahead_or_not(tmp_path,
     assert host_cpu.main(["--json", str(out), "--", "-n", "16", "-np", "6", "-t", "1",
                           "--inflight", "2", "--stage-ahead", ahead]) == 0
     result = json.loads(out.read_text())
-    # Staged ahead, a step's decode is a launch and a wait, both counted as the decode's.
-    assert result["staged_ahead_share"] == (1.0 if ahead == "on" else 0.0)
+    # Staged ahead, a step's decode is a launch and a wait, both counted as the decode's. A
+    # plan is staged ahead only when the engine has queued it while the step before runs, which
+    # on a busy machine it may not have: some steps, not necessarily all.
+    if ahead == "on":
+        assert 0 < result["staged_ahead_share"] <= 1
+    else:
+        assert result["staged_ahead_share"] == 0
     assert 0 < result["decode_cpu_us"] <= result["execute_cpu_us"]
     assert 0 < result["decode_wall_us"] <= result["execute_wall_us"]
     assert 0 < result["between_wall_us"] < result["execute_wall_us"]
