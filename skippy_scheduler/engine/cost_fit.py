@@ -28,7 +28,12 @@ share of itself, whatever its length, which is what the relative error weighs.
 
 `SlackFeed` is the engine observer that feeds it: after each step ran it sets the scheduler's
 clock (before the completion stamps last-token times and before the next plan reads them) and
-records the step; every `refit_every` steps it refits and hands the model to the scheduler.
+records the step; every `refit_every` steps, once the steps since the last refit have run
+`refit_min_us` between them, it refits and hands the model to the scheduler. A refit is
+0.4-1 ms of the engine thread's Python: every 8 steps of a few ms (a GPU's, an RPC device's
+at one row) it was the largest part of the engine's own work, and the GIL it holds meanwhile
+is one the host's worker may be waiting for to launch the next step. Steps of 5 ms and more
+(a CPU's) refit every 8.
 The engine adds it only when the scheduler runs the slack rule, so the reference rule's path
 is unchanged.
 """
@@ -51,6 +56,8 @@ if TYPE_CHECKING:  # pragma: no cover
 _PRIOR_WEIGHT = 1e-6  # of the window's own scale: only decides directions the data leaves open
 _CLIP_ROUNDS = 4  # refits, each without the steps far off the previous one
 _RESIDUAL_FLOOR = 0.01  # relative residuals below this are kept whatever the spread
+# The least step time between two refits (`SlackFeed`): 8 steps of 5 ms.
+REFIT_MIN_US = 40_000.0
 
 
 class StepCostFitter:
@@ -121,12 +128,17 @@ class SlackFeed(BaseObserver):
     scheduler's `SlackRuleScheduler` capability, engine/contract.py)."""
 
     def __init__(self, scheduler: "SlackRuleScheduler", now_us: Callable[[], float],
-                 fitter: Optional[StepCostFitter] = None, refit_every: int = 8) -> None:
+                 fitter: Optional[StepCostFitter] = None, refit_every: int = 8,
+                 refit_min_us: float = REFIT_MIN_US) -> None:
+        if not refit_min_us >= 0:
+            raise ValueError(f"refit_min_us must be >= 0, got {refit_min_us}")
         self._scheduler = scheduler
         self._now_us = now_us
         self.fitter = fitter if fitter is not None else StepCostFitter(scheduler.step_cost)
         self._refit_every = max(int(refit_every), 1)
+        self._refit_min_us = float(refit_min_us)
         self._since_fit = 0
+        self._since_us = 0.0  # the steps' durations since the last refit, summed
 
     @property
     def scheduler(self) -> "SlackRuleScheduler":
@@ -148,6 +160,9 @@ class SlackFeed(BaseObserver):
     def completed(self, flight: "_InFlight", duration_us: float,
                   telemetry: IterationTelemetry) -> None:
         self._since_fit += 1
-        if self._since_fit >= self._refit_every:
+        if duration_us > 0 and math.isfinite(duration_us):
+            self._since_us += duration_us
+        if self._since_fit >= self._refit_every and self._since_us >= self._refit_min_us:
             self._since_fit = 0
+            self._since_us = 0.0
             self._scheduler.set_step_cost(self.fitter.fit())
