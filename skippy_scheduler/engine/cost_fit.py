@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 
+from .._fit import fit_window
 from ..cost_model import StepCost, fit_coefficients, step_terms
 from ..types import IterationTelemetry
 from .observers import BaseObserver
@@ -103,9 +104,21 @@ class StepCostFitter:
         first = self._added - len(self._steps)  # the numbers of the window's steps are above
         older = [step for number, step in self._prefill if number <= first]
         data = np.array(older + list(self._steps), dtype=float)
-        x = step_terms(data[:, 0], data[:, 1], data[:, 2], data[:, 3])
-        y = data[:, 4]
         prior = np.array(self.cost.terms(), dtype=float)
+        fitted = fit_window(data, prior, self._clip, _RESIDUAL_FLOOR, _PRIOR_WEIGHT,
+                            _CLIP_ROUNDS)
+        if fitted == "kept":
+            return self.cost
+        if fitted is not None:
+            self.cost = StepCost(*(max(b, 0.0) for b in fitted))
+            return self.cost
+        x = step_terms(data[:, 0], data[:, 1], data[:, 2], data[:, 3])
+        return self._fit_numpy(x, data[:, 4], prior)
+
+    def _fit_numpy(self, x: "np.ndarray", y: "np.ndarray", prior: "np.ndarray") -> StepCost:
+        """`fit`'s arithmetic in numpy: the reference the native `fit_window` is tested
+        against, and what decides where `fit_window` leaves it (a solve that searches every
+        subset of the terms)."""
         inv = 1.0 / y  # relative error: each step weighs by its own length (module docstring)
         if float(np.median(np.abs(x @ prior - y) * inv)) <= _RESIDUAL_FLOOR:
             return self.cost  # the model still explains the window: nothing to refit

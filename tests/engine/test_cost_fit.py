@@ -7,7 +7,10 @@ import pytest
 
 from skippy_scheduler import (PlanningRule, Request, Scheduler, SchedulerConfig, StepCost,
                               TwinScheduler)
-from skippy_scheduler.cost_model import LAB_COST
+from skippy_scheduler import cost_model
+from skippy_scheduler._fit import fit_window
+from skippy_scheduler.cost_model import LAB_COST, step_terms
+from skippy_scheduler.engine import cost_fit
 from skippy_scheduler.engine import CostModelHost, Engine, VirtualClock
 from skippy_scheduler.engine.cost_fit import SlackFeed, StepCostFitter
 
@@ -273,6 +276,76 @@ def test_engine_fits_the_model_under_the_slack_rule(impl):
     assert fitted != config.step_cost  # refitted during the run
     for p, d in ((0, 4), (64, 4), (128, 0), (32, 12)):
         assert fitted.predict_us(p, d) == pytest.approx(model.predict_us(p, d), rel=0.02)
+
+
+def _random_window(rng):
+    """A fitter whose window mixes decode, prefill and multi-prompt steps of a random model
+    around a random prior, with stalls and sub-µs steps among them."""
+    prior = StepCost(*rng.uniform(0, 2000, 6) * (rng.random(6) < 0.7))
+    fitter = StepCostFitter(prior, window=int(rng.integers(4, 80)))
+    true = rng.uniform(0, 1000, 6) * (rng.random(6) < 0.6)
+    for _ in range(int(rng.integers(4, 150))):
+        p = int(rng.choice([0, 0, 0, 16, 256, 512]))
+        d = int(rng.integers(0, 64)) if rng.random() < 0.8 or not p else 0
+        d = d if p or d else 1
+        rows = int(rng.integers(1, 4)) if p else 0
+        pos = p * int(rng.integers(0, 1000)) if p else 0
+        x = step_terms([p], [d], [rows], [pos])[0]
+        us = max(float(x @ true), 1.0) * rng.uniform(0.8, 1.3) * (20 if rng.random() < 0.05 else 1)
+        fitter.add(p, d, 0.5 if rng.random() < 0.02 else us, rows, pos)
+    return fitter
+
+
+def test_native_fit_matches_the_numpy_fit(monkeypatch):
+    """`fit` runs `_fit.fit_window`; `_fit_numpy` is the same arithmetic in numpy. Over random
+    windows (the active set reached in many) the two agree to rounding (the solves are
+    ill-conditioned where the prior alone decides a term, hence 1e-6, not 1e-12)."""
+    active = []
+    real = cost_model._active_set
+    monkeypatch.setattr(cost_model, "_active_set", lambda *a: active.append(1) or real(*a))
+    rng = np.random.default_rng(11)
+    for trial in range(300):
+        fitter = _random_window(rng)
+        twin = StepCostFitter(fitter.cost, window=64)
+        twin._steps, twin._prefill, twin._added = fitter._steps, fitter._prefill, fitter._added
+        first = fitter._added - len(fitter._steps)
+        data = np.array([s for n, s in fitter._prefill if n <= first] + list(fitter._steps))
+        prior = np.array(fitter.cost.terms())
+        want = np.array(twin._fit_numpy(step_terms(*data[:, :4].T), data[:, 4], prior).terms())
+        native = fit_window(data, prior, 4.0, 0.01, 1e-6, 4)
+        assert native is not None and native != "kept", trial
+        got = np.maximum(np.array(native), 0.0)
+        assert np.array_equal(np.array(fitter.fit().terms()), got)  # what `fit` runs
+        scale = np.maximum(np.abs(want), 1e-6 * max(np.abs(want).max(), 1.0))
+        assert np.all(np.abs(got - want) <= 1e-6 * scale), (trial, got, want)
+    assert len(active) > 30  # the active set's path, not only the first solve's
+
+
+def test_native_fit_keeps_a_model_that_explains_the_window_and_leaves_singular_solves():
+    prior = StepCost(base_us=1000.0, per_decode_row_us=50.0)
+    steps = np.array([[0, d, 0, 0, prior.predict_us(0, d)] for d in range(1, 9)], dtype=float)
+    assert fit_window(steps, np.array(prior.terms()), 4.0, 0.01, 1e-6, 4) == "kept"
+    fitter = StepCostFitter(prior)
+    for row in steps:
+        fitter.add(0, int(row[1]), row[4])
+    assert fitter.fit() is prior
+    # Without the prior's pull, terms no step varies make the system singular: numpy decides.
+    assert fit_window(steps, np.zeros(6), 4.0, 0.01, 0.0, 4) is None
+    with pytest.raises(ValueError, match="5"):
+        fit_window(steps[:, :4].copy(), np.zeros(6), 4.0, 0.01, 1e-6, 4)
+    with pytest.raises(ValueError, match="at least one step"):
+        fit_window(np.zeros((0, 5)), np.zeros(6), 4.0, 0.01, 1e-6, 4)
+
+
+def test_fit_falls_back_to_numpy_where_the_native_fit_leaves_it(monkeypatch):
+    rng = np.random.default_rng(5)
+    fitter = _random_window(rng)
+    twin = StepCostFitter(fitter.cost)
+    twin._steps, twin._prefill, twin._added = fitter._steps, fitter._prefill, fitter._added
+    want = twin.fit()
+    monkeypatch.setattr(cost_fit, "fit_window", lambda *a: None)
+    got = fitter.fit()
+    assert np.allclose(got.terms(), want.terms(), rtol=1e-6, atol=1e-9)
 
 
 class _CountingSlack:
