@@ -16,7 +16,11 @@ decode-only ones, put the per-token cost at 0 and the position cost at several t
 the three chunks after it, predicted at 74-156 ms, ran 272-343 ms, each past every stream's
 gap budget. Each solve is `cost_model.fit_coefficients`, the routine `calibrate`
 fits the lab's four terms with. A window the current model already explains (median relative
-residual within 1 %) keeps it without solving anything.
+residual within 1 %) keeps it without solving anything. `fit` runs this arithmetic natively
+(`_fit.fit_window`: tens of µs where numpy took about a millisecond of the engine thread
+holding the GIL, every 8 steps); `_fit_numpy` is the same in numpy, the reference it is
+tested against and what decides the rare window it leaves to numpy (a solve that searches
+every subset of the terms).
 
 Why relative: a window is mostly short decode steps, fitted to a millisecond, and a few long
 prefill steps whose errors are tens of milliseconds though just as small a share of their
@@ -28,12 +32,7 @@ share of itself, whatever its length, which is what the relative error weighs.
 
 `SlackFeed` is the engine observer that feeds it: after each step ran it sets the scheduler's
 clock (before the completion stamps last-token times and before the next plan reads them) and
-records the step; every `refit_every` steps, once the steps since the last refit have run
-`refit_min_us` between them, it refits and hands the model to the scheduler. A refit is
-0.4-1 ms of the engine thread's Python: every 8 steps of a few ms (a GPU's, an RPC device's
-at one row) it was the largest part of the engine's own work, and the GIL it holds meanwhile
-is one the host's worker may be waiting for to launch the next step. Steps of 5 ms and more
-(a CPU's) refit every 8.
+records the step; every `refit_every` steps it refits and hands the model to the scheduler.
 The engine adds it only when the scheduler runs the slack rule, so the reference rule's path
 is unchanged.
 """
@@ -57,8 +56,6 @@ if TYPE_CHECKING:  # pragma: no cover
 _PRIOR_WEIGHT = 1e-6  # of the window's own scale: only decides directions the data leaves open
 _CLIP_ROUNDS = 4  # refits, each without the steps far off the previous one
 _RESIDUAL_FLOOR = 0.01  # relative residuals below this are kept whatever the spread
-# The least step time between two refits (`SlackFeed`): 8 steps of 5 ms.
-REFIT_MIN_US = 40_000.0
 
 
 class StepCostFitter:
@@ -141,17 +138,12 @@ class SlackFeed(BaseObserver):
     scheduler's `SlackRuleScheduler` capability, engine/contract.py)."""
 
     def __init__(self, scheduler: "SlackRuleScheduler", now_us: Callable[[], float],
-                 fitter: Optional[StepCostFitter] = None, refit_every: int = 8,
-                 refit_min_us: float = REFIT_MIN_US) -> None:
-        if not refit_min_us >= 0:
-            raise ValueError(f"refit_min_us must be >= 0, got {refit_min_us}")
+                 fitter: Optional[StepCostFitter] = None, refit_every: int = 8) -> None:
         self._scheduler = scheduler
         self._now_us = now_us
         self.fitter = fitter if fitter is not None else StepCostFitter(scheduler.step_cost)
         self._refit_every = max(int(refit_every), 1)
-        self._refit_min_us = float(refit_min_us)
         self._since_fit = 0
-        self._since_us = 0.0  # the steps' durations since the last refit, summed
 
     @property
     def scheduler(self) -> "SlackRuleScheduler":
@@ -173,9 +165,6 @@ class SlackFeed(BaseObserver):
     def completed(self, flight: "_InFlight", duration_us: float,
                   telemetry: IterationTelemetry) -> None:
         self._since_fit += 1
-        if duration_us > 0 and math.isfinite(duration_us):
-            self._since_us += duration_us
-        if self._since_fit >= self._refit_every and self._since_us >= self._refit_min_us:
+        if self._since_fit >= self._refit_every:
             self._since_fit = 0
-            self._since_us = 0.0
             self._scheduler.set_step_cost(self.fitter.fit())

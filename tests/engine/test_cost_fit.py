@@ -348,42 +348,6 @@ def test_fit_falls_back_to_numpy_where_the_native_fit_leaves_it(monkeypatch):
     assert np.allclose(got.terms(), want.terms(), rtol=1e-6, atol=1e-9)
 
 
-class _CountingSlack:
-    """The slack-rule verbs SlackFeed uses, counting the models it is handed."""
-
-    def __init__(self) -> None:
-        self.step_cost = StepCost()
-        self.handed = 0
-
-    def set_clock(self, now_s: float) -> None:
-        pass
-
-    def set_step_cost(self, cost: StepCost) -> None:
-        self.handed += 1
-
-
-@pytest.mark.parametrize("refit_min_us,step_us,every", [
-    (40_000.0, 10_000.0, 8),   # 8 steps of 10 ms: 80 ms, past the floor
-    (40_000.0, 5_000.0, 8),    # 8 steps of 5 ms: just the floor
-    (40_000.0, 1_000.0, 40),   # 1 ms steps: 40 of them between two refits
-    (0.0, 1_000.0, 8),         # no floor: every 8 steps
-])
-def test_feed_refits_every_8_steps_once_they_ran_the_least_time(refit_min_us, step_us, every):
-    sched = _CountingSlack()
-    feed = SlackFeed(sched, lambda: 0.0, refit_min_us=refit_min_us)  # type: ignore[arg-type]
-    handed = []
-    for _ in range(4 * every):
-        feed.completed(None, step_us, None)  # type: ignore[arg-type]
-        handed.append(sched.handed)
-    assert handed[every - 2] == 0 and handed[every - 1] == 1
-    assert handed[-1] == 4 and handed[2 * every - 2] == 1 and handed[2 * every - 1] == 2
-
-
-def test_feed_refuses_a_negative_least_time():
-    with pytest.raises(ValueError, match="refit_min_us"):
-        SlackFeed(_CountingSlack(), lambda: 0.0, refit_min_us=-1.0)  # type: ignore[arg-type]
-
-
 def test_reference_rule_adds_no_observer():
     engine = Engine(Scheduler(SchedulerConfig()), CostModelHost(), clock=VirtualClock())
     assert not any(isinstance(o, SlackFeed) for o in engine.observers)

@@ -104,14 +104,10 @@ def test_defaults_reuse_prefixes_under_the_slack_rule(model_path):
         again = _complete(server.url, PROMPT, skippy={"itl_ms": 20})  # its own target too
         assert again["choices"][0]["text"] == first["choices"][0]["text"]
         assert _hits(server.url) >= len(PROMPT) - 16
-        # The engine times the steps and refits the rule's cost model: every 8 steps, once
-        # they have run 40 ms between them (a step of this model is a fraction of that).
+        # The engine times the steps and refits the rule's cost model (every 8 steps).
         prior = server.runner.call(lambda: server.scheduler.step_cost)
-        for _ in range(40):  # bounded: 24 steps a request
-            _complete(server.url, [1, 9, 8, 7], max_tokens=24)
-            wait_idle(server)
-            if server.runner.call(lambda: server.scheduler.step_cost) != prior:
-                break
+        _complete(server.url, [1, 9, 8, 7], max_tokens=24)
+        wait_idle(server)
         assert server.runner.call(lambda: server.scheduler.step_cost) != prior
     finally:
         server.shutdown()
