@@ -108,7 +108,6 @@ cdef int _active_set(const double *gram, const double *h, double tol,
     pivot."""
     cdef char free_[NT]
     cdef char blocked[NT]
-    cdef double descent[NT]
     cdef double trial[NT]
     cdef int i, j, outer, inner, best, nblocked, any_free
     cdef double d, best_d, gap, ratio, best_ratio
@@ -177,7 +176,6 @@ cdef int _fit_coefficients(const double *x, const double *y, const char *keep, i
     cdef double norms[NT]
     cdef double xw[NT]
     cdef double scale[NT]
-    cdef double gradient[NT]
     cdef int r, i, j, rc
     cdef double inv, yw, norm_max, gram_max, coef_max, h_max, tol, g
     for i in range(NT):
