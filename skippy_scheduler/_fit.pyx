@@ -173,14 +173,11 @@ cdef int _fit_coefficients(const double *x, const double *y, const char *keep, i
     set, 1 where it would search every subset (left to numpy), -1 on a zero pivot."""
     cdef double gram[NT * NT]
     cdef double h[NT]
-    cdef double norms[NT]
     cdef double xw[NT]
-    cdef double scale[NT]
     cdef int r, i, j, rc
-    cdef double inv, yw, norm_max, gram_max, coef_max, h_max, tol, g
+    cdef double inv, yw, norm_max, floor, scale, gram_max, coef_max, h_max, tol, g
     for i in range(NT):
         h[i] = 0.0
-        norms[i] = 0.0
         for j in range(NT):
             gram[i * NT + j] = 0.0
     for r in range(n):
@@ -191,19 +188,19 @@ cdef int _fit_coefficients(const double *x, const double *y, const char *keep, i
         for i in range(NT):
             xw[i] = x[r * NT + i] * inv
         for i in range(NT):
-            norms[i] += xw[i] * xw[i]
             h[i] += xw[i] * yw
             for j in range(NT):
                 gram[i * NT + j] += xw[i] * xw[j]
-    norm_max = norms[0]
+    # The columns' sums of squares are the diagonal, before the pull is added to it.
+    norm_max = gram[0]
     for i in range(1, NT):
-        if norms[i] > norm_max:
-            norm_max = norms[i]
+        if gram[i * NT + i] > norm_max:
+            norm_max = gram[i * NT + i]
+    floor = norm_max * 1e-9 + 1e-300
     for i in range(NT):
-        scale[i] = norms[i] if norms[i] > norm_max * 1e-9 + 1e-300 else norm_max * 1e-9 + 1e-300
-        scale[i] *= prior_weight
-        gram[i * NT + i] += scale[i]
-        h[i] += scale[i] * prior[i]
+        scale = (gram[i * NT + i] if gram[i * NT + i] > floor else floor) * prior_weight
+        gram[i * NT + i] += scale
+        h[i] += scale * prior[i]
     if _hold_negatives_at_zero(gram, h, coef):
         return -1
     gram_max = 0.0
