@@ -85,8 +85,9 @@ class HostWorker:
     a deferred input comes from failed, the plan is not run and its handle raises.
 
     `hold_until_launch`: when a plan ends with the next one already queued, its handle is
-    said done only once the next one's execution calls `launching()` (the host, just before it
-    blocks in the device's call with the GIL given up), or ends without calling it. The
+    said done only once the next one's execution calls `launching()` (the host: just before it
+    blocks in the device's call with the GIL given up, or, on a device that computes apart
+    from the host, just after the call that queued the step), or ends without calling it. The
     engine thread, waiting on that handle, would otherwise wake as the plan ends and complete
     it and plan the one after in Python while this thread stages the next plan, both wanting
     the GIL (and, with the cores taken, a core), so the device would wait for the two of them.
@@ -125,7 +126,7 @@ class HostWorker:
 
     def launching(self) -> None:
         """Hand out the plan before the one now executing, if its result is held (called on
-        the worker thread by the host, just before it blocks in the device's call).
+        the worker thread by the host as the device starts the one now executing).
         `released` says whether the last call handed one out."""
         held = self._held
         self.released = False

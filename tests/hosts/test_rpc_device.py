@@ -177,6 +177,22 @@ assert fit.placement.on_gpu and fit.placement.over_rpc
 def tokens(**placed):
     with LlamaHost(model, n_ctx=6 * 256, n_seq_max=6, n_batch=256, n_threads=1, kv_type="f32",
                    **placed) as host:
+        # Whether each of the decoder's C calls said `launching` before it (every call says
+        # it once, before or after): the signals counted at the call's start, less the calls
+        # before it, are 1 when it did, 0 when it says it after.
+        signals, calls = [0], []
+        decoder = host._decoder
+        signal = decoder.on_launch
+        def launching():
+            signals[0] += 1
+            signal()
+        decoder.on_launch = launching
+        for batch in decoder._batches:
+            def call(*args, _decode=batch.decode, **kw):
+                kind = "wait" if kw.get("synchronize") else "queue"
+                calls.append(f"{kind} {'after' if signals[0] == len(calls) else 'before'}")
+                return _decode(*args, **kw)
+            batch.decode = call
         scheduler = Scheduler(SchedulerConfig(
             max_active_sequences=6, max_tokens_per_iteration=256, prefill_chunk_tokens=16,
             max_inflight_plans=2, memory_components=[MemoryComponent("kv", 10**9, 0, 1, 0)]))
@@ -185,10 +201,13 @@ def tokens(**placed):
             engine.submit(Request(f"r{i}", [1] + [3 + 7 * i + k for k in range(5 + 9 * i)],
                                   16, arrival_us=0.0))
         report = engine.run()
+        assert signals[0] == len(calls)
         return ({r.id: r.tokens for r in report.records}, host.staged_ahead,
-                host.settings["stage_ahead"])
+                host.settings["stage_ahead"], sorted(set(calls)))
 
-print(json.dumps([tokens(placement=fit.placement, flash_attn=False), tokens()]))
+print(json.dumps([tokens(placement=fit.placement, flash_attn=False),
+                  tokens(placement=fit.placement, flash_attn=False, stage_ahead=False),
+                  tokens()]))
 """
 
 
@@ -202,8 +221,15 @@ def test_on_a_device_each_plan_is_staged_while_the_one_before_decodes(tmp_path, 
     proc = subprocess.run([sys.executable, "-c", _STAGED_AHEAD, model, rpc_endpoint],
                           capture_output=True, text=True, timeout=120, cwd=CWD)
     assert proc.returncode == 0, proc.stderr
-    (on_device, staged, ahead), (on_cpu, none, cpu_ahead) = json.loads(
-        proc.stdout.splitlines()[-1])
+    (on_device, staged, ahead, device_order), (unstaged, _, _, unstaged_order), \
+        (on_cpu, none, cpu_ahead, cpu_order) = json.loads(proc.stdout.splitlines()[-1])
     assert ahead is True and cpu_ahead is False  # the default: on beside a device only
-    assert on_device == on_cpu
+    assert on_device == on_cpu == unstaged
     assert staged > 10 and none == 0
+    # Beside the device, a decode that only queues its step says so (releasing the plan
+    # before it to the engine) once the call has returned; one that waits for its outputs in
+    # the call (not staging ahead) says so before it, as every decode on the CPU does, whose
+    # call computes the step.
+    assert device_order == ["queue after"]
+    assert unstaged_order == ["wait before"]
+    assert cpu_order == ["wait before"]

@@ -45,8 +45,13 @@ class Decoder:
         self.decode_ns = 0  # time spent decoding so far, the wait for the outputs included (ns)
         self._launched_ns = 0  # when the decode that `wait` waits for started
         self.last_wait_ns = 0  # the last `launch` to the end of its `wait` (ns; 0: none yet)
-        # Called just before each decode's C call (the host's worker: `HostWorker.launching`).
+        # Called at each decode's start (the host's worker: `HostWorker.launching`): just before
+        # the C call, or, for a `launch` on a device that computes apart from the host
+        # (`queues`), just after it, once the device has the step.
         self.on_launch: Optional[Callable[[], None]] = None
+        # Whether `llama_decode` returns once the step is queued (layers on a GPU or an RPC
+        # server) rather than done (the CPU).
+        self.queues = False
 
     @property
     def tok(self) -> IntArray:
@@ -93,10 +98,20 @@ class Decoder:
                batch: LlamaBatch | None, synchronize: bool) -> None:
         if batch is not None:
             self.batch = batch
-        if self.on_launch is not None:
-            self.on_launch()
+        # A `launch` on a device that computes apart from the host says the decode started
+        # once the C call has queued the step: what `on_launch` wakes (the engine thread,
+        # completing the plan before and planning the next) then runs while the device
+        # computes, not beside the host's share of the call (building the graph, handing over
+        # the inputs) while the device waits for it. Elsewhere (the CPU computing inside the
+        # call, or a decode that waits for its outputs in the call) it is said before.
+        after = self.queues and not synchronize
+        on_launch = self.on_launch
+        if on_launch is not None and not after:
+            on_launch()
         t = self._launched_ns = time.perf_counter_ns()
         rc = self.batch.decode(self._ctx, n, entry_lanes, flagged, synchronize=synchronize)
+        if on_launch is not None and after:
+            on_launch()
         if rc != 0:
             self.decode_ns += time.perf_counter_ns() - t
         if rc == -2:  # llama.cpp could not allocate: the device's memory, or the host's

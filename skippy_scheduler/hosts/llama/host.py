@@ -136,7 +136,8 @@ class LlamaHost:
         self._cells: KvCells | None = None
         # A plan's handle is said done when the next plan's decode starts (inflight.py): the
         # engine thread then completes it and plans the next while the device runs, not while
-        # this host stages the next decode (`Decoder.on_launch`, below).
+        # this host stages the next decode or, beside a device, queues it (`Decoder.on_launch`,
+        # below).
         self._worker = HostWorker(self.execute, "llama-decode", hold_until_launch=True)
         self._samplers: Samplers | None = None
         init_backend()
@@ -202,6 +203,7 @@ class LlamaHost:
             DeviceChains(ctx, tok.n_vocab, tok.eog_ids) if on_device else None)
         self._decoder = Decoder(ctx, self.n_batch, tok.n_vocab)
         self._decoder.on_launch = self._worker.launching
+        self._decoder.queues = placement is not None and placement.on_gpu
         self._forks = Forks(cells, unified)
         self._details: dict[int, tuple[Plan, dict[int, SampleDetail]]] = {}
         self.prefix_holders = holders
