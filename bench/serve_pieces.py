@@ -14,7 +14,10 @@ pieces, each timed in a loop on this thread (best of `--repeat` rounds of `--num
   observation alone), `chunk_template` / `chunk_object` (one text chunk from the prebuilt
   template, and encoded from its object as before), `h11_data` (h11's framing of one body write);
 - scheduler: `plan_complete` (one `plan_iteration` + `complete_iteration` of `--rows` decode
-  rows, per row), on the native core.
+  rows, per row), on the native core;
+- llama.cpp host (with llama-cpp-python installed): `greedy_pick` (the host's pick for greedy
+  rows that never end on an end token, as the bench loads ask, over a 32 000-token
+  vocabulary, per row of a step of `--rows`), between two decodes when the host samples.
 
 The costs not here: the event loop's own wake-ups and task switches, the ASGI layers of a write
 (starlette's wrappers, uvicorn's send), the socket write itself (a system call per write).
@@ -118,7 +121,36 @@ def measure(number: int, repeat: int, rows: int) -> dict[str, Any]:
 
     out["plan_complete_per_row_us"] = _best(step, max(1, number // rows), repeat) / rows
     loop.close()
+    pick = _greedy_pick(rows)
+    if pick is not None:
+        out["greedy_pick_per_row_us"] = _best(pick, max(1, number // rows), repeat) / rows
     return out
+
+
+def _greedy_pick(rows: int, n_vocab: int = 32000) -> Optional[Callable[[], None]]:
+    """One step's host pick of `rows` greedy rows with `ignore_eos` (None without
+    llama-cpp-python)."""
+    try:
+        from skippy_scheduler.hosts.llama.samplers import Samplers
+    except ImportError:
+        return None
+    import numpy as np
+
+    from skippy_scheduler.sampling import SamplingParams
+
+    eog_ids = np.array([2], dtype=np.int32)
+    eog = np.zeros(n_vocab, dtype=np.bool_)
+    eog[eog_ids] = True
+    samplers = Samplers(n_vocab, eog, eog_ids)
+    params = samplers.resolve(SamplingParams(temperature=0.0, ignore_eos=True))
+    for lane in range(rows):
+        samplers.start(lane, params)
+    logits = np.random.default_rng(0).standard_normal((rows, n_vocab)).astype(np.float32)
+    logits[:, eog_ids] = -1.0  # the rows' argmax is not an end token, as it seldom is
+    tokens = logits.argmax(axis=1).astype(np.int32)
+    lanes = np.arange(rows, dtype=np.int32)
+    positions = np.zeros(rows, dtype=np.int32)
+    return lambda: samplers.pick(None, tokens, logits, None, lanes, lanes, lanes, positions)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

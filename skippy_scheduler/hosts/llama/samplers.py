@@ -343,12 +343,17 @@ class Samplers:
             logits = rows[int(at[j]) if at is not None else j]
             held = hold_ends(logits, chain, position)
             if chain.chain is None:  # greedy that does not end on its own (yet)
-                row = logits
-                if chain.params.ignore_eos:
-                    row = row.copy()
+                # `tokens[j]` is the row's argmax, the first of its highest logits: unless it
+                # is an end token, it is also the argmax with the end tokens at -inf, and the
+                # row need not be copied (a row's copy and masking, 20 µs of a step's host
+                # work at a 32 000-token vocabulary, on the path between two decodes).
+                ends = chain.params.ignore_eos and (held or self._eog[tokens[j]])
+                if ends:
+                    row = logits.copy()
                     row[self._eog_ids] = -np.inf
-                if held or chain.params.ignore_eos:
                     tokens[j] = int(row.argmax())
+                elif held:
+                    tokens[j] = int(logits.argmax())
             else:
                 tokens[j] = chain.sample(ctx, batch_row, position)
 
