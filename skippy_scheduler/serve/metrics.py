@@ -29,9 +29,14 @@ The SLO (serve/slo.py): `skippy:slo_met_total{part}` and `skippy:slo_missed_tota
 `skippy:slo_shed_total` the requests `--slo-shed` answered with a 503, and
 `skippy:slo_relegated_total` the requests the prefill order relegated behind the others for a
 first-token deadline they could no longer meet (the scheduler's `slo_relegated`).
+
+The process's garbage collector (serve/gc_pauses.py): `skippy:gc_collections_total`,
+`skippy:gc_pause_seconds_total` and `skippy:gc_pause_max_seconds`, each by `generation`, and
+`skippy:gc_frozen_objects`.
 """
 from __future__ import annotations
 
+import gc
 from bisect import bisect_left
 from itertools import accumulate
 from typing import Any, Callable, Iterator, Sequence, cast
@@ -43,6 +48,7 @@ from prometheus_client.utils import floatToGoString
 
 from ..engine.step_timing import BUCKETS_S, BUSY_WINDOW, PARTS
 
+from .gc_pauses import GENERATIONS, GcPauses, process_pauses
 from .runner import EngineStats
 
 _le_label = cast(Callable[[float], str], floatToGoString)  # a bound as the exposition writes it
@@ -182,6 +188,36 @@ class _StepCollector:
             value=timing.busy_ratio() if timing is not None else 0.0)
 
 
+class _GcCollector:
+    """The process's garbage-collector pauses (serve/gc_pauses.py)."""
+
+    def __init__(self, pauses: GcPauses) -> None:
+        self._pauses = pauses
+
+    def collect(self) -> Iterator[Metric]:
+        p = self._pauses
+        counts = CounterMetricFamily(
+            "skippy:gc_collections", "Collections of the cyclic garbage collector in this "
+            "process, by generation (2: full).", labels=["generation"])
+        seconds = CounterMetricFamily(
+            "skippy:gc_pause_seconds", "Wall time the garbage collector's passes held the "
+            "interpreter (every thread stopped), by generation.", labels=["generation"])
+        longest = GaugeMetricFamily(
+            "skippy:gc_pause_max_seconds", "The longest pass of the garbage collector so "
+            "far, by generation.", labels=["generation"])
+        for g in range(GENERATIONS):
+            counts.add_metric([str(g)], p.collections[g])
+            seconds.add_metric([str(g)], p.seconds[g])
+            longest.add_metric([str(g)], p.longest[g])
+        yield counts
+        yield seconds
+        yield longest
+        yield GaugeMetricFamily(
+            "skippy:gc_frozen_objects", "Objects kept out of the garbage collector's passes "
+            "(the startup heap `serve` freezes before it listens).",
+            value=gc.get_freeze_count())
+
+
 class DeviceMemory:
     """`skippy:device_memory_bytes{device, kind}`: the weights and the KV cache of the model
     per device, as placed at load (hosts/offload.py `Placement`)."""
@@ -251,6 +287,7 @@ class ServeMetrics:
                                 registry=reg)
         reg.register(_EngineCollector(stats))
         reg.register(_StepCollector(stats))
+        reg.register(_GcCollector(process_pauses()))
 
     def observe_ttft(self, seconds: float, priority: int) -> None:
         """A request's first token came `seconds` after it arrived."""

@@ -41,6 +41,7 @@ signal skips the drain but not the closing.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -56,6 +57,7 @@ from ..hosts.offload import CPU_BATCH, CTX_FLOOR, OffloadSpec
 from ..selection import DEFAULT_IMPLEMENTATION, DEFAULT_POLICY, POLICIES, make_scheduler
 from ..types import DEFAULT_SEQUENCE_ID_LIMIT
 from . import kv_events
+from .gc_pauses import freeze_startup_heap
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine.warmup import WarmUp
@@ -532,8 +534,11 @@ class Server:
                     server = self._uvicorn_server(sock)
                     self._uvicorn = server
                     server_box.append(server)
+                    # The heap kept from here on, out of the collector's passes (gc_pauses.py).
+                    freeze_startup_heap()
                     server.run(sockets=[sock])
                 finally:
+                    gc.unfreeze()
                     sock.close()
             finally:
                 self.close()
