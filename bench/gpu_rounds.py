@@ -32,7 +32,8 @@ GPU's utilisation (mean and max of samples every 0.5 s during the load) and its 
 (max); for this server also, per engine iteration over the load and its warm-up request
 (`skippy:step_seconds` in `/metrics`), the wall time, the time in the model (the host's
 execution: on a GPU the device's step), the engine thread's own work (before, plan, events,
-complete), its waits on the model, the model's busy share of the wall time, and the share of
+complete), its waits on the model, the garbage collector's pauses in its process
+(`skippy:gc_pause_seconds_total`), the model's busy share of the wall time, and the share of
 steps staged while the step before ran (`skippy:plans_staged_ahead`). Greedy outputs
 are compared request for request: on a GPU they may differ (llama.cpp's kernels are not
 batch-invariant with an f16 KV cache), so the count of equal requests is reported, and only
@@ -100,6 +101,7 @@ MEASURES = (("output_tokens_per_s", "output tok/s", 1), ("ttft_p50_s", "TTFT p50
             ("gpu_util_max_pct", "GPU util max %", 1), ("gpu_mem_max_mib", "GPU memory max MiB", 1),
             ("step_wall_ms", "step ms (wall)", 1), ("step_execute_ms", "step ms in the model", 1),
             ("step_engine_ms", "step ms of engine work", 1), ("step_wait_ms", "step ms waited", 1),
+            ("step_gc_ms", "step ms of GC pauses", 1),
             ("host_busy_pct", "model busy % of wall", 1),
             ("staged_ahead_pct", "steps staged ahead %", 1))
 #: The decode-phase load's measures (`--decode-tokens`): over the stretch in which every
@@ -112,12 +114,14 @@ DECODE_MEASURES = (("decode_tokens_per_s", "decode phase: output tok/s", 1),
                    ("itl_p50_s", "gap p50 ms", 1e3), ("itl_p99_s", "gap p99 ms", 1e3),
                    ("step_execute_ms", "step ms in the model", 1),
                    ("step_engine_ms", "step ms of engine work", 1),
+                   ("step_gc_ms", "step ms of GC pauses", 1),
                    ("host_busy_pct", "model busy % of wall", 1),
                    ("staged_ahead_pct", "steps staged ahead %", 1))
 #: The step histogram's parts that are the engine thread's own work (serve/metrics.py).
 ENGINE_PARTS = ("before", "plan", "events", "complete")
 _STEP = re.compile(r'^skippy:step_seconds_(sum|count)\{part="(\w+)"\} (\S+)$', re.M)
 _AHEAD = re.compile(r'^skippy:plans_staged_ahead_total (\S+)$', re.M)
+_GC = re.compile(r'^skippy:gc_pause_seconds_total\{generation="\d"\} (\S+)$', re.M)
 SMI_PERIOD_S = 0.5
 #: How far into a window a sample must be taken to count for it: NVML averages a GPU's
 #: utilisation over its own sample period, between 1/6 s and 1 s depending on the product.
@@ -336,6 +340,9 @@ def step_sums(url: str) -> dict[str, tuple[float, float]]:
     ahead = _AHEAD.search(text)  # plans staged while the one before ran (a count, not a part)
     if ahead and got:
         got["staged_ahead"] = [float(ahead.group(1)), 0.0]
+    gc_pauses = _GC.findall(text)  # the garbage collector's passes, every generation
+    if gc_pauses and got:
+        got["gc"] = [sum(map(float, gc_pauses)), 0.0]
     return {part: (v[0], v[1]) for part, v in got.items()}
 
 
@@ -344,7 +351,9 @@ def step_figures(before: dict[str, tuple[float, float]],
     """Per engine iteration over a load (the histograms' growth): its wall time, the time in the
     model (the host's execution: on a GPU the device's step), the engine thread's own work, its
     waits on the model, the model's busy share of the wall time, and the share of steps the
-    host staged while the step before ran (None from a server without the count)."""
+    host staged while the step before ran (None from a server without the count), and the
+    garbage collector's pauses in the server's process (`skippy:gc_pause_seconds_total`, any
+    thread's; None without them)."""
     def grew(part: str) -> tuple[float, float]:
         s1, n1 = after.get(part, (0.0, 0.0))
         s0, n0 = before.get(part, (0.0, 0.0))
@@ -353,7 +362,8 @@ def step_figures(before: dict[str, tuple[float, float]],
     wall, steps = grew("wall")
     if not after or steps <= 0:
         return {k: None for k in ("steps", "step_wall_ms", "step_execute_ms", "step_engine_ms",
-                                  "step_wait_ms", "host_busy_pct", "staged_ahead_pct")}
+                                  "step_wait_ms", "step_gc_ms", "host_busy_pct",
+                                  "staged_ahead_pct")}
     def per(seconds: float) -> float:
         return seconds * 1e3 / steps
 
@@ -361,6 +371,7 @@ def step_figures(before: dict[str, tuple[float, float]],
     return {"steps": steps, "step_wall_ms": per(wall), "step_execute_ms": per(execute),
             "step_engine_ms": per(sum(grew(p)[0] for p in ENGINE_PARTS)),
             "step_wait_ms": per(grew("wait")[0]),
+            "step_gc_ms": per(grew("gc")[0]) if "gc" in after else None,
             "host_busy_pct": 100 * execute / wall if wall > 0 else None,
             "staged_ahead_pct": (100 * grew("staged_ahead")[0] / steps
                                  if "staged_ahead" in after else None)}
