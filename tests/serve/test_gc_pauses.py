@@ -39,7 +39,8 @@ def test_the_startup_heap_is_collected_before_it_is_frozen():
     try:
         frozen = freeze_startup_heap()
         assert ref() is None  # collected, not frozen with the rest
-        assert frozen == gc.get_freeze_count() > 1000
+        # (Frozen objects that die since, other threads' among them, leave the count.)
+        assert frozen > 1000 and 0 < gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
     assert gc.get_freeze_count() == 0
