@@ -44,12 +44,11 @@ class GcPauses:
             return
         took = (time.perf_counter_ns() - self._started) / 1e9
         self._started = 0
-        g = int(info.get("generation", GENERATIONS - 1))
-        if 0 <= g < GENERATIONS:
-            self.collections[g] += 1
-            self.seconds[g] += took
-            if took > self.longest[g]:
-                self.longest[g] = took
+        g = info["generation"]
+        self.collections[g] += 1
+        self.seconds[g] += took
+        if took > self.longest[g]:
+            self.longest[g] = took
 
     def install(self) -> "GcPauses":
         if not self._installed:

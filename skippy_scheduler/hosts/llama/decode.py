@@ -34,7 +34,7 @@ from .backend import recent_log
 class Decoder:
     """Stage rows into the batch (`tok`, `pos`), `decode` them, read one row's logits."""
 
-    def __init__(self, ctx: Any, n: int, n_vocab: int) -> None:
+    def __init__(self, ctx: Any, n: int, n_vocab: int, *, queues: bool = False) -> None:
         self._ctx = ctx
         self._n_vocab = n_vocab
         self.size = n
@@ -51,7 +51,7 @@ class Decoder:
         self.on_launch: Optional[Callable[[], None]] = None
         # Whether `llama_decode` returns once the step is queued (layers on a GPU or an RPC
         # server) rather than done (the CPU).
-        self.queues = False
+        self.queues = queues
 
     @property
     def tok(self) -> IntArray:

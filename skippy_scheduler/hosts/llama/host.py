@@ -201,9 +201,9 @@ class LlamaHost:
         self._samplers = samplers = Samplers(
             tok.n_vocab, tok.eog, tok.eog_ids, _ll.llama_model_get_vocab(self._model),
             DeviceChains(ctx, tok.n_vocab, tok.eog_ids) if on_device else None)
-        self._decoder = Decoder(ctx, self.n_batch, tok.n_vocab)
+        self._decoder = Decoder(ctx, self.n_batch, tok.n_vocab,
+                                queues=placement is not None and placement.on_gpu)
         self._decoder.on_launch = self._worker.launching
-        self._decoder.queues = placement is not None and placement.on_gpu
         self._forks = Forks(cells, unified)
         self._details: dict[int, tuple[Plan, dict[int, SampleDetail]]] = {}
         self.prefix_holders = holders
