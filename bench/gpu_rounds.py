@@ -103,7 +103,9 @@ MEASURES = (("output_tokens_per_s", "output tok/s", 1), ("ttft_p50_s", "TTFT p50
             ("step_engine_ms", "step ms of engine work", 1), ("step_wait_ms", "step ms waited", 1),
             ("step_gc_ms", "step ms of GC pauses", 1),
             ("host_busy_pct", "model busy % of wall", 1),
-            ("staged_ahead_pct", "steps staged ahead %", 1))
+            ("staged_ahead_pct", "steps staged ahead %", 1),
+            ("not_staged_new_rows_pct", "steps not staged: new sequences %", 1),
+            ("not_staged_not_queued_pct", "steps not staged: plan not queued %", 1))
 #: The decode-phase load's measures (`--decode-tokens`): over the stretch in which every
 #: request of one wave was decoding, the output rate and the GPU's utilisation; its gaps and
 #: steps over the whole load.
@@ -116,11 +118,16 @@ DECODE_MEASURES = (("decode_tokens_per_s", "decode phase: output tok/s", 1),
                    ("step_engine_ms", "step ms of engine work", 1),
                    ("step_gc_ms", "step ms of GC pauses", 1),
                    ("host_busy_pct", "model busy % of wall", 1),
-                   ("staged_ahead_pct", "steps staged ahead %", 1))
+                   ("staged_ahead_pct", "steps staged ahead %", 1),
+                   ("not_staged_not_queued_pct", "steps not staged: plan not queued %", 1))
 #: The step histogram's parts that are the engine thread's own work (serve/metrics.py).
 ENGINE_PARTS = ("before", "plan", "events", "complete")
 _STEP = re.compile(r'^skippy:step_seconds_(sum|count)\{part="(\w+)"\} (\S+)$', re.M)
 _AHEAD = re.compile(r'^skippy:plans_staged_ahead_total (\S+)$', re.M)
+_NOT_AHEAD = re.compile(r'^skippy:plans_not_staged_ahead_total\{reason="(\w+)"\} (\S+)$', re.M)
+#: Why steps were not staged ahead, as shares of the steps (the server's reasons).
+NOT_AHEAD_SHARES = (("new_rows", "not_staged_new_rows_pct"),
+                    ("not_queued", "not_staged_not_queued_pct"))
 _GC = re.compile(r'^skippy:gc_pause_seconds_total\{generation="\d"\} (\S+)$', re.M)
 SMI_PERIOD_S = 0.5
 #: How far into a window a sample must be taken to count for it: NVML averages a GPU's
@@ -340,6 +347,8 @@ def step_sums(url: str) -> dict[str, tuple[float, float]]:
     ahead = _AHEAD.search(text)  # plans staged while the one before ran (a count, not a part)
     if ahead and got:
         got["staged_ahead"] = [float(ahead.group(1)), 0.0]
+    for reason, value in _NOT_AHEAD.findall(text) if got else ():
+        got["not_staged:" + reason] = [float(value), 0.0]
     gc_pauses = _GC.findall(text)  # the garbage collector's passes, every generation
     if gc_pauses and got:
         got["gc"] = [sum(map(float, gc_pauses)), 0.0]
@@ -351,7 +360,8 @@ def step_figures(before: dict[str, tuple[float, float]],
     """Per engine iteration over a load (the histograms' growth): its wall time, the time in the
     model (the host's execution: on a GPU the device's step), the engine thread's own work, its
     waits on the model, the model's busy share of the wall time, and the share of steps the
-    host staged while the step before ran (None from a server without the count), and the
+    host staged while the step before ran (None from a server without the count) and of
+    those that were not, for the two main reasons (`skippy:plans_not_staged_ahead`), and the
     garbage collector's pauses in the server's process (`skippy:gc_pause_seconds_total`, any
     thread's; None without them)."""
     def grew(part: str) -> tuple[float, float]:
@@ -363,12 +373,15 @@ def step_figures(before: dict[str, tuple[float, float]],
     if not after or steps <= 0:
         return {k: None for k in ("steps", "step_wall_ms", "step_execute_ms", "step_engine_ms",
                                   "step_wait_ms", "step_gc_ms", "host_busy_pct",
-                                  "staged_ahead_pct")}
+                                  "staged_ahead_pct", *(k for _, k in NOT_AHEAD_SHARES))}
     def per(seconds: float) -> float:
         return seconds * 1e3 / steps
 
     execute = grew("execute")[0]
-    return {"steps": steps, "step_wall_ms": per(wall), "step_execute_ms": per(execute),
+    shares = {key: (100 * grew("not_staged:" + reason)[0] / steps
+                    if "not_staged:" + reason in after else None)
+              for reason, key in NOT_AHEAD_SHARES}
+    return {**shares, "steps": steps, "step_wall_ms": per(wall), "step_execute_ms": per(execute),
             "step_engine_ms": per(sum(grew(p)[0] for p in ENGINE_PARTS)),
             "step_wait_ms": per(grew("wait")[0]),
             "step_gc_ms": per(grew("gc")[0]) if "gc" in after else None,

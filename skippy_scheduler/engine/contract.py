@@ -326,6 +326,9 @@ class HostState:
     shared_tokens: int = 0  # batch entries a fork's KV copy replaced instead of a decode
     kv_copies: int = 0  # KV copies between runtime sequence ids so far (prefix keeps, restores)
     staged_ahead: int = 0  # plans staged while the plan before them ran on the device so far
+    # Plans that ran after another without such a staging, by why (a host's own reasons;
+    # the llama.cpp host's are `hosts.llama.host.NOT_STAGED_REASONS`).
+    not_staged_ahead: Mapping[str, int] = field(default_factory=dict)
     # Highest KV position held per runtime sequence id that holds any (lanes only): must be
     # empty when no sequence is active.
     lane_positions: Mapping[int, int] = field(default_factory=dict)

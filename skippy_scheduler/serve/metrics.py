@@ -129,6 +129,14 @@ class _EngineCollector:
         yield CounterMetricFamily("skippy:plans_staged_ahead",
                                   "Plans the host staged while the plan before them ran on the "
                                   "device (--stage-ahead).", value=s.staged_ahead)
+        if s.not_staged_ahead:
+            missed = CounterMetricFamily(
+                "skippy:plans_not_staged_ahead",
+                "Plans that ran after another on the device without a staging made while it "
+                "ran, by why (docs/measuring.md).", labels=["reason"])
+            for reason, n in s.not_staged_ahead.items():
+                missed.add_metric([reason], n)
+            yield missed
         # Where the work of preemption goes (bench/priority_load.py takes their deltas).
         yield CounterMetricFamily("skippy:prefill_computed_tokens",
                                   "Prompt tokens prefilled (restored prefixes not included).",

@@ -28,8 +28,8 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Optional
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 from ..engine import (AcceptEvent, Engine, FinishEvent, Host, HostState, Request,
                       SchedulerLike, TokenEvent)
@@ -63,6 +63,7 @@ class EngineStats:
     shared_tokens: int = 0  # entries a fork's KV copy replaced (choices of one prompt)
     kv_copies: int = 0  # the host's KV copies between sequence ids (prefix keeps, restores)
     staged_ahead: int = 0  # plans the host staged while the one before ran (LlamaHost)
+    not_staged_ahead: Mapping[str, int] = field(default_factory=dict)  # the others, by why
     slo_relegated: int = 0  # sequences the prefill order put behind for a missed TTFT deadline
     published_s: float = 0.0
     steps: Optional[StepTiming] = None  # the iterations' times (live, not a snapshot)
@@ -421,6 +422,7 @@ class EngineRunner:
             restored_tokens=m.restored_tokens, recompute_tokens=m.recompute_tokens,
             decoded_tokens=h.decoded_tokens, shared_tokens=h.shared_tokens,
             kv_copies=h.kv_copies, staged_ahead=h.staged_ahead,
+            not_staged_ahead=h.not_staged_ahead,
             slo_relegated=getattr(m, "slo_relegated", 0),
             published_s=time.monotonic(), steps=self.step_timing)
 

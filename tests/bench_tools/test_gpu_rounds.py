@@ -232,10 +232,13 @@ def test_smoke_run_writes_the_table_and_json_lines(tmp_path, monkeypatch, capsys
             assert r["step_execute_ms"] + r["step_engine_ms"] <= r["step_wall_ms"] * 1.05
             assert 0 < r["host_busy_pct"] <= 100
             assert r["staged_ahead_pct"] == 0  # on the CPU `auto` stages nothing ahead
+            # and so counts no plan as not staged ahead either
+            assert r["not_staged_new_rows_pct"] == r["not_staged_not_queued_pct"] == 0
             assert r["step_gc_ms"] >= 0
         else:  # llama-server has none
             assert r["steps"] is None and r["host_busy_pct"] is None
             assert r["staged_ahead_pct"] is None and r["step_gc_ms"] is None
+            assert r["not_staged_new_rows_pct"] is None
     medians = {r["concurrency"]: r for r in rows
                if r["label"] == "medians" and r["load"].startswith("closed")}
     assert set(medians) == {1, 2}

@@ -30,6 +30,7 @@ from skippy_scheduler.cost_model import LAB_COST, StepCost  # noqa: E402
 from skippy_scheduler.hosts.calibrate import (  # noqa: E402
     COST_MODEL_RE, Calibration, calibrate_host, check_fit, default_shapes, fit_cost_model)
 from skippy_scheduler.hosts.llama import LlamaHost  # noqa: E402
+from skippy_scheduler.hosts.llama.host import NOT_STAGED_REASONS  # noqa: E402
 from skippy_scheduler.engine import Engine, Request, VirtualClock  # noqa: E402
 from skippy_scheduler.hosts.tiny_model import parameter_count, write_tiny_llama  # noqa: E402
 
@@ -472,6 +473,7 @@ def test_random_schedules_staged_ahead_match_alone_runs(impl, ahead_host, alone)
     assert ahead_host.settings["stage_ahead"] is True
     h = ahead_host
     before = (h.staged_ahead, h.staged_ahead_past_calls, h.staged_again)
+    missed = dict(h.not_staged_ahead)
     counters = _counters()
     for seed in range(200, 215):
         _random_trial(impl, ahead_host, alone, seed, counters, depth=2)
@@ -482,6 +484,12 @@ def test_random_schedules_staged_ahead_match_alone_runs(impl, ahead_host, alone)
     # Some ran as staged with releases queued before them; some were staged again when they
     # ran (a release changed the lanes they were staged against).
     assert past_calls > 5 and again > 0
+    # The others are counted by why: every staging that did not hold, and plans that start
+    # sequences (each trial's requests start over steps).
+    missed = {k: n - missed[k] for k, n in h.not_staged_ahead.items()}
+    assert set(missed) == set(NOT_STAGED_REASONS)
+    assert missed["restaged"] == again and missed["new_rows"] > 15
+    assert h.host_state().not_staged_ahead == h.not_staged_ahead
 
 
 def test_a_plan_staged_ahead_is_checked_against_the_lanes_it_was_staged_on(model_path):

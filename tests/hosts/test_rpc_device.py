@@ -89,6 +89,8 @@ def test_layers_kv_and_sampling_on_the_device_give_the_cpus_tokens(tmp_path, rpc
         assert m['skippy:device_memory_bytes{device="RPC0",kind="weights"}'] > 0
         assert m["skippy:gpu_layers"] == 3
         assert m["skippy:plans_staged_ahead_total"] > 0  # the device's default
+        # The requests' first plans start sequences: staged when they run, and counted so.
+        assert m['skippy:plans_not_staged_ahead_total{reason="new_rows"}'] > 0
     finally:
         assert dev.stop() == 0
     # A seeded request draws the same tokens alone and among others on the device.

@@ -72,6 +72,15 @@ DEFAULT_GAP_FILL = 2
 
 _KEPT_DETAILS = 8  # plans whose sample details wait to be taken (more are in flight at most)
 _AHEAD_WAIT_S = 0.005  # the longest wait for the next plan to stage ahead (`_stage_next`)
+# Why a plan that ran after another was not run from a staging made while that one ran:
+# the plan before it was waited for (it sampled nothing, or staging ahead is not possible for
+# it), the next plan was not queued within the wait (an idle server's next plan counts here
+# too), it starts sequences (`new_rows`: lanes, sampler chains and restored prefixes are set up
+# when it runs), it could not be staged without changing state (a replay, a fork to follow, a
+# prompt whose log-probabilities are collected, rows that do not continue their lanes), or it
+# was staged but the lanes changed before it ran (`restaged`).
+NOT_STAGED_REASONS = ("plan_before_waited", "not_queued", "new_rows", "not_stageable",
+                      "restaged")
 
 
 class _Ahead(NamedTuple):
@@ -194,9 +203,13 @@ class LlamaHost:
                              if ahead_mode == "auto" else ahead_mode == "on")
         self.settings["stage_ahead"] = self._stage_ahead
         self._ahead: _Ahead | None = None  # the next plan, staged ahead
+        self._ahead_miss: str | None = None  # else why not (`NOT_STAGED_REASONS`)
         self.staged_ahead = 0  # plans run from their staging while the plan before ran
         self.staged_ahead_past_calls = 0  # of them, with calls queued before them
         self.staged_again = 0  # plans staged ahead, then again when they ran (lanes changed)
+        # Plans that ran after one on the device without being staged ahead, by why
+        # (`NOT_STAGED_REASONS`): where the device waits for the host's staging.
+        self.not_staged_ahead = dict.fromkeys(NOT_STAGED_REASONS, 0)
         self._lanes = lanes = Lanes(n_seq_max, cells)
         self._samplers = samplers = Samplers(
             tok.n_vocab, tok.eog, tok.eog_ids, _ll.llama_model_get_vocab(self._model),
@@ -275,7 +288,7 @@ class LlamaHost:
             samplers=len(self._samplers) if self._samplers else 0,
             decoded_tokens=self.decoded_tokens, shared_tokens=self.shared_tokens,
             kv_copies=cells.copies if cells is not None else 0,
-            staged_ahead=self.staged_ahead,
+            staged_ahead=self.staged_ahead, not_staged_ahead=dict(self.not_staged_ahead),
             lane_positions=(cells.positions_held(self.n_seq_max)
                             if detail and self._ctx and cells is not None else {}))
 
@@ -444,6 +457,7 @@ class LlamaHost:
         """
         self._require_open()
         ahead, self._ahead = self._ahead, None
+        miss, self._ahead_miss = self._ahead_miss, None
         outputs = plan.outputs
         if len(plan) == 0:
             outputs.count = 0
@@ -451,7 +465,7 @@ class LlamaHost:
         rows_ = self._rows
         step: Staged | None
         if ahead is not None and ahead.plan is not plan:
-            ahead = None  # staged for a plan that did not run
+            ahead, miss = None, None  # staged for a plan that did not run
         if ahead is not None and (self._lanes.changes == ahead.lane_changes
                                   or rows_.still_staged(ahead.step)):
             rows, step = ahead.rows, ahead.step
@@ -461,6 +475,9 @@ class LlamaHost:
         else:
             if ahead is not None:
                 self.staged_again += 1
+                miss = "restaged"
+            if miss is not None:
+                self.not_staged_ahead[miss] += 1
             rows = read_plan(plan, self.n_batch, self.n_vocab)
             samplers = self._samplers
             assert samplers is not None
@@ -476,13 +493,16 @@ class LlamaHost:
         rows_.launch(step, wait=not ahead_now)
         if ahead_now:
             try:
-                self._stage_next()
+                self._ahead_miss = self._stage_next()
             except Exception:  # staging ahead never fails this plan: the next is staged
                 self._ahead = None  # when it runs, which reports what is wrong with it
+                self._ahead_miss = "not_stageable"
+        elif self._stage_ahead:
+            self._ahead_miss = "plan_before_waited"
         try:
             tokens, details = rows_.finish(step)
         except BaseException:
-            self._ahead = None  # staged against this plan's lanes
+            self._ahead, self._ahead_miss = None, None  # staged against this plan's lanes
             raise
         if details:
             kept = self._details
@@ -496,9 +516,10 @@ class LlamaHost:
         outputs.count = k
         return k
 
-    def _stage_next(self) -> None:
-        """Stage the plan queued next on the worker, if it can be staged ahead (`execute`).
-        Raises what reading the plan raises (a plan no longer live, a bad plan)."""
+    def _stage_next(self) -> str | None:
+        """Stage the plan queued next on the worker, if it can be staged ahead (`execute`);
+        None if it was, else why not (`NOT_STAGED_REASONS`). Raises what reading the plan
+        raises (a plan no longer live, a bad plan)."""
         # The launch just now woke the engine (it handed the plan before out): it is making
         # the next plan, so wait for it a while, at most half the last such step (the device
         # is still running this one) and 5 ms.
@@ -507,10 +528,12 @@ class LlamaHost:
         wait_s = min(last / 2e9, _AHEAD_WAIT_S) if worker.released and last else 0.0
         queued = worker.next_plan(wait_s)
         if queued is None:
-            return
+            return "not_queued"
         plan, calls = queued
-        if len(plan) == 0 or bool(np.any(plan.new_rows)):
-            return
+        if len(plan) == 0:
+            return None  # runs as nothing
+        if bool(np.any(plan.new_rows)):
+            return "new_rows"
         rows = read_plan(plan, self.n_batch, self.n_vocab, check=False)
         step = self._rows.stage(rows.ids, rows.starts, {}, rows.offsets, rows.tokens,
                                 rows.positions, rows.sample_rows, ahead=True)
@@ -519,6 +542,8 @@ class LlamaHost:
             # on, and so would anything else that changes the lanes meanwhile: what it was
             # staged against is checked again when it runs if the lanes changed.
             self._ahead = _Ahead(plan, rows, step, self._lanes.changes, calls > 0)
+            return None
+        return "not_stageable"
 
     @property
     def shared_tokens(self) -> int:
