@@ -264,7 +264,7 @@ def add_model_options(p: argparse.ArgumentParser, *, threads: int | None = DEFAU
 
     add_flag(p, "model", default_text="a tiny random-weight model written to a temporary "
                                       "directory")
-    add_flag(p, "seed", type=int, default=0, note="it draws the tiny default model's weights")
+    add_flag(p, "seed", type=non_negative_int, default=0, note="it draws the tiny default model's weights")
     if stages:
         add_flag(p, "threads", type=positive_int, default=None,
                  default_text=f"{DEFAULT_THREADS}; with --stages, each local stage worker gets "

@@ -22,7 +22,7 @@ from ._common import (DEFAULT_THREADS, LLAMA_MAX_SEQUENCES, CommandError, add_mo
                       non_negative_int, non_negative_ms, positive_int, positive_ms,
                       refuse_rpc_with_stages)
 from .interrupt import Interrupted, saving
-from .stage import add_stage_cache_flag, check_stage_cache_flag
+from .stage import add_stage_cache_flag, check_stage_cache_flag, stage_addresses
 from .vocabulary import add_flag
 
 # Prompts used when --prompts is not given: strings (tokenized by the model) and raw ids.
@@ -87,7 +87,7 @@ def register(subparsers: Any) -> None:
                    help="stages of a split model; here the directory of stage-K.gguf files "
                         "written by split, served by one local stage worker process each "
                         "(default: no stages)")
-    p.add_argument("--stage-addresses", metavar="ADDR,...",
+    p.add_argument("--stage-addresses", type=stage_addresses, default=(), metavar="ADDR,...",
                    help="serve on stage workers already running at these pyzmq addresses "
                         "(`stage --listen`), stage 0 first (default: none)")
     add_stage_cache_flag(p)

@@ -18,7 +18,7 @@ from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, boun
                       positive_ms, refuse_rpc_with_stages)
 from ..hosts.offload import CTX_FLOOR
 from .offload import offload_spec
-from .stage import add_stage_cache_flag, check_stage_cache_flag
+from .stage import add_stage_cache_flag, check_stage_cache_flag, stage_addresses
 from .vocabulary import add_flag
 
 
@@ -122,7 +122,7 @@ def register(subparsers: Any) -> None:
                         "written by split, served by one local stage worker process each; "
                         "--model, if given, must be the model they were cut from (default: no "
                         "stages)")
-    p.add_argument("--stage-addresses", type=_addresses, default=(), metavar="ADDR,...",
+    p.add_argument("--stage-addresses", type=stage_addresses, default=(), metavar="ADDR,...",
                    help="serve on stage workers already running at these pyzmq addresses "
                         "(`stage --listen`), stage 0 first; needs --model (default: none)")
     add_stage_cache_flag(p)
@@ -181,7 +181,7 @@ def _add_access_options(p: Any, d: Any) -> None:
     from ..serve.access import API_KEY_ENV
 
     g = p.add_argument_group("access")
-    g.add_argument("--api-key", default=None, metavar="KEY",
+    g.add_argument("--api-key", type=_api_key, default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on every request but those to "
                         f"--open-paths (401 otherwise); default: the {API_KEY_ENV} "
                         "environment variable, else no key")
@@ -194,6 +194,14 @@ def _add_access_options(p: Any, d: Any) -> None:
                         "answers (CORS), comma-separated, '*' any; default: none")
 
 
+def _api_key(text: str) -> str:
+    if not text.strip() or text != text.strip():
+        raise argparse.ArgumentTypeError(
+            "expected a key without spaces around it (an empty key would admit only an empty "
+            "bearer token); leave --api-key out to require no key")
+    return text
+
+
 def _access_settings(args: Any) -> dict[str, Any]:
     import os
 
@@ -203,13 +211,6 @@ def _access_settings(args: Any) -> dict[str, Any]:
     names = args.served_model_name or ()
     return dict(model_name=names[0] if names else None, model_aliases=tuple(names[1:]),
                 api_key=key, open_paths=args.open_paths, allowed_origins=args.allowed_origins)
-
-
-def _addresses(text: str) -> tuple[str, ...]:
-    addresses = tuple(a.strip() for a in text.split(",") if a.strip())
-    if not addresses:
-        raise argparse.ArgumentTypeError("expected pyzmq addresses separated by commas")
-    return addresses
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -331,10 +332,14 @@ def _stage_worker_args(args: argparse.Namespace) -> tuple[tuple[str, ...], ...]:
         if args.stage_devices:
             raise CommandError("--stage-devices needs --stages (local stage workers)")
         return ()
-    from ..hosts.stages.split import stage_paths
+    from ..hosts.stages.split import SplitError, stage_paths
     from ._common import stage_worker_args
 
-    return tuple(tuple(a) for a in stage_worker_args(args, len(stage_paths(args.stages))))
+    try:
+        count = len(stage_paths(args.stages))
+    except SplitError as exc:
+        raise CommandError(f"--stages: {exc}") from None
+    return tuple(tuple(a) for a in stage_worker_args(args, count))
 
 
 def _reuse(args: argparse.Namespace) -> tuple[int, int]:
@@ -423,14 +428,19 @@ def run(args: argparse.Namespace) -> int:
     host_settings = getattr(server.host, "settings", None)
     sampling = (", sampling on the device" if isinstance(host_settings, dict)
                 and host_settings.get("backend_sampling") else "")
-    print(f"skippy-scheduler serve: {ctx.model_name} on http://{args.host}:{args.port}/v1 "
-          f"({where}{args.max_active} lanes of {ctx.n_ctx_seq} tokens{sampling}, {rule}, "
-          f"{reuse}, chat template {ctx.chat.source}); Ctrl-C stops", file=sys.stderr,
-          flush=True)
-    if server.warmup is not None:
-        print(f"skippy-scheduler serve: {server.warmup.describe()}", file=sys.stderr, flush=True)
+    auth = ", API key required" if server.settings.api_key else ""
+
+    def announce(port: int) -> None:  # once the socket is bound (port 0: the one picked)
+        print(f"skippy-scheduler serve: {ctx.model_name} on http://{args.host}:{port}/v1 "
+              f"({where}{args.max_active} lanes of {ctx.n_ctx_seq} tokens{sampling}, {rule}, "
+              f"{reuse}, chat template {ctx.chat.source}{auth}); Ctrl-C stops",
+              file=sys.stderr, flush=True)
+        if server.warmup is not None:
+            print(f"skippy-scheduler serve: {server.warmup.describe()}", file=sys.stderr,
+                  flush=True)
+
     try:
-        server.serve()
+        server.serve(announce)
     except OSError as exc:  # e.g. the port is taken
         server.close()
         raise CommandError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None

@@ -61,6 +61,27 @@ def check_stage_cache_flag(args: argparse.Namespace,
                            f"context")
 
 
+def stage_addresses(text: str) -> tuple[str, ...]:
+    """`--stage-addresses`: the stage workers' pyzmq addresses (`stage --listen`), stage 0
+    first, each a tcp:// or ipc:// address."""
+    addresses = tuple(a.strip() for a in text.split(",") if a.strip())
+    if not addresses:
+        raise argparse.ArgumentTypeError("expected pyzmq addresses separated by commas, such "
+                                         "as tcp://127.0.0.1:5600,tcp://127.0.0.1:5601")
+    for a in addresses:
+        scheme, sep, rest = a.partition("://")
+        if not sep or scheme not in ("tcp", "ipc") or not rest:
+            raise argparse.ArgumentTypeError(
+                f"{a!r} is not a stage worker's address: expected tcp://HOST:PORT or "
+                f"ipc://PATH, as given to `stage --listen`")
+        if scheme == "tcp":
+            host, colon, port = rest.rpartition(":")
+            if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise argparse.ArgumentTypeError(
+                    f"{a!r} is not a stage worker's address: expected tcp://HOST:PORT")
+    return addresses
+
+
 def _capacities(text: str) -> tuple[int, ...]:
     try:
         caps = tuple(int(x) for x in text.split(","))
@@ -148,7 +169,7 @@ def run_staged(args: argparse.Namespace, prompts: list[Any], n_seq: int, n_batch
 
     from ._common import stage_worker_args
 
-    addresses = [a.strip() for a in (args.stage_addresses or "").split(",") if a.strip()]
+    addresses = list(args.stage_addresses or ())
     try:
         stage_args = (stage_worker_args(args, len(stage_paths(args.stages)))
                       if args.stages else ())

@@ -1,8 +1,8 @@
 """The HTTP face: FastAPI routes, request translation, SSE streaming.
 
 `POST /v1/completions` and `POST /v1/chat/completions` (streamed or not), `GET /v1/models`,
-`GET /health`, `GET /metrics`. A handler reads the body within its limits (`body`), decodes
-and validates it (`protocol`) and tokenizes the prompt on a worker thread (after a bound on its
+`GET /health` (and `HEAD`), `GET /metrics`. A handler reads the body within its limits
+(`body`), decodes and validates it (`protocol`) and tokenizes the prompt on a worker thread (after a bound on its
 length in bytes that needs no tokenizer: a prompt longer than `max_piece_bytes` per token of
 context can never fit), checks that it can ever run in one lane's context, refuses it with a 503
 when `capacity` requests are already open or (with `--slo-shed`) when the cost model predicts
@@ -266,7 +266,7 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         log.exception("unexpected error answering %s", request.url.path)
         return _error_response(internal(f"{type(exc).__name__}: {exc}"), ctx.metrics)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: what load balancers probe with
     async def health() -> dict[str, str]:
         if not runner.running:
             raise unavailable("the engine is not running")
@@ -326,6 +326,11 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         budgets = [_check_fit(ctx, gen, len(tokens), prompt_field) for tokens in prompts]
         samplings = [with_min_tokens(gen, s, len(t), b)
                      for s, t, b in zip(samplings, prompts, budgets)]
+        if len(prompts) > ctx.limits.capacity:  # no wait would make room for them
+            raise RequestError(
+                f"the request asks for {len(prompts)} sequences at once ({n} a prompt), more "
+                f"than this server holds (lanes and waiting places: {ctx.limits.capacity})",
+                param=("best_of" if gen.outputs.best_of else "n") if n > 1 else "prompt")
         if runner.open_subscriptions + len(prompts) > ctx.limits.capacity:
             # Every lane and waiting place is taken (the engine's own queue is sized to hold a
             # whole burst, so this is where the server's capacity is kept).

@@ -406,7 +406,7 @@ def _prompts(value: Any, n_vocab: int) -> list[Any]:
         if len(value) > MAX_PROMPTS:
             raise RequestError(f"'prompt' may hold at most {MAX_PROMPTS} prompts, got "
                                f"{len(value)}", param="prompt")
-        return [_prompt(v, n_vocab) for v in value]
+        return [_prompt(v, n_vocab, f"prompt[{k}]") for k, v in enumerate(value)]
     return [_prompt(value, n_vocab)]
 
 
@@ -438,7 +438,8 @@ def with_min_tokens(gen: GenerationRequest, sampling: Optional[SamplingParams],
     return replace(sampling, min_end_position=position, min_end_tokens=held)
 
 
-def _prompt(value: Any, n_vocab: int) -> Any:
+def _prompt(value: Any, n_vocab: int, name: str = "prompt") -> Any:
+    """One prompt; `name` is how the messages name it (`prompt[k]`, the k-th of several)."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
@@ -447,14 +448,14 @@ def _prompt(value: Any, n_vocab: int) -> Any:
     if not value:
         # "" is accepted: it tokenizes to the model's BOS token, as in llama-server; a token
         # list is used as given, so an empty one would leave nothing to run.
-        raise RequestError("'prompt' as token ids must hold at least one id (an empty string "
-                           "is accepted: it is the BOS token alone)", param="prompt")
+        raise RequestError(f"'{name}' as token ids must hold at least one id (an empty "
+                           f"string is accepted: it is the BOS token alone)", param="prompt")
     for i, t in enumerate(value):
         if isinstance(t, bool) or not isinstance(t, int):
-            raise RequestError(f"'prompt[{i}]' must be a token id, got {_json_type(t)}",
+            raise RequestError(f"'{name}[{i}]' must be a token id, got {_json_type(t)}",
                                param="prompt")
         if not 0 <= t < n_vocab:
-            raise RequestError(f"'prompt[{i}]' = {t} is not a token id in [0, {n_vocab})",
+            raise RequestError(f"'{name}[{i}]' = {t} is not a token id in [0, {n_vocab})",
                                param="prompt")
     return list(value)
 

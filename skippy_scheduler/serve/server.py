@@ -524,12 +524,16 @@ class Server:
     def _bind(self, port: Optional[int] = None) -> socket.socket:
         return listen_socket(self.settings.host, self.settings.port if port is None else port)
 
-    def serve(self) -> None:
-        """Serve until SIGINT or SIGTERM, then drain (see the module docstring) and close."""
+    def serve(self, announce: Optional[Callable[[int], None]] = None) -> None:
+        """Serve until SIGINT or SIGTERM, then drain (see the module docstring) and close.
+        `announce` is called with the port once the socket is bound (the one the system
+        picked for port 0), before the engine starts."""
         with _exit_on_signals() as server_box:
             try:
                 sock = self._bind()
                 try:
+                    if announce is not None:
+                        announce(sock.getsockname()[1])
                     self.runner.start()
                     server = self._uvicorn_server(sock)
                     self._uvicorn = server

@@ -178,6 +178,24 @@ def test_model_and_output_are_checked_before_llama_is_loaded(capsys, monkeypatch
                 "does not exist")
 
 
+@pytest.mark.parametrize("sub", ["run", "calibrate"])
+def test_a_negative_seed_of_the_tiny_model_is_a_usage_error(capsys, sub):
+    _user_error(capsys, [sub, "--seed", "-5"], "--seed")
+
+
+@pytest.mark.parametrize("sub", ["run", "serve"])
+@pytest.mark.parametrize("value,fragment", [
+    ("bogus", "'bogus' is not a stage worker's address"),
+    ("tcp://127.0.0.1", "expected tcp://HOST:PORT"),
+    ("tcp://127.0.0.1:0", "expected tcp://HOST:PORT"),
+    ("http://127.0.0.1:5600", "is not a stage worker's address"),
+    (" , ", "expected pyzmq addresses"),
+])
+def test_stage_addresses_are_checked_before_anything_starts(capsys, files, sub, value,
+                                                            fragment):
+    _user_error(capsys, [sub, "--model", files["gguf"], "--stage-addresses", value], fragment)
+
+
 def test_internal_errors_are_not_swallowed(monkeypatch):
     from skippy_scheduler.cli import lab
 

@@ -33,6 +33,8 @@ def test_models_health_and_metrics(server, client):
     assert [m.id for m in models.data] == ["tiny-f32"]
     assert models.data[0].model_extra["max_model_len"] == LANE_CTX
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    head = httpx.head(server.url + "/health")
+    assert head.status_code == 200 and head.content == b""
     m = metrics(server.url)
     for name in ("skippy:num_requests_running", "skippy:num_requests_waiting",
                  "skippy:time_to_first_token_seconds_count", "skippy:prompt_tokens_total",
@@ -326,6 +328,14 @@ def test_queue_full_is_a_503_with_retry_after(model_path):
         assert is_idle(wait_idle(srv), 1)
         ok = httpx.post(srv.url + "/v1/completions", json={"prompt": "now", "max_tokens": 2})
         assert ok.status_code == 200
+        # More choices than one lane and one waiting place could ever hold: no retry helps.
+        for body, param in (({"n": 3}, "n"), ({"prompt": ["a", "b", "c"]}, "prompt")):
+            r = httpx.post(srv.url + "/v1/completions",
+                           json={"prompt": "now", "max_tokens": 2, **body})
+            assert r.status_code == 400 and "retry-after" not in r.headers, r.text
+            assert r.json()["error"]["param"] == param
+            assert "lanes and waiting places: 2" in r.json()["error"]["message"]
+        assert is_idle(wait_idle(srv), 1)
     finally:
         srv.shutdown()
 

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,12 +14,6 @@ import pytest
 from skippy_scheduler import cli
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("argv,message", [
     (["--inflight", "0"], "--inflight"),
     (["--max-active", "300"], "--max-active (+ --prefix-holders with reuse) must be <= 256"),
@@ -28,6 +22,8 @@ def _free_port() -> int:
     (["--max-active", "8", "--ctx-size", "4"], "--ctx-size (4) must be at least --max-active"),
     (["--model", "/nonexistent.gguf"], "model file not found"),
     (["--port", "70000"], "expected a port in [0, 65535]"),
+    (["--api-key", ""], "leave --api-key out to require no key"),
+    (["--api-key", " k "], "without spaces around it"),
 ])
 def test_user_errors_are_one_line_and_exit_2(argv, message, capsys):
     assert cli.main(["serve", *argv]) == 2
@@ -35,15 +31,28 @@ def test_user_errors_are_one_line_and_exit_2(argv, message, capsys):
     assert message in err and "Traceback" not in err
 
 
+def test_a_stages_directory_without_stage_files_is_one_line(tmp_path, capsys):
+    (tmp_path / "stage-0.gguf").write_bytes(b"")
+    (tmp_path / "stage-2.gguf").write_bytes(b"")  # stage 1 missing
+    assert cli.main(["serve", "--stages", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--stages: " in err and "found [0, 2]" in err and "Traceback" not in err
+    assert cli.main(["serve", "--stages", str(tmp_path / "..")]) == 2
+    err = capsys.readouterr().err
+    assert "--stages: " in err and "found []" in err and "Traceback" not in err
+
+
 def test_serve_with_defaults_answers_a_streamed_chat_request():
-    port = _free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # Port 0: the system picks one, and the startup line says which.
     proc = subprocess.Popen([sys.executable, "-m", "skippy_scheduler.cli", "serve", "--port",
-                             str(port)], stderr=subprocess.PIPE, text=True, env=env,
+                             "0"], stderr=subprocess.PIPE, text=True, env=env,
                             cwd=os.path.dirname(sys.executable))
     try:
         banner = proc.stderr.readline()
-        assert f"http://127.0.0.1:{port}/v1" in banner, banner
+        found = re.search(r" on http://127\.0\.0\.1:(\d+)/v1 ", banner)
+        assert found and int(found.group(1)) > 0, banner
+        port = int(found.group(1))
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused",
                                max_retries=0, timeout=30)
         end = time.monotonic() + 30

@@ -65,9 +65,11 @@ def test_streamed_choices_interleave_and_each_equals_its_prompt_alone(client, re
 
 
 @pytest.mark.parametrize("prompt,what", [
-    (["fine", []], "at least one id"),
-    ([[1, 2], [1, "x"]], "must be a token id"),
-    (["fine", [1, 10 ** 9]], "is not a token id"),
+    (["fine", []], "'prompt[1]' as token ids must hold at least one id"),
+    ([[1, 2], [1, "x"]], "'prompt[1][1]' must be a token id"),
+    (["fine", [1, 10 ** 9]], "'prompt[1][1]' = 1000000000 is not a token id"),
+    ([[1, 2], [-1, 4]], "'prompt[1][0]' = -1 is not a token id"),
+    ([3, -1], "'prompt[1]' = -1 is not a token id"),
     (["x"] * 65, "at most 64 prompts"),
 ])
 def test_a_bad_prompt_among_several_is_a_400_before_any_runs(client, server, prompt, what):

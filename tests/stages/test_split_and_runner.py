@@ -209,3 +209,20 @@ def test_a_prefix_kept_in_a_holder_restores_exactly_on_every_stage(model4, split
     finally:
         chain.close()
         fresh.close()
+
+
+def test_a_stage_worker_that_refuses_its_file_says_why_through_run(model4, splits, tmp_path,
+                                                                   capsys):
+    """A whole model where stage 0 should be: its local worker exits at configuration, and the
+    command's one line carries the worker's own reason, not only its exit status."""
+    import shutil
+
+    from skippy_scheduler.cli import main
+
+    shutil.copy(model4, tmp_path / "stage-0.gguf")
+    shutil.copy(os.path.join(splits[2], "stage-1.gguf"), tmp_path / "stage-1.gguf")
+    assert main(["run", "--stages", str(tmp_path), "-n", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "exited with status 2 while configuring: " in err, err
+    assert "is not a stage file (no skippy.stage.index)" in err, err

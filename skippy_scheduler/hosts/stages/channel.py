@@ -10,6 +10,7 @@ process that exits, or no answer within the timeout, is a `StageFailure`.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -101,8 +102,9 @@ class StageChannel:
             for k, proc in enumerate(self._procs):
                 if k in watch and proc.poll() is not None:
                     self.live.discard(k)
+                    said = last_words(getattr(proc, "log_path", None))
                     raise StageFailure(f"stage {k} exited with status {proc.returncode} "
-                                       f"while {what}")
+                                       f"while {what}" + (f": {said}" if said else ""))
 
     def _file(self, parts: list[bytes]) -> bool:
         """File a chain answer (True), or leave a control answer to the caller (False)."""
@@ -192,3 +194,19 @@ class StageChannel:
         if getattr(self, "_reply_dir", None) is not None:
             shutil.rmtree(self._reply_dir, ignore_errors=True)  # type: ignore[arg-type]
             self._reply_dir = None
+
+
+def last_words(log_path: Optional[str], limit: int = 400) -> str:
+    """The last line a worker wrote to its log (`StageProcess.log_path`; its own `error: ...`
+    line when it refused what it was given), at most `limit` characters; '' without one."""
+    if not log_path:
+        return ""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1][:limit] if lines else ""

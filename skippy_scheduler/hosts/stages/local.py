@@ -17,6 +17,13 @@ from .host import StageHost
 from .split import file_identity, stage_paths
 
 
+class StageProcess(subprocess.Popen[bytes]):
+    """A local stage worker's process, with the file its stderr goes to (`log_path`): what a
+    `StageFailure` for a worker that exited quotes."""
+
+    log_path: Optional[str] = None
+
+
 class LocalStages:
     """Worker processes for every `stage-K.gguf` of a directory, on ipc sockets."""
 
@@ -34,7 +41,7 @@ class LocalStages:
         self._dir = tempfile.mkdtemp(prefix="skippy-stages-")
         self.addresses = [f"ipc://{self._dir}/stage-{k}" for k in range(len(self.paths))]
         self.start_timeout_s = start_timeout_s
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[StageProcess] = []
         self.logs = [os.path.join(self._dir, f"stage-{k}.log") for k in range(len(self.paths))]
         extra = list(stage_args) + [[]] * (len(self.paths) - len(stage_args))
         for path, addr, log, more in zip(self.paths, self.addresses, self.logs, extra):
@@ -42,12 +49,14 @@ class LocalStages:
                 # NOTE: run from the socket directory, not the caller's: `python -m` puts the
                 # working directory first on sys.path, and in a source checkout that would
                 # import its uncompiled sources instead of the installed package.
-                self.procs.append(subprocess.Popen(
+                proc = StageProcess(
                     [sys.executable, "-m", "skippy_scheduler.cli", "stage", "--model",
                      os.path.abspath(path), "--listen", addr, "--threads", str(n_threads),
                      "--parent-pid", str(os.getpid()), *more],
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                    cwd=self._dir))
+                    cwd=self._dir)
+                proc.log_path = log
+                self.procs.append(proc)
 
     def host(self, **kwargs: Any) -> StageHost:
         """A `StageHost` on these workers (StageHost's keywords)."""
