@@ -22,7 +22,8 @@ from ._common import (DEFAULT_THREADS, LLAMA_MAX_SEQUENCES, CommandError, add_mo
                       non_negative_int, non_negative_ms, positive_int, positive_ms,
                       refuse_rpc_with_stages)
 from .interrupt import Interrupted, saving
-from .stage import add_stage_cache_flag, check_stage_cache_flag, stage_addresses
+from .stage import (add_stage_cache_flag, check_stage_cache_flag, stage_addresses,
+                    stage_directory)
 from .vocabulary import add_flag
 
 # Prompts used when --prompts is not given: strings (tokenized by the model) and raw ids.
@@ -83,7 +84,7 @@ def register(subparsers: Any) -> None:
                         "share cells instead of holding a stream each; default: off)")
     add_flag(p, "json", note="per-request tokens and metrics; after Ctrl-C or SIGTERM, those "
                              "of the requests that finished")
-    p.add_argument("--stages", metavar="DIR",
+    p.add_argument("--stages", type=stage_directory, metavar="DIR",
                    help="stages of a split model; here the directory of stage-K.gguf files "
                         "written by split, served by one local stage worker process each "
                         "(default: no stages)")

@@ -18,7 +18,8 @@ from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, boun
                       positive_ms, refuse_rpc_with_stages)
 from ..hosts.offload import CTX_FLOOR
 from .offload import offload_spec
-from .stage import add_stage_cache_flag, check_stage_cache_flag, stage_addresses
+from .stage import (add_stage_cache_flag, check_stage_cache_flag, stage_addresses,
+                    stage_directory)
 from .vocabulary import add_flag
 
 
@@ -117,7 +118,7 @@ def register(subparsers: Any) -> None:
                         "guess (docs/serving.md; staged serving does not warm up; default: off)")
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"),
                    default=d.log_level, help=f"uvicorn log level (default: {d.log_level})")
-    p.add_argument("--stages", metavar="DIR",
+    p.add_argument("--stages", type=stage_directory, metavar="DIR",
                    help="stages of a split model; here the directory of stage-K.gguf files "
                         "written by split, served by one local stage worker process each; "
                         "--model, if given, must be the model they were cut from (default: no "

@@ -61,6 +61,14 @@ def check_stage_cache_flag(args: argparse.Namespace,
                            f"context")
 
 
+def stage_directory(text: str) -> str:
+    """`--stages DIR`: a directory's name (an empty one would mean no stages, silently)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected the directory of stage-K.gguf files "
+                                         "written by split")
+    return text
+
+
 def stage_addresses(text: str) -> tuple[str, ...]:
     """`--stage-addresses`: the stage workers' pyzmq addresses (`stage --listen`), stage 0
     first, each a tcp:// or ipc:// address."""

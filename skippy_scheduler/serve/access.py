@@ -43,8 +43,12 @@ def parse_origins(text: str) -> tuple[str, ...]:
     for item in (o.strip() for o in text.split(",")):
         if not item:
             continue
-        if item != "*" and ("://" not in item or item.endswith("/")):
-            raise ValueError(f"expected an origin such as https://example.com, got {item!r}")
+        scheme, sep, rest = item.partition("://")
+        if item != "*" and (not sep or not scheme or not rest or any(c in rest for c in "/?#")):
+            # A browser's Origin header is scheme://host[:port], never a path, so an entry
+            # with one would match nothing.
+            raise ValueError(f"expected an origin such as https://example.com (scheme, host "
+                             f"and port only), got {item!r}")
         out.append(item.lower())
     if not out:
         raise ValueError("expected origins separated by commas, or '*'")

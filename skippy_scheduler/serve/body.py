@@ -2,7 +2,7 @@
 
 Reading (`read_body`, on the event loop): the body must be declared `application/json` (415
 otherwise: a browser's cross-origin "simple" POST is `text/plain` or form-encoded, and must not
-drive the API); a declared `Content-Length` above the cap is a 413 before a byte is read, and a
+drive the API) and not compressed (a `Content-Encoding` but `identity` is a 415); a declared `Content-Length` above the cap is a 413 before a byte is read, and a
 chunked body is cut with a 413 as soon as it passes the cap, so a request never holds more than
 `max_body_bytes` of memory; the whole body must arrive within `body_timeout_s` of the handler's
 first read (408). The three close the connection after their answer. Before that the connection
@@ -58,6 +58,17 @@ def check_content_type(value: Optional[str]) -> None:
                            code="unsupported_media_type")
 
 
+def check_content_encoding(value: Optional[str]) -> None:
+    """A body must arrive as it is (no `Content-Encoding` but `identity`): this server does not
+    decompress request bodies, so a compressed one is a 415 naming its encoding, not a 400
+    about its bytes."""
+    codings = [c.strip().lower() for c in (value or "").split(",") if c.strip()]
+    if any(c != "identity" for c in codings):
+        raise RequestError(f"the request body must not be compressed; this one's Content-"
+                           f"Encoding is '{', '.join(codings)}'", status=415,
+                           code="unsupported_media_type")
+
+
 def _too_large(limit: int) -> RequestError:
     return RequestError(f"the request body is larger than this server's limit of {limit} bytes "
                         "(--max-body-bytes)", status=413, code="body_too_large", close=True)
@@ -68,6 +79,7 @@ async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes
     request.scope[DRAIN] = Drain(asyncio.get_running_loop().time() + timeout_s,
                                  DRAIN_FACTOR * max_bytes)
     check_content_type(request.headers.get("content-type"))
+    check_content_encoding(request.headers.get("content-encoding"))
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)

@@ -196,6 +196,12 @@ def test_stage_addresses_are_checked_before_anything_starts(capsys, files, sub, 
     _user_error(capsys, [sub, "--model", files["gguf"], "--stage-addresses", value], fragment)
 
 
+@pytest.mark.parametrize("sub", ["run", "serve"])
+@pytest.mark.parametrize("flag", ["--stages", "--stage-addresses"])
+def test_an_empty_stage_flag_is_refused_not_ignored(capsys, sub, flag):
+    _user_error(capsys, [sub, flag, ""], flag)
+
+
 def test_internal_errors_are_not_swallowed(monkeypatch):
     from skippy_scheduler.cli import lab
 

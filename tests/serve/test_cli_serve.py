@@ -24,6 +24,9 @@ from skippy_scheduler import cli
     (["--port", "70000"], "expected a port in [0, 65535]"),
     (["--api-key", ""], "leave --api-key out to require no key"),
     (["--api-key", " k "], "without spaces around it"),
+    (["--allowed-origins", "http://a.example/path"], "scheme, host and port only"),
+    (["--allowed-origins", "a.example"], "expected an origin"),
+    (["--allowed-origins", "https://"], "expected an origin"),
 ])
 def test_user_errors_are_one_line_and_exit_2(argv, message, capsys):
     assert cli.main(["serve", *argv]) == 2

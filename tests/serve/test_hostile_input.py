@@ -275,6 +275,21 @@ def test_a_body_that_is_not_declared_json_is_a_415(srv, ctype):
     assert ok.status_code == 200
 
 
+def test_a_compressed_body_is_a_415_naming_its_encoding(srv):
+    import gzip
+
+    body = b'{"prompt": "x", "max_tokens": 1}'
+    for coding in ("gzip", "identity, br"):
+        r = httpx.post(srv.url + "/v1/completions", content=gzip.compress(body), timeout=30,
+                       headers={"content-type": "application/json", "content-encoding": coding})
+        assert r.status_code == 415, (coding, r.status_code, r.text)
+        assert r.json()["error"]["code"] == "unsupported_media_type"
+        assert "Content-Encoding" in r.json()["error"]["message"]
+    ok = httpx.post(srv.url + "/v1/completions", content=body, timeout=30,
+                    headers={"content-type": "application/json", "content-encoding": "identity"})
+    assert ok.status_code == 200
+
+
 def test_a_foreign_host_is_refused_on_loopback_and_loopback_names_are_served(srv):
     for host in ("evil.example", "evil.example:%d" % srv.port, "127.0.0.1.nip.io"):
         for path in ("/health", "/v1/models"):
