@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from ..cost_model import check_clock_cost
+from ..cost_model import LAB_NAMES, check_clock_cost
 from ..lab.backend import BACKENDS, Backend, resolve_backend
 from ..lab.model import LAB_COST, StepCost
 from ..lab.progress import Progress
@@ -24,7 +24,8 @@ from ..lab.suite import SuiteOptions
 from ..lab.traces import FORMATS
 from ..lab.workload import MAX_FAMILIES, MAX_REQUESTS, WorkloadSpec
 from ..selection import DEFAULT_IMPLEMENTATION
-from ._common import CommandError, check_output_file, int_in, non_negative_int, positive_int
+from ._common import (CommandError, check_output_file, int_in, non_negative_int,
+                      non_negative_ms, positive_int)
 from .interrupt import Interrupted, saving
 from .lab_runs import run_suite_command, run_trace_command
 from .lab_stages import STAGED_ONLY, add_arguments as add_staged_arguments, run_staged_command
@@ -127,17 +128,19 @@ def register(subparsers: Any) -> None:
                   "field) to differ from cache-aware-aging",
              default_text="all but fair-share with --suite, all with --trace")
     both = "with --suite, {} with --trace)"
-    for flag, kind, metavar, text in (
+    for flag, number, metavar, text in (
             ("--kv-capacity-tokens", non_negative_int, "N",
              "KV cells of the modelled memory component, 0 for none; small values force "
              f"preemption (default: {d.kv_capacity_tokens})"),
             ("--reserve-output-tokens", non_negative_int, "N", "output tokens reserved at "
              f"admission when memory is modelled (default: {d.reserve_output_tokens})"),
-            ("--ttft-target-ms", float, "MS", "goodput target for the time to first token "
-             f"(default: {d.ttft_target_ms:g} " + both.format(f"{r.ttft_target_ms:g}")),
-            ("--itl-target-ms", float, "MS", "inter-token target in ms; the goodput bound on "
-             f"a request's mean inter-token gap (default: {d.itl_target_ms:g} " + both.format(f"{r.itl_target_ms:g}"))):
-        o.add_argument(flag, type=kind, default=None, metavar=metavar, help=text)
+            ("--ttft-target-ms", non_negative_ms, "MS", "goodput target for the time to "
+             f"first token (default: {d.ttft_target_ms:g} "
+             + both.format(f"{r.ttft_target_ms:g}")),
+            ("--itl-target-ms", non_negative_ms, "MS", "inter-token target in ms; the goodput "
+             f"bound on a request's mean inter-token gap (default: {d.itl_target_ms:g} "
+             + both.format(f"{r.itl_target_ms:g}"))):
+        o.add_argument(flag, type=number, default=None, metavar=metavar, help=text)
     o.add_argument("--slack", action="store_true", default=None,
                    help="run the slack-sized planning rule (docs/behaviour.md §2.13; its "
                         "inter-token target is --itl-target-ms): with --suite as a third mode "
@@ -192,6 +195,28 @@ def _cache_tokens(text: str) -> int | str:
     return non_negative_int(text)
 
 
+# The terms a --cost-model names: the lab's names, or StepCost's for the same four terms.
+_TERMS = (f"{', '.join(LAB_NAMES)} (or StepCost's names for them: "
+          f"{', '.join(LAB_NAMES.values())})")
+
+
+def _terms(spec: str) -> str:
+    """`spec` if it names a term; an empty spec would quietly mean the default model, which
+    --cost-model not given already means: it is a mistake (a wrong file, a lost edit)."""
+    if not any(part.strip() for part in spec.split(",")):
+        raise ValueError(f"{spec!r} names no cost model term; expected name=value,... "
+                         f"with one or more of {_TERMS}")
+    return spec
+
+
+def _cost_object(empty: str, data: dict[str, Any]) -> StepCost:
+    """`data`'s terms over the lab's model; `empty` says where the object is, if it is empty."""
+    if not data:
+        raise ValueError(f"{empty}, which names no cost model term; expected one or more of "
+                         f"{_TERMS}")
+    return StepCost.from_mapping(data, LAB_COST)
+
+
 def _cost_document(spec: str) -> StepCost:
     """A JSON file: an object of cost model terms, or `calibrate --json`'s document."""
     with open(spec, encoding="utf-8") as fh:
@@ -202,13 +227,13 @@ def _cost_document(spec: str) -> StepCost:
             print(f"skippy-scheduler lab: warning: {spec}: the calibration reported problems "
                   f"({'; '.join(map(str, data['problems']))})", file=sys.stderr)
         if isinstance(model, str):
-            return StepCost.parse(model, LAB_COST)
+            return StepCost.parse(_terms(model), LAB_COST)
         if isinstance(model, dict):
-            return StepCost.from_mapping(model, LAB_COST)
+            return _cost_object(f"{spec}: cost_model is an empty object", model)
         raise ValueError(f"{spec}: cost_model must be name=value,... or an object")
     if not isinstance(data, dict):
         raise ValueError(f"{spec}: the cost model file must hold a JSON object")
-    return StepCost.from_mapping(data, LAB_COST)
+    return _cost_object(f"{spec} holds an empty JSON object", data)
 
 
 def cost_model(spec: str | None) -> StepCost:
@@ -221,7 +246,8 @@ def cost_model(spec: str | None) -> StepCost:
     if os.path.isdir(spec):
         raise CommandError(f"--cost-model: {spec} is a directory")
     try:
-        cost = _cost_document(spec) if os.path.exists(spec) else StepCost.parse(spec, LAB_COST)
+        cost = (_cost_document(spec) if os.path.exists(spec)
+                else StepCost.parse(_terms(spec), LAB_COST))
         return check_clock_cost("the cost model", cost)
     except json.JSONDecodeError as exc:
         raise CommandError(f"--cost-model: {spec} is not valid JSON ({exc})") from None

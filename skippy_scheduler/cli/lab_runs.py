@@ -13,15 +13,16 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from ..lab.backend import Backend
+from ..lab.driver import LabStalled
 from ..lab.model import StepCost
 from ..lab.replay import DEFAULT_MODE, DEFAULT_PREFIX_CACHE_TOKENS, ReplayOptions, run_replays
 from ..lab.report import (TRACE_UNITS, format_tenant_table, format_trace_header,
                           format_trace_row, trace_document)
-from ..lab.options import ALL_MODES
+from ..lab.options import ALL_MODES, RunOptions
 from ..lab.suite import MODES, POLICIES as SUITE_POLICIES, SuiteOptions, format_suite, run_suite
 from ..lab.tails import TAILS_NOTE, format_tails
-from ..lab.traces import Trace, TraceError
-from ..lab.workload import WorkloadSpec, generate
+from ..lab.traces import Trace, TraceError, TraceRequest
+from ..lab.workload import Workload, WorkloadSpec, generate
 from ..selection import POLICIES
 from ._common import CommandError, check_output_dir, check_output_file
 from .interrupt import Interrupted, saving
@@ -44,6 +45,42 @@ def _check_modes(modes: list[str]) -> None:
     for name in modes:
         if name not in ALL_MODES:
             raise CommandError(f"unknown mode {name!r} (choose from {', '.join(ALL_MODES)})")
+
+
+def _check_slack_target(modes: list[str], options: SuiteOptions | ReplayOptions) -> None:
+    """The slack rule plans every step to the inter-token target: 0 is no target to plan to."""
+    if "slack" in modes and not options.itl_target_ms > 0:
+        raise CommandError(f"--itl-target-ms {options.itl_target_ms:g}: the slack rule "
+                           "(--slack) plans each step to this inter-token target; give a target "
+                           "> 0")
+
+
+def _kv_message(options: RunOptions, need: int, request: str, prompt: int, output: int,
+                where: str = "") -> str:
+    """Request `request` (`where`: its trace line) needs `need` cells, more than there are."""
+    reserve = options.reserve_output_tokens
+    return (f"--kv-capacity-tokens {options.kv_capacity_tokens} is too small: request "
+            f"{request} ({where}prompt {prompt}, output {output} tokens) needs {need} KV cells "
+            f"to run even alone (prompt + max(min(output, --reserve-output-tokens {reserve}), "
+            f"output - 2)); give --kv-capacity-tokens >= {need}, or 0 for no memory model")
+
+
+def _check_kv_workload(options: RunOptions, workload: Workload) -> None:
+    """Refuse a memory model that the workload's largest request cannot run in (the run would
+    stall when that request arrives)."""
+    if not options.kv_capacity_tokens:
+        return
+    need, r = max((options.kv_cells_needed(n, o), r) for r, (n, o) in enumerate(
+        zip(workload.prompt_len.tolist(), workload.output_len.tolist())))
+    if need > options.kv_capacity_tokens:
+        raise CommandError(_kv_message(options, need, workload.request_id(r),
+                                       int(workload.prompt_len[r]),
+                                       int(workload.output_len[r])))
+
+
+def _stalled(exc: LabStalled, options: RunOptions) -> CommandError:
+    """A stall the up-front check did not foresee, as a user error naming the capacity."""
+    return CommandError(f"--kv-capacity-tokens {options.kv_capacity_tokens}: {exc}")
 
 
 def _tails(args: argparse.Namespace, runs: list[Any], document: dict[str, Any]) -> None:
@@ -96,10 +133,12 @@ def run_suite_command(args: argparse.Namespace, modes: Optional[list[str]],
     try:
         spec = replace(WorkloadSpec(), **_overrides(args, _SPEC_OPTIONS)).validate()
         options = replace(SuiteOptions(), record_series=bool(args.plot),
-                          **_overrides(args, _RUN_OPTIONS))
+                          **_overrides(args, _RUN_OPTIONS)).validate()
     except (ValueError, TypeError) as exc:
         raise CommandError(str(exc)) from None
+    _check_slack_target(modes, options)
     workload = generate(spec)
+    _check_kv_workload(options, workload)
     out = sys.stdout
     # NOTE: the header keeps the lab's field names of earlier releases (max_tokens = the step
     # budget, chunk = the prefill chunk) so that the suite's output stays byte-identical.
@@ -129,6 +168,8 @@ def run_suite_command(args: argparse.Namespace, modes: Optional[list[str]],
     try:
         runs = run_suite(workload, policies, modes, options, cost, backend=backend,
                          on_run=emit)
+    except LabStalled as exc:
+        raise _stalled(exc, options) from None
     except Interrupted as stop:
         if not finished:
             raise
@@ -146,15 +187,22 @@ def _fmt(value: Any) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-def _open_trace(args: argparse.Namespace) -> Trace:
-    """The trace, read once before any replay: a malformed line is reported before work
-    starts, and the header can describe the trace."""
+def _open_trace(args: argparse.Namespace, options: RunOptions) -> Trace:
+    """The trace, read once before any replay: a malformed line, or a request the memory
+    model cannot hold, is reported before work starts, and the header can describe the
+    trace."""
+    memory = options.kv_capacity_tokens > 0
+    need, largest = 0, None
     try:
         trace = Trace(args.trace, args.format or "auto",
                       time_scale=1.0 if args.time_scale is None else args.time_scale,
                       limit=args.limit, tenants=args.tenants)
-        for _ in trace:
-            pass
+        request: TraceRequest
+        for request in trace:
+            if memory:
+                cells = options.kv_cells_needed(request.input_length, request.output_length)
+                if cells > need:
+                    need, largest = cells, request
     except TraceError as exc:
         raise CommandError(str(exc)) from None
     except OSError as exc:
@@ -163,6 +211,10 @@ def _open_trace(args: argparse.Namespace) -> Trace:
         raise CommandError(str(exc)) from None
     if not trace.stats.requests:
         raise CommandError(f"--trace: {args.trace} holds no requests")
+    if largest is not None and need > options.kv_capacity_tokens:
+        raise CommandError(_kv_message(options, need, largest.id, largest.input_length,
+                                       largest.output_length,
+                                       f"line {largest.line} of {args.trace}: "))
     return trace
 
 
@@ -201,7 +253,8 @@ def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
         raise CommandError(str(exc)) from None
     if options.slo_told and mode != "slack":
         raise CommandError("--slo tells the slack rule the SLO: give --slack too")
-    trace = _open_trace(args)
+    _check_slack_target(modes, options)
+    trace = _open_trace(args, options)
     stats = trace.stats
     out = sys.stdout
     info = {"path": args.trace, "format": trace.format, "time_scale": trace.time_scale,
@@ -236,6 +289,8 @@ def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
                            total=stats.requests)
     except TraceError as exc:  # the file changed since it was checked
         raise CommandError(str(exc)) from None
+    except LabStalled as exc:
+        raise _stalled(exc, options) from None
     except Interrupted as stop:
         if not finished:
             raise

@@ -22,13 +22,17 @@ from .host import LabHost, LabRequest
 ProgressHook = Callable[[int], None]  # called with the number of requests that have ended
 
 
+class LabStalled(RuntimeError):
+    """A lab run whose scheduler stalled: a request that can never fit the memory model."""
+
+
 def drive(scheduler: Any, host: LabHost, requests: Iterable[LabRequest], cost: StepCost,
           *, label: str, stalled_hint: str = "", progress: Optional[ProgressHook] = None,
           every: int = 1024,
           on_plan: Optional[Callable[[Any, float, float], None]] = None
           ) -> tuple[EngineReport, float]:
-    """Run `requests` to the end; (report, wall seconds). A stall raises RuntimeError naming
-    the run (`label`), followed by `stalled_hint`."""
+    """Run `requests` to the end; (report, wall seconds). A stall raises `LabStalled` (a
+    RuntimeError) naming the run (`label`), followed by `stalled_hint`."""
 
     def before_step(engine: Engine) -> None:
         if progress is not None and engine.iterations % every == 0 and engine.iterations:
@@ -43,7 +47,7 @@ def drive(scheduler: Any, host: LabHost, requests: Iterable[LabRequest], cost: S
     try:
         report = engine.run(host.stream(requests))
     except EngineStalled as exc:
-        raise RuntimeError(f"scheduler stalled ({label}): {exc}{stalled_hint}") from exc
+        raise LabStalled(f"scheduler stalled ({label}): {exc}{stalled_hint}") from exc
     return report, time.perf_counter() - wall_start
 
 

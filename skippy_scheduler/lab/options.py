@@ -7,6 +7,7 @@ in the lab's JSON documents, so new fields go at the end of a class.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Hashable, Mapping, Optional
 
@@ -35,6 +36,16 @@ class RunOptions:
     def reserve(self) -> Optional[int]:
         """Output tokens an admission reserves cells for; None without the memory model."""
         return self.reserve_output_tokens if self.kv_capacity_tokens > 0 else None
+
+    def kv_cells_needed(self, input_tokens: int, output_tokens: int) -> int:
+        """The fewest KV cells (`kv_capacity_tokens`) a request of these lengths runs in, even
+        alone: its admission reserves prompt + min(output, reserve_output_tokens) cells, and
+        while it runs it holds one cell per token fed, which the engine measures after each
+        step (after the step it ends on, it has left): prompt + output - 2 at most, as its last
+        output token is never fed. Fewer cells stall the run (it can never be admitted, or it
+        is preempted whenever it runs)."""
+        reserved = min(output_tokens, self.reserve_output_tokens)
+        return input_tokens + max(reserved, output_tokens - 2)
 
     def config(self, mode: str, cost: Optional[StepCost] = None) -> SchedulerConfig:
         """The scheduler configuration of a run in planning mode `mode` ("phase", "mixed" or
@@ -68,8 +79,8 @@ class RunOptions:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1")
         if self.kv_capacity_tokens < 0 or self.reserve_output_tokens < 0:
             raise ValueError("memory options must be >= 0")
-        if ttft_target_ms < 0 or itl_target_ms < 0:
-            raise ValueError("goodput targets must be >= 0")
+        if not all(math.isfinite(t) and t >= 0 for t in (ttft_target_ms, itl_target_ms)):
+            raise ValueError("goodput targets must be finite and >= 0")
 
 
 @dataclass(frozen=True)

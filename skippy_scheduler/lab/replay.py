@@ -119,8 +119,9 @@ def run_replay(trace: Trace, policy: str, mode: str = DEFAULT_MODE,
 
     try:
         report, wall = drive(sched, host, chained(), cost, label=f"{policy}/{mode}",
-                             stalled_hint="; a prompt larger than --kv-capacity-tokens can "
-                                          "never be admitted",
+                             stalled_hint="; a request needs at least prompt + max(min("
+                                          "output, --reserve-output-tokens), output - 2) "
+                                          "cells of --kv-capacity-tokens",
                              progress=update if bar is not None else None, on_plan=on_plan)
     finally:
         if bar is not None:

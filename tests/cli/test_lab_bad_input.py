@@ -1,0 +1,165 @@
+"""`skippy-scheduler lab`: bad input is a user error (exit status 2, the usage line, one line
+naming the problem) before any work starts, never a traceback."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from skippy_scheduler.cli import main
+from skippy_scheduler.lab.options import RunOptions
+
+PROG = "skippy-scheduler lab"
+SUITE = ["lab", "--suite", "--requests", "10"]
+# The workload of SUITE (seed 0): its largest request, r000007, has a 1432-token prompt and 54
+# output tokens, so it needs 1432 + max(min(54, 32), 54 - 2) = 1484 KV cells.
+SUITE_NEED = 1484
+
+
+def _user_error(capsys, argv, *fragments):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    assert out == ""  # refused before the run printed anything
+    lines = err.splitlines()
+    assert len(lines) == 2, err
+    assert lines[0].startswith(f"usage: {PROG} "), err
+    assert lines[1].startswith(f"{PROG}: error: "), err
+    for fragment in fragments:
+        assert fragment in lines[1], err
+    return lines[1]
+
+
+@pytest.fixture
+def one_request(tmp_path):
+    """A trace of one request: 100 prompt tokens, 6 output tokens (it needs 106 cells)."""
+    path = tmp_path / "one.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 100, "output_length": 6, '
+                    '"hash_ids": [0]}\n')
+    return str(path)
+
+
+# -- 1. a KV capacity that a request cannot run in ---------------------------------------------
+
+
+@pytest.mark.parametrize("capacity", ["1", "1000", str(SUITE_NEED - 1)])
+def test_suite_capacity_too_small_for_a_request(capsys, capacity):
+    _user_error(capsys, [*SUITE, "--kv-capacity-tokens", capacity],
+                f"--kv-capacity-tokens {capacity} is too small: request r000007 (prompt 1432, "
+                f"output 54 tokens) needs {SUITE_NEED} KV cells",
+                f"give --kv-capacity-tokens >= {SUITE_NEED}, or 0 for no memory model")
+
+
+def test_suite_capacity_that_fits_the_largest_request_runs(capsys, backend):
+    code = main([*SUITE, "--kv-capacity-tokens", str(SUITE_NEED), "--scheduler", backend])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert f"kv_capacity_tokens={SUITE_NEED}" in out
+
+
+def test_suite_capacity_counts_the_reserved_output_tokens(capsys):
+    # With a reservation of the whole output, admission needs 1432 + 54 cells.
+    _user_error(capsys, [*SUITE, "--kv-capacity-tokens", str(SUITE_NEED),
+                         "--reserve-output-tokens", "1000"],
+                "needs 1486 KV cells", "--reserve-output-tokens 1000")
+
+
+def test_trace_capacity_too_small(capsys, one_request):
+    _user_error(capsys, ["lab", "--trace", one_request, "--kv-capacity-tokens", "100"],
+                f"--kv-capacity-tokens 100 is too small: request r0 (line 1 of {one_request}: "
+                "prompt 100, output 6 tokens) needs 106 KV cells",
+                "give --kv-capacity-tokens >= 106")
+
+
+def test_trace_capacity_bound_is_exact(capsys, one_request, backend):
+    _user_error(capsys, ["lab", "--trace", one_request, "--kv-capacity-tokens", "105",
+                         "--scheduler", backend], "needs 106 KV cells")
+    code = main(["lab", "--trace", one_request, "--kv-capacity-tokens", "106", "--scheduler",
+                 backend])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+
+
+def test_a_stall_the_check_misses_is_still_a_user_error(capsys, monkeypatch):
+    monkeypatch.setattr(RunOptions, "kv_cells_needed", lambda self, n, o: 0)
+    code = main([*SUITE, "--kv-capacity-tokens", "100", "--policy", "fcfs"])
+    _, err = capsys.readouterr()
+    assert code == 2 and "Traceback" not in err
+    assert err.splitlines()[-1].startswith(f"{PROG}: error: --kv-capacity-tokens 100: "
+                                           "scheduler stalled (fcfs/phase)")
+
+
+def test_console_script_prints_no_traceback(command):
+    done = subprocess.run([*command, *SUITE, "--kv-capacity-tokens", "1000"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1].startswith(f"{PROG}: error: --kv-capacity-tokens 1000")
+
+
+# -- 2, 3. goodput targets ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("run", ["suite", "trace"])
+@pytest.mark.parametrize("flag, value", [("--itl-target-ms", "-5"), ("--ttft-target-ms", "-1"),
+                                         ("--ttft-target-ms", "nan"),
+                                         ("--itl-target-ms", "nan"),
+                                         ("--itl-target-ms", "inf")])
+def test_goodput_targets_must_be_finite_and_not_negative(capsys, one_request, run, flag, value):
+    where = SUITE if run == "suite" else ["lab", "--trace", one_request]
+    _user_error(capsys, [*where, "--slack", flag, value],
+                f"argument {flag}: expected a finite number of ms >= 0, got {value}")
+
+
+@pytest.mark.parametrize("run", ["suite", "trace"])
+def test_slack_needs_an_inter_token_target_above_zero(capsys, one_request, run):
+    where = SUITE if run == "suite" else ["lab", "--trace", one_request]
+    _user_error(capsys, [*where, "--slack", "--itl-target-ms", "0"],
+                "--itl-target-ms 0: the slack rule (--slack) plans each step to this "
+                "inter-token target; give a target > 0")
+
+
+def test_zero_targets_without_slack_are_goodput_bounds(capsys):
+    code = main([*SUITE, "--policy", "fcfs", "--no-mixed", "--ttft-target-ms", "0",
+                 "--itl-target-ms", "0"])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+
+
+# -- 4. a cost model that names no term --------------------------------------------------------
+
+
+TERMS = ("iteration_overhead_us, prefill_token_us, decode_batch_us, decode_sequence_us (or "
+         "StepCost's names for them: base_us, per_prefill_token_us, decode_base_us, "
+         "per_decode_row_us)")
+
+
+def test_empty_cost_model_file(capsys, tmp_path):
+    path = tmp_path / "cost.json"
+    path.write_text("{}\n")
+    _user_error(capsys, ["lab", "--bench-reps", "0", "--cost-model", str(path)],
+                f"--cost-model: {path} holds an empty JSON object, which names no cost model "
+                f"term; expected one or more of {TERMS}")
+
+
+def test_empty_cost_model_in_a_calibration_document(capsys, tmp_path):
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({"cost_model": {}, "shapes": []}))
+    _user_error(capsys, ["lab", "--bench-reps", "0", "--cost-model", str(path)],
+                f"{path}: cost_model is an empty object", TERMS)
+
+
+@pytest.mark.parametrize("spec", ["", ","])
+def test_empty_cost_model_spec(capsys, spec):
+    _user_error(capsys, ["lab", "--bench-reps", "0", "--cost-model", spec],
+                f"--cost-model: {spec!r} names no cost model term", TERMS)
+
+
+def test_a_cost_model_file_naming_one_term_still_works(capsys, tmp_path):
+    path = tmp_path / "cost.json"
+    path.write_text('{"prefill_token_us": 1}\n')
+    code = main(["lab", "--bench-reps", "0", "--scenario", "cold-burst-n1", "--cost-model",
+                 str(path)])
+    _, err = capsys.readouterr()
+    assert code == 0, err
