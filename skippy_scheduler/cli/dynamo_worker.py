@@ -158,9 +158,12 @@ def run(args: argparse.Namespace) -> int:
         folder = args.model_path
         if folder is None:
             from ..dynamo.hf_export import ExportMismatch, UnsupportedTokenizer, export_folder
+            from ..hosts.offload import ModelFileError
 
             try:
                 exported = export_folder(model, os.path.join(tmp.name, "hf"))
+            except ModelFileError as exc:  # a damaged file, or one stage of a split model
+                raise CommandError(f"--model: {exc}") from None
             except (ExportMismatch, UnsupportedTokenizer) as exc:
                 raise CommandError(f"{exc}; give a Hugging Face folder with --model-path"
                                    ) from None

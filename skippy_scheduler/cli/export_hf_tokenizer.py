@@ -50,10 +50,13 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"exporting a tokenizer needs {', '.join(missing)}; install them "
                            "from the checkout with: pip install '.[llama]' tokenizers")
     from ..dynamo.hf_export import ExportMismatch, UnsupportedTokenizer, export_folder
+    from ..hosts.offload import ModelFileError
 
     try:
         exported = export_folder(args.gguf, args.folder, max_length=args.max_length,
                                  check=not args.no_check)
+    except ModelFileError as exc:  # refused before anything is written, as `run` refuses it
+        raise CommandError(f"GGUF: {exc}") from None
     except (UnsupportedTokenizer, ExportMismatch) as exc:
         raise CommandError(str(exc)) from None
     except OSError as exc:

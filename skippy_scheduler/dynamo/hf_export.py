@@ -112,11 +112,14 @@ class GgufVocab:
         return self.tokens[token_id]
 
 
-def read_vocab(path: str) -> GgufVocab:
-    """The tokenizer metadata of the GGUF at `path` (the `gguf` package reads it, mapped)."""
-    import gguf
+def read_vocab(path: str, *, reader: Any = None) -> GgufVocab:
+    """The tokenizer metadata of the GGUF at `path` (the `gguf` package reads it, mapped;
+    `reader`: its `hosts.offload.open_gguf` reader, if the caller has it). A file the gguf
+    package cannot read is `ModelFileError` (hosts/offload.py), in one line."""
+    if reader is None:
+        from ..hosts.offload import open_gguf
 
-    reader = gguf.GGUFReader(path)
+        reader = open_gguf(path)
     fields = reader.fields
 
     def get(key: str, default: Any = None) -> Any:
@@ -435,8 +438,16 @@ def export_folder(gguf_path: str, folder: str, *, max_length: Optional[int] = No
                   check: bool = True) -> Exported:
     """Write the Hugging Face folder of `gguf_path` into `folder` (made if missing) and check
     it against llama.cpp; ExportMismatch (the files stay, for a look) where they differ,
-    UnsupportedTokenizer before anything is written where there is no conversion."""
-    v = read_vocab(gguf_path)
+    UnsupportedTokenizer before anything is written where there is no conversion.
+    ModelFileError (hosts/offload.py) before anything is written for a file that is not a whole
+    GGUF model (truncated, damaged, of an unknown version, or one stage of a split model): the
+    check `run` and `serve` make of their model."""
+    from ..hosts.offload import footprint_from_gguf, open_gguf
+
+    reader = open_gguf(gguf_path)
+    footprint_from_gguf(gguf_path, allow_stage=False, reader=reader)
+    v = read_vocab(gguf_path, reader=reader)
+    del reader  # its memory map, before llama.cpp opens the file
     tokenizer_json(v)  # UnsupportedTokenizer before llama.cpp loads anything
     llama = _LlamaVocab(gguf_path)
     try:

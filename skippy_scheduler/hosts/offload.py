@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
-from typing import Literal, Mapping, Sequence, Union
+from typing import Any, Callable, Literal, Mapping, Sequence, Union
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -417,19 +418,36 @@ def place(fp: ModelFootprint, devices: Sequence[Device], spec: OffloadSpec, *,
 # -- the GGUF side -------------------------------------------------------------------------
 
 
-def footprint_from_gguf(path: str | os.PathLike[str]) -> ModelFootprint:
-    """Read a model's sizes from its GGUF header (the `gguf` package; no weights are read).
-    `ModelFileError` for a file that is not a whole GGUF model."""
+# The keys `skippy-scheduler split` writes into every stage file (hosts/stages/split.py).
+STAGE_KEY_PREFIX = "skippy.stage."
+
+
+def open_gguf(path: str | os.PathLike[str]) -> Any:
+    """`gguf.GGUFReader` of `path` (header and tensor table read, no weights); `ModelFileError`
+    with one readable line for a file the gguf package cannot read (truncated, damaged, of an
+    unknown GGUF version)."""
     try:
         from gguf import GGUFReader
     except ImportError as exc:  # pragma: no cover - the llama extra brings gguf
         raise ModelFileError(f"reading a model's sizes needs the gguf package ({exc})") from None
     path = os.fspath(path)
     try:
-        reader = GGUFReader(path, "r")
+        return GGUFReader(path, "r")
     except (ValueError, OSError, IndexError, KeyError, TypeError, OverflowError) as exc:
-        raise ModelFileError(f"{path} is not a whole GGUF model: truncated, damaged or of "
-                             f"another format ({_brief(exc)})") from None
+        raise ModelFileError(f"{path} is not a whole GGUF model: "
+                             f"{_why_unreadable(path, exc)}") from None
+
+
+def footprint_from_gguf(path: str | os.PathLike[str], *, allow_stage: bool = True,
+                        reader: Any = None) -> ModelFootprint:
+    """Read a model's sizes from its GGUF header (the `gguf` package; no weights are read).
+    `ModelFileError` for a file that is not a whole GGUF model. `allow_stage=False`: the
+    caller loads it as a whole model, so a stage file (`skippy-scheduler split`) is refused
+    too; the stage worker, which loads stage files, leaves it True. `reader`: the file's
+    `open_gguf` reader, when the caller has it already (the header is read once)."""
+    path = os.fspath(path)
+    if reader is None:
+        reader = open_gguf(path)
     size = os.path.getsize(path)
     fields = reader.fields
 
@@ -437,6 +455,8 @@ def footprint_from_gguf(path: str | os.PathLike[str]) -> ModelFootprint:
         f = fields.get(key)
         return None if f is None else f.contents()
 
+    if not allow_stage:
+        refuse_stage_file(path, value)
     arch = value("general.architecture")
     if not isinstance(arch, str):
         raise ModelFileError(f"{path} has no general.architecture")
@@ -485,8 +505,8 @@ def footprint_from_gguf(path: str | os.PathLike[str]) -> ModelFootprint:
             has_output = True
         output += nbytes
     if end > size:
-        raise ModelFileError(f"{path} is truncated: its tensors end at byte {end}, the file "
-                             f"has {size}")
+        raise ModelFileError(f"{path} is not a whole GGUF model: truncated: its tensors end "
+                             f"at byte {end}, the file has {size} bytes")
     if not has_output:
         output += inputs  # tied embeddings: the output layer gets its own copy
     return ModelFootprint(
@@ -502,6 +522,59 @@ def _per_layer(v: object, n: int) -> list[int]:
     if isinstance(v, (list, tuple)) and len(v) == n:
         return [int(x) for x in v]
     return [0] * n
+
+
+def refuse_stage_file(path: str, value: Callable[[str], object]) -> None:
+    """`ModelFileError` if the GGUF whose metadata `value(key)` reads is a stage file (it has
+    `skippy.stage.index`): one stage's layers, not the model a whole-model command loads."""
+    index = value(STAGE_KEY_PREFIX + "index")
+    if index is None:
+        return
+    count = value(STAGE_KEY_PREFIX + "count")
+    of = f" of {count}" if isinstance(count, int) else ""
+    raise ModelFileError(
+        f"{path} is stage {index}{of} of a split model (skippy-scheduler split), not a whole "
+        f"model: run or serve its directory with --stages {os.path.dirname(path) or '.'}, or "
+        "give the model it was cut from")
+
+
+def _why_unreadable(path: str, exc: BaseException) -> str:
+    """Why the gguf package could not read `path`, in words: its own errors are numpy's, which
+    name array shapes and axes (a file that ends early, or a count or offset that points past
+    its end, fails as an index or a reshape)."""
+    if isinstance(exc, OSError):
+        return f"cannot read it ({exc.strerror or _brief(exc)})"
+    text = str(exc)
+    version = re.search(r"version (\d+)", text)
+    if version is not None and "cannot handle" in text:
+        return (f"GGUF version {version.group(1)}, which the gguf package cannot read (it "
+                f"reads versions {_reader_versions()})")
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = -1
+    if size == 0:
+        return "the file is empty"
+    numpy = isinstance(exc, IndexError) or any(
+        t in text for t in ("reshape", "dtype", "unpack", "out of bounds"))
+    if size > 0 and numpy:
+        # Where the reader was: building the tensors from the data (the header read whole)?
+        tb, in_data = exc.__traceback__, False
+        while tb is not None:
+            in_data = in_data or tb.tb_frame.f_code.co_name == "_build_tensors"
+            tb = tb.tb_next
+        part = "tensor data" if in_data else "header"
+        return (f"truncated or damaged: its {part} runs past the end of the file ({size} "
+                "bytes)")
+    return f"truncated, damaged or of another format ({_brief(exc)})"
+
+
+def _reader_versions() -> str:
+    try:
+        from gguf.gguf_reader import READER_SUPPORTED_VERSIONS
+    except ImportError:  # pragma: no cover - gguf moved it
+        return "it knows"
+    return " and ".join(str(v) for v in READER_SUPPORTED_VERSIONS)
 
 
 def _brief(exc: BaseException) -> str:

@@ -52,7 +52,7 @@ def resolve(model_path: Union[str, os.PathLike[str]], spec: OffloadSpec, *, n_ct
     be used). `n_ctx=None`: from the model. `share_ctx`: the
     lanes share `n_ctx` and each holder gets a lane's share on top (serve); otherwise `n_ctx`
     is the llama.cpp context as it is (run, calibrate, stage)."""
-    fp = footprint_from_gguf(model_path)
+    fp = footprint_from_gguf(model_path, allow_stage=False)  # a whole model, not a stage
     if devices is None and spec.rpc:
         add_rpc_servers(spec.rpc)
     devs = list_devices() if devices is None else devices

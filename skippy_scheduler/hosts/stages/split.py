@@ -134,7 +134,7 @@ def split_model(src: str | os.PathLike[str], out_dir: str | os.PathLike[str],
     name_field = reader.fields.get("general.name")
     name = str(name_field.contents()) if name_field is not None else os.path.basename(src)
     os.makedirs(out_dir, exist_ok=True)
-    paths = []
+    paths: list[str] = []
     for k, (lo, hi) in enumerate(ranges):
         path = os.path.join(os.fspath(out_dir), f"stage-{k}.gguf")
         tiny = 0 < k < len(ranges) - 1
@@ -142,7 +142,34 @@ def split_model(src: str | os.PathLike[str], out_dir: str | os.PathLike[str],
                 "source_layers": n_layer, "source_id": identity, "source_name": name}
         _write_stage(reader, arch, path, lo, hi, tiny, keys)
         paths.append(path)
+    for stale in stale_stage_paths(out_dir, len(ranges)):
+        os.remove(stale)  # left from an earlier split into more stages: not one of these
     return paths
+
+
+def _stage_files(directory: str) -> dict[int, str]:
+    """The `stage-K.gguf` entries of `directory` by K."""
+    found = {}
+    for entry in os.listdir(directory):
+        if entry.startswith("stage-") and entry.endswith(".gguf"):
+            try:
+                k = int(entry[6:-5])
+            except ValueError:
+                continue
+            if k >= 0:
+                found[k] = os.path.join(directory, entry)
+    return found
+
+
+def stale_stage_paths(directory: str | os.PathLike[str], count: int) -> list[str]:
+    """The `stage-K.gguf` files of `directory` with K >= `count`, in order: what an earlier
+    split into more stages left there, which a split into `count` stages removes (a directory
+    of stages is read as every stage-K.gguf in it)."""
+    directory = os.fspath(directory)
+    if not os.path.isdir(directory):
+        return []
+    found = _stage_files(directory)
+    return [found[k] for k in sorted(found) if k >= count and os.path.isfile(found[k])]
 
 
 def _write_stage(reader: Any, arch: str, path: str, lo: int, hi: int, tiny: bool,
@@ -243,21 +270,107 @@ def check_stage_set(infos: _Seq[StageInfo], source_id: str | None = None) -> Non
 
 
 def stage_paths(directory: str | os.PathLike[str]) -> list[str]:
-    """`directory/stage-0.gguf` ... in order; `SplitError` if there are none or gaps."""
+    """`directory/stage-0.gguf` ... in order; `SplitError` if there are none, gaps, or files of
+    different splits (a stage-K.gguf left from an earlier split into more stages is named)."""
     directory = os.fspath(directory)
     if not os.path.isdir(directory):
         raise SplitError(f"{directory} is not a directory of stages")
-    found = {}
-    for entry in os.listdir(directory):
-        if entry.startswith("stage-") and entry.endswith(".gguf"):
-            try:
-                found[int(entry[6:-5])] = os.path.join(directory, entry)
-            except ValueError:
-                continue
+    found = _stage_files(directory)
     if not found or sorted(found) != list(range(len(found))):
         raise SplitError(f"{directory} must hold stage-0.gguf ... stage-(P-1).gguf, found "
                          f"{sorted(found)}")
-    return [found[k] for k in range(len(found))]
+    paths = [found[k] for k in range(len(found))]
+    _check_stage_counts(directory, paths)
+    return paths
+
+
+def _check_stage_counts(directory: str, paths: list[str]) -> None:
+    """Refuse stage files whose own index and count (read from their headers) disagree with
+    their names and with stage-0.gguf's count. An unreadable header is left to the worker that
+    loads the file (it refuses it with the reason)."""
+    keys = [_stage_keys(p) for p in paths]
+    first = keys[0]
+    if first is None:
+        return
+    count = first[1]
+    extra = [(p, k) for p, k in zip(paths[count:], keys[count:])]
+    if extra:
+        names = ", ".join(os.path.basename(p) for p, _ in extra)
+        are, them = ("is", "it") if len(extra) == 1 else ("are", "them")
+        was = {k[1] for _, k in extra if k is not None}
+        earlier = "another split"
+        if len(was) == 1 and min(was) > count:
+            earlier = f"an earlier split into {min(was)} stages"
+        raise SplitError(f"{directory} holds {len(paths)} stage files, but stage-0.gguf is "
+                         f"stage 0 of {count}: {names} {are} left from {earlier}; remove {them}, "
+                         "or split into the directory again")
+    if count > len(paths):
+        raise SplitError(f"{directory} holds {len(paths)} stage files, but stage-0.gguf is "
+                         f"stage 0 of {count}: stage-{len(paths)}.gguf ... "
+                         f"stage-{count - 1}.gguf are missing")
+    for k, (path, key) in enumerate(zip(paths, keys)):
+        if key is not None and key != (k, count):
+            raise SplitError(f"{path} is stage {key[0]} of {key[1]}, but stage-0.gguf is "
+                             f"stage 0 of {count}: the files are from different splits; split "
+                             "into the directory again")
+
+
+# GGUF value types (gguf.GGUFValueType) and the size of each fixed-size one.
+_GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+_UINTS = {0: "<B", 2: "<H", 4: "<I", 10: "<Q", 1: "<b", 3: "<h", 5: "<i", 11: "<q"}
+
+
+def _stage_keys(path: str) -> tuple[int, int] | None:
+    """(index, count) from a stage file's `skippy.stage.*` keys, read from its header alone
+    (split writes them first: the vocabulary that follows is not read); None where the file
+    is not a little-endian GGUF v2/v3 with both keys."""
+    import struct
+
+    want = {KEY_PREFIX + "index": "index", KEY_PREFIX + "count": "count"}
+    got: dict[str, int] = {}
+    try:
+        with open(path, "rb") as fh:
+            def read(fmt: str) -> Any:
+                n = struct.calcsize(fmt)
+                data = fh.read(n)
+                if len(data) != n:
+                    raise EOFError
+                return struct.unpack(fmt, data)[0]
+
+            def skip(kind: int) -> None:
+                if kind == _GGUF_STRING:
+                    fh.seek(read("<Q"), os.SEEK_CUR)
+                elif kind == _GGUF_ARRAY:
+                    sub, n = read("<I"), read("<Q")
+                    if sub in _GGUF_SIZES:
+                        fh.seek(n * _GGUF_SIZES[sub], os.SEEK_CUR)
+                    else:
+                        for _ in range(n):
+                            skip(sub)
+                elif kind in _GGUF_SIZES:
+                    fh.seek(_GGUF_SIZES[kind], os.SEEK_CUR)
+                else:
+                    raise ValueError(kind)
+
+            if fh.read(4) != b"GGUF" or read("<I") not in (2, 3):
+                return None
+            read("<Q")  # tensors
+            for _ in range(read("<Q")):
+                n = read("<Q")
+                if n > 1 << 16:
+                    return None  # not a key: a damaged header
+                key = fh.read(n).decode("utf-8", "replace")
+                kind = read("<I")
+                if key in want and kind in _UINTS:
+                    got[want[key]] = int(read(_UINTS[kind]))
+                    if len(got) == len(want):
+                        return got["index"], got["count"]
+                else:
+                    skip(kind)
+    except (OSError, EOFError, ValueError, OverflowError, struct.error):
+        return None
+    return None
 
 
 def read_layer_count(path: str | os.PathLike[str]) -> int:
