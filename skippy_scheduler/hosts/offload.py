@@ -170,7 +170,9 @@ def parse_layers(text: str) -> LayerCount:
 
 def parse_tensor_split(text: str) -> tuple[float, ...]:
     """`-ts 3,1` or `-ts 3/1`: one non-negative proportion per GPU."""
-    parts = [p for p in text.replace("/", ",").split(",") if p.strip()]
+    parts = text.replace("/", ",").split(",")
+    if any(not p.strip() for p in parts):  # each entry is a GPU's: none may be left out
+        raise ValueError(f"expected one proportion per GPU, such as 3,1 or 3,0,1, got {text!r}")
     try:
         values = tuple(float(p) for p in parts)
     except ValueError:

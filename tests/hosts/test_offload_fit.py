@@ -131,7 +131,7 @@ def test_flag_values_parse_as_llama_server_takes_them():
     with pytest.raises(ValueError):
         parse_layers("many")
     assert parse_tensor_split("3,1") == (3.0, 1.0) == parse_tensor_split("3/1")
-    for bad in ("", "0,0", "a,b", "-1,2"):
+    for bad in ("", "0,0", "a,b", "-1,2", "1,,2", "3,1,", "/1"):
         with pytest.raises(ValueError):
             parse_tensor_split(bad)
     assert parse_rpc_servers("10.0.0.2:50052, box:1,10.0.0.2:50052") == ("10.0.0.2:50052",
