@@ -76,9 +76,25 @@ static int ensure_plan_capacity(skippy_scheduler *s, sk_plan_slot *slot)
         if (sources) plan->deferred.capacity = cap;
     }
     if (s->cfg.planning_rule == SKIPPY_PLANNING_SLACK && sk_prefill_order_reserve(s)) return -1;
-    uint64_t tokens_needed =
-        sk_sat_mul(s->active_len ? s->active_len : 1, s->cfg.prefill_chunk_tokens);
+    /* A plan has at most one row per active sequence, of at most a chunk of its replay tokens
+     * not yet fed (emit_prefill) or one decode token (emit_decode). */
+    size_t chunk = s->cfg.prefill_chunk_tokens;
+    uint64_t tokens_needed = sk_sat_mul(s->active_len ? s->active_len : 1, chunk);
     if (tokens_needed > max_tokens) tokens_needed = max_tokens;
+    if (tokens_needed > plan->token_capacity) {
+        /* Past the buffer as it is: size for what the sequences can feed, not for a chunk
+         * each, which with a large chunk and budget would ask for far more than any plan uses
+         * (read here, only when the buffer may have to grow). */
+        uint64_t need = 0;
+        for (size_t at = 0; at < s->active_len; at++) {
+            const sk_seq *seq = &s->seqs[s->active[at]];
+            size_t replay = sk_replay_len(seq);
+            size_t left = replay > seq->cursor ? replay - seq->cursor : 0;
+            if (left > chunk) left = chunk;
+            need = sk_sat_add(need, left > 1 ? left : 1);
+        }
+        if (need < tokens_needed) tokens_needed = need ? need : 1;
+    }
     if (tokens_needed > plan->token_capacity) {
         uint64_t cap = sk_sat_mul(plan->token_capacity, 2);
         if (cap < 256) cap = 256;

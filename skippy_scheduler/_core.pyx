@@ -49,6 +49,7 @@ from .policies import (
     VirtualTokenCounters,
 )
 from .slack import check_clock, check_step_cost
+from ._validate import check_id
 from .types import (
     DuplicateSequence,
     EmptyPrompt,
@@ -208,10 +209,11 @@ cdef class Scheduler:
         cdef uint64_t restore = check_u64("restore_cost_per_token", restore_cost_per_token)
         if store is not None:
             from .prefix_store import PrefixStore  # (that module imports this one)
-            native = store.native_store if isinstance(store, PrefixStore) else store
-            if not isinstance(native, NativePrefixStore):
+            given = store.native_store if isinstance(store, PrefixStore) else store
+            if not isinstance(given, NativePrefixStore):  # checked before Cython converts it
                 raise TypeError("store must be a PrefixStore (native), got "
                                 f"{type(store).__name__}")
+            native = given
         if skippy_scheduler_set_prefix_store(self._s, native._p if native is not None else NULL,
                                              prefill, restore, NULL) != SKIPPY_STATUS_OK:
             self._raise_last()
@@ -395,7 +397,11 @@ cdef class Scheduler:
         self._own_live(plan)
         if isinstance(elapsed, bool) or not isinstance(elapsed, numbers.Real):
             raise TypeError(f"elapsed must be seconds as a float, got {type(elapsed).__name__}")
-        if skippy_scheduler_observe(self._s, (<IterationPlan>plan).serial, float(elapsed) * 1e6,
+        try:
+            seconds = float(elapsed)
+        except OverflowError:  # an int past float's range: infinite, ignored like inf
+            seconds = float("inf")
+        if skippy_scheduler_observe(self._s, (<IterationPlan>plan).serial, seconds * 1e6,
                                     NULL) != SKIPPY_STATUS_OK:
             self._raise_last()
 
@@ -488,9 +494,7 @@ cdef class Scheduler:
 
     def cancel(self, sequence_id):
         """Remove a waiting or active sequence; False when the id is unknown."""
-        if not isinstance(sequence_id, str):
-            raise TypeError(f"sequence id must be a str, got {type(sequence_id).__name__}")
-        b = sequence_id.encode("utf-8")
+        b = check_id("sequence_id", sequence_id).encode("utf-8")
         return bool(skippy_scheduler_cancel(self._s, b, len(b)))
 
     def snapshot(self):
@@ -505,9 +509,7 @@ cdef class Scheduler:
 
     def sequence(self, sequence_id):
         """Read-only snapshot of a waiting or active sequence, or None."""
-        if not isinstance(sequence_id, str):
-            raise TypeError(f"sequence id must be a str, got {type(sequence_id).__name__}")
-        b = sequence_id.encode("utf-8")
+        b = check_id("sequence_id", sequence_id).encode("utf-8")
         cdef uint32_t slot = skippy_scheduler_find(self._s, b, len(b))
         if slot == UINT32_MAX:
             return None

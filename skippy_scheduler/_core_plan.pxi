@@ -316,7 +316,8 @@ cdef class IterationPlan:
         """Write, in C, every deferred input token of this plan that `source` sampled (the
         entries whose source step is `source.step`) from `source`'s output block: the token,
         or 0 where the output is the end signal or missing (that row's output is discarded,
-        as `inflight.resolve_deferred` says). Returns how many entries it wrote."""
+        as `inflight.resolve_deferred` says). Returns how many entries it wrote; raises
+        MalformedOutputs, writing nothing, when an output names a row outside `source`."""
         cdef skippy_plan *p
         cdef skippy_plan *q
         cdef size_t j, k, n, rows, written = 0
@@ -342,7 +343,10 @@ cdef class IterationPlan:
             for k in range(q.outputs.count):
                 j = q.outputs.sampled_request_indexes[k]
                 t = q.outputs.predicted_tokens[k]
-                if j < rows and t > 0:
+                if j >= rows:
+                    raise MalformedOutputs(f"output names work index {j}, the plan has "
+                                           f"{rows} rows")
+                if t > 0:
                     sampled[j] = t
             for j in range(n):
                 if p.deferred.source_steps[j] != q.step:

@@ -76,7 +76,10 @@ def check_optional_uint(name: str, value: object, limit: int = U64_MAX) -> int |
 
 def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+        kind = type(value)  # named in full where the short name is "bool" too (numpy's)
+        shown = (kind.__name__ if kind.__module__ == "builtins"
+                 else f"{kind.__module__}.{kind.__qualname__}")
+        raise TypeError(f"{name} must be a Python bool (True or False), got {shown}")
     return value
 
 

@@ -17,12 +17,15 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
+from .types import MalformedOutputs
+
 
 def resolve_deferred(plan: Any, earlier_plans: Iterable[Any]) -> int:
     """Write every deferred input token of `plan` from `earlier_plans`' output blocks; returns
     how many were written. A source whose output is the end signal (or missing) ended its
     sequence: that row's output will be discarded, and its input is written as token 0 so the
-    row is still a valid row for the runtime. Raises ValueError when a source plan is not given.
+    row is still a valid row for the runtime. Raises ValueError when a source plan is not given,
+    and MalformedOutputs when a source's output names a row outside it.
     """
     rows = plan.deferred_rows
     n = len(rows)
@@ -50,9 +53,17 @@ def resolve_deferred(plan: Any, earlier_plans: Iterable[Any]) -> int:
                              "the earlier plans given")
         out = source.outputs
         k = int(out.count)
+        rows_of = len(source)
+        named = np.asarray(out.request_indexes[:k], dtype=np.intp)
+        if k > rows_of:
+            raise MalformedOutputs(f"outputs.count {k} exceeds the plan's {rows_of} rows")
+        if k and (named.min() < 0 or named.max() >= rows_of):
+            bad = int(named[(named < 0) | (named >= rows_of)][0])
+            raise MalformedOutputs(f"output names work index {bad}, the plan has {rows_of} "
+                                   "rows")
         # Token sampled at each work index of the source plan; -1 where nothing was sampled.
-        sampled = np.full(len(source), -1, dtype=np.int32)
-        sampled[np.asarray(out.request_indexes[:k], dtype=np.intp)] = out.predicted_tokens[:k]
+        sampled = np.full(rows_of, -1, dtype=np.int32)
+        sampled[named] = out.predicted_tokens[:k]
         if len(groups) == 1:
             values = sampled[indexes]
             tokens[targets] = np.maximum(values, 0)

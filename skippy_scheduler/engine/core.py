@@ -14,6 +14,8 @@ from other threads (`submit`, `cancel`) go through an inbox drained at the start
 from __future__ import annotations
 
 import heapq
+import math
+import numbers
 import itertools
 import queue
 import threading
@@ -186,8 +188,10 @@ class Engine(_Steps):
         """Hand a request (a `Request`, a `Sequence`, or any object with `id`, `arrival_us` and
         `to_sequence()`) to the engine. On the engine's thread (or before it runs) a request
         whose time has come goes to the scheduler at once and its refusal raises; from another
-        thread it waits in the inbox and a refusal ends it as rejected."""
+        thread it waits in the inbox and a refusal ends it as rejected. An `arrival_us` that is
+        not None or a finite number raises here, on either thread."""
         request = self._as_request(request)
+        _arrival_of(request)
         if not self._on_engine_thread():
             self._inbox.append(("submit", request))
             self._wake.set()
@@ -196,10 +200,12 @@ class Engine(_Steps):
 
     def add_requests(self, requests: Iterable[Any]) -> None:
         """A stream of requests in non-decreasing arrival order, pulled as time reaches them
-        (so a long trace never sits in memory at once)."""
+        (so a long trace never sits in memory at once); one at a time (RuntimeError while
+        another still has requests to give)."""
         if self._source is not None:
             raise RuntimeError("the engine already has a request stream")
         self._source = iter(requests)
+        self._last_source_arrival = float("-inf")  # the order is each stream's own
         self._pull_source()
 
     def cancel(self, request_id: str) -> bool:
@@ -357,7 +363,7 @@ class Engine(_Steps):
 
     def _accept(self, request: Any, *, raise_errors: bool) -> None:
         self._ensure_started()
-        arrival = request.arrival_us
+        arrival = request.arrival_us  # checked by `submit`
         now = self.now()
         if arrival is None:
             arrival = now
@@ -374,12 +380,21 @@ class Engine(_Steps):
         if nxt is not None:
             if isinstance(nxt, Sequence):
                 nxt = _SequenceRequest(nxt, None)
-            arrival = nxt.arrival_us
+            try:
+                arrival = _arrival_of(nxt)
+                if arrival is not None and arrival < self._last_source_arrival:
+                    raise ValueError(f"request stream is not in arrival order at {nxt.id!r}")
+            except (TypeError, ValueError):
+                # The stream is dropped from this request on (those taken before it go on),
+                # so that a later run can take another.
+                self._source = self._source_next = None
+                self._update_next_due()
+                raise
             if arrival is None:
                 arrival = float("-inf")
-            elif arrival < self._last_source_arrival:
-                raise ValueError(f"request stream is not in arrival order at {nxt.id!r}")
             self._last_source_arrival = arrival
+        else:
+            self._source = None  # exhausted: a later run may bring another
         self._source_next = nxt
         self._update_next_due()
 
@@ -479,7 +494,11 @@ class Engine(_Steps):
             if not self.scheduler.cancel(request_id):
                 return False
             self._outstanding -= 1
-            self._release(request_id, ReleaseReason.CANCELLED)
+            try:
+                self._release(request_id, ReleaseReason.CANCELLED)
+            finally:  # the scheduler has let it go: it ends whatever the host raised
+                self._end(entry, FinishReason.CANCELLED.value)
+            return True
         self._end(entry, FinishReason.CANCELLED.value)
         return True
 
@@ -517,11 +536,17 @@ class Engine(_Steps):
                 told = getattr(o, "preempted", None)  # optional (observers.py)
                 if told is not None and victims:
                     told(victims)
-        for rid in victims:
-            self._release(rid, ReleaseReason.PREEMPTED)
+        error: Optional[BaseException] = None
+        for rid in victims:  # each one, whatever another's release raises (as `_retire`)
+            try:
+                self._release(rid, ReleaseReason.PREEMPTED)
+            except Exception as exc:
+                error = error or exc
             live[rid].voids += 1
             if rec is not None:
                 rec.preemptions[self._record_of[rid]] += 1
+        if error is not None:
+            raise error
 
     def _measure_memory(self) -> None:
         measure = self.hooks.memory_used
@@ -529,3 +554,18 @@ class Engine(_Steps):
         if used is not None:
             sched = self.scheduler
             self._release_victims(list(sched.preempt_for_component_pressure(list(used))))
+
+
+def _arrival_of(request: Any) -> Optional[float]:
+    """A request's `arrival_us`: None (when submitted) or a finite number of µs; ValueError or
+    TypeError otherwise, before the engine takes it (an infinite or NaN arrival would never be
+    due, and the run would wait for it forever)."""
+    arrival = request.arrival_us
+    if arrival is None:
+        return None
+    if isinstance(arrival, bool) or not isinstance(arrival, numbers.Real):
+        raise TypeError(f"request {request.id!r}: arrival_us must be a number of µs or None, "
+                        f"got {type(arrival).__name__}")
+    if not math.isfinite(arrival):
+        raise ValueError(f"request {request.id!r}: arrival_us must be finite, got {arrival}")
+    return float(arrival)

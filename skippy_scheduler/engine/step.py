@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 from ..cost_model import decode_row_count
 from ..inflight import resolve_deferred
-from ..types import FinishReason, ReleaseReason
+from ..types import FinishReason, MalformedOutputs, ReleaseReason
 from .requests import _SUBMITTED, EngineStalled, _InFlight
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -126,7 +126,11 @@ class _Steps:
         except BaseException:
             sched.abort_iteration(plan)
             raise
-        telemetry = self.last_telemetry = sched.complete_iteration(plan)
+        try:
+            telemetry = self.last_telemetry = sched.complete_iteration(plan)
+        except MalformedOutputs:
+            sched.abort_iteration(plan)  # refused, unchanged: its rows run again
+            raise
         self.iterations += 1
         if telemetry.finished_ids or telemetry.failed_ids or self._each_completion:
             self._after_completion(telemetry)
@@ -156,7 +160,14 @@ class _Steps:
         inflight.popleft()
         if self._pending_release or self._pending_keeps:
             self._apply_releases()
-        self._finish(flight)
+        try:
+            self._finish(flight)
+        except MalformedOutputs:
+            # The host wrote outputs the completion refused: the plan is still live, unchanged.
+            # It and every later plan in flight are undone, so their rows run again.
+            inflight.appendleft(flight)
+            self._failed_from(0)
+            raise
         return True
 
     def _stalled(self) -> str:
@@ -230,7 +241,7 @@ class _Steps:
                     except BaseException:
                         self._failed_from(nth)  # the new plan is later: undone too
                         raise
-                resolve_deferred(flight.plan, [f.plan for f in inflight])
+                self._resolve(flight)
         elif inflight and self._run_after is None:
             try:
                 self._wait_executed(inflight[-1])  # the device is free, its samples are known
@@ -240,7 +251,7 @@ class _Steps:
             if self._pending_release or self._pending_keeps:
                 self._apply_releases()
             if flight.plan.deferred_rows.size:
-                resolve_deferred(flight.plan, [f.plan for f in inflight])
+                self._resolve(flight)
         elif inflight:
             if self._pending_release or self._pending_keeps:
                 # On the worker between the plan running and this one (queued right behind
@@ -284,6 +295,16 @@ class _Steps:
             if timed:
                 flight.measured_us = (time.perf_counter_ns() - flight.t0) / 1e3
         inflight.append(flight)
+
+    def _resolve(self, flight: _InFlight) -> None:
+        """Fill `flight`'s deferred inputs from the plans in flight, whose executions ended.
+        Outputs a host wrote out of its plan's rows undo every plan in flight and this one
+        (MalformedOutputs, as their completion would raise)."""
+        try:
+            resolve_deferred(flight.plan, [f.plan for f in self._inflight])
+        except MalformedOutputs:
+            self._failed_from(0)  # aborting the oldest undoes every later plan, this one too
+            raise
 
     def _failed_from(self, nth: int) -> None:
         """The runtime could not run the nth plan in flight: it and every later plan are
@@ -379,7 +400,12 @@ class _Steps:
         k = out.count
         if not watchers or not k:
             return
+        n = len(flight.plan)
+        if not 0 < k <= n:
+            return  # malformed: the completion raises MalformedOutputs for it
         rows: list[int] = out.request_indexes[:k].tolist()
+        if min(rows) < 0 or max(rows) >= n:
+            return
         tokens = out.predicted_tokens[:k]
         if flight.entries is not None:
             # Rows whose request ended or was preempted since the plan was made: the scheduler
@@ -394,17 +420,29 @@ class _Steps:
             o.sampled(flight, rows, tokens, end)
 
     def _retire(self, telemetry: Any) -> None:
+        """End every request the scheduler retired and release its host state. A release that
+        raises does not keep the others from ending (the scheduler has let them all go): the
+        first such error is raised once every one has ended."""
         live = self._live
         release = self._release
         reasons = telemetry.finish_reasons
+        error: Optional[BaseException] = None
         for rid in telemetry.finished_ids:
-            release(rid, ReleaseReason.FINISHED)
+            try:
+                release(rid, ReleaseReason.FINISHED)
+            except Exception as exc:
+                error = error or exc
             self._outstanding -= 1
             self._end(live[rid], reasons[rid].value)
         for rid in telemetry.failed_ids:
-            release(rid, ReleaseReason.FAILED)
+            try:
+                release(rid, ReleaseReason.FAILED)
+            except Exception as exc:
+                error = error or exc
             self._outstanding -= 1
             self._end(live[rid], FinishReason.FAILED.value)
+        if error is not None:
+            raise error
 
     # -- releases -----------------------------------------------------------------------------
 
@@ -435,5 +473,11 @@ class _Steps:
         if self._pending_release:
             pending, self._pending_release = self._pending_release, []
             release = self.host.release
-            for rid, reason in pending:
-                release(rid, reason)
+            error: Optional[BaseException] = None
+            for rid, reason in pending:  # each one, whatever another raises (`_retire`)
+                try:
+                    release(rid, reason)
+                except Exception as exc:
+                    error = error or exc
+            if error is not None:
+                raise error

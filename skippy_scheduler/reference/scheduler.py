@@ -15,10 +15,12 @@ from .._validate import check_id, check_uint, sat, sat_sub
 from .admission import AdmissionOrder
 from .hold import LEAD_HELD_ON, ColdPrefixHold
 from .memory import MemoryLedger
-from .plan import PLACEHOLDER, Flight, RowUndo, TwinPlan, read_outputs
+from .plan import PLACEHOLDER, Flight, RowUndo, TwinPlan, read_outputs, stale_message
 from .planning import RowPlanner
+from .prefix_store import PrefixStoreTwin
 from .priority import preempt_for_priority
 from .store_link import StoreLink
+from ..prefix_store import PrefixStore
 from ..slack import PlanningRule, StepCost, check_clock, check_step_cost
 from ..policies import (
     AdmissionPolicy,
@@ -132,6 +134,10 @@ class TwinScheduler:
                             restore_cost_per_token: int = 0) -> None:
         prefill = check_uint("prefill_cost_per_token", prefill_cost_per_token)
         restore = check_uint("restore_cost_per_token", restore_cost_per_token)
+        # The type before the state, as native (which refuses anything but its PrefixStore).
+        if store is not None and not isinstance(store, (PrefixStore, PrefixStoreTwin)):
+            raise TypeError("store must be a PrefixStore or PrefixStoreTwin, got "
+                            f"{type(store).__name__}")
         if self._waiting or self._active or self._live_plans:
             raise ValueError("a prefix store can only be attached or detached while the "
                              "scheduler holds no sequence and no live plan")
@@ -327,7 +333,8 @@ class TwinScheduler:
                 fl.pending += 1
                 fl.source = (step, r)
             undo.append(RowUndo(s, fl.epoch, before, w.sample_last, previous, w.new_row))
-        plan = TwinPlan(work, sum(len(w.tokens) for w in work), admitted, step, deferred)
+        plan = TwinPlan(work, sum(len(w.tokens) for w in work), admitted, step, deferred,
+                        ids_kept=depth > 1)
         plan.preempted = len(self._priority_victims)
         plan.priority_victims = tuple(self._priority_victims)
         plan._undo = undo
@@ -346,10 +353,14 @@ class TwinScheduler:
     # -- plan feedback --------------------------------------------------------------------------
 
     def _check_live(self, plan: object) -> TwinPlan:
+        """The checks of the native `_own_live`, in its order: a plan, of this scheduler, live."""
         if not isinstance(plan, TwinPlan):
             raise TypeError(f"plan must be a plan made by this scheduler, got {type(plan).__name__}")
+        # A plan keeps the live list of the scheduler that made it (never replaced, only edited).
+        if plan._live_list is not self._live_plans:
+            raise ValueError("the plan belongs to another scheduler")
         if not any(p is plan for p in self._live_plans):
-            raise StalePlanError("the plan is no longer live (completed, aborted or replaced)")
+            raise StalePlanError(stale_message(plan))
         return plan
 
     @property
@@ -386,7 +397,11 @@ class TwinScheduler:
         self._check_live(plan)
         if isinstance(elapsed_seconds, bool) or not isinstance(elapsed_seconds, numbers.Real):
             raise TypeError(f"elapsed_seconds must be a number, got {type(elapsed_seconds).__name__}")
-        self._planner.observe(plan._rows, float(elapsed_seconds) * 1e6)
+        try:
+            seconds = float(elapsed_seconds)
+        except OverflowError:  # an int past float's range: infinite, ignored like inf (native)
+            seconds = float("inf")
+        self._planner.observe(plan._rows, seconds * 1e6)
 
     def complete_iteration(self, plan: TwinPlan) -> IterationTelemetry:
         self._check_live(plan)
