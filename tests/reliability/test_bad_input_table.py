@@ -98,6 +98,8 @@ ROWS = [
     ("preempt: byte count not an int, or not a list", TypeError,
      lambda s, p, i: s.preempt_for_component_pressure([1.5])),
     ("cancel/sequence: id not a str", TypeError, lambda s, p, i: s.cancel(b"a")),
+    ("cancel/sequence: id with no UTF-8 encoding (a lone surrogate)", ValueError,
+     lambda s, p, i: s.sequence("\ud800")),
 ]
 
 # Bad values refused before they reach a scheduler at all.
@@ -112,8 +114,9 @@ VALUE_ROWS = [
 # Inputs that are not errors and change nothing.
 NO_OP_ROWS = [
     ("cancel/sequence: unknown id", lambda s, p: (s.cancel("nobody"), s.sequence("nobody")), (False, None)),
-    ("observe: NaN, infinite, zero or negative duration",
-     lambda s, p: [s.observe_iteration_duration(p, x) for x in (math.nan, math.inf, 0.0, -1.0)], [None] * 4),
+    ("observe: NaN, infinite (or past a float's range), zero or negative duration",
+     lambda s, p: [s.observe_iteration_duration(p, x)
+                   for x in (math.nan, math.inf, 10 ** 400, 0.0, -1.0)], [None] * 5),
 ]
 
 
