@@ -84,4 +84,11 @@ def _prompt_part(out: "Generation", pieces: Sequence[bytes],
     prompt = list(out.prompt)
     entries: list[Optional[TokenLogprob]] = [None, *(out.prompt_logprobs or ())]
     entries = (entries + [None] * len(prompt))[:len(prompt)]
-    return entries, prompt, logprob_format.prompt_offsets(prompt, pieces)[0]
+    offsets, text = logprob_format.prompt_offsets(prompt, pieces)
+    echo = out.echo
+    if echo is not None and text != echo and text.endswith(echo):
+        # The prompt as sent, without what the tokenizer put before it (SentencePiece's
+        # leading space): the offsets are into the echoed text.
+        shift = len(text) - len(echo)
+        offsets = [o - shift if o > shift else 0 for o in offsets]
+    return entries, prompt, offsets

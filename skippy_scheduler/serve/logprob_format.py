@@ -9,7 +9,11 @@ token's text starts in the choice's text (echoed prompt included), in characters
 Chat: `{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob",
 "bytes"}, ...]}, ...], "refusal": null}` with exactly `top_logprobs` alternatives.
 
-A token's text is its bytes decoded alone (invalid UTF-8 replaced, as the text is).
+A token's text is its bytes decoded alone (invalid UTF-8 replaced, as the text is). In the
+completions shape, whose `top_logprobs` are keyed by that text, a token whose bytes are not
+UTF-8 alone (a byte-fallback token, part of a character) is written as OpenAI writes one,
+`bytes:` and its bytes escaped (`bytes:\\xc3`), so that two such tokens stay apart; the chat
+shape carries every token's `bytes`.
 """
 from __future__ import annotations
 
@@ -22,6 +26,16 @@ def _text(pieces: Sequence[bytes], token: int) -> str:
     return pieces[token].decode("utf-8", "replace")
 
 
+def _key(pieces: Sequence[bytes], token: int) -> str:
+    """A token's name in the completions shape: its text, or `bytes:\\x..` when its bytes are
+    not UTF-8 alone."""
+    raw = pieces[token]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
 def legacy(entries: Sequence[Optional[TokenLogprob]], tokens: Sequence[int],
            offsets: Sequence[int], pieces: Sequence[bytes]) -> dict[str, Any]:
     """The completions shape of `entries` (None: a token nothing predicts)."""
@@ -30,10 +44,10 @@ def legacy(entries: Sequence[Optional[TokenLogprob]], tokens: Sequence[int],
         if entry is None:
             top.append(None)
             continue
-        alternatives = {_text(pieces, t): lp for t, lp in entry.top}
-        alternatives.setdefault(_text(pieces, entry.token), entry.logprob)
+        alternatives = {_key(pieces, t): lp for t, lp in entry.top}
+        alternatives.setdefault(_key(pieces, entry.token), entry.logprob)
         top.append(alternatives)
-    return {"tokens": [_text(pieces, t) for t in tokens],
+    return {"tokens": [_key(pieces, t) for t in tokens],
             "token_logprobs": [None if e is None else e.logprob for e in entries],
             "top_logprobs": top, "text_offset": list(offsets)}
 

@@ -465,9 +465,7 @@ def parse_chat(body: Any, n_vocab: int, strict: bool = False) -> GenerationReque
     body, req = _parse_head(body, "chat", _CHAT_FIELDS, _NEUTRAL_CHAT, n_vocab, strict)
     a = _integer(body, "max_tokens", 1, (1 << 32) - 1)
     b = _integer(body, "max_completion_tokens", 1, (1 << 32) - 1)
-    if a is not None and b is not None and a != b:
-        raise RequestError("'max_tokens' and 'max_completion_tokens' disagree",
-                           param="max_completion_tokens")
+    # Both given: max_completion_tokens, which replaces the deprecated max_tokens (as vLLM).
     req.max_tokens = b if b is not None else a
     req.messages = _messages(body.get("messages"))
     req.outputs = parse_outputs(body, "chat", req.n, req.stream)

@@ -293,6 +293,11 @@ def test_each_bad_input_is_a_400_naming_the_field_and_the_server_keeps_serving(s
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model="tiny-f32", prompt="x", best_of=2, stream=True)
     assert info.value.body["param"] == "best_of"
+    # Both budgets given: max_completion_tokens, which replaces the deprecated max_tokens.
+    both = client.chat.completions.create(
+        model="tiny-f32", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+        max_completion_tokens=3, extra_body={"ignore_eos": True}, **GREEDY)
+    assert both.usage.completion_tokens == 3 and both.choices[0].finish_reason == "length"
     assert is_idle(wait_idle(server), server.host.n_seq_max)
 
 

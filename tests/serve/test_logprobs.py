@@ -39,7 +39,23 @@ def _expected(llm, prompt: list[int], generated: list[int]) -> np.ndarray:
 
 
 def _text(reference, token: int) -> str:
-    return reference.token_bytes(token).decode("utf-8", "replace")
+    """A token's name in the completions shape: its text, or OpenAI's `bytes:\\x..` when its
+    bytes are not UTF-8 alone (a byte token)."""
+    raw = reference.token_bytes(token)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
+def test_byte_tokens_are_named_by_their_bytes_and_stay_apart(reference):
+    from skippy_scheduler.serve.logprob_format import legacy
+    from skippy_scheduler.sampling import TokenLogprob
+
+    pieces = [b"", b"a", b"\xc3", b"\xa9"]
+    out = legacy([TokenLogprob(2, -0.5, ((2, -0.5), (3, -1.0), (1, -2.0)))], [2], [0], pieces)
+    assert out["tokens"] == ["bytes:\\xc3"]
+    assert out["top_logprobs"] == [{"bytes:\\xc3": -0.5, "bytes:\\xa9": -1.0, "a": -2.0}]
 
 
 def _check_legacy_entries(reference, rows, tokens, texts, logprobs, tops, k, first):
@@ -103,7 +119,7 @@ def test_chat_logprobs_equal_llama_cpp_streamed_and_not(client, reference, logit
     assert len(content) == len(generated)
     for j, (token, entry) in enumerate(zip(generated, content)):
         row = rows[len(prompt) + j - 1]
-        assert entry.token == _text(reference, token)
+        assert entry.token == reference.token_bytes(token).decode("utf-8", "replace")
         assert entry.bytes == list(reference.token_bytes(token))
         assert abs(entry.logprob - row[token]) < TOL
         best = np.argsort(-row, kind="stable")[:2]
@@ -135,6 +151,13 @@ def _check_echo(reference, logits_reference, r, prompt_text, prompt):
     _check_legacy_entries(reference, rows, prompt[1:] + generated, lp.tokens[1:],
                           lp.token_logprobs[1:], lp.top_logprobs[1:], 2, 1)
     assert lp.text_offset[n] == len(prompt_text)
+    # Offsets into the echoed text, the prompt as sent (no leading space of the tokenizer's):
+    # each token's text is found where its offset says, the first one's from its first letter.
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[1] == 0
+    assert prompt_text.startswith(lp.tokens[1].lstrip())
+    for token, offset in zip(lp.tokens[2:n], lp.text_offset[2:n]):
+        assert token.startswith("bytes:") or choice.text.startswith(token, offset), (token,
+                                                                                     offset)
 
 
 def test_echo_reports_the_prompt_logprobs(client, reference, logits_reference):
