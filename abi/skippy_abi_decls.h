@@ -178,7 +178,11 @@ typedef struct skippy_plan {
     size_t *sample_rows;                         /* work indexes of the sampling rows */
     size_t sample_count;                         /* entries of sample_rows */
     size_t admitted;                             /* sequences admitted while planning */
-    size_t preempted;                            /* always 0: preemption is reported apart */
+    size_t preempted;                            /* sequences this plan's admission preempted
+                                                    for priority (§2.8a; their slots:
+                                                    skippy_scheduler_priority_victims);
+                                                    preemption for memory is reported by
+                                                    skippy_scheduler_preempt */
     skippy_plan_outputs outputs;                 /* filled by the host, consumed on completion */
     uint64_t step;                               /* plans made before this one (serial - 1) */
     skippy_deferred_inputs deferred;             /* inputs to fill from earlier plans' outputs */

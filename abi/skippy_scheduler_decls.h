@@ -264,6 +264,9 @@ skippy_status skippy_scheduler_create(const skippy_scheduler_config *config,
                                       skippy_scheduler **out_scheduler, skippy_error **out_error);
 void skippy_scheduler_free(skippy_scheduler *scheduler);
 const skippy_scheduler_config *skippy_scheduler_get_config(const skippy_scheduler *scheduler);
+/* The outcome of the last call that reports through it (see skippy_scheduler.h): OK and ""
+ * after one that did not fail. A NULL scheduler gives SKIPPY_SCHED_INVALID and a fixed message
+ * ("scheduler is NULL"). */
 skippy_sched_code skippy_scheduler_last_code(const skippy_scheduler *scheduler);
 const char *skippy_scheduler_last_message(const skippy_scheduler *scheduler);
 void skippy_scheduler_set_callbacks(skippy_scheduler *scheduler, skippy_rank_callback rank,
@@ -297,8 +300,12 @@ const uint32_t *skippy_scheduler_priority_victims(const skippy_scheduler *schedu
  * are computed): the host keeps each one's prompt as a resident prefix. Fills at most `cap` slots into `out` and returns how many; each leader once. */
 size_t skippy_scheduler_take_prompt_keeps(skippy_scheduler *scheduler, uint32_t *out,
                                           size_t cap);
+/* true when the sequence was cancelled; false for an id neither waiting nor active (last_code
+ * SKIPPY_SCHED_OK) or on a failure (last_code SKIPPY_SCHED_INVALID for a NULL id with a
+ * non-zero length, SKIPPY_SCHED_NO_MEMORY; nothing changed). */
 bool skippy_scheduler_cancel(skippy_scheduler *scheduler, const char *id, size_t id_len);
 
+/* The slot of the waiting or active sequence with this id, else SKIPPY_PREFIX_NONE. */
 uint32_t skippy_scheduler_find(const skippy_scheduler *scheduler, const char *id, size_t id_len);
 bool skippy_scheduler_sequence(const skippy_scheduler *scheduler, uint32_t slot,
                                skippy_sequence_info *out_info);
@@ -312,8 +319,10 @@ const skippy_retired *skippy_scheduler_retired(const skippy_scheduler *scheduler
 uint64_t skippy_scheduler_waiting_turn(const skippy_scheduler *scheduler);
 bool skippy_scheduler_mixed_viable(const skippy_scheduler *scheduler);
 /* The slack rule (§2.13): the time now on the caller's clock (µs), read by the next plan and
- * stamped on the sequences the next completion gives a token (call it before both); and the
- * cost model, refitted by the caller (finite values >= 0, else SKIPPY_SCHED_INVALID). */
+ * stamped on the sequences the next completion gives a token (call it before both; a value
+ * that is not finite, NaN or an infinity, is ignored: the clock keeps its last value); and the
+ * cost model, refitted by the caller (finite values >= 0, else SKIPPY_SCHED_INVALID; NULL is
+ * SKIPPY_SCHED_INVALID too). */
 void skippy_scheduler_set_clock(skippy_scheduler *scheduler, double now_us);
 skippy_status skippy_scheduler_set_step_cost(skippy_scheduler *scheduler,
                                              const skippy_step_cost *cost,
@@ -377,6 +386,7 @@ skippy_sched_code skippy_prefix_store_create(const skippy_prefix_store_config *c
                                              skippy_prefix_store **out_store);
 /* Frees the store; a scheduler it is attached to is detached first. */
 void skippy_prefix_store_free(skippy_prefix_store *store);
+/* Why the last failing call failed ("prefix store is NULL" for a NULL store). */
 const char *skippy_prefix_store_last_message(const skippy_prefix_store *store);
 /* Longest resident prefix of tokens (a read: no recency change). Returns the entry that backs
  * it (SKIPPY_PREFIX_NONE on a miss) and the matched token count in *out_matched. */
@@ -396,6 +406,8 @@ skippy_sched_code skippy_prefix_store_pin(skippy_prefix_store *store, uint32_t e
 skippy_sched_code skippy_prefix_store_unpin(skippy_prefix_store *store, uint32_t entry);
 /* Evicts the least recently used evictable entry; SKIPPY_PREFIX_NONE when none is. */
 uint32_t skippy_prefix_store_evict_one(skippy_prefix_store *store);
+/* What the last insert or evict_one that passed its checks evicted (a refused call, INVALID,
+ * leaves the list as it was). */
 const skippy_prefix_eviction *skippy_prefix_store_evicted(const skippy_prefix_store *store,
                                                           size_t *out_count);
 bool skippy_prefix_store_entry(const skippy_prefix_store *store, uint32_t entry,

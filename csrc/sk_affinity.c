@@ -267,8 +267,12 @@ skippy_status skippy_scheduler_set_prefix_store(skippy_scheduler *s, skippy_pref
                                                 uint64_t restore_cost_per_token,
                                                 skippy_error **out_error)
 {
+    if (!s) return SK_NO_SCHEDULER(out_error);
     return sk_result(s, set_store(s, store, prefill_cost_per_token, restore_cost_per_token),
                      out_error);
 }
 
-skippy_prefix_store *skippy_scheduler_prefix_store(const skippy_scheduler *s) { return s->store; }
+skippy_prefix_store *skippy_scheduler_prefix_store(const skippy_scheduler *s)
+{
+    return s ? s->store : NULL;
+}

@@ -13,6 +13,7 @@
 
 void skippy_scheduler_config_default(skippy_scheduler_config *c)
 {
+    if (!c) return;
     memset(c, 0, sizeof *c);
     c->max_active_sequences = 32;
     c->sequence_id_limit = 256;
@@ -55,6 +56,7 @@ static size_t clamp_sz(size_t v, size_t lo, size_t hi) { return v < lo ? lo : (v
 
 void skippy_scheduler_config_normalize(skippy_scheduler_config *c)
 {
+    if (!c) return;
     if (c->sequence_id_limit < 1) c->sequence_id_limit = 1;
     size_t hard = c->sequence_id_limit > c->reserved_sequence_ids
                       ? c->sequence_id_limit - c->reserved_sequence_ids : 0;
@@ -73,6 +75,7 @@ void skippy_scheduler_config_normalize(skippy_scheduler_config *c)
 void skippy_sequence_desc_init(skippy_sequence_desc *d, const char *id, size_t id_len,
                                const int32_t *prompt, size_t prompt_count, uint32_t max_tokens)
 {
+    if (!d) return;
     memset(d, 0, sizeof *d);
     d->id = id;
     d->id_len = id_len;
@@ -141,10 +144,15 @@ skippy_status skippy_scheduler_create(const skippy_scheduler_config *config,
                                       skippy_scheduler **out, skippy_error **out_error)
 {
     if (out_error) *out_error = NULL;
-    if (!config || !out) return SKIPPY_STATUS_INVALID_ARGUMENT;
-    *out = NULL;
+    if (out) *out = NULL;
+    if (!config)
+        return sk_fail_alone(SKIPPY_STATUS_INVALID_ARGUMENT, "config is NULL", out_error);
+    if (!out)
+        return sk_fail_alone(SKIPPY_STATUS_INVALID_ARGUMENT, "out_scheduler is NULL", out_error);
     skippy_scheduler *s = calloc(1, sizeof *s);
-    if (!s) return SKIPPY_STATUS_ERROR;
+    if (!s)
+        return sk_fail_alone(SKIPPY_STATUS_ERROR, "out of memory creating the scheduler",
+                             out_error);
     s->cfg = *config;
     skippy_scheduler_config_normalize(&s->cfg);
     int rc = 0;
@@ -209,13 +217,25 @@ fail: {
 }
 }
 
-const skippy_scheduler_config *skippy_scheduler_get_config(const skippy_scheduler *s) { return &s->cfg; }
-skippy_sched_code skippy_scheduler_last_code(const skippy_scheduler *s) { return s->code; }
-const char *skippy_scheduler_last_message(const skippy_scheduler *s) { return s->message; }
+const skippy_scheduler_config *skippy_scheduler_get_config(const skippy_scheduler *s)
+{
+    return s ? &s->cfg : NULL;
+}
+
+skippy_sched_code skippy_scheduler_last_code(const skippy_scheduler *s)
+{
+    return s ? s->code : SKIPPY_SCHED_INVALID;
+}
+
+const char *skippy_scheduler_last_message(const skippy_scheduler *s)
+{
+    return s ? s->message : SK_NULL_SCHEDULER;
+}
 
 void skippy_scheduler_set_callbacks(skippy_scheduler *s, skippy_rank_callback rank,
                                     skippy_victim_callback victim, void *ctx)
 {
+    if (!s) return;
     s->rank_cb = rank;
     s->victim_cb = victim;
     s->cb_ctx = ctx;
@@ -223,12 +243,13 @@ void skippy_scheduler_set_callbacks(skippy_scheduler *s, skippy_rank_callback ra
 
 uint32_t skippy_scheduler_find(const skippy_scheduler *s, const char *id, size_t len)
 {
+    if (!s || (!id && len)) return SK_NO_SLOT; /* NULL with length 0 is the empty id */
     return sk_store_find(s, id, len, sk_hash_id(id, len));
 }
 
 bool skippy_scheduler_sequence(const skippy_scheduler *s, uint32_t slot, skippy_sequence_info *o)
 {
-    if (slot >= s->seq_cap || s->seqs[slot].where == SK_WHERE_FREE) return false;
+    if (!s || !o || slot >= s->seq_cap || s->seqs[slot].where == SK_WHERE_FREE) return false;
     const sk_seq *q = &s->seqs[slot];
     o->id = q->id;
     o->id_len = q->id_len;
@@ -268,38 +289,51 @@ bool skippy_scheduler_sequence(const skippy_scheduler *s, uint32_t slot, skippy_
     return true;
 }
 
-const skippy_scheduler_metrics *skippy_scheduler_get_metrics(const skippy_scheduler *s) { return &s->m; }
+const skippy_scheduler_metrics *skippy_scheduler_get_metrics(const skippy_scheduler *s)
+{
+    return s ? &s->m : NULL;
+}
 
+/* The list getters: a NULL count is allowed (the array is returned all the same); a NULL
+ * scheduler gives NULL and a count of 0. */
 const uint32_t *skippy_scheduler_active_slots(const skippy_scheduler *s, size_t *n)
 {
-    *n = s->active_len;
-    return s->active;
+    if (n) *n = s ? s->active_len : 0;
+    return s ? s->active : NULL;
 }
 
 const uint32_t *skippy_scheduler_waiting_slots(const skippy_scheduler *s, size_t *n)
 {
-    *n = s->waiting_len;
-    return s->waiting;
+    if (n) *n = s ? s->waiting_len : 0;
+    return s ? s->waiting : NULL;
 }
 
 const uint64_t *skippy_scheduler_component_used(const skippy_scheduler *s, size_t *n)
 {
-    *n = s->cfg.memory_component_count;
-    return s->used;
+    if (n) *n = s ? s->cfg.memory_component_count : 0;
+    return s ? s->used : NULL;
 }
 
 const skippy_retired *skippy_scheduler_retired(const skippy_scheduler *s, size_t *n)
 {
-    *n = s->retired_len;
-    return s->retired;
+    if (n) *n = s ? s->retired_len : 0;
+    return s ? s->retired : NULL;
 }
 
-const uint32_t *skippy_scheduler_preempted_slots(const skippy_scheduler *s) { return s->victims; }
-
-const uint32_t *skippy_scheduler_priority_victims(const skippy_scheduler *s, size_t *out_count)
+const uint32_t *skippy_scheduler_priority_victims(const skippy_scheduler *s, size_t *n)
 {
-    if (out_count) *out_count = s->prio_victim_len;
-    return s->prio_victims;
+    if (n) *n = s ? s->prio_victim_len : 0;
+    return s ? s->prio_victims : NULL;
 }
-uint64_t skippy_scheduler_waiting_turn(const skippy_scheduler *s) { return s->waiting_turn; }
-bool skippy_scheduler_mixed_viable(const skippy_scheduler *s) { return s->mixed_viable; }
+
+const uint32_t *skippy_scheduler_preempted_slots(const skippy_scheduler *s)
+{
+    return s ? s->victims : NULL;
+}
+
+uint64_t skippy_scheduler_waiting_turn(const skippy_scheduler *s)
+{
+    return s ? s->waiting_turn : 0;
+}
+
+bool skippy_scheduler_mixed_viable(const skippy_scheduler *s) { return s && s->mixed_viable; }

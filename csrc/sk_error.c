@@ -28,30 +28,34 @@ static skippy_status to_status(skippy_sched_code code)
     }
 }
 
+skippy_status sk_fail_alone(skippy_status status, const char *text, skippy_error **out_error)
+{
+    if (!out_error) return status;
+    *out_error = NULL;
+    /* Without memory for the error object the caller still gets the status. */
+    skippy_error *error = malloc(sizeof *error);
+    char *message = error ? malloc(strlen(text) + 1) : NULL;
+    if (error && message) {
+        strcpy(message, text);
+        error->status = status;
+        error->message = message;
+        *out_error = error;
+    } else {
+        free(error);
+        free(message);
+    }
+    return status;
+}
+
 skippy_status sk_result(skippy_scheduler *s, int rc, skippy_error **out_error)
 {
-    if (out_error) *out_error = NULL;
     if (rc == 0) {
+        if (out_error) *out_error = NULL;
         s->code = SKIPPY_SCHED_OK;
         s->message[0] = 0;
         return SKIPPY_STATUS_OK;
     }
-    skippy_status status = to_status((skippy_sched_code)rc);
-    if (out_error) {
-        /* Without memory for the error object the caller still gets the status. */
-        skippy_error *error = malloc(sizeof *error);
-        char *message = error ? malloc(strlen(s->message) + 1) : NULL;
-        if (error && message) {
-            strcpy(message, s->message);
-            error->status = status;
-            error->message = message;
-            *out_error = error;
-        } else {
-            free(error);
-            free(message);
-        }
-    }
-    return status;
+    return sk_fail_alone(to_status((skippy_sched_code)rc), s->message, out_error);
 }
 
 void skippy_error_free(skippy_error *error)

@@ -26,4 +26,18 @@ int sk_fail(skippy_scheduler *s, skippy_sched_code code, const char *fmt, ...) S
 /* The public result of an internal result `rc` (0 clears the recorded code and message). */
 skippy_status sk_result(skippy_scheduler *s, int rc, skippy_error **out_error);
 
+/*
+ * A failure with no scheduler to record it on (a NULL handle, or create before the scheduler
+ * exists): returns `status` and, when out_error is not NULL, stores an owned skippy_error with
+ * `message` (NULL when even that cannot be allocated).
+ */
+skippy_status sk_fail_alone(skippy_status status, const char *message, skippy_error **out_error);
+
+/* What skippy_scheduler_last_message and the error object say for a NULL scheduler. */
+#define SK_NULL_SCHEDULER "scheduler is NULL"
+
+/* A NULL scheduler handle given to an entry point that returns a status. */
+#define SK_NO_SCHEDULER(out_error) \
+    sk_fail_alone(SKIPPY_STATUS_INVALID_ARGUMENT, SK_NULL_SCHEDULER, out_error)
+
 #endif

@@ -348,6 +348,7 @@ skippy_status skippy_scheduler_set_tenant_weight(skippy_scheduler *s, uint32_t t
 {
     int rc = 0;
     uint32_t index;
+    if (!s) return SK_NO_SCHEDULER(out_error);
     if (!s->fair)
         rc = sk_fail(s, SKIPPY_SCHED_INVALID,
                      "tenant weights apply to the fair-share admission policy only");
@@ -363,12 +364,12 @@ skippy_status skippy_scheduler_set_tenant_weight(skippy_scheduler *s, uint32_t t
 
 double skippy_scheduler_tenant_counter(const skippy_scheduler *s, uint32_t tenant)
 {
-    if (!s->fair) return 0.0;
+    if (!s || !s->fair) return 0.0;
     uint32_t index = find_tenant(s->fair, tenant);
     return index == NO_TENANT ? 0.0 : s->fair->tenants[index].counter;
 }
 
 uint64_t skippy_scheduler_fair_share_lifts(const skippy_scheduler *s)
 {
-    return s->fair ? s->fair->lifts : 0;
+    return s && s->fair ? s->fair->lifts : 0;
 }

@@ -81,7 +81,8 @@ bool sk_hold(skippy_scheduler *s, sk_seq *w)
  */
 size_t skippy_scheduler_take_prompt_keeps(skippy_scheduler *s, uint32_t *out, size_t cap)
 {
-    if (!s->leaders) return 0;
+    /* nowhere to write: nothing is taken (the leaders stay to be reported) */
+    if (!s || !out || !s->leaders) return 0;
     size_t n = 0, waiting_leaders = 0;
     for (size_t i = 0; i < s->active_len; i++) {
         sk_seq *a = &s->seqs[s->active[i]];

@@ -91,17 +91,18 @@ static int abort_plan(skippy_scheduler *s, uint64_t serial)
 skippy_status skippy_scheduler_abort(skippy_scheduler *s, uint64_t serial,
                                      skippy_error **out_error)
 {
+    if (!s) return SK_NO_SCHEDULER(out_error);
     return sk_result(s, abort_plan(s, serial), out_error);
 }
 
 bool skippy_scheduler_plan_live(const skippy_scheduler *s, uint64_t serial)
 {
-    return sk_find_live((skippy_scheduler *)s, serial, NULL) != NULL;
+    return s && sk_find_live((skippy_scheduler *)s, serial, NULL) != NULL;
 }
 
-size_t skippy_scheduler_live_plans(const skippy_scheduler *s) { return s->live_count; }
+size_t skippy_scheduler_live_plans(const skippy_scheduler *s) { return s ? s->live_count : 0; }
 
 uint64_t skippy_scheduler_oldest_plan(const skippy_scheduler *s)
 {
-    return s->live_count ? s->plans[s->live_head].plan.serial : 0;
+    return s && s->live_count ? s->plans[s->live_head].plan.serial : 0;
 }

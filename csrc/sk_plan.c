@@ -674,6 +674,7 @@ static int make_plan(skippy_scheduler *s, skippy_plan **out_plan)
 skippy_status skippy_scheduler_plan(skippy_scheduler *s, skippy_plan **out_plan,
                                     skippy_error **out_error)
 {
+    if (!s) return SK_NO_SCHEDULER(out_error);
     return sk_result(s, make_plan(s, out_plan), out_error);
 }
 
@@ -720,5 +721,6 @@ static int observe(skippy_scheduler *s, uint64_t serial, double elapsed_us)
 skippy_status skippy_scheduler_observe(skippy_scheduler *s, uint64_t serial, double elapsed_us,
                                        skippy_error **out_error)
 {
+    if (!s) return SK_NO_SCHEDULER(out_error);
     return sk_result(s, observe(s, serial, elapsed_us), out_error);
 }

@@ -91,6 +91,7 @@ static bool bounded_holders(const skippy_prefix_store *p) { return p->cfg.holder
 
 void skippy_prefix_store_config_default(skippy_prefix_store_config *c)
 {
+    if (!c) return;
     c->capacity_tokens = UINT64_MAX;
     c->holder_slots = SIZE_MAX;
     c->first_holder_id = 0;
@@ -144,7 +145,10 @@ void skippy_prefix_store_free(skippy_prefix_store *p)
     free(p);
 }
 
-const char *skippy_prefix_store_last_message(const skippy_prefix_store *p) { return p->message; }
+const char *skippy_prefix_store_last_message(const skippy_prefix_store *p)
+{
+    return p ? p->message : "prefix store is NULL";
+}
 
 static bool resident(const skippy_prefix_store *p, uint32_t id)
 {
@@ -326,7 +330,7 @@ uint32_t skippy_prefix_store_match(const skippy_prefix_store *p, const int32_t *
                                    size_t n, size_t *out_matched)
 {
     if (out_matched) *out_matched = 0;
-    if (!tokens || n == 0 || p->st.entries == 0) return NONE;
+    if (!p || !tokens || n == 0 || p->st.entries == 0) return NONE;
     sk_radix_hit hit;
     if (sk_radix_probe(p->radix, SK_RADIX_RESIDENT, SK_RADIX_PEEK, NS, NS_LEN, tokens, n, &hit) !=
         SK_RADIX_OK)
@@ -337,7 +341,7 @@ uint32_t skippy_prefix_store_match(const skippy_prefix_store *p, const int32_t *
 
 uint32_t skippy_prefix_store_find(const skippy_prefix_store *p, const int32_t *tokens, size_t n)
 {
-    if (!tokens || n == 0 || p->st.entries == 0) return NONE;
+    if (!p || !tokens || n == 0 || p->st.entries == 0) return NONE;
     sk_radix_hit hit;
     if (sk_radix_exact(p->radix, SK_RADIX_RESIDENT, 0, NS, NS_LEN, tokens, n, &hit) != SK_RADIX_OK)
         return NONE;
@@ -347,7 +351,7 @@ uint32_t skippy_prefix_store_find(const skippy_prefix_store *p, const int32_t *t
 bool skippy_prefix_store_entry(const skippy_prefix_store *p, uint32_t id,
                                skippy_prefix_entry_info *o)
 {
-    if (!resident(p, id)) return false;
+    if (!p || !o || !resident(p, id)) return false;
     const sk_pentry *x = &p->e[id];
     o->parent = x->parent;
     o->holder = x->holder;
@@ -364,13 +368,18 @@ bool skippy_prefix_store_entry(const skippy_prefix_store *p, uint32_t id,
 
 bool skippy_prefix_store_key(const skippy_prefix_store *p, uint32_t id, int32_t *dst)
 {
-    if (!resident(p, id) || !dst) return false;
+    if (!p || !dst || !resident(p, id)) return false;
     key_of(p, id, dst);
     return true;
 }
 
 void skippy_prefix_store_get_stats(const skippy_prefix_store *p, skippy_prefix_store_stats *o)
 {
+    if (!o) return;
+    if (!p) {
+        memset(o, 0, sizeof *o);
+        return;
+    }
     *o = p->st;
     o->epoch = p->epoch;
 }
@@ -378,12 +387,13 @@ void skippy_prefix_store_get_stats(const skippy_prefix_store *p, skippy_prefix_s
 const skippy_prefix_eviction *skippy_prefix_store_evicted(const skippy_prefix_store *p,
                                                           size_t *count)
 {
-    *count = p->evicted_len;
-    return p->evicted;
+    if (count) *count = p ? p->evicted_len : 0;
+    return p ? p->evicted : NULL;
 }
 
 size_t skippy_prefix_store_lru_order(const skippy_prefix_store *p, uint32_t *out)
 {
+    if (!p || !out) return 0;
     size_t n = 0;
     for (uint32_t i = 0; i < p->e_len; i++)
         if (evictable(&p->e[i])) out[n++] = i;
@@ -415,6 +425,7 @@ static void stamp(skippy_prefix_store *p, uint32_t id)
 
 skippy_sched_code skippy_prefix_store_touch(skippy_prefix_store *p, uint32_t id)
 {
+    if (!p) return SKIPPY_SCHED_INVALID;
     if (!resident(p, id)) return fail(p, SKIPPY_SCHED_INVALID, "entry %u is not resident", id);
     stamp(p, id);
     return SKIPPY_SCHED_OK;
@@ -422,6 +433,7 @@ skippy_sched_code skippy_prefix_store_touch(skippy_prefix_store *p, uint32_t id)
 
 skippy_sched_code skippy_prefix_store_pin(skippy_prefix_store *p, uint32_t id)
 {
+    if (!p) return SKIPPY_SCHED_INVALID;
     if (!resident(p, id)) return fail(p, SKIPPY_SCHED_INVALID, "cannot pin entry %u: not resident", id);
     if (p->e[id].pins == UINT32_MAX) return fail(p, SKIPPY_SCHED_INVALID, "entry %u pinned too often", id);
     p->e[id].pins++;
@@ -430,6 +442,7 @@ skippy_sched_code skippy_prefix_store_pin(skippy_prefix_store *p, uint32_t id)
 
 skippy_sched_code skippy_prefix_store_unpin(skippy_prefix_store *p, uint32_t id)
 {
+    if (!p) return SKIPPY_SCHED_INVALID;
     if (!resident(p, id) || p->e[id].pins == 0)
         return fail(p, SKIPPY_SCHED_INVALID, "entry %u is not pinned", id);
     if (--p->e[id].pins == 0 && evictable(&p->e[id])) heap_push(p, id);
@@ -542,9 +555,13 @@ skippy_sched_code skippy_prefix_store_insert(skippy_prefix_store *p, const int32
                                              size_t n, uint32_t parent, uint64_t handle,
                                              uint32_t *out_entry)
 {
-    p->evicted_len = 0;
     if (out_entry) *out_entry = NONE;
-    if (!tokens || n == 0) return fail(p, SKIPPY_SCHED_INVALID, "a key must hold at least one token");
+    if (!p) return SKIPPY_SCHED_INVALID;
+    /* Validation, then the reservations, change nothing (not even the list of the last
+     * evictions, which is emptied only once this insert is sure to be made or refused). */
+    if (!tokens && n)
+        return fail(p, SKIPPY_SCHED_INVALID, "key tokens are NULL with a count of %zu", n);
+    if (n == 0) return fail(p, SKIPPY_SCHED_INVALID, "a key must hold at least one token");
     for (size_t i = 0; i < n; i++)
         if (tokens[i] < 0) return fail(p, SKIPPY_SCHED_INVALID, "key token %zu is negative", i);
     size_t start = 0;
@@ -558,6 +575,9 @@ skippy_sched_code skippy_prefix_store_insert(skippy_prefix_store *p, const int32
         if (skippy_prefix_store_find(p, tokens, start) != parent)
             return fail(p, SKIPPY_SCHED_INVALID, "the parent's key is not a prefix of the key");
     }
+    /* Checked: from here on the evictions listed are this insert's (none if it fails before
+     * evicting); a refused call above leaves the last insert's list as it was. */
+    p->evicted_len = 0;
     uint32_t existing = skippy_prefix_store_find(p, tokens, n);
     if (existing != NONE) {
         stamp(p, existing);
@@ -646,6 +666,7 @@ skippy_sched_code skippy_prefix_store_insert(skippy_prefix_store *p, const int32
 
 uint32_t skippy_prefix_store_evict_one(skippy_prefix_store *p)
 {
+    if (!p) return NONE;
     p->evicted_len = 0;
     if (sk_grow((void **)&p->evicted, &p->evicted_cap, 1, sizeof(skippy_prefix_eviction))) return NONE;
     while (p->heap_len) {

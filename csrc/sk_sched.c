@@ -29,7 +29,8 @@ static void release(skippy_scheduler *s, const sk_seq *seq)
 
 static int submit(skippy_scheduler *s, const skippy_sequence_desc *desc, uint32_t *out_slot)
 {
-    if (!desc || (!desc->id && desc->id_len) || (!desc->prompt_tokens && desc->prompt_count) ||
+    if (!desc) return sk_fail(s, SKIPPY_SCHED_INVALID, "sequence descriptor is NULL");
+    if ((!desc->id && desc->id_len) || (!desc->prompt_tokens && desc->prompt_count) ||
         (!desc->generated_tokens && desc->generated_count))
         return sk_fail(s, SKIPPY_SCHED_INVALID, "sequence descriptor has NULL arrays");
     if (desc->prompt_count == 0)
@@ -146,6 +147,7 @@ oom:
 skippy_status skippy_scheduler_submit(skippy_scheduler *s, const skippy_sequence_desc *desc,
                                       uint32_t *out_slot, skippy_error **out_error)
 {
+    if (!s) return SK_NO_SCHEDULER(out_error);
     return sk_result(s, submit(s, desc, out_slot), out_error);
 }
 
@@ -349,6 +351,7 @@ skippy_status skippy_scheduler_complete(skippy_scheduler *s, uint64_t serial,
                                         skippy_iteration_telemetry *telemetry,
                                         skippy_error **out_error)
 {
+    if (!s) return SK_NO_SCHEDULER(out_error);
     return sk_result(s, complete(s, serial, telemetry), out_error);
 }
 
@@ -456,13 +459,22 @@ static int preempt(skippy_scheduler *s, const uint64_t *used, size_t used_count,
 skippy_status skippy_scheduler_preempt(skippy_scheduler *s, const uint64_t *used, size_t used_count,
                                        size_t *out_count, skippy_error **out_error)
 {
+    if (!s) return SK_NO_SCHEDULER(out_error);
     return sk_result(s, preempt(s, used, used_count, out_count), out_error);
 }
 
 /* ---------------------------------------------------------------- cancel (§2.9) */
 
+/* false for an unknown id (last_code OK) and for a failure (last_code says which). */
 bool skippy_scheduler_cancel(skippy_scheduler *s, const char *id, size_t id_len)
 {
+    if (!s) return false;
+    if (!id && id_len) { /* NULL with length 0 is the empty id */
+        sk_fail(s, SKIPPY_SCHED_INVALID, "sequence id is NULL with id_len %zu", id_len);
+        return false;
+    }
+    s->code = SKIPPY_SCHED_OK;
+    s->message[0] = 0;
     uint32_t slot = sk_store_find(s, id, id_len, sk_hash_id(id, id_len));
     if (slot == SK_NO_SLOT) return false;
     size_t cap = s->retired_cap;

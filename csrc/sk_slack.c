@@ -155,11 +155,15 @@ sk_slack_choice sk_slack_decide(skippy_scheduler *s, size_t decode_rows, bool sk
     return choice;
 }
 
-void skippy_scheduler_set_clock(skippy_scheduler *s, double now_us) { s->now_us = now_us; }
+void skippy_scheduler_set_clock(skippy_scheduler *s, double now_us)
+{
+    if (s && isfinite(now_us)) s->now_us = now_us; /* a NaN or infinite time is ignored */
+}
 
 static int set_step_cost(skippy_scheduler *s, const skippy_step_cost *cost)
 {
-    if (!cost || sk_check_step_cost(cost))
+    if (!cost) return sk_fail(s, SKIPPY_SCHED_INVALID, "step cost is NULL");
+    if (sk_check_step_cost(cost))
         return sk_fail(s, SKIPPY_SCHED_INVALID, "step cost coefficients must be finite numbers "
                        ">= 0");
     s->cost = *cost;
@@ -169,5 +173,6 @@ static int set_step_cost(skippy_scheduler *s, const skippy_step_cost *cost)
 skippy_status skippy_scheduler_set_step_cost(skippy_scheduler *s, const skippy_step_cost *cost,
                                              skippy_error **out_error)
 {
+    if (!s) return SK_NO_SCHEDULER(out_error);
     return sk_result(s, set_step_cost(s, cost), out_error);
 }

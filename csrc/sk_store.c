@@ -47,7 +47,9 @@ uint32_t sk_store_find(const skippy_scheduler *s, const char *id, size_t len, ui
         if (e == MAP_EMPTY) return SK_NO_SLOT;
         if (e == MAP_TOMB) continue;
         const sk_seq *q = &s->seqs[e - 1];
-        if (q->id_hash == hash && q->id_len == len && memcmp(q->id, id, len) == 0) return e - 1;
+        /* (len 0: the empty id, whose bytes may be a NULL pointer) */
+        if (q->id_hash == hash && q->id_len == len && (len == 0 || memcmp(q->id, id, len) == 0))
+            return e - 1;
     }
 }
 

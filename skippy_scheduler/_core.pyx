@@ -495,7 +495,11 @@ cdef class Scheduler:
     def cancel(self, sequence_id):
         """Remove a waiting or active sequence; False when the id is unknown."""
         b = check_id("sequence_id", sequence_id).encode("utf-8")
-        return bool(skippy_scheduler_cancel(self._s, b, len(b)))
+        if skippy_scheduler_cancel(self._s, b, len(b)):
+            return True
+        if skippy_scheduler_last_code(self._s) != SKIPPY_SCHED_OK:  # not only an unknown id
+            self._raise_last()
+        return False
 
     def snapshot(self):
         """A new `SchedulerSnapshot`: active ids in walk (admission) order, waiting ids in queue

@@ -291,8 +291,12 @@ class PrefixStore:
             raise ValueError("the parent entry is not resident")
         try:
             entry_id = self._native.insert(key, -1 if parent is None else parent.id)
-        finally:
-            self._drain_evictions()
+        except ValueError:
+            raise  # refused before anything changed: the evictions listed are an earlier insert's
+        except BaseException:
+            self._drain_evictions()  # out of memory part way: what it evicted so far
+            raise
+        self._drain_evictions()
         if entry_id < 0:
             return None
         existing = self._objects.get(entry_id)
