@@ -1,7 +1,8 @@
 """`skippy-scheduler lab`: the reference scenarios (docs/behaviour.md §5.5-§5.8), with --suite
-the workload suite, and with --trace FILE the replay of a production request trace.
+the workload suite, with --trace FILE the replay of a production request trace, and with
+--pipeline-stages the staged pipeline (`lab_stages.py`).
 
-This module holds the parser, the checks that pick one of the three runs, and the reference
+This module holds the parser, the checks that pick one of the four runs, and the reference
 scenarios; `lab_runs.py` runs the suite and the trace replay. Every output is checked before
 the run starts; an interrupted run prints and writes what finished (`interrupt.py`).
 """
@@ -67,9 +68,11 @@ def register(subparsers: Any) -> None:
         usage="%(prog)s [--list | --scenario NAME ... | --suite [SUITE OPTIONS] | "
               "--trace FILE [TRACE OPTIONS]] [OPTIONS]",
         description="Drive the scheduler under a virtual cost model, with no model. Without "
-                    "--suite or --trace, print the reference scenario table. All three runs "
-                    "print tab-separated tables under '#' comment lines, except the trace "
-                    "replay's, which is aligned in columns for reading.")
+                    "--suite, --trace or --pipeline-stages, print the reference scenario "
+                    "table: tab-separated, with no comment lines. --suite and "
+                    "--pipeline-stages print tab-separated tables under '#' comment lines; "
+                    "--trace prints its table under '#' comment lines too, aligned in "
+                    "columns for reading.")
     p.add_argument("--scenario", action="append", metavar="NAME",
                    help=f"run only this scenario (repeatable): {', '.join(SCENARIO_NAMES)} "
                         "(default: all)")
@@ -305,7 +308,8 @@ def run(args: argparse.Namespace) -> int:
         return run_suite_command(args, _modes(args), cost_model(args.cost_model), backend)
     if getattr(args, "mode", None) is not None or args.mixed is not None:
         raise CommandError("--mixed/--no-mixed needs --suite or --trace")
-    _given(args, {**_SUITE_OR_TRACE, **_WORKLOAD_ONLY}, "needs --suite or --trace")
+    _given(args, _SUITE_OR_TRACE, "needs --suite or --trace")
+    _given(args, _WORKLOAD_ONLY, "needs --suite")
     return _run_scenarios(args, cost_model(args.cost_model), backend)
 
 

@@ -19,7 +19,8 @@ from ..lab.replay import DEFAULT_MODE, DEFAULT_PREFIX_CACHE_TOKENS, ReplayOption
 from ..lab.report import (TRACE_UNITS, format_tenant_table, format_trace_header,
                           format_trace_row, trace_document)
 from ..lab.options import ALL_MODES, RunOptions
-from ..lab.suite import MODES, POLICIES as SUITE_POLICIES, SuiteOptions, format_suite, run_suite
+from ..lab.suite import (MODES, POLICIES as SUITE_POLICIES, SuiteOptions, format_suite,
+                         run_suite, suite_units)
 from ..lab.tails import TAILS_NOTE, format_tails
 from ..lab.traces import Trace, TraceError, TraceRequest
 from ..lab.workload import Workload, WorkloadSpec, generate
@@ -147,6 +148,7 @@ def run_suite_command(args: argparse.Namespace, modes: Optional[list[str]],
               f"chunk={options.chunk} kv_capacity_tokens={options.kv_capacity_tokens}\n")
     out.write("# workload " + " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
                                        for k, v in workload.summary().items()) + "\n")
+    out.write(f"# {suite_units(cost, options)}\n")
     out.write("\t".join(format_suite([]).splitlines()[0].split("\t")) + "\n")
     out.flush()
     finished: list[Any] = []
@@ -159,7 +161,8 @@ def run_suite_command(args: argparse.Namespace, modes: Optional[list[str]],
     def document(runs: list[Any]) -> dict[str, Any]:
         return {"backend": backend.name, "cost_model": cost.lab_dict(),
                 "workload": {**spec.as_dict(), **workload.summary()},
-                "options": {k: v for k, v in options.__dict__.items()},
+                "options": {k: v for k, v in options.__dict__.items()
+                            if k != "record_series"},
                 "runs": [run.figures for run in runs]}
 
     from ..lab.plot import plot_suite
@@ -265,7 +268,7 @@ def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
               f"skipped_failures={stats.skipped_failures} span_s={stats.span_s:.1f} "
               f"time_scale={trace.time_scale:g} mean_input={_fmt(info['mean_input_tokens'])} "
               f"mean_output={_fmt(info['mean_output_tokens'])} "
-              f"tenants={max(len(stats.tenants), 1)}\n")
+              f"tenants={info['tenants']}\n")
     out.write(f"# backend={backend.name} mode={mode} max_active={options.max_active} "
               f"max_tokens={options.max_tokens} chunk={options.chunk} "
               f"kv_capacity_tokens={options.kv_capacity_tokens} prefix_cache_tokens="
@@ -284,6 +287,10 @@ def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
     from ..lab.plot import plot_trace
 
     title = f"trace {os.path.basename(args.trace)}, time scale {trace.time_scale:g}"
+    if trace.limit is not None:
+        title += f", first {trace.limit} requests"
+    if args.tenants is not None:
+        title += f", {args.tenants} hashed tenants"
     try:
         runs = run_replays(trace, policies, mode, options, cost, backend=backend, on_run=emit,
                            total=stats.requests)

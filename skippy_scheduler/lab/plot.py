@@ -2,9 +2,10 @@
 `pip install '.[plot]'` in the checkout).
 
 Every panel shows one metric with labelled axes and units, and a legend that names each line,
-placed beside the panel so that it never hides a peak. Every figure's title names the run: the
-suite's workload (requests, rate, seed) or the trace file and its time scale, since the time
-axes are virtual time of that run.
+placed beside the panel so that it never hides a peak; panels side by side that draw the same
+policies share their axes and one legend, beside the rightmost. Every figure's title names the
+run: the suite's workload (requests, rate, seed) or the trace file, its time scale and any
+`--limit` and `--tenants`, since the time axes are virtual time of that run.
 Time series are binned: the bin width is chosen from the run's length (a round number of
 seconds) and written in the axis label, so a 10⁶-iteration run plots as a few hundred points.
 Queue depth is the largest number of queued requests in each bin (an integer: a mean would
@@ -104,6 +105,20 @@ def binned_ratio(t: np.ndarray, num: np.ndarray, den: np.ndarray,
     return np.flatnonzero(keep) * width, n[keep] / d[keep]
 
 
+def binned_ratio_gaps(t: np.ndarray, num: np.ndarray, den: np.ndarray,
+                      width: float) -> tuple[np.ndarray, np.ndarray]:
+    """(bin start times, Σnum/Σden per bin) for every bin from 0 to the last sample, NaN where
+    Σden = 0: a line drawn through it breaks there instead of bridging the empty bins."""
+    if len(t) == 0:
+        return np.zeros(0), np.zeros(0)
+    b = _bins(t, width)
+    n = np.bincount(b, weights=np.asarray(num, dtype=np.float64))
+    d = np.bincount(b, weights=np.asarray(den, dtype=np.float64))
+    ratio = np.full(len(d), np.nan)
+    np.divide(n, d, out=ratio, where=d > 0)
+    return np.arange(len(d)) * width, ratio
+
+
 def _legend(ax: Any, **kwargs: Any) -> None:
     """The legend beside the panel (right of it), where no line can be under it."""
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
@@ -121,19 +136,32 @@ def _save(fig: Any, path: str, series: list[int]) -> str:
     return path
 
 
-def _ttft_panel(ax: Any, runs: Sequence[Any], labels: Sequence[str]) -> int:
+def _ttft_panel(ax: Any, runs: Sequence[Any], labels: Sequence[str],
+                styles: Sequence[int] | None = None, legend: bool = True) -> int:
+    """One TTFT CDF per run; `styles[i]` is run i's style (default: its position)."""
     for k, (run, label) in enumerate(zip(runs, labels)):
         ttft = run.ttft_us[~np.isnan(run.ttft_us)] / 1e3
         ttft = np.sort(np.maximum(ttft, 1e-3))  # log axis: a zero TTFT cannot be drawn
         ax.plot(ttft, np.arange(1, len(ttft) + 1) / max(len(ttft), 1), label=label,
-                **_style(k))
+                **_style(k if styles is None else styles[k]))
     ax.set_xscale("log")
     ax.set_xlabel("time to first token (ms of virtual time, log scale)")
     ax.set_ylabel("fraction of requests with TTFT ≤ x")
     ax.set_ylim(0, 1.02)
     ax.grid(True, which="major", alpha=0.3)
-    _legend(ax, title="policy")
+    if legend:
+        _legend(ax, title="policy")
     return len(runs)
+
+
+def _one_legend(axes: Any, ax: Any) -> None:
+    """One legend for panels that draw the same policies alike (`axes`), beside `ax`: each
+    label once, in the order the panels first draw it."""
+    seen: dict[str, Any] = {}
+    for panel in axes:
+        for handle, label in zip(*panel.get_legend_handles_labels()):
+            seen.setdefault(label, handle)
+    _legend(ax, handles=list(seen.values()), labels=list(seen), title="policy")
 
 
 def unscheduled_depth(arrival_s: np.ndarray,
@@ -169,8 +197,10 @@ def _queue_multiples(plt: Any, runs: Sequence[Any], labels: Sequence[str], title
         ax.step(start, depth, where="post", label=label, color=f"C{k % 10}", linewidth=1.4)
         _legend(ax)
         ax.grid(True, alpha=0.3)
-        ax.set_ylim(bottom=0)
         ax.yaxis.get_major_locator().set_params(integer=True)
+    # Shared y: headroom above the deepest queue of any panel, so no peak touches the frame.
+    top = max((float(np.max(v)) for _, v in curves if len(v)), default=0.0)
+    axes[0, 0].set_ylim(0, max(top, 1.0) * 1.12 + 0.5)
     axes[-1, 0].set_xlabel("virtual time (s)")
     if what == "waiting":
         ylabel = (f"requests waiting for admission\n(largest after an iteration in each "
@@ -199,14 +229,21 @@ def plot_suite(runs: Sequence[Any], out_dir: str, title: str | None = None) -> l
     os.makedirs(out_dir, exist_ok=True)
     modes = list(dict.fromkeys(run.mode for run in runs))
     by_mode = {m: [r for r in runs if r.mode == m] for m in modes}
+    # A policy keeps its colour and dash in every panel, so one legend names them all.
+    style_of = {p: k for k, p in enumerate(dict.fromkeys(run.policy for run in runs))}
     paths = []
 
-    fig, axes = plt.subplots(1, len(modes), figsize=(6.5 * len(modes), 4.8), sharey=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes) + 1.5, 4.8), sharex=True,
+                             sharey=True, squeeze=False)
     series = []
-    for ax, mode in zip(axes[0], modes):
-        series.append(_ttft_panel(ax, by_mode[mode], [r.policy for r in by_mode[mode]]))
+    for col, (ax, mode) in enumerate(zip(axes[0], modes)):
+        runs_m = by_mode[mode]
+        series.append(_ttft_panel(ax, runs_m, [r.policy for r in runs_m],
+                                  [style_of[r.policy] for r in runs_m], legend=False))
         ax.set_title(f"TTFT, {mode} planning")
+        if col:
+            ax.set_ylabel("")
+    _one_legend(axes[0], axes[0, -1])
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -216,26 +253,29 @@ def plot_suite(runs: Sequence[Any], out_dir: str, title: str | None = None) -> l
     t_end = max((float(r.series["time_s"][-1]) for r in runs if len(r.series["time_s"])),
                 default=1.0)
     width = bin_width(t_end)
-    fig, axes = plt.subplots(2, len(modes), figsize=(6.5 * len(modes), 7), sharex=True,
-                             squeeze=False)
+    # Each row shares its y axis (one metric per row), so the modes compare at a glance.
+    fig, axes = plt.subplots(2, len(modes), figsize=(6 * len(modes) + 1.5, 7), sharex=True,
+                             sharey="row", squeeze=False)
     series = []
     for col, mode in enumerate(modes):
         top, bottom = axes[0, col], axes[1, col]
-        for k, run in enumerate(by_mode[mode]):
+        for run in by_mode[mode]:
             s = run.series
             t, batch = binned_mean(s["time_s"], s["batch"], width)
-            top.plot(t, batch, label=run.policy, **_style(k))
+            top.plot(t, batch, label=run.policy, **_style(style_of[run.policy]))
             t, occ = binned_mean(s["time_s"], 100.0 * s["tokens"] / s["max_tokens"], width)
-            bottom.plot(t, occ, label=run.policy, **_style(k))
+            bottom.plot(t, occ, label=run.policy, **_style(style_of[run.policy]))
         top.set_title(f"{mode} planning")
-        top.set_ylabel(f"batch size (rows per iteration,\nmean per {_fmt_width(width)} bin)")
-        bottom.set_ylabel(f"token occupancy (% of the iteration\nbudget, mean per "
-                          f"{_fmt_width(width)} bin)")
+        if col == 0:
+            top.set_ylabel(f"batch size (rows per iteration,\nmean per {_fmt_width(width)} "
+                           f"bin)")
+            bottom.set_ylabel(f"token occupancy (% of the iteration\nbudget, mean per "
+                              f"{_fmt_width(width)} bin)")
         bottom.set_xlabel("virtual time (s)")
         for ax in (top, bottom):
             ax.grid(True, alpha=0.3)
-            _legend(ax, title="policy")
         series += [len(by_mode[mode])]
+    _one_legend(axes[0], axes[0, -1])
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -275,12 +315,15 @@ def plot_trace(runs: Sequence[Any], out_dir: str, title: str | None = None) -> l
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for k, (run, label) in enumerate(zip(runs, labels)):
         s = run.series
-        t, rate = binned_ratio(s["admit_time_s"], s["admit_restore"], s["admit_prompt"], width)
-        ax.plot(t, 100.0 * rate, label=label, marker=".", markersize=3, **_style(k))
+        # NaN in the bins where nobody was admitted: the line breaks there (a marker shows a
+        # bin between two empty ones) instead of drawing a rate nobody had.
+        t, rate = binned_ratio_gaps(s["admit_time_s"], s["admit_restore"], s["admit_prompt"],
+                                    width)
+        ax.plot(t, 100.0 * rate, label=label, marker=".", markersize=4, **_style(k))
     ax.set_xlabel("virtual time (s)")
     ax.set_ylabel(f"prefix cache hit rate (%)\n(restored / prompt tokens of the\nrequests "
                   f"admitted in each {_fmt_width(width)} bin)")
-    ax.set_ylim(0, 100)
+    ax.set_ylim(0, 103)  # a bin at 100 % stays inside the frame
     ax.grid(True, alpha=0.3)
     _legend(ax, title="policy")
     ax.set_title(_titled("Prefix cache hit rate over time", title))

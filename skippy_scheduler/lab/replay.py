@@ -188,7 +188,8 @@ def _figures(policy: str, mode: str, options: ReplayOptions, config: SchedulerCo
                    "completed_us": timeline.last_token_us, "generated": gen,
                    "restored_tokens": np.asarray(host.restored, dtype=np.int64)}
     run = ReplayRun(policy, mode, figures, series, lat.ttft, per_request)
-    names = host.tenants.names
+    # A trace without tenants is one group, "all" (its requests' tenant is None).
+    names = ["all" if name is None else name for name in host.tenants.names]
     run.tails = tail_figures(timeline, options.itl_target_ms,
                              [names[t] if t < len(names) else t for t in host.tenant_of],
                              "tenant")

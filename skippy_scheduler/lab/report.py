@@ -86,7 +86,7 @@ TRACE_COLUMNS = (
     ("p99_itl_ms", "p99", 7, ".2f"),
     ("output_tokens_per_s", "out tok/s", 9, ".0f"),
     ("goodput_rps", "goodput/s", 9, ".2f"),
-    ("hit_rate", "hit rate", 8, ".3f"),
+    ("hit_rate", "hit rate", 8, ".1%"),  # a percent, as docs/lab.md and the plot give it
     ("evictions", "evictions", 9, "d"),
     ("stale_refreshes", "stale", 6, "d"),
     ("preemptions", "preempt", 7, "d"),
@@ -96,7 +96,8 @@ TRACE_COLUMNS = (
 )
 TRACE_UNITS = ("queue wait, TTFT and inter-token gap in ms of virtual time (nearest-rank "
                "percentiles); out tok/s and goodput/s per second of virtual time; hit rate = "
-               "prompt tokens restored from the prefix cache / prompt tokens; stale = stale "
+               "prompt tokens restored from the prefix cache / prompt tokens, in percent "
+               "(--json hit_rate: the fraction); stale = stale "
                "affinity refreshes; util = busy virtual time / makespan; Jain = fairness of "
                "per-tenant service while the trace arrives (- with one tenant); wall s = "
                "real seconds the replay took")

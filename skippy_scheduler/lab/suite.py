@@ -30,7 +30,8 @@ from .workload import Workload
 POLICIES = ("fcfs", "cache-aware-noaging", "cache-aware-aging", "priority")
 
 __all__ = ["MODES", "POLICIES", "SUITE_COLUMNS", "SuiteOptions", "SuiteRequest", "SuiteRun",
-           "format_suite", "make_admission", "nearest_rank", "run_policy", "run_suite"]
+           "format_suite", "make_admission", "nearest_rank", "run_policy", "run_suite",
+           "suite_units"]
 
 
 def make_admission(name: str) -> Any:
@@ -169,6 +170,19 @@ def format_suite(runs: list[SuiteRun]) -> str:
                 cells.append(f"{value:.3f}" if column.endswith("_ms") else f"{value:.2f}")
         lines.append("\t".join(cells))
     return "\n".join(lines) + "\n"
+
+
+def suite_units(cost: StepCost, options: SuiteOptions) -> str:
+    """The suite's legend line: the cost model the virtual times come from, what each kind
+    of column counts, and the goodput targets."""
+    return (f"virtual time from the cost model {cost} (µs per iteration, docs/lab.md); "
+            f"queue, TTFT and inter-token gap (itl) in ms of virtual time (nearest-rank "
+            f"percentiles); throughput_rps = requests / makespan; "
+            f"goodput_rps = requests/s with TTFT ≤ {options.ttft_target_ms:g} ms and mean "
+            f"inter-token gap ≤ {options.itl_target_ms:g} ms (--ttft-target-ms, "
+            f"--itl-target-ms); prefix_hit_rate_first = fraction of requests whose first "
+            f"admission restored a family prefix, _readmit = fraction of preemptions whose "
+            f"request carries one; wall_s = real seconds the run took")
 
 
 def run_suite(workload: Workload, policies: Iterable[str] = POLICIES,

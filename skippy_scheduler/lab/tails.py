@@ -73,6 +73,8 @@ def format_tails(runs: Sequence[Any]) -> str:
                 cells.append(value)
             elif isinstance(value, (int, np.integer)):
                 cells.append(str(int(value)))
+            elif column == "goodput_fraction":  # a miss or two must show: not 1.00
+                cells.append(f"{value:.4f}")
             else:
                 cells.append(f"{value:.3f}" if column.endswith("_ms") else f"{value:.2f}")
         lines.append("\t".join(cells))

@@ -150,7 +150,7 @@ class TraceStats:
                 "output_tokens": self.output_tokens,
                 "mean_input_tokens": self.input_tokens / n if n else 0.0,
                 "mean_output_tokens": self.output_tokens / n if n else 0.0,
-                "tenants": len(self.tenants)}
+                "tenants": max(len(self.tenants), 1)}  # no tenant field: one tenant
 
 
 def _open_text(path: str) -> TextIO:

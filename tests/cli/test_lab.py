@@ -110,3 +110,47 @@ def test_cost_model_errors(capsys, spec, message):
 def test_list(capsys):
     code, out, _ = _run(capsys, "--list")
     assert code == 0 and len(out.split()) == 13
+
+
+def test_help_says_which_runs_print_comment_lines(capsys):
+    import re
+
+    try:
+        main(["lab", "--help"])
+    except SystemExit:
+        pass
+    # argparse wraps the text, breaking "tab-separated" after its hyphen.
+    text = " ".join(re.sub(r"-\n\s*", "-", capsys.readouterr().out).split())
+    assert "Without --suite, --trace or --pipeline-stages, print the reference scenario " \
+           "table: tab-separated, with no comment lines." in text
+    assert "--suite and --pipeline-stages print tab-separated tables under '#' comment " \
+           "lines" in text
+    assert "All three runs" not in text
+
+
+@pytest.mark.parametrize("flag", ["--priority-scenario", "--requests", "--seed"])
+def test_suite_only_options_alone_name_the_suite(capsys, flag):
+    argv = [flag] + ([] if flag == "--priority-scenario" else ["3"])
+    code, _, err = _run(capsys, *argv)
+    assert code == 2 and f"{flag} needs --suite\n" in err
+
+
+def test_plot_lines_follow_the_tables(tmp_path):
+    """`# wrote PATH` (stderr) comes after the last table row with --suite and with --trace."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("matplotlib")
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"timestamp": {k * 50}, "input_length": 600, '
+                             f'"output_length": 5, "hash_ids": [0, {100 + k}]}}\n'
+                             for k in range(20)))
+    for run in (["--suite", "--requests", "40", "--policy", "fcfs", "--mixed"],
+                ["--trace", str(trace), "--policy", "fcfs"]):
+        merged = subprocess.run(
+            [sys.executable, "-m", "skippy_scheduler.cli", "lab", *run, "--plot",
+             str(tmp_path / "plots")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, check=True, timeout=300).stdout.splitlines()
+        wrote = [k for k, line in enumerate(merged) if line.startswith("# wrote ")]
+        row = max(k for k, line in enumerate(merged) if line.startswith("fcfs"))
+        assert len(wrote) == 3 and min(wrote) > row, merged

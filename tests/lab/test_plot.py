@@ -114,3 +114,87 @@ def test_progress_bar_only_on_a_terminal_after_the_delay():
     p = Progress(10, "run", stream=late, delay_s=60.0)
     p.update(5)
     assert late.getvalue() == ""
+
+
+def _capture(monkeypatch):
+    """Each figure as it is saved, by file name (closed by the plot code afterwards)."""
+    from skippy_scheduler.lab import plot
+
+    seen = {}
+    real_save = plot._save
+
+    def save(fig, path, series):
+        fig.canvas.draw()
+        axes = fig.axes
+        seen[path.rsplit("/", 1)[1]] = {
+            "axes": axes,
+            "legends": [ax for ax in axes if ax.get_legend() is not None],
+            "titles": " | ".join([t.get_text() for t in fig.texts]
+                                 + [ax.get_title() for ax in axes]),
+            "lines": [[line.get_ydata() for line in ax.get_lines()] for ax in axes],
+            "ylim": [ax.get_ylim() for ax in axes],
+        }
+        return real_save(fig, path, series)
+
+    monkeypatch.setattr(plot, "_save", save)
+    return seen
+
+
+def test_binned_ratio_gaps_breaks_the_line_at_empty_bins():
+    from skippy_scheduler.lab.plot import binned_ratio_gaps
+
+    t = np.array([0.1, 0.2, 2.5, 4.1])
+    start, rate = binned_ratio_gaps(t, np.array([1, 1, 0, 5]), np.array([2, 2, 0, 10]), 1.0)
+    assert start.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert rate[0] == 0.5 and rate[4] == 0.5 and np.isnan(rate[1:4]).all()
+
+
+def test_suite_panels_share_axes_and_one_legend(tmp_path, monkeypatch, backend):
+    pytest.importorskip("matplotlib")
+    from skippy_scheduler.lab.plot import plot_suite
+
+    seen = _capture(monkeypatch)
+    w = generate(WorkloadSpec(requests=120, seed=2, rate=800.0, families=4))
+    options = SuiteOptions(max_active=8, record_series=True)
+    runs = [run_policy(w, p, m, options, backend=backend)
+            for m in ("phase", "mixed") for p in ("fcfs", "priority")]
+    plot_suite(runs, str(tmp_path / "plots"))
+    ttft = seen["ttft_cdf.png"]
+    left, right = ttft["axes"]
+    assert left.get_shared_x_axes().joined(left, right)
+    assert left.get_shared_y_axes().joined(left, right)
+    assert ttft["legends"] == [right]
+    assert [t.get_text() for t in right.get_legend().get_texts()] == ["fcfs", "priority"]
+    batch = seen["batch_occupancy.png"]
+    top_left, top_right, bottom_left, bottom_right = batch["axes"]
+    assert top_left.get_shared_y_axes().joined(top_left, top_right)
+    assert bottom_left.get_shared_y_axes().joined(bottom_left, bottom_right)
+    assert batch["legends"] == [top_right]
+    # Queue depth: the deepest queue stays below the top of the frame.
+    queue = seen["queue_depth.png"]
+    deepest = max(float(np.max(y)) for lines in queue["lines"] for y in lines if len(y))
+    assert all(top > deepest for _, top in queue["ylim"])
+
+
+def test_trace_plots_name_limit_and_tenants_and_leave_headroom(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib")
+    from skippy_scheduler.cli import main
+
+    seen = _capture(monkeypatch)
+    trace = tmp_path / "small.jsonl"
+    trace.write_text("".join(f'{{"timestamp": {(k // 6) * 400}, "input_length": 1500, '
+                             f'"output_length": 5, "hash_ids": [0, {k % 4}, {100 + k}]}}\n'
+                             for k in range(48)))
+    assert main(["lab", "--trace", str(trace), "--time-scale", "0.5", "--limit", "40",
+                 "--tenants", "3", "--policy", "fcfs", "--policy", "priority",
+                 "--max-active", "2", "--plot", str(tmp_path / "plots")]) == 0
+    capsys.readouterr()
+    for name, figure in seen.items():
+        assert ("trace small.jsonl, time scale 0.5, first 40 requests, 3 hashed tenants"
+                in figure["titles"]), (name, figure["titles"])
+    queue = seen["trace_queue_depth.png"]
+    deepest = max(float(np.max(y)) for lines in queue["lines"] for y in lines if len(y))
+    assert deepest >= 2 and all(top > deepest for _, top in queue["ylim"])
+    # Arrivals come in bursts 0.2 s apart: bins with no admission are gaps (NaN), not lines.
+    hit = seen["trace_hit_rate.png"]["lines"][0]
+    assert all(np.isnan(np.asarray(y, dtype=float)).any() for y in hit)

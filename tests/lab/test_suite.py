@@ -138,14 +138,23 @@ def test_suite_cli(tmp_path, capsys, backend):
     out_json = tmp_path / "suite.json"
     code = main(["lab", "--suite", "--scheduler", backend, "--requests", "120", "--seed", "3",
                  "--rate", "500", "--max-active", "8", "--policy", "fcfs", "--mixed",
-                 "--json", str(out_json)])
+                 "--ttft-target-ms", "40", "--json", str(out_json)])
     out = capsys.readouterr().out.splitlines()
     assert code == 0
     assert out[0].startswith(f"# backend={backend} seed=3 rate=500.0/s")
-    assert out[2].split("\t") == list(SUITE_COLUMNS)
-    assert out[3].startswith("fcfs\tmixed\t") and len(out) == 4
+    # The legend names the cost model and what goodput_rps counts, with the targets used.
+    assert out[2].startswith("# virtual time from the cost model iteration_overhead_us=50,"
+                             "prefill_token_us=2,decode_batch_us=100,decode_sequence_us=20 ")
+    assert "goodput_rps = requests/s with TTFT ≤ 40 ms and mean inter-token gap ≤ 1.5 ms" \
+        in out[2]
+    assert out[3].split("\t") == list(SUITE_COLUMNS)
+    assert out[4].startswith("fcfs\tmixed\t") and len(out) == 5
     doc = json.loads(out_json.read_text())
     assert doc["workload"]["requests"] == 120 and doc["runs"][0]["requests"] == 120
+    # The top-level keys docs/lab.md lists; options are the run's settings only.
+    assert list(doc) == ["backend", "cost_model", "workload", "options", "runs"]
+    assert set(doc["options"]) == {"max_active", "max_tokens", "chunk", "kv_capacity_tokens",
+                                   "reserve_output_tokens", "ttft_target_ms", "itl_target_ms"}
 
 
 def test_suite_cli_rejects_unknown_policy(capsys):

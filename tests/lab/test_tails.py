@@ -79,3 +79,22 @@ def test_trace_slack_replays_the_slack_mode(tmp_path, capsys, backend):
     groups = dict(item.split(":") for item in row[-1].split(","))
     assert groups and set(groups) <= {"t0", "t1"}
     assert sum(int(v) for v in groups.values()) == int(row[TAIL_COLUMNS.index("stalls")])
+
+
+def test_goodput_fraction_shows_a_miss():
+    """A run that missed a few requests prints e.g. 0.9975, not a rounded 1.00."""
+    from types import SimpleNamespace
+
+    from skippy_scheduler.lab.tails import format_tails
+
+    timeline = TokenTimeline(np.zeros(2), np.zeros(2), np.array([2, 2]),
+                             np.array([1.0, 1.0]), np.array([1.0, 1.0]))
+    run = SimpleNamespace(policy="fcfs", mode="slack",
+                          figures={"p50_itl_ms": 0.001, "p99_itl_ms": 0.001,
+                                   "p99_max_itl_ms": 0.001, "p50_ttft_ms": 1.0,
+                                   "p99_ttft_ms": 1.0, "goodput_fraction": 0.99751,
+                                   "policy": "fcfs", "mode": "slack"},
+                          tails=tail_figures(timeline, 1.0, ["priority0", "priority0"],
+                                             "priority"))
+    row = format_tails([run]).splitlines()[1].split("\t")
+    assert row[TAIL_COLUMNS.index("goodput_fraction")] == "0.9975"

@@ -168,3 +168,24 @@ def test_an_slo_told_prints_the_share_within_it_per_policy(tmp_path, capsys, tra
     assert code != 0 and "--slo tells the slack rule the SLO: give --slack too" in err
     code, out, err = lab(capsys, "--suite", "--slo")
     assert code != 0 and "--slo" in err
+
+
+def test_one_tenant_reads_one_everywhere_and_hit_rate_is_a_percent(tmp_path, capsys,
+                                                                     trace_file):
+    """Without a tenant field or --tenants the header, the JSON and the tails all say one
+    tenant (`tenants=1`, `tenants: 1`, `all:N`); the table's hit rate is a percent, as in
+    docs/lab.md and trace_hit_rate.png, and the JSON keeps the fraction."""
+    out_json = tmp_path / "r.json"
+    code, out, _ = lab(capsys, "--trace", trace_file, "--policy", "fcfs", "--slack", "--slo",
+                       "--json", str(out_json))
+    assert code == 0
+    assert " tenants=1\n" in out.splitlines(keepends=True)[0]
+    doc = json.loads(out_json.read_text())
+    assert doc["trace"]["tenants"] == 1
+    fraction = doc["policies"]["fcfs"]["hit_rate"]
+    row = next(line for line in out.splitlines() if line.startswith("fcfs "))
+    hit = [name for name, *_ in TRACE_COLUMNS].index("hit_rate")
+    assert row.split()[hit] == f"{100 * fraction:.1f}%"
+    tails = out.split("# tails: ")[1].splitlines()[2].split("\t")
+    assert tails[-1].startswith("all:") and "None" not in out
+    assert list(doc["tails"][0]["stalls_by_group"]) == ["all"]
