@@ -25,6 +25,10 @@
 #define MIXED_MIN_EXTRA_US 8000.0
 #define MIXED_MAX_EXTRA_US 20000.0
 
+/* A token buffer past a million tokens (4 MiB each for tokens and positions) is sized from what
+ * the sequences can feed rather than a chunk per sequence (ensure_plan_capacity). */
+#define EXACT_TOKENS_ABOVE ((uint64_t)1 << 20)
+
 /*
  * Rows never exceed min(active, max_tokens); tokens never exceed min(max_tokens, active*chunk).
  * Both capacities double like every other array of the core, but stop at those bounds, since a
@@ -81,10 +85,9 @@ static int ensure_plan_capacity(skippy_scheduler *s, sk_plan_slot *slot)
     size_t chunk = s->cfg.prefill_chunk_tokens;
     uint64_t tokens_needed = sk_sat_mul(s->active_len ? s->active_len : 1, chunk);
     if (tokens_needed > max_tokens) tokens_needed = max_tokens;
-    if (tokens_needed > plan->token_capacity) {
-        /* Past the buffer as it is: size for what the sequences can feed, not for a chunk
-         * each, which with a large chunk and budget would ask for far more than any plan uses
-         * (read here, only when the buffer may have to grow). */
+    if (tokens_needed > plan->token_capacity && tokens_needed > EXACT_TOKENS_ABOVE) {
+        /* A large chunk and budget would ask for far more than any plan uses: size for what
+         * the sequences can feed instead (read only then, so no ordinary plan pays a pass). */
         uint64_t need = 0;
         for (size_t at = 0; at < s->active_len; at++) {
             const sk_seq *seq = &s->seqs[s->active[at]];
@@ -93,6 +96,9 @@ static int ensure_plan_capacity(skippy_scheduler *s, sk_plan_slot *slot)
             if (left > chunk) left = chunk;
             need = sk_sat_add(need, left > 1 ? left : 1);
         }
+        /* Depth 1 replacing its live plan (this buffer's): undoing it, after this sizing, moves
+         * its rows' cursors back by at most the tokens it fed. */
+        if (s->live_count >= s->cfg.max_inflight_plans) need = sk_sat_add(need, plan->token_count);
         if (need < tokens_needed) tokens_needed = need ? need : 1;
     }
     if (tokens_needed > plan->token_capacity) {

@@ -232,10 +232,10 @@ def check_gguf(option: str, path: str) -> None:
                            f"(it does not start with the GGUF magic)")
 
 
-def check_model_file(option: str, path: str) -> None:
-    """Refuse a GGUF file that is not a whole model (truncated, damaged) with one line: its
-    header and its tensors' extent are read, no weights (needs gguf; without it llama.cpp's own
-    load says what is wrong)."""
+def check_model_file(option: str, path: str, *, allow_stage: bool = True) -> None:
+    """Refuse a GGUF file that is not a whole model (truncated, damaged; with `allow_stage`
+    False, a stage file from `split` too) with one line: its header and its tensors' extent
+    are read, no weights (needs gguf; without it llama.cpp's own load says what is wrong)."""
     check_gguf(option, path)
     try:
         import gguf  # noqa: F401
@@ -244,7 +244,7 @@ def check_model_file(option: str, path: str) -> None:
     from ..hosts.offload import ModelFileError, footprint_from_gguf
 
     try:
-        footprint_from_gguf(path)
+        footprint_from_gguf(path, allow_stage=allow_stage)
     except ModelFileError as exc:
         raise CommandError(f"{option}: {exc}") from None
 

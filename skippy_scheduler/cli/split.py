@@ -12,7 +12,8 @@ import os
 import sys
 from typing import Any
 
-from ._common import CommandError, check_gguf, check_output_dir, positive_int
+from ._common import (CommandError, check_gguf, check_model_file, check_output_dir,
+                      positive_int)
 from .stage import require_stage_packages
 from .vocabulary import add_flag
 
@@ -35,23 +36,11 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def check_whole_model(option: str, path: str) -> None:
-    """`_common.check_model_file` for a command that loads `path` as a whole model: a stage
-    file (`split` output) is refused as well as a truncated or damaged one, in one line."""
-    check_gguf(option, path)
-    from ..hosts.offload import ModelFileError, footprint_from_gguf
-
-    try:
-        footprint_from_gguf(path, allow_stage=False)
-    except ModelFileError as exc:
-        raise CommandError(f"{option}: {exc}") from None
-
-
 def run(args: argparse.Namespace) -> int:
     check_gguf("--model", args.model)
     check_output_dir("--out", args.out)
     require_stage_packages("split", "gguf")
-    check_whole_model("--model", args.model)
+    check_model_file("--model", args.model, allow_stage=False)
     from ..hosts.stages.split import (SplitError, parse_ranges, read_layer_count, read_stage_info,
                                       split_model, stale_stage_paths)
 

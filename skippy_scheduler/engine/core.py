@@ -430,8 +430,10 @@ class Engine(_Steps):
             src_t = None if src is None else (now if src.arrival_us is None else src.arrival_us)
             heap_t = self._pending[0][0] if self._pending else None
             if src_t is not None and src_t <= now and (heap_t is None or src_t <= heap_t):
-                self._pull_source()
-                self._submit(self._new_entry(src, src_t), raise_errors=False)
+                try:  # taken first, so that a bad request after it cannot lose it
+                    self._submit(self._new_entry(src, src_t), raise_errors=False)
+                finally:
+                    self._pull_source()
             elif heap_t is not None and heap_t <= now:
                 _, _, entry = heapq.heappop(self._pending)
                 self._update_next_due()

@@ -420,10 +420,6 @@ def place(fp: ModelFootprint, devices: Sequence[Device], spec: OffloadSpec, *,
 # -- the GGUF side -------------------------------------------------------------------------
 
 
-# The keys `skippy-scheduler split` writes into every stage file (hosts/stages/split.py).
-STAGE_KEY_PREFIX = "skippy.stage."
-
-
 def open_gguf(path: str | os.PathLike[str]) -> Any:
     """`gguf.GGUFReader` of `path` (header and tensor table read, no weights); `ModelFileError`
     with one readable line for a file the gguf package cannot read (truncated, damaged, of an
@@ -529,10 +525,12 @@ def _per_layer(v: object, n: int) -> list[int]:
 def refuse_stage_file(path: str, value: Callable[[str], object]) -> None:
     """`ModelFileError` if the GGUF whose metadata `value(key)` reads is a stage file (it has
     `skippy.stage.index`): one stage's layers, not the model a whole-model command loads."""
-    index = value(STAGE_KEY_PREFIX + "index")
+    from .stages.split import KEY_PREFIX
+
+    index = value(KEY_PREFIX + "index")
     if index is None:
         return
-    count = value(STAGE_KEY_PREFIX + "count")
+    count = value(KEY_PREFIX + "count")
     of = f" of {count}" if isinstance(count, int) else ""
     raise ModelFileError(
         f"{path} is stage {index}{of} of a split model (skippy-scheduler split), not a whole "

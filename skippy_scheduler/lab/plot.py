@@ -95,18 +95,6 @@ def binned_max(t: np.ndarray, values: np.ndarray, width: float) -> tuple[np.ndar
 
 def binned_ratio(t: np.ndarray, num: np.ndarray, den: np.ndarray,
                  width: float) -> tuple[np.ndarray, np.ndarray]:
-    """(bin start times, Σnum/Σden per bin) over the bins where Σden > 0."""
-    if len(t) == 0:
-        return np.zeros(0), np.zeros(0)
-    b = _bins(t, width)
-    n = np.bincount(b, weights=np.asarray(num, dtype=np.float64))
-    d = np.bincount(b, weights=np.asarray(den, dtype=np.float64))
-    keep = d > 0
-    return np.flatnonzero(keep) * width, n[keep] / d[keep]
-
-
-def binned_ratio_gaps(t: np.ndarray, num: np.ndarray, den: np.ndarray,
-                      width: float) -> tuple[np.ndarray, np.ndarray]:
     """(bin start times, Σnum/Σden per bin) for every bin from 0 to the last sample, NaN where
     Σden = 0: a line drawn through it breaks there instead of bridging the empty bins."""
     if len(t) == 0:
@@ -317,7 +305,7 @@ def plot_trace(runs: Sequence[Any], out_dir: str, title: str | None = None) -> l
         s = run.series
         # NaN in the bins where nobody was admitted: the line breaks there (a marker shows a
         # bin between two empty ones) instead of drawing a rate nobody had.
-        t, rate = binned_ratio_gaps(s["admit_time_s"], s["admit_restore"], s["admit_prompt"],
+        t, rate = binned_ratio(s["admit_time_s"], s["admit_restore"], s["admit_prompt"],
                                     width)
         ax.plot(t, 100.0 * rate, label=label, marker=".", markersize=4, **_style(k))
     ax.set_xlabel("virtual time (s)")

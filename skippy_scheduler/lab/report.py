@@ -96,8 +96,8 @@ TRACE_COLUMNS = (
 )
 TRACE_UNITS = ("queue wait, TTFT and inter-token gap in ms of virtual time (nearest-rank "
                "percentiles); out tok/s and goodput/s per second of virtual time; hit rate = "
-               "prompt tokens restored from the prefix cache / prompt tokens, in percent "
-               "(--json hit_rate: the fraction); stale = stale "
+               "prompt tokens restored from the prefix cache at first admission / prompt "
+               "tokens, in percent (--json hit_rate: the fraction); stale = stale "
                "affinity refreshes; util = busy virtual time / makespan; Jain = fairness of "
                "per-tenant service while the trace arrives (- with one tenant); wall s = "
                "real seconds the replay took")

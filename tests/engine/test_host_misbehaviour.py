@@ -94,6 +94,20 @@ def test_an_arrival_that_never_comes_is_refused_before_the_engine_takes_it(impl,
     assert [r.id for r in report.records] == ["z"]
 
 
+def test_a_bad_arrival_in_a_stream_keeps_the_requests_taken_before_it(impl):
+    host = OnceHost()
+    engine = Engine(impl(), host, clock=VirtualClock(LAB_COST))
+    stream = [Request("a", [1, 2], max_tokens=2, arrival_us=10),
+              Request("b", [3, 4], max_tokens=2, arrival_us=math.nan),
+              Request("c", [5, 6], max_tokens=2, arrival_us=20)]
+    with pytest.raises(ValueError, match="arrival_us must be finite"):
+        engine.run(stream)
+    assert engine.open_ids() == ["a"]  # taken before the bad one: it goes on
+    report = engine.run()
+    assert [(r.id, r.finish_reason) for r in report.records] == [("a", "length")]
+    assert host.holding == set() and host.released == ["a"]
+
+
 def test_runs_one_after_another_each_take_their_own_requests(impl):
     host = OnceHost()
     engine = Engine(impl(), host, clock=VirtualClock(LAB_COST))

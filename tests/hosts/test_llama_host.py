@@ -488,7 +488,7 @@ def test_random_schedules_staged_ahead_match_alone_runs(impl, ahead_host, alone)
     # sequences (each trial's requests start over steps).
     missed = {k: n - missed[k] for k, n in h.not_staged_ahead.items()}
     assert set(missed) == set(NOT_STAGED_REASONS)
-    assert missed["restaged"] == again and missed["new_rows"] > 15
+    assert missed["restaged"] >= again and missed["new_rows"] > 15
     assert h.host_state().not_staged_ahead == h.not_staged_ahead
 
 

@@ -36,14 +36,12 @@ def test_plots_are_valid_pngs_with_one_series_per_run(tmp_path, backend):
 
 
 def test_binned_queue_depth_is_whole_requests():
-    from skippy_scheduler.lab.plot import bin_width, binned_max, binned_ratio
+    from skippy_scheduler.lab.plot import bin_width, binned_max
 
     assert [bin_width(x) for x in (1.0, 100.0, 3_537.0, 0.0)] == [0.005, 0.5, 20.0, 1.0]
     t = np.array([0.1, 0.2, 0.9, 2.5])
     start, depth = binned_max(t, np.array([3, 1, 2, 7]), 1.0)
     assert start.tolist() == [0.0, 1.0, 2.0] and depth.tolist() == [3.0, 0.0, 7.0]
-    start, rate = binned_ratio(t, np.array([1, 1, 0, 5]), np.array([2, 2, 0, 10]), 1.0)
-    assert start.tolist() == [0.0, 2.0] and rate.tolist() == [0.5, 0.5]
 
 
 def test_trace_plots(tmp_path, backend):
@@ -140,11 +138,11 @@ def _capture(monkeypatch):
     return seen
 
 
-def test_binned_ratio_gaps_breaks_the_line_at_empty_bins():
-    from skippy_scheduler.lab.plot import binned_ratio_gaps
+def test_binned_ratio_breaks_the_line_at_empty_bins():
+    from skippy_scheduler.lab.plot import binned_ratio
 
     t = np.array([0.1, 0.2, 2.5, 4.1])
-    start, rate = binned_ratio_gaps(t, np.array([1, 1, 0, 5]), np.array([2, 2, 0, 10]), 1.0)
+    start, rate = binned_ratio(t, np.array([1, 1, 0, 5]), np.array([2, 2, 0, 10]), 1.0)
     assert start.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert rate[0] == 0.5 and rate[4] == 0.5 and np.isnan(rate[1:4]).all()
 

@@ -29,3 +29,19 @@ def test_huge_budget_and_chunk_plan_like_small_ones(impl, depth):
     assert len(plan) == 4 and plan.token_count == 4
     s.abort_iteration(plan)
     assert s.metrics().active_sequences == 4
+
+
+def test_a_replaced_plan_gives_its_tokens_back_within_the_buffer(impl):
+    """Depth 1: making a plan while one is live undoes the live one (its rows' cursors go
+    back), after the new plan's buffer was sized; the buffer holds what the undone rows feed
+    again. (Under the sanitizers a buffer sized from the cursors before the undo overflows.)"""
+    big = 1 << 22  # past the size from which the buffer follows what the sequences can feed
+    s = impl(SchedulerConfig(max_tokens_per_iteration=big, prefill_chunk_tokens=big,
+                             max_active_sequences=8))
+    s.submit(Sequence("a", [5] * 4000, max_tokens=2))
+    first = s.plan_iteration()
+    assert first.token_count == 4000
+    s.submit(Sequence("b", [6] * 3000, max_tokens=2))
+    second = s.plan_iteration()  # replaces the first: a's 4000 tokens again, and b's
+    assert second.token_count == 7000 and len(second) == 2
+    assert list(second.tokens[:4000]) == [5] * 4000 and list(second.tokens[4000:]) == [6] * 3000

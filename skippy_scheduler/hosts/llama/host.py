@@ -77,8 +77,9 @@ _AHEAD_WAIT_S = 0.005  # the longest wait for the next plan to stage ahead (`_st
 # it), the next plan was not queued within the wait (an idle server's next plan counts here
 # too), it starts sequences (`new_rows`: lanes, sampler chains and restored prefixes are set up
 # when it runs), it could not be staged without changing state (a replay, a fork to follow, a
-# prompt whose log-probabilities are collected, rows that do not continue their lanes), or it
-# was staged but the lanes changed before it ran (`restaged`).
+# prompt whose log-probabilities are collected, rows that do not continue their lanes), or a
+# staging was made but did not hold: the lanes changed before it ran, or another plan ran in
+# its place (`restaged`).
 NOT_STAGED_REASONS = ("plan_before_waited", "not_queued", "new_rows", "not_stageable",
                       "restaged")
 
@@ -465,7 +466,7 @@ class LlamaHost:
         rows_ = self._rows
         step: Staged | None
         if ahead is not None and ahead.plan is not plan:
-            ahead, miss = None, None  # staged for a plan that did not run
+            ahead, miss = None, "restaged"  # staged for a plan that did not run
         if ahead is not None and (self._lanes.changes == ahead.lane_changes
                                   or rows_.still_staged(ahead.step)):
             rows, step = ahead.rows, ahead.step

@@ -315,62 +315,14 @@ def _check_stage_counts(directory: str, paths: list[str]) -> None:
                              "into the directory again")
 
 
-# GGUF value types (gguf.GGUFValueType) and the size of each fixed-size one.
-_GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
-_UINTS = {0: "<B", 2: "<H", 4: "<I", 10: "<Q", 1: "<b", 3: "<h", 5: "<i", 11: "<q"}
-
-
 def _stage_keys(path: str) -> tuple[int, int] | None:
-    """(index, count) from a stage file's `skippy.stage.*` keys, read from its header alone
-    (split writes them first: the vocabulary that follows is not read); None where the file
-    is not a little-endian GGUF v2/v3 with both keys."""
-    import struct
-
-    want = {KEY_PREFIX + "index": "index", KEY_PREFIX + "count": "count"}
-    got: dict[str, int] = {}
+    """(index, count) of a stage file; None where its header cannot be read as one (the worker
+    that loads it says why)."""
     try:
-        with open(path, "rb") as fh:
-            def read(fmt: str) -> Any:
-                n = struct.calcsize(fmt)
-                data = fh.read(n)
-                if len(data) != n:
-                    raise EOFError
-                return struct.unpack(fmt, data)[0]
-
-            def skip(kind: int) -> None:
-                if kind == _GGUF_STRING:
-                    fh.seek(read("<Q"), os.SEEK_CUR)
-                elif kind == _GGUF_ARRAY:
-                    sub, n = read("<I"), read("<Q")
-                    if sub in _GGUF_SIZES:
-                        fh.seek(n * _GGUF_SIZES[sub], os.SEEK_CUR)
-                    else:
-                        for _ in range(n):
-                            skip(sub)
-                elif kind in _GGUF_SIZES:
-                    fh.seek(_GGUF_SIZES[kind], os.SEEK_CUR)
-                else:
-                    raise ValueError(kind)
-
-            if fh.read(4) != b"GGUF" or read("<I") not in (2, 3):
-                return None
-            read("<Q")  # tensors
-            for _ in range(read("<Q")):
-                n = read("<Q")
-                if n > 1 << 16:
-                    return None  # not a key: a damaged header
-                key = fh.read(n).decode("utf-8", "replace")
-                kind = read("<I")
-                if key in want and kind in _UINTS:
-                    got[want[key]] = int(read(_UINTS[kind]))
-                    if len(got) == len(want):
-                        return got["index"], got["count"]
-                else:
-                    skip(kind)
-    except (OSError, EOFError, ValueError, OverflowError, struct.error):
+        info = read_stage_info(path)
+    except Exception:  # SplitError, or whatever a damaged header makes the reader raise
         return None
-    return None
+    return info.index, info.count
 
 
 def read_layer_count(path: str | os.PathLike[str]) -> int:
