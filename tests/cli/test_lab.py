@@ -150,7 +150,9 @@ def test_plot_lines_follow_the_tables(tmp_path):
         merged = subprocess.run(
             [sys.executable, "-m", "skippy_scheduler.cli", "lab", *run, "--plot",
              str(tmp_path / "plots")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, check=True, timeout=300).stdout.splitlines()
+            text=True, check=True, timeout=300,
+            # (not from the checkout: `python -m` would import its uncompiled sources)
+            cwd=tmp_path).stdout.splitlines()
         wrote = [k for k, line in enumerate(merged) if line.startswith("# wrote ")]
         row = max(k for k, line in enumerate(merged) if line.startswith("fcfs"))
         assert len(wrote) == 3 and min(wrote) > row, merged
