@@ -363,7 +363,8 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
                 for i, (sub, tokens) in enumerate(zip(subs, prompts))]
         for out, key in zip(outs[::n], held):
             out.held = key
-        head = {"id": rid, "created": int(time.time()), "model": gen.model or ctx.model_name}
+        head = {"id": rid, "created": int(time.time()), "model": gen.model or ctx.model_name,
+                "system_fingerprint": None}  # the key OpenAI always sends (null: none)
         if gen.return_token_ids and len(prompts) == 1:
             head["prompt_token_ids"] = list(prompts[0])
         if gen.stream:
@@ -390,7 +391,8 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
                 choice: dict[str, Any] = {"index": out.index, "text": text,
                                           "logprobs": logprobs, "finish_reason": out.finish}
             else:
-                choice = {"index": out.index, "message": {"role": "assistant", "content": text},
+                choice = {"index": out.index,
+                          "message": {"role": "assistant", "content": text, "refusal": None},
                           "logprobs": logprobs, "finish_reason": out.finish}
             if gen.return_token_ids:
                 choice["token_ids"] = list(out.tokens)

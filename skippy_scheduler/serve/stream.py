@@ -66,7 +66,7 @@ class Chunks:
         self.chat = gen.kind == "chat"
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         self.base = {"id": head["id"], "object": obj, "created": head["created"],
-                     "model": head["model"]}
+                     "model": head["model"], "system_fingerprint": None}
         self.head = head
         # `data: {...base,"choices":[{"index":` + i + field + text + rest
         self._open = "data: " + dumps(self.base)[:-1].decode("utf-8") + ',"choices":[{"index":'

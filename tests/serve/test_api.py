@@ -149,6 +149,11 @@ def test_chat_streamed_and_not(client):
                                                        {"type": "text", "text": "i"}]}]
     r2 = client.chat.completions.create(model="tiny-f32", messages=parts, max_tokens=10, **GREEDY)
     assert r2.choices[0].message.content == msg.content
+    # The keys OpenAI always sends, null here: system_fingerprint (answer and every chunk) and
+    # the message's refusal.
+    assert r.system_fingerprint is None and "system_fingerprint" in r.model_fields_set
+    assert msg.refusal is None and "refusal" in msg.model_fields_set
+    assert all("system_fingerprint" in c.model_fields_set for c in chunks)
 
 
 SEEDED = dict(temperature=0.9, top_p=0.95, seed=1234, presence_penalty=0.3,
