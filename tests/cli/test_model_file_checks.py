@@ -148,8 +148,10 @@ def test_split_removes_stage_files_left_from_a_split_into_more(capsys, tiny4, tm
     assert len(stage_paths(out)) == 2
 
 
-def test_a_stage_file_left_from_an_earlier_split_is_named(capsys, tiny4, split2, tmp_path):
-    from skippy_scheduler.hosts.stages.split import SplitError, split_model, stage_paths
+def _with_leftover(tiny4, split2, tmp_path):
+    """`tmp_path/mixed`: stages 0 and 1 of a split into 2, and stage 2 of a split into 3 (what
+    a split into fewer stages would leave behind); `tmp_path/sp3` holds that split into 3."""
+    from skippy_scheduler.hosts.stages.split import split_model
 
     split_model(tiny4, tmp_path / "sp3", 3)
     mixed = tmp_path / "mixed"
@@ -157,6 +159,13 @@ def test_a_stage_file_left_from_an_earlier_split_is_named(capsys, tiny4, split2,
     for k in (0, 1):
         os.link(os.path.join(split2, f"stage-{k}.gguf"), mixed / f"stage-{k}.gguf")
     os.link(tmp_path / "sp3" / "stage-2.gguf", mixed / "stage-2.gguf")
+    return mixed
+
+
+def test_a_stage_file_left_from_an_earlier_split_is_named(capsys, tiny4, split2, tmp_path):
+    from skippy_scheduler.hosts.stages.split import SplitError, stage_paths
+
+    mixed = _with_leftover(tiny4, split2, tmp_path)
     with pytest.raises(SplitError, match=r"stage-2\.gguf is left from an earlier split into 3 "
                                          r"stages; remove it"):
         stage_paths(mixed)
@@ -172,13 +181,6 @@ def test_a_stage_file_left_from_an_earlier_split_is_named(capsys, tiny4, split2,
 def test_run_with_a_leftover_stage_names_it(capsys, tiny4, split2, tmp_path):
     pytest.importorskip("llama_cpp")
     pytest.importorskip("zmq")
-    from skippy_scheduler.hosts.stages.split import split_model
-
-    split_model(tiny4, tmp_path / "sp3", 3)
-    mixed = tmp_path / "mixed"
-    mixed.mkdir()
-    for k in (0, 1):
-        os.link(os.path.join(split2, f"stage-{k}.gguf"), mixed / f"stage-{k}.gguf")
-    os.link(tmp_path / "sp3" / "stage-2.gguf", mixed / "stage-2.gguf")
+    mixed = _with_leftover(tiny4, split2, tmp_path)
     line = _error(capsys, ["run", "--stages", str(mixed)])
     assert "stage-2.gguf is left from an earlier split into 3 stages" in line

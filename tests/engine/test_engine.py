@@ -15,39 +15,7 @@ from skippy_scheduler.cost_model import LAB_COST
 from skippy_scheduler.engine import (AcceptEvent, CostModelHost, Engine, EngineStalled, FinishEvent, Request,
                                      TokenEvent, VirtualClock, percentile)
 
-
-class CountingHost:
-    """Next token = last input token + 1; `stop_at[id]` is the token value that ends that
-    sequence; `skip` leaves one sampling row without an output (its sequence fails). Tracks
-    which sequences hold state."""
-
-    def __init__(self, stop_at: dict[str, int] | None = None, skip: str | None = None) -> None:
-        self.stop_at = stop_at
-        self.skip = skip
-        self.holding: set[str] = set()
-        self.released: list[str] = []
-
-    def execute(self, plan) -> None:
-        ids = plan.sequence_ids
-        self.holding.update(ids)
-        rows = plan.sample_rows.tolist()
-        ends = plan.row_offsets[1:]
-        out = plan.outputs
-        k = 0
-        for r in rows:
-            if ids[r] == self.skip:
-                continue
-            token = int(plan.tokens[ends[r] - 1]) + 1
-            if self.stop_at is not None and token >= self.stop_at.get(ids[r], 1 << 31):
-                token = -1
-            out.request_indexes[k] = r
-            out.predicted_tokens[k] = token
-            k += 1
-        out.count = k
-
-    def release(self, sequence_id: str, reason: object = None) -> None:
-        self.holding.discard(sequence_id)
-        self.released.append(sequence_id)
+from counting_host import CountingHost
 
 
 def _config(**kw) -> SchedulerConfig:

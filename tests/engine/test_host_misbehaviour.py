@@ -11,35 +11,27 @@ from skippy_scheduler import MalformedOutputs, SchedulerConfig
 from skippy_scheduler.cost_model import LAB_COST
 from skippy_scheduler.engine import CostModelHost, Engine, Request, VirtualClock
 
+from counting_host import CountingHost
 
-class OnceHost:
-    """Next token = last input token + 1. `bad_release`: the first release raises;
+
+class OnceHost(CountingHost):
+    """`CountingHost` that misbehaves once. `bad_release`: the first release raises;
     `bad_outputs`: the plan with that step writes an output outside its rows."""
 
     def __init__(self, bad_release: bool = False, bad_outputs: int = -1) -> None:
+        super().__init__()
         self.bad_release = bad_release
         self.bad_outputs = bad_outputs
         self.plans = 0
-        self.holding: set[str] = set()
-        self.released: list[str] = []
 
     def execute(self, plan) -> None:
-        ids = plan.sequence_ids
-        self.holding.update(ids)
-        rows = plan.sample_rows.tolist()
-        ends = plan.row_offsets[1:]
-        out = plan.outputs
-        for k, r in enumerate(rows):
-            out.request_indexes[k] = r
-            out.predicted_tokens[k] = int(plan.tokens[ends[r] - 1]) + 1
-        if self.plans == self.bad_outputs and rows:
-            out.request_indexes[0] = len(plan) + 5
-        out.count = len(rows)
+        super().execute(plan)
+        if self.plans == self.bad_outputs and plan.outputs.count:
+            plan.outputs.request_indexes[0] = len(plan) + 5
         self.plans += 1
 
     def release(self, sequence_id: str, reason: object = None) -> None:
-        self.holding.discard(sequence_id)
-        self.released.append(sequence_id)
+        super().release(sequence_id, reason)
         if self.bad_release:
             self.bad_release = False
             raise RuntimeError("hiccup")
