@@ -3,8 +3,9 @@
 The engine runs in this process (skippy_scheduler/dynamo/worker.py): Dynamo's frontend
 (`python -m dynamo.frontend`) finds it through Dynamo's discovery, sends it token-id requests
 and routes on its KV events. Without `--model-path` the Hugging Face folder Dynamo's frontend
-tokenizes with is exported from the GGUF into a temporary directory first, and the worker
-refuses to start when that tokenizer differs from llama.cpp's (export-hf-tokenizer). Needs the
+tokenizes with is exported from the GGUF first, into a folder of the cache named by its contents
+(kept, so every replica of one model registers the same path), and the worker refuses to start
+when that tokenizer differs from llama.cpp's (export-hf-tokenizer). Needs the
 `serve`, `llama` and `dynamo` extras (docs/fleet.md, "Dynamo", for the install).
 """
 from __future__ import annotations
@@ -34,8 +35,10 @@ def register(subparsers: Any) -> None:
     add_model_options(p)
     p.add_argument("--model-path", metavar="DIR", default=None,
                    help="the Hugging Face folder Dynamo's frontend tokenizes with (default: "
-                        "exported from the GGUF into a temporary directory and checked against "
-                        "llama.cpp's tokenizer, as export-hf-tokenizer does)")
+                        "exported from the GGUF into dynamo-hf/ under $SKIPPY_SCHEDULER_CACHE "
+                        "(else ~/.cache/skippy-scheduler), in a folder named by its contents "
+                        "and kept, and checked against llama.cpp's tokenizer, as "
+                        "export-hf-tokenizer does)")
     add_flag(p, "served-model-name", default_text="the model file's name")
     g = p.add_argument_group("dynamo")
     g.add_argument("--namespace", default=os.environ.get("DYN_NAMESPACE", "dynamo"),
@@ -123,8 +126,9 @@ def _import_dynamo() -> Any:
         from ..dynamo import worker
     except ImportError as exc:
         raise CommandError(f"Dynamo is not available ({exc}); install it as docs/fleet.md "
-                           "says (ai-dynamo and ai-dynamo-runtime 1.6.1, then "
-                           "pip install '.[dynamo,serve,llama]')") from None
+                           "says: pip install --no-deps ai-dynamo==1.6.1, then "
+                           "pip install '.[dynamo,serve,llama]' (a plain pip install "
+                           "ai-dynamo fails on Python 3.11+)") from None
     return worker
 
 

@@ -412,7 +412,10 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # SIGINT or SIGTERM while loading: the server cleaned up
         return 0
     ctx, s = server.context, server.settings
-    target = s.slo_itl_ms if s.slo_itl_ms is not None else s.itl_target_ms
+    from ..serve.slo import planned_gap_ms
+
+    # The target the slack rule plans to: under an ITL budget, its planned share.
+    target = planned_gap_ms(s.slo_itl_ms) if s.slo_itl_ms is not None else s.itl_target_ms
     rule = (f"slack rule at {target:g} ms" if s.planning_rule == "slack"
             else "reference planning")
     slo = [f"{name} {value:g} ms" for name, value in (("TTFT", s.slo_ttft_ms),

@@ -288,15 +288,17 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
     # stack, endpoint telemetry) cost a tenth of a streamed request's server CPU for nothing.
     # The app's middleware and exception handlers apply to them as to every route.
     async def completions(request: Request) -> Response:
+        received_us = runner.now_us()  # its arrival: TTFT and the SLO count from here
         gen = await _read_request(request, ctx.limits, partial(
             parse_completion, strict=ctx.strict_request_fields), ctx.n_vocab)
         gen.model = served_model(ctx.model_names, gen.model)
         prompts = [await _off_loop(len(p) <= INLINE_TEXT_CHARS,
                                    partial(_tokenize, ctx, p, "prompt"))
                    if isinstance(p, str) else p for p in gen.prompts]
-        return await _generate(request, gen, prompts, "prompt")
+        return await _generate(request, gen, prompts, "prompt", received_us)
 
     async def chat_completions(request: Request) -> Response:
+        received_us = runner.now_us()
         gen = await _read_request(request, ctx.limits, partial(
             parse_chat, strict=ctx.strict_request_fields), ctx.n_vocab)
         gen.model = served_model(ctx.model_names, gen.model)
@@ -307,14 +309,16 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
 
         small = sum(len(text) for _, text in gen.messages) <= INLINE_TEXT_CHARS
         tokens = await _off_loop(small, render_and_tokenize)
-        return await _generate(request, gen, [tokens], "messages")
+        return await _generate(request, gen, [tokens], "messages", received_us)
 
     app.add_route("/v1/completions", completions, methods=["POST"])
     app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
 
     async def _generate(request: Request, gen: GenerationRequest, prompts: list[list[int]],
-                        prompt_field: str) -> Response:
-        """`n` choices per prompt (index in order: prompt by prompt), all admitted or none."""
+                        prompt_field: str, received_us: float) -> Response:
+        """`n` choices per prompt (index in order: prompt by prompt), all admitted or none. The
+        request arrived at `received_us` (the engine's clock): reading, tokenizing and checking
+        it count against its first-token budget and in its TTFT."""
         n = gen.outputs.best_of or gen.n  # engine requests per prompt
         if gen.outputs.grammar is not None and ctx.check_grammar is not None:
             await asyncio.to_thread(_check_grammar, ctx.check_grammar, gen.outputs.grammar)
@@ -342,15 +346,18 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         # first token (serve/slo.py).
         slo = ctx.slo
         gen.ttft_ms, gen.itl_ms = slo.budgets(gen.ttft_ms, gen.itl_ms)
+        # Its budget counts from its arrival, as the engine's deadline does: the time spent
+        # reading it is spent.
+        spent_ms = max(runner.now_us() - received_us, 0.0) / 1e3
         own = [len(tokens) for tokens in prompts[::n]]
-        slo.admit(sum(own), gen.ttft_ms, gen.priority)
+        slo.admit(sum(own), gen.ttft_ms, gen.priority, spent_ms)
         prefix = "cmpl" if gen.kind == "completion" else "chatcmpl"
         rid = f"{prefix}-{_request_id()}"
         held = slo.hold(own, gen.ttft_ms, [_engine_id(rid, i, len(prompts)) for i in
                                            range(0, len(prompts), n)]  # each first choice
-                        if slo.shedding else None, gen.priority)
+                        if slo.shedding else None, gen.priority, spent_ms)
         try:
-            subs = await _open_all(rid, gen, prompts, budgets, samplings)
+            subs = await _open_all(rid, gen, prompts, budgets, samplings, received_us)
         except BaseException:
             for key in held:
                 slo.release(key)
@@ -404,7 +411,8 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         return Response(_dumps(body), media_type="application/json")
 
     async def _open_all(rid: str, gen: GenerationRequest, prompts: list[list[int]],
-                        budgets: list[int], samplings: list[Any]) -> list[Subscription]:
+                        budgets: list[int], samplings: list[Any],
+                        arrival_us: float) -> list[Subscription]:
         """Every prompt's subscription once the scheduler queued them all; if it refused one,
         the others are cancelled and closed before the error is raised."""
         loop = asyncio.get_running_loop()
@@ -415,6 +423,7 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
                                                                    samplings)):
                 subs.append(runner.open(EngineRequest(_engine_id(rid, i, len(prompts)),
                                                       tokens, max_tokens,
+                                                      arrival_us=arrival_us,
                                                       sampling=sampling,
                                                       priority=gen.priority,
                                                       ttft_ms=gen.ttft_ms,

@@ -5,9 +5,12 @@ request; the engine's own figures (running and waiting requests, preemptions, pr
 rate, lanes and KV in use) are read from the last `EngineStats` the engine thread published, at
 scrape time, so the engine thread never calls into prometheus_client.
 
-Times are on the engine's clock: TTFT is from the moment the server received the request to the
-end of the iteration that sampled the first token; inter-token latency is between consecutive
-tokens of a request; end-to-end latency runs to the request's end.
+Times are on the engine's clock: TTFT is from the moment the server received the request (before
+its body is read, tokenized and checked) to the end of the iteration that sampled the first
+token; inter-token latency is between consecutive tokens of a request; end-to-end latency runs
+to the request's end. The TTFT and end-to-end histograms and `skippy:request_success_total`
+count choices: a request with `n` > 1 or `best_of` counts once per sequence it ran (the
+best_of candidates not returned included).
 
 Preemptions are counted by reason (`reason="memory"`: the measured memory did not fit;
 `reason="priority"`: a waiting request of higher priority took the lane, docs/behaviour.md
@@ -253,7 +256,8 @@ class ServeMetrics:
         reg = CollectorRegistry(auto_describe=True)
         self.registry = reg
         self.ttft = Histogram("skippy:time_to_first_token_seconds",
-                              "Time to first token.", buckets=_TTFT_BUCKETS, registry=reg)
+                              "Time to first token of each choice, from the request's "
+                              "arrival.", buckets=_TTFT_BUCKETS, registry=reg)
         self.ttft_by_priority = Histogram(
             "skippy:time_to_first_token_by_priority_seconds",
             "Time to first token, by request priority (higher runs first).", ["priority"],
@@ -264,7 +268,7 @@ class ServeMetrics:
                                  "Time between consecutive tokens of a request.", _ITL_BUCKETS)
         reg.register(self.itl)
         self.e2e = Histogram("skippy:e2e_request_latency_seconds",
-                             "Time from arrival to the end of a request.",
+                             "Time from arrival to the end of each choice.",
                              buckets=_E2E_BUCKETS, registry=reg)
         self.prompt_tokens = Counter("skippy:prompt_tokens", "Prompt tokens of admitted requests "
                                      "(once per prompt, whatever n or best_of).",
@@ -272,7 +276,8 @@ class ServeMetrics:
         self.generation_tokens = Counter("skippy:generation_tokens",
                                          "Tokens generated for clients.", registry=reg)
         self.request_success = Counter("skippy:request_success",
-                                       "Requests that ended, by finish reason.",
+                                       "Choices that ended (each of n, every best_of "
+                                       "candidate), by finish reason.",
                                        ["finished_reason"], registry=reg)
         self.request_errors = Counter("skippy:request_errors",
                                       "Requests answered with an error, by HTTP status.",

@@ -281,10 +281,11 @@ class EngineRunner:
         Subscriptions given the same `inbox` (on `loop`) are waited for together. A request
         without an arrival time arrives now: its first-token deadline counts from here, not
         from the end of the step the engine is in when it takes the request."""
-        now = self.engine.now()
-        if request.arrival_us is None:
-            request = replace(request, arrival_us=now)
-        sub = Subscription(request.id, loop, now, inbox)
+        arrival = request.arrival_us
+        if arrival is None:
+            arrival = self.engine.now()
+            request = replace(request, arrival_us=arrival)
+        sub = Subscription(request.id, loop, arrival, inbox)
         with self._lock:
             self._subs[request.id] = sub
             self._undecided[request.id] = sub

@@ -196,7 +196,7 @@ class Slo:
         self.age_max_ms = float(age_max_ms)
         self.clock = clock
         self.waiting_prefill_tokens = 0
-        # key -> (deadline on `clock` in ms, or None: no TTFT budget; prompt tokens; admitted
+        # key -> (deadline on `clock` in ms, or None: no TTFT budget; prompt tokens; arrived
         # at; the engine sequence id whose prefill `prefilled` reports, or None; priority)
         self._held: dict[int, tuple[Optional[float], int, float, Optional[str], int]] = {}
         self._keys = itertools.count(1)
@@ -224,11 +224,12 @@ class Slo:
 
     # -- shedding ---------------------------------------------------------------------------
 
-    def predict(self, own_tokens: int, budget_ms: float,
-                priority: int = 0) -> Optional[Prediction]:
-        """The prediction for a request of `own_tokens` prompt tokens and `priority` arriving
-        now with a TTFT budget of `budget_ms` (None: no fitted model), as the module docstring
-        lays out."""
+    def predict(self, own_tokens: int, budget_ms: float, priority: int = 0,
+                spent_ms: float = 0.0) -> Optional[Prediction]:
+        """The prediction for a request of `own_tokens` prompt tokens and `priority` admitted
+        now, `spent_ms` after its arrival, with a TTFT budget of `budget_ms` from its arrival
+        (None: no fitted model), as the module docstring lays out; its predicted TTFT counts
+        from its arrival."""
         cost = self.cost()
         if cost is None:
             return None
@@ -241,11 +242,11 @@ class Slo:
             return (tokens * t + -(-tokens // batch) * base) / 1e3
 
         now = self.clock()
-        deadline = now + budget_ms
+        deadline = now - spent_ms + budget_ms
         left = self._left
         if age <= 0:  # the walk order: everything admitted is ahead
             tokens = sum(left(w, sid) for _, w, _, sid, _ in self._held.values()) + own_tokens
-            mine = time_ms(tokens)
+            mine = spent_ms + time_ms(tokens)
             return Prediction(tokens=tokens, steps=-(-tokens // batch), ttft_ms=mine,
                               budget_ms=budget_ms, late_ms=max(mine - budget_ms, 0.0))
         ahead = 0  # turn overdue before its deadline (step 3)
@@ -285,7 +286,7 @@ class Slo:
             cum += w
             end = now + time_ms(cum)
             if is_new:
-                mine, tokens, placed = time_ms(cum), cum, True
+                mine, tokens, placed = spent_ms + time_ms(cum), cum, True
             elif (placed and prio >= priority and end > d
                   and now + time_ms(cum - own_tokens) <= d):
                 displaced += 1
@@ -294,35 +295,38 @@ class Slo:
                           budget_ms=budget_ms, displaced=displaced,
                           late_ms=max(late, mine - budget_ms, 0.0))
 
-    def admit(self, own_tokens: int, ttft_ms: Optional[float], priority: int = 0) -> None:
-        """Raise the 503 when shedding is on and the request's TTFT budget cannot be met, or
-        meeting it would make an admitted request miss its own; nothing is changed either way
-        (the caller holds its prompts once it is queued)."""
+    def admit(self, own_tokens: int, ttft_ms: Optional[float], priority: int = 0,
+              spent_ms: float = 0.0) -> None:
+        """Raise the 503 when shedding is on and the request's TTFT budget (from its arrival,
+        `spent_ms` ago) cannot be met, or meeting it would make an admitted request miss its
+        own; nothing is changed either way (the caller holds its prompts once it is queued)."""
         if not self.settings.shed or ttft_ms is None:
             return
-        p = self.predict(own_tokens, ttft_ms, priority)
+        p = self.predict(own_tokens, ttft_ms, priority, spent_ms)
         if p is not None and not p.met:
             if self.metrics is not None:
                 self.metrics.slo_shed.inc()
             raise slo_shed_error(p)
 
     def hold(self, prompts: Sequence[int], ttft_ms: Optional[float],
-             ids: Optional[Sequence[Optional[str]]] = None, priority: int = 0) -> list[int]:
-        """Count each prompt of `prompts` (their token counts) as waiting for prefill, with
-        the deadline `ttft_ms` from now (None: no budget), prefilled as the engine sequence of
-        the same place in `ids` (None: not reported; it counts whole); returns one key per
-        prompt to `release` later (none when not shedding: nothing is counted)."""
+             ids: Optional[Sequence[Optional[str]]] = None, priority: int = 0,
+             spent_ms: float = 0.0) -> list[int]:
+        """Count each prompt of `prompts` (their token counts) as waiting for prefill since
+        their arrival `spent_ms` ago, with the deadline `ttft_ms` from then (None: no budget),
+        prefilled as the engine sequence of the same place in `ids` (None: not reported; it
+        counts whole); returns one key per prompt to `release` later (none when not shedding:
+        nothing is counted)."""
         if not self.settings.shed:
             return []
         now = self.clock()
-        deadline = None if ttft_ms is None else now + ttft_ms
+        deadline = None if ttft_ms is None else now - spent_ms + ttft_ms
         self._tick(now)
         keys = []
         for i, tokens in enumerate(prompts):
             key = next(self._keys)
             w = max(int(tokens), 0)
-            self._held[key] = (deadline, w, now, ids[i] if ids is not None else None,
-                               priority)
+            self._held[key] = (deadline, w, now - spent_ms,  # its arrival
+                               ids[i] if ids is not None else None, priority)
             self.waiting_prefill_tokens += w
             keys.append(key)
         return keys

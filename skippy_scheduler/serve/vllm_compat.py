@@ -17,7 +17,8 @@ the replicas' KV events against them; dashboards and load-aware policies read `v
 * metrics under vLLM's names, labelled `model_name` and `engine` as vLLM labels them:
   `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (0-1),
   `vllm:prefix_cache_queries` and `vllm:prefix_cache_hits` (counters of prompt tokens: looked
-  up in the prefix store, and found there), read from the same `EngineStats` as the `skippy:`
+  up in the prefix store, and found there; per admitted sequence, so each choice of `n` counts,
+  as each of vLLM's child requests does), read from the same `EngineStats` as the `skippy:`
   ones.
 """
 from __future__ import annotations
@@ -109,10 +110,12 @@ class _VllmCollector:
         yield gauge("vllm:kv_cache_usage_perc", "KV cache usage (1 means 100 percent).",
                     s.kv_tokens / s.kv_capacity if s.kv_capacity else 0.0)
         yield counter("vllm:prefix_cache_queries",
-                      "Prompt tokens of admitted requests looked up in the prefix cache.",
+                      "Prompt tokens looked up in the prefix cache, per admitted sequence "
+                      "(each choice of n): those found plus those computed.",
                       s.restored_tokens + s.prefill_tokens)
         yield counter("vllm:prefix_cache_hits",
-                      "Prompt tokens of admitted requests found in the prefix cache.",
+                      "Prompt tokens found in the prefix cache (a whole-prompt hit counts its "
+                      "last token, computed again for its logits, here and as computed).",
                       s.restored_tokens)
         yield counter("vllm:num_preemptions", "Preemptions.", s.preemptions)
 

@@ -6,6 +6,7 @@ Retry-After to a request the cost model cannot serve, before the scheduler sees 
 chosen far from any timing (a minute, or a microsecond), so no assertion depends on speed."""
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -94,7 +95,9 @@ def test_serve_takes_the_slo_flags_and_counts_a_request(tmp_path):
     served = Spawned(tmp_path, "--slo-ttft-ms", str(LONG_MS), "--slo-itl-ms", str(LONG_MS),
                      "--slo-shed")
     try:
-        assert "SLO TTFT 600000 ms and gaps 600000 ms, shedding" in served.log()
+        # The slack rule plans to 3/4 of the gap budget, and the line says so.
+        assert ("slack rule at 450000 ms, SLO TTFT 600000 ms and gaps 600000 ms, shedding"
+                in served.log())
         with openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0,
                            timeout=60) as c:
             out = c.chat.completions.create(model="tiny-random-llama", max_tokens=4,
@@ -172,6 +175,37 @@ def test_streamed_requests_are_judged(slo_server):
     after = _counts(slo_server.url)
     assert after["missed.ttft"] - before["missed.ttft"] == 1
     assert after["met.itl"] - before["met.itl"] == 1
+
+
+def test_the_first_token_budget_counts_from_when_the_server_received_the_request(slo_server):
+    """A request whose body takes its time arrives when the server starts reading it: the
+    time to read (and tokenize, and check) it is in its TTFT and against its budget, and the
+    engine's deadline counts from there too."""
+    seen = _capture_requests(slo_server)
+    before = _counts(slo_server.url)
+    ttft_before = metrics(slo_server.url)["skippy:time_to_first_token_seconds_sum"]
+    budget_ms, pause_s = 300.0, 0.6
+    body = json.dumps({"model": "tiny-f32", "prompt": [1, 17, 33], "max_tokens": 2,
+                       "temperature": 0, "ignore_eos": True,
+                       "skippy": {"ttft_ms": budget_ms}}).encode()
+
+    def slowly():  # the body in two parts, the second after a pause
+        yield body[:10]
+        time.sleep(pause_s)
+        yield body[10:]
+
+    t0 = slo_server.runner.now_us()
+    r = httpx.post(slo_server.url + "/v1/completions", content=slowly(),
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 200, r.text
+    (request,) = seen
+    # Stamped before the pause: when the server started reading, not when the engine got it.
+    assert t0 <= request.arrival_us < t0 + pause_s * 1e6 / 2
+    after = _counts(slo_server.url)
+    assert after["missed.ttft"] - before["missed.ttft"] == 1
+    ttft = metrics(slo_server.url)["skippy:time_to_first_token_seconds_sum"] - ttft_before
+    assert ttft >= pause_s * 0.9
+    assert is_idle(wait_idle(slo_server), slo_server.host.n_seq_max)
 
 
 def test_without_the_flags_nothing_changes_and_only_own_budgets_count(server, client):

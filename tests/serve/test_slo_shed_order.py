@@ -259,3 +259,29 @@ def test_an_admitted_request_of_lower_priority_does_not_shed_a_higher_one():
     urgent.hold([200], 2500.0, priority=9)  # an admitted request of higher priority
     p = urgent.predict(100, 1500.0, priority=5)
     assert p is not None and not p.met and p.displaced == 1
+
+
+def test_the_time_spent_before_admission_counts_against_the_budget():
+    """A request admitted `spent_ms` after its arrival (reading and tokenizing it): its
+    predicted TTFT and its deadline count from its arrival, in both walk orders."""
+    for age in (2000.0, 0.0):
+        slo, now = _slo(age_max_ms=age)
+        now[0] = 5000.0
+        p = slo.predict(50, 1000.0, spent_ms=400.0)  # 0.5 s of prefill, 0.4 s already gone
+        assert p is not None and p.met and p.ttft_ms == 900.0
+        p = slo.predict(50, 1000.0, spent_ms=600.0)  # 1.1 s from arrival: over
+        assert p is not None and not p.met and p.ttft_ms == 1100.0 and p.late_ms == 100.0
+        with pytest.raises(RequestError) as info:
+            slo.admit(50, 1000.0, spent_ms=600.0)
+        assert "1100 ms" in str(info.value) and "budget of 1000 ms" in str(info.value)
+    # A held prompt's deadline counts from its arrival too: 0.3 s of prefill due 0.7 s from
+    # now. A request of 45 tokens due in 0.5 s goes first and would push it to 0.75 s: shed.
+    # Had the held one arrived now (due in 1 s), the same request would be served.
+    slo, now = _slo()
+    slo.hold([30], 1000.0, spent_ms=300.0)
+    p = slo.predict(45, 500.0)
+    assert p is not None and not p.met and p.displaced == 1 and p.late_ms == 50.0
+    fresh, _ = _slo()
+    fresh.hold([30], 1000.0)
+    q = fresh.predict(45, 500.0)
+    assert q is not None and q.met and q.ttft_ms == 450.0
