@@ -269,7 +269,7 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
     @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: what load balancers probe with
     async def health() -> dict[str, str]:
         if not runner.running:
-            raise unavailable("the engine is not running")
+            raise unavailable(runner.unavailable_reason)
         return {"status": "ok"}
 
     @app.get("/v1/models")
@@ -410,6 +410,14 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
         body = {"id": rid, "object": obj, **head, "choices": choices, "usage": usage}
         return Response(_dumps(body), media_type="application/json")
 
+    def _client_message(error: Optional[str]) -> Optional[str]:
+        """The engine's reason for a refusal without the Python exception class it names
+        (`ValueError: ...`): a client reads the reason."""
+        if error is None:
+            return None
+        head, sep, rest = error.partition(": ")
+        return rest if sep and head.isidentifier() and head.endswith("Error") else error
+
     async def _open_all(rid: str, gen: GenerationRequest, prompts: list[list[int]],
                         budgets: list[int], samplings: list[Any],
                         arrival_us: float) -> list[Subscription]:
@@ -438,7 +446,7 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
             _abandon(subs)
             if refused[0].rejection is RejectReason.QUEUE_FULL:
                 raise queue_full("The server is busy: its waiting queue is full; retry later.")
-            raise RequestError(refused[0].error or "the request was refused")
+            raise RequestError(_client_message(refused[0].error) or "the request was refused")
         return subs
 
     def _abandon(subs: list[Subscription]) -> None:

@@ -205,18 +205,25 @@ class EngineRunner:
         if not self._started.wait(timeout_s):
             raise RuntimeError("the engine thread did not start")
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the loop; requests still open end as cancelled."""
+    def stop(self, timeout_s: float = 10.0) -> bool:
+        """Stop the loop; requests still open end as cancelled. False when the engine thread
+        did not stop within `timeout_s` (it is still inside an iteration: the host must not
+        be closed under it). A host with `interrupt(reason)` (a stage host waiting for a
+        stage) is interrupted after the first second of waiting."""
         self._stopping = True
         with self._gate:
             self._running = False
         self.engine.stop()
         if self._thread is not None:
-            self._thread.join(timeout_s)
+            self._thread.join(min(1.0, timeout_s))
+            interrupt = getattr(self.host, "interrupt", None)
+            if self._thread.is_alive() and interrupt is not None:
+                interrupt("the server is shutting down")
+            self._thread.join(max(timeout_s - 1.0, 0.0))
             if self._thread.is_alive():
                 # Still inside an iteration: touching the scheduler from here would race it.
                 log.error("the engine thread did not stop within %.0f s", timeout_s)
-                return
+                return False
         self.step_timing.close()
         # The loop has returned: the engine runs on this thread now.
         for rid in self.engine.open_ids():
@@ -225,10 +232,16 @@ class EngineRunner:
         while self._calls:
             _, fut = self._calls.popleft()
             fut.set_exception(RuntimeError("the engine stopped"))
+        return True
 
     @property
     def running(self) -> bool:
         return self._running
+
+    @property
+    def unavailable_reason(self) -> str:
+        """Why new requests get a 503 while `running` is false (what `/health` says)."""
+        return "the engine is not running"
 
     @property
     def started(self) -> bool:

@@ -578,15 +578,21 @@ class Server:
     def close(self) -> None:
         """Stop the engine, free llama.cpp and remove the temporary model (each step runs even
         when an earlier one fails)."""
+        stopped = True
         try:
             if self.runner.running or self.runner.started:
-                self.runner.stop()
+                stopped = self.runner.stop()
         finally:
             try:
                 if self.kv_events is not None:
                     self.kv_events.close()
                     self.kv_events = None
-                self.host.close()
+                if stopped:
+                    self.host.close()
+                else:  # the engine thread is still in the host: leave its memory alone
+                    abandon = getattr(self.host, "abandon", None)
+                    if abandon is not None:
+                        abandon()
             finally:
                 if self._tmp is not None:
                     self._tmp.cleanup()

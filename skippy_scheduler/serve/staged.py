@@ -67,13 +67,26 @@ class StagedEngineRunner(EngineRunner):
                 self._measuring = False
         self.post(measure)
 
+    def _broken(self) -> Optional[str]:
+        """Why the chain cannot run: the failure the engine thread met, else a local worker
+        process that has exited since (noticed here between requests, before a plan is sent
+        to it)."""
+        broken: Optional[str] = self.host.broken
+        return broken if broken is not None else self.host.exited()
+
     @property
     def running(self) -> bool:
-        return super().running and self.host.broken is None
+        return super().running and self._broken() is None
+
+    @property
+    def unavailable_reason(self) -> str:
+        broken = self._broken()
+        return (f"a stage of the model failed: {broken}" if broken is not None
+                else super().unavailable_reason)
 
     def open(self, request: Request, loop: asyncio.AbstractEventLoop,
              inbox: Optional[Inbox] = None) -> Subscription:
-        broken: Optional[str] = self.host.broken
+        broken = self._broken()
         if broken is not None:
             raise EngineUnavailable(f"a stage of the model failed: {broken}")
         return super().open(request, loop, inbox)

@@ -142,9 +142,10 @@ def test_sampled_requests_on_stages_equal_their_alone_runs(server, unsplit):
         with pytest.raises(openai.BadRequestError, match="logit_bias"):
             client.completions.create(model="tiny4-f32", prompt=[1, 5, 6], max_tokens=4,
                                       temperature=0.8, logit_bias={"99999": 1.0})
-        with pytest.raises(openai.BadRequestError, match="log-probabilities"):
+        with pytest.raises(openai.BadRequestError, match="log-probabilities") as refused:
             client.completions.create(model="tiny4-f32", prompt=[1, 5, 6], max_tokens=4,
                                       logprobs=2)
+        assert refused.value.body["message"].startswith("staged serving does not report")
     state = wait_idle(server)
     assert is_idle(state, server.host.n_seq_max), state  # no sampler chain is left either
 
@@ -202,6 +203,67 @@ def test_a_killed_stage_fails_the_open_requests_and_later_ones_get_503(model4, s
     finally:
         srv.shutdown()
     assert all(p.poll() is not None for p in procs)  # every worker is stopped with the server
+
+
+def test_a_stage_that_dies_while_the_server_is_idle_is_noticed_before_a_request(model4,
+                                                                              splits):
+    """`/health` and a new request get the 503 with the worker's end (its signal, not its
+    startup line) as soon as it is gone, before any plan is sent to it."""
+    srv = _server(model4, splits[2])
+    try:
+        assert httpx.get(srv.url + "/health").status_code == 200
+        srv.host.processes[1].kill()
+        srv.host.processes[1].wait(30)
+        health = httpx.get(srv.url + "/health")
+        assert health.status_code == 503
+        message = health.json()["error"]["message"]
+        assert message == "a stage of the model failed: stage 1 was killed by signal 9 (SIGKILL)"
+        r = httpx.post(srv.url + "/v1/completions", timeout=60,
+                       json={"prompt": [1, 2, 3], "max_tokens": 2})
+        assert r.status_code == 503 and "stage 1 was killed by signal 9" in r.text, r.text
+    finally:
+        srv.shutdown()
+
+
+def test_stopping_the_server_while_a_stage_hangs_is_prompt_and_ends_the_request(model4,
+                                                                                splits):
+    """A worker that stops answering (SIGSTOP) while a request waits on it: shutting the
+    server down interrupts the wait (well before the stage timeout of a minute), the request
+    gets its error, and every worker is stopped, the hung one included."""
+    srv = _server(model4, splits[2])
+    procs = srv.host.processes
+    answers: list = []
+
+    def ask() -> None:
+        try:
+            answers.append(httpx.post(srv.url + "/v1/completions", timeout=120,
+                                      json={"prompt": [1, 5, 6], "max_tokens": 4}))
+        except httpx.HTTPError as exc:
+            answers.append(exc)
+
+    os.kill(procs[1].pid, signal.SIGSTOP)
+    try:
+        t = threading.Thread(target=ask)
+        t.start()
+        end = time.monotonic() + 30
+        while srv.runner.open_subscriptions == 0 and time.monotonic() < end:
+            time.sleep(0.02)
+        time.sleep(0.3)  # the plan is on its way through the stopped stage
+        t0 = time.monotonic()
+        srv.shutdown()
+        took = time.monotonic() - t0
+        t.join(60)
+        assert not t.is_alive()
+    finally:
+        if procs[1].poll() is None:
+            os.kill(procs[1].pid, signal.SIGCONT)
+        srv.shutdown()
+    assert took < 30, took  # the stage timeout is 60 s; the stop interrupts it
+    (answer,) = answers
+    assert isinstance(answer, httpx.Response) and answer.status_code == 503, answer
+    assert answer.json()["error"]["message"] == (
+        "a stage of the model failed: the server is shutting down while running step 0")
+    assert all(p.poll() is not None for p in procs)
 
 
 def _children(pid: int) -> list[int]:

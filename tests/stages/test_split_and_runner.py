@@ -65,6 +65,8 @@ def test_split_refuses_bad_ranges_and_mixed_stages(model4, splits, tmp_path):
         check_stage_set([mine[0], theirs[1]])
     with pytest.raises(SplitError, match="given as stage"):
         check_stage_set([mine[1], mine[0]])
+    with pytest.raises(SplitError, match="stage 0 of 2, but 1 stage was given: give all 2"):
+        check_stage_set(mine[:1])
     with pytest.raises(SplitError, match="another model"):
         check_stage_set(mine, file_identity(other))
     with pytest.raises(SplitError, match="not a stage file"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -27,6 +28,10 @@ class StageTimeout(StageFailure):
     """No answer in time (the stages not heard from are taken for dead)."""
 
 
+class StageInterrupted(StageFailure):
+    """The wait was interrupted from another thread (`StageChannel.interrupt`)."""
+
+
 def _local_address_towards(address: str) -> str:
     """This machine's IP address on the route to a `tcp://HOST:PORT` worker (loopback for a
     loopback worker): where the workers can reach the driver's reply socket."""
@@ -36,9 +41,12 @@ def _local_address_towards(address: str) -> str:
     host = host.strip("[]")
     if host in ("127.0.0.1", "localhost", "::1"):
         return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((socket.gethostbyname(host), int(port or 1)))  # no packet is sent
-        return str(probe.getsockname()[0])
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((socket.gethostbyname(host), int(port or 1)))  # no packet is sent
+            return str(probe.getsockname()[0])
+    except OSError as exc:  # a name that does not resolve, no route
+        raise OSError(f"stage address {address}: {exc.strerror or exc}") from None
 
 
 class StageChannel:
@@ -81,6 +89,17 @@ class StageChannel:
         self.awaited: set[int] = set()  # steps whose answers are kept (the plans in flight)
         self.mem_pending: set[int] = set()  # tags of memory messages still in the chain
         self.chain_errors: list[str] = []
+        self._interrupted: Optional[str] = None  # set from another thread: stop waiting
+
+    def interrupt(self, reason: str) -> None:
+        """Have a wait for the stages on another thread end within a poll (200 ms) with a
+        `StageFailure` of `reason`, and every later one at once (a server shutting down while
+        a stage hangs). Only sets a flag: the sockets stay with the thread that uses them."""
+        self._interrupted = reason
+
+    def _named(self, stages: Any) -> str:
+        """`stage K (ADDRESS)` for each stage index in `stages`."""
+        return ", ".join(f"stage {k} ({self.addresses[k]})" for k in sorted(stages))
 
     @property
     def processes(self) -> list[Any]:
@@ -93,18 +112,26 @@ class StageChannel:
         deadline = time.monotonic() + self.timeout_ms / 1e3
         watch = self.live if waiting is None else waiting
         while True:
+            if self._interrupted is not None:
+                raise StageInterrupted(f"{self._interrupted} while {what}")
             left = deadline - time.monotonic()
             if left <= 0:
-                raise StageTimeout(f"no answer from the stages within "
+                raise StageTimeout(f"no answer from {self._named(watch)} within "
                                    f"{self.timeout_ms / 1e3:g} s while {what}")
             if self._reply.poll(min(200, max(1, int(left * 1e3)))):
                 return list(self._reply.recv_multipart())
             for k, proc in enumerate(self._procs):
                 if k in watch and proc.poll() is not None:
                     self.live.discard(k)
-                    said = last_words(getattr(proc, "log_path", None))
-                    raise StageFailure(f"stage {k} exited with status {proc.returncode} "
-                                       f"while {what}" + (f": {said}" if said else ""))
+                    raise StageFailure(f"stage {k} {exit_reason(proc, what)}")
+
+    def exited(self) -> Optional[str]:
+        """Why a local worker process has exited (None while they all run): a poll of each,
+        for `/health` between requests."""
+        for k, proc in enumerate(self._procs):
+            if proc.poll() is not None:
+                return f"stage {k} {exit_reason(proc)}"
+        return None
 
     def _file(self, parts: list[bytes]) -> bool:
         """File a chain answer (True), or leave a control answer to the caller (False)."""
@@ -127,6 +154,12 @@ class StageChannel:
             if failed in self.awaited and failed not in self.terminal:
                 self.terminal[failed] = ("err", f"stage {body.get('index')} failed on step "
                                                 f"{failed}: {body.get('message')}")
+            return True
+        if kind == b"err" and body.get("kind") == "taken":
+            # Another driver configured the stage: it answers that driver from now on, and the
+            # chain is no longer this one's (nothing waits for its stages' answers).
+            self.chain_errors.append(str(body.get("message")))
+            self.live.clear()
             return True
         if kind == b"err" and body.get("kind") in ("mem", "samp"):
             self.mem_pending.discard(body.get("tag"))
@@ -194,6 +227,36 @@ class StageChannel:
         if getattr(self, "_reply_dir", None) is not None:
             shutil.rmtree(self._reply_dir, ignore_errors=True)  # type: ignore[arg-type]
             self._reply_dir = None
+
+
+def exit_reason(proc: Any, what: Optional[str] = None) -> str:
+    """How a worker process that exited ended: its status or signal, `while {what}` it ended,
+    and its own error line from its log when it wrote one."""
+    import signal
+
+    code = proc.returncode
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = str(-code)
+        how = f"was killed by signal {-code} ({name})"
+    else:
+        how = f"exited with status {code}"
+    if what:
+        how += f" while {what}"
+    said = last_words(getattr(proc, "log_path", None))
+    return f"{how}: {said}" if said and _is_error_line(said) else how
+
+
+_ERROR_LINE = re.compile(r"(skippy-scheduler [\w-]+: )?(error|[\w.]*(Error|Exception|Exit|"
+                         r"Interrupt)):", re.IGNORECASE)
+
+
+def _is_error_line(line: str) -> bool:
+    """A worker's own refusal (`skippy-scheduler stage: error: ...`) or the last line of a
+    Python traceback (`MemoryError: ...`)."""
+    return _ERROR_LINE.match(line) is not None
 
 
 def last_words(log_path: Optional[str], limit: int = 400) -> str:

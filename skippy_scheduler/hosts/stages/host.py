@@ -38,7 +38,7 @@ from ...types import ReleaseReason
 
 import numpy as np
 
-from .channel import StageChannel, StageFailure, StageTimeout
+from .channel import StageChannel, StageFailure, StageInterrupted, StageTimeout
 from .flight import Flight, FlightHandle
 from .holders import (PrefixHolders, RemoteCells, StageHolders, check_stage_capacities,
                       restored, restored_prefixes)
@@ -307,12 +307,17 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
         docstring), or, with a stage gone, the chain is broken and they all end empty."""
         flights = list(self._flights)
         self.awaited.discard(flights[0].step)  # its answer came, or never will
-        if (not isinstance(exc, StageTimeout) and self.broken is None
+        if (not isinstance(exc, (StageTimeout, StageInterrupted)) and self.broken is None
                 and len(self.live) == len(self._out)):
             try:  # every later plan and memory message ends somewhere first
                 self._quiesce("waiting for the plans in flight after a failure")
             except StageFailure:
                 pass  # a stage is gone too: the chain breaks below
+        if isinstance(exc, (StageTimeout, StageInterrupted)):
+            # The chain did not answer in time, and which stage holds it up cannot be told:
+            # every stage is taken for dead, so nothing waits for one as long again (an undo,
+            # freeing the survivors); the chain breaks. (Interrupted: the driver is going.)
+            self.live.clear()
         undo_stages = (self.broken is None and not self.chain_errors
                        and len(self.live) == len(self._out))
         for f in reversed(flights):
@@ -458,6 +463,14 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
             kv_tokens=self._lanes.kv_tokens,
             kv_capacity=self.n_ctx, lane_positions=positions,
             samplers=sum(self.stage_samplers) if detail else 0)
+
+    def abandon(self) -> None:
+        """Stop the local workers (the `on_close` callbacks) without closing the sockets:
+        what a server shutting down does when its engine thread is still waiting on them."""
+        self.interrupt("the stage host was abandoned")
+        callbacks, self.on_close = self.on_close, []
+        for callback in callbacks:
+            callback()
 
     def close(self) -> None:
         self.close_channel()

@@ -8,6 +8,7 @@ also exits by itself when this process goes away without closing it (`--parent-p
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -68,14 +69,18 @@ class LocalStages:
         self.procs[k].kill()
         self.procs[k].wait()
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the workers: SIGTERM, then SIGKILL for one still running `timeout_s` later
+        (a worker stopped or hung does not act on SIGTERM)."""
         for proc in self.procs:
             if proc.poll() is None:
                 proc.terminate()
+                if hasattr(signal, "SIGCONT"):  # a stopped worker acts on it once resumed
+                    proc.send_signal(signal.SIGCONT)
         for proc in self.procs:
             try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:  # pragma: no cover
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
         for entry in os.listdir(self._dir):

@@ -260,9 +260,13 @@ def check_stage_set(infos: _Seq[StageInfo], source_id: str | None = None) -> Non
         if info.source_id != first.source_id:
             raise SplitError(f"{info.path} was cut from another model than {first.path} "
                              f"({info.source_id[:12]} vs {first.source_id[:12]})")
-        if info.count != len(infos) or info.index != k:
+        if info.count != len(infos):
+            raise SplitError(f"{info.path} is stage {info.index} of {info.count}, but "
+                             f"{len(infos)} stage{'s were' if len(infos) != 1 else ' was'} "
+                             f"given: give all {info.count}, stage 0 first")
+        if info.index != k:
             raise SplitError(f"{info.path} is stage {info.index} of {info.count}, but it is "
-                             f"given as stage {k} of {len(infos)}")
+                             f"given as stage {k}")
     check_ranges([(i.layer_start, i.layer_end) for i in infos], first.source_layers)
     if source_id is not None and source_id != first.source_id:
         raise SplitError(f"the stages were cut from another model (source {first.source_id[:12]}"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any, Optional
 
 import numpy as np
@@ -60,6 +61,7 @@ class StageWorker:
         self.address = self._pull.getsockopt_string(zmq.LAST_ENDPOINT)
         self._next: Any = None
         self._reply: Any = None
+        self._reply_address: Optional[str] = None  # the driver this worker answers
         self._runner: Any = None
         # The last stage: sampling of the new rows of a coming plan, lane -> (step, params,
         # the tokens of the prefix the row restores when its chain keeps a penalty window).
@@ -79,7 +81,22 @@ class StageWorker:
         return sock
 
     def _configure(self, conf: dict[str, Any]) -> None:
+        old = self._reply_address
+        if self._reply is not None and conf["reply"] != old:
+            # Another driver takes this worker (a restarted server, or a second one started by
+            # mistake): the first one is told, so its next wait ends with the reason instead
+            # of a timeout, and the worker's log says so.
+            message = (f"stage {self.index} was configured by another driver (replying to "
+                       f"{conf['reply']}); this driver ({old}) no longer has it")
+            print(f"skippy-scheduler stage: {message}", file=sys.stderr, flush=True)
+            try:
+                self._reply.send_multipart([b"err", _json({
+                    "index": self.index, "step": -1, "tag": None, "kind": "taken",
+                    "message": message})], flags=self._zmq.NOBLOCK)
+            except self._zmq.Again:
+                pass  # that driver is gone
         self._reply = self._connect("_reply", conf["reply"])
+        self._reply_address = conf["reply"]
         self._next = self._connect("_next", conf.get("next"))
         if self._runner is not None:
             self._runner.close()
