@@ -293,6 +293,10 @@ def _check_stage_args(args: argparse.Namespace) -> None:
                            "from (its vocabulary tokenizes the prompts)")
     if args.stages and not os.path.isdir(args.stages):
         raise CommandError(f"--stages: not a directory: {args.stages}")
+    if args.model:  # the model the stages were cut from: a whole one
+        from ._common import check_model_file
+
+        check_model_file("--model", args.model, allow_stage=False)
     require_stage_packages("serve --stages")
 
 

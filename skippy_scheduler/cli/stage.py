@@ -169,6 +169,8 @@ def run_staged(args: argparse.Namespace, prompts: list[Any], n_seq: int, n_batch
     if not args.stages and not args.model:
         raise CommandError("--stage-addresses needs --model: the model the stages were cut "
                            "from (its vocabulary tokenizes the prompts)")
+    if args.model:  # the model the stages were cut from: a whole one
+        check_model_file("--model", args.model, allow_stage=False)
     require_stage_packages("run --stages")
     from ..hosts.stages.host import StageFailure
     from ..hosts.stages.holders import StageCapacityError

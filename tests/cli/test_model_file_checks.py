@@ -132,6 +132,17 @@ def test_run_serve_and_calibrate_placement_refuses_a_stage_file(split2):
                 lanes=1, devices=[])
 
 
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_a_stage_file_as_the_model_of_stages_is_refused_as_such(capsys, split2, command):
+    """With --stage-addresses (or --stages), --model names the model the stages were cut
+    from: a stage file there is refused as a stage file before any worker is asked."""
+    pytest.importorskip("zmq")
+    stage0 = os.path.join(split2, "stage-0.gguf")
+    line = _error(capsys, [command, "-m", stage0, "--stage-addresses",
+                           "tcp://127.0.0.1:9,tcp://127.0.0.1:10"])
+    assert f"--model: {stage0} is stage 0 of 2 of a split model" in line
+
+
 # -- stage files left from an earlier split -------------------------------------------------
 
 
