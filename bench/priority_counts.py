@@ -204,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="plans that mix prefill and decode (the cost model's virtual clock)")
     ap.add_argument("--json", help="append each mode's counts as one JSON line to this file")
     args = ap.parse_args(argv)
+    if args.background_requests < args.background:
+        ap.error(f"--background-requests ({args.background_requests}) must be at least "
+                 f"--background ({args.background}): each client sends one request first")
     with tempfile.TemporaryDirectory(prefix="priority-counts-") as tmp:
         model = args.model
         if model is None:
