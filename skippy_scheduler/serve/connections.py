@@ -139,6 +139,9 @@ class GuardedH11Protocol(H11Protocol):
     body_timeout_s: float = 30.0  # a drain's deadline when the app set none (after the head)
     drain_bytes: int = DRAIN_BYTES
     max_connections: int = 1024
+    # Called with the status of each answer written here, below the app (the head's 408, the
+    # connection cap's 503): what `skippy:request_errors_total` counts.
+    on_error: Optional[Callable[[int], None]] = None
 
     _head_timer: Optional[asyncio.TimerHandle] = None
     _drain_timer: Optional[asyncio.TimerHandle] = None
@@ -288,6 +291,8 @@ class GuardedH11Protocol(H11Protocol):
     def _answer(self, status: int, reason: str, message: str, code: str) -> None:
         if not self.transport.is_closing():
             self.transport.write(_raw_response(status, reason, message, code))
+            if self.on_error is not None:
+                self.on_error(status)
         self._close()
 
     def _close(self) -> None:
@@ -307,10 +312,15 @@ def _closed(connection: Any) -> bool:
 
 def protocol_class(header_timeout_s: float, max_connections: int, *,
                    body_timeout_s: float = GuardedH11Protocol.body_timeout_s,
-                   drain_bytes: int = DRAIN_BYTES) -> type[GuardedH11Protocol]:
+                   drain_bytes: int = DRAIN_BYTES,
+                   on_error: Optional[Callable[[int], None]] = None,
+                   ) -> type[GuardedH11Protocol]:
+    """The protocol class with these limits; `on_error(status)` counts the answers it writes
+    itself (None: not counted)."""
     return type("SkippyH11Protocol", (GuardedH11Protocol,),
                 {"header_timeout_s": header_timeout_s, "max_connections": max_connections,
-                 "body_timeout_s": body_timeout_s, "drain_bytes": drain_bytes})
+                 "body_timeout_s": body_timeout_s, "drain_bytes": drain_bytes,
+                 "on_error": None if on_error is None else staticmethod(on_error)})
 
 
 class DeadlineServer(uvicorn.Server):

@@ -508,7 +508,8 @@ class Server:
         self.max_connections = limit
         config = uvicorn.Config(self.app, log_level=s.log_level,
                                 http=protocol_class(s.header_timeout_s, limit,
-                                                    body_timeout_s=s.body_timeout_s),
+                                                    body_timeout_s=s.body_timeout_s,
+                                                    on_error=self._count_error),
                                 loop="asyncio", lifespan="off", timeout_keep_alive=30,
                                 backlog=ACCEPT_BATCH)
         server = DeadlineServer(config, shutdown_timeout_s=s.shutdown_timeout_s,
@@ -516,6 +517,10 @@ class Server:
         host, port = sock.getsockname()[:2]
         self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
         return server
+
+    def _count_error(self, status: int) -> None:
+        """Count an error answer written below the app (connections.py)."""
+        self.context.metrics.request_errors.labels(str(status)).inc()
 
     def _stop_engine(self) -> None:
         self.context.shutting_down = True

@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from serve_support import Spawned
+from serve_support import Spawned, metrics
 
 HEAD_S, BODY_S = 1.0, 2.0
 SLACK_S = 1.5  # scheduling on a busy machine
@@ -72,6 +72,8 @@ def test_half_sent_requests_are_closed_within_the_stated_timeouts(tmp_path):
             else:
                 assert said.startswith(b"HTTP/1.1 408 ") and flag in said, (kind, said)
         assert httpx.get(srv.url + "/health").status_code == 200
+        # Every 408 is counted, the head's (written below the app) as the body's.
+        assert metrics(srv.url)['skippy:request_errors_total{status="408"}'] == 20
     finally:
         for s in socks:
             s.close()
