@@ -13,7 +13,7 @@ import os
 import sys
 import tempfile
 from types import ModuleType
-from typing import Any, Callable, Iterator, NoReturn, TypeVar
+from typing import Any, Callable, Iterator, NoReturn, Sequence, TypeVar
 
 from .vocabulary import add_flag
 
@@ -149,15 +149,27 @@ def _probe_file(option: str, path: str) -> None:
         os.unlink(path)
 
 
-def check_output_file(option: str, path: str | None) -> None:
+def check_output_file(option: str, path: str | None,
+                      inputs: Sequence[tuple[str, Any]] = ()) -> None:
     """Refuse an output file that cannot be written: its directory must exist and be writable,
-    and the file must open for writing."""
+    and the file must open for writing; nor may it be one of the command's `inputs` ((option,
+    path) pairs, a path None or not a file ignored), which writing it would destroy."""
     if path is None:
         return
     if not path:
         raise CommandError(f"{option}: empty path")
     if os.path.isdir(path):
         raise CommandError(f"{option}: {path} is a directory")
+    for name, given in inputs:
+        if not given or not isinstance(given, (str, os.PathLike)):
+            continue
+        try:
+            same = os.path.exists(path) and os.path.samefile(path, given)
+        except OSError:
+            same = False
+        if same:
+            raise CommandError(f"{option}: {path} is the {name} file; writing it would "
+                               "destroy it (give another path)")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         problem = "is not a directory" if os.path.exists(parent) else "does not exist"

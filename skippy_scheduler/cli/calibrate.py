@@ -88,7 +88,7 @@ def _warn(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_output_file("--json", args.json)
+    check_output_file("--json", args.json, [("--model", args.model)])
     check_model(args)
     lane = _lane_cells(args)
     llama = import_llama_host()
@@ -105,12 +105,15 @@ def run(args: argparse.Namespace) -> int:
         with model_path(args) as model:
             fit = resolve_for(args, model, n_ctx=LANES * lane, lanes=LANES, n_batch=BATCH)
             print_placement("calibrate", fit, always=False)
-            with llama.LlamaHost(
-                model, n_ctx=LANES * lane, n_seq_max=LANES, n_threads=args.threads,
-                n_batch=BATCH, n_ubatch=fit.n_ubatch, kv_type=fit.kv_type,
-                flash_attn=fit.flash_attn, placement=fit.placement,
-                backend_sampling=args.backend_sampling,
-            ) as host:
+            try:
+                host = llama.LlamaHost(
+                    model, n_ctx=LANES * lane, n_seq_max=LANES, n_threads=args.threads,
+                    n_batch=BATCH, n_ubatch=fit.n_ubatch, kv_type=fit.kv_type,
+                    flash_attn=fit.flash_attn, placement=fit.placement,
+                    backend_sampling=args.backend_sampling)
+            except llama.LlamaLoadError as exc:
+                raise CommandError(str(exc)) from None
+            with host:
                 result = calibrate_host(host, repeats=args.repeats, warmup=args.warmup,
                                         clock=clock)
     except Interrupted as stop:

@@ -129,7 +129,8 @@ def run_suite_command(args: argparse.Namespace, modes: Optional[list[str]],
     policies = args.policy or list(SUITE_POLICIES)
     modes = modes or list(MODES) + (["slack"] if getattr(args, "slack", None) else [])
     _check_modes(modes)
-    check_output_file("--json", args.json)
+    check_output_file("--json", args.json, [("--trace", getattr(args, "trace", None)),
+                                            ("--cost-model", getattr(args, "cost_model", None))])
     _check_plot(args.plot)
     try:
         spec = replace(WorkloadSpec(), **_overrides(args, _SPEC_OPTIONS)).validate()
@@ -243,7 +244,8 @@ def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
         raise CommandError("--trace replays one planning mode at a time (--mixed or "
                            "--no-mixed)")
     mode = modes[0]
-    check_output_file("--json", args.json)
+    check_output_file("--json", args.json, [("--trace", getattr(args, "trace", None)),
+                                            ("--cost-model", getattr(args, "cost_model", None))])
     _check_plot(args.plot)
     cache = args.prefix_cache_tokens
     cache = DEFAULT_PREFIX_CACHE_TOKENS if cache is None else (None if cache == "unlimited"

@@ -164,7 +164,8 @@ def run(args: argparse.Namespace) -> int:
     if args.ctx_size is not None and args.ctx_size < args.max_active:
         raise CommandError(f"--ctx-size ({args.ctx_size}) must be at least --max-active "
                            f"({args.max_active}): every lane needs KV cells")
-    check_output_file("--json", args.json)
+    check_output_file("--json", args.json, [("--model", args.model),
+                                            ("--prompts", args.prompts)])
     refuse_rpc_with_stages(args)
     check_model(args)
     check_stage_cache_flag(args)
@@ -189,17 +190,20 @@ def run(args: argparse.Namespace) -> int:
             from ..serve.server import plans_in_flight
 
             args.inflight = plans_in_flight(args.inflight, fit.placement.on_gpu)
-            with llama.LlamaHost(
-                model, n_ctx=n_ctx, n_seq_max=n_seq,
-                n_threads=args.threads or DEFAULT_THREADS, n_batch=n_batch,
-                n_ubatch=fit.n_ubatch,
-                kv_type=fit.kv_type, placement=fit.placement,
-                flash_attn=fit.flash_attn, prefix_cache_tokens=args.prefix_cache_tokens,
-                kv_unified=args.kv_unified,
-                prefix_holders=max(holders, 1),
-                backend_sampling=args.backend_sampling,
-                stage_ahead=args.stage_ahead,
-            ) as host:
+            try:
+                host = llama.LlamaHost(
+                    model, n_ctx=n_ctx, n_seq_max=n_seq,
+                    n_threads=args.threads or DEFAULT_THREADS, n_batch=n_batch,
+                    n_ubatch=fit.n_ubatch,
+                    kv_type=fit.kv_type, placement=fit.placement,
+                    flash_attn=fit.flash_attn, prefix_cache_tokens=args.prefix_cache_tokens,
+                    kv_unified=args.kv_unified,
+                    prefix_holders=max(holders, 1),
+                    backend_sampling=args.backend_sampling,
+                    stage_ahead=args.stage_ahead)
+            except llama.LlamaLoadError as exc:  # a context too large for the memory, ...
+                raise CommandError(str(exc)) from None
+            with host:
                 requests, report, settings, summary = serve_prompts(args, host, prompts, n_seq,
                                                                     n_batch, lane)
     stopped = summary.pop("interrupted", None)

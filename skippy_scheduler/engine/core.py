@@ -71,6 +71,16 @@ class Engine(_Steps):
                  before_step: Optional[Callable[["Engine"], None]] = None,
                  on_reject: Optional[Callable[[Any, BaseException], None]] = None,
                  max_iterations: Optional[int] = None) -> None:
+        if max_iterations is not None and (isinstance(max_iterations, bool)
+                                           or not isinstance(max_iterations, numbers.Integral)):
+            raise TypeError(f"max_iterations must be an int or None, got "
+                            f"{type(max_iterations).__name__}")
+        if max_iterations is not None and max_iterations < 0:
+            raise ValueError(f"max_iterations must be >= 0, got {max_iterations}")
+        for name, hook in (("on_plan", on_plan), ("before_step", before_step),
+                           ("on_reject", on_reject)):
+            if hook is not None and not callable(hook):
+                raise TypeError(f"{name} must be callable or None, got {type(hook).__name__}")
         self.scheduler = check_scheduler(scheduler)
         self.hooks: HostHooks = attach(host)
         self.host = host
@@ -189,9 +199,12 @@ class Engine(_Steps):
         `to_sequence()`) to the engine. On the engine's thread (or before it runs) a request
         whose time has come goes to the scheduler at once and its refusal raises; from another
         thread it waits in the inbox and a refusal ends it as rejected. An `arrival_us` that is
-        not None or a finite number raises here, on either thread."""
+        not None or a finite number, or a `ttft_ms` / `itl_ms` that is not None or a finite
+        number > 0, raises here, on either thread."""
         request = self._as_request(request)
         _arrival_of(request)
+        if isinstance(request, Request):  # its own budgets, whenever it arrives
+            request.check_budgets()
         if not self._on_engine_thread():
             self._inbox.append(("submit", request))
             self._wake.set()
@@ -240,6 +253,8 @@ class Engine(_Steps):
     def add_listener(self, listener: Callable[[Event], None]) -> None:
         """Call `listener(event)` for every `TokenEvent` and `FinishEvent`, on the engine's
         thread, as they happen."""
+        if not callable(listener):
+            raise TypeError(f"listener must be callable, got {type(listener).__name__}")
         self._listeners.append(listener)
         self._watch_events()
 

@@ -7,6 +7,8 @@ engine's own records.
 """
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence as _Seq, Union
@@ -22,6 +24,19 @@ if TYPE_CHECKING:  # pragma: no cover
 class EngineStalled(RuntimeError):
     """The scheduler made an empty plan while requests were waiting or running: nothing the
     engine can do will ever make progress (e.g. a prompt that can never fit in memory)."""
+
+
+def _check_budget(request_id: Any, name: str, value: Any) -> None:
+    """`ttft_ms` / `itl_ms`: None, or a finite number of ms > 0 (TypeError, ValueError)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"request {request_id!r}: {name} must be a number of ms or None, got "
+                        f"{type(value).__name__}")
+    ms = float(value)
+    if not (math.isfinite(ms) and ms > 0):
+        raise ValueError(f"request {request_id!r}: {name} must be a finite number of ms > 0, "
+                         f"got {value}")
 
 
 @dataclass
@@ -43,7 +58,14 @@ class Request:
     ttft_ms: Optional[float] = None
     itl_ms: Optional[float] = None
 
+    def check_budgets(self) -> None:
+        """`ttft_ms` and `itl_ms`: None or a finite number of ms > 0 (TypeError, ValueError
+        naming the field)."""
+        for name in ("ttft_ms", "itl_ms"):
+            _check_budget(self.id, name, getattr(self, name))
+
     def to_sequence(self) -> Sequence:
+        self.check_budgets()
         seq = Sequence(self.id, self.prompt_tokens, self.max_tokens, self.sampling,
                        self.priority)
         if self.itl_ms is not None:

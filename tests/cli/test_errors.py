@@ -178,6 +178,36 @@ def test_model_and_output_are_checked_before_llama_is_loaded(capsys, monkeypatch
                 "does not exist")
 
 
+def test_an_output_that_is_an_input_is_refused_and_left_whole(capsys, monkeypatch, files,
+                                                                tmp_path):
+    """`--json` naming the model, the prompts or the trace would overwrite it."""
+    from skippy_scheduler.cli import calibrate, run
+
+    def no_host():
+        raise AssertionError("the host was loaded before the arguments were checked")
+
+    monkeypatch.setattr(run, "import_llama_host", no_host)
+    monkeypatch.setattr(calibrate, "import_llama_host", no_host)
+    model = files["gguf"]
+    with open(model, "rb") as f:
+        before = f.read()
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text("[[1, 2, 3]]")
+    _user_error(capsys, ["run", "--model", model, "--json", model],
+                "is the --model file; writing it would destroy it")
+    _user_error(capsys, ["calibrate", "--model", model, "--json", model], "is the --model file")
+    _user_error(capsys, ["run", "--model", model, "--prompts", str(prompts), "--json",
+                         os.path.join(os.path.dirname(str(prompts)), ".", "prompts.json")],
+                "is the --prompts file")
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2}\n')
+    _user_error(capsys, ["lab", "--trace", str(trace), "--json", str(trace)],
+                "is the --trace file")
+    with open(model, "rb") as f:
+        assert f.read() == before
+    assert prompts.read_text() == "[[1, 2, 3]]"
+
+
 @pytest.mark.parametrize("sub", ["run", "calibrate"])
 def test_a_negative_seed_of_the_tiny_model_is_a_usage_error(capsys, sub):
     _user_error(capsys, [sub, "--seed", "-5"], "--seed")

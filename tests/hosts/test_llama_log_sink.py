@@ -97,3 +97,33 @@ def test_llama_cpp_logging_from_several_threads_goes_to_the_sink(tmp_path):
     assert sum(seen) - sum(seen_before) > 100  # the INFO dump of nine loads, at least
     assert all("could not load" in e and "cut.gguf" in e for e in errors)
     assert any("data is not within the file bounds" in e or "corrupted" in e for e in errors)
+
+
+def test_a_failed_load_is_told_in_one_line_from_what_llama_cpp_logged():
+    """The error of a context llama.cpp could not create names its last complaint and the
+    allocation that failed before it, on one line (the command's `error:` line)."""
+    import ctypes
+
+    pytest.importorskip("llama_cpp")
+    from skippy_scheduler.hosts.llama.backend import failure_reason, log_mark
+
+    sink = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(
+        _llama_log.sink_address())
+    sink(4, b"an older failure's error line\n", None)
+    mark = log_mark()  # what this load logs comes after it
+    for level, text in [
+            (3, "llama_context: n_ctx_seq (4000000) > n_ctx_train (512)\n"),
+            (4, "ggml_aligned_malloc: insufficient memory (attempted to allocate 39063 MB)\n"),
+            (4, "graph_reserve: failed to allocate compute buffers\n"),
+            (4, "llama_init_from_model: failed to initialize the context: failed to allocate "
+                "compute pp buffers\n")]:
+        sink(level, text.encode(), None)
+    assert failure_reason(mark) == (
+        "llama_init_from_model: failed to initialize the context: failed to allocate compute "
+        "pp buffers (ggml_aligned_malloc: insufficient memory (attempted to allocate 39063 MB))")
+    sink(4, b"llama_model_load: error loading model: tensor data is not within the file bounds\n",
+         None)
+    assert failure_reason(mark) == (
+        "llama_model_load: error loading model: tensor data is not within the file bounds "
+        "(ggml_aligned_malloc: insufficient memory (attempted to allocate 39063 MB))")
+    assert failure_reason(log_mark()) == "no reason logged"

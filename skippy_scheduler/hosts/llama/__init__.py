@@ -5,12 +5,12 @@
 `Tokenizer` (tokenizer.py); `RowRunner` (rows.py) and `DirectRows` (direct.py) run rows over
 them. backend.py holds llama.cpp's process-wide setup and log.
 """
-from .backend import recent_log
+from .backend import LlamaLoadError, recent_log
 from .holders import PrefixHolders
 from .host import LlamaHost
 from .lanes import KvCells, Lanes
 from .samplers import SamplerChain, Samplers
 from .tokenizer import Tokenizer
 
-__all__ = ["KvCells", "Lanes", "LlamaHost", "PrefixHolders", "SamplerChain", "Samplers",
-           "Tokenizer", "recent_log"]
+__all__ = ["KvCells", "Lanes", "LlamaHost", "LlamaLoadError", "PrefixHolders", "SamplerChain",
+           "Samplers", "Tokenizer", "recent_log"]

@@ -63,6 +63,32 @@ def recent_log(n: int = 8) -> str:
     return "".join(_llama_log.recent(n)).strip()
 
 
+class LlamaLoadError(RuntimeError):
+    """llama.cpp could not load a model or create a context (the reason from its log)."""
+
+
+def log_mark() -> int:
+    """Where llama.cpp's log stands now (lines kept so far): `failure_reason(since=...)`
+    then reads only what was logged after it."""
+    return int(_llama_log.counts()[1])
+
+
+def failure_reason(since: Optional[int] = None, n: int = 8) -> str:
+    """One line for a failed load or context: llama.cpp's last line naming an error (`error
+    loading model: ...`), else its last complaint, with the first allocation failure before it
+    when there was one (its size says what did not fit); of the last `n` lines logged, and only
+    those logged after `since` (a `log_mark()`) when given."""
+    if since is not None:
+        n = min(n, max(log_mark() - since, 0))
+    lines = [line.strip() for line in recent_log(n).splitlines() if line.strip()] if n else []
+    if not lines:
+        return "no reason logged"
+    last = next((line for line in reversed(lines) if "error" in line.lower()), lines[-1])
+    memory = next((line for line in lines if "insufficient memory" in line
+                   or "out of memory" in line.lower()), None)
+    return f"{last} ({memory})" if memory is not None and memory != last else last
+
+
 # -- devices ---------------------------------------------------------------------------------
 
 _ggml: Any = None
@@ -249,10 +275,11 @@ def load_model(path: str, placement: Placement | None = None) -> Any:
             split = (ctypes.c_float * n)(*placement.tensor_split[:n])
             keep.append(split)
             mparams.tensor_split = split
+    mark = log_mark()
     model = _ll.llama_model_load_from_file(path.encode(), mparams)
     del keep
     if not model:
-        raise RuntimeError(f"llama.cpp could not load {path}: {recent_log()}")
+        raise LlamaLoadError(f"llama.cpp could not load {path}: {failure_reason(mark)}")
     return model
 
 

@@ -53,7 +53,8 @@ from ..kit import PlanRows, check_tokens, read_plan
 from ..offload import Placement
 from .backend_sampling import DeviceChains, backend_sampling_mode, resolve_backend_sampling
 from .backend import (FLASH_ATTN_NAMES, KV_TYPES, check_int, create_context, flash_attn_type,
-                      init_backend, load_model, recent_log)
+                      init_backend, load_model, failure_reason, log_mark,
+                      LlamaLoadError)
 from .decode import Decoder
 from .direct import DirectRows
 from .forks import Forks
@@ -129,6 +130,8 @@ class LlamaHost:
         # With reuse and kv_unified left unset, every lane and holder has a KV stream of its own
         # (n_ctx is split evenly over them) and prefixes move by whole-stream copies; with
         # kv_unified=True they share cells of one cache (holders.py).
+        if kv_unified is not None and not isinstance(kv_unified, bool):
+            raise TypeError(f"kv_unified must be True, False or None, got {kv_unified!r}")
         unified = bool(kv_unified)
         n_ctx = check_int("n_ctx", n_ctx, 1)
         n_threads = check_int("n_threads", n_threads, 1)
@@ -155,6 +158,7 @@ class LlamaHost:
         self._model = load_model(path, placement)
         self.placement = placement
         ids = n_seq_max + holders
+        mark = log_mark()
         ctx = create_context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                              sequence_ids=ids, n_threads=n_threads, kv_type=kv_type,
                              flash_attn=flash, unified=unified)
@@ -162,8 +166,8 @@ class LlamaHost:
             self.close()
             where = f" ({placement.line()})" if placement is not None and placement.on_gpu \
                 else ""
-            raise RuntimeError(f"llama.cpp could not create a context of {n_ctx} tokens"
-                               f"{where}: {recent_log()}")
+            raise LlamaLoadError(f"llama.cpp could not create a context of {n_ctx} tokens"
+                                 f"{where}: {failure_reason(mark)}")
         self._ctx = ctx
         self._cells = cells = KvCells(ctx)
         self.tokenizer = tok = Tokenizer(self._model)
