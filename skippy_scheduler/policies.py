@@ -14,6 +14,7 @@ import abc
 import enum
 import heapq
 import math
+import numbers
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Mapping, Sequence as _Seq
 
@@ -192,8 +193,8 @@ class VirtualTokenCounters:
 
     @staticmethod
     def check_weight(name: str, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not math.isfinite(value) or value <= 0:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                or not math.isfinite(float(value)) or value <= 0:
             raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
         return float(value)
 

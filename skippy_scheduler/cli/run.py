@@ -167,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
     check_output_file("--json", args.json, [("--model", args.model),
                                             ("--prompts", args.prompts)])
     refuse_rpc_with_stages(args)
+    if getattr(args, "stage_devices", None) and not args.stages:
+        raise CommandError("--stage-devices needs --stages (local stage workers)")
     check_model(args)
     check_stage_cache_flag(args)
     prompts = load_prompts(args.prompts)
@@ -331,10 +333,13 @@ def _print_run(doc: dict[str, Any]) -> None:
         print(f"{r['index']}\t{len(r['prompt_tokens'])}\t{len(r['generated_tokens'])}\t"
               f"{r['finish']}\t{ms(r['queue_wait_us'])}\t{ms(r['ttft_us'])}\t{ms(itl)}", file=out)
     s = doc["summary"]
+    gaps = any(r["itl_us"] for r in doc["requests"])  # none when every request made one token
+    itl = (f"{s['p50_itl_us'] / 1e3:.3f}/{s['p95_itl_us'] / 1e3:.3f} ms" if gaps
+           else "- (no request made two tokens)")
     print(f"# {s['completed']}/{s['requests']} completed, {s['generated_tokens']} tokens in "
           f"{s['makespan_s'] * 1e3:.1f} ms ({s['tokens_per_s']:.0f} tok/s); "
           f"p50/p95 TTFT {s['p50_ttft_us'] / 1e3:.3f}/{s['p95_ttft_us'] / 1e3:.3f} ms, "
-          f"p50/p95 ITL {s['p50_itl_us'] / 1e3:.3f}/{s['p95_itl_us'] / 1e3:.3f} ms; "
+          f"p50/p95 ITL {itl}; "
           f"{s['iterations']} iterations, mean batch {s['mean_batch_size']:.2f}", file=out)
     if doc["settings"].get("prefix_cache_tokens"):
         print(f"# prefix reuse: {s['restored_tokens']} tokens restored, {s['prefilled_tokens']} "

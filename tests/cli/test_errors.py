@@ -56,6 +56,7 @@ ERRORS = [
     (["run", "--max-active", "0"], "expected an integer >= 1"),
     (["run", "--arrival-interval-ms", "inf"], "expected a finite number >= 0"),
     (["run", "--threads", "two"], "expected an integer, got 'two'"),
+    (["run", "--stage-devices", "CPU,CPU"], "--stage-devices needs --stages"),
     (["calibrate", "--clock", "sundial"], "invalid choice: 'sundial'"),
     (["calibrate", "--repeats", "0"], "expected an integer >= 1"),
     (["bench", "--bogus"], "unrecognized arguments: --bogus"),

@@ -127,8 +127,10 @@ def test_host_loads_tiny_model_and_tokenizes_spm(host, tmp_path):
 
 
 def test_host_rejects_bad_settings(model_path, tmp_path):
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="no model file at"):
         LlamaHost(tmp_path / "missing.gguf")
+    with pytest.raises(IsADirectoryError, match="is a directory, not a GGUF model file"):
+        LlamaHost(tmp_path)
     with pytest.raises(ValueError):
         LlamaHost(model_path, n_seq_max=257)
     with pytest.raises(ValueError):

@@ -272,6 +272,15 @@ def test_bad_weights_are_refused(impl, weight):
     assert s.tenant_counters() == {None: 0.0}
 
 
+def test_numpy_weights_are_numbers(impl):
+    import numpy as np
+
+    s = impl(config(), admission=FairShareAdmission())
+    s.set_tenant_weight("a", np.int64(2))
+    s.set_tenant_weight("b", np.float32(0.5))
+    assert set(s.tenant_counters()) == {None, "a", "b"}
+
+
 @pytest.mark.parametrize("admission", [None, FairShareAdmission(within=FcfsAdmission())])
 def test_weights_need_the_native_fair_share(impl, admission):
     s = impl(config(), admission=admission)

@@ -141,8 +141,10 @@ class LlamaHost:
             raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
         flash = flash_attn_type(flash_attn)
         path = os.fspath(model_path)
+        if os.path.isdir(path):
+            raise IsADirectoryError(f"{path} is a directory, not a GGUF model file")
         if not os.path.isfile(path):
-            raise FileNotFoundError(path)
+            raise FileNotFoundError(f"no model file at {path}")
         self.model_path = path
         self._model: Any = None
         self._ctx: Any = None
