@@ -226,5 +226,5 @@ def test_a_stage_worker_that_refuses_its_file_says_why_through_run(model4, split
     assert main(["run", "--stages", str(tmp_path), "-n", "2"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert "exited with status 2 while configuring: " in err, err
+    assert "exited with status 2 while configuring (each stage loads its layers): " in err, err
     assert "is not a stage file (no skippy.stage.index)" in err, err

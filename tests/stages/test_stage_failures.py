@@ -93,3 +93,31 @@ def test_an_exited_worker_is_described_by_its_status_or_signal(tmp_path):
 def test_an_address_that_does_not_resolve_is_named():
     with pytest.raises(OSError, match=r"stage address tcp://nohost\.invalid:5700"):
         _local_address_towards("tcp://nohost.invalid:5700")
+
+
+def test_configuring_waits_longer_than_a_plan_and_says_what_it_waits_for(monkeypatch, caplog,
+                                                                         model4):
+    """A worker loads its layers when configured: the wait has its own timeout, says every
+    few seconds which stages it waits for, and names the silent one when it gives up."""
+    import socket
+
+    from skippy_scheduler.hosts.stages import host as host_module
+    from skippy_scheduler.hosts.stages.channel import StageTimeout
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = f"tcp://127.0.0.1:{port}"
+    monkeypatch.setattr(host_module, "CONFIGURE_NOTE_S", 0.4)
+    caplog.set_level("WARNING")
+    with pytest.raises(StageTimeout) as info:
+        StageHost([address], timeout_s=0.5, configure_timeout_s=1.5,
+                  source_id=file_identity(model4), vocab_model=str(model4), **HOST)
+    assert str(info.value) == (f"no answer from stage 0 ({address}) within 1.5 s while "
+                               "configuring (each stage loads its layers)")
+    notes = [r.getMessage() for r in caplog.records if "still waiting" in r.getMessage()]
+    assert notes and notes[0].startswith(f"still waiting for stage 0 ({address}) while "
+                                         "configuring"), notes
+    with pytest.raises(ValueError, match="configure_timeout_s must be a finite number > 0"):
+        StageHost([address], configure_timeout_s=0, source_id=file_identity(model4),
+                  vocab_model=str(model4), **HOST)

@@ -10,6 +10,7 @@ process that exits, or no answer within the timeout, is a `StageFailure`.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -18,6 +19,8 @@ import time
 from typing import Any, Optional, Sequence as _Seq
 
 from .wire import WireError, decode_outputs
+
+log = logging.getLogger(__name__)
 
 
 class StageFailure(RuntimeError):
@@ -106,18 +109,29 @@ class StageChannel:
         """The local worker processes this host watches (empty for remote workers)."""
         return list(self._procs)
 
-    def _recv(self, what: str, waiting: Optional[set[int]] = None) -> list[bytes]:
-        """One reply; `StageFailure` on a timeout or when a stage waited for (all live ones by
-        default) runs as a local process that exited (it is then no longer live)."""
-        deadline = time.monotonic() + self.timeout_ms / 1e3
+    def _recv(self, what: str, waiting: Optional[set[int]] = None,
+              timeout_s: Optional[float] = None, note_s: Optional[float] = None) -> list[bytes]:
+        """One reply; `StageFailure` on a timeout (`timeout_s`, default the host's) or when a
+        stage waited for (all live ones by default) runs as a local process that exited (it is
+        then no longer live). With `note_s`, a warning names the stages still waited for every
+        `note_s` seconds."""
+        limit = self.timeout_ms / 1e3 if timeout_s is None else timeout_s
+        start = time.monotonic()
+        deadline = start + limit
+        note = start + note_s if note_s else None
         watch = self.live if waiting is None else waiting
         while True:
             if self._interrupted is not None:
                 raise StageInterrupted(f"{self._interrupted} while {what}")
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
                 raise StageTimeout(f"no answer from {self._named(watch)} within "
-                                   f"{self.timeout_ms / 1e3:g} s while {what}")
+                                   f"{limit:g} s while {what}")
+            if note is not None and note_s and now >= note:
+                log.warning("still waiting for %s while %s (%.0f s of %g)",
+                            self._named(watch), what, now - start, limit)
+                note += note_s
             if self._reply.poll(min(200, max(1, int(left * 1e3)))):
                 return list(self._reply.recv_multipart())
             for k, proc in enumerate(self._procs):
@@ -190,15 +204,17 @@ class StageChannel:
         self._out[0].send_multipart([kind, json.dumps(dict(body, tag=self._tag)).encode()])
         return self._tag
 
-    def _collect(self, kind: bytes, what: str) -> list[dict[str, Any]]:
+    def _collect(self, kind: bytes, what: str, timeout_s: Optional[float] = None,
+                 note_s: Optional[float] = None) -> list[dict[str, Any]]:
         """The replies of `kind` to the last control message from every live stage, by stage
         index; replies to earlier messages (a stage answering late) are dropped, chain answers
-        filed. A stage that does not answer in time is no longer live."""
+        filed. A stage that does not answer in time (`timeout_s`, default the host's; each
+        reply's wait) is no longer live; `note_s`: `_recv`'s."""
         got: dict[int, dict[str, Any]] = {}
         waiting = set(self.live)
         while waiting - set(got):
             try:
-                parts = self._recv(what, waiting - set(got))
+                parts = self._recv(what, waiting - set(got), timeout_s, note_s)
             except StageTimeout:
                 self.live -= waiting - set(got)
                 raise

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections import deque
 from typing import Any, Optional, Sequence as _Seq
 
@@ -49,6 +50,8 @@ from .wire import encode_plan
 
 __all__ = ["StageFailure", "StageHost", "StageTimeout"]
 
+CONFIGURE_NOTE_S = 10.0  # how often the wait for the stages' configuration says what it waits for
+
 
 class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
     """Runs plans on a chain of stage workers (see the module docstring)."""
@@ -56,7 +59,8 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
     def __init__(self, addresses: _Seq[str], *, n_ctx: int = 4096, n_seq_max: int = 8,
                  n_batch: int = 512, n_threads: int = 2, kv_type: str = "f32",
                  flash_attn: bool = False, reply_address: Optional[str] = None,
-                 timeout_s: float = 60.0, source_id: Optional[str] = None,
+                 timeout_s: float = 60.0, configure_timeout_s: float = 600.0,
+                 source_id: Optional[str] = None,
                  vocab_model: Optional[str] = None, procs: _Seq[Any] = (),
                  prefix_cache_tokens: int = 0, prefix_holders: int = 16,
                  pipeline_depth: int = 1,
@@ -75,6 +79,10 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
         self.stage_prefix_cache_tokens = check_stage_capacities(
             stage_prefix_cache_tokens, prefix_cache_tokens, len(addresses))
         self._stage_n_ctx = check_stage_cells(n_ctx, stage_n_ctx, len(addresses))
+        if not (math.isfinite(configure_timeout_s) and configure_timeout_s > 0):
+            raise ValueError(f"configure_timeout_s must be a finite number > 0, got "
+                             f"{configure_timeout_s}")
+        self.configure_timeout_s = float(configure_timeout_s)
         self._vocab: Any = None
         self.on_close: list[Any] = []  # called after close (e.g. stopping local workers)
         StageChannel.__init__(self, addresses, reply_address, timeout_s, procs)
@@ -139,7 +147,10 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
                     "n_threads": n_threads, "kv_type": kv_type, "flash_attn": flash_attn}
             sock.send_multipart([b"conf", json.dumps(conf).encode()])
         self._tag += 1
-        ready = self._collect(b"ready", "configuring")
+        # A worker loads its layers when configured: a large stage takes a while to read, so
+        # the wait is longer than a plan's, and says every 10 s which stages it waits for.
+        ready = self._collect(b"ready", "configuring (each stage loads its layers)",
+                              timeout_s=self.configure_timeout_s, note_s=CONFIGURE_NOTE_S)
         infos = [StageInfo(path=r["path"], index=r["stage_index"], count=r["count"],
                            layer_start=r["layer_start"], layer_end=r["layer_end"],
                            source_layers=r["source_layers"], source_id=r["source_id"],
