@@ -14,9 +14,10 @@ from other threads (`submit`, `cancel`) go through an inbox drained at the start
 from __future__ import annotations
 
 import heapq
+import itertools
+import logging
 import math
 import numbers
-import itertools
 import queue
 import threading
 from collections import deque
@@ -39,6 +40,8 @@ _INF = float("inf")
 
 __all__ = ["AcceptEvent", "Engine", "EngineStalled", "Event", "FinishEvent", "Request",
            "TokenEvent"]
+
+log = logging.getLogger(__name__)
 
 
 class Engine(_Steps):
@@ -177,8 +180,10 @@ class Engine(_Steps):
         return self._observers
 
     def _watch_events(self) -> None:
-        if not any(isinstance(o, TokenEvents) for o in self._observers):
-            self._observers.append(TokenEvents(self._emit, self.hooks.sample_details))
+        with self._lock:  # listeners and streams may be added from several threads at once
+            if not any(isinstance(o, TokenEvents) for o in self._observers):
+                self._observers.append(TokenEvents(self._emit, self.hooks.sample_details,
+                                                   self._live))
 
     # -- time ---------------------------------------------------------------------------------
 
@@ -198,7 +203,9 @@ class Engine(_Steps):
         """Hand a request (a `Request`, a `Sequence`, or any object with `id`, `arrival_us` and
         `to_sequence()`) to the engine. On the engine's thread (or before it runs) a request
         whose time has come goes to the scheduler at once and its refusal raises; from another
-        thread it waits in the inbox and a refusal ends it as rejected. An `arrival_us` that is
+        thread it waits in the inbox and a refusal ends it as rejected (but a second request
+        with the id of one still open is dropped, told to `on_reject` or the log, since its
+        events would be the open one's). An `arrival_us` that is
         not None or a finite number, or a `ttft_ms` / `itl_ms` that is not None or a finite
         number > 0, raises here, on either thread."""
         request = self._as_request(request)
@@ -497,9 +504,14 @@ class Engine(_Steps):
                 try:
                     self._accept(item, raise_errors=False)
                 except DuplicateSequence as exc:
-                    if self._listeners or self._streams:
-                        self._emit(FinishEvent(item.id, REJECTED, self.now(), str(exc),
-                                               exc.reason))
+                    # The id is another request's, still open: nothing is said under that id
+                    # (its listeners and stream belong to the open one); `on_reject` is told,
+                    # else the log.
+                    if self.on_reject is not None:
+                        self.on_reject(item, exc)
+                    else:
+                        log.warning("request %r was submitted while a request of that id is "
+                                    "open; the second was dropped", item.id)
             else:
                 self._cancel(item)
 
@@ -534,8 +546,14 @@ class Engine(_Steps):
             self._emit(FinishEvent(entry.id, reason, now, error, rejection))
 
     def _emit(self, event: Event) -> None:
+        """Tell every listener and the request's stream; a listener that raises does not keep
+        the others or the stream from it (the first error is raised after)."""
+        error: Optional[BaseException] = None
         for listener in self._listeners:
-            listener(event)
+            try:
+                listener(event)
+            except Exception as exc:
+                error = error or exc
         if self._streams:
             with self._lock:
                 q = self._streams.get(event.request_id)
@@ -543,6 +561,8 @@ class Engine(_Steps):
                     del self._streams[event.request_id]
             if q is not None:
                 q.put(event)
+        if error is not None:
+            raise error
 
     def _release_victims(self, victims: Iterable[str]) -> None:
         rec = self.recorder

@@ -12,7 +12,7 @@ memory pressure, or by `Engine.preempt`), before anything else happens to them.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Container, Optional, Protocol
 
 from ..types import IterationTelemetry
 from .record import Recorder
@@ -91,22 +91,27 @@ class TokenEvents(BaseObserver):
     wants_samples = True
 
     def __init__(self, emit: Callable[[TokenEvent], None],
-                 details: Optional[Callable[["Plan"], Any]] = None) -> None:
+                 details: Optional[Callable[["Plan"], Any]] = None,
+                 live: Optional[Container[str]] = None) -> None:
         self._emit = emit
         self._details = details
+        # The requests not ended (None: all are): a listener may end one (cancel it) while
+        # this plan's tokens are being told, and nothing of it follows its FinishEvent.
+        self._live = live
 
     def sampled(self, flight: _InFlight, rows: list[int], tokens: Any, end_us: float) -> None:
         ids = flight.plan.sequence_ids
         emit = self._emit
+        live = self._live
         details = self._details(flight.plan) if self._details is not None else None
         if details:
             for r, t in zip(rows, tokens.tolist()):
                 detail = details.get(r)
-                if t >= 0 or detail is not None:
+                if (t >= 0 or detail is not None) and (live is None or ids[r] in live):
                     emit(TokenEvent(ids[r], t, end_us, detail))
             return
         for r, t in zip(rows, tokens.tolist()):
-            if t >= 0:
+            if t >= 0 and (live is None or ids[r] in live):
                 emit(TokenEvent(ids[r], t, end_us))
 
 

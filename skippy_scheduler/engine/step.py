@@ -433,14 +433,20 @@ class _Steps:
             except Exception as exc:
                 error = error or exc
             self._outstanding -= 1
-            self._end(live[rid], reasons[rid].value)
+            try:  # a listener that raises on its FinishEvent does not keep the others open
+                self._end(live[rid], reasons[rid].value)
+            except Exception as exc:
+                error = error or exc
         for rid in telemetry.failed_ids:
             try:
                 release(rid, ReleaseReason.FAILED)
             except Exception as exc:
                 error = error or exc
             self._outstanding -= 1
-            self._end(live[rid], FinishReason.FAILED.value)
+            try:
+                self._end(live[rid], FinishReason.FAILED.value)
+            except Exception as exc:
+                error = error or exc
         if error is not None:
             raise error
 

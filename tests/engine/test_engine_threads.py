@@ -1,0 +1,105 @@
+"""The engine's events under listeners and threads that misbehave: a second request with an
+open request's id leaves that request's stream and events alone; a listener that cancels
+another request mid-plan sees nothing of it after its FinishEvent; a listener that raises does
+not leave requests open; listeners and streams added from several threads at once are told
+each token once."""
+from __future__ import annotations
+
+import threading
+import time
+
+from skippy_scheduler import SchedulerConfig
+from skippy_scheduler.engine import (CostModelHost, Engine, FinishEvent, Request, TokenEvent)
+
+
+class SlowHost(CostModelHost):
+    def execute(self, plan):  # type: ignore[no-untyped-def]
+        time.sleep(0.002)
+        return super().execute(plan)
+
+
+def test_a_second_request_with_an_open_id_leaves_the_open_one_alone(impl):
+    refused: list = []
+    engine = Engine(impl(), SlowHost(), on_reject=lambda req, exc: refused.append(req.id))
+    ends: list = []
+    engine.add_listener(lambda ev: isinstance(ev, FinishEvent) and ends.append(ev.reason))
+    thread = threading.Thread(target=engine.run_forever, daemon=True)
+    thread.start()
+    try:
+        events = engine.stream("x")
+        engine.submit(Request("x", [1, 2], 20))
+        engine.submit(Request("x", [1, 2], 20))  # from this thread: through the inbox
+        got = list(events)
+    finally:
+        engine.stop()
+        thread.join(30)
+    tokens = [e for e in got if isinstance(e, TokenEvent)]
+    assert len(tokens) == 20 and isinstance(got[-1], FinishEvent)
+    assert got[-1].reason == "length" and ends == ["length"] and refused == ["x"]
+
+
+def test_a_listener_that_cancels_another_request_sees_nothing_of_it_after_its_end(impl):
+    for depth in (1, 2):
+        engine = Engine(impl(SchedulerConfig(max_inflight_plans=depth)), CostModelHost(),
+                        clock=None)
+        ended: set = set()
+        late: list = []
+
+        def on(ev, engine=engine, ended=ended, late=late):
+            if isinstance(ev, TokenEvent) and ev.request_id in ended:
+                late.append(ev)
+            if isinstance(ev, FinishEvent):
+                ended.add(ev.request_id)
+            if isinstance(ev, TokenEvent) and ev.request_id == "a":
+                engine.cancel("b")
+
+        engine.add_listener(on)
+        report = engine.run([Request("a", [1, 2], 3), Request("b", [1, 2], 3)])
+        assert late == [], (depth, late)
+        assert {r.id: r.finish_reason for r in report.records} == {"a": "length",
+                                                                    "b": "cancelled"}
+
+
+def test_a_listener_that_raises_does_not_leave_requests_open(impl):
+    engine = Engine(impl(), CostModelHost(), clock=None)
+    boom = [True]
+    ends: list = []
+
+    def on(ev):
+        if isinstance(ev, FinishEvent):
+            ends.append(ev.request_id)
+            if boom[0]:
+                boom[0] = False
+                raise RuntimeError("listener bug")
+
+    engine.add_listener(on)
+    try:
+        engine.run([Request(f"r{i}", [1, 2], 3) for i in range(3)])
+    except RuntimeError as exc:
+        assert "listener bug" in str(exc)
+    assert engine.open_ids() == [] and engine.outstanding == 0
+    assert sorted(ends) == ["r0", "r1", "r2"]  # every FinishEvent was told
+    report = engine.run([Request("r3", [1, 2], 2)])  # and the engine goes on
+    assert report.records[-1].finish_reason == "length"
+
+
+def test_listeners_and_streams_added_at_once_are_told_each_token_once(impl):
+    for _ in range(50):
+        engine = Engine(impl(), CostModelHost(), clock=None)
+        barrier = threading.Barrier(8)
+
+        def add(k, engine=engine, barrier=barrier):
+            barrier.wait()
+            if k % 2:
+                engine.stream(f"other{k}")
+            else:
+                engine.add_listener(lambda ev: None)
+
+        threads = [threading.Thread(target=add, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        events = engine.stream("a")
+        engine.run([Request("a", [1, 2], 3)])
+        assert sum(isinstance(e, TokenEvent) for e in events) == 3
