@@ -343,10 +343,22 @@ class Engine(_Steps):
                     continue
                 if nxt is None:
                     self._wake.wait(idle_wait_s)
-                else:
-                    self._wait(nxt)
+                elif self._clock is not None:
+                    # The wake event was cleared before `_stop` and the inbox were read: a
+                    # stop or a submission since has set it, and the wait returns at once.
+                    self._clock.wait_until(nxt, self._wake)
         finally:
             self._thread = None
+
+    def drain_inbox(self) -> None:
+        """Take in what other threads submitted or cancelled and the engine has not read yet
+        (on the engine's thread, or while `run_forever` is not running): a caller stopping
+        the engine does this before ending what is open, so that a submission that raced the
+        stop is among `open_ids()`."""
+        if not self._on_engine_thread():
+            raise RuntimeError("drain_inbox runs on the engine's thread or while run_forever "
+                               "is not running")
+        self._drain()
 
     # `step()` (engine/step.py): inbox, due arrivals, hook, one iteration.
 

@@ -225,7 +225,9 @@ class EngineRunner:
                 log.error("the engine thread did not stop within %.0f s", timeout_s)
                 return False
         self.step_timing.close()
-        # The loop has returned: the engine runs on this thread now.
+        # The loop has returned: the engine runs on this thread now. What was submitted while
+        # it stopped is taken in first, so that it ends too.
+        self.engine.drain_inbox()
         for rid in self.engine.open_ids():
             self._fail(rid, "the server is shutting down")
         self._flush()

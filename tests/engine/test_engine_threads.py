@@ -103,3 +103,31 @@ def test_listeners_and_streams_added_at_once_are_told_each_token_once(impl):
         events = engine.stream("a")
         engine.run([Request("a", [1, 2], 3)])
         assert sum(isinstance(e, TokenEvent) for e in events) == 3
+
+
+def test_a_submission_that_races_the_stop_is_taken_in_and_ended(impl):
+    """Submitted from another thread while the engine is inside a step and stopped right
+    after: once `run_forever` returns, `drain_inbox` takes it in, and it is open (so whoever
+    stops the engine ends it) instead of sitting unseen in the inbox."""
+
+    class Slower(CostModelHost):
+        def execute(self, plan):  # type: ignore[no-untyped-def]
+            time.sleep(0.2)
+            return super().execute(plan)
+
+    engine = Engine(impl(), Slower())
+    thread = threading.Thread(target=engine.run_forever, daemon=True)
+    thread.start()
+    engine.submit(Request("first", [1, 2], 50))
+    time.sleep(0.1)  # inside the first step
+    events = engine.stream("late")
+    engine.submit(Request("late", [3, 4], 5))
+    engine.stop()
+    thread.join(30)
+    assert not thread.is_alive()
+    engine.drain_inbox()
+    assert sorted(engine.open_ids()) == ["first", "late"]
+    for rid in engine.open_ids():
+        assert engine.cancel(rid)
+    assert [type(e).__name__ for e in events][-1] == "FinishEvent"
+    assert engine.open_ids() == []
