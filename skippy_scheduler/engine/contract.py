@@ -58,7 +58,10 @@ Optional capabilities of a served host, a protocol each:
   request is queued (without it, the host's `prepare_sequence` is the only judge);
 * `MemoryComponentsHost.memory_components`: the memory pools admission reserves bytes in;
 * `PrefixEventsHost`: `prefix_store`, `watch_prefixes` and `held_tokens`, what the server's KV
-  event publisher (serve/kv_events.py) announces the host's resident and running prefixes from.
+  event publisher (serve/kv_events.py) announces the host's resident and running prefixes from;
+* `InterruptibleHost`: `interrupt(reason)` ends a wait of the engine's thread inside the host
+  from another thread, and `abandon()` stops what the host started without freeing what that
+  thread may still use (a server stopping while a stage hangs).
 
 `LlamaHost`, `StageHost` and the benchmarks' `InstantHost` are `ServingHost`s
 (tests/typing/test_serving_seam.py checks them).
@@ -86,8 +89,8 @@ __all__ = [
     "attach", "check_scheduler", "check_slack_scheduler", "DecodeTimingHost", "HostOutOfMemory",
     # the serving seam
     "ChatTemplateHost", "ClosingHost", "ContextLimitsHost", "GrammarCheckingHost",
-    "MemoryComponentsHost", "PrefixEventsHost", "PrefixWatcher", "RoutesHost", "ServingHost",
-    "VocabularyHost",
+    "InterruptibleHost", "MemoryComponentsHost", "PrefixEventsHost", "PrefixWatcher",
+    "RoutesHost", "ServingHost", "VocabularyHost",
 ]
 
 Array = npt.NDArray[Any]
@@ -544,6 +547,19 @@ class MemoryComponentsHost(Protocol):
         """The memory pools admission reserves bytes in (config order): the server gives them
         to its scheduler (`SchedulerConfig.memory_components`) and refuses a request that
         could never fit one."""
+        ...
+
+
+@runtime_checkable
+class InterruptibleHost(Protocol):
+    def interrupt(self, reason: str) -> None:
+        """From any thread: a wait of the engine's thread inside the host ends soon after with
+        an error of `reason`, and every later one at once. Only sets a flag."""
+        ...
+
+    def abandon(self) -> None:
+        """Stop what the host started (worker processes) without freeing what the engine's
+        thread may still be using: what a server does when that thread did not stop."""
         ...
 
 

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 from ..engine import (AcceptEvent, Engine, FinishEvent, Host, HostState, Request,
                       SchedulerLike, TokenEvent)
-from ..engine.contract import HostOutOfMemory
+from ..engine.contract import HostOutOfMemory, InterruptibleHost
 from ..engine.observers import BaseObserver
 from ..engine.requests import _SUBMITTED
 from ..engine.step_timing import StepTiming
@@ -208,17 +208,16 @@ class EngineRunner:
     def stop(self, timeout_s: float = 10.0) -> bool:
         """Stop the loop; requests still open end as cancelled. False when the engine thread
         did not stop within `timeout_s` (it is still inside an iteration: the host must not
-        be closed under it). A host with `interrupt(reason)` (a stage host waiting for a
-        stage) is interrupted after the first second of waiting."""
+        be closed under it). An `InterruptibleHost` (a stage host waiting for a stage) is
+        interrupted after the first second of waiting."""
         self._stopping = True
         with self._gate:
             self._running = False
         self.engine.stop()
         if self._thread is not None:
             self._thread.join(min(1.0, timeout_s))
-            interrupt = getattr(self.host, "interrupt", None)
-            if self._thread.is_alive() and interrupt is not None:
-                interrupt("the server is shutting down")
+            if self._thread.is_alive() and isinstance(self.host, InterruptibleHost):
+                self.host.interrupt("the server is shutting down")
             self._thread.join(max(timeout_s - 1.0, 0.0))
             if self._thread.is_alive():
                 # Still inside an iteration: touching the scheduler from here would race it.

@@ -52,7 +52,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 
-from ..engine.contract import MemoryComponentsHost, ServingHost, VocabularyHost
+from ..engine.contract import (InterruptibleHost, MemoryComponentsHost, ServingHost,
+                               VocabularyHost)
 from ..hosts.offload import CPU_BATCH, CTX_FLOOR, OffloadSpec
 from ..selection import DEFAULT_IMPLEMENTATION, DEFAULT_POLICY, POLICIES, make_scheduler
 from ..types import DEFAULT_SEQUENCE_ID_LIMIT
@@ -594,10 +595,9 @@ class Server:
                     self.kv_events = None
                 if stopped:
                     self.host.close()
-                else:  # the engine thread is still in the host: leave its memory alone
-                    abandon = getattr(self.host, "abandon", None)
-                    if abandon is not None:
-                        abandon()
+                elif isinstance(self.host, InterruptibleHost):
+                    # The engine thread is still in the host: leave its memory alone.
+                    self.host.abandon()
             finally:
                 if self._tmp is not None:
                     self._tmp.cleanup()

@@ -33,7 +33,7 @@ def _instant_host():
 def test_the_serving_protocols_are_in_the_contract():
     for name in ("VocabularyHost", "ChatTemplateHost", "ContextLimitsHost", "ClosingHost",
                  "RoutesHost", "ServingHost", "GrammarCheckingHost", "MemoryComponentsHost",
-                 "PrefixEventsHost"):
+                 "PrefixEventsHost", "InterruptibleHost"):
         assert name in contract.__all__, name
     # A served host is an engine host too, and the routes' needs are part of it.
     assert {Host, RoutesHost, ContextLimitsHost, ClosingHost} <= set(ServingHost.__mro__)
@@ -82,8 +82,8 @@ def test_the_hosts_satisfy_the_protocols_under_mypy_strict(tmp_path):
         from instant_host import InstantHost
 
         from skippy_scheduler.engine.contract import (
-            GrammarCheckingHost, MemoryComponentsHost, PrefixEventsHost, RoutesHost,
-            ServingHost)
+            GrammarCheckingHost, InterruptibleHost, MemoryComponentsHost, PrefixEventsHost,
+            RoutesHost, ServingHost)
         from skippy_scheduler.hosts.llama import LlamaHost
         from skippy_scheduler.hosts.stages.host import StageHost
 
@@ -99,6 +99,7 @@ def test_the_hosts_satisfy_the_protocols_under_mypy_strict(tmp_path):
             served: ServingHost = host
             memory: MemoryComponentsHost = host
             events: PrefixEventsHost = host
+            interruptible: InterruptibleHost = host
 
 
         def instant(host: InstantHost) -> None:
