@@ -420,35 +420,33 @@ class _Steps:
             o.sampled(flight, rows, tokens, end)
 
     def _retire(self, telemetry: Any) -> None:
-        """End every request the scheduler retired and release its host state. A release that
-        raises does not keep the others from ending (the scheduler has let them all go): the
-        first such error is raised once every one has ended."""
-        live = self._live
-        release = self._release
+        """End every request the scheduler retired and release its host state. A release or a
+        listener that raises does not keep the others from ending (the scheduler has let them
+        all go): the first such error is raised once every one has ended."""
         reasons = telemetry.finish_reasons
         error: Optional[BaseException] = None
         for rid in telemetry.finished_ids:
-            try:
-                release(rid, ReleaseReason.FINISHED)
-            except Exception as exc:
-                error = error or exc
-            self._outstanding -= 1
-            try:  # a listener that raises on its FinishEvent does not keep the others open
-                self._end(live[rid], reasons[rid].value)
-            except Exception as exc:
-                error = error or exc
+            e = self._retire_one(rid, ReleaseReason.FINISHED, reasons[rid].value)
+            error = error or e
         for rid in telemetry.failed_ids:
-            try:
-                release(rid, ReleaseReason.FAILED)
-            except Exception as exc:
-                error = error or exc
-            self._outstanding -= 1
-            try:
-                self._end(live[rid], FinishReason.FAILED.value)
-            except Exception as exc:
-                error = error or exc
+            e = self._retire_one(rid, ReleaseReason.FAILED, FinishReason.FAILED.value)
+            error = error or e
         if error is not None:
             raise error
+
+    def _retire_one(self, rid: str, why: ReleaseReason, reason: str) -> Optional[Exception]:
+        """Release and end one retired request whatever raises; the first error (None)."""
+        error: Optional[Exception] = None
+        try:
+            self._release(rid, why)
+        except Exception as exc:
+            error = exc
+        self._outstanding -= 1
+        try:
+            self._end(self._live[rid], reason)
+        except Exception as exc:
+            error = error or exc
+        return error
 
     # -- releases -----------------------------------------------------------------------------
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from lab_support import capture_figures
+
 from skippy_scheduler.lab.suite import SuiteOptions, run_policy
 from skippy_scheduler.lab.workload import WorkloadSpec, generate
 
@@ -114,30 +116,6 @@ def test_progress_bar_only_on_a_terminal_after_the_delay():
     assert late.getvalue() == ""
 
 
-def _capture(monkeypatch):
-    """Each figure as it is saved, by file name (closed by the plot code afterwards)."""
-    from skippy_scheduler.lab import plot
-
-    seen = {}
-    real_save = plot._save
-
-    def save(fig, path, series):
-        fig.canvas.draw()
-        axes = fig.axes
-        seen[path.rsplit("/", 1)[1]] = {
-            "axes": axes,
-            "legends": [ax for ax in axes if ax.get_legend() is not None],
-            "titles": " | ".join([t.get_text() for t in fig.texts]
-                                 + [ax.get_title() for ax in axes]),
-            "lines": [[line.get_ydata() for line in ax.get_lines()] for ax in axes],
-            "ylim": [ax.get_ylim() for ax in axes],
-        }
-        return real_save(fig, path, series)
-
-    monkeypatch.setattr(plot, "_save", save)
-    return seen
-
-
 def test_binned_ratio_breaks_the_line_at_empty_bins():
     from skippy_scheduler.lab.plot import binned_ratio
 
@@ -151,7 +129,7 @@ def test_suite_panels_share_axes_and_one_legend(tmp_path, monkeypatch, backend):
     pytest.importorskip("matplotlib")
     from skippy_scheduler.lab.plot import plot_suite
 
-    seen = _capture(monkeypatch)
+    seen = capture_figures(monkeypatch)
     w = generate(WorkloadSpec(requests=120, seed=2, rate=800.0, families=4))
     options = SuiteOptions(max_active=8, record_series=True)
     runs = [run_policy(w, p, m, options, backend=backend)
@@ -178,7 +156,7 @@ def test_trace_plots_name_limit_and_tenants_and_leave_headroom(tmp_path, monkeyp
     pytest.importorskip("matplotlib")
     from skippy_scheduler.cli import main
 
-    seen = _capture(monkeypatch)
+    seen = capture_figures(monkeypatch)
     trace = tmp_path / "small.jsonl"
     trace.write_text("".join(f'{{"timestamp": {(k // 6) * 400}, "input_length": 1500, '
                              f'"output_length": 5, "hash_ids": [0, {k % 4}, {100 + k}]}}\n'

@@ -86,3 +86,33 @@ def picture(store):
 def random_key(rng, prefix=(), low=1, high=4):
     return np.asarray(list(prefix) + [rng.randrange(3) for _ in range(rng.randint(low, high))],
                       dtype=np.int32)
+
+
+def capture_figures(monkeypatch) -> dict:
+    """Each `lab` figure as it is saved, by file name (closed by the plot code afterwards):
+    its axes, the axes with a legend and each legend's left edge in its panel's coordinates
+    (beyond 1: beside the panel), its titles joined by " | ", each panel's line data and
+    y limits."""
+    from skippy_scheduler.lab import plot
+
+    seen: dict = {}
+    real_save = plot._save
+
+    def save(fig, path, series):
+        fig.canvas.draw()
+        axes = fig.axes
+        legends = [ax for ax in axes if ax.get_legend() is not None]
+        seen[path.rsplit("/", 1)[1]] = {
+            "axes": axes,
+            "legends": legends,
+            "legend_x0": [ax.get_legend().get_window_extent().transformed(
+                ax.transAxes.inverted()).x0 for ax in legends],
+            "titles": " | ".join([t.get_text() for t in fig.texts]
+                                 + [ax.get_title() for ax in axes]),
+            "lines": [[line.get_ydata() for line in ax.get_lines()] for ax in axes],
+            "ylim": [ax.get_ylim() for ax in axes],
+        }
+        return real_save(fig, path, series)
+
+    monkeypatch.setattr(plot, "_save", save)
+    return seen
