@@ -122,7 +122,7 @@ class Engine(_Steps):
         self._started = False
         self._stop = False
         self._listeners: list[Callable[[Event], None]] = []
-        self._streams: dict[str, "queue.SimpleQueue[Event]"] = {}
+        self._streams: dict[str, "list[queue.SimpleQueue[Event]]"] = {}
         self._observers: list[StepObserver] = []
         if self.recorder is not None:
             self._observers.append(Recording(self.recorder, self._record_of))
@@ -251,7 +251,8 @@ class Engine(_Steps):
         self._wake.set()
 
     def stop(self) -> None:
-        """Ask `run_forever` to return after the current step (thread-safe)."""
+        """Ask `run_forever` to return after the current step (thread-safe). Each stop ends
+        one `run_forever`: asked before it begins, it makes the next one return at once."""
         self._stop = True
         self._wake.set()
 
@@ -267,10 +268,11 @@ class Engine(_Steps):
 
     def stream(self, request_id: str) -> Iterator[Event]:
         """Events of one request, for a consumer on another thread: subscribe before
-        submitting; the iterator ends after the request's `FinishEvent`."""
+        submitting; the iterator ends after the request's `FinishEvent`. Several streams of
+        one id each get every event."""
         q: "queue.SimpleQueue[Event]" = queue.SimpleQueue()
         with self._lock:
-            self._streams[request_id] = q
+            self._streams.setdefault(request_id, []).append(q)
         self._watch_events()
 
         def events() -> Iterator[Event]:
@@ -332,7 +334,6 @@ class Engine(_Steps):
         """Serve until `stop()`: idle, wait for submissions from other threads."""
         self._thread = threading.get_ident()
         self._ensure_started()
-        self._stop = False
         try:
             while not self._stop:
                 if self.step():
@@ -347,6 +348,7 @@ class Engine(_Steps):
                     # The wake event was cleared before `_stop` and the inbox were read: a
                     # stop or a submission since has set it, and the wait returns at once.
                     self._clock.wait_until(nxt, self._wake)
+            self._stop = False  # that stop is used up: `run_forever` can be started again
         finally:
             self._thread = None
 
@@ -568,11 +570,12 @@ class Engine(_Steps):
                 error = error or exc
         if self._streams:
             with self._lock:
-                q = self._streams.get(event.request_id)
-                if q is not None and isinstance(event, FinishEvent):
+                queues = self._streams.get(event.request_id)
+                if queues is not None and isinstance(event, FinishEvent):
                     del self._streams[event.request_id]
-            if q is not None:
-                q.put(event)
+            if queues is not None:
+                for q in queues:
+                    q.put(event)
         if error is not None:
             raise error
 

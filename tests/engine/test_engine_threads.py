@@ -2,7 +2,7 @@
 open request's id leaves that request's stream and events alone; a listener that cancels
 another request mid-plan sees nothing of it after its FinishEvent; a listener that raises does
 not leave requests open; listeners and streams added from several threads at once are told
-each token once."""
+each token once; a stop before `run_forever` is kept; two streams of one id both end."""
 from __future__ import annotations
 
 import threading
@@ -131,3 +131,47 @@ def test_a_submission_that_races_the_stop_is_taken_in_and_ended(impl):
         assert engine.cancel(rid)
     assert [type(e).__name__ for e in events][-1] == "FinishEvent"
     assert engine.open_ids() == []
+
+
+def test_a_stop_before_run_forever_begins_ends_it_and_each_stop_ends_one_run(impl):
+    """A stop asked before the thread reaches `run_forever` is not lost (the server's stop can
+    land there); once used, the next `run_forever` serves again until its own stop."""
+    engine = Engine(impl(), CostModelHost())
+    engine.stop()
+    thread = threading.Thread(target=engine.run_forever, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "a stop asked before run_forever began was lost"
+    thread = threading.Thread(target=engine.run_forever, daemon=True)
+    thread.start()
+    try:
+        events = engine.stream("r")
+        engine.submit(Request("r", [1, 2], 5))
+        assert isinstance(list(events)[-1], FinishEvent)
+        assert thread.is_alive()
+    finally:
+        engine.stop()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_two_streams_of_one_id_each_get_every_event(impl):
+    engine = Engine(impl(), SlowHost())
+    thread = threading.Thread(target=engine.run_forever, daemon=True)
+    thread.start()
+    try:
+        first, second = engine.stream("x"), engine.stream("x")
+        engine.submit(Request("x", [1, 2], 6))
+        got: dict = {}
+        reader = threading.Thread(target=lambda: got.update(first=list(first)), daemon=True)
+        reader.start()
+        got["second"] = list(second)
+        reader.join(30)
+    finally:
+        engine.stop()
+        thread.join(30)
+    assert not reader.is_alive(), "the first stream was left blocked"
+    for name in ("first", "second"):
+        assert [type(e).__name__ for e in got[name]] == (["AcceptEvent"] + ["TokenEvent"] * 6
+                                                         + ["FinishEvent"])
+    assert got["first"] == got["second"]
