@@ -45,12 +45,27 @@ def stage_host(settings: ServeSettings) -> StageHost:
 
 
 class StagedEngineRunner(EngineRunner):
-    """An `EngineRunner` that stops taking requests once the stage chain is broken."""
+    """An `EngineRunner` that stops taking requests once the stage chain is broken. While no
+    request is open it checks every `heartbeat_s` that each stage still answers (within
+    `heartbeat_timeout_s`), so that a remote worker that died or hung meanwhile gives the
+    503 before a request is sent to it."""
 
     host: StageHost
     usage: list[StageUsage] = []  # the last measurement (replaced whole, never mutated)
     usage_at = 0.0  # time.monotonic() of it
     _measuring = False
+    heartbeat_s = 5.0
+    heartbeat_timeout_s = 10.0
+    _beat_at = 0.0  # time.monotonic() of the last heartbeat, or of the last busy step
+
+    def _before_step(self, engine: Any) -> None:
+        super()._before_step(engine)
+        now = time.monotonic()
+        if engine.outstanding or self._beat_at == 0.0:
+            self._beat_at = now  # busy (its plans' answers tell), or just started
+        elif now - self._beat_at >= self.heartbeat_s:
+            self._beat_at = now
+            self.host.check_alive(self.heartbeat_timeout_s)
 
     def request_usage(self) -> None:
         """Have the engine thread measure every stage's KV use between two steps (no wait)."""

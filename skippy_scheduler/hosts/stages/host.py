@@ -435,6 +435,27 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
             self._collect(b"released", "releasing lanes")
             self._pending_release = []
 
+    def check_alive(self, timeout_s: float) -> Optional[str]:
+        """A heartbeat between requests: every live stage answers a ping within `timeout_s`,
+        or the chain is broken (a remote worker that died or hung while idle is otherwise
+        noticed only when a plan reaches it). Skipped while plans or memory messages are in
+        flight: their answers already tell. Why the chain is broken, or None."""
+        self._settle()
+        if self.broken is not None or self._flights or self.mem_pending:
+            return self.broken
+        self._broadcast(b"ping", {})
+        try:
+            self._collect(b"pong", "checking that the idle stages answer", timeout_s)
+        except StageFailure as exc:
+            self.broken = str(exc)
+            self._free_survivors()
+        self._settle()
+        gone = set(range(len(self.addresses))) - self.live
+        if self.broken is None and gone:  # dropped earlier (its queue was full): not running
+            self.broken = f"{self._named(gone)} stopped reading its messages"
+            self._free_survivors()
+        return self.broken
+
     def held(self, holders: bool = False) -> list[dict[int, int]]:
         """Per live stage: positions held by every lane with KV (after `sync`); with `holders`
         the prefix holders' too."""

@@ -257,6 +257,9 @@ class StageWorker:
                         "samplers": len(self._runner.samplers or ()),
                         "lanes": {str(k): self._runner.held(k)
                                   for k in self._runner.held_lanes()}})])
+                elif kind == b"ping":
+                    self._reply.send_multipart([b"pong", _json({"index": self.index,
+                                                                "tag": tag})])
                 elif kind == b"usage":
                     self._reply.send_multipart([b"usage", _json({
                         "index": self.index, "tag": tag,

@@ -1,0 +1,104 @@
+"""The heartbeat of a server on remote stage workers (`--stage-addresses`): while no request
+is open the server checks that every stage still answers, so that a worker that died or hung
+while the server was idle turns `/health` and new requests into a 503 naming the stage, before
+any request is sent to it. Busy or healthy, nothing changes."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+pytest.importorskip("zmq")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+import httpx  # noqa: E402
+
+from skippy_scheduler.hosts.stages.split import stage_paths  # noqa: E402
+from skippy_scheduler.serve import Server, ServeSettings  # noqa: E402
+
+
+def _workers(tmp_path, stage_dir) -> tuple[list[subprocess.Popen], list[str]]:
+    """`stage --listen tcp://127.0.0.1:*` workers, one a stage, and the addresses each
+    printed."""
+    procs, logs, addresses = [], [], []
+    for k, path in enumerate(stage_paths(stage_dir)):
+        log = tmp_path / f"w{k}.log"
+        with open(log, "wb") as err:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "skippy_scheduler.cli", "stage", "-m", path,
+                 "--listen", "tcp://127.0.0.1:*", "-t", "1"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, cwd=tmp_path))
+        logs.append(log)
+    for log in logs:
+        deadline = time.monotonic() + 60
+        while not (m := re.search(r"listening on (tcp://\S+)", log.read_text())):
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        addresses.append(m.group(1))
+    return procs, addresses
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _health_until_503(url: str, limit_s: float) -> httpx.Response:
+    end = time.monotonic() + limit_s
+    while True:
+        health = httpx.get(url + "/health", timeout=30)
+        if health.status_code != 200 or time.monotonic() > end:
+            return health
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_a_remote_stage_lost_while_idle_is_found_by_the_heartbeat(tmp_path, model4, splits,
+                                                                   how):
+    procs, addresses = _workers(tmp_path, splits[2])
+    srv = None
+    try:
+        srv = Server(ServeSettings(model=str(model4), stage_addresses=addresses, max_active=4,
+                                   ctx_size=2048, threads=1))
+        srv.runner.heartbeat_s, srv.runner.heartbeat_timeout_s = 0.2, 3.0
+        srv.start_in_thread()
+        # Idle with every stage well: the heartbeats pass, and a request is served.
+        time.sleep(1.0)
+        assert httpx.get(srv.url + "/health").status_code == 200
+        r = httpx.post(srv.url + "/v1/completions", timeout=60,
+                       json={"prompt": [1, 2, 3], "max_tokens": 3})
+        assert r.status_code == 200, r.text
+        assert srv.host.broken is None
+        if how == "killed":
+            procs[1].kill()
+            procs[1].wait(30)
+        else:
+            os.kill(procs[1].pid, signal.SIGSTOP)
+        health = _health_until_503(srv.url, 60)
+        assert health.status_code == 503, "the lost stage was not noticed while idle"
+        message = health.json()["error"]["message"]
+        assert message.startswith("a stage of the model failed: no answer from stage 1 "
+                                  f"({addresses[1]}) within 3 s while checking"), message
+        r = httpx.post(srv.url + "/v1/completions", timeout=60,
+                       json={"prompt": [1, 2, 3], "max_tokens": 3})
+        assert r.status_code == 503 and "stage 1" in r.json()["error"]["message"], r.text
+        assert srv.runner.open_subscriptions == 0
+    finally:
+        if srv is not None:
+            srv.shutdown()
+        _stop(procs)
