@@ -88,6 +88,7 @@ sk_wire_status sk_wire_decode_plan(const void *frame, size_t len, sk_wire_plan_v
     for (r = 0; r < v.n_rows; r++) {
         uint32_t a = v.row_offsets[r], e = v.row_offsets[r + 1];
         if (e <= a) return fail(why, "a row without tokens (offsets not increasing)", SK_WIRE_BAD_VALUE);
+        if (e > v.n_tokens) return fail(why, "a row offset past the token arena", SK_WIRE_BAD_VALUE);
         if (v.row_lanes[r] < 0 || v.row_restore[r] < -1)
             return fail(why, "a negative lane or restore holder", SK_WIRE_BAD_VALUE);
         if (v.row_flags[r] & ~SK_WIRE_ROW_KNOWN || (v.row_flags[r] & SK_WIRE_ROW_PHASE_MASK) == 6)
@@ -97,7 +98,7 @@ sk_wire_status sk_wire_decode_plan(const void *frame, size_t len, sk_wire_plan_v
         n_sample += v.row_flags[r] & SK_WIRE_ROW_SAMPLE_LAST;
         for (j = a; j < e; j++) {
             if (v.positions[j] < 0) return fail(why, "a negative position", SK_WIRE_BAD_VALUE);
-            if (j > a && v.positions[j] != v.positions[j - 1] + 1)
+            if (j > a && (v.positions[j - 1] == INT32_MAX || v.positions[j] != v.positions[j - 1] + 1))
                 return fail(why, "positions within a row are not consecutive", SK_WIRE_BAD_VALUE);
         }
     }

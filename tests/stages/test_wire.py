@@ -93,8 +93,8 @@ def _malformed(frame: bytearray) -> dict[str, bytes]:
                             ("release", v.release_lanes))}
     del v
 
-    def patch(offset: int, fmt: str, value: int) -> bytes:
-        out = bytearray(frame)
+    def patch(offset: int, fmt: str, value: int, base: bytes = bytes(frame)) -> bytes:
+        out = bytearray(base)
         struct.pack_into(fmt, out, offset, value)
         return bytes(out)
 
@@ -115,6 +115,8 @@ def _malformed(frame: bytearray) -> dict[str, bytes]:
         "unknown flag": patch(at["flags"], "<B", 0x40),
         "phase 3": patch(at["flags"], "<B", 0x06),
         "position gap": patch(at["positions"] + 4, "<i", 1000),
+        "position at the top": patch(at["positions"] + 8, "<i", 2**31 - 1,
+                                     patch(at["positions"] + 4, "<i", 2**31 - 1)),
         "negative position": patch(at["positions"], "<i", -1),
         "deferred row": patch(at["deferred"], "<I", n_rows),
         "negative release": patch(at["release"], "<i", -1),
@@ -225,8 +227,26 @@ def test_c_decoder_matches_python(harness, tmp_path):
         assert int(fields["at_release"]) == v.release_lanes.ctypes.data - base
 
 
+def _frame_ending_in_positions() -> bytes:
+    """Two one-token rows at consecutive positions, nothing after the positions; row 0's end
+    offset moved past the arena (a decoder that trusted it would read past the frame)."""
+    frame = wire.encode_plan(step=1, serial=1, row_offsets=[0, 1, 2], row_lanes=[0, 1],
+                             tokens=[7, 8], positions=[5, 6], sample_last=[1, 1],
+                             phases=[2, 2])
+    v = wire.decode_plan(frame)
+    at = v.row_offsets.ctypes.data - np.frombuffer(frame, np.uint8).ctypes.data
+    assert v.positions.ctypes.data + 8 == np.frombuffer(frame, np.uint8).ctypes.data + len(frame)
+    del v
+    out = bytearray(frame)
+    struct.pack_into("<I", out, at + 4, 1000)
+    return bytes(out)
+
+
 def test_c_decoder_refuses_malformed_frames_and_leaves_the_view(harness, tmp_path):
     cases = _malformed(_frame_for_corruption())
+    cases["offset past the arena"] = _frame_ending_in_positions()
+    with pytest.raises(wire.WireError):
+        wire.decode_plan(cases["offset past the arena"])
     lines = _run_c(harness, tmp_path, list(cases.values()))
     for name, line in zip(cases, lines):
         assert line.startswith("refused "), (name, line)
