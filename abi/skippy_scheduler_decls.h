@@ -290,6 +290,8 @@ uint64_t skippy_scheduler_oldest_plan(const skippy_scheduler *scheduler);  /* se
 skippy_status skippy_scheduler_preempt(skippy_scheduler *scheduler, const uint64_t *used_bytes,
                                        size_t used_count, size_t *out_preempted,
                                        skippy_error **out_error);
+/* The slots the last successful skippy_scheduler_preempt chose, *out_preempted of them, in the
+ * order chosen (valid until the next preempt; a failed one leaves them as they were). */
 const uint32_t *skippy_scheduler_preempted_slots(const skippy_scheduler *scheduler);
 /* The slots the last plan's admission preempted for priority (§2.8a), in the order chosen; the
  * count goes to *out_count (valid until the next plan). */

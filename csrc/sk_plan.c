@@ -601,9 +601,6 @@ static int make_plan(skippy_scheduler *s, skippy_plan **out_plan)
     if (depth > 1 && s->live_count >= depth)
         return sk_fail(s, SKIPPY_SCHED_PLAN_IN_FLIGHT, "%zu plans are in flight "
                        "(max_inflight_plans); complete or abort the oldest first", depth);
-    /* Sequences that left since the previous plan give their slots back now. */
-    for (size_t i = 0; i < s->retired_len; i++) sk_store_release(s, s->retired[i].slot);
-    s->retired_len = 0;
     s->waiting_turn = sk_sat_add(s->waiting_turn, 1);
     size_t admitted = 0;
     int rc = sk_admit_waiting(s, &admitted);
@@ -617,6 +614,11 @@ static int make_plan(skippy_scheduler *s, skippy_plan **out_plan)
     sk_plan_slot *slot = &s->plans[sk_live_ring(s, s->live_count)];
     if (ensure_plan_capacity(s, slot))
         return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory sizing the plan");
+    /* Sequences that left since the previous plan give their slots back now that nothing can
+     * fail (a failed call leaves them readable: skippy_scheduler_retired). Admission takes no
+     * slot, so this order decides nothing. */
+    for (size_t i = 0; i < s->retired_len; i++) sk_store_release(s, s->retired[i].slot);
+    s->retired_len = 0;
     if (s->live_count >= depth) sk_abort_from(s, 0); /* depth 1: replaced, so undone (§0.4f) */
     slot = &s->plans[sk_live_ring(s, s->live_count)];
     skippy_plan *plan = &slot->plan;

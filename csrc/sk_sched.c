@@ -425,16 +425,25 @@ static int preempt(skippy_scheduler *s, const uint64_t *used, size_t used_count,
         for (size_t i = 0; i < component_count; i++)
             trial_used[i] = sk_sat_sub(trial_used[i],
                                        reservation(&s->comps[i], s->seqs[slot].admission_tokens));
-        s->victims[victim_count++] = slot;
+        /* The candidates shrank by one: the victims fill the scratch from its end, last first
+         * (s->victims, what the previous call reported, stays as it is until the commit). */
+        candidates[active_count - 1 - victim_count++] = slot;
+    }
+    uint32_t *picked = candidates + candidate_count; /* the victims, in order once reversed */
+    for (size_t i = 0, j = victim_count; i + 1 < j; i++, j--) {
+        uint32_t t = picked[i];
+        picked[i] = picked[j - 1];
+        picked[j - 1] = t;
     }
     /* Joining the ranked set is the last step that can fail, so it comes before the commit. */
     for (size_t nth = 0; nth < victim_count; nth++) {
-        if (sk_waiting_add(s, s->victims[nth], s->next_order + nth)) {
-            while (nth-- > 0) sk_waiting_remove(s, s->victims[nth]);
+        if (sk_waiting_add(s, picked[nth], s->next_order + nth)) {
+            while (nth-- > 0) sk_waiting_remove(s, picked[nth]);
             return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory preempting");
         }
     }
     /* Commit. */
+    if (victim_count) memcpy(s->victims, picked, victim_count * sizeof(uint32_t));
     memcpy(s->used, trial_used, component_count * sizeof(uint64_t));
     if (victim_count) {
         for (size_t nth = 0; nth < victim_count; nth++)

@@ -472,6 +472,100 @@ static void failed_insert_changes_nothing(void)
     skippy_prefix_store_free(p);
 }
 
+/* Policy callbacks that succeed until told to fail: the rank keeps the queue's order, the
+ * victim picks the first candidate `victims_left` times, then says "no more" (an index past
+ * the candidates), and fails on the call numbered `victim_fail_at` (0: never). */
+static int rank_fails, victim_calls, victim_fail_at, victims_left;
+
+static int rank_in_order(void *ctx, const skippy_scheduler *s, const uint32_t *slots,
+                         size_t count, uint64_t turn, size_t *out_order)
+{
+    (void)ctx, (void)s, (void)slots, (void)turn;
+    for (size_t i = 0; i < count; i++) out_order[i] = i;
+    return rank_fails;
+}
+
+static int victim_first(void *ctx, const skippy_scheduler *s, const uint32_t *slots,
+                        size_t count, size_t *out_index)
+{
+    (void)ctx, (void)s, (void)slots;
+    if (++victim_calls == victim_fail_at) return 1;
+    *out_index = victims_left-- > 0 ? 0 : count;
+    return 0;
+}
+
+static skippy_scheduler *make_with_callbacks(void)
+{
+    skippy_scheduler_config c;
+    skippy_scheduler_config_default(&c);
+    c.max_tokens_per_iteration = 16;
+    c.prefill_chunk_tokens = 8;
+    c.memory_components = &comp;
+    c.memory_component_count = 1;
+    c.admission_policy = SKIPPY_ADMISSION_CALLBACK;
+    c.preemption_policy = SKIPPY_PREEMPT_CALLBACK;
+    skippy_scheduler *s = NULL;
+    CHECK(skippy_scheduler_create(&c, &s, NULL) == SKIPPY_STATUS_OK && s);
+    skippy_scheduler_set_callbacks(s, rank_in_order, victim_first, NULL);
+    return s;
+}
+
+/* A plan whose rank callback fails leaves the sequences retired since the last plan listed
+ * and readable ("a failed call never changes scheduler state"): a host that retries still
+ * learns of them. The next plan that succeeds gives their slots back. */
+static void failed_plan_keeps_retired(void)
+{
+    skippy_scheduler *s = make_with_callbacks();
+    uint32_t a = submit(s, "a", 1);
+    step_once(s); /* prefill and its one token: a finishes */
+    size_t n = 0;
+    const skippy_retired *r = skippy_scheduler_retired(s, &n);
+    CHECK(n == 1 && r[0].slot == a && r[0].status == SKIPPY_SEQ_FINISHED);
+    submit(s, "b", 4);
+    rank_fails = 1;
+    skippy_plan *p = NULL;
+    skippy_error *e = NULL;
+    CHECK(skippy_scheduler_plan(s, &p, &e) == SKIPPY_STATUS_RUNTIME_ERROR);
+    expect_error(&e, SKIPPY_STATUS_RUNTIME_ERROR);
+    CHECK(skippy_scheduler_last_code(s) == SKIPPY_SCHED_CALLBACK);
+    r = skippy_scheduler_retired(s, &n);
+    CHECK(n == 1 && r[0].slot == a);
+    skippy_sequence_info info;
+    CHECK(skippy_scheduler_sequence(s, a, &info));
+    rank_fails = 0;
+    step_once(s);
+    skippy_scheduler_retired(s, &n);
+    CHECK(n == 0 && !skippy_scheduler_sequence(s, a, &info));
+    skippy_scheduler_free(s);
+}
+
+/* A preemption whose victim callback fails leaves what the last one reported as it was. */
+static void failed_preempt_keeps_victims(void)
+{
+    skippy_scheduler *s = make_with_callbacks();
+    submit(s, "a", 8);
+    submit(s, "b", 8);
+    submit(s, "c", 8);
+    step_once(s);
+    size_t active = 0, n = 0;
+    skippy_scheduler_active_slots(s, &active);
+    CHECK(active == 3);
+    uint64_t over[1] = {2 * comp.capacity_bytes};
+    victims_left = 1;
+    CHECK(skippy_scheduler_preempt(s, over, 1, &n, NULL) == SKIPPY_STATUS_OK && n == 1);
+    uint32_t first = skippy_scheduler_preempted_slots(s)[0];
+    picture before = take(s);
+    victims_left = 1;
+    victim_fail_at = victim_calls + 2; /* one victim chosen, then the policy fails */
+    skippy_error *e = NULL;
+    n = 77;
+    CHECK(skippy_scheduler_preempt(s, over, 1, &n, &e) == SKIPPY_STATUS_RUNTIME_ERROR);
+    expect_error(&e, SKIPPY_STATUS_RUNTIME_ERROR);
+    CHECK(skippy_scheduler_preempted_slots(s)[0] == first);
+    CHECK(same(before, take(s)));
+    skippy_scheduler_free(s);
+}
+
 typedef void (*case_fn)(void);
 static const struct {
     const char *name;
@@ -489,6 +583,8 @@ static const struct {
     {"null_prefix_store", null_prefix_store},
     {"prefix_store_null_out", prefix_store_null_out},
     {"failed_insert_changes_nothing", failed_insert_changes_nothing},
+    {"failed_plan_keeps_retired", failed_plan_keeps_retired},
+    {"failed_preempt_keeps_victims", failed_preempt_keeps_victims},
 };
 
 int main(int argc, char **argv)
