@@ -42,6 +42,10 @@ skippy_status skippy_iteration_batch_sampled(
     size_t sampled_output_capacity, size_t *out_sampled_output_count,
     struct skippy_error **out_error);
 
+/* Implemented by the runtime: frees an error object the runtime returned (the scheduler's own
+ * are freed with skippy_scheduler_error_free, skippy_scheduler.h). */
+void skippy_error_free(struct skippy_error *error);
+
 #ifdef __cplusplus
 }
 #endif

@@ -7,8 +7,9 @@
  * with no Python involved. The Python package wraps the same functions.
  *
  * Conventions: functions that can fail return skippy_status and, when out_error is not NULL,
- * store a heap-allocated skippy_error on failure (free it with skippy_error_free) or NULL on
- * success. skippy_scheduler_last_code() then tells the precise reason (skippy_sched_code); each
+ * store a heap-allocated skippy_error on failure (free it with skippy_scheduler_error_free, not
+ * the runtime's skippy_error_free) or NULL on success. skippy_scheduler_last_code() then tells
+ * the precise reason (skippy_sched_code); each
  * call that reports through it (the skippy_status calls, and skippy_scheduler_cancel) sets it
  * back to SKIPPY_SCHED_OK, with an empty message, when it does not fail.
  * A failed call never changes scheduler state, with one exception: a submit refused with

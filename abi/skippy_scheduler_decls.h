@@ -133,11 +133,15 @@ typedef struct skippy_sequence_desc {
     size_t prompt_count;
     const int32_t *generated_tokens;           /* already generated (last = pending decode) */
     size_t generated_count;
-    uint32_t max_tokens;                       /* generation limit */
+    uint32_t max_tokens;                       /* generation limit, checked after each new
+                                                  token: a sequence always gets one more (0
+                                                  acts as 1, and one submitted with as many
+                                                  already generated gets one) */
     uint64_t priority;                         /* higher runs first */
     size_t admission_tokens;                   /* tokens reserved at admission */
     uint32_t status;                           /* skippy_seq_status, kept as given */
-    size_t prefill_cursor;                     /* tokens already in the runtime's cache */
+    size_t prefill_cursor;                     /* tokens already in the runtime's cache
+                                                  (clamped: the pending token always runs) */
     bool has_prefix_restore;                   /* a restored prefix backs the sequence */
     size_t restore_token_count;                /* tokens the restore covers */
     uint64_t saved_cost;                       /* cache affinity's estimated saved cost */
@@ -252,7 +256,10 @@ typedef int (*skippy_victim_callback)(void *ctx, const skippy_scheduler *schedul
 
 skippy_version skippy_scheduler_abi_version(void);
 uint32_t skippy_scheduler_plan_abi_version(void);
-void skippy_error_free(skippy_error *error);
+/* Frees an error object this library returned (never one of the runtime's: that one goes to the
+ * runtime's own skippy_error_free, which this library does not define, so that a host links
+ * both). */
+void skippy_scheduler_error_free(skippy_error *error);
 
 void skippy_scheduler_config_default(skippy_scheduler_config *config);
 void skippy_scheduler_config_normalize(skippy_scheduler_config *config);

@@ -58,7 +58,7 @@ skippy_status sk_result(skippy_scheduler *s, int rc, skippy_error **out_error)
     return sk_fail_alone(to_status((skippy_sched_code)rc), s->message, out_error);
 }
 
-void skippy_error_free(skippy_error *error)
+void skippy_scheduler_error_free(skippy_error *error)
 {
     if (!error) return;
     free((void *)error->message);

@@ -164,7 +164,7 @@ cdef class Scheduler:
             raise RuntimeError("Scheduler.__init__ called twice")
         if skippy_scheduler_create(&c, &self._s, &err) != SKIPPY_STATUS_OK:
             msg = err.message.decode("utf-8", "replace") if err != NULL else "scheduler creation failed"
-            skippy_error_free(err)
+            skippy_scheduler_error_free(err)
             raise MemoryError(msg)
         skippy_scheduler_set_callbacks(self._s, _rank_trampoline, _victim_trampoline, <void *>self)
         self.config = cfg

@@ -201,7 +201,7 @@ cdef extern from "skippy_scheduler.h" nogil:
 
     skippy_version skippy_scheduler_abi_version()
     uint32_t skippy_scheduler_plan_abi_version()
-    void skippy_error_free(skippy_error *error)
+    void skippy_scheduler_error_free(skippy_error *error)
     void skippy_scheduler_config_default(skippy_scheduler_config *config)
     skippy_status skippy_scheduler_create(const skippy_scheduler_config *config,
                                           skippy_scheduler **out_scheduler, skippy_error **out_error)

@@ -49,7 +49,7 @@ static int check(skippy_status st, skippy_error *err, const char *what)
 {
     if (st == SKIPPY_STATUS_OK) return 0;
     fprintf(stderr, "%s failed: %s\n", what, err && err->message ? err->message : "?");
-    skippy_error_free(err);
+    skippy_scheduler_error_free(err);
     return 1;
 }
 

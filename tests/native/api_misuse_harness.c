@@ -65,7 +65,7 @@ static void expect_error(skippy_error **e, skippy_status status)
     CHECK(*e != NULL);
     CHECK((*e)->status == status);
     CHECK((*e)->message != NULL && (*e)->message[0] != 0);
-    skippy_error_free(*e);
+    skippy_scheduler_error_free(*e);
     *e = NULL;
 }
 
@@ -181,7 +181,7 @@ static void null_init(void)
     skippy_scheduler_config_normalize(NULL);
     skippy_sequence_desc_init(NULL, "a", 1, P, 4, 4);
     skippy_prefix_store_config_default(NULL);
-    skippy_error_free(NULL);
+    skippy_scheduler_error_free(NULL);
     skippy_scheduler_free(NULL);
     skippy_prefix_store_free(NULL);
 }
@@ -320,12 +320,12 @@ static void step_cost_null(void)
     CHECK(e && strstr(e->message, "NULL") != NULL);
     CHECK(skippy_scheduler_last_code(s) == SKIPPY_SCHED_INVALID);
     CHECK(strcmp(skippy_scheduler_last_message(s), e->message) == 0);
-    skippy_error_free(e);
+    skippy_scheduler_error_free(e);
     e = NULL;
     skippy_step_cost nan_cost = {NAN, 0, 0, 0, 0, 0};
     CHECK(skippy_scheduler_set_step_cost(s, &nan_cost, &e) == INVALID);
     CHECK(e && strstr(e->message, "NULL") == NULL && strstr(e->message, "finite") != NULL);
-    skippy_error_free(e);
+    skippy_scheduler_error_free(e);
     skippy_scheduler_free(s);
 }
 

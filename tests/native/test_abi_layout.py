@@ -184,4 +184,4 @@ def test_c_refuses_a_bad_prefill_age_bound(bad):
     assert lib.skippy_scheduler_create(config, out, error) == lib.SKIPPY_STATUS_INVALID_ARGUMENT
     assert out[0] == ffi.NULL
     assert b"slack_prefill_age_max_us" in ffi.string(error[0].message)
-    lib.skippy_error_free(error[0])
+    lib.skippy_scheduler_error_free(error[0])

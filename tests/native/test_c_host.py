@@ -128,3 +128,52 @@ def test_pipelined_c_host_is_clean_under_valgrind(pipelined_binary):
         capture_output=True, text=True,
     )
     assert run.returncode == 0, run.stderr
+
+
+RUNTIME_AND_HOST = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "skippy_scheduler.h"
+
+/* A stand-in runtime's own error helpers (the Skippy runtime defines skippy_error_free). */
+static int runtime_frees;
+void skippy_error_free(struct skippy_error *error)
+{
+    runtime_frees++;
+    free((void *)error->message);
+    free(error);
+}
+static struct skippy_error *runtime_error(void)
+{
+    struct skippy_error *e = malloc(sizeof *e);
+    e->status = SKIPPY_STATUS_RUNTIME_ERROR;
+    e->message = strdup("decode failed");
+    return e;
+}
+
+int main(void)
+{
+    skippy_scheduler *s = NULL;
+    skippy_error *err = NULL;
+    if (skippy_scheduler_create(NULL, &s, &err) != SKIPPY_STATUS_INVALID_ARGUMENT || !err)
+        return 1;
+    skippy_scheduler_error_free(err);  /* the scheduler's error, freed by the scheduler */
+    skippy_error_free(runtime_error());  /* the runtime's, by the runtime */
+    printf("runtime frees %d\n", runtime_frees);
+    return 0;
+}
+"""
+
+
+def test_a_host_links_the_core_beside_a_runtime_that_defines_skippy_error_free(tmp_path):
+    """The core defines no symbol of the runtime's: a host linking both (statically here) has
+    one `skippy_error_free`, the runtime's, and frees the scheduler's errors with
+    `skippy_scheduler_error_free`."""
+    source = tmp_path / "both.c"
+    source.write_text(RUNTIME_AND_HOST)
+    exe = tmp_path / "both"
+    subprocess.run([_compiler(), str(source), "-Wall", "-Wextra", "-Werror", *_config_flags(),
+                    "-o", str(exe)], check=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    assert out == "runtime frees 1\n"

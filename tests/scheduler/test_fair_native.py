@@ -479,7 +479,7 @@ def test_c_set_tenant_weight_errors():
             == lib.SKIPPY_STATUS_INVALID_ARGUMENT
         assert lib.skippy_scheduler_last_code(s) == lib.SKIPPY_SCHED_INVALID
         assert b"weight" in ffi.string(err[0].message)
-        lib.skippy_error_free(err[0])
+        lib.skippy_scheduler_error_free(err[0])
     assert lib.skippy_scheduler_set_tenant_weight(s, 3, 0.5, ffi.NULL) == lib.SKIPPY_STATUS_OK
     _, fcfs = make_native(lib.SKIPPY_ADMISSION_FCFS)
     assert lib.skippy_scheduler_set_tenant_weight(fcfs, 3, 2.0, ffi.NULL) \
