@@ -9,6 +9,12 @@
  * The declarations themselves live in skippy_abi_decls.h, which is free of preprocessor
  * directives so that cffi can read it verbatim; this wrapper adds the includes, the guards and
  * the prototypes of functions that a runtime (not this project) implements.
+ *
+ * It stands in for the runtime's own header, whose include guard (SKIPPY_ABI_H) it shares: a
+ * translation unit includes one of the two. This one declares what a host needs to drive the
+ * scheduler and hand plans to the runtime (the shared types, skippy_abi_version,
+ * skippy_abi_features, skippy_iteration_batch_sampled, skippy_error_free); calls of the
+ * runtime's that it does not declare (models, sessions) go in a file of their own.
  */
 #ifndef SKIPPY_ABI_H
 #define SKIPPY_ABI_H
@@ -45,6 +51,11 @@ skippy_status skippy_iteration_batch_sampled(
 /* Implemented by the runtime: frees an error object the runtime returned (the scheduler's own
  * are freed with skippy_scheduler_error_free, skippy_scheduler.h). */
 void skippy_error_free(struct skippy_error *error);
+
+/* Implemented by the runtime: the ABI it was built for (a host requires an exact match with
+ * SKIPPY_ABI_VERSION_*) and its SKIPPY_ABI_FEATURE_* bits. */
+skippy_version skippy_abi_version(void);
+uint64_t skippy_abi_features(void);
 
 #ifdef __cplusplus
 }
