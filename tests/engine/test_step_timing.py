@@ -294,23 +294,18 @@ def test_plans_in_flight_are_charged_their_execution_not_the_engine_lateness(tim
     host.pool.shutdown()
     assert len(slow.durations) == engine.iterations >= 6
     assert all(d >= 10_000 * 0.9 for d in slow.durations)
-    assert sorted(slow.durations)[len(slow.durations) // 2] < 25_000
+    # Charged from the engine's view it would be 40 ms or more; a late wake of the worker's
+    # 10 ms sleep on a loaded machine stays well below that.
+    assert sorted(slow.durations)[len(slow.durations) // 2] < 35_000
 
 
 def test_a_queued_plan_is_charged_from_the_end_of_the_one_before():
-    # A host that queues: both plans launched at once on one worker, 20 ms each. The second
-    # ran from the first's end, not from its launch.
+    # A host that queues: both plans launched at once on one worker, 20 ms each (the worker's
+    # end stamps). The second ran from the first's end, not from its launch.
     host = SleepingHost(0.020)
     engine = Engine(Scheduler(SchedulerConfig(max_inflight_plans=2)), host, record=False)
-    t0 = time.perf_counter_ns()
-    flights = [SimpleNamespace(t0=t0, done_ns=0) for _ in range(2)]
-    futures = []
-    for f in flights:
-        fut = host.pool.submit(time.sleep, 0.020)
-        fut.add_done_callback(lambda _, f=f: setattr(f, "done_ns", time.perf_counter_ns()))
-        futures.append(fut)
-    for fut in futures:
-        fut.result()
+    t0 = 1_000_000
+    flights = [SimpleNamespace(t0=t0, done_ns=t0 + k * 20_000_000) for k in (1, 2)]
     spans = [engine._execution_us(f) / 1e3 for f in flights]  # type: ignore[arg-type]
     host.pool.shutdown()
-    assert spans[0] >= 18 and 18 <= spans[1] < 35, spans
+    assert spans == [20.0, 20.0], spans

@@ -18,6 +18,9 @@ from skippy_scheduler.hosts.llama import LlamaHost  # noqa: E402
 from skippy_scheduler.serve.kv_events import KvEventPublisher, StoreEvents  # noqa: E402
 
 B = 4
+# The publisher waits this long before its first batch, for a subscriber that connects (or
+# reconnects, after a restart) on a loaded machine.
+SETTLE_S = 1.0
 N_SEQ = 2
 HOLDERS = 4
 
@@ -48,7 +51,7 @@ def test_a_replaced_holder_removes_only_its_own_blocks_and_the_new_key_stores_on
         alone = [plain.generate_alone(p, 6) for p in prompts]
     with LlamaHost(model_path, n_ctx=(N_SEQ + HOLDERS) * 256, n_seq_max=N_SEQ, n_threads=1,
                    prefix_cache_tokens=4096, prefix_holders=HOLDERS) as host:
-        publisher = KvEventPublisher(endpoint)
+        publisher = KvEventPublisher(endpoint, settle_s=SETTLE_S)
         sub = Subscriber(endpoint)
         try:
             StoreEvents.attach(host.prefix_store, publisher, block_size=B,

@@ -14,12 +14,15 @@ from skippy_scheduler.serve import kv_events
 from skippy_scheduler.serve.kv_events import BlockLedger, KvEventPublisher, StoreEvents
 
 B = 4
+# The publisher waits this long before its first batch, for a subscriber that connects (or
+# reconnects, after a restart) on a loaded machine.
+SETTLE_S = 1.0
 
 
 @pytest.fixture
 def wire(endpoint):
     """(store, subscriber, publisher): a store whose changes are published on `endpoint`."""
-    publisher = KvEventPublisher(endpoint)
+    publisher = KvEventPublisher(endpoint, settle_s=SETTLE_S)
     sub = Subscriber(endpoint)
     store = PrefixStore(capacity_tokens=64, holder_slots=8)
     StoreEvents.attach(store, publisher, block_size=B)
@@ -75,7 +78,7 @@ def test_a_key_sharing_blocks_announces_only_its_new_blocks_after_the_shared_par
 
 
 def test_an_eviction_removes_the_blocks_no_other_holder_keeps(endpoint):
-    publisher = KvEventPublisher(endpoint)
+    publisher = KvEventPublisher(endpoint, settle_s=SETTLE_S)
     sub = Subscriber(endpoint)
     try:
         store = PrefixStore(capacity_tokens=24, holder_slots=8)
@@ -104,7 +107,7 @@ def test_an_eviction_removes_the_blocks_no_other_holder_keeps(endpoint):
 
 def test_a_restart_sends_all_blocks_cleared_at_sequence_zero_then_whats_resident(endpoint):
     store = PrefixStore(capacity_tokens=64, holder_slots=8)
-    first = KvEventPublisher(endpoint)
+    first = KvEventPublisher(endpoint, settle_s=SETTLE_S)
     sub = Subscriber(endpoint)
     try:
         StoreEvents.attach(store, first, block_size=B)
@@ -114,7 +117,7 @@ def test_a_restart_sends_all_blocks_cleared_at_sequence_zero_then_whats_resident
         first.close()
         # The server comes back (the same endpoint, the same subscriber): numbering restarts
         # and the first batch clears what the previous run announced.
-        again = KvEventPublisher(endpoint)
+        again = KvEventPublisher(endpoint, settle_s=SETTLE_S)
         try:
             StoreEvents.attach(store, again, block_size=B)
             got = sub.events_until(_count(2))

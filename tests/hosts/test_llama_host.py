@@ -764,7 +764,8 @@ def test_cpu_clock_charges_compute_not_sleep():
     clock.start()
     clock.now()
     time.sleep(0.05)
-    assert clock.charge(0, 1, 50_000.0) < 20_000  # sleeping costs no CPU
+    # Sleeping costs no CPU (the process's other threads may spend some meanwhile).
+    assert clock.charge(0, 1, 50_000.0) < 40_000
     clock.now()
     deadline = time.process_time() + 0.02
     while time.process_time() < deadline:

@@ -371,7 +371,7 @@ def test_a_disconnect_mid_stream_frees_the_lane(long_server):
         m = metrics(srv.url)
         if m["skippy:num_lanes_in_use"] == 0 and m["skippy:num_requests_running"] == 0:
             break
-        assert time.monotonic() - t0 < 2, m
+        assert time.monotonic() - t0 < 15, m  # (4000 tokens would take far longer)
         time.sleep(0.005)
     assert m["skippy:kv_cache_usage_perc"] == 0
     assert is_idle(wait_idle(srv), 2)
@@ -389,10 +389,10 @@ def test_a_dropped_connection_cancels_a_non_streamed_request(long_server):
                  b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
     t0 = time.monotonic()
     while metrics(srv.url)["skippy:num_lanes_in_use"] == 0:
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 15
         time.sleep(0.002)
     sock.close()
-    assert is_idle(wait_idle(srv, timeout_s=5), 2)
+    assert is_idle(wait_idle(srv, timeout_s=15), 2)
     assert 'skippy:request_success_total{finished_reason="length"}' not in metrics(srv.url)
 
 

@@ -18,7 +18,7 @@ from serve_support import Spawned
 CAP = 2_000_000
 DRAIN = 8 * CAP  # body.DRAIN_FACTOR × the cap
 BODY_S = 3.0
-SLACK_S = 1.5  # scheduling on a busy machine
+SLACK_S = 3.0  # scheduling on a busy machine
 
 HEAD = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         b"Content-Type: application/json\r\n")
@@ -103,7 +103,7 @@ def test_a_body_past_the_drain_bound_is_closed_without_hanging(srv):
                 sock.sendall(chunk)
                 sent += len(piece)
     assert DRAIN < sent < 2 * DRAIN, sent
-    assert time.monotonic() - t0 < BODY_S, time.monotonic() - t0
+    assert time.monotonic() - t0 < BODY_S + SLACK_S, time.monotonic() - t0
     _serves(srv.url)
 
 

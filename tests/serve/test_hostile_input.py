@@ -57,18 +57,20 @@ with httpx.Client(timeout=10) as client:
         assert client.get(sys.argv[1] + "/health").status_code == 200
         times.append(time.monotonic() - t0)
         time.sleep(0.01)
-print(len(times), max(times))
+print(len(times), max(times), sorted(times)[len(times) * 9 // 10])
 """
 
 
 class _HealthProbe:
     """Polls /health from a process of its own (so the test's own threads cannot delay it)
-    until the block ends; `answers` and `worst` (seconds) afterwards."""
+    until the block ends; `answers`, `worst` and `p90` (seconds) afterwards. A single answer
+    can be late on a loaded machine (a process descheduled for a few hundred ms); an event loop
+    blocked by the work under test delays most of them."""
 
     def __init__(self, url: str) -> None:
         self.proc = subprocess.Popen([sys.executable, "-c", _PROBE, url], text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        self.answers, self.worst = 0, float("inf")
+        self.answers, self.worst, self.p90 = 0, float("inf"), float("inf")
 
     def __enter__(self) -> "_HealthProbe":
         assert self.proc.stdout is not None and self.proc.stdout.readline() == "ready\n"
@@ -77,8 +79,8 @@ class _HealthProbe:
     def __exit__(self, *exc: object) -> None:
         out, _ = self.proc.communicate("", timeout=30)
         assert self.proc.returncode == 0, out
-        answers, worst = out.split()
-        self.answers, self.worst = int(answers), float(worst)
+        answers, worst, p90 = out.split()
+        self.answers, self.worst, self.p90 = int(answers), float(worst), float(p90)
 
 
 def _send_chunked_flood(port: int, total: int) -> tuple[int, bytes]:
@@ -119,7 +121,7 @@ def test_an_oversized_body_is_a_413_memory_stays_bounded_and_health_keeps_answer
             assert sent < 16 << 20, sent  # the server closed long before 64 MB were sent
             assert answer == b"" or answer.startswith(b"HTTP/1.1 413 "), answer[:300]
     assert probe.answers > 10
-    assert probe.worst < 0.2, probe.worst
+    assert probe.p90 < 0.2 and probe.worst < 2.0, (probe.p90, probe.worst)
     assert srv.rss_bytes() - rss0 < 32 << 20, (rss0, srv.rss_bytes())
 
 
@@ -138,7 +140,8 @@ def test_a_prompt_too_long_for_a_lane_is_refused_before_tokenizing(srv):
         assert "bytes each" in err["message"]  # the length bound's message, not the tokens'
         assert re.search(r"the prompt \((at least )?\d+ bytes\) is longer than \d+ tokens can "
                          r"hold", err["message"]), err["message"]
-    assert probe.worst < 1.0, probe.worst  # reading and decoding 8 × 0.9 MB takes its time
+    # reading and decoding 8 × 0.9 MB takes its time
+    assert probe.p90 < 1.0 and probe.worst < 2.0, (probe.p90, probe.worst)
     assert srv.rss_bytes() - rss0 < 32 << 20, (rss0, srv.rss_bytes())
 
 

@@ -6,6 +6,7 @@ priority. With `priority_preemption=False` the urgent request waits for a lane."
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx
 import openai
@@ -48,10 +49,37 @@ def _scenario(server, reference):
         t.start()
     for f in firsts:
         assert f.wait(60), "a low-priority stream produced no token"
-    with urgent as c:
-        r = c.completions.create(model="tiny-f32", prompt=HIGH_PROMPT, max_tokens=4,
-                                 temperature=0, extra_body={"priority": 7,
-                                                            "return_token_ids": True})
+    # The engine thread is held while the urgent request arrives, so that the streams cannot
+    # end meanwhile on a machine that is slow to send it.
+    gate, held = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        held.set()
+        gate.wait(60)
+
+    holder = threading.Thread(target=lambda: server.runner.call(hold, timeout_s=90))
+    holder.start()
+    answer: dict = {}
+
+    def ask() -> None:
+        with urgent as c:
+            answer["r"] = c.completions.create(
+                model="tiny-f32", prompt=HIGH_PROMPT, max_tokens=4, temperature=0,
+                extra_body={"priority": 7, "return_token_ids": True})
+
+    asker = threading.Thread(target=ask)
+    try:
+        assert held.wait(30)
+        asker.start()
+        end = time.monotonic() + 30
+        while server.runner.open_subscriptions < 3:
+            assert time.monotonic() < end, "the server did not take the urgent request"
+            time.sleep(0.01)
+    finally:
+        gate.set()
+        holder.join(90)
+    asker.join(120)
+    r = answer["r"]
     running = [not o.get("done") for o in outs]
     for t in threads:
         t.join(120)

@@ -246,9 +246,9 @@ def test_stopping_the_server_while_a_stage_hangs_is_prompt_and_ends_the_request(
         t = threading.Thread(target=ask)
         t.start()
         end = time.monotonic() + 30
-        while srv.runner.open_subscriptions == 0 and time.monotonic() < end:
+        while not srv.host.awaited and time.monotonic() < end:  # step 0 sent to the stages
             time.sleep(0.02)
-        time.sleep(0.3)  # the plan is on its way through the stopped stage
+        assert srv.host.awaited, "no plan was sent"
         t0 = time.monotonic()
         srv.shutdown()
         took = time.monotonic() - t0
