@@ -182,6 +182,20 @@ def check_output_file(option: str, path: str | None,
     _probe_file(option, path)
 
 
+def check_distinct_outputs(*outputs: tuple[str, Any]) -> None:
+    """Refuse two outputs of one command at the same path ((option, path) pairs, None paths
+    ignored): the second written would replace the first, or fail after the whole run."""
+    seen: dict[str, str] = {}
+    for option, path in outputs:
+        if not path:
+            continue
+        key = os.path.realpath(os.fspath(path))
+        if key in seen:
+            raise CommandError(f"{option}: {path} is also the {seen[key]} output (give another "
+                               "path)")
+        seen[key] = option
+
+
 def _probe_dir(option: str, path: str) -> None:
     """Make the directory (and missing parents) and a file in it, then remove what was made."""
     made: list[str] = []

@@ -25,8 +25,8 @@ from ..lab.suite import SuiteOptions
 from ..lab.traces import FORMATS
 from ..lab.workload import MAX_FAMILIES, MAX_REQUESTS, WorkloadSpec
 from ..selection import DEFAULT_IMPLEMENTATION
-from ._common import (CommandError, check_output_file, int_in, non_negative_int,
-                      non_negative_ms, positive_int)
+from ._common import (CommandError, check_distinct_outputs, check_output_file, int_in,
+                      non_negative_int, non_negative_ms, positive_int)
 from .interrupt import Interrupted, saving
 from .lab_runs import run_suite_command, run_trace_command
 from .lab_stages import STAGED_ONLY, add_arguments as add_staged_arguments, run_staged_command
@@ -323,8 +323,10 @@ def _run_scenarios(args: argparse.Namespace, cost: StepCost, backend: Backend) -
         scenarios = [get_scenario(name) for name in (args.scenario or SCENARIO_NAMES)]
     except ValueError as exc:
         raise CommandError(str(exc)) from None
-    check_output_file("--iteration-trace", args.iteration_trace)
-    check_output_file("--json", args.json)
+    inputs = [("--cost-model", getattr(args, "cost_model", None))]
+    check_output_file("--iteration-trace", args.iteration_trace, inputs)
+    check_output_file("--json", args.json, inputs)
+    check_distinct_outputs(("--json", args.json), ("--iteration-trace", args.iteration_trace))
     results: list[Any] = []
     replay: list[Any] = []
     bar = Progress(len(scenarios), "lab")

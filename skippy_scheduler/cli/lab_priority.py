@@ -28,10 +28,14 @@ def run_priority_command(args: argparse.Namespace, modes: Optional[list[str]],
         raise CommandError("--priority-scenario runs one planning mode (--mixed or --no-mixed)")
     for flag, dest in (("--families", "families"), ("--family-share", "family_share"),
                        ("--kv-capacity-tokens", "kv_capacity_tokens"), ("--plot", "plot"),
-                       ("--reserve-output-tokens", "reserve_output_tokens")):
+                       ("--reserve-output-tokens", "reserve_output_tokens"),
+                       ("--tails", "tails"), ("--slack", "slack"),
+                       ("--ttft-target-ms", "ttft_target_ms"),
+                       ("--itl-target-ms", "itl_target_ms")):
         if getattr(args, dest, None) is not None:
             raise CommandError(f"{flag} does not apply to --priority-scenario")
-    check_output_file("--json", args.json)
+    check_output_file("--json", args.json,
+                      [("--cost-model", getattr(args, "cost_model", None))])
     fields = _overrides(args, _SCENARIO)
     if modes:
         fields["mode"] = modes[0]

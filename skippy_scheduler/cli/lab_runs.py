@@ -25,7 +25,8 @@ from ..lab.tails import TAILS_NOTE, format_tails
 from ..lab.traces import Trace, TraceError, TraceRequest
 from ..lab.workload import Workload, WorkloadSpec, generate
 from ..selection import POLICIES
-from ._common import CommandError, check_output_dir, check_output_file
+from ._common import (CommandError, check_distinct_outputs, check_output_dir,
+                      check_output_file)
 from .interrupt import Interrupted, saving
 
 # argparse destination -> WorkloadSpec field / SuiteOptions (and ReplayOptions) field.
@@ -114,8 +115,12 @@ def _save(args: argparse.Namespace, document: Any, runs: list[Any], plot: Any,
             fh.write("\n")
         written.append(f"--json {args.json}")
     if args.plot and runs:
-        for path in plot(runs, args.plot, **plot_kwargs):
-            print(f"# wrote {path}", file=sys.stderr)
+        try:
+            for path in plot(runs, args.plot, **plot_kwargs):
+                print(f"# wrote {path}", file=sys.stderr)
+        except OSError as exc:  # the folder changed since it was checked
+            raise CommandError(f"--plot: cannot write into {args.plot}: "
+                               f"{exc.strerror or exc}") from None
         written.append(f"--plot {args.plot}")
     return ", wrote " + " and ".join(written) if written else ""
 
@@ -126,11 +131,12 @@ def run_suite_command(args: argparse.Namespace, modes: Optional[list[str]],
         from .lab_priority import run_priority_command
 
         return run_priority_command(args, modes, cost, backend)
-    policies = args.policy or list(SUITE_POLICIES)
+    policies = list(dict.fromkeys(args.policy or SUITE_POLICIES))  # each one once
     modes = modes or list(MODES) + (["slack"] if getattr(args, "slack", None) else [])
     _check_modes(modes)
     check_output_file("--json", args.json, [("--trace", getattr(args, "trace", None)),
                                             ("--cost-model", getattr(args, "cost_model", None))])
+    check_distinct_outputs(("--json", args.json), ("--plot", args.plot))
     _check_plot(args.plot)
     try:
         spec = replace(WorkloadSpec(), **_overrides(args, _SPEC_OPTIONS)).validate()
@@ -237,7 +243,7 @@ def format_slo_lines(runs: list[Any], options: ReplayOptions) -> str:
 
 def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
                       cost: StepCost, backend: Backend) -> int:
-    policies = args.policy or list(POLICIES)
+    policies = list(dict.fromkeys(args.policy or POLICIES))  # each one once
     modes = modes or [DEFAULT_MODE]
     _check_modes(modes)
     if len(modes) > 1:
@@ -246,6 +252,7 @@ def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
     mode = modes[0]
     check_output_file("--json", args.json, [("--trace", getattr(args, "trace", None)),
                                             ("--cost-model", getattr(args, "cost_model", None))])
+    check_distinct_outputs(("--json", args.json), ("--plot", args.plot))
     _check_plot(args.plot)
     cache = args.prefix_cache_tokens
     cache = DEFAULT_PREFIX_CACHE_TOKENS if cache is None else (None if cache == "unlimited"

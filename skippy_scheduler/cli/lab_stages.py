@@ -62,7 +62,8 @@ STAGED_ONLY = {"hop_us": "--hop-us", "driver_overhead_us": "--driver-overhead-us
 
 def run_staged_command(args: argparse.Namespace, cost: StepCost,
                        backend: Backend) -> int:
-    check_output_file("--json", args.json)
+    check_output_file("--json", args.json,
+                      [("--cost-model", getattr(args, "cost_model", None))])
     hop = 100.0 if args.hop_us is None else args.hop_us
     overhead = args.driver_overhead_us or 0.0
     n = args.pipeline_requests or 12

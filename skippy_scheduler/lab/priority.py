@@ -156,7 +156,9 @@ def _figures(workload: Workload, rule: str, options: SuiteOptions, host: LabHost
     }
     for name, values in (("urgent", lat.ttft[urgent]), ("background", lat.ttft[~urgent])):
         for p in (50, 99):
-            figures[f"{name}_p{p}_ttft_ms"] = nearest_rank(values, p) / 1e3 if len(values) else 0.0
+            # None (JSON null, "-" in the table) when the workload has no request of the kind
+            figures[f"{name}_p{p}_ttft_ms"] = (nearest_rank(values, p) / 1e3 if len(values)
+                                               else None)
     return figures
 
 
@@ -187,7 +189,9 @@ def format_priority_table(runs: list[LabRun], header: bool = True) -> str:
         cells = []
         for column in PRIORITY_COLUMNS:
             value = run.figures[column]
-            if isinstance(value, str):
+            if value is None:
+                cells.append("-")
+            elif isinstance(value, str):
                 cells.append(value)
             elif isinstance(value, (int, np.integer)):
                 cells.append(str(int(value)))

@@ -71,6 +71,17 @@ def replay_host(sched: Any, options: ReplayOptions, cost: StepCost,
                    reserve=options.reserve, tenants=TenantService(fair_share))
 
 
+def _has_tenants(trace: Trace) -> bool:
+    """Whether the trace's requests carry tenants (a whole pass over the file unless the last
+    one, such as the command's check, was complete)."""
+    if trace.tenants is not None:
+        return True
+    if not trace.stats.complete:
+        for _ in trace:
+            pass
+    return bool(trace.stats.tenants)
+
+
 def run_replay(trace: Trace, policy: str, mode: str = DEFAULT_MODE,
                options: Optional[ReplayOptions] = None, cost: Optional[StepCost] = None,
                *, backend: str | Backend | None = "auto", progress: Optional[bool] = None,
@@ -104,14 +115,13 @@ def run_replay(trace: Trace, policy: str, mode: str = DEFAULT_MODE,
         bar.update(done - shown[0])
         shown[0] = done
 
+    # Tenant accounting is needed only when requests have tenants (--tenants, or a tenant
+    # field on any row: a pass over the file tells, the caller's check pass if it made one).
+    host.tenants.enabled = _has_tenants(trace)
     requests = iter(trace)
-    # Tenant accounting is needed only when the trace has more than one tenant; the first
-    # requests tell (a trace field or --tenants): peeking keeps the stream lazy.
     first = next(requests, None)
     if first is None:
         raise ValueError(f"{trace.path}: the trace has no requests")
-    host.tenants.enabled = trace.tenants is not None and trace.tenants > 1 \
-        or first.tenant is not None
 
     def chained() -> Iterator[TraceRequest]:
         yield first

@@ -18,6 +18,9 @@ from ..cost_model import DECODE_PHASE
 from ..policies import FairShareAdmission
 
 
+NO_TENANT = "(none)"  # the name of the requests of a multi-tenant trace that name no tenant
+
+
 def natural_key(name: object) -> tuple[tuple[int, int, str], ...]:
     """Sort key: "t2" before "t10"."""
     return tuple((0, int(part), "") if part.isdigit() else (1, 0, part)
@@ -109,6 +112,7 @@ class TenantService:
         span_s = max(end - start, 1.0) / 1e6
         rates = np.zeros(len(self.names))
         rates[:len(window)] = window / span_s
-        tenants = {str(name): float(rate) for name, rate in
-                   sorted(zip(self.names, rates), key=lambda item: natural_key(item[0]))}
+        names = [NO_TENANT if name is None else str(name) for name in self.names]
+        tenants = {name: float(rate) for name, rate in
+                   sorted(zip(names, rates), key=lambda item: natural_key(item[0]))}
         return len(self.names), tenants, jain_index(rates)

@@ -47,6 +47,10 @@ FORMATS = ("mooncake", "azure", "burstgpt")
 Row = tuple[int, float, int, int, Any, Optional[str]]
 
 _OFFSETS = np.arange(BLOCK_TOKENS, dtype=np.int64)
+# The latest arrival a replay takes: whole µs stay exact in a float64 (to 2^53), with margin.
+MAX_ARRIVAL_US = 2.0 ** 53 / 100
+# The largest block id whose tokens stay distinct from every other block's (below the modulus).
+MAX_BLOCK_ID = (TOKEN_MODULUS - BLOCK_TOKENS) // BLOCK_TOKENS
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _BURST_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 _BURST_SESSION = ("Session ID", "SessionID")
@@ -136,6 +140,7 @@ class TraceStats:
     input_tokens: int = 0
     output_tokens: int = 0
     tenants: set[str] = field(default_factory=set)
+    complete: bool = False  # the pass ended (the file's end, or the limit)
 
     @property
     def span_s(self) -> float:
@@ -233,6 +238,12 @@ def _mooncake_rows(path: str) -> Iterator[Row]:
                                                 or i < 0 for i in ids):
                 raise TraceFormatError(path, lineno, "hash_ids",
                                        "expected a list of non-negative integers")
+            if ids and max(ids) > MAX_BLOCK_ID:
+                raise TraceFormatError(
+                    path, lineno, "hash_ids",
+                    f"block id {max(ids)} is above {MAX_BLOCK_ID}, the largest whose tokens "
+                    "stay distinct; number the blocks 0, 1, 2, ... in order of first "
+                    "appearance (raw hashes are too large)")
             if len(ids) != blocks_for(n_in):
                 raise TraceFormatError(
                     path, lineno, "hash_ids",
@@ -406,6 +417,13 @@ class Trace:
                 first_time = time_us
             # Times count from the first row (Mooncake's first row is 0 anyway).
             arrival = (time_us - first_time) * scale
+            if arrival > MAX_ARRIVAL_US:
+                name = {"mooncake": "timestamp", "azure": "TIMESTAMP"}.get(self.format,
+                                                                          "Timestamp")
+                raise TraceFormatError(self.path, lineno, name,
+                                       f"{arrival / 1e6:.3g} s after the first row at time "
+                                       f"scale {scale:g}, beyond the lab's "
+                                       f"{MAX_ARRIVAL_US / 1e6:.3g} s (its clock counts µs)")
             if stats.first_arrival_us is None:
                 stats.first_arrival_us = arrival
             stats.last_arrival_us = arrival
@@ -416,7 +434,8 @@ class Trace:
                 stats.tenants.add(tenant)
             yield TraceRequest(rid, arrival, n_in, n_out, blocks, tenant, lineno)
             if limit is not None and stats.requests >= limit:
-                return
+                break
+        stats.complete = True
 
     def count_rows(self) -> int:
         """Data rows in the file (a fast line count; for a progress bar's total)."""

@@ -24,6 +24,8 @@ SUFFIX_BASE = 100_000_000
 SUFFIX_STRIDE = 4_096
 MARKER_BASE = 1_500_000_000
 MAX_REQUESTS = 200_000
+# The longest a workload may span: arrivals are whole µs, exact in a float64 to 2^53.
+MAX_SPAN_S = 2.0 ** 53 / 1e6 / 100
 MAX_FAMILIES = 10_000
 MAX_PREFIX = FAMILY_STRIDE
 MAX_SUFFIX = SUFFIX_STRIDE
@@ -54,6 +56,10 @@ class WorkloadSpec:
             raise ValueError(f"requests must be in [1, {MAX_REQUESTS}], got {self.requests}")
         if not (self.rate > 0 and np.isfinite(self.rate)):
             raise ValueError(f"rate must be a positive number, got {self.rate}")
+        if self.requests / self.rate > MAX_SPAN_S:
+            raise ValueError(f"rate {self.rate:g}/s spreads {self.requests} requests over about "
+                             f"{self.requests / self.rate:.3g} s; the lab allows at most "
+                             f"{MAX_SPAN_S:.3g} s (its clock counts µs): give a larger rate")
         if not 0 <= self.families <= MAX_FAMILIES:
             raise ValueError(f"families must be in [0, {MAX_FAMILIES}], got {self.families}")
         for name in ("family_share", "priority_share"):

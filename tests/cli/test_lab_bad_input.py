@@ -163,3 +163,54 @@ def test_a_cost_model_file_naming_one_term_still_works(capsys, tmp_path):
                  str(path)])
     _, err = capsys.readouterr()
     assert code == 0, err
+
+
+# -- 6. outputs that would replace an input or each other ---------------------------------------
+
+
+def test_outputs_may_not_replace_the_cost_model_or_each_other(capsys, tmp_path, one_request):
+    cost = tmp_path / "cost.json"
+    cost.write_text('{"iteration_overhead_us": 60}\n')
+    for argv in (["lab", "--scenario", "cold-burst-n1", "--cost-model", str(cost)],
+                 ["lab", "--suite", "--priority-scenario", "--cost-model", str(cost)],
+                 ["lab", "--trace", one_request, "--cost-model", str(cost)]):
+        _user_error(capsys, [*argv, "--json", str(cost)],
+                    f"--json: {cost} is the --cost-model file")
+    assert cost.read_text() == '{"iteration_overhead_us": 60}\n'
+    same = str(tmp_path / "same")
+    _user_error(capsys, ["lab", "--scenario", "cold-burst-n1", "--json", same,
+                         "--iteration-trace", same],
+                f"--iteration-trace: {same} is also the --json output")
+    _user_error(capsys, ["lab", "--trace", one_request, "--json", same, "--plot", same],
+                f"--plot: {same} is also the --json output")
+
+
+# -- 7. numbers the lab's clock cannot hold, and flags a mode would ignore ---------------------
+
+
+def test_a_rate_or_time_scale_beyond_the_clock_is_refused(capsys, tmp_path):
+    _user_error(capsys, [*SUITE, "--rate", "1e-12"], "rate 1e-12/s spreads 10 requests",
+                "give a larger rate")
+    trace = tmp_path / "two.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [0]}\n'
+                     '{"timestamp": 5, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n')
+    _user_error(capsys, ["lab", "--trace", str(trace), "--time-scale", "1e300"],
+                f"{trace}:2: timestamp: 5e+297 s after the first row at time scale 1e+300")
+
+
+def test_block_ids_too_large_for_distinct_tokens_are_refused(capsys, tmp_path):
+    """A raw 64-bit hash would wrap onto another block's tokens (a false prefix hit) or
+    overflow; the line is named and the fix given."""
+    trace = tmp_path / "hashes.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, '
+                     '"hash_ids": [36028797018963968]}\n')
+    _user_error(capsys, ["lab", "--trace", str(trace)],
+                f"{trace}:1: hash_ids: block id 36028797018963968 is above 4194302",
+                "number the blocks 0, 1, 2")
+
+
+@pytest.mark.parametrize("flag", [["--tails"], ["--slack"], ["--ttft-target-ms", "10"],
+                                  ["--itl-target-ms", "2"]])
+def test_the_priority_scenario_refuses_flags_it_would_ignore(capsys, flag):
+    _user_error(capsys, ["lab", "--suite", "--priority-scenario", *flag],
+                f"{flag[0]} does not apply to --priority-scenario")

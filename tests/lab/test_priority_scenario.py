@@ -59,3 +59,14 @@ def test_the_table_has_a_row_per_rule(runs, capsys):
 def test_the_scenario_refuses_what_it_does_not_read(capsys):
     assert main(["lab", "--suite", "--priority-scenario", "--kv-capacity-tokens", "9"]) == 2
     assert "--kv-capacity-tokens does not apply" in capsys.readouterr().err
+
+
+def test_a_workload_without_urgent_requests_reports_no_urgent_figure():
+    (run,) = run_priority_scenario(PriorityScenario(requests=40, seed=0, urgent_share=0.0),
+                                   ["admission-order"])
+    f = run.figures
+    assert f["urgent"] == 0
+    assert f["urgent_p50_ttft_ms"] is None and f["urgent_p99_ttft_ms"] is None
+    assert f["background_p50_ttft_ms"] > 0
+    row = format_priority_table([run], header=False).split("\t")
+    assert row[1:3] == ["-", "-"]

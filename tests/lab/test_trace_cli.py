@@ -189,3 +189,22 @@ def test_one_tenant_reads_one_everywhere_and_hit_rate_is_a_percent(tmp_path, cap
     tails = out.split("# tails: ")[1].splitlines()[2].split("\t")
     assert tails[-1].startswith("all:") and "None" not in out
     assert list(doc["tails"][0]["stalls_by_group"]) == ["all"]
+
+
+def test_tenants_named_after_the_first_row_are_accounted(tmp_path, capsys, backend):
+    """Whether a replay accounts tenant service is decided from the whole trace, not its first
+    row; rows without a tenant are the tenant `(none)`. A policy given twice runs once."""
+    rows = [json.loads(r) for r in ROWS]
+    for i, row in enumerate(rows[1:], 1):
+        row["tenant"] = "ab"[i % 2]
+    path = tmp_path / "late_tenants.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out_json = tmp_path / "r.json"
+    code, out, err = lab(capsys, "--trace", str(path), "--scheduler", backend, "--json",
+                         str(out_json), "--policy", "fcfs", "--policy", "fcfs")
+    assert code == 0, err
+    doc = json.loads(out_json.read_text())
+    (figures,) = doc["policies"].values()
+    assert figures["tenants"] == 3 and figures["jain_index"] is not None
+    assert sorted(figures["tenant_service_tokens_per_s"]) == ["(none)", "a", "b"]
+    assert sum(line.startswith("fcfs ") for line in out.splitlines()) == 2  # table, tenants
