@@ -35,7 +35,7 @@ from .vocabulary import add_flag, add_old
 # Options that only some runs read: given to another, they are a mistake.
 _SCENARIO_ONLY = {"scenario": "--scenario", "iteration_trace": "--iteration-trace",
                   "replay": "--replay"}
-_SUITE_OR_TRACE = {"policy": "--policy", "plot": "--plot",
+_SUITE_OR_TRACE = {"policy": "--policy", "plot": "--plot", "requests_out": "--requests-out",
                    "max_active": "--max-active", "max_num_batched_tokens":
                    "--max-num-batched-tokens", "prefill_chunk": "--prefill-chunk",
                    "kv_capacity_tokens": "--kv-capacity-tokens",
@@ -155,6 +155,10 @@ def register(subparsers: Any) -> None:
                         "priority class (--suite); --json then holds them too")
     o.add_argument("--plot", metavar="DIR",
                    help="write PNG plots of the suite or replay into DIR (needs matplotlib)")
+    o.add_argument("--requests-out", metavar="FILE",
+                   help="write one JSON line per request and run (policy, mode): its index "
+                        "and id, and its times in µs of virtual time (arrival, first "
+                        "scheduled, first token, completed), tokens generated and restored")
 
     t = p.add_argument_group("trace replay (--trace FILE)")
     t.add_argument("--trace", metavar="FILE",

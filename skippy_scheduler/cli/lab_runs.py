@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from dataclasses import replace
 from typing import Any, Optional
+
+import numpy as np
 
 from ..lab.backend import Backend
 from ..lab.driver import LabStalled
@@ -94,6 +97,16 @@ def _tails(args: argparse.Namespace, runs: list[Any], document: dict[str, Any]) 
     document["tails"] = [{"policy": r.policy, "mode": r.mode, **r.tails} for r in runs]
 
 
+def _trace_id(i: int) -> str:
+    return f"r{i}"  # (lab/traces.py names a trace's requests so)
+
+
+def _check_requests_out(args: argparse.Namespace) -> None:
+    check_output_file("--requests-out", args.requests_out,
+                      [("--trace", getattr(args, "trace", None)),
+                       ("--cost-model", getattr(args, "cost_model", None))])
+
+
 def _check_plot(path: Optional[str]) -> None:
     check_output_dir("--plot", path)
     if path:
@@ -105,10 +118,32 @@ def _check_plot(path: Optional[str]) -> None:
             raise CommandError(str(exc)) from None
 
 
+def request_lines(runs: list[Any], ids: Any) -> Any:
+    """One JSON object per request of each run: policy, mode, index, id (`ids(i)`), then its
+    per-request figures (times in µs of virtual time; None for a time that never came)."""
+    for run in runs:
+        per = run.per_request or {}
+        columns = {name: np.asarray(values).tolist() for name, values in per.items()}
+        n = max((len(v) for v in columns.values()), default=0)
+        for i in range(n):
+            row: dict[str, Any] = {"policy": run.policy, "mode": run.mode, "index": i,
+                                   "id": ids(i)}
+            for name, values in columns.items():
+                v = values[i]
+                row[name] = None if isinstance(v, float) and not math.isfinite(v) else v
+            yield row
+
+
 def _save(args: argparse.Namespace, document: Any, runs: list[Any], plot: Any,
-          **plot_kwargs: Any) -> str:
-    """Write --json and --plot for `runs`; return what was written, for the interrupt line."""
+          ids: Any = None, **plot_kwargs: Any) -> str:
+    """Write --json, --requests-out and --plot for `runs`; return what was written, for the
+    interrupt line. `ids(i)`: the id of request i (the suite's or the trace's naming)."""
     written = []
+    if getattr(args, "requests_out", None) and ids is not None:
+        with open(args.requests_out, "w", encoding="utf-8") as fh:
+            for row in request_lines(runs, ids):
+                fh.write(json.dumps(row) + "\n")
+        written.append(f"--requests-out {args.requests_out}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(document, fh, indent=2)
@@ -136,7 +171,9 @@ def run_suite_command(args: argparse.Namespace, modes: Optional[list[str]],
     _check_modes(modes)
     check_output_file("--json", args.json, [("--trace", getattr(args, "trace", None)),
                                             ("--cost-model", getattr(args, "cost_model", None))])
-    check_distinct_outputs(("--json", args.json), ("--plot", args.plot))
+    _check_requests_out(args)
+    check_distinct_outputs(("--json", args.json), ("--plot", args.plot),
+                           ("--requests-out", args.requests_out))
     _check_plot(args.plot)
     try:
         spec = replace(WorkloadSpec(), **_overrides(args, _SPEC_OPTIONS)).validate()
@@ -184,12 +221,13 @@ def run_suite_command(args: argparse.Namespace, modes: Optional[list[str]],
         if not finished:
             raise
         with saving():
-            kept = _save(args, document(finished), finished, plot_suite, title=title)
+            kept = _save(args, document(finished), finished, plot_suite,
+                         ids=workload.request_id, title=title)
         raise stop.keeping(f"{len(finished)} of {len(policies) * len(modes)} runs printed"
                            + kept) from None
     doc = document(runs)
     _tails(args, runs, doc)
-    _save(args, doc, runs, plot_suite, title=title)
+    _save(args, doc, runs, plot_suite, ids=workload.request_id, title=title)
     return 0
 
 
@@ -252,7 +290,9 @@ def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
     mode = modes[0]
     check_output_file("--json", args.json, [("--trace", getattr(args, "trace", None)),
                                             ("--cost-model", getattr(args, "cost_model", None))])
-    check_distinct_outputs(("--json", args.json), ("--plot", args.plot))
+    _check_requests_out(args)
+    check_distinct_outputs(("--json", args.json), ("--plot", args.plot),
+                           ("--requests-out", args.requests_out))
     _check_plot(args.plot)
     cache = args.prefix_cache_tokens
     cache = DEFAULT_PREFIX_CACHE_TOKENS if cache is None else (None if cache == "unlimited"
@@ -312,7 +352,7 @@ def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
             raise
         with saving():
             kept = _save(args, trace_document(info, finished), finished, plot_trace,
-                         title=title)
+                         ids=_trace_id, title=title)
         raise stop.keeping(f"{len(finished)} of {len(policies)} policies printed" + kept) \
             from None
     tenants = format_tenant_table(runs)
@@ -322,5 +362,5 @@ def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
         out.write("\n" + format_slo_lines(runs, options))
     doc = trace_document(info, runs)
     _tails(args, runs, doc)
-    _save(args, doc, runs, plot_trace, title=title)
+    _save(args, doc, runs, plot_trace, ids=_trace_id, title=title)
     return 0

@@ -31,7 +31,7 @@ from .host import LabHost
 from .options import DEFAULT_PREFIX_CACHE_TOKENS, MODES, ReplayOptions
 from .tails import tail_figures
 from .prefix import BlockPrefixCache
-from .tenants import TenantService, jain_index
+from .tenants import NO_TENANT, TenantService, jain_index
 from .traces import Trace, TraceRequest
 
 DEFAULT_MODE = "mixed"
@@ -196,10 +196,15 @@ def _figures(policy: str, mode: str, options: ReplayOptions, config: SchedulerCo
     per_request = {"arrival_us": arrival, "first_scheduled_us": first_sched,
                    "first_token_us": timeline.first_token_us,
                    "completed_us": timeline.last_token_us, "generated": gen,
-                   "restored_tokens": np.asarray(host.restored, dtype=np.int64)}
-    run = ReplayRun(policy, mode, figures, series, lat.ttft, per_request)
+                   "restored_tokens": np.asarray(host.restored, dtype=np.int64),
+                   "preemptions": per["preemptions"],
+                   "max_inter_token_gap_us": timeline.max_gap_us}
     # A trace without tenants is one group, "all" (its requests' tenant is None).
     names = ["all" if name is None else name for name in host.tenants.names]
+    if host.tenants.enabled:
+        per_request["tenant"] = np.asarray([NO_TENANT if t is None else str(t) for t in
+                                            (host.tenants.names[k] for k in host.tenant_of)])
+    run = ReplayRun(policy, mode, figures, series, lat.ttft, per_request)
     run.tails = tail_figures(timeline, options.itl_target_ms,
                              [names[t] if t < len(names) else t for t in host.tenant_of],
                              "tenant")

@@ -136,7 +136,9 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
         series = {"time_s": its["start_us"] / 1e6, "batch": its["rows"],
                   "tokens": its["tokens"], "waiting": its["waiting"],
                   "max_tokens": config.max_tokens_per_iteration}
-    per_request = {"first_scheduled_us": lat.per["first_scheduled_us"],
+    per_request = {"arrival_us": workload.arrival_us, "prompt_tokens": workload.prompt_len,
+                   "priority": workload.priority,
+                   "first_scheduled_us": lat.per["first_scheduled_us"],
                    "first_token_us": timeline.first_token_us,
                    "completed_us": timeline.last_token_us, "generated": gen_all,
                    "max_inter_token_gap_us": timeline.max_gap_us,

@@ -208,3 +208,24 @@ def test_tenants_named_after_the_first_row_are_accounted(tmp_path, capsys, backe
     assert figures["tenants"] == 3 and figures["jain_index"] is not None
     assert sorted(figures["tenant_service_tokens_per_s"]) == ["(none)", "a", "b"]
     assert sum(line.startswith("fcfs ") for line in out.splitlines()) == 2  # table, tenants
+
+
+def test_requests_out_holds_each_request_and_agrees_with_the_figures(tmp_path, capsys,
+                                                                     trace_file):
+    from skippy_scheduler.lab.driver import nearest_rank
+
+    lines_path, out_json = tmp_path / "requests.jsonl", tmp_path / "r.json"
+    code, _, err = lab(capsys, "--trace", trace_file, "--policy", "fcfs", "--policy",
+                       "cache-aware", "--requests-out", str(lines_path), "--json",
+                       str(out_json))
+    assert code == 0, err
+    rows = [json.loads(line) for line in lines_path.read_text().splitlines()]
+    doc = json.loads(out_json.read_text())
+    assert len(rows) == len(ROWS) * 2
+    for policy, figures in doc["policies"].items():
+        mine = [r for r in rows if r["policy"] == policy]
+        assert [r["id"] for r in mine] == [f"r{i}" for i in range(len(ROWS))]
+        assert [r["generated"] for r in mine] == [json.loads(x)["output_length"] for x in ROWS]
+        ttft = [(r["first_token_us"] - r["arrival_us"]) / 1e3 for r in mine]
+        assert nearest_rank(ttft, 50) == pytest.approx(figures["p50_ttft_ms"])
+        assert sum(r["restored_tokens"] for r in mine) == figures["hit_tokens"]
