@@ -173,6 +173,7 @@ class StepCost:
         """`base` (by default the class defaults) with the terms of `values` replaced; a term
         is named by its field name or by its name in the lab (`LAB_NAMES`), not both."""
         given: dict[str, object] = {}
+        spelled: dict[str, str] = {}  # term -> the name it was given under
         unknown = []
         for name, value in values.items():
             term = LAB_NAMES.get(name, name)
@@ -183,12 +184,20 @@ class StepCost:
                                  f"and under the lab's")
             else:
                 given[term] = value
+                spelled[term] = name
         if unknown:
             raise ValueError(f"unknown cost model field(s): {', '.join(sorted(unknown))} "
                              f"(known: {', '.join(TERMS)}; the lab's names "
                              f"{', '.join(LAB_NAMES)})")
-        # __post_init__ checks every value.
-        return replace(base if base is not None else cls(), **given)  # type: ignore[arg-type]
+        # __post_init__ checks every value; its message names the term as it was given.
+        try:
+            return replace(base if base is not None else cls(), **given)  # type: ignore[arg-type]
+        except ValueError as exc:
+            message = str(exc)
+            for term, name in spelled.items():
+                if name != term and message.startswith(f"{term} "):
+                    raise ValueError(name + message[len(term):]) from None
+            raise
 
 
 #: The lab's default model: 50 µs a step, 2 µs a prefill token, 100 µs for a step's decode

@@ -285,8 +285,8 @@ def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
     modes = modes or [DEFAULT_MODE]
     _check_modes(modes)
     if len(modes) > 1:
-        raise CommandError("--trace replays one planning mode at a time (--mixed or "
-                           "--no-mixed)")
+        raise CommandError("--trace replays one planning mode at a time: --mixed, "
+                           "--no-mixed or --slack")
     mode = modes[0]
     check_output_file("--json", args.json, [("--trace", getattr(args, "trace", None)),
                                             ("--cost-model", getattr(args, "cost_model", None))])

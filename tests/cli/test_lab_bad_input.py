@@ -214,3 +214,10 @@ def test_block_ids_too_large_for_distinct_tokens_are_refused(capsys, tmp_path):
 def test_the_priority_scenario_refuses_flags_it_would_ignore(capsys, flag):
     _user_error(capsys, ["lab", "--suite", "--priority-scenario", *flag],
                 f"{flag[0]} does not apply to --priority-scenario")
+
+
+def test_a_bad_cost_model_value_is_named_as_it_was_given(capsys):
+    _user_error(capsys, ["lab", "--cost-model", "iteration_overhead_us=-5"],
+                "--cost-model: iteration_overhead_us must be a finite number >= 0, got -5")
+    _user_error(capsys, ["lab", "--cost-model", "base_us=-5"],
+                "--cost-model: base_us must be a finite number >= 0")
