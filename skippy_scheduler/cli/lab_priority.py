@@ -30,6 +30,7 @@ def run_priority_command(args: argparse.Namespace, modes: Optional[list[str]],
                        ("--kv-capacity-tokens", "kv_capacity_tokens"), ("--plot", "plot"),
                        ("--reserve-output-tokens", "reserve_output_tokens"),
                        ("--tails", "tails"), ("--slack", "slack"),
+                       ("--requests-out", "requests_out"),
                        ("--ttft-target-ms", "ttft_target_ms"),
                        ("--itl-target-ms", "itl_target_ms")):
         if getattr(args, dest, None) is not None:

@@ -199,8 +199,10 @@ def _figures(policy: str, mode: str, options: ReplayOptions, config: SchedulerCo
                    "restored_tokens": np.asarray(host.restored, dtype=np.int64),
                    "preemptions": per["preemptions"],
                    "max_inter_token_gap_us": timeline.max_gap_us}
-    # A trace without tenants is one group, "all" (its requests' tenant is None).
-    names = ["all" if name is None else name for name in host.tenants.names]
+    # A trace without tenants is one group, "all" (its requests' tenant is None); in one with
+    # tenants, the rows that name none are the tenant "(none)", as in the tenant table.
+    nameless = NO_TENANT if host.tenants.enabled else "all"
+    names = [nameless if name is None else name for name in host.tenants.names]
     if host.tenants.enabled:
         per_request["tenant"] = np.asarray([NO_TENANT if t is None else str(t) for t in
                                             (host.tenants.names[k] for k in host.tenant_of)])

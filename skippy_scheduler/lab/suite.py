@@ -142,6 +142,7 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
                    "first_token_us": timeline.first_token_us,
                    "completed_us": timeline.last_token_us, "generated": gen_all,
                    "max_inter_token_gap_us": timeline.max_gap_us,
+                   "preemptions": lat.per["preemptions"],
                    "prefix_restore": cache.has_restore}
     run = SuiteRun(policy, mode, figures, series, lat.ttft, per_request)
     run.tails = tail_figures(timeline, options.itl_target_ms,

@@ -140,6 +140,7 @@ class TraceStats:
     input_tokens: int = 0
     output_tokens: int = 0
     tenants: set[str] = field(default_factory=set)
+    nameless: int = 0  # requests without a tenant (the tenant "(none)" when others have one)
     complete: bool = False  # the pass ended (the file's end, or the limit)
 
     @property
@@ -155,7 +156,9 @@ class TraceStats:
                 "output_tokens": self.output_tokens,
                 "mean_input_tokens": self.input_tokens / n if n else 0.0,
                 "mean_output_tokens": self.output_tokens / n if n else 0.0,
-                "tenants": max(len(self.tenants), 1)}  # no tenant field: one tenant
+                # no tenant field: one tenant; some rows without one: they are one more
+                "tenants": max(len(self.tenants) + (1 if self.tenants and self.nameless else 0),
+                               1)}
 
 
 def _open_text(path: str) -> TextIO:
@@ -432,6 +435,8 @@ class Trace:
             stats.output_tokens += n_out
             if tenant is not None:
                 stats.tenants.add(tenant)
+            else:
+                stats.nameless += 1
             yield TraceRequest(rid, arrival, n_in, n_out, blocks, tenant, lineno)
             if limit is not None and stats.requests >= limit:
                 break

@@ -76,8 +76,10 @@ class StagedEngineRunner(EngineRunner):
         def measure() -> None:
             try:
                 self.usage, self.usage_at = self.host.stage_usage(), time.monotonic()
-            except StageFailure:
-                pass  # the chain broke: the open requests say why
+            except StageFailure as exc:
+                host = self.host
+                if host.broken is None and len(host.live) < len(host.addresses):
+                    host.broken = str(exc)  # a stage did not answer: the chain cannot run
             finally:
                 self._measuring = False
         self.post(measure)

@@ -210,7 +210,7 @@ def test_block_ids_too_large_for_distinct_tokens_are_refused(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("flag", [["--tails"], ["--slack"], ["--ttft-target-ms", "10"],
-                                  ["--itl-target-ms", "2"]])
+                                  ["--itl-target-ms", "2"], ["--requests-out", "r.jsonl"]])
 def test_the_priority_scenario_refuses_flags_it_would_ignore(capsys, flag):
     _user_error(capsys, ["lab", "--suite", "--priority-scenario", *flag],
                 f"{flag[0]} does not apply to --priority-scenario")

@@ -206,6 +206,7 @@ def test_tenants_named_after_the_first_row_are_accounted(tmp_path, capsys, backe
     doc = json.loads(out_json.read_text())
     (figures,) = doc["policies"].values()
     assert figures["tenants"] == 3 and figures["jain_index"] is not None
+    assert doc["trace"]["tenants"] == 3  # the header counts "(none)" too
     assert sorted(figures["tenant_service_tokens_per_s"]) == ["(none)", "a", "b"]
     assert sum(line.startswith("fcfs ") for line in out.splitlines()) == 2  # table, tenants
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import subprocess
 import sys
 
@@ -122,3 +123,27 @@ def test_configuring_waits_longer_than_a_plan_and_says_what_it_waits_for(monkeyp
     with pytest.raises(ValueError, match="configure_timeout_s must be a finite number > 0"):
         StageHost([address], configure_timeout_s=0, source_id=file_identity(model4),
                   vocab_model=str(model4), **HOST)
+
+
+def test_the_idle_heartbeat_finds_a_hung_stage_and_spares_workers_that_cannot_answer(
+        splits, model4):
+    """`check_alive` pings every stage; a stopped one breaks the chain after the timeout. A
+    worker of an earlier release never answered pings (its `ready` does not say it does): no
+    ping is sent to such a chain, rather than taking a healthy one for dead."""
+    with LocalStages(splits[2], source_model=model4) as local:
+        with local.host(**HOST) as host:
+            assert host.answers_ping
+            assert host.check_alive(30.0) is None and host.broken is None
+            os.kill(local.procs[1].pid, signal.SIGSTOP)
+            try:
+                host.answers_ping = False  # as with a worker that does not say it answers
+                t0 = time.monotonic()
+                assert host.check_alive(1.0) is None and host.broken is None
+                assert time.monotonic() - t0 < 0.5  # nothing was sent, nothing waited for
+                host.answers_ping = True
+                broken = host.check_alive(1.0) or ""
+            finally:
+                os.kill(local.procs[1].pid, signal.SIGCONT)
+            assert broken.startswith(f"no answer from stage 1 ({local.addresses[1]}) within "
+                                     "1 s while checking that the idle stages answer"), broken
+            assert host.broken == broken

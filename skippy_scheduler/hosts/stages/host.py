@@ -87,6 +87,7 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
         self.on_close: list[Any] = []  # called after close (e.g. stopping local workers)
         StageChannel.__init__(self, addresses, reply_address, timeout_s, procs)
         self.broken: Optional[str] = None
+        self.answers_ping = False  # every worker answers the idle heartbeat (`_configure`)
         try:
             self.stages = self._configure(n_ctx, n_threads, kv_type, flash_attn, source_id)
             self._vocab = Vocabulary(vocab_model or self.stages[0].path)
@@ -164,6 +165,8 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
         self.n_batch = min([self.n_batch] + [int(r["n_batch"]) for r in ready])
         self.stage_cells = [int(r["n_ctx"]) for r in ready]
         self.stage_kv_bytes = [int(r.get("kv_bytes_per_token", 0)) for r in ready]
+        # Workers of an earlier release do not answer the idle heartbeat (nor say they do).
+        self.answers_ping = all(bool(r.get("answers_ping")) for r in ready)
         return infos
 
     # ------------------------------------------------------------------ Host verbs
@@ -439,9 +442,12 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
         """A heartbeat between requests: every live stage answers a ping within `timeout_s`,
         or the chain is broken (a remote worker that died or hung while idle is otherwise
         noticed only when a plan reaches it). Skipped while plans or memory messages are in
-        flight: their answers already tell. Why the chain is broken, or None."""
+        flight (their answers already tell), and with workers of an earlier release, which do
+        not answer pings (their `ready` does not say `answers_ping`). Why the chain is broken,
+        or None."""
         self._settle()
-        if self.broken is not None or self._flights or self.mem_pending:
+        if (self.broken is not None or self._flights or self.mem_pending
+                or not self.answers_ping):
             return self.broken
         self._broadcast(b"ping", {})
         try:
@@ -451,8 +457,9 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
             self._free_survivors()
         self._settle()
         gone = set(range(len(self.addresses))) - self.live
-        if self.broken is None and gone:  # dropped earlier (its queue was full): not running
-            self.broken = f"{self._named(gone)} stopped reading its messages"
+        if self.broken is None and gone:  # dropped earlier: its queue was full, or a
+            # measurement timed out (serve/staged.py records that reason itself)
+            self.broken = f"{self._named(gone)} stopped answering"
             self._free_survivors()
         return self.broken
 

@@ -118,7 +118,8 @@ class StageWorker:
             "layer_end": i.layer_end, "source_layers": i.source_layers,
             "source_id": i.source_id, "source_name": i.source_name, "path": i.path,
             "n_embd": r.n_embd, "n_vocab": r.n_vocab, "n_ctx": r.n_ctx,
-            "n_batch": r.n_batch, "kv_bytes_per_token": r.kv_bytes_per_token})])
+            "n_batch": r.n_batch, "kv_bytes_per_token": r.kv_bytes_per_token,
+            "answers_ping": True})])
 
     def _plan(self, parts: list[Any]) -> None:
         runner = self._runner
