@@ -104,6 +104,12 @@ class ServeContext:
     def model_names(self) -> tuple[str, ...]:
         return (self.model_name,) + tuple(n for n in self.model_aliases if n != self.model_name)
 
+    def model_card(self, name: str) -> dict[str, Any]:
+        """One served name as `/v1/models` lists it and `/v1/models/{name}` gives it."""
+        return {"id": name, "object": "model", "created": self.created,
+                "owned_by": "skippy-scheduler", "root": self.model_name, "parent": None,
+                "max_model_len": self.n_ctx_seq, "chat_template": self.chat.source}
+
 
 def _error_response(err: RequestError, metrics: Optional[ServeMetrics]) -> Response:
     if metrics is not None:
@@ -274,10 +280,7 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{
-            "id": name, "object": "model", "created": ctx.created,
-            "owned_by": "skippy-scheduler", "max_model_len": ctx.n_ctx_seq,
-            "chat_template": ctx.chat.source} for name in ctx.model_names]}
+        return {"object": "list", "data": [ctx.model_card(name) for name in ctx.model_names]}
 
     @app.get("/metrics")
     async def metrics() -> Response:

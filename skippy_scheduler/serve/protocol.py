@@ -3,8 +3,9 @@ this server cannot honour.
 
 Every field of the completions and chat completions APIs is either used, accepted in its
 neutral form only (`suffix: ""`, `tools: []`, ...: anything else names the field
-as unsupported), or ignored because it does not change the output (`user`). Fields nobody
-defined are refused too: a typo must not silently change nothing. The body arrives here already
+as unsupported), or ignored because it does not change the output (`user`, which must still be
+a string). Fields nobody defined are ignored with a logged warning (vLLM's behaviour), or refused
+under `--strict-request-fields`. The body arrives here already
 checked as text (no lone surrogate anywhere) and bounded in depth (`body.decode_json`); a chat
 message's content must not hold NUL (see `_no_nul`).
 
@@ -48,6 +49,11 @@ _NEUTRAL_CHAT = dict(_NEUTRAL_COMMON, tools=(None, []), tool_choice=(None, "none
                      web_search_options=(None,), reasoning_effort=(None,),
                      store=(None, False), metadata=(None, {}), service_tier=(None, "auto",
                                                                            "default"))
+# A message's fields accepted in their neutral form only: what an answer's message carries
+# (`refusal: null`, `tool_calls: []`, ...), so that a client can send it back in the next turn.
+_NEUTRAL_MESSAGE: dict[str, tuple[Any, ...]] = {
+    "refusal": (None,), "tool_calls": (None, []), "function_call": (None,), "audio": (None,),
+    "annotations": (None, [])}
 _IGNORED = {"user"}
 _SHARED = {"model", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
            "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "stop",
@@ -345,6 +351,9 @@ def _common(body: Any, kind: str, n_vocab: int) -> GenerationRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise RequestError("'model' must be a string", param="model")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise RequestError("'user' must be a string", param="user")
     stream = _boolean(body, "stream")
     include_usage = False
     options = body.get("stream_options")
@@ -353,10 +362,17 @@ def _common(body: Any, kind: str, n_vocab: int) -> GenerationRequest:
             raise RequestError("'stream_options' is only allowed when 'stream' is true",
                                param="stream_options")
         if not isinstance(options, dict) or set(options) - {"include_usage",
-                                                             "continuous_usage_stats"}:
-            raise RequestError("'stream_options' must be an object with 'include_usage'",
+                                                             "continuous_usage_stats",
+                                                             "include_obfuscation"}:
+            raise RequestError("'stream_options' must be an object with 'include_usage' "
+                               "(and 'include_obfuscation', which changes nothing here)",
                                param="stream_options")
         include_usage = _boolean(options, "include_usage")
+        _boolean(options, "include_obfuscation")  # no padding is sent either way
+        if _boolean(options, "continuous_usage_stats"):
+            raise RequestError("'stream_options.continuous_usage_stats' (usage on every chunk) "
+                               "is not supported by this server; 'include_usage' gives it in "
+                               "a last chunk", param="stream_options.continuous_usage_stats")
     ttft_ms, itl_ms = _deadlines(body)
     return GenerationRequest(
         kind=kind, model=model, sampling=_sampling(body, n_vocab), stop=_stop(body),
@@ -482,9 +498,10 @@ def _messages(value: Any) -> list[tuple[str, str]]:
         where = f"messages[{i}]"
         if not isinstance(msg, dict):
             raise RequestError(f"'{where}' must be an object", param=where)
-        extra = set(msg) - {"role", "content", "name"}
+        extra = sorted(key for key in set(msg) - {"role", "content", "name"}
+                       if msg[key] not in _NEUTRAL_MESSAGE.get(key, ((),)))
         if extra:
-            key = sorted(extra)[0]
+            key = extra[0]
             raise RequestError(f"'{where}.{key}' is not supported by this server",
                                param=f"{where}.{key}")
         role = msg.get("role")
@@ -513,7 +530,7 @@ def _content(value: Any, role: str, where: str) -> str:
                                    "({'type': 'text', 'text': ...}); other parts are not "
                                    "supported", param=f"{where}[{j}]")
             parts.append(_no_nul(part["text"], f"{where}[{j}].text"))
-        return "".join(parts)
+        return "\n".join(parts)  # (as vLLM joins them)
     raise RequestError(f"'{where}' must be a string or an array of text parts", param=where)
 
 

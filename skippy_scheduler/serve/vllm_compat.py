@@ -193,9 +193,7 @@ def install(app: FastAPI, ctx: "ServeContext") -> None:
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> Response:
-        if model_id not in ctx.model_names:
+        if model_id not in ctx.model_names:  # (the 404 of a request naming it)
             raise RequestError(f"The model `{model_id}` does not exist.", status=404,
-                               type="NotFoundError", param="model")
-        return _json({"id": model_id, "object": "model", "created": ctx.created,
-                      "owned_by": "skippy-scheduler", "root": ctx.model_name, "parent": None,
-                      "max_model_len": ctx.n_ctx_seq})
+                               param="model", code="model_not_found")
+        return _json(ctx.model_card(model_id))

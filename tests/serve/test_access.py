@@ -98,6 +98,14 @@ def test_several_names_are_served_and_others_are_404(served):
             assert info.value.body["code"] == "model_not_found"
             assert info.value.body["param"] == "model"
             assert "gpt-4" in info.value.body["message"]
+        # One model by name: the same card as in the list, and the same 404 as a request's.
+        listed = {m.id: m.model_dump() for m in c.models.list().data}
+        for name in ("tiny", "tiny-alias"):
+            assert c.models.retrieve(name).model_dump() == listed[name]
+        with pytest.raises(openai.NotFoundError) as info:
+            c.models.retrieve("gpt-4")
+        assert info.value.body["code"] == "model_not_found"
+        assert info.value.body["type"] == "invalid_request_error"
 
 
 def _preflight(url: str, origin: str) -> httpx.Response:

@@ -144,11 +144,24 @@ def test_chat_streamed_and_not(client):
     assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == r.usage.total_tokens
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == \
         r.choices[0].finish_reason
-    # Content as text parts is the same conversation.
+    # Content as text parts is the same conversation, the parts joined by a line break (as
+    # vLLM joins them).
     parts = [messages[0], {"role": "user", "content": [{"type": "text", "text": "h"},
                                                        {"type": "text", "text": "i"}]}]
     r2 = client.chat.completions.create(model="tiny-f32", messages=parts, max_tokens=10, **GREEDY)
-    assert r2.choices[0].message.content == msg.content
+    joined = [messages[0], {"role": "user", "content": "h\ni"}]
+    r3 = client.chat.completions.create(model="tiny-f32", messages=joined, max_tokens=10,
+                                        **GREEDY)
+    assert r2.choices[0].message.content == r3.choices[0].message.content
+    assert r2.usage.prompt_tokens == r3.usage.prompt_tokens
+    # The answer's message goes back as the next turn as it came (refusal: null, and with
+    # model_dump also annotations, audio, function_call and tool_calls: null).
+    for turn in (msg, msg.model_dump()):
+        r4 = client.chat.completions.create(
+            model="tiny-f32", messages=[*messages, turn, {"role": "user", "content": "more"}],
+            max_tokens=2, stream=True, stream_options={"include_usage": True,
+                                                       "include_obfuscation": False})
+        assert list(r4)[-1].usage.completion_tokens <= 2
     # The keys OpenAI always sends, null here: system_fingerprint (answer and every chunk) and
     # the message's refusal.
     assert r.system_fingerprint is None and "system_fingerprint" in r.model_fields_set
@@ -258,6 +271,13 @@ BAD_INPUTS = [
     ("/v1/completions", {"prompt": "x", "stream": "yes"}, None, "stream"),
     ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, None,
      "stream_options"),
+    ("/v1/completions", {"prompt": "x", "stream": True,
+                         "stream_options": {"continuous_usage_stats": True}}, None,
+     "stream_options.continuous_usage_stats"),
+    ("/v1/completions", {"prompt": "x", "user": 123}, None, "user"),
+    ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": "x",
+                                            "tool_calls": [{"id": "c"}]}]}, None,
+     "messages[0].tool_calls"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                               "tools": [{"type": "function"}]}, None, "tools"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
