@@ -8,8 +8,7 @@ as numpy views over the core's memory (no copies). Python objects that the core 
 """
 from cpython.array cimport array, clone
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from cpython.buffer cimport PyBUF_WRITE
-from cpython.memoryview cimport PyMemoryView_FromMemory
+from cpython.buffer cimport PyBuffer_FillInfo
 from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t, UINT32_MAX
 from libc.stdint cimport SIZE_MAX
 
@@ -110,6 +109,17 @@ include "_core_slots.pxi"
 include "_core_config.pxi"
 
 
+cdef class _Native:
+    """Owns the native scheduler: freed when the last holder goes (the Scheduler, and any
+    numpy view of its plan memory still kept)."""
+    cdef skippy_scheduler *s
+
+    def __dealloc__(self):
+        if self.s != NULL:
+            skippy_scheduler_free(self.s)
+            self.s = NULL
+
+
 cdef class Scheduler:
     """Scheduler(config=None, admission=None, preemption=None)
 --
@@ -120,6 +130,7 @@ cdef class Scheduler:
     lowest-priority-newest preemption (§2.8).
     """
     cdef skippy_scheduler *_s
+    cdef _Native _native                   # owns _s (freed when the last holder goes)
     cdef dict _buffers                     # plan buffer address -> _PlanBuffer
     cdef uint64_t _last_serial             # serial of the last plan made
     cdef readonly object config
@@ -162,10 +173,12 @@ cdef class Scheduler:
         comps = cfg.memory_components
         if self._s != NULL:
             raise RuntimeError("Scheduler.__init__ called twice")
-        if skippy_scheduler_create(&c, &self._s, &err) != SKIPPY_STATUS_OK:
+        self._native = _Native.__new__(_Native)
+        if skippy_scheduler_create(&c, &self._native.s, &err) != SKIPPY_STATUS_OK:
             msg = err.message.decode("utf-8", "replace") if err != NULL else "scheduler creation failed"
             skippy_scheduler_error_free(err)
             raise MemoryError(msg)
+        self._s = self._native.s
         skippy_scheduler_set_callbacks(self._s, _rank_trampoline, _victim_trampoline, <void *>self)
         self.config = cfg
         self.admission = admission
@@ -190,10 +203,9 @@ cdef class Scheduler:
             if self._default_weight != 1.0 and None not in counters.weights:
                 self._set_weight(0, self._default_weight)
 
-    def __dealloc__(self):
-        if self._s != NULL:
-            skippy_scheduler_free(self._s)
-            self._s = NULL
+    # (No __dealloc__: `_native` frees the native scheduler when its last holder goes, this
+    # object or a kept view of plan memory. Nothing calls into the native scheduler after this
+    # object is gone, so its policy callbacks, which point here, are never called again.)
 
     # -- prefix store (§2.12) -----------------------------------------------------------------
 
@@ -345,7 +357,7 @@ cdef class Scheduler:
                 objects[slot] = None
         b = self._buffers.get(<size_t>p)
         if b is None:
-            b = _plan_buffer(p)
+            b = _plan_buffer(p, self._native)
             self._buffers[<size_t>p] = b
         b.refresh()
         plan = IterationPlan.__new__(IterationPlan)

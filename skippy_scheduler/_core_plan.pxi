@@ -28,6 +28,7 @@ cdef class _PlanBuffer:
     array the last slice handed out is kept: a steady state reuses the same slices.
     """
     cdef skippy_plan *p
+    cdef object owner  # the _Native whose memory the views show (they keep it alive)
     cdef list bases
     cdef list slices
     cdef size_t slice_n[_A_COUNT]
@@ -41,30 +42,30 @@ cdef class _PlanBuffer:
         cdef int i
         if p.token_capacity != self.tok_cap:
             self.tok_cap = p.token_capacity
-            self.bases[_A_TOK] = _view(p.tokens, p.token_capacity, np.int32)
-            self.bases[_A_POS] = _view(p.positions, p.token_capacity, np.int32)
+            self.bases[_A_TOK] = _view(self.owner, p.tokens, p.token_capacity, np.int32)
+            self.bases[_A_POS] = _view(self.owner, p.positions, p.token_capacity, np.int32)
             self.slice_n[_A_TOK] = SIZE_MAX
             self.slice_n[_A_POS] = SIZE_MAX
         if p.request_capacity != self.row_cap:
             self.row_cap = p.request_capacity
             n = p.request_capacity
-            self.bases[_A_OFF] = _view(p.row_offsets, n + 1, np.uintp)
-            self.bases[_A_SAMPLE] = _view(p.sample_last, n, np.uint8)
-            self.bases[_A_PHASE] = _view(p.phases, n, np.uint8)
-            self.bases[_A_SLOT] = _view(p.slots, n, np.uint32)
-            self.bases[_A_SROWS] = _view(p.sample_rows, n, np.uintp)
-            self.bases[_A_OIDX] = _view(p.outputs.sampled_request_indexes, n, np.uintp)
-            self.bases[_A_OTOK] = _view(p.outputs.predicted_tokens, n, np.int32)
-            self.bases[_A_NEW] = _view(p.new_rows, n, np.uint8)
-            self.bases[_A_REST] = _view(p.restored_tokens, n, np.uintp)
+            self.bases[_A_OFF] = _view(self.owner, p.row_offsets, n + 1, np.uintp)
+            self.bases[_A_SAMPLE] = _view(self.owner, p.sample_last, n, np.uint8)
+            self.bases[_A_PHASE] = _view(self.owner, p.phases, n, np.uint8)
+            self.bases[_A_SLOT] = _view(self.owner, p.slots, n, np.uint32)
+            self.bases[_A_SROWS] = _view(self.owner, p.sample_rows, n, np.uintp)
+            self.bases[_A_OIDX] = _view(self.owner, p.outputs.sampled_request_indexes, n, np.uintp)
+            self.bases[_A_OTOK] = _view(self.owner, p.outputs.predicted_tokens, n, np.int32)
+            self.bases[_A_NEW] = _view(self.owner, p.new_rows, n, np.uint8)
+            self.bases[_A_REST] = _view(self.owner, p.restored_tokens, n, np.uintp)
             for i in range(_A_OFF, _A_DROW):
                 self.slice_n[i] = SIZE_MAX
             self.slice_n[_A_NEW] = self.slice_n[_A_REST] = SIZE_MAX
         if p.deferred.capacity != self.deferred_cap:
             self.deferred_cap = n = p.deferred.capacity
-            self.bases[_A_DROW] = _view(p.deferred.rows, n, np.uintp)
-            self.bases[_A_DSTEP] = _view(p.deferred.source_steps, n, np.uint64)
-            self.bases[_A_DIDX] = _view(p.deferred.source_indexes, n, np.uintp)
+            self.bases[_A_DROW] = _view(self.owner, p.deferred.rows, n, np.uintp)
+            self.bases[_A_DSTEP] = _view(self.owner, p.deferred.source_steps, n, np.uint64)
+            self.bases[_A_DIDX] = _view(self.owner, p.deferred.source_indexes, n, np.uintp)
             for i in range(_A_DROW, _A_COUNT):
                 self.slice_n[i] = SIZE_MAX
 
@@ -76,10 +77,11 @@ cdef class _PlanBuffer:
         return self.slices[a]
 
 
-cdef _PlanBuffer _plan_buffer(skippy_plan *p):
+cdef _PlanBuffer _plan_buffer(skippy_plan *p, object owner):
     cdef _PlanBuffer b = _PlanBuffer.__new__(_PlanBuffer)
     cdef int i
     b.p = p
+    b.owner = owner
     b.bases = [None] * _A_COUNT
     b.slices = [None] * _A_COUNT
     for i in range(_A_COUNT):
@@ -95,11 +97,30 @@ cdef inline size_t _size(object v):
     return SIZE_MAX if v is None else <size_t>v
 
 
-cdef object _view(void *data, size_t count, object dtype):
-    """A writable numpy array over `count` elements of native memory (no copy)."""
+cdef class _NativeMemory:
+    """Native memory lent to numpy: an array over it keeps this object, and so the memory's
+    owner (the native scheduler), alive: an array kept after its Scheduler is gone still reads
+    memory that exists (though no longer a live plan's: docs/hosts.md)."""
+    cdef object owner
+    cdef char *data
+    cdef Py_ssize_t nbytes
+
+    def __getbuffer__(self, Py_buffer *buffer, int flags):
+        PyBuffer_FillInfo(buffer, self, self.data, self.nbytes, 0, flags)
+
+    def __releasebuffer__(self, Py_buffer *buffer):
+        pass
+
+
+cdef object _view(object owner, void *data, size_t count, object dtype):
+    """A writable numpy array over `count` elements of native memory (no copy) that keeps
+    `owner` alive."""
     if count == 0 or data == NULL:
         return np.zeros(0, dtype=dtype)
-    memory = PyMemoryView_FromMemory(<char *>data, count * np.dtype(dtype).itemsize, PyBUF_WRITE)
+    cdef _NativeMemory memory = _NativeMemory.__new__(_NativeMemory)
+    memory.owner = owner
+    memory.data = <char *>data
+    memory.nbytes = count * np.dtype(dtype).itemsize
     return np.frombuffer(memory, dtype=dtype)
 
 
@@ -117,6 +138,9 @@ cdef class PlanOutputs:
     cdef IterationPlan _plan
     cdef readonly object request_indexes
     cdef readonly object predicted_tokens
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("PlanOutputs is made by Scheduler.plan_iteration (plan.outputs)")
 
     @property
     def capacity(self):
@@ -166,6 +190,9 @@ cdef class IterationPlan:
     cdef object _work
     cdef object _ids
     cdef PlanOutputs _outputs
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("IterationPlan is made by Scheduler.plan_iteration")
 
     def __len__(self):
         return self._rows
