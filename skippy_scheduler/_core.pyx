@@ -131,6 +131,7 @@ cdef class Scheduler:
     """
     cdef skippy_scheduler *_s
     cdef _Native _native                   # owns _s (freed when the last holder goes)
+    cdef bint _in_policy                   # a policy callback is running (_core_slots.pxi)
     cdef dict _buffers                     # plan buffer address -> _PlanBuffer
     cdef uint64_t _last_serial             # serial of the last plan made
     cdef readonly object config
@@ -209,6 +210,14 @@ cdef class Scheduler:
 
     # -- prefix store (§2.12) -----------------------------------------------------------------
 
+    cdef int _changing(self) except -1:
+        """Refuse a call that changes the scheduler from inside its own policy callback (the
+        core is between two states there: such a call would lose or duplicate sequences)."""
+        if self._in_policy:
+            raise RuntimeError("the scheduler cannot be changed from inside its admission or "
+                               "preemption policy (the policy only orders or picks)")
+        return 0
+
     def attach_prefix_store(self, store, *, prefill_cost_per_token=1, restore_cost_per_token=0):
         """Read every waiting sequence's prefix restore and saved cost from `store` (a
         `PrefixStore`, or None to detach): at submit, and again before each admission selection
@@ -216,6 +225,7 @@ cdef class Scheduler:
         `metrics().stale_refreshes`). The entry a sequence is admitted with stays pinned while
         it is active. Only while the scheduler holds no sequence; submitted sequences must then
         carry no prefix restore or affinity (the store decides)."""
+        self._changing()
         cdef NativePrefixStore native = None
         cdef uint64_t prefill = check_u64("prefill_cost_per_token", prefill_cost_per_token)
         cdef uint64_t restore = check_u64("restore_cost_per_token", restore_cost_per_token)
@@ -266,6 +276,7 @@ cdef class Scheduler:
     def submit(self, seq, *, session=None):
         """Queue a copy of `seq`. `session` is an optional native session handle (int address or
         cffi pointer) placed in every row of this sequence."""
+        self._changing()
         cdef skippy_sequence_desc d
         cdef uint32_t slot = 0
         cdef array prompt, gen
@@ -342,6 +353,7 @@ cdef class Scheduler:
 
         Raises PlanInFlight when `max_inflight_plans` (> 1) plans are live; at depth 1 a live
         plan is aborted first (§0.4f, §2.11)."""
+        self._changing()
         cdef size_t n, i, r
         cdef const skippy_retired *ret = skippy_scheduler_retired(self._s, &n)
         cdef skippy_plan *p
@@ -406,6 +418,7 @@ cdef class Scheduler:
 
     def observe_iteration_duration(self, plan, elapsed):
         """Record how long `plan` took (seconds) to calibrate mixed planning (§2.6)."""
+        self._changing()
         self._own_live(plan)
         if isinstance(elapsed, bool) or not isinstance(elapsed, numbers.Real):
             raise TypeError(f"elapsed must be seconds as a float, got {type(elapsed).__name__}")
@@ -420,6 +433,7 @@ cdef class Scheduler:
     def abort_iteration(self, plan):
         """Undo `plan` and every later live plan, for a runtime that could not run them: each
         sequence in them returns to the cursor and tokens it had before (§2.11)."""
+        self._changing()
         self._own_live(plan)
         if skippy_scheduler_abort(self._s, (<IterationPlan>plan).serial, NULL) != SKIPPY_STATUS_OK:
             self._raise_last()
@@ -427,6 +441,7 @@ cdef class Scheduler:
     def complete_iteration(self, plan):
         """Apply the sampled outputs the host wrote into `plan.outputs`; plans complete in the
         order they were made (PlanInFlight otherwise)."""
+        self._changing()
         cdef skippy_iteration_telemetry t
         cdef size_t n_before, n_after, i
         cdef const skippy_retired *ret
@@ -464,6 +479,7 @@ cdef class Scheduler:
 
     def preempt_for_component_pressure(self, used_bytes):
         """Overwrite used bytes with measured values and preempt until every component fits."""
+        self._changing()
         cdef size_t n = 0, i, out = 0
         cdef array vals
         if isinstance(used_bytes, (str, bytes)) or not hasattr(used_bytes, "__iter__"):
@@ -506,6 +522,7 @@ cdef class Scheduler:
 
     def cancel(self, sequence_id):
         """Remove a waiting or active sequence; False when the id is unknown."""
+        self._changing()
         b = check_id("sequence_id", sequence_id).encode("utf-8")
         if skippy_scheduler_cancel(self._s, b, len(b)):
             return True
@@ -585,10 +602,12 @@ cdef class Scheduler:
     def set_clock(self, now):
         """The time now (seconds, any monotonic origin): read by the next plan, and stamped on
         the sequences the next completion gives a token. Set it before both."""
+        self._changing()
         skippy_scheduler_set_clock(self._s, check_clock(now) * 1e6)
 
     def set_step_cost(self, cost):
         """The slack rule's cost model from now on (the engine refits it online)."""
+        self._changing()
         cdef skippy_step_cost c
         _step_cost(&c, check_step_cost("cost", cost))
         if skippy_scheduler_set_step_cost(self._s, &c, NULL) != SKIPPY_STATUS_OK:
@@ -641,6 +660,7 @@ cdef class Scheduler:
         """Give `tenant` the fair-share weight `weight` (a finite number > 0) from now on: every
         later charge to its counter is divided by it. ValueError unless the admission policy
         is the native fair share."""
+        self._changing()
         if not self._fair:
             raise ValueError("tenant weights apply to the native fair-share admission only")
         weight = VirtualTokenCounters.check_weight("weight", weight)

@@ -62,7 +62,11 @@ cdef int _rank_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t *
                 index=i, priority=info.priority, affinity=affinity,
                 prompt_tokens=o.prompt, enqueued_turn=info.enqueued_turn,
                 order=info.enqueue_order, tenant=o.tenant, ttft_deadline=o.ttft_deadline))
-        order = self.admission.order(candidates, turn)
+        self._in_policy = True
+        try:
+            order = self.admission.order(candidates, turn)
+        finally:
+            self._in_policy = False
         try:
             order = [int(k) for k in order]
         except (TypeError, ValueError):
@@ -90,7 +94,11 @@ cdef int _victim_trampoline(void *ctx, const skippy_scheduler *s, const uint32_t
                 sequence_id=_carried(self._objects, slots[i]).sequence_id, priority=info.priority,
                 admitted_at=info.admitted_at, computed_tokens=info.prefill_cursor,
                 generated_tokens=info.generated_count))
-        choice = self.preemption.select_victim(candidates)
+        self._in_policy = True
+        try:
+            choice = self.preemption.select_victim(candidates)
+        finally:
+            self._in_policy = False
         if choice is None:
             out[0] = n
         else:

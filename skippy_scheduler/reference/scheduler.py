@@ -69,6 +69,7 @@ class TwinScheduler:
         self._config = config.normalized()
         self._admission = AdmissionOrder(admission.resolved(self._config))
         self._preemption = preemption
+        self._in_policy = False  # a policy callback is running (`_changing`)
         self._memory = MemoryLedger(self._config.memory_components)
         self._waiting: list[Sequence] = []
         self._active: dict[str, Sequence] = {}  # insertion order = admission (walk) order
@@ -118,10 +119,12 @@ class TwinScheduler:
     def set_clock(self, now: float) -> None:
         """The time now (seconds, any monotonic origin): read by the next plan, and stamped on
         the sequences the next completion gives a token. Set it before both."""
+        self._changing()
         self._planner.slack.now_us = check_clock(now) * 1e6
 
     def set_step_cost(self, cost: StepCost) -> None:
         """The slack rule's cost model from now on (the engine refits it online)."""
+        self._changing()
         self._planner.slack.cost = check_step_cost("cost", cost)
 
     @property
@@ -132,6 +135,7 @@ class TwinScheduler:
 
     def attach_prefix_store(self, store: object, *, prefill_cost_per_token: int = 1,
                             restore_cost_per_token: int = 0) -> None:
+        self._changing()
         prefill = check_uint("prefill_cost_per_token", prefill_cost_per_token)
         restore = check_uint("restore_cost_per_token", restore_cost_per_token)
         # The type before the state, as native (which refuses anything but its PrefixStore).
@@ -167,6 +171,7 @@ class TwinScheduler:
     # -- submit / admission ---------------------------------------------------------------------
 
     def submit(self, seq: Sequence) -> None:
+        self._changing()
         if not isinstance(seq, Sequence):
             raise TypeError(f"submit takes a Sequence, got {type(seq).__name__}")
         s = seq._validated_copy()
@@ -226,10 +231,21 @@ class TwinScheduler:
             fl.pending = 0
         fl.source = None
 
+    def _changing(self) -> None:
+        """Refuse a call that changes the scheduler from inside its own policy callback (it is
+        between two states there: such a call would lose or duplicate sequences)."""
+        if self._in_policy:
+            raise RuntimeError("the scheduler cannot be changed from inside its admission or "
+                               "preemption policy (the policy only orders or picks)")
+
     def _ranked_waiting(self, turn: int) -> list[Sequence]:
         flights = [self._flights[s.id] for s in self._waiting]
-        return self._admission.rank(self._waiting, turn, [f.tenant for f in flights],
-                                    [f.request for f in flights])
+        self._in_policy = True
+        try:
+            return self._admission.rank(self._waiting, turn, [f.tenant for f in flights],
+                                        [f.request for f in flights])
+        finally:
+            self._in_policy = False
 
     def _admit_waiting(self) -> int:
         """Admit front to back; a request that does not fit is skipped, not waited on (§2.3);
@@ -293,6 +309,7 @@ class TwinScheduler:
         return list(self._retired)
 
     def plan_iteration(self) -> TwinPlan:
+        self._changing()
         depth = self._config.max_inflight_plans
         if depth > 1 and len(self._live_plans) >= depth:
             raise PlanInFlight(f"{depth} plans are in flight (max_inflight_plans); complete "
@@ -370,6 +387,7 @@ class TwinScheduler:
 
     def abort_iteration(self, plan: TwinPlan) -> None:
         """Undo `plan` and every later live plan: the runtime could not run them (§2.11)."""
+        self._changing()
         self._check_live(plan)
         self._abort_from(next(i for i, p in enumerate(self._live_plans) if p is plan))
 
@@ -394,6 +412,7 @@ class TwinScheduler:
         self._metrics.aborted_plans = sat(self._metrics.aborted_plans + len(aborted))
 
     def observe_iteration_duration(self, plan: TwinPlan, elapsed_seconds: float) -> None:
+        self._changing()
         self._check_live(plan)
         if isinstance(elapsed_seconds, bool) or not isinstance(elapsed_seconds, numbers.Real):
             raise TypeError(f"elapsed_seconds must be a number, got {type(elapsed_seconds).__name__}")
@@ -404,6 +423,7 @@ class TwinScheduler:
         self._planner.observe(plan._rows, seconds * 1e6)
 
     def complete_iteration(self, plan: TwinPlan) -> IterationTelemetry:
+        self._changing()
         self._check_live(plan)
         if plan is not self._live_plans[0]:
             raise PlanInFlight(f"plan {plan.step} completed before plan "
@@ -503,6 +523,7 @@ class TwinScheduler:
 
     def set_tenant_weight(self, tenant: Hashable, weight: float) -> None:
         """Give `tenant` the fair-share weight `weight` (a finite number > 0) from now on."""
+        self._changing()
         self._admission.set_tenant_weight(tenant, weight)
 
     def tenant_counters(self) -> dict[Hashable, float]:
@@ -517,6 +538,7 @@ class TwinScheduler:
     # -- preemption, cancel, views --------------------------------------------------------------
 
     def preempt_for_component_pressure(self, used_bytes: Iterable[int]) -> list[str]:
+        self._changing()
         if isinstance(used_bytes, (str, bytes)) or not hasattr(used_bytes, "__iter__"):
             raise TypeError("used_bytes must be a list of ints")
         measured = [check_uint(f"used_bytes[{i}]", v) for i, v in enumerate(used_bytes)]
@@ -536,7 +558,11 @@ class TwinScheduler:
                 )
                 for s in remaining
             ]
-            choice = self._preemption.select_victim(candidates)
+            self._in_policy = True
+            try:
+                choice = self._preemption.select_victim(candidates)
+            finally:
+                self._in_policy = False
             if choice is None:
                 break
             if isinstance(choice, bool) or not isinstance(choice, int) or not 0 <= choice < len(remaining):
@@ -580,6 +606,7 @@ class TwinScheduler:
         s.prefill_cursor = cursor
 
     def cancel(self, sequence_id: str) -> bool:
+        self._changing()
         check_id("sequence_id", sequence_id)
         s = self._active.pop(sequence_id, None)
         if s is not None:
