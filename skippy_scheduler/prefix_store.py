@@ -267,7 +267,13 @@ class PrefixStore:
         """The full token key of `entry` (read-only)."""
         return entry.key
 
+    def _own(self, entry: StoreEntry, what: str = "entry") -> None:
+        """Refuse an entry of another store (its id would name one of this store's)."""
+        if getattr(entry, "_native", None) is not self._native:
+            raise ValueError(f"the {what} is not an entry of this PrefixStore")
+
     def evictable(self, entry: StoreEntry) -> bool:
+        self._own(entry)
         return entry.alive and entry.pins == 0 and entry.children == 0
 
     def resident(self) -> list[StoreEntry]:
@@ -287,6 +293,8 @@ class PrefixStore:
         existing one if `key` is already resident (touched), or None when no room can be made
         (nothing changes then)."""
         key = _tokens(key)
+        if parent is not None:
+            self._own(parent, "parent")
         if parent is not None and not parent.alive:
             raise ValueError("the parent entry is not resident")
         try:
@@ -317,16 +325,19 @@ class PrefixStore:
 
     def touch(self, entry: StoreEntry) -> None:
         """`entry` and its prefix are used now (most recently used)."""
+        self._own(entry)
         if not entry.alive:
             raise ValueError("cannot touch an evicted entry")
         self._native.touch(entry.id)
 
     def pin(self, entry: StoreEntry) -> None:
+        self._own(entry)
         if not entry.alive:
             raise ValueError("cannot pin an evicted entry")
         self._native.pin(entry.id)
 
     def unpin(self, entry: StoreEntry) -> None:
+        self._own(entry)
         if not entry.alive or entry.pins <= 0:
             raise ValueError("entry is not pinned")
         self._native.unpin(entry.id)
@@ -353,7 +364,9 @@ class PrefixStore:
         finally:
             for other in others:
                 self._native.unpin(other.id)
-        assert gone is entry  # the only evictable entry
+        if gone is not entry:  # (it was the only evictable entry)
+            raise RuntimeError(f"evicting entry {entry.id} evicted "
+                               f"{'nothing' if gone is None else gone.id}")
         return True
 
     def entry_by_id(self, entry_id: int) -> Optional[StoreEntry]:

@@ -39,7 +39,7 @@ class TwinEntry(SegmentEntry):
     """One resident segment. Read-only for callers; `value` is theirs to use."""
 
     __slots__ = ("parent", "key", "start", "length", "children", "pins", "last_used", "serial",
-                 "alive", "value", "holder")
+                 "alive", "value", "holder", "owner")
 
     def __init__(self, parent: Optional["TwinEntry"], key: np.ndarray, serial: int,
                  value: Any) -> None:
@@ -54,6 +54,7 @@ class TwinEntry(SegmentEntry):
         self.alive = True
         self.value = value
         self.holder: Optional[int] = None
+        self.owner: Optional[object] = None  # the store that made it
 
     def __repr__(self) -> str:
         state = "resident" if self.alive else "evicted"
@@ -129,7 +130,13 @@ class PrefixStoreTwin:
         """The full token key of `entry` (read-only)."""
         return entry.key
 
+    def _own(self, entry: TwinEntry, what: str = "entry") -> None:
+        """Refuse an entry of another store (as the native store does)."""
+        if getattr(entry, "owner", None) is not self:
+            raise ValueError(f"the {what} is not an entry of this PrefixStore")
+
     def evictable(self, entry: TwinEntry) -> bool:
+        self._own(entry)
         return entry.alive and entry.pins == 0 and entry.children == 0
 
     def resident(self) -> list[TwinEntry]:
@@ -161,6 +168,7 @@ class PrefixStoreTwin:
             raise ValueError("tokens must be in [0, 2**31 - 1]")
         start = 0
         if parent is not None:
+            self._own(parent, "parent")
             if not parent.alive:
                 raise ValueError("the parent entry is not resident")
             start = parent.length
@@ -184,6 +192,7 @@ class PrefixStoreTwin:
             key.setflags(write=False)
         self._serial += 1
         entry = TwinEntry(parent, key, self._serial, value)
+        entry.owner = self
         self._radix.insert_resident(self.namespace, key, need, entry)
         if parent is not None:
             parent.children += 1
@@ -199,6 +208,7 @@ class PrefixStoreTwin:
 
     def touch(self, entry: TwinEntry) -> None:
         """`entry` and its prefix are used now (most recently used)."""
+        self._own(entry)
         if not entry.alive:
             raise ValueError("cannot touch an evicted entry")
         self._clock += 1
@@ -210,11 +220,13 @@ class PrefixStoreTwin:
             self._push(entry)
 
     def pin(self, entry: TwinEntry) -> None:
+        self._own(entry)
         if not entry.alive:
             raise ValueError("cannot pin an evicted entry")
         entry.pins += 1
 
     def unpin(self, entry: TwinEntry) -> None:
+        self._own(entry)
         if entry.pins <= 0:
             raise ValueError("entry is not pinned")
         entry.pins -= 1

@@ -83,3 +83,19 @@ def test_native_and_twin_agree_step_by_step(seed):
     # the sequence exercised what it is meant to
     assert counts["entry"] > 30 and counts["raised"] > 0
     assert counts["evicted"] > 0 or counts["refused"] > 0
+
+
+@pytest.mark.parametrize("impl", [PrefixStore, PrefixStoreTwin], ids=["native", "twin"])
+def test_an_entry_of_another_store_is_refused(impl):
+    """An entry's id would name one of the other store's entries: every call taking an entry
+    refuses it, and neither store changes."""
+    a, b = impl(16, None), impl(16, None)
+    ea = a.insert([1, 2, 3])
+    eb = b.insert([4, 5, 6])
+    assert ea is not None and eb is not None
+    for call in (lambda: b.pin(ea), lambda: b.unpin(ea), lambda: b.touch(ea),
+                 lambda: b.evictable(ea), lambda: b.insert([1, 2, 3, 4], ea)):
+        with pytest.raises(ValueError, match="not an entry of this PrefixStore"):
+            call()
+    assert eb.pins == 0 and ea.pins == 0 and b.evictable(eb) and a.evictable(ea)
+    assert [e.tokens for e in b.resident()] == [eb.tokens]
