@@ -414,9 +414,8 @@ class Engine(_Steps):
         assert self._source is not None
         nxt = next(self._source, None)
         if nxt is not None:
-            if isinstance(nxt, Sequence):
-                nxt = _SequenceRequest(nxt, None)
             try:
+                nxt = self._as_request(nxt)  # (a TypeError naming what it lacks)
                 arrival = _arrival_of(nxt)
                 if arrival is not None and arrival < self._last_source_arrival:
                     raise ValueError(f"request stream is not in arrival order at {nxt.id!r}")

@@ -66,3 +66,15 @@ def test_llama_host_kv_unified_takes_a_bool_only():
 
     with pytest.raises(TypeError, match="kv_unified must be True, False or None, got 'no'"):
         LlamaHost("/nonexistent.gguf", n_ctx=512, n_seq_max=2, kv_unified="no")  # type: ignore
+
+
+def test_a_thing_in_a_request_stream_that_is_no_request_is_a_type_error(impl):
+    """What `add_requests` / `run` pull is typed as `submit` types it: a TypeError naming what
+    it lacks, raised from the run (the requests taken before it stay open; one the scheduler
+    refuses is a `rejected` record instead, above)."""
+    engine = Engine(impl(), CostModelHost())
+    with pytest.raises(TypeError, match="a request needs id, arrival_us and to_sequence"):
+        engine.run([Request("a", [1, 2], 3), ...])
+    assert engine.open_ids() == ["a"]  # taken before it: a later run ends it
+    engine.run()
+    assert engine.status("a") == "length"
