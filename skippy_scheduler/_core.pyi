@@ -25,6 +25,8 @@ PLAN_ABI_VERSION: Final[int]
 
 @disjoint_base
 class PlanOutputs:
+    # Made by Scheduler.plan_iteration (plan.outputs); calling the class raises TypeError.
+    def __init__(self, *args: object, **kwargs: object) -> None: ...
     @property
     def request_indexes(self) -> npt.NDArray[np.uintp]: ...
     @property
@@ -38,6 +40,8 @@ class PlanOutputs:
 
 @disjoint_base
 class IterationPlan:
+    # Made by Scheduler.plan_iteration; calling the class raises TypeError.
+    def __init__(self, *args: object, **kwargs: object) -> None: ...
     @property
     def serial(self) -> int: ...
     @property

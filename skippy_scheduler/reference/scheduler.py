@@ -168,6 +168,16 @@ class TwinScheduler:
     def preemption_policy(self) -> PreemptionPolicy:
         return self._preemption
 
+    @property
+    def admission(self) -> AdmissionPolicy:
+        """The admission policy in use (the name `Scheduler` gives it)."""
+        return self._admission.policy
+
+    @property
+    def preemption(self) -> PreemptionPolicy:
+        """The preemption policy in use (the name `Scheduler` gives it)."""
+        return self._preemption
+
     # -- submit / admission ---------------------------------------------------------------------
 
     def submit(self, seq: Sequence) -> None:
