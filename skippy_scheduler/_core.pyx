@@ -210,6 +210,14 @@ cdef class Scheduler:
 
     # -- prefix store (§2.12) -----------------------------------------------------------------
 
+    def __repr__(self):
+        if self._s == NULL:
+            return "Scheduler(<not initialised>)"
+        snap = self.snapshot()
+        return (f"Scheduler(active={len(snap.active_ids)}, waiting={len(snap.waiting_ids)}, "
+                f"live_plans={self.live_plans}, admission={type(self.admission).__name__}, "
+                f"preemption={type(self.preemption).__name__})")
+
     cdef int _changing(self) except -1:
         """Refuse a call that changes the scheduler from inside its own policy callback (the
         core is between two states there: such a call would lose or duplicate sequences)."""

@@ -184,6 +184,10 @@ class EngineReport:
             tokens=self._tokens[events].tolist(), token_times_us=token_times,
             preemptions=rec.preemptions[index], error=rec.errors.get(index))
 
+    def __repr__(self) -> str:
+        return (f"EngineReport(requests={len(self)}, iterations={self.iterations}, "
+                f"tokens={len(self._tokens)}, makespan_us={self.makespan_us:g})")
+
     @property
     def records(self) -> list[RequestRecord]:
         """Every request in submission order."""

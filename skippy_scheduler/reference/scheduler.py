@@ -241,6 +241,11 @@ class TwinScheduler:
             fl.pending = 0
         fl.source = None
 
+    def __repr__(self) -> str:
+        return (f"TwinScheduler(active={len(self._active)}, waiting={len(self._waiting)}, "
+                f"live_plans={self.live_plans}, admission={type(self.admission).__name__}, "
+                f"preemption={type(self.preemption).__name__})")
+
     def _changing(self) -> None:
         """Refuse a call that changes the scheduler from inside its own policy callback (it is
         between two states there: such a call would lose or duplicate sequences)."""

@@ -62,3 +62,4 @@ def test_an_admission_policy_that_submits_is_refused(impl):
         s.plan_iteration()
     assert s.snapshot() == before
     assert s.live_plans == 0
+

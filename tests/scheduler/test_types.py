@@ -290,3 +290,10 @@ def test_numpy_integers_are_accepted_as_tokens():
         Sequence("b", np.array([True, False]), 1)
     with pytest.raises(TypeError):
         Sequence("c", np.array([1.0, 2.0]), 1)
+
+
+def test_a_scheduler_says_what_it_holds_in_its_repr(impl):
+    s = impl(SchedulerConfig())
+    s.submit(Sequence("a", [1, 2, 3], max_tokens=4))
+    assert repr(s) == (f"{impl.__name__}(active=0, waiting=1, live_plans=0, "
+                       "admission=CacheAwareAdmission, preemption=LowestPriorityNewest)")
