@@ -208,8 +208,6 @@ cdef class Scheduler:
     # object or a kept view of plan memory. Nothing calls into the native scheduler after this
     # object is gone, so its policy callbacks, which point here, are never called again.)
 
-    # -- prefix store (§2.12) -----------------------------------------------------------------
-
     def __repr__(self):
         if self._s == NULL:
             return "Scheduler(<not initialised>)"
@@ -225,6 +223,8 @@ cdef class Scheduler:
             raise RuntimeError("the scheduler cannot be changed from inside its admission or "
                                "preemption policy (the policy only orders or picks)")
         return 0
+
+    # -- prefix store (§2.12) -----------------------------------------------------------------
 
     def attach_prefix_store(self, store, *, prefill_cost_per_token=1, restore_cost_per_token=0):
         """Read every waiting sequence's prefix restore and saved cost from `store` (a

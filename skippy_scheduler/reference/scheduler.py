@@ -161,22 +161,17 @@ class TwinScheduler:
         return self._config.replace()
 
     @property
-    def admission_policy(self) -> AdmissionPolicy:
-        return self._admission.policy
-
-    @property
-    def preemption_policy(self) -> PreemptionPolicy:
-        return self._preemption
-
-    @property
     def admission(self) -> AdmissionPolicy:
-        """The admission policy in use (the name `Scheduler` gives it)."""
+        """The admission policy in use."""
         return self._admission.policy
 
     @property
     def preemption(self) -> PreemptionPolicy:
-        """The preemption policy in use (the name `Scheduler` gives it)."""
+        """The preemption policy in use."""
         return self._preemption
+
+    admission_policy = admission  # (the twin's earlier names)
+    preemption_policy = preemption
 
     # -- submit / admission ---------------------------------------------------------------------
 

@@ -56,15 +56,16 @@ class StagedEngineRunner(EngineRunner):
     _measuring = False
     heartbeat_s = 5.0
     heartbeat_timeout_s = 10.0
-    _beat_at = 0.0  # time.monotonic() of the last heartbeat, or of the last busy step
+    _beat_at: Optional[float] = None  # time.monotonic() of the last beat (None: busy)
 
     def _before_step(self, engine: Any) -> None:
         super()._before_step(engine)
-        now = time.monotonic()
-        if engine.outstanding or self._beat_at == 0.0:
-            self._beat_at = now  # busy (its plans' answers tell), or just started
-        elif now - self._beat_at >= self.heartbeat_s:
-            self._beat_at = now
+        if engine.outstanding:
+            self._beat_at = None  # busy: its plans' answers tell
+        elif self._beat_at is None:
+            self._beat_at = time.monotonic()  # idle from now on
+        elif time.monotonic() - self._beat_at >= self.heartbeat_s:
+            self._beat_at = time.monotonic()
             self.host.check_alive(self.heartbeat_timeout_s)
 
     def request_usage(self) -> None:
@@ -76,10 +77,8 @@ class StagedEngineRunner(EngineRunner):
         def measure() -> None:
             try:
                 self.usage, self.usage_at = self.host.stage_usage(), time.monotonic()
-            except StageFailure as exc:
-                host = self.host
-                if host.broken is None and len(host.live) < len(host.addresses):
-                    host.broken = str(exc)  # a stage did not answer: the chain cannot run
+            except StageFailure:
+                pass  # the chain broke: `host.broken` and the open requests say why
             finally:
                 self._measuring = False
         self.post(measure)

@@ -23,7 +23,7 @@
 static const int32_t P[] = {1, 2, 3, 4};
 static skippy_memory_component comp = {"kv", 1000000, 0, 16, 0};
 
-static skippy_scheduler *make(void)
+static skippy_scheduler *make_with(uint32_t admission, uint32_t preemption)
 {
     skippy_scheduler_config c;
     skippy_scheduler_config_default(&c);
@@ -31,9 +31,16 @@ static skippy_scheduler *make(void)
     c.prefill_chunk_tokens = 8;
     c.memory_components = &comp;
     c.memory_component_count = 1;
+    c.admission_policy = admission;
+    c.preemption_policy = preemption;
     skippy_scheduler *s = NULL;
     CHECK(skippy_scheduler_create(&c, &s, NULL) == SKIPPY_STATUS_OK && s);
     return s;
+}
+
+static skippy_scheduler *make(void)
+{
+    return make_with(SKIPPY_ADMISSION_CACHE_AWARE, SKIPPY_PREEMPT_LOWEST_PRIORITY_NEWEST);
 }
 
 static uint32_t submit(skippy_scheduler *s, const char *id, uint32_t max_tokens)
@@ -496,16 +503,7 @@ static int victim_first(void *ctx, const skippy_scheduler *s, const uint32_t *sl
 
 static skippy_scheduler *make_with_callbacks(void)
 {
-    skippy_scheduler_config c;
-    skippy_scheduler_config_default(&c);
-    c.max_tokens_per_iteration = 16;
-    c.prefill_chunk_tokens = 8;
-    c.memory_components = &comp;
-    c.memory_component_count = 1;
-    c.admission_policy = SKIPPY_ADMISSION_CALLBACK;
-    c.preemption_policy = SKIPPY_PREEMPT_CALLBACK;
-    skippy_scheduler *s = NULL;
-    CHECK(skippy_scheduler_create(&c, &s, NULL) == SKIPPY_STATUS_OK && s);
+    skippy_scheduler *s = make_with(SKIPPY_ADMISSION_CALLBACK, SKIPPY_PREEMPT_CALLBACK);
     skippy_scheduler_set_callbacks(s, rank_in_order, victim_first, NULL);
     return s;
 }

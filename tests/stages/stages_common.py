@@ -1,7 +1,13 @@
 """Constants and the random schedule trial the staged-serving tests share (importable:
 conftest modules are not)."""
 import contextlib
+import os
 import random
+import re
+import signal
+import subprocess
+import sys
+import time
 from unittest import mock
 
 import numpy as np
@@ -96,3 +102,40 @@ def random_trial(impl, host, alone, seed: int, counters: dict, **extra) -> None:
     assert host.active_sequences == []
     host.sync()
     assert host.held() == [{}] * len(host.stages), seed  # no stage keeps KV of ended requests
+
+
+def listen_workers(tmp_path, stage_dir) -> tuple[list[subprocess.Popen], list[str]]:
+    """`stage --listen tcp://127.0.0.1:*` workers, one a stage of `stage_dir` (ports chosen by
+    the system), and the address each printed."""
+    from skippy_scheduler.hosts.stages.split import stage_paths
+
+    procs, logs, addresses = [], [], []
+    for k, path in enumerate(stage_paths(stage_dir)):
+        log = tmp_path / f"w{k}.log"
+        with open(log, "wb") as err:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "skippy_scheduler.cli", "stage", "-m", path,
+                 "--listen", "tcp://127.0.0.1:*", "-t", "1"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, cwd=tmp_path))
+        logs.append(log)
+    for log in logs:
+        deadline = time.monotonic() + 60
+        while not (m := re.search(r"listening on (tcp://\S+)", log.read_text())):
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        addresses.append(m.group(1))
+    return procs, addresses
+
+
+def stop_workers(procs: list[subprocess.Popen]) -> None:
+    """Terminate the workers (a stopped one is continued first), killing one that lingers."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=60)  # a loaded machine may take a while to run the exit
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -147,3 +147,23 @@ def test_the_idle_heartbeat_finds_a_hung_stage_and_spares_workers_that_cannot_an
             assert broken.startswith(f"no answer from stage 1 ({local.addresses[1]}) within "
                                      "1 s while checking that the idle stages answer"), broken
             assert host.broken == broken
+
+
+def test_a_measurement_a_stage_does_not_answer_breaks_the_chain_with_its_reason(splits,
+                                                                                 model4):
+    from skippy_scheduler.hosts.stages.channel import StageTimeout
+
+    with LocalStages(splits[2], source_model=model4) as local:
+        with local.host(**HOST) as host:
+            assert len(host.stage_usage()) == 2
+            host.timeout_ms = 1000
+            os.kill(local.procs[1].pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(StageTimeout):
+                    host.stage_usage()
+            finally:
+                os.kill(local.procs[1].pid, signal.SIGCONT)
+            assert (host.broken or "").startswith(
+                f"no answer from stage 1 ({local.addresses[1]}) within 1 s while asking for "
+                "KV use"), host.broken
+            assert host.check_alive(30.0) == host.broken  # the reason stays the first one

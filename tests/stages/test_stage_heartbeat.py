@@ -5,10 +5,7 @@ any request is sent to it. Busy or healthy, nothing changes."""
 from __future__ import annotations
 
 import os
-import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -20,42 +17,8 @@ pytest.importorskip("uvicorn")
 
 import httpx  # noqa: E402
 
-from skippy_scheduler.hosts.stages.split import stage_paths  # noqa: E402
 from skippy_scheduler.serve import Server, ServeSettings  # noqa: E402
-
-
-def _workers(tmp_path, stage_dir) -> tuple[list[subprocess.Popen], list[str]]:
-    """`stage --listen tcp://127.0.0.1:*` workers, one a stage, and the addresses each
-    printed."""
-    procs, logs, addresses = [], [], []
-    for k, path in enumerate(stage_paths(stage_dir)):
-        log = tmp_path / f"w{k}.log"
-        with open(log, "wb") as err:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "skippy_scheduler.cli", "stage", "-m", path,
-                 "--listen", "tcp://127.0.0.1:*", "-t", "1"],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, cwd=tmp_path))
-        logs.append(log)
-    for log in logs:
-        deadline = time.monotonic() + 60
-        while not (m := re.search(r"listening on (tcp://\S+)", log.read_text())):
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
-        addresses.append(m.group(1))
-    return procs, addresses
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGCONT)
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+from stages_common import listen_workers, stop_workers  # noqa: E402
 
 
 def _health_until_503(url: str, limit_s: float) -> httpx.Response:
@@ -70,7 +33,7 @@ def _health_until_503(url: str, limit_s: float) -> httpx.Response:
 @pytest.mark.parametrize("how", ["killed", "stopped"])
 def test_a_remote_stage_lost_while_idle_is_found_by_the_heartbeat(tmp_path, model4, splits,
                                                                    how):
-    procs, addresses = _workers(tmp_path, splits[2])
+    procs, addresses = listen_workers(tmp_path, splits[2])
     srv = None
     try:
         srv = Server(ServeSettings(model=str(model4), stage_addresses=addresses, max_active=4,
@@ -106,4 +69,4 @@ def test_a_remote_stage_lost_while_idle_is_found_by_the_heartbeat(tmp_path, mode
     finally:
         if srv is not None:
             srv.shutdown()
-        _stop(procs)
+        stop_workers(procs)

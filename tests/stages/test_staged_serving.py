@@ -20,7 +20,8 @@ from skippy_scheduler.hosts.stages.host import StageFailure  # noqa: E402
 from skippy_scheduler.hosts.stages.local import LocalStages  # noqa: E402
 from skippy_scheduler.hosts.stages.split import file_identity  # noqa: E402
 
-from stages_common import MAX_GEN, N_SEQ, lane_outside_the_stages, random_trial  # noqa: E402
+from stages_common import (MAX_GEN, N_SEQ, lane_outside_the_stages, listen_workers,  # noqa: E402
+                           random_trial, stop_workers)
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["P2", "P3"])
 def staged(request, splits, model4):
@@ -246,30 +247,8 @@ def test_random_schedules_with_prefix_reuse_on_stages(impl, staged_reuse, alone)
 def test_workers_on_tcp_loopback(tmp_path, model4, splits, alone):
     """`stage --listen tcp://127.0.0.1:*` workers (ports chosen by the system, read from the
     line each prints), driven with --stage-addresses; the driver listens on loopback too."""
-    import re
-    import subprocess
-    import sys
-    import time
-
-    from skippy_scheduler.hosts.stages.split import stage_paths
-
-    procs, logs, addresses = [], [], []
+    procs, addresses = listen_workers(tmp_path, splits[2])
     try:
-        for k, path in enumerate(stage_paths(splits[2])):
-            log = tmp_path / f"w{k}.log"
-            with open(log, "wb") as err:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "skippy_scheduler.cli", "stage", "-m", path,
-                     "--listen", "tcp://127.0.0.1:*", "-t", "1"],
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                    cwd=tmp_path))
-            logs.append(log)
-        for log in logs:
-            deadline = time.monotonic() + 60
-            while not (m := re.search(r"listening on (tcp://\S+)", log.read_text())):
-                assert time.monotonic() < deadline, log.read_text()
-                time.sleep(0.05)
-            addresses.append(m.group(1))
         prompts = [[1, 7, 8, 9], [1, 20, 21]]
         (tmp_path / "p.json").write_text(json.dumps(prompts))
         assert _cli("run", "--model", model4, "--prompts", tmp_path / "p.json", "--max-tokens",
@@ -279,14 +258,7 @@ def test_workers_on_tcp_loopback(tmp_path, model4, splits, alone):
         for p, r in zip(prompts, doc["requests"]):
             assert r["generated_tokens"] == alone(p, 4)
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=60)  # a loaded machine may take a while to run the exit
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_workers(procs)
 
 
 def test_the_stage_host_meets_the_host_contract(staged_reuse):

@@ -205,8 +205,14 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
 
     def _settle(self) -> None:
         """A chain message that failed on a stage leaves the stages disagreeing: broken."""
-        if self.chain_errors and self.broken is None:
-            self.broken = self.chain_errors[0]
+        if self.chain_errors:
+            self._break_chain(self.chain_errors[0])
+
+    def _break_chain(self, reason: str) -> None:
+        """The chain cannot run any more: `broken` says why (the first reason stays), and the
+        stages still live free every lane."""
+        if self.broken is None:
+            self.broken = reason
             self._free_survivors()
 
     def execute(self, plan: Any) -> int:
@@ -453,14 +459,11 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
         try:
             self._collect(b"pong", "checking that the idle stages answer", timeout_s)
         except StageFailure as exc:
-            self.broken = str(exc)
-            self._free_survivors()
+            self._break_chain(str(exc))
         self._settle()
         gone = set(range(len(self.addresses))) - self.live
-        if self.broken is None and gone:  # dropped earlier: its queue was full, or a
-            # measurement timed out (serve/staged.py records that reason itself)
-            self.broken = f"{self._named(gone)} stopped answering"
-            self._free_survivors()
+        if gone:  # dropped earlier, its queue full (`_broadcast`)
+            self._break_chain(f"{self._named(gone)} stopped reading its messages")
         return self.broken
 
     def held(self, holders: bool = False) -> list[dict[int, int]]:

@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 
 from ...types import MemoryComponent
 from ..._validate import check_int
+from .channel import StageTimeout
 
 __all__ = ["StageUsage", "UsageVerbs", "check_stage_cells"]
 
@@ -72,8 +73,13 @@ class UsageVerbs:
         if self.broken is None:
             self._quiesce("waiting for the plans in flight")  # type: ignore[attr-defined]
         self._broadcast(b"usage", {})  # type: ignore[attr-defined]
+        try:
+            replies = self._collect(b"usage", "asking for KV use")  # type: ignore[attr-defined]
+        except StageTimeout as exc:  # a stage stopped answering: the chain cannot run
+            self._break_chain(str(exc))  # type: ignore[attr-defined]
+            raise
         out = []
-        for r in self._collect(b"usage", "asking for KV use"):  # type: ignore[attr-defined]
+        for r in replies:
             seqs = {int(k): (int(v[0]), int(v[1])) for k, v in r["seqs"].items()}
             lanes = [v for k, v in seqs.items() if k < self.n_seq_max]
             holders = [v for k, v in seqs.items() if k >= self.n_seq_max]
