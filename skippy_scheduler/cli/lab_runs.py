@@ -101,10 +101,15 @@ def _trace_id(i: int) -> str:
     return f"r{i}"  # (lab/traces.py names a trace's requests so)
 
 
-def _check_requests_out(args: argparse.Namespace) -> None:
-    check_output_file("--requests-out", args.requests_out,
-                      [("--trace", getattr(args, "trace", None)),
-                       ("--cost-model", getattr(args, "cost_model", None))])
+def _check_outputs(args: argparse.Namespace) -> None:
+    """--json, --requests-out and --plot: writable, none of them an input or another."""
+    inputs = [("--trace", getattr(args, "trace", None)),
+              ("--cost-model", getattr(args, "cost_model", None))]
+    check_output_file("--json", args.json, inputs)
+    check_output_file("--requests-out", args.requests_out, inputs)
+    check_distinct_outputs(("--json", args.json), ("--plot", args.plot),
+                           ("--requests-out", args.requests_out))
+    _check_plot(args.plot)
 
 
 def _check_plot(path: Optional[str]) -> None:
@@ -169,12 +174,7 @@ def run_suite_command(args: argparse.Namespace, modes: Optional[list[str]],
     policies = list(dict.fromkeys(args.policy or SUITE_POLICIES))  # each one once
     modes = modes or list(MODES) + (["slack"] if getattr(args, "slack", None) else [])
     _check_modes(modes)
-    check_output_file("--json", args.json, [("--trace", getattr(args, "trace", None)),
-                                            ("--cost-model", getattr(args, "cost_model", None))])
-    _check_requests_out(args)
-    check_distinct_outputs(("--json", args.json), ("--plot", args.plot),
-                           ("--requests-out", args.requests_out))
-    _check_plot(args.plot)
+    _check_outputs(args)
     try:
         spec = replace(WorkloadSpec(), **_overrides(args, _SPEC_OPTIONS)).validate()
         options = replace(SuiteOptions(), record_series=bool(args.plot),
@@ -288,12 +288,7 @@ def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
         raise CommandError("--trace replays one planning mode at a time: --mixed, "
                            "--no-mixed or --slack")
     mode = modes[0]
-    check_output_file("--json", args.json, [("--trace", getattr(args, "trace", None)),
-                                            ("--cost-model", getattr(args, "cost_model", None))])
-    _check_requests_out(args)
-    check_distinct_outputs(("--json", args.json), ("--plot", args.plot),
-                           ("--requests-out", args.requests_out))
-    _check_plot(args.plot)
+    _check_outputs(args)
     cache = args.prefix_cache_tokens
     cache = DEFAULT_PREFIX_CACHE_TOKENS if cache is None else (None if cache == "unlimited"
                                                                else cache)

@@ -204,8 +204,7 @@ def _figures(policy: str, mode: str, options: ReplayOptions, config: SchedulerCo
     nameless = NO_TENANT if host.tenants.enabled else "all"
     names = [nameless if name is None else name for name in host.tenants.names]
     if host.tenants.enabled:
-        per_request["tenant"] = np.asarray([NO_TENANT if t is None else str(t) for t in
-                                            (host.tenants.names[k] for k in host.tenant_of)])
+        per_request["tenant"] = np.asarray([str(names[k]) for k in host.tenant_of])
     run = ReplayRun(policy, mode, figures, series, lat.ttft, per_request)
     run.tails = tail_figures(timeline, options.itl_target_ms,
                              [names[t] if t < len(names) else t for t in host.tenant_of],

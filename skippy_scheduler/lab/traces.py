@@ -393,6 +393,8 @@ class Trace:
 
     def __iter__(self) -> Iterator[TraceRequest]:
         stats = self.stats = TraceStats()
+        time_field = {"mooncake": "timestamp", "azure": "TIMESTAMP"}.get(self.format,
+                                                                        "Timestamp")
         scale = self.time_scale
         limit = self.limit
         fresh_blocks = self.format != "mooncake"
@@ -402,9 +404,7 @@ class Trace:
         last_line = 0
         for lineno, time_us, n_in, n_out, blocks, tenant in self._rows(stats):
             if time_us < last_time:
-                name = {"mooncake": "timestamp", "azure": "TIMESTAMP"}.get(self.format,
-                                                                          "Timestamp")
-                raise TraceFormatError(self.path, lineno, name,
+                raise TraceFormatError(self.path, lineno, time_field,
                                        f"earlier than the row on line {last_line}: a trace "
                                        "must be in arrival order")
             last_time, last_line = time_us, lineno
@@ -421,9 +421,7 @@ class Trace:
             # Times count from the first row (Mooncake's first row is 0 anyway).
             arrival = (time_us - first_time) * scale
             if arrival > MAX_ARRIVAL_US:
-                name = {"mooncake": "timestamp", "azure": "TIMESTAMP"}.get(self.format,
-                                                                          "Timestamp")
-                raise TraceFormatError(self.path, lineno, name,
+                raise TraceFormatError(self.path, lineno, time_field,
                                        f"{arrival / 1e6:.3g} s after the first row at time "
                                        f"scale {scale:g}, beyond the lab's "
                                        f"{MAX_ARRIVAL_US / 1e6:.3g} s (its clock counts µs)")

@@ -54,6 +54,7 @@ _NEUTRAL_CHAT = dict(_NEUTRAL_COMMON, tools=(None, []), tool_choice=(None, "none
 _NEUTRAL_MESSAGE: dict[str, tuple[Any, ...]] = {
     "refusal": (None,), "tool_calls": (None, []), "function_call": (None,), "audio": (None,),
     "annotations": (None, [])}
+_MESSAGE_FIELDS = {"role", "content", "name"} | set(_NEUTRAL_MESSAGE)
 _IGNORED = {"user"}
 _SHARED = {"model", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
            "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "stop",
@@ -267,16 +268,22 @@ def _json_type(value: Any) -> str:
     return type(value).__name__
 
 
-def _check_fields(body: dict[str, Any], allowed: set[str], neutral: dict[str, tuple[Any, ...]]) -> None:
+def _check_fields(body: dict[str, Any], allowed: set[str], neutral: dict[str, tuple[Any, ...]],
+                  where: str = "") -> None:
+    """Refuse a field not `allowed`, or a `neutral` one in another value; `where` prefixes the
+    names (`messages[0].` for a message's fields)."""
     for name in body:
         if name not in allowed:
+            if where:
+                raise RequestError(f"'{where}{name}' is not supported by this server",
+                                   param=where + name)
             raise RequestError(f"Unrecognized request argument supplied: {name}", param=name)
     for name, values in neutral.items():
         value = body.get(name)
         if value is not None and not any(value == v and type(value) is type(v)
                                          for v in values if v is not None):
-            raise RequestError(f"'{name}' is not supported by this server "
-                               f"(only {_neutral_text(values)})", param=name)
+            raise RequestError(f"'{where}{name}' is not supported by this server "
+                               f"(only {_neutral_text(values)})", param=where + name)
 
 
 def _neutral_text(values: tuple[Any, ...]) -> str:
@@ -498,12 +505,7 @@ def _messages(value: Any) -> list[tuple[str, str]]:
         where = f"messages[{i}]"
         if not isinstance(msg, dict):
             raise RequestError(f"'{where}' must be an object", param=where)
-        extra = sorted(key for key in set(msg) - {"role", "content", "name"}
-                       if msg[key] not in _NEUTRAL_MESSAGE.get(key, ((),)))
-        if extra:
-            key = extra[0]
-            raise RequestError(f"'{where}.{key}' is not supported by this server",
-                               param=f"{where}.{key}")
+        _check_fields(msg, _MESSAGE_FIELDS, _NEUTRAL_MESSAGE, f"{where}.")
         role = msg.get("role")
         if role not in _ROLES:
             raise RequestError(f"'{where}.role' must be one of {sorted(_ROLES)}, got {role!r}",
