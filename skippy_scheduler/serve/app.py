@@ -512,7 +512,9 @@ def _check_fit(ctx: ServeContext, gen: GenerationRequest, prompt: int, prompt_fi
     if gen.max_tokens is None:
         max_tokens = limit - prompt if gen.kind == "chat" else min(16, limit - prompt)
     else:
-        max_tokens = gen.max_tokens
+        # A scored prompt (max_tokens 0) runs to its first token, which is not answered (as
+        # vLLM scores one): it needs a place for that token.
+        max_tokens = max(gen.max_tokens, 1)
         if prompt + max_tokens > limit:
             name = "max_tokens"
             raise RequestError(

@@ -51,8 +51,11 @@ class Generation:
         self.prompt_logprobs: Optional[tuple[TokenLogprob, ...]] = None
         self.cumulative_logprob = 0.0
         self._chars = 0
+        # A scored prompt (max_tokens 0, with echo): its first token ends it unanswered.
+        self.scoring = gen.max_tokens == 0
         # A token of this request is only text: no stop strings or ids, no min_tokens.
-        self._plain = not gen.stop and not gen.stop_token_ids and gen.min_tokens == 0
+        self._plain = (not gen.stop and not gen.stop_token_ids and gen.min_tokens == 0
+                       and not self.scoring)
 
     @property
     def text_only(self) -> bool:
@@ -91,10 +94,15 @@ class Generation:
                 continue
             if isinstance(event, TokenEvent):
                 if event.detail is not None:
-                    self._report(event.detail, event.token >= 0)
-                    if event.token < 0:
-                        continue  # the end signal, sent for its detail
+                    self._report(event.detail, event.token >= 0 and not self.scoring)
                 t = event.time_us
+                if self.scoring:  # the prompt is scored: its first token is not answered
+                    self._first(t)
+                    self._end("length", t)
+                    self.ctx.runner.cancel(self.sub.request_id)
+                    continue
+                if event.token < 0:
+                    continue  # the end signal, sent for its detail
                 if self._last_us is None:
                     self._first(t)
                 else:

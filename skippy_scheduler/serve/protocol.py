@@ -82,6 +82,7 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats (with include_usage)
     return_token_ids: bool = False
     priority: int = 0
     n: int = 1  # choices per prompt (serve/choices.py: choice j samples with seed + j)
@@ -239,12 +240,14 @@ def _integer(body: dict[str, Any], name: str, lo: int, hi: int) -> Optional[int]
     return value
 
 
-def _boolean(body: dict[str, Any], name: str) -> bool:
+def _boolean(body: dict[str, Any], name: str, where: str = "") -> bool:
+    """`body[name]` as a bool (absent or null: False); `where` prefixes the name in errors."""
     value = body.get(name)
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise RequestError(f"'{name}' must be a boolean, got {_json_type(value)}", param=name)
+        raise RequestError(f"'{where}{name}' must be a boolean, got {_json_type(value)}",
+                           param=where + name)
     return value
 
 
@@ -362,7 +365,7 @@ def _common(body: Any, kind: str, n_vocab: int) -> GenerationRequest:
     if user is not None and not isinstance(user, str):
         raise RequestError("'user' must be a string", param="user")
     stream = _boolean(body, "stream")
-    include_usage = False
+    include_usage = continuous_usage = False
     options = body.get("stream_options")
     if options is not None:
         if not stream:
@@ -371,20 +374,19 @@ def _common(body: Any, kind: str, n_vocab: int) -> GenerationRequest:
         if not isinstance(options, dict) or set(options) - {"include_usage",
                                                              "continuous_usage_stats",
                                                              "include_obfuscation"}:
-            raise RequestError("'stream_options' must be an object with 'include_usage' "
-                               "(and 'include_obfuscation', which changes nothing here)",
+            raise RequestError("'stream_options' must be an object with 'include_usage', "
+                               "'continuous_usage_stats' or 'include_obfuscation'",
                                param="stream_options")
-        include_usage = _boolean(options, "include_usage")
-        _boolean(options, "include_obfuscation")  # no padding is sent either way
-        if _boolean(options, "continuous_usage_stats"):
-            raise RequestError("'stream_options.continuous_usage_stats' (usage on every chunk) "
-                               "is not supported by this server; 'include_usage' gives it in "
-                               "a last chunk", param="stream_options.continuous_usage_stats")
+        include_usage = _boolean(options, "include_usage", "stream_options.")
+        _boolean(options, "include_obfuscation", "stream_options.")  # no padding either way
+        # Usage on every chunk, as vLLM gives it: only together with include_usage.
+        continuous_usage = (_boolean(options, "continuous_usage_stats", "stream_options.")
+                            and include_usage)
     ttft_ms, itl_ms = _deadlines(body)
     return GenerationRequest(
         kind=kind, model=model, sampling=_sampling(body, n_vocab), stop=_stop(body),
         ttft_ms=ttft_ms, itl_ms=itl_ms,
-        stream=stream, include_usage=include_usage,
+        stream=stream, include_usage=include_usage, continuous_usage=continuous_usage,
         return_token_ids=_boolean(body, "return_token_ids"),
         priority=_integer(body, "priority", 0, (1 << 63) - 1) or 0,
         n=_integer(body, "n", 1, MAX_N) or 1)
@@ -407,7 +409,8 @@ def parse_completion(body: Any, n_vocab: int, strict: bool = False) -> Generatio
     """A `/v1/completions` body (already JSON-decoded)."""
     body, req = _parse_head(body, "completion", _COMPLETION_FIELDS, _NEUTRAL_COMPLETION,
                             n_vocab, strict)
-    req.max_tokens = _integer(body, "max_tokens", 1, (1 << 32) - 1)
+    # 0 scores the prompt with echo and generates nothing (`Generation.scoring`).
+    req.max_tokens = _integer(body, "max_tokens", 0, (1 << 32) - 1)
     if "prompt" not in body or body["prompt"] is None:
         raise RequestError("'prompt' is required", param="prompt")
     req.prompts = _prompts(body["prompt"], n_vocab)
@@ -416,6 +419,9 @@ def parse_completion(body: Any, n_vocab: int, strict: bool = False) -> Generatio
                            f"{len(req.prompts) * req.n}", param="n")
     req.prompt = req.prompts[0]
     req.outputs = parse_outputs(body, "completion", req.n, req.stream)
+    if req.max_tokens == 0 and not req.outputs.echo:
+        raise RequestError("'max_tokens' 0 generates nothing: it scores the prompt, and "
+                           "only with 'echo': true", param="max_tokens")
     runs = len(req.prompts) * (req.outputs.best_of or req.n)
     if runs > MAX_PROMPTS:
         raise RequestError(f"'best_of' times the prompts may be at most {MAX_PROMPTS} "

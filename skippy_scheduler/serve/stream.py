@@ -72,14 +72,20 @@ class Chunks:
         self._open = "data: " + dumps(self.base)[:-1].decode("utf-8") + ',"choices":[{"index":'
         self._field = ',"delta":{"content":' if self.chat else ',"text":'
         self._rest = ('}' if self.chat else '') + ',"logprobs":null,"finish_reason":null}]}\n\n'
-        self.plain = not gen.return_token_ids and gen.outputs.logprobs is None
+        # With usage on every chunk (`continuous`) no chunk is the common one.
+        self.continuous = gen.continuous_usage
+        self.plain = (not gen.return_token_ids and gen.outputs.logprobs is None
+                      and not self.continuous)
 
     def text(self, index: int, text: str) -> bytes:
         """A chunk with text only (when `plain`)."""
         return (self._open + str(index) + self._field + _quote(text) + self._rest).encode("utf-8")
 
     def chunk(self, text: Optional[str], ids: Optional[list[int]], finish: Optional[str],
-              role: bool = False, index: int = 0, logprobs: Any = None) -> bytes:
+              role: bool = False, index: int = 0, logprobs: Any = None,
+              out: Optional["Generation"] = None) -> bytes:
+        """A chunk of choice `index`; with usage on every chunk, `out`'s usage so far (its
+        prompt and the tokens it has, as vLLM counts it per choice)."""
         if self.chat:
             delta: dict[str, Any] = {}
             if role:
@@ -96,6 +102,10 @@ class Chunks:
         body = dict(self.base, choices=[choice])
         if role and "prompt_token_ids" in self.head:
             body["prompt_token_ids"] = self.head["prompt_token_ids"]
+        if self.continuous and out is not None:
+            prompt, done = len(out.prompt), len(out.tokens)
+            body["usage"] = {"prompt_tokens": prompt, "completion_tokens": done,
+                             "total_tokens": prompt + done}
         return b"data: " + dumps(body) + b"\n\n"
 
     def usage(self, outs: Sequence["Generation"]) -> bytes:
@@ -158,7 +168,8 @@ async def sse(outs: Sequence["Generation"], head: dict[str, Any], pieces: Sequen
     enc = Chunks(gen, head)
     reports = gen.outputs.logprobs is not None
     if enc.chat:
-        yield b"".join(enc.chunk("", [], None, role=True, index=out.index) for out in outs)
+        yield b"".join(enc.chunk("", [], None, role=True, index=out.index, out=out)
+                       for out in outs)
     inbox = outs[0].sub.inbox
     if direct is not None and enc.plain and all(out.text_only and out.echo is None
                                                    for out in outs):
@@ -179,16 +190,17 @@ async def sse(outs: Sequence["Generation"], head: dict[str, Any], pieces: Sequen
                     if out.echo is not None and out.index not in echoed:
                         echoed.add(out.index)
                         parts.append(enc.chunk(out.echo, [], None, index=out.index,
-                                               logprobs=prompt_logprobs_of(out, pieces)))
+                                               logprobs=prompt_logprobs_of(out, pieces),
+                                               out=out))
                     if text and enc.plain:
                         parts.append(enc.text(out.index, text))
                     elif text or (ids and (gen.return_token_ids or reports)):
                         parts.append(enc.chunk(text, ids, None, index=out.index,
                                                logprobs=logprobs_of(out, pieces, prompt=False,
-                                                                    since=seen)))
+                                                                    since=seen), out=out))
                     if out.finish is not None:
                         parts.append(enc.chunk(None if enc.chat else "", [], out.finish,
-                                               index=out.index))
+                                               index=out.index, out=out))
                         left -= 1
                 if not left:  # the answer ended in this wake-up: its tail goes in the same write
                     if gen.include_usage:

@@ -169,6 +169,34 @@ def test_chat_streamed_and_not(client):
     assert all("system_fingerprint" in c.model_fields_set for c in chunks)
 
 
+def test_usage_on_every_chunk(client):
+    """stream_options.continuous_usage_stats (with include_usage) puts the choice's usage so
+    far on every chunk, as vLLM does; the last chunk still carries the answer's."""
+    messages = [{"role": "user", "content": "count"}]
+    for n in (1, 2):
+        chunks = list(client.chat.completions.create(
+            model="tiny-f32", messages=messages, max_tokens=6, stream=True, n=n, **SEEDED,
+            stream_options={"include_usage": True, "continuous_usage_stats": True}))
+        *body, last = chunks
+        assert last.choices == [] and last.usage.completion_tokens <= 6 * n
+        prompt = last.usage.prompt_tokens
+        for index in range(n):
+            mine = [c for c in body if c.choices[0].index == index]
+            assert mine[0].choices[0].delta.role == "assistant"
+            assert mine[0].usage.completion_tokens == 0
+            counts = [c.usage.completion_tokens for c in mine]
+            assert counts == sorted(counts) and counts[-1] >= 1
+            assert all(c.usage.prompt_tokens == prompt and c.usage.total_tokens ==
+                       prompt + c.usage.completion_tokens for c in mine)
+        assert sum(max(c.usage.completion_tokens for c in body if c.choices[0].index == i)
+                   for i in range(n)) == last.usage.completion_tokens
+    # Without include_usage it asks for nothing (vLLM's reading): no usage anywhere.
+    plain = list(client.completions.create(
+        model="tiny-f32", prompt="count", max_tokens=3, stream=True,
+        stream_options={"continuous_usage_stats": True}))
+    assert all(c.usage is None for c in plain)
+
+
 SEEDED = dict(temperature=0.9, top_p=0.95, seed=1234, presence_penalty=0.3,
               frequency_penalty=0.2)
 SEEDED_EXTRA = dict(top_k=40, repetition_penalty=1.1)
@@ -272,8 +300,11 @@ BAD_INPUTS = [
     ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, None,
      "stream_options"),
     ("/v1/completions", {"prompt": "x", "stream": True,
-                         "stream_options": {"continuous_usage_stats": True}}, None,
+                         "stream_options": {"continuous_usage_stats": "yes"}}, None,
      "stream_options.continuous_usage_stats"),
+    ("/v1/completions", {"prompt": "x", "stream": True,
+                         "stream_options": {"include_usage": 1}}, None,
+     "stream_options.include_usage"),
     ("/v1/completions", {"prompt": "x", "user": 123}, None, "user"),
     ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": "x",
                                             "tool_calls": [{"id": "c"}]}]}, None,

@@ -150,7 +150,8 @@ def _check_echo(reference, logits_reference, r, prompt_text, prompt):
     rows = _expected(logits_reference, prompt, generated)
     _check_legacy_entries(reference, rows, prompt[1:] + generated, lp.tokens[1:],
                           lp.token_logprobs[1:], lp.top_logprobs[1:], 2, 1)
-    assert lp.text_offset[n] == len(prompt_text)
+    if generated:  # the first generated token's text starts where the prompt's ends
+        assert lp.text_offset[n] == len(prompt_text)
     # Offsets into the echoed text, the prompt as sent (no leading space of the tokenizer's):
     # each token's text is found where its offset says, the first one's from its first letter.
     assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[1] == 0
@@ -176,6 +177,41 @@ def test_echo_reports_the_prompt_logprobs(client, reference, logits_reference):
     plain = client.completions.create(model=MODEL, prompt=prompt_text, max_tokens=4, echo=True,
                                       temperature=0)
     assert plain.choices[0].text == r.choices[0].text and plain.choices[0].logprobs is None
+
+
+def test_max_tokens_zero_scores_the_prompt(client, server, reference, logits_reference):
+    """echo with max_tokens 0 answers the prompt's text and log-probabilities and no token
+    (lm-eval's loglikelihood request): the token the engine ran to is not answered."""
+    prompt_text = "once upon a time there was a tiny model"
+    prompt = reference.tokenize(prompt_text, special=True)
+    scored = client.completions.create(model=MODEL, prompt=prompt_text, max_tokens=0, echo=True,
+                                       logprobs=2, temperature=0,
+                                       extra_body={"return_token_ids": True})
+    choice = scored.choices[0]
+    assert choice.text == prompt_text and choice.finish_reason == "length"
+    assert _ids(choice) == []
+    assert (scored.usage.prompt_tokens, scored.usage.completion_tokens) == (len(prompt), 0)
+    _check_echo(reference, logits_reference, scored, prompt_text, prompt)
+    longer = client.completions.create(model=MODEL, prompt=prompt_text, max_tokens=3, echo=True,
+                                       logprobs=2, temperature=0)
+    n = len(prompt)
+    assert choice.logprobs.tokens == longer.choices[0].logprobs.tokens[:n]
+    assert choice.logprobs.token_logprobs == longer.choices[0].logprobs.token_logprobs[:n]
+    # Streamed: the echo chunk, then the finish, and usage with no completion tokens.
+    chunks = list(client.completions.create(model=MODEL, prompt=[prompt_text, "two"],
+                                            max_tokens=0, echo=True, stream=True,
+                                            stream_options={"include_usage": True}))
+    texts = {i: "".join(c.choices[0].text for c in chunks if c.choices and
+                        c.choices[0].index == i) for i in (0, 1)}
+    assert texts == {0: prompt_text, 1: "two"}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and
+            c.choices[0].finish_reason] == ["length", "length"]
+    assert chunks[-1].usage.completion_tokens == 0
+    # Without echo it asks for nothing to be answered: a 400 naming max_tokens.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt=prompt_text, max_tokens=0)
+    assert e.value.body["param"] == "max_tokens"
+    assert is_idle(wait_idle(server), server.host.n_seq_max)
 
 
 def test_echo_on_a_restored_prefix_still_reports_the_whole_prompt(model_path, reference,
