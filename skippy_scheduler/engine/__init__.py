@@ -13,15 +13,16 @@ from .contract import (AsyncHost, ExecutionHandle, Host, HostHooks, HostState,
                        MemoryReportingHost, Plan, PlanOutputs, PrefixHoldingHost,
                        PrefixRestoringHost, RequestLike, ResettableHost, SchedulerLike,
                        StateReportingHost, attach)
-from .core import AcceptEvent, Engine, EngineStalled, Event, FinishEvent, Request, TokenEvent
+from .core import (AcceptEvent, Engine, EngineStalled, Event, EventStream, FinishEvent, Request,
+                   TokenEvent)
 from .host import CostModelHost
 from .observers import BaseObserver, StepObserver
 from .record import FINISH_REASONS, EngineReport, Recorder, RequestRecord, TokenTimeline, percentile
 
 __all__ = [
     "AcceptEvent", "AsyncHost", "BaseObserver", "Clock", "CostModelHost", "Engine", "EngineReport",
-    "EngineStalled", "Event", "ExecutionHandle", "FINISH_REASONS", "FinishEvent", "Host",
-    "HostHooks", "HostState", "MemoryReportingHost", "Plan", "PlanOutputs", "PrefixHoldingHost",
+    "EngineStalled", "Event", "EventStream", "ExecutionHandle", "FINISH_REASONS", "FinishEvent",
+    "Host", "HostHooks", "HostState", "MemoryReportingHost", "Plan", "PlanOutputs", "PrefixHoldingHost",
     "PrefixRestoringHost", "Recorder", "ReleaseReason", "Request", "RequestLike",
     "RequestRecord", "ResettableHost", "SchedulerLike", "StateReportingHost", "StepObserver",
     "TokenEvent", "TokenTimeline", "VirtualClock", "WallClock", "attach", "percentile",

@@ -20,7 +20,9 @@ import math
 import numbers
 import queue
 import threading
+import weakref
 from collections import deque
+from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence as _Seq
 
 from ..types import (REJECTED, AdmissionError, DuplicateSequence, FinishReason, QueueFull,
@@ -38,8 +40,8 @@ from .step import _Steps
 
 _INF = float("inf")
 
-__all__ = ["AcceptEvent", "Engine", "EngineStalled", "Event", "FinishEvent", "Request",
-           "TokenEvent"]
+__all__ = ["AcceptEvent", "Engine", "EngineStalled", "Event", "EventStream", "FinishEvent",
+           "Request", "TokenEvent"]
 
 log = logging.getLogger(__name__)
 
@@ -266,23 +268,26 @@ class Engine(_Steps):
         self._listeners.append(listener)
         self._watch_events()
 
-    def stream(self, request_id: str) -> Iterator[Event]:
+    def stream(self, request_id: str) -> "EventStream":
         """Events of one request, for a consumer on another thread: subscribe before
         submitting; the iterator ends after the request's `FinishEvent`. Several streams of
-        one id each get every event."""
+        one id each get every event. A stream closed early (`close()`, a `with` block, or
+        dropped) holds nothing: one of a request never submitted included."""
+        if not isinstance(request_id, str):
+            raise TypeError(f"request id must be a str, got {type(request_id).__name__}")
         q: "queue.SimpleQueue[Event]" = queue.SimpleQueue()
         with self._lock:
             self._streams.setdefault(request_id, []).append(q)
         self._watch_events()
+        return EventStream(request_id, q, self._unsubscribe)
 
-        def events() -> Iterator[Event]:
-            while True:
-                event = q.get()
-                yield event
-                if isinstance(event, FinishEvent):
-                    return
-
-        return events()
+    def _unsubscribe(self, request_id: str, q: "queue.SimpleQueue[Event]") -> None:
+        with self._lock:
+            queues = self._streams.get(request_id)
+            if queues is not None and q in queues:
+                queues.remove(q)
+                if not queues:
+                    del self._streams[request_id]
 
     def status(self, request_id: str) -> Optional[str]:
         """How the latest request with this id ended (None while it is pending or live);
@@ -314,7 +319,7 @@ class Engine(_Steps):
         """Run until every request has ended and no arrival is left; returns the report."""
         if requests is not None:
             self.add_requests(requests)
-        self._thread = threading.get_ident()
+        previous, self._thread = self._thread, threading.get_ident()
         self._ensure_started()
         try:
             while True:
@@ -327,12 +332,12 @@ class Engine(_Steps):
                     break
                 self._wait(nxt)
         finally:
-            self._thread = None
+            self._thread = previous
         return self.report() if self.recorder is not None else None  # type: ignore[return-value]
 
     def run_forever(self, idle_wait_s: float = 0.05) -> None:
         """Serve until `stop()`: idle, wait for submissions from other threads."""
-        self._thread = threading.get_ident()
+        previous, self._thread = self._thread, threading.get_ident()
         self._ensure_started()
         try:
             while not self._stop:
@@ -350,7 +355,19 @@ class Engine(_Steps):
                     self._clock.wait_until(nxt, self._wake)
             self._stop = False  # that stop is used up: `run_forever` can be started again
         finally:
-            self._thread = None
+            self._thread = previous
+
+    @contextmanager
+    def driven_here(self) -> Iterator[None]:
+        """Make the calling thread the engine's for the block: a runner that calls
+        `run_forever` again and again on one thread, and recovers from a failed step between
+        the calls, holds the engine meanwhile, so that other threads' submits and cancels
+        wait in the inbox instead of running on theirs."""
+        previous, self._thread = self._thread, threading.get_ident()
+        try:
+            yield
+        finally:
+            self._thread = previous
 
     def drain_inbox(self) -> None:
         """Take in what other threads submitted or cancelled and the engine has not read yet
@@ -557,6 +574,8 @@ class Engine(_Steps):
                 self.recorder.errors[entry.record] = error
         if emit and (self._listeners or self._streams):
             self._emit(FinishEvent(entry.id, reason, now, error, rejection))
+        elif self._streams:  # a refusal raised to the submitter: its streams still end
+            self._to_streams(FinishEvent(entry.id, reason, now, error, rejection))
 
     def _emit(self, event: Event) -> None:
         """Tell every listener and the request's stream; a listener that raises does not keep
@@ -568,15 +587,18 @@ class Engine(_Steps):
             except Exception as exc:
                 error = error or exc
         if self._streams:
-            with self._lock:
-                queues = self._streams.get(event.request_id)
-                if queues is not None and isinstance(event, FinishEvent):
-                    del self._streams[event.request_id]
-            if queues is not None:
-                for q in queues:
-                    q.put(event)
+            self._to_streams(event)
         if error is not None:
             raise error
+
+    def _to_streams(self, event: Event) -> None:
+        with self._lock:
+            queues = self._streams.get(event.request_id)
+            if queues is not None and isinstance(event, FinishEvent):
+                del self._streams[event.request_id]
+        if queues is not None:
+            for q in queues:
+                q.put(event)
 
     def _release_victims(self, victims: Iterable[str]) -> None:
         rec = self.recorder
@@ -605,6 +627,46 @@ class Engine(_Steps):
         if used is not None:
             sched = self.scheduler
             self._release_victims(list(sched.preempt_for_component_pressure(list(used))))
+
+
+class EventStream:
+    """The events of one request (`Engine.stream`), iterated until its `FinishEvent`.
+    `close()` (or the end of a `with` block, or dropping it) unsubscribes: the engine keeps
+    nothing for a stream nobody reads."""
+
+    __slots__ = ("request_id", "_queue", "_done", "_close", "__weakref__")
+
+    def __init__(self, request_id: str, q: "queue.SimpleQueue[Event]",
+                 unsubscribe: Callable[[str, "queue.SimpleQueue[Event]"], None]) -> None:
+        self.request_id = request_id
+        self._queue = q
+        self._done = False
+        self._close = weakref.finalize(self, unsubscribe, request_id, q)
+
+    def __iter__(self) -> "EventStream":
+        return self
+
+    def __next__(self) -> Event:
+        if self._done:
+            raise StopIteration
+        event = self._queue.get()
+        if isinstance(event, FinishEvent):
+            self.close()
+        return event
+
+    def close(self) -> None:
+        """Stop listening (no more events are kept for this stream)."""
+        self._done = True
+        self._close()
+
+    def __enter__(self) -> "EventStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"EventStream({self.request_id!r}{', closed' if self._done else ''})"
 
 
 def _arrival_of(request: Any) -> Optional[float]:

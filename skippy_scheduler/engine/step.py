@@ -221,8 +221,12 @@ class _Steps:
         flight.token_count = plan.token_count
         flight.decode = decode_row_count(plan.phases)
         if observers:
-            for o in observers:
-                o.planned(flight)
+            try:
+                for o in observers:
+                    o.planned(flight)
+            except BaseException:
+                self.scheduler.abort_iteration(plan)  # never launched: its rows are undone
+                raise
             if self._depth > 1:
                 live = self._live
                 flight.entries = entries = [live[i] for i in plan.sequence_ids]
@@ -320,6 +324,23 @@ class _Steps:
             inflight.pop()
         self._apply_releases()
 
+    def abandon_flights(self) -> None:
+        """Undo every plan in flight (each execution still running is waited for first, so
+        the device is idle), then apply the releases and keeps that waited for the device: a
+        caller recovering from a failed step (or stopping) does this before ending the open
+        requests, so that the scheduler holds no plan the engine has forgotten. On the
+        engine's thread, or while `run_forever` is not running."""
+        inflight = self._inflight
+        if inflight:
+            for flight in list(inflight):
+                try:
+                    self._wait_executed(flight)
+                except BaseException:
+                    pass  # it failed: it is undone all the same
+            self.scheduler.abort_iteration(inflight[0].plan)  # and with it every later one
+            inflight.clear()
+        self._apply_releases()
+
     def _wait_executed(self, flight: _InFlight) -> None:
         handle = flight.handle
         if handle is None:
@@ -355,11 +376,17 @@ class _Steps:
             end = clock.now()
         else:
             duration = end = 0
+        error: Optional[Exception] = None
         if self._observers:
-            for o in self._observers:
-                o.executed(flight, duration)
-            self._report_samples(flight, end)
+            try:  # an observer that raises does not keep the executed plan from completing
+                for o in self._observers:
+                    o.executed(flight, duration)
+                self._report_samples(flight, end)
+            except Exception as exc:
+                error = exc
         self._complete(flight, duration)
+        if error is not None:
+            raise error
 
     def _complete(self, flight: _InFlight, duration: float) -> None:
         """Observe the duration, complete the plan, release what ended, measure memory."""

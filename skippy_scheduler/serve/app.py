@@ -440,10 +440,13 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
                                                       ttft_ms=gen.ttft_ms,
                                                       itl_ms=planned_gap_ms(gen.itl_ms)),
                                         loop, inbox))
+            rejections = [await sub.verdict for sub in subs]
         except EngineUnavailable as exc:
             _abandon(subs)
             raise unavailable(str(exc)) from None
-        rejections = [await sub.verdict for sub in subs]
+        except BaseException:  # (the client left while the verdicts were awaited, say)
+            _abandon(subs)
+            raise
         refused = [r for r in rejections if r is not None]
         if refused:
             _abandon(subs)

@@ -116,8 +116,13 @@ class Inbox:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             pump = self.pump
-            if pump is not None and pump():
-                return
+            if pump is not None:
+                try:
+                    if pump():
+                        return
+                except Exception:  # the task wakes and takes its events the usual way
+                    self.pump = None
+                    log.exception("a streamed answer's direct writer failed")
             waiter.set_result(None)
 
 
@@ -224,11 +229,20 @@ class EngineRunner:
                 log.error("the engine thread did not stop within %.0f s", timeout_s)
                 return False
         self.step_timing.close()
-        # The loop has returned: the engine runs on this thread now. What was submitted while
-        # it stopped is taken in first, so that it ends too.
+        # The loop has returned: the engine runs on this thread now. The plans still in
+        # flight are undone (their releases applied), and what was submitted while it stopped
+        # is taken in first, so that it ends too. Each request ends whatever another's
+        # release raises.
+        try:
+            self.engine.abandon_flights()
+        except Exception:
+            log.exception("undoing the plans in flight at shutdown")
         self.engine.drain_inbox()
         for rid in self.engine.open_ids():
-            self._fail(rid, "the server is shutting down")
+            try:
+                self._fail(rid, "the server is shutting down")
+            except Exception:
+                log.exception("ending request %s at shutdown", rid)
         self._flush()
         while self._calls:
             _, fut = self._calls.popleft()
@@ -251,30 +265,52 @@ class EngineRunner:
 
     def _main(self) -> None:
         self._engine_tid = threading.get_ident()
-        while not self._stopping:
-            try:
-                self.engine.run_forever(self._idle_wait_s)
-                return
-            except Exception as exc:  # a host or engine failure: fail open work, go on
-                with self._gate:
-                    self._running = False
-                self.crashes += 1
-                self.last_crash = f"{type(exc).__name__}: {exc}"
-                log.exception("engine iteration failed; failing %d open requests",
-                              len(self.engine.open_ids()))
-                self._recover(self.last_crash, out_of_memory=isinstance(exc, HostOutOfMemory))
+        # The engine is this thread's between the loop's runs too: a cancel while it
+        # recovers waits in the engine's inbox instead of running on the caller's thread.
+        with self.engine.driven_here():
+            while not self._stopping:
+                try:
+                    self.engine.run_forever(self._idle_wait_s)
+                    return
+                except Exception as exc:  # a host or engine failure: fail open work, go on
+                    with self._gate:
+                        self._running = False
+                    self.crashes += 1
+                    self.last_crash = f"{type(exc).__name__}: {exc}"
+                    log.exception("engine iteration failed; failing %d open requests",
+                                  len(self.engine.open_ids()))
+                    self._recover(self.last_crash,
+                                  out_of_memory=isinstance(exc, HostOutOfMemory))
 
     def _recover(self, message: str, out_of_memory: bool = False) -> None:
+        """After a failed step: the plans in flight undone, every open request failed, the
+        host's state let go. Each part runs whatever an earlier one raised (a release that
+        fails must not leave the other requests hanging or stop the engine thread); what
+        raised is logged."""
         self.step_timing.forget_flights()
+        errors: list[BaseException] = []
+        try:
+            self.engine.abandon_flights()
+        except Exception as exc:
+            errors.append(exc)
         for rid in self.engine.open_ids():
             sub = self._subs.get(rid)
             if sub is not None and out_of_memory:
                 sub.out_of_memory = True
-            self._fail(rid, f"the engine failed: {message}")
+            try:
+                self._fail(rid, f"the engine failed: {message}")
+            except Exception as exc:
+                errors.append(exc)
         self._flush()
         release_all = self.engine.hooks.release_all
         if release_all is not None:
-            release_all()
+            try:
+                release_all()
+            except Exception as exc:
+                errors.append(exc)
+        for error in errors:
+            log.error("recovering from the failed iteration: %s: %s", type(error).__name__,
+                      error, exc_info=error)
 
     def _fail(self, rid: str, message: str) -> None:
         sub = self._subs.get(rid)
@@ -304,12 +340,15 @@ class EngineRunner:
             self._subs[request.id] = sub
             self._undecided[request.id] = sub
         with self._gate:
-            if not self._running:
+            try:
+                if not self._running:
+                    raise EngineUnavailable("the engine is not running")
+                self.engine.submit(request)
+            except BaseException:  # nothing of it is kept
                 with self._lock:
                     self._subs.pop(request.id, None)
                     self._undecided.pop(request.id, None)
-                raise EngineUnavailable("the engine is not running")
-            self.engine.submit(request)
+                raise
         return sub
 
     def cancel(self, request_id: str) -> None:
@@ -480,8 +519,11 @@ class EngineRunner:
 
 
 def _fire_all(items: list[Any]) -> None:
-    for item in items:
-        item._fire()
+    for item in items:  # each one, whatever another raises: a lost wake-up is a hung answer
+        try:
+            item._fire()
+        except Exception:
+            log.exception("waking a consumer failed")
 
 
 class PrefillProgress(BaseObserver):

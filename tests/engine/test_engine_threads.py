@@ -175,3 +175,66 @@ def test_two_streams_of_one_id_each_get_every_event(impl):
         assert [type(e).__name__ for e in got[name]] == (["AcceptEvent"] + ["TokenEvent"] * 6
                                                          + ["FinishEvent"])
     assert got["first"] == got["second"]
+
+
+def test_a_stream_nobody_reads_holds_nothing(impl):
+    """A stream of an id never submitted, once closed or dropped, leaves the engine nothing;
+    one closed early leaves its sibling the events."""
+    import gc
+
+    engine = Engine(impl(), CostModelHost(), clock=None)
+    for i in range(50):
+        engine.stream(f"never-{i}")  # dropped at once
+    gc.collect()
+    with engine.stream("closed") as closed:
+        assert repr(closed) == "EventStream('closed')"
+    assert repr(closed) == "EventStream('closed', closed)" and list(closed) == []
+    kept = engine.stream("x")
+    engine.stream("x").close()
+    assert list(engine._streams) == ["x"] and len(engine._streams["x"]) == 1
+    engine.submit(Request("x", [1, 2], 3))
+    engine.run()
+    assert [type(e).__name__ for e in kept] == ["AcceptEvent"] + ["TokenEvent"] * 3 + [
+        "FinishEvent"]
+    assert engine._streams == {}
+
+
+def test_a_refusal_raised_to_the_submitter_still_ends_its_streams(impl):
+    """On the engine's thread a refused submission raises; a consumer already reading the
+    request's stream is told its end instead of waiting forever."""
+    import pytest
+
+    from skippy_scheduler.types import AdmissionError
+
+    engine = Engine(impl(), CostModelHost(), clock=None)
+    events = engine.stream("bad")
+    with pytest.raises(AdmissionError):
+        engine.submit(Request("bad", [], 4))  # an empty prompt
+    got: list = []
+    reader = threading.Thread(target=lambda: got.extend(events), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive(), "the stream's consumer was left blocked"
+    assert [e.reason for e in got] == ["rejected"] and engine._streams == {}
+
+
+def test_a_cancel_while_a_runner_holds_the_engine_waits_for_it(impl):
+    """`driven_here`: between `run_forever` calls the driving thread still owns the engine,
+    so another thread's cancel is queued for it, not run on the canceller's thread."""
+    released: list = []
+
+    class Host(CostModelHost):
+        def release(self, sequence_id, reason=None):  # type: ignore[no-untyped-def]
+            released.append(threading.current_thread().name)
+            return super().release(sequence_id, reason)
+
+    engine = Engine(impl(), Host(), clock=None)
+    engine.submit(Request("x", [1, 2], 50))
+    with engine.driven_here():
+        engine.step()
+        other = threading.Thread(target=lambda: engine.cancel("x"), name="canceller")
+        other.start()
+        other.join(10)
+        assert released == [] and engine.open_ids() == ["x"]
+        engine.drain_inbox()  # takes the queued cancel, on this thread
+    assert released == [threading.current_thread().name] and engine.open_ids() == []
