@@ -64,7 +64,8 @@ def register(subparsers: Any) -> None:
     e.add_argument("--max-waiting", type=positive_int, default=256, metavar="N",
                    help="waiting-queue size; beyond it Dynamo gets an error (default: 256)")
     add_flag(e, "ctx-size", type=positive_int, default=None,
-             default_text="the model's training context, at least 4096, capped by what fits")
+             default_text="the model's training context (at least 256 tokens a lane), capped "
+                          "by what fits")
     add_flag(e, "prefix-cache-tokens", type=non_negative_int, default=None,
              default_text="sized from the KV cache, as serve's")
     add_flag(e, "prefix-holders", type=positive_int, default=None,

@@ -52,8 +52,9 @@ def _main_gpu(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a GPU index, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a GPU index >= 0, got {value}")
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"expected a GPU index >= 0 (or -1: with -sm none, "
+                                         f"no GPU), got {value}")
     return value
 
 

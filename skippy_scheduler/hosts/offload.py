@@ -74,6 +74,8 @@ class Device:
     kind: str           # "cpu", "gpu", "igpu", "accel", "meta"
     free: int           # bytes
     total: int          # bytes
+    backend: str = ""   # its backend's name ("CUDA", "RPC", ...; "": not known)
+    device_id: str = ""  # the device's own id, such as its PCI bus id ("": not known)
 
     @property
     def is_gpu(self) -> bool:
@@ -157,7 +159,8 @@ def _gib(n: float) -> str:
 
 
 def parse_layers(text: str) -> LayerCount:
-    """`-ngl` as llama-server takes it: a count >= 0, `auto` or `all` (negative: all)."""
+    """`-ngl` as llama-server takes it: a count >= 0, `auto` or `all` (-1: auto, -2 or less:
+    all, as llama.cpp reads them)."""
     low = text.strip().lower()
     if low in ("auto", "all"):
         return "auto" if low == "auto" else "all"
@@ -165,20 +168,21 @@ def parse_layers(text: str) -> LayerCount:
         value = int(low)
     except ValueError:
         raise ValueError(f"expected a layer count, auto or all, got {text!r}") from None
-    return "all" if value < 0 else value
+    if value < 0:
+        return "auto" if value == -1 else "all"
+    return value
 
 
 def parse_tensor_split(text: str) -> tuple[float, ...]:
-    """`-ts 3,1` or `-ts 3/1`: one non-negative proportion per GPU."""
-    parts = text.replace("/", ",").split(",")
-    if any(not p.strip() for p in parts):  # each entry is a GPU's: none may be left out
-        raise ValueError(f"expected one proportion per GPU, such as 3,1 or 3,0,1, got {text!r}")
+    """`-ts 3,1` or `-ts 3/1`: a non-negative proportion per GPU, in the GPUs' order (split on
+    runs of `,` and `/`, as llama-server splits it; all 0: by each GPU's free memory)."""
+    parts = [p for p in re.split(r"[,/]+", text.strip()) if p.strip()]
     try:
         values = tuple(float(p) for p in parts)
     except ValueError:
         raise ValueError(f"expected proportions such as 3,1, got {text!r}") from None
-    if not values or any(not (v >= 0 and math.isfinite(v)) for v in values) or not any(values):
-        raise ValueError(f"expected non-negative proportions, not all 0, got {text!r}")
+    if not values or any(not (v >= 0 and math.isfinite(v)) for v in values):
+        raise ValueError(f"expected non-negative proportions such as 3,1, got {text!r}")
     return values
 
 
@@ -229,21 +233,40 @@ def describe_no_gpu(backends: Sequence[tuple[str, int]], log: str = "") -> str:
     return f"this llama.cpp's {name} backend found no device" + (f" ({said[-1]})" if said else "")
 
 
+def default_gpus(devices: Sequence[Device]) -> list[Device]:
+    """The GPUs llama.cpp uses when no `-dev` names them, in its order: RPC servers first,
+    then the discrete GPUs (one per device id: a card two backends both see counts once),
+    and the integrated GPUs of one backend only when there is no discrete one."""
+    rpc: list[Device] = []
+    gpus: list[Device] = []
+    igpus: list[Device] = []
+    for d in devices:
+        if d.kind == "gpu":
+            if d.backend.upper() == "RPC" or (not d.backend and d.name.upper().startswith("RPC")):
+                rpc.append(d)
+            elif not (d.device_id and any(g.device_id == d.device_id for g in gpus)):
+                gpus.append(d)
+        elif d.kind == "igpu" and (not igpus or d.backend == igpus[-1].backend):
+            igpus.append(d)
+    return rpc + gpus + (igpus if not gpus else [])
+
+
 def select_gpus(devices: Sequence[Device], spec: OffloadSpec,
                 no_gpu: str = NO_GPU_BACKEND) -> tuple[list[Device], str]:
     """The GPUs layers may go to (by -dev, split mode and main GPU), and why none when empty
-    (`no_gpu` when llama.cpp sees no GPU at all: `describe_no_gpu`)."""
-    gpus = [d for d in devices if d.is_gpu]
+    (`no_gpu` when llama.cpp sees no GPU at all: `describe_no_gpu`). Device names match
+    whatever their case, as llama.cpp matches them."""
+    gpus = default_gpus(devices)
     if spec.devices:
         if tuple(n.lower() for n in spec.devices) == ("none",):
             return [], "-dev none"
-        by_name = {d.name: d for d in devices}
-        missing = [n for n in spec.devices if n not in by_name]
+        by_name = {d.name.lower(): d for d in devices}
+        missing = [n for n in spec.devices if n.lower() not in by_name]
         if missing:
             known = ", ".join(d.name for d in devices) or "none"
             raise FitError(f"-dev: no device named {', '.join(missing)} (llama.cpp sees: "
                            f"{known})")
-        chosen = [by_name[n] for n in spec.devices]
+        chosen = [by_name[n.lower()] for n in spec.devices]
         not_gpu = [d.name for d in chosen if not d.is_gpu]
         if not_gpu:
             raise FitError(f"-dev: {', '.join(not_gpu)} is not a GPU; layers go to GPUs only "
@@ -251,13 +274,15 @@ def select_gpus(devices: Sequence[Device], spec: OffloadSpec,
         gpus = chosen
     if not gpus:
         return [], no_gpu
+    if spec.main_gpu < 0 and spec.split_mode != "none":
+        raise FitError(f"-mg {spec.main_gpu} (no GPU) is read only with -sm none")
     if spec.split_mode == "none":
-        if not 0 <= spec.main_gpu < len(gpus):
+        if spec.main_gpu < 0:  # llama.cpp's reading: no GPU at all
+            return [], f"-sm none -mg {spec.main_gpu}"
+        if spec.main_gpu >= len(gpus):
             raise FitError(f"-mg {spec.main_gpu}: there are {len(gpus)} GPU(s) "
                            f"({', '.join(d.name for d in gpus)})")
         gpus = [gpus[spec.main_gpu]]
-    if spec.tensor_split and spec.split_mode != "none" and len(spec.tensor_split) > len(gpus):
-        raise FitError(f"-ts gives {len(spec.tensor_split)} proportions for {len(gpus)} GPU(s)")
     return gpus, ""
 
 
@@ -267,7 +292,8 @@ def assign(fp: ModelFootprint, gpus: Sequence[Device], n_gpu_layers: int,
     assigns them: the last `n_gpu_layers` layers, split points by the normalised split."""
     n_all = fp.offloadable
     g = min(max(n_gpu_layers, 0), n_all) if gpus else 0
-    weights = list(tensor_split) + [0.0] * (len(gpus) - len(tensor_split))
+    # Proportions past the last GPU are not read (as llama.cpp reads -ts).
+    weights = list(tensor_split[:len(gpus)]) + [0.0] * (len(gpus) - len(tensor_split))
     if not any(weights):
         weights = [float(d.free) for d in gpus]
     total = sum(weights) or 1.0
@@ -314,8 +340,8 @@ def place(fp: ModelFootprint, devices: Sequence[Device], spec: OffloadSpec, *,
           margin: int = DEFAULT_MARGIN, ctx_floor: int = CTX_FLOOR,
           ctx_quantum: int = CELL_PAD, no_gpu: str = NO_GPU_BACKEND) -> Placement:
     """Place the model (see the module docstring). `n_ctx=None`: the context from the model
-    (its training context, lowered towards `ctx_floor` when that does not fit, never below
-    `max(ctx_floor, ctx_quantum)` unless asked). `host`: the CPU device, whose free memory
+    (its training context, at least `ctx_quantum`, lowered towards `ctx_floor` when that does
+    not fit, never below the smaller of the two unless asked). `host`: the CPU device, whose free memory
     bounds what stays on the CPU; `ctx_quantum`: a default context is a multiple of it (the
     caller passes 256 × lanes so every lane gets whole padded cells). `lanes` > 0: the context
     is the lanes' (`-c`), and each of the other `streams - lanes` sequence ids (prefix holders)
@@ -327,7 +353,7 @@ def place(fp: ModelFootprint, devices: Sequence[Device], spec: OffloadSpec, *,
         raise FitError(f"unknown KV cache type {kv_type!r}")
     gpus, why_none = select_gpus(devices, spec, no_gpu)
     kvb = KV_BYTES[kv_type]
-    split = tuple(spec.tensor_split) if spec.split_mode != "none" else ()
+    split = tuple(spec.tensor_split)[:len(gpus)] if spec.split_mode != "none" else ()
     asked = spec.n_gpu_layers
     n_all = fp.offloadable
 
@@ -357,10 +383,12 @@ def place(fp: ModelFootprint, devices: Sequence[Device], spec: OffloadSpec, *,
         return bad
 
     default_ctx = n_ctx is None
-    floor = _pad(max(ctx_floor, ctx_quantum), ctx_quantum)
-    ctx = max(fp.n_ctx_train, floor) if default_ctx else int(n_ctx)  # type: ignore[arg-type]
-    if default_ctx:
-        ctx = _pad(ctx, ctx_quantum)
+    # A default context is the model's training context (each lane's share of it, as
+    # llama-server's slots share theirs, at least a quantum's), lowered towards the floor
+    # when that does not fit.
+    start = _pad(max(fp.n_ctx_train, ctx_quantum), ctx_quantum)
+    floor = min(_pad(max(ctx_floor, ctx_quantum), ctx_quantum), start)
+    ctx = start if default_ctx else int(n_ctx)  # type: ignore[arg-type]
 
     if asked == "auto":
         if not gpus:
@@ -432,8 +460,23 @@ def open_gguf(path: str | os.PathLike[str]) -> Any:
     try:
         return GGUFReader(path, "r")
     except (ValueError, OSError, IndexError, KeyError, TypeError, OverflowError) as exc:
+        unknown = re.search(r"(\d+)\)? is not a valid GGMLQuantizationType", str(exc))
+        if unknown is not None:  # a tensor type newer than the gguf package
+            raise ModelFileError(
+                f"{path} has tensors of type {unknown.group(1)}, which the gguf package "
+                f"(version {_gguf_version()}) that reads model sizes here does not know; a "
+                "newer gguf may know it") from None
         raise ModelFileError(f"{path} is not a whole GGUF model: "
                              f"{_why_unreadable(path, exc)}") from None
+
+
+def _gguf_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gguf")
+    except PackageNotFoundError:  # pragma: no cover - imported, so installed
+        return "unknown"
 
 
 def footprint_from_gguf(path: str | os.PathLike[str], *, allow_stage: bool = True,

@@ -92,7 +92,8 @@ class ServeSettings:
     max_active: int = 8
     max_waiting: int = 256
     ctx_size: Optional[int] = None  # KV cells the lanes share; None: from the model (its
-    #   training context, at least 4096, capped by what fits the devices: hosts/offload.py)
+    #   training context, at least 256 tokens a lane, capped by what fits the devices:
+    #   hosts/offload.py)
     threads: Optional[int] = None  # None: 2; with stages, the cores divided among them
     stage_worker_args: tuple[tuple[str, ...], ...] = ()  # per local stage: its offload flags
     batch_size: Optional[int] = None  # None: 512 on the CPU, 2048 with layers on a GPU

@@ -44,7 +44,8 @@ def test_the_defaults_leave_the_device_to_decide():
     assert args.n_gpu_layers == "auto" and args.kv_type is None and args.flash_attn is None
     assert args.ctx_size is None and args.max_num_batched_tokens is None
     assert build_parser().parse_args(["serve", "--flash-attn"]).flash_attn == "on"
-    assert build_parser().parse_args(["run", "-ngl", "-1"]).n_gpu_layers == "all"
+    assert build_parser().parse_args(["run", "-ngl", "-1"]).n_gpu_layers == "auto"
+    assert build_parser().parse_args(["run", "-ngl", "-2"]).n_gpu_layers == "all"
     assert build_parser().parse_args(["serve", "--stages", "d", "--stage-devices",
                                       "CUDA0,CUDA1"]).stage_devices == ("CUDA0", "CUDA1")
 
@@ -52,8 +53,8 @@ def test_the_defaults_leave_the_device_to_decide():
 @pytest.mark.parametrize("flags,message", [
     (["-ngl", "lots"], "expected a layer count, auto or all"),
     (["-sm", "diagonal"], "invalid choice"),
-    (["-ts", "0,0"], "not all 0"),
-    (["-mg", "-1"], "GPU index >= 0"),
+    (["-ts", "a,1"], "expected proportions"),
+    (["-mg", "-2"], "GPU index >= 0"),
     (["-fa", "maybe"], "invalid choice"),
     (["--rpc", "127.0.0.1"], "expected RPC servers as host:port"),
     (["--rpc", "host:0"], "expected RPC servers as host:port"),

@@ -123,15 +123,62 @@ def test_two_gpus_split_by_free_memory_or_by_the_tensor_split():
         fit([gpu(0, 40), gpu(1, 40)], OffloadSpec(split_mode="none", main_gpu=2))
     with pytest.raises(FitError, match="no device named CUDA7"):
         fit([gpu(0, 40)], OffloadSpec(devices=("CUDA7",)))
+    # Names match whatever their case, as llama.cpp matches them.
+    assert fit([gpu(0, 40), gpu(1, 40)], OffloadSpec(devices=("cuda1",))).gpus == ("CUDA1",)
+    # -sm none -mg -1: no GPU at all (llama.cpp's reading); -mg -1 means nothing otherwise.
+    cpu_only = fit([gpu(0, 40)], OffloadSpec(split_mode="none", main_gpu=-1))
+    assert cpu_only.n_gpu_layers == 0 and cpu_only.line().endswith("-sm none -mg -1")
+    with pytest.raises(FitError, match="only with -sm none"):
+        fit([gpu(0, 40)], OffloadSpec(main_gpu=-1))
+    # Proportions past the last GPU are not read, and all 0 splits by free memory.
+    extra = fit([gpu(0, 40)], OffloadSpec(tensor_split=(3, 1)))
+    assert extra.gpus == ("CUDA0",) and extra.n_gpu_layers == 17 and extra.tensor_split == (3,)
+    zeros = fit([gpu(0, 40), gpu(1, 40)], OffloadSpec(tensor_split=(0, 0)))
+    assert zeros.kv == p.kv
+
+
+def test_without_dev_the_gpus_are_the_ones_llama_cpp_picks():
+    """RPC servers first, one device per id, integrated GPUs only without a discrete one."""
+    cuda = Device(1, "CUDA0", "card", "gpu", 8 * GiB, 8 * GiB, "CUDA", "0000:01:00.0")
+    same_card = Device(2, "Vulkan0", "card", "gpu", 8 * GiB, 8 * GiB, "Vulkan",
+                       "0000:01:00.0")
+    igpu = Device(3, "Vulkan1", "integrated", "igpu", 16 * GiB, 16 * GiB, "Vulkan", "")
+    rpc = Device(4, "RPC0", "remote", "gpu", 8 * GiB, 8 * GiB, "RPC", "")
+    p = place(FP, [CPU, cuda, same_card, igpu, rpc], OffloadSpec(), n_ctx=4096, streams=1,
+              unified=False, kv_type="f16", n_ubatch=512, flash_attn=True, host=CPU)
+    assert p.gpus == ("RPC0", "CUDA0")
+    only_igpu = place(FP, [CPU, igpu], OffloadSpec(), n_ctx=4096, streams=1, unified=False,
+                      kv_type="f16", n_ubatch=512, flash_attn=True, host=CPU)
+    assert only_igpu.gpus == ("Vulkan1",)
+
+
+def test_a_default_context_is_the_models_own_shared_by_the_lanes():
+    """No -c: the training context (not more: each lane's share never exceeds it), at least
+    the quantum that gives every lane its padded cells."""
+    small = ModelFootprint(n_layer=2, n_ctx_train=512, layer_bytes=(MiB,) * 2, output_bytes=MiB,
+                           input_bytes=MiB, kv_values=(64,) * 2, n_embd=64, n_head=4,
+                           n_vocab=100)
+    one = place(small, [CPU], OffloadSpec(), n_ctx=None, streams=1, unified=False,
+                kv_type="f16", n_ubatch=512, flash_attn=True, host=CPU, ctx_quantum=256)
+    assert one.n_ctx == 512
+    four = place(small, [CPU], OffloadSpec(), n_ctx=None, streams=4, unified=False,
+                 kv_type="f16", n_ubatch=512, flash_attn=True, host=CPU, lanes=4,
+                 ctx_quantum=1024)
+    assert four.n_ctx == 1024  # 256 a lane: the floor, under the training context
 
 
 def test_flag_values_parse_as_llama_server_takes_them():
     assert parse_layers("auto") == "auto" and parse_layers("ALL") == "all"
-    assert parse_layers("-1") == "all" and parse_layers("99") == 99
+    # llama.cpp's reading of negative counts: -1 is auto, -2 or less all.
+    assert parse_layers("-1") == "auto" and parse_layers("-2") == "all"
+    assert parse_layers("-99") == "all" and parse_layers("99") == 99
     with pytest.raises(ValueError):
         parse_layers("many")
     assert parse_tensor_split("3,1") == (3.0, 1.0) == parse_tensor_split("3/1")
-    for bad in ("", "0,0", "a,b", "-1,2", "1,,2", "3,1,", "/1"):
+    # Runs of separators are one, as llama-server splits on [,/]+; all 0 is by free memory.
+    assert parse_tensor_split("3,,1") == (3.0, 1.0) == parse_tensor_split("3,1,")
+    assert parse_tensor_split("0,0") == (0.0, 0.0)
+    for bad in ("", ",", "a,b", "-1,2", "1,inf"):
         with pytest.raises(ValueError):
             parse_tensor_split(bad)
     assert parse_rpc_servers("10.0.0.2:50052, box:1,10.0.0.2:50052") == ("10.0.0.2:50052",

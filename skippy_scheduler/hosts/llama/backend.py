@@ -94,6 +94,15 @@ def failure_reason(since: Optional[int] = None, n: int = 8) -> str:
 _ggml: Any = None
 
 
+class _DevProps(ctypes.Structure):
+    """`struct ggml_backend_dev_props` of the llama.cpp this package pins."""
+
+    _fields_ = [("name", ctypes.c_char_p), ("description", ctypes.c_char_p),
+                ("memory_free", ctypes.c_size_t), ("memory_total", ctypes.c_size_t),
+                ("type", ctypes.c_int), ("device_id", ctypes.c_char_p),
+                ("caps", ctypes.c_bool * 5)]
+
+
 def _ggml_lib() -> Any:
     """libggml (the device registry), as llama-cpp-python loads it, with the calls typed."""
     global _ggml
@@ -121,6 +130,10 @@ def _ggml_lib() -> Any:
         lib.ggml_backend_reg_get_proc_address.argtypes = [vp, ctypes.c_char_p]
         lib.ggml_backend_reg_get_proc_address.restype = vp
         lib.ggml_backend_register.argtypes, lib.ggml_backend_register.restype = [vp], None
+        lib.ggml_backend_dev_backend_reg.argtypes = [vp]
+        lib.ggml_backend_dev_backend_reg.restype = vp
+        lib.ggml_backend_dev_get_props.argtypes = [vp, ctypes.POINTER(_DevProps)]
+        lib.ggml_backend_dev_get_props.restype = None
         _ggml = lib
     return _ggml
 
@@ -139,11 +152,16 @@ def list_devices() -> list[Device]:
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         lib.ggml_backend_dev_memory(handle, ctypes.byref(free), ctypes.byref(total))
         kind = int(lib.ggml_backend_dev_type(handle))
+        reg = lib.ggml_backend_dev_backend_reg(handle)
+        props = _DevProps()
+        lib.ggml_backend_dev_get_props(handle, ctypes.byref(props))
         out.append(Device(
             index=i, name=(lib.ggml_backend_dev_name(handle) or b"?").decode(),
             description=(lib.ggml_backend_dev_description(handle) or b"").decode(),
             kind=_DEVICE_KINDS[kind] if 0 <= kind < len(_DEVICE_KINDS) else str(kind),
-            free=int(free.value), total=int(total.value)))
+            free=int(free.value), total=int(total.value),
+            backend=(lib.ggml_backend_reg_name(reg) or b"").decode() if reg else "",
+            device_id=(props.device_id or b"").decode(errors="replace")))
     return out
 
 
