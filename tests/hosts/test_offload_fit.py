@@ -205,6 +205,18 @@ def test_the_footprint_of_a_gguf_matches_its_tensors(tmp_path):
     (tmp_path / "cut.gguf").write_bytes(data[: len(data) * 2 // 3])
     with pytest.raises(ModelFileError, match="not a whole GGUF model"):
         footprint_from_gguf(tmp_path / "cut.gguf")
+    # A tensor type newer than the gguf package is named as that, not as a damaged file.
+    import struct
+
+    raw = bytearray(data)
+    name = b"blk.0.attn_q.weight"
+    at = raw.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+    n_dims = struct.unpack_from("<I", raw, at)[0]
+    struct.pack_into("<I", raw, at + 4 + 8 * n_dims, 250)  # its type
+    (tmp_path / "new-type.gguf").write_bytes(bytes(raw))
+    with pytest.raises(ModelFileError, match="tensors of type 250, which the gguf package "
+                                             r"\(version [^)]+\) .* does not know"):
+        footprint_from_gguf(tmp_path / "new-type.gguf")
 
 
 def test_layers_on_rpc_servers_only_are_over_rpc():
