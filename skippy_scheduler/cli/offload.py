@@ -114,11 +114,12 @@ def add_offload_options(p: argparse.ArgumentParser) -> None:
                    help="share of the offloaded layers per GPU, e.g. 3,1 (default: in "
                         "proportion to each GPU's free memory)")
     g.add_argument("-mg", "--main-gpu", type=_main_gpu, default=0, metavar="I",
-                   help="the GPU used with --split-mode none (default: 0)")
+                   help="the GPU used with --split-mode none; -1 with it: no GPU (default: 0)")
     g.add_argument("-dev", "--device", dest="device", type=device_names, default=(),
                    metavar="DEV[,DEV...]",
                    help="the GPUs to use, by the names --list-devices prints, or none for the "
-                        "CPU only (default: every GPU)")
+                        "CPU only (default: llama.cpp's pick: RPC servers, then every discrete "
+                        "GPU, integrated ones only without a discrete one)")
     g.add_argument("--rpc", type=_rpc, action="extend", default=[], metavar="HOST:PORT[,...]",
                    help="llama.cpp RPC servers whose devices join this process's as RPC0, "
                         "RPC1, ... (GPUs to llama.cpp); give it before --list-devices "
@@ -126,6 +127,47 @@ def add_offload_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--list-devices", action=_ListDevices,
                    help="print the devices llama.cpp sees, with their free and total memory, "
                         "and exit")
+
+
+def offload_given(args: argparse.Namespace) -> list[str]:
+    """The offload flags given a value other than their default (by their short names)."""
+    given = []
+    for flag, dest, default in (("-ngl", "n_gpu_layers", "auto"), ("-sm", "split_mode", "layer"),
+                                ("-ts", "tensor_split", ()), ("-mg", "main_gpu", 0),
+                                ("-dev", "device", ())):
+        value = getattr(args, dest, default)
+        if (tuple(value) if isinstance(value, (list, tuple)) else value) != default:
+            given.append(flag)
+    return given
+
+
+def refuse_offload_with_stage_addresses(args: argparse.Namespace) -> None:
+    """With --stage-addresses the stage workers were started with their own offload flags:
+    the driver's would change nothing, so they are refused rather than ignored."""
+    if not getattr(args, "stage_addresses", None):
+        return
+    given = offload_given(args)
+    if given:
+        raise CommandError(f"{', '.join(given)} with --stage-addresses: the stage workers load "
+                           "the layers, with the flags each `skippy-scheduler stage` was "
+                           "started with; give them there (docs/gpu.md)")
+
+
+def check_device_names(names: Sequence[str]) -> None:
+    """-dev / --stage-devices names that llama.cpp here does not see are refused before any
+    stage worker starts (local workers see this machine's devices)."""
+    wanted = [n for n in names if n.lower() != "none"]
+    if not wanted:
+        return
+    from ..hosts.llama.backend import list_devices
+
+    devices = list_devices()
+    known = {d.name.lower() for d in devices}
+    missing = [n for n in wanted if n.lower() not in known]
+    if missing:
+        seen = ", ".join(d.name for d in devices) or "none"
+        raise CommandError(f"-dev: no device named {', '.join(missing)} (llama.cpp sees: "
+                           f"{seen})")
 
 
 def offload_spec(args: argparse.Namespace) -> OffloadSpec:

@@ -15,7 +15,8 @@ from typing import Any, Optional
 from ..engine.contract import PipelinedHost, StateReportingHost
 from ..selection import DEFAULT_IMPLEMENTATION, DEFAULT_POLICY, make_scheduler
 from ..hosts.offload import CPU_BATCH
-from .offload import print_placement, resolve_for
+from .offload import (check_device_names, print_placement, refuse_offload_with_stage_addresses,
+                      resolve_for)
 from ._common import (DEFAULT_THREADS, LLAMA_MAX_SEQUENCES, CommandError, add_model_options, bound,
                       check_model,
                       check_output_file, import_llama_host, model_path, non_negative_float,
@@ -167,6 +168,9 @@ def run(args: argparse.Namespace) -> int:
     check_output_file("--json", args.json, [("--model", args.model),
                                             ("--prompts", args.prompts)])
     refuse_rpc_with_stages(args)
+    refuse_offload_with_stage_addresses(args)
+    if args.stages:
+        check_device_names([*args.device, *(getattr(args, "stage_devices", ()) or ())])
     if getattr(args, "stage_devices", None) and not args.stages:
         raise CommandError("--stage-devices needs --stages (local stage workers)")
     check_model(args)

@@ -17,7 +17,7 @@ from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, boun
                       import_llama_host, non_negative_int, non_negative_ms, positive_int,
                       positive_ms, refuse_rpc_with_stages)
 from ..hosts.offload import CTX_FLOOR
-from .offload import offload_spec
+from .offload import check_device_names, offload_spec, refuse_offload_with_stage_addresses
 from .stage import (add_stage_cache_flag, check_stage_cache_flag, stage_addresses,
                     stage_directory)
 from .vocabulary import add_flag
@@ -377,6 +377,9 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--slo-shed needs --planning-rule slack: the slack rule's fitted "
                            "step cost model predicts each request's first token")
     refuse_rpc_with_stages(args)
+    refuse_offload_with_stage_addresses(args)
+    if args.stages:
+        check_device_names([*args.device, *(getattr(args, "stage_devices", ()) or ())])
     check_model(args)
     check_stage_cache_flag(args, tokens)
     if args.stages or args.stage_addresses:

@@ -184,3 +184,24 @@ def test_a_truncated_model_is_one_line_in_every_command(tmp_path, command):
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "not a whole GGUF model" in proc.stderr.splitlines()[-1]
+
+
+def test_offload_flags_a_driver_cannot_use_are_refused_before_anything_starts():
+    """With --stage-addresses the workers were started with their own offload flags; with
+    --stages a device name this machine's llama.cpp does not see is refused before any worker
+    starts."""
+    pytest.importorskip("llama_cpp")
+    for command in ("serve", "run"):
+        proc = subprocess.run([sys.executable, "-m", "skippy_scheduler.cli", command,
+                               "--stage-addresses", "ipc:///tmp/a", "-m", "m.gguf", "-ngl", "4",
+                               "-dev", "CUDA0"],
+                              capture_output=True, text=True, timeout=60, cwd=CWD)
+        assert proc.returncode == 2
+        assert "error: -ngl, -dev with --stage-addresses: the stage workers load the layers" in \
+            proc.stderr.splitlines()[-1], proc.stderr
+        proc = subprocess.run([sys.executable, "-m", "skippy_scheduler.cli", command,
+                               "--stages", "d", "--stage-devices", "cpu,NOSUCH0"],
+                              capture_output=True, text=True, timeout=60, cwd=CWD)
+        assert proc.returncode == 2
+        assert "-dev: no device named NOSUCH0 (llama.cpp sees: CPU" in \
+            proc.stderr.splitlines()[-1], proc.stderr
