@@ -198,7 +198,9 @@ def resolve_for(args: argparse.Namespace, model: str, *, n_ctx: Optional[int], l
         return resolve(model, offload_spec(args), n_ctx=n_ctx, lanes=lanes, holders=holders,
                        unified=unified, share_ctx=share_ctx, kv_type=args.kv_type,
                        flash_attn=args.flash_attn, n_batch=n_batch, cpu_batch=cpu_batch)
-    except (FitError, ModelFileError, RpcError) as exc:
+    except ModelFileError as exc:
+        raise CommandError(f"--model: {exc}") from None  # as check_model_file names it
+    except (FitError, RpcError) as exc:
         raise CommandError(str(exc)) from None
 
 

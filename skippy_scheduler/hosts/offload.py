@@ -382,6 +382,9 @@ def place(fp: ModelFootprint, devices: Sequence[Device], spec: OffloadSpec, *,
                            f"has {_gib(host.free)} free")
         return bad
 
+    # The prefix holders' cells count too (a lane's share each): a hint names them.
+    holders = (f", or keep fewer prefix holders ({streams - lanes} now: --prefix-holders, or "
+               "--prefix-cache-tokens 0 for none)" if lanes and streams > lanes else "")
     default_ctx = n_ctx is None
     # A default context is the model's training context (each lane's share of it, as
     # llama-server's slots share theirs, at least a quantum's), lowered towards the floor
@@ -418,7 +421,7 @@ def place(fp: ModelFootprint, devices: Sequence[Device], spec: OffloadSpec, *,
         bad = over(need, False)
         if bad:
             raise FitError(f"a context of {ctx} tokens ({cells} KV cells, {kv_type}) does not "
-                           f"fit: {'; '.join(bad)}; lower -c/--ctx-size or -np")
+                           f"fit: {'; '.join(bad)}; lower -c/--ctx-size or -np{holders}")
         note = why_none if not gpus else ("" if g == n_all else
                                           f"the rest does not fit in {_gib(margin)} less than "
                                           "the free memory")
@@ -434,7 +437,7 @@ def place(fp: ModelFootprint, devices: Sequence[Device], spec: OffloadSpec, *,
             what = f"{g}/{n_all} layers" if g else "the model"
             raise FitError(f"{what} with a context of {ctx} tokens ({cells} KV cells, "
                            f"{kv_type}) do not fit: {'; '.join(bad)}; lower -ngl, -c/--ctx-size "
-                           "or -np")
+                           f"or -np{holders}")
         note = why_none if not gpus else ("" if g == n_all else f"-ngl {asked}")
         if gpus and g == 0:
             note = f"-ngl {asked}"

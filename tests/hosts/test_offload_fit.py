@@ -77,6 +77,10 @@ def test_a_context_that_fits_nowhere_is_refused_with_the_numbers():
     with pytest.raises(FitError, match=r"context of 1048576 tokens .*the host needs"):
         place(FP, [small_host], OffloadSpec(), n_ctx=1 << 20, streams=8, unified=False,
               kv_type="f16", n_ubatch=512, flash_attn=True, host=small_host)
+    # With prefix holders beside the lanes, their cells are named in the hint.
+    with pytest.raises(FitError, match=r"keep fewer prefix holders \(4 now: --prefix-holders"):
+        place(FP, [small_host], OffloadSpec(), n_ctx=1 << 20, streams=8, unified=False,
+              kv_type="f16", n_ubatch=512, flash_attn=True, host=small_host, lanes=4)
 
 
 def test_no_gpu_backend_keeps_everything_on_the_cpu():
