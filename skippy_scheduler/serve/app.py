@@ -390,9 +390,8 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
                 raise _failure(out)
         usage = _usage(outs)
         chosen = _best_of(outs, n, gen.n) if gen.outputs.best_of else outs
-        if gen.outputs.best_of:
-            for out in chosen:  # the candidates not returned are not judged
-                out.judge_slo()
+        for out in chosen:  # the answer is whole: its choices are judged (the others not)
+            out.judge_slo()
         choices = []
         for out in chosen:
             text = (out.echo or "") + "".join(out.text)

@@ -101,8 +101,10 @@ class Generation:
                     self._end("length", t)
                     self.ctx.runner.cancel(self.sub.request_id)
                     continue
-                if event.token < 0:
-                    continue  # the end signal, sent for its detail
+                if event.token < 0:  # the end signal, sent for its detail
+                    if self._ttft_us is None:  # the first token sampled was the end token
+                        self._first(t)
+                    continue
                 if self._last_us is None:
                     self._first(t)
                 else:
@@ -134,6 +136,8 @@ class Generation:
                     self.error = self.sub.error or event.error or f"the request {event.reason}"
                     self.finish = "error"
                     continue
+                if self._ttft_us is None:  # answered, with no token: the end came first
+                    self._first(event.time_us)
                 held = len(self.tokens) <= self.request.min_tokens  # the last token's text
                 text, stopped = self.stop.push(self.detok.flush(), held=held)
                 parts.append(text if stopped else text + self.stop.flush())
@@ -181,11 +185,11 @@ class Generation:
             self._verdict = (r.ttft_ms, r.itl_ms,
                              None if self._ttft_us is None else self._ttft_us / 1e3,
                              self._max_gap_us / 1e3)
-            if r.outputs.best_of is None:
-                self.judge_slo()
 
     def judge_slo(self) -> None:
-        """Count its SLO verdict, once (at its end; under best_of, when it is a choice returned)."""
+        """Count its SLO verdict, once: when the answer it is a choice of went out whole (not
+        at its own end: an answer that fails in another choice counts nowhere, and under
+        best_of only the choices returned are judged)."""
         verdict, self._verdict = self._verdict, None
         if verdict is not None:
             self.ctx.slo.judge(self.sub.request_id, *verdict)

@@ -28,7 +28,8 @@ the last 64 iterations. The engine thread keeps the bucket counts itself (a few 
 iteration); they are read at scrape time.
 
 The SLO (serve/slo.py): `skippy:slo_met_total{part}` and `skippy:slo_missed_total{part}`
-(`part` ttft, itl or both) count finished requests that carried a budget, once each;
+(`part` ttft, itl or both) count the choices of complete answers that carried a budget, once
+each (docs/serving.md, "An SLO");
 `skippy:slo_shed_total` the requests `--slo-shed` answered with a 503, and
 `skippy:slo_relegated_total` the requests the prefill order relegated behind the others for a
 first-token deadline they could no longer meet (the scheduler's `slo_relegated`).
@@ -284,13 +285,14 @@ class ServeMetrics:
                                       ["status"], registry=reg)
         # The SLO's verdicts and sheds (serve/slo.py; docs/serving.md "An SLO").
         self.slo_met = Counter("skippy:slo_met",
-                               "Finished requests within their SLO, by part (ttft: TTFT within "
-                               "its budget; itl: every gap within its budget; both: requests "
-                               "carrying both budgets, within both).", ["part"], registry=reg)
+                               "Choices of complete answers within their SLO, by part "
+                               "(ttft: TTFT within its budget; itl: every gap within its "
+                               "budget; both: requests carrying both budgets, within both).",
+                               ["part"], registry=reg)
         self.slo_missed = Counter("skippy:slo_missed",
-                                  "Finished requests outside their SLO, by part (ttft, itl; "
-                                  "both: requests carrying both budgets, outside either).",
-                                  ["part"], registry=reg)
+                                  "Choices of complete answers outside their SLO, by part "
+                                  "(ttft, itl; both: requests carrying both budgets, outside "
+                                  "either).", ["part"], registry=reg)
         for part in ("ttft", "itl", "both"):
             self.slo_met.labels(part)
             self.slo_missed.labels(part)

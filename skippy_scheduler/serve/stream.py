@@ -184,7 +184,10 @@ async def sse(outs: Sequence["Generation"], head: dict[str, Any], pieces: Sequen
                     seen = len(out.tokens)
                     text, ids = out.feed(events)
                     if out.finish == "error":
-                        parts += (b"data: " + dumps(failure(out).body()) + b"\n\n", _DONE)
+                        err = failure(out)
+                        # Counted as the same failure unstreamed would be (its status).
+                        out.ctx.metrics.request_errors.labels(str(err.status)).inc()
+                        parts += (b"data: " + dumps(err.body()) + b"\n\n", _DONE)
                         yield b"".join(parts)
                         return  # the others are cancelled when the stream closes
                     if out.echo is not None and out.index not in echoed:
@@ -203,6 +206,8 @@ async def sse(outs: Sequence["Generation"], head: dict[str, Any], pieces: Sequen
                                                index=out.index, out=out))
                         left -= 1
                 if not left:  # the answer ended in this wake-up: its tail goes in the same write
+                    for out in outs:  # whole: its choices are judged
+                        out.judge_slo()
                     if gen.include_usage:
                         parts.append(enc.usage(outs))
                     parts.append(_DONE)
@@ -210,6 +215,8 @@ async def sse(outs: Sequence["Generation"], head: dict[str, Any], pieces: Sequen
                     yield b"".join(parts)
                 if not left:
                     return
+        for out in outs:  # every choice had ended before the first wake-up
+            out.judge_slo()
         if gen.include_usage:
             yield enc.usage(outs)
         yield _DONE

@@ -1,0 +1,103 @@
+"""What the SLO and error counters count: an answer whose first token was the end token is
+judged (and its TTFT observed); a streamed answer that fails is an error as the same failure
+unstreamed is; an answer that fails in one choice counts nowhere in the SLO's verdicts."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+pytest.importorskip("fastapi")
+from starlette.testclient import TestClient  # noqa: E402
+
+from skippy_scheduler.engine.contract import HostOutOfMemory  # noqa: E402
+from skippy_scheduler.serve import ServeSettings  # noqa: E402
+from skippy_scheduler.serve.slo import Slo, SloSettings  # noqa: E402
+
+sys.path.insert(0, "bench")
+from instant_host import InstantHost, build_server  # noqa: E402
+
+LOOSE = SloSettings(ttft_ms=600_000.0, itl_ms=600_000.0)  # every answer makes it
+
+
+def _counters(client: TestClient) -> dict[str, float]:
+    out = {}
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("skippy:") and "_created" not in line:
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+class FailAt(InstantHost):
+    """Fails its `at`-th plan with a device out of memory (a 503)."""
+
+    def __init__(self, at: int, **kw) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(**kw)
+        self.plans = 0
+        self.at = at
+
+    def execute(self, plan) -> None:  # type: ignore[no-untyped-def]
+        self.plans += 1
+        if self.plans == self.at:
+            raise HostOutOfMemory("out of memory")
+        super().execute(plan)
+
+
+def _serve(host, **settings):  # type: ignore[no-untyped-def]
+    server = build_server(ServeSettings(**settings), host)
+    ctx = server.app.state.ctx
+    ctx.slo = Slo(LOOSE, metrics=ctx.metrics)
+    server.runner.start()
+    return server
+
+
+def test_an_answer_that_ends_at_once_is_judged_with_its_ttft():
+    server = _serve(InstantHost(token=-1), max_active=2)  # the end token, first
+    try:
+        with TestClient(server.app) as client:
+            for body in ({}, {"logprobs": 1}):  # the end signal with and without its detail
+                r = client.post("/v1/completions", json={"model": "instant", "prompt": "hi",
+                                                         "max_tokens": 4, **body})
+                assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == \
+                    "stop"
+            got = _counters(client)
+    finally:
+        server.runner.stop()
+    assert got["skippy:time_to_first_token_seconds_count"] == 2
+    assert got['skippy:slo_met_total{part="ttft"}'] == 2
+    assert got['skippy:slo_missed_total{part="ttft"}'] == 0
+
+
+def test_a_streamed_failure_is_an_error_as_unstreamed():
+    for stream in (False, True):
+        server = _serve(FailAt(4, n_seq_max=2, step_s=0.002), max_active=2)
+        try:
+            with TestClient(server.app) as client:
+                r = client.post("/v1/completions", json={"model": "instant", "prompt": "hi",
+                                                         "max_tokens": 8, "stream": stream})
+                if stream:
+                    assert r.status_code == 200 and "out of memory" in r.text
+                else:
+                    assert r.status_code == 503
+                got = _counters(client)
+        finally:
+            server.runner.stop()
+        assert got['skippy:request_errors_total{status="503"}'] == 1, stream
+        assert got['skippy:slo_met_total{part="both"}'] == 0
+        assert got['skippy:slo_missed_total{part="both"}'] == 0
+
+
+def test_an_answer_failing_in_one_choice_counts_nowhere_in_the_slo():
+    # One lane: the first prompt runs whole, the second fails at the sixth plan.
+    server = _serve(FailAt(6, n_seq_max=1, step_s=0.002), max_active=1, max_waiting=8)
+    try:
+        with TestClient(server.app) as client:
+            r = client.post("/v1/completions", json={"model": "instant", "prompt": ["hi", "yo"],
+                                                     "max_tokens": 4})
+            assert r.status_code == 503
+            got = _counters(client)
+    finally:
+        server.runner.stop()
+    assert got['skippy:slo_met_total{part="both"}'] == 0
+    assert got['skippy:slo_missed_total{part="both"}'] == 0
