@@ -57,3 +57,15 @@ def test_the_layout_table_names_what_exists():
             assert glob.glob(str(ROOT / path / name)), f"{path}{name}"
     named = set(re.findall(r"`([\w-]+\.md)`", dict(rows)["docs/"]))
     assert named == {p.name for p in (ROOT / "docs").glob("*.md")}
+
+
+def test_every_metric_the_server_exports_is_listed():
+    """docs/metrics.md lists each `skippy:` series the code defines, and no other."""
+    defined = set()
+    for path in (ROOT / "skippy_scheduler").rglob("*.py"):
+        defined |= set(re.findall(r"\"(skippy:[a-z_]+)\"", path.read_text(encoding="utf-8")))
+    page = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
+    listed = {re.sub(r"_total$", "", name) for name in re.findall(r"`(skippy:[a-z_]+)`", page)}
+    # A counter is defined by its base name and exported with _total.
+    assert defined - listed == set(), "defined but not listed"
+    assert listed - defined == set(), "listed but not defined"

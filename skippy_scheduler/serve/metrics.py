@@ -275,7 +275,8 @@ class ServeMetrics:
                                      "(once per prompt, whatever n or best_of).",
                                      registry=reg)
         self.generation_tokens = Counter("skippy:generation_tokens",
-                                         "Tokens generated for clients.", registry=reg)
+                                         "Tokens generated (every choice run, best_of "
+                                         "candidates not returned included).", registry=reg)
         self.request_success = Counter("skippy:request_success",
                                        "Choices that ended (each of n, every best_of "
                                        "candidate), by finish reason.",
