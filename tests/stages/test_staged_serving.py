@@ -143,7 +143,7 @@ def test_a_malformed_frame_is_refused_by_a_worker_and_changes_nothing(staged):
     good = encode_plan(step=777, serial=0, row_offsets=[0, 1], row_lanes=[5], tokens=[9],
                        positions=[0], sample_last=[1], phases=[0], new_rows=[0], release_lanes=[0])
     for bad in (good[:-1], bytes(good) + b"\0", b"\x00" * 64):
-        staged._out[0].send_multipart([b"plan", bad])
+        staged._out[0].send_multipart([b"plan", bad, staged.driver_frame])
         parts = staged._recv("waiting for the refusal")
         assert parts[0] == b"err" and b"WireError" in parts[1]
     staged.sync()

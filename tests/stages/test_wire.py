@@ -165,6 +165,8 @@ def test_activation_and_output_frames():
             wire.decode_activations(head, data.data, *args)
     with pytest.raises(wire.WireError, match="truncated"):
         wire.decode_activations(head, memoryview(data.tobytes())[:-4], 5, 3, 4)
+    with pytest.raises(wire.WireError, match="has 4 bytes after the 48 its header states"):
+        wire.decode_activations(head, data.tobytes() + b"1234", 5, 3, 4)
     out = wire.encode_outputs(11, [0, 3], [42, -1])
     step, r, t = wire.decode_outputs(out)
     assert (step, r.tolist(), t.tolist()) == (11, [0, 3], [42, -1])

@@ -13,7 +13,9 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
+import struct
 import tempfile
 import time
 from typing import Any, Optional, Sequence as _Seq
@@ -21,6 +23,8 @@ from typing import Any, Optional, Sequence as _Seq
 from .wire import WireError, decode_outputs
 
 log = logging.getLogger(__name__)
+
+DRIVER_FRAME = struct.Struct("<Q")  # the driver id part of `plan` and `out` messages
 
 
 class StageFailure(RuntimeError):
@@ -67,24 +71,34 @@ class StageChannel:
         self.addresses = list(addresses)
         self._procs = list(procs)
         self._zmq = zmq
+        # This driver's id: sent in `conf`, carried by every message to the stages and every
+        # chain answer back, so a worker drops what an earlier driver left travelling and the
+        # driver what a worker answers another one (docs/wire-format.md "Driver id").
+        self.driver = secrets.randbits(64)
+        self.driver_frame = DRIVER_FRAME.pack(self.driver)
         self._ctx: Any = zmq.Context()
-        self._reply: Any = self._ctx.socket(zmq.PULL)
-        self._reply.setsockopt(zmq.LINGER, 0)
+        self._reply: Any = None
         self._reply_dir: Optional[str] = None
-        tcp = [a for a in addresses if a.startswith("tcp://")]
-        if reply_address is None and tcp:
-            reply_address = f"tcp://{_local_address_towards(tcp[0])}:*"
-        elif reply_address is None:
-            self._reply_dir = tempfile.mkdtemp(prefix="skippy-reply-")
-            reply_address = f"ipc://{self._reply_dir}/reply"
-        self._reply.bind(reply_address)
-        self.reply_address = self._reply.getsockopt_string(zmq.LAST_ENDPOINT)
         self._out: list[Any] = []
-        for a in self.addresses:
-            sock = self._ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(a)
-            self._out.append(sock)
+        try:
+            self._reply = self._ctx.socket(zmq.PULL)
+            self._reply.setsockopt(zmq.LINGER, 0)
+            tcp = [a for a in addresses if a.startswith("tcp://")]
+            if reply_address is None and tcp:
+                reply_address = f"tcp://{_local_address_towards(tcp[0])}:*"
+            elif reply_address is None:
+                self._reply_dir = tempfile.mkdtemp(prefix="skippy-reply-")
+                reply_address = f"ipc://{self._reply_dir}/reply"
+            self._reply.bind(reply_address)
+            self.reply_address = self._reply.getsockopt_string(zmq.LAST_ENDPOINT)
+            for a in self.addresses:
+                sock = self._ctx.socket(zmq.PUSH)
+                self._out.append(sock)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.connect(a)
+        except BaseException:
+            self.close_channel()
+            raise
         self.live: set[int] = set(range(len(self.addresses)))
         self._tag = 0
         # Chain answers by plan step: ("out", rows, tokens) or ("err", message).
@@ -110,13 +124,15 @@ class StageChannel:
         return list(self._procs)
 
     def _recv(self, what: str, waiting: Optional[set[int]] = None,
-              timeout_s: Optional[float] = None, note_s: Optional[float] = None) -> list[bytes]:
-        """One reply; `StageFailure` on a timeout (`timeout_s`, default the host's) or when a
-        stage waited for (all live ones by default) runs as a local process that exited (it is
-        then no longer live). With `note_s`, a warning names the stages still waited for every
-        `note_s` seconds."""
+              timeout_s: Optional[float] = None, note_s: Optional[float] = None,
+              since: Optional[float] = None) -> list[bytes]:
+        """One reply; `StageFailure` on a timeout (`timeout_s`, default the host's, counted from
+        `since`, the start of the operation that waits, default now) or when a stage waited for
+        (all live ones by default) runs as a local process that exited (it is then no longer
+        live). With `note_s`, a warning names the stages still waited for every `note_s`
+        seconds."""
         limit = self.timeout_ms / 1e3 if timeout_s is None else timeout_s
-        start = time.monotonic()
+        start = time.monotonic() if since is None else since
         deadline = start + limit
         note = start + note_s if note_s else None
         watch = self.live if waiting is None else waiting
@@ -131,7 +147,8 @@ class StageChannel:
             if note is not None and note_s and now >= note:
                 log.warning("still waiting for %s while %s (%.0f s of %g)",
                             self._named(watch), what, now - start, limit)
-                note += note_s
+                while note <= now:
+                    note += note_s
             if self._reply.poll(min(200, max(1, int(left * 1e3)))):
                 return list(self._reply.recv_multipart())
             for k, proc in enumerate(self._procs):
@@ -147,49 +164,76 @@ class StageChannel:
                 return f"stage {k} {exit_reason(proc)}"
         return None
 
-    def _file(self, parts: list[bytes]) -> bool:
-        """File a chain answer (True), or leave a control answer to the caller (False)."""
+    def _body(self, parts: list[bytes]) -> Optional[dict[str, Any]]:
+        """The JSON object of an answer; None for one to another driver (its `driver` is not
+        this one's: dropped); `StageFailure` for one that is not such an object or names no
+        stage of this chain."""
+        kind = parts[0].decode("ascii", "replace")[:16]
+        try:
+            body = json.loads(parts[1]) if len(parts) > 1 else {}
+            if not isinstance(body, dict):
+                raise ValueError(f"a JSON {type(body).__name__}, not an object")
+            if "driver" in body and body["driver"] != self.driver:
+                log.debug("dropped an answer to driver %s: %.200r", body["driver"], body)
+                return None
+            index = body.get("index")
+            if not (isinstance(index, int) and 0 <= index < len(self.addresses)):
+                raise ValueError(f"no stage index ({index!r})")
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise StageFailure(f"a stage sent a malformed {kind!r} answer: {exc}") from None
+        return body
+
+    def _file(self, parts: list[bytes]) -> Optional[dict[str, Any]]:
+        """File a chain answer, or drop an answer to another driver (None), or return a
+        control answer's body to the caller; a malformed answer is a `StageFailure`."""
         kind = parts[0]
         if kind == b"out":
+            if len(parts) != 3 or parts[2] != self.driver_frame:
+                log.debug("dropped an output frame without this driver's id")
+                return None
             try:
                 step, rows, tokens = decode_outputs(parts[1])
             except WireError as exc:
                 self.chain_errors.append(f"the last stage sent a bad output frame: {exc}")
-                return True
+                return None
             if step in self.awaited:
                 self.terminal[step] = ("out", rows, tokens)
-            return True
-        body = json.loads(parts[1]) if len(parts) > 1 else {}
+            return None
+        body = self._body(parts)
+        if body is None:
+            return None
         if kind == b"mem-done":
             self.mem_pending.discard(body.get("tag"))
-            return True
+            return None
         if kind == b"err" and body.get("kind") == "plan":
             failed = body.get("step")
             if failed in self.awaited and failed not in self.terminal:
                 self.terminal[failed] = ("err", f"stage {body.get('index')} failed on step "
                                                 f"{failed}: {body.get('message')}")
-            return True
+            return None
         if kind == b"err" and body.get("kind") == "taken":
             # Another driver configured the stage: it answers that driver from now on, and the
             # chain is no longer this one's (nothing waits for its stages' answers).
             self.chain_errors.append(str(body.get("message")))
             self.live.clear()
-            return True
+            return None
         if kind == b"err" and body.get("kind") in ("mem", "samp"):
             self.mem_pending.discard(body.get("tag"))
             self.chain_errors.append(f"stage {body.get('index')} failed on a {body['kind']} "
                                      f"message: {body.get('message')}")
-            return True
-        return False
+            return None
+        return body
 
-    def _pump(self, what: str) -> None:
-        """Receive one message and file it (late control answers are dropped)."""
-        self._file(self._recv(what))
+    def _pump(self, what: str, since: Optional[float] = None,
+              timeout_s: Optional[float] = None) -> None:
+        """Receive one message and file it (late control answers are dropped); `since` and
+        `timeout_s`: `_recv`'s."""
+        self._file(self._recv(what, timeout_s=timeout_s, since=since))
 
     def _broadcast(self, kind: bytes, body: dict[str, Any]) -> int:
         """Send a control message to every live stage; its tag (replies echo it)."""
         self._tag += 1
-        msg = [kind, json.dumps(dict(body, tag=self._tag)).encode()]
+        msg = [kind, json.dumps(dict(body, tag=self._tag, driver=self.driver)).encode()]
         for k in sorted(self.live):
             try:
                 self._out[k].send_multipart(msg, flags=self._zmq.NOBLOCK)
@@ -201,33 +245,37 @@ class StageChannel:
         """Send a message down the chain (to stage 0, which passes it on): it reaches every
         stage after the plans sent before it. Its tag."""
         self._tag += 1
-        self._out[0].send_multipart([kind, json.dumps(dict(body, tag=self._tag)).encode()])
+        self._out[0].send_multipart([kind, json.dumps(
+            dict(body, tag=self._tag, driver=self.driver)).encode()])
         return self._tag
+
+    def _send_plan(self, frame: Any) -> None:
+        """Send a plan frame down the chain, with this driver's id as its last part."""
+        self._out[0].send_multipart([b"plan", frame, self.driver_frame], copy=False)
 
     def _collect(self, kind: bytes, what: str, timeout_s: Optional[float] = None,
                  note_s: Optional[float] = None) -> list[dict[str, Any]]:
         """The replies of `kind` to the last control message from every live stage, by stage
         index; replies to earlier messages (a stage answering late) are dropped, chain answers
-        filed. A stage that does not answer in time (`timeout_s`, default the host's; each
-        reply's wait) is no longer live; `note_s`: `_recv`'s."""
+        filed. A stage that does not answer in time (`timeout_s`, default the host's, for all
+        the replies together) is no longer live; `note_s`: `_recv`'s."""
         got: dict[int, dict[str, Any]] = {}
         waiting = set(self.live)
+        since = time.monotonic()
         while waiting - set(got):
             try:
-                parts = self._recv(what, waiting - set(got), timeout_s, note_s)
+                parts = self._recv(what, waiting - set(got), timeout_s, note_s, since)
             except StageTimeout:
                 self.live -= waiting - set(got)
                 raise
-            if self._file(parts):
-                continue
-            body = json.loads(parts[1]) if len(parts) > 1 else {}
-            if body.get("tag") != self._tag:
+            body = self._file(parts)
+            if body is None or body.get("tag") != self._tag:
                 continue
             if parts[0] == b"err":
                 raise StageFailure(f"stage {body.get('index')} failed while {what}: "
                                    f"{body.get('message')}")
             if parts[0] == kind:
-                got[int(body["index"])] = body
+                got[body["index"]] = body
         return [got[k] for k in sorted(got)]
 
     def close_channel(self) -> None:

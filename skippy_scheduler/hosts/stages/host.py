@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
 from collections import deque
 from typing import Any, Optional, Sequence as _Seq
 
@@ -140,7 +141,8 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
                    source_id: Optional[str]) -> list[StageInfo]:
         p = len(self.addresses)
         for k, sock in enumerate(self._out):
-            conf = {"index": k, "tag": self._tag + 1, "reply": self.reply_address,
+            conf = {"index": k, "tag": self._tag + 1, "driver": self.driver,
+                    "reply": self.reply_address,
                     "next": self.addresses[k + 1] if k + 1 < p else None,
                     "n_ctx": self._stage_n_ctx[k],
                     "n_seq_max": self.n_seq_max + self.prefix_holders,
@@ -152,19 +154,27 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
         # the wait is longer than a plan's, and says every 10 s which stages it waits for.
         ready = self._collect(b"ready", "configuring (each stage loads its layers)",
                               timeout_s=self.configure_timeout_s, note_s=CONFIGURE_NOTE_S)
-        infos = [StageInfo(path=r["path"], index=r["stage_index"], count=r["count"],
-                           layer_start=r["layer_start"], layer_end=r["layer_end"],
-                           source_layers=r["source_layers"], source_id=r["source_id"],
-                           source_name=r["source_name"]) for r in ready]
+        unmarked = [r["index"] for r in ready if r.get("driver") != self.driver]
+        if unmarked:
+            raise StageFailure(f"{self._named(unmarked)} did not take this driver's id (a "
+                               "worker of an earlier release): restart it with this release")
+        try:
+            infos = [StageInfo(path=r["path"], index=r["stage_index"], count=r["count"],
+                               layer_start=r["layer_start"], layer_end=r["layer_end"],
+                               source_layers=r["source_layers"], source_id=r["source_id"],
+                               source_name=r["source_name"]) for r in ready]
+            dims = {int(r["n_embd"]) for r in ready}
+            n_batch = [int(r["n_batch"]) for r in ready]
+            self.stage_cells = [int(r["n_ctx"]) for r in ready]
+            self.stage_kv_bytes = [int(r.get("kv_bytes_per_token", 0)) for r in ready]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StageFailure(f"a stage sent a malformed ready answer: {exc!r}") from None
         check_stage_set(infos, source_id)
-        dims = {r["n_embd"] for r in ready}
         if len(dims) != 1:
             raise StageFailure(f"stages disagree on the embedding width: {sorted(dims)}")
         self.n_embd = dims.pop()
         # A stage whose context got a smaller batch than asked sizes every plan.
-        self.n_batch = min([self.n_batch] + [int(r["n_batch"]) for r in ready])
-        self.stage_cells = [int(r["n_ctx"]) for r in ready]
-        self.stage_kv_bytes = [int(r.get("kv_bytes_per_token", 0)) for r in ready]
+        self.n_batch = min([self.n_batch] + n_batch)
         # Workers of an earlier release do not answer the idle heartbeat (nor say they do).
         self.answers_ping = all(bool(r.get("answers_ping")) for r in ready)
         return infos
@@ -272,7 +282,7 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
                 str(int(lanes[r])): dataclasses.asdict(sampling[r]) if r in sampling else None
                 for r in new},
                 "prefixes": restored_prefixes(self._holders, sampling, restore, lanes, starts)})
-        self._out[0].send_multipart([b"plan", frame], copy=False)
+        self._send_plan(frame)
         lane_list = lanes.tolist()
         flight = Flight(plan, step, ids, lanes, [self._lanes.generation(x) for x in lane_list],
                         starts, new, released, [self._lanes.end(x) for x in lane_list],
@@ -297,9 +307,10 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
 
     def _answer_oldest(self) -> None:
         f = self._flights[0]
+        since = time.monotonic()
         try:
             while f.step not in self.terminal and self.broken is None and not self.chain_errors:
-                self._pump(f"running step {f.step}")
+                self._pump(f"running step {f.step}", since)
             if self.broken is not None or self.chain_errors:
                 raise StageFailure(self.broken or self.chain_errors[0])
             answer = self.terminal.pop(f.step)
@@ -309,6 +320,10 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
             if not np.array_equal(out_rows, f.sample_rows):
                 raise StageFailure(f"the last stage answered step {f.step} rows "
                                    f"{out_rows.tolist()} for rows {f.sample_rows.tolist()}")
+            if len(out_tokens) and not (-1 <= int(out_tokens.min())
+                                        and int(out_tokens.max()) < self.n_vocab):
+                raise StageFailure(f"the last stage answered step {f.step} with tokens outside "
+                                   f"[-1, {self.n_vocab}): {out_tokens.tolist()}")
         except StageFailure as exc:
             self._fail_from(exc)
             return
@@ -363,10 +378,34 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
             f.plan.outputs.count = 0
             f.finish(0)
 
-    def _quiesce(self, what: str) -> None:
-        """Wait until every plan and memory message sent has been answered."""
+    def _quiesce(self, what: str, timeout_s: Optional[float] = None) -> None:
+        """Wait until every plan and memory message sent has been answered (within
+        `timeout_s`, default the host's, for all of them together)."""
+        since = time.monotonic()
         while (self.awaited - self.terminal.keys() or self.mem_pending) and not self.chain_errors:
-            self._pump(what)
+            self._pump(what, since, timeout_s)
+
+    def _drain(self, what: str, timeout_s: Optional[float] = None) -> None:
+        """`_quiesce` for the inspection verbs: a stage that fails meanwhile breaks the chain
+        (the plans in flight are then left to end empty), and the failure is raised."""
+        try:
+            self._quiesce(what, timeout_s)
+        except StageFailure as exc:
+            self._break_chain(str(exc))
+            raise
+
+    def _send_releases(self, what: str, timeout_s: Optional[float] = None) -> None:
+        """Have every stage free the released lanes now (with no plan in flight: they would
+        otherwise ride on the next plan); a stage that does not answer breaks the chain."""
+        if not self._pending_release or self.broken is not None:
+            return
+        self._broadcast(b"release", {"lanes": self._pending_release})
+        try:
+            self._collect(b"released", what, timeout_s)
+        except StageFailure as exc:
+            self._break_chain(str(exc))
+            raise
+        self._pending_release = []
 
     def _undo(self, f: Flight, stages: bool) -> None:
         """Put the driver (and, with `stages`, every stage) back where `f` found them."""
@@ -437,27 +476,31 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
             self._pending_release = []  # the live stages were freed when the chain broke
             return
         self._flush_ops()
-        self._quiesce("waiting for the plans in flight")
+        self._drain("waiting for the plans in flight")
         self._settle()
-        if self._pending_release and self.broken is None:
-            self._broadcast(b"release", {"lanes": self._pending_release})
-            self._collect(b"released", "releasing lanes")
-            self._pending_release = []
+        self._send_releases("releasing lanes")
 
     def check_alive(self, timeout_s: float) -> Optional[str]:
         """A heartbeat between requests: every live stage answers a ping within `timeout_s`,
         or the chain is broken (a remote worker that died or hung while idle is otherwise
         noticed only when a plan reaches it). Skipped while plans or memory messages are in
         flight (their answers already tell), and with workers of an earlier release, which do
-        not answer pings (their `ready` does not say `answers_ping`). Why the chain is broken,
-        or None."""
+        not answer pings (their `ready` does not say `answers_ping`). The lanes released since
+        the last plan are freed on the stages first (an idle server keeps no KV of a finished
+        request). Why the chain is broken, or None."""
         self._settle()
         if (self.broken is not None or self._flights or self.mem_pending
                 or not self.answers_ping):
             return self.broken
-        self._broadcast(b"ping", {})
+        what = "checking that the idle stages answer"
         try:
-            self._collect(b"pong", "checking that the idle stages answer", timeout_s)
+            if self._cells.ops:  # with prefix reuse a released lane's removal waits here
+                self._flush_ops()
+                self._drain(what, timeout_s)
+                self._settle()
+            self._send_releases(what, timeout_s)
+            self._broadcast(b"ping", {})
+            self._collect(b"pong", what, timeout_s)
         except StageFailure as exc:
             self._break_chain(str(exc))
         self._settle()
@@ -470,12 +513,18 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
         """Per live stage: positions held by every lane with KV (after `sync`); with `holders`
         the prefix holders' too."""
         if self.broken is None:
-            self._quiesce("waiting for the plans in flight")
+            self._drain("waiting for the plans in flight")
         self._broadcast(b"held", {})
         top = self.n_seq_max + (self.prefix_holders if holders else 0)
         replies = self._collect(b"held", "asking what is held")
-        self.stage_samplers = [int(r.get("samplers", 0)) for r in replies]
-        return [{int(k): v for k, v in r["lanes"].items() if int(k) < top} for r in replies]
+        try:
+            samplers = [int(r.get("samplers", 0)) for r in replies]
+            held = [{int(k): int(v) for k, v in r["lanes"].items() if int(k) < top}
+                    for r in replies]
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise StageFailure(f"a stage sent a malformed held answer: {exc!r}") from None
+        self.stage_samplers = samplers
+        return held
 
     @property
     def active_sequences(self) -> list[str]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -177,13 +177,16 @@ class StageRunner:
         return False
 
     # ------------------------------------------------------------------ lanes
-    def check_rows(self, lanes: np.ndarray, starts: np.ndarray) -> None:
-        """Refuse rows on unknown lanes, repeated lanes or rows starting past what a lane holds."""
+    def check_rows(self, lanes: np.ndarray, starts: np.ndarray,
+                   held: Optional[Callable[[int], int]] = None) -> None:
+        """Refuse rows on unknown lanes, repeated lanes or rows starting past what a lane holds
+        (`held(lane)`, default what it holds now)."""
         if len(lanes) and (int(lanes.min()) < 0 or int(lanes.max()) >= self.n_seq_max):
             raise ValueError(f"lanes must be in [0, {self.n_seq_max})")
         if len(np.unique(lanes)) != len(lanes):
             raise ValueError("a lane appears in more than one row")
-        held = self._lanes.end
+        if held is None:
+            held = self._lanes.end
         for lane, start in zip(lanes.tolist(), starts.tolist()):
             if start > held(lane):
                 raise ValueError(f"a row of lane {lane} starts at position {start} but the "

@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence
 
 from ...types import MemoryComponent
 from ..._validate import check_int
-from .channel import StageTimeout
+from .channel import StageFailure, StageTimeout
 
 __all__ = ["StageUsage", "UsageVerbs", "check_stage_cells"]
 
@@ -69,9 +69,9 @@ class UsageVerbs:
                     self.stage_cells, self.stage_kv_bytes, self.stage_prefix_cache_tokens))]
 
     def stage_usage(self) -> list[StageUsage]:
-        """Every live stage's measured KV use (after the plans sent so far have run)."""
-        if self.broken is None:
-            self._quiesce("waiting for the plans in flight")  # type: ignore[attr-defined]
+        """Every live stage's measured KV use (after the plans sent so far have run and the
+        lanes released since were freed: `sync`)."""
+        self.sync()  # type: ignore[attr-defined]
         self._broadcast(b"usage", {})  # type: ignore[attr-defined]
         try:
             replies = self._collect(b"usage", "asking for KV use")  # type: ignore[attr-defined]
@@ -80,11 +80,16 @@ class UsageVerbs:
             raise
         out = []
         for r in replies:
-            seqs = {int(k): (int(v[0]), int(v[1])) for k, v in r["seqs"].items()}
+            try:
+                seqs = {int(k): (int(v[0]), int(v[1])) for k, v in r["seqs"].items()}
+                per_token = int(r["kv_bytes_per_token"])
+            except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
+                raise StageFailure(f"stage {r['index']} sent a malformed usage answer: "
+                                   f"{exc!r}") from None
             lanes = [v for k, v in seqs.items() if k < self.n_seq_max]
             holders = [v for k, v in seqs.items() if k >= self.n_seq_max]
             out.append(StageUsage(
-                index=int(r["index"]), kv_bytes_per_token=int(r["kv_bytes_per_token"]),
+                index=int(r["index"]), kv_bytes_per_token=per_token,
                 lane_cells=sum(c for c, _ in lanes), lane_bytes=sum(b for _, b in lanes),
                 holder_cells=sum(c for c, _ in holders),
                 holder_bytes=sum(b for _, b in holders), seqs=seqs))

@@ -226,8 +226,11 @@ def decode_activations(head: Any, data: Any, step: int, n_rows: int,
     if (rows, cols) != (n_rows, n_embd) or at_step != step or nbytes != rows * cols * 4:
         raise WireError(f"activations for step {at_step} are {rows} x {cols}; plan step {step} "
                         f"needs {n_rows} x {n_embd}")
-    if len(body) != nbytes:
+    if len(body) < nbytes:
         raise WireError(f"activation data truncated: {len(body)} of {nbytes} bytes")
+    if len(body) > nbytes:
+        raise WireError(f"activation data has {len(body) - nbytes} bytes after the {nbytes} "
+                        "its header states")
     return np.frombuffer(body, dtype=np.float32).reshape(rows, cols)
 
 

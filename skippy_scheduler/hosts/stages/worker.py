@@ -3,8 +3,9 @@
 The worker binds a PULL socket at its listen address and answers what arrives there:
 
 * `conf` (JSON): its place in the chain (index, the next stage's address, the driver's reply
-  address) and the context settings; the worker (re)creates its llama.cpp context and answers
-  `ready` with what its stage file says about itself.
+  address), the driver's id and the context settings; the worker (re)creates its llama.cpp
+  context and answers `ready` with what its stage file says about itself. Every other message
+  must carry that driver id (docs/wire-format.md "Driver id"): one that does not is dropped.
 * `plan` (a plan frame, then for a later stage an activation header and data): the worker frees
   the plan's released lanes, runs its rows, and sends the same plan frame (the received zmq frame
   itself, not a copy) with its activations to the next stage; the last stage sends the sampled
@@ -23,6 +24,7 @@ keeps serving.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from typing import Any, Optional
@@ -30,12 +32,15 @@ from typing import Any, Optional
 import numpy as np
 
 from ...sampling import SamplingParams
+from .channel import DRIVER_FRAME
 from .runner import OP_COPY, OP_REMOVE, StageRunner
 from .split import read_stage_info
 from .wire import WireError, decode_activations, decode_plan, encode_activations, encode_outputs
 
 
 PARENT_CHECK_MS = 500
+
+log = logging.getLogger(__name__)
 
 
 def _json(obj: Any) -> bytes:
@@ -62,6 +67,9 @@ class StageWorker:
         self._next: Any = None
         self._reply: Any = None
         self._reply_address: Optional[str] = None  # the driver this worker answers
+        # That driver's id (`conf`): every other message must carry it, or it is dropped.
+        self._driver: Optional[int] = None
+        self._driver_frame: Optional[bytes] = None
         self._runner: Any = None
         # The last stage: sampling of the new rows of a coming plan, lane -> (step, params,
         # the tokens of the prefix the row restores when its chain keeps a penalty window).
@@ -92,11 +100,22 @@ class StageWorker:
             try:
                 self._reply.send_multipart([b"err", _json({
                     "index": self.index, "step": -1, "tag": None, "kind": "taken",
-                    "message": message})], flags=self._zmq.NOBLOCK)
+                    "driver": self._driver, "message": message})], flags=self._zmq.NOBLOCK)
             except self._zmq.Again:
                 pass  # that driver is gone
         self._reply = self._connect("_reply", conf["reply"])
         self._reply_address = conf["reply"]
+        driver = conf.get("driver")
+        if not (isinstance(driver, int) and 0 <= driver < 2**64):
+            # Refused to the driver that sent it; until the next conf nothing is run.
+            self._driver, self._driver_frame = None, None
+            if self._runner is not None:
+                self._runner.close()
+                self._runner = None
+            raise ValueError(f"conf carries no driver id (got {driver!r}): a driver of an "
+                             "earlier release")
+        self._driver, self._driver_frame = driver, DRIVER_FRAME.pack(driver)
+        self._sampling.clear()  # what an earlier driver sent matches none of this one's plans
         self._next = self._connect("_next", conf.get("next"))
         if self._runner is not None:
             self._runner.close()
@@ -119,64 +138,90 @@ class StageWorker:
             "source_id": i.source_id, "source_name": i.source_name, "path": i.path,
             "n_embd": r.n_embd, "n_vocab": r.n_vocab, "n_ctx": r.n_ctx,
             "n_batch": r.n_batch, "kv_bytes_per_token": r.kv_bytes_per_token,
-            "answers_ping": True})])
+            "answers_ping": True, "driver": driver})])
 
     def _plan(self, parts: list[Any]) -> None:
+        """Run a plan (its driver id checked by `serve`). Everything is checked against what
+        the plan's releases and restores would leave before any of it is done."""
         runner = self._runner
         view = decode_plan(parts[1].buffer)
-        for lane in view.release_lanes.tolist():
-            runner.release(lane)
+        if runner.first and len(parts) != 3:
+            raise WireError(f"the first stage's plan message has {len(parts)} parts, not 3 "
+                            "(plan frame, driver id)")
+        if not runner.first and len(parts) != 5:
+            raise WireError(f"a later stage's plan message has {len(parts)} parts, not 5: it "
+                            "must carry activations (header, data) before the driver id")
         lanes = view.row_lanes
         offsets = view.row_offsets.astype(np.int64)
         n = int(offsets[-1])
-        # A new row starts on an empty lane, from position 0 or from a holder's prefix: all of it
-        # is checked before the lane is touched.
+        embd = None
+        if not runner.first:
+            embd = decode_activations(parts[2].buffer, parts[3].buffer, view.step, n,
+                                      runner.n_embd)
+        released = view.release_lanes.tolist()
+        gone = set(released)
+
+        def held(lane: int) -> int:  # positions once the releases ran
+            return 0 if lane in gone else runner.held(lane)
+
+        # A new row starts on an empty lane, from position 0 or from a holder's prefix.
         ops: list[list[int]] = []
+        begins: dict[int, int] = {}  # a new row's lane -> the positions it holds once restored
         for r in view.new_rows.tolist():
             lane, start = int(lanes[r]), int(view.positions[offsets[r]])
             holder = int(view.row_restore[r])
             ops.append([OP_REMOVE, lane, -1, -1, 0])
             if holder >= 0:
-                if not 0 <= holder < runner.n_seq_max or runner.held(holder) < start:
+                has = held(holder) if 0 <= holder < runner.n_seq_max else 0
+                if has < start:
                     raise ValueError(f"new row {r} restores {start} positions from holder "
-                                    f"{holder}, which holds "
-                                    f"{runner.held(holder) if 0 <= holder < runner.n_seq_max else 0}")
+                                     f"{holder}, which holds {has}")
                 ops.append([OP_COPY, holder, lane, 0, start])
             elif start != 0:
                 raise ValueError(f"new row {r} starts at {start} without a restore")
+            begins[lane] = start
         runner.check_ops(ops)
+        runner.check_rows(lanes, view.positions[offsets[:-1]],
+                          lambda lane: begins.get(lane, held(lane)))
+        # Checked: from here on the plan changes the stage.
+        for lane in released:
+            runner.release(lane)
+            self._forget_sampling(lane, keep_step=view.step)
         runner.apply_ops(ops)
         if runner.last:  # every new row's sequence starts its sampler (none: greedy)
-            for r in view.new_rows.tolist():
-                lane = int(lanes[r])
+            for lane in begins:
                 step, params, prefix = self._sampling.pop(lane, (-1, None, []))
                 if step != view.step:
                     params, prefix = None, []
                 runner.start_sampling(lane, params, prefix)
-        runner.check_rows(lanes, view.positions[offsets[:-1]])
-        embd = None
-        if not runner.first:
-            if len(parts) != 4:
-                raise WireError("a later stage's plan message carries activations")
-            embd = decode_activations(parts[2].buffer, parts[3].buffer, view.step, n,
-                                      runner.n_embd)
         out = runner.run(lanes, offsets, view.positions, view.sample_rows,
                          tokens=view.tokens if runner.first else None, embd=embd,
                          feed_tokens=view.tokens if runner.last else None)
         if runner.last:
             self._reply.send_multipart([b"out", encode_outputs(view.step, view.sample_rows,
-                                                               out)])
+                                                               out), self._driver_frame])
         else:
             head, rows = encode_activations(view.step, out)
             # The plan frame goes on as received; the activations are copied into the message
             # because the capture buffer is rewritten by the next decode.
-            self._next.send_multipart([b"plan", parts[1], head, rows], copy=True)
+            self._next.send_multipart([b"plan", parts[1], head, rows, self._driver_frame],
+                                      copy=True)
+
+    def _forget_sampling(self, lane: int, keep_step: Optional[int] = None) -> None:
+        """Drop the sampling kept for `lane`'s next new row (the last stage), but that of the
+        plan of `keep_step`: the lane was freed, so what a plan that never came left for it
+        must not reach the lane's next sequence."""
+        entry = self._sampling.get(lane)
+        if entry is not None and entry[0] != keep_step:
+            del self._sampling[lane]
 
     def _undo(self, body: dict[str, Any]) -> None:
         runner = self._runner
         for lane in body.get("release", []):
             runner.release(int(lane))
+            self._forget_sampling(int(lane))
         for lane, start in zip(body.get("lanes", []), body.get("starts", [])):
+            self._forget_sampling(int(lane))  # the undone plan's new rows never start
             if start == 0:
                 runner.release(int(lane))
             else:
@@ -217,18 +262,28 @@ class StageWorker:
             step, tag = -1, None
             try:
                 if kind == b"plan":
-                    if len(parts) >= 2 and len(parts[1]) >= 24:
+                    if len(parts) < 3 or parts[-1].bytes != self._driver_frame:
+                        log.debug("dropped a plan message without this worker's driver id")
+                        continue
+                    if len(parts[1]) >= 24:
                         step = int(np.frombuffer(parts[1].buffer, np.uint64, 1, 16)[0])
                     if self._runner is not None:
                         self._plan(parts)
                     continue
                 body = json.loads(parts[1].bytes) if len(parts) > 1 else {}
+                if not isinstance(body, dict):
+                    raise ValueError(f"a {kind!r} message is not a JSON object")
                 tag = body.get("tag")
                 if kind == b"conf":
                     self._configure(body)
                     continue
                 if self._runner is None or self._reply is None:
                     continue  # nothing to answer to before a conf
+                if body.get("driver") != self._driver:
+                    # An earlier driver's message, still travelling (or sent by one that has
+                    # not heard that another took this worker): not this driver's to run.
+                    log.debug("dropped a %r message of driver %r", kind, body.get("driver"))
+                    continue
                 if kind == b"undo":
                     self._undo(body)
                 elif kind == b"samp":
@@ -242,6 +297,9 @@ class StageWorker:
                     # Memory operations travel down the chain as plans do: each stage runs
                     # them in order with the plans, the last one answers.
                     self._runner.apply_ops(body["ops"])
+                    for op in body["ops"]:
+                        if op[0] == OP_REMOVE and op[2] <= 0:  # the lane is emptied
+                            self._forget_sampling(int(op[1]))
                     if self._next is not None:
                         self._next.send_multipart([b"mem", parts[1]], copy=True)
                     else:
@@ -250,6 +308,7 @@ class StageWorker:
                 elif kind == b"release":
                     for lane in body["lanes"]:
                         self._runner.release(int(lane))
+                        self._forget_sampling(int(lane))
                     self._reply.send_multipart([b"released", _json({"index": self.index,
                                                                     "tag": tag})])
                 elif kind == b"held":
@@ -271,7 +330,7 @@ class StageWorker:
                 if self._reply is not None:
                     self._reply.send_multipart([b"err", _json({
                         "index": self.index, "step": step, "tag": tag,
-                        "kind": kind.decode("ascii", "replace"),
+                        "driver": self._driver, "kind": kind.decode("ascii", "replace"),
                         "message": f"{type(exc).__name__}: {exc}"})])
 
     def close(self) -> None:
