@@ -228,3 +228,17 @@ def test_a_stage_worker_that_refuses_its_file_says_why_through_run(model4, split
     assert "Traceback" not in err
     assert "exited with status 2 while configuring (each stage loads its layers): " in err, err
     assert "is not a stage file (no skippy.stage.index)" in err, err
+
+
+def test_local_workers_share_the_cores_this_process_may_run_on(splits, monkeypatch):
+    """The default compute threads divide the CPU affinity (a container's or taskset's limit),
+    not the machine's core count, among the local stages."""
+    from skippy_scheduler.hosts.stages import local
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    for cores, want in (({0}, 1), ({0, 1, 2, 3}, 2)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cores=cores: cores,
+                            raising=False)
+        assert local.usable_cores() == len(cores)
+        with local.LocalStages(splits[2]) as stages:
+            assert stages.n_threads == want

@@ -18,6 +18,15 @@ from .host import StageHost
 from .split import file_identity, stage_paths
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's or `taskset`'s
+    limit, not the machine's count), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity on this platform
+        return max(1, os.cpu_count() or 1)
+
+
 class StageProcess(subprocess.Popen[bytes]):
     """A local stage worker's process, with the file its stderr goes to (`log_path`): what a
     `StageFailure` for a worker that exited quotes."""
@@ -31,12 +40,12 @@ class LocalStages:
     def __init__(self, directory: str, *, n_threads: Optional[int] = None,
                  start_timeout_s: float = 60.0, source_model: Optional[str] = None,
                  stage_args: Sequence[Sequence[str]] = ()) -> None:
-        """`n_threads`: each worker's compute threads (None: the cores divided among the
-        stages, at least one). `stage_args`: further `stage` flags per stage (the offload
+        """`n_threads`: each worker's compute threads (None: the cores this process may run
+        on, its CPU affinity, divided among the stages, at least one). `stage_args`: further `stage` flags per stage (the offload
         flags, a device each: `stage_device_args`)."""
         self.paths = stage_paths(directory)
         if n_threads is None:
-            n_threads = max(1, (os.cpu_count() or 1) // len(self.paths))
+            n_threads = max(1, usable_cores() // len(self.paths))
         self.n_threads = n_threads
         self.source_id = file_identity(source_model) if source_model else None
         self._dir = tempfile.mkdtemp(prefix="skippy-stages-")
