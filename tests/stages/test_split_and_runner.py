@@ -54,6 +54,20 @@ def test_split_refuses_bad_ranges_and_mixed_stages(model4, splits, tmp_path):
             parse_ranges(bad, 4)
     with pytest.raises(SplitError, match="cannot split 4 layers into 5"):
         split_model(model4, tmp_path / "x", 5)
+    # A model whose block_count is not its layers' count: refused before a stage is written.
+    import struct
+
+    with open(model4, "rb") as f:
+        data = bytearray(f.read())
+    key = b"llama.block_count"
+    at = data.index(struct.pack("<Q", len(key)) + key) + 8 + len(key) + 4  # past its type
+    for count, said in ((5, r"no tensors for layer\(s\) 4"),
+                        (3, r"layer\(s\) 3 past the last")):
+        struct.pack_into("<I", data, at, count)
+        (tmp_path / f"count{count}.gguf").write_bytes(bytes(data))
+        with pytest.raises(SplitError, match=rf"states {count} layers .*{said}"):
+            split_model(tmp_path / f"count{count}.gguf", tmp_path / f"out{count}", 1)
+        assert not (tmp_path / f"out{count}").exists()
     # A stage of another model, or stages given out of order, or a missing stage: refused.
     from skippy_scheduler.hosts.tiny_model import write_tiny_llama
 

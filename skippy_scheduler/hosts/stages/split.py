@@ -130,6 +130,7 @@ def split_model(src: str | os.PathLike[str], out_dir: str | os.PathLike[str],
     n_layer = int(reader.fields[f"{arch}.block_count"].contents())
     ranges = even_ranges(n_layer, ranges) if isinstance(ranges, int) else list(ranges)
     check_ranges(ranges, n_layer)
+    _check_layers(reader, n_layer)
     identity = file_identity(src)
     name_field = reader.fields.get("general.name")
     name = str(name_field.contents()) if name_field is not None else os.path.basename(src)
@@ -145,6 +146,33 @@ def split_model(src: str | os.PathLike[str], out_dir: str | os.PathLike[str],
     for stale in stale_stage_paths(out_dir, len(ranges)):
         os.remove(stale)  # left from an earlier split into more stages: not one of these
     return paths
+
+
+def _check_layers(reader: Any, n_layer: int) -> None:
+    """`SplitError` unless the tensors are of exactly `n_layer` layers (`block_count`): a
+    stage of a layer with no tensors would only fail when a worker loads it."""
+    seen: set[int] = set()
+    for t in reader.tensors:
+        part = t.name.split(".")
+        if part[0] == "blk" and len(part) > 1 and part[1].isdigit():
+            seen.add(int(part[1]))
+    missing = sorted(set(range(n_layer)) - seen)
+    extra = sorted(i for i in seen if i >= n_layer)
+    if missing or extra:
+        what = (f"no tensors for layer(s) {_spans(missing)}" if missing
+                else f"tensors of layer(s) {_spans(extra)} past the last")
+        raise SplitError(f"the model states {n_layer} layers (block_count) but has {what}")
+
+
+def _spans(layers: list[int]) -> str:
+    """`0-2, 5` for [0, 1, 2, 5]."""
+    out: list[str] = []
+    for i in layers:
+        if out and int(out[-1].split("-")[-1]) == i - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{i}"
+        else:
+            out.append(str(i))
+    return ", ".join(out)
 
 
 def _stage_files(directory: str) -> dict[int, str]:
