@@ -74,7 +74,7 @@ class Mapped:
     prompt: list[int]
     max_tokens: int
     sampling: Optional[SamplingParams]
-    stop_ids: frozenset[int]  # ids that end the generation (Dynamo's hidden stop ids)
+    stop_ids: frozenset[int]  # ids that end the generation (hidden and the client's)
     min_tokens: int
     priority: int = 0
     bos_added: bool = False
@@ -166,11 +166,15 @@ def map_request(request: Mapping[str, Any], vocab: Vocabulary, *,
         raise Unsupported(f"the prompt ({len(prompt)} tokens) and max_tokens ({max_tokens}) "
                           f"exceed the {limit} tokens a request may hold here")
     min_tokens = _integer(stop, "min_tokens", 0, max_tokens) or 0
-    hidden = stop.get("stop_token_ids_hidden") or []
-    if not isinstance(hidden, list) or any(isinstance(t, bool) or not isinstance(t, int)
-                                           for t in hidden):
-        raise Unsupported(f"stop_token_ids_hidden must be token ids, got {hidden!r}")
-    stop_ids = frozenset(hidden)
+    # The model's end ids Dynamo adds (hidden) and the client's own (as Dynamo's backends
+    # merge them): any of them ends the generation here, min_tokens holding them off.
+    stop_ids: frozenset[int] = frozenset()
+    for key in ("stop_token_ids_hidden", "stop_token_ids", "stop_token_ids_visible"):
+        ids = stop.get(key) or []
+        if not isinstance(ids, list) or any(isinstance(t, bool) or not isinstance(t, int)
+                                            for t in ids):
+            raise Unsupported(f"{key} must be token ids, got {ids!r}")
+        stop_ids |= frozenset(ids)
     if min_tokens:
         held = tuple(sorted(stop_ids))
         position = len(prompt) + min_tokens

@@ -269,13 +269,25 @@ def tokenizer_json(v: GgufVocab) -> dict[str, Any]:
 # -- the other files -----------------------------------------------------------------------
 
 
+#: Put before a template that writes `bos_token`: Dynamo's frontend renders it with the
+#: model's BOS text, which its tokenizer reads as the BOS id, so a chat prompt would reach the
+#: worker with the BOS in front where a completion prompt has none; the worker puts the BOS
+#: there itself (adapter.py) and announces its blocks without it (routing_events.py), so the
+#: frontend must never write it: with this, chat and completion prompts hash alike.
+NO_BOS_PREFIX = '{%- set bos_token = "" -%}'
+
+
 def chat_template_of(v: GgufVocab) -> tuple[str, str]:
     """(template, source): the GGUF's template when llama.cpp recognises it ("model"), else
-    ChatML ("chatml"), as `skippy-scheduler serve` decides (serve/chat.py)."""
+    ChatML ("chatml"), as `skippy-scheduler serve` decides (serve/chat.py); a template that
+    writes `bos_token` gets `NO_BOS_PREFIX` before it."""
     from ..serve.chat import ChatTemplate
 
     if v.chat_template and ChatTemplate(v.chat_template).source == "model":
-        return v.chat_template, "model"
+        template = v.chat_template
+        if "bos_token" in template:
+            template = NO_BOS_PREFIX + template
+        return template, "model"
     return CHATML_TEMPLATE, "chatml"
 
 

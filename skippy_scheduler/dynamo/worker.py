@@ -12,7 +12,8 @@ KV events and load snapshots to the router, and on SIGINT/SIGTERM unregisters, d
 * the engine: a `Server` built from `ServeSettings` (the host, scheduler, engine thread and the
   prefix store's vLLM-format KV event publisher) whose HTTP side is never started;
 * `generate`: `EngineAdapter.stream` (adapter.py), Dynamo's token-id request in, token ids and
-  the finish reason out; what has no counterpart here is refused with `InvalidArgument`;
+  the finish reason out; what has no counterpart here is refused with `InvalidArgument`, and a
+  full waiting queue with `WorkerUnavailable` (retryable, a 503);
 * KV events: the prefix store's blocks as Dynamo's router counts them (the leading BOS the
   engine adds left out, routing_events.py) on a ZeroMQ PUB socket of their own, handed to
   Dynamo's relay as a `ZmqSource` (the vLLM wire format it reads from vLLM and SGLang);
@@ -32,7 +33,8 @@ from dynamo.common.backend import (  # type: ignore[import-not-found, unused-ign
 from dynamo.common.backend.publisher import (  # type: ignore[import-not-found, unused-ignore]
     ComponentSnapshot, ZmqSource)
 from dynamo.llm import ModelInput  # type: ignore[import-not-found, unused-ignore]
-from dynamo.llm.exceptions import InvalidArgument  # type: ignore[import-not-found, unused-ignore]
+from dynamo.llm.exceptions import (  # type: ignore[import-not-found, unused-ignore]
+    InvalidArgument, WorkerUnavailable)
 
 from .adapter import EngineAdapter, EngineRefused, Unsupported, Vocabulary
 
@@ -190,7 +192,9 @@ class SkippyEngine(LLMEngine):  # type: ignore[misc, unused-ignore]
         except Unsupported as exc:
             raise InvalidArgument(str(exc)) from None
         except EngineRefused as exc:
-            raise RuntimeError(f"skippy-scheduler refused the request: {exc}") from None
+            if exc.busy:  # its queue is full: retryable, a 503 to the client (not a 500)
+                raise WorkerUnavailable(f"skippy-scheduler is busy: {exc}") from None
+            raise InvalidArgument(f"skippy-scheduler refused the request: {exc}") from None
 
     async def abort(self, context: Any) -> None:
         if self.adapter is not None:

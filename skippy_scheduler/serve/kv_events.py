@@ -247,13 +247,14 @@ class KvEventPublisher:
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
         self._topic = topic.encode("utf-8")
-        self._queue: queue.Queue[Optional[bytes]] = queue.Queue(maxsize=max_queue)
+        self._queue: queue.Queue[Optional[tuple[int, bytes]]] = queue.Queue(maxsize=max_queue)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_batches)
         self._ctx = zmq.Context()
         self._pub = self._ctx.socket(zmq.PUB)
         self._replay = None
         try:
             self._pub.setsockopt(zmq.LINGER, 0)
+            self._pub.setsockopt(zmq.SNDHWM, 100_000)  # as vLLM's: a burst is not dropped
             self._pub.bind(endpoint)
             if replay_endpoint is not None:
                 self._replay = self._ctx.socket(zmq.ROUTER)
@@ -268,6 +269,7 @@ class KvEventPublisher:
         self._settle_s = settle_s
         self.sent = 0  # batches sent
         self.dropped = 0  # batches not queued because the queue was full
+        self._lost = 0  # of those, the ones the next queued batch's sequence number skips
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
         self._thread.start()
 
@@ -275,9 +277,13 @@ class KvEventPublisher:
         if not events:
             return
         try:
-            self._queue.put_nowait(encode_batch(events, time.time()))
+            self._queue.put_nowait((self._lost, encode_batch(events, time.time())))
+            self._lost = 0
         except queue.Full:
-            self.dropped += 1  # the subscriber learns of the gap from the sequence numbers
+            # Lost: the next batch queued skips its sequence number, so a subscriber sees the
+            # gap where the batch would have been.
+            self.dropped += 1
+            self._lost += 1
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Send what is queued (up to `timeout_s`), then close the sockets."""
@@ -303,11 +309,13 @@ class KvEventPublisher:
             if self._replay is not None and self._replay.poll(0):
                 self._serve_replay()
             try:
-                payload = self._queue.get(timeout=0.05)
+                item = self._queue.get(timeout=0.05)
             except queue.Empty:
                 continue
-            if payload is None:
+            if item is None:
                 return
+            lost, payload = item
+            seq += lost
             seq_bytes = seq.to_bytes(8, "big")
             self._pub.send_multipart((self._topic, seq_bytes, payload))
             self._buffer.append((seq, payload))

@@ -38,6 +38,13 @@ def test_sampling_and_stop_conditions_map():
     assert (s.presence_penalty, s.frequency_penalty, s.repetition_penalty) == (0.5, 0.25, 1.1)
     assert s.ignore_eos and s.min_end_position == 2 + 2 and tuple(s.min_end_tokens) == (2, 9)
     assert m.stop_ids == {2, 9} and m.min_tokens == 2
+    # The client's own stop ids join the hidden ones, as Dynamo's backends merge them.
+    both = map_request({"token_ids": [5], "stop_conditions": {
+        "stop_token_ids_hidden": [2], "stop_token_ids": [11, 2], "min_tokens": 1}}, VOCAB)
+    assert both.stop_ids == {2, 11}
+    assert both.sampling is not None and tuple(both.sampling.min_end_tokens) == (2, 11)
+    with pytest.raises(Unsupported, match="stop_token_ids must be token ids"):
+        map_request({"token_ids": [5], "stop_conditions": {"stop_token_ids": ["x"]}}, VOCAB)
 
 
 @pytest.mark.parametrize("request_, reason", [

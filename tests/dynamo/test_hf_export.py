@@ -76,3 +76,26 @@ def test_not_a_gguf_is_a_usage_error(tmp_path, capsys):
     bad.write_bytes(b"nope")
     assert main(["export-hf-tokenizer", str(bad), str(tmp_path / "hf")]) == 2
     assert "not a GGUF" in capsys.readouterr().err
+
+
+def test_a_template_that_writes_the_bos_renders_without_it(tiny):
+    """Dynamo's frontend renders the exported template with the model's BOS text; the worker
+    puts the BOS in front itself and announces blocks without it, so the exported template
+    writes none and a chat prompt's ids hash as a completion's do."""
+    import dataclasses
+
+    import jinja2
+
+    llama2 = ("{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+              "[INST] {{ message['content'] }} [/INST]{% else %}{{ message['content'] }}"
+              "{{ eos_token }}{% endif %}{% endfor %}")
+    v = dataclasses.replace(hf_export.read_vocab(str(tiny)), chat_template=llama2)
+    template, source = hf_export.chat_template_of(v)
+    assert source == "model" and template == hf_export.NO_BOS_PREFIX + llama2
+    messages = [{"role": "user", "content": "hi"}]
+    text = jinja2.Environment().from_string(template).render(
+        messages=messages, bos_token="<s>", eos_token="</s>")
+    assert text == "[INST] hi [/INST]"
+    # A template without bos_token is exported as it is.
+    chatml = hf_export.CHATML_TEMPLATE
+    assert hf_export.chat_template_of(dataclasses.replace(v, chat_template=None))[0] == chatml

@@ -169,6 +169,29 @@ def test_the_replay_socket_answers_buffered_batches_from_a_sequence_number(endpo
         publisher.close()
 
 
+def test_a_batch_that_could_not_be_queued_leaves_a_gap_in_the_sequence(endpoint):
+    """A full queue drops a batch (the engine thread never waits); the next batch sent skips
+    its sequence number, so a subscriber sees where one was lost."""
+    publisher = KvEventPublisher(endpoint, settle_s=SETTLE_S, max_queue=2)
+    sub = Subscriber(endpoint)
+    try:
+        for _ in range(6):  # while the publisher settles: 2 queued, 4 lost
+            publisher.publish([kv_events.AllBlocksCleared()])
+        assert publisher.dropped == 4
+        seqs = []
+        while len(seqs) < 2:
+            item = sub.receive()
+            assert item is not None, "no batch"
+            seqs.append(item[1])
+        publisher.publish([kv_events.AllBlocksCleared()])
+        item = sub.receive()
+        assert item is not None, "no batch after the loss"
+        assert seqs + [item[1]] == [0, 1, 6]
+    finally:
+        sub.close()
+        publisher.close()
+
+
 def test_the_ledger_announces_exactly_the_blocks_of_the_resident_keys():
     rng = random.Random(3)
     store = PrefixStore(capacity_tokens=80, holder_slots=6)
