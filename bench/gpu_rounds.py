@@ -57,14 +57,21 @@ measured), printed at the end, and the medians appended as JSON lines to `--json
 also gets every load's figures as it ends, both command lines, `llama-server --version`, the
 GPU's name and the date. A server that does not start, or a load past its time, is recorded
 as a failed load (its error and the end of the server's log in the JSON line) and the rounds
-go on; SIGINT (Ctrl-C, `timeout -s INT`) stops them, and the table of what was measured is
-still written (exit 130). Progress goes to stderr. Requests time out after `--timeout` s
-without data, a load after `--load-timeout` s, a server start after `--start-timeout` s.
+go on; a server that failed to start `--start-failures` times (default 2) is skipped for the
+rest of the run, and the table and the progress lines say so. SIGINT (Ctrl-C, `timeout -s
+INT`, also where the process started with SIGINT ignored) or SIGTERM (`timeout`'s own) stops
+them, and the table of what was measured is still written (exit 130). Progress goes to
+stderr. Requests time out after `--timeout` s without data, a load after `--load-timeout` s, a
+server start after `--start-timeout` s.
 
 `--merge A.jsonl B.jsonl ...` runs nothing: it reads the loads, the output comparisons and
 the run lines that earlier runs wrote with `--json` (say two calls on one lent machine, each
-with the rounds that fit) and writes one table of their medians taken together; runs of
-another workload (model, servers, concurrency, sizes, threads, flags) are refused.
+with the rounds that fit, or several runs appending to one file) and writes one table of
+their medians taken together; runs of another workload (model, concurrency, sizes, threads,
+flags) are refused, while runs of one server or both merge (each server's medians over the
+runs that had it). A missing or empty file is skipped with a warning, and so is a line cut
+short by a run stopped while writing it (a file's last line, or one before the next run's
+first); a run appending to a file whose last line was cut short starts a new line.
 
 A CPU smoke run (the test's): `--model tiny.gguf --servers ours --concurrency 1,2
 --requests 3 --prompt-tokens 24 --shared-prefix 16 --max-tokens 4 --lanes 2 --ctx-size 1024`.
@@ -80,6 +87,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -407,8 +415,9 @@ def measure(args: argparse.Namespace, cmd: list[str], label: str, c: int, logs: 
     try:
         served = Served(cmd, logs, label, args.start_timeout)
     except RuntimeError as exc:
-        return {**base, "error": f"{label} did not start: {exc}; the end of its log: "
-                                 f"{log_tail(logs, label, 1500)}"}
+        return {**base, "start_failed": True,
+                "error": f"{label} did not start: {exc}; the end of its log: "
+                         f"{log_tail(logs, label, 1500)}"}
     sampler = window = None
     try:
         load = argparse.Namespace(**{**vars(args), "requests": n})
@@ -519,6 +528,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], args: argparse.Na
     failed = sum(r.get("failed", 0) for r in rows)
     if failed:
         out.append(f"- {failed} load(s) failed (their errors are in the JSON lines)")
+    for label, n in (meta.get("skipped") or {}).items():
+        out.append(f"- {label} did not start {n} times: skipped for the rest of the run")
     if meta.get("interrupted"):
         out.append("- interrupted: the rounds stopped before their end")
     out += ["", f"| concurrency | requests | measure | {OURS} | {THEIRS} | ours ÷ theirs |",
@@ -578,6 +589,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--timeout", type=float, default=600, help="per request without data, s")
     ap.add_argument("--load-timeout", type=float, default=3600, help="per load, s")
     ap.add_argument("--start-timeout", type=float, default=300, help="per server start, s")
+    ap.add_argument("--start-failures", type=int, default=2, metavar="N",
+                    help="a server that failed to start N times is skipped for the rest of the "
+                         "run (default 2; 0: never)")
     ap.add_argument("--require-equal", action="store_true",
                     help="exit 1 when the servers' greedy outputs differ for any request")
     ap.add_argument("--logs", default=None, metavar="DIR",
@@ -596,10 +610,50 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-#: The options that make two runs' loads the same workload (`--merge` refuses others).
-WORKLOAD = ("model", "servers", "concurrency", "requests", "prompt_tokens", "shared_prefix",
+#: The options that make two runs' loads the same workload (`--merge` refuses others; runs of
+#: either server or both merge, each server's medians over the runs that had it).
+WORKLOAD = ("model", "concurrency", "requests", "prompt_tokens", "shared_prefix",
             "max_tokens", "lanes", "ctx_size", "threads", "ngl", "ours_args", "theirs_args",
             "seed", "decode_tokens")
+
+
+def read_lines(path: str) -> list[dict[str, Any]]:
+    """The JSON lines of one `--json` file for `--merge`. A file that is missing or empty is
+    skipped with a warning, and so is a line cut short by a run stopped while writing it: the
+    file's last line, or one followed by the next run's `run` line (a later run appending to
+    the same file); any other line that is not JSON makes the merge fail."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except FileNotFoundError:
+        print(f"gpu_rounds --merge: warning: no file {path}, skipped", file=sys.stderr)
+        return []
+    except OSError as exc:
+        raise SystemExit(f"gpu_rounds --merge: {exc}") from None
+    numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+    if not numbered:
+        print(f"gpu_rounds --merge: warning: {path} is empty, skipped", file=sys.stderr)
+        return []
+    rows: list[Any] = []  # a dict, or the ValueError of a line that is not JSON
+    for n, line in numbered:
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            rows.append(exc)
+            continue
+        if not isinstance(row, dict):
+            raise SystemExit(f"gpu_rounds --merge: {path}:{n} is not a JSON object")
+        rows.append(row)
+    for i, (n, _) in enumerate(numbered):
+        if not isinstance(rows[i], ValueError):
+            continue
+        last = i + 1 == len(rows)
+        if last or (isinstance(rows[i + 1], dict) and rows[i + 1].get("label") == "run"):
+            print(f"gpu_rounds --merge: warning: {path}:{n} is cut short (a run stopped while "
+                  "writing it), skipped", file=sys.stderr)
+            continue
+        raise SystemExit(f"gpu_rounds --merge: {path}:{n} is not JSON ({rows[i]})")
+    return [r for r in rows if isinstance(r, dict)]
 
 
 def merge(args: argparse.Namespace) -> int:
@@ -609,18 +663,8 @@ def merge(args: argparse.Namespace) -> int:
     equal: dict[str, list[int]] = {}
     metas: list[dict[str, Any]] = []
     for path in args.merge:
-        try:
-            with open(path, encoding="utf-8") as fh:
-                lines = fh.read().splitlines()
-        except OSError as exc:
-            raise SystemExit(f"gpu_rounds --merge: {exc}") from None
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise SystemExit(f"gpu_rounds --merge: {path}:{n} is not JSON ({exc})") from None
+        rows = read_lines(path)
+        for row in rows:
             label = row.get("label")
             if label == "run":
                 metas.append(row)
@@ -640,7 +684,11 @@ def merge(args: argparse.Namespace) -> int:
             flags = ", ".join("--" + k.replace("_", "-") for k in differ)
             raise SystemExit(f"gpu_rounds --merge: the run of {m['date']} differs from that of "
                              f"{metas[0]['date']} in {flags}")
-    servers = list(metas[0]["commands"].items())
+    commands: dict[str, list[str]] = {}
+    for m in metas:
+        for label, cmd in m["commands"].items():
+            commands.setdefault(label, cmd)
+    servers = [(label, commands[label]) for label in (OURS, THEIRS) if label in commands]
     for by_server in runs.values():
         for label, _ in servers:
             by_server.setdefault(label, [])
@@ -656,7 +704,32 @@ def merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def stoppable() -> Callable[[], None]:
+    """SIGINT raises KeyboardInterrupt even where the process started with it ignored (a
+    command run without job control, `timeout -s INT`), and so does SIGTERM (`timeout`'s
+    default): the table of what was measured is written either way. Returns what puts the
+    handlers back (nothing to do outside the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in before:
+        signal.signal(sig, signal.default_int_handler)
+
+    def restore() -> None:
+        for sig, handler in before.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+    return restore
+
+
 def main(argv: Optional[list[str]] = None) -> int:
+    restore = stoppable()
+    try:
+        return _main(argv)
+    finally:
+        restore()
+
+
+def _main(argv: Optional[list[str]]) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     if args.write_model or args.write_rpc_model:
@@ -690,13 +763,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     servers = ([(OURS, ours_cmd(args))] if args.servers != "theirs" else []) + (
         [(THEIRS, theirs_cmd(args, theirs))] if theirs else [])
     smi = shutil.which("nvidia-smi")
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "argv": ["python", "bench/gpu_rounds.py",
-                     *(argv if argv is not None else sys.argv[1:])],
-            "commands": {label: cmd for label, cmd in servers},
-            "llama_server_version": command_output([theirs, "--version"]) if theirs else None,
-            "gpu_name": command_output([smi, "--query-gpu=name", "--format=csv,noheader"])
-            if smi else None}
+    meta: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "argv": ["python", "bench/gpu_rounds.py", *(argv if argv is not None else sys.argv[1:])],
+        "commands": {label: cmd for label, cmd in servers},
+        "llama_server_version": command_output([theirs, "--version"]) if theirs else None,
+        "gpu_name": command_output([smi, "--query-gpu=name", "--format=csv,noheader"])
+        if smi else None}
     if args.device_pid is not None:
         try:
             with open(f"/proc/{args.device_pid}/cmdline", "rb") as fh:
@@ -708,6 +781,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     sampler_of: Callable[[], Any] = ((lambda: ProcSampler(args.device_pid))
                                      if args.device_pid is not None
                                      else (lambda: GpuSampler(smi)))
+    if args.json and os.path.isfile(args.json):  # a line cut short by a run stopped while
+        with open(args.json, "rb+") as end:     # writing it stays a line of its own
+            end.seek(0, os.SEEK_END)
+            if end.tell():
+                end.seek(-1, os.SEEK_END)
+                if end.read(1) != b"\n":
+                    end.write(b"\n")
     emit({"label": "run", **meta}, args.json)
     for label, cmd in servers:
         print(f"# {label}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
@@ -728,12 +808,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                 fh.write(text)
         return text
 
+    start_failures = {label: 0 for label, _ in servers}
+    meta["skipped"] = {}  # server: its failed starts, once --start-failures is reached
     try:
         for rnd in range(1, args.rounds + 1):
             for c, decode in loads:
                 name = load_name(c, decode)
                 this: dict[str, dict[str, Any]] = {}
                 for label, cmd in servers:
+                    if label in meta["skipped"]:
+                        continue
                     print(f"# round {rnd}/{args.rounds}: {label}, {name}, "
                           f"{c if decode else requests_at(args, c)} requests",
                           file=sys.stderr, flush=True)
@@ -741,9 +825,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                     result["round"] = rnd
                     runs[name][label].append(result)
                     emit({k: finite(v) for k, v in result.items() if k != "outputs"}, args.json)
+                    if result.get("start_failed"):
+                        start_failures[label] += 1
+                        if start_failures[label] == args.start_failures:
+                            meta["skipped"][label] = start_failures[label]
                     table()
                     if result.get("error"):
                         print(f"#   failed: {result['error']}", file=sys.stderr, flush=True)
+                        if label in meta["skipped"]:
+                            print(f"# {label} did not start {start_failures[label]} times: "
+                                  "skipped for the rest of the run", file=sys.stderr, flush=True)
                         continue
                     this[label] = result
                     util = result.get("gpu_util_decode_pct" if decode else "gpu_util_mean_pct")

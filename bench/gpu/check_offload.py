@@ -122,9 +122,10 @@ def _prompts(args: argparse.Namespace) -> list[str]:
 
 
 def _exact(args: argparse.Namespace, *extra: str) -> Server:
-    """A server with the exact settings (f32 KV, flash attention off), a lane per prompt."""
+    """A server with the exact settings (f32 KV, flash attention off), a lane per prompt of
+    512 tokens (a model trained on a short context would give its lanes less by default)."""
     return Server(args.model, ["--kv-type", "f32", "-fa", "off", "-np", str(args.prompts),
-                               *extra], args.timeout, args.logs)
+                               "-c", str(512 * args.prompts), *extra], args.timeout, args.logs)
 
 
 def _all_at_once(client: Any, args: argparse.Namespace) -> list[list[int]]:
@@ -200,6 +201,10 @@ def run_checks(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    # Stopped by SIGINT (also where the process started with it ignored: a command run without
+    # job control) or SIGTERM (`timeout`'s own): keep what was found.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--model", required=True, help="GGUF model file")
     ap.add_argument("--prompts", type=int, default=8, help="requests compared (default: 8)")
@@ -223,7 +228,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     keep = args.logs is not None
     args.logs = os.path.abspath(args.logs) if keep else tempfile.mkdtemp(prefix="check-offload-")
     os.makedirs(args.logs, exist_ok=True)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stopped: keep what was found
     try:
         out = run_checks(args)
     finally:

@@ -1,7 +1,9 @@
 """bench/gpu/device_run.sh on the CPU (SETUP=0: the packages of this environment): the
 offload checks run against the tiny model and their summary reaches progress.log; what comes
 back is at most six files (for runners that bring back only a few), the rest packed; a budget too
-short for a phase skips it and says so; a missing kit is named. And check_offload.py alone:
+short for a phase skips it and says so; a missing kit is named; the first round of the table
+runs before the other phases and later rounds join its table; a preflight load that dies with a
+signal sends the rest to SKIPPY_LLAMA_LOG=raw. And check_offload.py alone:
 a check that cannot start its server is recorded with the server's own complaint, and the
 next check runs."""
 from __future__ import annotations
@@ -126,3 +128,36 @@ def test_a_check_whose_requests_fail_is_recorded_with_the_server_log(tmp_path, m
     for name in ("batch_invariance", "in_flight"):  # prompts past a lane's context: refused
         assert got[name]["error"].startswith("BadRequestError"), got[name]
         assert "the end of the last server's log" in got[name]["error"]
+
+
+def test_the_first_round_comes_first_and_later_rounds_join_its_table(tmp_path, model_path):
+    # A python whose load with the package's log sink dies with a signal, as one GPU load did:
+    # the preflight says so and the rest runs with SKIPPY_LLAMA_LOG=raw.
+    wrapper = tmp_path / "python"
+    wrapper.write_text("#!/bin/bash\nfor a in \"$@\"; do\n"
+                       "  [[ $a == */preflight_load.py && ${SKIPPY_LLAMA_LOG:-} != raw ]] "
+                       "&& kill -SEGV $$\ndone\n"
+                       f"exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    proc, progress = run(tmp_path, SETUP="0", MODEL=str(model_path), PYTHON=str(wrapper),
+                         CHECKS="0", ROUNDS="2", SERVERS="ours", CONCURRENCY="1",
+                         DECODE_TOKENS="0", THREADS="1", BUDGET_S="300",
+                         ROUNDS_ARGS="--prompt-tokens 24 --shared-prefix 16 --max-tokens 4 "
+                                     "--lanes 2 --ctx-size 1024 --requests 3")
+    assert proc.returncode == 0, proc.stderr
+    lines = progress.splitlines()
+    assert any("preflight load died with signal 11" in x and "SKIPPY_LLAMA_LOG=raw" in x
+               for x in lines)
+    assert any("with SKIPPY_LLAMA_LOG=raw ended (0): loaded on the CPU" in x for x in lines)
+    first = next(i for i, x in enumerate(lines) if "gpu_rounds: round 1 of 2 (ours)" in x)
+    assert "gpu_rounds round 1 ended (0)" in lines[first + 1]
+    assert any("gpu_rounds: round 2 of 2 (ours)" in x for x in lines[first + 2:])
+    assert "gpu-rounds.md: medians of 2 alternating rounds" in progress
+    out = tmp_path / "out"
+    assert sorted(os.listdir(out)) == ["details.tar.gz", "devices.txt", "gpu-rounds.jsonl",
+                                       "gpu-rounds.md", "progress.log"]
+    rows = [json.loads(x) for x in (out / "gpu-rounds.jsonl").read_text().splitlines()]
+    assert [r["label"] for r in rows].count("run") == 2  # two runs, one file
+    assert "medians of 2 alternating rounds" in (out / "gpu-rounds.md").read_text()
+    with tarfile.open(out / "details.tar.gz") as tar:
+        assert "./preflight.log" in tar.getnames()
