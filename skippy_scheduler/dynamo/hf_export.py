@@ -269,24 +269,31 @@ def tokenizer_json(v: GgufVocab) -> dict[str, Any]:
 # -- the other files -----------------------------------------------------------------------
 
 
-#: Put before a template that writes `bos_token`: Dynamo's frontend renders it with the
-#: model's BOS text, which its tokenizer reads as the BOS id, so a chat prompt would reach the
-#: worker with the BOS in front where a completion prompt has none; the worker puts the BOS
-#: there itself (adapter.py) and announces its blocks without it (routing_events.py), so the
-#: frontend must never write it: with this, chat and completion prompts hash alike.
-NO_BOS_PREFIX = '{%- set bos_token = "" -%}'
+def without_leading_bos(template: str) -> str:
+    """`template` rendering as it did less a BOS text it writes first (Dynamo's frontend
+    renders it with the model's BOS text, which its tokenizer reads as the BOS id, so a chat
+    prompt would reach the worker with the BOS in front where a completion prompt has none;
+    the worker puts the BOS there itself, adapter.py, and announces its blocks without it,
+    routing_events.py: with this, chat and completion prompts hash alike). The output is
+    captured whole and only a leading BOS is cut, so a template that writes the BOS again
+    for later turns keeps those (as llama.cpp renders them for `serve`). Slicing only: no
+    string method a template engine may lack."""
+    return ("{%- set skippy_rendered %}" + template + "{% endset %}"
+            "{%- if bos_token and skippy_rendered[:bos_token|length] == bos_token -%}"
+            "{{ skippy_rendered[bos_token|length:] }}"
+            "{%- else -%}{{ skippy_rendered }}{%- endif -%}")
 
 
 def chat_template_of(v: GgufVocab) -> tuple[str, str]:
     """(template, source): the GGUF's template when llama.cpp recognises it ("model"), else
     ChatML ("chatml"), as `skippy-scheduler serve` decides (serve/chat.py); a template that
-    writes `bos_token` gets `NO_BOS_PREFIX` before it."""
+    writes `bos_token` renders without a leading one (`without_leading_bos`)."""
     from ..serve.chat import ChatTemplate
 
     if v.chat_template and ChatTemplate(v.chat_template).source == "model":
         template = v.chat_template
         if "bos_token" in template:
-            template = NO_BOS_PREFIX + template
+            template = without_leading_bos(template)
         return template, "model"
     return CHATML_TEMPLATE, "chatml"
 

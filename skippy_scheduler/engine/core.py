@@ -68,7 +68,7 @@ class Engine(_Steps):
                  "max_iterations", "profile", "_depth", "recorder", "_live", "_record_of",
                  "_pending", "_seq", "_source", "_source_next", "_last_source_arrival",
                  "_next_due", "_inbox", "_wake", "_lock", "_thread", "_started", "_stop",
-                 "_listeners", "_streams", "_observers", "_slack_feed")
+                 "_listeners", "_streams", "_forgotten", "_observers", "_slack_feed")
 
     def __init__(self, scheduler: SchedulerLike, host: Host, *, clock: ClockArg = "wall",
                  record: bool = True, observe: bool = True,
@@ -124,6 +124,7 @@ class Engine(_Steps):
         self._started = False
         self._stop = False
         self._listeners: list[Callable[[Event], None]] = []
+        self._forgotten: deque[tuple[str, Any]] = deque()  # dropped streams (`_forget`)
         self._streams: dict[str, "list[queue.SimpleQueue[Event]]"] = {}
         self._observers: list[StepObserver] = []
         if self.recorder is not None:
@@ -275,19 +276,34 @@ class Engine(_Steps):
         dropped) holds nothing: one of a request never submitted included."""
         if not isinstance(request_id, str):
             raise TypeError(f"request id must be a str, got {type(request_id).__name__}")
-        q: "queue.SimpleQueue[Event]" = queue.SimpleQueue()
+        q: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         with self._lock:
+            self._drop_forgotten()
             self._streams.setdefault(request_id, []).append(q)
         self._watch_events()
-        return EventStream(request_id, q, self._unsubscribe)
+        return EventStream(request_id, q, self._forget, self._unsubscribe)
 
-    def _unsubscribe(self, request_id: str, q: "queue.SimpleQueue[Event]") -> None:
+    def _forget(self, request_id: str, q: "queue.SimpleQueue[Any]") -> None:
+        """A dropped stream's queue, let go at the next subscription or event: called by the
+        garbage collector, on whatever thread allocates, maybe one holding `_lock`, so it only
+        appends (atomic) and never takes the lock."""
+        self._forgotten.append((request_id, q))
+
+    def _unsubscribe(self, request_id: str, q: "queue.SimpleQueue[Any]") -> None:
         with self._lock:
-            queues = self._streams.get(request_id)
-            if queues is not None and q in queues:
-                queues.remove(q)
-                if not queues:
-                    del self._streams[request_id]
+            self._drop_stream(request_id, q)
+
+    def _drop_forgotten(self) -> None:
+        forgotten = self._forgotten  # (under `_lock`)
+        while forgotten:
+            self._drop_stream(*forgotten.popleft())
+
+    def _drop_stream(self, request_id: str, q: "queue.SimpleQueue[Any]") -> None:
+        queues = self._streams.get(request_id)  # (under `_lock`)
+        if queues is not None and q in queues:
+            queues.remove(q)
+            if not queues:
+                del self._streams[request_id]
 
     def status(self, request_id: str) -> Optional[str]:
         """How the latest request with this id ended (None while it is pending or live);
@@ -593,6 +609,8 @@ class Engine(_Steps):
 
     def _to_streams(self, event: Event) -> None:
         with self._lock:
+            if self._forgotten:
+                self._drop_forgotten()
             queues = self._streams.get(event.request_id)
             if queues is not None and isinstance(event, FinishEvent):
                 del self._streams[event.request_id]
@@ -631,17 +649,22 @@ class Engine(_Steps):
 
 class EventStream:
     """The events of one request (`Engine.stream`), iterated until its `FinishEvent`.
-    `close()` (or the end of a `with` block, or dropping it) unsubscribes: the engine keeps
-    nothing for a stream nobody reads."""
+    `close()` (or the end of a `with` block, or dropping it) unsubscribes, and a reader
+    waiting on another thread then stops: the engine keeps nothing for a stream nobody
+    reads."""
 
-    __slots__ = ("request_id", "_queue", "_done", "_close", "__weakref__")
+    __slots__ = ("request_id", "_queue", "_done", "_close", "_unsubscribe", "__weakref__")
 
-    def __init__(self, request_id: str, q: "queue.SimpleQueue[Event]",
-                 unsubscribe: Callable[[str, "queue.SimpleQueue[Event]"], None]) -> None:
+    def __init__(self, request_id: str, q: "queue.SimpleQueue[Any]",
+                 forget: Callable[[str, "queue.SimpleQueue[Any]"], None],
+                 unsubscribe: Callable[[str, "queue.SimpleQueue[Any]"], None]) -> None:
         self.request_id = request_id
         self._queue = q
         self._done = False
-        self._close = weakref.finalize(self, unsubscribe, request_id, q)
+        self._unsubscribe = unsubscribe
+        # Dropped unclosed: the engine lets the queue go later (the collector may run this
+        # on a thread that holds the engine's lock).
+        self._close = weakref.finalize(self, forget, request_id, q)
 
     def __iter__(self) -> "EventStream":
         return self
@@ -650,14 +673,21 @@ class EventStream:
         if self._done:
             raise StopIteration
         event = self._queue.get()
+        if event is _CLOSED:
+            self._done = True
+            raise StopIteration
         if isinstance(event, FinishEvent):
             self.close()
-        return event
+        return event  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        """Stop listening (no more events are kept for this stream)."""
+        """Stop listening (no more events are kept for this stream; a reader waiting for
+        the next one stops)."""
+        if self._close.detach() is not None:  # (once)
+            self._unsubscribe(self.request_id, self._queue)
+            if not self._done:
+                self._queue.put(_CLOSED)
         self._done = True
-        self._close()
 
     def __enter__(self) -> "EventStream":
         return self
@@ -667,6 +697,9 @@ class EventStream:
 
     def __repr__(self) -> str:
         return f"EventStream({self.request_id!r}{', closed' if self._done else ''})"
+
+
+_CLOSED = object()  # put on a stream's queue by `EventStream.close` to wake its reader
 
 
 def _arrival_of(request: Any) -> Optional[float]:

@@ -337,8 +337,10 @@ class _Steps:
                     self._wait_executed(flight)
                 except BaseException:
                     pass  # it failed: it is undone all the same
-            self.scheduler.abort_iteration(inflight[0].plan)  # and with it every later one
-            inflight.clear()
+            try:
+                self.scheduler.abort_iteration(inflight[0].plan)  # and every later one
+            finally:
+                inflight.clear()
         self._apply_releases()
 
     def _wait_executed(self, flight: _InFlight) -> None:

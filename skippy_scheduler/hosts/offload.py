@@ -133,6 +133,10 @@ class Placement:
     weights: Mapping[str, int] = field(default_factory=dict)   # bytes per device name
     kv: Mapping[str, int] = field(default_factory=dict)        # bytes per device name
     note: str = ""                      # why not every layer is on a GPU (empty: all are)
+    # -dev none, or -sm none -mg -1: llama.cpp is given no device at all, so no work of the
+    # model's (a large batch's matrix products included) goes to a GPU, as in llama-server;
+    # -ngl 0 alone leaves llama.cpp its GPUs for such work.
+    cpu_only: bool = False
 
     @property
     def on_gpu(self) -> bool:
@@ -442,10 +446,12 @@ def place(fp: ModelFootprint, devices: Sequence[Device], spec: OffloadSpec, *,
         if gpus and g == 0:
             note = f"-ngl {asked}"
     used = tuple(d.name for d in gpus)
+    cpu_only = (tuple(n.lower() for n in spec.devices) == ("none",)
+                or (spec.split_mode == "none" and spec.main_gpu < 0))
     return Placement(n_gpu_layers=g, offloadable=n_all, gpus=used, split_mode=spec.split_mode,
                      tensor_split=split, main_gpu=spec.main_gpu if gpus else 0, n_ctx=ctx,
                      llama_n_ctx=total_ctx(ctx), kv_cells=cells, weights={n: b for n, b in w.items() if b},
-                     kv={n: b for n, b in k.items() if b}, note=note)
+                     kv={n: b for n, b in k.items() if b}, note=note, cpu_only=cpu_only)
 
 
 # -- the GGUF side -------------------------------------------------------------------------

@@ -390,8 +390,9 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
                 raise _failure(out)
         usage = _usage(outs)
         chosen = _best_of(outs, n, gen.n) if gen.outputs.best_of else outs
-        for out in chosen:  # the answer is whole: its choices are judged (the others not)
-            out.judge_slo()
+        if all(out.finish is not None for out in outs):  # whole, its client still there
+            for out in chosen:  # its choices are judged (the candidates dropped are not)
+                out.judge_slo()
         choices = []
         for out in chosen:
             text = (out.echo or "") + "".join(out.text)

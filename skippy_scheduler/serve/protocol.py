@@ -422,6 +422,9 @@ def parse_completion(body: Any, n_vocab: int, strict: bool = False) -> Generatio
     if req.max_tokens == 0 and not req.outputs.echo:
         raise RequestError("'max_tokens' 0 generates nothing: it scores the prompt, and "
                            "only with 'echo': true", param="max_tokens")
+    if req.max_tokens == 0 and req.min_tokens:
+        raise RequestError(f"'min_tokens' must be at most max_tokens=0, got {req.min_tokens}",
+                           param="min_tokens")
     runs = len(req.prompts) * (req.outputs.best_of or req.n)
     if runs > MAX_PROMPTS:
         raise RequestError(f"'best_of' times the prompts may be at most {MAX_PROMPTS} "

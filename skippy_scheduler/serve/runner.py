@@ -120,9 +120,11 @@ class Inbox:
                 try:
                     if pump():
                         return
-                except Exception:  # the task wakes and takes its events the usual way
+                except Exception as exc:  # events it took are lost: the answer ends with it
                     self.pump = None
                     log.exception("a streamed answer's direct writer failed")
+                    waiter.set_exception(exc)
+                    return
             waiter.set_result(None)
 
 

@@ -78,24 +78,39 @@ def test_not_a_gguf_is_a_usage_error(tmp_path, capsys):
     assert "not a GGUF" in capsys.readouterr().err
 
 
-def test_a_template_that_writes_the_bos_renders_without_it(tiny):
+def test_a_template_that_writes_the_bos_renders_without_a_leading_one(tiny):
     """Dynamo's frontend renders the exported template with the model's BOS text; the worker
     puts the BOS in front itself and announces blocks without it, so the exported template
-    writes none and a chat prompt's ids hash as a completion's do."""
+    writes no leading BOS (a chat prompt's ids hash as a completion's do), and keeps one it
+    writes again for a later turn."""
     import dataclasses
 
-    import jinja2
+    jinja2 = pytest.importorskip("jinja2")
 
-    llama2 = ("{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
-              "[INST] {{ message['content'] }} [/INST]{% else %}{{ message['content'] }}"
-              "{{ eos_token }}{% endif %}{% endfor %}")
-    v = dataclasses.replace(hf_export.read_vocab(str(tiny)), chat_template=llama2)
-    template, source = hf_export.chat_template_of(v)
-    assert source == "model" and template == hf_export.NO_BOS_PREFIX + llama2
-    messages = [{"role": "user", "content": "hi"}]
-    text = jinja2.Environment().from_string(template).render(
-        messages=messages, bos_token="<s>", eos_token="</s>")
-    assert text == "[INST] hi [/INST]"
+    llama2 = ("{% for message in messages %}{% if message['role'] == 'user' %}"
+              "{{ bos_token + '[INST] ' + message['content'] + ' [/INST]' }}{% else %}"
+              "{{ message['content'] + eos_token }}{% endif %}{% endfor %}")
+    llama3 = ("{{- bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + "
+              "message['role'] + '<|end_header_id|>' + message['content'] + '<|eot_id|>' }}"
+              "{% endfor %}")
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
+             {"role": "user", "content": "more"}]
+    want = {llama2: "[INST] hi [/INST]yo</s><s>[INST] more [/INST]",
+            llama3: "<|start_header_id|>user<|end_header_id|>hi<|eot_id|>"
+                    "<|start_header_id|>assistant<|end_header_id|>yo<|eot_id|>"
+                    "<|start_header_id|>user<|end_header_id|>more<|eot_id|>"}
+    base = hf_export.read_vocab(str(tiny))
+    for original, rendered in want.items():
+        template, source = hf_export.chat_template_of(
+            dataclasses.replace(base, chat_template=original))
+        assert source == "model" and template != original
+        env = jinja2.Environment()
+        assert env.from_string(template).render(messages=turns, bos_token="<s>",
+                                                eos_token="</s>") == rendered
+        # No BOS text: the output is the original's.
+        assert env.from_string(template).render(messages=turns, bos_token="",
+                                                eos_token="</s>") == \
+            env.from_string(original).render(messages=turns, bos_token="", eos_token="</s>")
     # A template without bos_token is exported as it is.
     chatml = hf_export.CHATML_TEMPLATE
-    assert hf_export.chat_template_of(dataclasses.replace(v, chat_template=None))[0] == chatml
+    assert hf_export.chat_template_of(dataclasses.replace(base, chat_template=None))[0] == chatml

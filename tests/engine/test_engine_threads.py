@@ -238,3 +238,47 @@ def test_a_cancel_while_a_runner_holds_the_engine_waits_for_it(impl):
         assert released == [] and engine.open_ids() == ["x"]
         engine.drain_inbox()  # takes the queued cancel, on this thread
     assert released == [threading.current_thread().name] and engine.open_ids() == []
+
+
+def test_a_stream_the_collector_frees_under_the_engines_lock_does_not_deadlock(impl):
+    """A stream in a reference cycle is freed by the cyclic collector, which runs on whatever
+    thread allocates, one holding the engine's lock included: its finalizer must not take it."""
+    import gc
+
+    engine = Engine(impl(), CostModelHost(), clock=None)
+    done = threading.Event()
+
+    def churn() -> None:
+        for i in range(200):
+            s = engine.stream(f"cycle{i}")
+            box: list = [s]
+            box.append(box)  # a cycle, as a traceback's frame makes
+            gc.collect(0)
+            del s, box
+            for j in range(20):  # allocating under the lock: the collector runs here
+                engine.stream(f"other{i}-{j}").close()
+        done.set()
+
+    old = gc.get_threshold()
+    gc.set_threshold(3, 2, 10)
+    try:
+        worker = threading.Thread(target=churn, daemon=True)
+        worker.start()
+        assert done.wait(60), "the engine's lock was taken twice on one thread"
+    finally:
+        gc.set_threshold(*old)
+    gc.collect()
+    engine.stream("last").close()  # the forgotten queues go at the next subscription
+    assert engine._streams == {}
+
+
+def test_closing_a_stream_stops_a_reader_waiting_on_another_thread(impl):
+    engine = Engine(impl(), CostModelHost(), clock=None)
+    events = engine.stream("never")
+    got: list = []
+    reader = threading.Thread(target=lambda: got.extend(events), daemon=True)
+    reader.start()
+    time.sleep(0.05)
+    events.close()
+    reader.join(10)
+    assert not reader.is_alive() and got == [] and engine._streams == {}

@@ -83,6 +83,38 @@ def test_a_context_that_fits_nowhere_is_refused_with_the_numbers():
               kv_type="f16", n_ubatch=512, flash_attn=True, host=small_host, lanes=4)
 
 
+def test_cpu_only_asks_llama_cpp_for_no_device_at_all():
+    """-dev none and -sm none -mg -1 give llama.cpp no device (no op of the model's goes to a
+    GPU); -ngl 0 alone keeps its layers on the CPU but leaves llama.cpp its GPUs."""
+    assert fit([gpu(0, 80)], OffloadSpec(devices=("none",))).cpu_only
+    assert fit([gpu(0, 80)], OffloadSpec(split_mode="none", main_gpu=-1)).cpu_only
+    assert not fit([gpu(0, 80)], OffloadSpec(n_gpu_layers=0)).cpu_only
+    assert not fit([gpu(0, 80)]).cpu_only and not fit([]).cpu_only
+
+
+def test_a_cpu_only_placement_loads_with_an_empty_device_list(tmp_path):
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("gguf")
+    import llama_cpp
+
+    from skippy_scheduler.hosts.llama import backend
+    from skippy_scheduler.hosts.offload import footprint_from_gguf
+    from skippy_scheduler.hosts.tiny_model import write_tiny_llama
+
+    backend.init_backend()
+    path = str(write_tiny_llama(str(tmp_path / "tiny.gguf"), seed=0))
+    devices = backend.list_devices()
+    placement = place(footprint_from_gguf(path), devices, OffloadSpec(devices=("none",)),
+                      n_ctx=512, streams=1, unified=False, kv_type="f16", n_ubatch=512,
+                      flash_attn=False, host=devices[0])
+    assert placement.cpu_only and not placement.on_gpu
+    model = backend.load_model(path, placement)
+    try:
+        assert llama_cpp.llama_model_n_params(model) > 0
+    finally:
+        llama_cpp.llama_model_free(model)
+
+
 def test_no_gpu_backend_keeps_everything_on_the_cpu():
     p = fit([])
     assert p.n_gpu_layers == 0

@@ -286,6 +286,8 @@ BAD_INPUTS = [
     ("/v1/completions", {"prompt": "x", "top_k": -5}, None, "top_k"),
     ("/v1/completions", {"prompt": "x", "seed": "1"}, None, "seed"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 0}, None, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 0, "echo": True, "min_tokens": 1}, None,
+     "min_tokens"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 100000}, None, "max_tokens"),
     ("/v1/completions", {"prompt": _long_text_prompt(LANE_CTX)}, None, "prompt"),
     ("/v1/completions", {"prompt": []}, None, "prompt"),

@@ -101,3 +101,57 @@ def test_an_answer_failing_in_one_choice_counts_nowhere_in_the_slo():
         server.runner.stop()
     assert got['skippy:slo_met_total{part="both"}'] == 0
     assert got['skippy:slo_missed_total{part="both"}'] == 0
+
+
+def test_an_unstreamed_answer_whose_client_left_counts_nowhere_in_the_slo():
+    """Two prompts on one lane: the first ends, then the client leaves before the second does;
+    the choice that ended is not judged (the answer never went out)."""
+    import asyncio
+    import json
+    import threading
+
+    from prometheus_client import generate_latest
+
+    reached, release = threading.Event(), threading.Event()
+
+    class Hold(InstantHost):
+        plans = 0
+
+        def execute(self, plan) -> None:  # type: ignore[no-untyped-def]
+            self.plans += 1
+            if self.plans == 6:  # the second prompt's first plan: the first ran whole
+                reached.set()
+                release.wait(10)
+            super().execute(plan)
+
+    server = _serve(Hold(n_seq_max=1, step_s=0.002), max_active=1, max_waiting=8)
+    body = json.dumps({"model": "instant", "prompt": ["hi", "yo"], "max_tokens": 4}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/completions",
+             "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+    calls = 0
+
+    async def receive():  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.to_thread(reached.wait, 10)  # gone once the first choice has ended
+        return {"type": "http.disconnect"}
+
+    async def send(message) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    try:
+        asyncio.run(server.app(scope, receive, send))
+    finally:
+        release.set()
+        server.runner.stop()
+    text = generate_latest(server.app.state.ctx.metrics.registry).decode()
+    assert reached.is_set()
+    assert 'skippy:request_success_total{finished_reason="abort"} 1.0' in text
+    assert 'skippy:slo_met_total{part="both"} 0.0' in text
+    assert 'skippy:slo_missed_total{part="both"} 0.0' in text

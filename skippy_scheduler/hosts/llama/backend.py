@@ -278,6 +278,10 @@ def load_model(path: str, placement: Placement | None = None) -> Any:
     keep: list[Any] = []  # arrays llama.cpp reads during the load
     if placement is None or not placement.on_gpu:
         mparams.n_gpu_layers = 0
+        if placement is not None and placement.cpu_only:  # no device at all, not even for ops
+            none = (ctypes.c_void_p * 1)(None)
+            keep.append(none)
+            mparams.devices = ctypes.cast(none, ctypes.c_void_p)
     else:
         mparams.n_gpu_layers = placement.n_gpu_layers
         mparams.split_mode = _SPLIT_MODES[placement.split_mode]
