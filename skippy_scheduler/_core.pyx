@@ -16,6 +16,7 @@ from ._boundary cimport check_u64, token_array
 from ._skippy_abi cimport (
     SKIPPY_PLAN_ABI_VERSION,
     SKIPPY_PHASE_DECODE,
+    SKIPPY_STATUS_INVALID_ARGUMENT,
     SKIPPY_STATUS_OK,
     skippy_error,
     skippy_iteration_request,
@@ -155,6 +156,7 @@ cdef class Scheduler:
     def __init__(self, config=None, admission=None, preemption=None):
         cdef skippy_scheduler_config c
         cdef skippy_error *err = NULL
+        cdef skippy_status status
         if config is None:
             config = SchedulerConfig()
         if not isinstance(config, SchedulerConfig):
@@ -175,9 +177,12 @@ cdef class Scheduler:
         if self._s != NULL:
             raise RuntimeError("Scheduler.__init__ called twice")
         self._native = _Native.__new__(_Native)
-        if skippy_scheduler_create(&c, &self._native.s, &err) != SKIPPY_STATUS_OK:
+        status = skippy_scheduler_create(&c, &self._native.s, &err)
+        if status != SKIPPY_STATUS_OK:
             msg = err.message.decode("utf-8", "replace") if err != NULL else "scheduler creation failed"
             skippy_scheduler_error_free(err)
+            if status == SKIPPY_STATUS_INVALID_ARGUMENT:  # a setting the core refuses
+                raise ValueError(msg)
             raise MemoryError(msg)
         self._s = self._native.s
         skippy_scheduler_set_callbacks(self._s, _rank_trampoline, _victim_trampoline, <void *>self)

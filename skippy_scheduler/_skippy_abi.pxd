@@ -13,6 +13,7 @@ cdef extern from "skippy_abi.h" nogil:
 
     ctypedef enum skippy_status:
         SKIPPY_STATUS_OK
+        SKIPPY_STATUS_INVALID_ARGUMENT
 
     ctypedef struct skippy_error:
         skippy_status status

@@ -32,7 +32,7 @@ def check_positive_seconds(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
     seconds = float(value)
-    if not math.isfinite(seconds) or seconds <= 0:
+    if not math.isfinite(seconds * 1e6) or seconds <= 0:  # finite in µs too, as the core has it
         raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
     return seconds
 

@@ -80,10 +80,25 @@ def _number(text: str, kind: Callable[[str], _N]) -> _N:
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
 
 
+#: The largest count a flag takes (tokens, requests, bytes, seeds): what the C core's 32-bit
+#: counts hold, far beyond any real setting.
+MAX_COUNT = (1 << 32) - 1
+#: The largest time in milliseconds a flag takes (11.6 days): a larger one overflows when the
+#: core turns it into µs, and means nothing for a target or a bound.
+MAX_MS = 1e9
+
+
+def _at_most(value: float, limit: float, text: str, unit: str = "") -> None:
+    if value > limit:
+        shown = f"{limit:g}" if isinstance(limit, float) else str(limit)
+        raise argparse.ArgumentTypeError(f"expected at most {shown}{unit}, got {text}")
+
+
 def positive_int(text: str) -> int:
     value = _number(text, int)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
+    _at_most(value, MAX_COUNT, text)
     return value
 
 
@@ -91,6 +106,22 @@ def non_negative_int(text: str) -> int:
     value = _number(text, int)
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
+    _at_most(value, MAX_COUNT, text)
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _number(text, float)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A number in [0, 1] (a share)."""
+    value = _number(text, float)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text}")
     return value
 
 
@@ -118,18 +149,20 @@ def non_negative_float(text: str) -> float:
 
 
 def positive_ms(text: str) -> float:
-    """A finite number of milliseconds > 0 (a target such as --itl-target-ms)."""
+    """A number of milliseconds in (0, MAX_MS] (a target such as --itl-target-ms)."""
     value = _number(text, float)
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a finite number of ms > 0, got {text}")
+    _at_most(value, MAX_MS, text, " ms")
     return value
 
 
 def non_negative_ms(text: str) -> float:
-    """A finite number of milliseconds >= 0 (a bound such as --prefill-age-max-ms)."""
+    """A number of milliseconds in [0, MAX_MS] (a bound such as --prefill-age-max-ms)."""
     value = _number(text, float)
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a finite number of ms >= 0, got {text}")
+    _at_most(value, MAX_MS, text, " ms")
     return value
 
 

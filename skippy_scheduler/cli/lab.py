@@ -25,8 +25,8 @@ from ..lab.suite import SuiteOptions
 from ..lab.traces import FORMATS
 from ..lab.workload import MAX_FAMILIES, MAX_REQUESTS, WorkloadSpec
 from ..selection import DEFAULT_IMPLEMENTATION
-from ._common import (CommandError, check_distinct_outputs, check_output_file, int_in,
-                      non_negative_int, non_negative_ms, positive_int)
+from ._common import (CommandError, check_distinct_outputs, check_output_file, fraction,
+                      int_in, non_negative_int, non_negative_ms, positive_float, positive_int)
 from .interrupt import Interrupted, saving
 from .lab_runs import run_suite_command, run_trace_command
 from .lab_stages import STAGED_ONLY, add_arguments as add_staged_arguments, run_staged_command
@@ -106,15 +106,17 @@ def register(subparsers: Any) -> None:
                         "--policy apply (docs/lab.md)")
     s.add_argument("--requests", type=int_in(1, MAX_REQUESTS), default=None, metavar="N",
                    help=f"number of requests, 1-{MAX_REQUESTS} (default: {w.requests})")
-    add_flag(s, "seed", type=int, note="it draws the workload", default_text=str(w.seed))
+    add_flag(s, "seed", type=non_negative_int, note="it draws the workload",
+             default_text=str(w.seed))
     for flag, kind, metavar, text in (
-            ("--rate", float, "R", f"Poisson arrival rate, requests/s (default: {w.rate:g})"),
+            ("--rate", positive_float, "R",
+             f"Poisson arrival rate, requests/s (default: {w.rate:g})"),
             ("--families", int_in(0, MAX_FAMILIES), "N",
              f"number of prompt families, 0-{MAX_FAMILIES} (default: {w.families})"),
-            ("--family-share", float, "F", "fraction of requests that belong to a family, "
-                                           f"0-1 (default: {w.family_share:g})"),
-            ("--priority-share", float, "F", "fraction of requests with priority 1, 0-1 "
-                                             f"(default: {w.priority_share:g})")):
+            ("--family-share", fraction, "F", "fraction of requests that belong to a "
+                                              f"family, 0-1 (default: {w.family_share:g})"),
+            ("--priority-share", fraction, "F", "fraction of requests with priority 1, 0-1 "
+                                                f"(default: {w.priority_share:g})")):
         s.add_argument(flag, type=kind, default=None, metavar=metavar, help=text)
 
     o = p.add_argument_group("scheduler and runtime model (--suite and --trace)")
@@ -289,6 +291,13 @@ def _modes(args: argparse.Namespace) -> list[str] | None:
 
 def run(args: argparse.Namespace) -> int:
     if args.list:
+        given = [flag for flag, dest in (("--suite", "suite"), ("--trace", "trace"),
+                                         ("--scenario", "scenario"), ("--json", "json"),
+                                         ("--pipeline-stages", "pipeline_stages"))
+                 if getattr(args, dest, None)]
+        if given:
+            raise CommandError(f"--list prints the scenario names and runs nothing: "
+                               f"{', '.join(given)} does not apply")
         print("\n".join(SCENARIO_NAMES))
         return 0
     backend = resolve_backend(args.scheduler)

@@ -39,6 +39,8 @@ def _micros(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of µs, got {text!r}") from None
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
+    if value > 1e12:  # (11.6 days: more overflows the lab's sums)
+        raise argparse.ArgumentTypeError(f"expected at most 1e+12 µs, got {text}")
     return value
 
 

@@ -18,8 +18,7 @@ from ..hosts.offload import CPU_BATCH
 from .offload import (check_device_names, print_placement, refuse_offload_with_stage_addresses,
                       resolve_for)
 from ._common import (DEFAULT_THREADS, LLAMA_MAX_SEQUENCES, CommandError, add_model_options, bound,
-                      check_model,
-                      check_output_file, import_llama_host, model_path, non_negative_float,
+                      check_model, check_output_file, import_llama_host, model_path,
                       non_negative_int, non_negative_ms, positive_int, positive_ms,
                       refuse_rpc_with_stages)
 from .interrupt import Interrupted, saving
@@ -72,7 +71,7 @@ def register(subparsers: Any) -> None:
     add_flag(p, "inflight", type=positive_int, default=ServeSettings.inflight,
              note="llama_decode runs on a worker thread",
              default_text="2 with layers on a GPU, 1 on the CPU")
-    p.add_argument("--arrival-interval-ms", type=non_negative_float, default=0.0, metavar="MS",
+    p.add_argument("--arrival-interval-ms", type=non_negative_ms, default=0.0, metavar="MS",
                    help="request i arrives at i x this interval (default: 0, all at once)")
     add_flag(p, "prefix-cache-tokens", type=non_negative_int, default=0,
              note="each holder gets a KV stream like a lane's unless --kv-unified; off unless "

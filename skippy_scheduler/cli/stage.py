@@ -23,8 +23,9 @@ def register(subparsers: Any) -> None:
         description="Run one stage file (from `split`) as a worker that takes plans and "
                     "activations over pyzmq and passes its own on.")
     add_flag(p, "model", note="a stage-K.gguf file written by split", required=True)
-    p.add_argument("--listen", metavar="ADDR", required=True,
-                   help="pyzmq address to bind, e.g. tcp://127.0.0.1:5601 or ipc:///tmp/s0")
+    p.add_argument("--listen", metavar="ADDR", required=True, type=listen_address,
+                   help="pyzmq address to bind, e.g. tcp://127.0.0.1:5601 (a port of * "
+                        "takes a free one, printed at start) or ipc:///tmp/s0")
     add_flag(p, "threads", type=positive_int, default_text="what the driver asks")
     from .offload import add_offload_options
 
@@ -67,6 +68,21 @@ def stage_directory(text: str) -> str:
         raise argparse.ArgumentTypeError("expected the directory of stage-K.gguf files "
                                          "written by split")
     return text
+
+
+def listen_address(text: str) -> str:
+    """`stage --listen`: tcp://HOST:PORT (PORT 1-65535, or * for a free one) or ipc://PATH
+    (pyzmq would take a port past 65535 modulo 65536, a worker no driver finds)."""
+    a = text.strip()
+    scheme, sep, rest = a.partition("://")
+    if sep and scheme == "ipc" and rest:
+        return a
+    if sep and scheme == "tcp":
+        host, colon, port = rest.rpartition(":")
+        if colon and host and (port == "*" or (port.isdigit() and 0 < int(port) < 65536)):
+            return a
+    raise argparse.ArgumentTypeError(f"expected tcp://HOST:PORT (a port 1-65535, or *) or "
+                                     f"ipc://PATH, got {text!r}")
 
 
 def stage_addresses(text: str) -> tuple[str, ...]:

@@ -180,7 +180,11 @@ def parse_layers(text: str) -> LayerCount:
 def parse_tensor_split(text: str) -> tuple[float, ...]:
     """`-ts 3,1` or `-ts 3/1`: a non-negative proportion per GPU, in the GPUs' order (split on
     runs of `,` and `/`, as llama-server splits it; all 0: by each GPU's free memory)."""
-    parts = [p for p in re.split(r"[,/]+", text.strip()) if p.strip()]
+    parts = re.split(r"[,/]+", text.strip())
+    if parts and not parts[-1].strip():
+        parts.pop()  # a trailing separator: llama.cpp's split yields nothing after it
+    if any(not p.strip() for p in parts):  # a leading one: llama.cpp refuses it too
+        raise ValueError(f"expected proportions such as 3,1, got {text!r}")
     try:
         values = tuple(float(p) for p in parts)
     except ValueError:

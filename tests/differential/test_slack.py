@@ -516,6 +516,7 @@ def test_reference_rule_is_the_default(impl):
 
 @pytest.mark.parametrize("bad", [
     dict(itl_target=0), dict(itl_target=-1.0), dict(itl_target=math.inf),
+    dict(itl_target=1e305),  # finite in seconds, not in the core's µs
     dict(slack_safety=0.0), dict(slack_safety=math.nan), dict(planning_rule=1),
     dict(step_cost=(1, 2, 3, 4)),
 ])
@@ -539,7 +540,8 @@ def test_bad_step_cost_is_refused(bad):
 
 def test_bad_deadlines_are_refused_before_any_change(impl):
     s = Sequence("x", [1], 3)
-    for kw in (dict(itl_target=0), dict(ttft_deadline=-1.0), dict(itl_target=math.nan)):
+    for kw in (dict(itl_target=0), dict(ttft_deadline=-1.0), dict(itl_target=math.nan),
+               dict(ttft_deadline=1e305)):
         with pytest.raises(ValueError):
             s.with_deadlines(**kw)
     assert (s.itl_target, s.ttft_deadline) == (None, None)

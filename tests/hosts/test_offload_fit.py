@@ -214,7 +214,7 @@ def test_flag_values_parse_as_llama_server_takes_them():
     # Runs of separators are one, as llama-server splits on [,/]+; all 0 is by free memory.
     assert parse_tensor_split("3,,1") == (3.0, 1.0) == parse_tensor_split("3,1,")
     assert parse_tensor_split("0,0") == (0.0, 0.0)
-    for bad in ("", ",", "a,b", "-1,2", "1,inf"):
+    for bad in ("", ",", ",3,1", "a,b", "-1,2", "1,inf"):
         with pytest.raises(ValueError):
             parse_tensor_split(bad)
     assert parse_rpc_servers("10.0.0.2:50052, box:1,10.0.0.2:50052") == ("10.0.0.2:50052",
