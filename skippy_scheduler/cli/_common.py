@@ -12,6 +12,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import textwrap
 from types import ModuleType
 from typing import Any, Callable, Iterator, NoReturn, Sequence, TypeVar
 
@@ -31,6 +32,20 @@ def _one_line(message: str) -> str:
     return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help layout, lines broken at spaces only: a flag's name (`--itl-target-ms`)
+    or a path is never split at its hyphens."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        text = " ".join(text.split())
+        return textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        text = " ".join(text.split())
+        return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False, break_long_words=False)
+
+
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are the usage line plus one `prog: error: ...` line, and
     which reads an option only as it is spelled in full, as llama.cpp does: no prefixes
@@ -42,6 +57,7 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
 
     def _get_option_tuples(self, option_string: str) -> list[Any]:

@@ -88,7 +88,7 @@ _FLAGS = (
     Flag("prefill-age-max", ("--prefill-age-max-ms",),
          "under the slack rule, > 0: prompts are prefilled shortest first, but one waiting "
          "this long since its arrival (with a first-token deadline: since the deadline) goes "
-         "first (serve's default: 2000); 0: in arrival order "
+         "first; 0: in arrival order "
          "(docs/behaviour.md §2.13, docs/serving.md)",
          "MS"),
     Flag("inflight", ("--inflight",),
@@ -198,6 +198,8 @@ def policy_arg(text: str) -> str:
 def _default_text(default: Any) -> str:
     if isinstance(default, bool):
         return "on" if default else "off"
+    if isinstance(default, float) and default.is_integer():
+        return str(int(default))  # 150, as the docs write it, not 150.0
     return str(default)
 
 

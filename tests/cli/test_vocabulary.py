@@ -313,3 +313,12 @@ def test_docs_list_every_refused_llama_server_flag():
     section = text.split("**llama-server's flags.**", 1)[1]
     for flag in LLAMA_SERVER_FLAGS:
         assert f"`{flag}`" in section, flag
+
+
+def test_help_lines_break_at_spaces_only(monkeypatch):
+    """A flag's name or a path in a help text is never split at a hyphen across lines."""
+    monkeypatch.setenv("COLUMNS", "80")
+    for name in _subparsers():
+        text = _help_text(name)
+        broken = re.findall(r"\S*[A-Za-z0-9]-\n\s*\S+", text)
+        assert not broken, (name, broken[:3])
