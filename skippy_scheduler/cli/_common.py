@@ -157,13 +157,6 @@ def bound(text: str) -> int | None:
     return non_negative_int(text) or None
 
 
-def non_negative_float(text: str) -> float:
-    value = _number(text, float)
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
-    return value
-
-
 def positive_ms(text: str) -> float:
     """A number of milliseconds in (0, MAX_MS] (a target such as --itl-target-ms)."""
     value = _number(text, float)

@@ -14,8 +14,9 @@ import argparse
 import sys
 from typing import Any, Optional, Sequence
 
-from ..hosts.offload import (CPU_BATCH, NO_GPU_BACKEND, GiB, OffloadSpec, RpcError,
-                             SPLIT_MODES, parse_layers, parse_rpc_servers, parse_tensor_split)
+from ..hosts.offload import (CPU_BATCH, NO_GPU_BACKEND, FitError, GiB, OffloadSpec, RpcError,
+                             SPLIT_MODES, parse_layers, parse_rpc_servers, parse_tensor_split,
+                             select_gpus)
 from ._common import CommandError
 
 
@@ -154,20 +155,18 @@ def refuse_offload_with_stage_addresses(args: argparse.Namespace) -> None:
 
 
 def check_device_names(names: Sequence[str]) -> None:
-    """-dev / --stage-devices names that llama.cpp here does not see are refused before any
-    stage worker starts (local workers see this machine's devices)."""
-    wanted = [n for n in names if n.lower() != "none"]
+    """-dev / --stage-devices names are checked as each stage worker will check its own
+    (`select_gpus`: a name llama.cpp here does not see, or a device that is not a GPU), before
+    any worker starts (local workers see this machine's devices)."""
+    wanted = tuple(n for n in names if n.lower() != "none")
     if not wanted:
         return
     from ..hosts.llama.backend import list_devices
 
-    devices = list_devices()
-    known = {d.name.lower() for d in devices}
-    missing = [n for n in wanted if n.lower() not in known]
-    if missing:
-        seen = ", ".join(d.name for d in devices) or "none"
-        raise CommandError(f"-dev: no device named {', '.join(missing)} (llama.cpp sees: "
-                           f"{seen})")
+    try:
+        select_gpus(list_devices(), OffloadSpec(devices=wanted))
+    except FitError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def offload_spec(args: argparse.Namespace) -> OffloadSpec:
@@ -192,7 +191,7 @@ def resolve_for(args: argparse.Namespace, model: str, *, n_ctx: Optional[int], l
                 n_batch: Optional[int] = None, cpu_batch: int = CPU_BATCH) -> Any:
     """`hosts.llama.fit.resolve` with the command's flags; its refusals as CommandError."""
     from ..hosts.llama.fit import resolve
-    from ..hosts.offload import FitError, ModelFileError
+    from ..hosts.offload import ModelFileError
 
     try:
         return resolve(model, offload_spec(args), n_ctx=n_ctx, lanes=lanes, holders=holders,

@@ -259,15 +259,26 @@ def default_gpus(devices: Sequence[Device]) -> list[Device]:
     return rpc + gpus + (igpus if not gpus else [])
 
 
+def no_device(spec: OffloadSpec) -> str:
+    """The flags that give llama.cpp no device at all ("": they do not): `-dev none`, or
+    `-sm none -mg -1` (llama.cpp's reading)."""
+    if tuple(n.lower() for n in spec.devices) == ("none",):
+        return "-dev none"
+    if spec.split_mode == "none" and spec.main_gpu < 0:
+        return f"-sm none -mg {spec.main_gpu}"
+    return ""
+
+
 def select_gpus(devices: Sequence[Device], spec: OffloadSpec,
                 no_gpu: str = NO_GPU_BACKEND) -> tuple[list[Device], str]:
     """The GPUs layers may go to (by -dev, split mode and main GPU), and why none when empty
     (`no_gpu` when llama.cpp sees no GPU at all: `describe_no_gpu`). Device names match
     whatever their case, as llama.cpp matches them."""
+    none = no_device(spec)
+    if none:
+        return [], none
     gpus = default_gpus(devices)
     if spec.devices:
-        if tuple(n.lower() for n in spec.devices) == ("none",):
-            return [], "-dev none"
         by_name = {d.name.lower(): d for d in devices}
         missing = [n for n in spec.devices if n.lower() not in by_name]
         if missing:
@@ -285,8 +296,6 @@ def select_gpus(devices: Sequence[Device], spec: OffloadSpec,
     if spec.main_gpu < 0 and spec.split_mode != "none":
         raise FitError(f"-mg {spec.main_gpu} (no GPU) is read only with -sm none")
     if spec.split_mode == "none":
-        if spec.main_gpu < 0:  # llama.cpp's reading: no GPU at all
-            return [], f"-sm none -mg {spec.main_gpu}"
         if spec.main_gpu >= len(gpus):
             raise FitError(f"-mg {spec.main_gpu}: there are {len(gpus)} GPU(s) "
                            f"({', '.join(d.name for d in gpus)})")
@@ -450,12 +459,11 @@ def place(fp: ModelFootprint, devices: Sequence[Device], spec: OffloadSpec, *,
         if gpus and g == 0:
             note = f"-ngl {asked}"
     used = tuple(d.name for d in gpus)
-    cpu_only = (tuple(n.lower() for n in spec.devices) == ("none",)
-                or (spec.split_mode == "none" and spec.main_gpu < 0))
     return Placement(n_gpu_layers=g, offloadable=n_all, gpus=used, split_mode=spec.split_mode,
                      tensor_split=split, main_gpu=spec.main_gpu if gpus else 0, n_ctx=ctx,
                      llama_n_ctx=total_ctx(ctx), kv_cells=cells, weights={n: b for n, b in w.items() if b},
-                     kv={n: b for n, b in k.items() if b}, note=note, cpu_only=cpu_only)
+                     kv={n: b for n, b in k.items() if b}, note=note,
+                     cpu_only=bool(no_device(spec)))
 
 
 # -- the GGUF side -------------------------------------------------------------------------
