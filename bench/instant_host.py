@@ -20,6 +20,7 @@ runs it under uvicorn with the HTTP protocol `Server` uses (h11 with the connect
 """
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -101,6 +102,25 @@ class InstantHost(CostModelHost):
 
     def close(self) -> None:
         self._worker.close()
+
+
+class FailingHost(InstantHost):
+    """An `InstantHost` whose `at`-th plan raises `error` (a step that fails once, for a
+    server's recovery); `failed` is set when it does."""
+
+    def __init__(self, at: int, error: BaseException, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.at = at
+        self.error = error
+        self.plans = 0
+        self.failed = threading.Event()
+
+    def execute(self, plan: Plan) -> None:
+        self.plans += 1
+        if self.plans == self.at:
+            self.failed.set()
+            raise self.error
+        super().execute(plan)
 
 
 @dataclass

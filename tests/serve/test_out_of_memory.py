@@ -4,7 +4,6 @@ and the server serves the next request."""
 from __future__ import annotations
 
 import sys
-import threading
 
 import pytest
 
@@ -15,28 +14,14 @@ from skippy_scheduler.engine.contract import HostOutOfMemory  # noqa: E402
 from skippy_scheduler.serve import ServeSettings  # noqa: E402
 
 sys.path.insert(0, "bench")
-from instant_host import InstantHost, build_server  # noqa: E402
-
-
-class FullOnce(InstantHost):
-    """A model-free host whose device is full for one step (the third plan)."""
-
-    def __init__(self) -> None:
-        super().__init__(n_seq_max=2)
-        self.plans = 0
-        self.failed = threading.Event()
-
-    def execute(self, plan) -> None:  # type: ignore[no-untyped-def]
-        self.plans += 1
-        if self.plans == 3:
-            self.failed.set()
-            raise HostOutOfMemory("out of memory for a batch of 2 tokens (llama_decode "
-                                  "returned -2): CUDA error: out of memory")
-        super().execute(plan)
+from instant_host import FailingHost, build_server  # noqa: E402
 
 
 def test_out_of_device_memory_is_a_503_and_the_server_stays_up():
-    host = FullOnce()
+    # A device full for one step (the third plan).
+    host = FailingHost(3, HostOutOfMemory("out of memory for a batch of 2 tokens (llama_decode "
+                                          "returned -2): CUDA error: out of memory"),
+                       n_seq_max=2)
     server = build_server(ServeSettings(max_active=2), host)
     server.runner.start()
     try:

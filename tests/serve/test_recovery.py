@@ -18,7 +18,7 @@ from skippy_scheduler.engine import Request  # noqa: E402
 from skippy_scheduler.serve import ServeSettings  # noqa: E402
 
 sys.path.insert(0, "bench")
-from instant_host import InstantHost, build_server  # noqa: E402
+from instant_host import FailingHost, InstantHost, build_server  # noqa: E402
 
 BODY = {"model": "instant", "prompt": "hi", "max_tokens": 12}
 
@@ -64,24 +64,15 @@ def test_a_failure_between_execution_and_completion_is_recovered(inflight):
     assert server.runner.crashes == 1
 
 
-class LostDevice(InstantHost):
+class LostDevice(FailingHost):
     """A host whose device is lost at its third plan: that step fails, and so does every
     release after it (while the runner fails the open requests)."""
 
     def __init__(self) -> None:
-        super().__init__(n_seq_max=2)
-        self.plans = 0
-        self.lost = threading.Event()
-
-    def execute(self, plan) -> None:  # type: ignore[no-untyped-def]
-        self.plans += 1
-        if self.plans == 3:
-            self.lost.set()
-            raise RuntimeError("device lost")
-        super().execute(plan)
+        super().__init__(3, RuntimeError("device lost"), n_seq_max=2)
 
     def release(self, sequence_id, reason=None):  # type: ignore[no-untyped-def]
-        if self.lost.is_set() and self.plans == 3:
+        if self.failed.is_set() and self.plans == 3:
             raise RuntimeError("release on a lost device")
         return super().release(sequence_id, reason)
 
@@ -93,7 +84,7 @@ def test_a_release_that_fails_during_recovery_neither_hangs_nor_stops_the_engine
     try:
         with TestClient(server.app) as client:
             first = client.post("/v1/completions", json=BODY)
-            assert host.lost.is_set()
+            assert host.failed.is_set()
             assert first.status_code == 500 and "device lost" in first.text
             assert server.runner._thread.is_alive()
             again = client.post("/v1/completions", json=BODY)  # the device is back

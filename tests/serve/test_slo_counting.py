@@ -15,33 +15,14 @@ from skippy_scheduler.serve import ServeSettings  # noqa: E402
 from skippy_scheduler.serve.slo import Slo, SloSettings  # noqa: E402
 
 sys.path.insert(0, "bench")
-from instant_host import InstantHost, build_server  # noqa: E402
+from instant_host import FailingHost, InstantHost, build_server  # noqa: E402
+from serve_support import parse_metrics  # noqa: E402
 
 LOOSE = SloSettings(ttft_ms=600_000.0, itl_ms=600_000.0)  # every answer makes it
 
 
 def _counters(client: TestClient) -> dict[str, float]:
-    out = {}
-    for line in client.get("/metrics").text.splitlines():
-        if line.startswith("skippy:") and "_created" not in line:
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
-
-
-class FailAt(InstantHost):
-    """Fails its `at`-th plan with a device out of memory (a 503)."""
-
-    def __init__(self, at: int, **kw) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(**kw)
-        self.plans = 0
-        self.at = at
-
-    def execute(self, plan) -> None:  # type: ignore[no-untyped-def]
-        self.plans += 1
-        if self.plans == self.at:
-            raise HostOutOfMemory("out of memory")
-        super().execute(plan)
+    return parse_metrics(client.get("/metrics").text)
 
 
 def _serve(host, **settings):  # type: ignore[no-untyped-def]
@@ -71,7 +52,7 @@ def test_an_answer_that_ends_at_once_is_judged_with_its_ttft():
 
 def test_a_streamed_failure_is_an_error_as_unstreamed():
     for stream in (False, True):
-        server = _serve(FailAt(4, n_seq_max=2, step_s=0.002), max_active=2)
+        server = _serve(FailingHost(4, HostOutOfMemory("out of memory"), n_seq_max=2, step_s=0.002), max_active=2)
         try:
             with TestClient(server.app) as client:
                 r = client.post("/v1/completions", json={"model": "instant", "prompt": "hi",
@@ -90,7 +71,7 @@ def test_a_streamed_failure_is_an_error_as_unstreamed():
 
 def test_an_answer_failing_in_one_choice_counts_nowhere_in_the_slo():
     # One lane: the first prompt runs whole, the second fails at the sixth plan.
-    server = _serve(FailAt(6, n_seq_max=1, step_s=0.002), max_active=1, max_waiting=8)
+    server = _serve(FailingHost(6, HostOutOfMemory("out of memory"), n_seq_max=1, step_s=0.002), max_active=1, max_waiting=8)
     try:
         with TestClient(server.app) as client:
             r = client.post("/v1/completions", json={"model": "instant", "prompt": ["hi", "yo"],

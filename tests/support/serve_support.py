@@ -54,8 +54,13 @@ _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
 
 def metrics(url: str) -> dict[str, float]:
     """Samples of /metrics by name (labels kept in the key)."""
+    return parse_metrics(httpx.get(url + "/metrics", timeout=10).text)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Samples of a /metrics text by name (labels kept in the key)."""
     out = {}
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+    for line in text.splitlines():
         m = _SAMPLE.match(line)
         if m:
             out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
