@@ -231,21 +231,11 @@ class EngineRunner:
                 log.error("the engine thread did not stop within %.0f s", timeout_s)
                 return False
         self.step_timing.close()
-        # The loop has returned: the engine runs on this thread now. The plans still in
-        # flight are undone (their releases applied), and what was submitted while it stopped
-        # is taken in first, so that it ends too. Each request ends whatever another's
-        # release raises.
-        try:
-            self.engine.abandon_flights()
-        except Exception:
-            log.exception("undoing the plans in flight at shutdown")
-        self.engine.drain_inbox()
-        for rid in self.engine.open_ids():
-            try:
-                self._fail(rid, "the server is shutting down")
-            except Exception:
-                log.exception("ending request %s at shutdown", rid)
-        self._flush()
+        # The loop has returned: the engine runs on this thread now. What was submitted while
+        # it stopped is taken in first, so that it ends too.
+        for error in self._fail_all("the server is shutting down", drain=True):
+            log.error("ending the open requests at shutdown: %s: %s", type(error).__name__,
+                      error, exc_info=error)
         while self._calls:
             _, fut = self._calls.popleft()
             fut.set_exception(RuntimeError("the engine stopped"))
@@ -290,20 +280,7 @@ class EngineRunner:
         fails must not leave the other requests hanging or stop the engine thread); what
         raised is logged."""
         self.step_timing.forget_flights()
-        errors: list[BaseException] = []
-        try:
-            self.engine.abandon_flights()
-        except Exception as exc:
-            errors.append(exc)
-        for rid in self.engine.open_ids():
-            sub = self._subs.get(rid)
-            if sub is not None and out_of_memory:
-                sub.out_of_memory = True
-            try:
-                self._fail(rid, f"the engine failed: {message}")
-            except Exception as exc:
-                errors.append(exc)
-        self._flush()
+        errors = self._fail_all(f"the engine failed: {message}", out_of_memory=out_of_memory)
         release_all = self.engine.hooks.release_all
         if release_all is not None:
             try:
@@ -313,6 +290,30 @@ class EngineRunner:
         for error in errors:
             log.error("recovering from the failed iteration: %s: %s", type(error).__name__,
                       error, exc_info=error)
+
+    def _fail_all(self, message: str, *, drain: bool = False,
+                  out_of_memory: bool = False) -> list[BaseException]:
+        """Undo the plans in flight (their releases applied), take in the inbox (`drain`),
+        fail every open request with `message`, and hand the loop their ends; each part runs
+        whatever an earlier one raised (a release that fails must not leave the other requests
+        hanging). What raised."""
+        errors: list[BaseException] = []
+        try:
+            self.engine.abandon_flights()
+        except Exception as exc:
+            errors.append(exc)
+        if drain:
+            self.engine.drain_inbox()
+        for rid in self.engine.open_ids():
+            sub = self._subs.get(rid)
+            if sub is not None and out_of_memory:
+                sub.out_of_memory = True
+            try:
+                self._fail(rid, message)
+            except Exception as exc:
+                errors.append(exc)
+        self._flush()
+        return errors
 
     def _fail(self, rid: str, message: str) -> None:
         sub = self._subs.get(rid)
