@@ -1,8 +1,8 @@
 """`skippy-scheduler stage`: serve one stage file as a stage worker (docs/stages.md).
 
 The worker listens on a pyzmq address (`tcp://HOST:PORT` or `ipc://PATH`) until the driver
-(`run --stage-addresses ...`) configures it and sends plans; it runs until it is sent `stop` or
-killed.
+(`run --stage-addresses ...`) configures it and sends plans; it runs until it is stopped
+(SIGTERM, Ctrl-C) or, started by a driver with `--parent-pid`, until that driver is gone.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from .vocabulary import add_flag
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "stage", help="serve one stage of a split model (a stage worker)",
-        usage="%(prog)s -m STAGE.gguf --listen ADDR [-t N]",
+        usage="%(prog)s -m STAGE.gguf --listen ADDR [-t N] [--max-batch-tokens N]",
         description="Run one stage file (from `split`) as a worker that takes plans and "
                     "activations over pyzmq and passes its own on.")
     add_flag(p, "model", note="a stage-K.gguf file written by split", required=True)
@@ -27,6 +27,14 @@ def register(subparsers: Any) -> None:
                    help="pyzmq address to bind, e.g. tcp://127.0.0.1:5601 (a port of * "
                         "takes a free one, printed at start) or ipc:///tmp/s0")
     add_flag(p, "threads", type=positive_int, default_text="what the driver asks")
+    from ..hosts.stages.worker import DEFAULT_MAX_BATCH_TOKENS
+
+    p.add_argument("--max-batch-tokens", type=positive_int, default=DEFAULT_MAX_BATCH_TOKENS,
+                   metavar="N",
+                   help="the most tokens a plan may carry: a driver asking a larger batch "
+                        "(-b) is refused, and with the stage's embedding width it bounds every "
+                        "message the worker takes; a larger one drops its sender's connection "
+                        f"(default: {DEFAULT_MAX_BATCH_TOKENS})")
     from .offload import add_offload_options
 
     add_offload_options(p)
@@ -150,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
         from .offload import offload_spec
 
         worker = StageWorker(args.model, args.listen, n_threads=args.threads,
-                             parent_pid=args.parent_pid, offload=offload_spec(args))
+                             parent_pid=args.parent_pid, offload=offload_spec(args),
+                             max_batch_tokens=args.max_batch_tokens)
     except SplitError as exc:
         raise CommandError(str(exc)) from None
     except zmq.ZMQError as exc:

@@ -25,6 +25,9 @@ from .wire import WireError, decode_outputs
 log = logging.getLogger(__name__)
 
 DRIVER_FRAME = struct.Struct("<Q")  # the driver id part of `plan` and `out` messages
+# The largest frame the driver takes from a stage: its answers are sampled tokens and small JSON
+# objects (a stage's KV usage per sequence the largest); a bigger one drops its connection.
+REPLY_MAX_BYTES = 16 << 20
 
 
 class StageFailure(RuntimeError):
@@ -83,6 +86,7 @@ class StageChannel:
         try:
             self._reply = self._ctx.socket(zmq.PULL)
             self._reply.setsockopt(zmq.LINGER, 0)
+            self._reply.setsockopt(zmq.MAXMSGSIZE, REPLY_MAX_BYTES)
             tcp = [a for a in addresses if a.startswith("tcp://")]
             if reply_address is None and tcp:
                 reply_address = f"tcp://{_local_address_towards(tcp[0])}:*"
@@ -269,6 +273,10 @@ class StageChannel:
                 self.live -= waiting - set(got)
                 raise
             body = self._file(parts)
+            left = waiting - set(got) - self.live
+            if left and self.chain_errors:
+                # Those stages left the chain (another driver took one): the reason, now.
+                raise StageFailure(f"{self.chain_errors[-1]} (while {what})")
             if body is None or body.get("tag") != self._tag:
                 continue
             if parts[0] == b"err":

@@ -39,10 +39,14 @@ class LocalStages:
 
     def __init__(self, directory: str, *, n_threads: Optional[int] = None,
                  start_timeout_s: float = 60.0, source_model: Optional[str] = None,
-                 stage_args: Sequence[Sequence[str]] = ()) -> None:
+                 stage_args: Sequence[Sequence[str]] = (), n_batch: int = 0) -> None:
         """`n_threads`: each worker's compute threads (None: the cores this process may run
-        on, its CPU affinity, divided among the stages, at least one). `stage_args`: further `stage` flags per stage (the offload
-        flags, a device each: `stage_device_args`)."""
+        on, its CPU affinity, divided among the stages, at least one). `stage_args`: further
+        `stage` flags per stage (the offload flags, a device each: `stage_device_args`).
+        `n_batch`: the batch the driver will ask, when more than a worker takes by default
+        (`stage --max-batch-tokens`)."""
+        from .worker import DEFAULT_MAX_BATCH_TOKENS
+
         self.paths = stage_paths(directory)
         if n_threads is None:
             n_threads = max(1, usable_cores() // len(self.paths))
@@ -54,6 +58,8 @@ class LocalStages:
         self.procs: list[StageProcess] = []
         self.logs = [os.path.join(self._dir, f"stage-{k}.log") for k in range(len(self.paths))]
         extra = list(stage_args) + [[]] * (len(self.paths) - len(stage_args))
+        batch = (["--max-batch-tokens", str(n_batch)] if n_batch > DEFAULT_MAX_BATCH_TOKENS
+                 else [])
         for path, addr, log, more in zip(self.paths, self.addresses, self.logs, extra):
             with open(log, "wb") as err:  # a file, not a pipe nobody reads
                 # NOTE: run from the socket directory, not the caller's: `python -m` puts the
@@ -62,7 +68,7 @@ class LocalStages:
                 proc = StageProcess(
                     [sys.executable, "-m", "skippy_scheduler.cli", "stage", "--model",
                      os.path.abspath(path), "--listen", addr, "--threads", str(n_threads),
-                     "--parent-pid", str(os.getpid()), *more],
+                     "--parent-pid", str(os.getpid()), *batch, *more],
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                     cwd=self._dir)
                 proc.log_path = log

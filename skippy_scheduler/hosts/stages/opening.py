@@ -61,7 +61,7 @@ def open_stage_host(*, stages: Optional[str] = None, stage_addresses: Sequence[s
         check_stage_capacities(host_args["stage_prefix_cache_tokens"], prefix_cache_tokens,
                                len(stage_paths(stages)))
         local = LocalStages(stages, n_threads=n_threads, source_model=model,
-                            stage_args=stage_args)
+                            stage_args=stage_args, n_batch=n_batch)
         try:
             host = local.host(**host_args)
         except BaseException:

@@ -207,11 +207,30 @@ class StageRunner:
         if 0 <= lane < self.n_seq_max and start < self._lanes.end(lane):
             self._lanes.cut(lane, start)
 
-    def check_ops(self, ops: list[list[int]]) -> None:
-        """Refuse memory operations (see `apply_ops`) that name an unknown kind or sequence id,
-        before any of them runs."""
+    def check_input(self, n: int, positions: np.ndarray,
+                    tokens: Optional[np.ndarray] = None) -> None:
+        """Refuse a batch of `n` tokens that this stage cannot take (`run` would refuse it):
+        more than its batch, not one position per token, or for a first stage not one token
+        id of its vocabulary per position. Nothing is changed."""
+        if n < 1 or n > self.n_batch or len(positions) != n:
+            raise ValueError(f"a batch holds 1 to {self.n_batch} tokens with one position each;"
+                             f" got {n} tokens and {len(positions)} positions")
+        if self.first:
+            if tokens is None or len(tokens) != n:
+                raise ValueError("the first stage takes one token per position")
+            if int(tokens.min()) < 0 or int(tokens.max()) >= self.n_vocab:
+                raise ValueError(f"tokens must be in [0, {self.n_vocab})")
+
+    def check_ops(self, ops: Any) -> None:
+        """Refuse memory operations (see `apply_ops`) that are not lists of five integers,
+        name an unknown kind or sequence id, before any of them runs."""
+        if not isinstance(ops, list):
+            raise ValueError(f"memory operations are a list, got {type(ops).__name__}")
         for op in ops:
-            if len(op) != 5 or op[0] not in (OP_REMOVE, OP_COPY):
+            if not (isinstance(op, list) and len(op) == 5
+                    and all(isinstance(v, int) and not isinstance(v, bool) for v in op)):
+                raise ValueError(f"a memory operation is a list of five integers, got {op!r}")
+            if op[0] not in (OP_REMOVE, OP_COPY):
                 raise ValueError(f"unknown memory operation {op!r}")
             seqs = op[1:3] if op[0] == OP_COPY else op[1:2]
             if any(not 0 <= s < self.n_seq_max for s in seqs):
@@ -287,17 +306,12 @@ class StageRunner:
         if not self._ctx:
             raise StageError("the stage is closed")
         n = int(offsets[-1])
-        if n < 1 or n > self.n_batch or len(positions) != n:
-            raise ValueError(f"a batch holds 1 to {self.n_batch} tokens with one position each;"
-                             f" got {n} tokens and {len(positions)} positions")
+        self.check_input(n, positions, tokens)
         starts = positions[offsets[:-1]]
         self.check_rows(lanes, starts)
         batch = self._batch
         if self.first:
-            if tokens is None or len(tokens) != n:
-                raise ValueError("the first stage takes one token per position")
-            if int(tokens.min()) < 0 or int(tokens.max()) >= self.n_vocab:
-                raise ValueError(f"tokens must be in [0, {self.n_vocab})")
+            assert tokens is not None
             batch.tok[:n] = tokens
         else:
             if embd is None or embd.shape != (n, self.n_embd) or embd.dtype != np.float32:

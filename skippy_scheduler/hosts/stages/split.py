@@ -44,6 +44,7 @@ class StageInfo:
     source_layers: int
     source_id: str  # hex SHA-256 of the source model file
     source_name: str
+    n_embd: int = 0  # the embedding width (the activations' row size); 0: not read
 
     @property
     def first(self) -> bool:
@@ -272,10 +273,13 @@ def read_stage_info(path: str | os.PathLike[str]) -> StageInfo:
             raise SplitError(f"{path} is not a stage file (no {KEY_PREFIX}{key}); "
                              "make stages with `skippy-scheduler split`")
         vals[key] = field.contents()
+    arch = fields.get("general.architecture")
+    width = fields.get(f"{arch.contents()}.embedding_length") if arch is not None else None
     return StageInfo(path=path, index=int(vals["index"]), count=int(vals["count"]),
                      layer_start=int(vals["layer_start"]), layer_end=int(vals["layer_end"]),
                      source_layers=int(vals["source_layers"]),
-                     source_id=str(vals["source_id"]), source_name=str(vals["source_name"]))
+                     source_id=str(vals["source_id"]), source_name=str(vals["source_name"]),
+                     n_embd=int(width.contents()) if width is not None else 0)
 
 
 def check_stage_set(infos: _Seq[StageInfo], source_id: str | None = None) -> None:
