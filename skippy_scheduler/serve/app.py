@@ -76,6 +76,7 @@ class ServeContext:
     model_name: str
     pieces: list[bytes]  # bytes of every token
     n_ctx_seq: int  # tokens one request may hold (prompt + generated)
+    lanes: int = 1  # requests that run at once (llama-server's slots)
     memory_components: list[MemoryComponent] = field(default_factory=list)
     limits: Limits = field(default_factory=Limits)
     model_aliases: tuple[str, ...] = ()  # further names requests may use (docs: access)
@@ -513,7 +514,8 @@ def _check_fit(ctx: ServeContext, gen: GenerationRequest, prompt: int, prompt_fi
             f"{prompt} tokens, which leaves no room to generate.", param=prompt_field,
             code="context_length_exceeded")
     if gen.max_tokens is None:
-        max_tokens = limit - prompt if gen.kind == "chat" else min(16, limit - prompt)
+        max_tokens = (limit - prompt if gen.kind == "chat" or gen.rest_of_lane
+                      else min(16, limit - prompt))
     else:
         # A scored prompt (max_tokens 0) runs to its first token, which is not answered (as
         # vLLM scores one): it needs a place for that token.

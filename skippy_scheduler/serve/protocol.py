@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
+from .._validate import I32_MAX
 from ..sampling import SamplingParams
 from .errors import RequestError
 from .options import OutputRequest, parse_outputs
@@ -57,7 +58,8 @@ _NEUTRAL_MESSAGE: dict[str, tuple[Any, ...]] = {
 _MESSAGE_FIELDS = {"role", "content", "name"} | set(_NEUTRAL_MESSAGE)
 _IGNORED = {"user"}
 _SHARED = {"model", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
-           "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "stop",
+           "presence_penalty", "frequency_penalty", "repetition_penalty", "repeat_last_n",
+           "logit_bias", "stop",
            "stream", "stream_options", "ignore_eos", "return_token_ids", "priority", "skippy"}
 # serve/options.py parses these
 _OUTPUT_COMPLETION = {"logprobs", "echo", "best_of", "response_format"}
@@ -78,6 +80,7 @@ class GenerationRequest:
     prompts: list[Any] = field(default_factory=list)  # completions: one choice each
     messages: list[tuple[str, str]] = field(default_factory=list)  # chat: (role, text)
     max_tokens: Optional[int] = None  # None: the API's default
+    rest_of_lane: bool = False  # llama-server's n_predict -1: no bound but the lane's cells
     sampling: Optional[SamplingParams] = None  # None: greedy
     stop: list[str] = field(default_factory=list)
     stream: bool = False
@@ -100,7 +103,8 @@ class GenerationRequest:
 # written for vLLM or llama-server send theirs. Each known one is an alias of a field this
 # server honours, accepted in its neutral value only (anything else is a 400 naming it: this
 # server cannot honour it), or ignored because it cannot change the output here.
-_ALIASES = {"n_predict": "max_tokens", "repeat_penalty": "repetition_penalty"}
+_ALIASES = {"n_predict": "max_tokens", "repeat_penalty": "repetition_penalty",
+            "penalty_last_n": "repeat_last_n"}
 _NEUTRAL_FOREIGN: dict[str, tuple[Any, ...]] = {
     "echo": (None, False), "best_of": (None, 1),
     "no_stop_trim": (None, False), "return_hidden_states": (None, False),
@@ -115,6 +119,9 @@ _NEUTRAL_FOREIGN: dict[str, tuple[Any, ...]] = {
     "structured_outputs": (None,), "grammar": (None, ""), "json_schema": (None,),
     "typical_p": (None, 1, 1.0), "mirostat": (None, 0), "n_probs": (None, 0),
     "dynatemp_range": (None, 0, 0.0), "prompt_embeds": (None,),
+    # llama-server's samplers this server does not run, in their off values.
+    "dry_multiplier": (None, 0, 0.0), "xtc_probability": (None, 0, 0.0),
+    "top_n_sigma": (None, -1, -1.0), "dynatemp_exponent": (None, 1, 1.0),
     # These change the rendered chat prompt: only the template's defaults are run.
     "add_generation_prompt": (None, True), "continue_final_message": (None, False),
     "chat_template_kwargs": (None, {}), "documents": (None, []),
@@ -125,9 +132,15 @@ _NEUTRAL_FOREIGN: dict[str, tuple[Any, ...]] = {
 _IGNORED_FOREIGN: dict[str, Optional[tuple[Any, ...]]] = {
     "request_id": None, "cache_prompt": (True,), "cache_salt": (), "vllm_xargs": (),
     "kv_transfer_params": (), "id_slot": (-1,), "n_keep": (0,), "t_max_predict_ms": (0,),
-    "timings_per_token": (False,), "return_tokens": (False,)}
+    "timings_per_token": (False,), "return_tokens": (False,),
+    # The settings of llama-server samplers that are off (refused above when they are on).
+    "dry_base": None, "dry_allowed_length": None, "dry_penalty_last_n": None,
+    "dry_sequence_breakers": None, "xtc_threshold": None}
 _FOREIGN = set(_ALIASES) | set(_NEUTRAL_FOREIGN) | set(_IGNORED_FOREIGN) | {
     "stop_token_ids", "include_stop_str_in_output", "min_tokens"}
+
+
+_REST_OF_LANE = "\0n_predict=-1"  # a key no JSON body checked here can hold past _foreign
 
 
 def _foreign(body: dict[str, Any], allowed: set[str], strict: bool) -> dict[str, Any]:
@@ -148,6 +161,9 @@ def _foreign(body: dict[str, Any], allowed: set[str], strict: bool) -> dict[str,
             ignored.append(name)
     for alias, name in _ALIASES.items():
         if body.get(alias) is None:
+            continue
+        if alias == "n_predict" and body[alias] == -1 and body.get(name) is None:
+            out[_REST_OF_LANE] = True  # llama-server's "until the context ends"
             continue
         if body.get(name) is not None and body[name] != body[alias]:
             raise RequestError(f"'{alias}' and '{name}' disagree", param=alias)
@@ -338,6 +354,9 @@ def _sampling(body: dict[str, Any], n_vocab: int) -> Optional[SamplingParams]:
     top_k = _integer(body, "top_k", -1, n_vocab)
     min_p = _number(body, "min_p", 0, 1)
     seed = _integer(body, "seed", -(1 << 63), _U64)
+    if seed == -1:
+        seed = None  # llama-server's "a random seed"
+    window = _integer(body, "repeat_last_n", -1, I32_MAX)
     presence = _number(body, "presence_penalty", -2, 2)
     frequency = _number(body, "frequency_penalty", -2, 2)
     repetition = _number(body, "repetition_penalty", 0, 10, lo_open=True)
@@ -351,6 +370,8 @@ def _sampling(body: dict[str, Any], n_vocab: int) -> Optional[SamplingParams]:
         seed=None if seed is None else seed & _U64,
         presence_penalty=presence or 0.0, frequency_penalty=frequency or 0.0,
         repetition_penalty=1.0 if repetition is None else repetition,
+        # llama-server's repeat_last_n: -1 is the whole context, 0 turns the penalties off.
+        penalty_last_n=64 if window is None else I32_MAX if window == -1 else window,
         logit_bias=bias, ignore_eos=ignore_eos)
     return None if params.plain_greedy and not ignore_eos else params
 
@@ -397,10 +418,13 @@ def _parse_head(body: Any, kind: str, known: Any, neutral: Any, n_vocab: int,
     """What both endpoints read first: the fields checked against the endpoint's (`known`,
     `neutral`), the common fields, the honoured foreign ones; (the body as checked, request)."""
     raw: Any = body
+    rest = False
     if isinstance(body, dict):
         body = _foreign(body, known, strict)
+        rest = bool(body.pop(_REST_OF_LANE, False))
         _check_fields(body, known, neutral)
     req = _common(body, kind, n_vocab)
+    req.rest_of_lane = rest
     _honour_foreign(req, raw, n_vocab)
     return body, req
 

@@ -454,7 +454,7 @@ class Server:
         self.context = ServeContext(
             runner=self.runner, host=host, model_name=name, model_aliases=s.model_aliases,
             pieces=token_pieces(host.n_vocab, host.token_bytes),
-            n_ctx_seq=lane_tokens,
+            n_ctx_seq=lane_tokens, lanes=s.max_active,
             memory_components=list(config.memory_components),
             limits=Limits(capacity=s.max_active + s.max_waiting, max_body_bytes=s.max_body_bytes,
                           body_timeout_s=s.body_timeout_s,

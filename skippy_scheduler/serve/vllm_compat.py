@@ -1,4 +1,4 @@
-"""The endpoints and metric names routers expect of a vLLM replica.
+"""The endpoints and metric names routers expect of a vLLM replica, and llama-server's own.
 
 vLLM's router (`vllm-router`), llm-d and dashboards built for vLLM call more than the OpenAI
 API: `vllm-router --policy kv_aware` posts each request to `/v1/completions/render` (or
@@ -12,7 +12,12 @@ the replicas' KV events against them; dashboards and load-aware policies read `v
   prompt will run with (and match the KV events);
 * `POST /v1/chat/completions/render`: that object for a chat body (the chat template applied);
 * `POST /tokenize` (`prompt` or `messages`; answers `count`, `max_model_len`, `tokens`) and
-  `POST /detokenize` (`tokens`; answers `prompt`);
+  `POST /detokenize` (`tokens`; answers `prompt`, and llama-server's `content` beside it);
+  `/tokenize` with llama-server's `content` (and its `add_special`, `parse_special`,
+  `with_pieces`) answers as llama-server does, `{"tokens": [...]}`;
+* `GET /props`: llama-server's properties that clients and its web UI read (`total_slots`,
+  `default_generation_settings.n_ctx`, `model_path`, `chat_template`, `modalities`,
+  `build_info`);
 * `GET /v1/models/{id}`: the served model, or a 404 naming the id;
 * metrics under vLLM's names, labelled `model_name` and `engine` as vLLM labels them:
   `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (0-1),
@@ -159,11 +164,40 @@ def install(app: FastAPI, ctx: "ServeContext") -> None:
         tokens = await asyncio.to_thread(chat_tokens, gen)
         return _json(generate_request(gen, tokens, "chatcmpl"))
 
+    def flag(body: dict[str, Any], name: str, default: bool) -> bool:
+        value = body.get(name, default)
+        if not isinstance(value, bool):
+            raise RequestError(f"'{name}' must be a boolean", param=name)
+        return value
+
+    def llama_server_tokens(body: dict[str, Any]) -> dict[str, Any]:
+        """llama-server's /tokenize: `content`, BOS only with `add_special` (default false),
+        special tokens parsed unless `parse_special` is false; pieces with `with_pieces` (the
+        text when it is UTF-8, else its bytes)."""
+        if not isinstance(body["content"], str):
+            raise RequestError("'content' must be a string", param="content")
+        add, special = flag(body, "add_special", False), flag(body, "parse_special", True)
+        pieces = flag(body, "with_pieces", False)
+        tokens = list(ctx.host.tokenize(body["content"], add_bos=None if add else False,
+                                        special=special))
+        if not pieces:
+            return {"tokens": tokens}
+
+        def piece(t: int) -> Any:
+            raw = ctx.pieces[t]
+            try:
+                return raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return list(raw)
+        return {"tokens": [{"id": t, "piece": piece(t)} for t in tokens]}
+
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:
         body = await _body(request)
         if not isinstance(body, dict):
             raise RequestError("the request body must be a JSON object")
+        if body.get("content") is not None and body.get("prompt") is None:
+            return _json(await asyncio.to_thread(llama_server_tokens, body))
         if body.get("messages") is not None:
             gen = parse_chat({"messages": body["messages"]}, ctx.n_vocab)
             tokens = await asyncio.to_thread(chat_tokens, gen)
@@ -175,7 +209,8 @@ def install(app: FastAPI, ctx: "ServeContext") -> None:
             tokens = list(await asyncio.to_thread(
                 ctx.host.tokenize, body["prompt"], add_bos=None if add else False, special=True))
         else:
-            raise RequestError("'prompt' (a string) or 'messages' is required", param="prompt")
+            raise RequestError("'prompt' (a string), 'messages' or llama-server's 'content' is "
+                               "required", param="prompt")
         return _json({"count": len(tokens), "max_model_len": ctx.n_ctx_seq, "tokens": tokens,
                       "token_strs": None})
 
@@ -189,7 +224,18 @@ def install(app: FastAPI, ctx: "ServeContext") -> None:
             raise RequestError(f"'tokens' must be an array of token ids in [0, {ctx.n_vocab})",
                                param="tokens")
         text = b"".join(ctx.pieces[t] for t in tokens).decode("utf-8", "replace")
-        return _json({"prompt": text})
+        return _json({"prompt": text, "content": text})
+
+    @app.get("/props")
+    async def props() -> Response:
+        from .._version import __version__
+
+        return _json({
+            "default_generation_settings": {"n_ctx": ctx.n_ctx_seq},
+            "total_slots": ctx.lanes, "model_path": ctx.model_name,
+            "model_alias": ctx.model_name, "chat_template": ctx.chat.source,
+            "modalities": {"vision": False, "audio": False},
+            "build_info": f"skippy-scheduler {__version__}"})
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> Response:

@@ -220,7 +220,8 @@ class LlamaHost:
         self._lanes = lanes = Lanes(n_seq_max, cells)
         self._samplers = samplers = Samplers(
             tok.n_vocab, tok.eog, tok.eog_ids, _ll.llama_model_get_vocab(self._model),
-            DeviceChains(ctx, tok.n_vocab, tok.eog_ids) if on_device else None)
+            DeviceChains(ctx, tok.n_vocab, tok.eog_ids) if on_device else None,
+            max_window=n_ctx)
         self._decoder = Decoder(ctx, self.n_batch, tok.n_vocab,
                                 queues=placement is not None and placement.on_gpu)
         self._decoder.on_launch = self._worker.launching

@@ -15,6 +15,7 @@ Log-probabilities (`logprobs.py`) are read from the raw logits, whatever the cha
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -217,8 +218,13 @@ class Samplers:
     rewind, feed, pick, report)."""
 
     def __init__(self, n_vocab: int, eog: npt.NDArray[np.bool_], eog_ids: IntArray,
-                 vocab: Any = None, device: DeviceChains | None = None) -> None:
+                 vocab: Any = None, device: DeviceChains | None = None,
+                 max_window: int | None = None) -> None:
+        """`max_window`: the most positions a sequence can have (the context's cells): a
+        longer penalty window is cut to it, which changes nothing but the memory llama.cpp's
+        penalty sampler allocates for its window."""
         self.n_vocab = n_vocab
+        self.max_window = max_window
         self._eog = eog
         self._eog_ids = eog_ids
         self._vocab = vocab
@@ -255,6 +261,8 @@ class Samplers:
                              "this model")
         if sampling.plain_greedy and not sampling.ignore_eos and not sampling.min_end_position:
             return None
+        if self.max_window is not None and sampling.penalty_last_n > self.max_window:
+            sampling = replace(sampling, penalty_last_n=self.max_window)
         return sampling
 
     def check_grammar(self, grammar: str) -> None:

@@ -98,7 +98,7 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
         self.n_vocab = self._vocab.n_vocab
         # Sampling parameters are checked here and sent to the last stage, which samples.
         self._resolver = Samplers(self.n_vocab, self._vocab.eog, self._vocab.eog_ids,
-                                  self._vocab.vocab)
+                                  self._vocab.vocab, max_window=n_ctx)
         self.stage_samplers: list[int] = []  # sampler chains per stage, as last asked (held)
         self.n_ctx_seq = n_ctx // n_seq_max  # a lane's share of the cells (the server's bound)
         self.settings = {

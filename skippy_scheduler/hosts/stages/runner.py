@@ -127,7 +127,8 @@ class StageRunner:
         # The last stage samples: sequences that are not plain greedy get a sampler chain each,
         # the llama host's (docs/stages.md "Sampling").
         self.samplers: Optional[Samplers] = (
-            Samplers(vocab.n_vocab, vocab.eog, vocab.eog_ids, _ll.llama_model_get_vocab(model))
+            Samplers(vocab.n_vocab, vocab.eog, vocab.eog_ids, _ll.llama_model_get_vocab(model),
+                     max_window=n_ctx)
             if self.last else None)
 
         # The capture buffer: every batch row's residual stream after the stage's last layer.

@@ -373,7 +373,8 @@ class StageWorker:
                 raise ValueError(f"lane {lane}'s sampling is a JSON object or null")
             sampling = None if params is None else SamplingParams(**params)
             if sampling is not None and runner.samplers is not None:
-                runner.samplers.resolve(sampling)  # ValueError for this model's vocabulary
+                # ValueError for this model's vocabulary; a window cut to the context
+                sampling = runner.samplers.resolve(sampling) or sampling
             out[lane] = (step, sampling, prefix)
         return out
 
