@@ -135,7 +135,7 @@ cdef class Scheduler:
     cdef bint _in_policy                   # a policy callback is running (_core_slots.pxi)
     cdef dict _buffers                     # plan buffer address -> _PlanBuffer
     cdef uint64_t _last_serial             # serial of the last plan made
-    cdef readonly object config
+    cdef object _config
     cdef readonly object admission
     cdef readonly object preemption
     cdef list _objects                     # _SlotObjects of every occupied slot, by slot
@@ -186,7 +186,7 @@ cdef class Scheduler:
             raise MemoryError(msg)
         self._s = self._native.s
         skippy_scheduler_set_callbacks(self._s, _rank_trampoline, _victim_trampoline, <void *>self)
-        self.config = cfg
+        self._config = cfg
         self.admission = admission
         self.preemption = preemption
         self._objects = []
@@ -256,6 +256,12 @@ cdef class Scheduler:
         self._aff_costs = (prefill, restore)
 
     @property
+    def config(self):
+        """The config in use (normalized), as a copy: changing it changes nothing here (the
+        core took its values when it was made)."""
+        return self._config.replace()
+
+    @property
     def prefix_store(self):
         """The attached `PrefixStore`, or None."""
         return self._store
@@ -264,7 +270,7 @@ cdef class Scheduler:
         cdef skippy_sched_code code = skippy_scheduler_last_code(self._s)
         msg = skippy_scheduler_last_message(self._s).decode("utf-8", "replace")
         if code == SKIPPY_SCHED_QUEUE_FULL:
-            raise QueueFull(self.config.max_waiting_sequences)
+            raise QueueFull(self._config.max_waiting_sequences)
         if code == SKIPPY_SCHED_DUPLICATE:
             raise DuplicateSequence(seq_id)
         if code == SKIPPY_SCHED_EMPTY_PROMPT:
@@ -399,7 +405,7 @@ cdef class Scheduler:
         plan._rows = p.request_count
         plan._samples = p.sample_count
         self._last_serial = p.serial
-        if self.config.max_inflight_plans > 1:
+        if self._config.max_inflight_plans > 1:
             # Slots of sequences that end while this plan is live may be reused before it is
             # read: keep what each row names now.
             plan._row_objects = [objects[p.slots[r]] for r in range(p.request_count)]

@@ -13,9 +13,11 @@ from skippy_scheduler import (
     MalformedOutputs,
     MemoryComponent,
     QueueFull,
+    Scheduler,
     SchedulerConfig,
     Sequence,
     StalePlanError,
+    TwinScheduler,
 )
 
 
@@ -341,3 +343,17 @@ def test_ids_must_have_a_utf8_encoding(impl):
         s.submit(Sequence(odd, [1], 1))
         assert s.sequence(odd).id == odd
     assert s.cancel("a\x00b") and s.sequence("a\x00b") is None and s.sequence("") is not None
+
+
+@pytest.mark.parametrize("cls", [Scheduler, TwinScheduler])
+def test_the_config_a_scheduler_gives_is_a_copy(cls):
+    """Changing the config a scheduler reports changes nothing it does, nor what it reports
+    next (an engine reads it to set itself up)."""
+    s = cls(SchedulerConfig(max_active_sequences=3, max_tokens_per_iteration=64))
+    got = s.config
+    got.max_active_sequences = 1
+    got.max_inflight_plans = 2
+    assert s.config.max_active_sequences == 3 and s.config.max_inflight_plans == 1
+    for i in range(3):
+        s.submit(Sequence(f"r{i}", [1, 2], 4))
+    assert len(s.plan_iteration()) == 3
