@@ -139,16 +139,17 @@ class StepCost:
         return ",".join(f"{name}={_fmt_number(value)}" for name, value in items.items())
 
     @classmethod
-    def parse(cls, spec: str, base: Optional["StepCost"] = None) -> "StepCost":
+    def parse(cls, spec: str, base: Optional["StepCost"] = None, *,
+              max_us: Optional[float] = None) -> "StepCost":
         """Build from `name=value,...` overrides or from the path of a JSON object file (the
         names of `from_mapping`); a term not named keeps its value in `base` (by default the
-        class defaults)."""
+        class defaults). `max_us`: as in `from_mapping`."""
         if os.path.exists(spec):
             with open(spec, encoding="utf-8") as fh:
                 data = json.load(fh)
             if not isinstance(data, Mapping):
                 raise ValueError(f"{spec}: the cost model file must hold a JSON object")
-            return cls.from_mapping(data, base)
+            return cls.from_mapping(data, base, max_us=max_us)
         values: dict[str, object] = {}
         for part in spec.split(","):
             part = part.strip()
@@ -165,13 +166,15 @@ class StepCost:
                 except ValueError:
                     raise ValueError(f"cost model value {text!r} for {name} is not a number") from None
             values[name.strip()] = number
-        return cls.from_mapping(values, base)
+        return cls.from_mapping(values, base, max_us=max_us)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, object],
-                     base: Optional["StepCost"] = None) -> "StepCost":
+                     base: Optional["StepCost"] = None, *,
+                     max_us: Optional[float] = None) -> "StepCost":
         """`base` (by default the class defaults) with the terms of `values` replaced; a term
-        is named by its field name or by its name in the lab (`LAB_NAMES`), not both."""
+        is named by its field name or by its name in the lab (`LAB_NAMES`), not both. With
+        `max_us`, a term given above it is refused (ValueError naming it as it was given)."""
         given: dict[str, object] = {}
         spelled: dict[str, str] = {}  # term -> the name it was given under
         unknown = []
@@ -191,13 +194,19 @@ class StepCost:
                              f"{', '.join(LAB_NAMES)})")
         # __post_init__ checks every value; its message names the term as it was given.
         try:
-            return replace(base if base is not None else cls(), **given)  # type: ignore[arg-type]
+            cost = replace(base if base is not None else cls(), **given)  # type: ignore[arg-type]
         except ValueError as exc:
             message = str(exc)
             for term, name in spelled.items():
                 if name != term and message.startswith(f"{term} "):
                     raise ValueError(name + message[len(term):]) from None
             raise
+        if max_us is not None:
+            for term, name in spelled.items():
+                if getattr(cost, term) > max_us:
+                    raise ValueError(f"{name} must be at most {max_us:g} µs, got "
+                                     f"{given[term]!r}")
+        return cost
 
 
 #: The lab's default model: 50 µs a step, 2 µs a prefill token, 100 µs for a step's decode

@@ -43,7 +43,9 @@ def register(subparsers: Any) -> None:
                     "decode_sequence_us=..) that the lab's --cost-model option accepts; the "
                     "--json file is accepted there too. When the fit does not explain the "
                     "timings it says so on stderr and exits with status 1 (the model is still "
-                    "printed).")
+                    "printed). Each shape's timings are printed on stderr as it is timed: "
+                    "'# pass K of N: ...' after each pass but the last, its final line after "
+                    "the last.")
     add_model_options(p, threads=DEFAULT_THREADS, backend_sampling=True,
                       threads_note="1 here because with more, timings on a busy machine swing "
                                    "by tens of ms")
@@ -83,6 +85,15 @@ def _lane_cells(args: argparse.Namespace) -> int:
     return lane
 
 
+def _timed(timing: Any, done: int, passes: int) -> None:
+    """A shape's line on stderr as soon as a pass has timed it: its final figures once the
+    last pass that times it is done, `# pass K of N: ...` before that."""
+    line = (f"prefill_tokens={timing.prefill_tokens} decode_rows={timing.decode_rows} "
+            f"fastest_us={timing.fastest_us:.1f} median_us={timing.median_us:.1f}")
+    print(f"# {line}" if done == passes else f"# pass {done} of {passes}: {line}",
+          file=sys.stderr, flush=True)
+
+
 def _warn(message: str) -> None:
     print(f"skippy-scheduler calibrate: warning: {message}", file=sys.stderr)
 
@@ -115,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
                 raise CommandError(str(exc)) from None
             with host:
                 result = calibrate_host(host, repeats=args.repeats, warmup=args.warmup,
-                                        clock=clock)
+                                        clock=clock, on_timed=_timed)
     except Interrupted as stop:
         raise stop.keeping("a cost model is fitted over every shape, so none was fitted"
                            + (f" and --json {args.json} was not written" if args.json else ""))\
@@ -127,9 +138,6 @@ def run(args: argparse.Namespace) -> int:
                            threads=args.threads, repeats=args.repeats, warmup=args.warmup),
                       fh, indent=2)
             fh.write("\n")
-    for t in result.timings:
-        print(f"# prefill_tokens={t.prefill_tokens} decode_rows={t.decode_rows} "
-              f"fastest_us={t.fastest_us:.1f} median_us={t.median_us:.1f}", file=sys.stderr)
     for why in result.skipped:
         print(f"# not timed: {why}", file=sys.stderr)
     print(f"# fit: rms residual {result.residual_us:.1f} us, rms relative error "

@@ -28,13 +28,13 @@ from ..selection import DEFAULT_IMPLEMENTATION
 from ._common import (CommandError, check_distinct_outputs, check_output_file, fraction,
                       int_in, non_negative_int, non_negative_ms, positive_float, positive_int)
 from .interrupt import Interrupted, saving
-from .lab_runs import run_suite_command, run_trace_command
+from .lab_runs import interrupted, run_suite_command, run_trace_command
 from .lab_stages import STAGED_ONLY, add_arguments as add_staged_arguments, run_staged_command
 from .vocabulary import add_flag, add_old
 
 # Options that only some runs read: given to another, they are a mistake.
 _SCENARIO_ONLY = {"scenario": "--scenario", "iteration_trace": "--iteration-trace",
-                  "replay": "--replay"}
+                  "replay": "--replay", "bench_reps": "--bench-reps"}
 _SUITE_OR_TRACE = {"policy": "--policy", "plot": "--plot", "requests_out": "--requests-out",
                    "max_active": "--max-active", "max_num_batched_tokens":
                    "--max-num-batched-tokens", "prefill_chunk": "--prefill-chunk",
@@ -49,6 +49,11 @@ _TRACE_ONLY = {"format": "--format", "time_scale": "--time-scale", "limit": "--l
                "slo": "--slo",
                "prefix_cache_tokens": "--prefix-cache-tokens", "tenants": "--tenants"}
 _LAB_SIZE = "the lab models a larger accelerator than run and serve drive"
+DEFAULT_BENCH_REPS = 200
+# The largest cost model term the lab takes, µs (1 000 s a step, a token or a decode row): far
+# above any runtime's (a calibrated model's terms are µs to tens of ms), and what keeps a run's
+# sums of virtual time finite numbers (1e300 would not).
+MAX_TERM_US = 1e9
 
 
 class _MaxTokensInLab(argparse.Action):
@@ -80,15 +85,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("--iteration-trace", metavar="FILE",
                    help="write the per-iteration trace of the scenarios to FILE "
                         "(docs/behaviour.md §5.7)")
-    add_flag(p, "json", note="after Ctrl-C or SIGTERM, the runs that finished")
+    add_flag(p, "json", note="after Ctrl-C or SIGTERM, the runs that finished, marked "
+                             "\"interrupted\": the signal")
     p.add_argument("--cost-model", metavar="SPEC",
-                   help="cost constants: name=value,... (iteration_overhead_us, "
+                   help=f"cost constants, µs, each at most {MAX_TERM_US:g}: name=value,... "
+                        "(iteration_overhead_us, "
                         "prefill_token_us, decode_batch_us, decode_sequence_us, or StepCost's "
                         "names for them: base_us, per_prefill_token_us, decode_base_us, "
                         "per_decode_row_us), a JSON file holding an object of them, or the "
                         "--json file of `skippy-scheduler calibrate` (default: 50,2,100,20 µs)")
-    p.add_argument("--bench-reps", type=non_negative_int, default=200, metavar="N",
-                   help="extra runs per scenario used only to time the simulator (default: 200)")
+    p.add_argument("--bench-reps", type=non_negative_int, default=None, metavar="N",
+                   help="extra runs per scenario used only to time the simulator (default: "
+                        f"{DEFAULT_BENCH_REPS})")
     p.add_argument("--replay", action="store_true",
                    help="also print the fixture replay switch counts (docs/behaviour.md §5.8)")
     add_flag(p, "scheduler", default=DEFAULT_IMPLEMENTATION)
@@ -122,9 +130,12 @@ def register(subparsers: Any) -> None:
     o = p.add_argument_group("scheduler and runtime model (--suite and --trace)")
     add_flag(o, "max-active", type=positive_int, note=_LAB_SIZE,
              default_text=str(d.max_active))
-    add_flag(o, "batch-tokens", type=positive_int, note=_LAB_SIZE,
-             default_text=str(d.max_tokens))
-    add_flag(o, "prefill-chunk", type=positive_int, note=_LAB_SIZE, default_text=str(d.chunk))
+    # A flag and its old spellings are one mutually exclusive group: given twice, under two
+    # names, one value would silently replace the other.
+    add_flag(o.add_mutually_exclusive_group(), "batch-tokens", type=positive_int,
+             note=_LAB_SIZE, default_text=str(d.max_tokens))
+    add_flag(o.add_mutually_exclusive_group(), "prefill-chunk", type=positive_int,
+             note=_LAB_SIZE, default_text=str(d.chunk))
     add_flag(o, "mixed", note="the suite runs both unless one is given, to compare them",
              default_text="on with --trace; both with --suite")
     add_old(o, "--mode", "--mixed/--no-mixed", "mode", repeat=True)
@@ -173,7 +184,7 @@ def register(subparsers: Any) -> None:
     t.add_argument("--limit", type=positive_int, default=None, metavar="N",
                    help="replay only the first N requests (default: all)")
     add_flag(t, "prefix-cache-tokens", type=_cache_tokens,
-             note="of the modelled prefix cache; 'unlimited' for no bound",
+             note="here the size of the modelled prefix cache, 'unlimited' for no bound",
              default_text=str(DEFAULT_PREFIX_CACHE_TOKENS))
     t.add_argument("--slo", action="store_true", default=None,
                    help="tell the scheduler the goodput targets as every request's SLO: a "
@@ -185,7 +196,23 @@ def register(subparsers: Any) -> None:
                    help="spread requests over K tenants by a stable hash of their id, "
                         "replacing a tenant field of the trace (default: the trace's own)")
     add_staged_arguments(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, run_flags=_run_flags(p))
+
+
+def _run_flags(p: argparse.ArgumentParser) -> dict[str, tuple[str, Any]]:
+    """Every option of `p` but --list and --help, by destination: (its flag, its default). An
+    old spelling (default SUPPRESS: set only when given) stands for its destination only where
+    no current flag has it (--mode)."""
+    flags: dict[str, tuple[str, Any]] = {}
+    for action in p._actions:
+        if not action.option_strings or action.dest in ("help", "list"):
+            continue
+        flag = "/".join(s for s in action.option_strings if s.startswith("--"))
+        if action.default is argparse.SUPPRESS:
+            flags.setdefault(action.dest, (flag, action.default))
+        else:
+            flags[action.dest] = (flag, action.default)
+    return flags
 
 
 def _positive_float(text: str) -> float:
@@ -223,7 +250,7 @@ def _cost_object(empty: str, data: dict[str, Any]) -> StepCost:
     if not data:
         raise ValueError(f"{empty}, which names no cost model term; expected one or more of "
                          f"{_TERMS}")
-    return StepCost.from_mapping(data, LAB_COST)
+    return StepCost.from_mapping(data, LAB_COST, max_us=MAX_TERM_US)
 
 
 def _cost_document(spec: str) -> StepCost:
@@ -236,7 +263,7 @@ def _cost_document(spec: str) -> StepCost:
             print(f"skippy-scheduler lab: warning: {spec}: the calibration reported problems "
                   f"({'; '.join(map(str, data['problems']))})", file=sys.stderr)
         if isinstance(model, str):
-            return StepCost.parse(_terms(model), LAB_COST)
+            return StepCost.parse(_terms(model), LAB_COST, max_us=MAX_TERM_US)
         if isinstance(model, dict):
             return _cost_object(f"{spec}: cost_model is an empty object", model)
         raise ValueError(f"{spec}: cost_model must be name=value,... or an object")
@@ -256,7 +283,7 @@ def cost_model(spec: str | None) -> StepCost:
         raise CommandError(f"--cost-model: {spec} is a directory")
     try:
         cost = (_cost_document(spec) if os.path.exists(spec)
-                else StepCost.parse(_terms(spec), LAB_COST))
+                else StepCost.parse(_terms(spec), LAB_COST, max_us=MAX_TERM_US))
         return check_clock_cost("the cost model", cost)
     except json.JSONDecodeError as exc:
         raise CommandError(f"--cost-model: {spec} is not valid JSON ({exc})") from None
@@ -276,6 +303,22 @@ def _given(args: argparse.Namespace, options: dict[str, str], why: str) -> None:
             raise CommandError(f"{flag} {why}")
 
 
+def _refuse_modes(args: argparse.Namespace, why: str) -> None:
+    """Refuse --mixed, --no-mixed (and the old --mode) in a run that has no planning mode."""
+    if getattr(args, "mode", None) is not None or args.mixed is not None:
+        raise CommandError(f"--mixed/--no-mixed {why}")
+
+
+def _refuse_with_list(args: argparse.Namespace) -> None:
+    """--list runs nothing: any other flag whose value is not its default would be ignored."""
+    given = [flag for dest, (flag, default) in getattr(args, "run_flags", {}).items()
+             if (hasattr(args, dest) if default is argparse.SUPPRESS
+                 else getattr(args, dest, default) != default)]
+    if given:
+        raise CommandError(f"--list prints the scenario names and runs nothing: "
+                           f"{', '.join(given)} does not apply")
+
+
 def _modes(args: argparse.Namespace) -> list[str] | None:
     """The planning modes asked for: --mode (old) or --mixed/--no-mixed; None if neither."""
     old = getattr(args, "mode", None)
@@ -291,13 +334,7 @@ def _modes(args: argparse.Namespace) -> list[str] | None:
 
 def run(args: argparse.Namespace) -> int:
     if args.list:
-        given = [flag for flag, dest in (("--suite", "suite"), ("--trace", "trace"),
-                                         ("--scenario", "scenario"), ("--json", "json"),
-                                         ("--pipeline-stages", "pipeline_stages"))
-                 if getattr(args, dest, None)]
-        if given:
-            raise CommandError(f"--list prints the scenario names and runs nothing: "
-                               f"{', '.join(given)} does not apply")
+        _refuse_with_list(args)
         print("\n".join(SCENARIO_NAMES))
         return 0
     backend = resolve_backend(args.scheduler)
@@ -307,6 +344,7 @@ def run(args: argparse.Namespace) -> int:
                                "--suite or --trace")
         _given(args, {**_SCENARIO_ONLY, **_SUITE_OR_TRACE, **_WORKLOAD_ONLY, **_TRACE_ONLY},
                "does not apply to the staged pipeline (--pipeline-stages)")
+        _refuse_modes(args, "does not apply to the staged pipeline (--pipeline-stages)")
         return run_staged_command(args, cost_model(args.cost_model), backend)
     _given(args, STAGED_ONLY, "needs --pipeline-stages")
     if args.trace:
@@ -319,8 +357,7 @@ def run(args: argparse.Namespace) -> int:
     if args.suite:
         _given(args, _SCENARIO_ONLY, "applies to the reference scenarios, not to --suite")
         return run_suite_command(args, _modes(args), cost_model(args.cost_model), backend)
-    if getattr(args, "mode", None) is not None or args.mixed is not None:
-        raise CommandError("--mixed/--no-mixed needs --suite or --trace")
+    _refuse_modes(args, "needs --suite or --trace")
     _given(args, _SUITE_OR_TRACE, "needs --suite or --trace")
     _given(args, _WORKLOAD_ONLY, "needs --suite")
     return _run_scenarios(args, cost_model(args.cost_model), backend)
@@ -340,13 +377,14 @@ def _run_scenarios(args: argparse.Namespace, cost: StepCost, backend: Backend) -
     check_output_file("--iteration-trace", args.iteration_trace, inputs)
     check_output_file("--json", args.json, inputs)
     check_distinct_outputs(("--json", args.json), ("--iteration-trace", args.iteration_trace))
+    reps = DEFAULT_BENCH_REPS if args.bench_reps is None else args.bench_reps
     results: list[Any] = []
     replay: list[Any] = []
     bar = Progress(len(scenarios), "lab")
     try:
         for scenario in scenarios:
             results.append(run_scenario(scenario, cost, backend=backend,
-                                        bench_reps=args.bench_reps,
+                                        bench_reps=reps,
                                         trace=bool(args.iteration_trace)))
             bar.update(len(results))
         bar.close()
@@ -356,7 +394,7 @@ def _run_scenarios(args: argparse.Namespace, cost: StepCost, backend: Backend) -
         if not results:
             raise
         with saving():
-            kept = _save_scenarios(args, results, [], cost, backend)
+            kept = _save_scenarios(args, results, [], cost, backend, stop)
         raise stop.keeping(f"{len(results)} of {len(scenarios)} scenarios printed" + kept
                            + " (no fixture replay)") from None
     _save_scenarios(args, results, replay, cost, backend)
@@ -364,7 +402,9 @@ def _run_scenarios(args: argparse.Namespace, cost: StepCost, backend: Backend) -
 
 
 def _save_scenarios(args: argparse.Namespace, results: list[Any], replay: list[Any],
-                    cost: StepCost, backend: Backend) -> str:
+                    cost: StepCost, backend: Backend, stop: Interrupted | None = None) -> str:
+    """Print the table (and the replay) and write the outputs; `stop`: the interruption that
+    ended the run early, which the --json document then names."""
     sys.stdout.write(format_table(results))
     if args.replay and replay:
         sys.stdout.write("\n" + format_replay(replay))
@@ -374,6 +414,7 @@ def _save_scenarios(args: argparse.Namespace, results: list[Any], replay: list[A
         _write(args.iteration_trace, "".join(line + "\n" for r in results for line in r.trace))
         written.append(f"--iteration-trace {args.iteration_trace}")
     if args.json:
-        _write(args.json, dump_json(lab_document(results, replay, cost, backend.name)))
+        document = lab_document(results, replay, cost, backend.name)
+        _write(args.json, dump_json(document if stop is None else interrupted(document, stop)))
         written.append(f"--json {args.json}")
     return ", wrote " + " and ".join(written) if written else ""

@@ -1,5 +1,6 @@
 """`skippy-scheduler lab --suite --priority-scenario`: the priority scenario's three rules
-(skippy_scheduler/lab/priority.py, docs/lab.md), one table row per rule as it finishes."""
+(skippy_scheduler/lab/priority.py, docs/lab.md), one table row per rule as it finishes; an
+interrupted run writes its --json for the rules that finished."""
 from __future__ import annotations
 
 import argparse
@@ -14,7 +15,8 @@ from ..lab.priority import (PriorityScenario, RULES, format_priority_table,
                             run_priority_scenario)
 from ..lab.suite import SuiteOptions
 from ._common import CommandError, check_output_file
-from .lab_runs import _overrides
+from .interrupt import Interrupted, saving
+from .lab_runs import _overrides, interrupted
 
 _SCENARIO = {"requests": "requests", "seed": "seed", "rate": "rate",
              "priority_share": "urgent_share"}
@@ -55,15 +57,33 @@ def run_priority_command(args: argparse.Namespace, modes: Optional[list[str]],
     out.write(format_priority_table([]))
     out.flush()
 
+    finished: list[Any] = []
+
     def emit(run: Any) -> None:
+        finished.append(run)
         out.write(format_priority_table([run], header=False))
         out.flush()
 
-    runs = run_priority_scenario(scenario, RULES, options, cost, backend=backend, on_run=emit)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"backend": backend.name, "cost_model": cost.lab_dict(),
-                       "scenario": scenario.as_dict(), "runs": [r.figures for r in runs]},
-                      fh, indent=2)
-            fh.write("\n")
+    def document(runs: list[Any]) -> dict[str, Any]:
+        return {"backend": backend.name, "cost_model": cost.lab_dict(),
+                "scenario": scenario.as_dict(), "runs": [r.figures for r in runs]}
+
+    try:
+        runs = run_priority_scenario(scenario, RULES, options, cost, backend=backend,
+                                     on_run=emit)
+    except Interrupted as stop:
+        if not finished:
+            raise
+        with saving():
+            _write(args.json, interrupted(document(finished), stop))
+        raise stop.keeping(f"{len(finished)} of {len(RULES)} rules printed"
+                           + (f", wrote --json {args.json}" if args.json else "")) from None
+    _write(args.json, document(runs))
     return 0
+
+
+def _write(path: Optional[str], document: dict[str, Any]) -> None:
+    if path:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(document, fh, indent=2)
+            fh.write("\n")

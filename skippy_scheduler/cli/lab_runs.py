@@ -139,6 +139,13 @@ def request_lines(runs: list[Any], ids: Any) -> Any:
             yield row
 
 
+def interrupted(document: dict[str, Any], stop: Interrupted) -> dict[str, Any]:
+    """`document` marked as the partial one an interrupted run writes: a top-level
+    "interrupted" names the signal (as `run --json` does); a whole run has no such key."""
+    document["interrupted"] = stop.signal_name
+    return document
+
+
 def _save(args: argparse.Namespace, document: Any, runs: list[Any], plot: Any,
           ids: Any = None, **plot_kwargs: Any) -> str:
     """Write --json, --requests-out and --plot for `runs`; return what was written, for the
@@ -221,7 +228,7 @@ def run_suite_command(args: argparse.Namespace, modes: Optional[list[str]],
         if not finished:
             raise
         with saving():
-            kept = _save(args, document(finished), finished, plot_suite,
+            kept = _save(args, interrupted(document(finished), stop), finished, plot_suite,
                          ids=workload.request_id, title=title)
         raise stop.keeping(f"{len(finished)} of {len(policies) * len(modes)} runs printed"
                            + kept) from None
@@ -346,8 +353,8 @@ def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
         if not finished:
             raise
         with saving():
-            kept = _save(args, trace_document(info, finished), finished, plot_trace,
-                         ids=_trace_id, title=title)
+            kept = _save(args, interrupted(trace_document(info, finished), stop), finished,
+                         plot_trace, ids=_trace_id, title=title)
         raise stop.keeping(f"{len(finished)} of {len(policies)} policies printed" + kept) \
             from None
     tenants = format_tenant_table(runs)

@@ -13,6 +13,8 @@ import sys
 from typing import Any, Optional
 
 from ..engine.contract import PipelinedHost, StateReportingHost
+from ..engine.record import percentile
+from ..lab.progress import Progress
 from ..selection import DEFAULT_IMPLEMENTATION, DEFAULT_POLICY, make_scheduler
 from ..hosts.offload import CPU_BATCH
 from .offload import (check_device_names, print_placement, refuse_offload_with_stage_addresses,
@@ -36,6 +38,16 @@ BUILTIN_PROMPTS: list[Any] = [
     "a b c d e f g",
 ]
 CELLS_PER_LANE_STEP = 256  # llama.cpp pads each sequence's KV stream to a multiple of this
+PROGRESS_DELAY_S = 1.0  # a run shows its progress bar (on a terminal) once it lasts this long
+# The summary's percentiles: (summary name, the record's figure or figures).
+_PERCENTILES = (("queue_wait", "queue_wait_us"), ("ttft", "ttft_us"), ("itl", "itl_us"),
+                ("latency", "latency_us"))
+
+
+class _Default(int):
+    """A flag's default number, a distinct object: argparse counts a flag of a mutually
+    exclusive group as given when its value is not the default object, and the same small
+    number typed on the command line would be that very object."""
 
 
 def register(subparsers: Any) -> None:
@@ -46,7 +58,9 @@ def register(subparsers: Any) -> None:
         usage="%(prog)s [-m GGUF] [--prompts FILE] [--json FILE] [OPTIONS]",
         description="Serve prompts through the scheduler on a llama.cpp model and measure "
                     "queue wait, time to first token and inter-token gaps. The scheduler "
-                    "settings and their defaults are serve's.")
+                    "settings and their defaults are serve's. On a terminal, a run that lasts "
+                    f"more than {PROGRESS_DELAY_S:g} s shows a progress bar on stderr (the "
+                    "requests finished), cleared before the results are printed.")
     add_model_options(p, stages=True, backend_sampling=True, stage_ahead=True)
     p.add_argument("--prompts", metavar="FILE",
                    help="JSON list of prompts: token-id lists or strings (default: a built-in "
@@ -55,10 +69,13 @@ def register(subparsers: Any) -> None:
     add_flag(p, "max-active", type=positive_int, default=8)
     add_flag(p, "ctx-size", type=positive_int,
              default_text="each lane sized for the longest prompt plus --max-tokens")
-    add_flag(p, "batch-tokens", type=positive_int, default=None,
+    # A flag and its old spellings are one mutually exclusive group: given twice, under two
+    # names, one value would silently replace the other.
+    add_flag(p.add_mutually_exclusive_group(), "batch-tokens", type=positive_int, default=None,
              default_text="512 on the CPU, 2048 with layers on a GPU (llama-server's)",
              note="it follows the device where the layers go")
-    add_flag(p, "prefill-chunk", type=positive_int, default=256)
+    add_flag(p.add_mutually_exclusive_group(), "prefill-chunk", type=positive_int,
+             default=_Default(256))
     add_flag(p, "mixed", default=True)
     add_flag(p, "max-consecutive-prefill", type=bound, default=1)
     add_flag(p, "planning-rule", default=ServeSettings.planning_rule, choices=PLANNING_RULES)
@@ -83,7 +100,8 @@ def register(subparsers: Any) -> None:
                    help="one KV cache shared by all sequences (with prefix reuse: holders "
                         "share cells instead of holding a stream each; default: off)")
     add_flag(p, "json", note="per-request tokens and metrics; after Ctrl-C or SIGTERM, those "
-                             "of the requests that finished")
+                             "of the requests that finished, the summary's percentiles over "
+                             "them and \"interrupted\": the signal")
     p.add_argument("--stages", type=stage_directory, metavar="DIR",
                    help="stages of a split model; here the directory of stage-K.gguf files "
                         "written by split, served by one local stage worker process each "
@@ -212,6 +230,8 @@ def run(args: argparse.Namespace) -> int:
                 requests, report, settings, summary = serve_prompts(args, host, prompts, n_seq,
                                                                     n_batch, lane)
     stopped = summary.pop("interrupted", None)
+    if stopped is not None:  # the figures of the requests printed, not of the ones cut short
+        summary.update(finished_percentiles(report.records))
     doc = {
         "model": args.model or f"tiny-random-llama (seed {args.seed}, f32)",
         "settings": settings,
@@ -231,6 +251,40 @@ def run(args: argparse.Namespace) -> int:
     raise stopped.keeping(f"{len(doc['requests'])} of {len(requests)} requests had finished "
                           f"and are printed" + (f", wrote --json {args.json}" if args.json
                                                 else ""))
+
+
+def finished_percentiles(records: list[Any]) -> dict[str, float]:
+    """The summary's percentiles (`EngineReport.summary`'s p50/p95/p99 of queue wait, TTFT,
+    inter-token gap and latency, µs) over the records of the requests that finished."""
+    done = [r for r in records if r.finish_reason is not None]
+    out: dict[str, float] = {}
+    for name, figure in _PERCENTILES:
+        if figure == "itl_us":
+            values = [g for r in done for g in r.itl_us]
+        else:
+            values = [getattr(r, figure) for r in done if getattr(r, figure) is not None]
+        for p in (50, 95, 99):
+            out[f"p{p}_{name}_us"] = float(percentile(values, p))
+    return out
+
+
+def _progress(engine: Any, total: int) -> Progress:
+    """A progress bar of the requests finished (shown on a terminal only, once the run lasts
+    PROGRESS_DELAY_S), fed by the engine's events; close it before printing."""
+    from ..engine import FinishEvent
+
+    bar = Progress(total, "run", delay_s=PROGRESS_DELAY_S)
+    if bar.enabled:
+        finished = 0
+
+        def count(event: Any) -> None:
+            nonlocal finished
+            if isinstance(event, FinishEvent):
+                finished += 1
+            bar.update(finished)  # on every token too: the elapsed time moves on
+
+        engine.add_listener(count)
+    return bar
 
 
 def serve_prompts(args: argparse.Namespace, host: Any, prompts: list[Any], n_seq: int,
@@ -253,7 +307,7 @@ def serve_prompts(args: argparse.Namespace, host: Any, prompts: list[Any], n_seq
                 f"(--ctx-size / --max-active, rounded up to {CELLS_PER_LANE_STEP})")
     config = dict(
         max_active_sequences=n_seq, max_tokens_per_iteration=n_batch,
-        prefill_chunk_tokens=min(args.prefill_chunk, n_batch),
+        prefill_chunk_tokens=int(min(args.prefill_chunk, n_batch)),
         mixed_prefill_decode=args.mixed,
         max_consecutive_prefill_iterations=args.max_consecutive_prefill,
         max_inflight_plans=args.inflight or 1,
@@ -273,11 +327,14 @@ def serve_prompts(args: argparse.Namespace, host: Any, prompts: list[Any], n_seq
         for i, toks in enumerate(token_prompts)
     ]
     engine = Engine(scheduler, host, clock="wall")
+    bar = _progress(engine, len(requests))
     stopped = None
     try:
         report = engine.run(requests)
     except Interrupted as stop:
         stopped, report = stop, engine.report()
+    finally:
+        bar.close()
     settings = dict(host.settings, scheduler=args.scheduler, max_tokens=args.max_tokens,
                     arrival_interval_ms=args.arrival_interval_ms, policy=args.policy,
                     **{**config, "planning_rule": args.planning_rule})
@@ -339,8 +396,11 @@ def _print_run(doc: dict[str, Any]) -> None:
     gaps = any(r["itl_us"] for r in doc["requests"])  # none when every request made one token
     itl = (f"{s['p50_itl_us'] / 1e3:.3f}/{s['p95_itl_us'] / 1e3:.3f} ms" if gaps
            else "- (no request made two tokens)")
+    # Interrupted, the percentiles are those of the requests printed above (finished_percentiles).
+    over = (f"over the {len(doc['requests'])} finished requests: " if "interrupted" in doc
+            else "")
     print(f"# {s['completed']}/{s['requests']} completed, {s['generated_tokens']} tokens in "
-          f"{s['makespan_s'] * 1e3:.1f} ms ({s['tokens_per_s']:.0f} tok/s); "
+          f"{s['makespan_s'] * 1e3:.1f} ms ({s['tokens_per_s']:.0f} tok/s); {over}"
           f"p50/p95 TTFT {s['p50_ttft_us'] / 1e3:.3f}/{s['p95_ttft_us'] / 1e3:.3f} ms, "
           f"p50/p95 ITL {itl}; "
           f"{s['iterations']} iterations, mean batch {s['mean_batch_size']:.2f}", file=out)

@@ -333,6 +333,7 @@ def calibrate_host(
     shapes: Optional[list[tuple[int, int]]] = None,
     context_tokens: int = DEFAULT_CONTEXT_TOKENS, seed: int = 0,
     scheduler_type: Any = None,
+    on_timed: Optional[Callable[[ShapeTiming, int, int], None]] = None,
 ) -> Calibration:
     """Run each shape on the engine with `host` (idle: no active sequences) and fit the model.
 
@@ -347,6 +348,9 @@ def calibrate_host(
         or a factory of engine clocks (one per run).
     shapes: (prefill tokens, decode rows) pairs; by default `default_shapes`.
     scheduler_type: the scheduler class (the native `Scheduler` by default).
+    on_timed: called as soon as a pass has timed a shape, with `(timing, done, of)`: the
+        shape's timings so far, the passes that have timed it and the passes that time it
+        (`done == of`: its timings are final, the `ShapeTiming` of the result).
     """
     for name, value, lo in (("repeats", repeats, 1), ("warmup", warmup, 0),
                             ("passes", passes, 1), ("context_tokens", context_tokens, 1)):
@@ -387,7 +391,9 @@ def calibrate_host(
 
     durations: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
     skipped: dict[tuple[int, int], str] = {}
-    for count in (repeats // passes + (i < repeats % passes) for i in range(passes)):
+    counts = [repeats // passes + (i < repeats % passes) for i in range(passes)]
+    timing_passes = sum(1 for count in counts if count)  # the first ones: counts never grow
+    for done, count in enumerate(counts, 1):
         for p, d in shapes:
             if not count or (p, d) in skipped:
                 continue
@@ -398,6 +404,9 @@ def calibrate_host(
                 skipped[(p, d)] = why
             else:
                 durations[(p, d)] += got
+                if on_timed is not None:
+                    on_timed(ShapeTiming(p, d, tuple(durations[(p, d)])), done,
+                             timing_passes)
     timings = [ShapeTiming(p, d, tuple(durations[(p, d)])) for p, d in shapes
                if (p, d) not in skipped]
     if not timings:

@@ -23,7 +23,8 @@ prefix structure of a Mooncake trace is exactly that of its `hash_ids`. Azure an
 traces carry no prefix identity: each request gets fresh block ids, so no two share a token
 prefix.
 
-A malformed line raises `TraceFormatError` naming the file, the line and the field.
+A request's input and output lengths are at most `MAX_TOKENS` (2^24) each; a larger one, and any
+other malformed line, raises `TraceFormatError` naming the file, the line and the field.
 """
 from __future__ import annotations
 
@@ -51,6 +52,11 @@ _OFFSETS = np.arange(BLOCK_TOKENS, dtype=np.int64)
 MAX_ARRIVAL_US = 2.0 ** 53 / 100
 # The largest block id whose tokens stay distinct from every other block's (below the modulus).
 MAX_BLOCK_ID = (TOKEN_MODULUS - BLOCK_TOKENS) // BLOCK_TOKENS
+# The most input tokens, and the most output tokens, a request of a trace may have (2^24 =
+# 16 777 216): more than any served context holds, and far inside the scheduler's 32-bit token
+# counts and the KV capacity --kv-capacity-tokens can give (2^32 - 1). A length of 2^32 or more
+# does not fit those counts, and a 2^32-token input would be a 32 GiB prompt.
+MAX_TOKENS = 1 << 24
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _BURST_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 _BURST_SESSION = ("Session ID", "SessionID")
@@ -194,12 +200,20 @@ def detect_format(path: str) -> str:
         f"{','.join(_AZURE_COLUMNS)} or a BurstGPT header with {', '.join(_BURST_COLUMNS)})")
 
 
+def _in_range(path: str, line: int, name: str, value: int, minimum: int) -> int:
+    """`value`, a token count, if it is in [minimum, MAX_TOKENS]."""
+    if value < minimum:
+        raise TraceFormatError(path, line, name, f"must be >= {minimum}, got {value}")
+    if value > MAX_TOKENS:
+        raise TraceFormatError(path, line, name, f"must be <= {MAX_TOKENS} (2^24 tokens, more "
+                                                 f"than any served context holds), got {value}")
+    return value
+
+
 def _int_field(path: str, line: int, name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TraceFormatError(path, line, name, f"expected an integer, got {value!r}")
-    if value < minimum:
-        raise TraceFormatError(path, line, name, f"must be >= {minimum}, got {value}")
-    return value
+    return _in_range(path, line, name, value, minimum)
 
 
 def _int_cell(path: str, line: int, name: str, text: str, minimum: int) -> int:
@@ -207,9 +221,7 @@ def _int_cell(path: str, line: int, name: str, text: str, minimum: int) -> int:
         value = int(text)
     except ValueError:
         raise TraceFormatError(path, line, name, f"expected an integer, got {text!r}") from None
-    if value < minimum:
-        raise TraceFormatError(path, line, name, f"must be >= {minimum}, got {value}")
-    return value
+    return _in_range(path, line, name, value, minimum)
 
 
 def _mooncake_rows(path: str) -> Iterator[Row]:

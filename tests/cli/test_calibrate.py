@@ -57,3 +57,37 @@ def test_many_repeats_get_a_context_that_holds_them(tmp_path):
     with LlamaHost(model, n_ctx=2 * 768, n_seq_max=2, n_threads=1, n_batch=64) as host:
         result = calibrate_host(host, repeats=1000, warmup=0, shapes=[(0, 1), (0, 2)])
     assert [len(t.durations_us) for t in result.timings] == [1000, 1000]
+
+
+@pytest.mark.parametrize("repeats", [2, 1])
+def test_each_shape_is_printed_as_it_is_timed(tmp_path, capsys, monkeypatch, repeats):
+    from skippy_scheduler.hosts import calibrate as calibration
+
+    real_fit = calibration.fit_cost_model
+    before_fit = []
+
+    def fit(samples):  # every shape is timed by now, and nothing is fitted yet
+        before_fit.append(capsys.readouterr().err)
+        return real_fit(samples)
+
+    monkeypatch.setattr(calibration, "fit_cost_model", fit)
+    fit_json = tmp_path / "fit.json"
+    status = main(["calibrate", "--repeats", str(repeats), "--warmup", "0", "--json",
+                   str(fit_json)])
+    after = capsys.readouterr().err
+    assert status in (0, 1) and len(before_fit) == 1
+    lines = before_fit[0].splitlines()
+    shapes = json.loads(fit_json.read_text())["shapes"]
+    finals = [f"# prefill_tokens={s['prefill_tokens']} decode_rows={s['decode_rows']} "
+              f"fastest_us={s['fastest_us']:.1f} median_us={s['median_us']:.1f}" for s in shapes]
+    assert [l for l in lines if l.startswith("# prefill_tokens=")] == finals
+    passes = [l for l in lines if l.startswith("# pass ")]
+    if repeats == 1:  # one pass times each shape: its line is final at once
+        assert passes == []
+    else:  # the first pass's line of every shape comes before any final line
+        first = f"# pass 1 of 2: prefill_tokens={shapes[0]['prefill_tokens']} decode_rows=" \
+                f"{shapes[0]['decode_rows']} fastest_us="
+        assert lines.index(next(l for l in lines if l.startswith(first))) < \
+            lines.index(finals[0])
+        assert len(passes) >= len(shapes)
+    assert "prefill_tokens=" not in after and "# fit: rms residual" in after

@@ -7,6 +7,7 @@ first request finishes. Every wait is bounded.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -70,6 +71,7 @@ def test_trace_replay_keeps_the_policies_that_finished(command, tmp_path, sig):
     assert line.endswith(f"1 of 2 policies printed, wrote --json {out_json}")
     doc = json.loads(out_json.read_text())
     assert list(doc["policies"]) == ["fcfs"]
+    assert doc["interrupted"] == signal.Signals(sig).name  # a partial document says so
     # The saved figures are the row that was printed.
     assert format_trace_row(doc["policies"]["fcfs"]) + "\n" in out
     assert "priority " not in out
@@ -93,8 +95,68 @@ def test_suite_keeps_the_runs_that_finished(command, tmp_path, sig):
     assert f"1 of 2 runs printed, wrote --json {out_json}" in line
     doc = json.loads(out_json.read_text())
     assert [(r["policy"], r["mode"]) for r in doc["runs"]] == [("fcfs", "phase")]
+    assert doc["interrupted"] == signal.Signals(sig).name
     row = next(l for l in out.splitlines() if l.startswith("fcfs\t")).split("\t")
     assert row[2] == f"{doc['runs'][0]['p50_queue_ms']:.3f}"
+
+
+def _signal_on_second_call(monkeypatch, module, name, sig):
+    """`module.name` sends `sig` to this process as it is called a second time: the first
+    call's result is kept, the second is cut short."""
+    real = getattr(module, name)
+    calls = []
+
+    def signalled(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), sig)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, signalled)
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_scenarios_keep_the_ones_that_finished(tmp_path, capsys, monkeypatch, sig):
+    from skippy_scheduler.cli import lab
+
+    _signal_on_second_call(monkeypatch, lab, "run_scenario", sig)
+    out_json = tmp_path / "lab.json"
+    status = main(["lab", "--bench-reps", "0", "--json", str(out_json)])
+    out, err = capsys.readouterr()
+    assert status == 128 + sig, err
+    line = _one_line(err, sig)
+    assert line.endswith(f"1 of 13 scenarios printed, wrote --json {out_json} (no fixture "
+                         "replay)")
+    doc = json.loads(out_json.read_text())
+    assert doc["interrupted"] == signal.Signals(sig).name
+    assert [s["scenario"] for s in doc["scenarios"]] == ["cold-burst-n1"] and doc["replay"] == []
+    assert out.splitlines()[1].startswith("cold-burst-n1\t")
+
+
+def test_a_whole_run_writes_no_interrupted_key(tmp_path, capsys):
+    out_json = tmp_path / "lab.json"
+    assert main(["lab", "--bench-reps", "0", "--scenario", "cold-burst-n1", "--json",
+                 str(out_json)]) == 0
+    assert "interrupted" not in json.loads(out_json.read_text())
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_the_priority_scenario_keeps_the_rules_that_finished(tmp_path, capsys, monkeypatch,
+                                                             sig):
+    from skippy_scheduler.lab import priority
+
+    _signal_on_second_call(monkeypatch, priority, "run_rule", sig)
+    out_json = tmp_path / "priority.json"
+    status = main(["lab", "--suite", "--priority-scenario", "--requests", "200", "--json",
+                   str(out_json)])
+    out, err = capsys.readouterr()
+    assert status == 128 + sig, err
+    line = _one_line(err, sig)
+    assert line.endswith(f"1 of 3 rules printed, wrote --json {out_json}")
+    doc = json.loads(out_json.read_text())
+    assert doc["interrupted"] == signal.Signals(sig).name
+    assert [r["rule"] for r in doc["runs"]] == ["admission-order"]
+    assert [l.split("\t")[0] for l in out.splitlines()[2:]] == ["admission-order"]
 
 
 def _has_matplotlib() -> bool:
@@ -142,6 +204,10 @@ def test_run_keeps_the_requests_that_finished(tmp_path, capsys, monkeypatch, sig
                          f"wrote --json {out_json}")
     rows = [l for l in out.splitlines() if l[:1].isdigit()]
     assert [int(r.split("\t")[0]) for r in rows] == [r["index"] for r in finished]
+    # The summary's percentiles are those of the rows printed, and it says so.
+    assert f"; over the {len(finished)} finished requests: p50/p95 TTFT " in out
+    ttft = sorted(r["ttft_us"] for r in finished)
+    assert doc["summary"]["p50_ttft_us"] == ttft[math.ceil(len(ttft) / 2) - 1]
 
 
 # -- unwritable outputs in an existing directory: refused before any work -------------------

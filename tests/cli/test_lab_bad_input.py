@@ -221,3 +221,132 @@ def test_a_bad_cost_model_value_is_named_as_it_was_given(capsys):
                 "--cost-model: iteration_overhead_us must be a finite number >= 0, got -5")
     _user_error(capsys, ["lab", "--cost-model", "base_us=-5"],
                 "--cost-model: base_us must be a finite number >= 0")
+
+
+# -- 8. token counts beyond the lab's bound, cost model terms beyond its clock --------------
+
+
+@pytest.mark.parametrize("name, text, where", [
+    ("huge.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 4294967296, '
+                   '"hash_ids": [0]}\n', "1: output_length"),
+    ("long.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 400000000, '
+                   '"hash_ids": [0]}\n', "1: output_length"),
+    ("huge.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 "2023-11-16 18:17:03.9799600,4294967296,5\n", "2: ContextTokens")])
+def test_token_counts_beyond_the_bound_are_refused_before_any_replay(capsys, monkeypatch,
+                                                                     tmp_path, name, text,
+                                                                     where):
+    from skippy_scheduler.cli import lab_runs
+
+    def no_replay(*args, **kwargs):
+        raise AssertionError("a replay started before the trace was checked")
+
+    monkeypatch.setattr(lab_runs, "run_replays", no_replay)
+    trace = tmp_path / name
+    trace.write_text(text)
+    _user_error(capsys, ["lab", "--trace", str(trace)],
+                f"{trace}:{where}: must be <= 16777216 (2^24 tokens, more than any served "
+                "context holds)")
+
+
+@pytest.mark.parametrize("spec, name, value", [
+    ("prefill_token_us=1e300", "prefill_token_us", "1e+300"),
+    ("base_us=1000000001", "base_us", "1000000001"),
+    ("decode_sequence_us=inf", "decode_sequence_us", None)])
+def test_cost_model_terms_are_bounded(capsys, spec, name, value):
+    line = _user_error(capsys, ["lab", "--bench-reps", "0", "--cost-model", spec])
+    if value is None:  # not finite: refused as before
+        assert f"--cost-model: {name} must be a finite number >= 0" in line
+    else:
+        assert line.endswith(f"--cost-model: {name} must be at most 1e+09 µs, got {value}")
+
+
+def test_cost_model_files_are_bounded_too(capsys, tmp_path):
+    plain = tmp_path / "cost.json"
+    plain.write_text('{"decode_batch_us": 1e10}\n')
+    _user_error(capsys, ["lab", "--bench-reps", "0", "--cost-model", str(plain)],
+                "--cost-model: decode_batch_us must be at most 1e+09 µs, got 10000000000.0")
+    fitted = tmp_path / "calibration.json"
+    fitted.write_text(json.dumps({"cost_model": "iteration_overhead_us=2e9", "shapes": []}))
+    _user_error(capsys, ["lab", "--bench-reps", "0", "--cost-model", str(fitted)],
+                "--cost-model: iteration_overhead_us must be at most 1e+09 µs, got 2000000000.0")
+
+
+def test_a_cost_model_term_at_the_bound_runs(capsys):
+    code = main(["lab", "--bench-reps", "0", "--scenario", "cold-burst-n1", "--cost-model",
+                 "iteration_overhead_us=1e9"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.splitlines()[1].startswith("cold-burst-n1\t1\t")
+
+
+# -- 9. flags the run asked for would ignore, and one flag under two spellings ---------------
+
+
+LIST_WITH = [["--cost-model", "base_us=5"], ["--scheduler", "twin"], ["--twin"], ["--replay"],
+             ["--bench-reps", "3"], ["--iteration-trace", "t.txt"], ["--json", "x.json"],
+             ["--suite"], ["--requests", "5"], ["--no-mixed"], ["--chunk", "8"],
+             ["--hop-us", "5"], ["--scenario", "cold-burst-n1"], ["--pipeline-stages", "2"]]
+
+
+@pytest.mark.parametrize("flags", LIST_WITH, ids=[" ".join(f) for f in LIST_WITH])
+def test_list_refuses_every_other_flag(capsys, flags):
+    flag = {"--twin": "--scheduler", "--chunk": "--prefill-chunk",
+            "--no-mixed": "--mixed/--no-mixed"}.get(flags[0], flags[0])
+    line = _user_error_after_warnings(capsys, ["lab", "--list", *flags])
+    assert line.endswith(f"--list prints the scenario names and runs nothing: {flag} does not "
+                         "apply"), line
+
+
+def test_list_takes_a_flag_at_its_default(capsys):
+    assert main(["lab", "--list", "--scheduler", "native"]) == 0
+    assert len(capsys.readouterr().out.split()) == 13
+
+
+def _user_error_after_warnings(capsys, argv):
+    """`_user_error` for argv that also prints deprecation lines (old spellings) first."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    lines = [l for l in err.splitlines() if "is deprecated" not in l]
+    assert code == 2 and out == "" and len(lines) == 2, err
+    assert lines[0].startswith(f"usage: {PROG} ") and lines[1].startswith(f"{PROG}: error: ")
+    return lines[1]
+
+
+@pytest.mark.parametrize("run, why", [
+    (["--suite"], "applies to the reference scenarios, not to --suite"),
+    (["--trace", "{trace}"], "applies to the reference scenarios, not to --trace"),
+    (["--pipeline-stages", "1,2"], "does not apply to the staged pipeline (--pipeline-stages)")])
+@pytest.mark.parametrize("reps", ["0", "200"])  # 200, the default, given is given all the same
+def test_bench_reps_is_refused_where_it_is_ignored(capsys, one_request, run, why, reps):
+    argv = ["lab", *[a.format(trace=one_request) for a in run], "--bench-reps", reps]
+    _user_error(capsys, argv, f"--bench-reps {why}")
+
+
+@pytest.mark.parametrize("mode", [["--mixed"], ["--no-mixed"], ["--mode", "phase"]])
+def test_pipeline_stages_refuses_a_planning_mode(capsys, mode):
+    line = _user_error_after_warnings(capsys, ["lab", "--pipeline-stages", "1,2", *mode])
+    assert line.endswith("--mixed/--no-mixed does not apply to the staged pipeline "
+                         "(--pipeline-stages)")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--chunk", "8", "--prefill-chunk", "16"], "argument --prefill-chunk: not allowed with "
+                                                "argument --chunk"),
+    (["--prefill-chunk", "16", "--chunk", "8"], "argument --chunk: not allowed with argument "
+                                                "--prefill-chunk"),
+    (["--batch-size", "64", "-b", "128"], "argument -b/--max-num-batched-tokens: not allowed "
+                                          "with argument --batch-size"),
+    (["--max-tokens-per-iteration", "64", "--batch-size", "128"],
+     "argument --batch-size: not allowed with argument --max-tokens-per-iteration")])
+def test_one_flag_under_two_spellings_is_refused(capsys, flags, message):
+    line = _user_error_after_warnings(capsys, [*SUITE, *flags])
+    assert line == f"{PROG}: error: {message}"
+
+
+def test_prefix_cache_help_reads_as_one_sentence(capsys):
+    assert main(["lab", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert ("--prefix-cache-tokens N tokens of finished requests' KV kept as reusable prefixes "
+            "(0: no reuse); here the size of the modelled prefix cache, 'unlimited' for no "
+            "bound (default: 8388608)") in text

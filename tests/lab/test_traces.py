@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from lab_support import TRACES
-from skippy_scheduler.lab.traces import (BLOCK_TOKENS, TOKEN_MODULUS, Trace, TraceError,
-                                         TraceFormatError, detect_format, open_trace,
-                                         synthesize_prompt, tenant_of_id)
+from skippy_scheduler.lab.traces import (BLOCK_TOKENS, MAX_TOKENS, TOKEN_MODULUS, Trace,
+                                         TraceError, TraceFormatError, detect_format,
+                                         open_trace, synthesize_prompt, tenant_of_id)
 
 MOONCAKE_CONV = "mooncake-fast25-conversation_trace.jsonl"
 MOONCAKE_SYNTH = "mooncake-fast25-synthetic_trace.jsonl"
@@ -329,6 +329,21 @@ MALFORMED = [
      2, "TIMESTAMP"),
     ("b.csv", "Timestamp,Request tokens,Response tokens\nsoon,10,2\n", 2, "Timestamp"),
     ("b.csv", "Timestamp,Request tokens,Response tokens\n1,-4,2\n", 2, "Request tokens"),
+    # Token counts above 2^24: a 2^32 output would not fit the scheduler's 32-bit counts, a
+    # 2^32 input would be a 32 GiB prompt.
+    ("m.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 4294967296, '
+                '"hash_ids": [0]}\n', 1, "output_length"),
+    ("m.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 16777217, '
+                '"hash_ids": [0]}\n', 1, "output_length"),
+    ("m.jsonl", '{"timestamp": 0, "input_length": 16777217, "output_length": 1, '
+                '"hash_ids": [0]}\n', 1, "input_length"),
+    ("a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,4294967296,5\n",
+     2, "ContextTokens"),
+    ("a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,12,4294967295\n",
+     2, "GeneratedTokens"),
+    ("b.csv", "Timestamp,Request tokens,Response tokens\n1,16777217,2\n", 2, "Request tokens"),
+    ("b.csv", "Timestamp,Request tokens,Response tokens\n1,10,400000000\n", 2,
+     "Response tokens"),
 ]
 
 
@@ -341,6 +356,22 @@ def test_a_malformed_line_names_file_line_and_field(tmp_path, name, text, line, 
     error = info.value
     assert (error.path, error.line, error.field) == (path, line, field)
     assert str(error).startswith(f"{path}:{line}: {field}: ")
+
+
+def test_token_counts_are_bounded_at_2_to_the_24(tmp_path):
+    """The largest lengths a request may have are read; one more is refused, naming the bound."""
+    assert MAX_TOKENS == 1 << 24
+    ids = list(range(MAX_TOKENS // BLOCK_TOKENS))
+    path = write(tmp_path, "m.jsonl", f'{{"timestamp": 0, "input_length": {MAX_TOKENS}, '
+                                      f'"output_length": {MAX_TOKENS}, "hash_ids": {ids}}}\n')
+    (request,) = open_trace(path)
+    assert (request.input_length, request.output_length) == (MAX_TOKENS, MAX_TOKENS)
+    path = write(tmp_path, "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                    f"2023-11-16 18:17:03.97,12,{MAX_TOKENS + 1}\n")
+    with pytest.raises(TraceFormatError) as info:
+        list(open_trace(path))
+    assert str(info.value) == (f"{path}:2: GeneratedTokens: must be <= 16777216 (2^24 tokens, "
+                               "more than any served context holds), got 16777217")
 
 
 def test_unreadable_or_unknown_files(tmp_path):
