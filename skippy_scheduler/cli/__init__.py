@@ -18,7 +18,7 @@ import sys
 from .._version import __version__
 from ._common import USAGE_ERROR, CommandError, Parser
 from .interrupt import Interrupted, interruptible
-from .vocabulary import unrecognized
+from .vocabulary import plain_defaults, unrecognized
 
 # Module names; a module registers its subcommand under its own name (write_tiny_model:
 # write-tiny-model).
@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version, or a parse error already printed
         return exc.code if isinstance(exc.code, int) else USAGE_ERROR
     command = parser.commands[args.command]
+    plain_defaults(args)
     if extras:
         return command.fail(unrecognized(extras))
     try:

@@ -130,11 +130,9 @@ def register(subparsers: Any) -> None:
     o = p.add_argument_group("scheduler and runtime model (--suite and --trace)")
     add_flag(o, "max-active", type=positive_int, note=_LAB_SIZE,
              default_text=str(d.max_active))
-    # A flag and its old spellings are one mutually exclusive group: given twice, under two
-    # names, one value would silently replace the other.
-    add_flag(o.add_mutually_exclusive_group(), "batch-tokens", type=positive_int,
+    add_flag(o, "batch-tokens", type=positive_int,
              note=_LAB_SIZE, default_text=str(d.max_tokens))
-    add_flag(o.add_mutually_exclusive_group(), "prefill-chunk", type=positive_int,
+    add_flag(o, "prefill-chunk", type=positive_int,
              note=_LAB_SIZE, default_text=str(d.chunk))
     add_flag(o, "mixed", note="the suite runs both unless one is given, to compare them",
              default_text="on with --trace; both with --suite")

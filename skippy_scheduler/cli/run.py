@@ -44,12 +44,6 @@ _PERCENTILES = (("queue_wait", "queue_wait_us"), ("ttft", "ttft_us"), ("itl", "i
                 ("latency", "latency_us"))
 
 
-class _Default(int):
-    """A flag's default number, a distinct object: argparse counts a flag of a mutually
-    exclusive group as given when its value is not the default object, and the same small
-    number typed on the command line would be that very object."""
-
-
 def register(subparsers: Any) -> None:
     from ..serve.server import PLANNING_RULES, ServeSettings
 
@@ -69,13 +63,10 @@ def register(subparsers: Any) -> None:
     add_flag(p, "max-active", type=positive_int, default=8)
     add_flag(p, "ctx-size", type=positive_int,
              default_text="each lane sized for the longest prompt plus --max-tokens")
-    # A flag and its old spellings are one mutually exclusive group: given twice, under two
-    # names, one value would silently replace the other.
-    add_flag(p.add_mutually_exclusive_group(), "batch-tokens", type=positive_int, default=None,
+    add_flag(p, "batch-tokens", type=positive_int, default=None,
              default_text="512 on the CPU, 2048 with layers on a GPU (llama-server's)",
              note="it follows the device where the layers go")
-    add_flag(p.add_mutually_exclusive_group(), "prefill-chunk", type=positive_int,
-             default=_Default(256))
+    add_flag(p, "prefill-chunk", type=positive_int, default=256)
     add_flag(p, "mixed", default=True)
     add_flag(p, "max-consecutive-prefill", type=bound, default=1)
     add_flag(p, "planning-rule", default=ServeSettings.planning_rule, choices=PLANNING_RULES)

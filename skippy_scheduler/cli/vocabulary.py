@@ -214,6 +214,15 @@ def add_flag(p: argparse.ArgumentParser | Any, concept: str, *, default: Any = N
     """
     f = FLAGS[concept]
     shown = default_text if default_text is not None else _default_text(default)
+    if f.old and kwargs.get("action") != "append":
+        # The flag and its old spellings are one mutually exclusive group: given under two
+        # names, one value would silently replace the other. argparse counts a member as given
+        # when its value is not the default object, and a small number typed on the command
+        # line is that very object, so a number default becomes one of its own.
+        if not isinstance(p, argparse._MutuallyExclusiveGroup):
+            p = p.add_mutually_exclusive_group()
+        if isinstance(default, int) and not isinstance(default, bool):
+            default = _OwnDefault(default)
     help_text = f.meaning + (f"; {note}" if note else "") + (f" (default: {shown})"
                                                              if shown != "None" else "")
     if concept == "mixed":
@@ -236,6 +245,18 @@ def add_flag(p: argparse.ArgumentParser | Any, concept: str, *, default: Any = N
     return action
 
 
+class _OwnDefault(int):
+    """A flag's default number as an object of its own (see `add_flag`)."""
+
+
+def plain_defaults(args: argparse.Namespace) -> None:
+    """Give the parsed arguments their defaults back as plain ints (after `add_flag`'s
+    mutually exclusive groups have been checked)."""
+    for name, value in vars(args).items():
+        if type(value) is _OwnDefault:
+            setattr(args, name, int(value))
+
+
 class _OldAppend(argparse.Action):
     """A hidden old spelling of a repeatable flag."""
 
@@ -250,5 +271,5 @@ class _OldAppend(argparse.Action):
         setattr(namespace, self.dest, list(getattr(namespace, self.dest, None) or []) + [values])
 
 
-__all__ = ["FLAGS", "Flag", "LLAMA_SERVER_FLAGS", "add_flag", "add_old", "policy_arg",
-           "unrecognized", "warn_old"]
+__all__ = ["FLAGS", "Flag", "LLAMA_SERVER_FLAGS", "add_flag", "add_old", "plain_defaults",
+           "policy_arg", "unrecognized", "warn_old"]

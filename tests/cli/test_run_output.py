@@ -105,3 +105,20 @@ def test_a_progress_bar_on_a_terminal_only(capsys, monkeypatch, terminal):
     else:
         assert "\r" not in err
     assert out.splitlines()[0].startswith("index\t")
+
+
+@pytest.mark.parametrize("argv", [
+    ["serve", "-m", "M.gguf", "--prefill-chunk", "256", "--chunk", "8"],
+    ["serve", "-m", "M.gguf", "--chunk", "8", "--prefill-chunk", "256"],
+    ["serve", "-m", "M.gguf", "-b", "64", "--batch-size", "64"],
+    ["serve", "-m", "M.gguf", "--policy", "fcfs", "--admission", "fcfs"],
+    ["serve", "-m", "M.gguf", "-a", "x", "--model-name", "y"],
+    ["lab", "--suite", "--chunk", "8", "--prefill-chunk", "256"],
+    ["run", "--prefill-chunk", "256", "--chunk", "8"],
+])
+def test_every_command_refuses_a_flag_under_two_spellings(argv, capsys):
+    from skippy_scheduler.cli import main
+
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and "not allowed with argument" in err, err
