@@ -11,7 +11,9 @@ falls back to:
     Hi<|im_end|>
     <|im_start|>assistant
 
-`/v1/models` reports which template is in use (`chat_template`: "model" or "chatml").
+`/v1/models` reports which template is in use (`chat_template`: "model" or "chatml"), and a
+template the model carries that llama.cpp does not recognise is named in a warning at startup:
+its chats are ChatML, which the model may not have been trained on.
 
 ChatML is rendered here, exactly as llama.cpp renders it; llama.cpp (`llama_cpp`, imported when
 first needed) is only asked to render a template a model carries, so a host without one (a
@@ -20,9 +22,12 @@ model-free host) serves chats without llama-cpp-python.
 from __future__ import annotations
 
 import ctypes
+import logging
 from typing import Optional, Sequence
 
 FALLBACK = "chatml"
+
+log = logging.getLogger(__name__)
 
 
 def chatml(messages: Sequence[tuple[str, str]]) -> str:
@@ -65,6 +70,10 @@ class ChatTemplate:
             if _apply(raw, [("user", "probe")]) is not None:
                 self._template = raw
                 self.source = "model"
+            else:
+                log.warning("the model's chat template (%d characters, starting %.60r) is not "
+                            "one llama.cpp recognises: chats are rendered as ChatML",
+                            len(model_template), model_template)
 
     def render(self, messages: Sequence[tuple[str, str]]) -> str:
         if self._template is not None:

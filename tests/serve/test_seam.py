@@ -130,6 +130,18 @@ def test_chatml_is_what_llama_cpp_renders(messages):
     assert ChatTemplate(None).source == "chatml"
 
 
+def test_a_template_llama_cpp_does_not_recognise_is_named_at_startup(caplog):
+    """A model's own template that llama.cpp cannot render falls back to ChatML with a
+    warning (a recognised one, or none at all, warns nothing)."""
+    with caplog.at_level("WARNING", logger="skippy_scheduler.serve.chat"):
+        strange = ChatTemplate("{% for m in messages %}<<{{ m.content }}>>{% endfor %}")
+        assert strange.source == "chatml" and "not one llama.cpp recognises" in caplog.text
+        caplog.clear()
+        assert ChatTemplate("chatml").source == "model"
+        assert ChatTemplate(None).source == "chatml"
+        assert caplog.text == ""
+
+
 def test_a_full_waiting_queue_is_a_503_by_its_reject_reason():
     """The scheduler refuses the third choice (one lane, one waiting place): the engine's
     `FinishEvent` says QUEUE_FULL, and that, not its message, makes the answer a 503."""
