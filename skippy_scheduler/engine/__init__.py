@@ -9,21 +9,24 @@ server all run on it; a runtime plugs in by implementing the `Host` contract
 """
 from ..types import ReleaseReason
 from .clock import Clock, VirtualClock, WallClock
-from .contract import (AsyncHost, ExecutionHandle, Host, HostHooks, HostState,
-                       MemoryReportingHost, Plan, PlanOutputs, PrefixHoldingHost,
-                       PrefixRestoringHost, RequestLike, ResettableHost, SchedulerLike,
-                       StateReportingHost, attach)
+from .contract import (AsyncHost, ChainingHost, ConfigCheckingHost, DetailReportingHost,
+                       ExecutionHandle, Host, HostHooks, HostOutOfMemory, HostState,
+                       MemoryReportingHost, PipelinedHost, Plan, PlanOutputs, PrefixHoldingHost,
+                       PrefixRestoringHost, PromptKeepingHost, RequestLike, ResettableHost,
+                       SchedulerLike, StateReportingHost, attach)
 from .core import (AcceptEvent, Engine, EngineStalled, Event, EventStream, FinishEvent, Request,
-                   TokenEvent)
+                   RequestNeverFits, TokenEvent)
 from .host import CostModelHost
 from .observers import BaseObserver, StepObserver
 from .record import FINISH_REASONS, EngineReport, Recorder, RequestRecord, TokenTimeline, percentile
 
 __all__ = [
-    "AcceptEvent", "AsyncHost", "BaseObserver", "Clock", "CostModelHost", "Engine", "EngineReport",
-    "EngineStalled", "Event", "EventStream", "ExecutionHandle", "FINISH_REASONS", "FinishEvent",
-    "Host", "HostHooks", "HostState", "MemoryReportingHost", "Plan", "PlanOutputs", "PrefixHoldingHost",
-    "PrefixRestoringHost", "Recorder", "ReleaseReason", "Request", "RequestLike",
-    "RequestRecord", "ResettableHost", "SchedulerLike", "StateReportingHost", "StepObserver",
-    "TokenEvent", "TokenTimeline", "VirtualClock", "WallClock", "attach", "percentile",
+    "AcceptEvent", "AsyncHost", "BaseObserver", "ChainingHost", "Clock", "ConfigCheckingHost",
+    "CostModelHost", "DetailReportingHost", "Engine", "EngineReport", "EngineStalled", "Event",
+    "EventStream", "ExecutionHandle", "FINISH_REASONS", "FinishEvent", "Host", "HostHooks",
+    "HostOutOfMemory", "HostState", "MemoryReportingHost", "PipelinedHost", "Plan",
+    "PlanOutputs", "PrefixHoldingHost", "PrefixRestoringHost", "PromptKeepingHost", "Recorder",
+    "ReleaseReason", "Request", "RequestLike", "RequestNeverFits", "RequestRecord",
+    "ResettableHost", "SchedulerLike", "StateReportingHost", "StepObserver", "TokenEvent",
+    "TokenTimeline", "VirtualClock", "WallClock", "attach", "percentile",
 ]

@@ -14,7 +14,10 @@ can ship the arrays to its workers as they are and a replica can receive them en
 
 A host has two required verbs (`Host`) and optional capabilities, each a protocol of its own:
 
-* `PrefixRestoringHost.prepare_sequence`: give a sequence its prefix restore at submit.
+* `PrefixRestoringHost.prepare_sequence`: give a sequence its prefix restore at submit, or
+  refuse one the host could never run (TypeError, ValueError: it ends as rejected).
+* `ConfigCheckingHost.check_config`: refuse, when the engine is built, a scheduler config whose
+  plans the host could not run (more lanes, more tokens than it has).
 * `MemoryReportingHost.memory_used`: measured bytes per memory component after each step.
 * `AsyncHost.execute_async`: start a plan and return a handle (plans in flight, §2.11).
 * `ChainingHost.execute_after`: start a plan behind those started, its deferred inputs filled
@@ -82,8 +85,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..prefix_store import PrefixStore, StoreEntry
 
 __all__ = [
-    "AsyncHost", "DetailReportingHost", "ExecutionHandle", "Host", "HostHooks", "HostState",
-    "MemoryReportingHost", "PipelinedHost", "Plan", "PlanOutputs", "PrefixHoldingHost",
+    "AsyncHost", "ChainingHost", "ConfigCheckingHost", "DetailReportingHost", "ExecutionHandle",
+    "Host", "HostHooks", "HostState", "MemoryReportingHost", "PipelinedHost", "Plan",
+    "PlanOutputs", "PrefixHoldingHost",
     "PrefixRestoringHost", "PromptKeepingHost", "ReleaseReason",
     "RequestLike", "ResettableHost", "SchedulerLike", "SlackRuleScheduler", "StateReportingHost",
     "attach", "check_scheduler", "check_slack_scheduler", "DecodeTimingHost", "HostOutOfMemory",
@@ -220,7 +224,10 @@ class Host(Protocol):
 @runtime_checkable
 class PrefixRestoringHost(Protocol):
     def prepare_sequence(self, sequence: Sequence) -> Sequence:
-        """`sequence`, with a prefix restore and cache affinity for what the host holds."""
+        """`sequence`, with a prefix restore and cache affinity for what the host holds; or
+        TypeError / ValueError for a sequence the host could never run (a token outside its
+        vocabulary, more positions than a lane holds), before the scheduler takes it: the
+        engine ends the request as rejected (or raises to a submitter on its own thread)."""
         ...
 
 
@@ -302,6 +309,16 @@ class PromptKeepingHost(Protocol):
 
 
 @runtime_checkable
+class ConfigCheckingHost(Protocol):
+    def check_config(self, config: SchedulerConfig) -> None:
+        """ValueError when a scheduler of `config` would make plans this host cannot run (more
+        sequences at once than it has lanes, more tokens in one plan than its batch holds),
+        naming the setting to change. Called once, when the engine is built, before the
+        engine changes anything; reads the config only."""
+        ...
+
+
+@runtime_checkable
 class ResettableHost(Protocol):
     def release_all(self) -> None:
         """Release every sequence the host holds (after a failure nothing else can undo)."""
@@ -378,6 +395,7 @@ class HostHooks:
     pipeline_depth: int = 1  # plans it runs at once (PipelinedHost; 1 without execute_async)
     execute_after: Any = None  # ChainingHost (only with execute_async and depth 1)
     call_after: Any = None  # ChainingHost, with execute_after
+    check_config: Any = None  # ConfigCheckingHost
 
 
 _HOST_VERBS = ("execute", "release")
@@ -411,6 +429,7 @@ def attach(host: object) -> HostHooks:
         sample_details=(host.sample_details if isinstance(host, DetailReportingHost)
                         else None),
         keep_prompt=host.keep_prompt if isinstance(host, PromptKeepingHost) else None,
+        check_config=host.check_config if isinstance(host, ConfigCheckingHost) else None,
     )
 
 

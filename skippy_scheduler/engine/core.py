@@ -23,7 +23,8 @@ import threading
 import weakref
 from collections import deque
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence as _Seq
+from typing import (TYPE_CHECKING, Any, Callable, Generic, Iterable, Iterator, Literal, Optional,
+                    Sequence as _Seq, overload)
 
 from ..types import (REJECTED, AdmissionError, DuplicateSequence, FinishReason, QueueFull,
                      RejectReason, ReleaseReason, Sequence)
@@ -35,23 +36,37 @@ from .contract import (Host, HostHooks, RequestLike, SchedulerLike, attach, atta
 from .observers import OnPlan as _OnPlan, PlanHook, Recording, StepObserver, TokenEvents, replace_hook
 from .record import EngineReport, Recorder
 from .requests import (_ENDED, _PENDING, _SUBMITTED, AcceptEvent, EngineStalled, Event,
-                       FinishEvent, Request, TokenEvent, _Entry, _SequenceRequest)
+                       FinishEvent, Request, RequestNeverFits, TokenEvent, _Entry,
+                       _SequenceRequest)
 from .step import _Steps
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar
+
+    # What `Engine.run` returns: an `EngineReport` for `Engine(..., record=True)` (the
+    # default), None for `record=False`; a bare `Engine` annotation means either.
+    _Report = TypeVar("_Report", covariant=True, default=Optional[EngineReport])
+else:
+    from typing import TypeVar
+
+    _Report = TypeVar("_Report", covariant=True)
 
 _INF = float("inf")
 
 __all__ = ["AcceptEvent", "Engine", "EngineStalled", "Event", "EventStream", "FinishEvent",
-           "Request", "TokenEvent"]
+           "Request", "RequestNeverFits", "TokenEvent"]
 
 log = logging.getLogger(__name__)
 
 
-class Engine(_Steps):
+class Engine(_Steps, Generic[_Report]):
     """Drive `scheduler` and `host` (a `Host`, engine/contract.py) until the work runs out.
 
     clock: "wall" (default), "virtual" (host-measured durations, idle gaps skipped), a `Clock`
         such as `VirtualClock(cost_model)`, or None (no time at all: for benchmarks).
-    record: keep a `Recorder` (per-request and per-iteration figures; `report()`).
+    record: keep a `Recorder` (per-request and per-iteration figures; `report()`). Typed, an
+        engine that records is an `Engine[EngineReport]` and one that does not an
+        `Engine[None]`: what its `run` returns.
     observe: report iteration durations to the scheduler (mixed planning calibrates on them).
     on_plan: `f(plan, start_us, duration_us)` called while the plan is live, after it ran.
     before_step: `f(engine)` called at the start of every step (to cancel or preempt).
@@ -60,7 +75,9 @@ class Engine(_Steps):
     max_iterations: raise RuntimeError beyond this many iterations (a guard for tests).
 
     The host is checked against the contract once, here (`contract.attach`); `hooks` holds what
-    it provides. An engine's fields are fixed (slots): a subclass may add its own.
+    it provides. A host that checks a scheduler's config (`ConfigCheckingHost`) is given the
+    scheduler's config here too, before anything changes: its ValueError refuses the pairing.
+    An engine's fields are fixed (slots): a subclass may add its own.
     """
 
     # The step path's fields and `_Steps`' own are slots (engine/step.py says why).
@@ -68,7 +85,32 @@ class Engine(_Steps):
                  "max_iterations", "profile", "_depth", "recorder", "_live", "_record_of",
                  "_pending", "_seq", "_source", "_source_next", "_last_source_arrival",
                  "_next_due", "_inbox", "_wake", "_lock", "_thread", "_started", "_stop",
-                 "_listeners", "_streams", "_forgotten", "_observers", "_slack_feed")
+                 "_listeners", "_streams", "_forgotten", "_observers", "_slack_feed",
+                 "_components")
+
+    @overload
+    def __init__(self: "Engine[EngineReport]", scheduler: SchedulerLike, host: Host, *,
+                 clock: ClockArg = ..., record: Literal[True] = ..., observe: bool = ...,
+                 on_plan: Optional[PlanHook] = ...,
+                 before_step: Optional[Callable[["Engine"], None]] = ...,
+                 on_reject: Optional[Callable[[Any, BaseException], None]] = ...,
+                 max_iterations: Optional[int] = ...) -> None: ...
+
+    @overload
+    def __init__(self: "Engine[None]", scheduler: SchedulerLike, host: Host, *,
+                 clock: ClockArg = ..., record: Literal[False], observe: bool = ...,
+                 on_plan: Optional[PlanHook] = ...,
+                 before_step: Optional[Callable[["Engine"], None]] = ...,
+                 on_reject: Optional[Callable[[Any, BaseException], None]] = ...,
+                 max_iterations: Optional[int] = ...) -> None: ...
+
+    @overload
+    def __init__(self: "Engine[Optional[EngineReport]]", scheduler: SchedulerLike, host: Host,
+                 *, clock: ClockArg = ..., record: bool = ..., observe: bool = ...,
+                 on_plan: Optional[PlanHook] = ...,
+                 before_step: Optional[Callable[["Engine"], None]] = ...,
+                 on_reject: Optional[Callable[[Any, BaseException], None]] = ...,
+                 max_iterations: Optional[int] = ...) -> None: ...
 
     def __init__(self, scheduler: SchedulerLike, host: Host, *, clock: ClockArg = "wall",
                  record: bool = True, observe: bool = True,
@@ -88,6 +130,9 @@ class Engine(_Steps):
                 raise TypeError(f"{name} must be callable or None, got {type(hook).__name__}")
         self.scheduler = check_scheduler(scheduler)
         self.hooks: HostHooks = attach(host)
+        config = scheduler.config
+        if self.hooks.check_config is not None:
+            self.hooks.check_config(config)  # a pairing the host refuses changes nothing
         self.host = host
         self._clock = make_clock(clock)
         self.observe = bool(observe) and self._clock is not None
@@ -97,7 +142,9 @@ class Engine(_Steps):
         #: Time plan_iteration and complete_iteration of every step (`last_plan_ns`,
         #: `last_complete_ns`).
         self.profile = False
-        config = scheduler.config
+        # The memory pools admission reserves in: a request whose reservation exceeds one of
+        # them alone could never be admitted, and is refused at its arrival (`_check_fits`).
+        self._components = tuple(config.memory_components)
         store = self.hooks.prefix_store
         if store is not None:
             attach_store(scheduler, store, config)
@@ -163,7 +210,20 @@ class Engine(_Steps):
 
     @clock.setter
     def clock(self, clock: ClockArg) -> None:
-        self._clock = make_clock(clock)
+        new = make_clock(clock)
+        if new is None:
+            # Without a clock time stays at 0: a request still waiting for its arrival (not
+            # cancelled meanwhile) would never arrive.
+            pending = [p for p in self._pending if p[2].state == _PENDING]
+            src = self._source_next
+            if pending or (src is not None and src.arrival_us is not None
+                           and src.arrival_us > 0):
+                raise ValueError("requests wait for their arrival times: an engine without a "
+                                 "clock would never reach them")
+            if len(pending) != len(self._pending):
+                self._pending = pending  # (cancelled ones only were left: none waits)
+                self._update_next_due()
+        self._clock = new
 
     @property
     def on_plan(self) -> Optional[PlanHook]:
@@ -207,12 +267,14 @@ class Engine(_Steps):
         `to_sequence()`) to the engine. On the engine's thread (or before it runs) a request
         whose time has come goes to the scheduler at once and its refusal raises; from another
         thread it waits in the inbox and a refusal ends it as rejected (but a second request
-        with the id of one still open is dropped, told to `on_reject` or the log, since its
-        events would be the open one's). An `arrival_us` that is
-        not None or a finite number, or a `ttft_ms` / `itl_ms` that is not None or a finite
-        number > 0, raises here, on either thread."""
+        with the id of one still open ends as a rejected record of its own, told to
+        `on_reject` or the log but not to that id's listeners and streams, which are the open
+        one's). An `arrival_us` that is not None or a finite number (or, on an engine without
+        a clock, a number above 0: its time never passes), or a `ttft_ms` / `itl_ms` that is
+        not None or a finite number > 0, raises ValueError or TypeError here, on either
+        thread, before the engine keeps anything of the request."""
         request = self._as_request(request)
-        _arrival_of(request)
+        self._check_arrival(request)
         if isinstance(request, Request):  # its own budgets, whenever it arrives
             request.check_budgets()
         if not self._on_engine_thread():
@@ -329,10 +391,18 @@ class Engine(_Steps):
             raise RuntimeError("this engine keeps no record (record=False)")
         return EngineReport(self.recorder, self.now())
 
+    def __repr__(self) -> str:
+        clock = type(self._clock).__name__ if self._clock is not None else None
+        return (f"<Engine {type(self.scheduler).__name__} on {type(self.host).__name__}: "
+                f"clock={clock}, depth={self._depth}, open={len(self._live)}, "
+                f"outstanding={self._outstanding}, in_flight={len(self._inflight)}, "
+                f"iterations={self.iterations}{', running' if self._thread is not None else ''}>")
+
     # -- running ------------------------------------------------------------------------------
 
-    def run(self, requests: Optional[Iterable[Any]] = None) -> EngineReport:
-        """Run until every request has ended and no arrival is left; returns the report."""
+    def run(self, requests: Optional[Iterable[Any]] = None) -> _Report:
+        """Run until every request has ended and no arrival is left; returns the report (None
+        for an engine built with `record=False`)."""
         if requests is not None:
             self.add_requests(requests)
         previous, self._thread = self._thread, threading.get_ident()
@@ -349,6 +419,7 @@ class Engine(_Steps):
                 self._wait(nxt)
         finally:
             self._thread = previous
+        # (_Report is EngineReport exactly when the engine records: see the overloads above)
         return self.report() if self.recorder is not None else None  # type: ignore[return-value]
 
     def run_forever(self, idle_wait_s: float = 0.05) -> None:
@@ -437,6 +508,7 @@ class Engine(_Steps):
         if arrival is None:
             arrival = now
         entry = self._new_entry(request, arrival)
+        entry.quiet = not raise_errors  # from the inbox: refused by events alone
         if arrival > now:
             heapq.heappush(self._pending, (arrival, next(self._seq), entry))
             self._update_next_due()
@@ -449,7 +521,7 @@ class Engine(_Steps):
         if nxt is not None:
             try:
                 nxt = self._as_request(nxt)  # (a TypeError naming what it lacks)
-                arrival = _arrival_of(nxt)
+                arrival = self._check_arrival(nxt)
                 if arrival is not None and arrival < self._last_source_arrival:
                     raise ValueError(f"request stream is not in arrival order at {nxt.id!r}")
             except (TypeError, ValueError):
@@ -483,8 +555,10 @@ class Engine(_Steps):
         return min(times) if times else None
 
     def _wait(self, t_us: float) -> None:
-        assert self._clock is not None or not self._pending, "untimed engines have no arrivals"
         if self._clock is None:
+            if self._pending:  # refused where they come in (`_check_arrival`, `clock`)
+                raise RuntimeError("an engine without a clock has requests waiting for their "
+                                   "arrival times; none would ever arrive")
             return
         self._wake.clear()
         if self._inbox:
@@ -499,18 +573,69 @@ class Engine(_Steps):
             heap_t = self._pending[0][0] if self._pending else None
             if src_t is not None and src_t <= now and (heap_t is None or src_t <= heap_t):
                 try:  # taken first, so that a bad request after it cannot lose it
-                    self._submit(self._new_entry(src, src_t), raise_errors=False)
+                    try:
+                        entry = self._new_entry(src, src_t)
+                    except DuplicateSequence as exc:
+                        self._refuse_duplicate(src, src_t, exc)
+                    else:
+                        self._submit(entry, raise_errors=False, arrived=True)
                 finally:
                     self._pull_source()
             elif heap_t is not None and heap_t <= now:
                 _, _, entry = heapq.heappop(self._pending)
                 self._update_next_due()
                 if entry.state == _PENDING:  # not cancelled while pending
-                    self._submit(entry, raise_errors=False)
+                    self._submit(entry, raise_errors=False, arrived=True)
             else:
                 return
 
-    def _submit(self, entry: _Entry, *, raise_errors: bool) -> None:
+    def _check_arrival(self, request: Any) -> Optional[float]:
+        """`_arrival_of(request)`; ValueError for an arrival above 0 on an engine without a
+        clock, whose time stays at 0 (the request would wait for it forever)."""
+        arrival = _arrival_of(request)
+        if arrival is not None and arrival > 0 and self._clock is None:
+            raise ValueError(
+                f"request {request.id!r}: arrival_us={arrival:g} on an engine without a clock "
+                "(clock=None), whose time stays at 0: it would never arrive (give None or 0, or "
+                "build the engine with a clock)")
+        return arrival
+
+    def _check_fits(self, seq: Sequence) -> None:
+        """RequestNeverFits when `seq`'s reservation exceeds what a memory component holds
+        with nothing else admitted (docs/behaviour.md §2.10): it could never be admitted."""
+        tokens = seq.admission_tokens
+        for component in self._components:
+            need = component.reservation_bytes(tokens)
+            have = component.available_bytes()
+            if need > have:
+                raise RequestNeverFits(
+                    f"request {seq.id!r} can never be admitted: it reserves {need} bytes of "
+                    f"memory component {component.name!r} ({tokens} tokens: its prompt and "
+                    f"max_tokens, or its admission_tokens) but the component holds {have}")
+
+    def _refuse_duplicate(self, request: Any, arrival: float, exc: DuplicateSequence) -> None:
+        """A request with the id of one still open ends at once: a rejected record of its own
+        when the engine records (its error names the duplicate), and nothing said under that
+        id, whose listeners and streams are the open request's. `on_reject` is told, else the
+        log."""
+        rec = self.recorder
+        if rec is not None:
+            index = rec.add_request(request.id, arrival)
+            rec.ended(index, REJECTED, self.now())
+            rec.errors[index] = f"{type(exc).__name__}: {exc}"
+        if self.on_reject is not None:
+            self.on_reject(request, exc)
+        else:
+            log.warning("request %r was submitted while a request of that id is open; the "
+                        "second was refused (rejected)", request.id)
+
+    def _submit(self, entry: _Entry, *, raise_errors: bool, arrived: bool = False) -> None:
+        """Give the entry's request to the scheduler (through the host's `prepare_sequence`).
+        A refusal ends it as rejected; `raise_errors` (a submit on the engine's thread) raises
+        it to the submitter instead of telling it. `arrived`: submitted at its arrival by the
+        engine (a stream's request, or a pending one), where a request that can never fit is
+        raised after it ended, as the stall it would have become, unless it came from another
+        thread."""
         request = entry.request
         entry.request = None  # the scheduler keeps its own copy from here on
         try:
@@ -524,6 +649,8 @@ class Engine(_Steps):
             prepare = self.hooks.prepare_sequence
             if prepare is not None:
                 seq = prepare(seq)
+            if self._components:
+                self._check_fits(seq)
             if self._slack_feed is not None:  # set only with a clock
                 self._slack_feed.tick()
             self.scheduler.submit(seq)
@@ -537,6 +664,8 @@ class Engine(_Steps):
                 self._end(entry, REJECTED, error=str(exc), emit=False)
                 raise
             self._end(entry, REJECTED, error=f"{type(exc).__name__}: {exc}", rejection=why)
+            if arrived and not entry.quiet and isinstance(exc, RequestNeverFits):
+                raise  # it has ended: a later run goes on with the others
             return
         entry.state = _SUBMITTED
         self._outstanding += 1
@@ -550,14 +679,9 @@ class Engine(_Steps):
                 try:
                     self._accept(item, raise_errors=False)
                 except DuplicateSequence as exc:
-                    # The id is another request's, still open: nothing is said under that id
-                    # (its listeners and stream belong to the open one); `on_reject` is told,
-                    # else the log.
-                    if self.on_reject is not None:
-                        self.on_reject(item, exc)
-                    else:
-                        log.warning("request %r was submitted while a request of that id is "
-                                    "open; the second was dropped", item.id)
+                    arrival = item.arrival_us
+                    self._refuse_duplicate(item, self.now() if arrival is None else arrival,
+                                           exc)
             else:
                 self._cancel(item)
 

@@ -13,6 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence as _Seq, Union
 
+import numpy as np
+import numpy.typing as npt
+
 from ..inflight import StampedFuture
 from ..sampling import SampleDetail
 from ..types import RejectReason, Sequence
@@ -21,9 +24,23 @@ if TYPE_CHECKING:  # pragma: no cover
     from .contract import ExecutionHandle, Plan
 
 
+# A request's prompt: token ids as a sequence of ints or a one-dimensional integer array (what
+# `Sequence` copies them from).
+TokenIds = Union[_Seq[int], npt.NDArray[np.integer[Any]]]
+
+
 class EngineStalled(RuntimeError):
     """The scheduler made an empty plan while requests were waiting or running: nothing the
     engine can do will ever make progress (e.g. a prompt that can never fit in memory)."""
+
+
+class RequestNeverFits(EngineStalled, ValueError):
+    """A request whose reservation exceeds what a memory component of the scheduler's config
+    holds even with nothing else admitted (docs/behaviour.md §2.10): it could never run, and
+    would stall the engine once it was alone. Refused when it arrives, before the scheduler
+    takes it; it ends as `rejected` (docs/hosts.md, "Requests that could never run"). An
+    `EngineStalled` (the run could not progress with it) and a `ValueError`, as a bad request
+    is."""
 
 
 def _check_budget(request_id: Any, name: str, value: Any) -> None:
@@ -47,10 +64,12 @@ class Request:
     `arrival_us` and `to_sequence()` works the same (the lab's workloads build theirs lazily).
     `ttft_ms` (a first-token deadline, from the arrival) and `itl_ms` (an inter-token target)
     are the request's own deadlines (docs/behaviour.md §2.13), None for none.
+    `prompt_tokens` is a sequence of ints or a one-dimensional integer array (`np.arange(...)`),
+    copied into the `Sequence` when the request arrives.
     """
 
     id: str
-    prompt_tokens: _Seq[int]
+    prompt_tokens: TokenIds
     max_tokens: int
     arrival_us: Optional[float] = None
     priority: int = 0
@@ -149,7 +168,7 @@ class _InFlight:
 class _Entry:
     """Engine-side state of one submission (the recorder keeps what it looked like)."""
 
-    __slots__ = ("id", "state", "record", "request", "voids")
+    __slots__ = ("id", "state", "record", "request", "voids", "quiet")
 
     def __init__(self, request: Any, record: int) -> None:
         self.id: str = request.id
@@ -157,6 +176,9 @@ class _Entry:
         self.voids = 0  # preemptions: rows planned before one are void (their output is dropped)
         self.record = record  # index in the recorder, -1 without one
         self.request = request
+        # Submitted from another thread (through the inbox): its refusals are events only,
+        # never raised on the engine's thread.
+        self.quiet = False
 
 
 class _SequenceRequest:

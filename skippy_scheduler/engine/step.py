@@ -172,8 +172,8 @@ class _Steps:
 
     def _stalled(self) -> str:
         return (f"the scheduler made an empty plan with {self._outstanding} requests waiting "
-                f"or running and nothing in flight at {self.now()} µs (a request that can "
-                "never fit the memory budget?)")
+                f"or running and nothing in flight at {self.now()} µs (measured memory that "
+                "leaves no room for any of them?)")
 
     def _plan(self) -> Optional["Plan"]:
         """plan_iteration; None (the empty plan given back) when it has no row."""

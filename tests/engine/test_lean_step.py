@@ -14,7 +14,8 @@ from typing import Any, Callable
 import pytest
 
 from skippy_scheduler import MemoryComponent, ReleaseReason, SchedulerConfig
-from skippy_scheduler.engine import CostModelHost, Engine, EngineStalled, Request
+from skippy_scheduler.engine import (CostModelHost, Engine, EngineStalled, Request,
+                                     RequestNeverFits)
 
 FAR = 1 << 30  # a max_iterations no run reaches: selects the full path
 
@@ -132,7 +133,13 @@ def test_a_failed_execution_aborts_the_plan_and_loses_nothing(impl: Any) -> None
 def test_a_stall_and_the_iteration_guard_raise(impl: Any) -> None:
     small = SchedulerConfig(memory_components=[MemoryComponent("kv", 10, 0, 1, 0)])
     engine = Engine(impl(small), LogHost(), clock=None, record=False)
-    engine.submit(Request("huge", list(range(100)), 2))
+    # A request that could never fit is refused when it arrives (it would stall the engine).
+    with pytest.raises(RequestNeverFits, match="can never be admitted"):
+        engine.submit(Request("huge", list(range(100)), 2))
+    assert engine.open_ids() == []
+    # Measured memory that leaves no room for what waits stalls the bare step.
+    engine.submit(Request("small", [1, 2, 3], 2))
+    assert engine.preempt([10]) == []
     with pytest.raises(EngineStalled, match="empty plan with 1 requests"):
         engine.step()
     engine = Engine(impl(SchedulerConfig()), LogHost(), clock=None, record=False,

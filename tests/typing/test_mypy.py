@@ -149,8 +149,11 @@ def test_the_stubs_give_the_api_its_real_types(workdir):
         assert_type(scheduler.complete_iteration(plan), IterationTelemetry)
         assert_type(scheduler.metrics(), SchedulerMetrics)
         assert_type(scheduler.snapshot(), SchedulerSnapshot)
-        assert_type(scheduler.sequence("a"), Sequence | None)
-        assert_type(scheduler.retired(), list[Sequence])
+        snap = scheduler.sequence("a")
+        assert snap is not None
+        seq: Sequence = snap  # a read-only copy of a Sequence, its token lists tuples
+        assert_type(snap.generated_tokens, tuple[int, ...])
+        assert_type(scheduler.retired()[0].prompt_tokens, tuple[int, ...])
         assert_type(scheduler.preempt_for_component_pressure([0]), list[str])
         assert_type(scheduler.cancel("a"), bool)
         assert_type(scheduler.native, int)

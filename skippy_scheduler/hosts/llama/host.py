@@ -7,7 +7,10 @@ rows (and the prompt rows of a sequence that asks for prompt log-probabilities).
 back into the plan's output block as (work index, token) pairs, the same hand-off as the native
 ABI (docs/hosts.md). The host implements the engine's contract (engine/contract.py): `execute`,
 `release`, `execute_async`, `release_all`, `prefix_store`, `host_state`, `sample_details` (the
-log-probabilities a sequence's `SamplingParams.output` asked for, samplers.py).
+log-probabilities a sequence's `SamplingParams.output` asked for, samplers.py), and the checks
+that refuse what it could never run before anything is queued: `prepare_sequence` (a token
+outside the vocabulary, more positions than a lane holds) and `check_config` (a scheduler with
+more sequences at once than lanes, or plans larger than the batch).
 
 The plan says where a sequence starts: at a new row (`plan.new_rows`) the host gives the
 sequence a lane, its sampler chain (`work[row].sampling`) and, when the row starts past 0, the
@@ -47,9 +50,9 @@ import llama_cpp as _ll
 from ...engine.contract import HostState, Plan
 from ...inflight import HostWorker
 from ...prefix_store import PrefixStore
-from ...sampling import SampleDetail
-from ...types import MemoryComponent, ReleaseReason
-from ..kit import PlanRows, check_tokens, read_plan
+from ...sampling import SampleDetail, SamplingParams
+from ...types import MemoryComponent, ReleaseReason, SchedulerConfig, Sequence
+from ..kit import PlanRows, read_plan
 from ..offload import Placement
 from .backend_sampling import DeviceChains, backend_sampling_mode, resolve_backend_sampling
 from .backend import (FLASH_ATTN_NAMES, KV_TYPES, check_int, create_context, flash_attn_type,
@@ -285,6 +288,62 @@ class LlamaHost:
         return {"sequence_id_limit": self.n_seq_max + self.prefix_holders,
                 "reserved_sequence_ids": self.prefix_holders}
 
+    def check_config(self, config: SchedulerConfig) -> None:
+        """ValueError when a scheduler of `config` would make plans this host cannot run: more
+        sequences at once than it has lanes (`max_active_sequences` above `n_seq_max`), or a
+        plan of more tokens than its batch holds (`max_tokens_per_iteration`, bounded by
+        `max_active_sequences` rows of at most `prefill_chunk_tokens` each, above `n_batch`,
+        the batch the context got). The engine calls it when it is built
+        (`ConfigCheckingHost`); without it such a plan fails at its execution."""
+        c = config.normalized()
+        active = c.max_active_sequences
+        if active > self.n_seq_max:
+            raise ValueError(
+                f"the scheduler runs up to {active} sequences at once (max_active_sequences) "
+                f"but this host has {self.n_seq_max} lanes (n_seq_max): configure "
+                f"max_active_sequences <= {self.n_seq_max}")
+        most = min(c.max_tokens_per_iteration, active * c.prefill_chunk_tokens)
+        if most > self.n_batch:
+            raise ValueError(
+                f"the scheduler's plans hold up to {most} tokens (max_tokens_per_iteration "
+                f"{c.max_tokens_per_iteration}; {active} rows of at most "
+                f"{c.prefill_chunk_tokens} prefill_chunk_tokens) but this host's batch holds "
+                f"{self.n_batch} (n_batch, what the context got): configure "
+                f"max_tokens_per_iteration <= {self.n_batch}")
+
+    def prepare_sequence(self, sequence: Sequence) -> Sequence:
+        """`sequence` as it is, once it is known to run here; ValueError before anything is
+        queued for a token outside the vocabulary (in its prompt, its tokens generated
+        elsewhere, its sampling's `logit_bias` or `min_end_tokens`) or for more positions than
+        a lane holds: its prompt plus `max_tokens`, less the last token, which is never fed,
+        above `n_ctx_seq`. The engine ends such a request as rejected (or raises to a submitter
+        on its own thread) instead of failing every plan it would be in."""
+        n_vocab = self.n_vocab
+        name = sequence.id
+        for field_name in ("prompt_tokens", "generated_tokens"):
+            tokens = getattr(sequence, field_name)
+            if len(tokens) and max(tokens) >= n_vocab:
+                at, token = next((i, t) for i, t in enumerate(tokens) if t >= n_vocab)
+                raise ValueError(f"request {name!r}: {field_name}[{at}] = {token} is outside "
+                                 f"[0, {n_vocab}), this model's vocabulary")
+        sampling = sequence.sampling
+        if isinstance(sampling, SamplingParams):
+            for token, _ in sampling.logit_bias:
+                if token >= n_vocab:
+                    raise ValueError(f"request {name!r}: logit_bias names token {token}, outside "
+                                     f"[0, {n_vocab}) for this model")
+            if any(t >= n_vocab for t in sampling.min_end_tokens):
+                raise ValueError(f"request {name!r}: min_end_tokens names a token outside "
+                                 f"[0, {n_vocab}) for this model")
+        prompt = len(sequence.prompt_tokens)
+        generated = max(sequence.max_tokens, len(sequence.generated_tokens), 1)
+        if prompt + generated - 1 > self.n_ctx_seq:
+            raise ValueError(
+                f"request {name!r} needs {prompt + generated - 1} positions ({prompt} prompt "
+                f"tokens and {generated} to generate, the last never fed) but a lane of this "
+                f"host holds {self.n_ctx_seq} (n_ctx_seq): shorten the prompt or max_tokens")
+        return sequence
+
     def host_state(self, detail: bool = False) -> HostState:
         """Lanes, KV tokens, samplers; with `detail`, the positions llama.cpp itself holds per
         lane (one call per lane: for leak checks, not every step)."""
@@ -334,6 +393,15 @@ class LlamaHost:
 
     def __enter__(self) -> "LlamaHost":
         return self
+
+    def __repr__(self) -> str:
+        lanes = getattr(self, "_lanes", None)
+        if not getattr(self, "_ctx", None) or lanes is None:
+            return f"<LlamaHost {getattr(self, 'model_path', '?')!r}: closed>"
+        holders = f", prefix holders {self.prefix_holders}" if self.prefix_holders else ""
+        return (f"<LlamaHost {self.model_path!r}: {len(lanes.active)}/{self.n_seq_max} lanes "
+                f"busy, n_ctx={self.n_ctx} (n_ctx_seq={self.n_ctx_seq}), "
+                f"n_batch={self.n_batch}{holders}>")
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -477,7 +545,7 @@ class LlamaHost:
         if ahead is not None and (self._lanes.changes == ahead.lane_changes
                                   or rows_.still_staged(ahead.step)):
             rows, step = ahead.rows, ahead.step
-            check_tokens(rows.tokens, self.n_vocab)  # its deferred inputs are filled now
+            self._check_tokens(rows)  # its deferred inputs are filled now
             self.staged_ahead += 1
             self.staged_ahead_past_calls += ahead.past_calls
         else:
@@ -486,7 +554,8 @@ class LlamaHost:
                 miss = "restaged"
             if miss is not None:
                 self.not_staged_ahead[miss] += 1
-            rows = read_plan(plan, self.n_batch, self.n_vocab)
+            rows = read_plan(plan, self.n_batch, self.n_vocab, check=False)
+            self._check_tokens(rows)
             samplers = self._samplers
             assert samplers is not None
             holders = self.holders
@@ -523,6 +592,26 @@ class LlamaHost:
         outputs.predicted_tokens[:k] = np.where(self.tokenizer.eog[tokens], -1, tokens)
         outputs.count = k
         return k
+
+    def _check_tokens(self, rows: PlanRows) -> None:
+        """ValueError unless every input token of the plan is in the vocabulary, naming the
+        first row that is not and why: a deferred input still unfilled (-1, the placeholder
+        of an input an earlier plan samples), or a token the model does not have (a sequence
+        given to the scheduler without this host's `prepare_sequence`)."""
+        tokens = rows.tokens
+        n_vocab = self.n_vocab
+        if not len(tokens) or (int(tokens.min()) >= 0 and int(tokens.max()) < n_vocab):
+            return
+        at = int(np.flatnonzero((tokens < 0) | (tokens >= n_vocab))[0])
+        row = int(np.searchsorted(rows.offsets, at, side="right")) - 1
+        token = int(tokens[at])
+        where = (f"plan tokens must be in [0, {n_vocab}) for this model: row {row} "
+                 f"({rows.ids[row]!r}) has token {token} at position {int(rows.positions[at])}")
+        if token < 0:
+            raise ValueError(f"{where}, a deferred input left unfilled (fill it from the plan "
+                             "that samples it before running this one: resolve_deferred)")
+        raise ValueError(f"{where}, outside the model's vocabulary (the engine refuses such a "
+                         "request at submit, through prepare_sequence)")
 
     def _stage_next(self) -> str | None:
         """Stage the plan queued next on the worker, if it can be staged ahead (`execute`);
