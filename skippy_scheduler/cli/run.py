@@ -296,6 +296,8 @@ def serve_prompts(args: argparse.Namespace, host: Any, prompts: list[Any], n_seq
                 f"prompt {i} ({len(tokens)} tokens) and --max-tokens {args.max_tokens} need "
                 f"{len(tokens) + args.max_tokens} KV cells; a lane holds {lane} "
                 f"(--ctx-size / --max-active, rounded up to {CELLS_PER_LANE_STEP})")
+    # The batch the host's context got: llama.cpp caps it at the context's cells.
+    n_batch = min(n_batch, getattr(host, "n_batch", n_batch))
     config = dict(
         max_active_sequences=n_seq, max_tokens_per_iteration=n_batch,
         prefill_chunk_tokens=int(min(args.prefill_chunk, n_batch)),
@@ -317,7 +319,10 @@ def serve_prompts(args: argparse.Namespace, host: Any, prompts: list[Any], n_seq
         Request(f"request-{i}", toks, args.max_tokens, arrival_us=i * interval_us)
         for i, toks in enumerate(token_prompts)
     ]
-    engine = Engine(scheduler, host, clock="wall")
+    try:
+        engine = Engine(scheduler, host, clock="wall")
+    except ValueError as exc:  # a config the host refuses (more lanes or a larger plan)
+        raise CommandError(str(exc)) from None
     bar = _progress(engine, len(requests))
     stopped = None
     try:

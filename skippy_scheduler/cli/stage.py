@@ -27,7 +27,7 @@ def register(subparsers: Any) -> None:
                    help="pyzmq address to bind, e.g. tcp://127.0.0.1:5601 (a port of * "
                         "takes a free one, printed at start) or ipc:///tmp/s0")
     add_flag(p, "threads", type=positive_int, default_text="what the driver asks")
-    from ..hosts.stages.worker import DEFAULT_MAX_BATCH_TOKENS
+    from ..hosts.stages.wire import DEFAULT_MAX_BATCH_TOKENS  # (no llama.cpp needed)
 
     p.add_argument("--max-batch-tokens", type=positive_int, default=DEFAULT_MAX_BATCH_TOKENS,
                    metavar="N",

@@ -64,12 +64,14 @@ class ChatTemplate:
 
     def __init__(self, model_template: Optional[str]) -> None:
         self.source = FALLBACK
+        self.text: Optional[str] = None  # the model's template, when it is the one in use
         self._template: Optional[bytes] = None  # the model's, when llama.cpp knows it
         if model_template:
             raw = model_template.encode("utf-8")
             if _apply(raw, [("user", "probe")]) is not None:
                 self._template = raw
                 self.source = "model"
+                self.text = model_template
             else:
                 log.warning("the model's chat template (%d characters, starting %.60r) is not "
                             "one llama.cpp recognises: chats are rendered as ChatML",

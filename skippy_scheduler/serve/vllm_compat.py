@@ -233,7 +233,8 @@ def install(app: FastAPI, ctx: "ServeContext") -> None:
         return _json({
             "default_generation_settings": {"n_ctx": ctx.n_ctx_seq},
             "total_slots": ctx.lanes, "model_path": ctx.model_name,
-            "model_alias": ctx.model_name, "chat_template": ctx.chat.source,
+            "model_alias": ctx.model_name,
+            "chat_template": ctx.chat.text if ctx.chat.text is not None else ctx.chat.source,
             "modalities": {"vision": False, "audio": False},
             "build_info": f"skippy-scheduler {__version__}"})
 

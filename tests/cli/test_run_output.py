@@ -122,3 +122,16 @@ def test_every_command_refuses_a_flag_under_two_spellings(argv, capsys):
     code = main(argv)
     err = capsys.readouterr().err
     assert code == 2 and "not allowed with argument" in err, err
+
+
+def test_a_lane_context_smaller_than_the_asked_batch_runs(tmp_path, capsys):
+    """One 256-cell lane: llama.cpp caps the batch at the context, and the run plans within
+    that cap rather than being refused for the batch it asked."""
+    pytest.importorskip("llama_cpp")
+    prompts = tmp_path / "p.json"
+    prompts.write_text("[[1, 2, 3]]")
+    code = main(["run", "-np", "1", "--prefill-chunk", "512", "-t", "1", "--max-tokens", "2",
+                 "--prompts", str(prompts)])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "# 1/1 completed" in out.out

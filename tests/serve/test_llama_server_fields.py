@@ -100,7 +100,8 @@ def test_props(server):
     assert props["total_slots"] == server.settings.max_active
     assert props["default_generation_settings"]["n_ctx"] == server.context.n_ctx_seq
     assert props["model_path"] == server.context.model_name
-    assert props["chat_template"] == server.context.chat.source
+    chat = server.context.chat
+    assert props["chat_template"] == (chat.text if chat.source == "model" else "chatml")
     assert props["modalities"] == {"vision": False, "audio": False}
 
 

@@ -229,3 +229,33 @@ def test_local_workers_take_the_drivers_batch(splits, model4):
                      n_batch=DEFAULT_MAX_BATCH_TOKENS + 8) as local:
         assert all(f"--max-batch-tokens {DEFAULT_MAX_BATCH_TOKENS + 8}" in " ".join(p.args)
                    for p in local.procs)
+
+
+def test_messages_that_break_a_parser_or_an_encoder_leave_the_worker_serving(local2, alone,
+                                                                              push, tmp_path):
+    """JSON nested past the parser's depth, a conf whose reply address pyzmq cannot encode,
+    a tag nested too deep to encode again, a kv_type that is not a name: each is dropped or
+    refused, and the worker goes on serving its driver."""
+    ctx = zmq.Context()
+    sender = ctx.socket(zmq.PULL)
+    sender.setsockopt(zmq.LINGER, 0)
+    sender.bind(f"ipc://{tmp_path}/other")
+    other = sender.getsockopt_string(zmq.LAST_ENDPOINT)
+    try:
+        with local2.host(**HOST) as host:
+            sock = push(local2.addresses[1])
+            sock.send_multipart([b"ping", b"[" * 100_000])
+            sock.send_multipart([b"conf", json.dumps({"reply": "tcp://\ud800:1"}).encode()])
+            deep = json.loads("[" * 900 + "]" * 900)
+            sock.send_multipart([b"ping", json.dumps({"driver": host.driver, "tag": deep})
+                                 .encode()])
+            sock.send_multipart([b"conf", json.dumps(dict(
+                index=1, reply=other, driver=7, n_ctx=1024, n_seq_max=2, n_batch=64,
+                kv_type=[])).encode()])
+            assert sender.poll(60_000)
+            kind, body = sender.recv_multipart()
+            assert kind == b"err" and "'kv_type' must be one of" in json.loads(body)["message"]
+            _still_serves(local2, host, alone)
+    finally:
+        sender.close(linger=0)
+        ctx.term()

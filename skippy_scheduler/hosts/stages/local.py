@@ -45,7 +45,7 @@ class LocalStages:
         `stage` flags per stage (the offload flags, a device each: `stage_device_args`).
         `n_batch`: the batch the driver will ask, when more than a worker takes by default
         (`stage --max-batch-tokens`)."""
-        from .worker import DEFAULT_MAX_BATCH_TOKENS
+        from .wire import DEFAULT_MAX_BATCH_TOKENS
 
         self.paths = stage_paths(directory)
         if n_threads is None:

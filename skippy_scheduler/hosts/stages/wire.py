@@ -16,6 +16,19 @@ from typing import Any, Optional, Sequence as _Seq
 import numpy as np
 import numpy.typing as npt
 
+# The size of what a stage worker takes (docs/wire-format.md "Limits"): plans of at most
+# `max_batch_tokens` tokens (`stage --max-batch-tokens`), so frames of at most `frame_limit`.
+DEFAULT_MAX_BATCH_TOKENS = 8192  # the most tokens of a plan a worker takes unless told more
+MESSAGE_FLOOR = 64 << 20  # a frame's bytes besides a batch's activations (plans, JSON)
+UNKNOWN_EMBD = 16384  # the embedding width assumed for a stage file that does not say its own
+
+
+def frame_limit(n_embd: int, max_batch_tokens: int) -> int:
+    """The largest frame a worker takes: `max_batch_tokens` rows of float32 activations of
+    width `n_embd` (UNKNOWN_EMBD when 0), plus MESSAGE_FLOOR for everything else."""
+    return MESSAGE_FLOOR + 4 * (n_embd or UNKNOWN_EMBD) * max_batch_tokens
+
+
 PLAN_MAGIC = 0x57504B53  # b"SKPW"
 ACT_MAGIC = 0x57414B53  # b"SKAW"
 OUT_MAGIC = 0x574F4B53  # b"SKOW"

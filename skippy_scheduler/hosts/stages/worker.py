@@ -41,13 +41,11 @@ from .channel import DRIVER_FRAME
 from ..llama.backend import KV_TYPES
 from .runner import OP_COPY, OP_REMOVE, StageRunner
 from .split import read_stage_info
-from .wire import WireError, decode_activations, decode_plan, encode_activations, encode_outputs
+from .wire import (DEFAULT_MAX_BATCH_TOKENS, WireError, decode_activations, decode_plan,
+                   encode_activations, encode_outputs, frame_limit)
 
 
 PARENT_CHECK_MS = 500
-DEFAULT_MAX_BATCH_TOKENS = 8192  # the most tokens of a plan a worker takes unless told more
-MESSAGE_FLOOR = 64 << 20  # a frame's bytes besides a batch's activations (plans, JSON)
-UNKNOWN_EMBD = 16384  # the embedding width assumed for a stage file that does not say its own
 NEXT_SEND_TIMEOUT_MS = 30_000  # a next stage that takes no message for this long is stuck
 ADDRESS_SCHEMES = ("tcp", "ipc", "inproc")
 
@@ -56,12 +54,6 @@ log = logging.getLogger(__name__)
 
 def _json(obj: Any) -> bytes:
     return json.dumps(obj).encode()
-
-
-def frame_limit(n_embd: int, max_batch_tokens: int) -> int:
-    """The largest frame a worker takes: `max_batch_tokens` rows of float32 activations of
-    width `n_embd` (UNKNOWN_EMBD when 0), plus MESSAGE_FLOOR for everything else."""
-    return MESSAGE_FLOOR + 4 * (n_embd or UNKNOWN_EMBD) * max_batch_tokens
 
 
 class ConfRefused(ValueError):
@@ -165,7 +157,7 @@ class StageWorker:
                               f"--max-batch-tokens ({self.max_batch_tokens}): start it with "
                               f"--max-batch-tokens {out['n_batch']} or more")
         kv_type = conf.get("kv_type", "f32")
-        if kv_type not in KV_TYPES:
+        if not (isinstance(kv_type, str) and kv_type in KV_TYPES):
             raise ConfRefused(f"conf field 'kv_type' must be one of {sorted(KV_TYPES)}, got "
                               f"{kv_type!r:.80}")
         flash_attn = conf.get("flash_attn", False)
@@ -192,11 +184,11 @@ class StageWorker:
             body["driver"] = driver
         try:
             sock = self._push(address)
-        except self._zmq.ZMQError:
+        except Exception:  # ZMQError, or an address pyzmq cannot even encode
             return
         try:
             sock.send_multipart([b"err", _json(body)], flags=self._zmq.NOBLOCK)
-        except self._zmq.ZMQError:
+        except Exception:  # ZMQError, or a tag nested too deep to encode
             pass
         finally:
             sock.close(linger=1000)
@@ -207,14 +199,15 @@ class StageWorker:
         c = self._check_conf(conf)
         try:
             reply = self._push(c["reply"])
-        except self._zmq.ZMQError as exc:
-            raise ConfRefused(f"cannot connect to the reply address {c['reply']}: {exc}") \
-                from None
+        except Exception as exc:  # ZMQError, UnicodeEncodeError
+            raise ConfRefused(f"cannot connect to the reply address {c['reply']!r:.200}: "
+                              f"{exc}") from None
         try:
             nxt = None if c["next"] is None else self._push(c["next"], NEXT_SEND_TIMEOUT_MS)
-        except self._zmq.ZMQError as exc:
+        except Exception as exc:
             reply.close(linger=0)
-            raise ConfRefused(f"cannot connect to the next stage {c['next']}: {exc}") from None
+            raise ConfRefused(f"cannot connect to the next stage {c['next']!r:.200}: {exc}") \
+                from None
         old = self._reply_address
         if self._reply is not None and c["reply"] != old:
             # Another driver takes this worker (a restarted server, or a second one started by
@@ -388,7 +381,11 @@ class StageWorker:
                 while not self._pull.poll(PARENT_CHECK_MS):
                     if os.getppid() != self.parent_pid:
                         return
-            self._take(self._pull.recv_multipart(copy=False))
+            parts = self._pull.recv_multipart(copy=False)
+            try:
+                self._take(parts)
+            except Exception:  # whatever a message holds, the worker goes on serving
+                log.exception("a %.16r message could not be handled", parts[0].bytes)
 
     def _take(self, parts: list[Any]) -> None:
         """Act on one message (see the module docstring)."""
@@ -404,7 +401,7 @@ class StageWorker:
         else:
             try:
                 body = json.loads(parts[1].bytes) if len(parts) == 2 else None
-            except ValueError:  # JSONDecodeError, UnicodeDecodeError
+            except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep
                 body = None
             if not isinstance(body, dict):
                 log.debug("dropped a %.16r message that is not one JSON object", kind)
