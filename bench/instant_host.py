@@ -147,7 +147,7 @@ def build_server(settings: ServeSettings, host: InstantHost) -> InstantServer:
     runner = EngineRunner(Scheduler(config, admission=make_admission(s.policy)), host)
     context = ServeContext(runner=runner, host=host, model_name="instant",
                            pieces=token_pieces(host.n_vocab, host.token_bytes),
-                           n_ctx_seq=host.n_ctx_seq,
+                           n_ctx_seq=host.n_ctx_seq, lanes=s.max_active,
                            memory_components=list(config.memory_components))
     return InstantServer(create_app(context), runner, host)
 
