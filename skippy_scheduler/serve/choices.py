@@ -26,13 +26,16 @@ def choice_sampling(sampling: Optional[SamplingParams], j: int) -> Optional[Samp
     return dataclasses.replace(sampling, seed=(sampling.seed + j) & _U64)
 
 
-def usage(outs: Sequence[Any]) -> dict[str, int]:
-    """Usage summed over the choices."""
+def usage(outs: Sequence[Any]) -> dict[str, Any]:
+    """Usage summed over the choices (the prompt tokens' details too)."""
     total = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    cached = 0
     for out in outs:
-        for key, value in out.usage().items():
-            total[key] += value
-    return total
+        one = out.usage()
+        for key in total:
+            total[key] += one[key]
+        cached += one.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    return dict(total, prompt_tokens_details={"cached_tokens": cached})
 
 
 async def batches(outs: Sequence[Any], stop: Optional[asyncio.Future[None]] = None,

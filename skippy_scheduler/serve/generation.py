@@ -194,7 +194,12 @@ class Generation:
         if verdict is not None:
             self.ctx.slo.judge(self.sub.request_id, *verdict)
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
+        """OpenAI's usage of this choice: its prompt (counted by the answer's first choice of
+        each prompt only), its tokens, and the prompt tokens its KV took from a kept prefix
+        (`prompt_tokens_details.cached_tokens`, at most its prompt tokens)."""
         n = len(self.tokens)
+        cached = min(self.sub.cached_tokens or 0, self.prompt_tokens)
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n,
-                "total_tokens": self.prompt_tokens + n}
+                "total_tokens": self.prompt_tokens + n,
+                "prompt_tokens_details": {"cached_tokens": cached}}

@@ -138,7 +138,7 @@ class Subscription:
     """
 
     __slots__ = ("request_id", "inbox", "_items", "_rejection", "verdict",
-                 "error", "out_of_memory", "finished", "arrival_us")
+                 "error", "out_of_memory", "finished", "arrival_us", "cached_tokens")
 
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, arrival_us: float,
                  inbox: Optional[Inbox] = None) -> None:
@@ -151,6 +151,10 @@ class Subscription:
         self.out_of_memory = False  # failed by a step that ran out of device memory (a 503)
         self.finished = False
         self.arrival_us = arrival_us
+        # Prompt positions its first admission took from kept KV instead of computing them
+        # (a restored prefix, a choice's copy of the first one's prompt): set on the engine
+        # thread when that plan has run, before any of its tokens goes out (`_Restores`).
+        self.cached_tokens: Optional[int] = None
 
     def _fire(self) -> None:  # on the loop: the verdict the engine thread decided
         if not self.verdict.done():
@@ -187,6 +191,7 @@ class EngineRunner:
         self._idle_wait_s = idle_wait_s
         self._subs: dict[str, Subscription] = {}
         self._undecided: dict[str, Subscription] = {}
+        self.engine.observers.insert(0, _Restores(self))
         self._lock = threading.Lock()
         self._gate = threading.Lock()  # held around submissions; taken when the loop restarts
         self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
@@ -564,6 +569,33 @@ class PrefillProgress(BaseObserver):
 
 
 _DECODE = IterationPhase.DECODE.value
+
+
+class _Restores(BaseObserver):
+    """Sets each subscription's `cached_tokens` from the plan that first ran its request: the
+    restored positions of its new row (usage's `prompt_tokens_details.cached_tokens`). Only a
+    plan that admitted something is read; a row of a request ended or preempted since its
+    plan was made is left out."""
+
+    def __init__(self, runner: "EngineRunner") -> None:
+        self._subs = runner._subs
+
+    def executed(self, flight: Any, duration_us: float) -> None:
+        plan = flight.plan
+        if not plan.admitted:
+            return
+        restored = plan.restored_tokens
+        ids = plan.sequence_ids
+        entries, voids = flight.entries, flight.voids
+        subs = self._subs
+        for r in plan.new_rows.nonzero()[0].tolist():
+            sub = subs.get(ids[r])
+            if sub is None or sub.cached_tokens is not None:
+                continue
+            if entries is not None and (entries[r].state != _SUBMITTED
+                                        or entries[r].voids != voids[r]):
+                continue
+            sub.cached_tokens = int(restored[r])
 
 
 class _StepEnd(BaseObserver):

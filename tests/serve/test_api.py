@@ -129,6 +129,39 @@ def test_prefix_reuse_restores_shared_prefixes_and_keeps_every_output(model_path
         srv.shutdown()
 
 
+def test_usage_counts_the_prompt_tokens_taken_from_a_kept_prefix(model_path):
+    """usage.prompt_tokens_details.cached_tokens: 0 for a prompt nothing was kept for, the
+    restored prefix for one that shares it (streamed with include_usage too), never more than
+    the prompt; with n choices the prompt and its cached tokens count once."""
+    head = [1] + list(range(10, 90))
+    srv = start_server(model_path, prefix_cache_tokens=1024, prefix_holders=4)
+    try:
+        with openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0,
+                           timeout=60) as c:
+            first = c.completions.create(model="tiny-f32", prompt=head + [5, 6], max_tokens=2,
+                                         **GREEDY)
+            assert first.usage.prompt_tokens_details.cached_tokens == 0
+            wait_idle(srv)
+            again = c.completions.create(model="tiny-f32", prompt=head + [7, 8, 9],
+                                         max_tokens=2, **GREEDY)
+            cached = again.usage.prompt_tokens_details.cached_tokens
+            assert 64 <= cached <= len(head), cached
+            wait_idle(srv)
+            stream = c.completions.create(model="tiny-f32", prompt=head + [4], max_tokens=2,
+                                          stream=True, stream_options={"include_usage": True},
+                                          **GREEDY)
+            usage = [chunk.usage for chunk in stream if chunk.usage is not None][-1]
+            assert 64 <= usage.prompt_tokens_details.cached_tokens <= usage.prompt_tokens
+            wait_idle(srv)
+            several = c.completions.create(model="tiny-f32", prompt=head + [3], max_tokens=2,
+                                           n=3, **GREEDY)
+            details = several.usage.prompt_tokens_details
+            assert several.usage.prompt_tokens == len(head) + 1
+            assert 64 <= details.cached_tokens <= len(head) + 1
+    finally:
+        srv.shutdown()
+
+
 def test_chat_streamed_and_not(client):
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     r = client.chat.completions.create(model="tiny-f32", messages=messages, max_tokens=10, **GREEDY)
