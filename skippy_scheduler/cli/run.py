@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any, Optional
 
-from ..engine.contract import PipelinedHost, StateReportingHost
+from ..engine.contract import ContextLimitsHost, PipelinedHost, StateReportingHost
 from ..engine.record import percentile
 from ..lab.progress import Progress
 from ..selection import DEFAULT_IMPLEMENTATION, DEFAULT_POLICY, make_scheduler
@@ -296,8 +296,8 @@ def serve_prompts(args: argparse.Namespace, host: Any, prompts: list[Any], n_seq
                 f"prompt {i} ({len(tokens)} tokens) and --max-tokens {args.max_tokens} need "
                 f"{len(tokens) + args.max_tokens} KV cells; a lane holds {lane} "
                 f"(--ctx-size / --max-active, rounded up to {CELLS_PER_LANE_STEP})")
-    # The batch the host's context got: llama.cpp caps it at the context's cells.
-    n_batch = min(n_batch, getattr(host, "n_batch", n_batch))
+    if isinstance(host, ContextLimitsHost):  # the batch its context got (capped at its cells)
+        n_batch = min(n_batch, host.n_batch)
     config = dict(
         max_active_sequences=n_seq, max_tokens_per_iteration=n_batch,
         prefill_chunk_tokens=int(min(args.prefill_chunk, n_batch)),
