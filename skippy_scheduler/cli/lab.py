@@ -176,7 +176,7 @@ def register(subparsers: Any) -> None:
                    help="replay a request trace (Mooncake JSONL, Azure CSV or BurstGPT CSV)")
     t.add_argument("--format", choices=("auto",) + FORMATS, default=None,
                    help="trace format (default: auto, from the first line)")
-    t.add_argument("--time-scale", type=_positive_float, default=None, metavar="F",
+    t.add_argument("--time-scale", type=positive_float, default=None, metavar="F",
                    help="multiply every arrival time by F (0.25 = four times the rate; "
                         "default: 1)")
     t.add_argument("--limit", type=positive_int, default=None, metavar="N",
@@ -211,16 +211,6 @@ def _run_flags(p: argparse.ArgumentParser) -> dict[str, tuple[str, Any]]:
         else:
             flags[action.dest] = (flag, action.default)
     return flags
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
-    return value
 
 
 def _cache_tokens(text: str) -> int | str:

@@ -157,6 +157,14 @@ class _InFlight:
     def __init__(self, plan: "Plan") -> None:
         self.plan = plan
 
+    def row_current(self, row: int) -> bool:
+        """Row `row`'s request has neither ended nor been preempted since the plan was made
+        (always, at depth 1: nothing happens between making and running a plan there). For
+        observers; the step's own path tests the same inline."""
+        entries = self.entries
+        return entries is None or (entries[row].state == _SUBMITTED
+                                   and entries[row].voids == self.voids[row])
+
     def stamp_done(self, _handle: Any) -> None:
         """A handle's done callback (on the host's worker thread): the execution's end."""
         if not self.done_ns:

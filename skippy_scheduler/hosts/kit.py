@@ -160,11 +160,24 @@ class PlanRows:
         return [n.row for n in self.new]
 
 
-def check_tokens(tokens: IntArray, n_vocab: int) -> None:
-    """ValueError unless every token is in [0, n_vocab)."""
-    if len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= n_vocab):
-        raise ValueError(f"plan tokens must be in [0, {n_vocab}) for this model (a deferred "
-                         "input left unresolved?)")
+def check_tokens(tokens: IntArray, n_vocab: int, offsets: npt.NDArray[np.int64],
+                 positions: IntArray, ids: list[str]) -> None:
+    """ValueError unless every input token of a plan's rows (`offsets`, `positions`, `ids`)
+    is in [0, n_vocab), naming the first row that is not and why: a deferred input still
+    unfilled (-1, the placeholder of an input an earlier plan samples), or a token the model
+    does not have (a sequence given to the scheduler without its host's `prepare_sequence`)."""
+    if not len(tokens) or (int(tokens.min()) >= 0 and int(tokens.max()) < n_vocab):
+        return
+    at = int(np.flatnonzero((tokens < 0) | (tokens >= n_vocab))[0])
+    row = int(np.searchsorted(offsets, at, side="right")) - 1
+    token = int(tokens[at])
+    where = (f"plan tokens must be in [0, {n_vocab}) for this model: row {row} ({ids[row]!r}) "
+             f"has token {token} at position {int(positions[at])}")
+    if token < 0:
+        raise ValueError(f"{where}, a deferred input left unfilled (fill it from the plan "
+                         "that samples it before running this one: resolve_deferred)")
+    raise ValueError(f"{where}, outside the model's vocabulary (the engine refuses such a "
+                     "request at submit, through its host's prepare_sequence)")
 
 
 def read_plan(plan: Plan, n_batch: int, n_vocab: int, *, check: bool = True) -> PlanRows:
@@ -184,9 +197,9 @@ def read_plan(plan: Plan, n_batch: int, n_vocab: int, *, check: bool = True) -> 
         raise ValueError(f"plan arrays disagree: row_offsets end at {n}, token_count is "
                          f"{plan.token_count}, {len(tokens)} tokens and {len(positions)} "
                          "positions")
-    if check:
-        check_tokens(tokens, n_vocab)
     ids = list(plan.sequence_ids)
+    if check:
+        check_tokens(tokens, n_vocab, offsets, positions, ids)
     starts: list[int] = positions[offsets[:-1]].tolist()
     new = []
     rows = np.flatnonzero(plan.new_rows).tolist()

@@ -140,7 +140,9 @@ _FOREIGN = set(_ALIASES) | set(_NEUTRAL_FOREIGN) | set(_IGNORED_FOREIGN) | {
     "stop_token_ids", "include_stop_str_in_output", "min_tokens"}
 
 
-_REST_OF_LANE = "\0n_predict=-1"  # a key no JSON body checked here can hold past _foreign
+def _rest_of_lane(body: dict[str, Any]) -> bool:
+    """llama-server's `n_predict: -1` without a `max_tokens`: no bound but the lane's."""
+    return body.get("n_predict") == -1 and body.get("max_tokens") is None
 
 
 def _foreign(body: dict[str, Any], allowed: set[str], strict: bool) -> dict[str, Any]:
@@ -162,9 +164,8 @@ def _foreign(body: dict[str, Any], allowed: set[str], strict: bool) -> dict[str,
     for alias, name in _ALIASES.items():
         if body.get(alias) is None:
             continue
-        if alias == "n_predict" and body[alias] == -1 and body.get(name) is None:
-            out[_REST_OF_LANE] = True  # llama-server's "until the context ends"
-            continue
+        if alias == "n_predict" and _rest_of_lane(body):
+            continue  # llama-server's "until the context ends": no max_tokens (_parse_head)
         if body.get(name) is not None and body[name] != body[alias]:
             raise RequestError(f"'{alias}' and '{name}' disagree", param=alias)
         out[name] = body[alias]
@@ -418,13 +419,11 @@ def _parse_head(body: Any, kind: str, known: Any, neutral: Any, n_vocab: int,
     """What both endpoints read first: the fields checked against the endpoint's (`known`,
     `neutral`), the common fields, the honoured foreign ones; (the body as checked, request)."""
     raw: Any = body
-    rest = False
     if isinstance(body, dict):
         body = _foreign(body, known, strict)
-        rest = bool(body.pop(_REST_OF_LANE, False))
         _check_fields(body, known, neutral)
     req = _common(body, kind, n_vocab)
-    req.rest_of_lane = rest
+    req.rest_of_lane = isinstance(raw, dict) and _rest_of_lane(raw)
     _honour_foreign(req, raw, n_vocab)
     return body, req
 

@@ -35,7 +35,6 @@ from ..engine import (AcceptEvent, Engine, FinishEvent, Host, HostState, Request
                       SchedulerLike, TokenEvent)
 from ..engine.contract import HostOutOfMemory, InterruptibleHost
 from ..engine.observers import BaseObserver
-from ..engine.requests import _SUBMITTED
 from ..engine.step_timing import StepTiming
 from ..types import REJECTED, FinishReason, IterationPhase
 
@@ -554,12 +553,9 @@ class PrefillProgress(BaseObserver):
         ids = plan.sequence_ids
         ends = plan.row_offsets[1:]
         positions = plan.positions
-        entries = flight.entries  # (with plans in flight: what each row's request is now)
-        voids = flight.voids
         done = self.done
         for r in prompt_rows.tolist():
-            if entries is not None and (entries[r].state != _SUBMITTED
-                                        or entries[r].voids != voids[r]):
+            if not flight.row_current(r):
                 continue  # ended or preempted since the plan was made
             done[ids[r]] = int(positions[int(ends[r]) - 1]) + 1
 
@@ -586,16 +582,11 @@ class _Restores(BaseObserver):
             return
         restored = plan.restored_tokens
         ids = plan.sequence_ids
-        entries, voids = flight.entries, flight.voids
         subs = self._subs
         for r in plan.new_rows.nonzero()[0].tolist():
             sub = subs.get(ids[r])
-            if sub is None or sub.cached_tokens is not None:
-                continue
-            if entries is not None and (entries[r].state != _SUBMITTED
-                                        or entries[r].voids != voids[r]):
-                continue
-            sub.cached_tokens = int(restored[r])
+            if sub is not None and sub.cached_tokens is None and flight.row_current(r):
+                sub.cached_tokens = int(restored[r])
 
 
 class _StepEnd(BaseObserver):

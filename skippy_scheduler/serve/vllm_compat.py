@@ -202,10 +202,7 @@ def install(app: FastAPI, ctx: "ServeContext") -> None:
             gen = parse_chat({"messages": body["messages"]}, ctx.n_vocab)
             tokens = await asyncio.to_thread(chat_tokens, gen)
         elif isinstance(body.get("prompt"), str):
-            add = body.get("add_special_tokens", True)
-            if not isinstance(add, bool):
-                raise RequestError("'add_special_tokens' must be a boolean",
-                                   param="add_special_tokens")
+            add = flag(body, "add_special_tokens", True)
             tokens = list(await asyncio.to_thread(
                 ctx.host.tokenize, body["prompt"], add_bos=None if add else False, special=True))
         else:

@@ -73,8 +73,13 @@ def test_n_predict_minus_one_runs_to_the_end_of_the_lane(server):
     assert usage["prompt_tokens"] + usage["completion_tokens"] == \
         server.context.n_ctx_seq, usage
     assert got["choices"][0]["finish_reason"] == "length"
-    # With max_tokens beside it, they must agree as any alias must.
+    # With max_tokens beside it, they must agree as any alias must; the other aliases are
+    # read as ever.
     _post(server, "/v1/completions", {"prompt": "abc", "n_predict": -1, "max_tokens": 4}, 400)
+    err = _post(server, "/v1/completions", {"prompt": "abc", "n_predict": -1,
+                                           "repeat_penalty": 1.2, "repetition_penalty": 1.5},
+                400)
+    assert err["error"]["param"] == "repeat_penalty"
 
 
 def test_tokenize_with_content_answers_as_llama_server(server):

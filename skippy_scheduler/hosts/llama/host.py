@@ -52,7 +52,7 @@ from ...inflight import HostWorker
 from ...prefix_store import PrefixStore
 from ...sampling import SampleDetail, SamplingParams
 from ...types import MemoryComponent, ReleaseReason, SchedulerConfig, Sequence
-from ..kit import PlanRows, read_plan
+from ..kit import PlanRows, check_tokens, read_plan
 from ..offload import Placement
 from .backend_sampling import DeviceChains, backend_sampling_mode, resolve_backend_sampling
 from .backend import (FLASH_ATTN_NAMES, KV_TYPES, check_int, create_context, flash_attn_type,
@@ -318,6 +318,7 @@ class LlamaHost:
         a lane holds: its prompt plus `max_tokens`, less the last token, which is never fed,
         above `n_ctx_seq`. The engine ends such a request as rejected (or raises to a submitter
         on its own thread) instead of failing every plan it would be in."""
+        self._require_open()
         n_vocab = self.n_vocab
         name = sequence.id
         for field_name in ("prompt_tokens", "generated_tokens"):
@@ -327,14 +328,9 @@ class LlamaHost:
                 raise ValueError(f"request {name!r}: {field_name}[{at}] = {token} is outside "
                                  f"[0, {n_vocab}), this model's vocabulary")
         sampling = sequence.sampling
-        if isinstance(sampling, SamplingParams):
-            for token, _ in sampling.logit_bias:
-                if token >= n_vocab:
-                    raise ValueError(f"request {name!r}: logit_bias names token {token}, outside "
-                                     f"[0, {n_vocab}) for this model")
-            if any(t >= n_vocab for t in sampling.min_end_tokens):
-                raise ValueError(f"request {name!r}: min_end_tokens names a token outside "
-                                 f"[0, {n_vocab}) for this model")
+        if isinstance(sampling, SamplingParams):  # (its grammar is checked where it is parsed)
+            assert self._samplers is not None
+            self._samplers.check_vocabulary(sampling)
         prompt = len(sequence.prompt_tokens)
         generated = max(sequence.max_tokens, len(sequence.generated_tokens), 1)
         if prompt + generated - 1 > self.n_ctx_seq:
@@ -545,7 +541,8 @@ class LlamaHost:
         if ahead is not None and (self._lanes.changes == ahead.lane_changes
                                   or rows_.still_staged(ahead.step)):
             rows, step = ahead.rows, ahead.step
-            self._check_tokens(rows)  # its deferred inputs are filled now
+            # its deferred inputs are filled now
+            check_tokens(rows.tokens, self.n_vocab, rows.offsets, rows.positions, rows.ids)
             self.staged_ahead += 1
             self.staged_ahead_past_calls += ahead.past_calls
         else:
@@ -554,8 +551,7 @@ class LlamaHost:
                 miss = "restaged"
             if miss is not None:
                 self.not_staged_ahead[miss] += 1
-            rows = read_plan(plan, self.n_batch, self.n_vocab, check=False)
-            self._check_tokens(rows)
+            rows = read_plan(plan, self.n_batch, self.n_vocab)
             samplers = self._samplers
             assert samplers is not None
             holders = self.holders
@@ -592,26 +588,6 @@ class LlamaHost:
         outputs.predicted_tokens[:k] = np.where(self.tokenizer.eog[tokens], -1, tokens)
         outputs.count = k
         return k
-
-    def _check_tokens(self, rows: PlanRows) -> None:
-        """ValueError unless every input token of the plan is in the vocabulary, naming the
-        first row that is not and why: a deferred input still unfilled (-1, the placeholder
-        of an input an earlier plan samples), or a token the model does not have (a sequence
-        given to the scheduler without this host's `prepare_sequence`)."""
-        tokens = rows.tokens
-        n_vocab = self.n_vocab
-        if not len(tokens) or (int(tokens.min()) >= 0 and int(tokens.max()) < n_vocab):
-            return
-        at = int(np.flatnonzero((tokens < 0) | (tokens >= n_vocab))[0])
-        row = int(np.searchsorted(rows.offsets, at, side="right")) - 1
-        token = int(tokens[at])
-        where = (f"plan tokens must be in [0, {n_vocab}) for this model: row {row} "
-                 f"({rows.ids[row]!r}) has token {token} at position {int(rows.positions[at])}")
-        if token < 0:
-            raise ValueError(f"{where}, a deferred input left unfilled (fill it from the plan "
-                             "that samples it before running this one: resolve_deferred)")
-        raise ValueError(f"{where}, outside the model's vocabulary (the engine refuses such a "
-                         "request at submit, through prepare_sequence)")
 
     def _stage_next(self) -> str | None:
         """Stage the plan queued next on the worker, if it can be staged ahead (`execute`);

@@ -249,21 +249,26 @@ class Samplers:
             raise TypeError("sampling must be None, a SamplingParams or a cffi "
                             f"'skippy_sampling_config *', got {type(sampling).__name__}")
         assert isinstance(sampling, SamplingParams)
-        for token, _ in sampling.logit_bias:
-            if token >= self.n_vocab:
-                raise ValueError(f"logit_bias names token {token}, outside [0, {self.n_vocab}) "
-                                 "for this model")
+        self.check_vocabulary(sampling)
         output = sampling.output
         if output is not None and output.grammar is not None:
             self.check_grammar(output.grammar)  # before the plan changes any state
-        if any(t >= self.n_vocab for t in sampling.min_end_tokens):
-            raise ValueError(f"min_end_tokens names a token outside [0, {self.n_vocab}) for "
-                             "this model")
         if sampling.plain_greedy and not sampling.ignore_eos and not sampling.min_end_position:
             return None
         if self.max_window is not None and sampling.penalty_last_n > self.max_window:
             sampling = replace(sampling, penalty_last_n=self.max_window)
         return sampling
+
+    def check_vocabulary(self, sampling: SamplingParams) -> None:
+        """ValueError when `sampling` names a token outside this model's vocabulary (in
+        `logit_bias` or `min_end_tokens`)."""
+        for token, _ in sampling.logit_bias:
+            if token >= self.n_vocab:
+                raise ValueError(f"logit_bias names token {token}, outside [0, {self.n_vocab}) "
+                                 "for this model")
+        if any(t >= self.n_vocab for t in sampling.min_end_tokens):
+            raise ValueError(f"min_end_tokens names a token outside [0, {self.n_vocab}) for "
+                             "this model")
 
     def check_grammar(self, grammar: str) -> None:
         """ValueError unless llama.cpp's grammar sampler parses `grammar` (root rule `root`)."""

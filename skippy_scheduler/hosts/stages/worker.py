@@ -171,7 +171,7 @@ class StageWorker:
         """Tell the sender of a refused conf why (at its reply address, if it gave one that can
         be connected); the worker's log says so too. The driver served so far is untouched."""
         print(f"skippy-scheduler stage: refused a conf: {why}", file=sys.stderr, flush=True)
-        address, driver, index = conf.get("reply"), conf.get("driver"), conf.get("index")
+        driver, index = conf.get("driver"), conf.get("index")
         try:
             address = _address(conf, "reply")
         except ConfRefused:
