@@ -269,8 +269,10 @@ class EngineRunner:
                     self.engine.run_forever(self._idle_wait_s)
                     return
                 except Exception as exc:  # a host or engine failure: fail open work, go on
-                    with self._gate:
-                        self._running = False
+                    # The server stays up: a request that comes in meanwhile waits in the
+                    # engine's inbox, which this thread takes only once it runs again, so the
+                    # recovery fails the requests open now and not it (a client answered 500
+                    # that asks again at once is not told the engine is down).
                     self.crashes += 1
                     self.last_crash = f"{type(exc).__name__}: {exc}"
                     log.exception("engine iteration failed; failing %d open requests",
