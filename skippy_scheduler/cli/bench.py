@@ -18,11 +18,12 @@ def register(subparsers: Any) -> None:
                               description=DESCRIPTION)
     p.add_argument("--quick", action="store_true",
                    help="fewer steps (a smoke run, noisier; default: off)")
-    add_flag(p, "scheduler", action="append",
+    which = p.add_mutually_exclusive_group()  # --no-twin would replace every --scheduler
+    add_flag(which, "scheduler", action="append",
              note="repeatable; the native rows are always timed (the others are read against "
                   "them), --scheduler native alone leaves the twin's out",
              default_text="native and twin")
-    add_old(p, "--no-twin", "--scheduler native", "scheduler", const=["native"], flag=True)
+    add_old(which, "--no-twin", "--scheduler native", "scheduler", const=["native"], flag=True)
     p.add_argument("--no-c", action="store_true", help="skip the C API program (default: off)")
     p.add_argument("--compare-slack", action="store_true",
                    help="also time the slack planning rule against the reference rule, paired "

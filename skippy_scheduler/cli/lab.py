@@ -99,9 +99,11 @@ def register(subparsers: Any) -> None:
                         f"{DEFAULT_BENCH_REPS})")
     p.add_argument("--replay", action="store_true",
                    help="also print the fixture replay switch counts (docs/behaviour.md §5.8)")
-    add_flag(p, "scheduler", default=DEFAULT_IMPLEMENTATION)
-    add_old(p, "--backend", "--scheduler", "scheduler", choices=BACKENDS)
-    add_old(p, "--twin", "--scheduler twin", "scheduler", const="twin", flag=True)
+    # One group: given under two spellings, one choice would silently replace the other.
+    which = p.add_mutually_exclusive_group()
+    add_flag(which, "scheduler", default=DEFAULT_IMPLEMENTATION)
+    add_old(which, "--backend", "--scheduler", "scheduler", choices=BACKENDS)
+    add_old(which, "--twin", "--scheduler twin", "scheduler", const="twin", flag=True)
     p.add_argument("--max-tokens", nargs="?", action=_MaxTokensInLab, help=argparse.SUPPRESS)
 
     s = p.add_argument_group("workload suite (--suite)")

@@ -214,15 +214,19 @@ def add_flag(p: argparse.ArgumentParser | Any, concept: str, *, default: Any = N
     """
     f = FLAGS[concept]
     shown = default_text if default_text is not None else _default_text(default)
-    if f.old and kwargs.get("action") != "append":
+    if f.old and kwargs.get("action") != "append" and \
+            not isinstance(p, argparse._MutuallyExclusiveGroup):
         # The flag and its old spellings are one mutually exclusive group: given under two
-        # names, one value would silently replace the other. argparse counts a member as given
-        # when its value is not the default object, and a small number typed on the command
-        # line is that very object, so a number default becomes one of its own.
-        if not isinstance(p, argparse._MutuallyExclusiveGroup):
-            p = p.add_mutually_exclusive_group()
+        # names, one value would silently replace the other.
+        p = p.add_mutually_exclusive_group()
+    if isinstance(p, argparse._MutuallyExclusiveGroup):
+        # argparse counts a member as given when its value is not the default object, and a
+        # small number or a short name typed on the command line can be that very object
+        # (both are shared by the interpreter), so such a default becomes one of its own.
         if isinstance(default, int) and not isinstance(default, bool):
             default = _OwnDefault(default)
+        elif isinstance(default, str):
+            default = _OwnText(default)
     help_text = f.meaning + (f"; {note}" if note else "") + (f" (default: {shown})"
                                                              if shown != "None" else "")
     if concept == "mixed":
@@ -249,12 +253,18 @@ class _OwnDefault(int):
     """A flag's default number as an object of its own (see `add_flag`)."""
 
 
+class _OwnText(str):
+    """A flag's default text as an object of its own (see `add_flag`)."""
+
+
 def plain_defaults(args: argparse.Namespace) -> None:
-    """Give the parsed arguments their defaults back as plain ints (after `add_flag`'s
+    """Give the parsed arguments their defaults back as plain ints and strings (after `add_flag`'s
     mutually exclusive groups have been checked)."""
     for name, value in vars(args).items():
         if type(value) is _OwnDefault:
             setattr(args, name, int(value))
+        elif type(value) is _OwnText:
+            setattr(args, name, str(value))
 
 
 class _OldAppend(argparse.Action):

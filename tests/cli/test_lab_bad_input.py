@@ -338,10 +338,23 @@ def test_pipeline_stages_refuses_a_planning_mode(capsys, mode):
     (["--batch-size", "64", "-b", "128"], "argument -b/--max-num-batched-tokens: not allowed "
                                           "with argument --batch-size"),
     (["--max-tokens-per-iteration", "64", "--batch-size", "128"],
-     "argument --batch-size: not allowed with argument --max-tokens-per-iteration")])
+     "argument --batch-size: not allowed with argument --max-tokens-per-iteration"),
+    # "native" is the default's own text: given, it is given all the same.
+    (["--scheduler", "native", "--twin"], "argument --twin: not allowed with argument "
+                                          "--scheduler"),
+    (["--backend", "twin", "--scheduler", "native"], "argument --scheduler: not allowed with "
+                                                     "argument --backend")])
 def test_one_flag_under_two_spellings_is_refused(capsys, flags, message):
     line = _user_error_after_warnings(capsys, [*SUITE, *flags])
     assert line == f"{PROG}: error: {message}"
+
+
+def test_bench_refuses_no_twin_beside_scheduler(capsys):
+    assert main(["bench", "--quick", "--scheduler", "twin", "--no-twin"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines()[-1] == ("skippy-scheduler bench: error: argument "
+                                                  "--no-twin: not allowed with argument "
+                                                  "--scheduler")
 
 
 def test_prefix_cache_help_reads_as_one_sentence(capsys):
