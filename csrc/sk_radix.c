@@ -41,7 +41,7 @@ uint64_t sk_radix_version(const sk_radix *r) { return r->version; }
 
 void sk_radix_set_epoch(sk_radix *r, uint64_t clock) { r->clock = clock; }
 
-long rx_ns_find(const sk_radix *r, const char *name, size_t len, size_t *insert_at)
+long sk_radix_ns_find(const sk_radix *r, const char *name, size_t len, size_t *insert_at)
 {
     size_t lo = 0, hi = r->ns_count;
     while (lo < hi) {
@@ -63,7 +63,7 @@ long rx_ns_find(const sk_radix *r, const char *name, size_t len, size_t *insert_
     return -1;
 }
 
-int32_t rx_node_at(const sk_radix *r, int32_t root, const int32_t *tokens, size_t n)
+int32_t sk_radix_node_at(const sk_radix *r, int32_t root, const int32_t *tokens, size_t n)
 {
     int32_t cur = root;
     size_t i = 0;
@@ -81,16 +81,16 @@ int32_t rx_node_at(const sk_radix *r, int32_t root, const int32_t *tokens, size_
     return cur;
 }
 
-int32_t rx_find_entry(const sk_radix *r, int kind, const char *ns, size_t ns_len,
-                      const int32_t *tokens, size_t n, long *nsi)
+int32_t sk_radix_find_entry(const sk_radix *r, int kind, const char *ns, size_t ns_len,
+                            const int32_t *tokens, size_t n, long *nsi)
 {
     int32_t id;
     if (kind < 0 || kind >= RX_KINDS || n == 0)
         return -1;
-    *nsi = rx_ns_find(r, ns, ns_len, NULL);
+    *nsi = sk_radix_ns_find(r, ns, ns_len, NULL);
     if (*nsi < 0)
         return -1;
-    id = rx_node_at(r, r->ns[*nsi].root, tokens, n);
+    id = sk_radix_node_at(r, r->ns[*nsi].root, tokens, n);
     return id >= 0 && r->nodes[id].slot[kind].present ? id : -1;
 }
 
@@ -238,7 +238,7 @@ int sk_radix_insert(sk_radix *r, int kind, int if_vacant, const char *ns, size_t
         return SK_RADIX_EMPTY_KEY;
     if (kind < 0 || kind >= RX_KINDS)
         return SK_RADIX_MISS;
-    nsi = rx_ns_find(r, ns, ns_len, &insert_at);
+    nsi = sk_radix_ns_find(r, ns, ns_len, &insert_at);
     if (nsi >= 0) {
         cur = r->ns[nsi].root;
         while (i < n) {
@@ -382,7 +382,7 @@ static int rx_reserve_merge(sk_radix *r, int32_t x)
     return rx_reserve_pool(r, xn->len + cn->len);
 }
 
-int rx_remove_slot(sk_radix *r, size_t ns_index, int32_t id, int kind, uint64_t *handle)
+int sk_radix_remove_slot(sk_radix *r, size_t ns_index, int32_t id, int kind, uint64_t *handle)
 {
     rx_node *nd = &r->nodes[id];
     int other = nd->slot[1 - kind].present != 0;
@@ -441,10 +441,10 @@ int sk_radix_remove(sk_radix *r, int kind, const char *ns, size_t ns_len, const 
                     size_t n, uint64_t *handle)
 {
     long nsi;
-    int32_t id = rx_find_entry(r, kind, ns, ns_len, tokens, n, &nsi);
+    int32_t id = sk_radix_find_entry(r, kind, ns, ns_len, tokens, n, &nsi);
     if (id < 0)
         return SK_RADIX_MISS;
-    return rx_remove_slot(r, (size_t)nsi, id, kind, handle);
+    return sk_radix_remove_slot(r, (size_t)nsi, id, kind, handle);
 }
 
 int sk_radix_remove_hit(sk_radix *r, int kind, const sk_radix_hit *hit, int count_eviction,
@@ -455,7 +455,7 @@ int sk_radix_remove_hit(sk_radix *r, int kind, const sk_radix_hit *hit, int coun
         (size_t)hit->node >= r->nodes_used || r->nodes[hit->node].parent < 0 ||
         !r->nodes[hit->node].slot[kind].present)
         return SK_RADIX_MISS;
-    status = rx_remove_slot(r, hit->ns_index, hit->node, kind, handle);
+    status = sk_radix_remove_slot(r, hit->ns_index, hit->node, kind, handle);
     if (status == SK_RADIX_OK && count_eviction)
         r->evictions[kind] = rx_sat_add(r->evictions[kind], 1);
     return status;

@@ -111,18 +111,18 @@ static inline size_t rx_lcp(const int32_t *a, const int32_t *b, size_t n)
 }
 
 /* namespace index of (name, len), or -1 with *insert_at set to its sorted position */
-long rx_ns_find(const sk_radix *r, const char *name, size_t len, size_t *insert_at);
+long sk_radix_ns_find(const sk_radix *r, const char *name, size_t len, size_t *insert_at);
 
 /* next node after cur in preorder (child-key order) inside the subtree of top, or -1 */
-int32_t rx_preorder_next(const sk_radix *r, int32_t cur, int32_t top);
+int32_t sk_radix_preorder_next(const sk_radix *r, int32_t cur, int32_t top);
 
 /* node at exactly tokens[0..n) in the tree of root, or -1 */
-int32_t rx_node_at(const sk_radix *r, int32_t root, const int32_t *tokens, size_t n);
+int32_t sk_radix_node_at(const sk_radix *r, int32_t root, const int32_t *tokens, size_t n);
 /* Node holding a `kind` entry under exactly this key in namespace ns (its index in *nsi), or -1. */
-int32_t rx_find_entry(const sk_radix *r, int kind, const char *ns, size_t ns_len,
-                      const int32_t *tokens, size_t n, long *nsi);
+int32_t sk_radix_find_entry(const sk_radix *r, int kind, const char *ns, size_t ns_len,
+                            const int32_t *tokens, size_t n, long *nsi);
 
 /* removes slot kind of node id in namespace ns_index, pruning and re-merging (OK / NO_MEMORY) */
-int rx_remove_slot(sk_radix *r, size_t ns_index, int32_t id, int kind, uint64_t *handle);
+int sk_radix_remove_slot(sk_radix *r, size_t ns_index, int32_t id, int kind, uint64_t *handle);
 
 #endif

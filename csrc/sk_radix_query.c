@@ -6,7 +6,7 @@
  */
 #include "sk_radix_internal.h"
 
-int32_t rx_preorder_next(const sk_radix *r, int32_t cur, int32_t top)
+int32_t sk_radix_preorder_next(const sk_radix *r, int32_t cur, int32_t top)
 {
     if (r->nodes[cur].nchild)
         return r->nodes[cur].child[0].node;
@@ -117,7 +117,7 @@ int sk_radix_probe(sk_radix *r, int kind, int mode, const char *ns, size_t ns_le
         r->clock = rx_sat_add(r->clock, 1);
     if (kind < 0 || kind >= RX_KINDS)
         return SK_RADIX_MISS;
-    nsi = rx_ns_find(r, ns, ns_len, NULL);
+    nsi = sk_radix_ns_find(r, ns, ns_len, NULL);
     if (nsi < 0)
         return SK_RADIX_MISS;
     if (kind == SK_RADIX_RESIDENT)
@@ -142,7 +142,7 @@ int sk_radix_exact(sk_radix *r, int kind, int touch, const char *ns, size_t ns_l
     int32_t id;
     if (touch)
         r->clock = rx_sat_add(r->clock, 1);
-    id = rx_find_entry(r, kind, ns, ns_len, tokens, n, &nsi);
+    id = sk_radix_find_entry(r, kind, ns, ns_len, tokens, n, &nsi);
     if (id < 0)
         return SK_RADIX_MISS;
     if (touch)
@@ -155,7 +155,7 @@ int sk_radix_release(sk_radix *r, int kind, const char *ns, size_t ns_len,
                      const int32_t *tokens, size_t n)
 {
     long nsi;
-    int32_t id = rx_find_entry(r, kind, ns, ns_len, tokens, n, &nsi);
+    int32_t id = sk_radix_find_entry(r, kind, ns, ns_len, tokens, n, &nsi);
     rx_slot *s;
     if (id < 0)
         return SK_RADIX_MISS;
@@ -185,7 +185,7 @@ int sk_radix_lru(const sk_radix *r, int kind, sk_radix_hit *out)
                 best_ns = k;
                 best_used = s->last_used;
             }
-            cur = rx_preorder_next(r, cur, root);
+            cur = sk_radix_preorder_next(r, cur, root);
         }
     }
     if (best < 0)
@@ -203,9 +203,9 @@ int sk_radix_next(const sk_radix *r, int kind, size_t *ns_index, int32_t *node,
         return SK_RADIX_MISS;
     while (k < r->ns_count) {
         int32_t root = r->ns[k].root;
-        cur = cur < 0 ? root : rx_preorder_next(r, cur, root);
+        cur = cur < 0 ? root : sk_radix_preorder_next(r, cur, root);
         while (cur >= 0 && !r->nodes[cur].slot[kind].present)
-            cur = rx_preorder_next(r, cur, root);
+            cur = sk_radix_preorder_next(r, cur, root);
         if (cur >= 0) {
             *ns_index = k;
             *node = cur;

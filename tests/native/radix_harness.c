@@ -65,7 +65,7 @@ static uint32_t check_subtree(const sk_radix *r, int32_t top)
         if (nd->parent >= 0)
             CHECK(nd->slot[0].present || nd->slot[1].present || nd->nchild >= 2);
         total += nd->slot[SK_RADIX_RESIDENT].present ? 1u : 0u;
-        cur = rx_preorder_next(r, cur, top);
+        cur = sk_radix_preorder_next(r, cur, top);
     }
     return total;
 }
@@ -82,7 +82,7 @@ static void check_tree(const sk_radix *r)
             CHECK(c < 0 || (c == 0 && a < b));
         }
         CHECK(check_subtree(r, root) == r->nodes[root].res_below);
-        for (; cur >= 0; cur = rx_preorder_next(r, cur, root))
+        for (; cur >= 0; cur = sk_radix_preorder_next(r, cur, root))
             reachable++;
     }
     CHECK(reachable + r->free_count == r->nodes_used);

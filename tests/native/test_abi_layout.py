@@ -128,6 +128,17 @@ def test_headers_and_library_are_installed():
     assert os.path.isfile(os.path.join(skippy_scheduler.get_library_dir(), "libskippy_scheduler_core.a"))
 
 
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils' nm")
+def test_the_archive_defines_only_its_own_prefixes():
+    """docs/api.md: a host linking the static core meets no name outside skippy_ and sk_."""
+    archive = os.path.join(skippy_scheduler.get_library_dir(), "libskippy_scheduler_core.a")
+    out = subprocess.run(["nm", "-g", "--defined-only", archive], capture_output=True,
+                         text=True, check=True).stdout
+    names = [f[2] for f in (line.split() for line in out.splitlines()) if len(f) == 3]
+    assert len(names) > 50 and any(n.startswith("skippy_scheduler_plan") for n in names)
+    assert [n for n in names if not n.startswith(("skippy_", "sk_"))] == []
+
+
 def test_compiled_modules_carry_the_package_plan_abi():
     from skippy_scheduler._version import PLAN_ABI_VERSION
     from skippy_scheduler import _abi
