@@ -222,6 +222,14 @@ class SamplingParams:
                                            I32_MAX))
         put(self, "min_end_tokens", tuple(sorted({_int("min_end_tokens", t, 0, I32_MAX)
                                                   for t in self.min_end_tokens})))
+        output = self.output
+        if output is not None and output.grammar is not None and (
+                self.ignore_eos or self.min_end_position > output.prompt_length):
+            # A complete grammar allows only an end token: held off, nothing could be sampled
+            # (llama.cpp's grammar sampler then aborts the process).
+            raise ValueError("a grammar cannot be combined with ignore_eos or with a "
+                             "min_end_position past the prompt: a complete grammar must be "
+                             "able to end")
 
     # -- what a host needs to know ------------------------------------------------------------
 

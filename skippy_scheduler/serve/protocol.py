@@ -442,6 +442,7 @@ def parse_completion(body: Any, n_vocab: int, strict: bool = False) -> Generatio
                            f"{len(req.prompts) * req.n}", param="n")
     req.prompt = req.prompts[0]
     req.outputs = parse_outputs(body, "completion", req.n, req.stream)
+    _check_grammar_can_end(req)
     if req.max_tokens == 0 and not req.outputs.echo:
         raise RequestError("'max_tokens' 0 generates nothing: it scores the prompt, and "
                            "only with 'echo': true", param="max_tokens")
@@ -476,6 +477,14 @@ def _honour_foreign(req: GenerationRequest, raw: dict[str, Any], n_vocab: int) -
 # `stop_token_ids` (the host's sampler holds them off: `SamplingParams.min_end_position`), and
 # no stop string that ends within their text stops the generation (the app's StopMatcher is
 # fed their text as held). `max_tokens` below it is a 400.
+
+
+def _check_grammar_can_end(req: GenerationRequest) -> None:
+    """A grammar that is complete allows only an end token: with the end held off by
+    min_tokens, nothing could be sampled (llama.cpp's grammar sampler aborts the process)."""
+    if req.outputs.grammar is not None and req.min_tokens:
+        raise RequestError("'response_format' cannot be combined with 'min_tokens' (a complete "
+                           "JSON value must be able to end)", param="min_tokens")
 
 
 def with_min_tokens(gen: GenerationRequest, sampling: Optional[SamplingParams],
@@ -524,6 +533,7 @@ def parse_chat(body: Any, n_vocab: int, strict: bool = False) -> GenerationReque
     req.max_tokens = b if b is not None else a
     req.messages = _messages(body.get("messages"))
     req.outputs = parse_outputs(body, "chat", req.n, req.stream)
+    _check_grammar_can_end(req)
     return req
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from skippy_scheduler import Scheduler, SchedulerConfig, Sequence, TwinScheduler
 from skippy_scheduler._abi import ffi
-from skippy_scheduler.sampling import SamplingParams, step_seed
+from skippy_scheduler.sampling import OutputOptions, SamplingParams, step_seed
 
 
 def test_sampling_accepts_none_params_and_the_native_config():
@@ -73,3 +73,14 @@ def test_step_seeds_differ_by_position_and_avoid_the_clock_seed():
     seeds = {step_seed(42, p) for p in range(1000)}
     assert len(seeds) == 1000 and 0xFFFFFFFF not in seeds
     assert step_seed(42, 7) == step_seed(42, 7) != step_seed(43, 7)
+
+
+@pytest.mark.parametrize("held", [{"ignore_eos": True}, {"min_end_position": 5}])
+def test_a_grammar_that_could_not_end_is_refused(held):
+    """A complete grammar allows only an end token; held off, llama.cpp's grammar sampler
+    would abort the process."""
+    output = OutputOptions(grammar='root ::= "x"', prompt_length=4)
+    with pytest.raises(ValueError, match="must be able to end"):
+        SamplingParams(temperature=0.0, output=output, **held)
+    SamplingParams(temperature=0.0, output=output, min_end_position=4)  # the prompt only
+    SamplingParams(temperature=0.0, ignore_eos=True, output=OutputOptions(logprobs=1))

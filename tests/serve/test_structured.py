@@ -91,6 +91,25 @@ def test_a_schema_the_converter_cannot_handle_is_a_400_naming_the_part(server, f
     assert is_idle(wait_idle(server), server.host.n_seq_max)
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "a", "max_tokens": 10}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "max_tokens": 8,
+                              "temperature": 1, "seed": 3})])
+@pytest.mark.parametrize("schema", [{"const": 1}, {"enum": ["x"]}])
+def test_response_format_with_min_tokens_is_refused_and_the_server_lives(server, path, body,
+                                                                        schema):
+    """A grammar complete before min_tokens allows only the held end token: llama.cpp's grammar
+    sampler would be made to accept a token it forbids, which aborted the process."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    r = httpx.post(server.url + path, json={"model": MODEL, **body, "min_tokens": 5,
+                                            "response_format": fmt}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens", r.text
+    r = httpx.post(server.url + path, json={"model": MODEL, **body, "response_format": fmt},
+                   timeout=30)
+    assert r.status_code == 200, r.text
+    assert is_idle(wait_idle(server), server.host.n_seq_max)
+
+
 def test_response_format_with_ignore_eos_is_refused(server):
     body = {"model": MODEL, "prompt": "x", "ignore_eos": True,
             "response_format": {"type": "json_object"}}
