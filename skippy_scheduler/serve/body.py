@@ -13,7 +13,7 @@ within the same `body_timeout_s` (a 408 is closed at once). A client that leaves
 raises `ClientGone`: no answer, no error count.
 
 Decoding (`decode_json`, on a worker thread: a few megabytes of JSON take tens of milliseconds):
-the body must be UTF-8 (RFC 8259); a string or a field name holding a lone surrogate (the escape
+the body must be UTF-8 and JSON as RFC 8259 writes it (`NaN` and `Infinity` are 400s); a string or a field name holding a lone surrogate (the escape
 `"\\ud800"`, which Python's decoder accepts and no encoder can write back) is a 400 naming where
 it is, and so is nesting deeper than `MAX_DEPTH` anywhere in the body, ignored fields included.
 Both checks walk the decoded tree only when a cheap scan of the raw bytes says they could fail.
@@ -104,6 +104,12 @@ async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes
     return b"".join(chunks)
 
 
+def _not_json(name: str) -> Any:
+    """Python's decoder reads NaN and ±Infinity, which JSON (RFC 8259) has no words for: a
+    constraint or a number built from one would not survive being written back as JSON."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def decode_json(raw: bytes) -> Any:
     """`raw` as JSON (a 400 for anything that is not, or that later steps could not use)."""
     try:
@@ -112,7 +118,7 @@ def decode_json(raw: bytes) -> Any:
         raise RequestError(f"the request body is not valid UTF-8 ({exc.reason} at byte "
                            f"{exc.start})") from None
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_not_json)
     except RecursionError:
         raise _deep(_deep_path(text)) from None
     except ValueError as exc:  # JSONDecodeError, and integers longer than Python converts
