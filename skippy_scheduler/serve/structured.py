@@ -6,7 +6,9 @@ grammar (an object at the top, as OpenAI's JSON mode promises). `{"type": "json_
 converter llama-cpp-python ships (`llama_cpp.llama_grammar.json_schema_to_gbnf`, a translation
 of llama.cpp's own `json_schema_to_grammar`). A schema the converter cannot handle is a 400
 naming the deepest part of it that fails on its own (`response_format.json_schema.schema.
-properties.when`, say), with the converter's complaint; remote `$ref`s are not fetched.
+properties.when`, say), with the converter's complaint; remote `$ref`s are not fetched. A
+count (minLength, maxLength, minItems, maxItems, a pattern's `{m,n}`) above `MAX_COUNT` is a
+400 before anything is converted.
 
 The grammar is checked once more by the host's grammar sampler before the request is queued
 (a `GrammarCheckingHost`'s `check_grammar`, such as `LlamaHost`'s), so nothing the sampler cannot
@@ -16,6 +18,7 @@ parse reaches a sampler chain; a host without the check judges the request in it
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Iterator, Optional
 
 from .errors import RequestError
@@ -78,13 +81,25 @@ UNENFORCED = frozenset({
     "unevaluatedItems"})
 
 
+# The most copies a count in a schema may ask for (minLength, maxLength, minItems, maxItems,
+# a pattern's {m,n}). The converter writes one grammar element per copy, so a count of 10^9 in
+# a 100-byte request took gigabytes; llama.cpp's grammar parser refuses a rule repeated 2 000
+# times or more, and a maxLength of 30 000 (as many nested groups) overflowed its stack.
+MAX_COUNT = 1000
+_COUNTS = ("minLength", "maxLength", "minItems", "maxItems")
+_QUANTIFIER = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+
+
 def convert(schema: dict[str, Any]) -> str:
     """`schema` as GBNF, or a 400 naming the part the converter fails on or would not
     enforce."""
     _check_enforced(schema, ())
-    failure = _failure(schema)
-    if failure is None:
+    try:
         return _convert(schema)
+    except RecursionError:
+        failure = "it nests too deeply"
+    except Exception as exc:  # the converter asserts, raises KeyError, ValueError, TypeError...
+        failure = _complaint(exc)
     path, message = _deepest(schema, (), failure)
     where = _where(path)
     raise RequestError(f"'{where}' cannot be turned into a grammar: {message}", param=where)
@@ -95,12 +110,29 @@ def _where(path: tuple[Any, ...]) -> str:
 
 
 def _check_enforced(schema: Any, path: tuple[Any, ...]) -> None:
+    """A 400 for the first keyword the grammar would not enforce, or a count past
+    `MAX_COUNT`."""
     if not isinstance(schema, dict):
         return
     for key in sorted(UNENFORCED & set(schema)):
         where = _where(path + (key,))
         raise RequestError(f"'{where}': the grammar cannot enforce '{key}', so an output could "
                            "break it; leave it out of the schema", param=where)
+    for key in _COUNTS:
+        count = schema.get(key)
+        if isinstance(count, (int, float)) and not isinstance(count, bool) \
+                and count > MAX_COUNT:
+            where = _where(path + (key,))
+            raise RequestError(f"'{where}' may be at most {MAX_COUNT} for a grammar, got "
+                               f"{count}", param=where)
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str):
+        for m in _QUANTIFIER.finditer(pattern):
+            count = max(int(n) for n in m.groups() if n)
+            if count > MAX_COUNT:
+                where = _where(path + ("pattern",))
+                raise RequestError(f"'{where}' repeats {m.group()}: a grammar takes at most "
+                                   f"{MAX_COUNT} repetitions", param=where)
     for sub_path, sub in _children(schema):
         _check_enforced(sub, path + sub_path)
 
@@ -112,6 +144,11 @@ def _convert(schema: dict[str, Any]) -> str:
     return grammar
 
 
+def _complaint(exc: Exception) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
 def _failure(schema: Any) -> Optional[str]:
     """The converter's complaint about `schema` taken alone, or None when it converts."""
     try:
@@ -119,8 +156,7 @@ def _failure(schema: Any) -> Optional[str]:
     except RecursionError:
         return "it nests too deeply"
     except Exception as exc:  # the converter asserts, raises KeyError, ValueError, TypeError...
-        text = str(exc) or type(exc).__name__
-        return text if len(text) <= 200 else text[:200] + "..."
+        return _complaint(exc)
     return None
 
 

@@ -19,6 +19,7 @@ from skippy_scheduler.cost_model import LAB_COST  # noqa: E402
 from skippy_scheduler.engine import Engine, Request, TokenEvent, VirtualClock  # noqa: E402
 from skippy_scheduler.hosts.llama import LlamaHost  # noqa: E402
 from skippy_scheduler.hosts.tiny_model import write_tiny_llama  # noqa: E402
+from skippy_scheduler.hosts.llama.samplers import MAX_GRAMMAR_DEPTH, grammar_depth  # noqa: E402
 from skippy_scheduler.sampling import OutputOptions, SamplingParams  # noqa: E402
 
 N_SEQ = 6
@@ -156,3 +157,12 @@ def test_a_grammar_llama_cpp_cannot_parse_fails_the_plan_before_any_state_change
     with pytest.raises(ValueError, match="grammar"):
         engine.run()
     assert host.active_sequences == [] and host.host_state().samplers == 0
+
+
+def test_a_grammar_nested_past_the_limit_is_refused_before_llama_cpp_reads_it(host):
+    """llama.cpp parses groups by recursion: 30 000 inside one another overflowed the stack."""
+    deep = "root ::= " + "(" * 30000 + '"a"' + ")" * 30000
+    with pytest.raises(ValueError, match="nests 30000 groups"):
+        host.check_grammar(deep)
+    assert grammar_depth('root ::= ("(" [()] x)  # ((( ') == 1  # strings, classes, comments
+    host.check_grammar("root ::= " + "(" * MAX_GRAMMAR_DEPTH + '"a"' + ")" * MAX_GRAMMAR_DEPTH)

@@ -110,6 +110,34 @@ def test_response_format_with_min_tokens_is_refused_and_the_server_lives(server,
     assert is_idle(wait_idle(server), server.host.n_seq_max)
 
 
+def _schema(schema):
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+@pytest.mark.parametrize("schema, param", [
+    # One nested group a character to llama.cpp's parser: 30 000 overflowed its stack and
+    # killed the server; 10^9 took the converter to gigabytes.
+    ({"type": "string", "maxLength": 30000}, "maxLength"),
+    ({"type": "string", "minLength": 1e9}, "minLength"),
+    ({"type": "object", "properties": {"v": {"type": "array", "minItems": 1001,
+                                             "items": {"type": "integer"}}}},
+     "properties.v.minItems"),
+    ({"type": "string", "pattern": "^a{0,5000}$"}, "pattern"),
+    ({"$defs": {"d": {"type": "string", "pattern": "^(ab){2000}$"}}, "$ref": "#/$defs/d"},
+     "$defs.d.pattern")])
+def test_a_count_past_the_grammars_limit_is_a_400_and_the_server_lives(server, schema, param):
+    body = {"model": MODEL, "prompt": "a", "max_tokens": 3, "response_format": _schema(schema)}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "response_format.json_schema.schema." + param, err
+    assert "at most 1000" in err["message"], err
+    body["response_format"] = _schema({"type": "string", "maxLength": 1000})  # the limit
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    assert is_idle(wait_idle(server), server.host.n_seq_max)
+
+
 def test_response_format_with_ignore_eos_is_refused(server):
     body = {"model": MODEL, "prompt": "x", "ignore_eos": True,
             "response_format": {"type": "json_object"}}

@@ -15,6 +15,7 @@ Log-probabilities (`logprobs.py`) are read from the raw logits, whatever the cha
 """
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -98,13 +99,13 @@ class SamplerChain:
                 p.presence_penalty))
         grammar = p.output.grammar if p.output is not None else None
         if grammar is not None:
-            stage = _ll.llama_sampler_init_grammar(self._vocab, grammar.encode("utf-8"),
-                                                   b"root")
-            if not stage:
+            try:
+                stage = init_grammar(self._vocab, grammar)
+            except ValueError:
                 for made in stages:
                     _ll.llama_sampler_free(made)
                 self.free()
-                raise ValueError("llama.cpp could not parse the grammar")
+                raise
             self._grammar_stage = len(stages)
             stages.append(stage)
         if p.greedy:
@@ -193,6 +194,41 @@ class SamplerChain:
         return token
 
 
+# llama.cpp parses a grammar's groups by recursion on the calling thread's stack: tens of
+# thousands of groups inside one another (a JSON schema's maxLength of 30 000 is one group per
+# character) overflowed it and killed the process. Its own limit on repetitions (2 000 copies
+# of a rule) refuses anything near this depth that a JSON schema's counts produce.
+MAX_GRAMMAR_DEPTH = 4096
+# A string, a character class or a comment (each skipped whole), or a bracket.
+_GBNF_GROUPS = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|#[^\n]*|[()]')
+
+
+def grammar_depth(grammar: str) -> int:
+    """The most groups `(...)` of a GBNF grammar open inside one another."""
+    depth = deepest = 0
+    for m in _GBNF_GROUPS.finditer(grammar):
+        c = m.group()
+        if c == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c == ")":
+            depth -= 1
+    return deepest
+
+
+def init_grammar(vocab: Any, grammar: str) -> Any:
+    """llama.cpp's grammar sampler for `grammar` (root rule `root`), or ValueError: a grammar
+    nested past `MAX_GRAMMAR_DEPTH` is refused before llama.cpp reads it."""
+    depth = grammar_depth(grammar)
+    if depth > MAX_GRAMMAR_DEPTH:
+        raise ValueError(f"the grammar nests {depth} groups inside one another, more than "
+                         f"{MAX_GRAMMAR_DEPTH}")
+    stage = _ll.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
+    if not stage:
+        raise ValueError("llama.cpp could not parse the grammar")
+    return stage
+
+
 def held_tokens(params: SamplingParams, eog_ids: IntArray) -> IntArray | None:
     """The tokens `min_end_position` holds off (end-of-generation and `min_end_tokens`), or
     None when nothing is held."""
@@ -272,10 +308,7 @@ class Samplers:
 
     def check_grammar(self, grammar: str) -> None:
         """ValueError unless llama.cpp's grammar sampler parses `grammar` (root rule `root`)."""
-        stage = _ll.llama_sampler_init_grammar(self._vocab, grammar.encode("utf-8"), b"root")
-        if not stage:
-            raise ValueError("llama.cpp could not parse the grammar")
-        _ll.llama_sampler_free(stage)
+        _ll.llama_sampler_free(init_grammar(self._vocab, grammar))
 
     def start(self, lane: int, params: SamplingParams | None,
               ) -> SamplerChain | DeviceChain | None:
