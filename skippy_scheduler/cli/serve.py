@@ -208,7 +208,16 @@ def _access_settings(args: Any) -> dict[str, Any]:
 
     from ..serve.access import API_KEY_ENV
 
-    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    key = args.api_key
+    if key is None and API_KEY_ENV in os.environ:
+        # Set and empty is most often a secret that did not arrive: refused, not an open
+        # server (unset it to require no key).
+        value = os.environ[API_KEY_ENV]
+        if not value.strip() or value != value.strip():
+            what = "empty" if not value.strip() else "set with spaces around the key"
+            raise CommandError(f"{API_KEY_ENV} is {what}: give a key without spaces around "
+                               "it, or unset it to require no key")
+        key = value
     names = args.served_model_name or ()
     return dict(model_name=names[0] if names else None, model_aliases=tuple(names[1:]),
                 api_key=key, open_paths=args.open_paths, allowed_origins=args.allowed_origins)

@@ -34,6 +34,19 @@ def test_user_errors_are_one_line_and_exit_2(argv, message, capsys):
     assert message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("value, message", [
+    ("", "SKIPPY_API_KEY is empty"), ("  ", "SKIPPY_API_KEY is empty"),
+    ("k ", "SKIPPY_API_KEY is set with spaces around the key")])
+def test_an_empty_or_padded_key_from_the_environment_is_refused(monkeypatch, capsys, value,
+                                                               message):
+    """Set and empty is most often a secret that did not arrive: it started an open server; a
+    padded key could never match (HTTP trims header values)."""
+    monkeypatch.setenv("SKIPPY_API_KEY", value)
+    assert cli.main(["serve", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
 def test_a_stages_directory_without_stage_files_is_one_line(tmp_path, capsys):
     (tmp_path / "stage-0.gguf").write_bytes(b"")
     (tmp_path / "stage-2.gguf").write_bytes(b"")  # stage 1 missing
