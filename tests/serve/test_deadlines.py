@@ -27,6 +27,10 @@ def test_deadlines_are_accepted_and_leave_tokens_unchanged(server, client, refer
     ({"ttft_ms": 0}, "skippy.ttft_ms"), ({"itl_ms": -3}, "skippy.itl_ms"),
     ({"itl_ms": "fast"}, "skippy.itl_ms"), ({"ttft_ms": True}, "skippy.ttft_ms"),
     ({"deadline": 1}, "skippy.deadline"), ([1, 2], "skippy"),
+    # A float's edges passed here and failed in the engine (its µs, past the planning share),
+    # after the request was taken, with a message naming no field.
+    ({"itl_ms": 1e308}, "skippy.itl_ms"), ({"ttft_ms": 1e308}, "skippy.ttft_ms"),
+    ({"ttft_ms": 5e-324}, "skippy.ttft_ms"), ({"itl_ms": 1e-4}, "skippy.itl_ms"),
 ])
 def test_bad_deadlines_are_a_400_naming_the_field(server, client, ext, field):
     for call in (lambda: client.completions.create(model="tiny-f32", prompt="hi", max_tokens=2,
