@@ -127,6 +127,9 @@ class _VllmCollector:
 
 def install(app: FastAPI, ctx: "ServeContext") -> None:
     """Add the routes and metrics above to the server's `app` (whose context is `ctx`)."""
+    from .access import served_model
+    from .app import _check_fit
+
     ctx.metrics.registry.register(_VllmCollector(ctx))
     _body = _reader(ctx)
 
@@ -154,14 +157,19 @@ def install(app: FastAPI, ctx: "ServeContext") -> None:
     async def render_completion(request: Request) -> Response:
         gen = one_choice(parse_completion(await _body(request), ctx.n_vocab,
                                           ctx.strict_request_fields))
+        gen.model = served_model(ctx.model_names, gen.model)  # as the generation routes
         prompts = [await asyncio.to_thread(completion_tokens, p) for p in gen.prompts]
+        for tokens in prompts:
+            _check_fit(ctx, gen, len(tokens), "prompt")
         return _json([generate_request(gen, tokens, "cmpl") for tokens in prompts])
 
     @app.post("/v1/chat/completions/render")
     async def render_chat(request: Request) -> Response:
         gen = one_choice(parse_chat(await _body(request), ctx.n_vocab,
                                     ctx.strict_request_fields))
+        gen.model = served_model(ctx.model_names, gen.model)
         tokens = await asyncio.to_thread(chat_tokens, gen)
+        _check_fit(ctx, gen, len(tokens), "messages")
         return _json(generate_request(gen, tokens, "chatcmpl"))
 
     def flag(body: dict[str, Any], name: str, default: bool) -> bool:

@@ -37,6 +37,17 @@ def test_render_answers_the_token_ids_the_prompt_runs_with(replica):
     r = httpx.post(server.url + "/v1/completions/render", json={"prompt": "x", "n": 3},
                    timeout=10)
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+    # So are a model it does not serve and a request that could never fit a lane.
+    r = httpx.post(server.url + "/v1/completions/render", timeout=10,
+                   json={"model": "nope", "prompt": [1, 2, 3], "max_tokens": 3})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+    lane = server.context.n_ctx_seq
+    r = httpx.post(server.url + "/v1/completions/render", timeout=10,
+                   json={"prompt": [1, 2, 3], "max_tokens": lane})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+    r = httpx.post(server.url + "/v1/chat/completions/render", timeout=10,
+                   json={"messages": [{"role": "user", "content": "word " * lane}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
 
 
 def test_tokenize_and_detokenize_round_trip(replica):
