@@ -72,9 +72,7 @@ def run_priority_command(args: argparse.Namespace, modes: Optional[list[str]],
         runs = run_priority_scenario(scenario, RULES, options, cost, backend=backend,
                                      on_run=emit)
     except Interrupted as stop:
-        if not finished:
-            raise
-        with saving():
+        with saving():  # with nothing finished too: a script waiting for the file gets one
             _write(args.json, interrupted(document(finished), stop))
         raise stop.keeping(f"{len(finished)} of {len(RULES)} rules printed"
                            + (f", wrote --json {args.json}" if args.json else "")) from None

@@ -225,9 +225,7 @@ def run_suite_command(args: argparse.Namespace, modes: Optional[list[str]],
     except LabStalled as exc:
         raise _stalled(exc, options) from None
     except Interrupted as stop:
-        if not finished:
-            raise
-        with saving():
+        with saving():  # with nothing finished too: a script waiting for the file gets one
             kept = _save(args, interrupted(document(finished), stop), finished, plot_suite,
                          ids=workload.request_id, title=title)
         raise stop.keeping(f"{len(finished)} of {len(policies) * len(modes)} runs printed"
@@ -350,9 +348,7 @@ def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
     except LabStalled as exc:
         raise _stalled(exc, options) from None
     except Interrupted as stop:
-        if not finished:
-            raise
-        with saving():
+        with saving():  # with nothing finished too: a script waiting for the file gets one
             kept = _save(args, interrupted(trace_document(info, finished), stop), finished,
                          plot_trace, ids=_trace_id, title=title)
         raise stop.keeping(f"{len(finished)} of {len(policies)} policies printed" + kept) \

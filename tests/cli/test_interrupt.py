@@ -133,6 +133,28 @@ def test_scenarios_keep_the_ones_that_finished(tmp_path, capsys, monkeypatch, si
     assert out.splitlines()[1].startswith("cold-burst-n1\t")
 
 
+def test_a_suite_stopped_before_any_run_finished_still_writes_its_json(tmp_path, capsys,
+                                                                      monkeypatch):
+    """A script waiting for --json gets the file, marked interrupted, with no runs."""
+    from skippy_scheduler.cli import lab_runs
+
+    real = lab_runs.run_suite
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lab_runs, "run_suite", signalled)
+    out_json = tmp_path / "suite.json"
+    status = main(["lab", "--suite", "--requests", "50", "--json", str(out_json)])
+    _, err = capsys.readouterr()
+    assert status == 128 + signal.SIGTERM, err
+    assert _one_line(err, signal.SIGTERM).endswith(f"0 of 8 runs printed, wrote --json "
+                                                   f"{out_json}")
+    doc = json.loads(out_json.read_text())
+    assert doc["interrupted"] == "SIGTERM" and doc["runs"] == []
+
+
 def test_a_whole_run_writes_no_interrupted_key(tmp_path, capsys):
     out_json = tmp_path / "lab.json"
     assert main(["lab", "--bench-reps", "0", "--scenario", "cold-burst-n1", "--json",
