@@ -35,8 +35,9 @@ def register(subparsers: Any) -> None:
                     "scheduler on a llama.cpp model.")
     add_model_options(p, stages=True, backend_sampling=True, stage_ahead=True)
     add_flag(p, "served-model-name", type=_names, default_text="the model file's name",
-             note="several names separated by commas: the first is the one reported, a "
-                  "request may give any (another is a 404)")
+             note="several names separated by commas, all listed by /v1/models: the first "
+                  "names the model where one name is needed (/metrics, /props, the answer to "
+                  "a request without 'model'); a request may give any (another is a 404)")
     p.add_argument("--host", default=d.host, help=f"address to listen on (default: {d.host})")
     p.add_argument("--port", type=_port, default=d.port, help=f"port (default: {d.port})")
     add_flag(p, "max-active", type=positive_int, default=d.max_active)
@@ -45,10 +46,11 @@ def register(subparsers: Any) -> None:
                         f"(default: {d.max_waiting})")
     add_flag(p, "ctx-size", type=positive_int, default=d.ctx_size,
              default_text="the model's training context (at least 256 tokens a lane), capped "
-                          "by what fits the devices",
+                          "by what fits the devices; 4096 with --stages or --stage-addresses",
              note="a request's prompt plus max_tokens must fit its lane; a lane needs 256")
     add_flag(p, "batch-tokens", type=positive_int, default=d.batch_size,
-             default_text="512 on the CPU, 2048 with layers on a GPU (llama-server's)",
+             default_text="512 on the CPU, 2048 with layers on a GPU (llama-server's); 512 "
+                          "with --stages or --stage-addresses",
              note="it follows the device where the layers go")
     add_flag(p, "prefill-chunk", type=positive_int, default=d.prefill_chunk)
     add_flag(p, "mixed", default=d.mixed)
@@ -97,7 +99,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--kv-events-endpoint", metavar="ADDR",
                    help="publish the prefix store's blocks as vLLM-format KV cache events on "
                         "a ZeroMQ PUB socket bound here, e.g. tcp://127.0.0.1:5557; needs "
-                        "--prefix-cache-tokens (docs/fleet.md)")
+                        "prefix reuse (on unless --prefix-cache-tokens 0; docs/fleet.md)")
     p.add_argument("--kv-events-replay-endpoint", metavar="ADDR",
                    help="ZeroMQ ROUTER address answering KV event replay requests")
     p.add_argument("--kv-block-size", type=positive_int, default=d.kv_block_size, metavar="N",

@@ -49,8 +49,9 @@ _FLAGS = (
     Flag("model", ("-m", "--model"), "GGUF model file", "PATH"),
     Flag("threads", ("-t", "--threads"), "llama.cpp compute threads", "N"),
     Flag("ctx-size", ("-c", "--ctx-size"),
-         "KV cells in total, split evenly between the sequences running at once (llama.cpp "
-         "rounds each one's share up to a multiple of 256 cells)", "N"),
+         "KV cells in total, split evenly between the sequences running at once (each "
+         "lane holds ctx-size / max-active tokens; llama.cpp allocates its cells in "
+         "multiples of 256)", "N"),
     Flag("max-active", ("-np", "--max-active"),
          "sequences running at once (on a model, one llama.cpp sequence each)", "N"),
     Flag("max-tokens", ("-n", "--max-tokens"), "tokens generated per request at most", "N"),
