@@ -7,6 +7,8 @@
  * skippy_iteration_batch_sampled: it receives the plan's request rows as they are (no copy or
  * translation) and writes compact sampled outputs (work index, token) into the plan's output
  * block. Its "model" predicts last_token + 1, and the end-of-sequence token (-1) after 5000.
+ * A failed runtime call aborts its plan, and the runtime's error is freed with the runtime's
+ * skippy_error_free (defined here for the stand-in), not with skippy_scheduler_error_free.
  *
  * Build against an installed package:
  *   cc examples/c_host/host.c -I"$(python -c 'import skippy_scheduler as s; print(s.get_include())')" \
@@ -45,6 +47,16 @@ static skippy_status fake_runtime(const skippy_iteration_request *requests, size
     return SKIPPY_STATUS_OK;
 }
 
+/* The stand-in runtime's skippy_error_free (declared in skippy_abi.h; a real runtime defines
+ * it). An error the runtime returns is freed with this, never with skippy_scheduler_error_free. */
+void skippy_error_free(skippy_error *error)
+{
+    if (!error) return;
+    free((void *)error->message);
+    free(error);
+}
+
+/* Checks a scheduler call: its error is the scheduler's, freed with skippy_scheduler_error_free. */
 static int check(skippy_status st, skippy_error *err, const char *what)
 {
     if (st == SKIPPY_STATUS_OK) return 0;
@@ -53,19 +65,11 @@ static int check(skippy_status st, skippy_error *err, const char *what)
     return 1;
 }
 
-int main(void)
+/* Submits three sequences and runs plan -> runtime -> complete until all of them have ended;
+ * 0 on success. */
+static int drive(skippy_scheduler *s, skippy_iteration_batch_sampled_fn runtime)
 {
-    skippy_iteration_batch_sampled_fn runtime = fake_runtime;
-    skippy_scheduler_config cfg;
-    skippy_scheduler_config_default(&cfg);
-    cfg.max_tokens_per_iteration = 8;
-    cfg.prefill_chunk_tokens = 4;
-    cfg.mixed_prefill_decode = true;
-
-    skippy_scheduler *s = NULL;
     skippy_error *err = NULL;
-    if (check(skippy_scheduler_create(&cfg, &s, &err), err, "create")) return 1;
-
     static const int32_t p0[] = {10, 11, 12, 13, 14, 15};
     static const int32_t p1[] = {100, 101};
     static const int32_t p2[] = {4995, 4996, 4997, 4998, 4999};
@@ -84,10 +88,20 @@ int main(void)
         if (check(skippy_scheduler_plan(s, &plan, &err), err, "plan")) return 1;
         skippy_plan_outputs *o = &plan->outputs;
         if (plan->request_count > 0) {
+            skippy_error *runtime_err = NULL;
             skippy_status st = runtime(plan->requests, plan->request_count, NULL, NULL, NULL, NULL,
                                        o->sampled_request_indexes, o->predicted_tokens,
-                                       o->capacity, &o->count, &err);
-            if (check(st, err, "runtime")) return 1;
+                                       o->capacity, &o->count, &runtime_err);
+            if (st != SKIPPY_STATUS_OK) {
+                /* The runtime's error goes to the runtime's skippy_error_free. The scheduler
+                 * advanced the plan's sequences when it made the plan: abort it, so that they
+                 * return to where they were. */
+                fprintf(stderr, "runtime failed: %s\n",
+                        runtime_err && runtime_err->message ? runtime_err->message : "?");
+                skippy_error_free(runtime_err);
+                check(skippy_scheduler_abort(s, plan->serial, &err), err, "abort");
+                return 1;
+            }
         }
         skippy_iteration_telemetry t;
         if (check(skippy_scheduler_complete(s, plan->serial, &t, &err), err, "complete")) return 1;
@@ -110,6 +124,21 @@ int main(void)
     printf("iterations %llu finished %llu prefill %llu decode %llu\n",
            (unsigned long long)m->iterations, (unsigned long long)m->finished,
            (unsigned long long)m->prefill_tokens, (unsigned long long)m->decode_tokens);
-    skippy_scheduler_free(s);
     return done == 3 ? 0 : 1;
+}
+
+int main(void)
+{
+    skippy_scheduler_config cfg;
+    skippy_scheduler_config_default(&cfg);
+    cfg.max_tokens_per_iteration = 8;
+    cfg.prefill_chunk_tokens = 4;
+    cfg.mixed_prefill_decode = true;
+
+    skippy_scheduler *s = NULL;
+    skippy_error *err = NULL;
+    if (check(skippy_scheduler_create(&cfg, &s, &err), err, "create")) return 1;
+    int rc = drive(s, fake_runtime);
+    skippy_scheduler_free(s);
+    return rc;
 }
