@@ -12,7 +12,9 @@ in each of these shapes, each in a fresh context:
 - `with 1`, `with 2`, `with 3`: the prompt in one batch with 1-3 other sequences' prompts,
   then each step beside their steps (2-4 tokens a batch, one per sequence);
 - `padded`: as `alone`, but each step's batch also holds a second token of the same sequence
-  (the next position, no logits, removed after the step).
+  (the next position, no logits, removed after the step);
+- `filler`: as `alone`, but each step's batch also holds one token of an empty sequence
+  (position 0, no logits, removed after the step).
 
 It prints, for each shape against `with 1`, the largest absolute difference of the prompt's
 last logits and of each step's logits (0 when bit-identical). Greedy tokens differ only where
@@ -111,14 +113,18 @@ def main(argv: list[str] | None = None) -> int:
                 rows += [(token + 1 + j, len(others[j]) + k, 1 + j, False) for j in range(n_with)]
                 if shape == "padded":
                     rows.append((token, pos + 1, 0, False))
+                elif shape == "filler":
+                    rows.append((token, 0, 1, False))
                 out.append(decode(ctx, rows)[(0, pos)])
                 if shape == "padded":
                     ll.llama_memory_seq_rm(mem, 0, pos + 1, -1)
+                elif shape == "filler":
+                    ll.llama_memory_seq_rm(mem, 1, -1, -1)
             return out
         finally:
             ll.llama_free(ctx)
 
-    shapes = ("alone", "chunked", "with 1", "with 2", "with 3", "padded")
+    shapes = ("alone", "chunked", "with 1", "with 2", "with 3", "padded", "filler")
     logits = {shape: run(shape) for shape in shapes}
     ref = logits["with 1"]
     figures: dict[str, Any] = {"model": args.model, "kv_type": args.kv_type,

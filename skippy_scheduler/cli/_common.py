@@ -344,8 +344,8 @@ def add_model_options(p: argparse.ArgumentParser, *, threads: int | None = DEFAU
     else:
         add_flag(p, "threads", type=positive_int, default=threads, note=threads_note)
     p.add_argument("--kv-type", choices=("f32", "f16"), default=None,
-                   help="KV cache type; with f32 a sequence's logits do not depend on its "
-                        "batch but for a one-token step's last bits (docs/hosts.md) (default: "
+                   help="KV cache type (docs/hosts.md, 'When the tokens are the same') "
+                        "(default: "
                         "f32 on the CPU, f16 with layers on a GPU)")
     p.add_argument("-fa", "--flash-attn", nargs="?", const="on", choices=("on", "off", "auto"),
                    default=None,

@@ -120,8 +120,10 @@ class Reference:
 
         from skippy_scheduler.hosts.llama import LlamaHost
 
+        # The stage workers decode a plan's rows as they are: the reference does too (no solo
+        # filler beside a one-token step, docs/hosts.md "When the tokens are the same").
         self.host = LlamaHost(model, n_ctx=2048, n_seq_max=4, n_batch=256, n_threads=1,
-                              kv_unified=True)
+                              kv_unified=True, solo_fill=False)
         self.ll = ll
 
     def run(self, rows):

@@ -271,6 +271,10 @@ class DeviceChains:
             self._drawing.discard(lane)
         return chain
 
+    def attached(self, lane: int) -> bool:
+        """Whether a chain is attached to the lane (an output row on it is sampled there)."""
+        return lane in self._attached
+
     def stop(self, lane: int) -> None:
         """The lane's sequence is gone; its chain stays attached for the next one."""
         self._active.pop(lane, None)

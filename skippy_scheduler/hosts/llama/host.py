@@ -117,6 +117,7 @@ class LlamaHost:
         prefix_holders: int = 16,
         prefix_replace_share: float | None = DEFAULT_REPLACE_SHARE,
         gap_fill_max: int = DEFAULT_GAP_FILL,
+        solo_fill: bool | None = None,
         placement: Placement | None = None,
         backend_sampling: bool | str | None = "auto",
         stage_ahead: bool | str | None = None,
@@ -130,6 +131,15 @@ class LlamaHost:
             holders = check_int("prefix_holders", prefix_holders, 1, 256 - n_seq_max)
         replace_share = check_replace_share(prefix_replace_share)  # (holders.py)
         gap_fill_max = check_int("gap_fill_max", gap_fill_max, 0, 256)
+        if solo_fill is not None and not isinstance(solo_fill, bool):
+            raise TypeError(f"solo_fill must be True, False or None, got {solo_fill!r}")
+        # A filler beside a one-token step gives it the bits of any batch on llama.cpp's CPU
+        # kernels (an RPC server's included); a GPU's kernels differ by batch size anyway, so
+        # None leaves it off where layers are on a GPU (docs/hosts.md, "When the tokens are
+        # the same").
+        if solo_fill is None:
+            solo_fill = not (placement is not None and placement.on_gpu
+                             and not placement.over_rpc)
         # With reuse and kv_unified left unset, every lane and holder has a KV stream of its own
         # (n_ctx is split evenly over them) and prefixes move by whole-stream copies; with
         # kv_unified=True they share cells of one cache (holders.py).
@@ -201,6 +211,7 @@ class LlamaHost:
             else [],
             "prefix_cache_tokens": prefix_cache_tokens, "prefix_holders": holders,
             "prefix_replace_share": replace_share, "gap_fill_max": gap_fill_max,
+            "solo_fill": solo_fill,
         }
         on_device = resolve_backend_sampling(
             sampling_mode, placement is not None and placement.on_gpu,
@@ -240,7 +251,7 @@ class LlamaHost:
         self._rows = rows = RowRunner(ctx, self._decoder, lanes, samplers, self._forks,
                                       self.holders, n_batch=self.n_batch,
                                       n_ctx_seq=self.n_ctx_seq, stage_by_lane=not unified,
-                                      gap_fill_max=gap_fill_max)
+                                      gap_fill_max=gap_fill_max, solo_fill=solo_fill)
         self._direct = DirectRows(rows, lanes, samplers, tok.eog, n_batch=self.n_batch,
                                   n_vocab=tok.n_vocab)
 
@@ -639,6 +650,22 @@ class LlamaHost:
     def gap_fill_rows(self) -> int:
         """Filler entries decoded (rows.py `RowRunner._gap_fill`)."""
         return self._rows.gap_fill_rows
+
+    @property
+    def solo_fill_rows(self) -> int:
+        """Filler entries decoded beside a batch of one token (rows.py
+        `RowRunner._solo_fill`)."""
+        return self._rows.solo_fill_rows
+
+    @property
+    def solo_fill(self) -> bool:
+        """Whether a batch of one token gets a filler row on another lane, so that its logits
+        are the bits it gets in any batch on llama.cpp's CPU backend; settable."""
+        return self._rows.solo_fill
+
+    @solo_fill.setter
+    def solo_fill(self, value: bool) -> None:
+        self._rows.solo_fill = value
 
     @property
     def gap_fill_max(self) -> int:

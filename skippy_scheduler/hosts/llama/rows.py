@@ -37,14 +37,15 @@ class RowRunner:
     """Runs rows on the host's context and parts; counts what it decodes.
 
     `gap_fill_max`: filler rows close gaps of at most this many lanes in a batch's run of
-    decoding lanes (0: off; `_gap_fill`). `decoded_tokens`: batch entries decoded (a fork's
-    copied rows not included); `gap_fill_rows`: filler entries decoded (not in
-    `decoded_tokens`).
+    decoding lanes (0: off; `_gap_fill`). `solo_fill`: a batch of one token gets a filler row
+    on another lane (`_solo_fill`). `decoded_tokens`: batch entries decoded (a fork's copied
+    rows not included); `gap_fill_rows` and `solo_fill_rows`: filler entries decoded by each
+    (not in `decoded_tokens`).
     """
 
     def __init__(self, ctx: Any, decoder: Decoder, lanes: Lanes, samplers: Samplers,
                  forks: Forks, holders: PrefixHolders | None, *, n_batch: int, n_ctx_seq: int,
-                 stage_by_lane: bool, gap_fill_max: int) -> None:
+                 stage_by_lane: bool, gap_fill_max: int, solo_fill: bool = True) -> None:
         self._ctx = ctx
         self._decoder = decoder
         self._lanes = lanes
@@ -55,7 +56,9 @@ class RowRunner:
         self._n_ctx_seq = n_ctx_seq
         self._stage_by_lane = stage_by_lane  # a KV stream per sequence: stage in lane order
         self.gap_fill_max = gap_fill_max
+        self.solo_fill = solo_fill
         self.gap_fill_rows = 0
+        self.solo_fill_rows = 0
         self.decoded_tokens = 0
 
     def run(self, ids: list[str], starts: list[int], starting: dict[str, Start],
@@ -113,10 +116,8 @@ class RowRunner:
         starts, and the same filler rows (a freed lane changes them)."""
         if self._continued_lanes(step.ids, step.starts) != step.row_lanes.tolist():
             return False
-        if not self._stage_by_lane:
-            return True
-        fill = self._gap_fill(step.row_lanes, step.lens, step.row_lanes,
-                              self._n_batch - int(step.offsets[-1]))
+        fill = self._fillers(step.row_lanes, step.lens, step.row_lanes,
+                             self._n_batch - int(step.offsets[-1]))
         was = step.fill
         if fill is None or was is None:
             return fill is None and was is None
@@ -234,11 +235,9 @@ class RowRunner:
         lanes_kept = row_lanes if kept is None else row_lanes[kept]
         reordered = (self._stage_by_lane and len(lanes_kept) > 1
                      and bool(np.any(np.diff(lanes_kept) < 0)))
-        fill = None
-        if self._stage_by_lane:
-            lens_kept = lens if kept is None else lens[kept]
-            staged = int(offsets[-1]) if kept is None else int(lens_kept.sum())
-            fill = self._gap_fill(lanes_kept, lens_kept, row_lanes, self._n_batch - staged)
+        lens_kept = lens if kept is None else lens[kept]
+        staged = int(offsets[-1]) if kept is None else int(lens_kept.sum())
+        fill = self._fillers(lanes_kept, lens_kept, row_lanes, self._n_batch - staged)
         idx = None
         if kept is None and not reordered and fill is None:
             n = int(offsets[-1])
@@ -293,6 +292,9 @@ class RowRunner:
             if prompt_rows:
                 extra = [np.arange(first[r], first[r] + lens[r]) for r, _ in prompt_rows]
                 flagged = np.concatenate([out_rows, *extra])
+        if fill is not None and n - len(fill[0]) == 1:
+            # The solo fill's entry has logits too (a pass with one output rounds otherwise).
+            flagged = np.concatenate([flagged, np.flatnonzero(idx >= int(offsets[-1]))])
         if flagged is not out_rows or lead is not None:
             flagged = np.unique(flagged)  # a fork's followers share the leader's entry
         elif reordered:
@@ -339,8 +341,11 @@ class RowRunner:
                 for lane, pos in zip(fill[0].tolist(), fill[1].tolist()):
                     lanes.cut(lane, pos)  # the filler's cell; the lane's end is pos
         if fill is not None:
-            self.gap_fill_rows += len(fill[0])
             n -= len(fill[0])
+            if n == 1:  # a gap fill needs two rows of the plan: this is the solo fill
+                self.solo_fill_rows += 1
+            else:
+                self.gap_fill_rows += len(fill[0])
         self.decoded_tokens += n
         samplers.feed(step.row_lanes, step.offsets, tokens_in, step.positions)
 
@@ -391,6 +396,43 @@ class RowRunner:
         if step.lead is not None:
             self._forks.copy(row_lanes, step.lead, starts, step.ends)
         return tokens, details
+
+    def _fillers(self, lanes_kept: IntArray, lens_kept: IntArray, row_lanes: IntArray,
+                 spare: int) -> tuple[IntArray, IntArray] | None:
+        """The batch's filler rows (lanes, positions; None: none): the gap fill's (with a KV
+        stream per sequence), or the solo fill's for a batch of one token."""
+        fill = self._gap_fill(lanes_kept, lens_kept, row_lanes, spare) \
+            if self._stage_by_lane else None
+        if fill is None and self.solo_fill and spare > 0 and len(lens_kept) == 1 \
+                and int(lens_kept[0]) == 1:
+            fill = self._solo_fill(row_lanes)
+        return fill
+
+    def _solo_fill(self, row_lanes: IntArray) -> tuple[IntArray, IntArray] | None:
+        """One filler row for a batch of one token. On llama.cpp's CPU backend a pass of one
+        token, or with one output, goes through other kernel arithmetic than a pass of two or
+        more, and its logits differ in the last bits (bench/batch_invariance.py); a second
+        token, in another sequence and with logits of its own, gives the row the bits a decode
+        row gets beside other decode rows (docs/hosts.md, "When the tokens are the same"). With
+        a KV stream per sequence llama.cpp passes only consecutive sequence ids together, so
+        the filler goes on a neighbouring lane: one with no row in the plan, room for a cell,
+        and no device sampler attached (its output would be sampled there), the emptier of the
+        two, at its next position. None when there is no such lane."""
+        lane = int(row_lanes[0])
+        if self._stage_by_lane:
+            candidates = [c for c in (lane - 1, lane + 1) if 0 <= c < self._lanes.count]
+        else:
+            candidates = [c for c in range(self._lanes.count) if c != lane]
+        device = self._samplers.device
+        end_of = self._lanes.end
+        best, best_end = -1, self._n_ctx_seq
+        for c in candidates:
+            end = end_of(c)
+            if end < best_end and (device is None or not device.attached(c)):
+                best, best_end = c, end
+        if best < 0:
+            return None
+        return np.array([best], dtype=np.int64), np.array([best_end], dtype=np.int64)
 
     def _gap_fill(self, lanes_kept: IntArray, lens_kept: IntArray, row_lanes: IntArray,
                   spare: int) -> tuple[IntArray, IntArray] | None:

@@ -1,0 +1,76 @@
+"""A sequence's logits are the same bits alone and batched on llama.cpp's CPU backend: a step
+of one token gets a filler row on another lane (the solo fill), since a one-token step goes
+through other kernel arithmetic (docs/hosts.md, "When the tokens are the same")."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from skippy_scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from skippy_scheduler.engine import Engine, Request, TokenEvent  # noqa: E402
+from skippy_scheduler.hosts.llama import LlamaHost  # noqa: E402
+from skippy_scheduler.hosts.tiny_model import write_tiny_llama  # noqa: E402
+from skippy_scheduler.sampling import OutputOptions, SamplingParams  # noqa: E402
+
+LANES = 4
+STEPS = 40
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return write_tiny_llama(tmp_path_factory.mktemp("model") / "tiny-f32.gguf", seed=7)
+
+
+def _run(host: LlamaHost, requests: list[Request]) -> dict[str, list[tuple[int, float]]]:
+    """Each request's (token, raw log-probability) pairs, the requests run together."""
+    engine = Engine(Scheduler(SchedulerConfig(max_active_sequences=host.n_seq_max,
+                                              max_tokens_per_iteration=256)), host)
+    got: dict[str, list[tuple[int, float]]] = {r.id: [] for r in requests}
+    engine.add_listener(lambda e: got[e.request_id].append((e.token, e.detail.logprob.logprob))
+                        if isinstance(e, TokenEvent) and e.token >= 0 else None)
+    for r in requests:
+        engine.submit(r)
+    engine.run()
+    assert host.active_sequences == []
+    return got
+
+
+def _request(rid: str, prompt: list[int], seed: int) -> Request:
+    sampling = SamplingParams(temperature=0.9, seed=seed, ignore_eos=True,
+                              output=OutputOptions(logprobs=0, prompt_length=len(prompt)))
+    return Request(rid, prompt, STEPS, sampling=sampling)
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+def test_a_sequence_alone_gets_the_bits_it_gets_batched(model, kv_type):
+    rng = random.Random(3)
+    prompt = [1] + [rng.randrange(3, 380) for _ in range(30)]
+    other = [1] + [rng.randrange(3, 380) for _ in range(20)]
+    with LlamaHost(model, n_ctx=LANES * 256, n_seq_max=LANES, n_threads=1,
+                   kv_type=kv_type) as host:
+        batched = _run(host, [_request("a", prompt, 11), _request("b", other, 12)])["a"]
+        filled = host.solo_fill_rows
+        alone = _run(host, [_request("a", prompt, 11)])["a"]
+        # Every decode step of the run alone was one token, each with its filler.
+        assert host.solo_fill_rows - filled >= STEPS - 1
+        assert alone == batched  # tokens and log-probabilities, to the last bit
+        # Without the filler the one-token steps round otherwise (the test's premise).
+        host.solo_fill = False
+        try:
+            bare = _run(host, [_request("a", prompt, 11)])["a"]
+        finally:
+            host.solo_fill = True
+        assert [lp for _, lp in bare] != [lp for _, lp in batched]
+
+
+def test_the_filler_leaves_no_cell_and_needs_a_second_lane(model):
+    with LlamaHost(model, n_ctx=256, n_seq_max=1, n_threads=1) as host:
+        _run(host, [_request("a", [1, 5, 6, 7], 3)])
+        assert host.solo_fill_rows == 0  # a single lane: nothing to fill with
+    with LlamaHost(model, n_ctx=LANES * 256, n_seq_max=LANES, n_threads=1) as host:
+        _run(host, [_request("a", [1, 5, 6, 7], 3)])
+        assert host.solo_fill_rows >= STEPS - 1
+        assert host.host_state(detail=True).lane_positions == {}  # every filler's cell gone
