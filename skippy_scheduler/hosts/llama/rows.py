@@ -294,6 +294,7 @@ class RowRunner:
                 flagged = np.concatenate([out_rows, *extra])
         if fill is not None and n - len(fill[0]) == 1:
             # The solo fill's entry has logits too (a pass with one output rounds otherwise).
+            assert idx is not None  # a batch with fillers is staged through `idx`
             flagged = np.concatenate([flagged, np.flatnonzero(idx >= int(offsets[-1]))])
         if flagged is not out_rows or lead is not None:
             flagged = np.unique(flagged)  # a fork's followers share the leader's entry
