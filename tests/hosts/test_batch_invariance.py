@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
+
 import pytest
 
 pytest.importorskip("llama_cpp")
@@ -74,3 +76,26 @@ def test_the_filler_leaves_no_cell_and_needs_a_second_lane(model):
         _run(host, [_request("a", [1, 5, 6, 7], 3)])
         assert host.solo_fill_rows >= STEPS - 1
         assert host.host_state(detail=True).lane_positions == {}  # every filler's cell gone
+
+
+def test_a_decode_row_beside_a_prompt_chunk_gets_the_bits_it_gets_beside_a_decode_row(model):
+    """llama.cpp's first pass of a batch takes one token of each sequence: a lone decode row
+    meets the chunk's first token there, one output among two tokens, which rounds otherwise;
+    the chunk's first token has logits too, read by nobody."""
+    rng = random.Random(5)
+    a = [1] + [rng.randrange(3, 380) for _ in range(12)]
+    b = [1] + [rng.randrange(3, 380) for _ in range(30)]
+
+    def a_logits(beside: str, fill: bool) -> np.ndarray:
+        with LlamaHost(model, n_ctx=LANES * 256, n_seq_max=LANES, n_threads=1,
+                       solo_fill=fill) as host:
+            host.run_rows([("a", a, 0, True), ("b", b[:10], 0, False)])  # lanes 0 and 1
+            rows = [("a", [7], len(a), True)]
+            rows.append(("b", b[10:20], 10, False) if beside == "chunk"
+                        else ("b", [9], 10, True))
+            host.run_rows(rows)
+            return host.logits_of_batch_row(0)  # a's entry: the batch is in lane order
+
+    decode_beside = a_logits("decode", True)
+    assert np.array_equal(a_logits("chunk", True), decode_beside)
+    assert not np.array_equal(a_logits("chunk", False), decode_beside)  # the premise

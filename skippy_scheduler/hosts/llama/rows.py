@@ -296,6 +296,16 @@ class RowRunner:
             # The solo fill's entry has logits too (a pass with one output rounds otherwise).
             assert idx is not None  # a batch with fillers is staged through `idx`
             flagged = np.concatenate([flagged, np.flatnonzero(idx >= int(offsets[-1]))])
+        elif (self.solo_fill and self._stage_by_lane and samplers.device is None
+              and len(sample_rows) and n > 1):
+            # llama.cpp's first pass takes one token of each sequence in a run of lanes: a
+            # lone decode row meets the prompt chunks' first tokens there, one output among
+            # several tokens, which rounds otherwise. Those first tokens get logits too, read
+            # by nobody, so that the pass has two outputs or more (not where the device
+            # samples: an output row of a lane with a chain attached is sampled there).
+            chunks = np.flatnonzero(lens >= 2)
+            if len(chunks) and int(np.count_nonzero(lens[sample_rows] == 1)) == 1:
+                flagged = np.concatenate([flagged, first[chunks]])
         if flagged is not out_rows or lead is not None:
             flagged = np.unique(flagged)  # a fork's followers share the leader's entry
         elif reordered:
