@@ -51,7 +51,8 @@ def _metrics(url: str) -> dict[str, float]:
 
 def _request(rng: random.Random, model: str) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "model": model, "prompt": [1] + [rng.randrange(3, 380) for _ in range(rng.randrange(5, 120))],
+        "model": model,
+        "prompt": [1] + [rng.randrange(3, 380) for _ in range(rng.randrange(5, 120))],
         "max_tokens": rng.randrange(20, 120), "ignore_eos": True, "return_token_ids": True,
         "priority": rng.choice([0, 0, 1, 2, 5, 9]), "n": rng.choice([1, 1, 1, 2, 3])}
     kind = rng.random()

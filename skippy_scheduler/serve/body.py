@@ -13,15 +13,17 @@ within the same `body_timeout_s` (a 408 is closed at once). A client that leaves
 raises `ClientGone`: no answer, no error count.
 
 Decoding (`decode_json`, on a worker thread: a few megabytes of JSON take tens of milliseconds):
-the body must be UTF-8 and JSON as RFC 8259 writes it (`NaN` and `Infinity` are 400s); a string or a field name holding a lone surrogate (the escape
-`"\\ud800"`, which Python's decoder accepts and no encoder can write back) is a 400 naming where
-it is, and so is nesting deeper than `MAX_DEPTH` anywhere in the body, ignored fields included.
-Both checks walk the decoded tree only when a cheap scan of the raw bytes says they could fail.
+the body must be UTF-8 and JSON as RFC 8259 writes it (`NaN`, `Infinity`, and a number past a
+double's range such as `1e999`, are 400s); a string or a field name holding a lone surrogate
+(the escape `"\\ud800"`, which Python's decoder accepts and no encoder can write back) is a
+400 naming where it is, and so is nesting deeper than `MAX_DEPTH` anywhere in the body,
+ignored fields included. Both checks walk the decoded tree only when a cheap scan of the raw bytes says they could fail.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 from typing import Any, NamedTuple, Optional, Union
 
@@ -110,6 +112,14 @@ def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
+def _finite(text: str) -> float:
+    """A JSON number as a float; one past a double's range (1e999) would be infinity."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is out of a double's range")
+    return value
+
+
 def decode_json(raw: bytes) -> Any:
     """`raw` as JSON (a 400 for anything that is not, or that later steps could not use)."""
     try:
@@ -118,7 +128,7 @@ def decode_json(raw: bytes) -> Any:
         raise RequestError(f"the request body is not valid UTF-8 ({exc.reason} at byte "
                            f"{exc.start})") from None
     try:
-        value = json.loads(text, parse_constant=_not_json)
+        value = json.loads(text, parse_constant=_not_json, parse_float=_finite)
     except RecursionError:
         raise _deep(_deep_path(text)) from None
     except ValueError as exc:  # JSONDecodeError, and integers longer than Python converts

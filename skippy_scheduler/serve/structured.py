@@ -87,7 +87,14 @@ UNENFORCED = frozenset({
 # times or more, and a maxLength of 30 000 (as many nested groups) overflowed its stack.
 MAX_COUNT = 1000
 _COUNTS = ("minLength", "maxLength", "minItems", "maxItems")
-_QUANTIFIER = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+# A pattern's braces: every number in them counts (the converter reads `{,N}` and `{+N}` too).
+_QUANTIFIER = re.compile(r"\{[^{}]*\}")
+_NUMBER = re.compile(r"\d+")
+# Keywords whose values are data, not schemas (a const object is not walked).
+_DATA = frozenset({"const", "enum", "default", "examples"})
+_CHILD_KEYS = frozenset({"properties", "patternProperties", "$defs", "definitions", "items",
+                         "additionalProperties", "not", "contains", "prefixItems", "anyOf",
+                         "oneOf", "allOf"})
 
 
 def convert(schema: dict[str, Any]) -> str:
@@ -128,13 +135,23 @@ def _check_enforced(schema: Any, path: tuple[Any, ...]) -> None:
     pattern = schema.get("pattern")
     if isinstance(pattern, str):
         for m in _QUANTIFIER.finditer(pattern):
-            count = max(int(n) for n in m.groups() if n)
+            count = max((int(n) for n in _NUMBER.findall(m.group())), default=0)
             if count > MAX_COUNT:
                 where = _where(path + ("pattern",))
                 raise RequestError(f"'{where}' repeats {m.group()}: a grammar takes at most "
                                    f"{MAX_COUNT} repetitions", param=where)
     for sub_path, sub in _children(schema):
         _check_enforced(sub, path + sub_path)
+    # A `$ref` may point anywhere in the document ("#/x"), so an object under a key that is no
+    # keyword is walked as a schema too.
+    for key, value in schema.items():
+        if key in _CHILD_KEYS or key in _DATA:
+            continue
+        if isinstance(value, dict):
+            _check_enforced(value, path + (key,))
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                _check_enforced(item, path + (key, i))
 
 
 def _convert(schema: dict[str, Any]) -> str:

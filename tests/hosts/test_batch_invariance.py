@@ -99,3 +99,26 @@ def test_a_decode_row_beside_a_prompt_chunk_gets_the_bits_it_gets_beside_a_decod
     decode_beside = a_logits("decode", True)
     assert np.array_equal(a_logits("chunk", True), decode_beside)
     assert not np.array_equal(a_logits("chunk", False), decode_beside)  # the premise
+
+
+@pytest.mark.parametrize("unified", [False, True])
+def test_no_filler_goes_on_a_lane_with_a_row_in_the_plan(model, unified):
+    """Two greedy requests with one prompt are a fork; when the second is prefilled first (its
+    first-token deadline) it leads, and the plan lists its follower first. The filler went on
+    the leader's own lane and cut the cell it had just written: the next step failed."""
+    from skippy_scheduler import PlanningRule
+
+    prompt = [1, 17, 33, 90, 120]
+    greedy = SamplingParams(temperature=0.0)
+    with LlamaHost(model, n_ctx=2 * 256, n_seq_max=2, n_threads=1, kv_unified=unified) as host:
+        engine = Engine(Scheduler(SchedulerConfig(max_active_sequences=2,
+                                                  max_tokens_per_iteration=256,
+                                                  planning_rule=PlanningRule.SLACK)), host)
+        got: dict[str, list[int]] = {}
+        engine.add_listener(lambda e: got.setdefault(e.request_id, []).append(e.token)
+                            if isinstance(e, TokenEvent) and e.token >= 0 else None)
+        engine.submit(Request("A", prompt, 6, sampling=greedy, priority=1))
+        engine.submit(Request("B", prompt, 6, sampling=greedy, ttft_ms=5000.0))
+        engine.run()
+        assert got["A"] == got["B"] == host.generate_alone(prompt, 6)[:6]
+        assert host.host_state(detail=True).lane_positions == {}

@@ -165,4 +165,8 @@ def test_a_grammar_nested_past_the_limit_is_refused_before_llama_cpp_reads_it(ho
     with pytest.raises(ValueError, match="nests 30000 groups"):
         host.check_grammar(deep)
     assert grammar_depth('root ::= ("(" [()] x)  # ((( ') == 1  # strings, classes, comments
+    assert grammar_depth('root ::= # a comment ends at CR too\r(("a"))') == 2
+    with pytest.raises(ValueError, match="rules, more than"):  # references followed by recursion
+        host.check_grammar("root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}\n" for i in range(20000))
+                           + 'r20000 ::= "a"\n')
     host.check_grammar("root ::= " + "(" * MAX_GRAMMAR_DEPTH + '"a"' + ")" * MAX_GRAMMAR_DEPTH)

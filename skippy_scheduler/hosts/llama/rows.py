@@ -416,10 +416,12 @@ class RowRunner:
             if self._stage_by_lane else None
         if fill is None and self.solo_fill and spare > 0 and len(lens_kept) == 1 \
                 and int(lens_kept[0]) == 1:
-            fill = self._solo_fill(row_lanes)
+            # The one row that decodes (a fork's leader, when the plan's other rows follow
+            # it: those lanes have rows in the plan, and no filler goes on them).
+            fill = self._solo_fill(int(lanes_kept[0]), row_lanes)
         return fill
 
-    def _solo_fill(self, row_lanes: IntArray) -> tuple[IntArray, IntArray] | None:
+    def _solo_fill(self, lane: int, row_lanes: IntArray) -> tuple[IntArray, IntArray] | None:
         """One filler row for a batch of one token. On llama.cpp's CPU backend a pass of one
         token, or with one output, goes through other kernel arithmetic than a pass of two or
         more, and its logits differ in the last bits (bench/batch_invariance.py); a second
@@ -428,12 +430,14 @@ class RowRunner:
         a KV stream per sequence llama.cpp passes only consecutive sequence ids together, so
         the filler goes on a neighbouring lane: one with no row in the plan, room for a cell,
         and no device sampler attached (its output would be sampled there), the emptier of the
-        two, at its next position. None when there is no such lane."""
-        lane = int(row_lanes[0])
+        two, at its next position; `lane` is the decoding row's, `row_lanes` every lane with
+        a row in the plan. None when there is no such lane."""
+        busy = set(row_lanes.tolist())
         if self._stage_by_lane:
-            candidates = [c for c in (lane - 1, lane + 1) if 0 <= c < self._lanes.count]
+            candidates = [c for c in (lane - 1, lane + 1)
+                          if 0 <= c < self._lanes.count and c not in busy]
         else:
-            candidates = [c for c in range(self._lanes.count) if c != lane]
+            candidates = [c for c in range(self._lanes.count) if c not in busy]
         device = self._samplers.device
         end_of = self._lanes.end
         best, best_end = -1, self._n_ctx_seq

@@ -199,8 +199,11 @@ class SamplerChain:
 # character) overflowed it and killed the process. Its own limit on repetitions (2 000 copies
 # of a rule) refuses anything near this depth that a JSON schema's counts produce.
 MAX_GRAMMAR_DEPTH = 4096
+# It follows rule references by recursion too: a chain of 200 000 rules (r0 ::= r1, ...) did the
+# same; a JSON schema's grammar has tens of rules.
+MAX_GRAMMAR_RULES = 10_000
 # A string, a character class or a comment (each skipped whole), or a bracket.
-_GBNF_GROUPS = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|#[^\n]*|[()]')
+_GBNF_GROUPS = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|#[^\r\n]*|[()]')
 
 
 def grammar_depth(grammar: str) -> int:
@@ -218,11 +221,15 @@ def grammar_depth(grammar: str) -> int:
 
 def init_grammar(vocab: Any, grammar: str) -> Any:
     """llama.cpp's grammar sampler for `grammar` (root rule `root`), or ValueError: a grammar
-    nested past `MAX_GRAMMAR_DEPTH` is refused before llama.cpp reads it."""
+    nested past `MAX_GRAMMAR_DEPTH`, or with more than `MAX_GRAMMAR_RULES` rules, is refused
+    before llama.cpp reads it."""
     depth = grammar_depth(grammar)
     if depth > MAX_GRAMMAR_DEPTH:
         raise ValueError(f"the grammar nests {depth} groups inside one another, more than "
                          f"{MAX_GRAMMAR_DEPTH}")
+    rules = grammar.count("::=")
+    if rules > MAX_GRAMMAR_RULES:
+        raise ValueError(f"the grammar has {rules} rules, more than {MAX_GRAMMAR_RULES}")
     stage = _ll.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
     if not stage:
         raise ValueError("llama.cpp could not parse the grammar")
