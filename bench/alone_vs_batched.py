@@ -107,7 +107,7 @@ def _plain(url: str, port: int, body: dict[str, Any], cut_after_s: Optional[floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--model", help="GGUF model (default: the tiny random-weight model)")
     p.add_argument("--seconds", type=float, default=90, help="the load's length (default 90)")
     p.add_argument("--workers", type=int, default=6, help="client threads (default 6)")

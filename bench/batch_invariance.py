@@ -34,7 +34,7 @@ STEPS = (7, 9, 11, 13, 15)  # the tokens fed after the prompt (any in the vocabu
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("-m", "--model", required=True, help="GGUF model file")
     p.add_argument("--kv-type", choices=("f32", "f16"), default="f32")
     p.add_argument("-fa", "--flash-attn", choices=("on", "off"), default="off")
