@@ -16,6 +16,9 @@ U64_MAX = (1 << 64) - 1
 USIZE_MAX = U64_MAX
 I32_MIN = -(1 << 31)
 I32_MAX = (1 << 31) - 1
+#: The largest time in milliseconds a target or bound takes (11.6 days), from a flag or a
+#: request: a larger one overflows when the core turns it into µs, and means nothing.
+MAX_MS = 1e9
 
 
 def sat(value: int) -> int:

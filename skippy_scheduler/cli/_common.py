@@ -16,6 +16,7 @@ import textwrap
 from types import ModuleType
 from typing import Any, Callable, Iterator, NoReturn, Sequence, TypeVar
 
+from .._validate import MAX_MS
 from .vocabulary import add_flag
 
 USAGE_ERROR = 2
@@ -99,9 +100,6 @@ def _number(text: str, kind: Callable[[str], _N]) -> _N:
 #: The largest count a flag takes (tokens, requests, bytes, seeds): what the C core's 32-bit
 #: counts hold, far beyond any real setting.
 MAX_COUNT = (1 << 32) - 1
-#: The largest time in milliseconds a flag takes (11.6 days): a larger one overflows when the
-#: core turns it into µs, and means nothing for a target or a bound.
-MAX_MS = 1e9
 
 
 def _at_most(value: float, limit: float, text: str, unit: str = "") -> None:

@@ -197,8 +197,14 @@ def _add_access_options(p: Any, d: Any) -> None:
                         "answers (CORS), comma-separated, '*' any; default: none")
 
 
+def _padded_or_empty(key: str) -> bool:
+    """A key no request could present (HTTP trims header values; an empty one admits only an
+    empty bearer token)."""
+    return not key.strip() or key != key.strip()
+
+
 def _api_key(text: str) -> str:
-    if not text.strip() or text != text.strip():
+    if _padded_or_empty(text):
         raise argparse.ArgumentTypeError(
             "expected a key without spaces around it (an empty key would admit only an empty "
             "bearer token); leave --api-key out to require no key")
@@ -215,7 +221,7 @@ def _access_settings(args: Any) -> dict[str, Any]:
         # Set and empty is most often a secret that did not arrive: refused, not an open
         # server (unset it to require no key).
         value = os.environ[API_KEY_ENV]
-        if not value.strip() or value != value.strip():
+        if _padded_or_empty(value):
             what = "empty" if not value.strip() else "set with spaces around the key"
             raise CommandError(f"{API_KEY_ENV} is {what}: give a key without spaces around "
                                "it, or unset it to require no key")

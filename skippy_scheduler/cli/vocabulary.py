@@ -259,8 +259,8 @@ class _OwnText(str):
 
 
 def plain_defaults(args: argparse.Namespace) -> None:
-    """Give the parsed arguments their defaults back as plain ints and strings (after `add_flag`'s
-    mutually exclusive groups have been checked)."""
+    """Give the parsed arguments their defaults back as plain ints and strings (after
+    `add_flag`'s mutually exclusive groups have been checked)."""
     for name, value in vars(args).items():
         if type(value) is _OwnDefault:
             setattr(args, name, int(value))

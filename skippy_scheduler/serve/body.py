@@ -17,7 +17,8 @@ the body must be UTF-8 and JSON as RFC 8259 writes it (`NaN`, `Infinity`, and a 
 double's range such as `1e999`, are 400s); a string or a field name holding a lone surrogate
 (the escape `"\\ud800"`, which Python's decoder accepts and no encoder can write back) is a
 400 naming where it is, and so is nesting deeper than `MAX_DEPTH` anywhere in the body,
-ignored fields included. Both checks walk the decoded tree only when a cheap scan of the raw bytes says they could fail.
+ignored fields included. Both checks walk the decoded tree only when a cheap scan of the raw
+bytes says they could fail.
 """
 from __future__ import annotations
 

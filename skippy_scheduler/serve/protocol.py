@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from .._validate import I32_MAX
+from .._validate import I32_MAX, MAX_MS
 from ..sampling import SamplingParams
 from .errors import RequestError
 from .options import OutputRequest, parse_outputs
@@ -200,7 +200,7 @@ def _stop_token_ids(body: dict[str, Any], n_vocab: int) -> frozenset[int]:
 # -- field checks: each raises RequestError(param=name) -------------------------------------
 
 
-MIN_TARGET_MS, MAX_TARGET_MS = 1e-3, 1e9  # a request's first-token and inter-token budgets
+MIN_TARGET_MS = 1e-3  # a request's first-token and inter-token budgets: 1 µs to MAX_MS
 
 
 def _deadlines(body: dict[str, Any]) -> tuple[Optional[float], Optional[float]]:
@@ -219,13 +219,13 @@ def _deadlines(body: dict[str, Any]) -> tuple[Optional[float], Optional[float]]:
     out = []
     for name in ("ttft_ms", "itl_ms"):
         value = ext.get(name)
-        # The bounds of the command line's targets (1 µs to 10^9 ms): the engine checks the
-        # seconds in µs once more, past the inter-token target's planning share, and a value
-        # at the edges of a float (1e308, 5e-324) failed there after the request was taken.
+        # 1 µs to the command line's ceiling: the engine checks the seconds in µs once more,
+        # past the inter-token target's planning share, and a value at the edges of a float
+        # (1e308, 5e-324) failed there after the request was taken.
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not MIN_TARGET_MS <= value <= MAX_TARGET_MS):
+                                  or not MIN_TARGET_MS <= value <= MAX_MS):
             raise RequestError(f"'skippy.{name}' must be a number of milliseconds from "
-                               f"{MIN_TARGET_MS:g} to {MAX_TARGET_MS:g}, got {value!r}",
+                               f"{MIN_TARGET_MS:g} to {MAX_MS:g}, got {value!r}",
                                param=f"skippy.{name}")
         out.append(None if value is None else float(value))
     return out[0], out[1]

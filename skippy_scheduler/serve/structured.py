@@ -92,9 +92,11 @@ _QUANTIFIER = re.compile(r"\{[^{}]*\}")
 _NUMBER = re.compile(r"\d+")
 # Keywords whose values are data, not schemas (a const object is not walked).
 _DATA = frozenset({"const", "enum", "default", "examples"})
-_CHILD_KEYS = frozenset({"properties", "patternProperties", "$defs", "definitions", "items",
-                         "additionalProperties", "not", "contains", "prefixItems", "anyOf",
-                         "oneOf", "allOf"})
+# Keywords holding subschemas: by name, one, or a list (`items` is either).
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SCHEMA_ONE = ("items", "additionalProperties", "not", "contains")
+_SCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf", "items")
+_CHILD_KEYS = frozenset(_SCHEMA_MAPS + _SCHEMA_ONE + _SCHEMA_LISTS)
 
 
 def convert(schema: dict[str, Any]) -> str:
@@ -191,15 +193,15 @@ def _deepest(schema: Any, path: tuple[Any, ...], message: str) -> tuple[tuple[An
 def _children(schema: Any) -> Iterator[tuple[tuple[Any, ...], Any]]:
     if not isinstance(schema, dict):
         return
-    for key in ("properties", "patternProperties", "$defs", "definitions"):
+    for key in _SCHEMA_MAPS:
         value = schema.get(key)
         if isinstance(value, dict):
             for name, sub in value.items():
                 yield (key, name), sub
-    for key in ("items", "additionalProperties", "not", "contains"):
+    for key in _SCHEMA_ONE:
         if isinstance(schema.get(key), dict):
             yield (key,), schema[key]
-    for key in ("prefixItems", "anyOf", "oneOf", "allOf", "items"):
+    for key in _SCHEMA_LISTS:
         value = schema.get(key)
         if isinstance(value, list):
             for i, sub in enumerate(value):

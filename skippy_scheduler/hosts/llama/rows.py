@@ -45,7 +45,7 @@ class RowRunner:
 
     def __init__(self, ctx: Any, decoder: Decoder, lanes: Lanes, samplers: Samplers,
                  forks: Forks, holders: PrefixHolders | None, *, n_batch: int, n_ctx_seq: int,
-                 stage_by_lane: bool, gap_fill_max: int, solo_fill: bool = True) -> None:
+                 stage_by_lane: bool, gap_fill_max: int, solo_fill: bool) -> None:
         self._ctx = ctx
         self._decoder = decoder
         self._lanes = lanes
@@ -297,14 +297,15 @@ class RowRunner:
             assert idx is not None  # a batch with fillers is staged through `idx`
             flagged = np.concatenate([flagged, np.flatnonzero(idx >= int(offsets[-1]))])
         elif (self.solo_fill and self._stage_by_lane and samplers.device is None
-              and len(sample_rows) and n > 1):
+              and staged > len(lens_kept) and len(sample_rows)):
             # llama.cpp's first pass takes one token of each sequence in a run of lanes: a
             # lone decode row meets the prompt chunks' first tokens there, one output among
             # several tokens, which rounds otherwise. Those first tokens get logits too, read
             # by nobody, so that the pass has two outputs or more (not where the device
-            # samples: an output row of a lane with a chain attached is sampled there).
+            # samples: an output row of a lane with a chain attached is sampled there). A batch
+            # of single-entry rows (`staged` is their count) has no chunk: nothing to check.
             chunks = np.flatnonzero(lens >= 2)
-            if len(chunks) and int(np.count_nonzero(lens[sample_rows] == 1)) == 1:
+            if int(np.count_nonzero(lens[sample_rows] == 1)) == 1:
                 flagged = np.concatenate([flagged, first[chunks]])
         if flagged is not out_rows or lead is not None:
             flagged = np.unique(flagged)  # a fork's followers share the leader's entry
