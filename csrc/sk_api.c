@@ -134,6 +134,8 @@ void skippy_scheduler_free(skippy_scheduler *s)
         free(slot->new_list);
     }
     free(s->plans);
+    for (size_t k = 0; k < s->moved_len; k++) free(s->moved_blocks[k]);
+    free(s->moved_blocks);
     free(s->row_seen);
     free(s->row_token);
     sk_waiting_free(s);

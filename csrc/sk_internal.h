@@ -194,6 +194,8 @@ struct skippy_scheduler {
     uint8_t *row_seen;                    /* row_scratch_cap scratch for output validation */
     int32_t *row_token;
     size_t row_scratch_cap;
+    void **moved_blocks;                  /* plan arrays' blocks before they grew (sk_plan.c) */
+    size_t moved_len, moved_cap;
 
     sk_rank_set *rank_set;                /* waiting sequences, for grouped cache-aware ranking */
     uint32_t *rank_slot;                  /* rank_set handle -> slot */

@@ -34,6 +34,27 @@
  * Both capacities double like every other array of the core, but stop at those bounds, since a
  * plan can never use more.
  */
+/*
+ * Grows one of a plan's arrays, which a host may read and write in place (the Python face lends
+ * them to numpy without a copy), from `old` to `count` elements. The old block is not freed
+ * but kept until the scheduler is: an array a host kept from an earlier plan still points into
+ * it, and writing there must not land in memory the allocator has handed out again. Capacities
+ * at least double, so the blocks kept add up to less than the arrays themselves.
+ */
+static int plan_grow(skippy_scheduler *s, void **ptr, size_t old, size_t count, size_t elem)
+{
+    if (count > SIZE_MAX / elem) return -1;
+    if (!*ptr) return sk_resize(ptr, count, elem);
+    if (sk_grow((void **)&s->moved_blocks, &s->moved_cap, s->moved_len + 1, sizeof(void *)))
+        return -1;
+    void *moved = malloc(count * elem);
+    if (!moved) return -1;
+    memcpy(moved, *ptr, (old < count ? old : count) * elem);
+    s->moved_blocks[s->moved_len++] = *ptr;
+    *ptr = moved;
+    return 0;
+}
+
 static int ensure_plan_capacity(skippy_scheduler *s, sk_plan_slot *slot)
 {
     skippy_plan *plan = &slot->plan;
@@ -46,25 +67,29 @@ static int ensure_plan_capacity(skippy_scheduler *s, sk_plan_slot *slot)
         if (cap < 16) cap = 16;
         if (cap > max_tokens) cap = max_tokens;
         if (cap < rows_needed) cap = rows_needed;
-        if (sk_resize((void **)&plan->requests, cap, sizeof(skippy_iteration_request)) ||
-            sk_resize((void **)&plan->row_offsets, cap + 1, sizeof(size_t)) ||
-            sk_resize((void **)&plan->slots, cap, sizeof(uint32_t)) ||
-            sk_resize((void **)&plan->phases, cap, 1) ||
-            sk_resize((void **)&plan->sample_last, cap, 1) ||
-            sk_resize((void **)&plan->sample_rows, cap, sizeof(size_t)) ||
-            sk_resize((void **)&plan->new_rows, cap, 1) ||
-            sk_resize((void **)&plan->restored_tokens, cap, sizeof(size_t)) ||
-            sk_resize((void **)&plan->outputs.sampled_request_indexes, cap, sizeof(size_t)) ||
-            sk_resize((void **)&plan->outputs.predicted_tokens, cap, sizeof(int32_t)) ||
+        size_t old = plan->request_capacity;
+        if (plan_grow(s, (void **)&plan->requests, old, cap, sizeof(skippy_iteration_request)) ||
+            plan_grow(s, (void **)&plan->row_offsets, old ? old + 1 : 0, cap + 1,
+                      sizeof(size_t)) ||
+            plan_grow(s, (void **)&plan->slots, old, cap, sizeof(uint32_t)) ||
+            plan_grow(s, (void **)&plan->phases, old, cap, 1) ||
+            plan_grow(s, (void **)&plan->sample_last, old, cap, 1) ||
+            plan_grow(s, (void **)&plan->sample_rows, old, cap, sizeof(size_t)) ||
+            plan_grow(s, (void **)&plan->new_rows, old, cap, 1) ||
+            plan_grow(s, (void **)&plan->restored_tokens, old, cap, sizeof(size_t)) ||
+            plan_grow(s, (void **)&plan->outputs.sampled_request_indexes, old, cap,
+                      sizeof(size_t)) ||
+            plan_grow(s, (void **)&plan->outputs.predicted_tokens, old, cap, sizeof(int32_t)) ||
             sk_resize((void **)&slot->row_cursor, cap, sizeof(size_t)) ||
             sk_resize((void **)&slot->row_epoch, cap, sizeof(uint32_t)) ||
             sk_resize((void **)&slot->new_list, cap, sizeof(size_t)) ||
             (sources &&
              (sk_resize((void **)&slot->row_prev_step, cap, sizeof(uint64_t)) ||
               sk_resize((void **)&slot->row_prev_row, cap, sizeof(size_t)) ||
-              sk_resize((void **)&plan->deferred.rows, cap, sizeof(size_t)) ||
-              sk_resize((void **)&plan->deferred.source_steps, cap, sizeof(uint64_t)) ||
-              sk_resize((void **)&plan->deferred.source_indexes, cap, sizeof(size_t)))))
+              plan_grow(s, (void **)&plan->deferred.rows, old, cap, sizeof(size_t)) ||
+              plan_grow(s, (void **)&plan->deferred.source_steps, old, cap, sizeof(uint64_t)) ||
+              plan_grow(s, (void **)&plan->deferred.source_indexes, old, cap,
+                        sizeof(size_t)))))
             return -1;
         if (cap > s->row_scratch_cap) {
             if (sk_resize((void **)&s->row_seen, cap, 1) ||
@@ -73,7 +98,6 @@ static int ensure_plan_capacity(skippy_scheduler *s, sk_plan_slot *slot)
             s->row_scratch_cap = cap;
         }
         /* (the kept part is zero but for listed rows, see sk_plan_slot) */
-        size_t old = plan->request_capacity;
         memset(plan->new_rows + old, 0, cap - old);
         memset(plan->restored_tokens + old, 0, (cap - old) * sizeof(size_t));
         plan->request_capacity = cap;
@@ -106,8 +130,9 @@ static int ensure_plan_capacity(skippy_scheduler *s, sk_plan_slot *slot)
         if (cap < 256) cap = 256;
         if (cap > max_tokens) cap = max_tokens;
         if (cap < tokens_needed) cap = tokens_needed;
-        if (sk_resize((void **)&plan->tokens, (size_t)cap, sizeof(int32_t)) ||
-            sk_resize((void **)&plan->positions, (size_t)cap, sizeof(int32_t)))
+        size_t old = plan->token_capacity;
+        if (plan_grow(s, (void **)&plan->tokens, old, (size_t)cap, sizeof(int32_t)) ||
+            plan_grow(s, (void **)&plan->positions, old, (size_t)cap, sizeof(int32_t)))
             return -1;
         plan->token_capacity = (size_t)cap;
     }

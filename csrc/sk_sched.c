@@ -89,7 +89,10 @@ static int submit(skippy_scheduler *s, const skippy_sequence_desc *desc, uint32_
     seq->last = desc->generated_count ? desc->generated_tokens[desc->generated_count - 1] : 0;
     seq->max_tokens = desc->max_tokens;
     seq->priority = desc->priority;
-    seq->admission_tokens = desc->admission_tokens;
+    /* Never below the prompt: what `with_admission_tokens` gives a sequence (docs/behaviour.md
+     * §2.10); a smaller count set on the field would reserve less than the prompt's cells. */
+    seq->admission_tokens = desc->admission_tokens > desc->prompt_count ? desc->admission_tokens
+                                                                        : desc->prompt_count;
     seq->status = (uint8_t)desc->status;
     seq->has_restore = desc->has_prefix_restore;
     seq->restore_tokens = desc->restore_token_count;

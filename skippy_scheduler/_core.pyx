@@ -27,6 +27,7 @@ from ._skippy_abi cimport (
     skippy_session,
 )
 from ._skippy_scheduler cimport *
+from ._sk_prefix cimport sk_prefix_owner
 
 import numbers
 
@@ -249,6 +250,10 @@ cdef class Scheduler:
                 raise TypeError("store must be a PrefixStore (native), got "
                                 f"{type(store).__name__}")
             native = given
+            # A twin scheduler records its store's owner on the store (the core, its own).
+            owner = getattr(store, "owner", None)
+            if owner is not None and owner() is not None:
+                raise ValueError("the prefix store serves another scheduler")
         if skippy_scheduler_set_prefix_store(self._s, native._p if native is not None else NULL,
                                              prefill, restore, NULL) != SKIPPY_STATUS_OK:
             self._raise_last()
@@ -328,7 +333,11 @@ cdef class Scheduler:
             if isinstance(session, _ffi.CData):
                 session_addr = int(_ffi.cast("uintptr_t", session))
             elif isinstance(session, int) and not isinstance(session, bool) and session >= 0:
-                session_addr = session
+                try:
+                    session_addr = session
+                except OverflowError:
+                    raise ValueError(f"session must be an address (a size_t), got {session:#x}"
+                                     ) from None
             else:
                 raise TypeError("session must be a non-negative int address or a cffi pointer")
         d.id = id_bytes
@@ -603,6 +612,8 @@ cdef class Scheduler:
     def metrics(self):
         """A new `SchedulerMetrics` with the cumulative counters (changing it changes nothing
         here; call again for fresh values)."""
+        if self._s == NULL:
+            raise ValueError("scheduler is NULL")
         cdef const skippy_scheduler_metrics *m = skippy_scheduler_get_metrics(self._s)
         return SchedulerMetrics(
             m.iterations, m.admitted, m.preempted, m.finished, m.failed, m.cancelled,

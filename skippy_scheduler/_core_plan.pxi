@@ -99,8 +99,9 @@ cdef inline size_t _size(object v):
 
 cdef class _NativeMemory:
     """Native memory lent to numpy: an array over it keeps this object, and so the memory's
-    owner (the native scheduler), alive: an array kept after its Scheduler is gone still reads
-    memory that exists (though no longer a live plan's: docs/hosts.md)."""
+    owner (the native scheduler), alive: an array kept after its plan, or after its Scheduler
+    is gone, still reads and writes memory that exists (though no longer a live plan's:
+    docs/hosts.md); the core keeps a plan array's old block when the array grows."""
     cdef object owner
     cdef char *data
     cdef Py_ssize_t nbytes
@@ -351,6 +352,8 @@ cdef class IterationPlan:
         cdef int32_t t
         cdef int32_t *sampled
         self._check()
+        if source._s is not self._s:
+            raise ValueError("the source plan belongs to another scheduler")
         p = self._p
         n = p.deferred.count
         for j in range(n):
@@ -361,6 +364,9 @@ cdef class IterationPlan:
         source._check()
         q = source._p
         rows = source._rows
+        if q.outputs.count > rows:  # (a runtime may leave a count it could not fit)
+            raise MalformedOutputs(f"{q.outputs.count} sampled outputs for a plan of {rows} "
+                                   "rows")
         sampled = <int32_t *> PyMem_Malloc((rows if rows else 1) * sizeof(int32_t))
         if sampled == NULL:
             raise MemoryError()

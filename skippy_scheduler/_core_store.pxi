@@ -75,6 +75,11 @@ cdef class NativePrefixStore:
     is its Python face. Entries are small integer ids, reused after eviction; -1 = none."""
     cdef skippy_prefix_store *_p
 
+    @property
+    def attached(self):
+        """Whether a native scheduler serves from this store now (one at a time)."""
+        return self._p != NULL and sk_prefix_owner(self._p) != NULL
+
     def __cinit__(self, capacity_tokens=None, holder_slots=None, first_holder_id=0):
         cdef skippy_prefix_store_config c
         self._p = NULL

@@ -244,7 +244,9 @@ class Sequence:
         copy.max_tokens = check_uint("max_tokens", self.max_tokens, U32_MAX)
         copy.sampling = check_sampling(self.sampling)
         copy.priority = check_uint("priority", self.priority, U64_MAX)
-        copy.admission_tokens = check_uint("admission_tokens", self.admission_tokens, USIZE_MAX)
+        # Never below the prompt (as `with_admission_tokens` sets it; the core does the same).
+        copy.admission_tokens = max(check_uint("admission_tokens", self.admission_tokens,
+                                               USIZE_MAX), len(copy.prompt_tokens))
         if not isinstance(self.status, SequenceStatus):
             raise TypeError(f"status must be a SequenceStatus, got {type(self.status).__name__}")
         if self.status is SequenceStatus.CANCELLED:

@@ -5,7 +5,9 @@ wrong kind of value and ValueError for a value outside its domain.
 """
 from __future__ import annotations
 
+import math
 import operator
+from typing import Any
 
 # Compiled fast path for lists/tuples of exact ints (the common case); it returns None for
 # anything else, which the general loop below then handles.
@@ -19,6 +21,16 @@ I32_MAX = (1 << 31) - 1
 #: The largest time in milliseconds a target or bound takes (11.6 days), from a flag or a
 #: request: a larger one overflows when the core turns it into µs, and means nothing.
 MAX_MS = 1e9
+
+
+def as_float(value: Any) -> float:
+    """`float(value)` of a real number (int, float, numbers.Real), an int past a double's range
+    read as the infinity of its sign (float() raises OverflowError there): a finiteness check
+    then refuses it as it refuses inf, with a ValueError."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def sat(value: int) -> int:

@@ -27,6 +27,8 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
+from ._validate import as_float
+
 # `IterationPhase.DECODE.value` (types.py) and the C `SKIPPY_PHASE_DECODE`: types.py imports
 # this module (through slack.py), so it cannot be imported here. tests/engine/test_cost_model.py
 # checks that the three agree.
@@ -49,7 +51,7 @@ def decode_row_count(phases: Any) -> int:
 def _check_us(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of µs, got {type(value).__name__}")
-    us = float(value)
+    us = as_float(value)
     if not math.isfinite(us) or us < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     # An int stays an int: integer coefficients price integer plans in integer µs, which is what

@@ -18,7 +18,7 @@ import numbers
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Mapping, Sequence as _Seq
 
-from ._validate import U64_MAX, check_bool, check_optional_uint
+from ._validate import U64_MAX, as_float, check_bool, check_optional_uint
 from .cache_policy import CacheAffinity, CacheAwareCandidate
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -179,7 +179,7 @@ class VirtualTokenCounters:
                  default_weight: float = 1.0) -> None:
         for name, value in (("prefill_cost", prefill_cost), ("decode_cost", decode_cost)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value) or value < 0:
+                    or not math.isfinite(as_float(value)) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         self.prefill_cost = float(prefill_cost)
         self.decode_cost = float(decode_cost)
@@ -194,7 +194,7 @@ class VirtualTokenCounters:
     @staticmethod
     def check_weight(name: str, value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-                or not math.isfinite(float(value)) or value <= 0:
+                or not math.isfinite(as_float(value)) or value <= 0:
             raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
         return float(value)
 

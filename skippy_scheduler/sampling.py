@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Union
 
 from ._abi import ffi as _ffi
-from ._validate import I32_MAX, U64_MAX, as_int
+from ._validate import I32_MAX, U64_MAX, as_float, as_int
 
 # Seeds of unseeded requests: a generator seeded from the OS once per process (again in a
 # forked child), not a system call per request.
@@ -66,7 +66,7 @@ def check_sampling(value: object) -> Any:
 def _float(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    number = float(value)
+    number = as_float(value)
     if not math.isfinite(number):
         raise ValueError(f"{name} must be finite, got {value}")
     return number

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import math
 
+from ._validate import as_float
 from .cost_model import StepCost as StepCost  # re-exported: the rule's cost model
 
 
@@ -31,7 +32,7 @@ def check_planning_rule(name: str, value: object) -> PlanningRule:
 def check_positive_seconds(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    seconds = float(value)
+    seconds = as_float(value)
     if not math.isfinite(seconds * 1e6) or seconds <= 0:  # finite in µs too, as the core has it
         raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
     return seconds
@@ -45,7 +46,7 @@ def check_optional_seconds(name: str, value: object) -> float | None:
 def check_safety(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    factor = float(value)
+    factor = as_float(value)
     if not math.isfinite(factor) or factor <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     return factor
@@ -61,7 +62,7 @@ def check_clock(value: object) -> float:
     """A clock reading in seconds: a finite number (any origin)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"now must be a number of seconds, got {type(value).__name__}")
-    now = float(value)
+    now = as_float(value)
     if not math.isfinite(now):
         raise ValueError(f"now must be a finite number of seconds, got {value!r}")
     return now

@@ -20,6 +20,7 @@ from ._validate import (
     check_optional_uint,
     check_str,
     check_uint,
+    as_float,
     as_int,
     sat,
     sat_sub,
@@ -180,7 +181,7 @@ class MemoryComponent:
 def _check_interval(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    seconds = float(value)
+    seconds = as_float(value)
     if not math.isfinite(seconds) or seconds < 0:
         raise ValueError(f"{name} must be a finite, non-negative number of seconds, got {value}")
     return seconds
@@ -196,6 +197,10 @@ def _check_components(name: str, value: object) -> list[MemoryComponent]:
     return components
 
 
+#: The most plans a scheduler keeps live at once (the native core's bound; docs/behaviour.md
+#: §2.11).
+MAX_INFLIGHT_PLANS = 255
+
 _CONFIG_CHECKS = {
     "max_active_sequences": lambda n, v: check_uint(n, v, USIZE_MAX),
     "sequence_id_limit": lambda n, v: check_uint(n, v, USIZE_MAX),
@@ -208,7 +213,7 @@ _CONFIG_CHECKS = {
     "mixed_prefill_decode": check_bool,
     "cache_aging_cost_per_iteration": lambda n, v: check_uint(n, v, U64_MAX),
     "group_waiting_prefixes": check_bool,
-    "max_inflight_plans": lambda n, v: check_uint(n, v, USIZE_MAX),
+    "max_inflight_plans": lambda n, v: check_uint(n, v, MAX_INFLIGHT_PLANS),
     "priority_preemption": check_bool,
     "priority_preemption_guard_steps": lambda n, v: check_uint(n, v, USIZE_MAX),
     "max_priority_preemptions_per_step": lambda n, v: check_uint(n, v, USIZE_MAX),

@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Mapping, Optional
 
+from .._validate import as_float
 from ..engine import FinishEvent, Request as EngineRequest, TokenEvent
 from ..sampling import SamplingParams
 from ..types import RejectReason
@@ -92,7 +93,7 @@ def _number(options: Mapping[str, Any], key: str, lo: float, hi: float) -> Optio
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value) or not lo <= value <= hi:
+            not math.isfinite(as_float(value)) or not lo <= value <= hi:
         raise Unsupported(f"{key} must be a number in [{lo:g}, {hi:g}], got {value!r}")
     return float(value)
 

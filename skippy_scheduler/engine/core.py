@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from typing import (TYPE_CHECKING, Any, Callable, Generic, Iterable, Iterator, Literal, Optional,
                     Sequence as _Seq, overload)
 
+from .._validate import as_float
 from ..types import (REJECTED, AdmissionError, DuplicateSequence, FinishReason, QueueFull,
                      RejectReason, ReleaseReason, Sequence)
 from ..slack import PlanningRule
@@ -38,7 +39,7 @@ from .record import EngineReport, Recorder
 from .requests import (_ENDED, _PENDING, _SUBMITTED, AcceptEvent, EngineStalled, Event,
                        FinishEvent, Request, RequestNeverFits, TokenEvent, _Entry,
                        _SequenceRequest)
-from .step import _Steps
+from .step import _REENTRY, _Steps
 
 if TYPE_CHECKING:
     from typing_extensions import TypeVar
@@ -402,7 +403,9 @@ class Engine(_Steps, Generic[_Report]):
 
     def run(self, requests: Optional[Iterable[Any]] = None) -> _Report:
         """Run until every request has ended and no arrival is left; returns the report (None
-        for an engine built with `record=False`)."""
+        for an engine built with `record=False`). Not from inside a step (RuntimeError)."""
+        if self._stepping:
+            raise RuntimeError(_REENTRY)
         if requests is not None:
             self.add_requests(requests)
         previous, self._thread = self._thread, threading.get_ident()
@@ -424,6 +427,8 @@ class Engine(_Steps, Generic[_Report]):
 
     def run_forever(self, idle_wait_s: float = 0.05) -> None:
         """Serve until `stop()`: idle, wait for submissions from other threads."""
+        if self._stepping:
+            raise RuntimeError(_REENTRY)
         previous, self._thread = self._thread, threading.get_ident()
         self._ensure_started()
         try:
@@ -604,6 +609,8 @@ class Engine(_Steps, Generic[_Report]):
         """RequestNeverFits when `seq`'s reservation exceeds what a memory component holds
         with nothing else admitted (docs/behaviour.md §2.10): it could never be admitted."""
         tokens = seq.admission_tokens
+        if isinstance(tokens, int) and tokens < len(seq.prompt_tokens):
+            tokens = len(seq.prompt_tokens)  # the scheduler's reservation: never below the prompt
         for component in self._components:
             need = component.reservation_bytes(tokens)
             have = component.available_bytes()
@@ -667,6 +674,13 @@ class Engine(_Steps, Generic[_Report]):
             if arrived and not entry.quiet and isinstance(exc, RequestNeverFits):
                 raise  # it has ended: a later run goes on with the others
             return
+        except BaseException as exc:
+            # Any other error (a host's prepare_sequence failing, an interrupt): the scheduler
+            # never took the request, so it ends here, refused, before the error goes on;
+            # left pending it would stay open, its id taken and its stream waiting forever.
+            self._end(entry, REJECTED, error=f"{type(exc).__name__}: {exc}",
+                      emit=not raise_errors)
+            raise
         entry.state = _SUBMITTED
         self._outstanding += 1
         if self._listeners or self._streams:
@@ -836,6 +850,6 @@ def _arrival_of(request: Any) -> Optional[float]:
     if isinstance(arrival, bool) or not isinstance(arrival, numbers.Real):
         raise TypeError(f"request {request.id!r}: arrival_us must be a number of µs or None, "
                         f"got {type(arrival).__name__}")
-    if not math.isfinite(arrival):
+    if not math.isfinite(as_float(arrival)):
         raise ValueError(f"request {request.id!r}: arrival_us must be finite, got {arrival}")
     return float(arrival)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence as _Seq, Union
 import numpy as np
 import numpy.typing as npt
 
+from .._validate import as_float
 from ..inflight import StampedFuture
 from ..sampling import SampleDetail
 from ..types import RejectReason, Sequence
@@ -50,7 +51,7 @@ def _check_budget(request_id: Any, name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"request {request_id!r}: {name} must be a number of ms or None, got "
                         f"{type(value).__name__}")
-    ms = float(value)
+    ms = as_float(value)
     if not (math.isfinite(ms) and ms > 0):
         raise ValueError(f"request {request_id!r}: {name} must be a finite number of ms > 0, "
                          f"got {value}")

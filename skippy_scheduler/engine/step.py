@@ -37,6 +37,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .requests import _Entry
 
 _INF = float("inf")
+_REENTRY = ("the engine is in a step: step() and run() cannot be called from a listener, an "
+            "observer or a hook (submit and cancel can)")
 
 
 class _Steps:
@@ -48,7 +50,7 @@ class _Steps:
                  "_measures",
                  "_keeps", "_pending_keeps", "_each_completion",
                  "iterations", "last_plan_ns", "last_complete_ns", "last_telemetry",
-                 "_outstanding", "_ran_until")
+                 "_outstanding", "_ran_until", "_stepping")
 
     scheduler: "SchedulerLike"
     host: "Host"
@@ -80,6 +82,7 @@ class _Steps:
         def _release_victims(self, victims: Iterable[str]) -> None: ...
 
     def _init_steps(self) -> None:
+        self._stepping = False  # in a step (step() refuses to be called again from inside it)
         self._inflight: deque[_InFlight] = deque()
         self._ran_until = 0  # perf_counter ns: the end of the last execution waited for
         self._pending_release: list[tuple[str, ReleaseReason]] = []
@@ -103,38 +106,46 @@ class _Steps:
     def step(self) -> bool:
         """One step: inbox, due arrivals, hook, and one iteration if anything is live (make,
         run and complete plans as the depth allows). Returns False when there was nothing to
-        run."""
-        if self._inbox:
-            self._drain()
-        if self._next_due != _INF and self._next_due <= self.now():
-            self._submit_due()
-        if self.before_step is not None:
-            self.before_step(self)
-        if (self._observers or self._clock is not None or self._depth != 1
-                or self.max_iterations is not None or self.profile):
-            return self._step_flights()
-        # Nothing watches, times, guards or stays in flight: a step is the three calls and the
-        # releases, without the per-plan bookkeeping of _step_flights (what `bench` times).
-        if not self._outstanding:
-            return False
-        sched = self.scheduler
-        plan = sched.plan_iteration()
-        if (plan.preempted or not len(plan)) and self._admit(plan) is None:
-            raise EngineStalled(self._stalled())
-        try:  # _execute, inline: one call less per step
-            self.host.execute(plan)
-        except BaseException:
-            sched.abort_iteration(plan)
-            raise
+        run. Not from inside a step (a listener, an observer or a hook): RuntimeError, nothing
+        changed (a step inside a step would plan over the plan in hand)."""
+        if self._stepping:
+            raise RuntimeError(_REENTRY)
+        self._stepping = True
         try:
-            telemetry = self.last_telemetry = sched.complete_iteration(plan)
-        except MalformedOutputs:
-            sched.abort_iteration(plan)  # refused, unchanged: its rows run again
-            raise
-        self.iterations += 1
-        if telemetry.finished_ids or telemetry.failed_ids or self._each_completion:
-            self._after_completion(telemetry)
-        return True
+            if self._inbox:
+                self._drain()
+            if self._next_due != _INF and self._next_due <= self.now():
+                self._submit_due()
+            if self.before_step is not None:
+                self.before_step(self)
+            if (self._observers or self._clock is not None or self._depth != 1
+                    or self.max_iterations is not None or self.profile):
+                return self._step_flights()
+            # Nothing watches, times, guards or stays in flight: a step is the three calls and
+            # the releases, without the per-plan bookkeeping of _step_flights (what `bench`
+            # times).
+            if not self._outstanding:
+                return False
+            sched = self.scheduler
+            plan = sched.plan_iteration()
+            if (plan.preempted or not len(plan)) and self._admit(plan) is None:
+                raise EngineStalled(self._stalled())
+            try:  # _execute, inline: one call less per step
+                self.host.execute(plan)
+            except BaseException:
+                sched.abort_iteration(plan)
+                raise
+            try:
+                telemetry = self.last_telemetry = sched.complete_iteration(plan)
+            except MalformedOutputs:
+                sched.abort_iteration(plan)  # refused, unchanged: its rows run again
+                raise
+            self.iterations += 1
+            if telemetry.finished_ids or telemetry.failed_ids or self._each_completion:
+                self._after_completion(telemetry)
+            return True
+        finally:
+            self._stepping = False
 
     def _step_flights(self) -> bool:
         """The iteration of a step that something watches, times, guards or pipelines: plans

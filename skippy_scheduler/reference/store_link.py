@@ -40,6 +40,9 @@ class StoreLink:
         owner = store.owner if store is not None else None
         if owner is not None and owner() is not None and owner() is not scheduler:
             raise ValueError("the prefix store serves another scheduler")
+        native = getattr(store, "native_store", None)
+        if native is not None and native.attached:  # a native scheduler's (kept in its core)
+            raise ValueError("the prefix store serves another scheduler")
         if self.store is not None and self.store is not store:
             self.store.owner = None
         if self._finalizer is not None:

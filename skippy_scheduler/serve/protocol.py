@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from .._validate import I32_MAX, MAX_MS
+from .._validate import I32_MAX, MAX_MS, as_float
 from ..sampling import SamplingParams
 from .errors import RequestError
 from .options import OutputRequest, parse_outputs
@@ -242,7 +242,7 @@ def _number(body: dict[str, Any], name: str, lo: float, hi: float, *,
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RequestError(f"'{name}' must be a number, got {_json_type(value)}", param=name)
-    value = float(value)
+    value = as_float(value)
     below = value <= lo if lo_open else value < lo
     if not math.isfinite(value) or below or value > hi:
         left = "(" if lo_open else "["

@@ -181,17 +181,19 @@ def resolve_settings(settings: ServeSettings) -> ServeSettings:
     import dataclasses
     import math
 
+    from .._validate import as_float
+
     s = settings
     if s.planning_rule not in PLANNING_RULES:
         raise ValueError(f"planning_rule must be one of {', '.join(PLANNING_RULES)}, got "
                          f"{s.planning_rule!r}")
     if isinstance(s.itl_target_ms, bool) or not isinstance(s.itl_target_ms, (int, float)) or \
-            not (math.isfinite(s.itl_target_ms) and s.itl_target_ms > 0):
+            not (math.isfinite(as_float(s.itl_target_ms)) and s.itl_target_ms > 0):
         raise ValueError(f"itl_target_ms must be a finite number of ms > 0, got "
                          f"{s.itl_target_ms!r}")
     if isinstance(s.prefill_age_max_ms, bool) or \
             not isinstance(s.prefill_age_max_ms, (int, float)) or \
-            not (math.isfinite(s.prefill_age_max_ms) and s.prefill_age_max_ms >= 0):
+            not (math.isfinite(as_float(s.prefill_age_max_ms)) and s.prefill_age_max_ms >= 0):
         raise ValueError(f"prefill_age_max_ms must be a finite number of ms >= 0, got "
                          f"{s.prefill_age_max_ms!r}")
     from .slo import check_budget

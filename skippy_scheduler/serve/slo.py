@@ -81,6 +81,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
 
+from .._validate import as_float
 from ..slack import StepCost
 from .errors import RequestError
 
@@ -124,7 +125,7 @@ def check_budget(name: str, value: object) -> Optional[float]:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not (math.isfinite(value) and value > 0):
+            not (math.isfinite(as_float(value)) and value > 0):
         raise ValueError(f"{name} must be a finite number of ms > 0, got {value!r}")
     return float(value)
 

@@ -113,3 +113,80 @@ def test_runs_one_after_another_each_take_their_own_requests(impl):
     engine.add_requests(iter([Request("d", [1], max_tokens=1)]))
     with pytest.raises(RuntimeError, match="already has a request stream"):
         engine.add_requests([])
+
+
+class PrepareFails(CountingHost):
+    """`CountingHost` whose `prepare_sequence` fails (not a refusal: a host error) for one id."""
+
+    def __init__(self, bad_id: str) -> None:
+        super().__init__()
+        self.bad_id = bad_id
+
+    def prepare_sequence(self, sequence):
+        if sequence.id == self.bad_id:
+            raise RuntimeError("host bug")
+        return sequence
+
+
+def test_a_prepare_sequence_that_fails_ends_its_request_and_the_run_goes_on(impl):
+    host = PrepareFails("b")
+    engine = Engine(impl(), host, clock=None)
+    ended = []
+    engine.add_listener(lambda e: ended.append((e.request_id, e.reason))
+                        if type(e).__name__ == "FinishEvent" else None)
+    with pytest.raises(RuntimeError, match="host bug"):
+        engine.run(_requests("abc"))
+    assert ("b", "rejected") in ended  # told, not left open with its stream waiting
+    assert "b" not in engine.open_ids()
+    report = engine.run()
+    got = {r.id: r.finish_reason for r in report.records}
+    assert got == {"a": "length", "b": "rejected", "c": "length"}
+    assert engine.open_ids() == [] and host.holding == set()
+    host.bad_id = ""
+    again = engine.run([Request("b", [1, 2], max_tokens=1)])  # its id is free again
+    assert [(r.id, r.finish_reason) for r in again.records if r.id == "b"][-1] == ("b", "length")
+
+
+@pytest.mark.parametrize("field", ["arrival_us", "ttft_ms"])
+def test_an_int_past_a_double_is_a_value_error_and_loses_nothing(impl, field):
+    engine = Engine(impl(), OnceHost(), clock=VirtualClock(LAB_COST))
+    huge = 10 ** 400  # float() of it overflows
+    with pytest.raises(ValueError, match=f"{field} must be"):
+        engine.submit(Request("x", [1, 2], max_tokens=2, **{field: huge}))
+    assert engine.open_ids() == []
+    stream = [Request("a", [1, 2], max_tokens=2, arrival_us=10),
+              Request("b", [3, 4], max_tokens=2, **{"arrival_us": 20, field: huge}),
+              Request("c", [5, 6], max_tokens=2, arrival_us=30)]
+    if field == "arrival_us":  # a stream's bad arrival: the stream stops there (as NaN does)
+        with pytest.raises(ValueError, match="arrival_us must be finite"):
+            engine.run(stream)
+        report = engine.run()
+        assert [(r.id, r.finish_reason) for r in report.records] == [("a", "length")]
+    else:  # a bad budget: that request is refused, the others run
+        report = engine.run(stream)
+        assert {r.id: r.finish_reason for r in report.records} == {
+            "a": "length", "b": "rejected", "c": "length"}
+    assert engine.open_ids() == []
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("call", ["step", "run"])
+def test_a_step_from_inside_a_step_is_refused_and_no_token_is_sent_twice(impl, depth, call):
+    engine = Engine(impl(SchedulerConfig(max_inflight_plans=depth)), OnceHost(), clock=None)
+    tokens = []
+    refused = []
+
+    def listener(event):
+        if type(event).__name__ == "TokenEvent":
+            tokens.append(event.token)
+            try:
+                engine.step() if call == "step" else engine.run()
+            except RuntimeError as exc:
+                refused.append(str(exc))
+
+    engine.add_listener(listener)
+    report = engine.run([Request("a", [1, 2, 3], max_tokens=4)])
+    assert refused and all("in a step" in r for r in refused)
+    assert [r.finish_reason for r in report.records] == ["length"]
+    assert len(tokens) == 4 == len(report.records[0].tokens)
+    assert engine.open_ids() == [] and engine.scheduler.live_plans == 0

@@ -107,6 +107,10 @@ VALUE_ROWS = [
     ("IterationPrediction: token outside i32", ValueError, lambda: IterationPrediction(0, 1 << 31)),
     ("SchedulerConfig: negative field", ValueError, lambda: SchedulerConfig(max_tokens_per_iteration=-1)),
     ("SchedulerConfig: field of the wrong type", TypeError, lambda: SchedulerConfig(max_waiting_sequences=None)),
+    ("SchedulerConfig: more than 255 plans in flight (the core's bound)", ValueError,
+     lambda: SchedulerConfig(max_inflight_plans=256)),
+    ("a time, cost or weight that is an int past a float's range (10**400)", ValueError,
+     lambda: SchedulerConfig(iteration_interval=10 ** 400)),
     ("with_prefilled_generation: empty list", ValueError, lambda: Sequence("x", [1], 2).with_prefilled_generation([])),
     ("PrefixRestore: negative token count", ValueError, lambda: PrefixRestore("p", -1)),
 ]

@@ -357,3 +357,115 @@ def test_the_config_a_scheduler_gives_is_a_copy(cls):
     for i in range(3):
         s.submit(Sequence(f"r{i}", [1, 2], 4))
     assert len(s.plan_iteration()) == 3
+
+
+# -- numbers past a double, bounds the core keeps ------------------------------------------------
+
+
+def test_an_int_past_a_double_is_a_value_error_everywhere(impl):
+    from skippy_scheduler.cost_model import StepCost
+    from skippy_scheduler.policies import FairShareAdmission
+    from skippy_scheduler.sampling import SamplingParams
+
+    huge = 10 ** 400  # float() of it raises OverflowError
+    s = make_scheduler(impl)
+    before = state(s)
+    calls = [lambda: s.set_clock(huge),
+             lambda: Sequence("a", [1, 2], 2).with_deadlines(ttft_deadline=huge),
+             lambda: SchedulerConfig(iteration_interval=huge),
+             lambda: SchedulerConfig(slack_safety=huge),
+             lambda: StepCost(base_us=huge),
+             lambda: SamplingParams(temperature=huge),
+             lambda: FairShareAdmission({"x": huge}),
+             lambda: FairShareAdmission(prefill_cost=huge)]
+    for call in calls:
+        with pytest.raises(ValueError):
+            call()
+    assert_unchanged(s, before)
+
+
+def test_a_session_address_past_a_size_t_is_a_value_error():
+    s = Scheduler(SchedulerConfig())
+    before = state(s)
+    with pytest.raises(ValueError, match="session must be an address"):
+        s.submit(seq("a", 2, 2), session=2 ** 64)
+    assert_unchanged(s, before)
+
+
+def test_more_plans_in_flight_than_the_core_keeps_are_refused(impl):
+    with pytest.raises(ValueError, match=r"max_inflight_plans must be in \[0, 255\]"):
+        SchedulerConfig(max_inflight_plans=256)
+    s = make_scheduler(impl, max_inflight_plans=255)
+    assert s.config.max_inflight_plans == 255
+
+
+def test_admission_tokens_set_below_the_prompt_reserve_the_prompt(impl):
+    # 90-token prompts against 100 tokens of KV: the field set to 0 must not let five in.
+    s = make_scheduler(impl, max_active_sequences=8,
+                       memory_components=[MemoryComponent("kv", 100, 0, 1, 0)])
+    for i in range(5):
+        q = seq(f"s{i}", 90, 4)
+        q.admission_tokens = 0
+        s.submit(q)
+    s.plan_iteration()
+    assert len(s.snapshot().active_ids) == 1
+    assert s.sequence("s0").admission_tokens == 90
+    assert s.snapshot().component_used_bytes == [("kv", 90)]
+
+
+def test_metrics_of_a_scheduler_never_initialised_is_an_error():
+    with pytest.raises(ValueError, match="scheduler is NULL"):
+        Scheduler.__new__(Scheduler).metrics()
+
+
+def test_fill_deferred_checks_its_source_plan():
+    config = SchedulerConfig(max_inflight_plans=2)
+    a, b = Scheduler(config), Scheduler(config)
+    for s in (a, b):
+        s.submit(Sequence("a", [1, 2, 3], 4))
+    pa1, pb1 = a.plan_iteration(), b.plan_iteration()
+    pa2 = a.plan_iteration()
+    assert len(pa2.deferred_rows) == 1
+    with pytest.raises(ValueError, match="another scheduler"):
+        pa2.fill_deferred(pb1)
+    pa1.native.outputs.count = 50_000_000  # a count a runtime could not fit
+    with pytest.raises(MalformedOutputs, match="50000000 sampled outputs for a plan of 1 rows"):
+        pa2.fill_deferred(pa1)
+
+
+def test_a_prefix_store_serves_one_scheduler_native_or_twin():
+    from skippy_scheduler import PrefixStore
+
+    for first, second in ((Scheduler, TwinScheduler), (TwinScheduler, Scheduler)):
+        store = PrefixStore(capacity_tokens=64)
+        one, other = first(SchedulerConfig()), second(SchedulerConfig())
+        one.attach_prefix_store(store)
+        with pytest.raises(ValueError, match="serves another scheduler"):
+            other.attach_prefix_store(store)
+        assert other.prefix_store is None
+        one.attach_prefix_store(None)
+        other.attach_prefix_store(store)  # free again once detached
+        assert other.prefix_store is store
+
+
+def test_a_plan_array_kept_past_its_plan_stays_memory_of_its_own():
+    # The token arena grows (16 prompts of 40 000-token chunks) while a host still holds an
+    # array of the first plan: it keeps reading what it read, and writing through it touches nothing
+    # the scheduler uses (the core keeps the old block until it is freed itself).
+    config = SchedulerConfig(max_active_sequences=16, max_waiting_sequences=32,
+                             max_tokens_per_iteration=1 << 22, prefill_chunk_tokens=40_000)
+    s = Scheduler(config)
+    s.submit(Sequence("a", list(range(1, 1000)), 1))
+    plan = s.plan_iteration()
+    kept = plan.tokens
+    assert int(kept.sum()) == 499_500
+    complete(s, plan, [(0, 5)])
+    for i in range(16):
+        s.submit(Sequence(f"b{i}", list(range(1, 1000)), 1))
+    grown = s.plan_iteration()
+    assert int(kept.sum()) == 499_500
+    kept[:] = 7
+    assert int(grown.tokens.sum()) == 16 * 499_500
+    assert all(list(w.tokens) == list(range(1, 1000)) for w in grown.work)
+    complete(s, grown, [(k, 5) for k in range(len(grown))])
+    assert sorted(s.snapshot().active_ids) == []

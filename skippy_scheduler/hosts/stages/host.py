@@ -30,7 +30,7 @@ import time
 from collections import deque
 from typing import Any, Optional, Sequence as _Seq
 
-from ..._validate import check_int
+from ..._validate import as_float, check_int
 from ...engine.contract import HostState
 from ..kit import LaneTable, check_lanes, read_plan
 from ..llama.holders import Watcher
@@ -80,7 +80,7 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
         self.stage_prefix_cache_tokens = check_stage_capacities(
             stage_prefix_cache_tokens, prefix_cache_tokens, len(addresses))
         self._stage_n_ctx = check_stage_cells(n_ctx, stage_n_ctx, len(addresses))
-        if not (math.isfinite(configure_timeout_s) and configure_timeout_s > 0):
+        if not (math.isfinite(as_float(configure_timeout_s)) and configure_timeout_s > 0):
             raise ValueError(f"configure_timeout_s must be a finite number > 0, got "
                              f"{configure_timeout_s}")
         self.configure_timeout_s = float(configure_timeout_s)
