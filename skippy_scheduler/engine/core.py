@@ -676,9 +676,10 @@ class Engine(_Steps, Generic[_Report]):
             return
         except BaseException as exc:
             # Any other error (a host's prepare_sequence failing, an interrupt): the scheduler
-            # never took the request, so it ends here, refused, before the error goes on;
-            # left pending it would stay open, its id taken and its stream waiting forever.
-            self._end(entry, REJECTED, error=f"{type(exc).__name__}: {exc}",
+            # never took the request, so it ends here, failed (not refused: the request was
+            # not at fault), before the error goes on; left pending it would stay open, its
+            # id taken and its stream waiting forever.
+            self._end(entry, FinishReason.FAILED.value, error=f"{type(exc).__name__}: {exc}",
                       emit=not raise_errors)
             raise
         entry.state = _SUBMITTED

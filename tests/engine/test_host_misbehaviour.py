@@ -136,11 +136,11 @@ def test_a_prepare_sequence_that_fails_ends_its_request_and_the_run_goes_on(impl
                         if type(e).__name__ == "FinishEvent" else None)
     with pytest.raises(RuntimeError, match="host bug"):
         engine.run(_requests("abc"))
-    assert ("b", "rejected") in ended  # told, not left open with its stream waiting
+    assert ("b", "failed") in ended  # told, not left open with its stream waiting
     assert "b" not in engine.open_ids()
     report = engine.run()
     got = {r.id: r.finish_reason for r in report.records}
-    assert got == {"a": "length", "b": "rejected", "c": "length"}
+    assert got == {"a": "length", "b": "failed", "c": "length"}
     assert engine.open_ids() == [] and host.holding == set()
     host.bad_id = ""
     again = engine.run([Request("b", [1, 2], max_tokens=1)])  # its id is free again
