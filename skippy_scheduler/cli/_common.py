@@ -358,7 +358,7 @@ def add_model_options(p: argparse.ArgumentParser, *, threads: int | None = DEFAU
                             "device runs the current one, so that the device waits only for "
                             "the sampling between two steps; the flag alone means on "
                             "(default: auto, on with layers on a GPU, where llama_decode "
-                            "returns before the step is done)")
+                            "returns before the step is done; only auto with --stages)")
     add_offload_options(p)
 
 
@@ -375,13 +375,21 @@ def add_backend_sampling_option(p: argparse.ArgumentParser) -> None:
 
 def refuse_rpc_with_stages(args: argparse.Namespace) -> None:
     """--rpc registers RPC servers in this process, which loads no layer with --stages or
-    --stage-addresses (the stage workers do), and an RPC server serves one process at a time."""
+    --stage-addresses (the stage workers do), and an RPC server serves one process at a time.
+    So are the llama.cpp host's -bs/--backend-sampling and --stage-ahead other than auto,
+    which the stage workers would ignore."""
     if getattr(args, "rpc", ()) and (getattr(args, "stages", None)
                                      or getattr(args, "stage_addresses", None)):
         flag = "--stages" if getattr(args, "stages", None) else "--stage-addresses"
         raise CommandError(f"--rpc with {flag}: the stage workers load the layers, and an RPC "
                            "server serves one process at a time; give each `skippy-scheduler "
                            "stage` its own --rpc HOST:PORT (docs/gpu.md)")
+    if (getattr(args, "stages", None) or getattr(args, "stage_addresses", None)) and (
+            getattr(args, "backend_sampling", "auto"), getattr(args, "stage_ahead", "auto")
+    ) != ("auto", "auto"):
+        raise CommandError("--backend-sampling and --stage-ahead are the llama.cpp host's; the "
+                           "stage workers sample on the last stage and do not stage ahead: "
+                           "leave them at auto with --stages or --stage-addresses")
 
 
 def stage_worker_args(args: argparse.Namespace, stages: int) -> list[list[str]]:

@@ -46,7 +46,8 @@ def register(subparsers: Any) -> None:
                         f"(default: {d.max_waiting})")
     add_flag(p, "ctx-size", type=positive_int, default=d.ctx_size,
              default_text="the model's training context (at least 256 tokens a lane), capped "
-                          "by what fits the devices; 4096 with --stages or --stage-addresses",
+                          "by what fits the devices (not capped with --stages or "
+                          "--stage-addresses; 4096 with --stage-addresses and no --model)",
              note="a request's prompt plus max_tokens must fit its lane; a lane needs 256")
     add_flag(p, "batch-tokens", type=positive_int, default=d.batch_size,
              default_text="512 on the CPU, 2048 with layers on a GPU (llama-server's); 512 "

@@ -207,6 +207,11 @@ def resolve_settings(settings: ServeSettings) -> ServeSettings:
         raise ValueError(f"max_active must be at least 1, got {s.max_active}")
     if s.stage_ahead not in ("on", "off", "auto"):
         raise ValueError(f"stage_ahead must be on, off or auto, got {s.stage_ahead!r}")
+    if (s.stages or s.stage_addresses) and (s.backend_sampling, s.stage_ahead) != ("auto",
+                                                                                "auto"):
+        raise ValueError("--backend-sampling and --stage-ahead are the llama.cpp host's; the "
+                         "stage workers sample on the last stage and do not stage ahead: "
+                         "leave them at auto with --stages or --stage-addresses")
     if s.inflight is not None and (isinstance(s.inflight, bool) or
                                    not isinstance(s.inflight, int) or s.inflight < 1):
         raise ValueError(f"inflight must be None or an integer >= 1, got {s.inflight!r}")
@@ -232,6 +237,25 @@ def context_of(s: ServeSettings) -> int:
     and the devices first; a `ServeSettings` built by hand with ctx_size=None counts as the
     floor the fit starts from)."""
     return s.ctx_size if s.ctx_size is not None else CTX_FLOOR
+
+
+def _staged_context(s: ServeSettings) -> int:
+    """The default context of a model split across stages: its training context, each lane a
+    whole share of 256 cells, as the unsplit server's default (the workers place their own
+    layers, so nothing is fitted to a device); CTX_FLOOR where no model file is at hand to
+    read it from (only --stage-addresses, no --model) or the file does not say."""
+    from ..hosts.offload import ModelFileError, footprint_from_gguf
+    from ..hosts.stages.split import SplitError, stage_paths
+
+    try:
+        path = s.model or (stage_paths(s.stages)[0] if s.stages else None)
+        trained = footprint_from_gguf(path).n_ctx_train if path else 0
+    except (ModelFileError, SplitError, OSError, ValueError):
+        trained = 0  # (loading the stages says what is wrong with them)
+    if trained <= 0:
+        return CTX_FLOOR
+    quantum = 256 * max(s.max_active, 1)
+    return -(-max(trained, quantum) // quantum) * quantum
 
 
 def _reuse_of(s: ServeSettings) -> tuple[int, int]:
@@ -347,7 +371,8 @@ class Server:
 
         if s.stages or s.stage_addresses:  # each stage worker places its own layers
             return dataclasses.replace(
-                s, ctx_size=context_of(s), batch_size=s.batch_size or CPU_BATCH,
+                s, ctx_size=s.ctx_size or _staged_context(s),
+                batch_size=s.batch_size or CPU_BATCH,
                 kv_type=s.kv_type or "f32",
                 flash_attn=s.flash_attn if s.flash_attn is not None else False,
                 inflight=s.inflight or 1)  # the pipeline depth: one stage's work at a time

@@ -75,8 +75,11 @@ class StagedEngineRunner(EngineRunner):
         self._measuring = True
 
         def measure() -> None:
+            # While idle, within the heartbeat's time: a stage that died meanwhile must not
+            # hold the engine thread (and the heartbeat) for the chain's default minute.
+            timeout = self.heartbeat_timeout_s if self._beat_at is not None else None
             try:
-                self.usage, self.usage_at = self.host.stage_usage(), time.monotonic()
+                self.usage, self.usage_at = self.host.stage_usage(timeout), time.monotonic()
             except StageFailure:
                 pass  # the chain broke: `host.broken` and the open requests say why
             finally:

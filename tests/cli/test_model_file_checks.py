@@ -195,3 +195,15 @@ def test_run_with_a_leftover_stage_names_it(capsys, tiny4, split2, tmp_path):
     mixed = _with_leftover(tiny4, split2, tmp_path)
     line = _error(capsys, ["run", "--stages", str(mixed)])
     assert "stage-2.gguf is left from an earlier split into 3 stages" in line
+
+
+@pytest.mark.parametrize("command", ["run", "serve"])
+@pytest.mark.parametrize("flag", [["-bs", "on"], ["--backend-sampling", "off"],
+                                  ["--stage-ahead", "on"]])
+def test_the_llama_host_s_own_flags_are_refused_with_stages(capsys, tiny4, split2, flag,
+                                                           command):
+    """--backend-sampling and --stage-ahead do nothing on stage workers: refused by name
+    before a worker starts, not silently ignored."""
+    pytest.importorskip("zmq")
+    line = _error(capsys, [command, "-m", tiny4, "--stages", split2, *flag])
+    assert "--backend-sampling and --stage-ahead are the llama.cpp host's" in line

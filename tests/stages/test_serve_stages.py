@@ -145,7 +145,19 @@ def test_sampled_requests_on_stages_equal_their_alone_runs(server, unsplit):
         with pytest.raises(openai.BadRequestError, match="log-probabilities") as refused:
             client.completions.create(model="tiny4-f32", prompt=[1, 5, 6], max_tokens=4,
                                       logprobs=2)
-        assert refused.value.body["message"].startswith("staged serving does not report")
+        assert refused.value.body["message"].startswith("staged serving cannot give")
+        # best_of ranks on log-probabilities: refused, and the message says it (the request
+        # named none of logprobs, echo or response_format).
+        with pytest.raises(openai.BadRequestError, match="best_of"):
+            client.completions.create(model="tiny4-f32", prompt=[1, 5, 6], max_tokens=4,
+                                      temperature=0.8, seed=7, best_of=2)
+        with pytest.raises(openai.BadRequestError, match="grammar"):
+            client.completions.create(model="tiny4-f32", prompt="hi", max_tokens=4,
+                                      extra_body={"response_format": {"type": "json_object"}})
+        # echo alone needs no report: the prompt's text, then the tokens.
+        r = client.completions.create(model="tiny4-f32", prompt="hello world", max_tokens=3,
+                                      temperature=0, echo=True)
+        assert r.choices[0].text.startswith("hello world")
     state = wait_idle(server)
     assert is_idle(state, server.host.n_seq_max), state  # no sampler chain is left either
 
@@ -357,3 +369,22 @@ def test_metrics_show_each_stage_s_measured_kv(model4, splits):
         assert srv.host.holders.stage_stores[1].used_tokens <= 64
     finally:
         srv.shutdown()
+
+
+def test_the_default_context_on_stages_is_the_model_s_as_unsplit(model4, splits):
+    """Without -c the stages' context is the model's training context, each lane a whole
+    share of 256 cells (the unsplit server's default), read from --model or stage 0; with
+    only --stage-addresses and no model file at hand, the fixed floor."""
+    from skippy_scheduler.hosts.offload import footprint_from_gguf
+    from skippy_scheduler.serve.server import CTX_FLOOR, _staged_context
+
+    trained = footprint_from_gguf(model4).n_ctx_train
+    assert trained > 0
+    for lanes in (1, 2, 8):
+        quantum = 256 * lanes
+        want = -(-max(trained, quantum) // quantum) * quantum
+        assert _staged_context(ServeSettings(model=str(model4), stages=splits[2],
+                                             max_active=lanes)) == want
+        assert _staged_context(ServeSettings(stages=splits[2], max_active=lanes)) == want
+    assert _staged_context(ServeSettings(stage_addresses=("tcp://127.0.0.1:1",),
+                                         max_active=2)) == CTX_FLOOR

@@ -70,3 +70,36 @@ def test_a_remote_stage_lost_while_idle_is_found_by_the_heartbeat(tmp_path, mode
         if srv is not None:
             srv.shutdown()
         stop_workers(procs)
+
+
+def test_a_metrics_scrape_while_idle_waits_no_longer_than_the_heartbeat(tmp_path, model4,
+                                                                        splits):
+    # A scrape measures every stage's KV use on the engine thread; while idle it waits for a
+    # stage as long as the heartbeat does, not the chain's default minute (during which no
+    # heartbeat could run, and a new request was queued on the dead stage).
+    procs, addresses = listen_workers(tmp_path, splits[2])
+    srv = None
+    try:
+        srv = Server(ServeSettings(model=str(model4), stage_addresses=addresses, max_active=4,
+                                   ctx_size=2048, threads=1))
+        srv.runner.heartbeat_s, srv.runner.heartbeat_timeout_s = 0.2, 60.0
+        srv.start_in_thread()
+        r = httpx.post(srv.url + "/v1/completions", timeout=60,
+                       json={"prompt": [1, 2, 3], "max_tokens": 3})
+        assert r.status_code == 200, r.text
+        srv.runner.heartbeat_timeout_s = 3.0
+        time.sleep(0.5)
+        assert srv.host.broken is None
+        procs[1].kill()
+        procs[1].wait(30)
+        killed = time.monotonic()
+        assert httpx.get(srv.url + "/metrics", timeout=30).status_code == 200
+        health = _health_until_503(srv.url, 40)
+        assert health.status_code == 503, "the lost stage was not noticed while idle"
+        assert time.monotonic() - killed < 25  # three waits of 3 s at most, and the beat's
+        message = health.json()["error"]["message"]
+        assert f"no answer from stage 1 ({addresses[1]}) within 3 s" in message, message
+    finally:
+        if srv is not None:
+            srv.shutdown()
+        stop_workers(procs)

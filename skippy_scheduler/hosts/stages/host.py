@@ -462,23 +462,31 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
         """Refuse at submit, before anything is queued, sampling the stages cannot do: a bias
         on a token outside the vocabulary, reports (log-probabilities) or a grammar."""
         params = self._resolver.resolve(getattr(sequence, "sampling", None))
-        if params is not None and params.output is not None:
-            raise ValueError("staged serving does not report log-probabilities nor constrain "
-                             "the output with a grammar yet (logprobs, echo, response_format)")
+        out = params.output if params is not None else None
+        if out is not None:
+            asked = []
+            if out.logprobs is not None or out.prompt_logprobs is not None:
+                asked.append("log-probabilities (logprobs, top_logprobs, echo with logprobs, "
+                             "best_of, which ranks the choices on them)")
+            if out.grammar is not None:
+                asked.append("output constrained by a grammar (response_format other than "
+                             "text)")
+            if asked:
+                raise ValueError(f"staged serving cannot give {' nor '.join(asked)} yet")
         return sequence
 
     # ------------------------------------------------------------------ inspection
-    def sync(self) -> None:
+    def sync(self, timeout_s: Optional[float] = None) -> None:
         """Let every plan in flight reach every stage, then send pending releases now (they
-        otherwise ride on the next plan)."""
+        otherwise ride on the next plan); each wait at most `timeout_s` (None: the default)."""
         self._settle()
         if self.broken is not None:
             self._pending_release = []  # the live stages were freed when the chain broke
             return
         self._flush_ops()
-        self._drain("waiting for the plans in flight")
+        self._drain("waiting for the plans in flight", timeout_s)
         self._settle()
-        self._send_releases("releasing lanes")
+        self._send_releases("releasing lanes", timeout_s)
 
     def check_alive(self, timeout_s: float) -> Optional[str]:
         """A heartbeat between requests: every live stage answers a ping within `timeout_s`,

@@ -68,13 +68,15 @@ class UsageVerbs:
                 for k, (cells, per_token, kept) in enumerate(zip(
                     self.stage_cells, self.stage_kv_bytes, self.stage_prefix_cache_tokens))]
 
-    def stage_usage(self) -> list[StageUsage]:
+    def stage_usage(self, timeout_s: Optional[float] = None) -> list[StageUsage]:
         """Every live stage's measured KV use (after the plans sent so far have run and the
-        lanes released since were freed: `sync`)."""
-        self.sync()  # type: ignore[attr-defined]
+        lanes released since were freed: `sync`). `timeout_s`: how long each stage may take to
+        answer (None: the chain's default); one that does not breaks the chain."""
+        self.sync(timeout_s)  # type: ignore[attr-defined]
         self._broadcast(b"usage", {})  # type: ignore[attr-defined]
         try:
-            replies = self._collect(b"usage", "asking for KV use")  # type: ignore[attr-defined]
+            replies = self._collect(b"usage", "asking for KV use",  # type: ignore[attr-defined]
+                                    timeout_s)
         except StageTimeout as exc:  # a stage stopped answering: the chain cannot run
             self._break_chain(str(exc))  # type: ignore[attr-defined]
             raise
