@@ -116,6 +116,19 @@ def positive_int(text: str) -> int:
     return value
 
 
+#: llama.cpp's GGML_MAX_N_THREADS: a larger thread count fails or crashes its thread pool.
+LLAMA_MAX_THREADS = 512
+
+
+def thread_count(text: str) -> int:
+    """-t/--threads: an integer in [1, LLAMA_MAX_THREADS]."""
+    value = positive_int(text)
+    if value > LLAMA_MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"expected at most {LLAMA_MAX_THREADS} (llama.cpp's "
+                                         f"GGML_MAX_N_THREADS), got {text}")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     value = _number(text, int)
     if value < 0:
@@ -332,7 +345,7 @@ def add_model_options(p: argparse.ArgumentParser, *, threads: int | None = DEFAU
                                       "directory")
     add_flag(p, "seed", type=non_negative_int, default=0, note="it draws the tiny default model's weights")
     if stages:
-        add_flag(p, "threads", type=positive_int, default=None,
+        add_flag(p, "threads", type=thread_count, default=None,
                  default_text=f"{DEFAULT_THREADS}; with --stages, each local stage worker gets "
                               "the cores divided among the stages", note=threads_note)
         p.add_argument("--stage-devices", type=device_names, default=(), metavar="DEV,DEV,...",
@@ -340,7 +353,7 @@ def add_model_options(p: argparse.ArgumentParser, *, threads: int | None = DEFAU
                             "first, e.g. CUDA0,CUDA1 (each worker gets -dev DEV; default: the "
                             "offload flags as given, for every stage)")
     else:
-        add_flag(p, "threads", type=positive_int, default=threads, note=threads_note)
+        add_flag(p, "threads", type=thread_count, default=threads, note=threads_note)
     p.add_argument("--kv-type", choices=("f32", "f16"), default=None,
                    help="KV cache type (docs/hosts.md, 'When the tokens are the same') "
                         "(default: "

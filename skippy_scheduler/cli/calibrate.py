@@ -13,14 +13,16 @@ status is 1 so that a script does not carry the numbers on unnoticed.
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import sys
 from typing import Any
 
 from .offload import print_placement, resolve_for
-from ._common import (CommandError, add_model_options, check_model, check_output_file,
-                      import_llama_host, model_path, non_negative_int, positive_int)
-from .interrupt import Interrupted
+from ._common import (MAX_COUNT, CommandError, add_model_options, check_model,
+                      check_output_file, import_llama_host, model_path, non_negative_int,
+                      positive_int)
+from .interrupt import Interrupted, saving
+from .lab_runs import Saved, json_writer
 from .vocabulary import add_flag
 
 DEFAULT_THREADS = 1
@@ -79,9 +81,11 @@ def _lane_cells(args: argparse.Namespace) -> int:
         return -(-need // CELLS_STEP) * CELLS_STEP
     lane: int = args.ctx_size // LANES
     if lane < need:
+        fix = (f"give -c {need * LANES} or more, or leave it out" if need * LANES <= MAX_COUNT
+               else "lower them")
         raise CommandError(f"--ctx-size {args.ctx_size} gives each of the {LANES} lanes "
                            f"{lane} cells; --repeats {args.repeats} and --warmup {args.warmup} "
-                           f"need {need} (give -c {need * LANES} or more, or leave it out)")
+                           f"need {need} ({fix})")
     return lane
 
 
@@ -98,6 +102,14 @@ def _warn(message: str) -> None:
     print(f"skippy-scheduler calibrate: warning: {message}", file=sys.stderr)
 
 
+def _lower(args: argparse.Namespace) -> str:
+    """What a context that does not fit tells the user to lower: calibrate has no -np, and
+    without -c/--ctx-size its context is sized for --repeats and --warmup."""
+    return ("-c/--ctx-size" if args.ctx_size is not None else
+            f"--repeats (now {args.repeats}) or --warmup (now {args.warmup}), which size the "
+            "context when -c/--ctx-size is not given")
+
+
 def run(args: argparse.Namespace) -> int:
     check_output_file("--json", args.json, [("--model", args.model)])
     check_model(args)
@@ -112,48 +124,58 @@ def run(args: argparse.Namespace) -> int:
         _warn(f"--clock cpu with --threads {args.threads} charges each plan the CPU time of "
               "every thread, spinning included, which is more than the plan lasted; "
               "use --clock wall to time several threads")
-    try:
-        with model_path(args) as model:
-            fit = resolve_for(args, model, n_ctx=LANES * lane, lanes=LANES, n_batch=BATCH)
-            print_placement("calibrate", fit, always=False)
-            try:
-                host = llama.LlamaHost(
-                    model, n_ctx=LANES * lane, n_seq_max=LANES, n_threads=args.threads,
-                    n_batch=BATCH, n_ubatch=fit.n_ubatch, kv_type=fit.kv_type,
-                    flash_attn=fit.flash_attn, placement=fit.placement,
-                    backend_sampling=args.backend_sampling)
-            except llama.LlamaLoadError as exc:
-                raise CommandError(str(exc)) from None
-            with host:
-                result = calibrate_host(host, repeats=args.repeats, warmup=args.warmup,
-                                        clock=clock, on_timed=_timed)
-    except Interrupted as stop:
-        raise stop.keeping("a cost model is fitted over every shape, so none was fitted"
-                           + (f" and --json {args.json} was not written" if args.json else ""))\
-            from None
+    # Once the model is fitted, both signals are ignored (saving() is entered into this
+    # stack): closing the model, printing the fit and writing --json go to the end.
+    with contextlib.ExitStack() as finishing:
+        try:
+            with model_path(args) as model:
+                fit = resolve_for(args, model, n_ctx=LANES * lane, lanes=LANES,
+                                  n_batch=BATCH, lower=_lower(args))
+                print_placement("calibrate", fit, always=False)
+                try:
+                    host = llama.LlamaHost(
+                        model, n_ctx=LANES * lane, n_seq_max=LANES, n_threads=args.threads,
+                        n_batch=BATCH, n_ubatch=fit.n_ubatch, kv_type=fit.kv_type,
+                        flash_attn=fit.flash_attn, placement=fit.placement,
+                        backend_sampling=args.backend_sampling)
+                except llama.LlamaLoadError as exc:
+                    raise CommandError(str(exc)) from None
+                with host:
+                    result = calibrate_host(host, repeats=args.repeats, warmup=args.warmup,
+                                            clock=clock, on_timed=_timed)
+                    finishing.enter_context(saving())
+        except Interrupted as stop:
+            raise stop.keeping("a cost model is fitted over every shape, so none was fitted"
+                               + (f" and --json {args.json} was not written" if args.json
+                                  else "")) from None
+        return _report(args, result, clock)
+
+
+def _report(args: argparse.Namespace, result: Any, clock: str) -> int:
+    """Print the fitted model and its warnings, then write --json (a write error is the
+    command's one-line error, after the model it cannot lose)."""
     problems = result.problems()
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(dict(result.to_json(), model=args.model or "tiny-random-llama",
-                           threads=args.threads, repeats=args.repeats, warmup=args.warmup),
-                      fh, indent=2)
-            fh.write("\n")
     for why in result.skipped:
         print(f"# not timed: {why}", file=sys.stderr)
     print(f"# fit: rms residual {result.residual_us:.1f} us, rms relative error "
           f"{result.relative_residual:.1%} ({clock} clock, {args.threads} thread"
           f"{'s' if args.threads > 1 else ''})", file=sys.stderr)
-    print(result.model)
-    if not problems:
-        return 0
-    for problem in problems:
-        _warn(problem)
-    advice = []
-    if args.threads > 1:
-        advice.append("--threads 1 (which times by CPU clock)")
-    elif clock == "wall":
-        advice.append("--clock cpu")
-    advice += [f"more --repeats (now {args.repeats})", "a quieter machine"]
-    _warn("do not use this cost model; calibrate again with " + ", ".join(advice[:-1])
-          + " or " + advice[-1])
-    return UNTRUSTWORTHY_FIT
+    print(result.model, flush=True)
+    if problems:
+        for problem in problems:
+            _warn(problem)
+        advice = []
+        if args.threads > 1:
+            advice.append("--threads 1 (which times by CPU clock)")
+        elif clock == "wall":
+            advice.append("--clock cpu")
+        advice += [f"more --repeats (now {args.repeats})", "a quieter machine"]
+        _warn("do not use this cost model; calibrate again with " + ", ".join(advice[:-1])
+              + " or " + advice[-1])
+    saved = Saved()
+    saved.write("--json", args.json,
+                json_writer(dict(result.to_json(), model=args.model or "tiny-random-llama",
+                                 threads=args.threads, repeats=args.repeats,
+                                 warmup=args.warmup)))
+    saved.check()
+    return UNTRUSTWORTHY_FIT if problems else 0

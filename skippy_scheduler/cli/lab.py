@@ -12,7 +12,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 from ..cost_model import LAB_NAMES, check_clock_cost
 from ..lab.backend import BACKENDS, Backend, resolve_backend
@@ -28,7 +28,7 @@ from ..selection import DEFAULT_IMPLEMENTATION
 from ._common import (CommandError, check_distinct_outputs, check_output_file, fraction,
                       int_in, non_negative_int, non_negative_ms, positive_float, positive_int)
 from .interrupt import Interrupted, saving
-from .lab_runs import interrupted, run_suite_command, run_trace_command
+from .lab_runs import Saved, finish, interrupted, run_suite_command, run_trace_command
 from .lab_stages import STAGED_ONLY, add_arguments as add_staged_arguments, run_staged_command
 from .vocabulary import add_flag, add_old
 
@@ -227,11 +227,17 @@ _TERMS = (f"{', '.join(LAB_NAMES)} (or StepCost's names for them: "
 
 
 def _terms(spec: str) -> str:
-    """`spec` if it names a term; an empty spec would quietly mean the default model, which
-    --cost-model not given already means: it is a mistake (a wrong file, a lost edit)."""
-    if not any(part.strip() for part in spec.split(",")):
+    """`spec` if it names a term, each once; an empty spec would quietly mean the default
+    model, which --cost-model not given already means: it is a mistake (a wrong file, a lost
+    edit), and so is a term given twice, of which only the last would count."""
+    names = [part.partition("=")[0].strip() for part in spec.split(",") if part.strip()]
+    if not names:
         raise ValueError(f"{spec!r} names no cost model term; expected name=value,... "
                          f"with one or more of {_TERMS}")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"{spec!r} gives {', '.join(repeated)} more than once; give each "
+                         "term once")
     return spec
 
 
@@ -249,9 +255,12 @@ def _cost_document(spec: str) -> StepCost:
         data = json.load(fh)
     if isinstance(data, dict) and "cost_model" in data and "shapes" in data:
         model = data["cost_model"]  # calibrate's document: the fitted model, as --cost-model
-        if data.get("problems"):
+        problems = data.get("problems")
+        if problems:
+            if not isinstance(problems, list):  # one problem, not a list of them
+                problems = [problems]
             print(f"skippy-scheduler lab: warning: {spec}: the calibration reported problems "
-                  f"({'; '.join(map(str, data['problems']))})", file=sys.stderr)
+                  f"({'; '.join(map(str, problems))})", file=sys.stderr)
         if isinstance(model, str):
             return StepCost.parse(_terms(model), LAB_COST, max_us=MAX_TERM_US)
         if isinstance(model, dict):
@@ -277,6 +286,9 @@ def cost_model(spec: str | None) -> StepCost:
         return check_clock_cost("the cost model", cost)
     except json.JSONDecodeError as exc:
         raise CommandError(f"--cost-model: {spec} is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise CommandError(f"--cost-model: {spec} is not valid JSON (nested too deeply)") \
+            from None
     except UnicodeDecodeError:
         raise CommandError(f"--cost-model: {spec} is not a text file") from None
     except OSError as exc:
@@ -353,11 +365,6 @@ def run(args: argparse.Namespace) -> int:
     return _run_scenarios(args, cost_model(args.cost_model), backend)
 
 
-def _write(path: str, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text)
-
-
 def _run_scenarios(args: argparse.Namespace, cost: StepCost, backend: Backend) -> int:
     try:
         scenarios = [get_scenario(name) for name in (args.scenario or SCENARIO_NAMES)]
@@ -384,27 +391,35 @@ def _run_scenarios(args: argparse.Namespace, cost: StepCost, backend: Backend) -
         if not results:
             raise
         with saving():
-            kept = _save_scenarios(args, results, [], cost, backend, stop)
-        raise stop.keeping(f"{len(results)} of {len(scenarios)} scenarios printed" + kept
-                           + " (no fixture replay)") from None
-    _save_scenarios(args, results, replay, cost, backend)
-    return 0
+            saved = _save_scenarios(args, results, [], cost, backend, stop)
+        raise stop.keeping(f"{len(results)} of {len(scenarios)} scenarios printed"
+                           + saved.wrote() + " (no fixture replay)"
+                           + "".join(f"; {failure}" for failure in saved.failed)) from None
+    with saving():  # all ran: a signal now cannot cut the table or a file short
+        saved = _save_scenarios(args, results, replay, cost, backend)
+    return finish(saved, None, "")
 
 
 def _save_scenarios(args: argparse.Namespace, results: list[Any], replay: list[Any],
-                    cost: StepCost, backend: Backend, stop: Interrupted | None = None) -> str:
+                    cost: StepCost, backend: Backend, stop: Interrupted | None = None) -> Saved:
     """Print the table (and the replay) and write the outputs; `stop`: the interruption that
     ended the run early, which the --json document then names."""
     sys.stdout.write(format_table(results))
     if args.replay and replay:
         sys.stdout.write("\n" + format_replay(replay))
     sys.stdout.flush()
-    written = []
-    if args.iteration_trace:
-        _write(args.iteration_trace, "".join(line + "\n" for r in results for line in r.trace))
-        written.append(f"--iteration-trace {args.iteration_trace}")
+    saved = Saved()
+
+    def trace(fh: TextIO) -> None:
+        fh.writelines(line + "\n" for r in results for line in r.trace)
+
+    saved.write("--iteration-trace", args.iteration_trace, trace)
     if args.json:
         document = lab_document(results, replay, cost, backend.name)
-        _write(args.json, dump_json(document if stop is None else interrupted(document, stop)))
-        written.append(f"--json {args.json}")
-    return ", wrote " + " and ".join(written) if written else ""
+        text = dump_json(document if stop is None else interrupted(document, stop))
+
+        def write(fh: TextIO) -> None:
+            fh.write(text)
+
+        saved.write("--json", args.json, write)
+    return saved

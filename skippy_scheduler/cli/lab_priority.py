@@ -4,7 +4,6 @@ interrupted run writes its --json for the rules that finished."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import replace
 from typing import Any, Optional
@@ -16,7 +15,7 @@ from ..lab.priority import (PriorityScenario, RULES, format_priority_table,
 from ..lab.suite import SuiteOptions
 from ._common import CommandError, check_output_file
 from .interrupt import Interrupted, saving
-from .lab_runs import _overrides, interrupted
+from .lab_runs import Saved, _overrides, finish, interrupted, json_writer
 
 _SCENARIO = {"requests": "requests", "seed": "seed", "rate": "rate",
              "priority_share": "urgent_share"}
@@ -68,20 +67,18 @@ def run_priority_command(args: argparse.Namespace, modes: Optional[list[str]],
         return {"backend": backend.name, "cost_model": cost.lab_dict(),
                 "scenario": scenario.as_dict(), "runs": [r.figures for r in runs]}
 
+    stopped: Optional[Interrupted] = None
+    saved = Saved()
     try:
-        runs = run_priority_scenario(scenario, RULES, options, cost, backend=backend,
-                                     on_run=emit)
+        run_priority_scenario(scenario, RULES, options, cost, backend=backend, on_run=emit)
     except Interrupted as stop:
-        with saving():  # with nothing finished too: a script waiting for the file gets one
-            _write(args.json, interrupted(document(finished), stop))
-        raise stop.keeping(f"{len(finished)} of {len(RULES)} rules printed"
-                           + (f", wrote --json {args.json}" if args.json else "")) from None
-    _write(args.json, document(runs))
-    return 0
-
-
-def _write(path: Optional[str], document: dict[str, Any]) -> None:
-    if path:
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump(document, fh, indent=2)
-            fh.write("\n")
+        if len(finished) < len(RULES):
+            with saving():  # with nothing finished too: a script waiting for the file gets one
+                saved.write("--json", args.json,
+                            json_writer(interrupted(document(finished), stop)))
+            raise stop.keeping(f"{len(finished)} of {len(RULES)} rules printed"
+                               + saved.kept()) from None
+        stopped = stop  # after the last rule: the file is whole all the same
+    with saving():  # every rule ran: a signal now cannot cut the file short
+        saved.write("--json", args.json, json_writer(document(finished)))
+    return finish(saved, stopped, f"all {len(RULES)} rules printed")

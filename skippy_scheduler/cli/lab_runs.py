@@ -1,17 +1,25 @@
 """The two long runs of `skippy-scheduler lab`: the workload suite and the trace replay.
 
 Both print one table row per (policy, mode) run as it finishes and collect the finished runs,
-so an interrupted run still writes its JSON and plots for the runs that finished.
+so an interrupted run still writes its JSON and plots for the runs that finished. Once the last
+run has finished, the outputs are printed and written with both signals ignored (`saving()`):
+a signal then changes nothing but the exit status, and never leaves half a file. A file is
+written whole or not at all (`write_output`), and one that cannot be written is the command's
+one-line error after everything else was printed and written.
 """
 from __future__ import annotations
 
 import argparse
+import array
+import contextlib
 import json
 import math
 import os
+import secrets
+import stat
 import sys
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TextIO
 
 import numpy as np
 
@@ -25,12 +33,16 @@ from ..lab.options import ALL_MODES, RunOptions
 from ..lab.suite import (MODES, POLICIES as SUITE_POLICIES, SuiteOptions, format_suite,
                          run_suite, suite_units)
 from ..lab.tails import TAILS_NOTE, format_tails
-from ..lab.traces import Trace, TraceError, TraceRequest
+from ..lab.traces import Trace, TraceError, TraceRequest, request_id
 from ..lab.workload import Workload, WorkloadSpec, generate
 from ..selection import POLICIES
 from ._common import (CommandError, check_distinct_outputs, check_output_dir,
                       check_output_file)
 from .interrupt import Interrupted, saving
+
+# The files --plot DIR gets (lab/plot.py's plot_suite and plot_trace): no other output may be one.
+SUITE_PLOTS = ("ttft_cdf.png", "batch_occupancy.png", "queue_depth.png")
+TRACE_PLOTS = ("trace_ttft_cdf.png", "trace_hit_rate.png", "trace_queue_depth.png")
 
 # argparse destination -> WorkloadSpec field / SuiteOptions (and ReplayOptions) field.
 _SPEC_OPTIONS = {"requests": "requests", "seed": "seed", "rate": "rate", "families": "families",
@@ -97,18 +109,22 @@ def _tails(args: argparse.Namespace, runs: list[Any], document: dict[str, Any]) 
     document["tails"] = [{"policy": r.policy, "mode": r.mode, **r.tails} for r in runs]
 
 
-def _trace_id(i: int) -> str:
-    return f"r{i}"  # (lab/traces.py names a trace's requests so)
-
-
-def _check_outputs(args: argparse.Namespace) -> None:
-    """--json, --requests-out and --plot: writable, none of them an input or another."""
+def _check_outputs(args: argparse.Namespace, plots: tuple[str, ...]) -> None:
+    """--json, --requests-out and --plot: writable, none of them an input or another, nor one
+    of the `plots` that --plot DIR gets."""
     inputs = [("--trace", getattr(args, "trace", None)),
               ("--cost-model", getattr(args, "cost_model", None))]
     check_output_file("--json", args.json, inputs)
     check_output_file("--requests-out", args.requests_out, inputs)
     check_distinct_outputs(("--json", args.json), ("--plot", args.plot),
                            ("--requests-out", args.requests_out))
+    if args.plot:
+        written = {os.path.realpath(os.path.join(args.plot, name)): name for name in plots}
+        for option, path in (("--json", args.json), ("--requests-out", args.requests_out)):
+            name = written.get(os.path.realpath(path)) if path else None
+            if name is not None:
+                raise CommandError(f"{option}: {path} is the plot {name} that --plot "
+                                   f"{args.plot} writes (give another path)")
     _check_plot(args.plot)
 
 
@@ -146,30 +162,129 @@ def interrupted(document: dict[str, Any], stop: Interrupted) -> dict[str, Any]:
     return document
 
 
+def _write_in_place(path: str, write: Callable[[TextIO], None]) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        write(fh)
+
+
+def _write_whole(path: str, write: Callable[[TextIO], None]) -> None:
+    target = os.path.realpath(path)  # a symbolic link stays one: its target is replaced
+    try:
+        st: Optional[os.stat_result] = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    euid = getattr(os, "geteuid", None)
+    if st is not None and (not stat.S_ISREG(st.st_mode) or st.st_nlink > 1
+                           or (euid is not None and st.st_uid != euid())):
+        # A device or a pipe (/dev/stdout), a file with other names, or another user's: a
+        # new file renamed over it would not be it.
+        _write_in_place(path, write)
+        return
+    folder, name = os.path.split(target)
+    part = os.path.join(folder, f".{name}.{secrets.token_hex(4)}.part")
+    try:
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError:  # no file can be made beside it (a folder we may not write): in place
+        _write_in_place(path, write)
+        return
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            if st is not None:
+                os.chmod(part, stat.S_IMODE(st.st_mode))  # the file keeps its permissions
+            write(fh)
+        os.replace(part, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(part)
+        raise
+
+
+def write_output(option: str, path: str, write: Callable[[TextIO], None]) -> None:
+    """Write the output file `path` (`option`'s) with `write(fh)`, whole or not at all: a
+    regular file, or a new one, is written beside itself and renamed over itself once
+    complete, so that a write that fails (a full disk) leaves the file as it was; anything else
+    (/dev/stdout, a pipe) is written in place. An OSError is a `CommandError` naming `option`
+    and the path (the command's one-line error)."""
+    try:
+        _write_whole(path, write)
+    except OSError as exc:
+        raise CommandError(f"{option}: cannot write {path}: {exc.strerror or exc}") from None
+
+
+def json_writer(document: Any) -> Callable[[TextIO], None]:
+    """What writes `document` as indented JSON, for `write_output`."""
+    def write(fh: TextIO) -> None:
+        json.dump(document, fh, indent=2)
+        fh.write("\n")
+
+    return write
+
+
+class Saved:
+    """What a command's final writes did: the outputs written (`--json FILE`, ...) and the ones
+    that failed (one message each). Every output is tried, whatever failed before it."""
+
+    def __init__(self) -> None:
+        self.written: list[str] = []
+        self.failed: list[str] = []
+
+    def write(self, option: str, path: Optional[str], write: Callable[[TextIO], None]) -> None:
+        """`write_output(option, path, write)` if `path` is given, its error kept."""
+        if not path:
+            return
+        try:
+            write_output(option, path, write)
+        except CommandError as exc:
+            self.failed.append(str(exc))
+        else:
+            self.written.append(f"{option} {path}")
+
+    def wrote(self) -> str:
+        """', wrote --json F and --plot D', or ''."""
+        return ", wrote " + " and ".join(self.written) if self.written else ""
+
+    def kept(self) -> str:
+        """The end of the interrupt line: what was written, then what could not be."""
+        return self.wrote() + "".join(f"; {failure}" for failure in self.failed)
+
+    def check(self) -> None:
+        """A `CommandError` if an output could not be written (naming what was)."""
+        if self.failed:
+            raise CommandError("; ".join(self.failed) + f" (the results are printed"
+                               f"{self.wrote()})")
+
+
+def finish(saved: Saved, stopped: Optional[Interrupted], what: str) -> int:
+    """The end of a command whose work was all done and whose outputs were written: exit 0, a
+    write error's one line, or, if a signal came once the work was done (`stopped`), the
+    interrupt line saying that `what` finished."""
+    if stopped is not None:
+        raise stopped.keeping(what + saved.kept())
+    saved.check()
+    return 0
+
+
 def _save(args: argparse.Namespace, document: Any, runs: list[Any], plot: Any,
-          ids: Any = None, **plot_kwargs: Any) -> str:
-    """Write --json, --requests-out and --plot for `runs`; return what was written, for the
-    interrupt line. `ids(i)`: the id of request i (the suite's or the trace's naming)."""
-    written = []
+          ids: Any = None, **plot_kwargs: Any) -> Saved:
+    """Write --json, --requests-out and --plot for `runs`; return what was written and what
+    failed. `ids(i)`: the id of request i (the suite's or the trace's naming)."""
+    saved = Saved()
     if getattr(args, "requests_out", None) and ids is not None:
-        with open(args.requests_out, "w", encoding="utf-8") as fh:
+        def lines(fh: TextIO) -> None:
             for row in request_lines(runs, ids):
                 fh.write(json.dumps(row) + "\n")
-        written.append(f"--requests-out {args.requests_out}")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(document, fh, indent=2)
-            fh.write("\n")
-        written.append(f"--json {args.json}")
+
+        saved.write("--requests-out", args.requests_out, lines)
+    saved.write("--json", args.json, json_writer(document))
     if args.plot and runs:
         try:
             for path in plot(runs, args.plot, **plot_kwargs):
                 print(f"# wrote {path}", file=sys.stderr)
         except OSError as exc:  # the folder changed since it was checked
-            raise CommandError(f"--plot: cannot write into {args.plot}: "
-                               f"{exc.strerror or exc}") from None
-        written.append(f"--plot {args.plot}")
-    return ", wrote " + " and ".join(written) if written else ""
+            saved.failed.append(f"--plot: cannot write into {args.plot}: {exc.strerror or exc}")
+        else:
+            saved.written.append(f"--plot {args.plot}")
+    return saved
 
 
 def run_suite_command(args: argparse.Namespace, modes: Optional[list[str]],
@@ -181,7 +296,7 @@ def run_suite_command(args: argparse.Namespace, modes: Optional[list[str]],
     policies = list(dict.fromkeys(args.policy or SUITE_POLICIES))  # each one once
     modes = modes or list(MODES) + (["slack"] if getattr(args, "slack", None) else [])
     _check_modes(modes)
-    _check_outputs(args)
+    _check_outputs(args, SUITE_PLOTS)
     try:
         spec = replace(WorkloadSpec(), **_overrides(args, _SPEC_OPTIONS)).validate()
         options = replace(SuiteOptions(), record_series=bool(args.plot),
@@ -219,39 +334,49 @@ def run_suite_command(args: argparse.Namespace, modes: Optional[list[str]],
     from ..lab.plot import plot_suite
 
     title = f"suite: {spec.requests} requests at {spec.rate:g}/s, seed {spec.seed}"
+    total = len(policies) * len(modes)
+    stopped: Optional[Interrupted] = None
     try:
-        runs = run_suite(workload, policies, modes, options, cost, backend=backend,
-                         on_run=emit)
+        run_suite(workload, policies, modes, options, cost, backend=backend, on_run=emit)
     except LabStalled as exc:
         raise _stalled(exc, options) from None
     except Interrupted as stop:
-        with saving():  # with nothing finished too: a script waiting for the file gets one
-            kept = _save(args, interrupted(document(finished), stop), finished, plot_suite,
-                         ids=workload.request_id, title=title)
-        raise stop.keeping(f"{len(finished)} of {len(policies) * len(modes)} runs printed"
-                           + kept) from None
-    doc = document(runs)
-    _tails(args, runs, doc)
-    _save(args, doc, runs, plot_suite, ids=workload.request_id, title=title)
-    return 0
+        if len(finished) < total:
+            with saving():  # with nothing finished too: a script waiting for the file gets one
+                saved = _save(args, interrupted(document(finished), stop), finished,
+                              plot_suite, ids=workload.request_id, title=title)
+            raise stop.keeping(f"{len(finished)} of {total} runs printed" + saved.kept()) \
+                from None
+        stopped = stop  # after the last run: the outputs are whole all the same
+    with saving():  # every run finished: a signal now cannot cut the outputs short
+        doc = document(finished)
+        _tails(args, finished, doc)
+        saved = _save(args, doc, finished, plot_suite, ids=workload.request_id, title=title)
+    return finish(saved, stopped, f"all {total} runs printed")
 
 
 def _fmt(value: Any) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-def _open_trace(args: argparse.Namespace, options: RunOptions) -> Trace:
+def _open_trace(args: argparse.Namespace,
+                options: RunOptions) -> tuple[Trace, Callable[[int], Optional[str]]]:
     """The trace, read once before any replay: a malformed line, or a request the memory
     model cannot hold, is reported before work starts, and the header can describe the
-    trace."""
+    trace. With it, `ids(i)`: the id of the trace's request i (`r<data row>`, which skips a
+    BurstGPT trace's failed rows), kept for --requests-out."""
     memory = options.kv_capacity_tokens > 0
     need, largest = 0, None
+    rows = array.array("q")  # each request's data row, for --requests-out
+    keep_rows = bool(getattr(args, "requests_out", None))
     try:
         trace = Trace(args.trace, args.format or "auto",
                       time_scale=1.0 if args.time_scale is None else args.time_scale,
                       limit=args.limit, tenants=args.tenants)
         request: TraceRequest
         for request in trace:
+            if keep_rows and request.row is not None:
+                rows.append(request.row)
             if memory:
                 cells = options.kv_cells_needed(request.input_length, request.output_length)
                 if cells > need:
@@ -268,7 +393,11 @@ def _open_trace(args: argparse.Namespace, options: RunOptions) -> Trace:
         raise CommandError(_kv_message(options, need, largest.id, largest.input_length,
                                        largest.output_length,
                                        f"line {largest.line} of {args.trace}: "))
-    return trace
+
+    def ids(i: int) -> Optional[str]:
+        return request_id(rows[i]) if i < len(rows) else None
+
+    return trace, ids
 
 
 def format_slo_lines(runs: list[Any], options: ReplayOptions) -> str:
@@ -293,7 +422,7 @@ def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
         raise CommandError("--trace replays one planning mode at a time: --mixed, "
                            "--no-mixed or --slack")
     mode = modes[0]
-    _check_outputs(args)
+    _check_outputs(args, TRACE_PLOTS)
     cache = args.prefix_cache_tokens
     cache = DEFAULT_PREFIX_CACHE_TOKENS if cache is None else (None if cache == "unlimited"
                                                                else cache)
@@ -306,7 +435,7 @@ def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
     if options.slo_told and mode != "slack":
         raise CommandError("--slo tells the slack rule the SLO: give --slack too")
     _check_slack_target(modes, options)
-    trace = _open_trace(args, options)
+    trace, ids = _open_trace(args, options)
     stats = trace.stats
     out = sys.stdout
     info = {"path": args.trace, "format": trace.format, "time_scale": trace.time_scale,
@@ -340,25 +469,31 @@ def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
         title += f", first {trace.limit} requests"
     if args.tenants is not None:
         title += f", {args.tenants} hashed tenants"
+    stopped: Optional[Interrupted] = None
     try:
-        runs = run_replays(trace, policies, mode, options, cost, backend=backend, on_run=emit,
-                           total=stats.requests)
+        run_replays(trace, policies, mode, options, cost, backend=backend, on_run=emit,
+                    total=stats.requests)
     except TraceError as exc:  # the file changed since it was checked
         raise CommandError(str(exc)) from None
     except LabStalled as exc:
         raise _stalled(exc, options) from None
     except Interrupted as stop:
-        with saving():  # with nothing finished too: a script waiting for the file gets one
-            kept = _save(args, interrupted(trace_document(info, finished), stop), finished,
-                         plot_trace, ids=_trace_id, title=title)
-        raise stop.keeping(f"{len(finished)} of {len(policies)} policies printed" + kept) \
-            from None
-    tenants = format_tenant_table(runs)
-    if tenants:
-        out.write("\n" + tenants)
-    if options.slo_told:
-        out.write("\n" + format_slo_lines(runs, options))
-    doc = trace_document(info, runs)
-    _tails(args, runs, doc)
-    _save(args, doc, runs, plot_trace, ids=_trace_id, title=title)
-    return 0
+        if len(finished) < len(policies):
+            with saving():  # with nothing finished too: a script waiting for the file gets one
+                saved = _save(args, interrupted(trace_document(info, finished), stop),
+                              finished, plot_trace, ids=ids, title=title)
+            raise stop.keeping(f"{len(finished)} of {len(policies)} policies printed"
+                               + saved.kept()) from None
+        stopped = stop  # after the last replay: the outputs are whole all the same
+    with saving():  # every replay finished: a signal now cannot cut the outputs short
+        runs = finished
+        tenants = format_tenant_table(runs)
+        if tenants:
+            out.write("\n" + tenants)
+        if options.slo_told:
+            out.write("\n" + format_slo_lines(runs, options))
+        out.flush()
+        doc = trace_document(info, runs)
+        _tails(args, runs, doc)
+        saved = _save(args, doc, runs, plot_trace, ids=ids, title=title)
+    return finish(saved, stopped, f"all {len(policies)} policies printed")

@@ -188,15 +188,18 @@ def offload_argv(args: argparse.Namespace) -> list[str]:
 
 def resolve_for(args: argparse.Namespace, model: str, *, n_ctx: Optional[int], lanes: int,
                 holders: int = 0, unified: bool = False, share_ctx: bool = False,
-                n_batch: Optional[int] = None, cpu_batch: int = CPU_BATCH) -> Any:
-    """`hosts.llama.fit.resolve` with the command's flags; its refusals as CommandError."""
+                n_batch: Optional[int] = None, cpu_batch: int = CPU_BATCH,
+                lower: str = "-c/--ctx-size or -np") -> Any:
+    """`hosts.llama.fit.resolve` with the command's flags; its refusals as CommandError
+    (`lower`: the flags they tell the user to lower)."""
     from ..hosts.llama.fit import resolve
     from ..hosts.offload import ModelFileError
 
     try:
         return resolve(model, offload_spec(args), n_ctx=n_ctx, lanes=lanes, holders=holders,
                        unified=unified, share_ctx=share_ctx, kv_type=args.kv_type,
-                       flash_attn=args.flash_attn, n_batch=n_batch, cpu_batch=cpu_batch)
+                       flash_attn=args.flash_attn, n_batch=n_batch, cpu_batch=cpu_batch,
+                       lower=lower)
     except ModelFileError as exc:
         raise CommandError(f"--model: {exc}") from None  # as check_model_file names it
     except (FitError, RpcError) as exc:

@@ -8,7 +8,9 @@ It reports what each client saw (generated tokens, queue wait, TTFT, inter-token
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import re
 import sys
 from typing import Any, Optional
 
@@ -24,6 +26,7 @@ from ._common import (DEFAULT_THREADS, LLAMA_MAX_SEQUENCES, CommandError, add_mo
                       non_negative_int, non_negative_ms, positive_int, positive_ms,
                       refuse_rpc_with_stages)
 from .interrupt import Interrupted, saving
+from .lab_runs import Saved, json_writer
 from .stage import (add_stage_cache_flag, check_stage_cache_flag, stage_addresses,
                     stage_directory)
 from .vocabulary import add_flag
@@ -38,6 +41,8 @@ BUILTIN_PROMPTS: list[Any] = [
     "a b c d e f g",
 ]
 CELLS_PER_LANE_STEP = 256  # llama.cpp pads each sequence's KV stream to a multiple of this
+# The most compute threads llama.cpp runs (ggml's GGML_MAX_N_THREADS): more fail to start (32768:
+# libgomp cannot create them) or crash it (65536).
 PROGRESS_DELAY_S = 1.0  # a run shows its progress bar (on a terminal) once it lasts this long
 # The summary's percentiles: (summary name, the record's figure or figures).
 _PERCENTILES = (("queue_wait", "queue_wait_us"), ("ttft", "ttft_us"), ("itl", "itl_us"),
@@ -104,18 +109,62 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _deepest_line(text: str) -> int:
+    """The line of `text` (JSON) where its nesting first reaches its deepest (strings
+    skipped): where a document nested too deeply for the parser goes too deep."""
+    depth = deepest = 0
+    line = where = 1
+    in_string = escaped = False
+    for ch in text:
+        if ch == "\n":
+            line += 1
+        elif in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest, where = depth, line
+        elif ch in "]}":
+            depth -= 1
+    return where
+
+
+def _long_number_line(text: str) -> Optional[int]:
+    """The line of the first number in `text` longer than Python reads (None if none)."""
+    limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
+    found = re.search(r"\d{%d,}" % (limit + 1), text) if limit else None
+    return text.count("\n", 0, found.start()) + 1 if found else None
+
+
 def load_prompts(path: str | None) -> list[Any]:
     if path is None:
         return list(BUILTIN_PROMPTS)
+    text = ""
     try:
         with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+            text = fh.read()
+        data = json.loads(text)
     except FileNotFoundError:
         raise CommandError(f"--prompts: file not found: {path}") from None
     except OSError as exc:
         raise CommandError(f"--prompts: cannot read {path}: {exc.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CommandError(f"--prompts: {path} is not valid JSON ({exc})") from None
+    except RecursionError:  # [[[[...: deeper than the parser goes
+        raise CommandError(f"--prompts: {path} is not valid JSON (line {_deepest_line(text)}: "
+                           "nested too deeply)") from None
+    except ValueError as exc:  # an integer of more digits than Python reads
+        line = _long_number_line(text)
+        raise CommandError(f"--prompts: {path} is not valid JSON ("
+                           + (f"line {line}: " if line else "")
+                           + f"{str(exc).split(';')[0]})") from None
     if not isinstance(data, list) or not data:
         raise CommandError("--prompts must hold a non-empty JSON list")
     for i, item in enumerate(data):
@@ -185,7 +234,14 @@ def run(args: argparse.Namespace) -> int:
     check_stage_cache_flag(args)
     prompts = load_prompts(args.prompts)
     llama = import_llama_host()
+    # From the end of the run on (serve_prompts enters saving() into it), both signals are
+    # ignored: closing the model and the temporary folder, printing and writing go to the end.
+    with contextlib.ExitStack() as finishing:
+        return _run(args, llama, prompts, holders, finishing)
 
+
+def _run(args: argparse.Namespace, llama: Any, prompts: list[Any], holders: int,
+         finishing: contextlib.ExitStack) -> int:
     with model_path(args) as model:
         n_ctx, lane = _n_ctx(args, prompts, holders)
         n_seq, n_batch = args.max_active, args.max_num_batched_tokens
@@ -195,6 +251,7 @@ def run(args: argparse.Namespace) -> int:
             args.inflight = args.inflight or 1  # the pipeline depth: one stage's work at a time
             requests, report, settings, summary = run_staged(args, prompts, n_seq,
                                                              n_batch or CPU_BATCH, lane)
+            finishing.enter_context(saving())
         else:
             fit = resolve_for(args, model, n_ctx=n_ctx, lanes=n_seq,
                               holders=holders if args.prefix_cache_tokens else 0,
@@ -218,8 +275,8 @@ def run(args: argparse.Namespace) -> int:
             except llama.LlamaLoadError as exc:  # a context too large for the memory, ...
                 raise CommandError(str(exc)) from None
             with host:
-                requests, report, settings, summary = serve_prompts(args, host, prompts, n_seq,
-                                                                    n_batch, lane)
+                requests, report, settings, summary = serve_prompts(
+                    args, host, prompts, n_seq, n_batch, lane, finishing=finishing)
     stopped = summary.pop("interrupted", None)
     if stopped is not None:  # the figures of the requests printed, not of the ones cut short
         summary.update(finished_percentiles(report.records))
@@ -232,16 +289,14 @@ def run(args: argparse.Namespace) -> int:
         "summary": summary,
     }
     if stopped is None:
-        _save(args, doc)
+        _save(args, doc).check()
         return 0
     if not doc["requests"]:
         raise stopped
     doc["interrupted"] = stopped.signal_name
-    with saving():
-        _save(args, doc)
+    saved = _save(args, doc)
     raise stopped.keeping(f"{len(doc['requests'])} of {len(requests)} requests had finished "
-                          f"and are printed" + (f", wrote --json {args.json}" if args.json
-                                                else ""))
+                          f"and are printed" + saved.kept())
 
 
 def finished_percentiles(records: list[Any]) -> dict[str, float]:
@@ -279,12 +334,15 @@ def _progress(engine: Any, total: int) -> Progress:
 
 
 def serve_prompts(args: argparse.Namespace, host: Any, prompts: list[Any], n_seq: int,
-                  n_batch: int, lane: Optional[int] = None) -> tuple[Any, Any, Any, Any]:
+                  n_batch: int, lane: Optional[int] = None, *,
+                  finishing: Optional[contextlib.ExitStack] = None) -> tuple[Any, Any, Any, Any]:
     """Run the prompts through the scheduler on `host`: (requests, report, settings, summary).
 
     lane: KV cells of one lane, when known: a prompt that cannot fit its lane is refused before
     the run. Interrupted by SIGINT or SIGTERM, the run stops and the summary holds the
     `Interrupted` under "interrupted" (the report covers what happened until then).
+    finishing: once the run has ended (finished or interrupted), `saving()` is entered into it,
+    so that a signal cannot stop the caller before it has printed and saved the results.
     """
     from .. import PlanningRule, SchedulerConfig
     from ..engine import Engine, Request
@@ -330,6 +388,8 @@ def serve_prompts(args: argparse.Namespace, host: Any, prompts: list[Any], n_seq
     except Interrupted as stop:
         stopped, report = stop, engine.report()
     finally:
+        if finishing is not None:
+            finishing.enter_context(saving())
         bar.close()
     settings = dict(host.settings, scheduler=args.scheduler, max_tokens=args.max_tokens,
                     arrival_interval_ms=args.arrival_interval_ms, policy=args.policy,
@@ -343,12 +403,14 @@ def serve_prompts(args: argparse.Namespace, host: Any, prompts: list[Any], n_seq
     return requests, report, settings, summary
 
 
-def _save(args: argparse.Namespace, doc: dict[str, Any]) -> None:
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, indent=2)
-            fh.write("\n")
+def _save(args: argparse.Namespace, doc: dict[str, Any]) -> Saved:
+    """Print the results, then write --json (a `Saved`: a write error is reported after the
+    table, which it cannot lose)."""
     _print_run(doc)
+    sys.stdout.flush()
+    saved = Saved()
+    saved.write("--json", args.json, json_writer(doc))
+    return saved
 
 
 def _reuse_summary(metrics: Any, store: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any, Optional
 import signal
 import sys
 
-from ._common import CommandError, check_gguf, check_model_file, positive_int
+from ._common import CommandError, check_gguf, check_model_file, positive_int, thread_count
 from .vocabulary import add_flag
 
 
@@ -26,7 +26,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--listen", metavar="ADDR", required=True, type=listen_address,
                    help="pyzmq address to bind, e.g. tcp://127.0.0.1:5601 (a port of * "
                         "takes a free one, printed at start) or ipc:///tmp/s0")
-    add_flag(p, "threads", type=positive_int, default_text="what the driver asks")
+    add_flag(p, "threads", type=thread_count, default_text="what the driver asks")
     from ..hosts.stages.wire import DEFAULT_MAX_BATCH_TOKENS  # (no llama.cpp needed)
 
     p.add_argument("--max-batch-tokens", type=positive_int, default=DEFAULT_MAX_BATCH_TOKENS,

@@ -355,7 +355,8 @@ def place(fp: ModelFootprint, devices: Sequence[Device], spec: OffloadSpec, *,
           n_ctx: int | None, streams: int, unified: bool, kv_type: str, n_ubatch: int,
           flash_attn: bool, lanes: int = 0, host: Device | None = None,
           margin: int = DEFAULT_MARGIN, ctx_floor: int = CTX_FLOOR,
-          ctx_quantum: int = CELL_PAD, no_gpu: str = NO_GPU_BACKEND) -> Placement:
+          ctx_quantum: int = CELL_PAD, no_gpu: str = NO_GPU_BACKEND,
+          lower: str = "-c/--ctx-size or -np") -> Placement:
     """Place the model (see the module docstring). `n_ctx=None`: the context from the model
     (its training context, at least `ctx_quantum`, lowered towards `ctx_floor` when that does
     not fit, never below the smaller of the two unless asked). `host`: the CPU device, whose free memory
@@ -363,7 +364,8 @@ def place(fp: ModelFootprint, devices: Sequence[Device], spec: OffloadSpec, *,
     caller passes 256 × lanes so every lane gets whole padded cells). `lanes` > 0: the context
     is the lanes' (`-c`), and each of the other `streams - lanes` sequence ids (prefix holders)
     gets a lane's share on top, as the server sizes them. `no_gpu`: why no layer goes to a
-    GPU when the devices hold none (`describe_no_gpu`)."""
+    GPU when the devices hold none (`describe_no_gpu`). `lower`: the flags a refusal tells the
+    user to lower (the command's own)."""
     if spec.split_mode not in SPLIT_MODES:
         raise FitError(f"-sm must be one of {', '.join(SPLIT_MODES)}, got {spec.split_mode!r}")
     if kv_type not in KV_BYTES:
@@ -438,7 +440,7 @@ def place(fp: ModelFootprint, devices: Sequence[Device], spec: OffloadSpec, *,
         bad = over(need, False)
         if bad:
             raise FitError(f"a context of {ctx} tokens ({cells} KV cells, {kv_type}) does not "
-                           f"fit: {'; '.join(bad)}; lower -c/--ctx-size or -np{holders}")
+                           f"fit: {'; '.join(bad)}; lower {lower}{holders}")
         note = why_none if not gpus else ("" if g == n_all else
                                           f"the rest does not fit in {_gib(margin)} less than "
                                           "the free memory")
@@ -453,8 +455,8 @@ def place(fp: ModelFootprint, devices: Sequence[Device], spec: OffloadSpec, *,
         if bad:
             what = f"{g}/{n_all} layers" if g else "the model"
             raise FitError(f"{what} with a context of {ctx} tokens ({cells} KV cells, "
-                           f"{kv_type}) do not fit: {'; '.join(bad)}; lower -ngl, -c/--ctx-size "
-                           f"or -np{holders}")
+                           f"{kv_type}) do not fit: {'; '.join(bad)}; lower -ngl, {lower}"
+                           f"{holders}")
         note = why_none if not gpus else ("" if g == n_all else f"-ngl {asked}")
         if gpus and g == 0:
             note = f"-ngl {asked}"

@@ -92,9 +92,12 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
                    reserve=options.reserve)
     arrivals = workload.arrival_us.tolist()
     bar = Progress(n, f"{policy}/{mode}", enabled=progress)
-    report, wall = drive(sched, host, (SuiteRequest(workload, r, arrivals[r]) for r in range(n)),
-                         cost, label=f"{policy}/{mode}", progress=bar.update, every=512)
-    bar.close()
+    try:
+        report, wall = drive(sched, host,
+                             (SuiteRequest(workload, r, arrivals[r]) for r in range(n)), cost,
+                             label=f"{policy}/{mode}", progress=bar.update, every=512)
+    finally:  # cleared on Ctrl-C too, before the interrupt's line
+        bar.close()
 
     metrics = sched.metrics()
     lat = Latency.of(report, workload.output_len, options.ttft_target_ms, options.itl_target_ms,

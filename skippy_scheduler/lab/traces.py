@@ -87,6 +87,12 @@ def synthesize_prompt(blocks: Any, length: int) -> np.ndarray:
     return (tokens % TOKEN_MODULUS).astype(np.int32)
 
 
+def request_id(row: int) -> str:
+    """The id of the request on data row `row` of a trace (from 0, skipped rows counted: a
+    BurstGPT trace's ids skip its failed requests)."""
+    return f"r{row}"
+
+
 def blocks_for(length: int) -> int:
     """Number of 512-token blocks a prompt of `length` tokens spans."""
     return -(-length // BLOCK_TOKENS)
@@ -101,10 +107,11 @@ class TraceRequest:
     """
 
     __slots__ = ("id", "arrival_us", "input_length", "output_length", "blocks", "tenant", "line",
-                 "_prompt")
+                 "row", "_prompt")
 
     def __init__(self, id: str, arrival_us: float, input_length: int, output_length: int,
-                 blocks: Any, tenant: Optional[str] = None, line: int = 0) -> None:
+                 blocks: Any, tenant: Optional[str] = None, line: int = 0,
+                 row: Optional[int] = None) -> None:
         self.id = id
         self.arrival_us = arrival_us
         self.input_length = input_length
@@ -112,6 +119,7 @@ class TraceRequest:
         self.blocks = blocks
         self.tenant = tenant
         self.line = line
+        self.row = row  # its data row, from 0 (a BurstGPT trace's skipped failures counted)
         self._prompt: Optional[np.ndarray] = None
 
     def prompt_array(self) -> np.ndarray:
@@ -172,11 +180,19 @@ def _open_text(path: str) -> TextIO:
     return open(path, "r", encoding="utf-8-sig", newline="")
 
 
+def _first_line(fh: TextIO) -> tuple[int, str]:
+    """(line number, text) of the file's first line that is not blank; (0, "") if none."""
+    for lineno, text in enumerate(fh, 1):
+        if text.strip():
+            return lineno, text
+    return 0, ""
+
+
 def detect_format(path: str) -> str:
-    """`mooncake`, `azure` or `burstgpt`, from the first line of the file."""
+    """`mooncake`, `azure` or `burstgpt`, from the first line of the file that is not blank."""
     try:
         with _open_text(path) as fh:
-            first = fh.readline()
+            lineno, first = _first_line(fh)
     except FileNotFoundError:
         raise TraceError(f"{path}: trace file not found") from None
     except IsADirectoryError:
@@ -196,8 +212,9 @@ def detect_format(path: str) -> str:
     if all(c in header for c in _BURST_COLUMNS):
         return "burstgpt"
     raise TraceError(
-        f"{path}:1: unknown trace format (expected a Mooncake JSON line, an Azure header "
-        f"{','.join(_AZURE_COLUMNS)} or a BurstGPT header with {', '.join(_BURST_COLUMNS)})")
+        f"{path}:{lineno}: unknown trace format (expected a Mooncake JSON line, an Azure "
+        f"header {','.join(_AZURE_COLUMNS)} or a BurstGPT header with "
+        f"{', '.join(_BURST_COLUMNS)})")
 
 
 def _in_range(path: str, line: int, name: str, value: int, minimum: int) -> int:
@@ -235,6 +252,12 @@ def _mooncake_rows(path: str) -> Iterator[Row]:
             except json.JSONDecodeError as exc:
                 raise TraceFormatError(path, lineno, "json", f"not a JSON object ({exc.msg} at "
                                                              f"column {exc.colno})") from None
+            except RecursionError:  # [[[[...: deeper than the parser goes
+                raise TraceFormatError(path, lineno, "json",
+                                       "not a JSON object (nested too deeply)") from None
+            except ValueError as exc:  # e.g. an integer of more digits than Python reads
+                raise TraceFormatError(path, lineno, "json", "not a JSON object the reader "
+                                       f"takes ({str(exc).split(';')[0]})") from None
             if not isinstance(row, dict):
                 raise TraceFormatError(path, lineno, "json", "not a JSON object")
             for key in ("timestamp", "input_length", "output_length", "hash_ids"):
@@ -273,14 +296,16 @@ def _mooncake_rows(path: str) -> Iterator[Row]:
             yield lineno, ts * 1000.0, n_in, n_out, ids, tenant
 
 
-def _header(path: str, fh: TextIO, required: tuple[str, ...]) -> dict[str, int]:
-    first = fh.readline()
+def _header(path: str, fh: TextIO, required: tuple[str, ...]) -> tuple[dict[str, int], int]:
+    """The CSV header, the first line that is not blank: (column index by name, its line)."""
+    lineno, first = _first_line(fh)
     header = [cell.strip() for cell in first.rstrip("\r\n").split(",")]
     missing = [c for c in required if c not in header]
     if missing:
-        raise TraceFormatError(path, 1, "header", f"missing column(s) {', '.join(missing)} "
-                                                  f"(header is {first.strip()!r})")
-    return {name: k for k, name in enumerate(header)}
+        raise TraceFormatError(path, max(lineno, 1), "header",
+                               f"missing column(s) {', '.join(missing)} "
+                               f"(header is {first.strip()!r})")
+    return {name: k for k, name in enumerate(header)}, lineno
 
 
 def _cells(path: str, lineno: int, text: str, width: int) -> list[str]:
@@ -310,10 +335,10 @@ def _azure_time_ns(path: str, lineno: int, text: str) -> int:
 
 def _azure_rows(path: str) -> Iterator[Row]:
     with _open_text(path) as fh:
-        col = _header(path, fh, _AZURE_COLUMNS)
+        col, header_line = _header(path, fh, _AZURE_COLUMNS)
         width = len(col)
         t0 = None
-        for lineno, text in enumerate(fh, 2):
+        for lineno, text in enumerate(fh, header_line + 1):
             if not text.strip():
                 continue
             cells = _cells(path, lineno, text, width)
@@ -327,11 +352,11 @@ def _azure_rows(path: str) -> Iterator[Row]:
 
 def _burstgpt_rows(path: str, stats: TraceStats) -> Iterator[Row]:
     with _open_text(path) as fh:
-        col = _header(path, fh, _BURST_COLUMNS)
+        col, header_line = _header(path, fh, _BURST_COLUMNS)
         width = len(col)
         session = next((col[name] for name in _BURST_SESSION if name in col), None)
         t0 = None
-        for lineno, text in enumerate(fh, 2):
+        for lineno, text in enumerate(fh, header_line + 1):
             if not text.strip():
                 continue
             cells = _cells(path, lineno, text, width)
@@ -425,7 +450,8 @@ class Trace:
                 nb = blocks_for(n_in)
                 blocks = range(next_block, next_block + nb)
                 next_block += nb
-            rid = f"r{stats.rows - 1}"
+            row = stats.rows - 1
+            rid = request_id(row)
             if self.tenants is not None:
                 tenant = tenant_of_id(rid, self.tenants)
             if first_time is None:
@@ -447,7 +473,7 @@ class Trace:
                 stats.tenants.add(tenant)
             else:
                 stats.nameless += 1
-            yield TraceRequest(rid, arrival, n_in, n_out, blocks, tenant, lineno)
+            yield TraceRequest(rid, arrival, n_in, n_out, blocks, tenant, lineno, row)
             if limit is not None and stats.requests >= limit:
                 break
         stats.complete = True

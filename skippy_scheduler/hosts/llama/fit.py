@@ -46,12 +46,14 @@ def resolve(model_path: Union[str, os.PathLike[str]], spec: OffloadSpec, *, n_ct
             lanes: int, holders: int = 0, unified: bool = False, share_ctx: bool = True,
             kv_type: Optional[str] = None, flash_attn: Union[bool, str, None] = None,
             n_batch: Optional[int] = None, n_ubatch: Optional[int] = None,
-            cpu_batch: int = CPU_BATCH, devices: Optional[list[Device]] = None) -> Resolved:
+            cpu_batch: int = CPU_BATCH, devices: Optional[list[Device]] = None,
+            lower: str = "-c/--ctx-size or -np") -> Resolved:
     """The placement and the defaults for `model_path` (FitError, ModelFileError: refused with
     the numbers, before anything is loaded; RpcError: `spec.rpc` names a server that cannot
     be used). `n_ctx=None`: from the model. `share_ctx`: the
     lanes share `n_ctx` and each holder gets a lane's share on top (serve); otherwise `n_ctx`
-    is the llama.cpp context as it is (run, calibrate, stage)."""
+    is the llama.cpp context as it is (run, calibrate, stage). `lower`: the flags a refusal
+    tells the user to lower."""
     fp = footprint_from_gguf(model_path, allow_stage=False)  # a whole model, not a stage
     if devices is None and spec.rpc:
         add_rpc_servers(spec.rpc)
@@ -72,7 +74,7 @@ def resolve(model_path: Union[str, os.PathLike[str]], spec: OffloadSpec, *, n_ct
                       flash_attn=(fa or ("auto" if gpus_possible else "off")) != "off",
                       lanes=lanes if share_ctx else 0, host=host,
                       ctx_quantum=256 * lanes if share_ctx and not unified else 256,
-                      no_gpu=no_gpu)
+                      no_gpu=no_gpu, lower=lower)
     if not placement.on_gpu and gpus_possible:
         # Nothing went to a GPU after all: the CPU's defaults for what was left to the device.
         kv = kv_type or "f32"
