@@ -10,13 +10,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 from ..lab.backend import Backend
 from ..lab.model import StepCost, burst_requests
 from ..lab.stages import MAX_STAGES, format_staged, staged_table
 from ..types import SchedulerConfig
 from ._common import CommandError, check_output_file, int_in
+from .interrupt import saving
+from .lab_runs import Saved
 
 PROMPT_TOKENS, OUTPUT_TOKENS = 64, 32
 
@@ -82,13 +84,18 @@ def run_staged_command(args: argparse.Namespace, cost: StepCost,
               f"{overhead:g} µs",
               "form: gap = max(sum of stages + hops + overhead, groups x slowest stage), "
               "tokens/s = groups x rows per group / gap"]
-    sys.stdout.write(format_staged(rows, header))
-    if args.json:
-        doc: dict[str, Any] = {"cost_model": cost.lab_dict(), "hop_us": hop,
-                               "driver_overhead_us": overhead, "requests": n,
-                               "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
-                               "scheduler": backend.name, "rows": rows}
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, indent=2, sort_keys=True)
-            fh.write("\n")
+    doc: dict[str, Any] = {"cost_model": cost.lab_dict(), "hop_us": hop,
+                           "driver_overhead_us": overhead, "requests": n,
+                           "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
+                           "scheduler": backend.name, "rows": rows}
+
+    def write(fh: TextIO) -> None:
+        json.dump(doc, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+
+    saved = Saved()
+    with saving():  # the table and the file whole, whatever signal comes now
+        sys.stdout.write(format_staged(rows, header))
+        saved.write("--json", args.json, write)
+    saved.check()
     return 0

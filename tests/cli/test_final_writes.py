@@ -161,6 +161,7 @@ def test_a_signal_while_the_scenarios_print_is_ignored(tmp_path, capsys, monkeyp
     (["lab", "--scenario", "cold-burst-n1", "--bench-reps", "0"], "--json"),
     (["lab", "--scenario", "cold-burst-n1", "--bench-reps", "0"], "--iteration-trace"),
     (["lab", "--suite", "--priority-scenario", "--requests", "60"], "--json"),
+    (["lab", "--pipeline-stages", "2"], "--json"),
 ], ids=lambda v: v if isinstance(v, str) else " ".join(v[:2]))
 def test_an_output_that_fails_is_one_line_after_the_results(capsys, trace, argv, option):
     argv = [trace if a == "{trace}" else a for a in argv]
