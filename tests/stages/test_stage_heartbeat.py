@@ -103,3 +103,30 @@ def test_a_metrics_scrape_while_idle_waits_no_longer_than_the_heartbeat(tmp_path
         if srv is not None:
             srv.shutdown()
         stop_workers(procs)
+
+
+def test_the_heartbeat_names_only_the_stage_that_does_not_answer(tmp_path, model4, splits):
+    # With prefix reuse a finished request's lane is freed through the chain at the next beat;
+    # a stage lost before it is named alone (the chain's answer would name every stage).
+    procs, addresses = listen_workers(tmp_path, splits[2])
+    srv = None
+    try:
+        srv = Server(ServeSettings(model=str(model4), stage_addresses=addresses, max_active=4,
+                                   ctx_size=2048, threads=1))
+        assert srv.settings.prefix_cache_tokens > 0
+        srv.runner.heartbeat_s, srv.runner.heartbeat_timeout_s = 1.0, 3.0
+        srv.start_in_thread()
+        r = httpx.post(srv.url + "/v1/completions", timeout=60,
+                       json={"prompt": [1, 2, 3, 4, 5], "max_tokens": 3})
+        assert r.status_code == 200, r.text
+        procs[1].kill()  # before the next beat frees the lane
+        procs[1].wait(30)
+        health = _health_until_503(srv.url, 40)
+        assert health.status_code == 503, "the lost stage was not noticed while idle"
+        message = health.json()["error"]["message"]
+        assert f"no answer from stage 1 ({addresses[1]}) within 3 s" in message, message
+        assert "stage 0" not in message, message
+    finally:
+        if srv is not None:
+            srv.shutdown()
+        stop_workers(procs)

@@ -502,13 +502,16 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
             return self.broken
         what = "checking that the idle stages answer"
         try:
+            # The ping first: each stage answers it on its own, so a timeout names only the
+            # stages that did not (a memory message's answer comes from the chain's end, and
+            # its timeout would name every stage).
+            self._broadcast(b"ping", {})
+            self._collect(b"pong", what, timeout_s)
             if self._cells.ops:  # with prefix reuse a released lane's removal waits here
                 self._flush_ops()
                 self._drain(what, timeout_s)
                 self._settle()
             self._send_releases(what, timeout_s)
-            self._broadcast(b"ping", {})
-            self._collect(b"pong", what, timeout_s)
         except StageFailure as exc:
             self._break_chain(str(exc))
         self._settle()
