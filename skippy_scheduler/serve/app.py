@@ -376,7 +376,7 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
             out.held = key
         head = {"id": rid, "created": int(time.time()), "model": gen.model or ctx.model_name,
                 "system_fingerprint": None}  # the key OpenAI always sends (null: none)
-        if gen.return_token_ids and len(prompts) == 1:
+        if gen.return_token_ids and gen.kind == "chat":  # (a completion's: in each choice)
             head["prompt_token_ids"] = list(prompts[0])
         if gen.stream:
             direct = Direct()
@@ -407,7 +407,7 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
                           "logprobs": logprobs, "finish_reason": out.finish}
             if gen.return_token_ids:
                 choice["token_ids"] = list(out.tokens)
-                if len(prompts) > 1:
+                if gen.kind == "completion":  # as vLLM: a choice's own prompt
                     choice["prompt_token_ids"] = list(out.prompt)
             choices.append(choice)
         obj = "text_completion" if gen.kind == "completion" else "chat.completion"
@@ -521,7 +521,7 @@ def _check_fit(ctx: ServeContext, gen: GenerationRequest, prompt: int, prompt_fi
         # vLLM scores one): it needs a place for that token.
         max_tokens = max(gen.max_tokens, 1)
         if prompt + max_tokens > limit:
-            name = "max_tokens"
+            name = gen.max_tokens_field
             raise RequestError(
                 f"This model's maximum context length is {limit} tokens. However, you "
                 f"requested {prompt + max_tokens} tokens ({prompt} in the prompt, "
@@ -533,5 +533,5 @@ def _check_fit(ctx: ServeContext, gen: GenerationRequest, prompt: int, prompt_fi
             raise RequestError(
                 f"the request needs {need} of memory component {component.name!r}, which "
                 f"holds {component.available_bytes()}: it could never be admitted",
-                param="max_tokens" if gen.max_tokens is not None else prompt_field)
+                param=gen.max_tokens_field if gen.max_tokens is not None else prompt_field)
     return max_tokens

@@ -80,6 +80,7 @@ class GenerationRequest:
     prompts: list[Any] = field(default_factory=list)  # completions: one choice each
     messages: list[tuple[str, str]] = field(default_factory=list)  # chat: (role, text)
     max_tokens: Optional[int] = None  # None: the API's default
+    max_tokens_field: str = "max_tokens"  # the field that gave it (a 400 names it)
     rest_of_lane: bool = False  # llama-server's n_predict -1: no bound but the lane's cells
     sampling: Optional[SamplingParams] = None  # None: greedy
     stop: list[str] = field(default_factory=list)
@@ -538,6 +539,8 @@ def parse_chat(body: Any, n_vocab: int, strict: bool = False) -> GenerationReque
     b = _integer(body, "max_completion_tokens", 1, (1 << 32) - 1)
     # Both given: max_completion_tokens, which replaces the deprecated max_tokens (as vLLM).
     req.max_tokens = b if b is not None else a
+    if b is not None:
+        req.max_tokens_field = "max_completion_tokens"
     req.messages = _messages(body.get("messages"))
     req.outputs = parse_outputs(body, "chat", req.n, req.stream)
     _check_grammar_can_end(req)

@@ -76,6 +76,8 @@ class Chunks:
         self.continuous = gen.continuous_usage
         self.plain = (not gen.return_token_ids and gen.outputs.logprobs is None
                       and not self.continuous)
+        # Completions choices whose prompt ids went out (in a choice's first chunk, as vLLM).
+        self._prompted: set[int] = set()
 
     def text(self, index: int, text: str) -> bytes:
         """A chunk with text only (when `plain`)."""
@@ -99,6 +101,9 @@ class Chunks:
                       "finish_reason": finish}
         if self.gen.return_token_ids:
             choice["token_ids"] = ids or []
+            if not self.chat and out is not None and index not in self._prompted:
+                self._prompted.add(index)
+                choice["prompt_token_ids"] = list(out.prompt)
         body = dict(self.base, choices=[choice])
         if role and "prompt_token_ids" in self.head:
             body["prompt_token_ids"] = self.head["prompt_token_ids"]

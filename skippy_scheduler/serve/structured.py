@@ -8,7 +8,9 @@ of llama.cpp's own `json_schema_to_grammar`). A schema the converter cannot hand
 naming the deepest part of it that fails on its own (`response_format.json_schema.schema.
 properties.when`, say), with the converter's complaint; remote `$ref`s are not fetched. A
 count (minLength, maxLength, minItems, maxItems, a pattern's `{m,n}`) above `MAX_COUNT` is a
-400 before anything is converted.
+400 before anything is converted. Strings hold nothing JSON must escape (`json_safe`): the
+converter's string character admitted control characters, and a pattern's `.` and classes a
+quote or a backslash; a pattern whose literal characters include them is a 400.
 
 The grammar is checked once more by the host's grammar sampler before the request is queued
 (a `GrammarCheckingHost`'s `check_grammar`, such as `LlamaHost`'s), so nothing the sampler cannot
@@ -136,6 +138,7 @@ def _check_enforced(schema: Any, path: tuple[Any, ...]) -> None:
                                f"{count}", param=where)
     pattern = schema.get("pattern")
     if isinstance(pattern, str):
+        _check_literals(pattern, path + ("pattern",))
         for m in _QUANTIFIER.finditer(pattern):
             count = max((int(n) for n in _NUMBER.findall(m.group())), default=0)
             if count > MAX_COUNT:
@@ -156,11 +159,171 @@ def _check_enforced(schema: Any, path: tuple[Any, ...]) -> None:
                 _check_enforced(item, path + (key, i))
 
 
+def _check_literals(pattern: str, path: tuple[Any, ...]) -> None:
+    """A 400 for a pattern whose literal characters (outside a character class) hold a quote,
+    a backslash or a control character: the grammar writes a pattern's characters inside the
+    JSON string as they are, where those must be escaped (`json_safe` keeps the classes to
+    what a string may hold)."""
+    depth = 0
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        bad = None
+        if c == "\\":
+            nxt = pattern[i + 1:i + 2]
+            if nxt in _UNSAFE_ESCAPES:
+                bad = "\\" + nxt
+            elif nxt in ("x", "u") and depth == 0:
+                digits = pattern[i + 2:i + (4 if nxt == "x" else 6)]
+                try:
+                    code = int(digits, 16)
+                except ValueError:
+                    code = -1
+                if any(lo <= code <= hi for lo, hi in _UNSAFE):
+                    bad = "\\" + nxt + digits
+            if depth == 0 and bad is not None:
+                break
+            bad = None
+            i += 2
+            continue
+        if c == "[":
+            depth += 1
+        elif c == "]" and depth:
+            depth -= 1
+        elif depth == 0 and any(lo <= ord(c) <= hi for lo, hi in _UNSAFE):
+            bad = repr(c)
+            break
+        i += 1
+    if bad is not None:
+        where = _where(path)
+        raise RequestError(f"'{where}' matches {bad}, a character the grammar would write into "
+                           "the JSON string unescaped (only a character class may hold such "
+                           "characters, and they are left out of it)", param=where)
+
+
+# Pattern escapes for characters a JSON string must escape (quote, backslash, controls).
+_UNSAFE_ESCAPES = frozenset('"\\nrtfv0')
+
+
 def _convert(schema: dict[str, Any]) -> str:
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    grammar: str = json_schema_to_gbnf(json.dumps(schema))
-    return grammar
+    return json_safe(json_schema_to_gbnf(json.dumps(schema)))
+
+
+# What a JSON string may not hold as it is: the quote, the backslash and the control characters
+# (and DEL, which llama.cpp's own JSON grammar leaves out as well).
+_UNSAFE = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, 0x7F))
+_UNSAFE_CLASS = r'"\\\x7F\x00-\x1F'
+# The converter's string character admits the control characters, and its `.` the quote and
+# the backslash: both written as the JSON grammar llama.cpp ships has them.
+_SAFE_RULES = {
+    "char": f'char ::= [^{_UNSAFE_CLASS}] | "\\\\" (["\\\\/bfnrt] | "u" [0-9a-fA-F] '
+            '[0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])',
+    "dot": f"dot ::= [^{_UNSAFE_CLASS}]",
+}
+_ESCAPES = {"t": 0x09, "r": 0x0D, "n": 0x0A, "\\": 0x5C, '"': 0x22, "[": 0x5B, "]": 0x5D}
+_HEX = {"x": 2, "u": 4, "U": 8}
+_MAX_CODE = 0x10FFFF
+
+
+def json_safe(grammar: str) -> str:
+    """The converter's grammar with nothing a JSON string must escape left unescaped inside
+    one: its string character and `.` rules rewritten, and every character class a schema's
+    `pattern` made (they stand inside a string's quotes) kept to what a JSON string may hold
+    as it is (a negated class excludes those characters too; a class that holds nothing
+    else is a ValueError). The literal characters of a pattern are checked on the pattern
+    (`_check_pattern`)."""
+    out = []
+    for line in grammar.splitlines():
+        name, sep, body = line.partition(" ::= ")
+        if not sep:
+            out.append(line)
+        elif name in _SAFE_RULES:
+            out.append(_SAFE_RULES[name])
+        elif name == "space":
+            out.append(line)  # (whitespace between tokens, outside every string)
+        else:
+            out.append(f"{name} ::= {_safe_classes(body)}")
+    return "\n".join(out) + "\n"
+
+
+def _safe_classes(body: str) -> str:
+    """`body` with each character class outside its string literals made JSON-safe."""
+    parts = []
+    i, n = 0, len(body)
+    while i < n:
+        c = body[i]
+        if c == '"':  # a literal, as it is
+            j = i + 1
+            while j < n and body[j] != '"':
+                j += 2 if body[j] == "\\" else 1
+            parts.append(body[i:j + 1])
+            i = j + 1
+        elif c == "[":
+            ranges, negated, j = _read_class(body, i + 1)
+            parts.append(_write_class(ranges, negated))
+            i = j
+        else:
+            parts.append(c)
+            i += 1
+    return "".join(parts)
+
+
+def _read_class(body: str, i: int) -> tuple[list[tuple[int, int]], bool, int]:
+    """The ranges of the class whose text starts at `body[i]` (after its `[`), whether it is
+    negated, and the index past its `]`."""
+    negated = body.startswith("^", i)
+    i += negated
+    ranges: list[tuple[int, int]] = []
+    while i < len(body) and body[i] != "]":
+        lo, i = _read_char(body, i)
+        hi = lo
+        if body.startswith("-", i) and not body.startswith("-]", i):
+            hi, i = _read_char(body, i + 1)
+        ranges.append((lo, hi))
+    if i >= len(body):
+        raise ValueError(f"a character class is not closed in {body!r}")
+    return ranges, negated, i + 1
+
+
+def _read_char(body: str, i: int) -> tuple[int, int]:
+    if body[i] != "\\":
+        return ord(body[i]), i + 1
+    kind = body[i + 1:i + 2]
+    if kind in _HEX:
+        width = _HEX[kind]
+        return int(body[i + 2:i + 2 + width], 16), i + 2 + width
+    if kind in _ESCAPES:
+        return _ESCAPES[kind], i + 2
+    raise ValueError(f"unknown escape \\{kind} in a character class")
+
+
+def _write_class(ranges: list[tuple[int, int]], negated: bool) -> str:
+    if negated:  # it excludes what a JSON string must escape as well
+        return "[^" + "".join(_write_range(lo, hi) for lo, hi in ranges) + _UNSAFE_CLASS + "]"
+    kept = ranges
+    for bad_lo, bad_hi in _UNSAFE:
+        kept = [piece for lo, hi in kept for piece in
+                ((lo, min(hi, bad_lo - 1)), (max(lo, bad_hi + 1), hi)) if piece[0] <= piece[1]]
+    if not kept:
+        raise ValueError("a pattern's character class holds only characters a JSON string "
+                         "must escape (the quote, the backslash, control characters)")
+    return "[" + "".join(_write_range(lo, hi) for lo, hi in kept) + "]"
+
+
+def _write_range(lo: int, hi: int) -> str:
+    return _write_char(lo) if lo == hi else f"{_write_char(lo)}-{_write_char(hi)}"
+
+
+def _write_char(code: int) -> str:
+    if 0x20 < code < 0x7F and chr(code) not in '\\]["^-':
+        return chr(code)
+    if code <= 0xFF:
+        return f"\\x{code:02X}"
+    if code <= 0xFFFF:
+        return f"\\u{code:04X}"
+    return f"\\U{min(code, _MAX_CODE):08X}"
 
 
 def _complaint(exc: Exception) -> str:

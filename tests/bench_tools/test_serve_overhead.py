@@ -36,7 +36,8 @@ def test_instant_host_streams_its_fixed_token_through_the_app():
         doc = httpx.post(url + "/v1/completions", json=body, timeout=30).json()
         assert doc["choices"][0]["text"] == "aaaaa"
         assert doc["choices"][0]["token_ids"] == [3 + ord("a")] * 5
-        assert doc["prompt_token_ids"] == [1, 3 + ord("a"), 3 + ord(" "), 3 + ord("b")]
+        assert doc["choices"][0]["prompt_token_ids"] == [1, 3 + ord("a"), 3 + ord(" "),
+                                                         3 + ord("b")]
         assert doc["usage"]["completion_tokens"] == 5
     finally:
         web.should_exit = True

@@ -25,7 +25,7 @@ def test_render_answers_the_token_ids_the_prompt_runs_with(replica):
     assert isinstance(rendered, list) and len(rendered) == 1
     req = rendered[0]
     ran = _post(server.url, "/v1/completions", dict(body, return_token_ids=True))
-    assert req["token_ids"] == ran["prompt_token_ids"]
+    assert req["token_ids"] == ran["choices"][0]["prompt_token_ids"]
     assert req["request_id"].startswith("cmpl-") and req["model"] == name
     assert req["sampling_params"]["temperature"] == 0 and \
         req["sampling_params"]["max_tokens"] == 3
@@ -107,7 +107,7 @@ def test_a_finished_request_publishes_its_blocks_and_a_restore_only_the_new_ones
         first = _post(server.url, "/v1/completions", {
             "prompt": base, "max_tokens": 4, "ignore_eos": True, "return_token_ids": True,
             **GREEDY})
-        key = first["prompt_token_ids"] + first["choices"][0]["token_ids"]
+        key = first["choices"][0]["prompt_token_ids"] + first["choices"][0]["token_ids"]
 
         def has_key(got):
             return any(isinstance(e, BlockStored) and e.token_ids[:BLOCK] == key[:BLOCK]
@@ -124,7 +124,7 @@ def test_a_finished_request_publishes_its_blocks_and_a_restore_only_the_new_ones
         second = _post(server.url, "/v1/completions", {
             "prompt": base + "and a question after it", "max_tokens": 2,
             "return_token_ids": True, **GREEDY})
-        key2 = second["prompt_token_ids"] + second["choices"][0]["token_ids"]
+        key2 = second["choices"][0]["prompt_token_ids"] + second["choices"][0]["token_ids"]
         got = sub.events_until(lambda g: any(isinstance(e, BlockStored) for _, e in g))
         ev2 = [e for _, e in got if isinstance(e, BlockStored)][-1]
         chain2 = vllm_hashes(key2[:-1], BLOCK)

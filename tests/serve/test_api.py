@@ -55,7 +55,8 @@ def test_greedy_completion_equals_the_prompt_run_alone(client, reference):
         expected = alone(reference, ids, 12)
         choice = r.choices[0]
         assert _ids(choice) == expected
-        assert r.model_extra["prompt_token_ids"] == ids
+        assert choice.model_extra["prompt_token_ids"] == ids  # in the choice, as vLLM
+        assert "prompt_token_ids" not in r.model_extra
         assert choice.text == text_of(reference, expected)
         assert choice.finish_reason == ("length" if len(expected) == 12 else "stop")
         assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), len(expected))
@@ -364,7 +365,7 @@ BAD_INPUTS = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 2000}]}, None,
      "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
-                              "max_completion_tokens": 10**6}, None, "max_tokens"),
+                              "max_completion_tokens": 10**6}, None, "max_completion_tokens"),
 ]
 
 
@@ -504,3 +505,14 @@ def test_a_failing_iteration_fails_its_requests_and_the_server_goes_on(model_pat
         assert is_idle(wait_idle(srv), srv.host.n_seq_max)
     finally:
         srv.shutdown()
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_a_completion_too_long_for_its_lane_names_the_field_it_came_from(server, field):
+    body = {"model": "tiny-f32", "messages": [{"role": "user", "content": "x"}],
+            field: 1_000_000}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == field and err["code"] == "context_length_exceeded", err
+    assert err["message"].endswith(f"Please reduce the prompt or '{field}'."), err

@@ -44,19 +44,26 @@ def test_streamed_choices_interleave_and_each_equals_its_prompt_alone(client, re
     ids: dict[int, list[int]] = {i: [] for i in range(len(PROMPTS))}
     text: dict[int, str] = {i: "" for i in range(len(PROMPTS))}
     finish: dict[int, str] = {}
+    prompt_ids: dict[int, list] = {}
     usage = None
     for chunk in stream:
         if not chunk.choices:
             usage = chunk.usage
             continue
+        assert "prompt_token_ids" not in chunk.model_extra
         for c in chunk.choices:
+            if c.index not in prompt_ids:  # a choice's first chunk has its prompt (as vLLM)
+                prompt_ids[c.index] = c.model_extra["prompt_token_ids"]
+            else:
+                assert "prompt_token_ids" not in c.model_extra
             ids[c.index] += list(c.model_extra["token_ids"])
             text[c.index] += c.text
             if c.finish_reason:
                 assert c.index not in finish
                 finish[c.index] = c.finish_reason
     expected = _expected(reference, PROMPTS, 10)
-    for i, (_, tokens) in enumerate(expected):
+    for i, (prompt, tokens) in enumerate(expected):
+        assert prompt_ids[i] == prompt
         assert ids[i] == tokens and text[i] == text_of(reference, tokens)
         assert finish[i] == ("length" if len(tokens) == 10 else "stop")
     assert usage is not None

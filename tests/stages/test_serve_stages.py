@@ -83,7 +83,7 @@ def test_greedy_completions_on_two_stages_equal_the_prompt_run_alone(server, uns
         r = client.completions.create(model="tiny4-f32", prompt=text, max_tokens=12, **GREEDY,
                                       extra_body={"return_token_ids": True})
         ids = unsplit.tokenize(text, special=True)
-        assert r.model_extra["prompt_token_ids"] == ids
+        assert r.choices[0].model_extra["prompt_token_ids"] == ids
         expected = alone(unsplit, ids, 12)
         assert _ids(r.choices[0]) == expected
         assert r.usage.completion_tokens == len(expected)
