@@ -391,6 +391,9 @@ class _LlamaVocab:
     def __init__(self, path: str) -> None:
         import llama_cpp
 
+        from ..hosts.llama.backend import init_backend
+
+        init_backend()  # llama.cpp's log to the package's sink (not stderr), as every load
         self._llama = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
 
     def resolve(self, v: GgufVocab) -> GgufVocab:
