@@ -129,6 +129,17 @@ def thread_count(text: str) -> int:
     return value
 
 
+def plans_in_flight_count(text: str) -> int:
+    """--inflight: an integer in [1, 255], the plans a scheduler keeps live at once."""
+    from ..types import MAX_INFLIGHT_PLANS
+
+    value = positive_int(text)
+    if value > MAX_INFLIGHT_PLANS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_INFLIGHT_PLANS} (the plans a "
+                                         f"scheduler keeps live at once), got {text}")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     value = _number(text, int)
     if value < 0:

@@ -3,7 +3,8 @@
 Both print one table row per (policy, mode) run as it finishes and collect the finished runs,
 so an interrupted run still writes its JSON and plots for the runs that finished. Once the last
 run has finished, the outputs are printed and written with both signals ignored (`saving()`):
-a signal then changes nothing but the exit status, and never leaves half a file. A file is
+a signal then changes nothing (the command ends as it would have), and never leaves half a
+file; one just before `saving()` has everything written and says so. A file is
 written whole or not at all (`write_output`), and one that cannot be written is the command's
 one-line error after everything else was printed and written.
 """

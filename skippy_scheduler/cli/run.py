@@ -24,7 +24,7 @@ from .offload import (check_device_names, print_placement, refuse_offload_with_s
 from ._common import (DEFAULT_THREADS, LLAMA_MAX_SEQUENCES, CommandError, add_model_options, bound,
                       check_model, check_output_file, import_llama_host, model_path,
                       non_negative_int, non_negative_ms, positive_int, positive_ms,
-                      refuse_rpc_with_stages)
+                      plans_in_flight_count, refuse_rpc_with_stages)
 from .interrupt import Interrupted, saving
 from .lab_runs import Saved, json_writer
 from .stage import (add_stage_cache_flag, check_stage_cache_flag, stage_addresses,
@@ -81,7 +81,7 @@ def register(subparsers: Any) -> None:
              default=ServeSettings.prefill_age_max_ms)
     add_flag(p, "policy", default=DEFAULT_POLICY)
     add_flag(p, "scheduler", default=DEFAULT_IMPLEMENTATION)
-    add_flag(p, "inflight", type=positive_int, default=ServeSettings.inflight,
+    add_flag(p, "inflight", type=plans_in_flight_count, default=ServeSettings.inflight,
              note="llama_decode runs on a worker thread",
              default_text="2 with layers on a GPU, 1 on the CPU")
     p.add_argument("--arrival-interval-ms", type=non_negative_ms, default=0.0, metavar="MS",
@@ -139,8 +139,13 @@ def _deepest_line(text: str) -> int:
 def _long_number_line(text: str) -> Optional[int]:
     """The line of the first number in `text` longer than Python reads (None if none)."""
     limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
-    found = re.search(r"\d{%d,}" % (limit + 1), text) if limit else None
-    return text.count("\n", 0, found.start()) + 1 if found else None
+    if not limit:
+        return None
+    # Digits inside a string are text, not a number: strings are matched and passed over.
+    for m in re.finditer(r'"(?:[^"\\]|\\.)*"|(\d{%d,})' % (limit + 1), text):
+        if m.group(1):
+            return text.count("\n", 0, m.start(1)) + 1
+    return None
 
 
 def load_prompts(path: str | None) -> list[Any]:

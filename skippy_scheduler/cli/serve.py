@@ -15,7 +15,7 @@ from ..selection import DEFAULT_IMPLEMENTATION
 from ._common import (LLAMA_MAX_SEQUENCES, CommandError, add_model_options, bound,
                       check_model,
                       import_llama_host, non_negative_int, non_negative_ms, positive_int,
-                      positive_ms, refuse_rpc_with_stages)
+                      plans_in_flight_count, positive_ms, refuse_rpc_with_stages)
 from ..hosts.offload import CTX_FLOOR
 from .offload import check_device_names, offload_spec, refuse_offload_with_stage_addresses
 from .stage import (add_stage_cache_flag, check_stage_cache_flag, stage_addresses,
@@ -46,8 +46,9 @@ def register(subparsers: Any) -> None:
                         f"(default: {d.max_waiting})")
     add_flag(p, "ctx-size", type=positive_int, default=d.ctx_size,
              default_text="the model's training context (at least 256 tokens a lane), capped "
-                          "by what fits the devices (not capped with --stages or "
-                          "--stage-addresses; 4096 with --stage-addresses and no --model)",
+                          "by what fits the devices (with --stages or --stage-addresses: at "
+                          "most 4096, or 256 a lane; 4096 with --stage-addresses and no "
+                          "--model)",
              note="a request's prompt plus max_tokens must fit its lane; a lane needs 256")
     add_flag(p, "batch-tokens", type=positive_int, default=d.batch_size,
              default_text="512 on the CPU, 2048 with layers on a GPU (llama-server's); 512 "
@@ -91,7 +92,7 @@ def register(subparsers: Any) -> None:
                         "far from its own deadline keeps its last token back until near it, so "
                         "its decode rows do not slow the others' prefill (default: on; only "
                         "requests with a deadline are held)")
-    add_flag(p, "inflight", type=positive_int, default=d.inflight,
+    add_flag(p, "inflight", type=plans_in_flight_count, default=d.inflight,
              note="llama_decode runs on a worker thread",
              default_text="2 with layers on a GPU, 1 on the CPU")
     p.add_argument("--strict-request-fields", action="store_true",

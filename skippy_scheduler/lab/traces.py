@@ -39,6 +39,7 @@ from typing import Any, Iterator, Optional, TextIO
 
 import numpy as np
 
+from .._validate import as_float
 from ..types import Sequence
 
 BLOCK_TOKENS = 512
@@ -264,7 +265,8 @@ def _mooncake_rows(path: str) -> Iterator[Row]:
                 if key not in row:
                     raise TraceFormatError(path, lineno, key, "missing")
             ts = row["timestamp"]
-            if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+            if isinstance(ts, bool) or not isinstance(ts, (int, float)) \
+                    or not math.isfinite(as_float(ts)):
                 raise TraceFormatError(path, lineno, "timestamp",
                                        f"expected a number of milliseconds, got {ts!r}")
             if ts < 0:

@@ -212,9 +212,13 @@ def resolve_settings(settings: ServeSettings) -> ServeSettings:
         raise ValueError("--backend-sampling and --stage-ahead are the llama.cpp host's; the "
                          "stage workers sample on the last stage and do not stage ahead: "
                          "leave them at auto with --stages or --stage-addresses")
+    from ..types import MAX_INFLIGHT_PLANS
+
     if s.inflight is not None and (isinstance(s.inflight, bool) or
-                                   not isinstance(s.inflight, int) or s.inflight < 1):
-        raise ValueError(f"inflight must be None or an integer >= 1, got {s.inflight!r}")
+                                   not isinstance(s.inflight, int) or
+                                   not 1 <= s.inflight <= MAX_INFLIGHT_PLANS):
+        raise ValueError(f"inflight must be None or an integer in [1, {MAX_INFLIGHT_PLANS}], "
+                         f"got {s.inflight!r}")
     tokens, holders = default_reuse(s.max_active, context_of(s))  # staged serving too
     return dataclasses.replace(
         s, prefix_cache_tokens=tokens if s.prefix_cache_tokens is None else s.prefix_cache_tokens,
@@ -241,9 +245,11 @@ def context_of(s: ServeSettings) -> int:
 
 def _staged_context(s: ServeSettings) -> int:
     """The default context of a model split across stages: its training context, each lane a
-    whole share of 256 cells, as the unsplit server's default (the workers place their own
-    layers, so nothing is fitted to a device); CTX_FLOOR where no model file is at hand to
-    read it from (only --stage-addresses, no --model) or the file does not say."""
+    whole share of 256 cells, as the unsplit server's default, but at most CTX_FLOOR tokens
+    (or the lanes' 256 cells each, where that is more): the workers place their own layers, so
+    nothing is fitted to a device, and a long-context model's full context could take more
+    memory than a worker has. CTX_FLOOR where no model file is at hand to read the training
+    context from (only --stage-addresses, no --model) or the file does not say."""
     from ..hosts.offload import ModelFileError, footprint_from_gguf
     from ..hosts.stages.split import SplitError, stage_paths
 
@@ -255,7 +261,7 @@ def _staged_context(s: ServeSettings) -> int:
     if trained <= 0:
         return CTX_FLOOR
     quantum = 256 * max(s.max_active, 1)
-    return -(-max(trained, quantum) // quantum) * quantum
+    return min(-(-max(trained, quantum) // quantum) * quantum, max(CTX_FLOOR, quantum))
 
 
 def _reuse_of(s: ServeSettings) -> tuple[int, int]:

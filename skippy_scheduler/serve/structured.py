@@ -164,33 +164,34 @@ def _check_literals(pattern: str, path: tuple[Any, ...]) -> None:
     a backslash or a control character: the grammar writes a pattern's characters inside the
     JSON string as they are, where those must be escaped (`json_safe` keeps the classes to
     what a string may hold)."""
-    depth = 0
+    # Classes do not nest: a class ends at its first unescaped `]`, as the converter reads it.
+    in_class = False
     i = 0
+    bad = None
     while i < len(pattern):
         c = pattern[i]
-        bad = None
         if c == "\\":
             nxt = pattern[i + 1:i + 2]
-            if nxt in _UNSAFE_ESCAPES:
-                bad = "\\" + nxt
-            elif nxt in ("x", "u") and depth == 0:
-                digits = pattern[i + 2:i + (4 if nxt == "x" else 6)]
-                try:
-                    code = int(digits, 16)
-                except ValueError:
-                    code = -1
-                if any(lo <= code <= hi for lo, hi in _UNSAFE):
-                    bad = "\\" + nxt + digits
-            if depth == 0 and bad is not None:
-                break
-            bad = None
+            if not in_class:
+                if nxt in _UNSAFE_ESCAPES:
+                    bad = "\\" + nxt
+                elif nxt in ("x", "u"):
+                    digits = pattern[i + 2:i + (4 if nxt == "x" else 6)]
+                    try:
+                        code = int(digits, 16)
+                    except ValueError:
+                        code = -1
+                    if any(lo <= code <= hi for lo, hi in _UNSAFE):
+                        bad = "\\" + nxt + digits
+                if bad is not None:
+                    break
             i += 2
             continue
-        if c == "[":
-            depth += 1
-        elif c == "]" and depth:
-            depth -= 1
-        elif depth == 0 and any(lo <= ord(c) <= hi for lo, hi in _UNSAFE):
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif any(lo <= ord(c) <= hi for lo, hi in _UNSAFE):
             bad = repr(c)
             break
         i += 1

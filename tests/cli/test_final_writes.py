@@ -280,6 +280,8 @@ def test_the_trace_plot_names_are_the_ones_written(tmp_path, capsys, trace):
 @pytest.mark.parametrize("text, fragment", [
     ('["a",\n"[[",\n' + "[" * 100_000, "(line 3: nested too deeply)"),
     ('[\n[1,\n' + "1" * 5000 + "]]", "(line 3: Exceeds the limit (4300 digits)"),
+    # Digits in a string are text: the number named is the one on line 2.
+    ('["' + "1" * 5000 + '",\n[' + "1" * 5000 + "]]", "(line 2: Exceeds the limit (4300 digits)"),
 ])
 def test_prompts_python_cannot_read_are_one_line(tmp_path, capsys, monkeypatch, text,
                                                  fragment):
@@ -388,3 +390,11 @@ def test_calibrate_says_what_sizes_its_context(capsys, llama):
     assert line.endswith("; lower --repeats (now 4294967295) or --warmup (now 3), which size "
                          "the context when -c/--ctx-size is not given")
     assert "-np" not in line
+
+
+@pytest.mark.parametrize("sub", ["run", "serve"])
+def test_more_plans_in_flight_than_a_scheduler_keeps_are_a_usage_error(capsys, sub):
+    assert main([sub, "--inflight", "256"]) == 2
+    assert _error_line(capsys.readouterr().err) == (
+        f"skippy-scheduler {sub}: error: argument --inflight: expected at most 255 (the plans "
+        "a scheduler keeps live at once), got 256")

@@ -56,6 +56,14 @@ def test_json_the_reader_cannot_take_is_a_format_error_with_file_and_line(tmp_pa
     assert problem in str(info.value)
 
 
+def test_a_timestamp_past_a_double_is_a_format_error(tmp_path):
+    row = json.dumps({"timestamp": 10 ** 400, "input_length": 10, "output_length": 2,
+                      "hash_ids": [0]})
+    path = write(tmp_path, "m.jsonl", ROW + row + "\n")
+    with pytest.raises(TraceFormatError, match=r":2: timestamp: expected a number"):
+        list(open_trace(path, format="mooncake"))
+
+
 def test_the_lab_reports_deep_json_as_one_line(tmp_path, capsys):
     path = write(tmp_path, "m.jsonl", ROW + '{"a": ' * 100_000 + "\n")
     assert main(["lab", "--trace", path]) == 2

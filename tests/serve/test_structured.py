@@ -168,7 +168,8 @@ def test_strings_under_a_schema_hold_nothing_json_must_escape(client):
 
 
 @pytest.mark.parametrize("pattern, what", [('^a"$', "'\"'"), ("^a\\\\$", "\\\\"),
-                                           ("^a\\n$", "\\n"), ("^\\x1f$", "\\x1f")])
+                                           ("^a\\n$", "\\n"), ("^\\x1f$", "\\x1f"),
+                                           ('^[[]"$', "'\"'")])
 def test_a_pattern_that_matches_what_json_must_escape_is_a_400(server, pattern, what):
     body = {"model": MODEL, "prompt": "a", "max_tokens": 3,
             "response_format": _schema({"type": "string", "pattern": pattern})}

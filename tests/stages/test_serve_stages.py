@@ -372,19 +372,17 @@ def test_metrics_show_each_stage_s_measured_kv(model4, splits):
 
 
 def test_the_default_context_on_stages_is_the_model_s_as_unsplit(model4, splits):
-    """Without -c the stages' context is the model's training context, each lane a whole
-    share of 256 cells (the unsplit server's default), read from --model or stage 0; with
-    only --stage-addresses and no model file at hand, the fixed floor."""
+    """Without -c the stages' context is the model's training context (512 tokens here), each
+    lane a whole share of 256 cells (the unsplit server's default), read from --model or stage
+    0, at most 4096 tokens or 256 a lane; with only --stage-addresses and no model file at
+    hand, 4096."""
     from skippy_scheduler.hosts.offload import footprint_from_gguf
-    from skippy_scheduler.serve.server import CTX_FLOOR, _staged_context
+    from skippy_scheduler.serve.server import _staged_context
 
-    trained = footprint_from_gguf(model4).n_ctx_train
-    assert trained > 0
-    for lanes in (1, 2, 8):
-        quantum = 256 * lanes
-        want = -(-max(trained, quantum) // quantum) * quantum
+    assert footprint_from_gguf(model4).n_ctx_train == 512
+    for lanes, want in ((1, 512), (2, 512), (3, 768), (8, 2048), (16, 4096), (32, 8192)):
         assert _staged_context(ServeSettings(model=str(model4), stages=splits[2],
-                                             max_active=lanes)) == want
+                                             max_active=lanes)) == want, lanes
         assert _staged_context(ServeSettings(stages=splits[2], max_active=lanes)) == want
     assert _staged_context(ServeSettings(stage_addresses=("tcp://127.0.0.1:1",),
-                                         max_active=2)) == CTX_FLOOR
+                                         max_active=2)) == 4096
