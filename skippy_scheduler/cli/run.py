@@ -255,8 +255,8 @@ def _run(args: argparse.Namespace, llama: Any, prompts: list[Any], holders: int,
 
             args.inflight = args.inflight or 1  # the pipeline depth: one stage's work at a time
             requests, report, settings, summary = run_staged(args, prompts, n_seq,
-                                                             n_batch or CPU_BATCH, lane)
-            finishing.enter_context(saving())
+                                                             n_batch or CPU_BATCH, lane,
+                                                             finishing)
         else:
             fit = resolve_for(args, model, n_ctx=n_ctx, lanes=n_seq,
                               holders=holders if args.prefix_cache_tokens else 0,

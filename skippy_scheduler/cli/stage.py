@@ -7,10 +7,10 @@ The worker listens on a pyzmq address (`tcp://HOST:PORT` or `ipc://PATH`) until 
 from __future__ import annotations
 
 import argparse
-from typing import Any, Optional
-
+import contextlib
 import signal
 import sys
+from typing import Any, Optional
 
 from ._common import CommandError, check_gguf, check_model_file, positive_int, thread_count
 from .vocabulary import add_flag
@@ -179,13 +179,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_staged(args: argparse.Namespace, prompts: list[Any], n_seq: int, n_batch: int,
-               lane: int) -> Any:
+               lane: int, finishing: Optional[contextlib.ExitStack] = None) -> Any:
     """`run --stages DIR` / `run --stage-addresses ...`: the same run on stage workers, on the
     stage host `serve` opens too (hosts/stages/opening.py: every stage context holds the
     lanes' `n_seq` x `lane` cells plus the prefix holders' cells).
 
     Local workers are started (and stopped) here; the model given with --model, if any, must be
-    the one the stages were cut from.
+    the one the stages were cut from. `finishing`: as `serve_prompts`'s (so the workers are
+    stopped with the signals ignored once the run has ended).
     """
     from .run import serve_prompts
 
@@ -218,7 +219,7 @@ def run_staged(args: argparse.Namespace, prompts: list[Any], n_seq: int, n_batch
             stage_args=stage_args)
         with host:
             return _with_failure(host, serve_prompts(args, host, prompts, n_seq, n_batch,
-                                                     lane))
+                                                     lane, finishing=finishing))
     except (SplitError, StageFailure) as exc:
         raise CommandError(str(exc)) from None
     except StageCapacityError as exc:
