@@ -177,6 +177,7 @@ class BlockLedger:
     seed: str = "0"
     _refs: dict[bytes, int] = field(default_factory=dict)
     _entries: dict[Hashable, list[bytes]] = field(default_factory=dict)
+    _keys: dict[Hashable, list[int]] = field(default_factory=dict)  # each entry's full blocks
 
     def __post_init__(self) -> None:
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) \
@@ -193,6 +194,7 @@ class BlockLedger:
             raise ValueError(f"entry {entry_id} is already resident")
         hashes = chain(key, self.block_size, self.seed)
         self._entries[entry_id] = hashes
+        self._keys[entry_id] = [int(t) for t in key[:len(hashes) * self.block_size]]
         first_new = len(hashes)
         for i, h in enumerate(hashes):
             n = self._refs.get(h, 0)
@@ -212,6 +214,7 @@ class BlockLedger:
         hashes = self._entries.pop(entry_id, None)
         if hashes is None:
             return None
+        del self._keys[entry_id]
         gone = []
         for h in reversed(hashes):  # deepest first, as a cache evicts
             n = self._refs[h] - 1
@@ -225,6 +228,25 @@ class BlockLedger:
     def clear(self) -> None:
         self._refs.clear()
         self._entries.clear()
+        self._keys.clear()
+
+    def snapshot(self) -> list[Event]:
+        """The whole of what is resident, as one batch: AllBlocksCleared, then each entry's
+        blocks not announced before it in the batch (what a subscriber that joins late needs
+        to know; one already subscribed rebuilds the same index from it)."""
+        events: list[Event] = [AllBlocksCleared()]
+        seen: set[bytes] = set()
+        b = self.block_size
+        for entry_id, hashes in self._entries.items():
+            first_new = next((i for i, h in enumerate(hashes) if h not in seen), len(hashes))
+            if first_new == len(hashes):
+                continue
+            seen.update(hashes)
+            key = self._keys[entry_id]
+            parent = wire_hash(hashes[first_new - 1]) if first_new else None
+            events.append(BlockStored([wire_hash(h) for h in hashes[first_new:]], parent,
+                                      key[first_new * b:], b))
+        return events
 
 
 # -- the publisher ----------------------------------------------------------------------------
@@ -234,7 +256,11 @@ class KvEventPublisher:
     """Batches of events on a PUB socket (bound to `endpoint`), from a thread of its own.
 
     `publish` only queues (the engine thread never touches ZeroMQ); the thread numbers the
-    batches, sends them and keeps the last `buffer_batches` for the replay socket."""
+    batches, sends them and keeps the last `buffer_batches` for the replay socket. The socket
+    is an XPUB, which tells the thread of each new subscription: `on_subscribe()` is called
+    then (from that thread), so that whoever keeps the state can publish it whole for a
+    subscriber that joined late (`start` has the engine thread publish the ledger's
+    snapshot)."""
 
     def __init__(self, endpoint: str, replay_endpoint: Optional[str] = None, topic: str = "",
                  buffer_batches: int = 10_000, max_queue: int = 100_000,
@@ -250,9 +276,12 @@ class KvEventPublisher:
         self._queue: queue.Queue[Optional[tuple[int, bytes]]] = queue.Queue(maxsize=max_queue)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_batches)
         self._ctx = zmq.Context()
-        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub = self._ctx.socket(zmq.XPUB)
         self._replay = None
+        self.on_subscribe: Optional[Callable[[], None]] = None
+        self.subscriptions = 0  # subscriptions seen (each subscriber's, repeated ones too)
         try:
+            self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscriber's, not the first only
             self._pub.setsockopt(zmq.LINGER, 0)
             self._pub.setsockopt(zmq.SNDHWM, 100_000)  # as vLLM's: a burst is not dropped
             self._pub.bind(endpoint)
@@ -308,6 +337,8 @@ class KvEventPublisher:
         while True:
             if self._replay is not None and self._replay.poll(0):
                 self._serve_replay()
+            while self._pub.poll(0):
+                self._subscribed(self._pub.recv())
             try:
                 item = self._queue.get(timeout=0.05)
             except queue.Empty:
@@ -321,6 +352,18 @@ class KvEventPublisher:
             self._buffer.append((seq, payload))
             self.sent += 1
             seq += 1
+
+    def _subscribed(self, message: bytes) -> None:
+        """A subscription message (b"\\x01" + topic; b"\\x00" + topic: one ended)."""
+        if message[:1] != b"\x01":
+            return
+        self.subscriptions += 1
+        on_subscribe = self.on_subscribe
+        if on_subscribe is not None:
+            try:
+                on_subscribe()
+            except Exception:  # (the engine stopped, say): the events go on all the same
+                log.exception("could not have the KV state published for a new subscriber")
 
     def _serve_replay(self) -> None:
         assert self._replay is not None
@@ -465,11 +508,14 @@ def watch_running(engine: "Engine", host: PrefixEventsHost, hook: StoreEvents) -
     engine.add_listener(on_event)
 
 
-def start(settings: Any, host: ServingHost, engine: Optional["Engine"] = None
+def start(settings: Any, host: ServingHost, engine: Optional["Engine"] = None,
+          post: Optional[Callable[[Callable[[], Any]], Any]] = None
           ) -> Optional[KvEventPublisher]:
     """The publisher a server's settings ask for, watching its host's prefix store and, given
     the `engine`, its running requests (None when `kv_events_endpoint` is unset). The host
-    must be a `PrefixEventsHost` with a store."""
+    must be a `PrefixEventsHost` with a store. `post(fn)`: runs `fn` on the engine thread (an
+    `EngineRunner`'s): each new subscriber has the ledger's snapshot published there, so a
+    router that starts after the replica learns what it holds."""
     check(settings)
     if settings.kv_events_endpoint is None:
         return None
@@ -483,6 +529,10 @@ def start(settings: Any, host: ServingHost, engine: Optional["Engine"] = None
                                   settings.kv_hash_seed, watch=host.watch_prefixes)
         if engine is not None:
             watch_running(engine, host, hook)
+        if post is not None:
+            def resync() -> None:
+                post(lambda: publisher.publish(hook.ledger.snapshot()))
+            publisher.on_subscribe = resync
     except BaseException:
         publisher.close()
         raise

@@ -512,7 +512,7 @@ class Server:
             api_key=s.api_key, open_paths=s.open_paths, allowed_origins=s.allowed_origins))
         vllm_compat.install(self.app, self.context)
         # last: nothing after it can fail
-        self.kv_events = kv_events.start(s, host, self.runner.engine)
+        self.kv_events = kv_events.start(s, host, self.runner.engine, self.runner.post)
 
     def _warm_up(self, s: ServeSettings, config: "SchedulerConfig",
                  lane_tokens: int) -> "WarmUp":

@@ -247,3 +247,93 @@ def test_serve_refuses_kv_events_it_cannot_publish_before_loading_a_model(tmp_pa
                             "0", *extra], capture_output=True, text=True, timeout=60,
                            cwd=tmp_path)  # not the checkout: `-m` would import its sources
         assert r.returncode == 2 and message in r.stderr, (extra, r.stderr)
+
+
+def _apply(index: set, events) -> None:
+    """A router's view: the block hashes announced and not withdrawn."""
+    for e in events:
+        if isinstance(e, AllBlocksCleared):
+            index.clear()
+        elif isinstance(e, BlockStored):
+            index.update(e.block_hashes)
+        elif isinstance(e, BlockRemoved):
+            index.difference_update(e.block_hashes)
+
+
+def test_the_ledger_s_snapshot_is_what_is_resident():
+    rng = random.Random(5)
+    store = PrefixStore(capacity_tokens=80, holder_slots=6)
+    ledger = BlockLedger(B)
+
+    class Sink:
+        def publish(self, events):
+            pass
+
+    StoreEvents.attach(store, Sink(), block_size=B, ledger=ledger)
+    stems = [[rng.randrange(50) for _ in range(8)] for _ in range(4)]
+    for _ in range(200):
+        store.insert(rng.choice(stems) + [rng.randrange(4) for _ in range(rng.randrange(14))])
+        if rng.random() < 0.2:
+            store.evict_one()
+        # As a subscriber decodes it, with vLLM's schema.
+        snapshot = DECODER.decode(kv_events.encode_batch(ledger.snapshot(), 0.0)).events
+        assert isinstance(snapshot[0], AllBlocksCleared)
+        index: set = set()
+        _apply(index, snapshot)
+        assert index == {h for e in store.resident() for h in vllm_hashes(e.key.tolist(), B)}
+        seen: list = []
+        for e in snapshot[1:]:  # every block once, with its tokens, after its parent
+            assert len(e.token_ids) == B * len(e.block_hashes)
+            assert e.parent_block_hash is None or e.parent_block_hash in seen
+            assert not set(e.block_hashes) & set(seen)
+            seen += e.block_hashes
+            if e.parent_block_hash is None:
+                assert e.block_hashes == vllm_hashes(e.token_ids, B)
+
+
+def test_a_subscriber_that_joins_late_gets_what_the_replica_holds(model_path):
+    """A router started after its replicas (or restarted) subscribes late: the replica
+    publishes its whole state for it (AllBlocksCleared, then every resident block), and a
+    subscriber there from the start keeps the same index through it."""
+    pytest.importorskip("llama_cpp")
+    import time
+
+    import httpx
+    from fleet_support import start_replica
+
+    server, endpoint = start_replica(model_path)
+    early = Subscriber(endpoint)
+    late = None
+    try:
+        index: set = set()
+        prompts = [f"a tenant's system prompt number {k}, long enough for a few blocks. " * 2
+                   for k in range(4)]
+        for p in prompts:
+            r = httpx.post(server.url + "/v1/completions", timeout=60,
+                           json={"prompt": p, "max_tokens": 3, "temperature": 0})
+            assert r.status_code == 200, r.text
+        quiet_until = time.monotonic() + 1.0
+        end = time.monotonic() + 30
+        while time.monotonic() < quiet_until:  # until no batch for a second
+            item = early.receive(0.2)
+            if item is not None:
+                _apply(index, item[2].events)
+                quiet_until = time.monotonic() + 1.0
+            assert time.monotonic() < end
+        assert index, "nothing resident to announce"
+        late = Subscriber(endpoint)
+        got = late.events_until(
+            lambda g: any(isinstance(e, AllBlocksCleared) for _, e in g)
+            and sum(isinstance(e, BlockStored) for _, e in g) > 0, timeout_s=20)
+        joined: set = set()
+        _apply(joined, [e for _, e in got])
+        assert joined == index
+        # The early subscriber got the same batch: its index is unchanged by it.
+        batch = early.events_until(lambda g: any(isinstance(e, AllBlocksCleared) for _, e in g))
+        _apply(index, [e for _, e in batch])
+        assert index == joined
+    finally:
+        early.close()
+        if late is not None:
+            late.close()
+        server.shutdown()

@@ -98,3 +98,34 @@ def test_a_killed_replica_drops_out_and_comes_back_cleared(model_path, tmp_path)
         for p in (router, a, b):
             if p is not None:
                 p.close()
+
+
+def test_a_router_started_after_its_replicas_learns_what_they_hold(model_path, tmp_path):
+    """The router subscribes after the replicas have served: each publishes its whole state
+    for the new subscriber, so prefixes held before the router started are credited."""
+    a = b = router = None
+    try:
+        a = Replica(model_path, tmp_path, "a", extra=("--prefix-holders", "8"))
+        b = Replica(model_path, tmp_path, "b", extra=("--prefix-holders", "8"))
+        # Each stem's long form on one replica, its start on the other: the long form's
+        # request belongs where the long form is held.
+        owners = "aaba"
+        stems = [f"late router tenant {k}, a system prompt to answer exactly. " * 2
+                 for k in range(len(owners))]
+        more = "with more rules that only one replica has seen. " * 2
+        for stem, owner in zip(stems, owners):
+            long_at, short_at = (a, b) if owner == "a" else (b, a)
+            assert _complete(long_at.url, stem + more + "first").status_code == 200
+            assert _complete(short_at.url, stem + "first").status_code == 200
+        router = Router([a, b], "kv_aware", tmp_path)
+        time.sleep(3.0)  # subscribed and given the replicas' state (a loaded machine)
+        went = ""
+        for stem in stems:
+            before = [a.served(), b.served()]
+            assert _complete(router.url, stem + more + "then?").status_code == 200
+            went += "a" if a.served() > before[0] else "b"
+        assert went == owners
+    finally:
+        for p in (router, a, b):
+            if p is not None:
+                p.close()

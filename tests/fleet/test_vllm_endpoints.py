@@ -103,6 +103,7 @@ def test_a_finished_request_publishes_its_blocks_and_a_restore_only_the_new_ones
     server, events = replica
     sub = Subscriber(events)
     try:
+        sub.joined()
         base = "the shared system prompt of a tenant, long enough for several blocks. " * 2
         first = _post(server.url, "/v1/completions", {
             "prompt": base, "max_tokens": 4, "ignore_eos": True, "return_token_ids": True,
@@ -141,6 +142,7 @@ def test_a_running_requests_prompt_blocks_are_announced_before_it_ends(replica):
     server, events = replica
     sub = Subscriber(events)
     try:
+        sub.joined()
         prompt = "a prompt whose blocks the router should learn of while it still runs. " * 2
         ids = _post(server.url, "/tokenize", {"prompt": prompt})["tokens"]
         want = vllm_hashes(ids, BLOCK)

@@ -99,6 +99,12 @@ class Subscriber:
                 got.extend((seq, e) for e in batch.events)
         return got
 
+    def joined(self, timeout_s: float = 10.0) -> None:
+        """Wait for the batch a serving replica publishes for a new subscriber (its whole
+        state after AllBlocksCleared), so that what follows is news."""
+        self.events_until(lambda got: any(isinstance(e, AllBlocksCleared) for _, e in got),
+                          timeout_s)
+
     def close(self) -> None:
         self.sock.close(linger=0)
         self.ctx.term()
