@@ -1,4 +1,4 @@
-"""KV cache events in vLLM's wire format, published over a ZeroMQ PUB socket.
+"""KV cache events in vLLM's wire format, published over a ZeroMQ PUB socket (an XPUB).
 
 Cache-aware routers (vLLM's `vllm-router --policy kv_aware`, llm-d's precise prefix scorer,
 Dynamo's KV router) learn what each replica holds from the events vLLM publishes when blocks
@@ -253,7 +253,8 @@ class BlockLedger:
 
 
 class KvEventPublisher:
-    """Batches of events on a PUB socket (bound to `endpoint`), from a thread of its own.
+    """Batches of events on a PUB socket (an XPUB, bound to `endpoint`), from a thread of its
+    own.
 
     `publish` only queues (the engine thread never touches ZeroMQ); the thread numbers the
     batches, sends them and keeps the last `buffer_batches` for the replay socket. The socket
