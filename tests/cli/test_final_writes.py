@@ -285,6 +285,7 @@ def test_the_trace_plot_names_are_the_ones_written(tmp_path, capsys, trace):
 ])
 def test_prompts_python_cannot_read_are_one_line(tmp_path, capsys, monkeypatch, text,
                                                  fragment):
+    pytest.importorskip("gguf")  # (the default tiny model is checked before the prompts)
     from skippy_scheduler.cli import run as run_cli
 
     def no_work(*args, **kwargs):
