@@ -2,6 +2,7 @@
 where llama-server is; `skippy-scheduler run` in this Python."""
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -21,6 +22,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """In a server's process before it runs (Linux): SIGTERM when the process that started it
+    dies. A bench script killed outright (`timeout -k`, a runner's time limit) then leaves no
+    server behind holding its port, its memory or a GPU for the next run."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the script's own stop() is all there is
+        pass
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
@@ -74,7 +86,8 @@ class Served:
         self.log = open(self.log_path, "ab")
         # From the logs folder, not a checkout (`python -m` would import its sources).
         self.proc = subprocess.Popen(cmd + ["--port", str(self.port)], stdout=self.log,
-                                     stderr=subprocess.STDOUT, cwd=logs)
+                                     stderr=subprocess.STDOUT, cwd=logs,
+                                     preexec_fn=_die_with_parent)
         try:
             wait_ready(self.url + "/health", self.proc, timeout_s)
         except BaseException:

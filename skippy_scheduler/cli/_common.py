@@ -120,24 +120,24 @@ def positive_int(text: str) -> int:
 LLAMA_MAX_THREADS = 512
 
 
+def _positive_up_to(text: str, limit: int, why: str) -> int:
+    """An integer in [1, limit]; above it, a usage error that says `why` it is the limit."""
+    value = positive_int(text)
+    if value > limit:
+        raise argparse.ArgumentTypeError(f"expected at most {limit} ({why}), got {text}")
+    return value
+
+
 def thread_count(text: str) -> int:
     """-t/--threads: an integer in [1, LLAMA_MAX_THREADS]."""
-    value = positive_int(text)
-    if value > LLAMA_MAX_THREADS:
-        raise argparse.ArgumentTypeError(f"expected at most {LLAMA_MAX_THREADS} (llama.cpp's "
-                                         f"GGML_MAX_N_THREADS), got {text}")
-    return value
+    return _positive_up_to(text, LLAMA_MAX_THREADS, "llama.cpp's GGML_MAX_N_THREADS")
 
 
 def plans_in_flight_count(text: str) -> int:
     """--inflight: an integer in [1, 255], the plans a scheduler keeps live at once."""
     from ..types import MAX_INFLIGHT_PLANS
 
-    value = positive_int(text)
-    if value > MAX_INFLIGHT_PLANS:
-        raise argparse.ArgumentTypeError(f"expected at most {MAX_INFLIGHT_PLANS} (the plans a "
-                                         f"scheduler keeps live at once), got {text}")
-    return value
+    return _positive_up_to(text, MAX_INFLIGHT_PLANS, "the plans a scheduler keeps live at once")
 
 
 def non_negative_int(text: str) -> int:

@@ -4,6 +4,7 @@ while the server was idle turns `/health` and new requests into a 503 naming the
 any request is sent to it. Busy or healthy, nothing changes."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -30,16 +31,28 @@ def _health_until_503(url: str, limit_s: float) -> httpx.Response:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("how", ["killed", "stopped"])
-def test_a_remote_stage_lost_while_idle_is_found_by_the_heartbeat(tmp_path, model4, splits,
-                                                                   how):
+@contextlib.contextmanager
+def _served_on_remote_stages(tmp_path, model4, splits, heartbeat_s: float):
+    """A server on two remote stage workers, started: (server, workers, their addresses); the
+    heartbeat every `heartbeat_s` with a minute's patience until a test shortens it."""
     procs, addresses = listen_workers(tmp_path, splits[2])
     srv = None
     try:
         srv = Server(ServeSettings(model=str(model4), stage_addresses=addresses, max_active=4,
                                    ctx_size=2048, threads=1))
-        srv.runner.heartbeat_s, srv.runner.heartbeat_timeout_s = 0.2, 60.0
+        srv.runner.heartbeat_s, srv.runner.heartbeat_timeout_s = heartbeat_s, 60.0
         srv.start_in_thread()
+        yield srv, procs, addresses
+    finally:
+        if srv is not None:
+            srv.shutdown()
+        stop_workers(procs)
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_a_remote_stage_lost_while_idle_is_found_by_the_heartbeat(tmp_path, model4, splits,
+                                                                   how):
+    with _served_on_remote_stages(tmp_path, model4, splits, 0.2) as (srv, procs, addresses):
         # Idle with every stage well: the heartbeats pass, and a request is served.
         time.sleep(1.0)
         assert httpx.get(srv.url + "/health").status_code == 200
@@ -66,10 +79,6 @@ def test_a_remote_stage_lost_while_idle_is_found_by_the_heartbeat(tmp_path, mode
                        json={"prompt": [1, 2, 3], "max_tokens": 3})
         assert r.status_code == 503 and "stage 1" in r.json()["error"]["message"], r.text
         assert srv.runner.open_subscriptions == 0
-    finally:
-        if srv is not None:
-            srv.shutdown()
-        stop_workers(procs)
 
 
 def test_a_metrics_scrape_while_idle_waits_no_longer_than_the_heartbeat(tmp_path, model4,
@@ -77,13 +86,7 @@ def test_a_metrics_scrape_while_idle_waits_no_longer_than_the_heartbeat(tmp_path
     # A scrape measures every stage's KV use on the engine thread; while idle it waits for a
     # stage as long as the heartbeat does, not the chain's default minute (during which no
     # heartbeat could run, and a new request was queued on the dead stage).
-    procs, addresses = listen_workers(tmp_path, splits[2])
-    srv = None
-    try:
-        srv = Server(ServeSettings(model=str(model4), stage_addresses=addresses, max_active=4,
-                                   ctx_size=2048, threads=1))
-        srv.runner.heartbeat_s, srv.runner.heartbeat_timeout_s = 0.2, 60.0
-        srv.start_in_thread()
+    with _served_on_remote_stages(tmp_path, model4, splits, 0.2) as (srv, procs, addresses):
         r = httpx.post(srv.url + "/v1/completions", timeout=60,
                        json={"prompt": [1, 2, 3], "max_tokens": 3})
         assert r.status_code == 200, r.text
@@ -99,23 +102,14 @@ def test_a_metrics_scrape_while_idle_waits_no_longer_than_the_heartbeat(tmp_path
         assert time.monotonic() - killed < 25  # three waits of 3 s at most, and the beat's
         message = health.json()["error"]["message"]
         assert f"no answer from stage 1 ({addresses[1]}) within 3 s" in message, message
-    finally:
-        if srv is not None:
-            srv.shutdown()
-        stop_workers(procs)
 
 
 def test_the_heartbeat_names_only_the_stage_that_does_not_answer(tmp_path, model4, splits):
     # With prefix reuse a finished request's lane is freed through the chain at the next beat;
     # a stage lost before it is named alone (the chain's answer would name every stage).
-    procs, addresses = listen_workers(tmp_path, splits[2])
-    srv = None
-    try:
-        srv = Server(ServeSettings(model=str(model4), stage_addresses=addresses, max_active=4,
-                                   ctx_size=2048, threads=1))
+    with _served_on_remote_stages(tmp_path, model4, splits, 1.0) as (srv, procs, addresses):
+        srv.runner.heartbeat_timeout_s = 3.0
         assert srv.settings.prefix_cache_tokens > 0
-        srv.runner.heartbeat_s, srv.runner.heartbeat_timeout_s = 1.0, 3.0
-        srv.start_in_thread()
         r = httpx.post(srv.url + "/v1/completions", timeout=60,
                        json={"prompt": [1, 2, 3, 4, 5], "max_tokens": 3})
         assert r.status_code == 200, r.text
@@ -126,7 +120,3 @@ def test_the_heartbeat_names_only_the_stage_that_does_not_answer(tmp_path, model
         message = health.json()["error"]["message"]
         assert f"no answer from stage 1 ({addresses[1]}) within 3 s" in message, message
         assert "stage 0" not in message, message
-    finally:
-        if srv is not None:
-            srv.shutdown()
-        stop_workers(procs)
