@@ -116,7 +116,8 @@ def positive_int(text: str) -> int:
     return value
 
 
-#: llama.cpp's GGML_MAX_N_THREADS: a larger thread count fails or crashes its thread pool.
+#: llama.cpp's GGML_MAX_N_THREADS: more threads fail to start (32768: libgomp cannot create
+#: them) or crash it (65536).
 LLAMA_MAX_THREADS = 512
 
 

@@ -41,8 +41,6 @@ BUILTIN_PROMPTS: list[Any] = [
     "a b c d e f g",
 ]
 CELLS_PER_LANE_STEP = 256  # llama.cpp pads each sequence's KV stream to a multiple of this
-# The most compute threads llama.cpp runs (ggml's GGML_MAX_N_THREADS): more fail to start (32768:
-# libgomp cannot create them) or crash it (65536).
 PROGRESS_DELAY_S = 1.0  # a run shows its progress bar (on a terminal) once it lasts this long
 # The summary's percentiles: (summary name, the record's figure or figures).
 _PERCENTILES = (("queue_wait", "queue_wait_us"), ("ttft", "ttft_us"), ("itl", "itl_us"),
