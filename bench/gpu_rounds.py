@@ -704,16 +704,33 @@ def merge(args: argparse.Namespace) -> int:
     return 0
 
 
+_stopped: list[int] = []  # the signals that asked this run to stop
+
+
+def _stop(signum: int, frame: Any) -> None:
+    _stopped.append(signum)
+    raise KeyboardInterrupt
+
+
+def raise_if_stopped() -> None:
+    """KeyboardInterrupt where a stop was asked for: a signal's KeyboardInterrupt raised where
+    Python prints exceptions as ignored (a fork hook, a finalizer) is otherwise lost."""
+    if _stopped:
+        raise KeyboardInterrupt
+
+
 def stoppable() -> Callable[[], None]:
     """SIGINT raises KeyboardInterrupt even where the process started with it ignored (a
     command run without job control, `timeout -s INT`), and so does SIGTERM (`timeout`'s
-    default): the table of what was measured is written either way. Returns what puts the
-    handlers back (nothing to do outside the main thread)."""
+    default): the table of what was measured is written either way. Each stop is recorded as
+    well, and the rounds check for one before each load and at their end (raise_if_stopped).
+    Returns what puts the handlers back (nothing to do outside the main thread)."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
+    _stopped.clear()
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     for sig in before:
-        signal.signal(sig, signal.default_int_handler)
+        signal.signal(sig, _stop)
 
     def restore() -> None:
         for sig, handler in before.items():
@@ -818,6 +835,7 @@ def _main(argv: Optional[list[str]]) -> int:
                 for label, cmd in servers:
                     if label in meta["skipped"]:
                         continue
+                    raise_if_stopped()
                     print(f"# round {rnd}/{args.rounds}: {label}, {name}, "
                           f"{c if decode else requests_at(args, c)} requests",
                           file=sys.stderr, flush=True)
@@ -854,6 +872,7 @@ def _main(argv: Optional[list[str]]) -> int:
                     table()
                     print(f"#   greedy outputs equal for {same} of {n} requests",
                           file=sys.stderr, flush=True)
+        raise_if_stopped()
     except KeyboardInterrupt:
         meta["interrupted"] = True
         print("# interrupted: the table of what was measured", file=sys.stderr, flush=True)

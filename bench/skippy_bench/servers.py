@@ -2,7 +2,6 @@
 where llama-server is; `skippy-scheduler run` in this Python."""
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -24,15 +23,35 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    """In a server's process before it runs (Linux): SIGTERM when the process that started it
-    dies. A bench script killed outright (`timeout -k`, a runner's time limit) then leaves no
-    server behind holding its port, its memory or a GPU for the next run."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the script's own stop() is all there is
-        pass
+# What a server's process runs before it becomes the server (Linux): SIGTERM once the process
+# that started it dies (PR_SET_PDEATHSIG, kept across exec), so a bench script killed outright
+# (`timeout -k`, a runner's time limit) leaves no server behind holding its port, its memory or
+# a GPU for the next run; it exits at once where that process died before then. A launcher and
+# not Popen's preexec_fn: with one, the script runs its own fork hooks, and a SIGINT landing in
+# one of them (logging's, say) is printed as ignored and lost, so Ctrl-C does not stop a run.
+_LAUNCH = """
+import ctypes, os, signal, sys
+try:
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+except (OSError, AttributeError):
+    pass
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(1)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def launched(cmd: list[str]) -> list[str]:
+    """`cmd` to run so that it dies with this process (see _LAUNCH). FileNotFoundError where
+    its program is not found, as Popen would raise for `cmd` itself; a relative path is taken
+    from this process's working folder, not the server's."""
+    program = shutil.which(cmd[0])
+    if program is None:
+        raise FileNotFoundError(f"no program {cmd[0]!r}")
+    program = os.path.abspath(program)
+    if not sys.platform.startswith("linux"):
+        return [program, *cmd[1:]]
+    return [sys.executable, "-I", "-S", "-c", _LAUNCH, str(os.getpid()), program, *cmd[1:]]
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
@@ -83,11 +102,15 @@ class Served:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = os.path.join(logs, f"{name}.log")
         self.stop_timeout_s = stop_timeout_s
+        run = launched(cmd + ["--port", str(self.port)])
         self.log = open(self.log_path, "ab")
         # From the logs folder, not a checkout (`python -m` would import its sources).
-        self.proc = subprocess.Popen(cmd + ["--port", str(self.port)], stdout=self.log,
-                                     stderr=subprocess.STDOUT, cwd=logs,
-                                     preexec_fn=_die_with_parent)
+        try:
+            self.proc = subprocess.Popen(run, stdout=self.log, stderr=subprocess.STDOUT,
+                                         cwd=logs)
+        except BaseException:
+            self.log.close()
+            raise
         try:
             wait_ready(self.url + "/health", self.proc, timeout_s)
         except BaseException:

@@ -1,7 +1,8 @@
 """bench/gpu_rounds.py's `--merge` on what a run cut short leaves (a missing or empty file, a
 line cut short at the end of a file or before the next run's first), runs of one server merged
 with runs of both, a server skipped after it failed to start twice, and a run stopped by SIGINT
-(also where it started with SIGINT ignored) or SIGTERM writing the table of what it measured."""
+(also where it started with SIGINT ignored) or SIGTERM writing the table of what it measured,
+and a stop whose KeyboardInterrupt Python printed as ignored still stopping it."""
 from __future__ import annotations
 
 import json
@@ -111,3 +112,32 @@ def test_a_stopped_run_writes_the_table_of_what_it_measured(tmp_path, model_path
     assert proc.returncode == 130, "".join(seen) + rest
     assert "# interrupted" in rest
     assert "interrupted: the rounds stopped" in md.read_text()
+
+
+SWALLOWED = """
+import os, signal, subprocess, sys
+sys.path.insert(0, {bench!r})
+import gpu_rounds
+gpu_rounds.stoppable()
+sent = []
+def hook():  # a SIGINT that lands in a fork hook, where Python prints it as ignored
+    if not sent:
+        sent.append(1)
+        os.kill(os.getpid(), signal.SIGINT)
+os.register_at_fork(after_in_parent=hook)
+subprocess.run([sys.executable, "-c", "pass"], preexec_fn=lambda: None)
+print("went on", flush=True)
+try:
+    gpu_rounds.raise_if_stopped()
+except KeyboardInterrupt:
+    print("stopped", flush=True)
+"""
+
+
+def test_a_stop_python_printed_as_ignored_still_stops_the_rounds(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text(SWALLOWED.format(bench=os.path.join(ROOT, "bench")))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60, cwd=str(tmp_path))
+    assert "KeyboardInterrupt" in done.stderr and "ignored" in done.stderr, done.stderr
+    assert done.stdout.splitlines() == ["went on", "stopped"], done.stdout + done.stderr
