@@ -10,7 +10,9 @@ properties.when`, say), with the converter's complaint; remote `$ref`s are not f
 count (minLength, maxLength, minItems, maxItems, a pattern's `{m,n}`) above `MAX_COUNT` is a
 400 before anything is converted. Strings hold nothing JSON must escape (`json_safe`): the
 converter's string character admitted control characters, and a pattern's `.` and classes a
-quote or a backslash; a pattern whose literal characters include them is a 400.
+quote or a backslash; a pattern whose literal characters include them is a 400. Nor do they hold
+what no UTF-8 text holds (surrogates, values past U+10FFFF), in `json_object` mode too. A
+pattern's `\\d \\w \\s \\D \\W \\S` are written out as classes before the converter sees them.
 
 The grammar is checked once more by the host's grammar sampler before the request is queued
 (a `GrammarCheckingHost`'s `check_grammar`, such as `LlamaHost`'s), so nothing the sampler cannot
@@ -45,10 +47,7 @@ def grammar_of(value: Any) -> Optional[str]:
     if kind == "text":
         return None
     if kind == "json_object":
-        from llama_cpp.llama_grammar import JSON_GBNF
-
-        grammar: str = JSON_GBNF
-        return grammar
+        return json_object_grammar()
     if kind != "json_schema":
         raise RequestError("'response_format.type' must be 'text', 'json_object' or "
                            f"'json_schema', got {kind!r}", param=f"{_WHERE}.type")
@@ -71,6 +70,23 @@ def grammar_of(value: Any) -> Optional[str]:
         raise RequestError("'response_format.json_schema.schema' must be a JSON schema object",
                            param=_SCHEMA_PATH)
     return convert(schema)
+
+
+# The string character of the JSON grammar llama-cpp-python ships, which admits what no UTF-8
+# text holds (see _UNSAFE).
+_JSON_CHAR = r'[^"\\\x7F\x00-\x1F]'
+
+
+def json_object_grammar() -> str:
+    """llama.cpp's JSON grammar (an object at the top) with its string character kept to what
+    a JSON string holds as it is in UTF-8. RuntimeError where the shipped grammar's string
+    character is not the one this rewrites (another llama-cpp-python)."""
+    from llama_cpp.llama_grammar import JSON_GBNF
+
+    if JSON_GBNF.count(_JSON_CHAR) != 1:
+        raise RuntimeError("llama_cpp's JSON grammar has no string character "
+                           f"{_JSON_CHAR}: json_object mode cannot be kept to UTF-8")
+    return str(JSON_GBNF).replace(_JSON_CHAR, f"[^{_UNSAFE_CLASS}]")
 
 
 # Keywords the converter passes over without enforcing them: an output could break them, so a
@@ -209,13 +225,83 @@ _UNSAFE_ESCAPES = frozenset('"\\nrtfv0')
 def _convert(schema: dict[str, Any]) -> str:
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    return json_safe(json_schema_to_gbnf(json.dumps(schema)))
+    return json_safe(json_schema_to_gbnf(json.dumps(_spelled_out(schema))))
+
+
+# A pattern's class escapes as JSON Schema's regular expressions (ECMA-262) mean them, written
+# as the ranges the converter passes on to the grammar (it copies `\d` into a literal, which
+# llama.cpp's grammar parser refuses). `\s` keeps its control characters here; `json_safe`
+# leaves them out of the class, as a JSON string holds them only escaped.
+_SHORTHANDS = {
+    "d": "0-9", "w": "0-9A-Za-z_",
+    "s": r" \t\n\r\x0B\x0C\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000\uFEFF"}
+
+
+def _spelled_out(schema: Any) -> Any:
+    r"""`schema` with every `pattern`'s `\d \w \s \D \W \S` written as classes (a copy;
+    `schema` is left as it is)."""
+    if isinstance(schema, list):
+        return [_spelled_out(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in _DATA:
+            out[key] = value
+        elif key == "pattern" and isinstance(value, str):
+            out[key] = shorthands_spelled_out(value)
+        else:
+            out[key] = _spelled_out(value)
+    return out
+
+
+def shorthands_spelled_out(pattern: str) -> str:
+    r"""`pattern` with `\d \w \s` and their negations `\D \W \S` as character classes (inside
+    a class, as its ranges). ValueError for a negation inside a class beside anything else:
+    one class of a grammar cannot say "not a digit, or an a" (the caller makes it a 400
+    naming the pattern)."""
+    out: list[str] = []
+    opened = -1  # where the class being read starts in `out` (-1: outside one)
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            nxt = pattern[i + 1]
+            ranges = _SHORTHANDS.get(nxt.lower())
+            if ranges is None:
+                out.append(pattern[i:i + 2])
+            elif opened < 0:
+                out.append(f"[{'^' if nxt.isupper() else ''}{ranges}]")
+            elif nxt.islower():
+                out.append(ranges)
+            elif len(out) == opened + 1 and pattern.startswith("]", i + 2):
+                # [\D] is [^0-9], and [^\D] is [0-9]
+                out[opened] = "[" if out[opened] == "[^" else "[^"
+                out.append(ranges)
+            else:
+                raise ValueError(f"\\{nxt} stands in a character class beside other "
+                                 "characters; a grammar's class cannot hold a negation")
+            i += 2
+            continue
+        if opened >= 0:
+            if c == "]":
+                opened = -1
+        elif c == "[":
+            opened = len(out)
+            c = "[^" if pattern.startswith("[^", i) else "["
+            i += len(c) - 1
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 # What a JSON string may not hold as it is: the quote, the backslash and the control characters
-# (and DEL, which llama.cpp's own JSON grammar leaves out as well).
-_UNSAFE = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, 0x7F))
-_UNSAFE_CLASS = r'"\\\x7F\x00-\x1F'
+# (and DEL, which llama.cpp's own JSON grammar leaves out as well); and what no UTF-8 text
+# holds, though llama.cpp's grammar decodes byte tokens that spell it as code points: the
+# surrogates, and values past U+10FFFF up to the largest a four-byte lead spells (0x3FFFFF).
+_UNSAFE = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, 0x7F), (0xD800, 0xDFFF),
+           (0x110000, 0x3FFFFF))
+_UNSAFE_CLASS = r'"\\\x7F\x00-\x1F\uD800-\uDFFF\U00110000-\U003FFFFF'
 # The converter's string character admits the control characters, and its `.` the quote and
 # the backslash: both written as the JSON grammar llama.cpp ships has them.
 _SAFE_RULES = {
@@ -225,7 +311,7 @@ _SAFE_RULES = {
 }
 _ESCAPES = {"t": 0x09, "r": 0x0D, "n": 0x0A, "\\": 0x5C, '"': 0x22, "[": 0x5B, "]": 0x5D}
 _HEX = {"x": 2, "u": 4, "U": 8}
-_MAX_CODE = 0x10FFFF
+_MAX_CODE = 0x3FFFFF
 
 
 def json_safe(grammar: str) -> str:

@@ -4,6 +4,7 @@ naming the part."""
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import jsonschema
@@ -182,3 +183,68 @@ def test_a_pattern_that_matches_what_json_must_escape_is_a_400(server, pattern, 
     body["response_format"] = _schema({"type": "string", "pattern": '^[a"\\\\\\n]{2}$'})
     r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
     assert r.status_code == 200, r.text
+
+
+# Byte tokens that spell code points no UTF-8 text holds: surrogates (ED A0..BF xx) and past
+# U+10FFFF (F4 90.. and F5..F7 leads), which llama.cpp's grammar decodes as code points.
+_INVALID_BIAS = {str(3 + b): 30 for b in [0xED, 0xF4, 0xF5, 0xF6, 0xF7, *range(0x90, 0xC0)]}
+
+
+@pytest.mark.parametrize("fmt", ["json_object", "schema"])
+def test_strings_under_a_grammar_are_valid_utf8(client, fmt):
+    schema = {"type": "object", "properties": {
+        "a": {"type": "string", "maxLength": 4},
+        "b": {"type": "string", "pattern": "^.{2}$"},
+        "c": {"type": "string", "pattern": "^[^@]{1,3}$"}},
+        "required": ["a", "b", "c"], "additionalProperties": False}
+    response_format = {"type": "json_object"} if fmt == "json_object" else _schema(schema)
+    for seed in range(8):
+        r = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "json"}], max_tokens=80,
+            temperature=1.0, seed=seed, logit_bias=_INVALID_BIAS,
+            response_format=response_format)
+        choice = r.choices[0]
+        text = choice.message.content
+        if choice.finish_reason == "length" and text.endswith("\ufffd"):
+            text = text[:-1]  # cut inside its last character, which stays partial
+        assert "\ufffd" not in text, (seed, choice.message.content)
+        if choice.finish_reason == "stop":
+            out = json.loads(choice.message.content)
+            if fmt == "schema":
+                jsonschema.validate(out, schema)
+
+
+# ECMA-262's `\s` (JSON Schema's regular expressions), for Python's `re` with re.ASCII.
+_WS = r" \t\n\r\x0B\x0C\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000\uFEFF"
+
+
+def _ecma(pattern: str) -> str:
+    return pattern.replace(r"\s", f"[{_WS}]").replace(r"\S", f"[^{_WS}]")
+
+
+def test_class_escapes_in_a_pattern_are_enforced(client):
+    patterns = {"a": r"^\d{3}$", "b": r"^\w{2,4}$", "c": r"^[\d.-]{1,5}$", "d": r"^\D\S\W$",
+                "e": r"^x\s?y$", "f": r"^[^\d]{2}[\D]$"}
+    schema = {"type": "object",
+              "properties": {k: {"type": "string", "pattern": p} for k, p in patterns.items()},
+              "required": sorted(patterns), "additionalProperties": False}
+    for seed in range(8):
+        r = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "json"}], max_tokens=120,
+            temperature=1.0, seed=seed, response_format=_schema(schema))
+        choice = r.choices[0]
+        assert choice.finish_reason == "stop", choice
+        out = json.loads(choice.message.content)
+        for key, pattern in patterns.items():
+            assert re.fullmatch(_ecma(pattern.strip("^$")), out[key], re.ASCII), (key, out)
+
+
+def test_a_negated_class_escape_beside_other_characters_is_a_400(server):
+    body = {"model": MODEL, "prompt": "a", "max_tokens": 3, "response_format": _schema(
+        {"type": "object", "properties": {"p": {"type": "string", "pattern": r"^[a\D]$"}}})}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "response_format.json_schema.schema.properties.p", err
+    assert "\\D stands in a character class beside other characters" in err["message"], err
+    assert is_idle(wait_idle(server), server.host.n_seq_max)
