@@ -57,11 +57,16 @@ void skippy_error_free(skippy_error *error)
 }
 
 /* Checks a scheduler call: its error is the scheduler's, freed with skippy_scheduler_error_free. */
-static int check(skippy_status st, skippy_error *err, const char *what)
+/* 0 when `st` is OK; else prints the scheduler's message, frees its error and returns 1.
+ * `errp` is read here, after the call that set it: passing the error itself as an argument
+ * beside that call would read it first (C leaves the order of arguments open). */
+static int check(skippy_status st, skippy_error **errp, const char *what)
 {
     if (st == SKIPPY_STATUS_OK) return 0;
+    skippy_error *err = *errp;
     fprintf(stderr, "%s failed: %s\n", what, err && err->message ? err->message : "?");
     skippy_scheduler_error_free(err);
+    *errp = NULL;
     return 1;
 }
 
@@ -79,13 +84,13 @@ static int drive(skippy_scheduler *s, skippy_iteration_batch_sampled_fn runtime)
     for (int i = 0; i < 3; i++) {
         skippy_sequence_desc d;
         skippy_sequence_desc_init(&d, ids[i], strlen(ids[i]), prompts[i], lens[i], 4);
-        if (check(skippy_scheduler_submit(s, &d, NULL, &err), err, "submit")) return 1;
+        if (check(skippy_scheduler_submit(s, &d, NULL, &err), &err, "submit")) return 1;
     }
 
     int done = 0, iterations = 0;
     while (done < 3 && iterations < 100) {
         skippy_plan *plan = NULL;
-        if (check(skippy_scheduler_plan(s, &plan, &err), err, "plan")) return 1;
+        if (check(skippy_scheduler_plan(s, &plan, &err), &err, "plan")) return 1;
         skippy_plan_outputs *o = &plan->outputs;
         if (plan->request_count > 0) {
             skippy_error *runtime_err = NULL;
@@ -99,12 +104,13 @@ static int drive(skippy_scheduler *s, skippy_iteration_batch_sampled_fn runtime)
                 fprintf(stderr, "runtime failed: %s\n",
                         runtime_err && runtime_err->message ? runtime_err->message : "?");
                 skippy_error_free(runtime_err);
-                check(skippy_scheduler_abort(s, plan->serial, &err), err, "abort");
+                check(skippy_scheduler_abort(s, plan->serial, &err), &err, "abort");
                 return 1;
             }
         }
         skippy_iteration_telemetry t;
-        if (check(skippy_scheduler_complete(s, plan->serial, &t, &err), err, "complete")) return 1;
+        if (check(skippy_scheduler_complete(s, plan->serial, &t, &err), &err, "complete"))
+            return 1;
         iterations++;
         /* Sequences that ended in this completion; readable until the next plan. */
         size_t n = 0;
@@ -113,7 +119,9 @@ static int drive(skippy_scheduler *s, skippy_iteration_batch_sampled_fn runtime)
             skippy_sequence_info info;
             if (!skippy_scheduler_sequence(s, ret[i].slot, &info)) return 1;
             printf("%.*s %s:", (int)info.id_len, info.id,
-                   ret[i].status == SKIPPY_SEQ_FINISHED ? "finished" : "failed");
+                   ret[i].status == SKIPPY_SEQ_FINISHED    ? "finished"
+                   : ret[i].status == SKIPPY_SEQ_CANCELLED ? "cancelled"
+                                                           : "failed");
             for (size_t k = 0; k < info.generated_count; k++)
                 printf(" %d", info.tokens[info.prompt_count + k]);
             printf("\n");
@@ -137,7 +145,7 @@ int main(void)
 
     skippy_scheduler *s = NULL;
     skippy_error *err = NULL;
-    if (check(skippy_scheduler_create(&cfg, &s, &err), err, "create")) return 1;
+    if (check(skippy_scheduler_create(&cfg, &s, &err), &err, "create")) return 1;
     int rc = drive(s, fake_runtime);
     skippy_scheduler_free(s);
     return rc;

@@ -52,11 +52,16 @@ static int resolve(skippy_plan *plan, const skippy_plan *earlier)
     return 0;
 }
 
-static int check(skippy_status st, skippy_error *err, const char *what)
+/* 0 when `st` is OK; else prints the scheduler's message, frees its error and returns 1.
+ * `errp` is read here, after the call that set it: passing the error itself as an argument
+ * beside that call would read it first (C leaves the order of arguments open). */
+static int check(skippy_status st, skippy_error **errp, const char *what)
 {
     if (st == SKIPPY_STATUS_OK) return 0;
+    skippy_error *err = *errp;
     fprintf(stderr, "%s failed: %s\n", what, err && err->message ? err->message : "?");
     skippy_scheduler_error_free(err);
+    *errp = NULL;
     return 1;
 }
 
@@ -70,8 +75,9 @@ static int run(size_t depth, int32_t out[N_SEQ][MAX_TOKENS + 1], unsigned long l
     cfg.max_inflight_plans = depth;
     skippy_scheduler *s = NULL;
     skippy_error *err = NULL;
-    if (check(skippy_scheduler_create(&cfg, &s, &err), err, "create")) return 1;
-    char ids[N_SEQ][8];
+    if (check(skippy_scheduler_create(&cfg, &s, &err), &err, "create")) return 1;
+    int rc = 1; /* every failure below goes to `out`, which frees the scheduler */
+    char ids[N_SEQ][16];
     for (int i = 0; i < N_SEQ; i++) {
         int32_t prompt[9];
         size_t len = 2 + (size_t)i * 2 % 7;
@@ -79,7 +85,7 @@ static int run(size_t depth, int32_t out[N_SEQ][MAX_TOKENS + 1], unsigned long l
         snprintf(ids[i], sizeof ids[i], "seq%d", i);
         skippy_sequence_desc d;
         skippy_sequence_desc_init(&d, ids[i], strlen(ids[i]), prompt, len, MAX_TOKENS);
-        if (check(skippy_scheduler_submit(s, &d, NULL, &err), err, "submit")) return 1;
+        if (check(skippy_scheduler_submit(s, &d, NULL, &err), &err, "submit")) goto out;
         out[i][0] = -2;
     }
     /* Plans in flight, oldest first: each has run on the "device" (in order) and waits for
@@ -91,24 +97,24 @@ static int run(size_t depth, int32_t out[N_SEQ][MAX_TOKENS + 1], unsigned long l
     for (int guard = 0; ended < N_SEQ && guard < 1000; guard++) {
         if (count < depth) {
             skippy_plan *next = NULL;
-            if (check(skippy_scheduler_plan(s, &next, &err), err, "plan")) return 1;
+            if (check(skippy_scheduler_plan(s, &next, &err), &err, "plan")) goto out;
             if (next->request_count > 0) {
                 *deferred += next->deferred.count;
                 if (resolve(next, count ? inflight[count - 1] : NULL)) {
                     fprintf(stderr, "a deferred input names a plan that is not the previous one\n");
-                    return 1;
+                    goto out;
                 }
                 run_plan(next);
                 inflight[count++] = next;
                 continue;
             }
             /* Everything runnable is in flight: give the empty plan back, complete one. */
-            if (check(skippy_scheduler_abort(s, next->serial, &err), err, "abort")) return 1;
+            if (check(skippy_scheduler_abort(s, next->serial, &err), &err, "abort")) goto out;
             if (count == 0) break;
         }
         skippy_iteration_telemetry t;
-        if (check(skippy_scheduler_complete(s, inflight[0]->serial, &t, &err), err, "complete"))
-            return 1;
+        if (check(skippy_scheduler_complete(s, inflight[0]->serial, &t, &err), &err, "complete"))
+            goto out;
         inflight[0] = inflight[1];
         inflight[1] = NULL;
         count--;
@@ -117,7 +123,7 @@ static int run(size_t depth, int32_t out[N_SEQ][MAX_TOKENS + 1], unsigned long l
         const skippy_retired *ret = skippy_scheduler_retired(s, &n);
         for (size_t i = 0; i < n; i++) {
             skippy_sequence_info info;
-            if (!skippy_scheduler_sequence(s, ret[i].slot, &info)) return 1;
+            if (!skippy_scheduler_sequence(s, ret[i].slot, &info)) goto out;
             int which = info.id[3] - '0';
             for (size_t k = 0; k < info.generated_count; k++)
                 out[which][k] = info.tokens[info.prompt_count + k];
@@ -129,8 +135,10 @@ static int run(size_t depth, int32_t out[N_SEQ][MAX_TOKENS + 1], unsigned long l
     printf("depth %zu: iterations %llu finished %llu discarded rows %llu\n", depth,
            (unsigned long long)m->iterations, (unsigned long long)m->finished,
            (unsigned long long)m->discarded_rows);
+    rc = ended == N_SEQ ? 0 : 1;
+out:
     skippy_scheduler_free(s);
-    return ended == N_SEQ ? 0 : 1;
+    return rc;
 }
 
 int main(void)

@@ -177,3 +177,41 @@ def test_a_host_links_the_core_beside_a_runtime_that_defines_skippy_error_free(t
                     "-o", str(exe)], check=True)
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     assert out == "runtime frees 1\n"
+
+
+# Makes the host's third `skippy_scheduler_complete` name a plan that does not exist, so the
+# scheduler refuses it with its own error (linked with -Wl,--wrap=skippy_scheduler_complete).
+FAIL_THIRD_COMPLETE = r"""
+#include "skippy_scheduler.h"
+skippy_status __real_skippy_scheduler_complete(skippy_scheduler *, uint64_t,
+                                               skippy_iteration_telemetry *, skippy_error **);
+static int calls;
+skippy_status __wrap_skippy_scheduler_complete(skippy_scheduler *s, uint64_t serial,
+                                               skippy_iteration_telemetry *t, skippy_error **e)
+{
+    return __real_skippy_scheduler_complete(s, ++calls == 3 ? serial + 1000 : serial, t, e);
+}
+"""
+
+
+@pytest.mark.parametrize("example", [HOST, PIPELINED], ids=["host", "pipelined_host"])
+def test_an_example_host_reports_the_schedulers_error_and_frees_everything(tmp_path, example):
+    """A failing call prints the scheduler's message (not "?": the error is read after the
+    call that sets it), and the error and the scheduler are freed on the way out."""
+    if sys.platform != "linux":
+        pytest.skip("-Wl,--wrap is GNU ld's")
+    wrap = tmp_path / "wrap.c"
+    wrap.write_text(FAIL_THIRD_COMPLETE)
+    exe = tmp_path / "host"
+    subprocess.run([_compiler(), str(example), str(wrap), "-Wall", "-Wextra", "-Werror",
+                    *_config_flags(), "-Wl,--wrap=skippy_scheduler_complete", "-o", str(exe)],
+                   check=True)
+    command = [str(exe)]
+    if shutil.which("valgrind"):
+        command = ["valgrind", "--leak-check=full", "--show-leak-kinds=all",
+                   "--errors-for-leak-kinds=all", "--error-exitcode=3", "-q", *command]
+    run = subprocess.run(command, capture_output=True, text=True)
+    assert run.returncode == 1, run.stderr
+    failed = [line for line in run.stderr.splitlines() if line.startswith("complete failed: ")]
+    assert len(failed) == 1 and failed[0] != "complete failed: ?", run.stderr
+    assert "plan" in failed[0], run.stderr  # the scheduler's message names the unknown plan
