@@ -62,7 +62,9 @@ typedef struct sk_wire_plan_view {
 sk_wire_status sk_wire_decode_plan(const void *frame, size_t len, sk_wire_plan_view *out,
                                    const char **why);
 
-/* Bytes of a frame with these counts (0 when they cannot form one). */
+/* Bytes of a frame with these counts; 0 for n_rows == UINT32_MAX, whose row offsets cannot
+ * be counted. Counts the decoder refuses for what they say (more rows than tokens, more
+ * deferred inputs than rows) still get the size such a frame would have. */
 uint64_t sk_wire_plan_bytes(uint32_t n_rows, uint32_t n_tokens, uint32_t n_deferred,
                             uint32_t n_release);
 

@@ -12,8 +12,11 @@
  * the precise reason (skippy_sched_code); each
  * call that reports through it (the skippy_status calls, and skippy_scheduler_cancel) sets it
  * back to SKIPPY_SCHED_OK, with an empty message, when it does not fail.
- * A failed call never changes scheduler state, with one exception: a submit refused with
- * SKIPPY_SCHED_QUEUE_FULL counts the refusal in metrics.rejected_overload. Sequences are
+ * A failed call never changes scheduler state, with two exceptions: a submit refused with
+ * SKIPPY_SCHED_QUEUE_FULL counts the refusal in metrics.rejected_overload; and a plan that fails
+ * in its policy callback, or out of memory, may already have re-read from the prefix store what
+ * it holds for waiting sequences (their restore, cursor and saved cost, counted in
+ * metrics.stale_refreshes), as the next plan would read it anyway. Sequences are
  * addressed by their id bytes or by the slot the scheduler gave them (stable while the sequence
  * is waiting or active).
  *

@@ -421,7 +421,7 @@ typedef struct sk_prefill_walk {
     bool disjoint;
     size_t at;
 } sk_prefill_walk;
-int sk_prefill_order_reserve(skippy_scheduler *s);
+int sk_prefill_order_reserve(skippy_scheduler *s, size_t active_most);
 sk_prefill_walk sk_prefill_walk_begin(skippy_scheduler *s, bool disjoint);
 uint32_t sk_prefill_walk_next(skippy_scheduler *s, sk_prefill_walk *walk);
 size_t sk_slack_toll(const skippy_scheduler *s);

@@ -55,11 +55,16 @@ static int plan_grow(skippy_scheduler *s, void **ptr, size_t old, size_t count, 
     return 0;
 }
 
+/* Sized before admission (make_plan), so that a failure changes nothing: for every sequence
+ * that may be active once it has run, those active now and those waiting (at most
+ * max_active_sequences of them). */
 static int ensure_plan_capacity(skippy_scheduler *s, sk_plan_slot *slot)
 {
     skippy_plan *plan = &slot->plan;
     size_t max_tokens = s->cfg.max_tokens_per_iteration;
-    size_t rows_needed = s->active_len < max_tokens ? s->active_len : max_tokens;
+    size_t may_run = sk_sat_add(s->active_len, s->waiting_len), most = s->cfg.max_active_sequences;
+    if (may_run > most) may_run = most > s->active_len ? most : s->active_len;
+    size_t rows_needed = may_run < max_tokens ? may_run : max_tokens;
     bool sources = s->cfg.max_inflight_plans > 1;
     if (rows_needed < 1) rows_needed = 1;
     if (rows_needed > plan->request_capacity) {
@@ -103,11 +108,12 @@ static int ensure_plan_capacity(skippy_scheduler *s, sk_plan_slot *slot)
         plan->request_capacity = cap;
         if (sources) plan->deferred.capacity = cap;
     }
-    if (s->cfg.planning_rule == SKIPPY_PLANNING_SLACK && sk_prefill_order_reserve(s)) return -1;
+    if (s->cfg.planning_rule == SKIPPY_PLANNING_SLACK && sk_prefill_order_reserve(s, may_run))
+        return -1;
     /* A plan has at most one row per active sequence, of at most a chunk of its replay tokens
      * not yet fed (emit_prefill) or one decode token (emit_decode). */
     size_t chunk = s->cfg.prefill_chunk_tokens;
-    uint64_t tokens_needed = sk_sat_mul(s->active_len ? s->active_len : 1, chunk);
+    uint64_t tokens_needed = sk_sat_mul(may_run ? may_run : 1, chunk);
     if (tokens_needed > max_tokens) tokens_needed = max_tokens;
     if (tokens_needed > plan->token_capacity && tokens_needed > EXACT_TOKENS_ABOVE) {
         /* A large chunk and budget would ask for far more than any plan uses: size for what
@@ -119,6 +125,12 @@ static int ensure_plan_capacity(skippy_scheduler *s, sk_plan_slot *slot)
             size_t left = replay > seq->cursor ? replay - seq->cursor : 0;
             if (left > chunk) left = chunk;
             need = sk_sat_add(need, left > 1 ? left : 1);
+        }
+        /* A waiting sequence's cursor may yet move back (its restore re-read at admission):
+         * a chunk of its replay at most. */
+        for (size_t i = 0; i < s->waiting_len; i++) {
+            size_t replay = sk_replay_len(&s->seqs[s->waiting[i]]);
+            need = sk_sat_add(need, replay < chunk ? (replay > 1 ? replay : 1) : chunk);
         }
         /* Depth 1 replacing its live plan (this buffer's): undoing it, after this sizing, moves
          * its rows' cursors back by at most the tokens it fed. */
@@ -626,6 +638,12 @@ static int make_plan(skippy_scheduler *s, skippy_plan **out_plan)
     if (depth > 1 && s->live_count >= depth)
         return sk_fail(s, SKIPPY_SCHED_PLAN_IN_FLIGHT, "%zu plans are in flight "
                        "(max_inflight_plans); complete or abort the oldest first", depth);
+    /* The plan's buffer is sized first, for every sequence admission may add, so that an
+     * allocation failure leaves everything as it was. At depth 1 it is the live plan's own
+     * (reallocation keeps what aborting reads). */
+    sk_plan_slot *slot = &s->plans[sk_live_ring(s, s->live_count)];
+    if (ensure_plan_capacity(s, slot))
+        return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory sizing the plan");
     s->waiting_turn = sk_sat_add(s->waiting_turn, 1);
     size_t admitted = 0;
     int rc = sk_admit_waiting(s, &admitted);
@@ -634,11 +652,6 @@ static int make_plan(skippy_scheduler *s, skippy_plan **out_plan)
         return rc;
     }
     sk_refresh_counts(s);
-    /* At depth 1 the next buffer is the live plan's own: it is sized first (reallocation keeps
-     * what aborting reads), so an allocation failure leaves the live plan as it was. */
-    sk_plan_slot *slot = &s->plans[sk_live_ring(s, s->live_count)];
-    if (ensure_plan_capacity(s, slot))
-        return sk_fail(s, SKIPPY_SCHED_NO_MEMORY, "out of memory sizing the plan");
     /* Sequences that left since the previous plan give their slots back now that nothing can
      * fail (a failed call leaves them readable: skippy_scheduler_retired). Admission takes no
      * slot, so this order decides nothing. */

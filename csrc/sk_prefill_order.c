@@ -39,9 +39,9 @@
 
 #include "sk_internal.h"
 
-int sk_prefill_order_reserve(skippy_scheduler *s)
+int sk_prefill_order_reserve(skippy_scheduler *s, size_t active_most)
 {
-    size_t need = s->active_len ? s->active_len : 1;
+    size_t need = active_most ? active_most : 1;
     if (need <= s->prefill_keys_cap) return 0;
     size_t cap = s->prefill_keys_cap * 2;
     if (cap < 16) cap = 16;

@@ -564,6 +564,36 @@ static void failed_preempt_keeps_victims(void)
     skippy_scheduler_free(s);
 }
 
+/* A plan that runs out of memory at any of its allocations changes nothing: the sequences it
+ * would have admitted stay waiting (its buffer is sized before admission), and a retry plans. */
+static void failed_plan_changes_nothing(void)
+{
+    long failures = 0;
+    for (long k = 0; k < 1000; k++) {
+        skippy_scheduler *s = make();
+        char id[16];
+        for (int i = 0; i < 20; i++) {
+            snprintf(id, sizeof id, "s%d", i);
+            submit(s, id, 4);
+        }
+        picture before = take(s);
+        skippy_plan *p = NULL;
+        fail_after = k;
+        skippy_status st = skippy_scheduler_plan(s, &p, NULL);
+        fail_after = -1;
+        if (st == SKIPPY_STATUS_OK) {
+            skippy_scheduler_free(s);
+            break;
+        }
+        failures++;
+        CHECK(skippy_scheduler_last_code(s) == SKIPPY_SCHED_NO_MEMORY);
+        CHECK(same(before, take(s)));
+        step_once(s);
+        skippy_scheduler_free(s);
+    }
+    CHECK(failures > 1);
+}
+
 typedef void (*case_fn)(void);
 static const struct {
     const char *name;
@@ -583,6 +613,7 @@ static const struct {
     {"failed_insert_changes_nothing", failed_insert_changes_nothing},
     {"failed_plan_keeps_retired", failed_plan_keeps_retired},
     {"failed_preempt_keeps_victims", failed_preempt_keeps_victims},
+    {"failed_plan_changes_nothing", failed_plan_changes_nothing},
 };
 
 int main(int argc, char **argv)

@@ -2,8 +2,8 @@
 argument of every entry point (a NULL handle, NULL out-params, a NULL id), the error object of
 a failed create, last_code after calls that return bool (cancel's out-of-memory told apart from
 an unknown id), a refused prefix-store insert that must leave the store as it was, a clock
-that is not finite, and a plan or preemption whose policy callback fails (what the last call
-reported stays readable). Each case checks what skippy_scheduler.h documents ("NULL arguments").
+that is not finite, a plan or preemption whose policy callback fails (what the last call
+reported stays readable), and a plan that runs out of memory at any of its allocations. Each case checks what skippy_scheduler.h documents ("NULL arguments").
 
 The harness (api_misuse_harness.c) is linked from the core's sources with the allocator
 wrapped, with AddressSanitizer and UndefinedBehaviorSanitizer when the compiler offers them, so
@@ -29,6 +29,7 @@ CASES = [
     "failed_insert_changes_nothing",
     "failed_plan_keeps_retired",
     "failed_preempt_keeps_victims",
+    "failed_plan_changes_nothing",
 ]
 
 
