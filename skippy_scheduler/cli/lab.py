@@ -21,6 +21,7 @@ from ..lab.progress import Progress
 from ..lab.replay import DEFAULT_PREFIX_CACHE_TOKENS, ReplayOptions
 from ..lab.report import dump_json, format_replay, format_table, lab_document
 from ..lab.scenarios import SCENARIO_NAMES, get_scenario, replay_all, run_scenario
+from ..lab.simulate import SimulationError
 from ..lab.suite import SuiteOptions
 from ..lab.traces import FORMATS
 from ..lab.workload import MAX_FAMILIES, MAX_REQUESTS, WorkloadSpec
@@ -175,7 +176,8 @@ def register(subparsers: Any) -> None:
 
     t = p.add_argument_group("trace replay (--trace FILE)")
     t.add_argument("--trace", metavar="FILE",
-                   help="replay a request trace (Mooncake JSONL, Azure CSV or BurstGPT CSV)")
+                   help="replay a request trace (Mooncake JSONL, Azure CSV or BurstGPT CSV): a "
+                        "regular file, as it is read more than once")
     t.add_argument("--format", choices=("auto",) + FORMATS, default=None,
                    help="trace format (default: auto, from the first line)")
     t.add_argument("--time-scale", type=positive_float, default=None, metavar="F",
@@ -327,7 +329,7 @@ def _modes(args: argparse.Namespace) -> list[str] | None:
     if old is not None and args.mixed is not None:
         raise CommandError("--mode is the old spelling of --mixed/--no-mixed: give one")
     if old is not None:
-        return list(old)
+        return list(dict.fromkeys(old))  # each once, as --policy: a repeat is not a second run
     slack = bool(getattr(args, "slack", None))
     if args.mixed is None:
         return ["slack"] if slack and args.trace else None
@@ -349,7 +351,9 @@ def run(args: argparse.Namespace) -> int:
         _refuse_modes(args, "does not apply to the staged pipeline (--pipeline-stages)")
         return run_staged_command(args, cost_model(args.cost_model), backend)
     _given(args, STAGED_ONLY, "needs --pipeline-stages")
-    if args.trace:
+    if args.trace is not None:
+        if not args.trace:  # not the reference scenarios: what an empty output path is
+            raise CommandError("--trace: empty path")
         if args.suite:
             raise CommandError("--trace and --suite are two different runs: give one")
         _given(args, _SCENARIO_ONLY, "applies to the reference scenarios, not to --trace")
@@ -367,7 +371,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_scenarios(args: argparse.Namespace, cost: StepCost, backend: Backend) -> int:
     try:
-        scenarios = [get_scenario(name) for name in (args.scenario or SCENARIO_NAMES)]
+        # each once, as --policy: a scenario named twice is not two rows
+        scenarios = [get_scenario(name)
+                     for name in dict.fromkeys(args.scenario or SCENARIO_NAMES)]
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     inputs = [("--cost-model", getattr(args, "cost_model", None))]
@@ -386,10 +392,13 @@ def _run_scenarios(args: argparse.Namespace, cost: StepCost, backend: Backend) -
             bar.update(len(results))
         bar.close()
         replay = replay_all(cost, backend=backend) if (args.replay or args.json) else []
+    except SimulationError as exc:  # a run the cost model could not finish: one line
+        bar.close()
+        raise CommandError(f"the reference scenarios could not run: {exc}") from None
     except Interrupted as stop:
         bar.close()
-        if not results:
-            raise
+        # With nothing finished too, as --suite and --trace do: the header, and a --json
+        # document marked "interrupted" (a script waiting for the file gets one).
         with saving():
             saved = _save_scenarios(args, results, [], cost, backend, stop)
         raise stop.keeping(f"{len(results)} of {len(scenarios)} scenarios printed"

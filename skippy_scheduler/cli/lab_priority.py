@@ -12,7 +12,7 @@ from ..lab.backend import Backend
 from ..lab.model import StepCost
 from ..lab.priority import (PriorityScenario, RULES, format_priority_table,
                             run_priority_scenario)
-from ..lab.suite import SuiteOptions
+from ..lab.suite import MODES, SuiteOptions
 from ._common import CommandError, check_output_file
 from .interrupt import Interrupted, saving
 from .lab_runs import Saved, _overrides, finish, interrupted, json_writer
@@ -27,6 +27,14 @@ def run_priority_command(args: argparse.Namespace, modes: Optional[list[str]],
                          cost: StepCost, backend: Backend) -> int:
     if modes is not None and len(modes) > 1:
         raise CommandError("--priority-scenario runs one planning mode (--mixed or --no-mixed)")
+    for mode in modes or ():
+        # Checked before anything is printed. The slack rule is not one of them: --slack is
+        # refused here, and so is the inter-token target it plans to (--itl-target-ms).
+        if mode not in MODES:
+            raise CommandError(f"--priority-scenario runs mixed or phase planning (--mixed or "
+                               f"--no-mixed): mode {mode!r} does not apply to it"
+                               if mode == "slack" else
+                               f"unknown mode {mode!r} (choose from {', '.join(MODES)})")
     for flag, dest in (("--families", "families"), ("--family-share", "family_share"),
                        ("--kv-capacity-tokens", "kv_capacity_tokens"), ("--plot", "plot"),
                        ("--reserve-output-tokens", "reserve_output_tokens"),

@@ -96,6 +96,39 @@ def _check_kv_workload(options: RunOptions, workload: Workload) -> None:
                                        int(workload.output_len[r])))
 
 
+def _check_reserve(args: argparse.Namespace, options: RunOptions) -> None:
+    """--reserve-output-tokens sizes the memory model's reservations: without that model
+    (--kv-capacity-tokens N > 0) the run would ignore it."""
+    if args.reserve_output_tokens is not None and not options.kv_capacity_tokens:
+        raise CommandError("--reserve-output-tokens sizes the reservations of the memory "
+                           "model, which this run does not have: give --kv-capacity-tokens "
+                           "N > 0 with it")
+
+
+def _check_families(args: argparse.Namespace, spec: WorkloadSpec) -> None:
+    """--families and --family-share each mean nothing when the other is 0."""
+    if args.family_share is not None and spec.families == 0:
+        raise CommandError(f"--family-share {args.family_share:g} does not apply with "
+                           "--families 0 (no prompt families): give --families > 0")
+    if args.families is not None and args.families > 0 and args.family_share is not None \
+            and spec.family_share == 0:
+        raise CommandError(f"--families {args.families} does not apply with --family-share 0 "
+                           "(no request belongs to a family)")
+
+
+def _check_trace_file(path: str) -> None:
+    """The trace is read more than once (a pass for its header and checks, one per policy):
+    a pipe or a device would be empty after the first pass. A missing file or a folder is the
+    trace reader's to report."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise CommandError(f"--trace: {path} is not a regular file (a pipe or a device); "
+                           "--trace must be a regular file, as it is read more than once")
+
+
 def _stalled(exc: LabStalled, options: RunOptions) -> CommandError:
     """A stall the up-front check did not foresee, as a user error naming the capacity."""
     return CommandError(f"--kv-capacity-tokens {options.kv_capacity_tokens}: {exc}")
@@ -304,6 +337,8 @@ def run_suite_command(args: argparse.Namespace, modes: Optional[list[str]],
                           **_overrides(args, _RUN_OPTIONS)).validate()
     except (ValueError, TypeError) as exc:
         raise CommandError(str(exc)) from None
+    _check_reserve(args, options)
+    _check_families(args, spec)
     _check_slack_target(modes, options)
     workload = generate(spec)
     _check_kv_workload(options, workload)
@@ -416,6 +451,7 @@ def format_slo_lines(runs: list[Any], options: ReplayOptions) -> str:
 
 def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
                       cost: StepCost, backend: Backend) -> int:
+    _check_trace_file(args.trace)
     policies = list(dict.fromkeys(args.policy or POLICIES))  # each one once
     modes = modes or [DEFAULT_MODE]
     _check_modes(modes)
@@ -433,6 +469,7 @@ def run_trace_command(args: argparse.Namespace, modes: Optional[list[str]],
                           **_overrides(args, _RUN_OPTIONS)).validate()
     except (ValueError, TypeError) as exc:
         raise CommandError(str(exc)) from None
+    _check_reserve(args, options)
     if options.slo_told and mode != "slack":
         raise CommandError("--slo tells the slack rule the SLO: give --slack too")
     _check_slack_target(modes, options)

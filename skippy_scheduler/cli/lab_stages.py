@@ -14,6 +14,7 @@ from typing import Any, TextIO
 
 from ..lab.backend import Backend
 from ..lab.model import StepCost, burst_requests
+from ..lab.simulate import SimulationError
 from ..lab.stages import MAX_STAGES, format_staged, staged_table
 from ..types import SchedulerConfig
 from ._common import CommandError, check_output_file, int_in
@@ -21,6 +22,7 @@ from .interrupt import saving
 from .lab_runs import Saved
 
 PROMPT_TOKENS, OUTPUT_TOKENS = 64, 32
+MAX_PIPELINE_REQUESTS = 4096
 
 
 def _stage_list(text: str) -> list[int]:
@@ -31,7 +33,7 @@ def _stage_list(text: str) -> list[int]:
             from None
     if not values or any(not 1 <= v <= MAX_STAGES for v in values):
         raise argparse.ArgumentTypeError(f"stage counts must be 1-{MAX_STAGES}, got {text!r}")
-    return values
+    return list(dict.fromkeys(values))  # each once, as --policy: a repeat is not a second row
 
 
 def _micros(text: str) -> float:
@@ -56,7 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--driver-overhead-us", type=_micros, default=None, metavar="US",
                    help="the driver's time between a group's plan coming back and its next "
                         "plan, µs (default: 0)")
-    g.add_argument("--pipeline-requests", type=int_in(1, 4096), default=None, metavar="N",
+    g.add_argument("--pipeline-requests", type=int_in(1, MAX_PIPELINE_REQUESTS), default=None,
+                   metavar="N",
                    help="requests of the uniform burst (default: 12)")
 
 
@@ -72,11 +75,18 @@ def run_staged_command(args: argparse.Namespace, cost: StepCost,
     overhead = args.driver_overhead_us or 0.0
     n = args.pipeline_requests or 12
     requests = burst_requests(n, PROMPT_TOKENS, OUTPUT_TOKENS)
+    # The whole burst arrives at 0 µs and waits in the groups' queues (all of it in one with
+    # G = 1): the waiting limit covers it (the default, 256, refused the 257th request), as the
+    # suite's unbounded one does.
+    config = SchedulerConfig(
+        max_waiting_sequences=max(SchedulerConfig().max_waiting_sequences, n))
     try:
-        rows = staged_table(SchedulerConfig(), cost, requests, args.pipeline_stages, hop,
-                            overhead, backend=backend)
+        rows = staged_table(config, cost, requests, args.pipeline_stages, hop, overhead,
+                            backend=backend)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
+    except SimulationError as exc:  # a run the model could not finish: one line, not a trace
+        raise CommandError(f"the staged pipeline could not run: {exc}") from None
     header = [f"staged pipeline: {n} requests at 0 µs, {PROMPT_TOKENS} prompt tokens, "
               f"{OUTPUT_TOKENS} output tokens; scheduler {backend.name}",
               f"each of P stages: iteration overhead {cost.base_us:g} µs, the "
@@ -96,6 +106,7 @@ def run_staged_command(args: argparse.Namespace, cost: StepCost,
     saved = Saved()
     with saving():  # the table and the file whole, whatever signal comes now
         sys.stdout.write(format_staged(rows, header))
+        sys.stdout.flush()  # before the file: stdout gone (`| head`) is found here, not at exit
         saved.write("--json", args.json, write)
     saved.check()
     return 0

@@ -98,7 +98,18 @@ class Latency:
                    ttft, good)
 
     def add_percentiles(self, figures: dict[str, Any]) -> None:
+        """p50/p90/p99 of queue wait, TTFT and the inter-token gaps, ms; a gap percentile is
+        None (JSON null, `-` in a table) when no request had a gap (every one generated at
+        most one token): undefined, not 0."""
         for name, values in (("queue", self.queue), ("ttft", self.ttft),
                              ("itl", self.timeline.gaps_us)):
             for p in (50, 90, 99):
-                figures[f"p{p}_{name}_ms"] = nearest_rank(values, p) / 1e3
+                figures[f"p{p}_{name}_ms"] = (nearest_rank(values, p) / 1e3 if len(values)
+                                              else None)
+
+    def p99_max_gap_ms(self) -> Optional[float]:
+        """p99 over requests of each one's largest inter-token gap, ms; None when no request
+        had a gap."""
+        if not len(self.timeline.gaps_us):
+            return None
+        return nearest_rank(self.timeline.max_gap_us, 99) / 1e3

@@ -32,6 +32,7 @@ from .driver import LabRun, Latency, drive, nearest_rank
 from .host import LabHost, Live
 from .options import SuiteOptions
 from .prefix import BlockPrefixCache
+from .progress import Progress
 from .suite import SuiteRequest
 from .traces import blocks_for
 from .workload import Workload, WorkloadSpec, generate
@@ -106,8 +107,10 @@ class KeepingBlockCache(BlockPrefixCache):
 
 def run_rule(workload: Workload, scenario: PriorityScenario, rule: str,
              options: Optional[SuiteOptions] = None, cost: Optional[StepCost] = None,
-             *, backend: str | Backend | None = "auto") -> LabRun:
-    """Replay the scenario's workload under one rule (`RULES`)."""
+             *, backend: str | Backend | None = "auto",
+             progress: bool | None = None) -> LabRun:
+    """Replay the scenario's workload under one rule (`RULES`); `progress`: the stderr
+    progress bar (None: on a terminal), as the suite's runs have."""
     if rule not in RULES:
         raise ValueError(f"unknown rule {rule!r} (choose from {', '.join(RULES)})")
     base = options or SuiteOptions()
@@ -122,7 +125,12 @@ def run_rule(workload: Workload, scenario: PriorityScenario, rule: str,
     host = LabHost(sched, prefix=cache, memory=True, reserve=opts.reserve)
     arrivals = workload.arrival_us.tolist()
     requests = (SuiteRequest(workload, r, arrivals[r]) for r in range(workload.n))
-    report, wall = drive(sched, host, requests, cost, label=f"priority/{rule}")
+    bar = Progress(workload.n, f"priority/{rule}", enabled=progress)
+    try:
+        report, wall = drive(sched, host, requests, cost, label=f"priority/{rule}",
+                             progress=bar.update, every=512)
+    finally:  # cleared on Ctrl-C too, before the interrupt's line
+        bar.close()
     return LabRun(rule, scenario.mode, _figures(workload, rule, opts, host, cache, sched,
                                                 report, wall))
 
@@ -166,11 +174,13 @@ def run_priority_scenario(scenario: PriorityScenario, rules: Iterable[str] = RUL
                           options: Optional[SuiteOptions] = None,
                           cost: Optional[StepCost] = None, *,
                           backend: str | Backend | None = "auto",
+                          progress: bool | None = None,
                           on_run: Optional[Callable[[LabRun], None]] = None) -> list[LabRun]:
     workload = generate(scenario.spec())
     runs = []
     for rule in rules:
-        run = run_rule(workload, scenario, rule, options, cost, backend=backend)
+        run = run_rule(workload, scenario, rule, options, cost, backend=backend,
+                       progress=progress)
         runs.append(run)
         if on_run is not None:
             on_run(run)

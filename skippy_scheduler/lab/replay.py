@@ -26,7 +26,7 @@ from ..policies import FairShareAdmission
 from ..selection import POLICIES, make_admission as _by_name
 from ..types import SchedulerConfig
 from .backend import Backend, resolve_backend
-from .driver import LabRun, Latency, drive, nearest_rank
+from .driver import LabRun, Latency, drive
 from .host import LabHost
 from .options import DEFAULT_PREFIX_CACHE_TOKENS, MODES, ReplayOptions
 from .tails import tail_figures
@@ -176,12 +176,14 @@ def _figures(policy: str, mode: str, options: ReplayOptions, config: SchedulerCo
         "stale_refreshes": int(sched.metrics().stale_refreshes),
         "preemptions": preemptions,
         "recomputed_tokens": int(sched.metrics().recompute_tokens),
-        "p99_max_itl_ms": nearest_rank(timeline.max_gap_us, 99) / 1e3,
+        "p99_max_itl_ms": lat.p99_max_gap_ms(),
         **slo_figures(lat, options, makespan_s),
     }
     lat.add_percentiles(figures)
     (figures["tenants"], figures["tenant_service_tokens_per_s"],
      figures["jain_index"]) = host.tenants.figures(makespan_us)
+    if host.tenants.enabled:  # what the rates are over: "arrivals", or "run" for a burst
+        figures["tenant_service_window"] = host.tenants.window
     series = None
     arrival = per["arrival_us"]
     first_sched = per["first_scheduled_us"]

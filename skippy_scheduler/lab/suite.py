@@ -130,8 +130,9 @@ def run_policy(workload: Workload, policy: str, mode: str, options: SuiteOptions
         "prefix_hit_rate_first": cache.hits / n,
         "readmissions": preemptions,
         "prefix_hits_readmit": readmit_hits,
-        "prefix_hit_rate_readmit": readmit_hits / preemptions if preemptions else 0.0,
-        "p99_max_itl_ms": nearest_rank(timeline.max_gap_us, 99) / 1e3,
+        # None (JSON null, `-` in the table) without a preemption: a rate of nothing
+        "prefix_hit_rate_readmit": readmit_hits / preemptions if preemptions else None,
+        "p99_max_itl_ms": lat.p99_max_gap_ms(),
     }
     lat.add_percentiles(figures)
     series = None
@@ -166,7 +167,9 @@ def format_suite(runs: list[SuiteRun]) -> str:
         cells = []
         for column in SUITE_COLUMNS:
             value = run.figures[column]
-            if isinstance(value, str):
+            if value is None:  # undefined (no preemption, no inter-token gap): not 0
+                cells.append("-")
+            elif isinstance(value, str):
                 cells.append(value)
             elif isinstance(value, (int, np.integer)):
                 cells.append(str(int(value)))

@@ -40,9 +40,11 @@ def tail_figures(timeline: Any, target_ms: float, groups: Optional[Sequence[Any]
     gaps = np.asarray(timeline.gaps_us)
     figures: dict[str, Any] = {
         "itl_target_ms": target_ms,
-        "max_itl_ms": float(gaps.max()) / 1e3 if len(gaps) else 0.0,
+        # None (JSON null, `-` in the table) when no request had a gap: undefined, not 0
+        "max_itl_ms": float(gaps.max()) / 1e3 if len(gaps) else None,
         "stalls": int(per.sum()),
-        "stalled_requests_pct": 100.0 * float(np.count_nonzero(per)) / len(per) if len(per) else 0.0,
+        "stalled_requests_pct": (100.0 * float(np.count_nonzero(per)) / len(per)
+                                 if len(per) else 0.0),
         "p99_stalls_per_request": nearest_rank(per, 99) if len(per) else 0.0,
         "max_stalls_per_request": int(per.max()) if len(per) else 0,
         "stalls_by_group": {},
@@ -52,10 +54,12 @@ def tail_figures(timeline: Any, target_ms: float, groups: Optional[Sequence[Any]
     if groups is not None and len(per):
         labels = np.asarray([str(g) for g in groups])
         max_gap = np.asarray(timeline.max_gap_us)
+        has_gap = np.asarray(timeline.generated) > 1
         for label in sorted(set(labels.tolist())):
             mask = labels == label
             figures["stalls_by_group"][label] = int(per[mask].sum())
-            figures["max_itl_ms_by_group"][label] = float(max_gap[mask].max()) / 1e3
+            figures["max_itl_ms_by_group"][label] = (float(max_gap[mask].max()) / 1e3
+                                                     if has_gap[mask].any() else None)
     return figures
 
 
@@ -69,6 +73,8 @@ def format_tails(runs: Sequence[Any]) -> str:
             value = f[column]
             if column == "stalls_by_group":
                 cells.append(",".join(f"{k}:{v}" for k, v in value.items()) or "-")
+            elif value is None:  # undefined (no request had a gap): not 0
+                cells.append("-")
             elif isinstance(value, str):
                 cells.append(value)
             elif isinstance(value, (int, np.integer)):

@@ -3,9 +3,12 @@
 The lab host hands every plan to `TenantService.account` when the run has more than one tenant.
 A tenant's service is the number of tokens the plans compute for it (prefill and decode rows).
 The report gives each tenant's service rate while the trace is arriving (tokens computed from the
-first arrival to the last, per second) and Jain's index over those rates. Under fair share the
-scheduler charges its native counters itself; only a fair-share policy run from Python (a
-non-default inner order) is charged here.
+first arrival to the last, per second) and Jain's index over those rates. When the trace arrives
+within about one iteration (a burst), that window holds at most one plan, which serves a few
+tenants and none of the others: the rates are then over the whole run (tokens computed from the
+first arrival to the end of the makespan) instead, and `window` says which it was. Under fair
+share the scheduler charges its native counters itself; only a fair-share policy run from Python
+(a non-default inner order) is charged here.
 """
 from __future__ import annotations
 
@@ -51,6 +54,17 @@ class TenantService:
         self.stream_done = False
         self.first_arrival_us: Optional[float] = None
         self.last_arrival_us: Optional[float] = None
+        self.plans = 0  # plans accounted
+        self.window_plans = 0  # of them, the ones in the window
+
+    @property
+    def window(self) -> str:
+        """What the rates of `figures` are over: "arrivals" (from the first arrival to the
+        first plan at or after the last one) or "run" (to the end of the makespan: the window
+        never closed, or holds at most one plan, less than one iteration of service)."""
+        if self.window_service is None or self.window_plans <= 1:
+            return "run"
+        return "arrivals"
 
     def arrived(self, arrival_us: float) -> None:
         """A request of the trace was pulled by the engine."""
@@ -77,6 +91,8 @@ class TenantService:
                 and self.last_arrival_us is not None and now >= self.last_arrival_us:
             self.window_service = list(service)
             self.window_end_us = now
+            self.window_plans = self.plans
+        self.plans += 1
         served: dict[int, list[int]] = {}
         if phases.count(DECODE_PHASE) == len(phases):
             for t in tenant_of_row:
@@ -105,9 +121,11 @@ class TenantService:
             return 1, {}, None
         if not self.names:
             return 0, {}, None
-        window = np.asarray(self.window_service if self.window_service is not None
-                            else self.service, dtype=np.float64)
-        end = self.window_end_us if self.window_end_us is not None else makespan_us
+        arrivals = self.window == "arrivals"
+        window = np.asarray(self.window_service if arrivals else self.service,
+                            dtype=np.float64)
+        end = self.window_end_us if arrivals and self.window_end_us is not None \
+            else makespan_us
         start = self.first_arrival_us or 0.0
         span_s = max(end - start, 1.0) / 1e6
         rates = np.zeros(len(self.names))
