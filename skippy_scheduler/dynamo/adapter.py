@@ -13,15 +13,29 @@ the stream).
 `map_request` turns the dict into the engine's request, or refuses it (`Unsupported`, with the
 reason) when it asks for something this server has no counterpart for: several choices (`n`,
 `best_of`), beam search, a length penalty, guided decoding, log-probabilities, a thinking
-budget. BOS: Dynamo's `/v1/completions` tokenizes without it, so the prompt gets the model's
-BOS in front when the model adds one (llama.cpp's `add_bos`) and the prompt does not already
-start with it: a prompt is the same tokens (the same cached prefix) whether it came through
-Dynamo or straight to `skippy-scheduler serve`.
+budget, a constraint on the tokens it may sample (`allowed_token_ids`, `bad_words_token_ids`,
+`logit_bias`, any other sampling option set that is not mapped here, and vLLM's passthrough
+`extra_args.sampling_options`), and a malformed field (a section that is not a dict, a token
+id outside the vocabulary, a priority outside i32).
+
+BOS: Dynamo's `/v1/completions` tokenizes without it, so the prompt gets the model's BOS in
+front when the model adds one (llama.cpp's `add_bos`) and the prompt does not already start
+with it: a prompt is the same tokens (the same cached prefix) whether it came through Dynamo
+or straight to `skippy-scheduler serve`. Token ids come as a list, or packed as one
+little-endian int32 buffer (Dynamo's `DYN_TOKEN_IDS_AS_BYTES`), which is unpacked as Dynamo's
+own `token_ids_to_list` does.
+
+Priority: Dynamo's `routing.priority` is an i32, higher meaning more urgent (its vLLM handler
+negates it for vLLM, which runs lower values first); the engine's is unsigned, higher first.
+`engine_priority` maps one onto the other by adding 2^31, which keeps the order (0, Dynamo's
+default, becomes 2^31; -1 runs after it, 1 before).
 """
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Mapping, Optional
 
@@ -31,11 +45,30 @@ from ..sampling import SamplingParams
 from ..types import RejectReason
 
 _U64 = (1 << 64) - 1
+_I32 = 1 << 31
 
 # Keys of Dynamo's SamplingOptions and StopConditions this server honours (the rest, when set
 # to something other than their neutral value, are refused).
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
                  "frequency_penalty", "repetition_penalty")
+# Sampling options that constrain what may be sampled, which nothing here enforces: refused when
+# set to anything but an empty value (the names Dynamo and vLLM give them).
+_CONSTRAINTS = {
+    "allowed_token_ids": "allowed_token_ids (sampling only from the ids given)",
+    "bad_words_token_ids": "bad_words_token_ids (token sequences never to be sampled)",
+    "bad_words": "bad_words (words never to be sampled)",
+    "logit_bias": "logit_bias",
+    "logits_processors": "logits processors",
+}
+
+
+def _unset(value: Any) -> bool:
+    """Whether an option's value leaves it off: None, False or an empty list, object or
+    string (anything else asks for something; ignoring it would answer another request)."""
+    return value is None or value is False or (
+        isinstance(value, (list, tuple, dict, str)) and not value)
+
+
 # Options whose neutral values are accepted (a client library may send them).
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "n": (None, 1), "best_of": (None, 1), "use_beam_search": (None, False),
@@ -77,7 +110,7 @@ class Mapped:
     sampling: Optional[SamplingParams]
     stop_ids: frozenset[int]  # ids that end the generation (hidden and the client's)
     min_tokens: int
-    priority: int = 0
+    priority: int = _I32  # the engine's (engine_priority): Dynamo's 0
     bos_added: bool = False
 
 
@@ -113,6 +146,12 @@ def sampling_of(options: Mapping[str, Any], n_vocab: int, *, ignore_eos: bool,
     Unset fields take the OpenAI defaults (temperature 1), as `serve` does."""
     for key in ("n", "best_of", "use_beam_search", "length_penalty", "guided_decoding"):
         _check_neutral(options, key)
+    for key, value in options.items():
+        if key in SAMPLING_KEYS or key in _NEUTRAL or _unset(value):
+            continue
+        what = _CONSTRAINTS.get(key, f"the sampling option {key}")
+        raise Unsupported(f"this backend (skippy-scheduler) does not support {what}; "
+                          f"got {key}={value!r}")
     temperature = _number(options, "temperature", 0.0, 2.0)
     top_p = _number(options, "top_p", 0.0, 1.0)
     if top_p is not None and top_p <= 0:
@@ -134,28 +173,86 @@ def sampling_of(options: Mapping[str, Any], n_vocab: int, *, ignore_eos: bool,
     return None if params.plain_greedy and not ignore_eos else params
 
 
+def token_ids(value: Any) -> list[int]:
+    """Dynamo's `token_ids` as a list: a list or tuple of ints, or one buffer of little-endian
+    int32s (`DYN_TOKEN_IDS_AS_BYTES`, as Dynamo's `token_ids_to_list` unpacks it); anything
+    else is Unsupported. The ids are not checked against the vocabulary here."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        import array
+
+        raw = memoryview(value).cast("B")
+        if raw.nbytes % 4:
+            raise Unsupported(f"packed token_ids hold {raw.nbytes} bytes, not a multiple of 4 "
+                              f"(little-endian int32 ids)")
+        ids = array.array("i" if array.array("i").itemsize == 4 else "l")
+        ids.frombytes(raw)
+        if sys.byteorder != "little":
+            ids.byteswap()
+        return ids.tolist()
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise Unsupported(f"token_ids must be a list of token ids or their packed int32 bytes, "
+                      f"got {type(value).__name__}")
+
+
+def _section(request: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = request.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise Unsupported(f"{key} must be an object, got {type(value).__name__}")
+    return value
+
+
+def _in_vocabulary(t: Any, n_vocab: int) -> bool:
+    return not isinstance(t, bool) and isinstance(t, int) and 0 <= t < n_vocab
+
+
+def engine_priority(priority: Any) -> int:
+    """Dynamo's `routing.priority` (an i32, higher first; None: 0) as the engine's (unsigned,
+    higher first): shifted up by 2^31, which keeps the order. Unsupported for anything else."""
+    if priority is None:
+        priority = 0
+    if isinstance(priority, bool) or not isinstance(priority, int) or \
+            not -_I32 <= priority < _I32:
+        raise Unsupported(f"routing.priority must be an integer in [{-_I32}, {_I32 - 1}] "
+                          f"(Dynamo's i32), got {priority!r}")
+    return priority + _I32
+
+
 def map_request(request: Mapping[str, Any], vocab: Vocabulary, *,
                 add_bos: bool = True) -> Mapped:
     """Dynamo's request dict as the engine's request (Unsupported: refused, with the reason)."""
-    tokens = request.get("token_ids")
-    if not isinstance(tokens, list) or not tokens:
+    if not isinstance(request, Mapping):
+        raise Unsupported(f"the request must be an object, got {type(request).__name__}")
+    raw = request.get("token_ids")
+    tokens = token_ids(raw) if raw is not None else []
+    if not tokens:
         raise Unsupported("the request has no prompt tokens (token_ids)")
     for t in tokens:
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab.n_vocab:
+        if not _in_vocabulary(t, vocab.n_vocab):
             raise Unsupported(f"token id {t!r} is not in the vocabulary [0, {vocab.n_vocab})")
     prompt = list(tokens)
     bos_added = False
     if add_bos and vocab.bos is not None and prompt[0] != vocab.bos:
         prompt.insert(0, vocab.bos)
         bos_added = True
-    stop = request.get("stop_conditions") or {}
-    output = request.get("output_options") or {}
+    stop = _section(request, "stop_conditions")
+    output = _section(request, "output_options")
+    options = _section(request, "sampling_options")
+    routing = _section(request, "routing")
+    extra = _section(request, "extra_args")
+    passthrough = extra.get("sampling_options")
+    if not _unset(passthrough):  # vLLM's handler applies these over sampling_options
+        raise Unsupported(f"this backend (skippy-scheduler) does not apply vLLM's sampling "
+                          f"options passthrough (extra_args.sampling_options); got "
+                          f"{passthrough!r}")
     for key in ("logprobs", "prompt_logprobs"):
         _check_neutral(output, key)
     _check_neutral(stop, "max_thinking_tokens")
     ignore_eos = bool(stop.get("ignore_eos") or False)
-    sampling = sampling_of(request.get("sampling_options") or {}, vocab.n_vocab,
-                           ignore_eos=ignore_eos)
+    sampling = sampling_of(options, vocab.n_vocab, ignore_eos=ignore_eos)
+    priority = engine_priority(routing.get("priority"))
     limit = vocab.n_ctx_seq
     if len(prompt) >= limit:
         raise Unsupported(f"the prompt has {len(prompt)} tokens; a request here holds at most "
@@ -172,9 +269,13 @@ def map_request(request: Mapping[str, Any], vocab: Vocabulary, *,
     stop_ids: frozenset[int] = frozenset()
     for key in ("stop_token_ids_hidden", "stop_token_ids", "stop_token_ids_visible"):
         ids = stop.get(key) or []
-        if not isinstance(ids, list) or any(isinstance(t, bool) or not isinstance(t, int)
-                                            for t in ids):
+        if not isinstance(ids, (list, tuple)) or any(isinstance(t, bool) or
+                                                     not isinstance(t, int) for t in ids):
             raise Unsupported(f"{key} must be token ids, got {ids!r}")
+        for t in ids:
+            if not _in_vocabulary(t, vocab.n_vocab):
+                raise Unsupported(f"{key}: token id {t!r} is not in the vocabulary "
+                                  f"[0, {vocab.n_vocab})")
         stop_ids |= frozenset(ids)
     if min_tokens:
         held = tuple(sorted(stop_ids))
@@ -183,10 +284,6 @@ def map_request(request: Mapping[str, Any], vocab: Vocabulary, *,
                                    min_end_tokens=held, ignore_eos=ignore_eos)
                     if sampling is None else
                     _replace(sampling, min_end_position=position, min_end_tokens=held))
-    routing = request.get("routing") or {}
-    priority = routing.get("priority") if isinstance(routing, dict) else None
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        priority = 0
     return Mapped(prompt=prompt, max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids,
                   min_tokens=min_tokens, priority=priority, bos_added=bos_added)
 
@@ -219,19 +316,31 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
 
 class EngineAdapter:
     """Runs Dynamo's requests on an `EngineRunner` (serve/runner.py): `stream` yields Dynamo's
-    chunks for one request; `cancel` ends one from anywhere."""
+    chunks for one request; `cancel` ends one from anywhere.
+
+    Each stream runs under an engine id of its own (``dyn-<Dynamo's id>.<n>``): Dynamo's id is
+    the client's `x-dynamo-request-id` when it sends one, so a retry may come while the first
+    request still runs, and each keeps its own tokens. `cancel` (Dynamo's abort) ends every
+    stream open under the id."""
 
     def __init__(self, runner: Any, vocab: Vocabulary, *, add_bos: bool = True) -> None:
         self.runner = runner
         self.vocab = vocab
         self.add_bos = add_bos
-        self._open: dict[str, str] = {}  # Dynamo's request id -> the engine's
+        self._open: dict[str, list[str]] = {}  # Dynamo's request id -> the engine's, in order
+        self._serial = itertools.count()
         self.requests = 0  # requests handed to the engine
 
     def cancel(self, request_id: str) -> None:
-        rid = self._open.get(request_id)
-        if rid is not None:
+        for rid in tuple(self._open.get(request_id, ())):
             self.runner.cancel(rid)
+
+    def _forget(self, request_id: str, rid: str) -> None:
+        rids = self._open.get(request_id)
+        if rids is not None and rid in rids:
+            rids.remove(rid)
+            if not rids:
+                del self._open[request_id]
 
     async def stream(self, request: Mapping[str, Any], request_id: str,
                      stopped: Optional[Callable[[], bool]] = None,
@@ -240,7 +349,7 @@ class EngineAdapter:
         EngineFailed)."""
         mapped = map_request(request, self.vocab, add_bos=self.add_bos)
         loop = asyncio.get_running_loop()
-        rid = f"dyn-{request_id}"
+        rid = f"dyn-{request_id}.{next(self._serial)}"
         from ..serve.runner import EngineUnavailable
 
         try:
@@ -249,7 +358,7 @@ class EngineAdapter:
                                                  priority=mapped.priority), loop)
         except EngineUnavailable as exc:
             raise EngineRefused(str(exc), busy=True) from None
-        self._open[request_id] = rid
+        self._open.setdefault(request_id, []).append(rid)
         self.requests += 1
         prompt = len(mapped.prompt)
         produced = 0
@@ -298,7 +407,7 @@ class EngineAdapter:
                 if ids:
                     yield {"token_ids": ids, "index": 0}
         finally:
-            self._open.pop(request_id, None)
+            self._forget(request_id, rid)
             if not finished or not sub.finished:
                 self.runner.cancel(rid)
             self.runner.close(sub)

@@ -17,6 +17,9 @@ cache (what is reused) stays the same tokens as for traffic sent straight to `se
 `attach` publishes them on a PUB socket of their own (vLLM's wire format, the server's
 `KvEventPublisher`), which the worker hands Dynamo's relay as its `ZmqSource`; the server's
 own stream (`--kv-events-endpoint`, BOS included, for vllm-router and llm-d) is unchanged.
+As that stream does, each new subscriber (Dynamo's relay, when it subscribes after the worker
+started or subscribes again) has the ledger's snapshot published: AllBlocksCleared, then
+every block resident. The relay connects to `connect_endpoint` of the bound address.
 
 What does not line up: a request whose token ids reach the worker with the BOS already in
 front (a `prompt` of token ids starting with it): the router hashed the BOS as the first token,
@@ -26,7 +29,7 @@ only; the engine still reuses its cache).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Hashable, Optional, Sequence
+from typing import Any, Callable, Hashable, Optional, Sequence
 
 from ..engine.contract import PrefixEventsHost
 from ..serve.kv_events import (BlockLedger, BlockStored, KvEventPublisher, StoreEvents,
@@ -62,12 +65,42 @@ def attach(host: Any, engine: Any, publisher: Any, block_size: int, seed: str = 
 
 
 def start(host: Any, engine: Any, endpoint: str, block_size: int, seed: str = "0",
-          bos: Optional[int] = None) -> KvEventPublisher:
-    """A PUB socket bound at `endpoint` carrying `attach`'s events."""
+          bos: Optional[int] = None,
+          post: Optional[Callable[[Callable[[], Any]], Any]] = None) -> KvEventPublisher:
+    """A PUB socket bound at `endpoint` carrying `attach`'s events. `post(fn)` runs `fn` on
+    the engine thread (an `EngineRunner`'s): each new subscriber has the ledger's snapshot
+    published there, so a relay that subscribes late learns what is resident."""
     publisher = KvEventPublisher(endpoint)
     try:
-        attach(host, engine, publisher, block_size, seed, bos)
+        hook = attach(host, engine, publisher, block_size, seed, bos)
+        if post is not None:
+            def resync() -> None:
+                post(lambda: publisher.publish(hook.ledger.snapshot()))
+            publisher.on_subscribe = resync
     except BaseException:
         publisher.close()
         raise
     return publisher
+
+
+_WILDCARD_HOSTS = ("*", "0.0.0.0")
+
+
+def connect_endpoint(endpoint: str) -> str:
+    """Where a subscriber on this machine connects to a socket bound at `endpoint`: a
+    wildcard host (``tcp://*:5600``, ``tcp://0.0.0.0:5600``) becomes 127.0.0.1, which the
+    wildcard bind listens on too; anything else is as it is. ValueError for what cannot be
+    connected to (not a ZeroMQ address, a wildcard port)."""
+    if not isinstance(endpoint, str) or not endpoint.startswith(("tcp://", "ipc://",
+                                                                 "inproc://")):
+        raise ValueError(f"the routing events endpoint must be a ZeroMQ address such as "
+                         f"tcp://127.0.0.1:5600, got {endpoint!r}")
+    if not endpoint.startswith("tcp://"):
+        return endpoint
+    host, sep, port = endpoint[len("tcp://"):].rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"the routing events endpoint needs a host and a port number that "
+                         f"Dynamo's relay can connect to (tcp://HOST:PORT), got {endpoint!r}")
+    if host in _WILDCARD_HOSTS:
+        host = "127.0.0.1"
+    return f"tcp://{host}:{port}"

@@ -13,10 +13,13 @@ KV events and load snapshots to the router, and on SIGINT/SIGTERM unregisters, d
   prefix store's vLLM-format KV event publisher) whose HTTP side is never started;
 * `generate`: `EngineAdapter.stream` (adapter.py), Dynamo's token-id request in, token ids and
   the finish reason out; what has no counterpart here is refused with `InvalidArgument`, and a
-  full waiting queue with `WorkerUnavailable` (retryable, a 503);
+  full waiting queue with `WorkerUnavailable` (retryable, a 503), as is a request the engine
+  failed under (`EngineFailed`: a step out of device memory, a host failure, a shutdown);
 * KV events: the prefix store's blocks as Dynamo's router counts them (the leading BOS the
   engine adds left out, routing_events.py) on a ZeroMQ PUB socket of their own, handed to
-  Dynamo's relay as a `ZmqSource` (the vLLM wire format it reads from vLLM and SGLang);
+  Dynamo's relay as a `ZmqSource` (the vLLM wire format it reads from vLLM and SGLang) at the
+  address it connects to (a wildcard bind address's host as 127.0.0.1); a subscriber that
+  joins late (the relay, a restarted one) gets what is resident, as `serve`'s stream does;
 * load: a `ComponentSnapshot` every `SNAPSHOT_S` (KV blocks used and in all, the prefix hit
   rate), which sets Dynamo's worker gauges and feeds its router's load signal.
 """
@@ -36,7 +39,7 @@ from dynamo.llm import ModelInput  # type: ignore[import-not-found, unused-ignor
 from dynamo.llm.exceptions import (  # type: ignore[import-not-found, unused-ignore]
     InvalidArgument, WorkerUnavailable)
 
-from .adapter import EngineAdapter, EngineRefused, Unsupported, Vocabulary
+from .adapter import EngineAdapter, EngineFailed, EngineRefused, Unsupported, Vocabulary
 
 log = logging.getLogger("skippy_scheduler.dynamo")
 
@@ -72,7 +75,8 @@ class SkippyEngine(LLMEngine):  # type: ignore[misc, unused-ignore]
         self._stop = threading.Event()
         self._publisher: Any = None
         self.routing_events: Any = None  # the KV event publisher Dynamo's relay reads
-        self.routing_endpoint: Optional[str] = None
+        self.routing_endpoint: Optional[str] = None  # where it is bound
+        self.routing_connect: Optional[str] = None  # where the relay connects to it
 
     @classmethod
     async def from_args(cls, argv: Optional[list[str]] = None) -> Any:
@@ -91,7 +95,11 @@ class SkippyEngine(LLMEngine):  # type: ignore[misc, unused-ignore]
         import asyncio
 
         from ..serve.server import Server
+        from . import routing_events
 
+        # A bind address the relay cannot connect to is refused before the model loads.
+        self.routing_endpoint = self.settings.routing_events_endpoint or _free_endpoint()
+        self.routing_connect = routing_events.connect_endpoint(self.routing_endpoint)
         self.server = await asyncio.to_thread(Server, self.serve_settings)
         server = self.server
         bos_probe = server.host.tokenize("", add_bos=True)
@@ -100,13 +108,10 @@ class SkippyEngine(LLMEngine):  # type: ignore[misc, unused-ignore]
         self.adapter = EngineAdapter(server.runner, Vocabulary(
             n_vocab=server.host.n_vocab, n_ctx_seq=server.context.n_ctx_seq, bos=bos),
             add_bos=self.settings.add_bos)
-        from . import routing_events
-
-        self.routing_endpoint = self.settings.routing_events_endpoint or _free_endpoint()
         self.routing_events = routing_events.start(
             server.host, server.runner.engine, self.routing_endpoint,
             server.settings.kv_block_size, server.settings.kv_hash_seed,
-            bos=bos if self.settings.add_bos else None)
+            bos=bos if self.settings.add_bos else None, post=server.runner.post)
         server.runner.start()
         s = server.settings
         lanes = s.max_active
@@ -124,7 +129,7 @@ class SkippyEngine(LLMEngine):  # type: ignore[misc, unused-ignore]
                 max_num_batched_tokens=server.host.n_batch))
 
     async def kv_event_sources(self) -> list[Any]:
-        endpoint = self.routing_endpoint
+        endpoint = self.routing_connect
         return [ZmqSource(endpoint=endpoint)] if endpoint else []
 
     def component_metrics_dp_ranks(self) -> list[int]:
@@ -195,6 +200,11 @@ class SkippyEngine(LLMEngine):  # type: ignore[misc, unused-ignore]
             if exc.busy:  # its queue is full: retryable, a 503 to the client (not a 500)
                 raise WorkerUnavailable(f"skippy-scheduler is busy: {exc}") from None
             raise InvalidArgument(f"skippy-scheduler refused the request: {exc}") from None
+        except EngineFailed as exc:
+            # The engine's state, not the request's (its device memory ran out, a host failed,
+            # it is shutting down): retryable, on this worker later or on another one.
+            raise WorkerUnavailable(f"skippy-scheduler failed under the request: {exc}") \
+                from None
 
     async def abort(self, context: Any) -> None:
         if self.adapter is not None:

@@ -337,7 +337,9 @@ class EngineRunner:
     def open(self, request: Request, loop: asyncio.AbstractEventLoop,
              inbox: Optional[Inbox] = None) -> Subscription:
         """Subscribe to `request` and hand it to the engine; await `sub.verdict` next.
-        Subscriptions given the same `inbox` (on `loop`) are waited for together. A request
+        Subscriptions given the same `inbox` (on `loop`) are waited for together. An id whose
+        subscription is still open is refused (`DuplicateRequest`) before anything changes;
+        ids are the caller's to keep unique (serve's are random). A request
         without an arrival time arrives now: its first-token deadline counts from here, not
         from the end of the step the engine is in when it takes the request."""
         arrival = request.arrival_us
@@ -346,6 +348,10 @@ class EngineRunner:
             request = replace(request, arrival_us=arrival)
         sub = Subscription(request.id, loop, arrival, inbox)
         with self._lock:
+            if request.id in self._subs:
+                # Its subscription would take the open one's place (whose consumer would then
+                # wait forever) and the engine would refuse it without a word: nothing changes.
+                raise DuplicateRequest(f"a request of id {request.id!r} is open already")
             self._subs[request.id] = sub
             self._undecided[request.id] = sub
         with self._gate:
@@ -606,3 +612,9 @@ class _StepEnd(BaseObserver):
 
 class EngineUnavailable(RuntimeError):
     """The engine loop is not running (starting, restarting after a failure, or stopped)."""
+
+
+class DuplicateRequest(EngineUnavailable):
+    """`EngineRunner.open` was given the id of a request whose subscription is still open
+    (a subclass of `EngineUnavailable`, which every caller of `open` handles: refused, and
+    nothing of the open request touched)."""

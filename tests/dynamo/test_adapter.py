@@ -68,3 +68,76 @@ def test_bad_prompts_are_refused():
             map_request({"token_ids": tokens}, VOCAB)
     with pytest.raises(Unsupported, match="no room"):
         map_request({"token_ids": list(range(2, 66))}, VOCAB)
+
+
+@pytest.mark.parametrize("request_, reason", [
+    ({"sampling_options": {"allowed_token_ids": [3, 4]}}, "allowed_token_ids"),
+    ({"sampling_options": {"bad_words_token_ids": [[7]]}}, "bad_words_token_ids"),
+    ({"sampling_options": {"logit_bias": {"7": -100}}}, "logit_bias"),
+    ({"sampling_options": {"some_new_constraint": 3}}, "some_new_constraint"),
+    ({"extra_args": {"sampling_options": {"logit_bias": {"7": -100}}}},
+     r"extra_args\.sampling_options"),
+])
+def test_constraints_nothing_enforces_are_refused_not_ignored(request_, reason):
+    with pytest.raises(Unsupported, match=reason):
+        map_request({"token_ids": [5, 6], **request_}, VOCAB)
+
+
+def test_constraints_left_empty_are_accepted():
+    m = map_request({"token_ids": [5], "sampling_options": {
+        "allowed_token_ids": None, "bad_words_token_ids": [], "logit_bias": {},
+        "include_stop_str_in_output": False}, "extra_args": {"sampling_options": {},
+                                                              "nvext": {"x": 1}}}, VOCAB)
+    assert m.prompt == [1, 5]
+
+
+def test_dynamo_priorities_map_onto_the_engines_in_order():
+    def priority(value):
+        return map_request({"token_ids": [5], "routing": {"priority": value}}, VOCAB).priority
+
+    low, minus_one, zero, one, high = (priority(p) for p in
+                                       (-(1 << 31), -1, 0, 1, (1 << 31) - 1))
+    assert (low, high) == (0, (1 << 32) - 1)  # within the engine's range (unsigned)
+    assert low < minus_one < zero < one < high  # higher first in both
+    assert map_request({"token_ids": [5]}, VOCAB).priority == zero
+    assert map_request({"token_ids": [5], "routing": {}}, VOCAB).priority == zero
+    assert priority(None) == zero
+    for bad in (1 << 31, -(1 << 31) - 1, 1.5, "2", True):
+        with pytest.raises(Unsupported, match="routing.priority"):
+            priority(bad)
+
+
+@pytest.mark.parametrize("request_, reason", [
+    ({"stop_conditions": {"stop_token_ids": [-1], "min_tokens": 1}}, "-1 is not in"),
+    ({"stop_conditions": {"stop_token_ids": [1 << 40], "min_tokens": 1}}, "is not in"),
+    ({"stop_conditions": {"stop_token_ids_hidden": [100]}}, "100 is not in"),
+    ({"stop_conditions": ["x"]}, "stop_conditions must be an object"),
+    ({"sampling_options": 3}, "sampling_options must be an object"),
+    ({"output_options": "x"}, "output_options must be an object"),
+    ({"routing": [1]}, "routing must be an object"),
+    ({"extra_args": 1}, "extra_args must be an object"),
+])
+def test_malformed_fields_are_refused_with_the_reason(request_, reason):
+    with pytest.raises(Unsupported, match=reason):
+        map_request({"token_ids": [5, 6], **request_}, VOCAB)
+
+
+def test_packed_token_ids_are_unpacked_as_dynamo_packs_them():
+    import array
+    import sys
+
+    ids = array.array("i", [5, 6, 99])
+    if sys.byteorder != "little":
+        ids.byteswap()
+    packed = ids.tobytes()  # DYN_TOKEN_IDS_AS_BYTES: little-endian int32s
+    for value in (packed, bytearray(packed), memoryview(packed)):
+        assert map_request({"token_ids": value}, VOCAB).prompt == [1, 5, 6, 99]
+    assert map_request({"token_ids": (5, 6)}, VOCAB).prompt == [1, 5, 6]
+    with pytest.raises(Unsupported, match="not a multiple of 4"):
+        map_request({"token_ids": packed[:-1]}, VOCAB)
+    with pytest.raises(Unsupported, match="-1 is not in the vocabulary"):
+        map_request({"token_ids": (-1).to_bytes(4, "little", signed=True)}, VOCAB)
+    with pytest.raises(Unsupported, match="no prompt tokens"):
+        map_request({"token_ids": b""}, VOCAB)
+    with pytest.raises(Unsupported, match="token_ids must be a list"):
+        map_request({"token_ids": "5 6"}, VOCAB)

@@ -9,7 +9,8 @@ import pytest
 
 pytest.importorskip("msgspec")
 
-from skippy_scheduler.dynamo.routing_events import RoutingLedger, attach  # noqa: E402
+from skippy_scheduler.dynamo.routing_events import (RoutingLedger, attach,  # noqa: E402
+                                                   connect_endpoint)
 from skippy_scheduler.serve.kv_events import (AllBlocksCleared, BlockLedger,  # noqa: E402
                                               BlockStored)
 
@@ -65,3 +66,21 @@ def test_attach_clears_announces_the_resident_and_follows_the_store():
 def test_attach_needs_a_prefix_store():
     with pytest.raises(ValueError, match="prefix"):
         attach(SimpleNamespace(prefix_store=None), None, _Publisher(), 16)
+
+
+@pytest.mark.parametrize("bound, connect", [
+    ("tcp://*:5600", "tcp://127.0.0.1:5600"),
+    ("tcp://0.0.0.0:5600", "tcp://127.0.0.1:5600"),
+    ("tcp://127.0.0.1:5600", "tcp://127.0.0.1:5600"),
+    ("tcp://10.1.2.3:5600", "tcp://10.1.2.3:5600"),
+    ("ipc:///tmp/routing", "ipc:///tmp/routing"),
+])
+def test_the_relay_connects_where_a_connector_can(bound, connect):
+    assert connect_endpoint(bound) == connect
+
+
+@pytest.mark.parametrize("bound", ["tcp://*:*", "tcp://127.0.0.1", "127.0.0.1:5600",
+                                   "tcp://:5600"])
+def test_an_address_the_relay_cannot_connect_to_is_refused(bound):
+    with pytest.raises(ValueError, match="routing events endpoint"):
+        connect_endpoint(bound)
