@@ -23,9 +23,18 @@ Anything else is refused before anything is written (`UnsupportedTokenizer`): gi
 model's own Hugging Face folder instead.
 
 Control, user-defined and unknown tokens become added tokens (matched in the text, as
-llama.cpp's `parse_special` does). The chat template is the GGUF's when llama.cpp recognises it,
-ChatML otherwise: the template `skippy-scheduler serve` renders (serve/chat.py), so a chat
-reaches the engine as the same tokens either way.
+llama.cpp's `parse_special` does), by the attributes llama.cpp gives them when it loads the file
+(`llama_vocab_get_attr`), not by the GGUF's token types alone: llama.cpp makes "control-looking"
+tokens (``</s>``, ``<|endoftext|>``, ``<|im_end|>``...) control tokens whatever their type, and
+for some models strips the whitespace beside a special token (Phi-3: the newline after
+``<|user|>``), which an added token's ``lstrip``/``rstrip`` says. The check's strings are
+`TEST_STRINGS`, each added token alone and amid text, spaces and newlines, and a chat as `serve`
+renders it (`check_strings`). llama.cpp strips ASCII whitespace only, a tokenizer.json any
+Unicode whitespace, so a model with such tokens (Phi-3) fails the check, which says why.
+
+The chat template is the GGUF's when llama.cpp recognises it, ChatML otherwise: the template
+`skippy-scheduler serve` renders (serve/chat.py), so a chat reaches the engine as the same tokens
+either way.
 """
 from __future__ import annotations
 
@@ -36,6 +45,15 @@ from typing import Any, Optional, Sequence
 
 # gguf's token types (gguf.TokenType), kept here so reading the GGUF is the only use of gguf.
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+# llama.cpp's token attributes (llama.h, enum llama_token_attr), bits.
+ATTR_UNKNOWN, ATTR_UNUSED, ATTR_NORMAL, ATTR_CONTROL = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+ATTR_USER_DEFINED, ATTR_BYTE, ATTR_NORMALIZED = 1 << 4, 1 << 5, 1 << 6
+ATTR_LSTRIP, ATTR_RSTRIP, ATTR_SINGLE_WORD = 1 << 7, 1 << 8, 1 << 9
+# A token llama.cpp matches in the text (its special tokens cache, llama-vocab.cpp).
+ATTR_MATCHED = ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN
+# The attribute llama.cpp's loader gives each token type before its own fix-ups.
+_TYPE_ATTR = {UNKNOWN: ATTR_UNKNOWN, UNUSED: ATTR_UNUSED, NORMAL: ATTR_NORMAL,
+              CONTROL: ATTR_CONTROL, USER_DEFINED: ATTR_USER_DEFINED, BYTE: ATTR_BYTE}
 SPM_SPACE = "\u2581"
 
 # llama.cpp's split regexes (src/llama-vocab.cpp) by `tokenizer.ggml.pre`, in the spelling of
@@ -78,6 +96,38 @@ TEST_STRINGS: tuple[str, ...] = (
 )
 
 
+# A chat for the check, rendered as `serve` renders it: system, user, assistant, user turns,
+# their texts with spaces and newlines at either end (where a special token's strip shows).
+CHECK_CHAT: tuple[tuple[str, str], ...] = (
+    ("system", "You are a helpful assistant."), ("user", "hi"),
+    ("assistant", " Hello! How can I help?\n"), ("user", "\n  Write a poem\nabout the sea. "))
+
+
+def token_strings(token: str) -> tuple[str, ...]:
+    """The check's strings for one added token: alone, between words, with spaces, newlines
+    and a tab on either side, twice in a row, at the start and the end of a text. Not beside a
+    space that is not ASCII: a tokenizer.json's lstrip/rstrip strips one and llama.cpp's
+    LSTRIP/RSTRIP keeps it (`_strip_note`), a difference no tokenizer.json can express, which
+    docs/fleet.md states for the models it touches (Phi-3)."""
+    t = token
+    return (t, f"Hello{t}world", f"Hello {t} world", f"hi\n{t}\nthere", f"  {t}  ",
+            f"\n\n{t}\t\n", f"{t}{t}", f"{t}\nhi {t} ", f"x{t}", f"{t}x")
+
+
+def check_strings(v: GgufVocab) -> tuple[str, ...]:
+    """The strings `export_folder` checks: `TEST_STRINGS`, `token_strings` of every token
+    llama.cpp matches in the text (an added token of the export), and `CHECK_CHAT` as
+    `skippy-scheduler serve` renders it (the model's template, or ChatML)."""
+    from ..serve.chat import ChatTemplate
+
+    out = list(TEST_STRINGS)
+    for i, text in enumerate(v.tokens):
+        if v.attr(i) & ATTR_MATCHED and text:
+            out += token_strings(text)
+    out.append(ChatTemplate(v.chat_template).render(CHECK_CHAT))
+    return tuple(dict.fromkeys(out))
+
+
 class UnsupportedTokenizer(ValueError):
     """The GGUF's tokenizer has no conversion here (its model or pre-tokenizer)."""
 
@@ -105,6 +155,14 @@ class GgufVocab:
     name: Optional[str]
     hparams: dict[str, Any] = field(default_factory=dict)
     eog: tuple[int, ...] = ()  # llama.cpp's end-of-generation tokens (`_LlamaVocab.resolve`)
+    # llama.cpp's token attributes (ATTR_*), one per token (`_LlamaVocab.resolve`); empty: the
+    # token types' (llama.cpp's loader's mapping, without the fix-ups it makes after it).
+    attrs: tuple[int, ...] = ()
+
+    def attr(self, token_id: int) -> int:
+        if self.attrs:
+            return self.attrs[token_id]
+        return _TYPE_ATTR.get(self.types[token_id], 0)
 
     def token(self, token_id: Optional[int]) -> Optional[str]:
         if token_id is None or not 0 <= token_id < len(self.tokens):
@@ -157,13 +215,21 @@ def read_vocab(path: str, *, reader: Any = None) -> GgufVocab:
 
 
 def _added_tokens(v: GgufVocab) -> list[dict[str, Any]]:
-    """Control, user-defined and unknown tokens: matched in the text as llama.cpp's
-    `parse_special` does (user-defined ones are not "special": they stay in decoded text)."""
+    """The tokens llama.cpp's `parse_special` matches in the text (control, user-defined and
+    unknown ones, by llama.cpp's attributes), with the spaces it strips beside them (LSTRIP,
+    RSTRIP). Control and unknown ones are "special" (llama.cpp leaves them out of decoded text;
+    user-defined ones stay). Each is matched in the raw text (normalized: False) and anywhere in
+    it (single_word: False): llama.cpp's tokenizer reads neither NORMALIZED nor SINGLE_WORD
+    (tokenizer_st_partition), so the export does not either (were a later llama.cpp to read
+    them, `token_strings` in the check would show it)."""
     out = []
-    for i, (text, kind) in enumerate(zip(v.tokens, v.types)):
-        if kind in (CONTROL, USER_DEFINED, UNKNOWN) and text:
-            out.append({"id": i, "content": text, "single_word": False, "lstrip": False,
-                        "rstrip": False, "normalized": False, "special": kind != USER_DEFINED})
+    for i, text in enumerate(v.tokens):
+        attr = v.attr(i)
+        if attr & ATTR_MATCHED and text:
+            out.append({"id": i, "content": text, "single_word": False,
+                        "lstrip": bool(attr & ATTR_LSTRIP), "rstrip": bool(attr & ATTR_RSTRIP),
+                        "normalized": False,
+                        "special": bool(attr & (ATTR_CONTROL | ATTR_UNKNOWN))})
     return out
 
 
@@ -367,14 +433,33 @@ class CheckResult:
 
 
 class ExportMismatch(ValueError):
-    """The written tokenizer does not tokenize as llama.cpp does (`result` says where)."""
+    """The written tokenizer does not tokenize as llama.cpp does (`result` says where; `note`,
+    why, where it is known)."""
 
-    def __init__(self, result: CheckResult) -> None:
+    def __init__(self, result: CheckResult, note: str = "") -> None:
         self.result = result
+        self.note = note
         worst = "; ".join(f"{text!r}: llama.cpp {a[:12]} exported {b[:12]}"
                           for text, a, b in result.mismatches[:3])
         super().__init__(f"the exported tokenizer differs from llama.cpp's: {result.line()}"
-                         + (f" (first: {worst})" if worst else ""))
+                         + (f" (first: {worst})" if worst else "") + (f". {note}" if note else ""))
+
+
+def _strip_note(v: GgufVocab, result: CheckResult) -> str:
+    """Why `result` differs, where the cause is one no tokenizer.json can express: llama.cpp
+    strips ASCII whitespace beside the tokens it marks LSTRIP/RSTRIP (isspace), a tokenizer's
+    lstrip/rstrip every Unicode whitespace (a no-break or ideographic space too)."""
+    strip = [text for i, text in enumerate(v.tokens)
+             if text and v.attr(i) & ATTR_MATCHED and v.attr(i) & (ATTR_LSTRIP | ATTR_RSTRIP)]
+    found = [t for t in strip
+             if any(t in text and any(c.isspace() and ord(c) > 127 for c in text)
+                    for text, _, _ in result.mismatches)]
+    if not found:
+        return ""
+    return (f"llama.cpp strips only ASCII whitespace beside {len(strip)} special tokens "
+            f"(e.g. {', '.join(map(repr, found[:3]))}), a tokenizer.json's lstrip/rstrip any "
+            "Unicode whitespace: no tokenizer.json tokenizes this model as llama.cpp does "
+            "(export-hf-tokenizer --no-check writes it anyway)")
 
 
 @dataclass(frozen=True)
@@ -411,9 +496,16 @@ class _LlamaVocab:
             return int(value) if 0 <= value < n else None
 
         eog = tuple(t for t in range(n) if llama_cpp.llama_vocab_is_eog(vocab, t))
+        # The attributes llama.cpp works out when it loads the vocabulary (llama-vocab.cpp:
+        # the GGUF's token types, then its fix-ups by token text and model name).
+        attrs = tuple(int(llama_cpp.llama_vocab_get_attr(vocab, t)) for t in range(n))
+        if n != len(v.tokens):
+            raise UnsupportedTokenizer(
+                f"llama.cpp reads {n} tokens where the GGUF lists {len(v.tokens)}")
         return dataclasses.replace(
             v, add_bos=bool(m.add_bos_token()), add_eos=bool(m.add_eos_token()),
-            bos=tid(m.token_bos()), eos=tid(m.token_eos()), eot=tid(m.token_eot()), eog=eog)
+            bos=tid(m.token_bos()), eos=tid(m.token_eos()), eot=tid(m.token_eot()), eog=eog,
+            attrs=attrs)
 
     def tokenize(self, text: str, add_bos: bool) -> list[int]:
         return list(self._llama.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True))
@@ -425,12 +517,15 @@ class _LlamaVocab:
 
 
 def check_folder(gguf_path: str, folder: str,
-                 strings: Sequence[str] = TEST_STRINGS) -> CheckResult:
-    """Tokenize `strings` with llama.cpp (special tokens parsed, no BOS) and with the folder's
-    tokenizer.json (no special tokens added), and count the equal ones; then whether BOS is
-    added by both or neither (llama.cpp's add_bos against add_special_tokens=True)."""
+                 strings: Optional[Sequence[str]] = None) -> CheckResult:
+    """Tokenize `strings` (None: `check_strings` of the GGUF, the export's own check) with
+    llama.cpp (special tokens parsed, no BOS) and with the folder's tokenizer.json (no special
+    tokens added), and count the equal ones; then whether BOS is added by both or neither
+    (llama.cpp's add_bos against add_special_tokens=True)."""
     llama = _LlamaVocab(gguf_path)
     try:
+        if strings is None:
+            strings = check_strings(llama.resolve(read_vocab(gguf_path)))
         return _check(llama, folder, strings)
     finally:
         llama.close()
@@ -497,8 +592,8 @@ def _export(llama: _LlamaVocab, v: GgufVocab, gguf_path: str, folder: str,
             json.dump(obj, f, ensure_ascii=False, indent=1 if name != "tokenizer.json" else None)
             f.write("\n")
         os.replace(tmp, os.path.join(folder, name))
-    result = (_check(llama, folder, TEST_STRINGS) if check
+    result = (_check(llama, folder, check_strings(v)) if check
               else CheckResult(0, 0, (), bos_matched=True))
     if check and not result.ok:
-        raise ExportMismatch(result)
+        raise ExportMismatch(result, _strip_note(v, result))
     return Exported(folder=folder, files=FILES, chat_template_source=source, check=result)

@@ -24,7 +24,8 @@ def test_tiny_model_exports_and_matches_llama_cpp(tiny, tmp_path, capsys):
     folder = tmp_path / "hf"
     assert main(["export-hf-tokenizer", str(tiny), str(folder)]) == 0
     out = capsys.readouterr().out
-    total = len(hf_export.TEST_STRINGS)
+    # TEST_STRINGS, each of <unk> <s> </s> amid text, spaces and newlines, a ChatML chat.
+    total = len(hf_export.TEST_STRINGS) + 3 * len(hf_export.token_strings("<s>")) + 1
     assert f"{total}/{total} test strings tokenize as llama.cpp does" in out
     assert sorted(p.name for p in folder.iterdir()) == sorted(hf_export.FILES)
     config = json.loads((folder / "tokenizer_config.json").read_text())
@@ -56,7 +57,7 @@ def test_mismatch_is_refused_with_the_counts(tiny, tmp_path, monkeypatch, capsys
     assert main(["export-hf-tokenizer", str(tiny), str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err
     assert "differs from llama.cpp's" in err
-    assert f"/{len(hf_export.TEST_STRINGS)} test strings" in err
+    assert f"/{len(hf_export.TEST_STRINGS) + 3 * 10 + 1} test strings" in err
 
 
 def test_unknown_tokenizer_model_is_refused_before_writing(tmp_path):
