@@ -112,6 +112,8 @@ class SkippyEngine(LLMEngine):  # type: ignore[misc, unused-ignore]
             server.host, server.runner.engine, self.routing_endpoint,
             server.settings.kv_block_size, server.settings.kv_hash_seed,
             bos=bos if self.settings.add_bos else None, post=server.runner.post)
+        state = server.runner.host_state()  # the engine thread's to read once it runs
+        capacity = max(1, state.kv_lane_capacity or state.kv_capacity)
         server.runner.start()
         s = server.settings
         lanes = s.max_active
@@ -120,7 +122,6 @@ class SkippyEngine(LLMEngine):  # type: ignore[misc, unused-ignore]
                  server.context.n_ctx_seq, self.routing_endpoint,
                  "left out" if bos is not None and self.settings.add_bos else "none",
                  s.kv_events_endpoint)
-        capacity = max(1, server.runner.host_state().kv_capacity)
         return EngineConfig(
             model=self.settings.hf_folder, served_model_name=self.settings.served_model_name,
             llm=LlmRegistration(
@@ -173,7 +174,9 @@ class SkippyEngine(LLMEngine):  # type: ignore[misc, unused-ignore]
                 self.write_stats()
             st = server.runner.stats
             block = server.settings.kv_block_size
-            total = max(1, st.kv_capacity // block)
+            # What the lanes may hold: the prefix holders' cells are evictable, free as vLLM
+            # counts them, so a usage of 1 is the lanes full (Dynamo's busy threshold).
+            total = max(1, st.kv_lane_capacity // block)
             used = min(total, -(-st.kv_tokens // block))
             looked = st.prefix_hits + st.prefix_misses
             try:

@@ -341,6 +341,9 @@ class HostState:
     active: tuple[str, ...] = ()  # ids of the sequences holding a lane
     kv_tokens: int = 0  # KV positions the active sequences hold
     kv_capacity: int = 0  # KV cells in total (lanes, and prefix holders if any)
+    # KV cells the lanes may hold together, prefix holders' evictable cells left out (0: as
+    # kv_capacity): what a usage of 1 means for a router, the lanes full.
+    kv_lane_capacity: int = 0
     samplers: int = 0  # per-sequence sampler states alive
     decoded_tokens: int = 0  # batch entries decoded so far (a fork's copied rows not included)
     shared_tokens: int = 0  # batch entries a fork's KV copy replaced instead of a decode

@@ -54,6 +54,7 @@ class EngineStats:
     lanes: int = 0
     kv_tokens: int = 0
     kv_capacity: int = 0
+    kv_lane_capacity: int = 0  # of those, what the lanes may hold (HostState; 0: all of them)
     iterations: int = 0
     prefill_tokens: int = 0  # prompt tokens prefilled (completed plans)
     restored_tokens: int = 0  # prompt tokens admitted as prefix restores
@@ -487,7 +488,8 @@ class EngineRunner:
             preemptions_priority=m.preempted_priority,
             prefix_hits=m.prefix_hits, prefix_misses=m.prefix_misses,
             lanes_in_use=len(h.active), lanes=h.lanes, kv_tokens=h.kv_tokens,
-            kv_capacity=h.kv_capacity, iterations=m.iterations, prefill_tokens=m.prefill_tokens,
+            kv_capacity=h.kv_capacity, kv_lane_capacity=h.kv_lane_capacity or h.kv_capacity,
+            iterations=m.iterations, prefill_tokens=m.prefill_tokens,
             restored_tokens=m.restored_tokens, recompute_tokens=m.recompute_tokens,
             decoded_tokens=h.decoded_tokens, shared_tokens=h.shared_tokens,
             kv_copies=h.kv_copies, staged_ahead=h.staged_ahead,

@@ -112,8 +112,10 @@ class _VllmCollector:
         yield gauge("vllm:num_requests_running", "Requests running (in the active set).",
                     s.running)
         yield gauge("vllm:num_requests_waiting", "Requests waiting to be admitted.", s.waiting)
+        # As vLLM counts it, prefix-cache cells no request holds are free: the share of what
+        # the lanes may hold (1: they are full).
         yield gauge("vllm:kv_cache_usage_perc", "KV cache usage (1 means 100 percent).",
-                    s.kv_tokens / s.kv_capacity if s.kv_capacity else 0.0)
+                    s.kv_tokens / s.kv_lane_capacity if s.kv_lane_capacity else 0.0)
         yield counter("vllm:prefix_cache_queries",
                       "Prompt tokens looked up in the prefix cache, per admitted sequence "
                       "(each choice of n): those found plus those computed.",

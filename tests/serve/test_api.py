@@ -467,6 +467,27 @@ def test_a_disconnect_mid_stream_frees_the_lane(long_server):
     assert 'skippy:request_success_total{finished_reason="length"}' not in m
 
 
+def test_vllm_kv_usage_is_over_what_the_lanes_may_hold(long_server):
+    """vLLM's gauge counts prefix holders' cells as free (1: the lanes full); skippy's counts
+    them in the whole. Both read one snapshot in one scrape."""
+    srv = long_server
+    host = srv.host
+    lanes_cells = host.n_seq_max * host.n_ctx_seq
+    assert srv.runner.stats.kv_lane_capacity == lanes_cells < host.n_ctx  # holders beside
+    cm, lines = _busy_stream(srv.url, 4000)
+    try:
+        for _ in range(4):
+            next(lines)
+        m = metrics(srv.url)
+        ours = m["skippy:kv_cache_usage_perc"]
+        theirs = next(v for k, v in m.items() if k.startswith("vllm:kv_cache_usage_perc"))
+        assert ours > 0
+        assert theirs == pytest.approx(ours * host.n_ctx / lanes_cells)
+    finally:
+        cm.__exit__(None, None, None)
+    assert is_idle(wait_idle(srv), 2)
+
+
 def test_a_dropped_connection_cancels_a_non_streamed_request(long_server):
     srv = long_server
     host, port = srv.url.split("//")[1].rsplit(":", 1)

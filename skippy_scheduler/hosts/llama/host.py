@@ -359,6 +359,7 @@ class LlamaHost:
         return HostState(
             lanes=self.n_seq_max, free_lanes=lanes.free, active=tuple(lanes.active),
             kv_tokens=lanes.kv_tokens, kv_capacity=self.n_ctx,
+            kv_lane_capacity=min(self.n_ctx, self.n_seq_max * self.n_ctx_seq),
             samplers=len(self._samplers) if self._samplers else 0,
             decoded_tokens=self.decoded_tokens, shared_tokens=self.shared_tokens,
             kv_copies=cells.copies if cells is not None else 0,

@@ -563,7 +563,8 @@ class StageHost(VocabularyVerbs, UsageVerbs, StageChannel):
         return HostState(
             lanes=self.n_seq_max, free_lanes=self._lanes.free, active=tuple(self._lanes.active),
             kv_tokens=self._lanes.kv_tokens,
-            kv_capacity=self.n_ctx, lane_positions=positions,
+            kv_capacity=self.n_ctx, kv_lane_capacity=self.n_seq_max * self.n_ctx_seq,
+            lane_positions=positions,
             samplers=sum(self.stage_samplers) if detail else 0)
 
     def abandon(self) -> None:
