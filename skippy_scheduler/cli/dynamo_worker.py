@@ -134,6 +134,13 @@ def _import_dynamo() -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    names = args.served_model_name
+    if isinstance(names, str):
+        names = tuple(n.strip() for n in names.split(",") if n.strip())
+    if names and len(names) > 1:
+        raise CommandError(f"--served-model-name: a Dynamo worker registers one name (Dynamo "
+                           f"1.6's backend takes no aliases), got {len(names)}: "
+                           f"{', '.join(names)}")
     holders = args.max_active if args.prefix_holders is None else args.prefix_holders
     if args.max_active + holders > LLAMA_MAX_SEQUENCES:
         raise CommandError(f"--max-active + --prefix-holders must be <= {LLAMA_MAX_SEQUENCES}")
@@ -156,9 +163,6 @@ def run(args: argparse.Namespace) -> int:
 
             model = write_tiny_llama(os.path.join(tmp.name, "tiny-random-llama.gguf"),
                                      seed=args.seed)
-        names = args.served_model_name
-        if isinstance(names, str):
-            names = tuple(n.strip() for n in names.split(",") if n.strip())
         name = names[0] if names else os.path.splitext(os.path.basename(model))[0]
         folder = args.model_path
         if folder is None:
