@@ -281,12 +281,16 @@ def staged_table(config: Any, cost: StepCost, requests: Seq[SimRequest],
     the whole iteration overhead on every stage; without it every stage costs `cost`."""
     rows: list[dict[str, Any]] = []
     decode = max(r.output_tokens for r in requests) > 1
+    # A group decodes at most this many rows at once (its scheduler's limits): a larger burst
+    # runs in waves of them, which is what the closed form's b is.
+    limits = config.normalized()
+    most = min(limits.max_active_sequences, limits.max_tokens_per_iteration)
     for p in stages:
         stage_cost = _split_cost(cost, p) if split else cost
         pipe = StagedPipeline.uniform(p, stage_cost, hop_us, overhead_us)
         for g in range(1, p + 1):
             sim = run_staged(config, pipe, g, requests, backend=backend).summary()
-            per_group = -(-len(requests) // g) if decode else 0
+            per_group = min(-(-len(requests) // g), most) if decode else 0
             form = closed_form(pipe, g, per_group)
             rows.append({"stages": p, "groups": g, **sim,
                          "form_gap_us": form["gap_us"], "form_tokens_s": form["tokens_s"],

@@ -68,6 +68,21 @@ def test_uniform_table_matches_closed_form(backend: str, hop: float) -> None:
         assert rates == sorted(rates)
 
 
+def test_a_burst_past_a_groups_limit_is_formed_as_waves(backend: str) -> None:
+    """A group decodes at most max_active rows at once; a larger burst runs in waves of them,
+    and the closed form's b is a wave's rows, not the group's share of the burst."""
+    config = SchedulerConfig(max_active_sequences=8, max_waiting_sequences=64)
+    rows = staged_table(config, COST, burst_requests(64, 64, 32), (2,), 100.0, 0.0,
+                        backend=backend)
+    for r in rows:
+        pipe = StagedPipeline.uniform(2, StepCost(
+            base_us=COST.base_us, per_prefill_token_us=COST.per_prefill_token_us / 2,
+            decode_base_us=COST.decode_base_us / 2, per_decode_row_us=COST.per_decode_row_us / 2),
+            100.0, 0.0)
+        assert r["form_gap_us"] == closed_form(pipe, r["groups"], 8)["gap_us"]
+        assert r["mean_gap_us"] == pytest.approx(r["form_gap_us"], rel=0.05), r
+
+
 def test_full_pipeline_is_bound_by_the_slowest_stage(backend: str) -> None:
     slow = StepCost(base_us=50, per_prefill_token_us=2, decode_base_us=400, per_decode_row_us=20)
     pipe = StagedPipeline((COST, slow, COST), hop_us=10.0, overhead_us=5.0)
