@@ -484,13 +484,21 @@ def check(settings: Any) -> None:
 
 def watch_running(engine: "Engine", host: PrefixEventsHost, hook: StoreEvents) -> None:
     """Announce each request's prompt blocks when its first token is sampled and withdraw them
-    when it finishes (an engine listener: on the engine thread, as the holders' watcher).
-    Without this a router learns of a prompt only when its request ends and is kept, so the
-    next request of the same prefix, sent while the first still runs, is routed as if no
-    replica had it."""
-    from ..engine import FinishEvent, TokenEvent
+    when it finishes or is preempted (an engine listener and observer: on the engine thread,
+    as the holders' watcher). Without this a router learns of a prompt only when its request
+    ends and is kept, so the next request of the same prefix, sent while the first still runs,
+    is routed as if no replica had it. A preempted request's lane is freed: its blocks are
+    withdrawn once the host has released it (those its holder kept stay announced), and
+    announced again at its next first token."""
+    from ..engine import BaseObserver, FinishEvent, TokenEvent
 
     seen: set[str] = set()
+    preempted: list[str] = []  # told before their release; withdrawn at the next plan
+
+    def end(rid: str) -> None:
+        if rid in seen:
+            seen.discard(rid)
+            hook.ended(rid)
 
     def on_event(event: Any) -> None:
         rid = event.request_id
@@ -502,11 +510,21 @@ def watch_running(engine: "Engine", host: PrefixEventsHost, hook: StoreEvents) -
                 return
             seen.add(rid)
             hook.running(rid, tokens)
-        elif isinstance(event, FinishEvent) and rid in seen:
-            seen.discard(rid)
-            hook.ended(rid)
+        elif isinstance(event, FinishEvent):
+            end(rid)
+
+    class Preempted(BaseObserver):
+        def preempted(self, ids: list[str]) -> None:
+            preempted.extend(i for i in ids if i in seen)
+
+        def planned(self, flight: Any) -> None:  # (after the victims' release)
+            if preempted:
+                for rid in preempted:
+                    end(rid)
+                preempted.clear()
 
     engine.add_listener(on_event)
+    engine.observers.append(Preempted())
 
 
 def start(settings: Any, host: ServingHost, engine: Optional["Engine"] = None,
