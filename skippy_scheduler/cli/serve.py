@@ -470,7 +470,7 @@ def run(args: argparse.Namespace) -> int:
                   flush=True)
 
     try:
-        server.serve(announce)
+        server.serve(announce, exiting=True)
     except OSError as exc:  # e.g. the port is taken
         server.close()
         raise CommandError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None

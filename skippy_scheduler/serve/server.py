@@ -564,11 +564,14 @@ class Server:
     def _bind(self, port: Optional[int] = None) -> socket.socket:
         return listen_socket(self.settings.host, self.settings.port if port is None else port)
 
-    def serve(self, announce: Optional[Callable[[int], None]] = None) -> None:
+    def serve(self, announce: Optional[Callable[[int], None]] = None, *,
+              exiting: bool = False) -> None:
         """Serve until SIGINT or SIGTERM, then drain (see the module docstring) and close.
         `announce` is called with the port once the socket is bound (the one the system
-        picked for port 0), before the engine starts."""
-        with _exit_on_signals() as server_box:
+        picked for port 0), before the engine starts. `exiting`: the process ends once this
+        returns (the command line's), so a signal after the closing is ignored rather than
+        given its default action (which would kill it with the signal's status)."""
+        with _exit_on_signals(exiting) as server_box:
             try:
                 sock = self._bind()
                 try:
@@ -693,10 +696,12 @@ def _signals_interrupt() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _exit_on_signals() -> Iterator[list[Any]]:
+def _exit_on_signals(exiting: bool = False) -> Iterator[list[Any]]:
     """SIGINT and SIGTERM ask the uvicorn server put in the yielded list to exit (a second one
     skips the drain); before it exists, they interrupt start-up. The handlers stay until the
-    block, closing included, is done, so a late Ctrl-C cannot cut the closing short."""
+    block, closing included, is done, so a late Ctrl-C cannot cut the closing short; then the
+    previous ones are put back, or with `exiting` (the process ends next) the signals are
+    ignored from there on."""
     if threading.current_thread() is not threading.main_thread():
         yield []
         return
@@ -709,7 +714,7 @@ def _exit_on_signals() -> Iterator[list[Any]]:
             raise KeyboardInterrupt
         server = box[0]
         if len(seen) == 1:
-            log.warning("stopping (signal %d): draining for up to %.0f s", sig,
+            log.warning("stopping (signal %d): draining for up to %g s", sig,
                         server.shutdown_timeout_s)
             server.should_exit = True
         else:
@@ -720,4 +725,4 @@ def _exit_on_signals() -> Iterator[list[Any]]:
         yield box
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_IGN if exiting else handler)

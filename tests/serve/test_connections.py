@@ -186,3 +186,20 @@ def test_accepted_connections_send_without_nagles_delay():
             await server.wait_closed()
 
     assert asyncio.run(accept_one()) != 0
+
+
+def test_a_signal_after_the_closing_does_not_kill_the_process(tmp_path):
+    """Once serve has closed everything the process still takes a moment to exit; a second
+    SIGTERM sent then (a supervisor's repeat) is ignored rather than given its default action,
+    which would end the process with the signal's status instead of 0."""
+    srv = Spawned(tmp_path)
+    srv.proc.send_signal(signal.SIGTERM)
+    end = time.monotonic() + 30
+    while "stopped (engine, model and temporary files closed)" not in srv.log():
+        assert time.monotonic() < end and srv.proc.poll() is None, srv.log()
+        time.sleep(0.002)
+    try:
+        srv.proc.send_signal(signal.SIGTERM)
+    except ProcessLookupError:  # (gone already: nothing left to test this time)
+        pass
+    assert srv.stop(None, timeout_s=20) == 0, srv.log()
