@@ -109,6 +109,7 @@ class StepTiming(BaseObserver):
         self._plan_from = 0  # where the next plan's time starts (before_done)
         self._before = 0  # before-step time since the last iteration ended
         self._last_end = 0  # 0: no iteration ended since the engine was last idle
+        self._ended_at = 0  # when the last iteration ended (kept through idle time)
         self._worked = True  # the current step made or completed a plan
         self._executed = 0  # this iteration's marks (one completes at a time)
         self._sampled = 0
@@ -256,7 +257,7 @@ class StepTiming(BaseObserver):
         self._worked = True
         flight = rec[_FLIGHT]
         start = self._last_end or rec[1]
-        self._last_end = now
+        self._last_end = self._ended_at = now
         done = flight.done_ns or rec[_DONE]  # the engine's done stamp, else when it looked
         if flight.measured_us:  # the engine's own measure (engine/step.py `_execution_us`)
             execute = int(flight.measured_us * 1e3)
@@ -309,9 +310,14 @@ class StepTiming(BaseObserver):
 
     # -- summaries (any thread: plain reads) --------------------------------------------------
 
-    def busy_ratio(self) -> float:
-        """Σ execute / Σ wall over the last `window` iterations (0 before the first)."""
+    def busy_ratio(self, idle_counts: bool = False) -> float:
+        """Σ execute / Σ wall over the last `window` iterations (0 before the first). With
+        `idle_counts`, and the engine idle (its last step found nothing to run), the time since
+        the last iteration ended is wall time too: an idle host's share falls towards 0
+        instead of staying at its last busy value (what a gauge read between loads shows)."""
         wall = self._sum_wall
+        if idle_counts and not self._worked and self._ended_at:
+            wall += max(self._clock() - self._ended_at, 0)
         return min(self._sum_exec / wall, 1.0) if wall > 0 else 0.0
 
     def histogram(self, part: str) -> tuple[list[int], float]:

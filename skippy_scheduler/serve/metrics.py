@@ -24,7 +24,7 @@ Where an iteration's time goes (docs/measuring.md, "Where an iteration's time go
 `skippy:step_seconds{part}` is a histogram per part of the engine's iterations
 (`part` one of engine/step_timing.py's `PARTS`: wall, before, plan, execute, wait, events,
 complete), and `skippy:host_busy_ratio` the share of wall time the host spent executing over
-the last 64 iterations. The engine thread keeps the bucket counts itself (a few additions per
+the last 64 iterations (and, while the engine is idle, the time since the last one). The engine thread keeps the bucket counts itself (a few additions per
 iteration); they are read at scrape time.
 
 The SLO (serve/slo.py): `skippy:slo_met_total{part}` and `skippy:slo_missed_total{part}`
@@ -196,8 +196,8 @@ class _StepCollector:
         yield h
         yield GaugeMetricFamily(
             "skippy:host_busy_ratio", "Share of wall time the host spent executing plans over "
-            f"the last {BUSY_WINDOW} iterations (0-1).",
-            value=timing.busy_ratio() if timing is not None else 0.0)
+            f"the last {BUSY_WINDOW} iterations and, while idle, the time since (0-1).",
+            value=timing.busy_ratio(idle_counts=True) if timing is not None else 0.0)
 
 
 class _GcCollector:

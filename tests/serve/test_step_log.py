@@ -60,3 +60,23 @@ def test_step_log_and_step_metrics(logged):
             line["prefill_positions"] == 0
         # the server's default rule is the slack rule: the step's predicted execute, in µs
         assert line["predicted_us"] > 0
+
+
+def test_the_busy_ratio_falls_while_the_engine_is_idle(logged):
+    """Between loads the gauge counts the idle time as wall time: it falls instead of keeping
+    its last busy value (an idle host spends none of its time executing)."""
+    import time
+
+    import httpx
+
+    server, _ = logged
+    for _ in range(3):
+        r = httpx.post(server.url + "/v1/completions", timeout=60,
+                       json={"prompt": "one two three", "max_tokens": 8})
+        assert r.status_code == 200, r.text
+    wait_idle(server)
+    time.sleep(0.05)  # the engine's next step finds nothing: it is idle
+    first = metrics(server.url)["skippy:host_busy_ratio"]
+    time.sleep(0.5)
+    later = metrics(server.url)["skippy:host_busy_ratio"]
+    assert 0 < later < first, (first, later)
