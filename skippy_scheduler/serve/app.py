@@ -475,7 +475,7 @@ def create_app(ctx: ServeContext, allowed_hosts: Optional[tuple[str, ...]] = Non
             if out.finish is None or out.finish == "stop":
                 # Gone before the end, or stopped on a string: the engine may still run it.
                 runner.cancel(out.sub.request_id)
-            if out.finish is None:
+            if out.finish is None and not out.failed_beside:  # the client left first
                 ctx.metrics.request_success.labels("abort").inc()
             runner.close(out.sub)
 

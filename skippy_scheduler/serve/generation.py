@@ -34,6 +34,9 @@ class Generation:
         self.text: list[str] = []  # what a non-streamed answer collects
         self.finish: Optional[str] = None
         self.error: Optional[str] = None
+        # Another choice of its answer failed, which ended the answer (a stream's one error
+        # event): closed unfinished, but not because the client left.
+        self.failed_beside = False
         self._last_us: Optional[float] = None
         # The SLO's inputs (serve/slo.py): TTFT and the largest gap so far, in µs; and the
         # key of its prompt's entry among those waiting for prefill until the first token

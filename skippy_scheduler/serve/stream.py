@@ -193,6 +193,8 @@ async def sse(outs: Sequence["Generation"], head: dict[str, Any], pieces: Sequen
                         # Counted as the same failure unstreamed would be (its status).
                         out.ctx.metrics.request_errors.labels(str(err.status)).inc()
                         parts += (b"data: " + dumps(err.body()) + b"\n\n", _DONE)
+                        for other in outs:
+                            other.failed_beside = True
                         yield b"".join(parts)
                         return  # the others are cancelled when the stream closes
                     if out.echo is not None and out.index not in echoed:
