@@ -144,7 +144,9 @@ def test_logprobs_are_the_alone_runs_logits(host):
         seq.append(token)
 
 
-def test_a_grammar_llama_cpp_cannot_parse_fails_the_plan_before_any_state_changes(host):
+def test_a_grammar_llama_cpp_cannot_parse_is_refused_and_the_others_run(host):
+    """Refused by prepare_sequence (the request ends as rejected) rather than failing every
+    plan it would be in, with the requests beside it."""
     bad = SamplingParams(temperature=0.0, output=OutputOptions(grammar="root ::= (",
                                                                prompt_length=2))
     good = SamplingParams(temperature=0.0, output=OutputOptions(logprobs=0, prompt_length=2))
@@ -152,10 +154,10 @@ def test_a_grammar_llama_cpp_cannot_parse_fails_the_plan_before_any_state_change
         host.check_grammar("root ::= (")
     engine = Engine(Scheduler(SchedulerConfig(max_active_sequences=2,
                                               max_tokens_per_iteration=64)), host)
-    engine.submit(Request("ok", [1, 5], 3, sampling=good))
-    engine.submit(Request("bad", [1, 6], 3, sampling=bad))
-    with pytest.raises(ValueError, match="grammar"):
-        engine.run()
+    report = engine.run([Request("ok", [1, 5], 3, sampling=good),
+                         Request("bad", [1, 6], 3, sampling=bad)])
+    got = {r.id: r.finish_reason for r in report.records}
+    assert got["bad"] == "rejected" and got["ok"] in ("length", "stop")
     assert host.active_sequences == [] and host.host_state().samplers == 0
 
 

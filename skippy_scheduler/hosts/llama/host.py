@@ -339,9 +339,22 @@ class LlamaHost:
                 raise ValueError(f"request {name!r}: {field_name}[{at}] = {token} is outside "
                                  f"[0, {n_vocab}), this model's vocabulary")
         sampling = sequence.sampling
-        if isinstance(sampling, SamplingParams):  # (its grammar is checked where it is parsed)
+        if isinstance(sampling, SamplingParams):
             assert self._samplers is not None
             self._samplers.check_vocabulary(sampling)
+            output = sampling.output
+            if output is not None and output.grammar is not None:
+                # The grammar reads the tokens from prompt_length on: the prompt's own would
+                # be fed to it, and llama.cpp ends the process on one it refuses.
+                if output.prompt_length != len(sequence.prompt_tokens):
+                    raise ValueError(
+                        f"request {name!r}: a grammar reads the tokens after the prompt, so "
+                        f"output.prompt_length must be the prompt's length, "
+                        f"{len(sequence.prompt_tokens)}; got {output.prompt_length}")
+                self._samplers.check_grammar(output.grammar)
+                if len(sequence.generated_tokens):
+                    self._samplers.check_generated(output.grammar,
+                                                   sequence.generated_tokens)
         prompt = len(sequence.prompt_tokens)
         generated = max(sequence.max_tokens, len(sequence.generated_tokens), 1)
         if prompt + generated - 1 > self.n_ctx_seq:

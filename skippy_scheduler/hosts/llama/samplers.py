@@ -15,7 +15,10 @@ Log-probabilities (`logprobs.py`) are read from the raw logits, whatever the cha
 """
 from __future__ import annotations
 
+import ctypes
+import math
 import re
+from collections import OrderedDict
 from dataclasses import replace
 from typing import Any
 
@@ -236,6 +239,26 @@ def init_grammar(vocab: Any, grammar: str) -> Any:
     return stage
 
 
+def grammar_refuses(stage: Any, tokens: Any) -> int:
+    """Feed `tokens` to the grammar sampler `stage`, each once the grammar is seen to allow it
+    there (llama.cpp's accept aborts the process on a token its grammar refuses); the index of
+    the first it refuses, or -1."""
+    data = _ll.llama_token_data(0, 0.0, 0.0)
+    candidates = _ll.llama_token_data_array(ctypes.pointer(data), 1, -1, False)
+    for i, t in enumerate(tokens):
+        data.id = int(t)  # type: ignore[assignment]  # (ctypes converts the int)
+        data.logit = 0.0
+        _ll.llama_sampler_apply(stage, ctypes.byref(candidates))
+        if math.isinf(data.logit):
+            return i
+        _ll.llama_sampler_accept(stage, int(t))
+    return -1
+
+
+# Grammars a `Samplers` has parsed already (its check_grammar), kept to this many.
+_PARSED_KEPT = 64
+
+
 def held_tokens(params: SamplingParams, eog_ids: IntArray) -> IntArray | None:
     """The tokens `min_end_position` holds off (end-of-generation and `min_end_tokens`), or
     None when nothing is held."""
@@ -273,6 +296,7 @@ class Samplers:
         self._vocab = vocab
         self._by_lane: dict[int, SamplerChain] = {}
         self._reporting: dict[int, SamplerChain] = {}  # the lanes whose chain reports anything
+        self._parsed: OrderedDict[str, None] = OrderedDict()  # grammars check_grammar parsed
         # The lanes that sample on the device (backend_sampling.py); None: the host path only.
         self.device = device
 
@@ -314,8 +338,29 @@ class Samplers:
                              "this model")
 
     def check_grammar(self, grammar: str) -> None:
-        """ValueError unless llama.cpp's grammar sampler parses `grammar` (root rule `root`)."""
+        """ValueError unless llama.cpp's grammar sampler parses `grammar` (root rule `root`).
+        The last grammars parsed are remembered: a server checks a request's grammar before it
+        queues it, and the host's prepare_sequence checks it again without parsing it twice."""
+        parsed = self._parsed
+        if grammar in parsed:
+            parsed.move_to_end(grammar)
+            return
         _ll.llama_sampler_free(init_grammar(self._vocab, grammar))
+        parsed[grammar] = None
+        if len(parsed) > _PARSED_KEPT:
+            parsed.popitem(last=False)
+
+    def check_generated(self, grammar: str, tokens: Any) -> None:
+        """ValueError when `grammar` refuses one of `tokens` (a resumed sequence's tokens
+        generated elsewhere, which its chain feeds to the grammar)."""
+        stage = init_grammar(self._vocab, grammar)
+        try:
+            at = grammar_refuses(stage, tokens)
+        finally:
+            _ll.llama_sampler_free(stage)
+        if at >= 0:
+            raise ValueError(f"generated_tokens[{at}] = {int(tokens[at])} is not what the "
+                             "grammar allows there")
 
     def start(self, lane: int, params: SamplingParams | None,
               ) -> SamplerChain | DeviceChain | None:
