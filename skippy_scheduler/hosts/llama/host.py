@@ -39,6 +39,7 @@ host sizes everything from what the context got (`n_batch`, `n_ctx`, `n_ctx_seq`
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import Future
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence as _Seq
 
@@ -167,6 +168,10 @@ class LlamaHost:
         # this host stages the next decode or, beside a device, queues it (`Decoder.on_launch`,
         # below).
         self._worker = HostWorker(self.execute, "llama-decode", hold_until_launch=True)
+        # Held while a plan runs or a lane is released (whichever thread does it): `close`
+        # takes it before it frees the context, so a close from another thread waits for a
+        # decode in progress instead of freeing the memory under it.
+        self._busy = threading.RLock()
         self._samplers: Samplers | None = None
         init_backend()
 
@@ -400,17 +405,25 @@ class LlamaHost:
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
+        """Free llama.cpp's context and model, once the plans started on the worker have run
+        and a plan another thread is running has returned; the lanes are empty after it, and
+        a plan run after it raises (the host is closed)."""
         self._worker.close()
-        if self._samplers is not None:
-            self._samplers.close()
-        if self._cells is not None:
-            self._cells.close()
-        if self._ctx:
-            _ll.llama_free(self._ctx)
-            self._ctx = None
-        if self._model:
-            _ll.llama_model_free(self._model)
-            self._model = None
+        with self._busy:
+            if self._samplers is not None:
+                self._samplers.close()
+            if self._cells is not None:
+                self._cells.close()
+            if self._ctx:
+                _ll.llama_free(self._ctx)
+                self._ctx = None
+            if self._model:
+                _ll.llama_model_free(self._model)
+                self._model = None
+            lanes = getattr(self, "_lanes", None)
+            if lanes is not None:
+                for sequence_id in list(lanes.active):
+                    lanes.give_back(sequence_id)
 
     def __enter__(self) -> "LlamaHost":
         return self
@@ -511,6 +524,10 @@ class LlamaHost:
         resident prefix when the store takes them, whatever the reason: they hold what the
         positions say (a preempted sequence then restores its own prefix when re-admitted).
         `keep=False` frees them without offering them (the server's warm-up, engine/warmup.py)."""
+        with self._busy:
+            return self._release(sequence_id, keep)
+
+    def _release(self, sequence_id: str, keep: bool) -> bool:
         lane = self._lanes.lane_of(sequence_id)
         if lane is None:
             return False
@@ -530,10 +547,11 @@ class LlamaHost:
         store now, as a release would (the cold prefix hold, docs/hosts.md); whether they are
         resident now: False without reuse, when it holds fewer positions or no lane, or when the
         store refused them (every holder pinned, or no room)."""
-        lane = self._lanes.lane_of(sequence_id)
-        if self.holders is None or lane is None or not 0 < tokens <= self._lanes.end(lane):
-            return False
-        return self.holders.keep_prompt(lane, tokens)
+        with self._busy:
+            lane = self._lanes.lane_of(sequence_id)
+            if self.holders is None or lane is None or not 0 < tokens <= self._lanes.end(lane):
+                return False
+            return self.holders.keep_prompt(lane, tokens)
 
     def release_all(self) -> None:
         for sequence_id in self._lanes.active:
@@ -541,6 +559,12 @@ class LlamaHost:
 
     # ------------------------------------------------------------------ plan execution
     def execute(self, plan: Plan) -> int:
+        """Run one plan as one `llama_decode`; fill `plan.outputs`; return the output count
+        (`_execute`, with the host held against a close from another thread)."""
+        with self._busy:
+            return self._execute(plan)
+
+    def _execute(self, plan: Plan) -> int:
         """Run one plan as one `llama_decode`; fill `plan.outputs`; return the output count.
 
         End-of-generation tokens are reported as -1 so that the scheduler finishes the
