@@ -160,3 +160,22 @@ def test_the_server_serves_what_the_context_got(model_path, flags, prompt_tokens
         client.close()
     finally:
         _stop(proc)
+
+
+def test_a_unified_cache_runs_a_request_that_fills_the_context(model_path):
+    """A request `prepare_sequence` accepts at exactly the context's size runs to its end in a
+    unified cache: the solo filler, whose extra cell the shared cache may not have (its last
+    decode failed), is off there, and refused when asked for."""
+    with LlamaHost(model_path, n_ctx=768, n_seq_max=2, n_batch=512, n_threads=1,
+                   kv_unified=True) as host:
+        assert host.settings["solo_fill"] is False  # (before, on)
+        prompt = _prompt(765)  # 765 + 4 - 1 = 768 positions: the whole context
+        host.prepare_sequence(Request("big", prompt, 4).to_sequence())
+        engine = Engine(Scheduler(SchedulerConfig(max_active_sequences=2,
+                                                  max_tokens_per_iteration=512)), host)
+        (record,) = engine.run([Request("big", prompt, 4)]).records
+        assert record.finish_reason in ("length", "stop") and record.tokens
+        assert host.active_sequences == []
+    with pytest.raises(ValueError, match="solo_fill=True needs a KV stream per sequence"):
+        LlamaHost(model_path, n_ctx=768, n_seq_max=2, n_threads=1, kv_unified=True,
+                  solo_fill=True)

@@ -134,19 +134,26 @@ class LlamaHost:
         gap_fill_max = check_int("gap_fill_max", gap_fill_max, 0, 256)
         if solo_fill is not None and not isinstance(solo_fill, bool):
             raise TypeError(f"solo_fill must be True, False or None, got {solo_fill!r}")
-        # A filler beside a one-token step gives it the bits of any batch on llama.cpp's CPU
-        # kernels (an RPC server's included); a GPU's kernels differ by batch size anyway, so
-        # None leaves it off where layers are on a GPU (docs/hosts.md, "When the tokens are
-        # the same").
-        if solo_fill is None:
-            solo_fill = not (placement is not None and placement.on_gpu
-                             and not placement.over_rpc)
         # With reuse and kv_unified left unset, every lane and holder has a KV stream of its own
         # (n_ctx is split evenly over them) and prefixes move by whole-stream copies; with
         # kv_unified=True they share cells of one cache (holders.py).
         if kv_unified is not None and not isinstance(kv_unified, bool):
             raise TypeError(f"kv_unified must be True, False or None, got {kv_unified!r}")
         unified = bool(kv_unified)
+        # A filler beside a one-token step gives it the bits of any batch on llama.cpp's CPU
+        # kernels (an RPC server's included); a GPU's kernels differ by batch size anyway, so
+        # None leaves it off where layers are on a GPU (docs/hosts.md, "When the tokens are
+        # the same"). In a unified cache a sequence's bits depend on where its cells sit among
+        # the others' anyway, and the filler's cell may be one the shared cells do not have
+        # (the decode of a request accepted would fail): off there, and refused when asked for.
+        if solo_fill is None:
+            solo_fill = not unified and not (placement is not None and placement.on_gpu
+                                             and not placement.over_rpc)
+        elif solo_fill and unified:
+            raise ValueError("solo_fill=True needs a KV stream per sequence: with "
+                             "kv_unified=True a sequence's bits depend on the shared cells "
+                             "around it anyway, and the filler's cell may be one the cache "
+                             "does not have")
         n_ctx = check_int("n_ctx", n_ctx, 1)
         n_threads = check_int("n_threads", n_threads, 1)
         n_batch = check_int("n_batch", n_batch, 1)
