@@ -119,7 +119,10 @@ class HostWorker:
         self._busy = False
         self._closing = False
         self._thread: Optional[threading.Thread] = None
-        self._failed_step: Optional[int] = None  # the last plan whose execution raised
+        # The last plan whose execution raised, and its step: a later plan reading from that
+        # plan (that object, that step; another scheduler numbers its steps from 0 again)
+        # is not run.
+        self._failed: Optional[tuple[Any, int]] = None
         self.released = False  # whether the last `launching()` handed a held plan out
 
     def start(self, plan: Any) -> "Future[Any]":
@@ -200,10 +203,11 @@ class HostWorker:
     def _fill(self, job: "_Job") -> None:
         """Fill `job`'s deferred inputs, or mark it failed (under the lock)."""
         plan, earlier = job.plan, job.earlier
-        failed = self._failed_step
-        if failed is not None and earlier and any(int(p.step) == failed for p in earlier):
+        failed = self._failed
+        if failed is not None and earlier and any(
+                p is failed[0] and int(p.step) == failed[1] for p in earlier):
             job.error = RuntimeError(f"plan step {int(plan.step)} was not run: plan step "
-                                     f"{failed}, whose samples are its inputs, failed")
+                                     f"{failed[1]}, whose samples are its inputs, failed")
             return
         job.filled = True
         if earlier and plan.deferred_rows.size:
@@ -235,7 +239,7 @@ class HostWorker:
             with cv:
                 self._busy = False
                 if error is not None and job.plan is not None:
-                    self._failed_step = int(job.plan.step)
+                    self._failed = (job.plan, int(job.plan.step))
                 nxt = self._queue[0] if self._queue else None
                 if nxt is not None and nxt.earlier is not None and not nxt.filled \
                         and nxt.error is None:

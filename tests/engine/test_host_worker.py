@@ -82,9 +82,11 @@ def test_a_plan_whose_inputs_come_from_a_failed_plan_is_not_run():
     device = _Device(gates=[1], fail=[1])
     worker = HostWorker(device, "test-worker")
     try:
-        one = worker.start(_plan(1))
-        two = worker.after(_plan(2, deferred=1), [_plan(1)])
-        three = worker.after(_plan(3, deferred=1), [_plan(2)])
+        # The plans it reads from are the plans started (the engine's own objects).
+        p1, p2 = _plan(1), _plan(2, deferred=1)
+        one = worker.start(p1)
+        two = worker.after(p2, [p1])
+        three = worker.after(_plan(3, deferred=1), [p2])
         device.gates[1].set()
         with pytest.raises(RuntimeError, match="device lost at 1"):
             one.result(10)
@@ -388,5 +390,22 @@ def test_released_says_whether_the_launch_handed_a_held_plan_out():
         gate.set()
         assert [f.result(10) for f in futures] == [1, 2]
         assert flags == {1: False, 2: True}  # plan 1 was held until plan 2 launched
+    finally:
+        worker.close()
+
+
+def test_a_later_scheduler_s_plan_of_the_failed_step_number_runs():
+    """Another scheduler on the same host numbers its steps from 0 again: its plan of the
+    failed plan's step number is not that plan, and the plan reading from it runs."""
+    device = _Device(fail=[3])
+    worker = HostWorker(device, "test-worker")
+    try:
+        failed = _plan(3)
+        with pytest.raises(RuntimeError, match="device lost at 3"):
+            worker.start(failed).result(10)
+        device.fail.clear()
+        again = _plan(3)  # the new scheduler's step 3
+        assert worker.start(again).result(10) == 3
+        assert worker.after(_plan(4), [again]).result(10) == 4
     finally:
         worker.close()
