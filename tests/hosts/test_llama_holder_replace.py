@@ -148,3 +148,29 @@ def test_the_store_evicts_exactly_the_entry_asked_and_leaves_the_others_as_they_
     assert store.lru_order() == [e for e in order if e is not c]
     assert b.pins == 1 and child.pins == 0 and a.pins == 0
     assert not store.evict(c)  # evicted already
+
+
+def test_a_replacement_the_store_would_refuse_keeps_the_old_holder(model_path):
+    """A key that supersedes a holder but cannot be taken (the rest pinned, no room for it even
+    with the holder gone) leaves that holder resident: evicting it first lost it for nothing."""
+    with LlamaHost(model_path, n_ctx=(N_SEQ + 3) * 256, n_seq_max=N_SEQ, n_threads=1,
+                   prefix_cache_tokens=100, prefix_holders=3) as host:
+        store = host.prefix_store
+        pinned = [1] + list(range(10, 69))  # 60 tokens
+        old = [1] + list(range(100, 129))  # 30 tokens
+        new = old[:20] + list(range(200, 230))  # 50, sharing 20 >= half of the old key's
+
+        def compute(name: str, tokens: list[int]) -> None:
+            host.run_rows([(name, tokens, 0, False)])
+            host.release(name)
+
+        compute("p", pinned)
+        compute("o", old)
+        entry = store.find(pinned)
+        store.pin(entry)
+        try:
+            compute("n", new)  # 100 - 90 + 30 evictable < 50: refused whatever is evicted
+            assert store.refused_inserts == 1 and host.holders.replaced == 0
+            assert store.find(old) is not None and store.find(new) is None
+        finally:
+            store.unpin(entry)

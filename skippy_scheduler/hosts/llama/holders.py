@@ -171,10 +171,17 @@ class PrefixHolders:
         if cap is not None and len(key) > cap:
             return None  # the new key would be refused: keep the old one
         best, best_shared = None, 0
-        for entry in store.lru_order():  # evictable: unpinned, no resident child
+        evictable = store.lru_order()  # unpinned, no resident child
+        for entry in evictable:
             shared = _common_prefix(key, entry.key)
             if shared > best_shared and shared >= share * entry.length:
                 best, best_shared = entry, shared
+        # Only where the new key's insert will be taken: evicting first and then being
+        # refused (the rest pinned, no room) would lose the old prefix for nothing. With a
+        # stream per holder no entry has a parent, so every evictable entry can make room.
+        if best is not None and cap is not None and \
+                cap - store.used_tokens + sum(e.length for e in evictable) < len(key):
+            return None
         return best
 
     def restore(self, lane: int, holder: int, start: int) -> npt.NDArray[np.int32]:
