@@ -356,17 +356,18 @@ class LlamaHost:
             self._samplers.check_vocabulary(sampling)
             output = sampling.output
             if output is not None and output.grammar is not None:
-                # The grammar reads the tokens from prompt_length on: the prompt's own would
-                # be fed to it, and llama.cpp ends the process on one it refuses.
-                if output.prompt_length != len(sequence.prompt_tokens):
+                # The grammar reads the tokens from prompt_length on (the end of a prompt
+                # that started the answer, then the generated ones), and llama.cpp ends the
+                # process on one it refuses: they are tried here first.
+                start, length = output.prompt_length, len(sequence.prompt_tokens)
+                if start > length:
                     raise ValueError(
-                        f"request {name!r}: a grammar reads the tokens after the prompt, so "
-                        f"output.prompt_length must be the prompt's length, "
-                        f"{len(sequence.prompt_tokens)}; got {output.prompt_length}")
+                        f"request {name!r}: output.prompt_length {start} is past the prompt's "
+                        f"{length} tokens (the grammar reads from there)")
                 self._samplers.check_grammar(output.grammar)
-                if len(sequence.generated_tokens):
-                    self._samplers.check_generated(output.grammar,
-                                                   sequence.generated_tokens)
+                fed = [*sequence.prompt_tokens[start:], *sequence.generated_tokens]
+                if fed:
+                    self._samplers.check_generated(output.grammar, fed, start)
         prompt = len(sequence.prompt_tokens)
         generated = max(sequence.max_tokens, len(sequence.generated_tokens), 1)
         if prompt + generated - 1 > self.n_ctx_seq:

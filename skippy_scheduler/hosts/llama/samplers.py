@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import math
 import re
+import threading
 from collections import OrderedDict
 from dataclasses import replace
 from typing import Any
@@ -297,6 +298,7 @@ class Samplers:
         self._by_lane: dict[int, SamplerChain] = {}
         self._reporting: dict[int, SamplerChain] = {}  # the lanes whose chain reports anything
         self._parsed: OrderedDict[str, None] = OrderedDict()  # grammars check_grammar parsed
+        self._parsed_lock = threading.Lock()  # (a server's threads and the engine's use it)
         # The lanes that sample on the device (backend_sampling.py); None: the host path only.
         self.device = device
 
@@ -342,25 +344,29 @@ class Samplers:
         The last grammars parsed are remembered: a server checks a request's grammar before it
         queues it, and the host's prepare_sequence checks it again without parsing it twice."""
         parsed = self._parsed
-        if grammar in parsed:
-            parsed.move_to_end(grammar)
-            return
+        with self._parsed_lock:
+            if grammar in parsed:
+                parsed.move_to_end(grammar)
+                return
         _ll.llama_sampler_free(init_grammar(self._vocab, grammar))
-        parsed[grammar] = None
-        if len(parsed) > _PARSED_KEPT:
-            parsed.popitem(last=False)
+        with self._parsed_lock:
+            parsed[grammar] = None
+            if len(parsed) > _PARSED_KEPT:
+                parsed.popitem(last=False)
 
-    def check_generated(self, grammar: str, tokens: Any) -> None:
-        """ValueError when `grammar` refuses one of `tokens` (a resumed sequence's tokens
-        generated elsewhere, which its chain feeds to the grammar)."""
+    def check_generated(self, grammar: str, tokens: Any, start: int = 0) -> None:
+        """ValueError when `grammar` refuses one of `tokens`, the tokens its chain will feed it
+        from position `start` on (the end of the prompt from `prompt_length`, and a resumed
+        sequence's tokens generated elsewhere)."""
         stage = init_grammar(self._vocab, grammar)
         try:
             at = grammar_refuses(stage, tokens)
         finally:
             _ll.llama_sampler_free(stage)
         if at >= 0:
-            raise ValueError(f"generated_tokens[{at}] = {int(tokens[at])} is not what the "
-                             "grammar allows there")
+            raise ValueError(f"the token at position {start + at} ({int(tokens[at])}) is not "
+                             "what the grammar allows there, and the grammar reads from "
+                             f"position {start} (prompt_length)")
 
     def start(self, lane: int, params: SamplingParams | None,
               ) -> SamplerChain | DeviceChain | None:
