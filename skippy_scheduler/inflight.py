@@ -121,7 +121,8 @@ class HostWorker:
         self._thread: Optional[threading.Thread] = None
         # The last plan whose execution raised, and its step: a later plan reading from that
         # plan (that object, that step; another scheduler numbers its steps from 0 again)
-        # is not run.
+        # is not run. A plan started behind nothing (`start`: a chain begun again, by this
+        # engine after its recovery or by another) lets it go.
         self._failed: Optional[tuple[Any, int]] = None
         self.released = False  # whether the last `launching()` handed a held plan out
 
@@ -190,6 +191,8 @@ class HostWorker:
         with self._cv:
             if self._closing:  # a second thread would run plans beside the closing one's
                 raise RuntimeError("the host's worker is closing")
+            if job.earlier is None and job.plan is not None:
+                self._failed = None
             if job.earlier is not None and not self._queue and not self._busy:
                 self._fill(job)  # the plans it reads from have all run
             self._queue.append(job)

@@ -2,8 +2,10 @@
 (`execute_async` / `execute_after`, engine/contract.py `ChainingHost`)."""
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from types import SimpleNamespace
 
@@ -14,8 +16,12 @@ from skippy_scheduler import inflight
 from skippy_scheduler.inflight import HostWorker
 
 
+class _Plan(SimpleNamespace):
+    """A plan's step and deferred rows (a class of its own: weakly referable)."""
+
+
 def _plan(step: int, deferred: int = 0) -> SimpleNamespace:
-    return SimpleNamespace(step=step, deferred_rows=np.zeros(deferred, dtype=np.int32))
+    return _Plan(step=step, deferred_rows=np.zeros(deferred, dtype=np.int32))
 
 
 class _Device:
@@ -403,9 +409,14 @@ def test_a_later_scheduler_s_plan_of_the_failed_step_number_runs():
         failed = _plan(3)
         with pytest.raises(RuntimeError, match="device lost at 3"):
             worker.start(failed).result(10)
+        gone = weakref.ref(failed)
+        del failed
         device.fail.clear()
         again = _plan(3)  # the new scheduler's step 3
         assert worker.start(again).result(10) == 3
         assert worker.after(_plan(4), [again]).result(10) == 4
+        # A chain begun again lets the failed plan go (a native plan keeps its scheduler).
+        gc.collect()
+        assert gone() is None
     finally:
         worker.close()
