@@ -74,6 +74,9 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "n": (None, 1), "best_of": (None, 1), "use_beam_search": (None, False),
     "length_penalty": (None, 1, 1.0), "guided_decoding": (None,),
     "include_stop_str_in_output": (None, False, True),  # Dynamo's postprocessor's business
+    # How the frontend turns tokens into text (its own detokenizer): nothing to enforce here.
+    "detokenize": (None, False, True), "skip_special_tokens": (None, False, True),
+    "spaces_between_special_tokens": (None, False, True),
     "max_thinking_tokens": (None,), "logprobs": (None,), "prompt_logprobs": (None,),
 }
 _REASONS = {

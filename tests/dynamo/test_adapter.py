@@ -91,6 +91,15 @@ def test_constraints_left_empty_are_accepted():
     assert m.prompt == [1, 5]
 
 
+@pytest.mark.parametrize("key", ["detokenize", "skip_special_tokens",
+                                 "spaces_between_special_tokens"])
+def test_how_the_frontend_detokenizes_is_not_refused(key):
+    """Options about the text the frontend makes of the tokens constrain no token here."""
+    for value in (True, False, None):
+        assert map_request({"token_ids": [5], "sampling_options": {key: value}},
+                           VOCAB).prompt == [1, 5]
+
+
 def test_dynamo_priorities_map_onto_the_engines_in_order():
     def priority(value):
         return map_request({"token_ids": [5], "routing": {"priority": value}}, VOCAB).priority
