@@ -517,11 +517,15 @@ def watch_running(engine: "Engine", host: PrefixEventsHost, hook: StoreEvents) -
         def preempted(self, ids: list[str]) -> None:
             preempted.extend(i for i in ids if i in seen)
 
-        def planned(self, flight: Any) -> None:  # (after the victims' release)
+        def planned(self, flight: Any) -> None:
+            # Once the host has released it (with plans in flight the release waits on the
+            # host's worker): what a holder kept of it is announced by then, not withdrawn.
             if preempted:
+                waiting = [rid for rid in preempted if host.held_tokens(rid) is not None]
                 for rid in preempted:
-                    end(rid)
-                preempted.clear()
+                    if rid not in waiting:
+                        end(rid)
+                preempted[:] = waiting
 
     engine.add_listener(on_event)
     engine.observers.append(Preempted())

@@ -82,3 +82,50 @@ def test_a_preempted_requests_blocks_are_withdrawn_and_announced_again(impl, mod
         finally:
             sub.close()
             publisher.close()
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_preempted_request_whose_holder_keeps_it_stays_announced(impl, model_path, endpoint,
+                                                                   depth):
+    """Where a holder keeps the preempted lane's prompt, its blocks stay announced: nothing is
+    withdrawn and announced again, also with plans in flight, where the release waits on the
+    host's worker (the withdrawal waits for it)."""
+    rng = random.Random(11)
+    low = [1] + [rng.randrange(3, 384) for _ in range(39)]
+    high = [1] + [rng.randrange(3, 384) for _ in range(11)]
+    with LlamaHost(model_path, n_ctx=3 * 256, n_seq_max=1, n_threads=1,
+                   prefix_cache_tokens=512, prefix_holders=2) as host:
+        scheduler = impl(SchedulerConfig(
+            max_active_sequences=1, max_tokens_per_iteration=256, prefill_chunk_tokens=256,
+            priority_preemption=True, max_inflight_plans=depth, **host.sequence_id_settings))
+        engine = Engine(scheduler, host, clock=VirtualClock(LAB_COST), max_iterations=500)
+        publisher = KvEventPublisher(endpoint, settle_s=SETTLE_S)
+        sub = Subscriber(endpoint)
+        firsts: list[str] = []
+        engine.add_listener(lambda e: firsts.append(e.request_id)
+                            if isinstance(e, TokenEvent) and e.token >= 0 else None)
+        try:
+            hook = StoreEvents.attach(host.prefix_store, publisher, block_size=B,
+                                      watch=host.holders.watch)
+            kv_events.watch_running(engine, host, hook)
+            sub.events_until(lambda g: len(g) >= 1)
+            engine.submit(Request("low", low, 40, priority=0))
+            for _ in range(50):
+                if "low" in firsts:
+                    break
+                engine.step()
+            engine.submit(Request("high", high, 3, priority=5))
+            engine.run()
+            assert scheduler.metrics().preempted_priority == 1
+            got = []
+            while (item := sub.receive(timeout_s=1.0)) is not None:
+                got.extend(item[2].events)
+            low_blocks = set(vllm_hashes(low, B))
+            stored = [e for e in got if isinstance(e, BlockStored)
+                      and set(e.block_hashes) & low_blocks]
+            assert len(stored) == 1, got  # announced once, at its first token
+            assert not any(isinstance(e, BlockRemoved) and set(e.block_hashes) & low_blocks
+                           for e in got), got
+        finally:
+            sub.close()
+            publisher.close()
