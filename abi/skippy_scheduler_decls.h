@@ -86,7 +86,7 @@ typedef struct skippy_scheduler_config {
     uint32_t preemption_policy;                  /* skippy_preemption_policy */
     const skippy_memory_component *memory_components;
     size_t memory_component_count;
-    size_t max_inflight_plans;                   /* default 1: plans live at once (§2.11), 1..255 */
+    size_t max_inflight_plans;                   /* default 1 (1..255): plans live at once */
     double fair_prefill_cost;                    /* default 1.0: FAIR_SHARE charge per prefill or
                                                     recompute token (finite, >= 0) */
     double fair_decode_cost;                     /* default 2.0: FAIR_SHARE charge per decode token */

@@ -24,8 +24,9 @@ Where an iteration's time goes (docs/measuring.md, "Where an iteration's time go
 `skippy:step_seconds{part}` is a histogram per part of the engine's iterations
 (`part` one of engine/step_timing.py's `PARTS`: wall, before, plan, execute, wait, events,
 complete), and `skippy:host_busy_ratio` the share of wall time the host spent executing over
-the last 64 iterations (and, while the engine is idle, the time since the last one). The engine thread keeps the bucket counts itself (a few additions per
-iteration); they are read at scrape time.
+the last 64 iterations (and, while the engine is idle, the time since the last one). The
+engine thread keeps the bucket counts itself (a few additions per iteration); they are read at
+scrape time.
 
 The SLO (serve/slo.py): `skippy:slo_met_total{part}` and `skippy:slo_missed_total{part}`
 (`part` ttft, itl or both) count the choices of complete answers that carried a budget, once

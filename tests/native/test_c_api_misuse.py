@@ -3,7 +3,8 @@ argument of every entry point (a NULL handle, NULL out-params, a NULL id), the e
 a failed create, last_code after calls that return bool (cancel's out-of-memory told apart from
 an unknown id), a refused prefix-store insert that must leave the store as it was, a clock
 that is not finite, a plan or preemption whose policy callback fails (what the last call
-reported stays readable), and a plan that runs out of memory at any of its allocations. Each case checks what skippy_scheduler.h documents ("NULL arguments").
+reported stays readable), and a plan that runs out of memory at any of its allocations. Each
+case checks what skippy_scheduler.h documents ("NULL arguments").
 
 The harness (api_misuse_harness.c) is linked from the core's sources with the allocator
 wrapped, with AddressSanitizer and UndefinedBehaviorSanitizer when the compiler offers them, so
