@@ -46,6 +46,7 @@
 # python3), plus device_setup.sh's own (CUDA_ARCH, CUDA, STEP_S, PROJECT_SRC: default this
 # checkout, so the package installed is the one these scripts came with).
 set -u
+ulimit -c 0 2> /dev/null  # a crashing server writes no core dump of its GPU memory and model
 OUT_DIR=${1:-${OUT:-./gpu-out}}
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
@@ -63,6 +64,9 @@ D=$W/run-details  # what goes back packed in details.tar.gz
 rm -rf "$D"; mkdir -p "$D/logs"
 T0=$SECONDS
 left() { echo $((BUDGET - (SECONDS - T0))); }
+# A phase's limit: `n` seconds, or what is left of the budget less 30 s where that is less (at
+# least 5): a slow setup leaves the later phases less, not the whole run past the device's limit.
+within() { local n=$1 l=$(( $(left) - 30 )); (( l < n )) && n=$l; (( n < 5 )) && n=5; echo "$n"; }
 say() { echo "[$((SECONDS - T0))s] $*" | tee -a "$OUT_DIR/progress.log" >&2; }
 # tar's status 1 is "a file changed as it was read" (a log still written): the archive is whole.
 pack() { tar czf "$OUT_DIR/details.tar.gz.part" -C "$D" . 2> /dev/null; (( $? <= 1 )) \
@@ -163,18 +167,25 @@ print("both" if ours and theirs else "ours" if ours else "theirs" if theirs else
 
 # 2. What llama.cpp sees, and a load with every layer on the GPU through the package's own
 #    backend (log sink included): a crash there would take every server of this package down.
-timeout -k 5 120 "$PY" -m skippy_scheduler.cli serve --list-devices > "$OUT_DIR/devices.txt" 2>&1
+timeout -k 5 "$(within 120)" "$PY" -m skippy_scheduler.cli serve --list-devices \
+  > "$OUT_DIR/devices.txt" 2>&1
 say "devices: $(tr '\n' ';' < "$OUT_DIR/devices.txt" | head -c 300)"
 preflight() {
-  timeout -s TERM -k 5 60 "$PY" -X faulthandler "$ROOT/bench/gpu/preflight_load.py" --model "$MODEL" \
-    >> "$D/preflight.log" 2>&1
+  timeout -s TERM -k 5 "$(within 60)" "$PY" -X faulthandler "$ROOT/bench/gpu/preflight_load.py" \
+    --model "$MODEL" >> "$D/preflight.log" 2>&1
 }
 preflight; rc=$?
-if (( rc >= 128 && rc != 137 )); then  # 137: still running after the limit and killed
+# SIGSEGV or SIGBUS: the crash the log sink was seen to cause; an abort (a GGML_ASSERT, a CUDA
+# error) says nothing about the sink, and keeps it.
+if (( rc == 128 + 11 || rc == 128 + 7 )); then
   say "preflight load died with signal $((rc - 128)): $(grep -m1 -E 'Fatal Python error|Segmentation' "$D/preflight.log" | head -c 200); the rest runs with SKIPPY_LLAMA_LOG=raw (no llama.cpp log sink)"
   export SKIPPY_LLAMA_LOG=raw
-  preflight; rc=$?
-  say "preflight load with SKIPPY_LLAMA_LOG=raw ended ($rc): $(tail -1 "$D/preflight.log" | head -c 300)"
+  if (( $(left) > 150 )); then
+    preflight; rc=$?
+    say "preflight load with SKIPPY_LLAMA_LOG=raw ended ($rc): $(tail -1 "$D/preflight.log" | head -c 300)"
+  fi
+elif (( rc >= 128 && rc != 137 )); then  # 137: still running after the limit and killed
+  say "preflight load died with signal $((rc - 128)): $(grep -m1 -E 'Fatal Python error|Aborted|GGML_ASSERT|CUDA error' "$D/preflight.log" | head -c 200)"
 elif (( rc == 124 || rc == 137 )); then
   say "preflight load: no answer in 60 s (the rest goes on with the package's log sink)"
 else

@@ -83,13 +83,18 @@ if [[ ! -x $W/b/bin/llama-server && -f $pre && ${PREBUILT:-1} != 0 && ${CUDA:-ON
   else
     nv=$(command -v nvcc || true); [[ -n $nv ]] && nv=$(dirname "$(readlink -f "$nv")")/..
     dirs=(${CUDA_HOME:+$CUDA_HOME/lib64 $CUDA_HOME/lib $CUDA_HOME/targets/x86_64-linux/lib}
-          ${nv:+$nv/lib64 $nv/targets/x86_64-linux/lib}
-          /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-*/lib64
-          /usr/local/cuda-*/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu
+          ${nv:+$nv/lib64 $nv/lib $nv/targets/x86_64-linux/lib}
+          /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib
+          /usr/local/cuda-*/lib64 /usr/local/cuda-*/lib /usr/local/cuda-*/targets/x86_64-linux/lib
+          /usr/lib/x86_64-linux-gnu
           $(python3 -c 'import glob, site; print(" ".join(d for p in site.getsitepackages() for d in glob.glob(p + "/nvidia/*/lib")))' 2> /dev/null))
     # Each library in the first folder that has it; again with those folders on the path, for
     # what the libraries found need in turn.
+    # (Without ldd the start of the prebuilt llama-server below decides alone.)
+    command -v ldd > /dev/null || say "no ldd here: the prebuilt llama-server's start decides"
+    missing=
     for pass in 1 2 3; do
+      command -v ldd > /dev/null || break
       missing=$(LD_LIBRARY_PATH=$W/pre/bin${cuda_lib:+:$cuda_lib} ldd "$W"/pre/bin/libggml-cuda.so 2>&1 \
         | awk '/not found/ {print $1}' | grep -v '^libcuda\.so' | sort -u)
       [[ -z $missing ]] && break

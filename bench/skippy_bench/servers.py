@@ -29,6 +29,8 @@ def free_port() -> int:
 # a GPU for the next run; it exits at once where that process died before then. A launcher and
 # not Popen's preexec_fn: with one, the script runs its own fork hooks, and a SIGINT landing in
 # one of them (logging's, say) is printed as ignored and lost, so Ctrl-C does not stop a run.
+# The signal follows the thread that started the server, not the process: every script here
+# starts its servers on its main thread, whose end is the script's.
 _LAUNCH = """
 import ctypes, os, signal, sys
 try:

@@ -3,7 +3,7 @@ offload checks run against the tiny model and their summary reaches progress.log
 back is at most six files (for runners that bring back only a few), the rest packed; a budget too
 short for a phase skips it and says so; a missing kit is named; the first round of the table
 runs before the other phases and later rounds join its table; a preflight load that dies with a
-signal sends the rest to SKIPPY_LLAMA_LOG=raw. And check_offload.py alone:
+SIGSEGV sends the rest to SKIPPY_LLAMA_LOG=raw, an abort does not. And check_offload.py alone:
 a check that cannot start its server is recorded with the server's own complaint, and the
 next check runs."""
 from __future__ import annotations
@@ -161,3 +161,18 @@ def test_the_first_round_comes_first_and_later_rounds_join_its_table(tmp_path, m
     assert "medians of 2 alternating rounds" in (out / "gpu-rounds.md").read_text()
     with tarfile.open(out / "details.tar.gz") as tar:
         assert "./preflight.log" in tar.getnames()
+
+
+def test_an_abort_in_the_preflight_keeps_the_log_sink(tmp_path, model_path):
+    """Only SIGSEGV or SIGBUS (the crash the log sink was seen to cause) sends the rest to
+    SKIPPY_LLAMA_LOG=raw; an abort (a GGML_ASSERT, a CUDA error) is reported as it is."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text("#!/bin/bash\nfor a in \"$@\"; do\n"
+                       "  [[ $a == */preflight_load.py ]] && kill -ABRT $$\ndone\n"
+                       f"exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    proc, progress = run(tmp_path, SETUP="0", MODEL=str(model_path), PYTHON=str(wrapper),
+                         CHECKS="0", ROUNDS="0", BUDGET_S="120")
+    assert proc.returncode == 0, proc.stderr
+    assert "preflight load died with signal 6" in progress
+    assert "SKIPPY_LLAMA_LOG=raw" not in progress
