@@ -234,7 +234,12 @@ class _EventStream(StreamingResponse):
             for task in tasks:
                 if not task.done():
                     task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            ended = await asyncio.gather(*tasks, return_exceptions=True)
+            # The client going away ends the sends with OSError (or cancels them); anything
+            # else the producer raised is a fault of the answer's own, which the response
+            # cannot carry any more (it is cut): the log says what it was.
+            if ended and isinstance(ended[0], Exception) and not isinstance(ended[0], OSError):
+                log.error("a streamed answer ended on an error", exc_info=ended[0])
             await self._chunks.aclose()  # type: ignore[attr-defined]
             self._on_close()
 
