@@ -5,6 +5,8 @@ wrong kind of value and ValueError for a value outside its domain.
 """
 from __future__ import annotations
 
+import gc
+import json
 import math
 import operator
 from typing import Any
@@ -132,3 +134,18 @@ def check_tokens(name: str, values: object) -> list[int]:
             raise ValueError(f"{name}[{position}] = {token} is outside the token range [0, {I32_MAX}]")
         out.append(token)
     return out
+
+
+def json_loads(text: str | bytes) -> Any:
+    """`json.loads(text)` with the cyclic collector held off meanwhile. A document nested as
+    deep as the parser goes runs it near Python's recursion limit, where a finalizer the
+    collector happened to run (any object's, from anywhere) would fail in turn and print
+    "Exception ignored" on stderr, under the one line a user error is (RecursionError and
+    ValueError as json.loads raises them)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return json.loads(text)
+    finally:
+        if enabled:
+            gc.enable()

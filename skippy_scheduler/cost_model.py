@@ -19,7 +19,6 @@ that the scheduler's types, the hosts and the engine can all use it.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, fields, replace
@@ -27,7 +26,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from ._validate import as_float
+from ._validate import as_float, json_loads
 
 # `IterationPhase.DECODE.value` (types.py) and the C `SKIPPY_PHASE_DECODE`: types.py imports
 # this module (through slack.py), so it cannot be imported here. tests/engine/test_cost_model.py
@@ -148,7 +147,7 @@ class StepCost:
         class defaults). `max_us`: as in `from_mapping`."""
         if os.path.exists(spec):
             with open(spec, encoding="utf-8") as fh:
-                data = json.load(fh)
+                data = json_loads(fh.read())
             if not isinstance(data, Mapping):
                 raise ValueError(f"{spec}: the cost model file must hold a JSON object")
             return cls.from_mapping(data, base, max_us=max_us)

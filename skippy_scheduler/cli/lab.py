@@ -14,6 +14,7 @@ import os
 import sys
 from typing import Any, TextIO
 
+from .._validate import json_loads
 from ..cost_model import LAB_NAMES, check_clock_cost
 from ..lab.backend import BACKENDS, Backend, resolve_backend
 from ..lab.model import LAB_COST, StepCost
@@ -254,7 +255,7 @@ def _cost_object(empty: str, data: dict[str, Any]) -> StepCost:
 def _cost_document(spec: str) -> StepCost:
     """A JSON file: an object of cost model terms, or `calibrate --json`'s document."""
     with open(spec, encoding="utf-8") as fh:
-        data = json.load(fh)
+        data = json_loads(fh.read())
     if isinstance(data, dict) and "cost_model" in data and "shapes" in data:
         model = data["cost_model"]  # calibrate's document: the fitted model, as --cost-model
         problems = data.get("problems")

@@ -14,6 +14,7 @@ import re
 import sys
 from typing import Any, Optional
 
+from .._validate import json_loads
 from ..engine.contract import ContextLimitsHost, PipelinedHost, StateReportingHost
 from ..engine.record import percentile
 from ..lab.progress import Progress
@@ -153,7 +154,7 @@ def load_prompts(path: str | None) -> list[Any]:
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
-        data = json.loads(text)
+        data = json_loads(text)
     except FileNotFoundError:
         raise CommandError(f"--prompts: file not found: {path}") from None
     except OSError as exc:

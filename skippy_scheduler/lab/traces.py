@@ -39,7 +39,7 @@ from typing import Any, Iterator, Optional, TextIO
 
 import numpy as np
 
-from .._validate import as_float
+from .._validate import as_float, json_loads
 from ..types import Sequence
 
 BLOCK_TOKENS = 512
@@ -249,7 +249,7 @@ def _mooncake_rows(path: str) -> Iterator[Row]:
             if not text.strip():
                 continue
             try:
-                row = json.loads(text)
+                row = json_loads(text)
             except json.JSONDecodeError as exc:
                 raise TraceFormatError(path, lineno, "json", f"not a JSON object ({exc.msg} at "
                                                              f"column {exc.colno})") from None
