@@ -247,7 +247,7 @@ def grammar_refuses(stage: Any, tokens: Any) -> int:
     data = _ll.llama_token_data(0, 0.0, 0.0)
     candidates = _ll.llama_token_data_array(ctypes.pointer(data), 1, -1, False)
     for i, t in enumerate(tokens):
-        data.id = int(t)  # type: ignore[assignment]  # (ctypes converts the int)
+        data.id = int(t)  # type: ignore[assignment, unused-ignore]  # (ctypes converts it)
         data.logit = 0.0
         _ll.llama_sampler_apply(stage, ctypes.byref(candidates))
         if math.isinf(data.logit):
