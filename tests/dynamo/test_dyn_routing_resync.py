@@ -11,8 +11,11 @@ import time
 import pytest
 
 pytest.importorskip("llama_cpp")
-zmq = pytest.importorskip("zmq")
-msgspec = pytest.importorskip("msgspec")
+for _module in ("zmq", "msgspec", "cbor2"):  # (vllm_schema's)
+    pytest.importorskip(_module)
+
+from vllm_schema import (AllBlocksCleared, BlockStored, Subscriber,  # noqa: E402
+                         apply_events)
 
 from skippy_scheduler.dynamo import routing_events  # noqa: E402
 from skippy_scheduler.dynamo.adapter import EngineAdapter, Vocabulary  # noqa: E402
@@ -28,35 +31,6 @@ def _endpoint() -> str:
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
-class _Sub:
-    def __init__(self, endpoint: str) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.SUB)
-        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
-
-    def batch(self, timeout_s: float) -> list | None:
-        if not self.sock.poll(int(timeout_s * 1000)):
-            return None
-        _, _, payload = self.sock.recv_multipart()
-        return msgspec.msgpack.decode(payload)[1]
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
-        self.ctx.term()
-
-
-def _apply(index: set, events: list) -> None:
-    for e in events:
-        if e["type"] == "AllBlocksCleared":
-            index.clear()
-        elif e["type"] == "BlockStored":
-            index.update(e["block_hashes"])
-        else:
-            index.difference_update(e["block_hashes"])
-
-
 def test_a_relay_that_subscribes_late_gets_what_is_resident(tmp_path):
     model = write_tiny_llama(tmp_path / "tiny.gguf", seed=7)
     server = Server(ServeSettings(model=str(model), max_active=2, ctx_size=1024,
@@ -67,7 +41,7 @@ def test_a_relay_that_subscribes_late_gets_what_is_resident(tmp_path):
     publisher = routing_events.start(server.host, server.runner.engine, endpoint, BLOCK,
                                      server.settings.kv_hash_seed, bos=bos,
                                      post=server.runner.post)
-    early = _Sub(endpoint)
+    early = Subscriber(endpoint)
     late = None
     try:
         server.runner.start()
@@ -94,32 +68,26 @@ def test_a_relay_that_subscribes_late_gets_what_is_resident(tmp_path):
         end = time.monotonic() + 30
         quiet_until = time.monotonic() + 1.0
         while time.monotonic() < quiet_until:  # until no batch for a second
-            events = early.batch(0.2)
-            if events is not None:
-                _apply(index, events)
-                stored_tokens += [t for e in events if e["type"] == "BlockStored"
-                                  for t in e["token_ids"]]
+            item = early.receive(0.2)
+            if item is not None:
+                events = item[2].events
+                apply_events(index, events)
+                stored_tokens += [t for e in events if isinstance(e, BlockStored)
+                                  for t in e.token_ids]
                 quiet_until = time.monotonic() + 1.0
             assert time.monotonic() < end
         assert index, "nothing resident to announce"
         assert bos not in stored_tokens[:1]  # the router's blocks: no BOS in front
-        late = _Sub(endpoint)
+        late = Subscriber(endpoint)
+        got = late.events_until(  # (fails naming what came, if the subscriber is told nothing)
+            lambda g: any(isinstance(e, AllBlocksCleared) for _, e in g)
+            and sum(isinstance(e, BlockStored) for _, e in g) > 0, timeout_s=20)
         joined: set = set()
-        seen_clear = False
-        while not (seen_clear and joined):
-            assert time.monotonic() < end, "the late subscriber was told nothing"
-            events = late.batch(0.2)
-            if events is not None:
-                seen_clear = seen_clear or any(e["type"] == "AllBlocksCleared" for e in events)
-                _apply(joined, events)
+        apply_events(joined, [e for _, e in got])
         assert joined == index
         # The early subscriber got the same batch: its index is unchanged by it.
-        while True:
-            events = early.batch(5.0)
-            assert events is not None, "the resync batch did not reach the early subscriber"
-            _apply(index, events)
-            if any(e["type"] == "AllBlocksCleared" for e in events):
-                break
+        batch = early.events_until(lambda g: any(isinstance(e, AllBlocksCleared) for _, e in g))
+        apply_events(index, [e for _, e in batch])
         assert index == joined
     finally:
         early.close()

@@ -7,7 +7,7 @@ import random
 import pytest
 import zmq
 from vllm_schema import (DECODER, AllBlocksCleared, BlockRemoved, BlockStored, Subscriber,
-                         vllm_hashes)
+                         apply_events, vllm_hashes)
 
 from skippy_scheduler.prefix_store import PrefixStore
 from skippy_scheduler.serve import kv_events
@@ -249,17 +249,6 @@ def test_serve_refuses_kv_events_it_cannot_publish_before_loading_a_model(tmp_pa
         assert r.returncode == 2 and message in r.stderr, (extra, r.stderr)
 
 
-def _apply(index: set, events) -> None:
-    """A router's view: the block hashes announced and not withdrawn."""
-    for e in events:
-        if isinstance(e, AllBlocksCleared):
-            index.clear()
-        elif isinstance(e, BlockStored):
-            index.update(e.block_hashes)
-        elif isinstance(e, BlockRemoved):
-            index.difference_update(e.block_hashes)
-
-
 def test_the_ledger_s_snapshot_is_what_is_resident():
     rng = random.Random(5)
     store = PrefixStore(capacity_tokens=80, holder_slots=6)
@@ -279,7 +268,7 @@ def test_the_ledger_s_snapshot_is_what_is_resident():
         snapshot = DECODER.decode(kv_events.encode_batch(ledger.snapshot(), 0.0)).events
         assert isinstance(snapshot[0], AllBlocksCleared)
         index: set = set()
-        _apply(index, snapshot)
+        apply_events(index, snapshot)
         assert index == {h for e in store.resident() for h in vllm_hashes(e.key.tolist(), B)}
         seen: list = []
         for e in snapshot[1:]:  # every block once, with its tokens, after its parent
@@ -317,7 +306,7 @@ def test_a_subscriber_that_joins_late_gets_what_the_replica_holds(model_path):
         while time.monotonic() < quiet_until:  # until no batch for a second
             item = early.receive(0.2)
             if item is not None:
-                _apply(index, item[2].events)
+                apply_events(index, item[2].events)
                 quiet_until = time.monotonic() + 1.0
             assert time.monotonic() < end
         assert index, "nothing resident to announce"
@@ -326,11 +315,11 @@ def test_a_subscriber_that_joins_late_gets_what_the_replica_holds(model_path):
             lambda g: any(isinstance(e, AllBlocksCleared) for _, e in g)
             and sum(isinstance(e, BlockStored) for _, e in g) > 0, timeout_s=20)
         joined: set = set()
-        _apply(joined, [e for _, e in got])
+        apply_events(joined, [e for _, e in got])
         assert joined == index
         # The early subscriber got the same batch: its index is unchanged by it.
         batch = early.events_until(lambda g: any(isinstance(e, AllBlocksCleared) for _, e in g))
-        _apply(index, [e for _, e in batch])
+        apply_events(index, [e for _, e in batch])
         assert index == joined
     finally:
         early.close()

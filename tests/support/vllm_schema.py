@@ -1,7 +1,8 @@
 """vLLM's KV event schema (vllm/distributed/kv_events.py, v0.28), declared here as vLLM
 declares it, to decode what the server publishes exactly as a vLLM consumer would, and the
 block hash recomputed with cbor2 (what vLLM's `sha256_cbor` uses), independently of the
-server's own encoder."""
+server's own encoder; a subscriber, and the index a router keeps of what it is told
+(`apply_events`)."""
 from __future__ import annotations
 
 import hashlib
@@ -64,6 +65,17 @@ def vllm_hashes(tokens: list[int], block_size: int, seed: str = "0") -> list[int
         parent = hashlib.sha256(cbor2.dumps((parent, block, None), canonical=True)).digest()
         out.append(int.from_bytes(parent, "big") & ((1 << 64) - 1))
     return out
+
+
+def apply_events(index: set, events) -> None:
+    """A router's view: the block hashes announced and not withdrawn."""
+    for e in events:
+        if isinstance(e, AllBlocksCleared):
+            index.clear()
+        elif isinstance(e, BlockStored):
+            index.update(e.block_hashes)
+        elif isinstance(e, BlockRemoved):
+            index.difference_update(e.block_hashes)
 
 
 class Subscriber:
