@@ -113,7 +113,7 @@ class SkippyEngine(LLMEngine):  # type: ignore[misc, unused-ignore]
             server.settings.kv_block_size, server.settings.kv_hash_seed,
             bos=bos if self.settings.add_bos else None, post=server.runner.post)
         state = server.runner.host_state()  # the engine thread's to read once it runs
-        capacity = max(1, state.kv_lane_capacity or state.kv_capacity)
+        capacity = max(1, state.lane_cells)
         server.runner.start()
         s = server.settings
         lanes = s.max_active

@@ -356,6 +356,11 @@ class HostState:
     # empty when no sequence is active.
     lane_positions: Mapping[int, int] = field(default_factory=dict)
 
+    @property
+    def lane_cells(self) -> int:
+        """`kv_lane_capacity`, or `kv_capacity` from a host that does not tell them apart."""
+        return self.kv_lane_capacity or self.kv_capacity
+
 
 @runtime_checkable
 class StateReportingHost(Protocol):

@@ -488,7 +488,7 @@ class EngineRunner:
             preemptions_priority=m.preempted_priority,
             prefix_hits=m.prefix_hits, prefix_misses=m.prefix_misses,
             lanes_in_use=len(h.active), lanes=h.lanes, kv_tokens=h.kv_tokens,
-            kv_capacity=h.kv_capacity, kv_lane_capacity=h.kv_lane_capacity or h.kv_capacity,
+            kv_capacity=h.kv_capacity, kv_lane_capacity=h.lane_cells,
             iterations=m.iterations, prefill_tokens=m.prefill_tokens,
             restored_tokens=m.restored_tokens, recompute_tokens=m.recompute_tokens,
             decoded_tokens=h.decoded_tokens, shared_tokens=h.shared_tokens,
